@@ -1,1 +1,18 @@
-//! placeholder
+//! oxide-controller: run k3s on an Oxide rack, kept healthy by short-lived jobs.
+//!
+//! The binaries in `functions/` are thin; everything they do lives here. Pure modules:
+//! `names`, `size`, `spec`, `model`, `secrets`, `cloud_init`, `plan`. Adapters behind narrow
+//! traits: `rack` (Oxide), `cluster` (Kubernetes), `state` (Secret/ConfigMap), `ssh`.
+
+pub mod cloud_init;
+pub mod cluster;
+pub mod credentials;
+pub mod model;
+pub mod names;
+pub mod rack;
+pub mod retry;
+pub mod secrets;
+pub mod size;
+pub mod spec;
+pub mod ssh;
+pub mod state;

@@ -1,0 +1,125 @@
+//! The `Cluster` trait: everything oxide-controller asks of the Kubernetes API besides its own
+//! state objects — Nodes, drain through the Eviction API, the run Lease, Events and reconcile
+//! Jobs — in domain types. The kube implementation is [`kube_cluster::KubeCluster`]; workflow
+//! tests use [`crate::fake::FakeCluster`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::model::{Node, PodRef};
+
+pub mod kube_cluster;
+
+/// Namespace of everything we own in the cluster.
+pub const NAMESPACE: &str = "kube-system";
+/// Name of the Secret, ConfigMap, Lease, CronJob and ServiceAccount.
+pub const OBJECT_NAME: &str = "oxide-controller";
+/// Fixed name of the on-demand reconcile Job: a burst of triggers collapses into one run.
+pub const ON_DEMAND_JOB: &str = "oxide-controller-now";
+
+/// Kubernetes API trouble, classified.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("{what} not found")]
+    NotFound { what: String },
+    #[error("{what} was changed by someone else (HTTP 409); re-read and decide again")]
+    Conflict { what: String },
+    #[error("not allowed to {what}: {message}; check the ServiceAccount's RBAC")]
+    Forbidden { what: String, message: String },
+    #[error("the Kubernetes API is unavailable for {what}: {message}")]
+    Unavailable { what: String, message: String },
+    #[error("Kubernetes API call {what} failed")]
+    Api {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl ClusterError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ClusterError::Unavailable { .. } | ClusterError::Api { .. })
+    }
+}
+
+/// Result of one eviction attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eviction {
+    Evicted,
+    /// A PodDisruptionBudget said no (HTTP 429); try again later.
+    BlockedByBudget,
+    /// The pod is already gone.
+    Gone,
+}
+
+/// Result of trying to take the run Lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    Acquired,
+    HeldBy {
+        holder: String,
+        until: Option<DateTime<Utc>>,
+    },
+}
+
+/// Result of starting an on-demand reconcile Job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobTrigger {
+    Created,
+    /// A Job with the fixed name exists: a run is pending or under way.
+    AlreadyPending,
+    /// No CronJob to copy the template from (e.g. running outside the cluster).
+    NoCronJob,
+}
+
+/// Type of a Kubernetes Event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// The Kubernetes side of the product.
+pub trait Cluster: Send + Sync {
+    fn list_nodes(&self) -> impl Future<Output = Result<Vec<Node>, ClusterError>> + Send;
+    /// Marks a Node unschedulable (idempotent).
+    fn cordon(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Deletes a Node object; missing is fine.
+    fn delete_node(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    fn pods_on_node(
+        &self,
+        node: &str,
+    ) -> impl Future<Output = Result<Vec<PodRef>, ClusterError>> + Send;
+    /// Evicts through the Eviction API, honouring PodDisruptionBudgets.
+    fn evict(&self, pod: &PodRef) -> impl Future<Output = Result<Eviction, ClusterError>> + Send;
+    /// Deletes a pod outright (`--force-drain`).
+    fn delete_pod(&self, pod: &PodRef) -> impl Future<Output = Result<(), ClusterError>> + Send;
+
+    /// Takes the Lease for `duration` if it is free, expired or already ours.
+    fn acquire_lease(
+        &self,
+        holder: &str,
+        duration: Duration,
+    ) -> impl Future<Output = Result<LeaseOutcome, ClusterError>> + Send;
+    /// Extends our Lease; `Conflict` if someone else took it.
+    fn renew_lease(
+        &self,
+        holder: &str,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Releases our Lease (best effort).
+    fn release_lease(&self, holder: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+
+    /// Records a Kubernetes Event on the ConfigMap.
+    fn record_event(
+        &self,
+        kind: EventType,
+        reason: &str,
+        message: &str,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+
+    /// Starts the on-demand reconcile Job from the CronJob's jobTemplate.
+    fn trigger_reconcile_job(&self) -> impl Future<Output = Result<JobTrigger, ClusterError>> + Send;
+}

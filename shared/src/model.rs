@@ -1,0 +1,211 @@
+//! Domain types shared by the planner, the adapters and the workflows: what the rack and the
+//! cluster look like to us. SDK types (`oxide::types`, `k8s_openapi`) never leak past the
+//! adapters; they convert into these.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::size::ByteSize;
+
+/// Oxide instance states (`InstanceState` in the API), plus a catch-all for states newer than us.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceState {
+    Creating,
+    Starting,
+    Running,
+    Stopping,
+    Stopped,
+    Rebooting,
+    Migrating,
+    Repairing,
+    Failed,
+    Destroyed,
+    Other(String),
+}
+
+impl InstanceState {
+    /// States that pass by themselves (the instance is on its way somewhere).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            InstanceState::Creating
+                | InstanceState::Starting
+                | InstanceState::Stopping
+                | InstanceState::Rebooting
+                | InstanceState::Migrating
+                | InstanceState::Repairing
+        )
+    }
+
+    /// Oxide deletes instances only in these states.
+    pub fn is_deletable(&self) -> bool {
+        matches!(self, InstanceState::Stopped | InstanceState::Failed)
+    }
+}
+
+/// An Oxide instance, as the planner needs it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Instance {
+    pub id: Uuid,
+    pub name: String,
+    pub description: String,
+    pub hostname: String,
+    pub state: InstanceState,
+    pub ncpus: u16,
+    pub memory: ByteSize,
+    pub time_created: DateTime<Utc>,
+    pub time_state_updated: DateTime<Utc>,
+}
+
+/// Oxide disk states that matter to us.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskState {
+    Detached,
+    Attached(Uuid),
+    Faulted,
+    /// creating, attaching, detaching, importing, finalizing, maintenance, ...
+    Busy(String),
+}
+
+/// An Oxide disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Disk {
+    pub id: Uuid,
+    pub name: String,
+    pub state: DiskState,
+    pub size: ByteSize,
+    pub time_created: DateTime<Utc>,
+}
+
+/// An Oxide floating IP.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FloatingIp {
+    pub id: Uuid,
+    pub name: String,
+    pub ip: IpAddr,
+    pub instance_id: Option<Uuid>,
+}
+
+/// An external IP of an instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExternalIp {
+    pub ip: IpAddr,
+    pub kind: ExternalIpKind,
+}
+
+/// Kinds of external IP. SNAT addresses are outbound-only: never connect to them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExternalIpKind {
+    Snat,
+    Ephemeral,
+    Floating,
+}
+
+/// An image, project- or silo-scoped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Image {
+    pub id: Uuid,
+    pub name: String,
+    pub size: ByteSize,
+    pub block_size: u64,
+    pub silo_scoped: bool,
+}
+
+/// A disk to create with a new instance.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NewDisk {
+    pub name: String,
+    pub size: ByteSize,
+    /// Boot disks come from an image; data disks are blank.
+    pub image: Option<Uuid>,
+}
+
+/// Everything needed to create one VM. Built by the planner's caller from the spec; the
+/// adapter only translates it.
+#[derive(Clone, PartialEq, Serialize)]
+pub struct NewInstance {
+    pub name: String,
+    pub description: String,
+    pub hostname: String,
+    pub ncpus: u16,
+    pub memory: ByteSize,
+    pub boot_disk: NewDisk,
+    pub data_disk: Option<NewDisk>,
+    /// Rendered `#cloud-config`; holds join tokens, so it is skipped by Debug and Serialize.
+    #[serde(skip)]
+    pub user_data: Vec<u8>,
+    pub ephemeral_ip: bool,
+    pub ip_pool: Option<String>,
+    pub anti_affinity_group: Option<String>,
+}
+
+impl std::fmt::Debug for NewInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewInstance")
+            .field("name", &self.name)
+            .field("description", &self.description)
+            .field("ncpus", &self.ncpus)
+            .field("memory", &self.memory)
+            .field("boot_disk", &self.boot_disk)
+            .field("data_disk", &self.data_disk)
+            .field("user_data", &format_args!("<{} bytes>", self.user_data.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Readiness of a Node, from its `Ready` condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum NodeReadiness {
+    Ready,
+    /// `False` or `Unknown` since the condition's last transition.
+    NotReady { since: DateTime<Utc> },
+}
+
+/// A Kubernetes Node, as the planner needs it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    pub provider_id: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub readiness: NodeReadiness,
+    pub unschedulable: bool,
+    pub created: DateTime<Utc>,
+}
+
+/// Annotation a person puts on a Node to have it removed first on scale-down.
+pub const DELETE_ME_ANNOTATION: &str = "oxide-controller/delete-me";
+
+impl Node {
+    /// Marked `oxide-controller/delete-me` (any value but "false").
+    pub fn marked_for_deletion(&self) -> bool {
+        self.annotations
+            .get(DELETE_ME_ANNOTATION)
+            .is_some_and(|v| v != "false")
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.readiness == NodeReadiness::Ready
+    }
+}
+
+/// A pod as drain sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    /// DaemonSet pods are left alone by drain, as `kubectl drain --ignore-daemonsets` does.
+    pub daemonset: bool,
+    /// Static (mirror) pods cannot be evicted.
+    pub mirror: bool,
+    /// Already finished (Succeeded/Failed): nothing to evict.
+    pub finished: bool,
+}

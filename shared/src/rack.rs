@@ -1,0 +1,138 @@
+//! The `Rack` trait: everything oxide-controller asks of the Oxide API, in domain types.
+//!
+//! The real implementation over the `oxide` SDK is [`oxide_rack::OxideRack`]; workflow tests use
+//! [`crate::fake::FakeRack`]. Every list call exhausts pagination. Nothing above this module
+//! sees an `oxide::types` value or an HTTP status.
+
+use std::future::Future;
+use std::net::IpAddr;
+
+use uuid::Uuid;
+
+use crate::model::{Disk, ExternalIp, FloatingIp, Image, Instance, NewInstance};
+
+pub mod oxide_rack;
+
+/// What went wrong talking to the rack, classified for the caller's decision (adopt, retry,
+/// give up). Messages come from the API and never contain our secrets.
+#[derive(Debug, thiserror::Error)]
+pub enum RackError {
+    #[error("{what} not found")]
+    NotFound { what: String },
+    #[error("{what} already exists")]
+    AlreadyExists { what: String },
+    #[error("the rack refused the request for {what}: {message}")]
+    Invalid { what: String, message: String },
+    #[error("the rack says {what} is in a state that forbids this: {message}")]
+    Conflict { what: String, message: String },
+    #[error("the rack is temporarily unable to handle {what} (HTTP {status}): {message}")]
+    Unavailable {
+        what: String,
+        status: u16,
+        message: String,
+    },
+    #[error("the rack rejected our credentials (HTTP {status}): {message}; check the Oxide token and host")]
+    Unauthorized { status: u16, message: String },
+    #[error("the rack has not enough capacity for {what}: {message}")]
+    InsufficientCapacity { what: String, message: String },
+    #[error("request for {what} timed out after {seconds}s")]
+    Timeout { what: String, seconds: u64 },
+    #[error("could not reach the rack for {what}")]
+    Transport {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("unexpected answer from the rack for {what}: {message}")]
+    Unexpected { what: String, message: String },
+}
+
+impl RackError {
+    /// Worth retrying with backoff (503, 5xx, timeouts, connection trouble).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            RackError::Unavailable { .. } | RackError::Timeout { .. } | RackError::Transport { .. }
+        )
+    }
+}
+
+/// Everything the product does on an Oxide rack. Instances, disks and floating IPs are
+/// addressed by name within the project the rack was built for.
+pub trait Rack: Send + Sync {
+    /// Creates the project if it does not exist.
+    fn ensure_project(&self) -> impl Future<Output = Result<(), RackError>> + Send;
+
+    /// All instances of the project whose name starts with `prefix` (all pages).
+    fn list_instances(
+        &self,
+        prefix: &str,
+    ) -> impl Future<Output = Result<Vec<Instance>, RackError>> + Send;
+    fn get_instance(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Instance>, RackError>> + Send;
+    /// Creates and starts an instance. `AlreadyExists` when the name is taken (e.g. a lost
+    /// response to an earlier try): callers adopt it.
+    fn create_instance(
+        &self,
+        new: &NewInstance,
+    ) -> impl Future<Output = Result<Instance, RackError>> + Send;
+    fn start_instance(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
+    fn stop_instance(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// Deletes a stopped or failed instance (its disks stay, detached).
+    fn delete_instance(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
+    fn instance_external_ips(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Vec<ExternalIp>, RackError>> + Send;
+    /// Recent serial console output (bounded).
+    fn serial_console(&self, name: &str)
+    -> impl Future<Output = Result<Vec<u8>, RackError>> + Send;
+
+    /// All disks of the project (all pages).
+    fn list_disks(&self) -> impl Future<Output = Result<Vec<Disk>, RackError>> + Send;
+    fn delete_disk(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
+
+    fn list_floating_ips(&self) -> impl Future<Output = Result<Vec<FloatingIp>, RackError>> + Send;
+    fn get_floating_ip(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<FloatingIp>, RackError>> + Send;
+    fn create_floating_ip(
+        &self,
+        name: &str,
+        description: &str,
+        pool: Option<&str>,
+    ) -> impl Future<Output = Result<FloatingIp, RackError>> + Send;
+    /// Attaches; a 503 (instance in a transient state) comes back as `Unavailable` for the
+    /// caller's retry loop.
+    fn attach_floating_ip(
+        &self,
+        fip: &str,
+        instance: &str,
+    ) -> impl Future<Output = Result<(), RackError>> + Send;
+    fn detach_floating_ip(&self, fip: &str) -> impl Future<Output = Result<(), RackError>> + Send;
+
+    /// Finds an image by name: the project's first, then the silo's.
+    fn find_image(&self, name: &str)
+    -> impl Future<Output = Result<Option<Image>, RackError>> + Send;
+
+    /// Creates the anti-affinity group if it does not exist.
+    fn ensure_anti_affinity_group(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<(), RackError>> + Send;
+}
+
+/// An address we may connect to for a member: floating first, then ephemeral; SNAT never.
+pub fn reachable_address(ips: &[ExternalIp]) -> Option<IpAddr> {
+    use crate::model::ExternalIpKind::*;
+    ips.iter()
+        .find(|i| i.kind == Floating)
+        .or_else(|| ips.iter().find(|i| i.kind == Ephemeral))
+        .map(|i| i.ip)
+}
+
+/// The id of an instance, for messages that must not carry anything else.
+pub type InstanceId = Uuid;

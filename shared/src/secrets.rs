@@ -1,0 +1,142 @@
+//! The cluster's secrets: the keys of Secret `kube-system/oxide-controller`, one key per value
+//! (never one JSON blob) so RBAC and rotation stay simple. `Debug` never shows a value.
+
+use std::collections::BTreeMap;
+
+/// Secret keys, as DESIGN.md lists them. The Oxide CCM reads the first three names too.
+pub mod keys {
+    pub const OXIDE_HOST: &str = "oxide-host";
+    pub const OXIDE_TOKEN: &str = "oxide-token";
+    pub const OXIDE_PROJECT: &str = "oxide-project";
+    pub const K3S_TOKEN: &str = "k3s-token";
+    pub const K3S_AGENT_TOKEN: &str = "k3s-agent-token";
+    pub const SSH_PRIVATE_KEY: &str = "ssh-private-key";
+    pub const SSH_PUBLIC_KEY: &str = "ssh-public-key";
+    pub const USER_SSH_PUBLIC_KEY: &str = "user-ssh-public-key";
+    pub const WEBHOOK_TOKEN: &str = "webhook-token";
+    pub const TAILSCALE_AUTH_KEY: &str = "tailscale-auth-key";
+}
+
+/// Values of the Secret.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct ClusterSecrets {
+    pub oxide_host: String,
+    pub oxide_token: String,
+    pub oxide_project: String,
+    pub k3s_token: String,
+    pub k3s_agent_token: String,
+    pub ssh_private_key: String,
+    pub ssh_public_key: String,
+    pub user_ssh_public_key: Option<String>,
+    pub webhook_token: String,
+    pub tailscale_auth_key: Option<String>,
+}
+
+impl std::fmt::Debug for ClusterSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterSecrets")
+            .field("oxide_host", &self.oxide_host)
+            .field("oxide_project", &self.oxide_project)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A required key is missing or not UTF-8.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("Secret kube-system/oxide-controller lacks key {key:?} (or it is not UTF-8); re-run bootstrap to repair it")]
+pub struct MissingSecretKey {
+    pub key: &'static str,
+}
+
+impl ClusterSecrets {
+    /// From the Secret's decoded data.
+    pub fn from_map(map: &BTreeMap<String, Vec<u8>>) -> Result<Self, MissingSecretKey> {
+        let get = |key: &'static str| -> Result<String, MissingSecretKey> {
+            map.get(key)
+                .and_then(|v| String::from_utf8(v.clone()).ok())
+                .ok_or(MissingSecretKey { key })
+        };
+        let opt = |key: &'static str| {
+            map.get(key)
+                .and_then(|v| String::from_utf8(v.clone()).ok())
+                .filter(|s| !s.is_empty())
+        };
+        Ok(ClusterSecrets {
+            oxide_host: get(keys::OXIDE_HOST)?,
+            oxide_token: get(keys::OXIDE_TOKEN)?,
+            oxide_project: get(keys::OXIDE_PROJECT)?,
+            k3s_token: get(keys::K3S_TOKEN)?,
+            k3s_agent_token: get(keys::K3S_AGENT_TOKEN)?,
+            ssh_private_key: get(keys::SSH_PRIVATE_KEY)?,
+            ssh_public_key: get(keys::SSH_PUBLIC_KEY)?,
+            user_ssh_public_key: opt(keys::USER_SSH_PUBLIC_KEY),
+            webhook_token: get(keys::WEBHOOK_TOKEN)?,
+            tailscale_auth_key: opt(keys::TAILSCALE_AUTH_KEY),
+        })
+    }
+
+    /// The Secret's data.
+    pub fn to_map(&self) -> BTreeMap<String, Vec<u8>> {
+        let mut m = BTreeMap::new();
+        let mut put = |k: &str, v: &str| {
+            m.insert(k.to_owned(), v.as_bytes().to_vec());
+        };
+        put(keys::OXIDE_HOST, &self.oxide_host);
+        put(keys::OXIDE_TOKEN, &self.oxide_token);
+        put(keys::OXIDE_PROJECT, &self.oxide_project);
+        put(keys::K3S_TOKEN, &self.k3s_token);
+        put(keys::K3S_AGENT_TOKEN, &self.k3s_agent_token);
+        put(keys::SSH_PRIVATE_KEY, &self.ssh_private_key);
+        put(keys::SSH_PUBLIC_KEY, &self.ssh_public_key);
+        put(keys::WEBHOOK_TOKEN, &self.webhook_token);
+        if let Some(k) = &self.user_ssh_public_key {
+            put(keys::USER_SSH_PUBLIC_KEY, k);
+        }
+        if let Some(k) = &self.tailscale_auth_key {
+            put(keys::TAILSCALE_AUTH_KEY, k);
+        }
+        m
+    }
+}
+
+/// A random token of `bytes` random bytes, hex-encoded (k3s and webhook tokens).
+pub fn random_token(rng: &mut impl rand::Rng, bytes: usize) -> String {
+    use rand::RngExt;
+    (0..bytes)
+        .map(|_| format!("{:02x}", rng.random::<u8>()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_debug_hides_values() {
+        let s = ClusterSecrets {
+            oxide_host: "https://rack".into(),
+            oxide_token: "oxide-token-value".into(),
+            oxide_project: "p".into(),
+            k3s_token: "k3s-token-value".into(),
+            k3s_agent_token: "agent-token-value".into(),
+            ssh_private_key: "PRIVATE".into(),
+            ssh_public_key: "ssh-ed25519 AAAA".into(),
+            user_ssh_public_key: None,
+            webhook_token: "hook-token-value".into(),
+            tailscale_auth_key: None,
+        };
+        assert_eq!(ClusterSecrets::from_map(&s.to_map()), Ok(s.clone()));
+        let dbg = format!("{s:?}");
+        for secret in ["oxide-token-value", "k3s-token-value", "agent-token-value", "PRIVATE", "hook-token-value"] {
+            assert!(!dbg.contains(secret), "{dbg}");
+        }
+    }
+
+    #[test]
+    fn missing_key_is_named() {
+        let mut m = BTreeMap::new();
+        m.insert(keys::OXIDE_HOST.to_owned(), b"h".to_vec());
+        let e = ClusterSecrets::from_map(&m).expect_err("incomplete");
+        assert_eq!(e.key, keys::OXIDE_TOKEN);
+    }
+}

@@ -1,0 +1,737 @@
+//! The desired cluster: `spec.yaml` in ConfigMap `kube-system/oxide-controller`.
+//!
+//! Owns the spec's shape, its defaults, its validation (every error names the field it is
+//! about) and the per-pool spec hash that detects drift. Pure: no I/O. Credentials and other
+//! secrets never live here (they are in the Secret, see [`crate::secrets`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::names::{self, MAX_INSTANCE_NAME_LEN, SUFFIX_LEN};
+use crate::size::{ByteSize, GIB};
+
+/// Current `schema-version` of the ConfigMap.
+pub const SCHEMA_VERSION: &str = "1";
+/// Name of the control-plane pool unless the spec says otherwise.
+pub const DEFAULT_CONTROL_PLANE_POOL: &str = "control-plane";
+/// Name of the default worker pool.
+pub const DEFAULT_WORKER_POOL: &str = "workers";
+/// Label every node gets with its pool name.
+pub const POOL_LABEL: &str = "oxide-controller/pool";
+
+/// The whole desired cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// Cluster name: prefix of every instance name, and the kubeconfig context name.
+    pub cluster: String,
+    /// Oxide project holding the cluster.
+    pub project: String,
+    /// The control-plane pool (k3s servers, etcd members). Its count must be odd.
+    pub control_plane: PoolSpec,
+    /// Worker pools (k3s agents). The first is the default for `scale`.
+    #[serde(default)]
+    pub worker_pools: Vec<PoolSpec>,
+    #[serde(default)]
+    pub k3s: K3sSpec,
+    #[serde(default)]
+    pub nodes: NodeAccess,
+    /// Reconcile schedule, five-field cron syntax as in a CronJob.
+    #[serde(default = "default_schedule")]
+    pub schedule: String,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+}
+
+/// One pool of identical VMs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    pub name: String,
+    pub count: u32,
+    #[serde(default)]
+    pub min: u32,
+    #[serde(default = "default_max")]
+    pub max: u32,
+    pub cpus: u16,
+    pub memory: ByteSize,
+    pub boot_disk: ByteSize,
+    #[serde(default)]
+    pub data_disk: Option<ByteSize>,
+    /// Image name, looked up in the project first, then the silo.
+    pub image: String,
+    /// Overrides `k3s.version` for this pool.
+    #[serde(default)]
+    pub k3s_version: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub taints: Vec<Taint>,
+    /// Oxide anti-affinity group the pool's instances join (created if missing).
+    #[serde(default)]
+    pub anti_affinity_group: Option<String>,
+}
+
+/// A node taint, `key=value:Effect`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Taint {
+    pub key: String,
+    #[serde(default)]
+    pub value: String,
+    pub effect: TaintEffect,
+}
+
+/// Kubernetes taint effects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TaintEffect {
+    NoSchedule,
+    PreferNoSchedule,
+    NoExecute,
+}
+
+impl std::fmt::Display for Taint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}:{:?}", self.key, self.value, self.effect)
+    }
+}
+
+/// How k3s is installed and run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct K3sSpec {
+    #[serde(default = "default_k3s_version")]
+    pub version: String,
+    #[serde(default)]
+    pub install: K3sInstall,
+    /// Run with `--disable-cloud-controller` and leave cloud-provider duties to the Oxide CCM.
+    #[serde(default)]
+    pub oxide_ccm: bool,
+    /// Extra TLS SANs for the API server certificate (the floating IP is always added).
+    #[serde(default)]
+    pub tls_san: Vec<String>,
+}
+
+impl Default for K3sSpec {
+    fn default() -> Self {
+        K3sSpec {
+            version: default_k3s_version(),
+            install: K3sInstall::default(),
+            oxide_ccm: false,
+            tls_san: Vec::new(),
+        }
+    }
+}
+
+/// `script` downloads k3s at boot; `preinstalled` expects it in the image (air-gapped racks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum K3sInstall {
+    #[default]
+    Script,
+    Preinstalled,
+}
+
+/// How the controller reaches nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeAccess {
+    #[serde(default = "default_ssh_user")]
+    pub ssh_user: String,
+    #[serde(default = "default_ssh_port")]
+    pub ssh_port: u16,
+    /// Whether each VM gets an ephemeral external IP.
+    #[serde(default)]
+    pub external_ip: ExternalIpMode,
+    /// IP pool for ephemeral and floating IPs; the silo default when absent.
+    #[serde(default)]
+    pub ip_pool: Option<String>,
+}
+
+impl Default for NodeAccess {
+    fn default() -> Self {
+        NodeAccess {
+            ssh_user: default_ssh_user(),
+            ssh_port: default_ssh_port(),
+            external_ip: ExternalIpMode::default(),
+            ip_pool: None,
+        }
+    }
+}
+
+/// External IP choice for VMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExternalIpMode {
+    #[default]
+    Ephemeral,
+    None,
+}
+
+/// Deadlines the planner applies, in seconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// A running VM that has not become a Ready Node after this long is replaced.
+    #[serde(default = "d_join")]
+    pub join_seconds: u64,
+    /// A NotReady member is replaced after this long.
+    #[serde(default = "d_not_ready")]
+    pub not_ready_grace_seconds: u64,
+    /// Drain gives up (and reports) after this long; the next run tries again.
+    #[serde(default = "d_drain")]
+    pub drain_seconds: u64,
+    /// An instance stuck in `starting`/`stopping`/`creating` longer than this is treated as failed.
+    #[serde(default = "d_transition")]
+    pub transition_seconds: u64,
+    /// Whole-run deadline of `reconcile-once`; must be shorter than the CronJob's activeDeadlineSeconds.
+    #[serde(default = "d_run")]
+    pub run_deadline_seconds: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            join_seconds: d_join(),
+            not_ready_grace_seconds: d_not_ready(),
+            drain_seconds: d_drain(),
+            transition_seconds: d_transition(),
+            run_deadline_seconds: d_run(),
+        }
+    }
+}
+
+fn d_join() -> u64 {
+    600
+}
+fn d_not_ready() -> u64 {
+    300
+}
+fn d_drain() -> u64 {
+    120
+}
+fn d_transition() -> u64 {
+    600
+}
+fn d_run() -> u64 {
+    240
+}
+fn default_max() -> u32 {
+    100
+}
+fn default_schedule() -> String {
+    "*/5 * * * *".to_owned()
+}
+fn default_k3s_version() -> String {
+    "v1.33.4+k3s1".to_owned()
+}
+fn default_ssh_user() -> String {
+    "ubuntu".to_owned()
+}
+fn default_ssh_port() -> u16 {
+    22
+}
+
+/// Whether a pool holds k3s servers or agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    ControlPlane,
+    Worker,
+}
+
+/// One problem with a spec, naming the field (`worker_pools.workers.memory`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    pub field: String,
+    pub message: String,
+}
+
+/// All problems found in a spec.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid cluster spec: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct SpecErrors(pub Vec<SpecError>);
+
+/// Errors loading `spec.yaml`.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecLoadError {
+    #[error("spec.yaml is not valid: {message}")]
+    Parse { message: String },
+    #[error(transparent)]
+    Invalid(#[from] SpecErrors),
+}
+
+/// A count outside a pool's bounds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CountError {
+    #[error("pool {pool:?} does not exist; pools are: {known}")]
+    UnknownPool { pool: String, known: String },
+    #[error("count {count} for pool {pool:?} is outside its bounds [{min}, {max}]")]
+    OutOfBounds {
+        pool: String,
+        count: i64,
+        min: u32,
+        max: u32,
+    },
+    #[error("the control-plane pool {pool:?} needs an odd count, not {count}")]
+    EvenControlPlane { pool: String, count: i64 },
+}
+
+impl ClusterSpec {
+    /// A spec with defaults: `control_planes` servers and one `workers` pool of `workers` agents.
+    pub fn new(cluster: &str, project: &str, image: &str, control_planes: u32, workers: u32) -> Self {
+        ClusterSpec {
+            cluster: cluster.to_owned(),
+            project: project.to_owned(),
+            control_plane: PoolSpec {
+                name: DEFAULT_CONTROL_PLANE_POOL.to_owned(),
+                count: control_planes,
+                min: 1,
+                max: 7,
+                cpus: 2,
+                memory: ByteSize::gib(4),
+                boot_disk: ByteSize::gib(20),
+                data_disk: None,
+                image: image.to_owned(),
+                k3s_version: None,
+                labels: BTreeMap::new(),
+                taints: Vec::new(),
+                anti_affinity_group: None,
+            },
+            worker_pools: vec![PoolSpec {
+                name: DEFAULT_WORKER_POOL.to_owned(),
+                count: workers,
+                min: 0,
+                max: default_max(),
+                cpus: 2,
+                memory: ByteSize::gib(4),
+                boot_disk: ByteSize::gib(20),
+                data_disk: None,
+                image: image.to_owned(),
+                k3s_version: None,
+                labels: BTreeMap::new(),
+                taints: Vec::new(),
+                anti_affinity_group: None,
+            }],
+            k3s: K3sSpec::default(),
+            nodes: NodeAccess::default(),
+            schedule: default_schedule(),
+            timeouts: Timeouts::default(),
+        }
+    }
+
+    /// Parses and validates `spec.yaml`.
+    pub fn from_yaml(text: &str) -> Result<ClusterSpec, SpecLoadError> {
+        let spec: ClusterSpec =
+            serde_saphyr::from_str(text).map_err(|e| SpecLoadError::Parse {
+                message: e.to_string(),
+            })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Renders `spec.yaml`.
+    pub fn to_yaml(&self) -> String {
+        // Serializing plain data structs cannot fail; fall back to JSON (valid YAML) just in case.
+        serde_saphyr::to_string(self)
+            .unwrap_or_else(|_| serde_json::to_string_pretty(self).unwrap_or_default())
+    }
+
+    /// All pools, control plane first.
+    pub fn pools(&self) -> impl Iterator<Item = (Role, &PoolSpec)> {
+        std::iter::once((Role::ControlPlane, &self.control_plane))
+            .chain(self.worker_pools.iter().map(|p| (Role::Worker, p)))
+    }
+
+    /// A pool by name.
+    pub fn pool(&self, name: &str) -> Option<(Role, &PoolSpec)> {
+        self.pools().find(|(_, p)| p.name == name)
+    }
+
+    /// The pool `scale` changes when none is named.
+    pub fn default_worker_pool(&self) -> Option<&PoolSpec> {
+        self.worker_pools.first()
+    }
+
+    /// k3s version of a pool.
+    pub fn k3s_version<'a>(&'a self, pool: &'a PoolSpec) -> &'a str {
+        pool.k3s_version.as_deref().unwrap_or(&self.k3s.version)
+    }
+
+    /// Sets a pool's count, enforcing its bounds (and oddness for the control plane).
+    pub fn set_count(&mut self, pool: &str, count: i64) -> Result<(), CountError> {
+        let known = self
+            .pools()
+            .map(|(_, p)| p.name.clone())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let is_cp = self.control_plane.name == pool;
+        let p = if is_cp {
+            &mut self.control_plane
+        } else {
+            self.worker_pools
+                .iter_mut()
+                .find(|p| p.name == pool)
+                .ok_or_else(|| CountError::UnknownPool {
+                    pool: pool.to_owned(),
+                    known,
+                })?
+        };
+        if count < i64::from(p.min) || count > i64::from(p.max) {
+            return Err(CountError::OutOfBounds {
+                pool: pool.to_owned(),
+                count,
+                min: p.min,
+                max: p.max,
+            });
+        }
+        if is_cp && count % 2 == 0 {
+            return Err(CountError::EvenControlPlane {
+                pool: pool.to_owned(),
+                count,
+            });
+        }
+        p.count = u32::try_from(count).map_err(|_| CountError::OutOfBounds {
+            pool: pool.to_owned(),
+            count,
+            min: p.min,
+            max: p.max,
+        })?;
+        Ok(())
+    }
+
+    /// The hash of everything about a pool that needs a new VM to change. Stored in each
+    /// instance's description; a mismatch is drift and the member gets rolled.
+    pub fn pool_hash(&self, role: Role, pool: &PoolSpec) -> String {
+        #[derive(Serialize)]
+        struct Hashed<'a> {
+            role: Role,
+            image: &'a str,
+            cpus: u16,
+            memory: u64,
+            boot_disk: u64,
+            data_disk: Option<u64>,
+            k3s_version: &'a str,
+            install: K3sInstall,
+            oxide_ccm: bool,
+            labels: &'a BTreeMap<String, String>,
+            taints: &'a [Taint],
+        }
+        let h = Hashed {
+            role,
+            image: &pool.image,
+            cpus: pool.cpus,
+            memory: pool.memory.bytes(),
+            boot_disk: pool.boot_disk.bytes(),
+            data_disk: pool.data_disk.map(ByteSize::bytes),
+            k3s_version: self.k3s_version(pool),
+            install: self.k3s.install,
+            oxide_ccm: self.k3s.oxide_ccm,
+            labels: &pool.labels,
+            taints: &pool.taints,
+        };
+        let bytes = serde_json::to_vec(&h).unwrap_or_default();
+        let digest = Sha256::digest(&bytes);
+        digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Checks every rule and reports all problems at once.
+    pub fn validate(&self) -> Result<(), SpecErrors> {
+        let mut errs = Vec::new();
+        let mut err = |field: String, message: String| errs.push(SpecError { field, message });
+
+        if let Err(e) = names::validate_name("cluster name", &self.cluster) {
+            err("cluster".into(), e.to_string());
+        }
+        if let Err(e) = names::validate_name("project name", &self.project) {
+            err("project".into(), e.to_string());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for (role, pool) in self.pools() {
+            let base = match role {
+                Role::ControlPlane => "control_plane".to_owned(),
+                Role::Worker => format!("worker_pools.{}", pool.name),
+            };
+            if !seen.insert(pool.name.clone()) {
+                err(format!("{base}.name"), format!("pool name {:?} is used twice", pool.name));
+            }
+            // Instance names are <cluster>-<pool>-<suffix> and must leave room for `boot-`.
+            let max_pool = MAX_INSTANCE_NAME_LEN
+                .saturating_sub(self.cluster.len() + SUFFIX_LEN + 2)
+                .max(1);
+            if let Err(e) = names::validate_name_max("pool name", &pool.name, max_pool) {
+                err(
+                    format!("{base}.name"),
+                    format!("{e} (instance names are <cluster>-<pool>-xxxxx and must stay within {MAX_INSTANCE_NAME_LEN} characters)"),
+                );
+            }
+            if pool.min > pool.max {
+                err(format!("{base}.min"), format!("min {} is greater than max {}", pool.min, pool.max));
+            }
+            if pool.count < pool.min || pool.count > pool.max {
+                err(
+                    format!("{base}.count"),
+                    format!("count {} is outside [min {}, max {}]", pool.count, pool.min, pool.max),
+                );
+            }
+            if role == Role::ControlPlane && pool.count % 2 == 0 {
+                err(
+                    format!("{base}.count"),
+                    format!("the control plane needs an odd number of servers for etcd quorum, not {}", pool.count),
+                );
+            }
+            if pool.cpus == 0 || pool.cpus > 254 {
+                err(format!("{base}.cpus"), format!("{} is outside 1..=254", pool.cpus));
+            }
+            match pool.memory.whole_gib() {
+                None => err(
+                    format!("{base}.memory"),
+                    format!("{} is not a whole number of GiB (Oxide needs multiples of 1 GiB)", pool.memory),
+                ),
+                Some(g) if !(1..=1536).contains(&g) => err(
+                    format!("{base}.memory"),
+                    format!("{} is outside 1GiB..=1536GiB", pool.memory),
+                ),
+                Some(_) => {}
+            }
+            check_disk(&mut err, format!("{base}.boot_disk"), pool.boot_disk);
+            if let Some(d) = pool.data_disk {
+                check_disk(&mut err, format!("{base}.data_disk"), d);
+            }
+            if let Err(e) = names::validate_name("image name", &pool.image) {
+                err(format!("{base}.image"), e.to_string());
+            }
+            if let Some(g) = &pool.anti_affinity_group {
+                if let Err(e) = names::validate_name("anti-affinity group name", g) {
+                    err(format!("{base}.anti_affinity_group"), e.to_string());
+                }
+            }
+            for (k, v) in &pool.labels {
+                if !valid_label_key(k) {
+                    err(format!("{base}.labels"), format!("{k:?} is not a valid Kubernetes label key"));
+                }
+                if !valid_label_value(v) {
+                    err(format!("{base}.labels.{k}"), format!("{v:?} is not a valid Kubernetes label value"));
+                }
+            }
+            for t in &pool.taints {
+                if !valid_label_key(&t.key) || !valid_label_value(&t.value) {
+                    err(format!("{base}.taints"), format!("{t} is not a valid taint"));
+                }
+            }
+            if let Some(v) = &pool.k3s_version {
+                check_k3s_version(&mut err, format!("{base}.k3s_version"), v);
+            }
+        }
+        if self.worker_pools.is_empty() {
+            err("worker_pools".into(), "at least one worker pool is needed".into());
+        }
+        check_k3s_version(&mut err, "k3s.version".into(), &self.k3s.version);
+        if let Err(e) = parse_schedule(&self.schedule) {
+            err("schedule".into(), e);
+        }
+        if self.nodes.ssh_port == 0 {
+            err("nodes.ssh_port".into(), "port 0 is not a port".into());
+        }
+        if self.nodes.ssh_user.is_empty()
+            || !self.nodes.ssh_user.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            err("nodes.ssh_user".into(), format!("{:?} is not a valid user name", self.nodes.ssh_user));
+        }
+        if let Some(p) = &self.nodes.ip_pool {
+            if let Err(e) = names::validate_name("IP pool name", p) {
+                err("nodes.ip_pool".into(), e.to_string());
+            }
+        }
+        let t = &self.timeouts;
+        for (name, v) in [
+            ("join_seconds", t.join_seconds),
+            ("not_ready_grace_seconds", t.not_ready_grace_seconds),
+            ("drain_seconds", t.drain_seconds),
+            ("transition_seconds", t.transition_seconds),
+            ("run_deadline_seconds", t.run_deadline_seconds),
+        ] {
+            if v == 0 {
+                err(format!("timeouts.{name}"), "must be greater than 0".into());
+            }
+        }
+        if errs.is_empty() { Ok(()) } else { Err(SpecErrors(errs)) }
+    }
+}
+
+fn check_disk(err: &mut impl FnMut(String, String), field: String, size: ByteSize) {
+    match size.whole_gib() {
+        None => err(field, format!("{size} is not a whole number of GiB")),
+        Some(g) if !(1..=1023).contains(&g) => err(field, format!("{size} is outside 1GiB..=1023GiB")),
+        Some(_) => {}
+    }
+}
+
+fn check_k3s_version(err: &mut impl FnMut(String, String), field: String, v: &str) {
+    let ok = v.starts_with('v')
+        && v.len() <= 64
+        && v[1..].chars().next().is_some_and(|c| c.is_ascii_digit())
+        && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'));
+    if !ok {
+        err(field, format!("{v:?} is not a k3s version like v1.33.4+k3s1"));
+    }
+}
+
+/// Parses a five-field CronJob schedule with the `cron` crate (which wants seconds first).
+pub fn parse_schedule(s: &str) -> Result<cron::Schedule, String> {
+    let fields = s.split_whitespace().count();
+    if fields != 5 {
+        return Err(format!(
+            "{s:?} has {fields} fields; a CronJob schedule has five (minute hour day-of-month month day-of-week), e.g. \"*/5 * * * *\""
+        ));
+    }
+    format!("0 {s}")
+        .parse::<cron::Schedule>()
+        .map_err(|e| format!("{s:?} is not a valid cron schedule: {e}"))
+}
+
+/// Shortest interval between two runs of a schedule, looking at the next few firings.
+pub fn schedule_min_interval(s: &cron::Schedule) -> Option<chrono::Duration> {
+    let times: Vec<_> = s.upcoming(chrono::Utc).take(8).collect();
+    times.windows(2).map(|w| w[1] - w[0]).min()
+}
+
+fn valid_label_value(v: &str) -> bool {
+    v.is_empty()
+        || (v.len() <= 63
+            && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+fn valid_label_key(k: &str) -> bool {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            })
+    });
+    prefix_ok && !name.is_empty() && valid_label_value(name)
+}
+
+/// Bytes of memory for the Oxide API.
+pub fn memory_bytes(pool: &PoolSpec) -> u64 {
+    pool.memory.bytes()
+}
+
+/// Whole GiB, for messages.
+pub fn gib(bytes: u64) -> u64 {
+    bytes / GIB
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ClusterSpec {
+        ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 2)
+    }
+
+    fn fields(s: &ClusterSpec) -> Vec<String> {
+        s.validate()
+            .err()
+            .map(|e| e.0.into_iter().map(|e| e.field).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn default_spec_is_valid_and_round_trips_through_yaml() {
+        let s = spec();
+        assert_eq!(s.validate(), Ok(()));
+        let yaml = s.to_yaml();
+        assert_eq!(ClusterSpec::from_yaml(&yaml).expect("parses"), s);
+    }
+
+    #[test]
+    fn even_control_plane_is_refused() {
+        let mut s = spec();
+        s.control_plane.count = 2;
+        assert_eq!(fields(&s), ["control_plane.count"]);
+    }
+
+    #[test]
+    fn min_above_max_is_refused() {
+        let mut s = spec();
+        s.worker_pools[0].min = 10;
+        s.worker_pools[0].max = 5;
+        s.worker_pools[0].count = 7;
+        let f = fields(&s);
+        assert!(f.contains(&"worker_pools.workers.min".to_owned()), "{f:?}");
+    }
+
+    #[test]
+    fn memory_must_be_whole_gib() {
+        let mut s = spec();
+        s.worker_pools[0].memory = "1536MiB".parse().expect("size");
+        let e = s.validate().expect_err("invalid").to_string();
+        assert!(e.contains("worker_pools.workers.memory") && e.contains("whole number of GiB"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name() {
+        let yaml = spec().to_yaml().replace("worker_pools:", "wokrer_pools: []\nworker_pools:");
+        let e = ClusterSpec::from_yaml(&yaml).expect_err("unknown field").to_string();
+        assert!(e.contains("wokrer_pools"), "{e}");
+    }
+
+    #[test]
+    fn long_pool_names_leave_room_for_disk_names() {
+        let mut s = spec();
+        s.worker_pools[0].name = "w".repeat(60);
+        assert_eq!(fields(&s), ["worker_pools.wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww.name"]);
+    }
+
+    #[test]
+    fn schedule_needs_five_valid_fields() {
+        assert!(parse_schedule("*/5 * * * *").is_ok());
+        assert!(parse_schedule("* * * *").is_err());
+        assert!(parse_schedule("99 * * * *").is_err());
+        let mut s = spec();
+        s.schedule = "every five minutes".into();
+        assert_eq!(fields(&s), ["schedule"]);
+    }
+
+    #[test]
+    fn set_count_enforces_bounds_and_names_them() {
+        let mut s = spec();
+        s.worker_pools[0].max = 10;
+        assert_eq!(s.set_count("workers", 4), Ok(()));
+        assert_eq!(s.worker_pools[0].count, 4);
+        let e = s.set_count("workers", 11).expect_err("bounds").to_string();
+        assert!(e.contains("[0, 10]"), "{e}");
+        assert!(matches!(s.set_count("gpu", 1), Err(CountError::UnknownPool { .. })));
+        assert!(matches!(s.set_count("control-plane", 2), Err(CountError::EvenControlPlane { .. })));
+    }
+
+    #[test]
+    fn pool_hash_changes_with_what_needs_a_new_vm_only() {
+        let s = spec();
+        let p = &s.worker_pools[0];
+        let h = s.pool_hash(Role::Worker, p);
+        let mut q = p.clone();
+        q.count = 9;
+        q.max = 200;
+        assert_eq!(s.pool_hash(Role::Worker, &q), h, "count/bounds are not drift");
+        q.cpus = 4;
+        assert_ne!(s.pool_hash(Role::Worker, &q), h, "cpus are drift");
+        let mut s2 = s.clone();
+        s2.k3s.version = "v1.34.1+k3s1".into();
+        assert_ne!(s2.pool_hash(Role::Worker, p), h, "k3s version is drift");
+    }
+}

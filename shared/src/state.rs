@@ -1,0 +1,84 @@
+//! The state store: Secret and ConfigMap `kube-system/oxide-controller`, the only durable state.
+//!
+//! Reads return the `resourceVersion` they saw; writes are replaces carrying it, and a 409
+//! comes back as [`StateError::Conflict`] so the caller re-reads and decides again (never a
+//! blind retry, never an unconditional update). The kube implementation is
+//! [`kube_store::KubeStateStore`]; tests use [`crate::fake::FakeState`].
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use crate::secrets::ClusterSecrets;
+
+pub mod kube_store;
+
+/// ConfigMap keys.
+pub mod keys {
+    pub const SPEC: &str = "spec.yaml";
+    pub const STATUS: &str = "status.json";
+    pub const SCHEMA_VERSION: &str = "schema-version";
+}
+
+/// Label on both objects.
+pub const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "oxide-controller");
+
+/// State store trouble.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{what} does not exist; run bootstrap first (or check --kubeconfig / the namespace)")]
+    NotFound { what: String },
+    #[error("{what} changed since it was read (HTTP 409)")]
+    Conflict { what: String },
+    #[error("not allowed to {what}: {message}")]
+    Forbidden { what: String, message: String },
+    #[error("{what} is malformed: {message}")]
+    Malformed { what: String, message: String },
+    #[error("Kubernetes API call {what} failed")]
+    Api {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl StateError {
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StateError::Conflict { .. })
+    }
+}
+
+/// The ConfigMap's data as read, with the version to write back against.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConfigSnapshot {
+    pub resource_version: String,
+    pub data: BTreeMap<String, String>,
+}
+
+impl ConfigSnapshot {
+    pub fn spec_yaml(&self) -> Option<&str> {
+        self.data.get(keys::SPEC).map(String::as_str)
+    }
+    pub fn status_json(&self) -> Option<&str> {
+        self.data.get(keys::STATUS).map(String::as_str)
+    }
+}
+
+/// Reads and writes the two state objects.
+pub trait StateStore: Send + Sync {
+    fn read_config(&self) -> impl Future<Output = Result<ConfigSnapshot, StateError>> + Send;
+    /// Replaces the ConfigMap's data with `data` if its resourceVersion is still
+    /// `resource_version`; returns the new resourceVersion.
+    fn replace_config(
+        &self,
+        resource_version: &str,
+        data: BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<String, StateError>> + Send;
+    fn read_secrets(&self) -> impl Future<Output = Result<ClusterSecrets, StateError>> + Send;
+    /// Bootstrap only: creates both objects if missing; fills in missing Secret keys and
+    /// missing ConfigMap keys of existing objects (never overwrites a present value).
+    fn ensure_state(
+        &self,
+        secrets: &ClusterSecrets,
+        config: BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<(), StateError>> + Send;
+}
