@@ -7,8 +7,10 @@
 pub mod cloud_init;
 pub mod cluster;
 pub mod credentials;
+pub mod kubeclient;
 pub mod model;
 pub mod names;
+pub mod plan;
 pub mod rack;
 pub mod retry;
 pub mod secrets;
