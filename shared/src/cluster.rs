@@ -86,6 +86,16 @@ pub trait Cluster: Send + Sync {
     fn list_nodes(&self) -> impl Future<Output = Result<Vec<Node>, ClusterError>> + Send;
     /// Marks a Node unschedulable (idempotent).
     fn cordon(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Cordons the Node and annotates it `oxide-controller/removing=<reason>`, so later runs
+    /// know the removal is ours and carry it on (idempotent).
+    fn mark_removing(
+        &self,
+        node: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send {
+        let _ = reason;
+        self.cordon(node)
+    }
     /// Deletes a Node object; missing is fine.
     fn delete_node(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
     fn pods_on_node(

@@ -4,10 +4,13 @@
 //! `names`, `size`, `spec`, `model`, `secrets`, `cloud_init`, `plan`. Adapters behind narrow
 //! traits: `rack` (Oxide), `cluster` (Kubernetes), `state` (Secret/ConfigMap), `ssh`.
 
+pub mod apply;
 pub mod cloud_init;
 pub mod cluster;
 pub mod credentials;
+pub mod fake;
 pub mod kubeclient;
+pub mod members;
 pub mod model;
 pub mod names;
 pub mod plan;
@@ -16,5 +19,8 @@ pub mod retry;
 pub mod secrets;
 pub mod size;
 pub mod spec;
+pub mod status;
+pub mod telemetry;
 pub mod ssh;
 pub mod state;
+pub mod workflows;

@@ -218,6 +218,35 @@ impl Plan {
     pub fn is_degraded(&self) -> bool {
         self.findings.iter().any(|f| f.degraded)
     }
+
+    /// The plan as a text table (for `--dry-run`).
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let _ = writeln!(out, "{:<8} {:>7} {:>5} {:>7} {:>9} {:>6} {:>8} {:>7}", "POOL", "DESIRED", "READY", "JOINING", "NOT-READY", "BROKEN", "REMOVING", "DRIFTED");
+        for p in &self.pools {
+            let _ = writeln!(
+                out,
+                "{:<8} {:>7} {:>5} {:>7} {:>9} {:>6} {:>8} {:>7}",
+                p.pool, p.desired, p.ready, p.joining, p.not_ready, p.broken, p.removing, p.drifted
+            );
+        }
+        out.push('\n');
+        if self.actions.is_empty() {
+            out.push_str("No actions: ");
+            out.push_str(if self.is_converged() { "the cluster is converged.\n" } else { "waiting on the cluster.\n" });
+        } else {
+            let w = self.actions.iter().map(|a| a.target().len()).max().unwrap_or(6).max(6);
+            let _ = writeln!(out, "{:<12} {:<w$} REASON", "ACTION", "TARGET");
+            for a in &self.actions {
+                let _ = writeln!(out, "{:<12} {:<w$} {}", a.verb(), a.target(), a.reason());
+            }
+        }
+        for f in &self.findings {
+            let _ = writeln!(out, "{}: {}", if f.degraded { "DEGRADED" } else { "note" }, f.message);
+        }
+        out
+    }
 }
 
 /// etcd quorum for `members` voting members.

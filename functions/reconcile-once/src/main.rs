@@ -1,1 +1,129 @@
-fn main() {}
+//! `reconcile-once`: one reconcile run, then exit. Run by a CronJob in the cluster, or from a
+//! laptop with `--kubeconfig` when the CronJob cannot run.
+//!
+//! Exit codes: 0 converged or progressing (or another run holds the Lease), 1 retryable
+//! failure, 2 configuration error.
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use oxide_controller::cluster::kube_cluster::KubeCluster;
+use oxide_controller::cluster::NAMESPACE;
+use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::telemetry::{self, LogFormat};
+use oxide_controller::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
+
+/// Keep the oxide-controller cluster at its desired shape: one run, then exit.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Kubeconfig to use instead of the in-cluster service account (the laptop escape hatch).
+    #[arg(long, env = "OXIDE_CONTROLLER_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Context in the kubeconfig (default: its current context).
+    #[arg(long)]
+    context: Option<String>,
+    /// Namespace of the oxide-controller Secret, ConfigMap and Lease.
+    #[arg(long, default_value = NAMESPACE, env = "OXIDE_CONTROLLER_NAMESPACE")]
+    namespace: String,
+    /// Print the plan and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Output of --dry-run.
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Most Oxide/Kubernetes operations in flight at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    concurrency: u16,
+    /// Delete pods instead of evicting them when draining (ignores PodDisruptionBudgets).
+    #[arg(long)]
+    force_drain: bool,
+    /// Whole-run deadline in seconds (default: the spec's timeouts.run_deadline_seconds).
+    #[arg(long)]
+    deadline_seconds: Option<u64>,
+    /// Identity in the Lease (default: pod name or host name, plus pid).
+    #[arg(long, env = "POD_NAME")]
+    holder: Option<String>,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    telemetry::init(args.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> ExitCode {
+    let client = match oxide_controller::kubeclient::client(args.kubeconfig.as_deref(), args.context.as_deref()).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let holder = args.holder.clone().unwrap_or_else(default_holder);
+    let cluster = KubeCluster::new(client.clone(), &args.namespace).with_reporting_instance(&holder);
+    let state = KubeStateStore::new(client, &args.namespace);
+    let mut opts = ReconcileOptions::new(holder);
+    opts.dry_run = args.dry_run;
+    opts.concurrency = usize::from(args.concurrency);
+    opts.force_drain = args.force_drain;
+    opts.deadline = args.deadline_seconds.map(Duration::from_secs);
+    let make_rack = |secrets: &oxide_controller::secrets::ClusterSecrets, spec: &oxide_controller::spec::ClusterSpec| {
+        OxideRack::connect(&secrets.oxide_host, &secrets.oxide_token, &spec.project, RackOptions::default())
+    };
+    match reconcile::run(&cluster, &state, make_rack, &opts).await {
+        Ok(RunOutcome::DryRun { plan }) => {
+            match args.output {
+                Output::Table => print!("{}", plan.table()),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&plan).unwrap_or_default()),
+            }
+            ExitCode::SUCCESS
+        }
+        Ok(RunOutcome::LeaseHeld { holder }) => {
+            tracing::info!(%holder, "another reconcile run holds the Lease; exiting");
+            ExitCode::SUCCESS
+        }
+        Ok(RunOutcome::Converged { .. } | RunOutcome::Progressing { .. }) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}
+
+fn default_holder() -> String {
+    let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "reconcile-once".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Args::command().debug_assert();
+    }
+}

@@ -1,0 +1,550 @@
+//! In-memory fakes of [`Rack`], [`Cluster`] and [`StateStore`] over one shared [`FakeWorld`],
+//! for workflow tests and property tests. Not a simulator: time moves only when a test calls
+//! [`FakeWorld::tick`], which moves instances through their lifecycle and lets kubelets join.
+//! The Oxide rules that matter to the planner (delete only when stopped/failed, attach 503 in
+//! transient states, names unique, deleting an instance detaches its disks) hold here too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::cluster::{Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome};
+use crate::model::{
+    Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance, InstanceState, NewInstance,
+    Node, NodeReadiness, PodRef,
+};
+use crate::names;
+use crate::rack::{Rack, RackError};
+use crate::secrets::ClusterSecrets;
+use crate::state::{ConfigSnapshot, StateError, StateStore};
+
+/// A pod in the fake cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakePod {
+    pub pod: PodRef,
+    pub node: String,
+    /// Evictions refused (as a PDB would) while this is true.
+    pub protected: bool,
+}
+
+/// Everything the fakes share.
+#[derive(Debug, Default)]
+pub struct WorldState {
+    pub now: DateTime<Utc>,
+    pub instances: BTreeMap<String, Instance>,
+    /// user-data of each instance, to check what members were told.
+    pub user_data: BTreeMap<String, Vec<u8>>,
+    pub disks: BTreeMap<String, Disk>,
+    pub floating_ips: BTreeMap<String, FloatingIp>,
+    pub images: Vec<Image>,
+    pub nodes: BTreeMap<String, Node>,
+    pub pods: Vec<FakePod>,
+    /// Instance names whose kubelet never joins.
+    pub never_join: BTreeSet<String>,
+    pub lease: Option<(String, DateTime<Utc>)>,
+    pub events: Vec<(EventType, String, String)>,
+    pub jobs: BTreeSet<String>,
+    pub cronjob: bool,
+    pub config: ConfigSnapshot,
+    pub secrets: Option<ClusterSecrets>,
+    /// Calls that change something, in order, e.g. "create demo-workers-abcde".
+    pub log: Vec<String>,
+    /// The most instances each pool-prefix ever had at once (for surge checks).
+    pub peak_instances: usize,
+    next_ip: u8,
+    rv: u64,
+}
+
+/// Handle on the shared world; clone freely.
+#[derive(Debug, Clone, Default)]
+pub struct FakeWorld(Arc<Mutex<WorldState>>);
+
+impl FakeWorld {
+    pub fn new(now: DateTime<Utc>) -> FakeWorld {
+        let w = FakeWorld::default();
+        w.with(|s| {
+            s.now = now;
+            s.cronjob = true;
+        });
+        w
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, WorldState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn with<T>(&self, f: impl FnOnce(&mut WorldState) -> T) -> T {
+        f(&mut self.lock())
+    }
+
+    /// Advances time by `secs` and moves the world along: starting → running, stopping →
+    /// stopped, running members' kubelets join (Ready Nodes), halted ones go NotReady.
+    pub fn tick(&self, secs: i64) {
+        self.with(|s| {
+            s.now += chrono::Duration::seconds(secs);
+            let now = s.now;
+            let mut joins = Vec::new();
+            for inst in s.instances.values_mut() {
+                match inst.state {
+                    InstanceState::Creating | InstanceState::Starting | InstanceState::Rebooting => {
+                        inst.state = InstanceState::Running;
+                        inst.time_state_updated = now;
+                    }
+                    InstanceState::Stopping => {
+                        inst.state = InstanceState::Stopped;
+                        inst.time_state_updated = now;
+                    }
+                    _ => {}
+                }
+                if inst.state == InstanceState::Running && !s.never_join.contains(&inst.name) {
+                    joins.push(inst.name.clone());
+                }
+            }
+            for name in joins {
+                let node = s.nodes.entry(name.clone()).or_insert_with(|| Node {
+                    name: name.clone(),
+                    provider_id: None,
+                    labels: BTreeMap::new(),
+                    annotations: BTreeMap::new(),
+                    readiness: NodeReadiness::Ready,
+                    unschedulable: false,
+                    created: now,
+                });
+                node.readiness = NodeReadiness::Ready;
+            }
+            let running: BTreeSet<String> = s
+                .instances
+                .values()
+                .filter(|i| i.state == InstanceState::Running)
+                .map(|i| i.name.clone())
+                .collect();
+            for node in s.nodes.values_mut() {
+                if !running.contains(&node.name) && node.readiness == NodeReadiness::Ready {
+                    node.readiness = NodeReadiness::NotReady { since: now };
+                }
+            }
+        });
+    }
+
+    /// Adds a silo image.
+    pub fn add_image(&self, name: &str) -> Uuid {
+        let id = Uuid::new_v4();
+        self.with(|s| {
+            s.images.push(Image {
+                id,
+                name: name.to_owned(),
+                size: crate::size::ByteSize::gib(2),
+                block_size: 512,
+                silo_scoped: true,
+            })
+        });
+        id
+    }
+
+    /// Number of instances whose name starts with `prefix`.
+    pub fn count_instances(&self, prefix: &str) -> usize {
+        self.with(|s| s.instances.keys().filter(|n| n.starts_with(prefix)).count())
+    }
+
+    pub fn rack(&self) -> FakeRack {
+        FakeRack(self.clone())
+    }
+    pub fn cluster(&self) -> FakeCluster {
+        FakeCluster(self.clone())
+    }
+    pub fn state(&self) -> FakeState {
+        FakeState(self.clone())
+    }
+}
+
+fn not_found(what: impl Into<String>) -> RackError {
+    RackError::NotFound { what: what.into() }
+}
+
+/// [`Rack`] over the fake world.
+#[derive(Debug, Clone)]
+pub struct FakeRack(pub FakeWorld);
+
+impl Rack for FakeRack {
+    async fn ensure_project(&self) -> Result<(), RackError> {
+        Ok(())
+    }
+
+    async fn list_instances(&self, prefix: &str) -> Result<Vec<Instance>, RackError> {
+        Ok(self.0.with(|s| {
+            s.instances
+                .values()
+                .filter(|i| i.name.starts_with(prefix))
+                .cloned()
+                .collect()
+        }))
+    }
+
+    async fn get_instance(&self, name: &str) -> Result<Option<Instance>, RackError> {
+        Ok(self.0.with(|s| s.instances.get(name).cloned()))
+    }
+
+    async fn create_instance(&self, new: &NewInstance) -> Result<Instance, RackError> {
+        self.0.with(|s| {
+            if s.instances.contains_key(&new.name) {
+                return Err(RackError::AlreadyExists { what: format!("instance {}", new.name) });
+            }
+            let disks = std::iter::once(&new.boot_disk).chain(new.data_disk.as_ref());
+            if let Some(d) = disks.clone().find(|d| s.disks.contains_key(&d.name)) {
+                return Err(RackError::AlreadyExists { what: format!("disk {}", d.name) });
+            }
+            let id = Uuid::new_v4();
+            for d in disks {
+                s.disks.insert(
+                    d.name.clone(),
+                    Disk { id: Uuid::new_v4(), name: d.name.clone(), state: DiskState::Attached(id), size: d.size, time_created: s.now },
+                );
+            }
+            let inst = Instance {
+                id,
+                name: new.name.clone(),
+                description: new.description.clone(),
+                hostname: new.hostname.clone(),
+                state: InstanceState::Starting,
+                ncpus: new.ncpus,
+                memory: new.memory,
+                time_created: s.now,
+                time_state_updated: s.now,
+            };
+            s.instances.insert(new.name.clone(), inst.clone());
+            s.user_data.insert(new.name.clone(), new.user_data.clone());
+            s.log.push(format!("create {}", new.name));
+            let pool_prefix = new.name.rsplit_once('-').map(|(p, _)| p.to_owned()).unwrap_or_default();
+            let in_pool = s.instances.keys().filter(|n| n.starts_with(&pool_prefix)).count();
+            s.peak_instances = s.peak_instances.max(in_pool);
+            Ok(inst)
+        })
+    }
+
+    async fn start_instance(&self, name: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            let i = s.instances.get_mut(name).ok_or_else(|| not_found(format!("instance {name}")))?;
+            match i.state {
+                InstanceState::Stopped | InstanceState::Failed => i.state = InstanceState::Starting,
+                InstanceState::Stopping => {
+                    return Err(RackError::Conflict { what: format!("instance {name}"), message: "stopping".into() });
+                }
+                _ => {}
+            }
+            s.log.push(format!("start {name}"));
+            Ok(())
+        })
+    }
+
+    async fn stop_instance(&self, name: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            let i = s.instances.get_mut(name).ok_or_else(|| not_found(format!("instance {name}")))?;
+            match i.state {
+                InstanceState::Failed => i.state = InstanceState::Stopped,
+                InstanceState::Stopped | InstanceState::Stopping => {}
+                _ => i.state = InstanceState::Stopping,
+            }
+            s.log.push(format!("stop {name}"));
+            Ok(())
+        })
+    }
+
+    async fn delete_instance(&self, name: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            let i = s.instances.get(name).ok_or_else(|| not_found(format!("instance {name}")))?;
+            if !i.state.is_deletable() {
+                return Err(RackError::Invalid {
+                    what: format!("instance {name}"),
+                    message: "instance is running or has not yet fully stopped".into(),
+                });
+            }
+            let id = i.id;
+            s.instances.remove(name);
+            for d in s.disks.values_mut() {
+                if d.state == DiskState::Attached(id) {
+                    d.state = DiskState::Detached;
+                }
+            }
+            for f in s.floating_ips.values_mut() {
+                if f.instance_id == Some(id) {
+                    f.instance_id = None;
+                }
+            }
+            s.log.push(format!("delete {name}"));
+            Ok(())
+        })
+    }
+
+    async fn instance_external_ips(&self, name: &str) -> Result<Vec<ExternalIp>, RackError> {
+        self.0.with(|s| {
+            let i = s.instances.get(name).ok_or_else(|| not_found(format!("instance {name}")))?;
+            Ok(s.floating_ips
+                .values()
+                .filter(|f| f.instance_id == Some(i.id))
+                .map(|f| ExternalIp { ip: f.ip, kind: ExternalIpKind::Floating })
+                .collect())
+        })
+    }
+
+    async fn serial_console(&self, name: &str) -> Result<Vec<u8>, RackError> {
+        self.0.with(|s| {
+            s.instances
+                .get(name)
+                .map(|_| Vec::new())
+                .ok_or_else(|| not_found(format!("instance {name}")))
+        })
+    }
+
+    async fn list_disks(&self) -> Result<Vec<Disk>, RackError> {
+        Ok(self.0.with(|s| s.disks.values().cloned().collect()))
+    }
+
+    async fn delete_disk(&self, name: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            let d = s.disks.get(name).ok_or_else(|| not_found(format!("disk {name}")))?;
+            if !matches!(d.state, DiskState::Detached | DiskState::Faulted) {
+                return Err(RackError::Invalid { what: format!("disk {name}"), message: "disk is attached".into() });
+            }
+            s.disks.remove(name);
+            s.log.push(format!("delete-disk {name}"));
+            Ok(())
+        })
+    }
+
+    async fn list_floating_ips(&self) -> Result<Vec<FloatingIp>, RackError> {
+        Ok(self.0.with(|s| s.floating_ips.values().cloned().collect()))
+    }
+
+    async fn get_floating_ip(&self, name: &str) -> Result<Option<FloatingIp>, RackError> {
+        Ok(self.0.with(|s| s.floating_ips.get(name).cloned()))
+    }
+
+    async fn create_floating_ip(&self, name: &str, _d: &str, _pool: Option<&str>) -> Result<FloatingIp, RackError> {
+        self.0.with(|s| {
+            if s.floating_ips.contains_key(name) {
+                return Err(RackError::AlreadyExists { what: format!("floating IP {name}") });
+            }
+            s.next_ip = s.next_ip.wrapping_add(1);
+            let fip = FloatingIp {
+                id: Uuid::new_v4(),
+                name: name.to_owned(),
+                ip: IpAddr::V4(Ipv4Addr::new(127, 100, 0, s.next_ip)),
+                instance_id: None,
+            };
+            s.floating_ips.insert(name.to_owned(), fip.clone());
+            s.log.push(format!("create-fip {name}"));
+            Ok(fip)
+        })
+    }
+
+    async fn attach_floating_ip(&self, fip: &str, instance: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            let i = s.instances.get(instance).ok_or_else(|| not_found(format!("instance {instance}")))?;
+            let id = i.id;
+            if i.state.is_transient() {
+                return Err(RackError::Unavailable {
+                    what: format!("floating IP {fip}"),
+                    status: 503,
+                    message: "can't attach in transient state".into(),
+                });
+            }
+            let f = s.floating_ips.get_mut(fip).ok_or_else(|| not_found(format!("floating IP {fip}")))?;
+            match f.instance_id {
+                Some(other) if other != id => {
+                    return Err(RackError::Invalid { what: format!("floating IP {fip}"), message: "already attached".into() });
+                }
+                _ => f.instance_id = Some(id),
+            }
+            s.log.push(format!("attach-fip {fip} {instance}"));
+            Ok(())
+        })
+    }
+
+    async fn detach_floating_ip(&self, fip: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            let f = s.floating_ips.get_mut(fip).ok_or_else(|| not_found(format!("floating IP {fip}")))?;
+            f.instance_id = None;
+            s.log.push(format!("detach-fip {fip}"));
+            Ok(())
+        })
+    }
+
+    async fn find_image(&self, name: &str) -> Result<Option<Image>, RackError> {
+        Ok(self.0.with(|s| s.images.iter().find(|i| i.name == name).cloned()))
+    }
+
+    async fn ensure_anti_affinity_group(&self, _name: &str) -> Result<(), RackError> {
+        Ok(())
+    }
+}
+
+/// [`Cluster`] over the fake world.
+#[derive(Debug, Clone)]
+pub struct FakeCluster(pub FakeWorld);
+
+impl Cluster for FakeCluster {
+    async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
+        Ok(self.0.with(|s| s.nodes.values().cloned().collect()))
+    }
+
+    async fn cordon(&self, node: &str) -> Result<(), ClusterError> {
+        self.0.with(|s| {
+            let n = s.nodes.get_mut(node).ok_or_else(|| ClusterError::NotFound { what: format!("node {node}") })?;
+            n.unschedulable = true;
+            s.log.push(format!("cordon {node}"));
+            Ok(())
+        })
+    }
+
+    async fn mark_removing(&self, node: &str, reason: &str) -> Result<(), ClusterError> {
+        self.0.with(|s| {
+            let n = s.nodes.get_mut(node).ok_or_else(|| ClusterError::NotFound { what: format!("node {node}") })?;
+            n.unschedulable = true;
+            n.annotations.insert(crate::plan::REMOVING_ANNOTATION.to_owned(), reason.to_owned());
+            s.log.push(format!("mark-removing {node}"));
+            Ok(())
+        })
+    }
+
+    async fn delete_node(&self, node: &str) -> Result<(), ClusterError> {
+        self.0.with(|s| {
+            s.nodes.remove(node);
+            s.pods.retain(|p| p.node != node);
+            s.log.push(format!("delete-node {node}"));
+            Ok(())
+        })
+    }
+
+    async fn pods_on_node(&self, node: &str) -> Result<Vec<PodRef>, ClusterError> {
+        Ok(self.0.with(|s| s.pods.iter().filter(|p| p.node == node).map(|p| p.pod.clone()).collect()))
+    }
+
+    async fn evict(&self, pod: &PodRef) -> Result<Eviction, ClusterError> {
+        Ok(self.0.with(|s| {
+            match s.pods.iter().position(|p| p.pod.namespace == pod.namespace && p.pod.name == pod.name) {
+                None => Eviction::Gone,
+                Some(i) if s.pods[i].protected => Eviction::BlockedByBudget,
+                Some(i) => {
+                    s.pods.remove(i);
+                    s.log.push(format!("evict {}/{}", pod.namespace, pod.name));
+                    Eviction::Evicted
+                }
+            }
+        }))
+    }
+
+    async fn delete_pod(&self, pod: &PodRef) -> Result<(), ClusterError> {
+        self.0.with(|s| {
+            s.pods.retain(|p| !(p.pod.namespace == pod.namespace && p.pod.name == pod.name));
+            s.log.push(format!("delete-pod {}/{}", pod.namespace, pod.name));
+            Ok(())
+        })
+    }
+
+    async fn acquire_lease(&self, holder: &str, duration: Duration) -> Result<LeaseOutcome, ClusterError> {
+        Ok(self.0.with(|s| {
+            let until = s.now + chrono::Duration::from_std(duration).unwrap_or_default();
+            match &s.lease {
+                Some((h, exp)) if h != holder && *exp > s.now => LeaseOutcome::HeldBy { holder: h.clone(), until: Some(*exp) },
+                _ => {
+                    s.lease = Some((holder.to_owned(), until));
+                    LeaseOutcome::Acquired
+                }
+            }
+        }))
+    }
+
+    async fn renew_lease(&self, holder: &str, duration: Duration) -> Result<(), ClusterError> {
+        self.0.with(|s| match &s.lease {
+            Some((h, _)) if h == holder => {
+                s.lease = Some((holder.to_owned(), s.now + chrono::Duration::from_std(duration).unwrap_or_default()));
+                Ok(())
+            }
+            _ => Err(ClusterError::Conflict { what: "lease".into() }),
+        })
+    }
+
+    async fn release_lease(&self, holder: &str) -> Result<(), ClusterError> {
+        self.0.with(|s| {
+            if s.lease.as_ref().is_some_and(|(h, _)| h == holder) {
+                s.lease = None;
+            }
+            Ok(())
+        })
+    }
+
+    async fn record_event(&self, kind: EventType, reason: &str, message: &str) -> Result<(), ClusterError> {
+        self.0.with(|s| s.events.push((kind, reason.to_owned(), message.to_owned())));
+        Ok(())
+    }
+
+    async fn trigger_reconcile_job(&self) -> Result<JobTrigger, ClusterError> {
+        Ok(self.0.with(|s| {
+            if !s.cronjob {
+                JobTrigger::NoCronJob
+            } else if !s.jobs.insert(crate::cluster::ON_DEMAND_JOB.to_owned()) {
+                JobTrigger::AlreadyPending
+            } else {
+                JobTrigger::Created
+            }
+        }))
+    }
+}
+
+/// [`StateStore`] over the fake world, with resourceVersion conflicts like the real thing.
+#[derive(Debug, Clone)]
+pub struct FakeState(pub FakeWorld);
+
+impl StateStore for FakeState {
+    async fn read_config(&self) -> Result<ConfigSnapshot, StateError> {
+        self.0.with(|s| {
+            if s.config.resource_version.is_empty() {
+                Err(StateError::NotFound { what: "ConfigMap kube-system/oxide-controller".into() })
+            } else {
+                Ok(s.config.clone())
+            }
+        })
+    }
+
+    async fn replace_config(&self, rv: &str, data: BTreeMap<String, String>) -> Result<String, StateError> {
+        self.0.with(|s| {
+            if s.config.resource_version != rv {
+                return Err(StateError::Conflict { what: "ConfigMap kube-system/oxide-controller".into() });
+            }
+            s.rv += 1;
+            s.config = ConfigSnapshot { resource_version: s.rv.to_string(), data };
+            Ok(s.config.resource_version.clone())
+        })
+    }
+
+    async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
+        self.0.with(|s| s.secrets.clone().ok_or(StateError::NotFound { what: "Secret kube-system/oxide-controller".into() }))
+    }
+
+    async fn ensure_state(&self, secrets: &ClusterSecrets, config: BTreeMap<String, String>) -> Result<(), StateError> {
+        self.0.with(|s| {
+            if s.secrets.is_none() {
+                s.secrets = Some(secrets.clone());
+            }
+            if s.config.resource_version.is_empty() {
+                s.rv += 1;
+                s.config = ConfigSnapshot { resource_version: s.rv.to_string(), data: config };
+            } else {
+                for (k, v) in config {
+                    s.config.data.entry(k).or_insert(v);
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Instance names in the world that belong to `pool` of `cluster`.
+pub fn pool_members(world: &FakeWorld, cluster: &str, pool: &str) -> Vec<String> {
+    let prefix = names::instance_prefix(cluster, pool);
+    world.with(|s| s.instances.keys().filter(|n| n.starts_with(&prefix)).cloned().collect())
+}

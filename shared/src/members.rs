@@ -1,0 +1,125 @@
+//! Turning a `CreateMember` decision into a concrete [`NewInstance`]: sizes from the pool,
+//! the boot image resolved by name, the description tag with the pool's spec hash, and the
+//! user-data rendered by [`crate::cloud_init`] with the join settings (server URL, the right
+//! token for the role, TLS SANs, node name, labels, taints). Pure.
+
+use crate::apply::MemberFactory;
+use crate::model::NewInstance;
+use crate::names::{self, InstanceTag};
+use crate::plan::Observed;
+use crate::secrets::ClusterSecrets;
+use crate::spec::{ClusterSpec, ExternalIpMode, POOL_LABEL, PoolSpec, Role};
+
+/// API server port of k3s.
+pub const API_PORT: u16 = 6443;
+
+/// Builds members of a cluster from its spec, secrets and what the run observed.
+#[derive(Debug)]
+pub struct SpecMembers<'a> {
+    spec: &'a ClusterSpec,
+    secrets: &'a ClusterSecrets,
+    observed: &'a Observed,
+}
+
+impl<'a> SpecMembers<'a> {
+    pub fn new(spec: &'a ClusterSpec, secrets: &'a ClusterSecrets, observed: &'a Observed) -> Self {
+        SpecMembers { spec, secrets, observed }
+    }
+}
+
+/// The k3s server URL joiners use: the API floating IP.
+pub fn server_url(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V6(v6) => format!("https://[{v6}]:{API_PORT}"),
+        std::net::IpAddr::V4(v4) => format!("https://{v4}:{API_PORT}"),
+    }
+}
+
+/// Everything about a new member that does not depend on I/O. (`Debug` is derived: the
+/// secrets inside have a redacting `Debug` of their own.)
+#[derive(Debug)]
+pub struct MemberInput<'a> {
+    pub spec: &'a ClusterSpec,
+    pub secrets: &'a ClusterSecrets,
+    pub role: Role,
+    pub pool: &'a PoolSpec,
+    pub name: &'a str,
+    pub image_id: uuid::Uuid,
+    /// Address of the API floating IP.
+    pub api_address: std::net::IpAddr,
+    /// `true` only for the very first server (bootstrap): it creates the cluster.
+    pub cluster_init: bool,
+}
+
+/// Builds the [`NewInstance`] for one member.
+pub fn new_instance(m: &MemberInput) -> Result<NewInstance, String> {
+    let spec = m.spec;
+    let tag = InstanceTag {
+        cluster: spec.cluster.clone(),
+        pool: m.pool.name.clone(),
+        spec_hash: spec.pool_hash(m.role, m.pool),
+    };
+    let user_data = crate::cloud_init::render_member(m).map_err(|e| format!("rendering user-data for {}: {e}", m.name))?;
+    Ok(NewInstance {
+        name: m.name.to_owned(),
+        description: tag.to_string(),
+        hostname: m.name.to_owned(),
+        ncpus: m.pool.cpus,
+        memory: m.pool.memory,
+        boot_disk: crate::model::NewDisk {
+            name: names::boot_disk_name(m.name),
+            size: m.pool.boot_disk,
+            image: Some(m.image_id),
+        },
+        data_disk: m.pool.data_disk.map(|size| crate::model::NewDisk {
+            name: names::data_disk_name(m.name),
+            size,
+            image: None,
+        }),
+        user_data,
+        ephemeral_ip: spec.nodes.external_ip == ExternalIpMode::Ephemeral,
+        ip_pool: spec.nodes.ip_pool.clone(),
+        anti_affinity_group: m.pool.anti_affinity_group.clone(),
+    })
+}
+
+/// Node labels a member gets: the pool's, plus `oxide-controller/pool`.
+pub fn node_labels(pool: &PoolSpec) -> std::collections::BTreeMap<String, String> {
+    let mut labels = pool.labels.clone();
+    labels.insert(POOL_LABEL.to_owned(), pool.name.clone());
+    labels
+}
+
+impl MemberFactory for SpecMembers<'_> {
+    fn new_instance(&self, pool: &str, name: &str) -> Result<NewInstance, String> {
+        let (role, pool) = self
+            .spec
+            .pool(pool)
+            .ok_or_else(|| format!("pool {pool:?} is not in the spec"))?;
+        let image = self
+            .observed
+            .images
+            .get(&pool.image)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| format!("image {:?} not found", pool.image))?;
+        let fip = self
+            .observed
+            .api_floating_ip
+            .as_ref()
+            .ok_or_else(|| "the API floating IP does not exist yet".to_owned())?;
+        new_instance(&MemberInput {
+            spec: self.spec,
+            secrets: self.secrets,
+            role,
+            pool,
+            name,
+            image_id: image.id,
+            api_address: fip.ip,
+            cluster_init: false,
+        })
+    }
+
+    fn anti_affinity_group(&self, pool: &str) -> Option<String> {
+        self.spec.pool(pool).and_then(|(_, p)| p.anti_affinity_group.clone())
+    }
+}

@@ -1,0 +1,239 @@
+//! `status.json` in the ConfigMap: what the last reconcile saw and did. Written by
+//! `reconcile-once` only. Conditions follow the Kubernetes convention (type, status, reason,
+//! message, lastTransitionTime), and a condition keeps its transition time while its status
+//! does not change.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::apply::{ActionResult, Outcome};
+use crate::plan::{Plan, PoolCounts};
+
+/// One condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// "True" or "False".
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub last_transition_time: DateTime<Utc>,
+}
+
+/// One planned action and what became of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedAction {
+    pub action: String,
+    pub target: String,
+    pub reason: String,
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// Observed counts of one pool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolStatus {
+    pub pool: String,
+    pub desired: u32,
+    pub ready: u32,
+    pub joining: u32,
+    pub not_ready: u32,
+    pub broken: u32,
+    pub removing: u32,
+    pub drifted: u32,
+}
+
+impl From<&PoolCounts> for PoolStatus {
+    fn from(p: &PoolCounts) -> Self {
+        PoolStatus {
+            pool: p.pool.clone(),
+            desired: p.desired,
+            ready: p.ready,
+            joining: p.joining,
+            not_ready: p.not_ready,
+            broken: p.broken,
+            removing: p.removing,
+            drifted: p.drifted,
+        }
+    }
+}
+
+/// The whole `status.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub run_id: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub conditions: Vec<Condition>,
+    pub pools: Vec<PoolStatus>,
+    pub last_plan: Vec<PlannedAction>,
+    #[serde(default)]
+    pub findings: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the cluster was last seen converged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_converged_at: Option<DateTime<Utc>>,
+}
+
+impl Status {
+    pub fn from_json(s: &str) -> Option<Status> {
+        serde_json::from_str(s).ok()
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+/// Everything a run knows at its end.
+#[derive(Debug)]
+pub struct RunReport<'a> {
+    pub run_id: &'a str,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub plan: Option<&'a Plan>,
+    pub results: &'a [ActionResult],
+    pub error: Option<String>,
+    pub previous: Option<&'a Status>,
+}
+
+/// Builds the status for a run.
+pub fn build(r: &RunReport) -> Status {
+    let failures = r.results.iter().filter(|x| matches!(x.outcome, Outcome::Failed(_))).count();
+    let converged = r.error.is_none()
+        && failures == 0
+        && r.plan.is_some_and(Plan::is_converged);
+    let degraded = r.error.is_some() || failures > 0 || r.plan.is_some_and(Plan::is_degraded);
+    let progressing = r.plan.is_some_and(|p| !p.actions.is_empty())
+        || r.plan.is_some_and(|p| !p.is_converged());
+
+    let degraded_msg = if let Some(e) = &r.error {
+        ("RunFailed".to_owned(), e.clone())
+    } else if failures > 0 {
+        ("ActionsFailed".to_owned(), format!("{failures} action(s) failed; see lastPlan"))
+    } else if let Some(f) = r.plan.and_then(|p| p.findings.iter().find(|f| f.degraded)) {
+        ("Problem".to_owned(), f.message.clone())
+    } else {
+        ("AsExpected".to_owned(), "no problems".to_owned())
+    };
+    let summary = r
+        .plan
+        .map(|p| {
+            p.pools
+                .iter()
+                .map(|c| format!("{} {}/{} ready", c.pool, c.ready, c.desired))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_else(|| "not observed".to_owned());
+    let cond = |t: &str, on: bool, reason: String, message: String| {
+        let status = if on { "True" } else { "False" }.to_owned();
+        let last_transition_time = r
+            .previous
+            .and_then(|p| p.condition(t))
+            .filter(|c| c.status == status)
+            .map_or(r.finished_at, |c| c.last_transition_time);
+        Condition { type_: t.to_owned(), status, reason, message, last_transition_time }
+    };
+    let n_actions = r.plan.map_or(0, |p| p.actions.len());
+    let conditions = vec![
+        cond(
+            "Ready",
+            converged,
+            if converged { "Converged".into() } else { "NotConverged".into() },
+            summary.clone(),
+        ),
+        cond(
+            "Progressing",
+            progressing && r.error.is_none(),
+            if n_actions > 0 { "ActionsApplied".into() } else { "Waiting".into() },
+            format!("{n_actions} action(s) this run; {summary}"),
+        ),
+        cond("Degraded", degraded, degraded_msg.0, degraded_msg.1),
+    ];
+    let last_plan = r
+        .results
+        .iter()
+        .map(|x| {
+            let (outcome, detail) = match &x.outcome {
+                Outcome::Done => ("done", None),
+                Outcome::InProgress(d) => ("in_progress", Some(d.clone())),
+                Outcome::Failed(d) => ("failed", Some(d.clone())),
+                Outcome::Skipped(d) => ("skipped", Some(d.clone())),
+            };
+            PlannedAction {
+                action: x.action.verb().to_owned(),
+                target: x.action.target().to_owned(),
+                reason: x.action.reason().to_owned(),
+                outcome: outcome.to_owned(),
+                detail,
+            }
+        })
+        .collect();
+    Status {
+        run_id: r.run_id.to_owned(),
+        started_at: r.started_at,
+        finished_at: r.finished_at,
+        conditions,
+        pools: r.plan.map(|p| p.pools.iter().map(PoolStatus::from).collect()).unwrap_or_default(),
+        last_plan,
+        findings: r.plan.map(|p| p.findings.iter().map(|f| f.message.clone()).collect()).unwrap_or_default(),
+        last_error: r.error.clone().or_else(|| r.previous.and_then(|p| p.last_error.clone()).filter(|_| !converged)),
+        last_converged_at: if converged { Some(r.finished_at) } else { r.previous.and_then(|p| p.last_converged_at) },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Finding, PoolCounts};
+
+    fn at(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()
+    }
+
+    fn converged_plan() -> Plan {
+        Plan {
+            actions: vec![],
+            findings: vec![],
+            pools: vec![PoolCounts { pool: "workers".into(), desired: 2, ready: 2, ..Default::default() }],
+        }
+    }
+
+    #[test]
+    fn converged_run_is_ready_and_keeps_transition_times() {
+        let plan = converged_plan();
+        let r = RunReport { run_id: "a", started_at: at(0), finished_at: at(1), plan: Some(&plan), results: &[], error: None, previous: None };
+        let s1 = build(&r);
+        assert_eq!(s1.condition("Ready").map(|c| c.status.as_str()), Some("True"));
+        assert_eq!(s1.condition("Degraded").map(|c| c.status.as_str()), Some("False"));
+        let r2 = RunReport { run_id: "b", finished_at: at(100), previous: Some(&s1), ..r };
+        let s2 = build(&r2);
+        assert_eq!(s2.condition("Ready").map(|c| c.last_transition_time), Some(at(1)));
+        assert_eq!(s2.last_converged_at, Some(at(100)));
+        assert_eq!(Status::from_json(&s2.to_json()), Some(s2));
+    }
+
+    #[test]
+    fn errors_and_degraded_findings_show() {
+        let mut plan = converged_plan();
+        plan.findings.push(Finding { degraded: true, message: "etcd quorum lost".into() });
+        let r = RunReport { run_id: "a", started_at: at(0), finished_at: at(1), plan: Some(&plan), results: &[], error: None, previous: None };
+        let s = build(&r);
+        let d = s.condition("Degraded").cloned().unwrap_or_else(|| unreachable!());
+        assert_eq!((d.status.as_str(), d.message.as_str()), ("True", "etcd quorum lost"));
+        let r = RunReport { plan: None, error: Some("rack unreachable".into()), ..r };
+        let s = build(&r);
+        assert_eq!(s.last_error.as_deref(), Some("rack unreachable"));
+        assert_eq!(s.condition("Ready").map(|c| c.status.as_str()), Some("False"));
+    }
+}

@@ -1,0 +1,3 @@
+//! The functions' workflows: observe → plan → apply → save. Each binary calls one of these.
+
+pub mod reconcile;

@@ -1,0 +1,301 @@
+//! `reconcile-once`: observe → plan → apply → write status, under the run Lease.
+//!
+//! Stateless: everything comes from the ConfigMap/Secret, the Oxide API and the Kubernetes
+//! API on every run. Safe to kill at any instant; the next run picks up from what it sees.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::apply::{self, ActionResult, ApplyOptions, Outcome};
+use crate::cluster::{Cluster, ClusterError, LeaseOutcome};
+use crate::members::SpecMembers;
+use crate::names;
+use crate::plan::{self, Observed, Plan};
+use crate::rack::{Rack, RackError};
+use crate::secrets::ClusterSecrets;
+use crate::spec::ClusterSpec;
+use crate::state::{self, StateError, StateStore};
+use crate::status::{self, RunReport, Status};
+
+/// How a run went; maps to the exit code.
+#[derive(Debug)]
+pub enum RunOutcome {
+    /// Nothing left to do.
+    Converged { plan: Plan },
+    /// Actions were taken or are waiting on the world (joins, drains).
+    Progressing { plan: Plan, results: Vec<ActionResult> },
+    /// Another run holds the Lease.
+    LeaseHeld { holder: String },
+    /// `--dry-run`: the plan, unapplied.
+    DryRun { plan: Plan },
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Something a person must fix (exit 2).
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// Try again later (exit 1).
+    #[error("{0}")]
+    Retryable(String),
+}
+
+impl ReconcileError {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ReconcileError::Config(_) => 2,
+            ReconcileError::Retryable(_) => 1,
+        }
+    }
+}
+
+/// Options of one run.
+#[derive(Clone)]
+pub struct ReconcileOptions {
+    pub dry_run: bool,
+    pub concurrency: usize,
+    pub force_drain: bool,
+    /// Lease holder identity (pod name, or host + pid).
+    pub holder: String,
+    /// Overrides the spec's run deadline.
+    pub deadline: Option<Duration>,
+    /// Poll interval for waits inside apply.
+    pub poll: Duration,
+    /// How long a removal waits for its instance to stop within this run.
+    pub stop_wait: Duration,
+    /// Backoff for retryable Oxide errors.
+    pub backoff: crate::retry::Backoff,
+    /// The clock (tests pass a fake one).
+    pub now: Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>,
+}
+
+impl std::fmt::Debug for ReconcileOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReconcileOptions")
+            .field("dry_run", &self.dry_run)
+            .field("concurrency", &self.concurrency)
+            .field("force_drain", &self.force_drain)
+            .field("holder", &self.holder)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReconcileOptions {
+    pub fn new(holder: impl Into<String>) -> Self {
+        ReconcileOptions {
+            dry_run: false,
+            concurrency: 8,
+            force_drain: false,
+            holder: holder.into(),
+            deadline: None,
+            poll: Duration::from_millis(500),
+            stop_wait: Duration::from_secs(60),
+            backoff: crate::retry::Backoff::default(),
+            now: Arc::new(Utc::now),
+        }
+    }
+}
+
+/// Reads and validates the spec and secrets. Config errors exit 2 and change nothing.
+pub async fn load<S: StateStore>(state: &S) -> Result<(ClusterSpec, ClusterSecrets, state::ConfigSnapshot), ReconcileError> {
+    let snapshot = state.read_config().await.map_err(state_err)?;
+    let yaml = snapshot.spec_yaml().ok_or_else(|| {
+        ReconcileError::Config(format!(
+            "ConfigMap kube-system/oxide-controller has no {:?} key; re-run bootstrap",
+            state::keys::SPEC
+        ))
+    })?;
+    let spec = ClusterSpec::from_yaml(yaml).map_err(|e| ReconcileError::Config(format!("{e}")))?;
+    let secrets = state.read_secrets().await.map_err(state_err)?;
+    Ok((spec, secrets, snapshot))
+}
+
+fn state_err(e: StateError) -> ReconcileError {
+    match e {
+        StateError::NotFound { .. } | StateError::Malformed { .. } | StateError::Forbidden { .. } => {
+            ReconcileError::Config(e.to_string())
+        }
+        other => ReconcileError::Retryable(format!("{other:#}")),
+    }
+}
+
+/// Observes the rack and the cluster for `spec`.
+pub async fn observe<R: Rack, C: Cluster>(rack: &R, cluster: &C, spec: &ClusterSpec) -> Result<Observed, ReconcileError> {
+    let prefix = names::cluster_prefix(&spec.cluster);
+    let fip_name = names::api_floating_ip_name(&spec.cluster);
+    let image_names: Vec<String> = spec
+        .pools()
+        .map(|(_, p)| p.image.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let rack_err = |e: RackError| ReconcileError::Retryable(format!("observing the rack: {e:#}"));
+    let (instances, nodes, disks, fip, images) = tokio::join!(
+        rack.list_instances(&prefix),
+        cluster.list_nodes(),
+        rack.list_disks(),
+        rack.get_floating_ip(&fip_name),
+        futures::future::join_all(image_names.iter().map(|n| rack.find_image(n))),
+    );
+    let mut resolved = BTreeMap::new();
+    for (name, img) in image_names.into_iter().zip(images) {
+        resolved.insert(name, img.map_err(rack_err)?);
+    }
+    Ok(Observed {
+        instances: instances.map_err(rack_err)?,
+        nodes: nodes.map_err(|e: ClusterError| ReconcileError::Retryable(format!("observing the cluster: {e:#}")))?,
+        disks: disks.map_err(rack_err)?,
+        api_floating_ip: fip.map_err(rack_err)?,
+        images: resolved,
+    })
+}
+
+/// Draws fresh name suffixes for the planner (enough for any plan of this spec).
+pub fn fresh_suffixes(spec: &ClusterSpec) -> Vec<String> {
+    let n: u32 = spec.pools().map(|(_, p)| p.count + 1).sum::<u32>() + 8;
+    let mut rng = rand::rng();
+    (0..n).map(|_| names::random_suffix(&mut rng)).collect()
+}
+
+/// One reconcile run. `make_rack` builds the Oxide adapter from the Secret's credentials.
+pub async fn run<R, C, S, M>(cluster: &C, state: &S, make_rack: M, opts: &ReconcileOptions) -> Result<RunOutcome, ReconcileError>
+where
+    R: Rack,
+    C: Cluster,
+    S: StateStore,
+    M: FnOnce(&ClusterSecrets, &ClusterSpec) -> Result<R, RackError>,
+{
+    let started = Instant::now();
+    let started_at = (opts.now)();
+    let run_id = format!("{}-{}", started_at.format("%Y%m%dT%H%M%SZ"), &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let (spec, secrets, snapshot) = load(state).await?;
+    let deadline_len = opts.deadline.unwrap_or(Duration::from_secs(spec.timeouts.run_deadline_seconds));
+    let deadline = started + deadline_len;
+    let rack = make_rack(&secrets, &spec).map_err(|e| ReconcileError::Config(format!("building the Oxide client: {e}")))?;
+
+    if opts.dry_run {
+        let observed = observe(&rack, cluster, &spec).await?;
+        let plan = plan::plan(&spec, &observed, (opts.now)(), &fresh_suffixes(&spec));
+        return Ok(RunOutcome::DryRun { plan });
+    }
+
+    let lease_len = deadline_len + Duration::from_secs(30);
+    match cluster.acquire_lease(&opts.holder, lease_len).await {
+        Ok(LeaseOutcome::Acquired) => {}
+        Ok(LeaseOutcome::HeldBy { holder, .. }) => return Ok(RunOutcome::LeaseHeld { holder }),
+        Err(e) => return Err(ReconcileError::Retryable(format!("taking the Lease: {e:#}"))),
+    }
+
+    let previous = snapshot.status_json().and_then(Status::from_json);
+    let mut apply_opts = ApplyOptions::new(deadline);
+    apply_opts.concurrency = opts.concurrency.max(1);
+    apply_opts.force_drain = opts.force_drain;
+    apply_opts.drain_timeout = Duration::from_secs(spec.timeouts.drain_seconds);
+    apply_opts.poll = opts.poll;
+    apply_opts.stop_wait = opts.stop_wait;
+    apply_opts.backoff = opts.backoff;
+
+    // Keep the Lease while we work; losing it stops new work.
+    let cancelled = apply_opts.cancelled.clone();
+    let renew = async {
+        loop {
+            tokio::time::sleep(lease_len / 3).await;
+            if let Err(e) = cluster.renew_lease(&opts.holder, lease_len).await {
+                warn!(error = %e, "lost the Lease; finishing without starting new work");
+                cancelled.store(true, Ordering::SeqCst);
+                return;
+            }
+        }
+    };
+
+    let work = async {
+        let observed = observe(&rack, cluster, &spec).await?;
+        let plan = plan::plan(&spec, &observed, (opts.now)(), &fresh_suffixes(&spec));
+        let factory = SpecMembers::new(&spec, &secrets, &observed);
+        let results = apply::apply(&rack, cluster, &factory, &plan, &apply_opts).await;
+        Ok::<_, ReconcileError>((plan, results))
+    };
+    let outcome = tokio::select! {
+        r = work => r,
+        () = renew => Err(ReconcileError::Retryable("lost the Lease".into())),
+    };
+
+    let (plan, results, error) = match &outcome {
+        Ok((p, r)) => (Some(p), r.as_slice(), None),
+        Err(e) => (None, &[][..], Some(e.to_string())),
+    };
+    let finished_at = (opts.now)();
+    let status = status::build(&RunReport {
+        run_id: &run_id,
+        started_at,
+        finished_at,
+        plan,
+        results,
+        error,
+        previous: previous.as_ref(),
+    });
+    if let Err(e) = write_status(state, &status).await {
+        warn!(error = %e, "could not write status.json");
+    }
+    if let Err(e) = cluster.release_lease(&opts.holder).await {
+        warn!(error = %e, "could not release the Lease; it expires by itself");
+    }
+    let (plan, results) = outcome?;
+    summary(&run_id, &plan, &results, started.elapsed());
+    let failed = results.iter().filter(|r| matches!(r.outcome, Outcome::Failed(_))).count();
+    if failed > 0 {
+        return Err(ReconcileError::Retryable(format!("{failed} action(s) failed; see status.json lastPlan")));
+    }
+    if plan.is_converged() {
+        Ok(RunOutcome::Converged { plan })
+    } else {
+        Ok(RunOutcome::Progressing { plan, results })
+    }
+}
+
+/// Writes `status.json`: re-read, set our key, replace with the version read. A 409 means the
+/// webhook changed the spec meanwhile: re-read and write again (we never touch the spec).
+pub async fn write_status<S: StateStore>(state: &S, status: &Status) -> Result<(), StateError> {
+    let mut last = None;
+    for _ in 0..5 {
+        let snap = state.read_config().await?;
+        let mut data = snap.data.clone();
+        data.insert(state::keys::STATUS.to_owned(), status.to_json());
+        match state.replace_config(&snap.resource_version, data).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_conflict() => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or(StateError::Conflict { what: "ConfigMap".into() }))
+}
+
+fn summary(run_id: &str, plan: &Plan, results: &[ActionResult], took: Duration) {
+    let count = |f: fn(&Outcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
+    let pools = plan
+        .pools
+        .iter()
+        .map(|p| format!("{}={}/{}", p.pool, p.ready, p.desired))
+        .collect::<Vec<_>>()
+        .join(" ");
+    info!(
+        run_id,
+        converged = plan.is_converged(),
+        degraded = plan.is_degraded(),
+        actions = plan.actions.len(),
+        done = count(|o| matches!(o, Outcome::Done)),
+        in_progress = count(|o| matches!(o, Outcome::InProgress(_))),
+        failed = count(|o| matches!(o, Outcome::Failed(_))),
+        skipped = count(|o| matches!(o, Outcome::Skipped(_))),
+        took_ms = took.as_millis() as u64,
+        %pools,
+        "reconcile finished"
+    );
+}
