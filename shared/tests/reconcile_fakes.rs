@@ -1,0 +1,420 @@
+//! Reconcile workflow against the in-memory fakes: convergence from random worlds, the
+//! surge bound, exit classification, dry-run, the Lease.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use oxide_controller::cluster::Cluster;
+use oxide_controller::fake::{FakePod, FakeWorld};
+use oxide_controller::model::{Disk, DiskState, InstanceState, NodeReadiness, PodRef, DELETE_ME_ANNOTATION};
+use oxide_controller::names::{self, InstanceTag};
+use oxide_controller::plan::REMOVING_ANNOTATION;
+use oxide_controller::rack::Rack;
+use oxide_controller::retry::Backoff;
+use oxide_controller::secrets::ClusterSecrets;
+use oxide_controller::spec::{ClusterSpec, Role};
+use oxide_controller::state::{self, StateStore};
+use oxide_controller::status::Status;
+use oxide_controller::workflows::reconcile::{self, ReconcileError, ReconcileOptions, RunOutcome};
+use proptest::prelude::*;
+
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).single().unwrap_or_default()
+}
+
+fn secrets() -> ClusterSecrets {
+    ClusterSecrets {
+        oxide_host: "http://127.0.0.1:1".into(),
+        oxide_token: "t".into(),
+        oxide_project: "demo".into(),
+        k3s_token: "server-token".into(),
+        k3s_agent_token: "agent-token".into(),
+        ssh_private_key: "k".into(),
+        ssh_public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIController".into(),
+        user_ssh_public_key: None,
+        webhook_token: "w".into(),
+        tailscale_auth_key: None,
+    }
+}
+
+fn small_timeouts(spec: &mut ClusterSpec) {
+    spec.timeouts.join_seconds = 120;
+    spec.timeouts.not_ready_grace_seconds = 60;
+    spec.timeouts.drain_seconds = 1;
+}
+
+/// A world holding `spec` in its ConfigMap, the image and (optionally) the floating IP.
+async fn world(spec: &ClusterSpec, with_fip: bool) -> FakeWorld {
+    let w = FakeWorld::new(t0());
+    w.add_image(&spec.control_plane.image);
+    let mut data = BTreeMap::new();
+    data.insert(state::keys::SPEC.to_owned(), spec.to_yaml());
+    w.state().ensure_state(&secrets(), data).await.unwrap_or_else(|e| panic!("{e}"));
+    if with_fip {
+        w.rack()
+            .create_floating_ip(&names::api_floating_ip_name(&spec.cluster), "", None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    w.with(|s| s.log.clear());
+    w
+}
+
+fn opts(w: &FakeWorld) -> ReconcileOptions {
+    let mut o = ReconcileOptions::new("test-run");
+    o.poll = Duration::from_millis(1);
+    o.stop_wait = Duration::from_millis(1);
+    o.backoff = Backoff { first: Duration::from_millis(1), max: Duration::from_millis(1), attempts: 2 };
+    let clock = w.clone();
+    o.now = Arc::new(move || clock.with(|s| s.now));
+    o
+}
+
+async fn run_once(w: &FakeWorld) -> Result<RunOutcome, ReconcileError> {
+    let rack = w.rack();
+    reconcile::run(&w.cluster(), &w.state(), move |_, _| Ok(rack), &opts(w)).await
+}
+
+async fn set_spec(w: &FakeWorld, spec: &ClusterSpec) {
+    let snap = w.state().read_config().await.unwrap_or_else(|e| panic!("{e}"));
+    let mut data = snap.data.clone();
+    data.insert(state::keys::SPEC.to_owned(), spec.to_yaml());
+    w.state().replace_config(&snap.resource_version, data).await.unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Runs reconcile + tick until converged; returns the number of runs.
+async fn converge(w: &FakeWorld, max_runs: usize) -> usize {
+    for i in 1..=max_runs {
+        let out = run_once(w).await;
+        if matches!(out, Ok(RunOutcome::Converged { .. })) {
+            return i;
+        }
+        w.tick(61);
+    }
+    let status = w.state().read_config().await.ok().and_then(|s| s.status_json().map(str::to_owned));
+    panic!("not converged after {max_runs} runs; log: {:#?}\nstatus: {}", w.lock().log, status.unwrap_or_default());
+}
+
+/// Checks the converged world against the spec: counts, Nodes = instances, no stray disks,
+/// the floating IP on a Ready server.
+fn assert_shape(w: &FakeWorld, spec: &ClusterSpec) {
+    let s = w.lock();
+    for (role, pool) in spec.pools() {
+        let prefix = names::instance_prefix(&spec.cluster, &pool.name);
+        let members: Vec<_> = s.instances.values().filter(|i| i.name.starts_with(&prefix)).collect();
+        assert_eq!(members.len(), pool.count as usize, "pool {}", pool.name);
+        for m in &members {
+            assert_eq!(m.state, InstanceState::Running, "{}", m.name);
+            let tag = InstanceTag::parse(&m.description).unwrap_or_else(|| panic!("untagged {}", m.name));
+            assert_eq!(tag.spec_hash, spec.pool_hash(role, pool), "{} drifted", m.name);
+            let node = s.nodes.get(&m.name).unwrap_or_else(|| panic!("no node for {}", m.name));
+            assert_eq!(node.readiness, NodeReadiness::Ready);
+        }
+    }
+    for n in s.nodes.keys() {
+        assert!(s.instances.contains_key(n), "node {n} without instance");
+    }
+    for d in s.disks.values() {
+        let owner = names::disk_owner(&d.name).unwrap_or_default();
+        assert!(s.instances.contains_key(owner), "leaked disk {}", d.name);
+    }
+    let fip = s.floating_ips.get(&names::api_floating_ip_name(&spec.cluster)).unwrap_or_else(|| panic!("no fip"));
+    let holder = s.instances.values().find(|i| Some(i.id) == fip.instance_id).unwrap_or_else(|| panic!("fip unattached"));
+    assert!(holder.name.starts_with(&names::instance_prefix(&spec.cluster, &spec.control_plane.name)));
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn empty_project_converges_to_the_spec_and_then_plans_nothing() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 4);
+        small_timeouts(&mut spec);
+        let w = world(&spec, false).await;
+        let runs = converge(&w, 12).await;
+        assert!(runs <= 8, "took {runs} runs");
+        assert_shape(&w, &spec);
+        // A converged state plans nothing, and a second run changes nothing.
+        let before = w.lock().log.len();
+        assert!(matches!(run_once(&w).await, Ok(RunOutcome::Converged { .. })));
+        assert_eq!(w.lock().log.len(), before);
+        let status = w.state().read_config().await.ok().and_then(|s| s.status_json().and_then(Status::from_json));
+        let status = status.unwrap_or_else(|| panic!("status.json missing"));
+        assert_eq!(status.condition("Ready").map(|c| c.status.as_str()), Some("True"));
+    });
+}
+
+#[test]
+fn scale_down_drains_before_deleting_and_cleans_up_disks() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 3);
+        small_timeouts(&mut spec);
+        spec.worker_pools[0].data_disk = Some(oxide_controller::size::ByteSize::gib(10));
+        let w = world(&spec, true).await;
+        converge(&w, 10).await;
+        let workers = oxide_controller::fake::pool_members(&w, "demo", "workers");
+        w.with(|s| {
+            for (i, n) in workers.iter().enumerate() {
+                s.pods.push(FakePod {
+                    pod: PodRef { namespace: "default".into(), name: format!("app-{i}"), daemonset: false, mirror: false, finished: false },
+                    node: n.clone(),
+                    protected: false,
+                });
+            }
+        });
+        spec.worker_pools[0].count = 1;
+        set_spec(&w, &spec).await;
+        converge(&w, 10).await;
+        assert_shape(&w, &spec);
+        let log = w.lock().log.clone();
+        for gone in workers.iter().filter(|n| !w.lock().instances.contains_key(*n)) {
+            let pos = |p: &str| log.iter().position(|l| l == &format!("{p} {gone}"));
+            let (evict, stop, del_node, del) = (
+                log.iter().position(|l| l.starts_with("evict default/app-") && w.lock().pods.iter().all(|p| &p.node != gone)),
+                pos("stop"),
+                pos("delete-node"),
+                pos("delete"),
+            );
+            assert!(evict.is_some(), "pods on {gone} evicted");
+            assert!(stop < del_node && del_node < del, "{gone}: stop, then Node, then instance: {log:?}");
+            assert!(log.contains(&format!("delete-disk data-{gone}")), "data disk of {gone} deleted");
+        }
+    });
+}
+
+#[test]
+fn a_pod_disruption_budget_blocks_the_removal_until_it_allows_it() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 2);
+        small_timeouts(&mut spec);
+        let w = world(&spec, true).await;
+        converge(&w, 10).await;
+        let workers = oxide_controller::fake::pool_members(&w, "demo", "workers");
+        w.with(|s| {
+            for n in &workers {
+                s.pods.push(FakePod {
+                    pod: PodRef { namespace: "db".into(), name: format!("pg-{n}"), daemonset: false, mirror: false, finished: false },
+                    node: n.clone(),
+                    protected: true,
+                });
+            }
+        });
+        spec.worker_pools[0].count = 1;
+        set_spec(&w, &spec).await;
+        for _ in 0..3 {
+            let _ = run_once(&w).await;
+            w.tick(61);
+        }
+        assert_eq!(oxide_controller::fake::pool_members(&w, "demo", "workers").len(), 2, "blocked: nothing deleted");
+        let victim = w.with(|s| s.nodes.values().find(|n| n.annotations.contains_key(REMOVING_ANNOTATION)).map(|n| n.name.clone()));
+        let victim = victim.unwrap_or_else(|| panic!("a victim is marked"));
+        assert!(w.lock().nodes[&victim].unschedulable, "victim cordoned");
+        // The budget allows it now.
+        w.with(|s| s.pods.iter_mut().for_each(|p| p.protected = false));
+        converge(&w, 6).await;
+        assert!(!w.lock().instances.contains_key(&victim));
+    });
+}
+
+#[test]
+fn the_run_stays_out_while_another_holds_the_lease_and_dry_run_changes_nothing() {
+    rt().block_on(async {
+        let spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 2);
+        let w = world(&spec, true).await;
+        let other = w.cluster();
+        other.acquire_lease("someone-else", Duration::from_secs(300)).await.unwrap_or_else(|e| panic!("{e}"));
+        match run_once(&w).await {
+            Ok(RunOutcome::LeaseHeld { holder }) => assert_eq!(holder, "someone-else"),
+            other => panic!("{other:?}"),
+        }
+        assert!(w.lock().log.is_empty());
+        let mut o = opts(&w);
+        o.dry_run = true;
+        let rack = w.rack();
+        match reconcile::run(&w.cluster(), &w.state(), move |_, _| Ok(rack), &o).await {
+            Ok(RunOutcome::DryRun { plan }) => assert_eq!(plan.actions.len(), 3),
+            other => panic!("{other:?}"),
+        }
+        assert!(w.lock().log.is_empty(), "dry run changed nothing");
+    });
+}
+
+#[test]
+fn a_bad_spec_is_a_configuration_error_and_changes_nothing() {
+    rt().block_on(async {
+        let spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 2);
+        let w = world(&spec, true).await;
+        let snap = w.state().read_config().await.unwrap_or_else(|e| panic!("{e}"));
+        let mut data = snap.data.clone();
+        data.insert(state::keys::SPEC.to_owned(), spec.to_yaml().replace("count: 1", "count: 2"));
+        w.state().replace_config(&snap.resource_version, data).await.unwrap_or_else(|e| panic!("{e}"));
+        let err = run_once(&w).await.expect_err("even control plane");
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("control_plane.count"), "{err}");
+        assert!(w.lock().log.is_empty());
+    });
+}
+
+#[derive(Debug, Clone)]
+enum Seed {
+    Ready,
+    Joining,
+    NeverJoins,
+    Failed,
+    StoppedNoNode,
+    NotReadyLong,
+    Drifted,
+    DeleteMe,
+    Removing,
+}
+
+fn seed() -> impl Strategy<Value = Seed> {
+    prop_oneof![
+        4 => Just(Seed::Ready),
+        1 => Just(Seed::Joining),
+        1 => Just(Seed::NeverJoins),
+        1 => Just(Seed::Failed),
+        1 => Just(Seed::StoppedNoNode),
+        1 => Just(Seed::NotReadyLong),
+        1 => Just(Seed::Drifted),
+        1 => Just(Seed::DeleteMe),
+        1 => Just(Seed::Removing),
+    ]
+}
+
+/// Puts one member into the world in the given condition.
+async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &Seed) {
+    let pool = match role {
+        Role::ControlPlane => spec.control_plane.clone(),
+        Role::Worker => spec.worker_pools[0].clone(),
+    };
+    let name = names::instance_name(&spec.cluster, &pool.name, suffix);
+    let img = w.with(|st| st.images[0].id);
+    let mut hash = spec.pool_hash(role, &pool);
+    if matches!(s, Seed::Drifted) {
+        hash = "0ldhash00000".into();
+    }
+    let new = oxide_controller::model::NewInstance {
+        name: name.clone(),
+        description: InstanceTag { cluster: spec.cluster.clone(), pool: pool.name.clone(), spec_hash: hash }.to_string(),
+        hostname: name.clone(),
+        ncpus: pool.cpus,
+        memory: pool.memory,
+        boot_disk: oxide_controller::model::NewDisk { name: names::boot_disk_name(&name), size: pool.boot_disk, image: Some(img) },
+        data_disk: None,
+        user_data: Vec::new(),
+        ephemeral_ip: true,
+        ip_pool: None,
+        anti_affinity_group: None,
+    };
+    let _ = w.rack().create_instance(&new).await;
+    w.with(|st| {
+        let now = st.now;
+        let ready_node = |st: &mut oxide_controller::fake::WorldState, r: NodeReadiness| {
+            st.nodes.insert(name.clone(), oxide_controller::model::Node {
+                name: name.clone(),
+                provider_id: None,
+                labels: BTreeMap::new(),
+                annotations: BTreeMap::new(),
+                readiness: r,
+                unschedulable: false,
+                created: now,
+            });
+        };
+        let inst = st.instances.get_mut(&name);
+        let Some(inst) = inst else { return };
+        match s {
+            Seed::Ready | Seed::Drifted | Seed::DeleteMe | Seed::Removing => {
+                inst.state = InstanceState::Running;
+                ready_node(st, NodeReadiness::Ready);
+                if let Some(n) = st.nodes.get_mut(&name) {
+                    if matches!(s, Seed::DeleteMe) {
+                        n.annotations.insert(DELETE_ME_ANNOTATION.into(), "true".into());
+                    }
+                    if matches!(s, Seed::Removing) {
+                        n.annotations.insert(REMOVING_ANNOTATION.into(), "earlier run".into());
+                        n.unschedulable = true;
+                    }
+                }
+            }
+            Seed::Joining => {}
+            Seed::NeverJoins => {
+                st.never_join.insert(name.clone());
+            }
+            Seed::Failed => inst.state = InstanceState::Failed,
+            Seed::StoppedNoNode => inst.state = InstanceState::Stopped,
+            Seed::NotReadyLong => {
+                inst.state = InstanceState::Running;
+                st.never_join.insert(name.clone());
+                ready_node(st, NodeReadiness::NotReady { since: now - chrono::Duration::seconds(3600) });
+            }
+        }
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    /// Random worlds converge to the desired shape within a bounded number of runs, never
+    /// hold more than desired+1 instances in a pool, and then plan nothing.
+    #[test]
+    fn random_worlds_converge(
+        cp in prop::sample::select(vec![1u32, 3]),
+        desired in 0u32..6,
+        cps in prop::collection::vec(seed(), 0..4),
+        workers in prop::collection::vec(seed(), 0..7),
+        orphan_node in any::<bool>(),
+        orphan_disk in any::<bool>(),
+        fip in any::<bool>(),
+    ) {
+        rt().block_on(async {
+            let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", cp, desired);
+            small_timeouts(&mut spec);
+            let w = world(&spec, fip).await;
+            for (i, s) in cps.iter().enumerate() {
+                plant(&w, &spec, Role::ControlPlane, &format!("c{i:04}"), s).await;
+            }
+            // A live cluster has etcd quorum (without it the API would be down and nothing
+            // could be observed): add Ready servers until the seeded ones have it.
+            let voting = cps.iter().filter(|s| !matches!(s, Seed::Joining | Seed::NeverJoins | Seed::Failed | Seed::StoppedNoNode | Seed::Removing)).count();
+            let mut ready = cps.iter().filter(|s| matches!(s, Seed::Ready | Seed::Drifted | Seed::DeleteMe)).count();
+            let mut extra = 0;
+            while !cps.is_empty() && (ready < (voting + extra) / 2 + 1 || ready == 0) {
+                plant(&w, &spec, Role::ControlPlane, &format!("cbas{extra}"), &Seed::Ready).await;
+                ready += 1;
+                extra += 1;
+            }
+            for (i, s) in workers.iter().enumerate() {
+                plant(&w, &spec, Role::Worker, &format!("w{i:04}"), s).await;
+            }
+            w.with(|st| {
+                if orphan_node {
+                    st.nodes.insert("demo-workers-zz9zz".into(), oxide_controller::model::Node {
+                        name: "demo-workers-zz9zz".into(), provider_id: None, labels: BTreeMap::new(),
+                        annotations: BTreeMap::new(), readiness: NodeReadiness::Ready, unschedulable: false, created: st.now,
+                    });
+                }
+                if orphan_disk {
+                    st.disks.insert("boot-demo-workers-yy8yy".into(), Disk {
+                        id: uuid::Uuid::new_v4(), name: "boot-demo-workers-yy8yy".into(), state: DiskState::Detached,
+                        size: oxide_controller::size::ByteSize::gib(20), time_created: st.now,
+                    });
+                }
+                st.peak_instances = 0;
+            });
+            let workers_before = oxide_controller::fake::pool_members(&w, "demo", "workers").len();
+            converge(&w, 30).await;
+            assert_shape(&w, &spec);
+            let peak = w.with(|s| s.peak_instances);
+            let bound = (desired.max(cp) as usize + 1).max(workers_before).max(cps.len() + extra);
+            assert!(peak <= bound, "peak {peak} > bound {bound}");
+            let before = w.lock().log.len();
+            assert!(matches!(run_once(&w).await, Ok(RunOutcome::Converged { .. })));
+            assert_eq!(w.lock().log.len(), before, "converged run changes nothing");
+        });
+    }
+}
