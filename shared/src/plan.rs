@@ -223,11 +223,12 @@ impl Plan {
     pub fn table(&self) -> String {
         use std::fmt::Write;
         let mut out = String::new();
-        let _ = writeln!(out, "{:<8} {:>7} {:>5} {:>7} {:>9} {:>6} {:>8} {:>7}", "POOL", "DESIRED", "READY", "JOINING", "NOT-READY", "BROKEN", "REMOVING", "DRIFTED");
+        let pw = self.pools.iter().map(|p| p.pool.len()).max().unwrap_or(4).max(4);
+        let _ = writeln!(out, "{:<pw$} {:>7} {:>5} {:>7} {:>9} {:>6} {:>8} {:>7}", "POOL", "DESIRED", "READY", "JOINING", "NOT-READY", "BROKEN", "REMOVING", "DRIFTED");
         for p in &self.pools {
             let _ = writeln!(
                 out,
-                "{:<8} {:>7} {:>5} {:>7} {:>9} {:>6} {:>8} {:>7}",
+                "{:<pw$} {:>7} {:>5} {:>7} {:>9} {:>6} {:>8} {:>7}",
                 p.pool, p.desired, p.ready, p.joining, p.not_ready, p.broken, p.removing, p.drifted
             );
         }

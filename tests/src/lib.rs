@@ -1,1 +1,19 @@
-//! placeholder
+//! `oxide-sim`: a stand-in for an Oxide rack (the Oxide HTTP API) and the k3s cluster running
+//! on it (a Kubernetes API "cluster twin" over HTTPS, SSH on control-plane VMs), for tests,
+//! benchmarks and demos. Product code never knows it exists: it talks to the simulator over
+//! HTTP and SSH exactly as to a real rack.
+//!
+//! Start one in-process with [`sim::Sim::start`], or run the `oxide-sim` binary.
+
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod boot;
+pub mod net;
+pub mod oxide;
+pub mod preset;
+pub mod sim;
+pub mod sshd;
+pub mod twin;
+
+pub use sim::{Sim, SimError, SimHandle, SimOptions};

@@ -186,7 +186,9 @@ where
         return Ok(RunOutcome::DryRun { plan });
     }
 
-    let lease_len = deadline_len + Duration::from_secs(30);
+    // The Lease outlives the run's deadline by a margin, so a run killed mid-way (SIGKILL,
+    // node loss) blocks the next ones only briefly.
+    let lease_len = deadline_len + (deadline_len / 4).min(Duration::from_secs(30));
     match cluster.acquire_lease(&opts.holder, lease_len).await {
         Ok(LeaseOutcome::Acquired) => {}
         Ok(LeaseOutcome::HeldBy { holder, .. }) => return Ok(RunOutcome::LeaseHeld { holder }),

@@ -1,0 +1,483 @@
+//! Issue 3 acceptance: the real `reconcile-once` binary against `oxide-sim` (in-process, with a
+//! preset cluster of 3 control-plane + 2 workers).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oxide_controller::spec::{ClusterSpec, Role};
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::state::{self, StateStore};
+use oxide_controller::status::Status;
+use oxide_sim::oxide::RouteFault;
+use oxide_sim::preset::Preset;
+use oxide_sim::{Sim, SimHandle, SimOptions};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_reconcile-once");
+const CP: &str = "sim-control-plane-";
+const WK: &str = "sim-workers-";
+
+struct Env {
+    sim: SimHandle,
+    kubeconfig: PathBuf,
+    store: KubeStateStore,
+}
+
+async fn env(cp: u32, workers: u32) -> Env {
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster { control_plane: cp, workers }),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("simulator: {e:#}"));
+    let kubeconfig = sim.kubeconfig.clone().unwrap_or_else(|| panic!("preset kubeconfig"));
+    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let store = KubeStateStore::new(client, "kube-system");
+    Env { sim, kubeconfig, store }
+}
+
+impl Env {
+    async fn spec(&self) -> ClusterSpec {
+        let snap = self.store.read_config().await.unwrap_or_else(|e| panic!("{e}"));
+        ClusterSpec::from_yaml(snap.spec_yaml().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Edits spec.yaml (as a person or the webhook would).
+    async fn edit(&self, f: impl Fn(&mut ClusterSpec)) {
+        self.write_spec_text(|s| {
+            let mut spec = ClusterSpec::from_yaml(s).unwrap_or_else(|e| panic!("{e}"));
+            f(&mut spec);
+            spec.to_yaml()
+        })
+        .await;
+    }
+
+    async fn write_spec_text(&self, f: impl Fn(&str) -> String) {
+        let snap = self.store.read_config().await.unwrap_or_else(|e| panic!("{e}"));
+        let mut data = snap.data.clone();
+        data.insert(state::keys::SPEC.into(), f(snap.spec_yaml().unwrap_or_default()));
+        self.store.replace_config(&snap.resource_version, data).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    async fn status(&self) -> Option<Status> {
+        let snap = self.store.read_config().await.ok()?;
+        snap.status_json().and_then(Status::from_json)
+    }
+
+    async fn reconcile(&self, extra: &[&str]) -> Output {
+        reconcile_with(&self.kubeconfig, extra).await
+    }
+
+    /// Runs reconcile until status says Ready; returns the number of runs.
+    async fn converge(&self, max_runs: usize) -> usize {
+        for i in 1..=max_runs {
+            let out = self.reconcile(&[]).await;
+            let code = out.status.code();
+            assert!(matches!(code, Some(0 | 1)), "run {i}: exit {code:?}\n{}", String::from_utf8_lossy(&out.stderr));
+            if code == Some(0)
+                && self.status().await.and_then(|s| s.condition("Ready").map(|c| c.status == "True")) == Some(true)
+            {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let status = self.status().await.map(|s| s.to_json()).unwrap_or_default();
+        panic!("not converged after {max_runs} runs; status: {status}\nstate: {:#}", self.sim.oxide().dump());
+    }
+
+    fn instances(&self, prefix: &str) -> Vec<Value> {
+        instances(&self.sim, prefix)
+    }
+
+    fn ready_nodes(&self, prefix: &str) -> Vec<String> {
+        ready_nodes(&self.sim, prefix)
+    }
+
+    fn disks(&self) -> Vec<String> {
+        let dump = self.sim.oxide().dump();
+        dump["disks"].as_array().cloned().unwrap_or_default().iter().filter_map(|d| d["name"].as_str().map(str::to_owned)).collect()
+    }
+
+    fn mutations(&self) -> u64 {
+        self.sim.oxide().counters().iter().filter(|(k, _)| !k.starts_with("GET ")).map(|(_, v)| v).sum()
+    }
+
+    fn instance_id(&self, name: &str) -> uuid::Uuid {
+        self.instances("")
+            .iter()
+            .find(|i| i["name"] == name)
+            .and_then(|i| i["id"].as_str())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("no instance {name}"))
+    }
+
+    /// The same environment, talking to the Kubernetes API through `member`'s own address.
+    async fn via_member(self, member: &str) -> Env {
+        let ip = self
+            .instances(member)
+            .first()
+            .and_then(|i| i["external_ips"].as_array().and_then(|a| a.first().cloned()))
+            .and_then(|ip| ip.as_str().map(str::to_owned))
+            .unwrap_or_else(|| panic!("no address for {member}"));
+        let text = std::fs::read_to_string(&self.kubeconfig).unwrap_or_default();
+        let fip = self.fip_address();
+        let path = self.kubeconfig.with_file_name(format!("kubeconfig-{member}"));
+        std::fs::write(&path, text.replace(&format!("https://{fip}:6443"), &format!("https://{ip}:6443")))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let client = oxide_controller::kubeclient::client(Some(&path), None).await.unwrap_or_else(|e| panic!("{e}"));
+        let store = KubeStateStore::new(client, "kube-system");
+        Env { kubeconfig: path, store, ..self }
+    }
+
+    fn fip_address(&self) -> String {
+        let dump = self.sim.oxide().dump();
+        dump["floating_ips"]
+            .as_array()
+            .and_then(|a| a.iter().find(|f| f["name"] == "sim-apiserver"))
+            .and_then(|f| f["ip"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
+    fn fip_holder(&self) -> Option<String> {
+        let dump = self.sim.oxide().dump();
+        let fip = dump["floating_ips"].as_array()?.iter().find(|f| f["name"] == "sim-apiserver")?.clone();
+        let id = fip["instance"].as_str().or_else(|| fip["instance_id"].as_str())?.to_owned();
+        self.instances("").iter().find(|i| i["id"] == id.as_str()).and_then(|i| i["name"].as_str().map(str::to_owned))
+    }
+
+    /// Asserts every disk belongs to an existing instance and nothing is stopped or failed.
+    fn assert_no_leaks(&self) {
+        let names: Vec<String> = self.instances("").iter().filter_map(|i| i["name"].as_str().map(str::to_owned)).collect();
+        for d in self.disks() {
+            let owner = oxide_controller::names::disk_owner(&d).unwrap_or_default();
+            assert!(names.iter().any(|n| n == owner), "leaked disk {d}");
+        }
+        for i in self.instances("") {
+            assert_eq!(i["state"], "running", "{i}");
+        }
+    }
+}
+
+async fn reconcile_with(kubeconfig: &Path, extra: &[&str]) -> Output {
+    tokio::process::Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--log-format", "json"])
+        .args(extra)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"))
+}
+
+fn instances(sim: &SimHandle, prefix: &str) -> Vec<Value> {
+    let dump = sim.oxide().dump();
+    dump["instances"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|i| i["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        .collect()
+}
+
+fn ready_nodes(sim: &SimHandle, prefix: &str) -> Vec<String> {
+    sim.twin()
+        .list("v1", "Node", None)
+        .into_iter()
+        .filter(|n| {
+            n["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        })
+        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+/// Samples the simulator every few ms: the most instances and the fewest Ready Nodes each
+/// prefix ever had.
+struct Watch {
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<BTreeMap<&'static str, (usize, usize)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn watch(env: &Env) -> Watch {
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(BTreeMap::new()));
+    let (oxide, twin) = (env.sim.oxide().clone(), env.sim.twin().clone());
+    let (s2, seen2) = (stop.clone(), seen.clone());
+    let task = tokio::spawn(async move {
+        while !s2.load(Ordering::SeqCst) {
+            let dump = oxide.dump();
+            let nodes = twin.list("v1", "Node", None);
+            for prefix in [CP, WK] {
+                let n = dump["instances"].as_array().map_or(0, |a| {
+                    a.iter().filter(|i| i["name"].as_str().is_some_and(|n| n.starts_with(prefix))).count()
+                });
+                let ready = nodes
+                    .iter()
+                    .filter(|n| n["metadata"]["name"].as_str().is_some_and(|x| x.starts_with(prefix)))
+                    .filter(|n| {
+                        n["status"]["conditions"]
+                            .as_array()
+                            .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+                    })
+                    .count();
+                let mut s = seen2.lock().unwrap_or_else(|p| p.into_inner());
+                let e = s.entry(prefix).or_insert((0, usize::MAX));
+                e.0 = e.0.max(n);
+                e.1 = e.1.min(ready);
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    Watch { stop, seen, task }
+}
+
+impl Watch {
+    /// (most instances, fewest Ready Nodes) seen for `prefix`.
+    async fn finish(self, prefix: &str) -> (usize, usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.task.await;
+        let s = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        s.get(prefix).copied().unwrap_or((0, 0))
+    }
+}
+
+/// A running pod on `node` (so drains have something to evict).
+fn put_pod(sim: &SimHandle, name: &str, node: &str) {
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "nginx"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    });
+    sim.twin().upsert(pod).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scales_up_to_five_then_down_to_one_with_drain_and_cleanup() {
+    let env = env(3, 2).await;
+    env.edit(|s| s.worker_pools[0].count = 5).await;
+    let w = watch(&env);
+    env.converge(15).await;
+    let (peak, _) = w.finish(WK).await;
+    assert_eq!(env.ready_nodes(WK).len(), 5);
+    assert_eq!(env.instances(WK).len(), 5);
+    assert!(peak <= 6, "peak {peak} instances for desired 5");
+
+    for (i, node) in env.ready_nodes(WK).iter().enumerate() {
+        put_pod(&env.sim, &format!("web-{i}"), node);
+    }
+    env.edit(|s| s.worker_pools[0].count = 1).await;
+    env.converge(15).await;
+    let left = env.instances(WK);
+    assert_eq!(left.len(), 1);
+    let survivor = left[0]["name"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(env.ready_nodes(WK), [survivor.clone()]);
+    let nodes: Vec<String> = env.sim.twin().list("v1", "Node", None).iter().filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned)).collect();
+    assert!(nodes.iter().filter(|n| n.starts_with(WK)).all(|n| *n == survivor), "Nodes of removed workers are gone: {nodes:?}");
+    let pods = env.sim.twin().list("v1", "Pod", Some("default"));
+    assert!(pods.iter().all(|p| p["spec"]["nodeName"] == survivor.as_str()), "pods on removed workers were evicted");
+    env.assert_no_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_worker_is_replaced() {
+    let env = env(3, 2).await;
+    let victim = env.instances(WK)[0]["name"].as_str().unwrap_or_default().to_owned();
+    env.sim.oxide().set_instance_failed(env.instance_id(&victim));
+    env.converge(15).await;
+    let names: Vec<String> = env.instances(WK).iter().filter_map(|i| i["name"].as_str().map(str::to_owned)).collect();
+    assert_eq!(names.len(), 2);
+    assert!(!names.contains(&victim), "{victim} replaced: {names:?}");
+    assert_eq!(env.ready_nodes(WK).len(), 2);
+    env.assert_no_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
+    let env = env(3, 2).await;
+    env.edit(|s| {
+        s.worker_pools[0].count = 3;
+        s.timeouts.join_seconds = 3;
+    })
+    .await;
+    env.sim.faults().update(|f| f.never_join = vec![WK.to_owned()]);
+    let out = env.reconcile(&[]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stuck: Vec<String> = env
+        .instances(WK)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .filter(|n| !env.ready_nodes(WK).contains(n))
+        .collect();
+    assert_eq!(stuck.len(), 1, "one new member that will never join");
+    // Only that VM stays broken; its replacement joins.
+    env.sim.faults().update(|f| f.never_join = vec![stuck[0].clone()]);
+    env.converge(40).await;
+    let names: Vec<String> = env.instances(WK).iter().filter_map(|i| i["name"].as_str().map(str::to_owned)).collect();
+    assert!(!names.contains(&stuck[0]), "{} was removed", stuck[0]);
+    assert_eq!(env.ready_nodes(WK).len(), 3);
+    env.assert_no_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cpu_change_rolls_workers_one_at_a_time() {
+    let env = env(3, 2).await;
+    env.edit(|s| s.worker_pools[0].cpus = 4).await;
+    let w = watch(&env);
+    env.converge(30).await;
+    let (peak, fewest_ready) = w.finish(WK).await;
+    assert!(peak <= 3, "never more than desired+1 instances (saw {peak})");
+    assert!(fewest_ready >= 2, "never fewer than desired Ready workers during the roll (saw {fewest_ready})");
+    let spec = env.spec().await;
+    let want = spec.pool_hash(Role::Worker, &spec.worker_pools[0]);
+    for i in env.instances(WK) {
+        assert!(i["description"].as_str().unwrap_or_default().ends_with(&format!("spec={want}")), "{i}");
+    }
+    assert_eq!(env.ready_nodes(WK).len(), 2);
+    env.assert_no_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_floating_ip_moves_when_its_holder_dies() {
+    let env = env(3, 2).await;
+    let holder = env.fip_holder().unwrap_or_else(|| panic!("fip attached"));
+    // In the cluster, the CronJob reaches the API through any live server (the kubernetes
+    // Service), not through the floating IP that just died with its holder.
+    let other = env
+        .instances(CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .find(|n| *n != holder)
+        .unwrap_or_default();
+    let env = env.via_member(&other).await;
+    env.sim.oxide().set_instance_failed(env.instance_id(&holder));
+    let w = watch(&env);
+    env.converge(30).await;
+    let (_, fewest) = w.finish(CP).await;
+    let now = env.fip_holder().unwrap_or_else(|| panic!("fip re-attached"));
+    assert_ne!(now, holder);
+    assert!(env.ready_nodes(CP).contains(&now));
+    assert_eq!(env.ready_nodes(CP).len(), 3, "the dead server was replaced");
+    assert!(fewest >= 2, "never below 2 Ready servers (saw {fewest})");
+    env.assert_no_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_server_is_replaced_without_losing_quorum() {
+    let env = env(3, 2).await;
+    let holder = env.fip_holder().unwrap_or_default();
+    let victim = env
+        .instances(CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .find(|n| *n != holder)
+        .unwrap_or_default();
+    let w = watch(&env);
+    env.sim.oxide().set_instance_failed(env.instance_id(&victim));
+    env.converge(30).await;
+    let (peak, fewest) = w.finish(CP).await;
+    assert!(fewest >= 2, "never below 2 Ready servers (saw {fewest})");
+    assert!(peak <= 4, "{peak}");
+    assert_eq!(env.ready_nodes(CP).len(), 3);
+    assert!(!env.ready_nodes(CP).contains(&victim));
+    env.assert_no_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runs_at_once_one_works_one_steps_aside() {
+    let env = env(3, 2).await;
+    env.edit(|s| s.worker_pools[0].count = 4).await;
+    let (a, b) = tokio::join!(env.reconcile(&[]), env.reconcile(&[]));
+    assert_eq!((a.status.code(), b.status.code()), (Some(0), Some(0)));
+    let logs = format!("{}{}", String::from_utf8_lossy(&a.stderr), String::from_utf8_lossy(&b.stderr));
+    assert!(logs.contains("holds the Lease"), "one run says who holds the Lease: {logs}");
+    assert_eq!(env.instances(WK).len(), 4, "no duplicate VMs");
+    env.converge(10).await;
+    assert_eq!(env.instances(WK).len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
+    let env = env(1, 1).await;
+    let cases: [(&str, fn(&str) -> String); 4] = [
+        ("control_plane.count", |s| s.replacen("count: 1", "count: 2", 1)),
+        ("worker_pools.workers.min", |s| s.replace("min: 0", "min: 500")),
+        ("wrokers", |s| format!("{s}wrokers: 3\n")),
+        ("worker_pools.workers.memory", |s| match s.split_once("worker_pools:") {
+            Some((a, b)) => format!("{a}worker_pools:{}", b.replacen("memory: 4GiB", "memory: 1536MiB", 1)),
+            None => s.to_owned(),
+        }),
+    ];
+    env.sim.oxide().reset_counters();
+    let before = env.mutations();
+    for (field, edit) in cases {
+        let good = env.store.read_config().await.unwrap_or_else(|e| panic!("{e}"));
+        env.write_spec_text(edit).await;
+        let out = env.reconcile(&[]).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{field}: {stderr}");
+        assert!(stderr.contains(field), "message names {field}: {stderr}");
+        // Restore.
+        let snap = env.store.read_config().await.unwrap_or_else(|e| panic!("{e}"));
+        env.store.replace_config(&snap.resource_version, good.data.clone()).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_eq!(env.mutations(), before, "no Oxide call changed anything");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_within_five_runs_under_503s_and_latency() {
+    let env = env(3, 2).await;
+    env.sim.faults().update(|f| {
+        f.routes.insert("*".into(), RouteFault { latency_ms: 100, error_rate: 0.1, error_status: 503 });
+    });
+    env.edit(|s| s.worker_pools[0].count = 5).await;
+    let w = watch(&env);
+    let runs = env.converge(5).await;
+    let (peak, _) = w.finish(WK).await;
+    assert!(runs <= 5);
+    assert!(peak <= 6, "never more than desired+1 ({peak})");
+    env.sim.faults().update(|f| f.routes.clear());
+    env.assert_no_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survives_sigkill_at_twenty_random_moments() {
+    let env = env(3, 2).await;
+    let mut desired = 2;
+    for i in 0..20u32 {
+        // Alternate between scaling up and down so every kill lands in real work.
+        desired = if i % 2 == 0 { 4 } else { 1 };
+        env.edit(|s| s.worker_pools[0].count = desired).await;
+        let mut child = tokio::process::Command::new(BIN)
+            .arg("--kubeconfig")
+            .arg(&env.kubeconfig)
+            .args(["--log-format", "json", "--deadline-seconds", "4"])
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ms = rand::random_range(0..700u64);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+    // A killed run's Lease expires within its deadline + 1/4.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    env.converge(20).await;
+    assert_eq!(env.instances(WK).len(), desired as usize);
+    assert_eq!(env.ready_nodes(WK).len(), desired as usize);
+    assert_eq!(env.instances(CP).len(), 3);
+    env.assert_no_leaks();
+}

@@ -1,0 +1,133 @@
+//! Runtime-mutable fault injection for the simulated rack.
+//!
+//! The Oxide API side reads the per-route faults (latency, error rate), `fail_at_boot`,
+//! `hang_stopping` and `crash_after_requests`; the integrator reads `never_join` and
+//! `wrong_console_host_key`. This module only holds the specification; acting on it is the
+//! job of the code that owns the behaviour.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+
+/// Shared handle to the current [`FaultSpec`]; clones see the same specification.
+#[derive(Clone, Debug, Default)]
+pub struct Faults(Arc<RwLock<FaultSpec>>);
+
+/// What to break, and how.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FaultSpec {
+    /// Per-route faults, keyed `"METHOD /v1/template"` (e.g. `"POST /v1/instances"`), or `"*"`
+    /// for every Oxide route. An exact key wins over `"*"`.
+    pub routes: BTreeMap<String, RouteFault>,
+    /// Instance-name prefixes whose instances go `failed` instead of reaching `running`.
+    pub fail_at_boot: Vec<String>,
+    /// Instance-name prefixes whose k3s never joins (integrator).
+    pub never_join: Vec<String>,
+    /// Instance-name prefixes that stay in `stopping` forever once stopped.
+    pub hang_stopping: Vec<String>,
+    /// The process exits with status 137 when a request arrives after this many Oxide API
+    /// requests (counted since start or the last `reset_counters`).
+    pub crash_after_requests: Option<u64>,
+    /// Instance-name prefixes whose console prints a different host key (integrator).
+    pub wrong_console_host_key: Vec<String>,
+}
+
+/// Fault for one route (or all of them).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RouteFault {
+    /// Added delay before the request is handled.
+    pub latency_ms: u64,
+    /// Fraction (0.0–1.0) of requests that fail with `error_status` instead of being handled.
+    pub error_rate: f64,
+    /// Status of injected failures: 503 (ServiceNotAvailable), 500 (Internal), 507, ...
+    pub error_status: u16,
+}
+
+impl Default for RouteFault {
+    fn default() -> Self {
+        Self {
+            latency_ms: 0,
+            error_rate: 0.0,
+            error_status: 503,
+        }
+    }
+}
+
+impl Faults {
+    /// A handle holding `spec`.
+    pub fn new(spec: FaultSpec) -> Self {
+        Self(Arc::new(RwLock::new(spec)))
+    }
+
+    /// A copy of the current specification.
+    pub fn get(&self) -> FaultSpec {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Replaces the specification.
+    pub fn set(&self, spec: FaultSpec) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = spec;
+    }
+
+    /// Edits the specification in place.
+    pub fn update(&self, f: impl FnOnce(&mut FaultSpec)) {
+        f(&mut self.0.write().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// The fault for route `key` (exact key first, then `"*"`).
+    pub fn route(&self, key: &str) -> Option<RouteFault> {
+        let spec = self.0.read().unwrap_or_else(|e| e.into_inner());
+        spec.routes
+            .get(key)
+            .or_else(|| spec.routes.get("*"))
+            .cloned()
+    }
+}
+
+impl FaultSpec {
+    /// Whether instance `name` matches one of `prefixes`.
+    pub fn matches(prefixes: &[String], name: &str) -> bool {
+        prefixes.iter().any(|p| name.starts_with(p.as_str()))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_route_fault_wins_over_wildcard() {
+        let faults = Faults::default();
+        faults.update(|s| {
+            s.routes.insert(
+                "*".into(),
+                RouteFault {
+                    latency_ms: 1,
+                    ..RouteFault::default()
+                },
+            );
+            s.routes.insert(
+                "GET /v1/instances".into(),
+                RouteFault {
+                    latency_ms: 2,
+                    ..RouteFault::default()
+                },
+            );
+        });
+        assert_eq!(faults.route("GET /v1/instances").unwrap().latency_ms, 2);
+        assert_eq!(faults.route("GET /v1/disks").unwrap().latency_ms, 1);
+    }
+
+    #[test]
+    fn route_fault_status_defaults_to_503_when_omitted() {
+        let f: RouteFault = serde_json::from_str(r#"{"error_rate":0.5}"#).unwrap();
+        assert_eq!(f.error_status, 503);
+        let spec: FaultSpec = serde_json::from_str(r#"{"hang_stopping":["w"]}"#).unwrap();
+        assert!(FaultSpec::matches(&spec.hang_stopping, "worker-1"));
+        assert!(!FaultSpec::matches(&spec.hang_stopping, "cp-1"));
+    }
+}

@@ -1,0 +1,686 @@
+//! Instance routes: list/create/view/delete, start/stop/reboot, external IPs, attached disks
+//! and the serial console, with nexus's limits and state rules.
+//!
+//! Create validates everything before it changes anything, so a refused request leaves no
+//! half-created disks, addresses or memberships behind.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use http::StatusCode;
+use oxide::types;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::lifecycle::{self, Event};
+use super::names::{self, Ref};
+use super::pagination::{ListParams, Page};
+use super::routes::{Ctx, Reply, body_name};
+use super::storage::{self, DiskPlan};
+use super::store::{
+    self, ANTI_AFFINITY_GROUP, Console, DiskState, FLOATING_IP, INSTANCE, Instance, RunState,
+    Store, Times,
+};
+
+const GIB: u64 = 1 << 30;
+const MAX_VCPUS: u16 = 254;
+const MAX_MEMORY: u64 = 1536 * GIB;
+const MAX_DISKS: usize = 12;
+const MAX_EXTERNAL_IPS: usize = 32;
+const MAX_EPHEMERAL_IPS: usize = 2;
+const MAX_NICS: usize = 8;
+const MAX_SSH_KEYS: usize = 100;
+const MAX_USER_DATA: usize = 32 * 1024;
+/// Anti-affinity limits (members per group, groups per instance).
+pub const MAX_GROUP_MEMBERS: usize = 32;
+pub const MAX_GROUPS_PER_INSTANCE: usize = 16;
+/// SNAT port block size: four instances share one address.
+const SNAT_PORTS: u16 = 16384;
+
+/// Resolves the `{instance}` path parameter with the `project` selector.
+pub fn select(store: &Store, raw: &str, project: Option<&str>) -> Result<Uuid, ApiError> {
+    store::select(store, &store.instances, INSTANCE, raw, project)
+}
+
+fn instance<'s>(store: &'s Store, id: &Uuid) -> Result<&'s Instance, ApiError> {
+    store.instances.get(id).ok_or_else(ApiError::internal)
+}
+
+fn view_reply(store: &Store, id: Uuid, status: StatusCode) -> Result<Reply, ApiError> {
+    Reply::json(status, &instance(store, &id)?.view())
+}
+
+pub fn list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let lp = ListParams::parse("instances", cx.query)?;
+    let pid = cx.store.project_param(lp.required_project()?)?;
+    let items = cx
+        .store
+        .instances
+        .values()
+        .filter(|i| i.project_id == pid)
+        .map(|i| (i.name.to_string(), i.id, i.view()))
+        .collect();
+    Reply::json(StatusCode::OK, &lp.page(items))
+}
+
+pub fn view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let id = select(cx.store, cx.param(0), cx.project())?;
+    view_reply(cx.store, id, StatusCode::OK)
+}
+
+fn check_cpu_memory(ncpus: u16, memory: u64) -> Result<(), ApiError> {
+    if ncpus > MAX_VCPUS {
+        return Err(ApiError::invalid_request(format!(
+            "cannot have more than {MAX_VCPUS} vCPUs per instance"
+        )));
+    }
+    if ncpus == 0 {
+        return Err(ApiError::invalid_value("ncpus", "must be at least 1"));
+    }
+    if memory < GIB {
+        return Err(ApiError::invalid_value(
+            "size",
+            "memory must be at least 1 GiB",
+        ));
+    }
+    if !memory.is_multiple_of(GIB) {
+        return Err(ApiError::invalid_value(
+            "size",
+            "memory must be divisible by 1 GiB",
+        ));
+    }
+    if memory > MAX_MEMORY {
+        return Err(ApiError::invalid_value(
+            "size",
+            "memory must be less than or equal to 1536 GiB",
+        ));
+    }
+    Ok(())
+}
+
+/// Parse-level checks nexus performs while deserializing the body (400 without a code).
+fn check_create_body(body: &types::InstanceCreate) -> Result<Vec<u8>, ApiError> {
+    body_name(&body.name)?;
+    names::check_hostname(body.hostname.as_str()).map_err(ApiError::bad_body)?;
+    for d in body.boot_disk.iter().chain(&body.disks) {
+        match d {
+            types::InstanceDiskAttachment::Create { name, .. }
+            | types::InstanceDiskAttachment::Attach { name } => body_name(name)?,
+        }
+    }
+    for ip in &body.external_ips {
+        if let types::ExternalIpCreate::Floating { floating_ip } = ip {
+            names::body_ref(floating_ip).map_err(ApiError::bad_body)?;
+        }
+    }
+    for r in body
+        .anti_affinity_groups
+        .iter()
+        .chain(body.ssh_public_keys.iter().flatten())
+    {
+        names::body_ref(r).map_err(ApiError::bad_body)?;
+    }
+    if let types::InstanceNetworkInterfaceAttachment::Create(nics) = &body.network_interfaces {
+        for nic in nics {
+            body_name(&nic.name)?;
+            body_name(&nic.vpc_name)?;
+            body_name(&nic.subnet_name)?;
+        }
+    }
+    let user_data = STANDARD
+        .decode(body.user_data.as_bytes())
+        .map_err(|e| ApiError::bad_body(format!("invalid base64 in user_data: {e}")))?;
+    if user_data.len() > MAX_USER_DATA {
+        return Err(ApiError::bad_body(format!(
+            "invalid length {}, expected less than 32 KiB",
+            user_data.len()
+        )));
+    }
+    Ok(user_data)
+}
+
+/// One planned external IP of a new instance.
+enum IpPlan {
+    Ephemeral,
+    Floating(Uuid),
+}
+
+pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let project_raw = cx.required_project()?.to_owned();
+    let body: types::InstanceCreate = cx.body()?;
+    let user_data = check_create_body(&body)?;
+    let store = &*cx.store;
+    let pid = store.project_param(&project_raw)?;
+
+    check_cpu_memory(body.ncpus.0, body.memory.0)?;
+    let attachments: Vec<(bool, &types::InstanceDiskAttachment)> = body
+        .boot_disk
+        .iter()
+        .map(|d| (true, d))
+        .chain(body.disks.iter().map(|d| (false, d)))
+        .collect();
+    if attachments.len() > MAX_DISKS {
+        return Err(ApiError::invalid_request(format!(
+            "cannot attach more than {MAX_DISKS} disks to instance"
+        )));
+    }
+    let mut disk_plans: Vec<(bool, DiskPlan)> = Vec::new();
+    for (boot, d) in &attachments {
+        if let types::InstanceDiskAttachment::Create {
+            description,
+            disk_backend,
+            name,
+            size,
+        } = d
+        {
+            let plan = storage::plan_disk(store, pid, name, description, size.0, disk_backend)?;
+            if matches!(plan.state, DiskState::ImportReady) {
+                return Err(ApiError::invalid_request(
+                    "disks created with an instance cannot import blocks",
+                ));
+            }
+            disk_plans.push((*boot, plan));
+        }
+    }
+    if body.external_ips.len() > MAX_EXTERNAL_IPS {
+        return Err(ApiError::invalid_request(format!(
+            "An instance may not have more than {MAX_EXTERNAL_IPS} external IP addresses"
+        )));
+    }
+    let ephemeral = body
+        .external_ips
+        .iter()
+        .filter(|ip| matches!(ip, types::ExternalIpCreate::Ephemeral { .. }))
+        .count();
+    if ephemeral > MAX_EPHEMERAL_IPS {
+        return Err(ApiError::invalid_request(format!(
+            "An instance may not have more than {MAX_EPHEMERAL_IPS} ephemeral IP address"
+        )));
+    }
+    if let types::InstanceNetworkInterfaceAttachment::Create(nics) = &body.network_interfaces {
+        if nics.len() > MAX_NICS {
+            return Err(ApiError::invalid_request(format!(
+                "An instance may not have more than {MAX_NICS} network interfaces"
+            )));
+        }
+        let vpcs: BTreeSet<&str> = nics.iter().map(|n| n.vpc_name.as_str()).collect();
+        if vpcs.len() > 1 {
+            return Err(ApiError::invalid_request(
+                "All interfaces must be in the same VPC",
+            ));
+        }
+        // Every project has exactly one VPC, `default`, with one subnet, `default`.
+        for nic in nics {
+            if nic.vpc_name.as_str() != "default" {
+                return Err(ApiError::not_found_by_name("vpc", nic.vpc_name.as_str()));
+            }
+            if nic.subnet_name.as_str() != "default" {
+                return Err(ApiError::not_found_by_name(
+                    "vpc-subnet",
+                    nic.subnet_name.as_str(),
+                ));
+            }
+        }
+    }
+    let ssh_keys = resolve_ssh_keys(store, body.ssh_public_keys.as_deref())?;
+    if body.enable_jumbo_frames {
+        return Err(ApiError::invalid_request(
+            "jumbo frames are not enabled for this fleet",
+        ));
+    }
+    if !body.multicast_groups.is_empty() {
+        return Err(ApiError::invalid_request(
+            "multicast is not enabled for this fleet",
+        ));
+    }
+    if store::find_by_name(&store.instances, Some(pid), body.name.as_str()).is_some() {
+        return Err(ApiError::already_exists("instance", body.name.as_str()));
+    }
+
+    // Anti-affinity groups, by name in this project or by id.
+    let mut groups = Vec::new();
+    let project_ref = Ref::Id(pid);
+    for g in &body.anti_affinity_groups {
+        let r = names::body_ref(g).map_err(ApiError::bad_body)?;
+        let project = matches!(r, Ref::Name(_)).then_some(&project_ref);
+        let gid = store::select_ref(store, &store.groups, ANTI_AFFINITY_GROUP, &r, project)?;
+        if !groups.contains(&gid) {
+            groups.push(gid);
+        }
+    }
+    if groups.len() > MAX_GROUPS_PER_INSTANCE {
+        return Err(ApiError::invalid_request(format!(
+            "an instance may belong to at most {MAX_GROUPS_PER_INSTANCE} anti-affinity groups"
+        )));
+    }
+    for gid in &groups {
+        if store
+            .groups
+            .get(gid)
+            .is_some_and(|g| g.members.len() >= MAX_GROUP_MEMBERS)
+        {
+            return Err(ApiError::invalid_request(format!(
+                "anti-affinity group already has maximum allowed members ({MAX_GROUP_MEMBERS})"
+            )));
+        }
+    }
+
+    // Disks: names are unique among new disks and existing ones; attached disks must exist
+    // here and be detached.
+    let mut seen_names = BTreeSet::new();
+    let mut attach_ids: Vec<(bool, Uuid)> = Vec::new();
+    for (boot, d) in &attachments {
+        let name = match d {
+            types::InstanceDiskAttachment::Create { name, .. }
+            | types::InstanceDiskAttachment::Attach { name } => name.as_str(),
+        };
+        if !seen_names.insert(name) {
+            return Err(ApiError::invalid_request(format!(
+                "disk \"{name}\" is listed more than once"
+            )));
+        }
+        if let types::InstanceDiskAttachment::Attach { name } = d {
+            let id = store::find_by_name(&store.disks, Some(pid), name.as_str())
+                .ok_or_else(|| ApiError::not_found_by_name("disk", name.as_str()))?;
+            let state = store.disks.get(&id).map(|d| d.state);
+            if state != Some(DiskState::Detached) {
+                return Err(ApiError::invalid_request(format!(
+                    "cannot attach disk \"{}\": disk is {}",
+                    name.as_str(),
+                    state.map(DiskState::label).unwrap_or("missing")
+                )));
+            }
+            attach_ids.push((*boot, id));
+        }
+    }
+
+    // External IPs.
+    let mut ip_plans = Vec::new();
+    for ip in &body.external_ips {
+        match ip {
+            types::ExternalIpCreate::Ephemeral { pool_selector } => {
+                check_pool(store, pool_selector)?;
+                ip_plans.push(IpPlan::Ephemeral);
+            }
+            types::ExternalIpCreate::Floating { floating_ip } => {
+                let r = names::body_ref(floating_ip).map_err(ApiError::bad_body)?;
+                let project = matches!(r, Ref::Name(_)).then_some(&project_ref);
+                let fid = store::select_ref(store, &store.floating_ips, FLOATING_IP, &r, project)?;
+                let fip = store
+                    .floating_ips
+                    .get(&fid)
+                    .ok_or_else(ApiError::internal)?;
+                if fip.project_id != pid {
+                    return Err(ApiError::invalid_request(
+                        "floating IP must be in the same project as the instance",
+                    ));
+                }
+                let dup = ip_plans
+                    .iter()
+                    .any(|p| matches!(p, IpPlan::Floating(f) if *f == fid));
+                if fip.instance_id.is_some() || dup {
+                    return Err(ApiError::invalid_request(
+                        "floating IP cannot be attached to one instance while still attached to another",
+                    ));
+                }
+                ip_plans.push(IpPlan::Floating(fid));
+            }
+        }
+    }
+    if ephemeral > cx.pool.free() {
+        return Err(ApiError::insufficient_capacity(
+            "No external IP addresses available",
+        ));
+    }
+
+    // ---- everything checked: apply ----
+    let mut ephemeral_ips: Vec<Ipv4Addr> = Vec::new();
+    for _ in 0..ephemeral {
+        match cx.pool.allocate() {
+            Some(ip) => ephemeral_ips.push(ip),
+            None => {
+                for ip in ephemeral_ips {
+                    cx.pool.release(ip);
+                }
+                return Err(ApiError::insufficient_capacity(
+                    "No external IP addresses available",
+                ));
+            }
+        }
+    }
+    let id = Uuid::new_v4();
+    let delayed = !cx.env.timings.create_to_starting.is_zero();
+    let initial = match (delayed, body.start) {
+        (true, _) => RunState::Creating,
+        (false, true) => RunState::Starting,
+        (false, false) => RunState::Stopped,
+    };
+    let times = Times::now();
+    let snat_first_port = (cx.store.snat_next % 4) * SNAT_PORTS;
+    cx.store.snat_next = cx.store.snat_next.wrapping_add(1);
+    let mut boot_disk_id = None;
+    for (boot, plan) in disk_plans {
+        let disk_id = storage::insert_disk(cx.store, pid, plan, DiskState::Attached(id));
+        if boot {
+            boot_disk_id = Some(disk_id);
+        }
+    }
+    for (boot, disk_id) in attach_ids {
+        if let Some(d) = cx.store.disks.get_mut(&disk_id) {
+            d.state = DiskState::Attached(id);
+            d.times.modified = times.modified;
+        }
+        if boot {
+            boot_disk_id = Some(disk_id);
+        }
+    }
+    cx.store.instances.insert(
+        id,
+        Instance {
+            id,
+            project_id: pid,
+            name: body.name.clone(),
+            description: body.description.clone(),
+            hostname: body.hostname.to_string(),
+            ncpus: body.ncpus.0,
+            memory: body.memory.0,
+            state: initial,
+            generation: 0,
+            times,
+            time_run_state_updated: times.created,
+            user_data,
+            ssh_keys,
+            boot_disk_id,
+            ephemeral_ips,
+            snat_first_port,
+            auto_restart_policy: body.auto_restart_policy,
+            cpu_platform: body.cpu_platform,
+            console: Console::default(),
+        },
+    );
+    for plan in ip_plans {
+        if let IpPlan::Floating(fid) = plan
+            && let Some(f) = cx.store.floating_ips.get_mut(&fid)
+        {
+            f.instance_id = Some(id);
+            f.times.modified = times.modified;
+            cx.fx
+                .events
+                .push(Event::FloatingIp(IpAddr::V4(f.ip), Some(id)));
+        }
+    }
+    for gid in groups {
+        if let Some(g) = cx.store.groups.get_mut(&gid) {
+            g.members.push(id);
+        }
+    }
+    if delayed {
+        lifecycle::arm_create(cx.store, id, body.start, cx.fx, cx.env);
+    } else if initial == RunState::Starting {
+        // `enter` arms the boot timer; the state is already Starting.
+        lifecycle::enter(cx.store, id, RunState::Starting, cx.fx, cx.env);
+    }
+    view_reply(cx.store, id, StatusCode::CREATED)
+}
+
+/// Checks an ephemeral IP's pool selector against the rack's single IPv4 pool `default`.
+pub fn check_pool(store: &Store, sel: &types::PoolSelector) -> Result<(), ApiError> {
+    match sel {
+        types::PoolSelector::Auto { ip_version } => match ip_version {
+            Some(types::IpVersion::V6) => Err(ApiError::invalid_request(
+                "no default IPv6 IP pool is linked to this silo",
+            )),
+            _ => Ok(()),
+        },
+        types::PoolSelector::Explicit { pool } => {
+            match names::body_ref(pool).map_err(ApiError::bad_body)? {
+                Ref::Id(id) if id == store.ip_pool_id => Ok(()),
+                Ref::Name(n) if n == "default" => Ok(()),
+                Ref::Id(id) => Err(ApiError::not_found_by_id("ip-pool", &id)),
+                Ref::Name(n) => Err(ApiError::not_found_by_name("ip-pool", &n)),
+            }
+        }
+    }
+}
+
+/// `None`: all of the user's keys; `Some(list)`: exactly those (each must exist).
+fn resolve_ssh_keys(
+    store: &Store,
+    keys: Option<&[types::NameOrId]>,
+) -> Result<Vec<String>, ApiError> {
+    let Some(keys) = keys else {
+        return Ok(store
+            .ssh_keys
+            .values()
+            .map(|k| k.public_key.clone())
+            .collect());
+    };
+    if keys.len() > MAX_SSH_KEYS {
+        return Err(ApiError::invalid_request(format!(
+            "cannot specify more than {MAX_SSH_KEYS} ssh keys"
+        )));
+    }
+    keys.iter()
+        .map(|k| {
+            let found = match names::body_ref(k).map_err(ApiError::bad_body)? {
+                Ref::Id(id) => store
+                    .ssh_keys
+                    .get(&id)
+                    .ok_or_else(|| ApiError::not_found_by_id("ssh-key", &id))?,
+                Ref::Name(n) => store
+                    .ssh_keys
+                    .values()
+                    .find(|k| k.name == n)
+                    .ok_or_else(|| ApiError::not_found_by_name("ssh-key", &n))?,
+            };
+            Ok(found.public_key.clone())
+        })
+        .collect()
+}
+
+pub fn delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let id = select(cx.store, cx.param(0), cx.project())?;
+    let state = instance(cx.store, &id)?.state;
+    if !matches!(state, RunState::Stopped | RunState::Failed) {
+        return Err(ApiError::invalid_request(
+            "cannot delete instance: instance is running or has not yet fully stopped",
+        ));
+    }
+    let Some(inst) = cx.store.instances.remove(&id) else {
+        return Err(ApiError::internal());
+    };
+    for ip in inst.ephemeral_ips {
+        cx.pool.release(ip);
+    }
+    for d in cx.store.disks.values_mut() {
+        if d.state == DiskState::Attached(id) {
+            d.state = DiskState::Detached;
+        }
+    }
+    for f in cx.store.floating_ips.values_mut() {
+        if f.instance_id == Some(id) {
+            f.instance_id = None;
+            cx.fx.events.push(Event::FloatingIp(IpAddr::V4(f.ip), None));
+        }
+    }
+    for g in cx.store.groups.values_mut() {
+        g.members.retain(|m| *m != id);
+    }
+    cx.fx.events.push(Event::Deleted(id));
+    Reply::no_content()
+}
+
+pub fn start(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let id = select(cx.store, cx.param(0), cx.project())?;
+    match instance(cx.store, &id)?.state {
+        RunState::Stopped | RunState::Failed => {
+            lifecycle::enter(cx.store, id, RunState::Starting, cx.fx, cx.env);
+        }
+        RunState::Starting | RunState::Running | RunState::Rebooting => {}
+        RunState::Stopping => {
+            return Err(ApiError::conflict(
+                "instance must finish stopping before it can be started",
+            ));
+        }
+        RunState::Creating => {
+            return Err(ApiError::conflict(
+                "instance is in state creating but it must be stopped to be started",
+            ));
+        }
+    }
+    view_reply(cx.store, id, StatusCode::ACCEPTED)
+}
+
+pub fn stop(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let id = select(cx.store, cx.param(0), cx.project())?;
+    match instance(cx.store, &id)?.state {
+        RunState::Stopped | RunState::Stopping => {}
+        RunState::Failed => lifecycle::enter(cx.store, id, RunState::Stopped, cx.fx, cx.env),
+        RunState::Starting | RunState::Running | RunState::Rebooting => {
+            lifecycle::enter(cx.store, id, RunState::Stopping, cx.fx, cx.env);
+        }
+        RunState::Creating => {
+            return Err(ApiError::invalid_request(
+                "cannot change instance state while it is still being created",
+            ));
+        }
+    }
+    view_reply(cx.store, id, StatusCode::ACCEPTED)
+}
+
+pub fn reboot(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let id = select(cx.store, cx.param(0), cx.project())?;
+    match instance(cx.store, &id)?.state {
+        RunState::Running => lifecycle::enter(cx.store, id, RunState::Rebooting, cx.fx, cx.env),
+        RunState::Starting | RunState::Rebooting => {}
+        RunState::Stopped => {
+            return Err(ApiError::invalid_request(
+                "cannot reboot an instance in state stopped with no VMM",
+            ));
+        }
+        RunState::Stopping => {
+            return Err(ApiError::conflict(
+                "instance is stopping and cannot be rebooted",
+            ));
+        }
+        RunState::Failed => {
+            return Err(ApiError::invalid_request(
+                "instance state cannot be changed from failed",
+            ));
+        }
+        RunState::Creating => {
+            return Err(ApiError::invalid_request(
+                "cannot change instance state while it is still being created",
+            ));
+        }
+    }
+    view_reply(cx.store, id, StatusCode::ACCEPTED)
+}
+
+pub fn external_ips(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let id = select(cx.store, cx.param(0), cx.project())?;
+    let inst = instance(cx.store, &id)?;
+    let pool = cx.store.ip_pool_id;
+    let mut items = Vec::new();
+    // SNAT first: a client taking `items[0]` as "the" external IP gets an address nothing
+    // listens on, as it would on a rack where ordering is not guaranteed.
+    if let Some(snat) = cx.store.snat_ip {
+        items.push(types::ExternalIp::Snat {
+            first_port: inst.snat_first_port,
+            ip: IpAddr::V4(snat),
+            ip_pool_id: pool,
+            last_port: inst.snat_first_port.saturating_add(SNAT_PORTS - 1),
+        });
+    }
+    for ip in &inst.ephemeral_ips {
+        items.push(types::ExternalIp::Ephemeral {
+            ip: IpAddr::V4(*ip),
+            ip_pool_id: pool,
+        });
+    }
+    items.extend(cx.store.floating_of(id).map(|f| f.external_view(pool)));
+    Reply::json(
+        StatusCode::OK,
+        &Page {
+            items,
+            next_page: None,
+        },
+    )
+}
+
+pub fn disks(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let lp = ListParams::parse("instance-disks", cx.query)?;
+    let id = select(cx.store, cx.param(0), lp.project.as_deref())?;
+    let items = cx
+        .store
+        .disks
+        .values()
+        .filter(|d| d.state == DiskState::Attached(id))
+        .map(|d| (d.name.to_string(), d.id, d.view()))
+        .collect();
+    Reply::json(StatusCode::OK, &lp.page(items))
+}
+
+fn query_u64(cx: &Ctx<'_>, key: &str) -> Result<Option<u64>, ApiError> {
+    cx.query
+        .get(key)
+        .map(|v| {
+            v.parse::<u64>()
+                .map_err(|e| ApiError::bad_query(format!("{key}: {e}")))
+        })
+        .transpose()
+}
+
+pub fn serial_console(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let from_start = query_u64(cx, "from_start")?;
+    let most_recent = query_u64(cx, "most_recent")?;
+    let max_bytes = query_u64(cx, "max_bytes")?;
+    let id = select(cx.store, cx.param(0), cx.project())?;
+    let inst = instance(cx.store, &id)?;
+    match inst.state {
+        RunState::Running | RunState::Rebooting => {}
+        RunState::Stopped => {
+            return Err(ApiError::invalid_request(
+                "instance is stopped and has no active serial console server",
+            ));
+        }
+        other => {
+            return Err(ApiError::invalid_request(format!(
+                "cannot connect to serial console of instance in state \"{other}\""
+            )));
+        }
+    }
+    let console = &inst.console;
+    let first = console.start();
+    let start = match (from_start, most_recent) {
+        (Some(s), None) => {
+            if s < first {
+                return Err(ApiError::invalid_request(format!(
+                    "requested byte offset {s} is no longer available (oldest is {first})"
+                )));
+            }
+            s.min(console.total)
+        }
+        (None, Some(back)) => console.total.saturating_sub(back).max(first),
+        _ => {
+            return Err(ApiError::invalid_request(
+                "Exactly one of 'from_start' or 'most_recent' must be specified.",
+            ));
+        }
+    };
+    let skip = usize::try_from(start - first).unwrap_or(usize::MAX);
+    let take = max_bytes
+        .map(|m| usize::try_from(m).unwrap_or(usize::MAX))
+        .unwrap_or(usize::MAX);
+    let data: Vec<u8> = console.buf.iter().skip(skip).take(take).copied().collect();
+    let end = start.saturating_add(u64::try_from(data.len()).unwrap_or(u64::MAX));
+    Reply::json(
+        StatusCode::OK,
+        &types::InstanceSerialConsoleData {
+            data,
+            last_byte_offset: end,
+        },
+    )
+}

@@ -1,0 +1,522 @@
+//! The Oxide HTTP API of the simulated rack (`/v1/...`): routing, bearer auth, the store of
+//! projects/instances/disks/images/snapshots/floating IPs/anti-affinity groups, nexus's
+//! validation rules and error bodies, pagination, the timed instance lifecycle, per-route
+//! fault injection and request counters.
+//!
+//! Bodies use `oxide::types`, so the wire format is exactly the SDK's. The simulator aims to
+//! be *at least as strict* as a real rack: whatever it accepts must also work there.
+//!
+//! Not here: listeners and TLS (`net`), what happens inside a booted VM (`boot`), the
+//! Kubernetes twin (`twin`). Those learn about lifecycle edges through [`RackEvents`].
+
+pub mod addresses;
+mod error;
+pub mod faults;
+mod instances;
+mod lifecycle;
+mod names;
+mod network;
+mod pagination;
+mod routes;
+pub mod schema_check;
+mod storage;
+mod store;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use uuid::Uuid;
+
+pub use addresses::AddressPool;
+pub use error::ApiError;
+pub use faults::{FaultSpec, Faults, RouteFault};
+pub use routes::{ROUTES, RouteSpec};
+
+use error::json_response;
+use lifecycle::{Effects, Env, Event, Timer};
+use store::{Image, Project, RunState, SshKey, Store, Times};
+
+/// The API version this simulated rack implements (the one `oxide` 0.19 sends). Requests
+/// asking for a newer version get nexus's 400.
+pub const SERVER_API_VERSION: &str = "2026091500.0.0";
+
+/// Durations of the timed lifecycle transitions.
+#[derive(Clone, Debug)]
+pub struct Timings {
+    /// `creating` → `starting` (0: create answers `starting` at once).
+    pub create_to_starting: Duration,
+    /// `starting` → `running`.
+    pub starting_to_running: Duration,
+    /// `stopping` → `stopped`.
+    pub stopping_to_stopped: Duration,
+    /// `rebooting` → `running`.
+    pub rebooting: Duration,
+}
+
+impl Default for Timings {
+    /// Fast transitions for tests.
+    fn default() -> Self {
+        Self {
+            create_to_starting: Duration::ZERO,
+            starting_to_running: Duration::from_millis(100),
+            stopping_to_stopped: Duration::from_millis(100),
+            rebooting: Duration::from_millis(100),
+        }
+    }
+}
+
+impl Timings {
+    /// Durations in the range a real rack shows (seconds), for demos.
+    pub fn realistic() -> Self {
+        Self {
+            create_to_starting: Duration::from_secs(2),
+            starting_to_running: Duration::from_secs(10),
+            stopping_to_stopped: Duration::from_secs(5),
+            rebooting: Duration::from_secs(8),
+        }
+    }
+}
+
+/// Configuration of one simulated rack.
+pub struct OxideSimConfig {
+    /// The bearer token the API accepts.
+    pub token: String,
+    /// Lifecycle durations.
+    pub timings: Timings,
+    /// Shared, runtime-mutable fault specification.
+    pub faults: Faults,
+    /// Where floating, ephemeral and SNAT addresses come from.
+    pub addresses: AddressPool,
+}
+
+impl OxideSimConfig {
+    /// Fast timings, no faults, a random address pool.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self {
+            token: token.into(),
+            timings: Timings::default(),
+            faults: Faults::default(),
+            addresses: AddressPool::random(),
+        }
+    }
+}
+
+impl std::fmt::Debug for OxideSimConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OxideSimConfig")
+            .field("token", &"<redacted>")
+            .field("timings", &self.timings)
+            .field("addresses", &self.addresses)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Receives lifecycle edges of the simulated rack.
+///
+/// Implementations must not block (spawn if needed). The simulator calls them after
+/// releasing its own lock, so calling back into [`OxideSim`] is allowed.
+pub trait RackEvents: Send + Sync + 'static {
+    /// The instance reached `running` (boot starts now).
+    fn instance_running(&self, inst: &RunningInstance);
+    /// The instance left `running` (stopping, rebooting, failed): its kubelet stops reporting.
+    fn instance_halted(&self, id: Uuid);
+    /// The instance was deleted (it answers 404 from now on).
+    fn instance_deleted(&self, id: Uuid);
+    /// A floating IP was attached (`Some(instance)`) or detached (`None`).
+    fn floating_ip_changed(&self, ip: IpAddr, instance: Option<Uuid>);
+}
+
+/// [`RackEvents`] that ignores everything.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoEvents;
+
+impl RackEvents for NoEvents {
+    fn instance_running(&self, _inst: &RunningInstance) {}
+    fn instance_halted(&self, _id: Uuid) {}
+    fn instance_deleted(&self, _id: Uuid) {}
+    fn floating_ip_changed(&self, _ip: IpAddr, _instance: Option<Uuid>) {}
+}
+
+/// An instance that just reached `running`, with what its boot needs.
+#[derive(Clone)]
+pub struct RunningInstance {
+    pub id: Uuid,
+    pub name: String,
+    pub hostname: String,
+    /// Project name.
+    pub project: String,
+    /// Decoded user data (cloud-init). Never logged.
+    pub user_data: Vec<u8>,
+    /// Ephemeral and attached floating addresses (not the SNAT address).
+    pub external_ips: Vec<IpAddr>,
+    /// Public keys resolved from the create request's `ssh_public_keys`.
+    pub ssh_public_keys: Vec<String>,
+}
+
+impl std::fmt::Debug for RunningInstance {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningInstance")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("hostname", &self.hostname)
+            .field("project", &self.project)
+            .field(
+                "user_data",
+                &format_args!("<{} bytes>", self.user_data.len()),
+            )
+            .field("external_ips", &self.external_ips)
+            .field("ssh_public_keys", &self.ssh_public_keys.len())
+            .finish()
+    }
+}
+
+/// The simulated Oxide API. Cheap to clone; clones share one rack.
+#[derive(Clone)]
+pub struct OxideSim {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    token: String,
+    timings: Timings,
+    faults: Faults,
+    addresses: AddressPool,
+    events: Arc<dyn RackEvents>,
+    store: Mutex<Store>,
+    counters: Mutex<BTreeMap<String, u64>>,
+    /// Oxide API requests since start or the last `reset_counters` (for crash faults).
+    requests: AtomicU64,
+}
+
+impl std::fmt::Debug for OxideSim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OxideSim")
+            .field("timings", &self.inner.timings)
+            .field("addresses", &self.inner.addresses)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OxideSim {
+    /// A rack with no projects, answering to `cfg.token`.
+    pub fn new(cfg: OxideSimConfig, events: Arc<dyn RackEvents>) -> Self {
+        // One address of the pool is the SNAT address all instances share, like a rack's
+        // SNAT IP shared with port ranges.
+        let snat = cfg.addresses.allocate();
+        Self {
+            inner: Arc::new(Inner {
+                token: cfg.token,
+                timings: cfg.timings,
+                faults: cfg.faults,
+                addresses: cfg.addresses,
+                events,
+                store: Mutex::new(Store::new(snat)),
+                counters: Mutex::new(BTreeMap::new()),
+                requests: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    fn store(&self) -> MutexGuard<'_, Store> {
+        // Handlers mutate the store only after all their checks pass, so a panic (a bug) in
+        // one request cannot leave half-applied state behind; keep serving after poisoning.
+        self.inner.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn counters_lock(&self) -> MutexGuard<'_, BTreeMap<String, u64>> {
+        self.inner
+            .counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The fault handle this rack reads.
+    pub fn faults(&self) -> &Faults {
+        &self.inner.faults
+    }
+
+    /// The address pool external IPs come from.
+    pub fn addresses(&self) -> &AddressPool {
+        &self.inner.addresses
+    }
+
+    /// The whole Oxide API (paths `/v1/...`). Never panics on any input.
+    pub async fn handle(&self, req: Request<Bytes>) -> Response<Bytes> {
+        let request_id = Uuid::new_v4();
+        let n = self.inner.requests.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(limit) = self.inner.faults.get().crash_after_requests
+            && n > limit
+        {
+            tracing::error!(
+                requests = n - 1,
+                "crash_after_requests fault: exiting with 137"
+            );
+            std::process::exit(137);
+        }
+        let (parts, body) = req.into_parts();
+        let (spec, params) = match routes::match_route(&parts.method, parts.uri.path()) {
+            Ok(found) => found,
+            Err(e) => return e.into_response(&request_id),
+        };
+        let key = spec.key();
+        *self.counters_lock().entry(key.clone()).or_insert(0) += 1;
+
+        if let Some(fault) = self.inner.faults.route(&key) {
+            if fault.latency_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(fault.latency_ms)).await;
+            }
+            if fault.error_rate > 0.0 && rand::random::<f64>() < fault.error_rate {
+                return ApiError::injected(fault.error_status).into_response(&request_id);
+            }
+        }
+
+        let result = match self.preflight(&parts, spec) {
+            Ok(query) => {
+                let faults = self.inner.faults.get();
+                let env = Env {
+                    timings: &self.inner.timings,
+                    faults: &faults,
+                };
+                let mut fx = Effects::default();
+                let result = {
+                    let mut store = self.store();
+                    let mut cx = routes::Ctx {
+                        store: &mut store,
+                        fx: &mut fx,
+                        env: &env,
+                        pool: &self.inner.addresses,
+                        query: &query,
+                        params: &params,
+                        body: &body,
+                    };
+                    routes::dispatch(spec, &mut cx)
+                };
+                self.apply(fx);
+                result
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(reply) => json_response(reply.status, reply.body, &request_id),
+            Err(e) => e.into_response(&request_id),
+        }
+    }
+
+    /// Version header, credentials, content type and query string, in dropshot/nexus order.
+    fn preflight(
+        &self,
+        parts: &http::request::Parts,
+        spec: &RouteSpec,
+    ) -> Result<pagination::Query, ApiError> {
+        routes::check_api_version(&parts.headers)?;
+        if !routes::authorized(&parts.headers, &self.inner.token) {
+            return Err(ApiError::unauthorized());
+        }
+        if spec.has_body {
+            routes::check_content_type(&parts.headers)?;
+        }
+        routes::parse_query(parts.uri.query())
+    }
+
+    /// Delivers events and arms timers recorded while the lock was held.
+    fn apply(&self, fx: Effects) {
+        for event in fx.events {
+            let ev = &self.inner.events;
+            match event {
+                Event::Running(ri) => ev.instance_running(&ri),
+                Event::Halted(id) => ev.instance_halted(id),
+                Event::Deleted(id) => ev.instance_deleted(id),
+                Event::FloatingIp(ip, inst) => ev.floating_ip_changed(ip, inst),
+            }
+        }
+        if fx.timers.is_empty() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                timers = fx.timers.len(),
+                "no tokio runtime: lifecycle timers dropped"
+            );
+            return;
+        };
+        for timer in fx.timers {
+            let sim = self.clone();
+            rt.spawn(async move {
+                tokio::time::sleep(timer.after).await;
+                sim.fire(timer);
+            });
+        }
+    }
+
+    fn fire(&self, timer: Timer) {
+        let faults = self.inner.faults.get();
+        let env = Env {
+            timings: &self.inner.timings,
+            faults: &faults,
+        };
+        let mut fx = Effects::default();
+        lifecycle::fire(&mut self.store(), timer, &mut fx, &env);
+        self.apply(fx);
+    }
+
+    /// Appends to an instance's serial console (bounded: the last 1 MiB is kept).
+    pub fn append_console(&self, instance: Uuid, bytes: &[u8]) {
+        if let Some(inst) = self.store().instances.get_mut(&instance) {
+            inst.console.append(bytes);
+        }
+    }
+
+    /// Puts an instance into `failed` at once (boot faults, admin). No-op for unknown ids.
+    pub fn set_instance_failed(&self, instance: Uuid) {
+        let faults = self.inner.faults.get();
+        let env = Env {
+            timings: &self.inner.timings,
+            faults: &faults,
+        };
+        let mut fx = Effects::default();
+        {
+            let mut store = self.store();
+            if store.instances.contains_key(&instance) {
+                lifecycle::enter(&mut store, instance, RunState::Failed, &mut fx, &env);
+            }
+        }
+        self.apply(fx);
+    }
+
+    /// Marks a disk `faulted` (storage fault injection). No-op for unknown ids.
+    pub fn set_disk_faulted(&self, disk: Uuid) {
+        if let Some(d) = self.store().disks.get_mut(&disk) {
+            d.state = store::DiskState::Faulted;
+        }
+    }
+
+    /// The instance as `RackEvents::instance_running` would describe it now.
+    pub fn running_instance(&self, instance: Uuid) -> Option<RunningInstance> {
+        lifecycle::running_instance(&self.store(), instance)
+    }
+
+    /// Everything in the rack, for leak checks:
+    /// `{"projects","instances","disks","snapshots","images","floating_ips","anti_affinity_groups"}`.
+    pub fn dump(&self) -> serde_json::Value {
+        self.store().dump()
+    }
+
+    /// Requests per route, keyed `"METHOD /v1/template"`.
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        self.counters_lock().clone()
+    }
+
+    /// Zeroes the per-route counters and the request count `crash_after_requests` uses.
+    pub fn reset_counters(&self) {
+        self.counters_lock().clear();
+        self.inner.requests.store(0, Ordering::SeqCst);
+    }
+
+    /// Creates a project (no HTTP, auth or faults). Returns the existing id if the name is
+    /// taken, and the nil id (with an error log) for an invalid name.
+    pub fn seed_project(&self, name: &str) -> Uuid {
+        let Some(name) = seed_name(name) else {
+            return Uuid::nil();
+        };
+        let mut store = self.store();
+        if let Some(p) = store.projects.values().find(|p| p.name == name) {
+            return p.id;
+        }
+        let id = Uuid::new_v4();
+        store.projects.insert(
+            id,
+            Project {
+                id,
+                name,
+                description: "seeded by oxide-sim".into(),
+                times: Times::now(),
+            },
+        );
+        id
+    }
+
+    /// Creates a silo image (512-byte blocks, no content).
+    pub fn seed_silo_image(&self, name: &str, os: &str, version: &str, size_bytes: u64) -> Uuid {
+        self.seed_image(None, name, os, version, size_bytes)
+    }
+
+    /// Creates a project image (creating the project if needed).
+    pub fn seed_project_image(&self, project: &str, name: &str, size_bytes: u64) -> Uuid {
+        let pid = self.seed_project(project);
+        if pid.is_nil() {
+            return pid;
+        }
+        self.seed_image(Some(pid), name, "linux", "seeded", size_bytes)
+    }
+
+    fn seed_image(
+        &self,
+        project: Option<Uuid>,
+        name: &str,
+        os: &str,
+        version: &str,
+        size: u64,
+    ) -> Uuid {
+        let Some(name) = seed_name(name) else {
+            return Uuid::nil();
+        };
+        let mut store = self.store();
+        if let Some(id) = store::find_by_name(&store.images, project, name.as_str()) {
+            return id;
+        }
+        let id = Uuid::new_v4();
+        store.images.insert(
+            id,
+            Image {
+                id,
+                project_id: project,
+                name,
+                description: "seeded by oxide-sim".into(),
+                os: os.into(),
+                version: version.into(),
+                size,
+                block_size: storage::block_size_512(),
+                data: Arc::default(),
+                times: Times::now(),
+            },
+        );
+        id
+    }
+
+    /// Adds an SSH public key to the (single) user's profile, so instance creates can refer
+    /// to it by name in `ssh_public_keys` (and get it by default when that is omitted).
+    pub fn seed_ssh_key(&self, name: &str, public_key: &str) -> Uuid {
+        let mut store = self.store();
+        if let Some(k) = store.ssh_keys.values().find(|k| k.name == name) {
+            return k.id;
+        }
+        let id = Uuid::new_v4();
+        store.ssh_keys.insert(
+            id,
+            SshKey {
+                id,
+                name: name.into(),
+                public_key: public_key.into(),
+            },
+        );
+        id
+    }
+}
+
+fn seed_name(name: &str) -> Option<oxide::types::Name> {
+    let valid = names::check_name(name)
+        .map_err(|e| e.to_string())
+        .and_then(|()| oxide::types::Name::try_from(name).map_err(|e| e.to_string()));
+    match valid {
+        Ok(n) => Some(n),
+        Err(e) => {
+            tracing::error!(name, error = %e, "refusing to seed an invalid name");
+            None
+        }
+    }
+}

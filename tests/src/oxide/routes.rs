@@ -1,0 +1,776 @@
+//! The table of served routes, request plumbing (matching, query strings, auth, API version,
+//! content type, body parsing) and the dispatch from a route to its handler. Project
+//! handlers live here too, being three lines each.
+//!
+//! [`ROUTES`] is the single list of what the simulator serves; the conformance test walks it
+//! against the official OpenAPI document.
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+use oxide::types;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use super::lifecycle::{Effects, Env};
+use super::names;
+use super::pagination::{ListParams, Query};
+use super::store::{Project, Store, Times};
+use super::{AddressPool, SERVER_API_VERSION, instances, network, storage};
+
+/// Operation behind a route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    ProjectList,
+    ProjectCreate,
+    ProjectView,
+    ImageList,
+    ImageCreate,
+    ImageView,
+    DiskList,
+    DiskCreate,
+    DiskView,
+    DiskDelete,
+    DiskBulkWrite,
+    DiskBulkWriteStart,
+    DiskBulkWriteStop,
+    DiskFinalize,
+    SnapshotList,
+    SnapshotView,
+    SnapshotDelete,
+    FloatingIpList,
+    FloatingIpCreate,
+    FloatingIpView,
+    FloatingIpDelete,
+    FloatingIpAttach,
+    FloatingIpDetach,
+    InstanceList,
+    InstanceCreate,
+    InstanceView,
+    InstanceDelete,
+    InstanceStart,
+    InstanceStop,
+    InstanceReboot,
+    InstanceExternalIps,
+    InstanceDisks,
+    InstanceSerialConsole,
+    GroupList,
+    GroupCreate,
+    GroupView,
+    GroupMemberList,
+    GroupMemberAdd,
+}
+
+/// One served route.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteSpec {
+    /// HTTP method.
+    pub method: &'static str,
+    /// Path template as in the OpenAPI document.
+    pub template: &'static str,
+    /// Success status.
+    pub status: u16,
+    /// `operationId` in the OpenAPI document.
+    pub operation_id: &'static str,
+    /// Whether the route takes a JSON request body.
+    pub has_body: bool,
+    op: Op,
+}
+
+impl RouteSpec {
+    /// Counter / fault key: `"METHOD /v1/template"`.
+    pub fn key(&self) -> String {
+        format!("{} {}", self.method, self.template)
+    }
+}
+
+const fn r(
+    method: &'static str,
+    template: &'static str,
+    status: u16,
+    operation_id: &'static str,
+    has_body: bool,
+    op: Op,
+) -> RouteSpec {
+    RouteSpec {
+        method,
+        template,
+        status,
+        operation_id,
+        has_body,
+        op,
+    }
+}
+
+/// Every route the simulator serves.
+pub const ROUTES: &[RouteSpec] = &[
+    r(
+        "GET",
+        "/v1/projects",
+        200,
+        "project_list",
+        false,
+        Op::ProjectList,
+    ),
+    r(
+        "POST",
+        "/v1/projects",
+        201,
+        "project_create",
+        true,
+        Op::ProjectCreate,
+    ),
+    r(
+        "GET",
+        "/v1/projects/{project}",
+        200,
+        "project_view",
+        false,
+        Op::ProjectView,
+    ),
+    r("GET", "/v1/images", 200, "image_list", false, Op::ImageList),
+    r(
+        "POST",
+        "/v1/images",
+        201,
+        "image_create",
+        true,
+        Op::ImageCreate,
+    ),
+    r(
+        "GET",
+        "/v1/images/{image}",
+        200,
+        "image_view",
+        false,
+        Op::ImageView,
+    ),
+    r("GET", "/v1/disks", 200, "disk_list", false, Op::DiskList),
+    r(
+        "POST",
+        "/v1/disks",
+        201,
+        "disk_create",
+        true,
+        Op::DiskCreate,
+    ),
+    r(
+        "GET",
+        "/v1/disks/{disk}",
+        200,
+        "disk_view",
+        false,
+        Op::DiskView,
+    ),
+    r(
+        "DELETE",
+        "/v1/disks/{disk}",
+        204,
+        "disk_delete",
+        false,
+        Op::DiskDelete,
+    ),
+    r(
+        "POST",
+        "/v1/disks/{disk}/bulk-write",
+        204,
+        "disk_bulk_write_import",
+        true,
+        Op::DiskBulkWrite,
+    ),
+    r(
+        "POST",
+        "/v1/disks/{disk}/bulk-write-start",
+        204,
+        "disk_bulk_write_import_start",
+        false,
+        Op::DiskBulkWriteStart,
+    ),
+    r(
+        "POST",
+        "/v1/disks/{disk}/bulk-write-stop",
+        204,
+        "disk_bulk_write_import_stop",
+        false,
+        Op::DiskBulkWriteStop,
+    ),
+    r(
+        "POST",
+        "/v1/disks/{disk}/finalize",
+        204,
+        "disk_finalize_import",
+        true,
+        Op::DiskFinalize,
+    ),
+    r(
+        "GET",
+        "/v1/snapshots",
+        200,
+        "snapshot_list",
+        false,
+        Op::SnapshotList,
+    ),
+    r(
+        "GET",
+        "/v1/snapshots/{snapshot}",
+        200,
+        "snapshot_view",
+        false,
+        Op::SnapshotView,
+    ),
+    r(
+        "DELETE",
+        "/v1/snapshots/{snapshot}",
+        204,
+        "snapshot_delete",
+        false,
+        Op::SnapshotDelete,
+    ),
+    r(
+        "GET",
+        "/v1/floating-ips",
+        200,
+        "floating_ip_list",
+        false,
+        Op::FloatingIpList,
+    ),
+    r(
+        "POST",
+        "/v1/floating-ips",
+        201,
+        "floating_ip_create",
+        true,
+        Op::FloatingIpCreate,
+    ),
+    r(
+        "GET",
+        "/v1/floating-ips/{floating_ip}",
+        200,
+        "floating_ip_view",
+        false,
+        Op::FloatingIpView,
+    ),
+    r(
+        "DELETE",
+        "/v1/floating-ips/{floating_ip}",
+        204,
+        "floating_ip_delete",
+        false,
+        Op::FloatingIpDelete,
+    ),
+    r(
+        "POST",
+        "/v1/floating-ips/{floating_ip}/attach",
+        202,
+        "floating_ip_attach",
+        true,
+        Op::FloatingIpAttach,
+    ),
+    r(
+        "POST",
+        "/v1/floating-ips/{floating_ip}/detach",
+        202,
+        "floating_ip_detach",
+        false,
+        Op::FloatingIpDetach,
+    ),
+    r(
+        "GET",
+        "/v1/instances",
+        200,
+        "instance_list",
+        false,
+        Op::InstanceList,
+    ),
+    r(
+        "POST",
+        "/v1/instances",
+        201,
+        "instance_create",
+        true,
+        Op::InstanceCreate,
+    ),
+    r(
+        "GET",
+        "/v1/instances/{instance}",
+        200,
+        "instance_view",
+        false,
+        Op::InstanceView,
+    ),
+    r(
+        "DELETE",
+        "/v1/instances/{instance}",
+        204,
+        "instance_delete",
+        false,
+        Op::InstanceDelete,
+    ),
+    r(
+        "POST",
+        "/v1/instances/{instance}/start",
+        202,
+        "instance_start",
+        false,
+        Op::InstanceStart,
+    ),
+    r(
+        "POST",
+        "/v1/instances/{instance}/stop",
+        202,
+        "instance_stop",
+        false,
+        Op::InstanceStop,
+    ),
+    r(
+        "POST",
+        "/v1/instances/{instance}/reboot",
+        202,
+        "instance_reboot",
+        false,
+        Op::InstanceReboot,
+    ),
+    r(
+        "GET",
+        "/v1/instances/{instance}/external-ips",
+        200,
+        "instance_external_ip_list",
+        false,
+        Op::InstanceExternalIps,
+    ),
+    r(
+        "GET",
+        "/v1/instances/{instance}/disks",
+        200,
+        "instance_disk_list",
+        false,
+        Op::InstanceDisks,
+    ),
+    r(
+        "GET",
+        "/v1/instances/{instance}/serial-console",
+        200,
+        "instance_serial_console",
+        false,
+        Op::InstanceSerialConsole,
+    ),
+    r(
+        "GET",
+        "/v1/anti-affinity-groups",
+        200,
+        "anti_affinity_group_list",
+        false,
+        Op::GroupList,
+    ),
+    r(
+        "POST",
+        "/v1/anti-affinity-groups",
+        201,
+        "anti_affinity_group_create",
+        true,
+        Op::GroupCreate,
+    ),
+    r(
+        "GET",
+        "/v1/anti-affinity-groups/{anti_affinity_group}",
+        200,
+        "anti_affinity_group_view",
+        false,
+        Op::GroupView,
+    ),
+    r(
+        "GET",
+        "/v1/anti-affinity-groups/{anti_affinity_group}/members",
+        200,
+        "anti_affinity_group_member_list",
+        false,
+        Op::GroupMemberList,
+    ),
+    r(
+        "POST",
+        "/v1/anti-affinity-groups/{anti_affinity_group}/members/instance/{instance}",
+        201,
+        "anti_affinity_group_member_instance_add",
+        false,
+        Op::GroupMemberAdd,
+    ),
+];
+
+/// Finds the route for `method` + `path`; returns it with the decoded path parameters.
+pub fn match_route(
+    method: &Method,
+    path: &str,
+) -> Result<(&'static RouteSpec, Vec<String>), ApiError> {
+    let segments: Vec<&str> = path.split('/').collect();
+    let mut path_matched = false;
+    for spec in ROUTES {
+        let Some(params) = match_template(spec.template, &segments) else {
+            continue;
+        };
+        path_matched = true;
+        if spec.method == method.as_str() {
+            return Ok((spec, params?));
+        }
+    }
+    Err(if path_matched {
+        ApiError::method_not_allowed()
+    } else {
+        ApiError::route_not_found()
+    })
+}
+
+/// `Some(Ok(params))` when `segments` fit `template`; `Some(Err)` when they fit but a
+/// parameter does not decode.
+fn match_template(template: &str, segments: &[&str]) -> Option<Result<Vec<String>, ApiError>> {
+    let tpl: Vec<&str> = template.split('/').collect();
+    if tpl.len() != segments.len() {
+        return None;
+    }
+    let mut params = Vec::new();
+    for (t, s) in tpl.iter().zip(segments) {
+        if t.starts_with('{') {
+            if s.is_empty() {
+                return None;
+            }
+            params.push(s);
+        } else if t != s {
+            return None;
+        }
+    }
+    Some(
+        params
+            .into_iter()
+            .map(|p| {
+                percent_decode(p, false)
+                    .ok_or_else(|| ApiError::bad_path(format!("invalid percent-encoding in '{p}'")))
+            })
+            .collect(),
+    )
+}
+
+/// Decodes `%XX` escapes (and `+` as space in query strings); `None` for malformed escapes
+/// or invalid UTF-8.
+fn percent_decode(s: &str, plus_is_space: bool) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'%' => {
+                let hex = bytes.get(i + 1..i + 3)?;
+                let hex = std::str::from_utf8(hex).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' if plus_is_space => {
+                out.push(b' ');
+                i += 1;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Parses the query string; repeated keys are refused like serde_urlencoded does.
+pub fn parse_query(raw: Option<&str>) -> Result<Query, ApiError> {
+    let mut q = Query::new();
+    let Some(raw) = raw else {
+        return Ok(q);
+    };
+    for pair in raw.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k = percent_decode(k, true)
+            .ok_or_else(|| ApiError::bad_query("invalid percent-encoding"))?;
+        let v = percent_decode(v, true)
+            .ok_or_else(|| ApiError::bad_query("invalid percent-encoding"))?;
+        if q.insert(k.clone(), v).is_some() {
+            return Err(ApiError::bad_query(format!("duplicate field `{k}`")));
+        }
+    }
+    Ok(q)
+}
+
+/// Checks `Authorization: Bearer <token>`.
+pub fn authorized(headers: &HeaderMap, token: &str) -> bool {
+    let Some(value) = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let Some((scheme, given)) = value.split_once(' ') else {
+        return false;
+    };
+    scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && given.trim() == token
+}
+
+/// Checks the `api-version` header like nexus: absent means "latest"; newer than the
+/// server's version is refused.
+pub fn check_api_version(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get("api-version") else {
+        return Ok(());
+    };
+    let bad = || {
+        ApiError::bad_header(format!(
+            "bad value for header \"api-version\": expected a semantic version like {SERVER_API_VERSION}"
+        ))
+    };
+    let requested = value.to_str().ok().and_then(parse_semver).ok_or_else(bad)?;
+    let server = parse_semver(SERVER_API_VERSION).ok_or_else(bad)?;
+    if requested > server {
+        return Err(ApiError::bad_header(format!(
+            "server does not support this API version: {}",
+            value.to_str().unwrap_or_default()
+        )));
+    }
+    Ok(())
+}
+
+fn parse_semver(s: &str) -> Option<(u64, u64, u64)> {
+    let mut it = s.trim().split('.');
+    let v = (
+        it.next()?.parse().ok()?,
+        it.next()?.parse().ok()?,
+        it.next()?.parse().ok()?,
+    );
+    it.next().is_none().then_some(v)
+}
+
+/// Bodies must be JSON (a missing content type is taken as JSON, like dropshot).
+pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    match headers.get(http::header::CONTENT_TYPE) {
+        None => Ok(()),
+        Some(v) => {
+            let ct = v.to_str().unwrap_or_default();
+            let mime = ct.split(';').next().unwrap_or_default().trim();
+            if mime.eq_ignore_ascii_case("application/json") {
+                Ok(())
+            } else {
+                Err(ApiError::bad_header(format!(
+                    "expected content type \"application/json\", got \"{ct}\""
+                )))
+            }
+        }
+    }
+}
+
+/// A successful reply.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// `value` as JSON with `status`.
+    pub fn json<T: Serialize>(status: StatusCode, value: &T) -> Result<Self, ApiError> {
+        let body = serde_json::to_vec(value).map_err(|_| ApiError::internal())?;
+        Ok(Self {
+            status,
+            body: Bytes::from(body),
+        })
+    }
+
+    /// 204 without a body.
+    pub fn no_content() -> Result<Self, ApiError> {
+        Ok(Self {
+            status: StatusCode::NO_CONTENT,
+            body: Bytes::new(),
+        })
+    }
+}
+
+/// Everything a handler may touch.
+pub struct Ctx<'a> {
+    pub store: &'a mut Store,
+    pub fx: &'a mut Effects,
+    pub env: &'a Env<'a>,
+    pub pool: &'a AddressPool,
+    pub query: &'a Query,
+    pub params: &'a [String],
+    pub body: &'a Bytes,
+}
+
+impl Ctx<'_> {
+    /// Path parameter `i` (routes guarantee their count).
+    pub fn param(&self, i: usize) -> &str {
+        self.params.get(i).map(String::as_str).unwrap_or_default()
+    }
+
+    /// The optional `project` query parameter.
+    pub fn project(&self) -> Option<&str> {
+        self.query.get("project").map(String::as_str)
+    }
+
+    /// The required `project` query parameter of create routes.
+    pub fn required_project(&self) -> Result<&str, ApiError> {
+        self.project()
+            .ok_or_else(|| ApiError::bad_query("missing field `project`"))
+    }
+
+    /// The JSON body as `T`.
+    pub fn body<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        serde_json::from_slice(self.body).map_err(ApiError::bad_body)
+    }
+}
+
+/// Applies nexus's name rules to a name from a request body.
+pub fn body_name(n: &types::Name) -> Result<(), ApiError> {
+    names::check_name(n.as_str()).map_err(ApiError::bad_body)
+}
+
+/// Runs the handler of `spec`.
+pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    match spec.op {
+        Op::ProjectList => project_list(cx),
+        Op::ProjectCreate => project_create(cx),
+        Op::ProjectView => project_view(cx),
+        Op::ImageList => storage::image_list(cx),
+        Op::ImageCreate => storage::image_create(cx),
+        Op::ImageView => storage::image_view(cx),
+        Op::DiskList => storage::disk_list(cx),
+        Op::DiskCreate => storage::disk_create(cx),
+        Op::DiskView => storage::disk_view(cx),
+        Op::DiskDelete => storage::disk_delete(cx),
+        Op::DiskBulkWrite => storage::bulk_write(cx),
+        Op::DiskBulkWriteStart => storage::bulk_write_start(cx),
+        Op::DiskBulkWriteStop => storage::bulk_write_stop(cx),
+        Op::DiskFinalize => storage::finalize(cx),
+        Op::SnapshotList => storage::snapshot_list(cx),
+        Op::SnapshotView => storage::snapshot_view(cx),
+        Op::SnapshotDelete => storage::snapshot_delete(cx),
+        Op::FloatingIpList => network::fip_list(cx),
+        Op::FloatingIpCreate => network::fip_create(cx),
+        Op::FloatingIpView => network::fip_view(cx),
+        Op::FloatingIpDelete => network::fip_delete(cx),
+        Op::FloatingIpAttach => network::fip_attach(cx),
+        Op::FloatingIpDetach => network::fip_detach(cx),
+        Op::InstanceList => instances::list(cx),
+        Op::InstanceCreate => instances::create(cx),
+        Op::InstanceView => instances::view(cx),
+        Op::InstanceDelete => instances::delete(cx),
+        Op::InstanceStart => instances::start(cx),
+        Op::InstanceStop => instances::stop(cx),
+        Op::InstanceReboot => instances::reboot(cx),
+        Op::InstanceExternalIps => instances::external_ips(cx),
+        Op::InstanceDisks => instances::disks(cx),
+        Op::InstanceSerialConsole => instances::serial_console(cx),
+        Op::GroupList => network::group_list(cx),
+        Op::GroupCreate => network::group_create(cx),
+        Op::GroupView => network::group_view(cx),
+        Op::GroupMemberList => network::group_member_list(cx),
+        Op::GroupMemberAdd => network::group_member_add(cx),
+    }
+}
+
+fn project_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let lp = ListParams::parse("projects", cx.query)?;
+    let items = cx
+        .store
+        .projects
+        .values()
+        .map(|p| (p.name.to_string(), p.id, p.view()))
+        .collect();
+    Reply::json(StatusCode::OK, &lp.page(items))
+}
+
+fn project_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let body: types::ProjectCreate = cx.body()?;
+    body_name(&body.name)?;
+    if cx.store.projects.values().any(|p| p.name == body.name) {
+        return Err(ApiError::already_exists("project", body.name.as_str()));
+    }
+    let id = uuid::Uuid::new_v4();
+    let project = Project {
+        id,
+        name: body.name,
+        description: body.description,
+        times: Times::now(),
+    };
+    let view = project.view();
+    cx.store.projects.insert(id, project);
+    Reply::json(StatusCode::CREATED, &view)
+}
+
+fn project_view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let r = super::store::path_ref(cx.param(0))?;
+    let id = cx.store.project_id(&r)?;
+    let view = cx
+        .store
+        .projects
+        .get(&id)
+        .map(Project::view)
+        .ok_or_else(ApiError::internal)?;
+    Reply::json(StatusCode::OK, &view)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_matches_itself_and_only_itself() {
+        for spec in ROUTES {
+            let path = spec
+                .template
+                .split('/')
+                .map(|s| if s.starts_with('{') { "x1" } else { s })
+                .collect::<Vec<_>>()
+                .join("/");
+            let method = Method::from_bytes(spec.method.as_bytes()).unwrap();
+            let (found, params) = match_route(&method, &path).unwrap();
+            assert_eq!(found.template, spec.template);
+            assert_eq!(params.len(), spec.template.matches('{').count());
+        }
+        assert_eq!(
+            match_route(&Method::PATCH, "/v1/projects")
+                .unwrap_err()
+                .status,
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(
+            match_route(&Method::GET, "/v1/nope").unwrap_err().status,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            match_route(&Method::GET, "/v1/projects/")
+                .unwrap_err()
+                .status,
+            StatusCode::NOT_FOUND
+        );
+    }
+
+    #[test]
+    fn query_strings_decode_and_refuse_duplicates() {
+        let q = parse_query(Some("project=my%2Dproj&limit=5&x")).unwrap();
+        assert_eq!(q["project"], "my-proj");
+        assert_eq!(q["x"], "");
+        assert!(parse_query(Some("a=1&a=2")).is_err());
+        assert!(parse_query(Some("a=%zz")).is_err());
+        assert!(parse_query(Some("a=%ff")).is_err());
+        assert!(parse_query(Some("a=%")).is_err());
+    }
+
+    #[test]
+    fn api_version_newer_than_the_server_is_refused() {
+        let mut h = HeaderMap::new();
+        assert!(check_api_version(&h).is_ok());
+        h.insert("api-version", SERVER_API_VERSION.parse().unwrap());
+        assert!(check_api_version(&h).is_ok());
+        h.insert("api-version", "2026081901.0.0".parse().unwrap());
+        assert!(check_api_version(&h).is_ok());
+        h.insert("api-version", "2099010100.0.0".parse().unwrap());
+        let e = check_api_version(&h).unwrap_err();
+        assert!(
+            e.message
+                .contains("server does not support this API version")
+        );
+        h.insert("api-version", "latest".parse().unwrap());
+        assert!(check_api_version(&h).is_err());
+    }
+}

@@ -1,0 +1,762 @@
+//! The simulated rack's state: projects, instances, disks, snapshots, images, floating IPs,
+//! anti-affinity groups and the user's SSH keys, plus the lookups (selectors) and the
+//! conversions to the SDK's view types.
+//!
+//! Everything here is synchronous and runs under the simulator's single lock; no I/O, no
+//! timers and no callbacks live in this module.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use oxide::types;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::names::{Ref, parse_ref};
+
+/// Serial console history kept per instance.
+pub const CONSOLE_LIMIT: usize = 1024 * 1024;
+
+/// Sparse disk contents: offset → non-zero chunk written there. Shared (copy-on-write) between
+/// a disk, its snapshots and images made from them.
+pub type Blocks = Arc<BTreeMap<u64, Vec<u8>>>;
+
+/// Instance run state (the subset of nexus states the simulator produces).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunState {
+    /// Being created (only with a non-zero `create_to_starting`).
+    Creating,
+    /// Booting.
+    Starting,
+    /// Running.
+    Running,
+    /// Shutting down.
+    Stopping,
+    /// Stopped (no VMM).
+    Stopped,
+    /// Rebooting.
+    Rebooting,
+    /// Failed.
+    Failed,
+}
+
+impl RunState {
+    /// Wire name.
+    pub fn label(self) -> &'static str {
+        match self {
+            RunState::Creating => "creating",
+            RunState::Starting => "starting",
+            RunState::Running => "running",
+            RunState::Stopping => "stopping",
+            RunState::Stopped => "stopped",
+            RunState::Rebooting => "rebooting",
+            RunState::Failed => "failed",
+        }
+    }
+
+    fn view(self) -> types::InstanceState {
+        match self {
+            RunState::Creating => types::InstanceState::Creating,
+            RunState::Starting => types::InstanceState::Starting,
+            RunState::Running => types::InstanceState::Running,
+            RunState::Stopping => types::InstanceState::Stopping,
+            RunState::Stopped => types::InstanceState::Stopped,
+            RunState::Rebooting => types::InstanceState::Rebooting,
+            RunState::Failed => types::InstanceState::Failed,
+        }
+    }
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.label())
+    }
+}
+
+/// Disk state (the subset the simulator produces).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DiskState {
+    /// Created for import, waiting for `bulk-write-start` or `finalize`.
+    ImportReady,
+    /// Accepting bulk writes.
+    ImportingFromBulkWrites,
+    /// Usable, not attached.
+    Detached,
+    /// Attached to an instance.
+    Attached(Uuid),
+    /// Unavailable (settable only by seeding).
+    Faulted,
+}
+
+impl DiskState {
+    /// Wire name.
+    pub fn label(self) -> &'static str {
+        match self {
+            DiskState::ImportReady => "import_ready",
+            DiskState::ImportingFromBulkWrites => "importing_from_bulk_writes",
+            DiskState::Detached => "detached",
+            DiskState::Attached(_) => "attached",
+            DiskState::Faulted => "faulted",
+        }
+    }
+
+    /// omicron's `Debug` rendering, which appears in some of its messages.
+    pub fn debug_name(self) -> &'static str {
+        match self {
+            DiskState::ImportReady => "ImportReady",
+            DiskState::ImportingFromBulkWrites => "ImportingFromBulkWrites",
+            DiskState::Detached => "Detached",
+            DiskState::Attached(_) => "Attached",
+            DiskState::Faulted => "Faulted",
+        }
+    }
+
+    fn view(self) -> types::DiskState {
+        match self {
+            DiskState::ImportReady => types::DiskState::ImportReady,
+            DiskState::ImportingFromBulkWrites => types::DiskState::ImportingFromBulkWrites,
+            DiskState::Detached => types::DiskState::Detached,
+            DiskState::Attached(i) => types::DiskState::Attached(i),
+            DiskState::Faulted => types::DiskState::Faulted,
+        }
+    }
+}
+
+/// Creation/modification timestamps shared by every resource.
+#[derive(Clone, Copy, Debug)]
+pub struct Times {
+    pub created: DateTime<Utc>,
+    pub modified: DateTime<Utc>,
+}
+
+impl Times {
+    pub fn now() -> Self {
+        let t = Utc::now();
+        Self {
+            created: t,
+            modified: t,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Project {
+    pub id: Uuid,
+    pub name: types::Name,
+    pub description: String,
+    pub times: Times,
+}
+
+/// Bounded serial console history with absolute offsets.
+#[derive(Clone, Debug, Default)]
+pub struct Console {
+    /// Retained bytes (the most recent `CONSOLE_LIMIT`).
+    pub buf: VecDeque<u8>,
+    /// Bytes written since the VMM started (absolute offset of the end of `buf`).
+    pub total: u64,
+}
+
+impl Console {
+    pub fn append(&mut self, bytes: &[u8]) {
+        let keep = bytes.len().min(CONSOLE_LIMIT);
+        let tail = bytes.get(bytes.len() - keep..).unwrap_or_default();
+        self.buf.extend(tail.iter().copied());
+        while self.buf.len() > CONSOLE_LIMIT {
+            self.buf.pop_front();
+        }
+        self.total = self
+            .total
+            .saturating_add(u64::try_from(bytes.len()).unwrap_or(u64::MAX));
+    }
+
+    /// Absolute offset of the first retained byte.
+    pub fn start(&self) -> u64 {
+        self.total
+            .saturating_sub(u64::try_from(self.buf.len()).unwrap_or(u64::MAX))
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Instance {
+    pub id: Uuid,
+    pub project_id: Uuid,
+    pub name: types::Name,
+    pub description: String,
+    pub hostname: String,
+    pub ncpus: u16,
+    pub memory: u64,
+    pub state: RunState,
+    /// Bumped on every state change; a timer only fires if the generation it was armed with
+    /// is still current, which cancels stale transitions.
+    pub generation: u64,
+    pub times: Times,
+    pub time_run_state_updated: DateTime<Utc>,
+    pub user_data: Vec<u8>,
+    /// Public key material resolved from `ssh_public_keys` at create time.
+    pub ssh_keys: Vec<String>,
+    pub boot_disk_id: Option<Uuid>,
+    pub ephemeral_ips: Vec<Ipv4Addr>,
+    pub snat_first_port: u16,
+    pub auto_restart_policy: Option<types::InstanceAutoRestartPolicy>,
+    pub cpu_platform: Option<types::InstanceCpuPlatform>,
+    pub console: Console,
+}
+
+#[derive(Clone, Debug)]
+pub struct Disk {
+    pub id: Uuid,
+    pub project_id: Uuid,
+    pub name: types::Name,
+    pub description: String,
+    pub size: u64,
+    pub block_size: types::BlockSize,
+    pub state: DiskState,
+    pub image_id: Option<Uuid>,
+    pub snapshot_id: Option<Uuid>,
+    pub read_only: bool,
+    pub data: Blocks,
+    pub times: Times,
+}
+
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pub id: Uuid,
+    pub project_id: Uuid,
+    pub name: types::Name,
+    pub description: String,
+    pub disk_id: Uuid,
+    pub size: u64,
+    pub block_size: types::BlockSize,
+    pub data: Blocks,
+    pub times: Times,
+}
+
+#[derive(Clone, Debug)]
+pub struct Image {
+    pub id: Uuid,
+    /// `None` for silo images.
+    pub project_id: Option<Uuid>,
+    pub name: types::Name,
+    pub description: String,
+    pub os: String,
+    pub version: String,
+    pub size: u64,
+    pub block_size: types::BlockSize,
+    pub data: Blocks,
+    pub times: Times,
+}
+
+#[derive(Clone, Debug)]
+pub struct FloatingIp {
+    pub id: Uuid,
+    pub project_id: Uuid,
+    pub name: types::Name,
+    pub description: String,
+    pub ip: Ipv4Addr,
+    pub instance_id: Option<Uuid>,
+    pub times: Times,
+}
+
+#[derive(Clone, Debug)]
+pub struct AntiAffinityGroup {
+    pub id: Uuid,
+    pub project_id: Uuid,
+    pub name: types::Name,
+    pub description: String,
+    pub policy: types::AffinityPolicy,
+    pub failure_domain: types::FailureDomain,
+    /// Member instance ids, in insertion order.
+    pub members: Vec<Uuid>,
+    pub times: Times,
+}
+
+#[derive(Clone, Debug)]
+pub struct SshKey {
+    pub id: Uuid,
+    pub name: String,
+    pub public_key: String,
+}
+
+/// A resource that lives in a project under a unique name.
+pub trait Named {
+    fn name(&self) -> &str;
+    fn project(&self) -> Option<Uuid>;
+}
+
+macro_rules! named {
+    ($t:ty) => {
+        impl Named for $t {
+            fn name(&self) -> &str {
+                self.name.as_str()
+            }
+            fn project(&self) -> Option<Uuid> {
+                Some(self.project_id)
+            }
+        }
+    };
+}
+named!(Instance);
+named!(Disk);
+named!(Snapshot);
+named!(FloatingIp);
+named!(AntiAffinityGroup);
+
+impl Named for Image {
+    fn name(&self) -> &str {
+        self.name.as_str()
+    }
+    fn project(&self) -> Option<Uuid> {
+        self.project_id
+    }
+}
+
+/// Kind of resource, for messages: `(not-found name, selector name)`.
+#[derive(Clone, Copy, Debug)]
+pub struct Kind {
+    /// omicron `ResourceType` display name (`floating-ip`).
+    pub resource: &'static str,
+    /// Name used in selector errors (`Floating IP`).
+    pub selector: &'static str,
+}
+
+pub const INSTANCE: Kind = Kind {
+    resource: "instance",
+    selector: "instance",
+};
+pub const DISK: Kind = Kind {
+    resource: "disk",
+    selector: "disk",
+};
+pub const SNAPSHOT: Kind = Kind {
+    resource: "snapshot",
+    selector: "snapshot",
+};
+pub const IMAGE: Kind = Kind {
+    resource: "image",
+    selector: "image",
+};
+pub const FLOATING_IP: Kind = Kind {
+    resource: "floating-ip",
+    selector: "Floating IP",
+};
+pub const ANTI_AFFINITY_GROUP: Kind = Kind {
+    resource: "anti-affinity-group",
+    selector: "anti-affinity group",
+};
+
+/// All state of one simulated rack (one silo).
+#[derive(Debug)]
+pub struct Store {
+    pub projects: BTreeMap<Uuid, Project>,
+    pub instances: BTreeMap<Uuid, Instance>,
+    pub disks: BTreeMap<Uuid, Disk>,
+    pub snapshots: BTreeMap<Uuid, Snapshot>,
+    pub images: BTreeMap<Uuid, Image>,
+    pub floating_ips: BTreeMap<Uuid, FloatingIp>,
+    pub groups: BTreeMap<Uuid, AntiAffinityGroup>,
+    pub ssh_keys: BTreeMap<Uuid, SshKey>,
+    /// Id of the single IP pool (`default`).
+    pub ip_pool_id: Uuid,
+    /// Address shared by all instances for outbound NAT.
+    pub snat_ip: Option<Ipv4Addr>,
+    /// Round-robin counter for SNAT port ranges.
+    pub snat_next: u16,
+}
+
+/// Parses a path parameter selector.
+pub fn path_ref(raw: &str) -> Result<Ref, ApiError> {
+    parse_ref(raw).map_err(|e| ApiError::bad_path(format!("unable to parse '{raw}': {e}")))
+}
+
+/// Parses a query parameter selector.
+pub fn query_ref(raw: &str) -> Result<Ref, ApiError> {
+    parse_ref(raw).map_err(ApiError::bad_query)
+}
+
+impl Store {
+    pub fn new(snat_ip: Option<Ipv4Addr>) -> Self {
+        Self {
+            projects: BTreeMap::new(),
+            instances: BTreeMap::new(),
+            disks: BTreeMap::new(),
+            snapshots: BTreeMap::new(),
+            images: BTreeMap::new(),
+            floating_ips: BTreeMap::new(),
+            groups: BTreeMap::new(),
+            ssh_keys: BTreeMap::new(),
+            ip_pool_id: Uuid::new_v4(),
+            snat_ip,
+            snat_next: 0,
+        }
+    }
+
+    /// Resolves a project selector.
+    pub fn project_id(&self, r: &Ref) -> Result<Uuid, ApiError> {
+        match r {
+            Ref::Id(id) => self
+                .projects
+                .contains_key(id)
+                .then_some(*id)
+                .ok_or_else(|| ApiError::not_found_by_id("project", id)),
+            Ref::Name(n) => self
+                .projects
+                .values()
+                .find(|p| p.name.as_str() == n)
+                .map(|p| p.id)
+                .ok_or_else(|| ApiError::not_found_by_name("project", n)),
+        }
+    }
+
+    /// Resolves a raw `project` query parameter.
+    pub fn project_param(&self, raw: &str) -> Result<Uuid, ApiError> {
+        self.project_id(&query_ref(raw)?)
+    }
+
+    pub fn project_name(&self, id: Uuid) -> String {
+        self.projects
+            .get(&id)
+            .map(|p| p.name.to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// Finds a named resource by name inside `project` (`None` = silo scope).
+pub fn find_by_name<T: Named>(
+    map: &BTreeMap<Uuid, T>,
+    project: Option<Uuid>,
+    name: &str,
+) -> Option<Uuid> {
+    map.iter()
+        .find(|(_, v)| v.project() == project && v.name() == name)
+        .map(|(id, _)| *id)
+}
+
+/// Resolves a resource selector the way nexus does: an id alone, or a name with a project.
+pub fn select<T: Named>(
+    store: &Store,
+    map: &BTreeMap<Uuid, T>,
+    kind: Kind,
+    raw: &str,
+    project: Option<&str>,
+) -> Result<Uuid, ApiError> {
+    let r = path_ref(raw)?;
+    let project = project.map(query_ref).transpose()?;
+    select_ref(store, map, kind, &r, project.as_ref())
+}
+
+/// [`select`] on already-parsed selectors.
+pub fn select_ref<T: Named>(
+    store: &Store,
+    map: &BTreeMap<Uuid, T>,
+    kind: Kind,
+    r: &Ref,
+    project: Option<&Ref>,
+) -> Result<Uuid, ApiError> {
+    match (r, project) {
+        (Ref::Id(id), None) => map
+            .contains_key(id)
+            .then_some(*id)
+            .ok_or_else(|| ApiError::not_found_by_id(kind.resource, id)),
+        (Ref::Name(name), Some(p)) => {
+            let pid = store.project_id(p)?;
+            find_by_name(map, Some(pid), name)
+                .ok_or_else(|| ApiError::not_found_by_name(kind.resource, name))
+        }
+        (Ref::Id(_), Some(_)) => Err(ApiError::invalid_request(format!(
+            "when providing {} as an ID project should not be specified",
+            kind.selector
+        ))),
+        (Ref::Name(_), None) => Err(ApiError::invalid_request(format!(
+            "{} should either be UUID or project should be specified",
+            kind.selector
+        ))),
+    }
+}
+
+// ---- views -------------------------------------------------------------------------------
+
+impl Project {
+    pub fn view(&self) -> types::Project {
+        types::Project {
+            description: self.description.clone(),
+            id: self.id,
+            name: self.name.clone(),
+            time_created: self.times.created,
+            time_modified: self.times.modified,
+        }
+    }
+}
+
+impl Instance {
+    pub fn view(&self) -> types::Instance {
+        types::Instance {
+            auto_restart_cooldown_expiration: None,
+            auto_restart_enabled: !matches!(
+                self.auto_restart_policy,
+                Some(types::InstanceAutoRestartPolicy::Never)
+            ),
+            auto_restart_policy: self.auto_restart_policy,
+            boot_disk_id: self.boot_disk_id,
+            cpu_platform: self.cpu_platform,
+            description: self.description.clone(),
+            enable_jumbo_frames: false,
+            hostname: self.hostname.clone(),
+            id: self.id,
+            memory: types::ByteCount(self.memory),
+            name: self.name.clone(),
+            ncpus: types::InstanceCpuCount(self.ncpus),
+            project_id: self.project_id,
+            run_state: self.state.view(),
+            time_created: self.times.created,
+            time_last_auto_restarted: None,
+            time_modified: self.times.modified,
+            time_run_state_updated: self.time_run_state_updated,
+        }
+    }
+}
+
+impl Disk {
+    pub fn view(&self) -> types::Disk {
+        types::Disk {
+            block_size: self.block_size.clone(),
+            description: self.description.clone(),
+            device_path: format!("/mnt/{}", self.name.as_str()),
+            disk_type: types::DiskType::Distributed,
+            id: self.id,
+            image_id: self.image_id,
+            name: self.name.clone(),
+            project_id: self.project_id,
+            read_only: self.read_only,
+            size: types::ByteCount(self.size),
+            snapshot_id: self.snapshot_id,
+            state: self.state.view(),
+            time_created: self.times.created,
+            time_modified: self.times.modified,
+        }
+    }
+}
+
+impl Snapshot {
+    pub fn view(&self) -> types::Snapshot {
+        types::Snapshot {
+            description: self.description.clone(),
+            disk_id: self.disk_id,
+            id: self.id,
+            name: self.name.clone(),
+            project_id: self.project_id,
+            size: types::ByteCount(self.size),
+            state: types::SnapshotState::Ready,
+            time_created: self.times.created,
+            time_modified: self.times.modified,
+        }
+    }
+}
+
+impl Image {
+    pub fn view(&self) -> types::Image {
+        types::Image {
+            block_size: self.block_size.clone(),
+            description: self.description.clone(),
+            digest: None,
+            id: self.id,
+            name: self.name.clone(),
+            os: self.os.clone(),
+            project_id: self.project_id,
+            size: types::ByteCount(self.size),
+            time_created: self.times.created,
+            time_modified: self.times.modified,
+            version: self.version.clone(),
+        }
+    }
+}
+
+impl FloatingIp {
+    pub fn view(&self, pool: Uuid) -> types::FloatingIp {
+        types::FloatingIp {
+            description: self.description.clone(),
+            id: self.id,
+            instance_id: self.instance_id,
+            ip: IpAddr::V4(self.ip),
+            ip_pool_id: pool,
+            name: self.name.clone(),
+            project_id: self.project_id,
+            time_created: self.times.created,
+            time_modified: self.times.modified,
+        }
+    }
+
+    pub fn external_view(&self, pool: Uuid) -> types::ExternalIp {
+        types::ExternalIp::Floating {
+            description: self.description.clone(),
+            id: self.id,
+            instance_id: self.instance_id,
+            ip: IpAddr::V4(self.ip),
+            ip_pool_id: pool,
+            name: self.name.clone(),
+            project_id: self.project_id,
+            time_created: self.times.created,
+            time_modified: self.times.modified,
+        }
+    }
+}
+
+impl AntiAffinityGroup {
+    pub fn view(&self) -> types::AntiAffinityGroup {
+        types::AntiAffinityGroup {
+            description: self.description.clone(),
+            failure_domain: self.failure_domain,
+            id: self.id,
+            name: self.name.clone(),
+            policy: self.policy,
+            project_id: self.project_id,
+            time_created: self.times.created,
+            time_modified: self.times.modified,
+        }
+    }
+}
+
+impl Store {
+    /// Member view of instance `id` (for anti-affinity group member lists).
+    pub fn member_view(&self, id: Uuid) -> Option<types::AntiAffinityGroupMember> {
+        self.instances
+            .get(&id)
+            .map(|i| types::AntiAffinityGroupMember::Instance {
+                id: i.id,
+                name: i.name.clone(),
+                run_state: i.state.view(),
+            })
+    }
+
+    /// Floating IPs attached to instance `id`.
+    pub fn floating_of(&self, id: Uuid) -> impl Iterator<Item = &FloatingIp> {
+        self.floating_ips
+            .values()
+            .filter(move |f| f.instance_id == Some(id))
+    }
+
+    /// Ephemeral and attached floating addresses of instance `id` (what is reachable).
+    pub fn reachable_ips(&self, id: Uuid) -> Vec<IpAddr> {
+        let mut ips: Vec<IpAddr> = self
+            .instances
+            .get(&id)
+            .map(|i| i.ephemeral_ips.iter().map(|ip| IpAddr::V4(*ip)).collect())
+            .unwrap_or_default();
+        ips.extend(self.floating_of(id).map(|f| IpAddr::V4(f.ip)));
+        ips
+    }
+
+    /// Everything, for leak checks and debugging.
+    pub fn dump(&self) -> Value {
+        let projects: Vec<Value> = self
+            .projects
+            .values()
+            .map(|p| json!({"id": p.id, "name": p.name}))
+            .collect();
+        let instances: Vec<Value> = self
+            .instances
+            .values()
+            .map(|i| {
+                let disks: Vec<String> = self
+                    .disks
+                    .values()
+                    .filter(|d| d.state == DiskState::Attached(i.id))
+                    .map(|d| d.name.to_string())
+                    .collect();
+                json!({
+                    "id": i.id,
+                    "name": i.name,
+                    "project": self.project_name(i.project_id),
+                    "state": i.state.label(),
+                    "description": i.description,
+                    "hostname": i.hostname,
+                    "external_ips": self.reachable_ips(i.id),
+                    "disks": disks,
+                })
+            })
+            .collect();
+        let disks: Vec<Value> = self
+            .disks
+            .values()
+            .map(|d| {
+                json!({
+                    "id": d.id,
+                    "name": d.name,
+                    "project": self.project_name(d.project_id),
+                    "state": d.state.label(),
+                    "instance": match d.state { DiskState::Attached(i) => Some(i), _ => None },
+                    "size": d.size,
+                    "bytes_written": written(&d.data),
+                })
+            })
+            .collect();
+        let snapshots: Vec<Value> = self
+            .snapshots
+            .values()
+            .map(|s| {
+                json!({
+                    "id": s.id,
+                    "name": s.name,
+                    "project": self.project_name(s.project_id),
+                    "disk_id": s.disk_id,
+                    "size": s.size,
+                })
+            })
+            .collect();
+        let images: Vec<Value> = self
+            .images
+            .values()
+            .map(|i| {
+                json!({
+                    "id": i.id,
+                    "name": i.name,
+                    "project": i.project_id.map(|p| self.project_name(p)),
+                    "os": i.os,
+                    "version": i.version,
+                    "size": i.size,
+                    "bytes_written": written(&i.data),
+                })
+            })
+            .collect();
+        let floating_ips: Vec<Value> = self
+            .floating_ips
+            .values()
+            .map(|f| {
+                json!({
+                    "id": f.id,
+                    "name": f.name,
+                    "project": self.project_name(f.project_id),
+                    "ip": f.ip,
+                    "instance": f.instance_id,
+                })
+            })
+            .collect();
+        let groups: Vec<Value> = self
+            .groups
+            .values()
+            .map(|g| {
+                json!({
+                    "id": g.id,
+                    "name": g.name,
+                    "project": self.project_name(g.project_id),
+                    "members": g.members,
+                })
+            })
+            .collect();
+        json!({
+            "projects": projects,
+            "instances": instances,
+            "disks": disks,
+            "snapshots": snapshots,
+            "images": images,
+            "floating_ips": floating_ips,
+            "anti_affinity_groups": groups,
+        })
+    }
+}
+
+fn written(b: &Blocks) -> usize {
+    b.values().map(Vec::len).sum()
+}

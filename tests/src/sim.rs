@@ -1,0 +1,357 @@
+//! Wiring: one simulator = the Oxide API ([`OxideSim`]) served over HTTP/1.1 on the listen
+//! address, the cluster twin, the simulated guests ([`Boot`]), the admin API on a second
+//! loopback port, and optionally a preset cluster. [`Sim::start`] builds it in-process (tests);
+//! the `oxide-sim` binary is a thin CLI over the same call.
+//!
+//! Owns start-up and shutdown order and the handle tests hold; the behaviour of each part lives
+//! in its own module.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::task::JoinHandle;
+
+use crate::admin::{self, AdminState};
+use crate::boot::{Boot, BootConfig};
+use crate::net::{Listeners, spawn_http};
+use crate::oxide::{AddressPool, FaultSpec, Faults, OxideSim, OxideSimConfig, Timings};
+use crate::preset::{self, Preset, PresetError};
+use crate::twin::{Twin, TwinConfig, TwinError};
+
+/// Everything a simulator is started with. `Default` gives fast timings, a random token, no
+/// faults, SSH on port 22 (needs root; tests pass a high port) and no preset.
+#[derive(Clone)]
+pub struct SimOptions {
+    /// Where the Oxide API listens (`127.0.0.1:0` picks a free port).
+    pub listen: SocketAddr,
+    /// Bearer token the API accepts; random when None.
+    pub token: Option<String>,
+    /// Instance lifecycle durations.
+    pub timings: Timings,
+    /// Faults active from the start (changeable at runtime through the admin API).
+    pub faults: FaultSpec,
+    /// Port the server VMs' sshd listens on.
+    pub ssh_port: u16,
+    /// From `running` to k3s starting.
+    pub k3s_boot: Duration,
+    /// From k3s starting (with a reachable server and the right token) to a Ready Node.
+    pub k3s_join: Duration,
+    /// Interval between k3s join attempts against an unreachable server URL.
+    pub join_retry: Duration,
+    /// k3s version reported when the install step does not pin one.
+    pub k3s_version: String,
+    /// Start with a running cluster.
+    pub preset: Option<Preset>,
+    /// Directory for files the simulator writes (the preset kubeconfig). None: a temporary
+    /// directory removed on shutdown.
+    pub state_dir: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SimOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimOptions")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("timings", &self.timings)
+            .field("faults", &self.faults)
+            .field("ssh_port", &self.ssh_port)
+            .field("k3s_boot", &self.k3s_boot)
+            .field("k3s_join", &self.k3s_join)
+            .field("join_retry", &self.join_retry)
+            .field("k3s_version", &self.k3s_version)
+            .field("preset", &self.preset)
+            .field("state_dir", &self.state_dir)
+            .finish()
+    }
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        let boot = BootConfig::default();
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            token: None,
+            timings: Timings::default(),
+            faults: FaultSpec::default(),
+            ssh_port: boot.ssh_port,
+            k3s_boot: boot.k3s_boot,
+            k3s_join: boot.k3s_join,
+            join_retry: boot.join_retry,
+            k3s_version: boot.k3s_version,
+            preset: None,
+            state_dir: None,
+        }
+    }
+}
+
+/// Why the simulator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A listen address could not be bound.
+    #[error("cannot listen on {addr}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The cluster twin could not be built (CA generation).
+    #[error("cannot build the cluster twin")]
+    Twin(#[source] TwinError),
+    /// The state directory could not be prepared.
+    #[error("cannot prepare the state directory {path}")]
+    StateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The preset cluster could not be built.
+    #[error("cannot build the preset cluster")]
+    Preset(#[source] PresetError),
+}
+
+/// Entry point; see [`Sim::start`].
+#[derive(Debug)]
+pub struct Sim;
+
+/// The one JSON line `oxide-sim` prints when ready.
+#[derive(Clone, Debug, Serialize)]
+struct ReadyLine<'a> {
+    oxide_host: &'a str,
+    oxide_token: &'a str,
+    admin_url: &'a str,
+    project: Option<&'a str>,
+    kubeconfig: Option<String>,
+}
+
+/// A running simulator. Dropping it stops every task it started; [`SimHandle::shutdown`]
+/// does the same and also removes the files it created.
+pub struct SimHandle {
+    /// Base URL of the Oxide API, `http://127.0.0.1:PORT`.
+    pub oxide_host: String,
+    /// Bearer token the Oxide API accepts.
+    pub oxide_token: String,
+    /// Base URL of the admin API, `http://127.0.0.1:PORT`.
+    pub admin_url: String,
+    /// Project of the preset cluster.
+    pub project: Option<String>,
+    /// Kubeconfig file of the preset cluster (server = the API floating IP).
+    pub kubeconfig: Option<PathBuf>,
+    oxide: OxideSim,
+    twin: Twin,
+    boot: Boot,
+    addresses: AddressPool,
+    faults: Faults,
+    tasks: Vec<JoinHandle<()>>,
+    temp_dir: Option<tempfile::TempDir>,
+}
+
+impl std::fmt::Debug for SimHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimHandle")
+            .field("oxide_host", &self.oxide_host)
+            .field("oxide_token", &"<redacted>")
+            .field("admin_url", &self.admin_url)
+            .field("project", &self.project)
+            .field("kubeconfig", &self.kubeconfig)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sim {
+    /// Starts a simulator on the current tokio runtime and returns once every listener is
+    /// up (and, with a preset, once the preset cluster is Ready).
+    pub async fn start(opts: SimOptions) -> Result<SimHandle, SimError> {
+        let token = opts.token.clone().unwrap_or_else(random_token);
+        let faults = Faults::default();
+        faults.set(opts.faults.clone());
+        let addresses = AddressPool::random();
+        let twin = Twin::new(TwinConfig {
+            k3s_version: opts.k3s_version.clone(),
+        })
+        .map_err(SimError::Twin)?;
+        let listeners = Listeners::new();
+        let boot = Boot::new(
+            BootConfig {
+                ssh_port: opts.ssh_port,
+                k3s_boot: opts.k3s_boot,
+                k3s_join: opts.k3s_join,
+                join_retry: opts.join_retry,
+                k3s_version: opts.k3s_version.clone(),
+            },
+            twin.clone(),
+            faults.clone(),
+            listeners,
+        );
+        let oxide = OxideSim::new(
+            OxideSimConfig {
+                token: token.clone(),
+                timings: opts.timings.clone(),
+                faults: faults.clone(),
+                addresses: addresses.clone(),
+            },
+            Arc::new(boot.clone()),
+        );
+        boot.attach(oxide.clone());
+
+        let bind = |addr: SocketAddr| async move {
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| SimError::Bind { addr, source })
+        };
+        let api_listener = bind(opts.listen).await?;
+        let api_addr = api_listener.local_addr().map_err(|source| SimError::Bind {
+            addr: opts.listen,
+            source,
+        })?;
+        let admin_bind = SocketAddr::from(([127, 0, 0, 1], 0));
+        let admin_listener = bind(admin_bind).await?;
+        let admin_addr = admin_listener
+            .local_addr()
+            .map_err(|source| SimError::Bind {
+                addr: admin_bind,
+                source,
+            })?;
+
+        let mut tasks = Vec::new();
+        let api = oxide.clone();
+        tasks.push(spawn_http(api_listener, move |req| {
+            let api = api.clone();
+            async move { api.handle(req).await }
+        }));
+        let admin_state = Arc::new(AdminState {
+            oxide: oxide.clone(),
+            twin: twin.clone(),
+            boot: boot.clone(),
+            faults: faults.clone(),
+        });
+        tasks.push(spawn_http(admin_listener, move |req| {
+            let state = admin_state.clone();
+            async move { admin::handle(&state, req).await }
+        }));
+        tracing::info!(oxide = %api_addr, admin = %admin_addr, "oxide-sim listening");
+
+        let mut handle = SimHandle {
+            oxide_host: format!("http://{api_addr}"),
+            oxide_token: token,
+            admin_url: format!("http://{admin_addr}"),
+            project: None,
+            kubeconfig: None,
+            oxide,
+            twin,
+            boot,
+            addresses,
+            faults,
+            tasks,
+            temp_dir: None,
+        };
+
+        if let Some(preset) = &opts.preset {
+            let dir = match &opts.state_dir {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir).map_err(|source| SimError::StateDir {
+                        path: dir.clone(),
+                        source,
+                    })?;
+                    dir.clone()
+                }
+                None => {
+                    let temp = tempfile::Builder::new()
+                        .prefix("oxide-sim-")
+                        .tempdir()
+                        .map_err(|source| SimError::StateDir {
+                            path: std::env::temp_dir(),
+                            source,
+                        })?;
+                    let path = temp.path().to_path_buf();
+                    handle.temp_dir = Some(temp);
+                    path
+                }
+            };
+            let built = preset::build(&handle, preset, &dir)
+                .await
+                .map_err(SimError::Preset)?;
+            handle.project = Some(built.project);
+            handle.kubeconfig = Some(built.kubeconfig);
+        }
+        Ok(handle)
+    }
+}
+
+impl SimHandle {
+    /// The Oxide side (direct access: seeding, console, dump).
+    pub fn oxide(&self) -> &OxideSim {
+        &self.oxide
+    }
+
+    /// The cluster twin (direct object access).
+    pub fn twin(&self) -> &Twin {
+        &self.twin
+    }
+
+    /// The guest simulation (cluster membership).
+    pub fn boot(&self) -> &Boot {
+        &self.boot
+    }
+
+    /// The runtime-mutable faults.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+
+    /// The loopback address pool floating and ephemeral IPs come from.
+    pub fn addresses(&self) -> &AddressPool {
+        &self.addresses
+    }
+
+    /// The JSON line `oxide-sim` prints once ready (no trailing newline).
+    pub fn ready_line(&self) -> String {
+        let line = ReadyLine {
+            oxide_host: &self.oxide_host,
+            oxide_token: &self.oxide_token,
+            admin_url: &self.admin_url,
+            project: self.project.as_deref(),
+            kubeconfig: self.kubeconfig.as_ref().map(|p| p.display().to_string()),
+        };
+        serde_json::to_string(&line).unwrap_or_default()
+    }
+
+    /// Stops every listener and task and removes the temporary files it created.
+    pub fn shutdown(mut self) {
+        self.stop();
+        if let Some(temp) = self.temp_dir.take()
+            && let Err(err) = temp.close()
+        {
+            tracing::warn!(error = %err, "cannot remove the temporary directory");
+        }
+    }
+
+    fn stop(&mut self) {
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+        self.boot.shutdown();
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn random_token() -> String {
+    use rand::RngExt as _;
+    let mut rng = rand::rng();
+    let chars: Vec<char> = ('a'..='z').chain('0'..='9').collect();
+    let body: String = (0..40)
+        .map(|_| chars[rng.random_range(0..chars.len())])
+        .collect();
+    format!("oxide-token-{body}")
+}

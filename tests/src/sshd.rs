@@ -1,0 +1,557 @@
+//! The SSH server of a simulated control-plane VM.
+//!
+//! This module owns the russh server that stands in for a VM's OpenSSH: its own ed25519 host
+//! key (printed on the serial console the way cloud-init prints it), public-key
+//! authentication only (decided by [`SshBackend::authorized`]), and a tiny command
+//! interpreter for exactly what the product runs:
+//!
+//! | command | effect |
+//! |---|---|
+//! | `cat PATH`, `sudo cat PATH`, `sudo -n cat PATH` | stdout = [`SshBackend::read_file`], or stderr + exit 1 |
+//! | `true` | exit 0 |
+//! | `hostname` | prints [`SshBackend::hostname`] |
+//! | `sudo -n tee PATH [> /dev/null]`, `cat > PATH` | stdin until EOF → [`SshBackend::write_file`] |
+//! | `sudo -n install -m MODE /dev/null PATH && sudo -n tee PATH > /dev/null` | the same upload |
+//!
+//! Anything else gets stderr "command not found" and exit 127. What the files contain (the
+//! kubeconfig, the node token) is the backend's business, not this module's.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use russh::keys::ssh_key::private::Ed25519Keypair;
+use russh::keys::{HashAlg, PrivateKey, PublicKey};
+use russh::server::{
+    self, Auth, ChannelOpenHandle, Msg, PublicKeyOffer, Server as _, Session, VerifiedPublicKey,
+};
+use russh::{Channel, ChannelId, MethodKind, MethodSet};
+
+/// Largest upload accepted on one channel; beyond it the upload fails (exit 1).
+const MAX_UPLOAD: usize = 256 * 1024 * 1024;
+
+/// What a simulated VM exposes over SSH.
+pub trait SshBackend: Send + Sync + 'static {
+    /// Whether `key` may log in as `user` (its cloud-init authorized keys + the API's).
+    fn authorized(&self, user: &str, key: &PublicKey) -> bool;
+    /// Contents of a file for `cat PATH` / `sudo cat PATH`; None → "No such file or directory", exit 1.
+    fn read_file(&self, path: &str) -> Option<Vec<u8>>;
+    /// Accept an upload (`cat > PATH` / `sudo -n tee PATH`); false → "Permission denied", exit 1.
+    fn write_file(&self, _path: &str, _data: &[u8]) -> bool {
+        false
+    }
+    /// What `hostname` prints.
+    fn hostname(&self) -> String {
+        String::from("localhost")
+    }
+}
+
+/// One VM's SSH identity (its host key) and server.
+#[derive(Clone)]
+pub struct SshHost {
+    key: Arc<PrivateKey>,
+}
+
+impl std::fmt::Debug for SshHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SshHost")
+            .field("fingerprint", &self.fingerprint())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SshHost {
+    /// A fresh ed25519 host key.
+    pub fn generate() -> SshHost {
+        let seed: [u8; 32] = rand::random();
+        SshHost::from_key(PrivateKey::from(Ed25519Keypair::from_seed(&seed)))
+    }
+
+    /// A host with a given key (to keep the identity across a simulated reboot).
+    pub fn from_key(key: PrivateKey) -> SshHost {
+        SshHost { key: Arc::new(key) }
+    }
+
+    /// The public host key.
+    pub fn public_key(&self) -> &PublicKey {
+        self.key.public_key()
+    }
+
+    /// `SHA256:<base64 no padding>`, as OpenSSH prints it.
+    pub fn fingerprint(&self) -> String {
+        self.key
+            .public_key()
+            .fingerprint(HashAlg::Sha256)
+            .to_string()
+    }
+
+    /// The block cloud-init writes to the serial console, byte for byte.
+    pub fn console_fingerprints(&self, hostname: &str) -> String {
+        format!(
+            "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n256 {} root@{hostname} (ED25519)\n-----END SSH HOST KEY FINGERPRINTS-----\n",
+            self.fingerprint()
+        )
+    }
+
+    /// Serve SSH on `listener` until the task is aborted.
+    pub async fn serve(&self, listener: tokio::net::TcpListener, backend: Arc<dyn SshBackend>) {
+        let config = Arc::new(server::Config {
+            keys: vec![(*self.key).clone()],
+            methods: MethodSet::from(&[MethodKind::PublicKey][..]),
+            // Constant-time rejection matters on a real host, not here; keep tests quick.
+            auth_rejection_time: Duration::from_millis(20),
+            auth_rejection_time_initial: Some(Duration::ZERO),
+            inactivity_timeout: Some(Duration::from_secs(300)),
+            nodelay: true,
+            ..Default::default()
+        });
+        let mut server = SimServer { backend };
+        loop {
+            // run_on_socket returns only on an accept error (e.g. out of file descriptors);
+            // a real sshd keeps going, so do we.
+            if let Err(err) = server.run_on_socket(Arc::clone(&config), &listener).await {
+                tracing::warn!(error = %err, "ssh accept failed; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            } else {
+                return;
+            }
+        }
+    }
+}
+
+struct SimServer {
+    backend: Arc<dyn SshBackend>,
+}
+
+impl server::Server for SimServer {
+    type Handler = Connection;
+
+    fn new_client(&mut self, _peer: Option<std::net::SocketAddr>) -> Connection {
+        Connection {
+            backend: Arc::clone(&self.backend),
+            uploads: HashMap::new(),
+        }
+    }
+
+    fn handle_session_error(&mut self, error: russh::Error) {
+        tracing::debug!(error = %error, "ssh session ended with an error");
+    }
+}
+
+/// Per-connection state: uploads in progress, by channel.
+struct Connection {
+    backend: Arc<dyn SshBackend>,
+    uploads: HashMap<ChannelId, Upload>,
+}
+
+struct Upload {
+    path: String,
+    data: Vec<u8>,
+    overflowed: bool,
+}
+
+impl Connection {
+    fn finish(session: &mut Session, channel: ChannelId, status: u32) -> Result<(), russh::Error> {
+        session.exit_status_request(channel, status)?;
+        session.eof(channel)?;
+        session.close(channel)
+    }
+}
+
+impl server::Handler for Connection {
+    type Error = russh::Error;
+
+    async fn auth_publickey_offered(
+        &mut self,
+        user: &str,
+        offer: PublicKeyOffer<'_>,
+    ) -> Result<Auth, Self::Error> {
+        Ok(if self.backend.authorized(user, offer.public_key) {
+            Auth::Accept
+        } else {
+            Auth::reject()
+        })
+    }
+
+    async fn auth_publickey(
+        &mut self,
+        user: &str,
+        key: VerifiedPublicKey<'_>,
+    ) -> Result<Auth, Self::Error> {
+        Ok(if self.backend.authorized(user, key.public_key) {
+            Auth::Accept
+        } else {
+            Auth::reject()
+        })
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        _channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        // Everything is driven through the handler callbacks; the Channel object is dropped
+        // so russh never blocks on forwarding messages to an unread receiver.
+        reply.accept().await;
+        Ok(())
+    }
+
+    async fn shell_request(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_failure(channel)
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        channel: ChannelId,
+        _name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_failure(channel)
+    }
+
+    async fn exec_request(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_success(channel)?;
+        let command = String::from_utf8_lossy(data);
+        match parse_command(&command) {
+            Command::True => Self::finish(session, channel, 0),
+            Command::Hostname => {
+                session.data(
+                    channel,
+                    format!("{}\n", self.backend.hostname()).into_bytes(),
+                )?;
+                Self::finish(session, channel, 0)
+            }
+            Command::Cat(path) => match self.backend.read_file(&path) {
+                Some(bytes) => {
+                    session.data(channel, bytes)?;
+                    Self::finish(session, channel, 0)
+                }
+                None => {
+                    session.extended_data(
+                        channel,
+                        1,
+                        format!("cat: {path}: No such file or directory\n").into_bytes(),
+                    )?;
+                    Self::finish(session, channel, 1)
+                }
+            },
+            Command::Upload(path) => {
+                self.uploads.insert(
+                    channel,
+                    Upload {
+                        path,
+                        data: Vec::new(),
+                        overflowed: false,
+                    },
+                );
+                Ok(())
+            }
+            Command::NotFound(program) => {
+                session.extended_data(
+                    channel,
+                    1,
+                    format!("sh: 1: {program}: command not found\n").into_bytes(),
+                )?;
+                Self::finish(session, channel, 127)
+            }
+        }
+    }
+
+    async fn data(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if let Some(upload) = self.uploads.get_mut(&channel) {
+            if upload.data.len() + data.len() > MAX_UPLOAD {
+                upload.overflowed = true;
+                upload.data = Vec::new();
+            } else if !upload.overflowed {
+                upload.data.extend_from_slice(data);
+            }
+        }
+        Ok(())
+    }
+
+    async fn channel_eof(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some(upload) = self.uploads.remove(&channel) else {
+            return Ok(());
+        };
+        if upload.overflowed {
+            session.extended_data(
+                channel,
+                1,
+                format!("tee: {}: No space left on device\n", upload.path).into_bytes(),
+            )?;
+            return Self::finish(session, channel, 1);
+        }
+        if self.backend.write_file(&upload.path, &upload.data) {
+            Self::finish(session, channel, 0)
+        } else {
+            session.extended_data(
+                channel,
+                1,
+                format!("tee: {}: Permission denied\n", upload.path).into_bytes(),
+            )?;
+            Self::finish(session, channel, 1)
+        }
+    }
+
+    async fn channel_close(
+        &mut self,
+        channel: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.uploads.remove(&channel);
+        Ok(())
+    }
+}
+
+/// What an exec request asks for.
+#[derive(Debug, PartialEq, Eq)]
+enum Command {
+    True,
+    Hostname,
+    Cat(String),
+    Upload(String),
+    /// Unsupported; carries the program name for the error message.
+    NotFound(String),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Token {
+    Word(String),
+    /// An unquoted shell operator: `&&`, `>`, `|`, `;`, `<`, `&`.
+    Op(String),
+}
+
+/// Split a command line like a POSIX shell would (quotes, backslashes, operators); `None`
+/// for unterminated quotes.
+fn tokenize(line: &str) -> Option<Vec<Token>> {
+    let mut tokens = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                in_word = true;
+                loop {
+                    match chars.next()? {
+                        '\'' => break,
+                        c => word.push(c),
+                    }
+                }
+            }
+            '"' => {
+                in_word = true;
+                loop {
+                    match chars.next()? {
+                        '"' => break,
+                        '\\' => match chars.next()? {
+                            c @ ('"' | '\\' | '$' | '`') => word.push(c),
+                            '\n' => {}
+                            c => {
+                                word.push('\\');
+                                word.push(c);
+                            }
+                        },
+                        c => word.push(c),
+                    }
+                }
+            }
+            '\\' => {
+                in_word = true;
+                match chars.next() {
+                    Some('\n') | None => {}
+                    Some(c) => word.push(c),
+                }
+            }
+            c if c.is_whitespace() => {
+                if in_word {
+                    tokens.push(Token::Word(std::mem::take(&mut word)));
+                    in_word = false;
+                }
+            }
+            '&' | '|' | ';' | '<' | '>' => {
+                if in_word {
+                    tokens.push(Token::Word(std::mem::take(&mut word)));
+                    in_word = false;
+                }
+                let mut op = c.to_string();
+                if let Some(&next) = chars.peek()
+                    && ((c == '&' && next == '&')
+                        || (c == '|' && next == '|')
+                        || (c == '>' && next == '>'))
+                {
+                    op.push(next);
+                    chars.next();
+                }
+                tokens.push(Token::Op(op));
+            }
+            c => {
+                in_word = true;
+                word.push(c);
+            }
+        }
+    }
+    if in_word {
+        tokens.push(Token::Word(word));
+    }
+    Some(tokens)
+}
+
+fn parse_command(line: &str) -> Command {
+    let not_found = || {
+        let program = line.split_whitespace().next().unwrap_or("").to_string();
+        Command::NotFound(program)
+    };
+    let Some(tokens) = tokenize(line) else {
+        return not_found();
+    };
+    let mut parts = tokens.split(|t| *t == Token::Op("&&".into()));
+    let (Some(first), second, None) = (parts.next(), parts.next(), parts.next()) else {
+        return not_found();
+    };
+    let first = strip_sudo(first);
+    match second {
+        None => match first {
+            [Token::Word(w)] if w == "true" => Command::True,
+            [Token::Word(w)] if w == "hostname" => Command::Hostname,
+            [Token::Word(cat), Token::Word(path)] if cat == "cat" => Command::Cat(path.clone()),
+            _ => upload_target(first)
+                .map(Command::Upload)
+                .unwrap_or_else(not_found),
+        },
+        // `install -m MODE /dev/null PATH && tee PATH > /dev/null`: create with the mode,
+        // then fill. The simulator has no modes; only the paths must agree.
+        Some(second) => match (first, upload_target(strip_sudo(second))) {
+            (
+                [
+                    Token::Word(install),
+                    Token::Word(m),
+                    Token::Word(_mode),
+                    Token::Word(null),
+                    Token::Word(path),
+                ],
+                Some(target),
+            ) if install == "install" && m == "-m" && null == "/dev/null" && *path == target => {
+                Command::Upload(target)
+            }
+            _ => not_found(),
+        },
+    }
+}
+
+/// The path of `tee PATH [> /dev/null]` or `cat > PATH`.
+fn upload_target(tokens: &[Token]) -> Option<String> {
+    match tokens {
+        [Token::Word(tee), Token::Word(path)] if tee == "tee" => Some(path.clone()),
+        [
+            Token::Word(tee),
+            Token::Word(path),
+            Token::Op(gt),
+            Token::Word(null),
+        ] if tee == "tee" && gt == ">" && null == "/dev/null" => Some(path.clone()),
+        [Token::Word(cat), Token::Op(gt), Token::Word(path)] if cat == "cat" && gt == ">" => {
+            Some(path.clone())
+        }
+        _ => None,
+    }
+}
+
+/// Drop a leading `sudo` / `sudo -n` (the simulated user has passwordless sudo).
+fn strip_sudo(tokens: &[Token]) -> &[Token] {
+    match tokens {
+        [Token::Word(sudo), Token::Word(n), rest @ ..] if sudo == "sudo" && n == "-n" => rest,
+        [Token::Word(sudo), rest @ ..] if sudo == "sudo" => rest,
+        _ => tokens,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_commands_the_product_runs() {
+        assert_eq!(parse_command("true"), Command::True);
+        assert_eq!(parse_command("hostname"), Command::Hostname);
+        for line in [
+            "cat /etc/rancher/k3s/k3s.yaml",
+            "sudo cat /etc/rancher/k3s/k3s.yaml",
+            "sudo -n cat /etc/rancher/k3s/k3s.yaml",
+            "sudo -n cat '/etc/rancher/k3s/k3s.yaml'",
+        ] {
+            assert_eq!(
+                parse_command(line),
+                Command::Cat("/etc/rancher/k3s/k3s.yaml".into()),
+                "{line}"
+            );
+        }
+        assert_eq!(
+            parse_command("sudo -n cat '/a b/it'\\''s'"),
+            Command::Cat("/a b/it's".into())
+        );
+        for line in [
+            "sudo -n tee /opt/x",
+            "sudo -n tee /opt/x > /dev/null",
+            "cat > /opt/x",
+            "sudo -n install -m 0600 /dev/null /opt/x && sudo -n tee /opt/x > /dev/null",
+        ] {
+            assert_eq!(
+                parse_command(line),
+                Command::Upload("/opt/x".into()),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn anything_else_is_not_found() {
+        for line in [
+            "rm -rf /",
+            "cat /a; reboot",
+            "cat /a | sh",
+            "sudo -n install -m 0600 /dev/null /a && sudo -n tee /b",
+            "cat 'unterminated",
+            "",
+            "true && true && true",
+        ] {
+            assert!(
+                matches!(parse_command(line), Command::NotFound(_)),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn console_block_is_what_cloud_init_prints() {
+        let host = SshHost::generate();
+        let block = host.console_fingerprints("demo-cp-abcde");
+        let fp = host.fingerprint();
+        assert_eq!(
+            block,
+            format!(
+                "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n256 {fp} root@demo-cp-abcde (ED25519)\n-----END SSH HOST KEY FINGERPRINTS-----\n"
+            )
+        );
+        assert!(fp.starts_with("SHA256:") && fp.len() == 7 + 43, "{fp}");
+    }
+}

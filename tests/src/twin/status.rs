@@ -1,0 +1,205 @@
+//! Kubernetes API errors as the apiserver reports them: a `meta/v1 Status` body with the
+//! exact reasons, codes and message shapes clients (kube's `Error::Api`) match on.
+
+use serde_json::{Value, json};
+
+use super::resources::ResourceType;
+
+/// A failed API request: becomes a `Status` body with `code` as the HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+    /// `(name, group, kind)` for `details`, when the error is about one object.
+    pub details: Option<(String, String, String)>,
+}
+
+impl ApiError {
+    fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { code, reason, message: message.into(), details: None }
+    }
+
+    fn with_details(mut self, name: &str, group: &str, kind: &str) -> Self {
+        self.details = Some((name.to_string(), group.to_string(), kind.to_string()));
+        self
+    }
+
+    /// 404: `configmaps "x" not found`.
+    pub fn not_found(rt: &ResourceType, name: &str) -> Self {
+        Self::new(404, "NotFound", format!("{} \"{name}\" not found", qualified(rt)))
+            .with_details(name, rt.group, rt.resource)
+    }
+
+    /// 404 for a path the twin does not serve.
+    pub fn no_route() -> Self {
+        Self::new(404, "NotFound", "the server could not find the requested resource")
+    }
+
+    /// 409: `configmaps "x" already exists`.
+    pub fn already_exists(rt: &ResourceType, name: &str) -> Self {
+        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", qualified(rt)))
+            .with_details(name, rt.group, rt.resource)
+    }
+
+    /// 409: optimistic-concurrency failure, worded exactly like the apiserver.
+    pub fn conflict(rt: &ResourceType, name: &str) -> Self {
+        Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; \
+                 please apply your changes to the latest version and try again",
+                qualified(rt)
+            ),
+        )
+        .with_details(name, rt.group, rt.resource)
+    }
+
+    /// 409 for a failed delete precondition.
+    pub fn precondition(rt: &ResourceType, name: &str, what: &str) -> Self {
+        Self::new(
+            409,
+            "Conflict",
+            format!("Operation cannot be fulfilled on {} \"{name}\": {what}", qualified(rt)),
+        )
+        .with_details(name, rt.group, rt.resource)
+    }
+
+    /// 422: `ConfigMap "X" is invalid: metadata.name: Invalid value: ...`.
+    pub fn invalid(rt: &ResourceType, name: &str, cause: &str) -> Self {
+        Self::new(422, "Invalid", format!("{} \"{name}\" is invalid: {cause}", rt.kind))
+            .with_details(name, rt.group, rt.kind)
+    }
+
+    /// 400 BadRequest.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    /// 401 Unauthorized.
+    pub fn unauthorized() -> Self {
+        Self::new(401, "Unauthorized", "Unauthorized")
+    }
+
+    /// 403 Forbidden with the RBAC authorizer's message.
+    pub fn forbidden(message: String, name: &str, group: &str, resource: &str) -> Self {
+        let mut err = Self::new(403, "Forbidden", message);
+        if !name.is_empty() || !resource.is_empty() {
+            err = err.with_details(name, group, resource);
+        }
+        err
+    }
+
+    /// 405 MethodNotAllowed.
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        Self::new(405, "MethodNotAllowed", message)
+    }
+
+    /// 415 UnsupportedMediaType.
+    pub fn unsupported_media_type(content_type: &str) -> Self {
+        Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"))
+    }
+
+    /// 429 TooManyRequests (eviction blocked by a disruption budget).
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        Self::new(429, "TooManyRequests", message)
+    }
+
+    /// 500 InternalError.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, "InternalError", message)
+    }
+
+    /// 413 RequestEntityTooLarge.
+    pub fn too_large() -> Self {
+        Self::new(413, "RequestEntityTooLarge", "Request entity too large: limit is 3145728")
+    }
+
+    /// The `Status` body.
+    pub fn to_status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        });
+        if let (Some((name, group, kind)), Some(map)) = (&self.details, status.as_object_mut()) {
+            let mut details = serde_json::Map::new();
+            if !name.is_empty() {
+                details.insert("name".into(), json!(name));
+            }
+            if !group.is_empty() {
+                details.insert("group".into(), json!(group));
+            }
+            details.insert("kind".into(), json!(kind));
+            map.insert("details".into(), Value::Object(details));
+        }
+        status
+    }
+}
+
+/// `resource.group` the way the apiserver names a GroupResource in messages.
+pub(crate) fn qualified(rt: &ResourceType) -> String {
+    if rt.group.is_empty() {
+        rt.resource.to_string()
+    } else {
+        format!("{}.{}", rt.resource, rt.group)
+    }
+}
+
+/// A `Status` reporting success (deletes of non-graceful resources, evictions).
+pub(crate) fn success(code: u16, details: Option<(&str, &str, &str, &str)>) -> Value {
+    let mut status = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Success",
+        "code": code,
+    });
+    if let (Some((name, group, kind, uid)), Some(map)) = (details, status.as_object_mut()) {
+        let mut d = serde_json::Map::new();
+        d.insert("name".into(), json!(name));
+        if !group.is_empty() {
+            d.insert("group".into(), json!(group));
+        }
+        d.insert("kind".into(), json!(kind));
+        if !uid.is_empty() {
+            d.insert("uid".into(), json!(uid));
+        }
+        map.insert("details".into(), Value::Object(d));
+    }
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::twin::resources::{RESOURCES, by_path};
+
+    #[test]
+    fn conflict_status_matches_the_apiserver_wording() {
+        let cm = &RESOURCES[by_path("", "v1", "configmaps").unwrap_or_default()];
+        let status = ApiError::conflict(cm, "state").to_status();
+        assert_eq!(status["reason"], "Conflict");
+        assert_eq!(status["code"], 409);
+        assert_eq!(
+            status["message"],
+            "Operation cannot be fulfilled on configmaps \"state\": the object has been modified; \
+             please apply your changes to the latest version and try again"
+        );
+        assert_eq!(status["details"]["kind"], "configmaps");
+        assert_eq!(status["details"]["name"], "state");
+    }
+
+    #[test]
+    fn group_qualified_names_in_messages() {
+        let lease = &RESOURCES[by_path("coordination.k8s.io", "v1", "leases").unwrap_or_default()];
+        let status = ApiError::not_found(lease, "l").to_status();
+        assert_eq!(status["message"], "leases.coordination.k8s.io \"l\" not found");
+        assert_eq!(status["details"]["group"], "coordination.k8s.io");
+    }
+}

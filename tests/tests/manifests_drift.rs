@@ -1,0 +1,1053 @@
+//! The in-cluster pieces exist twice: as the Helm chart `charts/oxide-controller/` and as the
+//! plain manifests `k8s-cronjobs/` that `kubectl apply -f` takes and `bootstrap` embeds. These
+//! tests hold the two together and hold both to the security and scheduling rules of the
+//! design, with nothing but cargo: Helm is not needed, because the chart's templates keep to a
+//! small Go-template subset that [`render_chart`] implements (value and Chart field
+//! references, `toYaml … | nindent N`, comments) and reject everything else.
+//!
+//! The drift check renders the chart at its default values, parses both sides, normalizes
+//! them (nulls, empty maps and empty lists are dropped: Helm renders an empty `nodeSelector`
+//! that a plain manifest just leaves out) and compares whole objects keyed by kind, namespace
+//! and name. Every difference is reported with its JSON path. `.ci/manifests.sh` separately
+//! renders the chart with the real `helm` and validates both with `kubernetes-validate`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+/// The files of `k8s-cronjobs/`, which `bootstrap` embeds by name.
+const PLAIN_FILES: [&str; 4] = [
+    "serviceaccount.yaml",
+    "rbac.yaml",
+    "cronjob.yaml",
+    "webhook.yaml",
+];
+/// Every object the in-cluster pieces consist of, as [`object_key`] spells them.
+const EXPECTED_OBJECTS: [&str; 8] = [
+    "ClusterRole oxide-controller",
+    "ClusterRoleBinding oxide-controller",
+    "CronJob kube-system/oxide-controller",
+    "Deployment kube-system/oxide-controller-webhook",
+    "Role kube-system/oxide-controller",
+    "RoleBinding kube-system/oxide-controller",
+    "Service kube-system/oxide-controller-webhook",
+    "ServiceAccount kube-system/oxide-controller",
+];
+const BINARIES: [&str; 3] = ["bootstrap", "reconcile-once", "scale"];
+const IMAGE_REPOSITORY: &str = "ghcr.io/aifoundry-org/oxide-controller";
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tests crate lives in the workspace root")
+        .to_path_buf()
+}
+
+fn chart_dir() -> PathBuf {
+    repo_root().join("charts/oxide-controller")
+}
+
+fn plain_dir() -> PathBuf {
+    repo_root().join("k8s-cronjobs")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Go-template subset.
+
+/// One piece of a template: literal text, or an action between `{{` and `}}`.
+#[derive(Debug)]
+enum Piece<'a> {
+    Text(&'a str),
+    Action(&'a str),
+}
+
+/// Splits a template into text and actions and applies the trim markers: `{{- ` removes the
+/// white space before the action, ` -}}` the white space after it (as Go's text/template does:
+/// it trims the neighbouring text, never another action's output).
+fn lex(src: &str) -> Result<Vec<Piece<'_>>, String> {
+    let mut raw = Vec::new();
+    let mut rest = src;
+    while let Some(open) = rest.find("{{") {
+        raw.push((Piece::Text(&rest[..open]), false, false));
+        let after = &rest[open + 2..];
+        let close = after
+            .find("}}")
+            .ok_or_else(|| format!("unclosed action at {:?}", truncate(&rest[open..])))?;
+        let mut body = &after[..close];
+        let trim_left = body.starts_with("- ") || body.starts_with("-\n") || body == "-";
+        if trim_left {
+            body = &body[1..];
+        }
+        let trim_right = body.ends_with(" -") || body.ends_with("\n-");
+        if trim_right {
+            body = &body[..body.len() - 1];
+        }
+        raw.push((Piece::Action(body.trim()), trim_left, trim_right));
+        rest = &after[close + 2..];
+    }
+    raw.push((Piece::Text(rest), false, false));
+
+    let mut pieces = Vec::with_capacity(raw.len());
+    for i in 0..raw.len() {
+        match raw[i].0 {
+            Piece::Action(body) => pieces.push(Piece::Action(body)),
+            Piece::Text(mut text) => {
+                if i > 0 && raw[i - 1].2 {
+                    text = text.trim_start();
+                }
+                if i + 1 < raw.len() && raw[i + 1].1 {
+                    text = text.trim_end();
+                }
+                pieces.push(Piece::Text(text));
+            }
+        }
+    }
+    Ok(pieces)
+}
+
+fn truncate(s: &str) -> &str {
+    let end = s.char_indices().nth(40).map_or(s.len(), |(i, _)| i);
+    &s[..end]
+}
+
+/// What an action may see: `.Values` and `.Chart`.
+struct Scope<'a> {
+    values: &'a Value,
+    chart: &'a Value,
+}
+
+impl Scope<'_> {
+    /// Resolves `.Values.a.b` or `.Chart.AppVersion` (Chart fields are the capitalised
+    /// Chart.yaml keys, as in Helm).
+    fn lookup(&self, reference: &str) -> Result<&Value, String> {
+        let (root, path) = if let Some(path) = reference.strip_prefix(".Values.") {
+            (self.values, path.to_owned())
+        } else if let Some(field) = reference.strip_prefix(".Chart.") {
+            let mut chars = field.chars();
+            let first = chars.next().ok_or("empty Chart field")?;
+            (self.chart, first.to_lowercase().chain(chars).collect())
+        } else {
+            return Err(format!("unsupported reference {reference:?}"));
+        };
+        let mut at = root;
+        for part in path.split('.') {
+            at = at
+                .get(part)
+                .ok_or_else(|| format!("{reference} is not set (no {part:?})"))?;
+        }
+        Ok(at)
+    }
+}
+
+/// A scalar printed the way Go's text/template prints Helm values.
+fn scalar(reference: &str, value: &Value) -> Result<String, String> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        Value::Bool(b) => Ok(b.to_string()),
+        // Helm parses values as float64 and prints integral ones (below 1e21) without a
+        // fraction; fractions and huge numbers print differently, so the chart avoids them.
+        Value::Number(n) if n.is_i64() || n.is_u64() => Ok(n.to_string()),
+        other => Err(format!(
+            "{reference} is {other}; only strings, booleans and integers can be printed (use toYaml)"
+        )),
+    }
+}
+
+/// Helm's `toYaml`: the YAML of a value without the trailing newline.
+fn to_yaml(value: &Value) -> Result<String, String> {
+    let text = serde_saphyr::to_string(value).map_err(|e| format!("toYaml: {e}"))?;
+    Ok(text.trim_end_matches('\n').to_owned())
+}
+
+/// Sprig's `nindent`: a newline, then every line indented by `n` spaces.
+fn nindent(n: usize, s: &str) -> String {
+    let pad = " ".repeat(n);
+    format!("\n{pad}{}", s.replace('\n', &format!("\n{pad}")))
+}
+
+fn eval(action: &str, scope: &Scope<'_>) -> Result<String, String> {
+    if action.starts_with("/*") && action.ends_with("*/") {
+        return Ok(String::new());
+    }
+    let mut stages = action.split('|').map(str::trim);
+    let head: Vec<&str> = stages
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let mut out = match head.as_slice() {
+        [reference] if reference.starts_with('.') => scalar(reference, scope.lookup(reference)?)?,
+        ["toYaml", reference] => to_yaml(scope.lookup(reference)?)?,
+        _ => return Err(format!("unsupported template action {{{{ {action} }}}}")),
+    };
+    for stage in stages {
+        let words: Vec<&str> = stage.split_whitespace().collect();
+        out = match words.as_slice() {
+            ["nindent", n] => {
+                let n: usize = n
+                    .parse()
+                    .map_err(|_| format!("nindent wants a number, got {n:?}"))?;
+                nindent(n, &out)
+            }
+            _ => {
+                return Err(format!(
+                    "unsupported pipeline stage {stage:?} in {{{{ {action} }}}}"
+                ));
+            }
+        };
+    }
+    Ok(out)
+}
+
+/// Renders one template with the subset; anything outside it is an error naming the action.
+fn render_template(src: &str, values: &Value, chart: &Value) -> Result<String, String> {
+    let scope = Scope { values, chart };
+    let mut out = String::with_capacity(src.len());
+    for piece in lex(src)? {
+        match piece {
+            Piece::Text(text) => out.push_str(text),
+            Piece::Action(action) => out.push_str(&eval(action, &scope)?),
+        }
+    }
+    Ok(out)
+}
+
+fn read(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+fn parse_yaml(text: &str, origin: &str) -> Result<Value, String> {
+    serde_saphyr::from_str(text).map_err(|e| format!("{origin}: {e}"))
+}
+
+fn parse_documents(text: &str, origin: &str) -> Result<Vec<Value>, String> {
+    serde_saphyr::from_multiple(text).map_err(|e| format!("{origin}: {e}"))
+}
+
+/// `helm template` of the chart in `dir` at its default values, as parsed documents.
+fn render_chart(dir: &Path) -> Result<Vec<Value>, String> {
+    let chart = parse_yaml(&read(&dir.join("Chart.yaml")), "Chart.yaml")?;
+    let values = parse_yaml(&read(&dir.join("values.yaml")), "values.yaml")?;
+    let mut templates: Vec<PathBuf> = fs::read_dir(dir.join("templates"))
+        .map_err(|e| format!("templates/: {e}"))?
+        .map(|entry| entry.map(|e| e.path()).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    templates.sort();
+    let mut docs = Vec::new();
+    for path in templates {
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        // Helpers (`_*.tpl`) and NOTES.txt would need `define`/`include`, which the subset
+        // does not have: refuse them rather than silently render less than Helm.
+        if !name.ends_with(".yaml") {
+            return Err(format!(
+                "templates/{name}: only plain .yaml templates are supported"
+            ));
+        }
+        let rendered = render_template(&read(&path), &values, &chart)
+            .map_err(|e| format!("templates/{name}: {e}"))?;
+        docs.extend(parse_documents(
+            &rendered,
+            &format!("rendered templates/{name}"),
+        )?);
+    }
+    Ok(docs)
+}
+
+/// All documents of the plain manifests in `dir` (the files `bootstrap` embeds).
+fn plain_documents(dir: &Path) -> Result<Vec<Value>, String> {
+    let mut docs = Vec::new();
+    for file in PLAIN_FILES {
+        docs.extend(parse_documents(&read(&dir.join(file)), file)?);
+    }
+    Ok(docs)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparison.
+
+fn object_key(doc: &Value) -> Result<String, String> {
+    let kind = doc["kind"]
+        .as_str()
+        .ok_or_else(|| format!("a document without kind: {doc}"))?;
+    let name = doc["metadata"]["name"]
+        .as_str()
+        .ok_or_else(|| format!("a {kind} without metadata.name"))?;
+    Ok(match doc["metadata"]["namespace"].as_str() {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    })
+}
+
+/// Drops nulls, empty maps and empty lists, recursively: they mean "not set" to the API.
+fn normalize(value: &Value) -> Option<Value> {
+    match value {
+        Value::Null => None,
+        Value::Object(map) => {
+            let kept: serde_json::Map<String, Value> = map
+                .iter()
+                .filter_map(|(k, v)| normalize(v).map(|v| (k.clone(), v)))
+                .collect();
+            (!kept.is_empty()).then_some(Value::Object(kept))
+        }
+        Value::Array(items) => {
+            let kept: Vec<Value> = items.iter().filter_map(normalize).collect();
+            (!kept.is_empty()).then_some(Value::Array(kept))
+        }
+        scalar => Some(scalar.clone()),
+    }
+}
+
+fn by_key(docs: &[Value]) -> Result<BTreeMap<String, Value>, String> {
+    let mut out = BTreeMap::new();
+    for doc in docs {
+        let key = object_key(doc)?;
+        let value = normalize(doc).unwrap_or(Value::Null);
+        if out.insert(key.clone(), value).is_some() {
+            return Err(format!("{key} is defined twice"));
+        }
+    }
+    Ok(out)
+}
+
+fn diff_values(path: &str, chart: &Value, plain: &Value, out: &mut Vec<String>) {
+    match (chart, plain) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, va) in a {
+                let p = format!("{path}.{k}");
+                match b.get(k) {
+                    Some(vb) => diff_values(&p, va, vb, out),
+                    None => out.push(format!("{p}: only in the chart: {va}")),
+                }
+            }
+            for (k, vb) in b {
+                if !a.contains_key(k) {
+                    out.push(format!("{path}.{k}: only in k8s-cronjobs: {vb}"));
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (i, (va, vb)) in a.iter().zip(b).enumerate() {
+                diff_values(&format!("{path}[{i}]"), va, vb, out);
+            }
+            for (i, va) in a.iter().enumerate().skip(b.len()) {
+                out.push(format!("{path}[{i}]: only in the chart: {va}"));
+            }
+            for (i, vb) in b.iter().enumerate().skip(a.len()) {
+                out.push(format!("{path}[{i}]: only in k8s-cronjobs: {vb}"));
+            }
+        }
+        (a, b) if a != b => out.push(format!("{path}: chart {a} vs k8s-cronjobs {b}")),
+        _ => {}
+    }
+}
+
+/// Every difference between the chart in `chart` (default values) and the manifests in
+/// `plain`, one line each, prefixed with the object.
+fn drift(chart: &Path, plain: &Path) -> Result<Vec<String>, String> {
+    let rendered = by_key(&render_chart(chart)?)?;
+    let manifests = by_key(&plain_documents(plain)?)?;
+    let mut out = Vec::new();
+    for (key, a) in &rendered {
+        match manifests.get(key) {
+            Some(b) => {
+                let mut diffs = Vec::new();
+                diff_values("", a, b, &mut diffs);
+                out.extend(diffs.into_iter().map(|d| format!("{key}: {d}")));
+            }
+            None => out.push(format!("{key}: only in the chart")),
+        }
+    }
+    for key in manifests.keys().filter(|k| !rendered.contains_key(*k)) {
+        out.push(format!("{key}: only in k8s-cronjobs"));
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drift.
+
+#[test]
+fn the_chart_at_default_values_renders_exactly_the_plain_manifests() {
+    let rendered = by_key(&render_chart(&chart_dir()).unwrap()).unwrap();
+    let plain = by_key(&plain_documents(&plain_dir()).unwrap()).unwrap();
+    let keys: Vec<&str> = plain.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys, EXPECTED_OBJECTS,
+        "the plain manifests hold the in-cluster pieces"
+    );
+    let rendered_keys: Vec<&str> = rendered.keys().map(String::as_str).collect();
+    assert_eq!(
+        rendered_keys, EXPECTED_OBJECTS,
+        "the chart renders the in-cluster pieces"
+    );
+
+    let diffs = drift(&chart_dir(), &plain_dir()).unwrap();
+    assert!(
+        diffs.is_empty(),
+        "the chart and k8s-cronjobs/ have drifted apart:\n{}",
+        diffs.join("\n")
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// Where a one-sided change is made.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Chart,
+    Plain,
+}
+
+#[test]
+fn a_change_made_on_one_side_only_is_reported_as_drift() {
+    // (side, file, text, replacement, what the report must name)
+    let cases: &[(Side, &str, &str, &str, &str)] = &[
+        (
+            Side::Chart,
+            "templates/rbac.yaml",
+            r#"verbs: ["list", "patch", "delete"]"#,
+            r#"verbs: ["list", "patch", "delete", "update"]"#,
+            "ClusterRole oxide-controller: .rules[0].verbs[3]",
+        ),
+        (
+            Side::Chart,
+            "templates/rbac.yaml",
+            r#"resources: ["secrets"]"#,
+            r#"resources: ["secrets", "configmaps"]"#,
+            "Role kube-system/oxide-controller: .rules[0].resources[1]",
+        ),
+        (
+            Side::Chart,
+            "values.yaml",
+            r#"schedule: "*/5 * * * *""#,
+            r#"schedule: "*/10 * * * *""#,
+            "CronJob kube-system/oxide-controller: .spec.schedule",
+        ),
+        (
+            Side::Chart,
+            "values.yaml",
+            "activeDeadlineSeconds: 270",
+            "activeDeadlineSeconds: 600",
+            ".spec.jobTemplate.spec.activeDeadlineSeconds",
+        ),
+        (
+            Side::Chart,
+            "values.yaml",
+            "readOnlyRootFilesystem: true",
+            "readOnlyRootFilesystem: false",
+            ".securityContext.readOnlyRootFilesystem",
+        ),
+        (
+            Side::Chart,
+            "templates/webhook.yaml",
+            "path: /readyz",
+            "path: /ready",
+            ".readinessProbe.httpGet.path",
+        ),
+        (
+            Side::Plain,
+            "rbac.yaml",
+            r#"verbs: ["get", "delete"]"#,
+            r#"verbs: ["get", "delete", "list"]"#,
+            "Role kube-system/oxide-controller: .rules[6].verbs[2]: only in k8s-cronjobs",
+        ),
+        (
+            Side::Plain,
+            "cronjob.yaml",
+            "            - key: node.kubernetes.io/unreachable\n              operator: Exists\n",
+            "",
+            ".tolerations[3]: only in the chart",
+        ),
+        (
+            Side::Plain,
+            "webhook.yaml",
+            "image: ghcr.io/aifoundry-org/oxide-controller:0.1.0",
+            "image: ghcr.io/aifoundry-org/oxide-controller:latest",
+            "Deployment kube-system/oxide-controller-webhook: .spec.template.spec.containers[0].image",
+        ),
+        (
+            Side::Plain,
+            "webhook.yaml",
+            "  type: ClusterIP",
+            "  type: NodePort",
+            "Service kube-system/oxide-controller-webhook: .spec.type",
+        ),
+    ];
+    for &(side, file, from, to, expected) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let chart = tmp.path().join("chart");
+        let plain = tmp.path().join("plain");
+        copy_dir(&chart_dir(), &chart);
+        copy_dir(&plain_dir(), &plain);
+        assert!(
+            drift(&chart, &plain).unwrap().is_empty(),
+            "the copies agree before the change"
+        );
+
+        let path = match side {
+            Side::Chart => chart.join(file),
+            Side::Plain => plain.join(file),
+        };
+        let text = read(&path);
+        assert_eq!(
+            text.matches(from).count(),
+            1,
+            "{side:?} {file} holds {from:?} exactly once (update this case if the file changed)"
+        );
+        fs::write(&path, text.replacen(from, to, 1)).unwrap();
+
+        let diffs = drift(&chart, &plain).unwrap();
+        assert!(
+            diffs.iter().any(|d| d.contains(expected)),
+            "changing {from:?} to {to:?} in {side:?} {file} must be reported at {expected:?}; got:\n{}",
+            diffs.join("\n")
+        );
+    }
+}
+
+#[test]
+fn an_object_present_on_one_side_only_is_reported_as_drift() {
+    let tmp = tempfile::tempdir().unwrap();
+    let chart = tmp.path().join("chart");
+    let plain = tmp.path().join("plain");
+    copy_dir(&chart_dir(), &chart);
+    copy_dir(&plain_dir(), &plain);
+    let extra = "---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: extra\n  namespace: kube-system\n";
+    let rbac = chart.join("templates/rbac.yaml");
+    fs::write(&rbac, read(&rbac) + extra).unwrap();
+    let diffs = drift(&chart, &plain).unwrap();
+    assert_eq!(diffs, ["ConfigMap kube-system/extra: only in the chart"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The renderer itself.
+
+#[test]
+fn the_renderer_implements_the_subset_as_helm_does() {
+    let values = json!({
+        "a": {"b": "text", "n": 270, "t": true},
+        "list": [{"key": "k", "operator": "Exists"}],
+        "empty": {},
+    });
+    let chart = json!({"appVersion": "1.2.3", "name": "c"});
+    let cases: &[(&str, &str)] = &[
+        ("x: {{ .Values.a.b }}", "x: text"),
+        ("x: {{ .Values.a.n }} {{ .Values.a.t }}", "x: 270 true"),
+        (
+            "x: \"{{ .Chart.AppVersion }}\" {{ .Chart.Name }}",
+            "x: \"1.2.3\" c",
+        ),
+        // `{{-` eats the white space before it (newlines included), `-}}` the white space after.
+        ("a:\n  {{- .Values.a.b }}", "a:text"),
+        ("{{ .Values.a.b -}}  \n  z", "textz"),
+        ("{{/* a comment */}}x", "x"),
+        ("{{- /* a comment */ -}}\n\nx", "x"),
+        (
+            "l:\n  {{- toYaml .Values.list | nindent 2 }}",
+            "l:\n  - key: k\n    operator: Exists",
+        ),
+    ];
+    for (src, want) in cases {
+        let got = render_template(src, &values, &chart).unwrap();
+        if got.starts_with("l:") {
+            // The exact layout of toYaml is the YAML library's; what matters is the data.
+            let parsed: Value = serde_saphyr::from_str(&got).unwrap();
+            assert_eq!(
+                parsed,
+                json!({"l": [{"key": "k", "operator": "Exists"}]}),
+                "{src:?}"
+            );
+        } else {
+            assert_eq!(&got, want, "{src:?}");
+        }
+    }
+    let nested = render_template(
+        "m:\n  {{- toYaml .Values.a | nindent 2 }}\n",
+        &values,
+        &chart,
+    )
+    .unwrap();
+    let parsed: Value = serde_saphyr::from_str(&nested).unwrap();
+    assert_eq!(parsed, json!({"m": {"b": "text", "n": 270, "t": true}}));
+}
+
+#[test]
+fn the_renderer_refuses_what_it_does_not_implement() {
+    let values = json!({"a": {"b": "text"}, "m": {"k": "v"}, "f": 1.5});
+    let chart = json!({"appVersion": "1"});
+    let cases: &[(&str, &str)] = &[
+        (
+            "{{ if .Values.a }}x{{ end }}",
+            "unsupported template action",
+        ),
+        ("{{ .Values.a.b | quote }}", "unsupported pipeline stage"),
+        ("{{ include \"x\" . }}", "unsupported template action"),
+        ("{{ .Release.Namespace }}", "unsupported reference"),
+        ("{{ .Values.a.missing }}", "is not set"),
+        ("{{ .Values.m }}", "use toYaml"),
+        ("{{ .Values.f }}", "use toYaml"),
+        (
+            "{{ toYaml .Values.m | nindent x }}",
+            "nindent wants a number",
+        ),
+        ("{{ .Values.a.b ", "unclosed action"),
+    ];
+    for (src, want) in cases {
+        let err = render_template(src, &values, &chart).unwrap_err();
+        assert!(err.contains(want), "{src:?}: {err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What both sides must say.
+
+fn both_sides() -> Vec<(&'static str, BTreeMap<String, Value>)> {
+    vec![
+        (
+            "chart",
+            by_key(&render_chart(&chart_dir()).unwrap()).unwrap(),
+        ),
+        (
+            "k8s-cronjobs",
+            by_key(&plain_documents(&plain_dir()).unwrap()).unwrap(),
+        ),
+    ]
+}
+
+/// Every pod spec in `value` (any object with `containers`), with its path.
+fn pod_specs<'a>(path: String, value: &'a Value, out: &mut Vec<(String, &'a Value)>) {
+    match value {
+        Value::Object(map) => {
+            if map.contains_key("containers") {
+                out.push((path.clone(), value));
+            }
+            for (k, v) in map {
+                pod_specs(format!("{path}.{k}"), v, out);
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                pod_specs(format!("{path}[{i}]"), v, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+#[test]
+fn every_pod_runs_as_non_root_read_only_without_privileges() {
+    for (side, objects) in both_sides() {
+        let mut specs = Vec::new();
+        for (key, object) in &objects {
+            pod_specs(key.clone(), object, &mut specs);
+        }
+        assert_eq!(
+            specs.len(),
+            2,
+            "{side}: the CronJob's and the webhook's pods"
+        );
+        for (at, spec) in specs {
+            assert_eq!(
+                spec["serviceAccountName"], "oxide-controller",
+                "{side} {at}"
+            );
+            // They call the API, so they need the token.
+            assert_eq!(spec["automountServiceAccountToken"], true, "{side} {at}");
+            assert_eq!(spec["hostNetwork"], Value::Null, "{side} {at}");
+            assert_eq!(spec["hostPID"], Value::Null, "{side} {at}");
+            let pod = &spec["securityContext"];
+            assert_eq!(pod["runAsNonRoot"], true, "{side} {at}");
+            assert_eq!(pod["runAsUser"], 65532, "{side} {at}");
+            assert_eq!(
+                pod["seccompProfile"]["type"], "RuntimeDefault",
+                "{side} {at}"
+            );
+
+            let mut containers: Vec<&Value> =
+                spec["containers"].as_array().unwrap().iter().collect();
+            if let Some(init) = spec["initContainers"].as_array() {
+                containers.extend(init);
+            }
+            assert!(!containers.is_empty(), "{side} {at}");
+            for c in containers {
+                let name = c["name"].as_str().unwrap();
+                let sc = &c["securityContext"];
+                let at = format!("{side} {at} container {name}");
+                assert_eq!(sc["runAsNonRoot"], true, "{at}");
+                assert_eq!(sc["runAsUser"], 65532, "{at}");
+                assert_eq!(sc["readOnlyRootFilesystem"], true, "{at}");
+                assert_eq!(sc["allowPrivilegeEscalation"], false, "{at}");
+                assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{at}");
+                assert_eq!(sc["capabilities"]["add"], Value::Null, "{at}");
+                assert_ne!(sc["privileged"], true, "{at}");
+                assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{at}");
+
+                let image = c["image"].as_str().unwrap();
+                assert!(
+                    image.starts_with(&format!("{IMAGE_REPOSITORY}:")),
+                    "{at}: {image}"
+                );
+                let command = c["command"][0].as_str().unwrap();
+                assert!(
+                    BINARIES
+                        .iter()
+                        .any(|b| command == format!("/usr/local/bin/{b}")),
+                    "{at} runs {command}, which the image does not have"
+                );
+                assert!(c["resources"]["requests"]["memory"].is_string(), "{at}");
+                assert!(c["resources"]["limits"]["memory"].is_string(), "{at}");
+            }
+        }
+    }
+}
+
+/// One RBAC rule as the test states it: (apiGroup, resource, resourceNames, verbs).
+type Rule = (
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static [&'static str],
+);
+
+fn rules_of(object: &Value) -> Vec<(String, String, Vec<String>, Vec<String>)> {
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| a.iter().map(|s| s.as_str().unwrap().to_owned()).collect())
+            .unwrap_or_default()
+    };
+    let mut out = Vec::new();
+    for rule in object["rules"].as_array().unwrap() {
+        let names = strings(&rule["resourceNames"]);
+        let verbs = strings(&rule["verbs"]);
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                out.push((group.clone(), resource, names.clone(), verbs.clone()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn expected_rules(rules: &[Rule]) -> Vec<(String, String, Vec<String>, Vec<String>)> {
+    let owned = |s: &[&str]| s.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
+    let mut out: Vec<_> = rules
+        .iter()
+        .map(|(g, r, n, v)| ((*g).to_owned(), (*r).to_owned(), owned(n), owned(v)))
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn the_service_account_may_make_exactly_the_calls_the_functions_make() {
+    // The calls, from shared/src/cluster/kube_cluster.rs, shared/src/state/kube_store.rs and
+    // the webhook: a call added or removed there changes this table and both manifests.
+    let cluster_wide: &[Rule] = &[
+        ("", "nodes", &[], &["list", "patch", "delete"]), // observe, cordon/annotate, remove
+        ("", "pods", &[], &["list", "delete"]),           // drain: pods on a node; --force-drain
+        ("", "pods/eviction", &[], &["create"]),          // drain through the Eviction API
+    ];
+    let in_kube_system: &[Rule] = &[
+        ("", "secrets", &["oxide-controller"], &["get"]),
+        ("", "configmaps", &["oxide-controller"], &["get", "update"]),
+        (
+            "coordination.k8s.io",
+            "leases",
+            &["oxide-controller"],
+            &["get", "update"],
+        ),
+        ("coordination.k8s.io", "leases", &[], &["create"]),
+        ("events.k8s.io", "events", &[], &["create"]),
+        ("batch", "cronjobs", &["oxide-controller"], &["get"]),
+        (
+            "batch",
+            "jobs",
+            &["oxide-controller-now"],
+            &["get", "delete"],
+        ),
+        ("batch", "jobs", &[], &["create"]),
+    ];
+    for (side, objects) in both_sides() {
+        let cluster_role = &objects["ClusterRole oxide-controller"];
+        assert_eq!(
+            rules_of(cluster_role),
+            expected_rules(cluster_wide),
+            "{side} ClusterRole"
+        );
+        let role = &objects["Role kube-system/oxide-controller"];
+        assert_eq!(
+            rules_of(role),
+            expected_rules(in_kube_system),
+            "{side} Role"
+        );
+
+        // Least privilege in general: no wildcards, and inside kube-system every verb but
+        // `create` (which RBAC cannot limit by name) is limited to our named objects.
+        for (group, resource, _, verbs) in rules_of(cluster_role).into_iter().chain(rules_of(role))
+        {
+            assert!(
+                group != "*" && resource != "*" && !verbs.iter().any(|v| v == "*"),
+                "{side}: wildcard in {group}/{resource} {verbs:?}"
+            );
+        }
+        for (group, resource, names, verbs) in rules_of(role) {
+            if verbs.iter().any(|v| v != "create") {
+                assert!(
+                    !names.is_empty(),
+                    "{side}: {group}/{resource} {verbs:?} must name its objects"
+                );
+            } else {
+                assert!(
+                    names.is_empty(),
+                    "{side}: create cannot be limited by resourceNames"
+                );
+            }
+        }
+
+        for (binding, role_kind) in [
+            ("ClusterRoleBinding oxide-controller", "ClusterRole"),
+            ("RoleBinding kube-system/oxide-controller", "Role"),
+        ] {
+            let b = &objects[binding];
+            assert_eq!(
+                b["roleRef"],
+                json!({"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": "oxide-controller"}),
+                "{side} {binding}"
+            );
+            assert_eq!(
+                b["subjects"],
+                json!([{"kind": "ServiceAccount", "name": "oxide-controller", "namespace": "kube-system"}]),
+                "{side} {binding}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_reconcile_run_ends_before_its_job_deadline_and_the_job_before_the_next_tick() {
+    let run_deadline = oxide_controller::spec::Timeouts::default().run_deadline_seconds;
+    for (side, objects) in both_sides() {
+        let cron = &objects["CronJob kube-system/oxide-controller"]["spec"];
+        let schedule = cron["schedule"].as_str().unwrap();
+        let parsed = oxide_controller::spec::parse_schedule(schedule).unwrap();
+        let ticks: Vec<_> = parsed.upcoming(chrono::Utc).take(50).collect();
+        let interval = ticks
+            .windows(2)
+            .map(|w| (w[1] - w[0]).num_seconds())
+            .min()
+            .unwrap();
+        let interval = u64::try_from(interval).unwrap();
+
+        let job = &cron["jobTemplate"]["spec"];
+        let active = job["activeDeadlineSeconds"].as_u64().unwrap();
+        assert!(
+            run_deadline < active && active < interval,
+            "{side}: run deadline {run_deadline}s < activeDeadlineSeconds {active}s < interval {interval}s"
+        );
+        let starting = cron["startingDeadlineSeconds"].as_u64().unwrap();
+        assert!(
+            starting < interval,
+            "{side}: a missed run is skipped before the next tick"
+        );
+        assert_eq!(cron["concurrencyPolicy"], "Forbid", "{side}");
+        assert!(
+            job["backoffLimit"].as_u64().unwrap() <= 2,
+            "{side}: small backoffLimit"
+        );
+        assert!(job["ttlSecondsAfterFinished"].as_u64().is_some(), "{side}");
+
+        let pod = &job["template"]["spec"];
+        assert_eq!(pod["restartPolicy"], "Never", "{side}");
+        assert_eq!(
+            pod["priorityClassName"], "system-cluster-critical",
+            "{side}"
+        );
+        let tolerations = pod["tolerations"].as_array().unwrap();
+        for key in [
+            "node-role.kubernetes.io/control-plane",
+            "node.kubernetes.io/not-ready",
+            "node.kubernetes.io/unreachable",
+        ] {
+            assert!(
+                tolerations
+                    .iter()
+                    .any(|t| t["key"] == key && t["operator"] == "Exists"),
+                "{side}: the reconcile pod tolerates {key}"
+            );
+        }
+        let container = &pod["containers"][0];
+        assert_eq!(
+            container["command"],
+            json!(["/usr/local/bin/reconcile-once"]),
+            "{side}"
+        );
+        let env = container["env"].as_array().unwrap();
+        assert!(
+            env.iter().any(|e| e["name"] == "POD_NAME"
+                && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"),
+            "{side}: the Lease holder is the pod name"
+        );
+        assert!(
+            env.iter()
+                .any(|e| e["name"] == "OXIDE_CONTROLLER_LOG_FORMAT" && e["value"] == "json"),
+            "{side}"
+        );
+    }
+}
+
+#[test]
+fn the_webhook_serves_its_probes_and_the_service_reaches_it() {
+    for (side, objects) in both_sides() {
+        let deployment = &objects["Deployment kube-system/oxide-controller-webhook"]["spec"];
+        let pod_labels = &deployment["template"]["metadata"]["labels"];
+        assert_eq!(&deployment["selector"]["matchLabels"], pod_labels, "{side}");
+        assert_eq!(
+            pod_labels["app.kubernetes.io/component"], "webhook",
+            "{side}"
+        );
+
+        let c = &deployment["template"]["spec"]["containers"][0];
+        assert_eq!(c["command"], json!(["/usr/local/bin/scale"]), "{side}");
+        assert_eq!(
+            c["args"],
+            json!(["serve", "--listen", "0.0.0.0:8080"]),
+            "{side}"
+        );
+        assert_eq!(
+            c["ports"],
+            json!([{"name": "http", "containerPort": 8080, "protocol": "TCP"}]),
+            "{side}"
+        );
+        assert_eq!(
+            c["readinessProbe"]["httpGet"],
+            json!({"path": "/readyz", "port": "http"}),
+            "{side}"
+        );
+        assert_eq!(
+            c["livenessProbe"]["httpGet"],
+            json!({"path": "/healthz", "port": "http"}),
+            "{side}"
+        );
+
+        let service = &objects["Service kube-system/oxide-controller-webhook"]["spec"];
+        assert_eq!(&service["selector"], pod_labels, "{side}");
+        assert_eq!(service["type"], "ClusterIP", "{side}");
+        assert_eq!(
+            service["ports"],
+            json!([{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]),
+            "{side}"
+        );
+    }
+}
+
+/// `version = "…"` of a Cargo.toml's `[package]`.
+fn crate_version(manifest: &Path) -> String {
+    read(manifest)
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("no version in {}", manifest.display()))
+        .to_owned()
+}
+
+#[test]
+fn the_default_image_is_the_release_of_these_binaries() {
+    let version = crate_version(&repo_root().join("functions/reconcile-once/Cargo.toml"));
+    for binary in BINARIES {
+        let manifest = repo_root().join(format!("functions/{binary}/Cargo.toml"));
+        assert_eq!(
+            crate_version(&manifest),
+            version,
+            "{binary} is released with the others"
+        );
+    }
+    let chart = parse_yaml(&read(&chart_dir().join("Chart.yaml")), "Chart.yaml").unwrap();
+    assert_eq!(
+        chart["appVersion"],
+        version.as_str(),
+        "Chart.yaml appVersion"
+    );
+    let image = format!("{IMAGE_REPOSITORY}:{version}");
+    for (side, objects) in both_sides() {
+        let mut specs = Vec::new();
+        for (key, object) in &objects {
+            pod_specs(key.clone(), object, &mut specs);
+        }
+        for (at, spec) in specs {
+            assert_eq!(
+                spec["containers"][0]["image"],
+                image.as_str(),
+                "{side} {at}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_image_holds_every_binary_the_manifests_run() {
+    let dockerfile = read(&repo_root().join("Dockerfile"));
+    for binary in BINARIES {
+        assert!(
+            dockerfile.contains(&format!("-p {binary}"))
+                && dockerfile.contains(&format!("target/release/{binary}")),
+            "the Dockerfile builds and installs {binary}"
+        );
+    }
+    assert!(dockerfile.contains("COPY --from=build /out/ /usr/local/bin/"));
+    assert!(
+        dockerfile.contains("USER 65532:65532"),
+        "the image runs as the manifests' user"
+    );
+}
+
+#[test]
+fn every_plain_manifest_is_one_object_per_document_in_kube_system() {
+    let names: Vec<String> = fs::read_dir(plain_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") || n.ends_with(".yml"))
+        .collect();
+    let mut names = names;
+    names.sort();
+    let mut want: Vec<&str> = PLAIN_FILES.to_vec();
+    want.sort();
+    assert_eq!(names, want, "bootstrap embeds exactly these files");
+    for doc in plain_documents(&plain_dir()).unwrap() {
+        let key = object_key(&doc).unwrap();
+        assert!(
+            !doc["kind"].as_str().unwrap().ends_with("List"),
+            "{key}: one object per document"
+        );
+        assert_eq!(
+            doc["metadata"]["labels"]["app.kubernetes.io/name"], "oxide-controller",
+            "{key}"
+        );
+        let cluster_scoped = matches!(
+            doc["kind"].as_str(),
+            Some("ClusterRole" | "ClusterRoleBinding")
+        );
+        if !cluster_scoped {
+            assert_eq!(doc["metadata"]["namespace"], "kube-system", "{key}");
+        }
+    }
+}

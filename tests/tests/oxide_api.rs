@@ -1,0 +1,1194 @@
+//! Behaviour of the simulated Oxide API, driven through `OxideSim::handle`: auth, error
+//! bodies, name rules, selectors, pagination, instance lifecycle, floating IPs, disk import,
+//! serial console, limits and fault injection.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod oxide_common;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use oxide_common::{Api, Seen, TOKEN};
+use oxide_sim::oxide::{FaultSpec, RouteFault, Timings};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+const GIB: u64 = 1 << 30;
+
+fn assert_error(r: &oxide_common::Resp, status: StatusCode, code: Option<&str>) {
+    assert_eq!(r.status, status, "{}", r.body);
+    assert_eq!(r.code(), code, "{}", r.body);
+    let rid = r.str("request_id");
+    assert!(Uuid::parse_str(rid).is_ok(), "request_id {rid:?}");
+    assert_eq!(
+        r.headers.get("x-request-id").and_then(|v| v.to_str().ok()),
+        Some(rid),
+        "x-request-id header matches the body"
+    );
+}
+
+#[tokio::test]
+async fn requests_without_the_right_bearer_token_get_401() {
+    let api = Api::new();
+    let bare = Request::builder()
+        .uri("/v1/projects")
+        .body(Bytes::new())
+        .unwrap();
+    let r = api.raw(bare).await;
+    assert_error(&r, StatusCode::UNAUTHORIZED, Some("Unauthorized"));
+    let wrong = Request::builder()
+        .uri("/v1/projects")
+        .header("authorization", "Bearer nope")
+        .body(Bytes::new())
+        .unwrap();
+    assert_error(
+        &api.raw(wrong).await,
+        StatusCode::UNAUTHORIZED,
+        Some("Unauthorized"),
+    );
+    let basic = Request::builder()
+        .uri("/v1/projects")
+        .header("authorization", format!("Basic {TOKEN}"))
+        .body(Bytes::new())
+        .unwrap();
+    assert_eq!(api.raw(basic).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(api.get("/v1/projects").await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn unknown_paths_404_and_wrong_methods_405() {
+    let api = Api::new();
+    assert_error(&api.get("/v1/nothing").await, StatusCode::NOT_FOUND, None);
+    let r = api.call(Method::PATCH, "/v1/instances", None).await;
+    assert_error(&r, StatusCode::METHOD_NOT_ALLOWED, None);
+}
+
+#[tokio::test]
+async fn api_version_newer_than_the_rack_is_refused() {
+    let api = Api::new();
+    let req = Request::builder()
+        .uri("/v1/projects")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("api-version", "2099010100.0.0")
+        .body(Bytes::new())
+        .unwrap();
+    let r = api.raw(req).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert!(r.message().contains("does not support this API version"));
+}
+
+#[tokio::test]
+async fn uppercase_and_malformed_names_are_parse_errors_without_code() {
+    let api = Api::new();
+    for bad in ["Web", "wEb", "1web", "web-", "web_1"] {
+        let r = api
+            .post("/v1/projects", json!({"name": bad, "description": ""}))
+            .await;
+        assert_error(&r, StatusCode::BAD_REQUEST, None);
+        assert!(
+            r.message().starts_with("unable to parse JSON body"),
+            "{bad}: {}",
+            r.body
+        );
+    }
+    api.project("p").await;
+    let r = api.instance("p", "myInstance", json!({})).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    // Uppercase inside a nested disk name too.
+    let r = api
+        .instance(
+            "p",
+            "ok",
+            json!({"disks": [{"type": "attach", "name": "dataDisk"}]}),
+        )
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+}
+
+#[tokio::test]
+async fn malformed_json_and_wrong_content_type_are_400() {
+    let api = Api::new();
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/projects")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Bytes::from_static(b"{\"name\":"))
+        .unwrap();
+    let r = api.raw(req).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/v1/projects")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "text/plain")
+        .body(Bytes::from_static(b"{\"name\":\"a\",\"description\":\"\"}"))
+        .unwrap();
+    assert_eq!(api.raw(req).await.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn duplicate_names_are_object_already_exists_400() {
+    let api = Api::new();
+    api.project("p").await;
+    let r = api
+        .post("/v1/projects", json!({"name": "p", "description": ""}))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("ObjectAlreadyExists"));
+    assert_eq!(r.message(), "already exists: project \"p\"");
+
+    let disk = json!({"name": "d", "description": "", "size": GIB,
+        "disk_backend": {"type": "distributed", "disk_source": {"type": "blank", "block_size": 4096}}});
+    assert_eq!(
+        api.post("/v1/disks?project=p", disk.clone()).await.status,
+        StatusCode::CREATED
+    );
+    let r = api.post("/v1/disks?project=p", disk.clone()).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("ObjectAlreadyExists"));
+    // Names are per project: another project may reuse it.
+    api.project("q").await;
+    assert_eq!(
+        api.post("/v1/disks?project=q", disk).await.status,
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test]
+async fn selectors_need_id_alone_or_name_with_project() {
+    let api = Api::new();
+    api.project("p").await;
+    let created = api.instance("p", "vm", json!({"start": false})).await;
+    let id = created.str("id").to_owned();
+
+    assert_eq!(
+        api.get(&format!("/v1/instances/{id}")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        api.get("/v1/instances/vm?project=p").await.status,
+        StatusCode::OK
+    );
+    let pid = api.get("/v1/projects/p").await.str("id").to_owned();
+    assert_eq!(
+        api.get(&format!("/v1/instances/vm?project={pid}"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+
+    let r = api.get(&format!("/v1/instances/{id}?project=p")).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(
+        r.message(),
+        "when providing instance as an ID project should not be specified"
+    );
+    let r = api.get("/v1/instances/vm").await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(
+        r.message(),
+        "instance should either be UUID or project should be specified"
+    );
+    let r = api.get("/v1/instances/nope?project=p").await;
+    assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+    assert_eq!(r.message(), "not found: instance with name \"nope\"");
+    let r = api.get("/v1/instances/vm?project=other").await;
+    assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+    assert_eq!(r.message(), "not found: project with name \"other\"");
+    let missing = Uuid::new_v4();
+    let r = api.get(&format!("/v1/floating-ips/{missing}")).await;
+    assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+    // Lists need their project.
+    assert_error(
+        &api.get("/v1/instances").await,
+        StatusCode::BAD_REQUEST,
+        None,
+    );
+}
+
+#[tokio::test]
+async fn pagination_walks_three_pages_with_opaque_stable_tokens() {
+    let api = Api::new();
+    for i in 0..7 {
+        api.project(&format!("proj-{i}")).await;
+    }
+    let first = api.get("/v1/projects?limit=3").await;
+    assert_eq!(first.status, StatusCode::OK);
+    let token = first.str("next_page").to_owned();
+    assert!(!token.is_empty());
+    assert!(!token.contains("proj"), "token is opaque: {token}");
+    // Stable: the same request yields the same token.
+    assert_eq!(
+        api.get("/v1/projects?limit=3").await.str("next_page"),
+        token
+    );
+
+    let mut names = Vec::new();
+    let mut pages = 0;
+    let mut uri = "/v1/projects?limit=3".to_owned();
+    loop {
+        let r = api.get(&uri).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+        let items = r.body["items"].as_array().unwrap().clone();
+        if items.is_empty() {
+            assert!(r.body["next_page"].is_null(), "empty page ends the walk");
+            break;
+        }
+        pages += 1;
+        names.extend(items.iter().map(|p| p["name"].as_str().unwrap().to_owned()));
+        uri = format!("/v1/projects?limit=3&page_token={}", r.str("next_page"));
+    }
+    assert_eq!(pages, 3);
+    let expected: Vec<String> = (0..7).map(|i| format!("proj-{i}")).collect();
+    assert_eq!(names, expected);
+
+    let desc = api
+        .get("/v1/projects?sort_by=name_descending&limit=2")
+        .await;
+    assert_eq!(desc.body["items"][0]["name"], "proj-6");
+    let by_id = api
+        .get("/v1/projects?sort_by=id_ascending&limit=10000")
+        .await;
+    let ids: Vec<&str> = by_id.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["id"].as_str().unwrap())
+        .collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(ids, sorted);
+
+    assert_error(
+        &api.get("/v1/projects?limit=0").await,
+        StatusCode::BAD_REQUEST,
+        None,
+    );
+    assert_error(
+        &api.get("/v1/projects?sort_by=newest").await,
+        StatusCode::BAD_REQUEST,
+        None,
+    );
+    assert_error(
+        &api.get("/v1/projects?page_token=garbage").await,
+        StatusCode::BAD_REQUEST,
+        None,
+    );
+    // A huge limit is clamped, not refused.
+    assert_eq!(
+        api.get("/v1/projects?limit=4000000000").await.status,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn follow_up_pages_need_only_the_token_like_the_sdk_stream() {
+    let api = Api::new();
+    api.project("p").await;
+    for i in 0..5 {
+        let r = api
+            .instance("p", &format!("vm-{i}"), json!({"start": false}))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    }
+    let first = api
+        .get("/v1/instances?project=p&limit=2&sort_by=name_descending")
+        .await;
+    assert_eq!(first.body["items"][0]["name"], "vm-4");
+    // The SDK's stream() drops `project` and `sort_by` after the first page.
+    let second = api
+        .get(&format!(
+            "/v1/instances?limit=2&page_token={}",
+            first.str("next_page")
+        ))
+        .await;
+    assert_eq!(second.status, StatusCode::OK, "{}", second.body);
+    assert_eq!(second.body["items"][0]["name"], "vm-2");
+    // A token from one list is refused by another.
+    let r = api
+        .get(&format!("/v1/disks?page_token={}", first.str("next_page")))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn instance_lifecycle_follows_nexus_rules_and_fires_events() {
+    let api = Api::new();
+    api.project("p").await;
+    let r = api
+        .instance("p", "vm", json!({"external_ips": [{"type": "ephemeral"}]}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.str("run_state"), "starting");
+    let id: Uuid = r.str("id").parse().unwrap();
+
+    // Deleting a starting/running instance is refused with nexus's body.
+    let r = api.delete("/v1/instances/vm?project=p").await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(
+        r.message(),
+        "cannot delete instance: instance is running or has not yet fully stopped"
+    );
+
+    api.wait_state("p", "vm", "running").await;
+    assert_eq!(api.seen(), vec![Seen::Running("vm".into())]);
+    let r = api.delete("/v1/instances/vm?project=p").await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+
+    // Start is idempotent while running; stop goes through stopping.
+    let r = api.post_empty("/v1/instances/vm/start?project=p").await;
+    assert_eq!(r.status, StatusCode::ACCEPTED);
+    assert_eq!(r.str("run_state"), "running");
+    let r = api.post_empty(&format!("/v1/instances/{id}/stop")).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED);
+    assert_eq!(r.str("run_state"), "stopping");
+    let r = api.post_empty("/v1/instances/vm/start?project=p").await;
+    assert_error(&r, StatusCode::CONFLICT, Some("Conflict"));
+    api.wait_state("p", "vm", "stopped").await;
+    assert_eq!(
+        api.post_empty("/v1/instances/vm/stop?project=p")
+            .await
+            .status,
+        StatusCode::ACCEPTED,
+        "stop is idempotent when stopped"
+    );
+    let r = api.post_empty("/v1/instances/vm/reboot?project=p").await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+
+    // Reboot: running → rebooting → running, halting and resuming.
+    api.post_empty("/v1/instances/vm/start?project=p").await;
+    api.wait_state("p", "vm", "running").await;
+    let r = api.post_empty("/v1/instances/vm/reboot?project=p").await;
+    assert_eq!(r.status, StatusCode::ACCEPTED);
+    assert_eq!(r.str("run_state"), "rebooting");
+    api.wait_state("p", "vm", "running").await;
+
+    api.post_empty("/v1/instances/vm/stop?project=p").await;
+    api.wait_state("p", "vm", "stopped").await;
+    assert_eq!(
+        api.delete("/v1/instances/vm?project=p").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_error(
+        &api.get(&format!("/v1/instances/{id}")).await,
+        StatusCode::NOT_FOUND,
+        Some("ObjectNotFound"),
+    );
+    assert_eq!(
+        api.seen(),
+        vec![
+            Seen::Running("vm".into()),
+            Seen::Halted(id),
+            Seen::Running("vm".into()),
+            Seen::Halted(id),
+            Seen::Running("vm".into()),
+            Seen::Halted(id),
+            Seen::Deleted(id),
+        ]
+    );
+    // The ephemeral address went back to the pool.
+    assert_eq!(api.sim.dump()["instances"], json!([]));
+}
+
+#[tokio::test]
+async fn create_with_start_false_is_stopped_and_can_be_started() {
+    let api = Api::new();
+    api.project("p").await;
+    let r = api.instance("p", "vm", json!({"start": false})).await;
+    assert_eq!(r.str("run_state"), "stopped");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(api.state("p", "vm").await, "stopped");
+    let r = api.post_empty("/v1/instances/vm/start?project=p").await;
+    assert_eq!(r.str("run_state"), "starting");
+    api.wait_state("p", "vm", "running").await;
+}
+
+#[tokio::test]
+async fn a_delayed_create_answers_creating_and_refuses_stop() {
+    let api = Api::with_timings(Timings {
+        create_to_starting: Duration::from_millis(150),
+        ..oxide_common::timings()
+    });
+    api.project("p").await;
+    let r = api.instance("p", "vm", json!({})).await;
+    assert_eq!(r.str("run_state"), "creating");
+    let r = api.post_empty("/v1/instances/vm/stop?project=p").await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    api.wait_state("p", "vm", "running").await;
+}
+
+#[tokio::test]
+async fn deleting_an_instance_detaches_disks_and_floating_ips_and_frees_addresses() {
+    let api = Api::new();
+    api.project("p").await;
+    let fip = api
+        .post(
+            "/v1/floating-ips?project=p",
+            json!({"name": "fip", "description": ""}),
+        )
+        .await;
+    assert_eq!(fip.status, StatusCode::CREATED, "{}", fip.body);
+    let free_before = api.pool.free();
+    let r = api
+        .instance(
+            "p",
+            "vm",
+            json!({
+                "boot_disk": {"type": "create", "name": "vm-boot", "description": "", "size": 10 * GIB,
+                    "disk_backend": {"type": "distributed", "disk_source": {"type": "blank", "block_size": 512}}},
+                "external_ips": [{"type": "ephemeral"}, {"type": "floating", "floating_ip": "fip"}],
+                "start": false,
+            }),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let id: Uuid = r.str("id").parse().unwrap();
+    let boot = api.get("/v1/disks/vm-boot?project=p").await;
+    assert_eq!(
+        boot.body["state"],
+        json!({"state": "attached", "instance": id.to_string()})
+    );
+    assert_eq!(r.str("boot_disk_id"), boot.str("id"));
+    assert_eq!(api.pool.free(), free_before - 1);
+
+    let ips = api.get("/v1/instances/vm/external-ips?project=p").await;
+    let kinds: Vec<&str> = ips.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, vec!["snat", "ephemeral", "floating"]);
+    assert!(ips.body["next_page"].is_null());
+
+    let r = api.delete("/v1/disks/vm-boot?project=p").await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+
+    assert_eq!(
+        api.delete("/v1/instances/vm?project=p").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        api.get("/v1/disks/vm-boot?project=p").await.body["state"]["state"],
+        "detached"
+    );
+    assert!(api.get("/v1/floating-ips/fip?project=p").await.body["instance_id"].is_null());
+    assert_eq!(api.pool.free(), free_before);
+    let fip_ip: IpAddr = fip.str("ip").parse().unwrap();
+    let seen = api.seen();
+    assert!(seen.contains(&Seen::Fip(fip_ip, Some(id))));
+    assert!(seen.contains(&Seen::Fip(fip_ip, None)));
+    assert_eq!(
+        api.delete("/v1/disks/vm-boot?project=p").await.status,
+        StatusCode::NO_CONTENT
+    );
+}
+
+#[tokio::test]
+async fn floating_ip_attach_is_503_while_starting_then_202_once_running() {
+    let api = Api::new();
+    api.project("p").await;
+    api.post(
+        "/v1/floating-ips?project=p",
+        json!({"name": "fip", "description": ""}),
+    )
+    .await;
+    api.instance("p", "a", json!({})).await;
+    api.instance("p", "b", json!({"start": false})).await;
+    let attach_a = json!({"kind": "instance", "parent": "a"});
+
+    let r = api
+        .post("/v1/floating-ips/fip/attach?project=p", attach_a.clone())
+        .await;
+    assert_error(
+        &r,
+        StatusCode::SERVICE_UNAVAILABLE,
+        Some("ServiceNotAvailable"),
+    );
+    api.wait_state("p", "a", "running").await;
+    let r = api
+        .post("/v1/floating-ips/fip/attach?project=p", attach_a.clone())
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.body);
+    let a_id = api
+        .get("/v1/instances/a?project=p")
+        .await
+        .str("id")
+        .to_owned();
+    assert_eq!(r.str("instance_id"), a_id);
+    // Again to the same instance: idempotent.
+    let r = api
+        .post("/v1/floating-ips/fip/attach?project=p", attach_a)
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED);
+    // Elsewhere: refused.
+    let r = api
+        .post(
+            "/v1/floating-ips/fip/attach?project=p",
+            json!({"kind": "instance", "parent": "b"}),
+        )
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    // Delete while attached: refused.
+    let r = api.delete("/v1/floating-ips/fip?project=p").await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    // The running instance now reaches the floating address.
+    let running = api.sim.running_instance(a_id.parse().unwrap()).unwrap();
+    assert_eq!(running.external_ips.len(), 1);
+
+    let r = api
+        .post_empty("/v1/floating-ips/fip/detach?project=p")
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED);
+    assert!(r.body["instance_id"].is_null());
+    let r = api
+        .post_empty("/v1/floating-ips/fip/detach?project=p")
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::ACCEPTED,
+        "detach when not attached is fine"
+    );
+    assert_eq!(
+        api.delete("/v1/floating-ips/fip?project=p").await.status,
+        StatusCode::NO_CONTENT
+    );
+}
+
+#[tokio::test]
+async fn floating_ip_attach_to_a_failed_instance_is_400() {
+    let api = Api::new();
+    api.project("p").await;
+    api.post(
+        "/v1/floating-ips?project=p",
+        json!({"name": "fip", "description": ""}),
+    )
+    .await;
+    let r = api.instance("p", "vm", json!({"start": false})).await;
+    api.sim.set_instance_failed(r.str("id").parse().unwrap());
+    let r = api
+        .post(
+            "/v1/floating-ips/fip/attach?project=p",
+            json!({"kind": "instance", "parent": "vm"}),
+        )
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    // Failed instances can be stopped (→ stopped) and deleted.
+    let r = api.post_empty("/v1/instances/vm/stop?project=p").await;
+    assert_eq!(r.str("run_state"), "stopped");
+}
+
+async fn import_disk(api: &Api) {
+    let r = api
+        .post(
+            "/v1/disks?project=p",
+            json!({"name": "img", "description": "", "size": GIB,
+                "disk_backend": {"type": "distributed", "disk_source": {"type": "importing_blocks", "block_size": 512}}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["state"]["state"], "import_ready");
+}
+
+fn chunk(offset: u64, len: usize, byte: u8) -> Value {
+    json!({"offset": offset, "base64_encoded_data": STANDARD.encode(vec![byte; len])})
+}
+
+#[tokio::test]
+async fn bulk_import_happy_path_ends_in_a_snapshot_and_an_image() {
+    let api = Api::new();
+    api.project("p").await;
+    import_disk(&api).await;
+    assert_eq!(
+        api.post_empty("/v1/disks/img/bulk-write-start?project=p")
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        api.get("/v1/disks/img?project=p").await.body["state"]["state"],
+        "importing_from_bulk_writes"
+    );
+    for (i, byte) in [1u8, 0, 2].into_iter().enumerate() {
+        let r = api
+            .post(
+                "/v1/disks/img/bulk-write?project=p",
+                chunk(i as u64 * 524_288, 524_288, byte),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+    }
+    // The last block of the disk is writable; only non-zero data is stored.
+    let r = api
+        .post(
+            "/v1/disks/img/bulk-write?project=p",
+            chunk(GIB - 512, 512, 9),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+    assert_eq!(
+        api.post_empty("/v1/disks/img/bulk-write-stop?project=p")
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    let r = api
+        .post(
+            "/v1/disks/img/finalize?project=p",
+            json!({"snapshot_name": "img-snap"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+    let disk = api.get("/v1/disks/img?project=p").await;
+    assert_eq!(disk.body["state"]["state"], "detached");
+    let dump = api.sim.dump();
+    assert_eq!(
+        dump["disks"][0]["bytes_written"],
+        json!(2 * 524_288 + 65_536)
+    );
+
+    let snap = api.get("/v1/snapshots/img-snap?project=p").await;
+    assert_eq!(snap.status, StatusCode::OK);
+    assert_eq!(snap.str("disk_id"), disk.str("id"));
+    let image = api
+        .post(
+            "/v1/images?project=p",
+            json!({"name": "ubuntu", "description": "", "os": "ubuntu", "version": "24.04",
+                "source": {"type": "snapshot", "id": snap.str("id")}}),
+        )
+        .await;
+    assert_eq!(image.status, StatusCode::CREATED, "{}", image.body);
+    assert_eq!(image.body["size"], json!(GIB));
+
+    // image_list with project: project images only; without: silo images only.
+    api.sim.seed_silo_image("silo-img", "debian", "12", GIB);
+    let project_images = api.get("/v1/images?project=p").await;
+    assert_eq!(project_images.body["items"].as_array().unwrap().len(), 1);
+    assert_eq!(project_images.body["items"][0]["name"], "ubuntu");
+    let silo_images = api.get("/v1/images").await;
+    assert_eq!(silo_images.body["items"].as_array().unwrap().len(), 1);
+    assert_eq!(silo_images.body["items"][0]["name"], "silo-img");
+    assert_eq!(api.get("/v1/images/silo-img").await.status, StatusCode::OK);
+    assert_eq!(
+        api.get("/v1/images/ubuntu?project=p").await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        api.get("/v1/images/ubuntu").await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    // A disk (and an instance boot disk) from the image.
+    let r = api
+        .instance(
+            "p",
+            "vm",
+            json!({"boot_disk": {"type": "create", "name": "vm-boot", "description": "", "size": 2 * GIB,
+                "disk_backend": {"type": "distributed", "disk_source": {"type": "image", "image_id": image.str("id")}}},
+                "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let boot = api.get("/v1/disks/vm-boot?project=p").await;
+    assert_eq!(boot.str("image_id"), image.str("id"));
+    assert_eq!(boot.body["block_size"], 512);
+}
+
+#[tokio::test]
+async fn bulk_import_steps_out_of_order_are_400() {
+    let api = Api::new();
+    api.project("p").await;
+    import_disk(&api).await;
+    let write = chunk(0, 512, 1);
+    let r = api
+        .post("/v1/disks/img/bulk-write?project=p", write.clone())
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    let r = api
+        .post_empty("/v1/disks/img/bulk-write-stop?project=p")
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    api.post_empty("/v1/disks/img/bulk-write-start?project=p")
+        .await;
+    let r = api
+        .post_empty("/v1/disks/img/bulk-write-start?project=p")
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    let r = api
+        .post("/v1/disks/img/finalize?project=p", json!({}))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    // Misaligned offset, ragged length, past the end, bad base64, too large.
+    for body in [
+        chunk(100, 512, 1),
+        chunk(0, 700, 1),
+        chunk(GIB, 512, 1),
+        json!({"offset": 0, "base64_encoded_data": "***"}),
+        chunk(0, 8 * 1024 * 1024 + 512, 1),
+    ] {
+        let r = api.post("/v1/disks/img/bulk-write?project=p", body).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    }
+    assert_eq!(
+        api.post("/v1/disks/img/bulk-write?project=p", write)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    api.post_empty("/v1/disks/img/bulk-write-stop?project=p")
+        .await;
+    // An import-ready disk cannot be deleted; a finalized one can.
+    let r = api.delete("/v1/disks/img?project=p").await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(
+        api.post("/v1/disks/img/finalize?project=p", json!({}))
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    let r = api
+        .post("/v1/disks/img/finalize?project=p", json!({}))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(
+        api.delete("/v1/disks/img?project=p").await.status,
+        StatusCode::NO_CONTENT
+    );
+}
+
+#[tokio::test]
+async fn disk_sizes_follow_nexus_rules() {
+    let api = Api::new();
+    api.project("p").await;
+    let disk = |size: u64, bs: u64| {
+        json!({"name": "d", "description": "", "size": size,
+            "disk_backend": {"type": "distributed", "disk_source": {"type": "blank", "block_size": bs}}})
+    };
+    for (size, bs) in [
+        (GIB / 2, 512),
+        (GIB + 4096, 4096),
+        (1024 * GIB, 512),
+        (GIB + 512, 4096),
+    ] {
+        let r = api.post("/v1/disks?project=p", disk(size, bs)).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidValue"));
+    }
+    let r = api.post("/v1/disks?project=p", disk(GIB, 1024)).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    let r = api
+        .post("/v1/disks?project=p", disk(1023 * GIB, 4096))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+}
+
+#[tokio::test]
+async fn instance_create_limits_are_enforced() {
+    let api = Api::new();
+    api.project("p").await;
+    let blank = |name: &str| {
+        json!({"type": "create", "name": name, "description": "", "size": GIB,
+            "disk_backend": {"type": "distributed", "disk_source": {"type": "blank", "block_size": 4096}}})
+    };
+    let cases: Vec<(Value, Option<&str>)> = vec![
+        (json!({"ncpus": 255}), Some("InvalidRequest")),
+        (json!({"ncpus": 0}), Some("InvalidValue")),
+        (json!({"memory": GIB / 2}), Some("InvalidValue")),
+        (json!({"memory": GIB + 1}), Some("InvalidValue")),
+        (json!({"memory": 1537 * GIB}), Some("InvalidValue")),
+        (json!({"hostname": ""}), None),
+        (json!({"hostname": "bad_host"}), None),
+        (
+            json!({"disks": (0..13).map(|i| blank(&format!("d{i}"))).collect::<Vec<_>>()}),
+            Some("InvalidRequest"),
+        ),
+        (
+            json!({"external_ips": [{"type": "ephemeral"}, {"type": "ephemeral"}, {"type": "ephemeral"}]}),
+            Some("InvalidRequest"),
+        ),
+        (
+            json!({"external_ips": (0..33).map(|i| json!({"type": "floating", "floating_ip": format!("f{i}")})).collect::<Vec<_>>()}),
+            Some("InvalidRequest"),
+        ),
+        (json!({"user_data": "not base64!"}), None),
+        (
+            json!({"user_data": STANDARD.encode(vec![b'a'; 32 * 1024 + 1])}),
+            None,
+        ),
+        (
+            json!({"ssh_public_keys": (0..101).map(|i| format!("k{i}")).collect::<Vec<_>>()}),
+            Some("InvalidRequest"),
+        ),
+        (
+            json!({"ssh_public_keys": ["missing-key"]}),
+            Some("ObjectNotFound"),
+        ),
+        (
+            json!({"network_interfaces": {"type": "create", "params": (0..9).map(|i| json!({
+                "name": format!("n{i}"), "description": "", "vpc_name": "default", "subnet_name": "default"
+            })).collect::<Vec<_>>()}}),
+            Some("InvalidRequest"),
+        ),
+        (
+            json!({"disks": [{"type": "attach", "name": "absent"}]}),
+            Some("ObjectNotFound"),
+        ),
+        (
+            json!({"anti_affinity_groups": ["absent"]}),
+            Some("ObjectNotFound"),
+        ),
+    ];
+    for (extra, code) in cases {
+        let r = api.instance("p", "vm", extra.clone()).await;
+        assert!(r.status.is_client_error(), "{extra}: {}", r.body);
+        assert_eq!(r.code(), code, "{extra}: {}", r.body);
+    }
+    // Nothing leaked from the refused creates.
+    let dump = api.sim.dump();
+    assert_eq!(dump["instances"], json!([]));
+    assert_eq!(dump["disks"], json!([]));
+    // Exactly at the limits is fine.
+    let max_user_data = STANDARD.encode(vec![b'a'; 32 * 1024]);
+    let r = api
+        .instance(
+            "p",
+            "vm",
+            json!({"ncpus": 254, "memory": 1536 * GIB, "user_data": max_user_data, "start": false,
+                "disks": (0..12).map(|i| blank(&format!("d{i}"))).collect::<Vec<_>>(),
+                "external_ips": [{"type": "ephemeral"}, {"type": "ephemeral"}]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let ips = api.get("/v1/instances/vm/external-ips?project=p").await;
+    assert_eq!(ips.body["items"].as_array().unwrap().len(), 3);
+    let disks = api.get("/v1/instances/vm/disks?project=p&limit=5").await;
+    assert_eq!(disks.body["items"].as_array().unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn user_data_and_ssh_keys_reach_the_running_instance() {
+    let api = Api::new();
+    api.project("p").await;
+    api.sim.seed_ssh_key("me", "ssh-ed25519 AAAA me@host");
+    api.sim.seed_ssh_key("other", "ssh-ed25519 BBBB other@host");
+    let cloud_init = b"#cloud-config\nhostname: vm\n";
+    let r = api
+        .instance(
+            "p",
+            "vm",
+            json!({"user_data": STANDARD.encode(cloud_init), "ssh_public_keys": ["me"]}),
+        )
+        .await;
+    api.wait_state("p", "vm", "running").await;
+    let ri = api
+        .sim
+        .running_instance(r.str("id").parse().unwrap())
+        .unwrap();
+    assert_eq!(ri.user_data, cloud_init);
+    assert_eq!(ri.ssh_public_keys, vec!["ssh-ed25519 AAAA me@host"]);
+    assert_eq!(ri.project, "p");
+    assert!(
+        !format!("{ri:?}").contains("cloud-config"),
+        "Debug hides user data"
+    );
+    // Omitted: all of the user's keys.
+    let r = api.instance("p", "vm2", json!({"start": false})).await;
+    let ri = api
+        .sim
+        .running_instance(r.str("id").parse().unwrap())
+        .unwrap();
+    assert_eq!(ri.ssh_public_keys.len(), 2);
+}
+
+#[tokio::test]
+async fn serial_console_serves_recent_bytes_of_a_running_instance() {
+    let api = Api::new();
+    api.project("p").await;
+    let r = api.instance("p", "vm", json!({})).await;
+    let id: Uuid = r.str("id").parse().unwrap();
+    let r = api
+        .get("/v1/instances/vm/serial-console?project=p&most_recent=100")
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    api.wait_state("p", "vm", "running").await;
+    api.sim.append_console(id, b"hello ");
+    api.sim.append_console(id, b"world");
+
+    let r = api
+        .get("/v1/instances/vm/serial-console?project=p&from_start=0")
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let data: Vec<u8> = serde_json::from_value(r.body["data"].clone()).unwrap();
+    assert_eq!(data, b"hello world");
+    assert_eq!(r.body["last_byte_offset"], 11);
+    let r = api
+        .get(&format!("/v1/instances/{id}/serial-console?most_recent=5"))
+        .await;
+    let data: Vec<u8> = serde_json::from_value(r.body["data"].clone()).unwrap();
+    assert_eq!(data, b"world");
+    let r = api
+        .get("/v1/instances/vm/serial-console?project=p&from_start=6&max_bytes=3")
+        .await;
+    let data: Vec<u8> = serde_json::from_value(r.body["data"].clone()).unwrap();
+    assert_eq!(data, b"wor");
+    assert_eq!(r.body["last_byte_offset"], 9);
+    for q in ["", "&from_start=0&most_recent=1"] {
+        let r = api
+            .get(&format!("/v1/instances/vm/serial-console?project=p{q}"))
+            .await;
+        assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    }
+    // The history is bounded to the last MiB.
+    api.sim.append_console(id, &vec![b'x'; 2 * 1024 * 1024]);
+    let r = api
+        .get("/v1/instances/vm/serial-console?project=p&most_recent=4000000")
+        .await;
+    assert_eq!(r.body["data"].as_array().unwrap().len(), 1024 * 1024);
+    let r = api
+        .get("/v1/instances/vm/serial-console?project=p&from_start=0")
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::BAD_REQUEST,
+        "rolled-off bytes are gone"
+    );
+}
+
+#[tokio::test]
+async fn anti_affinity_groups_take_stopped_instances_only() {
+    let api = Api::new();
+    api.project("p").await;
+    let g = api
+        .post(
+            "/v1/anti-affinity-groups?project=p",
+            json!({"name": "cp", "description": "", "policy": "allow", "failure_domain": "sled"}),
+        )
+        .await;
+    assert_eq!(g.status, StatusCode::CREATED, "{}", g.body);
+    api.instance("p", "a", json!({"start": false})).await;
+    api.instance("p", "b", json!({})).await;
+    let r = api
+        .post_empty("/v1/anti-affinity-groups/cp/members/instance/a?project=p")
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["type"], "instance");
+    assert_eq!(r.body["value"]["name"], "a");
+    // Adding again is idempotent.
+    let r = api
+        .post_empty("/v1/anti-affinity-groups/cp/members/instance/a?project=p")
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let r = api
+        .post_empty("/v1/anti-affinity-groups/cp/members/instance/b?project=p")
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    // Created straight into the group.
+    let r = api
+        .instance(
+            "p",
+            "c",
+            json!({"anti_affinity_groups": ["cp"], "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let members = api
+        .get(&format!("/v1/anti-affinity-groups/{}/members", g.str("id")))
+        .await;
+    let names: Vec<&str> = members.body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["value"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["a", "c"]);
+    assert_eq!(
+        api.get("/v1/anti-affinity-groups?project=p").await.body["items"][0]["name"],
+        "cp"
+    );
+}
+
+#[tokio::test]
+async fn route_faults_fail_with_real_error_bodies_and_counters_use_templates() {
+    let api = Api::new();
+    api.project("p").await;
+    api.faults.update(|f| {
+        f.routes.insert(
+            "GET /v1/projects/{project}".into(),
+            RouteFault {
+                error_rate: 1.0,
+                ..RouteFault::default()
+            },
+        );
+        f.routes.insert(
+            "GET /v1/projects".into(),
+            RouteFault {
+                error_rate: 1.0,
+                error_status: 500,
+                latency_ms: 20,
+            },
+        );
+    });
+    let r = api.get("/v1/projects/p").await;
+    assert_error(
+        &r,
+        StatusCode::SERVICE_UNAVAILABLE,
+        Some("ServiceNotAvailable"),
+    );
+    let started = std::time::Instant::now();
+    let r = api.get("/v1/projects").await;
+    assert_error(&r, StatusCode::INTERNAL_SERVER_ERROR, Some("Internal"));
+    assert!(started.elapsed() >= Duration::from_millis(20));
+    api.faults.set(FaultSpec::default());
+    assert_eq!(api.get("/v1/projects/p").await.status, StatusCode::OK);
+
+    let counters = api.sim.counters();
+    assert_eq!(counters["GET /v1/projects/{project}"], 2);
+    assert_eq!(counters["GET /v1/projects"], 1);
+    assert_eq!(counters["POST /v1/projects"], 1);
+    api.sim.reset_counters();
+    assert!(api.sim.counters().is_empty());
+}
+
+#[tokio::test]
+async fn fail_at_boot_and_hang_stopping_faults_act_by_name_prefix() {
+    let api = Api::new();
+    api.project("p").await;
+    api.faults.update(|f| {
+        f.fail_at_boot.push("bad-".into());
+        f.hang_stopping.push("stuck-".into());
+    });
+    api.instance("p", "bad-1", json!({})).await;
+    api.wait_state("p", "bad-1", "failed").await;
+    api.instance("p", "stuck-1", json!({})).await;
+    api.wait_state("p", "stuck-1", "running").await;
+    api.post_empty("/v1/instances/stuck-1/stop?project=p").await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(api.state("p", "stuck-1").await, "stopping");
+    assert_eq!(
+        api.delete("/v1/instances/stuck-1?project=p").await.status,
+        StatusCode::BAD_REQUEST
+    );
+    // An admin can still fail it, after which it can be deleted.
+    let id = api
+        .get("/v1/instances/stuck-1?project=p")
+        .await
+        .str("id")
+        .to_owned();
+    api.sim.set_instance_failed(id.parse().unwrap());
+    assert_eq!(
+        api.delete("/v1/instances/stuck-1?project=p").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert!(!api.seen().contains(&Seen::Running("bad-1".into())));
+}
+
+#[tokio::test]
+async fn garbage_requests_never_panic_and_always_get_error_bodies() {
+    let api = Api::new();
+    api.project("p").await;
+    let paths = [
+        "/v1/instances/%ff?project=p",
+        "/v1/instances/x?project=%zz",
+        "/v1/disks/a/bulk-write?project=p&project=q",
+        "/v1/instances?project=p&limit=-1",
+        "/v1/instances/00000000-0000-0000-0000-000000000000/serial-console?from_start=1e9",
+        "/v1/images?page_token=%00",
+        "//v1//projects",
+        "/v1/anti-affinity-groups/g/members/instance/",
+    ];
+    let bodies: [&[u8]; 5] = [b"", b"null", b"[]", b"{\"name\":1}", &[0xff, 0xfe, 0x00]];
+    let mut statuses = BTreeSet::new();
+    for path in paths {
+        for method in [Method::GET, Method::POST, Method::DELETE, Method::PUT] {
+            for body in bodies {
+                let req = Request::builder()
+                    .method(method.clone())
+                    .uri(path)
+                    .header("authorization", format!("Bearer {TOKEN}"))
+                    .body(Bytes::copy_from_slice(body))
+                    .unwrap();
+                let r = api.raw(req).await;
+                assert!(r.status.is_client_error(), "{method} {path}: {}", r.status);
+                assert!(r.body.get("request_id").is_some());
+                statuses.insert(r.status.as_u16());
+            }
+        }
+    }
+    assert!(statuses.contains(&400) && statuses.contains(&404) && statuses.contains(&405));
+}
+
+#[tokio::test]
+async fn an_exhausted_address_pool_is_507_insufficient_capacity() {
+    let api = Api::new();
+    api.project("p").await;
+    let mut created = 0;
+    loop {
+        let r = api
+            .post(
+                "/v1/floating-ips?project=p",
+                json!({"name": format!("f{created}"), "description": ""}),
+            )
+            .await;
+        if r.status != StatusCode::CREATED {
+            assert_error(
+                &r,
+                StatusCode::INSUFFICIENT_STORAGE,
+                Some("InsufficientCapacity"),
+            );
+            break;
+        }
+        created += 1;
+        assert!(created < 300, "the pool never ran out");
+    }
+    // 254 hosts in the /24, one of them the shared SNAT address.
+    assert_eq!(created, 253);
+    let r = api
+        .instance("p", "vm", json!({"external_ips": [{"type": "ephemeral"}]}))
+        .await;
+    assert_error(
+        &r,
+        StatusCode::INSUFFICIENT_STORAGE,
+        Some("InsufficientCapacity"),
+    );
+    assert_eq!(
+        api.delete("/v1/floating-ips/f0?project=p").await.status,
+        StatusCode::NO_CONTENT
+    );
+    let r = api
+        .instance("p", "vm", json!({"external_ips": [{"type": "ephemeral"}]}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+}
+
+#[tokio::test]
+async fn a_faulted_disk_can_be_deleted_even_while_recorded_as_attached_elsewhere() {
+    let api = Api::new();
+    api.project("p").await;
+    let r = api
+        .instance(
+            "p",
+            "vm",
+            json!({"disks": [{"type": "create", "name": "d", "description": "", "size": GIB,
+                "disk_backend": {"type": "distributed", "disk_source": {"type": "blank", "block_size": 512}}}],
+                "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let disk = api.get("/v1/disks/d?project=p").await;
+    assert_eq!(
+        api.delete("/v1/disks/d?project=p").await.status,
+        StatusCode::BAD_REQUEST
+    );
+    api.sim.set_disk_faulted(disk.str("id").parse().unwrap());
+    assert_eq!(
+        api.get("/v1/disks/d?project=p").await.body["state"]["state"],
+        "faulted"
+    );
+    assert_eq!(
+        api.delete("/v1/disks/d?project=p").await.status,
+        StatusCode::NO_CONTENT
+    );
+}

@@ -1,0 +1,267 @@
+//! The simulated guests: cloud-init validation and k3s cluster formation, driven through the
+//! Oxide API exactly as the product drives a rack.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod sim_support;
+
+use std::time::Duration;
+
+use oxide::prelude::*;
+use sim_support::*;
+
+const TOKEN: &str = "server-secret-0123456789";
+
+#[tokio::test]
+async fn first_server_creates_the_cluster_and_becomes_a_ready_node() {
+    let sim = start().await;
+    let c = client(&sim);
+    let node = first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+
+    let labels = &node["metadata"]["labels"];
+    assert_eq!(labels["node-role.kubernetes.io/control-plane"], "true");
+    assert_eq!(labels["node-role.kubernetes.io/etcd"], "true");
+    assert_eq!(labels["kubernetes.io/hostname"], "c1-cp-aaaaa");
+    assert_eq!(labels["kubernetes.io/os"], "linux");
+    assert_eq!(labels["oxide-controller/pool"], "control-plane");
+    assert_eq!(node["status"]["nodeInfo"]["kubeletVersion"], "v1.33.4+k3s1");
+    let ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let addresses = node["status"]["addresses"].as_array().unwrap();
+    assert!(
+        addresses
+            .iter()
+            .any(|a| a["type"] == "InternalIP" && a["address"] == ip.to_string()),
+        "InternalIP is the instance's external IP: {addresses:?}"
+    );
+
+    let console = wait_console(&c, "c1-cp-aaaaa", "k3s is up and running").await;
+    assert!(console.contains("-----BEGIN SSH HOST KEY FINGERPRINTS-----"));
+    assert!(console.contains("root@c1-cp-aaaaa (ED25519)"));
+    assert!(
+        !console.contains(TOKEN),
+        "the console never shows the token"
+    );
+    let info = sim.boot().cluster_info();
+    assert_eq!(info["creator"], "c1-cp-aaaaa");
+}
+
+#[tokio::test]
+async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
+    let sim = start().await;
+    let c = client(&sim);
+    let fip = create_floating_ip(&c, "c1-apiserver").await;
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[fip]).await;
+
+    let join = format!("server: https://{fip}:6443\ntoken: {TOKEN}\n");
+    create_instance(&c, "c1-cp-bbbbb", &user_data("server", &join, &[])).await;
+    // Nothing serves the floating IP yet: k3s keeps retrying and says so.
+    wait_console(&c, "c1-cp-bbbbb", "connection refused").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        node_ready(&sim, "c1-cp-bbbbb"),
+        None,
+        "cannot join before the IP is attached"
+    );
+
+    attach_floating_ip(&c, "c1-apiserver", "c1-cp-aaaaa").await;
+    let node = wait_node_status(&sim, "c1-cp-bbbbb", "True").await;
+    assert_eq!(
+        node["metadata"]["labels"]["node-role.kubernetes.io/control-plane"],
+        "true"
+    );
+    let joined = sim.boot().cluster_info()["joined"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(joined, 2);
+}
+
+#[tokio::test]
+async fn an_agent_joins_with_the_agent_token_carrying_labels_taints_and_provider_id() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let server_ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+
+    let provider = "oxide://6e4b3f7c-3f43-4a4e-9d0e-111111111111";
+    let agent = format!(
+        "server: https://{server_ip}:6443\ntoken: agent-secret-1\nnode-name: worker-one\nnode-label:\n  - oxide-controller/pool=workers\nnode-taint:\n  - dedicated=db:NoSchedule\nkubelet-arg:\n  - provider-id={provider}\n"
+    );
+    create_instance(&c, "c1-workers-ccccc", &user_data("agent", &agent, &[])).await;
+    let node = wait_node_status(&sim, "worker-one", "True").await;
+
+    let labels = &node["metadata"]["labels"];
+    assert_eq!(labels["oxide-controller/pool"], "workers");
+    assert_eq!(labels["kubernetes.io/hostname"], "worker-one");
+    assert!(
+        labels
+            .get("node-role.kubernetes.io/control-plane")
+            .is_none(),
+        "agents are workers"
+    );
+    assert_eq!(node["spec"]["providerID"], provider);
+    assert_eq!(
+        node["spec"]["taints"],
+        serde_json::json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"}])
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_token_never_joins_and_the_console_says_so_without_printing_it() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let server_ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+
+    let wrong = "not-the-token-987654";
+    let server = format!("server: https://{server_ip}:6443\ntoken: {wrong}\n");
+    create_instance(&c, "c1-cp-bbbbb", &user_data("server", &server, &[])).await;
+    let agent = format!("server: https://{server_ip}:6443\ntoken: {wrong}\n");
+    create_instance(&c, "c1-workers-ddddd", &user_data("agent", &agent, &[])).await;
+
+    for name in ["c1-cp-bbbbb", "c1-workers-ddddd"] {
+        let console = wait_console(&c, name, "401 Unauthorized").await;
+        assert!(console.contains("level=fatal"), "{name}: {console}");
+        assert!(
+            !console.contains(wrong),
+            "{name} printed the token it was given"
+        );
+        assert!(!console.contains(TOKEN), "{name} printed the cluster token");
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(node_ready(&sim, "c1-cp-bbbbb"), None);
+    assert_eq!(node_ready(&sim, "c1-workers-ddddd"), None);
+}
+
+#[tokio::test]
+async fn stopping_a_vm_makes_its_node_not_ready_and_restarting_reregisters_it() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let server_ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let agent = format!("server: https://{server_ip}:6443\ntoken: {TOKEN}\n");
+    create_instance(&c, "c1-workers-eeeee", &user_data("agent", &agent, &[])).await;
+    wait_node_status(&sim, "c1-workers-eeeee", "True").await;
+
+    stop_instance(&c, "c1-workers-eeeee").await;
+    wait_node_status(&sim, "c1-workers-eeeee", "Unknown").await;
+
+    // The Node stays until someone deletes it; a restarted kubelet registers it again.
+    assert!(sim.twin().delete("v1", "Node", None, "c1-workers-eeeee"));
+    wait_for("instance stopped", || async {
+        let state = c
+            .instance_view()
+            .project(PROJECT)
+            .instance("c1-workers-eeeee")
+            .send()
+            .await
+            .ok()?
+            .into_inner()
+            .run_state;
+        (state == oxide::types::InstanceState::Stopped).then_some(())
+    })
+    .await;
+    start_instance(&c, "c1-workers-eeeee").await;
+    wait_node_status(&sim, "c1-workers-eeeee", "True").await;
+}
+
+#[tokio::test]
+async fn the_server_api_listener_closes_when_its_vm_stops() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    tokio::net::TcpStream::connect((ip, 6443))
+        .await
+        .expect("API answers while running");
+    tokio::net::TcpStream::connect((ip, SSH_PORT))
+        .await
+        .expect("sshd answers while running");
+
+    stop_instance(&c, "c1-cp-aaaaa").await;
+    wait_for("listeners closed", || async {
+        let api = tokio::net::TcpStream::connect((ip, 6443)).await.is_err();
+        let ssh = tokio::net::TcpStream::connect((ip, SSH_PORT))
+            .await
+            .is_err();
+        (api && ssh).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn user_data_without_the_cloud_config_header_is_refused_on_the_console() {
+    let sim = start().await;
+    let c = client(&sim);
+    create_instance(
+        &c,
+        "c1-cp-fffff",
+        "#!/bin/sh\ncurl -sfL https://get.k3s.io | sh -\n",
+    )
+    .await;
+    let console = wait_console(&c, "c1-cp-fffff", "does not start with '#cloud-config'").await;
+    // cloud-init still prints the host keys; k3s never starts.
+    assert!(console.contains("-----BEGIN SSH HOST KEY FINGERPRINTS-----"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !console.contains("k3s"),
+        "no k3s without a valid cloud-config: {console}"
+    );
+    assert_eq!(node_ready(&sim, "c1-cp-fffff"), None);
+}
+
+#[tokio::test]
+async fn user_data_over_32_kib_never_boots_a_node() {
+    let sim = start().await;
+    let c = client(&sim);
+    let mut ud = user_data("server", &first_server_config(TOKEN, "a", &[]), &[]);
+    ud.push_str(&format!("# {}\n", "x".repeat(32 * 1024)));
+    let body = oxide::types::InstanceCreate::builder()
+        .name("c1-cp-ggggg")
+        .description("too big")
+        .hostname("c1-cp-ggggg")
+        .ncpus(oxide::types::InstanceCpuCount(2))
+        .memory(oxide::types::ByteCount(4 << 30))
+        .user_data(base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            &ud,
+        ));
+
+    match c.instance_create().project(PROJECT).body(body).send().await {
+        // The API refuses it up front (a real rack does)...
+        Err(oxide::Error::ErrorResponse(resp)) => assert_eq!(resp.status(), 400),
+        // ...and were it ever accepted, cloud-init would refuse it on the console.
+        Ok(_) => {
+            wait_console(&c, "c1-cp-ggggg", "over the 32768-byte limit").await;
+        }
+        Err(other) => panic!("unexpected error {other}"),
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(node_ready(&sim, "c1-cp-ggggg"), None);
+}
+
+#[tokio::test]
+async fn a_second_cluster_init_server_with_another_token_is_refused() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let other = first_server_config("another-token-5555", "x", &[]);
+    create_instance(&c, "c2-cp-hhhhh", &user_data("server", &other, &[])).await;
+    let console = wait_console(&c, "c2-cp-hhhhh", "level=fatal").await;
+    assert!(!console.contains("another-token-5555"));
+    assert_eq!(node_ready(&sim, "c2-cp-hhhhh"), None);
+}
+
+#[tokio::test]
+async fn never_join_fault_keeps_a_vm_out_of_the_cluster() {
+    let sim = start_with(|o| o.faults.never_join = vec!["c1-workers-bad".into()]).await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let agent = format!("server: https://{ip}:6443\ntoken: {TOKEN}\n");
+    create_instance(&c, "c1-workers-bad01", &user_data("agent", &agent, &[])).await;
+    create_instance(&c, "c1-workers-good1", &user_data("agent", &agent, &[])).await;
+    wait_node_status(&sim, "c1-workers-good1", "True").await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(node_ready(&sim, "c1-workers-bad01"), None);
+}

@@ -1,0 +1,418 @@
+//! `KubeStateStore` against the cluster twin over real HTTPS: optimistic concurrency on the
+//! ConfigMap (one of two racing writers wins, the other gets `Conflict`; a thousand
+//! read-increment-write loops lose no update), `ensure_state` filling in without
+//! overwriting, and the errors a caller acts on.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use oxide_controller::cluster::{NAMESPACE, OBJECT_NAME};
+use oxide_controller::kubeclient;
+use oxide_controller::secrets::{ClusterSecrets, keys as secret_keys};
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::state::{StateError, StateStore, keys};
+use oxide_sim::twin::{LocalTwin, Twin, TwinConfig};
+use serde_json::json;
+
+/// A twin on loopback and a kubeconfig file for it, as `--kubeconfig` would name it.
+struct Env {
+    local: LocalTwin,
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    async fn start() -> Env {
+        let local = Twin::new(TwinConfig::default())
+            .unwrap()
+            .serve_local()
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("admin.yaml"), local.admin_kubeconfig()).unwrap();
+        Env { local, dir }
+    }
+
+    /// A fresh client (its own connection pool, like a separate process).
+    async fn client(&self) -> kube::Client {
+        kubeclient::client(Some(&self.dir.path().join("admin.yaml")), None)
+            .await
+            .unwrap()
+    }
+
+    async fn store(&self) -> KubeStateStore {
+        KubeStateStore::new(self.client().await, NAMESPACE)
+    }
+
+    fn twin(&self) -> &Twin {
+        &self.local.twin
+    }
+}
+
+fn secrets() -> ClusterSecrets {
+    ClusterSecrets {
+        oxide_host: "https://rack.example".into(),
+        oxide_token: "oxide-token-1".into(),
+        oxide_project: "proj".into(),
+        k3s_token: "k3s-token-1".into(),
+        k3s_agent_token: "agent-token-1".into(),
+        ssh_private_key: "PRIVATE-1".into(),
+        ssh_public_key: "ssh-ed25519 AAAA1".into(),
+        user_ssh_public_key: Some("ssh-ed25519 USER1".into()),
+        webhook_token: "hook-1".into(),
+        tailscale_auth_key: None,
+    }
+}
+
+fn b64(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn config(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn of_two_writers_with_the_same_resource_version_exactly_one_wins_every_round() {
+    let env = Env::start().await;
+    let (a, b) = (env.store().await, env.store().await);
+    a.ensure_state(&secrets(), config(&[(keys::SCHEMA_VERSION, "1")]))
+        .await
+        .unwrap();
+
+    let mut wins = (0, 0);
+    for round in 0..50 {
+        let (seen_a, seen_b) = (
+            a.read_config().await.unwrap(),
+            b.read_config().await.unwrap(),
+        );
+        assert_eq!(
+            seen_a.resource_version, seen_b.resource_version,
+            "round {round}"
+        );
+        let data_a = config(&[("writer", "a"), ("round", &round.to_string())]);
+        let data_b = config(&[("writer", "b"), ("round", &round.to_string())]);
+        let (ra, rb) = tokio::join!(
+            a.replace_config(&seen_a.resource_version, data_a.clone()),
+            b.replace_config(&seen_b.resource_version, data_b.clone()),
+        );
+        let after = a.read_config().await.unwrap();
+        match (ra, rb) {
+            (Ok(rv), Err(StateError::Conflict { what })) => {
+                wins.0 += 1;
+                assert_eq!(
+                    (after.resource_version, after.data),
+                    (rv, data_a),
+                    "round {round}"
+                );
+                assert!(
+                    what.contains("ConfigMap kube-system/oxide-controller"),
+                    "{what}"
+                );
+            }
+            (Err(StateError::Conflict { .. }), Ok(rv)) => {
+                wins.1 += 1;
+                assert_eq!(
+                    (after.resource_version, after.data),
+                    (rv, data_b),
+                    "round {round}"
+                );
+            }
+            other => {
+                panic!("round {round}: expected exactly one winner and one Conflict, got {other:?}")
+            }
+        }
+    }
+    assert_eq!(wins.0 + wins.1, 50);
+}
+
+#[tokio::test]
+async fn a_thousand_concurrent_increments_with_re_read_and_retry_lose_nothing() {
+    let env = Env::start().await;
+    let stores: Vec<Arc<KubeStateStore>> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(Arc::new(env.store().await));
+        }
+        v
+    };
+    stores[0]
+        .ensure_state(&secrets(), config(&[("counter", "0")]))
+        .await
+        .unwrap();
+
+    // Bounded in-flight work keeps the contention (and the run time) sane while still
+    // racing plenty: every increment competes with up to 24 others.
+    let gate = Arc::new(tokio::sync::Semaphore::new(24));
+    let conflicts = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..1000 {
+        let store = stores[i % stores.len()].clone();
+        let (gate, conflicts) = (gate.clone(), conflicts.clone());
+        tasks.spawn(async move {
+            let _permit = gate.acquire().await.unwrap();
+            loop {
+                let seen = store.read_config().await.unwrap();
+                let n: u64 = seen.data["counter"].parse().unwrap();
+                let mut data = seen.data.clone();
+                data.insert("counter".into(), (n + 1).to_string());
+                match store.replace_config(&seen.resource_version, data).await {
+                    Ok(_) => return,
+                    Err(e) if e.is_conflict() => {
+                        conflicts.fetch_add(1, Ordering::Relaxed);
+                        tokio::task::yield_now().await;
+                    }
+                    Err(e) => panic!("increment {i}: {e:#?}"),
+                }
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let end = stores[0].read_config().await.unwrap();
+    assert_eq!(end.data["counter"], "1000");
+    // The writers really raced: without conflicts this test would prove nothing.
+    assert!(conflicts.load(Ordering::Relaxed) > 0);
+}
+
+#[tokio::test]
+async fn ensure_state_creates_both_objects_then_fills_missing_keys_without_overwriting() {
+    let env = Env::start().await;
+    let store = env.store().await;
+    assert!(matches!(
+        store.read_config().await,
+        Err(StateError::NotFound { .. })
+    ));
+    assert!(matches!(
+        store.read_secrets().await,
+        Err(StateError::NotFound { .. })
+    ));
+
+    let first = secrets();
+    store
+        .ensure_state(
+            &first,
+            config(&[(keys::SPEC, "pools: {}\n"), (keys::SCHEMA_VERSION, "1")]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.read_secrets().await.unwrap(), first);
+    let cfg = store.read_config().await.unwrap();
+    assert_eq!(cfg.spec_yaml(), Some("pools: {}\n"));
+    for kind in ["Secret", "ConfigMap"] {
+        let obj = env
+            .twin()
+            .get("v1", kind, Some(NAMESPACE), OBJECT_NAME)
+            .unwrap();
+        assert_eq!(
+            obj["metadata"]["labels"]["app.kubernetes.io/name"], "oxide-controller",
+            "{kind}"
+        );
+    }
+
+    // Someone deletes one Secret key and one ConfigMap key; the status key was written by
+    // reconcile meanwhile.
+    let mut secret = env
+        .twin()
+        .get("v1", "Secret", Some(NAMESPACE), OBJECT_NAME)
+        .unwrap();
+    secret["data"]
+        .as_object_mut()
+        .unwrap()
+        .remove(secret_keys::K3S_AGENT_TOKEN);
+    env.twin().upsert(secret).unwrap();
+    let mut data = cfg.data.clone();
+    data.remove(keys::SCHEMA_VERSION);
+    data.insert(keys::STATUS.into(), "{\"ok\":true}".into());
+    store
+        .replace_config(&cfg.resource_version, data)
+        .await
+        .unwrap();
+
+    // A second bootstrap with different values only fills the holes.
+    let second = ClusterSecrets {
+        oxide_token: "oxide-token-2".into(),
+        k3s_token: "k3s-token-2".into(),
+        k3s_agent_token: "agent-token-2".into(),
+        tailscale_auth_key: Some("ts-2".into()),
+        ..secrets()
+    };
+    store
+        .ensure_state(
+            &second,
+            config(&[
+                (keys::SPEC, "pools: {changed: 1}\n"),
+                (keys::SCHEMA_VERSION, "2"),
+                (keys::STATUS, "{}"),
+            ]),
+        )
+        .await
+        .unwrap();
+    let got = store.read_secrets().await.unwrap();
+    assert_eq!(
+        got.oxide_token, "oxide-token-1",
+        "present values are never overwritten"
+    );
+    assert_eq!(got.k3s_token, "k3s-token-1");
+    assert_eq!(
+        got.k3s_agent_token, "agent-token-2",
+        "a missing key is filled in"
+    );
+    assert_eq!(got.tailscale_auth_key.as_deref(), Some("ts-2"));
+    let cfg = store.read_config().await.unwrap();
+    assert_eq!(cfg.spec_yaml(), Some("pools: {}\n"));
+    assert_eq!(cfg.status_json(), Some("{\"ok\":true}"));
+    assert_eq!(
+        cfg.data.get(keys::SCHEMA_VERSION).map(String::as_str),
+        Some("2")
+    );
+
+    // Nothing missing: no write at all.
+    env.twin().reset_counters();
+    store
+        .ensure_state(&second, config(&[(keys::SCHEMA_VERSION, "3")]))
+        .await
+        .unwrap();
+    let writes: u64 = env
+        .twin()
+        .counters()
+        .iter()
+        .filter(|(k, _)| !k.starts_with("GET "))
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(writes, 0, "{:?}", env.twin().counters());
+}
+
+#[tokio::test]
+async fn concurrent_bootstraps_both_succeed_and_agree() {
+    let env = Env::start().await;
+    let (a, b) = (env.store().await, env.store().await);
+    let (mine, other) = (
+        secrets(),
+        ClusterSecrets {
+            k3s_token: "k3s-token-other".into(),
+            ..secrets()
+        },
+    );
+    let (ra, rb) = tokio::join!(
+        a.ensure_state(&mine, config(&[("from", "a"), ("a-only", "1")])),
+        b.ensure_state(&other, config(&[("from", "b"), ("b-only", "1")])),
+    );
+    ra.unwrap();
+    rb.unwrap();
+    let cfg = a.read_config().await.unwrap();
+    // Whoever created it first set `from`; the other only added its missing key.
+    assert!(cfg.data["from"] == "a" || cfg.data["from"] == "b");
+    assert_eq!(
+        (cfg.data.get("a-only"), cfg.data.get("b-only")),
+        (Some(&"1".to_string()), Some(&"1".to_string()))
+    );
+    let token = a.read_secrets().await.unwrap().k3s_token;
+    assert!(token == "k3s-token-1" || token == "k3s-token-other");
+}
+
+#[tokio::test]
+async fn replace_with_a_stale_version_conflicts_and_keeps_annotations_of_the_version_read() {
+    let env = Env::start().await;
+    let store = env.store().await;
+    store
+        .ensure_state(&secrets(), config(&[("k", "0")]))
+        .await
+        .unwrap();
+    let mut cm = env
+        .twin()
+        .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
+        .unwrap();
+    cm["metadata"]["annotations"] = json!({"example.com/owner": "platform-team"});
+    env.twin().upsert(cm).unwrap();
+
+    let seen = store.read_config().await.unwrap();
+    let rv = store
+        .replace_config(&seen.resource_version, config(&[("k", "1")]))
+        .await
+        .unwrap();
+    assert_ne!(rv, seen.resource_version);
+    let stored = env
+        .twin()
+        .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
+        .unwrap();
+    assert_eq!(
+        stored["metadata"]["annotations"]["example.com/owner"],
+        "platform-team"
+    );
+    assert_eq!(
+        stored["metadata"]["labels"]["app.kubernetes.io/name"],
+        "oxide-controller"
+    );
+    assert_eq!(stored["data"], json!({"k": "1"}));
+
+    let stale = store
+        .replace_config(&seen.resource_version, config(&[("k", "2")]))
+        .await;
+    assert!(
+        matches!(stale, Err(StateError::Conflict { .. })),
+        "{stale:?}"
+    );
+    assert_eq!(store.read_config().await.unwrap().data["k"], "1");
+}
+
+#[tokio::test]
+async fn a_secret_missing_a_required_key_is_malformed_and_names_the_key() {
+    let env = Env::start().await;
+    let store = env.store().await;
+    env.twin()
+        .upsert(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
+            "data": {"oxide-host": b64("https://rack"), "oxide-token": b64("t"), "oxide-project": b64("p")}}))
+        .unwrap();
+    match store.read_secrets().await {
+        Err(StateError::Malformed { what, message }) => {
+            assert!(
+                what.contains("Secret kube-system/oxide-controller"),
+                "{what}"
+            );
+            assert!(message.contains("k3s-token"), "{message}");
+            // The values present must not leak into the error.
+            assert!(
+                !message.contains("https://rack") && !message.contains("\"t\""),
+                "{message}"
+            );
+        }
+        other => panic!("expected Malformed, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_service_account_without_rbac_is_forbidden() {
+    let env = Env::start().await;
+    env.store()
+        .await
+        .ensure_state(&secrets(), config(&[("k", "v")]))
+        .await
+        .unwrap();
+    let path = env.dir.path().join("sa.yaml");
+    std::fs::write(
+        &path,
+        env.twin()
+            .service_account_kubeconfig(&env.local.url, NAMESPACE, "nobody"),
+    )
+    .unwrap();
+    let store = KubeStateStore::new(
+        kubeclient::client(Some(&path), None).await.unwrap(),
+        NAMESPACE,
+    );
+    match store.read_config().await {
+        Err(StateError::Forbidden { what, message }) => {
+            assert!(what.contains("ConfigMap"), "{what}");
+            assert!(message.contains("forbidden"), "{message}");
+        }
+        other => panic!("expected Forbidden, got {other:?}"),
+    }
+}
