@@ -1,0 +1,1109 @@
+//! Renders a VM's user-data: a `#cloud-config` document that creates the SSH login, writes
+//! the k3s config file and installs (or enables) k3s.
+//!
+//! This module owns the shape of that document and nothing else: it is pure (no I/O, no
+//! clock, no randomness), built from typed structs serialized with serde-saphyr, never from
+//! string templates. The k3s settings travel as the documented config file
+//! `/etc/rancher/k3s/config.yaml` (mode 0600) with the keys as the k3s docs name them
+//! (`server`, `token`, `agent-token`, `cluster-init`, `tls-san`, `node-name`, `node-label`,
+//! `node-taint`, `kubelet-arg`, `disable-cloud-controller`). Secrets live only in that file:
+//! no command line, and nothing cloud-init echoes to the serial console, carries a token.
+//!
+//! Choosing the values (which token for which role, the server URL, labels) is the caller's
+//! job; [`render_member`] does it for a pool member from the spec and the cluster secrets.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::members::MemberInput;
+use crate::spec::{K3sInstall, Role, Taint};
+
+/// Oxide limits decoded user-data to 32 KiB.
+pub const MAX_USER_DATA: usize = 32 * 1024;
+/// Where k3s reads its configuration.
+pub const K3S_CONFIG_PATH: &str = "/etc/rancher/k3s/config.yaml";
+/// The helper that formats and mounts the data disk.
+pub const DATA_DISK_SCRIPT_PATH: &str = "/usr/local/sbin/oxide-controller-data-disk";
+/// Default mount point of the data disk: k3s keeps its state (etcd, images, volumes) there.
+pub const DEFAULT_DATA_MOUNT: &str = "/var/lib/rancher";
+/// NVMe serials are the first 20 bytes of the disk name.
+const NVME_SERIAL_LEN: usize = 20;
+
+/// Everything one VM's user-data says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeUserData {
+    /// Hostname, also the k3s `node-name` (= instance name).
+    pub hostname: String,
+    /// k3s server or agent, with the join settings.
+    pub role: K3sRole,
+    /// `node-label` entries.
+    pub node_labels: BTreeMap<String, String>,
+    /// `node-taint` entries.
+    pub node_taints: Vec<Taint>,
+    /// The kubelet's `provider-id` (`oxide://<instance-uuid>`, what the Oxide CCM expects).
+    pub provider_id: ProviderId,
+    /// Leave cloud-provider duties to the Oxide CCM: kubelet `cloud-provider=external` on
+    /// every node, `disable-cloud-controller` on servers.
+    pub external_cloud_provider: bool,
+    /// Extra `kubelet-arg` entries (`name=value`).
+    pub kubelet_args: Vec<String>,
+    /// k3s release, e.g. `v1.33.4+k3s1`.
+    pub k3s_version: String,
+    /// Download k3s at boot, or enable the copy already in the image.
+    pub install: K3sInstall,
+    /// Login created with passwordless sudo (the controller SSHes in as this user).
+    pub ssh_user: String,
+    /// `authorized_keys` lines for that user.
+    pub authorized_keys: Vec<String>,
+    /// Format (first boot only) and mount a data disk before k3s starts.
+    pub data_disk: Option<DataDisk>,
+}
+
+/// How the kubelet learns its `provider-id`.
+///
+/// The instance UUID is only known once the instance exists, i.e. after its user-data is
+/// fixed, so a new instance cannot carry it literally. Oxide sets the VM's SMBIOS system
+/// UUID to the instance ID, so a boot step can read it from
+/// `/sys/class/dmi/id/product_uuid` and add it through a k3s config drop-in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProviderId {
+    /// No provider ID; the Oxide CCM then finds the instance by node name == instance name.
+    None,
+    /// A known value, e.g. `oxide://<uuid>` when re-rendering for an existing instance.
+    Known(String),
+    /// `oxide://` + the SMBIOS system UUID, written at boot to
+    /// [`PROVIDER_ID_DROP_IN_PATH`] before k3s starts.
+    FromSmbiosUuid,
+}
+
+/// The k3s config drop-in that carries the boot-time provider ID.
+pub const PROVIDER_ID_DROP_IN_PATH: &str = "/etc/rancher/k3s/config.yaml.d/50-provider-id.yaml";
+
+/// Role-specific k3s settings.
+#[derive(Clone, PartialEq)]
+pub enum K3sRole {
+    /// A k3s server (control plane, embedded etcd member).
+    Server {
+        /// Start a new cluster (only the very first server).
+        cluster_init: bool,
+        /// URL of an existing server to join (`https://IP:6443`); `None` with `cluster_init`.
+        server_url: Option<String>,
+        /// The server (cluster) token.
+        token: String,
+        /// The token agents join with.
+        agent_token: String,
+        /// Extra SANs of the API serving certificate (the API floating IP at least).
+        tls_san: Vec<String>,
+    },
+    /// A k3s agent (worker).
+    Agent {
+        /// URL of a server (`https://IP:6443`).
+        server_url: String,
+        /// The agent token (k3s reads it from the `token` key on agents).
+        agent_token: String,
+    },
+}
+
+impl fmt::Debug for K3sRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            K3sRole::Server {
+                cluster_init,
+                server_url,
+                tls_san,
+                ..
+            } => f
+                .debug_struct("Server")
+                .field("cluster_init", cluster_init)
+                .field("server_url", server_url)
+                .field("tls_san", tls_san)
+                .finish_non_exhaustive(),
+            K3sRole::Agent { server_url, .. } => f
+                .debug_struct("Agent")
+                .field("server_url", server_url)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// The data disk to prepare.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataDisk {
+    /// NVMe serial of the disk (the first 20 bytes of its Oxide name), used to find it.
+    pub nvme_serial: String,
+    /// Absolute mount point.
+    pub mount_point: String,
+}
+
+impl DataDisk {
+    /// The data disk named `disk_name`, mounted at [`DEFAULT_DATA_MOUNT`].
+    pub fn for_disk_name(disk_name: &str) -> DataDisk {
+        DataDisk {
+            nvme_serial: nvme_serial(disk_name),
+            mount_point: DEFAULT_DATA_MOUNT.to_string(),
+        }
+    }
+}
+
+/// The NVMe serial Oxide gives a disk: the first 20 bytes of its name.
+pub fn nvme_serial(disk_name: &str) -> String {
+    let mut end = disk_name.len().min(NVME_SERIAL_LEN);
+    while !disk_name.is_char_boundary(end) {
+        end -= 1;
+    }
+    disk_name[..end].to_string()
+}
+
+/// Why user-data could not be rendered.
+#[derive(Debug, thiserror::Error)]
+pub enum CloudInitError {
+    /// An input would produce a broken or unsafe file.
+    #[error("invalid user-data input {field}: {message}")]
+    Invalid {
+        /// Which input.
+        field: &'static str,
+        /// What is wrong with it (never the value of a secret).
+        message: String,
+    },
+    /// The rendered document exceeds Oxide's limit.
+    #[error(
+        "user-data is {size} bytes, over the {limit}-byte limit of the Oxide API; use fewer labels, taints or keys"
+    )]
+    TooLarge {
+        /// Rendered size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// YAML serialization failed.
+    #[error("serializing user-data to YAML failed")]
+    Yaml(#[source] serde_saphyr::SerializeError),
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> CloudInitError {
+    CloudInitError::Invalid {
+        field,
+        message: message.into(),
+    }
+}
+
+/// The k3s config file, keys as k3s names its flags.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct K3sConfigFile {
+    /// `server`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+    /// `token`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// `agent-token`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_token: Option<String>,
+    /// `cluster-init`
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cluster_init: bool,
+    /// `tls-san`
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tls_san: Vec<String>,
+    /// `node-name`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// `node-label`
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_label: Vec<String>,
+    /// `node-taint`
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_taint: Vec<String>,
+    /// `kubelet-arg`
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kubelet_arg: Vec<String>,
+    /// `disable-cloud-controller`
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disable_cloud_controller: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+#[derive(Serialize)]
+struct CloudConfig<'a> {
+    hostname: &'a str,
+    users: Vec<User<'a>>,
+    ssh_pwauth: bool,
+    disable_root: bool,
+    write_files: Vec<WriteFile<'a>>,
+    runcmd: Vec<RunCmd>,
+}
+
+#[derive(Serialize)]
+struct User<'a> {
+    name: &'a str,
+    groups: Vec<&'static str>,
+    shell: &'static str,
+    sudo: &'static str,
+    lock_passwd: bool,
+    ssh_authorized_keys: &'a [String],
+}
+
+#[derive(Serialize)]
+struct WriteFile<'a> {
+    path: &'a str,
+    owner: &'static str,
+    permissions: &'static str,
+    content: serde_saphyr::LitString,
+}
+
+/// A `runcmd` entry: a shell line, or an argv run without a shell (no quoting needed).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum RunCmd {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+/// Formats the disk only when it carries no filesystem yet (a reboot or a re-run keeps the
+/// data), mounts it by filesystem UUID through /etc/fstab. Waits for the device to appear.
+const DATA_DISK_SCRIPT: &str = r#"#!/bin/sh
+# Written by oxide-controller: find the data disk by NVMe serial, format it on first use,
+# mount it through /etc/fstab. Usage: oxide-controller-data-disk SERIAL MOUNTPOINT
+set -eu
+serial="$1"
+mnt="$2"
+dev=""
+i=0
+while [ -z "$dev" ] && [ "$i" -lt 120 ]; do
+  for d in /sys/block/nvme*n*; do
+    [ -r "$d/device/serial" ] || continue
+    if [ "$(tr -d ' ' < "$d/device/serial")" = "$serial" ]; then
+      dev="/dev/$(basename "$d")"
+    fi
+  done
+  [ -n "$dev" ] || { i=$((i + 1)); sleep 1; }
+done
+if [ -z "$dev" ]; then
+  echo "oxide-controller: no NVMe disk with serial $serial" >&2
+  exit 1
+fi
+if ! blkid "$dev" >/dev/null 2>&1; then
+  mkfs.ext4 -q -L k3s-data "$dev"
+fi
+uuid="$(blkid -s UUID -o value "$dev")"
+mkdir -p "$mnt"
+grep -q "^UUID=$uuid " /etc/fstab || echo "UUID=$uuid $mnt ext4 defaults,nofail 0 2" >> /etc/fstab
+mountpoint -q "$mnt" || mount "$mnt"
+"#;
+
+/// Render user-data. The result starts with `#cloud-config\n` and is at most
+/// [`MAX_USER_DATA`] bytes.
+pub fn render(input: &NodeUserData) -> Result<String, CloudInitError> {
+    validate(input)?;
+    let k3s = k3s_config(input);
+    let k3s_yaml =
+        serde_saphyr::to_string_with_options(&k3s, yaml_options()).map_err(CloudInitError::Yaml)?;
+
+    let mut write_files = vec![WriteFile {
+        path: K3S_CONFIG_PATH,
+        owner: "root:root",
+        permissions: "0600",
+        content: serde_saphyr::LitString(k3s_yaml),
+    }];
+    let mut runcmd = Vec::new();
+    if let Some(disk) = &input.data_disk {
+        write_files.push(WriteFile {
+            path: DATA_DISK_SCRIPT_PATH,
+            owner: "root:root",
+            permissions: "0755",
+            content: serde_saphyr::LitString(DATA_DISK_SCRIPT.to_string()),
+        });
+        // Before k3s: it must find its state directory on the data disk from the start.
+        runcmd.push(RunCmd::Argv(vec![
+            DATA_DISK_SCRIPT_PATH.to_string(),
+            disk.nvme_serial.clone(),
+            disk.mount_point.clone(),
+        ]));
+    }
+    if input.provider_id == ProviderId::FromSmbiosUuid {
+        // `kubelet-arg+` appends to the list in config.yaml (k3s drop-in semantics). The DMI
+        // file prints the UUID in upper case; provider IDs use the canonical lower case.
+        runcmd.push(RunCmd::Shell(format!(
+            r#"sh -c 'mkdir -p {dir} && printf "kubelet-arg+:\n  - provider-id=oxide://%s\n" "$(tr A-Z a-z < /sys/class/dmi/id/product_uuid)" > {PROVIDER_ID_DROP_IN_PATH}'"#,
+            dir = "/etc/rancher/k3s/config.yaml.d",
+        )));
+    }
+    let (exec, unit) = match input.role {
+        K3sRole::Server { .. } => ("server", "k3s"),
+        K3sRole::Agent { .. } => ("agent", "k3s-agent"),
+    };
+    runcmd.push(RunCmd::Shell(match input.install {
+        // The script reads /etc/rancher/k3s/config.yaml itself; nothing secret on this line.
+        K3sInstall::Script => format!(
+            "curl -sfL https://get.k3s.io | INSTALL_K3S_VERSION='{}' INSTALL_K3S_EXEC='{exec}' sh -",
+            input.k3s_version
+        ),
+        K3sInstall::Preinstalled => format!("systemctl enable --now {unit}"),
+    }));
+
+    let doc = CloudConfig {
+        hostname: &input.hostname,
+        users: vec![User {
+            name: &input.ssh_user,
+            groups: vec!["sudo"],
+            shell: "/bin/bash",
+            sudo: "ALL=(ALL) NOPASSWD:ALL",
+            lock_passwd: true,
+            ssh_authorized_keys: &input.authorized_keys,
+        }],
+        ssh_pwauth: false,
+        disable_root: true,
+        write_files,
+        runcmd,
+    };
+    let body =
+        serde_saphyr::to_string_with_options(&doc, yaml_options()).map_err(CloudInitError::Yaml)?;
+    let out = format!("#cloud-config\n{body}");
+    if out.len() > MAX_USER_DATA {
+        return Err(CloudInitError::TooLarge {
+            size: out.len(),
+            limit: MAX_USER_DATA,
+        });
+    }
+    Ok(out)
+}
+
+/// Plain one-line scalars: a folded (`>-`) SSH key or command is valid YAML but easy to
+/// misread and to break by hand; only the file contents use literal blocks (`|`).
+fn yaml_options() -> serde_saphyr::SerializerOptions {
+    let mut options = serde_saphyr::SerializerOptions::default();
+    options.prefer_block_scalars = false;
+    options
+}
+
+/// The k3s config file for `input` (also what tests parse back).
+pub fn k3s_config(input: &NodeUserData) -> K3sConfigFile {
+    let mut kubelet_arg = Vec::new();
+    if let ProviderId::Known(id) = &input.provider_id {
+        kubelet_arg.push(format!("provider-id={id}"));
+    }
+    if input.external_cloud_provider {
+        kubelet_arg.push("cloud-provider=external".to_string());
+    }
+    kubelet_arg.extend(input.kubelet_args.iter().cloned());
+    let mut cfg = K3sConfigFile {
+        node_name: Some(input.hostname.clone()),
+        node_label: input
+            .node_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect(),
+        node_taint: input.node_taints.iter().map(Taint::to_string).collect(),
+        kubelet_arg,
+        ..Default::default()
+    };
+    match &input.role {
+        K3sRole::Server {
+            cluster_init,
+            server_url,
+            token,
+            agent_token,
+            tls_san,
+        } => {
+            cfg.cluster_init = *cluster_init;
+            cfg.server = server_url.clone();
+            cfg.token = Some(token.clone());
+            cfg.agent_token = Some(agent_token.clone());
+            cfg.tls_san = tls_san.clone();
+            cfg.disable_cloud_controller = input.external_cloud_provider;
+        }
+        K3sRole::Agent {
+            server_url,
+            agent_token,
+        } => {
+            cfg.server = Some(server_url.clone());
+            cfg.token = Some(agent_token.clone());
+        }
+    }
+    cfg
+}
+
+fn validate(input: &NodeUserData) -> Result<(), CloudInitError> {
+    let h = &input.hostname;
+    if h.is_empty()
+        || h.len() > 63
+        || !h
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        || h.starts_with('-')
+        || h.ends_with('-')
+    {
+        return Err(invalid(
+            "hostname",
+            format!(
+                "{h:?} must be 1-63 characters of a-z, 0-9 and '-', not starting or ending with '-'"
+            ),
+        ));
+    }
+    let u = &input.ssh_user;
+    if u.is_empty()
+        || u.len() > 32
+        || !u.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        || !u
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+    {
+        return Err(invalid(
+            "ssh_user",
+            format!("{u:?} is not a valid Linux user name"),
+        ));
+    }
+    if input.authorized_keys.is_empty() {
+        return Err(invalid(
+            "authorized_keys",
+            "at least one SSH public key is needed, or nobody can log in",
+        ));
+    }
+    for key in &input.authorized_keys {
+        if key.trim().is_empty()
+            || key.contains(['\n', '\r'])
+            || !key.starts_with(|c: char| c.is_ascii_alphanumeric())
+        {
+            return Err(invalid(
+                "authorized_keys",
+                "each entry must be one authorized_keys line",
+            ));
+        }
+    }
+    let v = &input.k3s_version;
+    if v.is_empty()
+        || !v
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'))
+    {
+        return Err(invalid(
+            "k3s_version",
+            format!("{v:?} is not a k3s release like v1.33.4+k3s1"),
+        ));
+    }
+    let check_token = |field: &'static str, token: &str| {
+        if token.is_empty() {
+            Err(invalid(field, "must not be empty"))
+        } else if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            Err(invalid(
+                field,
+                "must not contain whitespace or control characters",
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let check_url = |field: &'static str, url: &str| {
+        let rest = url.strip_prefix("https://").unwrap_or("");
+        if rest.is_empty() || rest.contains(|c: char| c.is_whitespace() || c.is_control()) {
+            Err(invalid(
+                field,
+                format!("{url:?} must be an https:// URL like https://10.0.0.1:6443"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    match &input.role {
+        K3sRole::Server {
+            cluster_init,
+            server_url,
+            token,
+            agent_token,
+            tls_san,
+        } => {
+            check_token("token", token)?;
+            check_token("agent_token", agent_token)?;
+            match (cluster_init, server_url) {
+                (true, Some(_)) => {
+                    return Err(invalid(
+                        "server_url",
+                        "a cluster-init server starts a new cluster and joins no server",
+                    ));
+                }
+                (false, None) => {
+                    return Err(invalid(
+                        "server_url",
+                        "a joining server needs the URL of an existing server",
+                    ));
+                }
+                (_, Some(url)) => check_url("server_url", url)?,
+                (true, None) => {}
+            }
+            if tls_san
+                .iter()
+                .any(|s| s.is_empty() || s.contains(char::is_whitespace))
+            {
+                return Err(invalid(
+                    "tls_san",
+                    "entries must be non-empty names or IPs without spaces",
+                ));
+            }
+        }
+        K3sRole::Agent {
+            server_url,
+            agent_token,
+        } => {
+            check_token("agent_token", agent_token)?;
+            check_url("server_url", server_url)?;
+        }
+    }
+    for (k, v) in &input.node_labels {
+        if k.is_empty()
+            || k.contains(['=', ','])
+            || k.contains(char::is_whitespace)
+            || v.contains(char::is_whitespace)
+            || v.contains(',')
+        {
+            return Err(invalid(
+                "node_labels",
+                format!("{k:?}={v:?} is not a valid Kubernetes label"),
+            ));
+        }
+    }
+    for t in &input.node_taints {
+        if t.key.is_empty()
+            || t.key.contains(['=', ':'])
+            || t.key.contains(char::is_whitespace)
+            || t.value.contains([':', ','])
+            || t.value.contains(char::is_whitespace)
+        {
+            return Err(invalid("node_taints", format!("{t} is not a valid taint")));
+        }
+    }
+    let known_provider_id = match &input.provider_id {
+        ProviderId::Known(id) => Some(id),
+        ProviderId::None | ProviderId::FromSmbiosUuid => None,
+    };
+    for arg in input.kubelet_args.iter().chain(known_provider_id) {
+        if arg.is_empty() || arg.contains(['\n', '\r']) {
+            return Err(invalid(
+                "kubelet_args",
+                "entries must be one non-empty line",
+            ));
+        }
+    }
+    if let Some(disk) = &input.data_disk {
+        let s = &disk.nvme_serial;
+        if s.is_empty()
+            || s.len() > NVME_SERIAL_LEN
+            || !s
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(invalid(
+                "data_disk.nvme_serial",
+                format!("{s:?} is not an NVMe serial (1-20 of a-z, 0-9, '-', '_', '.')"),
+            ));
+        }
+        let m = &disk.mount_point;
+        if !m.starts_with('/')
+            || m == "/"
+            || !m
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '.'))
+        {
+            return Err(invalid(
+                "data_disk.mount_point",
+                format!("{m:?} must be an absolute path other than /"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl NodeUserData {
+    /// The user-data of a pool member: the right token for its role, the API floating IP as
+    /// server URL and TLS SAN, the pool's labels (plus `oxide-controller/pool`) and taints,
+    /// the controller's and the user's SSH keys, and the data disk if the pool has one.
+    pub fn for_member(m: &MemberInput) -> NodeUserData {
+        let spec = m.spec;
+        let secrets = m.secrets;
+        let server_url = crate::members::server_url(m.api_address);
+        let role = match m.role {
+            Role::ControlPlane => {
+                let mut tls_san = vec![m.api_address.to_string()];
+                for san in &spec.k3s.tls_san {
+                    if !tls_san.contains(san) {
+                        tls_san.push(san.clone());
+                    }
+                }
+                K3sRole::Server {
+                    cluster_init: m.cluster_init,
+                    server_url: (!m.cluster_init).then_some(server_url),
+                    token: secrets.k3s_token.clone(),
+                    agent_token: secrets.k3s_agent_token.clone(),
+                    tls_san,
+                }
+            }
+            Role::Worker => K3sRole::Agent {
+                server_url,
+                agent_token: secrets.k3s_agent_token.clone(),
+            },
+        };
+        let mut authorized_keys = vec![secrets.ssh_public_key.trim().to_string()];
+        if let Some(user_key) = &secrets.user_ssh_public_key {
+            authorized_keys.push(user_key.trim().to_string());
+        }
+        NodeUserData {
+            hostname: m.name.to_string(),
+            role,
+            node_labels: crate::members::node_labels(m.pool),
+            node_taints: m.pool.taints.clone(),
+            provider_id: ProviderId::FromSmbiosUuid,
+            external_cloud_provider: spec.k3s.oxide_ccm,
+            kubelet_args: Vec::new(),
+            k3s_version: m
+                .pool
+                .k3s_version
+                .clone()
+                .unwrap_or_else(|| spec.k3s.version.clone()),
+            install: spec.k3s.install,
+            ssh_user: spec.nodes.ssh_user.clone(),
+            authorized_keys,
+            data_disk: m
+                .pool
+                .data_disk
+                .map(|_| DataDisk::for_disk_name(&crate::names::data_disk_name(m.name))),
+        }
+    }
+}
+
+/// Render the user-data of a pool member (see [`NodeUserData::for_member`]).
+pub fn render_member(m: &MemberInput) -> Result<Vec<u8>, CloudInitError> {
+    render(&NodeUserData::for_member(m)).map(String::into_bytes)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::spec::TaintEffect;
+
+    const CONTROLLER_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A oxide-controller";
+    const USER_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFqv6Xo3oOQ1n3KJtG0dA1Q8a5Hn5m1r0dC9mYk7pT2B alice@laptop";
+
+    fn first_server() -> NodeUserData {
+        NodeUserData {
+            hostname: "demo-cp-a1b2c".into(),
+            role: K3sRole::Server {
+                cluster_init: true,
+                server_url: None,
+                token: "K10-server-token-example".into(),
+                agent_token: "agent-token-example".into(),
+                tls_san: vec!["172.30.0.10".into(), "k8s.demo.example".into()],
+            },
+            node_labels: BTreeMap::from([("oxide-controller/pool".into(), "cp".into())]),
+            node_taints: vec![],
+            provider_id: ProviderId::None,
+            external_cloud_provider: false,
+            kubelet_args: vec![],
+            k3s_version: "v1.33.4+k3s1".into(),
+            install: K3sInstall::Script,
+            ssh_user: "ubuntu".into(),
+            authorized_keys: vec![CONTROLLER_KEY.into(), USER_KEY.into()],
+            data_disk: None,
+        }
+    }
+
+    fn joining_server() -> NodeUserData {
+        NodeUserData {
+            hostname: "demo-cp-d3e4f".into(),
+            role: K3sRole::Server {
+                cluster_init: false,
+                server_url: Some("https://172.30.0.10:6443".into()),
+                token: "K10-server-token-example".into(),
+                agent_token: "agent-token-example".into(),
+                tls_san: vec!["172.30.0.10".into()],
+            },
+            external_cloud_provider: true,
+            provider_id: ProviderId::Known("oxide://0b6c5a8e-2f4d-4c59-9a43-3f1f2e0c9d11".into()),
+            ..first_server()
+        }
+    }
+
+    fn agent() -> NodeUserData {
+        NodeUserData {
+            hostname: "demo-gpu-x9y8z".into(),
+            role: K3sRole::Agent {
+                server_url: "https://172.30.0.10:6443".into(),
+                agent_token: "agent-token-example".into(),
+            },
+            node_labels: BTreeMap::from([
+                ("oxide-controller/pool".into(), "gpu".into()),
+                ("example.com/accelerator".into(), "yes".into()),
+            ]),
+            node_taints: vec![Taint {
+                key: "example.com/gpu".into(),
+                value: "true".into(),
+                effect: TaintEffect::NoSchedule,
+            }],
+            kubelet_args: vec!["max-pods=200".into()],
+            provider_id: ProviderId::FromSmbiosUuid,
+            authorized_keys: vec![CONTROLLER_KEY.into()],
+            data_disk: Some(DataDisk::for_disk_name("data-demo-gpu-x9y8z")),
+            ..first_server()
+        }
+    }
+
+    fn preinstalled_agent() -> NodeUserData {
+        NodeUserData {
+            hostname: "demo-workers-q1w2e".into(),
+            install: K3sInstall::Preinstalled,
+            provider_id: ProviderId::None,
+            data_disk: None,
+            node_taints: vec![],
+            kubelet_args: vec![],
+            node_labels: BTreeMap::from([("oxide-controller/pool".into(), "workers".into())]),
+            ..agent()
+        }
+    }
+
+    fn rendered(input: &NodeUserData) -> String {
+        render(input).unwrap()
+    }
+
+    /// Parse rendered user-data back: the document, and the k3s config file inside it.
+    fn parse_back(user_data: &str) -> (serde_json::Value, K3sConfigFile) {
+        assert!(user_data.starts_with("#cloud-config\n"));
+        let doc: serde_json::Value = serde_saphyr::from_str(user_data).unwrap();
+        let files = doc["write_files"].as_array().unwrap();
+        let entry = files.iter().find(|f| f["path"] == K3S_CONFIG_PATH).unwrap();
+        assert_eq!(entry["permissions"], "0600");
+        let cfg: K3sConfigFile =
+            serde_saphyr::from_str(entry["content"].as_str().unwrap()).unwrap();
+        (doc, cfg)
+    }
+
+    #[test]
+    fn snapshot_first_server() {
+        expectorate::assert_contents(
+            "tests/snapshots/cloud_init_first_server.yaml",
+            &rendered(&first_server()),
+        );
+    }
+
+    #[test]
+    fn snapshot_joining_server() {
+        expectorate::assert_contents(
+            "tests/snapshots/cloud_init_joining_server.yaml",
+            &rendered(&joining_server()),
+        );
+    }
+
+    #[test]
+    fn snapshot_agent_with_labels_taints_and_data_disk() {
+        expectorate::assert_contents(
+            "tests/snapshots/cloud_init_agent_data_disk.yaml",
+            &rendered(&agent()),
+        );
+    }
+
+    #[test]
+    fn snapshot_preinstalled_agent() {
+        expectorate::assert_contents(
+            "tests/snapshots/cloud_init_preinstalled_agent.yaml",
+            &rendered(&preinstalled_agent()),
+        );
+    }
+
+    #[test]
+    fn first_server_config_round_trips() {
+        let (doc, cfg) = parse_back(&rendered(&first_server()));
+        assert_eq!(doc["hostname"], "demo-cp-a1b2c");
+        assert_eq!(
+            cfg,
+            K3sConfigFile {
+                server: None,
+                token: Some("K10-server-token-example".into()),
+                agent_token: Some("agent-token-example".into()),
+                cluster_init: true,
+                tls_san: vec!["172.30.0.10".into(), "k8s.demo.example".into()],
+                node_name: Some("demo-cp-a1b2c".into()),
+                node_label: vec!["oxide-controller/pool=cp".into()],
+                node_taint: vec![],
+                kubelet_arg: vec![],
+                disable_cloud_controller: false,
+            }
+        );
+        let user = &doc["users"][0];
+        assert_eq!(user["name"], "ubuntu");
+        assert_eq!(user["sudo"], "ALL=(ALL) NOPASSWD:ALL");
+        assert_eq!(
+            user["ssh_authorized_keys"],
+            serde_json::json!([CONTROLLER_KEY, USER_KEY])
+        );
+        let runcmd = doc["runcmd"].as_array().unwrap();
+        assert_eq!(runcmd.len(), 1);
+        assert!(
+            runcmd[0]
+                .as_str()
+                .unwrap()
+                .contains("INSTALL_K3S_EXEC='server'")
+        );
+        assert!(
+            runcmd[0]
+                .as_str()
+                .unwrap()
+                .contains("INSTALL_K3S_VERSION='v1.33.4+k3s1'")
+        );
+    }
+
+    #[test]
+    fn joining_server_uses_server_url_and_external_cloud_provider() {
+        let (_, cfg) = parse_back(&rendered(&joining_server()));
+        assert_eq!(cfg.server.as_deref(), Some("https://172.30.0.10:6443"));
+        assert!(!cfg.cluster_init);
+        assert!(cfg.disable_cloud_controller);
+        assert_eq!(
+            cfg.kubelet_arg,
+            vec![
+                "provider-id=oxide://0b6c5a8e-2f4d-4c59-9a43-3f1f2e0c9d11",
+                "cloud-provider=external"
+            ]
+        );
+    }
+
+    #[test]
+    fn agent_joins_with_the_agent_token_in_the_token_key() {
+        let (doc, cfg) = parse_back(&rendered(&agent()));
+        assert_eq!(cfg.token.as_deref(), Some("agent-token-example"));
+        assert_eq!(cfg.agent_token, None);
+        assert_eq!(cfg.node_taint, vec!["example.com/gpu=true:NoSchedule"]);
+        assert_eq!(
+            cfg.node_label,
+            vec!["example.com/accelerator=yes", "oxide-controller/pool=gpu"]
+        );
+        let runcmd = doc["runcmd"].as_array().unwrap();
+        // The data disk is mounted before k3s is installed.
+        assert_eq!(
+            runcmd[0],
+            serde_json::json!([
+                DATA_DISK_SCRIPT_PATH,
+                "data-demo-gpu-x9y8z",
+                "/var/lib/rancher"
+            ])
+        );
+        // Then the provider ID from the SMBIOS UUID, then k3s.
+        let provider_step = runcmd[1].as_str().unwrap();
+        assert!(
+            provider_step.contains("/sys/class/dmi/id/product_uuid"),
+            "{provider_step}"
+        );
+        assert!(provider_step.contains("kubelet-arg+:"), "{provider_step}");
+        assert!(
+            provider_step.contains("provider-id=oxide://%s"),
+            "{provider_step}"
+        );
+        assert!(
+            provider_step.ends_with(&format!("> {PROVIDER_ID_DROP_IN_PATH}'")),
+            "{provider_step}"
+        );
+        assert!(
+            runcmd[2]
+                .as_str()
+                .unwrap()
+                .contains("INSTALL_K3S_EXEC='agent'")
+        );
+    }
+
+    #[test]
+    fn preinstalled_mode_enables_the_unit_and_downloads_nothing() {
+        let out = rendered(&preinstalled_agent());
+        let (doc, _) = parse_back(&out);
+        assert_eq!(
+            doc["runcmd"],
+            serde_json::json!(["systemctl enable --now k3s-agent"])
+        );
+        assert!(!out.contains("get.k3s.io"));
+        let server = NodeUserData {
+            install: K3sInstall::Preinstalled,
+            ..first_server()
+        };
+        let (doc, _) = parse_back(&rendered(&server));
+        assert_eq!(
+            doc["runcmd"],
+            serde_json::json!(["systemctl enable --now k3s"])
+        );
+    }
+
+    #[test]
+    fn secrets_appear_only_in_the_k3s_config_file() {
+        for input in [
+            first_server(),
+            joining_server(),
+            agent(),
+            preinstalled_agent(),
+        ] {
+            let (doc, _) = parse_back(&rendered(&input));
+            let runcmd = doc["runcmd"].to_string();
+            assert!(!runcmd.contains("token-example"), "{runcmd}");
+            assert!(!format!("{input:?}").contains("token-example"));
+            assert!(!rendered(&input).contains("ifconfig.me"));
+        }
+    }
+
+    #[test]
+    fn broken_inputs_are_rejected() {
+        let cases: Vec<(&str, NodeUserData)> = vec![
+            (
+                "hostname",
+                NodeUserData {
+                    hostname: "Bad_Name".into(),
+                    ..first_server()
+                },
+            ),
+            (
+                "ssh_user",
+                NodeUserData {
+                    ssh_user: "root; rm".into(),
+                    ..first_server()
+                },
+            ),
+            (
+                "authorized_keys",
+                NodeUserData {
+                    authorized_keys: vec![],
+                    ..first_server()
+                },
+            ),
+            (
+                "authorized_keys",
+                NodeUserData {
+                    authorized_keys: vec!["ssh-ed25519 AAAA\nx".into()],
+                    ..first_server()
+                },
+            ),
+            (
+                "k3s_version",
+                NodeUserData {
+                    k3s_version: "v1'; reboot".into(),
+                    ..first_server()
+                },
+            ),
+            (
+                "token",
+                NodeUserData {
+                    role: K3sRole::Server {
+                        cluster_init: true,
+                        server_url: None,
+                        token: String::new(),
+                        agent_token: "a".into(),
+                        tls_san: vec![],
+                    },
+                    ..first_server()
+                },
+            ),
+            (
+                "server_url",
+                NodeUserData {
+                    role: K3sRole::Server {
+                        cluster_init: false,
+                        server_url: None,
+                        token: "t".into(),
+                        agent_token: "a".into(),
+                        tls_san: vec![],
+                    },
+                    ..first_server()
+                },
+            ),
+            (
+                "server_url",
+                NodeUserData {
+                    role: K3sRole::Agent {
+                        server_url: "http://1.2.3.4:6443".into(),
+                        agent_token: "a".into(),
+                    },
+                    ..agent()
+                },
+            ),
+            (
+                "agent_token",
+                NodeUserData {
+                    role: K3sRole::Agent {
+                        server_url: "https://1.2.3.4:6443".into(),
+                        agent_token: String::new(),
+                    },
+                    ..agent()
+                },
+            ),
+            (
+                "node_labels",
+                NodeUserData {
+                    node_labels: BTreeMap::from([("a=b".into(), "c".into())]),
+                    ..agent()
+                },
+            ),
+            (
+                "node_taints",
+                NodeUserData {
+                    node_taints: vec![Taint {
+                        key: String::new(),
+                        value: String::new(),
+                        effect: TaintEffect::NoExecute,
+                    }],
+                    ..agent()
+                },
+            ),
+            (
+                "data_disk.mount_point",
+                NodeUserData {
+                    data_disk: Some(DataDisk {
+                        nvme_serial: "data-x".into(),
+                        mount_point: "relative".into(),
+                    }),
+                    ..agent()
+                },
+            ),
+            (
+                "data_disk.nvme_serial",
+                NodeUserData {
+                    data_disk: Some(DataDisk {
+                        nvme_serial: "$(reboot)".into(),
+                        mount_point: "/data".into(),
+                    }),
+                    ..agent()
+                },
+            ),
+        ];
+        for (field, input) in cases {
+            match render(&input) {
+                Err(CloudInitError::Invalid { field: f, message }) => {
+                    assert_eq!(f, field, "{message}");
+                    assert!(!message.contains("token-example"));
+                }
+                other => panic!("{field}: expected Invalid, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_user_data_is_a_typed_error() {
+        let input = NodeUserData {
+            authorized_keys: (0..400).map(|i| format!("{USER_KEY}-{i}")).collect(),
+            ..first_server()
+        };
+        match render(&input) {
+            Err(CloudInitError::TooLarge { size, limit }) => {
+                assert!(size > limit);
+                assert_eq!(limit, 32 * 1024);
+            }
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn nvme_serial_is_the_first_20_bytes_of_the_disk_name() {
+        assert_eq!(
+            nvme_serial("data-demo-workers-abcde"),
+            "data-demo-workers-ab"
+        );
+        assert_eq!(nvme_serial("data-x"), "data-x");
+    }
+}
