@@ -588,6 +588,18 @@ fn the_renderer_implements_the_subset_as_helm_does() {
     .unwrap();
     let parsed: Value = serde_saphyr::from_str(&nested).unwrap();
     assert_eq!(parsed, json!({"m": {"b": "text", "n": 270, "t": true}}));
+
+    // toYaml keeps strings that look like other types strings, as Helm's does.
+    let tricky =
+        json!({"s": {"port": "80", "flag": "true", "cron": "*/5 * * * *", "none": "null"}});
+    let text = render_template(
+        "s:\n  {{- toYaml .Values.s | nindent 2 }}\n",
+        &tricky,
+        &chart,
+    )
+    .unwrap();
+    let parsed: Value = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(parsed, tricky, "{text}");
 }
 
 #[test]

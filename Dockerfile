@@ -1,0 +1,29 @@
+# One small image with the three functions of oxide-controller in /usr/local/bin:
+# bootstrap, reconcile-once and scale. The in-cluster manifests (k8s-cronjobs/, the chart)
+# run /usr/local/bin/reconcile-once and /usr/local/bin/scale from it.
+#
+#   docker build -t ghcr.io/aifoundry-org/oxide-controller:0.1.0 .
+
+# Same toolchain as rust-toolchain.toml.
+FROM rust:1.95.0-bookworm AS build
+# Use the image's toolchain as is: rust-toolchain.toml would make rustup fetch rustfmt and
+# clippy, which a release build does not need.
+ENV RUSTUP_TOOLCHAIN=1.95.0 \
+    CARGO_TERM_COLOR=never
+WORKDIR /src
+COPY . .
+# The registry and target caches survive between builds (BuildKit); the binaries are copied
+# out of the cached target directory in the same step, because a cache mount is not part of
+# the layer.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bins -p bootstrap -p reconcile-once -p scale \
+    && install -D -m 0755 -t /out \
+        target/release/bootstrap target/release/reconcile-once target/release/scale
+
+# glibc, libgcc, CA certificates and the nonroot user (65532), nothing else: no shell, no
+# package manager.
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /out/ /usr/local/bin/
+USER 65532:65532
+CMD ["/usr/local/bin/reconcile-once", "--help"]
