@@ -23,4 +23,5 @@ pub mod status;
 pub mod telemetry;
 pub mod ssh;
 pub mod state;
+pub mod webhook;
 pub mod workflows;

@@ -41,7 +41,8 @@ pub struct Observed {
     pub disks: Vec<Disk>,
     /// The API floating IP, looked up by exact name.
     pub api_floating_ip: Option<FloatingIp>,
-    /// Images the spec names, resolved (None: not found in project or silo).
+    /// Images the spec names, resolved (None: not found in project or silo). A name that is
+    /// not a key was not looked up: the caller resolves images only when a plan creates.
     pub images: BTreeMap<String, Option<Image>>,
 }
 
@@ -486,9 +487,10 @@ fn plan_pool(
         drifted: count(&|m| m.drifted && m.health.counts()) as u32,
     });
     let is_cp = role == Role::ControlPlane;
+    // Images are looked up only when a plan creates members: absent means "not looked up".
     let image_ok = match observed.images.get(&pool.image) {
-        Some(Some(_)) => true,
-        _ => {
+        Some(Some(_)) | None => true,
+        Some(None) => {
             p.findings.push(Finding {
                 degraded: true,
                 message: format!(

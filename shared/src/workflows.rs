@@ -1,3 +1,4 @@
 //! The functions' workflows: observe → plan → apply → save. Each binary calls one of these.
 
 pub mod reconcile;
+pub mod scale;

@@ -399,7 +399,12 @@ async fn a_failed_server_is_replaced_without_losing_quorum() {
 async fn two_runs_at_once_one_works_one_steps_aside() {
     let env = env(3, 2).await;
     env.edit(|s| s.worker_pools[0].count = 4).await;
+    // Slow creates keep the winner busy (holding the Lease) while the other starts.
+    env.sim.faults().update(|f| {
+        f.routes.insert("POST /v1/instances".into(), RouteFault { latency_ms: 1500, error_rate: 0.0, error_status: 503 });
+    });
     let (a, b) = tokio::join!(env.reconcile(&[]), env.reconcile(&[]));
+    env.sim.faults().update(|f| f.routes.clear());
     assert_eq!((a.status.code(), b.status.code()), (Some(0), Some(0)));
     let logs = format!("{}{}", String::from_utf8_lossy(&a.stderr), String::from_utf8_lossy(&b.stderr));
     assert!(logs.contains("holds the Lease"), "one run says who holds the Lease: {logs}");

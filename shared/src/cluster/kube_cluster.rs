@@ -50,6 +50,9 @@ pub struct KubeCluster {
     client: kube::Client,
     namespace: String,
     reporting_instance: String,
+    /// The Lease as we last wrote it: renew and release replace it directly (one request);
+    /// only a 409 sends them back to read the current one.
+    held: std::sync::Arc<std::sync::Mutex<Option<Lease>>>,
 }
 
 impl std::fmt::Debug for KubeCluster {
@@ -72,7 +75,21 @@ impl KubeCluster {
             client,
             namespace: namespace.to_owned(),
             reporting_instance: OBJECT_NAME.to_owned(),
+            held: std::sync::Arc::default(),
         }
+    }
+
+    fn remember(&self, lease: Option<Lease>) {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = lease;
+    }
+
+    /// Our last write of the Lease, if it was for `holder`.
+    fn remembered(&self, holder: &str) -> Option<Lease> {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .filter(|l| lease_holder(l).0.as_deref() == Some(holder))
     }
 
     /// Sets `reportingInstance` of recorded Events (e.g. the pod or host name); defaults to
@@ -397,7 +414,10 @@ impl Cluster for KubeCluster {
                     }),
                 };
                 match api.create(&PostParams::default(), &lease).await {
-                    Ok(_) => return Ok(LeaseOutcome::Acquired),
+                    Ok(written) => {
+                        self.remember(Some(written));
+                        return Ok(LeaseOutcome::Acquired);
+                    }
                     // Someone created it first: read it and decide again.
                     Err(e) if api_status(&e) == Some(409) => continue,
                     Err(e) => return Err(cluster_error(&what, e)),
@@ -420,7 +440,10 @@ impl Cluster for KubeCluster {
                 .replace(OBJECT_NAME, &PostParams::default(), &lease)
                 .await
             {
-                Ok(_) => return Ok(LeaseOutcome::Acquired),
+                Ok(written) => {
+                    self.remember(Some(written));
+                    return Ok(LeaseOutcome::Acquired);
+                }
                 Err(e) if api_status(&e) == Some(409) => {
                     // Someone wrote the Lease between our read and our write: most likely
                     // another run took it. Say who; if it is somehow free again, go round.
@@ -441,50 +464,74 @@ impl Cluster for KubeCluster {
     async fn renew_lease(&self, holder: &str, duration: Duration) -> Result<(), ClusterError> {
         let api: Api<Lease> = self.namespaced();
         let what = self.lease_what();
-        let mut lease = match api.get(OBJECT_NAME).await {
-            Ok(l) => l,
-            // Deleted under us: we no longer hold it, which is what Conflict tells the caller.
-            Err(e) if api_status(&e) == Some(404) => return Err(ClusterError::Conflict { what }),
-            Err(e) => return Err(cluster_error(&what, e)),
+        // Our last write first; read the current Lease only if that is stale.
+        let mut lease = match self.remembered(holder) {
+            Some(l) => l,
+            None => match api.get(OBJECT_NAME).await {
+                Ok(l) => l,
+                // Deleted under us: we no longer hold it, which is what Conflict tells the caller.
+                Err(e) if api_status(&e) == Some(404) => return Err(ClusterError::Conflict { what }),
+                Err(e) => return Err(cluster_error(&what, e)),
+            },
         };
-        if lease_holder(&lease).0.as_deref() != Some(holder) {
-            return Err(ClusterError::Conflict { what });
+        for attempt in 0..2 {
+            if lease_holder(&lease).0.as_deref() != Some(holder) {
+                return Err(ClusterError::Conflict { what });
+            }
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            spec.renew_time = Some(to_micro(Utc::now()));
+            spec.lease_duration_seconds = Some(lease_seconds(duration));
+            match api.replace(OBJECT_NAME, &PostParams::default(), &lease).await {
+                Ok(written) => {
+                    self.remember(Some(written));
+                    return Ok(());
+                }
+                Err(e) if attempt == 0 && api_status(&e) == Some(409) => {
+                    lease = match api.get(OBJECT_NAME).await {
+                        Ok(l) => l,
+                        Err(e) if api_status(&e) == Some(404) => return Err(ClusterError::Conflict { what }),
+                        Err(e) => return Err(cluster_error(&what, e)),
+                    };
+                }
+                Err(e) if api_status(&e) == Some(409) => return Err(ClusterError::Conflict { what }),
+                Err(e) => return Err(cluster_error(&what, e)),
+            }
         }
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        spec.renew_time = Some(to_micro(Utc::now()));
-        spec.lease_duration_seconds = Some(lease_seconds(duration));
-        api.replace(OBJECT_NAME, &PostParams::default(), &lease)
-            .await
-            .map_err(|e| cluster_error(&what, e))?;
-        Ok(())
+        Err(ClusterError::Conflict { what })
     }
 
     async fn release_lease(&self, holder: &str) -> Result<(), ClusterError> {
         let api: Api<Lease> = self.namespaced();
         let what = self.lease_what();
-        let Some(mut lease) = api
-            .get_opt(OBJECT_NAME)
-            .await
-            .map_err(|e| cluster_error(&what, e))?
-        else {
-            return Ok(());
+        // Our last write first (one request); if that is stale, read and try once more.
+        let cached = self.remembered(holder);
+        let fresh = cached.is_none();
+        let mut next = match cached {
+            Some(l) => Some(l),
+            None => api.get_opt(OBJECT_NAME).await.map_err(|e| cluster_error(&what, e))?,
         };
-        if lease_holder(&lease).0.as_deref() != Some(holder) {
-            return Ok(());
+        let mut may_reread = !fresh;
+        while let Some(mut lease) = next.take() {
+            if lease_holder(&lease).0.as_deref() != Some(holder) {
+                break;
+            }
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            spec.holder_identity = None;
+            spec.lease_duration_seconds = Some(1);
+            spec.renew_time = Some(to_micro(Utc::now()));
+            match api.replace(OBJECT_NAME, &PostParams::default(), &lease).await {
+                Ok(_) => break,
+                Err(e) if api_status(&e) == Some(409) && may_reread => {
+                    may_reread = false;
+                    next = api.get_opt(OBJECT_NAME).await.map_err(|e| cluster_error(&what, e))?;
+                }
+                // Changed or deleted since we read it: it is not ours to release any more.
+                Err(e) if matches!(api_status(&e), Some(404 | 409)) => break,
+                Err(e) => return Err(cluster_error(&what, e)),
+            }
         }
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        spec.holder_identity = None;
-        spec.lease_duration_seconds = Some(1);
-        spec.renew_time = Some(to_micro(Utc::now()));
-        match api
-            .replace(OBJECT_NAME, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(_) => Ok(()),
-            // Changed or deleted since we read it: it is not ours to release any more.
-            Err(e) if matches!(api_status(&e), Some(404 | 409)) => Ok(()),
-            Err(e) => Err(cluster_error(&what, e)),
-        }
+        self.remember(None);
+        Ok(())
     }
 
     async fn record_event(

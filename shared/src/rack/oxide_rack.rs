@@ -29,7 +29,7 @@ use crate::retry::{self, Backoff};
 use crate::size::ByteSize;
 
 /// Page size when none is configured.
-pub const DEFAULT_PAGE_SIZE: u32 = 1000;
+pub const DEFAULT_PAGE_SIZE: u32 = 10_000;
 /// Largest page Nexus serves; larger requests are clamped by the server anyway.
 pub const MAX_PAGE_SIZE: u32 = 10_000;
 /// How much recent serial console output [`Rack::serial_console`] asks for. Cloud-init's SSH
@@ -208,7 +208,7 @@ impl OxideRack {
 
     /// Reads every page: `fetch(None)` asks for the first page, `fetch(Some(token))` for the
     /// next. Each page is retried on its own, so a 503 halfway does not restart the listing.
-    /// Stops at an empty page or a missing `next_page`.
+    /// Stops at a short or empty page, or a missing `next_page`.
     async fn all_pages<T, F, Fut>(&self, what: &str, fetch: F) -> Result<Vec<T>, RackError>
     where
         F: Fn(Option<String>) -> Fut,
@@ -218,10 +218,16 @@ impl OxideRack {
         let mut token: Option<String> = None;
         loop {
             let (items, next) = self.read(what, || fetch(token.clone())).await?;
+            // The API fills every page but the last, so a short page ends the listing
+            // without asking for the empty page after it.
+            let last = items.len() < self.page_size().get() as usize;
             if items.is_empty() {
                 return Ok(out);
             }
             out.extend(items);
+            if last {
+                return Ok(out);
+            }
             match next {
                 None => return Ok(out),
                 // A server handing back the token we sent would loop us forever.

@@ -130,31 +130,58 @@ fn state_err(e: StateError) -> ReconcileError {
 pub async fn observe<R: Rack, C: Cluster>(rack: &R, cluster: &C, spec: &ClusterSpec) -> Result<Observed, ReconcileError> {
     let prefix = names::cluster_prefix(&spec.cluster);
     let fip_name = names::api_floating_ip_name(&spec.cluster);
-    let image_names: Vec<String> = spec
-        .pools()
-        .map(|(_, p)| p.image.clone())
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let rack_err = |e: RackError| ReconcileError::Retryable(format!("observing the rack: {e:#}"));
-    let (instances, nodes, disks, fip, images) = tokio::join!(
+    let (instances, nodes, disks, fip) = tokio::join!(
         rack.list_instances(&prefix),
         cluster.list_nodes(),
         rack.list_disks(),
         rack.get_floating_ip(&fip_name),
-        futures::future::join_all(image_names.iter().map(|n| rack.find_image(n))),
     );
-    let mut resolved = BTreeMap::new();
-    for (name, img) in image_names.into_iter().zip(images) {
-        resolved.insert(name, img.map_err(rack_err)?);
-    }
     Ok(Observed {
         instances: instances.map_err(rack_err)?,
         nodes: nodes.map_err(|e: ClusterError| ReconcileError::Retryable(format!("observing the cluster: {e:#}")))?,
         disks: disks.map_err(rack_err)?,
         api_floating_ip: fip.map_err(rack_err)?,
-        images: resolved,
+        images: BTreeMap::new(),
     })
+}
+
+fn rack_err(e: RackError) -> ReconcileError {
+    ReconcileError::Retryable(format!("observing the rack: {e:#}"))
+}
+
+/// Looks up the images of the pools that `plan` creates members in.
+pub async fn resolve_images<R: Rack>(rack: &R, spec: &ClusterSpec, plan: &Plan, observed: &mut Observed) -> Result<(), ReconcileError> {
+    let wanted: std::collections::BTreeSet<String> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            plan::Action::CreateMember { pool, .. } => spec.pool(pool).map(|(_, p)| p.image.clone()),
+            _ => None,
+        })
+        .collect();
+    let found = futures::future::join_all(wanted.iter().map(|n| rack.find_image(n))).await;
+    for (name, img) in wanted.into_iter().zip(found) {
+        observed.images.insert(name, img.map_err(rack_err)?);
+    }
+    Ok(())
+}
+
+/// Observes and plans. Images are resolved (and the plan redone) only when it creates members,
+/// so a run with nothing to create makes no image lookups.
+pub async fn observe_and_plan<R: Rack, C: Cluster>(
+    rack: &R,
+    cluster: &C,
+    spec: &ClusterSpec,
+    now: DateTime<Utc>,
+) -> Result<(Observed, Plan), ReconcileError> {
+    let mut observed = observe(rack, cluster, spec).await?;
+    let suffixes = fresh_suffixes(spec);
+    let mut plan = plan::plan(spec, &observed, now, &suffixes);
+    if plan.actions.iter().any(|a| matches!(a, plan::Action::CreateMember { .. })) {
+        resolve_images(rack, spec, &plan, &mut observed).await?;
+        plan = plan::plan(spec, &observed, now, &suffixes);
+    }
+    Ok((observed, plan))
 }
 
 /// Draws fresh name suffixes for the planner (enough for any plan of this spec).
@@ -181,8 +208,7 @@ where
     let rack = make_rack(&secrets, &spec).map_err(|e| ReconcileError::Config(format!("building the Oxide client: {e}")))?;
 
     if opts.dry_run {
-        let observed = observe(&rack, cluster, &spec).await?;
-        let plan = plan::plan(&spec, &observed, (opts.now)(), &fresh_suffixes(&spec));
+        let (_, plan) = observe_and_plan(&rack, cluster, &spec, (opts.now)()).await?;
         return Ok(RunOutcome::DryRun { plan });
     }
 
@@ -218,8 +244,7 @@ where
     };
 
     let work = async {
-        let observed = observe(&rack, cluster, &spec).await?;
-        let plan = plan::plan(&spec, &observed, (opts.now)(), &fresh_suffixes(&spec));
+        let (observed, plan) = observe_and_plan(&rack, cluster, &spec, (opts.now)()).await?;
         let factory = SpecMembers::new(&spec, &secrets, &observed);
         let results = apply::apply(&rack, cluster, &factory, &plan, &apply_opts).await;
         Ok::<_, ReconcileError>((plan, results))
@@ -243,7 +268,7 @@ where
         error,
         previous: previous.as_ref(),
     });
-    if let Err(e) = write_status(state, &status).await {
+    if let Err(e) = write_status(state, Some(&snapshot), &status).await {
         warn!(error = %e, "could not write status.json");
     }
     if let Err(e) = cluster.release_lease(&opts.holder).await {
@@ -264,10 +289,15 @@ where
 
 /// Writes `status.json`: re-read, set our key, replace with the version read. A 409 means the
 /// webhook changed the spec meanwhile: re-read and write again (we never touch the spec).
-pub async fn write_status<S: StateStore>(state: &S, status: &Status) -> Result<(), StateError> {
+pub async fn write_status<S: StateStore>(state: &S, read: Option<&state::ConfigSnapshot>, status: &Status) -> Result<(), StateError> {
     let mut last = None;
+    // First against what the run read at its start (usually still current: one request).
+    let mut known = read.cloned();
     for _ in 0..5 {
-        let snap = state.read_config().await?;
+        let snap = match known.take() {
+            Some(s) => s,
+            None => state.read_config().await?,
+        };
         let mut data = snap.data.clone();
         data.insert(state::keys::STATUS.to_owned(), status.to_json());
         match state.replace_config(&snap.resource_version, data).await {

@@ -1,0 +1,593 @@
+//! The scale webhook as a function: `http::Request<Bytes>` in, `http::Response<Bytes>` out
+//! (the shape `lambda_http` uses), over the injected [`StateStore`] and [`Cluster`]. No socket
+//! code lives here; [`host`] serves it with hyper, tests call [`handle`] directly.
+//!
+//! Owns routing, authentication ([`auth`]), request validation, the one error type
+//! ([`error::WebhookError`]) and its mapping to responses, and the metrics ([`metrics`]).
+//! The read-change-write protocol on the ConfigMap belongs to [`crate::workflows::scale`],
+//! which the `scale` CLI uses too.
+//!
+//! Endpoints (everything but `/healthz` and `/readyz` needs `Authorization: Bearer <token>`,
+//! the Secret's `webhook-token`):
+//!
+//! | route | methods | does |
+//! |---|---|---|
+//! | `/nodes/workers` | GET, PUT `{"count":N}`, PATCH `{"delta":±N}` | the default worker pool's count (GET: plain text, JSON with `Accept: application/json`) |
+//! | `/nodes/workers/modify` | POST, text body `N` | the ancestor's API: set the count, answer in text |
+//! | `/pools/{pool}`, `/pools/{pool}/modify` | as above | the same for a named pool |
+//! | `/status` | GET | `status.json` as the last reconcile wrote it |
+//! | `/reconcile` | POST | start a reconcile Job now |
+//! | `/metrics` | GET | Prometheus text |
+//! | `/healthz`, `/readyz` | GET, HEAD | liveness (always 200); readiness (Secret and ConfigMap readable) |
+//!
+//! Between requests only the metrics and a few seconds' cache of the token digest survive.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use serde::Deserialize;
+
+use crate::cluster::Cluster;
+use crate::state::{StateError, StateStore};
+use crate::workflows::scale::{self, ChangeOutcome, CountChange, ReconcileOutcome, ScaleOptions, error_chain};
+
+pub mod auth;
+pub mod error;
+pub mod host;
+pub mod metrics;
+
+use error::WebhookError;
+use metrics::{Metrics, TriggerResult};
+
+/// Largest request body accepted (bytes); larger is a 413.
+pub const MAX_BODY: usize = 1024;
+
+/// Success status of the legacy `POST /nodes/workers/modify`: the ancestor (Go, gorilla/mux,
+/// `pkg/server/server.go` `handleModifyNode`) answered `201 Created` with the text
+/// `Worker count changed from X to Y`; callers written against it keep working.
+pub const LEGACY_SUCCESS: StatusCode = StatusCode::CREATED;
+
+/// Response header on every change saying what happened to the reconcile
+/// (`triggered`, `pending`, `not-triggered`, `not-needed`, `failed`).
+pub const RECONCILE_HEADER: &str = "x-oxide-controller-reconcile";
+
+/// Settings of the webhook function.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    /// How long the webhook token's digest is cached; zero reads the Secret on every request.
+    pub token_ttl: Duration,
+    /// Conflict retries of ConfigMap writes.
+    pub scale: ScaleOptions,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig {
+            token_ttl: Duration::from_secs(5),
+            scale: ScaleOptions::default(),
+        }
+    }
+}
+
+/// What the function runs against. One per process; share it (`Arc`) between connections.
+pub struct Deps<S, C> {
+    pub state: S,
+    pub cluster: C,
+    pub metrics: Metrics,
+    config: WebhookConfig,
+    tokens: auth::TokenCache,
+    /// Serialises this process's ConfigMap writes. Without it, N concurrent PATCHes turn into
+    /// an N-way 409 storm where each round has one winner; with it they queue, and the bounded
+    /// re-read-and-retry only has to cope with writers in *other* processes.
+    writes: tokio::sync::Mutex<()>,
+}
+
+impl<S, C> std::fmt::Debug for Deps<S, C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deps").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+impl<S: StateStore, C: Cluster> Deps<S, C> {
+    pub fn new(state: S, cluster: C, config: WebhookConfig) -> Self {
+        Deps {
+            state,
+            cluster,
+            metrics: Metrics::default(),
+            tokens: auth::TokenCache::new(config.token_ttl),
+            config,
+            writes: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+/// Which pool a route names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PoolRef {
+    /// `/nodes/workers`: the default worker pool.
+    Default,
+    Named(String),
+}
+
+impl PoolRef {
+    fn as_option(&self) -> Option<&str> {
+        match self {
+            PoolRef::Default => None,
+            PoolRef::Named(p) => Some(p),
+        }
+    }
+}
+
+/// A parsed path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Route {
+    Healthz,
+    Readyz,
+    Metrics,
+    Status,
+    Reconcile,
+    Count(PoolRef),
+    Modify(PoolRef),
+    Unknown,
+}
+
+impl Route {
+    fn parse(path: &str) -> Route {
+        match path {
+            "/healthz" => Route::Healthz,
+            "/readyz" => Route::Readyz,
+            "/metrics" => Route::Metrics,
+            "/status" => Route::Status,
+            "/reconcile" => Route::Reconcile,
+            "/nodes/workers" => Route::Count(PoolRef::Default),
+            "/nodes/workers/modify" => Route::Modify(PoolRef::Default),
+            _ => {
+                let Some(rest) = path.strip_prefix("/pools/") else {
+                    return Route::Unknown;
+                };
+                match rest.split_once('/') {
+                    None if !rest.is_empty() => Route::Count(PoolRef::Named(rest.to_owned())),
+                    Some((pool, "modify")) if !pool.is_empty() => Route::Modify(PoolRef::Named(pool.to_owned())),
+                    _ => Route::Unknown,
+                }
+            }
+        }
+    }
+
+    /// Index into [`metrics::ROUTES`].
+    fn label(&self) -> usize {
+        match self {
+            Route::Healthz => 0,
+            Route::Readyz => 1,
+            Route::Metrics => 2,
+            Route::Status => 3,
+            Route::Reconcile => 4,
+            Route::Count(PoolRef::Default) => 5,
+            Route::Modify(PoolRef::Default) => 6,
+            Route::Count(PoolRef::Named(_)) => 7,
+            Route::Modify(PoolRef::Named(_)) => 8,
+            Route::Unknown => 9,
+        }
+    }
+
+    fn allow(&self) -> &'static str {
+        match self {
+            Route::Healthz | Route::Readyz => "GET, HEAD",
+            Route::Metrics | Route::Status => "GET",
+            Route::Reconcile | Route::Modify(_) => "POST",
+            Route::Count(_) => "GET, PUT, PATCH",
+            Route::Unknown => "",
+        }
+    }
+
+    fn is_public(&self) -> bool {
+        matches!(self, Route::Healthz | Route::Readyz)
+    }
+
+    /// The legacy route answers in plain text, like the ancestor.
+    fn is_legacy(&self) -> bool {
+        matches!(self, Route::Modify(_))
+    }
+}
+
+/// Handles one request. Never panics on any input; every outcome is a response.
+pub async fn handle<S: StateStore, C: Cluster>(deps: &Deps<S, C>, req: Request<Bytes>) -> Response<Bytes> {
+    let started = Instant::now();
+    let route = Route::parse(req.uri().path());
+    let method = metrics::method_label(req.method());
+    let response = match dispatch(deps, &route, &req).await {
+        Ok(r) => r,
+        Err(e) => {
+            log_error(&route, method, &e);
+            error_response(&e, route.is_legacy())
+        }
+    };
+    deps.metrics.observe(route.label(), method, response.status().as_u16(), started.elapsed());
+    response
+}
+
+/// The response for a request the host had to give up on (it took longer than `timeout`).
+/// Recorded in the metrics like any other.
+pub fn timeout_response<S, C>(deps: &Deps<S, C>, method: &Method, path: &str, timeout: Duration) -> Response<Bytes> {
+    let route = Route::parse(path);
+    let e = WebhookError::Timeout { seconds: timeout.as_secs() };
+    let method = metrics::method_label(method);
+    log_error(&route, method, &e);
+    let r = error_response(&e, route.is_legacy());
+    deps.metrics.observe(route.label(), method, r.status().as_u16(), timeout);
+    r
+}
+
+fn log_error(route: &Route, method: &'static str, e: &WebhookError) {
+    let public = e.public();
+    let route = metrics::ROUTES[route.label()];
+    if public.status >= 500 {
+        tracing::warn!(route, method, status = public.status, error = %error_chain(e), "webhook request failed");
+    } else {
+        tracing::info!(route, method, status = public.status, error = %error_chain(e), "webhook request refused");
+    }
+}
+
+/// Builds the error response: short JSON `{"error": code, "message": ...}`, or `message\n` as
+/// text for the legacy route.
+pub fn error_response(e: &WebhookError, legacy: bool) -> Response<Bytes> {
+    let p = e.public();
+    let mut r = if legacy {
+        text(p.status, format!("{}\n", p.message))
+    } else {
+        json(p.status, &serde_json::json!({"error": p.code, "message": p.message}))
+    };
+    let h = r.headers_mut();
+    if let Some(allow) = p.allow {
+        h.insert(header::ALLOW, HeaderValue::from_static(allow));
+    }
+    if let Some(www) = p.www_authenticate {
+        h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(www));
+    }
+    if let Some(secs) = p.retry_after {
+        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    r
+}
+
+fn status(code: u16) -> StatusCode {
+    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+fn respond(code: u16, content_type: &'static str, body: impl Into<Bytes>) -> Response<Bytes> {
+    let mut r = Response::new(body.into());
+    *r.status_mut() = status(code);
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+fn text(code: u16, body: String) -> Response<Bytes> {
+    respond(code, "text/plain; charset=utf-8", body)
+}
+
+fn json(code: u16, value: &serde_json::Value) -> Response<Bytes> {
+    respond(code, "application/json", value.to_string())
+}
+
+async fn dispatch<S: StateStore, C: Cluster>(
+    deps: &Deps<S, C>,
+    route: &Route,
+    req: &Request<Bytes>,
+) -> Result<Response<Bytes>, WebhookError> {
+    let method = req.method();
+    if route.is_public() {
+        let head = *method == Method::HEAD;
+        if !(head || *method == Method::GET) {
+            return Err(WebhookError::MethodNotAllowed { allow: route.allow() });
+        }
+        let mut r = match route {
+            Route::Readyz => readyz(deps).await,
+            _ => text(200, "ok\n".to_owned()),
+        };
+        if head {
+            *r.body_mut() = Bytes::new();
+        }
+        return Ok(r);
+    }
+
+    // Everything else: credentials first, so unauthenticated callers learn nothing else.
+    // A credential in the URL is refused outright; any other query string is a 400, but only
+    // once the caller has proved who they are.
+    let query = auth::check_query(req.uri().query());
+    if let Err(e @ WebhookError::Unauthenticated { .. }) = query {
+        return Err(e);
+    }
+    auth::authenticate(&deps.tokens, &deps.state, req.headers()).await?;
+    query?;
+    if *route == Route::Unknown {
+        return Err(WebhookError::NotFound);
+    }
+    check_size(req)?;
+
+    match (route, method) {
+        (Route::Metrics, &Method::GET) => Ok(respond(
+            200,
+            "text/plain; version=0.0.4; charset=utf-8",
+            deps.metrics.render(),
+        )),
+        (Route::Status, &Method::GET) => status_json(deps).await,
+        (Route::Reconcile, &Method::POST) => reconcile_now(deps).await,
+        (Route::Count(pool), &Method::GET) => get_count(deps, pool, req.headers()).await,
+        (Route::Count(pool), &Method::PUT) => {
+            require_content_type(req.headers(), &["application/json"], "application/json")?;
+            let body: SetBody = parse_json(req.body(), r#"a JSON object {"count": N} with a whole number N"#)?;
+            change(deps, pool, CountChange::Set(body.count), false).await
+        }
+        (Route::Count(pool), &Method::PATCH) => {
+            require_content_type(
+                req.headers(),
+                &["application/json", "application/merge-patch+json"],
+                "application/json",
+            )?;
+            let body: AddBody = parse_json(req.body(), r#"a JSON object {"delta": N} with a whole number N, e.g. {"delta": -1}"#)?;
+            change(deps, pool, CountChange::Add(body.delta), false).await
+        }
+        (Route::Modify(pool), &Method::POST) => {
+            // What the ancestor's callers send: no type, text, its documented `application/text`,
+            // or curl -d's form type.
+            require_content_type(
+                req.headers(),
+                &["", "text/plain", "application/text", "application/x-www-form-urlencoded"],
+                "text/plain",
+            )?;
+            let count = parse_count_text(req.body())?;
+            change(deps, pool, CountChange::Set(count), true).await
+        }
+        _ => Err(WebhookError::MethodNotAllowed { allow: route.allow() }),
+    }
+}
+
+fn check_size(req: &Request<Bytes>) -> Result<(), WebhookError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let size = declared.max(req.body().len() as u64);
+    if size > MAX_BODY as u64 {
+        return Err(WebhookError::PayloadTooLarge { size, limit: MAX_BODY });
+    }
+    Ok(())
+}
+
+/// The media type of the request without parameters, lowercased ("" when absent).
+fn media_type(headers: &http::HeaderMap) -> Result<String, WebhookError> {
+    match headers.get(header::CONTENT_TYPE) {
+        None => Ok(String::new()),
+        Some(v) => {
+            let s = v.to_str().map_err(|_| WebhookError::UnsupportedMediaType {
+                got: "<not ASCII>".into(),
+                expected: "a valid Content-Type",
+            })?;
+            Ok(s.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+        }
+    }
+}
+
+fn require_content_type(headers: &http::HeaderMap, accepted: &[&str], expected: &'static str) -> Result<(), WebhookError> {
+    let got = media_type(headers)?;
+    if accepted.contains(&got.as_str()) {
+        Ok(())
+    } else {
+        Err(WebhookError::UnsupportedMediaType { got, expected })
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetBody {
+    count: i64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddBody {
+    delta: i64,
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8], expected: &'static str) -> Result<T, WebhookError> {
+    serde_json::from_slice(body).map_err(|_| WebhookError::BadRequest { expected })
+}
+
+/// The legacy body: the count as decimal text. Surrounding whitespace (a trailing newline from
+/// `echo`) is tolerated; anything else is a 400.
+fn parse_count_text(body: &[u8]) -> Result<i64, WebhookError> {
+    let bad = || WebhookError::BadRequest {
+        expected: "the new worker count as a whole number, e.g. 3",
+    };
+    let s = std::str::from_utf8(body).map_err(|_| bad())?.trim();
+    let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    s.parse::<i64>().map_err(|_| bad())
+}
+
+fn wants_json(headers: &http::HeaderMap) -> bool {
+    headers.get_all(header::ACCEPT).iter().any(|v| {
+        v.to_str().is_ok_and(|s| {
+            s.split(',').any(|range| {
+                range.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+            })
+        })
+    })
+}
+
+async fn get_count<S: StateStore, C: Cluster>(
+    deps: &Deps<S, C>,
+    pool: &PoolRef,
+    headers: &http::HeaderMap,
+) -> Result<Response<Bytes>, WebhookError> {
+    let c = scale::observe_count(&deps.state, pool.as_option()).await?;
+    if wants_json(headers) {
+        Ok(json(200, &serde_json::json!({"pool": c.pool, "count": c.count, "min": c.min, "max": c.max})))
+    } else {
+        // The ancestor's format: the number, nothing else.
+        Ok(text(200, c.count.to_string()))
+    }
+}
+
+async fn change<S: StateStore, C: Cluster>(
+    deps: &Deps<S, C>,
+    pool: &PoolRef,
+    change: CountChange,
+    legacy: bool,
+) -> Result<Response<Bytes>, WebhookError> {
+    let result = {
+        let _queue = deps.writes.lock().await;
+        scale::apply_change(&deps.state, pool.as_option(), change, &deps.config.scale).await
+    };
+    let outcome = match result {
+        Ok(o) => o,
+        Err(e) => {
+            if let scale::ScaleError::Busy { attempts } = &e {
+                deps.metrics.conflicts(*attempts);
+            }
+            return Err(e.into());
+        }
+    };
+    deps.metrics.conflicts(outcome.conflicts);
+    let reconcile = if outcome.written {
+        trigger(deps).await
+    } else {
+        ReconcileOutcome::NotNeeded
+    };
+    if outcome.written {
+        tracing::info!(
+            pool = %outcome.pool,
+            previous = outcome.previous,
+            count = outcome.count,
+            conflicts = outcome.conflicts,
+            reconcile = reconcile.as_str(),
+            "desired count changed"
+        );
+    }
+    let mut r = if legacy {
+        text(
+            LEGACY_SUCCESS.as_u16(),
+            format!("Worker count changed from {} to {}", outcome.previous, outcome.count),
+        )
+    } else {
+        json(200, &change_body(&outcome, &reconcile))
+    };
+    r.headers_mut()
+        .insert(RECONCILE_HEADER, HeaderValue::from_static(reconcile.as_str()));
+    Ok(r)
+}
+
+fn change_body(o: &ChangeOutcome, reconcile: &ReconcileOutcome) -> serde_json::Value {
+    let what = if o.written {
+        format!("pool {} changed from {} to {}", o.pool, o.previous, o.count)
+    } else {
+        format!("pool {} already has count {}", o.pool, o.count)
+    };
+    serde_json::json!({
+        "pool": o.pool,
+        "previous": o.previous,
+        "count": o.count,
+        "min": o.min,
+        "max": o.max,
+        "changed": o.written,
+        "reconcile": reconcile.as_str(),
+        "message": format!("{what}; {}", reconcile.public_message()),
+    })
+}
+
+/// Starts the reconcile Job and counts the result.
+async fn trigger<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> ReconcileOutcome {
+    let outcome = scale::trigger_reconcile(&deps.cluster).await;
+    let result = match &outcome {
+        ReconcileOutcome::Triggered => TriggerResult::Created,
+        ReconcileOutcome::Pending => TriggerResult::Pending,
+        ReconcileOutcome::NoCronJob => TriggerResult::NoCronJob,
+        ReconcileOutcome::NotNeeded | ReconcileOutcome::Failed { .. } => TriggerResult::Error,
+    };
+    deps.metrics.trigger(result);
+    if let ReconcileOutcome::Failed { message } = &outcome {
+        tracing::warn!(error = %message, "starting the reconcile Job failed");
+    }
+    outcome
+}
+
+async fn reconcile_now<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Result<Response<Bytes>, WebhookError> {
+    match trigger(deps).await {
+        o @ (ReconcileOutcome::Triggered | ReconcileOutcome::Pending) => Ok(json(
+            202,
+            &serde_json::json!({"reconcile": o.as_str(), "message": o.public_message()}),
+        )),
+        ReconcileOutcome::NoCronJob => Err(WebhookError::NoCronJob),
+        ReconcileOutcome::Failed { message } => Err(WebhookError::TriggerFailed { message }),
+        ReconcileOutcome::NotNeeded => Err(WebhookError::TriggerFailed {
+            message: "unexpected trigger outcome".into(),
+        }),
+    }
+}
+
+async fn status_json<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Result<Response<Bytes>, WebhookError> {
+    let snapshot = deps
+        .state
+        .read_config()
+        .await
+        .map_err(|e| WebhookError::Scale(scale::ScaleError::State(e)))?;
+    match snapshot.status_json() {
+        Some(s) if !s.trim().is_empty() => Ok(respond(200, "application/json", s.to_owned())),
+        _ => Err(WebhookError::NoStatus),
+    }
+}
+
+async fn readyz<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Response<Bytes> {
+    let (secret, config) = tokio::join!(deps.state.read_secrets(), deps.state.read_config());
+    let problem = |what: &str, e: &StateError| {
+        tracing::warn!(error = %error_chain(e), "not ready: cannot read the {what}");
+        text(503, format!("not ready: cannot read the {what}\n"))
+    };
+    match (secret, config) {
+        (Err(e), _) => problem("Secret", &e),
+        (_, Err(e)) => problem("ConfigMap", &e),
+        (Ok(_), Ok(_)) => text(200, "ready\n".to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_parse_into_routes_and_nothing_else_matches() {
+        assert_eq!(Route::parse("/nodes/workers"), Route::Count(PoolRef::Default));
+        assert_eq!(Route::parse("/pools/gpu"), Route::Count(PoolRef::Named("gpu".into())));
+        assert_eq!(Route::parse("/pools/gpu/modify"), Route::Modify(PoolRef::Named("gpu".into())));
+        for p in ["/", "", "/pools/", "/pools//modify", "/pools/a/b", "/nodes/workers/", "/healthz/x"] {
+            assert_eq!(Route::parse(p), Route::Unknown, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn legacy_counts_are_decimal_text_only() {
+        assert_eq!(parse_count_text(b"3").ok(), Some(3));
+        assert_eq!(parse_count_text(b" 12\n").ok(), Some(12));
+        assert_eq!(parse_count_text(b"-1").ok(), Some(-1));
+        for bad in [&b""[..], b"3.0", b"0x3", b"three", b"+", b"1e3", b"\xff", b"99999999999999999999"] {
+            assert!(parse_count_text(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn json_is_chosen_only_when_accepted_explicitly() {
+        let mut h = http::HeaderMap::new();
+        assert!(!wants_json(&h));
+        h.insert(header::ACCEPT, HeaderValue::from_static("text/html, application/json;q=0.9"));
+        assert!(wants_json(&h));
+        h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        assert!(!wants_json(&h));
+    }
+}

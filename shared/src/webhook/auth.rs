@@ -1,0 +1,170 @@
+//! Bearer-token authentication of webhook requests against the Secret's `webhook-token`.
+//!
+//! Owns: parsing `Authorization`, refusing credentials in the query string, the constant-time
+//! comparison and the short-lived cache of the expected token. Fails closed: if the Secret
+//! cannot be read (or its token is empty) nothing is accepted. Only a SHA-256 digest of the
+//! expected token is kept in memory, and no token ever reaches a log or an error message.
+
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::error::{AuthFailure, WebhookError};
+use crate::state::StateStore;
+
+type TokenDigest = [u8; 32];
+
+fn digest(token: &[u8]) -> TokenDigest {
+    Sha256::digest(token).into()
+}
+
+/// The expected token's digest, cached for `ttl` (zero: read the Secret on every request).
+pub(crate) struct TokenCache {
+    ttl: Duration,
+    slot: std::sync::Mutex<Option<(Instant, TokenDigest)>>,
+    /// Held while refreshing, so an expiry under load costs one Secret read, not one per request.
+    refresh: tokio::sync::Mutex<()>,
+}
+
+impl TokenCache {
+    pub(crate) fn new(ttl: Duration) -> Self {
+        TokenCache {
+            ttl,
+            slot: std::sync::Mutex::new(None),
+            refresh: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn fresh(&self) -> Option<TokenDigest> {
+        let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+        slot.filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, d)| d)
+    }
+
+    /// The expected token's digest, from the cache or the Secret.
+    async fn expected<S: StateStore>(&self, state: &S) -> Result<TokenDigest, WebhookError> {
+        if let Some(d) = self.fresh() {
+            return Ok(d);
+        }
+        let _gate = self.refresh.lock().await;
+        if let Some(d) = self.fresh() {
+            return Ok(d);
+        }
+        let secrets = state.read_secrets().await.map_err(WebhookError::AuthUnavailable)?;
+        if secrets.webhook_token.is_empty() {
+            return Err(WebhookError::AuthNotConfigured);
+        }
+        let d = digest(secrets.webhook_token.as_bytes());
+        if !self.ttl.is_zero() {
+            *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), d));
+        }
+        Ok(d)
+    }
+}
+
+/// Query parameter names that look like credentials.
+fn credential_like(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    n.contains("token") || n.contains("auth") || n.contains("bearer") || n.contains("key") || n == "secret"
+        || n == "password"
+}
+
+/// Checks the query string: a credential-looking parameter is a 401 (the token may be
+/// compromised by now, so it is never accepted from there); anything else is a 400, as no
+/// protected endpoint takes parameters.
+pub(crate) fn check_query(query: Option<&str>) -> Result<(), WebhookError> {
+    let Some(q) = query else { return Ok(()) };
+    if q.is_empty() {
+        return Ok(());
+    }
+    let names = q.split('&').map(|pair| pair.split_once('=').map_or(pair, |(k, _)| k));
+    // Percent-encoded names (`%74oken`) are decoded crudely by ignoring anything not a letter,
+    // which errs on the side of calling them credentials.
+    let looks_like_credential = names.clone().any(credential_like)
+        || names.clone().any(|n| credential_like(&n.replace(|c: char| !c.is_ascii_alphabetic(), "")))
+        || q.to_ascii_lowercase().contains("%");
+    if looks_like_credential {
+        Err(WebhookError::Unauthenticated { reason: AuthFailure::InQuery })
+    } else {
+        Err(WebhookError::QueryNotAllowed)
+    }
+}
+
+/// The bearer token of a request, or why there is none.
+fn presented(headers: &http::HeaderMap) -> Result<&[u8], AuthFailure> {
+    let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+    let value = values.next().ok_or(AuthFailure::Missing)?;
+    if values.next().is_some() {
+        return Err(AuthFailure::Malformed);
+    }
+    let bytes = value.as_bytes();
+    let (scheme, rest) = match bytes.iter().position(|b| *b == b' ') {
+        Some(i) => (&bytes[..i], &bytes[i..]),
+        None => return Err(AuthFailure::Malformed),
+    };
+    if !scheme.eq_ignore_ascii_case(b"bearer") {
+        return Err(AuthFailure::Malformed);
+    }
+    let token = rest.trim_ascii();
+    if token.is_empty() || token.iter().any(|b| b.is_ascii_whitespace()) {
+        return Err(AuthFailure::Malformed);
+    }
+    Ok(token)
+}
+
+/// Authenticates a request: header present and well-formed, then compared (in constant time,
+/// over fixed-length digests so the length does not leak either) with the Secret's token.
+pub(crate) async fn authenticate<S: StateStore>(
+    cache: &TokenCache,
+    state: &S,
+    headers: &http::HeaderMap,
+) -> Result<(), WebhookError> {
+    // Refuse obviously bad requests before touching the Secret, so anonymous noise costs nothing.
+    let token = presented(headers).map_err(|reason| WebhookError::Unauthenticated { reason })?;
+    let expected = cache.expected(state).await?;
+    if bool::from(digest(token).ct_eq(&expected)) {
+        Ok(())
+    } else {
+        Err(WebhookError::Unauthenticated { reason: AuthFailure::Wrong })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn headers(values: &[&str]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for v in values {
+            h.append(http::header::AUTHORIZATION, http::HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive_and_the_token_is_trimmed() {
+        assert_eq!(presented(&headers(&["Bearer abc"])), Ok(&b"abc"[..]));
+        assert_eq!(presented(&headers(&["bearer   abc "])), Ok(&b"abc"[..]));
+    }
+
+    #[test]
+    fn malformed_and_duplicate_headers_are_refused() {
+        for h in [&["Basic abc"][..], &["Bearer"], &["Bearer "], &["Bearer a b"], &["Bearer a", "Bearer a"]] {
+            assert_eq!(presented(&headers(h)), Err(AuthFailure::Malformed), "{h:?}");
+        }
+        assert_eq!(presented(&headers(&[])), Err(AuthFailure::Missing));
+    }
+
+    #[test]
+    fn credential_looking_query_parameters_are_401_and_others_400() {
+        for q in ["token=x", "access_token=x", "a=1&Authorization=x", "api_key", "%74oken=x", "t-o-k-e-n=1"] {
+            assert!(
+                matches!(check_query(Some(q)), Err(WebhookError::Unauthenticated { reason: AuthFailure::InQuery })),
+                "{q}"
+            );
+        }
+        assert!(matches!(check_query(Some("pool=x")), Err(WebhookError::QueryNotAllowed)));
+        assert!(check_query(None).is_ok() && check_query(Some("")).is_ok());
+    }
+}

@@ -1,0 +1,232 @@
+//! The webhook's one error type and its one mapping to an HTTP status and a short public
+//! message. The type itself knows nothing about HTTP; [`WebhookError::public`] is the only
+//! place a status is chosen. Detailed causes (Kubernetes errors, YAML problems) stay in the
+//! variant for the log and never reach the caller; nothing here ever holds a token.
+
+use crate::state::StateError;
+use crate::workflows::scale::ScaleError;
+
+/// Why a credential was refused (for the log and for `WWW-Authenticate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// No `Authorization` header.
+    Missing,
+    /// `Authorization` present but not `Bearer <token>` (or the token is empty).
+    Malformed,
+    /// A well-formed bearer token that does not match.
+    Wrong,
+    /// A credential-looking query parameter: tokens in URLs end up in logs and histories.
+    InQuery,
+}
+
+/// Everything that can go wrong in a webhook request.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("no route for this path")]
+    NotFound,
+    #[error("method not allowed here (allowed: {allow})")]
+    MethodNotAllowed { allow: &'static str },
+    #[error("unauthenticated request ({reason:?})")]
+    Unauthenticated { reason: AuthFailure },
+    #[error("cannot read the webhook token from the Secret")]
+    AuthUnavailable(#[source] StateError),
+    #[error("the Secret's webhook-token is empty; refusing every request until it is set")]
+    AuthNotConfigured,
+    #[error("request body of {size} bytes is over the {limit}-byte limit")]
+    PayloadTooLarge { size: u64, limit: usize },
+    #[error("content type {got:?} is not accepted; expected {expected}")]
+    UnsupportedMediaType { got: String, expected: &'static str },
+    #[error("malformed request: expected {expected}")]
+    BadRequest { expected: &'static str },
+    #[error("this endpoint takes no query parameters")]
+    QueryNotAllowed,
+    #[error("the request could not be read")]
+    BodyUnreadable,
+    #[error("no status yet: no reconcile run has written status.json")]
+    NoStatus,
+    #[error("no CronJob to start a reconcile Job from")]
+    NoCronJob,
+    #[error("starting the reconcile Job failed: {message}")]
+    TriggerFailed { message: String },
+    #[error("the request took longer than {seconds}s")]
+    Timeout { seconds: u64 },
+    #[error(transparent)]
+    Scale(#[from] ScaleError),
+}
+
+/// What a caller is told: status, a stable code, a short message and the extra headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicError {
+    pub status: u16,
+    /// Stable, machine-readable (`out_of_bounds`, `unauthorized`, ...).
+    pub code: &'static str,
+    pub message: String,
+    /// `Allow` header value for 405.
+    pub allow: Option<&'static str>,
+    /// `WWW-Authenticate` header value for 401.
+    pub www_authenticate: Option<&'static str>,
+    /// `Retry-After` seconds for 503s worth retrying.
+    pub retry_after: Option<u32>,
+}
+
+impl PublicError {
+    fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        PublicError {
+            status,
+            code,
+            message: message.into(),
+            allow: None,
+            www_authenticate: None,
+            retry_after: None,
+        }
+    }
+
+    fn retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
+}
+
+/// Shows a pool name from a URL only if it looks like a pool name (no echoing of arbitrary input).
+fn shown_pool(pool: &str) -> String {
+    if !pool.is_empty()
+        && pool.len() <= 63
+        && pool.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        format!("pool {pool:?}")
+    } else {
+        "that pool".to_owned()
+    }
+}
+
+impl WebhookError {
+    /// The one mapping to what the caller sees.
+    pub fn public(&self) -> PublicError {
+        use crate::spec::CountError;
+        match self {
+            WebhookError::NotFound => PublicError::new(404, "not_found", "no such endpoint"),
+            WebhookError::MethodNotAllowed { allow } => PublicError {
+                allow: Some(allow),
+                ..PublicError::new(405, "method_not_allowed", format!("method not allowed; use {allow}"))
+            },
+            WebhookError::Unauthenticated { reason } => {
+                let (message, header) = match reason {
+                    AuthFailure::Missing => ("missing bearer token", r#"Bearer realm="oxide-controller""#),
+                    AuthFailure::Malformed => (
+                        "expected an Authorization header of the form: Bearer <token>",
+                        r#"Bearer realm="oxide-controller", error="invalid_request""#,
+                    ),
+                    AuthFailure::Wrong => ("invalid bearer token", r#"Bearer realm="oxide-controller", error="invalid_token""#),
+                    AuthFailure::InQuery => (
+                        "tokens are not accepted in the URL; send Authorization: Bearer <token>",
+                        r#"Bearer realm="oxide-controller", error="invalid_request""#,
+                    ),
+                };
+                PublicError {
+                    www_authenticate: Some(header),
+                    ..PublicError::new(401, "unauthorized", message)
+                }
+            }
+            WebhookError::AuthUnavailable(_) => {
+                PublicError::new(503, "auth_unavailable", "cannot verify credentials right now").retry_after(5)
+            }
+            WebhookError::AuthNotConfigured => {
+                PublicError::new(503, "auth_not_configured", "the webhook token is not configured")
+            }
+            WebhookError::PayloadTooLarge { limit, .. } => PublicError::new(
+                413,
+                "payload_too_large",
+                format!("request body is larger than {limit} bytes"),
+            ),
+            WebhookError::UnsupportedMediaType { expected, .. } => PublicError::new(
+                415,
+                "unsupported_media_type",
+                format!("unsupported content type; expected {expected}"),
+            ),
+            WebhookError::BadRequest { expected } => {
+                PublicError::new(400, "bad_request", format!("malformed request: expected {expected}"))
+            }
+            WebhookError::QueryNotAllowed => {
+                PublicError::new(400, "bad_request", "this endpoint takes no query parameters")
+            }
+            WebhookError::BodyUnreadable => PublicError::new(400, "bad_request", "the request body could not be read"),
+            WebhookError::NoStatus => PublicError::new(
+                404,
+                "no_status",
+                "no status yet: no reconcile run has written status.json",
+            ),
+            WebhookError::NoCronJob => PublicError::new(
+                409,
+                "no_cronjob",
+                "no reconcile was triggered: CronJob kube-system/oxide-controller does not exist; run reconcile-once",
+            ),
+            WebhookError::TriggerFailed { .. } => {
+                PublicError::new(503, "trigger_failed", "starting a reconcile Job failed; try again").retry_after(5)
+            }
+            WebhookError::Timeout { .. } => {
+                PublicError::new(503, "timeout", "the request timed out; try again").retry_after(1)
+            }
+            WebhookError::Scale(e) => match e {
+                ScaleError::Count(CountError::UnknownPool { pool, known }) => PublicError::new(
+                    404,
+                    "unknown_pool",
+                    format!("{} does not exist; pools are: {known}", shown_pool(pool)),
+                ),
+                ScaleError::Count(CountError::OutOfBounds { pool, count, min, max }) => PublicError::new(
+                    422,
+                    "out_of_bounds",
+                    format!("count {count} for pool {pool:?} is outside its bounds [{min}, {max}]"),
+                ),
+                ScaleError::Count(CountError::EvenControlPlane { pool, count }) => PublicError::new(
+                    422,
+                    "even_control_plane",
+                    format!("the control-plane pool {pool:?} needs an odd count, not {count}"),
+                ),
+                ScaleError::NoWorkerPool => PublicError::new(
+                    404,
+                    "no_worker_pool",
+                    "the cluster has no worker pool; use /pools/{pool}",
+                ),
+                ScaleError::Busy { .. } => PublicError::new(
+                    503,
+                    "busy",
+                    "the cluster state kept changing while writing; try again",
+                )
+                .retry_after(1),
+                ScaleError::State(StateError::NotFound { .. }) => PublicError::new(
+                    503,
+                    "state_missing",
+                    "the cluster state does not exist yet (bootstrap not run?)",
+                ),
+                ScaleError::State(_) => {
+                    PublicError::new(503, "state_unavailable", "cannot read or write the cluster state right now")
+                        .retry_after(5)
+                }
+                ScaleError::NoSpec | ScaleError::Spec(_) => {
+                    PublicError::new(500, "spec_invalid", "the stored cluster spec is unusable; see the webhook's log")
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_names_from_urls_are_shown_only_when_they_look_like_pool_names() {
+        assert_eq!(shown_pool("gpu"), "pool \"gpu\"");
+        assert_eq!(shown_pool("<script>"), "that pool");
+        assert_eq!(shown_pool(&"a".repeat(64)), "that pool");
+    }
+
+    #[test]
+    fn detailed_causes_stay_out_of_public_messages() {
+        let e = WebhookError::TriggerFailed {
+            message: "jobs.batch is forbidden: User system:serviceaccount:kube-system:x".into(),
+        };
+        assert!(!e.public().message.contains("forbidden"));
+        assert!(e.to_string().contains("forbidden"), "the log keeps the detail");
+    }
+}

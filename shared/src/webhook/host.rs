@@ -1,0 +1,278 @@
+//! The hyper host of the webhook function: HTTP/1.1 over TCP (optionally TLS with rustls and
+//! the aws-lc-rs provider), bounded body reads, a per-request deadline, a header-read timeout,
+//! and graceful shutdown that stops accepting and lets in-flight requests finish.
+//!
+//! Owns sockets and nothing else: every request goes to [`super::handle`] as an
+//! `http::Request<Bytes>`. TLS material comes from PEM files or from the Secret's optional
+//! `webhook-tls.crt` / `webhook-tls.key` keys.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+
+use super::{Deps, MAX_BODY, handle, timeout_response};
+use crate::cluster::{Cluster, OBJECT_NAME};
+use crate::state::StateStore;
+
+/// Secret key holding the webhook's PEM certificate chain (optional).
+pub const TLS_CERT_KEY: &str = "webhook-tls.crt";
+/// Secret key holding the webhook's PEM private key (optional).
+pub const TLS_KEY_KEY: &str = "webhook-tls.key";
+
+/// Host settings.
+#[derive(Clone)]
+pub struct HostOptions {
+    /// Deadline for reading a request's body and answering it.
+    pub request_timeout: Duration,
+    /// Deadline for a client to send a request's headers (and for a TLS handshake).
+    pub header_timeout: Duration,
+    /// After shutdown starts, how long in-flight requests get before the host returns anyway.
+    pub shutdown_grace: Duration,
+    /// Serve HTTPS with this configuration; plain HTTP when `None`.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl std::fmt::Debug for HostOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostOptions")
+            .field("request_timeout", &self.request_timeout)
+            .field("header_timeout", &self.header_timeout)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+impl Default for HostOptions {
+    fn default() -> Self {
+        HostOptions {
+            request_timeout: Duration::from_secs(10),
+            header_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(15),
+            tls: None,
+        }
+    }
+}
+
+/// Host trouble.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {}", path.display())]
+    ReadTls {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no usable {what} in the TLS material ({source_name}); expected PEM")]
+    Pem {
+        what: &'static str,
+        source_name: String,
+    },
+    #[error("the TLS certificate and key do not form a usable server configuration")]
+    Tls(#[source] rustls::Error),
+    #[error("the Secret {namespace}/{OBJECT_NAME} has no {TLS_CERT_KEY} and {TLS_KEY_KEY}; add them or use --tls-cert/--tls-key")]
+    NoTlsInSecret { namespace: String },
+    #[error("cannot read the Secret {namespace}/{OBJECT_NAME} for its TLS keys")]
+    SecretUnreadable {
+        namespace: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Binds `addr` (use port 0 for a free one).
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HostError> {
+    TcpListener::bind(addr).await.map_err(|source| HostError::Bind { addr, source })
+}
+
+/// A rustls server configuration (aws-lc-rs, TLS 1.2/1.3, ALPN http/1.1) from PEM text.
+/// `source_name` names where the PEM came from, for errors.
+pub fn tls_config(cert_pem: &[u8], key_pem: &[u8], source_name: &str) -> Result<Arc<rustls::ServerConfig>, HostError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|_| HostError::Pem { what: "certificate", source_name: source_name.to_owned() })?;
+    if certs.is_empty() {
+        return Err(HostError::Pem { what: "certificate", source_name: source_name.to_owned() });
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|_| HostError::Pem { what: "private key", source_name: source_name.to_owned() })?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(HostError::Tls)?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(HostError::Tls)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// TLS from PEM files.
+pub fn tls_from_files(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, HostError> {
+    let read = |p: &Path| std::fs::read(p).map_err(|source| HostError::ReadTls { path: p.to_owned(), source });
+    tls_config(&read(cert)?, &read(key)?, &format!("{} and {}", cert.display(), key.display()))
+}
+
+/// TLS from the Secret's `webhook-tls.crt` / `webhook-tls.key`.
+pub async fn tls_from_secret(client: kube::Client, namespace: &str) -> Result<Arc<rustls::ServerConfig>, HostError> {
+    use k8s_openapi::api::core::v1::Secret;
+    let api: kube::Api<Secret> = kube::Api::namespaced(client, namespace);
+    let secret = api.get(OBJECT_NAME).await.map_err(|source| HostError::SecretUnreadable {
+        namespace: namespace.to_owned(),
+        source,
+    })?;
+    let data = secret.data.unwrap_or_default();
+    match (data.get(TLS_CERT_KEY), data.get(TLS_KEY_KEY)) {
+        (Some(cert), Some(key)) => tls_config(
+            &cert.0,
+            &key.0,
+            &format!("Secret {namespace}/{OBJECT_NAME} keys {TLS_CERT_KEY}/{TLS_KEY_KEY}"),
+        ),
+        _ => Err(HostError::NoTlsInSecret { namespace: namespace.to_owned() }),
+    }
+}
+
+/// Reads at most `MAX_BODY + 1` bytes of a body: enough for the handler to tell "too large"
+/// without buffering whatever a client chooses to send.
+async fn read_bounded(mut body: Incoming) -> Result<Bytes, hyper::Error> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            let room = MAX_BODY + 1 - buf.len();
+            buf.extend_from_slice(&data[..data.len().min(room)]);
+            if buf.len() > MAX_BODY {
+                break;
+            }
+        }
+    }
+    Ok(buf.freeze())
+}
+
+async fn serve_request<S, C>(
+    deps: Arc<Deps<S, C>>,
+    timeout: Duration,
+    req: http::Request<Incoming>,
+) -> http::Response<Full<Bytes>>
+where
+    S: StateStore + 'static,
+    C: Cluster + 'static,
+{
+    let (parts, body) = req.into_parts();
+    let (method, path) = (parts.method.clone(), parts.uri.path().to_owned());
+    let declared_too_large = parts
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .is_some_and(|n| n > MAX_BODY as u64);
+    let work = async {
+        // A declared oversize body is not read at all; the handler answers 413 from the header.
+        let bytes = if declared_too_large {
+            Ok(Bytes::new())
+        } else {
+            read_bounded(body).await
+        };
+        match bytes {
+            Ok(bytes) => handle(&deps, http::Request::from_parts(parts, bytes)).await,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read a request body");
+                let err = super::error::WebhookError::BodyUnreadable;
+                super::error_response(&err, false)
+            }
+        }
+    };
+    let response = match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => timeout_response(&deps, &method, &path, timeout),
+    };
+    response.map(Full::new)
+}
+
+/// Serves `deps` on `listener` until `shutdown` completes, then stops accepting, lets
+/// in-flight requests finish (up to `opts.shutdown_grace`) and returns.
+pub async fn serve<S, C, F>(listener: TcpListener, deps: Arc<Deps<S, C>>, opts: HostOptions, shutdown: F)
+where
+    S: StateStore + 'static,
+    C: Cluster + 'static,
+    F: Future<Output = ()>,
+{
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let tls = opts.tls.clone().map(tokio_rustls::TlsAcceptor::from);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(opts.header_timeout)
+        .max_buf_size(64 * 1024)
+        .keep_alive(true);
+    let builder = Arc::new(builder);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and the like: back off rather than spin; the listener stays.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let watcher = graceful.watcher();
+        let deps = deps.clone();
+        let builder = builder.clone();
+        let tls = tls.clone();
+        let (request_timeout, header_timeout) = (opts.request_timeout, opts.header_timeout);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let deps = deps.clone();
+                async move { Ok::<_, Infallible>(serve_request(deps, request_timeout, req).await) }
+            });
+            let result = match tls {
+                None => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
+                Some(acceptor) => match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(tls_stream)) => {
+                        watcher
+                            .watch(builder.serve_connection(TokioIo::new(tls_stream), service))
+                            .await
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(%peer, "TLS handshake timed out");
+                        return;
+                    }
+                },
+            };
+            if let Err(e) = result {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!("shutting down: finishing in-flight requests");
+    if tokio::time::timeout(opts.shutdown_grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!(grace = ?opts.shutdown_grace, "in-flight requests did not finish in time");
+    }
+}

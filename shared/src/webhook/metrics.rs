@@ -1,0 +1,195 @@
+//! The webhook's Prometheus metrics: requests by route, method and status, a request latency
+//! histogram per route, reconcile triggers by result, and ConfigMap write conflicts. Rendered
+//! in the Prometheus text exposition format (version 0.0.4) at `/metrics`.
+//!
+//! These counters are the only state the webhook keeps between requests. Label values come
+//! from fixed sets (route templates, known methods), never from request input, so a caller
+//! cannot blow up the series count.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Route templates, in the order their histograms are kept.
+pub const ROUTES: [&str; 10] = [
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/status",
+    "/reconcile",
+    "/nodes/workers",
+    "/nodes/workers/modify",
+    "/pools/{pool}",
+    "/pools/{pool}/modify",
+    "other",
+];
+
+/// Upper bounds of the latency buckets, in seconds.
+const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+
+/// Result labels of `reconcile_triggers_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TriggerResult {
+    Created,
+    Pending,
+    NoCronJob,
+    Error,
+}
+
+impl TriggerResult {
+    const ALL: [TriggerResult; 4] = [TriggerResult::Created, TriggerResult::Pending, TriggerResult::NoCronJob, TriggerResult::Error];
+
+    fn label(self) -> &'static str {
+        match self {
+            TriggerResult::Created => "created",
+            TriggerResult::Pending => "pending",
+            TriggerResult::NoCronJob => "no_cronjob",
+            TriggerResult::Error => "error",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+/// All metrics of one webhook process.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<(usize, &'static str, u16), u64>>,
+    latency: [Histogram; ROUTES.len()],
+    triggers: [AtomicU64; 4],
+    conflicts: AtomicU64,
+}
+
+/// Method label: known methods by name, anything else `other`.
+pub(crate) fn method_label(m: &http::Method) -> &'static str {
+    match *m {
+        http::Method::GET => "GET",
+        http::Method::HEAD => "HEAD",
+        http::Method::POST => "POST",
+        http::Method::PUT => "PUT",
+        http::Method::PATCH => "PATCH",
+        http::Method::DELETE => "DELETE",
+        http::Method::OPTIONS => "OPTIONS",
+        _ => "other",
+    }
+}
+
+impl Metrics {
+    /// Records one finished request.
+    pub fn observe(&self, route: usize, method: &'static str, status: u16, elapsed: Duration) {
+        let route = route.min(ROUTES.len() - 1);
+        *self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((route, method, status))
+            .or_default() += 1;
+        let h = &self.latency[route];
+        let secs = elapsed.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|b| secs <= *b) {
+            h.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        h.count.fetch_add(1, Ordering::Relaxed);
+        h.sum_micros
+            .fetch_add(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Records the result of one reconcile trigger.
+    pub fn trigger(&self, result: TriggerResult) {
+        let i = TriggerResult::ALL.iter().position(|r| *r == result).unwrap_or(3);
+        self.triggers[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records `n` ConfigMap write conflicts (409s).
+    pub fn conflicts(&self, n: u32) {
+        self.conflicts.fetch_add(u64::from(n), Ordering::Relaxed);
+    }
+
+    /// Requests recorded for `route` (a template from [`ROUTES`]) with `status`, any method.
+    pub fn requests(&self, route: &str, status: u16) -> u64 {
+        let Some(r) = ROUTES.iter().position(|x| *x == route) else { return 0 };
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|((rr, _, s), _)| *rr == r && *s == status)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// The Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let _ = writeln!(out, "# HELP oxide_controller_webhook_requests_total Webhook requests handled, by route template, method and status.");
+        let _ = writeln!(out, "# TYPE oxide_controller_webhook_requests_total counter");
+        let requests = self.requests.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for ((route, method, status), n) in &requests {
+            let _ = writeln!(
+                out,
+                "oxide_controller_webhook_requests_total{{route=\"{}\",method=\"{method}\",status=\"{status}\"}} {n}",
+                ROUTES[*route]
+            );
+        }
+        let _ = writeln!(out, "# HELP oxide_controller_webhook_request_duration_seconds Time to handle a webhook request, by route template.");
+        let _ = writeln!(out, "# TYPE oxide_controller_webhook_request_duration_seconds histogram");
+        for (route, h) in ROUTES.iter().zip(&self.latency) {
+            let count = h.count.load(Ordering::Relaxed);
+            if count == 0 {
+                continue;
+            }
+            let mut cumulative = 0;
+            for (le, b) in BUCKETS.iter().zip(&h.buckets) {
+                cumulative += b.load(Ordering::Relaxed);
+                let _ = writeln!(
+                    out,
+                    "oxide_controller_webhook_request_duration_seconds_bucket{{route=\"{route}\",le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let _ = writeln!(out, "oxide_controller_webhook_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {count}");
+            let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+            let _ = writeln!(out, "oxide_controller_webhook_request_duration_seconds_sum{{route=\"{route}\"}} {sum}");
+            let _ = writeln!(out, "oxide_controller_webhook_request_duration_seconds_count{{route=\"{route}\"}} {count}");
+        }
+        let _ = writeln!(out, "# HELP oxide_controller_webhook_reconcile_triggers_total On-demand reconcile Job triggers, by result.");
+        let _ = writeln!(out, "# TYPE oxide_controller_webhook_reconcile_triggers_total counter");
+        for (r, n) in TriggerResult::ALL.iter().zip(&self.triggers) {
+            let _ = writeln!(
+                out,
+                "oxide_controller_webhook_reconcile_triggers_total{{result=\"{}\"}} {}",
+                r.label(),
+                n.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(out, "# HELP oxide_controller_webhook_state_conflicts_total ConfigMap writes refused with 409 (each one re-read and re-applied).");
+        let _ = writeln!(out, "# TYPE oxide_controller_webhook_state_conflicts_total counter");
+        let _ = writeln!(out, "oxide_controller_webhook_state_conflicts_total {}", self.conflicts.load(Ordering::Relaxed));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_cumulative_and_end_with_the_count() {
+        let m = Metrics::default();
+        m.observe(5, "GET", 200, Duration::from_micros(300));
+        m.observe(5, "GET", 200, Duration::from_millis(3));
+        m.observe(5, "GET", 200, Duration::from_secs(30));
+        let text = m.render();
+        assert!(text.contains(r#"_bucket{route="/nodes/workers",le="0.0005"} 1"#), "{text}");
+        assert!(text.contains(r#"_bucket{route="/nodes/workers",le="0.005"} 2"#), "{text}");
+        assert!(text.contains(r#"_bucket{route="/nodes/workers",le="5"} 2"#), "{text}");
+        assert!(text.contains(r#"_bucket{route="/nodes/workers",le="+Inf"} 3"#), "{text}");
+        assert!(text.contains(r#"_count{route="/nodes/workers"} 3"#), "{text}");
+        assert_eq!(m.requests("/nodes/workers", 200), 3);
+    }
+}

@@ -1,0 +1,380 @@
+//! The `scale` workflow: read or change one pool's desired count in `spec.yaml`, then start a
+//! reconcile Job. The webhook ([`crate::webhook`]) and the `scale` CLI both call this, so an
+//! HTTP `PATCH {"delta":1}` and `scale add 1` do exactly the same thing.
+//!
+//! Owns the write protocol on the ConfigMap: read (data + resourceVersion) →
+//! [`ClusterSpec::set_count`] → replace carrying the resourceVersion read. A 409 means someone
+//! else wrote in between: re-read and re-apply the *requested change* (for a relative change,
+//! the delta on top of the fresh count), a bounded number of times with jittered backoff. A
+//! blind retry of the old document would lose the other writer's change.
+//!
+//! What does not live here: HTTP (status codes, bodies, auth — [`crate::webhook`]), and the
+//! decision of *what* the cluster should do about the new count (the planner).
+
+use std::time::Duration;
+
+use crate::cluster::{Cluster, JobTrigger, NAMESPACE, ON_DEMAND_JOB};
+use crate::retry::Backoff;
+use crate::spec::{ClusterSpec, CountError, PoolSpec, Role, SpecLoadError};
+use crate::state::{ConfigSnapshot, StateError, StateStore, keys};
+
+/// The change asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountChange {
+    /// Set the count to this value.
+    Set(i64),
+    /// Add this (possibly negative) amount to the count as stored at write time.
+    Add(i64),
+}
+
+/// One pool's desired count and bounds, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PoolCount {
+    pub pool: String,
+    pub count: u32,
+    pub min: u32,
+    pub max: u32,
+}
+
+/// What a successful change did to the ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeOutcome {
+    pub pool: String,
+    /// The count before this change (as seen by the read that won the write).
+    pub previous: u32,
+    /// The count now stored.
+    pub count: u32,
+    pub min: u32,
+    pub max: u32,
+    /// False when the count already had the requested value: nothing was written.
+    pub written: bool,
+    /// 409s met (and re-read) on the way.
+    pub conflicts: u32,
+}
+
+/// What happened to the on-demand reconcile after a change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReconcileOutcome {
+    /// A reconcile Job was created from the CronJob's template.
+    Triggered,
+    /// The fixed-name Job already exists: a run is pending or under way and will see the change.
+    Pending,
+    /// No CronJob to copy the Job from; the change is saved but nothing was started.
+    NoCronJob,
+    /// Nothing changed, so nothing was started.
+    NotNeeded,
+    /// The Kubernetes API refused or failed; the change is saved. `message` is for the log.
+    Failed { message: String },
+}
+
+impl ReconcileOutcome {
+    /// Short machine-readable name (`triggered`, `pending`, `not-triggered`, `not-needed`, `failed`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ReconcileOutcome::Triggered => "triggered",
+            ReconcileOutcome::Pending => "pending",
+            ReconcileOutcome::NoCronJob => "not-triggered",
+            ReconcileOutcome::NotNeeded => "not-needed",
+            ReconcileOutcome::Failed { .. } => "failed",
+        }
+    }
+
+    /// One human sentence about the reconcile, safe to show to callers.
+    pub fn public_message(&self) -> String {
+        match self {
+            ReconcileOutcome::Triggered => {
+                format!("reconcile triggered (Job {NAMESPACE}/{ON_DEMAND_JOB})")
+            }
+            ReconcileOutcome::Pending => {
+                format!("reconcile pending (Job {NAMESPACE}/{ON_DEMAND_JOB} already exists and will pick the change up)")
+            }
+            ReconcileOutcome::NoCronJob => format!(
+                "the change is saved, but no reconcile was triggered: CronJob {NAMESPACE}/oxide-controller does not exist; run reconcile-once to apply it"
+            ),
+            ReconcileOutcome::NotNeeded => "no change, so no reconcile was triggered".to_owned(),
+            ReconcileOutcome::Failed { .. } => {
+                "the change is saved, but starting a reconcile Job failed; the next scheduled run applies it".to_owned()
+            }
+        }
+    }
+}
+
+/// The result of [`run`]: the change and the reconcile it started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScaleOutcome {
+    pub change: ChangeOutcome,
+    pub reconcile: ReconcileOutcome,
+}
+
+/// How hard to try against write conflicts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScaleOptions {
+    /// Attempts (read + write) before giving up with [`ScaleError::Busy`]; delays between
+    /// them double from `first` to `max`, jittered ±25%.
+    pub backoff: Backoff,
+}
+
+impl Default for ScaleOptions {
+    fn default() -> Self {
+        ScaleOptions {
+            backoff: Backoff {
+                first: Duration::from_millis(5),
+                max: Duration::from_millis(200),
+                attempts: 20,
+            },
+        }
+    }
+}
+
+/// Why a scale call failed. Nothing was written unless the variant says so.
+#[derive(Debug, thiserror::Error)]
+pub enum ScaleError {
+    #[error("cannot read or write the cluster state")]
+    State(#[source] StateError),
+    #[error("the ConfigMap has no {key}; run bootstrap first", key = keys::SPEC)]
+    NoSpec,
+    #[error("the ConfigMap's spec.yaml is unusable; fix it with kubectl edit or re-run bootstrap")]
+    Spec(#[source] SpecLoadError),
+    #[error("spec.yaml has no worker pool; name one with --pool or /pools/{{pool}}")]
+    NoWorkerPool,
+    #[error(transparent)]
+    Count(#[from] CountError),
+    #[error("the ConfigMap kept changing while we wrote it: {attempts} attempts met a conflict; try again")]
+    Busy { attempts: u32 },
+}
+
+impl ScaleError {
+    /// Process exit code: 2 for what the user must fix, 1 for what a retry may fix.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ScaleError::State(StateError::NotFound { .. } | StateError::Forbidden { .. }) => 2,
+            ScaleError::State(_) | ScaleError::Busy { .. } => 1,
+            ScaleError::NoSpec | ScaleError::Spec(_) | ScaleError::NoWorkerPool | ScaleError::Count(_) => 2,
+        }
+    }
+}
+
+/// The pool named `pool`, or the default worker pool.
+fn resolve_pool<'a>(spec: &'a ClusterSpec, pool: Option<&str>) -> Result<(Role, &'a PoolSpec), ScaleError> {
+    match pool {
+        None => spec
+            .default_worker_pool()
+            .map(|p| (Role::Worker, p))
+            .ok_or(ScaleError::NoWorkerPool),
+        Some(name) => spec.pool(name).ok_or_else(|| {
+            ScaleError::Count(CountError::UnknownPool {
+                pool: name.to_owned(),
+                known: spec.pools().map(|(_, p)| p.name.as_str()).collect::<Vec<_>>().join(", "),
+            })
+        }),
+    }
+}
+
+fn parse_spec(snapshot: &ConfigSnapshot) -> Result<ClusterSpec, ScaleError> {
+    let yaml = snapshot.spec_yaml().ok_or(ScaleError::NoSpec)?;
+    ClusterSpec::from_yaml(yaml).map_err(ScaleError::Spec)
+}
+
+fn pool_count(pool: &PoolSpec) -> PoolCount {
+    PoolCount {
+        pool: pool.name.clone(),
+        count: pool.count,
+        min: pool.min,
+        max: pool.max,
+    }
+}
+
+/// The stored count of `pool` (default: the first worker pool). Read-only.
+pub async fn observe_count<S: StateStore>(state: &S, pool: Option<&str>) -> Result<PoolCount, ScaleError> {
+    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
+    let spec = parse_spec(&snapshot)?;
+    let (_, p) = resolve_pool(&spec, pool)?;
+    Ok(pool_count(p))
+}
+
+/// Names of all pools, control plane first (for "unknown pool" messages and listings).
+pub async fn observe_pools<S: StateStore>(state: &S) -> Result<Vec<PoolCount>, ScaleError> {
+    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
+    let spec = parse_spec(&snapshot)?;
+    Ok(spec.pools().map(|(_, p)| pool_count(p)).collect())
+}
+
+/// Applies `change` to `pool` (default: the first worker pool) in `spec.yaml`, re-reading
+/// and re-applying on each 409 up to `opts.backoff.attempts` times. Starts no reconcile.
+///
+/// A change that leaves the count as it is writes nothing and reports `written: false`.
+pub async fn apply_change<S: StateStore>(
+    state: &S,
+    pool: Option<&str>,
+    change: CountChange,
+    opts: &ScaleOptions,
+) -> Result<ChangeOutcome, ScaleError> {
+    let attempts = opts.backoff.attempts.max(1);
+    let mut conflicts = 0;
+    for attempt in 1..=attempts {
+        if attempt > 1 {
+            tokio::time::sleep(opts.backoff.delay(attempt)).await;
+        }
+        let snapshot = state.read_config().await.map_err(ScaleError::State)?;
+        let mut spec = parse_spec(&snapshot)?;
+        let (_, p) = resolve_pool(&spec, pool)?;
+        let name = p.name.clone();
+        let previous = p.count;
+        let target = match change {
+            CountChange::Set(n) => n,
+            CountChange::Add(delta) => i64::from(previous).checked_add(delta).unwrap_or(if delta > 0 {
+                i64::MAX
+            } else {
+                i64::MIN
+            }),
+        };
+        spec.set_count(&name, target)?;
+        let (_, p) = resolve_pool(&spec, Some(&name))?;
+        let mut outcome = ChangeOutcome {
+            pool: name.clone(),
+            previous,
+            count: p.count,
+            min: p.min,
+            max: p.max,
+            written: false,
+            conflicts,
+        };
+        if p.count == previous {
+            return Ok(outcome);
+        }
+        let mut data = snapshot.data.clone();
+        data.insert(keys::SPEC.to_owned(), spec.to_yaml());
+        match state.replace_config(&snapshot.resource_version, data).await {
+            Ok(_) => {
+                outcome.written = true;
+                return Ok(outcome);
+            }
+            Err(e) if e.is_conflict() => {
+                conflicts += 1;
+                tracing::debug!(pool = %name, attempt, "ConfigMap changed since it was read; re-reading");
+            }
+            Err(e) => return Err(ScaleError::State(e)),
+        }
+    }
+    Err(ScaleError::Busy { attempts })
+}
+
+/// Starts the on-demand reconcile Job. Failures are reported, not returned: by the time this
+/// runs the change is saved, and the scheduled CronJob run will apply it anyway.
+pub async fn trigger_reconcile<C: Cluster>(cluster: &C) -> ReconcileOutcome {
+    match cluster.trigger_reconcile_job().await {
+        Ok(JobTrigger::Created) => ReconcileOutcome::Triggered,
+        Ok(JobTrigger::AlreadyPending) => ReconcileOutcome::Pending,
+        Ok(JobTrigger::NoCronJob) => ReconcileOutcome::NoCronJob,
+        Err(e) => ReconcileOutcome::Failed {
+            message: error_chain(&e),
+        },
+    }
+}
+
+/// An error and its sources, `outer: inner: innermost` (for logs; never shown to HTTP callers).
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// The whole workflow for the CLI: apply the change, then (if something was written) start a
+/// reconcile Job.
+pub async fn run<S: StateStore, C: Cluster>(
+    state: &S,
+    cluster: &C,
+    pool: Option<&str>,
+    change: CountChange,
+    opts: &ScaleOptions,
+) -> Result<ScaleOutcome, ScaleError> {
+    let change = apply_change(state, pool, change, opts).await?;
+    let reconcile = if change.written {
+        trigger_reconcile(cluster).await
+    } else {
+        ReconcileOutcome::NotNeeded
+    };
+    if let ReconcileOutcome::Failed { message } = &reconcile {
+        tracing::warn!(pool = %change.pool, error = %message, "count saved, but the reconcile Job could not be started");
+    }
+    Ok(ScaleOutcome { change, reconcile })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::fake::FakeWorld;
+
+    fn world(workers: u32, max: u32) -> FakeWorld {
+        let w = FakeWorld::new(chrono::Utc::now());
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, workers);
+        spec.worker_pools[0].max = max;
+        let config = BTreeMap::from([(keys::SPEC.to_owned(), spec.to_yaml())]);
+        w.with(|s| {
+            s.config = ConfigSnapshot {
+                resource_version: "1".into(),
+                data: config,
+            }
+        });
+        w
+    }
+
+    fn stored(w: &FakeWorld, pool: &str) -> u32 {
+        let yaml = w.with(|s| s.config.data[keys::SPEC].clone());
+        ClusterSpec::from_yaml(&yaml).unwrap().pool(pool).unwrap().1.count
+    }
+
+    #[tokio::test]
+    async fn add_is_relative_to_the_stored_count_and_set_is_absolute() {
+        let w = world(2, 10);
+        let opts = ScaleOptions::default();
+        let out = apply_change(&w.state(), None, CountChange::Add(3), &opts).await.unwrap();
+        assert_eq!((out.previous, out.count, out.written), (2, 5, true));
+        let out = apply_change(&w.state(), None, CountChange::Set(1), &opts).await.unwrap();
+        assert_eq!((out.previous, out.count), (5, 1));
+        assert_eq!(stored(&w, "workers"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_change_to_the_same_count_writes_nothing_and_triggers_nothing() {
+        let w = world(2, 10);
+        let out = run(&w.state(), &w.cluster(), None, CountChange::Set(2), &ScaleOptions::default())
+            .await
+            .unwrap();
+        assert_eq!((out.change.written, out.reconcile), (false, ReconcileOutcome::NotNeeded));
+        assert_eq!(w.with(|s| s.config.resource_version.clone()), "1");
+        assert!(w.with(|s| s.jobs.is_empty()));
+    }
+
+    #[tokio::test]
+    async fn overflowing_deltas_are_out_of_bounds_not_wrapped() {
+        let w = world(2, 10);
+        let e = apply_change(&w.state(), None, CountChange::Add(i64::MAX), &ScaleOptions::default())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ScaleError::Count(CountError::OutOfBounds { min: 0, max: 10, .. })), "{e:?}");
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[tokio::test]
+    async fn unknown_pools_are_named_with_the_known_ones() {
+        let w = world(2, 10);
+        let e = observe_count(&w.state(), Some("gpu")).await.unwrap_err();
+        assert_eq!(e.to_string(), "pool \"gpu\" does not exist; pools are: control-plane, workers");
+    }
+
+    #[tokio::test]
+    async fn a_missing_configmap_is_a_configuration_error() {
+        let w = FakeWorld::new(chrono::Utc::now());
+        let e = observe_count(&w.state(), None).await.unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{e:?}");
+    }
+}
