@@ -96,7 +96,12 @@ pub async fn apply<R: Rack, C: Cluster, F: MemberFactory>(
     plan: &Plan,
     opts: &ApplyOptions,
 ) -> Vec<ActionResult> {
-    let ctx = Ctx { rack, cluster, factory, opts };
+    let ctx = Ctx {
+        rack,
+        cluster,
+        factory,
+        opts,
+    };
     let phase = |a: &Action| match a {
         Action::CreateApiFloatingIp { .. } | Action::AttachApiFloatingIp { .. } => 0,
         Action::CreateMember { .. } | Action::StartMember { .. } => 1,
@@ -111,14 +116,15 @@ pub async fn apply<R: Rack, C: Cluster, F: MemberFactory>(
         }
         // The floating IP phase is sequential: create before attach.
         let width = if p == 0 { 1 } else { opts.concurrency.max(1) };
-        let mut done: Vec<(usize, ActionResult)> = futures::stream::iter(batch.into_iter().enumerate())
-            .map(|(i, a)| {
-                let ctx = &ctx;
-                async move { (i, ctx.run(a).await) }
-            })
-            .buffer_unordered(width)
-            .collect()
-            .await;
+        let mut done: Vec<(usize, ActionResult)> =
+            futures::stream::iter(batch.into_iter().enumerate())
+                .map(|(i, a)| {
+                    let ctx = &ctx;
+                    async move { (i, ctx.run(a).await) }
+                })
+                .buffer_unordered(width)
+                .collect()
+                .await;
         done.sort_by_key(|(i, _)| *i);
         results.extend(done.into_iter().map(|(_, r)| r));
     }
@@ -141,7 +147,9 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         } else {
             match tokio::time::timeout_at(self.opts.deadline, self.execute(action)).await {
                 Ok(o) => o,
-                Err(_) => Outcome::InProgress("the run deadline was reached; a later run continues".into()),
+                Err(_) => Outcome::InProgress(
+                    "the run deadline was reached; a later run continues".into(),
+                ),
             }
         };
         let (kind, reason) = match &outcome {
@@ -154,32 +162,48 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             Outcome::Done => String::new(),
             Outcome::InProgress(d) | Outcome::Failed(d) | Outcome::Skipped(d) => format!(" ({d})"),
         };
-        let message = format!("{} {}: {}{detail}", action.verb(), action.target(), action.reason());
+        let message = format!(
+            "{} {}: {}{detail}",
+            action.verb(),
+            action.target(),
+            action.reason()
+        );
         match &outcome {
-            Outcome::Failed(_) | Outcome::Skipped(_) => warn!(action = action.verb(), target = action.target(), %message, "action did not complete"),
+            Outcome::Failed(_) | Outcome::Skipped(_) => {
+                warn!(action = action.verb(), target = action.target(), %message, "action did not complete")
+            }
             _ => info!(action = action.verb(), target = action.target(), %message, "action"),
         }
-        if !matches!(outcome, Outcome::Skipped(_)) {
-            if let Err(e) = self.cluster.record_event(kind, reason, &message).await {
-                warn!(error = %e, "could not record event");
-            }
+        if !matches!(outcome, Outcome::Skipped(_))
+            && let Err(e) = self.cluster.record_event(kind, reason, &message).await
+        {
+            warn!(error = %e, "could not record event");
         }
-        ActionResult { action: action.clone(), outcome }
+        ActionResult {
+            action: action.clone(),
+            outcome,
+        }
     }
 
     async fn execute(&self, action: &Action) -> Outcome {
         match action {
             Action::CreateApiFloatingIp { name, .. } => {
-                match self.retry(|| self.rack.create_floating_ip(name, "oxide-controller API address", None)).await {
+                match self
+                    .retry(|| {
+                        self.rack
+                            .create_floating_ip(name, "oxide-controller API address", None)
+                    })
+                    .await
+                {
                     Ok(_) | Err(RackError::AlreadyExists { .. }) => Outcome::Done,
                     Err(e) => failed(e),
                 }
             }
             Action::AttachApiFloatingIp { fip, to, from, .. } => {
-                if from.is_some() {
-                    if let Err(e) = self.retry(|| self.rack.detach_floating_ip(fip)).await {
-                        return failed(e);
-                    }
+                if from.is_some()
+                    && let Err(e) = self.retry(|| self.rack.detach_floating_ip(fip)).await
+                {
+                    return failed(e);
                 }
                 match self.retry(|| self.rack.attach_floating_ip(fip, to)).await {
                     Ok(()) => Outcome::Done,
@@ -187,24 +211,32 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 }
             }
             Action::CreateMember { pool, name, .. } => self.create(pool, name).await,
-            Action::StartMember { name, .. } => match self.retry(|| self.rack.start_instance(name)).await {
-                Ok(()) => Outcome::Done,
-                Err(e) => failed(e),
-            },
-            Action::RemoveMember { name, node, drain, reason, .. } => {
-                match self.remove(name, node.as_deref(), *drain, reason).await {
-                    Ok(o) => o,
-                    Err(e) => Outcome::Failed(e),
+            Action::StartMember { name, .. } => {
+                match self.retry(|| self.rack.start_instance(name)).await {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => failed(e),
                 }
             }
+            Action::RemoveMember {
+                name,
+                node,
+                drain,
+                reason,
+                ..
+            } => match self.remove(name, node.as_deref(), *drain, reason).await {
+                Ok(o) => o,
+                Err(e) => Outcome::Failed(e),
+            },
             Action::DeleteNode { node, .. } => match self.cluster.delete_node(node).await {
                 Ok(()) => Outcome::Done,
                 Err(e) => Outcome::Failed(format!("{e:#}")),
             },
-            Action::DeleteDisk { disk, .. } => match self.retry(|| self.rack.delete_disk(disk)).await {
-                Ok(()) | Err(RackError::NotFound { .. }) => Outcome::Done,
-                Err(e) => failed(e),
-            },
+            Action::DeleteDisk { disk, .. } => {
+                match self.retry(|| self.rack.delete_disk(disk)).await {
+                    Ok(()) | Err(RackError::NotFound { .. }) => Outcome::Done,
+                    Err(e) => failed(e),
+                }
+            }
         }
     }
 
@@ -222,10 +254,12 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             Ok(n) => n,
             Err(e) => return Outcome::Failed(e),
         };
-        if let Some(group) = self.factory.anti_affinity_group(pool) {
-            if let Err(e) = self.retry(|| self.rack.ensure_anti_affinity_group(&group)).await {
-                return failed(e);
-            }
+        if let Some(group) = self.factory.anti_affinity_group(pool)
+            && let Err(e) = self
+                .retry(|| self.rack.ensure_anti_affinity_group(&group))
+                .await
+        {
+            return failed(e);
         }
         // A retry after a lost response finds the name taken: that instance is ours, adopt it.
         match self.retry(|| self.rack.create_instance(&new)).await {
@@ -233,7 +267,9 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             Err(RackError::AlreadyExists { what }) if what.contains(name) => {
                 match self.rack.get_instance(name).await {
                     Ok(Some(i)) if i.description == new.description => Outcome::Done,
-                    Ok(_) => Outcome::Failed(format!("{what}, but it is not the member we asked for; leaving it alone")),
+                    Ok(_) => Outcome::Failed(format!(
+                        "{what}, but it is not the member we asked for; leaving it alone"
+                    )),
                     Err(e) => failed(e),
                 }
             }
@@ -242,30 +278,45 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
     }
 
     /// The removal pipeline. Each step is idempotent.
-    async fn remove(&self, name: &str, node: Option<&str>, drain: bool, reason: &str) -> Result<Outcome, String> {
+    async fn remove(
+        &self,
+        name: &str,
+        node: Option<&str>,
+        drain: bool,
+        reason: &str,
+    ) -> Result<Outcome, String> {
         let cluster_err = |e: ClusterError| format!("{e:#}");
         if let Some(node) = node {
             match self.cluster.mark_removing(node, reason).await {
                 Ok(()) | Err(ClusterError::NotFound { .. }) => {}
                 Err(e) => return Err(cluster_err(e)),
             }
-            if drain {
-                if let Some(blocker) = self.drain(node).await.map_err(cluster_err)? {
-                    return Ok(Outcome::InProgress(format!(
-                        "drain of {node} not finished after {}s (blocked at {blocker}, a PodDisruptionBudget or a slow pod); the next run tries again (or use --force-drain)",
-                        self.opts.drain_timeout.as_secs()
-                    )));
-                }
+            if drain && let Some(blocker) = self.drain(node).await.map_err(cluster_err)? {
+                return Ok(Outcome::InProgress(format!(
+                    "drain of {node} not finished after {}s (blocked at {blocker}, a PodDisruptionBudget or a slow pod); the next run tries again (or use --force-drain)",
+                    self.opts.drain_timeout.as_secs()
+                )));
             }
         }
         // Stop before deleting the Node: a running kubelet would register it again.
-        let instance = self.retry(|| self.rack.get_instance(name)).await.map_err(|e| format!("{e:#}"))?;
-        if let Some(inst) = &instance {
-            if !inst.state.is_deletable() {
-                self.retry(|| self.rack.stop_instance(name)).await.map_err(|e| format!("{e:#}"))?;
-                if !self.wait_stopped(name).await.map_err(|e| format!("{e:#}"))? {
-                    return Ok(Outcome::InProgress(format!("{name} is still stopping; a later run deletes it")));
-                }
+        let instance = self
+            .retry(|| self.rack.get_instance(name))
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        if let Some(inst) = &instance
+            && !inst.state.is_deletable()
+        {
+            self.retry(|| self.rack.stop_instance(name))
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            if !self
+                .wait_stopped(name)
+                .await
+                .map_err(|e| format!("{e:#}"))?
+            {
+                return Ok(Outcome::InProgress(format!(
+                    "{name} is still stopping; a later run deletes it"
+                )));
             }
         }
         if let Some(node) = node {

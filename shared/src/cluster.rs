@@ -40,7 +40,10 @@ pub enum ClusterError {
 
 impl ClusterError {
     pub fn is_retryable(&self) -> bool {
-        matches!(self, ClusterError::Unavailable { .. } | ClusterError::Api { .. })
+        matches!(
+            self,
+            ClusterError::Unavailable { .. } | ClusterError::Api { .. }
+        )
     }
 }
 
@@ -131,5 +134,7 @@ pub trait Cluster: Send + Sync {
     ) -> impl Future<Output = Result<(), ClusterError>> + Send;
 
     /// Starts the on-demand reconcile Job from the CronJob's jobTemplate.
-    fn trigger_reconcile_job(&self) -> impl Future<Output = Result<JobTrigger, ClusterError>> + Send;
+    fn trigger_reconcile_job(
+        &self,
+    ) -> impl Future<Output = Result<JobTrigger, ClusterError>> + Send;
 }

@@ -14,8 +14,8 @@ use uuid::Uuid;
 
 use crate::cluster::{Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome};
 use crate::model::{
-    Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance, InstanceState, NewInstance,
-    Node, NodeReadiness, PodRef,
+    Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance, InstanceState,
+    NewInstance, Node, NodeReadiness, PodRef,
 };
 use crate::names;
 use crate::rack::{Rack, RackError};
@@ -90,7 +90,9 @@ impl FakeWorld {
             let mut joins = Vec::new();
             for inst in s.instances.values_mut() {
                 match inst.state {
-                    InstanceState::Creating | InstanceState::Starting | InstanceState::Rebooting => {
+                    InstanceState::Creating
+                    | InstanceState::Starting
+                    | InstanceState::Rebooting => {
                         inst.state = InstanceState::Running;
                         inst.time_state_updated = now;
                     }
@@ -191,17 +193,27 @@ impl Rack for FakeRack {
     async fn create_instance(&self, new: &NewInstance) -> Result<Instance, RackError> {
         self.0.with(|s| {
             if s.instances.contains_key(&new.name) {
-                return Err(RackError::AlreadyExists { what: format!("instance {}", new.name) });
+                return Err(RackError::AlreadyExists {
+                    what: format!("instance {}", new.name),
+                });
             }
             let disks = std::iter::once(&new.boot_disk).chain(new.data_disk.as_ref());
             if let Some(d) = disks.clone().find(|d| s.disks.contains_key(&d.name)) {
-                return Err(RackError::AlreadyExists { what: format!("disk {}", d.name) });
+                return Err(RackError::AlreadyExists {
+                    what: format!("disk {}", d.name),
+                });
             }
             let id = Uuid::new_v4();
             for d in disks {
                 s.disks.insert(
                     d.name.clone(),
-                    Disk { id: Uuid::new_v4(), name: d.name.clone(), state: DiskState::Attached(id), size: d.size, time_created: s.now },
+                    Disk {
+                        id: Uuid::new_v4(),
+                        name: d.name.clone(),
+                        state: DiskState::Attached(id),
+                        size: d.size,
+                        time_created: s.now,
+                    },
                 );
             }
             let inst = Instance {
@@ -218,8 +230,16 @@ impl Rack for FakeRack {
             s.instances.insert(new.name.clone(), inst.clone());
             s.user_data.insert(new.name.clone(), new.user_data.clone());
             s.log.push(format!("create {}", new.name));
-            let pool_prefix = new.name.rsplit_once('-').map(|(p, _)| p.to_owned()).unwrap_or_default();
-            let in_pool = s.instances.keys().filter(|n| n.starts_with(&pool_prefix)).count();
+            let pool_prefix = new
+                .name
+                .rsplit_once('-')
+                .map(|(p, _)| p.to_owned())
+                .unwrap_or_default();
+            let in_pool = s
+                .instances
+                .keys()
+                .filter(|n| n.starts_with(&pool_prefix))
+                .count();
             s.peak_instances = s.peak_instances.max(in_pool);
             Ok(inst)
         })
@@ -227,11 +247,17 @@ impl Rack for FakeRack {
 
     async fn start_instance(&self, name: &str) -> Result<(), RackError> {
         self.0.with(|s| {
-            let i = s.instances.get_mut(name).ok_or_else(|| not_found(format!("instance {name}")))?;
+            let i = s
+                .instances
+                .get_mut(name)
+                .ok_or_else(|| not_found(format!("instance {name}")))?;
             match i.state {
                 InstanceState::Stopped | InstanceState::Failed => i.state = InstanceState::Starting,
                 InstanceState::Stopping => {
-                    return Err(RackError::Conflict { what: format!("instance {name}"), message: "stopping".into() });
+                    return Err(RackError::Conflict {
+                        what: format!("instance {name}"),
+                        message: "stopping".into(),
+                    });
                 }
                 _ => {}
             }
@@ -242,7 +268,10 @@ impl Rack for FakeRack {
 
     async fn stop_instance(&self, name: &str) -> Result<(), RackError> {
         self.0.with(|s| {
-            let i = s.instances.get_mut(name).ok_or_else(|| not_found(format!("instance {name}")))?;
+            let i = s
+                .instances
+                .get_mut(name)
+                .ok_or_else(|| not_found(format!("instance {name}")))?;
             match i.state {
                 InstanceState::Failed => i.state = InstanceState::Stopped,
                 InstanceState::Stopped | InstanceState::Stopping => {}
@@ -255,7 +284,10 @@ impl Rack for FakeRack {
 
     async fn delete_instance(&self, name: &str) -> Result<(), RackError> {
         self.0.with(|s| {
-            let i = s.instances.get(name).ok_or_else(|| not_found(format!("instance {name}")))?;
+            let i = s
+                .instances
+                .get(name)
+                .ok_or_else(|| not_found(format!("instance {name}")))?;
             if !i.state.is_deletable() {
                 return Err(RackError::Invalid {
                     what: format!("instance {name}"),
@@ -281,11 +313,17 @@ impl Rack for FakeRack {
 
     async fn instance_external_ips(&self, name: &str) -> Result<Vec<ExternalIp>, RackError> {
         self.0.with(|s| {
-            let i = s.instances.get(name).ok_or_else(|| not_found(format!("instance {name}")))?;
+            let i = s
+                .instances
+                .get(name)
+                .ok_or_else(|| not_found(format!("instance {name}")))?;
             Ok(s.floating_ips
                 .values()
                 .filter(|f| f.instance_id == Some(i.id))
-                .map(|f| ExternalIp { ip: f.ip, kind: ExternalIpKind::Floating })
+                .map(|f| ExternalIp {
+                    ip: f.ip,
+                    kind: ExternalIpKind::Floating,
+                })
                 .collect())
         })
     }
@@ -305,9 +343,15 @@ impl Rack for FakeRack {
 
     async fn delete_disk(&self, name: &str) -> Result<(), RackError> {
         self.0.with(|s| {
-            let d = s.disks.get(name).ok_or_else(|| not_found(format!("disk {name}")))?;
+            let d = s
+                .disks
+                .get(name)
+                .ok_or_else(|| not_found(format!("disk {name}")))?;
             if !matches!(d.state, DiskState::Detached | DiskState::Faulted) {
-                return Err(RackError::Invalid { what: format!("disk {name}"), message: "disk is attached".into() });
+                return Err(RackError::Invalid {
+                    what: format!("disk {name}"),
+                    message: "disk is attached".into(),
+                });
             }
             s.disks.remove(name);
             s.log.push(format!("delete-disk {name}"));
@@ -323,10 +367,17 @@ impl Rack for FakeRack {
         Ok(self.0.with(|s| s.floating_ips.get(name).cloned()))
     }
 
-    async fn create_floating_ip(&self, name: &str, _d: &str, _pool: Option<&str>) -> Result<FloatingIp, RackError> {
+    async fn create_floating_ip(
+        &self,
+        name: &str,
+        _d: &str,
+        _pool: Option<&str>,
+    ) -> Result<FloatingIp, RackError> {
         self.0.with(|s| {
             if s.floating_ips.contains_key(name) {
-                return Err(RackError::AlreadyExists { what: format!("floating IP {name}") });
+                return Err(RackError::AlreadyExists {
+                    what: format!("floating IP {name}"),
+                });
             }
             s.next_ip = s.next_ip.wrapping_add(1);
             let fip = FloatingIp {
@@ -343,7 +394,10 @@ impl Rack for FakeRack {
 
     async fn attach_floating_ip(&self, fip: &str, instance: &str) -> Result<(), RackError> {
         self.0.with(|s| {
-            let i = s.instances.get(instance).ok_or_else(|| not_found(format!("instance {instance}")))?;
+            let i = s
+                .instances
+                .get(instance)
+                .ok_or_else(|| not_found(format!("instance {instance}")))?;
             let id = i.id;
             if i.state.is_transient() {
                 return Err(RackError::Unavailable {
@@ -352,10 +406,16 @@ impl Rack for FakeRack {
                     message: "can't attach in transient state".into(),
                 });
             }
-            let f = s.floating_ips.get_mut(fip).ok_or_else(|| not_found(format!("floating IP {fip}")))?;
+            let f = s
+                .floating_ips
+                .get_mut(fip)
+                .ok_or_else(|| not_found(format!("floating IP {fip}")))?;
             match f.instance_id {
                 Some(other) if other != id => {
-                    return Err(RackError::Invalid { what: format!("floating IP {fip}"), message: "already attached".into() });
+                    return Err(RackError::Invalid {
+                        what: format!("floating IP {fip}"),
+                        message: "already attached".into(),
+                    });
                 }
                 _ => f.instance_id = Some(id),
             }
@@ -366,7 +426,10 @@ impl Rack for FakeRack {
 
     async fn detach_floating_ip(&self, fip: &str) -> Result<(), RackError> {
         self.0.with(|s| {
-            let f = s.floating_ips.get_mut(fip).ok_or_else(|| not_found(format!("floating IP {fip}")))?;
+            let f = s
+                .floating_ips
+                .get_mut(fip)
+                .ok_or_else(|| not_found(format!("floating IP {fip}")))?;
             f.instance_id = None;
             s.log.push(format!("detach-fip {fip}"));
             Ok(())
@@ -374,7 +437,9 @@ impl Rack for FakeRack {
     }
 
     async fn find_image(&self, name: &str) -> Result<Option<Image>, RackError> {
-        Ok(self.0.with(|s| s.images.iter().find(|i| i.name == name).cloned()))
+        Ok(self
+            .0
+            .with(|s| s.images.iter().find(|i| i.name == name).cloned()))
     }
 
     async fn ensure_anti_affinity_group(&self, _name: &str) -> Result<(), RackError> {
@@ -393,7 +458,12 @@ impl Cluster for FakeCluster {
 
     async fn cordon(&self, node: &str) -> Result<(), ClusterError> {
         self.0.with(|s| {
-            let n = s.nodes.get_mut(node).ok_or_else(|| ClusterError::NotFound { what: format!("node {node}") })?;
+            let n = s
+                .nodes
+                .get_mut(node)
+                .ok_or_else(|| ClusterError::NotFound {
+                    what: format!("node {node}"),
+                })?;
             n.unschedulable = true;
             s.log.push(format!("cordon {node}"));
             Ok(())
@@ -402,9 +472,17 @@ impl Cluster for FakeCluster {
 
     async fn mark_removing(&self, node: &str, reason: &str) -> Result<(), ClusterError> {
         self.0.with(|s| {
-            let n = s.nodes.get_mut(node).ok_or_else(|| ClusterError::NotFound { what: format!("node {node}") })?;
+            let n = s
+                .nodes
+                .get_mut(node)
+                .ok_or_else(|| ClusterError::NotFound {
+                    what: format!("node {node}"),
+                })?;
             n.unschedulable = true;
-            n.annotations.insert(crate::plan::REMOVING_ANNOTATION.to_owned(), reason.to_owned());
+            n.annotations.insert(
+                crate::plan::REMOVING_ANNOTATION.to_owned(),
+                reason.to_owned(),
+            );
             s.log.push(format!("mark-removing {node}"));
             Ok(())
         })
@@ -420,12 +498,22 @@ impl Cluster for FakeCluster {
     }
 
     async fn pods_on_node(&self, node: &str) -> Result<Vec<PodRef>, ClusterError> {
-        Ok(self.0.with(|s| s.pods.iter().filter(|p| p.node == node).map(|p| p.pod.clone()).collect()))
+        Ok(self.0.with(|s| {
+            s.pods
+                .iter()
+                .filter(|p| p.node == node)
+                .map(|p| p.pod.clone())
+                .collect()
+        }))
     }
 
     async fn evict(&self, pod: &PodRef) -> Result<Eviction, ClusterError> {
         Ok(self.0.with(|s| {
-            match s.pods.iter().position(|p| p.pod.namespace == pod.namespace && p.pod.name == pod.name) {
+            match s
+                .pods
+                .iter()
+                .position(|p| p.pod.namespace == pod.namespace && p.pod.name == pod.name)
+            {
                 None => Eviction::Gone,
                 Some(i) if s.pods[i].protected => Eviction::BlockedByBudget,
                 Some(i) => {
@@ -439,17 +527,26 @@ impl Cluster for FakeCluster {
 
     async fn delete_pod(&self, pod: &PodRef) -> Result<(), ClusterError> {
         self.0.with(|s| {
-            s.pods.retain(|p| !(p.pod.namespace == pod.namespace && p.pod.name == pod.name));
-            s.log.push(format!("delete-pod {}/{}", pod.namespace, pod.name));
+            s.pods
+                .retain(|p| !(p.pod.namespace == pod.namespace && p.pod.name == pod.name));
+            s.log
+                .push(format!("delete-pod {}/{}", pod.namespace, pod.name));
             Ok(())
         })
     }
 
-    async fn acquire_lease(&self, holder: &str, duration: Duration) -> Result<LeaseOutcome, ClusterError> {
+    async fn acquire_lease(
+        &self,
+        holder: &str,
+        duration: Duration,
+    ) -> Result<LeaseOutcome, ClusterError> {
         Ok(self.0.with(|s| {
             let until = s.now + chrono::Duration::from_std(duration).unwrap_or_default();
             match &s.lease {
-                Some((h, exp)) if h != holder && *exp > s.now => LeaseOutcome::HeldBy { holder: h.clone(), until: Some(*exp) },
+                Some((h, exp)) if h != holder && *exp > s.now => LeaseOutcome::HeldBy {
+                    holder: h.clone(),
+                    until: Some(*exp),
+                },
                 _ => {
                     s.lease = Some((holder.to_owned(), until));
                     LeaseOutcome::Acquired
@@ -461,10 +558,15 @@ impl Cluster for FakeCluster {
     async fn renew_lease(&self, holder: &str, duration: Duration) -> Result<(), ClusterError> {
         self.0.with(|s| match &s.lease {
             Some((h, _)) if h == holder => {
-                s.lease = Some((holder.to_owned(), s.now + chrono::Duration::from_std(duration).unwrap_or_default()));
+                s.lease = Some((
+                    holder.to_owned(),
+                    s.now + chrono::Duration::from_std(duration).unwrap_or_default(),
+                ));
                 Ok(())
             }
-            _ => Err(ClusterError::Conflict { what: "lease".into() }),
+            _ => Err(ClusterError::Conflict {
+                what: "lease".into(),
+            }),
         })
     }
 
@@ -477,8 +579,14 @@ impl Cluster for FakeCluster {
         })
     }
 
-    async fn record_event(&self, kind: EventType, reason: &str, message: &str) -> Result<(), ClusterError> {
-        self.0.with(|s| s.events.push((kind, reason.to_owned(), message.to_owned())));
+    async fn record_event(
+        &self,
+        kind: EventType,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        self.0
+            .with(|s| s.events.push((kind, reason.to_owned(), message.to_owned())));
         Ok(())
     }
 
@@ -503,36 +611,58 @@ impl StateStore for FakeState {
     async fn read_config(&self) -> Result<ConfigSnapshot, StateError> {
         self.0.with(|s| {
             if s.config.resource_version.is_empty() {
-                Err(StateError::NotFound { what: "ConfigMap kube-system/oxide-controller".into() })
+                Err(StateError::NotFound {
+                    what: "ConfigMap kube-system/oxide-controller".into(),
+                })
             } else {
                 Ok(s.config.clone())
             }
         })
     }
 
-    async fn replace_config(&self, rv: &str, data: BTreeMap<String, String>) -> Result<String, StateError> {
+    async fn replace_config(
+        &self,
+        rv: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
         self.0.with(|s| {
             if s.config.resource_version != rv {
-                return Err(StateError::Conflict { what: "ConfigMap kube-system/oxide-controller".into() });
+                return Err(StateError::Conflict {
+                    what: "ConfigMap kube-system/oxide-controller".into(),
+                });
             }
             s.rv += 1;
-            s.config = ConfigSnapshot { resource_version: s.rv.to_string(), data };
+            s.config = ConfigSnapshot {
+                resource_version: s.rv.to_string(),
+                data,
+            };
             Ok(s.config.resource_version.clone())
         })
     }
 
     async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
-        self.0.with(|s| s.secrets.clone().ok_or(StateError::NotFound { what: "Secret kube-system/oxide-controller".into() }))
+        self.0.with(|s| {
+            s.secrets.clone().ok_or(StateError::NotFound {
+                what: "Secret kube-system/oxide-controller".into(),
+            })
+        })
     }
 
-    async fn ensure_state(&self, secrets: &ClusterSecrets, config: BTreeMap<String, String>) -> Result<(), StateError> {
+    async fn ensure_state(
+        &self,
+        secrets: &ClusterSecrets,
+        config: BTreeMap<String, String>,
+    ) -> Result<(), StateError> {
         self.0.with(|s| {
             if s.secrets.is_none() {
                 s.secrets = Some(secrets.clone());
             }
             if s.config.resource_version.is_empty() {
                 s.rv += 1;
-                s.config = ConfigSnapshot { resource_version: s.rv.to_string(), data: config };
+                s.config = ConfigSnapshot {
+                    resource_version: s.rv.to_string(),
+                    data: config,
+                };
             } else {
                 for (k, v) in config {
                     s.config.data.entry(k).or_insert(v);
@@ -546,5 +676,11 @@ impl StateStore for FakeState {
 /// Instance names in the world that belong to `pool` of `cluster`.
 pub fn pool_members(world: &FakeWorld, cluster: &str, pool: &str) -> Vec<String> {
     let prefix = names::instance_prefix(cluster, pool);
-    world.with(|s| s.instances.keys().filter(|n| n.starts_with(&prefix)).cloned().collect())
+    world.with(|s| {
+        s.instances
+            .keys()
+            .filter(|n| n.starts_with(&prefix))
+            .cloned()
+            .collect()
+    })
 }

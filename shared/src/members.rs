@@ -23,7 +23,11 @@ pub struct SpecMembers<'a> {
 
 impl<'a> SpecMembers<'a> {
     pub fn new(spec: &'a ClusterSpec, secrets: &'a ClusterSecrets, observed: &'a Observed) -> Self {
-        SpecMembers { spec, secrets, observed }
+        SpecMembers {
+            spec,
+            secrets,
+            observed,
+        }
     }
 }
 
@@ -59,7 +63,8 @@ pub fn new_instance(m: &MemberInput) -> Result<NewInstance, String> {
         pool: m.pool.name.clone(),
         spec_hash: spec.pool_hash(m.role, m.pool),
     };
-    let user_data = crate::cloud_init::render_member(m).map_err(|e| format!("rendering user-data for {}: {e}", m.name))?;
+    let user_data = crate::cloud_init::render_member(m)
+        .map_err(|e| format!("rendering user-data for {}: {e}", m.name))?;
     Ok(NewInstance {
         name: m.name.to_owned(),
         description: tag.to_string(),
@@ -120,6 +125,8 @@ impl MemberFactory for SpecMembers<'_> {
     }
 
     fn anti_affinity_group(&self, pool: &str) -> Option<String> {
-        self.spec.pool(pool).and_then(|(_, p)| p.anti_affinity_group.clone())
+        self.spec
+            .pool(pool)
+            .and_then(|(_, p)| p.anti_affinity_group.clone())
     }
 }

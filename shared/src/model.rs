@@ -155,7 +155,10 @@ impl std::fmt::Debug for NewInstance {
             .field("memory", &self.memory)
             .field("boot_disk", &self.boot_disk)
             .field("data_disk", &self.data_disk)
-            .field("user_data", &format_args!("<{} bytes>", self.user_data.len()))
+            .field(
+                "user_data",
+                &format_args!("<{} bytes>", self.user_data.len()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -166,7 +169,9 @@ impl std::fmt::Debug for NewInstance {
 pub enum NodeReadiness {
     Ready,
     /// `False` or `Unknown` since the condition's last transition.
-    NotReady { since: DateTime<Utc> },
+    NotReady {
+        since: DateTime<Utc>,
+    },
 }
 
 /// A Kubernetes Node, as the planner needs it.

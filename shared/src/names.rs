@@ -196,7 +196,9 @@ mod tests {
             ("d23e4567-e89b-12d3-a456-426614174000", "UUID"),
         ];
         for (name, needle) in cases {
-            let err = validate_name("cluster name", name).expect_err(name).to_string();
+            let err = validate_name("cluster name", name)
+                .expect_err(name)
+                .to_string();
             assert!(err.contains(needle), "{name}: {err}");
         }
         let long = "a".repeat(64);

@@ -23,7 +23,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
-use crate::model::{Disk, DiskState, FloatingIp, Image, Instance, InstanceState, Node, NodeReadiness};
+use crate::model::{
+    Disk, DiskState, FloatingIp, Image, Instance, InstanceState, Node, NodeReadiness,
+};
 use crate::names::{self, InstanceTag};
 use crate::spec::{ClusterSpec, PoolSpec, Role};
 
@@ -68,10 +70,16 @@ impl Health {
     /// Counts towards the pool's capacity (a member stopped by someone else is being started
     /// again, so it is not replaced meanwhile).
     fn counts(&self) -> bool {
-        matches!(self, Health::Ready | Health::Joining | Health::NotReady | Health::StoppedUnexpectedly)
+        matches!(
+            self,
+            Health::Ready | Health::Joining | Health::NotReady | Health::StoppedUnexpectedly
+        )
     }
     fn is_broken(&self) -> bool {
-        matches!(self, Health::JoinTimedOut | Health::NotReadyTooLong | Health::Failed)
+        matches!(
+            self,
+            Health::JoinTimedOut | Health::NotReadyTooLong | Health::Failed
+        )
     }
 }
 
@@ -224,8 +232,18 @@ impl Plan {
     pub fn table(&self) -> String {
         use std::fmt::Write;
         let mut out = String::new();
-        let pw = self.pools.iter().map(|p| p.pool.len()).max().unwrap_or(4).max(4);
-        let _ = writeln!(out, "{:<pw$} {:>7} {:>5} {:>7} {:>9} {:>6} {:>8} {:>7}", "POOL", "DESIRED", "READY", "JOINING", "NOT-READY", "BROKEN", "REMOVING", "DRIFTED");
+        let pw = self
+            .pools
+            .iter()
+            .map(|p| p.pool.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        let _ = writeln!(
+            out,
+            "{:<pw$} {:>7} {:>5} {:>7} {:>9} {:>6} {:>8} {:>7}",
+            "POOL", "DESIRED", "READY", "JOINING", "NOT-READY", "BROKEN", "REMOVING", "DRIFTED"
+        );
         for p in &self.pools {
             let _ = writeln!(
                 out,
@@ -236,16 +254,31 @@ impl Plan {
         out.push('\n');
         if self.actions.is_empty() {
             out.push_str("No actions: ");
-            out.push_str(if self.is_converged() { "the cluster is converged.\n" } else { "waiting on the cluster.\n" });
+            out.push_str(if self.is_converged() {
+                "the cluster is converged.\n"
+            } else {
+                "waiting on the cluster.\n"
+            });
         } else {
-            let w = self.actions.iter().map(|a| a.target().len()).max().unwrap_or(6).max(6);
+            let w = self
+                .actions
+                .iter()
+                .map(|a| a.target().len())
+                .max()
+                .unwrap_or(6)
+                .max(6);
             let _ = writeln!(out, "{:<12} {:<w$} REASON", "ACTION", "TARGET");
             for a in &self.actions {
                 let _ = writeln!(out, "{:<12} {:<w$} {}", a.verb(), a.target(), a.reason());
             }
         }
         for f in &self.findings {
-            let _ = writeln!(out, "{}: {}", if f.degraded { "DEGRADED" } else { "note" }, f.message);
+            let _ = writeln!(
+                out,
+                "{}: {}",
+                if f.degraded { "DEGRADED" } else { "note" },
+                f.message
+            );
         }
         out
     }
@@ -263,7 +296,11 @@ pub fn classify<'a>(
     observed: &'a Observed,
     now: DateTime<Utc>,
 ) -> Vec<Member<'a>> {
-    let nodes: BTreeMap<&str, &Node> = observed.nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    let nodes: BTreeMap<&str, &Node> = observed
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n))
+        .collect();
     let join = Duration::seconds(secs(spec.timeouts.join_seconds));
     let grace = Duration::seconds(secs(spec.timeouts.not_ready_grace_seconds));
     let transition = Duration::seconds(secs(spec.timeouts.transition_seconds));
@@ -328,7 +365,12 @@ fn secs(s: u64) -> i64 {
 
 /// Plans one run. `fresh_suffixes` are random name suffixes drawn by the caller; the planner
 /// uses them in order, skipping any that would collide with an existing name.
-pub fn plan(spec: &ClusterSpec, observed: &Observed, now: DateTime<Utc>, fresh_suffixes: &[String]) -> Plan {
+pub fn plan(
+    spec: &ClusterSpec,
+    observed: &Observed,
+    now: DateTime<Utc>,
+    fresh_suffixes: &[String],
+) -> Plan {
     let members = classify(spec, observed, now);
     let mut p = Plan::default();
     let taken: BTreeSet<&str> = observed.instances.iter().map(|i| i.name.as_str()).collect();
@@ -346,14 +388,25 @@ pub fn plan(spec: &ClusterSpec, observed: &Observed, now: DateTime<Utc>, fresh_s
 
     for (role, pool) in spec.pools() {
         let pool_members: Vec<&Member> = members.iter().filter(|m| m.pool == pool.name).collect();
-        plan_pool(spec, observed, role, pool, &pool_members, fip_ready, &mut new_name, &mut p);
+        plan_pool(
+            spec,
+            observed,
+            role,
+            pool,
+            &pool_members,
+            fip_ready,
+            &mut new_name,
+            &mut p,
+        );
     }
 
     // Members of pools the spec no longer has: remove them, except anything that looks like a
     // control-plane server (renaming the control-plane pool must not tear the cluster down).
     let known: BTreeSet<&str> = spec.pools().map(|(_, p)| p.name.as_str()).collect();
     for m in members.iter().filter(|m| !known.contains(m.pool.as_str())) {
-        let is_server = m.node.is_some_and(|n| n.labels.contains_key(CONTROL_PLANE_LABEL));
+        let is_server = m
+            .node
+            .is_some_and(|n| n.labels.contains_key(CONTROL_PLANE_LABEL));
         if is_server {
             p.findings.push(Finding {
                 degraded: true,
@@ -364,7 +417,11 @@ pub fn plan(spec: &ClusterSpec, observed: &Observed, now: DateTime<Utc>, fresh_s
                 ),
             });
         } else {
-            p.actions.push(remove(m, true, format!("pool {:?} is no longer in the spec", m.pool)));
+            p.actions.push(remove(
+                m,
+                true,
+                format!("pool {:?} is no longer in the spec", m.pool),
+            ));
         }
     }
 
@@ -419,7 +476,9 @@ fn plan_floating_ip(
                 fip: fip.name.clone(),
                 to: t.instance.name.clone(),
                 from,
-                reason: format!("the API floating IP must sit on a Ready control-plane member; {why}"),
+                reason: format!(
+                    "the API floating IP must sit on a Ready control-plane member; {why}"
+                ),
             });
         }
         None => p.findings.push(Finding {
@@ -443,7 +502,10 @@ fn remove(m: &Member, drain: bool, reason: String) -> Action {
 
 /// Scale-down victim order: `delete-me` > never joined > NotReady > drifted > newest; the
 /// floating-IP holder last among equals (moving the API address costs a blip).
-fn victim_rank(m: &Member, fip_holder: Option<uuid::Uuid>) -> (u8, bool, std::cmp::Reverse<DateTime<Utc>>) {
+fn victim_rank(
+    m: &Member,
+    fip_holder: Option<uuid::Uuid>,
+) -> (u8, bool, std::cmp::Reverse<DateTime<Utc>>) {
     let rank = if m.node.is_some_and(Node::marked_for_deletion) {
         0
     } else if m.node.is_none() {
@@ -455,7 +517,11 @@ fn victim_rank(m: &Member, fip_holder: Option<uuid::Uuid>) -> (u8, bool, std::cm
     } else {
         4
     };
-    (rank, Some(m.instance.id) == fip_holder, std::cmp::Reverse(m.instance.time_created))
+    (
+        rank,
+        Some(m.instance.id) == fip_holder,
+        std::cmp::Reverse(m.instance.time_created),
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -469,7 +535,10 @@ fn plan_pool(
     new_name: &mut impl FnMut(&str) -> Option<String>,
     p: &mut Plan,
 ) {
-    let fip_holder = observed.api_floating_ip.as_ref().and_then(|f| f.instance_id);
+    let fip_holder = observed
+        .api_floating_ip
+        .as_ref()
+        .and_then(|f| f.instance_id);
     let desired = pool.count as usize;
     let count = |f: &dyn Fn(&Member) -> bool| members.iter().filter(|m| f(m)).count();
     let ready = count(&|m| m.health == Health::Ready);
@@ -518,9 +587,16 @@ fn plan_pool(
 
     // Removals already under way carry on, whatever else happens.
     for m in members.iter().filter(|m| m.health == Health::Removing) {
-        p.actions.push(remove(m, true, "finishing a removal started earlier".into()));
+        p.actions.push(remove(
+            m,
+            true,
+            "finishing a removal started earlier".into(),
+        ));
     }
-    for m in members.iter().filter(|m| m.health == Health::StoppedUnexpectedly) {
+    for m in members
+        .iter()
+        .filter(|m| m.health == Health::StoppedUnexpectedly)
+    {
         p.actions.push(Action::StartMember {
             pool: pool.name.clone(),
             name: m.instance.name.clone(),
@@ -529,7 +605,17 @@ fn plan_pool(
     }
 
     if is_cp {
-        plan_control_plane(pool, members, desired, ready, joining, capacity, fip_holder, p, &mut create);
+        plan_control_plane(
+            pool,
+            members,
+            desired,
+            ready,
+            joining,
+            capacity,
+            fip_holder,
+            p,
+            &mut create,
+        );
         return;
     }
 
@@ -545,28 +631,54 @@ fn plan_pool(
         .any(|m| !m.drifted && matches!(m.health, Health::Joining | Health::NotReady));
     if capacity < desired {
         for _ in 0..(desired - capacity).min(budget) {
-            create(p, format!("pool {:?} has {capacity} of {desired} members", pool.name));
+            create(
+                p,
+                format!("pool {:?} has {capacity} of {desired} members", pool.name),
+            );
         }
     } else if capacity > desired {
         if drifted_live && surge_joining {
             p.findings.push(Finding {
                 degraded: false,
-                message: format!("pool {:?}: waiting for the new member to join before removing a drifted one", pool.name),
+                message: format!(
+                    "pool {:?}: waiting for the new member to join before removing a drifted one",
+                    pool.name
+                ),
             });
             return;
         }
         let mut victims: Vec<&&Member> = members.iter().filter(|m| m.health.counts()).collect();
         victims.sort_by_key(|m| victim_rank(m, fip_holder));
         for m in victims.into_iter().take(capacity - desired) {
-            let why = if m.drifted && m.node.is_some_and(|n| !n.marked_for_deletion()) && m.health == Health::Ready {
-                format!("rolling pool {:?}: its spec changed and the replacement is Ready", pool.name)
+            let why = if m.drifted
+                && m.node.is_some_and(|n| !n.marked_for_deletion())
+                && m.health == Health::Ready
+            {
+                format!(
+                    "rolling pool {:?}: its spec changed and the replacement is Ready",
+                    pool.name
+                )
             } else {
-                format!("pool {:?} has {capacity} of {desired} members; {}", pool.name, victim_why(m))
+                format!(
+                    "pool {:?} has {capacity} of {desired} members; {}",
+                    pool.name,
+                    victim_why(m)
+                )
             };
             p.actions.push(remove(m, true, why));
         }
-    } else if drifted_live && ready == desired && budget > 0 && members.iter().all(|m| m.health == Health::Ready) {
-        create(p, format!("rolling pool {:?}: its spec changed; surge member first", pool.name));
+    } else if drifted_live
+        && ready == desired
+        && budget > 0
+        && members.iter().all(|m| m.health == Health::Ready)
+    {
+        create(
+            p,
+            format!(
+                "rolling pool {:?}: its spec changed; surge member first",
+                pool.name
+            ),
+        );
     }
 }
 
@@ -583,7 +695,10 @@ fn plan_control_plane(
     create: &mut impl FnMut(&mut Plan, String),
 ) {
     // Voting etcd members: servers that joined and are not yet removed.
-    let voting = members.iter().filter(|m| m.node.is_some() && m.health != Health::Removing).count();
+    let voting = members
+        .iter()
+        .filter(|m| m.node.is_some() && m.health != Health::Removing)
+        .count();
     if voting > 0 && ready < quorum(voting) {
         p.findings.push(Finding {
             degraded: true,
@@ -599,44 +714,65 @@ fn plan_control_plane(
         if joining > 0 {
             p.findings.push(Finding {
                 degraded: false,
-                message: "control plane: waiting for the joining member before the next change".into(),
+                message: "control plane: waiting for the joining member before the next change"
+                    .into(),
             });
         }
         return;
     }
     // Dead members first: remove, then replace in a later run. Removing a dead member never
     // lowers the Ready count; adding one while another is dead raises the quorum needed.
-    if let Some(m) = members.iter().filter(|m| m.health.is_broken()).min_by_key(|m| m.instance.time_created) {
+    if let Some(m) = members
+        .iter()
+        .filter(|m| m.health.is_broken())
+        .min_by_key(|m| m.instance.time_created)
+    {
         if ready >= quorum(voting.saturating_sub(1).max(1)) {
             p.actions.push(remove(m, false, format!("control-plane member is {:?}; removing it before adding a replacement keeps etcd quorum", m.health)));
         }
         return;
     }
     if capacity < desired {
-        create(p, format!("control plane has {capacity} of {desired} members; adding one at a time"));
+        create(
+            p,
+            format!("control plane has {capacity} of {desired} members; adding one at a time"),
+        );
         return;
     }
-    let all_ready = members.iter().filter(|m| m.health.counts()).all(|m| m.health == Health::Ready);
+    let all_ready = members
+        .iter()
+        .filter(|m| m.health.counts())
+        .all(|m| m.health == Health::Ready);
     if capacity > desired {
         if !all_ready {
             return;
         }
         let mut victims: Vec<&&Member> = members.iter().filter(|m| m.health.counts()).collect();
         victims.sort_by_key(|m| victim_rank(m, fip_holder));
-        if let Some(m) = victims.first() {
-            if ready.saturating_sub(1) >= quorum(voting.saturating_sub(1).max(1)) {
-                let why = if m.drifted {
-                    "rolling the control plane: its spec changed and the replacement is Ready".to_owned()
-                } else {
-                    format!("control plane has {capacity} of {desired} members; {}", victim_why(m))
-                };
-                p.actions.push(remove(m, true, why));
-            }
+        if let Some(m) = victims.first()
+            && ready.saturating_sub(1) >= quorum(voting.saturating_sub(1).max(1))
+        {
+            let why = if m.drifted {
+                "rolling the control plane: its spec changed and the replacement is Ready"
+                    .to_owned()
+            } else {
+                format!(
+                    "control plane has {capacity} of {desired} members; {}",
+                    victim_why(m)
+                )
+            };
+            p.actions.push(remove(m, true, why));
         }
         return;
     }
     if members.iter().any(|m| m.drifted && m.health.counts()) && all_ready {
-        create(p, format!("rolling pool {:?}: its spec changed; surge member first", pool.name));
+        create(
+            p,
+            format!(
+                "rolling pool {:?}: its spec changed; surge member first",
+                pool.name
+            ),
+        );
     }
 }
 
@@ -686,7 +822,9 @@ fn plan_orphans(spec: &ClusterSpec, observed: &Observed, p: &mut Plan) {
         }
     }
     for d in &observed.disks {
-        let Some(owner) = names::disk_owner(&d.name) else { continue };
+        let Some(owner) = names::disk_owner(&d.name) else {
+            continue;
+        };
         if !ours(owner) || instances.contains(owner) {
             continue;
         }
@@ -701,11 +839,17 @@ fn plan_orphans(spec: &ClusterSpec, observed: &Observed, p: &mut Plan) {
 
 /// `<cluster>-<something>-<5 x [a-z0-9]>`: the shape of our instance names.
 fn looks_like_member_name(name: &str, cluster_prefix: &str) -> bool {
-    let Some(rest) = name.strip_prefix(cluster_prefix) else { return false };
-    let Some((pool, suffix)) = rest.rsplit_once('-') else { return false };
+    let Some(rest) = name.strip_prefix(cluster_prefix) else {
+        return false;
+    };
+    let Some((pool, suffix)) = rest.rsplit_once('-') else {
+        return false;
+    };
     !pool.is_empty()
         && suffix.len() == names::SUFFIX_LEN
-        && suffix.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && suffix
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
 }
 
 #[cfg(test)]

@@ -77,10 +77,14 @@ mod tests {
     #[tokio::test]
     async fn retries_retryable_errors_until_success() {
         let calls = AtomicU32::new(0);
-        let r: Result<u32, &str> = retry(fast(5), |e| *e == "503", || async {
-            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
-            if n < 3 { Err("503") } else { Ok(n) }
-        })
+        let r: Result<u32, &str> = retry(
+            fast(5),
+            |e| *e == "503",
+            || async {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                if n < 3 { Err("503") } else { Ok(n) }
+            },
+        )
         .await;
         assert_eq!(r, Ok(3));
     }
@@ -88,24 +92,36 @@ mod tests {
     #[tokio::test]
     async fn stops_on_a_permanent_error_and_when_attempts_run_out() {
         let calls = AtomicU32::new(0);
-        let r: Result<(), &str> = retry(fast(5), |e| *e == "503", || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err("400")
-        })
+        let r: Result<(), &str> = retry(
+            fast(5),
+            |e| *e == "503",
+            || async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err("400")
+            },
+        )
         .await;
         assert_eq!((r, calls.load(Ordering::SeqCst)), (Err("400"), 1));
         let calls = AtomicU32::new(0);
-        let r: Result<(), &str> = retry(fast(4), |e| *e == "503", || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err("503")
-        })
+        let r: Result<(), &str> = retry(
+            fast(4),
+            |e| *e == "503",
+            || async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err("503")
+            },
+        )
         .await;
         assert_eq!((r, calls.load(Ordering::SeqCst)), (Err("503"), 4));
     }
 
     #[test]
     fn delays_grow_and_are_capped() {
-        let b = Backoff { first: Duration::from_millis(100), max: Duration::from_secs(1), attempts: 10 };
+        let b = Backoff {
+            first: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            attempts: 10,
+        };
         assert_eq!(b.delay(1), Duration::ZERO);
         assert!(b.delay(2) <= Duration::from_millis(125));
         assert!(b.delay(9) <= Duration::from_millis(1250));

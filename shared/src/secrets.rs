@@ -43,7 +43,9 @@ impl std::fmt::Debug for ClusterSecrets {
 
 /// A required key is missing or not UTF-8.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("Secret kube-system/oxide-controller lacks key {key:?} (or it is not UTF-8); re-run bootstrap to repair it")]
+#[error(
+    "Secret kube-system/oxide-controller lacks key {key:?} (or it is not UTF-8); re-run bootstrap to repair it"
+)]
 pub struct MissingSecretKey {
     pub key: &'static str,
 }
@@ -127,7 +129,13 @@ mod tests {
         };
         assert_eq!(ClusterSecrets::from_map(&s.to_map()), Ok(s.clone()));
         let dbg = format!("{s:?}");
-        for secret in ["oxide-token-value", "k3s-token-value", "agent-token-value", "PRIVATE", "hook-token-value"] {
+        for secret in [
+            "oxide-token-value",
+            "k3s-token-value",
+            "agent-token-value",
+            "PRIVATE",
+            "hook-token-value",
+        ] {
             assert!(!dbg.contains(secret), "{dbg}");
         }
     }

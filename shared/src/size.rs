@@ -35,7 +35,7 @@ impl ByteSize {
 
     /// Whole GiB if the size is a multiple of 1 GiB.
     pub fn whole_gib(self) -> Option<u64> {
-        (self.0 % GIB == 0).then_some(self.0 / GIB)
+        self.0.is_multiple_of(GIB).then_some(self.0 / GIB)
     }
 }
 
@@ -47,9 +47,7 @@ impl FromStr for ByteSize {
             input: s.to_owned(),
         };
         let t = s.trim();
-        let split = t
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(t.len());
+        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
         let n: u64 = num.parse().map_err(|_| err())?;
         let mult: u64 = match unit.trim() {
@@ -67,9 +65,9 @@ impl FromStr for ByteSize {
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let b = self.0;
-        if b != 0 && b % GIB == 0 {
+        if b != 0 && b.is_multiple_of(GIB) {
             write!(f, "{}GiB", b / GIB)
-        } else if b != 0 && b % MIB == 0 {
+        } else if b != 0 && b.is_multiple_of(MIB) {
             write!(f, "{}MiB", b / MIB)
         } else {
             write!(f, "{b}")

@@ -282,7 +282,13 @@ pub enum CountError {
 
 impl ClusterSpec {
     /// A spec with defaults: `control_planes` servers and one `workers` pool of `workers` agents.
-    pub fn new(cluster: &str, project: &str, image: &str, control_planes: u32, workers: u32) -> Self {
+    pub fn new(
+        cluster: &str,
+        project: &str,
+        image: &str,
+        control_planes: u32,
+        workers: u32,
+    ) -> Self {
         ClusterSpec {
             cluster: cluster.to_owned(),
             project: project.to_owned(),
@@ -325,10 +331,9 @@ impl ClusterSpec {
 
     /// Parses and validates `spec.yaml`.
     pub fn from_yaml(text: &str) -> Result<ClusterSpec, SpecLoadError> {
-        let spec: ClusterSpec =
-            serde_saphyr::from_str(text).map_err(|e| SpecLoadError::Parse {
-                message: e.to_string(),
-            })?;
+        let spec: ClusterSpec = serde_saphyr::from_str(text).map_err(|e| SpecLoadError::Parse {
+            message: e.to_string(),
+        })?;
         spec.validate()?;
         Ok(spec)
     }
@@ -456,7 +461,10 @@ impl ClusterSpec {
                 Role::Worker => format!("worker_pools.{}", pool.name),
             };
             if !seen.insert(pool.name.clone()) {
-                err(format!("{base}.name"), format!("pool name {:?} is used twice", pool.name));
+                err(
+                    format!("{base}.name"),
+                    format!("pool name {:?} is used twice", pool.name),
+                );
             }
             // Instance names are <cluster>-<pool>-<suffix> and must leave room for `boot-`.
             let max_pool = MAX_INSTANCE_NAME_LEN
@@ -465,31 +473,48 @@ impl ClusterSpec {
             if let Err(e) = names::validate_name_max("pool name", &pool.name, max_pool) {
                 err(
                     format!("{base}.name"),
-                    format!("{e} (instance names are <cluster>-<pool>-xxxxx and must stay within {MAX_INSTANCE_NAME_LEN} characters)"),
+                    format!(
+                        "{e} (instance names are <cluster>-<pool>-xxxxx and must stay within {MAX_INSTANCE_NAME_LEN} characters)"
+                    ),
                 );
             }
             if pool.min > pool.max {
-                err(format!("{base}.min"), format!("min {} is greater than max {}", pool.min, pool.max));
+                err(
+                    format!("{base}.min"),
+                    format!("min {} is greater than max {}", pool.min, pool.max),
+                );
             }
             if pool.count < pool.min || pool.count > pool.max {
                 err(
                     format!("{base}.count"),
-                    format!("count {} is outside [min {}, max {}]", pool.count, pool.min, pool.max),
+                    format!(
+                        "count {} is outside [min {}, max {}]",
+                        pool.count, pool.min, pool.max
+                    ),
                 );
             }
             if role == Role::ControlPlane && pool.count % 2 == 0 {
                 err(
                     format!("{base}.count"),
-                    format!("the control plane needs an odd number of servers for etcd quorum, not {}", pool.count),
+                    format!(
+                        "the control plane needs an odd number of servers for etcd quorum, not {}",
+                        pool.count
+                    ),
                 );
             }
             if pool.cpus == 0 || pool.cpus > 254 {
-                err(format!("{base}.cpus"), format!("{} is outside 1..=254", pool.cpus));
+                err(
+                    format!("{base}.cpus"),
+                    format!("{} is outside 1..=254", pool.cpus),
+                );
             }
             match pool.memory.whole_gib() {
                 None => err(
                     format!("{base}.memory"),
-                    format!("{} is not a whole number of GiB (Oxide needs multiples of 1 GiB)", pool.memory),
+                    format!(
+                        "{} is not a whole number of GiB (Oxide needs multiples of 1 GiB)",
+                        pool.memory
+                    ),
                 ),
                 Some(g) if !(1..=1536).contains(&g) => err(
                     format!("{base}.memory"),
@@ -504,22 +529,31 @@ impl ClusterSpec {
             if let Err(e) = names::validate_name("image name", &pool.image) {
                 err(format!("{base}.image"), e.to_string());
             }
-            if let Some(g) = &pool.anti_affinity_group {
-                if let Err(e) = names::validate_name("anti-affinity group name", g) {
-                    err(format!("{base}.anti_affinity_group"), e.to_string());
-                }
+            if let Some(g) = &pool.anti_affinity_group
+                && let Err(e) = names::validate_name("anti-affinity group name", g)
+            {
+                err(format!("{base}.anti_affinity_group"), e.to_string());
             }
             for (k, v) in &pool.labels {
                 if !valid_label_key(k) {
-                    err(format!("{base}.labels"), format!("{k:?} is not a valid Kubernetes label key"));
+                    err(
+                        format!("{base}.labels"),
+                        format!("{k:?} is not a valid Kubernetes label key"),
+                    );
                 }
                 if !valid_label_value(v) {
-                    err(format!("{base}.labels.{k}"), format!("{v:?} is not a valid Kubernetes label value"));
+                    err(
+                        format!("{base}.labels.{k}"),
+                        format!("{v:?} is not a valid Kubernetes label value"),
+                    );
                 }
             }
             for t in &pool.taints {
                 if !valid_label_key(&t.key) || !valid_label_value(&t.value) {
-                    err(format!("{base}.taints"), format!("{t} is not a valid taint"));
+                    err(
+                        format!("{base}.taints"),
+                        format!("{t} is not a valid taint"),
+                    );
                 }
             }
             if let Some(v) = &pool.k3s_version {
@@ -527,7 +561,10 @@ impl ClusterSpec {
             }
         }
         if self.worker_pools.is_empty() {
-            err("worker_pools".into(), "at least one worker pool is needed".into());
+            err(
+                "worker_pools".into(),
+                "at least one worker pool is needed".into(),
+            );
         }
         check_k3s_version(&mut err, "k3s.version".into(), &self.k3s.version);
         if let Err(e) = parse_schedule(&self.schedule) {
@@ -537,14 +574,21 @@ impl ClusterSpec {
             err("nodes.ssh_port".into(), "port 0 is not a port".into());
         }
         if self.nodes.ssh_user.is_empty()
-            || !self.nodes.ssh_user.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            || !self
+                .nodes
+                .ssh_user
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
         {
-            err("nodes.ssh_user".into(), format!("{:?} is not a valid user name", self.nodes.ssh_user));
+            err(
+                "nodes.ssh_user".into(),
+                format!("{:?} is not a valid user name", self.nodes.ssh_user),
+            );
         }
-        if let Some(p) = &self.nodes.ip_pool {
-            if let Err(e) = names::validate_name("IP pool name", p) {
-                err("nodes.ip_pool".into(), e.to_string());
-            }
+        if let Some(p) = &self.nodes.ip_pool
+            && let Err(e) = names::validate_name("IP pool name", p)
+        {
+            err("nodes.ip_pool".into(), e.to_string());
         }
         let t = &self.timeouts;
         for (name, v) in [
@@ -558,14 +602,20 @@ impl ClusterSpec {
                 err(format!("timeouts.{name}"), "must be greater than 0".into());
             }
         }
-        if errs.is_empty() { Ok(()) } else { Err(SpecErrors(errs)) }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(SpecErrors(errs))
+        }
     }
 }
 
 fn check_disk(err: &mut impl FnMut(String, String), field: String, size: ByteSize) {
     match size.whole_gib() {
         None => err(field, format!("{size} is not a whole number of GiB")),
-        Some(g) if !(1..=1023).contains(&g) => err(field, format!("{size} is outside 1GiB..=1023GiB")),
+        Some(g) if !(1..=1023).contains(&g) => {
+            err(field, format!("{size} is outside 1GiB..=1023GiB"))
+        }
         Some(_) => {}
     }
 }
@@ -574,9 +624,13 @@ fn check_k3s_version(err: &mut impl FnMut(String, String), field: String, v: &st
     let ok = v.starts_with('v')
         && v.len() <= 64
         && v[1..].chars().next().is_some_and(|c| c.is_ascii_digit())
-        && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'));
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'));
     if !ok {
-        err(field, format!("{v:?} is not a k3s version like v1.33.4+k3s1"));
+        err(
+            field,
+            format!("{v:?} is not a k3s version like v1.33.4+k3s1"),
+        );
     }
 }
 
@@ -602,7 +656,8 @@ pub fn schedule_min_interval(s: &cron::Schedule) -> Option<chrono::Duration> {
 fn valid_label_value(v: &str) -> bool {
     v.is_empty()
         || (v.len() <= 63
-            && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
             && v.starts_with(|c: char| c.is_ascii_alphanumeric())
             && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
 }
@@ -617,7 +672,8 @@ fn valid_label_key(k: &str) -> bool {
             && p.len() <= 253
             && p.split('.').all(|l| {
                 !l.is_empty()
-                    && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
                     && !l.starts_with('-')
                     && !l.ends_with('-')
             })
@@ -680,13 +736,20 @@ mod tests {
         let mut s = spec();
         s.worker_pools[0].memory = "1536MiB".parse().expect("size");
         let e = s.validate().expect_err("invalid").to_string();
-        assert!(e.contains("worker_pools.workers.memory") && e.contains("whole number of GiB"), "{e}");
+        assert!(
+            e.contains("worker_pools.workers.memory") && e.contains("whole number of GiB"),
+            "{e}"
+        );
     }
 
     #[test]
     fn unknown_fields_are_refused_by_name() {
-        let yaml = spec().to_yaml().replace("worker_pools:", "wokrer_pools: []\nworker_pools:");
-        let e = ClusterSpec::from_yaml(&yaml).expect_err("unknown field").to_string();
+        let yaml = spec()
+            .to_yaml()
+            .replace("worker_pools:", "wokrer_pools: []\nworker_pools:");
+        let e = ClusterSpec::from_yaml(&yaml)
+            .expect_err("unknown field")
+            .to_string();
         assert!(e.contains("wokrer_pools"), "{e}");
     }
 
@@ -694,7 +757,10 @@ mod tests {
     fn long_pool_names_leave_room_for_disk_names() {
         let mut s = spec();
         s.worker_pools[0].name = "w".repeat(60);
-        assert_eq!(fields(&s), ["worker_pools.wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww.name"]);
+        assert_eq!(
+            fields(&s),
+            ["worker_pools.wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww.name"]
+        );
     }
 
     #[test]
@@ -715,8 +781,14 @@ mod tests {
         assert_eq!(s.worker_pools[0].count, 4);
         let e = s.set_count("workers", 11).expect_err("bounds").to_string();
         assert!(e.contains("[0, 10]"), "{e}");
-        assert!(matches!(s.set_count("gpu", 1), Err(CountError::UnknownPool { .. })));
-        assert!(matches!(s.set_count("control-plane", 2), Err(CountError::EvenControlPlane { .. })));
+        assert!(matches!(
+            s.set_count("gpu", 1),
+            Err(CountError::UnknownPool { .. })
+        ));
+        assert!(matches!(
+            s.set_count("control-plane", 2),
+            Err(CountError::EvenControlPlane { .. })
+        ));
     }
 
     #[test]
@@ -727,7 +799,11 @@ mod tests {
         let mut q = p.clone();
         q.count = 9;
         q.max = 200;
-        assert_eq!(s.pool_hash(Role::Worker, &q), h, "count/bounds are not drift");
+        assert_eq!(
+            s.pool_hash(Role::Worker, &q),
+            h,
+            "count/bounds are not drift"
+        );
         q.cpus = 4;
         assert_ne!(s.pool_hash(Role::Worker, &q), h, "cpus are drift");
         let mut s2 = s.clone();

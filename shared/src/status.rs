@@ -108,18 +108,23 @@ pub struct RunReport<'a> {
 
 /// Builds the status for a run.
 pub fn build(r: &RunReport) -> Status {
-    let failures = r.results.iter().filter(|x| matches!(x.outcome, Outcome::Failed(_))).count();
-    let converged = r.error.is_none()
-        && failures == 0
-        && r.plan.is_some_and(Plan::is_converged);
+    let failures = r
+        .results
+        .iter()
+        .filter(|x| matches!(x.outcome, Outcome::Failed(_)))
+        .count();
+    let converged = r.error.is_none() && failures == 0 && r.plan.is_some_and(Plan::is_converged);
     let degraded = r.error.is_some() || failures > 0 || r.plan.is_some_and(Plan::is_degraded);
-    let progressing = r.plan.is_some_and(|p| !p.actions.is_empty())
-        || r.plan.is_some_and(|p| !p.is_converged());
+    let progressing =
+        r.plan.is_some_and(|p| !p.actions.is_empty()) || r.plan.is_some_and(|p| !p.is_converged());
 
     let degraded_msg = if let Some(e) = &r.error {
         ("RunFailed".to_owned(), e.clone())
     } else if failures > 0 {
-        ("ActionsFailed".to_owned(), format!("{failures} action(s) failed; see lastPlan"))
+        (
+            "ActionsFailed".to_owned(),
+            format!("{failures} action(s) failed; see lastPlan"),
+        )
     } else if let Some(f) = r.plan.and_then(|p| p.findings.iter().find(|f| f.degraded)) {
         ("Problem".to_owned(), f.message.clone())
     } else {
@@ -142,20 +147,34 @@ pub fn build(r: &RunReport) -> Status {
             .and_then(|p| p.condition(t))
             .filter(|c| c.status == status)
             .map_or(r.finished_at, |c| c.last_transition_time);
-        Condition { type_: t.to_owned(), status, reason, message, last_transition_time }
+        Condition {
+            type_: t.to_owned(),
+            status,
+            reason,
+            message,
+            last_transition_time,
+        }
     };
     let n_actions = r.plan.map_or(0, |p| p.actions.len());
     let conditions = vec![
         cond(
             "Ready",
             converged,
-            if converged { "Converged".into() } else { "NotConverged".into() },
+            if converged {
+                "Converged".into()
+            } else {
+                "NotConverged".into()
+            },
             summary.clone(),
         ),
         cond(
             "Progressing",
             progressing && r.error.is_none(),
-            if n_actions > 0 { "ActionsApplied".into() } else { "Waiting".into() },
+            if n_actions > 0 {
+                "ActionsApplied".into()
+            } else {
+                "Waiting".into()
+            },
             format!("{n_actions} action(s) this run; {summary}"),
         ),
         cond("Degraded", degraded, degraded_msg.0, degraded_msg.1),
@@ -184,11 +203,25 @@ pub fn build(r: &RunReport) -> Status {
         started_at: r.started_at,
         finished_at: r.finished_at,
         conditions,
-        pools: r.plan.map(|p| p.pools.iter().map(PoolStatus::from).collect()).unwrap_or_default(),
+        pools: r
+            .plan
+            .map(|p| p.pools.iter().map(PoolStatus::from).collect())
+            .unwrap_or_default(),
         last_plan,
-        findings: r.plan.map(|p| p.findings.iter().map(|f| f.message.clone()).collect()).unwrap_or_default(),
-        last_error: r.error.clone().or_else(|| r.previous.and_then(|p| p.last_error.clone()).filter(|_| !converged)),
-        last_converged_at: if converged { Some(r.finished_at) } else { r.previous.and_then(|p| p.last_converged_at) },
+        findings: r
+            .plan
+            .map(|p| p.findings.iter().map(|f| f.message.clone()).collect())
+            .unwrap_or_default(),
+        last_error: r.error.clone().or_else(|| {
+            r.previous
+                .and_then(|p| p.last_error.clone())
+                .filter(|_| !converged)
+        }),
+        last_converged_at: if converged {
+            Some(r.finished_at)
+        } else {
+            r.previous.and_then(|p| p.last_converged_at)
+        },
     }
 }
 
@@ -205,20 +238,47 @@ mod tests {
         Plan {
             actions: vec![],
             findings: vec![],
-            pools: vec![PoolCounts { pool: "workers".into(), desired: 2, ready: 2, ..Default::default() }],
+            pools: vec![PoolCounts {
+                pool: "workers".into(),
+                desired: 2,
+                ready: 2,
+                ..Default::default()
+            }],
         }
     }
 
     #[test]
     fn converged_run_is_ready_and_keeps_transition_times() {
         let plan = converged_plan();
-        let r = RunReport { run_id: "a", started_at: at(0), finished_at: at(1), plan: Some(&plan), results: &[], error: None, previous: None };
+        let r = RunReport {
+            run_id: "a",
+            started_at: at(0),
+            finished_at: at(1),
+            plan: Some(&plan),
+            results: &[],
+            error: None,
+            previous: None,
+        };
         let s1 = build(&r);
-        assert_eq!(s1.condition("Ready").map(|c| c.status.as_str()), Some("True"));
-        assert_eq!(s1.condition("Degraded").map(|c| c.status.as_str()), Some("False"));
-        let r2 = RunReport { run_id: "b", finished_at: at(100), previous: Some(&s1), ..r };
+        assert_eq!(
+            s1.condition("Ready").map(|c| c.status.as_str()),
+            Some("True")
+        );
+        assert_eq!(
+            s1.condition("Degraded").map(|c| c.status.as_str()),
+            Some("False")
+        );
+        let r2 = RunReport {
+            run_id: "b",
+            finished_at: at(100),
+            previous: Some(&s1),
+            ..r
+        };
         let s2 = build(&r2);
-        assert_eq!(s2.condition("Ready").map(|c| c.last_transition_time), Some(at(1)));
+        assert_eq!(
+            s2.condition("Ready").map(|c| c.last_transition_time),
+            Some(at(1))
+        );
         assert_eq!(s2.last_converged_at, Some(at(100)));
         assert_eq!(Status::from_json(&s2.to_json()), Some(s2));
     }
@@ -226,14 +286,38 @@ mod tests {
     #[test]
     fn errors_and_degraded_findings_show() {
         let mut plan = converged_plan();
-        plan.findings.push(Finding { degraded: true, message: "etcd quorum lost".into() });
-        let r = RunReport { run_id: "a", started_at: at(0), finished_at: at(1), plan: Some(&plan), results: &[], error: None, previous: None };
+        plan.findings.push(Finding {
+            degraded: true,
+            message: "etcd quorum lost".into(),
+        });
+        let r = RunReport {
+            run_id: "a",
+            started_at: at(0),
+            finished_at: at(1),
+            plan: Some(&plan),
+            results: &[],
+            error: None,
+            previous: None,
+        };
         let s = build(&r);
-        let d = s.condition("Degraded").cloned().unwrap_or_else(|| unreachable!());
-        assert_eq!((d.status.as_str(), d.message.as_str()), ("True", "etcd quorum lost"));
-        let r = RunReport { plan: None, error: Some("rack unreachable".into()), ..r };
+        let d = s
+            .condition("Degraded")
+            .cloned()
+            .unwrap_or_else(|| unreachable!());
+        assert_eq!(
+            (d.status.as_str(), d.message.as_str()),
+            ("True", "etcd quorum lost")
+        );
+        let r = RunReport {
+            plan: None,
+            error: Some("rack unreachable".into()),
+            ..r
+        };
         let s = build(&r);
         assert_eq!(s.last_error.as_deref(), Some("rack unreachable"));
-        assert_eq!(s.condition("Ready").map(|c| c.status.as_str()), Some("False"));
+        assert_eq!(
+            s.condition("Ready").map(|c| c.status.as_str()),
+            Some("False")
+        );
     }
 }

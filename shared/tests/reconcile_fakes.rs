@@ -8,7 +8,9 @@ use std::time::Duration;
 use chrono::{DateTime, TimeZone, Utc};
 use oxide_controller::cluster::Cluster;
 use oxide_controller::fake::{FakePod, FakeWorld};
-use oxide_controller::model::{Disk, DiskState, InstanceState, NodeReadiness, PodRef, DELETE_ME_ANNOTATION};
+use oxide_controller::model::{
+    DELETE_ME_ANNOTATION, Disk, DiskState, InstanceState, NodeReadiness, PodRef,
+};
 use oxide_controller::names::{self, InstanceTag};
 use oxide_controller::plan::REMOVING_ANNOTATION;
 use oxide_controller::rack::Rack;
@@ -21,7 +23,9 @@ use oxide_controller::workflows::reconcile::{self, ReconcileError, ReconcileOpti
 use proptest::prelude::*;
 
 fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).single().unwrap_or_default()
+    Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0)
+        .single()
+        .unwrap_or_default()
 }
 
 fn secrets() -> ClusterSecrets {
@@ -51,7 +55,10 @@ async fn world(spec: &ClusterSpec, with_fip: bool) -> FakeWorld {
     w.add_image(&spec.control_plane.image);
     let mut data = BTreeMap::new();
     data.insert(state::keys::SPEC.to_owned(), spec.to_yaml());
-    w.state().ensure_state(&secrets(), data).await.unwrap_or_else(|e| panic!("{e}"));
+    w.state()
+        .ensure_state(&secrets(), data)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     if with_fip {
         w.rack()
             .create_floating_ip(&names::api_floating_ip_name(&spec.cluster), "", None)
@@ -66,7 +73,11 @@ fn opts(w: &FakeWorld) -> ReconcileOptions {
     let mut o = ReconcileOptions::new("test-run");
     o.poll = Duration::from_millis(1);
     o.stop_wait = Duration::from_millis(1);
-    o.backoff = Backoff { first: Duration::from_millis(1), max: Duration::from_millis(1), attempts: 2 };
+    o.backoff = Backoff {
+        first: Duration::from_millis(1),
+        max: Duration::from_millis(1),
+        attempts: 2,
+    };
     let clock = w.clone();
     o.now = Arc::new(move || clock.with(|s| s.now));
     o
@@ -78,10 +89,17 @@ async fn run_once(w: &FakeWorld) -> Result<RunOutcome, ReconcileError> {
 }
 
 async fn set_spec(w: &FakeWorld, spec: &ClusterSpec) {
-    let snap = w.state().read_config().await.unwrap_or_else(|e| panic!("{e}"));
+    let snap = w
+        .state()
+        .read_config()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut data = snap.data.clone();
     data.insert(state::keys::SPEC.to_owned(), spec.to_yaml());
-    w.state().replace_config(&snap.resource_version, data).await.unwrap_or_else(|e| panic!("{e}"));
+    w.state()
+        .replace_config(&snap.resource_version, data)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Runs reconcile + tick until converged; returns the number of runs.
@@ -93,8 +111,17 @@ async fn converge(w: &FakeWorld, max_runs: usize) -> usize {
         }
         w.tick(61);
     }
-    let status = w.state().read_config().await.ok().and_then(|s| s.status_json().map(str::to_owned));
-    panic!("not converged after {max_runs} runs; log: {:#?}\nstatus: {}", w.lock().log, status.unwrap_or_default());
+    let status = w
+        .state()
+        .read_config()
+        .await
+        .ok()
+        .and_then(|s| s.status_json().map(str::to_owned));
+    panic!(
+        "not converged after {max_runs} runs; log: {:#?}\nstatus: {}",
+        w.lock().log,
+        status.unwrap_or_default()
+    );
 }
 
 /// Checks the converged world against the spec: counts, Nodes = instances, no stray disks,
@@ -103,13 +130,26 @@ fn assert_shape(w: &FakeWorld, spec: &ClusterSpec) {
     let s = w.lock();
     for (role, pool) in spec.pools() {
         let prefix = names::instance_prefix(&spec.cluster, &pool.name);
-        let members: Vec<_> = s.instances.values().filter(|i| i.name.starts_with(&prefix)).collect();
+        let members: Vec<_> = s
+            .instances
+            .values()
+            .filter(|i| i.name.starts_with(&prefix))
+            .collect();
         assert_eq!(members.len(), pool.count as usize, "pool {}", pool.name);
         for m in &members {
             assert_eq!(m.state, InstanceState::Running, "{}", m.name);
-            let tag = InstanceTag::parse(&m.description).unwrap_or_else(|| panic!("untagged {}", m.name));
-            assert_eq!(tag.spec_hash, spec.pool_hash(role, pool), "{} drifted", m.name);
-            let node = s.nodes.get(&m.name).unwrap_or_else(|| panic!("no node for {}", m.name));
+            let tag =
+                InstanceTag::parse(&m.description).unwrap_or_else(|| panic!("untagged {}", m.name));
+            assert_eq!(
+                tag.spec_hash,
+                spec.pool_hash(role, pool),
+                "{} drifted",
+                m.name
+            );
+            let node = s
+                .nodes
+                .get(&m.name)
+                .unwrap_or_else(|| panic!("no node for {}", m.name));
             assert_eq!(node.readiness, NodeReadiness::Ready);
         }
     }
@@ -120,13 +160,26 @@ fn assert_shape(w: &FakeWorld, spec: &ClusterSpec) {
         let owner = names::disk_owner(&d.name).unwrap_or_default();
         assert!(s.instances.contains_key(owner), "leaked disk {}", d.name);
     }
-    let fip = s.floating_ips.get(&names::api_floating_ip_name(&spec.cluster)).unwrap_or_else(|| panic!("no fip"));
-    let holder = s.instances.values().find(|i| Some(i.id) == fip.instance_id).unwrap_or_else(|| panic!("fip unattached"));
-    assert!(holder.name.starts_with(&names::instance_prefix(&spec.cluster, &spec.control_plane.name)));
+    let fip = s
+        .floating_ips
+        .get(&names::api_floating_ip_name(&spec.cluster))
+        .unwrap_or_else(|| panic!("no fip"));
+    let holder = s
+        .instances
+        .values()
+        .find(|i| Some(i.id) == fip.instance_id)
+        .unwrap_or_else(|| panic!("fip unattached"));
+    assert!(holder.name.starts_with(&names::instance_prefix(
+        &spec.cluster,
+        &spec.control_plane.name
+    )));
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap_or_else(|e| panic!("{e}"))
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
@@ -140,11 +193,22 @@ fn empty_project_converges_to_the_spec_and_then_plans_nothing() {
         assert_shape(&w, &spec);
         // A converged state plans nothing, and a second run changes nothing.
         let before = w.lock().log.len();
-        assert!(matches!(run_once(&w).await, Ok(RunOutcome::Converged { .. })));
+        assert!(matches!(
+            run_once(&w).await,
+            Ok(RunOutcome::Converged { .. })
+        ));
         assert_eq!(w.lock().log.len(), before);
-        let status = w.state().read_config().await.ok().and_then(|s| s.status_json().and_then(Status::from_json));
+        let status = w
+            .state()
+            .read_config()
+            .await
+            .ok()
+            .and_then(|s| s.status_json().and_then(Status::from_json));
         let status = status.unwrap_or_else(|| panic!("status.json missing"));
-        assert_eq!(status.condition("Ready").map(|c| c.status.as_str()), Some("True"));
+        assert_eq!(
+            status.condition("Ready").map(|c| c.status.as_str()),
+            Some("True")
+        );
     });
 }
 
@@ -160,7 +224,13 @@ fn scale_down_drains_before_deleting_and_cleans_up_disks() {
         w.with(|s| {
             for (i, n) in workers.iter().enumerate() {
                 s.pods.push(FakePod {
-                    pod: PodRef { namespace: "default".into(), name: format!("app-{i}"), daemonset: false, mirror: false, finished: false },
+                    pod: PodRef {
+                        namespace: "default".into(),
+                        name: format!("app-{i}"),
+                        daemonset: false,
+                        mirror: false,
+                        finished: false,
+                    },
                     node: n.clone(),
                     protected: false,
                 });
@@ -171,17 +241,29 @@ fn scale_down_drains_before_deleting_and_cleans_up_disks() {
         converge(&w, 10).await;
         assert_shape(&w, &spec);
         let log = w.lock().log.clone();
-        for gone in workers.iter().filter(|n| !w.lock().instances.contains_key(*n)) {
+        for gone in workers
+            .iter()
+            .filter(|n| !w.lock().instances.contains_key(*n))
+        {
             let pos = |p: &str| log.iter().position(|l| l == &format!("{p} {gone}"));
             let (evict, stop, del_node, del) = (
-                log.iter().position(|l| l.starts_with("evict default/app-") && w.lock().pods.iter().all(|p| &p.node != gone)),
+                log.iter().position(|l| {
+                    l.starts_with("evict default/app-")
+                        && w.lock().pods.iter().all(|p| &p.node != gone)
+                }),
                 pos("stop"),
                 pos("delete-node"),
                 pos("delete"),
             );
             assert!(evict.is_some(), "pods on {gone} evicted");
-            assert!(stop < del_node && del_node < del, "{gone}: stop, then Node, then instance: {log:?}");
-            assert!(log.contains(&format!("delete-disk data-{gone}")), "data disk of {gone} deleted");
+            assert!(
+                stop < del_node && del_node < del,
+                "{gone}: stop, then Node, then instance: {log:?}"
+            );
+            assert!(
+                log.contains(&format!("delete-disk data-{gone}")),
+                "data disk of {gone} deleted"
+            );
         }
     });
 }
@@ -197,7 +279,13 @@ fn a_pod_disruption_budget_blocks_the_removal_until_it_allows_it() {
         w.with(|s| {
             for n in &workers {
                 s.pods.push(FakePod {
-                    pod: PodRef { namespace: "db".into(), name: format!("pg-{n}"), daemonset: false, mirror: false, finished: false },
+                    pod: PodRef {
+                        namespace: "db".into(),
+                        name: format!("pg-{n}"),
+                        daemonset: false,
+                        mirror: false,
+                        finished: false,
+                    },
                     node: n.clone(),
                     protected: true,
                 });
@@ -209,8 +297,17 @@ fn a_pod_disruption_budget_blocks_the_removal_until_it_allows_it() {
             let _ = run_once(&w).await;
             w.tick(61);
         }
-        assert_eq!(oxide_controller::fake::pool_members(&w, "demo", "workers").len(), 2, "blocked: nothing deleted");
-        let victim = w.with(|s| s.nodes.values().find(|n| n.annotations.contains_key(REMOVING_ANNOTATION)).map(|n| n.name.clone()));
+        assert_eq!(
+            oxide_controller::fake::pool_members(&w, "demo", "workers").len(),
+            2,
+            "blocked: nothing deleted"
+        );
+        let victim = w.with(|s| {
+            s.nodes
+                .values()
+                .find(|n| n.annotations.contains_key(REMOVING_ANNOTATION))
+                .map(|n| n.name.clone())
+        });
         let victim = victim.unwrap_or_else(|| panic!("a victim is marked"));
         assert!(w.lock().nodes[&victim].unschedulable, "victim cordoned");
         // The budget allows it now.
@@ -226,7 +323,10 @@ fn the_run_stays_out_while_another_holds_the_lease_and_dry_run_changes_nothing()
         let spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 2);
         let w = world(&spec, true).await;
         let other = w.cluster();
-        other.acquire_lease("someone-else", Duration::from_secs(300)).await.unwrap_or_else(|e| panic!("{e}"));
+        other
+            .acquire_lease("someone-else", Duration::from_secs(300))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         match run_once(&w).await {
             Ok(RunOutcome::LeaseHeld { holder }) => assert_eq!(holder, "someone-else"),
             other => panic!("{other:?}"),
@@ -248,10 +348,20 @@ fn a_bad_spec_is_a_configuration_error_and_changes_nothing() {
     rt().block_on(async {
         let spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 2);
         let w = world(&spec, true).await;
-        let snap = w.state().read_config().await.unwrap_or_else(|e| panic!("{e}"));
+        let snap = w
+            .state()
+            .read_config()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let mut data = snap.data.clone();
-        data.insert(state::keys::SPEC.to_owned(), spec.to_yaml().replace("count: 1", "count: 2"));
-        w.state().replace_config(&snap.resource_version, data).await.unwrap_or_else(|e| panic!("{e}"));
+        data.insert(
+            state::keys::SPEC.to_owned(),
+            spec.to_yaml().replace("count: 1", "count: 2"),
+        );
+        w.state()
+            .replace_config(&snap.resource_version, data)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let err = run_once(&w).await.expect_err("even control plane");
         assert_eq!(err.exit_code(), 2);
         assert!(err.to_string().contains("control_plane.count"), "{err}");
@@ -300,11 +410,20 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
     }
     let new = oxide_controller::model::NewInstance {
         name: name.clone(),
-        description: InstanceTag { cluster: spec.cluster.clone(), pool: pool.name.clone(), spec_hash: hash }.to_string(),
+        description: InstanceTag {
+            cluster: spec.cluster.clone(),
+            pool: pool.name.clone(),
+            spec_hash: hash,
+        }
+        .to_string(),
         hostname: name.clone(),
         ncpus: pool.cpus,
         memory: pool.memory,
-        boot_disk: oxide_controller::model::NewDisk { name: names::boot_disk_name(&name), size: pool.boot_disk, image: Some(img) },
+        boot_disk: oxide_controller::model::NewDisk {
+            name: names::boot_disk_name(&name),
+            size: pool.boot_disk,
+            image: Some(img),
+        },
         data_disk: None,
         user_data: Vec::new(),
         ephemeral_ip: true,
@@ -315,15 +434,18 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
     w.with(|st| {
         let now = st.now;
         let ready_node = |st: &mut oxide_controller::fake::WorldState, r: NodeReadiness| {
-            st.nodes.insert(name.clone(), oxide_controller::model::Node {
-                name: name.clone(),
-                provider_id: None,
-                labels: BTreeMap::new(),
-                annotations: BTreeMap::new(),
-                readiness: r,
-                unschedulable: false,
-                created: now,
-            });
+            st.nodes.insert(
+                name.clone(),
+                oxide_controller::model::Node {
+                    name: name.clone(),
+                    provider_id: None,
+                    labels: BTreeMap::new(),
+                    annotations: BTreeMap::new(),
+                    readiness: r,
+                    unschedulable: false,
+                    created: now,
+                },
+            );
         };
         let inst = st.instances.get_mut(&name);
         let Some(inst) = inst else { return };
@@ -333,10 +455,12 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
                 ready_node(st, NodeReadiness::Ready);
                 if let Some(n) = st.nodes.get_mut(&name) {
                     if matches!(s, Seed::DeleteMe) {
-                        n.annotations.insert(DELETE_ME_ANNOTATION.into(), "true".into());
+                        n.annotations
+                            .insert(DELETE_ME_ANNOTATION.into(), "true".into());
                     }
                     if matches!(s, Seed::Removing) {
-                        n.annotations.insert(REMOVING_ANNOTATION.into(), "earlier run".into());
+                        n.annotations
+                            .insert(REMOVING_ANNOTATION.into(), "earlier run".into());
                         n.unschedulable = true;
                     }
                 }
@@ -350,7 +474,12 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
             Seed::NotReadyLong => {
                 inst.state = InstanceState::Running;
                 st.never_join.insert(name.clone());
-                ready_node(st, NodeReadiness::NotReady { since: now - chrono::Duration::seconds(3600) });
+                ready_node(
+                    st,
+                    NodeReadiness::NotReady {
+                        since: now - chrono::Duration::seconds(3600),
+                    },
+                );
             }
         }
     });

@@ -11,8 +11,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use oxide_controller::cluster::kube_cluster::KubeCluster;
 use oxide_controller::cluster::NAMESPACE;
+use oxide_controller::cluster::kube_cluster::KubeCluster;
 use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::telemetry::{self, LogFormat};
@@ -63,7 +63,10 @@ enum Output {
 fn main() -> ExitCode {
     let args = Args::parse();
     telemetry::init(args.log_format);
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -74,7 +77,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> ExitCode {
-    let client = match oxide_controller::kubeclient::client(args.kubeconfig.as_deref(), args.context.as_deref()).await {
+    let client = match oxide_controller::kubeclient::client(
+        args.kubeconfig.as_deref(),
+        args.context.as_deref(),
+    )
+    .await
+    {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -82,21 +90,31 @@ async fn run(args: Args) -> ExitCode {
         }
     };
     let holder = args.holder.clone().unwrap_or_else(default_holder);
-    let cluster = KubeCluster::new(client.clone(), &args.namespace).with_reporting_instance(&holder);
+    let cluster =
+        KubeCluster::new(client.clone(), &args.namespace).with_reporting_instance(&holder);
     let state = KubeStateStore::new(client, &args.namespace);
     let mut opts = ReconcileOptions::new(holder);
     opts.dry_run = args.dry_run;
     opts.concurrency = usize::from(args.concurrency);
     opts.force_drain = args.force_drain;
     opts.deadline = args.deadline_seconds.map(Duration::from_secs);
-    let make_rack = |secrets: &oxide_controller::secrets::ClusterSecrets, spec: &oxide_controller::spec::ClusterSpec| {
-        OxideRack::connect(&secrets.oxide_host, &secrets.oxide_token, &spec.project, RackOptions::default())
+    let make_rack = |secrets: &oxide_controller::secrets::ClusterSecrets,
+                     spec: &oxide_controller::spec::ClusterSpec| {
+        OxideRack::connect(
+            &secrets.oxide_host,
+            &secrets.oxide_token,
+            &spec.project,
+            RackOptions::default(),
+        )
     };
     match reconcile::run(&cluster, &state, make_rack, &opts).await {
         Ok(RunOutcome::DryRun { plan }) => {
             match args.output {
                 Output::Table => print!("{}", plan.table()),
-                Output::Json => println!("{}", serde_json::to_string_pretty(&plan).unwrap_or_default()),
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&plan).unwrap_or_default()
+                ),
             }
             ExitCode::SUCCESS
         }
@@ -113,7 +131,10 @@ async fn run(args: Args) -> ExitCode {
 }
 
 fn default_holder() -> String {
-    let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "reconcile-once".to_owned());
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "reconcile-once".to_owned());
     format!("{host}-{}", std::process::id())
 }
 

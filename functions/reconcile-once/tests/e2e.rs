@@ -30,23 +30,38 @@ struct Env {
 async fn env(cp: u32, workers: u32) -> Env {
     let sim = Sim::start(SimOptions {
         ssh_port: 2222,
-        preset: Some(Preset::Cluster { control_plane: cp, workers }),
+        preset: Some(Preset::Cluster {
+            control_plane: cp,
+            workers,
+        }),
         ..SimOptions::default()
     })
     .await
     .unwrap_or_else(|e| panic!("simulator: {e:#}"));
-    let kubeconfig = sim.kubeconfig.clone().unwrap_or_else(|| panic!("preset kubeconfig"));
+    let kubeconfig = sim
+        .kubeconfig
+        .clone()
+        .unwrap_or_else(|| panic!("preset kubeconfig"));
     let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let store = KubeStateStore::new(client, "kube-system");
-    Env { sim, kubeconfig, store }
+    Env {
+        sim,
+        kubeconfig,
+        store,
+    }
 }
 
 impl Env {
     async fn spec(&self) -> ClusterSpec {
-        let snap = self.store.read_config().await.unwrap_or_else(|e| panic!("{e}"));
-        ClusterSpec::from_yaml(snap.spec_yaml().unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"))
+        let snap = self
+            .store
+            .read_config()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        ClusterSpec::from_yaml(snap.spec_yaml().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Edits spec.yaml (as a person or the webhook would).
@@ -60,10 +75,20 @@ impl Env {
     }
 
     async fn write_spec_text(&self, f: impl Fn(&str) -> String) {
-        let snap = self.store.read_config().await.unwrap_or_else(|e| panic!("{e}"));
+        let snap = self
+            .store
+            .read_config()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let mut data = snap.data.clone();
-        data.insert(state::keys::SPEC.into(), f(snap.spec_yaml().unwrap_or_default()));
-        self.store.replace_config(&snap.resource_version, data).await.unwrap_or_else(|e| panic!("{e}"));
+        data.insert(
+            state::keys::SPEC.into(),
+            f(snap.spec_yaml().unwrap_or_default()),
+        );
+        self.store
+            .replace_config(&snap.resource_version, data)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     async fn status(&self) -> Option<Status> {
@@ -80,16 +105,27 @@ impl Env {
         for i in 1..=max_runs {
             let out = self.reconcile(&[]).await;
             let code = out.status.code();
-            assert!(matches!(code, Some(0 | 1)), "run {i}: exit {code:?}\n{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                matches!(code, Some(0 | 1)),
+                "run {i}: exit {code:?}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             if code == Some(0)
-                && self.status().await.and_then(|s| s.condition("Ready").map(|c| c.status == "True")) == Some(true)
+                && self
+                    .status()
+                    .await
+                    .and_then(|s| s.condition("Ready").map(|c| c.status == "True"))
+                    == Some(true)
             {
                 return i;
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         let status = self.status().await.map(|s| s.to_json()).unwrap_or_default();
-        panic!("not converged after {max_runs} runs; status: {status}\nstate: {:#}", self.sim.oxide().dump());
+        panic!(
+            "not converged after {max_runs} runs; status: {status}\nstate: {:#}",
+            self.sim.oxide().dump()
+        );
     }
 
     fn instances(&self, prefix: &str) -> Vec<Value> {
@@ -102,11 +138,23 @@ impl Env {
 
     fn disks(&self) -> Vec<String> {
         let dump = self.sim.oxide().dump();
-        dump["disks"].as_array().cloned().unwrap_or_default().iter().filter_map(|d| d["name"].as_str().map(str::to_owned)).collect()
+        dump["disks"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|d| d["name"].as_str().map(str::to_owned))
+            .collect()
     }
 
     fn mutations(&self) -> u64 {
-        self.sim.oxide().counters().iter().filter(|(k, _)| !k.starts_with("GET ")).map(|(_, v)| v).sum()
+        self.sim
+            .oxide()
+            .counters()
+            .iter()
+            .filter(|(k, _)| !k.starts_with("GET "))
+            .map(|(_, v)| v)
+            .sum()
     }
 
     fn instance_id(&self, name: &str) -> uuid::Uuid {
@@ -123,17 +171,35 @@ impl Env {
         let ip = self
             .instances(member)
             .first()
-            .and_then(|i| i["external_ips"].as_array().and_then(|a| a.first().cloned()))
+            .and_then(|i| {
+                i["external_ips"]
+                    .as_array()
+                    .and_then(|a| a.first().cloned())
+            })
             .and_then(|ip| ip.as_str().map(str::to_owned))
             .unwrap_or_else(|| panic!("no address for {member}"));
         let text = std::fs::read_to_string(&self.kubeconfig).unwrap_or_default();
         let fip = self.fip_address();
-        let path = self.kubeconfig.with_file_name(format!("kubeconfig-{member}"));
-        std::fs::write(&path, text.replace(&format!("https://{fip}:6443"), &format!("https://{ip}:6443")))
+        let path = self
+            .kubeconfig
+            .with_file_name(format!("kubeconfig-{member}"));
+        std::fs::write(
+            &path,
+            text.replace(
+                &format!("https://{fip}:6443"),
+                &format!("https://{ip}:6443"),
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let client = oxide_controller::kubeclient::client(Some(&path), None)
+            .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let client = oxide_controller::kubeclient::client(Some(&path), None).await.unwrap_or_else(|e| panic!("{e}"));
         let store = KubeStateStore::new(client, "kube-system");
-        Env { kubeconfig: path, store, ..self }
+        Env {
+            kubeconfig: path,
+            store,
+            ..self
+        }
     }
 
     fn fip_address(&self) -> String {
@@ -147,14 +213,28 @@ impl Env {
 
     fn fip_holder(&self) -> Option<String> {
         let dump = self.sim.oxide().dump();
-        let fip = dump["floating_ips"].as_array()?.iter().find(|f| f["name"] == "sim-apiserver")?.clone();
-        let id = fip["instance"].as_str().or_else(|| fip["instance_id"].as_str())?.to_owned();
-        self.instances("").iter().find(|i| i["id"] == id.as_str()).and_then(|i| i["name"].as_str().map(str::to_owned))
+        let fip = dump["floating_ips"]
+            .as_array()?
+            .iter()
+            .find(|f| f["name"] == "sim-apiserver")?
+            .clone();
+        let id = fip["instance"]
+            .as_str()
+            .or_else(|| fip["instance_id"].as_str())?
+            .to_owned();
+        self.instances("")
+            .iter()
+            .find(|i| i["id"] == id.as_str())
+            .and_then(|i| i["name"].as_str().map(str::to_owned))
     }
 
     /// Asserts every disk belongs to an existing instance and nothing is stopped or failed.
     fn assert_no_leaks(&self) {
-        let names: Vec<String> = self.instances("").iter().filter_map(|i| i["name"].as_str().map(str::to_owned)).collect();
+        let names: Vec<String> = self
+            .instances("")
+            .iter()
+            .filter_map(|i| i["name"].as_str().map(str::to_owned))
+            .collect();
         for d in self.disks() {
             let owner = oxide_controller::names::disk_owner(&d).unwrap_or_default();
             assert!(names.iter().any(|n| n == owner), "leaked disk {d}");
@@ -193,9 +273,10 @@ fn ready_nodes(sim: &SimHandle, prefix: &str) -> Vec<String> {
         .list("v1", "Node", None)
         .into_iter()
         .filter(|n| {
-            n["status"]["conditions"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            n["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
         })
         .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
         .filter(|n| n.starts_with(prefix))
@@ -221,15 +302,22 @@ fn watch(env: &Env) -> Watch {
             let nodes = twin.list("v1", "Node", None);
             for prefix in [CP, WK] {
                 let n = dump["instances"].as_array().map_or(0, |a| {
-                    a.iter().filter(|i| i["name"].as_str().is_some_and(|n| n.starts_with(prefix))).count()
+                    a.iter()
+                        .filter(|i| i["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+                        .count()
                 });
                 let ready = nodes
                     .iter()
-                    .filter(|n| n["metadata"]["name"].as_str().is_some_and(|x| x.starts_with(prefix)))
                     .filter(|n| {
-                        n["status"]["conditions"]
-                            .as_array()
-                            .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+                        n["metadata"]["name"]
+                            .as_str()
+                            .is_some_and(|x| x.starts_with(prefix))
+                    })
+                    .filter(|n| {
+                        n["status"]["conditions"].as_array().is_some_and(|c| {
+                            c.iter()
+                                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                        })
                     })
                     .count();
                 let mut s = seen2.lock().unwrap_or_else(|p| p.into_inner());
@@ -284,20 +372,45 @@ async fn scales_up_to_five_then_down_to_one_with_drain_and_cleanup() {
     assert_eq!(left.len(), 1);
     let survivor = left[0]["name"].as_str().unwrap_or_default().to_owned();
     assert_eq!(env.ready_nodes(WK), [survivor.clone()]);
-    let nodes: Vec<String> = env.sim.twin().list("v1", "Node", None).iter().filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned)).collect();
-    assert!(nodes.iter().filter(|n| n.starts_with(WK)).all(|n| *n == survivor), "Nodes of removed workers are gone: {nodes:?}");
+    let nodes: Vec<String> = env
+        .sim
+        .twin()
+        .list("v1", "Node", None)
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        nodes
+            .iter()
+            .filter(|n| n.starts_with(WK))
+            .all(|n| *n == survivor),
+        "Nodes of removed workers are gone: {nodes:?}"
+    );
     let pods = env.sim.twin().list("v1", "Pod", Some("default"));
-    assert!(pods.iter().all(|p| p["spec"]["nodeName"] == survivor.as_str()), "pods on removed workers were evicted");
+    assert!(
+        pods.iter()
+            .all(|p| p["spec"]["nodeName"] == survivor.as_str()),
+        "pods on removed workers were evicted"
+    );
     env.assert_no_leaks();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_worker_is_replaced() {
     let env = env(3, 2).await;
-    let victim = env.instances(WK)[0]["name"].as_str().unwrap_or_default().to_owned();
-    env.sim.oxide().set_instance_failed(env.instance_id(&victim));
+    let victim = env.instances(WK)[0]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    env.sim
+        .oxide()
+        .set_instance_failed(env.instance_id(&victim));
     env.converge(15).await;
-    let names: Vec<String> = env.instances(WK).iter().filter_map(|i| i["name"].as_str().map(str::to_owned)).collect();
+    let names: Vec<String> = env
+        .instances(WK)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
     assert_eq!(names.len(), 2);
     assert!(!names.contains(&victim), "{victim} replaced: {names:?}");
     assert_eq!(env.ready_nodes(WK).len(), 2);
@@ -312,9 +425,16 @@ async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
         s.timeouts.join_seconds = 3;
     })
     .await;
-    env.sim.faults().update(|f| f.never_join = vec![WK.to_owned()]);
+    env.sim
+        .faults()
+        .update(|f| f.never_join = vec![WK.to_owned()]);
     let out = env.reconcile(&[]).await;
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stuck: Vec<String> = env
         .instances(WK)
         .iter()
@@ -323,9 +443,15 @@ async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
         .collect();
     assert_eq!(stuck.len(), 1, "one new member that will never join");
     // Only that VM stays broken; its replacement joins.
-    env.sim.faults().update(|f| f.never_join = vec![stuck[0].clone()]);
+    env.sim
+        .faults()
+        .update(|f| f.never_join = vec![stuck[0].clone()]);
     env.converge(40).await;
-    let names: Vec<String> = env.instances(WK).iter().filter_map(|i| i["name"].as_str().map(str::to_owned)).collect();
+    let names: Vec<String> = env
+        .instances(WK)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
     assert!(!names.contains(&stuck[0]), "{} was removed", stuck[0]);
     assert_eq!(env.ready_nodes(WK).len(), 3);
     env.assert_no_leaks();
@@ -338,12 +464,24 @@ async fn a_cpu_change_rolls_workers_one_at_a_time() {
     let w = watch(&env);
     env.converge(30).await;
     let (peak, fewest_ready) = w.finish(WK).await;
-    assert!(peak <= 3, "never more than desired+1 instances (saw {peak})");
-    assert!(fewest_ready >= 2, "never fewer than desired Ready workers during the roll (saw {fewest_ready})");
+    assert!(
+        peak <= 3,
+        "never more than desired+1 instances (saw {peak})"
+    );
+    assert!(
+        fewest_ready >= 2,
+        "never fewer than desired Ready workers during the roll (saw {fewest_ready})"
+    );
     let spec = env.spec().await;
     let want = spec.pool_hash(Role::Worker, &spec.worker_pools[0]);
     for i in env.instances(WK) {
-        assert!(i["description"].as_str().unwrap_or_default().ends_with(&format!("spec={want}")), "{i}");
+        assert!(
+            i["description"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with(&format!("spec={want}")),
+            "{i}"
+        );
     }
     assert_eq!(env.ready_nodes(WK).len(), 2);
     env.assert_no_leaks();
@@ -362,11 +500,15 @@ async fn the_floating_ip_moves_when_its_holder_dies() {
         .find(|n| *n != holder)
         .unwrap_or_default();
     let env = env.via_member(&other).await;
-    env.sim.oxide().set_instance_failed(env.instance_id(&holder));
+    env.sim
+        .oxide()
+        .set_instance_failed(env.instance_id(&holder));
     let w = watch(&env);
     env.converge(30).await;
     let (_, fewest) = w.finish(CP).await;
-    let now = env.fip_holder().unwrap_or_else(|| panic!("fip re-attached"));
+    let now = env
+        .fip_holder()
+        .unwrap_or_else(|| panic!("fip re-attached"));
     assert_ne!(now, holder);
     assert!(env.ready_nodes(CP).contains(&now));
     assert_eq!(env.ready_nodes(CP).len(), 3, "the dead server was replaced");
@@ -385,7 +527,9 @@ async fn a_failed_server_is_replaced_without_losing_quorum() {
         .find(|n| *n != holder)
         .unwrap_or_default();
     let w = watch(&env);
-    env.sim.oxide().set_instance_failed(env.instance_id(&victim));
+    env.sim
+        .oxide()
+        .set_instance_failed(env.instance_id(&victim));
     env.converge(30).await;
     let (peak, fewest) = w.finish(CP).await;
     assert!(fewest >= 2, "never below 2 Ready servers (saw {fewest})");
@@ -401,13 +545,27 @@ async fn two_runs_at_once_one_works_one_steps_aside() {
     env.edit(|s| s.worker_pools[0].count = 4).await;
     // Slow creates keep the winner busy (holding the Lease) while the other starts.
     env.sim.faults().update(|f| {
-        f.routes.insert("POST /v1/instances".into(), RouteFault { latency_ms: 1500, error_rate: 0.0, error_status: 503 });
+        f.routes.insert(
+            "POST /v1/instances".into(),
+            RouteFault {
+                latency_ms: 1500,
+                error_rate: 0.0,
+                error_status: 503,
+            },
+        );
     });
     let (a, b) = tokio::join!(env.reconcile(&[]), env.reconcile(&[]));
     env.sim.faults().update(|f| f.routes.clear());
     assert_eq!((a.status.code(), b.status.code()), (Some(0), Some(0)));
-    let logs = format!("{}{}", String::from_utf8_lossy(&a.stderr), String::from_utf8_lossy(&b.stderr));
-    assert!(logs.contains("holds the Lease"), "one run says who holds the Lease: {logs}");
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&a.stderr),
+        String::from_utf8_lossy(&b.stderr)
+    );
+    assert!(
+        logs.contains("holds the Lease"),
+        "one run says who holds the Lease: {logs}"
+    );
     assert_eq!(env.instances(WK).len(), 4, "no duplicate VMs");
     env.converge(10).await;
     assert_eq!(env.instances(WK).len(), 4);
@@ -417,26 +575,46 @@ async fn two_runs_at_once_one_works_one_steps_aside() {
 async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
     let env = env(1, 1).await;
     let cases: [(&str, fn(&str) -> String); 4] = [
-        ("control_plane.count", |s| s.replacen("count: 1", "count: 2", 1)),
-        ("worker_pools.workers.min", |s| s.replace("min: 0", "min: 500")),
+        ("control_plane.count", |s| {
+            s.replacen("count: 1", "count: 2", 1)
+        }),
+        ("worker_pools.workers.min", |s| {
+            s.replace("min: 0", "min: 500")
+        }),
         ("wrokers", |s| format!("{s}wrokers: 3\n")),
-        ("worker_pools.workers.memory", |s| match s.split_once("worker_pools:") {
-            Some((a, b)) => format!("{a}worker_pools:{}", b.replacen("memory: 4GiB", "memory: 1536MiB", 1)),
-            None => s.to_owned(),
+        ("worker_pools.workers.memory", |s| {
+            match s.split_once("worker_pools:") {
+                Some((a, b)) => format!(
+                    "{a}worker_pools:{}",
+                    b.replacen("memory: 4GiB", "memory: 1536MiB", 1)
+                ),
+                None => s.to_owned(),
+            }
         }),
     ];
     env.sim.oxide().reset_counters();
     let before = env.mutations();
     for (field, edit) in cases {
-        let good = env.store.read_config().await.unwrap_or_else(|e| panic!("{e}"));
+        let good = env
+            .store
+            .read_config()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         env.write_spec_text(edit).await;
         let out = env.reconcile(&[]).await;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{field}: {stderr}");
         assert!(stderr.contains(field), "message names {field}: {stderr}");
         // Restore.
-        let snap = env.store.read_config().await.unwrap_or_else(|e| panic!("{e}"));
-        env.store.replace_config(&snap.resource_version, good.data.clone()).await.unwrap_or_else(|e| panic!("{e}"));
+        let snap = env
+            .store
+            .read_config()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        env.store
+            .replace_config(&snap.resource_version, good.data.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     assert_eq!(env.mutations(), before, "no Oxide call changed anything");
 }
@@ -445,7 +623,14 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
 async fn converges_within_five_runs_under_503s_and_latency() {
     let env = env(3, 2).await;
     env.sim.faults().update(|f| {
-        f.routes.insert("*".into(), RouteFault { latency_ms: 100, error_rate: 0.1, error_status: 503 });
+        f.routes.insert(
+            "*".into(),
+            RouteFault {
+                latency_ms: 100,
+                error_rate: 0.1,
+                error_status: 503,
+            },
+        );
     });
     env.edit(|s| s.worker_pools[0].count = 5).await;
     let w = watch(&env);

@@ -470,7 +470,9 @@ impl Cluster for KubeCluster {
             None => match api.get(OBJECT_NAME).await {
                 Ok(l) => l,
                 // Deleted under us: we no longer hold it, which is what Conflict tells the caller.
-                Err(e) if api_status(&e) == Some(404) => return Err(ClusterError::Conflict { what }),
+                Err(e) if api_status(&e) == Some(404) => {
+                    return Err(ClusterError::Conflict { what });
+                }
                 Err(e) => return Err(cluster_error(&what, e)),
             },
         };
@@ -481,7 +483,10 @@ impl Cluster for KubeCluster {
             let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
             spec.renew_time = Some(to_micro(Utc::now()));
             spec.lease_duration_seconds = Some(lease_seconds(duration));
-            match api.replace(OBJECT_NAME, &PostParams::default(), &lease).await {
+            match api
+                .replace(OBJECT_NAME, &PostParams::default(), &lease)
+                .await
+            {
                 Ok(written) => {
                     self.remember(Some(written));
                     return Ok(());
@@ -489,11 +494,15 @@ impl Cluster for KubeCluster {
                 Err(e) if attempt == 0 && api_status(&e) == Some(409) => {
                     lease = match api.get(OBJECT_NAME).await {
                         Ok(l) => l,
-                        Err(e) if api_status(&e) == Some(404) => return Err(ClusterError::Conflict { what }),
+                        Err(e) if api_status(&e) == Some(404) => {
+                            return Err(ClusterError::Conflict { what });
+                        }
                         Err(e) => return Err(cluster_error(&what, e)),
                     };
                 }
-                Err(e) if api_status(&e) == Some(409) => return Err(ClusterError::Conflict { what }),
+                Err(e) if api_status(&e) == Some(409) => {
+                    return Err(ClusterError::Conflict { what });
+                }
                 Err(e) => return Err(cluster_error(&what, e)),
             }
         }
@@ -508,7 +517,10 @@ impl Cluster for KubeCluster {
         let fresh = cached.is_none();
         let mut next = match cached {
             Some(l) => Some(l),
-            None => api.get_opt(OBJECT_NAME).await.map_err(|e| cluster_error(&what, e))?,
+            None => api
+                .get_opt(OBJECT_NAME)
+                .await
+                .map_err(|e| cluster_error(&what, e))?,
         };
         let mut may_reread = !fresh;
         while let Some(mut lease) = next.take() {
@@ -519,11 +531,17 @@ impl Cluster for KubeCluster {
             spec.holder_identity = None;
             spec.lease_duration_seconds = Some(1);
             spec.renew_time = Some(to_micro(Utc::now()));
-            match api.replace(OBJECT_NAME, &PostParams::default(), &lease).await {
+            match api
+                .replace(OBJECT_NAME, &PostParams::default(), &lease)
+                .await
+            {
                 Ok(_) => break,
                 Err(e) if api_status(&e) == Some(409) && may_reread => {
                     may_reread = false;
-                    next = api.get_opt(OBJECT_NAME).await.map_err(|e| cluster_error(&what, e))?;
+                    next = api
+                        .get_opt(OBJECT_NAME)
+                        .await
+                        .map_err(|e| cluster_error(&what, e))?;
                 }
                 // Changed or deleted since we read it: it is not ours to release any more.
                 Err(e) if matches!(api_status(&e), Some(404 | 409)) => break,

@@ -7,12 +7,17 @@ use chrono::{DateTime, Duration, TimeZone, Utc};
 use uuid::Uuid;
 
 use super::*;
-use crate::model::{DELETE_ME_ANNOTATION, Disk, DiskState, FloatingIp, Image, Instance, InstanceState, Node, NodeReadiness};
+use crate::model::{
+    DELETE_ME_ANNOTATION, Disk, DiskState, FloatingIp, Image, Instance, InstanceState, Node,
+    NodeReadiness,
+};
 use crate::size::ByteSize;
 use crate::spec::ClusterSpec;
 
 fn now() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0).single().unwrap_or_default()
+    Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0)
+        .single()
+        .unwrap_or_default()
 }
 
 fn spec(cp: u32, workers: u32) -> ClusterSpec {
@@ -32,11 +37,20 @@ impl World {
         let mut images = BTreeMap::new();
         images.insert(
             "ubuntu".to_owned(),
-            Some(Image { id: Uuid::from_u128(999), name: "ubuntu".into(), size: ByteSize::gib(3), block_size: 512, silo_scoped: true }),
+            Some(Image {
+                id: Uuid::from_u128(999),
+                name: "ubuntu".into(),
+                size: ByteSize::gib(3),
+                block_size: 512,
+                silo_scoped: true,
+            }),
         );
         World {
             spec,
-            obs: Observed { images, ..Default::default() },
+            obs: Observed {
+                images,
+                ..Default::default()
+            },
             n: 0,
         }
     }
@@ -45,13 +59,22 @@ impl World {
     fn inst(&mut self, pool: &str, suffix: &str, state: InstanceState, age_s: i64) -> Uuid {
         self.n += 1;
         let id = Uuid::from_u128(self.n);
-        let (role, p) = self.spec.pool(pool).map(|(r, p)| (r, p.clone())).unwrap_or((Role::Worker, self.spec.worker_pools[0].clone()));
+        let (role, p) = self
+            .spec
+            .pool(pool)
+            .map(|(r, p)| (r, p.clone()))
+            .unwrap_or((Role::Worker, self.spec.worker_pools[0].clone()));
         let hash = self.spec.pool_hash(role, &p);
         let name = names::instance_name("demo", pool, suffix);
         self.obs.instances.push(Instance {
             id,
             name: name.clone(),
-            description: InstanceTag { cluster: "demo".into(), pool: pool.into(), spec_hash: hash }.to_string(),
+            description: InstanceTag {
+                cluster: "demo".into(),
+                pool: pool.into(),
+                spec_hash: hash,
+            }
+            .to_string(),
             hostname: name,
             state,
             ncpus: 2,
@@ -83,7 +106,11 @@ impl World {
     fn ready(&mut self, pool: &str, suffix: &str, age_s: i64) -> Uuid {
         let id = self.inst(pool, suffix, InstanceState::Running, age_s);
         let server = pool == "control-plane";
-        self.node(&names::instance_name("demo", pool, suffix), NodeReadiness::Ready, server);
+        self.node(
+            &names::instance_name("demo", pool, suffix),
+            NodeReadiness::Ready,
+            server,
+        );
         id
     }
 
@@ -118,7 +145,10 @@ impl World {
 }
 
 fn creates(p: &Plan, pool: &str) -> usize {
-    p.actions.iter().filter(|a| matches!(a, Action::CreateMember { pool: q, .. } if q == pool)).count()
+    p.actions
+        .iter()
+        .filter(|a| matches!(a, Action::CreateMember { pool: q, .. } if q == pool))
+        .count()
 }
 
 fn removed(p: &Plan) -> Vec<String> {
@@ -150,7 +180,14 @@ fn scale_up_creates_the_shortfall_with_reasons() {
         assert!(a.reason().contains("2 of 5"), "{a:?}");
     }
     let names: Vec<&str> = p.actions.iter().map(Action::target).collect();
-    assert_eq!(names, ["demo-workers-new00", "demo-workers-new01", "demo-workers-new02"]);
+    assert_eq!(
+        names,
+        [
+            "demo-workers-new00",
+            "demo-workers-new01",
+            "demo-workers-new02"
+        ]
+    );
 }
 
 #[test]
@@ -159,7 +196,10 @@ fn new_names_skip_existing_ones() {
     w.ready("workers", "new00", 10);
     w.spec.worker_pools[0].count = 4;
     let p = w.plan();
-    assert_eq!(p.actions.iter().map(Action::target).collect::<Vec<_>>(), ["demo-workers-new01"]);
+    assert_eq!(
+        p.actions.iter().map(Action::target).collect::<Vec<_>>(),
+        ["demo-workers-new01"]
+    );
 }
 
 #[test]
@@ -179,17 +219,32 @@ fn scale_down_victims_in_order_delete_me_never_joined_not_ready_newest() {
     w.inst("workers", "nojn1", InstanceState::Running, 60);
     let nr = w.inst("workers", "nrdy1", InstanceState::Running, 4500);
     let _ = nr;
-    w.node("demo-workers-nrdy1", NodeReadiness::NotReady { since: now() - Duration::seconds(10) }, false);
+    w.node(
+        "demo-workers-nrdy1",
+        NodeReadiness::NotReady {
+            since: now() - Duration::seconds(10),
+        },
+        false,
+    );
     // 5 members, desired 1: remove 4 in order.
     let p = w.plan();
     assert_eq!(
         removed(&p),
-        ["demo-workers-mark1", "demo-workers-nojn1", "demo-workers-nrdy1", "demo-workers-new01"]
+        [
+            "demo-workers-mark1",
+            "demo-workers-nojn1",
+            "demo-workers-nrdy1",
+            "demo-workers-new01"
+        ]
     );
     // Ready victims get drained; a member without a Ready Node does not.
     for a in &p.actions {
         if let Action::RemoveMember { name, drain, .. } = a {
-            assert_eq!(*drain, name.ends_with("mark1") || name.ends_with("new01"), "{a:?}");
+            assert_eq!(
+                *drain,
+                name.ends_with("mark1") || name.ends_with("new01"),
+                "{a:?}"
+            );
         }
     }
 }
@@ -197,12 +252,14 @@ fn scale_down_victims_in_order_delete_me_never_joined_not_ready_newest() {
 impl World {
     fn node_annot(&mut self, name: &str) {
         if let Some(n) = self.obs.nodes.iter_mut().find(|n| n.name == name) {
-            n.annotations.insert(DELETE_ME_ANNOTATION.to_owned(), "true".to_owned());
+            n.annotations
+                .insert(DELETE_ME_ANNOTATION.to_owned(), "true".to_owned());
         }
     }
     fn mark_removing(&mut self, name: &str) {
         if let Some(n) = self.obs.nodes.iter_mut().find(|n| n.name == name) {
-            n.annotations.insert(REMOVING_ANNOTATION.to_owned(), "scale-down".to_owned());
+            n.annotations
+                .insert(REMOVING_ANNOTATION.to_owned(), "scale-down".to_owned());
             n.unschedulable = true;
         }
     }
@@ -213,7 +270,9 @@ impl World {
     }
     fn set_not_ready(&mut self, name: &str, secs: i64) {
         if let Some(n) = self.obs.nodes.iter_mut().find(|n| n.name == name) {
-            n.readiness = NodeReadiness::NotReady { since: now() - Duration::seconds(secs) };
+            n.readiness = NodeReadiness::NotReady {
+                since: now() - Duration::seconds(secs),
+            };
         }
     }
 }
@@ -236,7 +295,10 @@ fn join_timeout_replaces_a_member_that_never_joined() {
     let p = w.plan();
     assert_eq!(removed(&p), ["demo-workers-slow1"]);
     assert_eq!(creates(&p, "workers"), 1);
-    assert!(p.actions.iter().any(|a| a.reason().contains("did not become a Ready Node within 600s")));
+    assert!(p.actions.iter().any(|a| {
+        a.reason()
+            .contains("did not become a Ready Node within 600s")
+    }));
     // Within the deadline it is just joining.
     let mut w = World::healthy(3, 2, 1);
     w.inst("workers", "slow1", InstanceState::Running, 599);
@@ -284,7 +346,10 @@ fn a_member_stopped_by_someone_else_is_started() {
     w.set_state("demo-workers-wk001", InstanceState::Stopped);
     w.set_not_ready("demo-workers-wk001", 30);
     let p = w.plan();
-    assert!(matches!(&p.actions[..], [Action::StartMember { name, .. }] if name == "demo-workers-wk001"), "{p:?}");
+    assert!(
+        matches!(&p.actions[..], [Action::StartMember { name, .. }] if name == "demo-workers-wk001"),
+        "{p:?}"
+    );
 }
 
 #[test]
@@ -319,10 +384,16 @@ fn control_plane_replaces_a_failed_member_removing_first_one_at_a_time() {
     w.set_not_ready("demo-control-plane-cp002", 5);
     let p = w.plan();
     assert_eq!(removed(&p), ["demo-control-plane-cp002"]);
-    assert_eq!(creates(&p, "control-plane"), 0, "replacement comes after the removal");
+    assert_eq!(
+        creates(&p, "control-plane"),
+        0,
+        "replacement comes after the removal"
+    );
     // Next run: the dead member is gone; one replacement.
     let mut w = World::healthy(3, 2, 2);
-    w.obs.instances.retain(|i| i.name != "demo-control-plane-cp002");
+    w.obs
+        .instances
+        .retain(|i| i.name != "demo-control-plane-cp002");
     w.obs.nodes.retain(|n| n.name != "demo-control-plane-cp002");
     let p = w.plan();
     assert_eq!(creates(&p, "control-plane"), 1);
@@ -334,7 +405,11 @@ fn control_plane_grows_one_member_at_a_time() {
     w.spec.control_plane.count = 3;
     assert_eq!(creates(&w.plan(), "control-plane"), 1);
     w.inst("control-plane", "jn001", InstanceState::Running, 10);
-    assert_eq!(creates(&w.plan(), "control-plane"), 0, "wait for the joining member");
+    assert_eq!(
+        creates(&w.plan(), "control-plane"),
+        0,
+        "wait for the joining member"
+    );
 }
 
 #[test]
@@ -345,7 +420,10 @@ fn control_plane_is_left_alone_without_quorum() {
     w.set_not_ready("demo-control-plane-cp001", 900);
     w.set_not_ready("demo-control-plane-cp002", 900);
     let p = w.plan();
-    assert!(removed(&p).iter().all(|n| !n.contains("control-plane")), "{p:?}");
+    assert!(
+        removed(&p).iter().all(|n| !n.contains("control-plane")),
+        "{p:?}"
+    );
     assert_eq!(creates(&p, "control-plane"), 0);
     assert!(p.is_degraded());
     assert!(p.findings.iter().any(|f| f.message.contains("quorum")));
@@ -356,7 +434,12 @@ fn control_plane_scale_down_spares_the_floating_ip_holder() {
     let mut w = World::healthy(5, 2, 2);
     w.spec.control_plane.count = 3;
     // The holder is cp000, the oldest; make it also the newest to tempt the victim order.
-    if let Some(i) = w.obs.instances.iter_mut().find(|i| i.name == "demo-control-plane-cp000") {
+    if let Some(i) = w
+        .obs
+        .instances
+        .iter_mut()
+        .find(|i| i.name == "demo-control-plane-cp000")
+    {
         i.time_created = now();
     }
     let r = removed(&w.plan());
@@ -374,9 +457,18 @@ fn floating_ip_moves_off_a_dead_holder_to_the_oldest_ready_server() {
         Action::AttachApiFloatingIp { to, from, .. } => Some((to.clone(), from.clone())),
         _ => None,
     });
-    assert_eq!(attach, Some(("demo-control-plane-cp001".to_owned(), Some("demo-control-plane-cp000".to_owned()))));
+    assert_eq!(
+        attach,
+        Some((
+            "demo-control-plane-cp001".to_owned(),
+            Some("demo-control-plane-cp000".to_owned())
+        ))
+    );
     // Attach comes before anything that could remove the old holder.
-    assert!(matches!(p.actions[0], Action::AttachApiFloatingIp { .. }), "{p:?}");
+    assert!(
+        matches!(p.actions[0], Action::AttachApiFloatingIp { .. }),
+        "{p:?}"
+    );
 }
 
 #[test]
@@ -401,7 +493,11 @@ fn missing_image_blocks_creates_and_degrades() {
 #[test]
 fn orphan_nodes_and_disks_are_cleaned_up_but_foreign_ones_are_not() {
     let mut w = World::healthy(3, 2, 2);
-    w.node("demo-workers-zzzzz", NodeReadiness::NotReady { since: now() }, false);
+    w.node(
+        "demo-workers-zzzzz",
+        NodeReadiness::NotReady { since: now() },
+        false,
+    );
     w.node("someone-elses-node", NodeReadiness::Ready, false);
     let disk = |name: &str, state: DiskState| Disk {
         id: Uuid::new_v4(),
@@ -410,16 +506,30 @@ fn orphan_nodes_and_disks_are_cleaned_up_but_foreign_ones_are_not() {
         size: ByteSize::gib(20),
         time_created: now(),
     };
-    w.obs.disks.push(disk("boot-demo-workers-zzzzz", DiskState::Detached));
-    w.obs.disks.push(disk("data-demo-workers-yyyyy", DiskState::Detached));
-    w.obs.disks.push(disk("boot-demo-workers-wk000", DiskState::Attached(Uuid::nil())));
+    w.obs
+        .disks
+        .push(disk("boot-demo-workers-zzzzz", DiskState::Detached));
+    w.obs
+        .disks
+        .push(disk("data-demo-workers-yyyyy", DiskState::Detached));
+    w.obs.disks.push(disk(
+        "boot-demo-workers-wk000",
+        DiskState::Attached(Uuid::nil()),
+    ));
     w.obs.disks.push(disk("boot-other-vm", DiskState::Detached));
-    w.obs.disks.push(disk("boot-demo-workers-xxxxx", DiskState::Busy("creating".into())));
+    w.obs.disks.push(disk(
+        "boot-demo-workers-xxxxx",
+        DiskState::Busy("creating".into()),
+    ));
     let p = w.plan();
     let targets: Vec<(&str, &str)> = p.actions.iter().map(|a| (a.verb(), a.target())).collect();
     assert_eq!(
         targets,
-        [("delete-node", "demo-workers-zzzzz"), ("delete-disk", "boot-demo-workers-zzzzz"), ("delete-disk", "data-demo-workers-yyyyy")]
+        [
+            ("delete-node", "demo-workers-zzzzz"),
+            ("delete-disk", "boot-demo-workers-zzzzz"),
+            ("delete-disk", "data-demo-workers-yyyyy")
+        ]
     );
 }
 

@@ -164,6 +164,16 @@ impl OxideRack {
         &self.host
     }
 
+    /// The SDK client (for adapters of other traits over the same connection, e.g. images).
+    pub(crate) fn client(&self) -> &oxide::Client {
+        &self.client
+    }
+
+    /// Timeouts, page size and retry policy in force.
+    pub fn options(&self) -> RackOptions {
+        self.opts
+    }
+
     /// [`Rack::attach_floating_ip`], retried with `backoff` while the rack answers with a
     /// retryable error — chiefly the 503 Nexus gives while the instance is in a transient
     /// state (`starting` right after create). Transport errors and timeouts are retried too:

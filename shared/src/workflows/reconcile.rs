@@ -29,7 +29,10 @@ pub enum RunOutcome {
     /// Nothing left to do.
     Converged { plan: Plan },
     /// Actions were taken or are waiting on the world (joins, drains).
-    Progressing { plan: Plan, results: Vec<ActionResult> },
+    Progressing {
+        plan: Plan,
+        results: Vec<ActionResult>,
+    },
     /// Another run holds the Lease.
     LeaseHeld { holder: String },
     /// `--dry-run`: the plan, unapplied.
@@ -104,7 +107,9 @@ impl ReconcileOptions {
 }
 
 /// Reads and validates the spec and secrets. Config errors exit 2 and change nothing.
-pub async fn load<S: StateStore>(state: &S) -> Result<(ClusterSpec, ClusterSecrets, state::ConfigSnapshot), ReconcileError> {
+pub async fn load<S: StateStore>(
+    state: &S,
+) -> Result<(ClusterSpec, ClusterSecrets, state::ConfigSnapshot), ReconcileError> {
     let snapshot = state.read_config().await.map_err(state_err)?;
     let yaml = snapshot.spec_yaml().ok_or_else(|| {
         ReconcileError::Config(format!(
@@ -119,15 +124,19 @@ pub async fn load<S: StateStore>(state: &S) -> Result<(ClusterSpec, ClusterSecre
 
 fn state_err(e: StateError) -> ReconcileError {
     match e {
-        StateError::NotFound { .. } | StateError::Malformed { .. } | StateError::Forbidden { .. } => {
-            ReconcileError::Config(e.to_string())
-        }
+        StateError::NotFound { .. }
+        | StateError::Malformed { .. }
+        | StateError::Forbidden { .. } => ReconcileError::Config(e.to_string()),
         other => ReconcileError::Retryable(format!("{other:#}")),
     }
 }
 
 /// Observes the rack and the cluster for `spec`.
-pub async fn observe<R: Rack, C: Cluster>(rack: &R, cluster: &C, spec: &ClusterSpec) -> Result<Observed, ReconcileError> {
+pub async fn observe<R: Rack, C: Cluster>(
+    rack: &R,
+    cluster: &C,
+    spec: &ClusterSpec,
+) -> Result<Observed, ReconcileError> {
     let prefix = names::cluster_prefix(&spec.cluster);
     let fip_name = names::api_floating_ip_name(&spec.cluster);
     let (instances, nodes, disks, fip) = tokio::join!(
@@ -138,7 +147,9 @@ pub async fn observe<R: Rack, C: Cluster>(rack: &R, cluster: &C, spec: &ClusterS
     );
     Ok(Observed {
         instances: instances.map_err(rack_err)?,
-        nodes: nodes.map_err(|e: ClusterError| ReconcileError::Retryable(format!("observing the cluster: {e:#}")))?,
+        nodes: nodes.map_err(|e: ClusterError| {
+            ReconcileError::Retryable(format!("observing the cluster: {e:#}"))
+        })?,
         disks: disks.map_err(rack_err)?,
         api_floating_ip: fip.map_err(rack_err)?,
         images: BTreeMap::new(),
@@ -150,12 +161,19 @@ fn rack_err(e: RackError) -> ReconcileError {
 }
 
 /// Looks up the images of the pools that `plan` creates members in.
-pub async fn resolve_images<R: Rack>(rack: &R, spec: &ClusterSpec, plan: &Plan, observed: &mut Observed) -> Result<(), ReconcileError> {
+pub async fn resolve_images<R: Rack>(
+    rack: &R,
+    spec: &ClusterSpec,
+    plan: &Plan,
+    observed: &mut Observed,
+) -> Result<(), ReconcileError> {
     let wanted: std::collections::BTreeSet<String> = plan
         .actions
         .iter()
         .filter_map(|a| match a {
-            plan::Action::CreateMember { pool, .. } => spec.pool(pool).map(|(_, p)| p.image.clone()),
+            plan::Action::CreateMember { pool, .. } => {
+                spec.pool(pool).map(|(_, p)| p.image.clone())
+            }
             _ => None,
         })
         .collect();
@@ -177,7 +195,11 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     let mut observed = observe(rack, cluster, spec).await?;
     let suffixes = fresh_suffixes(spec);
     let mut plan = plan::plan(spec, &observed, now, &suffixes);
-    if plan.actions.iter().any(|a| matches!(a, plan::Action::CreateMember { .. })) {
+    if plan
+        .actions
+        .iter()
+        .any(|a| matches!(a, plan::Action::CreateMember { .. }))
+    {
         resolve_images(rack, spec, &plan, &mut observed).await?;
         plan = plan::plan(spec, &observed, now, &suffixes);
     }
@@ -192,7 +214,12 @@ pub fn fresh_suffixes(spec: &ClusterSpec) -> Vec<String> {
 }
 
 /// One reconcile run. `make_rack` builds the Oxide adapter from the Secret's credentials.
-pub async fn run<R, C, S, M>(cluster: &C, state: &S, make_rack: M, opts: &ReconcileOptions) -> Result<RunOutcome, ReconcileError>
+pub async fn run<R, C, S, M>(
+    cluster: &C,
+    state: &S,
+    make_rack: M,
+    opts: &ReconcileOptions,
+) -> Result<RunOutcome, ReconcileError>
 where
     R: Rack,
     C: Cluster,
@@ -201,11 +228,18 @@ where
 {
     let started = Instant::now();
     let started_at = (opts.now)();
-    let run_id = format!("{}-{}", started_at.format("%Y%m%dT%H%M%SZ"), &uuid::Uuid::new_v4().simple().to_string()[..6]);
+    let run_id = format!(
+        "{}-{}",
+        started_at.format("%Y%m%dT%H%M%SZ"),
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    );
     let (spec, secrets, snapshot) = load(state).await?;
-    let deadline_len = opts.deadline.unwrap_or(Duration::from_secs(spec.timeouts.run_deadline_seconds));
+    let deadline_len = opts
+        .deadline
+        .unwrap_or(Duration::from_secs(spec.timeouts.run_deadline_seconds));
     let deadline = started + deadline_len;
-    let rack = make_rack(&secrets, &spec).map_err(|e| ReconcileError::Config(format!("building the Oxide client: {e}")))?;
+    let rack = make_rack(&secrets, &spec)
+        .map_err(|e| ReconcileError::Config(format!("building the Oxide client: {e}")))?;
 
     if opts.dry_run {
         let (_, plan) = observe_and_plan(&rack, cluster, &spec, (opts.now)()).await?;
@@ -218,7 +252,11 @@ where
     match cluster.acquire_lease(&opts.holder, lease_len).await {
         Ok(LeaseOutcome::Acquired) => {}
         Ok(LeaseOutcome::HeldBy { holder, .. }) => return Ok(RunOutcome::LeaseHeld { holder }),
-        Err(e) => return Err(ReconcileError::Retryable(format!("taking the Lease: {e:#}"))),
+        Err(e) => {
+            return Err(ReconcileError::Retryable(format!(
+                "taking the Lease: {e:#}"
+            )));
+        }
     }
 
     let previous = snapshot.status_json().and_then(Status::from_json);
@@ -276,9 +314,14 @@ where
     }
     let (plan, results) = outcome?;
     summary(&run_id, &plan, &results, started.elapsed());
-    let failed = results.iter().filter(|r| matches!(r.outcome, Outcome::Failed(_))).count();
+    let failed = results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Failed(_)))
+        .count();
     if failed > 0 {
-        return Err(ReconcileError::Retryable(format!("{failed} action(s) failed; see status.json lastPlan")));
+        return Err(ReconcileError::Retryable(format!(
+            "{failed} action(s) failed; see status.json lastPlan"
+        )));
     }
     if plan.is_converged() {
         Ok(RunOutcome::Converged { plan })
@@ -289,7 +332,11 @@ where
 
 /// Writes `status.json`: re-read, set our key, replace with the version read. A 409 means the
 /// webhook changed the spec meanwhile: re-read and write again (we never touch the spec).
-pub async fn write_status<S: StateStore>(state: &S, read: Option<&state::ConfigSnapshot>, status: &Status) -> Result<(), StateError> {
+pub async fn write_status<S: StateStore>(
+    state: &S,
+    read: Option<&state::ConfigSnapshot>,
+    status: &Status,
+) -> Result<(), StateError> {
     let mut last = None;
     // First against what the run read at its start (usually still current: one request).
     let mut known = read.cloned();
@@ -306,7 +353,9 @@ pub async fn write_status<S: StateStore>(state: &S, read: Option<&state::ConfigS
             Err(e) => return Err(e),
         }
     }
-    Err(last.unwrap_or(StateError::Conflict { what: "ConfigMap".into() }))
+    Err(last.unwrap_or(StateError::Conflict {
+        what: "ConfigMap".into(),
+    }))
 }
 
 fn summary(run_id: &str, plan: &Plan, results: &[ActionResult], took: Duration) {

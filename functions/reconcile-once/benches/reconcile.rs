@@ -1,0 +1,272 @@
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+//! Issue 3 figures for the real `reconcile-once` binary against `oxide-sim` (benchmark code
+//! may panic on setup failure). Prints a table with the targets; asserts nothing.
+//!
+//! - no-op reconcile of 3 control-plane + 1,000 workers, 5 ms latency on every Oxide request:
+//!   total API requests (Oxide + Kubernetes; target ≤ 12), wall time (≤ 1 s), peak RSS (≤ 64 MB);
+//! - scale 0 → 100 workers with 50 ms create latency: time to issue all creates
+//!   (≤ 1.3 × ⌈100/concurrency⌉ × 50 ms);
+//! - process start to first request (≤ 15 ms).
+//!
+//! Run: `cargo bench -p reconcile-once --bench reconcile`
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oxide_controller::spec::{ClusterSpec, ExternalIpMode};
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::state::{self, StateStore};
+use oxide_sim::oxide::RouteFault;
+use oxide_sim::preset::Preset;
+use oxide_sim::{Sim, SimHandle, SimOptions};
+
+const BIN: &str = env!("CARGO_BIN_EXE_reconcile-once");
+
+async fn start_sim(workers: u32) -> (SimHandle, KubeStateStore) {
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane: 3,
+            workers,
+        }),
+        ..SimOptions::default()
+    })
+    .await
+    .expect("sim");
+    let kc = sim.kubeconfig.clone().expect("kubeconfig");
+    let client = oxide_controller::kubeclient::client(Some(&kc), None)
+        .await
+        .expect("client");
+    (sim, KubeStateStore::new(client, "kube-system"))
+}
+
+async fn edit(store: &KubeStateStore, f: impl Fn(&mut ClusterSpec)) {
+    let snap = store.read_config().await.expect("read");
+    let mut spec = ClusterSpec::from_yaml(snap.spec_yaml().expect("spec")).expect("spec");
+    f(&mut spec);
+    let mut data = snap.data.clone();
+    data.insert(state::keys::SPEC.into(), spec.to_yaml());
+    store
+        .replace_config(&snap.resource_version, data)
+        .await
+        .expect("replace");
+}
+
+fn run(kc: &Path, extra: &[&str]) -> (std::process::ExitStatus, Duration, u64) {
+    let start = Instant::now();
+    let mut child = Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(kc)
+        .args(["--log-format", "json"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let status_path = format!("/proc/{}/status", child.id());
+    let mut peak_kb = 0u64;
+    loop {
+        if let Ok(s) = std::fs::read_to_string(&status_path) {
+            if let Some(kb) = s
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+            {
+                peak_kb = peak_kb.max(kb);
+            }
+        }
+        if let Some(status) = child.try_wait().expect("wait") {
+            return (status, start.elapsed(), peak_kb);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn total_requests(sim: &SimHandle) -> u64 {
+    sim.oxide().counters().values().sum::<u64>() + sim.twin().counters().values().sum::<u64>()
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+
+    // --- no-op reconcile of 3 + 1,000 -------------------------------------------------------
+    let (sim, store) = rt.block_on(start_sim(0));
+    let kc = sim.kubeconfig.clone().expect("kubeconfig");
+    rt.block_on(edit(&store, |s| {
+        s.worker_pools[0].max = 1000;
+        s.worker_pools[0].count = 1000;
+        // A /24 of loopback addresses holds 253 ephemeral IPs: workers go without.
+        s.nodes.external_ip = ExternalIpMode::None;
+    }));
+    let setup = Instant::now();
+    let mut converged = false;
+    for _ in 0..60 {
+        let (status, _, _) = run(&kc, &["--concurrency", "64"]);
+        assert!(status.success() || status.code() == Some(1));
+        let (status, _, _) = run(&kc, &["--dry-run"]);
+        assert!(status.success());
+        let out = Command::new(BIN)
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .args(["--dry-run", "--output", "json"])
+            .output()
+            .expect("dry run");
+        let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let ready = plan["pools"].as_array().map_or(0, |p| {
+            p.iter()
+                .map(|p| p["ready"].as_u64().unwrap_or(0))
+                .sum::<u64>()
+        });
+        if plan["actions"].as_array().is_some_and(Vec::is_empty) && ready == 1003 {
+            converged = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(converged, "the 1,003-member cluster did not converge");
+    eprintln!("set up 3 + 1,000 in {:.1?}", setup.elapsed());
+    sim.faults().update(|f| {
+        f.routes.insert(
+            "*".into(),
+            RouteFault {
+                latency_ms: 5,
+                error_rate: 0.0,
+                error_status: 503,
+            },
+        );
+    });
+    let mut samples = Vec::new();
+    for _ in 0..5 {
+        sim.oxide().reset_counters();
+        sim.twin().reset_counters();
+        let (status, took, peak) = run(&kc, &[]);
+        assert!(status.success());
+        samples.push((
+            total_requests(&sim),
+            took,
+            peak,
+            sim.oxide().counters().values().sum::<u64>(),
+        ));
+    }
+    samples.sort_by_key(|s| s.1);
+    let (req, took, peak, oxide_req) = samples[samples.len() / 2];
+    rows.push((
+        "no-op reconcile 3+1000: API requests".into(),
+        format!("{req} ({oxide_req} Oxide + {} Kubernetes)", req - oxide_req),
+        "≤ 12".into(),
+    ));
+    rows.push((
+        "no-op reconcile 3+1000: wall time (median of 5)".into(),
+        format!("{took:.0?}"),
+        "≤ 1 s".into(),
+    ));
+    rows.push((
+        "no-op reconcile 3+1000: peak RSS".into(),
+        format!("{:.1} MB", peak as f64 / 1024.0),
+        "≤ 64 MB".into(),
+    ));
+    drop(sim);
+
+    // --- scale 0 → 100 with 50 ms create latency ----------------------------------------------
+    let (sim, store) = rt.block_on(start_sim(0));
+    let kc = sim.kubeconfig.clone().expect("kubeconfig");
+    rt.block_on(edit(&store, |s| {
+        s.worker_pools[0].count = 100;
+        s.nodes.external_ip = ExternalIpMode::None;
+    }));
+    sim.faults().update(|f| {
+        f.routes.insert(
+            "POST /v1/instances".into(),
+            RouteFault {
+                latency_ms: 50,
+                error_rate: 0.0,
+                error_status: 503,
+            },
+        );
+    });
+    sim.oxide().reset_counters();
+    let oxide = sim.oxide().clone();
+    let start = Instant::now();
+    let watcher = std::thread::spawn(move || {
+        let (mut first, mut last) = (None, None);
+        while start.elapsed() < Duration::from_secs(30) {
+            let n = oxide
+                .counters()
+                .get("POST /v1/instances")
+                .copied()
+                .unwrap_or(0);
+            if n >= 1 && first.is_none() {
+                first = Some(start.elapsed());
+            }
+            if n >= 100 {
+                last = Some(start.elapsed());
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        (first, last)
+    });
+    let (status, took, _) = run(&kc, &["--concurrency", "8"]);
+    let (first, last) = watcher.join().expect("watcher");
+    assert!(status.success());
+    let (first, last) = (first.expect("a create"), last.expect("100 creates"));
+    let target = Duration::from_millis(50).mul_f64(1.3 * (100f64 / 8.0).ceil());
+    rows.push((
+        "scale 0→100, 50 ms creates, concurrency 8: first to last create done".into(),
+        format!(
+            "{:.0?} (+{:.0?} before the first; whole run {:.0?})",
+            last - first + Duration::from_millis(50),
+            first,
+            took
+        ),
+        format!("≤ {target:.0?}"),
+    ));
+    drop(sim);
+
+    // --- process start to first request -----------------------------------------------------
+    let (sim, _store) = rt.block_on(start_sim(1));
+    let kc = sim.kubeconfig.clone().expect("kubeconfig");
+    let mut firsts = Vec::new();
+    for _ in 0..10 {
+        sim.twin().reset_counters();
+        let twin = sim.twin().clone();
+        let start = Instant::now();
+        let mut child = Command::new(BIN)
+            .arg("--kubeconfig")
+            .arg(&kc)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        let first = loop {
+            if twin.counters().values().sum::<u64>() > 0 {
+                break start.elapsed();
+            }
+            if start.elapsed() > Duration::from_secs(5) {
+                break Duration::MAX;
+            }
+            std::hint::spin_loop();
+        };
+        let _ = child.wait();
+        firsts.push(first);
+    }
+    firsts.sort();
+    rows.push((
+        "process start to first request (median of 10)".into(),
+        format!("{:.1?} (min {:.1?})", firsts[firsts.len() / 2], firsts[0]),
+        "≤ 15 ms".into(),
+    ));
+
+    let w = rows.iter().map(|r| r.0.len()).max().unwrap_or(10);
+    let v = rows.iter().map(|r| r.1.len()).max().unwrap_or(10);
+    println!("\n{:<w$}  {:<v$}  TARGET", "BENCHMARK", "RESULT");
+    for (k, r, t) in rows {
+        println!("{k:<w$}  {r:<v$}  {t}");
+    }
+}
