@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod boot;
+pub mod jobs;
 pub mod net;
 pub mod oxide;
 pub mod preset;

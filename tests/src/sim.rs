@@ -18,6 +18,7 @@ use crate::admin::{self, AdminState};
 use crate::boot::{Boot, BootConfig};
 use crate::net::{Listeners, spawn_http};
 use crate::oxide::{AddressPool, FaultSpec, Faults, OxideSim, OxideSimConfig, Timings};
+use crate::jobs::JobRunner;
 use crate::preset::{self, Preset, PresetError};
 use crate::twin::{Twin, TwinConfig, TwinError};
 
@@ -48,6 +49,9 @@ pub struct SimOptions {
     /// Directory for files the simulator writes (the preset kubeconfig). None: a temporary
     /// directory removed on shutdown.
     pub state_dir: Option<PathBuf>,
+    /// Run the cluster's CronJobs and Jobs as local processes of the binaries in this
+    /// directory (see [`crate::jobs`]). None: Jobs are only stored, as without a kubelet.
+    pub job_binaries: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for SimOptions {
@@ -64,6 +68,7 @@ impl std::fmt::Debug for SimOptions {
             .field("k3s_version", &self.k3s_version)
             .field("preset", &self.preset)
             .field("state_dir", &self.state_dir)
+            .field("job_binaries", &self.job_binaries)
             .finish()
     }
 }
@@ -83,6 +88,7 @@ impl Default for SimOptions {
             k3s_version: boot.k3s_version,
             preset: None,
             state_dir: None,
+            job_binaries: None,
         }
     }
 }
@@ -252,7 +258,7 @@ impl Sim {
             temp_dir: None,
         };
 
-        if let Some(preset) = &opts.preset {
+        if opts.preset.is_some() || opts.job_binaries.is_some() {
             let dir = match &opts.state_dir {
                 Some(dir) => {
                     std::fs::create_dir_all(dir).map_err(|source| SimError::StateDir {
@@ -274,11 +280,22 @@ impl Sim {
                     path
                 }
             };
-            let built = preset::build(&handle, preset, &dir)
-                .await
-                .map_err(SimError::Preset)?;
-            handle.project = Some(built.project);
-            handle.kubeconfig = Some(built.kubeconfig);
+            if let Some(bin_dir) = &opts.job_binaries {
+                let runner = JobRunner::new(
+                    handle.twin.clone(),
+                    handle.boot.listeners().clone(),
+                    bin_dir.clone(),
+                    dir.clone(),
+                );
+                handle.tasks.push(runner.spawn(Duration::from_millis(250)));
+            }
+            if let Some(preset) = &opts.preset {
+                let built = preset::build(&handle, preset, &dir)
+                    .await
+                    .map_err(SimError::Preset)?;
+                handle.project = Some(built.project);
+                handle.kubeconfig = Some(built.kubeconfig);
+            }
         }
         Ok(handle)
     }

@@ -35,6 +35,10 @@ struct Args {
     /// temporary directory removed on exit.
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    /// Run the cluster's CronJobs and Jobs as local processes of the binaries in this
+    /// directory (e.g. target/debug), authenticated as the pods' ServiceAccounts.
+    #[arg(long, value_name = "BIN_DIR")]
+    run_jobs: Option<PathBuf>,
 
     /// Instance create → starting (ms).
     #[arg(long)]
@@ -158,6 +162,7 @@ fn options(args: &Args) -> anyhow::Result<SimOptions> {
         ssh_port: args.ssh_port,
         preset: args.preset.clone(),
         state_dir: args.state_dir.clone(),
+        job_binaries: args.run_jobs.clone(),
         ..SimOptions::default()
     };
     let mut timings = Timings::default();
