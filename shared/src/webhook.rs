@@ -20,7 +20,8 @@
 //! | `/metrics` | GET | Prometheus text |
 //! | `/healthz`, `/readyz` | GET, HEAD | liveness (always 200); readiness (Secret and ConfigMap readable) |
 //!
-//! Between requests only the metrics and a few seconds' cache of the token digest survive.
+//! Between requests only the metrics, a few seconds' cache of the token digest and a memo of
+//! the last parsed `spec.yaml` (keyed by its exact text, so never stale) survive.
 
 use std::time::{Duration, Instant};
 
@@ -30,9 +31,11 @@ use serde::Deserialize;
 
 use crate::cluster::Cluster;
 use crate::state::{StateError, StateStore};
-use crate::workflows::scale::{self, ChangeOutcome, CountChange, ReconcileOutcome, ScaleOptions, error_chain};
+use crate::workflows::scale::{
+    self, ChangeOutcome, CountChange, ReconcileOutcome, ScaleOptions, error_chain,
+};
 
-pub mod auth;
+mod auth;
 pub mod error;
 pub mod host;
 pub mod metrics;
@@ -77,6 +80,7 @@ pub struct Deps<S, C> {
     pub metrics: Metrics,
     config: WebhookConfig,
     tokens: auth::TokenCache,
+    specs: scale::SpecCache,
     /// Serialises this process's ConfigMap writes. Without it, N concurrent PATCHes turn into
     /// an N-way 409 storm where each round has one winner; with it they queue, and the bounded
     /// re-read-and-retry only has to cope with writers in *other* processes.
@@ -85,7 +89,9 @@ pub struct Deps<S, C> {
 
 impl<S, C> std::fmt::Debug for Deps<S, C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Deps").field("config", &self.config).finish_non_exhaustive()
+        f.debug_struct("Deps")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
     }
 }
 
@@ -96,6 +102,7 @@ impl<S: StateStore, C: Cluster> Deps<S, C> {
             cluster,
             metrics: Metrics::default(),
             tokens: auth::TokenCache::new(config.token_ttl),
+            specs: scale::SpecCache::default(),
             config,
             writes: tokio::sync::Mutex::new(()),
         }
@@ -148,7 +155,9 @@ impl Route {
                 };
                 match rest.split_once('/') {
                     None if !rest.is_empty() => Route::Count(PoolRef::Named(rest.to_owned())),
-                    Some((pool, "modify")) if !pool.is_empty() => Route::Modify(PoolRef::Named(pool.to_owned())),
+                    Some((pool, "modify")) if !pool.is_empty() => {
+                        Route::Modify(PoolRef::Named(pool.to_owned()))
+                    }
                     _ => Route::Unknown,
                 }
             }
@@ -192,7 +201,10 @@ impl Route {
 }
 
 /// Handles one request. Never panics on any input; every outcome is a response.
-pub async fn handle<S: StateStore, C: Cluster>(deps: &Deps<S, C>, req: Request<Bytes>) -> Response<Bytes> {
+pub async fn handle<S: StateStore, C: Cluster>(
+    deps: &Deps<S, C>,
+    req: Request<Bytes>,
+) -> Response<Bytes> {
     let started = Instant::now();
     let route = Route::parse(req.uri().path());
     let method = metrics::method_label(req.method());
@@ -203,19 +215,30 @@ pub async fn handle<S: StateStore, C: Cluster>(deps: &Deps<S, C>, req: Request<B
             error_response(&e, route.is_legacy())
         }
     };
-    deps.metrics.observe(route.label(), method, response.status().as_u16(), started.elapsed());
+    deps.metrics.observe(
+        route.label(),
+        method,
+        response.status().as_u16(),
+        started.elapsed(),
+    );
     response
 }
 
-/// The response for a request the host had to give up on (it took longer than `timeout`).
-/// Recorded in the metrics like any other.
-pub fn timeout_response<S, C>(deps: &Deps<S, C>, method: &Method, path: &str, timeout: Duration) -> Response<Bytes> {
+/// The response for a request the host could not hand to [`handle`] (its body could not be
+/// read, or it ran past its deadline), logged and counted in the metrics like any other.
+pub fn host_error_response<S, C>(
+    deps: &Deps<S, C>,
+    method: &Method,
+    path: &str,
+    e: &WebhookError,
+    elapsed: Duration,
+) -> Response<Bytes> {
     let route = Route::parse(path);
-    let e = WebhookError::Timeout { seconds: timeout.as_secs() };
     let method = metrics::method_label(method);
-    log_error(&route, method, &e);
-    let r = error_response(&e, route.is_legacy());
-    deps.metrics.observe(route.label(), method, r.status().as_u16(), timeout);
+    log_error(&route, method, e);
+    let r = error_response(e, route.is_legacy());
+    deps.metrics
+        .observe(route.label(), method, r.status().as_u16(), elapsed);
     r
 }
 
@@ -236,7 +259,10 @@ pub fn error_response(e: &WebhookError, legacy: bool) -> Response<Bytes> {
     let mut r = if legacy {
         text(p.status, format!("{}\n", p.message))
     } else {
-        json(p.status, &serde_json::json!({"error": p.code, "message": p.message}))
+        json(
+            p.status,
+            &serde_json::json!({"error": p.code, "message": p.message}),
+        )
     };
     let h = r.headers_mut();
     if let Some(allow) = p.allow {
@@ -281,7 +307,9 @@ async fn dispatch<S: StateStore, C: Cluster>(
     if route.is_public() {
         let head = *method == Method::HEAD;
         if !(head || *method == Method::GET) {
-            return Err(WebhookError::MethodNotAllowed { allow: route.allow() });
+            return Err(WebhookError::MethodNotAllowed {
+                allow: route.allow(),
+            });
         }
         let mut r = match route {
             Route::Readyz => readyz(deps).await,
@@ -318,7 +346,10 @@ async fn dispatch<S: StateStore, C: Cluster>(
         (Route::Count(pool), &Method::GET) => get_count(deps, pool, req.headers()).await,
         (Route::Count(pool), &Method::PUT) => {
             require_content_type(req.headers(), &["application/json"], "application/json")?;
-            let body: SetBody = parse_json(req.body(), r#"a JSON object {"count": N} with a whole number N"#)?;
+            let body: SetBody = parse_json(
+                req.body(),
+                r#"a JSON object {"count": N} with a whole number N"#,
+            )?;
             change(deps, pool, CountChange::Set(body.count), false).await
         }
         (Route::Count(pool), &Method::PATCH) => {
@@ -327,7 +358,10 @@ async fn dispatch<S: StateStore, C: Cluster>(
                 &["application/json", "application/merge-patch+json"],
                 "application/json",
             )?;
-            let body: AddBody = parse_json(req.body(), r#"a JSON object {"delta": N} with a whole number N, e.g. {"delta": -1}"#)?;
+            let body: AddBody = parse_json(
+                req.body(),
+                r#"a JSON object {"delta": N} with a whole number N, e.g. {"delta": -1}"#,
+            )?;
             change(deps, pool, CountChange::Add(body.delta), false).await
         }
         (Route::Modify(pool), &Method::POST) => {
@@ -335,13 +369,20 @@ async fn dispatch<S: StateStore, C: Cluster>(
             // or curl -d's form type.
             require_content_type(
                 req.headers(),
-                &["", "text/plain", "application/text", "application/x-www-form-urlencoded"],
+                &[
+                    "",
+                    "text/plain",
+                    "application/text",
+                    "application/x-www-form-urlencoded",
+                ],
                 "text/plain",
             )?;
             let count = parse_count_text(req.body())?;
             change(deps, pool, CountChange::Set(count), true).await
         }
-        _ => Err(WebhookError::MethodNotAllowed { allow: route.allow() }),
+        _ => Err(WebhookError::MethodNotAllowed {
+            allow: route.allow(),
+        }),
     }
 }
 
@@ -354,7 +395,10 @@ fn check_size(req: &Request<Bytes>) -> Result<(), WebhookError> {
         .unwrap_or(0);
     let size = declared.max(req.body().len() as u64);
     if size > MAX_BODY as u64 {
-        return Err(WebhookError::PayloadTooLarge { size, limit: MAX_BODY });
+        return Err(WebhookError::PayloadTooLarge {
+            size,
+            limit: MAX_BODY,
+        });
     }
     Ok(())
 }
@@ -368,12 +412,20 @@ fn media_type(headers: &http::HeaderMap) -> Result<String, WebhookError> {
                 got: "<not ASCII>".into(),
                 expected: "a valid Content-Type",
             })?;
-            Ok(s.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+            Ok(s.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase())
         }
     }
 }
 
-fn require_content_type(headers: &http::HeaderMap, accepted: &[&str], expected: &'static str) -> Result<(), WebhookError> {
+fn require_content_type(
+    headers: &http::HeaderMap,
+    accepted: &[&str],
+    expected: &'static str,
+) -> Result<(), WebhookError> {
     let got = media_type(headers)?;
     if accepted.contains(&got.as_str()) {
         Ok(())
@@ -394,7 +446,10 @@ struct AddBody {
     delta: i64,
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8], expected: &'static str) -> Result<T, WebhookError> {
+fn parse_json<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    expected: &'static str,
+) -> Result<T, WebhookError> {
     serde_json::from_slice(body).map_err(|_| WebhookError::BadRequest { expected })
 }
 
@@ -416,7 +471,10 @@ fn wants_json(headers: &http::HeaderMap) -> bool {
     headers.get_all(header::ACCEPT).iter().any(|v| {
         v.to_str().is_ok_and(|s| {
             s.split(',').any(|range| {
-                range.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
+                range
+                    .split(';')
+                    .next()
+                    .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"))
             })
         })
     })
@@ -427,9 +485,12 @@ async fn get_count<S: StateStore, C: Cluster>(
     pool: &PoolRef,
     headers: &http::HeaderMap,
 ) -> Result<Response<Bytes>, WebhookError> {
-    let c = scale::observe_count(&deps.state, pool.as_option()).await?;
+    let c = scale::observe_count(&deps.state, pool.as_option(), &deps.specs).await?;
     if wants_json(headers) {
-        Ok(json(200, &serde_json::json!({"pool": c.pool, "count": c.count, "min": c.min, "max": c.max})))
+        Ok(json(
+            200,
+            &serde_json::json!({"pool": c.pool, "count": c.count, "min": c.min, "max": c.max}),
+        ))
     } else {
         // The ancestor's format: the number, nothing else.
         Ok(text(200, c.count.to_string()))
@@ -444,7 +505,14 @@ async fn change<S: StateStore, C: Cluster>(
 ) -> Result<Response<Bytes>, WebhookError> {
     let result = {
         let _queue = deps.writes.lock().await;
-        scale::apply_change(&deps.state, pool.as_option(), change, &deps.config.scale).await
+        scale::apply_change(
+            &deps.state,
+            pool.as_option(),
+            change,
+            &deps.config.scale,
+            &deps.specs,
+        )
+        .await
     };
     let outcome = match result {
         Ok(o) => o,
@@ -474,13 +542,18 @@ async fn change<S: StateStore, C: Cluster>(
     let mut r = if legacy {
         text(
             LEGACY_SUCCESS.as_u16(),
-            format!("Worker count changed from {} to {}", outcome.previous, outcome.count),
+            format!(
+                "Worker count changed from {} to {}",
+                outcome.previous, outcome.count
+            ),
         )
     } else {
         json(200, &change_body(&outcome, &reconcile))
     };
-    r.headers_mut()
-        .insert(RECONCILE_HEADER, HeaderValue::from_static(reconcile.as_str()));
+    r.headers_mut().insert(
+        RECONCILE_HEADER,
+        HeaderValue::from_static(reconcile.as_str()),
+    );
     Ok(r)
 }
 
@@ -518,7 +591,9 @@ async fn trigger<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> ReconcileOutco
     outcome
 }
 
-async fn reconcile_now<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Result<Response<Bytes>, WebhookError> {
+async fn reconcile_now<S: StateStore, C: Cluster>(
+    deps: &Deps<S, C>,
+) -> Result<Response<Bytes>, WebhookError> {
     match trigger(deps).await {
         o @ (ReconcileOutcome::Triggered | ReconcileOutcome::Pending) => Ok(json(
             202,
@@ -532,7 +607,9 @@ async fn reconcile_now<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Result<R
     }
 }
 
-async fn status_json<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Result<Response<Bytes>, WebhookError> {
+async fn status_json<S: StateStore, C: Cluster>(
+    deps: &Deps<S, C>,
+) -> Result<Response<Bytes>, WebhookError> {
     let snapshot = deps
         .state
         .read_config()
@@ -563,10 +640,27 @@ mod tests {
 
     #[test]
     fn paths_parse_into_routes_and_nothing_else_matches() {
-        assert_eq!(Route::parse("/nodes/workers"), Route::Count(PoolRef::Default));
-        assert_eq!(Route::parse("/pools/gpu"), Route::Count(PoolRef::Named("gpu".into())));
-        assert_eq!(Route::parse("/pools/gpu/modify"), Route::Modify(PoolRef::Named("gpu".into())));
-        for p in ["/", "", "/pools/", "/pools//modify", "/pools/a/b", "/nodes/workers/", "/healthz/x"] {
+        assert_eq!(
+            Route::parse("/nodes/workers"),
+            Route::Count(PoolRef::Default)
+        );
+        assert_eq!(
+            Route::parse("/pools/gpu"),
+            Route::Count(PoolRef::Named("gpu".into()))
+        );
+        assert_eq!(
+            Route::parse("/pools/gpu/modify"),
+            Route::Modify(PoolRef::Named("gpu".into()))
+        );
+        for p in [
+            "/",
+            "",
+            "/pools/",
+            "/pools//modify",
+            "/pools/a/b",
+            "/nodes/workers/",
+            "/healthz/x",
+        ] {
             assert_eq!(Route::parse(p), Route::Unknown, "{p:?}");
         }
     }
@@ -576,7 +670,16 @@ mod tests {
         assert_eq!(parse_count_text(b"3").ok(), Some(3));
         assert_eq!(parse_count_text(b" 12\n").ok(), Some(12));
         assert_eq!(parse_count_text(b"-1").ok(), Some(-1));
-        for bad in [&b""[..], b"3.0", b"0x3", b"three", b"+", b"1e3", b"\xff", b"99999999999999999999"] {
+        for bad in [
+            &b""[..],
+            b"3.0",
+            b"0x3",
+            b"three",
+            b"+",
+            b"1e3",
+            b"\xff",
+            b"99999999999999999999",
+        ] {
             assert!(parse_count_text(bad).is_err(), "{bad:?}");
         }
     }
@@ -585,7 +688,10 @@ mod tests {
     fn json_is_chosen_only_when_accepted_explicitly() {
         let mut h = http::HeaderMap::new();
         assert!(!wants_json(&h));
-        h.insert(header::ACCEPT, HeaderValue::from_static("text/html, application/json;q=0.9"));
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("text/html, application/json;q=0.9"),
+        );
         assert!(wants_json(&h));
         h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
         assert!(!wants_json(&h));

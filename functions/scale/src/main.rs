@@ -1,1 +1,374 @@
-fn main() {}
+//! `scale`: read or change the desired count of an oxide-controller pool.
+//!
+//! - `scale serve --listen ADDR` hosts the webhook (see `oxide_controller::webhook`) with
+//!   hyper, in the cluster or anywhere with a kubeconfig; it prints one JSON line
+//!   `{"listen":"ADDR","tls":BOOL}` on stdout once it accepts connections, and on SIGTERM or
+//!   SIGINT stops accepting and finishes in-flight requests.
+//! - `scale get | set N | add ±N [--pool P]` do the same as the webhook's routes, directly
+//!   against the Kubernetes API (no HTTP), e.g. from a laptop with `--kubeconfig`.
+//!
+//! Exit codes: 0 success, 1 retryable failure (API unavailable, write conflicts), 2 something
+//! to fix first (bounds, unknown pool, no cluster state, unusable kubeconfig or TLS files).
+
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use oxide_controller::cluster::NAMESPACE;
+use oxide_controller::cluster::kube_cluster::KubeCluster;
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::telemetry::{self, LogFormat};
+use oxide_controller::webhook::host::{self, HostOptions};
+use oxide_controller::webhook::{Deps, WebhookConfig};
+use oxide_controller::workflows::scale::{
+    self, CountChange, ReconcileOutcome, ScaleOptions, error_chain,
+};
+
+/// Read or change the desired worker count of an oxide-controller cluster.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    #[command(flatten)]
+    kube: KubeArgs,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the cluster's state lives.
+#[derive(Debug, clap::Args)]
+struct KubeArgs {
+    /// Kubeconfig to use instead of the in-cluster service account.
+    #[arg(long, global = true, env = "OXIDE_CONTROLLER_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Context in the kubeconfig (default: its current context).
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// Namespace of the oxide-controller Secret, ConfigMap and CronJob.
+    #[arg(long, global = true, default_value = NAMESPACE, env = "OXIDE_CONTROLLER_NAMESPACE")]
+    namespace: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the scale webhook until SIGTERM or SIGINT.
+    Serve(ServeArgs),
+    /// Print a pool's desired count.
+    Get {
+        #[command(flatten)]
+        pool: PoolArg,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Set a pool's desired count and start a reconcile.
+    Set {
+        /// The new count.
+        count: i64,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+    /// Add to a pool's desired count (negative removes) and start a reconcile.
+    Add {
+        /// How many to add, e.g. 2 or -1.
+        #[arg(allow_negative_numbers = true)]
+        delta: i64,
+        #[command(flatten)]
+        pool: PoolArg,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct PoolArg {
+    /// Pool to act on (default: the first worker pool).
+    #[arg(long, env = "OXIDE_CONTROLLER_POOL")]
+    pool: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "OXIDE_CONTROLLER_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// PEM certificate chain for HTTPS (with --tls-key).
+    #[arg(
+        long,
+        env = "OXIDE_CONTROLLER_TLS_CERT",
+        requires = "tls_key",
+        conflicts_with = "tls_from_secret"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for HTTPS (with --tls-cert).
+    #[arg(long, env = "OXIDE_CONTROLLER_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve HTTPS with the Secret's webhook-tls.crt and webhook-tls.key.
+    #[arg(long, env = "OXIDE_CONTROLLER_TLS_FROM_SECRET")]
+    tls_from_secret: bool,
+    /// Deadline for reading and answering one request, in seconds.
+    #[arg(long, env = "OXIDE_CONTROLLER_REQUEST_TIMEOUT", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=300))]
+    request_timeout: u64,
+    /// How long the webhook token read from the Secret is trusted, in seconds (0: every request).
+    #[arg(long, env = "OXIDE_CONTROLLER_TOKEN_CACHE_SECONDS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(0..=300))]
+    token_cache_seconds: u64,
+    /// On shutdown, how long in-flight requests get to finish, in seconds.
+    #[arg(long, default_value_t = 15)]
+    shutdown_grace_seconds: u64,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    telemetry::init(args.log_format);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> ExitCode {
+    let client = match oxide_controller::kubeclient::client(
+        args.kube.kubeconfig.as_deref(),
+        args.kube.context.as_deref(),
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("{}", error_chain(&e));
+            return ExitCode::from(2);
+        }
+    };
+    let ns = &args.kube.namespace;
+    let state = KubeStateStore::new(client.clone(), ns);
+    match args.command {
+        Command::Serve(serve) => serve_webhook(serve, client, state, ns).await,
+        Command::Get { pool, output } => {
+            match scale::observe_count(&state, pool.pool.as_deref(), &scale::SpecCache::default())
+                .await
+            {
+                Ok(c) => {
+                    match output {
+                        Output::Text => println!("{}", c.count),
+                        Output::Json => {
+                            println!("{}", serde_json::to_string(&c).unwrap_or_default())
+                        }
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => fail(&e, e.exit_code()),
+            }
+        }
+        Command::Set { count, pool } => {
+            change(
+                &state,
+                client,
+                ns,
+                pool.pool.as_deref(),
+                CountChange::Set(count),
+            )
+            .await
+        }
+        Command::Add { delta, pool } => {
+            change(
+                &state,
+                client,
+                ns,
+                pool.pool.as_deref(),
+                CountChange::Add(delta),
+            )
+            .await
+        }
+    }
+}
+
+fn fail(e: &(dyn std::error::Error + 'static), code: i32) -> ExitCode {
+    tracing::error!("{}", error_chain(e));
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+async fn change(
+    state: &KubeStateStore,
+    client: kube::Client,
+    ns: &str,
+    pool: Option<&str>,
+    change: CountChange,
+) -> ExitCode {
+    let cluster = KubeCluster::new(client, ns);
+    match scale::run(state, &cluster, pool, change, &ScaleOptions::default()).await {
+        Ok(out) => {
+            let c = &out.change;
+            if c.written {
+                println!(
+                    "{}: {} → {}; {}",
+                    c.pool,
+                    c.previous,
+                    c.count,
+                    out.reconcile.public_message()
+                );
+            } else {
+                println!("{}: already {}", c.pool, c.count);
+            }
+            if matches!(
+                out.reconcile,
+                ReconcileOutcome::Failed { .. } | ReconcileOutcome::NoCronJob
+            ) {
+                tracing::warn!(
+                    reconcile = out.reconcile.as_str(),
+                    "the change is saved but no reconcile Job was started"
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e, e.exit_code()),
+    }
+}
+
+async fn serve_webhook(
+    args: ServeArgs,
+    client: kube::Client,
+    state: KubeStateStore,
+    ns: &str,
+) -> ExitCode {
+    let tls = match (&args.tls_cert, &args.tls_key, args.tls_from_secret) {
+        (Some(cert), Some(key), _) => host::tls_from_files(cert, key).map(Some),
+        (_, _, true) => host::tls_from_secret(client.clone(), ns).await.map(Some),
+        _ => Ok(None),
+    };
+    let tls = match tls {
+        Ok(t) => t,
+        Err(e) => return fail(&e, 2),
+    };
+    let listener = match host::bind(args.listen).await {
+        Ok(l) => l,
+        Err(e) => return fail(&e, 2),
+    };
+    let local = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| args.listen.to_string());
+    let deps = Arc::new(Deps::new(
+        state,
+        KubeCluster::new(client, ns),
+        WebhookConfig {
+            token_ttl: Duration::from_secs(args.token_cache_seconds),
+            scale: ScaleOptions::default(),
+        },
+    ));
+    let opts = HostOptions {
+        request_timeout: Duration::from_secs(args.request_timeout),
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_seconds),
+        tls,
+        ..HostOptions::default()
+    };
+    tracing::info!(listen = %local, tls = opts.tls.is_some(), namespace = %ns, "scale webhook listening");
+    println!(
+        "{}",
+        serde_json::json!({"listen": local, "tls": opts.tls.is_some()})
+    );
+    host::serve(listener, deps, opts, shutdown_signal()).await;
+    tracing::info!("scale webhook stopped");
+    ExitCode::SUCCESS
+}
+
+/// Completes on SIGTERM (Kubernetes stopping the pod) or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM; only SIGINT stops the server");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = term => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn add_takes_negative_and_signed_deltas_after_the_subcommand_and_global_flags_anywhere() {
+        let a = Args::try_parse_from(["scale", "add", "-2", "--pool", "gpu", "--kubeconfig", "/k"])
+            .unwrap();
+        assert!(
+            matches!(a.command, Command::Add { delta: -2, ref pool } if pool.pool.as_deref() == Some("gpu"))
+        );
+        assert_eq!(
+            a.kube.kubeconfig.as_deref(),
+            Some(std::path::Path::new("/k"))
+        );
+        let a = Args::try_parse_from(["scale", "--namespace", "ops", "add", "+3"]).unwrap();
+        assert!(matches!(a.command, Command::Add { delta: 3, .. }));
+        assert_eq!(a.kube.namespace, "ops");
+    }
+
+    #[test]
+    fn tls_files_come_in_pairs_and_exclude_the_secret() {
+        assert!(Args::try_parse_from(["scale", "serve", "--tls-cert", "c.pem"]).is_err());
+        assert!(
+            Args::try_parse_from([
+                "scale",
+                "serve",
+                "--tls-cert",
+                "c",
+                "--tls-key",
+                "k",
+                "--tls-from-secret"
+            ])
+            .is_err()
+        );
+        let a = Args::try_parse_from([
+            "scale",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+        ])
+        .unwrap();
+        assert!(matches!(
+            a.command,
+            Command::Serve(ServeArgs {
+                tls_cert: Some(_),
+                tls_key: Some(_),
+                ..
+            })
+        ));
+    }
+}

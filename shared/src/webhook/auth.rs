@@ -38,7 +38,8 @@ impl TokenCache {
 
     fn fresh(&self) -> Option<TokenDigest> {
         let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
-        slot.filter(|(at, _)| at.elapsed() < self.ttl).map(|(_, d)| d)
+        slot.filter(|(at, _)| at.elapsed() < self.ttl)
+            .map(|(_, d)| d)
     }
 
     /// The expected token's digest, from the cache or the Secret.
@@ -50,7 +51,10 @@ impl TokenCache {
         if let Some(d) = self.fresh() {
             return Ok(d);
         }
-        let secrets = state.read_secrets().await.map_err(WebhookError::AuthUnavailable)?;
+        let secrets = state
+            .read_secrets()
+            .await
+            .map_err(WebhookError::AuthUnavailable)?;
         if secrets.webhook_token.is_empty() {
             return Err(WebhookError::AuthNotConfigured);
         }
@@ -65,7 +69,11 @@ impl TokenCache {
 /// Query parameter names that look like credentials.
 fn credential_like(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    n.contains("token") || n.contains("auth") || n.contains("bearer") || n.contains("key") || n == "secret"
+    n.contains("token")
+        || n.contains("auth")
+        || n.contains("bearer")
+        || n.contains("key")
+        || n == "secret"
         || n == "password"
 }
 
@@ -77,14 +85,20 @@ pub(crate) fn check_query(query: Option<&str>) -> Result<(), WebhookError> {
     if q.is_empty() {
         return Ok(());
     }
-    let names = q.split('&').map(|pair| pair.split_once('=').map_or(pair, |(k, _)| k));
+    let names = q
+        .split('&')
+        .map(|pair| pair.split_once('=').map_or(pair, |(k, _)| k));
     // Percent-encoded names (`%74oken`) are decoded crudely by ignoring anything not a letter,
     // which errs on the side of calling them credentials.
     let looks_like_credential = names.clone().any(credential_like)
-        || names.clone().any(|n| credential_like(&n.replace(|c: char| !c.is_ascii_alphabetic(), "")))
+        || names
+            .clone()
+            .any(|n| credential_like(&n.replace(|c: char| !c.is_ascii_alphabetic(), "")))
         || q.to_ascii_lowercase().contains("%");
     if looks_like_credential {
-        Err(WebhookError::Unauthenticated { reason: AuthFailure::InQuery })
+        Err(WebhookError::Unauthenticated {
+            reason: AuthFailure::InQuery,
+        })
     } else {
         Err(WebhookError::QueryNotAllowed)
     }
@@ -125,7 +139,9 @@ pub(crate) async fn authenticate<S: StateStore>(
     if bool::from(digest(token).ct_eq(&expected)) {
         Ok(())
     } else {
-        Err(WebhookError::Unauthenticated { reason: AuthFailure::Wrong })
+        Err(WebhookError::Unauthenticated {
+            reason: AuthFailure::Wrong,
+        })
     }
 }
 
@@ -137,7 +153,10 @@ mod tests {
     fn headers(values: &[&str]) -> http::HeaderMap {
         let mut h = http::HeaderMap::new();
         for v in values {
-            h.append(http::header::AUTHORIZATION, http::HeaderValue::from_str(v).unwrap());
+            h.append(
+                http::header::AUTHORIZATION,
+                http::HeaderValue::from_str(v).unwrap(),
+            );
         }
         h
     }
@@ -150,7 +169,13 @@ mod tests {
 
     #[test]
     fn malformed_and_duplicate_headers_are_refused() {
-        for h in [&["Basic abc"][..], &["Bearer"], &["Bearer "], &["Bearer a b"], &["Bearer a", "Bearer a"]] {
+        for h in [
+            &["Basic abc"][..],
+            &["Bearer"],
+            &["Bearer "],
+            &["Bearer a b"],
+            &["Bearer a", "Bearer a"],
+        ] {
             assert_eq!(presented(&headers(h)), Err(AuthFailure::Malformed), "{h:?}");
         }
         assert_eq!(presented(&headers(&[])), Err(AuthFailure::Missing));
@@ -158,13 +183,28 @@ mod tests {
 
     #[test]
     fn credential_looking_query_parameters_are_401_and_others_400() {
-        for q in ["token=x", "access_token=x", "a=1&Authorization=x", "api_key", "%74oken=x", "t-o-k-e-n=1"] {
+        for q in [
+            "token=x",
+            "access_token=x",
+            "a=1&Authorization=x",
+            "api_key",
+            "%74oken=x",
+            "t-o-k-e-n=1",
+        ] {
             assert!(
-                matches!(check_query(Some(q)), Err(WebhookError::Unauthenticated { reason: AuthFailure::InQuery })),
+                matches!(
+                    check_query(Some(q)),
+                    Err(WebhookError::Unauthenticated {
+                        reason: AuthFailure::InQuery
+                    })
+                ),
                 "{q}"
             );
         }
-        assert!(matches!(check_query(Some("pool=x")), Err(WebhookError::QueryNotAllowed)));
+        assert!(matches!(
+            check_query(Some("pool=x")),
+            Err(WebhookError::QueryNotAllowed)
+        ));
         assert!(check_query(None).is_ok() && check_query(Some("")).is_ok());
     }
 }

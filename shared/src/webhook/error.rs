@@ -48,8 +48,8 @@ pub enum WebhookError {
     NoCronJob,
     #[error("starting the reconcile Job failed: {message}")]
     TriggerFailed { message: String },
-    #[error("the request took longer than {seconds}s")]
-    Timeout { seconds: u64 },
+    #[error("the request took longer than {after:?}")]
+    Timeout { after: std::time::Duration },
     #[error(transparent)]
     Scale(#[from] ScaleError),
 }
@@ -91,7 +91,9 @@ impl PublicError {
 fn shown_pool(pool: &str) -> String {
     if !pool.is_empty()
         && pool.len() <= 63
-        && pool.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && pool
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
     {
         format!("pool {pool:?}")
     } else {
@@ -107,16 +109,25 @@ impl WebhookError {
             WebhookError::NotFound => PublicError::new(404, "not_found", "no such endpoint"),
             WebhookError::MethodNotAllowed { allow } => PublicError {
                 allow: Some(allow),
-                ..PublicError::new(405, "method_not_allowed", format!("method not allowed; use {allow}"))
+                ..PublicError::new(
+                    405,
+                    "method_not_allowed",
+                    format!("method not allowed; use {allow}"),
+                )
             },
             WebhookError::Unauthenticated { reason } => {
                 let (message, header) = match reason {
-                    AuthFailure::Missing => ("missing bearer token", r#"Bearer realm="oxide-controller""#),
+                    AuthFailure::Missing => {
+                        ("missing bearer token", r#"Bearer realm="oxide-controller""#)
+                    }
                     AuthFailure::Malformed => (
                         "expected an Authorization header of the form: Bearer <token>",
                         r#"Bearer realm="oxide-controller", error="invalid_request""#,
                     ),
-                    AuthFailure::Wrong => ("invalid bearer token", r#"Bearer realm="oxide-controller", error="invalid_token""#),
+                    AuthFailure::Wrong => (
+                        "invalid bearer token",
+                        r#"Bearer realm="oxide-controller", error="invalid_token""#,
+                    ),
                     AuthFailure::InQuery => (
                         "tokens are not accepted in the URL; send Authorization: Bearer <token>",
                         r#"Bearer realm="oxide-controller", error="invalid_request""#,
@@ -127,12 +138,17 @@ impl WebhookError {
                     ..PublicError::new(401, "unauthorized", message)
                 }
             }
-            WebhookError::AuthUnavailable(_) => {
-                PublicError::new(503, "auth_unavailable", "cannot verify credentials right now").retry_after(5)
-            }
-            WebhookError::AuthNotConfigured => {
-                PublicError::new(503, "auth_not_configured", "the webhook token is not configured")
-            }
+            WebhookError::AuthUnavailable(_) => PublicError::new(
+                503,
+                "auth_unavailable",
+                "cannot verify credentials right now",
+            )
+            .retry_after(5),
+            WebhookError::AuthNotConfigured => PublicError::new(
+                503,
+                "auth_not_configured",
+                "the webhook token is not configured",
+            ),
             WebhookError::PayloadTooLarge { limit, .. } => PublicError::new(
                 413,
                 "payload_too_large",
@@ -143,13 +159,19 @@ impl WebhookError {
                 "unsupported_media_type",
                 format!("unsupported content type; expected {expected}"),
             ),
-            WebhookError::BadRequest { expected } => {
-                PublicError::new(400, "bad_request", format!("malformed request: expected {expected}"))
+            WebhookError::BadRequest { expected } => PublicError::new(
+                400,
+                "bad_request",
+                format!("malformed request: expected {expected}"),
+            ),
+            WebhookError::QueryNotAllowed => PublicError::new(
+                400,
+                "bad_request",
+                "this endpoint takes no query parameters",
+            ),
+            WebhookError::BodyUnreadable => {
+                PublicError::new(400, "bad_request", "the request body could not be read")
             }
-            WebhookError::QueryNotAllowed => {
-                PublicError::new(400, "bad_request", "this endpoint takes no query parameters")
-            }
-            WebhookError::BodyUnreadable => PublicError::new(400, "bad_request", "the request body could not be read"),
             WebhookError::NoStatus => PublicError::new(
                 404,
                 "no_status",
@@ -160,9 +182,12 @@ impl WebhookError {
                 "no_cronjob",
                 "no reconcile was triggered: CronJob kube-system/oxide-controller does not exist; run reconcile-once",
             ),
-            WebhookError::TriggerFailed { .. } => {
-                PublicError::new(503, "trigger_failed", "starting a reconcile Job failed; try again").retry_after(5)
-            }
+            WebhookError::TriggerFailed { .. } => PublicError::new(
+                503,
+                "trigger_failed",
+                "starting a reconcile Job failed; try again",
+            )
+            .retry_after(5),
             WebhookError::Timeout { .. } => {
                 PublicError::new(503, "timeout", "the request timed out; try again").retry_after(1)
             }
@@ -172,16 +197,23 @@ impl WebhookError {
                     "unknown_pool",
                     format!("{} does not exist; pools are: {known}", shown_pool(pool)),
                 ),
-                ScaleError::Count(CountError::OutOfBounds { pool, count, min, max }) => PublicError::new(
+                ScaleError::Count(CountError::OutOfBounds {
+                    pool,
+                    count,
+                    min,
+                    max,
+                }) => PublicError::new(
                     422,
                     "out_of_bounds",
                     format!("count {count} for pool {pool:?} is outside its bounds [{min}, {max}]"),
                 ),
-                ScaleError::Count(CountError::EvenControlPlane { pool, count }) => PublicError::new(
-                    422,
-                    "even_control_plane",
-                    format!("the control-plane pool {pool:?} needs an odd count, not {count}"),
-                ),
+                ScaleError::Count(CountError::EvenControlPlane { pool, count }) => {
+                    PublicError::new(
+                        422,
+                        "even_control_plane",
+                        format!("the control-plane pool {pool:?} needs an odd count, not {count}"),
+                    )
+                }
                 ScaleError::NoWorkerPool => PublicError::new(
                     404,
                     "no_worker_pool",
@@ -198,13 +230,17 @@ impl WebhookError {
                     "state_missing",
                     "the cluster state does not exist yet (bootstrap not run?)",
                 ),
-                ScaleError::State(_) => {
-                    PublicError::new(503, "state_unavailable", "cannot read or write the cluster state right now")
-                        .retry_after(5)
-                }
-                ScaleError::NoSpec | ScaleError::Spec(_) => {
-                    PublicError::new(500, "spec_invalid", "the stored cluster spec is unusable; see the webhook's log")
-                }
+                ScaleError::State(_) => PublicError::new(
+                    503,
+                    "state_unavailable",
+                    "cannot read or write the cluster state right now",
+                )
+                .retry_after(5),
+                ScaleError::NoSpec | ScaleError::Spec(_) => PublicError::new(
+                    500,
+                    "spec_invalid",
+                    "the stored cluster spec is unusable; see the webhook's log",
+                ),
             },
         }
     }
@@ -227,6 +263,9 @@ mod tests {
             message: "jobs.batch is forbidden: User system:serviceaccount:kube-system:x".into(),
         };
         assert!(!e.public().message.contains("forbidden"));
-        assert!(e.to_string().contains("forbidden"), "the log keeps the detail");
+        assert!(
+            e.to_string().contains("forbidden"),
+            "the log keeps the detail"
+        );
     }
 }

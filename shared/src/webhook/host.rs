@@ -19,7 +19,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
-use super::{Deps, MAX_BODY, handle, timeout_response};
+use super::error::WebhookError;
+use super::{Deps, MAX_BODY, handle, host_error_response};
 use crate::cluster::{Cluster, OBJECT_NAME};
 use crate::state::StateStore;
 
@@ -85,7 +86,9 @@ pub enum HostError {
     },
     #[error("the TLS certificate and key do not form a usable server configuration")]
     Tls(#[source] rustls::Error),
-    #[error("the Secret {namespace}/{OBJECT_NAME} has no {TLS_CERT_KEY} and {TLS_KEY_KEY}; add them or use --tls-cert/--tls-key")]
+    #[error(
+        "the Secret {namespace}/{OBJECT_NAME} has no {TLS_CERT_KEY} and {TLS_KEY_KEY}; add them or use --tls-cert/--tls-key"
+    )]
     NoTlsInSecret { namespace: String },
     #[error("cannot read the Secret {namespace}/{OBJECT_NAME} for its TLS keys")]
     SecretUnreadable {
@@ -97,22 +100,36 @@ pub enum HostError {
 
 /// Binds `addr` (use port 0 for a free one).
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HostError> {
-    TcpListener::bind(addr).await.map_err(|source| HostError::Bind { addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| HostError::Bind { addr, source })
 }
 
 /// A rustls server configuration (aws-lc-rs, TLS 1.2/1.3, ALPN http/1.1) from PEM text.
 /// `source_name` names where the PEM came from, for errors.
-pub fn tls_config(cert_pem: &[u8], key_pem: &[u8], source_name: &str) -> Result<Arc<rustls::ServerConfig>, HostError> {
+pub fn tls_config(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    source_name: &str,
+) -> Result<Arc<rustls::ServerConfig>, HostError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<_, _>>()
-        .map_err(|_| HostError::Pem { what: "certificate", source_name: source_name.to_owned() })?;
+        .map_err(|_| HostError::Pem {
+            what: "certificate",
+            source_name: source_name.to_owned(),
+        })?;
     if certs.is_empty() {
-        return Err(HostError::Pem { what: "certificate", source_name: source_name.to_owned() });
+        return Err(HostError::Pem {
+            what: "certificate",
+            source_name: source_name.to_owned(),
+        });
     }
-    let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|_| HostError::Pem { what: "private key", source_name: source_name.to_owned() })?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|_| HostError::Pem {
+        what: "private key",
+        source_name: source_name.to_owned(),
+    })?;
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -126,18 +143,33 @@ pub fn tls_config(cert_pem: &[u8], key_pem: &[u8], source_name: &str) -> Result<
 
 /// TLS from PEM files.
 pub fn tls_from_files(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, HostError> {
-    let read = |p: &Path| std::fs::read(p).map_err(|source| HostError::ReadTls { path: p.to_owned(), source });
-    tls_config(&read(cert)?, &read(key)?, &format!("{} and {}", cert.display(), key.display()))
+    let read = |p: &Path| {
+        std::fs::read(p).map_err(|source| HostError::ReadTls {
+            path: p.to_owned(),
+            source,
+        })
+    };
+    tls_config(
+        &read(cert)?,
+        &read(key)?,
+        &format!("{} and {}", cert.display(), key.display()),
+    )
 }
 
 /// TLS from the Secret's `webhook-tls.crt` / `webhook-tls.key`.
-pub async fn tls_from_secret(client: kube::Client, namespace: &str) -> Result<Arc<rustls::ServerConfig>, HostError> {
+pub async fn tls_from_secret(
+    client: kube::Client,
+    namespace: &str,
+) -> Result<Arc<rustls::ServerConfig>, HostError> {
     use k8s_openapi::api::core::v1::Secret;
     let api: kube::Api<Secret> = kube::Api::namespaced(client, namespace);
-    let secret = api.get(OBJECT_NAME).await.map_err(|source| HostError::SecretUnreadable {
-        namespace: namespace.to_owned(),
-        source,
-    })?;
+    let secret = api
+        .get(OBJECT_NAME)
+        .await
+        .map_err(|source| HostError::SecretUnreadable {
+            namespace: namespace.to_owned(),
+            source,
+        })?;
     let data = secret.data.unwrap_or_default();
     match (data.get(TLS_CERT_KEY), data.get(TLS_KEY_KEY)) {
         (Some(cert), Some(key)) => tls_config(
@@ -145,7 +177,9 @@ pub async fn tls_from_secret(client: kube::Client, namespace: &str) -> Result<Ar
             &key.0,
             &format!("Secret {namespace}/{OBJECT_NAME} keys {TLS_CERT_KEY}/{TLS_KEY_KEY}"),
         ),
-        _ => Err(HostError::NoTlsInSecret { namespace: namespace.to_owned() }),
+        _ => Err(HostError::NoTlsInSecret {
+            namespace: namespace.to_owned(),
+        }),
     }
 }
 
@@ -182,6 +216,7 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .is_some_and(|n| n > MAX_BODY as u64);
+    let started = std::time::Instant::now();
     let work = async {
         // A declared oversize body is not read at all; the handler answers 413 from the header.
         let bytes = if declared_too_large {
@@ -193,22 +228,29 @@ where
             Ok(bytes) => handle(&deps, http::Request::from_parts(parts, bytes)).await,
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read a request body");
-                let err = super::error::WebhookError::BodyUnreadable;
-                super::error_response(&err, false)
+                let err = WebhookError::BodyUnreadable;
+                host_error_response(&deps, &method, &path, &err, started.elapsed())
             }
         }
     };
     let response = match tokio::time::timeout(timeout, work).await {
         Ok(r) => r,
-        Err(_) => timeout_response(&deps, &method, &path, timeout),
+        Err(_) => {
+            let err = WebhookError::Timeout { after: timeout };
+            host_error_response(&deps, &method, &path, &err, timeout)
+        }
     };
     response.map(Full::new)
 }
 
 /// Serves `deps` on `listener` until `shutdown` completes, then stops accepting, lets
 /// in-flight requests finish (up to `opts.shutdown_grace`) and returns.
-pub async fn serve<S, C, F>(listener: TcpListener, deps: Arc<Deps<S, C>>, opts: HostOptions, shutdown: F)
-where
+pub async fn serve<S, C, F>(
+    listener: TcpListener,
+    deps: Arc<Deps<S, C>>,
+    opts: HostOptions,
+    shutdown: F,
+) where
     S: StateStore + 'static,
     C: Cluster + 'static,
     F: Future<Output = ()>,
@@ -219,7 +261,8 @@ where
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(opts.header_timeout)
-        .max_buf_size(64 * 1024)
+        // Headers plus a 1 KiB body fit with room to spare; hyper will not go below 8 KiB.
+        .max_buf_size(16 * 1024)
         .keep_alive(true);
     let builder = Arc::new(builder);
     tokio::pin!(shutdown);
@@ -248,22 +291,28 @@ where
                 async move { Ok::<_, Infallible>(serve_request(deps, request_timeout, req).await) }
             });
             let result = match tls {
-                None => watcher.watch(builder.serve_connection(TokioIo::new(stream), service)).await,
-                Some(acceptor) => match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(tls_stream)) => {
-                        watcher
-                            .watch(builder.serve_connection(TokioIo::new(tls_stream), service))
-                            .await
+                None => {
+                    watcher
+                        .watch(builder.serve_connection(TokioIo::new(stream), service))
+                        .await
+                }
+                Some(acceptor) => {
+                    match tokio::time::timeout(header_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(tls_stream)) => {
+                            watcher
+                                .watch(builder.serve_connection(TokioIo::new(tls_stream), service))
+                                .await
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake timed out");
+                            return;
+                        }
                     }
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(%peer, "TLS handshake timed out");
-                        return;
-                    }
-                },
+                }
             };
             if let Err(e) = result {
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
@@ -272,7 +321,10 @@ where
     }
     drop(listener);
     tracing::info!("shutting down: finishing in-flight requests");
-    if tokio::time::timeout(opts.shutdown_grace, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(opts.shutdown_grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
         tracing::warn!(grace = ?opts.shutdown_grace, "in-flight requests did not finish in time");
     }
 }

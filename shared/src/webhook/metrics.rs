@@ -27,7 +27,9 @@ pub const ROUTES: [&str; 10] = [
 ];
 
 /// Upper bounds of the latency buckets, in seconds.
-const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+const BUCKETS: [f64; 12] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
 
 /// Result labels of `reconcile_triggers_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +41,12 @@ pub enum TriggerResult {
 }
 
 impl TriggerResult {
-    const ALL: [TriggerResult; 4] = [TriggerResult::Created, TriggerResult::Pending, TriggerResult::NoCronJob, TriggerResult::Error];
+    const ALL: [TriggerResult; 4] = [
+        TriggerResult::Created,
+        TriggerResult::Pending,
+        TriggerResult::NoCronJob,
+        TriggerResult::Error,
+    ];
 
     fn label(self) -> &'static str {
         match self {
@@ -97,13 +104,18 @@ impl Metrics {
             h.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
         h.count.fetch_add(1, Ordering::Relaxed);
-        h.sum_micros
-            .fetch_add(u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        h.sum_micros.fetch_add(
+            u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Records the result of one reconcile trigger.
     pub fn trigger(&self, result: TriggerResult) {
-        let i = TriggerResult::ALL.iter().position(|r| *r == result).unwrap_or(3);
+        let i = TriggerResult::ALL
+            .iter()
+            .position(|r| *r == result)
+            .unwrap_or(3);
         self.triggers[i].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -114,7 +126,9 @@ impl Metrics {
 
     /// Requests recorded for `route` (a template from [`ROUTES`]) with `status`, any method.
     pub fn requests(&self, route: &str, status: u16) -> u64 {
-        let Some(r) = ROUTES.iter().position(|x| *x == route) else { return 0 };
+        let Some(r) = ROUTES.iter().position(|x| *x == route) else {
+            return 0;
+        };
         self.requests
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -127,9 +141,19 @@ impl Metrics {
     /// The Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        let _ = writeln!(out, "# HELP oxide_controller_webhook_requests_total Webhook requests handled, by route template, method and status.");
-        let _ = writeln!(out, "# TYPE oxide_controller_webhook_requests_total counter");
-        let requests = self.requests.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let _ = writeln!(
+            out,
+            "# HELP oxide_controller_webhook_requests_total Webhook requests handled, by route template, method and status."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE oxide_controller_webhook_requests_total counter"
+        );
+        let requests = self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         for ((route, method, status), n) in &requests {
             let _ = writeln!(
                 out,
@@ -137,8 +161,14 @@ impl Metrics {
                 ROUTES[*route]
             );
         }
-        let _ = writeln!(out, "# HELP oxide_controller_webhook_request_duration_seconds Time to handle a webhook request, by route template.");
-        let _ = writeln!(out, "# TYPE oxide_controller_webhook_request_duration_seconds histogram");
+        let _ = writeln!(
+            out,
+            "# HELP oxide_controller_webhook_request_duration_seconds Time to handle a webhook request, by route template."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE oxide_controller_webhook_request_duration_seconds histogram"
+        );
         for (route, h) in ROUTES.iter().zip(&self.latency) {
             let count = h.count.load(Ordering::Relaxed);
             if count == 0 {
@@ -152,13 +182,28 @@ impl Metrics {
                     "oxide_controller_webhook_request_duration_seconds_bucket{{route=\"{route}\",le=\"{le}\"}} {cumulative}"
                 );
             }
-            let _ = writeln!(out, "oxide_controller_webhook_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {count}");
+            let _ = writeln!(
+                out,
+                "oxide_controller_webhook_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {count}"
+            );
             let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-            let _ = writeln!(out, "oxide_controller_webhook_request_duration_seconds_sum{{route=\"{route}\"}} {sum}");
-            let _ = writeln!(out, "oxide_controller_webhook_request_duration_seconds_count{{route=\"{route}\"}} {count}");
+            let _ = writeln!(
+                out,
+                "oxide_controller_webhook_request_duration_seconds_sum{{route=\"{route}\"}} {sum}"
+            );
+            let _ = writeln!(
+                out,
+                "oxide_controller_webhook_request_duration_seconds_count{{route=\"{route}\"}} {count}"
+            );
         }
-        let _ = writeln!(out, "# HELP oxide_controller_webhook_reconcile_triggers_total On-demand reconcile Job triggers, by result.");
-        let _ = writeln!(out, "# TYPE oxide_controller_webhook_reconcile_triggers_total counter");
+        let _ = writeln!(
+            out,
+            "# HELP oxide_controller_webhook_reconcile_triggers_total On-demand reconcile Job triggers, by result."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE oxide_controller_webhook_reconcile_triggers_total counter"
+        );
         for (r, n) in TriggerResult::ALL.iter().zip(&self.triggers) {
             let _ = writeln!(
                 out,
@@ -167,9 +212,19 @@ impl Metrics {
                 n.load(Ordering::Relaxed)
             );
         }
-        let _ = writeln!(out, "# HELP oxide_controller_webhook_state_conflicts_total ConfigMap writes refused with 409 (each one re-read and re-applied).");
-        let _ = writeln!(out, "# TYPE oxide_controller_webhook_state_conflicts_total counter");
-        let _ = writeln!(out, "oxide_controller_webhook_state_conflicts_total {}", self.conflicts.load(Ordering::Relaxed));
+        let _ = writeln!(
+            out,
+            "# HELP oxide_controller_webhook_state_conflicts_total ConfigMap writes refused with 409 (each one re-read and re-applied)."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE oxide_controller_webhook_state_conflicts_total counter"
+        );
+        let _ = writeln!(
+            out,
+            "oxide_controller_webhook_state_conflicts_total {}",
+            self.conflicts.load(Ordering::Relaxed)
+        );
         out
     }
 }
@@ -185,11 +240,26 @@ mod tests {
         m.observe(5, "GET", 200, Duration::from_millis(3));
         m.observe(5, "GET", 200, Duration::from_secs(30));
         let text = m.render();
-        assert!(text.contains(r#"_bucket{route="/nodes/workers",le="0.0005"} 1"#), "{text}");
-        assert!(text.contains(r#"_bucket{route="/nodes/workers",le="0.005"} 2"#), "{text}");
-        assert!(text.contains(r#"_bucket{route="/nodes/workers",le="5"} 2"#), "{text}");
-        assert!(text.contains(r#"_bucket{route="/nodes/workers",le="+Inf"} 3"#), "{text}");
-        assert!(text.contains(r#"_count{route="/nodes/workers"} 3"#), "{text}");
+        assert!(
+            text.contains(r#"_bucket{route="/nodes/workers",le="0.0005"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"_bucket{route="/nodes/workers",le="0.005"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"_bucket{route="/nodes/workers",le="5"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"_bucket{route="/nodes/workers",le="+Inf"} 3"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"_count{route="/nodes/workers"} 3"#),
+            "{text}"
+        );
         assert_eq!(m.requests("/nodes/workers", 200), 3);
     }
 }

@@ -139,7 +139,9 @@ pub enum ScaleError {
     NoWorkerPool,
     #[error(transparent)]
     Count(#[from] CountError),
-    #[error("the ConfigMap kept changing while we wrote it: {attempts} attempts met a conflict; try again")]
+    #[error(
+        "the ConfigMap kept changing while we wrote it: {attempts} attempts met a conflict; try again"
+    )]
     Busy { attempts: u32 },
 }
 
@@ -149,13 +151,19 @@ impl ScaleError {
         match self {
             ScaleError::State(StateError::NotFound { .. } | StateError::Forbidden { .. }) => 2,
             ScaleError::State(_) | ScaleError::Busy { .. } => 1,
-            ScaleError::NoSpec | ScaleError::Spec(_) | ScaleError::NoWorkerPool | ScaleError::Count(_) => 2,
+            ScaleError::NoSpec
+            | ScaleError::Spec(_)
+            | ScaleError::NoWorkerPool
+            | ScaleError::Count(_) => 2,
         }
     }
 }
 
 /// The pool named `pool`, or the default worker pool.
-fn resolve_pool<'a>(spec: &'a ClusterSpec, pool: Option<&str>) -> Result<(Role, &'a PoolSpec), ScaleError> {
+fn resolve_pool<'a>(
+    spec: &'a ClusterSpec,
+    pool: Option<&str>,
+) -> Result<(Role, &'a PoolSpec), ScaleError> {
     match pool {
         None => spec
             .default_worker_pool()
@@ -164,15 +172,44 @@ fn resolve_pool<'a>(spec: &'a ClusterSpec, pool: Option<&str>) -> Result<(Role, 
         Some(name) => spec.pool(name).ok_or_else(|| {
             ScaleError::Count(CountError::UnknownPool {
                 pool: name.to_owned(),
-                known: spec.pools().map(|(_, p)| p.name.as_str()).collect::<Vec<_>>().join(", "),
+                known: spec
+                    .pools()
+                    .map(|(_, p)| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             })
         }),
     }
 }
 
-fn parse_spec(snapshot: &ConfigSnapshot) -> Result<ClusterSpec, ScaleError> {
-    let yaml = snapshot.spec_yaml().ok_or(ScaleError::NoSpec)?;
-    ClusterSpec::from_yaml(yaml).map_err(ScaleError::Spec)
+/// Memo of the last `spec.yaml` parsed, keyed by its exact text. Parsing and validating the
+/// spec is most of what a GET costs, and the text rarely changes between requests; a hit is
+/// indistinguishable from parsing again, so the memo never serves anything stale. The
+/// webhook keeps one per process; the CLI uses a fresh one.
+#[derive(Debug, Default)]
+pub struct SpecCache(std::sync::Mutex<Option<(String, ClusterSpec)>>);
+
+impl SpecCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(String, ClusterSpec)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The spec in `snapshot`, parsed and validated.
+    fn parse(&self, snapshot: &ConfigSnapshot) -> Result<ClusterSpec, ScaleError> {
+        let yaml = snapshot.spec_yaml().ok_or(ScaleError::NoSpec)?;
+        if let Some((text, spec)) = self.lock().as_ref()
+            && text == yaml
+        {
+            return Ok(spec.clone());
+        }
+        let spec = ClusterSpec::from_yaml(yaml).map_err(ScaleError::Spec)?;
+        self.remember(yaml.to_owned(), spec.clone());
+        Ok(spec)
+    }
+
+    fn remember(&self, yaml: String, spec: ClusterSpec) {
+        *self.lock() = Some((yaml, spec));
+    }
 }
 
 fn pool_count(pool: &PoolSpec) -> PoolCount {
@@ -185,18 +222,15 @@ fn pool_count(pool: &PoolSpec) -> PoolCount {
 }
 
 /// The stored count of `pool` (default: the first worker pool). Read-only.
-pub async fn observe_count<S: StateStore>(state: &S, pool: Option<&str>) -> Result<PoolCount, ScaleError> {
+pub async fn observe_count<S: StateStore>(
+    state: &S,
+    pool: Option<&str>,
+    cache: &SpecCache,
+) -> Result<PoolCount, ScaleError> {
     let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-    let spec = parse_spec(&snapshot)?;
+    let spec = cache.parse(&snapshot)?;
     let (_, p) = resolve_pool(&spec, pool)?;
     Ok(pool_count(p))
-}
-
-/// Names of all pools, control plane first (for "unknown pool" messages and listings).
-pub async fn observe_pools<S: StateStore>(state: &S) -> Result<Vec<PoolCount>, ScaleError> {
-    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-    let spec = parse_spec(&snapshot)?;
-    Ok(spec.pools().map(|(_, p)| pool_count(p)).collect())
 }
 
 /// Applies `change` to `pool` (default: the first worker pool) in `spec.yaml`, re-reading
@@ -208,6 +242,7 @@ pub async fn apply_change<S: StateStore>(
     pool: Option<&str>,
     change: CountChange,
     opts: &ScaleOptions,
+    cache: &SpecCache,
 ) -> Result<ChangeOutcome, ScaleError> {
     let attempts = opts.backoff.attempts.max(1);
     let mut conflicts = 0;
@@ -216,17 +251,15 @@ pub async fn apply_change<S: StateStore>(
             tokio::time::sleep(opts.backoff.delay(attempt)).await;
         }
         let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-        let mut spec = parse_spec(&snapshot)?;
+        let mut spec = cache.parse(&snapshot)?;
         let (_, p) = resolve_pool(&spec, pool)?;
         let name = p.name.clone();
         let previous = p.count;
         let target = match change {
             CountChange::Set(n) => n,
-            CountChange::Add(delta) => i64::from(previous).checked_add(delta).unwrap_or(if delta > 0 {
-                i64::MAX
-            } else {
-                i64::MIN
-            }),
+            CountChange::Add(delta) => i64::from(previous)
+                .checked_add(delta)
+                .unwrap_or(if delta > 0 { i64::MAX } else { i64::MIN }),
         };
         spec.set_count(&name, target)?;
         let (_, p) = resolve_pool(&spec, Some(&name))?;
@@ -242,10 +275,13 @@ pub async fn apply_change<S: StateStore>(
         if p.count == previous {
             return Ok(outcome);
         }
+        let yaml = spec.to_yaml();
         let mut data = snapshot.data.clone();
-        data.insert(keys::SPEC.to_owned(), spec.to_yaml());
+        data.insert(keys::SPEC.to_owned(), yaml.clone());
         match state.replace_config(&snapshot.resource_version, data).await {
             Ok(_) => {
+                // The next read most likely sees exactly what we wrote.
+                cache.remember(yaml, spec);
                 outcome.written = true;
                 return Ok(outcome);
             }
@@ -293,7 +329,7 @@ pub async fn run<S: StateStore, C: Cluster>(
     change: CountChange,
     opts: &ScaleOptions,
 ) -> Result<ScaleOutcome, ScaleError> {
-    let change = apply_change(state, pool, change, opts).await?;
+    let change = apply_change(state, pool, change, opts, &SpecCache::default()).await?;
     let reconcile = if change.written {
         trigger_reconcile(cluster).await
     } else {
@@ -329,16 +365,37 @@ mod tests {
 
     fn stored(w: &FakeWorld, pool: &str) -> u32 {
         let yaml = w.with(|s| s.config.data[keys::SPEC].clone());
-        ClusterSpec::from_yaml(&yaml).unwrap().pool(pool).unwrap().1.count
+        ClusterSpec::from_yaml(&yaml)
+            .unwrap()
+            .pool(pool)
+            .unwrap()
+            .1
+            .count
     }
 
     #[tokio::test]
     async fn add_is_relative_to_the_stored_count_and_set_is_absolute() {
         let w = world(2, 10);
         let opts = ScaleOptions::default();
-        let out = apply_change(&w.state(), None, CountChange::Add(3), &opts).await.unwrap();
+        let out = apply_change(
+            &w.state(),
+            None,
+            CountChange::Add(3),
+            &opts,
+            &SpecCache::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!((out.previous, out.count, out.written), (2, 5, true));
-        let out = apply_change(&w.state(), None, CountChange::Set(1), &opts).await.unwrap();
+        let out = apply_change(
+            &w.state(),
+            None,
+            CountChange::Set(1),
+            &opts,
+            &SpecCache::default(),
+        )
+        .await
+        .unwrap();
         assert_eq!((out.previous, out.count), (5, 1));
         assert_eq!(stored(&w, "workers"), 1);
     }
@@ -346,10 +403,19 @@ mod tests {
     #[tokio::test]
     async fn a_change_to_the_same_count_writes_nothing_and_triggers_nothing() {
         let w = world(2, 10);
-        let out = run(&w.state(), &w.cluster(), None, CountChange::Set(2), &ScaleOptions::default())
-            .await
-            .unwrap();
-        assert_eq!((out.change.written, out.reconcile), (false, ReconcileOutcome::NotNeeded));
+        let out = run(
+            &w.state(),
+            &w.cluster(),
+            None,
+            CountChange::Set(2),
+            &ScaleOptions::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (out.change.written, out.reconcile),
+            (false, ReconcileOutcome::NotNeeded)
+        );
         assert_eq!(w.with(|s| s.config.resource_version.clone()), "1");
         assert!(w.with(|s| s.jobs.is_empty()));
     }
@@ -357,24 +423,73 @@ mod tests {
     #[tokio::test]
     async fn overflowing_deltas_are_out_of_bounds_not_wrapped() {
         let w = world(2, 10);
-        let e = apply_change(&w.state(), None, CountChange::Add(i64::MAX), &ScaleOptions::default())
-            .await
-            .unwrap_err();
-        assert!(matches!(e, ScaleError::Count(CountError::OutOfBounds { min: 0, max: 10, .. })), "{e:?}");
+        let e = apply_change(
+            &w.state(),
+            None,
+            CountChange::Add(i64::MAX),
+            &ScaleOptions::default(),
+            &SpecCache::default(),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ScaleError::Count(CountError::OutOfBounds {
+                    min: 0,
+                    max: 10,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
         assert_eq!(e.exit_code(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_spec_memo_never_serves_a_stale_spec() {
+        let w = world(2, 10);
+        let cache = SpecCache::default();
+        assert_eq!(
+            observe_count(&w.state(), None, &cache).await.unwrap().count,
+            2
+        );
+        // Someone else rewrites spec.yaml behind the memo's back.
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 7);
+        spec.worker_pools[0].max = 10;
+        w.with(|s| s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml()));
+        assert_eq!(
+            observe_count(&w.state(), None, &cache).await.unwrap().count,
+            7
+        );
+        let opts = ScaleOptions::default();
+        apply_change(&w.state(), None, CountChange::Add(1), &opts, &cache)
+            .await
+            .unwrap();
+        assert_eq!(
+            observe_count(&w.state(), None, &cache).await.unwrap().count,
+            8
+        );
     }
 
     #[tokio::test]
     async fn unknown_pools_are_named_with_the_known_ones() {
         let w = world(2, 10);
-        let e = observe_count(&w.state(), Some("gpu")).await.unwrap_err();
-        assert_eq!(e.to_string(), "pool \"gpu\" does not exist; pools are: control-plane, workers");
+        let e = observe_count(&w.state(), Some("gpu"), &SpecCache::default())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "pool \"gpu\" does not exist; pools are: control-plane, workers"
+        );
     }
 
     #[tokio::test]
     async fn a_missing_configmap_is_a_configuration_error() {
         let w = FakeWorld::new(chrono::Utc::now());
-        let e = observe_count(&w.state(), None).await.unwrap_err();
+        let e = observe_count(&w.state(), None, &SpecCache::default())
+            .await
+            .unwrap_err();
         assert_eq!(e.exit_code(), 2, "{e:?}");
     }
 }

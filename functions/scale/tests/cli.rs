@@ -1,0 +1,215 @@
+//! The `scale` binary as an operator uses it, against the cluster twin of `oxide-sim` over
+//! real HTTPS: `get`/`set`/`add` with `--kubeconfig` and their exit codes, and `serve` printing
+//! its ready line, answering over HTTP and exiting cleanly on SIGTERM.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use oxide_controller::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
+use oxide_controller::secrets::ClusterSecrets;
+use oxide_controller::spec::ClusterSpec;
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::state::{StateStore, keys};
+use oxide_sim::twin::{LocalTwin, Twin, TwinConfig};
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const TOKEN: &str = "cli-test-webhook-token";
+
+struct Env {
+    local: LocalTwin,
+    _dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+/// A twin holding the state bootstrap writes (2 workers in [0, 10]) and a CronJob.
+async fn env() -> Env {
+    let local = Twin::new(TwinConfig::default())
+        .unwrap()
+        .serve_local()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, local.admin_kubeconfig()).unwrap();
+    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+        .await
+        .unwrap();
+    let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 1, 2);
+    spec.worker_pools[0].max = 10;
+    let secrets = ClusterSecrets {
+        webhook_token: TOKEN.into(),
+        ..ClusterSecrets::default()
+    };
+    KubeStateStore::new(client, NAMESPACE)
+        .ensure_state(
+            &secrets,
+            BTreeMap::from([(keys::SPEC.to_owned(), spec.to_yaml())]),
+        )
+        .await
+        .unwrap();
+    local
+        .twin
+        .upsert(json!({"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
+            "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "reconcile", "image": "oxide-controller:test", "args": ["reconcile-once"]}]}}}}}}))
+        .unwrap();
+    Env {
+        local,
+        _dir: dir,
+        kubeconfig,
+    }
+}
+
+impl Env {
+    async fn scale(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_scale"))
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .env_remove("OXIDE_CONTROLLER_POOL")
+            .env("OXIDE_CONTROLLER_LOG_FORMAT", "text")
+            .output()
+            .await
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn stored_count(&self) -> u32 {
+        let cm = self
+            .local
+            .twin
+            .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
+            .unwrap();
+        let spec = ClusterSpec::from_yaml(cm["data"][keys::SPEC].as_str().unwrap()).unwrap();
+        spec.worker_pools[0].count
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_set_and_add_change_the_configmap_and_exit_with_the_documented_codes() {
+    let env = env().await;
+    assert_eq!(env.scale(&["get"]).await.0, 0);
+    assert_eq!(env.scale(&["get"]).await.1, "2\n");
+    let (code, out, _) = env.scale(&["get", "--output", "json"]).await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap(),
+        json!({"pool":"workers","count":2,"min":0,"max":10})
+    );
+
+    let (code, out, err) = env.scale(&["add", "3"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("workers: 2 → 5; reconcile triggered"),
+        "{out}"
+    );
+    assert_eq!(env.stored_count(), 5);
+    assert!(
+        env.local
+            .twin
+            .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+            .is_some()
+    );
+
+    let (code, out, err) = env.scale(&["add", "-1"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("5 → 4; reconcile pending"), "{out}");
+    let (code, out, _) = env.scale(&["set", "4"]).await;
+    assert_eq!((code, out.as_str()), (0, "workers: already 4\n"));
+
+    // Things to fix first exit 2 and say what is wrong; nothing is written.
+    let (code, _, err) = env.scale(&["set", "11"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("[0, 10]"), "{err}");
+    let (code, _, err) = env.scale(&["add", "1", "--pool", "gpu"]).await;
+    assert_eq!(code, 2);
+    assert!(err.contains("pools are: control-plane, workers"), "{err}");
+    let (code, _, err) = env.scale(&["get", "--namespace", "elsewhere"]).await;
+    assert_eq!(code, 2, "no state there: {err}");
+    assert!(err.contains("run bootstrap"), "{err}");
+    assert_eq!(env.stored_count(), 4);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_scale"))
+        .args(["get", "--kubeconfig", "/nonexistent/kubeconfig"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_prints_its_address_answers_and_exits_zero_on_sigterm() {
+    let env = env().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_scale"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--kubeconfig"])
+        .arg(&env.kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("ready line within 30 s")
+        .unwrap()
+        .unwrap();
+    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(ready["tls"], false);
+    let base = format!("http://{}", ready["listen"].as_str().unwrap());
+
+    let http = reqwest::Client::new();
+    let r = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http
+        .get(format!("{base}/nodes/workers"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = http
+        .post(format!("{base}/nodes/workers/modify"))
+        .bearer_auth(TOKEN)
+        .body("6")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(r.text().await.unwrap(), "Worker count changed from 2 to 6");
+    assert_eq!(env.stored_count(), 6);
+    let r = http
+        .get(format!("{base}/nodes/workers"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "6");
+
+    let pid = child.id().unwrap();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits within 20 s of SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        http.get(format!("{base}/healthz")).send().await.is_err(),
+        "no longer listening"
+    );
+}

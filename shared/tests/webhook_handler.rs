@@ -1,0 +1,1189 @@
+//! The scale webhook as a function, without sockets: requests go straight into
+//! `webhook::handle` over the in-memory fakes (`FakeWorld`), axum-`oneshot` style. Every route,
+//! every error status, the auth rules and the write protocol under conflicts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use oxide_controller::cluster::{
+    Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome, ON_DEMAND_JOB,
+};
+use oxide_controller::fake::{FakeCluster, FakeState, FakeWorld};
+use oxide_controller::model::{Node, PodRef};
+use oxide_controller::retry::Backoff;
+use oxide_controller::secrets::ClusterSecrets;
+use oxide_controller::spec::{ClusterSpec, PoolSpec};
+use oxide_controller::state::{ConfigSnapshot, StateError, StateStore, keys};
+use oxide_controller::webhook::{self, Deps, MAX_BODY, RECONCILE_HEADER, WebhookConfig};
+use oxide_controller::workflows::scale::ScaleOptions;
+use serde_json::Value;
+
+const TOKEN: &str = "hook-token-5f3a9c1e7b";
+
+fn secrets(token: &str) -> ClusterSecrets {
+    ClusterSecrets {
+        oxide_host: "https://rack.example".into(),
+        oxide_token: "oxide-token".into(),
+        oxide_project: "demo".into(),
+        k3s_token: "k3s".into(),
+        k3s_agent_token: "agent".into(),
+        ssh_private_key: "PRIVATE".into(),
+        ssh_public_key: "ssh-ed25519 AAAA".into(),
+        user_ssh_public_key: None,
+        webhook_token: token.into(),
+        tailscale_auth_key: None,
+    }
+}
+
+/// Workers: count 2 in [0, 10]; a `gpu` pool: count 1 in [1, 4]; control plane 3 in [1, 7].
+fn spec() -> ClusterSpec {
+    let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 2);
+    spec.worker_pools[0].max = 10;
+    let gpu = PoolSpec {
+        name: "gpu".into(),
+        count: 1,
+        min: 1,
+        max: 4,
+        ..spec.worker_pools[0].clone()
+    };
+    spec.worker_pools.push(gpu);
+    spec
+}
+
+/// The state bootstrap leaves behind (written through the fake store, so resourceVersions
+/// move the way they do on a real API server).
+async fn world() -> FakeWorld {
+    let w = FakeWorld::new(chrono::Utc::now());
+    let config = BTreeMap::from([
+        (keys::SPEC.to_owned(), spec().to_yaml()),
+        (keys::SCHEMA_VERSION.to_owned(), "1".to_owned()),
+    ]);
+    w.state()
+        .ensure_state(&secrets(TOKEN), config)
+        .await
+        .unwrap();
+    assert_eq!(rv(&w), "1");
+    w
+}
+
+fn config() -> WebhookConfig {
+    WebhookConfig {
+        // Read the Secret on every request, so tests see changes to it at once.
+        token_ttl: Duration::ZERO,
+        scale: ScaleOptions {
+            backoff: Backoff {
+                first: Duration::from_millis(1),
+                max: Duration::from_millis(2),
+                attempts: 20,
+            },
+        },
+    }
+}
+
+fn deps(w: &FakeWorld) -> Deps<FakeState, FakeCluster> {
+    Deps::new(w.state(), w.cluster(), config())
+}
+
+fn request(method: Method, path: &str) -> http::request::Builder {
+    Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+}
+
+fn json_request(method: Method, path: &str, body: &str) -> Request<Bytes> {
+    request(method, path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Bytes::from(body.to_owned()))
+        .unwrap()
+}
+
+fn empty(method: Method, path: &str) -> Request<Bytes> {
+    request(method, path).body(Bytes::new()).unwrap()
+}
+
+async fn send<S: StateStore, C: Cluster>(
+    deps: &Deps<S, C>,
+    req: Request<Bytes>,
+) -> Response<Bytes> {
+    webhook::handle(deps, req).await
+}
+
+fn body(r: &Response<Bytes>) -> String {
+    String::from_utf8(r.body().to_vec()).unwrap()
+}
+
+fn body_json(r: &Response<Bytes>) -> Value {
+    serde_json::from_slice(r.body()).unwrap_or_else(|e| panic!("not JSON ({e}): {}", body(r)))
+}
+
+fn header_of(r: &Response<Bytes>, name: impl header::AsHeaderName) -> &str {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap())
+        .unwrap_or("")
+}
+
+fn stored_count(w: &FakeWorld, pool: &str) -> u32 {
+    let yaml = w.with(|s| s.config.data[keys::SPEC].clone());
+    ClusterSpec::from_yaml(&yaml)
+        .unwrap()
+        .pool(pool)
+        .unwrap()
+        .1
+        .count
+}
+
+fn rv(w: &FakeWorld) -> String {
+    w.with(|s| s.config.resource_version.clone())
+}
+
+fn jobs(w: &FakeWorld) -> usize {
+    w.with(|s| s.jobs.len())
+}
+
+// ---------------------------------------------------------------- health
+
+#[tokio::test]
+async fn healthz_is_200_without_a_token_even_when_nothing_is_readable() {
+    let w = FakeWorld::new(chrono::Utc::now());
+    let d = deps(&w);
+    let r = send(&d, Request::get("/healthz").body(Bytes::new()).unwrap()).await;
+    assert_eq!((r.status(), body(&r).as_str()), (StatusCode::OK, "ok\n"));
+    let r = send(&d, Request::head("/healthz").body(Bytes::new()).unwrap()).await;
+    assert_eq!((r.status(), r.body().len()), (StatusCode::OK, 0));
+}
+
+#[tokio::test]
+async fn readyz_is_200_only_when_the_secret_and_the_configmap_can_be_read() {
+    let w = world().await;
+    let d = deps(&w);
+    let ready = || Request::get("/readyz").body(Bytes::new()).unwrap();
+    assert_eq!(send(&d, ready()).await.status(), StatusCode::OK);
+
+    w.with(|s| s.secrets = None);
+    let r = send(&d, ready()).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body(&r).contains("Secret"), "{}", body(&r));
+
+    w.with(|s| {
+        s.secrets = Some(secrets(TOKEN));
+        s.config = ConfigSnapshot::default();
+    });
+    let r = send(&d, ready()).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body(&r).contains("ConfigMap"), "{}", body(&r));
+}
+
+// ---------------------------------------------------------------- reading
+
+#[tokio::test]
+async fn get_workers_is_the_bare_count_in_text_like_the_ancestor() {
+    let w = world().await;
+    let r = send(&deps(&w), empty(Method::GET, "/nodes/workers")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(body(&r), "2");
+    assert!(header_of(&r, header::CONTENT_TYPE).starts_with("text/plain"));
+}
+
+#[tokio::test]
+async fn get_workers_with_accept_json_gives_pool_count_and_bounds() {
+    let w = world().await;
+    let req = request(Method::GET, "/nodes/workers")
+        .header(header::ACCEPT, "application/json")
+        .body(Bytes::new())
+        .unwrap();
+    let r = send(&deps(&w), req).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(header_of(&r, header::CONTENT_TYPE), "application/json");
+    assert_eq!(
+        body_json(&r),
+        serde_json::json!({"pool": "workers", "count": 2, "min": 0, "max": 10})
+    );
+}
+
+#[tokio::test]
+async fn status_is_404_before_the_first_reconcile_and_then_the_stored_document() {
+    let w = world().await;
+    let d = deps(&w);
+    let r = send(&d, empty(Method::GET, "/status")).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert_eq!(body_json(&r)["error"], "no_status");
+
+    let doc = r#"{"runId":"r1","conditions":[]}"#;
+    w.with(|s| {
+        s.config
+            .data
+            .insert(keys::STATUS.to_owned(), doc.to_owned())
+    });
+    let r = send(&d, empty(Method::GET, "/status")).await;
+    assert_eq!((r.status(), body(&r).as_str()), (StatusCode::OK, doc));
+    assert_eq!(header_of(&r, header::CONTENT_TYPE), "application/json");
+}
+
+// ---------------------------------------------------------------- writing
+
+#[tokio::test]
+async fn put_sets_the_count_saves_it_and_triggers_a_reconcile() {
+    let w = world().await;
+    let r = send(
+        &deps(&w),
+        json_request(Method::PUT, "/nodes/workers", r#"{"count": 5}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", body(&r));
+    let b = body_json(&r);
+    assert_eq!(
+        (
+            b["previous"].as_u64(),
+            b["count"].as_u64(),
+            b["changed"].as_bool()
+        ),
+        (Some(2), Some(5), Some(true))
+    );
+    assert_eq!(b["reconcile"], "triggered");
+    assert_eq!(header_of(&r, RECONCILE_HEADER), "triggered");
+    assert_eq!(stored_count(&w, "workers"), 5);
+    assert_ne!(rv(&w), "1");
+    assert!(w.with(|s| s.jobs.contains(ON_DEMAND_JOB)));
+}
+
+#[tokio::test]
+async fn patch_adds_a_delta_to_the_stored_count_in_either_direction() {
+    let w = world().await;
+    let d = deps(&w);
+    let r = send(
+        &d,
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta": 3}"#),
+    )
+    .await;
+    assert_eq!(
+        (r.status(), body_json(&r)["count"].as_u64()),
+        (StatusCode::OK, Some(5))
+    );
+    let r = send(
+        &d,
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta": -4}"#),
+    )
+    .await;
+    assert_eq!(
+        (r.status(), body_json(&r)["count"].as_u64()),
+        (StatusCode::OK, Some(1))
+    );
+    assert_eq!(stored_count(&w, "workers"), 1);
+    // The second trigger found the first Job still there: one pending run, not two.
+    assert_eq!(body_json(&r)["reconcile"], "pending");
+    assert_eq!(jobs(&w), 1);
+}
+
+#[tokio::test]
+async fn patch_accepts_merge_patch_json_too() {
+    let w = world().await;
+    let req = request(Method::PATCH, "/nodes/workers")
+        .header(
+            header::CONTENT_TYPE,
+            "application/merge-patch+json; charset=utf-8",
+        )
+        .body(Bytes::from_static(br#"{"delta":1}"#))
+        .unwrap();
+    assert_eq!(send(&deps(&w), req).await.status(), StatusCode::OK);
+    assert_eq!(stored_count(&w, "workers"), 3);
+}
+
+#[tokio::test]
+async fn a_change_to_the_current_count_succeeds_without_writing_or_triggering() {
+    let w = world().await;
+    let r = send(
+        &deps(&w),
+        json_request(Method::PUT, "/nodes/workers", r#"{"count": 2}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let b = body_json(&r);
+    assert_eq!(
+        (b["changed"].as_bool(), b["reconcile"].as_str()),
+        (Some(false), Some("not-needed"))
+    );
+    assert_eq!((rv(&w).as_str(), jobs(&w)), ("1", 0));
+}
+
+#[tokio::test]
+async fn legacy_modify_sets_the_count_and_answers_like_the_ancestor() {
+    let w = world().await;
+    let d = deps(&w);
+    // The ancestor's callers: no content type, its documented application/text, text/plain,
+    // and what `curl -d` sends.
+    let cases = [
+        (None, "4", 2, 4),
+        (Some("application/text"), "5", 4, 5),
+        (Some("text/plain; charset=utf-8"), "6\n", 5, 6),
+        (Some("application/x-www-form-urlencoded"), "7", 6, 7),
+    ];
+    for (ct, text, from, to) in cases {
+        let mut b = request(Method::POST, "/nodes/workers/modify");
+        if let Some(ct) = ct {
+            b = b.header(header::CONTENT_TYPE, ct);
+        }
+        let r = send(&d, b.body(Bytes::from(text)).unwrap()).await;
+        assert_eq!(r.status(), webhook::LEGACY_SUCCESS, "{ct:?}: {}", body(&r));
+        assert_eq!(
+            r.status(),
+            StatusCode::CREATED,
+            "the ancestor answered 201 Created"
+        );
+        assert_eq!(
+            body(&r),
+            format!("Worker count changed from {from} to {to}")
+        );
+        assert!(header_of(&r, header::CONTENT_TYPE).starts_with("text/plain"));
+        assert_eq!(stored_count(&w, "workers"), to);
+    }
+    assert_eq!(
+        jobs(&w),
+        1,
+        "a burst of changes collapses into one pending Job"
+    );
+}
+
+#[tokio::test]
+async fn legacy_modify_errors_are_short_text_not_json() {
+    let w = world().await;
+    let d = deps(&w);
+    let r = send(
+        &d,
+        request(Method::POST, "/nodes/workers/modify")
+            .body(Bytes::from("three"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        body(&r),
+        "malformed request: expected the new worker count as a whole number, e.g. 3\n"
+    );
+    let r = send(
+        &d,
+        request(Method::POST, "/nodes/workers/modify")
+            .body(Bytes::from("11"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(body(&r).contains("[0, 10]"), "{}", body(&r));
+    let r = send(
+        &d,
+        request(Method::POST, "/nodes/workers/modify")
+            .body(Bytes::new())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(stored_count(&w, "workers"), 2);
+}
+
+#[tokio::test]
+async fn named_pools_have_the_same_routes() {
+    let w = world().await;
+    let d = deps(&w);
+    let r = send(&d, empty(Method::GET, "/pools/gpu")).await;
+    assert_eq!(body(&r), "1");
+    let r = send(
+        &d,
+        json_request(Method::PUT, "/pools/gpu", r#"{"count":3}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", body(&r));
+    let r = send(
+        &d,
+        json_request(Method::PATCH, "/pools/gpu", r#"{"delta":1}"#),
+    )
+    .await;
+    assert_eq!(body_json(&r)["count"], 4);
+    let r = send(
+        &d,
+        request(Method::POST, "/pools/gpu/modify")
+            .body(Bytes::from("2"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (r.status(), body(&r).as_str()),
+        (StatusCode::CREATED, "Worker count changed from 4 to 2")
+    );
+    assert_eq!(
+        (stored_count(&w, "gpu"), stored_count(&w, "workers")),
+        (2, 2)
+    );
+
+    // The control plane keeps its odd count.
+    let r = send(
+        &d,
+        json_request(Method::PATCH, "/pools/control-plane", r#"{"delta":1}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body_json(&r)["error"], "even_control_plane");
+    let r = send(
+        &d,
+        json_request(Method::PATCH, "/pools/control-plane", r#"{"delta":2}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(stored_count(&w, "control-plane"), 5);
+}
+
+#[tokio::test]
+async fn unknown_pools_are_404_naming_the_known_ones() {
+    let w = world().await;
+    let d = deps(&w);
+    for req in [
+        empty(Method::GET, "/pools/tpu"),
+        json_request(Method::PUT, "/pools/tpu", r#"{"count":1}"#),
+        request(Method::POST, "/pools/tpu/modify")
+            .body(Bytes::from("1"))
+            .unwrap(),
+    ] {
+        let r = send(&d, req).await;
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert!(
+            body(&r)
+                .contains(r#"pool \"tpu\" does not exist; pools are: control-plane, workers, gpu"#)
+                || body(&r).contains(
+                    r#"pool "tpu" does not exist; pools are: control-plane, workers, gpu"#
+                ),
+            "{}",
+            body(&r)
+        );
+    }
+    assert_eq!(rv(&w), "1");
+}
+
+// ---------------------------------------------------------------- validation
+
+#[tokio::test]
+async fn counts_outside_the_pool_bounds_are_422_naming_the_bounds() {
+    let w = world().await;
+    let d = deps(&w);
+    for req in [
+        json_request(Method::PUT, "/nodes/workers", r#"{"count": 11}"#),
+        json_request(Method::PUT, "/nodes/workers", r#"{"count": -1}"#),
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta": -3}"#),
+        json_request(
+            Method::PATCH,
+            "/nodes/workers",
+            r#"{"delta": 9223372036854775807}"#,
+        ),
+        json_request(Method::PUT, "/pools/gpu", r#"{"count": 0}"#),
+    ] {
+        let path = req.uri().path().to_owned();
+        let r = send(&d, req).await;
+        assert_eq!(
+            r.status(),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{path}: {}",
+            body(&r)
+        );
+        let b = body_json(&r);
+        assert_eq!(b["error"], "out_of_bounds");
+        let bounds = if path == "/pools/gpu" {
+            "[1, 4]"
+        } else {
+            "[0, 10]"
+        };
+        assert!(b["message"].as_str().unwrap().contains(bounds), "{b}");
+    }
+    assert_eq!(
+        (rv(&w).as_str(), jobs(&w)),
+        ("1", 0),
+        "nothing written, nothing triggered"
+    );
+}
+
+#[tokio::test]
+async fn bodies_over_one_kib_are_413() {
+    let w = world().await;
+    let d = deps(&w);
+    let padded = format!(r#"{{"count": 3{}}}"#, " ".repeat(MAX_BODY));
+    let r = send(&d, json_request(Method::PUT, "/nodes/workers", &padded)).await;
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        body_json(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("1024 bytes")
+    );
+    // A declared length over the limit is enough (the host does not read such bodies).
+    let req = request(Method::POST, "/nodes/workers/modify")
+        .header(header::CONTENT_LENGTH, "1000000")
+        .body(Bytes::new())
+        .unwrap();
+    assert_eq!(send(&d, req).await.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    // Exactly the limit is fine.
+    let exact = format!(r#"{{"count":3}}{}"#, " ".repeat(MAX_BODY - 11));
+    assert_eq!(exact.len(), MAX_BODY);
+    assert_eq!(
+        send(&d, json_request(Method::PUT, "/nodes/workers", &exact))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn wrong_content_types_are_415_saying_what_is_expected() {
+    let w = world().await;
+    let d = deps(&w);
+    let with_type = |m: Method, path: &str, ct: Option<&str>, body: &'static str| {
+        let mut b = request(m, path);
+        if let Some(ct) = ct {
+            b = b.header(header::CONTENT_TYPE, ct);
+        }
+        b.body(Bytes::from_static(body.as_bytes())).unwrap()
+    };
+    for (req, expected) in [
+        (
+            with_type(
+                Method::PUT,
+                "/nodes/workers",
+                Some("text/plain"),
+                r#"{"count":3}"#,
+            ),
+            "application/json",
+        ),
+        (
+            with_type(Method::PUT, "/nodes/workers", None, r#"{"count":3}"#),
+            "application/json",
+        ),
+        (
+            with_type(
+                Method::PATCH,
+                "/pools/gpu",
+                Some("application/x-www-form-urlencoded"),
+                r#"{"delta":1}"#,
+            ),
+            "application/json",
+        ),
+        (
+            with_type(
+                Method::POST,
+                "/nodes/workers/modify",
+                Some("application/json"),
+                "3",
+            ),
+            "text/plain",
+        ),
+    ] {
+        let r = send(&d, req).await;
+        assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert!(body(&r).contains(expected), "{}", body(&r));
+    }
+    assert_eq!(rv(&w), "1");
+}
+
+#[tokio::test]
+async fn wrong_methods_are_405_with_allow() {
+    let w = world().await;
+    let d = deps(&w);
+    for (method, path, allow) in [
+        (Method::DELETE, "/nodes/workers", "GET, PUT, PATCH"),
+        (Method::POST, "/nodes/workers", "GET, PUT, PATCH"),
+        (Method::GET, "/nodes/workers/modify", "POST"),
+        (Method::PUT, "/pools/gpu/modify", "POST"),
+        (Method::DELETE, "/pools/gpu", "GET, PUT, PATCH"),
+        (Method::GET, "/reconcile", "POST"),
+        (Method::POST, "/status", "GET"),
+        (Method::POST, "/metrics", "GET"),
+        (Method::POST, "/healthz", "GET, HEAD"),
+        (Method::DELETE, "/readyz", "GET, HEAD"),
+    ] {
+        let r = send(&d, empty(method.clone(), path)).await;
+        assert_eq!(
+            r.status(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path}"
+        );
+        assert_eq!(header_of(&r, header::ALLOW), allow, "{method} {path}");
+    }
+}
+
+#[tokio::test]
+async fn malformed_numbers_are_400_saying_what_was_expected() {
+    let w = world().await;
+    let d = deps(&w);
+    for (method, body_text, expected) in [
+        (Method::PUT, r#"{"count": "3"}"#, r#"{"count": N}"#),
+        (Method::PUT, r#"{"count": 1.5}"#, r#"{"count": N}"#),
+        (Method::PUT, r#"{"cnt": 3}"#, r#"{"count": N}"#),
+        (
+            Method::PUT,
+            r#"{"count": 3, "extra": 1}"#,
+            r#"{"count": N}"#,
+        ),
+        (Method::PUT, "3", r#"{"count": N}"#),
+        (Method::PUT, "", r#"{"count": N}"#),
+        (Method::PATCH, r#"{"delta": "+1"}"#, r#"{"delta": N}"#),
+        (
+            Method::PATCH,
+            r#"{"delta": 99999999999999999999999}"#,
+            r#"{"delta": N}"#,
+        ),
+        (Method::PATCH, "not json", r#"{"delta": N}"#),
+    ] {
+        let r = send(
+            &d,
+            json_request(method.clone(), "/nodes/workers", body_text),
+        )
+        .await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{method} {body_text}");
+        let b = body_json(&r);
+        assert!(b["message"].as_str().unwrap().contains(expected), "{b}");
+    }
+    assert_eq!(rv(&w), "1");
+}
+
+#[tokio::test]
+async fn unknown_paths_are_404_for_authenticated_callers_and_401_for_others() {
+    let w = world().await;
+    let d = deps(&w);
+    assert_eq!(
+        send(&d, empty(Method::GET, "/nodes")).await.status(),
+        StatusCode::NOT_FOUND
+    );
+    let anon = Request::get("/nodes").body(Bytes::new()).unwrap();
+    assert_eq!(send(&d, anon).await.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn query_strings_without_credentials_are_400_after_authentication() {
+    let w = world().await;
+    let r = send(&deps(&w), empty(Method::GET, "/nodes/workers?pool=gpu")).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn an_unusable_stored_spec_is_500_without_details_and_a_missing_configmap_503() {
+    let w = world().await;
+    let d = deps(&w);
+    w.with(|s| {
+        s.config
+            .data
+            .insert(keys::SPEC.to_owned(), "cluster: [unclosed".to_owned())
+    });
+    for req in [
+        empty(Method::GET, "/nodes/workers"),
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta":1}"#),
+    ] {
+        let r = send(&d, req).await;
+        assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let b = body_json(&r);
+        assert_eq!(b["error"], "spec_invalid");
+        assert!(!b["message"].as_str().unwrap().contains("unclosed"), "{b}");
+    }
+    w.with(|s| s.config = ConfigSnapshot::default());
+    let r = send(&d, empty(Method::GET, "/nodes/workers")).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body_json(&r)["error"], "state_missing");
+}
+
+// ---------------------------------------------------------------- authentication
+
+/// Every protected request that would change something.
+fn writes(auth: Option<&str>, query: &str) -> Vec<Request<Bytes>> {
+    let build = |m: Method, path: &str, ct: &str, body: &'static str| {
+        let mut b = Request::builder()
+            .method(m)
+            .uri(format!("{path}{query}"))
+            .header(header::CONTENT_TYPE, ct);
+        if let Some(a) = auth {
+            b = b.header(header::AUTHORIZATION, a);
+        }
+        b.body(Bytes::from_static(body.as_bytes())).unwrap()
+    };
+    vec![
+        build(
+            Method::PUT,
+            "/nodes/workers",
+            "application/json",
+            r#"{"count":5}"#,
+        ),
+        build(
+            Method::PATCH,
+            "/nodes/workers",
+            "application/json",
+            r#"{"delta":1}"#,
+        ),
+        build(Method::POST, "/nodes/workers/modify", "text/plain", "5"),
+        build(
+            Method::PUT,
+            "/pools/gpu",
+            "application/json",
+            r#"{"count":2}"#,
+        ),
+        build(
+            Method::PATCH,
+            "/pools/gpu",
+            "application/json",
+            r#"{"delta":1}"#,
+        ),
+        build(Method::POST, "/pools/gpu/modify", "text/plain", "2"),
+        build(Method::POST, "/reconcile", "text/plain", ""),
+        build(Method::GET, "/nodes/workers", "text/plain", ""),
+        build(Method::GET, "/status", "text/plain", ""),
+        build(Method::GET, "/metrics", "text/plain", ""),
+    ]
+}
+
+#[tokio::test]
+async fn missing_empty_wrong_or_malformed_tokens_are_401_and_change_nothing() {
+    let w = world().await;
+    let d = deps(&w);
+    let wrong = format!("Bearer {TOKEN}x");
+    let prefix = format!("Bearer {}", &TOKEN[..TOKEN.len() - 1]);
+    let cases: [(Option<&str>, &str); 7] = [
+        (None, "missing"),
+        (Some(""), "empty header"),
+        (Some("Bearer "), "empty token"),
+        (Some(&wrong), "wrong token"),
+        (Some(&prefix), "a prefix of the token"),
+        (Some(TOKEN), "no scheme"),
+        (Some("Basic aG9vazp0b2tlbg=="), "basic auth"),
+    ];
+    for (auth, what) in cases {
+        for req in writes(auth, "") {
+            let target = format!("{} {}", req.method(), req.uri());
+            let r = send(&d, req).await;
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{what}: {target}");
+            assert!(
+                header_of(&r, header::WWW_AUTHENTICATE).starts_with("Bearer"),
+                "{what}: {target}"
+            );
+            assert!(!body(&r).contains(TOKEN), "a 401 never echoes the token");
+        }
+    }
+    assert_eq!((rv(&w).as_str(), jobs(&w)), ("1", 0));
+}
+
+#[tokio::test]
+async fn a_token_in_the_query_string_is_401_even_with_a_valid_header() {
+    let w = world().await;
+    let d = deps(&w);
+    let header_value = format!("Bearer {TOKEN}");
+    for (auth, query) in [
+        (None, format!("?token={TOKEN}")),
+        (None, format!("?access_token={TOKEN}")),
+        (
+            Some(header_value.as_str()),
+            format!("?access_token={TOKEN}"),
+        ),
+    ] {
+        for req in writes(auth, &query) {
+            let target = req.uri().path().to_owned();
+            let r = send(&d, req).await;
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{target}{query}");
+            assert!(header_of(&r, header::WWW_AUTHENTICATE).starts_with("Bearer"));
+            assert!(!body(&r).contains(TOKEN));
+        }
+    }
+    assert_eq!((rv(&w).as_str(), jobs(&w)), ("1", 0));
+}
+
+#[tokio::test]
+async fn an_unreadable_secret_fails_closed_with_503() {
+    let w = world().await;
+    w.with(|s| s.secrets = None);
+    let d = deps(&w);
+    for req in writes(Some(&format!("Bearer {TOKEN}")), "") {
+        let r = send(&d, req).await;
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            body(&r).contains("cannot verify credentials"),
+            "{}",
+            body(&r)
+        );
+        assert!(r.headers().contains_key(header::RETRY_AFTER));
+    }
+    assert_eq!((rv(&w).as_str(), jobs(&w)), ("1", 0));
+}
+
+#[tokio::test]
+async fn an_empty_webhook_token_in_the_secret_accepts_nobody() {
+    let w = world().await;
+    w.with(|s| s.secrets = Some(secrets("")));
+    let d = deps(&w);
+    let req = Request::put("/nodes/workers")
+        .header(header::AUTHORIZATION, "Bearer ")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Bytes::from_static(br#"{"count":5}"#))
+        .unwrap();
+    assert_eq!(send(&d, req).await.status(), StatusCode::UNAUTHORIZED);
+    let r = send(
+        &d,
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":5}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(rv(&w), "1");
+}
+
+#[tokio::test]
+async fn the_token_is_cached_for_its_ttl_and_rotation_applies_after_it() {
+    let w = world().await;
+    let cached = Deps::new(
+        w.state(),
+        w.cluster(),
+        WebhookConfig {
+            token_ttl: Duration::from_secs(3600),
+            ..config()
+        },
+    );
+    let uncached = deps(&w);
+    assert_eq!(
+        send(&cached, empty(Method::GET, "/nodes/workers"))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    w.with(|s| s.secrets = Some(secrets("rotated-token")));
+    assert_eq!(
+        send(&cached, empty(Method::GET, "/nodes/workers"))
+            .await
+            .status(),
+        StatusCode::OK,
+        "cached"
+    );
+    assert_eq!(
+        send(&uncached, empty(Method::GET, "/nodes/workers"))
+            .await
+            .status(),
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+// ---------------------------------------------------------------- reconcile
+
+#[tokio::test]
+async fn post_reconcile_creates_the_job_then_reports_it_pending() {
+    let w = world().await;
+    let d = deps(&w);
+    let r = send(&d, empty(Method::POST, "/reconcile")).await;
+    assert_eq!(
+        (r.status(), body_json(&r)["reconcile"].as_str()),
+        (StatusCode::ACCEPTED, Some("triggered"))
+    );
+    let r = send(&d, empty(Method::POST, "/reconcile")).await;
+    assert_eq!(
+        (r.status(), body_json(&r)["reconcile"].as_str()),
+        (StatusCode::ACCEPTED, Some("pending"))
+    );
+    assert_eq!(jobs(&w), 1);
+    assert_eq!(rv(&w), "1", "triggering changes no state");
+}
+
+#[tokio::test]
+async fn without_a_cronjob_the_change_is_saved_and_the_response_says_no_reconcile_ran() {
+    let w = world().await;
+    w.with(|s| s.cronjob = false);
+    let d = deps(&w);
+    let r = send(
+        &d,
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":4}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let b = body_json(&r);
+    assert_eq!(b["reconcile"], "not-triggered");
+    assert!(
+        b["message"]
+            .as_str()
+            .unwrap()
+            .contains("no reconcile was triggered"),
+        "{b}"
+    );
+    assert_eq!(stored_count(&w, "workers"), 4);
+
+    let r = send(
+        &d,
+        request(Method::POST, "/nodes/workers/modify")
+            .body(Bytes::from("5"))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (r.status(), header_of(&r, RECONCILE_HEADER)),
+        (StatusCode::CREATED, "not-triggered")
+    );
+
+    let r = send(&d, empty(Method::POST, "/reconcile")).await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert_eq!(body_json(&r)["error"], "no_cronjob");
+}
+
+#[tokio::test]
+async fn a_failing_job_api_still_saves_the_change_and_post_reconcile_is_503() {
+    let w = world().await;
+    let d = Deps::new(w.state(), BrokenJobs(w.cluster()), config());
+    let r = send(
+        &d,
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta":1}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(body_json(&r)["reconcile"], "failed");
+    assert_eq!(stored_count(&w, "workers"), 3);
+    let r = send(&d, empty(Method::POST, "/reconcile")).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        !body(&r).contains("forbidden"),
+        "the cause stays in the log: {}",
+        body(&r)
+    );
+}
+
+// ---------------------------------------------------------------- conflicts
+
+#[tokio::test]
+async fn a_409_is_answered_by_re_reading_and_re_applying_the_delta() {
+    let w = world().await;
+    // Another writer adds one worker just before each of our first three writes.
+    let state = Racing {
+        inner: w.state(),
+        world: w.clone(),
+        races: AtomicU32::new(3),
+        adds: true,
+    };
+    let d = Deps::new(state, w.cluster(), config());
+    let r = send(
+        &d,
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta":1}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", body(&r));
+    let b = body_json(&r);
+    assert_eq!(
+        (b["previous"].as_u64(), b["count"].as_u64()),
+        (Some(5), Some(6))
+    );
+    assert_eq!(
+        stored_count(&w, "workers"),
+        6,
+        "2 + 3 by the other writer + 1 by us: nothing lost"
+    );
+    assert!(
+        d.metrics
+            .render()
+            .contains("oxide_controller_webhook_state_conflicts_total 3")
+    );
+}
+
+#[tokio::test]
+async fn conflicts_that_never_end_give_up_with_503_and_retry_after() {
+    let w = world().await;
+    let state = Racing {
+        inner: w.state(),
+        world: w.clone(),
+        races: AtomicU32::new(u32::MAX),
+        adds: false,
+    };
+    let d = Deps::new(state, w.cluster(), config());
+    let r = send(
+        &d,
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta":1}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body_json(&r)["error"], "busy");
+    assert_eq!(header_of(&r, header::RETRY_AFTER), "1");
+    assert_eq!(jobs(&w), 0);
+}
+
+#[tokio::test]
+async fn concurrent_patches_on_one_process_are_all_applied() {
+    let w = world().await;
+    // Every write races with nobody, but every read yields, so requests interleave.
+    let state = Racing {
+        inner: w.state(),
+        world: w.clone(),
+        races: AtomicU32::new(0),
+        adds: false,
+    };
+    let mut spec = spec();
+    spec.worker_pools[0].max = 1000;
+    w.with(|s| s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml()));
+    let d = Arc::new(Deps::new(state, w.cluster(), config()));
+    let calls = (0..300).map(|_| {
+        let d = d.clone();
+        tokio::spawn(async move {
+            send(
+                &d,
+                json_request(Method::PATCH, "/nodes/workers", r#"{"delta":1}"#),
+            )
+            .await
+            .status()
+        })
+    });
+    let statuses = futures::future::join_all(calls).await;
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s.as_ref().unwrap() == StatusCode::OK)
+    );
+    assert_eq!(stored_count(&w, "workers"), 302);
+}
+
+// ---------------------------------------------------------------- metrics
+
+#[tokio::test]
+async fn metrics_count_requests_latency_triggers_and_conflicts() {
+    let w = world().await;
+    let d = deps(&w);
+    send(&d, empty(Method::GET, "/nodes/workers")).await;
+    send(
+        &d,
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":3}"#),
+    )
+    .await;
+    send(
+        &d,
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":4}"#),
+    )
+    .await;
+    send(
+        &d,
+        Request::get("/nodes/workers").body(Bytes::new()).unwrap(),
+    )
+    .await;
+    send(&d, empty(Method::GET, "/pools/whatever")).await;
+    let r = send(&d, empty(Method::GET, "/metrics")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(header_of(&r, header::CONTENT_TYPE).starts_with("text/plain; version=0.0.4"));
+    let text = body(&r);
+    for line in [
+        r#"oxide_controller_webhook_requests_total{route="/nodes/workers",method="GET",status="200"} 1"#,
+        r#"oxide_controller_webhook_requests_total{route="/nodes/workers",method="GET",status="401"} 1"#,
+        r#"oxide_controller_webhook_requests_total{route="/nodes/workers",method="PUT",status="200"} 2"#,
+        r#"oxide_controller_webhook_requests_total{route="/pools/{pool}",method="GET",status="404"} 1"#,
+        r#"oxide_controller_webhook_request_duration_seconds_count{route="/nodes/workers"} 4"#,
+        r#"oxide_controller_webhook_request_duration_seconds_bucket{route="/nodes/workers",le="+Inf"} 4"#,
+        r#"oxide_controller_webhook_reconcile_triggers_total{result="created"} 1"#,
+        r#"oxide_controller_webhook_reconcile_triggers_total{result="pending"} 1"#,
+        "oxide_controller_webhook_state_conflicts_total 0",
+        "# TYPE oxide_controller_webhook_request_duration_seconds histogram",
+    ] {
+        assert!(text.contains(line), "missing {line}\n{text}");
+    }
+    assert!(
+        !text.contains("whatever"),
+        "labels never carry request input"
+    );
+}
+
+// ---------------------------------------------------------------- test doubles
+
+/// A state store where another writer gets in before each of our next `races` writes: it
+/// adds one worker, so our write meets a 409 and must re-read. Reads yield to the scheduler so
+/// concurrent requests interleave.
+struct Racing {
+    inner: FakeState,
+    world: FakeWorld,
+    races: AtomicU32,
+    /// Whether the other writer adds a worker (else it rewrites the same data: a pure 409).
+    adds: bool,
+}
+
+impl StateStore for Racing {
+    async fn read_config(&self) -> Result<ConfigSnapshot, StateError> {
+        tokio::task::yield_now().await;
+        self.inner.read_config().await
+    }
+
+    async fn replace_config(
+        &self,
+        rv: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
+        let race = self
+            .races
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if race {
+            let now = self.inner.read_config().await?;
+            let mut spec = ClusterSpec::from_yaml(now.spec_yaml().unwrap()).unwrap();
+            if self.adds {
+                spec.worker_pools[0].count += 1;
+            }
+            let mut theirs = now.data.clone();
+            theirs.insert(keys::SPEC.to_owned(), spec.to_yaml());
+            self.world
+                .state()
+                .replace_config(&now.resource_version, theirs)
+                .await?;
+        }
+        tokio::task::yield_now().await;
+        self.inner.replace_config(rv, data).await
+    }
+
+    async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
+        self.inner.read_secrets().await
+    }
+
+    async fn ensure_state(
+        &self,
+        s: &ClusterSecrets,
+        c: BTreeMap<String, String>,
+    ) -> Result<(), StateError> {
+        self.inner.ensure_state(s, c).await
+    }
+}
+
+/// The fake cluster, except that starting Jobs is forbidden.
+struct BrokenJobs(FakeCluster);
+
+impl Cluster for BrokenJobs {
+    async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
+        self.0.list_nodes().await
+    }
+    async fn cordon(&self, node: &str) -> Result<(), ClusterError> {
+        self.0.cordon(node).await
+    }
+    async fn delete_node(&self, node: &str) -> Result<(), ClusterError> {
+        self.0.delete_node(node).await
+    }
+    async fn pods_on_node(&self, node: &str) -> Result<Vec<PodRef>, ClusterError> {
+        self.0.pods_on_node(node).await
+    }
+    async fn evict(&self, pod: &PodRef) -> Result<Eviction, ClusterError> {
+        self.0.evict(pod).await
+    }
+    async fn delete_pod(&self, pod: &PodRef) -> Result<(), ClusterError> {
+        self.0.delete_pod(pod).await
+    }
+    async fn acquire_lease(&self, holder: &str, d: Duration) -> Result<LeaseOutcome, ClusterError> {
+        self.0.acquire_lease(holder, d).await
+    }
+    async fn renew_lease(&self, holder: &str, d: Duration) -> Result<(), ClusterError> {
+        self.0.renew_lease(holder, d).await
+    }
+    async fn release_lease(&self, holder: &str) -> Result<(), ClusterError> {
+        self.0.release_lease(holder).await
+    }
+    async fn record_event(
+        &self,
+        kind: EventType,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        self.0.record_event(kind, reason, message).await
+    }
+    async fn trigger_reconcile_job(&self) -> Result<JobTrigger, ClusterError> {
+        Err(ClusterError::Forbidden {
+            what: "create jobs".into(),
+            message: "jobs.batch is forbidden".into(),
+        })
+    }
+}

@@ -1,0 +1,406 @@
+//! Benchmark of the scale webhook over the cluster twin of `oxide-sim` (HTTPS, in this
+//! process), driven by 64 concurrent keep-alive connections. Prints a table: GET latency
+//! p50/p90/p99/max and requests/s, PATCH throughput, the same GET load against the in-memory
+//! fakes (the host's own cost, without the Kubernetes round trip), and peak RSS (VmHWM).
+//!
+//! The twin-backed phases run against the real `scale serve` binary in its own process when
+//! it has been built next to this bench (`cargo build -p scale`, same profile), so its peak RSS
+//! is the webhook's alone; otherwise they run against the in-process host and the RSS shown
+//! covers host, twin and load generator together. The fakes phase always runs in-process.
+//!
+//! Not a test: it asserts only that every request succeeded and the count is exact.
+//! `cargo bench -p oxide-controller-tests --bench scale_webhook` (release), or add
+//! `--profile dev` for a debug build. `BENCH_SECONDS` sets each GET phase's length (default 5),
+//! `BENCH_PATCHES` the number of PATCHes (default 2000).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use oxide_controller::cluster::kube_cluster::KubeCluster;
+use oxide_controller::cluster::{Cluster, NAMESPACE, OBJECT_NAME};
+use oxide_controller::fake::FakeWorld;
+use oxide_controller::secrets::ClusterSecrets;
+use oxide_controller::spec::ClusterSpec;
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::state::{StateStore, keys};
+use oxide_controller::webhook::host::{self, HostOptions};
+use oxide_controller::webhook::{Deps, WebhookConfig};
+use oxide_sim::twin::{Twin, TwinConfig};
+use serde_json::json;
+
+const TOKEN: &str = "bench-webhook-token";
+const CONCURRENCY: usize = 64;
+const INITIAL: u32 = 2;
+
+fn proc_status(field: &str) -> String {
+    status_of("self", field)
+}
+
+fn status_of(pid: &str, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .map(|l| l[field.len()..].trim().to_owned())
+        })
+        .unwrap_or_else(|| "n/a".to_owned())
+}
+
+fn state_data(max: u32) -> (ClusterSecrets, BTreeMap<String, String>) {
+    let mut spec = ClusterSpec::new("bench", "bench", "ubuntu-2404", 1, INITIAL);
+    spec.worker_pools[0].max = max;
+    (
+        ClusterSecrets {
+            webhook_token: TOKEN.into(),
+            ..ClusterSecrets::default()
+        },
+        BTreeMap::from([(keys::SPEC.to_owned(), spec.to_yaml())]),
+    )
+}
+
+async fn serve<S: StateStore + 'static, C: Cluster + 'static>(
+    deps: Deps<S, C>,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = host::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(host::serve(
+        listener,
+        Arc::new(deps),
+        HostOptions::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    (base, stop)
+}
+
+struct Figures {
+    requests: usize,
+    errors: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+}
+
+impl Figures {
+    fn pct(&self, p: f64) -> Duration {
+        if self.latencies.is_empty() {
+            return Duration::ZERO;
+        }
+        let i = ((self.latencies.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies[i]
+    }
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// `CONCURRENCY` workers sending `make()` requests until `until` says stop.
+async fn load(
+    make: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder + Send + Sync + 'static,
+    expect: u16,
+    until: impl Fn(usize, Instant) -> bool + Send + Sync + 'static,
+) -> Figures {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(CONCURRENCY)
+        .build()
+        .unwrap();
+    let make = Arc::new(make);
+    let until = Arc::new(until);
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers = (0..CONCURRENCY).map(|_| {
+        let (client, make, until, sent) =
+            (client.clone(), make.clone(), until.clone(), sent.clone());
+        tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0;
+            loop {
+                let n = sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if until(n, started) {
+                    break;
+                }
+                let t = Instant::now();
+                match make(&client).send().await {
+                    Ok(r) if r.status().as_u16() == expect => {
+                        let _ = r.bytes().await;
+                        lat.push(t.elapsed());
+                    }
+                    _ => errors += 1,
+                }
+            }
+            (lat, errors)
+        })
+    });
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for w in futures::future::join_all(workers).await {
+        let (l, e) = w.unwrap();
+        latencies.extend(l);
+        errors += e;
+    }
+    let elapsed = started.elapsed();
+    latencies.sort();
+    Figures {
+        requests: latencies.len() + errors,
+        errors,
+        elapsed,
+        latencies,
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+fn row(name: &str, f: &Figures) {
+    println!(
+        "| {name:<34} | {:>7} | {:>6} | {:>8} | {:>8} | {:>8} | {:>8} | {:>9.0} |",
+        f.requests,
+        f.errors,
+        ms(f.pct(0.50)),
+        ms(f.pct(0.90)),
+        ms(f.pct(0.99)),
+        ms(f.latencies.last().copied().unwrap_or_default()),
+        f.rps()
+    );
+}
+
+/// `scale` built next to this bench (`target/<profile>/scale`), if any.
+fn scale_binary() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let bin = exe.parent()?.parent()?.join("scale");
+    bin.is_file().then_some(bin)
+}
+
+/// A `scale serve` process and its base URL.
+async fn spawn_scale(
+    bin: &std::path::Path,
+    kubeconfig: &std::path::Path,
+) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut child = tokio::process::Command::new(bin)
+        .args(["serve", "--listen", "127.0.0.1:0", "--kubeconfig"])
+        .arg(kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = lines.next_line().await.unwrap().unwrap();
+    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let base = format!("http://{}", ready["listen"].as_str().unwrap());
+    (child, base)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(bench());
+}
+
+async fn bench() {
+    let seconds: u64 = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let patches: usize = std::env::var("BENCH_PATCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let phase = Duration::from_secs(seconds);
+
+    // The cluster twin with the state bootstrap writes, and a CronJob for reconcile Jobs.
+    let local = Twin::new(TwinConfig::default())
+        .unwrap()
+        .serve_local()
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, local.admin_kubeconfig()).unwrap();
+    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+        .await
+        .unwrap();
+    let (secrets, config) = state_data(1_000_000);
+    KubeStateStore::new(client.clone(), NAMESPACE)
+        .ensure_state(&secrets, config)
+        .await
+        .unwrap();
+    local
+        .twin
+        .upsert(json!({"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
+            "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": {"spec": {
+                "restartPolicy": "Never", "containers": [{"name": "r", "image": "oxide-controller:bench"}]}}}}}}))
+        .unwrap();
+    let scale = scale_binary();
+    let (child, base, _stop) = match &scale {
+        Some(bin) => {
+            let (child, base) = spawn_scale(bin, &kubeconfig).await;
+            (Some(child), base, None)
+        }
+        None => {
+            let (base, stop) = serve(Deps::new(
+                KubeStateStore::new(client.clone(), NAMESPACE),
+                KubeCluster::new(client, NAMESPACE),
+                WebhookConfig::default(),
+            ))
+            .await;
+            (None, base, Some(stop))
+        }
+    };
+    let child_pid = child.as_ref().and_then(|c| c.id()).map(|p| p.to_string());
+    // Let the child finish starting up (it answers /healthz) before reading its idle RSS.
+    let _ = reqwest::get(format!("{base}/healthz")).await;
+    let child_hwm_idle = child_pid
+        .as_deref()
+        .map(|pid| status_of(pid, "VmHWM:"))
+        .unwrap_or_default();
+
+    // The same host over the in-memory fakes: what the host and handler cost by themselves.
+    let world = FakeWorld::new(chrono::Utc::now());
+    let (secrets, config) = state_data(1_000_000);
+    world.state().ensure_state(&secrets, config).await.unwrap();
+    let (fake_base, _stop_fake) = serve(Deps::new(
+        world.state(),
+        world.cluster(),
+        WebhookConfig::default(),
+    ))
+    .await;
+
+    let hwm_idle = proc_status("VmHWM:");
+    let get = |base: String| {
+        move |c: &reqwest::Client| c.get(format!("{base}/nodes/workers")).bearer_auth(TOKEN)
+    };
+    // Warm-up: connections, token cache, allocator.
+    load(get(base.clone()), 200, |n, _| n >= 1000).await;
+    load(get(fake_base.clone()), 200, |n, _| n >= 1000).await;
+
+    let get_twin = load(get(base.clone()), 200, move |_, t| t.elapsed() >= phase).await;
+    let get_fake = load(get(fake_base.clone()), 200, move |_, t| {
+        t.elapsed() >= phase
+    })
+    .await;
+    let patch_base = base.clone();
+    let patch = load(
+        move |c| {
+            c.patch(format!("{patch_base}/nodes/workers"))
+                .bearer_auth(TOKEN)
+                .header("content-type", "application/json")
+                .body(r#"{"delta":1}"#)
+        },
+        200,
+        move |n, _| n >= patches,
+    )
+    .await;
+
+    let stored = KubeStateStore::new(
+        oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+            .await
+            .unwrap(),
+        NAMESPACE,
+    )
+    .read_config()
+    .await
+    .unwrap();
+    let count = ClusterSpec::from_yaml(stored.spec_yaml().unwrap())
+        .unwrap()
+        .worker_pools[0]
+        .count;
+
+    println!();
+    println!(
+        "scale webhook benchmark: {CONCURRENCY} concurrent keep-alive connections; twin phases against {}",
+        if child_pid.is_some() {
+            "`scale serve` in its own process"
+        } else {
+            "the in-process host"
+        }
+    );
+    println!(
+        "build: {}",
+        if cfg!(debug_assertions) {
+            "debug (unoptimised)"
+        } else {
+            "release"
+        }
+    );
+    println!();
+    println!(
+        "| phase                              | requests | errors | p50 (ms) | p90 (ms) | p99 (ms) | max (ms) | req/s     |"
+    );
+    println!(
+        "|------------------------------------|---------:|-------:|---------:|---------:|---------:|---------:|----------:|"
+    );
+    row("GET /nodes/workers (twin, HTTPS)", &get_twin);
+    row("GET /nodes/workers (in-memory fakes)", &get_fake);
+    row("PATCH {\"delta\":1} (twin)", &patch);
+    println!();
+    println!(
+        "PATCH: {} applied, stored count {} → {} ({})",
+        patch.latencies.len(),
+        INITIAL,
+        count,
+        if count as usize == INITIAL as usize + patch.latencies.len() {
+            "exact"
+        } else {
+            "MISMATCH"
+        }
+    );
+    match &child_pid {
+        Some(pid) => println!(
+            "webhook process (`scale serve`, pid {pid}): peak RSS (VmHWM) {child_hwm_idle} idle, {} under load; VmRSS now {}",
+            status_of(pid, "VmHWM:"),
+            status_of(pid, "VmRSS:")
+        ),
+        None => println!(
+            "(no `scale` binary next to the bench: the twin phases ran on the in-process host)"
+        ),
+    }
+    println!(
+        "this process (twin + load generator + in-process host{}): VmHWM {} after setup, {} after load",
+        if child_pid.is_some() {
+            " for the fakes phase"
+        } else {
+            ""
+        },
+        hwm_idle,
+        proc_status("VmHWM:")
+    );
+    if let Some(mut child) = child {
+        let pid = child.id().unwrap_or_default().to_string();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        let exit = tokio::time::timeout(Duration::from_secs(20), child.wait()).await;
+        println!(
+            "`scale serve` after SIGTERM: {}",
+            match exit {
+                Ok(Ok(status)) => format!("exited with {status}"),
+                other => format!("did not exit cleanly: {other:?}"),
+            }
+        );
+    }
+    assert_eq!(
+        count as usize,
+        INITIAL as usize + patch.latencies.len(),
+        "every acknowledged PATCH is stored"
+    );
+    assert_eq!(
+        get_twin.errors + get_fake.errors + patch.errors,
+        0,
+        "no request failed"
+    );
+}

@@ -1,0 +1,293 @@
+//! The whole story on the embedded simulator, in one command (`scripts/demo`):
+//! start `oxide-sim`, `bootstrap` a 3 control-plane + 2 worker cluster, show the Ready nodes,
+//! scale to 4 workers through the webhook with its token, let the reconcile Job run (the
+//! simulator runs Jobs as local processes of our binaries, under the ServiceAccount's RBAC),
+//! show the nodes and the status, tear down. Needs no root; talks only to loopback.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use oxide_sim::{Sim, SimOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const CLUSTER: &str = "demo";
+
+fn main() -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("demo: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(demo()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("\ndemo failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn say(msg: &str) {
+    println!("\n\x1b[1m==> {msg}\x1b[0m");
+    let _ = std::io::stdout().flush();
+}
+
+async fn demo() -> Result<()> {
+    let started = Instant::now();
+    let bin_dir = std::env::current_exe()?.parent().map(Path::to_path_buf).context("locating the binaries")?;
+    for b in ["bootstrap", "reconcile-once", "scale"] {
+        if !bin_dir.join(b).exists() {
+            bail!("{} is missing; build the workspace first (scripts/demo does)", bin_dir.join(b).display());
+        }
+    }
+    let work = tempfile::Builder::new().prefix("oxide-controller-demo-").tempdir()?;
+    let dir = work.path();
+
+    say("starting oxide-sim (a simulated Oxide rack; its VMs run a simulated k3s)");
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        job_binaries: Some(bin_dir.clone()),
+        state_dir: Some(dir.join("sim")),
+        ..SimOptions::default()
+    })
+    .await
+    .context("starting the simulator")?;
+    println!("Oxide API at {} (project and images do not exist yet)", sim.oxide_host);
+
+    // A small disk image to upload, so bootstrap exercises its image import too.
+    let image = dir.join("ubuntu-demo.raw");
+    write_image(&image)?;
+
+    say("bootstrap: 3 control-plane + 2 worker VMs");
+    let kubeconfig = dir.join("demo.kubeconfig");
+    run(
+        &bin_dir.join("bootstrap"),
+        &[
+            "--oxide-host", &sim.oxide_host,
+            "--cluster", CLUSTER,
+            "--control-planes", "3",
+            "--workers", "2",
+            "--image", "ubuntu-demo",
+            "--image-source", &image.display().to_string(),
+            "--kubeconfig", &kubeconfig.display().to_string(),
+            "--ssh-port", "2222",
+            "--state-dir", &dir.join("state").display().to_string(),
+            "--schedule", "* * * * *",
+            "--log-format", "text",
+        ],
+        &[("OXIDE_TOKEN", sim.oxide_token.as_str()), ("HOME", &dir.display().to_string())],
+        "bootstrap",
+        Duration::from_secs(90),
+    )
+    .await?;
+
+    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None).await?;
+    say("nodes after bootstrap");
+    show_nodes(&client).await?;
+
+    say("the scale webhook, running as the oxide-controller ServiceAccount");
+    let server = sim
+        .boot()
+        .listeners()
+        .snapshot()
+        .into_iter()
+        .find(|l| l.kind == oxide_sim::net::ListenerKind::KubeApi)
+        .map(|l| format!("https://{}", l.addr))
+        .context("no API server is up")?;
+    let sa_kubeconfig = dir.join("webhook.kubeconfig");
+    std::fs::write(&sa_kubeconfig, sim.twin().service_account_kubeconfig(&server, "kube-system", "oxide-controller"))?;
+    let port = free_port()?;
+    let mut webhook = tokio::process::Command::new(bin_dir.join("scale"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .env("KUBECONFIG", &sa_kubeconfig)
+        .env("OXIDE_CONTROLLER_LOG_FORMAT", "text")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting scale serve")?;
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    wait_for(Duration::from_secs(20), || {
+        let http = http.clone();
+        let url = format!("{base}/readyz");
+        async move { http.get(url).send().await.is_ok_and(|r| r.status().is_success()) }
+    })
+    .await
+    .context("the webhook did not become ready")?;
+    println!("webhook listening on {base}");
+
+    // The token, as an operator reads it: kubectl -n kube-system get secret oxide-controller ...
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(client.clone(), "kube-system");
+    let secret = secrets.get("oxide-controller").await?;
+    let token = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("webhook-token"))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .context("the Secret has no webhook-token")?;
+
+    say("PUT /nodes/workers {\"count\":4}   (curl -H \"Authorization: Bearer $TOKEN\" ...)");
+    let resp = http
+        .put(format!("{base}/nodes/workers"))
+        .bearer_auth(&token)
+        .header("content-type", "application/json")
+        .body(r#"{"count":4}"#)
+        .send()
+        .await?;
+    println!("{} {}", resp.status(), resp.text().await?);
+    let unauth = http.put(format!("{base}/nodes/workers")).body(r#"{"count":9}"#).send().await?;
+    println!("(without the token: {})", unauth.status());
+
+    say("the webhook started Job oxide-controller-now; the simulator runs it (reconcile-once)");
+    wait_for(Duration::from_secs(60), || {
+        let client = client.clone();
+        async move { ready_workers(&client).await.unwrap_or(0) >= 4 }
+    })
+    .await
+    .context("workers did not reach 4 Ready")?;
+    // One more run to record the converged state in status.json.
+    let r = http.post(format!("{base}/reconcile")).bearer_auth(&token).send().await?;
+    println!("POST /reconcile: {} {}", r.status(), r.text().await?);
+    wait_for(Duration::from_secs(60), || {
+        let http = http.clone();
+        let (url, token) = (format!("{base}/status"), token.clone());
+        async move {
+            let Ok(r) = http.get(url).bearer_auth(token).send().await else { return false };
+            let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap_or_default()).unwrap_or_default();
+            let status = if v["conditions"].is_array() { v } else { v["status"].clone() };
+            status["conditions"].as_array().is_some_and(|c| {
+                c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")
+            }) && status["pools"].as_array().is_some_and(|p| p.iter().any(|p| p["pool"] == "workers" && p["ready"] == 4))
+        }
+    })
+    .await
+    .context("status.json did not report the cluster Ready with 4 workers")?;
+
+    say("nodes after scaling");
+    show_nodes(&client).await?;
+
+    say("status.json (kubectl -n kube-system get configmap oxide-controller -o yaml)");
+    let status = http.get(format!("{base}/status")).bearer_auth(&token).send().await?.text().await?;
+    println!("{status}");
+
+    say("tearing down");
+    let _ = webhook.kill().await;
+    sim.shutdown();
+    println!("done in {:.0?}", started.elapsed());
+    Ok(())
+}
+
+/// Runs a binary to completion, streaming its output with a prefix.
+async fn run(bin: &Path, args: &[&str], env: &[(&str, &str)], tag: &str, limit: Duration) -> Result<()> {
+    let mut child = tokio::process::Command::new(bin)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let mut pumps = Vec::new();
+    for out in [child.stdout.take().map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>), child.stderr.take().map(|e| Box::new(e) as _)]
+        .into_iter()
+        .flatten()
+    {
+        let tag = tag.to_owned();
+        pumps.push(tokio::spawn(async move {
+            let mut lines = BufReader::new(out).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                println!("  [{tag}] {line}");
+            }
+        }));
+    }
+    let status = tokio::time::timeout(limit, child.wait()).await.with_context(|| format!("{tag} took longer than {limit:?}"))??;
+    for p in pumps {
+        let _ = p.await;
+    }
+    if !status.success() {
+        bail!("{tag} exited with {status}");
+    }
+    Ok(())
+}
+
+async fn show_nodes(client: &kube::Client) -> Result<()> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let list = nodes.list(&Default::default()).await?;
+    println!("{:<28} {:<8} {:<14} PROVIDER-ID", "NAME", "STATUS", "ROLES");
+    let mut rows: Vec<_> = list.items.iter().collect();
+    rows.sort_by_key(|n| n.metadata.name.clone());
+    for n in rows {
+        let ready = n
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|c| c.status == "True");
+        let labels = n.metadata.labels.clone().unwrap_or_default();
+        let role = if labels.contains_key("node-role.kubernetes.io/control-plane") { "control-plane" } else { "worker" };
+        println!(
+            "{:<28} {:<8} {:<14} {}",
+            n.metadata.name.clone().unwrap_or_default(),
+            if ready { "Ready" } else { "NotReady" },
+            role,
+            n.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+async fn ready_workers(client: &kube::Client) -> Result<usize> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let list = nodes.list(&Default::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|n| n.metadata.name.as_deref().is_some_and(|x| x.starts_with("demo-workers-")))
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .is_some_and(|c| c.status == "True")
+        })
+        .count())
+}
+
+async fn wait_for<F, Fut>(limit: Duration, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if check().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    bail!("gave up after {limit:?}")
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A 64 MiB raw image, mostly zeros (sparse), with some data at the start and the end.
+fn write_image(path: &PathBuf) -> Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let mut f = std::fs::File::create(path)?;
+    let mut block = vec![0u8; 1 << 20];
+    for (i, b) in block.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    f.write_all(&block)?;
+    f.seek(SeekFrom::Start((64 << 20) - (1 << 20)))?;
+    f.write_all(&block)?;
+    Ok(())
+}

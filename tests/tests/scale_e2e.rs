@@ -1,0 +1,496 @@
+//! The scale webhook end to end over HTTP: the real host (`webhook::host::serve`) on
+//! 127.0.0.1, the real Kubernetes adapters, and the cluster twin of `oxide-sim` holding the
+//! Secret, ConfigMap, CronJob and Jobs. One test runs on a preset cluster (VMs, k3s, state
+//! written by the product, exactly as after bootstrap); the load tests use a bare twin seeded
+//! with the product's `KubeStateStore::ensure_state`, which starts in milliseconds.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use oxide_controller::cluster::kube_cluster::KubeCluster;
+use oxide_controller::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
+use oxide_controller::secrets::ClusterSecrets;
+use oxide_controller::spec::ClusterSpec;
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::state::{StateStore, keys};
+use oxide_controller::webhook::host::{self, HostOptions};
+use oxide_controller::webhook::{Deps, WebhookConfig};
+use oxide_sim::preset::Preset;
+use oxide_sim::twin::{LocalTwin, Twin, TwinConfig};
+use oxide_sim::{Sim, SimHandle, SimOptions};
+use serde_json::{Value, json};
+
+/// reqwest without its `json` feature (not enabled in the workspace).
+trait JsonBody {
+    fn json_body(self, v: &Value) -> Self;
+}
+
+impl JsonBody for reqwest::RequestBuilder {
+    fn json_body(self, v: &Value) -> Self {
+        self.header("content-type", "application/json")
+            .body(v.to_string())
+    }
+}
+
+async fn json_of(r: reqwest::Response) -> Value {
+    let text = r.text().await.unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// A running webhook host and the shutdown switch for it.
+struct Webhook {
+    base: String,
+    deps: Arc<Deps<KubeStateStore, KubeCluster>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Webhook {
+    /// Serves the webhook for the cluster behind `kubeconfig` on a free loopback port.
+    async fn start(kubeconfig: &Path) -> Webhook {
+        let client = oxide_controller::kubeclient::client(Some(kubeconfig), None)
+            .await
+            .unwrap();
+        let deps = Arc::new(Deps::new(
+            KubeStateStore::new(client.clone(), NAMESPACE),
+            KubeCluster::new(client, NAMESPACE),
+            WebhookConfig::default(),
+        ));
+        let listener = host::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(host::serve(
+            listener,
+            deps.clone(),
+            HostOptions::default(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Webhook {
+            base,
+            deps,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(20), &mut self.task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// Where the cluster's objects can be inspected directly.
+struct Cluster {
+    twin: Twin,
+    kubeconfig: PathBuf,
+    token: String,
+    _keep: Box<dyn std::any::Any + Send>,
+}
+
+impl Cluster {
+    /// A preset `cluster:1:1` simulator: one server, one worker, state written by the product.
+    async fn preset() -> Cluster {
+        let sim: SimHandle = Sim::start(SimOptions {
+            ssh_port: 2222,
+            preset: Some(Preset::Cluster {
+                control_plane: 1,
+                workers: 1,
+            }),
+            ..SimOptions::default()
+        })
+        .await
+        .expect("preset builds");
+        let kubeconfig = sim.kubeconfig.clone().unwrap();
+        let twin = sim.twin().clone();
+        let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+            .await
+            .unwrap();
+        let token = KubeStateStore::new(client, NAMESPACE)
+            .read_secrets()
+            .await
+            .unwrap()
+            .webhook_token;
+        let c = Cluster {
+            twin,
+            kubeconfig,
+            token,
+            _keep: Box::new(sim),
+        };
+        c.add_cronjob();
+        c
+    }
+
+    /// A bare twin seeded the way bootstrap seeds it: 2 workers in [0, `max`].
+    async fn twin(max: u32) -> Cluster {
+        let local: LocalTwin = Twin::new(TwinConfig::default())
+            .unwrap()
+            .serve_local()
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, local.admin_kubeconfig()).unwrap();
+        let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+            .await
+            .unwrap();
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 1, 2);
+        spec.worker_pools[0].max = max;
+        let token = "e2e-webhook-token-7c41".to_owned();
+        let secrets = ClusterSecrets {
+            webhook_token: token.clone(),
+            ..ClusterSecrets::default()
+        };
+        KubeStateStore::new(client, NAMESPACE)
+            .ensure_state(
+                &secrets,
+                BTreeMap::from([(keys::SPEC.to_owned(), spec.to_yaml())]),
+            )
+            .await
+            .unwrap();
+        let c = Cluster {
+            twin: local.twin.clone(),
+            kubeconfig,
+            token,
+            _keep: Box::new((local, dir)),
+        };
+        c.add_cronjob();
+        c
+    }
+
+    fn add_cronjob(&self) {
+        self.twin
+            .upsert(json!({"apiVersion": "batch/v1", "kind": "CronJob",
+                "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
+                "spec": {"schedule": "*/5 * * * *", "concurrencyPolicy": "Forbid", "jobTemplate": {"spec": {
+                    "backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "serviceAccountName": OBJECT_NAME,
+                    "containers": [{"name": "reconcile", "image": "oxide-controller:test", "args": ["reconcile-once"]}]}}}}}}))
+            .unwrap();
+    }
+
+    fn configmap(&self) -> Value {
+        self.twin
+            .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
+            .unwrap()
+    }
+
+    fn resource_version(&self) -> String {
+        self.configmap()["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    fn spec(&self) -> ClusterSpec {
+        ClusterSpec::from_yaml(self.configmap()["data"][keys::SPEC].as_str().unwrap()).unwrap()
+    }
+
+    fn workers(&self) -> u32 {
+        self.spec().worker_pools[0].count
+    }
+
+    fn jobs(&self) -> Vec<Value> {
+        self.twin.list("batch/v1", "Job", Some(NAMESPACE))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_preset_cluster_every_verb_changes_the_configmap_and_bad_tokens_change_nothing() {
+    let cluster = Cluster::preset().await;
+    let hook = Webhook::start(&cluster.kubeconfig).await;
+    let http = reqwest::Client::new();
+    let url = |p: &str| format!("{}{p}", hook.base);
+    let token = cluster.token.as_str();
+    assert_eq!(cluster.workers(), 1);
+
+    // GET: the ancestor's bare count, or JSON on request.
+    let r = http
+        .get(url("/nodes/workers"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status().as_u16(), r.text().await.unwrap()),
+        (200, "1".to_owned())
+    );
+    let r = http
+        .get(url("/nodes/workers"))
+        .bearer_auth(token)
+        .header("accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        json_of(r).await,
+        json!({"pool": "workers", "count": 1, "min": 0, "max": 100})
+    );
+
+    // PUT, PATCH and the legacy POST each land in spec.yaml.
+    let r = http
+        .put(url("/nodes/workers"))
+        .bearer_auth(token)
+        .json_body(&json!({"count": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let body = json_of(r).await;
+    assert_eq!(
+        (
+            body["previous"].as_u64(),
+            body["count"].as_u64(),
+            body["reconcile"].as_str()
+        ),
+        (Some(1), Some(3), Some("triggered"))
+    );
+    assert_eq!(cluster.workers(), 3);
+    let job = cluster
+        .twin
+        .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+        .expect("a reconcile Job");
+    assert_eq!(
+        job["spec"]["template"]["spec"]["containers"][0]["args"][0],
+        "reconcile-once"
+    );
+
+    let r = http
+        .patch(url("/nodes/workers"))
+        .bearer_auth(token)
+        .json_body(&json!({"delta": -1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(cluster.workers(), 2);
+
+    let r = http
+        .post(url("/nodes/workers/modify"))
+        .bearer_auth(token)
+        .header("content-type", "application/text")
+        .body("4")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "the ancestor's success status");
+    assert_eq!(r.text().await.unwrap(), "Worker count changed from 2 to 4");
+    assert_eq!(cluster.workers(), 4);
+    let r = http
+        .get(url("/nodes/workers"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.text().await.unwrap(), "4");
+
+    // The same under /pools/{pool}; the control plane keeps an odd count.
+    let r = http
+        .patch(url("/pools/workers"))
+        .bearer_auth(token)
+        .json_body(&json!({"delta": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http
+        .put(url("/pools/control-plane"))
+        .bearer_auth(token)
+        .json_body(&json!({"count": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let r = http
+        .get(url("/pools/gpu"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("pools are: control-plane, workers")
+    );
+    assert_eq!(
+        (cluster.workers(), cluster.spec().control_plane.count),
+        (5, 1)
+    );
+
+    // Only one Job for all of that: the later changes found it pending.
+    assert_eq!(cluster.jobs().len(), 1);
+    let r = http
+        .post(url("/reconcile"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status().as_u16(), json_of(r).await["reconcile"].clone()),
+        (202, json!("pending"))
+    );
+
+    // Status before any reconcile run; health without a token.
+    let r = http
+        .get(url("/status"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(
+        http.get(url("/healthz")).send().await.unwrap().status(),
+        200
+    );
+    assert_eq!(http.get(url("/readyz")).send().await.unwrap().status(), 200);
+
+    // Missing, empty, wrong or query-string tokens: 401 on every write, nothing written.
+    let rv = cluster.resource_version();
+    let wrong = format!("{token}0");
+    for (auth, query) in [
+        (None, String::new()),
+        (Some(String::new()), String::new()),
+        (Some(wrong.clone()), String::new()),
+        (None, format!("?token={token}")),
+        (None, format!("?access_token={token}")),
+        (Some(token.to_owned()), format!("?access_token={token}")),
+    ] {
+        let calls = [
+            http.put(url(&format!("/nodes/workers{query}")))
+                .json_body(&json!({"count": 9})),
+            http.patch(url(&format!("/nodes/workers{query}")))
+                .json_body(&json!({"delta": 1})),
+            http.post(url(&format!("/nodes/workers/modify{query}")))
+                .body("9"),
+            http.post(url(&format!("/reconcile{query}"))),
+        ];
+        for call in calls {
+            let call = match &auth {
+                Some(t) => call.header("authorization", format!("Bearer {t}")),
+                None => call,
+            };
+            let r = call.send().await.unwrap();
+            assert_eq!(
+                r.status(),
+                401,
+                "auth {:?} query {query:?}",
+                auth.as_ref().map(|a| a.len())
+            );
+            assert!(
+                r.headers()["www-authenticate"]
+                    .to_str()
+                    .unwrap()
+                    .starts_with("Bearer")
+            );
+            assert!(!r.text().await.unwrap().contains(token));
+        }
+    }
+    assert_eq!(cluster.resource_version(), rv, "no write got through");
+    assert_eq!(cluster.workers(), 5);
+
+    let metrics = http
+        .get(url("/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains(r#"oxide_controller_webhook_requests_total{route="/nodes/workers/modify",method="POST",status="401"} 6"#), "{metrics}");
+    assert!(
+        metrics
+            .contains(r#"oxide_controller_webhook_reconcile_triggers_total{result="created"} 1"#),
+        "{metrics}"
+    );
+    hook.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_100_posts_leaves_at_most_one_pending_reconcile_job() {
+    let cluster = Cluster::twin(200).await;
+    let hook = Webhook::start(&cluster.kubeconfig).await;
+    let http = reqwest::Client::new();
+    let url = format!("{}/nodes/workers/modify", hook.base);
+    let calls = (1..=100).map(|n| {
+        let req = http
+            .post(&url)
+            .bearer_auth(&cluster.token)
+            .body(n.to_string());
+        async move { req.send().await.unwrap().status().as_u16() }
+    });
+    let statuses = futures::future::join_all(calls).await;
+    assert!(statuses.iter().all(|s| *s == 201), "{statuses:?}");
+    let jobs = cluster.jobs();
+    assert_eq!(
+        jobs.len(),
+        1,
+        "one pending reconcile Job for the whole burst"
+    );
+    assert_eq!(jobs[0]["metadata"]["name"], ON_DEMAND_JOB);
+    assert!((1..=100).contains(&cluster.workers()));
+    hook.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_concurrent_patches_raise_the_count_by_exactly_500_without_a_5xx() {
+    let cluster = Cluster::twin(1000).await;
+    // Two hosts on one ConfigMap, as two webhook replicas would be: within a host writes
+    // queue; between hosts they race and 409s must be re-read and re-applied.
+    let hooks = [
+        Webhook::start(&cluster.kubeconfig).await,
+        Webhook::start(&cluster.kubeconfig).await,
+    ];
+    let http = reqwest::Client::new();
+    let calls = (0..500).map(|i| {
+        let req = http
+            .patch(format!("{}/nodes/workers", hooks[i % 2].base))
+            .bearer_auth(&cluster.token)
+            .json_body(&json!({"delta": 1}));
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    let failures: Vec<_> = results.iter().filter(|(s, _)| *s != 200).collect();
+    assert!(
+        failures.is_empty(),
+        "{} failed, e.g. {:?}",
+        failures.len(),
+        failures.first()
+    );
+    assert_eq!(cluster.workers(), 502);
+    assert_eq!(cluster.jobs().len(), 1);
+    let conflicts: u64 = hooks
+        .iter()
+        .map(|h| {
+            let text = h.deps.metrics.render();
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("oxide_controller_webhook_state_conflicts_total "))
+                .unwrap();
+            line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+        })
+        .sum();
+    eprintln!(
+        "500 concurrent PATCHes over two hosts: {conflicts} conflicts re-read and re-applied"
+    );
+    for h in hooks {
+        h.shutdown().await;
+    }
+}
