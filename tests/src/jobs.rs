@@ -38,7 +38,9 @@ pub struct JobRunner {
 
 impl std::fmt::Debug for JobRunner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JobRunner").field("bin_dir", &self.bin_dir).finish_non_exhaustive()
+        f.debug_struct("JobRunner")
+            .field("bin_dir", &self.bin_dir)
+            .finish_non_exhaustive()
     }
 }
 
@@ -53,7 +55,13 @@ struct RunnerState {
 impl JobRunner {
     /// A runner that takes binaries from `bin_dir` and writes kubeconfigs under `work_dir`.
     pub fn new(twin: Twin, listeners: Listeners, bin_dir: PathBuf, work_dir: PathBuf) -> Self {
-        JobRunner { twin, listeners, bin_dir, work_dir, state: Arc::default() }
+        JobRunner {
+            twin,
+            listeners,
+            bin_dir,
+            work_dir,
+            state: Arc::default(),
+        }
     }
 
     /// Polls the twin every `period` until aborted.
@@ -80,7 +88,10 @@ impl JobRunner {
     fn schedule(&self, cj: &Value, now: DateTime<Utc>) {
         let (ns, name) = (meta(cj, "namespace"), meta(cj, "name"));
         let key = format!("{ns}/{name}");
-        let Some(schedule) = cj["spec"]["schedule"].as_str().and_then(|s| cron::Schedule::from_str(&format!("0 {s}")).ok()) else {
+        let Some(schedule) = cj["spec"]["schedule"]
+            .as_str()
+            .and_then(|s| cron::Schedule::from_str(&format!("0 {s}")).ok())
+        else {
             return;
         };
         if cj["spec"]["suspend"] == true {
@@ -95,9 +106,11 @@ impl JobRunner {
         let Some(due) = schedule.after(&last).next().filter(|t| *t <= now) else {
             return;
         };
-        let active = self.twin.list(JOB.0, JOB.1, Some(&ns)).into_iter().any(|j| {
-            owned_by(&j, cj) && !finished(&j)
-        });
+        let active = self
+            .twin
+            .list(JOB.0, JOB.1, Some(&ns))
+            .into_iter()
+            .any(|j| owned_by(&j, cj) && !finished(&j));
         if active && cj["spec"]["concurrencyPolicy"] == "Forbid" {
             tracing::info!(cronjob = %name, "skipping a scheduled run: the previous one is still active");
             return;
@@ -122,8 +135,17 @@ impl JobRunner {
             return;
         }
         let (ns, name) = (meta(job, "namespace"), meta(job, "name"));
-        let uid = job["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
-        if !self.state.lock().unwrap_or_else(|p| p.into_inner()).started.insert((format!("{ns}/{name}"), uid)) {
+        let uid = job["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if !self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .started
+            .insert((format!("{ns}/{name}"), uid))
+        {
             return;
         }
         let pod = &job["spec"]["template"]["spec"];
@@ -135,20 +157,38 @@ impl JobRunner {
             .chain(container["args"].as_array().into_iter().flatten())
             .filter_map(|v| v.as_str().map(str::to_owned))
             .collect();
-        let sa = pod["serviceAccountName"].as_str().unwrap_or("default").to_owned();
-        let deadline = job["spec"]["activeDeadlineSeconds"].as_u64().map(Duration::from_secs);
+        let sa = pod["serviceAccountName"]
+            .as_str()
+            .unwrap_or("default")
+            .to_owned();
+        let deadline = job["spec"]["activeDeadlineSeconds"]
+            .as_u64()
+            .map(Duration::from_secs);
         let env: Vec<(String, String)> = container["env"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned())))
+            .filter_map(|e| {
+                Some((
+                    e["name"].as_str()?.to_owned(),
+                    e["value"].as_str()?.to_owned(),
+                ))
+            })
             .collect();
-        self.set_status(&ns, &name, json!({"startTime": Utc::now().to_rfc3339(), "active": 1}));
+        self.set_status(
+            &ns,
+            &name,
+            json!({"startTime": Utc::now().to_rfc3339(), "active": 1}),
+        );
         let runner = self.clone();
         tokio::spawn(async move {
             let ok = runner.run(&ns, &name, &sa, &command, &env, deadline).await;
             let now = Utc::now().to_rfc3339();
-            let (cond, field) = if ok { ("Complete", "succeeded") } else { ("Failed", "failed") };
+            let (cond, field) = if ok {
+                ("Complete", "succeeded")
+            } else {
+                ("Failed", "failed")
+            };
             let mut status = json!({"active": 0, "completionTime": now,
                 "conditions": [{"type": cond, "status": "True", "lastTransitionTime": now}]});
             status[field] = json!(1);
@@ -156,8 +196,20 @@ impl JobRunner {
         });
     }
 
-    async fn run(&self, ns: &str, name: &str, sa: &str, command: &[String], env: &[(String, String)], deadline: Option<Duration>) -> bool {
-        let Some(program) = command.first().and_then(|c| Path::new(c).file_name()).map(|f| self.bin_dir.join(f)) else {
+    async fn run(
+        &self,
+        ns: &str,
+        name: &str,
+        sa: &str,
+        command: &[String],
+        env: &[(String, String)],
+        deadline: Option<Duration>,
+    ) -> bool {
+        let Some(program) = command
+            .first()
+            .and_then(|c| Path::new(c).file_name())
+            .map(|f| self.bin_dir.join(f))
+        else {
             tracing::warn!(job = %name, "Job has no command");
             return false;
         };
@@ -172,7 +224,10 @@ impl JobRunner {
             return false;
         };
         let kubeconfig = self.work_dir.join(format!("job-{ns}-{name}.kubeconfig"));
-        if let Err(e) = std::fs::write(&kubeconfig, self.twin.service_account_kubeconfig(&server, ns, sa)) {
+        if let Err(e) = std::fs::write(
+            &kubeconfig,
+            self.twin.service_account_kubeconfig(&server, ns, sa),
+        ) {
             tracing::warn!(error = %e, "cannot write the Job's kubeconfig");
             return false;
         }
@@ -195,9 +250,15 @@ impl JobRunner {
             }
         };
         tracing::info!(job = %name, pod = %pod_name, program = %program.display(), "Job started");
-        for out in [child.stdout.take().map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>), child.stderr.take().map(|e| Box::new(e) as _)]
-            .into_iter()
-            .flatten()
+        for out in [
+            child
+                .stdout
+                .take()
+                .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+            child.stderr.take().map(|e| Box::new(e) as _),
+        ]
+        .into_iter()
+        .flatten()
         {
             let pod = pod_name.clone();
             tokio::spawn(async move {
@@ -225,11 +286,20 @@ impl JobRunner {
     }
 
     fn maybe_expire(&self, job: &Value, now: DateTime<Utc>) {
-        let Some(ttl) = job["spec"]["ttlSecondsAfterFinished"].as_i64() else { return };
-        let done = job["status"]["completionTime"].as_str().and_then(|t| DateTime::parse_from_rfc3339(t).ok());
+        let Some(ttl) = job["spec"]["ttlSecondsAfterFinished"].as_i64() else {
+            return;
+        };
+        let done = job["status"]["completionTime"]
+            .as_str()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
         if let Some(done) = done {
             if now.signed_duration_since(done).num_seconds() >= ttl {
-                self.twin.delete(JOB.0, JOB.1, Some(&meta(job, "namespace")), &meta(job, "name"));
+                self.twin.delete(
+                    JOB.0,
+                    JOB.1,
+                    Some(&meta(job, "namespace")),
+                    &meta(job, "name"),
+                );
             }
         }
     }
@@ -256,13 +326,17 @@ fn meta(v: &Value, field: &str) -> String {
 }
 
 fn finished(job: &Value) -> bool {
-    job["status"]["conditions"]
-        .as_array()
-        .is_some_and(|c| c.iter().any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True"))
+    job["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
+    })
 }
 
 fn owned_by(job: &Value, cj: &Value) -> bool {
     job["metadata"]["ownerReferences"]
         .as_array()
-        .is_some_and(|o| o.iter().any(|r| r["kind"] == "CronJob" && r["name"] == cj["metadata"]["name"]))
+        .is_some_and(|o| {
+            o.iter()
+                .any(|r| r["kind"] == "CronJob" && r["name"] == cj["metadata"]["name"])
+        })
 }

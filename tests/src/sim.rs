@@ -16,9 +16,9 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
 use crate::boot::{Boot, BootConfig};
+use crate::jobs::JobRunner;
 use crate::net::{Listeners, spawn_http};
 use crate::oxide::{AddressPool, FaultSpec, Faults, OxideSim, OxideSimConfig, Timings};
-use crate::jobs::JobRunner;
 use crate::preset::{self, Preset, PresetError};
 use crate::twin::{Twin, TwinConfig, TwinError};
 

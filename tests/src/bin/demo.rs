@@ -16,7 +16,10 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 const CLUSTER: &str = "demo";
 
 fn main() -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("demo: cannot start the runtime: {e}");
@@ -39,13 +42,21 @@ fn say(msg: &str) {
 
 async fn demo() -> Result<()> {
     let started = Instant::now();
-    let bin_dir = std::env::current_exe()?.parent().map(Path::to_path_buf).context("locating the binaries")?;
+    let bin_dir = std::env::current_exe()?
+        .parent()
+        .map(Path::to_path_buf)
+        .context("locating the binaries")?;
     for b in ["bootstrap", "reconcile-once", "scale"] {
         if !bin_dir.join(b).exists() {
-            bail!("{} is missing; build the workspace first (scripts/demo does)", bin_dir.join(b).display());
+            bail!(
+                "{} is missing; build the workspace first (scripts/demo does)",
+                bin_dir.join(b).display()
+            );
         }
     }
-    let work = tempfile::Builder::new().prefix("oxide-controller-demo-").tempdir()?;
+    let work = tempfile::Builder::new()
+        .prefix("oxide-controller-demo-")
+        .tempdir()?;
     let dir = work.path();
 
     say("starting oxide-sim (a simulated Oxide rack; its VMs run a simulated k3s)");
@@ -57,7 +68,10 @@ async fn demo() -> Result<()> {
     })
     .await
     .context("starting the simulator")?;
-    println!("Oxide API at {} (project and images do not exist yet)", sim.oxide_host);
+    println!(
+        "Oxide API at {} (project and images do not exist yet)",
+        sim.oxide_host
+    );
 
     // A small disk image to upload, so bootstrap exercises its image import too.
     let image = dir.join("ubuntu-demo.raw");
@@ -68,19 +82,33 @@ async fn demo() -> Result<()> {
     run(
         &bin_dir.join("bootstrap"),
         &[
-            "--oxide-host", &sim.oxide_host,
-            "--cluster", CLUSTER,
-            "--control-planes", "3",
-            "--workers", "2",
-            "--image", "ubuntu-demo",
-            "--image-source", &image.display().to_string(),
-            "--kubeconfig", &kubeconfig.display().to_string(),
-            "--ssh-port", "2222",
-            "--state-dir", &dir.join("state").display().to_string(),
-            "--schedule", "* * * * *",
-            "--log-format", "text",
+            "--oxide-host",
+            &sim.oxide_host,
+            "--cluster",
+            CLUSTER,
+            "--control-planes",
+            "3",
+            "--workers",
+            "2",
+            "--image",
+            "ubuntu-demo",
+            "--image-source",
+            &image.display().to_string(),
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--ssh-port",
+            "2222",
+            "--state-dir",
+            &dir.join("state").display().to_string(),
+            "--schedule",
+            "* * * * *",
+            "--log-format",
+            "text",
         ],
-        &[("OXIDE_TOKEN", sim.oxide_token.as_str()), ("HOME", &dir.display().to_string())],
+        &[
+            ("OXIDE_TOKEN", sim.oxide_token.as_str()),
+            ("HOME", &dir.display().to_string()),
+        ],
         "bootstrap",
         Duration::from_secs(90),
     )
@@ -100,7 +128,11 @@ async fn demo() -> Result<()> {
         .map(|l| format!("https://{}", l.addr))
         .context("no API server is up")?;
     let sa_kubeconfig = dir.join("webhook.kubeconfig");
-    std::fs::write(&sa_kubeconfig, sim.twin().service_account_kubeconfig(&server, "kube-system", "oxide-controller"))?;
+    std::fs::write(
+        &sa_kubeconfig,
+        sim.twin()
+            .service_account_kubeconfig(&server, "kube-system", "oxide-controller"),
+    )?;
     let port = free_port()?;
     let mut webhook = tokio::process::Command::new(bin_dir.join("scale"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
@@ -112,18 +144,26 @@ async fn demo() -> Result<()> {
         .spawn()
         .context("starting scale serve")?;
     let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build()?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()?;
     wait_for(Duration::from_secs(20), || {
         let http = http.clone();
         let url = format!("{base}/readyz");
-        async move { http.get(url).send().await.is_ok_and(|r| r.status().is_success()) }
+        async move {
+            http.get(url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        }
     })
     .await
     .context("the webhook did not become ready")?;
     println!("webhook listening on {base}");
 
     // The token, as an operator reads it: kubectl -n kube-system get secret oxide-controller ...
-    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(client.clone(), "kube-system");
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), "kube-system");
     let secret = secrets.get("oxide-controller").await?;
     let token = secret
         .data
@@ -141,7 +181,11 @@ async fn demo() -> Result<()> {
         .send()
         .await?;
     println!("{} {}", resp.status(), resp.text().await?);
-    let unauth = http.put(format!("{base}/nodes/workers")).body(r#"{"count":9}"#).send().await?;
+    let unauth = http
+        .put(format!("{base}/nodes/workers"))
+        .body(r#"{"count":9}"#)
+        .send()
+        .await?;
     println!("(without the token: {})", unauth.status());
 
     say("the webhook started Job oxide-controller-now; the simulator runs it (reconcile-once)");
@@ -152,18 +196,32 @@ async fn demo() -> Result<()> {
     .await
     .context("workers did not reach 4 Ready")?;
     // One more run to record the converged state in status.json.
-    let r = http.post(format!("{base}/reconcile")).bearer_auth(&token).send().await?;
+    let r = http
+        .post(format!("{base}/reconcile"))
+        .bearer_auth(&token)
+        .send()
+        .await?;
     println!("POST /reconcile: {} {}", r.status(), r.text().await?);
     wait_for(Duration::from_secs(60), || {
         let http = http.clone();
         let (url, token) = (format!("{base}/status"), token.clone());
         async move {
-            let Ok(r) = http.get(url).bearer_auth(token).send().await else { return false };
-            let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap_or_default()).unwrap_or_default();
-            let status = if v["conditions"].is_array() { v } else { v["status"].clone() };
+            let Ok(r) = http.get(url).bearer_auth(token).send().await else {
+                return false;
+            };
+            let v: serde_json::Value =
+                serde_json::from_slice(&r.bytes().await.unwrap_or_default()).unwrap_or_default();
+            let status = if v["conditions"].is_array() {
+                v
+            } else {
+                v["status"].clone()
+            };
             status["conditions"].as_array().is_some_and(|c| {
-                c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")
-            }) && status["pools"].as_array().is_some_and(|p| p.iter().any(|p| p["pool"] == "workers" && p["ready"] == 4))
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            }) && status["pools"]
+                .as_array()
+                .is_some_and(|p| p.iter().any(|p| p["pool"] == "workers" && p["ready"] == 4))
         }
     })
     .await
@@ -173,7 +231,13 @@ async fn demo() -> Result<()> {
     show_nodes(&client).await?;
 
     say("status.json (kubectl -n kube-system get configmap oxide-controller -o yaml)");
-    let status = http.get(format!("{base}/status")).bearer_auth(&token).send().await?.text().await?;
+    let status = http
+        .get(format!("{base}/status"))
+        .bearer_auth(&token)
+        .send()
+        .await?
+        .text()
+        .await?;
     println!("{status}");
 
     say("tearing down");
@@ -184,7 +248,13 @@ async fn demo() -> Result<()> {
 }
 
 /// Runs a binary to completion, streaming its output with a prefix.
-async fn run(bin: &Path, args: &[&str], env: &[(&str, &str)], tag: &str, limit: Duration) -> Result<()> {
+async fn run(
+    bin: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    tag: &str,
+    limit: Duration,
+) -> Result<()> {
     let mut child = tokio::process::Command::new(bin)
         .args(args)
         .envs(env.iter().copied())
@@ -194,9 +264,15 @@ async fn run(bin: &Path, args: &[&str], env: &[(&str, &str)], tag: &str, limit: 
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     let mut pumps = Vec::new();
-    for out in [child.stdout.take().map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>), child.stderr.take().map(|e| Box::new(e) as _)]
-        .into_iter()
-        .flatten()
+    for out in [
+        child
+            .stdout
+            .take()
+            .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+        child.stderr.take().map(|e| Box::new(e) as _),
+    ]
+    .into_iter()
+    .flatten()
     {
         let tag = tag.to_owned();
         pumps.push(tokio::spawn(async move {
@@ -206,7 +282,9 @@ async fn run(bin: &Path, args: &[&str], env: &[(&str, &str)], tag: &str, limit: 
             }
         }));
     }
-    let status = tokio::time::timeout(limit, child.wait()).await.with_context(|| format!("{tag} took longer than {limit:?}"))??;
+    let status = tokio::time::timeout(limit, child.wait())
+        .await
+        .with_context(|| format!("{tag} took longer than {limit:?}"))??;
     for p in pumps {
         let _ = p.await;
     }
@@ -230,13 +308,20 @@ async fn show_nodes(client: &kube::Client) -> Result<()> {
             .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
             .is_some_and(|c| c.status == "True");
         let labels = n.metadata.labels.clone().unwrap_or_default();
-        let role = if labels.contains_key("node-role.kubernetes.io/control-plane") { "control-plane" } else { "worker" };
+        let role = if labels.contains_key("node-role.kubernetes.io/control-plane") {
+            "control-plane"
+        } else {
+            "worker"
+        };
         println!(
             "{:<28} {:<8} {:<14} {}",
             n.metadata.name.clone().unwrap_or_default(),
             if ready { "Ready" } else { "NotReady" },
             role,
-            n.spec.as_ref().and_then(|s| s.provider_id.clone()).unwrap_or_default()
+            n.spec
+                .as_ref()
+                .and_then(|s| s.provider_id.clone())
+                .unwrap_or_default()
         );
     }
     Ok(())
@@ -248,7 +333,12 @@ async fn ready_workers(client: &kube::Client) -> Result<usize> {
     Ok(list
         .items
         .iter()
-        .filter(|n| n.metadata.name.as_deref().is_some_and(|x| x.starts_with("demo-workers-")))
+        .filter(|n| {
+            n.metadata
+                .name
+                .as_deref()
+                .is_some_and(|x| x.starts_with("demo-workers-"))
+        })
         .filter(|n| {
             n.status
                 .as_ref()
@@ -275,7 +365,9 @@ where
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 /// A 64 MiB raw image, mostly zeros (sparse), with some data at the start and the end.
