@@ -59,12 +59,20 @@ pub enum TwinError {
     UnknownKind { api_version: String, kind: String },
     /// The store refused the object, as the apiserver would (`code` is the HTTP status).
     #[error("the twin rejected the object ({code} {reason}): {message}")]
-    Rejected { code: u16, reason: &'static str, message: String },
+    Rejected {
+        code: u16,
+        reason: &'static str,
+        message: String,
+    },
 }
 
 impl From<status::ApiError> for TwinError {
     fn from(e: status::ApiError) -> Self {
-        TwinError::Rejected { code: e.code, reason: e.reason, message: e.message }
+        TwinError::Rejected {
+            code: e.code,
+            reason: e.reason,
+            message: e.message,
+        }
     }
 }
 
@@ -77,7 +85,9 @@ pub struct TwinConfig {
 
 impl Default for TwinConfig {
     fn default() -> Self {
-        Self { k3s_version: "v1.33.4+k3s1".to_string() }
+        Self {
+            k3s_version: "v1.33.4+k3s1".to_string(),
+        }
     }
 }
 
@@ -123,7 +133,9 @@ pub struct Twin {
 
 impl std::fmt::Debug for Twin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Twin").field("k3s_version", &self.inner.cfg.k3s_version).finish_non_exhaustive()
+        f.debug_struct("Twin")
+            .field("k3s_version", &self.inner.cfg.k3s_version)
+            .finish_non_exhaustive()
     }
 }
 
@@ -148,8 +160,10 @@ fn kubeconfig(server_url: &str, ca_pem: &str, user: &str) -> String {
 }
 
 fn resource_id(api_version: &str, kind: &str) -> Result<usize, TwinError> {
-    resources::by_kind(api_version, kind)
-        .ok_or_else(|| TwinError::UnknownKind { api_version: api_version.to_string(), kind: kind.to_string() })
+    resources::by_kind(api_version, kind).ok_or_else(|| TwinError::UnknownKind {
+        api_version: api_version.to_string(),
+        kind: kind.to_string(),
+    })
 }
 
 impl Twin {
@@ -179,7 +193,10 @@ impl Twin {
     /// names; `127.0.0.1`, `localhost` and the in-cluster `kubernetes*` names are always
     /// added), signed by the CA. Client certificates signed by the CA are accepted but not
     /// required (bearer tokens need certificate-less connections).
-    pub fn server_tls_config(&self, sans: &[String]) -> Result<Arc<rustls::ServerConfig>, TwinError> {
+    pub fn server_tls_config(
+        &self,
+        sans: &[String],
+    ) -> Result<Arc<rustls::ServerConfig>, TwinError> {
         self.inner.pki.server_config(sans)
     }
 
@@ -192,11 +209,17 @@ impl Twin {
     /// Serves on a fresh `127.0.0.1:0` listener with a certificate for `127.0.0.1`
     /// (convenience for tests; the simulator wires listeners itself with [`Twin::serve`]).
     pub async fn serve_local(self) -> Result<LocalTwin, TwinError> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.map_err(TwinError::Bind)?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(TwinError::Bind)?;
         let addr = listener.local_addr().map_err(TwinError::Bind)?;
         let tls = self.server_tls_config(&["127.0.0.1".to_string()])?;
         let task = tokio::spawn(self.clone().serve(listener, tls));
-        Ok(LocalTwin { twin: self, url: format!("https://{addr}"), task })
+        Ok(LocalTwin {
+            twin: self,
+            url: format!("https://{addr}"),
+            task,
+        })
     }
 
     /// k3s-shaped kubeconfig (cluster, context and user all named `default`) with the
@@ -216,13 +239,18 @@ impl Twin {
     /// RBAC applies to it.
     pub fn service_account_kubeconfig(&self, server_url: &str, ns: &str, name: &str) -> String {
         let token = self.service_account_token(ns, name);
-        kubeconfig(server_url, self.inner.pki.ca_pem(), &format!("    token: {token}\n"))
+        kubeconfig(
+            server_url,
+            self.inner.pki.ca_pem(),
+            &format!("    token: {token}\n"),
+        )
     }
 
     /// A fresh bearer token for ServiceAccount `ns/name` (what a projected token volume
     /// would hold in a pod).
     pub fn service_account_token(&self, ns: &str, name: &str) -> String {
-        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
+        let token =
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
         self.inner
             .tokens
             .lock()
@@ -233,10 +261,18 @@ impl Twin {
 
     /// Kubeconfig with a client certificate for an arbitrary user and groups (RBAC
     /// applies unless a group is `system:masters`).
-    pub fn user_kubeconfig(&self, server_url: &str, user: &str, groups: &[&str]) -> Result<String, TwinError> {
+    pub fn user_kubeconfig(
+        &self,
+        server_url: &str,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<String, TwinError> {
         let mut all: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
         all.push("system:authenticated".into());
-        let cert = self.inner.pki.issue_client(&Identity { user: user.to_string(), groups: all })?;
+        let cert = self.inner.pki.issue_client(&Identity {
+            user: user.to_string(),
+            groups: all,
+        })?;
         let user = format!(
             "    client-certificate-data: {}\n    client-key-data: {}\n",
             b64(&cert.cert_pem),
@@ -246,7 +282,12 @@ impl Twin {
     }
 
     pub(crate) fn token_identity(&self, token: &str) -> Option<Identity> {
-        self.inner.tokens.lock().unwrap_or_else(|e| e.into_inner()).get(token).cloned()
+        self.inner
+            .tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(token)
+            .cloned()
     }
 
     pub(crate) fn lock_store(&self) -> MutexGuard<'_, Store> {
@@ -254,7 +295,11 @@ impl Twin {
     }
 
     pub(crate) fn count(&self, key: &str) {
-        let mut counters = self.inner.counters.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counters = self
+            .inner
+            .counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         *counters.entry(key.to_string()).or_default() += 1;
     }
 
@@ -262,29 +307,44 @@ impl Twin {
     /// authentication and keeping the given `status`. Namespaced objects need an existing
     /// namespace. Returns the stored object.
     pub fn upsert(&self, obj: Value) -> Result<Value, TwinError> {
-        let av = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+        let av = obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
         let rid = resource_id(av, kind)?;
         Ok(self.lock_store().upsert(rid, obj)?)
     }
 
     /// One object, or None. `ns` is ignored for cluster-scoped kinds.
-    pub fn get(&self, api_version: &str, kind: &str, ns: Option<&str>, name: &str) -> Option<Value> {
+    pub fn get(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Option<Value> {
         let rid = resources::by_kind(api_version, kind)?;
-        self.lock_store().get(rid, ns.unwrap_or_default(), name).ok()
+        self.lock_store()
+            .get(rid, ns.unwrap_or_default(), name)
+            .ok()
     }
 
     /// All objects of a kind (in one namespace, or everywhere when `ns` is None), sorted by
     /// namespace and name. Unknown kinds list as empty.
     pub fn list(&self, api_version: &str, kind: &str, ns: Option<&str>) -> Vec<Value> {
-        let Some(rid) = resources::by_kind(api_version, kind) else { return Vec::new() };
+        let Some(rid) = resources::by_kind(api_version, kind) else {
+            return Vec::new();
+        };
         self.lock_store().iter(rid, ns).cloned().collect()
     }
 
     /// Deletes an object (with the API's cascades: a Namespace's contents, a Node's pods).
     /// False if it did not exist.
     pub fn delete(&self, api_version: &str, kind: &str, ns: Option<&str>, name: &str) -> bool {
-        let Some(rid) = resources::by_kind(api_version, kind) else { return false };
+        let Some(rid) = resources::by_kind(api_version, kind) else {
+            return false;
+        };
         self.lock_store().remove(rid, ns.unwrap_or_default(), name)
     }
 
@@ -300,12 +360,20 @@ impl Twin {
     /// Requests served, keyed by `METHOD /path/template` (e.g.
     /// `PUT /api/v1/namespaces/{namespace}/configmaps/{name}`, `GET /api/v1/nodes`).
     pub fn counters(&self) -> BTreeMap<String, u64> {
-        self.inner.counters.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.inner
+            .counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Zeroes the request counters.
     pub fn reset_counters(&self) {
-        self.inner.counters.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.inner
+            .counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// A summary for admin endpoints and test failure messages:
@@ -321,11 +389,18 @@ impl Twin {
         let mut pods = 0;
         if let Some(rid) = resources::by_path("", "v1", "nodes") {
             for node in store.iter(rid, None) {
-                let name = node.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default().to_string();
+                let name = node
+                    .pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
                 let is_ready = node
                     .pointer("/status/conditions")
                     .and_then(Value::as_array)
-                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"));
+                    .is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    });
                 if is_ready {
                     ready.push(name.clone());
                 }
@@ -362,7 +437,10 @@ mod tests {
         assert!(twin.get("v1", "Node", None, "w1").is_some());
         let bad = twin.upsert(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "missing"}}));
         assert!(matches!(bad, Err(TwinError::Rejected { code: 404, .. })));
-        assert!(matches!(twin.upsert(json!({"apiVersion": "x/v1", "kind": "Widget"})), Err(TwinError::UnknownKind { .. })));
+        assert!(matches!(
+            twin.upsert(json!({"apiVersion": "x/v1", "kind": "Widget"})),
+            Err(TwinError::UnknownKind { .. })
+        ));
         assert!(twin.delete("v1", "Node", None, "w1"));
         assert!(!twin.delete("v1", "Node", None, "w1"));
         assert_eq!(twin.list("v1", "Namespace", None).len(), 4);
@@ -372,7 +450,11 @@ mod tests {
     fn kubeconfigs_do_not_leak_into_debug() {
         let twin = Twin::new(TwinConfig::default()).unwrap();
         let kc = twin.service_account_kubeconfig("https://127.0.0.1:6443", "kube-system", "ctl");
-        let token = kc.lines().find_map(|l| l.trim().strip_prefix("token: ")).unwrap().to_string();
+        let token = kc
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("token: "))
+            .unwrap()
+            .to_string();
         assert!(!format!("{twin:?}").contains(&token));
         assert!(twin.token_identity(&token).is_some());
     }

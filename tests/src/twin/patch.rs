@@ -37,7 +37,9 @@ fn pointer_tokens(pointer: &str) -> Result<Vec<String>, String> {
     if pointer.is_empty() {
         return Ok(Vec::new());
     }
-    let rest = pointer.strip_prefix('/').ok_or_else(|| format!("invalid JSON pointer {pointer:?}"))?;
+    let rest = pointer
+        .strip_prefix('/')
+        .ok_or_else(|| format!("invalid JSON pointer {pointer:?}"))?;
     Ok(rest.split('/').map(unescape).collect())
 }
 
@@ -45,10 +47,15 @@ fn parent_mut<'a>(doc: &'a mut Value, tokens: &[String]) -> Result<&'a mut Value
     let mut cur = doc;
     for t in tokens {
         cur = match cur {
-            Value::Object(m) => m.get_mut(t).ok_or_else(|| format!("path element {t:?} not found"))?,
+            Value::Object(m) => m
+                .get_mut(t)
+                .ok_or_else(|| format!("path element {t:?} not found"))?,
             Value::Array(a) => {
-                let i: usize = t.parse().map_err(|_| format!("invalid array index {t:?}"))?;
-                a.get_mut(i).ok_or_else(|| format!("array index {i} out of range"))?
+                let i: usize = t
+                    .parse()
+                    .map_err(|_| format!("invalid array index {t:?}"))?;
+                a.get_mut(i)
+                    .ok_or_else(|| format!("array index {i} out of range"))?
             }
             _ => return Err(format!("path element {t:?} is not a container")),
         };
@@ -72,7 +79,9 @@ fn add(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
                 a.push(value);
                 return Ok(());
             }
-            let i: usize = last.parse().map_err(|_| format!("invalid array index {last:?}"))?;
+            let i: usize = last
+                .parse()
+                .map_err(|_| format!("invalid array index {last:?}"))?;
             if i > a.len() {
                 return Err(format!("array index {i} out of range"));
             }
@@ -89,9 +98,13 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
         return Err("cannot remove the whole document".to_string());
     };
     match parent_mut(doc, parents)? {
-        Value::Object(m) => m.remove(last).ok_or_else(|| format!("unable to remove nonexistent key: {last}")),
+        Value::Object(m) => m
+            .remove(last)
+            .ok_or_else(|| format!("unable to remove nonexistent key: {last}")),
         Value::Array(a) => {
-            let i: usize = last.parse().map_err(|_| format!("invalid array index {last:?}"))?;
+            let i: usize = last
+                .parse()
+                .map_err(|_| format!("invalid array index {last:?}"))?;
             if i >= a.len() {
                 return Err(format!("array index {i} out of range"));
             }
@@ -103,12 +116,28 @@ fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
 
 /// Applies an RFC 6902 JSON patch (add, remove, replace, test, move, copy).
 pub(crate) fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), String> {
-    let ops = ops.as_array().ok_or("a JSON patch must be an array of operations")?;
+    let ops = ops
+        .as_array()
+        .ok_or("a JSON patch must be an array of operations")?;
     for op in ops {
-        let kind = op.get("op").and_then(Value::as_str).ok_or("operation has no \"op\"")?;
-        let path = op.get("path").and_then(Value::as_str).ok_or("operation has no \"path\"")?;
-        let value = || op.get("value").cloned().ok_or_else(|| format!("{kind} operation has no \"value\""));
-        let from = || op.get("from").and_then(Value::as_str).ok_or_else(|| format!("{kind} operation has no \"from\""));
+        let kind = op
+            .get("op")
+            .and_then(Value::as_str)
+            .ok_or("operation has no \"op\"")?;
+        let path = op
+            .get("path")
+            .and_then(Value::as_str)
+            .ok_or("operation has no \"path\"")?;
+        let value = || {
+            op.get("value")
+                .cloned()
+                .ok_or_else(|| format!("{kind} operation has no \"value\""))
+        };
+        let from = || {
+            op.get("from")
+                .and_then(Value::as_str)
+                .ok_or_else(|| format!("{kind} operation has no \"from\""))
+        };
         match kind {
             "add" => add(doc, path, value()?)?,
             "remove" => {
@@ -129,7 +158,10 @@ pub(crate) fn json_patch(doc: &mut Value, ops: &Value) -> Result<(), String> {
                 add(doc, path, v)?;
             }
             "copy" => {
-                let v = doc.pointer(from()?).cloned().ok_or_else(|| format!("copy from {:?}: not found", from()))?;
+                let v = doc
+                    .pointer(from()?)
+                    .cloned()
+                    .ok_or_else(|| format!("copy from {:?}: not found", from()))?;
                 add(doc, path, v)?;
             }
             other => return Err(format!("unsupported JSON patch operation {other:?}")),
@@ -152,7 +184,9 @@ pub(crate) type FieldPath = Vec<String>;
 /// `skip_status`, `status` is excluded (it belongs to the status subresource).
 pub(crate) fn applied_fields(applied: &Value, skip_status: bool) -> BTreeSet<FieldPath> {
     let mut out = BTreeSet::new();
-    let Some(map) = applied.as_object() else { return out };
+    let Some(map) = applied.as_object() else {
+        return out;
+    };
     for (k, v) in map {
         match k.as_str() {
             "apiVersion" | "kind" => {}
@@ -225,8 +259,12 @@ pub(crate) fn apply_merge(live: &mut Value, applied: &Value) {
 
 /// Removes one field path, pruning maps that the removal left empty.
 pub(crate) fn remove_path(obj: &mut Value, path: &[String]) {
-    let Some((first, rest)) = path.split_first() else { return };
-    let Some(map) = obj.as_object_mut() else { return };
+    let Some((first, rest)) = path.split_first() else {
+        return;
+    };
+    let Some(map) = obj.as_object_mut() else {
+        return;
+    };
     if rest.is_empty() {
         map.remove(first);
         return;
@@ -252,7 +290,9 @@ pub(crate) fn fields_v1(fields: &BTreeSet<FieldPath>) -> Value {
     for path in fields {
         let mut cur = &mut root;
         for part in path {
-            let entry = cur.entry(format!("f:{part}")).or_insert_with(|| Value::Object(Map::new()));
+            let entry = cur
+                .entry(format!("f:{part}"))
+                .or_insert_with(|| Value::Object(Map::new()));
             let Value::Object(next) = entry else { break };
             cur = next;
         }
@@ -268,8 +308,14 @@ mod tests {
     #[test]
     fn merge_patch_follows_rfc7386() {
         let mut doc = json!({"a": "b", "c": {"d": "e", "f": "g"}, "l": [1, 2]});
-        merge_patch(&mut doc, &json!({"a": "z", "c": {"f": null}, "l": [3], "n": {"x": 1}}));
-        assert_eq!(doc, json!({"a": "z", "c": {"d": "e"}, "l": [3], "n": {"x": 1}}));
+        merge_patch(
+            &mut doc,
+            &json!({"a": "z", "c": {"f": null}, "l": [3], "n": {"x": 1}}),
+        );
+        assert_eq!(
+            doc,
+            json!({"a": "z", "c": {"d": "e"}, "l": [3], "n": {"x": 1}})
+        );
     }
 
     #[test]
@@ -282,7 +328,10 @@ mod tests {
             {"op": "remove", "path": "/metadata/labels/a~1b"},
         ]);
         assert_eq!(json_patch(&mut doc, &ops), Ok(()));
-        assert_eq!(doc, json!({"spec": {"unschedulable": true, "taints": [{"key": "k"}]}, "metadata": {"labels": {}}}));
+        assert_eq!(
+            doc,
+            json!({"spec": {"unschedulable": true, "taints": [{"key": "k"}]}, "metadata": {"labels": {}}})
+        );
         let failing = json!([{"op": "test", "path": "/spec/unschedulable", "value": false}]);
         assert!(json_patch(&mut doc, &failing).is_err());
         assert!(json_patch(&mut doc, &json!([{"op": "remove", "path": "/nope"}])).is_err());

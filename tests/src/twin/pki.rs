@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
@@ -54,7 +54,9 @@ pub(crate) struct ClientCert {
 impl std::fmt::Debug for ClientCert {
     // The private key never appears in Debug output.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientCert").field("key_pem", &"<redacted>").finish_non_exhaustive()
+        f.debug_struct("ClientCert")
+            .field("key_pem", &"<redacted>")
+            .finish_non_exhaustive()
     }
 }
 
@@ -80,15 +82,25 @@ impl Pki {
     /// Generates a fresh CA (ECDSA P-256, like k3s).
     pub fn new() -> Result<Self, TwinError> {
         let key = KeyPair::generate().map_err(pki_err("generating the CA key"))?;
-        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(pki_err("CA parameters"))?;
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(pki_err("CA parameters"))?;
         let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, format!("k3s-server-ca@{}", chrono::Utc::now().timestamp()));
+        dn.push(
+            DnType::CommonName,
+            format!("k3s-server-ca@{}", chrono::Utc::now().timestamp()),
+        );
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
         params.not_after = rcgen::date_time_ymd(2099, 1, 1);
-        let cert = params.self_signed(&key).map_err(pki_err("self-signing the CA"))?;
+        let cert = params
+            .self_signed(&key)
+            .map_err(pki_err("self-signing the CA"))?;
         Ok(Self {
             ca_der: cert.der().clone(),
             ca_pem: cert.pem(),
@@ -106,28 +118,45 @@ impl Pki {
     /// `system:authenticated`) and remembers it.
     pub fn issue_client(&self, identity: &Identity) -> Result<ClientCert, TwinError> {
         let key = KeyPair::generate().map_err(pki_err("generating a client key"))?;
-        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(pki_err("client parameters"))?;
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(pki_err("client parameters"))?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, identity.user.clone());
-        for g in identity.groups.iter().filter(|g| *g != "system:authenticated") {
+        for g in identity
+            .groups
+            .iter()
+            .filter(|g| *g != "system:authenticated")
+        {
             dn.push(DnType::OrganizationName, g.clone());
         }
         params.distinguished_name = dn;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
         params.not_after = rcgen::date_time_ymd(2099, 1, 1);
-        let cert = params.signed_by(&key, &self.issuer).map_err(pki_err("signing a client certificate"))?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(pki_err("signing a client certificate"))?;
         self.clients
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(cert.der().to_vec(), identity.clone());
-        Ok(ClientCert { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+        Ok(ClientCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
     }
 
     /// Identity of a verified TLS peer's end-entity certificate.
     pub fn identify(&self, der: &[u8]) -> Option<Identity> {
-        self.clients.lock().unwrap_or_else(|e| e.into_inner()).get(der).cloned()
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(der)
+            .cloned()
     }
 
     /// A rustls server config serving a fresh certificate for `sans`, accepting (but not
@@ -135,37 +164,63 @@ impl Pki {
     pub fn server_config(&self, sans: &[String]) -> Result<Arc<rustls::ServerConfig>, TwinError> {
         let key = KeyPair::generate().map_err(pki_err("generating the serving key"))?;
         let mut all_sans: Vec<String> = sans.to_vec();
-        for default in ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "localhost", "127.0.0.1"] {
+        for default in [
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "localhost",
+            "127.0.0.1",
+        ] {
             if !all_sans.iter().any(|s| s == default) {
                 all_sans.push(default.to_string());
             }
         }
-        let mut params = CertificateParams::new(all_sans).map_err(pki_err("serving certificate SANs"))?;
+        let mut params =
+            CertificateParams::new(all_sans).map_err(pki_err("serving certificate SANs"))?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, "k3s");
         dn.push(DnType::OrganizationName, "k3s");
         params.distinguished_name = dn;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
         params.not_after = rcgen::date_time_ymd(2099, 1, 1);
-        let cert = params.signed_by(&key, &self.issuer).map_err(pki_err("signing the serving certificate"))?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(pki_err("signing the serving certificate"))?;
 
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let mut roots = rustls::RootCertStore::empty();
-        roots.add(self.ca_der.clone()).map_err(|source| TwinError::Tls { what: "adding the CA root", source })?;
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .allow_unauthenticated()
-            .build()
-            .map_err(|e| TwinError::ClientVerifier(e.to_string()))?;
+        roots
+            .add(self.ca_der.clone())
+            .map_err(|source| TwinError::Tls {
+                what: "adding the CA root",
+                source,
+            })?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TwinError::ClientVerifier(e.to_string()))?;
         let chain = vec![cert.der().clone(), self.ca_der.clone()];
         let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|source| TwinError::Tls { what: "protocol versions", source })?
+            .map_err(|source| TwinError::Tls {
+                what: "protocol versions",
+                source,
+            })?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain, key_der)
-            .map_err(|source| TwinError::Tls { what: "installing the serving certificate", source })?;
+            .map_err(|source| TwinError::Tls {
+                what: "installing the serving certificate",
+                source,
+            })?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }

@@ -24,16 +24,25 @@ pub(crate) struct Attributes<'a> {
 }
 
 fn strings(v: Option<&Value>) -> Vec<&str> {
-    v.and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
+    v.and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
 }
 
 fn subject_matches(subject: &Value, binding_ns: &str, who: &Identity) -> bool {
-    let name = subject.get("name").and_then(Value::as_str).unwrap_or_default();
+    let name = subject
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     match subject.get("kind").and_then(Value::as_str) {
         Some("User") => who.user == name,
         Some("Group") => who.groups.iter().any(|g| g == name),
         Some("ServiceAccount") => {
-            let ns = subject.get("namespace").and_then(Value::as_str).filter(|s| !s.is_empty()).unwrap_or(binding_ns);
+            let ns = subject
+                .get("namespace")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .unwrap_or(binding_ns);
             who.user == format!("system:serviceaccount:{ns}:{name}")
         }
         _ => false,
@@ -52,13 +61,18 @@ fn rule_allows(rule: &Value, a: &Attributes<'_>) -> bool {
     };
     let star_sub = format!("*/{}", a.subresource);
     groups.iter().any(|g| *g == "*" || *g == a.group)
-        && res.iter().any(|r| *r == "*" || *r == combined || (!a.subresource.is_empty() && *r == star_sub))
+        && res
+            .iter()
+            .any(|r| *r == "*" || *r == combined || (!a.subresource.is_empty() && *r == star_sub))
         && verbs.iter().any(|v| *v == "*" || *v == a.verb)
         && (names.is_empty() || (!a.name.is_empty() && names.contains(&a.name)))
 }
 
 fn role_rules<'a>(store: &'a Store, role_ref: &Value, binding_ns: &'a str) -> Vec<&'a Value> {
-    let name = role_ref.get("name").and_then(Value::as_str).unwrap_or_default();
+    let name = role_ref
+        .get("name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let (resource, ns) = match role_ref.get("kind").and_then(Value::as_str) {
         Some("ClusterRole") => ("clusterroles", ""),
         Some("Role") => ("roles", binding_ns),
@@ -70,7 +84,12 @@ fn role_rules<'a>(store: &'a Store, role_ref: &Value, binding_ns: &'a str) -> Ve
     store
         .iter(rid, if ns.is_empty() { None } else { Some(ns) })
         .filter(|r| r.pointer("/metadata/name").and_then(Value::as_str) == Some(name))
-        .flat_map(|r| r.get("rules").and_then(Value::as_array).map(|v| v.iter().collect::<Vec<_>>()).unwrap_or_default())
+        .flat_map(|r| {
+            r.get("rules")
+                .and_then(Value::as_array)
+                .map(|v| v.iter().collect::<Vec<_>>())
+                .unwrap_or_default()
+        })
         .collect()
 }
 
@@ -85,7 +104,10 @@ pub(crate) fn allowed(store: &Store, who: &Identity, a: &Attributes<'_>) -> bool
                 store
                     .iter(rid, ns)
                     .map(|b| {
-                        let bns = b.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or_default();
+                        let bns = b
+                            .pointer("/metadata/namespace")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default();
                         (bns.to_string(), b.clone())
                     })
                     .collect()
@@ -97,11 +119,17 @@ pub(crate) fn allowed(store: &Store, who: &Identity, a: &Attributes<'_>) -> bool
         candidates.extend(bindings("rolebindings", Some(a.namespace)));
     }
     candidates.iter().any(|(bns, binding)| {
-        let subjects = binding.get("subjects").and_then(Value::as_array).cloned().unwrap_or_default();
+        let subjects = binding
+            .get("subjects")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         subjects.iter().any(|s| subject_matches(s, bns, who))
-            && binding
-                .get("roleRef")
-                .is_some_and(|role_ref| role_rules(store, role_ref, bns).into_iter().any(|rule| rule_allows(rule, a)))
+            && binding.get("roleRef").is_some_and(|role_ref| {
+                role_rules(store, role_ref, bns)
+                    .into_iter()
+                    .any(|rule| rule_allows(rule, a))
+            })
     })
 }
 
@@ -113,9 +141,16 @@ pub(crate) fn authorize(store: &Store, who: &Identity, a: &Attributes<'_>) -> Re
     let rt_name = resources::by_group_resource(a.group, a.resource)
         .map(|rid| qualified(resources::get(rid)))
         .unwrap_or_else(|| a.resource.to_string());
-    let subject = if a.name.is_empty() { rt_name } else { format!("{rt_name} \"{}\"", a.name) };
-    let combined =
-        if a.subresource.is_empty() { a.resource.to_string() } else { format!("{}/{}", a.resource, a.subresource) };
+    let subject = if a.name.is_empty() {
+        rt_name
+    } else {
+        format!("{rt_name} \"{}\"", a.name)
+    };
+    let combined = if a.subresource.is_empty() {
+        a.resource.to_string()
+    } else {
+        format!("{}/{}", a.resource, a.subresource)
+    };
     let scope = if a.namespace.is_empty() {
         "at the cluster scope".to_string()
     } else {
@@ -138,8 +173,21 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn attrs<'a>(verb: &'a str, resource: &'a str, sub: &'a str, ns: &'a str, name: &'a str) -> Attributes<'a> {
-        Attributes { verb, group: "", resource, subresource: sub, namespace: ns, name }
+    fn attrs<'a>(
+        verb: &'a str,
+        resource: &'a str,
+        sub: &'a str,
+        ns: &'a str,
+        name: &'a str,
+    ) -> Attributes<'a> {
+        Attributes {
+            verb,
+            group: "",
+            resource,
+            subresource: sub,
+            namespace: ns,
+            name,
+        }
     }
 
     fn store_with_role() -> Store {
@@ -153,11 +201,14 @@ mod tests {
                 {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
             ]}))
             .unwrap();
-        s.upsert(binding, json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        s.upsert(
+            binding,
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": "rb", "namespace": "kube-system"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
-            "subjects": [{"kind": "ServiceAccount", "name": "ctl", "namespace": "kube-system"}]}))
-            .unwrap();
+            "subjects": [{"kind": "ServiceAccount", "name": "ctl", "namespace": "kube-system"}]}),
+        )
+        .unwrap();
         s
     }
 
@@ -165,38 +216,90 @@ mod tests {
     fn resource_names_restrict_named_verbs_only() {
         let s = store_with_role();
         let sa = Identity::service_account("kube-system", "ctl");
-        assert!(allowed(&s, &sa, &attrs("get", "configmaps", "", "kube-system", "state")));
-        assert!(allowed(&s, &sa, &attrs("update", "configmaps", "", "kube-system", "state")));
-        assert!(!allowed(&s, &sa, &attrs("get", "configmaps", "", "kube-system", "other")));
+        assert!(allowed(
+            &s,
+            &sa,
+            &attrs("get", "configmaps", "", "kube-system", "state")
+        ));
+        assert!(allowed(
+            &s,
+            &sa,
+            &attrs("update", "configmaps", "", "kube-system", "state")
+        ));
+        assert!(!allowed(
+            &s,
+            &sa,
+            &attrs("get", "configmaps", "", "kube-system", "other")
+        ));
         // list and create carry no name, so a resourceNames rule can never grant them.
-        assert!(!allowed(&s, &sa, &attrs("list", "configmaps", "", "kube-system", "")));
-        assert!(!allowed(&s, &sa, &attrs("create", "configmaps", "", "kube-system", "")));
-        assert!(!allowed(&s, &sa, &attrs("get", "configmaps", "", "default", "state")));
+        assert!(!allowed(
+            &s,
+            &sa,
+            &attrs("list", "configmaps", "", "kube-system", "")
+        ));
+        assert!(!allowed(
+            &s,
+            &sa,
+            &attrs("create", "configmaps", "", "kube-system", "")
+        ));
+        assert!(!allowed(
+            &s,
+            &sa,
+            &attrs("get", "configmaps", "", "default", "state")
+        ));
         let other = Identity::service_account("kube-system", "someone");
-        assert!(!allowed(&s, &other, &attrs("get", "configmaps", "", "kube-system", "state")));
-        assert!(allowed(&s, &Identity::admin(), &attrs("delete", "nodes", "", "", "n")));
+        assert!(!allowed(
+            &s,
+            &other,
+            &attrs("get", "configmaps", "", "kube-system", "state")
+        ));
+        assert!(allowed(
+            &s,
+            &Identity::admin(),
+            &attrs("delete", "nodes", "", "", "n")
+        ));
     }
 
     #[test]
     fn subresources_are_separate_resources() {
         let s = store_with_role();
         let sa = Identity::service_account("kube-system", "ctl");
-        assert!(allowed(&s, &sa, &attrs("create", "pods", "eviction", "kube-system", "p")));
-        assert!(!allowed(&s, &sa, &attrs("delete", "pods", "", "kube-system", "p")));
-        assert!(!allowed(&s, &sa, &attrs("update", "pods", "status", "kube-system", "p")));
+        assert!(allowed(
+            &s,
+            &sa,
+            &attrs("create", "pods", "eviction", "kube-system", "p")
+        ));
+        assert!(!allowed(
+            &s,
+            &sa,
+            &attrs("delete", "pods", "", "kube-system", "p")
+        ));
+        assert!(!allowed(
+            &s,
+            &sa,
+            &attrs("update", "pods", "status", "kube-system", "p")
+        ));
     }
 
     #[test]
     fn forbidden_message_matches_the_apiserver() {
         let s = store_with_role();
         let sa = Identity::service_account("kube-system", "ctl");
-        let err = authorize(&s, &sa, &attrs("get", "configmaps", "", "kube-system", "other")).unwrap_err();
+        let err = authorize(
+            &s,
+            &sa,
+            &attrs("get", "configmaps", "", "kube-system", "other"),
+        )
+        .unwrap_err();
         assert_eq!(err.code, 403);
         assert_eq!(
             err.message,
             "configmaps \"other\" is forbidden: User \"system:serviceaccount:kube-system:ctl\" cannot get resource \"configmaps\" in API group \"\" in the namespace \"kube-system\""
         );
         let err = authorize(&s, &sa, &attrs("list", "nodes", "", "", "")).unwrap_err();
-        assert!(err.message.ends_with("cannot list resource \"nodes\" in API group \"\" at the cluster scope"));
+        assert!(
+            err.message
+                .ends_with("cannot list resource \"nodes\" in API group \"\" at the cluster scope")
+        );
     }
 }

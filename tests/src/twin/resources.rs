@@ -47,26 +47,123 @@ const fn rt(
     short_names: &'static [&'static str],
 ) -> ResourceType {
     let version = "v1";
-    ResourceType { group, version, resource, singular, kind, namespaced, subresources, short_names }
+    ResourceType {
+        group,
+        version,
+        resource,
+        singular,
+        kind,
+        namespaced,
+        subresources,
+        short_names,
+    }
 }
 
 /// Every resource the twin serves. Index into this table is the store's resource id.
 pub(crate) static RESOURCES: &[ResourceType] = &[
-    rt("", "namespaces", "namespace", "Namespace", false, &[], &["ns"]),
+    rt(
+        "",
+        "namespaces",
+        "namespace",
+        "Namespace",
+        false,
+        &[],
+        &["ns"],
+    ),
     rt("", "nodes", "node", "Node", false, &["status"], &["no"]),
     rt("", "secrets", "secret", "Secret", true, &[], &[]),
-    rt("", "configmaps", "configmap", "ConfigMap", true, &[], &["cm"]),
-    rt("", "pods", "pod", "Pod", true, &["status", "eviction"], &["po"]),
-    rt("", "serviceaccounts", "serviceaccount", "ServiceAccount", true, &[], &["sa"]),
-    rt("", "services", "service", "Service", true, &["status"], &["svc"]),
+    rt(
+        "",
+        "configmaps",
+        "configmap",
+        "ConfigMap",
+        true,
+        &[],
+        &["cm"],
+    ),
+    rt(
+        "",
+        "pods",
+        "pod",
+        "Pod",
+        true,
+        &["status", "eviction"],
+        &["po"],
+    ),
+    rt(
+        "",
+        "serviceaccounts",
+        "serviceaccount",
+        "ServiceAccount",
+        true,
+        &[],
+        &["sa"],
+    ),
+    rt(
+        "",
+        "services",
+        "service",
+        "Service",
+        true,
+        &["status"],
+        &["svc"],
+    ),
     rt("", "events", "event", "Event", true, &[], &["ev"]),
-    rt("apps", "deployments", "deployment", "Deployment", true, &["status"], &["deploy"]),
-    rt("batch", "cronjobs", "cronjob", "CronJob", true, &["status"], &["cj"]),
+    rt(
+        "apps",
+        "deployments",
+        "deployment",
+        "Deployment",
+        true,
+        &["status"],
+        &["deploy"],
+    ),
+    rt(
+        "batch",
+        "cronjobs",
+        "cronjob",
+        "CronJob",
+        true,
+        &["status"],
+        &["cj"],
+    ),
     rt("batch", "jobs", "job", "Job", true, &["status"], &[]),
-    rt("coordination.k8s.io", "leases", "lease", "Lease", true, &[], &[]),
-    rt("rbac.authorization.k8s.io", "roles", "role", "Role", true, &[], &[]),
-    rt("rbac.authorization.k8s.io", "rolebindings", "rolebinding", "RoleBinding", true, &[], &[]),
-    rt("rbac.authorization.k8s.io", "clusterroles", "clusterrole", "ClusterRole", false, &[], &[]),
+    rt(
+        "coordination.k8s.io",
+        "leases",
+        "lease",
+        "Lease",
+        true,
+        &[],
+        &[],
+    ),
+    rt(
+        "rbac.authorization.k8s.io",
+        "roles",
+        "role",
+        "Role",
+        true,
+        &[],
+        &[],
+    ),
+    rt(
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        "rolebinding",
+        "RoleBinding",
+        true,
+        &[],
+        &[],
+    ),
+    rt(
+        "rbac.authorization.k8s.io",
+        "clusterroles",
+        "clusterrole",
+        "ClusterRole",
+        false,
+        &[],
+        &[],
+    ),
     rt(
         "rbac.authorization.k8s.io",
         "clusterrolebindings",
@@ -76,8 +173,24 @@ pub(crate) static RESOURCES: &[ResourceType] = &[
         &[],
         &[],
     ),
-    rt("policy", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget", true, &["status"], &["pdb"]),
-    rt("events.k8s.io", "events", "event", "Event", true, &[], &["ev"]),
+    rt(
+        "policy",
+        "poddisruptionbudgets",
+        "poddisruptionbudget",
+        "PodDisruptionBudget",
+        true,
+        &["status"],
+        &["pdb"],
+    ),
+    rt(
+        "events.k8s.io",
+        "events",
+        "event",
+        "Event",
+        true,
+        &[],
+        &["ev"],
+    ),
 ];
 
 /// Store id of the `namespaces` resource.
@@ -92,12 +205,16 @@ pub(crate) fn by_path(group: &str, version: &str, resource: &str) -> Option<usiz
 
 /// Looks a resource up by `apiVersion` + `kind` (as carried in object bodies).
 pub(crate) fn by_kind(api_version: &str, kind: &str) -> Option<usize> {
-    RESOURCES.iter().position(|r| r.api_version() == api_version && r.kind == kind)
+    RESOURCES
+        .iter()
+        .position(|r| r.api_version() == api_version && r.kind == kind)
 }
 
 /// Looks a resource up by group + plural name (any version), for RBAC-style lookups.
 pub(crate) fn by_group_resource(group: &str, resource: &str) -> Option<usize> {
-    RESOURCES.iter().position(|r| r.group == group && r.resource == resource)
+    RESOURCES
+        .iter()
+        .position(|r| r.group == group && r.resource == resource)
 }
 
 /// Resource type by store id. Ids come from this table, so out-of-range is a bug; the
@@ -106,7 +223,16 @@ pub(crate) fn get(id: usize) -> &'static ResourceType {
     RESOURCES.get(id).unwrap_or(&RESOURCES[NAMESPACES])
 }
 
-const VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 fn groups() -> Vec<&'static str> {
     let mut out: Vec<&'static str> = Vec::new();
@@ -164,8 +290,10 @@ pub(crate) fn group(group: &str) -> Option<Value> {
 
 /// `GET /api/v1` or `/apis/{group}/{version}`: APIResourceList, or None when not served.
 pub(crate) fn resource_list(group: &str, version: &str) -> Option<Value> {
-    let rows: Vec<&ResourceType> =
-        RESOURCES.iter().filter(|r| r.group == group && r.version == version).collect();
+    let rows: Vec<&ResourceType> = RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .collect();
     if rows.is_empty() {
         return None;
     }
@@ -223,7 +351,11 @@ fn aggregated_group(group: &str) -> Value {
                 .subresources
                 .iter()
                 .map(|sub| {
-                    let (kind, g) = if *sub == "eviction" { ("Eviction", "policy") } else { (r.kind, r.group) };
+                    let (kind, g) = if *sub == "eviction" {
+                        ("Eviction", "policy")
+                    } else {
+                        (r.kind, r.group)
+                    };
                     json!({
                         "subresource": sub,
                         "responseKind": {"group": g, "version": "v1", "kind": kind},
@@ -278,9 +410,15 @@ mod tests {
         let cm = by_path("", "v1", "configmaps").map(get);
         assert_eq!(cm.map(|r| r.kind), Some("ConfigMap"));
         assert_eq!(by_kind("v1", "Event"), by_path("", "v1", "events"));
-        assert_eq!(by_kind("events.k8s.io/v1", "Event"), by_path("events.k8s.io", "v1", "events"));
+        assert_eq!(
+            by_kind("events.k8s.io/v1", "Event"),
+            by_path("events.k8s.io", "v1", "events")
+        );
         assert_ne!(by_kind("v1", "Event"), by_kind("events.k8s.io/v1", "Event"));
-        assert_eq!(by_kind("apps/v1", "Deployment").map(|i| get(i).resource), Some("deployments"));
+        assert_eq!(
+            by_kind("apps/v1", "Deployment").map(|i| get(i).resource),
+            Some("deployments")
+        );
         assert!(by_path("", "v1", "widgets").is_none());
         assert_eq!(get(NAMESPACES).resource, "namespaces");
     }

@@ -21,11 +21,14 @@ pub(crate) struct LabelSelector(pub Vec<LabelReq>);
 fn valid_key(k: &str) -> bool {
     !k.is_empty()
         && k.len() <= 317
-        && k.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+        && k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
 }
 
 fn valid_value(v: &str) -> bool {
-    v.len() <= 63 && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    v.len() <= 63
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// Splits on commas that are not inside parentheses.
@@ -63,7 +66,9 @@ impl LabelSelector {
             } else if let Some(open) = t.find('(') {
                 let inner = t[open + 1..].strip_suffix(')').ok_or_else(bad)?;
                 let head: Vec<&str> = t[..open].split_whitespace().collect();
-                let [key, op] = head.as_slice() else { return Err(bad()) };
+                let [key, op] = head.as_slice() else {
+                    return Err(bad());
+                };
                 let values: Vec<String> = inner.split(',').map(|v| v.trim().to_string()).collect();
                 if values.iter().any(|v| !valid_value(v)) {
                     return Err(bad());
@@ -84,9 +89,10 @@ impl LabelSelector {
             };
             let (key, value) = match &req {
                 LabelReq::Eq(k, v) | LabelReq::NotEq(k, v) => (k, Some(v)),
-                LabelReq::In(k, _) | LabelReq::NotIn(k, _) | LabelReq::Exists(k) | LabelReq::NotExists(k) => {
-                    (k, None)
-                }
+                LabelReq::In(k, _)
+                | LabelReq::NotIn(k, _)
+                | LabelReq::Exists(k)
+                | LabelReq::NotExists(k) => (k, None),
             };
             if !valid_key(key) || value.is_some_and(|v| !valid_value(v)) {
                 return Err(bad());
@@ -105,23 +111,37 @@ impl LabelSelector {
         let mut reqs = Vec::new();
         if let Some(labels) = sel.get("matchLabels").and_then(Value::as_object) {
             for (k, v) in labels {
-                reqs.push(LabelReq::Eq(k.clone(), v.as_str().unwrap_or_default().to_string()));
+                reqs.push(LabelReq::Eq(
+                    k.clone(),
+                    v.as_str().unwrap_or_default().to_string(),
+                ));
             }
         }
         if let Some(exprs) = sel.get("matchExpressions").and_then(Value::as_array) {
             for e in exprs {
-                let key = e.get("key").and_then(Value::as_str).unwrap_or_default().to_string();
+                let key = e
+                    .get("key")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
                 let values: Vec<String> = e
                     .get("values")
                     .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_string)
+                            .collect()
+                    })
                     .unwrap_or_default();
                 let req = match e.get("operator").and_then(Value::as_str) {
                     Some("In") => LabelReq::In(key, values),
                     Some("NotIn") => LabelReq::NotIn(key, values),
                     Some("Exists") => LabelReq::Exists(key),
                     Some("DoesNotExist") => LabelReq::NotExists(key),
-                    other => return Err(format!("{other:?} is not a valid label selector operator")),
+                    other => {
+                        return Err(format!("{other:?} is not a valid label selector operator"));
+                    }
                 };
                 reqs.push(req);
             }
@@ -177,7 +197,9 @@ impl FieldSelector {
 
     /// Whether the object's fields satisfy every requirement. A missing field reads as "".
     pub fn matches(&self, obj: &Value) -> bool {
-        self.0.iter().all(|(path, eq, value)| (field_value(obj, path) == *value) == *eq)
+        self.0
+            .iter()
+            .all(|(path, eq, value)| (field_value(obj, path) == *value) == *eq)
     }
 }
 
@@ -211,13 +233,36 @@ mod tests {
     #[test]
     fn label_selector_operators() {
         let o = obj(json!({"app": "web", "tier": "front"}));
-        let yes = ["app=web", "app==web", "app!=db", "app in (web, db)", "tier notin (back)", "app", "!missing", "app=web,tier"];
+        let yes = [
+            "app=web",
+            "app==web",
+            "app!=db",
+            "app in (web, db)",
+            "tier notin (back)",
+            "app",
+            "!missing",
+            "app=web,tier",
+        ];
         for s in yes {
-            assert!(LabelSelector::parse(s).map(|sel| sel.matches(&o)) == Ok(true), "{s} should match");
+            assert!(
+                LabelSelector::parse(s).map(|sel| sel.matches(&o)) == Ok(true),
+                "{s} should match"
+            );
         }
-        let no = ["app=db", "app!=web", "app in (db)", "tier notin (front,back)", "missing", "!app", "app=web,x=y"];
+        let no = [
+            "app=db",
+            "app!=web",
+            "app in (db)",
+            "tier notin (front,back)",
+            "missing",
+            "!app",
+            "app=web,x=y",
+        ];
         for s in no {
-            assert!(LabelSelector::parse(s).map(|sel| sel.matches(&o)) == Ok(false), "{s} should not match");
+            assert!(
+                LabelSelector::parse(s).map(|sel| sel.matches(&o)) == Ok(false),
+                "{s} should not match"
+            );
         }
         assert!(LabelSelector::parse("a in b").is_err());
         assert!(LabelSelector::parse("a=b c").is_err());
@@ -227,7 +272,9 @@ mod tests {
     #[test]
     fn label_selector_objects() {
         let o = obj(json!({"app": "web"}));
-        let sel = LabelSelector::from_object(&json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "x", "operator": "DoesNotExist"}]}));
+        let sel = LabelSelector::from_object(
+            &json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "x", "operator": "DoesNotExist"}]}),
+        );
         assert_eq!(sel.map(|s| s.map(|s| s.matches(&o))), Ok(Some(true)));
         assert_eq!(LabelSelector::from_object(&Value::Null), Ok(None));
         let empty = LabelSelector::from_object(&json!({}));
@@ -245,7 +292,11 @@ mod tests {
             ("spec.nodeName=w2", false),
             ("spec.missing=", true),
         ] {
-            assert_eq!(FieldSelector::parse(s).map(|f| f.matches(&o)), Ok(want), "{s}");
+            assert_eq!(
+                FieldSelector::parse(s).map(|f| f.matches(&o)),
+                Ok(want),
+                "{s}"
+            );
         }
         assert!(FieldSelector::parse("nonsense").is_err());
     }

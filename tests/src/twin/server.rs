@@ -14,13 +14,13 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
+use super::Twin;
 use super::pki::Identity;
 use super::rbac::{self, Attributes};
 use super::resources::{self, AGGREGATED_CONTENT_TYPE, ResourceType};
+use super::select::{FieldSelector, LabelSelector};
 use super::status::{self, ApiError};
 use super::store::{ListQuery, PatchKind, WriteCtx};
-use super::Twin;
-use super::select::{FieldSelector, LabelSelector};
 
 /// The apiserver's request body limit.
 const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -35,7 +35,9 @@ pub(crate) fn parse_query(q: &str) -> BTreeMap<String, String> {
             match bytes[i] {
                 b'+' => out.push(b' '),
                 b'%' if i + 2 < bytes.len() => {
-                    let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                    let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
+                        .ok()
+                        .and_then(|h| u8::from_str_radix(h, 16).ok());
                     match hex {
                         Some(b) => {
                             out.push(b);
@@ -87,11 +89,37 @@ fn route(path: &str, aggregated: bool) -> Route {
     let (group, version, rest) = match segs.as_slice() {
         ["healthz" | "livez" | "readyz", ..] => return Route::Health,
         ["version"] => return Route::Version,
-        ["api"] => return Route::Discovery(if aggregated { resources::aggregated(true) } else { resources::core_versions("") }, aggregated),
-        ["api", "v1"] => return resources::resource_list("", "v1").map_or(Route::NotFound, |d| Route::Discovery(d, false)),
-        ["apis"] => return Route::Discovery(if aggregated { resources::aggregated(false) } else { resources::group_list() }, aggregated),
-        ["apis", g] => return resources::group(g).map_or(Route::NotFound, |d| Route::Discovery(d, false)),
-        ["apis", g, v] => return resources::resource_list(g, v).map_or(Route::NotFound, |d| Route::Discovery(d, false)),
+        ["api"] => {
+            return Route::Discovery(
+                if aggregated {
+                    resources::aggregated(true)
+                } else {
+                    resources::core_versions("")
+                },
+                aggregated,
+            );
+        }
+        ["api", "v1"] => {
+            return resources::resource_list("", "v1")
+                .map_or(Route::NotFound, |d| Route::Discovery(d, false));
+        }
+        ["apis"] => {
+            return Route::Discovery(
+                if aggregated {
+                    resources::aggregated(false)
+                } else {
+                    resources::group_list()
+                },
+                aggregated,
+            );
+        }
+        ["apis", g] => {
+            return resources::group(g).map_or(Route::NotFound, |d| Route::Discovery(d, false));
+        }
+        ["apis", g, v] => {
+            return resources::resource_list(g, v)
+                .map_or(Route::NotFound, |d| Route::Discovery(d, false));
+        }
         ["api", "v1", rest @ ..] => ("", "v1", rest),
         ["apis", g, v, rest @ ..] => (*g, *v, rest),
         _ => return Route::NotFound,
@@ -99,16 +127,32 @@ fn route(path: &str, aggregated: bool) -> Route {
     if rest.first() == Some(&"watch") {
         return Route::Watch;
     }
-    let prefix = if group.is_empty() { format!("/api/{version}") } else { format!("/apis/{group}/{version}") };
-    let namespaced = |res: &str| resources::by_path(group, version, res).filter(|rid| resources::get(*rid).namespaced);
+    let prefix = if group.is_empty() {
+        format!("/api/{version}")
+    } else {
+        format!("/apis/{group}/{version}")
+    };
+    let namespaced = |res: &str| {
+        resources::by_path(group, version, res).filter(|rid| resources::get(*rid).namespaced)
+    };
     let (rid, ns, tail, ns_template) = match rest {
-        ["namespaces", ns, res, tail @ ..] if namespaced(res).is_some() => {
-            (namespaced(res), ns.to_string(), tail, "/namespaces/{namespace}")
-        }
-        [res, tail @ ..] => (resources::by_path(group, version, res), String::new(), tail, ""),
+        ["namespaces", ns, res, tail @ ..] if namespaced(res).is_some() => (
+            namespaced(res),
+            ns.to_string(),
+            tail,
+            "/namespaces/{namespace}",
+        ),
+        [res, tail @ ..] => (
+            resources::by_path(group, version, res),
+            String::new(),
+            tail,
+            "",
+        ),
         _ => return Route::NotFound,
     };
-    let Some(rid) = rid else { return Route::NotFound };
+    let Some(rid) = rid else {
+        return Route::NotFound;
+    };
     let rt = resources::get(rid);
     // A namespaced resource without a namespace only supports the all-namespaces list.
     if rt.namespaced && ns.is_empty() && !tail.is_empty() {
@@ -128,7 +172,13 @@ fn route(path: &str, aggregated: bool) -> Route {
         template.push('/');
         template.push_str(sub);
     }
-    Route::Resource(ResourceRoute { rid, ns, name: name.to_string(), sub: sub.to_string(), template })
+    Route::Resource(ResourceRoute {
+        rid,
+        ns,
+        name: name.to_string(),
+        sub: sub.to_string(),
+        template,
+    })
 }
 
 fn json_response(code: u16, body: &Value) -> Response<Full<Bytes>> {
@@ -152,7 +202,10 @@ fn error_response(err: &ApiError) -> Response<Full<Bytes>> {
 fn text_response(code: StatusCode, text: &str) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(text.to_string())));
     *resp.status_mut() = code;
-    resp.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     resp
 }
 
@@ -165,8 +218,10 @@ fn parse_body(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
         Ok(v) => Ok(v),
         Err(json_err) => {
             if content_type.contains("yaml") {
-                let text = std::str::from_utf8(body).map_err(|e| ApiError::bad_request(format!("body is not UTF-8: {e}")))?;
-                serde_saphyr::from_str::<Value>(text).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
+                let text = std::str::from_utf8(body)
+                    .map_err(|e| ApiError::bad_request(format!("body is not UTF-8: {e}")))?;
+                serde_saphyr::from_str::<Value>(text)
+                    .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))
             } else {
                 Err(ApiError::bad_request(format!(
                     "couldn't get version/kind; json parse error: {json_err}"
@@ -178,7 +233,11 @@ fn parse_body(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
 
 impl Twin {
     /// Serves one request from a peer whose TLS client certificate identified it (if any).
-    pub(crate) async fn respond<B>(&self, req: Request<B>, cert_identity: Option<Identity>) -> Response<Full<Bytes>>
+    pub(crate) async fn respond<B>(
+        &self,
+        req: Request<B>,
+        cert_identity: Option<Identity>,
+    ) -> Response<Full<Bytes>>
     where
         B: hyper::body::Body + Send,
         B::Data: Send,
@@ -188,16 +247,25 @@ impl Twin {
         let body = match Limited::new(body, MAX_BODY).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(e) => {
-                if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
                     return error_response(&ApiError::too_large());
                 }
-                return error_response(&ApiError::bad_request(format!("reading the request body: {e}")));
+                return error_response(&ApiError::bad_request(format!(
+                    "reading the request body: {e}"
+                )));
             }
         };
         let path = parts.uri.path().to_string();
         let query = parse_query(parts.uri.query().unwrap_or_default());
         let header_str = |name: header::HeaderName| {
-            parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
+            parts
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string()
         };
         let accept = header_str(header::ACCEPT);
         let aggregated = accept.contains("as=APIGroupDiscoveryList");
@@ -217,7 +285,10 @@ impl Twin {
             Some(id) => id,
             None => {
                 let auth = header_str(header::AUTHORIZATION);
-                match auth.strip_prefix("Bearer ").and_then(|t| self.token_identity(t.trim())) {
+                match auth
+                    .strip_prefix("Bearer ")
+                    .and_then(|t| self.token_identity(t.trim()))
+                {
                     Some(id) => id,
                     None => return error_response(&ApiError::unauthorized()),
                 }
@@ -234,7 +305,14 @@ impl Twin {
             Route::NotFound => error_response(&ApiError::no_route()),
             Route::Resource(r) => {
                 let content_type = header_str(header::CONTENT_TYPE);
-                match self.resource_request(&parts.method, &r, &query, &content_type, &body, &identity) {
+                match self.resource_request(
+                    &parts.method,
+                    &r,
+                    &query,
+                    &content_type,
+                    &body,
+                    &identity,
+                ) {
                     Ok((code, value)) => json_response(code, &value),
                     Err(err) => error_response(&err),
                 }
@@ -278,21 +356,40 @@ impl Twin {
             ));
         }
         if r.sub == "eviction" && verb != "create" {
-            return Err(ApiError::method_not_allowed("only POST is supported on pods/eviction"));
+            return Err(ApiError::method_not_allowed(
+                "only POST is supported on pods/eviction",
+            ));
         }
         let ctx = WriteCtx {
             dry_run: query.get("dryRun").is_some_and(|v| v == "All"),
             field_manager: query.get("fieldManager").cloned(),
-            subresource: if r.sub.is_empty() { None } else { Some(r.sub.clone()) },
+            subresource: if r.sub.is_empty() {
+                None
+            } else {
+                Some(r.sub.clone())
+            },
         };
         let list_query = || -> Result<ListQuery, ApiError> {
             Ok(ListQuery {
-                labels: LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or_default())
-                    .map_err(ApiError::bad_request)?,
-                fields: FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or_default())
-                    .map_err(ApiError::bad_request)?,
+                labels: LabelSelector::parse(
+                    query
+                        .get("labelSelector")
+                        .map(String::as_str)
+                        .unwrap_or_default(),
+                )
+                .map_err(ApiError::bad_request)?,
+                fields: FieldSelector::parse(
+                    query
+                        .get("fieldSelector")
+                        .map(String::as_str)
+                        .unwrap_or_default(),
+                )
+                .map_err(ApiError::bad_request)?,
                 limit: match query.get("limit") {
-                    Some(l) => Some(l.parse().map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?),
+                    Some(l) => Some(
+                        l.parse()
+                            .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+                    ),
                     None => None,
                 },
                 continue_token: query.get("continue").filter(|c| !c.is_empty()).cloned(),
@@ -323,7 +420,11 @@ impl Twin {
             name: &r.name,
         };
         rbac::authorize(&store, who, &attrs)?;
-        let ns_filter = if r.ns.is_empty() { None } else { Some(r.ns.as_str()) };
+        let ns_filter = if r.ns.is_empty() {
+            None
+        } else {
+            Some(r.ns.as_str())
+        };
         match verb {
             "get" => Ok((200, store.get(r.rid, &r.ns, &r.name)?)),
             "list" => Ok((200, store.list(r.rid, ns_filter, &list_query()?)?)),
@@ -343,11 +444,20 @@ impl Twin {
                 if matches!(rt.resource, "pods" | "namespaces") {
                     Ok((200, deleted))
                 } else {
-                    let uid = deleted.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or_default();
-                    Ok((200, status::success(200, Some((&r.name, rt.group, rt.resource, uid)))))
+                    let uid = deleted
+                        .pointer("/metadata/uid")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    Ok((
+                        200,
+                        status::success(200, Some((&r.name, rt.group, rt.resource, uid))),
+                    ))
                 }
             }
-            "deletecollection" => Ok((200, store.delete_collection(r.rid, ns_filter, &list_query()?, ctx.dry_run)?)),
+            "deletecollection" => Ok((
+                200,
+                store.delete_collection(r.rid, ns_filter, &list_query()?, ctx.dry_run)?,
+            )),
             _ => Err(ApiError::internal(format!("unhandled verb {verb}"))),
         }
     }
@@ -373,7 +483,11 @@ impl Twin {
     }
 
     /// TLS + HTTP/1.1 on one accepted connection.
-    async fn serve_connection(self, tcp: tokio::net::TcpStream, acceptor: tokio_rustls::TlsAcceptor) {
+    async fn serve_connection(
+        self,
+        tcp: tokio::net::TcpStream,
+        acceptor: tokio_rustls::TlsAcceptor,
+    ) {
         let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
             Ok(Ok(tls)) => tls,
             Ok(Err(e)) => {
@@ -404,7 +518,11 @@ impl Twin {
 
     /// Accept loop; connections live in a JoinSet owned by this future, so aborting the
     /// task that runs `serve` also drops every open connection (like killing k3s).
-    pub(crate) async fn accept_loop(self, listener: tokio::net::TcpListener, tls: Arc<rustls::ServerConfig>) {
+    pub(crate) async fn accept_loop(
+        self,
+        listener: tokio::net::TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+    ) {
         let acceptor = tokio_rustls::TlsAcceptor::from(tls);
         let mut connections = tokio::task::JoinSet::new();
         loop {
@@ -439,12 +557,27 @@ mod tests {
     #[test]
     fn routes_and_templates() {
         let r = resource("/api/v1/namespaces/kube-system/configmaps/state");
-        assert_eq!(r.as_ref().map(|r| (r.ns.as_str(), r.name.as_str())), Some(("kube-system", "state")));
-        assert_eq!(r.map(|r| r.template), Some("/api/v1/namespaces/{namespace}/configmaps/{name}".to_string()));
+        assert_eq!(
+            r.as_ref().map(|r| (r.ns.as_str(), r.name.as_str())),
+            Some(("kube-system", "state"))
+        );
+        assert_eq!(
+            r.map(|r| r.template),
+            Some("/api/v1/namespaces/{namespace}/configmaps/{name}".to_string())
+        );
         let r = resource("/api/v1/namespaces/default/pods/p/eviction");
-        assert_eq!(r.map(|r| r.template), Some("/api/v1/namespaces/{namespace}/pods/{name}/eviction".to_string()));
+        assert_eq!(
+            r.map(|r| r.template),
+            Some("/api/v1/namespaces/{namespace}/pods/{name}/eviction".to_string())
+        );
         let r = resource("/api/v1/namespaces/kube-system");
-        assert_eq!(r.map(|r| (r.template, r.name)), Some(("/api/v1/namespaces/{name}".to_string(), "kube-system".to_string())));
+        assert_eq!(
+            r.map(|r| (r.template, r.name)),
+            Some((
+                "/api/v1/namespaces/{name}".to_string(),
+                "kube-system".to_string()
+            ))
+        );
         let r = resource("/api/v1/pods");
         assert_eq!(r.map(|r| r.template), Some("/api/v1/pods".to_string()));
         let r = resource("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x");
@@ -461,7 +594,10 @@ mod tests {
     #[test]
     fn query_decoding() {
         let q = parse_query("labelSelector=app%3Dweb%2Ctier+in+%28a%2Cb%29&limit=5&watch");
-        assert_eq!(q.get("labelSelector").map(String::as_str), Some("app=web,tier in (a,b)"));
+        assert_eq!(
+            q.get("labelSelector").map(String::as_str),
+            Some("app=web,tier in (a,b)")
+        );
         assert_eq!(q.get("limit").map(String::as_str), Some("5"));
         assert_eq!(q.get("watch").map(String::as_str), Some(""));
         assert_eq!(parse_query("a=%").get("a").map(String::as_str), Some("%"));

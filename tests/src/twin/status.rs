@@ -12,34 +12,58 @@ pub(crate) struct ApiError {
     pub reason: &'static str,
     pub message: String,
     /// `(name, group, kind)` for `details`, when the error is about one object.
-    pub details: Option<(String, String, String)>,
+    pub details: Option<Box<(String, String, String)>>,
+    /// `details.causes` as `(reason, message)` pairs.
+    pub causes: Vec<(String, String)>,
 }
 
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+            causes: Vec::new(),
+        }
     }
 
     fn with_details(mut self, name: &str, group: &str, kind: &str) -> Self {
-        self.details = Some((name.to_string(), group.to_string(), kind.to_string()));
+        self.details = Some(Box::new((
+            name.to_string(),
+            group.to_string(),
+            kind.to_string(),
+        )));
         self
     }
 
     /// 404: `configmaps "x" not found`.
     pub fn not_found(rt: &ResourceType, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{} \"{name}\" not found", qualified(rt)))
-            .with_details(name, rt.group, rt.resource)
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", qualified(rt)),
+        )
+        .with_details(name, rt.group, rt.resource)
     }
 
     /// 404 for a path the twin does not serve.
     pub fn no_route() -> Self {
-        Self::new(404, "NotFound", "the server could not find the requested resource")
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
     }
 
     /// 409: `configmaps "x" already exists`.
     pub fn already_exists(rt: &ResourceType, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", qualified(rt)))
-            .with_details(name, rt.group, rt.resource)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", qualified(rt)),
+        )
+        .with_details(name, rt.group, rt.resource)
     }
 
     /// 409: optimistic-concurrency failure, worded exactly like the apiserver.
@@ -61,15 +85,22 @@ impl ApiError {
         Self::new(
             409,
             "Conflict",
-            format!("Operation cannot be fulfilled on {} \"{name}\": {what}", qualified(rt)),
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {what}",
+                qualified(rt)
+            ),
         )
         .with_details(name, rt.group, rt.resource)
     }
 
     /// 422: `ConfigMap "X" is invalid: metadata.name: Invalid value: ...`.
     pub fn invalid(rt: &ResourceType, name: &str, cause: &str) -> Self {
-        Self::new(422, "Invalid", format!("{} \"{name}\" is invalid: {cause}", rt.kind))
-            .with_details(name, rt.group, rt.kind)
+        Self::new(
+            422,
+            "Invalid",
+            format!("{} \"{name}\" is invalid: {cause}", qualified_kind(rt)),
+        )
+        .with_details(name, rt.group, rt.kind)
     }
 
     /// 400 BadRequest.
@@ -98,12 +129,21 @@ impl ApiError {
 
     /// 415 UnsupportedMediaType.
     pub fn unsupported_media_type(content_type: &str) -> Self {
-        Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"))
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"
+            ),
+        )
     }
 
-    /// 429 TooManyRequests (eviction blocked by a disruption budget).
-    pub fn too_many_requests(message: impl Into<String>) -> Self {
-        Self::new(429, "TooManyRequests", message)
+    /// 429 TooManyRequests (eviction blocked by a disruption budget). Like the
+    /// apiserver, no `retryAfterSeconds` (so no Retry-After header), one cause.
+    pub fn too_many_requests(message: impl Into<String>, cause: (&str, String)) -> Self {
+        let mut err = Self::new(429, "TooManyRequests", message);
+        err.causes.push((cause.0.to_string(), cause.1));
+        err
     }
 
     /// 500 InternalError.
@@ -113,7 +153,11 @@ impl ApiError {
 
     /// 413 RequestEntityTooLarge.
     pub fn too_large() -> Self {
-        Self::new(413, "RequestEntityTooLarge", "Request entity too large: limit is 3145728")
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            "Request entity too large: limit is 3145728",
+        )
     }
 
     /// The `Status` body.
@@ -127,7 +171,8 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
-        if let (Some((name, group, kind)), Some(map)) = (&self.details, status.as_object_mut()) {
+        if let (Some(details), Some(map)) = (&self.details, status.as_object_mut()) {
+            let (name, group, kind) = details.as_ref();
             let mut details = serde_json::Map::new();
             if !name.is_empty() {
                 details.insert("name".into(), json!(name));
@@ -138,7 +183,29 @@ impl ApiError {
             details.insert("kind".into(), json!(kind));
             map.insert("details".into(), Value::Object(details));
         }
+        if !self.causes.is_empty()
+            && let Some(map) = status.as_object_mut()
+        {
+            let causes: Vec<Value> = self
+                .causes
+                .iter()
+                .map(|(reason, message)| json!({"reason": reason, "message": message}))
+                .collect();
+            let details = map.entry("details").or_insert_with(|| json!({}));
+            if let Some(d) = details.as_object_mut() {
+                d.insert("causes".into(), Value::Array(causes));
+            }
+        }
         status
+    }
+}
+
+/// `Kind.group` the way the apiserver names a GroupKind in validation messages.
+pub(crate) fn qualified_kind(rt: &ResourceType) -> String {
+    if rt.group.is_empty() {
+        rt.kind.to_string()
+    } else {
+        format!("{}.{}", rt.kind, rt.group)
     }
 }
 
@@ -199,7 +266,10 @@ mod tests {
     fn group_qualified_names_in_messages() {
         let lease = &RESOURCES[by_path("coordination.k8s.io", "v1", "leases").unwrap_or_default()];
         let status = ApiError::not_found(lease, "l").to_status();
-        assert_eq!(status["message"], "leases.coordination.k8s.io \"l\" not found");
+        assert_eq!(
+            status["message"],
+            "leases.coordination.k8s.io \"l\" not found"
+        );
         assert_eq!(status["details"]["group"], "coordination.k8s.io");
     }
 }

@@ -77,7 +77,10 @@ pub(crate) fn now() -> String {
 }
 
 fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
-    obj.get("metadata").and_then(|m| m.get(field)).and_then(Value::as_str).unwrap_or_default()
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
 }
 
 /// Runs `f` on the object's metadata map (created if absent or not a map). Total: never
@@ -108,7 +111,8 @@ const DNS1035_MSG: &str = "a DNS-1035 label must consist of lower case alphanume
 fn is_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -120,11 +124,17 @@ fn is_subdomain(s: &str) -> bool {
 /// Validates an object name the way the resource's REST strategy does.
 fn validate_name(rt: &ResourceType, name: &str) -> Result<(), ApiError> {
     if name.is_empty() {
-        return Err(ApiError::invalid(rt, name, "metadata.name: Required value: name or generateName is required"));
+        return Err(ApiError::invalid(
+            rt,
+            name,
+            "metadata.name: Required value: name or generateName is required",
+        ));
     }
     let problem = match rt.resource {
         "namespaces" if !is_label(name) => Some(LABEL_MSG),
-        "services" if !(is_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase())) => Some(DNS1035_MSG),
+        "services" if !(is_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase())) => {
+            Some(DNS1035_MSG)
+        }
         "roles" | "rolebindings" | "clusterroles" | "clusterrolebindings" => {
             if name == "." || name == ".." || name.contains('/') || name.contains('%') {
                 Some("may not contain '/' or '%' and may not be '.' or '..'")
@@ -137,7 +147,11 @@ fn validate_name(rt: &ResourceType, name: &str) -> Result<(), ApiError> {
         _ => None,
     };
     match problem {
-        Some(msg) => Err(ApiError::invalid(rt, name, &format!("metadata.name: Invalid value: \"{name}\": {msg}"))),
+        Some(msg) => Err(ApiError::invalid(
+            rt,
+            name,
+            &format!("metadata.name: Invalid value: \"{name}\": {msg}"),
+        )),
         None => Ok(()),
     }
 }
@@ -152,18 +166,131 @@ fn random_suffix() -> String {
 
 /// Folds Secret `stringData` into base64 `data`, as the apiserver does on every write.
 fn fold_string_data(obj: &mut Value) {
-    let Some(map) = obj.as_object_mut() else { return };
-    let Some(Value::Object(string_data)) = map.remove("stringData") else { return };
-    let data = map.entry("data").or_insert_with(|| Value::Object(Map::new()));
+    let Some(map) = obj.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(string_data)) = map.remove("stringData") else {
+        return;
+    };
+    let data = map
+        .entry("data")
+        .or_insert_with(|| Value::Object(Map::new()));
     if !data.is_object() {
         *data = Value::Object(Map::new());
     }
     if let Value::Object(data) = data {
         for (k, v) in string_data {
-            let text = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
-            data.insert(k, json!(base64::engine::general_purpose::STANDARD.encode(text)));
+            let text = v
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
+            data.insert(
+                k,
+                json!(base64::engine::general_purpose::STANDARD.encode(text)),
+            );
         }
     }
+}
+
+/// ConfigMap and Secret payloads are limited to 1 MiB in total.
+const MAX_DATA_BYTES: usize = 1024 * 1024;
+
+fn valid_config_key(k: &str) -> bool {
+    !k.is_empty()
+        && k.len() <= 253
+        && k != "."
+        && k != ".."
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// The per-type validation the apiserver does that clients can trip over: config keys and
+/// the 1 MiB limit of ConfigMaps/Secrets, and the required fields and lengths of
+/// `events.k8s.io/v1` Events. All problems are reported at once, like field.ErrorList.
+fn validate_object(rt: &ResourceType, name: &str, obj: &Value) -> Result<(), ApiError> {
+    let mut problems: Vec<String> = Vec::new();
+    let str_field = |f: &str| obj.get(f).and_then(Value::as_str).unwrap_or_default();
+    match rt.resource {
+        "configmaps" | "secrets" => {
+            let mut total = 0usize;
+            for field in ["data", "binaryData"] {
+                if let Some(map) = obj.get(field).and_then(Value::as_object) {
+                    for (k, v) in map {
+                        if !valid_config_key(k) {
+                            problems.push(format!(
+                                "{field}[{k}]: Invalid value: \"{k}\": a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"
+                            ));
+                        }
+                        let text = v.as_str().unwrap_or_default();
+                        total += if rt.resource == "secrets" || field == "binaryData" {
+                            // Base64 on the wire; the limit applies to the decoded bytes.
+                            text.len() / 4 * 3
+                        } else {
+                            text.len()
+                        };
+                    }
+                }
+            }
+            if total > MAX_DATA_BYTES {
+                let path = if rt.resource == "secrets" {
+                    "data"
+                } else {
+                    "[]"
+                };
+                problems.push(format!(
+                    "{path}: Too long: must have at most {MAX_DATA_BYTES} bytes"
+                ));
+            }
+        }
+        "events" if rt.group == "events.k8s.io" => {
+            if obj.get("eventTime").is_none_or(Value::is_null) {
+                problems.push("eventTime: Required value".into());
+            }
+            for (field, max) in [
+                ("reportingController", 253),
+                ("reportingInstance", 128),
+                ("action", 128),
+                ("reason", 128),
+            ] {
+                let v = str_field(field);
+                if v.is_empty() {
+                    problems.push(format!("{field}: Required value"));
+                } else if v.len() > max {
+                    problems.push(format!(
+                        "{field}: Too long: may not be more than {max} bytes"
+                    ));
+                }
+            }
+            if str_field("note").len() > 1024 {
+                problems.push("note: Too long: may not be more than 1024 bytes".into());
+            }
+            let kind = str_field("type");
+            if kind != "Normal" && kind != "Warning" {
+                problems.push(format!(
+                    "type: Unsupported value: \"{kind}\": supported values: \"Normal\", \"Warning\""
+                ));
+            }
+        }
+        _ => {}
+    }
+    match problems.len() {
+        0 => Ok(()),
+        1 => Err(ApiError::invalid(rt, name, &problems[0])),
+        _ => Err(ApiError::invalid(
+            rt,
+            name,
+            &format!("[{}]", problems.join(", ")),
+        )),
+    }
+}
+
+/// Whether the resource's REST strategy maintains `metadata.generation` (ConfigMaps,
+/// Secrets, Nodes, Leases... have none in a real cluster).
+fn tracks_generation(rt: &ResourceType) -> bool {
+    matches!(
+        rt.resource,
+        "deployments" | "jobs" | "cronjobs" | "poddisruptionbudgets"
+    )
 }
 
 /// Everything but metadata and status: a change here bumps `metadata.generation`.
@@ -182,13 +309,19 @@ fn pod_healthy(pod: &Value) -> bool {
         && pod
             .pointer("/status/conditions")
             .and_then(Value::as_array)
-            .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            })
 }
 
 /// `intstr` int-or-percent scaled against `total`, rounding up like the disruption controller.
 fn scaled(v: &Value, total: usize) -> Result<usize, String> {
     match v {
-        Value::Number(n) => n.as_u64().map(|n| n as usize).ok_or_else(|| format!("invalid value {n}")),
+        Value::Number(n) => n
+            .as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| format!("invalid value {n}")),
         Value::String(s) => {
             let pct: usize = s
                 .strip_suffix('%')
@@ -203,7 +336,11 @@ fn scaled(v: &Value, total: usize) -> Result<usize, String> {
 impl Store {
     /// A store holding the initial namespaces.
     pub fn new() -> Self {
-        let mut store = Self { rv: 1, objects: BTreeMap::new(), applied: HashMap::new() };
+        let mut store = Self {
+            rv: 1,
+            objects: BTreeMap::new(),
+            applied: HashMap::new(),
+        };
         for ns in INITIAL_NAMESPACES {
             let obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
             // Fresh store, valid names: creation cannot fail; ignore the impossible error.
@@ -223,17 +360,26 @@ impl Store {
     }
 
     fn key(rid: usize, ns: &str, name: &str) -> Key {
-        let ns = if resources::get(rid).namespaced { ns } else { "" };
+        let ns = if resources::get(rid).namespaced {
+            ns
+        } else {
+            ""
+        };
         (rid, ns.to_string(), name.to_string())
     }
 
     /// Whether a namespace exists.
     pub fn namespace_exists(&self, ns: &str) -> bool {
-        self.objects.contains_key(&(NAMESPACES, String::new(), ns.to_string()))
+        self.objects
+            .contains_key(&(NAMESPACES, String::new(), ns.to_string()))
     }
 
     /// Objects of one resource (one namespace, or all when `ns` is None), in key order.
-    pub fn iter<'a>(&'a self, rid: usize, ns: Option<&'a str>) -> impl Iterator<Item = &'a Value> + 'a {
+    pub fn iter<'a>(
+        &'a self,
+        rid: usize,
+        ns: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a Value> + 'a {
         let start = (rid, String::new(), String::new());
         self.objects
             .range(start..)
@@ -261,8 +407,8 @@ impl Store {
                 let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
                     .decode(token)
                     .map_err(|_| ApiError::bad_request("continue key is not valid"))?;
-                let v: (String, String) =
-                    serde_json::from_slice(&bytes).map_err(|_| ApiError::bad_request("continue key is not valid"))?;
+                let v: (String, String) = serde_json::from_slice(&bytes)
+                    .map_err(|_| ApiError::bad_request("continue key is not valid"))?;
                 Some(v)
             }
             None => None,
@@ -296,7 +442,8 @@ impl Store {
         {
             let token = serde_json::to_vec(&(meta_str(last, "namespace"), meta_str(last, "name")))
                 .map_err(|e| ApiError::internal(e.to_string()))?;
-            metadata["continue"] = json!(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token));
+            metadata["continue"] =
+                json!(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token));
             metadata["remainingItemCount"] = json!(matching.len() - page.len());
         }
         Ok(json!({
@@ -309,7 +456,10 @@ impl Store {
 
     fn check_type(rt: &ResourceType, obj: &mut Value) -> Result<(), ApiError> {
         let Some(map) = obj.as_object_mut() else {
-            return Err(ApiError::bad_request(format!("the body of the request must be a {} object", rt.kind)));
+            return Err(ApiError::bad_request(format!(
+                "the body of the request must be a {} object",
+                rt.kind
+            )));
         };
         let want = rt.api_version();
         if let Some(av) = map.get("apiVersion").and_then(Value::as_str)
@@ -328,7 +478,10 @@ impl Store {
                 rt.kind
             )));
         }
-        if map.get("metadata").is_some_and(|m| !m.is_object() && !m.is_null()) {
+        if map
+            .get("metadata")
+            .is_some_and(|m| !m.is_object() && !m.is_null())
+        {
             return Err(ApiError::bad_request("metadata must be an object"));
         }
         map.insert("apiVersion".into(), json!(want));
@@ -369,11 +522,22 @@ impl Store {
         Self::check_type(rt, &mut obj)?;
         Self::check_namespace(rt, &mut obj, ns)?;
         let (has_rv, mut name, prefix) = with_meta(&mut obj, |m| {
-            let get = |f: &str| m.get(f).and_then(Value::as_str).unwrap_or_default().to_string();
-            (!get("resourceVersion").is_empty(), get("name"), get("generateName"))
+            let get = |f: &str| {
+                m.get(f)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            (
+                !get("resourceVersion").is_empty(),
+                get("name"),
+                get("generateName"),
+            )
         });
         if has_rv && !trusted {
-            return Err(ApiError::bad_request("resourceVersion should not be set on objects to be created"));
+            return Err(ApiError::bad_request(
+                "resourceVersion should not be set on objects to be created",
+            ));
         }
         if name.is_empty() && !prefix.is_empty() {
             name = format!("{prefix}{}", random_suffix());
@@ -391,7 +555,9 @@ impl Store {
             meta.remove("resourceVersion");
             meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
             meta.insert("creationTimestamp".into(), json!(now()));
-            meta.insert("generation".into(), json!(1));
+            if tracks_generation(rt) {
+                meta.insert("generation".into(), json!(1));
+            }
             meta.remove("deletionTimestamp");
             meta.remove("selfLink");
             if !trusted {
@@ -399,6 +565,7 @@ impl Store {
             }
         });
         Self::default_on_create(rt, &name, &mut obj, trusted);
+        validate_object(rt, &name, &obj)?;
         if !ctx.dry_run {
             let rv = self.next_rv();
             with_meta(&mut obj, |m| m.insert("resourceVersion".into(), json!(rv)));
@@ -418,7 +585,8 @@ impl Store {
             }
             "namespaces" => {
                 with_meta(obj, |meta| {
-                    if let Value::Object(labels) = meta.entry("labels").or_insert_with(|| json!({})) {
+                    if let Value::Object(labels) = meta.entry("labels").or_insert_with(|| json!({}))
+                    {
                         labels.insert("kubernetes.io/metadata.name".into(), json!(name));
                     }
                 });
@@ -428,7 +596,9 @@ impl Store {
             "pods" if !trusted => {
                 set_field(obj, "status", json!({"phase": "Pending"}));
             }
-            "deployments" | "jobs" | "cronjobs" | "poddisruptionbudgets" | "services" if !trusted => {
+            "deployments" | "jobs" | "cronjobs" | "poddisruptionbudgets" | "services"
+                if !trusted =>
+            {
                 set_field(obj, "status", json!({}));
             }
             _ => {}
@@ -437,7 +607,12 @@ impl Store {
 
     /// Optimistic concurrency: a non-empty `metadata.resourceVersion` in the request must
     /// equal the stored one.
-    fn check_rv(rt: &ResourceType, name: &str, requested: &str, stored: &Value) -> Result<(), ApiError> {
+    fn check_rv(
+        rt: &ResourceType,
+        name: &str,
+        requested: &str,
+        stored: &Value,
+    ) -> Result<(), ApiError> {
         if !requested.is_empty() && requested != meta_str(stored, "resourceVersion") {
             return Err(ApiError::conflict(rt, name));
         }
@@ -445,10 +620,21 @@ impl Store {
     }
 
     /// PUT (main resource or `status`).
-    pub fn replace(&mut self, rid: usize, ns: &str, name: &str, mut body: Value, ctx: &WriteCtx) -> Result<Value, ApiError> {
+    pub fn replace(
+        &mut self,
+        rid: usize,
+        ns: &str,
+        name: &str,
+        mut body: Value,
+        ctx: &WriteCtx,
+    ) -> Result<Value, ApiError> {
         let rt = resources::get(rid);
         let key = Self::key(rid, ns, name);
-        let existing = self.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(rt, name))?;
+        let existing = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(rt, name))?;
         Self::check_type(rt, &mut body)?;
         Self::check_namespace(rt, &mut body, ns)?;
         let body_name = meta_str(&body, "name");
@@ -460,7 +646,11 @@ impl Store {
         Self::check_rv(rt, name, meta_str(&body, "resourceVersion"), &existing)?;
         let new = if ctx.status() {
             let mut new = existing.clone();
-            set_field(&mut new, "status", body.get("status").cloned().unwrap_or(Value::Null));
+            set_field(
+                &mut new,
+                "status",
+                body.get("status").cloned().unwrap_or(Value::Null),
+            );
             new
         } else {
             let mut new = body;
@@ -476,7 +666,7 @@ impl Store {
             }
             new
         };
-        self.finish_update(rid, key, &existing, new, ctx)
+        self.finish_update(rid, key, &existing, new, ctx, None)
     }
 
     /// PATCH (main resource or `status`). Returns the object and whether it was created
@@ -495,7 +685,11 @@ impl Store {
         if kind == PatchKind::Apply {
             return self.apply(rid, ns, name, body, ctx);
         }
-        let existing = self.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(rt, name))?;
+        let existing = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(rt, name))?;
         let mut patched = existing.clone();
         match kind {
             PatchKind::Merge | PatchKind::Strategic => {
@@ -505,15 +699,24 @@ impl Store {
                 patch::merge_patch(&mut patched, &body);
             }
             PatchKind::Json => {
-                patch::json_patch(&mut patched, &body)
-                    .map_err(|e| ApiError::invalid(rt, name, &format!("the JSON patch could not be applied: {e}")))?;
+                patch::json_patch(&mut patched, &body).map_err(|e| {
+                    ApiError::invalid(
+                        rt,
+                        name,
+                        &format!("the JSON patch could not be applied: {e}"),
+                    )
+                })?;
             }
             PatchKind::Apply => {}
         }
         Self::check_rv(rt, name, meta_str(&patched, "resourceVersion"), &existing)?;
         let new = if ctx.status() {
             let mut new = existing.clone();
-            set_field(&mut new, "status", patched.get("status").cloned().unwrap_or(Value::Null));
+            set_field(
+                &mut new,
+                "status",
+                patched.get("status").cloned().unwrap_or(Value::Null),
+            );
             new
         } else {
             if rt.has_status()
@@ -530,23 +733,45 @@ impl Store {
             }
             patched
         };
-        Ok((self.finish_update(rid, key, &existing, new, ctx)?, false))
+        Ok((
+            self.finish_update(rid, key, &existing, new, ctx, None)?,
+            false,
+        ))
     }
 
     /// Server-side apply (treated as force: conflicts with other managers never fail).
-    fn apply(&mut self, rid: usize, ns: &str, name: &str, mut applied: Value, ctx: &WriteCtx) -> Result<(Value, bool), ApiError> {
+    fn apply(
+        &mut self,
+        rid: usize,
+        ns: &str,
+        name: &str,
+        mut applied: Value,
+        ctx: &WriteCtx,
+    ) -> Result<(Value, bool), ApiError> {
         let rt = resources::get(rid);
         let manager = ctx
             .field_manager
             .clone()
             .filter(|m| !m.is_empty())
-            .ok_or_else(|| ApiError::bad_request("PATCH, application/apply-patch+yaml requires fieldManager to be specified"))?;
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "PATCH, application/apply-patch+yaml requires fieldManager to be specified",
+                )
+            })?;
         if !applied.is_object() {
-            return Err(ApiError::bad_request("the applied configuration must be an object"));
+            return Err(ApiError::bad_request(
+                "the applied configuration must be an object",
+            ));
         }
         let (av, kind) = (
-            applied.get("apiVersion").and_then(Value::as_str).unwrap_or_default(),
-            applied.get("kind").and_then(Value::as_str).unwrap_or_default(),
+            applied
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
+            applied
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or_default(),
         );
         if av != rt.api_version() || kind != rt.kind {
             return Err(ApiError::bad_request(format!(
@@ -570,7 +795,11 @@ impl Store {
             fields.retain(|p| p.first().is_some_and(|f| f == "status"));
         }
         let key = Self::key(rid, ns, name);
-        let stamp = Applied { fields, time: now(), api_version: rt.api_version() };
+        let stamp = Applied {
+            fields,
+            time: now(),
+            api_version: rt.api_version(),
+        };
         let Some(existing) = self.objects.get(&key).cloned() else {
             if ctx.status() {
                 return Err(ApiError::not_found(rt, name));
@@ -580,13 +809,26 @@ impl Store {
                 m.remove("resourceVersion");
                 m.remove("managedFields");
             });
-            let mut created = self.create(rid, ns, obj, &WriteCtx { dry_run: true, ..ctx.clone() }, false)?;
+            let mut created = self.create(
+                rid,
+                ns,
+                obj,
+                &WriteCtx {
+                    dry_run: true,
+                    ..ctx.clone()
+                },
+                false,
+            )?;
             let mut managers = BTreeMap::new();
             managers.insert((manager, sub), stamp);
-            with_meta(&mut created, |m| m.insert("managedFields".into(), render_managed(&managers)));
+            with_meta(&mut created, |m| {
+                m.insert("managedFields".into(), render_managed(&managers))
+            });
             if !ctx.dry_run {
                 let rv = self.next_rv();
-                with_meta(&mut created, |m| m.insert("resourceVersion".into(), json!(rv)));
+                with_meta(&mut created, |m| {
+                    m.insert("resourceVersion".into(), json!(rv))
+                });
                 self.objects.insert(key.clone(), created.clone());
                 self.applied.insert(key, managers);
             }
@@ -599,7 +841,18 @@ impl Store {
         let mut content = applied.clone();
         if let Some(map) = content.as_object_mut() {
             if let Some(Value::Object(meta)) = map.get_mut("metadata") {
-                meta.retain(|k, _| !matches!(k.as_str(), "name" | "namespace" | "resourceVersion" | "uid" | "managedFields" | "creationTimestamp" | "generation"));
+                meta.retain(|k, _| {
+                    !matches!(
+                        k.as_str(),
+                        "name"
+                            | "namespace"
+                            | "resourceVersion"
+                            | "uid"
+                            | "managedFields"
+                            | "creationTimestamp"
+                            | "generation"
+                    )
+                });
             }
             if ctx.status() {
                 map.retain(|k, _| k == "status");
@@ -609,18 +862,27 @@ impl Store {
         }
         let mut new = existing.clone();
         patch::apply_merge(&mut new, &content);
+        let previous_stamp = previous.clone();
         if let Some(prev) = previous {
             for path in prev.fields.difference(&stamp.fields) {
-                let owned_elsewhere =
-                    managers.values().any(|other| other.fields.iter().any(|p| patch::overlaps(p, path)));
+                let owned_elsewhere = managers
+                    .values()
+                    .any(|other| other.fields.iter().any(|p| patch::overlaps(p, path)));
                 if !owned_elsewhere {
                     patch::remove_path(&mut new, path);
                 }
             }
         }
+        let mut stamp = stamp;
+        if let Some(prev) = &previous_stamp
+            && prev.fields == stamp.fields
+        {
+            // Re-applying the same field set is not a change (keeps no-op applies no-ops).
+            stamp.time = prev.time.clone();
+        }
         managers.insert((manager, sub), stamp);
-        with_meta(&mut new, |m| m.insert("managedFields".into(), render_managed(&managers)));
-        let result = self.finish_update(rid, key.clone(), &existing, new, ctx)?;
+        let managed = render_managed(&managers);
+        let result = self.finish_update(rid, key.clone(), &existing, new, ctx, Some(managed))?;
         if !ctx.dry_run {
             self.applied.insert(key, managers);
         }
@@ -629,7 +891,15 @@ impl Store {
 
     /// Common tail of every update: identity metadata from the stored object, Secret
     /// folding, generation, managedFields, no-op detection, new resourceVersion, commit.
-    fn finish_update(&mut self, rid: usize, key: Key, existing: &Value, mut new: Value, ctx: &WriteCtx) -> Result<Value, ApiError> {
+    fn finish_update(
+        &mut self,
+        rid: usize,
+        key: Key,
+        existing: &Value,
+        mut new: Value,
+        ctx: &WriteCtx,
+        managed_fields: Option<Value>,
+    ) -> Result<Value, ApiError> {
         let rt = resources::get(rid);
         if let Some(map) = new.as_object_mut() {
             map.insert("apiVersion".into(), json!(rt.api_version()));
@@ -639,25 +909,41 @@ impl Store {
             fold_string_data(&mut new);
         }
         let old_meta = existing.get("metadata").cloned().unwrap_or_default();
-        let generation = old_meta.get("generation").and_then(Value::as_i64).unwrap_or(1);
+        let generation = old_meta
+            .get("generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
         let bump = spec_part(existing) != spec_part(&new);
         with_meta(&mut new, |meta| {
-        for field in ["name", "namespace", "uid", "creationTimestamp", "generateName", "resourceVersion", "managedFields"] {
-            if field == "managedFields" && meta.contains_key("managedFields") && ctx.field_manager.is_some() {
-                // Apply rendered fresh managedFields; keep them.
-                continue;
-            }
-            match old_meta.get(field) {
-                Some(v) => {
-                    meta.insert(field.into(), v.clone());
+            for field in [
+                "name",
+                "namespace",
+                "uid",
+                "creationTimestamp",
+                "generateName",
+                "resourceVersion",
+                "managedFields",
+            ] {
+                match old_meta.get(field) {
+                    Some(v) => {
+                        meta.insert(field.into(), v.clone());
+                    }
+                    None => {
+                        meta.remove(field);
+                    }
                 }
-                None => {
-                    meta.remove(field);
-                }
             }
-        }
-        meta.insert("generation".into(), json!(if bump { generation + 1 } else { generation }));
+            if let Some(managed) = managed_fields {
+                meta.insert("managedFields".into(), managed);
+            }
+            if tracks_generation(rt) {
+                meta.insert(
+                    "generation".into(),
+                    json!(if bump { generation + 1 } else { generation }),
+                );
+            }
         });
+        validate_object(rt, meta_str(existing, "name"), &new)?;
         if new == *existing {
             return Ok(new);
         }
@@ -672,10 +958,21 @@ impl Store {
     /// DELETE one object (with `preconditions` from DeleteOptions). Returns the deleted
     /// object. Deleting a Namespace deletes its contents; deleting a Node deletes the pods
     /// bound to it (the pod garbage collector, without the wait).
-    pub fn delete(&mut self, rid: usize, ns: &str, name: &str, options: &Value, dry_run: bool) -> Result<Value, ApiError> {
+    pub fn delete(
+        &mut self,
+        rid: usize,
+        ns: &str,
+        name: &str,
+        options: &Value,
+        dry_run: bool,
+    ) -> Result<Value, ApiError> {
         let rt = resources::get(rid);
         let key = Self::key(rid, ns, name);
-        let existing = self.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(rt, name))?;
+        let existing = self
+            .objects
+            .get(&key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(rt, name))?;
         if rid == NAMESPACES && UNDELETABLE_NAMESPACES.contains(&name) {
             return Err(ApiError::forbidden(
                 format!("namespaces \"{name}\" is forbidden: this namespace may not be deleted"),
@@ -692,7 +989,9 @@ impl Store {
                 return Err(ApiError::precondition(
                     rt,
                     name,
-                    &format!("Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {stored_rv}"),
+                    &format!(
+                        "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {stored_rv}"
+                    ),
                 ));
             }
             let stored_uid = meta_str(&existing, "uid");
@@ -702,7 +1001,9 @@ impl Store {
                 return Err(ApiError::precondition(
                     rt,
                     name,
-                    &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {stored_uid}"),
+                    &format!(
+                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {stored_uid}"
+                    ),
                 ));
             }
         }
@@ -711,7 +1012,12 @@ impl Store {
         }
         self.remove_key(&key);
         if rid == NAMESPACES {
-            let doomed: Vec<Key> = self.objects.keys().filter(|k| resources::get(k.0).namespaced && k.1 == name).cloned().collect();
+            let doomed: Vec<Key> = self
+                .objects
+                .keys()
+                .filter(|k| resources::get(k.0).namespaced && k.1 == name)
+                .cloned()
+                .collect();
             for k in doomed {
                 self.remove_key(&k);
             }
@@ -721,7 +1027,9 @@ impl Store {
             let doomed: Vec<Key> = self
                 .objects
                 .iter()
-                .filter(|(k, v)| k.0 == pods && v.pointer("/spec/nodeName").and_then(Value::as_str) == Some(name))
+                .filter(|(k, v)| {
+                    k.0 == pods && v.pointer("/spec/nodeName").and_then(Value::as_str) == Some(name)
+                })
                 .map(|(k, _)| k.clone())
                 .collect();
             for k in doomed {
@@ -738,12 +1046,36 @@ impl Store {
     }
 
     /// DELETE on a collection: deletes every object matching the query; returns the list.
-    pub fn delete_collection(&mut self, rid: usize, ns: Option<&str>, q: &ListQuery, dry_run: bool) -> Result<Value, ApiError> {
-        let listed = self.list(rid, ns, &ListQuery { limit: None, continue_token: None, ..q.clone() })?;
+    pub fn delete_collection(
+        &mut self,
+        rid: usize,
+        ns: Option<&str>,
+        q: &ListQuery,
+        dry_run: bool,
+    ) -> Result<Value, ApiError> {
+        let listed = self.list(
+            rid,
+            ns,
+            &ListQuery {
+                limit: None,
+                continue_token: None,
+                ..q.clone()
+            },
+        )?;
         if !dry_run {
             let names: Vec<(String, String)> = listed["items"]
                 .as_array()
-                .map(|items| items.iter().map(|o| (meta_str(o, "namespace").to_string(), meta_str(o, "name").to_string())).collect())
+                .map(|items| {
+                    items
+                        .iter()
+                        .map(|o| {
+                            (
+                                meta_str(o, "namespace").to_string(),
+                                meta_str(o, "name").to_string(),
+                            )
+                        })
+                        .collect()
+                })
                 .unwrap_or_default();
             for (ns, name) in names {
                 self.delete(rid, &ns, &name, &Value::Null, false)?;
@@ -753,11 +1085,20 @@ impl Store {
     }
 
     /// `POST pods/{name}/eviction`: deletes the pod unless a PodDisruptionBudget forbids it.
-    pub fn evict(&mut self, ns: &str, name: &str, body: &Value, dry_run: bool) -> Result<(), ApiError> {
-        let (Some(pods), Some(pdbs)) =
-            (resources::by_path("", "v1", "pods"), resources::by_path("policy", "v1", "poddisruptionbudgets"))
-        else {
-            return Err(ApiError::internal("pods or poddisruptionbudgets missing from the resource table"));
+    pub fn evict(
+        &mut self,
+        ns: &str,
+        name: &str,
+        body: &Value,
+        dry_run: bool,
+    ) -> Result<(), ApiError> {
+        let (Some(pods), Some(pdbs)) = (
+            resources::by_path("", "v1", "pods"),
+            resources::by_path("policy", "v1", "poddisruptionbudgets"),
+        ) else {
+            return Err(ApiError::internal(
+                "pods or poddisruptionbudgets missing from the resource table",
+            ));
         };
         let body_name = meta_str(body, "name");
         if !body_name.is_empty() && body_name != name {
@@ -766,7 +1107,10 @@ impl Store {
             )));
         }
         let pod = self.get(pods, ns, name)?;
-        let phase = pod.pointer("/status/phase").and_then(Value::as_str).unwrap_or("Pending");
+        let phase = pod
+            .pointer("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("Pending");
         let options = body.get("deleteOptions").cloned().unwrap_or(Value::Null);
         if matches!(phase, "Succeeded" | "Failed" | "Pending") {
             self.delete(pods, ns, name, &options, dry_run)?;
@@ -774,8 +1118,9 @@ impl Store {
         }
         let mut budgets = Vec::new();
         for pdb in self.iter(pdbs, Some(ns)) {
-            let selector = LabelSelector::from_object(pdb.pointer("/spec/selector").unwrap_or(&Value::Null))
-                .map_err(ApiError::internal)?;
+            let selector =
+                LabelSelector::from_object(pdb.pointer("/spec/selector").unwrap_or(&Value::Null))
+                    .map_err(ApiError::internal)?;
             if selector.as_ref().is_some_and(|s| s.matches(&pod)) {
                 budgets.push((pdb.clone(), selector.unwrap_or_default()));
             }
@@ -786,7 +1131,10 @@ impl Store {
             ));
         }
         if let Some((pdb, selector)) = budgets.first() {
-            let matching: Vec<&Value> = self.iter(pods, Some(ns)).filter(|p| selector.matches(p)).collect();
+            let matching: Vec<&Value> = self
+                .iter(pods, Some(ns))
+                .filter(|p| selector.matches(p))
+                .collect();
             let expected = matching.len();
             let healthy = matching.iter().filter(|p| pod_healthy(p)).count();
             let spec = pdb.get("spec").cloned().unwrap_or_default();
@@ -800,11 +1148,21 @@ impl Store {
             let allowed = if pod_healthy(&pod) {
                 healthy > desired
             } else {
-                spec.get("unhealthyPodEvictionPolicy").and_then(Value::as_str) == Some("AlwaysAllow") || healthy >= desired
+                spec.get("unhealthyPodEvictionPolicy")
+                    .and_then(Value::as_str)
+                    == Some("AlwaysAllow")
+                    || healthy >= desired
             };
             if !allowed {
                 return Err(ApiError::too_many_requests(
                     "Cannot evict pod as it would violate the pod's disruption budget.",
+                    (
+                        "DisruptionBudget",
+                        format!(
+                            "The disruption budget {} needs {desired} healthy pods and has {healthy} currently",
+                            meta_str(pdb, "name")
+                        ),
+                    ),
                 ));
             }
         }
@@ -816,9 +1174,16 @@ impl Store {
     pub fn upsert(&mut self, rid: usize, mut obj: Value) -> Result<Value, ApiError> {
         let rt = resources::get(rid);
         let name = meta_str(&obj, "name").to_string();
-        let ns = if rt.namespaced { meta_str(&obj, "namespace").to_string() } else { String::new() };
+        let ns = if rt.namespaced {
+            meta_str(&obj, "namespace").to_string()
+        } else {
+            String::new()
+        };
         if rt.namespaced && ns.is_empty() {
-            return Err(ApiError::bad_request(format!("{} {name:?} needs metadata.namespace", rt.kind)));
+            return Err(ApiError::bad_request(format!(
+                "{} {name:?} needs metadata.namespace",
+                rt.kind
+            )));
         }
         let key = Self::key(rid, &ns, &name);
         match self.objects.get(&key).cloned() {
@@ -826,28 +1191,41 @@ impl Store {
             Some(existing) => {
                 with_meta(&mut obj, |m| m.remove("resourceVersion"));
                 Self::check_type(rt, &mut obj)?;
-                self.finish_update(rid, key, &existing, obj, &WriteCtx::default())
+                self.finish_update(rid, key, &existing, obj, &WriteCtx::default(), None)
             }
         }
     }
 
     /// Kubelet heartbeat: maintain the Node's Ready condition. Returns false if no such Node.
     pub fn set_node_ready(&mut self, name: &str, ready: bool) -> bool {
-        let Some(nodes) = resources::by_path("", "v1", "nodes") else { return false };
+        let Some(nodes) = resources::by_path("", "v1", "nodes") else {
+            return false;
+        };
         let key = Self::key(nodes, "", name);
-        let Some(existing) = self.objects.get(&key).cloned() else { return false };
+        let Some(existing) = self.objects.get(&key).cloned() else {
+            return false;
+        };
         let stamp = now();
         let (status, reason, message) = if ready {
             ("True", "KubeletReady", "kubelet is posting ready status")
         } else {
-            ("Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
+            (
+                "Unknown",
+                "NodeStatusUnknown",
+                "Kubelet stopped posting node status.",
+            )
         };
         let mut node = existing.clone();
-        let mut conditions: Vec<Value> =
-            node.pointer("/status/conditions").and_then(Value::as_array).cloned().unwrap_or_default();
+        let mut conditions: Vec<Value> = node
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let previous = conditions.iter().position(|c| c["type"] == "Ready");
         let transition = match previous.and_then(|i| conditions.get(i)) {
-            Some(c) if c["status"] == status => c.get("lastTransitionTime").cloned().unwrap_or(json!(stamp)),
+            Some(c) if c["status"] == status => {
+                c.get("lastTransitionTime").cloned().unwrap_or(json!(stamp))
+            }
             _ => json!(stamp),
         };
         let cond = json!({
@@ -862,10 +1240,15 @@ impl Store {
             Some(i) => conditions[i] = cond,
             None => conditions.push(cond),
         }
-        let mut status = node.get("status").and_then(Value::as_object).cloned().unwrap_or_default();
+        let mut status = node
+            .get("status")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
         status.insert("conditions".into(), Value::Array(conditions));
         set_field(&mut node, "status", Value::Object(status));
-        self.finish_update(nodes, key, &existing, node, &WriteCtx::default()).is_ok()
+        self.finish_update(nodes, key, &existing, node, &WriteCtx::default(), None)
+            .is_ok()
     }
 
     /// Direct delete for the simulator (same cascades as the API). False if absent.
@@ -920,19 +1303,51 @@ mod tests {
     fn create_fills_metadata_and_rejects_duplicates() {
         let mut s = Store::new();
         let obj = s
-            .create(cm(), "default", json!({"metadata": {"name": "a"}, "data": {"k": "v"}}), &ctx(), false)
+            .create(
+                cm(),
+                "default",
+                json!({"metadata": {"name": "a"}, "data": {"k": "v"}}),
+                &ctx(),
+                false,
+            )
             .unwrap();
         assert_eq!(obj["kind"], "ConfigMap");
         assert_eq!(obj["metadata"]["namespace"], "default");
         assert!(!meta_str(&obj, "uid").is_empty());
         assert!(!meta_str(&obj, "resourceVersion").is_empty());
-        let dup = s.create(cm(), "default", json!({"metadata": {"name": "a"}}), &ctx(), false);
+        let dup = s.create(
+            cm(),
+            "default",
+            json!({"metadata": {"name": "a"}}),
+            &ctx(),
+            false,
+        );
         assert_eq!(dup.unwrap_err().reason, "AlreadyExists");
-        let bad = s.create(cm(), "default", json!({"metadata": {"name": "Bad_Name"}}), &ctx(), false);
+        let bad = s.create(
+            cm(),
+            "default",
+            json!({"metadata": {"name": "Bad_Name"}}),
+            &ctx(),
+            false,
+        );
         assert_eq!(bad.unwrap_err().code, 422);
-        let nons = s.create(cm(), "nope", json!({"metadata": {"name": "a"}}), &ctx(), false);
+        let nons = s.create(
+            cm(),
+            "nope",
+            json!({"metadata": {"name": "a"}}),
+            &ctx(),
+            false,
+        );
         assert_eq!(nons.unwrap_err().message, "namespaces \"nope\" not found");
-        let generated = s.create(cm(), "default", json!({"metadata": {"generateName": "x-"}}), &ctx(), false).unwrap();
+        let generated = s
+            .create(
+                cm(),
+                "default",
+                json!({"metadata": {"generateName": "x-"}}),
+                &ctx(),
+                false,
+            )
+            .unwrap();
         assert!(meta_str(&generated, "name").starts_with("x-"));
         assert_eq!(meta_str(&generated, "name").len(), 7);
     }
@@ -940,15 +1355,113 @@ mod tests {
     #[test]
     fn replace_checks_resource_version_and_noop_keeps_it() {
         let mut s = Store::new();
-        let obj = s.create(cm(), "default", json!({"metadata": {"name": "a"}, "data": {"n": "0"}}), &ctx(), false).unwrap();
+        let obj = s
+            .create(
+                cm(),
+                "default",
+                json!({"metadata": {"name": "a"}, "data": {"n": "0"}}),
+                &ctx(),
+                false,
+            )
+            .unwrap();
         let mut next = obj.clone();
         next["data"]["n"] = json!("1");
-        let updated = s.replace(cm(), "default", "a", next.clone(), &ctx()).unwrap();
-        assert_ne!(meta_str(&updated, "resourceVersion"), meta_str(&obj, "resourceVersion"));
+        let updated = s
+            .replace(cm(), "default", "a", next.clone(), &ctx())
+            .unwrap();
+        assert_ne!(
+            meta_str(&updated, "resourceVersion"),
+            meta_str(&obj, "resourceVersion")
+        );
         let stale = s.replace(cm(), "default", "a", next, &ctx()).unwrap_err();
         assert_eq!((stale.code, stale.reason), (409, "Conflict"));
-        let same = s.replace(cm(), "default", "a", updated.clone(), &ctx()).unwrap();
-        assert_eq!(meta_str(&same, "resourceVersion"), meta_str(&updated, "resourceVersion"));
+        let same = s
+            .replace(cm(), "default", "a", updated.clone(), &ctx())
+            .unwrap();
+        assert_eq!(
+            meta_str(&same, "resourceVersion"),
+            meta_str(&updated, "resourceVersion")
+        );
+    }
+
+    #[test]
+    fn generation_tracks_spec_changes_only_where_the_apiserver_keeps_it() {
+        let mut s = Store::new();
+        let deploys = resources::by_path("apps", "v1", "deployments").unwrap();
+        let d = s
+            .create(
+                deploys,
+                "default",
+                json!({"metadata": {"name": "d"}, "spec": {"replicas": 1}}),
+                &ctx(),
+                false,
+            )
+            .unwrap();
+        assert_eq!(d["metadata"]["generation"], 1);
+        let merge = |s: &mut Store, p: Value| {
+            s.patch(deploys, "default", "d", PatchKind::Merge, p, &ctx())
+                .unwrap()
+                .0
+        };
+        let d = merge(&mut s, json!({"metadata": {"labels": {"a": "b"}}}));
+        assert_eq!(d["metadata"]["generation"], 1);
+        let d = merge(&mut s, json!({"spec": {"replicas": 3}}));
+        assert_eq!(d["metadata"]["generation"], 2);
+        let c = s
+            .create(
+                cm(),
+                "default",
+                json!({"metadata": {"name": "c"}}),
+                &ctx(),
+                false,
+            )
+            .unwrap();
+        assert!(c["metadata"].get("generation").is_none());
+    }
+
+    #[test]
+    fn validation_of_config_keys_sizes_and_events() {
+        let mut s = Store::new();
+        let bad_key = s.create(
+            cm(),
+            "default",
+            json!({"metadata": {"name": "k"}, "data": {"a/b": "x"}}),
+            &ctx(),
+            false,
+        );
+        assert!(
+            bad_key
+                .unwrap_err()
+                .message
+                .starts_with("ConfigMap \"k\" is invalid: data[a/b]: Invalid value")
+        );
+        let big = "x".repeat(MAX_DATA_BYTES + 1);
+        let too_big = s.create(
+            cm(),
+            "default",
+            json!({"metadata": {"name": "big"}, "data": {"a": big}}),
+            &ctx(),
+            false,
+        );
+        assert_eq!(
+            too_big.unwrap_err().message,
+            "ConfigMap \"big\" is invalid: []: Too long: must have at most 1048576 bytes"
+        );
+        let events = resources::by_kind("events.k8s.io/v1", "Event").unwrap();
+        let err = s
+            .create(
+                events,
+                "default",
+                json!({"metadata": {"name": "e"}, "type": "Normal", "note": "n"}),
+                &ctx(),
+                false,
+            )
+            .unwrap_err();
+        assert_eq!(err.code, 422);
+        assert!(err.message.starts_with("Event.events.k8s.io \"e\" is invalid: [eventTime: Required value, reportingController: Required value"), "{}", err.message);
+        let ok = json!({"metadata": {"name": "e"}, "type": "Warning", "note": "n", "eventTime": "2026-01-01T00:00:00.000000Z",
+            "reportingController": "oxide-controller", "reportingInstance": "run-1", "action": "Scale", "reason": "ScaledUp"});
+        s.create(events, "default", ok, &ctx(), false).unwrap();
     }
 
     #[test]
@@ -956,7 +1469,13 @@ mod tests {
         let mut s = Store::new();
         let secrets = resources::by_path("", "v1", "secrets").unwrap();
         let obj = s
-            .create(secrets, "kube-system", json!({"metadata": {"name": "s"}, "stringData": {"token": "abc"}}), &ctx(), false)
+            .create(
+                secrets,
+                "kube-system",
+                json!({"metadata": {"name": "s"}, "stringData": {"token": "abc"}}),
+                &ctx(),
+                false,
+            )
             .unwrap();
         assert_eq!(obj["data"]["token"], "YWJj");
         assert!(obj.get("stringData").is_none());
@@ -968,14 +1487,39 @@ mod tests {
         let mut s = Store::new();
         let pods = resources::by_path("", "v1", "pods").unwrap();
         let pod = s
-            .create(pods, "default", json!({"metadata": {"name": "p"}, "spec": {}, "status": {"phase": "Running"}}), &ctx(), false)
+            .create(
+                pods,
+                "default",
+                json!({"metadata": {"name": "p"}, "spec": {}, "status": {"phase": "Running"}}),
+                &ctx(),
+                false,
+            )
             .unwrap();
         assert_eq!(pod["status"]["phase"], "Pending");
-        let (p, _) = s.patch(pods, "default", "p", PatchKind::Merge, json!({"status": {"phase": "Running"}}), &ctx()).unwrap();
-        assert_eq!(p["status"]["phase"], "Pending");
-        let status_ctx = WriteCtx { subresource: Some("status".into()), ..ctx() };
         let (p, _) = s
-            .patch(pods, "default", "p", PatchKind::Merge, json!({"status": {"phase": "Running"}, "spec": {"nodeName": "x"}}), &status_ctx)
+            .patch(
+                pods,
+                "default",
+                "p",
+                PatchKind::Merge,
+                json!({"status": {"phase": "Running"}}),
+                &ctx(),
+            )
+            .unwrap();
+        assert_eq!(p["status"]["phase"], "Pending");
+        let status_ctx = WriteCtx {
+            subresource: Some("status".into()),
+            ..ctx()
+        };
+        let (p, _) = s
+            .patch(
+                pods,
+                "default",
+                "p",
+                PatchKind::Merge,
+                json!({"status": {"phase": "Running"}, "spec": {"nodeName": "x"}}),
+                &status_ctx,
+            )
             .unwrap();
         assert_eq!(p["status"]["phase"], "Running");
         assert!(p.pointer("/spec/nodeName").is_none());
@@ -985,7 +1529,10 @@ mod tests {
     fn apply_removes_fields_the_manager_stopped_setting() {
         let mut s = Store::new();
         let apply = |s: &mut Store, mgr: &str, data: Value| {
-            let c = WriteCtx { field_manager: Some(mgr.into()), ..ctx() };
+            let c = WriteCtx {
+                field_manager: Some(mgr.into()),
+                ..ctx()
+            };
             s.patch(cm(), "default", "a", PatchKind::Apply, json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}, "data": data}), &c)
         };
         let (obj, created) = apply(&mut s, "one", json!({"a": "1", "b": "2"})).unwrap();
@@ -998,8 +1545,18 @@ mod tests {
         assert_eq!(obj["data"], json!({"a": "1", "b": "2", "c": "3"}));
         let (obj, _) = apply(&mut s, "two", json!({})).unwrap();
         assert_eq!(obj["data"], json!({"a": "1"}));
-        assert_eq!(obj["metadata"]["managedFields"].as_array().map(Vec::len), Some(2));
-        let missing = s.patch(cm(), "default", "a", PatchKind::Apply, json!({"apiVersion": "v1", "kind": "ConfigMap"}), &ctx());
+        assert_eq!(
+            obj["metadata"]["managedFields"].as_array().map(Vec::len),
+            Some(2)
+        );
+        let missing = s.patch(
+            cm(),
+            "default",
+            "a",
+            PatchKind::Apply,
+            json!({"apiVersion": "v1", "kind": "ConfigMap"}),
+            &ctx(),
+        );
         assert_eq!(missing.unwrap_err().code, 400);
     }
 
@@ -1007,17 +1564,34 @@ mod tests {
     fn node_ready_keeps_transition_time_without_a_change() {
         let mut s = Store::new();
         let nodes = resources::by_path("", "v1", "nodes").unwrap();
-        s.upsert(nodes, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})).unwrap();
+        s.upsert(
+            nodes,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}),
+        )
+        .unwrap();
         assert!(s.set_node_ready("n1", true));
         let first = s.get(nodes, "", "n1").unwrap();
-        let t0 = first.pointer("/status/conditions/0/lastTransitionTime").cloned();
+        let t0 = first
+            .pointer("/status/conditions/0/lastTransitionTime")
+            .cloned();
         assert!(s.set_node_ready("n1", true));
         let again = s.get(nodes, "", "n1").unwrap();
-        assert_eq!(again.pointer("/status/conditions/0/lastTransitionTime").cloned(), t0);
+        assert_eq!(
+            again
+                .pointer("/status/conditions/0/lastTransitionTime")
+                .cloned(),
+            t0
+        );
         assert!(s.set_node_ready("n1", false));
         let down = s.get(nodes, "", "n1").unwrap();
-        assert_eq!(down.pointer("/status/conditions/0/status"), Some(&json!("Unknown")));
-        assert_eq!(down.pointer("/status/conditions/0/reason"), Some(&json!("NodeStatusUnknown")));
+        assert_eq!(
+            down.pointer("/status/conditions/0/status"),
+            Some(&json!("Unknown"))
+        );
+        assert_eq!(
+            down.pointer("/status/conditions/0/reason"),
+            Some(&json!("NodeStatusUnknown"))
+        );
         assert!(!s.set_node_ready("nope", true));
     }
 
@@ -1026,26 +1600,50 @@ mod tests {
         let mut s = Store::new();
         let nodes = resources::by_path("", "v1", "nodes").unwrap();
         let pods = resources::by_path("", "v1", "pods").unwrap();
-        s.upsert(nodes, json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}})).unwrap();
+        s.upsert(
+            nodes,
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}),
+        )
+        .unwrap();
         for (p, node) in [("a", "n1"), ("b", "n2")] {
             s.upsert(pods, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": p, "namespace": "default"}, "spec": {"nodeName": node}})).unwrap();
         }
         s.delete(nodes, "", "n1", &Value::Null, false).unwrap();
         assert_eq!(s.count(pods), 1);
-        s.upsert(NAMESPACES, json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}})).unwrap();
-        s.create(cm(), "x", json!({"metadata": {"name": "c"}}), &ctx(), false).unwrap();
+        s.upsert(
+            NAMESPACES,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x"}}),
+        )
+        .unwrap();
+        s.create(cm(), "x", json!({"metadata": {"name": "c"}}), &ctx(), false)
+            .unwrap();
         s.delete(NAMESPACES, "", "x", &Value::Null, false).unwrap();
         assert!(s.get(cm(), "x", "c").is_err());
-        assert_eq!(s.delete(NAMESPACES, "", "kube-system", &Value::Null, false).unwrap_err().code, 403);
+        assert_eq!(
+            s.delete(NAMESPACES, "", "kube-system", &Value::Null, false)
+                .unwrap_err()
+                .code,
+            403
+        );
     }
 
     #[test]
     fn list_pages_with_continue() {
         let mut s = Store::new();
         for i in 0..5 {
-            s.create(cm(), "default", json!({"metadata": {"name": format!("c{i}"), "labels": {"i": i.to_string()}}}), &ctx(), false).unwrap();
+            s.create(
+                cm(),
+                "default",
+                json!({"metadata": {"name": format!("c{i}"), "labels": {"i": i.to_string()}}}),
+                &ctx(),
+                false,
+            )
+            .unwrap();
         }
-        let mut q = ListQuery { limit: Some(2), ..Default::default() };
+        let mut q = ListQuery {
+            limit: Some(2),
+            ..Default::default()
+        };
         let mut names = Vec::new();
         loop {
             let page = s.list(cm(), Some("default"), &q).unwrap();
