@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use crate::model::{Disk, ExternalIp, FloatingIp, Image, Instance, NewInstance};
 
+pub mod oxide_images;
 pub mod oxide_rack;
 
 /// What went wrong talking to the rack, classified for the caller's decision (adopt, retry,
@@ -31,7 +32,9 @@ pub enum RackError {
         status: u16,
         message: String,
     },
-    #[error("the rack rejected our credentials (HTTP {status}): {message}; check the Oxide token and host")]
+    #[error(
+        "the rack rejected our credentials (HTTP {status}): {message}; check the Oxide token and host"
+    )]
     Unauthorized { status: u16, message: String },
     #[error("the rack has not enough capacity for {what}: {message}")]
     InsufficientCapacity { what: String, message: String },
@@ -115,8 +118,10 @@ pub trait Rack: Send + Sync {
     fn detach_floating_ip(&self, fip: &str) -> impl Future<Output = Result<(), RackError>> + Send;
 
     /// Finds an image by name: the project's first, then the silo's.
-    fn find_image(&self, name: &str)
-    -> impl Future<Output = Result<Option<Image>, RackError>> + Send;
+    fn find_image(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Image>, RackError>> + Send;
 
     /// Creates the anti-affinity group if it does not exist.
     fn ensure_anti_affinity_group(

@@ -1,4 +1,5 @@
 //! The functions' workflows: observe → plan → apply → save. Each binary calls one of these.
 
+pub mod bootstrap;
 pub mod reconcile;
 pub mod scale;

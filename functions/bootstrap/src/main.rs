@@ -1,1 +1,296 @@
-fn main() {}
+//! `bootstrap`: one command from a laptop to a running, self-maintaining k3s cluster on an
+//! Oxide rack. Safe to interrupt and re-run at any point: a re-run adopts what exists.
+//!
+//! Exit codes: 0 done (or still converging when `--wait` ran out: the CronJob carries on),
+//! 1 a step failed (re-run to continue), 2 bad input or a state a person must resolve
+//! (nothing is created when the input is bad).
+
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use oxide_controller::credentials::{CredentialFlags, CredentialSources};
+use oxide_controller::manifests::DEFAULT_CONTROLLER_IMAGE;
+use oxide_controller::size::ByteSize;
+use oxide_controller::spec::{ExternalIpMode, K3sInstall};
+use oxide_controller::telemetry::{self, LogFormat};
+use oxide_controller::workflows::bootstrap::{self, BootstrapInput, PoolInput};
+
+/// Create a k3s cluster on an Oxide rack, with the CronJob and webhook that keep it healthy.
+///
+/// Oxide credentials are resolved like the `oxide` CLI does: --oxide-profile, or --oxide-host
+/// with --oxide-token; else OXIDE_PROFILE, or OXIDE_HOST + OXIDE_TOKEN; else the
+/// default-profile of ~/.config/oxide/config.toml (OXIDE_CONFIG_DIR moves that directory).
+#[derive(Debug, Parser)]
+#[command(version, about, args_override_self = true)]
+struct Args {
+    /// Oxide API URL, e.g. https://oxide.example.com (env OXIDE_HOST is read as the oxide CLI does).
+    #[arg(long, value_name = "URL")]
+    oxide_host: Option<String>,
+    /// Oxide API token, or file:PATH to read it from a file (env OXIDE_TOKEN is read as the oxide CLI does).
+    #[arg(long, value_name = "TOKEN|file:PATH")]
+    oxide_token: Option<String>,
+    /// Profile from ~/.config/oxide/credentials.toml (env OXIDE_PROFILE is read as the oxide CLI does).
+    #[arg(long, value_name = "NAME", conflicts_with = "oxide_host")]
+    oxide_profile: Option<String>,
+
+    /// Cluster name: prefix of every VM name and the kubeconfig context name.
+    #[arg(long, env = "OXIDE_CONTROLLER_CLUSTER")]
+    cluster: String,
+    /// Oxide project to create the cluster in (created if missing). Default: the cluster name.
+    #[arg(long, env = "OXIDE_CONTROLLER_PROJECT")]
+    project: Option<String>,
+
+    /// Number of control-plane VMs (k3s servers, etcd members); must be odd.
+    #[arg(long, default_value_t = 3)]
+    control_planes: u32,
+    /// Number of worker VMs.
+    #[arg(long, default_value_t = 1)]
+    workers: u32,
+    /// vCPUs of each control-plane VM.
+    #[arg(long, default_value_t = 2)]
+    control_plane_cpus: u16,
+    /// Memory of each control-plane VM, whole GiB (e.g. 8GiB).
+    #[arg(long, default_value = "4GiB", value_name = "SIZE")]
+    control_plane_memory: ByteSize,
+    /// Boot disk of each control-plane VM, whole GiB.
+    #[arg(long, default_value = "20GiB", value_name = "SIZE")]
+    control_plane_boot_disk: ByteSize,
+    /// Data disk of each control-plane VM (mounted at /var/lib/rancher), whole GiB. Default: none.
+    #[arg(long, value_name = "SIZE")]
+    control_plane_data_disk: Option<ByteSize>,
+    /// vCPUs of each worker VM.
+    #[arg(long, default_value_t = 2)]
+    worker_cpus: u16,
+    /// Memory of each worker VM, whole GiB.
+    #[arg(long, default_value = "4GiB", value_name = "SIZE")]
+    worker_memory: ByteSize,
+    /// Boot disk of each worker VM, whole GiB.
+    #[arg(long, default_value = "20GiB", value_name = "SIZE")]
+    worker_boot_disk: ByteSize,
+    /// Data disk of each worker VM, whole GiB. Default: none.
+    #[arg(long, value_name = "SIZE")]
+    worker_data_disk: Option<ByteSize>,
+
+    /// Boot image name, looked up in the project, then the silo.
+    #[arg(long, env = "OXIDE_CONTROLLER_IMAGE")]
+    image: String,
+    /// Where to upload --image from when it does not exist: a local raw disk image, or an http(s) URL.
+    #[arg(long, value_name = "FILE|URL")]
+    image_source: Option<String>,
+    /// Boot image of the workers. Default: --image.
+    #[arg(long)]
+    worker_image: Option<String>,
+    /// Where to upload --worker-image from when it does not exist.
+    #[arg(long, value_name = "FILE|URL")]
+    worker_image_source: Option<String>,
+    /// Bulk writes in flight while uploading an image.
+    #[arg(long, default_value_t = 8)]
+    upload_parallelism: usize,
+
+    /// Whether each VM gets an ephemeral external IP (the API always gets a floating IP).
+    #[arg(long, value_enum, default_value_t = ExternalIp::Ephemeral)]
+    external_ip: ExternalIp,
+    /// IP pool for the floating and ephemeral IPs. Default: the silo's default pool.
+    #[arg(long)]
+    ip_pool: Option<String>,
+    /// Your SSH public key for the nodes' login user, or file:PATH (e.g. file:~/.ssh/id_ed25519.pub).
+    #[arg(
+        long,
+        value_name = "KEY|file:PATH",
+        env = "OXIDE_CONTROLLER_USER_SSH_PUBLIC_KEY"
+    )]
+    user_ssh_public_key: Option<String>,
+    /// Node login user (with passwordless sudo) the controller uses over SSH.
+    #[arg(long, default_value = "ubuntu")]
+    ssh_user: String,
+    /// Port sshd listens on in the VMs.
+    #[arg(long, default_value_t = 22)]
+    ssh_port: u16,
+
+    /// k3s version to install.
+    #[arg(long, default_value = "v1.33.4+k3s1")]
+    k3s_version: String,
+    /// `script`: download k3s at first boot; `preinstalled`: the image has k3s (air-gapped racks).
+    #[arg(long, value_enum, default_value_t = Install::Script)]
+    k3s_install: Install,
+
+    /// Where to write the kubeconfig. Default: ~/.kube/<cluster>.yaml.
+    #[arg(long, env = "OXIDE_CONTROLLER_KUBECONFIG", value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Replace an existing file at --kubeconfig.
+    #[arg(long, conflicts_with = "kubeconfig_merge")]
+    kubeconfig_overwrite: bool,
+    /// Add the cluster to an existing kubeconfig at --kubeconfig as context <cluster>.
+    #[arg(long)]
+    kubeconfig_merge: bool,
+
+    /// Reconcile CronJob schedule (five-field cron).
+    #[arg(long, default_value = "*/5 * * * *")]
+    schedule: String,
+    /// Image of the in-cluster CronJob and webhook.
+    #[arg(long, env = "OXIDE_CONTROLLER_CONTROLLER_IMAGE", default_value = DEFAULT_CONTROLLER_IMAGE)]
+    controller_image: String,
+
+    /// Directory of the resume file <cluster>.json (keys and tokens). Default: ~/.config/oxide-controller.
+    #[arg(long, env = "OXIDE_CONTROLLER_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Seconds to wait for every requested VM to be a Ready node (0: one reconcile pass).
+    #[arg(long, default_value_t = 900, value_name = "SECONDS")]
+    wait: u64,
+    /// Seconds to wait for the first server's API, host keys and SSH.
+    #[arg(long, default_value_t = 900, value_name = "SECONDS")]
+    api_timeout: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ExternalIp {
+    Ephemeral,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Install {
+    Script,
+    Preinstalled,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(a) => a,
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            ) =>
+        {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line naming the problem; clap's own text adds usage and a hint.
+            let text = e.render().to_string();
+            let line = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            eprintln!("{line}");
+            return ExitCode::from(2);
+        }
+    };
+    telemetry::init(args.log_format);
+    let json_logs = match args.log_format {
+        LogFormat::Json => true,
+        LogFormat::Text => false,
+        LogFormat::Auto => !std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let input = input(args, json_logs);
+    match rt.block_on(bootstrap::run(input)) {
+        Ok(summary) => {
+            print!("{}", summary.render());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            if json_logs {
+                // A log line for the log collector; the plain line below is for a person.
+                tracing::error!(exit_code = e.exit_code(), "{e}");
+            }
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn input(a: Args, json_logs: bool) -> BootstrapInput {
+    let flags = CredentialFlags {
+        host: a.oxide_host,
+        token: a.oxide_token,
+        profile: a.oxide_profile,
+    };
+    BootstrapInput {
+        credential_sources: CredentialSources::from_process_env(flags),
+        cluster: a.cluster,
+        project: a.project,
+        control_planes: a.control_planes,
+        workers: a.workers,
+        control_plane: PoolInput {
+            cpus: a.control_plane_cpus,
+            memory: a.control_plane_memory,
+            boot_disk: a.control_plane_boot_disk,
+            data_disk: a.control_plane_data_disk,
+        },
+        worker: PoolInput {
+            cpus: a.worker_cpus,
+            memory: a.worker_memory,
+            boot_disk: a.worker_boot_disk,
+            data_disk: a.worker_data_disk,
+        },
+        image: a.image,
+        image_source: a.image_source,
+        worker_image: a.worker_image,
+        worker_image_source: a.worker_image_source,
+        external_ip: match a.external_ip {
+            ExternalIp::Ephemeral => ExternalIpMode::Ephemeral,
+            ExternalIp::None => ExternalIpMode::None,
+        },
+        ip_pool: a.ip_pool,
+        user_ssh_public_key: a.user_ssh_public_key,
+        k3s_version: a.k3s_version,
+        k3s_install: match a.k3s_install {
+            Install::Script => K3sInstall::Script,
+            Install::Preinstalled => K3sInstall::Preinstalled,
+        },
+        kubeconfig: a.kubeconfig,
+        kubeconfig_overwrite: a.kubeconfig_overwrite,
+        kubeconfig_merge: a.kubeconfig_merge,
+        schedule: a.schedule,
+        controller_image: a.controller_image,
+        ssh_user: a.ssh_user,
+        ssh_port: a.ssh_port,
+        upload_parallelism: a.upload_parallelism,
+        state_dir: a.state_dir,
+        wait: Duration::from_secs(a.wait),
+        api_timeout: Duration::from_secs(a.api_timeout),
+        holder: holder(),
+        home: std::env::home_dir(),
+        json_logs,
+    }
+}
+
+/// Stable per machine (no pid): a re-run after a kill takes over its own reconcile Lease.
+fn holder() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "laptop".to_owned());
+    format!("bootstrap@{host}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Args::command().debug_assert();
+    }
+}

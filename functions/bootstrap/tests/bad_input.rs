@@ -1,0 +1,151 @@
+//! Bad input exits 2 with one line naming the problem, before any call to the rack.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{Env, env, serve_files};
+
+/// Runs with `args`, expects exit 2, no Oxide API request at all, and exactly one line on
+/// stderr that is not a JSON log line, containing every `needles` entry.
+async fn refused(env: &Env, args: Vec<String>, needles: &[&str]) {
+    env.sim.oxide().reset_counters();
+    let out = env.command(&args).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}\n{stderr}");
+    let human: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('{'))
+        .collect();
+    assert_eq!(human.len(), 1, "one line for a person: {stderr}");
+    for needle in needles {
+        assert!(
+            human[0].contains(needle),
+            "{:?} does not mention {needle:?}",
+            human[0]
+        );
+    }
+    let calls: u64 = env.sim.oxide().counters().values().sum();
+    assert_eq!(
+        calls,
+        0,
+        "no Oxide API call before validation passes: {:?}",
+        env.sim.oxide().counters()
+    );
+    assert_eq!(env.mutating_calls(), vec![]);
+    assert!(
+        !env.state_dir().join("demo.json").exists(),
+        "no resume file either"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_token_file_is_named() {
+    let env = env().await;
+    let mut args = env.args(&[]);
+    let i = args.iter().position(|a| a == "--oxide-token").unwrap();
+    args[i + 1] = "file:/nonexistent/token".into();
+    refused(&env, args, &["/nonexistent/token", "token"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_profile_is_named_with_the_known_ones() {
+    let env = env().await;
+    let cfg = env.home().join(".config/oxide");
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::fs::write(
+        cfg.join("credentials.toml"),
+        format!(
+            "[profile.sim]\nhost = \"{}\"\ntoken = \"{}\"\nuser = \"u\"\n",
+            env.sim.oxide_host, env.sim.oxide_token
+        ),
+    )
+    .unwrap();
+    let mut args = env.args(&["--oxide-profile", "nope"]);
+    // Profile instead of host + token.
+    for flag in ["--oxide-host", "--oxide-token"] {
+        let i = args.iter().position(|a| a == flag).unwrap();
+        args.drain(i..i + 2);
+    }
+    refused(&env, args, &["\"nope\"", "sim"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_cluster_name_is_named() {
+    let env = env().await;
+    refused(
+        &env,
+        env.args(&["--cluster", "Demo_1"]),
+        &["--cluster", "Demo_1"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_even_control_plane_count_is_refused() {
+    let env = env().await;
+    refused(
+        &env,
+        env.args(&["--control-planes", "2"]),
+        &["--control-planes", "odd"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_that_is_not_whole_gib_is_refused() {
+    let env = env().await;
+    refused(
+        &env,
+        env.args(&["--worker-memory", "1536MiB"]),
+        &["--worker-memory", "whole number of GiB"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_source_that_404s_is_refused() {
+    let env = env().await;
+    let base = serve_files(vec![]).await;
+    let url = format!("{base}/images/missing.raw");
+    refused(
+        &env,
+        env.args(&["--image", "custom", "--image-source", &url]),
+        &["--image-source", "404"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_image_file_and_a_bad_schedule_and_a_foreign_kubeconfig_are_refused() {
+    let env = env().await;
+    refused(
+        &env,
+        env.args(&["--image-source", "/nonexistent/disk.raw"]),
+        &["/nonexistent/disk.raw"],
+    )
+    .await;
+    refused(
+        &env,
+        env.args(&["--schedule", "every 5 minutes"]),
+        &["--schedule"],
+    )
+    .await;
+    refused(
+        &env,
+        env.args(&["--worker-memory", "lots"]),
+        &["--worker-memory"],
+    )
+    .await;
+    std::fs::write(
+        env.kubeconfig(),
+        "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n",
+    )
+    .unwrap();
+    refused(
+        &env,
+        env.args(&[]),
+        &["--kubeconfig-overwrite", "--kubeconfig-merge"],
+    )
+    .await;
+}

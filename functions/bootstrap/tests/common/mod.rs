@@ -1,0 +1,353 @@
+//! Shared set-up of the bootstrap end-to-end tests: an in-process `oxide-sim` with a seeded
+//! silo image, a temporary HOME/state dir/kubeconfig, and the real `bootstrap` binary.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use oxide_sim::{Sim, SimHandle, SimOptions};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_bootstrap");
+pub const IMAGE: &str = "ubuntu-2404";
+pub const SSH_PORT: u16 = 2222;
+
+/// A simulator plus a scratch directory for one bootstrap user.
+pub struct Env {
+    pub sim: SimHandle,
+    pub dir: tempfile::TempDir,
+}
+
+pub async fn env() -> Env {
+    let sim = Sim::start(SimOptions {
+        ssh_port: SSH_PORT,
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("simulator: {e:#}"));
+    sim.oxide()
+        .seed_silo_image(IMAGE, "ubuntu", "24.04", 2 << 30);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("token"), format!("{}\n", sim.oxide_token)).unwrap();
+    Env { sim, dir }
+}
+
+impl Env {
+    pub fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("demo.kubeconfig")
+    }
+
+    /// The command line of a normal run for cluster `demo`, plus `extra` (later flags win).
+    pub fn args(&self, extra: &[&str]) -> Vec<String> {
+        let token = format!("file:{}", self.dir.path().join("token").display());
+        let mut a: Vec<String> = [
+            "--oxide-host",
+            &self.sim.oxide_host,
+            "--oxide-token",
+            &token,
+            "--cluster",
+            "demo",
+            "--image",
+            IMAGE,
+            "--control-planes",
+            "3",
+            "--workers",
+            "2",
+            "--ssh-port",
+            "2222",
+            "--state-dir",
+            &self.state_dir().display().to_string(),
+            "--kubeconfig",
+            &self.kubeconfig().display().to_string(),
+            "--log-format",
+            "json",
+            "--wait",
+            "120",
+            "--api-timeout",
+            "60",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    }
+
+    pub fn command(&self, args: &[String]) -> tokio::process::Command {
+        std::fs::create_dir_all(self.home()).unwrap();
+        let mut c = tokio::process::Command::new(BIN);
+        c.args(args)
+            .env("HOME", self.home())
+            .env("RUST_LOG", "info")
+            .env_remove("OXIDE_HOST")
+            .env_remove("OXIDE_TOKEN")
+            .env_remove("OXIDE_PROFILE")
+            .env_remove("OXIDE_CONFIG_DIR")
+            .env_remove("OXIDE_CONTROLLER_KUBECONFIG")
+            .env_remove("OXIDE_CONTROLLER_STATE_DIR")
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        c
+    }
+
+    pub async fn run(&self, extra: &[&str]) -> Output {
+        tokio::time::timeout(
+            Duration::from_secs(300),
+            self.command(&self.args(extra)).output(),
+        )
+        .await
+        .expect("bootstrap finished within 300 s")
+        .unwrap()
+    }
+
+    /// Runs and requires success, returning stdout.
+    pub async fn run_ok(&self, extra: &[&str]) -> String {
+        let out = self.run(extra).await;
+        assert!(
+            out.status.success(),
+            "bootstrap failed: {:?}\nstderr:\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Starts bootstrap and SIGKILLs it when stderr shows the `n`-th distinct `step` value
+    /// (1-based). Returns the steps seen, or all of them if it finished first.
+    pub async fn run_killed_at_step(&self, n: usize) -> Vec<String> {
+        self.run_killed_at_step_with(n, &self.args(&[])).await
+    }
+
+    /// [`Env::run_killed_at_step`] with a full command line.
+    pub async fn run_killed_at_step_with(&self, n: usize, args: &[String]) -> Vec<String> {
+        let mut child = self
+            .command(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        let mut seen: Vec<String> = Vec::new();
+        let read = async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                    continue;
+                };
+                if let Some(step) = v["step"].as_str()
+                    && !seen.iter().any(|s| s == step)
+                {
+                    seen.push(step.to_owned());
+                    if seen.len() == n {
+                        return true;
+                    }
+                }
+            }
+            false
+        };
+        let hit = tokio::time::timeout(Duration::from_secs(300), read)
+            .await
+            .expect("step reached in time");
+        if hit {
+            child.start_kill().unwrap();
+        }
+        let _ = child.wait().await;
+        seen
+    }
+
+    /// Starts bootstrap with `args` and SIGKILLs it as soon as the simulator has served
+    /// `route` (a counter key like `"POST /v1/instances"`) at least `times` times. Returns
+    /// whether it was killed (false: it finished first).
+    pub async fn run_killed_after_route(&self, args: &[String], route: &str, times: u64) -> bool {
+        self.sim.oxide().reset_counters();
+        let mut child = self
+            .command(args)
+            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+        loop {
+            if self.sim.oxide().counters().get(route).copied().unwrap_or(0) >= times {
+                child.start_kill().unwrap();
+                let _ = child.wait().await;
+                return true;
+            }
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "bootstrap ran for 300 s"
+            );
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+    }
+
+    pub fn dump(&self) -> Value {
+        self.sim.oxide().dump()
+    }
+
+    /// Names of the dump's `kind` objects ("instances", "disks", "snapshots", "floating_ips", ...).
+    pub fn names(&self, kind: &str) -> Vec<String> {
+        self.dump()[kind]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|o| o["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Ready Node names starting with `prefix`.
+    pub fn ready_nodes(&self, prefix: &str) -> BTreeSet<String> {
+        self.sim
+            .twin()
+            .list("v1", "Node", None)
+            .iter()
+            .filter(|n| {
+                n["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+            })
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    }
+
+    /// Counters of requests that create something on the rack.
+    pub fn create_calls(&self) -> Vec<(String, u64)> {
+        self.sim
+            .oxide()
+            .counters()
+            .into_iter()
+            .filter(|(k, n)| *n > 0 && is_create(k))
+            .collect()
+    }
+
+    /// Counters of every mutating request (anything but GET).
+    pub fn mutating_calls(&self) -> Vec<(String, u64)> {
+        self.sim
+            .oxide()
+            .counters()
+            .into_iter()
+            .filter(|(k, n)| *n > 0 && !k.starts_with("GET "))
+            .collect()
+    }
+}
+
+/// `POST` to a collection (`/v1/instances`, `/v1/disks`, ...) creates; `POST …/attach`,
+/// `…/start` and friends act on something that exists.
+pub fn is_create(key: &str) -> bool {
+    let Some(path) = key.strip_prefix("POST ") else {
+        return false;
+    };
+    matches!(
+        path,
+        "/v1/projects"
+            | "/v1/instances"
+            | "/v1/disks"
+            | "/v1/floating-ips"
+            | "/v1/images"
+            | "/v1/snapshots"
+            | "/v1/anti-affinity-groups"
+    )
+}
+
+/// JSON log lines of a run's stderr.
+pub fn log_lines(stderr: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// A kube client from a kubeconfig file (context = its current one).
+pub async fn kube_client(path: &Path, context: &str) -> kube::Client {
+    oxide_controller::kubeclient::client(Some(path), Some(context))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A tiny HTTP/1.1 server on loopback serving `files` (path → bytes) to GET and HEAD and 404
+/// for anything else. Returns the base URL. Runs until the runtime ends.
+pub async fn serve_files(files: Vec<(&'static str, Vec<u8>)>) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let files = std::sync::Arc::new(files);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                return;
+            };
+            let files = files.clone();
+            tokio::spawn(async move {
+                let mut req = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&req).into_owned();
+                let mut first = head.lines().next().unwrap_or_default().split_whitespace();
+                let (method, path) = (
+                    first.next().unwrap_or_default(),
+                    first.next().unwrap_or_default(),
+                );
+                let found = files.iter().find(|(p, _)| *p == path);
+                let reply = match found {
+                    Some((_, body)) => {
+                        let mut r = format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
+                        )
+                        .into_bytes();
+                        if method != "HEAD" {
+                            r.extend_from_slice(body);
+                        }
+                        r
+                    }
+                    None => {
+                        b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                            .to_vec()
+                    }
+                };
+                let _ = sock.write_all(&reply).await;
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// A small raw "disk image": data at the start, in the middle and at the end, zeros between,
+/// and a length that is not a whole number of blocks.
+pub fn sample_image(len: usize) -> Vec<u8> {
+    let mut bytes = vec![0u8; len];
+    let fill = |b: &mut [u8], seed: u8| {
+        b.iter_mut()
+            .enumerate()
+            .for_each(|(i, x)| *x = seed.wrapping_add(i as u8) | 1)
+    };
+    fill(&mut bytes[..8192], 3);
+    let mid = len / 2;
+    fill(&mut bytes[mid..mid + 4096], 7);
+    fill(&mut bytes[len - 100..], 11);
+    bytes
+}

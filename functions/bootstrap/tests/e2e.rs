@@ -1,0 +1,406 @@
+//! Issue 4 acceptance: the real `bootstrap` binary against an in-process `oxide-sim`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt as _;
+
+use common::{env, kube_client, log_lines};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
+    let env = env().await;
+    let out = env.run(&[]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+
+    // 3 Ready control-plane nodes and the 2 requested workers.
+    assert_eq!(env.ready_nodes("demo-control-plane-").len(), 3, "{stdout}");
+    assert_eq!(env.ready_nodes("demo-workers-").len(), 2, "{stdout}");
+    assert_eq!(env.names("instances").len(), 5);
+
+    // The kubeconfig is 0600, names the cluster, and works against the cluster twin.
+    let kc = env.kubeconfig();
+    assert_eq!(
+        std::fs::metadata(&kc).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let text = std::fs::read_to_string(&kc).unwrap();
+    let fip = env.dump()["floating_ips"][0]["ip"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(text.contains(&format!("https://{fip}:6443")), "{text}");
+    assert!(
+        !text.contains("name: default"),
+        "k3s's default names are renamed:\n{text}"
+    );
+    let client = kube_client(&kc, "demo").await;
+    let nodes = Api::<Node>::all(client)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(nodes.items.len(), 5);
+
+    // Secret and ConfigMap keys as DESIGN.md lists them.
+    let secret = env
+        .sim
+        .twin()
+        .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+        .expect("Secret");
+    let mut keys: Vec<&str> = secret["data"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "k3s-agent-token",
+            "k3s-token",
+            "oxide-host",
+            "oxide-project",
+            "oxide-token",
+            "ssh-private-key",
+            "ssh-public-key",
+            "webhook-token"
+        ]
+    );
+    let cm = env
+        .sim
+        .twin()
+        .get("v1", "ConfigMap", Some("kube-system"), "oxide-controller")
+        .expect("ConfigMap");
+    for key in ["spec.yaml", "schema-version", "status.json"] {
+        assert!(cm["data"][key].is_string(), "ConfigMap lacks {key}: {cm}");
+    }
+    let spec =
+        oxide_controller::spec::ClusterSpec::from_yaml(cm["data"]["spec.yaml"].as_str().unwrap())
+            .unwrap();
+    assert_eq!(
+        (spec.control_plane.count, spec.worker_pools[0].count),
+        (3, 2)
+    );
+
+    // The in-cluster pieces.
+    let twin = env.sim.twin();
+    for (api, kind, ns, name) in [
+        (
+            "v1",
+            "ServiceAccount",
+            Some("kube-system"),
+            "oxide-controller",
+        ),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            None,
+            "oxide-controller",
+        ),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRoleBinding",
+            None,
+            "oxide-controller",
+        ),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "Role",
+            Some("kube-system"),
+            "oxide-controller",
+        ),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "RoleBinding",
+            Some("kube-system"),
+            "oxide-controller",
+        ),
+        (
+            "batch/v1",
+            "CronJob",
+            Some("kube-system"),
+            "oxide-controller",
+        ),
+        (
+            "apps/v1",
+            "Deployment",
+            Some("kube-system"),
+            "oxide-controller-webhook",
+        ),
+        (
+            "v1",
+            "Service",
+            Some("kube-system"),
+            "oxide-controller-webhook",
+        ),
+    ] {
+        assert!(
+            twin.get(api, kind, ns, name).is_some(),
+            "{kind} {name} missing"
+        );
+    }
+    let cron = twin
+        .get(
+            "batch/v1",
+            "CronJob",
+            Some("kube-system"),
+            "oxide-controller",
+        )
+        .unwrap();
+    assert_eq!(cron["spec"]["schedule"], "*/5 * * * *");
+
+    // The resume file: 0600, and the summary says where everything is.
+    let resume = env.state_dir().join("demo.json");
+    assert_eq!(
+        std::fs::metadata(&resume).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert!(stdout.contains(&kc.display().to_string()), "{stdout}");
+    assert!(stdout.contains("scale set"), "{stdout}");
+    assert!(stdout.contains("reconcile-once"), "{stdout}");
+
+    // No secret in the logs or the summary.
+    let resume: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&resume).unwrap()).unwrap();
+    let all = format!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    for key in [
+        "k3s-token",
+        "k3s-agent-token",
+        "webhook-token",
+        "ssh-private-key",
+    ] {
+        // Every substantial line of the value (a private key is several lines of base64).
+        for piece in resume[key]
+            .as_str()
+            .unwrap()
+            .lines()
+            .filter(|l| l.len() >= 30 && !l.starts_with("-----"))
+        {
+            assert!(!all.contains(piece), "{key} leaked into the output");
+        }
+    }
+    assert!(
+        !all.contains(&env.sim.oxide_token),
+        "the Oxide token leaked into the output"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_second_run_adopts_everything_and_creates_nothing() {
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let before = env.dump();
+    env.sim.oxide().reset_counters();
+
+    let out = env.run(&["--workers", "1"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        env.create_calls(),
+        Vec::<(String, u64)>::new(),
+        "a re-run must create nothing"
+    );
+    let after = env.dump();
+    for kind in ["instances", "disks", "floating_ips", "images", "snapshots"] {
+        assert_eq!(
+            before[kind].as_array().map(Vec::len),
+            after[kind].as_array().map(Vec::len),
+            "{kind}"
+        );
+    }
+    // And it said it adopted.
+    let lines = log_lines(&out.stderr);
+    assert!(
+        lines.iter().any(|l| l["step"] == "first-control-plane"
+            && l["message"].as_str().unwrap_or("").contains("adopting")),
+        "{lines:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_console_host_key_that_differs_from_the_served_one_is_refused() {
+    let env = env().await;
+    env.sim
+        .faults()
+        .update(|f| f.wrong_console_host_key = vec!["demo-".into()]);
+    let out = env.run(&[]).await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.contains("host key"), "the error says why: {last}");
+    assert!(last.contains("refusing"), "{last}");
+    assert!(
+        !env.kubeconfig().exists(),
+        "no kubeconfig from an unverified host"
+    );
+    assert!(
+        env.sim
+            .twin()
+            .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+            .is_none()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_image_is_uploaded_from_a_local_file_and_the_scaffolding_removed() {
+    let env = env().await;
+    // 3 MiB with data at the start and the end and zeros between, not a whole block long.
+    let mut bytes = vec![0u8; 3 * 1024 * 1024 + 100];
+    bytes[..4096].fill(0xab);
+    let n = bytes.len();
+    bytes[n - 10..].fill(0xcd);
+    let src = env.dir.path().join("disk.raw");
+    std::fs::write(&src, &bytes).unwrap();
+    let out = env
+        .run(&[
+            "--image",
+            "uploaded-img",
+            "--image-source",
+            &src.display().to_string(),
+            "--workers",
+            "1",
+            "--upload-parallelism",
+            "4",
+        ])
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let images: Vec<serde_json::Value> =
+        env.dump()["images"].as_array().cloned().unwrap_or_default();
+    let img = images
+        .iter()
+        .find(|i| i["name"] == "uploaded-img")
+        .expect("project image made");
+    assert_eq!(img["project"], "demo", "a project image: {img}");
+    assert_eq!(
+        img["size"],
+        1u64 << 30,
+        "the disk, and so the image, is whole GiB: {img}"
+    );
+    assert!(
+        env.names("snapshots").is_empty(),
+        "temporary snapshot removed"
+    );
+    assert!(
+        !env.names("disks")
+            .iter()
+            .any(|d| d.starts_with("oxide-controller-import-")),
+        "temporary disk removed: {:?}",
+        env.names("disks")
+    );
+    // Only non-zero data crossed the wire: the zero middle was skipped.
+    let writes = env
+        .sim
+        .oxide()
+        .counters()
+        .get("POST /v1/disks/{disk}/bulk-write")
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(writes, 2, "one write for the head, one for the tail");
+    let lines = log_lines(&out.stderr);
+    let done = lines
+        .iter()
+        .find(|l| l["message"] == "image uploaded")
+        .expect("upload logged");
+    assert_eq!(done["source_bytes"], n as u64);
+    assert_eq!(done["disk_bytes"], 1u64 << 30);
+    assert_eq!(env.ready_nodes("demo-").len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_image_is_streamed_from_an_http_url() {
+    let env = env().await;
+    let bytes = common::sample_image(5 * 1024 * 1024 + 7);
+    let base = common::serve_files(vec![("/images/custom.raw", bytes.clone())]).await;
+    let url = format!("{base}/images/custom.raw");
+    let out = env
+        .run(&[
+            "--image",
+            "from-url",
+            "--image-source",
+            &url,
+            "--workers",
+            "1",
+        ])
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = log_lines(&out.stderr);
+    let done = lines
+        .iter()
+        .find(|l| l["message"] == "image uploaded")
+        .expect("upload logged");
+    assert_eq!(done["source_bytes"], bytes.len() as u64);
+    assert!(env.names("images").contains(&"from-url".to_owned()));
+    assert!(env.names("snapshots").is_empty());
+    assert_eq!(env.ready_nodes("demo-").len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kubeconfig_merge_adds_a_named_context_to_an_existing_file() {
+    let env = env().await;
+    let other = "apiVersion: v1\nkind: Config\nclusters:\n- name: prod\n  cluster:\n    server: https://10.1.2.3:6443\nusers:\n- name: prod\n  user:\n    token: abc\ncontexts:\n- name: prod\n  context:\n    cluster: prod\n    user: prod\ncurrent-context: prod\n";
+    std::fs::write(env.kubeconfig(), other).unwrap();
+    // And the person's own SSH key, from a file under ~.
+    let user_key = oxide_controller::ssh::generate_ed25519()
+        .authorized_key_line("me@laptop")
+        .unwrap();
+    std::fs::create_dir_all(env.home().join(".ssh")).unwrap();
+    std::fs::write(
+        env.home().join(".ssh/id_ed25519.pub"),
+        format!("{user_key}\n"),
+    )
+    .unwrap();
+    let stdout = env
+        .run_ok(&[
+            "--workers",
+            "1",
+            "--kubeconfig-merge",
+            "--user-ssh-public-key",
+            "file:~/.ssh/id_ed25519.pub",
+        ])
+        .await;
+    let secret = env
+        .sim
+        .twin()
+        .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+        .unwrap();
+    let stored = secret["data"]["user-ssh-public-key"]
+        .as_str()
+        .expect("user key stored");
+    assert!(!stored.is_empty());
+    assert!(stdout.contains("merged"), "{stdout}");
+    let kc = kube::config::Kubeconfig::read_from(env.kubeconfig()).unwrap();
+    let mut contexts: Vec<&str> = kc.contexts.iter().map(|c| c.name.as_str()).collect();
+    contexts.sort_unstable();
+    assert_eq!(contexts, ["demo", "prod"]);
+    assert_eq!(
+        kc.current_context.as_deref(),
+        Some("prod"),
+        "the person's current context stays"
+    );
+    let client = kube_client(&env.kubeconfig(), "demo").await;
+    let nodes = Api::<Node>::all(client)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(nodes.items.len(), 4);
+}

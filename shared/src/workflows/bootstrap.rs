@@ -1,0 +1,855 @@
+//! `bootstrap`: from nothing to a running, self-maintaining cluster, safe to kill and re-run.
+//!
+//! The flow (DESIGN.md "Bootstrap flow"), each step idempotent and logged with a stable
+//! `step=<name>` field ([`STEPS`]):
+//!
+//! 1. `validate` — all input, before any API call ([`validate`]);
+//! 2. `resume` — read the resume file, or generate the controller key pair, the k3s server and
+//!    agent tokens, the webhook token and the first server's name and write them (0600)
+//!    BEFORE any VM exists ([`crate::resume`]);
+//! 3. `project`; 4. `image` — find by name, else upload ([`crate::image`]);
+//! 5. `floating-ip` `<cluster>-apiserver`, created or adopted;
+//! 6. `first-control-plane` — the `cluster-init` server under the resume file's name, created
+//!    only while the cluster has no control-plane VM at all (an existing one is adopted);
+//! 7. `attach-floating-ip` (503 retried); 8. `wait-api` — `https://<fip>:6443/readyz`;
+//! 9. `host-key` — fingerprints from the serial console; 10. `fetch-kubeconfig` over SSH with
+//!    those pins; 11. `write-kubeconfig`; 12. `state` — Secret and ConfigMap;
+//! 13. `manifests` — server-side apply of the in-cluster pieces;
+//! 14. `reconcile` — the reconcile workflow in a loop until converged or `--wait` runs out;
+//! 15. `summary`.
+//!
+//! Re-running adopts whatever exists and creates only what is missing. A killed run leaves at
+//! most an import disk/snapshot (removed by the next run that uploads) or instances reconcile
+//! owns anyway.
+
+mod progress;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::cluster::NAMESPACE;
+use crate::cluster::kube_cluster::KubeCluster;
+use crate::credentials::CredentialSources;
+use crate::image::{self, EnsuredImage};
+use crate::kubeconfig::{self, WriteOutcome};
+use crate::manifests;
+use crate::members::{self, MemberInput};
+use crate::model::{FloatingIp, Image, Instance, InstanceState};
+use crate::names::{self, InstanceTag};
+use crate::plan::Plan;
+use crate::rack::oxide_rack::{OxideRack, RackOptions};
+use crate::rack::{Rack, RackError};
+use crate::resume::{self, ResumeState};
+use crate::retry::Backoff;
+use crate::size::ByteSize;
+use crate::spec::{ExternalIpMode, K3sInstall, Role, SCHEMA_VERSION};
+use crate::ssh::{HostKeyPins, KeyError, SshError, SshTarget};
+use crate::state::kube_store::KubeStateStore;
+use crate::state::{self, StateError, StateStore as _};
+use crate::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
+
+pub use validate::one_line;
+
+/// Step names, in order (the `step` field of every log line bootstrap writes).
+pub const STEPS: [&str; 15] = [
+    STEP_VALIDATE,
+    "resume",
+    "project",
+    "image",
+    "floating-ip",
+    "first-control-plane",
+    "attach-floating-ip",
+    "wait-api",
+    "host-key",
+    "fetch-kubeconfig",
+    "write-kubeconfig",
+    "state",
+    "manifests",
+    "reconcile",
+    "summary",
+];
+const STEP_VALIDATE: &str = "validate";
+
+/// Where k3s writes its admin kubeconfig on a server.
+pub const K3S_KUBECONFIG_PATH: &str = "/etc/rancher/k3s/k3s.yaml";
+
+/// Sizes of one pool, from the flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolInput {
+    pub cpus: u16,
+    pub memory: ByteSize,
+    pub boot_disk: ByteSize,
+    pub data_disk: Option<ByteSize>,
+}
+
+/// Everything bootstrap is told, unchecked (the binary fills it from flags and environment).
+#[derive(Debug, Clone)]
+pub struct BootstrapInput {
+    /// Flags, environment and config directory for the Oxide credentials.
+    pub credential_sources: CredentialSources,
+    pub cluster: String,
+    /// Defaults to the cluster name.
+    pub project: Option<String>,
+    pub control_planes: u32,
+    pub workers: u32,
+    pub control_plane: PoolInput,
+    pub worker: PoolInput,
+    pub image: String,
+    pub image_source: Option<String>,
+    pub worker_image: Option<String>,
+    pub worker_image_source: Option<String>,
+    pub external_ip: ExternalIpMode,
+    pub ip_pool: Option<String>,
+    /// The key itself or `file:PATH`.
+    pub user_ssh_public_key: Option<String>,
+    pub k3s_version: String,
+    pub k3s_install: K3sInstall,
+    /// Default `~/.kube/<cluster>.yaml`.
+    pub kubeconfig: Option<PathBuf>,
+    pub kubeconfig_overwrite: bool,
+    pub kubeconfig_merge: bool,
+    pub schedule: String,
+    pub controller_image: String,
+    pub ssh_user: String,
+    pub ssh_port: u16,
+    pub upload_parallelism: usize,
+    /// Default `~/.config/oxide-controller`.
+    pub state_dir: Option<PathBuf>,
+    /// Deadline of the final reconcile loop (zero: one pass).
+    pub wait: Duration,
+    /// Deadline for the API server, the console fingerprints and SSH to come up.
+    pub api_timeout: Duration,
+    /// Lease holder identity of the in-process reconcile (stable per machine, so a re-run
+    /// after a kill takes over its own Lease at once).
+    pub holder: String,
+    pub home: Option<PathBuf>,
+    /// Logs are JSON: no in-place progress drawing.
+    pub json_logs: bool,
+}
+
+/// Why bootstrap stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// Bad input or a state only a person can resolve (exit 2). Nothing was created when
+    /// this comes from validation.
+    #[error("{0}")]
+    Config(String),
+    /// A step failed; re-running continues from where this run got (exit 1).
+    #[error("{step}: {message}")]
+    Failed { step: &'static str, message: String },
+}
+
+impl BootstrapError {
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            BootstrapError::Config(_) => 2,
+            BootstrapError::Failed { .. } => 1,
+        }
+    }
+}
+
+fn failed(step: &'static str, e: &(dyn std::error::Error + 'static)) -> BootstrapError {
+    BootstrapError::Failed {
+        step,
+        message: one_line(e),
+    }
+}
+
+/// Rack errors: bad credentials are the person's to fix; the rest is worth a re-run.
+fn rack_failed(step: &'static str, e: RackError) -> BootstrapError {
+    match e {
+        RackError::Unauthorized { .. } => {
+            BootstrapError::Config(format!("{step}: {}", one_line(&e)))
+        }
+        _ => failed(step, &e),
+    }
+}
+
+/// What bootstrap made and where things are.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub cluster: String,
+    pub project: String,
+    pub api_server: String,
+    pub floating_ip: IpAddr,
+    pub kubeconfig: PathBuf,
+    pub kubeconfig_outcome: WriteOutcome,
+    pub resume_file: PathBuf,
+    pub images: Vec<(String, &'static str)>,
+    /// `(pool, ready, desired)`.
+    pub pools: Vec<(String, u32, u32)>,
+    pub converged: bool,
+    pub schedule: String,
+    pub elapsed: Duration,
+}
+
+impl Summary {
+    /// The text printed on stdout at the end.
+    pub fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let k = self.kubeconfig.display();
+        let c = &self.cluster;
+        let mut s = String::new();
+        let state = if self.converged {
+            "is up"
+        } else {
+            "is coming up"
+        };
+        let _ = writeln!(
+            s,
+            "Cluster {c} {state} at {} (Oxide project {}), after {}s.",
+            self.api_server,
+            self.project,
+            self.elapsed.as_secs()
+        );
+        for (pool, ready, desired) in &self.pools {
+            let _ = writeln!(s, "  {pool:<14} {ready}/{desired} Ready");
+        }
+        for (image, how) in &self.images {
+            let _ = writeln!(s, "  image          {image} ({how})");
+        }
+        let _ = writeln!(
+            s,
+            "  API address    floating IP {}-apiserver = {}",
+            c, self.floating_ip
+        );
+        let written = match self.kubeconfig_outcome {
+            WriteOutcome::Created => "written",
+            WriteOutcome::Replaced => "replaced",
+            WriteOutcome::Merged => "merged",
+            WriteOutcome::Unchanged => "already there",
+        };
+        let _ = writeln!(s, "  kubeconfig     {k} ({written}; context {c})");
+        let _ = writeln!(
+            s,
+            "  resume file    {} (keys and tokens; keep it private)",
+            self.resume_file.display()
+        );
+        let _ = writeln!(
+            s,
+            "  in-cluster     CronJob kube-system/oxide-controller reconciles on \"{}\"; webhook Service kube-system/oxide-controller-webhook",
+            self.schedule
+        );
+        if !self.converged {
+            let _ = writeln!(
+                s,
+                "Not every member is Ready yet; the CronJob carries on (or run reconcile-once below)."
+            );
+        }
+        let _ = writeln!(s);
+        let _ = writeln!(s, "Use it:");
+        let _ = writeln!(s, "  kubectl --kubeconfig {k} --context {c} get nodes");
+        let _ = writeln!(s, "Scale the workers (either way):");
+        let _ = writeln!(s, "  scale set 5 --kubeconfig {k} --context {c}");
+        let _ = writeln!(
+            s,
+            "  kubectl --kubeconfig {k} --context {c} -n kube-system port-forward svc/oxide-controller-webhook 8080:80 &"
+        );
+        let _ = writeln!(
+            s,
+            "  TOKEN=$(kubectl --kubeconfig {k} --context {c} -n kube-system get secret oxide-controller -o jsonpath='{{.data.webhook-token}}' | base64 -d)"
+        );
+        let _ = writeln!(
+            s,
+            "  curl -X PUT -H \"Authorization: Bearer $TOKEN\" -d '{{\"count\":5}}' http://127.0.0.1:8080/nodes/workers"
+        );
+        let _ = writeln!(s, "Reconcile now instead of waiting for the CronJob:");
+        let _ = writeln!(s, "  reconcile-once --kubeconfig {k} --context {c}");
+        s
+    }
+}
+
+/// Runs the whole flow. See the module docs.
+pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
+    let started = Instant::now();
+    let tty = progress::interactive(input.json_logs);
+    info!(step = STEP_VALIDATE, cluster = %input.cluster, "validating the input");
+    let v = validate::validate(&input).await?;
+    let spec = &v.spec;
+    let cluster = spec.cluster.as_str();
+    let project = spec.project.as_str();
+    let token = v.credentials.token.expose();
+    let rack = OxideRack::connect(&v.credentials.host, token, project, RackOptions::default())
+        .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+
+    // 2. Keys and tokens exist on disk before any VM does.
+    info!(step = "resume", path = %v.resume_path.display(), "reading the resume file");
+    let resume = ensure_resume(&rack, &v).await?;
+    let secrets = resume.secrets(&v.credentials.host, token, v.user_ssh_public_key.as_deref());
+    let key = resume
+        .key_pair()
+        .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+
+    info!(step = "project", project, "ensuring the project");
+    rack.ensure_project()
+        .await
+        .map_err(|e| rack_failed("project", e))?;
+
+    info!(
+        step = "image",
+        images = v.images.len(),
+        "ensuring the images"
+    );
+    let http = validate::http_client().map_err(|message| BootstrapError::Failed {
+        step: "image",
+        message,
+    })?;
+    let mut images: BTreeMap<String, Image> = BTreeMap::new();
+    let mut image_notes = Vec::new();
+    for req in &v.images {
+        let bar = progress::UploadBar::new(&req.name, tty);
+        let got = image::ensure_image(&rack, req, &http, &v.upload, &bar)
+            .await
+            .map_err(|e| {
+                if e.is_config() {
+                    BootstrapError::Config(format!("image: {}", one_line(&e)))
+                } else {
+                    failed("image", &e)
+                }
+            })?;
+        let how = match &got {
+            EnsuredImage::Found(i) if i.silo_scoped => "found in the silo",
+            EnsuredImage::Found(_) => "found in the project",
+            EnsuredImage::Uploaded { stats, sizes, .. } => {
+                info!(
+                    step = "image",
+                    image = %req.name,
+                    source_bytes = stats.source_bytes,
+                    written_bytes = stats.written_bytes,
+                    skipped_bytes = stats.skipped_bytes,
+                    disk_bytes = sizes.disk_size,
+                    seconds = stats.elapsed.as_secs_f64(),
+                    "image uploaded"
+                );
+                "uploaded"
+            }
+        };
+        info!(step = "image", image = %req.name, how, "image ready");
+        image_notes.push((req.name.clone(), how));
+        images.insert(req.name.clone(), got.image().clone());
+    }
+    let cp_image = images
+        .get(&spec.control_plane.image)
+        .cloned()
+        .ok_or_else(|| BootstrapError::Failed {
+            step: "image",
+            message: format!("image {} vanished", spec.control_plane.image),
+        })?;
+
+    let fip_name = names::api_floating_ip_name(cluster);
+    info!(step = "floating-ip", name = %fip_name, "ensuring the API floating IP");
+    let fip = ensure_floating_ip(&rack, cluster, &fip_name, spec.nodes.ip_pool.as_deref()).await?;
+    info!(step = "floating-ip", name = %fip_name, ip = %fip.ip, "API floating IP ready");
+
+    info!(step = "first-control-plane", name = %resume.first_control_plane, "ensuring the first control-plane VM");
+    ensure_first_server(&rack, &v, &resume, &secrets, &cp_image, fip.ip).await?;
+
+    info!(step = "attach-floating-ip", name = %fip_name, "attaching the API floating IP");
+    let api_member = ensure_attached(
+        &rack,
+        cluster,
+        &spec.control_plane.name,
+        &fip_name,
+        &resume.first_control_plane,
+    )
+    .await?;
+    info!(step = "attach-floating-ip", instance = %api_member, ip = %fip.ip, "API floating IP attached");
+
+    let api_deadline = Instant::now() + input.api_timeout;
+    let server = members::server_url(fip.ip);
+    info!(step = "wait-api", url = %format!("{server}/readyz"), "waiting for the Kubernetes API");
+    wait_for_api(&server, api_deadline, tty).await?;
+
+    info!(step = "host-key", instance = %api_member, "reading the SSH host keys from the serial console");
+    let pins = read_pins(&rack, &api_member, api_deadline, tty).await?;
+    info!(step = "host-key", instance = %api_member, fingerprints = %pins.fingerprints().collect::<Vec<_>>().join(","), "host keys pinned");
+
+    info!(step = "fetch-kubeconfig", user = %spec.nodes.ssh_user, port = spec.nodes.ssh_port, "reading k3s.yaml over SSH");
+    let target = SshTarget::new(
+        SocketAddr::new(fip.ip, spec.nodes.ssh_port),
+        spec.nodes.ssh_user.clone(),
+        key,
+        pins,
+    );
+    let k3s_yaml = fetch_kubeconfig(&target, api_deadline, tty).await?;
+
+    info!(step = "write-kubeconfig", path = %v.kubeconfig.display(), "writing the kubeconfig");
+    let ours = kubeconfig::rewrite_k3s(&k3s_yaml, cluster, &server)
+        .map_err(|e| failed("write-kubeconfig", &e))?;
+    let outcome = kubeconfig::write(&v.kubeconfig, &ours, cluster, &server, v.kubeconfig_mode)
+        .map_err(|e| match e {
+            kubeconfig::KubeconfigError::Exists { .. }
+            | kubeconfig::KubeconfigError::OtherServer { .. } => {
+                BootstrapError::Config(format!("write-kubeconfig: {}", one_line(&e)))
+            }
+            other => failed("write-kubeconfig", &other),
+        })?;
+    info!(step = "write-kubeconfig", path = %v.kubeconfig.display(), ?outcome, "kubeconfig ready");
+
+    info!(
+        step = "state",
+        namespace = NAMESPACE,
+        "writing the Secret and ConfigMap"
+    );
+    let client = crate::kubeclient::client(Some(&v.kubeconfig), Some(cluster))
+        .await
+        .map_err(|e| failed("state", &e))?;
+    let store = KubeStateStore::new(client.clone(), NAMESPACE);
+    let config = BTreeMap::from([
+        (state::keys::SPEC.to_owned(), spec.to_yaml()),
+        (
+            state::keys::SCHEMA_VERSION.to_owned(),
+            SCHEMA_VERSION.to_owned(),
+        ),
+    ]);
+    crate::retry::retry(
+        Backoff::default(),
+        |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
+        || store.ensure_state(&secrets, config.clone()),
+    )
+    .await
+    .map_err(|e| failed("state", &e))?;
+    check_stored_tokens(&store, &secrets).await;
+
+    info!(
+        step = "manifests",
+        objects = v.manifests.len(),
+        "applying the in-cluster pieces"
+    );
+    let applied = manifests::apply_all(&client, &v.manifests, Backoff::default())
+        .await
+        .map_err(|e| failed("manifests", &e))?;
+    info!(
+        step = "manifests",
+        objects = applied,
+        "in-cluster pieces applied"
+    );
+
+    info!(
+        step = "reconcile",
+        wait_s = input.wait.as_secs(),
+        "running the first reconcile"
+    );
+    let cluster_api =
+        KubeCluster::new(client.clone(), NAMESPACE).with_reporting_instance(&input.holder);
+    let (plan, converged) = reconcile_loop(&cluster_api, &store, &input.holder, input.wait).await?;
+
+    info!(step = "summary", converged, "bootstrap finished");
+    Ok(Summary {
+        cluster: cluster.to_owned(),
+        project: project.to_owned(),
+        api_server: server,
+        floating_ip: fip.ip,
+        kubeconfig: v.kubeconfig.clone(),
+        kubeconfig_outcome: outcome,
+        resume_file: v.resume_path.clone(),
+        images: image_notes,
+        pools: plan
+            .map(|p| {
+                p.pools
+                    .iter()
+                    .map(|c| (c.pool.clone(), c.ready, c.desired))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        converged,
+        schedule: spec.schedule.clone(),
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Reads the resume file, or creates it. Without one, a project that already holds VMs of
+/// this cluster is refused: fresh keys and tokens could never reach those VMs.
+async fn ensure_resume(
+    rack: &OxideRack,
+    v: &validate::Validated,
+) -> Result<ResumeState, BootstrapError> {
+    let spec = &v.spec;
+    let config = |e: resume::ResumeError| BootstrapError::Config(one_line(&e));
+    if let Some(r) = resume::load(&v.resume_path, &spec.cluster, &spec.project).map_err(config)? {
+        info!(step = "resume", first = %r.first_control_plane, "resuming with the saved keys and tokens");
+        return Ok(r);
+    }
+    let existing = match rack
+        .list_instances(&names::cluster_prefix(&spec.cluster))
+        .await
+    {
+        Ok(list) => list,
+        // No project yet: certainly no VMs.
+        Err(RackError::NotFound { .. }) => Vec::new(),
+        Err(e) => return Err(rack_failed("resume", e)),
+    };
+    let ours = existing
+        .iter()
+        .filter(|i| InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == spec.cluster))
+        .count();
+    if ours > 0 {
+        return Err(BootstrapError::Config(format!(
+            "project {} already has {ours} VM(s) of cluster {} but there is no resume file {}: copy it from the machine that bootstrapped the cluster (or point --state-dir at it)",
+            spec.project,
+            spec.cluster,
+            v.resume_path.display()
+        )));
+    }
+    let r = ResumeState::generate(
+        &spec.cluster,
+        &spec.project,
+        &v.credentials.host,
+        &spec.control_plane.name,
+    )
+    .map_err(config)?;
+    resume::save(&v.resume_path, &r).map_err(config)?;
+    info!(step = "resume", first = %r.first_control_plane, path = %v.resume_path.display(), "generated keys and tokens and saved them");
+    Ok(r)
+}
+
+async fn ensure_floating_ip(
+    rack: &OxideRack,
+    cluster: &str,
+    name: &str,
+    pool: Option<&str>,
+) -> Result<FloatingIp, BootstrapError> {
+    let step = "floating-ip";
+    if let Some(f) = rack
+        .get_floating_ip(name)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+    {
+        return Ok(f);
+    }
+    let description = format!("oxide-controller cluster={cluster} Kubernetes API");
+    match rack.create_floating_ip(name, &description, pool).await {
+        Ok(f) => Ok(f),
+        // A lost answer to our own earlier try.
+        Err(RackError::AlreadyExists { .. }) => rack
+            .get_floating_ip(name)
+            .await
+            .map_err(|e| rack_failed(step, e))?
+            .ok_or_else(|| BootstrapError::Failed {
+                step,
+                message: format!("floating IP {name} exists but cannot be read"),
+            }),
+        Err(e) => Err(rack_failed(step, e)),
+    }
+}
+
+/// Creates the `cluster-init` server unless the cluster has any control-plane VM already
+/// (then the cluster exists: a second `cluster-init` would start a second cluster).
+async fn ensure_first_server(
+    rack: &OxideRack,
+    v: &validate::Validated,
+    resume: &ResumeState,
+    secrets: &crate::secrets::ClusterSecrets,
+    image: &Image,
+    api_address: IpAddr,
+) -> Result<(), BootstrapError> {
+    let step = "first-control-plane";
+    let spec = &v.spec;
+    let prefix = names::instance_prefix(&spec.cluster, &spec.control_plane.name);
+    let servers = rack
+        .list_instances(&prefix)
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+    let first = &resume.first_control_plane;
+    if let Some(existing) = servers.iter().find(|i| &i.name == first) {
+        info!(step, name = %first, state = ?existing.state, "adopting the first control-plane VM");
+        if existing.state == InstanceState::Stopped {
+            rack.start_instance(first)
+                .await
+                .map_err(|e| rack_failed(step, e))?;
+        }
+        return Ok(());
+    }
+    if !servers.is_empty() {
+        info!(
+            step,
+            others = servers.len(),
+            "the cluster was initialised already; not creating another cluster-init server"
+        );
+        return Ok(());
+    }
+    let new = members::new_instance(&MemberInput {
+        spec,
+        secrets,
+        role: Role::ControlPlane,
+        pool: &spec.control_plane,
+        name: first,
+        image_id: image.id,
+        api_address,
+        cluster_init: true,
+    })
+    .map_err(|message| BootstrapError::Failed { step, message })?;
+    match rack.create_instance(&new).await {
+        Ok(i) => info!(step, name = %i.name, id = %i.id, "created the first control-plane VM"),
+        Err(RackError::AlreadyExists { .. }) => {
+            info!(step, name = %first, "the first control-plane VM exists (an earlier try); adopting it")
+        }
+        Err(e) => return Err(rack_failed(step, e)),
+    }
+    Ok(())
+}
+
+/// Makes sure the API floating IP sits on a control-plane VM of the cluster and returns that
+/// VM's name: where it is if it is on one, else on the first server (or the oldest running
+/// control-plane VM when the first is gone).
+async fn ensure_attached(
+    rack: &OxideRack,
+    cluster: &str,
+    cp_pool: &str,
+    fip_name: &str,
+    first: &str,
+) -> Result<String, BootstrapError> {
+    let step = "attach-floating-ip";
+    let fip = rack
+        .get_floating_ip(fip_name)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+        .ok_or_else(|| BootstrapError::Failed {
+            step,
+            message: format!("floating IP {fip_name} vanished"),
+        })?;
+    let mut servers: Vec<Instance> = rack
+        .list_instances(&names::instance_prefix(cluster, cp_pool))
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+    if let Some(id) = fip.instance_id {
+        if let Some(holder) = servers.iter().find(|i| i.id == id) {
+            return Ok(holder.name.clone());
+        }
+        // On something that is not one of our servers: the API address belongs on one.
+        warn!(step, instance = %id, "the API floating IP is attached to a VM that is not a control-plane member; moving it");
+        rack.detach_floating_ip(fip_name)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+    }
+    servers.sort_by_key(|i| i.time_created);
+    let target = servers
+        .iter()
+        .find(|i| i.name == first)
+        .or_else(|| servers.iter().find(|i| i.state == InstanceState::Running))
+        .ok_or_else(|| BootstrapError::Failed {
+            step,
+            message: "no control-plane VM to attach the API floating IP to".into(),
+        })?
+        .name
+        .clone();
+    // The instance is `starting` right after create: the rack answers 503 until it runs.
+    let backoff = Backoff {
+        first: Duration::from_millis(200),
+        max: Duration::from_secs(3),
+        attempts: 120,
+    };
+    rack.attach_floating_ip_retrying(fip_name, &target, backoff)
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+    Ok(target)
+}
+
+/// Polls `<server>/readyz` until any HTTP answer below 500 (200, or 401/403 without
+/// credentials: the API is serving). The certificate is not checked here — there is nothing
+/// to check it against before the kubeconfig is fetched, and only the answer's existence is
+/// used; the kubeconfig's CA pins everything afterwards.
+async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), BootstrapError> {
+    let step = "wait-api";
+    let url = format!("{server}/readyz");
+    let http = reqwest::Client::builder()
+        .tls_danger_accept_invalid_certs(true)
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .no_proxy()
+        .build()
+        .map_err(|e| BootstrapError::Failed {
+            step,
+            message: format!("cannot build the probe client: {e}"),
+        })?;
+    let mut spinner = progress::Spinner::new(step, format!("waiting for {url}"), tty);
+    loop {
+        let detail = match http.get(&url).send().await {
+            Ok(r) if r.status().as_u16() < 500 => {
+                spinner.done();
+                info!(
+                    step,
+                    status = r.status().as_u16(),
+                    "the Kubernetes API answers"
+                );
+                return Ok(());
+            }
+            Ok(r) => format!("HTTP {}", r.status().as_u16()),
+            Err(e) if e.is_connect() => "not listening yet".to_owned(),
+            Err(e) if e.is_timeout() => "timed out".to_owned(),
+            Err(_) => "no answer".to_owned(),
+        };
+        spinner.tick(&detail);
+        if Instant::now() >= deadline {
+            spinner.done();
+            return Err(BootstrapError::Failed {
+                step,
+                message: format!(
+                    "{url} did not answer in time (last: {detail}); re-run bootstrap to keep waiting"
+                ),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The host key pins from the serial console, waiting for cloud-init to print them.
+async fn read_pins(
+    rack: &OxideRack,
+    instance: &str,
+    deadline: Instant,
+    tty: bool,
+) -> Result<HostKeyPins, BootstrapError> {
+    let step = "host-key";
+    let mut spinner = progress::Spinner::new(
+        step,
+        format!("waiting for the host keys on {instance}'s serial console"),
+        tty,
+    );
+    loop {
+        let console = rack
+            .serial_console(instance)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+        match HostKeyPins::from_console(&String::from_utf8_lossy(&console)) {
+            Ok(pins) => {
+                spinner.done();
+                return Ok(pins);
+            }
+            Err(e @ (KeyError::NoFingerprintBlock | KeyError::EmptyFingerprintBlock)) => {
+                spinner.tick("no fingerprints yet");
+                if Instant::now() >= deadline {
+                    spinner.done();
+                    return Err(failed(step, &e));
+                }
+            }
+            Err(e) => {
+                spinner.done();
+                return Err(failed(step, &e));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Reads k3s.yaml over SSH. Connection trouble, a key not yet authorized and a file not yet
+/// written are waited out; a host key that does not match the pins is refused at once.
+async fn fetch_kubeconfig(
+    target: &SshTarget,
+    deadline: Instant,
+    tty: bool,
+) -> Result<String, BootstrapError> {
+    let step = "fetch-kubeconfig";
+    let mut spinner = progress::Spinner::new(
+        step,
+        format!("reading {K3S_KUBECONFIG_PATH} on {}", target.addr),
+        tty,
+    );
+    loop {
+        let err = match target.read_file(K3S_KUBECONFIG_PATH).await {
+            Ok(bytes) => {
+                spinner.done();
+                return String::from_utf8(bytes).map_err(|_| BootstrapError::Failed {
+                    step,
+                    message: format!("{K3S_KUBECONFIG_PATH} is not UTF-8"),
+                });
+            }
+            Err(e @ (SshError::HostKeyMismatch { .. } | SshError::NoPins { .. })) => {
+                spinner.done();
+                return Err(BootstrapError::Failed {
+                    step,
+                    message: one_line(&e),
+                });
+            }
+            Err(e) => e,
+        };
+        spinner.tick(&err.to_string());
+        if Instant::now() >= deadline {
+            spinner.done();
+            return Err(failed(step, &err));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The Secret keeps the values it had (ensure_state never overwrites); warn when they are
+/// not the resume file's, which means the resume file is from another incarnation.
+async fn check_stored_tokens(store: &KubeStateStore, ours: &crate::secrets::ClusterSecrets) {
+    match store.read_secrets().await {
+        Ok(stored)
+            if stored.k3s_token != ours.k3s_token
+                || stored.ssh_public_key != ours.ssh_public_key =>
+        {
+            warn!(
+                step = "state",
+                "the Secret holds other tokens or keys than the resume file; the Secret's are in force"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => warn!(step = "state", error = %e, "cannot read the Secret back"),
+    }
+}
+
+/// Runs reconcile until it converges or `wait` is over (one pass when `wait` is zero).
+async fn reconcile_loop(
+    cluster: &KubeCluster,
+    store: &KubeStateStore,
+    holder: &str,
+    wait: Duration,
+) -> Result<(Option<Plan>, bool), BootstrapError> {
+    let step = "reconcile";
+    let deadline = Instant::now() + wait;
+    let mut last: Option<Plan> = None;
+    let mut pass = 0u32;
+    loop {
+        pass += 1;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let mut opts = ReconcileOptions::new(holder);
+        opts.deadline = Some(remaining.clamp(Duration::from_secs(15), Duration::from_secs(240)));
+        opts.poll = Duration::from_millis(250);
+        let make_rack = |s: &crate::secrets::ClusterSecrets, spec: &crate::spec::ClusterSpec| {
+            OxideRack::connect(
+                &s.oxide_host,
+                &s.oxide_token,
+                &spec.project,
+                RackOptions::default(),
+            )
+        };
+        match reconcile::run(cluster, store, make_rack, &opts).await {
+            Ok(RunOutcome::Converged { plan }) => {
+                info!(step, pass, pools = %pools_line(&plan), "the cluster has converged");
+                return Ok((Some(plan), true));
+            }
+            Ok(RunOutcome::Progressing { plan, .. }) => {
+                info!(step, pass, pools = %pools_line(&plan), "members are coming up");
+                last = Some(plan);
+            }
+            Ok(RunOutcome::LeaseHeld { holder }) => {
+                info!(step, pass, %holder, "another reconcile run holds the Lease; waiting")
+            }
+            Ok(RunOutcome::DryRun { plan }) => return Ok((Some(plan), false)),
+            Err(e) if e.exit_code() == 2 => {
+                return Err(BootstrapError::Config(format!("{step}: {e}")));
+            }
+            Err(e) => warn!(step, pass, error = %e, "reconcile pass failed; trying again"),
+        }
+        if Instant::now() >= deadline {
+            return Ok((last, false));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn pools_line(plan: &Plan) -> String {
+    plan.pools
+        .iter()
+        .map(|p| format!("{}={}/{}", p.pool, p.ready, p.desired))
+        .collect::<Vec<_>>()
+        .join(" ")
+}

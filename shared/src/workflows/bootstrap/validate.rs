@@ -1,0 +1,398 @@
+//! Input validation: everything bootstrap can check before its first Oxide API call — the
+//! spec (names, odd control plane, whole-GiB sizes, the cron schedule), credentials, the
+//! user's SSH key, the image sources (a file that opens, a URL that answers 2xx with a size),
+//! the kubeconfig target and the state directory. Every failure is one line naming the flag.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::credentials;
+use crate::image::{ImageRequest, ImageSource, UploadOptions};
+use crate::kubeconfig::{self, WriteMode};
+use crate::manifests::{self, Manifest, Settings};
+use crate::rack::oxide_rack::{OxideRack, RackOptions};
+use crate::resume;
+use crate::spec::{ClusterSpec, SpecErrors};
+
+use super::{BootstrapError, BootstrapInput};
+
+/// Everything `run` needs, checked.
+pub(super) struct Validated {
+    pub spec: ClusterSpec,
+    pub credentials: credentials::OxideCredentials,
+    pub user_ssh_public_key: Option<String>,
+    /// One request per distinct image name, control plane first.
+    pub images: Vec<ImageRequest>,
+    pub kubeconfig: PathBuf,
+    pub kubeconfig_mode: WriteMode,
+    pub resume_path: PathBuf,
+    pub manifests: Vec<Manifest>,
+    pub upload: UploadOptions,
+}
+
+fn config(message: impl Into<String>) -> BootstrapError {
+    BootstrapError::Config(message.into())
+}
+
+/// The flag a spec field comes from, for messages.
+fn flag_for(field: &str) -> String {
+    let (pool_flag, rest) = if let Some(rest) = field.strip_prefix("control_plane.") {
+        ("control-plane", rest)
+    } else if let Some(rest) = field.strip_prefix("worker_pools.") {
+        ("worker", rest.split_once('.').map_or("", |(_, r)| r))
+    } else {
+        ("", field)
+    };
+    match (pool_flag, rest) {
+        ("", "cluster") => "--cluster".to_owned(),
+        ("", "project") => "--project".to_owned(),
+        ("", "schedule") => "--schedule".to_owned(),
+        ("", "k3s.version") => "--k3s-version".to_owned(),
+        ("", "nodes.ssh_user") => "--ssh-user".to_owned(),
+        ("", "nodes.ssh_port") => "--ssh-port".to_owned(),
+        ("", "nodes.ip_pool") => "--ip-pool".to_owned(),
+        ("control-plane", "count") => "--control-planes".to_owned(),
+        ("worker", "count") => "--workers".to_owned(),
+        ("control-plane", "image") => "--image".to_owned(),
+        ("worker", "image") => "--worker-image".to_owned(),
+        ("control-plane" | "worker", "name") => "--cluster".to_owned(),
+        (pool, field) if !pool.is_empty() && !field.contains('.') => {
+            format!("--{pool}-{}", field.replace('_', "-"))
+        }
+        _ => field.to_owned(),
+    }
+}
+
+/// A spec's problems as one line, each named by its flag.
+pub(super) fn spec_message(errors: &SpecErrors) -> String {
+    errors
+        .0
+        .iter()
+        .map(|e| format!("{}: {}", flag_for(&e.field), e.message))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The error and its sources on one line.
+pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cur = s.source();
+    }
+    out.replace('\n', " ")
+}
+
+/// `value`, or the contents of `PATH` for `file:PATH` (a leading `~/` is the home directory).
+fn value_or_file(flag: &str, value: &str, home: Option<&Path>) -> Result<String, BootstrapError> {
+    match value.strip_prefix("file:") {
+        Some(path) => {
+            let path = match (path.strip_prefix("~/"), home) {
+                (Some(rest), Some(home)) => home.join(rest),
+                _ => PathBuf::from(path),
+            };
+            let shown = path.display().to_string();
+            std::fs::read_to_string(&path)
+                .map(|s| s.trim().to_owned())
+                .map_err(|e| config(format!("{flag}: cannot read {shown}: {e}")))
+        }
+        None => Ok(value.trim().to_owned()),
+    }
+}
+
+fn build_spec(input: &BootstrapInput) -> ClusterSpec {
+    let project = input
+        .project
+        .clone()
+        .unwrap_or_else(|| input.cluster.clone());
+    let mut spec = ClusterSpec::new(
+        &input.cluster,
+        &project,
+        &input.image,
+        input.control_planes,
+        input.workers,
+    );
+    let cp = &mut spec.control_plane;
+    cp.cpus = input.control_plane.cpus;
+    cp.memory = input.control_plane.memory;
+    cp.boot_disk = input.control_plane.boot_disk;
+    cp.data_disk = input.control_plane.data_disk;
+    cp.max = cp.max.max(input.control_planes);
+    if let Some(w) = spec.worker_pools.first_mut() {
+        w.cpus = input.worker.cpus;
+        w.memory = input.worker.memory;
+        w.boot_disk = input.worker.boot_disk;
+        w.data_disk = input.worker.data_disk;
+        w.image = input
+            .worker_image
+            .clone()
+            .unwrap_or_else(|| input.image.clone());
+        w.max = w.max.max(input.workers);
+    }
+    spec.k3s.version = input.k3s_version.clone();
+    spec.k3s.install = input.k3s_install;
+    spec.nodes.ssh_user = input.ssh_user.clone();
+    spec.nodes.ssh_port = input.ssh_port;
+    spec.nodes.external_ip = input.external_ip;
+    spec.nodes.ip_pool = input.ip_pool.clone();
+    spec.schedule = input.schedule.trim().to_owned();
+    spec
+}
+
+/// A directory we can create files in (probed by creating and removing one).
+fn check_writable_dir(flag: &str, dir: &Path) -> Result<(), BootstrapError> {
+    let probe = dir.join(format!(".oxide-controller-probe-{}", std::process::id()));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+        .map_err(|e| config(format!("{flag}: cannot write to {}: {e}", dir.display())))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// The nearest existing ancestor of `dir` (where a `create_dir_all` would start).
+fn existing_ancestor(dir: &Path) -> Option<&Path> {
+    dir.ancestors()
+        .find(|a| !a.as_os_str().is_empty() && a.exists())
+}
+
+async fn check_images(
+    input: &BootstrapInput,
+    spec: &ClusterSpec,
+) -> Result<Vec<ImageRequest>, BootstrapError> {
+    let mut wanted: Vec<(String, Option<String>, &'static str)> = vec![(
+        spec.control_plane.image.clone(),
+        input.image_source.clone(),
+        "--image-source",
+    )];
+    let worker_image = spec
+        .worker_pools
+        .first()
+        .map(|w| w.image.clone())
+        .unwrap_or_default();
+    if worker_image == spec.control_plane.image {
+        if let Some(src) = &input.worker_image_source
+            && input.image_source.as_deref() != Some(src.as_str())
+        {
+            return Err(config(format!(
+                "--worker-image-source: the workers use the same image {worker_image:?} as the control plane; give its source once, with --image-source"
+            )));
+        }
+    } else {
+        wanted.push((
+            worker_image,
+            input.worker_image_source.clone(),
+            "--worker-image-source",
+        ));
+    }
+    let http = http_client().map_err(|e| BootstrapError::Failed {
+        step: super::STEP_VALIDATE,
+        message: e,
+    })?;
+    let mut out = Vec::new();
+    for (name, source, flag) in wanted {
+        let source = match source {
+            Some(text) => {
+                let src = ImageSource::parse(&text).map_err(|e| config(format!("{flag}: {e}")))?;
+                src.probe(&http).await.map_err(|e| {
+                    let message = format!("{flag}: {}", one_line(&e));
+                    if e.is_config() {
+                        config(message)
+                    } else {
+                        BootstrapError::Failed {
+                            step: super::STEP_VALIDATE,
+                            message,
+                        }
+                    }
+                })?;
+                Some(src)
+            }
+            None => None,
+        };
+        let version = source
+            .as_ref()
+            .map(|s| match s {
+                ImageSource::File(p) => p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                ImageSource::Url(u) => u
+                    .path_segments()
+                    .and_then(|mut s| s.next_back().map(str::to_owned))
+                    .unwrap_or_default(),
+            })
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| "uploaded".to_owned());
+        out.push(ImageRequest {
+            name,
+            source,
+            os: "linux".to_owned(),
+            version: version.chars().take(60).collect(),
+        });
+    }
+    Ok(out)
+}
+
+/// The HTTP client for image sources: connect/read timeouts, no cookies.
+pub(super) fn http_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(15))
+        .read_timeout(Duration::from_secs(60))
+        .user_agent(concat!("oxide-controller/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("cannot build an HTTP client: {e}"))
+}
+
+/// Checks everything, in the order a person would fix it; the first problem is returned.
+pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, BootstrapError> {
+    let spec = build_spec(input);
+    spec.validate().map_err(|mut e| {
+        // The project defaults to the cluster name: one complaint about that name is enough.
+        if input.project.is_none() && e.0.iter().any(|f| f.field == "cluster") {
+            e.0.retain(|f| f.field != "project");
+        }
+        config(spec_message(&e))
+    })?;
+    let c = &input.controller_image;
+    if c.is_empty() || c.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+        return Err(config(format!(
+            "--controller-image: {c:?} is not an image reference"
+        )));
+    }
+    if !(1..=64).contains(&input.upload_parallelism) {
+        return Err(config(format!(
+            "--upload-parallelism: {} is outside 1..=64",
+            input.upload_parallelism
+        )));
+    }
+
+    let credentials =
+        credentials::resolve(&input.credential_sources).map_err(|e| config(one_line(&e)))?;
+    // Builds the client without I/O: catches a malformed host or token now.
+    OxideRack::connect(
+        &credentials.host,
+        credentials.token.expose(),
+        &spec.project,
+        RackOptions::default(),
+    )
+    .map_err(|e| config(one_line(&e)))?;
+
+    let user_ssh_public_key = match &input.user_ssh_public_key {
+        Some(v) => {
+            let key = value_or_file("--user-ssh-public-key", v, input.home.as_deref())?;
+            crate::ssh::parse_public_key(&key)
+                .map_err(|e| config(format!("--user-ssh-public-key: {}", one_line(&e))))?;
+            Some(key)
+        }
+        None => None,
+    };
+
+    let kubeconfig_path = match &input.kubeconfig {
+        Some(p) => p.clone(),
+        None => input
+            .home
+            .as_ref()
+            .map(|h| h.join(".kube").join(format!("{}.yaml", spec.cluster)))
+            .ok_or_else(|| config("--kubeconfig: there is no home directory for the default ~/.kube/<cluster>.yaml; pass --kubeconfig"))?,
+    };
+    let mode = match (input.kubeconfig_overwrite, input.kubeconfig_merge) {
+        (true, true) => {
+            return Err(config(
+                "--kubeconfig-overwrite and --kubeconfig-merge exclude each other",
+            ));
+        }
+        (true, false) => WriteMode::Overwrite,
+        (false, true) => WriteMode::Merge,
+        (false, false) => WriteMode::Create,
+    };
+    if kubeconfig_path.is_dir() {
+        return Err(config(format!(
+            "--kubeconfig: {} is a directory",
+            kubeconfig_path.display()
+        )));
+    }
+    kubeconfig::check_target(&kubeconfig_path, &spec.cluster, mode)
+        .map_err(|e| config(format!("--kubeconfig: {}", one_line(&e))))?;
+    let kube_dir = kubeconfig_path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if input.kubeconfig.is_some() && !kube_dir.exists() {
+        return Err(config(format!(
+            "--kubeconfig: directory {} does not exist",
+            kube_dir.display()
+        )));
+    }
+    if let Some(dir) = existing_ancestor(kube_dir) {
+        check_writable_dir("--kubeconfig", dir)?;
+    }
+
+    let state_dir = match &input.state_dir {
+        Some(d) => d.clone(),
+        None => resume::default_state_dir(input.home.clone())
+            .ok_or_else(|| config("--state-dir: there is no home directory for the default ~/.config/oxide-controller; pass --state-dir"))?,
+    };
+    if state_dir.exists() && !state_dir.is_dir() {
+        return Err(config(format!(
+            "--state-dir: {} is not a directory",
+            state_dir.display()
+        )));
+    }
+    if let Some(dir) = existing_ancestor(&state_dir) {
+        check_writable_dir("--state-dir", dir)?;
+    }
+    let resume_path = resume::resume_path(&state_dir, &spec.cluster);
+    if resume_path.exists() {
+        resume::load(&resume_path, &spec.cluster, &spec.project)
+            .map_err(|e| config(one_line(&e)))?;
+    }
+
+    let manifests = manifests::render(&Settings {
+        controller_image: input.controller_image.clone(),
+        schedule: spec.schedule.clone(),
+    })
+    .map_err(|e| config(one_line(&e)))?;
+
+    // Last: the only check that talks to another machine (the image source's server).
+    let images = check_images(input, &spec).await?;
+
+    Ok(Validated {
+        spec,
+        credentials,
+        user_ssh_public_key,
+        images,
+        kubeconfig: kubeconfig_path,
+        kubeconfig_mode: mode,
+        resume_path,
+        manifests,
+        upload: UploadOptions {
+            parallelism: input.upload_parallelism,
+            ..UploadOptions::default()
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_fields_are_reported_as_flags() {
+        assert_eq!(flag_for("control_plane.count"), "--control-planes");
+        assert_eq!(flag_for("worker_pools.workers.memory"), "--worker-memory");
+        assert_eq!(
+            flag_for("control_plane.boot_disk"),
+            "--control-plane-boot-disk"
+        );
+        assert_eq!(flag_for("worker_pools.workers.image"), "--worker-image");
+        assert_eq!(flag_for("cluster"), "--cluster");
+        assert_eq!(flag_for("k3s.version"), "--k3s-version");
+        assert_eq!(flag_for("timeouts.join_seconds"), "timeouts.join_seconds");
+    }
+}
