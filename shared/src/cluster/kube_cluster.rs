@@ -40,7 +40,7 @@ pub const EVENT_NOTE_MAX: usize = 1024;
 /// Longest Event reason/action the API accepts (bytes).
 const EVENT_FIELD_MAX: usize = 128;
 /// Page size for list calls; pages are followed until the server has no more.
-const LIST_PAGE: u32 = 500;
+const LIST_PAGE: u32 = 5000;
 /// Read-decide-write rounds for the Lease before giving up with `Conflict`.
 const LEASE_ATTEMPTS: usize = 3;
 

@@ -257,7 +257,7 @@ impl Summary {
         );
         let _ = writeln!(
             s,
-            "  curl -X PUT -H \"Authorization: Bearer $TOKEN\" -d '{{\"count\":5}}' http://127.0.0.1:8080/nodes/workers"
+            "  curl -X PUT -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' -d '{{\"count\":5}}' http://127.0.0.1:8080/nodes/workers"
         );
         let _ = writeln!(s, "Reconcile now instead of waiting for the CronJob:");
         let _ = writeln!(s, "  reconcile-once --kubeconfig {k} --context {c}");
