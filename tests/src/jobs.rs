@@ -292,15 +292,15 @@ impl JobRunner {
         let done = job["status"]["completionTime"]
             .as_str()
             .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
-        if let Some(done) = done {
-            if now.signed_duration_since(done).num_seconds() >= ttl {
-                self.twin.delete(
-                    JOB.0,
-                    JOB.1,
-                    Some(&meta(job, "namespace")),
-                    &meta(job, "name"),
-                );
-            }
+        if let Some(done) = done
+            && now.signed_duration_since(done).num_seconds() >= ttl
+        {
+            self.twin.delete(
+                JOB.0,
+                JOB.1,
+                Some(&meta(job, "namespace")),
+                &meta(job, "name"),
+            );
         }
     }
 
