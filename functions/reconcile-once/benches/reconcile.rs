@@ -67,15 +67,14 @@ fn run(kc: &Path, extra: &[&str]) -> (std::process::ExitStatus, Duration, u64) {
     let status_path = format!("/proc/{}/status", child.id());
     let mut peak_kb = 0u64;
     loop {
-        if let Ok(s) = std::fs::read_to_string(&status_path) {
-            if let Some(kb) = s
+        if let Ok(s) = std::fs::read_to_string(&status_path)
+            && let Some(kb) = s
                 .lines()
                 .find(|l| l.starts_with("VmHWM:"))
                 .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-            {
-                peak_kb = peak_kb.max(kb);
-            }
+                .and_then(|v| v.parse::<u64>().ok())
+        {
+            peak_kb = peak_kb.max(kb);
         }
         if let Some(status) = child.try_wait().expect("wait") {
             return (status, start.elapsed(), peak_kb);

@@ -371,7 +371,7 @@ async fn scales_up_to_five_then_down_to_one_with_drain_and_cleanup() {
     let left = env.instances(WK);
     assert_eq!(left.len(), 1);
     let survivor = left[0]["name"].as_str().unwrap_or_default().to_owned();
-    assert_eq!(env.ready_nodes(WK), [survivor.clone()]);
+    assert_eq!(env.ready_nodes(WK), std::slice::from_ref(&survivor));
     let nodes: Vec<String> = env
         .sim
         .twin()
@@ -571,10 +571,13 @@ async fn two_runs_at_once_one_works_one_steps_aside() {
     assert_eq!(env.instances(WK).len(), 4);
 }
 
+/// A field a bad spec names, and the edit that breaks it.
+type SpecCase = (&'static str, fn(&str) -> String);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
     let env = env(1, 1).await;
-    let cases: [(&str, fn(&str) -> String); 4] = [
+    let cases: [SpecCase; 4] = [
         ("control_plane.count", |s| {
             s.replacen("count: 1", "count: 2", 1)
         }),
