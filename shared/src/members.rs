@@ -63,6 +63,13 @@ pub fn new_instance(m: &MemberInput) -> Result<NewInstance, String> {
         pool: m.pool.name.clone(),
         spec_hash: spec.pool_hash(m.role, m.pool),
     };
+    if spec.tailscale.is_some() && m.secrets.tailscale_auth_key.is_none() {
+        // Without the key the VM would come up outside the tailnet it is meant to be on.
+        return Err(format!(
+            "spec.yaml has tailscale but the Secret has no {} key; re-run bootstrap with --tailscale-auth-key",
+            crate::secrets::keys::TAILSCALE_AUTH_KEY
+        ));
+    }
     let user_data = crate::cloud_init::render_member(m)
         .map_err(|e| format!("rendering user-data for {}: {e}", m.name))?;
     Ok(NewInstance {
@@ -128,5 +135,47 @@ impl MemberFactory for SpecMembers<'_> {
         self.spec
             .pool(pool)
             .and_then(|(_, p)| p.anti_affinity_group.clone())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tailscale_spec_without_the_auth_key_in_the_secret_creates_nothing() {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        spec.tailscale = Some(crate::spec::TailscaleSpec::default());
+        let without = ClusterSecrets {
+            k3s_token: "k3s-token".into(),
+            k3s_agent_token: "agent-token".into(),
+            ssh_public_key:
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A c"
+                    .into(),
+            ..Default::default()
+        };
+        let with = ClusterSecrets {
+            tailscale_auth_key: Some("tskey-auth-x".into()),
+            ..without.clone()
+        };
+        let input = |secrets| MemberInput {
+            spec: &spec,
+            secrets,
+            role: Role::Worker,
+            pool: &spec.worker_pools[0],
+            name: "demo-workers-abcde",
+            image_id: uuid::Uuid::nil(),
+            api_address: "172.30.0.10".parse().unwrap(),
+            cluster_init: false,
+        };
+        let e = new_instance(&input(&without)).expect_err("no key");
+        assert!(e.contains("tailscale-auth-key"), "{e}");
+        let made = new_instance(&input(&with)).unwrap();
+        let user_data = String::from_utf8(made.user_data).unwrap();
+        assert!(
+            user_data.contains("--auth-key=file:/etc/oxide-controller/tailscale-auth-key"),
+            "{user_data}"
+        );
     }
 }

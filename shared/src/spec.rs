@@ -43,6 +43,31 @@ pub struct ClusterSpec {
     pub schedule: String,
     #[serde(default)]
     pub timeouts: Timeouts,
+    /// Every VM joins a tailnet before k3s starts (auth key in the Secret). Absent: no
+    /// Tailscale, and specs written before it existed read the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tailscale: Option<TailscaleSpec>,
+}
+
+/// Tailscale settings of the nodes (the auth key is a secret and lives in the Secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TailscaleSpec {
+    /// ACL tag every node advertises, `tag:NAME`.
+    #[serde(default = "default_tailscale_tag")]
+    pub tag: String,
+}
+
+impl Default for TailscaleSpec {
+    fn default() -> Self {
+        TailscaleSpec {
+            tag: default_tailscale_tag(),
+        }
+    }
+}
+
+fn default_tailscale_tag() -> String {
+    crate::tailscale::DEFAULT_TAG.to_owned()
 }
 
 /// One pool of identical VMs.
@@ -326,6 +351,7 @@ impl ClusterSpec {
             nodes: NodeAccess::default(),
             schedule: default_schedule(),
             timeouts: Timeouts::default(),
+            tailscale: None,
         }
     }
 
@@ -424,6 +450,9 @@ impl ClusterSpec {
             oxide_ccm: bool,
             labels: &'a BTreeMap<String, String>,
             taints: &'a [Taint],
+            // Left out when absent so that clusters without Tailscale keep their hashes.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tailscale_tag: Option<&'a str>,
         }
         let h = Hashed {
             role,
@@ -437,6 +466,7 @@ impl ClusterSpec {
             oxide_ccm: self.k3s.oxide_ccm,
             labels: &pool.labels,
             taints: &pool.taints,
+            tailscale_tag: self.tailscale.as_ref().map(|t| t.tag.as_str()),
         };
         let bytes = serde_json::to_vec(&h).unwrap_or_default();
         let digest = Sha256::digest(&bytes);
@@ -589,6 +619,11 @@ impl ClusterSpec {
             && let Err(e) = names::validate_name("IP pool name", p)
         {
             err("nodes.ip_pool".into(), e.to_string());
+        }
+        if let Some(ts) = &self.tailscale
+            && let Err(e) = crate::tailscale::check_tag(&ts.tag)
+        {
+            err("tailscale.tag".into(), e);
         }
         let t = &self.timeouts;
         for (name, v) in [
@@ -809,5 +844,31 @@ mod tests {
         let mut s2 = s.clone();
         s2.k3s.version = "v1.34.1+k3s1".into();
         assert_ne!(s2.pool_hash(Role::Worker, p), h, "k3s version is drift");
+    }
+
+    #[test]
+    fn tailscale_is_optional_defaulted_checked_and_drift_when_it_changes() {
+        // A spec written before Tailscale existed parses, and writes back without it.
+        let plain = spec();
+        let yaml = plain.to_yaml();
+        assert!(!yaml.contains("tailscale"), "{yaml}");
+        assert_eq!(ClusterSpec::from_yaml(&yaml).expect("parses"), plain);
+        // `tailscale: {}` takes the default tag.
+        let with = ClusterSpec::from_yaml(&format!("{yaml}tailscale: {{}}\n")).expect("parses");
+        assert_eq!(
+            with.tailscale.as_ref().map(|t| t.tag.as_str()),
+            Some(crate::tailscale::DEFAULT_TAG)
+        );
+        // Without Tailscale the hash is what it always was; with it, a new VM is needed.
+        let p = &plain.worker_pools[0];
+        assert_ne!(
+            with.pool_hash(Role::Worker, p),
+            plain.pool_hash(Role::Worker, p)
+        );
+        let mut bad = with.clone();
+        bad.tailscale = Some(TailscaleSpec {
+            tag: "tag:no_underscores".into(),
+        });
+        assert_eq!(fields(&bad), ["tailscale.tag"]);
     }
 }

@@ -3,9 +3,10 @@
 //! benchmarks use it; the product never does.
 //!
 //! Routes:
-//! - `GET /counters` → `{"oxide": {route: n}, "twin": {route: n}}`
+//! - `GET /counters` → `{"oxide": {route: n}, "twin": {route: n}, "tailscale": {route: n}}`
 //! - `POST /counters/reset` → 204
-//! - `GET /state` → `{"oxide": <OxideSim::dump>, "twin": <Twin::dump>, "cluster": <Boot::cluster_info>}`
+//! - `GET /state` → `{"oxide": <OxideSim::dump>, "twin": <Twin::dump>, "cluster": <Boot::cluster_info>,
+//!   "tailscale": <Tailnet::dump>}`
 //! - `GET /faults` → FaultSpec; `PUT /faults` (FaultSpec JSON) → the new FaultSpec
 //! - `POST /instances/{name}/fail[?project=P]` → 204, or 404 / 409 (ambiguous name)
 
@@ -27,6 +28,8 @@ pub struct AdminState {
     pub boot: Boot,
     /// Runtime faults.
     pub faults: Faults,
+    /// The simulated tailnet.
+    pub tailnet: crate::tailscale::Tailnet,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -77,12 +80,15 @@ pub async fn handle(state: &AdminState, req: http::Request<Bytes>) -> http::Resp
                 .collect();
             respond(
                 StatusCode::OK,
-                Some(json!({ "oxide": oxide, "twin": twin })),
+                Some(
+                    json!({ "oxide": oxide, "twin": twin, "tailscale": state.tailnet.counters() }),
+                ),
             )
         }
         (&Method::POST, ["counters", "reset"]) => {
             state.oxide.reset_counters();
             state.twin.reset_counters();
+            state.tailnet.reset_counters();
             respond(StatusCode::NO_CONTENT, None)
         }
         (&Method::GET, ["state"]) => respond(
@@ -91,6 +97,7 @@ pub async fn handle(state: &AdminState, req: http::Request<Bytes>) -> http::Resp
                 "oxide": state.oxide.dump(),
                 "twin": state.twin.dump(),
                 "cluster": state.boot.cluster_info(),
+                "tailscale": state.tailnet.dump(),
             })),
         ),
         (&Method::GET, ["faults"]) => respond(StatusCode::OK, Some(json!(state.faults.get()))),

@@ -152,6 +152,8 @@ pub struct UserData {
     /// instance ID. The simulator cannot run shell, so it recognises that step and applies
     /// its effect with the instance ID.
     pub smbios_provider_id_prefix: Option<String>,
+    /// The `tailscale up` step (and whether a k3s SAN drop-in follows it), if any.
+    pub tailscale: Option<crate::tailscale::TailscaleUp>,
 }
 
 impl std::fmt::Debug for UserData {
@@ -163,6 +165,7 @@ impl std::fmt::Debug for UserData {
             .field("authorized_keys", &self.authorized_keys.len())
             .field("files", &self.files.keys().collect::<Vec<_>>())
             .field("smbios_provider_id_prefix", &self.smbios_provider_id_prefix)
+            .field("tailscale", &self.tailscale)
             .finish()
     }
 }
@@ -252,6 +255,7 @@ pub fn parse_user_data(bytes: &[u8]) -> Result<UserData, UserDataError> {
         out.role = detect_role(&commands);
         out.install_version = detect_install_version(&commands);
         out.smbios_provider_id_prefix = detect_smbios_provider_id(&commands);
+        out.tailscale = crate::tailscale::parse_runcmd(&commands, &out.files);
     }
     Ok(out)
 }
@@ -625,7 +629,8 @@ fn detect_role(commands: &[String]) -> Option<Role> {
             }
         }
         // The install script without INSTALL_K3S_EXEC: agent when K3S_URL is set.
-        if cmd.contains("get.k3s.io") || cmd.contains("install.sh") {
+        if cmd.contains("get.k3s.io") || (cmd.contains("install.sh") && !cmd.contains("tailscale"))
+        {
             return Some(if cmd.contains("K3S_URL=") {
                 Role::Agent
             } else {
@@ -731,6 +736,12 @@ enum K3sState {
 }
 
 struct Vm {
+    /// Tailnet address once `tailscale up` succeeded this boot (listeners bind it too).
+    tailnet_ip: Option<IpAddr>,
+    /// k3s added the tailnet address to its `tls-san` (a drop-in written before k3s started).
+    tailnet_san: bool,
+    /// Local addresses of successful SSH logins, oldest first (the last 32).
+    ssh_logins: Vec<SocketAddr>,
     name: String,
     hostname: String,
     ssh_host: Arc<SshHost>,
@@ -751,6 +762,9 @@ struct Vm {
     /// Has been a member of the cluster (its datastore/agent state survives reboots).
     member: bool,
     node_name: Option<String>,
+    /// Files uploaded over SSH: guest path → the host file holding them (they live on the
+    /// VM's disk, so they survive reboots and go with the instance).
+    uploads: BTreeMap<String, std::path::PathBuf>,
 }
 
 struct Cluster {
@@ -768,6 +782,8 @@ struct State {
 }
 
 struct Inner {
+    /// The simulated tailnet VMs join with `tailscale up` (see [`Boot::attach_tailnet`]).
+    tailnet: OnceLock<crate::tailscale::Tailnet>,
     cfg: BootConfig,
     twin: Twin,
     faults: Faults,
@@ -778,6 +794,9 @@ struct Inner {
     /// Set on simulator shutdown: boot tasks stop at their next step.
     closed: AtomicBool,
     state: Mutex<State>,
+    /// Host directory of the files uploaded to VMs (`<dir>/<instance id>/<guest path>`),
+    /// created on the first upload and removed with the simulator.
+    upload_dir: OnceLock<Option<tempfile::TempDir>>,
 }
 
 /// The guest side of every simulated VM; implements [`RackEvents`] for [`OxideSim`].
@@ -813,6 +832,7 @@ impl Boot {
         let ca_hash = ca_hash(&twin.ca_pem());
         Self {
             inner: Arc::new(Inner {
+                tailnet: OnceLock::new(),
                 cfg,
                 twin,
                 faults,
@@ -822,6 +842,7 @@ impl Boot {
                 runtime: tokio::runtime::Handle::current(),
                 closed: AtomicBool::new(false),
                 state: Mutex::new(State::default()),
+                upload_dir: OnceLock::new(),
             }),
         }
     }
@@ -830,6 +851,11 @@ impl Boot {
     /// closes the loop afterwards.
     pub fn attach(&self, oxide: OxideSim) {
         let _ = self.inner.oxide.set(oxide);
+    }
+
+    /// Connects the tailnet `tailscale up` joins. Without one, every join is refused.
+    pub fn attach_tailnet(&self, tailnet: crate::tailscale::Tailnet) {
+        let _ = self.inner.tailnet.set(tailnet);
     }
 
     /// Stops every boot in progress and closes every listener (simulator shutdown).
@@ -860,6 +886,8 @@ impl Boot {
                     "joined": vm.k3s == K3sState::Joined,
                     "node": vm.node_name,
                     "ssh_host_key": vm.ssh_host.fingerprint(),
+                    "tailnet_ip": vm.tailnet_ip,
+                    "ssh_logins": vm.ssh_logins,
                 })
             })
             .collect();
@@ -885,6 +913,29 @@ impl Boot {
             "vms": vms,
             "listeners": self.inner.listeners.snapshot(),
         })
+    }
+
+    /// The host file holding what was uploaded over SSH to `path` on `instance` (mode as the
+    /// upload set it), if anything was.
+    pub fn uploaded_file(&self, instance: Uuid, path: &str) -> Option<std::path::PathBuf> {
+        self.inner
+            .state()
+            .vms
+            .get(&instance)?
+            .uploads
+            .get(path)
+            .cloned()
+    }
+
+    /// [`Boot::uploaded_file`] of the running VM whose Node is `node` (what a hostPath volume
+    /// on that Node sees).
+    pub fn node_file(&self, node: &str, path: &str) -> Option<std::path::PathBuf> {
+        let st = self.inner.state();
+        let vm = st
+            .vms
+            .values()
+            .find(|v| v.running && v.node_name.as_deref() == Some(node))?;
+        vm.uploads.get(path).cloned()
     }
 
     /// Node name of a joined instance (None when it has not joined).
@@ -938,6 +989,22 @@ impl Inner {
                 .is_some_and(|v| v.running && v.generation == generation)
     }
 
+    /// `<upload dir>/<instance id>`, creating the upload directory on first use.
+    fn vm_upload_dir(&self, id: Uuid) -> Option<std::path::PathBuf> {
+        self.upload_dir
+            .get_or_init(|| {
+                tempfile::Builder::new()
+                    .prefix("oxide-sim-vm-files-")
+                    .tempdir()
+                    .map_err(
+                        |err| tracing::warn!(error = %err, "cannot create the upload directory"),
+                    )
+                    .ok()
+            })
+            .as_ref()
+            .map(|d| d.path().join(id.to_string()))
+    }
+
     fn name_matches(prefixes: &[String], name: &str) -> bool {
         prefixes.iter().any(|p| name.starts_with(p.as_str()))
     }
@@ -984,6 +1051,7 @@ impl Inner {
             .collect();
         floating.sort();
         ips.extend(floating);
+        ips.extend(vm.tailnet_ip);
         let mut out = Vec::new();
         if vm.sshd_up {
             for ip in &ips {
@@ -1033,6 +1101,13 @@ impl Inner {
             {
                 sans.extend(k3s.tls_san.iter().cloned());
             }
+            // The `tls-san+` drop-in written from `tailscale ip -4` at boot.
+            if (other.member || std::ptr::eq(other, vm))
+                && other.tailnet_san
+                && let Some(ip) = other.tailnet_ip
+            {
+                sans.insert(ip.to_string());
+            }
         }
         sans.into_iter().collect()
     }
@@ -1057,7 +1132,7 @@ impl Inner {
                 }
             },
             ListenerKind::Ssh => {
-                let Some((host, backend)) = self.ssh_parts(id) else {
+                let Some((host, backend)) = self.ssh_parts(id, addr) else {
                     return;
                 };
                 guard.open(addr, kind, id, move |listener| async move {
@@ -1070,7 +1145,11 @@ impl Inner {
         }
     }
 
-    fn ssh_parts(self: &Arc<Self>, id: Uuid) -> Option<(Arc<SshHost>, Arc<dyn SshBackend>)> {
+    fn ssh_parts(
+        self: &Arc<Self>,
+        id: Uuid,
+        via: SocketAddr,
+    ) -> Option<(Arc<SshHost>, Arc<dyn SshBackend>)> {
         let st = self.state();
         let vm = st.vms.get(&id)?;
         let mut keys: Vec<AuthorizedKey> = vm
@@ -1090,6 +1169,7 @@ impl Inner {
             .map(|u| u.files.clone())
             .unwrap_or_default();
         let backend = VmBackend {
+            via,
             boot: Arc::downgrade(self),
             id,
             generation: vm.generation,
@@ -1184,6 +1264,7 @@ impl Inner {
         );
 
         let Some(ud) = user_data else { return };
+        self.tailscale_up(id, generation, &ud, &hostname, started);
         let Some(role) = ud.role else { return };
         let Some(mut k3s) = ud.k3s.clone() else {
             // k3s without a config file: a fresh server would create its own cluster with a
@@ -1285,6 +1366,47 @@ impl Inner {
                     );
                     return;
                 }
+            }
+        }
+    }
+
+    /// Runs the user-data's `tailscale up` against the simulated tailnet: on success the VM
+    /// gets its tailnet address (and listeners there); on failure the console says why, the
+    /// way tailscale prints it, and the VM stays off the tailnet.
+    fn tailscale_up(
+        self: &Arc<Self>,
+        id: Uuid,
+        generation: u64,
+        ud: &UserData,
+        hostname: &str,
+        started: Instant,
+    ) {
+        let Some(up) = &ud.tailscale else { return };
+        let joined = match self.tailnet.get() {
+            Some(tailnet) => tailnet.join(id, up, hostname),
+            None => Err(crate::tailscale::JoinError::InvalidKey),
+        };
+        match joined {
+            Ok(ip) => {
+                {
+                    let mut st = self.state();
+                    let Some(vm) = st.vms.get_mut(&id).filter(|v| v.generation == generation)
+                    else {
+                        return;
+                    };
+                    vm.tailnet_ip = Some(IpAddr::V4(ip));
+                    vm.tailnet_san = up.san_drop_in;
+                }
+                self.log(
+                    id,
+                    started,
+                    &format!("tailscaled[1240]: Switching ipn state Starting -> Running; tailnet address {ip}"),
+                );
+                self.sync_listeners(id);
+            }
+            Err(err) => {
+                self.log(id, started, &format!("cloud-init[1250]: {err}"));
+                tracing::info!(instance = %id, reason = %err, "tailscale up refused");
             }
         }
     }
@@ -1513,8 +1635,12 @@ impl Inner {
             vm.running = false;
             vm.sshd_up = false;
             vm.k3s = K3sState::Off;
+            vm.tailnet_ip = None;
             vm.node_name.clone()
         };
+        if let Some(tailnet) = self.tailnet.get() {
+            tailnet.disconnect(id);
+        }
         self.sync_listeners(id);
         if let Some(node) = node
             && self.twin.get("v1", "Node", None, &node).is_some()
@@ -1649,6 +1775,9 @@ impl RackEvents for Boot {
             let wrong_key =
                 Inner::name_matches(&inner.faults.get().wrong_console_host_key, &inst.name);
             let vm = st.vms.entry(inst.id).or_insert_with(|| Vm {
+                tailnet_ip: None,
+                tailnet_san: false,
+                ssh_logins: Vec::new(),
                 name: inst.name.clone(),
                 hostname: inst.hostname.clone(),
                 ssh_host: Arc::new(SshHost::generate()),
@@ -1664,6 +1793,7 @@ impl RackEvents for Boot {
                 k3s: K3sState::Off,
                 member: false,
                 node_name: None,
+                uploads: BTreeMap::new(),
             });
             if wrong_key && vm.decoy_host.is_none() {
                 vm.decoy_host = Some(Arc::new(SshHost::generate()));
@@ -1684,6 +1814,8 @@ impl RackEvents for Boot {
             vm.user_data = None;
             vm.sshd_up = false;
             vm.k3s = K3sState::Off;
+            vm.tailnet_ip = None;
+            vm.tailnet_san = false;
             vm.generation
         };
         let task = inner
@@ -1698,8 +1830,16 @@ impl RackEvents for Boot {
 
     fn instance_deleted(&self, id: Uuid) {
         self.inner.halt(id);
+        if let Some(tailnet) = self.inner.tailnet.get() {
+            tailnet.remove(id);
+        }
         let mut st = self.inner.state();
-        st.vms.remove(&id);
+        if let Some(vm) = st.vms.remove(&id)
+            && !vm.uploads.is_empty()
+            && let Some(dir) = self.inner.vm_upload_dir(id)
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         st.floating.retain(|_, owner| *owner != id);
         // A cluster whose every member is gone is gone (its datastore lived on their disks).
         if st.cluster.is_some() && !st.vms.values().any(|v| v.member) {
@@ -1741,6 +1881,8 @@ impl RackEvents for Boot {
 /// What a server VM's sshd sees: the keys cloud-init installed (plus the instance's API keys)
 /// and the files on its disk.
 struct VmBackend {
+    /// The address this sshd listens on (external, floating or tailnet).
+    via: SocketAddr,
     boot: Weak<Inner>,
     id: Uuid,
     generation: u64,
@@ -1751,16 +1893,82 @@ struct VmBackend {
 
 impl SshBackend for VmBackend {
     fn authorized(&self, user: &str, key: &russh::keys::PublicKey) -> bool {
-        self.keys.iter().any(|k| {
+        let ok = self.keys.iter().any(|k| {
             k.user.as_deref().is_none_or(|u| u == user) && k.key.key_data() == key.key_data()
-        })
+        });
+        if ok && let Some(inner) = self.boot.upgrade() {
+            let mut st = inner.state();
+            if let Some(vm) = st.vms.get_mut(&self.id) {
+                if vm.ssh_logins.len() >= 32 {
+                    vm.ssh_logins.remove(0);
+                }
+                vm.ssh_logins.push(self.via);
+            }
+        }
+        ok
     }
 
     fn hostname(&self) -> String {
         self.hostname.clone()
     }
 
+    fn write_file(&self, path: &str, data: &[u8]) -> bool {
+        self.write_file_mode(path, data, None)
+    }
+
+    /// Stores the file on the host under the simulator's upload directory, with the mode the
+    /// upload asked for (0644 otherwise), so a hostPath volume can run it.
+    fn write_file_mode(&self, path: &str, data: &[u8], mode: Option<u32>) -> bool {
+        use std::os::unix::fs::PermissionsExt as _;
+        let Some(inner) = self.boot.upgrade() else {
+            return false;
+        };
+        // Absolute, no `..`: the guest path maps into the VM's directory and nowhere else.
+        let rel = match path.strip_prefix('/') {
+            Some(rel) if !rel.is_empty() && !rel.split('/').any(|c| c == ".." || c.is_empty()) => {
+                rel
+            }
+            _ => return false,
+        };
+        let Some(dir) = inner.vm_upload_dir(self.id) else {
+            return false;
+        };
+        let host = dir.join(rel);
+        let written = host
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&host, data))
+            .and_then(|()| {
+                std::fs::set_permissions(
+                    &host,
+                    std::fs::Permissions::from_mode(mode.unwrap_or(0o644) & 0o7777),
+                )
+            });
+        if let Err(err) = written {
+            tracing::warn!(instance = %self.id, error = %err, "cannot store an uploaded file");
+            return false;
+        }
+        let mut st = inner.state();
+        match st.vms.get_mut(&self.id) {
+            Some(vm) => {
+                vm.uploads.insert(path.to_owned(), host);
+                true
+            }
+            None => false,
+        }
+    }
+
     fn read_file(&self, path: &str) -> Option<Vec<u8>> {
+        if let Some(inner) = self.boot.upgrade() {
+            let host = inner
+                .state()
+                .vms
+                .get(&self.id)
+                .and_then(|vm| vm.uploads.get(path).cloned());
+            if let Some(host) = host {
+                return std::fs::read(host).ok();
+            }
+        }
         if path == "/etc/hostname" {
             return Some(format!("{}\n", self.hostname).into_bytes());
         }
@@ -1896,6 +2104,8 @@ mod tests {
             ("systemctl enable --now k3s-agent", Some(Role::Agent)),
             ("systemctl enable --now k3s", Some(Role::Server)),
             ("echo hello", None),
+            // Tailscale's installer is not k3s's.
+            ("curl -fsSL https://tailscale.com/install.sh | sh", None),
         ];
         for (cmd, role) in cases {
             assert_eq!(detect_role(&[cmd.to_string()]), role, "{cmd}");

@@ -3,6 +3,11 @@
 //! — scheduled, or created by hand or by the webhook — runs once as a local process of the
 //! binary its container names (`/usr/local/bin/reconcile-once` → `<bin_dir>/reconcile-once`),
 //! authenticated as the pod's ServiceAccount, so RBAC is exactly what the manifests grant.
+//! A command inside a `hostPath` volume mount runs the file uploaded to that path on a Node
+//! (over SSH, see [`crate::boot::Boot::node_file`]) instead: the pod is placed on a random
+//! Ready, schedulable Node matching its `nodeSelector` (taints and tolerations are not
+//! modelled); without a matching Node the Job stays pending, and a Node without the file fails
+//! it, as a container whose program is missing would.
 //! The Job's status (startTime, succeeded/failed, Complete/Failed condition) follows the
 //! process; `activeDeadlineSeconds` kills it and `ttlSecondsAfterFinished` deletes the Job.
 //!
@@ -20,6 +25,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinHandle;
 
+use crate::boot::Boot;
 use crate::net::{ListenerKind, Listeners};
 use crate::twin::Twin;
 
@@ -33,6 +39,7 @@ pub struct JobRunner {
     listeners: Listeners,
     bin_dir: PathBuf,
     work_dir: PathBuf,
+    boot: Option<Boot>,
     state: Arc<Mutex<RunnerState>>,
 }
 
@@ -60,8 +67,15 @@ impl JobRunner {
             listeners,
             bin_dir,
             work_dir,
+            boot: None,
             state: Arc::default(),
         }
+    }
+
+    /// Lets commands inside `hostPath` volumes run the files uploaded to the VMs.
+    pub fn with_boot(mut self, boot: Boot) -> Self {
+        self.boot = Some(boot);
+        self
     }
 
     /// Polls the twin every `period` until aborted.
@@ -139,12 +153,27 @@ impl JobRunner {
             .as_str()
             .unwrap_or_default()
             .to_owned();
+        let key = (format!("{ns}/{name}"), uid);
+        let already = |st: &Mutex<RunnerState>| {
+            st.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .started
+                .contains(&key)
+        };
+        if already(&self.state) {
+            return;
+        }
+        let program = match self.program(job) {
+            Placement::Pending => return,
+            Placement::Run(p) => Ok(p),
+            Placement::Fail(why) => Err(why),
+        };
         if !self
             .state
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .started
-            .insert((format!("{ns}/{name}"), uid))
+            .insert(key)
         {
             return;
         }
@@ -182,7 +211,17 @@ impl JobRunner {
         );
         let runner = self.clone();
         tokio::spawn(async move {
-            let ok = runner.run(&ns, &name, &sa, &command, &env, deadline).await;
+            let ok = match program {
+                Ok(program) => {
+                    runner
+                        .run(&ns, &name, &sa, &program, &command, &env, deadline)
+                        .await
+                }
+                Err(why) => {
+                    tracing::warn!(job = %name, "{why}");
+                    false
+                }
+            };
             let now = Utc::now().to_rfc3339();
             let (cond, field) = if ok {
                 ("Complete", "succeeded")
@@ -196,23 +235,75 @@ impl JobRunner {
         });
     }
 
+    /// Where the Job's program comes from: `<bin_dir>/<basename>`, or for a command inside a
+    /// hostPath volume, the file uploaded to that path on the Node the pod is placed on.
+    fn program(&self, job: &Value) -> Placement {
+        let pod = &job["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        let Some(command) = container["command"][0].as_str() else {
+            return Placement::Fail("Job has no command".into());
+        };
+        let Some(host_path) = host_path_of(pod, container, command) else {
+            return match Path::new(command).file_name() {
+                Some(f) => Placement::Run(self.bin_dir.join(f)),
+                None => Placement::Fail(format!("Job command {command:?} names no program")),
+            };
+        };
+        let Some(node) = self.place(pod) else {
+            tracing::debug!(job = %meta(job, "name"), "no Ready Node matches the Job's nodeSelector; pending");
+            return Placement::Pending;
+        };
+        match self
+            .boot
+            .as_ref()
+            .and_then(|b| b.node_file(&node, &host_path))
+        {
+            Some(file) => {
+                tracing::info!(job = %meta(job, "name"), %node, host_path, "Job placed; running the Node's file");
+                Placement::Run(file)
+            }
+            None => Placement::Fail(format!(
+                "Job placed on Node {node}, which has no {host_path} (hostPath): the container cannot start"
+            )),
+        }
+    }
+
+    /// A random Ready, schedulable Node carrying every label of the pod's `nodeSelector`.
+    fn place(&self, pod: &Value) -> Option<String> {
+        use rand::seq::IndexedRandom as _;
+        let selector = pod["nodeSelector"].as_object().cloned().unwrap_or_default();
+        let fits: Vec<String> = self
+            .twin
+            .list("v1", "Node", None)
+            .into_iter()
+            .filter(|n| n["spec"]["unschedulable"] != true)
+            .filter(|n| {
+                n["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+            })
+            .filter(|n| {
+                selector
+                    .iter()
+                    .all(|(k, v)| n["metadata"]["labels"][k.as_str()] == *v)
+            })
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        fits.choose(&mut rand::rng()).cloned()
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn run(
         &self,
         ns: &str,
         name: &str,
         sa: &str,
+        program: &Path,
         command: &[String],
         env: &[(String, String)],
         deadline: Option<Duration>,
     ) -> bool {
-        let Some(program) = command
-            .first()
-            .and_then(|c| Path::new(c).file_name())
-            .map(|f| self.bin_dir.join(f))
-        else {
-            tracing::warn!(job = %name, "Job has no command");
-            return false;
-        };
         let Some(server) = self
             .listeners
             .snapshot()
@@ -232,8 +323,8 @@ impl JobRunner {
             return false;
         }
         let pod_name = format!("{name}-{:05x}", rand::random::<u32>() & 0xfffff);
-        let mut cmd = tokio::process::Command::new(&program);
-        cmd.args(&command[1..])
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(command.get(1..).unwrap_or_default())
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .env("POD_NAME", &pod_name)
             .env("KUBECONFIG", &kubeconfig)
@@ -321,6 +412,31 @@ impl JobRunner {
     }
 }
 
+/// Where a Job's program comes from.
+enum Placement {
+    /// Run this file.
+    Run(PathBuf),
+    /// No Node fits yet: leave the Job pending.
+    Pending,
+    /// The container cannot start.
+    Fail(String),
+}
+
+/// The host path behind `program` when it lies inside one of the container's volume mounts
+/// whose volume is a `hostPath`.
+fn host_path_of(pod: &Value, container: &Value, program: &str) -> Option<String> {
+    container["volumeMounts"].as_array()?.iter().find_map(|m| {
+        let mount = m["mountPath"].as_str()?.trim_end_matches('/');
+        let rest = program.strip_prefix(mount)?.strip_prefix('/')?;
+        let volume = pod["volumes"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == m["name"])?;
+        let host = volume["hostPath"]["path"].as_str()?.trim_end_matches('/');
+        Some(format!("{host}/{rest}"))
+    })
+}
+
 fn meta(v: &Value, field: &str) -> String {
     v["metadata"][field].as_str().unwrap_or_default().to_owned()
 }
@@ -339,4 +455,53 @@ fn owned_by(job: &Value, cj: &Value) -> bool {
             o.iter()
                 .any(|r| r["kind"] == "CronJob" && r["name"] == cj["metadata"]["name"])
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(host: &str, mount: &str) -> (Value, Value) {
+        let pod = json!({
+            "volumes": [
+                {"name": "other", "emptyDir": {}},
+                {"name": "bin", "hostPath": {"path": host, "type": "Directory"}},
+            ],
+        });
+        let container = json!({
+            "volumeMounts": [
+                {"name": "other", "mountPath": "/tmp"},
+                {"name": "bin", "mountPath": mount, "readOnly": true},
+            ],
+        });
+        (pod, container)
+    }
+
+    #[test]
+    fn a_command_inside_a_hostpath_mount_maps_to_the_host_file() {
+        let (p, c) = pod("/var/lib/x/bin/abc", "/opt/bin");
+        assert_eq!(
+            host_path_of(&p, &c, "/opt/bin/reconcile-once").as_deref(),
+            Some("/var/lib/x/bin/abc/reconcile-once")
+        );
+        let (p, c) = pod("/var/lib/x/", "/opt/bin/");
+        assert_eq!(
+            host_path_of(&p, &c, "/opt/bin/sub/scale").as_deref(),
+            Some("/var/lib/x/sub/scale")
+        );
+    }
+
+    #[test]
+    fn other_commands_are_not_hostpath_files() {
+        let (p, c) = pod("/var/lib/x", "/opt/bin");
+        for program in [
+            "/usr/local/bin/reconcile-once",
+            "/opt/binx/a",
+            "/opt/bin",
+            "/tmp/a",
+        ] {
+            assert_eq!(host_path_of(&p, &c, program), None, "{program}");
+        }
+        assert_eq!(host_path_of(&json!({}), &c, "/opt/bin/a"), None);
+    }
 }

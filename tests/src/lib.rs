@@ -15,6 +15,8 @@ pub mod oxide;
 pub mod preset;
 pub mod sim;
 pub mod sshd;
+pub mod tailscale;
 pub mod twin;
 
 pub use sim::{Sim, SimError, SimHandle, SimOptions};
+pub use tailscale::TailscaleOptions;

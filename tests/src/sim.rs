@@ -20,6 +20,7 @@ use crate::jobs::JobRunner;
 use crate::net::{Listeners, spawn_http};
 use crate::oxide::{AddressPool, FaultSpec, Faults, OxideSim, OxideSimConfig, Timings};
 use crate::preset::{self, Preset, PresetError};
+use crate::tailscale::{Tailnet, TailscaleOptions};
 use crate::twin::{Twin, TwinConfig, TwinError};
 
 /// Everything a simulator is started with. `Default` gives fast timings, a random token, no
@@ -52,6 +53,8 @@ pub struct SimOptions {
     /// Run the cluster's CronJobs and Jobs as local processes of the binaries in this
     /// directory (see [`crate::jobs`]). None: Jobs are only stored, as without a kubelet.
     pub job_binaries: Option<PathBuf>,
+    /// The simulated tailnet and its devices API (valid auth keys, API key, tailnet name).
+    pub tailscale: TailscaleOptions,
 }
 
 impl std::fmt::Debug for SimOptions {
@@ -69,6 +72,7 @@ impl std::fmt::Debug for SimOptions {
             .field("preset", &self.preset)
             .field("state_dir", &self.state_dir)
             .field("job_binaries", &self.job_binaries)
+            .field("tailscale", &self.tailscale)
             .finish()
     }
 }
@@ -89,6 +93,7 @@ impl Default for SimOptions {
             preset: None,
             state_dir: None,
             job_binaries: None,
+            tailscale: TailscaleOptions::default(),
         }
     }
 }
@@ -134,6 +139,13 @@ struct ReadyLine<'a> {
     admin_url: &'a str,
     project: Option<&'a str>,
     kubeconfig: Option<String>,
+    /// Present when auth keys were configured (a tailnet VMs can join).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tailscale_api_url: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tailscale_api_key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tailscale_tailnet: Option<&'a str>,
 }
 
 /// A running simulator. Dropping it stops every task it started; [`SimHandle::shutdown`]
@@ -149,7 +161,11 @@ pub struct SimHandle {
     pub project: Option<String>,
     /// Kubeconfig file of the preset cluster (server = the API floating IP).
     pub kubeconfig: Option<PathBuf>,
+    /// Base URL of the simulated Tailscale API (`--tailscale-api-url`), `http://127.0.0.1:PORT`.
+    pub tailscale_api_url: String,
     oxide: OxideSim,
+    tailnet: Tailnet,
+    tailscale_configured: bool,
     twin: Twin,
     boot: Boot,
     addresses: AddressPool,
@@ -166,6 +182,7 @@ impl std::fmt::Debug for SimHandle {
             .field("admin_url", &self.admin_url)
             .field("project", &self.project)
             .field("kubeconfig", &self.kubeconfig)
+            .field("tailscale_api_url", &self.tailscale_api_url)
             .finish_non_exhaustive()
     }
 }
@@ -205,6 +222,8 @@ impl Sim {
             Arc::new(boot.clone()),
         );
         boot.attach(oxide.clone());
+        let tailnet = Tailnet::new(&opts.tailscale);
+        boot.attach_tailnet(tailnet.clone());
 
         let bind = |addr: SocketAddr| async move {
             tokio::net::TcpListener::bind(addr)
@@ -225,7 +244,21 @@ impl Sim {
                 source,
             })?;
 
+        let tailscale_bind = SocketAddr::from(([127, 0, 0, 1], 0));
+        let tailscale_listener = bind(tailscale_bind).await?;
+        let tailscale_addr = tailscale_listener
+            .local_addr()
+            .map_err(|source| SimError::Bind {
+                addr: tailscale_bind,
+                source,
+            })?;
+
         let mut tasks = Vec::new();
+        let api_tailnet = tailnet.clone();
+        tasks.push(spawn_http(tailscale_listener, move |req| {
+            let tailnet = api_tailnet.clone();
+            async move { tailnet.handle(req).await }
+        }));
         let api = oxide.clone();
         tasks.push(spawn_http(api_listener, move |req| {
             let api = api.clone();
@@ -236,6 +269,7 @@ impl Sim {
             twin: twin.clone(),
             boot: boot.clone(),
             faults: faults.clone(),
+            tailnet: tailnet.clone(),
         });
         tasks.push(spawn_http(admin_listener, move |req| {
             let state = admin_state.clone();
@@ -249,7 +283,10 @@ impl Sim {
             admin_url: format!("http://{admin_addr}"),
             project: None,
             kubeconfig: None,
+            tailscale_api_url: format!("http://{tailscale_addr}"),
             oxide,
+            tailnet,
+            tailscale_configured: !opts.tailscale.auth_keys.is_empty(),
             twin,
             boot,
             addresses,
@@ -286,7 +323,8 @@ impl Sim {
                     handle.boot.listeners().clone(),
                     bin_dir.clone(),
                     dir.clone(),
-                );
+                )
+                .with_boot(handle.boot.clone());
                 handle.tasks.push(runner.spawn(Duration::from_millis(250)));
             }
             if let Some(preset) = &opts.preset {
@@ -322,6 +360,11 @@ impl SimHandle {
         &self.faults
     }
 
+    /// The simulated tailnet (devices, their addresses, the API key).
+    pub fn tailnet(&self) -> &Tailnet {
+        &self.tailnet
+    }
+
     /// The loopback address pool floating and ephemeral IPs come from.
     pub fn addresses(&self) -> &AddressPool {
         &self.addresses
@@ -335,6 +378,11 @@ impl SimHandle {
             admin_url: &self.admin_url,
             project: self.project.as_deref(),
             kubeconfig: self.kubeconfig.as_ref().map(|p| p.display().to_string()),
+            tailscale_api_url: self
+                .tailscale_configured
+                .then_some(self.tailscale_api_url.as_str()),
+            tailscale_api_key: self.tailscale_configured.then_some(self.tailnet.api_key()),
+            tailscale_tailnet: self.tailscale_configured.then_some(self.tailnet.name()),
         };
         serde_json::to_string(&line).unwrap_or_default()
     }

@@ -11,7 +11,8 @@
 //! | `true` | exit 0 |
 //! | `hostname` | prints [`SshBackend::hostname`] |
 //! | `sudo -n tee PATH [> /dev/null]`, `cat > PATH` | stdin until EOF → [`SshBackend::write_file`] |
-//! | `sudo -n install -m MODE /dev/null PATH && sudo -n tee PATH > /dev/null` | the same upload |
+//! | `sudo -n install -m MODE /dev/null PATH && sudo -n tee PATH > /dev/null` | the same upload, with MODE → [`SshBackend::write_file_mode`] |
+//! | `mkdir -p PATH`, `sudo -n mkdir -p PATH` | [`SshBackend::make_dir`]: exit 0, or "Permission denied" + exit 1 |
 //!
 //! Anything else gets stderr "command not found" and exit 127. What the files contain (the
 //! kubeconfig, the node token) is the backend's business, not this module's.
@@ -39,6 +40,14 @@ pub trait SshBackend: Send + Sync + 'static {
     /// Accept an upload (`cat > PATH` / `sudo -n tee PATH`); false → "Permission denied", exit 1.
     fn write_file(&self, _path: &str, _data: &[u8]) -> bool {
         false
+    }
+    /// An upload that says its file mode (`install -m MODE …`); the default ignores the mode.
+    fn write_file_mode(&self, path: &str, data: &[u8], _mode: Option<u32>) -> bool {
+        self.write_file(path, data)
+    }
+    /// `mkdir -p PATH`; the default accepts it (files need no directories here).
+    fn make_dir(&self, _path: &str) -> bool {
+        true
     }
     /// What `hostname` prints.
     fn hostname(&self) -> String {
@@ -146,6 +155,7 @@ struct Connection {
 
 struct Upload {
     path: String,
+    mode: Option<u32>,
     data: Vec<u8>,
     overflowed: bool,
 }
@@ -245,11 +255,25 @@ impl server::Handler for Connection {
                     Self::finish(session, channel, 1)
                 }
             },
-            Command::Upload(path) => {
+            Command::MkdirP(path) => {
+                if self.backend.make_dir(&path) {
+                    Self::finish(session, channel, 0)
+                } else {
+                    session.extended_data(
+                        channel,
+                        1,
+                        format!("mkdir: cannot create directory '{path}': Permission denied\n")
+                            .into_bytes(),
+                    )?;
+                    Self::finish(session, channel, 1)
+                }
+            }
+            Command::Upload(path, mode) => {
                 self.uploads.insert(
                     channel,
                     Upload {
                         path,
+                        mode,
                         data: Vec::new(),
                         overflowed: false,
                     },
@@ -300,7 +324,10 @@ impl server::Handler for Connection {
             )?;
             return Self::finish(session, channel, 1);
         }
-        if self.backend.write_file(&upload.path, &upload.data) {
+        if self
+            .backend
+            .write_file_mode(&upload.path, &upload.data, upload.mode)
+        {
             Self::finish(session, channel, 0)
         } else {
             session.extended_data(
@@ -328,7 +355,10 @@ enum Command {
     True,
     Hostname,
     Cat(String),
-    Upload(String),
+    /// `mkdir -p PATH`.
+    MkdirP(String),
+    /// Path, and the mode of an `install -m MODE /dev/null PATH && tee PATH` upload.
+    Upload(String, Option<u32>),
     /// Unsupported; carries the program name for the error message.
     NotFound(String),
 }
@@ -434,8 +464,13 @@ fn parse_command(line: &str) -> Command {
             [Token::Word(w)] if w == "true" => Command::True,
             [Token::Word(w)] if w == "hostname" => Command::Hostname,
             [Token::Word(cat), Token::Word(path)] if cat == "cat" => Command::Cat(path.clone()),
+            [Token::Word(mkdir), Token::Word(p), Token::Word(path)]
+                if mkdir == "mkdir" && p == "-p" =>
+            {
+                Command::MkdirP(path.clone())
+            }
             _ => upload_target(first)
-                .map(Command::Upload)
+                .map(|path| Command::Upload(path, None))
                 .unwrap_or_else(not_found),
         },
         // `install -m MODE /dev/null PATH && tee PATH > /dev/null`: create with the mode,
@@ -445,13 +480,13 @@ fn parse_command(line: &str) -> Command {
                 [
                     Token::Word(install),
                     Token::Word(m),
-                    Token::Word(_mode),
+                    Token::Word(mode),
                     Token::Word(null),
                     Token::Word(path),
                 ],
                 Some(target),
             ) if install == "install" && m == "-m" && null == "/dev/null" && *path == target => {
-                Command::Upload(target)
+                Command::Upload(target, u32::from_str_radix(mode, 8).ok())
             }
             _ => not_found(),
         },
@@ -513,11 +548,23 @@ mod tests {
             "sudo -n tee /opt/x",
             "sudo -n tee /opt/x > /dev/null",
             "cat > /opt/x",
-            "sudo -n install -m 0600 /dev/null /opt/x && sudo -n tee /opt/x > /dev/null",
         ] {
             assert_eq!(
                 parse_command(line),
-                Command::Upload("/opt/x".into()),
+                Command::Upload("/opt/x".into(), None),
+                "{line}"
+            );
+        }
+        assert_eq!(
+            parse_command(
+                "sudo -n install -m 0755 /dev/null /opt/x && sudo -n tee /opt/x > /dev/null"
+            ),
+            Command::Upload("/opt/x".into(), Some(0o755))
+        );
+        for line in ["mkdir -p /opt/a/b", "sudo -n mkdir -p /opt/a/b"] {
+            assert_eq!(
+                parse_command(line),
+                Command::MkdirP("/opt/a/b".into()),
                 "{line}"
             );
         }

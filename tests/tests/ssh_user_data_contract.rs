@@ -34,6 +34,7 @@ fn server(key_line: &str) -> NodeUserData {
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![key_line.to_string()],
         data_disk: None,
+        tailscale: None,
     }
 }
 

@@ -16,8 +16,9 @@ use oxide_controller::credentials::{CredentialFlags, CredentialSources};
 use oxide_controller::manifests::DEFAULT_CONTROLLER_IMAGE;
 use oxide_controller::size::ByteSize;
 use oxide_controller::spec::{ExternalIpMode, K3sInstall};
+use oxide_controller::tailscale::SecretString;
 use oxide_controller::telemetry::{self, LogFormat};
-use oxide_controller::workflows::bootstrap::{self, BootstrapInput, PoolInput};
+use oxide_controller::workflows::bootstrap::{self, BootstrapInput, PoolInput, TailscaleFlags};
 
 /// Create a k3s cluster on an Oxide rack, with the CronJob and webhook that keep it healthy.
 ///
@@ -131,9 +132,24 @@ struct Args {
     /// Reconcile CronJob schedule (five-field cron).
     #[arg(long, default_value = "*/5 * * * *")]
     schedule: String,
-    /// Image of the in-cluster CronJob and webhook.
+    /// Image of the in-cluster CronJob and webhook, or dev:PATH[:linux/amd64] to build the
+    /// binaries from the cargo workspace at PATH, copy them to the control-plane VMs over SSH
+    /// and run them from there (hostPath) instead of pulling an image.
     #[arg(long, env = "OXIDE_CONTROLLER_CONTROLLER_IMAGE", default_value = DEFAULT_CONTROLLER_IMAGE)]
     controller_image: String,
+    /// Cargo profile of a --controller-image dev:PATH build (`dev` builds much faster).
+    /// Default: release.
+    #[arg(long, value_name = "PROFILE")]
+    dev_build_profile: Option<String>,
+    /// Leave cloud-provider duties to the Oxide cloud controller manager: k3s runs with
+    /// disable-cloud-controller and kubelet cloud-provider=external, and bootstrap installs the
+    /// CCM from its published manifest (it reads the oxide-host/-token/-project Secret keys).
+    #[arg(long)]
+    oxide_ccm: bool,
+    /// Image of the Oxide cloud controller manager (with --oxide-ccm). Default: the release the
+    /// embedded manifest names.
+    #[arg(long, value_name = "IMAGE")]
+    oxide_ccm_image: Option<String>,
 
     /// Directory of the resume file <cluster>.json (keys and tokens). Default: ~/.config/oxide-controller.
     #[arg(long, env = "OXIDE_CONTROLLER_STATE_DIR", value_name = "DIR")]
@@ -147,6 +163,30 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
     log_format: LogFormat,
+
+    /// Tailscale auth key the VMs join the tailnet with (before k3s starts), or file:PATH.
+    /// Stored in the cluster Secret. Needs --tailscale-api-key and --tailscale-tailnet.
+    #[arg(
+        long,
+        value_name = "KEY|file:PATH",
+        env = "OXIDE_CONTROLLER_TAILSCALE_AUTH_KEY",
+        hide_env_values = true
+    )]
+    tailscale_auth_key: Option<String>,
+    /// Tailscale API access token (allowed to list devices), or file:PATH; bootstrap finds the
+    /// first control plane's tailnet address with it. Never stored. Default: $TAILSCALE_API_KEY.
+    #[arg(long, value_name = "KEY|file:PATH")]
+    tailscale_api_key: Option<String>,
+    /// Tailnet to look the VMs up in (e.g. example.com, or - for the API key's own).
+    /// Default: $TAILSCALE_TAILNET.
+    #[arg(long, value_name = "TAILNET")]
+    tailscale_tailnet: Option<String>,
+    /// ACL tag the VMs advertise, NAME or tag:NAME. Default: tag:ainekko-k8s-node.
+    #[arg(long, value_name = "TAG")]
+    tailscale_tag: Option<String>,
+    /// Base URL of the Tailscale API. Default: https://api.tailscale.com.
+    #[arg(long, value_name = "URL")]
+    tailscale_api_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -261,6 +301,9 @@ fn input(a: Args, json_logs: bool) -> BootstrapInput {
         kubeconfig_merge: a.kubeconfig_merge,
         schedule: a.schedule,
         controller_image: a.controller_image,
+        dev_build_profile: a.dev_build_profile,
+        oxide_ccm: a.oxide_ccm,
+        oxide_ccm_image: a.oxide_ccm_image,
         ssh_user: a.ssh_user,
         ssh_port: a.ssh_port,
         upload_parallelism: a.upload_parallelism,
@@ -270,6 +313,15 @@ fn input(a: Args, json_logs: bool) -> BootstrapInput {
         holder: holder(),
         home: std::env::home_dir(),
         json_logs,
+        tailscale: TailscaleFlags {
+            auth_key: a.tailscale_auth_key.map(SecretString::new),
+            api_key: a.tailscale_api_key.map(SecretString::new),
+            tailnet: a.tailscale_tailnet,
+            tag: a.tailscale_tag,
+            api_url: a.tailscale_api_url,
+            ..TailscaleFlags::default()
+        }
+        .with_process_env(),
     }
 }
 

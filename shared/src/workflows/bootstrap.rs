@@ -22,7 +22,9 @@
 //! most an import disk/snapshot (removed by the next run that uploads) or instances reconcile
 //! owns anyway.
 
+mod dev;
 mod progress;
+mod tailnet;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -54,6 +56,7 @@ use crate::state::kube_store::KubeStateStore;
 use crate::state::{self, StateError, StateStore as _};
 use crate::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
 
+pub use tailnet::TailscaleFlags;
 pub use validate::one_line;
 
 /// Step names, in order (the `step` field of every log line bootstrap writes).
@@ -115,7 +118,16 @@ pub struct BootstrapInput {
     pub kubeconfig_overwrite: bool,
     pub kubeconfig_merge: bool,
     pub schedule: String,
+    /// An image reference, or `dev:<path>[:<os>/<arch>]` ([`crate::dev_image`]).
     pub controller_image: String,
+    /// Cargo profile of a `dev:` build (only with one); default
+    /// [`crate::dev_image::DEFAULT_PROFILE`].
+    pub dev_build_profile: Option<String>,
+    /// Oxide CCM mode: external cloud provider in k3s, the CCM installed.
+    pub oxide_ccm: bool,
+    /// Image of the Oxide CCM (only with `oxide_ccm`); default
+    /// [`crate::manifests::DEFAULT_OXIDE_CCM_IMAGE`].
+    pub oxide_ccm_image: Option<String>,
     pub ssh_user: String,
     pub ssh_port: u16,
     pub upload_parallelism: usize,
@@ -131,6 +143,9 @@ pub struct BootstrapInput {
     pub home: Option<PathBuf>,
     /// Logs are JSON: no in-place progress drawing.
     pub json_logs: bool,
+    /// `--tailscale-*`: nodes join a tailnet; without external IPs bootstrap reaches the
+    /// first control plane over it.
+    pub tailscale: TailscaleFlags,
 }
 
 /// Why bootstrap stopped.
@@ -271,6 +286,17 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     let tty = progress::interactive(input.json_logs);
     info!(step = STEP_VALIDATE, cluster = %input.cluster, "validating the input");
     let v = validate::validate(&input).await?;
+    // Before any API call: a dev source that does not build creates nothing.
+    let dev_build = match &v.dev_image {
+        Some(d) => {
+            let profile = input
+                .dev_build_profile
+                .as_deref()
+                .unwrap_or(crate::dev_image::DEFAULT_PROFILE);
+            Some(dev::build(d, profile).await?)
+        }
+        None => None,
+    };
     let spec = &v.spec;
     let cluster = spec.cluster.as_str();
     let project = spec.project.as_str();
@@ -281,7 +307,9 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     // 2. Keys and tokens exist on disk before any VM does.
     info!(step = "resume", path = %v.resume_path.display(), "reading the resume file");
     let resume = ensure_resume(&rack, &v).await?;
-    let secrets = resume.secrets(&v.credentials.host, token, v.user_ssh_public_key.as_deref());
+    let mut secrets = resume.secrets(&v.credentials.host, token, v.user_ssh_public_key.as_deref());
+    // The auth key goes to the Secret (reconcile's new members join with it); the API key never.
+    secrets.tailscale_auth_key = v.tailscale.as_ref().map(|t| t.auth_key.expose().to_owned());
     let key = resume
         .key_pair()
         .map_err(|e| BootstrapError::Config(one_line(&e)))?;
@@ -362,7 +390,15 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     info!(step = "attach-floating-ip", instance = %api_member, ip = %fip.ip, "API floating IP attached");
 
     let api_deadline = Instant::now() + input.api_timeout;
-    let server = members::server_url(fip.ip);
+    // The address bootstrap reaches the first control plane at (see `tailnet` for the rule).
+    let access_ip = match v.tailscale.as_ref() {
+        Some(ts) if tailnet::reach_over_tailnet(spec, Some(ts)) => {
+            info!(step = "wait-api", instance = %api_member, "no external address: looking up the tailnet address");
+            tailnet::tailnet_address(ts, &api_member, api_deadline, tty).await?
+        }
+        _ => fip.ip,
+    };
+    let server = members::server_url(access_ip);
     info!(step = "wait-api", url = %format!("{server}/readyz"), "waiting for the Kubernetes API");
     wait_for_api(&server, api_deadline, tty).await?;
 
@@ -372,7 +408,7 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
 
     info!(step = "fetch-kubeconfig", user = %spec.nodes.ssh_user, port = spec.nodes.ssh_port, "reading k3s.yaml over SSH");
     let target = SshTarget::new(
-        SocketAddr::new(fip.ip, spec.nodes.ssh_port),
+        SocketAddr::new(access_ip, spec.nodes.ssh_port),
         spec.nodes.ssh_user.clone(),
         key,
         pins,
@@ -422,7 +458,13 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         objects = v.manifests.len(),
         "applying the in-cluster pieces"
     );
-    let applied = manifests::apply_all(&client, &v.manifests, Backoff::default())
+    let mut to_apply = v.manifests.clone();
+    if let Some(built) = &dev_build {
+        // The binaries are on a labelled Node before anything is told to run them.
+        dev::install_on("manifests", &target, &api_member, built, &client).await?;
+        manifests::run_from_node(&mut to_apply, &dev::node_binaries(built));
+    }
+    let applied = manifests::apply_all(&client, &to_apply, Backoff::default())
         .await
         .map_err(|e| failed("manifests", &e))?;
     info!(
@@ -439,6 +481,12 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     let cluster_api =
         KubeCluster::new(client.clone(), NAMESPACE).with_reporting_instance(&input.holder);
     let (plan, converged) = reconcile_loop(&cluster_api, &store, &input.holder, input.wait).await?;
+    if let Some(built) = &dev_build {
+        let key = resume
+            .key_pair()
+            .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+        dev::install_on_servers(&rack, spec, &key, built, &client, input.api_timeout, tty).await?;
+    }
 
     info!(step = "summary", converged, "bootstrap finished");
     Ok(Summary {

@@ -86,6 +86,21 @@ struct Args {
     /// Instances whose name starts with PREFIX print another key's fingerprints on the console.
     #[arg(long, value_name = "PREFIX")]
     wrong_console_host_key: Vec<String>,
+    /// An auth key VMs may join the simulated tailnet with (repeatable). The fake Tailscale
+    /// API's URL, key and tailnet are printed in the ready line once one is given.
+    #[arg(
+        long,
+        value_name = "KEY",
+        hide_env_values = true,
+        env = "OXIDE_SIM_TAILSCALE_AUTH_KEY"
+    )]
+    tailscale_auth_key: Vec<String>,
+    /// API access token of the fake Tailscale API. Default: random.
+    #[arg(long, value_name = "KEY")]
+    tailscale_api_key: Option<String>,
+    /// Name of the simulated tailnet.
+    #[arg(long, value_name = "TAILNET", default_value = oxide_sim::tailscale::DEFAULT_TAILNET)]
+    tailscale_tailnet: String,
 }
 
 fn ms(v: u64) -> Duration {
@@ -163,6 +178,11 @@ fn options(args: &Args) -> anyhow::Result<SimOptions> {
         preset: args.preset.clone(),
         state_dir: args.state_dir.clone(),
         job_binaries: args.run_jobs.clone(),
+        tailscale: oxide_sim::TailscaleOptions {
+            auth_keys: args.tailscale_auth_key.clone(),
+            api_key: args.tailscale_api_key.clone(),
+            tailnet: args.tailscale_tailnet.clone(),
+        },
         ..SimOptions::default()
     };
     let mut timings = Timings::default();

@@ -28,6 +28,10 @@ pub(super) struct Validated {
     pub resume_path: PathBuf,
     pub manifests: Vec<Manifest>,
     pub upload: UploadOptions,
+    /// The `--tailscale-*` flags, checked (None: no Tailscale).
+    pub tailscale: Option<super::tailnet::TailscaleAccess>,
+    /// `--controller-image dev:…`: the workspace to build (checked), else None.
+    pub dev_image: Option<crate::dev_image::DevImage>,
 }
 
 fn config(message: impl Into<String>) -> BootstrapError {
@@ -51,6 +55,7 @@ fn flag_for(field: &str) -> String {
         ("", "nodes.ssh_user") => "--ssh-user".to_owned(),
         ("", "nodes.ssh_port") => "--ssh-port".to_owned(),
         ("", "nodes.ip_pool") => "--ip-pool".to_owned(),
+        ("", "tailscale.tag") => "--tailscale-tag".to_owned(),
         ("control-plane", "count") => "--control-planes".to_owned(),
         ("worker", "count") => "--workers".to_owned(),
         ("control-plane", "image") => "--image".to_owned(),
@@ -89,7 +94,11 @@ pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// `value`, or the contents of `PATH` for `file:PATH` (a leading `~/` is the home directory).
-fn value_or_file(flag: &str, value: &str, home: Option<&Path>) -> Result<String, BootstrapError> {
+pub(super) fn value_or_file(
+    flag: &str,
+    value: &str,
+    home: Option<&Path>,
+) -> Result<String, BootstrapError> {
     match value.strip_prefix("file:") {
         Some(path) => {
             let path = match (path.strip_prefix("~/"), home) {
@@ -136,10 +145,12 @@ fn build_spec(input: &BootstrapInput) -> ClusterSpec {
     }
     spec.k3s.version = input.k3s_version.clone();
     spec.k3s.install = input.k3s_install;
+    spec.k3s.oxide_ccm = input.oxide_ccm;
     spec.nodes.ssh_user = input.ssh_user.clone();
     spec.nodes.ssh_port = input.ssh_port;
     spec.nodes.external_ip = input.external_ip;
     spec.nodes.ip_pool = input.ip_pool.clone();
+    spec.tailscale = super::tailnet::spec_for(&input.tailscale);
     spec.schedule = input.schedule.trim().to_owned();
     spec
 }
@@ -259,12 +270,50 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
         }
         config(spec_message(&e))
     })?;
+    let dev_image = crate::dev_image::DevImage::parse(&input.controller_image)
+        .map_err(|e| config(e.to_string()))?;
     let c = &input.controller_image;
-    if c.is_empty() || c.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
+    if dev_image.is_none()
+        && (c.is_empty() || c.chars().any(|ch| ch.is_whitespace() || ch.is_control()))
+    {
         return Err(config(format!(
             "--controller-image: {c:?} is not an image reference"
         )));
     }
+    match (&dev_image, &input.dev_build_profile) {
+        (None, Some(_)) => {
+            return Err(config(
+                "--dev-build-profile: only a --controller-image dev:PATH build has a profile",
+            ));
+        }
+        (Some(_), Some(profile)) => {
+            crate::dev_image::validate_profile(profile).map_err(|e| config(e.to_string()))?
+        }
+        _ => {}
+    }
+    if let Some(dev) = &dev_image {
+        dev.check_workspace()
+            .await
+            .map_err(|e| config(e.to_string()))?;
+    }
+    let ccm_image = match (&input.oxide_ccm_image, input.oxide_ccm) {
+        (Some(_), false) => {
+            return Err(config(
+                "--oxide-ccm-image: the CCM is only installed with --oxide-ccm; add it or drop --oxide-ccm-image",
+            ));
+        }
+        (Some(i), true)
+            if i.is_empty() || i.chars().any(|ch| ch.is_whitespace() || ch.is_control()) =>
+        {
+            return Err(config(format!(
+                "--oxide-ccm-image: {i:?} is not an image reference"
+            )));
+        }
+        (Some(i), true) => i.clone(),
+        (None, _) => manifests::DEFAULT_OXIDE_CCM_IMAGE.to_owned(),
+    };
+    // Before anything that reads files or talks to a server: the flags must make sense together.
+    let tailscale = super::tailnet::validate_flags(&input.tailscale, input.home.as_deref())?;
     if !(1..=64).contains(&input.upload_parallelism) {
         return Err(config(format!(
             "--upload-parallelism: {} is outside 1..=64",
@@ -353,14 +402,27 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
             .map_err(|e| config(one_line(&e)))?;
     }
 
-    let manifests = manifests::render(&Settings {
+    let mut manifests = manifests::render(&Settings {
         controller_image: input.controller_image.clone(),
         schedule: spec.schedule.clone(),
     })
     .map_err(|e| config(one_line(&e)))?;
+    if input.oxide_ccm {
+        manifests.extend(
+            manifests::render_oxide_ccm(&manifests::CcmSettings {
+                image: ccm_image,
+                cluster: spec.cluster.clone(),
+            })
+            .map_err(|e| config(one_line(&e)))?,
+        );
+    }
 
-    // Last: the only check that talks to another machine (the image source's server).
+    // Last: the only checks that talk to other machines (the image source's server, the
+    // Tailscale API).
     let images = check_images(input, &spec).await?;
+    if let Some(ts) = &tailscale {
+        super::tailnet::probe(ts).await?;
+    }
 
     Ok(Validated {
         spec,
@@ -375,6 +437,8 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
             parallelism: input.upload_parallelism,
             ..UploadOptions::default()
         },
+        tailscale,
+        dev_image,
     })
 }
 

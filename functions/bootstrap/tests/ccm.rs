@@ -1,0 +1,461 @@
+//! Issue 7 acceptance, Oxide CCM mode: `bootstrap --oxide-ccm` against `oxide-sim` gives Nodes
+//! with `oxide://<instance-uuid>` provider IDs, k3s with its cloud controller disabled and the
+//! kubelet's cloud provider external, the Secret keys the CCM reads, and the CCM installed from
+//! its published manifest. Floating IPs made the way the CCM makes them for LoadBalancer
+//! Services are left exactly as they are by `reconcile-once`, through a no-op run, a scale-down
+//! and a move of the API floating IP.
+//!
+//! `reconcile-once` is built next to `bootstrap` by the same `cargo build` a dev image uses.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use common::{BIN, Env, env, kube_client};
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use oxide_controller::rack::Rack as _;
+use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::spec::ClusterSpec;
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::state::{self, StateStore as _};
+use oxide_controller::status::Status;
+use serde_json::Value;
+
+const CP: &str = "demo-control-plane-";
+const WK: &str = "demo-workers-";
+const CCM_IMAGE: &str = "registry.example/oxide-ccm:test";
+/// What the CCM writes into the description of its floating IPs.
+const CCM_DESCRIPTION: &str = "Managed by oxide-cloud-controller-manager.";
+
+/// `cargo build --bins -p bootstrap -p reconcile-once -p scale --profile dev` into the target
+/// directory the tests run from (a no-op when fresh); returns the directory of the binaries.
+fn workspace_binaries() -> PathBuf {
+    let bin_dir = Path::new(BIN).parent().unwrap().to_path_buf();
+    let target = bin_dir.parent().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
+        .args(["build", "--locked", "--bins", "--profile", "dev"])
+        .args(["-p", "bootstrap", "-p", "reconcile-once", "-p", "scale"])
+        .current_dir(&repo)
+        .env("CARGO_TARGET_DIR", target)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo build failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin_dir
+}
+
+/// Runs with `args`, expects exit 2 with one human line containing `needles`, and no Oxide
+/// API request at all.
+async fn refused(env: &Env, args: Vec<String>, needles: &[&str]) {
+    env.sim.oxide().reset_counters();
+    let out = env.command(&args).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}\n{stderr}");
+    let human: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('{'))
+        .collect();
+    assert_eq!(human.len(), 1, "one line for a person: {stderr}");
+    for needle in needles {
+        assert!(human[0].contains(needle), "{:?} lacks {needle:?}", human[0]);
+    }
+    let calls: u64 = env.sim.oxide().counters().values().sum();
+    assert_eq!(calls, 0, "{:?}", env.sim.oxide().counters());
+}
+
+fn instances(env: &Env, prefix: &str) -> Vec<Value> {
+    let mut all: Vec<Value> = env.dump()["instances"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|i| i["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+        .collect();
+    all.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    all
+}
+
+fn instance_id(env: &Env, name: &str) -> String {
+    instances(env, name)
+        .first()
+        .and_then(|i| i["id"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no instance {name}"))
+}
+
+/// Floating IPs by name: (address, attached instance id).
+fn floating_ips(env: &Env) -> BTreeMap<String, (String, Option<String>)> {
+    env.dump()["floating_ips"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_owned(),
+                (
+                    f["ip"].as_str().unwrap().to_owned(),
+                    f["instance"].as_str().map(str::to_owned),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn api_holder(env: &Env) -> String {
+    let id = floating_ips(env)["demo-apiserver"]
+        .1
+        .clone()
+        .expect("the API floating IP is attached");
+    instances(env, "")
+        .iter()
+        .find(|i| i["id"] == id.as_str())
+        .and_then(|i| i["name"].as_str().map(str::to_owned))
+        .unwrap()
+}
+
+/// Workers, oldest first (as the planner sees their age: the rack's time_created).
+async fn workers_by_age(rack: &OxideRack) -> Vec<String> {
+    let mut w = rack.list_instances(WK).await.unwrap();
+    w.sort_by_key(|i| (i.time_created, i.name.clone()));
+    w.into_iter().map(|i| i.name).collect()
+}
+
+/// The Secret's decoded data, read through the Kubernetes API as the CCM would.
+async fn secret_data(env: &Env) -> BTreeMap<String, String> {
+    let client = kube_client(&env.kubeconfig(), "demo").await;
+    let secret = Api::<Secret>::namespaced(client, "kube-system")
+        .get("oxide-controller")
+        .await
+        .unwrap();
+    secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+        .collect()
+}
+
+async fn reconcile(kubeconfig: &Path, reconcile_once: &Path) -> Output {
+    tokio::time::timeout(
+        Duration::from_secs(300),
+        tokio::process::Command::new(reconcile_once)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--context", "demo", "--log-format", "json"])
+            .env_remove("KUBECONFIG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("reconcile-once finished in time")
+    .unwrap()
+}
+
+async fn store(kubeconfig: &Path) -> KubeStateStore {
+    let client = oxide_controller::kubeclient::client(Some(kubeconfig), Some("demo"))
+        .await
+        .unwrap();
+    KubeStateStore::new(client, "kube-system")
+}
+
+/// Runs reconcile-once until the status says Ready (at least once); returns the runs.
+async fn converge(kubeconfig: &Path, reconcile_once: &Path, max_runs: usize) -> usize {
+    let store = store(kubeconfig).await;
+    for i in 1..=max_runs {
+        let out = reconcile(kubeconfig, reconcile_once).await;
+        let code = out.status.code();
+        assert!(
+            matches!(code, Some(0 | 1)),
+            "run {i}: exit {code:?}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ready = store
+            .read_config()
+            .await
+            .ok()
+            .and_then(|s| s.status_json().and_then(Status::from_json))
+            .and_then(|s| s.condition("Ready").map(|c| c.status == "True"));
+        if code == Some(0) && ready == Some(true) {
+            return i;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    panic!("not converged after {max_runs} runs");
+}
+
+/// A kubeconfig like `kubeconfig` that reaches the API through `member`'s own address (in the
+/// cluster the CronJob uses the kubernetes Service, not the floating IP that may be moving).
+fn via_member(env: &Env, kubeconfig: &Path, member: &str) -> PathBuf {
+    let ip = instances(env, member)[0]["external_ips"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let fip = &floating_ips(env)["demo-apiserver"].0;
+    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let path = kubeconfig.with_file_name(format!("kubeconfig-{member}"));
+    std::fs::write(
+        &path,
+        text.replace(
+            &format!("https://{fip}:6443"),
+            &format!("https://{ip}:6443"),
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floating_ips_alone() {
+    let reconcile_once = workspace_binaries().join("reconcile-once");
+    let env = env().await;
+    env.run_ok(&[
+        "--oxide-ccm",
+        "--oxide-ccm-image",
+        CCM_IMAGE,
+        "--workers",
+        "3",
+    ])
+    .await;
+
+    // Every Node's provider ID is oxide://<its instance's UUID>; instance name = node name.
+    let nodes = env.sim.twin().list("v1", "Node", None);
+    assert_eq!(nodes.len(), 6);
+    for n in &nodes {
+        let name = n["metadata"]["name"].as_str().unwrap();
+        assert_eq!(
+            n["spec"]["providerID"],
+            format!("oxide://{}", instance_id(&env, name)),
+            "{name}"
+        );
+    }
+
+    // k3s: no built-in cloud controller on servers, external cloud provider everywhere, the
+    // provider ID from the SMBIOS UUID.
+    for i in instances(&env, "demo-") {
+        let running = env
+            .sim
+            .oxide()
+            .running_instance(i["id"].as_str().unwrap().parse().unwrap())
+            .unwrap();
+        let ud = oxide_sim::boot::parse_user_data(&running.user_data).unwrap();
+        let k3s = ud.k3s.as_ref().unwrap();
+        let server = i["name"].as_str().unwrap().starts_with(CP);
+        assert_eq!(k3s.disable_cloud_controller, server, "{}", i["name"]);
+        assert!(
+            k3s.kubelet_arg
+                .iter()
+                .any(|a| a == "cloud-provider=external"),
+            "{}: {:?}",
+            i["name"],
+            k3s.kubelet_arg
+        );
+        assert_eq!(ud.smbios_provider_id_prefix.as_deref(), Some("oxide://"));
+    }
+
+    // The Secret keys the CCM reads, with the values it needs.
+    let data = secret_data(&env).await;
+    assert_eq!(data["oxide-host"], env.sim.oxide_host);
+    assert_eq!(data["oxide-token"], env.sim.oxide_token);
+    assert_eq!(data["oxide-project"], "demo");
+
+    // The CCM from its published manifest: our image, our Secret, our cluster name.
+    let twin = env.sim.twin();
+    let ccm = twin
+        .get(
+            "apps/v1",
+            "Deployment",
+            Some("kube-system"),
+            "oxide-cloud-controller-manager",
+        )
+        .expect("the CCM Deployment");
+    let c = &ccm["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], CCM_IMAGE);
+    let command: Vec<&str> = c["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        command,
+        [
+            "/usr/bin/oxide-cloud-controller-manager",
+            "--cloud-provider=oxide",
+            "--cluster-name=demo"
+        ]
+    );
+    let env_refs: Vec<(String, String, String)> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let r = &e["valueFrom"]["secretKeyRef"];
+            (
+                e["name"].as_str().unwrap().to_owned(),
+                r["name"].as_str().unwrap().to_owned(),
+                r["key"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        env_refs,
+        [
+            ("OXIDE_HOST", "oxide-controller", "oxide-host"),
+            ("OXIDE_TOKEN", "oxide-controller", "oxide-token"),
+            ("OXIDE_PROJECT", "oxide-controller", "oxide-project"),
+        ]
+        .map(|(a, b, c)| (a.to_owned(), b.to_owned(), c.to_owned()))
+    );
+    for (api, kind, ns, name) in [
+        (
+            "v1",
+            "ServiceAccount",
+            Some("kube-system"),
+            "oxide-cloud-controller-manager",
+        ),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            None,
+            "system:oxide-cloud-controller-manager",
+        ),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRoleBinding",
+            None,
+            "system:oxide-cloud-controller-manager",
+        ),
+    ] {
+        assert!(twin.get(api, kind, ns, name).is_some(), "{kind} {name}");
+    }
+
+    // Floating IPs the way the CCM makes them for LoadBalancer Services: named
+    // <cluster-name>-<namespace>-<service> (ours pass --cluster-name=demo; an unconfigured CCM
+    // uses "kubernetes"), created in the project, attached to a node's instance.
+    let holder = api_holder(&env);
+    let servers: Vec<String> = instances(&env, CP)
+        .iter()
+        .map(|i| i["name"].as_str().unwrap().to_owned())
+        .collect();
+    let other_servers: Vec<&String> = servers.iter().filter(|s| **s != holder).collect();
+    let rack = OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "demo",
+        RackOptions::default(),
+    )
+    .unwrap();
+    let workers = workers_by_age(&rack).await;
+    let ccm_fips: [(&str, Option<&str>); 4] = [
+        ("demo-default-web", Some(workers[0].as_str())),
+        ("kubernetes-default-web", Some(workers[1].as_str())),
+        ("demo-ingress-traefik", Some(other_servers[0].as_str())),
+        ("demo-default-idle", None),
+    ];
+    for (name, on) in ccm_fips {
+        rack.create_floating_ip(name, CCM_DESCRIPTION, None)
+            .await
+            .unwrap();
+        if let Some(instance) = on {
+            rack.attach_floating_ip(name, instance).await.unwrap();
+        }
+    }
+    let snapshot = |env: &Env| -> BTreeMap<String, (String, Option<String>)> {
+        floating_ips(env)
+            .into_iter()
+            .filter(|(n, _)| ccm_fips.iter().any(|(c, _)| c == n))
+            .collect()
+    };
+    let before = snapshot(&env);
+    assert_eq!(before.len(), 4);
+    for (name, on) in ccm_fips {
+        assert_eq!(before[name].1, on.map(|i| instance_id(&env, i)), "{name}");
+    }
+    let kubeconfig = env.kubeconfig();
+
+    // 1. A converged cluster: runs change nothing of the CCM's.
+    for _ in 0..2 {
+        let out = reconcile(&kubeconfig, &reconcile_once).await;
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(snapshot(&env), before, "after no-op runs");
+
+    // 2. Scale-down 3 → 2 workers: the newest worker goes; the CCM's stay where they are.
+    let st = store(&kubeconfig).await;
+    let snap = st.read_config().await.unwrap();
+    let mut spec = ClusterSpec::from_yaml(snap.spec_yaml().unwrap()).unwrap();
+    spec.worker_pools[0].count = 2;
+    let mut data = snap.data.clone();
+    data.insert(state::keys::SPEC.into(), spec.to_yaml());
+    st.replace_config(&snap.resource_version, data)
+        .await
+        .unwrap();
+    converge(&kubeconfig, &reconcile_once, 30).await;
+    assert_eq!(
+        workers_by_age(&rack).await,
+        workers[..2],
+        "the newest worker went"
+    );
+    assert_eq!(snapshot(&env), before, "after the scale-down");
+    assert_eq!(api_holder(&env), holder);
+
+    // 3. The API floating IP's holder dies: reconcile moves <cluster>-apiserver (and replaces
+    //    the server), and nothing else.
+    let via = via_member(&env, &kubeconfig, other_servers.last().unwrap().as_str());
+    env.sim
+        .oxide()
+        .set_instance_failed(instance_id(&env, &holder).parse().unwrap());
+    converge(&via, &reconcile_once, 40).await;
+    let moved_to = api_holder(&env);
+    assert_ne!(moved_to, holder, "the API floating IP moved");
+    assert!(moved_to.starts_with(CP));
+    assert!(
+        !instances(&env, CP)
+            .iter()
+            .any(|i| i["name"] == holder.as_str()),
+        "the dead server was replaced"
+    );
+    assert_eq!(
+        env.ready_nodes(CP).len(),
+        3,
+        "three Ready servers again: {:?}",
+        env.ready_nodes(CP)
+    );
+    assert_eq!(snapshot(&env), before, "after the API floating IP moved");
+    // Every floating IP that exists is either ours or the CCM's: nothing was added either.
+    let names: Vec<String> = floating_ips(&env).into_keys().collect();
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(names.contains(&"demo-apiserver".to_owned()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oxide_ccm_image_without_oxide_ccm_is_refused_naming_the_flag() {
+    let env = env().await;
+    refused(
+        &env,
+        env.args(&["--oxide-ccm-image", CCM_IMAGE]),
+        &["--oxide-ccm-image", "with --oxide-ccm"],
+    )
+    .await;
+    refused(
+        &env,
+        env.args(&["--oxide-ccm", "--oxide-ccm-image", "bad image"]),
+        &["--oxide-ccm-image", "bad image"],
+    )
+    .await;
+}

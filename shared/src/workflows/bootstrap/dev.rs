@@ -1,0 +1,170 @@
+//! The `--controller-image dev:PATH` part of bootstrap: build the three binaries right after
+//! validation (before any Oxide API call, so a build error creates nothing), copy them to the
+//! first control-plane VM before the manifests are applied (the CronJob and webhook then run
+//! them from there), and to every other control-plane VM once reconcile has made them. Each
+//! Node gets [`manifests::NODE_BINARIES_LABEL`] once its copy is complete, and the pods select
+//! that label, so they never land on a Node without the binaries.
+//!
+//! Logged under the steps they belong to (`validate`, `manifests`, `reconcile`): the step list
+//! is the same with or without a dev image.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::{BootstrapError, one_line, rack_failed, read_pins};
+use crate::dev_image::{Built, DevImage, Installed};
+use crate::manifests::{self, NodeBinaries};
+use crate::model::InstanceState;
+use crate::names;
+use crate::rack::Rack as _;
+use crate::rack::oxide_rack::OxideRack;
+use crate::spec::ClusterSpec;
+use crate::ssh::{SshKeyPair, SshTarget};
+
+/// Builds the binaries (step `validate`: a source that does not build is the input's fault).
+pub(super) async fn build(dev: &DevImage, profile: &str) -> Result<Built, BootstrapError> {
+    let step = super::STEP_VALIDATE;
+    let started = Instant::now();
+    info!(step, path = %dev.path.display(), profile, platform = %dev.platform, "building the controller binaries");
+    let built = dev.build(profile).await.map_err(|e| {
+        if e.is_config() {
+            BootstrapError::Config(one_line(&e))
+        } else {
+            BootstrapError::Failed {
+                step,
+                message: one_line(&e),
+            }
+        }
+    })?;
+    info!(step, build = %built.id(), seconds = started.elapsed().as_secs_f64(), "controller binaries built");
+    Ok(built)
+}
+
+/// Where the manifests find the binaries.
+pub(super) fn node_binaries(built: &Built) -> NodeBinaries {
+    NodeBinaries {
+        host_dir: built.remote_dir(),
+        label_value: built.id(),
+    }
+}
+
+/// Copies the build to one VM (unless there already) and labels its Node.
+pub(super) async fn install_on(
+    step: &'static str,
+    target: &SshTarget,
+    node: &str,
+    built: &Built,
+    client: &kube::Client,
+) -> Result<(), BootstrapError> {
+    let how = crate::dev_image::install(target, built)
+        .await
+        .map_err(|e| BootstrapError::Failed {
+            step,
+            message: one_line(&e),
+        })?;
+    let how = match how {
+        Installed::Copied => "copied",
+        Installed::AlreadyThere => "already there",
+    };
+    info!(step, node, dir = %built.remote_dir(), how, "controller binaries on the node");
+    label_node(step, client, node, &built.id()).await
+}
+
+/// Labels the Node, waiting (up to a minute) for a just-started server to register it.
+async fn label_node(
+    step: &'static str,
+    client: &kube::Client,
+    node: &str,
+    value: &str,
+) -> Result<(), BootstrapError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let patch = serde_json::json!({
+        "metadata": {"labels": {manifests::NODE_BINARIES_LABEL: value}}
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() < deadline => {
+                info!(step, node, error = %crate::kubeclient::api_message(&e), "cannot label the Node yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => {
+                return Err(BootstrapError::Failed {
+                    step,
+                    message: format!(
+                        "labelling Node {node} {}={value}: {}",
+                        manifests::NODE_BINARIES_LABEL,
+                        crate::kubeclient::api_message(&e)
+                    ),
+                });
+            }
+        }
+    }
+}
+
+/// Copies the build to every running control-plane VM of the cluster (step `reconcile`: they
+/// exist once reconcile has run). A VM that cannot be reached is reported and skipped: its
+/// Node stays unlabelled, so no controller pod is placed there; re-running bootstrap retries.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn install_on_servers(
+    rack: &OxideRack,
+    spec: &ClusterSpec,
+    key: &SshKeyPair,
+    built: &Built,
+    client: &kube::Client,
+    timeout: Duration,
+    tty: bool,
+) -> Result<(), BootstrapError> {
+    let step = "reconcile";
+    let servers = rack
+        .list_instances(&names::instance_prefix(
+            &spec.cluster,
+            &spec.control_plane.name,
+        ))
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+    let mut missed = Vec::new();
+    for server in servers.iter().filter(|i| i.state == InstanceState::Running) {
+        let result = async {
+            let ips = rack
+                .instance_external_ips(&server.name)
+                .await
+                .map_err(|e| rack_failed(step, e))?;
+            let ip =
+                crate::rack::reachable_address(&ips).ok_or_else(|| BootstrapError::Failed {
+                    step,
+                    message: format!("{} has no external address to reach it by", server.name),
+                })?;
+            let pins = read_pins(rack, &server.name, Instant::now() + timeout, tty).await?;
+            let target = SshTarget::new(
+                SocketAddr::new(ip, spec.nodes.ssh_port),
+                spec.nodes.ssh_user.clone(),
+                key.clone(),
+                pins,
+            );
+            install_on(step, &target, &server.name, built, client).await
+        }
+        .await;
+        if let Err(e) = result {
+            warn!(step, node = %server.name, error = %e, "the controller binaries are not on this control-plane VM; no controller pod will run there (re-run bootstrap to retry)");
+            missed.push(server.name.clone());
+        }
+    }
+    if !missed.is_empty() {
+        warn!(
+            step,
+            missed = %missed.join(","),
+            "some control-plane VMs lack the dev binaries"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,361 @@
+//! Tailscale in bootstrap: the `--tailscale-*` flags (checked together, before any API call),
+//! what they put in the spec and the Secret, and finding the first control plane's tailnet
+//! address when bootstrap is to reach it over the tailnet.
+//!
+//! The rule for reaching the first control plane ([`reach_over_tailnet`]): over the tailnet
+//! when Tailscale is configured and the VMs have no external IP of their own
+//! (`--external-ip none`, spec `nodes.external_ip: none`). The API floating IP is created and
+//! attached all the same — joining members use it as their server URL inside the rack — but
+//! bootstrap does not assume the machine it runs on can reach it: a cluster built without
+//! external addresses is meant to be reached over the tailnet, and its floating IP may come
+//! from a pool routed only inside the datacenter. In that mode the readiness wait, SSH and the
+//! kubeconfig's server all use the tailnet IPv4 address of the VM holding the floating IP,
+//! found by hostname (= instance name) through the Tailscale devices API. With ephemeral
+//! external IPs the nodes still join the tailnet, and bootstrap uses the floating IP as it
+//! does without Tailscale.
+
+use std::net::IpAddr;
+use std::path::Path;
+
+use tokio::time::Instant;
+use tracing::info;
+
+use crate::spec::{ClusterSpec, ExternalIpMode, TailscaleSpec};
+use crate::tailscale::{self, SecretString, TailscaleApi, TailscaleError};
+
+use super::{BootstrapError, one_line, progress};
+
+/// Environment variables read for the API key and tailnet when the flags are not given (the
+/// names the Tailscale Terraform provider uses). Only consulted once Tailscale is switched
+/// on by an auth key, so a shell that exports them for other tools changes nothing.
+pub const ENV_API_KEY: &str = "TAILSCALE_API_KEY";
+/// See [`ENV_API_KEY`].
+pub const ENV_TAILNET: &str = "TAILSCALE_TAILNET";
+
+/// The `--tailscale-*` flags as given (values may be `file:PATH`). `Debug` hides the keys.
+#[derive(Debug, Clone, Default)]
+pub struct TailscaleFlags {
+    /// `--tailscale-auth-key`: switches Tailscale on.
+    pub auth_key: Option<SecretString>,
+    /// `--tailscale-api-key`.
+    pub api_key: Option<SecretString>,
+    /// `--tailscale-tailnet`.
+    pub tailnet: Option<String>,
+    /// `--tailscale-tag` (`NAME` or `tag:NAME`).
+    pub tag: Option<String>,
+    /// `--tailscale-api-url`.
+    pub api_url: Option<String>,
+    /// `$TAILSCALE_API_KEY`, used when `api_key` is absent.
+    pub env_api_key: Option<SecretString>,
+    /// `$TAILSCALE_TAILNET`, used when `tailnet` is absent.
+    pub env_tailnet: Option<String>,
+}
+
+impl TailscaleFlags {
+    /// Adds the environment fallbacks ([`ENV_API_KEY`], [`ENV_TAILNET`]) of this process.
+    pub fn with_process_env(mut self) -> Self {
+        let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
+        self.env_api_key = var(ENV_API_KEY).map(SecretString::new);
+        self.env_tailnet = var(ENV_TAILNET);
+        self
+    }
+}
+
+/// Checked Tailscale settings.
+#[derive(Debug, Clone)]
+pub(super) struct TailscaleAccess {
+    /// Goes into the Secret and every node's user-data.
+    pub auth_key: SecretString,
+    /// Lists devices; never stored.
+    pub api: TailscaleApi,
+}
+
+/// The spec's `tailscale` section for these flags (validated with the rest of the spec).
+pub(super) fn spec_for(flags: &TailscaleFlags) -> Option<TailscaleSpec> {
+    flags.auth_key.as_ref().map(|_| TailscaleSpec {
+        tag: flags
+            .tag
+            .as_deref()
+            .map(tailscale::normalize_tag)
+            .unwrap_or_else(|| tailscale::DEFAULT_TAG.to_owned()),
+    })
+}
+
+fn config(message: impl Into<String>) -> BootstrapError {
+    BootstrapError::Config(message.into())
+}
+
+/// Checks the flags as a whole: auth key, API key and tailnet come together; tag and API URL
+/// mean nothing without them. Reads `file:` values. No network.
+pub(super) fn validate_flags(
+    flags: &TailscaleFlags,
+    home: Option<&Path>,
+) -> Result<Option<TailscaleAccess>, BootstrapError> {
+    let read = |flag: &str, v: &SecretString| -> Result<SecretString, BootstrapError> {
+        let value = super::validate::value_or_file(flag, v.expose(), home)?;
+        tailscale::check_key(&value).map_err(|m| config(format!("{flag}: {m}")))?;
+        Ok(SecretString::new(value))
+    };
+    let Some(auth_key) = &flags.auth_key else {
+        // Without an auth key nothing joins a tailnet; the other flags would be ignored.
+        for (given, flag) in [
+            (flags.api_key.is_some(), "--tailscale-api-key"),
+            (flags.tailnet.is_some(), "--tailscale-tailnet"),
+            (flags.tag.is_some(), "--tailscale-tag"),
+            (flags.api_url.is_some(), "--tailscale-api-url"),
+        ] {
+            if given {
+                return Err(config(format!(
+                    "--tailscale-auth-key: missing; {flag} is only used with --tailscale-auth-key, --tailscale-api-key and --tailscale-tailnet together"
+                )));
+            }
+        }
+        return Ok(None);
+    };
+    let auth_key = read("--tailscale-auth-key", auth_key)?;
+    let api_key = match flags.api_key.as_ref().or(flags.env_api_key.as_ref()) {
+        Some(k) => read("--tailscale-api-key", k)?,
+        None => {
+            return Err(config(format!(
+                "--tailscale-api-key: missing (or ${ENV_API_KEY}); with --tailscale-auth-key bootstrap needs an API access token to find the first control plane in the tailnet"
+            )));
+        }
+    };
+    let tailnet = flags
+        .tailnet
+        .clone()
+        .or_else(|| flags.env_tailnet.clone())
+        .map(|t| t.trim().to_owned())
+        .ok_or_else(|| {
+            config(format!(
+                "--tailscale-tailnet: missing (or ${ENV_TAILNET}); with --tailscale-auth-key bootstrap needs the tailnet name (e.g. example.com, or - for the API key's own tailnet)"
+            ))
+        })?;
+    if tailnet.is_empty()
+        || tailnet
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '/')
+    {
+        return Err(config(format!(
+            "--tailscale-tailnet: {tailnet:?} is not a tailnet name (e.g. example.com, or -)"
+        )));
+    }
+    let url = flags
+        .api_url
+        .as_deref()
+        .map(str::trim)
+        .unwrap_or(tailscale::DEFAULT_API_URL);
+    let api = TailscaleApi::new(url, &tailnet, api_key)
+        .map_err(|e| config(format!("--tailscale-api-url: {}", one_line(&e))))?;
+    Ok(Some(TailscaleAccess { auth_key, api }))
+}
+
+/// A Tailscale API error as bootstrap reports it: the person's to fix (exit 2, naming the
+/// flag) or worth a re-run (exit 1).
+fn api_error(step: &'static str, e: &TailscaleError) -> BootstrapError {
+    let flag = match e {
+        TailscaleError::Unauthorized { .. } => "--tailscale-api-key",
+        TailscaleError::UnknownTailnet { .. } => "--tailscale-tailnet",
+        TailscaleError::BadUrl { .. } => "--tailscale-api-url",
+        _ => {
+            return BootstrapError::Failed {
+                step,
+                message: one_line(e),
+            };
+        }
+    };
+    config(format!("{flag}: {}", one_line(e)))
+}
+
+/// One device list, before any VM exists: a wrong API key or tailnet is reported now rather
+/// than after the first control plane was created.
+pub(super) async fn probe(access: &TailscaleAccess) -> Result<(), BootstrapError> {
+    let devices = access
+        .api
+        .devices()
+        .await
+        .map_err(|e| api_error(super::STEP_VALIDATE, &e))?;
+    info!(
+        step = super::STEP_VALIDATE,
+        tailnet = access.api.tailnet(),
+        devices = devices.len(),
+        "the Tailscale API answers"
+    );
+    Ok(())
+}
+
+/// Whether bootstrap reaches the first control plane over the tailnet (see the module docs).
+pub(super) fn reach_over_tailnet(spec: &ClusterSpec, access: Option<&TailscaleAccess>) -> bool {
+    access.is_some() && spec.tailscale.is_some() && spec.nodes.external_ip == ExternalIpMode::None
+}
+
+/// Waits for `instance` to appear in the tailnet and returns its IPv4 address.
+pub(super) async fn tailnet_address(
+    access: &TailscaleAccess,
+    instance: &str,
+    deadline: Instant,
+    tty: bool,
+) -> Result<IpAddr, BootstrapError> {
+    let step = "wait-api";
+    let tailnet = access.api.tailnet();
+    let mut spinner = progress::Spinner::new(
+        step,
+        format!("waiting for {instance} to join tailnet {tailnet}"),
+        tty,
+    );
+    loop {
+        let detail = match access.api.device_ipv4(instance).await {
+            Ok(Some(ip)) => {
+                spinner.done();
+                info!(step, %instance, tailnet, %ip, "found the tailnet address");
+                return Ok(IpAddr::V4(ip));
+            }
+            Ok(None) => "not in the tailnet yet".to_owned(),
+            Err(e) if e.is_config() => {
+                spinner.done();
+                return Err(api_error(step, &e));
+            }
+            Err(e) => one_line(&e),
+        };
+        spinner.tick(&detail);
+        if Instant::now() >= deadline {
+            spinner.done();
+            return Err(BootstrapError::Failed {
+                step,
+                message: format!(
+                    "{instance} did not join tailnet {tailnet} in time (last: {detail}); its serial console shows what tailscale said; re-run bootstrap to keep waiting"
+                ),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn flags() -> TailscaleFlags {
+        TailscaleFlags {
+            auth_key: Some(SecretString::new("tskey-auth-x")),
+            api_key: Some(SecretString::new("tskey-api-x")),
+            tailnet: Some("example.com".into()),
+            ..TailscaleFlags::default()
+        }
+    }
+
+    fn message(f: &TailscaleFlags) -> String {
+        match validate_flags(f, None) {
+            Err(BootstrapError::Config(m)) => m,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_three_come_together_and_the_missing_flag_is_named() {
+        assert!(validate_flags(&flags(), None).unwrap().is_some());
+        assert!(
+            validate_flags(&TailscaleFlags::default(), None)
+                .unwrap()
+                .is_none()
+        );
+        let m = message(&TailscaleFlags {
+            api_key: None,
+            ..flags()
+        });
+        assert!(m.starts_with("--tailscale-api-key: missing"), "{m}");
+        let m = message(&TailscaleFlags {
+            tailnet: None,
+            ..flags()
+        });
+        assert!(m.starts_with("--tailscale-tailnet: missing"), "{m}");
+        for f in [
+            TailscaleFlags {
+                auth_key: None,
+                ..flags()
+            },
+            TailscaleFlags {
+                tag: Some("k8s".into()),
+                ..TailscaleFlags::default()
+            },
+            TailscaleFlags {
+                api_url: Some("http://127.0.0.1:1".into()),
+                ..TailscaleFlags::default()
+            },
+        ] {
+            let m = message(&f);
+            assert!(m.starts_with("--tailscale-auth-key: missing"), "{m}");
+        }
+    }
+
+    #[test]
+    fn the_environment_fills_in_only_once_an_auth_key_switches_tailscale_on() {
+        let env_only = TailscaleFlags {
+            env_api_key: Some(SecretString::new("tskey-api-env")),
+            env_tailnet: Some("example.com".into()),
+            ..TailscaleFlags::default()
+        };
+        assert!(validate_flags(&env_only, None).unwrap().is_none());
+        let with_key = TailscaleFlags {
+            auth_key: Some(SecretString::new("tskey-auth-x")),
+            ..env_only
+        };
+        let access = validate_flags(&with_key, None).unwrap().unwrap();
+        assert_eq!(access.api.tailnet(), "example.com");
+    }
+
+    #[test]
+    fn bad_values_name_their_flag_and_never_echo_a_key() {
+        let m = message(&TailscaleFlags {
+            auth_key: Some(SecretString::new("tskey-auth secret")),
+            ..flags()
+        });
+        assert!(m.starts_with("--tailscale-auth-key:"), "{m}");
+        assert!(!m.contains("secret"), "{m}");
+        let m = message(&TailscaleFlags {
+            api_url: Some("api.tailscale.com".into()),
+            ..flags()
+        });
+        assert!(m.starts_with("--tailscale-api-url:"), "{m}");
+        let m = message(&TailscaleFlags {
+            tailnet: Some("a b".into()),
+            ..flags()
+        });
+        assert!(m.starts_with("--tailscale-tailnet:"), "{m}");
+        let m = message(&TailscaleFlags {
+            auth_key: Some(SecretString::new("file:/nonexistent/ts-key")),
+            ..flags()
+        });
+        assert!(m.starts_with("--tailscale-auth-key: cannot read"), "{m}");
+    }
+
+    #[test]
+    fn the_tag_defaults_to_the_go_controllers_and_takes_either_form() {
+        assert_eq!(spec_for(&TailscaleFlags::default()), None);
+        assert_eq!(
+            spec_for(&flags()).unwrap().tag,
+            tailscale::DEFAULT_TAG,
+            "default"
+        );
+        for given in ["k8s", "tag:k8s"] {
+            let f = TailscaleFlags {
+                tag: Some(given.into()),
+                ..flags()
+            };
+            assert_eq!(spec_for(&f).unwrap().tag, "tag:k8s");
+        }
+    }
+
+    #[test]
+    fn only_clusters_without_external_ips_are_reached_over_the_tailnet() {
+        let access = validate_flags(&flags(), None).unwrap();
+        let mut spec = ClusterSpec::new("demo", "demo", "img", 1, 0);
+        spec.tailscale = spec_for(&flags());
+        spec.nodes.external_ip = ExternalIpMode::None;
+        assert!(reach_over_tailnet(&spec, access.as_ref()));
+        assert!(!reach_over_tailnet(&spec, None));
+        spec.nodes.external_ip = ExternalIpMode::Ephemeral;
+        assert!(!reach_over_tailnet(&spec, access.as_ref()));
+    }
+}
