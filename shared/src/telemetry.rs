@@ -33,3 +33,20 @@ pub fn init(format: LogFormat) {
         builder.try_init()
     };
 }
+
+/// Runs a binary's async body on a multi-threaded tokio runtime; a runtime that cannot start
+/// is a retryable failure (exit 1).
+pub fn block_on<F: std::future::Future<Output = std::process::ExitCode>>(
+    body: F,
+) -> std::process::ExitCode {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(body),
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}

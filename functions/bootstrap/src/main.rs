@@ -230,18 +230,12 @@ fn main() -> ExitCode {
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::IsTerminal::is_terminal(&std::io::stderr()),
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
     let input = input(args, json_logs);
-    match rt.block_on(bootstrap::run(input)) {
+    oxide_controller::telemetry::block_on(finish(input, json_logs))
+}
+
+async fn finish(input: BootstrapInput, json_logs: bool) -> ExitCode {
+    match bootstrap::run(input).await {
         Ok(summary) => {
             print!("{}", summary.render());
             ExitCode::SUCCESS

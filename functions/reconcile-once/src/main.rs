@@ -63,17 +63,7 @@ enum Output {
 fn main() -> ExitCode {
     let args = Args::parse();
     telemetry::init(args.log_format);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    rt.block_on(run(args))
+    telemetry::block_on(run(args))
 }
 
 async fn run(args: Args) -> ExitCode {
