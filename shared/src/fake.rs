@@ -147,11 +147,6 @@ impl FakeWorld {
         id
     }
 
-    /// Number of instances whose name starts with `prefix`.
-    pub fn count_instances(&self, prefix: &str) -> usize {
-        self.with(|s| s.instances.keys().filter(|n| n.starts_with(prefix)).count())
-    }
-
     pub fn rack(&self) -> FakeRack {
         FakeRack(self.clone())
     }

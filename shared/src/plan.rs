@@ -190,7 +190,7 @@ pub struct Finding {
 }
 
 /// Per-pool counts, for status and the summary line.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
 pub struct PoolCounts {
     pub pool: String,
     pub desired: u32,

@@ -7,8 +7,6 @@
 use std::future::Future;
 use std::net::IpAddr;
 
-use uuid::Uuid;
-
 use crate::model::{Disk, ExternalIp, FloatingIp, Image, Instance, NewInstance};
 
 pub mod oxide_images;
@@ -138,6 +136,3 @@ pub fn reachable_address(ips: &[ExternalIp]) -> Option<IpAddr> {
         .or_else(|| ips.iter().find(|i| i.kind == Ephemeral))
         .map(|i| i.ip)
 }
-
-/// The id of an instance, for messages that must not carry anything else.
-pub type InstanceId = Uuid;

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::names::{self, MAX_INSTANCE_NAME_LEN, SUFFIX_LEN};
-use crate::size::{ByteSize, GIB};
+use crate::size::ByteSize;
 
 /// Current `schema-version` of the ConfigMap.
 pub const SCHEMA_VERSION: &str = "1";
@@ -682,12 +682,6 @@ pub fn parse_schedule(s: &str) -> Result<cron::Schedule, String> {
         .map_err(|e| format!("{s:?} is not a valid cron schedule: {e}"))
 }
 
-/// Shortest interval between two runs of a schedule, looking at the next few firings.
-pub fn schedule_min_interval(s: &cron::Schedule) -> Option<chrono::Duration> {
-    let times: Vec<_> = s.upcoming(chrono::Utc).take(8).collect();
-    times.windows(2).map(|w| w[1] - w[0]).min()
-}
-
 fn valid_label_value(v: &str) -> bool {
     v.is_empty()
         || (v.len() <= 63
@@ -714,16 +708,6 @@ fn valid_label_key(k: &str) -> bool {
             })
     });
     prefix_ok && !name.is_empty() && valid_label_value(name)
-}
-
-/// Bytes of memory for the Oxide API.
-pub fn memory_bytes(pool: &PoolSpec) -> u64 {
-    pool.memory.bytes()
-}
-
-/// Whole GiB, for messages.
-pub fn gib(bytes: u64) -> u64 {
-    bytes / GIB
 }
 
 #[cfg(test)]

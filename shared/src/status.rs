@@ -33,33 +33,8 @@ pub struct PlannedAction {
     pub detail: Option<String>,
 }
 
-/// Observed counts of one pool.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PoolStatus {
-    pub pool: String,
-    pub desired: u32,
-    pub ready: u32,
-    pub joining: u32,
-    pub not_ready: u32,
-    pub broken: u32,
-    pub removing: u32,
-    pub drifted: u32,
-}
-
-impl From<&PoolCounts> for PoolStatus {
-    fn from(p: &PoolCounts) -> Self {
-        PoolStatus {
-            pool: p.pool.clone(),
-            desired: p.desired,
-            ready: p.ready,
-            joining: p.joining,
-            not_ready: p.not_ready,
-            broken: p.broken,
-            removing: p.removing,
-            drifted: p.drifted,
-        }
-    }
-}
+/// Observed counts of one pool: the planner's own counts, stored as they are.
+pub type PoolStatus = PoolCounts;
 
 /// The whole `status.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,10 +178,7 @@ pub fn build(r: &RunReport) -> Status {
         started_at: r.started_at,
         finished_at: r.finished_at,
         conditions,
-        pools: r
-            .plan
-            .map(|p| p.pools.iter().map(PoolStatus::from).collect())
-            .unwrap_or_default(),
+        pools: r.plan.map(|p| p.pools.clone()).unwrap_or_default(),
         last_plan,
         findings: r
             .plan
