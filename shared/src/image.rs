@@ -1070,6 +1070,12 @@ pub mod fake {
         /// Bulk writes in progress now, and the most there ever were at once.
         pub in_flight: usize,
         pub max_in_flight: usize,
+        /// The first bulk write waits (up to 2 s) until a second one is in flight, so a test
+        /// of parallel uploads sees the overlap however loaded the machine is; a sequential
+        /// uploader still shows none.
+        pub hold_first_write: bool,
+        /// Bulk writes started so far.
+        pub writes_started: usize,
     }
 
     /// Cheap to clone; clones share one store.
@@ -1191,10 +1197,18 @@ pub mod fake {
         }
 
         async fn bulk_write(&self, disk: &str, offset: u64, data: Bytes) -> Result<(), RackError> {
-            {
+            let hold = {
                 let mut s = self.lock();
                 s.in_flight += 1;
                 s.max_in_flight = s.max_in_flight.max(s.in_flight);
+                s.writes_started += 1;
+                s.hold_first_write && s.writes_started == 1
+            };
+            if hold {
+                let until = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+                while self.lock().in_flight < 2 && tokio::time::Instant::now() < until {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
             }
             // Let other writes interleave, as on a real network.
             for _ in 0..3 {

@@ -143,6 +143,7 @@ async fn random_data_survives_a_parallel_upload_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
     let bytes = pseudo_random(5 * 1024 * 1024 + 123, 42);
     let store = MemoryImageStore::new();
+    store.lock().hold_first_write = true;
     // The import steps by hand, so the snapshot stays around to be read back.
     let (disk, snapshot) = temp_names("custom");
     store
