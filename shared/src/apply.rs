@@ -298,13 +298,16 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 )));
             }
         }
-        // Stop before deleting the Node: a running kubelet would register it again.
+        // Stop before deleting the Node: a running kubelet would register it again. A
+        // `failed` member is stopped too: the stop clears the rack's intent to run it, so an
+        // automatic restart (instances created without `auto_restart_policy: never`) cannot
+        // bring it back between our look and our delete.
         let instance = self
             .retry(|| self.rack.get_instance(name))
             .await
             .map_err(|e| format!("{e:#}"))?;
         if let Some(inst) = &instance
-            && !inst.state.is_deletable()
+            && inst.state != InstanceState::Stopped
         {
             self.retry(|| self.rack.stop_instance(name))
                 .await

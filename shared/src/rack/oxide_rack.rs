@@ -501,7 +501,9 @@ pub(crate) fn instance_create_body(new: &NewInstance) -> Result<types::InstanceC
     };
     Ok(types::InstanceCreate {
         anti_affinity_groups,
-        auto_restart_policy: None,
+        // The controller replaces failed members itself. Left unset the rack would restart
+        // them too (`best_effort`), racing our delete and bringing back a surplus member.
+        auto_restart_policy: Some(types::InstanceAutoRestartPolicy::Never),
         boot_disk: Some(disk_attachment(what, &new.boot_disk, &new.description)?),
         cpu_platform: None,
         description: new.description.clone(),
@@ -1113,6 +1115,8 @@ mod tests {
         assert_eq!(json["ncpus"], 4);
         assert_eq!(json["memory"], 8 * GIB);
         assert_eq!(json["start"], true);
+        // The controller replaces failed members; the rack must not restart them as well.
+        assert_eq!(json["auto_restart_policy"], "never");
         assert_eq!(json["ssh_public_keys"], serde_json::json!([]));
         assert_eq!(json["user_data"], "I2Nsb3VkLWNvbmZpZwo=");
         assert_eq!(
@@ -1142,7 +1146,6 @@ mod tests {
             json["anti_affinity_groups"],
             serde_json::json!(["demo-workers"])
         );
-        assert!(json.get("auto_restart_policy").is_none());
     }
 
     #[test]

@@ -396,6 +396,8 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             ephemeral_ips,
             snat_first_port,
             auto_restart_policy: body.auto_restart_policy,
+            intended_running: body.start,
+            time_last_auto_restarted: None,
             cpu_platform: body.cpu_platform,
             console: Console::default(),
         },
@@ -514,7 +516,13 @@ pub fn delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub fn start(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let id = select(cx.store, cx.param(0), cx.project())?;
-    match instance(cx.store, &id)?.state {
+    let state = instance(cx.store, &id)?.state;
+    if !matches!(state, RunState::Stopping | RunState::Creating)
+        && let Some(inst) = cx.store.instances.get_mut(&id)
+    {
+        inst.intended_running = true;
+    }
+    match state {
         RunState::Stopped | RunState::Failed => {
             lifecycle::enter(cx.store, id, RunState::Starting, cx.fx, cx.env);
         }
@@ -535,7 +543,15 @@ pub fn start(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub fn stop(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let id = select(cx.store, cx.param(0), cx.project())?;
-    match instance(cx.store, &id)?.state {
+    let state = instance(cx.store, &id)?.state;
+    // Nexus records the intent before asking the sled (`instance_stop` sets intended state
+    // Stopped first), which is what turns automatic restarts off.
+    if state != RunState::Creating
+        && let Some(inst) = cx.store.instances.get_mut(&id)
+    {
+        inst.intended_running = false;
+    }
+    match state {
         RunState::Stopped | RunState::Stopping => {}
         RunState::Failed => lifecycle::enter(cx.store, id, RunState::Stopped, cx.fx, cx.env),
         RunState::Starting | RunState::Running | RunState::Rebooting => {

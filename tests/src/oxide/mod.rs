@@ -56,6 +56,12 @@ pub struct Timings {
     pub stopping_to_stopped: Duration,
     /// `rebooting` → `running`.
     pub rebooting: Duration,
+    /// `failed` → `starting` by nexus's `instance_reincarnation` task, for instances whose
+    /// `auto_restart_policy` is not `never` and whose intended state is running. On a rack
+    /// the task runs every 60 s.
+    pub reincarnation_delay: Duration,
+    /// Minimum time between two automatic restarts of one instance (nexus: 5 minutes).
+    pub reincarnation_cooldown: Duration,
 }
 
 impl Default for Timings {
@@ -66,6 +72,8 @@ impl Default for Timings {
             starting_to_running: Duration::from_millis(100),
             stopping_to_stopped: Duration::from_millis(100),
             rebooting: Duration::from_millis(100),
+            reincarnation_delay: Duration::from_millis(300),
+            reincarnation_cooldown: Duration::from_secs(5),
         }
     }
 }
@@ -78,6 +86,8 @@ impl Timings {
             starting_to_running: Duration::from_secs(10),
             stopping_to_stopped: Duration::from_secs(5),
             rebooting: Duration::from_secs(8),
+            reincarnation_delay: Duration::from_secs(60),
+            reincarnation_cooldown: Duration::from_secs(300),
         }
     }
 }

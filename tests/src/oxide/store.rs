@@ -201,6 +201,11 @@ pub struct Instance {
     pub ephemeral_ips: Vec<Ipv4Addr>,
     pub snat_first_port: u16,
     pub auto_restart_policy: Option<types::InstanceAutoRestartPolicy>,
+    /// Nexus's `intended_state == Running`: set by a create with `start` and by a start,
+    /// cleared by a stop. Only such instances are restarted automatically.
+    pub intended_running: bool,
+    /// When nexus last restarted the instance by itself.
+    pub time_last_auto_restarted: Option<DateTime<Utc>>,
     pub cpu_platform: Option<types::InstanceCpuPlatform>,
     pub console: Console,
 }
@@ -491,13 +496,18 @@ impl Project {
 }
 
 impl Instance {
+    /// An unset policy means `best_effort` (omicron db-model `InstanceAutoRestart::DEFAULT_POLICY`).
+    pub fn auto_restart_enabled(&self) -> bool {
+        !matches!(
+            self.auto_restart_policy,
+            Some(types::InstanceAutoRestartPolicy::Never)
+        )
+    }
+
     pub fn view(&self) -> types::Instance {
         types::Instance {
             auto_restart_cooldown_expiration: None,
-            auto_restart_enabled: !matches!(
-                self.auto_restart_policy,
-                Some(types::InstanceAutoRestartPolicy::Never)
-            ),
+            auto_restart_enabled: self.auto_restart_enabled(),
             auto_restart_policy: self.auto_restart_policy,
             boot_disk_id: self.boot_disk_id,
             cpu_platform: self.cpu_platform,
@@ -511,7 +521,7 @@ impl Instance {
             project_id: self.project_id,
             run_state: self.state.view(),
             time_created: self.times.created,
-            time_last_auto_restarted: None,
+            time_last_auto_restarted: self.time_last_auto_restarted,
             time_modified: self.times.modified,
             time_run_state_updated: self.time_run_state_updated,
         }
