@@ -417,6 +417,38 @@ async fn a_failed_worker_is_replaced() {
     env.assert_no_leaks();
 }
 
+/// A worker without `auto_restart_policy: never` (made by an older controller) fails and the
+/// rack restarts it by itself while the controller replaces it: the controller stops it before
+/// deleting it, so the cluster ends with exactly the desired workers and no surplus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_worker_that_the_rack_restarts_by_itself_leaves_no_surplus_member() {
+    let env = env(3, 2).await;
+    let victim = env.instances(WK)[0]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let id = env.instance_id(&victim);
+    env.sim.oxide().set_auto_restart_policy(id, None);
+    env.sim.oxide().set_instance_failed(id);
+    env.converge(15).await;
+    // Give the rack's restart a chance to bring the victim back if it were still there.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    env.converge(5).await;
+    let names: Vec<String> = env
+        .instances(WK)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(!names.contains(&victim), "{victim} replaced: {names:?}");
+    assert_eq!(env.ready_nodes(WK).len(), 2);
+    // The replacement is the controller's own: the rack will not restart it behind our back.
+    for i in env.instances(WK) {
+        assert_eq!(i["auto_restart_policy"], "never", "{i}");
+    }
+    env.assert_no_leaks();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
     let env = env(3, 2).await;

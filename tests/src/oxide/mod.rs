@@ -398,6 +398,18 @@ impl OxideSim {
         self.apply(fx);
     }
 
+    /// Sets an instance's `auto_restart_policy` as if it had been created with it (e.g. an
+    /// instance made by an older controller that left the policy unset). No-op for unknown ids.
+    pub fn set_auto_restart_policy(
+        &self,
+        instance: Uuid,
+        policy: Option<oxide::types::InstanceAutoRestartPolicy>,
+    ) {
+        if let Some(inst) = self.store().instances.get_mut(&instance) {
+            inst.auto_restart_policy = policy;
+        }
+    }
+
     /// Marks a disk `faulted` (storage fault injection). No-op for unknown ids.
     pub fn set_disk_faulted(&self, disk: Uuid) {
         if let Some(d) = self.store().disks.get_mut(&disk) {

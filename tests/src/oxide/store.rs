@@ -684,6 +684,7 @@ impl Store {
                     "hostname": i.hostname,
                     "external_ips": self.reachable_ips(i.id),
                     "disks": disks,
+                    "auto_restart_policy": i.auto_restart_policy,
                 })
             })
             .collect();
