@@ -43,6 +43,9 @@ pub struct Observed {
     pub disks: Vec<Disk>,
     /// The API floating IP, looked up by exact name.
     pub api_floating_ip: Option<FloatingIp>,
+    /// The private (VPC) address of a Ready server that new members join through (looked up
+    /// only when the plan creates members; see [`crate::members::join_server`]).
+    pub join_address: Option<std::net::IpAddr>,
     /// Images the spec names, resolved (None: not found in project or silo). A name that is
     /// not a key was not looked up: the caller resolves images only when a plan creates.
     pub images: BTreeMap<String, Option<Image>>,

@@ -755,6 +755,8 @@ struct Vm {
     ephemeral_ips: Vec<IpAddr>,
     /// All external IPs at boot (ephemeral first, as the API lists them).
     external_ips: Vec<IpAddr>,
+    /// The NIC's VPC address (the guest's own address; k3s's node IP).
+    private_ip: Option<IpAddr>,
     api_ssh_keys: Vec<String>,
     user_data: Option<Arc<UserData>>,
     sshd_up: bool,
@@ -1043,6 +1045,7 @@ impl Inner {
             return Vec::new();
         }
         let mut ips: Vec<IpAddr> = vm.ephemeral_ips.clone();
+        ips.extend(vm.private_ip);
         let mut floating: Vec<IpAddr> = st
             .floating
             .iter()
@@ -1095,6 +1098,8 @@ impl Inner {
         .collect();
         sans.insert(vm.hostname.clone());
         sans.extend(vm.ephemeral_ips.iter().map(|ip| ip.to_string()));
+        // k3s puts the node's own address (the NIC's private IP) in the certificate too.
+        sans.extend(vm.private_ip.map(|ip| ip.to_string()));
         for other in st.vms.values() {
             if (other.member || std::ptr::eq(other, vm))
                 && let Some(k3s) = other.user_data.as_ref().and_then(|u| u.k3s.as_ref())
@@ -1478,6 +1483,16 @@ impl Inner {
             ));
         };
         let serving = guard.is_serving(SocketAddr::new(ip, port), ListenerKind::KubeApi);
+        // The rack's VPC firewall judges the joiner's connection like any other.
+        let admitted = self.oxide.get().is_none_or(|o| {
+            o.tcp_admitted(crate::oxide::Peer::Instance(id), SocketAddr::new(ip, port))
+                .unwrap_or(true)
+        });
+        if serving && !admitted {
+            return Decision::Retry(format!(
+                "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp {ip}:{port}: i/o timeout"
+            ));
+        }
         if !serving || st.cluster.is_none() {
             return Decision::Retry(format!(
                 "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp {ip}:{port}: connect: connection refused"
@@ -1787,6 +1802,7 @@ impl RackEvents for Boot {
                 boot_started: Instant::now(),
                 ephemeral_ips: Vec::new(),
                 external_ips: Vec::new(),
+                private_ip: None,
                 api_ssh_keys: Vec::new(),
                 user_data: None,
                 sshd_up: false,
@@ -1804,6 +1820,7 @@ impl RackEvents for Boot {
             vm.name = inst.name.clone();
             vm.hostname = inst.hostname.clone();
             vm.external_ips = inst.external_ips.clone();
+            vm.private_ip = Some(inst.private_ip);
             vm.ephemeral_ips = inst
                 .external_ips
                 .iter()

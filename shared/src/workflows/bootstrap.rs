@@ -7,7 +7,8 @@
 //! 2. `resume` — read the resume file, or generate the controller key pair, the k3s server and
 //!    agent tokens, the webhook token and the first server's name and write them (0600)
 //!    BEFORE any VM exists ([`crate::resume`]);
-//! 3. `project`; 4. `image` — find by name, else upload ([`crate::image`]);
+//! 3. `project`, with the VPC firewall rule `<cluster>-k8s-api` that admits `--api-allow`
+//!    to tcp/6443 ([`crate::firewall`]); 4. `image` — find by name, else upload ([`crate::image`]);
 //! 5. `floating-ip` `<cluster>-apiserver`, created or adopted;
 //! 6. `first-control-plane` — the `cluster-init` server under the resume file's name, created
 //!    only while the cluster has no control-plane VM at all (an existing one is adopted);
@@ -137,6 +138,9 @@ pub struct BootstrapInput {
     pub wait: Duration,
     /// Deadline for the API server, the console fingerprints and SSH to come up.
     pub api_timeout: Duration,
+    /// `--api-allow`: comma-separated CIDRs the VPC firewall admits to the Kubernetes API
+    /// (tcp/6443); [`crate::firewall::DEFAULT_API_ALLOW`] is anywhere.
+    pub api_allow: String,
     /// Lease holder identity of the in-process reconcile (stable per machine, so a re-run
     /// after a kill takes over its own Lease at once).
     pub holder: String,
@@ -318,6 +322,18 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     rack.ensure_project()
         .await
         .map_err(|e| rack_failed("project", e))?;
+    // Part of the project step: the VPC drops the API port until this rule admits it.
+    let change = rack
+        .ensure_firewall_rule(&v.api_rule)
+        .await
+        .map_err(|e| rack_failed("project", e))?;
+    info!(
+        step = "project",
+        rule = %v.api_rule.name,
+        sources = %v.api_rule.sources.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        ?change,
+        "VPC firewall rule for the Kubernetes API ensured"
+    );
 
     info!(
         step = "image",
@@ -630,6 +646,8 @@ async fn ensure_first_server(
         name: first,
         image_id: image.id,
         api_address,
+        // Unused: the cluster-init server joins nobody.
+        join_address: api_address,
         cluster_init: true,
     })
     .map_err(|message| BootstrapError::Failed { step, message })?;

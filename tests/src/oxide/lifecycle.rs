@@ -199,6 +199,7 @@ pub fn running_instance(store: &Store, id: Uuid) -> Option<RunningInstance> {
         project: store.project_name(inst.project_id),
         user_data: inst.user_data.clone(),
         external_ips: store.reachable_ips(id),
+        private_ip: IpAddr::V4(inst.private_ip),
         ssh_public_keys: inst.ssh_keys.clone(),
     })
 }

@@ -12,6 +12,7 @@
 pub mod addresses;
 mod error;
 pub mod faults;
+mod firewall;
 mod instances;
 mod lifecycle;
 mod names;
@@ -23,7 +24,7 @@ mod storage;
 mod store;
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -35,9 +36,11 @@ use uuid::Uuid;
 pub use addresses::AddressPool;
 pub use error::ApiError;
 pub use faults::{FaultSpec, Faults, RouteFault};
+
 pub use routes::{ROUTES, RouteSpec};
 
 use error::json_response;
+use firewall::Source;
 use lifecycle::{Effects, Env, Event, Timer};
 use store::{Image, Project, RunState, SshKey, Store, Times};
 
@@ -164,6 +167,8 @@ pub struct RunningInstance {
     pub user_data: Vec<u8>,
     /// Ephemeral and attached floating addresses (not the SNAT address).
     pub external_ips: Vec<IpAddr>,
+    /// The primary NIC's address in the project's VPC.
+    pub private_ip: IpAddr,
     /// Public keys resolved from the create request's `ssh_public_keys`.
     pub ssh_public_keys: Vec<String>,
 }
@@ -180,9 +185,19 @@ impl std::fmt::Debug for RunningInstance {
                 &format_args!("<{} bytes>", self.user_data.len()),
             )
             .field("external_ips", &self.external_ips)
+            .field("private_ip", &self.private_ip)
             .field("ssh_public_keys", &self.ssh_public_keys.len())
             .finish()
     }
+}
+
+/// Who opens a connection the VPC firewall judges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// A client outside the rack (the host running the tests) with this source address.
+    Host(IpAddr),
+    /// An instance of the rack (e.g. a k3s joiner).
+    Instance(Uuid),
 }
 
 /// The simulated Oxide API. Cheap to clone; clones share one rack.
@@ -410,6 +425,65 @@ impl OxideSim {
         }
     }
 
+    /// Whether the VPC firewall lets a TCP connection from `from` reach `to`: `None` when
+    /// `to` is no address of an instance of this rack (the firewall has no say), `Some(false)`
+    /// when the connection is dropped. An instance connecting to an external (ephemeral or
+    /// floating) address leaves through NAT and arrives as external traffic from its own
+    /// external address; to a private address it arrives over the VPC, and only inside the
+    /// same project's VPC.
+    pub fn tcp_admitted(&self, from: Peer, to: SocketAddr) -> Option<bool> {
+        let store = self.store();
+        let dest = to.ip();
+        let (target, via_vpc) = store.instances.values().find_map(|i| {
+            if IpAddr::V4(i.private_ip) == dest {
+                Some((i, true))
+            } else if store.reachable_ips(i.id).contains(&dest) {
+                Some((i, false))
+            } else {
+                None
+            }
+        })?;
+        let source = match (from, via_vpc) {
+            (Peer::Host(_), true) => return Some(false),
+            (Peer::Host(ip), false) => Source::External(ip),
+            (Peer::Instance(id), via_vpc) => {
+                let src = store.instances.get(&id)?;
+                if via_vpc {
+                    if src.project_id != target.project_id {
+                        return Some(false);
+                    }
+                    Source::Vpc(IpAddr::V4(src.private_ip))
+                } else {
+                    // Outbound NAT: its first external address, else the shared SNAT address.
+                    let ext = store
+                        .reachable_ips(id)
+                        .first()
+                        .copied()
+                        .or(store.snat_ip.map(IpAddr::V4))?;
+                    Source::External(ext)
+                }
+            }
+        };
+        let project = store.projects.get(&target.project_id)?;
+        let resolve = |name: &str| {
+            store
+                .instances
+                .values()
+                .find(|i| i.project_id == target.project_id && i.name.as_str() == name)
+                .map(|i| i.private_ip)
+        };
+        Some(firewall::allows_tcp(
+            &project.firewall_rules,
+            firewall::Target {
+                name: target.name.as_str(),
+                private_ip: target.private_ip,
+            },
+            source,
+            to.port(),
+            &resolve,
+        ))
+    }
+
     /// Marks a disk `faulted` (storage fault injection). No-op for unknown ids.
     pub fn set_disk_faulted(&self, disk: Uuid) {
         if let Some(d) = self.store().disks.get_mut(&disk) {
@@ -449,16 +523,9 @@ impl OxideSim {
         if let Some(p) = store.projects.values().find(|p| p.name == name) {
             return p.id;
         }
-        let id = Uuid::new_v4();
-        store.projects.insert(
-            id,
-            Project {
-                id,
-                name,
-                description: "seeded by oxide-sim".into(),
-                times: Times::now(),
-            },
-        );
+        let project = Project::new(name, "seeded by oxide-sim".into());
+        let id = project.id;
+        store.projects.insert(id, project);
         id
     }
 
