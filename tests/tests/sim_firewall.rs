@@ -1,6 +1,8 @@
 //! The simulated rack's VPC firewall seen from outside: a new project's default rules drop
 //! the Kubernetes API on an instance's external address (a timeout, not a refusal) and let
-//! SSH through; a rule that admits tcp/6443 opens it.
+//! SSH through; a rule that admits tcp/6443 opens it. A joiner going through the floating IP
+//! arrives as external traffic and is dropped by the defaults; through the server's private
+//! address it arrives over the VPC and is admitted by `allow-internal-inbound`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,7 +12,6 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use oxide::prelude::*;
-use oxide::types;
 use sim_support::*;
 
 const TOKEN: &str = "K10abc::server:firewall-token";
@@ -30,7 +31,7 @@ async fn probe_api(ip: IpAddr) -> Result<u16, bool> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_rules_drop_the_api_until_a_rule_admits_tcp_6443() {
-    let sim = start().await;
+    let sim = start_default_firewall(|_| {}).await;
     let c = client(&sim);
     let rules = c
         .vpc_firewall_rules_view()
@@ -50,6 +51,9 @@ async fn the_default_rules_drop_the_api_until_a_rule_admits_tcp_6443() {
     assert!(tokio::net::TcpStream::connect((ip, 6443)).await.is_ok());
     // ...but nothing ever answers.
     assert_eq!(probe_api(ip).await, Err(true), "dropped: a timeout");
+    // A private address is not reachable from outside the VPC at all.
+    let private = private_ip(&c, "cp-0").await;
+    assert_eq!(probe_api(private).await, Err(true));
     // SSH is allowed by the default `allow-ssh`.
     let mut ssh = tokio::net::TcpStream::connect((ip, SSH_PORT))
         .await
@@ -64,43 +68,26 @@ async fn the_default_rules_drop_the_api_until_a_rule_admits_tcp_6443() {
     .unwrap();
     assert_eq!(&banner, b"SSH-");
 
-    let mut update: Vec<types::VpcFirewallRuleUpdate> = rules
-        .into_iter()
-        .map(|r| types::VpcFirewallRuleUpdate {
-            action: r.action,
-            description: r.description,
-            direction: r.direction,
-            filters: r.filters,
-            name: r.name,
-            priority: r.priority,
-            status: r.status,
-            targets: r.targets,
-        })
-        .collect();
-    update.push(types::VpcFirewallRuleUpdate {
-        action: types::VpcFirewallRuleAction::Allow,
-        description: "Kubernetes API".into(),
-        direction: types::VpcFirewallRuleDirection::Inbound,
-        filters: types::VpcFirewallRuleFilter {
-            hosts: Some(vec![types::VpcFirewallRuleHostFilter::IpNet(
-                "0.0.0.0/0".parse().unwrap(),
-            )]),
-            ports: Some(vec!["6443".parse().unwrap()]),
-            protocols: Some(vec![types::VpcFirewallRuleProtocol::Tcp]),
-        },
-        name: "k8s-api".parse().unwrap(),
-        priority: 65534,
-        status: types::VpcFirewallRuleStatus::Enabled,
-        targets: vec![types::VpcFirewallRuleTarget::Vpc(
-            "default".parse().unwrap(),
-        )],
-    });
-    c.vpc_firewall_rules_update()
-        .project(PROJECT)
-        .vpc("default")
-        .body(types::VpcFirewallRuleUpdateParams { rules: update })
-        .send()
-        .await
-        .unwrap();
+    open_api_port(&c).await;
     assert!(probe_api(ip).await.is_ok(), "the API answers once admitted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_through_the_floating_ip_is_external_and_through_the_private_address_is_not() {
+    let sim = start_default_firewall(|_| {}).await;
+    let c = client(&sim);
+    first_server(&sim, &c, "cp-0", TOKEN, &[]).await;
+    let fip = create_floating_ip(&c, "api").await;
+    attach_floating_ip(&c, "api", "cp-0").await;
+    let private = private_ip(&c, "cp-0").await;
+
+    let via_fip = format!("server: https://{fip}:6443\ntoken: agent-secret-1\n");
+    create_instance(&c, "hairpin", &user_data("agent", &via_fip, &[])).await;
+    let via_vpc = format!("server: https://{private}:6443\ntoken: agent-secret-1\n");
+    create_instance(&c, "inside", &user_data("agent", &via_vpc, &[])).await;
+
+    wait_node_status(&sim, "inside", "True").await;
+    let console = wait_console(&c, "hairpin", "i/o timeout").await;
+    assert!(console.contains(&fip.to_string()), "{console}");
+    assert!(node_ready(&sim, "hairpin").is_none());
 }

@@ -754,10 +754,16 @@ async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), 
         spinner.tick(&detail);
         if Instant::now() >= deadline {
             spinner.done();
+            // A dropped packet looks like this; the usual cause is an address outside the rule.
+            let hint = if detail == "timed out" {
+                "; if this machine's address is not in --api-allow, the VPC firewall drops it"
+            } else {
+                ""
+            };
             return Err(BootstrapError::Failed {
                 step,
                 message: format!(
-                    "{url} did not answer in time (last: {detail}); re-run bootstrap to keep waiting"
+                    "{url} did not answer in time (last: {detail}{hint}); re-run bootstrap to keep waiting"
                 ),
             });
         }
