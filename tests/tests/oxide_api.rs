@@ -1132,6 +1132,46 @@ async fn failed_instances_restart_themselves_unless_the_policy_is_never_or_they_
     assert_eq!(never.body["auto_restart_enabled"], json!(false));
 }
 
+/// omicron: a create whose automatic start fails (no sled, no quota) still answers 201, with
+/// the instance `stopped`; only an explicit start shows the 507.
+#[tokio::test]
+async fn a_create_on_a_full_rack_comes_back_stopped_and_only_a_start_says_why() {
+    let api = Api::new();
+    api.project("p").await;
+    api.faults.update(|f| {
+        f.no_capacity.push("full-".into());
+        f.quota_exceeded.push("quota-".into());
+    });
+    let created = api.instance("p", "full-1", json!({})).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    assert_eq!(created.str("run_state"), "stopped");
+    let refused = api.post_empty("/v1/instances/full-1/start?project=p").await;
+    assert_eq!(refused.status, StatusCode::INSUFFICIENT_STORAGE);
+    assert_eq!(refused.code(), Some("InsufficientCapacity"));
+    assert!(
+        refused
+            .str("message")
+            .starts_with("Insufficient capacity: Failed to place instance"),
+        "{:?}",
+        refused.body
+    );
+    api.instance("p", "quota-1", json!({})).await;
+    let quota = api
+        .post_empty("/v1/instances/quota-1/start?project=p")
+        .await;
+    assert!(
+        quota.str("message").contains("vCPU Limit Exceeded"),
+        "{:?}",
+        quota.body
+    );
+    assert_eq!(api.state("p", "full-1").await, "stopped");
+    // Room again: the same instance starts.
+    api.faults.update(|f| f.no_capacity.clear());
+    let started = api.post_empty("/v1/instances/full-1/start?project=p").await;
+    assert_eq!(started.status, StatusCode::ACCEPTED);
+    api.wait_state("p", "full-1", "running").await;
+}
+
 #[tokio::test]
 async fn garbage_requests_never_panic_and_always_get_error_bodies() {
     let api = Api::new();

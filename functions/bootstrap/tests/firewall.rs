@@ -1,6 +1,7 @@
-//! Issue 10 acceptance (VPC firewall): the Kubernetes API on the floating IP answers only
-//! once bootstrap's rule admits this host; a re-run writes no rule; a rule the user made
-//! before bootstrap is still there after it.
+//! Issue 10 acceptance (VPC firewall, full rack): the Kubernetes API on the floating IP
+//! answers only once bootstrap's rule admits this host; a re-run writes no rule; a rule the
+//! user made before bootstrap is still there after it. On a full rack bootstrap fails at once
+//! with the rack's answer instead of waiting for the API.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -54,7 +55,7 @@ async fn the_api_answers_once_the_rule_admits_us_and_a_rerun_changes_no_rule() {
             "--api-allow",
             "203.0.113.0/24",
             "--api-timeout",
-            "5",
+            "25",
         ])
         .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -102,4 +103,24 @@ async fn the_api_answers_once_the_rule_admits_us_and_a_rerun_changes_no_rule() {
         .unwrap_or(0);
     assert_eq!(puts, 0, "a re-run changes no rule");
     assert_eq!(rack.list_firewall_rules().await.unwrap(), rules);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_a_full_rack_bootstrap_fails_fast_with_the_racks_answer() {
+    let env = env().await;
+    env.sim
+        .faults()
+        .update(|f| f.no_capacity.push(String::new()));
+    let started = std::time::Instant::now();
+    let out = env.run(&["--workers", "1", "--api-timeout", "120"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("first-control-plane") && stderr.contains("Insufficient capacity"),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "failed before the API wait, not after it"
+    );
 }

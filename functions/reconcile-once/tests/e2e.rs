@@ -417,6 +417,66 @@ async fn a_failed_worker_is_replaced() {
     env.assert_no_leaks();
 }
 
+/// A full rack: every create answers 201 with a `stopped` instance and only a start says
+/// why. Five runs create each missing member once, delete none of them, and report Degraded
+/// naming the cause (status and an Event); once there is room, the next runs start them and
+/// the pool converges without another create.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_rack_is_reported_without_churn_and_converges_once_there_is_room() {
+    let env = env(3, 2).await;
+    env.sim
+        .faults()
+        .update(|f| f.no_capacity.push(String::new()));
+    env.edit(|s| s.worker_pools[0].count = 4).await;
+    env.sim.oxide().reset_counters();
+    for run in 1..=5 {
+        let out = env.reconcile(&[]).await;
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "run {run}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let counters = env.sim.oxide().counters();
+        let creates = counters.get("POST /v1/instances").copied().unwrap_or(0);
+        assert_eq!(creates, 2, "run {run}: one create per missing member, ever");
+        assert_eq!(
+            counters
+                .get("DELETE /v1/instances/{instance}")
+                .copied()
+                .unwrap_or(0),
+            0,
+            "run {run}: nothing deleted"
+        );
+        let status = env.status().await.expect("status written");
+        let degraded = status.condition("Degraded").expect("Degraded condition");
+        assert_eq!(degraded.status, "True", "run {run}: {degraded:?}");
+        assert!(
+            degraded.message.contains("insufficient capacity"),
+            "run {run}: {}",
+            degraded.message
+        );
+    }
+    let events = env
+        .sim
+        .twin()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"));
+    assert!(
+        events.iter().any(|e| e["note"]
+            .as_str()
+            .unwrap_or("")
+            .contains("insufficient capacity")),
+        "an Event names the cause: {events:?}"
+    );
+    assert_eq!(env.instances(WK).len(), 4);
+
+    env.sim.faults().update(|f| f.no_capacity.clear());
+    env.converge(5).await;
+    let counters = env.sim.oxide().counters();
+    assert_eq!(counters.get("POST /v1/instances").copied().unwrap_or(0), 2);
+    assert_eq!(env.ready_nodes(WK).len(), 4);
+    env.assert_no_leaks();
+}
+
 /// A worker without `auto_restart_policy: never` (made by an older controller) fails and the
 /// rack restarts it by itself while the controller replaces it: the controller stops it before
 /// deleting it, so the cluster ends with exactly the desired workers and no surplus.

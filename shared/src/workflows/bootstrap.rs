@@ -652,6 +652,21 @@ async fn ensure_first_server(
     })
     .map_err(|message| BootstrapError::Failed { step, message })?;
     match rack.create_instance(&new).await {
+        // 201 with a `stopped` instance: the rack's automatic start failed (no sled has room,
+        // or the silo quota is spent) and only an explicit start says which. Fail now with
+        // that answer instead of waiting for an API that will never come up.
+        Ok(i) if i.state == InstanceState::Stopped => {
+            rack.start_instance(first)
+                .await
+                .map_err(|e| BootstrapError::Failed {
+                    step,
+                    message: format!(
+                        "the rack created {first} but cannot start it: {}",
+                        one_line(&e)
+                    ),
+                })?;
+            info!(step, name = %i.name, id = %i.id, "created the first control-plane VM (started on the second try)");
+        }
         Ok(i) => info!(step, name = %i.name, id = %i.id, "created the first control-plane VM"),
         Err(RackError::AlreadyExists { .. }) => {
             info!(step, name = %first, "the first control-plane VM exists (an earlier try); adopting it")
@@ -747,8 +762,10 @@ async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), 
                 return Ok(());
             }
             Ok(r) => format!("HTTP {}", r.status().as_u16()),
-            Err(e) if e.is_connect() => "not listening yet".to_owned(),
+            // Before `is_connect`: a connection the VPC firewall drops times out while
+            // connecting, which is not the same as nothing listening.
             Err(e) if e.is_timeout() => "timed out".to_owned(),
+            Err(e) if e.is_connect() => "not listening yet".to_owned(),
             Err(_) => "no answer".to_owned(),
         };
         spinner.tick(&detail);

@@ -365,7 +365,11 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     };
     let id = Uuid::new_v4();
     let delayed = !cx.env.timings.create_to_starting.is_zero();
-    let initial = match (delayed, body.start) {
+    // nexus runs the start saga after the create saga and only logs its failure, so a start
+    // that finds no room still answers 201, with the instance `stopped`.
+    let start_refused = body.start && cx.env.faults.start_refusal(body.name.as_str()).is_some();
+    let initial = match (delayed, body.start && !start_refused) {
+        _ if start_refused => RunState::Stopped,
         (true, _) => RunState::Creating,
         (false, true) => RunState::Starting,
         (false, false) => RunState::Stopped,
@@ -433,7 +437,9 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             g.members.push(id);
         }
     }
-    if delayed {
+    if start_refused {
+        // Created and left stopped: no timers.
+    } else if delayed {
         lifecycle::arm_create(cx.store, id, body.start, cx.fx, cx.env);
     } else if initial == RunState::Starting {
         // `enter` arms the boot timer; the state is already Starting.
@@ -532,7 +538,13 @@ pub fn delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub fn start(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let id = select(cx.store, cx.param(0), cx.project())?;
-    let state = instance(cx.store, &id)?.state;
+    let inst = instance(cx.store, &id)?;
+    let state = inst.state;
+    if matches!(state, RunState::Stopped | RunState::Failed)
+        && let Some(message) = cx.env.faults.start_refusal(inst.name.as_str())
+    {
+        return Err(ApiError::insufficient_capacity(message));
+    }
     if !matches!(state, RunState::Stopping | RunState::Creating)
         && let Some(inst) = cx.store.instances.get_mut(&id)
     {

@@ -444,7 +444,10 @@ impl OxideSim {
             }
         })?;
         let source = match (from, via_vpc) {
-            (Peer::Host(_), true) => return Some(false),
+            // On a rack nothing outside the VPC reaches a private address. The simulator's
+            // in-cluster Jobs run on the host and reach the API there as pods would (over the
+            // VPC), so a host connection to a private address is judged as VPC traffic.
+            (Peer::Host(ip), true) => Source::Vpc(ip),
             (Peer::Host(ip), false) => Source::External(ip),
             (Peer::Instance(id), via_vpc) => {
                 let src = store.instances.get(&id)?;
