@@ -65,12 +65,13 @@ pub enum Health {
     Failed,
     /// Stopped with its Node still registered and not being removed: someone stopped it.
     StoppedUnexpectedly,
-    /// Stopped and never a Node: the rack did not start it (a full rack or an exhausted silo
-    /// quota makes create answer 201 with a `stopped` instance), or a removal stopped it and
-    /// was cut short. It is started again (once per run, which also tells why it cannot run)
-    /// and is the first to go when the pool has too many.
+    /// Stopped, never a Node, younger than the join deadline: the rack did not start it (a
+    /// full rack or an exhausted silo quota makes create answer 201 with a `stopped`
+    /// instance). It is started again (once per run, which also tells why it cannot run) and
+    /// is the first to go when the pool has too many.
     NotStarted,
-    /// A removal we started (Node annotated, or instance stopping).
+    /// A removal we started (Node annotated, instance stopping, or stopped without a Node past
+    /// the join deadline).
     Removing,
 }
 
@@ -334,7 +335,15 @@ pub fn classify<'a>(
             _ if removing => Health::Removing,
             InstanceState::Failed => Health::Failed,
             InstanceState::Stopping => Health::Removing,
-            InstanceState::Stopped if node.is_none() => Health::NotStarted,
+            // Within the join deadline a stopped member without a Node is one the rack did not
+            // start. Later it is indistinguishable from a removal that stopped a never-joined
+            // member and was cut short, and starting that again would loop (start, time out,
+            // stop, start): finish the removal. On a rack that stays full this replaces the
+            // member once per join deadline, never once per run.
+            InstanceState::Stopped if node.is_none() && now - inst.time_created <= join => {
+                Health::NotStarted
+            }
+            InstanceState::Stopped if node.is_none() => Health::Removing,
             InstanceState::Stopped => Health::StoppedUnexpectedly,
             state => match node.map(|n| &n.readiness) {
                 Some(NodeReadiness::Ready) if *state == InstanceState::Running => Health::Ready,

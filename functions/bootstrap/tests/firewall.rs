@@ -124,3 +124,18 @@ async fn on_a_full_rack_bootstrap_fails_fast_with_the_racks_answer() {
         "failed before the API wait, not after it"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_api_allow_exits_2_naming_the_flag_before_any_api_call() {
+    let env = env().await;
+    env.sim.oxide().reset_counters();
+    let out = env.run(&["--api-allow", "10.1.2.3/8"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--api-allow") && stderr.contains("host bits"),
+        "{stderr}"
+    );
+    let calls: u64 = env.sim.oxide().counters().values().sum();
+    assert_eq!(calls, 0, "no Oxide API call before validation passes");
+}

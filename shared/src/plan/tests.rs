@@ -623,3 +623,15 @@ fn a_control_plane_member_the_rack_never_started_is_started_and_blocks_other_cha
     assert_eq!(creates(&p, "control-plane"), 0, "{p:?}");
     assert!(removed(&p).is_empty(), "{p:?}");
 }
+
+/// Past the join deadline a stopped member without a Node may be a removal that was cut
+/// short after its stop; starting it again would loop, so the removal is finished.
+#[test]
+fn a_stopped_member_without_a_node_past_the_join_deadline_is_removed() {
+    let mut w = World::healthy(3, 2, 1);
+    let old = w.spec.timeouts.join_seconds as i64 + 60;
+    w.inst("workers", "gone1", InstanceState::Stopped, old);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-gone1"], "{p:?}");
+    assert!(started(&p).is_empty(), "{p:?}");
+}
