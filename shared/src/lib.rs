@@ -11,6 +11,7 @@ pub mod credentials;
 pub mod dev_image;
 pub mod fake;
 pub mod image;
+pub mod kcron;
 pub mod kubeclient;
 pub mod kubeconfig;
 pub mod manifests;

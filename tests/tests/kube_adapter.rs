@@ -527,6 +527,9 @@ async fn reconcile_jobs_come_from_the_cronjob_and_bursts_collapse_into_one() {
     );
     assert_eq!(owner["uid"], cron["metadata"]["uid"]);
     assert_eq!(owner["controller"], true);
+    // As kubectl create job --from: no blockOwnerDeletion, which would need update on
+    // cronjobs/finalizers under OwnerReferencesPermissionEnforcement.
+    assert!(owner.get("blockOwnerDeletion").is_none(), "{owner}");
     assert_eq!(
         first["spec"]["template"]["spec"]["containers"][0]["args"][0],
         "reconcile-once"

@@ -111,7 +111,11 @@ impl KubeCluster {
         format!("lease {}/{OBJECT_NAME}", self.namespace)
     }
 
-    /// The on-demand Job as `kubectl create job --from=cronjob/oxide-controller` would make it.
+    /// The on-demand Job as `kubectl create job --from=cronjob/oxide-controller` makes it: the
+    /// template's labels and annotations, `cronjob.kubernetes.io/instantiate: manual`, and a
+    /// controller owner reference *without* `blockOwnerDeletion` (kubectl leaves it unset on
+    /// purpose: under `OwnerReferencesPermissionEnforcement` it needs `update` on
+    /// `cronjobs/finalizers`, which our RBAC does not grant).
     fn job_from_cronjob(&self, cron: &CronJob) -> Job {
         let template = cron
             .spec
@@ -132,7 +136,7 @@ impl KubeCluster {
                 .unwrap_or_else(|| OBJECT_NAME.to_owned()),
             uid: uid.clone(),
             controller: Some(true),
-            block_owner_deletion: Some(true),
+            block_owner_deletion: None,
         });
         Job {
             metadata: ObjectMeta {
