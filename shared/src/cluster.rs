@@ -55,6 +55,11 @@ pub enum Eviction {
     BlockedByBudget,
     /// The pod is already gone.
     Gone,
+    /// The API refused this pod's eviction for a reason a retry will not fix soon: HTTP 500
+    /// for a pod under more than one PodDisruptionBudget, 403 (e.g. a budget whose allowed
+    /// disruptions are negative, or RBAC). The message is the API's. Drain carries on with
+    /// the other pods and reports this one.
+    Refused(String),
 }
 
 /// Result of trying to take the run Lease.

@@ -248,12 +248,18 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
 
     let mut pods = cluster.pods_on_node("w1").await.unwrap();
     pods.sort_by(|a, b| a.name.cmp(&b.name));
+    for p in &mut pods {
+        let stored = twin.get("v1", "Pod", Some("default"), &p.name).unwrap();
+        assert_eq!(p.uid, stored["metadata"]["uid"].as_str().unwrap());
+        p.uid.clear();
+    }
     let r = |name: &str, daemonset, mirror, finished| PodRef {
         namespace: "default".into(),
         name: name.into(),
         daemonset,
         mirror,
         finished,
+        ..PodRef::default()
     };
     assert_eq!(
         pods,
@@ -278,8 +284,26 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
     assert!(twin.get("v1", "Pod", Some("default"), "web-1").is_none());
     assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Gone);
 
-    // Forced drain deletes outright; a second delete is fine.
+    // A second budget over the same pods: the apiserver refuses with a bare 500, which is
+    // this pod's refusal (drain goes on with the others), not "API unavailable".
+    let mut second = pdb(0);
+    second["metadata"]["name"] = json!("web-too");
+    twin.upsert(second).unwrap();
     let web2 = r("web-2", false, false, false);
+    assert_eq!(
+        cluster.evict(&web2).await.unwrap(),
+        Eviction::Refused(
+            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.".into()
+        )
+    );
+    assert!(twin.delete(
+        "policy/v1",
+        "PodDisruptionBudget",
+        Some("default"),
+        "web-too"
+    ));
+
+    // Forced drain deletes outright; a second delete is fine.
     cluster.delete_pod(&web2).await.unwrap();
     cluster.delete_pod(&web2).await.unwrap();
     assert!(twin.get("v1", "Pod", Some("default"), "web-2").is_none());

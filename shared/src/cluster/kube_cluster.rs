@@ -174,6 +174,14 @@ pub fn cluster_error(what: impl Into<String>, err: kube::Error) -> ClusterError 
     }
 }
 
+/// The `reason` of a failed API call's Status ("" when it has none or was no API answer).
+fn api_reason(err: &kube::Error) -> &str {
+    match err {
+        kube::Error::Api(status) => &status.reason,
+        _ => "",
+    }
+}
+
 /// All items of a list, following `continue` tokens.
 async fn list_all<K>(api: &Api<K>, lp: ListParams, what: &str) -> Result<Vec<K>, ClusterError>
 where
@@ -255,6 +263,8 @@ pub fn pod_ref_from_kube(pod: &Pod) -> PodRef {
     PodRef {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        deleting_at: meta.deletion_timestamp.as_ref().map(from_time),
         daemonset: meta
             .owner_references
             .as_ref()
@@ -368,6 +378,11 @@ impl Cluster for KubeCluster {
             Err(e) => match api_status(&e) {
                 Some(429) => Ok(Eviction::BlockedByBudget),
                 Some(404) => Ok(Eviction::Gone),
+                // eviction.go answers a pod under several budgets with a bare 500 Status
+                // (no reason; a generic server error says InternalError), and refuses with
+                // 403 when a budget's allowed disruptions are negative: this pod's refusal.
+                Some(403) => Ok(Eviction::Refused(api_message(&e))),
+                Some(500) if api_reason(&e).is_empty() => Ok(Eviction::Refused(api_message(&e))),
                 _ => Err(cluster_error(
                     format!("evict pod {}/{}", pod.namespace, pod.name),
                     e,

@@ -146,6 +146,12 @@ impl ApiError {
         err
     }
 
+    /// A bare failure `Status` a REST handler returns itself (no reason), e.g. eviction's
+    /// 500 for a pod under several disruption budgets.
+    pub fn failure(code: u16, message: impl Into<String>) -> Self {
+        Self::new(code, "", message)
+    }
+
     /// 500 InternalError.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
@@ -171,6 +177,11 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
+        if self.reason.is_empty()
+            && let Some(map) = status.as_object_mut()
+        {
+            map.remove("reason");
+        }
         if let (Some(details), Some(map)) = (&self.details, status.as_object_mut()) {
             let (name, group, kind) = details.as_ref();
             let mut details = serde_json::Map::new();

@@ -1126,7 +1126,9 @@ impl Store {
             }
         }
         if budgets.len() > 1 {
-            return Err(ApiError::internal(
+            // eviction.go returns this Status itself: HTTP 500 with no reason.
+            return Err(ApiError::failure(
+                500,
                 "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
             ));
         }
