@@ -281,7 +281,22 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
 
     twin.upsert(pdb(1)).unwrap();
     assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Evicted);
-    assert!(twin.get("v1", "Pod", Some("default"), "web-1").is_none());
+    // Graceful: the pod is Terminating (deletionTimestamp = now + 30 s) until its kubelet
+    // confirms; w1 has none here, so it stays, as on a real cluster.
+    let terminating = twin.get("v1", "Pod", Some("default"), "web-1").unwrap();
+    assert!(terminating["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(terminating["metadata"]["deletionGracePeriodSeconds"], 30);
+    let listed = cluster.pods_on_node("w1").await.unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|p| p.name == "web-1" && p.deleting_at.is_some())
+    );
+    // Evicting a terminating pod ignores budgets (canIgnorePDB) and deletes it again.
+    twin.upsert(pdb(5)).unwrap();
+    assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Evicted);
+    twin.upsert(pdb(1)).unwrap();
+    assert!(twin.delete("v1", "Pod", Some("default"), "web-1"));
     assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Gone);
 
     // A second budget over the same pods: the apiserver refuses with a bare 500, which is
@@ -303,10 +318,11 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
         "web-too"
     ));
 
-    // Forced drain deletes outright; a second delete is fine.
+    // Forced drain deletes without budgets (gracefully); a second delete is fine.
     cluster.delete_pod(&web2).await.unwrap();
     cluster.delete_pod(&web2).await.unwrap();
-    assert!(twin.get("v1", "Pod", Some("default"), "web-2").is_none());
+    let deleted = twin.get("v1", "Pod", Some("default"), "web-2").unwrap();
+    assert!(deleted["metadata"]["deletionTimestamp"].is_string());
 }
 
 #[tokio::test]

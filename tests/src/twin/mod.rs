@@ -5,17 +5,24 @@
 //! in-memory store with apiserver semantics (resourceVersion conflicts, server-side apply,
 //! selectors, status subresources, Eviction against PodDisruptionBudgets).
 //!
+//! Beside the apiserver it runs what changes objects on its own in a cluster, to a fixed
+//! point before each request ([`controllers`], [`scheduler`]): node NoSchedule taints,
+//! Deployment/ReplicaSet/DaemonSet controllers, the scheduler, and a kubelet per Ready Node
+//! that starts bound pods and ends gracefully deleted ones.
+//!
 //! What does NOT live here: booting VMs, deciding which Nodes exist or when kubelets
 //! report (the simulator calls [`Twin::upsert`] and [`Twin::set_node_ready`] for that),
-//! and running workloads (Jobs never execute; pods only change when someone writes them).
+//! and running Jobs (see `crate::jobs`).
 //!
 //! Layout: [`resources`] (served types, discovery), [`store`] (data and write semantics),
 //! [`patch`], [`select`], [`rbac`], [`status`] (errors), [`pki`], [`server`] (HTTP).
 
+mod controllers;
 mod patch;
 mod pki;
 mod rbac;
 mod resources;
+mod scheduler;
 mod select;
 mod server;
 mod status;
@@ -290,8 +297,12 @@ impl Twin {
             .cloned()
     }
 
+    /// The store, with the controllers, scheduler and kubelets caught up (see
+    /// [`controllers`]): whoever looks sees a settled cluster.
     pub(crate) fn lock_store(&self) -> MutexGuard<'_, Store> {
-        self.inner.store.lock().unwrap_or_else(|e| e.into_inner())
+        let mut store = self.inner.store.lock().unwrap_or_else(|e| e.into_inner());
+        store.settle(chrono::Utc::now());
+        store
     }
 
     pub(crate) fn count(&self, key: &str) {
