@@ -259,6 +259,8 @@ impl RackEvents for Boot {
                 k3s: K3sState::Off,
                 member: false,
                 node_name: None,
+                ncpus: inst.ncpus,
+                memory: inst.memory,
                 uploads: BTreeMap::new(),
             });
             if wrong_key && vm.decoy_host.is_none() {
@@ -269,6 +271,7 @@ impl RackEvents for Boot {
             vm.boot_started = Instant::now();
             vm.name = inst.name.clone();
             vm.hostname = inst.hostname.clone();
+            (vm.ncpus, vm.memory) = (inst.ncpus, inst.memory);
             vm.external_ips = inst.external_ips.clone();
             vm.ephemeral_ips = inst
                 .external_ips

@@ -167,5 +167,7 @@ pub fn running_instance(store: &Store, id: Uuid) -> Option<RunningInstance> {
         user_data: inst.user_data.clone(),
         external_ips: store.reachable_ips(id),
         ssh_public_keys: inst.ssh_keys.clone(),
+        ncpus: inst.ncpus,
+        memory: inst.memory,
     })
 }

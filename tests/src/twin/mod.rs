@@ -37,6 +37,7 @@ use serde_json::{Value, json};
 pub use pki::Identity;
 use pki::{ClientCert, Pki};
 use store::Store;
+pub use store::{NOT_READY_MESSAGE, NodeCondition};
 
 /// Errors from building the twin or from direct (non-HTTP) object access.
 #[derive(Debug, thiserror::Error)]
@@ -359,11 +360,24 @@ impl Twin {
         self.lock_store().remove(rid, ns.unwrap_or_default(), name)
     }
 
+    /// Sets the Node's Ready condition (see [`NodeCondition`]); `lastTransitionTime` moves
+    /// only on a change. Does nothing if the Node does not exist.
+    pub fn set_node_condition(&self, name: &str, condition: NodeCondition) {
+        if !self.lock_store().set_node_condition(name, condition) {
+            tracing::debug!(node = name, "twin: set_node_condition on a missing Node");
+        }
+    }
+
     /// Kubelet heartbeat: sets the Node's Ready condition to True (ready) or Unknown with
     /// reason NodeStatusUnknown (not ready); `lastTransitionTime` only moves on a change,
     /// `lastHeartbeatTime` always. Does nothing if the Node does not exist.
     pub fn set_node_ready(&self, name: &str, ready: bool) {
-        if !self.lock_store().set_node_ready(name, ready) {
+        let condition = if ready {
+            NodeCondition::Ready
+        } else {
+            NodeCondition::Unknown
+        };
+        if !self.lock_store().set_node_condition(name, condition) {
             tracing::debug!(node = name, "twin: set_node_ready on a missing Node");
         }
     }

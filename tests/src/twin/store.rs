@@ -22,6 +22,20 @@ pub(crate) type Key = (usize, String, String);
 const INITIAL_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
 const UNDELETABLE_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public"];
 
+/// A Node's Ready condition as its kubelet (True/False) or the node lifecycle controller
+/// (Unknown, once the kubelet stopped posting) reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeCondition {
+    Ready,
+    /// The kubelet runs but the node is not ready yet (the CNI is not up at registration).
+    NotReady,
+    /// The kubelet stopped posting status.
+    Unknown,
+}
+
+/// What a kubelet reports until the container network is up.
+pub const NOT_READY_MESSAGE: &str = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized";
+
 /// Options shared by writes.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct WriteCtx {
@@ -1276,7 +1290,20 @@ impl Store {
     }
 
     /// Kubelet heartbeat: maintain the Node's Ready condition. Returns false if no such Node.
+    #[cfg(test)]
     pub fn set_node_ready(&mut self, name: &str, ready: bool) -> bool {
+        self.set_node_condition(
+            name,
+            if ready {
+                NodeCondition::Ready
+            } else {
+                NodeCondition::Unknown
+            },
+        )
+    }
+
+    /// Sets the Node's Ready condition. Returns false if no such Node.
+    pub fn set_node_condition(&mut self, name: &str, condition: NodeCondition) -> bool {
         let Some(nodes) = resources::by_path("", "v1", "nodes") else {
             return false;
         };
@@ -1285,14 +1312,14 @@ impl Store {
             return false;
         };
         let stamp = now();
-        let (status, reason, message) = if ready {
-            ("True", "KubeletReady", "kubelet is posting ready status")
-        } else {
-            (
+        let (status, reason, message) = match condition {
+            NodeCondition::Ready => ("True", "KubeletReady", "kubelet is posting ready status"),
+            NodeCondition::NotReady => ("False", "KubeletNotReady", NOT_READY_MESSAGE),
+            NodeCondition::Unknown => (
                 "Unknown",
                 "NodeStatusUnknown",
                 "Kubelet stopped posting node status.",
-            )
+            ),
         };
         let mut node = existing.clone();
         let mut conditions: Vec<Value> = node
