@@ -231,10 +231,12 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 Ok(o) => o,
                 Err(e) => Outcome::Failed(e),
             },
-            Action::DeleteNode { node, .. } => match self.cluster.delete_node(node).await {
-                Ok(()) => Outcome::Done,
-                Err(e) => Outcome::Failed(format!("{e:#}")),
-            },
+            Action::DeleteNode { node, .. } => {
+                match self.retry_kube(|| self.cluster.delete_node(node)).await {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => Outcome::Failed(format!("{e:#}")),
+                }
+            }
             Action::DeleteDisk { disk, .. } => {
                 match self.retry(|| self.rack.delete_disk(disk)).await {
                     Ok(()) | Err(RackError::NotFound { .. }) => Outcome::Done,
@@ -251,6 +253,16 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         Fut: Future<Output = Result<T, RackError>>,
     {
         retry::retry(self.opts.backoff, RackError::is_retryable, op).await
+    }
+
+    /// Retries idempotent Kubernetes calls (cordon/annotate patch, Node delete) that failed
+    /// with a transient error.
+    async fn retry_kube<T, Fut, Op>(&self, op: Op) -> Result<T, ClusterError>
+    where
+        Op: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, ClusterError>>,
+    {
+        retry::retry(crate::cluster::KUBE_BACKOFF, ClusterError::is_retryable, op).await
     }
 
     async fn create(&self, pool: &str, name: &str) -> Outcome {
@@ -291,7 +303,10 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
     ) -> Result<Outcome, String> {
         let cluster_err = |e: ClusterError| format!("{e:#}");
         if let Some(node) = node {
-            match self.cluster.mark_removing(node, reason).await {
+            match self
+                .retry_kube(|| self.cluster.mark_removing(node, reason))
+                .await
+            {
                 Ok(()) | Err(ClusterError::NotFound { .. }) => {}
                 Err(e) => return Err(cluster_err(e)),
             }
@@ -339,7 +354,9 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             }
         }
         if let Some(node) = node {
-            self.cluster.delete_node(node).await.map_err(cluster_err)?;
+            self.retry_kube(|| self.cluster.delete_node(node))
+                .await
+                .map_err(cluster_err)?;
         }
         if instance.is_some() {
             match self.retry(|| self.rack.delete_instance(name)).await {

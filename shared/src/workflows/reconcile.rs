@@ -236,7 +236,9 @@ where
         started_at.format("%Y%m%dT%H%M%SZ"),
         &uuid::Uuid::new_v4().simple().to_string()[..6]
     );
-    let (spec, secrets, snapshot) = load(state).await?;
+    let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
+    let (spec, secrets, snapshot) =
+        crate::retry::retry(crate::cluster::KUBE_BACKOFF, transient, || load(state)).await?;
     let deadline_len = opts
         .deadline
         .unwrap_or(Duration::from_secs(spec.timeouts.run_deadline_seconds));
@@ -253,8 +255,17 @@ where
     // node loss) blocks the next ones only briefly.
     let lease_len = deadline_len + (deadline_len / 4).min(Duration::from_secs(30));
     // Validity counts from before the request: the server's renewTime is no earlier.
-    let asked = Instant::now();
-    match cluster.acquire_lease(&opts.holder, lease_len).await {
+    let mut asked = Instant::now();
+    let taken = crate::retry::retry(
+        crate::cluster::KUBE_BACKOFF,
+        ClusterError::is_retryable,
+        || {
+            asked = Instant::now();
+            cluster.acquire_lease(&opts.holder, lease_len)
+        },
+    )
+    .await;
+    match taken {
         Ok(LeaseOutcome::Acquired) => {}
         Ok(LeaseOutcome::HeldBy { holder, .. }) => return Ok(RunOutcome::LeaseHeld { holder }),
         Err(e) => {
@@ -286,7 +297,10 @@ where
     };
 
     let work = async {
-        let (observed, plan) = observe_and_plan(&rack, cluster, &spec, (opts.now)()).await?;
+        let (observed, plan) = crate::retry::retry(crate::cluster::KUBE_BACKOFF, transient, || {
+            observe_and_plan(&rack, cluster, &spec, (opts.now)())
+        })
+        .await?;
         let factory = SpecMembers::new(&spec, &secrets, &observed);
         let results = apply::apply(&rack, cluster, &factory, &plan, &apply_opts).await;
         Ok::<_, ReconcileError>((plan, results))
@@ -396,6 +410,11 @@ pub async fn write_status<S: StateStore>(
         match state.replace_config(&snap.resource_version, data).await {
             Ok(_) => return Ok(()),
             Err(e) if e.is_conflict() => last = Some(e),
+            // A 5xx or timeout: the write may or may not have landed; re-read and decide.
+            Err(e @ StateError::Api { .. }) => {
+                last = Some(e);
+                tokio::time::sleep(crate::cluster::KUBE_BACKOFF.first).await;
+            }
             Err(e) => return Err(e),
         }
     }

@@ -89,12 +89,15 @@ impl From<status::ApiError> for TwinError {
 pub struct TwinConfig {
     /// Reported by `/version` as `gitVersion` (e.g. `v1.33.4+k3s1`).
     pub k3s_version: String,
+    /// Runtime faults; the twin reads [`crate::oxide::FaultSpec::kube`].
+    pub faults: crate::oxide::Faults,
 }
 
 impl Default for TwinConfig {
     fn default() -> Self {
         Self {
             k3s_version: "v1.33.4+k3s1".to_string(),
+            faults: crate::oxide::Faults::default(),
         }
     }
 }

@@ -152,6 +152,27 @@ impl ApiError {
         Self::new(code, "", message)
     }
 
+    /// An injected fault (admin API): the Status the apiserver sends for `code`.
+    pub fn injected(code: u16) -> Self {
+        let (reason, message) = match code {
+            429 => (
+                "TooManyRequests",
+                "the server has received too many requests and has asked us to try again later",
+            ),
+            500 => ("InternalError", "Internal error occurred: injected fault"),
+            503 => (
+                "ServiceUnavailable",
+                "the server is currently unable to handle the request",
+            ),
+            504 => (
+                "Timeout",
+                "the server was unable to return a response in the time allotted, but may still be processing the request",
+            ),
+            _ => ("InternalError", "Internal error occurred: injected fault"),
+        };
+        Self::new(code, reason, message)
+    }
+
     /// 500 InternalError.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
