@@ -30,6 +30,10 @@ pub struct FakePod {
     pub node: String,
     /// Evictions refused (as a PDB would) while this is true.
     pub protected: bool,
+    /// Evictions refused outright with this message (several budgets: HTTP 500).
+    pub refused: Option<String>,
+    /// A finalizer that never clears: eviction marks the pod deleted, but it stays.
+    pub finalizer: bool,
 }
 
 /// Everything the fakes share.
@@ -47,6 +51,8 @@ pub struct WorldState {
     /// Instance names whose kubelet never joins.
     pub never_join: BTreeSet<String>,
     pub lease: Option<(String, DateTime<Utc>)>,
+    /// The next this many Lease renewals fail as if the API were unavailable.
+    pub renew_failures: u32,
     pub events: Vec<(EventType, String, String)>,
     pub jobs: BTreeSet<String>,
     pub cronjob: bool,
@@ -548,6 +554,15 @@ impl Cluster for FakeCluster {
             {
                 None => Eviction::Gone,
                 Some(i) if s.pods[i].protected => Eviction::BlockedByBudget,
+                Some(i) if s.pods[i].refused.is_some() => {
+                    Eviction::Refused(s.pods[i].refused.clone().unwrap_or_default())
+                }
+                Some(i) if s.pods[i].finalizer => {
+                    let now = s.now;
+                    s.pods[i].pod.deleting_at.get_or_insert(now);
+                    s.log.push(format!("evict {}/{}", pod.namespace, pod.name));
+                    Eviction::Evicted
+                }
                 Some(i) => {
                     s.pods.remove(i);
                     s.log.push(format!("evict {}/{}", pod.namespace, pod.name));
@@ -589,6 +604,13 @@ impl Cluster for FakeCluster {
 
     async fn renew_lease(&self, holder: &str, duration: Duration) -> Result<(), ClusterError> {
         self.0.with(|s| match &s.lease {
+            _ if s.renew_failures > 0 => {
+                s.renew_failures -= 1;
+                Err(ClusterError::Unavailable {
+                    what: "lease".into(),
+                    message: "injected".into(),
+                })
+            }
             Some((h, _)) if h == holder => {
                 s.lease = Some((
                     holder.to_owned(),

@@ -12,6 +12,7 @@ pub mod dev_image;
 pub mod fake;
 pub mod firewall;
 pub mod image;
+pub mod kcron;
 pub mod kubeclient;
 pub mod kubeconfig;
 pub mod manifests;

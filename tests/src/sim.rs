@@ -197,6 +197,7 @@ impl Sim {
         let addresses = AddressPool::random();
         let twin = Twin::new(TwinConfig {
             k3s_version: opts.k3s_version.clone(),
+            faults: faults.clone(),
         })
         .map_err(SimError::Twin)?;
         let listeners = Listeners::new();

@@ -766,3 +766,64 @@ async fn survives_sigkill_at_twenty_random_moments() {
     assert_eq!(env.instances(CP).len(), 3);
     env.assert_no_leaks();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_within_five_runs_under_kube_5xx_and_latency() {
+    let env = env(3, 2).await;
+    let kube_faults = |on: bool| {
+        env.sim.faults().update(|f| {
+            f.kube.clear();
+            if on {
+                f.kube.insert(
+                    "*".into(),
+                    RouteFault {
+                        latency_ms: 100,
+                        error_rate: 0.1,
+                        error_status: 500,
+                    },
+                );
+            }
+        });
+    };
+    let mut before = 2;
+    for desired in [4, 2] {
+        env.edit(|s| s.worker_pools[0].count = desired).await;
+        for (i, node) in env.ready_nodes(WK).iter().enumerate() {
+            put_pod(&env.sim, &format!("web-{desired}-{i}"), node);
+        }
+        kube_faults(true);
+        let w = watch(&env);
+        let mut runs = 0;
+        let mut converged = false;
+        while runs < 5 && !converged {
+            runs += 1;
+            let out = env.reconcile(&[]).await;
+            assert!(matches!(out.status.code(), Some(0 | 1)), "{out:?}");
+            // Read the outcome without faults, then put them back.
+            kube_faults(false);
+            converged = env
+                .status()
+                .await
+                .and_then(|s| s.condition("Ready").map(|c| c.status == "True"))
+                == Some(true)
+                && env.instances(WK).len() == desired as usize;
+            kube_faults(true);
+        }
+        let (peak, _) = w.finish(WK).await;
+        kube_faults(false);
+        assert!(
+            converged,
+            "not converged to {desired} within 5 runs under Kubernetes faults"
+        );
+        // Scaling up: never more than desired+1; scaling down: never more than before.
+        let bound = (desired as usize + 1).max(before);
+        assert!(peak <= bound, "at most {bound} instances ({peak})");
+        before = desired as usize;
+        // Nothing half-done: no Node left cordoned, every Node has its VM.
+        for n in env.sim.twin().list("v1", "Node", None) {
+            assert!(n["spec"]["unschedulable"] != true, "{n}");
+        }
+        assert_eq!(env.ready_nodes(WK).len(), desired as usize);
+    }
+    env.assert_no_leaks();
+}

@@ -420,9 +420,10 @@ impl Inner {
                 .first()
                 .or(vm.external_ips.first())
                 .copied();
-            node_object(&name, &vm.hostname, id, role, k3s, version, ip)
+            let capacity = (vm.ncpus, vm.memory);
+            node_object(&name, &vm.hostname, id, role, k3s, version, ip, capacity)
         };
-        self.register_node(node);
+        self.register_node(node, id, generation);
         if role == Role::Server {
             self.sync_listeners(id);
             if create {

@@ -260,6 +260,8 @@ impl RackEvents for Boot {
                 k3s: K3sState::Off,
                 member: false,
                 node_name: None,
+                ncpus: inst.ncpus,
+                memory: inst.memory,
                 uploads: BTreeMap::new(),
             });
             if wrong_key && vm.decoy_host.is_none() {
@@ -270,6 +272,7 @@ impl RackEvents for Boot {
             vm.boot_started = Instant::now();
             vm.name = inst.name.clone();
             vm.hostname = inst.hostname.clone();
+            (vm.ncpus, vm.memory) = (inst.ncpus, inst.memory);
             vm.external_ips = inst.external_ips.clone();
             vm.private_ip = Some(inst.private_ip);
             vm.ephemeral_ips = inst

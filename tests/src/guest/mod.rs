@@ -125,6 +125,9 @@ struct Vm {
     /// Has been a member of the cluster (its datastore/agent state survives reboots).
     member: bool,
     node_name: Option<String>,
+    /// vCPUs and memory (bytes) of the instance: the Node's capacity.
+    ncpus: u16,
+    memory: u64,
     /// Files uploaded over SSH: guest path → the host file holding them (they live on the
     /// VM's disk, so they survive reboots and go with the instance).
     uploads: BTreeMap<String, std::path::PathBuf>,

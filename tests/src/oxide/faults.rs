@@ -40,6 +40,11 @@ pub struct FaultSpec {
     /// Like `no_capacity`, but the silo's vCPU quota is what runs out (the start saga fails
     /// at `ADD_VIRTUAL_RESOURCES`).
     pub quota_exceeded: Vec<String>,
+    /// Kubernetes API faults of the cluster twin, keyed `"<verb> <resource>[/<subresource>]"`
+    /// (e.g. `"create pods/eviction"`, `"update leases"`, `"list nodes"`), `"* <resource>"`,
+    /// `"<verb> *"` or `"*"` (most specific wins). `error_status` answers with the
+    /// apiserver's Status for that code (500 InternalError, 503 ServiceUnavailable, 429...).
+    pub kube: BTreeMap<String, RouteFault>,
 }
 
 /// Fault for one route (or all of them).
@@ -92,6 +97,22 @@ impl Faults {
             .get(key)
             .or_else(|| spec.routes.get("*"))
             .cloned()
+    }
+}
+
+impl Faults {
+    /// The Kubernetes fault for `verb` on `resource` (see [`FaultSpec::kube`]).
+    pub fn kube_route(&self, verb: &str, resource: &str) -> Option<RouteFault> {
+        let spec = self.0.read().unwrap_or_else(|e| e.into_inner());
+        [
+            format!("{verb} {resource}"),
+            format!("* {resource}"),
+            format!("{verb} *"),
+            "*".to_owned(),
+        ]
+        .iter()
+        .find_map(|k| spec.kube.get(k))
+        .cloned()
     }
 }
 

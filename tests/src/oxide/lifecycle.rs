@@ -201,5 +201,7 @@ pub fn running_instance(store: &Store, id: Uuid) -> Option<RunningInstance> {
         external_ips: store.reachable_ips(id),
         private_ip: IpAddr::V4(inst.private_ip),
         ssh_public_keys: inst.ssh_keys.clone(),
+        ncpus: inst.ncpus,
+        memory: inst.memory,
     })
 }

@@ -171,6 +171,9 @@ pub struct RunningInstance {
     pub private_ip: IpAddr,
     /// Public keys resolved from the create request's `ssh_public_keys`.
     pub ssh_public_keys: Vec<String>,
+    /// vCPUs and memory (bytes): the guest's kubelet reports them as Node capacity.
+    pub ncpus: u16,
+    pub memory: u64,
 }
 
 impl std::fmt::Debug for RunningInstance {
