@@ -91,6 +91,10 @@ async fn gate_loop(public: TcpListener, local: SocketAddr, inner: SocketAddr, ga
         if gate(peer.ip(), local) {
             tokio::spawn(async move {
                 if let Ok(mut upstream) = tokio::net::TcpStream::connect(inner).await {
+                    // Small request/response exchanges through the relay must not wait on
+                    // Nagle + delayed ACK (40 ms a round).
+                    let _ = stream.set_nodelay(true);
+                    let _ = upstream.set_nodelay(true);
                     let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
                 }
             });
