@@ -565,4 +565,100 @@ mod twin {
                 .any(|k| k.starts_with("GET /apis"))
         );
     }
+
+    #[tokio::test]
+    async fn field_selectors_are_limited_per_kind_and_continue_tokens_expire() {
+        let (_twin, client) = start().await;
+        let pods: Api<Pod> = Api::all(client.clone());
+        pods.list(&ListParams::default().fields("spec.nodeName=w1,status.phase=Running"))
+            .await
+            .unwrap();
+        let (code, reason, message) = api_error(
+            pods.list(&ListParams::default().fields("spec.containers=x"))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!((code, reason.as_str()), (400, "BadRequest"));
+        assert_eq!(message, "field label not supported: spec.containers");
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        let (code, _, message) = api_error(
+            cms.list(&ListParams::default().fields("data.k=v"))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(code, 400);
+        assert_eq!(
+            message,
+            "\"data.k\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+        );
+        cms.list(&ListParams::default().fields("metadata.name=x"))
+            .await
+            .unwrap();
+
+        // A continue token from more than five minutes ago: 410 Expired.
+        use base64::Engine as _;
+        let old = chrono::Utc::now().timestamp() - 301;
+        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(serde_json::to_vec(&("default", "a", old)).unwrap());
+        let (code, reason, _) = api_error(
+            cms.list(&ListParams::default().limit(1).continue_token(&token))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!((code, reason.as_str()), (410, "Expired"));
+    }
+
+    #[tokio::test]
+    async fn server_side_apply_conflicts_with_other_managers_unless_forced() {
+        let (_twin, client) = start().await;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        let doc = |v: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shared"}, "data": {"k": v}});
+        cms.patch(
+            "shared",
+            &PatchParams::apply("helm"),
+            &Patch::Apply(doc("1")),
+        )
+        .await
+        .unwrap();
+        // Same value: shared ownership, no conflict.
+        cms.patch(
+            "shared",
+            &PatchParams::apply("ours"),
+            &Patch::Apply(doc("1")),
+        )
+        .await
+        .unwrap();
+        cms.patch(
+            "shared",
+            &PatchParams::apply("helm"),
+            &Patch::Apply(doc("1")),
+        )
+        .await
+        .unwrap();
+        // A different value owned by someone else: 409 naming the manager and field.
+        let (code, reason, message) = api_error(
+            cms.patch(
+                "shared",
+                &PatchParams::apply("ours"),
+                &Patch::Apply(doc("2")),
+            )
+            .await
+            .unwrap_err(),
+        );
+        assert_eq!((code, reason.as_str()), (409, "Conflict"));
+        assert_eq!(
+            message,
+            "Apply failed with 1 conflict: conflict with \"helm\" using v1: .data.k"
+        );
+        // Forced: it takes the field.
+        let forced = cms
+            .patch(
+                "shared",
+                &PatchParams::apply("ours").force(),
+                &Patch::Apply(doc("2")),
+            )
+            .await
+            .unwrap();
+        assert_eq!(forced.data.unwrap()["k"], "2");
+    }
 }

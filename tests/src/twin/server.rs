@@ -381,6 +381,7 @@ impl Twin {
         }
         let ctx = WriteCtx {
             dry_run: query.get("dryRun").is_some_and(|v| v == "All"),
+            force: query.get("force").is_some_and(|v| v == "true"),
             field_manager: query.get("fieldManager").cloned(),
             subresource: if r.sub.is_empty() {
                 None
@@ -389,6 +390,16 @@ impl Twin {
             },
         };
         let list_query = || -> Result<ListQuery, ApiError> {
+            let fields = FieldSelector::parse(
+                query
+                    .get("fieldSelector")
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+            )
+            .map_err(ApiError::bad_request)?;
+            fields
+                .check(rt.group, rt.resource)
+                .map_err(ApiError::bad_request)?;
             Ok(ListQuery {
                 labels: LabelSelector::parse(
                     query
@@ -397,13 +408,7 @@ impl Twin {
                         .unwrap_or_default(),
                 )
                 .map_err(ApiError::bad_request)?,
-                fields: FieldSelector::parse(
-                    query
-                        .get("fieldSelector")
-                        .map(String::as_str)
-                        .unwrap_or_default(),
-                )
-                .map_err(ApiError::bad_request)?,
+                fields,
                 limit: match query.get("limit") {
                     Some(l) => Some(
                         l.parse()
