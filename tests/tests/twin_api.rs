@@ -661,4 +661,39 @@ mod twin {
             .unwrap();
         assert_eq!(forced.data.unwrap()["k"], "2");
     }
+
+    #[tokio::test]
+    async fn openapi_v3_says_writes_validate_on_the_server() {
+        let (_twin, client) = start().await;
+        let get = |path: &str| {
+            let client = client.clone();
+            let path = path.to_owned();
+            async move {
+                let req = http::Request::get(path).body(Vec::new()).unwrap();
+                client.request::<serde_json::Value>(req).await.unwrap()
+            }
+        };
+        let root = get("/openapi/v3").await;
+        let url = root["paths"]["api/v1"]["serverRelativeURL"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(url.starts_with("/openapi/v3/api/v1?hash="), "{url}");
+        assert!(root["paths"]["apis/apps/v1"].is_object());
+        let doc = get(&url).await;
+        let patch = &doc["paths"]["/api/v1/namespaces/{namespace}/configmaps/{name}"]["patch"];
+        assert_eq!(
+            patch["x-kubernetes-group-version-kind"],
+            json!({"group": "", "version": "v1", "kind": "ConfigMap"})
+        );
+        assert!(
+            patch["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "fieldValidation" && p["in"] == "query")
+        );
+        let v2 = get("/openapi/v2").await;
+        assert_eq!(v2["swagger"], "2.0");
+    }
 }
