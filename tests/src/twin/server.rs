@@ -250,6 +250,9 @@ fn parse_body(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Value::Null);
     }
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        return super::protobuf::decode(body);
+    }
     match serde_json::from_slice(body) {
         Ok(v) => Ok(v),
         Err(json_err) => {
