@@ -218,7 +218,7 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             Action::StartMember { name, .. } => {
                 match self.retry(|| self.rack.start_instance(name)).await {
                     Ok(()) => Outcome::Done,
-                    Err(e) => failed(e),
+                    Err(e) => Outcome::Failed(start_failure(e)),
                 }
             }
             Action::RemoveMember {
@@ -279,6 +279,18 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         }
         // A retry after a lost response finds the name taken: that instance is ours, adopt it.
         match self.retry(|| self.rack.create_instance(&new)).await {
+            // The rack answers 201 with a `stopped` instance when its automatic start failed
+            // (no sled has room, or the silo quota is spent). Only an explicit start says
+            // which; ask once, report it, and leave the instance for the next run to start.
+            Ok(i) if i.state == InstanceState::Stopped => {
+                match self.retry(|| self.rack.start_instance(name)).await {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => Outcome::Failed(format!(
+                        "created, but the rack did not start it: {}",
+                        start_failure(e)
+                    )),
+                }
+            }
             Ok(_) => Outcome::Done,
             Err(RackError::AlreadyExists { what }) if what.contains(name) => {
                 match self.rack.get_instance(name).await {
@@ -332,13 +344,16 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 }
             }
         }
-        // Stop before deleting the Node: a running kubelet would register it again.
+        // Stop before deleting the Node: a running kubelet would register it again. A
+        // `failed` member is stopped too: the stop clears the rack's intent to run it, so an
+        // automatic restart (instances created without `auto_restart_policy: never`) cannot
+        // bring it back between our look and our delete.
         let instance = self
             .retry(|| self.rack.get_instance(name))
             .await
             .map_err(|e| format!("{e:#}"))?;
         if let Some(inst) = &instance
-            && !inst.state.is_deletable()
+            && inst.state != InstanceState::Stopped
         {
             self.retry(|| self.rack.stop_instance(name))
                 .await
@@ -489,6 +504,19 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             }
             tokio::time::sleep(poll).await;
         }
+    }
+}
+
+/// Why a start failed, naming the cause a person acts on: the silo quota or the rack's room.
+fn start_failure(e: RackError) -> String {
+    match &e {
+        RackError::InsufficientCapacity { message, .. } if message.contains("Limit Exceeded") => {
+            format!("the silo quota is exhausted: {e:#}")
+        }
+        RackError::InsufficientCapacity { .. } => {
+            format!("insufficient capacity on the rack: {e:#}")
+        }
+        _ => format!("{e:#}"),
     }
 }
 

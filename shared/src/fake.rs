@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::cluster::{Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome};
+use crate::firewall::{RuleChange, TcpAllowRule};
 use crate::model::{
     Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance, InstanceState,
     NewInstance, Node, NodeReadiness, PodRef,
@@ -61,6 +62,8 @@ pub struct WorldState {
     pub log: Vec<String>,
     /// The most instances each pool-prefix ever had at once (for surge checks).
     pub peak_instances: usize,
+    /// Firewall rules oxide-controller ensured (the rack's own defaults are not modelled).
+    pub firewall_rules: Vec<TcpAllowRule>,
     next_ip: u8,
     rv: u64,
 }
@@ -189,6 +192,16 @@ impl Rack for FakeRack {
 
     async fn get_instance(&self, name: &str) -> Result<Option<Instance>, RackError> {
         Ok(self.0.with(|s| s.instances.get(name).cloned()))
+    }
+
+    async fn instance_private_ip(&self, name: &str) -> Result<Option<IpAddr>, RackError> {
+        // A stable address in the default VPC subnet (172.30.0.0/22), derived from the id.
+        Ok(self.0.with(|s| {
+            s.instances.get(name).map(|i| {
+                let b = i.id.as_bytes();
+                IpAddr::V4(Ipv4Addr::new(172, 30, b[0] & 3, b[1].max(5)))
+            })
+        }))
     }
 
     async fn create_instance(&self, new: &NewInstance) -> Result<Instance, RackError> {
@@ -445,6 +458,30 @@ impl Rack for FakeRack {
 
     async fn ensure_anti_affinity_group(&self, _name: &str) -> Result<(), RackError> {
         Ok(())
+    }
+
+    async fn list_firewall_rules(&self) -> Result<Vec<String>, RackError> {
+        Ok(self
+            .0
+            .with(|s| s.firewall_rules.iter().map(|r| r.name.clone()).collect()))
+    }
+
+    async fn ensure_firewall_rule(&self, rule: &TcpAllowRule) -> Result<RuleChange, RackError> {
+        Ok(self.0.with(|s| {
+            let change = match s.firewall_rules.iter_mut().find(|r| r.name == rule.name) {
+                Some(r) if r == rule => return RuleChange::Unchanged,
+                Some(r) => {
+                    *r = rule.clone();
+                    RuleChange::Updated
+                }
+                None => {
+                    s.firewall_rules.push(rule.clone());
+                    RuleChange::Created
+                }
+            };
+            s.log.push(format!("firewall-rule {}", rule.name));
+            change
+        }))
     }
 }
 

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod credentials;
 pub mod dev_image;
 pub mod fake;
+pub mod firewall;
 pub mod image;
 pub mod kcron;
 pub mod kubeclient;

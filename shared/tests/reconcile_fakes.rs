@@ -271,6 +271,66 @@ fn scale_down_drains_before_deleting_and_cleans_up_disks() {
     });
 }
 
+/// A failed member is stopped before it is deleted: on a rack the stop clears the intent to
+/// run, so an automatic restart cannot bring it back between our look and our delete.
+#[test]
+fn a_failed_member_is_stopped_before_it_is_deleted() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        let w = world(&spec, true).await;
+        converge(&w, 10).await;
+        let worker = oxide_controller::fake::pool_members(&w, "demo", "workers")[0].clone();
+        w.with(|s| {
+            if let Some(i) = s.instances.get_mut(&worker) {
+                i.state = InstanceState::Failed;
+            }
+            s.log.clear();
+        });
+        converge(&w, 10).await;
+        assert_shape(&w, &spec);
+        let log = w.lock().log.clone();
+        let pos = |p: &str| log.iter().position(|l| l == &format!("{p} {worker}"));
+        let (stop, del) = (pos("stop"), pos("delete"));
+        assert!(
+            stop.is_some() && stop < del,
+            "{worker}: stop, then delete: {log:?}"
+        );
+    });
+}
+
+/// New members join through a Ready server's private VPC address (which the VPC's default
+/// `allow-internal-inbound` admits), not through the floating IP.
+#[test]
+fn new_members_join_through_a_ready_servers_private_address() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        let w = world(&spec, true).await;
+        converge(&w, 10).await;
+        let before = oxide_controller::fake::pool_members(&w, "demo", "workers");
+        spec.worker_pools[0].count = 2;
+        set_spec(&w, &spec).await;
+        converge(&w, 10).await;
+        let server = oxide_controller::fake::pool_members(&w, "demo", "control-plane")[0].clone();
+        let private = w
+            .rack()
+            .instance_private_ip(&server)
+            .await
+            .unwrap()
+            .expect("the server has a private address");
+        let new = oxide_controller::fake::pool_members(&w, "demo", "workers")
+            .into_iter()
+            .find(|n| !before.contains(n))
+            .expect("a new worker");
+        let ud = String::from_utf8(w.lock().user_data[&new].clone()).unwrap();
+        assert!(
+            ud.contains(&format!("https://{private}:6443")),
+            "joins via {private}: {ud}"
+        );
+    });
+}
+
 #[test]
 fn a_pod_disruption_budget_blocks_the_removal_until_it_allows_it() {
     rt().block_on(async {

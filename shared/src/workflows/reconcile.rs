@@ -155,6 +155,7 @@ pub async fn observe<R: Rack, C: Cluster>(
         })?,
         disks: disks.map_err(rack_err)?,
         api_floating_ip: fip.map_err(rack_err)?,
+        join_address: None,
         images: BTreeMap::new(),
     })
 }
@@ -204,9 +205,23 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
         .any(|a| matches!(a, plan::Action::CreateMember { .. }))
     {
         resolve_images(rack, spec, &plan, &mut observed).await?;
+        resolve_join_address(rack, spec, &mut observed, now).await?;
         plan = plan::plan(spec, &observed, now, &suffixes);
     }
     Ok((observed, plan))
+}
+
+/// Looks up the private address of the server new members join through.
+pub async fn resolve_join_address<R: Rack>(
+    rack: &R,
+    spec: &ClusterSpec,
+    observed: &mut Observed,
+    now: DateTime<Utc>,
+) -> Result<(), ReconcileError> {
+    if let Some(server) = crate::members::join_server(spec, observed, now) {
+        observed.join_address = rack.instance_private_ip(&server).await.map_err(rack_err)?;
+    }
+    Ok(())
 }
 
 /// Draws fresh name suffixes for the planner (enough for any plan of this spec).

@@ -253,6 +253,7 @@ impl RackEvents for Boot {
                 boot_started: Instant::now(),
                 ephemeral_ips: Vec::new(),
                 external_ips: Vec::new(),
+                private_ip: None,
                 api_ssh_keys: Vec::new(),
                 user_data: None,
                 sshd_up: false,
@@ -273,6 +274,7 @@ impl RackEvents for Boot {
             vm.hostname = inst.hostname.clone();
             (vm.ncpus, vm.memory) = (inst.ncpus, inst.memory);
             vm.external_ips = inst.external_ips.clone();
+            vm.private_ip = Some(inst.private_ip);
             vm.ephemeral_ips = inst
                 .external_ips
                 .iter()

@@ -116,6 +116,8 @@ struct Vm {
     ephemeral_ips: Vec<IpAddr>,
     /// All external IPs at boot (ephemeral first, as the API lists them).
     external_ips: Vec<IpAddr>,
+    /// The NIC's VPC address (the guest's own address; k3s's node IP).
+    private_ip: Option<IpAddr>,
     api_ssh_keys: Vec<String>,
     user_data: Option<Arc<UserData>>,
     sshd_up: bool,
