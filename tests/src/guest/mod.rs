@@ -122,6 +122,8 @@ struct Vm {
     k3s: K3sState,
     /// Has been a member of the cluster (its datastore/agent state survives reboots).
     member: bool,
+    /// cloud-init's keys_to_console ran (once per instance: never again after a restart).
+    keys_printed: bool,
     node_name: Option<String>,
     /// Files uploaded over SSH: guest path → the host file holding them (they live on the
     /// VM's disk, so they survive reboots and go with the instance).
