@@ -754,14 +754,23 @@ impl NodeUserData {
                 K3sRole::Server {
                     cluster_init: m.cluster_init,
                     server_url: (!m.cluster_init).then_some(server_url),
-                    token: secrets.k3s_token.clone(),
+                    // The cluster-init server has no CA to check yet: the short form.
+                    token: match m.ca_hash {
+                        Some(hash) if !m.cluster_init => {
+                            full_token(hash, "server", &secrets.k3s_token)
+                        }
+                        _ => secrets.k3s_token.clone(),
+                    },
                     agent_token: secrets.k3s_agent_token.clone(),
                     tls_san,
                 }
             }
             Role::Worker => K3sRole::Agent {
                 server_url,
-                agent_token: secrets.k3s_agent_token.clone(),
+                agent_token: match m.ca_hash {
+                    Some(hash) => full_token(hash, "node", &secrets.k3s_agent_token),
+                    None => secrets.k3s_agent_token.clone(),
+                },
             },
         };
         let mut authorized_keys = vec![secrets.ssh_public_key.trim().to_string()];
@@ -798,6 +807,14 @@ impl NodeUserData {
                 }),
         }
     }
+}
+
+/// k3s's full token form, `K10<sha256 of the cluster CA>::<user>:<password>` (docs.k3s.io
+/// "Token" → "Secure"): the joining node fetches `/cacerts`, compares its hash and refuses a
+/// server whose CA differs, where the short form trusts whatever CA answers. `user` is
+/// `server` for the server token and `node` for the agent token.
+pub fn full_token(ca_hash: &str, user: &str, password: &str) -> String {
+    format!("K10{ca_hash}::{user}:{password}")
 }
 
 /// Render the user-data of a pool member (see [`NodeUserData::for_member`]).
@@ -1367,6 +1384,7 @@ mod tests {
                 image_id: uuid::Uuid::nil(),
                 api_address: "172.30.0.10".parse().unwrap(),
                 cluster_init: false,
+                ca_hash: None,
             };
             NodeUserData::for_member(&input).tailscale
         };
@@ -1381,6 +1399,53 @@ mod tests {
                 tag: crate::tailscale::DEFAULT_TAG.into(),
             })
         );
+    }
+
+    #[test]
+    fn joiners_get_the_full_token_form_once_the_ca_hash_is_known() {
+        let spec = crate::spec::ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        let secrets = crate::secrets::ClusterSecrets {
+            k3s_token: "k3s-token-example".into(),
+            k3s_agent_token: "agent-token-example".into(),
+            ssh_public_key: CONTROLLER_KEY.into(),
+            ..Default::default()
+        };
+        let hash = "ab".repeat(32);
+        let role = |role: Role, cluster_init: bool, ca_hash: Option<&str>| {
+            let pool = match role {
+                Role::ControlPlane => &spec.control_plane,
+                Role::Worker => &spec.worker_pools[0],
+            };
+            let input = MemberInput {
+                spec: &spec,
+                secrets: &secrets,
+                role,
+                pool,
+                name: "demo-x-abcde",
+                image_id: uuid::Uuid::nil(),
+                api_address: "172.30.0.10".parse().unwrap(),
+                cluster_init,
+                ca_hash,
+            };
+            k3s_config(&NodeUserData::for_member(&input))
+        };
+        let joining = role(Role::ControlPlane, false, Some(&hash));
+        assert_eq!(
+            joining.token,
+            Some(format!("K10{hash}::server:k3s-token-example"))
+        );
+        assert_eq!(joining.agent_token.as_deref(), Some("agent-token-example"));
+        let agent = role(Role::Worker, false, Some(&hash));
+        assert_eq!(
+            agent.token,
+            Some(format!("K10{hash}::node:agent-token-example"))
+        );
+        // The first server creates the CA: nothing to check yet.
+        let first = role(Role::ControlPlane, true, Some(&hash));
+        assert_eq!(first.token.as_deref(), Some("k3s-token-example"));
+        // Before the hash is known (older ConfigMaps): the short form.
+        let old = role(Role::Worker, false, None);
+        assert_eq!(old.token.as_deref(), Some("agent-token-example"));
     }
 
     #[test]

@@ -167,3 +167,42 @@ async fn a_host_key_that_changed_since_it_was_pinned_is_refused_with_what_to_che
         assert!(last.contains(needle), "{needle:?} missing from: {last}");
     }
 }
+
+/// Members reconcile adds join with the full token form, whose CA hash bootstrap took from
+/// the kubeconfig; the simulated k3s refuses a hash that is not its CA's, so a Ready worker
+/// shows the hash is right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn members_added_after_bootstrap_join_with_the_cluster_ca_hash() {
+    let env = common::env().await;
+    let out = env.run(&["--workers", "1"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hash = oxide_sim::guest::ca_hash(&env.sim.twin().ca_pem());
+    let first = first_server(&env);
+    let dump = env.dump();
+    let mut seen = 0;
+    for i in dump["instances"].as_array().unwrap() {
+        let name = i["name"].as_str().unwrap();
+        let running = env
+            .sim
+            .oxide()
+            .running_instance(i["id"].as_str().unwrap().parse().unwrap())
+            .unwrap();
+        let ud = oxide_sim::guest::parse_user_data(&running.user_data).unwrap();
+        let token = ud.k3s.unwrap().token.unwrap();
+        if name == first {
+            assert!(
+                !token.starts_with("K10"),
+                "the first server has no CA to pin yet"
+            );
+        } else {
+            assert!(token.starts_with(&format!("K10{hash}::")), "{name}");
+            seen += 1;
+        }
+    }
+    assert!(seen >= 1, "at least the worker joined after bootstrap");
+    assert!(!env.ready_nodes("demo-").is_empty());
+}

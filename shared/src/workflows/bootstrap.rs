@@ -447,13 +447,17 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         .await
         .map_err(|e| failed("state", &e))?;
     let store = KubeStateStore::new(client.clone(), NAMESPACE);
-    let config = BTreeMap::from([
+    let mut config = BTreeMap::from([
         (state::keys::SPEC.to_owned(), spec.to_yaml()),
         (
             state::keys::SCHEMA_VERSION.to_owned(),
             SCHEMA_VERSION.to_owned(),
         ),
     ]);
+    // Joiners pin the cluster CA with it (`K10<hash>::` tokens); k3s.yaml came over the
+    // pinned SSH connection, so its CA is the cluster's.
+    let ca_hash = kubeconfig::k3s_ca_hash(&k3s_yaml).map_err(|e| failed("state", &e))?;
+    config.insert(state::keys::K3S_CA_HASH.to_owned(), ca_hash);
     crate::retry::retry(
         Backoff::default(),
         |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
@@ -641,6 +645,7 @@ async fn ensure_first_server(
         image_id: image.id,
         api_address,
         cluster_init: true,
+        ca_hash: None,
     })
     .map_err(|message| BootstrapError::Failed { step, message })?;
     match rack.create_instance(&new).await {
