@@ -1425,6 +1425,7 @@ mod tests {
                 name: "demo-x-abcde",
                 image_id: uuid::Uuid::nil(),
                 api_address: "172.30.0.10".parse().unwrap(),
+                join_address: "172.30.0.10".parse().unwrap(),
                 cluster_init,
                 ca_hash,
             };
