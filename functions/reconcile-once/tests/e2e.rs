@@ -669,7 +669,7 @@ type SpecCase = (&'static str, fn(&str) -> String);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
     let env = env(1, 1).await;
-    let cases: [SpecCase; 4] = [
+    let cases: [SpecCase; 5] = [
         ("control_plane.count", |s| {
             s.replacen("count: 1", "count: 2", 1)
         }),
@@ -677,6 +677,17 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
             s.replace("min: 0", "min: 500")
         }),
         ("wrokers", |s| format!("{s}wrokers: 3\n")),
+        // The kubelet refuses this label and k3s would never start (issue 11).
+        (
+            "worker_pools.workers.labels.node-role.kubernetes.io/worker",
+            |s| {
+                let mut spec = oxide_controller::spec::ClusterSpec::from_yaml(s).unwrap();
+                spec.worker_pools[0]
+                    .labels
+                    .insert("node-role.kubernetes.io/worker".into(), "true".into());
+                spec.to_yaml()
+            },
+        ),
         ("worker_pools.workers.memory", |s| {
             match s.split_once("worker_pools:") {
                 Some((a, b)) => format!(
