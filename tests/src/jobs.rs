@@ -240,7 +240,7 @@ impl JobRunner {
         }
         let program = match self.program(job) {
             Placement::Pending => return,
-            Placement::Run(p) => Ok(p),
+            Placement::Run(p, node) => Ok((p, node)),
             Placement::Fail(why) => Err(why),
         };
         if !self
@@ -285,11 +285,14 @@ impl JobRunner {
             json!({"startTime": Utc::now().to_rfc3339(), "active": 1}),
         );
         let runner = self.clone();
+        let template = job["spec"]["template"].clone();
+        let job_uid = job["metadata"]["uid"].clone();
         tokio::spawn(async move {
             let ok = match program {
-                Ok(program) => {
+                Ok((program, node)) => {
+                    let pod = runner.job_pod(&ns, &name, &job_uid, &template, node);
                     runner
-                        .run(&ns, &name, &sa, &program, &command, &env, deadline)
+                        .run(&ns, &name, &sa, &program, &command, &env, deadline, &pod)
                         .await
                 }
                 Err(why) => {
@@ -320,7 +323,7 @@ impl JobRunner {
         };
         let Some(host_path) = host_path_of(pod, container, command) else {
             return match Path::new(command).file_name() {
-                Some(f) => Placement::Run(self.bin_dir.join(f)),
+                Some(f) => Placement::Run(self.bin_dir.join(f), None),
                 None => Placement::Fail(format!("Job command {command:?} names no program")),
             };
         };
@@ -335,7 +338,7 @@ impl JobRunner {
         {
             Some(file) => {
                 tracing::info!(job = %meta(job, "name"), %node, host_path, "Job placed; running the Node's file");
-                Placement::Run(file)
+                Placement::Run(file, Some(node))
             }
             None => Placement::Fail(format!(
                 "Job placed on Node {node}, which has no {host_path} (hostPath): the container cannot start"
@@ -368,6 +371,49 @@ impl JobRunner {
         fits.choose(&mut rand::rng()).cloned()
     }
 
+    /// The Job's Pod, as the Job controller and the scheduler would make and bind it: named
+    /// `<job>-<5 hex>`, the template's labels plus `job-name`, owned by the Job, on `node`
+    /// (or a Ready, schedulable Node matching its `nodeSelector`; unbound if none is). The
+    /// run's `POD_NAME` is this name, so a run can see (and must not evict) its own pod.
+    fn job_pod(
+        &self,
+        ns: &str,
+        job: &str,
+        job_uid: &Value,
+        template: &Value,
+        node: Option<String>,
+    ) -> Value {
+        let name = format!("{job}-{:05x}", rand::random::<u32>() & 0xfffff);
+        let mut labels = template["metadata"]["labels"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        labels.insert("job-name".into(), json!(job));
+        labels.insert("batch.kubernetes.io/job-name".into(), json!(job));
+        let mut spec = template["spec"].clone();
+        if let Some(node) = node.or_else(|| self.place(&spec)) {
+            spec["nodeName"] = json!(node);
+        }
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": labels,
+                "ownerReferences": [{"apiVersion": JOB.0, "kind": JOB.1, "name": job, "uid": job_uid, "controller": true, "blockOwnerDeletion": true}]},
+            "spec": spec, "status": {"phase": "Pending"}});
+        match self.twin.upsert(pod.clone()) {
+            Ok(stored) => stored,
+            Err(e) => {
+                tracing::warn!(error = %e, job, "cannot create the Job's pod");
+                pod
+            }
+        }
+    }
+
+    /// Whether the Job's pod is gone or being deleted (evicted): its process must stop.
+    fn pod_going(&self, ns: &str, pod: &str) -> bool {
+        self.twin
+            .get("v1", "Pod", Some(ns), pod)
+            .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null())
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn run(
         &self,
@@ -378,6 +424,7 @@ impl JobRunner {
         command: &[String],
         env: &[(String, String)],
         deadline: Option<Duration>,
+        pod: &Value,
     ) -> bool {
         let Some(server) = self
             .listeners
@@ -397,7 +444,7 @@ impl JobRunner {
             tracing::warn!(error = %e, "cannot write the Job's kubeconfig");
             return false;
         }
-        let pod_name = format!("{name}-{:05x}", rand::random::<u32>() & 0xfffff);
+        let pod_name = meta(pod, "name");
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(command.get(1..).unwrap_or_default())
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -434,8 +481,18 @@ impl JobRunner {
                 }
             });
         }
-        let status = match deadline {
-            Some(d) => match tokio::time::timeout(d, child.wait()).await {
+        // The pod evicted or deleted under the process: the kubelet stops its containers.
+        let evicted = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if self.pod_going(ns, &pod_name) {
+                    return;
+                }
+            }
+        };
+        let limit = deadline.unwrap_or(Duration::MAX);
+        let status = tokio::select! {
+            s = tokio::time::timeout(limit, child.wait()) => match s {
                 Ok(s) => s.ok(),
                 Err(_) => {
                     let _ = child.kill().await;
@@ -443,10 +500,22 @@ impl JobRunner {
                     None
                 }
             },
-            None => child.wait().await.ok(),
+            () = evicted => {
+                let _ = child.kill().await;
+                tracing::warn!(job = %name, pod = %pod_name, "the Job's pod was evicted or deleted; its process was killed");
+                None
+            }
         };
         let _ = std::fs::remove_file(&kubeconfig);
         let ok = status.is_some_and(|s| s.success());
+        if let Some(mut p) = self.twin.get("v1", "Pod", Some(ns), &pod_name)
+            && p["metadata"]["deletionTimestamp"].is_null()
+        {
+            p["status"]["phase"] = json!(if ok { "Succeeded" } else { "Failed" });
+            if let Err(e) = self.twin.upsert(p) {
+                tracing::debug!(error = %e, "cannot finish the Job's pod");
+            }
+        }
         tracing::info!(job = %name, ok, "Job finished");
         ok
     }
@@ -489,8 +558,8 @@ impl JobRunner {
 
 /// Where a Job's program comes from.
 enum Placement {
-    /// Run this file.
-    Run(PathBuf),
+    /// Run this file (on this Node, when the placement chose one).
+    Run(PathBuf, Option<String>),
     /// No Node fits yet: leave the Job pending.
     Pending,
     /// The container cannot start.

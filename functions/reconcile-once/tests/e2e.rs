@@ -979,3 +979,129 @@ async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
     assert!(!twin_nodes(&env).contains(&victim));
     assert_eq!(env.instances(WK).len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
+    let bin_dir = Path::new(BIN)
+        .parent()
+        .unwrap_or_else(|| panic!("bin dir"))
+        .to_path_buf();
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane: 1,
+            workers: 2,
+        }),
+        job_binaries: Some(bin_dir),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("simulator: {e:#}"));
+    let kubeconfig = sim
+        .kubeconfig
+        .clone()
+        .unwrap_or_else(|| panic!("preset kubeconfig"));
+    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let env = Env {
+        sim,
+        kubeconfig,
+        store: KubeStateStore::new(client, "kube-system"),
+    };
+    let twin = env.sim.twin().clone();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s-cronjobs");
+    for f in ["serviceaccount.yaml", "rbac.yaml", "cronjob.yaml"] {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        for doc in text.split("\n---") {
+            let mut v: Value = serde_saphyr::from_str(doc).unwrap_or(Value::Null);
+            if v["kind"] == "CronJob" {
+                // No scheduled runs during the test: only the Job below.
+                v["spec"]["suspend"] = serde_json::json!(true);
+            }
+            if v.is_object() {
+                twin.upsert(v).unwrap_or_else(|e| panic!("{f}: {e}"));
+            }
+        }
+    }
+    env.edit(|s| s.timeouts.drain_seconds = 5).await;
+    let victim = env.ready_nodes(WK)[0].clone();
+    let mut node = twin
+        .get("v1", "Node", None, &victim)
+        .unwrap_or_else(|| panic!("node"));
+    node["metadata"]["annotations"]["oxide-controller/delete-me"] = serde_json::json!("true");
+    twin.upsert(node).unwrap_or_else(|e| panic!("{e}"));
+    twin.upsert(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-on-victim", "namespace": "default", "labels": {"app": "web"}},
+        "spec": {"nodeName": victim, "terminationGracePeriodSeconds": 1, "containers": [{"name": "c", "image": "nginx"}]},
+        "status": {"phase": "Running"}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+    env.edit(|s| s.worker_pools[0].count = 1).await;
+
+    // The reconcile Job, its pod placed on the victim.
+    let cron = twin
+        .get(
+            "batch/v1",
+            "CronJob",
+            Some("kube-system"),
+            "oxide-controller",
+        )
+        .unwrap_or_else(|| panic!("cronjob"));
+    let mut spec = cron["spec"]["jobTemplate"]["spec"].clone();
+    spec["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = serde_json::json!(victim);
+    twin.upsert(serde_json::json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "on-the-victim", "namespace": "kube-system"}, "spec": spec}))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let outcome = loop {
+        let job = twin
+            .get("batch/v1", "Job", Some("kube-system"), "on-the-victim")
+            .unwrap_or_else(|| panic!("job"));
+        let done = job["status"]["conditions"].as_array().and_then(|c| {
+            c.iter()
+                .find(|c| c["status"] == "True")
+                .and_then(|c| c["type"].as_str().map(str::to_owned))
+        });
+        if let Some(done) = done {
+            break done;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the Job did not finish: {job}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let pods: Vec<Value> = twin
+        .list("v1", "Pod", Some("kube-system"))
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["job-name"] == "on-the-victim")
+        .collect();
+    assert_eq!(pods.len(), 1, "{pods:#?}");
+    let own = &pods[0];
+    assert_eq!(own["spec"]["nodeName"], victim.as_str());
+    assert!(
+        own["metadata"]["deletionTimestamp"].is_null(),
+        "the run evicted its own pod: {own}"
+    );
+    assert_eq!(outcome, "Complete");
+    assert_eq!(own["status"]["phase"], "Succeeded");
+    let own_name = own["metadata"]["name"].as_str().unwrap_or_default();
+    let status = env.status().await.unwrap_or_else(|| panic!("status"));
+    let plan = serde_json::to_string(&status.last_plan).unwrap_or_default();
+    assert!(
+        plan.contains(&format!("this run's own pod kube-system/{own_name}")),
+        "{plan}"
+    );
+    assert!(
+        twin_nodes(&env).contains(&victim),
+        "the node stays for a later run"
+    );
+    assert!(
+        twin.get("v1", "Pod", Some("default"), "web-on-victim")
+            .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null()),
+        "the other pods were evicted"
+    );
+    // A run elsewhere finishes the removal.
+    env.converge(6).await;
+    assert!(!twin_nodes(&env).contains(&victim));
+}

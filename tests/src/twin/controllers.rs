@@ -163,13 +163,14 @@ impl Store {
     }
 
     /// The garbage collector, for what these controllers own: pods of a vanished
-    /// ReplicaSet/DaemonSet, ReplicaSets of a vanished Deployment (background propagation).
+    /// ReplicaSet/DaemonSet/Job, ReplicaSets of a vanished Deployment (background propagation).
     fn garbage_collect(&mut self) {
-        let (pods, rss, dss, deps) = (
+        let (pods, rss, dss, deps, jobs) = (
             rid("", "pods"),
             rid("apps", "replicasets"),
             rid("apps", "daemonsets"),
             rid("apps", "deployments"),
+            resources::by_path("batch", "v1", "jobs").unwrap_or(resources::NAMESPACES),
         );
         let uids = |store: &Store, r: usize| -> Vec<String> {
             store
@@ -177,12 +178,12 @@ impl Store {
                 .map(|o| meta(o, "uid").to_owned())
                 .collect()
         };
-        let owners: Vec<String> = [rss, dss, deps]
+        let owners: Vec<String> = [rss, dss, deps, jobs]
             .into_iter()
             .flat_map(|r| uids(self, r))
             .collect();
         for (r, kinds) in [
-            (pods, &["ReplicaSet", "DaemonSet"][..]),
+            (pods, &["ReplicaSet", "DaemonSet", "Job"][..]),
             (rss, &["Deployment"][..]),
         ] {
             let orphans: Vec<(String, String)> = self
