@@ -116,6 +116,8 @@ struct Vm {
     ephemeral_ips: Vec<IpAddr>,
     /// All external IPs at boot (ephemeral first, as the API lists them).
     external_ips: Vec<IpAddr>,
+    /// The NIC's VPC address (the guest's own address; k3s's node IP).
+    private_ip: Option<IpAddr>,
     api_ssh_keys: Vec<String>,
     user_data: Option<Arc<UserData>>,
     sshd_up: bool,
@@ -125,6 +127,9 @@ struct Vm {
     /// cloud-init's keys_to_console ran (once per instance: never again after a restart).
     keys_printed: bool,
     node_name: Option<String>,
+    /// vCPUs and memory (bytes) of the instance: the Node's capacity.
+    ncpus: u16,
+    memory: u64,
     /// Files uploaded over SSH: guest path → the host file holding them (they live on the
     /// VM's disk, so they survive reboots and go with the instance).
     uploads: BTreeMap<String, std::path::PathBuf>,
