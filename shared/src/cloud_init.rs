@@ -328,6 +328,15 @@ if [ -z "$dev" ]; then
 fi
 if ! blkid "$dev" >/dev/null 2>&1; then
   mkfs.ext4 -q -L k3s-data "$dev"
+  # What the image keeps under the mount point (an air-gapped image's
+  # k3s/agent/images tarballs) goes onto the new filesystem; the mount would hide it.
+  if [ -d "$mnt" ] && [ -n "$(ls -A "$mnt")" ]; then
+    tmp="$(mktemp -d)"
+    mount "$dev" "$tmp"
+    cp -a "$mnt/." "$tmp/"
+    umount "$tmp"
+    rmdir "$tmp"
+  fi
 fi
 uuid="$(blkid -s UUID -o value "$dev")"
 mkdir -p "$mnt"

@@ -164,12 +164,16 @@ fn disk_stubs(s: &Sandbox) {
 fn the_data_disk_script_formats_once_and_orders_the_mount_before_k3s() {
     let input = agent_with_disk();
     let (script, argv) = script(&input, DATA_DISK_SCRIPT_PATH);
-    let args = argv.expect("runcmd runs the data disk script")[1..].to_vec();
+    let mut args = argv.expect("runcmd runs the data disk script")[1..].to_vec();
+    assert_eq!(args[1], "/var/lib/rancher");
     assert_eq!(args[2], "k3s-agent.service");
     let s = Sandbox::new();
     disk_stubs(&s);
     s.nvme("nvme0n1", "boot-demo-workers-ab");
     s.nvme("nvme1n1", "data-demo-workers-ab");
+    // The mount point inside the sandbox (the host's /var/lib/rancher may exist and hold data).
+    let mnt = path_of(s.root().join("var/lib/rancher"));
+    args[1] = mnt.clone();
 
     let out = s.run(&script, &args);
     assert!(
@@ -192,7 +196,9 @@ fn the_data_disk_script_formats_once_and_orders_the_mount_before_k3s() {
     let fstab = s.read("etc/fstab");
     assert_eq!(
         fstab,
-        "UUID=0b6c5a8e-2f4d-4c59-9a43-3f1f2e0c9d11 /var/lib/rancher ext4 defaults,nofail,x-systemd.before=k3s-agent.service,x-systemd.required-by=k3s-agent.service 0 2\n"
+        format!(
+            "UUID=0b6c5a8e-2f4d-4c59-9a43-3f1f2e0c9d11 {mnt} ext4 defaults,nofail,x-systemd.before=k3s-agent.service,x-systemd.required-by=k3s-agent.service 0 2\n"
+        )
     );
     assert!(
         s.read("calls").contains("nvme1n1"),
@@ -205,6 +211,53 @@ fn the_data_disk_script_formats_once_and_orders_the_mount_before_k3s() {
     assert!(out.status.success());
     assert!(!s.calls().contains(&"mkfs.ext4".to_owned()));
     assert_eq!(s.read("etc/fstab").lines().count(), 1);
+}
+
+#[test]
+fn what_the_image_keeps_under_the_mount_point_is_copied_onto_the_new_disk() {
+    let (script, argv) = script(&agent_with_disk(), DATA_DISK_SCRIPT_PATH);
+    let s = Sandbox::new();
+    disk_stubs(&s);
+    s.nvme("nvme1n1", "data-demo-workers-ab");
+    // An air-gapped image: k3s's image tarballs under the (future) mount point.
+    let mnt = s.root().join("var/lib/rancher");
+    std::fs::create_dir_all(mnt.join("k3s/agent/images")).unwrap();
+    std::fs::write(mnt.join("k3s/agent/images/airgap.tar.zst"), "images").unwrap();
+    // `mount DEV DIR` records DIR, so the test can look at what was copied there.
+    let target = path_of(s.root().join("mounted-at"));
+    s.stub(
+        "mount",
+        &format!("[ $# -eq 2 ] && echo \"$2\" > '{target}'\nexit 0"),
+    );
+    s.stub("umount", "exit 0");
+    s.stub("rmdir", "exit 0");
+    let mut args = argv.unwrap()[1..].to_vec();
+    args[1] = path_of(mnt.clone());
+    let out = s.run(&script, &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let calls = s.calls();
+    assert_eq!(
+        calls,
+        [
+            "blkid",
+            "mkfs.ext4",
+            "mount",
+            "umount",
+            "rmdir",
+            "blkid",
+            "mkdir",
+            "mountpoint",
+            "mount"
+        ],
+    );
+    let tmp = s.read("mounted-at");
+    let copied = Path::new(tmp.trim()).join("k3s/agent/images/airgap.tar.zst");
+    assert_eq!(std::fs::read_to_string(&copied).unwrap(), "images");
+    let _ = std::fs::remove_dir_all(tmp.trim());
 }
 
 #[test]
