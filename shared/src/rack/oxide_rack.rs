@@ -1,4 +1,4 @@
-//! [`OxideRack`]: the [`Rack`] trait over the `oxide` SDK (0.19), talking HTTP to Nexus.
+//! [`OxideRack`]: the [`Rack`] trait over the `oxide` SDK (0.18), talking HTTP to Nexus.
 //!
 //! This module owns the translation between domain types ([`crate::model`]) and `oxide::types`,
 //! pagination (every list reads every page), the retry of reads, and the classification of
@@ -617,9 +617,9 @@ impl Rack for OxideRack {
         if found.is_some() {
             return Ok(());
         }
+        // API 2026073100 (rack release 22) creates the default VPC and subnet with every
+        // project; default NICs need them.
         let body = types::ProjectCreate {
-            // None = the default VPC and subnet, which default NICs need.
-            defaults: None,
             description: PROJECT_DESCRIPTION.to_owned(),
             name: name(&what, "name", &self.project)?,
         };

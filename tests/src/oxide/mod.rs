@@ -44,9 +44,11 @@ use firewall::Source;
 use lifecycle::{Effects, Env, Event, Timer};
 use store::{Image, Project, RunState, SshKey, Store, Times};
 
-/// The API version this simulated rack implements (the one `oxide` 0.19 sends). Requests
-/// asking for a newer version get nexus's 400.
-pub const SERVER_API_VERSION: &str = "2026091500.0.0";
+/// The API version this simulated rack implements by default: the newest nexus in omicron
+/// (`openapi/nexus/nexus-2026081901`, the official document the simulator is checked
+/// against). Requests asking for a newer version get dropshot's 400; `--api-version` makes
+/// the simulator an older rack.
+pub const SERVER_API_VERSION: &str = "2026081901.0.0";
 
 /// Durations of the timed lifecycle transitions.
 #[derive(Clone, Debug)]

@@ -133,7 +133,7 @@ impl Api {
             .method(method)
             .uri(uri)
             .header("authorization", format!("Bearer {TOKEN}"))
-            .header("api-version", "2026091500.0.0");
+            .header("api-version", "2026073100.0.0");
         let bytes = match body {
             Some(v) => {
                 b = b.header("content-type", "application/json");
