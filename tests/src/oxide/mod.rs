@@ -36,6 +36,7 @@ use uuid::Uuid;
 pub use addresses::AddressPool;
 pub use error::ApiError;
 pub use faults::{FaultSpec, Faults, RouteFault};
+pub use store::BulkWriteStats;
 
 pub use routes::{ROUTES, RouteSpec};
 
@@ -515,9 +516,16 @@ impl OxideSim {
         self.counters_lock().clone()
     }
 
-    /// Zeroes the per-route counters and the request count `crash_after_requests` uses.
+    /// Sizes of the bulk writes received since start or the last `reset_counters`.
+    pub fn bulk_write_stats(&self) -> store::BulkWriteStats {
+        self.store().bulk_writes
+    }
+
+    /// Zeroes the per-route counters, the bulk-write sizes and the request count
+    /// `crash_after_requests` uses.
     pub fn reset_counters(&self) {
         self.counters_lock().clear();
+        self.store().bulk_writes = store::BulkWriteStats::default();
         self.inner.requests.store(0, Ordering::SeqCst);
     }
 
