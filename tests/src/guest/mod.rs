@@ -124,6 +124,8 @@ struct Vm {
     k3s: K3sState,
     /// Has been a member of the cluster (its datastore/agent state survives reboots).
     member: bool,
+    /// cloud-init's keys_to_console ran (once per instance: never again after a restart).
+    keys_printed: bool,
     node_name: Option<String>,
     /// vCPUs and memory (bytes) of the instance: the Node's capacity.
     ncpus: u16,
