@@ -109,6 +109,9 @@ pub struct OxideSimConfig {
     pub faults: Faults,
     /// Where floating, ephemeral and SNAT addresses come from.
     pub addresses: AddressPool,
+    /// The newest `api-version` this rack serves ([`SERVER_API_VERSION`] unless it acts as
+    /// an older rack).
+    pub api_version: String,
 }
 
 impl OxideSimConfig {
@@ -119,6 +122,7 @@ impl OxideSimConfig {
             timings: Timings::default(),
             faults: Faults::default(),
             addresses: AddressPool::random(),
+            api_version: SERVER_API_VERSION.to_owned(),
         }
     }
 }
@@ -218,6 +222,7 @@ struct Inner {
     timings: Timings,
     faults: Faults,
     addresses: AddressPool,
+    api_version: String,
     events: Arc<dyn RackEvents>,
     store: Mutex<Store>,
     counters: Mutex<BTreeMap<String, u64>>,
@@ -246,6 +251,7 @@ impl OxideSim {
                 timings: cfg.timings,
                 faults: cfg.faults,
                 addresses: cfg.addresses,
+                api_version: cfg.api_version,
                 events,
                 store: Mutex::new(Store::new(snat)),
                 counters: Mutex::new(BTreeMap::new()),
@@ -345,7 +351,7 @@ impl OxideSim {
         parts: &http::request::Parts,
         spec: &RouteSpec,
     ) -> Result<pagination::Query, ApiError> {
-        routes::check_api_version(&parts.headers)?;
+        routes::check_api_version(&parts.headers, &self.inner.api_version)?;
         if !routes::authorized(&parts.headers, &self.inner.token) {
             return Err(ApiError::unauthorized());
         }

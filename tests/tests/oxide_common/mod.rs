@@ -101,6 +101,7 @@ impl Api {
                 timings,
                 faults: faults.clone(),
                 addresses: pool.clone(),
+                api_version: oxide_sim::oxide::SERVER_API_VERSION.to_owned(),
             },
             events.clone(),
         );
