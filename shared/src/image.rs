@@ -39,6 +39,8 @@ pub const MAX_CHUNK: usize = 512 * 1024;
 /// Default chunk: the largest write, so request overhead is as small as the rack allows;
 /// throughput comes from [`DEFAULT_PARALLELISM`] writes in flight.
 pub const DEFAULT_CHUNK: usize = MAX_CHUNK;
+/// First bytes of every qcow2 file (`QFI\xfb`, the format's magic number).
+pub const QCOW2_MAGIC: [u8; 4] = *b"QFI\xfb";
 /// Granularity of zero detection inside a chunk. A multiple of every Oxide block size.
 pub const GRANULE: usize = 64 * 1024;
 /// Block size of the disks we import into (the SDK helper's default, accepted everywhere).
@@ -322,7 +324,23 @@ impl ImageSource {
             }
         };
         check_size(&self.to_string(), size)?;
+        self.check_not_qcow2(http).await?;
         Ok(size)
+    }
+
+    /// Refuses a qcow2 file or URL: bulk import writes bytes verbatim, so a qcow2 would make
+    /// a disk that never boots (the VM runs, no Node ever joins). Reads the first bytes only.
+    async fn check_not_qcow2(&self, http: &reqwest::Client) -> Result<(), ImageError> {
+        let (mut reader, _) = self.open(http).await?;
+        let mut head = Vec::with_capacity(QCOW2_MAGIC.len());
+        let n = reader.fill(&mut head, QCOW2_MAGIC.len()).await.unwrap_or(0);
+        if head[..n] == QCOW2_MAGIC[..] {
+            return Err(ImageError::BadSource {
+                source_text: self.to_string(),
+                message: "is a qcow2 image, but images are uploaded as raw disk bytes; convert it first with `qemu-img convert -f qcow2 -O raw in.img out.raw` and pass the .raw file".to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// Opens the source for reading from the start; returns the reader and the size.
