@@ -305,7 +305,7 @@ pub enum CountError {
     EvenControlPlane { pool: String, count: i64 },
 }
 
-/// Members an Oxide anti-affinity group holds (omicron's `MAX_ANTI_AFFINITY_GROUP_MEMBERS`).
+/// Members an Oxide anti-affinity group holds (omicron's `ANTI_AFFINITY_GROUP_MAX_MEMBERS`).
 pub const MAX_ANTI_AFFINITY_MEMBERS: u32 = 32;
 
 impl ClusterSpec {
@@ -488,7 +488,7 @@ impl ClusterSpec {
             err("project".into(), e.to_string());
         }
         // A rack refuses the 33rd member of an anti-affinity group inside the create saga
-        // (omicron `MAX_ANTI_AFFINITY_GROUP_MEMBERS`, see tests/FIDELITY.md): every pool in a
+        // (omicron `ANTI_AFFINITY_GROUP_MAX_MEMBERS`, see tests/FIDELITY.md): every pool in a
         // group may reach its max plus one surge member while it rolls.
         let mut groups: BTreeMap<&str, (u32, Vec<String>)> = BTreeMap::new();
         for (role, pool) in self.pools() {
