@@ -272,6 +272,19 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// An API version is three dot-separated numbers, as nexus's `api-version` header.
+fn api_version(s: &str) -> Result<String, String> {
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.len() == 3 && parts.iter().all(|p| p.parse::<u64>().is_ok()) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a version like {}",
+            oxide_sim::oxide::SERVER_API_VERSION
+        ))
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -317,18 +330,5 @@ mod tests {
             let args = Args::parse_from(["oxide-sim", bad[0], bad[1]]);
             assert!(faults(&args).is_err(), "{bad:?}");
         }
-    }
-}
-
-/// An API version is three dot-separated numbers, as nexus's `api-version` header.
-fn api_version(s: &str) -> Result<String, String> {
-    let parts: Vec<&str> = s.split('.').collect();
-    if parts.len() == 3 && parts.iter().all(|p| p.parse::<u64>().is_ok()) {
-        Ok(s.to_owned())
-    } else {
-        Err(format!(
-            "{s:?} is not a version like {}",
-            oxide_sim::oxide::SERVER_API_VERSION
-        ))
     }
 }
