@@ -1,4 +1,4 @@
-//! Oxide credential resolution, the way the `oxide` CLI and SDK (0.19) do it, without
+//! Oxide credential resolution, the way the `oxide` CLI and SDK (0.18) do it, without
 //! panicking when there is no home directory (a container has none).
 //!
 //! Sources, highest precedence first:

@@ -30,13 +30,17 @@ use crate::rack::RackError;
 use crate::retry::{self, Backoff};
 use crate::size::GIB;
 
-/// Smallest chunk read from the source and the smallest write unit (as the SDK's helper).
-pub const MIN_CHUNK: usize = 512 * 1024;
-/// Largest bulk write the API accepts (decoded bytes).
-pub const MAX_CHUNK: usize = 8 * 1024 * 1024;
-/// Default chunk: large enough that request overhead is small, small enough that a sparse
-/// image's scattered data does not drag zeros along (runs are cut at [`GRANULE`] anyway).
-pub const DEFAULT_CHUNK: usize = 4 * 1024 * 1024;
+/// Smallest chunk read from the source per step (one zero-detection granule).
+pub const MIN_CHUNK: usize = GRANULE;
+/// Largest bulk write a rack accepts (decoded bytes): nexus hands the data to the Crucible
+/// pantry, which refuses more than its `MAX_CHUNK_SIZE` of 512 KiB with a 400 (see
+/// `tests/FIDELITY.md`). The SDK's own importer writes 512 KiB chunks too.
+pub const MAX_CHUNK: usize = 512 * 1024;
+/// Default chunk: the largest write, so request overhead is as small as the rack allows;
+/// throughput comes from [`DEFAULT_PARALLELISM`] writes in flight.
+pub const DEFAULT_CHUNK: usize = MAX_CHUNK;
+/// First bytes of every qcow2 file (`QFI\xfb`, the format's magic number).
+pub const QCOW2_MAGIC: [u8; 4] = *b"QFI\xfb";
 /// Granularity of zero detection inside a chunk. A multiple of every Oxide block size.
 pub const GRANULE: usize = 64 * 1024;
 /// Block size of the disks we import into (the SDK helper's default, accepted everywhere).
@@ -193,7 +197,7 @@ pub trait ImageStore: Send + Sync {
     ) -> impl Future<Output = Result<(), RackError>> + Send;
     /// `import_ready` → `importing_from_bulk_writes`.
     fn bulk_write_start(&self, disk: &str) -> impl Future<Output = Result<(), RackError>> + Send;
-    /// Writes `data` at `offset` (both multiples of the block size, `data` ≤ 8 MiB).
+    /// Writes `data` at `offset` (both multiples of the block size, `data` ≤ [`MAX_CHUNK`]).
     fn bulk_write(
         &self,
         disk: &str,
@@ -320,7 +324,23 @@ impl ImageSource {
             }
         };
         check_size(&self.to_string(), size)?;
+        self.check_not_qcow2(http).await?;
         Ok(size)
+    }
+
+    /// Refuses a qcow2 file or URL: bulk import writes bytes verbatim, so a qcow2 would make
+    /// a disk that never boots (the VM runs, no Node ever joins). Reads the first bytes only.
+    async fn check_not_qcow2(&self, http: &reqwest::Client) -> Result<(), ImageError> {
+        let (mut reader, _) = self.open(http).await?;
+        let mut head = Vec::with_capacity(QCOW2_MAGIC.len());
+        let n = reader.fill(&mut head, QCOW2_MAGIC.len()).await.unwrap_or(0);
+        if head[..n] == QCOW2_MAGIC[..] {
+            return Err(ImageError::BadSource {
+                source_text: self.to_string(),
+                message: "is a qcow2 image, but images are uploaded as raw disk bytes; convert it first with `qemu-img convert -f qcow2 -O raw in.img out.raw` and pass the .raw file".to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// Opens the source for reading from the start; returns the reader and the size.
@@ -493,7 +513,7 @@ impl SourceReader {
 pub struct UploadOptions {
     /// Bulk writes in flight at once (1..=64).
     pub parallelism: usize,
-    /// Bytes read from the source per step and the largest single write (512 KiB..=8 MiB).
+    /// Bytes read from the source per step and the largest single write (64..=512 KiB).
     pub chunk_size: usize,
     /// Block size of the import disk (512, 2048 or 4096).
     pub block_size: u64,
@@ -1029,7 +1049,7 @@ pub async fn remove_leftovers<S: ImageStore>(
 pub mod fake {
     //! [`MemoryImageStore`]: an in-memory [`ImageStore`] that enforces the import state
     //! machine the way the API does (out-of-order steps fail, writes must be block-aligned,
-    //! ≤ 8 MiB and inside the disk), records every call, and can be told to fail.
+    //! ≤ 512 KiB and inside the disk), records every call, and can be told to fail.
 
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex, MutexGuard};

@@ -305,6 +305,9 @@ pub enum CountError {
     EvenControlPlane { pool: String, count: i64 },
 }
 
+/// Members an Oxide anti-affinity group holds (omicron's `ANTI_AFFINITY_GROUP_MAX_MEMBERS`).
+pub const MAX_ANTI_AFFINITY_MEMBERS: u32 = 32;
+
 impl ClusterSpec {
     /// A spec with defaults: `control_planes` servers and one `workers` pool of `workers` agents.
     pub fn new(
@@ -483,6 +486,31 @@ impl ClusterSpec {
         }
         if let Err(e) = names::validate_name("project name", &self.project) {
             err("project".into(), e.to_string());
+        }
+        // A rack refuses the 33rd member of an anti-affinity group inside the create saga
+        // (omicron `ANTI_AFFINITY_GROUP_MAX_MEMBERS`, see tests/FIDELITY.md): every pool in a
+        // group may reach its max plus one surge member while it rolls.
+        let mut groups: BTreeMap<&str, (u32, Vec<String>)> = BTreeMap::new();
+        for (role, pool) in self.pools() {
+            if let Some(g) = &pool.anti_affinity_group {
+                let field = match role {
+                    Role::ControlPlane => "control_plane.max".to_owned(),
+                    Role::Worker => format!("worker_pools.{}.max", pool.name),
+                };
+                let entry = groups.entry(g.as_str()).or_default();
+                entry.0 = entry.0.saturating_add(pool.max).saturating_add(1);
+                entry.1.push(field);
+            }
+        }
+        for (group, (members, fields)) in &groups {
+            if *members > MAX_ANTI_AFFINITY_MEMBERS {
+                err(
+                    fields.join(", "),
+                    format!(
+                        "anti-affinity group {group:?} could need {members} members (max plus one surge member per pool), more than the {MAX_ANTI_AFFINITY_MEMBERS} an Oxide group holds; lower the max or use another group"
+                    ),
+                );
+            }
         }
         let mut seen = std::collections::BTreeSet::new();
         for (role, pool) in self.pools() {
@@ -772,6 +800,23 @@ mod tests {
         assert_eq!(s.validate(), Ok(()));
         let yaml = s.to_yaml();
         assert_eq!(ClusterSpec::from_yaml(&yaml).expect("parses"), s);
+    }
+
+    #[test]
+    fn anti_affinity_groups_hold_32_members_counting_a_surge_member_per_pool() {
+        let mut s = spec();
+        s.worker_pools[0].anti_affinity_group = Some("spread".into());
+        s.worker_pools[0].max = 31;
+        assert_eq!(s.validate(), Ok(()));
+        s.worker_pools[0].max = 32;
+        assert_eq!(fields(&s), ["worker_pools.workers.max"]);
+        // Two pools sharing a group: 15 + 1 + 16 + 1 = 33.
+        s.worker_pools[0].max = 15;
+        s.control_plane.anti_affinity_group = Some("spread".into());
+        s.control_plane.max = 16;
+        assert_eq!(fields(&s), ["control_plane.max, worker_pools.workers.max"]);
+        s.control_plane.max = 15;
+        assert_eq!(s.validate(), Ok(()));
     }
 
     #[test]

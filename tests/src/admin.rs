@@ -3,7 +3,8 @@
 //! benchmarks use it; the product never does.
 //!
 //! Routes:
-//! - `GET /counters` → `{"oxide": {route: n}, "twin": {route: n}, "tailscale": {route: n}}`
+//! - `GET /counters` → `{"oxide": {route: n}, "twin": {route: n}, "tailscale": {route: n},
+//!   "bulk_write": {"writes", "max_decoded_bytes", "over_limit"}}`
 //! - `POST /counters/reset` → 204
 //! - `GET /state` → `{"oxide": <OxideSim::dump>, "twin": <Twin::dump>, "cluster": <Boot::cluster_info>,
 //!   "tailscale": <Tailnet::dump>}`
@@ -80,9 +81,12 @@ pub async fn handle(state: &AdminState, req: http::Request<Bytes>) -> http::Resp
                 .collect();
             respond(
                 StatusCode::OK,
-                Some(
-                    json!({ "oxide": oxide, "twin": twin, "tailscale": state.tailnet.counters() }),
-                ),
+                Some(json!({
+                    "oxide": oxide,
+                    "twin": twin,
+                    "tailscale": state.tailnet.counters(),
+                    "bulk_write": state.oxide.bulk_write_stats(),
+                })),
             )
         }
         (&Method::POST, ["counters", "reset"]) => {

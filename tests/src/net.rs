@@ -24,13 +24,26 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
-/// Largest request body the simulator's HTTP servers read. Bulk-import writes carry up to
-/// 8 MiB of data base64-encoded inside JSON, so the limit sits comfortably above that.
-pub const MAX_REQUEST_BODY: usize = 16 * 1024 * 1024;
+/// Largest request body nexus reads on its external API: dropshot's
+/// `default_request_body_max_bytes`, 1 MiB in the config sled-agent writes for nexus.
+pub const MAX_REQUEST_BODY: usize = 1024 * 1024;
+/// Largest body of `POST /v1/disks/{disk}/bulk-write` (nexus's `DISK_BULK_WRITE_MAX_BYTES`),
+/// i.e. JSON with base64 data; the decoded data is capped lower, by the pantry.
+pub const MAX_BULK_WRITE_BODY: usize = 8 * 1024 * 1024;
+
+/// The body limit of a request: [`MAX_BULK_WRITE_BODY`] for the bulk-write route,
+/// [`MAX_REQUEST_BODY`] for everything else (the admin and tailnet APIs take small bodies).
+pub fn request_body_cap(method: &http::Method, path: &str) -> usize {
+    let segments: Vec<&str> = path.split('/').collect();
+    match segments.as_slice() {
+        ["", "v1", "disks", _, "bulk-write"] if method == http::Method::POST => MAX_BULK_WRITE_BODY,
+        _ => MAX_REQUEST_BODY,
+    }
+}
 
 /// Serves HTTP/1.1 on `listener` until the returned task is aborted, calling `handler` with
-/// each fully-read request. Bodies over [`MAX_REQUEST_BODY`] get a 400 with an Oxide-shaped
-/// error body without reaching the handler.
+/// each fully-read request. Bodies over [`request_body_cap`] get dropshot's 400 without
+/// reaching the handler.
 pub fn spawn_http<F, Fut>(listener: TcpListener, handler: F) -> JoinHandle<()>
 where
     F: Fn(http::Request<Bytes>) -> Fut + Clone + Send + Sync + 'static,
@@ -53,12 +66,13 @@ where
                     let handler = handler.clone();
                     async move {
                         let (parts, body) = req.into_parts();
-                        let response = match Limited::new(body, MAX_REQUEST_BODY).collect().await {
+                        let cap = request_body_cap(&parts.method, parts.uri.path());
+                        let response = match Limited::new(body, cap).collect().await {
                             Ok(collected) => {
                                 handler(http::Request::from_parts(parts, collected.to_bytes()))
                                     .await
                             }
-                            Err(_) => body_too_large(),
+                            Err(_) => body_too_large(cap),
                         };
                         Ok::<_, Infallible>(response.map(Full::new))
                     }
@@ -108,11 +122,13 @@ async fn gate_loop(public: TcpListener, local: SocketAddr, inner: SocketAddr, ga
     }
 }
 
-fn body_too_large() -> http::Response<Bytes> {
+/// Dropshot's answer to an oversize body: 400 with no error code (its
+/// `StreamingBody` refuses the body once it passes the cap; see `tests/FIDELITY.md`).
+fn body_too_large(cap: usize) -> http::Response<Bytes> {
     let request_id = Uuid::new_v4().to_string();
     let body = serde_json::json!({
         "request_id": request_id,
-        "message": "request body exceeded maximum size",
+        "message": format!("request body exceeded maximum size of {cap} bytes"),
     });
     let mut response = http::Response::new(Bytes::from(body.to_string()));
     *response.status_mut() = http::StatusCode::BAD_REQUEST;

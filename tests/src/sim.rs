@@ -55,6 +55,8 @@ pub struct SimOptions {
     pub job_binaries: Option<PathBuf>,
     /// The simulated tailnet and its devices API (valid auth keys, API key, tailnet name).
     pub tailscale: TailscaleOptions,
+    /// The newest Oxide `api-version` the rack serves (an older one makes it an older rack).
+    pub api_version: String,
 }
 
 impl std::fmt::Debug for SimOptions {
@@ -94,6 +96,7 @@ impl Default for SimOptions {
             state_dir: None,
             job_binaries: None,
             tailscale: TailscaleOptions::default(),
+            api_version: crate::oxide::SERVER_API_VERSION.to_owned(),
         }
     }
 }
@@ -219,6 +222,7 @@ impl Sim {
                 timings: opts.timings.clone(),
                 faults: faults.clone(),
                 addresses: addresses.clone(),
+                api_version: opts.api_version.clone(),
             },
             Arc::new(boot.clone()),
         );

@@ -728,7 +728,7 @@ async fn bulk_import_steps_out_of_order_are_400() {
         chunk(0, 700, 1),
         chunk(GIB, 512, 1),
         json!({"offset": 0, "base64_encoded_data": "***"}),
-        chunk(0, 8 * 1024 * 1024 + 512, 1),
+        chunk(0, 512 * 1024 + 512, 1),
     ] {
         let r = api.post("/v1/disks/img/bulk-write?project=p", body).await;
         assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
@@ -758,6 +758,41 @@ async fn bulk_import_steps_out_of_order_are_400() {
         api.delete("/v1/disks/img?project=p").await.status,
         StatusCode::NO_CONTENT
     );
+}
+
+#[tokio::test]
+async fn bulk_writes_over_the_pantry_chunk_of_512_kib_are_refused_and_counted() {
+    let api = Api::new();
+    api.project("p").await;
+    import_disk(&api).await;
+    api.post_empty("/v1/disks/img/bulk-write-start?project=p")
+        .await;
+    let r = api
+        .post(
+            "/v1/disks/img/bulk-write?project=p",
+            chunk(0, 512 * 1024, 1),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+    // One byte over: the size check comes before any alignment check, as in the pantry.
+    let r = api
+        .post(
+            "/v1/disks/img/bulk-write?project=p",
+            chunk(0, 512 * 1024 + 1, 1),
+        )
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(
+        r.message(),
+        "Invalid number of blocks: data len 524289 over max chunk size 524288!"
+    );
+    let stats = api.sim.bulk_write_stats();
+    assert_eq!(
+        (stats.writes, stats.max_decoded_bytes, stats.over_limit),
+        (2, 512 * 1024 + 1, 1)
+    );
+    api.sim.reset_counters();
+    assert_eq!(api.sim.bulk_write_stats().writes, 0);
 }
 
 #[tokio::test]

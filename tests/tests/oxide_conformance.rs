@@ -162,7 +162,7 @@ impl Checker<'_> {
             .method(Method::from_bytes(method.as_bytes()).unwrap())
             .uri(&uri)
             .header("authorization", format!("Bearer {TOKEN}"))
-            .header("api-version", "2026091500.0.0");
+            .header("api-version", "2026073100.0.0");
         let bytes = match &body {
             Some(b) => {
                 match self.doc.request_schema(method, template) {
@@ -265,7 +265,6 @@ async fn every_route_answers_with_document_shaped_bodies() {
 
     // Projects.
     let project = types::ProjectCreate {
-        defaults: None,
         description: "conformance".into(),
         name: name("conf"),
     };

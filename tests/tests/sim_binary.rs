@@ -69,7 +69,7 @@ async fn binary_prints_one_ready_line_serves_the_api_and_exits_on_sigterm() {
     let projects = http
         .get(format!("{host}/v1/projects"))
         .bearer_auth(token)
-        .header("api-version", "2026091500.0.0")
+        .header("api-version", "2026073100.0.0")
         .send()
         .await
         .unwrap();

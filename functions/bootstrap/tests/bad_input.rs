@@ -116,6 +116,44 @@ async fn an_image_source_that_404s_is_refused() {
     .await;
 }
 
+/// A qcow2 image (what Ubuntu publishes as `*.img`): magic, then anything.
+fn qcow2_bytes() -> Vec<u8> {
+    let mut bytes = b"QFI\xfb\0\0\0\x03".to_vec();
+    bytes.resize(4 << 20, 0);
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qcow2_image_source_is_refused_with_how_to_convert_it() {
+    let env = env().await;
+    let path = env.dir.path().join("noble.img");
+    std::fs::write(&path, qcow2_bytes()).unwrap();
+    let needles = [
+        "--image-source",
+        "qcow2",
+        "qemu-img convert -f qcow2 -O raw",
+    ];
+    refused(
+        &env,
+        env.args(&[
+            "--image",
+            "custom",
+            "--image-source",
+            path.to_str().unwrap(),
+        ]),
+        &needles,
+    )
+    .await;
+    let base = serve_files(vec![("/images/noble.img", qcow2_bytes())]).await;
+    let url = format!("{base}/images/noble.img");
+    refused(
+        &env,
+        env.args(&["--image", "custom", "--image-source", &url]),
+        &needles,
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_image_file_and_a_bad_schedule_and_a_foreign_kubeconfig_are_refused() {
     let env = env().await;

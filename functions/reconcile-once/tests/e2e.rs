@@ -669,7 +669,7 @@ type SpecCase = (&'static str, fn(&str) -> String);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
     let env = env(1, 1).await;
-    let cases: [SpecCase; 5] = [
+    let cases: [SpecCase; 6] = [
         ("control_plane.count", |s| {
             s.replacen("count: 1", "count: 2", 1)
         }),
@@ -688,6 +688,13 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
                 spec.to_yaml()
             },
         ),
+        // 40 members plus a surge one cannot fit an anti-affinity group of 32.
+        ("worker_pools.workers.max", |s| {
+            let mut spec = oxide_controller::spec::ClusterSpec::from_yaml(s).unwrap();
+            spec.worker_pools[0].anti_affinity_group = Some("spread".into());
+            spec.worker_pools[0].max = 40;
+            spec.to_yaml()
+        }),
         ("worker_pools.workers.memory", |s| {
             match s.split_once("worker_pools:") {
                 Some((a, b)) => format!(

@@ -1,4 +1,4 @@
-//! [`OxideRack`]: the [`Rack`] trait over the `oxide` SDK (0.19), talking HTTP to Nexus.
+//! [`OxideRack`]: the [`Rack`] trait over the `oxide` SDK (0.18), talking HTTP to Nexus.
 //!
 //! This module owns the translation between domain types ([`crate::model`]) and `oxide::types`,
 //! pagination (every list reads every page), the retry of reads, and the classification of
@@ -46,6 +46,44 @@ const SERIAL_CONSOLE_PAGE: u64 = 128 * 1024;
 const DATA_DISK_BLOCK_SIZE: i64 = 4096;
 /// Description given to a project we create.
 const PROJECT_DESCRIPTION: &str = "created by oxide-controller";
+/// How dropshot starts its refusal of an `api-version` newer than the server's.
+const VERSION_REFUSED: &str = "server does not support this API version";
+/// Nexus API versions of released rack software, newest first (the newest
+/// `openapi/nexus/nexus-*.json` at omicron's `rel/vNN` tags). Only used to name the rack's
+/// version when it refuses ours: nexus does not report its version otherwise.
+const RACK_RELEASES: &[(&str, &str)] = &[
+    ("22", "2026073100.0.0"),
+    ("21", "2026061000.0.0"),
+    ("20", "2026060800.0.0"),
+    ("19", "2026032500.0.0"),
+    ("18", "2026021301.0.0"),
+];
+
+/// The `api-version` every request carries (the SDK's): the oldest rack API this controller
+/// works with.
+pub fn api_version() -> &'static str {
+    <oxide::Client as oxide::ClientInfo<()>>::api_version()
+}
+
+/// The one-line error for a rack older than [`api_version`]; `accepts` is the newest released
+/// version it was seen to accept, if any.
+fn too_old(accepts: Option<(&str, &str)>) -> RackError {
+    let need = api_version();
+    let rack = match accepts {
+        Some((release, v)) => format!("{v} (rack release {release})"),
+        None => "an older version".to_owned(),
+    };
+    RackError::Invalid {
+        what: "the Oxide API version".to_owned(),
+        message: format!(
+            "the rack serves Oxide API {rack}, older than {need} that this controller needs; upgrade the rack to release 22 or newer"
+        ),
+    }
+}
+
+fn is_too_old(e: &RackError) -> bool {
+    matches!(e, RackError::Invalid { what, .. } if what == "the Oxide API version")
+}
 /// Description given to an anti-affinity group we create.
 const GROUP_DESCRIPTION: &str = "oxide-controller: spread pool members across sleds";
 
@@ -203,11 +241,25 @@ impl OxideRack {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, oxide::Error<types::Error>>>,
     {
-        retry::retry(self.opts.read_retry, RackError::is_retryable, || {
+        let result = retry::retry(self.opts.read_retry, RackError::is_retryable, || {
             let fut = op();
             async move { fut.await.map_err(|e| self.classify(what, e)) }
         })
-        .await
+        .await;
+        match result {
+            Err(e) => Err(self.name_rack_version(e).await),
+            ok => ok,
+        }
+    }
+
+    /// A refusal of our API version, with the rack's own version named when it is a
+    /// released one; any other error unchanged.
+    async fn name_rack_version(&self, e: RackError) -> RackError {
+        if is_too_old(&e) {
+            too_old(self.rack_release().await)
+        } else {
+            e
+        }
     }
 
     /// Like [`Self::read`], with `Ok(None)` for a 404.
@@ -269,9 +321,10 @@ impl OxideRack {
         what: &str,
         fut: impl Future<Output = Result<oxide::ResponseValue<T>, oxide::Error<types::Error>>>,
     ) -> Result<T, RackError> {
-        fut.await
-            .map(oxide::ResponseValue::into_inner)
-            .map_err(|e| self.classify(what, e))
+        match fut.await {
+            Ok(v) => Ok(v.into_inner()),
+            Err(e) => Err(self.name_rack_version(self.classify(what, e)).await),
+        }
     }
 
     fn classify(&self, what: &str, err: oxide::Error<types::Error>) -> RackError {
@@ -334,6 +387,7 @@ fn classify_status(what: String, status: u16, code: Option<&str>, message: Strin
         404 => RackError::NotFound { what },
         // Nexus answers ObjectAlreadyExists with 400, not 409.
         400 if code == Some("ObjectAlreadyExists") => RackError::AlreadyExists { what },
+        400 if code.is_none() && message.starts_with(VERSION_REFUSED) => too_old(None),
         401 | 403 => RackError::Unauthorized { status, message },
         409 => RackError::Conflict { what, message },
         507 => RackError::InsufficientCapacity { what, message },
@@ -591,6 +645,29 @@ fn same_rule(a: &types::VpcFirewallRuleUpdate, b: &types::VpcFirewallRuleUpdate)
 }
 
 impl OxideRack {
+    /// The newest released API version the rack accepts (read-only probes, at most one per
+    /// entry of [`RACK_RELEASES`]), after it refused ours.
+    async fn rack_release(&self) -> Option<(&'static str, &'static str)> {
+        let url = format!("{}/v1/projects?limit=1", self.host);
+        for &(release, version) in RACK_RELEASES {
+            if version == api_version() {
+                continue;
+            }
+            let http = <oxide::Client as oxide::ClientInfo<()>>::client(&self.client);
+            let Ok(resp) = http.get(&url).header("api-version", version).send().await else {
+                return None;
+            };
+            if resp.status().is_success() {
+                return Some((release, version));
+            }
+            let body: Option<types::Error> = resp.json().await.ok();
+            if !body.is_some_and(|b| b.message.starts_with(VERSION_REFUSED)) {
+                return None;
+            }
+        }
+        None
+    }
+
     async fn firewall_rules(&self) -> Result<Vec<types::VpcFirewallRule>, RackError> {
         let what = format!("firewall rules of project {}", self.project);
         self.read(&what, || {
@@ -621,9 +698,9 @@ impl Rack for OxideRack {
         if found.is_some() {
             return Ok(());
         }
+        // API 2026073100 (rack release 22) creates the default VPC and subnet with every
+        // project; default NICs need them.
         let body = types::ProjectCreate {
-            // None = the default VPC and subnet, which default NICs need.
-            defaults: None,
             description: PROJECT_DESCRIPTION.to_owned(),
             name: name(&what, "name", &self.project)?,
         };

@@ -39,6 +39,10 @@ struct Args {
     /// directory (e.g. target/debug), authenticated as the pods' ServiceAccounts.
     #[arg(long, value_name = "BIN_DIR")]
     run_jobs: Option<PathBuf>,
+    /// Newest Oxide API version served, to act as an older rack (e.g. 2026061000.0.0 for
+    /// rack release 21); newer requested versions get nexus's 400.
+    #[arg(long, value_name = "VERSION", default_value = oxide_sim::oxide::SERVER_API_VERSION, value_parser = api_version)]
+    api_version: String,
 
     /// Instance create → starting (ms).
     #[arg(long)]
@@ -188,6 +192,7 @@ fn options(args: &Args) -> anyhow::Result<SimOptions> {
         preset: args.preset.clone(),
         state_dir: args.state_dir.clone(),
         job_binaries: args.run_jobs.clone(),
+        api_version: args.api_version.clone(),
         tailscale: oxide_sim::TailscaleOptions {
             auth_keys: args.tailscale_auth_key.clone(),
             api_key: args.tailscale_api_key.clone(),
@@ -265,6 +270,19 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(signal, "shutting down");
     sim.shutdown();
     Ok(())
+}
+
+/// An API version is three dot-separated numbers, as nexus's `api-version` header.
+fn api_version(s: &str) -> Result<String, String> {
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.len() == 3 && parts.iter().all(|p| p.parse::<u64>().is_ok()) {
+        Ok(s.to_owned())
+    } else {
+        Err(format!(
+            "{s:?} is not a version like {}",
+            oxide_sim::oxide::SERVER_API_VERSION
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@ use uuid::Uuid;
 pub use addresses::AddressPool;
 pub use error::ApiError;
 pub use faults::{FaultSpec, Faults, RouteFault};
+pub use store::BulkWriteStats;
 
 pub use routes::{ROUTES, RouteSpec};
 
@@ -45,9 +46,11 @@ use firewall::Source;
 use lifecycle::{Effects, Env, Event, Timer};
 use store::{Image, Project, RunState, SshKey, Store, Times};
 
-/// The API version this simulated rack implements (the one `oxide` 0.19 sends). Requests
-/// asking for a newer version get nexus's 400.
-pub const SERVER_API_VERSION: &str = "2026091500.0.0";
+/// The API version this simulated rack implements by default: the newest nexus in omicron
+/// (`openapi/nexus/nexus-2026081901`, the official document the simulator is checked
+/// against). Requests asking for a newer version get dropshot's 400; `--api-version` makes
+/// the simulator an older rack.
+pub const SERVER_API_VERSION: &str = "2026081901.0.0";
 
 /// Durations of the timed lifecycle transitions.
 #[derive(Clone, Debug)]
@@ -106,6 +109,9 @@ pub struct OxideSimConfig {
     pub faults: Faults,
     /// Where floating, ephemeral and SNAT addresses come from.
     pub addresses: AddressPool,
+    /// The newest `api-version` this rack serves ([`SERVER_API_VERSION`] unless it acts as
+    /// an older rack).
+    pub api_version: String,
 }
 
 impl OxideSimConfig {
@@ -116,6 +122,7 @@ impl OxideSimConfig {
             timings: Timings::default(),
             faults: Faults::default(),
             addresses: AddressPool::random(),
+            api_version: SERVER_API_VERSION.to_owned(),
         }
     }
 }
@@ -215,6 +222,7 @@ struct Inner {
     timings: Timings,
     faults: Faults,
     addresses: AddressPool,
+    api_version: String,
     events: Arc<dyn RackEvents>,
     store: Mutex<Store>,
     counters: Mutex<BTreeMap<String, u64>>,
@@ -243,6 +251,7 @@ impl OxideSim {
                 timings: cfg.timings,
                 faults: cfg.faults,
                 addresses: cfg.addresses,
+                api_version: cfg.api_version,
                 events,
                 store: Mutex::new(Store::new(snat)),
                 counters: Mutex::new(BTreeMap::new()),
@@ -342,7 +351,7 @@ impl OxideSim {
         parts: &http::request::Parts,
         spec: &RouteSpec,
     ) -> Result<pagination::Query, ApiError> {
-        routes::check_api_version(&parts.headers)?;
+        routes::check_api_version(&parts.headers, &self.inner.api_version)?;
         if !routes::authorized(&parts.headers, &self.inner.token) {
             return Err(ApiError::unauthorized());
         }
@@ -514,9 +523,16 @@ impl OxideSim {
         self.counters_lock().clone()
     }
 
-    /// Zeroes the per-route counters and the request count `crash_after_requests` uses.
+    /// Sizes of the bulk writes received since start or the last `reset_counters`.
+    pub fn bulk_write_stats(&self) -> store::BulkWriteStats {
+        self.store().bulk_writes
+    }
+
+    /// Zeroes the per-route counters, the bulk-write sizes and the request count
+    /// `crash_after_requests` uses.
     pub fn reset_counters(&self) {
         self.counters_lock().clear();
+        self.store().bulk_writes = store::BulkWriteStats::default();
         self.inner.requests.store(0, Ordering::SeqCst);
     }
 

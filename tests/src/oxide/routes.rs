@@ -535,9 +535,9 @@ pub fn authorized(headers: &HeaderMap, token: &str) -> bool {
     scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && given.trim() == token
 }
 
-/// Checks the `api-version` header like nexus: absent means "latest"; newer than the
-/// server's version is refused.
-pub fn check_api_version(headers: &HeaderMap) -> Result<(), ApiError> {
+/// Checks the `api-version` header like nexus: absent means "latest"; newer than `server`
+/// (the rack's newest version) is refused with dropshot's 400.
+pub fn check_api_version(headers: &HeaderMap, server: &str) -> Result<(), ApiError> {
     let Some(value) = headers.get("api-version") else {
         return Ok(());
     };
@@ -547,7 +547,7 @@ pub fn check_api_version(headers: &HeaderMap) -> Result<(), ApiError> {
         ))
     };
     let requested = value.to_str().ok().and_then(parse_semver).ok_or_else(bad)?;
-    let server = parse_semver(SERVER_API_VERSION).ok_or_else(bad)?;
+    let server = parse_semver(server).ok_or_else(bad)?;
     if requested > server {
         return Err(ApiError::bad_header(format!(
             "server does not support this API version: {}",
@@ -784,18 +784,23 @@ mod tests {
     #[test]
     fn api_version_newer_than_the_server_is_refused() {
         let mut h = HeaderMap::new();
-        assert!(check_api_version(&h).is_ok());
+        assert!(check_api_version(&h, SERVER_API_VERSION).is_ok());
         h.insert("api-version", SERVER_API_VERSION.parse().unwrap());
-        assert!(check_api_version(&h).is_ok());
+        assert!(check_api_version(&h, SERVER_API_VERSION).is_ok());
         h.insert("api-version", "2026081901.0.0".parse().unwrap());
-        assert!(check_api_version(&h).is_ok());
+        assert!(check_api_version(&h, SERVER_API_VERSION).is_ok());
         h.insert("api-version", "2099010100.0.0".parse().unwrap());
-        let e = check_api_version(&h).unwrap_err();
+        let e = check_api_version(&h, SERVER_API_VERSION).unwrap_err();
         assert!(
             e.message
                 .contains("server does not support this API version")
         );
+        // Acting as rack release 21: release 22's version is too new.
+        h.insert("api-version", "2026073100.0.0".parse().unwrap());
+        assert!(check_api_version(&h, "2026061000.0.0").is_err());
+        h.insert("api-version", "2026061000.0.0".parse().unwrap());
+        assert!(check_api_version(&h, "2026061000.0.0").is_ok());
         h.insert("api-version", "latest".parse().unwrap());
-        assert!(check_api_version(&h).is_err());
+        assert!(check_api_version(&h, SERVER_API_VERSION).is_err());
     }
 }

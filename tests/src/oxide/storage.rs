@@ -23,8 +23,9 @@ use super::store::{
 
 const GIB: u64 = 1 << 30;
 const MAX_DISK: u64 = 1023 * GIB;
-/// Largest decoded bulk write.
-pub const MAX_BULK_WRITE: usize = 8 * 1024 * 1024;
+/// Largest decoded bulk write: the Crucible pantry's `MAX_CHUNK_SIZE`, which nexus's write
+/// goes through (see `tests/FIDELITY.md`).
+pub const MAX_BULK_WRITE: usize = 512 * 1024;
 /// Granularity of stored disk contents (a multiple of every block size).
 const PAGE: u64 = 64 * 1024;
 
@@ -296,12 +297,16 @@ pub fn bulk_write(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let data = STANDARD
         .decode(body.base64_encoded_data.as_bytes())
         .map_err(|e| ApiError::invalid_request(format!("error base64 decoding data: {e}")))?;
+    cx.store.bulk_writes.record(data.len(), MAX_BULK_WRITE);
     if data.len() > MAX_BULK_WRITE {
+        // The pantry's `crucible_bail!(InvalidNumberOfBlocks, ...)`, a 400 that nexus
+        // passes on as `InvalidRequest` with the pantry's message.
         return Err(ApiError::invalid_request(format!(
-            "bulk write of {} bytes is larger than the maximum of {MAX_BULK_WRITE} bytes",
+            "Invalid number of blocks: data len {} over max chunk size {MAX_BULK_WRITE}!",
             data.len()
         )));
     }
+    let disk = disk_mut(cx.store, &id)?;
     let block = bs(&disk.block_size);
     let len = u64::try_from(data.len()).unwrap_or(u64::MAX);
     if block == 0 || !body.offset.is_multiple_of(block) {

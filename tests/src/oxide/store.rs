@@ -367,6 +367,32 @@ pub struct Store {
     pub snat_next: u16,
     /// Private (VPC) addresses of instances' NICs.
     pub private: super::AddressPool,
+    /// Sizes of the bulk writes received (admin counters; not rack state).
+    pub bulk_writes: BulkWriteStats,
+}
+
+/// What the bulk writes since start (or the last counter reset) carried, so tests can show
+/// that an upload never sent a write over the pantry's limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BulkWriteStats {
+    /// Writes whose data decoded (accepted or refused).
+    pub writes: u64,
+    /// Largest decoded write seen, in bytes.
+    pub max_decoded_bytes: u64,
+    /// Writes refused for carrying more than the limit.
+    pub over_limit: u64,
+}
+
+impl BulkWriteStats {
+    /// Counts one decoded write of `len` bytes against `limit`.
+    pub fn record(&mut self, len: usize, limit: usize) {
+        let len64 = u64::try_from(len).unwrap_or(u64::MAX);
+        self.writes += 1;
+        self.max_decoded_bytes = self.max_decoded_bytes.max(len64);
+        if len > limit {
+            self.over_limit += 1;
+        }
+    }
 }
 
 /// Parses a path parameter selector.
@@ -396,6 +422,7 @@ impl Store {
             // Apart from the external pool's 127.100-227.x.x, like a VPC subnet is apart
             // from the rack's external addresses.
             private: super::AddressPool::new(rand::random_range(16u8..=99u8), rand::random::<u8>()),
+            bulk_writes: BulkWriteStats::default(),
         }
     }
 

@@ -101,6 +101,7 @@ impl Api {
                 timings,
                 faults: faults.clone(),
                 addresses: pool.clone(),
+                api_version: oxide_sim::oxide::SERVER_API_VERSION.to_owned(),
             },
             events.clone(),
         );
@@ -133,7 +134,7 @@ impl Api {
             .method(method)
             .uri(uri)
             .header("authorization", format!("Bearer {TOKEN}"))
-            .header("api-version", "2026091500.0.0");
+            .header("api-version", "2026073100.0.0");
         let bytes = match body {
             Some(v) => {
                 b = b.header("content-type", "application/json");

@@ -23,9 +23,14 @@ pub struct Env {
 }
 
 pub async fn env() -> Env {
+    env_with(SimOptions::default()).await
+}
+
+/// [`env`] with a simulator started from `opts` (its SSH port set as in every test).
+pub async fn env_with(opts: SimOptions) -> Env {
     let sim = Sim::start(SimOptions {
         ssh_port: SSH_PORT,
-        ..SimOptions::default()
+        ..opts
     })
     .await
     .unwrap_or_else(|e| panic!("simulator: {e:#}"));
