@@ -761,6 +761,10 @@ pub struct ImageRequest {
     pub os: String,
     /// `version` field of a created image.
     pub version: String,
+    /// The cluster an upload is for, recorded in the created image's description
+    /// ([`crate::names::uploaded_image_description`]) so `bootstrap delete --delete-images`
+    /// removes only images it uploaded for that cluster.
+    pub cluster: Option<String>,
 }
 
 /// How [`ensure_image`] got its image.
@@ -907,9 +911,9 @@ async fn import_into<S: ImageStore>(
         })?;
     let new = NewImage {
         name: req.name.clone(),
-        description: format!(
-            "uploaded by oxide-controller from {}",
-            truncate(source_text, 200)
+        description: crate::names::uploaded_image_description(
+            req.cluster.as_deref(),
+            truncate(source_text, 200),
         ),
         os: req.os.clone(),
         version: req.version.clone(),
@@ -1103,6 +1107,7 @@ pub mod fake {
             let image = Image {
                 id: Uuid::new_v4(),
                 name: name.to_owned(),
+                description: String::new(),
                 size: ByteSize::gib(1),
                 block_size: 512,
                 silo_scoped: silo,
@@ -1352,6 +1357,7 @@ pub mod fake {
             let created = Image {
                 id: Uuid::new_v4(),
                 name: image.name.clone(),
+                description: image.description.clone(),
                 size: ByteSize(snap.size),
                 block_size: 512,
                 silo_scoped: false,
