@@ -588,10 +588,10 @@ impl Rack for FakeRack {
 /// process would leave it: not made.
 fn budget(s: &mut WorldState, call: &str) -> Result<(), RackError> {
     match &mut s.mutation_budget {
+        // Not retryable: the "process" is gone, nothing after this point may reach the rack.
         Some(0) => {
-            return Err(RackError::Unavailable {
+            return Err(RackError::Unexpected {
                 what: call.to_owned(),
-                status: 503,
                 message: "simulated crash".into(),
             });
         }

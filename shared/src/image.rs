@@ -750,6 +750,23 @@ pub fn temp_names(image: &str) -> (String, String) {
     )
 }
 
+/// Description of the temporary import disk: names the image and, when known, the cluster the
+/// upload is for (`cluster=<c>`), which is how `bootstrap delete` knows a leftover is its own.
+pub fn import_disk_description(image: &str, cluster: Option<&str>) -> String {
+    match cluster {
+        Some(c) => format!("oxide-controller: temporary import of image {image} cluster={c}"),
+        None => format!("oxide-controller: temporary import of image {image}"),
+    }
+}
+
+/// The cluster a temporary import disk was made for, from its description.
+pub fn import_disk_cluster(description: &str) -> Option<&str> {
+    description
+        .strip_prefix("oxide-controller: temporary import of image ")?
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("cluster="))
+}
+
 /// What [`ensure_image`] is asked for.
 #[derive(Debug, Clone)]
 pub struct ImageRequest {
@@ -828,7 +845,7 @@ pub async fn ensure_image<S: ImageStore>(
         parallelism = opts.parallelism,
         "uploading image"
     );
-    let description = format!("oxide-controller: temporary import of image {}", req.name);
+    let description = import_disk_description(&req.name, req.cluster.as_deref());
     match retry::retry(opts.retry, RackError::is_retryable, || {
         store.create_import_disk(&disk, &description, sizes.disk_size, opts.block_size)
     })

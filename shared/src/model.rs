@@ -134,6 +134,8 @@ pub struct Snapshot {
     pub id: Uuid,
     pub name: String,
     pub description: String,
+    /// The disk it was taken of (it may be gone since).
+    pub disk_id: Uuid,
 }
 
 /// An anti-affinity group in the project.

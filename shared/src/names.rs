@@ -129,6 +129,12 @@ pub fn api_floating_ip_name(cluster: &str) -> String {
     format!("{cluster}-apiserver")
 }
 
+/// Description of the anti-affinity groups we create.
+pub const ANTI_AFFINITY_GROUP_DESCRIPTION: &str =
+    "oxide-controller: spread pool members across sleds";
+/// Name of the VPC (and of its subnet) Oxide creates with a project.
+pub const DEFAULT_VPC: &str = "default";
+
 /// What the description of an image bootstrap uploaded starts with.
 const UPLOADED_IMAGE: &str = "uploaded by oxide-controller";
 

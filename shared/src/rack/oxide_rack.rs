@@ -39,8 +39,6 @@ pub const SERIAL_CONSOLE_BYTES: u64 = 256 * 1024;
 const DATA_DISK_BLOCK_SIZE: i64 = 4096;
 /// Description given to a project we create.
 const PROJECT_DESCRIPTION: &str = "created by oxide-controller";
-/// Description given to an anti-affinity group we create.
-const GROUP_DESCRIPTION: &str = "oxide-controller: spread pool members across sleds";
 
 /// Timeouts, page size and read retry policy of an [`OxideRack`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -851,7 +849,7 @@ impl Rack for OxideRack {
     async fn ensure_anti_affinity_group(&self, group: &str) -> Result<(), RackError> {
         let what = format!("anti-affinity group {group}");
         let body = types::AntiAffinityGroupCreate {
-            description: GROUP_DESCRIPTION.to_owned(),
+            description: names::ANTI_AFFINITY_GROUP_DESCRIPTION.to_owned(),
             failure_domain: types::FailureDomain::Sled,
             name: name(&what, "name", group)?,
             // `allow`: spread when possible, still place an instance when a small rack has
@@ -958,6 +956,7 @@ impl Rack for OxideRack {
                 id: s.id,
                 name: s.name.to_string(),
                 description: s.description,
+                disk_id: s.disk_id,
             })
             .collect())
     }
@@ -1082,8 +1081,8 @@ impl Rack for OxideRack {
                 self.client
                     .vpc_subnet_delete()
                     .project(self.project.as_str())
-                    .vpc(DEFAULT_VPC)
-                    .subnet(DEFAULT_VPC)
+                    .vpc(names::DEFAULT_VPC)
+                    .subnet(names::DEFAULT_VPC)
                     .send(),
             )
             .await,
@@ -1094,7 +1093,7 @@ impl Rack for OxideRack {
                 self.client
                     .vpc_delete()
                     .project(self.project.as_str())
-                    .vpc(DEFAULT_VPC)
+                    .vpc(names::DEFAULT_VPC)
                     .send(),
             )
             .await,
@@ -1110,9 +1109,6 @@ impl Rack for OxideRack {
         .await
     }
 }
-
-/// Name of the VPC (and its subnet) Nexus creates with a project.
-const DEFAULT_VPC: &str = "default";
 
 #[cfg(test)]
 #[allow(clippy::expect_used, clippy::unwrap_used)]
