@@ -13,7 +13,7 @@
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use crate::boot::Boot;
+use crate::guest::Boot;
 use crate::oxide::{FaultSpec, Faults, OxideSim};
 use crate::twin::Twin;
 

@@ -4,7 +4,7 @@
 //! binary its container names (`/usr/local/bin/reconcile-once` → `<bin_dir>/reconcile-once`),
 //! authenticated as the pod's ServiceAccount, so RBAC is exactly what the manifests grant.
 //! A command inside a `hostPath` volume mount runs the file uploaded to that path on a Node
-//! (over SSH, see [`crate::boot::Boot::node_file`]) instead: the pod is placed on a random
+//! (over SSH, see [`crate::guest::Boot::node_file`]) instead: the pod is placed on a random
 //! Ready, schedulable Node matching its `nodeSelector` (taints and tolerations are not
 //! modelled); without a matching Node the Job stays pending, and a Node without the file fails
 //! it, as a container whose program is missing would.
@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::task::JoinHandle;
 
-use crate::boot::Boot;
+use crate::guest::Boot;
 use crate::net::{ListenerKind, Listeners};
 use crate::twin::Twin;
 

@@ -8,7 +8,9 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod boot;
+pub mod guest;
+/// The guest module's former name, kept so code written against `boot::` still builds.
+pub use guest as boot;
 pub mod jobs;
 pub mod net;
 pub mod oxide;

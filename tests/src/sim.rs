@@ -15,7 +15,7 @@ use serde::Serialize;
 use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
-use crate::boot::{Boot, BootConfig};
+use crate::guest::{Boot, BootConfig};
 use crate::jobs::JobRunner;
 use crate::net::{Listeners, spawn_http};
 use crate::oxide::{AddressPool, FaultSpec, Faults, OxideSim, OxideSimConfig, Timings};

@@ -1,5 +1,5 @@
 //! The contract between the product's cloud-init renderer (`oxide_controller::cloud_init`)
-//! and the simulated VM boot (`oxide_sim::boot::parse_user_data`): what the product renders
+//! and the simulated VM boot (`oxide_sim::guest::parse_user_data`): what the product renders
 //! is read back as the right k3s role, config and SSH keys — so the controller's key is the
 //! one the VM's SSH server will authorize.
 
@@ -12,7 +12,7 @@ use oxide_controller::cloud_init::{
 };
 use oxide_controller::spec::{K3sInstall, Taint, TaintEffect};
 use oxide_controller::ssh::generate_ed25519;
-use oxide_sim::boot::{Role, parse_user_data};
+use oxide_sim::guest::{Role, parse_user_data};
 
 fn server(key_line: &str) -> NodeUserData {
     NodeUserData {

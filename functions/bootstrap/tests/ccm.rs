@@ -247,7 +247,7 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
             .oxide()
             .running_instance(i["id"].as_str().unwrap().parse().unwrap())
             .unwrap();
-        let ud = oxide_sim::boot::parse_user_data(&running.user_data).unwrap();
+        let ud = oxide_sim::guest::parse_user_data(&running.user_data).unwrap();
         let k3s = ud.k3s.as_ref().unwrap();
         let server = i["name"].as_str().unwrap().starts_with(CP);
         assert_eq!(k3s.disable_cloud_controller, server, "{}", i["name"]);

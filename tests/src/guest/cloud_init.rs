@@ -1,0 +1,407 @@
+//! cloud-init's reading of the user-data: the 32 KiB limit, the `#cloud-config` header, YAML,
+//! `write_files` (shape and encodings), SSH keys from `users` and `ssh_authorized_keys`, and
+//! the `runcmd` list. What the commands do is `setup_script`'s business.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use serde_json::Value;
+
+use super::k3s::{
+    K3S_CONFIG_DROPIN_DIR, K3S_CONFIG_PATH, K3sConfig, Role, merge_k3s_config, validate_k3s_config,
+};
+use super::setup_script::{detect_install_version, detect_role, detect_smbios_provider_id};
+
+/// Largest user-data cloud-init accepts here (the Oxide API limit, decoded).
+pub const MAX_USER_DATA: usize = 32 * 1024;
+
+/// An SSH key cloud-init installs, with the user it is installed for (`None`: the image's
+/// default user, whose name the simulator cannot know, so any user name matches).
+#[derive(Clone, Debug)]
+pub struct AuthorizedKey {
+    /// Account the key is installed for.
+    pub user: Option<String>,
+    /// The key.
+    pub key: russh::keys::PublicKey,
+}
+
+/// What cloud-init made of the user-data. Debug leaves file contents out.
+#[derive(Clone, Default)]
+pub struct UserData {
+    /// Role selected by `runcmd` (None: no k3s install step).
+    pub role: Option<Role>,
+    /// `INSTALL_K3S_VERSION` from the install step.
+    pub install_version: Option<String>,
+    /// The k3s config file, when written.
+    pub k3s: Option<K3sConfig>,
+    /// SSH keys from `users[].ssh_authorized_keys` and top-level `ssh_authorized_keys`.
+    pub authorized_keys: Vec<AuthorizedKey>,
+    /// Files from `write_files` (decoded), by path.
+    pub files: BTreeMap<String, Vec<u8>>,
+    /// A `runcmd` step writes a k3s drop-in `kubelet-arg+: [provider-id=<prefix><uuid>]` from
+    /// the SMBIOS system UUID (`/sys/class/dmi/id/product_uuid`), which Oxide sets to the
+    /// instance ID. The simulator cannot run shell, so it recognises that step and applies
+    /// its effect with the instance ID.
+    pub smbios_provider_id_prefix: Option<String>,
+    /// The `tailscale up` step (and whether a k3s SAN drop-in follows it), if any.
+    pub tailscale: Option<crate::tailscale::TailscaleUp>,
+}
+
+impl std::fmt::Debug for UserData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserData")
+            .field("role", &self.role)
+            .field("install_version", &self.install_version)
+            .field("k3s", &self.k3s)
+            .field("authorized_keys", &self.authorized_keys.len())
+            .field("files", &self.files.keys().collect::<Vec<_>>())
+            .field("smbios_provider_id_prefix", &self.smbios_provider_id_prefix)
+            .field("tailscale", &self.tailscale)
+            .finish()
+    }
+}
+
+/// Why cloud-init (or k3s reading its config) rejected the user-data. Messages are printed on
+/// the serial console, so they never quote the user-data itself.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum UserDataError {
+    /// More than 32 KiB.
+    #[error("user-data is {0} bytes, over the 32768-byte limit; ignoring it")]
+    TooLarge(usize),
+    /// Not valid UTF-8.
+    #[error("user-data is not valid UTF-8 text; ignoring it")]
+    NotUtf8,
+    /// Does not start with the `#cloud-config` header.
+    #[error(
+        "Unhandled non-multipart (text/x-not-multipart) userdata: user-data does not start with '#cloud-config'; ignoring it"
+    )]
+    NoHeader,
+    /// Not parseable YAML.
+    #[error("Failed loading yaml blob. Invalid format at line {line} column {column}")]
+    Yaml {
+        /// 1-based line.
+        line: u64,
+        /// 1-based column.
+        column: u64,
+    },
+    /// YAML, but not a mapping at the top level.
+    #[error("cloud-config was not a dictionary; ignoring it")]
+    NotMapping,
+    /// `write_files` malformed.
+    #[error("Invalid cloud-config provided: write_files: {0}")]
+    WriteFiles(String),
+    /// `users` or `ssh_authorized_keys` malformed.
+    #[error("Invalid cloud-config provided: {0}")]
+    Schema(String),
+    /// The k3s config file malformed (k3s refuses to start).
+    #[error("level=fatal msg=\"Error: failed to parse {path}: {reason}\"", path = K3S_CONFIG_PATH)]
+    K3sConfig {
+        /// What is wrong (never quotes values).
+        reason: String,
+    },
+}
+
+/// Validates and parses user-data the way cloud-init and k3s read it.
+pub fn parse_user_data(bytes: &[u8]) -> Result<UserData, UserDataError> {
+    if bytes.len() > MAX_USER_DATA {
+        return Err(UserDataError::TooLarge(bytes.len()));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|_| UserDataError::NotUtf8)?;
+    let first_line = text.lines().next().unwrap_or("");
+    if first_line.trim_end() != "#cloud-config" {
+        return Err(UserDataError::NoHeader);
+    }
+    let doc = parse_yaml(text).map_err(|(line, column)| UserDataError::Yaml { line, column })?;
+    let Value::Object(map) = doc else {
+        return Err(UserDataError::NotMapping);
+    };
+
+    let mut out = UserData::default();
+    if let Some(files) = map.get("write_files") {
+        out.files = parse_write_files(files)?;
+    }
+    let dropins: Vec<&Vec<u8>> = out
+        .files
+        .iter()
+        .filter(|(path, _)| {
+            path.strip_prefix(K3S_CONFIG_DROPIN_DIR)
+                .is_some_and(|f| !f.contains('/') && (f.ends_with(".yaml") || f.ends_with(".yml")))
+        })
+        .map(|(_, content)| content)
+        .collect();
+    if out.files.contains_key(K3S_CONFIG_PATH) || !dropins.is_empty() {
+        let mut cfg = K3sConfig::default();
+        if let Some(content) = out.files.get(K3S_CONFIG_PATH) {
+            merge_k3s_config(&mut cfg, content)?;
+        }
+        for content in dropins {
+            merge_k3s_config(&mut cfg, content)?;
+        }
+        validate_k3s_config(&cfg)?;
+        out.k3s = Some(cfg);
+    }
+    out.authorized_keys = parse_authorized_keys(&map)?;
+    if let Some(runcmd) = map.get("runcmd") {
+        let commands = runcmd_lines(runcmd)?;
+        out.role = detect_role(&commands);
+        out.install_version = detect_install_version(&commands);
+        out.smbios_provider_id_prefix = detect_smbios_provider_id(&commands);
+        out.tailscale = crate::tailscale::parse_runcmd(&commands, &out.files);
+    }
+    Ok(out)
+}
+
+/// Parses YAML into JSON values; errors carry only a position (the snippet would quote secrets).
+pub(super) fn parse_yaml(text: &str) -> Result<Value, (u64, u64)> {
+    match serde_saphyr::from_str::<Value>(text) {
+        Ok(value) => Ok(value),
+        Err(err) => {
+            let loc = err.location();
+            Err(loc.map(|l| (l.line(), l.column())).unwrap_or((0, 0)))
+        }
+    }
+}
+
+fn parse_write_files(value: &Value) -> Result<BTreeMap<String, Vec<u8>>, UserDataError> {
+    let bad = |msg: String| UserDataError::WriteFiles(msg);
+    let Value::Array(entries) = value else {
+        return Err(bad("must be a list".into()));
+    };
+    let mut files = BTreeMap::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let Value::Object(entry) = entry else {
+            return Err(bad(format!("entry {i} is not a mapping")));
+        };
+        let path = match entry.get("path") {
+            Some(Value::String(p)) if p.starts_with('/') => p.clone(),
+            Some(Value::String(_)) => return Err(bad(format!("entry {i}: path is not absolute"))),
+            Some(_) => return Err(bad(format!("entry {i}: path is not a string"))),
+            None => return Err(bad(format!("entry {i}: 'path' is a required property"))),
+        };
+        let content = match entry.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return Err(bad(format!("entry {i} ({path}): content is not a string"))),
+        };
+        let encoding = match entry.get("encoding") {
+            None | Some(Value::Null) => "text/plain".to_string(),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return Err(bad(format!("entry {i} ({path}): encoding is not a string"))),
+        };
+        let data = match encoding.as_str() {
+            "text/plain" => content.into_bytes(),
+            "b64" | "base64" => {
+                let compact: String = content.split_whitespace().collect();
+                base64::engine::general_purpose::STANDARD
+                    .decode(compact.as_bytes())
+                    .map_err(|_| bad(format!("entry {i} ({path}): content is not valid base64")))?
+            }
+            "gz" | "gzip" | "gz+b64" | "gz+base64" | "gzip+b64" | "gzip+base64" => {
+                return Err(bad(format!(
+                    "entry {i} ({path}): gzip encoding is not supported by the simulator"
+                )));
+            }
+            other => {
+                return Err(bad(format!(
+                    "entry {i} ({path}): unknown encoding '{other}'"
+                )));
+            }
+        };
+        match entry.get("permissions") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(p))
+                if !p.is_empty() && p.len() <= 5 && p.chars().all(|c| c.is_digit(8)) => {}
+            Some(Value::Number(_)) => {}
+            Some(_) => {
+                return Err(bad(format!(
+                    "entry {i} ({path}): permissions must be an octal string like '0600'"
+                )));
+            }
+        }
+        for key in ["owner"] {
+            if let Some(v) = entry.get(key)
+                && !v.is_string()
+            {
+                return Err(bad(format!("entry {i} ({path}): {key} is not a string")));
+            }
+        }
+        for key in ["append", "defer"] {
+            if let Some(v) = entry.get(key)
+                && !v.is_boolean()
+            {
+                return Err(bad(format!("entry {i} ({path}): {key} is not a boolean")));
+            }
+        }
+        let append = entry
+            .get("append")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        if append {
+            files.entry(path).or_insert_with(Vec::new).extend(data);
+        } else {
+            files.insert(path, data);
+        }
+    }
+    Ok(files)
+}
+
+fn parse_authorized_keys(
+    map: &serde_json::Map<String, Value>,
+) -> Result<Vec<AuthorizedKey>, UserDataError> {
+    let mut keys = Vec::new();
+    let mut add = |user: Option<String>, list: &Value, ctx: &str| -> Result<(), UserDataError> {
+        let Value::Array(items) = list else {
+            return Err(UserDataError::Schema(format!(
+                "{ctx}: ssh_authorized_keys must be a list"
+            )));
+        };
+        for item in items {
+            let Value::String(line) = item else {
+                return Err(UserDataError::Schema(format!(
+                    "{ctx}: ssh_authorized_keys entries must be strings"
+                )));
+            };
+            // sshd skips lines it cannot parse; so does the simulator.
+            if let Some(key) = parse_public_key(line) {
+                keys.push(AuthorizedKey {
+                    user: user.clone(),
+                    key,
+                });
+            }
+        }
+        Ok(())
+    };
+    if let Some(list) = map.get("ssh_authorized_keys") {
+        add(None, list, "ssh_authorized_keys")?;
+    }
+    match map.get("users") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(users)) => {
+            for user in users {
+                match user {
+                    Value::String(_) => {} // "default"
+                    Value::Object(u) => {
+                        let name = match u.get("name") {
+                            Some(Value::String(n)) => n.clone(),
+                            _ => {
+                                return Err(UserDataError::Schema(
+                                    "users: every user needs a string 'name'".into(),
+                                ));
+                            }
+                        };
+                        if let Some(list) = u.get("ssh_authorized_keys") {
+                            add(Some(name), list, "users")?;
+                        }
+                    }
+                    _ => {
+                        return Err(UserDataError::Schema(
+                            "users: entries must be mappings or 'default'".into(),
+                        ));
+                    }
+                }
+            }
+        }
+        Some(_) => return Err(UserDataError::Schema("users must be a list".into())),
+    }
+    Ok(keys)
+}
+
+/// Parses an OpenSSH public key line, skipping leading authorized_keys options.
+pub fn parse_public_key(line: &str) -> Option<russh::keys::PublicKey> {
+    let line = line.trim();
+    if let Ok(key) = russh::keys::PublicKey::from_openssh(line) {
+        return Some(key);
+    }
+    let start = line.find("ssh-").or_else(|| line.find("ecdsa-"))?;
+    russh::keys::PublicKey::from_openssh(&line[start..]).ok()
+}
+
+fn runcmd_lines(value: &Value) -> Result<Vec<String>, UserDataError> {
+    let Value::Array(items) = value else {
+        return Err(UserDataError::Schema("runcmd must be a list".into()));
+    };
+    items
+        .iter()
+        .map(|item| match item {
+            Value::String(s) => Ok(s.clone()),
+            Value::Array(argv) => Ok(argv
+                .iter()
+                .map(|a| match a {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(" ")),
+            _ => Err(UserDataError::Schema(
+                "runcmd entries must be strings or lists".into(),
+            )),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub(super) mod tests {
+    use super::*;
+
+    /// Parses `body` under a `#cloud-config` header.
+    pub(in crate::guest) fn ud(body: &str) -> Result<UserData, UserDataError> {
+        parse_user_data(format!("#cloud-config\n{body}").as_bytes())
+    }
+
+    #[test]
+    fn user_data_without_the_cloud_config_header_is_refused() {
+        assert_eq!(
+            parse_user_data(b"#!/bin/sh\necho hi\n").unwrap_err(),
+            UserDataError::NoHeader
+        );
+    }
+
+    #[test]
+    fn user_data_over_32_kib_is_refused() {
+        let big = format!("#cloud-config\n# {}\n", "x".repeat(MAX_USER_DATA));
+        assert!(matches!(
+            parse_user_data(big.as_bytes()),
+            Err(UserDataError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn user_data_must_be_a_mapping() {
+        assert_eq!(ud("- a\n- b\n").unwrap_err(), UserDataError::NotMapping);
+    }
+
+    #[test]
+    fn k3s_config_is_read_from_write_files_plain_and_base64() {
+        let config = "token: s3cret\ncluster-init: true\ntls-san: [10.0.0.1]\nnode-label: [\"a=b\"]\nnode-taint: [\"k=v:NoSchedule\"]\nkubelet-arg: [\"provider-id=oxide://x\"]\n";
+        let b64 = base64::engine::general_purpose::STANDARD.encode(config);
+        for entry in [
+            format!(
+                "  - path: /etc/rancher/k3s/config.yaml\n    content: |\n{}",
+                config
+                    .lines()
+                    .map(|l| format!("      {l}\n"))
+                    .collect::<String>()
+            ),
+            format!(
+                "  - path: /etc/rancher/k3s/config.yaml\n    encoding: b64\n    content: {b64}\n"
+            ),
+        ] {
+            let parsed = ud(&format!("write_files:\n{entry}runcmd:\n  - curl -sfL https://get.k3s.io | INSTALL_K3S_EXEC='server' INSTALL_K3S_VERSION=v1.33.1+k3s1 sh -\n")).unwrap();
+            let k3s = parsed.k3s.unwrap();
+            assert_eq!(k3s.token.as_deref(), Some("s3cret"));
+            assert!(k3s.cluster_init);
+            assert_eq!(k3s.tls_san, ["10.0.0.1"]);
+            assert_eq!(parsed.role, Some(Role::Server));
+            assert_eq!(parsed.install_version.as_deref(), Some("v1.33.1+k3s1"));
+        }
+    }
+
+    #[test]
+    fn malformed_taints_and_write_files_are_refused() {
+        let err = ud("write_files:\n  - content: x\n").unwrap_err();
+        assert!(matches!(err, UserDataError::WriteFiles(_)));
+        let err = ud("write_files:\n  - path: /etc/rancher/k3s/config.yaml\n    content: \"node-taint: [\\\"k=v:Sometimes\\\"]\"\n").unwrap_err();
+        assert!(matches!(err, UserDataError::K3sConfig { .. }));
+    }
+}

@@ -1,0 +1,497 @@
+//! The simulated k3s: its config file and drop-ins, join tokens (bare and `K10<ca-hash>::`
+//! form), and the decision to create, join, retry or refuse, judged against the one cluster.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::cloud_init::{UserDataError, parse_yaml};
+use super::kubelet::{node_object, parse_label, parse_taint};
+use super::{Cluster, Inner, K3sState};
+use crate::net::ListenerKind;
+
+/// Where k3s reads its configuration.
+pub const K3S_CONFIG_PATH: &str = "/etc/rancher/k3s/config.yaml";
+/// The admin kubeconfig k3s writes on servers.
+pub const K3S_KUBECONFIG_PATH: &str = "/etc/rancher/k3s/k3s.yaml";
+/// The server join token file (full `K10<ca-hash>::server:<token>` form).
+pub const K3S_NODE_TOKEN_PATH: &str = "/var/lib/rancher/k3s/server/node-token";
+pub(super) const K3S_TOKEN_PATH: &str = "/var/lib/rancher/k3s/server/token";
+pub(super) const K3S_AGENT_TOKEN_PATH: &str = "/var/lib/rancher/k3s/server/agent-token";
+
+// ---------------------------------------------------------------------------------------------
+// user-data
+
+/// The k3s role a VM's install step selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// `k3s server` (control plane + etcd).
+    Server,
+    /// `k3s agent` (worker).
+    Agent,
+}
+
+/// The parsed k3s config file. Debug redacts the tokens.
+#[derive(Clone, Default, PartialEq)]
+pub struct K3sConfig {
+    /// `server`: URL of an existing server to join.
+    pub server: Option<String>,
+    /// `token`: cluster token (servers) or join token (agents).
+    pub token: Option<String>,
+    /// `agent-token`: the token agents join with (servers only).
+    pub agent_token: Option<String>,
+    /// `cluster-init`: start a new embedded-etcd cluster.
+    pub cluster_init: bool,
+    /// `tls-san`: extra names/IPs in the API serving certificate.
+    pub tls_san: Vec<String>,
+    /// `node-name`.
+    pub node_name: Option<String>,
+    /// `node-label`: `k=v` entries.
+    pub node_label: Vec<String>,
+    /// `node-taint`: `k=v:Effect` entries.
+    pub node_taint: Vec<String>,
+    /// `kubelet-arg`: `name=value` entries (e.g. `provider-id=oxide://<uuid>`).
+    pub kubelet_arg: Vec<String>,
+    /// `disable-cloud-controller`.
+    pub disable_cloud_controller: bool,
+}
+
+impl std::fmt::Debug for K3sConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("K3sConfig")
+            .field("server", &self.server)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "agent_token",
+                &self.agent_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("cluster_init", &self.cluster_init)
+            .field("tls_san", &self.tls_san)
+            .field("node_name", &self.node_name)
+            .field("node_label", &self.node_label)
+            .field("node_taint", &self.node_taint)
+            .field("kubelet_arg", &self.kubelet_arg)
+            .field("disable_cloud_controller", &self.disable_cloud_controller)
+            .finish()
+    }
+}
+
+/// Reads one k3s config value as a string; k3s (Go YAML into string flags) takes scalars.
+fn scalar_string(key: &str, v: &Value) -> Result<String, UserDataError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        _ => Err(UserDataError::K3sConfig {
+            reason: format!("{key}: expected a string"),
+        }),
+    }
+}
+
+fn scalar_bool(key: &str, v: &Value) -> Result<bool, UserDataError> {
+    match v {
+        Value::Bool(b) => Ok(*b),
+        Value::String(s) if s == "true" => Ok(true),
+        Value::String(s) if s == "false" => Ok(false),
+        _ => Err(UserDataError::K3sConfig {
+            reason: format!("{key}: expected a boolean"),
+        }),
+    }
+}
+
+fn string_list(key: &str, v: &Value) -> Result<Vec<String>, UserDataError> {
+    match v {
+        Value::Array(items) => items.iter().map(|i| scalar_string(key, i)).collect(),
+        Value::Null => Ok(Vec::new()),
+        other => Ok(vec![scalar_string(key, other)?]),
+    }
+}
+
+/// Directory of k3s config drop-ins, read after `config.yaml` in lexical order.
+pub const K3S_CONFIG_DROPIN_DIR: &str = "/etc/rancher/k3s/config.yaml.d/";
+
+/// Parses `/etc/rancher/k3s/config.yaml` alone.
+pub fn parse_k3s_config(content: &[u8]) -> Result<K3sConfig, UserDataError> {
+    let mut cfg = K3sConfig::default();
+    merge_k3s_config(&mut cfg, content)?;
+    validate_k3s_config(&cfg)?;
+    Ok(cfg)
+}
+
+/// Applies one k3s config file on top of `cfg`, as k3s layers `config.yaml` and its
+/// drop-ins: a list key replaces what came before, the same key with a `+` suffix appends.
+pub(super) fn merge_k3s_config(cfg: &mut K3sConfig, content: &[u8]) -> Result<(), UserDataError> {
+    let text = std::str::from_utf8(content).map_err(|_| UserDataError::K3sConfig {
+        reason: "not UTF-8".into(),
+    })?;
+    if text.trim().is_empty() {
+        return Ok(());
+    }
+    let doc = parse_yaml(text).map_err(|(line, column)| UserDataError::K3sConfig {
+        reason: format!("invalid YAML at line {line} column {column}"),
+    })?;
+    let map = match doc {
+        Value::Object(map) => map,
+        Value::Null => return Ok(()),
+        _ => {
+            return Err(UserDataError::K3sConfig {
+                reason: "not a YAML mapping".into(),
+            });
+        }
+    };
+    for (raw_key, v) in &map {
+        let append = raw_key.ends_with('+');
+        let key = raw_key.trim_end_matches('+');
+        let list = |target: &mut Vec<String>| -> Result<(), UserDataError> {
+            let items = string_list(key, v)?;
+            if !append {
+                target.clear();
+            }
+            target.extend(items);
+            Ok(())
+        };
+        match key {
+            "server" => cfg.server = Some(scalar_string(key, v)?),
+            "token" => cfg.token = Some(scalar_string(key, v)?),
+            "agent-token" => cfg.agent_token = Some(scalar_string(key, v)?),
+            "node-name" => cfg.node_name = Some(scalar_string(key, v)?),
+            "cluster-init" => cfg.cluster_init = scalar_bool(key, v)?,
+            "disable-cloud-controller" => cfg.disable_cloud_controller = scalar_bool(key, v)?,
+            "tls-san" => list(&mut cfg.tls_san)?,
+            "node-label" => list(&mut cfg.node_label)?,
+            "node-taint" => list(&mut cfg.node_taint)?,
+            "kubelet-arg" => list(&mut cfg.kubelet_arg)?,
+            // Everything else k3s knows (write-kubeconfig-mode, disable, node-ip, ...) does not
+            // change what the simulator models.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn validate_k3s_config(cfg: &K3sConfig) -> Result<(), UserDataError> {
+    for label in &cfg.node_label {
+        if parse_label(label).is_none() {
+            return Err(UserDataError::K3sConfig {
+                reason: format!("node-label: '{label}' is not key=value"),
+            });
+        }
+    }
+    for taint in &cfg.node_taint {
+        if parse_taint(taint).is_none() {
+            return Err(UserDataError::K3sConfig {
+                reason: format!(
+                    "node-taint: '{taint}' is not key[=value]:NoSchedule|PreferNoSchedule|NoExecute"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// tokens
+
+/// `K10<sha256 hex of the CA bundle>`, the prefix of k3s full-format tokens.
+pub fn ca_hash(ca_pem: &str) -> String {
+    let digest = Sha256::digest(ca_pem.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+enum TokenCheck {
+    Ok,
+    CaHashMismatch,
+    Wrong,
+}
+
+/// Compares a presented token (bare secret or `K10<hash>::<user>:<secret>`) with the accepted
+/// secrets in constant-ish time (the simulator is not an oracle worth timing, but why not).
+fn check_token(given: &str, accepted: &[&str], ca_hash: &str) -> TokenCheck {
+    let secret = match given
+        .strip_prefix("K10")
+        .and_then(|rest| rest.split_once("::"))
+    {
+        Some((hash, creds)) => {
+            if hash != ca_hash {
+                return TokenCheck::CaHashMismatch;
+            }
+            creds.split_once(':').map(|(_, pass)| pass).unwrap_or(creds)
+        }
+        None => given,
+    };
+    if accepted
+        .iter()
+        .any(|a| subtle_eq(a.as_bytes(), secret.as_bytes()))
+    {
+        TokenCheck::Ok
+    } else {
+        TokenCheck::Wrong
+    }
+}
+
+fn subtle_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Host and port of a `https://HOST:PORT` server URL.
+fn parse_server_url(url: &str) -> Option<(String, u16)> {
+    let rest = url.strip_prefix("https://")?;
+    let authority = rest.split('/').next()?;
+    if let Some(v6) = authority.strip_prefix('[') {
+        let (host, port) = v6.split_once("]:")?;
+        return Some((host.to_string(), port.parse().ok()?));
+    }
+    let (host, port) = authority.rsplit_once(':').unwrap_or((authority, "443"));
+    Some((host.to_string(), port.parse().ok()?))
+}
+
+/// Prefixes of k3s's own messages, so the console reads like a real k3s log.
+const PREPARING: &str = "starting kubernetes: preparing server";
+const NOT_READY: &str = "Waiting to retrieve agent configuration; server is not ready";
+const CA_MISMATCH: &str = "token CA hash does not match the Cluster CA certificate hash";
+
+pub(super) enum Decision {
+    Create,
+    Join,
+    Retry(String),
+    Fatal(String),
+}
+
+impl Inner {
+    pub(super) fn set_k3s(&self, id: Uuid, generation: u64, k3s: K3sState) {
+        let mut st = self.state();
+        if let Some(vm) = st.vms.get_mut(&id).filter(|v| v.generation == generation) {
+            vm.k3s = k3s;
+        }
+    }
+
+    /// What k3s does next, judged against the cluster and what is listening right now.
+    pub(super) fn decide(&self, id: Uuid, role: Role, k3s: &K3sConfig) -> Decision {
+        let guard = self.listeners.lock();
+        let st = self.state();
+        let Some(vm) = st.vms.get(&id) else {
+            return Decision::Fatal("instance vanished".into());
+        };
+        let accepted_server: Vec<&str> = match (&st.cluster, role) {
+            (None, Role::Server) if k3s.server.is_none() => return Decision::Create,
+            (Some(cluster), Role::Server) if vm.member || cluster.creator == id => {
+                // Restart with the datastore on disk: no join needed, only the same token.
+                let check = k3s
+                    .token
+                    .as_deref()
+                    .map(|t| check_token(t, &[&cluster.token], &self.ca_hash));
+                return match check {
+                    None | Some(TokenCheck::Ok) => Decision::Join,
+                    Some(_) => Decision::Fatal(format!(
+                        "{PREPARING}: bootstrap data already found and encrypted with different token"
+                    )),
+                };
+            }
+            (Some(cluster), Role::Server) if k3s.server.is_none() => {
+                let same = k3s
+                    .token
+                    .as_deref()
+                    .map(|t| check_token(t, &[&cluster.token], &self.ca_hash));
+                return Decision::Fatal(match same {
+                    Some(TokenCheck::Ok) => format!(
+                        "{PREPARING}: oxide-sim runs one cluster and it already exists; a server \
+                         without 'server:' would bootstrap a second one; set server: \
+                         https://<existing server>:6443 to join"
+                    ),
+                    _ => format!(
+                        "{PREPARING}: failed to validate token: cluster-init with a token that \
+                         does not match the existing cluster's; refusing to bootstrap a second \
+                         cluster"
+                    ),
+                });
+            }
+            (Some(cluster), Role::Server) => vec![cluster.token.as_str()],
+            (Some(cluster), Role::Agent) => {
+                vec![cluster.agent_token.as_str(), cluster.token.as_str()]
+            }
+            (None, _) => Vec::new(),
+        };
+        let Some(url) = k3s.server.as_deref() else {
+            return Decision::Fatal("Error: --server is required".into());
+        };
+        let Some((host, port)) = parse_server_url(url) else {
+            return Decision::Fatal(format!(
+                "Error: invalid server url {url}: must be https://host:port"
+            ));
+        };
+        let Ok(ip) = host.parse::<IpAddr>() else {
+            return Decision::Retry(format!(
+                "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp: lookup {host}: no such host"
+            ));
+        };
+        let serving = guard.is_serving(SocketAddr::new(ip, port), ListenerKind::KubeApi);
+        if !serving || st.cluster.is_none() {
+            return Decision::Retry(format!(
+                "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp {ip}:{port}: connect: connection refused"
+            ));
+        }
+        let Some(token) = k3s.token.as_deref() else {
+            return Decision::Fatal("Error: --token is required".into());
+        };
+        match (check_token(token, &accepted_server, &self.ca_hash), role) {
+            (TokenCheck::Ok, _) => Decision::Join,
+            (TokenCheck::CaHashMismatch, Role::Server) => Decision::Fatal(format!(
+                "{PREPARING}: failed to validate token: {CA_MISMATCH}"
+            )),
+            (TokenCheck::CaHashMismatch, Role::Agent) => Decision::Fatal(format!(
+                "failed to validate token: {CA_MISMATCH} served at {url}/cacerts"
+            )),
+            (TokenCheck::Wrong, Role::Server) => Decision::Fatal(format!(
+                "{PREPARING}: failed to validate token: {url}/v1-k3s/server-bootstrap: 401 Unauthorized"
+            )),
+            (TokenCheck::Wrong, Role::Agent) => Decision::Fatal(format!(
+                "failed to get CA certs: {url}/cacerts: 401 Unauthorized (the join token is wrong)"
+            )),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn finish_join(
+        self: &Arc<Self>,
+        id: Uuid,
+        generation: u64,
+        role: Role,
+        k3s: &K3sConfig,
+        version: &str,
+        create: bool,
+        started: Instant,
+    ) {
+        let node = {
+            let mut st = self.state();
+            if create {
+                if st.cluster.is_some() {
+                    // Another server created the cluster between decide and now; loop again
+                    // next boot. Rare enough to simply refuse this round.
+                    drop(st);
+                    self.k3s_log(
+                        id,
+                        started,
+                        "fatal",
+                        "starting kubernetes: preparing server: bootstrap data already found",
+                    );
+                    self.set_k3s(id, generation, K3sState::Refused);
+                    return;
+                }
+                let token = k3s.token.clone().unwrap_or_else(random_token);
+                let agent_token = k3s.agent_token.clone().unwrap_or_else(|| token.clone());
+                st.cluster = Some(Cluster {
+                    token,
+                    agent_token,
+                    creator: id,
+                });
+            }
+            let Some(vm) = st
+                .vms
+                .get_mut(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
+                return;
+            };
+            vm.k3s = K3sState::Joined;
+            vm.member = true;
+            let name = k3s
+                .node_name
+                .clone()
+                .unwrap_or_else(|| vm.hostname.to_lowercase());
+            vm.node_name = Some(name.clone());
+            let ip = vm
+                .ephemeral_ips
+                .first()
+                .or(vm.external_ips.first())
+                .copied();
+            node_object(&name, &vm.hostname, id, role, k3s, version, ip)
+        };
+        self.register_node(node);
+        if role == Role::Server {
+            self.sync_listeners(id);
+            if create {
+                self.k3s_log(
+                    id,
+                    started,
+                    "info",
+                    "Cluster-Http-Server created; etcd cluster initialized",
+                );
+            }
+            self.k3s_log(id, started, "info", "k3s is up and running");
+        } else {
+            self.k3s_log(
+                id,
+                started,
+                "info",
+                "Connected to proxy; k3s agent is running",
+            );
+        }
+        tracing::info!(instance = %id, ?role, created = create, "k3s joined");
+    }
+}
+
+fn random_token() -> String {
+    use rand::RngExt as _;
+    let mut rng = rand::rng();
+    (0..32)
+        .map(|_| format!("{:x}", rng.random_range(0..16u8)))
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::guest::cloud_init::tests::ud;
+
+    #[test]
+    fn config_drop_ins_layer_on_config_yaml_and_the_smbios_provider_id_step_is_recognised() {
+        let ud = ud(concat!(
+            "write_files:\n",
+            "  - path: /etc/rancher/k3s/config.yaml\n",
+            "    content: \"node-label: [a=1]\\nkubelet-arg: [v=2]\\n\"\n",
+            "  - path: /etc/rancher/k3s/config.yaml.d/10-extra.yaml\n",
+            "    content: \"node-label+: [b=2]\\nkubelet-arg: [v=3]\\n\"\n",
+            "runcmd:\n",
+            "  - sh -c 'printf \"kubelet-arg+:\\n  - provider-id=oxide://%s\\n\" ",
+            "\"$(tr A-Z a-z < /sys/class/dmi/id/product_uuid)\" > /etc/rancher/k3s/config.yaml.d/50-p.yaml'\n",
+        ))
+        .unwrap();
+        let k3s = ud.k3s.unwrap();
+        assert_eq!(k3s.node_label, ["a=1", "b=2"], "+ appends");
+        assert_eq!(k3s.kubelet_arg, ["v=3"], "a plain key replaces");
+        assert_eq!(ud.smbios_provider_id_prefix.as_deref(), Some("oxide://"));
+    }
+
+    #[test]
+    fn tokens_match_bare_or_in_full_format_and_check_the_ca_hash() {
+        assert!(matches!(check_token("abc", &["abc"], "h"), TokenCheck::Ok));
+        assert!(matches!(
+            check_token("K10h::server:abc", &["abc"], "h"),
+            TokenCheck::Ok
+        ));
+        assert!(matches!(
+            check_token("K10x::server:abc", &["abc"], "h"),
+            TokenCheck::CaHashMismatch
+        ));
+        assert!(matches!(
+            check_token("abd", &["abc"], "h"),
+            TokenCheck::Wrong
+        ));
+    }
+
+    #[test]
+    fn debug_output_never_shows_tokens() {
+        let cfg = K3sConfig {
+            token: Some("s3cret".into()),
+            ..Default::default()
+        };
+        assert!(!format!("{cfg:?}").contains("s3cret"));
+    }
+}

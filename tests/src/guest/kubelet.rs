@@ -1,0 +1,183 @@
+//! The kubelet k3s runs: node labels and taints from the k3s config, the Node object it
+//! registers, and re-registration after a restart.
+
+use std::net::IpAddr;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::Inner;
+use super::k3s::{K3sConfig, Role};
+
+pub(super) fn parse_label(s: &str) -> Option<(String, String)> {
+    let (k, v) = s.split_once('=')?;
+    (!k.is_empty()).then(|| (k.to_string(), v.to_string()))
+}
+
+pub(super) fn parse_taint(s: &str) -> Option<Value> {
+    let (kv, effect) = s.rsplit_once(':')?;
+    if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+        return None;
+    }
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v)),
+        None => (kv, None),
+    };
+    if key.is_empty() {
+        return None;
+    }
+    let mut taint = json!({"key": key, "effect": effect});
+    if let Some(v) = value {
+        taint["value"] = json!(v);
+    }
+    Some(taint)
+}
+
+impl Inner {
+    /// Registers (or re-registers) the Node like a starting kubelet: a missing Node is
+    /// created; an existing one keeps its spec (cordon, taints) and annotations, gets the
+    /// kubelet-managed labels and a fresh status, and turns Ready.
+    pub(super) fn register_node(&self, fresh: Value) {
+        let name = fresh["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let object = match self.twin.get("v1", "Node", None, &name) {
+            None => fresh,
+            Some(mut existing) => {
+                if let (Some(labels), Some(new)) = (
+                    existing["metadata"]
+                        .as_object_mut()
+                        .map(|m| m.entry("labels").or_insert_with(|| json!({})))
+                        .and_then(Value::as_object_mut),
+                    fresh["metadata"]["labels"].as_object(),
+                ) {
+                    for (k, v) in new {
+                        labels.insert(k.clone(), v.clone());
+                    }
+                }
+                if existing["spec"]["providerID"].is_null()
+                    && !fresh["spec"]["providerID"].is_null()
+                {
+                    existing["spec"]["providerID"] = fresh["spec"]["providerID"].clone();
+                }
+                let conditions = existing["status"]["conditions"].clone();
+                existing["status"] = fresh["status"].clone();
+                if conditions.is_array() {
+                    existing["status"]["conditions"] = conditions;
+                }
+                existing
+            }
+        };
+        if let Err(err) = self.twin.upsert(object) {
+            tracing::warn!(node = %name, error = %err, "cannot register node");
+            return;
+        }
+        self.twin.set_node_ready(&name, true);
+    }
+}
+
+/// The Node object a k3s kubelet registers.
+pub(super) fn node_object(
+    name: &str,
+    hostname: &str,
+    instance: Uuid,
+    role: Role,
+    k3s: &K3sConfig,
+    version: &str,
+    ip: Option<IpAddr>,
+) -> Value {
+    let mut labels = serde_json::Map::new();
+    for (k, v) in [
+        ("beta.kubernetes.io/arch", "amd64"),
+        ("beta.kubernetes.io/instance-type", "k3s"),
+        ("beta.kubernetes.io/os", "linux"),
+        ("kubernetes.io/arch", "amd64"),
+        ("kubernetes.io/hostname", name),
+        ("kubernetes.io/os", "linux"),
+        ("node.kubernetes.io/instance-type", "k3s"),
+    ] {
+        labels.insert(k.into(), json!(v));
+    }
+    if role == Role::Server {
+        labels.insert(
+            "node-role.kubernetes.io/control-plane".into(),
+            json!("true"),
+        );
+        labels.insert("node-role.kubernetes.io/etcd".into(), json!("true"));
+    }
+    for (k, v) in k3s.node_label.iter().filter_map(|l| parse_label(l)) {
+        labels.insert(k, json!(v));
+    }
+    let taints: Vec<Value> = k3s
+        .node_taint
+        .iter()
+        .filter_map(|t| parse_taint(t))
+        .collect();
+    // The kubelet takes the last of repeated flags.
+    let provider_id = k3s
+        .kubelet_arg
+        .iter()
+        .rev()
+        .find_map(|a| {
+            a.trim_start_matches("--")
+                .strip_prefix("provider-id=")
+                .map(str::to_string)
+        })
+        .or_else(|| (!k3s.disable_cloud_controller).then(|| format!("k3s://{name}")));
+    let mut addresses = Vec::new();
+    if let Some(ip) = ip {
+        addresses.push(json!({"type": "InternalIP", "address": ip.to_string()}));
+    }
+    addresses.push(json!({"type": "Hostname", "address": hostname}));
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut annotations = serde_json::Map::new();
+    annotations.insert("k3s.io/hostname".into(), json!(hostname));
+    if let Some(ip) = ip {
+        annotations.insert("k3s.io/internal-ip".into(), json!(ip.to_string()));
+    }
+    annotations.insert("node.alpha.kubernetes.io/ttl".into(), json!("0"));
+    let mut spec = json!({"podCIDR": "10.42.0.0/24", "podCIDRs": ["10.42.0.0/24"]});
+    if let Some(pid) = provider_id {
+        spec["providerID"] = json!(pid);
+    }
+    if !taints.is_empty() {
+        spec["taints"] = json!(taints);
+    }
+    let pressure = |kind: &str, reason: &str, message: &str| {
+        json!({"type": kind, "status": "False", "reason": reason, "message": message,
+               "lastHeartbeatTime": now, "lastTransitionTime": now})
+    };
+    json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
+        "spec": spec,
+        "status": {
+            "addresses": addresses,
+            "capacity": {"pods": "110", "ephemeral-storage": "20Gi"},
+            "allocatable": {"pods": "110", "ephemeral-storage": "19Gi"},
+            "conditions": [
+                pressure("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
+                pressure("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+                pressure("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+                {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
+                 "lastTransitionTime": now},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {
+                "architecture": "amd64",
+                "bootID": Uuid::new_v4().to_string(),
+                "containerRuntimeVersion": "containerd://2.0.5-k3s1",
+                "kernelVersion": "6.8.0-oxide",
+                "kubeProxyVersion": version,
+                "kubeletVersion": version,
+                "machineID": instance.simple().to_string(),
+                "operatingSystem": "linux",
+                "osImage": "Ubuntu 24.04.2 LTS",
+                "systemUUID": instance.to_string(),
+            },
+        },
+    })
+}

@@ -1,0 +1,342 @@
+//! The VM lifecycle glue: the rack's events (running, halted, deleted, floating IP moved)
+//! and the boot sequence that strings cloud-init, sshd, the setup steps and k3s together.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use uuid::Uuid;
+
+use super::cloud_init::parse_user_data;
+use super::k3s::{Decision, K3S_CONFIG_PATH, Role};
+use super::{Boot, Inner, K3sState, Vm};
+use crate::oxide::{RackEvents, RunningInstance};
+use crate::sshd::SshHost;
+
+impl Inner {
+    async fn run_boot(self: Arc<Self>, id: Uuid, generation: u64, user_data: Vec<u8>) {
+        let (started, name, hostname, host, decoy) = {
+            let st = self.state();
+            let Some(vm) = st.vms.get(&id) else { return };
+            (
+                vm.boot_started,
+                vm.name.clone(),
+                vm.hostname.clone(),
+                vm.ssh_host.clone(),
+                vm.decoy_host.clone(),
+            )
+        };
+        self.log(
+            id,
+            started,
+            "Linux version 6.8.0-oxide (buildd@oxide) #1 SMP PREEMPT_DYNAMIC",
+        );
+        self.log(
+            id,
+            started,
+            "Command line: BOOT_IMAGE=/vmlinuz root=LABEL=cloudimg-rootfs ro console=ttyS0",
+        );
+        self.log(
+            id,
+            started,
+            &format!(
+                "cloud-init[721]: Cloud-init v. 24.4.1 running 'init' at {}. Up 3.12 seconds.",
+                chrono::Utc::now().to_rfc2822()
+            ),
+        );
+
+        let parsed = parse_user_data(&user_data);
+        let user_data = match parsed {
+            Ok(ud) => Some(Arc::new(ud)),
+            Err(err) => {
+                self.log(id, started, &format!("cloud-init[721]: {err}"));
+                tracing::info!(instance = %name, reason = %err, "user-data refused");
+                None
+            }
+        };
+
+        if let Some(ud) = &user_data {
+            for path in ud.files.keys() {
+                self.log(
+                    id,
+                    started,
+                    &format!("cloud-init[812]: write_files: wrote {path}"),
+                );
+            }
+        }
+        {
+            let mut st = self.state();
+            let Some(vm) = st.vms.get_mut(&id).filter(|v| v.generation == generation) else {
+                return;
+            };
+            vm.user_data = user_data.clone();
+            vm.sshd_up = true;
+        }
+        // cloud-init's keys-to-console module prints the host key fingerprints.
+        let wrong_key = Self::name_matches(&self.faults.get().wrong_console_host_key, &name);
+        let printed = if wrong_key {
+            decoy.unwrap_or(host)
+        } else {
+            host
+        };
+        // sshd is up before cloud-init prints the keys, so a client that read the console
+        // can connect at once.
+        self.sync_listeners(id);
+        if !self.current(id, generation) {
+            return;
+        }
+        self.console(id, &printed.console_fingerprints(&hostname));
+        self.log(
+            id,
+            started,
+            &format!(
+                "cloud-init[901]: Cloud-init v. 24.4.1 finished at {}. Up 6.40 seconds",
+                chrono::Utc::now().to_rfc2822()
+            ),
+        );
+
+        let Some(ud) = user_data else { return };
+        self.tailscale_up(id, generation, &ud, &hostname, started);
+        let Some(role) = ud.role else { return };
+        let Some(mut k3s) = ud.k3s.clone() else {
+            // k3s without a config file: a fresh server would create its own cluster with a
+            // random token, an agent would have no server. Model what the product renders.
+            let msg = format!(
+                "oxide-sim: cloud-init wrote no {K3S_CONFIG_PATH}; k3s has no configuration"
+            );
+            self.k3s_log(id, started, "fatal", &msg);
+            self.set_k3s(id, generation, K3sState::Refused);
+            return;
+        };
+        if let Some(prefix) = &ud.smbios_provider_id_prefix {
+            k3s.kubelet_arg.push(format!("provider-id={prefix}{id}"));
+        }
+
+        tokio::time::sleep(self.cfg.k3s_boot).await;
+        if !self.current(id, generation) {
+            return;
+        }
+        let version = ud
+            .install_version
+            .clone()
+            .unwrap_or_else(|| self.cfg.k3s_version.clone());
+        self.log(
+            id,
+            started,
+            &format!("cloud-init[1187]: [INFO]  Using {version} as release"),
+        );
+        let unit = if role == Role::Server {
+            "k3s"
+        } else {
+            "k3s-agent"
+        };
+        self.log(
+            id,
+            started,
+            &format!("cloud-init[1187]: [INFO]  systemd: Starting {unit}"),
+        );
+        self.k3s_log(
+            id,
+            started,
+            "info",
+            &format!(
+                "Starting k3s {} {version}",
+                if role == Role::Server {
+                    "server"
+                } else {
+                    "agent"
+                }
+            ),
+        );
+        self.set_k3s(id, generation, K3sState::Waiting);
+
+        if Self::name_matches(&self.faults.get().never_join, &name) {
+            // Fault: k3s hangs before it ever registers (e.g. a broken network path).
+            self.k3s_log(
+                id,
+                started,
+                "info",
+                "Waiting for control-plane node to start: etcd not ready",
+            );
+            return;
+        }
+
+        let mut attempt: u64 = 0;
+        let mut last_retry = String::new();
+        loop {
+            if !self.current(id, generation) {
+                return;
+            }
+            match self.decide(id, role, &k3s) {
+                Decision::Retry(msg) => {
+                    if msg != last_retry || attempt.is_multiple_of(25) {
+                        self.k3s_log(id, started, "info", &msg);
+                        last_retry = msg;
+                    }
+                    attempt += 1;
+                    tokio::time::sleep(self.cfg.join_retry).await;
+                }
+                Decision::Fatal(msg) => {
+                    self.k3s_log(id, started, "fatal", &msg);
+                    tracing::info!(instance = %name, "k3s refused to start");
+                    self.set_k3s(id, generation, K3sState::Refused);
+                    return;
+                }
+                decision @ (Decision::Create | Decision::Join) => {
+                    tokio::time::sleep(self.cfg.k3s_join).await;
+                    if !self.current(id, generation) {
+                        return;
+                    }
+                    self.finish_join(
+                        id,
+                        generation,
+                        role,
+                        &k3s,
+                        &version,
+                        matches!(decision, Decision::Create),
+                        started,
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The VM stopped running: its boot stops, listeners close, its kubelet stops reporting.
+    fn halt(self: &Arc<Self>, id: Uuid) {
+        let node = {
+            let mut st = self.state();
+            let Some(vm) = st.vms.get_mut(&id) else {
+                return;
+            };
+            vm.generation += 1;
+            vm.running = false;
+            vm.sshd_up = false;
+            vm.k3s = K3sState::Off;
+            vm.tailnet_ip = None;
+            vm.node_name.clone()
+        };
+        if let Some(tailnet) = self.tailnet.get() {
+            tailnet.disconnect(id);
+        }
+        self.sync_listeners(id);
+        if let Some(node) = node
+            && self.twin.get("v1", "Node", None, &node).is_some()
+        {
+            self.twin.set_node_ready(&node, false);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// events
+
+impl RackEvents for Boot {
+    fn instance_running(&self, inst: &RunningInstance) {
+        let inner = &self.inner;
+        let generation = {
+            let mut st = inner.state();
+            let floating: BTreeSet<IpAddr> = st.floating.keys().copied().collect();
+            let wrong_key =
+                Inner::name_matches(&inner.faults.get().wrong_console_host_key, &inst.name);
+            let vm = st.vms.entry(inst.id).or_insert_with(|| Vm {
+                tailnet_ip: None,
+                tailnet_san: false,
+                ssh_logins: Vec::new(),
+                name: inst.name.clone(),
+                hostname: inst.hostname.clone(),
+                ssh_host: Arc::new(SshHost::generate()),
+                decoy_host: None,
+                generation: 0,
+                running: false,
+                boot_started: Instant::now(),
+                ephemeral_ips: Vec::new(),
+                external_ips: Vec::new(),
+                api_ssh_keys: Vec::new(),
+                user_data: None,
+                sshd_up: false,
+                k3s: K3sState::Off,
+                member: false,
+                node_name: None,
+                uploads: BTreeMap::new(),
+            });
+            if wrong_key && vm.decoy_host.is_none() {
+                vm.decoy_host = Some(Arc::new(SshHost::generate()));
+            }
+            vm.generation += 1;
+            vm.running = true;
+            vm.boot_started = Instant::now();
+            vm.name = inst.name.clone();
+            vm.hostname = inst.hostname.clone();
+            vm.external_ips = inst.external_ips.clone();
+            vm.ephemeral_ips = inst
+                .external_ips
+                .iter()
+                .filter(|ip| !floating.contains(ip))
+                .copied()
+                .collect();
+            vm.api_ssh_keys = inst.ssh_public_keys.clone();
+            vm.user_data = None;
+            vm.sshd_up = false;
+            vm.k3s = K3sState::Off;
+            vm.tailnet_ip = None;
+            vm.tailnet_san = false;
+            vm.generation
+        };
+        let task = inner
+            .clone()
+            .run_boot(inst.id, generation, inst.user_data.clone());
+        inner.runtime.spawn(task);
+    }
+
+    fn instance_halted(&self, id: Uuid) {
+        self.inner.halt(id);
+    }
+
+    fn instance_deleted(&self, id: Uuid) {
+        self.inner.halt(id);
+        if let Some(tailnet) = self.inner.tailnet.get() {
+            tailnet.remove(id);
+        }
+        let mut st = self.inner.state();
+        if let Some(vm) = st.vms.remove(&id)
+            && !vm.uploads.is_empty()
+            && let Some(dir) = self.inner.vm_upload_dir(id)
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        st.floating.retain(|_, owner| *owner != id);
+        // A cluster whose every member is gone is gone (its datastore lived on their disks).
+        if st.cluster.is_some() && !st.vms.values().any(|v| v.member) {
+            st.cluster = None;
+        }
+        drop(st);
+        self.inner.listeners.lock().close_owner(id);
+    }
+
+    fn floating_ip_changed(&self, ip: IpAddr, instance: Option<Uuid>) {
+        let previous = {
+            let mut st = self.inner.state();
+            let previous = match instance {
+                Some(owner) => st.floating.insert(ip, owner),
+                None => st.floating.remove(&ip),
+            };
+            // A floating IP is never one of the VM's own addresses.
+            if let Some(owner) = instance
+                && let Some(vm) = st.vms.get_mut(&owner)
+            {
+                vm.ephemeral_ips.retain(|e| *e != ip);
+            }
+            previous
+        };
+        if let Some(prev) = previous
+            && Some(prev) != instance
+        {
+            self.inner.sync_listeners(prev);
+        }
+        if let Some(owner) = instance {
+            self.inner.sync_listeners(owner);
+        }
+    }
+}

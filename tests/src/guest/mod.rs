@@ -1,0 +1,336 @@
+//! What happens inside a simulated VM once the rack says it is `running`: cloud-init reads and
+//! validates the user-data, prints the SSH host key fingerprints on the serial console and
+//! starts sshd, and a simulated k3s (configured from `/etc/rancher/k3s/config.yaml` written by
+//! `write_files`) creates or joins the simulator's one cluster, the twin. Joined VMs become
+//! Nodes; halted VMs' Nodes turn `Ready=Unknown` like a vanished kubelet.
+//!
+//! This module owns the boot/k3s contract in SIM_CONTRACTS.md and the per-VM listeners
+//! (Kubernetes API at :6443 on joined servers, SSH on server VMs). It does not own the Oxide
+//! API (lifecycle, addresses: `oxide`), the Kubernetes API itself (`twin`) or the SSH protocol
+//! (`sshd`). It never prints tokens or user-data anywhere, console included.
+//!
+//! One file per concern, so each guest rule has one obvious home:
+//! - [`console`]: the serial console text the guest writes;
+//! - [`cloud_init`]: user-data parsing and validation, `write_files`, `runcmd`;
+//! - [`setup_script`]: what the setup steps in `runcmd` do (install, provider ID, Tailscale);
+//! - [`k3s`]: its config, tokens, the create/join decision and the cluster state;
+//! - [`kubelet`]: node labels and taints, Node registration;
+//! - [`listeners`] and [`ssh`]: what the VM serves (Kubernetes API, sshd and its files);
+//! - [`lifecycle`]: the rack's events and the boot sequence gluing the rest together.
+
+mod cloud_init;
+mod console;
+mod k3s;
+mod kubelet;
+mod lifecycle;
+mod listeners;
+mod setup_script;
+mod ssh;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+pub use cloud_init::{
+    AuthorizedKey, MAX_USER_DATA, UserData, UserDataError, parse_public_key, parse_user_data,
+};
+pub use k3s::{
+    K3S_CONFIG_DROPIN_DIR, K3S_CONFIG_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3sConfig,
+    Role, ca_hash, parse_k3s_config,
+};
+
+use crate::net::Listeners;
+use crate::oxide::{Faults, OxideSim};
+use crate::sshd::SshHost;
+use crate::twin::Twin;
+
+/// Port of the Kubernetes API on server VMs.
+pub const KUBE_API_PORT: u16 = 6443;
+
+/// Timing and port knobs of the simulated guest.
+#[derive(Clone, Debug)]
+pub struct BootConfig {
+    /// Port sshd listens on (22 on a real VM; tests pass a high port).
+    pub ssh_port: u16,
+    /// From cloud-init start to k3s trying to start/join.
+    pub k3s_boot: Duration,
+    /// From k3s deciding it can start/join to its Node being registered and Ready.
+    pub k3s_join: Duration,
+    /// How often k3s retries an unreachable server URL.
+    pub join_retry: Duration,
+    /// k3s version when the install step does not pin one.
+    pub k3s_version: String,
+}
+
+impl Default for BootConfig {
+    fn default() -> Self {
+        Self {
+            ssh_port: 22,
+            k3s_boot: Duration::from_millis(100),
+            k3s_join: Duration::from_millis(200),
+            join_retry: Duration::from_millis(200),
+            k3s_version: "v1.33.4+k3s1".to_string(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// state
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+enum K3sState {
+    /// No k3s (yet): not booted that far, invalid user-data, or no install step.
+    Off,
+    /// Started, waiting to create/join.
+    Waiting,
+    /// Refused to start (wrong token, bad config, ...); never joins this boot.
+    Refused,
+    /// Part of the cluster; Node registered.
+    Joined,
+}
+
+struct Vm {
+    /// Tailnet address once `tailscale up` succeeded this boot (listeners bind it too).
+    tailnet_ip: Option<IpAddr>,
+    /// k3s added the tailnet address to its `tls-san` (a drop-in written before k3s started).
+    tailnet_san: bool,
+    /// Local addresses of successful SSH logins, oldest first (the last 32).
+    ssh_logins: Vec<SocketAddr>,
+    name: String,
+    hostname: String,
+    ssh_host: Arc<SshHost>,
+    /// The "other" key printed under the `wrong_console_host_key` fault.
+    decoy_host: Option<Arc<SshHost>>,
+    /// Bumped on every boot and halt; a boot task whose generation is stale stops.
+    generation: u64,
+    running: bool,
+    boot_started: Instant,
+    /// External IPs at boot that are not floating IPs (the VM's "own" addresses).
+    ephemeral_ips: Vec<IpAddr>,
+    /// All external IPs at boot (ephemeral first, as the API lists them).
+    external_ips: Vec<IpAddr>,
+    api_ssh_keys: Vec<String>,
+    user_data: Option<Arc<UserData>>,
+    sshd_up: bool,
+    k3s: K3sState,
+    /// Has been a member of the cluster (its datastore/agent state survives reboots).
+    member: bool,
+    node_name: Option<String>,
+    /// Files uploaded over SSH: guest path → the host file holding them (they live on the
+    /// VM's disk, so they survive reboots and go with the instance).
+    uploads: BTreeMap<String, std::path::PathBuf>,
+}
+
+struct Cluster {
+    token: String,
+    agent_token: String,
+    creator: Uuid,
+}
+
+#[derive(Default)]
+struct State {
+    vms: HashMap<Uuid, Vm>,
+    /// Attached floating IPs → instance.
+    floating: HashMap<IpAddr, Uuid>,
+    cluster: Option<Cluster>,
+}
+
+struct Inner {
+    /// The simulated tailnet VMs join with `tailscale up` (see [`Boot::attach_tailnet`]).
+    tailnet: OnceLock<crate::tailscale::Tailnet>,
+    cfg: BootConfig,
+    twin: Twin,
+    faults: Faults,
+    listeners: Listeners,
+    ca_hash: String,
+    oxide: OnceLock<OxideSim>,
+    runtime: tokio::runtime::Handle,
+    /// Set on simulator shutdown: boot tasks stop at their next step.
+    closed: AtomicBool,
+    state: Mutex<State>,
+    /// Host directory of the files uploaded to VMs (`<dir>/<instance id>/<guest path>`),
+    /// created on the first upload and removed with the simulator.
+    upload_dir: OnceLock<Option<tempfile::TempDir>>,
+}
+
+/// The guest side of every simulated VM; implements [`RackEvents`] for [`OxideSim`].
+#[derive(Clone)]
+pub struct Boot {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Boot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Boot")
+            .field("cfg", &self.inner.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Boot {
+    /// Builds the guest simulation. Must be called inside a tokio runtime; call
+    /// [`Boot::attach`] with the `OxideSim` built from it before any instance runs.
+    pub fn new(cfg: BootConfig, twin: Twin, faults: Faults, listeners: Listeners) -> Self {
+        let ca_hash = ca_hash(&twin.ca_pem());
+        Self {
+            inner: Arc::new(Inner {
+                tailnet: OnceLock::new(),
+                cfg,
+                twin,
+                faults,
+                listeners,
+                ca_hash,
+                oxide: OnceLock::new(),
+                runtime: tokio::runtime::Handle::current(),
+                closed: AtomicBool::new(false),
+                state: Mutex::new(State::default()),
+                upload_dir: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Connects the console sink. OxideSim needs the events object at construction, so this
+    /// closes the loop afterwards.
+    pub fn attach(&self, oxide: OxideSim) {
+        let _ = self.inner.oxide.set(oxide);
+    }
+
+    /// Connects the tailnet `tailscale up` joins. Without one, every join is refused.
+    pub fn attach_tailnet(&self, tailnet: crate::tailscale::Tailnet) {
+        let _ = self.inner.tailnet.set(tailnet);
+    }
+
+    /// Stops every boot in progress and closes every listener (simulator shutdown).
+    pub fn shutdown(&self) {
+        self.inner.closed.store(true, Ordering::SeqCst);
+        self.inner.listeners.close_all();
+    }
+
+    /// The listener registry (for shutdown and the admin dump).
+    pub fn listeners(&self) -> &Listeners {
+        &self.inner.listeners
+    }
+
+    /// Cluster summary for the admin state dump: who created the cluster, which VMs joined
+    /// with which role and Node name, and the open listeners.
+    pub fn cluster_info(&self) -> Value {
+        let st = self.inner.state();
+        let mut vms: Vec<Value> = st
+            .vms
+            .iter()
+            .map(|(id, vm)| {
+                json!({
+                    "instance": vm.name,
+                    "id": id,
+                    "running": vm.running,
+                    "role": vm.user_data.as_ref().and_then(|u| u.role),
+                    "k3s": vm.k3s,
+                    "joined": vm.k3s == K3sState::Joined,
+                    "node": vm.node_name,
+                    "ssh_host_key": vm.ssh_host.fingerprint(),
+                    "tailnet_ip": vm.tailnet_ip,
+                    "ssh_logins": vm.ssh_logins,
+                })
+            })
+            .collect();
+        vms.sort_by(|a, b| a["instance"].as_str().cmp(&b["instance"].as_str()));
+        let creator = st.cluster.as_ref().map(|c| {
+            st.vms
+                .get(&c.creator)
+                .map(|v| v.name.clone())
+                .unwrap_or_default()
+        });
+        let mut joined: Vec<String> = st
+            .vms
+            .values()
+            .filter(|v| v.k3s == K3sState::Joined)
+            .map(|v| v.name.clone())
+            .collect();
+        joined.sort();
+        drop(st);
+        json!({
+            "created": creator.is_some(),
+            "creator": creator,
+            "joined": joined,
+            "vms": vms,
+            "listeners": self.inner.listeners.snapshot(),
+        })
+    }
+
+    /// The host file holding what was uploaded over SSH to `path` on `instance` (mode as the
+    /// upload set it), if anything was.
+    pub fn uploaded_file(&self, instance: Uuid, path: &str) -> Option<std::path::PathBuf> {
+        self.inner
+            .state()
+            .vms
+            .get(&instance)?
+            .uploads
+            .get(path)
+            .cloned()
+    }
+
+    /// [`Boot::uploaded_file`] of the running VM whose Node is `node` (what a hostPath volume
+    /// on that Node sees).
+    pub fn node_file(&self, node: &str, path: &str) -> Option<std::path::PathBuf> {
+        let st = self.inner.state();
+        let vm = st
+            .vms
+            .values()
+            .find(|v| v.running && v.node_name.as_deref() == Some(node))?;
+        vm.uploads.get(path).cloned()
+    }
+
+    /// Node name of a joined instance (None when it has not joined).
+    pub fn joined_node(&self, instance: Uuid) -> Option<String> {
+        let st = self.inner.state();
+        st.vms
+            .get(&instance)
+            .filter(|v| v.k3s == K3sState::Joined)
+            .and_then(|v| v.node_name.clone())
+    }
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// True while the boot of generation `gen` is current.
+    fn current(&self, id: Uuid, generation: u64) -> bool {
+        !self.closed.load(Ordering::SeqCst)
+            && self
+                .state()
+                .vms
+                .get(&id)
+                .is_some_and(|v| v.running && v.generation == generation)
+    }
+
+    /// `<upload dir>/<instance id>`, creating the upload directory on first use.
+    fn vm_upload_dir(&self, id: Uuid) -> Option<std::path::PathBuf> {
+        self.upload_dir
+            .get_or_init(|| {
+                tempfile::Builder::new()
+                    .prefix("oxide-sim-vm-files-")
+                    .tempdir()
+                    .map_err(
+                        |err| tracing::warn!(error = %err, "cannot create the upload directory"),
+                    )
+                    .ok()
+            })
+            .as_ref()
+            .map(|d| d.path().join(id.to_string()))
+    }
+
+    fn name_matches(prefixes: &[String], name: &str) -> bool {
+        prefixes.iter().any(|p| name.starts_with(p.as_str()))
+    }
+}

@@ -1,0 +1,177 @@
+//! The guest's sshd: the keys cloud-init installed, and the files on the VM's disk (uploads,
+//! `write_files`, and what k3s writes on servers) as SSH sees them.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+
+use uuid::Uuid;
+
+use super::cloud_init::{AuthorizedKey, parse_public_key};
+use super::k3s::{K3S_AGENT_TOKEN_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3S_TOKEN_PATH};
+use super::{Inner, K3sState};
+use crate::sshd::{SshBackend, SshHost};
+
+impl Inner {
+    pub(super) fn ssh_parts(
+        self: &Arc<Self>,
+        id: Uuid,
+        via: SocketAddr,
+    ) -> Option<(Arc<SshHost>, Arc<dyn SshBackend>)> {
+        let st = self.state();
+        let vm = st.vms.get(&id)?;
+        let mut keys: Vec<AuthorizedKey> = vm
+            .user_data
+            .as_ref()
+            .map(|u| u.authorized_keys.clone())
+            .unwrap_or_default();
+        keys.extend(
+            vm.api_ssh_keys
+                .iter()
+                .filter_map(|k| parse_public_key(k))
+                .map(|key| AuthorizedKey { user: None, key }),
+        );
+        let files = vm
+            .user_data
+            .as_ref()
+            .map(|u| u.files.clone())
+            .unwrap_or_default();
+        let backend = VmBackend {
+            via,
+            boot: Arc::downgrade(self),
+            id,
+            generation: vm.generation,
+            hostname: vm.hostname.clone(),
+            keys,
+            files,
+        };
+        Some((vm.ssh_host.clone(), Arc::new(backend)))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ssh backend
+
+/// What a server VM's sshd sees: the keys cloud-init installed (plus the instance's API keys)
+/// and the files on its disk.
+struct VmBackend {
+    /// The address this sshd listens on (external, floating or tailnet).
+    via: SocketAddr,
+    boot: Weak<Inner>,
+    id: Uuid,
+    generation: u64,
+    hostname: String,
+    keys: Vec<AuthorizedKey>,
+    files: BTreeMap<String, Vec<u8>>,
+}
+
+impl SshBackend for VmBackend {
+    fn authorized(&self, user: &str, key: &russh::keys::PublicKey) -> bool {
+        let ok = self.keys.iter().any(|k| {
+            k.user.as_deref().is_none_or(|u| u == user) && k.key.key_data() == key.key_data()
+        });
+        if ok && let Some(inner) = self.boot.upgrade() {
+            let mut st = inner.state();
+            if let Some(vm) = st.vms.get_mut(&self.id) {
+                if vm.ssh_logins.len() >= 32 {
+                    vm.ssh_logins.remove(0);
+                }
+                vm.ssh_logins.push(self.via);
+            }
+        }
+        ok
+    }
+
+    fn hostname(&self) -> String {
+        self.hostname.clone()
+    }
+
+    fn write_file(&self, path: &str, data: &[u8]) -> bool {
+        self.write_file_mode(path, data, None)
+    }
+
+    /// Stores the file on the host under the simulator's upload directory, with the mode the
+    /// upload asked for (0644 otherwise), so a hostPath volume can run it.
+    fn write_file_mode(&self, path: &str, data: &[u8], mode: Option<u32>) -> bool {
+        use std::os::unix::fs::PermissionsExt as _;
+        let Some(inner) = self.boot.upgrade() else {
+            return false;
+        };
+        // Absolute, no `..`: the guest path maps into the VM's directory and nowhere else.
+        let rel = match path.strip_prefix('/') {
+            Some(rel) if !rel.is_empty() && !rel.split('/').any(|c| c == ".." || c.is_empty()) => {
+                rel
+            }
+            _ => return false,
+        };
+        let Some(dir) = inner.vm_upload_dir(self.id) else {
+            return false;
+        };
+        let host = dir.join(rel);
+        let written = host
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&host, data))
+            .and_then(|()| {
+                std::fs::set_permissions(
+                    &host,
+                    std::fs::Permissions::from_mode(mode.unwrap_or(0o644) & 0o7777),
+                )
+            });
+        if let Err(err) = written {
+            tracing::warn!(instance = %self.id, error = %err, "cannot store an uploaded file");
+            return false;
+        }
+        let mut st = inner.state();
+        match st.vms.get_mut(&self.id) {
+            Some(vm) => {
+                vm.uploads.insert(path.to_owned(), host);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn read_file(&self, path: &str) -> Option<Vec<u8>> {
+        if let Some(inner) = self.boot.upgrade() {
+            let host = inner
+                .state()
+                .vms
+                .get(&self.id)
+                .and_then(|vm| vm.uploads.get(path).cloned());
+            if let Some(host) = host {
+                return std::fs::read(host).ok();
+            }
+        }
+        if path == "/etc/hostname" {
+            return Some(format!("{}\n", self.hostname).into_bytes());
+        }
+        if matches!(
+            path,
+            K3S_KUBECONFIG_PATH | K3S_NODE_TOKEN_PATH | K3S_TOKEN_PATH | K3S_AGENT_TOKEN_PATH
+        ) {
+            let inner = self.boot.upgrade()?;
+            let (token, agent_token) = {
+                let st = inner.state();
+                let vm = st.vms.get(&self.id)?;
+                // k3s writes these once the server has started.
+                if vm.generation != self.generation || vm.k3s != K3sState::Joined {
+                    return None;
+                }
+                let cluster = st.cluster.as_ref()?;
+                (cluster.token.clone(), cluster.agent_token.clone())
+            };
+            return Some(match path {
+                K3S_KUBECONFIG_PATH => inner
+                    .twin
+                    .admin_kubeconfig("https://127.0.0.1:6443")
+                    .into_bytes(),
+                K3S_AGENT_TOKEN_PATH => {
+                    format!("K10{}::node:{agent_token}\n", inner.ca_hash).into_bytes()
+                }
+                _ => format!("K10{}::server:{token}\n", inner.ca_hash).into_bytes(),
+            });
+        }
+        self.files.get(path).cloned()
+    }
+}
