@@ -443,16 +443,21 @@ pub async fn observe_project<R: Rack>(
     if !rack.project_exists().await.map_err(f)? {
         return Ok(ObservedProject::default());
     }
-    let (instances, disks, floating_ips, images, snapshots, groups, vpcs) = futures::try_join!(
+    let (instances, disks, floating_ips, images, snapshots, groups) = futures::try_join!(
         rack.list_instances(""),
         rack.list_disks(),
         rack.list_floating_ips(),
         rack.list_project_images(),
         rack.list_snapshots(),
         rack.list_anti_affinity_groups(),
-        rack.list_vpcs(),
     )
     .map_err(f)?;
+    // VPCs matter only to whether the project may go.
+    let vpcs = if scope.delete_project {
+        rack.list_vpcs().await.map_err(f)?
+    } else {
+        Vec::new()
+    };
     let mut group_members = BTreeMap::new();
     if let Some(wanted) = &scope.spec_groups {
         for g in groups.iter().filter(|g| wanted.contains(&g.name)) {

@@ -27,6 +27,7 @@ pub enum Op {
     ImageList,
     ImageCreate,
     ImageView,
+    ImageDelete,
     DiskList,
     DiskCreate,
     DiskView,
@@ -57,6 +58,7 @@ pub enum Op {
     GroupList,
     GroupCreate,
     GroupView,
+    GroupDelete,
     GroupMemberList,
     GroupMemberAdd,
 }
@@ -144,6 +146,14 @@ pub const ROUTES: &[RouteSpec] = &[
         "image_view",
         false,
         Op::ImageView,
+    ),
+    r(
+        "DELETE",
+        "/v1/images/{image}",
+        204,
+        "image_delete",
+        false,
+        Op::ImageDelete,
     ),
     r("GET", "/v1/disks", 200, "disk_list", false, Op::DiskList),
     r(
@@ -377,6 +387,14 @@ pub const ROUTES: &[RouteSpec] = &[
         "anti_affinity_group_view",
         false,
         Op::GroupView,
+    ),
+    r(
+        "DELETE",
+        "/v1/anti-affinity-groups/{anti_affinity_group}",
+        204,
+        "anti_affinity_group_delete",
+        false,
+        Op::GroupDelete,
     ),
     r(
         "GET",
@@ -632,6 +650,7 @@ pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         Op::ImageList => storage::image_list(cx),
         Op::ImageCreate => storage::image_create(cx),
         Op::ImageView => storage::image_view(cx),
+        Op::ImageDelete => storage::image_delete(cx),
         Op::DiskList => storage::disk_list(cx),
         Op::DiskCreate => storage::disk_create(cx),
         Op::DiskView => storage::disk_view(cx),
@@ -662,6 +681,7 @@ pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         Op::GroupList => network::group_list(cx),
         Op::GroupCreate => network::group_create(cx),
         Op::GroupView => network::group_view(cx),
+        Op::GroupDelete => network::group_delete(cx),
         Op::GroupMemberList => network::group_member_list(cx),
         Op::GroupMemberAdd => network::group_member_add(cx),
     }
