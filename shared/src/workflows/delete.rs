@@ -664,7 +664,8 @@ pub async fn remove_all<R: Rack>(
     let mut out: Vec<Removal> = futures::stream::iter(inv.of_kind(Kind::Instance))
         .map(|item| {
             let disks = disks_of.remove(item.name.as_str()).unwrap_or_default();
-            remove_instance(rack, item, disks, opts, deadline, progress)
+            let state = inv.instance_states.get(&item.name);
+            remove_instance(rack, item, state, disks, opts, deadline, progress)
         })
         .buffer_unordered(opts.concurrency.max(1))
         .flat_map(futures::stream::iter)
@@ -709,6 +710,7 @@ pub async fn remove_all<R: Rack>(
 async fn remove_instance<R: Rack>(
     rack: &R,
     item: &Item,
+    observed: Option<&InstanceState>,
     disks: Vec<&Item>,
     opts: &RemoveOptions,
     deadline: Instant,
@@ -716,44 +718,69 @@ async fn remove_instance<R: Rack>(
 ) -> Vec<Removal> {
     let name = item.name.as_str();
     let mut out = Vec::new();
+    // An instance observed running is stopped at once, without looking again (the look after
+    // the stop is the first one that matters); anything else starts with a look.
     let mut stop_sent = false;
-    let outcome = loop {
-        let state = match rack.get_instance(name).await {
-            Ok(Some(i)) => i.state,
-            Ok(None) => break Ok(Outcome::AlreadyGone),
-            Err(e) if e.is_retryable() => InstanceState::Other("unknown".into()),
-            Err(e) => break Err(e),
-        };
-        if state.is_deletable() {
-            match rack.delete_instance(name).await {
-                Ok(()) => break Ok(Outcome::Deleted),
-                Err(RackError::NotFound { .. }) => break Ok(Outcome::AlreadyGone),
-                // Started again behind our back (e.g. Oxide's auto-restart): stop it again.
-                Err(RackError::Invalid { .. } | RackError::Conflict { .. }) => stop_sent = false,
-                Err(e) if e.is_retryable() => {}
-                Err(e) => break Err(e),
-            }
-        } else if owned::needs_stop(&state) && !stop_sent {
-            match rack.stop_instance(name).await {
-                Ok(()) => stop_sent = true,
-                Err(RackError::NotFound { .. }) => break Ok(Outcome::AlreadyGone),
-                Err(e) if e.is_retryable() => {}
-                // Refused in this state (e.g. still creating): look again later.
-                Err(RackError::Invalid { .. } | RackError::Conflict { .. }) => {}
-                Err(e) => break Err(e),
-            }
-            continue;
-        } else if matches!(state, InstanceState::Running | InstanceState::Starting) {
-            // Stop sent, yet running: it may have been lost; send it again next time.
-            stop_sent = false;
+    let first = match observed {
+        Some(s) if owned::needs_stop(s) => Some(rack.stop_instance(name).await),
+        _ => None,
+    };
+    let first = match first {
+        None => None,
+        Some(Ok(())) => {
+            stop_sent = true;
+            tokio::time::sleep(opts.poll).await;
+            None
         }
-        if Instant::now() >= deadline {
-            break Err(RackError::Timeout {
-                what: format!("instance {name} to stop (state {state:?})"),
-                seconds: opts.timeout.as_secs(),
-            });
+        Some(Err(RackError::NotFound { .. })) => Some(Ok(Outcome::AlreadyGone)),
+        // Refused in this state, a transient error: the loop looks and decides.
+        Some(Err(RackError::Invalid { .. } | RackError::Conflict { .. })) => None,
+        Some(Err(e)) if e.is_retryable() => None,
+        Some(Err(e)) => Some(Err(e)),
+    };
+    let outcome = if let Some(o) = first {
+        o
+    } else {
+        loop {
+            let state = match rack.get_instance(name).await {
+                Ok(Some(i)) => i.state,
+                Ok(None) => break Ok(Outcome::AlreadyGone),
+                Err(e) if e.is_retryable() => InstanceState::Other("unknown".into()),
+                Err(e) => break Err(e),
+            };
+            if state.is_deletable() {
+                match rack.delete_instance(name).await {
+                    Ok(()) => break Ok(Outcome::Deleted),
+                    Err(RackError::NotFound { .. }) => break Ok(Outcome::AlreadyGone),
+                    // Started again behind our back (e.g. Oxide's auto-restart): stop it again.
+                    Err(RackError::Invalid { .. } | RackError::Conflict { .. }) => {
+                        stop_sent = false
+                    }
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => break Err(e),
+                }
+            } else if owned::needs_stop(&state) && !stop_sent {
+                match rack.stop_instance(name).await {
+                    Ok(()) => stop_sent = true,
+                    Err(RackError::NotFound { .. }) => break Ok(Outcome::AlreadyGone),
+                    Err(e) if e.is_retryable() => {}
+                    // Refused in this state (e.g. still creating): look again later.
+                    Err(RackError::Invalid { .. } | RackError::Conflict { .. }) => {}
+                    Err(e) => break Err(e),
+                }
+                continue;
+            } else if matches!(state, InstanceState::Running | InstanceState::Starting) {
+                // Stop sent, yet running: it may have been lost; send it again next time.
+                stop_sent = false;
+            }
+            if Instant::now() >= deadline {
+                break Err(RackError::Timeout {
+                    what: format!("instance {name} to stop (state {state:?})"),
+                    seconds: opts.timeout.as_secs(),
+                });
+            }
+            tokio::time::sleep(opts.poll).await;
         }
-        tokio::time::sleep(opts.poll).await;
     };
     match outcome {
         Ok(o) => {

@@ -124,6 +124,9 @@ pub struct Scope {
 pub struct Inventory {
     pub items: Vec<Item>,
     pub kept: Vec<Kept>,
+    /// The observed state of each instance item (where removing it starts).
+    #[serde(skip)]
+    pub instance_states: BTreeMap<String, InstanceState>,
 }
 
 impl Inventory {
@@ -198,6 +201,7 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
         match InstanceTag::parse(&i.description) {
             Some(t) if t.cluster == cluster => {
                 ours.insert(i.id, i);
+                inv.instance_states.insert(i.name.clone(), i.state.clone());
                 inv.items.push(Item {
                     kind: Kind::Instance,
                     name: i.name.clone(),
