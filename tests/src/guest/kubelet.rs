@@ -37,12 +37,13 @@ impl Inner {
     /// Registers (or re-registers) the Node like a starting kubelet: a missing Node is
     /// created; an existing one keeps its spec (cordon, taints) and annotations, gets the
     /// kubelet-managed labels and a fresh status, and turns Ready.
-    pub(super) fn register_node(&self, fresh: Value) {
+    pub(super) fn register_node(&self, id: Uuid, fresh: Value) {
+        let twin = self.twin_of(&self.state(), id);
         let name = fresh["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let object = match self.twin.get("v1", "Node", None, &name) {
+        let object = match twin.get("v1", "Node", None, &name) {
             None => fresh,
             Some(mut existing) => {
                 if let (Some(labels), Some(new)) = (
@@ -69,11 +70,11 @@ impl Inner {
                 existing
             }
         };
-        if let Err(err) = self.twin.upsert(object) {
+        if let Err(err) = twin.upsert(object) {
             tracing::warn!(node = %name, error = %err, "cannot register node");
             return;
         }
-        self.twin.set_node_ready(&name, true);
+        twin.set_node_ready(&name, true);
     }
 }
 
