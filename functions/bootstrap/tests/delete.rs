@@ -1,7 +1,8 @@
 //! `bootstrap delete` end to end: the real binary against `oxide-sim`, after a real
-//! `bootstrap` of cluster `prod` (3+3) next to decoys in the same project — another cluster's
-//! VM and addresses (`prod-2-…`), an untagged `prod-db`, a user floating IP, and the silo
-//! image that bootstrap did not upload.
+//! `bootstrap` of cluster `prod` (3+3) next to decoys in the same project — a second cluster
+//! `prod-2` (another real bootstrap, 1+1, with its own API), another cluster's VM and
+//! addresses (`prod-2-…`), an untagged `prod-db`, a user floating IP, a project image nobody
+//! uploaded through bootstrap, and the silo image.
 //!
 //! Checked: the dry run makes no mutating request and lists exactly what the real run
 //! removes; afterwards the state dump holds nothing of `prod` and every decoy; a run on a
@@ -71,19 +72,49 @@ fn rack(env: &Env) -> OxideRack {
     .unwrap()
 }
 
-/// Cluster `prod`, 3 control planes + 3 workers, and the decoys.
-async fn prod_with_decoys() -> Env {
+/// Cluster `prod`, 3 control planes + 3 workers, and the decoys. With `prod2` set, the
+/// kubeconfig path of a second, really bootstrapped cluster `prod-2` (1+1, same project) stands
+/// in for the made-up `prod-2` VM and API address.
+async fn prod_with_decoys(prod2: Option<&std::path::Path>) -> Env {
     let env = env().await;
     env.run_ok(&["--cluster", "prod", "--workers", "3"]).await;
+    let mut vms = vec![("prod-db", "my database")];
+    let mut fips = vec![
+        ("prod-web", "the user's own address"),
+        ("prod-2-default-web", CCM),
+        // The CCM's address of one of prod's LoadBalancer Services.
+        ("prod-default-web", CCM),
+    ];
+    match prod2 {
+        Some(kubeconfig) => {
+            env.run_ok(&[
+                "--cluster",
+                "prod-2",
+                "--project",
+                "prod",
+                "--control-planes",
+                "1",
+                "--workers",
+                "1",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+            ])
+            .await;
+        }
+        None => {
+            vms.push((
+                "prod-2-workers-xxxxx",
+                "oxide-controller cluster=prod-2 pool=workers spec=abc",
+            ));
+            fips.push((
+                "prod-2-apiserver",
+                "oxide-controller cluster=prod-2 Kubernetes API",
+            ));
+        }
+    }
     let rack = rack(&env);
     let image = rack.find_image(IMAGE).await.unwrap().unwrap();
-    for (name, description) in [
-        (
-            "prod-2-workers-xxxxx",
-            "oxide-controller cluster=prod-2 pool=workers spec=abc",
-        ),
-        ("prod-db", "my database"),
-    ] {
+    for (name, description) in vms {
         rack.create_instance(&NewInstance {
             name: name.into(),
             description: description.into(),
@@ -104,16 +135,7 @@ async fn prod_with_decoys() -> Env {
         .await
         .unwrap();
     }
-    for (name, description) in [
-        ("prod-web", "the user's own address"),
-        (
-            "prod-2-apiserver",
-            "oxide-controller cluster=prod-2 Kubernetes API",
-        ),
-        ("prod-2-default-web", CCM),
-        // The CCM's address of one of prod's LoadBalancer Services.
-        ("prod-default-web", CCM),
-    ] {
+    for (name, description) in fips {
         rack.create_floating_ip(name, description, None)
             .await
             .unwrap();
@@ -194,10 +216,32 @@ fn removed(stderr: &[u8]) -> BTreeSet<String> {
         .collect()
 }
 
+/// Whether a dump entry is cluster `prod`'s (what delete must remove).
+fn is_prods(entry: &str) -> bool {
+    let name = entry.split_once(' ').map(|(_, n)| n).unwrap_or_default();
+    ["prod-control-plane-", "prod-workers-"]
+        .iter()
+        .any(|p| name.starts_with(p) || name.starts_with(&format!("boot-{p}")))
+        || ["prod-apiserver", "prod-default-web"].contains(&name)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn delete_removes_the_cluster_and_nothing_else() {
-    let env = prod_with_decoys().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let prod2_kubeconfig = scratch.path().join("prod-2.kubeconfig");
+    let env = prod_with_decoys(Some(&prod2_kubeconfig)).await;
+    env.sim
+        .oxide()
+        .seed_project_image("prod", "golden", 1 << 30);
     let before = everything(&env);
+    let decoys: BTreeSet<String> = before.iter().filter(|o| !is_prods(o)).cloned().collect();
+    assert!(
+        decoys
+            .iter()
+            .any(|o| o.starts_with("instance prod-2-control-plane-")),
+        "{decoys:?}"
+    );
+    assert!(decoys.contains("image golden"));
     assert!(
         before
             .iter()
@@ -244,7 +288,7 @@ async fn delete_removes_the_cluster_and_nothing_else() {
         "{dry_out}"
     );
 
-    let real = delete(&env, &["--yes"]).await;
+    let real = delete(&env, &["--yes", "--delete-images"]).await;
     let stdout = String::from_utf8_lossy(&real.stdout).into_owned();
     assert!(
         real.status.success(),
@@ -256,7 +300,7 @@ async fn delete_removes_the_cluster_and_nothing_else() {
         dry_list,
         "the dry run listed what the real run removed\n{stdout}"
     );
-    assert_eq!(everything(&env), decoys(), "{stdout}");
+    assert_eq!(everything(&env), decoys, "{stdout}");
     assert!(
         !env.kubeconfig().exists(),
         "the kubeconfig bootstrap wrote is gone"
@@ -266,17 +310,31 @@ async fn delete_removes_the_cluster_and_nothing_else() {
         "the resume file is gone"
     );
     assert!(stdout.contains("Deleted cluster prod"), "{stdout}");
+    // prod-2 still runs, with its own API.
+    let client = common::kube_client(&prod2_kubeconfig, "prod-2").await;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    let names: Vec<String> = nodes
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.iter().all(|n| n.starts_with("prod-2-")), "{names:?}");
+    assert!(env.state_dir().join("prod-2.json").exists());
 
     let again = delete(&env, &["--yes"]).await;
     let again_out = String::from_utf8_lossy(&again.stdout);
     assert!(again.status.success());
     assert!(again_out.contains("already gone"), "{again_out}");
-    assert_eq!(everything(&env), decoys());
+    assert_eq!(everything(&env), decoys);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is_the_same() {
-    let env = prod_with_decoys().await;
+    let env = prod_with_decoys(None).await;
     // One instance at a time, so every kill point below is reached by a run of its own.
     let args = delete_args(&env, &["--yes", "--concurrency", "1"]);
     // Each run is SIGKILLed right after its first mutating request reached the simulator,
