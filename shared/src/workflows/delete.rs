@@ -271,6 +271,9 @@ fn validate(input: &DeleteInput) -> Result<Validated, DeleteError> {
             input.concurrency
         )));
     }
+    if input.timeout.is_zero() {
+        return Err(config("--timeout: must be at least 1 second"));
+    }
     if !input.dry_run && input.confirm == Confirm::Ask && !std::io::stdin().is_terminal() {
         return Err(config(
             "refusing to delete without a terminal to confirm on: pass --yes (or --dry-run to only list)",
@@ -505,7 +508,7 @@ pub async fn run_with<R: Rack, K: InCluster>(
     let local_lines = local_changes(local, p.cluster, true)?;
     let in_cluster_plan: Vec<String> = if api.is_some() {
         vec![
-            format!("take the reconcile Lease and suspend CronJob kube-system/oxide-controller"),
+            "take the reconcile Lease and suspend CronJob kube-system/oxide-controller".to_owned(),
             format!(
                 "scale Deployment kube-system/{} to zero",
                 in_cluster::WEBHOOK_DEPLOYMENT
