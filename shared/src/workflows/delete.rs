@@ -626,11 +626,12 @@ async fn confirm(cluster: &str, inv: &Inventory) -> Result<(), DeleteError> {
 fn local_changes(local: &LocalFiles, cluster: &str, dry: bool) -> Result<Vec<String>, DeleteError> {
     let mut out = Vec::new();
     let k = local.kubeconfig.display();
+    let verb = if dry { "remove" } else { "removed" };
     match kubeconfig::remove_context(&local.kubeconfig, cluster, dry) {
         Ok(RemoveOutcome::ContextRemoved) => {
-            out.push(format!("removed context {cluster} from kubeconfig {k}"))
+            out.push(format!("{verb} context {cluster} from kubeconfig {k}"))
         }
-        Ok(RemoveOutcome::FileRemoved) => out.push(format!("removed kubeconfig {k}")),
+        Ok(RemoveOutcome::FileRemoved) => out.push(format!("{verb} kubeconfig {k}")),
         Ok(RemoveOutcome::NoFile | RemoveOutcome::NoContext) => {}
         Err(e) => warn!(step = "local", error = %e, "leaving the kubeconfig alone"),
     }
@@ -641,7 +642,7 @@ fn local_changes(local: &LocalFiles, cluster: &str, dry: bool) -> Result<Vec<Str
                 message: format!("removing {}: {e}", local.resume.display()),
             })?;
         }
-        out.push(format!("removed resume file {}", local.resume.display()));
+        out.push(format!("{verb} resume file {}", local.resume.display()));
     }
     Ok(out)
 }
