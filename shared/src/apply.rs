@@ -12,13 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde::Serialize;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::cluster::{Cluster, ClusterError, EventType, Eviction};
-use crate::model::{InstanceState, NewInstance};
+use crate::model::{InstanceState, NewInstance, PodRef};
 use crate::names;
 use crate::plan::{Action, Plan};
 use crate::rack::{Rack, RackError};
@@ -50,6 +51,8 @@ pub struct ApplyOptions {
     pub deadline: Instant,
     /// Set when the run lost its Lease: stop starting new work.
     pub cancelled: Arc<AtomicBool>,
+    /// The pod this run executes in (`POD_NAMESPACE`/`POD_NAME`), never evicted by it.
+    pub own_pod: Option<(String, String)>,
 }
 
 impl ApplyOptions {
@@ -63,6 +66,7 @@ impl ApplyOptions {
             backoff: Backoff::default(),
             deadline,
             cancelled: Arc::new(AtomicBool::new(false)),
+            own_pod: None,
         }
     }
 }
@@ -214,7 +218,7 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             Action::StartMember { name, .. } => {
                 match self.retry(|| self.rack.start_instance(name)).await {
                     Ok(()) => Outcome::Done,
-                    Err(e) => failed(e),
+                    Err(e) => Outcome::Failed(start_failure(e)),
                 }
             }
             Action::RemoveMember {
@@ -227,10 +231,12 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 Ok(o) => o,
                 Err(e) => Outcome::Failed(e),
             },
-            Action::DeleteNode { node, .. } => match self.cluster.delete_node(node).await {
-                Ok(()) => Outcome::Done,
-                Err(e) => Outcome::Failed(format!("{e:#}")),
-            },
+            Action::DeleteNode { node, .. } => {
+                match self.retry_kube(|| self.cluster.delete_node(node)).await {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => Outcome::Failed(format!("{e:#}")),
+                }
+            }
             Action::DeleteDisk { disk, .. } => {
                 match self.retry(|| self.rack.delete_disk(disk)).await {
                     Ok(()) | Err(RackError::NotFound { .. }) => Outcome::Done,
@@ -249,6 +255,16 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         retry::retry(self.opts.backoff, RackError::is_retryable, op).await
     }
 
+    /// Retries idempotent Kubernetes calls (cordon/annotate patch, Node delete) that failed
+    /// with a transient error.
+    async fn retry_kube<T, Fut, Op>(&self, op: Op) -> Result<T, ClusterError>
+    where
+        Op: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, ClusterError>>,
+    {
+        retry::retry(crate::cluster::KUBE_BACKOFF, ClusterError::is_retryable, op).await
+    }
+
     async fn create(&self, pool: &str, name: &str) -> Outcome {
         let new = match self.factory.new_instance(pool, name) {
             Ok(n) => n,
@@ -263,6 +279,18 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         }
         // A retry after a lost response finds the name taken: that instance is ours, adopt it.
         match self.retry(|| self.rack.create_instance(&new)).await {
+            // The rack answers 201 with a `stopped` instance when its automatic start failed
+            // (no sled has room, or the silo quota is spent). Only an explicit start says
+            // which; ask once, report it, and leave the instance for the next run to start.
+            Ok(i) if i.state == InstanceState::Stopped => {
+                match self.retry(|| self.rack.start_instance(name)).await {
+                    Ok(()) => Outcome::Done,
+                    Err(e) => Outcome::Failed(format!(
+                        "created, but the rack did not start it: {}",
+                        start_failure(e)
+                    )),
+                }
+            }
             Ok(_) => Outcome::Done,
             Err(RackError::AlreadyExists { what }) if what.contains(name) => {
                 match self.rack.get_instance(name).await {
@@ -287,24 +315,45 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
     ) -> Result<Outcome, String> {
         let cluster_err = |e: ClusterError| format!("{e:#}");
         if let Some(node) = node {
-            match self.cluster.mark_removing(node, reason).await {
+            match self
+                .retry_kube(|| self.cluster.mark_removing(node, reason))
+                .await
+            {
                 Ok(()) | Err(ClusterError::NotFound { .. }) => {}
                 Err(e) => return Err(cluster_err(e)),
             }
-            if drain && let Some(blocker) = self.drain(node).await.map_err(cluster_err)? {
-                return Ok(Outcome::InProgress(format!(
-                    "drain of {node} not finished after {}s (blocked at {blocker}, a PodDisruptionBudget or a slow pod); the next run tries again (or use --force-drain)",
-                    self.opts.drain_timeout.as_secs()
-                )));
+            if drain {
+                let timeout = self.opts.drain_timeout.as_secs();
+                match self.drain(node).await.map_err(cluster_err)? {
+                    Drained::Done => {}
+                    Drained::Waiting(why) => {
+                        return Ok(Outcome::InProgress(format!(
+                            "drain of {node} not finished after {timeout}s ({why}); the next run tries again (or use --force-drain)"
+                        )));
+                    }
+                    Drained::Stuck(why) => {
+                        return Ok(Outcome::Failed(format!(
+                            "drain of {node}: {why}; the Node stays cordoned and its VM running until that is resolved"
+                        )));
+                    }
+                    Drained::OwnPod(pod) => {
+                        return Ok(Outcome::InProgress(format!(
+                            "{node} is drained but for this run's own pod {pod}; a later run, placed on another node, finishes the removal"
+                        )));
+                    }
+                }
             }
         }
-        // Stop before deleting the Node: a running kubelet would register it again.
+        // Stop before deleting the Node: a running kubelet would register it again. A
+        // `failed` member is stopped too: the stop clears the rack's intent to run it, so an
+        // automatic restart (instances created without `auto_restart_policy: never`) cannot
+        // bring it back between our look and our delete.
         let instance = self
             .retry(|| self.rack.get_instance(name))
             .await
             .map_err(|e| format!("{e:#}"))?;
         if let Some(inst) = &instance
-            && !inst.state.is_deletable()
+            && inst.state != InstanceState::Stopped
         {
             self.retry(|| self.rack.stop_instance(name))
                 .await
@@ -320,7 +369,9 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             }
         }
         if let Some(node) = node {
-            self.cluster.delete_node(node).await.map_err(cluster_err)?;
+            self.retry_kube(|| self.cluster.delete_node(node))
+                .await
+                .map_err(cluster_err)?;
         }
         if instance.is_some() {
             match self.retry(|| self.rack.delete_instance(name)).await {
@@ -358,38 +409,197 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         }
     }
 
-    /// Evicts (or with `force_drain` deletes) every pod but DaemonSet, mirror and finished
-    /// ones. Returns the pod a PodDisruptionBudget kept there past the drain timeout, if any.
-    async fn drain(&self, node: &str) -> Result<Option<String>, ClusterError> {
-        let until = Instant::now() + self.opts.drain_timeout;
+    /// Drains `node` like `kubectl drain`: evicts (or with `force_drain` deletes) the pods it
+    /// lists first — all but DaemonSet, mirror and finished ones, and never this run's own
+    /// pod — and waits for exactly those to be gone, by uid (a replacement that lands on the
+    /// cordoned node again, tolerating the cordon taint, is not waited for). A pod still
+    /// there is evicted again at most every [`REEVICT`]; a pod whose eviction is refused
+    /// (several budgets, 403) does not stop the others.
+    async fn drain(&self, node: &str) -> Result<Drained, ClusterError> {
+        let until = (Instant::now() + self.opts.drain_timeout).min(self.opts.deadline);
+        // kubectl polls for deletion every second.
+        let poll = self.opts.poll.min(Duration::from_secs(1));
+        let is_own = |p: &PodRef| {
+            self.opts
+                .own_pod
+                .as_ref()
+                .is_some_and(|(ns, name)| *ns == p.namespace && *name == p.name)
+        };
+        let mut targets: Option<Vec<Target>> = None;
+        let mut trouble: Option<String> = None;
         loop {
-            let pods: Vec<_> = self
-                .cluster
-                .pods_on_node(node)
-                .await?
-                .into_iter()
-                .filter(|p| !p.daemonset && !p.mirror && !p.finished)
-                .collect();
-            if pods.is_empty() {
-                return Ok(None);
+            let listed = match self.cluster.pods_on_node(node).await {
+                Ok(pods) => pods,
+                Err(e) if e.is_retryable() && Instant::now() + poll <= until => {
+                    warn!(%node, error = %e, "listing the pods to drain; trying again");
+                    trouble = Some(format!("{e:#}"));
+                    tokio::time::sleep(poll).await;
+                    continue;
+                }
+                Err(e) if e.is_retryable() && targets.is_some() => {
+                    return Ok(Drained::Waiting(format!("{e:#}")));
+                }
+                Err(e) => return Err(e),
+            };
+            let own_here = listed.iter().find(|p| is_own(p)).map(PodRef::key);
+            let targets = targets.get_or_insert_with(|| {
+                listed
+                    .iter()
+                    .filter(|p| !p.daemonset && !p.mirror && !is_own(p))
+                    // A finished pod that is being deleted still holds the node (finalizers).
+                    .filter(|p| !p.finished || p.deleting_at.is_some())
+                    .map(|p| Target::new(p.clone()))
+                    .collect()
+            });
+            // Gone, or replaced by a new pod of the same name: done with it.
+            targets.retain_mut(|t| match listed.iter().find(|p| same_pod(p, &t.pod)) {
+                Some(p) => {
+                    t.pod.deleting_at = p.deleting_at;
+                    true
+                }
+                None => false,
+            });
+            if targets.is_empty() {
+                return Ok(own_here.map_or(Drained::Done, Drained::OwnPod));
             }
-            let mut blocked = None;
-            for pod in &pods {
-                if self.opts.force_drain {
-                    self.cluster.delete_pod(pod).await?;
-                } else if self.cluster.evict(pod).await? == Eviction::BlockedByBudget {
-                    blocked.get_or_insert_with(|| format!("{}/{}", pod.namespace, pod.name));
+            if self.opts.cancelled.load(Ordering::SeqCst) {
+                return Ok(Drained::Waiting("the run lost its Lease".into()));
+            }
+            for t in targets.iter_mut() {
+                if t.last_try.is_some_and(|at| at.elapsed() < REEVICT) {
+                    continue;
+                }
+                t.last_try = Some(Instant::now());
+                let result = if self.opts.force_drain {
+                    self.cluster
+                        .delete_pod(&t.pod)
+                        .await
+                        .map(|()| Eviction::Evicted)
+                } else {
+                    self.cluster.evict(&t.pod).await
+                };
+                match result {
+                    Ok(Eviction::Evicted | Eviction::Gone) => {
+                        (t.blocked, t.refused) = (false, None);
+                    }
+                    Ok(Eviction::BlockedByBudget) => t.blocked = true,
+                    Ok(Eviction::Refused(msg)) => {
+                        warn!(%node, pod = %t.pod.key(), %msg, "eviction refused");
+                        t.refusals += 1;
+                        t.refused = Some(msg);
+                    }
+                    Err(e) if e.is_retryable() => {
+                        warn!(%node, pod = %t.pod.key(), error = %e, "evicting; trying again");
+                        trouble = Some(format!("{e:#}"));
+                    }
+                    Err(e) => return Err(e),
                 }
             }
-            // Out of time: report the budget that blocked us, or a pod still terminating.
-            if Instant::now() + self.opts.poll > until.min(self.opts.deadline) {
-                return Ok(Some(blocked.unwrap_or_else(|| {
-                    format!("{}/{} (still terminating)", pods[0].namespace, pods[0].name)
-                })));
+            // Only refusals left, each seen twice: waiting longer will not help.
+            if targets.iter().all(|t| t.refusals >= 2) {
+                return Ok(verdict(targets, trouble, Utc::now()));
             }
-            tokio::time::sleep(self.opts.poll.min(Duration::from_millis(200))).await;
+            if Instant::now() + poll > until {
+                return Ok(verdict(targets, trouble, Utc::now()));
+            }
+            tokio::time::sleep(poll).await;
         }
     }
+}
+
+/// Why a start failed, naming the cause a person acts on: the silo quota or the rack's room.
+fn start_failure(e: RackError) -> String {
+    match &e {
+        RackError::InsufficientCapacity { message, .. } if message.contains("Limit Exceeded") => {
+            format!("the silo quota is exhausted: {e:#}")
+        }
+        RackError::InsufficientCapacity { .. } => {
+            format!("insufficient capacity on the rack: {e:#}")
+        }
+        _ => format!("{e:#}"),
+    }
+}
+
+/// kubectl drain retries an eviction a budget refused after 5 s; a terminating pod is evicted
+/// again (which deletes it again) no more often.
+pub const REEVICT: Duration = Duration::from_secs(5);
+
+/// How a drain ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Drained {
+    /// Every pod it set out to evict is gone.
+    Done,
+    /// Still waiting (a budget, a grace period, API trouble): the next run carries on.
+    Waiting(String),
+    /// A person must act: pods whose eviction is refused, or pods stuck terminating.
+    Stuck(String),
+    /// Drained but for the pod this run executes in (`namespace/name`).
+    OwnPod(String),
+}
+
+/// One pod a drain waits for.
+#[derive(Debug)]
+struct Target {
+    pod: PodRef,
+    last_try: Option<Instant>,
+    blocked: bool,
+    refused: Option<String>,
+    refusals: u32,
+}
+
+impl Target {
+    fn new(pod: PodRef) -> Self {
+        Target {
+            pod,
+            last_try: None,
+            blocked: false,
+            refused: None,
+            refusals: 0,
+        }
+    }
+}
+
+fn same_pod(listed: &PodRef, target: &PodRef) -> bool {
+    listed.namespace == target.namespace
+        && listed.name == target.name
+        && (target.uid.is_empty() || listed.uid == target.uid)
+}
+
+/// What the pods left at the end of a drain say: refusals and pods terminating past their
+/// grace period need a person (stuck); budgets and running grace periods only time.
+fn verdict(targets: &[Target], trouble: Option<String>, now: DateTime<Utc>) -> Drained {
+    let mut stuck: Vec<String> = targets
+        .iter()
+        .filter_map(|t| {
+            t.refused
+                .as_ref()
+                .map(|msg| format!("blocked by {}: {msg}", t.pod.key()))
+        })
+        .collect();
+    stuck.extend(targets.iter().filter_map(|t| match t.pod.deleting_at {
+        Some(at) if at < now && t.refused.is_none() => Some(format!(
+            "pod {} stuck terminating since {} (a finalizer or an unresponsive kubelet holds it)",
+            t.pod.key(),
+            at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        )),
+        _ => None,
+    }));
+    if !stuck.is_empty() {
+        return Drained::Stuck(stuck.join("; "));
+    }
+    let first = |f: fn(&Target) -> bool| targets.iter().find(|t| f(t)).map(|t| t.pod.key());
+    Drained::Waiting(if let Some(pod) = first(|t| t.blocked) {
+        format!("blocked at {pod} by a PodDisruptionBudget")
+    } else if let Some(pod) = first(|t| t.pod.deleting_at.is_some()) {
+        format!("{pod} still terminating")
+    } else if let Some(e) = trouble {
+        e
+    } else {
+        format!(
+            "{} still there",
+            targets.first().map(|t| t.pod.key()).unwrap_or_default()
+        )
+    })
 }
 
 fn failed(e: RackError) -> Outcome {

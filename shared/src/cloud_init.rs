@@ -697,7 +697,7 @@ impl NodeUserData {
     pub fn for_member(m: &MemberInput) -> NodeUserData {
         let spec = m.spec;
         let secrets = m.secrets;
-        let server_url = crate::members::server_url(m.api_address);
+        let server_url = crate::members::server_url(m.join_address);
         let role = match m.role {
             Role::ControlPlane => {
                 let mut tls_san = vec![m.api_address.to_string()];
@@ -1320,6 +1320,7 @@ mod tests {
                 name: "demo-workers-abcde",
                 image_id: uuid::Uuid::nil(),
                 api_address: "172.30.0.10".parse().unwrap(),
+                join_address: "172.30.0.10".parse().unwrap(),
                 cluster_init: false,
             };
             NodeUserData::for_member(&input).tailscale

@@ -19,6 +19,15 @@ pub const OBJECT_NAME: &str = "oxide-controller";
 /// Fixed name of the on-demand reconcile Job: a burst of triggers collapses into one run.
 pub const ON_DEMAND_JOB: &str = "oxide-controller-now";
 
+/// Retries of Kubernetes calls that failed with a transient error (5xx, 429, timeouts) at the
+/// start and end of a run: reads, and writes guarded by a resourceVersion or create-only
+/// semantics (a retried write whose first try landed meets a 409 and re-reads).
+pub const KUBE_BACKOFF: crate::retry::Backoff = crate::retry::Backoff {
+    first: Duration::from_millis(200),
+    max: Duration::from_secs(2),
+    attempts: 4,
+};
+
 /// Kubernetes API trouble, classified.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -55,6 +64,11 @@ pub enum Eviction {
     BlockedByBudget,
     /// The pod is already gone.
     Gone,
+    /// The API refused this pod's eviction for a reason a retry will not fix soon: HTTP 500
+    /// for a pod under more than one PodDisruptionBudget, 403 (e.g. a budget whose allowed
+    /// disruptions are negative, or RBAC). The message is the API's. Drain carries on with
+    /// the other pods and reports this one.
+    Refused(String),
 }
 
 /// Result of trying to take the run Lease.

@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::cluster::{Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome};
+use crate::firewall::{RuleChange, TcpAllowRule};
 use crate::model::{
     AntiAffinityGroup, Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance,
     InstanceState, NewInstance, Node, NodeReadiness, PodRef, Snapshot,
@@ -29,6 +30,10 @@ pub struct FakePod {
     pub node: String,
     /// Evictions refused (as a PDB would) while this is true.
     pub protected: bool,
+    /// Evictions refused outright with this message (several budgets: HTTP 500).
+    pub refused: Option<String>,
+    /// A finalizer that never clears: eviction marks the pod deleted, but it stays.
+    pub finalizer: bool,
 }
 
 /// Everything the fakes share.
@@ -46,6 +51,8 @@ pub struct WorldState {
     /// Instance names whose kubelet never joins.
     pub never_join: BTreeSet<String>,
     pub lease: Option<(String, DateTime<Utc>)>,
+    /// The next this many Lease renewals fail as if the API were unavailable.
+    pub renew_failures: u32,
     pub events: Vec<(EventType, String, String)>,
     pub jobs: BTreeSet<String>,
     pub cronjob: bool,
@@ -66,6 +73,8 @@ pub struct WorldState {
     /// Mutating rack calls still allowed; at zero every further one fails as if the process
     /// had died right there (crash tests). `None`: unlimited.
     pub mutation_budget: Option<usize>,
+    /// Firewall rules oxide-controller ensured (the rack's own defaults are not modelled).
+    pub firewall_rules: Vec<TcpAllowRule>,
     next_ip: u8,
     rv: u64,
 }
@@ -196,6 +205,16 @@ impl Rack for FakeRack {
 
     async fn get_instance(&self, name: &str) -> Result<Option<Instance>, RackError> {
         Ok(self.0.with(|s| s.instances.get(name).cloned()))
+    }
+
+    async fn instance_private_ip(&self, name: &str) -> Result<Option<IpAddr>, RackError> {
+        // A stable address in the default VPC subnet (172.30.0.0/22), derived from the id.
+        Ok(self.0.with(|s| {
+            s.instances.get(name).map(|i| {
+                let b = i.id.as_bytes();
+                IpAddr::V4(Ipv4Addr::new(172, 30, b[0] & 3, b[1].max(5)))
+            })
+        }))
     }
 
     async fn create_instance(&self, new: &NewInstance) -> Result<Instance, RackError> {
@@ -582,6 +601,30 @@ impl Rack for FakeRack {
             Ok(())
         })
     }
+
+    async fn list_firewall_rules(&self) -> Result<Vec<String>, RackError> {
+        Ok(self
+            .0
+            .with(|s| s.firewall_rules.iter().map(|r| r.name.clone()).collect()))
+    }
+
+    async fn ensure_firewall_rule(&self, rule: &TcpAllowRule) -> Result<RuleChange, RackError> {
+        Ok(self.0.with(|s| {
+            let change = match s.firewall_rules.iter_mut().find(|r| r.name == rule.name) {
+                Some(r) if r == rule => return RuleChange::Unchanged,
+                Some(r) => {
+                    *r = rule.clone();
+                    RuleChange::Updated
+                }
+                None => {
+                    s.firewall_rules.push(rule.clone());
+                    RuleChange::Created
+                }
+            };
+            s.log.push(format!("firewall-rule {}", rule.name));
+            change
+        }))
+    }
 }
 
 /// Takes one mutating call from the crash budget; past the budget the call fails as a dead
@@ -670,6 +713,15 @@ impl Cluster for FakeCluster {
             {
                 None => Eviction::Gone,
                 Some(i) if s.pods[i].protected => Eviction::BlockedByBudget,
+                Some(i) if s.pods[i].refused.is_some() => {
+                    Eviction::Refused(s.pods[i].refused.clone().unwrap_or_default())
+                }
+                Some(i) if s.pods[i].finalizer => {
+                    let now = s.now;
+                    s.pods[i].pod.deleting_at.get_or_insert(now);
+                    s.log.push(format!("evict {}/{}", pod.namespace, pod.name));
+                    Eviction::Evicted
+                }
                 Some(i) => {
                     s.pods.remove(i);
                     s.log.push(format!("evict {}/{}", pod.namespace, pod.name));
@@ -711,6 +763,13 @@ impl Cluster for FakeCluster {
 
     async fn renew_lease(&self, holder: &str, duration: Duration) -> Result<(), ClusterError> {
         self.0.with(|s| match &s.lease {
+            _ if s.renew_failures > 0 => {
+                s.renew_failures -= 1;
+                Err(ClusterError::Unavailable {
+                    what: "lease".into(),
+                    message: "injected".into(),
+                })
+            }
             Some((h, _)) if h == holder => {
                 s.lease = Some((
                     holder.to_owned(),

@@ -31,7 +31,8 @@ impl<'a> SpecMembers<'a> {
     }
 }
 
-/// The k3s server URL joiners use: the API floating IP.
+/// The k3s server URL for `ip` (joiners get a Ready server's private address, external
+/// clients the floating IP).
 pub fn server_url(ip: std::net::IpAddr) -> String {
     match ip {
         std::net::IpAddr::V6(v6) => format!("https://[{v6}]:{API_PORT}"),
@@ -49,8 +50,11 @@ pub struct MemberInput<'a> {
     pub pool: &'a PoolSpec,
     pub name: &'a str,
     pub image_id: uuid::Uuid,
-    /// Address of the API floating IP.
+    /// Address of the API floating IP (a TLS SAN of every server, for external clients).
     pub api_address: std::net::IpAddr,
+    /// Where this member's k3s joins: a Ready server's private VPC address, which the VPC's
+    /// default `allow-internal-inbound` admits (docs/DESIGN-NOTES.md "Networking").
+    pub join_address: std::net::IpAddr,
     /// `true` only for the very first server (bootstrap): it creates the cluster.
     pub cluster_init: bool,
 }
@@ -95,6 +99,33 @@ pub fn new_instance(m: &MemberInput) -> Result<NewInstance, String> {
     })
 }
 
+/// The server new members join through: the API floating IP's holder when it is a Ready
+/// server, else the oldest Ready server. `None` while no server is Ready.
+pub fn join_server(
+    spec: &ClusterSpec,
+    observed: &Observed,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<String> {
+    let members = crate::plan::classify(spec, observed, now);
+    let ready: Vec<_> = members
+        .iter()
+        .filter(|m| m.pool == spec.control_plane.name && m.health == crate::plan::Health::Ready)
+        .collect();
+    let holder = observed
+        .api_floating_ip
+        .as_ref()
+        .and_then(|f| f.instance_id);
+    ready
+        .iter()
+        .find(|m| Some(m.instance.id) == holder)
+        .or_else(|| {
+            ready
+                .iter()
+                .min_by_key(|m| (m.instance.time_created, m.instance.name.clone()))
+        })
+        .map(|m| m.instance.name.clone())
+}
+
 /// Node labels a member gets: the pool's, plus `oxide-controller/pool`.
 pub fn node_labels(pool: &PoolSpec) -> std::collections::BTreeMap<String, String> {
     let mut labels = pool.labels.clone();
@@ -119,6 +150,11 @@ impl MemberFactory for SpecMembers<'_> {
             .api_floating_ip
             .as_ref()
             .ok_or_else(|| "the API floating IP does not exist yet".to_owned())?;
+        // Joiners use a Ready server's VPC address: traffic through the floating IP arrives
+        // as external and passes only if `--api-allow` admits the rack's own addresses. With
+        // no Ready server there is no private address to give; the floating IP is the only
+        // way in, and a later run's members use a private address again.
+        let join_address = self.observed.join_address.unwrap_or(fip.ip);
         new_instance(&MemberInput {
             spec: self.spec,
             secrets: self.secrets,
@@ -127,6 +163,7 @@ impl MemberFactory for SpecMembers<'_> {
             name,
             image_id: image.id,
             api_address: fip.ip,
+            join_address,
             cluster_init: false,
         })
     }
@@ -167,6 +204,7 @@ mod tests {
             name: "demo-workers-abcde",
             image_id: uuid::Uuid::nil(),
             api_address: "172.30.0.10".parse().unwrap(),
+            join_address: "172.30.0.10".parse().unwrap(),
             cluster_init: false,
         };
         let e = new_instance(&input(&without)).expect_err("no key");

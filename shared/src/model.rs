@@ -231,14 +231,28 @@ impl Node {
 }
 
 /// A pod as drain sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRef {
     pub namespace: String,
     pub name: String,
+    /// A pod re-created under the same name is another pod: drain waits for uids.
+    #[serde(default)]
+    pub uid: String,
     /// DaemonSet pods are left alone by drain, as `kubectl drain --ignore-daemonsets` does.
     pub daemonset: bool,
     /// Static (mirror) pods cannot be evicted.
     pub mirror: bool,
     /// Already finished (Succeeded/Failed): nothing to evict.
     pub finished: bool,
+    /// Being deleted: its `deletionTimestamp`, the end of its grace period. A pod still
+    /// there well after it is held by finalizers or an unresponsive kubelet.
+    #[serde(default)]
+    pub deleting_at: Option<DateTime<Utc>>,
+}
+
+impl PodRef {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
 }

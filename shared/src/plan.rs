@@ -43,6 +43,9 @@ pub struct Observed {
     pub disks: Vec<Disk>,
     /// The API floating IP, looked up by exact name.
     pub api_floating_ip: Option<FloatingIp>,
+    /// The private (VPC) address of a Ready server that new members join through (looked up
+    /// only when the plan creates members; see [`crate::members::join_server`]).
+    pub join_address: Option<std::net::IpAddr>,
     /// Images the spec names, resolved (None: not found in project or silo). A name that is
     /// not a key was not looked up: the caller resolves images only when a plan creates.
     pub images: BTreeMap<String, Option<Image>>,
@@ -62,7 +65,13 @@ pub enum Health {
     Failed,
     /// Stopped with its Node still registered and not being removed: someone stopped it.
     StoppedUnexpectedly,
-    /// A removal we started (Node annotated, or instance stopping/stopped without a Node).
+    /// Stopped, never a Node, younger than the join deadline: the rack did not start it (a
+    /// full rack or an exhausted silo quota makes create answer 201 with a `stopped`
+    /// instance). It is started again (once per run, which also tells why it cannot run) and
+    /// is the first to go when the pool has too many.
+    NotStarted,
+    /// A removal we started (Node annotated, instance stopping, or stopped without a Node past
+    /// the join deadline).
     Removing,
 }
 
@@ -72,7 +81,11 @@ impl Health {
     fn counts(&self) -> bool {
         matches!(
             self,
-            Health::Ready | Health::Joining | Health::NotReady | Health::StoppedUnexpectedly
+            Health::Ready
+                | Health::Joining
+                | Health::NotReady
+                | Health::StoppedUnexpectedly
+                | Health::NotStarted
         )
     }
     fn is_broken(&self) -> bool {
@@ -322,6 +335,14 @@ pub fn classify<'a>(
             _ if removing => Health::Removing,
             InstanceState::Failed => Health::Failed,
             InstanceState::Stopping => Health::Removing,
+            // Within the join deadline a stopped member without a Node is one the rack did not
+            // start. Later it is indistinguishable from a removal that stopped a never-joined
+            // member and was cut short, and starting that again would loop (start, time out,
+            // stop, start): finish the removal. On a rack that stays full this replaces the
+            // member once per join deadline, never once per run.
+            InstanceState::Stopped if node.is_none() && now - inst.time_created <= join => {
+                Health::NotStarted
+            }
             InstanceState::Stopped if node.is_none() => Health::Removing,
             InstanceState::Stopped => Health::StoppedUnexpectedly,
             state => match node.map(|n| &n.readiness) {
@@ -500,7 +521,8 @@ fn remove(m: &Member, drain: bool, reason: String) -> Action {
     }
 }
 
-/// Scale-down victim order: `delete-me` > never joined > NotReady > drifted > newest; the
+/// Scale-down victim order: `delete-me` > never started > never joined > NotReady > drifted >
+/// newest; the
 /// floating-IP holder last among equals (moving the API address costs a blip).
 fn victim_rank(
     m: &Member,
@@ -508,14 +530,16 @@ fn victim_rank(
 ) -> (u8, bool, std::cmp::Reverse<DateTime<Utc>>) {
     let rank = if m.node.is_some_and(Node::marked_for_deletion) {
         0
-    } else if m.node.is_none() {
+    } else if m.health == Health::NotStarted {
         1
-    } else if m.health != Health::Ready {
+    } else if m.node.is_none() {
         2
-    } else if m.drifted {
+    } else if m.health != Health::Ready {
         3
-    } else {
+    } else if m.drifted {
         4
+    } else {
+        5
     };
     (
         rank,
@@ -551,7 +575,7 @@ fn plan_pool(
         ready: ready as u32,
         joining: joining as u32,
         not_ready: count(&|m| m.health == Health::NotReady) as u32,
-        broken: count(&|m| m.health.is_broken()) as u32,
+        broken: count(&|m| m.health.is_broken() || m.health == Health::NotStarted) as u32,
         removing: count(&|m| m.health == Health::Removing) as u32,
         drifted: count(&|m| m.drifted && m.health.counts()) as u32,
     });
@@ -601,6 +625,23 @@ fn plan_pool(
             pool: pool.name.clone(),
             name: m.instance.name.clone(),
             reason: "it was stopped outside oxide-controller while still a member".into(),
+        });
+    }
+    // Members the rack never started: start each once (no new create for them, no delete
+    // and re-create either: on a full rack that only churns). Surplus ones are removed instead,
+    // below (they rank first as never joined).
+    let surplus = capacity.saturating_sub(desired);
+    let mut not_started: Vec<&&Member> = members
+        .iter()
+        .filter(|m| m.health == Health::NotStarted)
+        .collect();
+    not_started.sort_by_key(|m| victim_rank(m, fip_holder));
+    let removed_first = if is_cp { 0 } else { surplus };
+    for m in not_started.into_iter().skip(removed_first) {
+        p.actions.push(Action::StartMember {
+            pool: pool.name.clone(),
+            name: m.instance.name.clone(),
+            reason: "the rack left it stopped after create (no capacity or quota, or an earlier removal was cut short); starting it again".into(),
         });
     }
 
@@ -709,8 +750,12 @@ fn plan_control_plane(
         });
         return;
     }
-    // One control-plane change at a time.
-    if members.iter().any(|m| m.health == Health::Removing) || joining > 0 {
+    // One control-plane change at a time (a member the rack has not started counts as one).
+    if members
+        .iter()
+        .any(|m| matches!(m.health, Health::Removing | Health::NotStarted))
+        || joining > 0
+    {
         if joining > 0 {
             p.findings.push(Finding {
                 degraded: false,

@@ -7,6 +7,7 @@
 use std::future::Future;
 use std::net::IpAddr;
 
+use crate::firewall::{RuleChange, TcpAllowRule};
 use crate::model::{
     AntiAffinityGroup, Disk, ExternalIp, FloatingIp, Image, Instance, NewInstance, Snapshot,
 };
@@ -89,6 +90,12 @@ pub trait Rack: Send + Sync {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<Vec<ExternalIp>, RackError>> + Send;
+    /// The private (VPC) address of the instance's primary network interface; `None` when
+    /// the instance does not exist or has no such interface.
+    fn instance_private_ip(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<IpAddr>, RackError>> + Send;
     /// Recent serial console output (bounded).
     fn serial_console(&self, name: &str)
     -> impl Future<Output = Result<Vec<u8>, RackError>> + Send;
@@ -161,6 +168,15 @@ pub trait Rack: Send + Sync {
     /// first removes the `default` VPC's `default` subnet and the `default` VPC (which the
     /// project's creation made); a VPC with anything else in it makes the rack refuse.
     fn delete_project(&self) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// Names of the firewall rules of the project's `default` VPC, in the rack's order.
+    fn list_firewall_rules(&self) -> impl Future<Output = Result<Vec<String>, RackError>> + Send;
+    /// Makes the rule named `rule.name` in the project's `default` VPC exactly `rule`:
+    /// read-modify-write of the whole list that keeps every other rule as it was, and writes
+    /// nothing when the rule is already right.
+    fn ensure_firewall_rule(
+        &self,
+        rule: &TcpAllowRule,
+    ) -> impl Future<Output = Result<RuleChange, RackError>> + Send;
 }
 
 /// An address we may connect to for a member: floating first, then ephemeral; SNAT never.

@@ -669,17 +669,14 @@ fn check_k3s_version(err: &mut impl FnMut(String, String), field: String, v: &st
     }
 }
 
-/// Parses a five-field CronJob schedule with the `cron` crate (which wants seconds first).
-pub fn parse_schedule(s: &str) -> Result<cron::Schedule, String> {
-    let fields = s.split_whitespace().count();
-    if fields != 5 {
-        return Err(format!(
-            "{s:?} has {fields} fields; a CronJob schedule has five (minute hour day-of-month month day-of-week), e.g. \"*/5 * * * *\""
-        ));
-    }
-    format!("0 {s}")
-        .parse::<cron::Schedule>()
-        .map_err(|e| format!("{s:?} is not a valid cron schedule: {e}"))
+/// Parses a CronJob schedule in Kubernetes' cron dialect (see [`crate::kcron`]), refusing
+/// what the apiserver refuses on create (a `TZ`/`CRON_TZ` prefix included).
+pub fn parse_schedule(s: &str) -> Result<crate::kcron::Schedule, String> {
+    crate::kcron::validate_cronjob_schedule(s).map_err(|e| {
+        format!(
+            "{s:?} is not a valid CronJob schedule: {e} (five fields: minute hour day-of-month month day-of-week, day of week 0-6 with Sunday 0, e.g. \"*/5 * * * *\"; or @hourly, @daily, ...)"
+        )
+    })
 }
 
 fn valid_label_value(v: &str) -> bool {
@@ -785,6 +782,17 @@ mod tests {
     #[test]
     fn schedule_needs_five_valid_fields() {
         assert!(parse_schedule("*/5 * * * *").is_ok());
+        assert!(
+            parse_schedule("0 3 * * 0").is_ok(),
+            "Sunday is 0 in Kubernetes"
+        );
+        assert!(parse_schedule("@hourly").is_ok());
+        let e = parse_schedule("0 3 * * 7").unwrap_err();
+        assert!(e.contains("above maximum (6)"), "{e}");
+        assert!(parse_schedule("CRON_TZ=UTC 0 3 * * *").is_err());
+        let mut s = spec();
+        s.schedule = "0 3 * * 7".into();
+        assert_eq!(fields(&s), ["schedule"]);
         assert!(parse_schedule("* * * *").is_err());
         assert!(parse_schedule("99 * * * *").is_err());
         let mut s = spec();

@@ -95,10 +95,19 @@ pub fn build(r: &RunReport) -> Status {
 
     let degraded_msg = if let Some(e) = &r.error {
         ("RunFailed".to_owned(), e.clone())
-    } else if failures > 0 {
+    } else if let Some(first) = r.results.iter().find_map(|x| match &x.outcome {
+        Outcome::Failed(d) => Some((x, d)),
+        _ => None,
+    }) {
+        // The first failure's own words: "insufficient capacity", "quota", ...
         (
             "ActionsFailed".to_owned(),
-            format!("{failures} action(s) failed; see lastPlan"),
+            format!(
+                "{failures} action(s) failed; first: {} {}: {}",
+                first.0.action.verb(),
+                first.0.action.target(),
+                first.1
+            ),
         )
     } else if let Some(f) = r.plan.and_then(|p| p.findings.iter().find(|f| f.degraded)) {
         ("Problem".to_owned(), f.message.clone())

@@ -230,9 +230,12 @@ fn scale_down_drains_before_deleting_and_cleans_up_disks() {
                         daemonset: false,
                         mirror: false,
                         finished: false,
+                        ..PodRef::default()
                     },
                     node: n.clone(),
                     protected: false,
+                    refused: None,
+                    finalizer: false,
                 });
             }
         });
@@ -268,6 +271,66 @@ fn scale_down_drains_before_deleting_and_cleans_up_disks() {
     });
 }
 
+/// A failed member is stopped before it is deleted: on a rack the stop clears the intent to
+/// run, so an automatic restart cannot bring it back between our look and our delete.
+#[test]
+fn a_failed_member_is_stopped_before_it_is_deleted() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        let w = world(&spec, true).await;
+        converge(&w, 10).await;
+        let worker = oxide_controller::fake::pool_members(&w, "demo", "workers")[0].clone();
+        w.with(|s| {
+            if let Some(i) = s.instances.get_mut(&worker) {
+                i.state = InstanceState::Failed;
+            }
+            s.log.clear();
+        });
+        converge(&w, 10).await;
+        assert_shape(&w, &spec);
+        let log = w.lock().log.clone();
+        let pos = |p: &str| log.iter().position(|l| l == &format!("{p} {worker}"));
+        let (stop, del) = (pos("stop"), pos("delete"));
+        assert!(
+            stop.is_some() && stop < del,
+            "{worker}: stop, then delete: {log:?}"
+        );
+    });
+}
+
+/// New members join through a Ready server's private VPC address (which the VPC's default
+/// `allow-internal-inbound` admits), not through the floating IP.
+#[test]
+fn new_members_join_through_a_ready_servers_private_address() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        let w = world(&spec, true).await;
+        converge(&w, 10).await;
+        let before = oxide_controller::fake::pool_members(&w, "demo", "workers");
+        spec.worker_pools[0].count = 2;
+        set_spec(&w, &spec).await;
+        converge(&w, 10).await;
+        let server = oxide_controller::fake::pool_members(&w, "demo", "control-plane")[0].clone();
+        let private = w
+            .rack()
+            .instance_private_ip(&server)
+            .await
+            .unwrap()
+            .expect("the server has a private address");
+        let new = oxide_controller::fake::pool_members(&w, "demo", "workers")
+            .into_iter()
+            .find(|n| !before.contains(n))
+            .expect("a new worker");
+        let ud = String::from_utf8(w.lock().user_data[&new].clone()).unwrap();
+        assert!(
+            ud.contains(&format!("https://{private}:6443")),
+            "joins via {private}: {ud}"
+        );
+    });
+}
+
 #[test]
 fn a_pod_disruption_budget_blocks_the_removal_until_it_allows_it() {
     rt().block_on(async {
@@ -285,9 +348,12 @@ fn a_pod_disruption_budget_blocks_the_removal_until_it_allows_it() {
                         daemonset: false,
                         mirror: false,
                         finished: false,
+                        ..PodRef::default()
                     },
                     node: n.clone(),
                     protected: true,
+                    refused: None,
+                    finalizer: false,
                 });
             }
         });
@@ -314,6 +380,223 @@ fn a_pod_disruption_budget_blocks_the_removal_until_it_allows_it() {
         w.with(|s| s.pods.iter_mut().for_each(|p| p.protected = false));
         converge(&w, 6).await;
         assert!(!w.lock().instances.contains_key(&victim));
+    });
+}
+
+/// A world at 1 of 2 workers converged with `pods(node)` on each worker, scaled down to 1.
+async fn scaled_down_with(
+    pods: impl Fn(&str) -> Vec<FakePod>,
+) -> (FakeWorld, ClusterSpec, Vec<String>) {
+    let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 2);
+    small_timeouts(&mut spec);
+    let w = world(&spec, true).await;
+    converge(&w, 10).await;
+    let workers = oxide_controller::fake::pool_members(&w, "demo", "workers");
+    w.with(|s| {
+        for n in &workers {
+            s.pods.extend(pods(n));
+        }
+    });
+    spec.worker_pools[0].count = 1;
+    set_spec(&w, &spec).await;
+    (w, spec, workers)
+}
+
+fn fake_pod(ns: &str, name: &str, node: &str) -> FakePod {
+    FakePod {
+        pod: PodRef {
+            namespace: ns.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            ..PodRef::default()
+        },
+        node: node.into(),
+        protected: false,
+        refused: None,
+        finalizer: false,
+    }
+}
+
+fn victim(w: &FakeWorld) -> String {
+    w.with(|s| {
+        s.nodes
+            .values()
+            .find(|n| n.annotations.contains_key(REMOVING_ANNOTATION))
+            .map(|n| n.name.clone())
+    })
+    .unwrap_or_else(|| panic!("a victim is marked"))
+}
+
+async fn status(w: &FakeWorld) -> Status {
+    let snap = w
+        .state()
+        .read_config()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    snap.status_json()
+        .and_then(Status::from_json)
+        .unwrap_or_else(|| panic!("a status"))
+}
+
+#[test]
+fn a_pod_whose_eviction_is_refused_is_named_and_the_others_are_evicted() {
+    rt().block_on(async {
+        let several = "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.";
+        let (w, spec, _) = scaled_down_with(|n| {
+            let mut db = fake_pod("db", &format!("pg-{n}"), n);
+            db.refused = Some(several.into());
+            vec![db, fake_pod("web", &format!("web-{n}"), n)]
+        })
+        .await;
+        let _ = run_once(&w).await;
+        let victim = victim(&w);
+        let log = w.lock().log.clone();
+        assert!(log.contains(&format!("evict web/web-{victim}")), "{log:?}");
+        let status = status(&w).await;
+        assert_eq!(status.condition("Degraded").map(|c| c.status.as_str()), Some("True"));
+        let text = serde_json::to_string(&status.last_plan).unwrap_or_default();
+        assert!(
+            text.contains(&format!("blocked by db/pg-{victim}: {several}")),
+            "{text}"
+        );
+        assert!(w.lock().nodes[&victim].unschedulable, "kept cordoned");
+        assert!(w.lock().instances[&victim].state == InstanceState::Running, "VM left running");
+        // Someone fixes the budgets: the next runs finish the removal.
+        w.with(|s| s.pods.iter_mut().for_each(|p| p.refused = None));
+        converge(&w, 6).await;
+        assert_shape(&w, &spec);
+        assert!(!w.lock().instances.contains_key(&victim));
+    });
+}
+
+#[test]
+fn a_pod_stuck_terminating_is_reported_by_name_until_its_finalizer_goes() {
+    rt().block_on(async {
+        let (w, spec, _) = scaled_down_with(|n| {
+            let mut stuck = fake_pod("app", &format!("held-{n}"), n);
+            stuck.finalizer = true;
+            vec![stuck]
+        })
+        .await;
+        for _ in 0..2 {
+            let _ = run_once(&w).await;
+            w.tick(61);
+        }
+        let victim = victim(&w);
+        let status = status(&w).await;
+        let text = serde_json::to_string(&status.last_plan).unwrap_or_default();
+        assert!(
+            text.contains(&format!("pod app/held-{victim} stuck terminating")),
+            "{text}"
+        );
+        assert_eq!(
+            status.condition("Degraded").map(|c| c.status.as_str()),
+            Some("True")
+        );
+        assert!(w.lock().nodes[&victim].unschedulable, "kept cordoned");
+        assert!(w.lock().instances.contains_key(&victim), "VM not deleted");
+        assert!(
+            !w.lock().log.contains(&format!("stop {victim}")),
+            "VM not stopped"
+        );
+        // The finalizer is removed: the pod goes, the next run finishes.
+        w.with(|s| s.pods.retain(|p| !p.pod.name.starts_with("held-")));
+        converge(&w, 6).await;
+        assert_shape(&w, &spec);
+    });
+}
+
+#[test]
+fn drain_never_evicts_the_runs_own_pod() {
+    rt().block_on(async {
+        let (w, spec, workers) = scaled_down_with(|n| {
+            vec![
+                fake_pod("kube-system", &format!("reconcile-{n}"), n),
+                fake_pod("web", &format!("web-{n}"), n),
+            ]
+        })
+        .await;
+        // The run executes in the pod on the newest worker (the planner's victim).
+        let mut o = opts(&w);
+        let rack = w.rack();
+        let mut runs_on = None;
+        for n in &workers {
+            o.own_pod = Some(("kube-system".into(), format!("reconcile-{n}")));
+            w.with(|s| s.log.clear());
+            let rack = rack.clone();
+            let _ = reconcile::run(&w.cluster(), &w.state(), move |_, _| Ok(rack), &o).await;
+            if w.lock().log.iter().any(|l| l.starts_with("evict web/")) {
+                runs_on = Some(n.clone());
+                break;
+            }
+        }
+        let victim = victim(&w);
+        assert_eq!(
+            runs_on.as_deref(),
+            Some(victim.as_str()),
+            "the first run drained the victim"
+        );
+        let log = w.lock().log.clone();
+        assert!(
+            !log.iter().any(|l| l.contains("evict kube-system/")),
+            "{log:?}"
+        );
+        assert!(
+            !log.contains(&format!("stop {victim}")),
+            "its own node is not stopped under it: {log:?}"
+        );
+        let text = serde_json::to_string(&status(&w).await.last_plan).unwrap_or_default();
+        assert!(
+            text.contains(&format!(
+                "this run's own pod kube-system/reconcile-{victim}"
+            )),
+            "{text}"
+        );
+        // A run elsewhere (its own pod gone with the first run) finishes the removal.
+        w.with(|s| s.pods.retain(|p| p.pod.namespace != "kube-system"));
+        converge(&w, 6).await;
+        assert_shape(&w, &spec);
+    });
+}
+
+#[test]
+fn a_failed_lease_renewal_is_retried_while_the_lease_is_valid() {
+    rt().block_on(async {
+        let spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        let w = world(&spec, true).await;
+        let cluster = w.cluster();
+        let len = Duration::from_secs(3);
+        cluster
+            .acquire_lease("me", len)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // One failure: retried, the Lease is kept, the loop goes on renewing.
+        w.with(|s| s.renew_failures = 1);
+        let start = tokio::time::Instant::now();
+        let kept = tokio::time::timeout(
+            Duration::from_secs(4),
+            reconcile::keep_lease(&cluster, "me", len, start + len),
+        )
+        .await;
+        assert!(
+            kept.is_err(),
+            "still holding the Lease after a failed renewal"
+        );
+        assert_eq!(w.lock().renew_failures, 0);
+        // Renewals that keep failing: given up before the Lease runs out, not at the first.
+        w.with(|s| s.renew_failures = u32::MAX);
+        let start = tokio::time::Instant::now();
+        reconcile::keep_lease(&cluster, "me", len, start + len).await;
+        let took = start.elapsed();
+        assert!(took > Duration::from_millis(1500) && took < len, "{took:?}");
+        // Someone else took it: given up at once.
+        w.with(|s| {
+            s.renew_failures = 0;
+            s.lease = Some(("other".into(), s.now));
+        });
+        let start = tokio::time::Instant::now();
+        reconcile::keep_lease(&cluster, "me", len, start + len).await;
+        assert!(start.elapsed() < Duration::from_millis(1500));
     });
 }
 

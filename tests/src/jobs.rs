@@ -1,5 +1,7 @@
 //! The cluster twin's stand-in for the CronJob and Job controllers and the kubelet: CronJobs
-//! fire on their schedule (`cron` crate, `concurrencyPolicy: Forbid` honoured), and every Job
+//! fire on their schedule (Kubernetes' cron dialect, [`oxide_controller::kcron`]; `Forbid`,
+//! `startingDeadlineSeconds`, `status.active` and the history limits as `syncCronJob` has them),
+//! and every Job
 //! — scheduled, or created by hand or by the webhook — runs once as a local process of the
 //! binary its container names (`/usr/local/bin/reconcile-once` → `<bin_dir>/reconcile-once`),
 //! authenticated as the pod's ServiceAccount, so RBAC is exactly what the manifests grant.
@@ -16,7 +18,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -99,35 +100,77 @@ impl JobRunner {
         }
     }
 
+    /// One `syncCronJob` pass of the CronJob controller: forget finished or vanished Jobs
+    /// from `status.active`, apply the history limits to every Job the CronJob controls,
+    /// then start the due run unless it is too late (`startingDeadlineSeconds`) or, with
+    /// `Forbid`, a Job the controller started is still active. A Job someone else made from
+    /// the template (the webhook's, `kubectl create job --from`) is owned but not in
+    /// `status.active`, so it does not hold back a scheduled run, as in the real controller.
     fn schedule(&self, cj: &Value, now: DateTime<Utc>) {
         let (ns, name) = (meta(cj, "namespace"), meta(cj, "name"));
         let key = format!("{ns}/{name}");
-        let Some(schedule) = cj["spec"]["schedule"]
-            .as_str()
-            .and_then(|s| cron::Schedule::from_str(&format!("0 {s}")).ok())
-        else {
-            return;
-        };
-        if cj["spec"]["suspend"] == true {
-            return;
+        let owned: Vec<Value> = self
+            .twin
+            .list(JOB.0, JOB.1, Some(&ns))
+            .into_iter()
+            .filter(|j| owned_by(j, cj))
+            .collect();
+        let mut cj = cj.clone();
+        let before = cj["status"].clone();
+        let mut active: Vec<Value> = cj["status"]["active"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        active.retain(|r| {
+            owned
+                .iter()
+                .any(|j| j["metadata"]["uid"] == r["uid"] && !finished(j))
+        });
+        for j in owned.iter().filter(|j| !finished(j)) {
+            if !active.iter().any(|r| r["uid"] == j["metadata"]["uid"]) {
+                tracing::debug!(cronjob = %name, job = %meta(j, "name"), "UnexpectedJob: saw a job that the controller did not create");
+            }
         }
+        self.cleanup_finished(&cj, &owned);
+        cj["status"]["active"] = json!(active);
+        let save = |cj: &Value| {
+            if cj["status"] != before
+                && let Err(e) = self.twin.upsert(cj.clone())
+            {
+                tracing::warn!(error = %e, "cannot update the CronJob's status");
+            }
+        };
+        let schedule = cj["spec"]["schedule"]
+            .as_str()
+            .and_then(|s| oxide_controller::kcron::Schedule::parse(s).ok());
+        let Some(schedule) = schedule.filter(|_| cj["spec"]["suspend"] != true) else {
+            return save(&cj);
+        };
         let last = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             let last = st.last_tick.get(&key).copied().unwrap_or(now);
             st.last_tick.insert(key, now);
             last
         };
-        let Some(due) = schedule.after(&last).next().filter(|t| *t <= now) else {
-            return;
+        // The most recent unmet time in (last, now], as `mostRecentScheduleTime` finds it.
+        let mut due = None;
+        let mut t = last;
+        while let Some(next) = schedule.next_after(t).filter(|n| *n <= now) {
+            due = Some(next);
+            t = next;
+        }
+        let Some(due) = due else {
+            return save(&cj);
         };
-        let active = self
-            .twin
-            .list(JOB.0, JOB.1, Some(&ns))
-            .into_iter()
-            .any(|j| owned_by(&j, cj) && !finished(&j));
-        if active && cj["spec"]["concurrencyPolicy"] == "Forbid" {
-            tracing::info!(cronjob = %name, "skipping a scheduled run: the previous one is still active");
-            return;
+        if let Some(deadline) = cj["spec"]["startingDeadlineSeconds"].as_i64()
+            && due + chrono::Duration::seconds(deadline) < now
+        {
+            tracing::info!(cronjob = %name, "MissSchedule: missed the scheduled time to start a job");
+            return save(&cj);
+        }
+        if !active.is_empty() && cj["spec"]["concurrencyPolicy"] == "Forbid" {
+            tracing::info!(cronjob = %name, "JobAlreadyActive: skipping a scheduled run, the previous one is still active");
+            return save(&cj);
         }
         let job = json!({
             "apiVersion": JOB.0, "kind": JOB.1,
@@ -135,12 +178,44 @@ impl JobRunner {
                 "name": format!("{name}-{}", due.timestamp() / 60),
                 "namespace": ns,
                 "labels": cj["spec"]["jobTemplate"]["metadata"]["labels"].clone(),
-                "ownerReferences": [{"apiVersion": CRONJOB.0, "kind": CRONJOB.1, "name": name, "uid": cj["metadata"]["uid"].clone(), "controller": true}],
+                "ownerReferences": [{"apiVersion": CRONJOB.0, "kind": CRONJOB.1, "name": name, "uid": cj["metadata"]["uid"].clone(), "controller": true, "blockOwnerDeletion": true}],
             },
             "spec": cj["spec"]["jobTemplate"]["spec"].clone(),
         });
-        if let Err(e) = self.twin.upsert(job) {
-            tracing::warn!(error = %e, "cannot create the scheduled Job");
+        match self.twin.upsert(job) {
+            Ok(created) => {
+                let mut active = active;
+                active.push(json!({"apiVersion": JOB.0, "kind": JOB.1, "namespace": ns,
+                    "name": created["metadata"]["name"].clone(), "uid": created["metadata"]["uid"].clone()}));
+                cj["status"]["active"] = json!(active);
+                cj["status"]["lastScheduleTime"] =
+                    json!(due.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot create the scheduled Job"),
+        }
+        save(&cj);
+    }
+
+    /// `cleanupFinishedJobs`: keep the newest `successfulJobsHistoryLimit` complete and
+    /// `failedJobsHistoryLimit` failed Jobs the CronJob controls (by start time), delete the rest.
+    fn cleanup_finished(&self, cj: &Value, owned: &[Value]) {
+        for (cond, limit) in [
+            ("Complete", &cj["spec"]["successfulJobsHistoryLimit"]),
+            ("Failed", &cj["spec"]["failedJobsHistoryLimit"]),
+        ] {
+            let Some(limit) = limit.as_u64() else {
+                continue;
+            };
+            let mut done: Vec<&Value> = owned
+                .iter()
+                .filter(|j| finished_as(j) == Some(cond))
+                .collect();
+            let excess = done.len().saturating_sub(limit as usize);
+            done.sort_by_key(|j| j["status"]["startTime"].as_str().unwrap_or("").to_owned());
+            for j in done.into_iter().take(excess) {
+                self.twin
+                    .delete(JOB.0, JOB.1, Some(&meta(j, "namespace")), &meta(j, "name"));
+            }
         }
     }
 
@@ -442,24 +517,132 @@ fn meta(v: &Value, field: &str) -> String {
 }
 
 fn finished(job: &Value) -> bool {
-    job["status"]["conditions"].as_array().is_some_and(|c| {
-        c.iter()
-            .any(|c| (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True")
+    finished_as(job).is_some()
+}
+
+/// `Complete` or `Failed` when that condition is True.
+fn finished_as(job: &Value) -> Option<&'static str> {
+    let conditions = job["status"]["conditions"].as_array()?;
+    ["Complete", "Failed"].into_iter().find(|t| {
+        conditions
+            .iter()
+            .any(|c| c["type"] == *t && c["status"] == "True")
     })
 }
 
+/// Whether the CronJob is the Job's controller (by uid, as `metav1.IsControlledBy`).
 fn owned_by(job: &Value, cj: &Value) -> bool {
     job["metadata"]["ownerReferences"]
         .as_array()
         .is_some_and(|o| {
-            o.iter()
-                .any(|r| r["kind"] == "CronJob" && r["name"] == cj["metadata"]["name"])
+            o.iter().any(|r| {
+                r["kind"] == "CronJob"
+                    && r["uid"] == cj["metadata"]["uid"]
+                    && r["controller"] == true
+            })
         })
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::twin::TwinConfig;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn runner() -> JobRunner {
+        let twin = Twin::new(TwinConfig::default()).unwrap();
+        let dir = std::env::temp_dir();
+        JobRunner::new(twin, Listeners::new(), dir.clone(), dir)
+    }
+
+    fn cronjob(r: &JobRunner, schedule: &str) -> Value {
+        r.twin
+            .upsert(json!({"apiVersion": "batch/v1", "kind": "CronJob",
+                "metadata": {"name": "cj", "namespace": "default"},
+                "spec": {"schedule": schedule, "concurrencyPolicy": "Forbid", "successfulJobsHistoryLimit": 1,
+                    "jobTemplate": {"spec": {"template": {"spec": {"containers": [{"name": "c", "command": ["/bin/true"]}]}}}}}}))
+            .unwrap()
+    }
+
+    fn jobs(r: &JobRunner) -> Vec<String> {
+        r.twin
+            .list(JOB.0, JOB.1, Some("default"))
+            .iter()
+            .map(|j| meta(j, "name"))
+            .collect()
+    }
+
+    fn sync(r: &JobRunner, now: &str) {
+        let cj = r
+            .twin
+            .get(CRONJOB.0, CRONJOB.1, Some("default"), "cj")
+            .unwrap();
+        r.schedule(&cj, at(now));
+    }
+
+    fn finish(r: &JobRunner, name: &str, cond: &str, start: &str) {
+        let mut j = r.twin.get(JOB.0, JOB.1, Some("default"), name).unwrap();
+        j["status"] = json!({"startTime": start, "conditions": [{"type": cond, "status": "True"}]});
+        r.twin.upsert(j).unwrap();
+    }
+
+    #[test]
+    fn day_of_week_zero_fires_on_sunday() {
+        let r = runner();
+        cronjob(&r, "0 3 * * 0");
+        // 2026-11-21 is a Saturday.
+        sync(&r, "2026-11-21T00:00:00Z");
+        sync(&r, "2026-11-21T23:59:00Z");
+        assert!(jobs(&r).is_empty(), "nothing on Saturday");
+        sync(&r, "2026-11-22T03:00:10Z");
+        let fired = at("2026-11-22T03:00:00Z").timestamp() / 60;
+        assert_eq!(jobs(&r), [format!("cj-{fired}")]);
+        let cj = r
+            .twin
+            .get(CRONJOB.0, CRONJOB.1, Some("default"), "cj")
+            .unwrap();
+        assert_eq!(cj["status"]["lastScheduleTime"], "2026-11-22T03:00:00Z");
+        assert_eq!(cj["status"]["active"][0]["name"], format!("cj-{fired}"));
+    }
+
+    #[test]
+    fn a_job_made_by_hand_from_the_template_does_not_hold_back_a_forbid_run() {
+        let r = runner();
+        let cj = cronjob(&r, "*/5 * * * *");
+        // The webhook's Job: owned by the CronJob, but not in its status.active.
+        r.twin
+            .upsert(json!({"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": "now", "namespace": "default", "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob", "name": "cj", "uid": cj["metadata"]["uid"].clone(), "controller": true}]},
+                "spec": {}}))
+            .unwrap();
+        sync(&r, "2026-11-22T10:01:00Z");
+        sync(&r, "2026-11-22T10:05:30Z");
+        assert_eq!(jobs(&r).len(), 2, "{:?}", jobs(&r));
+        // Its own scheduled Job, still running, does hold back the next one.
+        sync(&r, "2026-11-22T10:10:30Z");
+        assert_eq!(jobs(&r).len(), 2, "{:?}", jobs(&r));
+    }
+
+    #[test]
+    fn history_limits_apply_to_every_job_the_cronjob_controls() {
+        let r = runner();
+        cronjob(&r, "*/5 * * * *");
+        sync(&r, "2026-11-22T10:01:00Z");
+        sync(&r, "2026-11-22T10:05:30Z");
+        let first = jobs(&r)[0].clone();
+        finish(&r, &first, "Complete", "2026-11-22T10:05:31Z");
+        sync(&r, "2026-11-22T10:10:30Z");
+        let second = jobs(&r).into_iter().find(|j| *j != first).unwrap();
+        finish(&r, &second, "Complete", "2026-11-22T10:10:31Z");
+        sync(&r, "2026-11-22T10:12:00Z");
+        // successfulJobsHistoryLimit: 1 keeps only the newest complete Job.
+        assert_eq!(jobs(&r), [second]);
+    }
 
     fn pod(host: &str, mount: &str) -> (Value, Value) {
         let pod = json!({

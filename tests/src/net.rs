@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -74,6 +74,36 @@ where
     })
 }
 
+/// Accepts on `public`: admitted connections are relayed to `inner`, the others are held
+/// without a byte of answer until the listener closes.
+async fn gate_loop(public: TcpListener, local: SocketAddr, inner: SocketAddr, gate: Gate) {
+    let mut dropped = tokio::task::JoinSet::new();
+    loop {
+        let (mut stream, peer) = match public.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                tracing::warn!(error = %err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        while dropped.try_join_next().is_some() {}
+        if gate(peer.ip(), local) {
+            tokio::spawn(async move {
+                if let Ok(mut upstream) = tokio::net::TcpStream::connect(inner).await {
+                    let _ = tokio::io::copy_bidirectional(&mut stream, &mut upstream).await;
+                }
+            });
+        } else {
+            tracing::debug!(%peer, %local, "VPC firewall: connection dropped");
+            dropped.spawn(async move {
+                let _held = stream;
+                std::future::pending::<()>().await;
+            });
+        }
+    }
+}
+
 fn body_too_large() -> http::Response<Bytes> {
     let request_id = Uuid::new_v4().to_string();
     let body = serde_json::json!({
@@ -120,18 +150,40 @@ struct Entry {
     task: JoinHandle<()>,
 }
 
+/// Decides whether a connection from `peer` to the listener on `local` gets through (the
+/// rack's VPC firewall); a refused one is held open and never answered, the way a dropped
+/// SYN looks to a client: a timeout, not a refusal.
+pub type Gate = Arc<dyn Fn(IpAddr, SocketAddr) -> bool + Send + Sync>;
+
 /// Registry of per-VM listeners: (ip, port) → the task serving it. Closing an entry aborts its
 /// task, which drops the socket, so new connections to the address are refused at once.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Listeners {
     inner: Arc<Mutex<BTreeMap<SocketAddr, Entry>>>,
+    gate: Arc<std::sync::RwLock<Option<Gate>>>,
+}
+
+impl std::fmt::Debug for Listeners {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listeners")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Exclusive access to the registry; held while deciding and applying a VM's listener set so
 /// two concurrent updates for the same VM cannot interleave.
-#[derive(Debug)]
 pub struct ListenersGuard<'a> {
     map: MutexGuard<'a, BTreeMap<SocketAddr, Entry>>,
+    gate: Option<Gate>,
+}
+
+impl std::fmt::Debug for ListenersGuard<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenersGuard")
+            .field("map", &self.map)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Listeners {
@@ -147,7 +199,20 @@ impl Listeners {
                 .inner
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            gate: self
+                .gate
+                .read()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .clone(),
         }
+    }
+
+    /// Puts `gate` in front of every listener opened from now on.
+    pub fn set_gate(&self, gate: Gate) {
+        *self
+            .gate
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(gate);
     }
 
     /// True when something of `kind` is currently listening on `addr`.
@@ -232,10 +297,25 @@ impl ListenersGuard<'_> {
         Fut: Future<Output = ()> + Send + 'static,
     {
         self.close(addr);
-        let std_listener = std::net::TcpListener::bind(addr)?;
-        std_listener.set_nonblocking(true)?;
-        let listener = TcpListener::from_std(std_listener)?;
-        let task = tokio::spawn(serve(listener));
+        let bind = |addr: SocketAddr| -> std::io::Result<TcpListener> {
+            let std_listener = std::net::TcpListener::bind(addr)?;
+            std_listener.set_nonblocking(true)?;
+            TcpListener::from_std(std_listener)
+        };
+        let listener = bind(addr)?;
+        let task = match self.gate.clone() {
+            None => tokio::spawn(serve(listener)),
+            Some(gate) => {
+                // The server gets a private socket on the same address; the public one only
+                // passes on what the gate admits.
+                let inner = bind(SocketAddr::new(addr.ip(), 0))?;
+                let inner_addr = inner.local_addr()?;
+                let served = serve(inner);
+                tokio::spawn(async move {
+                    tokio::join!(served, gate_loop(listener, addr, inner_addr, gate));
+                })
+            }
+        };
         tracing::debug!(%addr, ?kind, instance = %owner, "listener opened");
         self.map.insert(addr, Entry { kind, owner, task });
         Ok(())

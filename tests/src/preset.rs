@@ -207,6 +207,14 @@ pub async fn build(
         .await
         .map_err(rack_err("finding the image"))?
         .ok_or_else(|| PresetError::Spec(format!("image {IMAGE} was not seeded")))?;
+    // What bootstrap does in its project step: without this rule the VPC firewall drops
+    // the API on the floating IP.
+    let anywhere =
+        oxide_controller::firewall::parse_sources(oxide_controller::firewall::DEFAULT_API_ALLOW)
+            .map_err(PresetError::Spec)?;
+    rack.ensure_firewall_rule(&oxide_controller::firewall::api_rule(CLUSTER, anywhere))
+        .await
+        .map_err(rack_err("opening the Kubernetes API in the VPC firewall"))?;
     let fip_name = names::api_floating_ip_name(CLUSTER);
     let fip = rack
         .create_floating_ip(
@@ -252,6 +260,7 @@ pub async fn build(
                 name: &name,
                 image_id: image.id,
                 api_address: fip.ip,
+                join_address: fip.ip,
                 cluster_init,
             })
             .map_err(|message| PresetError::Member {

@@ -197,6 +197,7 @@ impl Sim {
         let addresses = AddressPool::random();
         let twin = Twin::new(TwinConfig {
             k3s_version: opts.k3s_version.clone(),
+            faults: faults.clone(),
         })
         .map_err(SimError::Twin)?;
         let listeners = Listeners::new();
@@ -222,6 +223,24 @@ impl Sim {
             Arc::new(boot.clone()),
         );
         boot.attach(oxide.clone());
+        // The rack's VPC firewall judges every connection from the host to a VM's address.
+        // The simulated sshd listens on `ssh_port` (unprivileged in tests) in place of the
+        // guest's port 22, so the rules see 22 there, as they would on a rack.
+        let judge = oxide.clone();
+        let ssh_port = opts.ssh_port;
+        boot.listeners().set_gate(Arc::new(move |peer, local| {
+            let port = if local.port() == ssh_port {
+                22
+            } else {
+                local.port()
+            };
+            judge
+                .tcp_admitted(
+                    crate::oxide::Peer::Host(peer),
+                    SocketAddr::new(local.ip(), port),
+                )
+                .unwrap_or(true)
+        }));
         let tailnet = Tailnet::new(&opts.tailscale);
         boot.attach_tailnet(tailnet.clone());
 

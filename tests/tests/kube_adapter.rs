@@ -248,12 +248,18 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
 
     let mut pods = cluster.pods_on_node("w1").await.unwrap();
     pods.sort_by(|a, b| a.name.cmp(&b.name));
+    for p in &mut pods {
+        let stored = twin.get("v1", "Pod", Some("default"), &p.name).unwrap();
+        assert_eq!(p.uid, stored["metadata"]["uid"].as_str().unwrap());
+        p.uid.clear();
+    }
     let r = |name: &str, daemonset, mirror, finished| PodRef {
         namespace: "default".into(),
         name: name.into(),
         daemonset,
         mirror,
         finished,
+        ..PodRef::default()
     };
     assert_eq!(
         pods,
@@ -275,14 +281,48 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
 
     twin.upsert(pdb(1)).unwrap();
     assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Evicted);
-    assert!(twin.get("v1", "Pod", Some("default"), "web-1").is_none());
+    // Graceful: the pod is Terminating (deletionTimestamp = now + 30 s) until its kubelet
+    // confirms; w1 has none here, so it stays, as on a real cluster.
+    let terminating = twin.get("v1", "Pod", Some("default"), "web-1").unwrap();
+    assert!(terminating["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(terminating["metadata"]["deletionGracePeriodSeconds"], 30);
+    let listed = cluster.pods_on_node("w1").await.unwrap();
+    assert!(
+        listed
+            .iter()
+            .any(|p| p.name == "web-1" && p.deleting_at.is_some())
+    );
+    // Evicting a terminating pod ignores budgets (canIgnorePDB) and deletes it again.
+    twin.upsert(pdb(5)).unwrap();
+    assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Evicted);
+    twin.upsert(pdb(1)).unwrap();
+    assert!(twin.delete("v1", "Pod", Some("default"), "web-1"));
     assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Gone);
 
-    // Forced drain deletes outright; a second delete is fine.
+    // A second budget over the same pods: the apiserver refuses with a bare 500, which is
+    // this pod's refusal (drain goes on with the others), not "API unavailable".
+    let mut second = pdb(0);
+    second["metadata"]["name"] = json!("web-too");
+    twin.upsert(second).unwrap();
     let web2 = r("web-2", false, false, false);
+    assert_eq!(
+        cluster.evict(&web2).await.unwrap(),
+        Eviction::Refused(
+            "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.".into()
+        )
+    );
+    assert!(twin.delete(
+        "policy/v1",
+        "PodDisruptionBudget",
+        Some("default"),
+        "web-too"
+    ));
+
+    // Forced drain deletes without budgets (gracefully); a second delete is fine.
     cluster.delete_pod(&web2).await.unwrap();
     cluster.delete_pod(&web2).await.unwrap();
-    assert!(twin.get("v1", "Pod", Some("default"), "web-2").is_none());
+    let deleted = twin.get("v1", "Pod", Some("default"), "web-2").unwrap();
+    assert!(deleted["metadata"]["deletionTimestamp"].is_string());
 }
 
 #[tokio::test]
@@ -527,6 +567,9 @@ async fn reconcile_jobs_come_from_the_cronjob_and_bursts_collapse_into_one() {
     );
     assert_eq!(owner["uid"], cron["metadata"]["uid"]);
     assert_eq!(owner["controller"], true);
+    // As kubectl create job --from: no blockOwnerDeletion, which would need update on
+    // cronjobs/finalizers under OwnerReferencesPermissionEnforcement.
+    assert!(owner.get("blockOwnerDeletion").is_none(), "{owner}");
     assert_eq!(
         first["spec"]["template"]["spec"]["containers"][0]["args"][0],
         "reconcile-once"

@@ -862,7 +862,7 @@ fn a_reconcile_run_ends_before_its_job_deadline_and_the_job_before_the_next_tick
         let cron = &objects["CronJob kube-system/oxide-controller"]["spec"];
         let schedule = cron["schedule"].as_str().unwrap();
         let parsed = oxide_controller::spec::parse_schedule(schedule).unwrap();
-        let ticks: Vec<_> = parsed.upcoming(chrono::Utc).take(50).collect();
+        let ticks: Vec<_> = parsed.upcoming(chrono::Utc::now()).take(50).collect();
         let interval = ticks
             .windows(2)
             .map(|w| (w[1] - w[0]).num_seconds())

@@ -1085,6 +1085,93 @@ async fn fail_at_boot_and_hang_stopping_faults_act_by_name_prefix() {
     assert!(!api.seen().contains(&Seen::Running("bad-1".into())));
 }
 
+/// omicron: an unset `auto_restart_policy` is `best_effort`, and the reincarnation task
+/// restarts `failed` instances whose intended state is running; `never` and a stop turn it off.
+#[tokio::test]
+async fn failed_instances_restart_themselves_unless_the_policy_is_never_or_they_were_stopped() {
+    let api = Api::new();
+    api.project("p").await;
+    for name in ["default-1", "never-1", "stopped-1"] {
+        let extra = if name == "never-1" {
+            json!({"auto_restart_policy": "never"})
+        } else {
+            json!({})
+        };
+        api.instance("p", name, extra).await;
+        api.wait_state("p", name, "running").await;
+    }
+    let fail = |name: &str| {
+        let api = &api;
+        let name = name.to_owned();
+        async move {
+            let id = api
+                .get(&format!("/v1/instances/{name}?project=p"))
+                .await
+                .str("id")
+                .to_owned();
+            api.sim.set_instance_failed(id.parse().unwrap());
+        }
+    };
+    fail("default-1").await;
+    fail("never-1").await;
+    fail("stopped-1").await;
+    // A stop on a failed instance moves it to stopped and clears the intent to run.
+    api.post_empty("/v1/instances/stopped-1/stop?project=p")
+        .await;
+    let view = api.get("/v1/instances/default-1?project=p").await;
+    assert_eq!(view.body["auto_restart_enabled"], json!(true));
+    api.wait_state("p", "default-1", "running").await;
+    assert!(
+        api.get("/v1/instances/default-1?project=p").await.body["time_last_auto_restarted"]
+            .is_string()
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(api.state("p", "never-1").await, "failed");
+    assert_eq!(api.state("p", "stopped-1").await, "stopped");
+    let never = api.get("/v1/instances/never-1?project=p").await;
+    assert_eq!(never.body["auto_restart_enabled"], json!(false));
+}
+
+/// omicron: a create whose automatic start fails (no sled, no quota) still answers 201, with
+/// the instance `stopped`; only an explicit start shows the 507.
+#[tokio::test]
+async fn a_create_on_a_full_rack_comes_back_stopped_and_only_a_start_says_why() {
+    let api = Api::new();
+    api.project("p").await;
+    api.faults.update(|f| {
+        f.no_capacity.push("full-".into());
+        f.quota_exceeded.push("quota-".into());
+    });
+    let created = api.instance("p", "full-1", json!({})).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    assert_eq!(created.str("run_state"), "stopped");
+    let refused = api.post_empty("/v1/instances/full-1/start?project=p").await;
+    assert_eq!(refused.status, StatusCode::INSUFFICIENT_STORAGE);
+    assert_eq!(refused.code(), Some("InsufficientCapacity"));
+    assert!(
+        refused
+            .str("message")
+            .starts_with("Insufficient capacity: Failed to place instance"),
+        "{:?}",
+        refused.body
+    );
+    api.instance("p", "quota-1", json!({})).await;
+    let quota = api
+        .post_empty("/v1/instances/quota-1/start?project=p")
+        .await;
+    assert!(
+        quota.str("message").contains("vCPU Limit Exceeded"),
+        "{:?}",
+        quota.body
+    );
+    assert_eq!(api.state("p", "full-1").await, "stopped");
+    // Room again: the same instance starts.
+    api.faults.update(|f| f.no_capacity.clear());
+    let started = api.post_empty("/v1/instances/full-1/start?project=p").await;
+    assert_eq!(started.status, StatusCode::ACCEPTED);
+    api.wait_state("p", "full-1", "running").await;
+}
+
 #[tokio::test]
 async fn garbage_requests_never_panic_and_always_get_error_bodies() {
     let api = Api::new();

@@ -503,6 +503,25 @@ async fn every_route_answers_with_document_shaped_bodies() {
         None,
     )
     .await;
+    let nics = c
+        .ok(
+            "GET",
+            "/v1/network-interfaces",
+            &[],
+            &[("project", "conf"), ("instance", "cp-0")],
+            None,
+        )
+        .await;
+    assert_eq!(nics["items"][0]["name"], "net0", "{nics}");
+    assert_eq!(nics["items"][0]["primary"], true, "{nics}");
+    c.err(
+        "GET",
+        "/v1/network-interfaces",
+        &[],
+        &[("project", "conf"), ("instance", "nope")],
+        None,
+    )
+    .await;
     c.ok("GET", "/v1/instances/{instance}/disks", &["cp-0"], p, None)
         .await;
     c.api.sim.append_console(
@@ -606,6 +625,64 @@ async fn every_route_answers_with_document_shaped_bodies() {
         "{}",
         unauth.body
     );
+
+    // VPC firewall: a new project's three default rules, a read-modify-write that keeps them,
+    // and nexus's refusals.
+    let fw: &[(&str, &str)] = &[("project", "conf"), ("vpc", "default")];
+    let rules = c.ok("GET", "/v1/vpc-firewall-rules", &[], fw, None).await;
+    let names: Vec<String> = rules["rules"]
+        .as_array()
+        .map(|r| r.iter().map(|r| s(r, "name")).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["allow-internal-inbound", "allow-ssh", "allow-icmp"]);
+    let mut update: Vec<Value> = rules["rules"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|mut r| {
+            if let Some(o) = r.as_object_mut() {
+                for k in ["id", "time_created", "time_modified", "vpc_id"] {
+                    o.remove(k);
+                }
+            }
+            r
+        })
+        .collect();
+    let api = json!({
+        "name": "conf-k8s-api", "description": "Kubernetes API",
+        "action": "allow", "direction": "inbound", "status": "enabled", "priority": 65534,
+        "targets": [{"type": "vpc", "value": "default"}],
+        "filters": {"hosts": [{"type": "ip_net", "value": "0.0.0.0/0"}],
+                    "protocols": [{"type": "tcp"}], "ports": ["6443"]}
+    });
+    update.push(api.clone());
+    let replaced = c
+        .ok(
+            "PUT",
+            "/v1/vpc-firewall-rules",
+            &[],
+            fw,
+            Some(json!({ "rules": update })),
+        )
+        .await;
+    assert_eq!(replaced["rules"].as_array().map(Vec::len), Some(4));
+    c.err(
+        "PUT",
+        "/v1/vpc-firewall-rules",
+        &[],
+        fw,
+        Some(json!({ "rules": [api.clone(), api] })),
+    )
+    .await;
+    c.err(
+        "GET",
+        "/v1/vpc-firewall-rules",
+        &[],
+        &[("project", "conf"), ("vpc", "other")],
+        None,
+    )
+    .await;
 
     // Teardown through the delete routes.
     c.ok("DELETE", "/v1/instances/{instance}", &["cp-0"], p, None)

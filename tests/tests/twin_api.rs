@@ -445,7 +445,9 @@ mod twin {
         healthy_pod(&client, "web-3").await;
         let status = pods.evict("web-1", &EvictParams::default()).await.unwrap();
         assert_eq!(status.code, 201);
-        assert!(pods.get_opt("web-1").await.unwrap().is_none());
+        // Gracefully: Terminating, no longer healthy for the budget.
+        let gone = pods.get_opt("web-1").await.unwrap().unwrap();
+        assert!(gone.metadata.deletion_timestamp.is_some());
         // And now the budget is exhausted again.
         let (code, _, _) = api_error(
             pods.evict("web-2", &EvictParams::default())

@@ -186,6 +186,13 @@ struct Args {
     /// Seconds to wait for the first server's API, host keys and SSH.
     #[arg(long, default_value_t = 900, value_name = "SECONDS")]
     api_timeout: u64,
+    /// Who may reach the Kubernetes API (tcp/6443) through the VPC firewall: comma-separated
+    /// CIDRs or addresses, kept in the rule <cluster>-k8s-api of the project's VPC. The
+    /// default 0.0.0.0/0 exposes the API (TLS, client certificates and tokens required) to
+    /// every address that can reach the floating IP; give your own network to narrow it.
+    /// Nodes join over the VPC and need no entry here.
+    #[arg(long, env = "OXIDE_CONTROLLER_API_ALLOW", value_name = "CIDR,...", default_value = oxide_controller::firewall::DEFAULT_API_ALLOW)]
+    api_allow: String,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
     log_format: LogFormat,
@@ -393,6 +400,7 @@ fn input(a: Args, json_logs: bool) -> BootstrapInput {
         state_dir: a.state_dir,
         wait: Duration::from_secs(a.wait),
         api_timeout: Duration::from_secs(a.api_timeout),
+        api_allow: a.api_allow,
         holder: holder("bootstrap"),
         home: std::env::home_dir(),
         json_logs,

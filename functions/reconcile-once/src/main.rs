@@ -84,6 +84,11 @@ async fn run(args: Args) -> ExitCode {
         KubeCluster::new(client.clone(), &args.namespace).with_reporting_instance(&holder);
     let state = KubeStateStore::new(client, &args.namespace);
     let mut opts = ReconcileOptions::new(holder);
+    // In a Job's pod, POD_NAME comes from the downward API: drain must not evict it.
+    opts.own_pod = std::env::var("POD_NAME")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .map(|p| (args.namespace.clone(), p));
     opts.dry_run = args.dry_run;
     opts.concurrency = usize::from(args.concurrency);
     opts.force_drain = args.force_drain;

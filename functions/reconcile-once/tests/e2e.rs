@@ -417,6 +417,98 @@ async fn a_failed_worker_is_replaced() {
     env.assert_no_leaks();
 }
 
+/// A full rack: every create answers 201 with a `stopped` instance and only a start says
+/// why. Five runs create each missing member once, delete none of them, and report Degraded
+/// naming the cause (status and an Event); once there is room, the next runs start them and
+/// the pool converges without another create.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_rack_is_reported_without_churn_and_converges_once_there_is_room() {
+    let env = env(3, 2).await;
+    env.sim
+        .faults()
+        .update(|f| f.no_capacity.push(String::new()));
+    env.edit(|s| s.worker_pools[0].count = 4).await;
+    env.sim.oxide().reset_counters();
+    for run in 1..=5 {
+        let out = env.reconcile(&[]).await;
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "run {run}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let counters = env.sim.oxide().counters();
+        let creates = counters.get("POST /v1/instances").copied().unwrap_or(0);
+        assert_eq!(creates, 2, "run {run}: one create per missing member, ever");
+        assert_eq!(
+            counters
+                .get("DELETE /v1/instances/{instance}")
+                .copied()
+                .unwrap_or(0),
+            0,
+            "run {run}: nothing deleted"
+        );
+        let status = env.status().await.expect("status written");
+        let degraded = status.condition("Degraded").expect("Degraded condition");
+        assert_eq!(degraded.status, "True", "run {run}: {degraded:?}");
+        assert!(
+            degraded.message.contains("insufficient capacity"),
+            "run {run}: {}",
+            degraded.message
+        );
+    }
+    let events = env
+        .sim
+        .twin()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"));
+    assert!(
+        events.iter().any(|e| e["note"]
+            .as_str()
+            .unwrap_or("")
+            .contains("insufficient capacity")),
+        "an Event names the cause: {events:?}"
+    );
+    assert_eq!(env.instances(WK).len(), 4);
+
+    env.sim.faults().update(|f| f.no_capacity.clear());
+    env.converge(5).await;
+    let counters = env.sim.oxide().counters();
+    assert_eq!(counters.get("POST /v1/instances").copied().unwrap_or(0), 2);
+    assert_eq!(env.ready_nodes(WK).len(), 4);
+    env.assert_no_leaks();
+}
+
+/// A worker without `auto_restart_policy: never` (made by an older controller) fails and the
+/// rack restarts it by itself while the controller replaces it: the controller stops it before
+/// deleting it, so the cluster ends with exactly the desired workers and no surplus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_worker_that_the_rack_restarts_by_itself_leaves_no_surplus_member() {
+    let env = env(3, 2).await;
+    let victim = env.instances(WK)[0]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let id = env.instance_id(&victim);
+    env.sim.oxide().set_auto_restart_policy(id, None);
+    env.sim.oxide().set_instance_failed(id);
+    env.converge(15).await;
+    // Give the rack's restart a chance to bring the victim back if it were still there.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    env.converge(5).await;
+    let names: Vec<String> = env
+        .instances(WK)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(!names.contains(&victim), "{victim} replaced: {names:?}");
+    assert_eq!(env.ready_nodes(WK).len(), 2);
+    // The replacement is the controller's own: the rack will not restart it behind our back.
+    for i in env.instances(WK) {
+        assert_eq!(i["auto_restart_policy"], "never", "{i}");
+    }
+    env.assert_no_leaks();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
     let env = env(3, 2).await;
@@ -672,5 +764,66 @@ async fn survives_sigkill_at_twenty_random_moments() {
     assert_eq!(env.instances(WK).len(), desired as usize);
     assert_eq!(env.ready_nodes(WK).len(), desired as usize);
     assert_eq!(env.instances(CP).len(), 3);
+    env.assert_no_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_within_five_runs_under_kube_5xx_and_latency() {
+    let env = env(3, 2).await;
+    let kube_faults = |on: bool| {
+        env.sim.faults().update(|f| {
+            f.kube.clear();
+            if on {
+                f.kube.insert(
+                    "*".into(),
+                    RouteFault {
+                        latency_ms: 100,
+                        error_rate: 0.1,
+                        error_status: 500,
+                    },
+                );
+            }
+        });
+    };
+    let mut before = 2;
+    for desired in [4, 2] {
+        env.edit(|s| s.worker_pools[0].count = desired).await;
+        for (i, node) in env.ready_nodes(WK).iter().enumerate() {
+            put_pod(&env.sim, &format!("web-{desired}-{i}"), node);
+        }
+        kube_faults(true);
+        let w = watch(&env);
+        let mut runs = 0;
+        let mut converged = false;
+        while runs < 5 && !converged {
+            runs += 1;
+            let out = env.reconcile(&[]).await;
+            assert!(matches!(out.status.code(), Some(0 | 1)), "{out:?}");
+            // Read the outcome without faults, then put them back.
+            kube_faults(false);
+            converged = env
+                .status()
+                .await
+                .and_then(|s| s.condition("Ready").map(|c| c.status == "True"))
+                == Some(true)
+                && env.instances(WK).len() == desired as usize;
+            kube_faults(true);
+        }
+        let (peak, _) = w.finish(WK).await;
+        kube_faults(false);
+        assert!(
+            converged,
+            "not converged to {desired} within 5 runs under Kubernetes faults"
+        );
+        // Scaling up: never more than desired+1; scaling down: never more than before.
+        let bound = (desired as usize + 1).max(before);
+        assert!(peak <= bound, "at most {bound} instances ({peak})");
+        before = desired as usize;
+        // Nothing half-done: no Node left cordoned, every Node has its VM.
+        for n in env.sim.twin().list("v1", "Node", None) {
+            assert!(n["spec"]["unschedulable"] != true, "{n}");
+        }
+        assert_eq!(env.ready_nodes(WK).len(), desired as usize);
+    }
     env.assert_no_leaks();
 }

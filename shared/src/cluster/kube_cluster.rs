@@ -111,7 +111,11 @@ impl KubeCluster {
         format!("lease {}/{OBJECT_NAME}", self.namespace)
     }
 
-    /// The on-demand Job as `kubectl create job --from=cronjob/oxide-controller` would make it.
+    /// The on-demand Job as `kubectl create job --from=cronjob/oxide-controller` makes it: the
+    /// template's labels and annotations, `cronjob.kubernetes.io/instantiate: manual`, and a
+    /// controller owner reference *without* `blockOwnerDeletion` (kubectl leaves it unset on
+    /// purpose: under `OwnerReferencesPermissionEnforcement` it needs `update` on
+    /// `cronjobs/finalizers`, which our RBAC does not grant).
     fn job_from_cronjob(&self, cron: &CronJob) -> Job {
         let template = cron
             .spec
@@ -132,7 +136,7 @@ impl KubeCluster {
                 .unwrap_or_else(|| OBJECT_NAME.to_owned()),
             uid: uid.clone(),
             controller: Some(true),
-            block_owner_deletion: Some(true),
+            block_owner_deletion: None,
         });
         Job {
             metadata: ObjectMeta {
@@ -167,6 +171,14 @@ pub fn cluster_error(what: impl Into<String>, err: kube::Error) -> ClusterError 
             what,
             source: Box::new(err),
         },
+    }
+}
+
+/// The `reason` of a failed API call's Status ("" when it has none or was no API answer).
+fn api_reason(err: &kube::Error) -> &str {
+    match err {
+        kube::Error::Api(status) => &status.reason,
+        _ => "",
     }
 }
 
@@ -251,6 +263,8 @@ pub fn pod_ref_from_kube(pod: &Pod) -> PodRef {
     PodRef {
         namespace: meta.namespace.clone().unwrap_or_default(),
         name: meta.name.clone().unwrap_or_default(),
+        uid: meta.uid.clone().unwrap_or_default(),
+        deleting_at: meta.deletion_timestamp.as_ref().map(from_time),
         daemonset: meta
             .owner_references
             .as_ref()
@@ -364,6 +378,11 @@ impl Cluster for KubeCluster {
             Err(e) => match api_status(&e) {
                 Some(429) => Ok(Eviction::BlockedByBudget),
                 Some(404) => Ok(Eviction::Gone),
+                // eviction.go answers a pod under several budgets with a bare 500 Status
+                // (no reason; a generic server error says InternalError), and refuses with
+                // 403 when a budget's allowed disruptions are negative: this pod's refusal.
+                Some(403) => Ok(Eviction::Refused(api_message(&e))),
+                Some(500) if api_reason(&e).is_empty() => Ok(Eviction::Refused(api_message(&e))),
                 _ => Err(cluster_error(
                     format!("evict pod {}/{}", pod.namespace, pod.name),
                     e,

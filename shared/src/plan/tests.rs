@@ -568,3 +568,73 @@ fn plan_is_deterministic_and_serializes() {
     let json = serde_json::to_value(&a).unwrap_or_default();
     assert_eq!(json["actions"][0]["action"], "create_member");
 }
+
+fn started(p: &Plan) -> Vec<String> {
+    p.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::StartMember { name, .. } => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A create that came back `stopped` (full rack, silo quota) is started again — once per
+/// run — and neither replaced nor deleted: that would only churn on a full rack.
+#[test]
+fn a_member_the_rack_never_started_is_started_not_replaced_or_deleted() {
+    // (desired workers, Ready workers, never-started workers) -> (starts, creates, removals)
+    for (desired, ready, stopped, want) in [
+        (3, 1, 2, (2, 0, 0)),
+        (3, 0, 3, (3, 0, 0)),
+        (2, 2, 1, (0, 0, 1)),
+        (2, 1, 2, (1, 0, 1)),
+    ] {
+        let mut w = World::healthy(3, desired, ready);
+        for i in 0..stopped {
+            w.inst(
+                "workers",
+                &format!("full{i}"),
+                InstanceState::Stopped,
+                60 + i64::from(i),
+            );
+        }
+        let p = w.plan();
+        let got = (started(&p).len(), creates(&p, "workers"), removed(&p).len());
+        assert_eq!(
+            got, want,
+            "desired {desired}, ready {ready}, stopped {stopped}: {p:?}"
+        );
+        assert!(
+            started(&p)
+                .iter()
+                .chain(removed(&p).iter())
+                .all(|n| n.contains("-full")),
+            "{p:?}"
+        );
+        assert!(!p.is_converged());
+    }
+}
+
+#[test]
+fn a_control_plane_member_the_rack_never_started_is_started_and_blocks_other_changes() {
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.control_plane.count = 5;
+    w.inst("control-plane", "full0", InstanceState::Stopped, 60);
+    let p = w.plan();
+    assert_eq!(started(&p), ["demo-control-plane-full0"], "{p:?}");
+    assert_eq!(creates(&p, "control-plane"), 0, "{p:?}");
+    assert!(removed(&p).is_empty(), "{p:?}");
+}
+
+/// Past the join deadline a stopped member without a Node may be a removal that was cut
+/// short after its stop; starting it again would loop, so the removal is finished.
+#[test]
+fn a_stopped_member_without_a_node_past_the_join_deadline_is_removed() {
+    let mut w = World::healthy(3, 2, 1);
+    let old = w.spec.timeouts.join_seconds as i64 + 60;
+    w.inst("workers", "gone1", InstanceState::Stopped, old);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-gone1"], "{p:?}");
+    assert!(started(&p).is_empty(), "{p:?}");
+}

@@ -12,13 +12,16 @@
 //! that target at INFO or above.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::num::NonZeroU32;
+use std::str::FromStr as _;
 use std::time::Duration;
 
 use base64::Engine as _;
 use oxide::prelude::*;
 use oxide::types;
 
+use crate::firewall::{RuleChange, TcpAllowRule};
 use crate::model::{
     AntiAffinityGroup, Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance,
     InstanceState, NewDisk, NewInstance, Snapshot,
@@ -502,7 +505,9 @@ pub(crate) fn instance_create_body(new: &NewInstance) -> Result<types::InstanceC
     };
     Ok(types::InstanceCreate {
         anti_affinity_groups,
-        auto_restart_policy: None,
+        // The controller replaces failed members itself. Left unset the rack would restart
+        // them too (`best_effort`), racing our delete and bringing back a surplus member.
+        auto_restart_policy: Some(types::InstanceAutoRestartPolicy::Never),
         boot_disk: Some(disk_attachment(what, &new.boot_disk, &new.description)?),
         cpu_platform: None,
         description: new.description.clone(),
@@ -522,6 +527,79 @@ pub(crate) fn instance_create_body(new: &NewInstance) -> Result<types::InstanceC
         start: true,
         user_data: base64::engine::general_purpose::STANDARD.encode(&new.user_data),
     })
+}
+
+/// The VPC every project gets, which default NICs join.
+const DEFAULT_VPC: &str = "default";
+
+/// The update form of a rule we own: inbound TCP to every instance of the `default` VPC.
+fn firewall_rule_update(rule: &TcpAllowRule) -> Result<types::VpcFirewallRuleUpdate, RackError> {
+    let what = format!("firewall rule {}", rule.name);
+    let hosts = rule
+        .sources
+        .iter()
+        .map(|c| {
+            types::IpNet::from_str(&c.to_string())
+                .map(types::VpcFirewallRuleHostFilter::IpNet)
+                .map_err(|e| invalid(&what, "source", e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(types::VpcFirewallRuleUpdate {
+        action: types::VpcFirewallRuleAction::Allow,
+        description: rule.description.clone(),
+        direction: types::VpcFirewallRuleDirection::Inbound,
+        filters: types::VpcFirewallRuleFilter {
+            hosts: Some(hosts),
+            ports: Some(vec![
+                types::L4PortRange::try_from(rule.port.to_string())
+                    .map_err(|e| invalid(&what, "port", e))?,
+            ]),
+            protocols: Some(vec![types::VpcFirewallRuleProtocol::Tcp]),
+        },
+        name: name(&what, "name", &rule.name)?,
+        // The priority nexus gives its own default rules: a user's rule with a lower number
+        // (a deny, say) still wins over ours.
+        priority: 65534,
+        status: types::VpcFirewallRuleStatus::Enabled,
+        targets: vec![types::VpcFirewallRuleTarget::Vpc(name(
+            &what,
+            "vpc",
+            DEFAULT_VPC,
+        )?)],
+    })
+}
+
+fn rule_update_from(r: types::VpcFirewallRule) -> types::VpcFirewallRuleUpdate {
+    types::VpcFirewallRuleUpdate {
+        action: r.action,
+        description: r.description,
+        direction: r.direction,
+        filters: r.filters,
+        name: r.name,
+        priority: r.priority,
+        status: r.status,
+        targets: r.targets,
+    }
+}
+
+/// The SDK's rule types have no `PartialEq`; their JSON is their identity.
+fn same_rule(a: &types::VpcFirewallRuleUpdate, b: &types::VpcFirewallRuleUpdate) -> bool {
+    serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
+}
+
+impl OxideRack {
+    async fn firewall_rules(&self) -> Result<Vec<types::VpcFirewallRule>, RackError> {
+        let what = format!("firewall rules of project {}", self.project);
+        self.read(&what, || {
+            self.client
+                .vpc_firewall_rules_view()
+                .project(self.project.as_str())
+                .vpc(DEFAULT_VPC)
+                .send()
+        })
+        .await
+        .map(|rv| rv.into_inner().rules)
+    }
 }
 
 impl Rack for OxideRack {
@@ -592,6 +670,33 @@ impl Rack for OxideRack {
             })
             .await?;
         Ok(found.map(|rv| instance_from(rv.into_inner())))
+    }
+
+    async fn instance_private_ip(&self, name: &str) -> Result<Option<IpAddr>, RackError> {
+        let what = format!("network interfaces of instance {name}");
+        let nics = self
+            .read_optional(&what, || {
+                self.client
+                    .instance_network_interface_list()
+                    .project(self.project.as_str())
+                    .instance(name)
+                    .send()
+            })
+            .await?;
+        Ok(nics.and_then(|page| {
+            let page = page.into_inner();
+            let nic = page
+                .items
+                .iter()
+                .find(|n| n.primary)
+                .or(page.items.first())?;
+            Some(match &nic.ip_stack {
+                types::PrivateIpStack::V4(v4) | types::PrivateIpStack::DualStack { v4, .. } => {
+                    IpAddr::V4(v4.ip)
+                }
+                types::PrivateIpStack::V6(v6) => IpAddr::V6(v6.ip),
+            })
+        }))
     }
 
     async fn create_instance(&self, new: &NewInstance) -> Result<Instance, RackError> {
@@ -1108,6 +1213,47 @@ impl Rack for OxideRack {
         )
         .await
     }
+
+    async fn list_firewall_rules(&self) -> Result<Vec<String>, RackError> {
+        Ok(self
+            .firewall_rules()
+            .await?
+            .into_iter()
+            .map(|r| r.name.to_string())
+            .collect())
+    }
+
+    async fn ensure_firewall_rule(&self, rule: &TcpAllowRule) -> Result<RuleChange, RackError> {
+        let what = format!("firewall rule {}", rule.name);
+        let wanted = firewall_rule_update(rule)?;
+        let current = self.firewall_rules().await?;
+        // Every rule back in the shape the update takes, field for field, so a rule we did
+        // not make is written back exactly as it was.
+        let mut rules: Vec<types::VpcFirewallRuleUpdate> =
+            current.into_iter().map(rule_update_from).collect();
+        let change = match rules.iter_mut().find(|r| r.name == wanted.name) {
+            Some(r) if same_rule(r, &wanted) => return Ok(RuleChange::Unchanged),
+            Some(r) => {
+                *r = wanted;
+                RuleChange::Updated
+            }
+            None => {
+                rules.push(wanted);
+                RuleChange::Created
+            }
+        };
+        self.mutate(
+            &what,
+            self.client
+                .vpc_firewall_rules_update()
+                .project(self.project.as_str())
+                .vpc(DEFAULT_VPC)
+                .body(types::VpcFirewallRuleUpdateParams { rules })
+                .send(),
+        )
+        .await?;
+        Ok(change)
+    }
 }
 
 #[cfg(test)]
@@ -1351,6 +1497,8 @@ mod tests {
         assert_eq!(json["ncpus"], 4);
         assert_eq!(json["memory"], 8 * GIB);
         assert_eq!(json["start"], true);
+        // The controller replaces failed members; the rack must not restart them as well.
+        assert_eq!(json["auto_restart_policy"], "never");
         assert_eq!(json["ssh_public_keys"], serde_json::json!([]));
         assert_eq!(json["user_data"], "I2Nsb3VkLWNvbmZpZwo=");
         assert_eq!(
@@ -1380,7 +1528,6 @@ mod tests {
             json["anti_affinity_groups"],
             serde_json::json!(["demo-workers"])
         );
-        assert!(json.get("auto_restart_policy").is_none());
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! 2. `resume` — read the resume file, or generate the controller key pair, the k3s server and
 //!    agent tokens, the webhook token and the first server's name and write them (0600)
 //!    BEFORE any VM exists ([`crate::resume`]);
-//! 3. `project`; 4. `image` — find by name, else upload ([`crate::image`]);
+//! 3. `project`, with the VPC firewall rule `<cluster>-k8s-api` that admits `--api-allow`
+//!    to tcp/6443 ([`crate::firewall`]); 4. `image` — find by name, else upload ([`crate::image`]);
 //! 5. `floating-ip` `<cluster>-apiserver`, created or adopted;
 //! 6. `first-control-plane` — the `cluster-init` server under the resume file's name, created
 //!    only while the cluster has no control-plane VM at all (an existing one is adopted);
@@ -137,6 +138,9 @@ pub struct BootstrapInput {
     pub wait: Duration,
     /// Deadline for the API server, the console fingerprints and SSH to come up.
     pub api_timeout: Duration,
+    /// `--api-allow`: comma-separated CIDRs the VPC firewall admits to the Kubernetes API
+    /// (tcp/6443); [`crate::firewall::DEFAULT_API_ALLOW`] is anywhere.
+    pub api_allow: String,
     /// Lease holder identity of the in-process reconcile (stable per machine, so a re-run
     /// after a kill takes over its own Lease at once).
     pub holder: String,
@@ -318,6 +322,18 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     rack.ensure_project()
         .await
         .map_err(|e| rack_failed("project", e))?;
+    // Part of the project step: the VPC drops the API port until this rule admits it.
+    let change = rack
+        .ensure_firewall_rule(&v.api_rule)
+        .await
+        .map_err(|e| rack_failed("project", e))?;
+    info!(
+        step = "project",
+        rule = %v.api_rule.name,
+        sources = %v.api_rule.sources.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        ?change,
+        "VPC firewall rule for the Kubernetes API ensured"
+    );
 
     info!(
         step = "image",
@@ -632,10 +648,27 @@ async fn ensure_first_server(
         name: first,
         image_id: image.id,
         api_address,
+        // Unused: the cluster-init server joins nobody.
+        join_address: api_address,
         cluster_init: true,
     })
     .map_err(|message| BootstrapError::Failed { step, message })?;
     match rack.create_instance(&new).await {
+        // 201 with a `stopped` instance: the rack's automatic start failed (no sled has room,
+        // or the silo quota is spent) and only an explicit start says which. Fail now with
+        // that answer instead of waiting for an API that will never come up.
+        Ok(i) if i.state == InstanceState::Stopped => {
+            rack.start_instance(first)
+                .await
+                .map_err(|e| BootstrapError::Failed {
+                    step,
+                    message: format!(
+                        "the rack created {first} but cannot start it: {}",
+                        one_line(&e)
+                    ),
+                })?;
+            info!(step, name = %i.name, id = %i.id, "created the first control-plane VM (started on the second try)");
+        }
         Ok(i) => info!(step, name = %i.name, id = %i.id, "created the first control-plane VM"),
         Err(RackError::AlreadyExists { .. }) => {
             info!(step, name = %first, "the first control-plane VM exists (an earlier try); adopting it")
@@ -731,17 +764,25 @@ async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), 
                 return Ok(());
             }
             Ok(r) => format!("HTTP {}", r.status().as_u16()),
-            Err(e) if e.is_connect() => "not listening yet".to_owned(),
+            // Before `is_connect`: a connection the VPC firewall drops times out while
+            // connecting, which is not the same as nothing listening.
             Err(e) if e.is_timeout() => "timed out".to_owned(),
+            Err(e) if e.is_connect() => "not listening yet".to_owned(),
             Err(_) => "no answer".to_owned(),
         };
         spinner.tick(&detail);
         if Instant::now() >= deadline {
             spinner.done();
+            // A dropped packet looks like this; the usual cause is an address outside the rule.
+            let hint = if detail == "timed out" {
+                "; if this machine's address is not in --api-allow, the VPC firewall drops it"
+            } else {
+                ""
+            };
             return Err(BootstrapError::Failed {
                 step,
                 message: format!(
-                    "{url} did not answer in time (last: {detail}); re-run bootstrap to keep waiting"
+                    "{url} did not answer in time (last: {detail}{hint}); re-run bootstrap to keep waiting"
                 ),
             });
         }

@@ -67,6 +67,8 @@ pub struct ReconcileOptions {
     pub force_drain: bool,
     /// Lease holder identity (pod name, or host + pid).
     pub holder: String,
+    /// The pod this run executes in (namespace, name): drain never evicts it.
+    pub own_pod: Option<(String, String)>,
     /// Overrides the spec's run deadline.
     pub deadline: Option<Duration>,
     /// Poll interval for waits inside apply.
@@ -97,6 +99,7 @@ impl ReconcileOptions {
             concurrency: 8,
             force_drain: false,
             holder: holder.into(),
+            own_pod: None,
             deadline: None,
             poll: Duration::from_millis(500),
             stop_wait: Duration::from_secs(60),
@@ -152,6 +155,7 @@ pub async fn observe<R: Rack, C: Cluster>(
         })?,
         disks: disks.map_err(rack_err)?,
         api_floating_ip: fip.map_err(rack_err)?,
+        join_address: None,
         images: BTreeMap::new(),
     })
 }
@@ -201,9 +205,23 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
         .any(|a| matches!(a, plan::Action::CreateMember { .. }))
     {
         resolve_images(rack, spec, &plan, &mut observed).await?;
+        resolve_join_address(rack, spec, &mut observed, now).await?;
         plan = plan::plan(spec, &observed, now, &suffixes);
     }
     Ok((observed, plan))
+}
+
+/// Looks up the private address of the server new members join through.
+pub async fn resolve_join_address<R: Rack>(
+    rack: &R,
+    spec: &ClusterSpec,
+    observed: &mut Observed,
+    now: DateTime<Utc>,
+) -> Result<(), ReconcileError> {
+    if let Some(server) = crate::members::join_server(spec, observed, now) {
+        observed.join_address = rack.instance_private_ip(&server).await.map_err(rack_err)?;
+    }
+    Ok(())
 }
 
 /// Draws fresh name suffixes for the planner (enough for any plan of this spec).
@@ -233,7 +251,9 @@ where
         started_at.format("%Y%m%dT%H%M%SZ"),
         &uuid::Uuid::new_v4().simple().to_string()[..6]
     );
-    let (spec, secrets, snapshot) = load(state).await?;
+    let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
+    let (spec, secrets, snapshot) =
+        crate::retry::retry(crate::cluster::KUBE_BACKOFF, transient, || load(state)).await?;
     let deadline_len = opts
         .deadline
         .unwrap_or(Duration::from_secs(spec.timeouts.run_deadline_seconds));
@@ -249,7 +269,18 @@ where
     // The Lease outlives the run's deadline by a margin, so a run killed mid-way (SIGKILL,
     // node loss) blocks the next ones only briefly.
     let lease_len = deadline_len + (deadline_len / 4).min(Duration::from_secs(30));
-    match cluster.acquire_lease(&opts.holder, lease_len).await {
+    // Validity counts from before the request: the server's renewTime is no earlier.
+    let mut asked = Instant::now();
+    let taken = crate::retry::retry(
+        crate::cluster::KUBE_BACKOFF,
+        ClusterError::is_retryable,
+        || {
+            asked = Instant::now();
+            cluster.acquire_lease(&opts.holder, lease_len)
+        },
+    )
+    .await;
+    match taken {
         Ok(LeaseOutcome::Acquired) => {}
         Ok(LeaseOutcome::HeldBy { holder, .. }) => return Ok(RunOutcome::LeaseHeld { holder }),
         Err(e) => {
@@ -258,7 +289,6 @@ where
             )));
         }
     }
-
     let previous = snapshot.status_json().and_then(Status::from_json);
     let mut apply_opts = ApplyOptions::new(deadline);
     apply_opts.concurrency = opts.concurrency.max(1);
@@ -267,29 +297,32 @@ where
     apply_opts.poll = opts.poll;
     apply_opts.stop_wait = opts.stop_wait;
     apply_opts.backoff = opts.backoff;
+    apply_opts.own_pod = opts.own_pod.clone();
 
-    // Keep the Lease while we work; losing it stops new work.
+    // Keep the Lease while we work. A failed renew is retried while the Lease we hold is
+    // still valid (client-go retries until its RenewDeadline); only when it is taken by
+    // someone else or can no longer be trusted does the run stop *starting* work. Actions
+    // under way finish (each is resumable, but half of one helps nobody): `renew` never
+    // ends the run, `work` does.
     let cancelled = apply_opts.cancelled.clone();
     let renew = async {
-        loop {
-            tokio::time::sleep(lease_len / 3).await;
-            if let Err(e) = cluster.renew_lease(&opts.holder, lease_len).await {
-                warn!(error = %e, "lost the Lease; finishing without starting new work");
-                cancelled.store(true, Ordering::SeqCst);
-                return;
-            }
-        }
+        keep_lease(cluster, &opts.holder, lease_len, asked + lease_len).await;
+        cancelled.store(true, Ordering::SeqCst);
+        std::future::pending::<()>().await;
     };
 
     let work = async {
-        let (observed, plan) = observe_and_plan(&rack, cluster, &spec, (opts.now)()).await?;
+        let (observed, plan) = crate::retry::retry(crate::cluster::KUBE_BACKOFF, transient, || {
+            observe_and_plan(&rack, cluster, &spec, (opts.now)())
+        })
+        .await?;
         let factory = SpecMembers::new(&spec, &secrets, &observed);
         let results = apply::apply(&rack, cluster, &factory, &plan, &apply_opts).await;
         Ok::<_, ReconcileError>((plan, results))
     };
     let outcome = tokio::select! {
         r = work => r,
-        () = renew => Err(ReconcileError::Retryable("lost the Lease".into())),
+        () = renew => unreachable!("renew never completes"),
     };
 
     let (plan, results, error) = match &outcome {
@@ -330,6 +363,48 @@ where
     }
 }
 
+/// Renews the Lease every third of its length until it is lost: returns when someone else
+/// holds it (`Conflict`) or when renewals kept failing until less than [`LEASE_MARGIN`] of
+/// its validity (`valid_until`) was left, so the run can stop starting new work in time.
+pub async fn keep_lease<C: Cluster>(
+    cluster: &C,
+    holder: &str,
+    lease_len: Duration,
+    mut valid_until: Instant,
+) {
+    let margin = LEASE_MARGIN.min(lease_len / 4);
+    loop {
+        tokio::time::sleep(lease_len / 3).await;
+        loop {
+            let asked = Instant::now();
+            match cluster.renew_lease(holder, lease_len).await {
+                Ok(()) => {
+                    valid_until = asked + lease_len;
+                    break;
+                }
+                Err(e @ ClusterError::Conflict { .. }) => {
+                    warn!(error = %e, "lost the Lease; finishing what is under way, starting nothing new");
+                    return;
+                }
+                Err(e) => {
+                    let left = valid_until.saturating_duration_since(Instant::now());
+                    if left <= margin {
+                        warn!(error = %e, "could not renew the Lease before it ran out; finishing what is under way, starting nothing new");
+                        return;
+                    }
+                    warn!(error = %e, left_s = left.as_secs(), "renewing the Lease failed; trying again");
+                    tokio::time::sleep((left - margin).min(LEASE_RETRY)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Stop trusting the Lease when less than this of its validity is left unrenewed.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(15);
+/// Pause between failed renewals.
+const LEASE_RETRY: Duration = Duration::from_secs(2);
+
 /// Writes `status.json`: re-read, set our key, replace with the version read. A 409 means the
 /// webhook changed the spec meanwhile: re-read and write again (we never touch the spec).
 pub async fn write_status<S: StateStore>(
@@ -350,6 +425,11 @@ pub async fn write_status<S: StateStore>(
         match state.replace_config(&snap.resource_version, data).await {
             Ok(_) => return Ok(()),
             Err(e) if e.is_conflict() => last = Some(e),
+            // A 5xx or timeout: the write may or may not have landed; re-read and decide.
+            Err(e @ StateError::Api { .. }) => {
+                last = Some(e);
+                tokio::time::sleep(crate::cluster::KUBE_BACKOFF.first).await;
+            }
             Err(e) => return Err(e),
         }
     }

@@ -86,6 +86,14 @@ struct Args {
     /// Instances whose name starts with PREFIX print another key's fingerprints on the console.
     #[arg(long, value_name = "PREFIX")]
     wrong_console_host_key: Vec<String>,
+    /// A full rack for instances whose name starts with PREFIX ("" for all): create answers
+    /// 201 `stopped`, start answers 507 "Insufficient capacity: ...".
+    #[arg(long, value_name = "PREFIX")]
+    no_capacity: Vec<String>,
+    /// An exhausted silo vCPU quota for instances whose name starts with PREFIX: create
+    /// answers 201 `stopped`, start answers 507 "...vCPU Limit Exceeded...".
+    #[arg(long, value_name = "PREFIX")]
+    quota_exceeded: Vec<String>,
     /// An auth key VMs may join the simulated tailnet with (repeatable). The fake Tailscale
     /// API's URL, key and tailnet are printed in the ready line once one is given.
     #[arg(
@@ -159,6 +167,8 @@ fn faults(args: &Args) -> anyhow::Result<FaultSpec> {
     spec.hang_stopping = args.hang_stopping.clone();
     spec.crash_after_requests = args.crash_after_requests;
     spec.wrong_console_host_key = args.wrong_console_host_key.clone();
+    spec.no_capacity = args.no_capacity.clone();
+    spec.quota_exceeded = args.quota_exceeded.clone();
     Ok(spec)
 }
 

@@ -317,6 +317,16 @@ impl Inner {
         let target = guard
             .serving_owner(SocketAddr::new(ip, port), ListenerKind::KubeApi)
             .and_then(|owner| st.cluster_of(owner));
+        // The rack's VPC firewall judges the joiner's connection like any other.
+        let admitted = self.oxide.get().is_none_or(|o| {
+            o.tcp_admitted(crate::oxide::Peer::Instance(id), SocketAddr::new(ip, port))
+                .unwrap_or(true)
+        });
+        if target.is_some() && !admitted {
+            return Decision::Retry(format!(
+                "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp {ip}:{port}: i/o timeout"
+            ));
+        }
         let Some(cluster) = target else {
             return Decision::Retry(format!(
                 "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp {ip}:{port}: connect: connection refused"
@@ -407,9 +417,10 @@ impl Inner {
                 .first()
                 .or(vm.external_ips.first())
                 .copied();
-            node_object(&name, &vm.hostname, id, role, k3s, version, ip)
+            let capacity = (vm.ncpus, vm.memory);
+            node_object(&name, &vm.hostname, id, role, k3s, version, ip, capacity)
         };
-        self.register_node(id, node);
+        self.register_node(node, id, generation);
         if role == Role::Server {
             self.sync_listeners(id);
             if create {

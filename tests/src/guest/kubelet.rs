@@ -2,12 +2,14 @@
 //! registers, and re-registration after a restart.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::Inner;
 use super::k3s::{K3sConfig, Role};
+use crate::twin::{NOT_READY_MESSAGE, NodeCondition};
 
 pub(super) fn parse_label(s: &str) -> Option<(String, String)> {
     let (k, v) = s.split_once('=')?;
@@ -36,8 +38,10 @@ pub(super) fn parse_taint(s: &str) -> Option<Value> {
 impl Inner {
     /// Registers (or re-registers) the Node like a starting kubelet: a missing Node is
     /// created; an existing one keeps its spec (cordon, taints) and annotations, gets the
-    /// kubelet-managed labels and a fresh status, and turns Ready.
-    pub(super) fn register_node(&self, id: Uuid, fresh: Value) {
+    /// kubelet-managed labels and a fresh status. It reports `Ready=False` (the CNI is not
+    /// up yet) and turns Ready half a `k3s_join` later, if this boot is still running. All of
+    /// it in the twin of the VM's cluster.
+    pub(super) fn register_node(self: &Arc<Self>, fresh: Value, id: Uuid, generation: u64) {
         let twin = self.twin_of(&self.state(), id);
         let name = fresh["metadata"]["name"]
             .as_str()
@@ -74,11 +78,26 @@ impl Inner {
             tracing::warn!(node = %name, error = %err, "cannot register node");
             return;
         }
-        twin.set_node_ready(&name, true);
+        twin.set_node_condition(&name, NodeCondition::NotReady);
+        let inner = Arc::clone(self);
+        self.runtime.spawn(async move {
+            tokio::time::sleep(inner.cfg.k3s_join / 2).await;
+            let current = inner
+                .state()
+                .vms
+                .get(&id)
+                .is_some_and(|vm| vm.running && vm.generation == generation);
+            if current {
+                twin.set_node_ready(&name, true);
+            }
+        });
     }
 }
 
-/// The Node object a k3s kubelet registers.
+/// The Node object a k3s kubelet registers. `capacity` is the VM's vCPUs and memory
+/// (bytes); allocatable keeps the kubelet's default eviction threshold of memory back
+/// (`memory.available<100Mi`), and 110 pods.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn node_object(
     name: &str,
     hostname: &str,
@@ -87,7 +106,11 @@ pub(super) fn node_object(
     k3s: &K3sConfig,
     version: &str,
     ip: Option<IpAddr>,
+    capacity: (u16, u64),
 ) -> Value {
+    let (cpus, memory) = capacity;
+    let memory_ki = memory / 1024;
+    let allocatable_ki = memory_ki.saturating_sub(100 * 1024);
     let mut labels = serde_json::Map::new();
     for (k, v) in [
         ("beta.kubernetes.io/arch", "amd64"),
@@ -156,14 +179,14 @@ pub(super) fn node_object(
         "spec": spec,
         "status": {
             "addresses": addresses,
-            "capacity": {"pods": "110", "ephemeral-storage": "20Gi"},
-            "allocatable": {"pods": "110", "ephemeral-storage": "19Gi"},
+            "capacity": {"pods": "110", "ephemeral-storage": "20Gi", "cpu": cpus.to_string(), "memory": format!("{memory_ki}Ki")},
+            "allocatable": {"pods": "110", "ephemeral-storage": "19Gi", "cpu": cpus.to_string(), "memory": format!("{allocatable_ki}Ki")},
             "conditions": [
                 pressure("MemoryPressure", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
                 pressure("DiskPressure", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
                 pressure("PIDPressure", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-                {"type": "Ready", "status": "True", "reason": "KubeletReady",
-                 "message": "kubelet is posting ready status", "lastHeartbeatTime": now,
+                {"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+                 "message": NOT_READY_MESSAGE, "lastHeartbeatTime": now,
                  "lastTransitionTime": now},
             ],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},

@@ -257,6 +257,7 @@ impl RackEvents for Boot {
                 boot_started: Instant::now(),
                 ephemeral_ips: Vec::new(),
                 external_ips: Vec::new(),
+                private_ip: None,
                 api_ssh_keys: Vec::new(),
                 user_data: None,
                 sshd_up: false,
@@ -264,6 +265,8 @@ impl RackEvents for Boot {
                 member: false,
                 cluster: None,
                 node_name: None,
+                ncpus: inst.ncpus,
+                memory: inst.memory,
                 uploads: BTreeMap::new(),
             });
             if wrong_key && vm.decoy_host.is_none() {
@@ -274,7 +277,9 @@ impl RackEvents for Boot {
             vm.boot_started = Instant::now();
             vm.name = inst.name.clone();
             vm.hostname = inst.hostname.clone();
+            (vm.ncpus, vm.memory) = (inst.ncpus, inst.memory);
             vm.external_ips = inst.external_ips.clone();
+            vm.private_ip = Some(inst.private_ip);
             vm.ephemeral_ips = inst
                 .external_ips
                 .iter()

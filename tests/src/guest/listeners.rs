@@ -48,6 +48,7 @@ impl Inner {
             return (Vec::new(), twin);
         }
         let mut ips: Vec<IpAddr> = vm.ephemeral_ips.clone();
+        ips.extend(vm.private_ip);
         let mut floating: Vec<IpAddr> = st
             .floating
             .iter()
@@ -100,6 +101,8 @@ impl Inner {
         .collect();
         sans.insert(vm.hostname.clone());
         sans.extend(vm.ephemeral_ips.iter().map(|ip| ip.to_string()));
+        // k3s puts the node's own address (the NIC's private IP) in the certificate too.
+        sans.extend(vm.private_ip.map(|ip| ip.to_string()));
         for other in st.vms.values() {
             let fellow = (other.member && other.cluster == vm.cluster) || std::ptr::eq(other, vm);
             if fellow && let Some(k3s) = other.user_data.as_ref().and_then(|u| u.k3s.as_ref()) {

@@ -119,6 +119,8 @@ struct Vm {
     ephemeral_ips: Vec<IpAddr>,
     /// All external IPs at boot (ephemeral first, as the API lists them).
     external_ips: Vec<IpAddr>,
+    /// The NIC's VPC address (the guest's own address; k3s's node IP).
+    private_ip: Option<IpAddr>,
     api_ssh_keys: Vec<String>,
     user_data: Option<Arc<UserData>>,
     sshd_up: bool,
@@ -128,6 +130,9 @@ struct Vm {
     /// The cluster it joined or created (key of [`State::clusters`]).
     cluster: Option<Uuid>,
     node_name: Option<String>,
+    /// vCPUs and memory (bytes) of the instance: the Node's capacity.
+    ncpus: u16,
+    memory: u64,
     /// Files uploaded over SSH: guest path → the host file holding them (they live on the
     /// VM's disk, so they survive reboots and go with the instance).
     uploads: BTreeMap<String, std::path::PathBuf>,
@@ -386,6 +391,7 @@ impl Inner {
         }
         let twin = Twin::new(crate::twin::TwinConfig {
             k3s_version: self.cfg.k3s_version.clone(),
+            faults: self.faults.clone(),
         })?;
         let hash = ca_hash(&twin.ca_pem());
         Ok((twin, hash))

@@ -32,6 +32,18 @@ pub struct FaultSpec {
     pub crash_after_requests: Option<u64>,
     /// Instance-name prefixes whose console prints a different host key (integrator).
     pub wrong_console_host_key: Vec<String>,
+    /// Instance-name prefixes no sled has room for: a create with `start` answers 201 with a
+    /// `stopped` instance and a start answers 507 (a full rack; omicron's start saga fails at
+    /// `ALLOC_SERVER` and the create ignores the failed auto-start). `""` matches every name.
+    pub no_capacity: Vec<String>,
+    /// Like `no_capacity`, but the silo's vCPU quota is what runs out (the start saga fails
+    /// at `ADD_VIRTUAL_RESOURCES`).
+    pub quota_exceeded: Vec<String>,
+    /// Kubernetes API faults of the cluster twin, keyed `"<verb> <resource>[/<subresource>]"`
+    /// (e.g. `"create pods/eviction"`, `"update leases"`, `"list nodes"`), `"* <resource>"`,
+    /// `"<verb> *"` or `"*"` (most specific wins). `error_status` answers with the
+    /// apiserver's Status for that code (500 InternalError, 503 ServiceUnavailable, 429...).
+    pub kube: BTreeMap<String, RouteFault>,
 }
 
 /// Fault for one route (or all of them).
@@ -87,10 +99,48 @@ impl Faults {
     }
 }
 
+impl Faults {
+    /// The Kubernetes fault for `verb` on `resource` (see [`FaultSpec::kube`]).
+    pub fn kube_route(&self, verb: &str, resource: &str) -> Option<RouteFault> {
+        let spec = self.0.read().unwrap_or_else(|e| e.into_inner());
+        [
+            format!("{verb} {resource}"),
+            format!("* {resource}"),
+            format!("{verb} *"),
+            "*".to_owned(),
+        ]
+        .iter()
+        .find_map(|k| spec.kube.get(k))
+        .cloned()
+    }
+}
+
 impl FaultSpec {
     /// Whether instance `name` matches one of `prefixes`.
     pub fn matches(prefixes: &[String], name: &str) -> bool {
         prefixes.iter().any(|p| name.starts_with(p.as_str()))
+    }
+
+    /// The message of the 507 a start of instance `name` gets under `no_capacity` or
+    /// `quota_exceeded` (nexus's texts, with the "Insufficient capacity: " prefix its
+    /// `InsufficientCapacity` error adds).
+    pub fn start_refusal(&self, name: &str) -> Option<String> {
+        if Self::matches(&self.quota_exceeded, name) {
+            Some(
+                "Insufficient capacity: vCPU Limit Exceeded: Not enough vCPUs to complete request. \
+                 Either stop unused instances to free up resources or contact the rack operator \
+                 to request a capacity increase."
+                    .into(),
+            )
+        } else if Self::matches(&self.no_capacity, name) {
+            Some(
+                "Insufficient capacity: Failed to place instance: Could not find any valid sled \
+                 on which this instance can be placed"
+                    .into(),
+            )
+        } else {
+            None
+        }
     }
 }
 

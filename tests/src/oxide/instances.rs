@@ -329,6 +329,11 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             }
         }
     }
+    if cx.store.private.free() == 0 {
+        return Err(ApiError::insufficient_capacity(
+            "No available IP addresses for interface",
+        ));
+    }
     if ephemeral > cx.pool.free() {
         return Err(ApiError::insufficient_capacity(
             "No external IP addresses available",
@@ -350,9 +355,21 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             }
         }
     }
+    let Some(private_ip) = cx.store.private.allocate() else {
+        for ip in ephemeral_ips {
+            cx.pool.release(ip);
+        }
+        return Err(ApiError::insufficient_capacity(
+            "No available IP addresses for interface",
+        ));
+    };
     let id = Uuid::new_v4();
     let delayed = !cx.env.timings.create_to_starting.is_zero();
-    let initial = match (delayed, body.start) {
+    // nexus runs the start saga after the create saga and only logs its failure, so a start
+    // that finds no room still answers 201, with the instance `stopped`.
+    let start_refused = body.start && cx.env.faults.start_refusal(body.name.as_str()).is_some();
+    let initial = match (delayed, body.start && !start_refused) {
+        _ if start_refused => RunState::Stopped,
         (true, _) => RunState::Creating,
         (false, true) => RunState::Starting,
         (false, false) => RunState::Stopped,
@@ -394,8 +411,12 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             ssh_keys,
             boot_disk_id,
             ephemeral_ips,
+            private_ip,
+            nic_id: Uuid::new_v4(),
             snat_first_port,
             auto_restart_policy: body.auto_restart_policy,
+            intended_running: body.start,
+            time_last_auto_restarted: None,
             cpu_platform: body.cpu_platform,
             console: Console::default(),
         },
@@ -416,7 +437,9 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             g.members.push(id);
         }
     }
-    if delayed {
+    if start_refused {
+        // Created and left stopped: no timers.
+    } else if delayed {
         lifecycle::arm_create(cx.store, id, body.start, cx.fx, cx.env);
     } else if initial == RunState::Starting {
         // `enter` arms the boot timer; the state is already Starting.
@@ -494,6 +517,7 @@ pub fn delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     for ip in inst.ephemeral_ips {
         cx.pool.release(ip);
     }
+    cx.store.private.release(inst.private_ip);
     for d in cx.store.disks.values_mut() {
         if d.state == DiskState::Attached(id) {
             d.state = DiskState::Detached;
@@ -514,7 +538,19 @@ pub fn delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub fn start(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let id = select(cx.store, cx.param(0), cx.project())?;
-    match instance(cx.store, &id)?.state {
+    let inst = instance(cx.store, &id)?;
+    let state = inst.state;
+    if matches!(state, RunState::Stopped | RunState::Failed)
+        && let Some(message) = cx.env.faults.start_refusal(inst.name.as_str())
+    {
+        return Err(ApiError::insufficient_capacity(message));
+    }
+    if !matches!(state, RunState::Stopping | RunState::Creating)
+        && let Some(inst) = cx.store.instances.get_mut(&id)
+    {
+        inst.intended_running = true;
+    }
+    match state {
         RunState::Stopped | RunState::Failed => {
             lifecycle::enter(cx.store, id, RunState::Starting, cx.fx, cx.env);
         }
@@ -535,7 +571,15 @@ pub fn start(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub fn stop(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let id = select(cx.store, cx.param(0), cx.project())?;
-    match instance(cx.store, &id)?.state {
+    let state = instance(cx.store, &id)?.state;
+    // Nexus records the intent before asking the sled (`instance_stop` sets intended state
+    // Stopped first), which is what turns automatic restarts off.
+    if state != RunState::Creating
+        && let Some(inst) = cx.store.instances.get_mut(&id)
+    {
+        inst.intended_running = false;
+    }
+    match state {
         RunState::Stopped | RunState::Stopping => {}
         RunState::Failed => lifecycle::enter(cx.store, id, RunState::Stopped, cx.fx, cx.env),
         RunState::Starting | RunState::Running | RunState::Rebooting => {
@@ -608,6 +652,43 @@ pub fn external_ips(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             next_page: None,
         },
     )
+}
+
+/// `GET /v1/network-interfaces?instance=`: the primary NIC every instance gets from
+/// `default_ipv4` (nexus names it `net0`), with its private address in the `default` VPC.
+pub fn network_interfaces(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let lp = ListParams::parse("network-interfaces", cx.query)?;
+    let raw = cx
+        .query
+        .get("instance")
+        .ok_or_else(|| ApiError::bad_query("missing field `instance`"))?;
+    let id = select(cx.store, raw, lp.project.as_deref())?;
+    let inst = instance(cx.store, &id)?;
+    let project = cx
+        .store
+        .projects
+        .get(&inst.project_id)
+        .ok_or_else(ApiError::internal)?;
+    let o = inst.id.as_bytes();
+    let mac = format!("a8:40:25:{:02x}:{:02x}:{:02x}", o[0] & 0x0f, o[1], o[2]);
+    let nic = types::InstanceNetworkInterface {
+        description: String::new(),
+        id: inst.nic_id,
+        instance_id: inst.id,
+        ip_stack: types::PrivateIpStack::V4(types::PrivateIpv4Stack {
+            ip: inst.private_ip,
+            transit_ips: Vec::new(),
+        }),
+        mac: types::MacAddr::try_from(mac).map_err(|_| ApiError::internal())?,
+        name: "net0".parse().map_err(|_| ApiError::internal())?,
+        primary: true,
+        subnet_id: project.subnet_id,
+        time_created: inst.times.created,
+        time_modified: inst.times.created,
+        vpc_id: project.vpc_id,
+    };
+    let items = vec![("net0".to_owned(), inst.nic_id, nic)];
+    Reply::json(StatusCode::OK, &lp.page(items))
 }
 
 pub fn disks(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {

@@ -41,6 +41,8 @@ pub enum Step {
     Stopped,
     /// `rebooting` → `running`.
     Rebooted,
+    /// `failed` → `starting`: nexus's `instance_reincarnation` background task.
+    Reincarnate,
 }
 
 /// A transition to perform after `after`, if the instance is still at `generation`.
@@ -84,6 +86,9 @@ pub fn enter(store: &mut Store, id: Uuid, state: RunState, fx: &mut Effects, env
     }
     let generation = inst.generation;
     let name = inst.name.to_string();
+    let reincarnate_after =
+        (state == RunState::Failed && inst.auto_restart_enabled() && inst.intended_running)
+            .then(|| reincarnation_delay(inst.time_last_auto_restarted, env.timings));
 
     if old == RunState::Running && state != RunState::Running {
         fx.events.push(Event::Halted(id));
@@ -110,8 +115,27 @@ pub fn enter(store: &mut Store, id: Uuid, state: RunState, fx: &mut Effects, env
             }
         }
         RunState::Rebooting => fx.timers.push(timer(env.timings.rebooting, Step::Rebooted)),
-        RunState::Creating | RunState::Stopped | RunState::Failed => {}
+        RunState::Failed => {
+            if let Some(after) = reincarnate_after {
+                fx.timers.push(timer(after, Step::Reincarnate));
+            }
+        }
+        RunState::Creating | RunState::Stopped => {}
     }
+}
+
+/// How long a failed instance waits for its automatic restart: the task's period, or longer
+/// while the cooldown since the last automatic restart has not run out.
+fn reincarnation_delay(last: Option<chrono::DateTime<Utc>>, timings: &Timings) -> Duration {
+    let cooldown_left = last
+        .and_then(|t| {
+            (t + timings.reincarnation_cooldown)
+                .signed_duration_since(Utc::now())
+                .to_std()
+                .ok()
+        })
+        .unwrap_or_default();
+    timings.reincarnation_delay.max(cooldown_left)
 }
 
 /// Arms the `creating` → `starting`/`stopped` timer of a freshly created instance.
@@ -151,6 +175,15 @@ pub fn fire(store: &mut Store, t: Timer, fx: &mut Effects, env: &Env<'_>) {
         }
         (Step::Stopped, RunState::Stopping) => RunState::Stopped,
         (Step::Rebooted, RunState::Rebooting) => RunState::Running,
+        // A stop in between cleared the intent (and moved it to `stopped` anyway).
+        (Step::Reincarnate, RunState::Failed)
+            if inst.auto_restart_enabled() && inst.intended_running =>
+        {
+            if let Some(inst) = store.instances.get_mut(&t.instance) {
+                inst.time_last_auto_restarted = Some(Utc::now());
+            }
+            RunState::Starting
+        }
         _ => return,
     };
     enter(store, t.instance, next, fx, env);
@@ -166,6 +199,9 @@ pub fn running_instance(store: &Store, id: Uuid) -> Option<RunningInstance> {
         project: store.project_name(inst.project_id),
         user_data: inst.user_data.clone(),
         external_ips: store.reachable_ips(id),
+        private_ip: IpAddr::V4(inst.private_ip),
         ssh_public_keys: inst.ssh_keys.clone(),
+        ncpus: inst.ncpus,
+        memory: inst.memory,
     })
 }

@@ -12,6 +12,7 @@
 pub mod addresses;
 mod error;
 pub mod faults;
+mod firewall;
 mod instances;
 mod lifecycle;
 mod names;
@@ -23,7 +24,7 @@ mod storage;
 mod store;
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -35,9 +36,11 @@ use uuid::Uuid;
 pub use addresses::AddressPool;
 pub use error::ApiError;
 pub use faults::{FaultSpec, Faults, RouteFault};
+
 pub use routes::{ROUTES, RouteSpec};
 
 use error::json_response;
+use firewall::Source;
 use lifecycle::{Effects, Env, Event, Timer};
 use store::{Image, Project, RunState, SshKey, Store, Times};
 
@@ -56,6 +59,12 @@ pub struct Timings {
     pub stopping_to_stopped: Duration,
     /// `rebooting` → `running`.
     pub rebooting: Duration,
+    /// `failed` → `starting` by nexus's `instance_reincarnation` task, for instances whose
+    /// `auto_restart_policy` is not `never` and whose intended state is running. On a rack
+    /// the task runs every 60 s.
+    pub reincarnation_delay: Duration,
+    /// Minimum time between two automatic restarts of one instance (nexus: 5 minutes).
+    pub reincarnation_cooldown: Duration,
 }
 
 impl Default for Timings {
@@ -66,6 +75,8 @@ impl Default for Timings {
             starting_to_running: Duration::from_millis(100),
             stopping_to_stopped: Duration::from_millis(100),
             rebooting: Duration::from_millis(100),
+            reincarnation_delay: Duration::from_millis(300),
+            reincarnation_cooldown: Duration::from_secs(5),
         }
     }
 }
@@ -78,6 +89,8 @@ impl Timings {
             starting_to_running: Duration::from_secs(10),
             stopping_to_stopped: Duration::from_secs(5),
             rebooting: Duration::from_secs(8),
+            reincarnation_delay: Duration::from_secs(60),
+            reincarnation_cooldown: Duration::from_secs(300),
         }
     }
 }
@@ -154,8 +167,13 @@ pub struct RunningInstance {
     pub user_data: Vec<u8>,
     /// Ephemeral and attached floating addresses (not the SNAT address).
     pub external_ips: Vec<IpAddr>,
+    /// The primary NIC's address in the project's VPC.
+    pub private_ip: IpAddr,
     /// Public keys resolved from the create request's `ssh_public_keys`.
     pub ssh_public_keys: Vec<String>,
+    /// vCPUs and memory (bytes): the guest's kubelet reports them as Node capacity.
+    pub ncpus: u16,
+    pub memory: u64,
 }
 
 impl std::fmt::Debug for RunningInstance {
@@ -170,9 +188,19 @@ impl std::fmt::Debug for RunningInstance {
                 &format_args!("<{} bytes>", self.user_data.len()),
             )
             .field("external_ips", &self.external_ips)
+            .field("private_ip", &self.private_ip)
             .field("ssh_public_keys", &self.ssh_public_keys.len())
             .finish()
     }
+}
+
+/// Who opens a connection the VPC firewall judges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// A client outside the rack (the host running the tests) with this source address.
+    Host(IpAddr),
+    /// An instance of the rack (e.g. a k3s joiner).
+    Instance(Uuid),
 }
 
 /// The simulated Oxide API. Cheap to clone; clones share one rack.
@@ -388,6 +416,80 @@ impl OxideSim {
         self.apply(fx);
     }
 
+    /// Sets an instance's `auto_restart_policy` as if it had been created with it (e.g. an
+    /// instance made by an older controller that left the policy unset). No-op for unknown ids.
+    pub fn set_auto_restart_policy(
+        &self,
+        instance: Uuid,
+        policy: Option<oxide::types::InstanceAutoRestartPolicy>,
+    ) {
+        if let Some(inst) = self.store().instances.get_mut(&instance) {
+            inst.auto_restart_policy = policy;
+        }
+    }
+
+    /// Whether the VPC firewall lets a TCP connection from `from` reach `to`: `None` when
+    /// `to` is no address of an instance of this rack (the firewall has no say), `Some(false)`
+    /// when the connection is dropped. An instance connecting to an external (ephemeral or
+    /// floating) address leaves through NAT and arrives as external traffic from its own
+    /// external address; to a private address it arrives over the VPC, and only inside the
+    /// same project's VPC.
+    pub fn tcp_admitted(&self, from: Peer, to: SocketAddr) -> Option<bool> {
+        let store = self.store();
+        let dest = to.ip();
+        let (target, via_vpc) = store.instances.values().find_map(|i| {
+            if IpAddr::V4(i.private_ip) == dest {
+                Some((i, true))
+            } else if store.reachable_ips(i.id).contains(&dest) {
+                Some((i, false))
+            } else {
+                None
+            }
+        })?;
+        let source = match (from, via_vpc) {
+            // On a rack nothing outside the VPC reaches a private address. The simulator's
+            // in-cluster Jobs run on the host and reach the API there as pods would (over the
+            // VPC), so a host connection to a private address is judged as VPC traffic.
+            (Peer::Host(ip), true) => Source::Vpc(ip),
+            (Peer::Host(ip), false) => Source::External(ip),
+            (Peer::Instance(id), via_vpc) => {
+                let src = store.instances.get(&id)?;
+                if via_vpc {
+                    if src.project_id != target.project_id {
+                        return Some(false);
+                    }
+                    Source::Vpc(IpAddr::V4(src.private_ip))
+                } else {
+                    // Outbound NAT: its first external address, else the shared SNAT address.
+                    let ext = store
+                        .reachable_ips(id)
+                        .first()
+                        .copied()
+                        .or(store.snat_ip.map(IpAddr::V4))?;
+                    Source::External(ext)
+                }
+            }
+        };
+        let project = store.projects.get(&target.project_id)?;
+        let resolve = |name: &str| {
+            store
+                .instances
+                .values()
+                .find(|i| i.project_id == target.project_id && i.name.as_str() == name)
+                .map(|i| i.private_ip)
+        };
+        Some(firewall::allows_tcp(
+            &project.firewall_rules,
+            firewall::Target {
+                name: target.name.as_str(),
+                private_ip: target.private_ip,
+            },
+            source,
+            to.port(),
+            &resolve,
+        ))
+    }
+
     /// Marks a disk `faulted` (storage fault injection). No-op for unknown ids.
     pub fn set_disk_faulted(&self, disk: Uuid) {
         if let Some(d) = self.store().disks.get_mut(&disk) {
@@ -427,16 +529,9 @@ impl OxideSim {
         if let Some(p) = store.projects.values().find(|p| p.name == name) {
             return p.id;
         }
-        let id = Uuid::new_v4();
-        store.projects.insert(
-            id,
-            Project {
-                id,
-                name,
-                description: "seeded by oxide-sim".into(),
-                times: Times::now(),
-            },
-        );
+        let project = Project::new(name, "seeded by oxide-sim".into());
+        let id = project.id;
+        store.projects.insert(id, project);
         id
     }
 

@@ -15,8 +15,8 @@ use super::error::ApiError;
 use super::lifecycle::{Effects, Env};
 use super::names;
 use super::pagination::{ListParams, Query};
-use super::store::{Project, Store, Times};
-use super::{AddressPool, SERVER_API_VERSION, instances, network, storage};
+use super::store::{Project, Store};
+use super::{AddressPool, SERVER_API_VERSION, firewall, instances, network, storage};
 
 /// Operation behind a route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +61,9 @@ pub enum Op {
     GroupDelete,
     GroupMemberList,
     GroupMemberAdd,
+    FirewallRulesView,
+    NetworkInterfaceList,
+    FirewallRulesUpdate,
 }
 
 /// One served route.
@@ -106,6 +109,30 @@ const fn r(
 
 /// Every route the simulator serves.
 pub const ROUTES: &[RouteSpec] = &[
+    r(
+        "GET",
+        "/v1/network-interfaces",
+        200,
+        "instance_network_interface_list",
+        false,
+        Op::NetworkInterfaceList,
+    ),
+    r(
+        "GET",
+        "/v1/vpc-firewall-rules",
+        200,
+        "vpc_firewall_rules_view",
+        false,
+        Op::FirewallRulesView,
+    ),
+    r(
+        "PUT",
+        "/v1/vpc-firewall-rules",
+        200,
+        "vpc_firewall_rules_update",
+        true,
+        Op::FirewallRulesUpdate,
+    ),
     r(
         "GET",
         "/v1/projects",
@@ -684,6 +711,9 @@ pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         Op::GroupDelete => network::group_delete(cx),
         Op::GroupMemberList => network::group_member_list(cx),
         Op::GroupMemberAdd => network::group_member_add(cx),
+        Op::FirewallRulesView => firewall::view(cx),
+        Op::NetworkInterfaceList => instances::network_interfaces(cx),
+        Op::FirewallRulesUpdate => firewall::update(cx),
     }
 }
 
@@ -704,13 +734,8 @@ fn project_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     if cx.store.projects.values().any(|p| p.name == body.name) {
         return Err(ApiError::already_exists("project", body.name.as_str()));
     }
-    let id = uuid::Uuid::new_v4();
-    let project = Project {
-        id,
-        name: body.name,
-        description: body.description,
-        times: Times::now(),
-    };
+    let project = Project::new(body.name, body.description);
+    let id = project.id;
     let view = project.view();
     cx.store.projects.insert(id, project);
     Reply::json(StatusCode::CREATED, &view)

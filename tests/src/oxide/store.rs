@@ -148,6 +148,28 @@ pub struct Project {
     pub name: types::Name,
     pub description: String,
     pub times: Times,
+    /// Id of the project's only VPC, `default`.
+    pub vpc_id: Uuid,
+    /// Id of that VPC's only subnet, `default`.
+    pub subnet_id: Uuid,
+    /// That VPC's firewall rules (a new project gets nexus's three defaults).
+    pub firewall_rules: Vec<types::VpcFirewallRule>,
+}
+
+impl Project {
+    /// A new project with its `default` VPC and that VPC's default firewall rules.
+    pub fn new(name: types::Name, description: String) -> Self {
+        let vpc_id = Uuid::new_v4();
+        Self {
+            id: Uuid::new_v4(),
+            name,
+            description,
+            times: Times::now(),
+            vpc_id,
+            subnet_id: Uuid::new_v4(),
+            firewall_rules: super::firewall::materialize(vpc_id, super::firewall::default_rules()),
+        }
+    }
 }
 
 /// Bounded serial console history with absolute offsets.
@@ -199,8 +221,17 @@ pub struct Instance {
     pub ssh_keys: Vec<String>,
     pub boot_disk_id: Option<Uuid>,
     pub ephemeral_ips: Vec<Ipv4Addr>,
+    /// Address of the primary NIC in the project's VPC (a loopback address in the simulator).
+    pub private_ip: Ipv4Addr,
+    /// Id of that NIC (`net0`).
+    pub nic_id: Uuid,
     pub snat_first_port: u16,
     pub auto_restart_policy: Option<types::InstanceAutoRestartPolicy>,
+    /// Nexus's `intended_state == Running`: set by a create with `start` and by a start,
+    /// cleared by a stop. Only such instances are restarted automatically.
+    pub intended_running: bool,
+    /// When nexus last restarted the instance by itself.
+    pub time_last_auto_restarted: Option<DateTime<Utc>>,
     pub cpu_platform: Option<types::InstanceCpuPlatform>,
     pub console: Console,
 }
@@ -364,6 +395,8 @@ pub struct Store {
     pub snat_ip: Option<Ipv4Addr>,
     /// Round-robin counter for SNAT port ranges.
     pub snat_next: u16,
+    /// Private (VPC) addresses of instances' NICs.
+    pub private: super::AddressPool,
 }
 
 /// Parses a path parameter selector.
@@ -390,6 +423,9 @@ impl Store {
             ip_pool_id: Uuid::new_v4(),
             snat_ip,
             snat_next: 0,
+            // Apart from the external pool's 127.100-227.x.x, like a VPC subnet is apart
+            // from the rack's external addresses.
+            private: super::AddressPool::new(rand::random_range(16u8..=99u8), rand::random::<u8>()),
         }
     }
 
@@ -491,13 +527,18 @@ impl Project {
 }
 
 impl Instance {
+    /// An unset policy means `best_effort` (omicron db-model `InstanceAutoRestart::DEFAULT_POLICY`).
+    pub fn auto_restart_enabled(&self) -> bool {
+        !matches!(
+            self.auto_restart_policy,
+            Some(types::InstanceAutoRestartPolicy::Never)
+        )
+    }
+
     pub fn view(&self) -> types::Instance {
         types::Instance {
             auto_restart_cooldown_expiration: None,
-            auto_restart_enabled: !matches!(
-                self.auto_restart_policy,
-                Some(types::InstanceAutoRestartPolicy::Never)
-            ),
+            auto_restart_enabled: self.auto_restart_enabled(),
             auto_restart_policy: self.auto_restart_policy,
             boot_disk_id: self.boot_disk_id,
             cpu_platform: self.cpu_platform,
@@ -511,7 +552,7 @@ impl Instance {
             project_id: self.project_id,
             run_state: self.state.view(),
             time_created: self.times.created,
-            time_last_auto_restarted: None,
+            time_last_auto_restarted: self.time_last_auto_restarted,
             time_modified: self.times.modified,
             time_run_state_updated: self.time_run_state_updated,
         }
@@ -674,6 +715,7 @@ impl Store {
                     "hostname": i.hostname,
                     "external_ips": self.reachable_ips(i.id),
                     "disks": disks,
+                    "auto_restart_policy": i.auto_restart_policy,
                 })
             })
             .collect();

@@ -5,17 +5,24 @@
 //! in-memory store with apiserver semantics (resourceVersion conflicts, server-side apply,
 //! selectors, status subresources, Eviction against PodDisruptionBudgets).
 //!
+//! Beside the apiserver it runs what changes objects on its own in a cluster, to a fixed
+//! point before each request ([`controllers`], [`scheduler`]): node NoSchedule taints,
+//! Deployment/ReplicaSet/DaemonSet controllers, the scheduler, and a kubelet per Ready Node
+//! that starts bound pods and ends gracefully deleted ones.
+//!
 //! What does NOT live here: booting VMs, deciding which Nodes exist or when kubelets
 //! report (the simulator calls [`Twin::upsert`] and [`Twin::set_node_ready`] for that),
-//! and running workloads (Jobs never execute; pods only change when someone writes them).
+//! and running Jobs (see `crate::jobs`).
 //!
 //! Layout: [`resources`] (served types, discovery), [`store`] (data and write semantics),
 //! [`patch`], [`select`], [`rbac`], [`status`] (errors), [`pki`], [`server`] (HTTP).
 
+mod controllers;
 mod patch;
 mod pki;
 mod rbac;
 mod resources;
+mod scheduler;
 mod select;
 mod server;
 mod status;
@@ -30,6 +37,7 @@ use serde_json::{Value, json};
 pub use pki::Identity;
 use pki::{ClientCert, Pki};
 use store::Store;
+pub use store::{NOT_READY_MESSAGE, NodeCondition};
 
 /// Errors from building the twin or from direct (non-HTTP) object access.
 #[derive(Debug, thiserror::Error)]
@@ -81,12 +89,15 @@ impl From<status::ApiError> for TwinError {
 pub struct TwinConfig {
     /// Reported by `/version` as `gitVersion` (e.g. `v1.33.4+k3s1`).
     pub k3s_version: String,
+    /// Runtime faults; the twin reads [`crate::oxide::FaultSpec::kube`].
+    pub faults: crate::oxide::Faults,
 }
 
 impl Default for TwinConfig {
     fn default() -> Self {
         Self {
             k3s_version: "v1.33.4+k3s1".to_string(),
+            faults: crate::oxide::Faults::default(),
         }
     }
 }
@@ -290,8 +301,12 @@ impl Twin {
             .cloned()
     }
 
+    /// The store, with the controllers, scheduler and kubelets caught up (see
+    /// [`controllers`]): whoever looks sees a settled cluster.
     pub(crate) fn lock_store(&self) -> MutexGuard<'_, Store> {
-        self.inner.store.lock().unwrap_or_else(|e| e.into_inner())
+        let mut store = self.inner.store.lock().unwrap_or_else(|e| e.into_inner());
+        store.settle(chrono::Utc::now());
+        store
     }
 
     pub(crate) fn count(&self, key: &str) {
@@ -348,11 +363,24 @@ impl Twin {
         self.lock_store().remove(rid, ns.unwrap_or_default(), name)
     }
 
+    /// Sets the Node's Ready condition (see [`NodeCondition`]); `lastTransitionTime` moves
+    /// only on a change. Does nothing if the Node does not exist.
+    pub fn set_node_condition(&self, name: &str, condition: NodeCondition) {
+        if !self.lock_store().set_node_condition(name, condition) {
+            tracing::debug!(node = name, "twin: set_node_condition on a missing Node");
+        }
+    }
+
     /// Kubelet heartbeat: sets the Node's Ready condition to True (ready) or Unknown with
     /// reason NodeStatusUnknown (not ready); `lastTransitionTime` only moves on a change,
     /// `lastHeartbeatTime` always. Does nothing if the Node does not exist.
     pub fn set_node_ready(&self, name: &str, ready: bool) {
-        if !self.lock_store().set_node_ready(name, ready) {
+        let condition = if ready {
+            NodeCondition::Ready
+        } else {
+            NodeCondition::Unknown
+        };
+        if !self.lock_store().set_node_condition(name, condition) {
             tracing::debug!(node = name, "twin: set_node_ready on a missing Node");
         }
     }

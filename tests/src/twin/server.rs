@@ -181,6 +181,23 @@ fn route(path: &str, aggregated: bool) -> Route {
     })
 }
 
+/// The RBAC verb of a request on a resource route ("" when the method is not served there).
+fn verb_of(method: &Method, r: &ResourceRoute, query: &BTreeMap<String, String>) -> &'static str {
+    let truthy = |k: &str| query.get(k).is_some_and(|v| v == "true" || v == "1");
+    match (method, !r.name.is_empty()) {
+        (&Method::GET, true) => "get",
+        (&Method::GET, false) if truthy("watch") => "watch",
+        (&Method::GET, false) => "list",
+        (&Method::POST, false) => "create",
+        (&Method::POST, true) if r.sub == "eviction" => "create",
+        (&Method::PUT, true) => "update",
+        (&Method::PATCH, true) => "patch",
+        (&Method::DELETE, true) => "delete",
+        (&Method::DELETE, false) => "deletecollection",
+        _ => "",
+    }
+}
+
 fn json_response(code: u16, body: &Value) -> Response<Full<Bytes>> {
     json_response_typed(code, body, "application/json")
 }
@@ -304,6 +321,20 @@ impl Twin {
             )),
             Route::NotFound => error_response(&ApiError::no_route()),
             Route::Resource(r) => {
+                let verb = verb_of(&parts.method, &r, &query);
+                let resource = if r.sub.is_empty() {
+                    resources::get(r.rid).resource.to_string()
+                } else {
+                    format!("{}/{}", resources::get(r.rid).resource, r.sub)
+                };
+                if let Some(fault) = self.inner.cfg.faults.kube_route(verb, &resource) {
+                    if fault.latency_ms > 0 {
+                        tokio::time::sleep(Duration::from_millis(fault.latency_ms)).await;
+                    }
+                    if fault.error_rate > 0.0 && rand::random::<f64>() < fault.error_rate {
+                        return error_response(&ApiError::injected(fault.error_status));
+                    }
+                }
                 let content_type = header_str(header::CONTENT_TYPE);
                 match self.resource_request(
                     &parts.method,
@@ -331,25 +362,13 @@ impl Twin {
         who: &Identity,
     ) -> Result<(u16, Value), ApiError> {
         let rt: &ResourceType = resources::get(r.rid);
-        let truthy = |k: &str| query.get(k).is_some_and(|v| v == "true" || v == "1");
-        let named = !r.name.is_empty();
-        let verb = match (method, named) {
-            (&Method::GET, true) => "get",
-            (&Method::GET, false) if truthy("watch") => "watch",
-            (&Method::GET, false) => "list",
-            (&Method::POST, false) => "create",
-            (&Method::POST, true) if r.sub == "eviction" => "create",
-            (&Method::PUT, true) => "update",
-            (&Method::PATCH, true) => "patch",
-            (&Method::DELETE, true) => "delete",
-            (&Method::DELETE, false) => "deletecollection",
-            _ => {
-                return Err(ApiError::method_not_allowed(format!(
-                    "the server does not allow this method on the requested resource ({method} {})",
-                    r.template
-                )));
-            }
-        };
+        let verb = verb_of(method, r, query);
+        if verb.is_empty() {
+            return Err(ApiError::method_not_allowed(format!(
+                "the server does not allow this method on the requested resource ({method} {})",
+                r.template
+            )));
+        }
         if verb == "watch" {
             return Err(ApiError::method_not_allowed(
                 "watch is not supported by the cluster twin; poll with list instead",

@@ -146,6 +146,33 @@ impl ApiError {
         err
     }
 
+    /// A bare failure `Status` a REST handler returns itself (no reason), e.g. eviction's
+    /// 500 for a pod under several disruption budgets.
+    pub fn failure(code: u16, message: impl Into<String>) -> Self {
+        Self::new(code, "", message)
+    }
+
+    /// An injected fault (admin API): the Status the apiserver sends for `code`.
+    pub fn injected(code: u16) -> Self {
+        let (reason, message) = match code {
+            429 => (
+                "TooManyRequests",
+                "the server has received too many requests and has asked us to try again later",
+            ),
+            500 => ("InternalError", "Internal error occurred: injected fault"),
+            503 => (
+                "ServiceUnavailable",
+                "the server is currently unable to handle the request",
+            ),
+            504 => (
+                "Timeout",
+                "the server was unable to return a response in the time allotted, but may still be processing the request",
+            ),
+            _ => ("InternalError", "Internal error occurred: injected fault"),
+        };
+        Self::new(code, reason, message)
+    }
+
     /// 500 InternalError.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
@@ -171,6 +198,11 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
+        if self.reason.is_empty()
+            && let Some(map) = status.as_object_mut()
+        {
+            map.remove("reason");
+        }
         if let (Some(details), Some(map)) = (&self.details, status.as_object_mut()) {
             let (name, group, kind) = details.as_ref();
             let mut details = serde_json::Map::new();

@@ -22,6 +22,20 @@ pub(crate) type Key = (usize, String, String);
 const INITIAL_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
 const UNDELETABLE_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public"];
 
+/// A Node's Ready condition as its kubelet (True/False) or the node lifecycle controller
+/// (Unknown, once the kubelet stopped posting) reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeCondition {
+    Ready,
+    /// The kubelet runs but the node is not ready yet (the CNI is not up at registration).
+    NotReady,
+    /// The kubelet stopped posting status.
+    Unknown,
+}
+
+/// What a kubelet reports until the container network is up.
+pub const NOT_READY_MESSAGE: &str = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized";
+
 /// Options shared by writes.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct WriteCtx {
@@ -289,7 +303,7 @@ fn validate_object(rt: &ResourceType, name: &str, obj: &Value) -> Result<(), Api
 fn tracks_generation(rt: &ResourceType) -> bool {
     matches!(
         rt.resource,
-        "deployments" | "jobs" | "cronjobs" | "poddisruptionbudgets"
+        "deployments" | "replicasets" | "daemonsets" | "jobs" | "cronjobs" | "poddisruptionbudgets"
     )
 }
 
@@ -305,7 +319,9 @@ fn spec_part(obj: &Value) -> Value {
 
 /// Whether a pod counts as healthy for disruption budgets: Running with Ready=True.
 fn pod_healthy(pod: &Value) -> bool {
-    pod.pointer("/status/phase").and_then(Value::as_str) == Some("Running")
+    pod.pointer("/metadata/deletionTimestamp")
+        .is_none_or(Value::is_null)
+        && pod.pointer("/status/phase").and_then(Value::as_str) == Some("Running")
         && pod
             .pointer("/status/conditions")
             .and_then(Value::as_array)
@@ -596,7 +612,13 @@ impl Store {
             "pods" if !trusted => {
                 set_field(obj, "status", json!({"phase": "Pending"}));
             }
-            "deployments" | "jobs" | "cronjobs" | "poddisruptionbudgets" | "services"
+            "deployments"
+            | "replicasets"
+            | "daemonsets"
+            | "jobs"
+            | "cronjobs"
+            | "poddisruptionbudgets"
+            | "services"
                 if !trusted =>
             {
                 set_field(obj, "status", json!({}));
@@ -923,6 +945,8 @@ impl Store {
                 "generateName",
                 "resourceVersion",
                 "managedFields",
+                "deletionTimestamp",
+                "deletionGracePeriodSeconds",
             ] {
                 match old_meta.get(field) {
                     Some(v) => {
@@ -945,6 +969,19 @@ impl Store {
         });
         validate_object(rt, meta_str(existing, "name"), &new)?;
         if new == *existing {
+            return Ok(new);
+        }
+        // The last finalizer of an object being deleted is gone: the delete completes (a
+        // pod still in its grace period waits for its kubelet).
+        let grace_over = rt.resource != "pods"
+            || new
+                .pointer("/metadata/deletionTimestamp")
+                .and_then(Value::as_str)
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .is_some_and(|t| t <= chrono::Utc::now());
+        if !ctx.dry_run && deletion_due(&new) && grace_over {
+            self.remove_key(&key);
+            self.rv += 1;
             return Ok(new);
         }
         if !ctx.dry_run {
@@ -1007,6 +1044,46 @@ impl Store {
                 ));
             }
         }
+        // Graceful deletion (`BeforeDelete`): a pod bound to a node and not finished gets
+        // its grace period (`CheckGracefulDelete`), and any object with finalizers waits
+        // for them; both only get `deletionTimestamp` now.
+        let grace = if rt.resource == "pods" {
+            pod_grace_seconds(&existing, options)
+        } else {
+            0
+        };
+        let finalizers = existing
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        if grace > 0 || finalizers {
+            let at = chrono::Utc::now() + chrono::Duration::seconds(grace);
+            let mut marked = existing.clone();
+            let earlier = marked
+                .pointer("/metadata/deletionTimestamp")
+                .and_then(Value::as_str)
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                .is_some_and(|t| t <= at);
+            if earlier {
+                // Already being deleted at least as soon: nothing changes.
+                return Ok(existing);
+            }
+            with_meta(&mut marked, |m| {
+                m.insert(
+                    "deletionTimestamp".into(),
+                    json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+                );
+                m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+            });
+            if !dry_run {
+                let rv = self.next_rv();
+                with_meta(&mut marked, |m| {
+                    m.insert("resourceVersion".into(), json!(rv))
+                });
+                self.objects.insert(key, marked.clone());
+            }
+            return Ok(marked);
+        }
         if dry_run {
             return Ok(existing);
         }
@@ -1043,6 +1120,15 @@ impl Store {
     fn remove_key(&mut self, key: &Key) {
         self.objects.remove(key);
         self.applied.remove(key);
+    }
+
+    /// Removes an object outright (a kubelet's final delete); no cascades.
+    pub fn remove_now(&mut self, rid: usize, ns: &str, name: &str) {
+        let key = Self::key(rid, ns, name);
+        if self.objects.contains_key(&key) {
+            self.remove_key(&key);
+            self.rv += 1;
+        }
     }
 
     /// DELETE on a collection: deletes every object matching the query; returns the list.
@@ -1110,9 +1196,14 @@ impl Store {
         let phase = pod
             .pointer("/status/phase")
             .and_then(Value::as_str)
-            .unwrap_or("Pending");
+            .unwrap_or_default();
         let options = body.get("deleteOptions").cloned().unwrap_or(Value::Null);
-        if matches!(phase, "Succeeded" | "Failed" | "Pending") {
+        // `canIgnorePDB`: finished, Pending and already-terminating pods are deleted
+        // (again) without consulting budgets.
+        let terminating = pod
+            .pointer("/metadata/deletionTimestamp")
+            .is_some_and(|t| !t.is_null());
+        if terminating || matches!(phase, "Succeeded" | "Failed" | "Pending") {
             self.delete(pods, ns, name, &options, dry_run)?;
             return Ok(());
         }
@@ -1126,7 +1217,9 @@ impl Store {
             }
         }
         if budgets.len() > 1 {
-            return Err(ApiError::internal(
+            // eviction.go returns this Status itself: HTTP 500 with no reason.
+            return Err(ApiError::failure(
+                500,
                 "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.",
             ));
         }
@@ -1197,7 +1290,20 @@ impl Store {
     }
 
     /// Kubelet heartbeat: maintain the Node's Ready condition. Returns false if no such Node.
+    #[cfg(test)]
     pub fn set_node_ready(&mut self, name: &str, ready: bool) -> bool {
+        self.set_node_condition(
+            name,
+            if ready {
+                NodeCondition::Ready
+            } else {
+                NodeCondition::Unknown
+            },
+        )
+    }
+
+    /// Sets the Node's Ready condition. Returns false if no such Node.
+    pub fn set_node_condition(&mut self, name: &str, condition: NodeCondition) -> bool {
         let Some(nodes) = resources::by_path("", "v1", "nodes") else {
             return false;
         };
@@ -1206,14 +1312,14 @@ impl Store {
             return false;
         };
         let stamp = now();
-        let (status, reason, message) = if ready {
-            ("True", "KubeletReady", "kubelet is posting ready status")
-        } else {
-            (
+        let (status, reason, message) = match condition {
+            NodeCondition::Ready => ("True", "KubeletReady", "kubelet is posting ready status"),
+            NodeCondition::NotReady => ("False", "KubeletNotReady", NOT_READY_MESSAGE),
+            NodeCondition::Unknown => (
                 "Unknown",
                 "NodeStatusUnknown",
                 "Kubelet stopped posting node status.",
-            )
+            ),
         };
         let mut node = existing.clone();
         let mut conditions: Vec<Value> = node
@@ -1260,8 +1366,51 @@ impl Store {
             self.remove_key(&Self::key(rid, ns, name));
             return true;
         }
-        self.delete(rid, ns, name, &Value::Null, false).is_ok()
+        // Like a force delete (grace 0): finalizers still hold the object.
+        self.delete(rid, ns, name, &json!({"gracePeriodSeconds": 0}), false)
+            .is_ok()
     }
+}
+
+/// Whether an object marked for deletion has no finalizers left.
+fn deletion_due(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+        && obj
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
+}
+
+/// `podStrategy.CheckGracefulDelete`: the request's `gracePeriodSeconds`, else the pod's
+/// `terminationGracePeriodSeconds` (API default 30); 0 for a pod not bound to a node or
+/// already finished.
+fn pod_grace_seconds(pod: &Value, options: &Value) -> i64 {
+    let mut period = options
+        .get("gracePeriodSeconds")
+        .and_then(Value::as_i64)
+        .or_else(|| {
+            pod.pointer("/spec/terminationGracePeriodSeconds")
+                .and_then(Value::as_i64)
+        })
+        .unwrap_or(30);
+    if pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        period = 0;
+    }
+    if matches!(
+        pod.pointer("/status/phase").and_then(Value::as_str),
+        Some("Succeeded" | "Failed")
+    ) {
+        period = 0;
+    }
+    if period < 0 {
+        period = 1;
+    }
+    period
 }
 
 fn render_managed(managers: &BTreeMap<(String, String), Applied>) -> Value {

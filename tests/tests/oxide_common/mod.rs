@@ -82,6 +82,7 @@ pub fn timings() -> Timings {
         starting_to_running: Duration::from_millis(250),
         stopping_to_stopped: Duration::from_millis(250),
         rebooting: Duration::from_millis(250),
+        ..Timings::default()
     }
 }
 

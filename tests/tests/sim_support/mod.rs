@@ -24,6 +24,14 @@ pub async fn start() -> SimHandle {
 }
 
 pub async fn start_with(f: impl FnOnce(&mut SimOptions)) -> SimHandle {
+    let sim = start_default_firewall(f).await;
+    open_api_port(&client(&sim)).await;
+    sim
+}
+
+/// A simulator whose project has only the VPC's three default firewall rules, which drop
+/// the Kubernetes API on external addresses.
+pub async fn start_default_firewall(f: impl FnOnce(&mut SimOptions)) -> SimHandle {
     let mut opts = SimOptions {
         ssh_port: SSH_PORT,
         ..SimOptions::default()
@@ -32,6 +40,73 @@ pub async fn start_with(f: impl FnOnce(&mut SimOptions)) -> SimHandle {
     let sim = Sim::start(opts).await.expect("simulator starts");
     sim.oxide().seed_project(PROJECT);
     sim
+}
+
+/// Admits tcp/6443 from anywhere in the project's VPC firewall, keeping the other rules (what
+/// bootstrap does with its default `--api-allow`).
+pub async fn open_api_port(c: &oxide::Client) {
+    let mut rules: Vec<types::VpcFirewallRuleUpdate> = c
+        .vpc_firewall_rules_view()
+        .project(PROJECT)
+        .vpc("default")
+        .send()
+        .await
+        .unwrap()
+        .into_inner()
+        .rules
+        .into_iter()
+        .map(|r| types::VpcFirewallRuleUpdate {
+            action: r.action,
+            description: r.description,
+            direction: r.direction,
+            filters: r.filters,
+            name: r.name,
+            priority: r.priority,
+            status: r.status,
+            targets: r.targets,
+        })
+        .collect();
+    rules.push(types::VpcFirewallRuleUpdate {
+        action: types::VpcFirewallRuleAction::Allow,
+        description: "Kubernetes API".into(),
+        direction: types::VpcFirewallRuleDirection::Inbound,
+        filters: types::VpcFirewallRuleFilter {
+            hosts: Some(vec![types::VpcFirewallRuleHostFilter::IpNet(
+                "0.0.0.0/0".parse().unwrap(),
+            )]),
+            ports: Some(vec!["6443".parse().unwrap()]),
+            protocols: Some(vec![types::VpcFirewallRuleProtocol::Tcp]),
+        },
+        name: "k8s-api".parse().unwrap(),
+        priority: 65534,
+        status: types::VpcFirewallRuleStatus::Enabled,
+        targets: vec![types::VpcFirewallRuleTarget::Vpc(
+            "default".parse().unwrap(),
+        )],
+    });
+    c.vpc_firewall_rules_update()
+        .project(PROJECT)
+        .vpc("default")
+        .body(types::VpcFirewallRuleUpdateParams { rules })
+        .send()
+        .await
+        .unwrap();
+}
+
+/// The private (VPC) address of an instance's primary NIC.
+pub async fn private_ip(c: &oxide::Client, name: &str) -> IpAddr {
+    let nics = c
+        .instance_network_interface_list()
+        .project(PROJECT)
+        .instance(name)
+        .send()
+        .await
+        .unwrap()
+        .into_inner();
+    match &nics.items[0].ip_stack {
+        types::PrivateIpStack::V4(v4) => IpAddr::V4(v4.ip),
+        other => panic!("unexpected stack {other:?}"),
+    }
 }
 
 /// An SDK client for the simulator, built the way a container would (host + token).

@@ -32,6 +32,8 @@ pub(super) struct Validated {
     pub tailscale: Option<super::tailnet::TailscaleAccess>,
     /// `--controller-image dev:…`: the workspace to build (checked), else None.
     pub dev_image: Option<crate::dev_image::DevImage>,
+    /// The VPC firewall rule that opens the Kubernetes API to `--api-allow`.
+    pub api_rule: crate::firewall::TcpAllowRule,
 }
 
 fn config(message: impl Into<String>) -> BootstrapError {
@@ -383,6 +385,10 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
         check_writable_dir("--kubeconfig", dir)?;
     }
 
+    let api_sources = crate::firewall::parse_sources(&input.api_allow)
+        .map_err(|e| config(format!("--api-allow: {e}")))?;
+    let api_rule = crate::firewall::api_rule(&spec.cluster, api_sources);
+
     let state_dir = match &input.state_dir {
         Some(d) => d.clone(),
         None => resume::default_state_dir(input.home.clone())
@@ -440,6 +446,7 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
         },
         tailscale,
         dev_image,
+        api_rule,
     })
 }
 

@@ -1,0 +1,480 @@
+//! The VPC firewall of the simulated rack: each project's `default` VPC with the three rules
+//! nexus gives a new VPC, the `GET`/`PUT /v1/vpc-firewall-rules` routes with nexus's checks,
+//! and the evaluation of inbound rules that decides whether a connection to an instance gets
+//! through or is dropped.
+//!
+//! Sources (tests/FIDELITY.md, "Firewall and instance lifecycle"):
+//! - defaults: omicron `nexus/defaults/src/lib.rs` (`DEFAULT_FIREWALL_RULES`);
+//! - checks on `PUT`: omicron `nexus/db-model/src/vpc_firewall_rule.rs` (unique names, at most
+//!   1024 rules and 256 targets / filters of each kind, non-empty port ranges); every `PUT`
+//!   gives every rule a new id (`vec_from_params`);
+//! - targets and host filters: omicron `nexus/networking/src/firewall_rules.rs` (targets are
+//!   the instances' NICs; `instance`/`subnet`/`ip`/`ip_net` host filters become private
+//!   addresses, a `vpc` host filter becomes the VPC's VNI);
+//! - matching: opte `lib/oxide-vpc/src/engine/firewall.rs` (inbound default deny, a rule
+//!   without filters matches everything), `lib/opte/src/engine/layer.rs` (lowest priority
+//!   number first, deny before allow at the same priority), and
+//!   `lib/oxide-vpc/src/engine/overlay.rs` (only traffic that arrived over the VPC carries
+//!   the VNI a `vpc` host filter matches; traffic through the rack's external addresses,
+//!   including a member's own hairpin to a floating IP, is external).
+//!
+//! Not here: what listens on the addresses (`net`, `boot`) and how a dropped connection looks
+//! to a client (the listener gate in `net` never answers it).
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use chrono::Utc;
+use http::StatusCode;
+use oxide::types;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::names::Ref;
+use super::routes::{Ctx, Reply, body_name};
+use super::store::{Project, Store, query_ref};
+
+/// Nexus's caps (`MAX_FW_RULES_PER_VPC`, `MAX_FW_RULE_PARTS`).
+const MAX_RULES: usize = 1024;
+const MAX_PARTS: usize = 256;
+/// Priority nexus gives the default rules.
+const DEFAULT_PRIORITY: u16 = 65534;
+/// The only VPC (and subnet) a simulated project has.
+pub const DEFAULT_VPC: &str = "default";
+
+/// Where a connection comes from, as the target's firewall sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// From an instance of the same VPC, over the VPC, with its private address.
+    Vpc(IpAddr),
+    /// From anywhere else: the host, the internet, or a member that went out through the
+    /// rack's external addresses (NAT) and came back to a floating or ephemeral IP.
+    External(IpAddr),
+}
+
+impl Source {
+    fn ip(self) -> IpAddr {
+        match self {
+            Source::Vpc(ip) | Source::External(ip) => ip,
+        }
+    }
+}
+
+/// The instance a connection is for, as the rules name it.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    pub name: &'a str,
+    pub private_ip: Ipv4Addr,
+}
+
+fn name(s: &str) -> types::Name {
+    // The names below are literals that satisfy the Name rules.
+    types::Name::try_from(s).unwrap_or_else(|_| unreachable!("valid literal name {s}"))
+}
+
+fn tcp_port(port: u16) -> types::L4PortRange {
+    types::L4PortRange::try_from(port.to_string())
+        .unwrap_or_else(|_| unreachable!("a u16 is a valid port range"))
+}
+
+/// The three rules nexus writes into a new VPC (omicron `DEFAULT_FIREWALL_RULES`).
+pub fn default_rules() -> Vec<types::VpcFirewallRuleUpdate> {
+    let vpc = || vec![types::VpcFirewallRuleTarget::Vpc(name(DEFAULT_VPC))];
+    let rule = |n: &str, description: &str, filters| types::VpcFirewallRuleUpdate {
+        action: types::VpcFirewallRuleAction::Allow,
+        description: description.into(),
+        direction: types::VpcFirewallRuleDirection::Inbound,
+        filters,
+        name: name(n),
+        priority: DEFAULT_PRIORITY,
+        status: types::VpcFirewallRuleStatus::Enabled,
+        targets: vpc(),
+    };
+    vec![
+        rule(
+            "allow-internal-inbound",
+            "allow inbound traffic to all instances within the VPC if originated within the VPC",
+            types::VpcFirewallRuleFilter {
+                hosts: Some(vec![types::VpcFirewallRuleHostFilter::Vpc(name(
+                    DEFAULT_VPC,
+                ))]),
+                ports: None,
+                protocols: None,
+            },
+        ),
+        rule(
+            "allow-ssh",
+            "allow inbound TCP connections on port 22 from anywhere",
+            types::VpcFirewallRuleFilter {
+                hosts: None,
+                ports: Some(vec![tcp_port(22)]),
+                protocols: Some(vec![types::VpcFirewallRuleProtocol::Tcp]),
+            },
+        ),
+        rule(
+            "allow-icmp",
+            "allow inbound ICMP traffic from anywhere",
+            types::VpcFirewallRuleFilter {
+                hosts: None,
+                ports: None,
+                protocols: Some(vec![types::VpcFirewallRuleProtocol::Icmp(None)]),
+            },
+        ),
+    ]
+}
+
+/// Nexus's checks on a replacement rule list (all before anything changes).
+pub fn check_update(params: &types::VpcFirewallRuleUpdateParams) -> Result<(), ApiError> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut dupes = std::collections::BTreeSet::new();
+    for r in &params.rules {
+        body_name(&r.name)?;
+        if !seen.insert(r.name.as_str()) {
+            dupes.insert(format!("\"{}\"", r.name.as_str()));
+        }
+    }
+    if !dupes.is_empty() {
+        return Err(ApiError::invalid_value(
+            "rules",
+            format!(
+                "Rule names must be unique. Duplicates: [{}]",
+                dupes.into_iter().collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    }
+    let max = |len: usize, label: &str, max: usize| {
+        if len > max {
+            Err(ApiError::invalid_value(label, format!("max length {max}")))
+        } else {
+            Ok(())
+        }
+    };
+    max(params.rules.len(), "rules", MAX_RULES)?;
+    for r in &params.rules {
+        max(r.targets.len(), "targets", MAX_PARTS)?;
+        let f = &r.filters;
+        max(
+            f.hosts.as_ref().map_or(0, Vec::len),
+            "filters.hosts",
+            MAX_PARTS,
+        )?;
+        max(
+            f.ports.as_ref().map_or(0, Vec::len),
+            "filters.ports",
+            MAX_PARTS,
+        )?;
+        max(
+            f.protocols.as_ref().map_or(0, Vec::len),
+            "filters.protocols",
+            MAX_PARTS,
+        )?;
+        for p in f.ports.iter().flatten() {
+            port_range(p)?;
+        }
+        for t in &r.targets {
+            if let types::VpcFirewallRuleTarget::Vpc(n)
+            | types::VpcFirewallRuleTarget::Subnet(n)
+            | types::VpcFirewallRuleTarget::Instance(n) = t
+            {
+                body_name(n)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An `L4PortRange` ("22" or "8000-8080") as an inclusive range.
+fn port_range(p: &types::L4PortRange) -> Result<(u16, u16), ApiError> {
+    let parse = |s: &str| {
+        s.parse::<u16>()
+            .map_err(|_| ApiError::bad_body(format!("invalid port range {:?}", p.as_str())))
+    };
+    let (first, last) = match p.split_once('-') {
+        Some((a, b)) => (parse(a)?, parse(b)?),
+        None => {
+            let one = parse(p)?;
+            (one, one)
+        }
+    };
+    if last < first {
+        return Err(ApiError::invalid_value(
+            "port",
+            "range has no ports (the first is larger than the last)",
+        ));
+    }
+    Ok((first, last))
+}
+
+/// The stored form of a replacement list: each rule gets a new id, as in nexus.
+pub fn materialize(
+    vpc_id: Uuid,
+    rules: Vec<types::VpcFirewallRuleUpdate>,
+) -> Vec<types::VpcFirewallRule> {
+    let now = Utc::now();
+    rules
+        .into_iter()
+        .map(|r| types::VpcFirewallRule {
+            action: r.action,
+            description: r.description,
+            direction: r.direction,
+            filters: r.filters,
+            id: Uuid::new_v4(),
+            name: r.name,
+            priority: r.priority,
+            status: r.status,
+            targets: r.targets,
+            time_created: now,
+            time_modified: now,
+            vpc_id,
+        })
+        .collect()
+}
+
+fn net_contains(net: &types::IpNet, ip: IpAddr) -> bool {
+    let (base, prefix) = match net.to_string().split_once('/') {
+        Some((b, p)) => match (b.parse::<IpAddr>(), p.parse::<u32>()) {
+            (Ok(b), Ok(p)) => (b, p),
+            _ => return false,
+        },
+        None => return false,
+    };
+    match (base, ip) {
+        (IpAddr::V4(b), IpAddr::V4(i)) if prefix <= 32 => {
+            let mask = u32::MAX.checked_shl(32 - prefix).unwrap_or(0);
+            u32::from(b) & mask == u32::from(i) & mask
+        }
+        (IpAddr::V6(b), IpAddr::V6(i)) if prefix <= 128 => {
+            let mask = u128::MAX.checked_shl(128 - prefix).unwrap_or(0);
+            u128::from(b) & mask == u128::from(i) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Private address of instance `name` in the same VPC, for `instance` targets/filters.
+type Resolve<'a> = &'a dyn Fn(&str) -> Option<Ipv4Addr>;
+
+fn targets_match(rule: &types::VpcFirewallRule, t: Target<'_>) -> bool {
+    let ip = IpAddr::V4(t.private_ip);
+    rule.targets.iter().any(|target| match target {
+        types::VpcFirewallRuleTarget::Vpc(n) | types::VpcFirewallRuleTarget::Subnet(n) => {
+            n.as_str() == DEFAULT_VPC
+        }
+        types::VpcFirewallRuleTarget::Instance(n) => n.as_str() == t.name,
+        types::VpcFirewallRuleTarget::Ip(a) => *a == ip,
+        types::VpcFirewallRuleTarget::IpNet(net) => net_contains(net, ip),
+    })
+}
+
+fn host_matches(h: &types::VpcFirewallRuleHostFilter, src: Source, resolve: Resolve<'_>) -> bool {
+    match h {
+        // A VNI match: only traffic that came over this VPC carries it.
+        types::VpcFirewallRuleHostFilter::Vpc(n) => {
+            n.as_str() == DEFAULT_VPC && matches!(src, Source::Vpc(_))
+        }
+        // The subnet's private range; an external source address is never in it because
+        // the simulator's private and external addresses come from different ranges.
+        types::VpcFirewallRuleHostFilter::Subnet(n) => {
+            n.as_str() == DEFAULT_VPC && matches!(src, Source::Vpc(_))
+        }
+        types::VpcFirewallRuleHostFilter::Instance(n) => {
+            resolve(n.as_str()).is_some_and(|ip| src == Source::Vpc(IpAddr::V4(ip)))
+        }
+        types::VpcFirewallRuleHostFilter::Ip(a) => *a == src.ip(),
+        types::VpcFirewallRuleHostFilter::IpNet(net) => net_contains(net, src.ip()),
+    }
+}
+
+fn filters_match(
+    f: &types::VpcFirewallRuleFilter,
+    src: Source,
+    port: u16,
+    resolve: Resolve<'_>,
+) -> bool {
+    let hosts = f
+        .hosts
+        .as_ref()
+        .filter(|h| !h.is_empty())
+        .is_none_or(|h| h.iter().any(|h| host_matches(h, src, resolve)));
+    let protocols = f
+        .protocols
+        .as_ref()
+        .filter(|p| !p.is_empty())
+        .is_none_or(|p| {
+            p.iter()
+                .any(|p| matches!(p, types::VpcFirewallRuleProtocol::Tcp))
+        });
+    let ports = f.ports.as_ref().filter(|p| !p.is_empty()).is_none_or(|p| {
+        p.iter()
+            .filter_map(|r| port_range(r).ok())
+            .any(|(a, b)| (a..=b).contains(&port))
+    });
+    hosts && protocols && ports
+}
+
+/// Whether an inbound TCP connection from `src` to `port` of `target` gets through `rules`:
+/// the enabled inbound rule with the lowest priority number that targets the instance and
+/// whose filters all match decides (deny first at equal priority); no match means deny.
+pub fn allows_tcp(
+    rules: &[types::VpcFirewallRule],
+    target: Target<'_>,
+    src: Source,
+    port: u16,
+    resolve: Resolve<'_>,
+) -> bool {
+    let mut matching: Vec<&types::VpcFirewallRule> = rules
+        .iter()
+        .filter(|r| {
+            r.status == types::VpcFirewallRuleStatus::Enabled
+                && r.direction == types::VpcFirewallRuleDirection::Inbound
+                && targets_match(r, target)
+                && filters_match(&r.filters, src, port, resolve)
+        })
+        .collect();
+    matching.sort_by_key(|r| (r.priority, r.action != types::VpcFirewallRuleAction::Deny));
+    matching
+        .first()
+        .is_some_and(|r| r.action == types::VpcFirewallRuleAction::Allow)
+}
+
+/// Resolves the `vpc` (and optional `project`) query parameters to the project owning it.
+fn select_vpc(store: &Store, cx: &Ctx<'_>) -> Result<Uuid, ApiError> {
+    let raw = cx
+        .query
+        .get("vpc")
+        .ok_or_else(|| ApiError::bad_query("missing field `vpc`"))?;
+    let vpc = query_ref(raw)?;
+    let project = cx.project().map(query_ref).transpose()?;
+    match (vpc, project) {
+        (Ref::Name(n), Some(p)) => {
+            let pid = store.project_id(&p)?;
+            if n == DEFAULT_VPC {
+                Ok(pid)
+            } else {
+                Err(ApiError::not_found_by_name("vpc", &n))
+            }
+        }
+        (Ref::Id(id), None) => store
+            .projects
+            .values()
+            .find(|p| p.vpc_id == id)
+            .map(|p| p.id)
+            .ok_or_else(|| ApiError::not_found_by_id("vpc", &id)),
+        (Ref::Id(_), Some(_)) => Err(ApiError::invalid_request(
+            "when providing vpc as an ID, project should not be specified",
+        )),
+        (Ref::Name(_), None) => Err(ApiError::invalid_request(
+            "vpc should either be an ID or project should be specified",
+        )),
+    }
+}
+
+fn project<'s>(store: &'s Store, id: &Uuid) -> Result<&'s Project, ApiError> {
+    store.projects.get(id).ok_or_else(ApiError::internal)
+}
+
+/// `GET /v1/vpc-firewall-rules`.
+pub fn view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let pid = select_vpc(cx.store, cx)?;
+    let rules = project(cx.store, &pid)?.firewall_rules.clone();
+    Reply::json(StatusCode::OK, &types::VpcFirewallRules { rules })
+}
+
+/// `PUT /v1/vpc-firewall-rules`: replaces the whole list.
+pub fn update(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let pid = select_vpc(cx.store, cx)?;
+    let params: types::VpcFirewallRuleUpdateParams = cx.body()?;
+    check_update(&params)?;
+    let vpc_id = project(cx.store, &pid)?.vpc_id;
+    let rules = materialize(vpc_id, params.rules);
+    let p = cx
+        .store
+        .projects
+        .get_mut(&pid)
+        .ok_or_else(ApiError::internal)?;
+    p.firewall_rules = rules.clone();
+    Reply::json(StatusCode::OK, &types::VpcFirewallRules { rules })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn target() -> Target<'static> {
+        Target {
+            name: "web-1",
+            private_ip: Ipv4Addr::new(127, 30, 0, 5),
+        }
+    }
+
+    fn none(_: &str) -> Option<Ipv4Addr> {
+        None
+    }
+
+    fn with(extra: Vec<types::VpcFirewallRuleUpdate>) -> Vec<types::VpcFirewallRule> {
+        let mut rules = default_rules();
+        rules.extend(extra);
+        materialize(Uuid::new_v4(), rules)
+    }
+
+    fn allow_6443_from(net: &str, priority: u16, action: &str) -> types::VpcFirewallRuleUpdate {
+        serde_json::from_value(serde_json::json!({
+            "name": format!("k8s-{priority}-{action}"), "description": "",
+            "action": action, "direction": "inbound", "status": "enabled",
+            "priority": priority, "targets": [{"type": "vpc", "value": "default"}],
+            "filters": {"hosts": [{"type": "ip_net", "value": net}],
+                        "protocols": [{"type": "tcp"}], "ports": ["6443"]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_default_rules_admit_ssh_from_anywhere_and_everything_from_the_vpc_only() {
+        let rules = with(Vec::new());
+        let ext = Source::External("203.0.113.9".parse().unwrap());
+        let vpc = Source::Vpc("127.30.0.6".parse().unwrap());
+        assert!(allows_tcp(&rules, target(), ext, 22, &none));
+        assert!(!allows_tcp(&rules, target(), ext, 6443, &none));
+        assert!(allows_tcp(&rules, target(), vpc, 6443, &none));
+    }
+
+    #[test]
+    fn a_member_coming_back_through_a_floating_ip_is_external() {
+        // Same machine, but via NAT: the VPC host filter does not match it.
+        let rules = with(Vec::new());
+        let hairpin = Source::External("127.100.0.7".parse().unwrap());
+        assert!(!allows_tcp(&rules, target(), hairpin, 6443, &none));
+    }
+
+    #[test]
+    fn host_filters_match_cidrs_and_deny_wins_at_equal_priority() {
+        let rules = with(vec![allow_6443_from("203.0.113.0/24", 100, "allow")]);
+        let inside = Source::External("203.0.113.200".parse().unwrap());
+        let outside = Source::External("198.51.100.1".parse().unwrap());
+        assert!(allows_tcp(&rules, target(), inside, 6443, &none));
+        assert!(!allows_tcp(&rules, target(), outside, 6443, &none));
+        let rules = with(vec![
+            allow_6443_from("0.0.0.0/0", 100, "allow"),
+            allow_6443_from("203.0.113.0/24", 100, "deny"),
+        ]);
+        assert!(!allows_tcp(&rules, target(), inside, 6443, &none));
+        assert!(allows_tcp(&rules, target(), outside, 6443, &none));
+    }
+
+    #[test]
+    fn duplicate_names_and_empty_port_ranges_are_refused() {
+        let mut params = types::VpcFirewallRuleUpdateParams {
+            rules: default_rules(),
+        };
+        params.rules.push(default_rules().remove(0));
+        let e = check_update(&params).unwrap_err();
+        assert!(
+            e.message
+                .contains("Duplicates: [\"allow-internal-inbound\"]"),
+            "{e:?}"
+        );
+        let mut bad = allow_6443_from("0.0.0.0/0", 1, "allow");
+        bad.filters.ports = Some(vec![types::L4PortRange::try_from("90-80").unwrap()]);
+        assert!(check_update(&types::VpcFirewallRuleUpdateParams { rules: vec![bad] }).is_err());
+    }
+}
