@@ -602,6 +602,18 @@ impl Rack for FakeRack {
         })
     }
 
+    async fn remove_firewall_rule(&self, name: &str) -> Result<bool, RackError> {
+        self.0.with(|s| {
+            if !s.firewall_rules.iter().any(|r| r.name == name) {
+                return Ok(false);
+            }
+            budget(s, "remove-firewall-rule")?;
+            s.firewall_rules.retain(|r| r.name != name);
+            s.log.push(format!("remove-firewall-rule {name}"));
+            Ok(true)
+        })
+    }
+
     async fn list_firewall_rules(&self) -> Result<Vec<String>, RackError> {
         Ok(self
             .0

@@ -168,6 +168,13 @@ pub trait Rack: Send + Sync {
     /// first removes the `default` VPC's `default` subnet and the `default` VPC (which the
     /// project's creation made); a VPC with anything else in it makes the rack refuse.
     fn delete_project(&self) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// Removes the rule named `name` from the `default` VPC's firewall: read-modify-write of
+    /// the whole list keeping every other rule as it was; `false` (nothing written) when there
+    /// is no such rule.
+    fn remove_firewall_rule(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<bool, RackError>> + Send;
     /// Names of the firewall rules of the project's `default` VPC, in the rack's order.
     fn list_firewall_rules(&self) -> impl Future<Output = Result<Vec<String>, RackError>> + Send;
     /// Makes the rule named `rule.name` in the project's `default` VPC exactly `rule`:

@@ -9,6 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use oxide_controller::fake::{FakeRack, FakeWorld};
+use oxide_controller::firewall;
 use oxide_controller::model::{
     AntiAffinityGroup, Disk, DiskState, FloatingIp, Image, NewDisk, NewInstance, Snapshot,
 };
@@ -237,6 +238,20 @@ async fn world() -> FakeWorld {
         &names::uploaded_image_description(Some("prod-2"), "https://x/jammy.raw"),
     );
     image(&w, "golden", "the user's image");
+    w.with(|s| {
+        for cluster in ["prod", "prod-2"] {
+            s.firewall_rules.push(firewall::api_rule(
+                cluster,
+                firewall::parse_sources("0.0.0.0/0").unwrap(),
+            ));
+        }
+        s.firewall_rules.push(firewall::TcpAllowRule {
+            name: "allow-office".into(),
+            description: "the user's rule".into(),
+            port: 443,
+            sources: firewall::parse_sources("203.0.113.0/24").unwrap(),
+        });
+    });
     w
 }
 
@@ -333,6 +348,7 @@ fn snapshot_of(world: &FakeWorld) -> BTreeSet<String> {
         out.extend(s.images.iter().map(|i| format!("image {}", i.name)));
         out.extend(s.snapshots.keys().map(|n| format!("snapshot {n}")));
         out.extend(s.groups.keys().map(|n| format!("group {n}")));
+        out.extend(s.firewall_rules.iter().map(|r| format!("rule {}", r.name)));
         out
     })
 }
@@ -360,6 +376,8 @@ fn decoys() -> BTreeSet<String> {
         "snapshot backup",
         "group prod-2-workers",
         "group shared",
+        "rule prod-2-k8s-api",
+        "rule allow-office",
     ]
     .into_iter()
     .map(str::to_owned)
@@ -405,6 +423,7 @@ async fn a_dry_run_changes_nothing_and_lists_exactly_what_the_real_run_removes()
     assert_eq!(listed(&dry), removed);
     assert_eq!(snapshot_of(&w), decoys());
     assert!(listed(&dry).contains(&(Kind::FloatingIp, "prod-kube-system-lb".into())));
+    assert!(listed(&dry).contains(&(Kind::FirewallRule, "prod-k8s-api".into())));
     assert!(listed(&dry).contains(&(Kind::AntiAffinityGroup, "prod-workers".into())));
     assert!(
         dry.inventory
@@ -531,6 +550,12 @@ async fn images_stay_without_the_flag_and_the_project_stays_while_it_holds_anyth
         .expect("project kept");
     assert!(project.why.contains("instance prod-db"), "{}", project.why);
     assert!(project.why.contains("image golden"), "{}", project.why);
+    assert!(
+        project.why.contains("firewall rule allow-office"),
+        "{}",
+        project.why
+    );
+    assert!(!project.why.contains("prod-k8s-api"), "{}", project.why);
 }
 
 #[test]
@@ -544,7 +569,7 @@ fn the_project_goes_only_when_nothing_else_is_in_it() {
     let mut obs = ObservedProject {
         exists: true,
         vpcs: vec!["default".into()],
-        foreign_firewall_rules: Some(Vec::new()),
+        firewall_rules: Some(vec!["allow-ssh".into(), "prod-k8s-api".into()]),
         ..ObservedProject::default()
     };
     assert!(
@@ -553,16 +578,16 @@ fn the_project_goes_only_when_nothing_else_is_in_it() {
             .iter()
             .any(|i| i.kind == Kind::Project)
     );
-    obs.foreign_firewall_rules = Some(vec!["allow-office".into()]);
+    obs.firewall_rules = Some(vec!["allow-office".into()]);
     let inv = inventory(&scope, &obs);
     assert!(inv.items.is_empty());
     assert!(inv.kept[0].why.contains("firewall rule allow-office"));
-    obs.foreign_firewall_rules = None;
+    obs.firewall_rules = None;
     assert!(
         inventory(&scope, &obs).items.is_empty(),
         "unknown rules keep the project"
     );
-    obs.foreign_firewall_rules = Some(Vec::new());
+    obs.firewall_rules = Some(Vec::new());
     obs.vpcs.push("lab".into());
     assert!(inventory(&scope, &obs).kept[0].why.contains("VPC lab"));
 }

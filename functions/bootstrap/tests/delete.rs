@@ -140,6 +140,15 @@ async fn prod_with_decoys(prod2: Option<&std::path::Path>) -> Env {
             .await
             .unwrap();
     }
+    // The user's own firewall rule next to bootstrap's.
+    rack.ensure_firewall_rule(&oxide_controller::firewall::TcpAllowRule {
+        name: "allow-office".into(),
+        description: "the user's rule".into(),
+        port: 443,
+        sources: oxide_controller::firewall::parse_sources("203.0.113.0/24").unwrap(),
+    })
+    .await
+    .unwrap();
     env
 }
 
@@ -196,6 +205,7 @@ fn listed(stdout: &str) -> BTreeSet<String> {
                 "snapshot",
                 "import disk",
                 "anti-affinity group",
+                "firewall rule",
                 "image",
             ]
             .iter()
@@ -261,7 +271,7 @@ async fn delete_removes_the_cluster_and_nothing_else() {
     assert!(env.sim.oxide().counters().values().all(|n| *n == 0));
 
     env.sim.oxide().reset_counters();
-    let dry = delete(&env, &["--dry-run"]).await;
+    let dry = delete(&env, &["--dry-run", "--delete-images", "--delete-project"]).await;
     assert!(
         dry.status.success(),
         "{}",
@@ -288,7 +298,7 @@ async fn delete_removes_the_cluster_and_nothing_else() {
         "{dry_out}"
     );
 
-    let real = delete(&env, &["--yes", "--delete-images"]).await;
+    let real = delete(&env, &["--yes", "--delete-images", "--delete-project"]).await;
     let stdout = String::from_utf8_lossy(&real.stdout).into_owned();
     assert!(
         real.status.success(),
@@ -310,6 +320,23 @@ async fn delete_removes_the_cluster_and_nothing_else() {
         "the resume file is gone"
     );
     assert!(stdout.contains("Deleted cluster prod"), "{stdout}");
+    // The project still holds the decoys: kept, and the output says why.
+    assert!(
+        stdout.contains("(the project)")
+            && stdout.contains("it still holds")
+            && stdout.contains("instance prod-db"),
+        "{stdout}"
+    );
+    assert!(env.names("projects").contains(&"prod".to_owned()));
+    // Only bootstrap's rule for prod went.
+    let rules = rack(&env).list_firewall_rules().await.unwrap();
+    assert!(!rules.contains(&"prod-k8s-api".to_owned()), "{rules:?}");
+    for kept in ["prod-2-k8s-api", "allow-office", "allow-ssh"] {
+        assert!(
+            rules.contains(&kept.to_owned()),
+            "{kept} missing: {rules:?}"
+        );
+    }
     // prod-2 still runs, with its own API.
     let client = common::kube_client(&prod2_kubeconfig, "prod-2").await;
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);

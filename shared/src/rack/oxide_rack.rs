@@ -1214,6 +1214,31 @@ impl Rack for OxideRack {
         .await
     }
 
+    async fn remove_firewall_rule(&self, rule: &str) -> Result<bool, RackError> {
+        let what = format!("firewall rule {rule}");
+        let current = self.firewall_rules().await?;
+        if !current.iter().any(|r| r.name.as_str() == rule) {
+            return Ok(false);
+        }
+        // Every other rule back exactly as it was (the list is replaced as a whole).
+        let rules: Vec<types::VpcFirewallRuleUpdate> = current
+            .into_iter()
+            .filter(|r| r.name.as_str() != rule)
+            .map(rule_update_from)
+            .collect();
+        self.mutate(
+            &what,
+            self.client
+                .vpc_firewall_rules_update()
+                .project(self.project.as_str())
+                .vpc(DEFAULT_VPC)
+                .body(types::VpcFirewallRuleUpdateParams { rules })
+                .send(),
+        )
+        .await?;
+        Ok(true)
+    }
+
     async fn list_firewall_rules(&self) -> Result<Vec<String>, RackError> {
         Ok(self
             .firewall_rules()

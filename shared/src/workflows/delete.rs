@@ -446,13 +446,14 @@ pub async fn observe_project<R: Rack>(
     if !rack.project_exists().await.map_err(f)? {
         return Ok(ObservedProject::default());
     }
-    let (instances, disks, floating_ips, images, snapshots, groups) = futures::try_join!(
+    let (instances, disks, floating_ips, images, snapshots, groups, rules) = futures::try_join!(
         rack.list_instances(""),
         rack.list_disks(),
         rack.list_floating_ips(),
         rack.list_project_images(),
         rack.list_snapshots(),
         rack.list_anti_affinity_groups(),
+        rack.list_firewall_rules(),
     )
     .map_err(f)?;
     // VPCs matter only to whether the project may go.
@@ -483,8 +484,7 @@ pub async fn observe_project<R: Rack>(
         groups,
         group_members,
         vpcs,
-        // Plugs in with the firewall-rule calls of the Rack trait (issue 10b's work).
-        foreign_firewall_rules: None,
+        firewall_rules: Some(rules),
     })
 }
 
@@ -823,8 +823,15 @@ async fn remove_other<R: Rack>(
             Kind::AntiAffinityGroup => rack.delete_anti_affinity_group(&item.name).await,
             Kind::Image => rack.delete_image(&item.name).await,
             Kind::Project => rack.delete_project().await,
-            // Plugs in with the firewall-rule calls (read-modify-write of the rule list).
-            Kind::FirewallRule | Kind::Instance => Ok(()),
+            Kind::FirewallRule => match rack.remove_firewall_rule(&item.name).await {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(RackError::NotFound {
+                    what: format!("firewall rule {}", item.name),
+                }),
+                Err(e) => Err(e),
+            },
+            // Instances go through `remove_instance`.
+            Kind::Instance => Ok(()),
         };
         let outcome = match r {
             Ok(()) => Outcome::Deleted,

@@ -61,6 +61,7 @@ pub enum Op {
     GroupDelete,
     GroupMemberList,
     GroupMemberAdd,
+    VpcList,
     FirewallRulesView,
     NetworkInterfaceList,
     FirewallRulesUpdate,
@@ -117,6 +118,7 @@ pub const ROUTES: &[RouteSpec] = &[
         false,
         Op::NetworkInterfaceList,
     ),
+    r("GET", "/v1/vpcs", 200, "vpc_list", false, Op::VpcList),
     r(
         "GET",
         "/v1/vpc-firewall-rules",
@@ -712,6 +714,7 @@ pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         Op::GroupMemberList => network::group_member_list(cx),
         Op::GroupMemberAdd => network::group_member_add(cx),
         Op::FirewallRulesView => firewall::view(cx),
+        Op::VpcList => vpc_list(cx),
         Op::NetworkInterfaceList => instances::network_interfaces(cx),
         Op::FirewallRulesUpdate => firewall::update(cx),
     }
@@ -739,6 +742,33 @@ fn project_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let view = project.view();
     cx.store.projects.insert(id, project);
     Reply::json(StatusCode::CREATED, &view)
+}
+
+/// GET /v1/vpcs?project=: the project's VPCs. Every project has exactly its `default` VPC
+/// (created with it, omicron `nexus/src/app/sagas/project_create.rs:136-143`); VPC create and
+/// delete are not simulated.
+fn vpc_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let lp = ListParams::parse("vpcs", cx.query)?;
+    let pid = cx.store.project_param(lp.required_project()?)?;
+    let p = cx.store.projects.get(&pid).ok_or_else(ApiError::internal)?;
+    let name = types::Name::try_from("default").map_err(|_| ApiError::internal())?;
+    let vpc = types::Vpc {
+        description: "Default VPC".to_owned(),
+        dns_name: name.clone(),
+        id: p.vpc_id,
+        ipv6_prefix: "fd00:1122:3344::/48"
+            .parse()
+            .map_err(|_| ApiError::internal())?,
+        name,
+        project_id: pid,
+        system_router_id: p.vpc_id,
+        time_created: p.times.created,
+        time_modified: p.times.modified,
+    };
+    Reply::json(
+        StatusCode::OK,
+        &lp.page(vec![("default".to_owned(), p.vpc_id, vpc)]),
+    )
 }
 
 fn project_view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {

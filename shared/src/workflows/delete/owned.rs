@@ -101,11 +101,14 @@ pub struct ObservedProject {
     /// Members of the groups that are candidates (named in the spec, ours by description).
     pub group_members: BTreeMap<String, Vec<String>>,
     pub vpcs: Vec<String>,
-    /// Firewall rules of the default VPC that are neither Oxide's defaults nor ours; `None`
-    /// while they cannot be read (the project is then never deleted: removing the VPC would
-    /// take someone's rules with it).
-    pub foreign_firewall_rules: Option<Vec<String>>,
+    /// Names of the default VPC's firewall rules; `None` while they cannot be read (the
+    /// project is then never deleted: removing the VPC would take someone's rules with it).
+    pub firewall_rules: Option<Vec<String>>,
 }
+
+/// The rules Oxide gives every new project's default VPC (omicron `nexus/defaults`): they go
+/// with the VPC and are nobody's to keep.
+pub const DEFAULT_FIREWALL_RULES: [&str; 3] = ["allow-internal-inbound", "allow-ssh", "allow-icmp"];
 
 /// What the caller knows beyond the project.
 #[derive(Debug, Clone, Default)]
@@ -413,6 +416,17 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
         }
     }
 
+    // Bootstrap's API rule, by its exact name.
+    let rule = crate::firewall::api_rule_name(cluster);
+    if obs.firewall_rules.iter().flatten().any(|r| *r == rule) {
+        inv.items.push(Item {
+            kind: Kind::FirewallRule,
+            name: rule,
+            reason: "bootstrap's Kubernetes API rule for this cluster".into(),
+            instance: None,
+        });
+    }
+
     // Images.
     for i in &obs.images {
         if names::uploaded_image_cluster(&i.description) != Some(cluster) {
@@ -495,9 +509,15 @@ fn leftovers(obs: &ObservedProject, inv: &Inventory) -> Vec<String> {
     for v in obs.vpcs.iter().filter(|v| v.as_str() != DEFAULT_VPC) {
         left.push(format!("VPC {v}"));
     }
-    match &obs.foreign_firewall_rules {
-        Some(rules) => left.extend(rules.iter().map(|r| format!("firewall rule {r}"))),
-        None => left.push("firewall rules this version cannot check yet".into()),
+    match &obs.firewall_rules {
+        Some(rules) => left.extend(
+            rules
+                .iter()
+                .filter(|r| !DEFAULT_FIREWALL_RULES.contains(&r.as_str()))
+                .filter(|r| !taken.contains(&(Kind::FirewallRule, r.as_str())))
+                .map(|r| format!("firewall rule {r}")),
+        ),
+        None => left.push("firewall rules that could not be read".into()),
     }
     left
 }
