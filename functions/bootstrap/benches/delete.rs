@@ -5,7 +5,8 @@
 //! time + delete request + disk delete request). Target: ≤ 1.5× that path.
 //!
 //! Run once: `cargo bench -p bootstrap --bench delete` (or `cargo test -p bootstrap --bench
-//! delete` in the dev profile). `DELETE_BENCH_CONCURRENCY=8,16,32` picks the concurrencies.
+//! delete` in the dev profile). `DELETE_BENCH_CONCURRENCY=8,16,32` picks the concurrencies,
+//! `DELETE_BENCH_THREADS` the runtime threads shared by the simulator and the workflow (2).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -34,8 +35,12 @@ fn main() {
 }
 
 fn bench() {
+    let threads = std::env::var("DELETE_BENCH_THREADS")
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(2);
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(threads)
         .enable_all()
         .build()
         .unwrap();
