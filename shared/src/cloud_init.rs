@@ -26,6 +26,10 @@ pub const MAX_USER_DATA: usize = 32 * 1024;
 pub const K3S_CONFIG_PATH: &str = "/etc/rancher/k3s/config.yaml";
 /// The helper that formats and mounts the data disk.
 pub const DATA_DISK_SCRIPT_PATH: &str = "/usr/local/sbin/oxide-controller-data-disk";
+/// A `scripts_per_boot` script: cloud-init runs the executables in this directory on every
+/// boot (cloud-final, before runcmd).
+pub const HOST_KEYS_SCRIPT_PATH: &str =
+    "/var/lib/cloud/scripts/per-boot/oxide-controller-host-keys";
 /// Default mount point of the data disk: k3s keeps its state (etcd, images, volumes) there.
 pub const DEFAULT_DATA_MOUNT: &str = "/var/lib/rancher";
 /// NVMe serials are the first 20 bytes of the disk name.
@@ -295,12 +299,18 @@ enum RunCmd {
 
 /// Formats the disk only when it carries no filesystem yet (a reboot or a re-run keeps the
 /// data), mounts it by filesystem UUID through /etc/fstab. Waits for the device to appear.
+/// The fstab entry orders the mount before the k3s unit and makes the unit require it: with
+/// `nofail` alone the mount is not ordered before anything (systemd.mount(5)), so on a later
+/// boot k3s could start on the empty directory underneath and, on the first server,
+/// initialise a new cluster.
 const DATA_DISK_SCRIPT: &str = r#"#!/bin/sh
 # Written by oxide-controller: find the data disk by NVMe serial, format it on first use,
-# mount it through /etc/fstab. Usage: oxide-controller-data-disk SERIAL MOUNTPOINT
+# mount it through /etc/fstab, ordered before (and required by) the k3s unit on every boot.
+# Usage: oxide-controller-data-disk SERIAL MOUNTPOINT UNIT
 set -eu
 serial="$1"
 mnt="$2"
+unit="$3"
 dev=""
 i=0
 while [ -z "$dev" ] && [ "$i" -lt 120 ]; do
@@ -321,8 +331,30 @@ if ! blkid "$dev" >/dev/null 2>&1; then
 fi
 uuid="$(blkid -s UUID -o value "$dev")"
 mkdir -p "$mnt"
-grep -q "^UUID=$uuid " /etc/fstab || echo "UUID=$uuid $mnt ext4 defaults,nofail 0 2" >> /etc/fstab
+# systemd.mount(5): x-systemd.before= orders the mount before k3s, x-systemd.required-by=
+# keeps k3s from starting on an empty directory when the disk is missing.
+grep -q "^UUID=$uuid " /etc/fstab || echo "UUID=$uuid $mnt ext4 defaults,nofail,x-systemd.before=$unit,x-systemd.required-by=$unit 0 2" >> /etc/fstab
 mountpoint -q "$mnt" || mount "$mnt"
+"#;
+
+/// Prints the SSH host key fingerprints on the serial console on every boot, between the
+/// markers cloud-init uses and through `logger` as cloud-init's `write-ssh-key-fingerprints`
+/// does. cloud-init's own block (`cc_keys_to_console`) runs once per instance, so without
+/// this a server that was stopped and started (a new VMM, an empty console history) never
+/// shows its keys again and cannot be verified.
+const HOST_KEYS_SCRIPT: &str = r#"#!/bin/sh
+# Written by oxide-controller: print the SSH host key fingerprints on the serial console at
+# every boot (cloud-init prints them on the first boot only).
+set -u
+{
+  echo "-----BEGIN SSH HOST KEY FINGERPRINTS-----"
+  for f in /etc/ssh/ssh_host_*key.pub; do
+    if [ -f "$f" ]; then
+      ssh-keygen -l -f "$f"
+    fi
+  done
+  echo "-----END SSH HOST KEY FINGERPRINTS-----"
+} | logger -s -p user.info -t oxide-controller 2>/dev/console
 "#;
 
 /// Render user-data. The result starts with `#cloud-config\n` and is at most
@@ -333,12 +365,20 @@ pub fn render(input: &NodeUserData) -> Result<String, CloudInitError> {
     let k3s_yaml =
         serde_saphyr::to_string_with_options(&k3s, yaml_options()).map_err(CloudInitError::Yaml)?;
 
-    let mut write_files = vec![WriteFile {
-        path: K3S_CONFIG_PATH,
-        owner: "root:root",
-        permissions: "0600",
-        content: serde_saphyr::LitString(k3s_yaml),
-    }];
+    let mut write_files = vec![
+        WriteFile {
+            path: K3S_CONFIG_PATH,
+            owner: "root:root",
+            permissions: "0600",
+            content: serde_saphyr::LitString(k3s_yaml),
+        },
+        WriteFile {
+            path: HOST_KEYS_SCRIPT_PATH,
+            owner: "root:root",
+            permissions: "0755",
+            content: serde_saphyr::LitString(HOST_KEYS_SCRIPT.to_string()),
+        },
+    ];
     let mut runcmd = Vec::new();
     if let Some(disk) = &input.data_disk {
         write_files.push(WriteFile {
@@ -348,10 +388,15 @@ pub fn render(input: &NodeUserData) -> Result<String, CloudInitError> {
             content: serde_saphyr::LitString(DATA_DISK_SCRIPT.to_string()),
         });
         // Before k3s: it must find its state directory on the data disk from the start.
+        let unit = match input.role {
+            K3sRole::Server { .. } => "k3s.service",
+            K3sRole::Agent { .. } => "k3s-agent.service",
+        };
         runcmd.push(RunCmd::Argv(vec![
             DATA_DISK_SCRIPT_PATH.to_string(),
             disk.nvme_serial.clone(),
             disk.mount_point.clone(),
+            unit.to_string(),
         ]));
     }
     if input.provider_id == ProviderId::FromSmbiosUuid {
@@ -709,14 +754,23 @@ impl NodeUserData {
                 K3sRole::Server {
                     cluster_init: m.cluster_init,
                     server_url: (!m.cluster_init).then_some(server_url),
-                    token: secrets.k3s_token.clone(),
+                    // The cluster-init server has no CA to check yet: the short form.
+                    token: match m.ca_hash {
+                        Some(hash) if !m.cluster_init => {
+                            full_token(hash, "server", &secrets.k3s_token)
+                        }
+                        _ => secrets.k3s_token.clone(),
+                    },
                     agent_token: secrets.k3s_agent_token.clone(),
                     tls_san,
                 }
             }
             Role::Worker => K3sRole::Agent {
                 server_url,
-                agent_token: secrets.k3s_agent_token.clone(),
+                agent_token: match m.ca_hash {
+                    Some(hash) => full_token(hash, "node", &secrets.k3s_agent_token),
+                    None => secrets.k3s_agent_token.clone(),
+                },
             },
         };
         let mut authorized_keys = vec![secrets.ssh_public_key.trim().to_string()];
@@ -753,6 +807,14 @@ impl NodeUserData {
                 }),
         }
     }
+}
+
+/// k3s's full token form, `K10<sha256 of the cluster CA>::<user>:<password>` (docs.k3s.io
+/// "Token" → "Secure"): the joining node fetches `/cacerts`, compares its hash and refuses a
+/// server whose CA differs, where the short form trusts whatever CA answers. `user` is
+/// `server` for the server token and `node` for the agent token.
+pub fn full_token(ca_hash: &str, user: &str, password: &str) -> String {
+    format!("K10{ca_hash}::{user}:{password}")
 }
 
 /// Render the user-data of a pool member (see [`NodeUserData::for_member`]).
@@ -968,7 +1030,8 @@ mod tests {
             serde_json::json!([
                 DATA_DISK_SCRIPT_PATH,
                 "data-demo-gpu-x9y8z",
-                "/var/lib/rancher"
+                "/var/lib/rancher",
+                "k3s-agent.service"
             ])
         );
         // Then the provider ID from the SMBIOS UUID, then k3s.
@@ -1322,6 +1385,7 @@ mod tests {
                 api_address: "172.30.0.10".parse().unwrap(),
                 join_address: "172.30.0.10".parse().unwrap(),
                 cluster_init: false,
+                ca_hash: None,
             };
             NodeUserData::for_member(&input).tailscale
         };
@@ -1336,6 +1400,54 @@ mod tests {
                 tag: crate::tailscale::DEFAULT_TAG.into(),
             })
         );
+    }
+
+    #[test]
+    fn joiners_get_the_full_token_form_once_the_ca_hash_is_known() {
+        let spec = crate::spec::ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        let secrets = crate::secrets::ClusterSecrets {
+            k3s_token: "k3s-token-example".into(),
+            k3s_agent_token: "agent-token-example".into(),
+            ssh_public_key: CONTROLLER_KEY.into(),
+            ..Default::default()
+        };
+        let hash = "ab".repeat(32);
+        let role = |role: Role, cluster_init: bool, ca_hash: Option<&str>| {
+            let pool = match role {
+                Role::ControlPlane => &spec.control_plane,
+                Role::Worker => &spec.worker_pools[0],
+            };
+            let input = MemberInput {
+                spec: &spec,
+                secrets: &secrets,
+                role,
+                pool,
+                name: "demo-x-abcde",
+                image_id: uuid::Uuid::nil(),
+                api_address: "172.30.0.10".parse().unwrap(),
+                join_address: "172.30.0.10".parse().unwrap(),
+                cluster_init,
+                ca_hash,
+            };
+            k3s_config(&NodeUserData::for_member(&input))
+        };
+        let joining = role(Role::ControlPlane, false, Some(&hash));
+        assert_eq!(
+            joining.token,
+            Some(format!("K10{hash}::server:k3s-token-example"))
+        );
+        assert_eq!(joining.agent_token.as_deref(), Some("agent-token-example"));
+        let agent = role(Role::Worker, false, Some(&hash));
+        assert_eq!(
+            agent.token,
+            Some(format!("K10{hash}::node:agent-token-example"))
+        );
+        // The first server creates the CA: nothing to check yet.
+        let first = role(Role::ControlPlane, true, Some(&hash));
+        assert_eq!(first.token.as_deref(), Some("k3s-token-example"));
+        // Before the hash is known (older ConfigMaps): the short form.
+        let old = role(Role::Worker, false, None);
+        assert_eq!(old.token.as_deref(), Some("agent-token-example"));
     }
 
     #[test]

@@ -116,6 +116,27 @@ pub fn rewrite_k3s(k3s_yaml: &str, cluster: &str, server: &str) -> Result<String
     render(&doc).map_err(KubeconfigError::Malformed)
 }
 
+/// `sha256` (lower-case hex) of the k3s server CA as `certificate-authority-data` carries it,
+/// i.e. of the PEM bundle the servers serve at `/cacerts`: the `<hash>` of k3s's full token
+/// form `K10<hash>::<user>:<password>`, with which a joining node checks the CA it is shown.
+pub fn k3s_ca_hash(k3s_yaml: &str) -> Result<String, KubeconfigError> {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let doc = parse(k3s_yaml).map_err(KubeconfigError::Malformed)?;
+    let data = doc["clusters"][0]["cluster"]["certificate-authority-data"]
+        .as_str()
+        .ok_or_else(|| KubeconfigError::Malformed("no certificate-authority-data".into()))?;
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|_| {
+            KubeconfigError::Malformed("certificate-authority-data is not base64".into())
+        })?;
+    Ok(sha2::Sha256::digest(&pem)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
 /// The server of the cluster that context `name` uses, if the document has that context.
 fn context_server(doc: &Value, name: &str) -> Option<Option<String>> {
     let ctx = doc["contexts"]
@@ -545,5 +566,22 @@ mod tests {
             remove_context(&path, "prod-2", false).unwrap(),
             RemoveOutcome::NoFile
         );
+    }
+
+    #[test]
+    fn the_ca_hash_is_the_sha256_of_the_pem_the_kubeconfig_carries() {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let yaml = format!(
+            "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: {}\n    server: https://127.0.0.1:6443\n  name: default\n",
+            base64::engine::general_purpose::STANDARD.encode(pem)
+        );
+        let want: String = sha2::Sha256::digest(pem.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(k3s_ca_hash(&yaml).unwrap(), want);
+        assert!(k3s_ca_hash("apiVersion: v1\nclusters: []\n").is_err());
     }
 }

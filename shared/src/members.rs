@@ -19,6 +19,7 @@ pub struct SpecMembers<'a> {
     spec: &'a ClusterSpec,
     secrets: &'a ClusterSecrets,
     observed: &'a Observed,
+    ca_hash: Option<&'a str>,
 }
 
 impl<'a> SpecMembers<'a> {
@@ -27,7 +28,14 @@ impl<'a> SpecMembers<'a> {
             spec,
             secrets,
             observed,
+            ca_hash: None,
         }
+    }
+
+    /// New members join with the full `K10<ca_hash>::` token form.
+    pub fn with_ca_hash(mut self, ca_hash: Option<&'a str>) -> Self {
+        self.ca_hash = ca_hash;
+        self
     }
 }
 
@@ -57,6 +65,9 @@ pub struct MemberInput<'a> {
     pub join_address: std::net::IpAddr,
     /// `true` only for the very first server (bootstrap): it creates the cluster.
     pub cluster_init: bool,
+    /// sha256 of the cluster CA, once known: joiners then get the full `K10<hash>::` token
+    /// form and refuse a server whose CA does not match (the first server has none yet).
+    pub ca_hash: Option<&'a str>,
 }
 
 /// Builds the [`NewInstance`] for one member.
@@ -162,6 +173,7 @@ impl MemberFactory for SpecMembers<'_> {
             pool,
             name,
             image_id: image.id,
+            ca_hash: self.ca_hash,
             api_address: fip.ip,
             join_address,
             cluster_init: false,
@@ -206,6 +218,7 @@ mod tests {
             api_address: "172.30.0.10".parse().unwrap(),
             join_address: "172.30.0.10".parse().unwrap(),
             cluster_init: false,
+            ca_hash: None,
         };
         let e = new_instance(&input(&without)).expect_err("no key");
         assert!(e.contains("tailscale-auth-key"), "{e}");

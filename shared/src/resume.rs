@@ -2,7 +2,8 @@
 //!
 //! It holds what bootstrap generates and must never lose between creating the first VM and
 //! writing the Secret: the controller's SSH key pair, the k3s server and agent tokens, the
-//! webhook token, and the name chosen for the first control-plane instance. It is written
+//! webhook token, and the name chosen for the first control-plane instance; and, once read,
+//! the SSH host key fingerprints of the servers bootstrap connected to. It is written
 //! (atomically: temporary file, fsync, rename) BEFORE the first VM exists, so a run killed at
 //! any instant leaves either no VM, or a VM whose keys and tokens the next run reads back here.
 //! Once the Secret exists it is the durable copy; the file stays as the laptop's record.
@@ -10,6 +11,7 @@
 //! Owns the file's format, location and permissions. Not here: deciding when to write it
 //! (the bootstrap workflow) or the Secret (the state store). `Debug` never shows a secret.
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -51,6 +53,11 @@ pub struct ResumeState {
     /// anti-affinity groups when the cluster's API is gone. Absent in older files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<String>,
+    /// `SHA256:…` SSH host key fingerprints per instance, as first read from its serial
+    /// console. Later runs verify the server against these: cloud-init prints the keys on a
+    /// VM's first boot only, and a changed key is refused, never trusted anew.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_key_pins: BTreeMap<String, Vec<String>>,
 }
 
 impl std::fmt::Debug for ResumeState {
@@ -120,6 +127,7 @@ impl ResumeState {
             webhook_token: random_token(&mut rng, TOKEN_BYTES),
             created: Utc::now(),
             spec: None,
+            host_key_pins: BTreeMap::new(),
         })
     }
 

@@ -577,6 +577,19 @@ impl ClusterSpec {
                         format!("{v:?} is not a valid Kubernetes label value"),
                     );
                 }
+                if valid_label_key(k) && kubelet_refuses_label(k) {
+                    err(
+                        format!("{base}.labels.{k}"),
+                        format!(
+                            "the kubelet refuses {k:?} in --node-labels and k3s would not start: \
+                             in the kubernetes.io and k8s.io namespaces only kubelet.kubernetes.io/, \
+                             node.kubernetes.io/ and {} are allowed; use your own prefix \
+                             (e.g. example.com/role) or set it with `kubectl label node` once the \
+                             node joined",
+                            KUBELET_LABELS.join(", ")
+                        ),
+                    );
+                }
             }
             for t in &pool.taints {
                 if !valid_label_key(&t.key) || !valid_label_value(&t.value) {
@@ -686,6 +699,37 @@ fn valid_label_value(v: &str) -> bool {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
             && v.starts_with(|c: char| c.is_ascii_alphanumeric())
             && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+/// Labels a kubelet may set on its own Node in the `kubernetes.io`/`k8s.io` namespaces
+/// (k8s.io/kubelet `pkg/apis/well_known_labels.go`, `kubeletLabels`).
+const KUBELET_LABELS: [&str; 11] = [
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "beta.kubernetes.io/os",
+    "failure-domain.beta.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+    "kubernetes.io/arch",
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+];
+
+/// True for a key the kubelet refuses in `--node-labels` (k3s passes `node-label` there):
+/// its namespace is `kubernetes.io`/`k8s.io` or a subdomain, and it is neither one of
+/// [`KUBELET_LABELS`] nor in `kubelet.kubernetes.io`/`node.kubernetes.io` or their subdomains
+/// (kubelet `ValidateKubeletFlags`, `isKubernetesLabel`, `IsKubeletLabel`).
+pub fn kubelet_refuses_label(key: &str) -> bool {
+    let Some((namespace, _)) = key.split_once('/') else {
+        return false;
+    };
+    let within = |ns: &str| namespace == ns || namespace.ends_with(&format!(".{ns}"));
+    (within("kubernetes.io") || within("k8s.io"))
+        && !KUBELET_LABELS.contains(&key)
+        && !within("kubelet.kubernetes.io")
+        && !within("node.kubernetes.io")
 }
 
 fn valid_label_key(k: &str) -> bool {
@@ -862,5 +906,42 @@ mod tests {
             tag: "tag:no_underscores".into(),
         });
         assert_eq!(fields(&bad), ["tailscale.tag"]);
+    }
+
+    #[test]
+    fn labels_the_kubelet_refuses_are_refused_naming_pool_and_label() {
+        for refused in [
+            "node-role.kubernetes.io/worker",
+            "kubernetes.io/role",
+            "example.k8s.io/x",
+            "k8s.io/x",
+        ] {
+            assert!(kubelet_refuses_label(refused), "{refused}");
+        }
+        for allowed in [
+            "node.kubernetes.io/pool",
+            "kubelet.kubernetes.io/x",
+            "foo.node.kubernetes.io/x",
+            "topology.kubernetes.io/zone",
+            "kubernetes.io/hostname",
+            "example.com/role",
+            "role",
+            "notkubernetes.io/x",
+        ] {
+            assert!(!kubelet_refuses_label(allowed), "{allowed}");
+        }
+        let mut s = spec();
+        s.worker_pools[0]
+            .labels
+            .insert("node-role.kubernetes.io/worker".into(), "true".into());
+        let pool = s.worker_pools[0].name.clone();
+        assert_eq!(
+            fields(&s),
+            [format!(
+                "worker_pools.{pool}.labels.node-role.kubernetes.io/worker"
+            )]
+        );
+        let msg = s.validate().unwrap_err().to_string();
+        assert!(msg.contains("kubectl label"), "{msg}");
     }
 }

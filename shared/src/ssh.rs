@@ -42,9 +42,9 @@ const END_FINGERPRINTS: &str = "-----END SSH HOST KEY FINGERPRINTS-----";
 pub enum SshError {
     /// The server presented a host key that is not pinned.
     #[error(
-        "host key of {addr} is {presented}, but the instance's serial console lists {}: \
-         refusing to connect. Either someone is intercepting the connection or the VM was \
-         rebuilt with new host keys; re-read the serial console and retry",
+        "host key of {addr} is {presented}, but the pinned fingerprints are {}: refusing to \
+         connect. Either someone is intercepting the connection or the VM now has other host \
+         keys (rebuilt); compare with the fingerprints on the instance's serial console",
         expected.join(", ")
     )]
     HostKeyMismatch {
@@ -219,9 +219,11 @@ impl HostKeyPins {
     ///
     /// cloud-init prints the host keys between `-----BEGIN SSH HOST KEY FINGERPRINTS-----` and
     /// `-----END SSH HOST KEY FINGERPRINTS-----`, one `<bits> SHA256:<b64> <comment> (<TYPE>)`
-    /// per line, sometimes behind a prefix (`ec2: `, a kernel timestamp). Each boot prints a
-    /// new block, so the LAST complete block wins; an unterminated block (boot still running)
-    /// is ignored, as are lines in the block without a SHA256 fingerprint (e.g. MD5 ones).
+    /// per line, behind a prefix: cloud-init's `write-ssh-key-fingerprints` prints through
+    /// `logger -s`, so a real line reads `<14>Nov 22 20:13:34 cloud-init: 256 SHA256:… (ED25519)`.
+    /// cloud-init prints its block once per instance; the per-boot script the user-data installs
+    /// prints one on every boot. The LAST complete block wins; an unterminated block (boot
+    /// still running) is ignored, as are lines in the block without a SHA256 fingerprint.
     pub fn from_console(console: &str) -> Result<HostKeyPins, KeyError> {
         let mut current: Option<BTreeSet<String>> = None;
         let mut last_complete: Option<BTreeSet<String>> = None;
@@ -871,6 +873,25 @@ mod tests {
         assert_eq!(pins.fingerprints().collect::<Vec<_>>(), vec![FP_A]);
     }
 
+    /// The block exactly as cloud-init's `write-ssh-key-fingerprints` prints it through
+    /// util-linux `logger -s -p user.info -t cloud-init --` (day numbers and times included).
+    #[test]
+    fn pins_come_from_cloud_inits_logger_lines() {
+        let console = format!(
+            "<14>Nov  2 20:13:34 cloud-init: #############################################################\n\
+             <14>Nov  2 20:13:34 cloud-init: -----BEGIN SSH HOST KEY FINGERPRINTS-----\n\
+             <14>Nov  2 20:13:34 cloud-init: 256 {FP_A} root@demo-cp-abcde (ED25519)\n\
+             <14>Nov  2 20:13:34 cloud-init: 3072 {FP_B} root@demo-cp-abcde (RSA)\n\
+             <14>Nov  2 20:13:34 cloud-init: -----END SSH HOST KEY FINGERPRINTS-----\n\
+             <14>Nov  2 20:13:34 cloud-init: #############################################################\n\
+             -----BEGIN SSH HOST KEY KEYS-----\n\
+             ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A root@demo-cp-abcde\n\
+             -----END SSH HOST KEY KEYS-----\n"
+        );
+        let pins = HostKeyPins::from_console(&console).unwrap();
+        assert_eq!(pins.fingerprints().collect::<Vec<_>>(), vec![FP_A, FP_B]);
+    }
+
     #[test]
     fn console_without_a_complete_block_is_an_error() {
         let err = HostKeyPins::from_console("booting\n-----BEGIN SSH HOST KEY FINGERPRINTS-----\n")
@@ -958,7 +979,7 @@ mod tests {
         };
         let msg = err.to_string();
         assert!(msg.contains(FP_A) && msg.contains(FP_B), "{msg}");
-        assert!(msg.contains("re-read the serial console"), "{msg}");
+        assert!(msg.contains("serial console"), "{msg}");
     }
 
     #[tokio::test]

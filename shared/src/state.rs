@@ -17,6 +17,8 @@ pub mod keys {
     pub const SPEC: &str = "spec.yaml";
     pub const STATUS: &str = "status.json";
     pub const SCHEMA_VERSION: &str = "schema-version";
+    /// sha256 of the cluster CA (not secret): joiners get `K10<hash>::` tokens with it.
+    pub const K3S_CA_HASH: &str = "k3s-ca-hash";
 }
 
 /// Label on both objects.

@@ -262,6 +262,7 @@ pub async fn build(
                 api_address: fip.ip,
                 join_address: fip.ip,
                 cluster_init,
+                ca_hash: None,
             })
             .map_err(|message| PresetError::Member {
                 name: name.clone(),
@@ -316,6 +317,10 @@ pub async fn build(
         state::keys::SCHEMA_VERSION.to_string(),
         SCHEMA_VERSION.to_string(),
     );
+    // As bootstrap stores it: members reconcile adds join with `K10<hash>::` tokens.
+    if let Ok(hash) = oxide_controller::kubeconfig::k3s_ca_hash(&kubeconfig) {
+        config.insert(state::keys::K3S_CA_HASH.to_string(), hash);
+    }
     store
         .ensure_state(&secrets, config)
         .await

@@ -34,8 +34,10 @@ async fn first_server_creates_the_cluster_and_becomes_a_ready_node() {
         "InternalIP is the instance's external IP: {addresses:?}"
     );
 
-    let console = wait_console(&c, "c1-cp-aaaaa", "k3s is up and running").await;
-    assert!(console.contains("-----BEGIN SSH HOST KEY FINGERPRINTS-----"));
+    // cloud-init prints the host keys after runcmd, once the k3s install step returned.
+    let console = wait_console(&c, "c1-cp-aaaaa", "-----END SSH HOST KEY FINGERPRINTS-----").await;
+    assert!(console.contains("k3s is up and running"));
+    assert!(console.contains("cloud-init: -----BEGIN SSH HOST KEY FINGERPRINTS-----"));
     assert!(console.contains("root@c1-cp-aaaaa (ED25519)"));
     assert!(
         !console.contains(TOKEN),
@@ -199,9 +201,9 @@ async fn user_data_without_the_cloud_config_header_is_refused_on_the_console() {
         "#!/bin/sh\ncurl -sfL https://get.k3s.io | sh -\n",
     )
     .await;
-    let console = wait_console(&c, "c1-cp-fffff", "does not start with '#cloud-config'").await;
     // cloud-init still prints the host keys; k3s never starts.
-    assert!(console.contains("-----BEGIN SSH HOST KEY FINGERPRINTS-----"));
+    let console = wait_console(&c, "c1-cp-fffff", "-----END SSH HOST KEY FINGERPRINTS-----").await;
+    assert!(console.contains("does not start with '#cloud-config'"));
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         !console.contains("k3s"),

@@ -34,15 +34,13 @@ impl russh::client::Handler for Pinned {
 }
 
 /// The fingerprint from cloud-init's block on the console.
+/// The fingerprint in the console's last complete block, read the way bootstrap reads it
+/// (the lines carry cloud-init's `<14>Mon DD HH:MM:SS cloud-init: ` logger prefix).
 fn console_fingerprint(console: &str) -> String {
-    let block = console
-        .split("-----BEGIN SSH HOST KEY FINGERPRINTS-----\n")
-        .nth(1)
-        .and_then(|rest| rest.split("-----END SSH HOST KEY FINGERPRINTS-----").next())
-        .expect("fingerprint block on the console");
-    block
-        .split_whitespace()
-        .nth(1)
+    oxide_controller::ssh::HostKeyPins::from_console(console)
+        .expect("fingerprint block on the console")
+        .fingerprints()
+        .next()
         .expect("a fingerprint")
         .to_string()
 }
@@ -102,7 +100,9 @@ async fn ssh_to_a_server_reads_a_kubeconfig_that_works_through_the_floating_ip()
     wait_node_status(&sim, "c1-cp-aaaaa", "True").await;
     attach_floating_ip(&c, "c1-apiserver", "c1-cp-aaaaa").await;
 
-    let console = wait_console(&c, "c1-cp-aaaaa", "k3s is up and running").await;
+    // cloud-init prints the block after runcmd, i.e. once the k3s install step returned.
+    let console = wait_console(&c, "c1-cp-aaaaa", "-----END SSH HOST KEY FINGERPRINTS-----").await;
+    assert!(console.contains("k3s is up and running"));
     let fingerprint = console_fingerprint(&console);
     let ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
 

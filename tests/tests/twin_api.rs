@@ -565,4 +565,135 @@ mod twin {
                 .any(|k| k.starts_with("GET /apis"))
         );
     }
+
+    #[tokio::test]
+    async fn field_selectors_are_limited_per_kind_and_continue_tokens_expire() {
+        let (_twin, client) = start().await;
+        let pods: Api<Pod> = Api::all(client.clone());
+        pods.list(&ListParams::default().fields("spec.nodeName=w1,status.phase=Running"))
+            .await
+            .unwrap();
+        let (code, reason, message) = api_error(
+            pods.list(&ListParams::default().fields("spec.containers=x"))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!((code, reason.as_str()), (400, "BadRequest"));
+        assert_eq!(message, "field label not supported: spec.containers");
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        let (code, _, message) = api_error(
+            cms.list(&ListParams::default().fields("data.k=v"))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!(code, 400);
+        assert_eq!(
+            message,
+            "\"data.k\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+        );
+        cms.list(&ListParams::default().fields("metadata.name=x"))
+            .await
+            .unwrap();
+
+        // A continue token from more than five minutes ago: 410 Expired.
+        use base64::Engine as _;
+        let old = chrono::Utc::now().timestamp() - 301;
+        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(serde_json::to_vec(&("default", "a", old)).unwrap());
+        let (code, reason, _) = api_error(
+            cms.list(&ListParams::default().limit(1).continue_token(&token))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!((code, reason.as_str()), (410, "Expired"));
+    }
+
+    #[tokio::test]
+    async fn server_side_apply_conflicts_with_other_managers_unless_forced() {
+        let (_twin, client) = start().await;
+        let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+        let doc = |v: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shared"}, "data": {"k": v}});
+        cms.patch(
+            "shared",
+            &PatchParams::apply("helm"),
+            &Patch::Apply(doc("1")),
+        )
+        .await
+        .unwrap();
+        // Same value: shared ownership, no conflict.
+        cms.patch(
+            "shared",
+            &PatchParams::apply("ours"),
+            &Patch::Apply(doc("1")),
+        )
+        .await
+        .unwrap();
+        cms.patch(
+            "shared",
+            &PatchParams::apply("helm"),
+            &Patch::Apply(doc("1")),
+        )
+        .await
+        .unwrap();
+        // A different value owned by someone else: 409 naming the manager and field.
+        let (code, reason, message) = api_error(
+            cms.patch(
+                "shared",
+                &PatchParams::apply("ours"),
+                &Patch::Apply(doc("2")),
+            )
+            .await
+            .unwrap_err(),
+        );
+        assert_eq!((code, reason.as_str()), (409, "Conflict"));
+        assert_eq!(
+            message,
+            "Apply failed with 1 conflict: conflict with \"helm\" using v1: .data.k"
+        );
+        // Forced: it takes the field.
+        let forced = cms
+            .patch(
+                "shared",
+                &PatchParams::apply("ours").force(),
+                &Patch::Apply(doc("2")),
+            )
+            .await
+            .unwrap();
+        assert_eq!(forced.data.unwrap()["k"], "2");
+    }
+
+    #[tokio::test]
+    async fn openapi_v3_says_writes_validate_on_the_server() {
+        let (_twin, client) = start().await;
+        let get = |path: &str| {
+            let client = client.clone();
+            let path = path.to_owned();
+            async move {
+                let req = http::Request::get(path).body(Vec::new()).unwrap();
+                client.request::<serde_json::Value>(req).await.unwrap()
+            }
+        };
+        let root = get("/openapi/v3").await;
+        let url = root["paths"]["api/v1"]["serverRelativeURL"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(url.starts_with("/openapi/v3/api/v1?hash="), "{url}");
+        assert!(root["paths"]["apis/apps/v1"].is_object());
+        let doc = get(&url).await;
+        let patch = &doc["paths"]["/api/v1/namespaces/{namespace}/configmaps/{name}"]["patch"];
+        assert_eq!(
+            patch["x-kubernetes-group-version-kind"],
+            json!({"group": "", "version": "v1", "kind": "ConfigMap"})
+        );
+        assert!(
+            patch["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == "fieldValidation" && p["in"] == "query")
+        );
+        let v2 = get("/openapi/v2").await;
+        assert_eq!(v2["swagger"], "2.0");
+    }
 }

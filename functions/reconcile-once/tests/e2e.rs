@@ -669,7 +669,7 @@ type SpecCase = (&'static str, fn(&str) -> String);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
     let env = env(1, 1).await;
-    let cases: [SpecCase; 4] = [
+    let cases: [SpecCase; 5] = [
         ("control_plane.count", |s| {
             s.replacen("count: 1", "count: 2", 1)
         }),
@@ -677,6 +677,17 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
             s.replace("min: 0", "min: 500")
         }),
         ("wrokers", |s| format!("{s}wrokers: 3\n")),
+        // The kubelet refuses this label and k3s would never start (issue 11).
+        (
+            "worker_pools.workers.labels.node-role.kubernetes.io/worker",
+            |s| {
+                let mut spec = oxide_controller::spec::ClusterSpec::from_yaml(s).unwrap();
+                spec.worker_pools[0]
+                    .labels
+                    .insert("node-role.kubernetes.io/worker".into(), "true".into());
+                spec.to_yaml()
+            },
+        ),
         ("worker_pools.workers.memory", |s| {
             match s.split_once("worker_pools:") {
                 Some((a, b)) => format!(
@@ -826,4 +837,145 @@ async fn converges_within_five_runs_under_kube_5xx_and_latency() {
         assert_eq!(env.ready_nodes(WK).len(), desired as usize);
     }
     env.assert_no_leaks();
+}
+
+fn twin_nodes(env: &Env) -> Vec<String> {
+    env.sim
+        .twin()
+        .list("v1", "Node", None)
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_pods_tolerate_everything_is_removed_and_they_run_elsewhere() {
+    let env = env(1, 3).await;
+    env.edit(|s| s.timeouts.drain_seconds = 10).await;
+    env.sim
+        .twin()
+        .upsert(serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "anywhere", "namespace": "default"},
+            "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "anywhere"}},
+                "template": {"metadata": {"labels": {"app": "anywhere"}},
+                    "spec": {"terminationGracePeriodSeconds": 1, "tolerations": [{"operator": "Exists"}],
+                        "containers": [{"name": "c", "image": "nginx", "resources": {"requests": {"cpu": "10m"}}}]}}}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let running = |env: &Env| -> Vec<serde_json::Value> {
+        env.sim
+            .twin()
+            .list("v1", "Pod", Some("default"))
+            .into_iter()
+            .filter(|p| {
+                p["metadata"]["labels"]["app"] == "anywhere" && p["status"]["phase"] == "Running"
+            })
+            .collect()
+    };
+    assert_eq!(running(&env).len(), 6);
+    env.edit(|s| s.worker_pools[0].count = 2).await;
+    let runs = env.converge(6).await;
+    assert!(runs <= 6);
+    assert_eq!(env.instances(WK).len(), 2);
+    let nodes = twin_nodes(&env);
+    assert_eq!(
+        nodes.iter().filter(|n| n.starts_with(WK)).count(),
+        2,
+        "{nodes:?}"
+    );
+    let pods = running(&env);
+    assert_eq!(pods.len(), 6, "every replica Running again");
+    for p in &pods {
+        let on = p["spec"]["nodeName"].as_str().unwrap_or_default();
+        assert!(nodes.iter().any(|n| n == on), "{on} is not a Node any more");
+    }
+    env.assert_no_leaks();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
+    let env = env(1, 2).await;
+    env.edit(|s| s.timeouts.drain_seconds = 3).await;
+    let twin = env.sim.twin().clone();
+    for node in env.ready_nodes(WK) {
+        for (name, labels, finalizers) in [
+            (
+                format!("held-{node}"),
+                serde_json::json!({"app": "held"}),
+                serde_json::json!(["example.com/hold"]),
+            ),
+            (
+                format!("db-{node}"),
+                serde_json::json!({"app": "db"}),
+                serde_json::json!([]),
+            ),
+            (
+                format!("web-{node}"),
+                serde_json::json!({"app": "web"}),
+                serde_json::json!([]),
+            ),
+        ] {
+            twin.upsert(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "default", "labels": labels, "finalizers": finalizers},
+                "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": "i"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    for pdb in ["db-a", "db-b"] {
+        twin.upsert(
+            serde_json::json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": pdb, "namespace": "default"},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "db"}}}}),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    env.edit(|s| s.worker_pools[0].count = 1).await;
+    for _ in 0..2 {
+        let _ = env.reconcile(&[]).await;
+    }
+    let victim = twin
+        .list("v1", "Node", None)
+        .into_iter()
+        .find(|n| n["spec"]["unschedulable"] == true)
+        .and_then(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("a cordoned victim"));
+    let status = env.status().await.unwrap_or_else(|| panic!("status"));
+    let plan = serde_json::to_string(&status.last_plan).unwrap_or_default();
+    assert!(
+        plan.contains(&format!(
+            "blocked by default/db-{victim}: This pod has more than one PodDisruptionBudget"
+        )),
+        "{plan}"
+    );
+    assert!(
+        plan.contains(&format!("pod default/held-{victim} stuck terminating")),
+        "{plan}"
+    );
+    assert_eq!(
+        status.condition("Degraded").map(|c| c.status.as_str()),
+        Some("True")
+    );
+    // The others were evicted; the Node stays cordoned, its VM is still there and running.
+    assert!(
+        twin.get("v1", "Pod", Some("default"), &format!("web-{victim}"))
+            .is_none()
+    );
+    assert!(twin_nodes(&env).contains(&victim));
+    let vm = env
+        .instances(WK)
+        .into_iter()
+        .find(|i| i["name"] == victim.as_str())
+        .unwrap_or_else(|| panic!("the victim's VM was deleted"));
+    assert_eq!(vm["state"], "running", "{vm}");
+
+    // Someone removes the finalizer and the extra budget: the next runs finish the removal.
+    let mut held = twin
+        .get("v1", "Pod", Some("default"), &format!("held-{victim}"))
+        .unwrap_or_else(|| panic!("held pod"));
+    held["metadata"]["finalizers"] = serde_json::json!([]);
+    twin.upsert(held).unwrap_or_else(|e| panic!("{e}"));
+    assert!(twin.delete("policy/v1", "PodDisruptionBudget", Some("default"), "db-b"));
+    env.converge(6).await;
+    assert!(!twin_nodes(&env).contains(&victim));
+    assert_eq!(env.instances(WK).len(), 1);
 }

@@ -35,9 +35,13 @@ use crate::size::ByteSize;
 pub const DEFAULT_PAGE_SIZE: u32 = 10_000;
 /// Largest page Nexus serves; larger requests are clamped by the server anyway.
 pub const MAX_PAGE_SIZE: u32 = 10_000;
-/// How much recent serial console output [`Rack::serial_console`] asks for. Cloud-init's SSH
-/// host key block is printed late in boot, so the tail is what matters.
+/// How much recent serial console output [`Rack::serial_console`] reads. cloud-init's SSH
+/// host key block is printed late in the first boot (and our per-boot script prints it on
+/// every boot), so the tail is what matters.
 pub const SERIAL_CONSOLE_BYTES: u64 = 256 * 1024;
+/// Bytes asked for per request. propolis returns 16 KiB unless `max_bytes` says otherwise,
+/// reading FORWARD from the start offset; Nexus passes `max_bytes` on only when given.
+const SERIAL_CONSOLE_PAGE: u64 = 128 * 1024;
 /// Block size of the blank data disks we create. 4096 is the native size of the rack's storage.
 const DATA_DISK_BLOCK_SIZE: i64 = 4096;
 /// Description given to a project we create.
@@ -774,18 +778,51 @@ impl Rack for OxideRack {
 
     async fn serial_console(&self, name: &str) -> Result<Vec<u8>, RackError> {
         let what = format!("serial console of instance {name}");
-        let data = self
+        // The last page first (`most_recent` = `max_bytes`: exactly the tail), then the pages
+        // before it, until SERIAL_CONSOLE_BYTES are read or the history starts. Each page is
+        // read forward from an absolute offset, so output written meanwhile cannot shift it.
+        let last = self
             .read(&what, || {
                 self.client
                     .instance_serial_console()
                     .project(self.project.as_str())
                     .instance(name)
-                    .most_recent(SERIAL_CONSOLE_BYTES)
+                    .most_recent(SERIAL_CONSOLE_PAGE)
+                    .max_bytes(SERIAL_CONSOLE_PAGE)
                     .send()
             })
             .await?
             .into_inner();
-        Ok(data.data)
+        let mut start = last.last_byte_offset.saturating_sub(last.data.len() as u64);
+        let mut pages = vec![last.data];
+        let mut have = pages[0].len() as u64;
+        while start > 0 && have < SERIAL_CONSOLE_BYTES {
+            let from = start.saturating_sub(SERIAL_CONSOLE_PAGE);
+            let want = start - from;
+            let page = self
+                .read(&what, || {
+                    self.client
+                        .instance_serial_console()
+                        .project(self.project.as_str())
+                        .instance(name)
+                        .from_start(from)
+                        .max_bytes(want)
+                        .send()
+                })
+                .await;
+            // The middle of a long history is gone (propolis keeps the first and the last
+            // MiB); what was read is the tail, which is what callers need.
+            let Ok(page) = page else { break };
+            let mut data = page.into_inner().data;
+            data.truncate(usize::try_from(want).unwrap_or(usize::MAX));
+            if data.is_empty() {
+                break;
+            }
+            have += data.len() as u64;
+            start = from;
+            pages.push(data);
+        }
+        Ok(pages.into_iter().rev().flatten().collect())
     }
 
     async fn list_disks(&self) -> Result<Vec<Disk>, RackError> {

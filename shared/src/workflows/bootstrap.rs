@@ -310,7 +310,7 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
 
     // 2. Keys and tokens exist on disk before any VM does.
     info!(step = "resume", path = %v.resume_path.display(), "reading the resume file");
-    let resume = ensure_resume(&rack, &v).await?;
+    let mut resume = ensure_resume(&rack, &v).await?;
     let mut secrets = resume.secrets(&v.credentials.host, token, v.user_ssh_public_key.as_deref());
     // The auth key goes to the Secret (reconcile's new members join with it); the API key never.
     secrets.tailscale_auth_key = v.tailscale.as_ref().map(|t| t.auth_key.expose().to_owned());
@@ -419,8 +419,16 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     wait_for_api(&server, api_deadline, tty).await?;
 
     info!(step = "host-key", instance = %api_member, "reading the SSH host keys from the serial console");
-    let pins = read_pins(&rack, &api_member, api_deadline, tty).await?;
-    info!(step = "host-key", instance = %api_member, fingerprints = %pins.fingerprints().collect::<Vec<_>>().join(","), "host keys pinned");
+    let (pins, pinned_before) = host_key_pins(
+        &rack,
+        &v.resume_path,
+        &mut resume,
+        &api_member,
+        api_deadline,
+        tty,
+    )
+    .await?;
+    info!(step = "host-key", instance = %api_member, fingerprints = %pins.fingerprints().collect::<Vec<_>>().join(","), pinned_before, "host keys pinned");
 
     info!(step = "fetch-kubeconfig", user = %spec.nodes.ssh_user, port = spec.nodes.ssh_port, "reading k3s.yaml over SSH");
     let target = SshTarget::new(
@@ -429,7 +437,9 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         key,
         pins,
     );
-    let k3s_yaml = fetch_kubeconfig(&target, api_deadline, tty).await?;
+    let k3s_yaml = fetch_kubeconfig(&target, api_deadline, tty)
+        .await
+        .map_err(|e| mismatch_hint(e, &api_member, pinned_before, &v.resume_path))?;
 
     info!(step = "write-kubeconfig", path = %v.kubeconfig.display(), "writing the kubeconfig");
     let ours = kubeconfig::rewrite_k3s(&k3s_yaml, cluster, &server)
@@ -453,13 +463,17 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         .await
         .map_err(|e| failed("state", &e))?;
     let store = KubeStateStore::new(client.clone(), NAMESPACE);
-    let config = BTreeMap::from([
+    let mut config = BTreeMap::from([
         (state::keys::SPEC.to_owned(), spec.to_yaml()),
         (
             state::keys::SCHEMA_VERSION.to_owned(),
             SCHEMA_VERSION.to_owned(),
         ),
     ]);
+    // Joiners pin the cluster CA with it (`K10<hash>::` tokens); k3s.yaml came over the
+    // pinned SSH connection, so its CA is the cluster's.
+    let ca_hash = kubeconfig::k3s_ca_hash(&k3s_yaml).map_err(|e| failed("state", &e))?;
+    config.insert(state::keys::K3S_CA_HASH.to_owned(), ca_hash);
     crate::retry::retry(
         Backoff::default(),
         |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
@@ -651,6 +665,7 @@ async fn ensure_first_server(
         // Unused: the cluster-init server joins nobody.
         join_address: api_address,
         cluster_init: true,
+        ca_hash: None,
     })
     .map_err(|message| BootstrapError::Failed { step, message })?;
     match rack.create_instance(&new).await {
@@ -787,6 +802,64 @@ async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), 
             });
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The host key pins of `instance`: those saved in the resume file when its console was
+/// first read (`true`), else read from the console now and saved before any connection uses
+/// them (`false`). Saved pins are never replaced by what a console shows later: a VM whose
+/// key changed is refused (see [`mismatch_hint`]).
+async fn host_key_pins(
+    rack: &OxideRack,
+    resume_path: &std::path::Path,
+    resume: &mut ResumeState,
+    instance: &str,
+    deadline: Instant,
+    tty: bool,
+) -> Result<(HostKeyPins, bool), BootstrapError> {
+    if let Some(saved) = resume.host_key_pins.get(instance) {
+        let pins = HostKeyPins::new(saved).map_err(|e| {
+            BootstrapError::Config(format!(
+                "host-key: the resume file {} holds a malformed pin for {instance}: {}",
+                resume_path.display(),
+                one_line(&e)
+            ))
+        })?;
+        return Ok((pins, true));
+    }
+    let pins = read_pins(rack, instance, deadline, tty).await?;
+    resume.host_key_pins.insert(
+        instance.to_owned(),
+        pins.fingerprints().map(str::to_owned).collect(),
+    );
+    resume::save(resume_path, resume).map_err(|e| failed("host-key", &e))?;
+    Ok((pins, false))
+}
+
+/// A host key mismatch, with what to check: pins from an earlier run mean the server's key
+/// changed since it was first read (or someone answers in its place).
+fn mismatch_hint(
+    e: BootstrapError,
+    instance: &str,
+    pinned_before: bool,
+    resume_path: &std::path::Path,
+) -> BootstrapError {
+    match e {
+        BootstrapError::Failed { step, message }
+            if pinned_before && message.contains("refusing to connect") =>
+        {
+            BootstrapError::Failed {
+                step,
+                message: format!(
+                    "{message}. The pins of {instance} were saved in {} when its console was \
+                     first read. Check the fingerprints on its serial console (`oxide instance \
+                     serial-console`); only if {instance} was really recreated with new keys, \
+                     delete its entry under host-key-pins in that file and re-run",
+                    resume_path.display()
+                ),
+            }
+        }
+        other => other,
     }
 }
 

@@ -316,7 +316,12 @@ where
             observe_and_plan(&rack, cluster, &spec, (opts.now)())
         })
         .await?;
-        let factory = SpecMembers::new(&spec, &secrets, &observed);
+        let factory = SpecMembers::new(&spec, &secrets, &observed).with_ca_hash(
+            snapshot
+                .data
+                .get(state::keys::K3S_CA_HASH)
+                .map(String::as_str),
+        );
         let results = apply::apply(&rack, cluster, &factory, &plan, &apply_opts).await;
         Ok::<_, ReconcileError>((plan, results))
     };

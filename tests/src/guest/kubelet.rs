@@ -35,6 +35,55 @@ pub(super) fn parse_taint(s: &str) -> Option<Value> {
     Some(taint)
 }
 
+/// Labels a kubelet may set on its own Node in the `kubernetes.io`/`k8s.io` namespaces
+/// (k8s.io/kubelet `pkg/apis/well_known_labels.go`: `kubeletLabels`).
+const KUBELET_LABELS: [&str; 11] = [
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "beta.kubernetes.io/os",
+    "failure-domain.beta.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+    "kubernetes.io/arch",
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+];
+
+/// The kubelet's `ValidateKubeletFlags` on `--node-labels` (k3s passes `node-label` there):
+/// a key in the `kubernetes.io`/`k8s.io` namespaces (or subdomains) must be one of
+/// [`KUBELET_LABELS`] or in `kubelet.kubernetes.io`/`node.kubernetes.io`. `Some(message)`,
+/// the kubelet's own, when it refuses to start.
+pub(super) fn refused_node_labels(k3s: &K3sConfig) -> Option<String> {
+    let mut unknown: Vec<String> = k3s
+        .node_label
+        .iter()
+        .filter_map(|l| parse_label(l))
+        .map(|(k, _)| k)
+        .filter(|k| {
+            let Some((ns, _)) = k.split_once('/') else {
+                return false;
+            };
+            let within = |n: &str| ns == n || ns.ends_with(&format!(".{n}"));
+            (within("kubernetes.io") || within("k8s.io"))
+                && !KUBELET_LABELS.contains(&k.as_str())
+                && !within("kubelet.kubernetes.io")
+                && !within("node.kubernetes.io")
+        })
+        .collect();
+    if unknown.is_empty() {
+        return None;
+    }
+    unknown.sort();
+    unknown.dedup();
+    Some(format!(
+        "unknown 'kubernetes.io' or 'k8s.io' labels specified with --node-labels: [{}]\\n--node-labels in the 'kubernetes.io' namespace must begin with an allowed prefix (kubelet.kubernetes.io, node.kubernetes.io) or be in the specifically allowed set ({})",
+        unknown.join(" "),
+        KUBELET_LABELS.join(", ")
+    ))
+}
+
 impl Inner {
     /// Registers (or re-registers) the Node like a starting kubelet: a missing Node is
     /// created; an existing one keeps its spec (cordon, taints) and annotations, gets the
@@ -204,4 +253,35 @@ pub(super) fn node_object(
             },
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(l: &[&str]) -> K3sConfig {
+        K3sConfig {
+            node_label: l.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_kubelet_refuses_kubernetes_io_labels_outside_its_allowed_set() {
+        let msg = refused_node_labels(&labels(&[
+            "node-role.kubernetes.io/worker=true",
+            "example.com/a=b",
+        ]))
+        .expect("refused");
+        assert!(msg.contains("[node-role.kubernetes.io/worker]"), "{msg}");
+        for ok in [
+            "node.kubernetes.io/pool=a",
+            "kubelet.kubernetes.io/x=y",
+            "topology.kubernetes.io/zone=z",
+            "oxide-controller/pool=workers",
+        ] {
+            assert_eq!(refused_node_labels(&labels(&[ok])), None, "{ok}");
+        }
+        assert!(refused_node_labels(&labels(&["sub.k8s.io/x=1"])).is_some());
+    }
 }

@@ -8,11 +8,21 @@ use std::time::Instant;
 
 use uuid::Uuid;
 
-use super::cloud_init::parse_user_data;
+use super::cloud_init::{UserData, parse_user_data};
 use super::k3s::{Decision, K3S_CONFIG_PATH, Role};
 use super::{Boot, Inner, K3sState, Vm};
+use super::{console, kubelet, setup_script};
 use crate::oxide::{RackEvents, RunningInstance};
 use crate::sshd::SshHost;
+
+/// How runcmd ended for this boot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Runcmd {
+    /// Every step returned (successfully or not): cloud-final goes on.
+    Finished,
+    /// The boot is stale, or a step hangs: cloud-final never gets further.
+    Abandoned,
+}
 
 impl Inner {
     async fn run_boot(self: Arc<Self>, id: Uuid, generation: u64, user_data: Vec<u8>) {
@@ -27,16 +37,8 @@ impl Inner {
                 vm.decoy_host.clone(),
             )
         };
-        self.log(
-            id,
-            started,
-            "Linux version 6.8.0-oxide (buildd@oxide) #1 SMP PREEMPT_DYNAMIC",
-        );
-        self.log(
-            id,
-            started,
-            "Command line: BOOT_IMAGE=/vmlinuz root=LABEL=cloudimg-rootfs ro console=ttyS0",
-        );
+        // Kernel and systemd output: far more than propolis's default 16 KiB read.
+        self.console(id, &console::boot_noise());
         self.log(
             id,
             started,
@@ -73,20 +75,44 @@ impl Inner {
             vm.user_data = user_data.clone();
             vm.sshd_up = true;
         }
-        // cloud-init's keys-to-console module prints the host key fingerprints.
+        // The key the console shows: the real one, or a decoy under the fault.
         let wrong_key = Self::name_matches(&self.faults.get().wrong_console_host_key, &name);
         let printed = if wrong_key {
             decoy.unwrap_or(host)
         } else {
             host
         };
-        // sshd is up before cloud-init prints the keys, so a client that read the console
-        // can connect at once.
         self.sync_listeners(id);
         if !self.current(id, generation) {
             return;
         }
-        self.console(id, &printed.console_fingerprints(&hostname));
+        // cloud-final: scripts_per_boot runs before scripts_user (runcmd).
+        if let Some(ud) = &user_data
+            && let Some(tag) = setup_script::per_boot_host_key_tag(&ud.files)
+        {
+            self.console(id, &console::fingerprint_block(&printed, &hostname, tag));
+        }
+        let finished = self
+            .run_runcmd(id, generation, user_data, &name, &hostname, started)
+            .await;
+        if finished == Runcmd::Abandoned || !self.current(id, generation) {
+            return;
+        }
+        // keys_to_console runs after scripts_user, once per instance (its frequency); the
+        // instance ID never changes, so a restarted VM never prints this block again.
+        let first = {
+            let mut st = self.state();
+            match st.vms.get_mut(&id).filter(|v| v.generation == generation) {
+                Some(vm) => !std::mem::replace(&mut vm.keys_printed, true),
+                None => return,
+            }
+        };
+        if first {
+            self.console(
+                id,
+                &console::fingerprint_block(&printed, &hostname, "cloud-init"),
+            );
+        }
         self.log(
             id,
             started,
@@ -95,10 +121,27 @@ impl Inner {
                 chrono::Utc::now().to_rfc2822()
             ),
         );
+    }
 
-        let Some(ud) = user_data else { return };
-        self.tailscale_up(id, generation, &ud, &hostname, started);
-        let Some(role) = ud.role else { return };
+    /// cloud-init's `scripts_user` (runcmd) and what it starts: the Tailscale join and the
+    /// k3s install step, which returns once k3s is up (the unit is `Type=notify`) or failed.
+    /// A k3s that keeps retrying keeps runcmd (and so cloud-final) from ever finishing.
+    async fn run_runcmd(
+        self: &Arc<Self>,
+        id: Uuid,
+        generation: u64,
+        user_data: Option<Arc<UserData>>,
+        name: &str,
+        hostname: &str,
+        started: Instant,
+    ) -> Runcmd {
+        let Some(ud) = user_data else {
+            return Runcmd::Finished;
+        };
+        self.tailscale_up(id, generation, &ud, hostname, started);
+        let Some(role) = ud.role else {
+            return Runcmd::Finished;
+        };
         let Some(mut k3s) = ud.k3s.clone() else {
             // k3s without a config file: a fresh server would create its own cluster with a
             // random token, an agent would have no server. Model what the product renders.
@@ -107,7 +150,7 @@ impl Inner {
             );
             self.k3s_log(id, started, "fatal", &msg);
             self.set_k3s(id, generation, K3sState::Refused);
-            return;
+            return Runcmd::Finished;
         };
         if let Some(prefix) = &ud.smbios_provider_id_prefix {
             k3s.kubelet_arg.push(format!("provider-id={prefix}{id}"));
@@ -115,7 +158,7 @@ impl Inner {
 
         tokio::time::sleep(self.cfg.k3s_boot).await;
         if !self.current(id, generation) {
-            return;
+            return Runcmd::Abandoned;
         }
         let version = ud
             .install_version
@@ -150,8 +193,14 @@ impl Inner {
             ),
         );
         self.set_k3s(id, generation, K3sState::Waiting);
+        if let Some(msg) = kubelet::refused_node_labels(&k3s) {
+            // The kubelet exits at once, so k3s does too (and systemd's restarts fail alike).
+            self.k3s_log(id, started, "fatal", &format!("kubelet exited: {msg}"));
+            self.set_k3s(id, generation, K3sState::Refused);
+            return Runcmd::Finished;
+        }
 
-        if Self::name_matches(&self.faults.get().never_join, &name) {
+        if Self::name_matches(&self.faults.get().never_join, name) {
             // Fault: k3s hangs before it ever registers (e.g. a broken network path).
             self.k3s_log(
                 id,
@@ -159,14 +208,14 @@ impl Inner {
                 "info",
                 "Waiting for control-plane node to start: etcd not ready",
             );
-            return;
+            return Runcmd::Abandoned;
         }
 
         let mut attempt: u64 = 0;
         let mut last_retry = String::new();
         loop {
             if !self.current(id, generation) {
-                return;
+                return Runcmd::Abandoned;
             }
             match self.decide(id, role, &k3s) {
                 Decision::Retry(msg) => {
@@ -181,12 +230,12 @@ impl Inner {
                     self.k3s_log(id, started, "fatal", &msg);
                     tracing::info!(instance = %name, "k3s refused to start");
                     self.set_k3s(id, generation, K3sState::Refused);
-                    return;
+                    return Runcmd::Finished;
                 }
                 decision @ (Decision::Create | Decision::Join(_)) => {
                     tokio::time::sleep(self.cfg.k3s_join).await;
                     if !self.current(id, generation) {
-                        return;
+                        return Runcmd::Abandoned;
                     }
                     self.finish_join(
                         id,
@@ -200,7 +249,7 @@ impl Inner {
                         },
                         started,
                     );
-                    return;
+                    return Runcmd::Finished;
                 }
             }
         }
@@ -264,6 +313,7 @@ impl RackEvents for Boot {
                 k3s: K3sState::Off,
                 member: false,
                 cluster: None,
+                keys_printed: false,
                 node_name: None,
                 ncpus: inst.ncpus,
                 memory: inst.memory,

@@ -129,6 +129,8 @@ struct Vm {
     member: bool,
     /// The cluster it joined or created (key of [`State::clusters`]).
     cluster: Option<Uuid>,
+    /// cloud-init's keys_to_console ran (once per instance: never again after a restart).
+    keys_printed: bool,
     node_name: Option<String>,
     /// vCPUs and memory (bytes) of the instance: the Node's capacity.
     ncpus: u16,

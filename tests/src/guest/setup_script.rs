@@ -2,6 +2,7 @@
 //! selects, the pinned version, the SMBIOS provider-ID drop-in, and `tailscale up` against
 //! the simulated tailnet.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -88,6 +89,28 @@ pub(super) fn detect_install_version(commands: &[String]) -> Option<String> {
         .find_map(|c| env_value(c, "INSTALL_K3S_VERSION"))
         .filter(|v| !v.is_empty())
         .map(str::to_string)
+}
+
+/// Directory of scripts cloud-init's `scripts_per_boot` module runs on every boot (in
+/// cloud-final, before `scripts_user`).
+pub(super) const PER_BOOT_DIR: &str = "/var/lib/cloud/scripts/per-boot/";
+
+/// The logger tag of a per-boot script in the user-data that prints the host key
+/// fingerprints between cloud-init's markers (`ssh-keygen -l` piped into `logger -s -t TAG`),
+/// if there is one. The simulator cannot run shell: the stub-execution test runs the script
+/// for real; here its effect is applied on every boot.
+pub(super) fn per_boot_host_key_tag(files: &BTreeMap<String, Vec<u8>>) -> Option<&'static str> {
+    files.iter().find_map(|(path, content)| {
+        let script = std::str::from_utf8(content).ok()?;
+        let runs = path
+            .strip_prefix(PER_BOOT_DIR)
+            .is_some_and(|f| !f.is_empty() && !f.contains('/'));
+        (runs
+            && script.contains("ssh-keygen -l")
+            && script.contains("-----BEGIN SSH HOST KEY FINGERPRINTS-----")
+            && script.contains("logger -s -p user.info -t oxide-controller"))
+        .then_some("oxide-controller")
+    })
 }
 
 impl Inner {

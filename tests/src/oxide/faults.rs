@@ -1,7 +1,8 @@
 //! Runtime-mutable fault injection for the simulated rack.
 //!
 //! The Oxide API side reads the per-route faults (latency, error rate), `fail_at_boot`,
-//! `hang_stopping` and `crash_after_requests`; the integrator reads `never_join` and
+//! `hang_stopping`, `crash_after_requests` and the start refusals `no_capacity` /
+//! `quota_exceeded`; the integrator reads `never_join` and
 //! `wrong_console_host_key`. This module only holds the specification; acting on it is the
 //! job of the code that owns the behaviour.
 

@@ -13,6 +13,7 @@ use http::StatusCode;
 use oxide::types;
 use uuid::Uuid;
 
+use super::console;
 use super::error::ApiError;
 use super::lifecycle::{self, Event};
 use super::names::{self, Ref};
@@ -733,30 +734,20 @@ pub fn serial_console(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             )));
         }
     }
-    let console = &inst.console;
-    let first = console.start();
-    let start = match (from_start, most_recent) {
-        (Some(s), None) => {
-            if s < first {
-                return Err(ApiError::invalid_request(format!(
-                    "requested byte offset {s} is no longer available (oldest is {first})"
-                )));
-            }
-            s.min(console.total)
-        }
-        (None, Some(back)) => console.total.saturating_sub(back).max(first),
+    let offset = match (from_start, most_recent) {
+        (Some(s), None) => console::Offset::FromStart(s),
+        (None, Some(back)) => console::Offset::MostRecent(back),
         _ => {
             return Err(ApiError::invalid_request(
                 "Exactly one of 'from_start' or 'most_recent' must be specified.",
             ));
         }
     };
-    let skip = usize::try_from(start - first).unwrap_or(usize::MAX);
-    let take = max_bytes
-        .map(|m| usize::try_from(m).unwrap_or(usize::MAX))
-        .unwrap_or(usize::MAX);
-    let data: Vec<u8> = console.buf.iter().skip(skip).take(take).copied().collect();
-    let end = start.saturating_add(u64::try_from(data.len()).unwrap_or(u64::MAX));
+    // Nexus wraps every propolis error (an expired range included) in a 500.
+    let (data, end) = inst.console.read(offset, max_bytes).map_err(|e| {
+        tracing::info!(instance = %id, reason = %e, "serial console range expired");
+        ApiError::internal()
+    })?;
     Reply::json(
         StatusCode::OK,
         &types::InstanceSerialConsoleData {

@@ -10,6 +10,7 @@
 //! Kubernetes twin (`twin`). Those learn about lifecycle edges through [`RackEvents`].
 
 pub mod addresses;
+mod console;
 mod error;
 pub mod faults;
 mod firewall;
@@ -392,7 +393,7 @@ impl OxideSim {
         self.apply(fx);
     }
 
-    /// Appends to an instance's serial console (bounded: the last 1 MiB is kept).
+    /// Appends to an instance's serial console (the first and the last MiB are kept).
     pub fn append_console(&self, instance: Uuid, bytes: &[u8]) {
         if let Some(inst) = self.store().instances.get_mut(&instance) {
             inst.console.append(bytes);

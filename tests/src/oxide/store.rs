@@ -5,7 +5,7 @@
 //! Everything here is synchronous and runs under the simulator's single lock; no I/O, no
 //! timers and no callbacks live in this module.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
@@ -16,9 +16,6 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::names::{Ref, parse_ref};
-
-/// Serial console history kept per instance.
-pub const CONSOLE_LIMIT: usize = 1024 * 1024;
 
 /// Sparse disk contents: offset → non-zero chunk written there. Shared (copy-on-write) between
 /// a disk, its snapshots and images made from them.
@@ -172,34 +169,7 @@ impl Project {
     }
 }
 
-/// Bounded serial console history with absolute offsets.
-#[derive(Clone, Debug, Default)]
-pub struct Console {
-    /// Retained bytes (the most recent `CONSOLE_LIMIT`).
-    pub buf: VecDeque<u8>,
-    /// Bytes written since the VMM started (absolute offset of the end of `buf`).
-    pub total: u64,
-}
-
-impl Console {
-    pub fn append(&mut self, bytes: &[u8]) {
-        let keep = bytes.len().min(CONSOLE_LIMIT);
-        let tail = bytes.get(bytes.len() - keep..).unwrap_or_default();
-        self.buf.extend(tail.iter().copied());
-        while self.buf.len() > CONSOLE_LIMIT {
-            self.buf.pop_front();
-        }
-        self.total = self
-            .total
-            .saturating_add(u64::try_from(bytes.len()).unwrap_or(u64::MAX));
-    }
-
-    /// Absolute offset of the first retained byte.
-    pub fn start(&self) -> u64 {
-        self.total
-            .saturating_sub(u64::try_from(self.buf.len()).unwrap_or(u64::MAX))
-    }
-}
+pub use super::console::Console;
 
 #[derive(Clone, Debug)]
 pub struct Instance {

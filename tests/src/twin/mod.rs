@@ -20,6 +20,7 @@
 mod controllers;
 mod patch;
 mod pki;
+mod protobuf;
 mod rbac;
 mod resources;
 mod scheduler;

@@ -419,6 +419,186 @@ pub(crate) fn aggregated(core: bool) -> Value {
     })
 }
 
+/// `group/version` path key of the OpenAPI v3 root (`api/v1`, `apis/apps/v1`).
+fn openapi_key(group: &str) -> String {
+    if group.is_empty() {
+        "api/v1".into()
+    } else {
+        format!("apis/{group}/v1")
+    }
+}
+
+/// A stable hash of a document, for the `?hash=` the v3 root hands out.
+fn doc_hash(doc: &Value) -> String {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in doc.to_string().bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016X}")
+}
+
+/// `GET /openapi/v3`: the discovery root, one entry per served group-version.
+pub(crate) fn openapi_v3_root() -> Value {
+    let mut paths = serde_json::Map::new();
+    for group in std::iter::once("").chain(groups()) {
+        if let Some(doc) = openapi_v3(&openapi_key(group)) {
+            let key = openapi_key(group);
+            paths.insert(
+                key.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={}", doc_hash(&doc))}),
+            );
+        }
+    }
+    json!({"paths": paths})
+}
+
+/// `GET /openapi/v2`: the same operations in Swagger 2.0 form (JSON only).
+pub(crate) fn openapi_v2() -> Value {
+    let mut paths = serde_json::Map::new();
+    for group in std::iter::once("").chain(groups()) {
+        let Some(doc) = openapi_v3(&openapi_key(group)) else {
+            continue;
+        };
+        if let Some(p) = doc["paths"].as_object() {
+            for (k, v) in p {
+                let mut v = v.clone();
+                // Swagger 2 parameters carry `type` where OpenAPI 3 has `schema`.
+                swagger2_params(&mut v);
+                paths.insert(k.clone(), v);
+            }
+        }
+    }
+    json!({"swagger": "2.0", "info": {"title": "Kubernetes", "version": "v1.33.4+k3s1"},
+        "paths": paths, "definitions": {}})
+}
+
+fn swagger2_params(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            if let Some(schema) = m.remove("schema")
+                && m.contains_key("in")
+            {
+                m.insert("type".into(), schema["type"].clone());
+            }
+            for child in m.values_mut() {
+                swagger2_params(child);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(swagger2_params),
+        _ => {}
+    }
+}
+
+/// `GET /openapi/v3/<key>`: the operations of one group-version as the apiserver
+/// publishes them (paths, actions, `x-kubernetes-group-version-kind`, the query parameters
+/// writes take — `fieldValidation` is what kubectl looks for to validate on the server).
+/// Schemas are left out: the twin does not check objects against them.
+pub(crate) fn openapi_v3(key: &str) -> Option<Value> {
+    let group = match key {
+        "api/v1" => "",
+        k => k.strip_prefix("apis/")?.strip_suffix("/v1")?,
+    };
+    let rows: Vec<&ResourceType> = RESOURCES.iter().filter(|r| r.group == group).collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let prefix = format!("/{key}");
+    let q = |name: &str, desc: &str| json!({"name": name, "in": "query", "description": desc, "schema": {"type": "string"}, "uniqueItems": true});
+    let write_params = || {
+        vec![
+            q(
+                "dryRun",
+                "When present, indicates that modifications should not be persisted.",
+            ),
+            q(
+                "fieldManager",
+                "fieldManager is a name associated with the actor or entity that is making these changes.",
+            ),
+            q(
+                "fieldValidation",
+                "fieldValidation instructs the server on how to handle objects in the request containing unknown or duplicate fields. Valid values are: Ignore, Warn, Strict.",
+            ),
+        ]
+    };
+    let path_param = |name: &str| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}, "uniqueItems": true});
+    let mut paths = serde_json::Map::new();
+    for r in rows {
+        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let kind = r.kind;
+        let op = |action: &str, verb: &str, extra: Vec<Value>, gvk: &Value| {
+            json!({
+                "operationId": format!("{verb}{kind}"),
+                "parameters": extra,
+                "responses": {"200": {"description": "OK"}, "401": {"description": "Unauthorized"}},
+                "x-kubernetes-action": action,
+                "x-kubernetes-group-version-kind": gvk,
+            })
+        };
+        let ns = if r.namespaced {
+            "/namespaces/{namespace}"
+        } else {
+            ""
+        };
+        let scope_params: Vec<Value> = if r.namespaced {
+            vec![path_param("namespace")]
+        } else {
+            vec![]
+        };
+        let collection = format!("{prefix}{ns}/{}", r.resource);
+        paths.insert(
+            collection.clone(),
+            json!({
+                "get": op("list", "list", vec![q("labelSelector", ""), q("fieldSelector", ""), q("limit", ""), q("continue", "")], &gvk),
+                "post": op("post", "create", write_params(), &gvk),
+                "delete": op("deletecollection", "deletecollection", vec![], &gvk),
+                "parameters": scope_params,
+            }),
+        );
+        if r.namespaced {
+            paths.insert(
+                format!("{prefix}/{}", r.resource),
+                json!({"get": op("list", "listAllNamespaces", vec![], &gvk)}),
+            );
+        }
+        let mut item_params = scope_params.clone();
+        item_params.push(path_param("name"));
+        let mut patch_params = write_params();
+        patch_params.push(q("force", "Force is going to \"force\" Apply requests."));
+        paths.insert(
+            format!("{collection}/{{name}}"),
+            json!({
+                "get": op("get", "read", vec![], &gvk),
+                "put": op("put", "replace", write_params(), &gvk),
+                "patch": op("patch", "patch", patch_params.clone(), &gvk),
+                "delete": op("delete", "delete", vec![q("gracePeriodSeconds", ""), q("propagationPolicy", "")], &gvk),
+                "parameters": item_params.clone(),
+            }),
+        );
+        for sub in r.subresources {
+            let path = format!("{collection}/{{name}}/{sub}");
+            let entry = if *sub == "eviction" {
+                let gvk = json!({"group": "policy", "version": "v1", "kind": "Eviction"});
+                json!({"post": op("post", "createEviction", write_params(), &gvk), "parameters": item_params.clone()})
+            } else {
+                json!({
+                    "get": op("get", "readStatus", vec![], &gvk),
+                    "put": op("put", "replaceStatus", write_params(), &gvk),
+                    "patch": op("patch", "patchStatus", patch_params.clone(), &gvk),
+                    "parameters": item_params.clone(),
+                })
+            };
+            paths.insert(path, entry);
+        }
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": "v1.33.4+k3s1"},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

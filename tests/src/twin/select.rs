@@ -203,6 +203,68 @@ impl FieldSelector {
     }
 }
 
+/// The fields the apiserver lets a field selector use for `resource`: the conversion
+/// functions registered per kind (`pkg/apis/*/v1/conversion.go`), `None` for kinds that
+/// have none and get the generic `metadata.name`/`metadata.namespace` only.
+fn selectable(group: &str, resource: &str) -> Option<&'static [&'static str]> {
+    Some(match (group, resource) {
+        ("", "pods") => &[
+            "metadata.name",
+            "metadata.namespace",
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.podIPs",
+            "status.nominatedNodeName",
+        ],
+        ("", "nodes") => &["metadata.name", "spec.unschedulable"],
+        ("", "secrets") => &["metadata.name", "metadata.namespace", "type"],
+        ("", "namespaces") => &["metadata.name", "status.phase"],
+        ("", "events") => &[
+            "metadata.name",
+            "metadata.namespace",
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        ],
+        ("apps", "replicasets") => &["metadata.name", "metadata.namespace", "status.replicas"],
+        ("batch", "jobs") => &["metadata.name", "metadata.namespace", "status.successful"],
+        _ => return None,
+    })
+}
+
+impl FieldSelector {
+    /// Refuses fields the apiserver does not support for this resource, with its message
+    /// (HTTP 400).
+    pub fn check(&self, group: &str, resource: &str) -> Result<(), String> {
+        for (path, _, _) in &self.0 {
+            match selectable(group, resource) {
+                Some(fields) if fields.contains(&path.as_str()) => {}
+                Some(_) => return Err(format!("field label not supported: {path}")),
+                None if matches!(path.as_str(), "metadata.name" | "metadata.namespace") => {}
+                None => {
+                    return Err(format!(
+                        "\"{path}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The string form of a dotted field path, as field selectors compare it.
 pub(crate) fn field_value(obj: &Value, path: &str) -> String {
     let mut cur = obj;

@@ -67,6 +67,12 @@ enum Route {
     Health,
     Version,
     Discovery(Value, bool),
+    /// `/openapi/v2` (Swagger 2.0 JSON).
+    OpenApiV2,
+    /// `/openapi/v3` root or one group-version document.
+    OpenApiV3(Option<Value>),
+    /// `POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews`.
+    SelfSubjectAccessReview,
     Resource(ResourceRoute),
     Watch,
     NotFound,
@@ -89,6 +95,19 @@ fn route(path: &str, aggregated: bool) -> Route {
     let (group, version, rest) = match segs.as_slice() {
         ["healthz" | "livez" | "readyz", ..] => return Route::Health,
         ["version"] => return Route::Version,
+        ["openapi", "v2"] => return Route::OpenApiV2,
+        ["openapi", "v3"] => return Route::OpenApiV3(Some(resources::openapi_v3_root())),
+        ["openapi", "v3", key @ ..] => {
+            return Route::OpenApiV3(resources::openapi_v3(&key.join("/")));
+        }
+        [
+            "apis",
+            "authorization.k8s.io",
+            "v1",
+            "selfsubjectaccessreviews",
+        ] => {
+            return Route::SelfSubjectAccessReview;
+        }
         ["api"] => {
             return Route::Discovery(
                 if aggregated {
@@ -231,6 +250,9 @@ fn parse_body(body: &[u8], content_type: &str) -> Result<Value, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Value::Null);
     }
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        return super::protobuf::decode(body);
+    }
     match serde_json::from_slice(body) {
         Ok(v) => Ok(v),
         Err(json_err) => {
@@ -311,11 +333,42 @@ impl Twin {
                 }
             }
         };
+        // Impersonation (`kubectl --as`): the requester needs `impersonate` on the user (or
+        // the ServiceAccount); the request then runs as that identity.
+        let impersonate = header_str(header::HeaderName::from_static("impersonate-user"));
+        let identity = if impersonate.is_empty() {
+            identity
+        } else {
+            match self.impersonate(&identity, &impersonate, &parts.headers) {
+                Ok(id) => id,
+                Err(e) => return error_response(&e),
+            }
+        };
         match route {
             Route::Health => text_response(StatusCode::OK, "ok"),
             Route::Version => json_response(200, &self.version_doc()),
             Route::Discovery(doc, true) => json_response_typed(200, &doc, AGGREGATED_CONTENT_TYPE),
             Route::Discovery(doc, false) => json_response(200, &doc),
+            Route::OpenApiV3(Some(doc)) => json_response(200, &doc),
+            Route::OpenApiV3(None) => error_response(&ApiError::no_route()),
+            Route::OpenApiV2
+                if accept.is_empty() || accept.contains("json") || accept.contains("*/*") =>
+            {
+                json_response(200, &resources::openapi_v2())
+            }
+            Route::OpenApiV2 => text_response(
+                StatusCode::NOT_ACCEPTABLE,
+                "the twin serves /openapi/v2 as application/json only",
+            ),
+            Route::SelfSubjectAccessReview if parts.method == Method::POST => {
+                match parse_body(&body, &header_str(header::CONTENT_TYPE)) {
+                    Ok(review) => json_response(201, &self.access_review(review, &identity)),
+                    Err(e) => error_response(&e),
+                }
+            }
+            Route::SelfSubjectAccessReview => error_response(&ApiError::method_not_allowed(
+                "only POST (create) is served on selfsubjectaccessreviews",
+            )),
             Route::Watch => error_response(&ApiError::method_not_allowed(
                 "watch is not supported by the cluster twin; poll with list instead",
             )),
@@ -381,6 +434,7 @@ impl Twin {
         }
         let ctx = WriteCtx {
             dry_run: query.get("dryRun").is_some_and(|v| v == "All"),
+            force: query.get("force").is_some_and(|v| v == "true"),
             field_manager: query.get("fieldManager").cloned(),
             subresource: if r.sub.is_empty() {
                 None
@@ -389,6 +443,16 @@ impl Twin {
             },
         };
         let list_query = || -> Result<ListQuery, ApiError> {
+            let fields = FieldSelector::parse(
+                query
+                    .get("fieldSelector")
+                    .map(String::as_str)
+                    .unwrap_or_default(),
+            )
+            .map_err(ApiError::bad_request)?;
+            fields
+                .check(rt.group, rt.resource)
+                .map_err(ApiError::bad_request)?;
             Ok(ListQuery {
                 labels: LabelSelector::parse(
                     query
@@ -397,13 +461,7 @@ impl Twin {
                         .unwrap_or_default(),
                 )
                 .map_err(ApiError::bad_request)?,
-                fields: FieldSelector::parse(
-                    query
-                        .get("fieldSelector")
-                        .map(String::as_str)
-                        .unwrap_or_default(),
-                )
-                .map_err(ApiError::bad_request)?,
+                fields,
                 limit: match query.get("limit") {
                     Some(l) => Some(
                         l.parse()
@@ -479,6 +537,106 @@ impl Twin {
             )),
             _ => Err(ApiError::internal(format!("unhandled verb {verb}"))),
         }
+    }
+
+    /// Checks that `who` may impersonate `user` and builds the impersonated identity
+    /// (a ServiceAccount gets its groups; `Impersonate-Group` headers add more).
+    fn impersonate(
+        &self,
+        who: &Identity,
+        user: &str,
+        headers: &http::HeaderMap,
+    ) -> Result<Identity, ApiError> {
+        let sa = user
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|rest| rest.split_once(':'));
+        let attrs = match sa {
+            Some((ns, name)) => Attributes {
+                verb: "impersonate",
+                group: "",
+                resource: "serviceaccounts",
+                subresource: "",
+                namespace: ns,
+                name,
+            },
+            None => Attributes {
+                verb: "impersonate",
+                group: "",
+                resource: "users",
+                subresource: "",
+                namespace: "",
+                name: user,
+            },
+        };
+        let store = self.lock_store();
+        if !rbac::allowed(&store, who, &attrs) {
+            return Err(ApiError::forbidden(
+                format!(
+                    "{} \"{user}\" is forbidden: User \"{}\" cannot impersonate resource \"{}\" in API group \"\"{}",
+                    attrs.resource,
+                    who.user,
+                    attrs.resource,
+                    if attrs.namespace.is_empty() {
+                        " at the cluster scope".to_owned()
+                    } else {
+                        format!(" in the namespace \"{}\"", attrs.namespace)
+                    }
+                ),
+                user,
+                "",
+                attrs.resource,
+            ));
+        }
+        let mut identity = match sa {
+            Some((ns, name)) => Identity::service_account(ns, name),
+            None => Identity {
+                user: user.to_owned(),
+                groups: vec!["system:authenticated".into()],
+            },
+        };
+        for g in headers.get_all("impersonate-group") {
+            if let Ok(g) = g.to_str() {
+                identity.groups.push(g.to_owned());
+            }
+        }
+        Ok(identity)
+    }
+
+    /// A SelfSubjectAccessReview: whether the requester may do what `spec` describes.
+    fn access_review(&self, mut review: Value, who: &Identity) -> Value {
+        let ra = review["spec"]["resourceAttributes"].clone();
+        let s = |k: &str| ra[k].as_str().unwrap_or_default().to_owned();
+        let (verb, group, resource, sub, ns, name) = (
+            s("verb"),
+            s("group"),
+            s("resource"),
+            s("subresource"),
+            s("namespace"),
+            s("name"),
+        );
+        let allowed = if ra.is_object() {
+            let store = self.lock_store();
+            rbac::allowed(
+                &store,
+                who,
+                &Attributes {
+                    verb: &verb,
+                    group: &group,
+                    resource: &resource,
+                    subresource: &sub,
+                    namespace: &ns,
+                    name: &name,
+                },
+            )
+        } else {
+            // Non-resource URLs: only cluster admins here.
+            who.groups.iter().any(|g| g == "system:masters")
+        };
+        review["apiVersion"] = json!("authorization.k8s.io/v1");
+        review["kind"] = json!("SelfSubjectAccessReview");
+        review["metadata"] = json!({"creationTimestamp": null});
+        review["status"] = json!({"allowed": allowed});
+        review
     }
 
     fn version_doc(&self) -> Value {

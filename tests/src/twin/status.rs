@@ -173,6 +173,49 @@ impl ApiError {
         Self::new(code, reason, message)
     }
 
+    /// 410 Expired: a list `continue` token older than the compaction window.
+    pub fn expired_continue() -> Self {
+        Self::new(
+            410,
+            "Expired",
+            "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.",
+        )
+    }
+
+    /// 409 Conflict of a server-side apply with fields other managers own
+    /// (`(manager, apiVersion, path)` each), as the field manager words it.
+    pub fn apply_conflicts(
+        rt: &ResourceType,
+        name: &str,
+        conflicts: &[(String, String, Vec<String>)],
+    ) -> Self {
+        let path = |p: &[String]| format!(".{}", p.join("."));
+        let message = if let [(m, v, p)] = conflicts {
+            format!(
+                "Apply failed with 1 conflict: conflict with \"{m}\" using {v}: {}",
+                path(p)
+            )
+        } else {
+            let lines: Vec<String> = conflicts
+                .iter()
+                .map(|(m, v, p)| format!("* {m} using {v}: {}", path(p)))
+                .collect();
+            format!(
+                "Apply failed with {} conflicts: conflicts with {}",
+                conflicts.len(),
+                lines.join("\n")
+            )
+        };
+        let mut err = Self::new(409, "Conflict", message).with_details(name, rt.group, rt.resource);
+        for (m, v, _) in conflicts {
+            err.causes.push((
+                "FieldManagerConflict".into(),
+                format!("conflict with \"{m}\" using {v}"),
+            ));
+        }
+        err
+    }
+
     /// 500 InternalError.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)

