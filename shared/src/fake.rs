@@ -15,8 +15,8 @@ use uuid::Uuid;
 use crate::cluster::{Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome};
 use crate::firewall::{RuleChange, TcpAllowRule};
 use crate::model::{
-    Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance, InstanceState,
-    NewInstance, Node, NodeReadiness, PodRef,
+    AntiAffinityGroup, Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance,
+    InstanceState, NewInstance, Node, NodeReadiness, PodRef, Snapshot,
 };
 use crate::names;
 use crate::rack::{Rack, RackError};
@@ -62,6 +62,17 @@ pub struct WorldState {
     pub log: Vec<String>,
     /// The most instances each pool-prefix ever had at once (for surge checks).
     pub peak_instances: usize,
+    /// Project snapshots by name.
+    pub snapshots: BTreeMap<String, Snapshot>,
+    /// Anti-affinity groups by name, with their member instance names.
+    pub groups: BTreeMap<String, (AntiAffinityGroup, BTreeSet<String>)>,
+    /// VPC names (a project starts with `default`).
+    pub vpcs: Vec<String>,
+    /// The project was deleted.
+    pub project_deleted: bool,
+    /// Mutating rack calls still allowed; at zero every further one fails as if the process
+    /// had died right there (crash tests). `None`: unlimited.
+    pub mutation_budget: Option<usize>,
     /// Firewall rules oxide-controller ensured (the rack's own defaults are not modelled).
     pub firewall_rules: Vec<TcpAllowRule>,
     next_ip: u8,
@@ -78,6 +89,7 @@ impl FakeWorld {
         w.with(|s| {
             s.now = now;
             s.cronjob = true;
+            s.vpcs = vec!["default".to_owned()];
         });
         w
     }
@@ -148,6 +160,7 @@ impl FakeWorld {
             s.images.push(Image {
                 id,
                 name: name.to_owned(),
+                description: String::new(),
                 size: crate::size::ByteSize::gib(2),
                 block_size: 512,
                 silo_scoped: true,
@@ -224,6 +237,7 @@ impl Rack for FakeRack {
                     Disk {
                         id: Uuid::new_v4(),
                         name: d.name.clone(),
+                        description: new.description.clone(),
                         state: DiskState::Attached(id),
                         size: d.size,
                         time_created: s.now,
@@ -282,6 +296,7 @@ impl Rack for FakeRack {
 
     async fn stop_instance(&self, name: &str) -> Result<(), RackError> {
         self.0.with(|s| {
+            budget(s, "stop")?;
             let i = s
                 .instances
                 .get_mut(name)
@@ -298,6 +313,7 @@ impl Rack for FakeRack {
 
     async fn delete_instance(&self, name: &str) -> Result<(), RackError> {
         self.0.with(|s| {
+            budget(s, "delete")?;
             let i = s
                 .instances
                 .get(name)
@@ -357,6 +373,7 @@ impl Rack for FakeRack {
 
     async fn delete_disk(&self, name: &str) -> Result<(), RackError> {
         self.0.with(|s| {
+            budget(s, "delete-disk")?;
             let d = s
                 .disks
                 .get(name)
@@ -384,7 +401,7 @@ impl Rack for FakeRack {
     async fn create_floating_ip(
         &self,
         name: &str,
-        _d: &str,
+        description: &str,
         _pool: Option<&str>,
     ) -> Result<FloatingIp, RackError> {
         self.0.with(|s| {
@@ -397,6 +414,7 @@ impl Rack for FakeRack {
             let fip = FloatingIp {
                 id: Uuid::new_v4(),
                 name: name.to_owned(),
+                description: description.to_owned(),
                 ip: IpAddr::V4(Ipv4Addr::new(127, 100, 0, s.next_ip)),
                 instance_id: None,
             };
@@ -440,6 +458,7 @@ impl Rack for FakeRack {
 
     async fn detach_floating_ip(&self, fip: &str) -> Result<(), RackError> {
         self.0.with(|s| {
+            budget(s, "detach-fip")?;
             let f = s
                 .floating_ips
                 .get_mut(fip)
@@ -458,6 +477,141 @@ impl Rack for FakeRack {
 
     async fn ensure_anti_affinity_group(&self, _name: &str) -> Result<(), RackError> {
         Ok(())
+    }
+
+    // ---- deleting a cluster ----
+
+    async fn project_exists(&self) -> Result<bool, RackError> {
+        Ok(self.0.with(|s| !s.project_deleted))
+    }
+
+    async fn delete_floating_ip(&self, name: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            budget(s, "delete-fip")?;
+            let f = s
+                .floating_ips
+                .get(name)
+                .ok_or_else(|| not_found(format!("floating IP {name}")))?;
+            if f.instance_id.is_some() {
+                return Err(RackError::Invalid {
+                    what: format!("floating IP {name}"),
+                    message: "floating IP cannot be deleted while attached to an instance".into(),
+                });
+            }
+            s.floating_ips.remove(name);
+            s.log.push(format!("delete-fip {name}"));
+            Ok(())
+        })
+    }
+
+    async fn list_project_images(&self) -> Result<Vec<Image>, RackError> {
+        Ok(self.0.with(|s| {
+            s.images
+                .iter()
+                .filter(|i| !i.silo_scoped)
+                .cloned()
+                .collect()
+        }))
+    }
+
+    async fn delete_image(&self, name: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            budget(s, "delete-image")?;
+            let at = s
+                .images
+                .iter()
+                .position(|i| i.name == name && !i.silo_scoped)
+                .ok_or_else(|| not_found(format!("image {name}")))?;
+            s.images.remove(at);
+            s.log.push(format!("delete-image {name}"));
+            Ok(())
+        })
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>, RackError> {
+        Ok(self.0.with(|s| s.snapshots.values().cloned().collect()))
+    }
+
+    async fn delete_snapshot(&self, name: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            budget(s, "delete-snapshot")?;
+            s.snapshots
+                .remove(name)
+                .ok_or_else(|| not_found(format!("snapshot {name}")))?;
+            s.log.push(format!("delete-snapshot {name}"));
+            Ok(())
+        })
+    }
+
+    async fn list_anti_affinity_groups(&self) -> Result<Vec<AntiAffinityGroup>, RackError> {
+        Ok(self
+            .0
+            .with(|s| s.groups.values().map(|(g, _)| g.clone()).collect()))
+    }
+
+    async fn anti_affinity_group_members(&self, group: &str) -> Result<Vec<String>, RackError> {
+        self.0.with(|s| {
+            let (_, members) = s
+                .groups
+                .get(group)
+                .ok_or_else(|| not_found(format!("anti-affinity group {group}")))?;
+            // Deleted instances leave their groups.
+            Ok(members
+                .iter()
+                .filter(|m| s.instances.contains_key(*m))
+                .cloned()
+                .collect())
+        })
+    }
+
+    async fn delete_anti_affinity_group(&self, name: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            budget(s, "delete-group")?;
+            s.groups
+                .remove(name)
+                .ok_or_else(|| not_found(format!("anti-affinity group {name}")))?;
+            s.log.push(format!("delete-group {name}"));
+            Ok(())
+        })
+    }
+
+    async fn list_vpcs(&self) -> Result<Vec<String>, RackError> {
+        Ok(self.0.with(|s| s.vpcs.clone()))
+    }
+
+    async fn delete_project(&self) -> Result<(), RackError> {
+        self.0.with(|s| {
+            budget(s, "delete-project")?;
+            let busy = !s.instances.is_empty()
+                || !s.disks.is_empty()
+                || !s.floating_ips.is_empty()
+                || s.images.iter().any(|i| !i.silo_scoped)
+                || !s.snapshots.is_empty()
+                || !s.groups.is_empty()
+                || s.vpcs.iter().any(|v| v != "default");
+            if busy {
+                return Err(RackError::Invalid {
+                    what: "project".into(),
+                    message: "project to be deleted contains resources".into(),
+                });
+            }
+            s.vpcs.clear();
+            s.project_deleted = true;
+            s.log.push("delete-project".to_owned());
+            Ok(())
+        })
+    }
+
+    async fn remove_firewall_rule(&self, name: &str) -> Result<bool, RackError> {
+        self.0.with(|s| {
+            if !s.firewall_rules.iter().any(|r| r.name == name) {
+                return Ok(false);
+            }
+            budget(s, "remove-firewall-rule")?;
+            s.firewall_rules.retain(|r| r.name != name);
+            s.log.push(format!("remove-firewall-rule {name}"));
+            Ok(true)
+        })
     }
 
     async fn list_firewall_rules(&self) -> Result<Vec<String>, RackError> {
@@ -483,6 +637,23 @@ impl Rack for FakeRack {
             change
         }))
     }
+}
+
+/// Takes one mutating call from the crash budget; past the budget the call fails as a dead
+/// process would leave it: not made.
+fn budget(s: &mut WorldState, call: &str) -> Result<(), RackError> {
+    match &mut s.mutation_budget {
+        // Not retryable: the "process" is gone, nothing after this point may reach the rack.
+        Some(0) => {
+            return Err(RackError::Unexpected {
+                what: call.to_owned(),
+                message: "simulated crash".into(),
+            });
+        }
+        Some(n) => *n -= 1,
+        None => {}
+    }
+    Ok(())
 }
 
 /// [`Cluster`] over the fake world.

@@ -770,6 +770,23 @@ pub fn temp_names(image: &str) -> (String, String) {
     )
 }
 
+/// Description of the temporary import disk: names the image and, when known, the cluster the
+/// upload is for (`cluster=<c>`), which is how `bootstrap delete` knows a leftover is its own.
+pub fn import_disk_description(image: &str, cluster: Option<&str>) -> String {
+    match cluster {
+        Some(c) => format!("oxide-controller: temporary import of image {image} cluster={c}"),
+        None => format!("oxide-controller: temporary import of image {image}"),
+    }
+}
+
+/// The cluster a temporary import disk was made for, from its description.
+pub fn import_disk_cluster(description: &str) -> Option<&str> {
+    description
+        .strip_prefix("oxide-controller: temporary import of image ")?
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("cluster="))
+}
+
 /// What [`ensure_image`] is asked for.
 #[derive(Debug, Clone)]
 pub struct ImageRequest {
@@ -781,6 +798,10 @@ pub struct ImageRequest {
     pub os: String,
     /// `version` field of a created image.
     pub version: String,
+    /// The cluster an upload is for, recorded in the created image's description
+    /// ([`crate::names::uploaded_image_description`]) so `bootstrap delete --delete-images`
+    /// removes only images it uploaded for that cluster.
+    pub cluster: Option<String>,
 }
 
 /// How [`ensure_image`] got its image.
@@ -844,7 +865,7 @@ pub async fn ensure_image<S: ImageStore>(
         parallelism = opts.parallelism,
         "uploading image"
     );
-    let description = format!("oxide-controller: temporary import of image {}", req.name);
+    let description = import_disk_description(&req.name, req.cluster.as_deref());
     match retry::retry(opts.retry, RackError::is_retryable, || {
         store.create_import_disk(&disk, &description, sizes.disk_size, opts.block_size)
     })
@@ -927,9 +948,9 @@ async fn import_into<S: ImageStore>(
         })?;
     let new = NewImage {
         name: req.name.clone(),
-        description: format!(
-            "uploaded by oxide-controller from {}",
-            truncate(source_text, 200)
+        description: crate::names::uploaded_image_description(
+            req.cluster.as_deref(),
+            truncate(source_text, 200),
         ),
         os: req.os.clone(),
         version: req.version.clone(),
@@ -1123,6 +1144,7 @@ pub mod fake {
             let image = Image {
                 id: Uuid::new_v4(),
                 name: name.to_owned(),
+                description: String::new(),
                 size: ByteSize::gib(1),
                 block_size: 512,
                 silo_scoped: silo,
@@ -1372,6 +1394,7 @@ pub mod fake {
             let created = Image {
                 id: Uuid::new_v4(),
                 name: image.name.clone(),
+                description: image.description.clone(),
                 size: ByteSize(snap.size),
                 block_size: 512,
                 silo_scoped: false,

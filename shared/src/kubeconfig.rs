@@ -287,6 +287,90 @@ pub fn write(
     Ok(outcome)
 }
 
+/// What [`remove_context`] did (or, with `dry_run`, would do).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoveOutcome {
+    /// No file at the path.
+    NoFile,
+    /// The file has no context named after the cluster.
+    NoContext,
+    /// The context (and the cluster and user only it used) went; other contexts stay.
+    ContextRemoved,
+    /// Nothing else was in the file, so the file went.
+    FileRemoved,
+}
+
+/// Removes what bootstrap wrote for `cluster` from the kubeconfig at `path`: the context named
+/// `cluster`, and the cluster and user entries it points at unless another context uses
+/// them. A file left with no context, cluster or user is deleted. A file that is not a
+/// kubeconfig is left alone (an error).
+pub fn remove_context(
+    path: &Path,
+    cluster: &str,
+    dry_run: bool,
+) -> Result<RemoveOutcome, KubeconfigError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(RemoveOutcome::NoFile),
+        Err(e) => {
+            return Err(KubeconfigError::Read {
+                path: path.to_owned(),
+                message: e.to_string(),
+            });
+        }
+    };
+    let unmergeable = |message: String| KubeconfigError::Unmergeable {
+        path: path.to_owned(),
+        message,
+    };
+    let mut doc = parse(&text).map_err(unmergeable)?;
+    let contexts = doc["contexts"].as_array().cloned().unwrap_or_default();
+    let Some(ctx) = contexts.iter().find(|c| c["name"] == cluster).cloned() else {
+        return Ok(RemoveOutcome::NoContext);
+    };
+    let others: Vec<Value> = contexts
+        .into_iter()
+        .filter(|c| c["name"] != cluster)
+        .collect();
+    let used = |field: &str, name: &Value| others.iter().any(|c| &c["context"][field] == name);
+    for (list, field) in [("clusters", "cluster"), ("users", "user")] {
+        let name = ctx["context"][field].clone();
+        if used(field, &name) {
+            continue;
+        }
+        if let Some(items) = doc[list].as_array_mut() {
+            items.retain(|i| i["name"] != name);
+        }
+    }
+    let empty = |list: &str| doc[list].as_array().is_none_or(Vec::is_empty);
+    let outcome = if others.is_empty() && empty("clusters") && empty("users") {
+        RemoveOutcome::FileRemoved
+    } else {
+        RemoveOutcome::ContextRemoved
+    };
+    if dry_run {
+        return Ok(outcome);
+    }
+    let write_err = |e: std::io::Error| KubeconfigError::Write {
+        path: path.to_owned(),
+        message: e.to_string(),
+    };
+    if outcome == RemoveOutcome::FileRemoved {
+        std::fs::remove_file(path).map_err(write_err)?;
+        return Ok(outcome);
+    }
+    if doc["current-context"] == cluster {
+        doc["current-context"] = others
+            .first()
+            .map(|c| c["name"].clone())
+            .unwrap_or_else(|| Value::from(""));
+    }
+    doc["contexts"] = Value::Array(others);
+    let rendered = render(&doc).map_err(unmergeable)?;
+    crate::resume::write_private_atomic(path, rendered.as_bytes()).map_err(write_err)?;
+    Ok(outcome)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -439,6 +523,49 @@ mod tests {
             check_target(&path, "demo", WriteMode::Merge),
             Err(KubeconfigError::Unmergeable { .. })
         ));
+    }
+
+    #[test]
+    fn remove_context_takes_only_the_clusters_entries_and_the_file_when_nothing_else_is_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config");
+        let prod = rewrite_k3s(K3S, "prod", SERVER).unwrap();
+        let prod2 = rewrite_k3s(K3S, "prod-2", "https://172.30.0.11:6443").unwrap();
+        std::fs::write(&path, merge(&prod2, &prod, "prod").unwrap()).unwrap();
+        assert_eq!(
+            remove_context(&path, "prod", true).unwrap(),
+            RemoveOutcome::ContextRemoved
+        );
+        assert_eq!(
+            inspect(&path, "prod").unwrap(),
+            Existing::Ours {
+                server: Some(SERVER.into())
+            },
+            "a dry run changes nothing"
+        );
+        assert_eq!(
+            remove_context(&path, "prod", false).unwrap(),
+            RemoveOutcome::ContextRemoved
+        );
+        let left = doc(&std::fs::read_to_string(&path).unwrap());
+        assert_eq!(left["contexts"].as_array().unwrap().len(), 1);
+        assert_eq!(left["contexts"][0]["name"], "prod-2");
+        assert_eq!(left["clusters"][0]["name"], "prod-2");
+        assert_eq!(left["users"].as_array().unwrap().len(), 1);
+        assert_ne!(left["current-context"], "prod");
+        assert_eq!(
+            remove_context(&path, "prod", false).unwrap(),
+            RemoveOutcome::NoContext
+        );
+        assert_eq!(
+            remove_context(&path, "prod-2", false).unwrap(),
+            RemoveOutcome::FileRemoved
+        );
+        assert!(!path.exists());
+        assert_eq!(
+            remove_context(&path, "prod-2", false).unwrap(),
+            RemoveOutcome::NoFile
+        );
     }
 
     #[test]

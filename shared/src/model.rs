@@ -78,6 +78,10 @@ pub enum DiskState {
 pub struct Disk {
     pub id: Uuid,
     pub name: String,
+    /// Member disks carry their instance's tag ([`crate::names::InstanceTag`]), which is how
+    /// an orphaned disk is known to be ours.
+    #[serde(default)]
+    pub description: String,
     pub state: DiskState,
     pub size: ByteSize,
     pub time_created: DateTime<Utc>,
@@ -88,6 +92,9 @@ pub struct Disk {
 pub struct FloatingIp {
     pub id: Uuid,
     pub name: String,
+    /// Ours say `oxide-controller cluster=<c> ...`; the Oxide CCM's say it manages them.
+    #[serde(default)]
+    pub description: String,
     pub ip: IpAddr,
     pub instance_id: Option<Uuid>,
 }
@@ -113,9 +120,30 @@ pub enum ExternalIpKind {
 pub struct Image {
     pub id: Uuid,
     pub name: String,
+    /// Images bootstrap uploaded say so, with the cluster ([`crate::names::uploaded_image_description`]).
+    #[serde(default)]
+    pub description: String,
     pub size: ByteSize,
     pub block_size: u64,
     pub silo_scoped: bool,
+}
+
+/// A snapshot in the project (left over by an interrupted image import, or anyone's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub id: Uuid,
+    pub name: String,
+    pub description: String,
+    /// The disk it was taken of (it may be gone since).
+    pub disk_id: Uuid,
+}
+
+/// An anti-affinity group in the project.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AntiAffinityGroup {
+    pub id: Uuid,
+    pub name: String,
+    pub description: String,
 }
 
 /// A disk to create with a new instance.

@@ -129,6 +129,33 @@ pub fn api_floating_ip_name(cluster: &str) -> String {
     format!("{cluster}-apiserver")
 }
 
+/// Description of the anti-affinity groups we create.
+pub const ANTI_AFFINITY_GROUP_DESCRIPTION: &str =
+    "oxide-controller: spread pool members across sleds";
+/// Name of the VPC (and of its subnet) Oxide creates with a project.
+pub const DEFAULT_VPC: &str = "default";
+
+/// What the description of an image bootstrap uploaded starts with.
+const UPLOADED_IMAGE: &str = "uploaded by oxide-controller";
+
+/// Description of an image bootstrap uploaded for `cluster` from `source`:
+/// `uploaded by oxide-controller cluster=<c> from <source>`. The cluster mark is what lets
+/// `bootstrap delete --delete-images` tell its own uploads from anyone else's image.
+pub fn uploaded_image_description(cluster: Option<&str>, source: &str) -> String {
+    match cluster {
+        Some(c) => format!("{UPLOADED_IMAGE} cluster={c} from {source}"),
+        None => format!("{UPLOADED_IMAGE} from {source}"),
+    }
+}
+
+/// The cluster an image was uploaded for, read back from its description.
+pub fn uploaded_image_cluster(description: &str) -> Option<&str> {
+    let rest = description
+        .strip_prefix(UPLOADED_IMAGE)?
+        .strip_prefix(" cluster=")?;
+    rest.split_whitespace().next()
+}
+
 /// The tag we put in an instance's `description`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceTag {
@@ -218,6 +245,21 @@ mod tests {
         assert_eq!(InstanceTag::parse(&tag.to_string()), Some(tag));
         assert_eq!(InstanceTag::parse("my own vm"), None);
         assert_eq!(InstanceTag::parse("oxide-controller cluster=demo"), None);
+    }
+
+    #[test]
+    fn uploaded_image_marks_name_exactly_one_cluster() {
+        let d = uploaded_image_description(Some("prod"), "https://x/noble.raw");
+        assert_eq!(uploaded_image_cluster(&d), Some("prod"));
+        assert_eq!(
+            uploaded_image_cluster(&uploaded_image_description(Some("prod-2"), "f")),
+            Some("prod-2")
+        );
+        assert_eq!(
+            uploaded_image_cluster(&uploaded_image_description(None, "f")),
+            None
+        );
+        assert_eq!(uploaded_image_cluster("Ubuntu 24.04 cluster=prod"), None);
     }
 
     #[test]

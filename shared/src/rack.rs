@@ -8,7 +8,9 @@ use std::future::Future;
 use std::net::IpAddr;
 
 use crate::firewall::{RuleChange, TcpAllowRule};
-use crate::model::{Disk, ExternalIp, FloatingIp, Image, Instance, NewInstance};
+use crate::model::{
+    AntiAffinityGroup, Disk, ExternalIp, FloatingIp, Image, Instance, NewInstance, Snapshot,
+};
 
 pub mod oxide_images;
 pub mod oxide_rack;
@@ -134,6 +136,45 @@ pub trait Rack: Send + Sync {
         name: &str,
     ) -> impl Future<Output = Result<(), RackError>> + Send;
 
+    // ---- deleting a cluster (`bootstrap delete`, workflows::delete) ----
+
+    /// Whether the project exists.
+    fn project_exists(&self) -> impl Future<Output = Result<bool, RackError>> + Send;
+    /// Deletes a floating IP; Oxide refuses while it is attached.
+    fn delete_floating_ip(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// The project's own images (never the silo's), all pages.
+    fn list_project_images(&self) -> impl Future<Output = Result<Vec<Image>, RackError>> + Send;
+    /// Deletes a project image.
+    fn delete_image(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// All snapshots of the project (all pages).
+    fn list_snapshots(&self) -> impl Future<Output = Result<Vec<Snapshot>, RackError>> + Send;
+    fn delete_snapshot(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// All anti-affinity groups of the project (all pages).
+    fn list_anti_affinity_groups(
+        &self,
+    ) -> impl Future<Output = Result<Vec<AntiAffinityGroup>, RackError>> + Send;
+    /// Names of the instances in an anti-affinity group (all pages).
+    fn anti_affinity_group_members(
+        &self,
+        group: &str,
+    ) -> impl Future<Output = Result<Vec<String>, RackError>> + Send;
+    fn delete_anti_affinity_group(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// Names of the project's VPCs.
+    fn list_vpcs(&self) -> impl Future<Output = Result<Vec<String>, RackError>> + Send;
+    /// Deletes the project. Oxide refuses while it holds anything, a VPC included, so this
+    /// first removes the `default` VPC's `default` subnet and the `default` VPC (which the
+    /// project's creation made); a VPC with anything else in it makes the rack refuse.
+    fn delete_project(&self) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// Removes the rule named `name` from the `default` VPC's firewall: read-modify-write of
+    /// the whole list keeping every other rule as it was; `false` (nothing written) when there
+    /// is no such rule.
+    fn remove_firewall_rule(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<bool, RackError>> + Send;
     /// Names of the firewall rules of the project's `default` VPC, in the rack's order.
     fn list_firewall_rules(&self) -> impl Future<Output = Result<Vec<String>, RackError>> + Send;
     /// Makes the rule named `rule.name` in the project's `default` VPC exactly `rule`:

@@ -49,6 +49,10 @@ pub struct ResumeState {
     pub k3s_agent_token: String,
     pub webhook_token: String,
     pub created: DateTime<Utc>,
+    /// The cluster spec (YAML) bootstrap started with, so `bootstrap delete` knows the
+    /// anti-affinity groups when the cluster's API is gone. Absent in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<String>,
     /// `SHA256:…` SSH host key fingerprints per instance, as first read from its serial
     /// console. Later runs verify the server against these: cloud-init prints the keys on a
     /// VM's first boot only, and a changed key is refused, never trusted anew.
@@ -122,6 +126,7 @@ impl ResumeState {
             k3s_agent_token: random_token(&mut rng, TOKEN_BYTES),
             webhook_token: random_token(&mut rng, TOKEN_BYTES),
             created: Utc::now(),
+            spec: None,
             host_key_pins: BTreeMap::new(),
         })
     }
@@ -197,6 +202,28 @@ pub fn load(path: &Path, cluster: &str, project: &str) -> Result<Option<ResumeSt
         tracing::warn!(path = %path.display(), "the resume file is readable by others; tightening it to 0600");
         let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
     }
+    Ok(Some(state))
+}
+
+/// Reads the resume file of `cluster` whatever project it names (`bootstrap delete` learns
+/// the project from it); `Ok(None)` if there is none.
+pub fn load_for_cluster(path: &Path, cluster: &str) -> Result<Option<ResumeState>, ResumeError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(ResumeError::Read {
+                path: path.to_owned(),
+                message: e.to_string(),
+            });
+        }
+    };
+    let state: ResumeState = serde_json::from_str(&text).map_err(|e| ResumeError::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let project = state.project.clone();
+    state.check(path, cluster, &project)?;
     Ok(Some(state))
 }
 

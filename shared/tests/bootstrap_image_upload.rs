@@ -39,6 +39,7 @@ fn request(path: PathBuf) -> ImageRequest {
         source: Some(ImageSource::File(path)),
         os: "linux".into(),
         version: "test".into(),
+        cluster: None,
     }
 }
 

@@ -277,9 +277,15 @@ impl ListenersGuard<'_> {
 
     /// True when `addr` is taken by a listener of `kind` (of any owner).
     pub fn is_serving(&self, addr: SocketAddr, kind: ListenerKind) -> bool {
+        self.serving_owner(addr, kind).is_some()
+    }
+
+    /// The owner of the live listener of `kind` on `addr`.
+    pub fn serving_owner(&self, addr: SocketAddr, kind: ListenerKind) -> Option<Uuid> {
         self.map
             .get(&addr)
-            .is_some_and(|e| e.kind == kind && !e.task.is_finished())
+            .filter(|e| e.kind == kind && !e.task.is_finished())
+            .map(|e| e.owner)
     }
 
     /// Closes the listener on `addr`, if any.

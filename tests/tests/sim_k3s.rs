@@ -243,15 +243,26 @@ async fn user_data_over_32_kib_never_boots_a_node() {
 }
 
 #[tokio::test]
-async fn a_second_cluster_init_server_with_another_token_is_refused() {
+async fn a_second_cluster_init_server_starts_a_second_cluster_with_its_own_api() {
     let sim = start().await;
     let c = client(&sim);
     first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
     let other = first_server_config("another-token-5555", "x", &[]);
     create_instance(&c, "c2-cp-hhhhh", &user_data("server", &other, &[])).await;
-    let console = wait_console(&c, "c2-cp-hhhhh", "level=fatal").await;
+    let console = wait_console(&c, "c2-cp-hhhhh", "k3s is up and running").await;
     assert!(!console.contains("another-token-5555"));
+    // Its Node lives in its own cluster, not in the first one's.
     assert_eq!(node_ready(&sim, "c2-cp-hhhhh"), None);
+    let info = sim.boot().cluster_info();
+    assert_eq!(info["creator"], "c1-cp-aaaaa");
+    let clusters = info["clusters"].as_array().unwrap();
+    assert_eq!(clusters.len(), 2, "{info}");
+    let second = clusters
+        .iter()
+        .find(|c| c["creator"] == "c2-cp-hhhhh")
+        .expect("second cluster");
+    assert_eq!(second["joined"], serde_json::json!(["c2-cp-hhhhh"]));
+    assert_eq!(second["primary_twin"], false);
 }
 
 #[tokio::test]

@@ -163,6 +163,7 @@ async fn bench() {
                 source: Some(ImageSource::File(path.to_path_buf())),
                 os: "linux".into(),
                 version: "bench".into(),
+                cluster: None,
             };
             let opts = UploadOptions {
                 parallelism: parallel,

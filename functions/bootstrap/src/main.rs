@@ -1,6 +1,9 @@
 //! `bootstrap`: one command from a laptop to a running, self-maintaining k3s cluster on an
 //! Oxide rack. Safe to interrupt and re-run at any point: a re-run adopts what exists.
 //!
+//! `bootstrap delete --cluster NAME` removes a cluster again (see
+//! `oxide_controller::workflows::delete`).
+//!
 //! Exit codes: 0 done (or still converging when `--wait` ran out: the CronJob carries on),
 //! 1 a step failed (re-run to continue), 2 bad input or a state a person must resolve
 //! (nothing is created when the input is bad).
@@ -19,15 +22,11 @@ use oxide_controller::spec::{ExternalIpMode, K3sInstall};
 use oxide_controller::tailscale::SecretString;
 use oxide_controller::telemetry::{self, LogFormat};
 use oxide_controller::workflows::bootstrap::{self, BootstrapInput, PoolInput, TailscaleFlags};
+use oxide_controller::workflows::delete::{self, Confirm, DeleteInput};
 
-/// Create a k3s cluster on an Oxide rack, with the CronJob and webhook that keep it healthy.
-///
-/// Oxide credentials are resolved like the `oxide` CLI does: --oxide-profile, or --oxide-host
-/// with --oxide-token; else OXIDE_PROFILE, or OXIDE_HOST + OXIDE_TOKEN; else the
-/// default-profile of ~/.config/oxide/config.toml (OXIDE_CONFIG_DIR moves that directory).
-#[derive(Debug, Parser)]
-#[command(version, about, args_override_self = true)]
-struct Args {
+/// Oxide credentials, the same for creating and deleting.
+#[derive(Debug, clap::Args)]
+struct OxideArgs {
     /// Oxide API URL, e.g. https://oxide.example.com (env OXIDE_HOST is read as the oxide CLI does).
     #[arg(long, value_name = "URL")]
     oxide_host: Option<String>,
@@ -37,6 +36,33 @@ struct Args {
     /// Profile from ~/.config/oxide/credentials.toml (env OXIDE_PROFILE is read as the oxide CLI does).
     #[arg(long, value_name = "NAME", conflicts_with = "oxide_host")]
     oxide_profile: Option<String>,
+}
+
+impl OxideArgs {
+    fn sources(self) -> CredentialSources {
+        CredentialSources::from_process_env(CredentialFlags {
+            host: self.oxide_host,
+            token: self.oxide_token,
+            profile: self.oxide_profile,
+        })
+    }
+}
+
+/// Create a k3s cluster on an Oxide rack, with the CronJob and webhook that keep it healthy.
+///
+/// Oxide credentials are resolved like the `oxide` CLI does: --oxide-profile, or --oxide-host
+/// with --oxide-token; else OXIDE_PROFILE, or OXIDE_HOST + OXIDE_TOKEN; else the
+/// default-profile of ~/.config/oxide/config.toml (OXIDE_CONFIG_DIR moves that directory).
+#[derive(Debug, Parser)]
+#[command(
+    version,
+    about,
+    args_override_self = true,
+    after_help = "To delete a cluster again: bootstrap delete --cluster NAME (see bootstrap delete --help)."
+)]
+struct Args {
+    #[command(flatten)]
+    oxide: OxideArgs,
 
     /// Cluster name: prefix of every VM name and the kubeconfig context name.
     #[arg(long, env = "OXIDE_CONTROLLER_CLUSTER")]
@@ -208,9 +234,58 @@ enum Install {
     Preinstalled,
 }
 
-fn main() -> ExitCode {
-    let args = match Args::try_parse() {
-        Ok(a) => a,
+/// Delete a cluster: its VMs, disks, addresses, groups and leftovers on the rack, then the
+/// kubeconfig context and resume file bootstrap wrote. Only what is provably the cluster's
+/// (description tags, exact names) is touched; --dry-run lists it, with the reason for each.
+#[derive(Debug, Parser)]
+#[command(
+    name = "bootstrap delete",
+    bin_name = "bootstrap delete",
+    version,
+    args_override_self = true
+)]
+struct DeleteArgs {
+    #[command(flatten)]
+    oxide: OxideArgs,
+    /// Cluster to delete.
+    #[arg(long, env = "OXIDE_CONTROLLER_CLUSTER")]
+    cluster: String,
+    /// Its Oxide project. Default: the one in the resume file, else the cluster name.
+    #[arg(long, env = "OXIDE_CONTROLLER_PROJECT")]
+    project: Option<String>,
+    /// The kubeconfig bootstrap wrote. Default: ~/.kube/<cluster>.yaml.
+    #[arg(long, env = "OXIDE_CONTROLLER_KUBECONFIG", value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Directory of the resume file. Default: ~/.config/oxide-controller.
+    #[arg(long, env = "OXIDE_CONTROLLER_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// List what would be deleted and why, and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Do not ask for the cluster name to be typed (needed without a terminal).
+    #[arg(long)]
+    yes: bool,
+    /// Also delete the images bootstrap uploaded for this cluster.
+    #[arg(long)]
+    delete_images: bool,
+    /// Also delete the project, when nothing else is left in it.
+    #[arg(long)]
+    delete_project: bool,
+    /// Instances removed at once.
+    #[arg(long, default_value_t = delete::DEFAULT_CONCURRENCY)]
+    concurrency: usize,
+    /// Seconds to wait for instances to stop and disks to detach before giving up (re-run to continue).
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    timeout: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+/// `Ok(args)`, or the exit code for help/version (0) and bad arguments (2, one line).
+fn parse<P: Parser>(argv: Vec<std::ffi::OsString>) -> Result<P, ExitCode> {
+    match P::try_parse_from(argv) {
+        Ok(a) => Ok(a),
         Err(e)
             if matches!(
                 e.kind(),
@@ -218,7 +293,7 @@ fn main() -> ExitCode {
             ) =>
         {
             let _ = e.print();
-            return ExitCode::SUCCESS;
+            Err(ExitCode::SUCCESS)
         }
         Err(e) => {
             // One line naming the problem; clap's own text adds usage and a hint.
@@ -228,15 +303,34 @@ fn main() -> ExitCode {
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("invalid arguments");
             eprintln!("{line}");
-            return ExitCode::from(2);
+            Err(ExitCode::from(2))
         }
-    };
-    telemetry::init(args.log_format);
-    let json_logs = match args.log_format {
+    }
+}
+
+fn json_logs(format: LogFormat) -> bool {
+    match format {
         LogFormat::Json => true,
         LogFormat::Text => false,
         LogFormat::Auto => !std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    }
+}
+
+fn main() -> ExitCode {
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == "delete") {
+        argv.remove(1);
+        return match parse::<DeleteArgs>(argv) {
+            Ok(a) => run_delete(a),
+            Err(code) => code,
+        };
+    }
+    let args = match parse::<Args>(argv) {
+        Ok(a) => a,
+        Err(code) => return code,
     };
+    telemetry::init(args.log_format);
+    let json_logs = json_logs(args.log_format);
     let input = input(args, json_logs);
     oxide_controller::telemetry::block_on(finish(input, json_logs))
 }
@@ -259,13 +353,8 @@ async fn finish(input: BootstrapInput, json_logs: bool) -> ExitCode {
 }
 
 fn input(a: Args, json_logs: bool) -> BootstrapInput {
-    let flags = CredentialFlags {
-        host: a.oxide_host,
-        token: a.oxide_token,
-        profile: a.oxide_profile,
-    };
     BootstrapInput {
-        credential_sources: CredentialSources::from_process_env(flags),
+        credential_sources: a.oxide.sources(),
         cluster: a.cluster,
         project: a.project,
         control_planes: a.control_planes,
@@ -312,7 +401,7 @@ fn input(a: Args, json_logs: bool) -> BootstrapInput {
         wait: Duration::from_secs(a.wait),
         api_timeout: Duration::from_secs(a.api_timeout),
         api_allow: a.api_allow,
-        holder: holder(),
+        holder: holder("bootstrap"),
         home: std::env::home_dir(),
         json_logs,
         tailscale: TailscaleFlags {
@@ -327,15 +416,51 @@ fn input(a: Args, json_logs: bool) -> BootstrapInput {
     }
 }
 
+fn run_delete(a: DeleteArgs) -> ExitCode {
+    telemetry::init(a.log_format);
+    let json_logs = json_logs(a.log_format);
+    let input = DeleteInput {
+        credential_sources: a.oxide.sources(),
+        cluster: a.cluster,
+        project: a.project,
+        kubeconfig: a.kubeconfig,
+        state_dir: a.state_dir,
+        home: std::env::home_dir(),
+        dry_run: a.dry_run,
+        confirm: if a.yes { Confirm::Yes } else { Confirm::Ask },
+        delete_images: a.delete_images,
+        delete_project: a.delete_project,
+        concurrency: a.concurrency,
+        timeout: Duration::from_secs(a.timeout),
+        holder: holder("bootstrap-delete"),
+        json_logs,
+    };
+    oxide_controller::telemetry::block_on(async move {
+        match delete::run(input).await {
+            Ok(summary) => {
+                print!("{}", summary.render());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                if json_logs {
+                    tracing::error!(exit_code = e.exit_code(), "{e}");
+                }
+                eprintln!("error: {e}");
+                ExitCode::from(e.exit_code())
+            }
+        }
+    })
+}
+
 /// Stable per machine (no pid): a re-run after a kill takes over its own reconcile Lease.
-fn holder() -> String {
+fn holder(what: &str) -> String {
     let host = std::env::var("HOSTNAME")
         .ok()
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
         .map(|h| h.trim().to_owned())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "laptop".to_owned());
-    format!("bootstrap@{host}")
+    format!("{what}@{host}")
 }
 
 #[cfg(test)]
@@ -346,5 +471,6 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Args::command().debug_assert();
+        DeleteArgs::command().debug_assert();
     }
 }

@@ -40,6 +40,7 @@ impl World {
             Some(Image {
                 id: Uuid::from_u128(999),
                 name: "ubuntu".into(),
+                description: String::new(),
                 size: ByteSize::gib(3),
                 block_size: 512,
                 silo_scoped: true,
@@ -118,6 +119,7 @@ impl World {
         self.obs.api_floating_ip = Some(FloatingIp {
             id: Uuid::from_u128(7777),
             name: "demo-apiserver".into(),
+            description: String::new(),
             ip: IpAddr::V4(Ipv4Addr::new(127, 100, 0, 1)),
             instance_id: holder,
         });
@@ -502,6 +504,7 @@ fn orphan_nodes_and_disks_are_cleaned_up_but_foreign_ones_are_not() {
     let disk = |name: &str, state: DiskState| Disk {
         id: Uuid::new_v4(),
         name: name.into(),
+        description: String::new(),
         state,
         size: ByteSize::gib(20),
         time_created: now(),

@@ -222,6 +222,7 @@ impl ImageStore for OxideRack {
         Ok(Image {
             id: created.id,
             name: created.name.to_string(),
+            description: created.description,
             size: crate::size::ByteSize(created.size.0),
             block_size: u64::try_from(*created.block_size).unwrap_or(0),
             silo_scoped: created.project_id.is_none(),

@@ -23,8 +23,8 @@ use oxide::types;
 
 use crate::firewall::{RuleChange, TcpAllowRule};
 use crate::model::{
-    Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance, InstanceState,
-    NewDisk, NewInstance,
+    AntiAffinityGroup, Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance,
+    InstanceState, NewDisk, NewInstance, Snapshot,
 };
 use crate::names;
 use crate::rack::{Rack, RackError};
@@ -84,8 +84,6 @@ fn too_old(accepts: Option<(&str, &str)>) -> RackError {
 fn is_too_old(e: &RackError) -> bool {
     matches!(e, RackError::Invalid { what, .. } if what == "the Oxide API version")
 }
-/// Description given to an anti-affinity group we create.
-const GROUP_DESCRIPTION: &str = "oxide-controller: spread pool members across sleds";
 
 /// Timeouts, page size and read retry policy of an [`OxideRack`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -450,6 +448,7 @@ fn disk_from(d: types::Disk) -> Disk {
     Disk {
         id: d.id,
         name: d.name.to_string(),
+        description: d.description,
         state,
         size: ByteSize(d.size.0),
         time_created: d.time_created,
@@ -460,6 +459,7 @@ fn floating_ip_from(f: types::FloatingIp) -> FloatingIp {
     FloatingIp {
         id: f.id,
         name: f.name.to_string(),
+        description: f.description,
         ip: f.ip,
         instance_id: f.instance_id,
     }
@@ -486,6 +486,7 @@ fn image_from(i: types::Image) -> Image {
     Image {
         id: i.id,
         name: i.name.to_string(),
+        description: i.description,
         size: ByteSize(i.size.0),
         block_size: u64::try_from(*i.block_size).unwrap_or(0),
         silo_scoped: i.project_id.is_none(),
@@ -1067,7 +1068,7 @@ impl Rack for OxideRack {
     async fn ensure_anti_affinity_group(&self, group: &str) -> Result<(), RackError> {
         let what = format!("anti-affinity group {group}");
         let body = types::AntiAffinityGroupCreate {
-            description: GROUP_DESCRIPTION.to_owned(),
+            description: names::ANTI_AFFINITY_GROUP_DESCRIPTION.to_owned(),
             failure_domain: types::FailureDomain::Sled,
             name: name(&what, "name", group)?,
             // `allow`: spread when possible, still place an instance when a small rack has
@@ -1088,6 +1089,268 @@ impl Rack for OxideRack {
             Ok(_) | Err(RackError::AlreadyExists { .. }) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    // ---- deleting a cluster ----
+
+    async fn project_exists(&self) -> Result<bool, RackError> {
+        let what = format!("project {}", self.project);
+        let found = self
+            .read_optional(&what, || {
+                self.client
+                    .project_view()
+                    .project(self.project.as_str())
+                    .send()
+            })
+            .await?;
+        Ok(found.is_some())
+    }
+
+    async fn delete_floating_ip(&self, fip: &str) -> Result<(), RackError> {
+        let what = format!("floating IP {fip}");
+        self.mutate(
+            &what,
+            self.client
+                .floating_ip_delete()
+                .project(self.project.as_str())
+                .floating_ip(fip)
+                .send(),
+        )
+        .await
+    }
+
+    async fn list_project_images(&self) -> Result<Vec<Image>, RackError> {
+        let what = format!("images of project {}", self.project);
+        let all = self
+            .all_pages(&what, |token| {
+                let b = self.client.image_list().limit(self.page_size());
+                let b = match token {
+                    Some(t) => b.page_token(t),
+                    None => b
+                        .project(self.project.as_str())
+                        .sort_by(types::NameOrIdSortMode::NameAscending),
+                };
+                async move {
+                    let page = b.send().await?.into_inner();
+                    Ok((page.items, page.next_page))
+                }
+            })
+            .await?;
+        Ok(all.into_iter().map(image_from).collect())
+    }
+
+    async fn delete_image(&self, image: &str) -> Result<(), RackError> {
+        let what = format!("image {image}");
+        self.mutate(
+            &what,
+            self.client
+                .image_delete()
+                .project(self.project.as_str())
+                .image(image)
+                .send(),
+        )
+        .await
+    }
+
+    async fn list_snapshots(&self) -> Result<Vec<Snapshot>, RackError> {
+        let what = format!("snapshots of project {}", self.project);
+        let all = self
+            .all_pages(&what, |token| {
+                let b = self.client.snapshot_list().limit(self.page_size());
+                let b = match token {
+                    Some(t) => b.page_token(t),
+                    None => b
+                        .project(self.project.as_str())
+                        .sort_by(types::NameOrIdSortMode::NameAscending),
+                };
+                async move {
+                    let page = b.send().await?.into_inner();
+                    Ok((page.items, page.next_page))
+                }
+            })
+            .await?;
+        Ok(all
+            .into_iter()
+            .map(|s| Snapshot {
+                id: s.id,
+                name: s.name.to_string(),
+                description: s.description,
+                disk_id: s.disk_id,
+            })
+            .collect())
+    }
+
+    async fn delete_snapshot(&self, snapshot: &str) -> Result<(), RackError> {
+        let what = format!("snapshot {snapshot}");
+        self.mutate(
+            &what,
+            self.client
+                .snapshot_delete()
+                .project(self.project.as_str())
+                .snapshot(snapshot)
+                .send(),
+        )
+        .await
+    }
+
+    async fn list_anti_affinity_groups(&self) -> Result<Vec<AntiAffinityGroup>, RackError> {
+        let what = format!("anti-affinity groups of project {}", self.project);
+        let all = self
+            .all_pages(&what, |token| {
+                let b = self
+                    .client
+                    .anti_affinity_group_list()
+                    .limit(self.page_size());
+                let b = match token {
+                    Some(t) => b.page_token(t),
+                    None => b
+                        .project(self.project.as_str())
+                        .sort_by(types::NameOrIdSortMode::NameAscending),
+                };
+                async move {
+                    let page = b.send().await?.into_inner();
+                    Ok((page.items, page.next_page))
+                }
+            })
+            .await?;
+        Ok(all
+            .into_iter()
+            .map(|g| AntiAffinityGroup {
+                id: g.id,
+                name: g.name.to_string(),
+                description: g.description,
+            })
+            .collect())
+    }
+
+    async fn anti_affinity_group_members(&self, group: &str) -> Result<Vec<String>, RackError> {
+        let what = format!("members of anti-affinity group {group}");
+        // The group is a path parameter selected by name within the project, so the project
+        // goes with every page, token or not.
+        let all = self
+            .all_pages(&what, |token| {
+                let b = self
+                    .client
+                    .anti_affinity_group_member_list()
+                    .anti_affinity_group(group)
+                    .project(self.project.as_str())
+                    .limit(self.page_size());
+                let b = match token {
+                    Some(t) => b.page_token(t),
+                    None => b.sort_by(types::NameOrIdSortMode::NameAscending),
+                };
+                async move {
+                    let page = b.send().await?.into_inner();
+                    Ok((page.items, page.next_page))
+                }
+            })
+            .await?;
+        Ok(all
+            .into_iter()
+            .map(|m| match m {
+                types::AntiAffinityGroupMember::Instance { name, .. } => name.to_string(),
+            })
+            .collect())
+    }
+
+    async fn delete_anti_affinity_group(&self, group: &str) -> Result<(), RackError> {
+        let what = format!("anti-affinity group {group}");
+        self.mutate(
+            &what,
+            self.client
+                .anti_affinity_group_delete()
+                .project(self.project.as_str())
+                .anti_affinity_group(group)
+                .send(),
+        )
+        .await
+    }
+
+    async fn list_vpcs(&self) -> Result<Vec<String>, RackError> {
+        let what = format!("VPCs of project {}", self.project);
+        let all = self
+            .all_pages(&what, |token| {
+                let b = self.client.vpc_list().limit(self.page_size());
+                let b = match token {
+                    Some(t) => b.page_token(t),
+                    None => b
+                        .project(self.project.as_str())
+                        .sort_by(types::NameOrIdSortMode::NameAscending),
+                };
+                async move {
+                    let page = b.send().await?.into_inner();
+                    Ok((page.items, page.next_page))
+                }
+            })
+            .await?;
+        Ok(all.into_iter().map(|v| v.name.to_string()).collect())
+    }
+
+    async fn delete_project(&self) -> Result<(), RackError> {
+        // The project's creation made VPC `default` with subnet `default`; Nexus deletes a
+        // project only when it holds no VPC, and a VPC only when it holds no subnet.
+        // Absent already (an earlier, interrupted run) is fine.
+        let gone = |r: Result<(), RackError>| match r {
+            Ok(()) | Err(RackError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        };
+        gone(
+            self.mutate(
+                "subnet default of VPC default",
+                self.client
+                    .vpc_subnet_delete()
+                    .project(self.project.as_str())
+                    .vpc(names::DEFAULT_VPC)
+                    .subnet(names::DEFAULT_VPC)
+                    .send(),
+            )
+            .await,
+        )?;
+        gone(
+            self.mutate(
+                "VPC default",
+                self.client
+                    .vpc_delete()
+                    .project(self.project.as_str())
+                    .vpc(names::DEFAULT_VPC)
+                    .send(),
+            )
+            .await,
+        )?;
+        let what = format!("project {}", self.project);
+        self.mutate(
+            &what,
+            self.client
+                .project_delete()
+                .project(self.project.as_str())
+                .send(),
+        )
+        .await
+    }
+
+    async fn remove_firewall_rule(&self, rule: &str) -> Result<bool, RackError> {
+        let what = format!("firewall rule {rule}");
+        let current = self.firewall_rules().await?;
+        if !current.iter().any(|r| r.name.as_str() == rule) {
+            return Ok(false);
+        }
+        // Every other rule back exactly as it was (the list is replaced as a whole).
+        let rules: Vec<types::VpcFirewallRuleUpdate> = current
+            .into_iter()
+            .filter(|r| r.name.as_str() != rule)
+            .map(rule_update_from)
+            .collect();
+        self.mutate(
+            &what,
+            self.client
+                .vpc_firewall_rules_update()
+                .project(self.project.as_str())
+                .vpc(DEFAULT_VPC)
+                .body(types::VpcFirewallRuleUpdateParams { rules })
+                .send(),
+        )
+        .await?;
+        Ok(true)
     }
 
     async fn list_firewall_rules(&self) -> Result<Vec<String>, RackError> {

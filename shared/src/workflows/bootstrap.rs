@@ -575,13 +575,15 @@ async fn ensure_resume(
             v.resume_path.display()
         )));
     }
-    let r = ResumeState::generate(
+    let mut r = ResumeState::generate(
         &spec.cluster,
         &spec.project,
         &v.credentials.host,
         &spec.control_plane.name,
     )
     .map_err(config)?;
+    // `bootstrap delete` reads the spec here when the cluster's API is gone.
+    r.spec = Some(spec.to_yaml());
     resume::save(&v.resume_path, &r).map_err(config)?;
     info!(step = "resume", first = %r.first_control_plane, path = %v.resume_path.display(), "generated keys and tokens and saved them");
     Ok(r)

@@ -257,8 +257,10 @@ const NOT_READY: &str = "Waiting to retrieve agent configuration; server is not 
 const CA_MISMATCH: &str = "token CA hash does not match the Cluster CA certificate hash";
 
 pub(super) enum Decision {
+    /// Initialise a new cluster.
     Create,
-    Join,
+    /// Join (or, restarting, rejoin) the cluster created by this VM.
+    Join(Uuid),
     Retry(String),
     Fatal(String),
 }
@@ -278,45 +280,26 @@ impl Inner {
         let Some(vm) = st.vms.get(&id) else {
             return Decision::Fatal("instance vanished".into());
         };
-        let accepted_server: Vec<&str> = match (&st.cluster, role) {
-            (None, Role::Server) if k3s.server.is_none() => return Decision::Create,
-            (Some(cluster), Role::Server) if vm.member || cluster.creator == id => {
+        if role == Role::Server {
+            if let Some(cluster) = st.cluster_of(id).filter(|_| vm.member) {
                 // Restart with the datastore on disk: no join needed, only the same token.
                 let check = k3s
                     .token
                     .as_deref()
-                    .map(|t| check_token(t, &[&cluster.token], &self.ca_hash));
+                    .map(|t| check_token(t, &[&cluster.token], &cluster.ca_hash));
                 return match check {
-                    None | Some(TokenCheck::Ok) => Decision::Join,
+                    None | Some(TokenCheck::Ok) => Decision::Join(cluster.creator),
                     Some(_) => Decision::Fatal(format!(
                         "{PREPARING}: bootstrap data already found and encrypted with different token"
                     )),
                 };
             }
-            (Some(cluster), Role::Server) if k3s.server.is_none() => {
-                let same = k3s
-                    .token
-                    .as_deref()
-                    .map(|t| check_token(t, &[&cluster.token], &self.ca_hash));
-                return Decision::Fatal(match same {
-                    Some(TokenCheck::Ok) => format!(
-                        "{PREPARING}: oxide-sim runs one cluster and it already exists; a server \
-                         without 'server:' would bootstrap a second one; set server: \
-                         https://<existing server>:6443 to join"
-                    ),
-                    _ => format!(
-                        "{PREPARING}: failed to validate token: cluster-init with a token that \
-                         does not match the existing cluster's; refusing to bootstrap a second \
-                         cluster"
-                    ),
-                });
+            // A server told no other server initialises a cluster of its own (etcd with
+            // `cluster-init`), whatever other clusters exist on the rack.
+            if k3s.server.is_none() {
+                return Decision::Create;
             }
-            (Some(cluster), Role::Server) => vec![cluster.token.as_str()],
-            (Some(cluster), Role::Agent) => {
-                vec![cluster.agent_token.as_str(), cluster.token.as_str()]
-            }
-            (None, _) => Vec::new(),
-        };
+        }
         let Some(url) = k3s.server.as_deref() else {
             return Decision::Fatal("Error: --server is required".into());
         };
@@ -330,27 +313,34 @@ impl Inner {
                 "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp: lookup {host}: no such host"
             ));
         };
-        let serving = guard.is_serving(SocketAddr::new(ip, port), ListenerKind::KubeApi);
+        // The cluster whose API answers at the server URL: that of the server serving it.
+        let target = guard
+            .serving_owner(SocketAddr::new(ip, port), ListenerKind::KubeApi)
+            .and_then(|owner| st.cluster_of(owner));
         // The rack's VPC firewall judges the joiner's connection like any other.
         let admitted = self.oxide.get().is_none_or(|o| {
             o.tcp_admitted(crate::oxide::Peer::Instance(id), SocketAddr::new(ip, port))
                 .unwrap_or(true)
         });
-        if serving && !admitted {
+        if target.is_some() && !admitted {
             return Decision::Retry(format!(
                 "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp {ip}:{port}: i/o timeout"
             ));
         }
-        if !serving || st.cluster.is_none() {
+        let Some(cluster) = target else {
             return Decision::Retry(format!(
                 "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp {ip}:{port}: connect: connection refused"
             ));
-        }
+        };
+        let accepted: Vec<&str> = match role {
+            Role::Server => vec![cluster.token.as_str()],
+            Role::Agent => vec![cluster.agent_token.as_str(), cluster.token.as_str()],
+        };
         let Some(token) = k3s.token.as_deref() else {
             return Decision::Fatal("Error: --token is required".into());
         };
-        match (check_token(token, &accepted_server, &self.ca_hash), role) {
-            (TokenCheck::Ok, _) => Decision::Join,
+        match (check_token(token, &accepted, &cluster.ca_hash), role) {
+            (TokenCheck::Ok, _) => Decision::Join(cluster.creator),
             (TokenCheck::CaHashMismatch, Role::Server) => Decision::Fatal(format!(
                 "{PREPARING}: failed to validate token: {CA_MISMATCH}"
             )),
@@ -374,33 +364,39 @@ impl Inner {
         role: Role,
         k3s: &K3sConfig,
         version: &str,
-        create: bool,
+        join: Option<Uuid>,
         started: Instant,
     ) {
+        let create = join.is_none();
         let node = {
             let mut st = self.state();
-            if create {
-                if st.cluster.is_some() {
-                    // Another server created the cluster between decide and now; loop again
-                    // next boot. Rare enough to simply refuse this round.
-                    drop(st);
-                    self.k3s_log(
+            let cluster = match join {
+                Some(cluster) => cluster,
+                None => {
+                    let (twin, ca_hash) = match self.new_cluster_twin(&st) {
+                        Ok(t) => t,
+                        Err(err) => {
+                            drop(st);
+                            tracing::warn!(error = %err, "cannot build a twin for a new cluster");
+                            self.set_k3s(id, generation, K3sState::Refused);
+                            return;
+                        }
+                    };
+                    let token = k3s.token.clone().unwrap_or_else(random_token);
+                    let agent_token = k3s.agent_token.clone().unwrap_or_else(|| token.clone());
+                    st.clusters.insert(
                         id,
-                        started,
-                        "fatal",
-                        "starting kubernetes: preparing server: bootstrap data already found",
+                        Cluster {
+                            token,
+                            agent_token,
+                            creator: id,
+                            twin,
+                            ca_hash,
+                        },
                     );
-                    self.set_k3s(id, generation, K3sState::Refused);
-                    return;
+                    id
                 }
-                let token = k3s.token.clone().unwrap_or_else(random_token);
-                let agent_token = k3s.agent_token.clone().unwrap_or_else(|| token.clone());
-                st.cluster = Some(Cluster {
-                    token,
-                    agent_token,
-                    creator: id,
-                });
-            }
+            };
             let Some(vm) = st
                 .vms
                 .get_mut(&id)
@@ -410,6 +406,7 @@ impl Inner {
             };
             vm.k3s = K3sState::Joined;
             vm.member = true;
+            vm.cluster = Some(cluster);
             let name = k3s
                 .node_name
                 .clone()

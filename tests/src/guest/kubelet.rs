@@ -88,13 +88,15 @@ impl Inner {
     /// Registers (or re-registers) the Node like a starting kubelet: a missing Node is
     /// created; an existing one keeps its spec (cordon, taints) and annotations, gets the
     /// kubelet-managed labels and a fresh status. It reports `Ready=False` (the CNI is not
-    /// up yet) and turns Ready half a `k3s_join` later, if this boot is still running.
+    /// up yet) and turns Ready half a `k3s_join` later, if this boot is still running. All of
+    /// it in the twin of the VM's cluster.
     pub(super) fn register_node(self: &Arc<Self>, fresh: Value, id: Uuid, generation: u64) {
+        let twin = self.twin_of(&self.state(), id);
         let name = fresh["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let object = match self.twin.get("v1", "Node", None, &name) {
+        let object = match twin.get("v1", "Node", None, &name) {
             None => fresh,
             Some(mut existing) => {
                 if let (Some(labels), Some(new)) = (
@@ -121,11 +123,11 @@ impl Inner {
                 existing
             }
         };
-        if let Err(err) = self.twin.upsert(object) {
+        if let Err(err) = twin.upsert(object) {
             tracing::warn!(node = %name, error = %err, "cannot register node");
             return;
         }
-        self.twin.set_node_condition(&name, NodeCondition::NotReady);
+        twin.set_node_condition(&name, NodeCondition::NotReady);
         let inner = Arc::clone(self);
         self.runtime.spawn(async move {
             tokio::time::sleep(inner.cfg.k3s_join / 2).await;
@@ -135,7 +137,7 @@ impl Inner {
                 .get(&id)
                 .is_some_and(|vm| vm.running && vm.generation == generation);
             if current {
-                inner.twin.set_node_ready(&name, true);
+                twin.set_node_ready(&name, true);
             }
         });
     }

@@ -232,7 +232,7 @@ impl Inner {
                     self.set_k3s(id, generation, K3sState::Refused);
                     return Runcmd::Finished;
                 }
-                decision @ (Decision::Create | Decision::Join) => {
+                decision @ (Decision::Create | Decision::Join(_)) => {
                     tokio::time::sleep(self.cfg.k3s_join).await;
                     if !self.current(id, generation) {
                         return Runcmd::Abandoned;
@@ -243,7 +243,10 @@ impl Inner {
                         role,
                         &k3s,
                         &version,
-                        matches!(decision, Decision::Create),
+                        match decision {
+                            Decision::Join(cluster) => Some(cluster),
+                            _ => None,
+                        },
                         started,
                     );
                     return Runcmd::Finished;
@@ -254,8 +257,9 @@ impl Inner {
 
     /// The VM stopped running: its boot stops, listeners close, its kubelet stops reporting.
     fn halt(self: &Arc<Self>, id: Uuid) {
-        let node = {
+        let (node, twin) = {
             let mut st = self.state();
+            let twin = self.twin_of(&st, id);
             let Some(vm) = st.vms.get_mut(&id) else {
                 return;
             };
@@ -264,16 +268,16 @@ impl Inner {
             vm.sshd_up = false;
             vm.k3s = K3sState::Off;
             vm.tailnet_ip = None;
-            vm.node_name.clone()
+            (vm.node_name.clone(), twin)
         };
         if let Some(tailnet) = self.tailnet.get() {
             tailnet.disconnect(id);
         }
         self.sync_listeners(id);
         if let Some(node) = node
-            && self.twin.get("v1", "Node", None, &node).is_some()
+            && twin.get("v1", "Node", None, &node).is_some()
         {
-            self.twin.set_node_ready(&node, false);
+            twin.set_node_ready(&node, false);
         }
     }
 }
@@ -308,6 +312,7 @@ impl RackEvents for Boot {
                 sshd_up: false,
                 k3s: K3sState::Off,
                 member: false,
+                cluster: None,
                 keys_printed: false,
                 node_name: None,
                 ncpus: inst.ncpus,
@@ -363,9 +368,13 @@ impl RackEvents for Boot {
         }
         st.floating.retain(|_, owner| *owner != id);
         // A cluster whose every member is gone is gone (its datastore lived on their disks).
-        if st.cluster.is_some() && !st.vms.values().any(|v| v.member) {
-            st.cluster = None;
-        }
+        let alive: BTreeSet<Uuid> = st
+            .vms
+            .values()
+            .filter(|v| v.member)
+            .filter_map(|v| v.cluster)
+            .collect();
+        st.clusters.retain(|id, _| alive.contains(id));
         drop(st);
         self.inner.listeners.lock().close_owner(id);
     }

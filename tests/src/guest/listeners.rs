@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::k3s::Role;
 use super::{Inner, K3sState, KUBE_API_PORT, State, Vm};
 use crate::net::{ListenerKind, ListenersGuard};
+use crate::twin::Twin;
 
 impl Inner {
     /// Brings the VM's listeners in line with its state: SSH on every address of a running
@@ -18,7 +19,7 @@ impl Inner {
     pub(super) fn sync_listeners(self: &Arc<Self>, id: Uuid) {
         let _rt = self.runtime.enter();
         let mut guard = self.listeners.lock();
-        let desired = self.desired_listeners(id);
+        let (desired, twin) = self.desired_listeners(id);
         for (addr, kind) in guard.owned_by(id) {
             if !desired.iter().any(|(a, k, _)| *a == addr && *k == kind) {
                 guard.close(addr);
@@ -28,21 +29,23 @@ impl Inner {
             if guard.owned_by(id).contains(&(addr, kind)) && guard.is_serving(addr, kind) {
                 continue;
             }
-            self.open_listener(&mut guard, id, addr, kind, sans);
+            self.open_listener(&mut guard, id, addr, kind, sans, &twin);
         }
     }
 
-    fn desired_listeners(&self, id: Uuid) -> Vec<(SocketAddr, ListenerKind, Vec<String>)> {
-        if self.closed.load(Ordering::SeqCst) {
-            return Vec::new();
-        }
+    /// What `id` should listen on, and the twin its API listeners serve (its cluster's).
+    fn desired_listeners(&self, id: Uuid) -> (Vec<(SocketAddr, ListenerKind, Vec<String>)>, Twin) {
         let st = self.state();
+        let twin = self.twin_of(&st, id);
+        if self.closed.load(Ordering::SeqCst) {
+            return (Vec::new(), twin);
+        }
         let Some(vm) = st.vms.get(&id) else {
-            return Vec::new();
+            return (Vec::new(), twin);
         };
         let is_server = vm.user_data.as_ref().and_then(|u| u.role) == Some(Role::Server);
         if !vm.running || !is_server {
-            return Vec::new();
+            return (Vec::new(), twin);
         }
         let mut ips: Vec<IpAddr> = vm.ephemeral_ips.clone();
         ips.extend(vm.private_ip);
@@ -75,7 +78,7 @@ impl Inner {
                 ));
             }
         }
-        out
+        (out, twin)
     }
 
     /// SANs of the API serving certificate, as k3s builds them: loopback and in-cluster names,
@@ -101,13 +104,12 @@ impl Inner {
         // k3s puts the node's own address (the NIC's private IP) in the certificate too.
         sans.extend(vm.private_ip.map(|ip| ip.to_string()));
         for other in st.vms.values() {
-            if (other.member || std::ptr::eq(other, vm))
-                && let Some(k3s) = other.user_data.as_ref().and_then(|u| u.k3s.as_ref())
-            {
+            let fellow = (other.member && other.cluster == vm.cluster) || std::ptr::eq(other, vm);
+            if fellow && let Some(k3s) = other.user_data.as_ref().and_then(|u| u.k3s.as_ref()) {
                 sans.extend(k3s.tls_san.iter().cloned());
             }
             // The `tls-san+` drop-in written from `tailscale ip -4` at boot.
-            if (other.member || std::ptr::eq(other, vm))
+            if fellow
                 && other.tailnet_san
                 && let Some(ip) = other.tailnet_ip
             {
@@ -124,11 +126,12 @@ impl Inner {
         addr: SocketAddr,
         kind: ListenerKind,
         sans: Vec<String>,
+        twin: &Twin,
     ) {
         let result = match kind {
-            ListenerKind::KubeApi => match self.twin.server_tls_config(&sans) {
+            ListenerKind::KubeApi => match twin.server_tls_config(&sans) {
                 Ok(tls) => {
-                    let twin = self.twin.clone();
+                    let twin = twin.clone();
                     guard.open(addr, kind, id, move |listener| twin.serve(listener, tls))
                 }
                 Err(err) => {

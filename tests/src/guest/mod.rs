@@ -1,8 +1,11 @@
 //! What happens inside a simulated VM once the rack says it is `running`: cloud-init reads and
 //! validates the user-data, prints the SSH host key fingerprints on the serial console and
 //! starts sshd, and a simulated k3s (configured from `/etc/rancher/k3s/config.yaml` written by
-//! `write_files`) creates or joins the simulator's one cluster, the twin. Joined VMs become
-//! Nodes; halted VMs' Nodes turn `Ready=Unknown` like a vanished kubelet.
+//! `write_files`) creates a cluster (a server without `server:`) or joins the cluster whose
+//! API answers at its `server:` URL. Each cluster has its own twin (the first one the
+//! simulator's primary twin), so several clusters live side by side as on a real rack.
+//! Joined VMs become Nodes of their cluster; halted VMs' Nodes turn `Ready=Unknown` like a
+//! vanished kubelet.
 //!
 //! This module owns the boot/k3s contract in SIM_CONTRACTS.md and the per-VM listeners
 //! (Kubernetes API at :6443 on joined servers, SSH on server VMs). It does not own the Oxide
@@ -122,8 +125,10 @@ struct Vm {
     user_data: Option<Arc<UserData>>,
     sshd_up: bool,
     k3s: K3sState,
-    /// Has been a member of the cluster (its datastore/agent state survives reboots).
+    /// Has been a member of its cluster (its datastore/agent state survives reboots).
     member: bool,
+    /// The cluster it joined or created (key of [`State::clusters`]).
+    cluster: Option<Uuid>,
     /// cloud-init's keys_to_console ran (once per instance: never again after a restart).
     keys_printed: bool,
     node_name: Option<String>,
@@ -139,6 +144,11 @@ struct Cluster {
     token: String,
     agent_token: String,
     creator: Uuid,
+    /// This cluster's Kubernetes API: the primary twin for the first cluster, a twin of its
+    /// own (own CA, own objects) for every other.
+    twin: Twin,
+    /// Hash of `twin`'s CA, part of the full-format tokens.
+    ca_hash: String,
 }
 
 #[derive(Default)]
@@ -146,7 +156,18 @@ struct State {
     vms: HashMap<Uuid, Vm>,
     /// Attached floating IPs → instance.
     floating: HashMap<IpAddr, Uuid>,
-    cluster: Option<Cluster>,
+    /// Clusters, keyed by the id of the VM that created them.
+    clusters: BTreeMap<Uuid, Cluster>,
+}
+
+impl State {
+    /// The cluster `id` belongs to.
+    fn cluster_of(&self, id: Uuid) -> Option<&Cluster> {
+        self.vms
+            .get(&id)
+            .and_then(|v| v.cluster)
+            .and_then(|c| self.clusters.get(&c))
+    }
 }
 
 struct Inner {
@@ -225,8 +246,9 @@ impl Boot {
         &self.inner.listeners
     }
 
-    /// Cluster summary for the admin state dump: who created the cluster, which VMs joined
-    /// with which role and Node name, and the open listeners.
+    /// Cluster summary for the admin state dump: who created the first cluster (the primary
+    /// twin's) and which VMs joined it, every cluster with its members, each VM's role and Node
+    /// name, and the open listeners.
     pub fn cluster_info(&self) -> Value {
         let st = self.inner.state();
         let mut vms: Vec<Value> = st
@@ -248,24 +270,42 @@ impl Boot {
             })
             .collect();
         vms.sort_by(|a, b| a["instance"].as_str().cmp(&b["instance"].as_str()));
-        let creator = st.cluster.as_ref().map(|c| {
-            st.vms
-                .get(&c.creator)
+        let primary_ca = self.inner.twin.ca_pem();
+        let name_of = |id: &Uuid| st.vms.get(id).map(|v| v.name.clone()).unwrap_or_default();
+        let joined_to = |cluster: &Uuid| {
+            let mut joined: Vec<String> = st
+                .vms
+                .values()
+                .filter(|v| v.k3s == K3sState::Joined && v.cluster.as_ref() == Some(cluster))
                 .map(|v| v.name.clone())
-                .unwrap_or_default()
-        });
-        let mut joined: Vec<String> = st
-            .vms
-            .values()
-            .filter(|v| v.k3s == K3sState::Joined)
-            .map(|v| v.name.clone())
+                .collect();
+            joined.sort();
+            joined
+        };
+        let primary = st
+            .clusters
+            .iter()
+            .find(|(_, c)| c.twin.ca_pem() == primary_ca)
+            .map(|(id, _)| *id);
+        let clusters: Vec<Value> = st
+            .clusters
+            .iter()
+            .map(|(id, c)| {
+                json!({
+                    "creator": name_of(&c.creator),
+                    "primary_twin": Some(*id) == primary,
+                    "joined": joined_to(id),
+                })
+            })
             .collect();
-        joined.sort();
+        let creator = primary.map(|id| name_of(&id));
+        let joined = primary.map(|id| joined_to(&id)).unwrap_or_default();
         drop(st);
         json!({
             "created": creator.is_some(),
             "creator": creator,
             "joined": joined,
+            "clusters": clusters,
             "vms": vms,
             "listeners": self.inner.listeners.snapshot(),
         })
@@ -335,6 +375,28 @@ impl Inner {
             })
             .as_ref()
             .map(|d| d.path().join(id.to_string()))
+    }
+
+    /// The twin of `id`'s cluster; the primary twin for a VM in none.
+    fn twin_of(&self, st: &State, id: Uuid) -> Twin {
+        st.cluster_of(id)
+            .map(|c| c.twin.clone())
+            .unwrap_or_else(|| self.twin.clone())
+    }
+
+    /// The twin of a cluster being created: the primary twin while no cluster uses it, else a
+    /// new one with its own CA.
+    fn new_cluster_twin(&self, st: &State) -> Result<(Twin, String), crate::twin::TwinError> {
+        let primary_ca = self.twin.ca_pem();
+        if !st.clusters.values().any(|c| c.twin.ca_pem() == primary_ca) {
+            return Ok((self.twin.clone(), self.ca_hash.clone()));
+        }
+        let twin = Twin::new(crate::twin::TwinConfig {
+            k3s_version: self.cfg.k3s_version.clone(),
+            faults: self.faults.clone(),
+        })?;
+        let hash = ca_hash(&twin.ca_pem());
+        Ok((twin, hash))
     }
 
     fn name_matches(prefixes: &[String], name: &str) -> bool {

@@ -151,25 +151,25 @@ impl SshBackend for VmBackend {
             K3S_KUBECONFIG_PATH | K3S_NODE_TOKEN_PATH | K3S_TOKEN_PATH | K3S_AGENT_TOKEN_PATH
         ) {
             let inner = self.boot.upgrade()?;
-            let (token, agent_token) = {
+            let (token, agent_token, twin, ca_hash) = {
                 let st = inner.state();
                 let vm = st.vms.get(&self.id)?;
                 // k3s writes these once the server has started.
                 if vm.generation != self.generation || vm.k3s != K3sState::Joined {
                     return None;
                 }
-                let cluster = st.cluster.as_ref()?;
-                (cluster.token.clone(), cluster.agent_token.clone())
+                let cluster = st.cluster_of(self.id)?;
+                (
+                    cluster.token.clone(),
+                    cluster.agent_token.clone(),
+                    cluster.twin.clone(),
+                    cluster.ca_hash.clone(),
+                )
             };
             return Some(match path {
-                K3S_KUBECONFIG_PATH => inner
-                    .twin
-                    .admin_kubeconfig("https://127.0.0.1:6443")
-                    .into_bytes(),
-                K3S_AGENT_TOKEN_PATH => {
-                    format!("K10{}::node:{agent_token}\n", inner.ca_hash).into_bytes()
-                }
-                _ => format!("K10{}::server:{token}\n", inner.ca_hash).into_bytes(),
+                K3S_KUBECONFIG_PATH => twin.admin_kubeconfig("https://127.0.0.1:6443").into_bytes(),
+                K3S_AGENT_TOKEN_PATH => format!("K10{ca_hash}::node:{agent_token}\n").into_bytes(),
+                _ => format!("K10{ca_hash}::server:{token}\n").into_bytes(),
             });
         }
         self.files.get(path).cloned()

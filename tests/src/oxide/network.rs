@@ -278,6 +278,15 @@ pub fn group_view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     Reply::json(StatusCode::OK, &view)
 }
 
+/// DELETE /v1/anti-affinity-groups/{g}: the group goes with its memberships, members or not
+/// (omicron `nexus/db-queries/src/db/datastore/affinity.rs` anti_affinity_group_delete
+/// deletes the membership rows in the same transaction).
+pub fn group_delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let id = select_group(cx, cx.project())?;
+    cx.store.groups.remove(&id);
+    Reply::no_content()
+}
+
 pub fn group_member_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let lp = ListParams::parse("anti-affinity-group-members", cx.query)?;
     let gid = select_group(cx, lp.project.as_deref())?;

@@ -27,6 +27,7 @@ pub enum Op {
     ImageList,
     ImageCreate,
     ImageView,
+    ImageDelete,
     DiskList,
     DiskCreate,
     DiskView,
@@ -57,8 +58,10 @@ pub enum Op {
     GroupList,
     GroupCreate,
     GroupView,
+    GroupDelete,
     GroupMemberList,
     GroupMemberAdd,
+    VpcList,
     FirewallRulesView,
     NetworkInterfaceList,
     FirewallRulesUpdate,
@@ -115,6 +118,7 @@ pub const ROUTES: &[RouteSpec] = &[
         false,
         Op::NetworkInterfaceList,
     ),
+    r("GET", "/v1/vpcs", 200, "vpc_list", false, Op::VpcList),
     r(
         "GET",
         "/v1/vpc-firewall-rules",
@@ -171,6 +175,14 @@ pub const ROUTES: &[RouteSpec] = &[
         "image_view",
         false,
         Op::ImageView,
+    ),
+    r(
+        "DELETE",
+        "/v1/images/{image}",
+        204,
+        "image_delete",
+        false,
+        Op::ImageDelete,
     ),
     r("GET", "/v1/disks", 200, "disk_list", false, Op::DiskList),
     r(
@@ -404,6 +416,14 @@ pub const ROUTES: &[RouteSpec] = &[
         "anti_affinity_group_view",
         false,
         Op::GroupView,
+    ),
+    r(
+        "DELETE",
+        "/v1/anti-affinity-groups/{anti_affinity_group}",
+        204,
+        "anti_affinity_group_delete",
+        false,
+        Op::GroupDelete,
     ),
     r(
         "GET",
@@ -659,6 +679,7 @@ pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         Op::ImageList => storage::image_list(cx),
         Op::ImageCreate => storage::image_create(cx),
         Op::ImageView => storage::image_view(cx),
+        Op::ImageDelete => storage::image_delete(cx),
         Op::DiskList => storage::disk_list(cx),
         Op::DiskCreate => storage::disk_create(cx),
         Op::DiskView => storage::disk_view(cx),
@@ -689,9 +710,11 @@ pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         Op::GroupList => network::group_list(cx),
         Op::GroupCreate => network::group_create(cx),
         Op::GroupView => network::group_view(cx),
+        Op::GroupDelete => network::group_delete(cx),
         Op::GroupMemberList => network::group_member_list(cx),
         Op::GroupMemberAdd => network::group_member_add(cx),
         Op::FirewallRulesView => firewall::view(cx),
+        Op::VpcList => vpc_list(cx),
         Op::NetworkInterfaceList => instances::network_interfaces(cx),
         Op::FirewallRulesUpdate => firewall::update(cx),
     }
@@ -719,6 +742,33 @@ fn project_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let view = project.view();
     cx.store.projects.insert(id, project);
     Reply::json(StatusCode::CREATED, &view)
+}
+
+/// GET /v1/vpcs?project=: the project's VPCs. Every project has exactly its `default` VPC
+/// (created with it, omicron `nexus/src/app/sagas/project_create.rs:136-143`); VPC create and
+/// delete are not simulated.
+fn vpc_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let lp = ListParams::parse("vpcs", cx.query)?;
+    let pid = cx.store.project_param(lp.required_project()?)?;
+    let p = cx.store.projects.get(&pid).ok_or_else(ApiError::internal)?;
+    let name = types::Name::try_from("default").map_err(|_| ApiError::internal())?;
+    let vpc = types::Vpc {
+        description: "Default VPC".to_owned(),
+        dns_name: name.clone(),
+        id: p.vpc_id,
+        ipv6_prefix: "fd00:1122:3344::/48"
+            .parse()
+            .map_err(|_| ApiError::internal())?,
+        name,
+        project_id: pid,
+        system_router_id: p.vpc_id,
+        time_created: p.times.created,
+        time_modified: p.times.modified,
+    };
+    Reply::json(
+        StatusCode::OK,
+        &lp.page(vec![("default".to_owned(), p.vpc_id, vpc)]),
+    )
 }
 
 fn project_view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {

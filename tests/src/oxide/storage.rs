@@ -519,6 +519,21 @@ pub fn image_view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     Reply::json(StatusCode::OK, &view)
 }
 
+/// DELETE /v1/images/{image}: a project image (name + project, or id) goes at once. Disks
+/// made from it stay (omicron `nexus/external-api/src/lib.rs` image_delete: "Any instances in
+/// the project using the image will continue to run").
+pub fn image_delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let r = store::path_ref(cx.param(0))?;
+    let project = cx.project().map(store::query_ref).transpose()?;
+    let id = match (&r, &project) {
+        (Ref::Name(n), None) => store::find_by_name(&cx.store.images, None, n)
+            .ok_or_else(|| ApiError::not_found_by_name(IMAGE.resource, n))?,
+        _ => store::select_ref(cx.store, &cx.store.images, IMAGE, &r, project.as_ref())?,
+    };
+    cx.store.images.remove(&id);
+    Reply::no_content()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {

@@ -247,6 +247,7 @@ async fn check_images(
             source,
             os: "linux".to_owned(),
             version: version.chars().take(60).collect(),
+            cluster: Some(spec.cluster.clone()),
         });
     }
     Ok(out)

@@ -1,0 +1,494 @@
+//! `bootstrap delete` end to end: the real binary against `oxide-sim`, after a real
+//! `bootstrap` of cluster `prod` (3+3) next to decoys in the same project — a second cluster
+//! `prod-2` (another real bootstrap, 1+1, with its own API), another cluster's VM and
+//! addresses (`prod-2-…`), an untagged `prod-db`, a user floating IP, a project image nobody
+//! uploaded through bootstrap, and the silo image.
+//!
+//! Checked: the dry run makes no mutating request and lists exactly what the real run
+//! removes; afterwards the state dump holds nothing of `prod` and every decoy; a run on a
+//! cluster already gone exits 0 saying so; without a terminal and without `--yes` it refuses
+//! (exit 2); SIGKILLed at ten points in a row, each followed by a re-run, it ends in the same
+//! state; a reconcile run started while the deletion runs creates no VM.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{Env, IMAGE, env, log_lines};
+use oxide_controller::model::{NewDisk, NewInstance};
+use oxide_controller::names;
+use oxide_controller::rack::Rack as _;
+use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::size::ByteSize;
+
+const CCM: &str = "Managed by oxide-cloud-controller-manager.";
+
+fn delete_args(env: &Env, extra: &[&str]) -> Vec<String> {
+    let token = format!("file:{}", env.dir.path().join("token").display());
+    let mut a: Vec<String> = [
+        "delete",
+        "--oxide-host",
+        &env.sim.oxide_host,
+        "--oxide-token",
+        &token,
+        "--cluster",
+        "prod",
+        "--state-dir",
+        &env.state_dir().display().to_string(),
+        "--kubeconfig",
+        &env.kubeconfig().display().to_string(),
+        "--log-format",
+        "json",
+        "--timeout",
+        "120",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+async fn delete(env: &Env, extra: &[&str]) -> std::process::Output {
+    tokio::time::timeout(
+        Duration::from_secs(300),
+        env.command(&delete_args(env, extra)).output(),
+    )
+    .await
+    .expect("delete finished within 300 s")
+    .unwrap()
+}
+
+fn rack(env: &Env) -> OxideRack {
+    OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "prod",
+        RackOptions::default(),
+    )
+    .unwrap()
+}
+
+/// Cluster `prod`, 3 control planes + 3 workers, and the decoys. With `prod2` set, the
+/// kubeconfig path of a second, really bootstrapped cluster `prod-2` (1+1, same project) stands
+/// in for the made-up `prod-2` VM and API address.
+async fn prod_with_decoys(prod2: Option<&std::path::Path>) -> Env {
+    let env = env().await;
+    env.run_ok(&["--cluster", "prod", "--workers", "3"]).await;
+    let mut vms = vec![("prod-db", "my database")];
+    let mut fips = vec![
+        ("prod-web", "the user's own address"),
+        ("prod-2-default-web", CCM),
+        // The CCM's address of one of prod's LoadBalancer Services.
+        ("prod-default-web", CCM),
+    ];
+    match prod2 {
+        Some(kubeconfig) => {
+            env.run_ok(&[
+                "--cluster",
+                "prod-2",
+                "--project",
+                "prod",
+                "--control-planes",
+                "1",
+                "--workers",
+                "1",
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+            ])
+            .await;
+        }
+        None => {
+            vms.push((
+                "prod-2-workers-xxxxx",
+                "oxide-controller cluster=prod-2 pool=workers spec=abc",
+            ));
+            fips.push((
+                "prod-2-apiserver",
+                "oxide-controller cluster=prod-2 Kubernetes API",
+            ));
+        }
+    }
+    let rack = rack(&env);
+    let image = rack.find_image(IMAGE).await.unwrap().unwrap();
+    for (name, description) in vms {
+        rack.create_instance(&NewInstance {
+            name: name.into(),
+            description: description.into(),
+            hostname: name.into(),
+            ncpus: 1,
+            memory: ByteSize::gib(1),
+            boot_disk: NewDisk {
+                name: names::boot_disk_name(name),
+                size: ByteSize::gib(3),
+                image: Some(image.id),
+            },
+            data_disk: None,
+            user_data: b"#cloud-config\n".to_vec(),
+            ephemeral_ip: false,
+            ip_pool: None,
+            anti_affinity_group: None,
+        })
+        .await
+        .unwrap();
+    }
+    for (name, description) in fips {
+        rack.create_floating_ip(name, description, None)
+            .await
+            .unwrap();
+    }
+    // The user's own firewall rule next to bootstrap's.
+    rack.ensure_firewall_rule(&oxide_controller::firewall::TcpAllowRule {
+        name: "allow-office".into(),
+        description: "the user's rule".into(),
+        port: 443,
+        sources: oxide_controller::firewall::parse_sources("203.0.113.0/24").unwrap(),
+    })
+    .await
+    .unwrap();
+    env
+}
+
+fn decoys() -> BTreeSet<String> {
+    [
+        "instance prod-2-workers-xxxxx",
+        "instance prod-db",
+        "disk boot-prod-2-workers-xxxxx",
+        "disk boot-prod-db",
+        "floating_ip prod-web",
+        "floating_ip prod-2-apiserver",
+        "floating_ip prod-2-default-web",
+        &format!("image {IMAGE}"),
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
+}
+
+/// Every object in the simulator's state dump as `kind name`.
+fn everything(env: &Env) -> BTreeSet<String> {
+    let dump = env.dump();
+    let mut out = BTreeSet::new();
+    for (key, kind) in [
+        ("instances", "instance"),
+        ("disks", "disk"),
+        ("floating_ips", "floating_ip"),
+        ("images", "image"),
+        ("snapshots", "snapshot"),
+        ("anti_affinity_groups", "group"),
+    ] {
+        for o in dump[key].as_array().into_iter().flatten() {
+            if let Some(n) = o["name"].as_str() {
+                out.insert(format!("{kind} {n}"));
+            }
+        }
+    }
+    out
+}
+
+/// The `kind name` pairs of a dry run's list (its table lines).
+fn listed(stdout: &str) -> BTreeSet<String> {
+    stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Dry run"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  ") && !l.starts_with("  would:"))
+        .filter_map(|l| {
+            let l = l.trim();
+            [
+                "instance",
+                "disk",
+                "floating IP",
+                "snapshot",
+                "import disk",
+                "anti-affinity group",
+                "firewall rule",
+                "image",
+            ]
+            .iter()
+            .find_map(|k| {
+                l.strip_prefix(k)
+                    .map(|rest| format!("{k} {}", rest.split_whitespace().next().unwrap_or("")))
+            })
+        })
+        .collect()
+}
+
+/// What the real run said it removed, from its `step=remove` log lines.
+fn removed(stderr: &[u8]) -> BTreeSet<String> {
+    log_lines(stderr)
+        .iter()
+        .filter(|v| v["step"] == "remove")
+        .filter_map(|v| Some(format!("{} {}", v["kind"].as_str()?, v["name"].as_str()?)))
+        .collect()
+}
+
+/// Whether a dump entry is cluster `prod`'s (what delete must remove).
+fn is_prods(entry: &str) -> bool {
+    let name = entry.split_once(' ').map(|(_, n)| n).unwrap_or_default();
+    ["prod-control-plane-", "prod-workers-"]
+        .iter()
+        .any(|p| name.starts_with(p) || name.starts_with(&format!("boot-{p}")))
+        || ["prod-apiserver", "prod-default-web"].contains(&name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn delete_removes_the_cluster_and_nothing_else() {
+    let scratch = tempfile::tempdir().unwrap();
+    let prod2_kubeconfig = scratch.path().join("prod-2.kubeconfig");
+    let env = prod_with_decoys(Some(&prod2_kubeconfig)).await;
+    env.sim
+        .oxide()
+        .seed_project_image("prod", "golden", 1 << 30);
+    let before = everything(&env);
+    let decoys: BTreeSet<String> = before.iter().filter(|o| !is_prods(o)).cloned().collect();
+    assert!(
+        decoys
+            .iter()
+            .any(|o| o.starts_with("instance prod-2-control-plane-")),
+        "{decoys:?}"
+    );
+    assert!(decoys.contains("image golden"));
+    assert!(
+        before
+            .iter()
+            .any(|o| o.starts_with("instance prod-workers-"))
+    );
+
+    // No terminal, no --yes: refused before any request.
+    env.sim.oxide().reset_counters();
+    let refused = delete(&env, &[]).await;
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--yes"));
+    assert!(env.sim.oxide().counters().values().all(|n| *n == 0));
+
+    env.sim.oxide().reset_counters();
+    let dry = delete(&env, &["--dry-run", "--delete-images", "--delete-project"]).await;
+    assert!(
+        dry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    let dry_out = String::from_utf8_lossy(&dry.stdout).into_owned();
+    assert_eq!(env.mutating_calls(), vec![], "a dry run mutates nothing");
+    assert_eq!(everything(&env), before);
+    let dry_list = listed(&dry_out);
+    assert_eq!(
+        dry_list
+            .iter()
+            .filter(|l| l.starts_with("instance "))
+            .count(),
+        6,
+        "{dry_out}"
+    );
+    assert!(
+        dry_out.contains("prod-db") && dry_out.contains("no oxide-controller tag"),
+        "{dry_out}"
+    );
+    assert!(
+        dry_out.contains("would: take the reconcile Lease"),
+        "{dry_out}"
+    );
+
+    let real = delete(&env, &["--yes", "--delete-images", "--delete-project"]).await;
+    let stdout = String::from_utf8_lossy(&real.stdout).into_owned();
+    assert!(
+        real.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&real.stderr)
+    );
+    assert_eq!(
+        removed(&real.stderr),
+        dry_list,
+        "the dry run listed what the real run removed\n{stdout}"
+    );
+    assert_eq!(everything(&env), decoys, "{stdout}");
+    assert!(
+        !env.kubeconfig().exists(),
+        "the kubeconfig bootstrap wrote is gone"
+    );
+    assert!(
+        !env.state_dir().join("prod.json").exists(),
+        "the resume file is gone"
+    );
+    assert!(stdout.contains("Deleted cluster prod"), "{stdout}");
+    // The project still holds the decoys: kept, and the output says why.
+    assert!(
+        stdout.contains("(the project)")
+            && stdout.contains("it still holds")
+            && stdout.contains("instance prod-db"),
+        "{stdout}"
+    );
+    assert!(env.names("projects").contains(&"prod".to_owned()));
+    // Only bootstrap's rule for prod went.
+    let rules = rack(&env).list_firewall_rules().await.unwrap();
+    assert!(!rules.contains(&"prod-k8s-api".to_owned()), "{rules:?}");
+    for kept in ["prod-2-k8s-api", "allow-office", "allow-ssh"] {
+        assert!(
+            rules.contains(&kept.to_owned()),
+            "{kept} missing: {rules:?}"
+        );
+    }
+    // prod-2 still runs, with its own API.
+    let client = common::kube_client(&prod2_kubeconfig, "prod-2").await;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+    let names: Vec<String> = nodes
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names.iter().all(|n| n.starts_with("prod-2-")), "{names:?}");
+    assert!(env.state_dir().join("prod-2.json").exists());
+
+    let again = delete(&env, &["--yes"]).await;
+    let again_out = String::from_utf8_lossy(&again.stdout);
+    assert!(again.status.success());
+    assert!(again_out.contains("already gone"), "{again_out}");
+    assert_eq!(everything(&env), decoys);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is_the_same() {
+    let env = prod_with_decoys(None).await;
+    // One instance at a time, so every kill point below is reached by a run of its own.
+    let args = delete_args(&env, &["--yes", "--concurrency", "1"]);
+    // Each run is SIGKILLed right after its first mutating request reached the simulator,
+    // and the next run resumes what it left; until a run gets through on its own.
+    let mut killed = 0;
+    while kill_after_first_mutation(&env, &args).await {
+        killed += 1;
+        if killed == 1 {
+            // The Lease is ours and the CronJob suspended: a reconcile started now (as a
+            // CronJob run would) must not create a VM.
+            let twin = env.sim.twin();
+            let cj = twin
+                .get(
+                    "batch/v1",
+                    "CronJob",
+                    Some("kube-system"),
+                    "oxide-controller",
+                )
+                .expect("CronJob");
+            assert_eq!(cj["spec"]["suspend"], true);
+            let lease = twin
+                .get(
+                    "coordination.k8s.io/v1",
+                    "Lease",
+                    Some("kube-system"),
+                    "oxide-controller",
+                )
+                .expect("Lease");
+            assert!(
+                lease["spec"]["holderIdentity"]
+                    .as_str()
+                    .is_some_and(|h| h.starts_with("bootstrap-delete@")),
+                "{lease}"
+            );
+            env.sim.oxide().reset_counters();
+            reconcile_now(&env).await;
+            assert_eq!(
+                env.sim
+                    .oxide()
+                    .counters()
+                    .get("POST /v1/instances")
+                    .copied()
+                    .unwrap_or(0),
+                0,
+                "a reconcile during deletion created a VM"
+            );
+        }
+        assert!(killed < 100, "delete never finishes");
+    }
+    eprintln!("delete was killed {killed} times before a run finished");
+    assert!(
+        killed >= 10,
+        "only {killed} runs were killed before finishing"
+    );
+    let out = env.command(&args).output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        everything(&env),
+        decoys(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Starts delete and SIGKILLs it as soon as the simulator served one mutating request of it.
+/// False when the run finished first.
+async fn kill_after_first_mutation(env: &Env, args: &[String]) -> bool {
+    env.sim.oxide().reset_counters();
+    let mut child = env
+        .command(args)
+        .stderr(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        if !env.mutating_calls().is_empty() {
+            child.start_kill().unwrap();
+            let _ = child.wait().await;
+            return true;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            assert!(status.success(), "delete failed: {status}");
+            return false;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "delete ran for 300 s"
+        );
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+/// One reconcile pass with the admin kubeconfig, as the CronJob's Job would run it.
+async fn reconcile_now(env: &Env) {
+    use oxide_controller::cluster::NAMESPACE;
+    use oxide_controller::cluster::kube_cluster::KubeCluster;
+    use oxide_controller::state::kube_store::KubeStateStore;
+    use oxide_controller::workflows::reconcile::{self, ReconcileOptions};
+    let Ok(client) =
+        oxide_controller::kubeclient::client(Some(&env.kubeconfig()), Some("prod")).await
+    else {
+        return;
+    };
+    let cluster = KubeCluster::new(client.clone(), NAMESPACE);
+    let store = KubeStateStore::new(client, NAMESPACE);
+    let mut opts = ReconcileOptions::new("reconcile-test");
+    opts.deadline = Some(Duration::from_secs(20));
+    let make_rack = |s: &oxide_controller::secrets::ClusterSecrets,
+                     spec: &oxide_controller::spec::ClusterSpec| {
+        OxideRack::connect(
+            &s.oxide_host,
+            &s.oxide_token,
+            &spec.project,
+            RackOptions::default(),
+        )
+    };
+    let outcome = reconcile::run(&cluster, &store, make_rack, &opts).await;
+    assert!(
+        matches!(
+            outcome,
+            Ok(reconcile::RunOutcome::LeaseHeld { .. }) | Err(_)
+        ),
+        "{outcome:?}"
+    );
+}

@@ -1,0 +1,529 @@
+//! What a cluster owns in its project, decided from one observation — pure, no I/O.
+//!
+//! Ownership is exact, never a name prefix alone: cluster `prod` must not touch cluster
+//! `prod-2`'s `prod-2-workers-x`. The rules, each object with the reason it counts as owned:
+//!
+//! - instances whose description tag ([`InstanceTag`]) names the cluster;
+//! - disks attached to such an instance, named `boot-`/`data-` for one, or (orphans) carrying
+//!   the cluster's tag in their own description (member disks are created with the
+//!   instance's description);
+//! - the floating IP `<cluster>-apiserver` when its description is ours for this cluster;
+//! - the Oxide CCM's floating IPs (description "Managed by oxide-cloud-controller-manager.",
+//!   named `<cluster>-<namespace>-<service>`): the exact names computed from the cluster's
+//!   LoadBalancer Services when its API answers, else by name prefix claimed by the longest
+//!   cluster name known in the project (so `prod-2-default-web` stays `prod-2`'s);
+//! - anti-affinity groups named in the spec, with our description, whose members are all
+//!   the cluster's own instances (Oxide drops memberships on group delete, so a group another
+//!   cluster's VMs still use is kept);
+//! - temporary image-import disks marked with the cluster, and snapshots taken of them;
+//! - with `--delete-images`, project images marked as uploaded for the cluster;
+//! - with `--delete-project`, the project, only when nothing else is left in it.
+//!
+//! Everything of the cluster's name that is *not* taken gets a note saying why it stays.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::image::import_disk_cluster;
+use crate::model::{
+    AntiAffinityGroup, Disk, DiskState, FloatingIp, Image, Instance, InstanceState, Snapshot,
+};
+use crate::names::{self, InstanceTag};
+
+/// Description the Oxide CCM gives the floating IPs it creates
+/// (oxide-cloud-controller-manager `internal/provider/load_balancer.go`, `createFloatingIP`).
+pub const CCM_FLOATING_IP_DESCRIPTION: &str = "Managed by oxide-cloud-controller-manager.";
+use crate::names::{ANTI_AFFINITY_GROUP_DESCRIPTION as GROUP_DESCRIPTION, DEFAULT_VPC};
+
+/// Kinds of object, in the order they are removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    Instance,
+    Disk,
+    FloatingIp,
+    Snapshot,
+    ImportDisk,
+    AntiAffinityGroup,
+    FirewallRule,
+    Image,
+    Project,
+}
+
+impl Kind {
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Instance => "instance",
+            Kind::Disk => "disk",
+            Kind::FloatingIp => "floating IP",
+            Kind::Snapshot => "snapshot",
+            Kind::ImportDisk => "import disk",
+            Kind::AntiAffinityGroup => "anti-affinity group",
+            Kind::FirewallRule => "firewall rule",
+            Kind::Image => "image",
+            Kind::Project => "project",
+        }
+    }
+}
+
+/// One object to delete and why it is the cluster's.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Item {
+    pub kind: Kind,
+    pub name: String,
+    pub reason: String,
+    /// For disks: the instance they belong to (deleted right after it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+}
+
+/// Something that looks related but stays, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Kept {
+    pub kind: Kind,
+    pub name: String,
+    pub why: String,
+}
+
+/// One observation of the project (all pages of everything).
+#[derive(Debug, Clone, Default)]
+pub struct ObservedProject {
+    pub exists: bool,
+    pub instances: Vec<Instance>,
+    pub disks: Vec<Disk>,
+    pub floating_ips: Vec<FloatingIp>,
+    /// Project images only.
+    pub images: Vec<Image>,
+    pub snapshots: Vec<Snapshot>,
+    pub groups: Vec<AntiAffinityGroup>,
+    /// Members of the groups that are candidates (named in the spec, ours by description).
+    pub group_members: BTreeMap<String, Vec<String>>,
+    pub vpcs: Vec<String>,
+    /// Names of the default VPC's firewall rules; `None` while they cannot be read (the
+    /// project is then never deleted: removing the VPC would take someone's rules with it).
+    pub firewall_rules: Option<Vec<String>>,
+}
+
+/// The rules Oxide gives every new project's default VPC (omicron `nexus/defaults`): they go
+/// with the VPC and are nobody's to keep.
+pub const DEFAULT_FIREWALL_RULES: [&str; 3] = ["allow-internal-inbound", "allow-ssh", "allow-icmp"];
+
+/// What the caller knows beyond the project.
+#[derive(Debug, Clone, Default)]
+pub struct Scope {
+    pub cluster: String,
+    /// Anti-affinity groups the spec names; `None` when the spec is unknown.
+    pub spec_groups: Option<BTreeSet<String>>,
+    /// Exact CCM floating-IP names from the cluster's LoadBalancer Services (API answered).
+    pub ccm_floating_ips: BTreeSet<String>,
+    pub delete_images: bool,
+    pub delete_project: bool,
+}
+
+/// The decision: what goes (in removal order) and what stays.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Inventory {
+    pub items: Vec<Item>,
+    pub kept: Vec<Kept>,
+    /// The observed state of each instance item (where removing it starts).
+    #[serde(skip)]
+    pub instance_states: BTreeMap<String, InstanceState>,
+}
+
+impl Inventory {
+    /// Nothing of the cluster is left on the rack.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub fn of_kind(&self, kind: Kind) -> impl Iterator<Item = &Item> {
+        self.items.iter().filter(move |i| i.kind == kind)
+    }
+}
+
+/// The CCM's name for a LoadBalancer Service's floating IP (`GetLoadBalancerName`:
+/// `<cluster>-<namespace>-<service>`, cut to 63 characters, trailing `-` trimmed).
+pub fn ccm_floating_ip_name(cluster: &str, namespace: &str, service: &str) -> String {
+    let mut name = format!("{cluster}-{namespace}-{service}");
+    name.truncate(names::MAX_NAME_LEN);
+    name.trim_end_matches('-').to_owned()
+}
+
+/// Cluster names that appear in the project: instance tags, `<c>-apiserver` floating IPs with
+/// our description, image and import marks.
+fn known_clusters(obs: &ObservedProject) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = obs
+        .instances
+        .iter()
+        .filter_map(|i| InstanceTag::parse(&i.description).map(|t| t.cluster))
+        .collect();
+    for f in &obs.floating_ips {
+        if let Some(c) = f.name.strip_suffix("-apiserver")
+            && api_fip_description_cluster(&f.description) == Some(c)
+        {
+            out.insert(c.to_owned());
+        }
+    }
+    out.extend(
+        obs.images
+            .iter()
+            .filter_map(|i| names::uploaded_image_cluster(&i.description).map(str::to_owned)),
+    );
+    out
+}
+
+/// `oxide-controller cluster=<c> ...` (bootstrap's API floating IP) → `c`.
+fn api_fip_description_cluster(description: &str) -> Option<&str> {
+    description
+        .strip_prefix("oxide-controller cluster=")?
+        .split_whitespace()
+        .next()
+}
+
+/// Decides what the cluster owns. See the module docs for the rules.
+pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
+    let cluster = scope.cluster.as_str();
+    let prefix = names::cluster_prefix(cluster);
+    let mut inv = Inventory::default();
+    if !obs.exists {
+        return inv;
+    }
+    let keep = |inv: &mut Inventory, kind, name: &str, why: String| {
+        inv.kept.push(Kept {
+            kind,
+            name: name.to_owned(),
+            why,
+        })
+    };
+
+    // Instances.
+    let mut ours: BTreeMap<Uuid, &Instance> = BTreeMap::new();
+    for i in &obs.instances {
+        match InstanceTag::parse(&i.description) {
+            Some(t) if t.cluster == cluster => {
+                ours.insert(i.id, i);
+                inv.instance_states.insert(i.name.clone(), i.state.clone());
+                inv.items.push(Item {
+                    kind: Kind::Instance,
+                    name: i.name.clone(),
+                    reason: format!("tagged cluster={cluster} pool={}", t.pool),
+                    instance: None,
+                });
+            }
+            Some(t) if i.name.starts_with(&prefix) => keep(
+                &mut inv,
+                Kind::Instance,
+                &i.name,
+                format!("tagged for cluster {}", t.cluster),
+            ),
+            None if i.name.starts_with(&prefix) => keep(
+                &mut inv,
+                Kind::Instance,
+                &i.name,
+                "no oxide-controller tag in its description".into(),
+            ),
+            _ => {}
+        }
+    }
+    let our_names: BTreeSet<&str> = ours.values().map(|i| i.name.as_str()).collect();
+
+    // Disks: member disks, orphans with our tag, import leftovers with our mark.
+    let mut import_disks: BTreeSet<Uuid> = BTreeSet::new();
+    for d in &obs.disks {
+        let attached_to = match d.state {
+            DiskState::Attached(id) => ours.get(&id).map(|i| i.name.clone()),
+            _ => None,
+        };
+        let named_for = names::disk_owner(&d.name)
+            .filter(|o| our_names.contains(o))
+            .map(str::to_owned);
+        let tag = InstanceTag::parse(&d.description).filter(|t| t.cluster == cluster);
+        if let Some(inst) = attached_to.clone().or(named_for.clone()) {
+            let how = if attached_to.is_some() {
+                "attached to"
+            } else {
+                "named for"
+            };
+            inv.items.push(Item {
+                kind: Kind::Disk,
+                name: d.name.clone(),
+                reason: format!("{how} instance {inst}"),
+                instance: Some(inst),
+            });
+        } else if let Some(t) = tag {
+            inv.items.push(Item {
+                kind: Kind::Disk,
+                name: d.name.clone(),
+                reason: format!(
+                    "orphaned member disk tagged cluster={cluster} pool={}",
+                    t.pool
+                ),
+                instance: None,
+            });
+        } else if import_disk_cluster(&d.description) == Some(cluster) {
+            import_disks.insert(d.id);
+            inv.items.push(Item {
+                kind: Kind::ImportDisk,
+                name: d.name.clone(),
+                reason: format!("leftover image import marked cluster={cluster}"),
+                instance: None,
+            });
+        } else if names::disk_owner(&d.name).is_some_and(|o| o.starts_with(&prefix)) {
+            keep(
+                &mut inv,
+                Kind::Disk,
+                &d.name,
+                "neither attached to nor tagged for this cluster".into(),
+            );
+        }
+    }
+    for s in &obs.snapshots {
+        if import_disks.contains(&s.disk_id) {
+            inv.items.push(Item {
+                kind: Kind::Snapshot,
+                name: s.name.clone(),
+                reason: format!("taken of this cluster's import disk (cluster={cluster})"),
+                instance: None,
+            });
+        }
+    }
+
+    // Floating IPs.
+    let api = names::api_floating_ip_name(cluster);
+    let clusters = known_clusters(obs);
+    for f in &obs.floating_ips {
+        if f.name == api {
+            if api_fip_description_cluster(&f.description) == Some(cluster) {
+                inv.items.push(Item {
+                    kind: Kind::FloatingIp,
+                    name: f.name.clone(),
+                    reason: "the cluster's API address, made by bootstrap".into(),
+                    instance: None,
+                });
+            } else {
+                keep(
+                    &mut inv,
+                    Kind::FloatingIp,
+                    &f.name,
+                    "has the API address's name but not bootstrap's description".into(),
+                );
+            }
+            continue;
+        }
+        if f.description != CCM_FLOATING_IP_DESCRIPTION || !f.name.starts_with(&prefix) {
+            continue;
+        }
+        let on_foreign = f.instance_id.is_some_and(|id| !ours.contains_key(&id))
+            && f.instance_id
+                .is_some_and(|id| obs.instances.iter().any(|i| i.id == id));
+        let claimed_by = clusters
+            .iter()
+            .filter(|c| c.len() > cluster.len() && f.name.starts_with(&names::cluster_prefix(c)))
+            .max_by_key(|c| c.len());
+        if scope.ccm_floating_ips.contains(&f.name) {
+            inv.items.push(Item {
+                kind: Kind::FloatingIp,
+                name: f.name.clone(),
+                reason: "the Oxide CCM's address of one of the cluster's LoadBalancer Services"
+                    .into(),
+                instance: None,
+            });
+        } else if let Some(other) = claimed_by {
+            keep(
+                &mut inv,
+                Kind::FloatingIp,
+                &f.name,
+                format!("an Oxide CCM address of cluster {other}"),
+            );
+        } else if on_foreign {
+            keep(
+                &mut inv,
+                Kind::FloatingIp,
+                &f.name,
+                "an Oxide CCM address attached to a VM of another cluster".into(),
+            );
+        } else {
+            inv.items.push(Item {
+                kind: Kind::FloatingIp,
+                name: f.name.clone(),
+                reason: format!(
+                    "made by the Oxide CCM and named {prefix}… (no other cluster in the project claims it)"
+                ),
+                instance: None,
+            });
+        }
+    }
+
+    // Anti-affinity groups.
+    match &scope.spec_groups {
+        Some(spec_groups) => {
+            for g in obs.groups.iter().filter(|g| spec_groups.contains(&g.name)) {
+                if g.description != GROUP_DESCRIPTION {
+                    keep(
+                        &mut inv,
+                        Kind::AntiAffinityGroup,
+                        &g.name,
+                        "named in the spec but not created by oxide-controller".into(),
+                    );
+                    continue;
+                }
+                let foreign: Vec<&String> = obs
+                    .group_members
+                    .get(&g.name)
+                    .into_iter()
+                    .flatten()
+                    .filter(|m| !our_names.contains(m.as_str()))
+                    .collect();
+                if foreign.is_empty() {
+                    inv.items.push(Item {
+                        kind: Kind::AntiAffinityGroup,
+                        name: g.name.clone(),
+                        reason: "named in the cluster's spec, made by oxide-controller".into(),
+                        instance: None,
+                    });
+                } else {
+                    keep(
+                        &mut inv,
+                        Kind::AntiAffinityGroup,
+                        &g.name,
+                        format!(
+                            "still holds VMs of others: {}",
+                            foreign
+                                .iter()
+                                .map(|s| s.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    );
+                }
+            }
+        }
+        None => {
+            for g in obs
+                .groups
+                .iter()
+                .filter(|g| g.description == GROUP_DESCRIPTION)
+            {
+                keep(
+                    &mut inv,
+                    Kind::AntiAffinityGroup,
+                    &g.name,
+                    "the cluster's spec is unknown (no API, no spec in the resume file), so it cannot be told whose group this is".into(),
+                );
+            }
+        }
+    }
+
+    // Bootstrap's API rule, by its exact name.
+    let rule = crate::firewall::api_rule_name(cluster);
+    if obs.firewall_rules.iter().flatten().any(|r| *r == rule) {
+        inv.items.push(Item {
+            kind: Kind::FirewallRule,
+            name: rule,
+            reason: "bootstrap's Kubernetes API rule for this cluster".into(),
+            instance: None,
+        });
+    }
+
+    // Images.
+    for i in &obs.images {
+        if names::uploaded_image_cluster(&i.description) != Some(cluster) {
+            continue;
+        }
+        if scope.delete_images {
+            inv.items.push(Item {
+                kind: Kind::Image,
+                name: i.name.clone(),
+                reason: format!("uploaded by bootstrap for cluster {cluster}"),
+                instance: None,
+            });
+        } else {
+            keep(
+                &mut inv,
+                Kind::Image,
+                &i.name,
+                "uploaded for this cluster; pass --delete-images to remove it".into(),
+            );
+        }
+    }
+
+    if scope.delete_project {
+        let left = leftovers(obs, &inv);
+        if left.is_empty() {
+            inv.items.push(Item {
+                kind: Kind::Project,
+                name: String::new(),
+                reason: "--delete-project, and nothing else is left in it".into(),
+                instance: None,
+            });
+        } else {
+            keep(
+                &mut inv,
+                Kind::Project,
+                "",
+                format!("it still holds {}", left.join(", ")),
+            );
+        }
+    }
+    inv.items
+        .sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
+    inv
+}
+
+/// What would remain in the project after every item is gone.
+fn leftovers(obs: &ObservedProject, inv: &Inventory) -> Vec<String> {
+    let taken: BTreeSet<(Kind, &str)> = inv
+        .items
+        .iter()
+        .map(|i| {
+            let k = if i.kind == Kind::ImportDisk {
+                Kind::Disk
+            } else {
+                i.kind
+            };
+            (k, i.name.as_str())
+        })
+        .collect();
+    let mut left = Vec::new();
+    let mut note = |kind: Kind, name: &str| {
+        if !taken.contains(&(kind, name)) {
+            left.push(format!("{} {name}", kind.label()));
+        }
+    };
+    obs.instances
+        .iter()
+        .for_each(|i| note(Kind::Instance, &i.name));
+    obs.disks.iter().for_each(|d| note(Kind::Disk, &d.name));
+    obs.floating_ips
+        .iter()
+        .for_each(|f| note(Kind::FloatingIp, &f.name));
+    obs.snapshots
+        .iter()
+        .for_each(|s| note(Kind::Snapshot, &s.name));
+    obs.groups
+        .iter()
+        .for_each(|g| note(Kind::AntiAffinityGroup, &g.name));
+    obs.images.iter().for_each(|i| note(Kind::Image, &i.name));
+    for v in obs.vpcs.iter().filter(|v| v.as_str() != DEFAULT_VPC) {
+        left.push(format!("VPC {v}"));
+    }
+    match &obs.firewall_rules {
+        Some(rules) => left.extend(
+            rules
+                .iter()
+                .filter(|r| !DEFAULT_FIREWALL_RULES.contains(&r.as_str()))
+                .filter(|r| !taken.contains(&(Kind::FirewallRule, r.as_str())))
+                .map(|r| format!("firewall rule {r}")),
+        ),
+        None => left.push("firewall rules that could not be read".into()),
+    }
+    left
+}
+
+/// Whether an instance must be stopped before Oxide deletes it, and whether asking is
+/// allowed now (stop is refused while `creating`).
+pub fn needs_stop(state: &InstanceState) -> bool {
+    !state.is_deletable() && !matches!(state, InstanceState::Stopping | InstanceState::Creating)
+}

@@ -1,0 +1,608 @@
+//! `bootstrap delete` against the in-memory fakes: exact ownership next to decoys, a dry run
+//! that changes nothing and lists exactly what the real run removes, idempotence, and a
+//! simulated crash before every single mutating call followed by a re-run.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use oxide_controller::fake::{FakeRack, FakeWorld};
+use oxide_controller::firewall;
+use oxide_controller::model::{
+    AntiAffinityGroup, Disk, DiskState, FloatingIp, Image, NewDisk, NewInstance, Snapshot,
+};
+use oxide_controller::names::{self, InstanceTag};
+use oxide_controller::rack::Rack as _;
+use oxide_controller::size::ByteSize;
+use oxide_controller::spec::ClusterSpec;
+use oxide_controller::workflows::delete::{
+    self, Confirm, DeleteError, DeleteSummary, InCluster, Kind, LocalFiles, Params, RemoveOptions,
+};
+use uuid::Uuid;
+
+fn tag(cluster: &str, pool: &str) -> String {
+    InstanceTag {
+        cluster: cluster.into(),
+        pool: pool.into(),
+        spec_hash: "abc".into(),
+    }
+    .to_string()
+}
+
+async fn vm(world: &FakeWorld, name: &str, description: &str, data: bool, group: Option<&str>) {
+    let new = NewInstance {
+        name: name.into(),
+        description: description.into(),
+        hostname: name.into(),
+        ncpus: 2,
+        memory: ByteSize::gib(4),
+        boot_disk: NewDisk {
+            name: names::boot_disk_name(name),
+            size: ByteSize::gib(20),
+            image: Some(Uuid::nil()),
+        },
+        data_disk: data.then(|| NewDisk {
+            name: names::data_disk_name(name),
+            size: ByteSize::gib(10),
+            image: None,
+        }),
+        user_data: Vec::new(),
+        ephemeral_ip: true,
+        ip_pool: None,
+        anti_affinity_group: group.map(str::to_owned),
+    };
+    world.rack().create_instance(&new).await.unwrap();
+    if let Some(g) = group {
+        world.with(|s| {
+            s.groups
+                .entry(g.to_owned())
+                .or_insert_with(|| {
+                    (
+                        AntiAffinityGroup {
+                            id: Uuid::new_v4(),
+                            name: g.to_owned(),
+                            description: names::ANTI_AFFINITY_GROUP_DESCRIPTION.into(),
+                        },
+                        BTreeSet::new(),
+                    )
+                })
+                .1
+                .insert(name.to_owned());
+        });
+    }
+}
+
+fn fip(world: &FakeWorld, name: &str, description: &str, on: Option<&str>) {
+    world.with(|s| {
+        let instance_id = on.map(|i| s.instances[i].id);
+        let n = s.floating_ips.len() as u8;
+        s.floating_ips.insert(
+            name.to_owned(),
+            FloatingIp {
+                id: Uuid::new_v4(),
+                name: name.to_owned(),
+                description: description.to_owned(),
+                ip: IpAddr::V4(Ipv4Addr::new(127, 100, 1, n)),
+                instance_id,
+            },
+        );
+    });
+}
+
+fn disk(world: &FakeWorld, name: &str, description: &str) -> Uuid {
+    let id = Uuid::new_v4();
+    world.with(|s| {
+        s.disks.insert(
+            name.to_owned(),
+            Disk {
+                id,
+                name: name.to_owned(),
+                description: description.to_owned(),
+                state: DiskState::Detached,
+                size: ByteSize::gib(1),
+                time_created: s.now,
+            },
+        )
+    });
+    id
+}
+
+fn image(world: &FakeWorld, name: &str, description: &str) {
+    world.with(|s| {
+        s.images.push(Image {
+            id: Uuid::new_v4(),
+            name: name.to_owned(),
+            description: description.to_owned(),
+            size: ByteSize::gib(1),
+            block_size: 512,
+            silo_scoped: false,
+        })
+    });
+}
+
+const CCM: &str = "Managed by oxide-cloud-controller-manager.";
+
+/// Cluster `prod` (3+3, workers in a group, one orphaned disk, an import leftover, an uploaded
+/// image, its API address and a CCM address), and decoys of every kind.
+async fn world() -> FakeWorld {
+    let w = FakeWorld::new(chrono::Utc::now());
+    for s in ["aaaaa", "bbbbb", "ccccc"] {
+        vm(
+            &w,
+            &format!("prod-control-plane-{s}"),
+            &tag("prod", "control-plane"),
+            true,
+            None,
+        )
+        .await;
+        vm(
+            &w,
+            &format!("prod-workers-{s}"),
+            &tag("prod", "workers"),
+            false,
+            Some("prod-workers"),
+        )
+        .await;
+    }
+    vm(
+        &w,
+        "prod-2-workers-xxxxx",
+        &tag("prod-2", "workers"),
+        false,
+        Some("prod-2-workers"),
+    )
+    .await;
+    vm(
+        &w,
+        "prod-2-control-plane-xxxxx",
+        &tag("prod-2", "control-plane"),
+        false,
+        None,
+    )
+    .await;
+    vm(&w, "prod-db", "my database", true, None).await;
+    // A shared group name that prod-2's VM still sits in.
+    vm(
+        &w,
+        "prod-2-workers-yyyyy",
+        &tag("prod-2", "workers"),
+        false,
+        Some("shared"),
+    )
+    .await;
+    vm(
+        &w,
+        "prod-workers-ddddd",
+        &tag("prod", "workers"),
+        false,
+        Some("shared"),
+    )
+    .await;
+    w.tick(1);
+    fip(
+        &w,
+        "prod-apiserver",
+        "oxide-controller cluster=prod Kubernetes API",
+        Some("prod-control-plane-aaaaa"),
+    );
+    fip(
+        &w,
+        "prod-2-apiserver",
+        "oxide-controller cluster=prod-2 Kubernetes API",
+        Some("prod-2-control-plane-xxxxx"),
+    );
+    fip(&w, "prod-web", "the user's own address", None);
+    fip(&w, "prod-default-web", CCM, Some("prod-workers-bbbbb"));
+    fip(&w, "prod-kube-system-lb", CCM, None);
+    fip(&w, "prod-2-default-web", CCM, Some("prod-2-workers-xxxxx"));
+    disk(&w, "boot-prod-workers-zzzzz", &tag("prod", "workers"));
+    disk(&w, "boot-prod-2-workers-zzzzz", &tag("prod-2", "workers"));
+    disk(&w, "scratch", "someone's disk");
+    let import = disk(
+        &w,
+        "oxide-controller-import-0011223344",
+        "oxide-controller: temporary import of image noble cluster=prod",
+    );
+    let import2 = disk(
+        &w,
+        "oxide-controller-import-5566778899",
+        "oxide-controller: temporary import of image jammy cluster=prod-2",
+    );
+    w.with(|s| {
+        for (name, disk_id) in [
+            ("oxide-controller-import-0011223344", import),
+            ("oxide-controller-import-5566778899", import2),
+            ("backup", Uuid::new_v4()),
+        ] {
+            s.snapshots.insert(
+                name.to_owned(),
+                Snapshot {
+                    id: Uuid::new_v4(),
+                    name: name.to_owned(),
+                    description: String::new(),
+                    disk_id,
+                },
+            );
+        }
+    });
+    image(
+        &w,
+        "noble",
+        &names::uploaded_image_description(Some("prod"), "https://x/noble.raw"),
+    );
+    image(
+        &w,
+        "jammy",
+        &names::uploaded_image_description(Some("prod-2"), "https://x/jammy.raw"),
+    );
+    image(&w, "golden", "the user's image");
+    w.with(|s| {
+        for cluster in ["prod", "prod-2"] {
+            s.firewall_rules.push(firewall::api_rule(
+                cluster,
+                firewall::parse_sources("0.0.0.0/0").unwrap(),
+            ));
+        }
+        s.firewall_rules.push(firewall::TcpAllowRule {
+            name: "allow-office".into(),
+            description: "the user's rule".into(),
+            port: 443,
+            sources: firewall::parse_sources("203.0.113.0/24").unwrap(),
+        });
+    });
+    w
+}
+
+fn spec() -> ClusterSpec {
+    let mut s = ClusterSpec::new("prod", "prod", "noble", 3, 3);
+    // A group name another cluster uses too: it stays while prod-2's VM is in it.
+    s.control_plane.anti_affinity_group = Some("shared".into());
+    if let Some(w) = s.worker_pools.first_mut() {
+        w.anti_affinity_group = Some("prod-workers".into());
+    }
+    s
+}
+
+/// The cluster's API, in memory: records quiesce in the world's log.
+#[derive(Clone)]
+struct FakeApi {
+    world: FakeWorld,
+    spec: Option<ClusterSpec>,
+    lbs: Vec<(String, String)>,
+}
+
+impl InCluster for FakeApi {
+    async fn quiesce(&self, holder: &str, _wait: Duration) -> Result<Vec<String>, String> {
+        self.world.with(|s| {
+            s.cronjob = false;
+            s.log.push(format!("quiesce {holder}"));
+        });
+        Ok(vec!["suspended".into()])
+    }
+    async fn spec(&self) -> Result<Option<ClusterSpec>, String> {
+        Ok(self.spec.clone())
+    }
+    async fn load_balancers(&self) -> Result<Vec<(String, String)>, String> {
+        Ok(self.lbs.clone())
+    }
+}
+
+fn params(dry_run: bool) -> Params<'static> {
+    Params {
+        cluster: "prod",
+        project: "prod",
+        dry_run,
+        confirm: Confirm::Yes,
+        delete_images: true,
+        delete_project: false,
+        holder: "delete@test",
+        tty: false,
+    }
+}
+
+fn opts() -> RemoveOptions {
+    RemoveOptions {
+        concurrency: 4,
+        poll: Duration::from_millis(2),
+        timeout: Duration::from_secs(10),
+    }
+}
+
+fn local(dir: &tempfile::TempDir) -> LocalFiles {
+    LocalFiles {
+        kubeconfig: dir.path().join("prod.yaml"),
+        resume: dir.path().join("prod.json"),
+    }
+}
+
+/// Moves instances along (stopping → stopped) while a run waits.
+fn clock(world: &FakeWorld) -> tokio::task::JoinHandle<()> {
+    let w = world.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            w.tick(1);
+        }
+    })
+}
+
+async fn run(
+    world: &FakeWorld,
+    api: Option<&FakeApi>,
+    dry: bool,
+    dir: &tempfile::TempDir,
+) -> Result<DeleteSummary, DeleteError> {
+    let rack: FakeRack = world.rack();
+    delete::run_with(&rack, api, Some(spec()), &params(dry), &opts(), &local(dir)).await
+}
+
+/// Every object of the world as `kind name`.
+fn snapshot_of(world: &FakeWorld) -> BTreeSet<String> {
+    world.with(|s| {
+        let mut out = BTreeSet::new();
+        out.extend(s.instances.keys().map(|n| format!("instance {n}")));
+        out.extend(s.disks.keys().map(|n| format!("disk {n}")));
+        out.extend(s.floating_ips.keys().map(|n| format!("fip {n}")));
+        out.extend(s.images.iter().map(|i| format!("image {}", i.name)));
+        out.extend(s.snapshots.keys().map(|n| format!("snapshot {n}")));
+        out.extend(s.groups.keys().map(|n| format!("group {n}")));
+        out.extend(s.firewall_rules.iter().map(|r| format!("rule {}", r.name)));
+        out
+    })
+}
+
+fn decoys() -> BTreeSet<String> {
+    [
+        "instance prod-2-workers-xxxxx",
+        "instance prod-2-control-plane-xxxxx",
+        "instance prod-2-workers-yyyyy",
+        "instance prod-db",
+        "disk boot-prod-2-workers-xxxxx",
+        "disk boot-prod-2-control-plane-xxxxx",
+        "disk boot-prod-2-workers-yyyyy",
+        "disk boot-prod-db",
+        "disk data-prod-db",
+        "disk boot-prod-2-workers-zzzzz",
+        "disk scratch",
+        "disk oxide-controller-import-5566778899",
+        "fip prod-2-apiserver",
+        "fip prod-web",
+        "fip prod-2-default-web",
+        "image jammy",
+        "image golden",
+        "snapshot oxide-controller-import-5566778899",
+        "snapshot backup",
+        "group prod-2-workers",
+        "group shared",
+        "rule prod-2-k8s-api",
+        "rule allow-office",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
+}
+
+fn listed(summary: &DeleteSummary) -> BTreeSet<(Kind, String)> {
+    summary
+        .inventory
+        .items
+        .iter()
+        .map(|i| (i.kind, i.name.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_dry_run_changes_nothing_and_lists_exactly_what_the_real_run_removes() {
+    let w = world().await;
+    let dir = tempfile::tempdir().unwrap();
+    let before = snapshot_of(&w);
+    let dry = run(&w, None, true, &dir).await.unwrap();
+    assert_eq!(snapshot_of(&w), before);
+    assert!(
+        w.with(|s| s.log.iter().all(|l| l.starts_with("create "))),
+        "{:?}",
+        w.with(|s| s.log.clone())
+    );
+    let text = dry.render();
+    assert!(text.contains("Dry run: would delete"), "{text}");
+    assert!(
+        text.contains("prod-db") && text.contains("no oxide-controller tag"),
+        "{text}"
+    );
+
+    let tick = clock(&w);
+    let real = run(&w, None, false, &dir).await.unwrap();
+    tick.abort();
+    let removed: BTreeSet<(Kind, String)> = real
+        .removed
+        .iter()
+        .map(|(i, _)| (i.kind, i.name.clone()))
+        .collect();
+    assert_eq!(listed(&dry), removed);
+    assert_eq!(snapshot_of(&w), decoys());
+    assert!(listed(&dry).contains(&(Kind::FloatingIp, "prod-kube-system-lb".into())));
+    assert!(listed(&dry).contains(&(Kind::FirewallRule, "prod-k8s-api".into())));
+    assert!(listed(&dry).contains(&(Kind::AntiAffinityGroup, "prod-workers".into())));
+    assert!(
+        dry.inventory
+            .kept
+            .iter()
+            .any(|k| k.name == "shared" && k.why.contains("prod-2-workers-yyyyy"))
+    );
+
+    let again = run(&w, None, false, &dir).await.unwrap();
+    assert!(again.already_gone, "{}", again.render());
+    assert!(again.render().contains("already gone"));
+}
+
+#[tokio::test]
+async fn the_api_is_quiesced_before_the_first_vm_is_touched_and_its_services_name_the_ccm_addresses()
+ {
+    let w = world().await;
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi {
+        world: w.clone(),
+        spec: Some(spec()),
+        // Only prod-default-web belongs to a Service still in the cluster; the by-name
+        // rule covers prod-kube-system-lb anyway (no longer cluster claims it).
+        lbs: vec![("default".into(), "web".into())],
+    };
+    let dry = run(&w, Some(&api), true, &dir).await.unwrap();
+    assert!(w.with(|s| !s.log.iter().any(|l| l.starts_with("quiesce"))));
+    assert!(
+        dry.inventory
+            .items
+            .iter()
+            .any(|i| i.name == "prod-default-web" && i.reason.contains("LoadBalancer"))
+    );
+    let tick = clock(&w);
+    run(&w, Some(&api), false, &dir).await.unwrap();
+    tick.abort();
+    let log = w.with(|s| s.log.clone());
+    let q = log
+        .iter()
+        .position(|l| l == "quiesce delete@test")
+        .expect("quiesced");
+    let first_stop = log
+        .iter()
+        .position(|l| l.starts_with("stop "))
+        .expect("stopped");
+    assert!(q < first_stop, "{log:?}");
+    assert_eq!(snapshot_of(&w), decoys());
+}
+
+#[tokio::test]
+async fn a_crash_before_any_mutating_call_is_finished_by_the_next_run() {
+    // How many mutating calls a clean run makes.
+    let clean = world().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tick = clock(&clean);
+    run(&clean, None, false, &dir).await.unwrap();
+    tick.abort();
+    let calls = clean.with(|s| s.log.iter().filter(|l| !l.starts_with("create ")).count());
+    assert!(calls > 20, "{calls}");
+    let end = snapshot_of(&clean);
+    for n in 0..calls {
+        let w = world().await;
+        let dir = tempfile::tempdir().unwrap();
+        let tick = clock(&w);
+        w.with(|s| s.mutation_budget = Some(n));
+        let first = run(&w, None, false, &dir).await;
+        assert!(first.is_err(), "crash after {n} calls went unnoticed");
+        w.with(|s| s.mutation_budget = None);
+        let second = run(&w, None, false, &dir).await;
+        tick.abort();
+        assert!(second.is_ok(), "after a crash at call {n}: {second:?}");
+        assert_eq!(snapshot_of(&w), end, "crash at call {n}");
+    }
+}
+
+#[tokio::test]
+async fn local_files_go_last_and_only_once_the_rack_is_clean() {
+    let w = world().await;
+    let dir = tempfile::tempdir().unwrap();
+    let l = local(&dir);
+    std::fs::write(&l.resume, "{}").unwrap();
+    let tick = clock(&w);
+    w.with(|s| s.mutation_budget = Some(5));
+    assert!(run(&w, None, false, &dir).await.is_err());
+    assert!(
+        l.resume.exists(),
+        "a failed run keeps the resume file for the re-run"
+    );
+    w.with(|s| s.mutation_budget = None);
+    let done = run(&w, None, false, &dir).await.unwrap();
+    tick.abort();
+    assert!(!l.resume.exists());
+    assert!(
+        done.render().contains("removed resume file"),
+        "{}",
+        done.render()
+    );
+}
+
+#[tokio::test]
+async fn images_stay_without_the_flag_and_the_project_stays_while_it_holds_anything() {
+    let w = world().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rack = w.rack();
+    let mut p = params(true);
+    p.delete_images = false;
+    p.delete_project = true;
+    let s = delete::run_with::<_, FakeApi>(&rack, None, Some(spec()), &p, &opts(), &local(&dir))
+        .await
+        .unwrap();
+    assert!(
+        !s.inventory
+            .items
+            .iter()
+            .any(|i| i.kind == Kind::Image || i.kind == Kind::Project)
+    );
+    let text = s.render();
+    assert!(text.contains("pass --delete-images"), "{text}");
+    let project = s
+        .inventory
+        .kept
+        .iter()
+        .find(|k| k.kind == Kind::Project)
+        .expect("project kept");
+    assert!(project.why.contains("instance prod-db"), "{}", project.why);
+    assert!(project.why.contains("image golden"), "{}", project.why);
+    assert!(
+        project.why.contains("firewall rule allow-office"),
+        "{}",
+        project.why
+    );
+    assert!(!project.why.contains("prod-k8s-api"), "{}", project.why);
+}
+
+#[test]
+fn the_project_goes_only_when_nothing_else_is_in_it() {
+    use oxide_controller::workflows::delete::owned::{ObservedProject, Scope, inventory};
+    let scope = Scope {
+        cluster: "prod".into(),
+        delete_project: true,
+        ..Scope::default()
+    };
+    let mut obs = ObservedProject {
+        exists: true,
+        vpcs: vec!["default".into()],
+        firewall_rules: Some(vec!["allow-ssh".into(), "prod-k8s-api".into()]),
+        ..ObservedProject::default()
+    };
+    assert!(
+        inventory(&scope, &obs)
+            .items
+            .iter()
+            .any(|i| i.kind == Kind::Project)
+    );
+    obs.firewall_rules = Some(vec!["allow-office".into()]);
+    let inv = inventory(&scope, &obs);
+    assert!(inv.items.is_empty());
+    assert!(inv.kept[0].why.contains("firewall rule allow-office"));
+    obs.firewall_rules = None;
+    assert!(
+        inventory(&scope, &obs).items.is_empty(),
+        "unknown rules keep the project"
+    );
+    obs.firewall_rules = Some(Vec::new());
+    obs.vpcs.push("lab".into());
+    assert!(inventory(&scope, &obs).kept[0].why.contains("VPC lab"));
+}
+
+#[test]
+fn ccm_names_follow_the_ccm_and_a_longer_cluster_name_claims_its_addresses() {
+    use oxide_controller::workflows::delete::owned::ccm_floating_ip_name;
+    assert_eq!(
+        ccm_floating_ip_name("prod", "default", "web"),
+        "prod-default-web"
+    );
+    let long = ccm_floating_ip_name(
+        "prod",
+        "a-very-long-namespace-name",
+        "and-a-long-service-name-x-",
+    );
+    assert!(long.len() <= 63 && !long.ends_with('-'), "{long}");
+}
