@@ -8,7 +8,7 @@
 //! - scale up when pods are Pending with `PodScheduled=False`/`Unschedulable` and a new node
 //!   of some pool could host them; the pods are packed first-fit decreasing onto
 //!   hypothetical nodes of each pool that could host them and the pool with the least waste
-//!   wins (cluster-autoscaler's `least-waste` expander); a pod no pool can host is a finding
+//!   wins (cluster-autoscaler's `least-waste` expander: least idle cpu, then memory); a pod no pool can host is a finding
 //!   and causes no scale-up;
 //! - a node is unneeded when the larger of its cpu and memory request fractions stays below
 //!   the pool's utilisation threshold (`--scale-down-utilization-threshold`, default 0.5)
@@ -32,6 +32,8 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::kcron::Schedule;
+
+pub mod observe;
 use crate::spec::{Taint, TaintEffect};
 
 /// Pod annotation: `"false"` keeps the pod's node, `"true"` lets a bare or kube-system pod
@@ -579,11 +581,13 @@ fn ffd_order(pods: &mut [&PodView], of: Resources) {
     });
 }
 
-/// How one pool would host a set of pods: nodes added, pods placed, waste.
+/// How one pool would host a set of pods: nodes added, pods placed, and the fractions of its
+/// cpu and memory left idle.
 struct Option_ {
     nodes: u32,
     placed: Vec<String>,
     waste: f64,
+    waste_memory: f64,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -711,20 +715,22 @@ fn scale_up<'a>(
             let totm = alloc.memory as f64 * bins.len() as f64;
             let freec: f64 = bins.iter().map(|b| b.free.cpu_milli as f64).sum();
             let freem: f64 = bins.iter().map(|b| b.free.memory as f64).sum();
-            let waste = (freec / total.max(1.0) + freem / totm.max(1.0)) / 2.0;
             let cand = Option_ {
                 nodes: added,
                 placed,
-                waste,
+                waste: freec / total.max(1.0),
+                waste_memory: freem / totm.max(1.0),
             };
             let better = match &best {
                 None => true,
                 // Pods the pool's upcoming workers already hold cost nothing new.
                 Some((_, b, _)) if (cand.nodes == 0) != (b.nodes == 0) => cand.nodes == 0,
                 Some((_, b, _)) => {
-                    cand.waste < b.waste - 1e-9
-                        || (cand.waste - b.waste).abs() <= 1e-9
-                            && cand.placed.len() > b.placed.len()
+                    // least-waste: idle cpu first, then unused memory, then more pods.
+                    let (c, m) = (cand.waste - b.waste, cand.waste_memory - b.waste_memory);
+                    c < -1e-9
+                        || c.abs() <= 1e-9
+                            && (m < -1e-9 || m.abs() <= 1e-9 && cand.placed.len() > b.placed.len())
                 }
             };
             if better {
@@ -744,7 +750,7 @@ fn scale_up<'a>(
         };
         entry.0 += choice.nodes;
         let why = format!(
-            "{} unschedulable pod(s) ({}) fit on {} new worker(s) of pool {} (waste {:.0}%)",
+            "{} unschedulable pod(s) ({}) fit on {} new worker(s) of pool {} ({:.0}% of their cpu idle)",
             choice.placed.len(),
             abbreviate(&choice.placed),
             choice.nodes,
