@@ -871,7 +871,13 @@ fn scale_down<'a>(
     }
 
     for (pool, mut cands) in ready {
-        if grew.contains(&pool) {
+        // Not while the pool grows: this run, or workers an earlier run created have not
+        // joined yet (cluster-autoscaler likewise holds scale-down during a scale-up).
+        let registered = nodes
+            .iter()
+            .filter(|n| n.pool.as_deref() == Some(pool))
+            .count() as u32;
+        if grew.contains(&pool) || pool_of[pool].count > registered {
             continue;
         }
         let (min, _) = bounds[pool];

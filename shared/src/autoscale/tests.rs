@@ -474,3 +474,21 @@ fn validation_names_each_bad_field() {
     );
     assert!(AutoscaleSpec::default().validate(1, 6).is_empty());
 }
+
+#[test]
+fn no_scale_down_while_created_workers_have_not_joined() {
+    let p = pool("workers", 3, 1, 6);
+    let nodes = [node("w1", &p), node("w2", &p)];
+    let prev = AutoscaleState {
+        unneeded_since: [("w1".to_owned(), at(0, 0))].into(),
+    };
+    let out = plan(std::slice::from_ref(&p), &nodes, &[], &prev, at(12, 0));
+    assert!(out.decisions.is_empty(), "{out:?}");
+    let joined = [node("w1", &p), node("w2", &p), node("w3", &p)];
+    let out = plan(std::slice::from_ref(&p), &joined, &[], &prev, at(12, 0));
+    assert_eq!(
+        out.decisions[0].remove_node.as_deref(),
+        Some("w1"),
+        "{out:?}"
+    );
+}
