@@ -5,6 +5,7 @@
 //! traits: `rack` (Oxide), `cluster` (Kubernetes), `state` (Secret/ConfigMap), `ssh`.
 
 pub mod apply;
+pub mod autoscale;
 pub mod cloud_init;
 pub mod cluster;
 pub mod credentials;

@@ -97,6 +97,9 @@ pub struct PoolSpec {
     /// Oxide anti-affinity group the pool's instances join (created if missing).
     #[serde(default)]
     pub anti_affinity_group: Option<String>,
+    /// Autoscaling within min/max; absent means the count is set by hand (spec or webhook).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<crate::autoscale::AutoscaleSpec>,
 }
 
 /// A node taint, `key=value:Effect`.
@@ -334,6 +337,7 @@ impl ClusterSpec {
                 labels: BTreeMap::new(),
                 taints: Vec::new(),
                 anti_affinity_group: None,
+                autoscale: None,
             },
             worker_pools: vec![PoolSpec {
                 name: DEFAULT_WORKER_POOL.to_owned(),
@@ -349,6 +353,7 @@ impl ClusterSpec {
                 labels: BTreeMap::new(),
                 taints: Vec::new(),
                 anti_affinity_group: None,
+                autoscale: None,
             }],
             k3s: K3sSpec::default(),
             nodes: NodeAccess::default(),
@@ -550,6 +555,18 @@ impl ClusterSpec {
                         pool.count, pool.min, pool.max
                     ),
                 );
+            }
+            if let Some(a) = &pool.autoscale {
+                if role == Role::ControlPlane {
+                    err(
+                        format!("{base}.autoscale"),
+                        "control plane pools do not autoscale; move the block to a worker pool"
+                            .into(),
+                    );
+                }
+                for e in a.validate(pool.min, pool.max) {
+                    err(format!("{base}.autoscale.{}", e.field), e.message);
+                }
             }
             if role == Role::ControlPlane && pool.count % 2 == 0 {
                 err(
@@ -817,6 +834,43 @@ mod tests {
         assert_eq!(fields(&s), ["control_plane.max, worker_pools.workers.max"]);
         s.control_plane.max = 15;
         assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn autoscale_block_parses_round_trips_and_names_bad_fields() {
+        let mut s = spec();
+        let mut yaml = s.to_yaml();
+        assert!(
+            !yaml.contains("autoscale"),
+            "absent block stays absent: {yaml}"
+        );
+        s.worker_pools[0].min = 1;
+        s.worker_pools[0].max = 6;
+        s.worker_pools[0].count = 1;
+        s.worker_pools[0].autoscale = Some(crate::autoscale::AutoscaleSpec {
+            schedules: vec![crate::autoscale::ScheduleWindow {
+                name: "office".into(),
+                start: "0 8 * * 1-5".into(),
+                duration_minutes: 720,
+                time_zone: "UTC".into(),
+                min: Some(3),
+                max: None,
+            }],
+            ..Default::default()
+        });
+        assert_eq!(s.validate(), Ok(()));
+        yaml = s.to_yaml();
+        assert_eq!(ClusterSpec::from_yaml(&yaml).expect("parses"), s);
+        let a = s.worker_pools[0].autoscale.as_mut().expect("set");
+        a.utilization_threshold = 2.0;
+        a.schedules[0].min = Some(7);
+        assert_eq!(
+            fields(&s),
+            [
+                "worker_pools.workers.autoscale.utilization_threshold",
+                "worker_pools.workers.autoscale.schedules[0].min"
+            ]
+        );
     }
 
     #[test]

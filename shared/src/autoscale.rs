@@ -1,0 +1,942 @@
+//! Autoscaling: what a pool's worker count should be, given the pods the cluster holds.
+//!
+//! Pure: the caller observes the pods and nodes and passes them in with the clock, this
+//! module decides, and the decision (with a reason for every change) goes back to the
+//! planner and into `status.json`. Nothing here talks to a rack or a cluster.
+//!
+//! The rules follow cluster-autoscaler (see `tests/FIDELITY.md`, "Autoscaling inputs"):
+//! - scale up when pods are Pending with `PodScheduled=False`/`Unschedulable` and a new node
+//!   of some pool could host them; the pods are packed first-fit decreasing onto
+//!   hypothetical nodes of each pool that could host them and the pool with the least waste
+//!   wins (cluster-autoscaler's `least-waste` expander: least idle cpu, then memory); a pod no pool can host is a finding
+//!   and causes no scale-up;
+//! - a node is unneeded when the larger of its cpu and memory request fractions stays below
+//!   the pool's utilisation threshold (`--scale-down-utilization-threshold`, default 0.5)
+//!   and every pod that would have to move fits on the other nodes; after it has been
+//!   unneeded for the pool's delay (`--scale-down-unneeded-time`, default 10 minutes) it is
+//!   removed, at most one per pool per run, never below min;
+//! - a node is kept when it is annotated `cluster-autoscaler.kubernetes.io/scale-down-disabled:
+//!   "true"` or holds a pod annotated `cluster-autoscaler.kubernetes.io/safe-to-evict:
+//!   "false"`, a pod with no controller, or a `kube-system` pod without a PodDisruptionBudget
+//!   (the last two unless the pod is annotated `safe-to-evict: "true"`).
+//!
+//! Time-based bounds: a pool's `schedules` are cron windows (Kubernetes' cron dialect, see
+//! [`crate::kcron`]) with a duration; while one is active its min/max replace the pool's.
+//!
+//! What does not live here: observing pods (the `Cluster` adapter), draining and deleting
+//! the chosen node (the planner's existing removal path), status and events (the workflow).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::kcron::Schedule;
+
+pub mod observe;
+use crate::spec::{Taint, TaintEffect};
+
+/// Pod annotation: `"false"` keeps the pod's node, `"true"` lets a bare or kube-system pod
+/// move. Same name and meaning as cluster-autoscaler's.
+pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+/// Node annotation: `"true"` keeps the node. Same name and meaning as cluster-autoscaler's.
+pub const SCALE_DOWN_DISABLED: &str = "cluster-autoscaler.kubernetes.io/scale-down-disabled";
+/// Kubelet's `maxPods` default; k3s does not change it.
+pub const DEFAULT_MAX_PODS: u32 = 110;
+/// Kubelet's default hard eviction threshold `memory.available<100Mi`, which is what node
+/// allocatable memory is short of capacity when no kube/system reservation is set (k3s sets
+/// none).
+pub const EVICTION_HARD_MEMORY: u64 = 100 * 1024 * 1024;
+
+/// Per-pool autoscaling settings (`worker_pools[].autoscale` in `spec.yaml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoscaleSpec {
+    /// Off means the pool's count is what the spec or the webhook says, as without this block.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// How long a node must stay unneeded before it is removed (cluster-autoscaler's
+    /// `--scale-down-unneeded-time`, default 10 minutes).
+    #[serde(default = "default_unneeded_seconds")]
+    pub scale_down_unneeded_seconds: u64,
+    /// A node whose larger request fraction (cpu or memory) is below this is a candidate for
+    /// removal (`--scale-down-utilization-threshold`, default 0.5). 0 disables scale-down of
+    /// non-empty nodes.
+    #[serde(default = "default_threshold")]
+    pub utilization_threshold: f64,
+    /// The most nodes one run adds to this pool.
+    #[serde(default = "default_max_added")]
+    pub max_nodes_per_run: u32,
+    /// Windows that override min/max while active; the first active one wins.
+    #[serde(default)]
+    pub schedules: Vec<ScheduleWindow>,
+}
+
+fn yes() -> bool {
+    true
+}
+fn default_unneeded_seconds() -> u64 {
+    600
+}
+fn default_threshold() -> f64 {
+    0.5
+}
+fn default_max_added() -> u32 {
+    10
+}
+
+impl Default for AutoscaleSpec {
+    fn default() -> Self {
+        AutoscaleSpec {
+            enabled: true,
+            scale_down_unneeded_seconds: default_unneeded_seconds(),
+            utilization_threshold: default_threshold(),
+            max_nodes_per_run: default_max_added(),
+            schedules: Vec::new(),
+        }
+    }
+}
+
+/// A time window, opened by a cron schedule and lasting `duration_minutes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleWindow {
+    pub name: String,
+    /// Kubernetes cron dialect, e.g. `0 8 * * 1-5`.
+    pub start: String,
+    pub duration_minutes: u32,
+    /// IANA zone of `start`. Only UTC is understood by this build (no zone database is
+    /// linked; see docs/DESIGN-NOTES.md "Autoscaling").
+    #[serde(default = "utc")]
+    pub time_zone: String,
+    #[serde(default)]
+    pub min: Option<u32>,
+    #[serde(default)]
+    pub max: Option<u32>,
+}
+
+fn utc() -> String {
+    "UTC".into()
+}
+
+/// What is wrong with an `autoscale` block; `field` is relative to the block.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct AutoscaleSpecError {
+    pub field: String,
+    pub message: String,
+}
+
+impl AutoscaleSpec {
+    /// Checks the block against the pool's bounds; every problem is reported.
+    pub fn validate(&self, pool_min: u32, pool_max: u32) -> Vec<AutoscaleSpecError> {
+        let mut errs = Vec::new();
+        let mut err =
+            |field: String, message: String| errs.push(AutoscaleSpecError { field, message });
+        if !(0.0..=1.0).contains(&self.utilization_threshold) {
+            err(
+                "utilization_threshold".into(),
+                format!("{} is not between 0 and 1", self.utilization_threshold),
+            );
+        }
+        if self.max_nodes_per_run == 0 {
+            err("max_nodes_per_run".into(), "must be at least 1".into());
+        }
+        for (i, w) in self.schedules.iter().enumerate() {
+            let base = format!("schedules[{i}]");
+            if let Err(e) = Schedule::parse(&w.start) {
+                err(format!("{base}.start"), e);
+            }
+            if !is_utc(&w.time_zone) {
+                err(
+                    format!("{base}.time_zone"),
+                    format!(
+                        "{:?} is not supported: this build understands only UTC; write the \
+                         window in UTC",
+                        w.time_zone
+                    ),
+                );
+            }
+            if w.duration_minutes == 0 {
+                err(
+                    format!("{base}.duration_minutes"),
+                    "must be at least 1".into(),
+                );
+            }
+            let (min, max) = (w.min.unwrap_or(pool_min), w.max.unwrap_or(pool_max));
+            if min > max {
+                err(
+                    format!("{base}.min"),
+                    format!("min {min} is greater than max {max} while the window is active"),
+                );
+            }
+        }
+        errs
+    }
+}
+
+fn is_utc(zone: &str) -> bool {
+    matches!(zone, "UTC" | "Etc/UTC" | "GMT" | "Etc/GMT")
+}
+
+/// Bounds in force at `now`, and the window that set them (None: the pool's own).
+pub fn effective_bounds(
+    pool_min: u32,
+    pool_max: u32,
+    spec: &AutoscaleSpec,
+    now: DateTime<Utc>,
+) -> (u32, u32, Option<String>) {
+    for w in &spec.schedules {
+        let Ok(s) = Schedule::parse(&w.start) else {
+            continue;
+        };
+        let len = Duration::minutes(i64::from(w.duration_minutes));
+        // Active when the window opened at some t with now - len < t <= now.
+        let opened = s.next_after(now - len).is_some_and(|t| t <= now);
+        if opened {
+            return (
+                w.min.unwrap_or(pool_min),
+                w.max.unwrap_or(pool_max),
+                Some(w.name.clone()),
+            );
+        }
+    }
+    (pool_min, pool_max, None)
+}
+
+/// Cpu (millicores) and memory (bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub cpu_milli: u64,
+    pub memory: u64,
+}
+
+impl Resources {
+    fn fits_in(&self, free: &Resources) -> bool {
+        self.cpu_milli <= free.cpu_milli && self.memory <= free.memory
+    }
+    fn sub(&mut self, r: &Resources) {
+        self.cpu_milli = self.cpu_milli.saturating_sub(r.cpu_milli);
+        self.memory = self.memory.saturating_sub(r.memory);
+    }
+    fn add(&mut self, r: &Resources) {
+        self.cpu_milli += r.cpu_milli;
+        self.memory += r.memory;
+    }
+}
+
+/// A toleration as in a pod spec.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Toleration {
+    /// None with `exists`: tolerates every taint.
+    pub key: Option<String>,
+    pub exists: bool,
+    pub value: String,
+    /// None: every effect.
+    pub effect: Option<TaintEffect>,
+}
+
+impl Toleration {
+    fn tolerates(&self, t: &Taint) -> bool {
+        if self.effect.is_some_and(|e| e != t.effect) {
+            return false;
+        }
+        match &self.key {
+            None => self.exists,
+            Some(k) => k == &t.key && (self.exists || self.value == t.value),
+        }
+    }
+}
+
+/// One `matchExpressions` requirement of a required node affinity term.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelRequirement {
+    pub key: String,
+    pub op: LabelOp,
+    pub values: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LabelOp {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+    Gt,
+    Lt,
+}
+
+impl LabelRequirement {
+    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let v = labels.get(&self.key);
+        let num = |s: &String| s.parse::<i64>().ok();
+        match self.op {
+            LabelOp::In => v.is_some_and(|v| self.values.contains(v)),
+            LabelOp::NotIn => !v.is_some_and(|v| self.values.contains(v)),
+            LabelOp::Exists => v.is_some(),
+            LabelOp::DoesNotExist => v.is_none(),
+            LabelOp::Gt | LabelOp::Lt => {
+                let (Some(have), Some(want)) = (v.and_then(num), self.values.first().and_then(num))
+                else {
+                    return false;
+                };
+                if self.op == LabelOp::Gt {
+                    have > want
+                } else {
+                    have < want
+                }
+            }
+        }
+    }
+}
+
+/// A pod as the autoscaler needs it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PodView {
+    pub namespace: String,
+    pub name: String,
+    /// Sum of the containers' requests (the larger of that and any init container's).
+    pub requests: Resources,
+    /// Where it runs; None while Pending.
+    pub node: Option<String>,
+    /// Pending with `PodScheduled=False` reason `Unschedulable`.
+    pub unschedulable: bool,
+    /// Kind of the controlling owner reference (`ReplicaSet`, `DaemonSet`, ...), if any.
+    pub controller_kind: Option<String>,
+    pub annotations: BTreeMap<String, String>,
+    pub node_selector: BTreeMap<String, String>,
+    /// Required node affinity: terms are ORed, requirements within a term ANDed. Empty: none.
+    pub affinity_terms: Vec<Vec<LabelRequirement>>,
+    pub tolerations: Vec<Toleration>,
+    /// Some PodDisruptionBudget selects it.
+    pub has_pdb: bool,
+}
+
+impl PodView {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+    fn is_daemon(&self) -> bool {
+        self.controller_kind.as_deref() == Some("DaemonSet")
+            || self.annotations.contains_key("kubernetes.io/config.mirror")
+    }
+    /// Why this pod keeps its node from being removed, if it does.
+    fn blocks_removal(&self) -> Option<String> {
+        let safe = self.annotations.get(SAFE_TO_EVICT).map(String::as_str);
+        if safe == Some("false") {
+            return Some(format!(
+                "pod {} is annotated {SAFE_TO_EVICT}=false",
+                self.key()
+            ));
+        }
+        if safe == Some("true") || self.is_daemon() {
+            return None;
+        }
+        if self.controller_kind.is_none() {
+            return Some(format!("pod {} has no controller", self.key()));
+        }
+        if self.namespace == "kube-system" && !self.has_pdb {
+            return Some(format!(
+                "pod {} is in kube-system without a PodDisruptionBudget",
+                self.key()
+            ));
+        }
+        None
+    }
+    /// Why it cannot run on a node with these properties (resources aside).
+    fn misfit(&self, labels: &BTreeMap<String, String>, taints: &[Taint]) -> Option<String> {
+        if let Some((k, v)) = self
+            .node_selector
+            .iter()
+            .find(|(k, v)| labels.get(*k) != Some(*v))
+        {
+            return Some(format!("nodeSelector {k}={v} does not match"));
+        }
+        if !self.affinity_terms.is_empty()
+            && !self
+                .affinity_terms
+                .iter()
+                .any(|term| term.iter().all(|r| r.matches(labels)))
+        {
+            return Some("required node affinity does not match".into());
+        }
+        if let Some(t) = taints.iter().find(|t| {
+            t.effect != TaintEffect::PreferNoSchedule
+                && !self.tolerations.iter().any(|tol| tol.tolerates(t))
+        }) {
+            return Some(format!("taint {t} is not tolerated"));
+        }
+        None
+    }
+}
+
+/// A node as the autoscaler needs it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NodeView {
+    pub name: String,
+    /// The worker pool it belongs to; None for control plane nodes.
+    pub pool: Option<String>,
+    pub allocatable: Resources,
+    pub max_pods: u32,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub annotations: BTreeMap<String, String>,
+    /// Cordoned (spec.unschedulable), e.g. already being drained.
+    pub cordoned: bool,
+}
+
+/// A worker pool as the autoscaler needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolView {
+    pub name: String,
+    /// Workers the pool has or is creating now.
+    pub count: u32,
+    pub min: u32,
+    pub max: u32,
+    pub cpus: u16,
+    pub memory: u64,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    /// None or disabled: the pool does not autoscale.
+    pub autoscale: Option<AutoscaleSpec>,
+}
+
+impl PoolView {
+    fn settings(&self) -> Option<&AutoscaleSpec> {
+        self.autoscale.as_ref().filter(|a| a.enabled)
+    }
+    /// What a new worker of this pool offers pods: the instance's cpus and memory less what
+    /// the kubelet keeps back (k3s sets no kube/system reservation; the default hard
+    /// eviction threshold is 100Mi of memory).
+    pub fn allocatable(&self) -> Resources {
+        Resources {
+            cpu_milli: u64::from(self.cpus) * 1000,
+            memory: self.memory.saturating_sub(EVICTION_HARD_MEMORY),
+        }
+    }
+    /// Labels a new worker of this pool carries.
+    fn node_labels(&self) -> BTreeMap<String, String> {
+        let mut l = self.labels.clone();
+        l.insert("kubernetes.io/os".into(), "linux".into());
+        l.insert("kubernetes.io/arch".into(), "amd64".into());
+        l
+    }
+}
+
+/// State kept between runs in `status.json`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AutoscaleState {
+    /// Node name → when it was first seen unneeded (continuously since).
+    #[serde(default)]
+    pub unneeded_since: BTreeMap<String, DateTime<Utc>>,
+}
+
+/// A change to one pool, with why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    pub pool: String,
+    pub from: u32,
+    pub to: u32,
+    /// The node to drain and delete when scaling down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remove_node: Option<String>,
+    pub reason: String,
+}
+
+/// A pod no pool can host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Unhostable {
+    pub pod: String,
+    pub reason: String,
+}
+
+/// Everything one run decides.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub decisions: Vec<Decision>,
+    pub unhostable: Vec<Unhostable>,
+    /// Nodes kept although unneeded-looking, and why (for status and dry-run).
+    pub kept: BTreeMap<String, String>,
+    pub state: AutoscaleState,
+}
+
+/// Decides every autoscaling pool's count for this run.
+pub fn plan(
+    pools: &[PoolView],
+    nodes: &[NodeView],
+    pods: &[PodView],
+    prev: &AutoscaleState,
+    now: DateTime<Utc>,
+) -> Outcome {
+    let mut out = Outcome::default();
+    let mut target: BTreeMap<&str, (u32, Option<String>)> = BTreeMap::new();
+    let mut grew: Vec<&str> = Vec::new();
+
+    // 1. Bounds (schedule windows included).
+    let mut bounds: BTreeMap<&str, (u32, u32)> = BTreeMap::new();
+    for p in pools {
+        let Some(a) = p.settings() else { continue };
+        let (min, max, window) = effective_bounds(p.min, p.max, a, now);
+        bounds.insert(&p.name, (min, max));
+        let why = |edge: &str, v: u32| match &window {
+            Some(w) => format!("schedule window {w:?} sets {edge} {v}"),
+            None => format!("pool {edge} is {v}"),
+        };
+        let (to, reason) = if p.count < min {
+            (min, Some(why("min", min)))
+        } else if p.count > max {
+            (max, Some(why("max", max)))
+        } else {
+            (p.count, None)
+        };
+        if to > p.count {
+            grew.push(&p.name);
+        }
+        target.insert(&p.name, (to, reason));
+    }
+
+    // 2. Scale up for unschedulable pods.
+    let pending: Vec<&PodView> = pods.iter().filter(|p| p.unschedulable).collect();
+    if !pending.is_empty() {
+        scale_up(
+            pools,
+            nodes,
+            &pending,
+            &bounds,
+            &mut target,
+            &mut grew,
+            &mut out,
+        );
+    }
+
+    // 3. Scale down unneeded nodes.
+    scale_down(
+        pools,
+        nodes,
+        pods,
+        prev,
+        now,
+        &bounds,
+        &mut target,
+        &grew,
+        &mut out,
+    );
+
+    for p in pools {
+        let Some((to, reason)) = target.remove(p.name.as_str()) else {
+            continue;
+        };
+        if let Some(reason) = reason {
+            let remove_node = out
+                .decisions
+                .iter()
+                .position(|d| d.pool == p.name)
+                .map(|i| out.decisions.remove(i))
+                .and_then(|d| d.remove_node);
+            out.decisions.push(Decision {
+                pool: p.name.clone(),
+                from: p.count,
+                to,
+                remove_node,
+                reason,
+            });
+        }
+    }
+    out
+}
+
+/// A bin with what is left of it.
+#[derive(Clone)]
+struct Bin {
+    free: Resources,
+    pods_left: u32,
+}
+
+impl Bin {
+    fn take(&mut self, r: &Resources) -> bool {
+        if self.pods_left > 0 && r.fits_in(&self.free) {
+            self.free.sub(r);
+            self.pods_left -= 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Pods sorted for first-fit decreasing: by the larger of their cpu and memory fractions of
+/// `of`, biggest first, then by name so the result does not depend on listing order.
+fn ffd_order(pods: &mut [&PodView], of: Resources) {
+    let size = |p: &PodView| {
+        let c = p.requests.cpu_milli as f64 / of.cpu_milli.max(1) as f64;
+        let m = p.requests.memory as f64 / of.memory.max(1) as f64;
+        c.max(m)
+    };
+    pods.sort_by(|a, b| {
+        size(b)
+            .total_cmp(&size(a))
+            .then_with(|| a.namespace.cmp(&b.namespace))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+}
+
+/// How one pool would host a set of pods: nodes added, pods placed, and the fractions of its
+/// cpu and memory left idle.
+struct Option_ {
+    nodes: u32,
+    placed: Vec<String>,
+    waste: f64,
+    waste_memory: f64,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scale_up<'a>(
+    pools: &'a [PoolView],
+    nodes: &[NodeView],
+    pending: &[&PodView],
+    bounds: &BTreeMap<&str, (u32, u32)>,
+    target: &mut BTreeMap<&'a str, (u32, Option<String>)>,
+    grew: &mut Vec<&'a str>,
+    out: &mut Outcome,
+) {
+    // Which pools could host each pod at all (on an empty new node).
+    let mut hostable: Vec<(&PodView, Vec<usize>)> = Vec::new();
+    for pod in pending {
+        let mut why_not = Vec::new();
+        let mut ok = Vec::new();
+        for (i, p) in pools.iter().enumerate() {
+            if p.settings().is_none() {
+                continue;
+            }
+            let alloc = p.allocatable();
+            if !pod.requests.fits_in(&alloc) {
+                why_not.push(format!(
+                    "pool {}: requests cpu {}m memory {}Mi exceed a worker's allocatable cpu {}m \
+                     memory {}Mi",
+                    p.name,
+                    pod.requests.cpu_milli,
+                    pod.requests.memory >> 20,
+                    alloc.cpu_milli,
+                    alloc.memory >> 20
+                ));
+            } else if let Some(m) = pod.misfit(&p.node_labels(), &p.taints) {
+                why_not.push(format!("pool {}: {m}", p.name));
+            } else {
+                ok.push(i);
+            }
+        }
+        if ok.is_empty() {
+            let reason = if why_not.is_empty() {
+                "no worker pool autoscales".to_owned()
+            } else {
+                why_not.join("; ")
+            };
+            out.unhostable.push(Unhostable {
+                pod: pod.key(),
+                reason,
+            });
+        } else {
+            hostable.push((pod, ok));
+        }
+    }
+
+    // Upcoming workers (created, not registered yet) are empty bins pods will land on: count
+    // them first so a run does not add nodes for pods the last run already provided for.
+    let registered = |pool: &str| {
+        nodes
+            .iter()
+            .filter(|n| n.pool.as_deref() == Some(pool))
+            .count()
+    };
+
+    // Bins each pool has this run: its upcoming workers, then any added below. Kept across
+    // rounds so a pool chosen twice does not reuse the room it already gave away.
+    let mut pool_bins: Vec<Vec<Bin>> = pools
+        .iter()
+        .map(|p| {
+            let upcoming = p.count.saturating_sub(registered(&p.name) as u32);
+            vec![
+                Bin {
+                    free: p.allocatable(),
+                    pods_left: DEFAULT_MAX_PODS,
+                };
+                upcoming as usize
+            ]
+        })
+        .collect();
+
+    let mut remaining = hostable;
+    loop {
+        if remaining.is_empty() {
+            break;
+        }
+        let mut best: Option<(usize, Option_, Vec<Bin>)> = None;
+        for (i, p) in pools.iter().enumerate() {
+            let Some(a) = p.settings() else { continue };
+            let (_, max) = bounds[p.name.as_str()];
+            let current = target[p.name.as_str()].0;
+            let room = max.saturating_sub(current).min(
+                a.max_nodes_per_run
+                    .saturating_sub(current.saturating_sub(p.count)),
+            );
+            let mut mine: Vec<&PodView> = remaining
+                .iter()
+                .filter(|(_, ok)| ok.contains(&i))
+                .map(|(pod, _)| *pod)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let alloc = p.allocatable();
+            ffd_order(&mut mine, alloc);
+            let fresh = Bin {
+                free: alloc,
+                pods_left: DEFAULT_MAX_PODS,
+            };
+            let mut bins = pool_bins[i].clone();
+            let had = bins.len() as u32;
+            let mut placed = Vec::new();
+            for pod in mine {
+                if bins.iter_mut().any(|b| b.take(&pod.requests)) {
+                    placed.push(pod.key());
+                } else if (bins.len() as u32) < had + room {
+                    let mut b = fresh.clone();
+                    b.take(&pod.requests);
+                    bins.push(b);
+                    placed.push(pod.key());
+                }
+            }
+            if placed.is_empty() {
+                continue;
+            }
+            let added = bins.len() as u32 - had;
+            let total = alloc.cpu_milli as f64 * bins.len() as f64;
+            let totm = alloc.memory as f64 * bins.len() as f64;
+            let freec: f64 = bins.iter().map(|b| b.free.cpu_milli as f64).sum();
+            let freem: f64 = bins.iter().map(|b| b.free.memory as f64).sum();
+            let cand = Option_ {
+                nodes: added,
+                placed,
+                waste: freec / total.max(1.0),
+                waste_memory: freem / totm.max(1.0),
+            };
+            let better = match &best {
+                None => true,
+                // Pods the pool's upcoming workers already hold cost nothing new.
+                Some((_, b, _)) if (cand.nodes == 0) != (b.nodes == 0) => cand.nodes == 0,
+                Some((_, b, _)) => {
+                    // least-waste: idle cpu first, then unused memory, then more pods.
+                    let (c, m) = (cand.waste - b.waste, cand.waste_memory - b.waste_memory);
+                    c < -1e-9
+                        || c.abs() <= 1e-9
+                            && (m < -1e-9 || m.abs() <= 1e-9 && cand.placed.len() > b.placed.len())
+                }
+            };
+            if better {
+                best = Some((i, cand, bins));
+            }
+        }
+        let Some((i, choice, bins)) = best else { break };
+        let p = &pools[i];
+        pool_bins[i] = bins;
+        remaining.retain(|(pod, _)| !choice.placed.contains(&pod.key()));
+        if choice.nodes == 0 {
+            // Upcoming workers already cover them.
+            continue;
+        }
+        let Some(entry) = target.get_mut(p.name.as_str()) else {
+            continue;
+        };
+        entry.0 += choice.nodes;
+        let why = format!(
+            "{} unschedulable pod(s) ({}) fit on {} new worker(s) of pool {} ({:.0}% of their cpu idle)",
+            choice.placed.len(),
+            abbreviate(&choice.placed),
+            choice.nodes,
+            p.name,
+            choice.waste * 100.0
+        );
+        entry.1 = Some(match entry.1.take() {
+            Some(prev) => format!("{prev}; {why}"),
+            None => why,
+        });
+        if !grew.contains(&p.name.as_str()) {
+            grew.push(&p.name);
+        }
+    }
+    for (pod, _) in remaining {
+        out.unhostable.push(Unhostable {
+            pod: pod.key(),
+            reason: "every pool that could host it is at its max or its per-run limit".into(),
+        });
+    }
+}
+
+fn abbreviate(names: &[String]) -> String {
+    if names.len() <= 3 {
+        names.join(", ")
+    } else {
+        format!(
+            "{}, ... and {} more",
+            names[..2].join(", "),
+            names.len() - 2
+        )
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scale_down<'a>(
+    pools: &'a [PoolView],
+    nodes: &[NodeView],
+    pods: &[PodView],
+    prev: &AutoscaleState,
+    now: DateTime<Utc>,
+    bounds: &BTreeMap<&str, (u32, u32)>,
+    target: &mut BTreeMap<&'a str, (u32, Option<String>)>,
+    grew: &[&str],
+    out: &mut Outcome,
+) {
+    let index: BTreeMap<&str, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.name.as_str(), i))
+        .collect();
+    let mut on: Vec<Vec<&PodView>> = vec![Vec::new(); nodes.len()];
+    for p in pods {
+        if let Some(i) = p.node.as_deref().and_then(|n| index.get(n)) {
+            on[*i].push(p);
+        }
+    }
+    // Free room on every schedulable node, shared by the move simulations below.
+    let free: Vec<Bin> = nodes
+        .iter()
+        .zip(&on)
+        .map(|(n, ps)| {
+            let mut used = Resources::default();
+            ps.iter().for_each(|p| used.add(&p.requests));
+            let mut f = n.allocatable;
+            f.sub(&used);
+            Bin {
+                free: f,
+                pods_left: n.max_pods.saturating_sub(ps.len() as u32),
+            }
+        })
+        .collect();
+
+    let pool_of: BTreeMap<&str, &PoolView> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
+    // Per pool: (unneeded since, node name) of removable nodes.
+    let mut ready: BTreeMap<&str, Vec<(DateTime<Utc>, &str)>> = BTreeMap::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let Some(pool) = n.pool.as_deref().and_then(|p| pool_of.get(p)) else {
+            continue;
+        };
+        let Some(a) = pool.settings() else { continue };
+        if n.cordoned {
+            continue;
+        }
+        if n.annotations.get(SCALE_DOWN_DISABLED).map(String::as_str) == Some("true") {
+            out.kept.insert(
+                n.name.clone(),
+                format!("node is annotated {SCALE_DOWN_DISABLED}=true"),
+            );
+            continue;
+        }
+        let mut used = Resources::default();
+        on[i]
+            .iter()
+            .filter(|p| !p.is_daemon())
+            .for_each(|p| used.add(&p.requests));
+        let util = (used.cpu_milli as f64 / n.allocatable.cpu_milli.max(1) as f64)
+            .max(used.memory as f64 / n.allocatable.memory.max(1) as f64);
+        if util >= a.utilization_threshold
+            && !(a.utilization_threshold == 0.0 && used == Resources::default())
+        {
+            continue;
+        }
+        if let Some(why) = on[i].iter().find_map(|p| p.blocks_removal()) {
+            out.kept.insert(n.name.clone(), why);
+            continue;
+        }
+        if let Some(why) = cannot_move(i, nodes, &on[i], &free) {
+            out.kept.insert(n.name.clone(), why);
+            continue;
+        }
+        let since = prev.unneeded_since.get(&n.name).copied().unwrap_or(now);
+        out.state.unneeded_since.insert(n.name.clone(), since);
+        let delay = Duration::seconds(a.scale_down_unneeded_seconds as i64);
+        if now - since >= delay {
+            ready.entry(&pool.name).or_default().push((since, &n.name));
+        }
+    }
+
+    for (pool, mut cands) in ready {
+        // Not while the pool grows: this run, or workers an earlier run created have not
+        // joined yet (cluster-autoscaler likewise holds scale-down during a scale-up).
+        let registered = nodes
+            .iter()
+            .filter(|n| n.pool.as_deref() == Some(pool))
+            .count() as u32;
+        if grew.contains(&pool) || pool_of[pool].count > registered {
+            continue;
+        }
+        let (min, _) = bounds[pool];
+        let Some(entry) = target.get_mut(pool) else {
+            continue;
+        };
+        if entry.0 <= min || entry.0 < pool_of[pool].count {
+            // At min, or already shrinking for the bounds this run.
+            continue;
+        }
+        cands.sort();
+        let (since, node) = cands[0];
+        entry.0 -= 1;
+        entry.1 = Some(format!(
+            "node {node} unneeded since {} (requests below {:.0}% of allocatable, its pods fit \
+             elsewhere)",
+            since.format("%Y-%m-%dT%H:%M:%SZ"),
+            pool_of[pool]
+                .settings()
+                .map_or(0.0, |a| a.utilization_threshold)
+                * 100.0
+        ));
+        out.decisions.push(Decision {
+            pool: pool.to_owned(),
+            from: pool_of[pool].count,
+            to: entry.0,
+            remove_node: Some(node.to_owned()),
+            reason: String::new(),
+        });
+    }
+}
+
+/// Why the pods of node `me` could not all be placed on the other schedulable nodes.
+fn cannot_move(me: usize, nodes: &[NodeView], pods: &[&PodView], free: &[Bin]) -> Option<String> {
+    let mut movers: Vec<&PodView> = pods.iter().copied().filter(|p| !p.is_daemon()).collect();
+    if movers.is_empty() {
+        return None;
+    }
+    ffd_order(&mut movers, nodes[me].allocatable);
+    let mut taken: BTreeMap<usize, Bin> = BTreeMap::new();
+    'pods: for pod in movers {
+        for (j, n) in nodes.iter().enumerate() {
+            if j == me || n.cordoned {
+                continue;
+            }
+            let bin = taken.entry(j).or_insert_with(|| free[j].clone());
+            if bin.pods_left == 0 || !pod.requests.fits_in(&bin.free) {
+                continue;
+            }
+            if pod.misfit(&n.labels, &n.taints).is_some() {
+                continue;
+            }
+            bin.take(&pod.requests);
+            continue 'pods;
+        }
+        return Some(format!("pod {} fits on no other node", pod.key()));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

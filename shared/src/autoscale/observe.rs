@@ -1,0 +1,333 @@
+//! From Kubernetes objects to the autoscaler's views. Pure: the `Cluster` adapter lists the
+//! objects, this turns them into [`PodView`]/[`NodeView`].
+//!
+//! Requests follow the scheduler's `resourcehelper.PodRequests`: the sum over containers,
+//! or the largest init container if that is more, plus the pod overhead.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod, ResourceRequirements};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use super::{
+    DEFAULT_MAX_PODS, LabelOp, LabelRequirement, NodeView, PodView, Resources, Toleration,
+};
+use crate::spec::{Taint, TaintEffect};
+
+/// A Kubernetes quantity (`500m`, `2`, `1.5Gi`, `1e3`) as a number; None if malformed.
+pub fn quantity(s: &str) -> Option<f64> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(s.len());
+    let (num, suffix) = s.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024.0,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        e if e.starts_with(['e', 'E']) => 10f64.powi(e[1..].parse().ok()?),
+        _ => return None,
+    };
+    Some(n * mult)
+}
+
+fn resources(map: Option<&BTreeMap<String, Quantity>>) -> Resources {
+    let get = |k: &str| {
+        map.and_then(|m| m.get(k))
+            .and_then(|q| quantity(&q.0))
+            .unwrap_or(0.0)
+    };
+    Resources {
+        cpu_milli: (get("cpu") * 1000.0).ceil() as u64,
+        memory: get("memory").ceil() as u64,
+    }
+}
+
+fn requests(r: Option<&ResourceRequirements>) -> Resources {
+    resources(r.and_then(|r| r.requests.as_ref()))
+}
+
+fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    let labels_ok = sel
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    labels_ok
+        && sel.match_expressions.iter().flatten().all(|e| {
+            requirement(&e.key, &e.operator, e.values.clone().unwrap_or_default())
+                .is_some_and(|r| r.matches(labels))
+        })
+}
+
+fn requirement(key: &str, op: &str, values: Vec<String>) -> Option<LabelRequirement> {
+    let op = match op {
+        "In" => LabelOp::In,
+        "NotIn" => LabelOp::NotIn,
+        "Exists" => LabelOp::Exists,
+        "DoesNotExist" => LabelOp::DoesNotExist,
+        "Gt" => LabelOp::Gt,
+        "Lt" => LabelOp::Lt,
+        _ => return None,
+    };
+    Some(LabelRequirement {
+        key: key.to_owned(),
+        op,
+        values,
+    })
+}
+
+fn effect(s: &str) -> Option<TaintEffect> {
+    match s {
+        "NoSchedule" => Some(TaintEffect::NoSchedule),
+        "PreferNoSchedule" => Some(TaintEffect::PreferNoSchedule),
+        "NoExecute" => Some(TaintEffect::NoExecute),
+        _ => None,
+    }
+}
+
+/// The pod as the autoscaler sees it; None for pods that have finished (Succeeded/Failed)
+/// and hold no resources.
+pub fn pod_view(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Option<PodView> {
+    let status = pod.status.as_ref();
+    let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
+    if matches!(phase, "Succeeded" | "Failed") {
+        return None;
+    }
+    let meta = &pod.metadata;
+    let spec = pod.spec.as_ref()?;
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let mut req = Resources::default();
+    for c in &spec.containers {
+        let r = requests(c.resources.as_ref());
+        req.cpu_milli += r.cpu_milli;
+        req.memory += r.memory;
+    }
+    for c in spec.init_containers.iter().flatten() {
+        let r = requests(c.resources.as_ref());
+        req.cpu_milli = req.cpu_milli.max(r.cpu_milli);
+        req.memory = req.memory.max(r.memory);
+    }
+    let overhead = resources(spec.overhead.as_ref());
+    req.cpu_milli += overhead.cpu_milli;
+    req.memory += overhead.memory;
+
+    let unschedulable = spec.node_name.is_none()
+        && status
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            });
+    let labels = meta.labels.clone().unwrap_or_default();
+    let has_pdb = pdbs.iter().any(|b| {
+        b.metadata.namespace.as_deref() == Some(namespace.as_str())
+            && b.spec
+                .as_ref()
+                .and_then(|s| s.selector.as_ref())
+                .is_some_and(|sel| selector_matches(sel, &labels))
+    });
+    let affinity_terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|ns| {
+            ns.node_selector_terms
+                .iter()
+                .map(|t| {
+                    t.match_expressions
+                        .iter()
+                        .flatten()
+                        .map(|e| {
+                            // An operator we do not know matches nothing, as in the scheduler.
+                            requirement(&e.key, &e.operator, e.values.clone().unwrap_or_default())
+                                .unwrap_or(LabelRequirement {
+                                    key: e.key.clone(),
+                                    op: LabelOp::In,
+                                    values: Vec::new(),
+                                })
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let tolerations = spec
+        .tolerations
+        .iter()
+        .flatten()
+        .map(|t| Toleration {
+            key: t.key.clone().filter(|k| !k.is_empty()),
+            exists: t.operator.as_deref() == Some("Exists"),
+            value: t.value.clone().unwrap_or_default(),
+            effect: t.effect.as_deref().and_then(effect),
+        })
+        .collect();
+    Some(PodView {
+        namespace,
+        name: meta.name.clone().unwrap_or_default(),
+        requests: req,
+        node: spec.node_name.clone(),
+        unschedulable,
+        controller_kind: meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.kind.clone()),
+        annotations: meta.annotations.clone().unwrap_or_default(),
+        node_selector: spec.node_selector.clone().unwrap_or_default(),
+        affinity_terms,
+        tolerations,
+        has_pdb,
+    })
+}
+
+/// The node as the autoscaler sees it; `pool` is the worker pool it belongs to, if any.
+pub fn node_view(node: &Node, pool: Option<String>) -> NodeView {
+    let status = node.status.as_ref();
+    let alloc = status.and_then(|s| s.allocatable.as_ref());
+    let max_pods = alloc
+        .and_then(|a| a.get("pods"))
+        .and_then(|q| quantity(&q.0))
+        .map_or(DEFAULT_MAX_PODS, |n| n as u32);
+    let spec = node.spec.as_ref();
+    NodeView {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        pool,
+        allocatable: resources(alloc),
+        max_pods,
+        labels: node.metadata.labels.clone().unwrap_or_default(),
+        taints: spec
+            .and_then(|s| s.taints.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|t| {
+                Some(Taint {
+                    key: t.key.clone(),
+                    value: t.value.clone().unwrap_or_default(),
+                    effect: effect(&t.effect)?,
+                })
+            })
+            .collect(),
+        annotations: node.metadata.annotations.clone().unwrap_or_default(),
+        cordoned: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).expect("pod")
+    }
+
+    #[test]
+    fn quantities() {
+        assert_eq!(quantity("900m"), Some(0.9));
+        assert_eq!(quantity("2"), Some(2.0));
+        assert_eq!(quantity("1Gi"), Some(1073741824.0));
+        assert_eq!(quantity("1e3"), Some(1000.0));
+        assert_eq!(quantity("12Q"), None);
+    }
+
+    #[test]
+    fn pending_unschedulable_pod_with_constraints() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "web-1", "namespace": "kube-system", "labels": {"app": "dns"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                    "uid": "u", "controller": true}]},
+            "spec": {
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "900m", "memory": "64Mi"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "100m"}}}],
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2"}}}],
+                "nodeSelector": {"disk": "ssd"},
+                "tolerations": [{"key": "accel", "operator": "Exists", "effect": "NoSchedule"}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "zone", "operator": "In", "values": ["a"]}]}]}}}},
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+        }));
+        let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "dns", "namespace": "kube-system"},
+            "spec": {"selector": {"matchLabels": {"app": "dns"}}}
+        }))
+        .expect("pdb");
+        let v = pod_view(&p, &[pdb]).expect("active");
+        assert!(v.unschedulable);
+        assert_eq!(
+            v.requests.cpu_milli, 2000,
+            "init container is larger than the sum"
+        );
+        assert_eq!(v.requests.memory, 64 << 20);
+        assert_eq!(v.controller_kind.as_deref(), Some("ReplicaSet"));
+        assert!(v.has_pdb);
+        assert_eq!(v.node_selector["disk"], "ssd");
+        assert_eq!(v.affinity_terms[0][0].op, LabelOp::In);
+        assert_eq!(v.tolerations[0].key.as_deref(), Some("accel"));
+        assert!(v.tolerations[0].exists);
+        let v = pod_view(&p, &[]).expect("active");
+        assert!(!v.has_pdb);
+    }
+
+    #[test]
+    fn finished_pods_are_skipped_and_running_ones_are_not_unschedulable() {
+        let done = pod(serde_json::json!({"metadata": {"name": "j"},
+            "spec": {"containers": [{"name": "a"}]}, "status": {"phase": "Succeeded"}}));
+        assert!(pod_view(&done, &[]).is_none());
+        let run = pod(
+            serde_json::json!({"metadata": {"name": "r", "namespace": "default"},
+            "spec": {"containers": [{"name": "a"}], "nodeName": "w1"},
+            "status": {"phase": "Running"}}),
+        );
+        let v = pod_view(&run, &[]).expect("active");
+        assert!(!v.unschedulable);
+        assert_eq!(v.node.as_deref(), Some("w1"));
+        assert_eq!(v.controller_kind, None);
+    }
+
+    #[test]
+    fn node_from_kube() {
+        let n: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "w1", "labels": {"a": "b"},
+                "annotations": {super::super::SCALE_DOWN_DISABLED: "true"}},
+            "spec": {"unschedulable": true,
+                "taints": [{"key": "k", "value": "v", "effect": "NoExecute"}]},
+            "status": {"allocatable": {"cpu": "2", "memory": "3996Mi", "pods": "110"}}
+        }))
+        .expect("node");
+        let v = node_view(&n, Some("workers".into()));
+        assert_eq!(v.allocatable.cpu_milli, 2000);
+        assert_eq!(v.allocatable.memory, 3996 << 20);
+        assert_eq!(v.max_pods, 110);
+        assert!(v.cordoned);
+        assert_eq!(v.taints[0].effect, TaintEffect::NoExecute);
+        assert_eq!(v.annotations[super::super::SCALE_DOWN_DISABLED], "true");
+    }
+}
