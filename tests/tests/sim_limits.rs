@@ -102,6 +102,7 @@ async fn uploading_256_mib_of_random_data_makes_no_write_over_512_kib() {
         source: Some(ImageSource::File(path)),
         os: "linux".into(),
         version: "test".into(),
+        cluster: None,
     };
     let got = image::ensure_image(
         &rack,
