@@ -703,6 +703,19 @@ async fn every_route_answers_with_document_shaped_bodies() {
         None,
     )
     .await;
+    c.ok("GET", "/v1/vpcs", &[], p, None).await;
+    c.ok(
+        "DELETE",
+        "/v1/anti-affinity-groups/{anti_affinity_group}",
+        &["spread"],
+        p,
+        None,
+    )
+    .await;
+    c.ok("DELETE", "/v1/images/{image}", &["node-image"], p, None)
+        .await;
+    c.err("DELETE", "/v1/images/{image}", &["node-image"], p, None)
+        .await;
 
     let all: BTreeSet<String> = ROUTES.iter().map(|r| r.key()).collect();
     let missing: Vec<&String> = all.difference(&c.covered).collect();
