@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::{StreamExt as _, TryStreamExt as _};
 use sha2::{Digest as _, Sha256};
-use tokio::io::AsyncReadExt as _;
 use tracing::{info, warn};
 
 use crate::model::Image;
@@ -332,9 +331,11 @@ impl ImageSource {
     /// a disk that never boots (the VM runs, no Node ever joins). Reads the first bytes only.
     async fn check_not_qcow2(&self, http: &reqwest::Client) -> Result<(), ImageError> {
         let (mut reader, _) = self.open(http).await?;
-        let mut head = Vec::with_capacity(QCOW2_MAGIC.len());
-        let n = reader.fill(&mut head, QCOW2_MAGIC.len()).await.unwrap_or(0);
-        if head[..n] == QCOW2_MAGIC[..] {
+        let head = reader
+            .read_chunk(QCOW2_MAGIC.len())
+            .await
+            .unwrap_or_default();
+        if head[..] == QCOW2_MAGIC[..] {
             return Err(ImageError::BadSource {
                 source_text: self.to_string(),
                 message: "is a qcow2 image, but images are uploaded as raw disk bytes; convert it first with `qemu-img convert -f qcow2 -O raw in.img out.raw` and pass the .raw file".to_owned(),
@@ -354,7 +355,7 @@ impl ImageSource {
                 let file = tokio::fs::File::open(path).await.map_err(unreadable)?;
                 let size = file.metadata().await.map_err(unreadable)?.len();
                 check_size(&self.to_string(), size)?;
-                Ok((SourceReader::File(file), size))
+                Ok((SourceReader::File(Some(file.into_std().await)), size))
             }
             ImageSource::Url(url) => {
                 let resp = http
@@ -430,7 +431,9 @@ fn check_size(source_text: &str, size: u64) -> Result<(), ImageError> {
 
 /// Sequential reader over an open source.
 pub enum SourceReader {
-    File(tokio::fs::File),
+    /// A local file, read on the blocking pool. `None` only while a read is in flight (the
+    /// file travels to the blocking thread and back).
+    File(Option<std::fs::File>),
     Http {
         resp: Box<reqwest::Response>,
         /// Bytes received but not yet handed out.
@@ -438,10 +441,7 @@ pub enum SourceReader {
         url: String,
     },
     /// In-memory bytes (tests and benchmarks).
-    Memory {
-        data: Bytes,
-        pos: usize,
-    },
+    Memory { data: Bytes, pos: usize },
 }
 
 impl std::fmt::Debug for SourceReader {
@@ -457,27 +457,32 @@ impl std::fmt::Debug for SourceReader {
 }
 
 impl SourceReader {
-    /// Reads up to `want` bytes into `buf` (cleared first); fewer only at the end.
-    async fn fill(&mut self, buf: &mut Vec<u8>, want: usize) -> Result<usize, String> {
-        buf.clear();
+    /// The next `want` bytes; fewer only at the end. Each byte is copied once, from the page
+    /// cache or the socket into the returned buffer: the buffer is neither zero-filled first
+    /// nor copied again on its way into the bulk writes (the upload's memory bandwidth goes
+    /// to base64 and HTTP, see `cargo bench -p bootstrap --bench upload`).
+    pub async fn read_chunk(&mut self, want: usize) -> Result<Bytes, String> {
         match self {
-            SourceReader::File(file) => {
-                buf.resize(want, 0);
-                let mut got = 0;
-                while got < want {
-                    let n = file
-                        .read(&mut buf[got..])
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    if n == 0 {
-                        break;
-                    }
-                    got += n;
-                }
-                buf.truncate(got);
-                Ok(got)
+            SourceReader::File(slot) => {
+                let file = slot.take().ok_or("an earlier read of the file failed")?;
+                let (file, got) = tokio::task::spawn_blocking(move || {
+                    use std::io::Read as _;
+                    let mut buf = Vec::with_capacity(want);
+                    // `read_to_end` on a `File` reads into the spare capacity directly.
+                    let got = (&file).take(want as u64).read_to_end(&mut buf).map(|_| buf);
+                    (file, got)
+                })
+                .await
+                .map_err(|e| format!("the reading thread failed: {e}"))?;
+                *slot = Some(file);
+                got.map(Bytes::from).map_err(|e| e.to_string())
             }
             SourceReader::Http { resp, pending, .. } => {
+                // Whole chunks straight from the socket's buffers when they are big enough.
+                if pending.len() >= want {
+                    return Ok(pending.split_to(want));
+                }
+                let mut buf = Vec::with_capacity(want);
                 while buf.len() < want {
                     if pending.is_empty() {
                         match resp.chunk().await {
@@ -496,13 +501,13 @@ impl SourceReader {
                     let take = (want - buf.len()).min(pending.len());
                     buf.extend_from_slice(&pending.split_to(take));
                 }
-                Ok(buf.len())
+                Ok(Bytes::from(buf))
             }
             SourceReader::Memory { data, pos } => {
                 let take = want.min(data.len() - *pos);
-                buf.extend_from_slice(&data[*pos..*pos + take]);
+                let out = data.slice(*pos..*pos + take);
                 *pos += take;
-                Ok(take)
+                Ok(out)
             }
         }
     }
@@ -669,51 +674,55 @@ pub async fn upload<S: ImageStore>(
     let chunk_size = opts.chunk_size;
     let skip_zeros = opts.skip_zeros;
     let (totals_ref, failure_ref) = (&totals, &read_failure);
-    let start = (reader, Vec::with_capacity(chunk_size), 0u64, false);
-    let chunks =
-        futures::stream::unfold(start, move |(reader, mut buf, offset, done)| async move {
-            // Never read past the announced size: the disk was sized for it.
-            let want = usize::try_from(size.saturating_sub(offset))
-                .unwrap_or(usize::MAX)
-                .min(chunk_size);
-            if done || want == 0 {
+    let start = (reader, 0u64, false);
+    let chunks = futures::stream::unfold(start, move |(reader, offset, done)| async move {
+        // Never read past the announced size: the disk was sized for it.
+        let want = usize::try_from(size.saturating_sub(offset))
+            .unwrap_or(usize::MAX)
+            .min(chunk_size);
+        if done || want == 0 {
+            return None;
+        }
+        let mut chunk = match reader.read_chunk(want).await {
+            Ok(chunk) => chunk,
+            Err(message) => {
+                *lock(failure_ref) = Some(ImageError::Fetch {
+                    url: source_text.to_owned(),
+                    message,
+                });
                 return None;
             }
-            let n = match reader.fill(&mut buf, want).await {
-                Ok(n) => n,
-                Err(message) => {
-                    *lock(failure_ref) = Some(ImageError::Fetch {
-                        url: source_text.to_owned(),
-                        message,
-                    });
-                    return None;
-                }
-            };
-            if n == 0 {
-                return None;
-            }
-            // The last block is padded with zeros: writes must be whole blocks.
-            let padded = n.div_ceil(block) * block;
-            buf.resize(padded, 0);
-            let chunk = Bytes::copy_from_slice(&buf);
-            let runs = nonzero_runs(&chunk, offset, chunk_size, skip_zeros);
-            let sent: u64 = runs.iter().map(|(_, b)| b.len() as u64).sum();
-            {
-                let mut t = lock(totals_ref);
-                t.source_bytes += n as u64;
-                t.written_bytes += sent;
-                t.skipped_bytes += (padded as u64).saturating_sub(sent);
-                t.writes += runs.len() as u64;
-            }
-            // Skipped bytes are done at once; written ones when their write completes.
-            progress.advance((n as u64).saturating_sub(sent));
-            let last = n < want;
-            Some((
-                futures::stream::iter(runs),
-                (reader, buf, offset + n as u64, last),
-            ))
-        })
-        .flatten();
+        };
+        let n = chunk.len();
+        if n == 0 {
+            return None;
+        }
+        // The last block is padded with zeros: writes must be whole blocks.
+        let padded = n.div_ceil(block) * block;
+        if padded != n {
+            let mut v = Vec::with_capacity(padded);
+            v.extend_from_slice(&chunk);
+            v.resize(padded, 0);
+            chunk = Bytes::from(v);
+        }
+        let runs = nonzero_runs(&chunk, offset, chunk_size, skip_zeros);
+        let sent: u64 = runs.iter().map(|(_, b)| b.len() as u64).sum();
+        {
+            let mut t = lock(totals_ref);
+            t.source_bytes += n as u64;
+            t.written_bytes += sent;
+            t.skipped_bytes += (padded as u64).saturating_sub(sent);
+            t.writes += runs.len() as u64;
+        }
+        // Skipped bytes are done at once; written ones when their write completes.
+        progress.advance((n as u64).saturating_sub(sent));
+        let last = n < want;
+        Some((
+            futures::stream::iter(runs),
+            (reader, offset + n as u64, last),
+        ))
+    })
+    .flatten();
 
     let result = chunks
         .map(|(offset, data)| {
