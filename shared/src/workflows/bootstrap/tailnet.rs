@@ -78,6 +78,7 @@ pub(super) fn spec_for(flags: &TailscaleFlags) -> Option<TailscaleSpec> {
             .as_deref()
             .map(tailscale::normalize_tag)
             .unwrap_or_else(|| tailscale::DEFAULT_TAG.to_owned()),
+        ..TailscaleSpec::default()
     })
 }
 
