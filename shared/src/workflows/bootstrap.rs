@@ -416,7 +416,13 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     };
     let server = members::server_url(access_ip);
     info!(step = "wait-api", url = %format!("{server}/readyz"), "waiting for the Kubernetes API");
-    wait_for_api(&server, api_deadline, tty).await?;
+    wait_for_api(
+        &server,
+        api_deadline,
+        tty,
+        Some((&rack, api_member.as_str())),
+    )
+    .await?;
 
     info!(step = "host-key", instance = %api_member, "reading the SSH host keys from the serial console");
     let (pins, pinned_before) = host_key_pins(
@@ -753,7 +759,16 @@ async fn ensure_attached(
 /// credentials: the API is serving). The certificate is not checked here — there is nothing
 /// to check it against before the kubeconfig is fetched, and only the answer's existence is
 /// used; the kubeconfig's CA pins everything afterwards.
-async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), BootstrapError> {
+///
+/// With `console`, the first server's serial console is read every few seconds too: when its
+/// node setup printed the failure marker, k3s will never start, so this fails at once with
+/// the marker's step and reason instead of waiting out the deadline.
+async fn wait_for_api(
+    server: &str,
+    deadline: Instant,
+    tty: bool,
+    console: Option<(&OxideRack, &str)>,
+) -> Result<(), BootstrapError> {
     let step = "wait-api";
     let url = format!("{server}/readyz");
     let http = reqwest::Client::builder()
@@ -767,6 +782,7 @@ async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), 
             message: format!("cannot build the probe client: {e}"),
         })?;
     let mut spinner = progress::Spinner::new(step, format!("waiting for {url}"), tty);
+    let mut polls: u64 = 0;
     loop {
         let detail = match http.get(&url).send().await {
             Ok(r) if r.status().as_u16() < 500 => {
@@ -786,6 +802,19 @@ async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), 
             Err(_) => "no answer".to_owned(),
         };
         spinner.tick(&detail);
+        polls += 1;
+        if let Some((rack, instance)) = console
+            && polls % 16 == 1
+            && let Some(f) = setup_failed(rack, instance).await
+        {
+            spinner.done();
+            return Err(BootstrapError::Failed {
+                step,
+                message: format!(
+                    "{instance}'s serial console says: {f}; k3s will not start there. Fix the cause (the installer URL or mirror, the data disk, the Tailscale key), delete instance {instance}, and re-run bootstrap"
+                ),
+            });
+        }
         if Instant::now() >= deadline {
             spinner.done();
             // A dropped packet looks like this; the usual cause is an address outside the rule.
@@ -802,6 +831,18 @@ async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), 
             });
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The node setup failure `instance`'s console shows, if any. A console that cannot be read
+/// says nothing here (the caller's deadline still applies).
+async fn setup_failed(rack: &OxideRack, instance: &str) -> Option<crate::cloud_init::SetupFailure> {
+    match rack.serial_console(instance).await {
+        Ok(bytes) => crate::cloud_init::setup_failure(&String::from_utf8_lossy(&bytes)),
+        Err(e) => {
+            tracing::debug!(instance, error = %e, "serial console not readable");
+            None
+        }
     }
 }
 
