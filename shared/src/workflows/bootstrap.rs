@@ -410,7 +410,7 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     let access_ip = match v.tailscale.as_ref() {
         Some(ts) if tailnet::reach_over_tailnet(spec, Some(ts)) => {
             info!(step = "wait-api", instance = %api_member, "no external address: looking up the tailnet address");
-            tailnet::tailnet_address(ts, &api_member, api_deadline, tty).await?
+            tailnet::tailnet_address(ts, &rack, &api_member, api_deadline, tty).await?
         }
         _ => fip.ip,
     };
@@ -805,15 +805,10 @@ async fn wait_for_api(
         polls += 1;
         if let Some((rack, instance)) = console
             && polls % 16 == 1
-            && let Some(f) = setup_failed(rack, instance).await
+            && let Err(e) = setup_not_failed(rack, instance, step).await
         {
             spinner.done();
-            return Err(BootstrapError::Failed {
-                step,
-                message: format!(
-                    "{instance}'s serial console says: {f}; k3s will not start there. Fix the cause (the installer URL or mirror, the data disk, the Tailscale key), delete instance {instance}, and re-run bootstrap"
-                ),
-            });
+            return Err(e);
         }
         if Instant::now() >= deadline {
             spinner.done();
@@ -834,15 +829,29 @@ async fn wait_for_api(
     }
 }
 
-/// The node setup failure `instance`'s console shows, if any. A console that cannot be read
-/// says nothing here (the caller's deadline still applies).
-async fn setup_failed(rack: &OxideRack, instance: &str) -> Option<crate::cloud_init::SetupFailure> {
-    match rack.serial_console(instance).await {
-        Ok(bytes) => crate::cloud_init::setup_failure(&String::from_utf8_lossy(&bytes)),
+/// Fails `step` when `instance`'s console shows the node setup failure marker: k3s will never
+/// start there, so waiting for it is pointless. A console that cannot be read says nothing
+/// here (the caller's deadline still applies).
+async fn setup_not_failed(
+    rack: &OxideRack,
+    instance: &str,
+    step: &'static str,
+) -> Result<(), BootstrapError> {
+    let console = match rack.serial_console(instance).await {
+        Ok(bytes) => bytes,
         Err(e) => {
             tracing::debug!(instance, error = %e, "serial console not readable");
-            None
+            return Ok(());
         }
+    };
+    match crate::cloud_init::setup_failure(&String::from_utf8_lossy(&console)) {
+        None => Ok(()),
+        Some(f) => Err(BootstrapError::Failed {
+            step,
+            message: format!(
+                "{instance}'s serial console says: {f}; k3s will not start there. Fix the cause (the installer URL or mirror, the data disk, the Tailscale key), delete instance {instance}, and re-run bootstrap"
+            ),
+        }),
     }
 }
 
