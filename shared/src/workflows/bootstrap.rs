@@ -488,6 +488,21 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     .await
     .map_err(|e| failed("state", &e))?;
     check_stored_tokens(&store, &secrets).await;
+    // The pins go into the Secret too (never replacing stored ones), and pins stored there
+    // by a run on another machine come back into the resume file.
+    let pins = crate::retry::retry(
+        Backoff::default(),
+        |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
+        || store.merge_host_key_pins(&resume.host_key_pins),
+    )
+    .await
+    .map_err(|e| failed("state", &e))?;
+    if pins.keys().any(|k| !resume.host_key_pins.contains_key(k)) {
+        for (instance, fps) in pins {
+            resume.host_key_pins.entry(instance).or_insert(fps);
+        }
+        resume::save(&v.resume_path, &resume).map_err(|e| failed("state", &e))?;
+    }
 
     info!(
         step = "manifests",
@@ -521,7 +536,7 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         let key = resume
             .key_pair()
             .map_err(|e| BootstrapError::Config(one_line(&e)))?;
-        dev::install_on_servers(&rack, spec, &key, built, &client, input.api_timeout, tty).await?;
+        dev::install_on_servers(&rack, spec, &key, built, &store, input.api_timeout, tty).await?;
     }
 
     info!(step = "summary", converged, "bootstrap finished");
