@@ -10,6 +10,9 @@ mod sim_support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use base64::Engine as _;
+use oxide::prelude::*;
+use oxide::types;
 use oxide_controller::cloud_init::{
     DataDisk, K3S_INSTALL_URL, K3sRole, NodeUserData, ProviderId, render, setup_failure,
 };
@@ -44,10 +47,40 @@ fn agent(name: &str, server_url: &str, install: K3sInstall, version: &str) -> St
     .unwrap()
 }
 
+/// Creates and starts `name` with a blank 1 GiB data disk `data-<name>` (as the product does
+/// for a pool with a data disk).
+async fn create_with_data_disk(c: &oxide::Client, name: &str, user_data: &str) {
+    let disk = types::InstanceDiskAttachment::Create {
+        description: String::new(),
+        disk_backend: types::DiskBackend::Distributed(types::DiskSource::Blank {
+            block_size: types::BlockSize::try_from(4096).unwrap(),
+        }),
+        name: format!("data-{name}").parse().unwrap(),
+        size: types::ByteCount(1 << 30),
+    };
+    let body = types::InstanceCreate::builder()
+        .name(name)
+        .description(format!("test instance {name}"))
+        .hostname(name)
+        .ncpus(types::InstanceCpuCount(2))
+        .memory(types::ByteCount(4 << 30))
+        .disks(vec![disk])
+        .external_ips(vec![types::ExternalIpCreate::Ephemeral {
+            pool_selector: types::PoolSelector::Auto { ip_version: None },
+        }])
+        .user_data(base64::engine::general_purpose::STANDARD.encode(user_data));
+    c.instance_create()
+        .project(PROJECT)
+        .body(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("creating {name}: {e}"));
+}
+
 #[tokio::test]
 async fn a_failed_setup_step_prints_the_marker_and_k3s_never_starts() {
     let sim = start_with(|o| {
-        o.faults.missing_data_disk = vec!["c1-workers-nodisk".into()];
+        o.faults.missing_data_disk = vec!["c1-workers-lost".into()];
         o.faults.download_fails = vec!["c1-workers-nonet".into()];
     })
     .await;
@@ -61,6 +94,13 @@ async fn a_failed_setup_step_prints_the_marker_and_k3s_never_starts() {
             "v1.33.4+k3s1",
             "data-disk",
             "no NVMe disk with serial data-c1-workers-nodi",
+        ),
+        (
+            "c1-workers-lost",
+            K3sInstall::Script,
+            "v1.33.4+k3s1",
+            "data-disk",
+            "no NVMe disk with serial data-c1-workers-lost",
         ),
         (
             "c1-workers-nonet",
@@ -78,9 +118,15 @@ async fn a_failed_setup_step_prints_the_marker_and_k3s_never_starts() {
         ),
     ];
     for (name, install, version, _, _) in &cases {
-        create_instance(&c, name, &agent(name, &url, *install, version)).await;
+        let ud = agent(name, &url, *install, version);
+        if *name == "c1-workers-nodisk" {
+            // The user-data names a data disk the instance was created without.
+            create_instance(&c, name, &ud).await;
+        } else {
+            create_with_data_disk(&c, name, &ud).await;
+        }
     }
-    create_instance(
+    create_with_data_disk(
         &c,
         "c1-workers-good1",
         &agent("c1-workers-good1", &url, K3sInstall::Script, "v1.33.4+k3s1"),

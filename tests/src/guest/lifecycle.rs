@@ -292,7 +292,12 @@ impl Inner {
             };
             match step {
                 SetupStep::DataDisk { serial } => {
-                    if Self::name_matches(&faults.missing_data_disk, name) {
+                    let attached = self
+                        .state()
+                        .vms
+                        .get(&id)
+                        .is_some_and(|vm| vm.disk_serials.contains(serial));
+                    if !attached || Self::name_matches(&faults.missing_data_disk, name) {
                         return Err((step.name(), format!("no NVMe disk with serial {serial}")));
                     }
                 }
@@ -391,6 +396,7 @@ impl RackEvents for Boot {
                 ncpus: inst.ncpus,
                 memory: inst.memory,
                 uploads: BTreeMap::new(),
+                disk_serials: Vec::new(),
             });
             if wrong_key && vm.decoy_host.is_none() {
                 vm.decoy_host = Some(Arc::new(SshHost::generate()));
@@ -400,6 +406,7 @@ impl RackEvents for Boot {
             vm.boot_started = Instant::now();
             vm.name = inst.name.clone();
             vm.hostname = inst.hostname.clone();
+            vm.disk_serials = inst.disk_serials.clone();
             (vm.ncpus, vm.memory) = (inst.ncpus, inst.memory);
             vm.external_ips = inst.external_ips.clone();
             vm.private_ip = Some(inst.private_ip);

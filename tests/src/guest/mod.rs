@@ -138,6 +138,8 @@ struct Vm {
     /// Files uploaded over SSH: guest path → the host file holding them (they live on the
     /// VM's disk, so they survive reboots and go with the instance).
     uploads: BTreeMap<String, std::path::PathBuf>,
+    /// NVMe serials of the disks attached at this boot.
+    disk_serials: Vec<String>,
 }
 
 struct Cluster {
