@@ -65,6 +65,8 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
     assert_eq!(
         keys,
         [
+            // Issue 11: the host key pins read from the servers' consoles.
+            "host-key-pins",
             "k3s-agent-token",
             "k3s-token",
             "oxide-host",

@@ -1,6 +1,7 @@
-//! What the user-data's `runcmd` steps do in the guest: which k3s role the install step
-//! selects, the pinned version, the SMBIOS provider-ID drop-in, and `tailscale up` against
-//! the simulated tailnet.
+//! What the node setup script runcmd runs does in the guest: its steps read from the script
+//! in `write_files` (`step NAME` lines), which k3s role and version its k3s step selects, the
+//! SMBIOS provider-ID drop-in, `tailscale up` against the simulated tailnet, and the failure
+//! marker a failed step prints.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
