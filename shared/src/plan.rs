@@ -49,6 +49,9 @@ pub struct Observed {
     /// Images the spec names, resolved (None: not found in project or silo). A name that is
     /// not a key was not looked up: the caller resolves images only when a plan creates.
     pub images: BTreeMap<String, Option<Image>>,
+    /// Members without a Node whose serial console shows the node setup script's failure
+    /// marker (the caller reads the consoles of running members that have no Node yet).
+    pub setup_failures: BTreeMap<String, crate::cloud_init::SetupFailure>,
 }
 
 /// How a member is doing.
@@ -61,6 +64,9 @@ pub enum Health {
     /// Was Ready, is not, within the grace period.
     NotReady,
     JoinTimedOut,
+    /// Never a Node, and its console says the node setup failed: it will never join, so it
+    /// is replaced now rather than at the join deadline.
+    SetupFailed,
     NotReadyTooLong,
     Failed,
     /// Stopped with its Node still registered and not being removed: someone stopped it.
@@ -91,7 +97,7 @@ impl Health {
     fn is_broken(&self) -> bool {
         matches!(
             self,
-            Health::JoinTimedOut | Health::NotReadyTooLong | Health::Failed
+            Health::JoinTimedOut | Health::SetupFailed | Health::NotReadyTooLong | Health::Failed
         )
     }
 }
@@ -104,6 +110,8 @@ pub struct Member<'a> {
     pub pool: String,
     pub drifted: bool,
     pub health: Health,
+    /// The failure marker its console shows (with [`Health::SetupFailed`]).
+    pub setup_failure: Option<&'a crate::cloud_init::SetupFailure>,
 }
 
 impl Member<'_> {
@@ -355,6 +363,7 @@ pub fn classify<'a>(
                         Health::NotReady
                     }
                 }
+                None if observed.setup_failures.contains_key(&inst.name) => Health::SetupFailed,
                 None => {
                     let limit = if state.is_transient() && *state != InstanceState::Starting {
                         transition.max(join)
@@ -375,6 +384,7 @@ pub fn classify<'a>(
             pool: tag.pool,
             drifted,
             health,
+            setup_failure: observed.setup_failures.get(&inst.name),
         });
     }
     members
@@ -773,7 +783,15 @@ fn plan_control_plane(
         .min_by_key(|m| m.instance.time_created)
     {
         if ready >= quorum(voting.saturating_sub(1).max(1)) {
-            p.actions.push(remove(m, false, format!("control-plane member is {:?}; removing it before adding a replacement keeps etcd quorum", m.health)));
+            let why = match m.health {
+                Health::SetupFailed => setup_failed_why(m),
+                _ => format!("control-plane member is {:?}", m.health),
+            };
+            p.actions.push(remove(
+                m,
+                false,
+                format!("{why}; removing it before adding a replacement keeps etcd quorum"),
+            ));
         }
         return;
     }
@@ -831,8 +849,17 @@ fn victim_why(m: &Member) -> String {
     }
 }
 
+/// What a member's console said about its failed node setup.
+fn setup_failed_why(m: &Member) -> String {
+    match m.setup_failure {
+        Some(f) => format!("its console says: {f}"),
+        None => "its node setup failed".into(),
+    }
+}
+
 fn broken_reason(m: &Member, spec: &ClusterSpec) -> String {
     match m.health {
+        Health::SetupFailed => format!("{}; replacing it", setup_failed_why(m)),
         Health::Failed => "the instance failed; replacing it".into(),
         Health::JoinTimedOut => format!(
             "it did not become a Ready Node within {}s of creation; replacing it",

@@ -56,14 +56,39 @@ pub struct TailscaleSpec {
     /// ACL tag every node advertises, `tag:NAME`.
     #[serde(default = "default_tailscale_tag")]
     pub tag: String,
+    /// Where nodes download the Tailscale installer (a mirror for racks without internet
+    /// access). Unused with `k3s.install: preinstalled`.
+    #[serde(
+        default = "default_tailscale_installer_url",
+        skip_serializing_if = "is_default_tailscale_installer_url"
+    )]
+    pub installer_url: String,
 }
 
 impl Default for TailscaleSpec {
     fn default() -> Self {
         TailscaleSpec {
             tag: default_tailscale_tag(),
+            installer_url: default_tailscale_installer_url(),
         }
     }
+}
+
+fn default_tailscale_installer_url() -> String {
+    crate::cloud_init::TAILSCALE_INSTALL_URL.to_owned()
+}
+
+fn default_k3s_installer_url() -> String {
+    crate::cloud_init::K3S_INSTALL_URL.to_owned()
+}
+
+// Written back only when set: specs stored before the field existed read and write the same.
+fn is_default_k3s_installer_url(url: &str) -> bool {
+    url == crate::cloud_init::K3S_INSTALL_URL
+}
+
+fn is_default_tailscale_installer_url(url: &str) -> bool {
+    url == crate::cloud_init::TAILSCALE_INSTALL_URL
 }
 
 fn default_tailscale_tag() -> String {
@@ -134,6 +159,14 @@ pub struct K3sSpec {
     pub version: String,
     #[serde(default)]
     pub install: K3sInstall,
+    /// Where nodes download the k3s installer (a mirror for racks without internet access).
+    /// The installer itself still fetches the k3s release; a mirror serves a copy of
+    /// install.sh that points at it. Unused with `install: preinstalled`.
+    #[serde(
+        default = "default_k3s_installer_url",
+        skip_serializing_if = "is_default_k3s_installer_url"
+    )]
+    pub installer_url: String,
     /// Run with `--disable-cloud-controller` and leave cloud-provider duties to the Oxide CCM.
     #[serde(default)]
     pub oxide_ccm: bool,
@@ -147,6 +180,7 @@ impl Default for K3sSpec {
         K3sSpec {
             version: default_k3s_version(),
             install: K3sInstall::default(),
+            installer_url: default_k3s_installer_url(),
             oxide_ccm: false,
             tls_san: Vec::new(),
         }
@@ -683,6 +717,14 @@ impl ClusterSpec {
         {
             err("tailscale.tag".into(), e);
         }
+        if let Some(ts) = &self.tailscale
+            && let Err(e) = crate::cloud_init::check_installer_url(&ts.installer_url)
+        {
+            err("tailscale.installer_url".into(), e);
+        }
+        if let Err(e) = crate::cloud_init::check_installer_url(&self.k3s.installer_url) {
+            err("k3s.installer_url".into(), e);
+        }
         let t = &self.timeouts;
         for (name, v) in [
             ("join_seconds", t.join_seconds),
@@ -1003,8 +1045,23 @@ mod tests {
         let mut bad = with.clone();
         bad.tailscale = Some(TailscaleSpec {
             tag: "tag:no_underscores".into(),
+            ..TailscaleSpec::default()
         });
         assert_eq!(fields(&bad), ["tailscale.tag"]);
+        // Installer mirrors: http(s) URLs the setup script can quote.
+        let mut bad = spec();
+        bad.k3s.installer_url = "ftp://mirror/install.sh".into();
+        bad.tailscale = Some(TailscaleSpec {
+            installer_url: "https://mirror/x'; reboot '".into(),
+            ..TailscaleSpec::default()
+        });
+        assert_eq!(
+            fields(&bad),
+            ["tailscale.installer_url", "k3s.installer_url"]
+        );
+        let mut good = spec();
+        good.k3s.installer_url = "http://10.0.0.5/k3s/install.sh".into();
+        assert!(good.validate().is_ok());
     }
 
     #[test]

@@ -19,6 +19,11 @@ pub mod keys {
     pub const SCHEMA_VERSION: &str = "schema-version";
     /// sha256 of the cluster CA (not secret): joiners get `K10<hash>::` tokens with it.
     pub const K3S_CA_HASH: &str = "k3s-ca-hash";
+    /// In the Secret: the SSH host key fingerprints read from each server's console when it
+    /// was first reached, JSON `{"<instance>": ["SHA256:…", …]}`. Kept so that a server that
+    /// was restarted (its console no longer holds the first boot) can still be verified from
+    /// another machine, without trusting whatever its console shows later.
+    pub const HOST_KEY_PINS: &str = "host-key-pins";
 }
 
 /// Label on both objects.

@@ -27,6 +27,7 @@ fn joiner(name: &str, role: K3sRole) -> String {
         kubelet_args: vec![],
         k3s_version: "v1.33.4+k3s1".into(),
         install: K3sInstall::Script,
+        k3s_installer_url: oxide_controller::cloud_init::K3S_INSTALL_URL.into(),
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![
             "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x"

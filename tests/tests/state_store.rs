@@ -416,3 +416,49 @@ async fn a_service_account_without_rbac_is_forbidden() {
         other => panic!("expected Forbidden, got {other:?}"),
     }
 }
+
+/// Host key pins in the Secret: added per instance, never replaced (a changed key is for a
+/// person to check), and what other runs stored comes back.
+#[tokio::test]
+async fn host_key_pins_are_added_to_the_secret_and_never_replaced() {
+    let env = Env::start().await;
+    let store = env.store().await;
+    let pins = |pairs: &[(&str, &str)]| -> BTreeMap<String, Vec<String>> {
+        pairs
+            .iter()
+            .map(|(i, fp)| (i.to_string(), vec![fp.to_string()]))
+            .collect()
+    };
+    assert!(matches!(
+        store
+            .merge_host_key_pins(&pins(&[("a", "SHA256:a1")]))
+            .await,
+        Err(StateError::NotFound { .. })
+    ));
+    store
+        .ensure_state(&secrets(), BTreeMap::new())
+        .await
+        .unwrap();
+    let first = store
+        .merge_host_key_pins(&pins(&[("a", "SHA256:a1")]))
+        .await
+        .unwrap();
+    assert_eq!(first, pins(&[("a", "SHA256:a1")]));
+    let second = store
+        .merge_host_key_pins(&pins(&[("a", "SHA256:other"), ("b", "SHA256:b1")]))
+        .await
+        .unwrap();
+    assert_eq!(second, pins(&[("a", "SHA256:a1"), ("b", "SHA256:b1")]));
+    // Another run with nothing new reads what is stored; the required keys are untouched.
+    let other = env.store().await;
+    assert_eq!(
+        other.merge_host_key_pins(&BTreeMap::new()).await.unwrap(),
+        second
+    );
+    assert_eq!(other.read_secrets().await.unwrap(), secrets());
+    let secret = env
+        .twin()
+        .get("v1", "Secret", Some(NAMESPACE), OBJECT_NAME)
+        .unwrap();
+    assert!(secret["data"][keys::HOST_KEY_PINS].is_string(), "{secret}");
+}

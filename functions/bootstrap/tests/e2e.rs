@@ -65,6 +65,8 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
     assert_eq!(
         keys,
         [
+            // Issue 11: the host key pins read from the servers' consoles.
+            "host-key-pins",
             "k3s-agent-token",
             "k3s-token",
             "oxide-host",
@@ -251,6 +253,31 @@ async fn a_console_host_key_that_differs_from_the_served_one_is_refused() {
             .get("v1", "Secret", Some("kube-system"), "oxide-controller")
             .is_none()
     );
+}
+
+/// Issue 11: the first server's setup script fails (no installer download); bootstrap reads
+/// the failure marker from its console and stops with the step and reason, instead of waiting
+/// for an API that will never come up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_first_server_whose_setup_failed_stops_bootstrap_with_the_consoles_reason() {
+    let env = env().await;
+    env.sim
+        .faults()
+        .update(|f| f.download_fails = vec!["demo-control-plane-".into()]);
+    let out = env.run(&[]).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(last.contains("wait-api"), "{last}");
+    assert!(
+        last.contains("node setup failed at k3s-install: download of https://get.k3s.io failed"),
+        "{last}"
+    );
+    assert!(
+        last.contains("serial console says"),
+        "not the deadline: {last}"
+    );
+    assert!(!env.kubeconfig().exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -109,6 +109,16 @@ async fn a_rerun_after_the_first_server_restarted_verifies_its_host_key() {
             .starts_with("SHA256:"),
         "{resume}"
     );
+    // The Secret keeps the same pins (for runs from another machine and the dev-image copy).
+    let secret = env
+        .sim
+        .twin()
+        .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+        .unwrap();
+    let stored: k8s_openapi::ByteString =
+        serde_json::from_value(secret["data"]["host-key-pins"].clone()).unwrap();
+    let stored: Value = serde_json::from_slice(&stored.0).unwrap();
+    assert_eq!(stored[&first], resume["host-key-pins"][&first], "{stored}");
 
     restart(&env, &first).await;
     let out = env.run(&["--workers", "0"]).await;

@@ -268,8 +268,10 @@ async fn a_vm_with_a_wrong_auth_key_never_joins_and_its_console_says_so() {
     let out = run(&env, &strs(&extra)).await;
     let (_, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
+    // The setup script stops at `tailscale up` and says so on the console; bootstrap reads
+    // that instead of waiting for the tailnet until its deadline.
     assert!(
-        stderr.contains("did not join tailnet example.com"),
+        stderr.contains("node setup failed at tailscale-up: tailscale up did not join the tailnet"),
         "{stderr}"
     );
     assert!(!stderr.contains("tskey-auth-not"), "{stderr}");
@@ -288,6 +290,16 @@ async fn a_vm_with_a_wrong_auth_key_never_joins_and_its_console_says_so() {
     .unwrap();
     let console = String::from_utf8_lossy(&rack.serial_console(&first).await.unwrap()).into_owned();
     assert!(console.contains("invalid key"), "{console}");
+    assert!(
+        console.contains(
+            "oxide-controller: node-setup failed: tailscale-up: tailscale up did not join the tailnet"
+        ),
+        "{console}"
+    );
+    assert!(
+        !console.contains("Starting k3s"),
+        "k3s never starts: {console}"
+    );
     assert!(!console.contains("tskey-auth-not"), "{console}");
 }
 

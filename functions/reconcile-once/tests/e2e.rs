@@ -549,6 +549,61 @@ async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
     env.assert_no_leaks();
 }
 
+/// Issue 11: a new worker whose node setup fails (every download of the k3s installer fails)
+/// prints the script's failure marker; the next run reads it from the console and replaces the
+/// member at once, naming the step and the reason in an Event, long before the join deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reason() {
+    let env = env(3, 2).await;
+    env.edit(|s| s.worker_pools[0].count = 3).await;
+    assert_eq!(env.spec().await.timeouts.join_seconds, 600);
+    env.sim
+        .faults()
+        .update(|f| f.download_fails = vec![WK.to_owned()]);
+    let out = env.reconcile(&[]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ready = env.ready_nodes(WK);
+    let broken: Vec<String> = env
+        .instances(WK)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .filter(|n| !ready.contains(n))
+        .collect();
+    assert_eq!(broken.len(), 1, "one new member, whose setup fails");
+    // Its replacement downloads fine.
+    env.sim
+        .faults()
+        .update(|f| f.download_fails = vec![broken[0].clone()]);
+    env.converge(40).await;
+    let names: Vec<String> = env
+        .instances(WK)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    assert!(!names.contains(&broken[0]), "{} was removed", broken[0]);
+    assert_eq!(env.ready_nodes(WK).len(), 3);
+    let events = env
+        .sim
+        .twin()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"));
+    assert!(
+        events.iter().any(|e| {
+            let note = e["note"].as_str().unwrap_or("");
+            note.contains(&broken[0])
+                && note.contains(
+                    "node setup failed at k3s-install: download of https://get.k3s.io failed",
+                )
+        }),
+        "an Event names the member, the step and the reason: {events:?}"
+    );
+    env.assert_no_leaks();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cpu_change_rolls_workers_one_at_a_time() {
     let env = env(3, 2).await;

@@ -638,3 +638,38 @@ fn a_stopped_member_without_a_node_past_the_join_deadline_is_removed() {
     assert_eq!(removed(&p), ["demo-workers-gone1"], "{p:?}");
     assert!(started(&p).is_empty(), "{p:?}");
 }
+
+#[test]
+fn a_member_whose_console_says_its_setup_failed_is_replaced_before_the_join_deadline() {
+    let failure = crate::cloud_init::SetupFailure {
+        step: "data-disk".into(),
+        reason: "no NVMe disk with serial data-demo-workers-ba".into(),
+    };
+    let mut w = World::healthy(3, 2, 1);
+    w.inst("workers", "bad01", InstanceState::Running, 60);
+    w.obs
+        .setup_failures
+        .insert("demo-workers-bad01".into(), failure.clone());
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-bad01"]);
+    assert_eq!(creates(&p, "workers"), 1);
+    assert!(
+        p.actions.iter().any(|a| a.reason().contains(
+            "node setup failed at data-disk: no NVMe disk with serial data-demo-workers-ba"
+        )),
+        "{:?}",
+        p.actions
+    );
+    // A control-plane member too, when quorum allows.
+    let mut w = World::healthy(3, 2, 2);
+    w.inst("control-plane", "bad02", InstanceState::Running, 60);
+    w.obs
+        .setup_failures
+        .insert("demo-control-plane-bad02".into(), failure);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-control-plane-bad02"], "{:?}", p.actions);
+    // Without the marker the same member is only joining.
+    let mut w = World::healthy(3, 2, 1);
+    w.inst("workers", "bad01", InstanceState::Running, 60);
+    assert_eq!(w.plan().actions, vec![]);
+}

@@ -81,12 +81,67 @@ impl KubeStateStore {
         }
     }
 
+    /// The Kubernetes client this store uses.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
     fn config_what(&self) -> String {
         format!("ConfigMap {}/{OBJECT_NAME}", self.namespace)
     }
 
     fn secret_what(&self) -> String {
         format!("Secret {}/{OBJECT_NAME}", self.namespace)
+    }
+
+    /// Adds `pins` (instance → fingerprints) to the Secret's [`super::keys::HOST_KEY_PINS`]
+    /// and returns everything it holds afterwards. Pins already stored for an instance are
+    /// never replaced: a key that changed is for the person to check, not to overwrite.
+    pub async fn merge_host_key_pins(
+        &self,
+        pins: &BTreeMap<String, Vec<String>>,
+    ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = self.secret_what();
+        for _ in 0..ENSURE_ATTEMPTS {
+            let mut secret = api
+                .get_opt(OBJECT_NAME)
+                .await
+                .map_err(|e| state_error(&what, e))?
+                .ok_or_else(|| StateError::NotFound { what: what.clone() })?;
+            let data = secret.data.get_or_insert_with(BTreeMap::new);
+            let mut stored: BTreeMap<String, Vec<String>> =
+                match data.get(super::keys::HOST_KEY_PINS) {
+                    Some(v) => serde_json::from_slice(&v.0).map_err(|e| StateError::Malformed {
+                        what: format!("{what} key {}", super::keys::HOST_KEY_PINS),
+                        message: e.to_string(),
+                    })?,
+                    None => BTreeMap::new(),
+                };
+            let before = stored.len();
+            for (instance, fps) in pins {
+                stored
+                    .entry(instance.clone())
+                    .or_insert_with(|| fps.clone());
+            }
+            if stored.len() == before && data.contains_key(super::keys::HOST_KEY_PINS) {
+                return Ok(stored);
+            }
+            let json = serde_json::to_vec(&stored).map_err(|e| StateError::Malformed {
+                what: what.clone(),
+                message: e.to_string(),
+            })?;
+            data.insert(super::keys::HOST_KEY_PINS.to_owned(), ByteString(json));
+            match api
+                .replace(OBJECT_NAME, &PostParams::default(), &secret)
+                .await
+            {
+                Ok(_) => return Ok(stored),
+                Err(e) if api_status(&e) == Some(409) => continue,
+                Err(e) => return Err(state_error(&what, e)),
+            }
+        }
+        Err(StateError::Conflict { what })
     }
 
     fn fresh_meta(&self) -> ObjectMeta {

@@ -410,13 +410,19 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     let access_ip = match v.tailscale.as_ref() {
         Some(ts) if tailnet::reach_over_tailnet(spec, Some(ts)) => {
             info!(step = "wait-api", instance = %api_member, "no external address: looking up the tailnet address");
-            tailnet::tailnet_address(ts, &api_member, api_deadline, tty).await?
+            tailnet::tailnet_address(ts, &rack, &api_member, api_deadline, tty).await?
         }
         _ => fip.ip,
     };
     let server = members::server_url(access_ip);
     info!(step = "wait-api", url = %format!("{server}/readyz"), "waiting for the Kubernetes API");
-    wait_for_api(&server, api_deadline, tty).await?;
+    wait_for_api(
+        &server,
+        api_deadline,
+        tty,
+        Some((&rack, api_member.as_str())),
+    )
+    .await?;
 
     info!(step = "host-key", instance = %api_member, "reading the SSH host keys from the serial console");
     let (pins, pinned_before) = host_key_pins(
@@ -482,6 +488,21 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     .await
     .map_err(|e| failed("state", &e))?;
     check_stored_tokens(&store, &secrets).await;
+    // The pins go into the Secret too (never replacing stored ones), and pins stored there
+    // by a run on another machine come back into the resume file.
+    let pins = crate::retry::retry(
+        Backoff::default(),
+        |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
+        || store.merge_host_key_pins(&resume.host_key_pins),
+    )
+    .await
+    .map_err(|e| failed("state", &e))?;
+    if pins.keys().any(|k| !resume.host_key_pins.contains_key(k)) {
+        for (instance, fps) in pins {
+            resume.host_key_pins.entry(instance).or_insert(fps);
+        }
+        resume::save(&v.resume_path, &resume).map_err(|e| failed("state", &e))?;
+    }
 
     info!(
         step = "manifests",
@@ -515,7 +536,7 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         let key = resume
             .key_pair()
             .map_err(|e| BootstrapError::Config(one_line(&e)))?;
-        dev::install_on_servers(&rack, spec, &key, built, &client, input.api_timeout, tty).await?;
+        dev::install_on_servers(&rack, spec, &key, built, &store, input.api_timeout, tty).await?;
     }
 
     info!(step = "summary", converged, "bootstrap finished");
@@ -753,7 +774,16 @@ async fn ensure_attached(
 /// credentials: the API is serving). The certificate is not checked here — there is nothing
 /// to check it against before the kubeconfig is fetched, and only the answer's existence is
 /// used; the kubeconfig's CA pins everything afterwards.
-async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), BootstrapError> {
+///
+/// With `console`, the first server's serial console is read every few seconds too: when its
+/// node setup printed the failure marker, k3s will never start, so this fails at once with
+/// the marker's step and reason instead of waiting out the deadline.
+async fn wait_for_api(
+    server: &str,
+    deadline: Instant,
+    tty: bool,
+    console: Option<(&OxideRack, &str)>,
+) -> Result<(), BootstrapError> {
     let step = "wait-api";
     let url = format!("{server}/readyz");
     let http = reqwest::Client::builder()
@@ -767,6 +797,7 @@ async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), 
             message: format!("cannot build the probe client: {e}"),
         })?;
     let mut spinner = progress::Spinner::new(step, format!("waiting for {url}"), tty);
+    let mut polls: u64 = 0;
     loop {
         let detail = match http.get(&url).send().await {
             Ok(r) if r.status().as_u16() < 500 => {
@@ -786,6 +817,14 @@ async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), 
             Err(_) => "no answer".to_owned(),
         };
         spinner.tick(&detail);
+        polls += 1;
+        if let Some((rack, instance)) = console
+            && polls % 16 == 1
+            && let Err(e) = setup_not_failed(rack, instance, step).await
+        {
+            spinner.done();
+            return Err(e);
+        }
         if Instant::now() >= deadline {
             spinner.done();
             // A dropped packet looks like this; the usual cause is an address outside the rule.
@@ -802,6 +841,32 @@ async fn wait_for_api(server: &str, deadline: Instant, tty: bool) -> Result<(), 
             });
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Fails `step` when `instance`'s console shows the node setup failure marker: k3s will never
+/// start there, so waiting for it is pointless. A console that cannot be read says nothing
+/// here (the caller's deadline still applies).
+async fn setup_not_failed(
+    rack: &OxideRack,
+    instance: &str,
+    step: &'static str,
+) -> Result<(), BootstrapError> {
+    let console = match rack.serial_console(instance).await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            tracing::debug!(instance, error = %e, "serial console not readable");
+            return Ok(());
+        }
+    };
+    match crate::cloud_init::setup_failure(&String::from_utf8_lossy(&console)) {
+        None => Ok(()),
+        Some(f) => Err(BootstrapError::Failed {
+            step,
+            message: format!(
+                "{instance}'s serial console says: {f}; k3s will not start there. Fix the cause (the installer URL or mirror, the data disk, the Tailscale key), delete instance {instance}, and re-run bootstrap"
+            ),
+        }),
     }
 }
 

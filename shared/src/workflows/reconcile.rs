@@ -148,7 +148,7 @@ pub async fn observe<R: Rack, C: Cluster>(
         rack.list_disks(),
         rack.get_floating_ip(&fip_name),
     );
-    Ok(Observed {
+    let mut observed = Observed {
         instances: instances.map_err(rack_err)?,
         nodes: nodes.map_err(|e: ClusterError| {
             ReconcileError::Retryable(format!("observing the cluster: {e:#}"))
@@ -157,7 +157,45 @@ pub async fn observe<R: Rack, C: Cluster>(
         api_floating_ip: fip.map_err(rack_err)?,
         join_address: None,
         images: BTreeMap::new(),
-    })
+        setup_failures: BTreeMap::new(),
+    };
+    observed.setup_failures = setup_failures(rack, &observed).await;
+    Ok(observed)
+}
+
+/// The node setup failures on the consoles of running members that have no Node yet: the
+/// setup script prints one marker line when a step fails (see
+/// [`crate::cloud_init::SETUP_FAILED_MARKER`]), and such a member never joins. A console that
+/// cannot be read is skipped (the join deadline still applies to that member).
+async fn setup_failures<R: Rack>(
+    rack: &R,
+    observed: &Observed,
+) -> BTreeMap<String, crate::cloud_init::SetupFailure> {
+    let nodes: std::collections::BTreeSet<&str> =
+        observed.nodes.iter().map(|n| n.name.as_str()).collect();
+    let waiting: Vec<&str> = observed
+        .instances
+        .iter()
+        .filter(|i| {
+            i.state == crate::model::InstanceState::Running && !nodes.contains(i.name.as_str())
+        })
+        .map(|i| i.name.as_str())
+        .collect();
+    let consoles = futures::future::join_all(waiting.iter().map(|n| rack.serial_console(n))).await;
+    let mut out = BTreeMap::new();
+    for (name, console) in waiting.into_iter().zip(consoles) {
+        match console {
+            Ok(bytes) => {
+                if let Some(f) = crate::cloud_init::setup_failure(&String::from_utf8_lossy(&bytes))
+                {
+                    tracing::warn!(instance = name, step = %f.step, reason = %f.reason, "node setup failed");
+                    out.insert(name.to_owned(), f);
+                }
+            }
+            Err(e) => tracing::debug!(instance = name, error = %e, "serial console not readable"),
+        }
+    }
+    out
 }
 
 fn rack_err(e: RackError) -> ReconcileError {

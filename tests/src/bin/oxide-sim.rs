@@ -87,6 +87,13 @@ struct Args {
     /// Exit (status 137) after N Oxide API requests.
     #[arg(long, value_name = "N")]
     crash_after_requests: Option<u64>,
+    /// Instances whose name starts with PREFIX have no data disk when the node setup script
+    /// looks for it: the script prints its failure marker and k3s never starts.
+    #[arg(long, value_name = "PREFIX")]
+    missing_data_disk: Vec<String>,
+    /// Instances whose name starts with PREFIX fail every installer download.
+    #[arg(long, value_name = "PREFIX")]
+    download_fails: Vec<String>,
     /// Instances whose name starts with PREFIX print another key's fingerprints on the console.
     #[arg(long, value_name = "PREFIX")]
     wrong_console_host_key: Vec<String>,
@@ -171,6 +178,8 @@ fn faults(args: &Args) -> anyhow::Result<FaultSpec> {
     spec.hang_stopping = args.hang_stopping.clone();
     spec.crash_after_requests = args.crash_after_requests;
     spec.wrong_console_host_key = args.wrong_console_host_key.clone();
+    spec.missing_data_disk = args.missing_data_disk.clone();
+    spec.download_fails = args.download_fails.clone();
     spec.no_capacity = args.no_capacity.clone();
     spec.quota_exceeded = args.quota_exceeded.clone();
     Ok(spec)

@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::k3s::{
     K3S_CONFIG_DROPIN_DIR, K3S_CONFIG_PATH, K3sConfig, Role, merge_k3s_config, validate_k3s_config,
 };
-use super::setup_script::{detect_install_version, detect_role, detect_smbios_provider_id};
+use super::setup_script::{SetupStep, parse_setup, setup_role};
 
 /// Largest user-data cloud-init accepts here (the Oxide API limit, decoded).
 pub const MAX_USER_DATA: usize = 32 * 1024;
@@ -28,7 +28,9 @@ pub struct AuthorizedKey {
 /// What cloud-init made of the user-data. Debug leaves file contents out.
 #[derive(Clone, Default)]
 pub struct UserData {
-    /// Role selected by `runcmd` (None: no k3s install step).
+    /// The steps of the setup script runcmd runs, each with its lines, in order.
+    pub setup: Vec<(SetupStep, Vec<String>)>,
+    /// Role selected by the setup script's k3s step (None: no k3s step).
     pub role: Option<Role>,
     /// `INSTALL_K3S_VERSION` from the install step.
     pub install_version: Option<String>,
@@ -143,10 +145,25 @@ pub fn parse_user_data(bytes: &[u8]) -> Result<UserData, UserDataError> {
     out.authorized_keys = parse_authorized_keys(&map)?;
     if let Some(runcmd) = map.get("runcmd") {
         let commands = runcmd_lines(runcmd)?;
-        out.role = detect_role(&commands);
-        out.install_version = detect_install_version(&commands);
-        out.smbios_provider_id_prefix = detect_smbios_provider_id(&commands);
-        out.tailscale = crate::tailscale::parse_runcmd(&commands, &out.files);
+        out.setup = parse_setup(&commands, &out.files);
+        out.role = setup_role(&out.setup);
+        for (step, lines) in &out.setup {
+            match step {
+                SetupStep::K3sInstall { version, .. } => out.install_version = version.clone(),
+                SetupStep::ProviderId { prefix } => {
+                    out.smbios_provider_id_prefix = Some(prefix.clone());
+                }
+                SetupStep::TailscaleUp => {
+                    out.tailscale = crate::tailscale::parse_runcmd(lines, &out.files);
+                }
+                SetupStep::TailscaleSan => {
+                    if let Some(up) = &mut out.tailscale {
+                        up.san_drop_in = true;
+                    }
+                }
+                _ => {}
+            }
+        }
     }
     Ok(out)
 }
@@ -345,6 +362,9 @@ pub(super) mod tests {
     use super::*;
 
     /// Parses `body` under a `#cloud-config` header.
+    /// A setup script entry for `write_files` that installs a k3s server, v1.33.1+k3s1.
+    pub(in crate::guest) const SETUP: &str = "  - path: /usr/local/sbin/oxide-node-setup\n    permissions: '0755'\n    content: |\n      #!/bin/sh\n      step k3s-install\n      download /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\n      INSTALL_K3S_VERSION='v1.33.1+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\n";
+
     pub(in crate::guest) fn ud(body: &str) -> Result<UserData, UserDataError> {
         parse_user_data(format!("#cloud-config\n{body}").as_bytes())
     }
@@ -387,7 +407,10 @@ pub(super) mod tests {
                 "  - path: /etc/rancher/k3s/config.yaml\n    encoding: b64\n    content: {b64}\n"
             ),
         ] {
-            let parsed = ud(&format!("write_files:\n{entry}runcmd:\n  - curl -sfL https://get.k3s.io | INSTALL_K3S_EXEC='server' INSTALL_K3S_VERSION=v1.33.1+k3s1 sh -\n")).unwrap();
+            let parsed = ud(&format!(
+                "write_files:\n{entry}{SETUP}runcmd:\n  - [/usr/local/sbin/oxide-node-setup]\n"
+            ))
+            .unwrap();
             let k3s = parsed.k3s.unwrap();
             assert_eq!(k3s.token.as_deref(), Some("s3cret"));
             assert!(k3s.cluster_init);

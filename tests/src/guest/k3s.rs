@@ -466,9 +466,14 @@ mod tests {
             "    content: \"node-label: [a=1]\\nkubelet-arg: [v=2]\\n\"\n",
             "  - path: /etc/rancher/k3s/config.yaml.d/10-extra.yaml\n",
             "    content: \"node-label+: [b=2]\\nkubelet-arg: [v=3]\\n\"\n",
+            "  - path: /usr/local/sbin/oxide-node-setup\n",
+            "    content: |\n",
+            "      #!/bin/sh\n",
+            "      step provider-id\n",
+            "      uuid=\"$(tr '[:upper:]' '[:lower:]' < /sys/class/dmi/id/product_uuid)\"\n",
+            "      printf 'kubelet-arg+:\\n  - provider-id=oxide://%s\\n' \"$uuid\" > /etc/rancher/k3s/config.yaml.d/50-p.yaml\n",
             "runcmd:\n",
-            "  - sh -c 'printf \"kubelet-arg+:\\n  - provider-id=oxide://%s\\n\" ",
-            "\"$(tr A-Z a-z < /sys/class/dmi/id/product_uuid)\" > /etc/rancher/k3s/config.yaml.d/50-p.yaml'\n",
+            "  - [/usr/local/sbin/oxide-node-setup]\n",
         ))
         .unwrap();
         let k3s = ud.k3s.unwrap();

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::cloud_init::{UserData, parse_user_data};
 use super::k3s::{Decision, K3S_CONFIG_PATH, Role};
+use super::setup_script::SetupStep;
 use super::{Boot, Inner, K3sState, Vm};
 use super::{console, kubelet, setup_script};
 use crate::oxide::{RackEvents, RunningInstance};
@@ -138,7 +139,14 @@ impl Inner {
         let Some(ud) = user_data else {
             return Runcmd::Finished;
         };
-        self.tailscale_up(id, generation, &ud, hostname, started);
+        if let Err((step, reason)) =
+            self.run_setup_steps(id, generation, &ud, name, hostname, started)
+        {
+            // The script's `set -e`/`fail`: one marker line, and k3s never starts.
+            self.console(id, &setup_script::failure_marker(step, &reason));
+            tracing::info!(instance = %name, step, reason = %reason, "node setup failed");
+            return Runcmd::Finished;
+        }
         let Some(role) = ud.role else {
             return Runcmd::Finished;
         };
@@ -255,6 +263,76 @@ impl Inner {
         }
     }
 
+    /// The setup script's steps before k3s, in the script's order, each printing the line the
+    /// script's `step` prints. The first that fails ends the script with its step name and
+    /// reason, as the script's failure marker says; the k3s step itself is left to the caller.
+    fn run_setup_steps(
+        self: &Arc<Self>,
+        id: Uuid,
+        generation: u64,
+        ud: &UserData,
+        name: &str,
+        hostname: &str,
+        started: Instant,
+    ) -> Result<(), (&'static str, String)> {
+        let faults = self.faults.get();
+        let download_fails = Self::name_matches(&faults.download_fails, name);
+        let mut joined = false;
+        for (step, _) in &ud.setup {
+            self.console(
+                id,
+                &format!("oxide-controller: node-setup: {}\n", step.name()),
+            );
+            let download = |url: &Option<String>| match url {
+                // curl -f exits 22 after its retries; the script's download() says which URL.
+                Some(url) if download_fails => {
+                    Err((step.name(), format!("download of {url} failed")))
+                }
+                _ => Ok(()),
+            };
+            match step {
+                SetupStep::DataDisk { serial } => {
+                    let attached = self
+                        .state()
+                        .vms
+                        .get(&id)
+                        .is_some_and(|vm| vm.disk_serials.contains(serial));
+                    if !attached || Self::name_matches(&faults.missing_data_disk, name) {
+                        return Err((step.name(), format!("no NVMe disk with serial {serial}")));
+                    }
+                }
+                SetupStep::ProviderId { .. } | SetupStep::K3sStart { .. } => {}
+                SetupStep::TailscaleInstall { url } => download(url)?,
+                SetupStep::TailscaleUp => {
+                    joined = self.tailscale_up(id, generation, ud, hostname, started);
+                    if !joined {
+                        return Err((step.name(), "tailscale up did not join the tailnet".into()));
+                    }
+                }
+                SetupStep::TailscaleSan => {
+                    if !joined {
+                        return Err((step.name(), "no tailnet IPv4 address".into()));
+                    }
+                }
+                SetupStep::K3sInstall { url, .. } => download(url)?,
+                SetupStep::K3sVersion { expected } => {
+                    // The image's k3s is the simulator's configured release.
+                    let have = &self.cfg.k3s_version;
+                    if have != expected {
+                        return Err((
+                            step.name(),
+                            format!("the image has k3s {have}, the spec wants {expected}"),
+                        ));
+                    }
+                }
+                SetupStep::Unknown => {
+                    return Err((step.name(), "exit status 127".into()));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The VM stopped running: its boot stops, listeners close, its kubelet stops reporting.
     fn halt(self: &Arc<Self>, id: Uuid) {
         let (node, twin) = {
@@ -318,6 +396,7 @@ impl RackEvents for Boot {
                 ncpus: inst.ncpus,
                 memory: inst.memory,
                 uploads: BTreeMap::new(),
+                disk_serials: Vec::new(),
             });
             if wrong_key && vm.decoy_host.is_none() {
                 vm.decoy_host = Some(Arc::new(SshHost::generate()));
@@ -327,6 +406,7 @@ impl RackEvents for Boot {
             vm.boot_started = Instant::now();
             vm.name = inst.name.clone();
             vm.hostname = inst.hostname.clone();
+            vm.disk_serials = inst.disk_serials.clone();
             (vm.ncpus, vm.memory) = (inst.ncpus, inst.memory);
             vm.external_ips = inst.external_ips.clone();
             vm.private_ip = Some(inst.private_ip);

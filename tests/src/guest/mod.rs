@@ -15,7 +15,8 @@
 //! One file per concern, so each guest rule has one obvious home:
 //! - [`console`]: the serial console text the guest writes;
 //! - [`cloud_init`]: user-data parsing and validation, `write_files`, `runcmd`;
-//! - [`setup_script`]: what the setup steps in `runcmd` do (install, provider ID, Tailscale);
+//! - [`setup_script`]: the node setup script runcmd runs, step by step (data disk, provider
+//!   ID, Tailscale, k3s) and its failure marker;
 //! - [`k3s`]: its config, tokens, the create/join decision and the cluster state;
 //! - [`kubelet`]: node labels and taints, Node registration;
 //! - [`listeners`] and [`ssh`]: what the VM serves (Kubernetes API, sshd and its files);
@@ -138,6 +139,8 @@ struct Vm {
     /// Files uploaded over SSH: guest path → the host file holding them (they live on the
     /// VM's disk, so they survive reboots and go with the instance).
     uploads: BTreeMap<String, std::path::PathBuf>,
+    /// NVMe serials of the disks attached at this boot.
+    disk_serials: Vec<String>,
 }
 
 struct Cluster {

@@ -1,6 +1,7 @@
-//! What the user-data's `runcmd` steps do in the guest: which k3s role the install step
-//! selects, the pinned version, the SMBIOS provider-ID drop-in, and `tailscale up` against
-//! the simulated tailnet.
+//! What the node setup script runcmd runs does in the guest: its steps read from the script
+//! in `write_files` (`step NAME` lines), which k3s role and version its k3s step selects, the
+//! SMBIOS provider-ID drop-in, `tailscale up` against the simulated tailnet, and the failure
+//! marker a failed step prints.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -22,73 +23,175 @@ fn env_value<'a>(cmd: &'a str, var: &str) -> Option<&'a str> {
         .next()
 }
 
-pub(super) fn detect_role(commands: &[String]) -> Option<Role> {
-    let word_role = |w: &str| match w {
-        "server" => Some(Role::Server),
-        "agent" => Some(Role::Agent),
-        _ => None,
-    };
-    for cmd in commands {
-        if let Some(role) = env_value(cmd, "INSTALL_K3S_EXEC").and_then(word_role) {
-            return Some(role);
-        }
-        if let Some(idx) = cmd.find("sh -s -") {
-            let after = cmd[idx + "sh -s -".len()..].split_whitespace().next();
-            if let Some(role) = after.and_then(word_role) {
-                return Some(role);
-            }
-        }
-        let words: Vec<&str> = cmd.split_whitespace().collect();
-        if let Some(pos) = words.iter().position(|w| *w == "systemctl") {
-            let rest = &words[pos + 1..];
-            if rest
-                .iter()
-                .any(|w| matches!(*w, "enable" | "start" | "restart"))
-            {
-                if rest
-                    .iter()
-                    .any(|w| matches!(*w, "k3s-agent" | "k3s-agent.service"))
-                {
-                    return Some(Role::Agent);
-                }
-                if rest.iter().any(|w| matches!(*w, "k3s" | "k3s.service")) {
-                    return Some(Role::Server);
-                }
-            }
-        }
-        // The install script without INSTALL_K3S_EXEC: agent when K3S_URL is set.
-        if cmd.contains("get.k3s.io") || (cmd.contains("install.sh") && !cmd.contains("tailscale"))
-        {
-            return Some(if cmd.contains("K3S_URL=") {
-                Role::Agent
-            } else {
-                Role::Server
-            });
-        }
-    }
-    None
+/// The single-quoted arguments of a line (`data_disk 'a' 'b'` → [a, b]).
+fn quoted_args(line: &str) -> Vec<&str> {
+    line.split('\'').skip(1).step_by(2).collect()
 }
 
-pub(super) fn detect_smbios_provider_id(commands: &[String]) -> Option<String> {
-    commands.iter().find_map(|cmd| {
-        if !cmd.contains("product_uuid") {
-            return None;
+/// One step of the node setup script, as its `step NAME` line and body say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SetupStep {
+    /// `data_disk 'SERIAL' 'MOUNT' 'UNIT'`: needs an NVMe disk with that serial.
+    DataDisk { serial: String },
+    /// Writes `kubelet-arg+: [provider-id=<prefix><SMBIOS uuid>]`.
+    ProviderId { prefix: String },
+    /// Downloads and runs Tailscale's installer (`url`), or enables the image's tailscaled.
+    TailscaleInstall { url: Option<String> },
+    /// `tailscale up` (the line is read by [`crate::tailscale::parse_runcmd`]).
+    TailscaleUp,
+    /// Adds the tailnet IPv4 address to `tls-san`; fails without one.
+    TailscaleSan,
+    /// Downloads k3s's installer from `url` and runs it with `INSTALL_K3S_EXEC`/`_VERSION`.
+    K3sInstall {
+        url: Option<String>,
+        role: Option<Role>,
+        version: Option<String>,
+    },
+    /// Pre-installed: the image's `k3s --version` must be `expected`.
+    K3sVersion { expected: String },
+    /// Pre-installed: `systemctl enable --now k3s|k3s-agent`.
+    K3sStart { role: Option<Role> },
+    /// A step this model does not know: the guest fails it (the real one would do something
+    /// the simulator cannot vouch for).
+    Unknown,
+}
+
+impl SetupStep {
+    /// The name the script gives the step.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SetupStep::DataDisk { .. } => "data-disk",
+            SetupStep::ProviderId { .. } => "provider-id",
+            SetupStep::TailscaleInstall { .. } => "tailscale-install",
+            SetupStep::TailscaleUp => "tailscale-up",
+            SetupStep::TailscaleSan => "tailscale-san",
+            SetupStep::K3sInstall { .. } => "k3s-install",
+            SetupStep::K3sVersion { .. } => "k3s-version",
+            SetupStep::K3sStart { .. } => "k3s-start",
+            SetupStep::Unknown => "unknown",
         }
-        let idx = cmd.find("provider-id=")?;
-        let rest = &cmd[idx + "provider-id=".len()..];
-        let end = rest
-            .find(|c: char| matches!(c, '%' | '$' | '"' | '\'' | '\\') || c.is_whitespace())
-            .unwrap_or(rest.len());
-        Some(rest[..end].to_string())
+    }
+}
+
+/// The setup script `runcmd` runs: a written file (`write_files`, `#!/bin/sh`) named as the
+/// first word of a runcmd entry. Its steps are its `step NAME` lines, each with the lines up
+/// to the next; what a step does is read only from its own lines. runcmd lines that are not
+/// such a script are not modelled: they start nothing.
+pub(super) fn parse_setup(
+    commands: &[String],
+    files: &BTreeMap<String, Vec<u8>>,
+) -> Vec<(SetupStep, Vec<String>)> {
+    let Some(script) = commands.iter().find_map(|cmd| {
+        let mut words = cmd.split_whitespace();
+        let first = match words.next()? {
+            "sh" => words.next()?,
+            w => w,
+        };
+        let text = std::str::from_utf8(files.get(first)?).ok()?;
+        text.starts_with("#!/bin/sh").then_some(text)
+    }) else {
+        return Vec::new();
+    };
+    let mut steps: Vec<(String, Vec<String>)> = Vec::new();
+    for line in script.lines() {
+        if let Some(name) = line.strip_prefix("step ") {
+            steps.push((name.trim().to_owned(), Vec::new()));
+        } else if let Some((_, body)) = steps.last_mut() {
+            body.push(line.to_owned());
+        }
+    }
+    steps
+        .into_iter()
+        .map(|(name, body)| (read_step(&name, &body), body))
+        .collect()
+}
+
+fn read_step(name: &str, body: &[String]) -> SetupStep {
+    let find = |pred: &dyn Fn(&str) -> bool| body.iter().find(|l| pred(l)).map(String::as_str);
+    let download = find(&|l| l.starts_with("download "))
+        .and_then(|l| quoted_args(l).first().map(|u| u.to_string()));
+    let systemctl_role = || {
+        let words: Vec<&str> = find(&|l| l.starts_with("systemctl enable"))?
+            .split_whitespace()
+            .collect();
+        match words.last().copied() {
+            Some("k3s" | "k3s.service") => Some(Role::Server),
+            Some("k3s-agent" | "k3s-agent.service") => Some(Role::Agent),
+            _ => None,
+        }
+    };
+    match name {
+        "data-disk" => match find(&|l| l.starts_with("data_disk ")).map(quoted_args) {
+            Some(args) if !args.is_empty() => SetupStep::DataDisk {
+                serial: args[0].to_owned(),
+            },
+            _ => SetupStep::Unknown,
+        },
+        "provider-id" => find(&|l| l.contains("product_uuid")).map_or(SetupStep::Unknown, |_| {
+            let prefix = body.iter().find_map(|l| {
+                let rest = &l[l.find("provider-id=")? + "provider-id=".len()..];
+                Some(rest[..rest.find('%')?].to_owned())
+            });
+            prefix.map_or(SetupStep::Unknown, |prefix| SetupStep::ProviderId {
+                prefix,
+            })
+        }),
+        "tailscale-install" => {
+            if download.is_some() {
+                SetupStep::TailscaleInstall { url: download }
+            } else if find(&|l| l.trim() == "systemctl enable --now tailscaled").is_some() {
+                SetupStep::TailscaleInstall { url: None }
+            } else {
+                SetupStep::Unknown
+            }
+        }
+        "tailscale-up" => SetupStep::TailscaleUp,
+        "tailscale-san" => SetupStep::TailscaleSan,
+        "k3s-install" => {
+            let run = find(&|l| l.contains("INSTALL_K3S_"));
+            SetupStep::K3sInstall {
+                url: download,
+                role: run
+                    .and_then(|l| env_value(l, "INSTALL_K3S_EXEC"))
+                    .and_then(|w| match w {
+                        "server" => Some(Role::Server),
+                        "agent" => Some(Role::Agent),
+                        _ => None,
+                    }),
+                version: run
+                    .and_then(|l| env_value(l, "INSTALL_K3S_VERSION"))
+                    .filter(|v| !v.is_empty())
+                    .map(str::to_owned),
+            }
+        }
+        "k3s-version" => body
+            .iter()
+            .find_map(|l| {
+                let rest = &l[l.find("\"$have\" = '")? + "\"$have\" = '".len()..];
+                Some(rest[..rest.find('\'')?].to_owned())
+            })
+            .map_or(SetupStep::Unknown, |expected| SetupStep::K3sVersion {
+                expected,
+            }),
+        "k3s-start" => SetupStep::K3sStart {
+            role: systemctl_role(),
+        },
+        _ => SetupStep::Unknown,
+    }
+}
+
+/// The k3s role the setup's last step starts, if any.
+pub(super) fn setup_role(steps: &[(SetupStep, Vec<String>)]) -> Option<Role> {
+    steps.iter().find_map(|(s, _)| match s {
+        SetupStep::K3sInstall { role, .. } | SetupStep::K3sStart { role } => *role,
+        _ => None,
     })
 }
 
-pub(super) fn detect_install_version(commands: &[String]) -> Option<String> {
-    commands
-        .iter()
-        .find_map(|c| env_value(c, "INSTALL_K3S_VERSION"))
-        .filter(|v| !v.is_empty())
-        .map(str::to_string)
+/// The console line the script prints when `step` fails (stderr, which cloud-init's output
+/// redirection sends to the serial console).
+pub(super) fn failure_marker(step: &str, reason: &str) -> String {
+    format!("oxide-controller: node-setup failed: {step}: {reason}\n")
 }
 
 /// Directory of scripts cloud-init's `scripts_per_boot` module runs on every boot (in
@@ -124,8 +227,10 @@ impl Inner {
         ud: &UserData,
         hostname: &str,
         started: Instant,
-    ) {
-        let Some(up) = &ud.tailscale else { return };
+    ) -> bool {
+        let Some(up) = &ud.tailscale else {
+            return false;
+        };
         let joined = match self.tailnet.get() {
             Some(tailnet) => tailnet.join(id, up, hostname),
             None => Err(crate::tailscale::JoinError::InvalidKey),
@@ -136,7 +241,7 @@ impl Inner {
                     let mut st = self.state();
                     let Some(vm) = st.vms.get_mut(&id).filter(|v| v.generation == generation)
                     else {
-                        return;
+                        return false;
                     };
                     vm.tailnet_ip = Some(IpAddr::V4(ip));
                     vm.tailnet_san = up.san_drop_in;
@@ -147,10 +252,12 @@ impl Inner {
                     &format!("tailscaled[1240]: Switching ipn state Starting -> Running; tailnet address {ip}"),
                 );
                 self.sync_listeners(id);
+                true
             }
             Err(err) => {
                 self.log(id, started, &format!("cloud-init[1250]: {err}"));
                 tracing::info!(instance = %id, reason = %err, "tailscale up refused");
+                false
             }
         }
     }
@@ -161,29 +268,49 @@ impl Inner {
 mod tests {
     use super::*;
 
+    fn files(script: &str) -> BTreeMap<String, Vec<u8>> {
+        BTreeMap::from([(
+            "/usr/local/sbin/oxide-node-setup".to_owned(),
+            script.as_bytes().to_vec(),
+        )])
+    }
+
     #[test]
-    fn role_comes_from_the_install_step() {
-        let cases = [
-            (
-                "INSTALL_K3S_EXEC=\"agent\" sh /opt/install.sh",
-                Some(Role::Agent),
-            ),
-            (
-                "INSTALL_K3S_EXEC=server sh /opt/install.sh",
-                Some(Role::Server),
-            ),
-            (
-                "curl -sfL https://get.k3s.io | sh -s - agent",
-                Some(Role::Agent),
-            ),
-            ("systemctl enable --now k3s-agent", Some(Role::Agent)),
-            ("systemctl enable --now k3s", Some(Role::Server)),
-            ("echo hello", None),
-            // Tailscale's installer is not k3s's.
-            ("curl -fsSL https://tailscale.com/install.sh | sh", None),
-        ];
-        for (cmd, role) in cases {
-            assert_eq!(detect_role(&[cmd.to_string()]), role, "{cmd}");
-        }
+    fn steps_come_from_the_script_runcmd_runs_and_nothing_else() {
+        let script = "#!/bin/sh\nset -eu\nstep data-disk\ndata_disk 'data-x' '/var/lib/rancher' 'k3s-agent.service'\nstep provider-id\nuuid=\"$(tr '[:upper:]' '[:lower:]' < /sys/class/dmi/id/product_uuid)\"\nprintf 'kubelet-arg+:\\n  - provider-id=oxide://%s\\n' \"$uuid\" > /x\nstep k3s-install\ndownload /run/k.sh 'https://mirror.example/k3s'\nINSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='agent' sh /run/k.sh\n";
+        let steps = parse_setup(&["/usr/local/sbin/oxide-node-setup".into()], &files(script));
+        let kinds: Vec<SetupStep> = steps.into_iter().map(|(s, _)| s).collect();
+        assert_eq!(
+            kinds,
+            [
+                SetupStep::DataDisk {
+                    serial: "data-x".into()
+                },
+                SetupStep::ProviderId {
+                    prefix: "oxide://".into()
+                },
+                SetupStep::K3sInstall {
+                    url: Some("https://mirror.example/k3s".into()),
+                    role: Some(Role::Agent),
+                    version: Some("v1.33.4+k3s1".into()),
+                },
+            ]
+        );
+        // A runcmd line that mentions the installer is not a script the guest runs.
+        let plain = parse_setup(
+            &["curl -sfL https://get.k3s.io | INSTALL_K3S_EXEC='server' sh -".into()],
+            &files(script),
+        );
+        assert!(plain.is_empty());
+        // Pre-installed: the version check and the unit.
+        let pre = "#!/bin/sh\nstep k3s-version\n[ \"$have\" = 'v1.33.4+k3s1' ] || fail \"x\"\nstep k3s-start\nsystemctl enable --now k3s\n";
+        let steps = parse_setup(&["/usr/local/sbin/oxide-node-setup".into()], &files(pre));
+        assert_eq!(setup_role(&steps), Some(Role::Server));
+        assert_eq!(
+            steps[0].0,
+            SetupStep::K3sVersion {
+                expected: "v1.33.4+k3s1".into()
+            }
+        );
     }
 }

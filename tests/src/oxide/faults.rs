@@ -31,6 +31,12 @@ pub struct FaultSpec {
     /// The process exits with status 137 when a request arrives after this many Oxide API
     /// requests (counted since start or the last `reset_counters`).
     pub crash_after_requests: Option<u64>,
+    /// Instance-name prefixes whose NVMe data disk is not there when the setup script looks
+    /// for it (integrator): the script prints its failure marker and k3s never starts.
+    pub missing_data_disk: Vec<String>,
+    /// Instance-name prefixes whose installer downloads fail (curl -f after its retries;
+    /// integrator): the setup script stops with its failure marker before k3s.
+    pub download_fails: Vec<String>,
     /// Instance-name prefixes whose console prints a different host key (integrator).
     pub wrong_console_host_key: Vec<String>,
     /// Instance-name prefixes no sled has room for: a create with `start` answers 201 with a

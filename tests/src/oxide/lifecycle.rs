@@ -203,5 +203,21 @@ pub fn running_instance(store: &Store, id: Uuid) -> Option<RunningInstance> {
         ssh_public_keys: inst.ssh_keys.clone(),
         ncpus: inst.ncpus,
         memory: inst.memory,
+        disk_serials: store
+            .disks
+            .values()
+            .filter(|d| d.state == super::store::DiskState::Attached(id))
+            .map(|d| nvme_serial(d.name.as_str()))
+            .collect(),
     })
+}
+
+/// omicron: the NVMe serial is the disk name's first 20 bytes (NUL-padded; Linux prints it
+/// up to the first NUL).
+fn nvme_serial(name: &str) -> String {
+    let mut end = name.len().min(20);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_owned()
 }

@@ -182,6 +182,9 @@ pub struct RunningInstance {
     /// vCPUs and memory (bytes): the guest's kubelet reports them as Node capacity.
     pub ncpus: u16,
     pub memory: u64,
+    /// NVMe serials of the attached disks: the first 20 bytes of each disk's name, as
+    /// omicron hands them to propolis (see tests/FIDELITY.md, issue 11).
+    pub disk_serials: Vec<String>,
 }
 
 impl std::fmt::Debug for RunningInstance {

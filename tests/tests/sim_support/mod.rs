@@ -291,8 +291,13 @@ pub fn user_data(role: &str, k3s_config: &str, ssh_keys: &[String]) -> String {
         }
     }
     let b64 = base64::engine::general_purpose::STANDARD.encode(k3s_config);
+    // The setup script as the product writes it, reduced to its k3s step.
+    let script = format!(
+        "#!/bin/sh\nset -eu\nstep k3s-install\ndownload /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nINSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='{role}' sh /run/oxide-controller/k3s-install.sh\n"
+    );
+    let script = base64::engine::general_purpose::STANDARD.encode(script);
     out.push_str(&format!(
-        "write_files:\n  - path: /etc/rancher/k3s/config.yaml\n    permissions: '0600'\n    encoding: b64\n    content: {b64}\nruncmd:\n  - curl -sfL https://get.k3s.io | INSTALL_K3S_EXEC='{role}' INSTALL_K3S_VERSION=v1.33.4+k3s1 sh -\n"
+        "write_files:\n  - path: /etc/rancher/k3s/config.yaml\n    permissions: '0600'\n    encoding: b64\n    content: {b64}\n  - path: /usr/local/sbin/oxide-node-setup\n    permissions: '0755'\n    encoding: b64\n    content: {script}\nruncmd:\n  - [/usr/local/sbin/oxide-node-setup]\n"
     ));
     out
 }

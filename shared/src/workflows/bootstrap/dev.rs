@@ -8,6 +8,7 @@
 //! Logged under the steps they belong to (`validate`, `manifests`, `reconcile`): the step list
 //! is the same with or without a dev image.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use crate::names;
 use crate::rack::Rack as _;
 use crate::rack::oxide_rack::OxideRack;
 use crate::spec::ClusterSpec;
-use crate::ssh::{SshKeyPair, SshTarget};
+use crate::ssh::{HostKeyPins, SshKeyPair, SshTarget};
 
 /// Builds the binaries (step `validate`: a source that does not build is the input's fault).
 pub(super) async fn build(dev: &DevImage, profile: &str) -> Result<Built, BootstrapError> {
@@ -120,11 +121,21 @@ pub(super) async fn install_on_servers(
     spec: &ClusterSpec,
     key: &SshKeyPair,
     built: &Built,
-    client: &kube::Client,
+    store: &crate::state::kube_store::KubeStateStore,
     timeout: Duration,
     tty: bool,
 ) -> Result<(), BootstrapError> {
     let step = "reconcile";
+    let client = store.client();
+    // Pins stored when each server was first reached: a server restarted since then (its
+    // console no longer shows the first boot's block) is still verified against them.
+    let stored = store
+        .merge_host_key_pins(&Default::default())
+        .await
+        .map_err(|e| BootstrapError::Failed {
+            step,
+            message: one_line(&e),
+        })?;
     let servers = rack
         .list_instances(&names::instance_prefix(
             &spec.cluster,
@@ -144,7 +155,27 @@ pub(super) async fn install_on_servers(
                     step,
                     message: format!("{} has no external address to reach it by", server.name),
                 })?;
-            let pins = read_pins(rack, &server.name, Instant::now() + timeout, tty).await?;
+            let pins = match stored.get(&server.name) {
+                Some(saved) => HostKeyPins::new(saved).map_err(|e| BootstrapError::Failed {
+                    step,
+                    message: format!("the stored pin of {}: {}", server.name, one_line(&e)),
+                })?,
+                None => {
+                    let pins = read_pins(rack, &server.name, Instant::now() + timeout, tty).await?;
+                    let new = BTreeMap::from([(
+                        server.name.clone(),
+                        pins.fingerprints().map(str::to_owned).collect(),
+                    )]);
+                    store
+                        .merge_host_key_pins(&new)
+                        .await
+                        .map_err(|e| BootstrapError::Failed {
+                            step,
+                            message: one_line(&e),
+                        })?;
+                    pins
+                }
+            };
             let target = SshTarget::new(
                 SocketAddr::new(ip, spec.nodes.ssh_port),
                 spec.nodes.ssh_user.clone(),

@@ -78,6 +78,7 @@ pub(super) fn spec_for(flags: &TailscaleFlags) -> Option<TailscaleSpec> {
             .as_deref()
             .map(tailscale::normalize_tag)
             .unwrap_or_else(|| tailscale::DEFAULT_TAG.to_owned()),
+        ..TailscaleSpec::default()
     })
 }
 
@@ -189,9 +190,11 @@ pub(super) fn reach_over_tailnet(spec: &ClusterSpec, access: Option<&TailscaleAc
     access.is_some() && spec.tailscale.is_some() && spec.nodes.external_ip == ExternalIpMode::None
 }
 
-/// Waits for `instance` to appear in the tailnet and returns its IPv4 address.
+/// Waits for `instance` to appear in the tailnet and returns its IPv4 address. Stops early
+/// when its console shows that the node setup failed (e.g. `tailscale up` was refused).
 pub(super) async fn tailnet_address(
     access: &TailscaleAccess,
+    rack: &crate::rack::oxide_rack::OxideRack,
     instance: &str,
     deadline: Instant,
     tty: bool,
@@ -203,6 +206,7 @@ pub(super) async fn tailnet_address(
         format!("waiting for {instance} to join tailnet {tailnet}"),
         tty,
     );
+    let mut polls: u64 = 0;
     loop {
         let detail = match access.api.device_ipv4(instance).await {
             Ok(Some(ip)) => {
@@ -218,6 +222,13 @@ pub(super) async fn tailnet_address(
             Err(e) => one_line(&e),
         };
         spinner.tick(&detail);
+        polls += 1;
+        if polls % 8 == 1
+            && let Err(e) = super::setup_not_failed(rack, instance, step).await
+        {
+            spinner.done();
+            return Err(e);
+        }
         if Instant::now() >= deadline {
             spinner.done();
             return Err(BootstrapError::Failed {

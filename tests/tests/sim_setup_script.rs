@@ -1,0 +1,158 @@
+//! The product's node setup script in the simulated guest: the guest runs the steps the
+//! script lists, and a step that fails (a missing data disk, a failed download, a
+//! pre-installed k3s of another version) prints the script's failure marker on the console,
+//! k3s never starts, and cloud-init still finishes (the fingerprint block follows runcmd).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod sim_support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine as _;
+use oxide::prelude::*;
+use oxide::types;
+use oxide_controller::cloud_init::{
+    DataDisk, K3S_INSTALL_URL, K3sRole, NodeUserData, ProviderId, render, setup_failure,
+};
+use oxide_controller::spec::K3sInstall;
+use sim_support::*;
+
+const TOKEN: &str = "server-secret-0123456789";
+
+fn agent(name: &str, server_url: &str, install: K3sInstall, version: &str) -> String {
+    render(&NodeUserData {
+        hostname: name.into(),
+        role: K3sRole::Agent {
+            server_url: server_url.into(),
+            agent_token: "agent-secret-1".into(),
+        },
+        node_labels: BTreeMap::new(),
+        node_taints: vec![],
+        provider_id: ProviderId::FromSmbiosUuid,
+        external_cloud_provider: false,
+        kubelet_args: vec![],
+        k3s_version: version.into(),
+        install,
+        k3s_installer_url: K3S_INSTALL_URL.into(),
+        ssh_user: "ubuntu".into(),
+        authorized_keys: vec![
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x"
+                .into(),
+        ],
+        data_disk: Some(DataDisk::for_disk_name(&format!("data-{name}"))),
+        tailscale: None,
+    })
+    .unwrap()
+}
+
+/// Creates and starts `name` with a blank 1 GiB data disk `data-<name>` (as the product does
+/// for a pool with a data disk).
+async fn create_with_data_disk(c: &oxide::Client, name: &str, user_data: &str) {
+    let disk = types::InstanceDiskAttachment::Create {
+        description: String::new(),
+        disk_backend: types::DiskBackend::Distributed(types::DiskSource::Blank {
+            block_size: types::BlockSize::try_from(4096).unwrap(),
+        }),
+        name: format!("data-{name}").parse().unwrap(),
+        size: types::ByteCount(1 << 30),
+    };
+    let body = types::InstanceCreate::builder()
+        .name(name)
+        .description(format!("test instance {name}"))
+        .hostname(name)
+        .ncpus(types::InstanceCpuCount(2))
+        .memory(types::ByteCount(4 << 30))
+        .disks(vec![disk])
+        .external_ips(vec![types::ExternalIpCreate::Ephemeral {
+            pool_selector: types::PoolSelector::Auto { ip_version: None },
+        }])
+        .user_data(base64::engine::general_purpose::STANDARD.encode(user_data));
+    c.instance_create()
+        .project(PROJECT)
+        .body(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("creating {name}: {e}"));
+}
+
+#[tokio::test]
+async fn a_failed_setup_step_prints_the_marker_and_k3s_never_starts() {
+    let sim = start_with(|o| {
+        o.faults.missing_data_disk = vec!["c1-workers-lost".into()];
+        o.faults.download_fails = vec!["c1-workers-nonet".into()];
+    })
+    .await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let url = format!("https://{}:6443", ephemeral_ip(&c, "c1-cp-aaaaa").await);
+    let cases = [
+        (
+            "c1-workers-nodisk",
+            K3sInstall::Script,
+            "v1.33.4+k3s1",
+            "data-disk",
+            "no NVMe disk with serial data-c1-workers-nodi",
+        ),
+        (
+            "c1-workers-lost",
+            K3sInstall::Script,
+            "v1.33.4+k3s1",
+            "data-disk",
+            "no NVMe disk with serial data-c1-workers-lost",
+        ),
+        (
+            "c1-workers-nonet",
+            K3sInstall::Script,
+            "v1.33.4+k3s1",
+            "k3s-install",
+            "download of https://get.k3s.io failed",
+        ),
+        (
+            "c1-workers-oldk3s",
+            K3sInstall::Preinstalled,
+            "v1.30.0+k3s1",
+            "k3s-version",
+            "the image has k3s v1.33.4+k3s1, the spec wants v1.30.0+k3s1",
+        ),
+    ];
+    for (name, install, version, _, _) in &cases {
+        let ud = agent(name, &url, *install, version);
+        if *name == "c1-workers-nodisk" {
+            // The user-data names a data disk the instance was created without.
+            create_instance(&c, name, &ud).await;
+        } else {
+            create_with_data_disk(&c, name, &ud).await;
+        }
+    }
+    create_with_data_disk(
+        &c,
+        "c1-workers-good1",
+        &agent("c1-workers-good1", &url, K3sInstall::Script, "v1.33.4+k3s1"),
+    )
+    .await;
+    wait_node_status(&sim, "c1-workers-good1", "True").await;
+    let good = console(&c, "c1-workers-good1").await;
+    assert!(setup_failure(&good).is_none(), "{good}");
+    assert!(good.contains("oxide-controller: node-setup: data-disk\n"));
+
+    for (name, _, _, step, reason) in cases {
+        // cloud-init goes on after a failed runcmd: the host keys still come.
+        let text = wait_console(&c, name, "-----END SSH HOST KEY FINGERPRINTS-----").await;
+        let failure = setup_failure(&text).unwrap_or_else(|| panic!("{name}: {text}"));
+        assert_eq!(failure.step, step, "{name}");
+        assert_eq!(failure.reason, reason, "{name}");
+        assert_eq!(
+            text.matches("oxide-controller: node-setup failed: ")
+                .count(),
+            1,
+            "{name}"
+        );
+        assert!(!text.contains("Starting k3s"), "{name}: {text}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (name, ..) in cases {
+        assert_eq!(node_ready(&sim, name), None, "{name} never joins");
+    }
+}
