@@ -49,6 +49,9 @@ pub struct Observed {
     /// Images the spec names, resolved (None: not found in project or silo). A name that is
     /// not a key was not looked up: the caller resolves images only when a plan creates.
     pub images: BTreeMap<String, Option<Image>>,
+    /// Members the autoscaler chose to remove (instance names): they go first on scale-down,
+    /// like a `delete-me` Node (see [`crate::autoscale`]).
+    pub autoscale_victims: BTreeSet<String>,
 }
 
 /// How a member is doing.
@@ -78,7 +81,8 @@ pub enum Health {
 impl Health {
     /// Counts towards the pool's capacity (a member stopped by someone else is being started
     /// again, so it is not replaced meanwhile).
-    fn counts(&self) -> bool {
+    /// Counts toward the pool's capacity (is, or is becoming, a member).
+    pub fn counts(&self) -> bool {
         matches!(
             self,
             Health::Ready
@@ -88,7 +92,8 @@ impl Health {
                 | Health::NotStarted
         )
     }
-    fn is_broken(&self) -> bool {
+    /// About to be replaced.
+    pub fn is_broken(&self) -> bool {
         matches!(
             self,
             Health::JoinTimedOut | Health::NotReadyTooLong | Health::Failed
@@ -104,6 +109,8 @@ pub struct Member<'a> {
     pub pool: String,
     pub drifted: bool,
     pub health: Health,
+    /// The autoscaler chose it for removal.
+    pub autoscale_victim: bool,
 }
 
 impl Member<'_> {
@@ -375,6 +382,7 @@ pub fn classify<'a>(
             pool: tag.pool,
             drifted,
             health,
+            autoscale_victim: observed.autoscale_victims.contains(&inst.name),
         });
     }
     members
@@ -528,7 +536,7 @@ fn victim_rank(
     m: &Member,
     fip_holder: Option<uuid::Uuid>,
 ) -> (u8, bool, std::cmp::Reverse<DateTime<Utc>>) {
-    let rank = if m.node.is_some_and(Node::marked_for_deletion) {
+    let rank = if m.node.is_some_and(Node::marked_for_deletion) || m.autoscale_victim {
         0
     } else if m.health == Health::NotStarted {
         1
@@ -823,10 +831,14 @@ fn plan_control_plane(
 
 fn victim_why(m: &Member) -> String {
     match victim_rank(m, None).0 {
+        0 if m.autoscale_victim => {
+            "the autoscaler found its node unneeded (see status.json autoscale)".into()
+        }
         0 => "it is annotated oxide-controller/delete-me".into(),
-        1 => "it never joined".into(),
-        2 => "it is not Ready".into(),
-        3 => "its spec is out of date".into(),
+        1 => "the rack never started it".into(),
+        2 => "it never joined".into(),
+        3 => "it is not Ready".into(),
+        4 => "its spec is out of date".into(),
         _ => "it is the newest".into(),
     }
 }
