@@ -50,7 +50,11 @@ async fn env(edit: impl Fn(&mut AutoscaleSpec)) -> Env {
     };
     env.edit_spec(|s| {
         let w = &mut s.worker_pools[0];
-        assert_eq!((w.cpus, w.memory.bytes()), (2, 4 << 30), "the preset's workers");
+        assert_eq!(
+            (w.cpus, w.memory.bytes()),
+            (2, 4 << 30),
+            "the preset's workers"
+        );
         (w.min, w.max, w.count) = (1, 6, 1);
         let mut a = AutoscaleSpec {
             scale_down_unneeded_seconds: 2,
@@ -217,7 +221,10 @@ async fn pending_pods_bring_workers_and_idle_workers_go_one_per_run() {
     // third: 10 pods need 5 workers, the one there plus 4 new.
     env.deploy("web", 10, "900m", json!({}));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(env.running("web") < 10, "the single worker cannot hold them all");
+    assert!(
+        env.running("web") < 10,
+        "the single worker cannot hold them all"
+    );
     let runs = env.runs_until(4, |e| e.running("web") == 10).await;
     assert!(runs <= 4);
     assert_eq!(env.workers().len(), 5, "exactly what the packing needs");
@@ -226,7 +233,8 @@ async fn pending_pods_bring_workers_and_idle_workers_go_one_per_run() {
     assert!(a.unhostable.is_empty(), "{a:?}");
     let ups = env.events("AutoscaleUp");
     assert!(
-        ups.iter().any(|e| e.contains("1 -> 5") && e.contains("unschedulable pod")),
+        ups.iter()
+            .any(|e| e.contains("1 -> 5") && e.contains("unschedulable pod")),
         "an Event says why: {ups:?}"
     );
 
@@ -248,10 +256,16 @@ async fn pending_pods_bring_workers_and_idle_workers_go_one_per_run() {
     );
     let downs = env.events("AutoscaleDown");
     assert!(downs.len() >= 4, "{downs:?}");
-    assert!(downs.iter().all(|e| e.contains("unneeded since")), "{downs:?}");
+    assert!(
+        downs.iter().all(|e| e.contains("unneeded since")),
+        "{downs:?}"
+    );
     assert_eq!(env.ready_workers().len(), 1);
     for n in env.nodes() {
-        assert!(n["spec"]["unschedulable"] != true, "nothing left cordoned: {n}");
+        assert!(
+            n["spec"]["unschedulable"] != true,
+            "nothing left cordoned: {n}"
+        );
     }
 }
 
@@ -263,7 +277,11 @@ async fn a_pod_no_pool_can_host_is_named_and_scales_nothing() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     env.run_and_settle().await;
     env.run_and_settle().await;
-    assert_eq!(env.workers().len(), 1, "no scale-up for a pod nothing can host");
+    assert_eq!(
+        env.workers().len(),
+        1,
+        "no scale-up for a pod nothing can host"
+    );
     let status = env.status().await;
     let a = status.autoscale.expect("autoscale status");
     let pod = env.pods("huge")[0]["metadata"]["name"]
@@ -323,7 +341,10 @@ async fn safe_to_evict_false_and_scale_down_disabled_keep_their_nodes() {
         .expect("node");
     node["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/scale-down-disabled"] =
         json!("true");
-    env.sim.twin().upsert(node).unwrap_or_else(|e| panic!("{e}"));
+    env.sim
+        .twin()
+        .upsert(node)
+        .unwrap_or_else(|e| panic!("{e}"));
 
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_millis(2100)).await;
@@ -336,7 +357,10 @@ async fn safe_to_evict_false_and_scale_down_disabled_keep_their_nodes() {
     assert_eq!(left, want, "only the free worker went");
     let kept = env.status().await.autoscale.expect("status").kept;
     assert!(kept[&pinned].contains("safe-to-evict=false"), "{kept:?}");
-    assert!(kept[&disabled].contains("scale-down-disabled=true"), "{kept:?}");
+    assert!(
+        kept[&disabled].contains("scale-down-disabled=true"),
+        "{kept:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
