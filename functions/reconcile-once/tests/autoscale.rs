@@ -402,3 +402,59 @@ async fn an_active_schedule_window_raises_min() {
     }
     assert_eq!(env.workers().len(), 1);
 }
+
+/// Requests of one run, by `METHOD /path` on each API (Oxide and Kubernetes).
+async fn requests_of_one_run(env: &Env) -> std::collections::BTreeMap<String, u64> {
+    env.sim.oxide().reset_counters();
+    env.sim.twin().reset_counters();
+    env.run().await;
+    let mut all: std::collections::BTreeMap<String, u64> = env
+        .sim
+        .oxide()
+        .counters()
+        .into_iter()
+        .map(|(k, v)| (format!("oxide {k}"), v))
+        .collect();
+    all.extend(
+        env.sim
+            .twin()
+            .counters()
+            .into_iter()
+            .map(|(k, v)| (format!("kube {k}"), v)),
+    );
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_op_run_with_autoscaling_adds_only_the_pod_listing() {
+    let env = env(|_| {}).await;
+    env.run_and_settle().await;
+    env.run_and_settle().await;
+    let on = requests_of_one_run(&env).await;
+    env.edit_spec(|s| s.worker_pools[0].autoscale = None).await;
+    env.run_and_settle().await;
+    let off = requests_of_one_run(&env).await;
+    let mut added = std::collections::BTreeMap::new();
+    for (k, v) in &on {
+        let before = off.get(k).copied().unwrap_or(0);
+        if *v != before {
+            added.insert(k.clone(), *v as i64 - before as i64);
+        }
+    }
+    for (k, v) in &off {
+        if !on.contains_key(k) {
+            added.insert(k.clone(), -(*v as i64));
+        }
+    }
+    println!(
+        "no-op run: {} requests with autoscaling off, {} with it on; added: {added:?}",
+        off.values().sum::<u64>(),
+        on.values().sum::<u64>()
+    );
+    // One page: the preset's pods are far fewer than the adapter's page size.
+    assert_eq!(
+        added,
+        std::collections::BTreeMap::from([("kube GET /api/v1/pods".to_owned(), 1)]),
+        "on: {on:?}\noff: {off:?}"
+    );
+}
