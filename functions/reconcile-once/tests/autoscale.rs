@@ -225,6 +225,19 @@ async fn pending_pods_bring_workers_and_idle_workers_go_one_per_run() {
         env.running("web") < 10,
         "the single worker cannot hold them all"
     );
+    let dry = tokio::process::Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .arg("--dry-run")
+        .output()
+        .await
+        .expect("dry run");
+    let table = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        table.contains("autoscale: pool \"workers\" 1 -> 5: 8 unschedulable pod(s)"),
+        "--dry-run says what the autoscaler would do and why:\n{table}"
+    );
+    assert_eq!(env.workers().len(), 1, "--dry-run changed nothing");
     let runs = env.runs_until(4, |e| e.running("web") == 10).await;
     assert!(runs <= 4);
     assert_eq!(env.workers().len(), 5, "exactly what the packing needs");
