@@ -47,6 +47,9 @@ pub const DEFAULT_MAX_PODS: u32 = 110;
 /// allocatable memory is short of capacity when no kube/system reservation is set (k3s sets
 /// none).
 pub const EVICTION_HARD_MEMORY: u64 = 100 * 1024 * 1024;
+/// How a kept node's reason ends when only a PodDisruptionBudget could free it: the caller
+/// lists the budgets (only then) and decides again.
+pub const NO_PDB: &str = "is in kube-system without a PodDisruptionBudget";
 
 /// Per-pool autoscaling settings (`worker_pools[].autoscale` in `spec.yaml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -337,10 +340,7 @@ impl PodView {
             return Some(format!("pod {} has no controller", self.key()));
         }
         if self.namespace == "kube-system" && !self.has_pdb {
-            return Some(format!(
-                "pod {} is in kube-system without a PodDisruptionBudget",
-                self.key()
-            ));
+            return Some(format!("pod {} {NO_PDB}", self.key()));
         }
         None
     }
@@ -425,7 +425,8 @@ impl PoolView {
 }
 
 /// State kept between runs in `status.json`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct AutoscaleState {
     /// Node name → when it was first seen unneeded (continuously since).
     #[serde(default)]
@@ -433,7 +434,8 @@ pub struct AutoscaleState {
 }
 
 /// A change to one pool, with why.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Decision {
     pub pool: String,
     pub from: u32,
@@ -445,14 +447,16 @@ pub struct Decision {
 }
 
 /// A pod no pool can host.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Unhostable {
     pub pod: String,
     pub reason: String,
 }
 
 /// Everything one run decides.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Outcome {
     pub decisions: Vec<Decision>,
     pub unhostable: Vec<Unhostable>,

@@ -119,6 +119,18 @@ pub trait Cluster: Send + Sync {
         &self,
         node: &str,
     ) -> impl Future<Output = Result<Vec<PodRef>, ClusterError>> + Send;
+    /// Every pod in every namespace (paged), for the autoscaler. Asked only when a pool
+    /// autoscales.
+    fn list_pods(
+        &self,
+    ) -> impl Future<Output = Result<Vec<k8s_openapi::api::core::v1::Pod>, ClusterError>> + Send;
+    /// Every PodDisruptionBudget, for the autoscaler's kube-system rule. Asked only when a
+    /// node would be removed but for a kube-system pod.
+    fn list_pdbs(
+        &self,
+    ) -> impl Future<
+        Output = Result<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>, ClusterError>,
+    > + Send;
     /// Evicts through the Eviction API, honouring PodDisruptionBudgets.
     fn evict(&self, pod: &PodRef) -> impl Future<Output = Result<Eviction, ClusterError>> + Send;
     /// Deletes a pod outright (`--force-drain`).

@@ -48,6 +48,13 @@ pub struct WorldState {
     pub images: Vec<Image>,
     pub nodes: BTreeMap<String, Node>,
     pub pods: Vec<FakePod>,
+    /// What `list_pods` answers (the autoscaler's view; drain uses `pods`).
+    pub k8s_pods: Vec<k8s_openapi::api::core::v1::Pod>,
+    /// What `list_pdbs` answers.
+    pub pdbs: Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
+    /// How often `list_pods` and `list_pdbs` were called.
+    pub pod_lists: usize,
+    pub pdb_lists: usize,
     /// Instance names whose kubelet never joins.
     pub never_join: BTreeSet<String>,
     pub lease: Option<(String, DateTime<Utc>)>,
@@ -136,6 +143,8 @@ impl FakeWorld {
                     readiness: NodeReadiness::Ready,
                     unschedulable: false,
                     created: now,
+                    taints: Vec::new(),
+                    allocatable: Default::default(),
                 });
                 node.readiness = NodeReadiness::Ready;
             }
@@ -713,6 +722,22 @@ impl Cluster for FakeCluster {
                 .filter(|p| p.node == node)
                 .map(|p| p.pod.clone())
                 .collect()
+        }))
+    }
+
+    async fn list_pods(&self) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, ClusterError> {
+        Ok(self.0.with(|s| {
+            s.pod_lists += 1;
+            s.k8s_pods.clone()
+        }))
+    }
+
+    async fn list_pdbs(
+        &self,
+    ) -> Result<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>, ClusterError> {
+        Ok(self.0.with(|s| {
+            s.pdb_lists += 1;
+            s.pdbs.clone()
         }))
     }
 

@@ -212,6 +212,21 @@ pub struct Node {
     pub readiness: NodeReadiness,
     pub unschedulable: bool,
     pub created: DateTime<Utc>,
+    /// `spec.taints` (the autoscaler checks pods' tolerations against them).
+    #[serde(default)]
+    pub taints: Vec<crate::spec::Taint>,
+    /// `status.allocatable` (the autoscaler packs pods against it).
+    #[serde(default)]
+    pub allocatable: Allocatable,
+}
+
+/// A Node's `status.allocatable`, the part the autoscaler uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocatable {
+    pub cpu_milli: u64,
+    pub memory: u64,
+    /// 0: not reported (the kubelet's default of 110 applies).
+    pub pods: u32,
 }
 
 /// Annotation a person puts on a Node to have it removed first on scale-down.

@@ -52,6 +52,9 @@ pub struct Observed {
     /// Members without a Node whose serial console shows the node setup script's failure
     /// marker (the caller reads the consoles of running members that have no Node yet).
     pub setup_failures: BTreeMap<String, crate::cloud_init::SetupFailure>,
+    /// Members the autoscaler chose to remove (instance names): they go first on scale-down,
+    /// like a `delete-me` Node (see [`crate::autoscale`]).
+    pub autoscale_victims: BTreeSet<String>,
 }
 
 /// How a member is doing.
@@ -84,7 +87,8 @@ pub enum Health {
 impl Health {
     /// Counts towards the pool's capacity (a member stopped by someone else is being started
     /// again, so it is not replaced meanwhile).
-    fn counts(&self) -> bool {
+    /// Counts toward the pool's capacity (is, or is becoming, a member).
+    pub fn counts(&self) -> bool {
         matches!(
             self,
             Health::Ready
@@ -94,7 +98,8 @@ impl Health {
                 | Health::NotStarted
         )
     }
-    fn is_broken(&self) -> bool {
+    /// About to be replaced.
+    pub fn is_broken(&self) -> bool {
         matches!(
             self,
             Health::JoinTimedOut | Health::SetupFailed | Health::NotReadyTooLong | Health::Failed
@@ -112,6 +117,8 @@ pub struct Member<'a> {
     pub health: Health,
     /// The failure marker its console shows (with [`Health::SetupFailed`]).
     pub setup_failure: Option<&'a crate::cloud_init::SetupFailure>,
+    /// The autoscaler chose it for removal.
+    pub autoscale_victim: bool,
 }
 
 impl Member<'_> {
@@ -385,6 +392,7 @@ pub fn classify<'a>(
             drifted,
             health,
             setup_failure: observed.setup_failures.get(&inst.name),
+            autoscale_victim: observed.autoscale_victims.contains(&inst.name),
         });
     }
     members
@@ -538,7 +546,7 @@ fn victim_rank(
     m: &Member,
     fip_holder: Option<uuid::Uuid>,
 ) -> (u8, bool, std::cmp::Reverse<DateTime<Utc>>) {
-    let rank = if m.node.is_some_and(Node::marked_for_deletion) {
+    let rank = if m.node.is_some_and(Node::marked_for_deletion) || m.autoscale_victim {
         0
     } else if m.health == Health::NotStarted {
         1
@@ -841,10 +849,14 @@ fn plan_control_plane(
 
 fn victim_why(m: &Member) -> String {
     match victim_rank(m, None).0 {
+        0 if m.autoscale_victim => {
+            "the autoscaler found its node unneeded (see status.json autoscale)".into()
+        }
         0 => "it is annotated oxide-controller/delete-me".into(),
-        1 => "it never joined".into(),
-        2 => "it is not Ready".into(),
-        3 => "its spec is out of date".into(),
+        1 => "the rack never started it".into(),
+        2 => "it never joined".into(),
+        3 => "it is not Ready".into(),
+        4 => "its spec is out of date".into(),
         _ => "it is the newest".into(),
     }
 }

@@ -53,6 +53,10 @@ pub struct Status {
     /// When the cluster was last seen converged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_converged_at: Option<DateTime<Utc>>,
+    /// What the autoscaler decided and why, and since when each node has been unneeded (the
+    /// next run's memory). Absent while no pool autoscales.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<crate::autoscale::Outcome>,
 }
 
 impl Status {
@@ -79,6 +83,9 @@ pub struct RunReport<'a> {
     pub results: &'a [ActionResult],
     pub error: Option<String>,
     pub previous: Option<&'a Status>,
+    /// This run's autoscaler outcome; None when it did not get that far (the previous one is
+    /// kept, so a failed run does not reset the unneeded timers) or no pool autoscales.
+    pub autoscale: Option<&'a crate::autoscale::Outcome>,
 }
 
 /// Builds the status for a run.
@@ -203,6 +210,11 @@ pub fn build(r: &RunReport) -> Status {
         } else {
             r.previous.and_then(|p| p.last_converged_at)
         },
+        autoscale: match (r.autoscale, &r.error) {
+            (Some(a), _) => Some(a.clone()),
+            (None, Some(_)) => r.previous.and_then(|p| p.autoscale.clone()),
+            (None, None) => None,
+        },
     }
 }
 
@@ -239,6 +251,7 @@ mod tests {
             results: &[],
             error: None,
             previous: None,
+            autoscale: None,
         };
         let s1 = build(&r);
         assert_eq!(
@@ -253,6 +266,7 @@ mod tests {
             run_id: "b",
             finished_at: at(100),
             previous: Some(&s1),
+            autoscale: None,
             ..r
         };
         let s2 = build(&r2);
@@ -279,6 +293,7 @@ mod tests {
             results: &[],
             error: None,
             previous: None,
+            autoscale: None,
         };
         let s = build(&r);
         let d = s

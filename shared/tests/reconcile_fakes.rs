@@ -727,6 +727,8 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
                     readiness: r,
                     unschedulable: false,
                     created: now,
+                    taints: Vec::new(),
+                    allocatable: Default::default(),
                 },
             );
         };
@@ -807,7 +809,7 @@ proptest! {
                 if orphan_node {
                     st.nodes.insert("demo-workers-zz9zz".into(), oxide_controller::model::Node {
                         name: "demo-workers-zz9zz".into(), provider_id: None, labels: BTreeMap::new(),
-                        annotations: BTreeMap::new(), readiness: NodeReadiness::Ready, unschedulable: false, created: st.now,
+                        annotations: BTreeMap::new(), readiness: NodeReadiness::Ready, unschedulable: false, created: st.now, taints: Vec::new(), allocatable: Default::default(),
                     });
                 }
                 if orphan_disk {

@@ -778,6 +778,7 @@ fn the_service_account_may_make_exactly_the_calls_the_functions_make() {
         ("", "nodes", &[], &["list", "patch", "delete"]), // observe, cordon/annotate, remove
         ("", "pods", &[], &["list", "delete"]),           // drain: pods on a node; --force-drain
         ("", "pods/eviction", &[], &["create"]),          // drain through the Eviction API
+        ("policy", "poddisruptionbudgets", &[], &["list"]), // autoscaler: kube-system pods
     ];
     let in_kube_system: &[Rule] = &[
         ("", "secrets", &["oxide-controller"], &["get"]),

@@ -233,6 +233,47 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
     {
         return Err("B: no Events recorded".into());
     }
+    // E: the autoscaler would remove the idle worker but for a kube-system pod: it lists
+    // the PodDisruptionBudgets (and all pods, as it does on every run while a pool
+    // autoscales). Autoscaling goes off again before the webhook changes the count.
+    let worker = sim
+        .twin()
+        .list("v1", "Node", None)
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+        .find(|n| n.starts_with(WK))
+        .ok_or("E: no worker")?;
+    for p in sim.twin().list("v1", "Pod", Some("default")) {
+        let name = p["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        sim.twin().delete("v1", "Pod", Some("default"), &name);
+    }
+    sim.twin()
+        .upsert(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "system-0", "namespace": "kube-system",
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "system",
+                    "uid": "00000000-0000-0000-0000-000000000001", "controller": true}]},
+            "spec": {"nodeName": worker, "containers": [{"name": "c", "image": "nginx",
+                "resources": {"requests": {"cpu": "10m"}}}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .map_err(|e| e.to_string())?;
+    set_autoscale(&sim, true)?;
+    reconcile(&[]).await?;
+    let kept = sim
+        .twin()
+        .get("v1", "ConfigMap", Some("kube-system"), "oxide-controller")
+        .and_then(|c| c["data"]["status.json"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    if !kept.contains("without a PodDisruptionBudget") {
+        return Err(format!(
+            "E: the kube-system pod did not keep the node: {kept}"
+        ));
+    }
+    set_autoscale(&sim, false)?;
     // C: the Job finished; the next change replaces it.
     let mut job = sim
         .twin()
@@ -252,6 +293,26 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
         return Err(format!("D: {} workers left, want 0", ready_workers(&sim)));
     }
     let _ = webhook.kill().await;
+    Ok(())
+}
+
+/// Turns autoscaling of the workers on (min 0, max 2, no delay) or off, as an admin would.
+fn set_autoscale(sim: &SimHandle, on: bool) -> Result<(), String> {
+    let mut cm = sim
+        .twin()
+        .get("v1", "ConfigMap", Some("kube-system"), "oxide-controller")
+        .ok_or("no ConfigMap")?;
+    let yaml = cm["data"]["spec.yaml"].as_str().ok_or("no spec.yaml")?;
+    let mut spec =
+        oxide_controller::spec::ClusterSpec::from_yaml(yaml).map_err(|e| e.to_string())?;
+    let w = &mut spec.worker_pools[0];
+    w.min = 0;
+    w.autoscale = on.then(|| oxide_controller::autoscale::AutoscaleSpec {
+        scale_down_unneeded_seconds: 0,
+        ..Default::default()
+    });
+    cm["data"]["spec.yaml"] = json!(spec.to_yaml());
+    sim.twin().upsert(cm).map_err(|e| e.to_string())?;
     Ok(())
 }
 

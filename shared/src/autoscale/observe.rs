@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use super::{
     DEFAULT_MAX_PODS, LabelOp, LabelRequirement, NodeView, PodView, Resources, Toleration,
 };
+use crate::model::{self, Allocatable};
 use crate::spec::{Taint, TaintEffect};
 
 /// A Kubernetes quantity (`500m`, `2`, `1.5Gi`, `1e3`) as a number; None if malformed.
@@ -206,35 +207,55 @@ pub fn pod_view(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Option<PodView> {
     })
 }
 
-/// The node as the autoscaler sees it; `pool` is the worker pool it belongs to, if any.
-pub fn node_view(node: &Node, pool: Option<String>) -> NodeView {
-    let status = node.status.as_ref();
-    let alloc = status.and_then(|s| s.allocatable.as_ref());
-    let max_pods = alloc
-        .and_then(|a| a.get("pods"))
-        .and_then(|q| quantity(&q.0))
-        .map_or(DEFAULT_MAX_PODS, |n| n as u32);
-    let spec = node.spec.as_ref();
-    NodeView {
-        name: node.metadata.name.clone().unwrap_or_default(),
-        pool,
-        allocatable: resources(alloc),
-        max_pods,
-        labels: node.metadata.labels.clone().unwrap_or_default(),
-        taints: spec
-            .and_then(|s| s.taints.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|t| {
-                Some(Taint {
-                    key: t.key.clone(),
-                    value: t.value.clone().unwrap_or_default(),
-                    effect: effect(&t.effect)?,
-                })
+/// A Node's `spec.taints` (effects we do not know are dropped).
+pub fn taints(node: &Node) -> Vec<Taint> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            Some(Taint {
+                key: t.key.clone(),
+                value: t.value.clone().unwrap_or_default(),
+                effect: effect(&t.effect)?,
             })
-            .collect(),
-        annotations: node.metadata.annotations.clone().unwrap_or_default(),
-        cordoned: spec.and_then(|s| s.unschedulable).unwrap_or(false),
+        })
+        .collect()
+}
+
+/// A Node's `status.allocatable`.
+pub fn allocatable(node: &Node) -> Allocatable {
+    let alloc = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let r = resources(alloc);
+    Allocatable {
+        cpu_milli: r.cpu_milli,
+        memory: r.memory,
+        pods: alloc
+            .and_then(|a| a.get("pods"))
+            .and_then(|q| quantity(&q.0))
+            .map_or(0, |n| n as u32),
+    }
+}
+
+/// The node as the autoscaler sees it; `pool` is the worker pool it belongs to, if any.
+pub fn node_view(node: &model::Node, pool: Option<String>) -> NodeView {
+    NodeView {
+        name: node.name.clone(),
+        pool,
+        allocatable: Resources {
+            cpu_milli: node.allocatable.cpu_milli,
+            memory: node.allocatable.memory,
+        },
+        max_pods: if node.allocatable.pods == 0 {
+            DEFAULT_MAX_PODS
+        } else {
+            node.allocatable.pods
+        },
+        labels: node.labels.clone(),
+        taints: node.taints.clone(),
+        annotations: node.annotations.clone(),
+        cordoned: node.unschedulable,
     }
 }
 
@@ -322,7 +343,10 @@ mod tests {
             "status": {"allocatable": {"cpu": "2", "memory": "3996Mi", "pods": "110"}}
         }))
         .expect("node");
-        let v = node_view(&n, Some("workers".into()));
+        let v = node_view(
+            &crate::cluster::kube_cluster::node_from_kube(&n),
+            Some("workers".into()),
+        );
         assert_eq!(v.allocatable.cpu_milli, 2000);
         assert_eq!(v.allocatable.memory, 3996 << 20);
         assert_eq!(v.max_pods, 110);

@@ -253,6 +253,8 @@ pub fn node_from_kube(node: &KubeNode) -> Node {
         readiness,
         unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
         created,
+        taints: crate::autoscale::observe::taints(node),
+        allocatable: crate::autoscale::observe::allocatable(node),
     }
 }
 
@@ -369,6 +371,19 @@ impl Cluster for KubeCluster {
         let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
         let pods = list_all(&api, lp, &format!("list pods on node {node}")).await?;
         Ok(pods.iter().map(pod_ref_from_kube).collect())
+    }
+
+    async fn list_pods(&self) -> Result<Vec<Pod>, ClusterError> {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        list_all(&api, ListParams::default(), "list pods").await
+    }
+
+    async fn list_pdbs(
+        &self,
+    ) -> Result<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>, ClusterError> {
+        let api: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+            Api::all(self.client.clone());
+        list_all(&api, ListParams::default(), "list poddisruptionbudgets").await
     }
 
     async fn evict(&self, pod: &PodRef) -> Result<Eviction, ClusterError> {

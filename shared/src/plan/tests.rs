@@ -99,6 +99,8 @@ impl World {
             readiness,
             unschedulable: false,
             created: now() - Duration::hours(1),
+            taints: Vec::new(),
+            allocatable: Default::default(),
         });
         self.obs.nodes.last_mut().unwrap_or_else(|| unreachable!())
     }

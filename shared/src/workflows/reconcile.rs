@@ -12,6 +12,9 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+mod autoscale;
+pub use autoscale::{Decided, active as autoscale_active, views as autoscale_views};
+
 use crate::apply::{self, ActionResult, ApplyOptions, Outcome};
 use crate::cluster::{Cluster, ClusterError, LeaseOutcome};
 use crate::members::SpecMembers;
@@ -158,6 +161,7 @@ pub async fn observe<R: Rack, C: Cluster>(
         join_address: None,
         images: BTreeMap::new(),
         setup_failures: BTreeMap::new(),
+        autoscale_victims: std::collections::BTreeSet::new(),
     };
     observed.setup_failures = setup_failures(rack, &observed).await;
     Ok(observed)
@@ -227,14 +231,25 @@ pub async fn resolve_images<R: Rack>(
 }
 
 /// Observes and plans. Images are resolved (and the plan redone) only when it creates members,
-/// so a run with nothing to create makes no image lookups.
+/// so a run with nothing to create makes no image lookups. When a pool autoscales, the
+/// autoscaler decides its count first (from the pods, and `previous`, the unneeded-since
+/// times the last run kept); its outcome comes back for status and Events.
 pub async fn observe_and_plan<R: Rack, C: Cluster>(
     rack: &R,
     cluster: &C,
     spec: &ClusterSpec,
     now: DateTime<Utc>,
-) -> Result<(Observed, Plan), ReconcileError> {
+    previous: Option<&crate::autoscale::AutoscaleState>,
+) -> Result<(Observed, Plan, Option<crate::autoscale::Outcome>), ReconcileError> {
     let mut observed = observe(rack, cluster, spec).await?;
+    let decided = autoscale::decide(cluster, spec, &observed, previous, now).await?;
+    let spec = match &decided {
+        Some(d) => {
+            observed.autoscale_victims = d.victims.clone();
+            &d.spec
+        }
+        None => spec,
+    };
     let suffixes = fresh_suffixes(spec);
     let mut plan = plan::plan(spec, &observed, now, &suffixes);
     if plan
@@ -246,7 +261,11 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
         resolve_join_address(rack, spec, &mut observed, now).await?;
         plan = plan::plan(spec, &observed, now, &suffixes);
     }
-    Ok((observed, plan))
+    let outcome = decided.map(|d| {
+        plan.findings.extend(autoscale::findings(&d.outcome));
+        d.outcome
+    });
+    Ok((observed, plan, outcome))
 }
 
 /// Looks up the private address of the server new members join through.
@@ -299,8 +318,14 @@ where
     let rack = make_rack(&secrets, &spec)
         .map_err(|e| ReconcileError::Config(format!("building the Oxide client: {e}")))?;
 
+    let previous = snapshot.status_json().and_then(Status::from_json);
+    let previous_autoscale = previous
+        .as_ref()
+        .and_then(|s| s.autoscale.as_ref())
+        .map(|a| &a.state);
     if opts.dry_run {
-        let (_, plan) = observe_and_plan(&rack, cluster, &spec, (opts.now)()).await?;
+        let (_, plan, _) =
+            observe_and_plan(&rack, cluster, &spec, (opts.now)(), previous_autoscale).await?;
         return Ok(RunOutcome::DryRun { plan });
     }
 
@@ -327,7 +352,6 @@ where
             )));
         }
     }
-    let previous = snapshot.status_json().and_then(Status::from_json);
     let mut apply_opts = ApplyOptions::new(deadline);
     apply_opts.concurrency = opts.concurrency.max(1);
     apply_opts.force_drain = opts.force_drain;
@@ -350,10 +374,19 @@ where
     };
 
     let work = async {
-        let (observed, plan) = crate::retry::retry(crate::cluster::KUBE_BACKOFF, transient, || {
-            observe_and_plan(&rack, cluster, &spec, (opts.now)())
-        })
-        .await?;
+        let (observed, plan, autoscaled) =
+            crate::retry::retry(crate::cluster::KUBE_BACKOFF, transient, || {
+                observe_and_plan(&rack, cluster, &spec, (opts.now)(), previous_autoscale)
+            })
+            .await?;
+        if let Some(a) = &autoscaled {
+            autoscale::record_events(
+                cluster,
+                a,
+                previous.as_ref().and_then(|s| s.autoscale.as_ref()),
+            )
+            .await;
+        }
         let factory = SpecMembers::new(&spec, &secrets, &observed).with_ca_hash(
             snapshot
                 .data
@@ -361,16 +394,16 @@ where
                 .map(String::as_str),
         );
         let results = apply::apply(&rack, cluster, &factory, &plan, &apply_opts).await;
-        Ok::<_, ReconcileError>((plan, results))
+        Ok::<_, ReconcileError>((plan, results, autoscaled))
     };
     let outcome = tokio::select! {
         r = work => r,
         () = renew => unreachable!("renew never completes"),
     };
 
-    let (plan, results, error) = match &outcome {
-        Ok((p, r)) => (Some(p), r.as_slice(), None),
-        Err(e) => (None, &[][..], Some(e.to_string())),
+    let (plan, results, autoscaled, error) = match &outcome {
+        Ok((p, r, a)) => (Some(p), r.as_slice(), a.as_ref(), None),
+        Err(e) => (None, &[][..], None, Some(e.to_string())),
     };
     let finished_at = (opts.now)();
     let status = status::build(&RunReport {
@@ -381,6 +414,7 @@ where
         results,
         error,
         previous: previous.as_ref(),
+        autoscale: autoscaled,
     });
     if let Err(e) = write_status(state, Some(&snapshot), &status).await {
         warn!(error = %e, "could not write status.json");
@@ -388,8 +422,14 @@ where
     if let Err(e) = cluster.release_lease(&opts.holder).await {
         warn!(error = %e, "could not release the Lease; it expires by itself");
     }
-    let (plan, results) = outcome?;
-    summary(&run_id, &plan, &results, started.elapsed());
+    let (plan, results, autoscaled) = outcome?;
+    summary(
+        &run_id,
+        &plan,
+        &results,
+        autoscaled.as_ref(),
+        started.elapsed(),
+    );
     let failed = results
         .iter()
         .filter(|r| matches!(r.outcome, Outcome::Failed(_)))
@@ -481,7 +521,14 @@ pub async fn write_status<S: StateStore>(
     }))
 }
 
-fn summary(run_id: &str, plan: &Plan, results: &[ActionResult], took: Duration) {
+fn summary(
+    run_id: &str,
+    plan: &Plan,
+    results: &[ActionResult],
+    autoscaled: Option<&crate::autoscale::Outcome>,
+    took: Duration,
+) {
+    let autoscale = autoscaled.map(autoscale::summary).unwrap_or_default();
     let count = |f: fn(&Outcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
     let pools = plan
         .pools
@@ -500,6 +547,7 @@ fn summary(run_id: &str, plan: &Plan, results: &[ActionResult], took: Duration) 
         skipped = count(|o| matches!(o, Outcome::Skipped(_))),
         took_ms = took.as_millis() as u64,
         %pools,
+        %autoscale,
         "reconcile finished"
     );
 }

@@ -1,0 +1,473 @@
+//! Issue 14 acceptance: the real `reconcile-once` binary against `oxide-sim` with the twin's
+//! scheduler, a preset cluster of 3 control-plane + 1 worker, workers autoscaling 1..=6.
+//!
+//! Between runs the tests wait for the simulated VMs to boot and join, as the CronJob's
+//! interval does on a cluster; "runs" below counts `reconcile-once` invocations.
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use oxide_controller::autoscale::{AutoscaleSpec, ScheduleWindow};
+use oxide_controller::spec::ClusterSpec;
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::state::{self, StateStore};
+use oxide_controller::status::Status;
+use oxide_sim::preset::Preset;
+use oxide_sim::{Sim, SimHandle, SimOptions};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_reconcile-once");
+const WK: &str = "sim-workers-";
+
+struct Env {
+    sim: SimHandle,
+    kubeconfig: PathBuf,
+    store: KubeStateStore,
+}
+
+/// 3 servers + 1 worker (2 vCPU, 4 GiB), workers autoscaling with bounds 1..=6, a short
+/// scale-down delay, and `edit` applied on top.
+async fn env(edit: impl Fn(&mut AutoscaleSpec)) -> Env {
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane: 3,
+            workers: 1,
+        }),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("simulator: {e:#}"));
+    let kubeconfig = sim.kubeconfig.clone().expect("preset kubeconfig");
+    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let env = Env {
+        sim,
+        kubeconfig,
+        store: KubeStateStore::new(client, "kube-system"),
+    };
+    env.edit_spec(|s| {
+        let w = &mut s.worker_pools[0];
+        assert_eq!(
+            (w.cpus, w.memory.bytes()),
+            (2, 4 << 30),
+            "the preset's workers"
+        );
+        (w.min, w.max, w.count) = (1, 6, 1);
+        let mut a = AutoscaleSpec {
+            scale_down_unneeded_seconds: 2,
+            ..AutoscaleSpec::default()
+        };
+        edit(&mut a);
+        w.autoscale = Some(a);
+        s.timeouts.drain_seconds = 10;
+    })
+    .await;
+    env
+}
+
+impl Env {
+    async fn edit_spec(&self, f: impl Fn(&mut ClusterSpec)) {
+        let snap = self.store.read_config().await.expect("config");
+        let mut spec = ClusterSpec::from_yaml(snap.spec_yaml().unwrap_or_default()).expect("spec");
+        f(&mut spec);
+        let mut data = snap.data.clone();
+        data.insert(state::keys::SPEC.into(), spec.to_yaml());
+        self.store
+            .replace_config(&snap.resource_version, data)
+            .await
+            .expect("write spec");
+    }
+
+    async fn status(&self) -> Status {
+        let snap = self.store.read_config().await.expect("config");
+        snap.status_json()
+            .and_then(Status::from_json)
+            .expect("status.json")
+    }
+
+    /// One run; fails the test on anything but exit 0 or 1 (1: work still in progress).
+    async fn run(&self) -> Output {
+        let out = tokio::process::Command::new(BIN)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--log-format", "json"])
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("spawn reconcile-once");
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "exit {:?}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Runs once, then waits (up to 30 s) until every worker VM is a Ready Node or gone, as
+    /// the time between two CronJob runs would.
+    async fn run_and_settle(&self) -> Output {
+        let out = self.run().await;
+        let until = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < until && self.workers().len() != self.ready_workers().len() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        out
+    }
+
+    fn workers(&self) -> Vec<String> {
+        let dump = self.sim.oxide().dump();
+        dump["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i["name"].as_str())
+            .filter(|n| n.starts_with(WK))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn ready_workers(&self) -> Vec<String> {
+        self.nodes()
+            .into_iter()
+            .filter(|n| {
+                n["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+            })
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+            .filter(|n| n.starts_with(WK))
+            .collect()
+    }
+
+    fn nodes(&self) -> Vec<Value> {
+        self.sim.twin().list("v1", "Node", None)
+    }
+
+    fn pods(&self, app: &str) -> Vec<Value> {
+        self.sim
+            .twin()
+            .list("v1", "Pod", Some("default"))
+            .into_iter()
+            .filter(|p| p["metadata"]["labels"]["app"] == app)
+            .collect()
+    }
+
+    fn running(&self, app: &str) -> usize {
+        self.pods(app)
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .count()
+    }
+
+    fn events(&self, reason: &str) -> Vec<String> {
+        self.sim
+            .twin()
+            .list("events.k8s.io/v1", "Event", Some("kube-system"))
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .filter_map(|e| e["note"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// A Deployment whose pods each request `cpu` and stay off the servers (k3s servers are
+    /// schedulable, so without this the servers would host some of them).
+    fn deploy(&self, app: &str, replicas: u32, cpu: &str, annotations: Value) {
+        self.sim
+            .twin()
+            .upsert(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": app, "namespace": "default"},
+                "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}},
+                    "template": {"metadata": {"labels": {"app": app}, "annotations": annotations},
+                        "spec": {"terminationGracePeriodSeconds": 1,
+                            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [{"matchExpressions": [
+                                    {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}]}]}}},
+                            "containers": [{"name": "c", "image": "nginx",
+                                "resources": {"requests": {"cpu": cpu}}}]}}}}))
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Runs until `done` holds or `max` runs are spent; returns the runs used.
+    async fn runs_until(&self, max: usize, done: impl Fn(&Env) -> bool) -> usize {
+        for i in 1..=max {
+            self.run_and_settle().await;
+            // The scheduler binds pending pods onto new Nodes within a moment.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if done(self) {
+                return i;
+            }
+        }
+        panic!(
+            "not done after {max} runs; workers {:?}, status {}",
+            self.workers(),
+            self.status().await.to_json()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_pods_bring_workers_and_idle_workers_go_one_per_run() {
+    let env = env(|_| {}).await;
+    env.run_and_settle().await;
+    assert_eq!(env.workers().len(), 1, "converged at min before any load");
+
+    // 10 pods of 900m. A 2-vCPU worker's allocatable cpu is 2000m (k3s reserves no cpu; the
+    // kubelet keeps only 100Mi of memory back), so it holds two of them (1800m) and not a
+    // third: 10 pods need 5 workers, the one there plus 4 new.
+    env.deploy("web", 10, "900m", json!({}));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        env.running("web") < 10,
+        "the single worker cannot hold them all"
+    );
+    let dry = tokio::process::Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .arg("--dry-run")
+        .output()
+        .await
+        .expect("dry run");
+    let table = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        table.contains("autoscale: pool \"workers\" 1 -> 5: 8 unschedulable pod(s)"),
+        "--dry-run says what the autoscaler would do and why:\n{table}"
+    );
+    assert_eq!(env.workers().len(), 1, "--dry-run changed nothing");
+    let runs = env.runs_until(4, |e| e.running("web") == 10).await;
+    assert!(runs <= 4);
+    assert_eq!(env.workers().len(), 5, "exactly what the packing needs");
+    let status = env.status().await;
+    let a = status.autoscale.clone().expect("autoscale status");
+    assert!(a.unhostable.is_empty(), "{a:?}");
+    let ups = env.events("AutoscaleUp");
+    assert!(
+        ups.iter()
+            .any(|e| e.contains("1 -> 5") && e.contains("unschedulable pod")),
+        "an Event says why: {ups:?}"
+    );
+
+    // Load gone: one worker per run goes (after the 2 s delay), drained, down to min 1.
+    env.deploy("web", 0, "900m", json!({}));
+    let mut counts = vec![env.workers().len()];
+    for _ in 0..12 {
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        env.run_and_settle().await;
+        counts.push(env.workers().len());
+        if counts.last() == Some(&1) {
+            break;
+        }
+    }
+    assert_eq!(counts.last(), Some(&1), "back to min: {counts:?}");
+    assert!(
+        counts.windows(2).all(|w| w[0] - w[1] <= 1),
+        "at most one worker per run: {counts:?}"
+    );
+    let downs = env.events("AutoscaleDown");
+    assert!(downs.len() >= 4, "{downs:?}");
+    assert!(
+        downs.iter().all(|e| e.contains("unneeded since")),
+        "{downs:?}"
+    );
+    assert_eq!(env.ready_workers().len(), 1);
+    for n in env.nodes() {
+        assert!(
+            n["spec"]["unschedulable"] != true,
+            "nothing left cordoned: {n}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_no_pool_can_host_is_named_and_scales_nothing() {
+    let env = env(|_| {}).await;
+    env.run_and_settle().await;
+    env.deploy("huge", 1, "64", json!({}));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    env.run_and_settle().await;
+    env.run_and_settle().await;
+    assert_eq!(
+        env.workers().len(),
+        1,
+        "no scale-up for a pod nothing can host"
+    );
+    let status = env.status().await;
+    let a = status.autoscale.expect("autoscale status");
+    let pod = env.pods("huge")[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(a.unhostable.len(), 1, "{a:?}");
+    assert_eq!(a.unhostable[0].pod, format!("default/{pod}"));
+    assert!(
+        a.unhostable[0].reason.contains("requests cpu 64000m"),
+        "{}",
+        a.unhostable[0].reason
+    );
+    assert!(
+        status.findings.iter().any(|f| f.contains(&pod)),
+        "{:?}",
+        status.findings
+    );
+    let events = env.events("AutoscaleUnhostable");
+    assert_eq!(events.len(), 1, "one Event, not one per run: {events:?}");
+    assert!(events[0].contains(&pod) && events[0].contains("64000m"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn safe_to_evict_false_and_scale_down_disabled_keep_their_nodes() {
+    let env = env(|_| {}).await;
+    env.run_and_settle().await;
+    // Three workers: one holds a pod that must not be evicted, one is annotated, one is free.
+    env.deploy("web", 6, "900m", json!({}));
+    env.runs_until(4, |e| e.running("web") == 6).await;
+    assert_eq!(env.workers().len(), 3);
+    let node_of = |app: &str| -> String {
+        env.pods(app)
+            .iter()
+            .find_map(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    env.deploy("web", 0, "900m", json!({}));
+    env.deploy(
+        "keep",
+        1,
+        "100m",
+        json!({"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pinned = node_of("keep");
+    assert!(pinned.starts_with(WK), "{pinned}");
+    let disabled = env
+        .ready_workers()
+        .into_iter()
+        .find(|n| *n != pinned)
+        .expect("another worker");
+    let mut node = env
+        .sim
+        .twin()
+        .get("v1", "Node", None, &disabled)
+        .expect("node");
+    node["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/scale-down-disabled"] =
+        json!("true");
+    env.sim
+        .twin()
+        .upsert(node)
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        env.run_and_settle().await;
+    }
+    let mut left = env.workers();
+    left.sort();
+    let mut want = vec![pinned.clone(), disabled.clone()];
+    want.sort();
+    assert_eq!(left, want, "only the free worker went");
+    let kept = env.status().await.autoscale.expect("status").kept;
+    assert!(kept[&pinned].contains("safe-to-evict=false"), "{kept:?}");
+    assert!(
+        kept[&disabled].contains("scale-down-disabled=true"),
+        "{kept:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_active_schedule_window_raises_min() {
+    // A window opened every minute and lasting an hour is active whenever the test runs.
+    let env = env(|a| {
+        a.schedules = vec![ScheduleWindow {
+            name: "business-hours".into(),
+            start: "* * * * *".into(),
+            duration_minutes: 60,
+            time_zone: "UTC".into(),
+            min: Some(3),
+            max: None,
+        }];
+    })
+    .await;
+    env.runs_until(3, |e| e.ready_workers().len() == 3).await;
+    assert_eq!(env.workers().len(), 3);
+    let a = env.status().await.autoscale.expect("status");
+    assert!(
+        env.events("AutoscaleUp")
+            .iter()
+            .any(|e| e.contains("schedule window \"business-hours\" sets min 3")),
+        "{a:?}"
+    );
+    // The window closes (removed): idle workers above the pool's own min go, one per run.
+    env.edit_spec(|s| {
+        if let Some(a) = s.worker_pools[0].autoscale.as_mut() {
+            a.schedules.clear();
+        }
+    })
+    .await;
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        env.run_and_settle().await;
+        if env.workers().len() == 1 {
+            break;
+        }
+    }
+    assert_eq!(env.workers().len(), 1);
+}
+
+/// Requests of one run, by `METHOD /path` on each API (Oxide and Kubernetes).
+async fn requests_of_one_run(env: &Env) -> std::collections::BTreeMap<String, u64> {
+    env.sim.oxide().reset_counters();
+    env.sim.twin().reset_counters();
+    env.run().await;
+    let mut all: std::collections::BTreeMap<String, u64> = env
+        .sim
+        .oxide()
+        .counters()
+        .into_iter()
+        .map(|(k, v)| (format!("oxide {k}"), v))
+        .collect();
+    all.extend(
+        env.sim
+            .twin()
+            .counters()
+            .into_iter()
+            .map(|(k, v)| (format!("kube {k}"), v)),
+    );
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_op_run_with_autoscaling_adds_only_the_pod_listing() {
+    let env = env(|_| {}).await;
+    env.run_and_settle().await;
+    env.run_and_settle().await;
+    let on = requests_of_one_run(&env).await;
+    env.edit_spec(|s| s.worker_pools[0].autoscale = None).await;
+    env.run_and_settle().await;
+    let off = requests_of_one_run(&env).await;
+    let mut added = std::collections::BTreeMap::new();
+    for (k, v) in &on {
+        let before = off.get(k).copied().unwrap_or(0);
+        if *v != before {
+            added.insert(k.clone(), *v as i64 - before as i64);
+        }
+    }
+    for (k, v) in &off {
+        if !on.contains_key(k) {
+            added.insert(k.clone(), -(*v as i64));
+        }
+    }
+    println!(
+        "no-op run: {} requests with autoscaling off, {} with it on; added: {added:?}",
+        off.values().sum::<u64>(),
+        on.values().sum::<u64>()
+    );
+    // One page: the preset's pods are far fewer than the adapter's page size.
+    assert_eq!(
+        added,
+        std::collections::BTreeMap::from([("kube GET /api/v1/pods".to_owned(), 1)]),
+        "on: {on:?}\noff: {off:?}"
+    );
+}
