@@ -604,6 +604,63 @@ async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reaso
     env.assert_no_leaks();
 }
 
+/// Issue 11 acceptance: a member whose data disk is missing prints the failure marker, never
+/// joins, and the next run reports the reason and replaces it. The pool gets a data disk (a
+/// spec change, so the workers roll onto disks too); the first new member finds no disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_data_disk_is_missing_is_replaced_with_the_reason() {
+    let env = env(1, 1).await;
+    env.sim
+        .faults()
+        .update(|f| f.missing_data_disk = vec![WK.to_owned()]);
+    env.edit(|s| s.worker_pools[0].data_disk = Some("10GiB".parse().expect("size")))
+        .await;
+    let out = env.reconcile(&[]).await;
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let old = ready_nodes(&env.sim, WK);
+    let new: Vec<String> = env
+        .instances(WK)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .filter(|n| !old.contains(n))
+        .collect();
+    assert_eq!(new.len(), 1, "the surge member of the roll");
+    // Later members find their disks.
+    env.sim
+        .faults()
+        .update(|f| f.missing_data_disk = vec![new[0].clone()]);
+    env.converge(40).await;
+    assert!(
+        !twin_nodes(&env).contains(&new[0]),
+        "{} never joined",
+        new[0]
+    );
+    let names: Vec<String> = env
+        .instances(WK)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    assert!(!names.contains(&new[0]), "{} was replaced", new[0]);
+    let events = env
+        .sim
+        .twin()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"));
+    assert!(
+        events.iter().any(|e| {
+            let note = e["note"].as_str().unwrap_or("");
+            // The console's own words, read by the run: the step and the missing serial.
+            note.contains(&new[0])
+                && note.contains("node setup failed at data-disk: no NVMe disk with serial")
+        }),
+        "an Event names the member and the reason: {events:?}"
+    );
+    env.assert_no_leaks();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cpu_change_rolls_workers_one_at_a_time() {
     let env = env(3, 2).await;
