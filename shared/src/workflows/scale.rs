@@ -538,6 +538,24 @@ pub async fn run<S: StateStore, C: Cluster>(
     Ok(ScaleOutcome { change, reconcile })
 }
 
+/// The CLI's `scale autoscale`: change the bounds, then (if something was written) start a
+/// reconcile Job.
+pub async fn run_autoscale<S: StateStore, C: Cluster>(
+    state: &S,
+    cluster: &C,
+    pool: Option<&str>,
+    change: AutoscaleChange,
+    opts: &ScaleOptions,
+) -> Result<(AutoscaleOutcome, ReconcileOutcome), ScaleError> {
+    let out = apply_autoscale(state, pool, change, opts, &SpecCache::default()).await?;
+    let reconcile = if out.written {
+        trigger_reconcile(cluster).await
+    } else {
+        ReconcileOutcome::NotNeeded
+    };
+    Ok((out, reconcile))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -667,6 +685,41 @@ mod tests {
             observe_count(&w.state(), None, &cache).await.unwrap().count,
             8
         );
+    }
+
+    #[tokio::test]
+    async fn autoscaling_pools_refuse_counts_and_take_bounds() {
+        let w = world(2, 10);
+        let mut spec =
+            ClusterSpec::from_yaml(&w.with(|s| s.config.data[keys::SPEC].clone())).unwrap();
+        spec.worker_pools[0].autoscale = Some(crate::autoscale::AutoscaleSpec::default());
+        w.with(|s| s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml()));
+        let opts = ScaleOptions::default();
+        let e = run(&w.state(), &w.cluster(), None, CountChange::Add(1), &opts)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ScaleError::Autoscaling {
+                    min: 0,
+                    max: 10,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.exit_code(), 2);
+        let change = AutoscaleChange {
+            min: Some(3),
+            ..AutoscaleChange::default()
+        };
+        let (out, reconcile) = run_autoscale(&w.state(), &w.cluster(), None, change, &opts)
+            .await
+            .unwrap();
+        assert_eq!((out.now.min, out.now.count, out.written), (3, 3, true));
+        assert_eq!(reconcile, ReconcileOutcome::Triggered);
+        assert_eq!(stored(&w, "workers"), 3);
     }
 
     #[tokio::test]
