@@ -108,8 +108,8 @@ pub struct ScheduleWindow {
     /// Kubernetes cron dialect, e.g. `0 8 * * 1-5`.
     pub start: String,
     pub duration_minutes: u32,
-    /// IANA zone of `start`. Only UTC is understood by this build (no zone database is
-    /// linked; see docs/DESIGN-NOTES.md "Autoscaling").
+    /// IANA zone whose wall clock `start` follows (a CronJob's `spec.timeZone`), e.g.
+    /// `Europe/Berlin`; default UTC. Checked as the apiserver checks `timeZone`.
     #[serde(default = "utc")]
     pub time_zone: String,
     #[serde(default)]
@@ -147,18 +147,12 @@ impl AutoscaleSpec {
         }
         for (i, w) in self.schedules.iter().enumerate() {
             let base = format!("schedules[{i}]");
-            if let Err(e) = Schedule::parse(&w.start) {
+            // As a CronJob: no TZ in the schedule, the zone goes in its own field.
+            if let Err(e) = crate::kcron::validate_cronjob_schedule(&w.start) {
                 err(format!("{base}.start"), e);
             }
-            if !is_utc(&w.time_zone) {
-                err(
-                    format!("{base}.time_zone"),
-                    format!(
-                        "{:?} is not supported: this build understands only UTC; write the \
-                         window in UTC",
-                        w.time_zone
-                    ),
-                );
+            if let Err(e) = crate::kcron::validate_time_zone(&w.time_zone) {
+                err(format!("{base}.time_zone"), e);
             }
             if w.duration_minutes == 0 {
                 err(
@@ -178,10 +172,6 @@ impl AutoscaleSpec {
     }
 }
 
-fn is_utc(zone: &str) -> bool {
-    matches!(zone, "UTC" | "Etc/UTC" | "GMT" | "Etc/GMT")
-}
-
 /// Bounds in force at `now`, and the window that set them (None: the pool's own).
 pub fn effective_bounds(
     pool_min: u32,
@@ -190,9 +180,13 @@ pub fn effective_bounds(
     now: DateTime<Utc>,
 ) -> (u32, u32, Option<String>) {
     for w in &spec.schedules {
-        let Ok(s) = Schedule::parse(&w.start) else {
+        let (Ok(s), Ok(zone)) = (
+            Schedule::parse(&w.start),
+            crate::kcron::load_location(&w.time_zone),
+        ) else {
             continue;
         };
+        let s = s.in_zone(zone);
         let len = Duration::minutes(i64::from(w.duration_minutes));
         // Active when the window opened at some t with now - len < t <= now.
         let opened = s.next_after(now - len).is_some_and(|t| t <= now);

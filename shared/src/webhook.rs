@@ -15,6 +15,7 @@
 //! | `/nodes/workers` | GET, PUT `{"count":N}`, PATCH `{"delta":±N}` | the default worker pool's count (GET: plain text, JSON with `Accept: application/json`) |
 //! | `/nodes/workers/modify` | POST, text body `N` | the ancestor's API: set the count, answer in text |
 //! | `/pools/{pool}`, `/pools/{pool}/modify` | as above | the same for a named pool |
+//! | `/pools/{pool}/autoscale` | GET, PUT `{"min":N,"max":N,"enabled":bool}` (each optional) | a worker pool's autoscaling bounds; while enabled, count changes on the pool are 409 pointing here |
 //! | `/status` | GET | `status.json` as the last reconcile wrote it |
 //! | `/reconcile` | POST | start a reconcile Job now |
 //! | `/metrics` | GET | Prometheus text |
@@ -136,6 +137,7 @@ enum Route {
     Reconcile,
     Count(PoolRef),
     Modify(PoolRef),
+    Autoscale(String),
     Unknown,
 }
 
@@ -158,6 +160,9 @@ impl Route {
                     Some((pool, "modify")) if !pool.is_empty() => {
                         Route::Modify(PoolRef::Named(pool.to_owned()))
                     }
+                    Some((pool, "autoscale")) if !pool.is_empty() => {
+                        Route::Autoscale(pool.to_owned())
+                    }
                     _ => Route::Unknown,
                 }
             }
@@ -176,7 +181,8 @@ impl Route {
             Route::Modify(PoolRef::Default) => 6,
             Route::Count(PoolRef::Named(_)) => 7,
             Route::Modify(PoolRef::Named(_)) => 8,
-            Route::Unknown => 9,
+            Route::Autoscale(_) => 9,
+            Route::Unknown => 10,
         }
     }
 
@@ -186,6 +192,7 @@ impl Route {
             Route::Metrics | Route::Status => "GET",
             Route::Reconcile | Route::Modify(_) => "POST",
             Route::Count(_) => "GET, PUT, PATCH",
+            Route::Autoscale(_) => "GET, PUT",
             Route::Unknown => "",
         }
     }
@@ -259,10 +266,10 @@ pub fn error_response(e: &WebhookError, legacy: bool) -> Response<Bytes> {
     let mut r = if legacy {
         text(p.status, format!("{}\n", p.message))
     } else {
-        json(
-            p.status,
-            &serde_json::json!({"error": p.code, "message": p.message}),
-        )
+        let mut body = p.details.clone().unwrap_or_default();
+        body.insert("error".into(), p.code.into());
+        body.insert("message".into(), p.message.clone().into());
+        json(p.status, &serde_json::Value::Object(body))
     };
     let h = r.headers_mut();
     if let Some(allow) = p.allow {
@@ -364,6 +371,15 @@ async fn dispatch<S: StateStore, C: Cluster>(
             )?;
             change(deps, pool, CountChange::Add(body.delta), false).await
         }
+        (Route::Autoscale(pool), &Method::GET) => {
+            let b = scale::observe_autoscale(&deps.state, Some(pool), &deps.specs).await?;
+            Ok(json(200, &serde_json::json!(b)))
+        }
+        (Route::Autoscale(pool), &Method::PUT) => {
+            require_content_type(req.headers(), &["application/json"], "application/json")?;
+            let body = parse_autoscale_body(req.body())?;
+            change_autoscale(deps, pool, body).await
+        }
         (Route::Modify(pool), &Method::POST) => {
             // What the ancestor's callers send: no type, text, its documented `application/text`,
             // or curl -d's form type.
@@ -444,6 +460,49 @@ struct SetBody {
 #[serde(deny_unknown_fields)]
 struct AddBody {
     delta: i64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AutoscaleBody {
+    #[serde(default)]
+    min: Option<serde_json::Value>,
+    #[serde(default)]
+    max: Option<serde_json::Value>,
+    #[serde(default)]
+    enabled: Option<serde_json::Value>,
+}
+
+/// `{"min": N, "max": N, "enabled": bool}`, each optional; a bad member is a 400 naming it.
+fn parse_autoscale_body(body: &[u8]) -> Result<scale::AutoscaleChange, WebhookError> {
+    let b: AutoscaleBody = parse_json(
+        body,
+        r#"a JSON object with any of "min" (whole number), "max" (whole number), "enabled" (true or false)"#,
+    )?;
+    let bad = |field: &str, message: &str| {
+        WebhookError::Scale(scale::ScaleError::InvalidAutoscale {
+            field: field.into(),
+            message: message.into(),
+        })
+    };
+    let count = |field: &str, v: Option<serde_json::Value>| match v {
+        None => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map(Some)
+            .ok_or_else(|| bad(field, "must be a whole number from 0 to 4294967295")),
+    };
+    let enabled = match b.enabled {
+        None => None,
+        Some(serde_json::Value::Bool(on)) => Some(on),
+        Some(_) => return Err(bad("enabled", "must be true or false")),
+    };
+    Ok(scale::AutoscaleChange {
+        min: count("min", b.min)?,
+        max: count("max", b.max)?,
+        enabled,
+    })
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(
@@ -557,6 +616,84 @@ async fn change<S: StateStore, C: Cluster>(
     Ok(r)
 }
 
+async fn change_autoscale<S: StateStore, C: Cluster>(
+    deps: &Deps<S, C>,
+    pool: &str,
+    change: scale::AutoscaleChange,
+) -> Result<Response<Bytes>, WebhookError> {
+    let result = {
+        let _queue = deps.writes.lock().await;
+        scale::apply_autoscale(
+            &deps.state,
+            Some(pool),
+            change,
+            &deps.config.scale,
+            &deps.specs,
+        )
+        .await
+    };
+    let outcome = match result {
+        Ok(o) => o,
+        Err(e) => {
+            if let scale::ScaleError::Busy { attempts } = &e {
+                deps.metrics.conflicts(*attempts);
+            }
+            return Err(e.into());
+        }
+    };
+    deps.metrics.conflicts(outcome.conflicts);
+    let reconcile = if outcome.written {
+        trigger(deps).await
+    } else {
+        ReconcileOutcome::NotNeeded
+    };
+    let (a, b) = (&outcome.previous, &outcome.now);
+    if outcome.written {
+        tracing::info!(
+            pool = %b.pool,
+            min = b.min,
+            max = b.max,
+            enabled = b.enabled,
+            count = b.count,
+            conflicts = outcome.conflicts,
+            reconcile = reconcile.as_str(),
+            "autoscaling bounds changed"
+        );
+    }
+    let what = if outcome.written {
+        format!(
+            "pool {} autoscaling {} with bounds [{}, {}] (was {} [{}, {}])",
+            b.pool,
+            if b.enabled { "on" } else { "off" },
+            b.min,
+            b.max,
+            if a.enabled { "on" } else { "off" },
+            a.min,
+            a.max
+        )
+    } else {
+        format!("pool {} already has these settings", b.pool)
+    };
+    let mut r = json(
+        200,
+        &serde_json::json!({
+            "pool": b.pool,
+            "count": b.count,
+            "min": b.min,
+            "max": b.max,
+            "enabled": b.enabled,
+            "changed": outcome.written,
+            "reconcile": reconcile.as_str(),
+            "message": format!("{what}; {}", reconcile.public_message()),
+        }),
+    );
+    r.headers_mut().insert(
+        RECONCILE_HEADER,
+        HeaderValue::from_static(reconcile.as_str()),
+    );
+    Ok(r)
+}
+
 fn change_body(o: &ChangeOutcome, reconcile: &ReconcileOutcome) -> serde_json::Value {
     let what = if o.written {
         format!("pool {} changed from {} to {}", o.pool, o.previous, o.count)
@@ -652,11 +789,17 @@ mod tests {
             Route::parse("/pools/gpu/modify"),
             Route::Modify(PoolRef::Named("gpu".into()))
         );
+        assert_eq!(
+            Route::parse("/pools/gpu/autoscale"),
+            Route::Autoscale("gpu".into())
+        );
         for p in [
             "/",
             "",
             "/pools/",
             "/pools//modify",
+            "/pools//autoscale",
+            "/pools/gpu/autoscale/x",
             "/pools/a/b",
             "/nodes/workers/",
             "/healthz/x",

@@ -37,7 +37,7 @@ const TOKEN: &str = "fuzz-token-8d1e44b0c2";
 /// Cases per `cargo test` run (debug build).
 const DEFAULT_CASES: u64 = 100_000;
 
-const ROUTES: [&str; 14] = [
+const ROUTES: [&str; 17] = [
     "/healthz",
     "/readyz",
     "/metrics",
@@ -52,6 +52,9 @@ const ROUTES: [&str; 14] = [
     "/pools/control-plane/modify",
     "/pools/nope",
     "/nodes",
+    "/pools/workers/autoscale",
+    "/pools/gpu/autoscale",
+    "/pools/control-plane/autoscale",
 ];
 const METHODS: [&str; 9] = [
     "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "FROB",
@@ -133,7 +136,7 @@ fn random_path(rng: &mut StdRng) -> String {
 }
 
 fn random_body(rng: &mut StdRng) -> Vec<u8> {
-    match rng.random_range(0..8) {
+    match rng.random_range(0..9) {
         0 => random_bytes(rng, 64),
         1 => random_bytes(rng, 1100),
         2 => format!(r#"{{"count": {}}}"#, random_number(rng)).into_bytes(),
@@ -141,8 +144,24 @@ fn random_body(rng: &mut StdRng) -> Vec<u8> {
         4 => random_number(rng).into_bytes(),
         5 => format!(r#"{{"count": {}, "delta": 1}}"#, random_number(rng)).into_bytes(),
         6 => vec![b' '; rng.random_range(1000..1100)],
+        7 => autoscale_body(rng).into_bytes(),
         _ => Vec::new(),
     }
+}
+
+/// A bounds change for `PUT /pools/{pool}/autoscale`, some members left out.
+fn autoscale_body(rng: &mut StdRng) -> String {
+    let mut members = Vec::new();
+    if rng.random_bool(0.6) {
+        members.push(format!(r#""min": {}"#, random_number(rng)));
+    }
+    if rng.random_bool(0.6) {
+        members.push(format!(r#""max": {}"#, random_number(rng)));
+    }
+    if rng.random_bool(0.4) {
+        members.push(format!(r#""enabled": {}"#, rng.random_bool(0.5)));
+    }
+    format!("{{{}}}", members.join(", "))
 }
 
 /// A request that is right in every respect but the number (so it reaches the write path).
@@ -151,7 +170,16 @@ fn coherent_request(rng: &mut StdRng) -> Option<(Request<Bytes>, bool)> {
         rng,
         &["/nodes/workers", "/pools/gpu", "/pools/control-plane"],
     );
-    let (method, path, ct, body) = match rng.random_range(0..3) {
+    let (method, path, ct, body) = match rng.random_range(0..4) {
+        3 => (
+            "PUT",
+            format!(
+                "{}/autoscale",
+                pool.replace("/nodes/workers", "/pools/workers")
+            ),
+            "application/json",
+            autoscale_body(rng),
+        ),
         0 => (
             "PUT",
             pool.to_owned(),

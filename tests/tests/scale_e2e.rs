@@ -494,3 +494,127 @@ async fn five_hundred_concurrent_patches_raise_the_count_by_exactly_500_without_
         h.shutdown().await;
     }
 }
+
+/// Manual and automatic together, over HTTP against the twin: enabling autoscaling with
+/// `PUT /pools/{pool}/autoscale` writes the ConfigMap and starts a Job; a count change on the
+/// pool is then a 409 naming the bounds endpoint and writes nothing; the endpoint refuses
+/// callers without the token; two webhook processes changing the bounds at once lose nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bounds_endpoint_owns_an_autoscaling_pools_count() {
+    let cluster = Cluster::twin(10).await;
+    let hook = Webhook::start(&cluster.kubeconfig).await;
+    let other = Webhook::start(&cluster.kubeconfig).await;
+    let http = reqwest::Client::new();
+    let token = cluster.token.as_str();
+    let bounds = |base: &str| format!("{base}/pools/workers/autoscale");
+
+    // Unauthenticated: 401, nothing written.
+    let rv = cluster.resource_version();
+    for r in [
+        http.get(bounds(&hook.base)).send().await.unwrap(),
+        http.put(bounds(&hook.base))
+            .bearer_auth("wrong")
+            .json_body(&json!({"enabled": true}))
+            .send()
+            .await
+            .unwrap(),
+    ] {
+        assert_eq!(r.status(), 401);
+    }
+    assert_eq!(cluster.resource_version(), rv);
+
+    // PUT: the spec changes and a reconcile Job is created.
+    let r = http
+        .put(bounds(&hook.base))
+        .bearer_auth(token)
+        .json_body(&json!({"enabled": true, "min": 1, "max": 6}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(json_of(r).await["reconcile"], "triggered");
+    let p = cluster.spec().worker_pools[0].clone();
+    assert_eq!((p.min, p.max, p.count), (1, 6, 2));
+    assert!(p.autoscale.is_some_and(|a| a.enabled));
+    assert_eq!(cluster.jobs().len(), 1);
+    let r = http
+        .get(bounds(&hook.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        json_of(r).await,
+        json!({"pool": "workers", "count": 2, "min": 1, "max": 6, "enabled": true})
+    );
+
+    // A count change is refused with the documented body; nothing is written or started.
+    let rv = cluster.resource_version();
+    let r = http
+        .patch(format!("{}/nodes/workers", hook.base))
+        .bearer_auth(token)
+        .json_body(&json!({"delta": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let body = json_of(r).await;
+    assert_eq!(
+        (
+            &body["error"],
+            &body["pool"],
+            &body["min"],
+            &body["max"],
+            &body["bounds"]
+        ),
+        (
+            &json!("autoscaling"),
+            &json!("workers"),
+            &json!(1),
+            &json!(6),
+            &json!("/pools/workers/autoscale")
+        ),
+        "{body}"
+    );
+    assert_eq!(cluster.resource_version(), rv);
+    assert_eq!(cluster.jobs().len(), 1);
+    assert_eq!(cluster.workers(), 2);
+
+    // Bad input names the field.
+    let r = http
+        .put(bounds(&hook.base))
+        .bearer_auth(token)
+        .json_body(&json!({"min": 7}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(json_of(r).await["field"], "min");
+    assert_eq!(cluster.resource_version(), rv);
+
+    // Two processes, concurrent writers of different fields: both changes survive.
+    for round in 0..5u32 {
+        let (a, b) = tokio::join!(
+            http.put(bounds(&hook.base))
+                .bearer_auth(token)
+                .json_body(&json!({"min": 2 + round % 2}))
+                .send(),
+            http.put(bounds(&other.base))
+                .bearer_auth(token)
+                .json_body(&json!({"max": 8 + round % 2}))
+                .send(),
+        );
+        assert_eq!(
+            (a.unwrap().status().as_u16(), b.unwrap().status().as_u16()),
+            (200, 200)
+        );
+        let p = &cluster.spec().worker_pools[0];
+        assert_eq!(
+            (p.min, p.max),
+            (2 + round % 2, 8 + round % 2),
+            "round {round}"
+        );
+    }
+    hook.shutdown().await;
+    other.shutdown().await;
+}

@@ -75,6 +75,24 @@ enum Command {
         #[command(flatten)]
         pool: PoolArg,
     },
+    /// Show a worker pool's autoscaling bounds, or change them (then start a reconcile).
+    /// While autoscaling is enabled, `set` and `add` on the pool are refused.
+    Autoscale {
+        #[command(flatten)]
+        pool: PoolArg,
+        /// New lower bound.
+        #[arg(long)]
+        min: Option<u32>,
+        /// New upper bound.
+        #[arg(long)]
+        max: Option<u32>,
+        /// Turn autoscaling on (`true`) or off (`false`: the count is set by hand again).
+        #[arg(long)]
+        enabled: Option<bool>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Add to a pool's desired count (negative removes) and start a reconcile.
     Add {
         /// How many to add, e.g. 2 or -1.
@@ -179,6 +197,16 @@ async fn run(args: Args) -> ExitCode {
             )
             .await
         }
+        Command::Autoscale {
+            pool,
+            min,
+            max,
+            enabled,
+            output,
+        } => {
+            let change = scale::AutoscaleChange { min, max, enabled };
+            autoscale(&state, client, ns, pool.pool.as_deref(), change, output).await
+        }
         Command::Add { delta, pool } => {
             change(
                 &state,
@@ -227,6 +255,46 @@ async fn change(
                     reconcile = out.reconcile.as_str(),
                     "the change is saved but no reconcile Job was started"
                 );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e, e.exit_code()),
+    }
+}
+
+async fn autoscale(
+    state: &KubeStateStore,
+    client: kube::Client,
+    ns: &str,
+    pool: Option<&str>,
+    change: scale::AutoscaleChange,
+    output: Output,
+) -> ExitCode {
+    let result = if change == scale::AutoscaleChange::default() {
+        scale::observe_autoscale(state, pool, &scale::SpecCache::default())
+            .await
+            .map(|b| (b, None))
+    } else {
+        let cluster = KubeCluster::new(client, ns);
+        scale::run_autoscale(state, &cluster, pool, change, &ScaleOptions::default())
+            .await
+            .map(|(out, reconcile)| (out.now, Some(reconcile)))
+    };
+    match result {
+        Ok((b, reconcile)) => {
+            match output {
+                Output::Json => println!("{}", serde_json::to_string(&b).unwrap_or_default()),
+                Output::Text => println!(
+                    "{}: autoscaling {}, bounds [{}, {}], count {}{}",
+                    b.pool,
+                    if b.enabled { "on" } else { "off" },
+                    b.min,
+                    b.max,
+                    b.count,
+                    reconcile
+                        .map(|r| format!("; {}", r.public_message()))
+                        .unwrap_or_default()
+                ),
             }
             ExitCode::SUCCESS
         }
@@ -324,6 +392,29 @@ mod tests {
         let a = Args::try_parse_from(["scale", "--namespace", "ops", "add", "+3"]).unwrap();
         assert!(matches!(a.command, Command::Add { delta: 3, .. }));
         assert_eq!(a.kube.namespace, "ops");
+        let a = Args::try_parse_from([
+            "scale",
+            "autoscale",
+            "--pool",
+            "gpu",
+            "--min",
+            "2",
+            "--max",
+            "5",
+            "--enabled",
+            "false",
+        ])
+        .unwrap();
+        assert!(matches!(
+            a.command,
+            Command::Autoscale {
+                min: Some(2),
+                max: Some(5),
+                enabled: Some(false),
+                ..
+            }
+        ));
+        assert!(Args::try_parse_from(["scale", "autoscale", "--min", "-1"]).is_err());
     }
 
     #[test]

@@ -453,7 +453,7 @@ fn validation_names_each_bad_field() {
         max_nodes_per_run: 0,
         schedules: vec![ScheduleWindow {
             start: "61 * * * *".into(),
-            time_zone: "Europe/Oslo".into(),
+            time_zone: "Europe/Olso".into(),
             duration_minutes: 0,
             min: Some(9),
             ..window(3)
@@ -473,6 +473,73 @@ fn validation_names_each_bad_field() {
         ]
     );
     assert!(AutoscaleSpec::default().validate(1, 6).is_empty());
+    // As a CronJob: the zone goes in time_zone, never in the schedule.
+    let a = AutoscaleSpec {
+        schedules: vec![ScheduleWindow {
+            start: "CRON_TZ=Europe/Berlin 0 8 * * 1-5".into(),
+            ..window(3)
+        }],
+        ..AutoscaleSpec::default()
+    };
+    let errs = a.validate(1, 6);
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(
+        errs[0].to_string(),
+        "schedules[0].start: cannot use TZ or CRON_TZ in schedule, use timeZone field instead"
+    );
+}
+
+/// A weekday 08:00-20:00 window on Berlin's wall clock holds on both sides of the March
+/// and October daylight-saving changes (2026-03-29, 2026-10-25).
+#[test]
+fn berlin_office_hours_window_follows_daylight_saving() {
+    let mut p = pool("workers", 1, 1, 6);
+    p.autoscale
+        .as_mut()
+        .unwrap()
+        .schedules
+        .push(ScheduleWindow {
+            start: "0 8 * * 1-5".into(),
+            time_zone: "Europe/Berlin".into(),
+            ..window(3)
+        });
+    let utc = |s: &str| {
+        chrono::DateTime::parse_from_rfc3339(s)
+            .unwrap()
+            .with_timezone(&chrono::Utc)
+    };
+    let a = p.autoscale.as_ref().unwrap();
+    for (now, active) in [
+        // Friday 2026-03-27, CET (UTC+1): 08:00-20:00 is 07:00Z-19:00Z.
+        ("2026-03-27T06:59:00Z", false),
+        ("2026-03-27T07:00:00Z", true),
+        ("2026-03-27T18:59:00Z", true),
+        ("2026-03-27T19:00:00Z", false),
+        // Saturday: no window.
+        ("2026-03-28T10:00:00Z", false),
+        // Monday 2026-03-30, CEST (UTC+2): 06:00Z-18:00Z.
+        ("2026-03-30T05:59:00Z", false),
+        ("2026-03-30T06:00:00Z", true),
+        ("2026-03-30T17:59:00Z", true),
+        ("2026-03-30T18:00:00Z", false),
+        // Friday 2026-10-23, CEST: 06:00Z-18:00Z.
+        ("2026-10-23T05:59:00Z", false),
+        ("2026-10-23T06:00:00Z", true),
+        ("2026-10-23T18:00:00Z", false),
+        // Monday 2026-10-26, CET: 07:00Z-19:00Z.
+        ("2026-10-26T06:30:00Z", false),
+        ("2026-10-26T07:00:00Z", true),
+        ("2026-10-26T18:30:00Z", true),
+        ("2026-10-26T19:00:00Z", false),
+    ] {
+        let (min, max, window) = effective_bounds(1, 6, a, utc(now));
+        let want = if active {
+            (3, 6, Some("office-hours".to_owned()))
+        } else {
+            (1, 6, None)
+        };
+        assert_eq!((min, max, window), want, "at {now}");
+    }
 }
 
 #[test]

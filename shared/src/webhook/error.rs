@@ -67,6 +67,8 @@ pub struct PublicError {
     pub www_authenticate: Option<&'static str>,
     /// `Retry-After` seconds for 503s worth retrying.
     pub retry_after: Option<u32>,
+    /// Further members of the JSON body (e.g. the bounds of an autoscaling pool).
+    pub details: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl PublicError {
@@ -78,6 +80,7 @@ impl PublicError {
             allow: None,
             www_authenticate: None,
             retry_after: None,
+            details: None,
         }
     }
 
@@ -213,6 +216,32 @@ impl WebhookError {
                         "even_control_plane",
                         format!("the control-plane pool {pool:?} needs an odd count, not {count}"),
                     )
+                }
+                ScaleError::Autoscaling { pool, min, max } => {
+                    let bounds = format!("/pools/{pool}/autoscale");
+                    let mut details = serde_json::Map::new();
+                    details.insert("pool".into(), pool.as_str().into());
+                    details.insert("min".into(), (*min).into());
+                    details.insert("max".into(), (*max).into());
+                    details.insert("bounds".into(), bounds.as_str().into());
+                    PublicError {
+                        details: Some(details),
+                        ..PublicError::new(
+                            409,
+                            "autoscaling",
+                            format!(
+                                "pool {pool:?} autoscales between min {min} and max {max}, so the autoscaler sets its count; change the bounds with PUT {bounds}, or send {{\"enabled\": false}} there to set the count by hand"
+                            ),
+                        )
+                    }
+                }
+                ScaleError::InvalidAutoscale { field, message } => {
+                    let mut details = serde_json::Map::new();
+                    details.insert("field".into(), field.as_str().into());
+                    PublicError {
+                        details: Some(details),
+                        ..PublicError::new(400, "invalid_field", format!("{field}: {message}"))
+                    }
                 }
                 ScaleError::NoWorkerPool => PublicError::new(
                     404,

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Route templates, in the order their histograms are kept.
-pub const ROUTES: [&str; 10] = [
+pub const ROUTES: [&str; 11] = [
     "/healthz",
     "/readyz",
     "/metrics",
@@ -23,6 +23,7 @@ pub const ROUTES: [&str; 10] = [
     "/nodes/workers/modify",
     "/pools/{pool}",
     "/pools/{pool}/modify",
+    "/pools/{pool}/autoscale",
     "other",
 ];
 

@@ -143,6 +143,15 @@ pub enum ScaleError {
         "the ConfigMap kept changing while we wrote it: {attempts} attempts met a conflict; try again"
     )]
     Busy { attempts: u32 },
+    /// A count change on a pool whose autoscaler owns the count. Nothing was written.
+    #[error(
+        "pool {pool:?} autoscales between min {min} and max {max}, so the autoscaler sets its count; change the bounds (PUT /pools/{pool}/autoscale, `scale autoscale`) or set enabled false to set the count by hand"
+    )]
+    Autoscaling { pool: String, min: u32, max: u32 },
+    /// A bounds change the spec refuses; `field` is the request's (`min`, `max`, `enabled`)
+    /// or the spec field it broke. Nothing was written.
+    #[error("{field}: {message}")]
+    InvalidAutoscale { field: String, message: String },
 }
 
 impl ScaleError {
@@ -154,7 +163,9 @@ impl ScaleError {
             ScaleError::NoSpec
             | ScaleError::Spec(_)
             | ScaleError::NoWorkerPool
-            | ScaleError::Count(_) => 2,
+            | ScaleError::Count(_)
+            | ScaleError::Autoscaling { .. }
+            | ScaleError::InvalidAutoscale { .. } => 2,
         }
     }
 }
@@ -253,6 +264,7 @@ pub async fn apply_change<S: StateStore>(
         let snapshot = state.read_config().await.map_err(ScaleError::State)?;
         let mut spec = cache.parse(&snapshot)?;
         let (_, p) = resolve_pool(&spec, pool)?;
+        refuse_if_autoscaling(p)?;
         let name = p.name.clone();
         let previous = p.count;
         let target = match change {
@@ -288,6 +300,191 @@ pub async fn apply_change<S: StateStore>(
             Err(e) if e.is_conflict() => {
                 conflicts += 1;
                 tracing::debug!(pool = %name, attempt, "ConfigMap changed since it was read; re-reading");
+            }
+            Err(e) => return Err(ScaleError::State(e)),
+        }
+    }
+    Err(ScaleError::Busy { attempts })
+}
+
+/// Manual and automatic together: while a pool's autoscaler is enabled it owns the count,
+/// so a manual count is refused (409 on the webhook) rather than silently undone by the next
+/// run. The caller changes the bounds instead, or disables autoscaling.
+fn refuse_if_autoscaling(p: &PoolSpec) -> Result<(), ScaleError> {
+    match &p.autoscale {
+        Some(a) if a.enabled => Err(ScaleError::Autoscaling {
+            pool: p.name.clone(),
+            min: p.min,
+            max: p.max,
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// A change to a worker pool's autoscaling bounds; `None` keeps what is stored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AutoscaleChange {
+    pub min: Option<u32>,
+    pub max: Option<u32>,
+    pub enabled: Option<bool>,
+}
+
+/// A pool's autoscaling settings as stored (`GET /pools/{pool}/autoscale`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AutoscaleBounds {
+    pub pool: String,
+    pub count: u32,
+    pub min: u32,
+    pub max: u32,
+    /// True when the pool has an `autoscale` block with `enabled: true`.
+    pub enabled: bool,
+}
+
+/// What [`apply_autoscale`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoscaleOutcome {
+    pub previous: AutoscaleBounds,
+    pub now: AutoscaleBounds,
+    /// False when nothing changed: nothing was written.
+    pub written: bool,
+    pub conflicts: u32,
+}
+
+fn autoscale_bounds(p: &PoolSpec) -> AutoscaleBounds {
+    AutoscaleBounds {
+        pool: p.name.clone(),
+        count: p.count,
+        min: p.min,
+        max: p.max,
+        enabled: p.autoscale.as_ref().is_some_and(|a| a.enabled),
+    }
+}
+
+/// The worker pool `pool` names (default: the first); the control plane does not autoscale.
+fn resolve_worker<'a>(
+    spec: &'a ClusterSpec,
+    pool: Option<&str>,
+) -> Result<&'a PoolSpec, ScaleError> {
+    match resolve_pool(spec, pool)? {
+        (Role::Worker, p) => Ok(p),
+        (Role::ControlPlane, p) => Err(ScaleError::InvalidAutoscale {
+            field: "pool".into(),
+            message: format!(
+                "{:?} is the control plane, which does not autoscale; name a worker pool",
+                p.name
+            ),
+        }),
+    }
+}
+
+/// Stored autoscaling bounds of a worker pool. Read-only.
+pub async fn observe_autoscale<S: StateStore>(
+    state: &S,
+    pool: Option<&str>,
+    cache: &SpecCache,
+) -> Result<AutoscaleBounds, ScaleError> {
+    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
+    let spec = cache.parse(&snapshot)?;
+    Ok(autoscale_bounds(resolve_worker(&spec, pool)?))
+}
+
+/// Applies `change` to `spec`: min/max are the pool's bounds (which the autoscaler keeps to),
+/// `enabled` switches the `autoscale` block (created with defaults when first enabled). The
+/// count is clamped into the new bounds. Every spec rule (min ≤ max, the anti-affinity
+/// group's size, schedule windows within the bounds) is checked; the first problem is
+/// returned naming the request field it comes from.
+fn change_autoscale(
+    spec: &mut ClusterSpec,
+    name: &str,
+    change: AutoscaleChange,
+) -> Result<(), ScaleError> {
+    let Some(p) = spec.worker_pools.iter_mut().find(|p| p.name == name) else {
+        return Ok(());
+    };
+    if let Some(min) = change.min {
+        p.min = min;
+    }
+    if let Some(max) = change.max {
+        p.max = max;
+    }
+    if p.min > p.max {
+        let field = if change.min.is_some() { "min" } else { "max" };
+        return Err(ScaleError::InvalidAutoscale {
+            field: field.into(),
+            message: format!("min {} is greater than max {}", p.min, p.max),
+        });
+    }
+    p.count = p.count.clamp(p.min, p.max);
+    match (change.enabled, p.autoscale.as_mut()) {
+        (Some(on), Some(a)) => a.enabled = on,
+        (Some(true), None) => p.autoscale = Some(crate::autoscale::AutoscaleSpec::default()),
+        (Some(false), None) | (None, _) => {}
+    }
+    let prefix = format!("worker_pools.{name}.");
+    spec.validate().map_err(|errs| {
+        let e = errs
+            .0
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| crate::spec::SpecError {
+                field: String::new(),
+                message: "invalid".into(),
+            });
+        // The group-size rule names every pool's max; ours is the one the caller changed.
+        let field = if e.field.contains(&format!("{prefix}max")) {
+            "max".to_owned()
+        } else {
+            e.field.strip_prefix(&prefix).unwrap_or(&e.field).to_owned()
+        };
+        ScaleError::InvalidAutoscale {
+            field,
+            message: e.message,
+        }
+    })
+}
+
+/// Applies `change` to a worker pool's autoscaling settings in `spec.yaml`, with the same
+/// read → change → replace-with-resourceVersion protocol (and re-read on 409) as
+/// [`apply_change`]. Starts no reconcile.
+pub async fn apply_autoscale<S: StateStore>(
+    state: &S,
+    pool: Option<&str>,
+    change: AutoscaleChange,
+    opts: &ScaleOptions,
+    cache: &SpecCache,
+) -> Result<AutoscaleOutcome, ScaleError> {
+    let attempts = opts.backoff.attempts.max(1);
+    let mut conflicts = 0;
+    for attempt in 1..=attempts {
+        if attempt > 1 {
+            tokio::time::sleep(opts.backoff.delay(attempt)).await;
+        }
+        let snapshot = state.read_config().await.map_err(ScaleError::State)?;
+        let mut spec = cache.parse(&snapshot)?;
+        let previous = autoscale_bounds(resolve_worker(&spec, pool)?);
+        change_autoscale(&mut spec, &previous.pool, change)?;
+        let now = autoscale_bounds(resolve_worker(&spec, Some(&previous.pool))?);
+        let mut outcome = AutoscaleOutcome {
+            written: false,
+            conflicts,
+            previous,
+            now,
+        };
+        if outcome.now == outcome.previous {
+            return Ok(outcome);
+        }
+        let yaml = spec.to_yaml();
+        let mut data = snapshot.data.clone();
+        data.insert(keys::SPEC.to_owned(), yaml.clone());
+        match state.replace_config(&snapshot.resource_version, data).await {
+            Ok(_) => {
+                cache.remember(yaml, spec);
+                outcome.written = true;
+                return Ok(outcome);
+            }
+            Err(e) if e.is_conflict() => {
+                conflicts += 1;
+                tracing::debug!(pool = %outcome.now.pool, attempt, "ConfigMap changed since it was read; re-reading");
             }
             Err(e) => return Err(ScaleError::State(e)),
         }
@@ -339,6 +536,24 @@ pub async fn run<S: StateStore, C: Cluster>(
         tracing::warn!(pool = %change.pool, error = %message, "count saved, but the reconcile Job could not be started");
     }
     Ok(ScaleOutcome { change, reconcile })
+}
+
+/// The CLI's `scale autoscale`: change the bounds, then (if something was written) start a
+/// reconcile Job.
+pub async fn run_autoscale<S: StateStore, C: Cluster>(
+    state: &S,
+    cluster: &C,
+    pool: Option<&str>,
+    change: AutoscaleChange,
+    opts: &ScaleOptions,
+) -> Result<(AutoscaleOutcome, ReconcileOutcome), ScaleError> {
+    let out = apply_autoscale(state, pool, change, opts, &SpecCache::default()).await?;
+    let reconcile = if out.written {
+        trigger_reconcile(cluster).await
+    } else {
+        ReconcileOutcome::NotNeeded
+    };
+    Ok((out, reconcile))
 }
 
 #[cfg(test)]
@@ -470,6 +685,41 @@ mod tests {
             observe_count(&w.state(), None, &cache).await.unwrap().count,
             8
         );
+    }
+
+    #[tokio::test]
+    async fn autoscaling_pools_refuse_counts_and_take_bounds() {
+        let w = world(2, 10);
+        let mut spec =
+            ClusterSpec::from_yaml(&w.with(|s| s.config.data[keys::SPEC].clone())).unwrap();
+        spec.worker_pools[0].autoscale = Some(crate::autoscale::AutoscaleSpec::default());
+        w.with(|s| s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml()));
+        let opts = ScaleOptions::default();
+        let e = run(&w.state(), &w.cluster(), None, CountChange::Add(1), &opts)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ScaleError::Autoscaling {
+                    min: 0,
+                    max: 10,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(e.exit_code(), 2);
+        let change = AutoscaleChange {
+            min: Some(3),
+            ..AutoscaleChange::default()
+        };
+        let (out, reconcile) = run_autoscale(&w.state(), &w.cluster(), None, change, &opts)
+            .await
+            .unwrap();
+        assert_eq!((out.now.min, out.now.count, out.written), (3, 3, true));
+        assert_eq!(reconcile, ReconcileOutcome::Triggered);
+        assert_eq!(stored(&w, "workers"), 3);
     }
 
     #[tokio::test]
