@@ -382,3 +382,43 @@ async fn concurrent_puts_from_two_webhook_processes_lose_no_update() {
         "one writer met a 409 and re-applied its change"
     );
 }
+
+#[tokio::test]
+async fn switching_autoscaling_off_keeps_the_count_the_autoscaler_reached() {
+    let w = world().await;
+    // The last run planned 5 workers (the autoscaler's count); the spec still says 2.
+    let status = json!({
+        "runId": "r1", "startedAt": "2026-11-23T03:00:00Z", "finishedAt": "2026-11-23T03:00:05Z",
+        "conditions": [], "lastPlan": [],
+        "pools": [{"pool": "workers", "desired": 5, "ready": 5, "joining": 0, "not_ready": 0,
+                   "broken": 0, "removing": 0, "drifted": 0}]
+    });
+    w.with(|s| {
+        s.config
+            .data
+            .insert(keys::STATUS.to_owned(), status.to_string())
+    });
+    let d = deps(&w);
+    let r = webhook::handle(&d, req(Method::GET, "/pools/workers/autoscale", "")).await;
+    assert_eq!(
+        body_json(&r)["count"],
+        5,
+        "while enabled, the count is the autoscaler's"
+    );
+    let r = webhook::handle(
+        &d,
+        req(
+            Method::PUT,
+            "/pools/workers/autoscale",
+            r#"{"enabled":false}"#,
+        ),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", body_json(&r));
+    let p = &stored(&w).worker_pools[0];
+    assert_eq!(
+        (p.count, p.autoscale.as_ref().map(|a| a.enabled)),
+        (5, Some(false)),
+        "the next run keeps the 5 workers instead of going back to 2"
+    );
+}

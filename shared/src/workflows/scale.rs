@@ -350,14 +350,30 @@ pub struct AutoscaleOutcome {
     pub conflicts: u32,
 }
 
-fn autoscale_bounds(p: &PoolSpec) -> AutoscaleBounds {
+/// `planned`: the count the last reconcile run planned for the pool (see [`planned_count`]),
+/// which is the autoscaler's while it is enabled; the spec's own count is not used then.
+fn autoscale_bounds(p: &PoolSpec, planned: Option<u32>) -> AutoscaleBounds {
+    let enabled = p.autoscale.as_ref().is_some_and(|a| a.enabled);
     AutoscaleBounds {
         pool: p.name.clone(),
-        count: p.count,
+        count: match planned {
+            Some(n) if enabled => n,
+            _ => p.count,
+        },
         min: p.min,
         max: p.max,
-        enabled: p.autoscale.as_ref().is_some_and(|a| a.enabled),
+        enabled,
     }
+}
+
+/// The desired count of `pool` in the last run's `status.json`.
+fn planned_count(snapshot: &crate::state::ConfigSnapshot, pool: &str) -> Option<u32> {
+    let status = crate::status::Status::from_json(snapshot.status_json()?)?;
+    status
+        .pools
+        .iter()
+        .find(|p| p.pool == pool)
+        .map(|p| p.desired)
 }
 
 /// The worker pool `pool` names (default: the first); the control plane does not autoscale.
@@ -385,22 +401,27 @@ pub async fn observe_autoscale<S: StateStore>(
 ) -> Result<AutoscaleBounds, ScaleError> {
     let snapshot = state.read_config().await.map_err(ScaleError::State)?;
     let spec = cache.parse(&snapshot)?;
-    Ok(autoscale_bounds(resolve_worker(&spec, pool)?))
+    let p = resolve_worker(&spec, pool)?;
+    Ok(autoscale_bounds(p, planned_count(&snapshot, &p.name)))
 }
 
 /// Applies `change` to `spec`: min/max are the pool's bounds (which the autoscaler keeps to),
-/// `enabled` switches the `autoscale` block (created with defaults when first enabled). The
-/// count is clamped into the new bounds. Every spec rule (min ≤ max, the anti-affinity
+/// `enabled` switches the `autoscale` block (created with defaults when first enabled).
+/// Switching it off hands the count back to the caller at what the autoscaler last planned
+/// (`planned`), so the next run keeps the workers there instead of going back to a count the
+/// spec held before autoscaling. The count is clamped into the new bounds. Every spec rule (min ≤ max, the anti-affinity
 /// group's size, schedule windows within the bounds) is checked; the first problem is
 /// returned naming the request field it comes from.
 fn change_autoscale(
     spec: &mut ClusterSpec,
     name: &str,
     change: AutoscaleChange,
+    planned: Option<u32>,
 ) -> Result<(), ScaleError> {
     let Some(p) = spec.worker_pools.iter_mut().find(|p| p.name == name) else {
         return Ok(());
     };
+    let was_enabled = p.autoscale.as_ref().is_some_and(|a| a.enabled);
     if let Some(min) = change.min {
         p.min = min;
     }
@@ -414,12 +435,18 @@ fn change_autoscale(
             message: format!("min {} is greater than max {}", p.min, p.max),
         });
     }
-    p.count = p.count.clamp(p.min, p.max);
     match (change.enabled, p.autoscale.as_mut()) {
         (Some(on), Some(a)) => a.enabled = on,
         (Some(true), None) => p.autoscale = Some(crate::autoscale::AutoscaleSpec::default()),
         (Some(false), None) | (None, _) => {}
     }
+    if was_enabled
+        && change.enabled == Some(false)
+        && let Some(n) = planned
+    {
+        p.count = n;
+    }
+    p.count = p.count.clamp(p.min, p.max);
     let prefix = format!("worker_pools.{name}.");
     spec.validate().map_err(|errs| {
         let e = errs
@@ -461,9 +488,11 @@ pub async fn apply_autoscale<S: StateStore>(
         }
         let snapshot = state.read_config().await.map_err(ScaleError::State)?;
         let mut spec = cache.parse(&snapshot)?;
-        let previous = autoscale_bounds(resolve_worker(&spec, pool)?);
-        change_autoscale(&mut spec, &previous.pool, change)?;
-        let now = autoscale_bounds(resolve_worker(&spec, Some(&previous.pool))?);
+        let p = resolve_worker(&spec, pool)?;
+        let planned = planned_count(&snapshot, &p.name);
+        let previous = autoscale_bounds(p, planned);
+        change_autoscale(&mut spec, &previous.pool, change, planned)?;
+        let now = autoscale_bounds(resolve_worker(&spec, Some(&previous.pool))?, planned);
         let mut outcome = AutoscaleOutcome {
             written: false,
             conflicts,
