@@ -4,6 +4,8 @@
 //! Between runs the tests wait for the simulated VMs to boot and join, as the CronJob's
 //! interval does on a cluster; "runs" below counts `reconcile-once` invocations.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 use std::process::Output;
 use std::time::{Duration, Instant};

@@ -613,7 +613,7 @@ async fn a_member_whose_data_disk_is_missing_is_replaced_with_the_reason() {
     env.sim
         .faults()
         .update(|f| f.missing_data_disk = vec![WK.to_owned()]);
-    env.edit(|s| s.worker_pools[0].data_disk = Some("10GiB".parse().expect("size")))
+    env.edit(|s| s.worker_pools[0].data_disk = Some(oxide_controller::size::ByteSize::gib(10)))
         .await;
     let out = env.reconcile(&[]).await;
     assert!(
