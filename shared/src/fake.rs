@@ -60,6 +60,8 @@ pub struct WorldState {
     pub lease: Option<(String, DateTime<Utc>)>,
     /// The next this many Lease renewals fail as if the API were unavailable.
     pub renew_failures: u32,
+    /// The next this many Lease releases fail as if the API were unavailable.
+    pub release_failures: u32,
     pub events: Vec<(EventType, String, String)>,
     pub jobs: BTreeSet<String>,
     pub cronjob: bool,
@@ -822,6 +824,13 @@ impl Cluster for FakeCluster {
 
     async fn release_lease(&self, holder: &str) -> Result<(), ClusterError> {
         self.0.with(|s| {
+            if s.release_failures > 0 {
+                s.release_failures -= 1;
+                return Err(ClusterError::Unavailable {
+                    what: "lease".into(),
+                    message: "injected".into(),
+                });
+            }
             if s.lease.as_ref().is_some_and(|(h, _)| h == holder) {
                 s.lease = None;
             }

@@ -560,6 +560,25 @@ fn drain_never_evicts_the_runs_own_pod() {
 }
 
 #[test]
+fn a_failed_lease_release_is_retried_so_the_next_run_is_not_locked_out() {
+    rt().block_on(async {
+        let spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        let w = world(&spec, true).await;
+        w.with(|s| s.release_failures = 2);
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(w.lock().release_failures, 0, "released on the third try");
+        assert!(
+            w.lock().lease.is_none(),
+            "the Lease is free for the next run"
+        );
+        assert!(matches!(
+            run_once(&w).await,
+            Ok(RunOutcome::Converged { .. } | RunOutcome::Progressing { .. })
+        ));
+    });
+}
+
+#[test]
 fn a_failed_lease_renewal_is_retried_while_the_lease_is_valid() {
     rt().block_on(async {
         let spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);

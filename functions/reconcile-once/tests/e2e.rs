@@ -925,10 +925,16 @@ async fn converges_within_five_runs_under_kube_5xx_and_latency() {
         let w = watch(&env);
         let mut runs = 0;
         let mut converged = false;
+        let mut logs = Vec::new();
         while runs < 5 && !converged {
             runs += 1;
             let out = env.reconcile(&[]).await;
             assert!(matches!(out.status.code(), Some(0 | 1)), "{out:?}");
+            logs.push(format!(
+                "run {runs}: exit {:?}\n{}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            ));
             // Read the outcome without faults, then put them back.
             kube_faults(false);
             converged = env
@@ -938,12 +944,23 @@ async fn converges_within_five_runs_under_kube_5xx_and_latency() {
                 == Some(true)
                 && env.instances(WK).len() == desired as usize;
             kube_faults(true);
+            // The CronJob's interval: let the VMs this run created boot and join (or those it
+            // removed go) before the next run, so "runs" counts runs, not machine speed.
+            let until = std::time::Instant::now() + Duration::from_secs(20);
+            while !converged
+                && std::time::Instant::now() < until
+                && env.instances(WK).len() != env.ready_nodes(WK).len()
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
         let (peak, _) = w.finish(WK).await;
         kube_faults(false);
         assert!(
             converged,
-            "not converged to {desired} within 5 runs under Kubernetes faults"
+            "not converged to {desired} within 5 runs under Kubernetes faults; status {}\n{}",
+            env.status().await.map(|s| s.to_json()).unwrap_or_default(),
+            logs.join("\n")
         );
         // Scaling up: never more than desired+1; scaling down: never more than before.
         let bound = (desired as usize + 1).max(before);

@@ -419,7 +419,15 @@ where
     if let Err(e) = write_status(state, Some(&snapshot), &status).await {
         warn!(error = %e, "could not write status.json");
     }
-    if let Err(e) = cluster.release_lease(&opts.holder).await {
+    // Retried like every other Kubernetes call: a Lease left held makes the next runs step
+    // aside until it expires (the run's deadline plus a margin).
+    let released = crate::retry::retry(
+        crate::cluster::KUBE_BACKOFF,
+        ClusterError::is_retryable,
+        || cluster.release_lease(&opts.holder),
+    )
+    .await;
+    if let Err(e) = released {
         warn!(error = %e, "could not release the Lease; it expires by itself");
     }
     let (plan, results, autoscaled) = outcome?;
