@@ -255,15 +255,8 @@ pub async fn apply_change<S: StateStore>(
     opts: &ScaleOptions,
     cache: &SpecCache,
 ) -> Result<ChangeOutcome, ScaleError> {
-    let attempts = opts.backoff.attempts.max(1);
-    let mut conflicts = 0;
-    for attempt in 1..=attempts {
-        if attempt > 1 {
-            tokio::time::sleep(opts.backoff.delay(attempt)).await;
-        }
-        let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-        let mut spec = cache.parse(&snapshot)?;
-        let (_, p) = resolve_pool(&spec, pool)?;
+    let (mut outcome, written, conflicts) = edit_spec(state, opts, cache, |spec, _| {
+        let (_, p) = resolve_pool(spec, pool)?;
         refuse_if_autoscaling(p)?;
         let name = p.name.clone();
         let previous = p.count;
@@ -274,18 +267,49 @@ pub async fn apply_change<S: StateStore>(
                 .unwrap_or(if delta > 0 { i64::MAX } else { i64::MIN }),
         };
         spec.set_count(&name, target)?;
-        let (_, p) = resolve_pool(&spec, Some(&name))?;
-        let mut outcome = ChangeOutcome {
-            pool: name.clone(),
+        let (_, p) = resolve_pool(spec, Some(&name))?;
+        let changed = p.count != previous;
+        let outcome = ChangeOutcome {
+            pool: name,
             previous,
             count: p.count,
             min: p.min,
             max: p.max,
             written: false,
-            conflicts,
+            conflicts: 0,
         };
-        if p.count == previous {
-            return Ok(outcome);
+        Ok((outcome, changed))
+    })
+    .await?;
+    (outcome.written, outcome.conflicts) = (written, conflicts);
+    Ok(outcome)
+}
+
+/// The write protocol both changes use: read the ConfigMap, `edit` the spec (which says
+/// whether it changed anything), replace with the resourceVersion read, and on a 409 re-read
+/// and edit again, up to `opts.backoff.attempts` times. Nothing changed: nothing written.
+/// Returns `edit`'s value from the attempt that counted, whether it was written, and the
+/// conflicts met.
+async fn edit_spec<S: StateStore, T>(
+    state: &S,
+    opts: &ScaleOptions,
+    cache: &SpecCache,
+    mut edit: impl FnMut(
+        &mut ClusterSpec,
+        &crate::state::ConfigSnapshot,
+    ) -> Result<(T, bool), ScaleError>,
+) -> Result<(T, bool, u32), ScaleError> {
+    let attempts = opts.backoff.attempts.max(1);
+    let mut conflicts = 0;
+    for attempt in 1..=attempts {
+        if attempt > 1 {
+            tokio::time::sleep(opts.backoff.delay(attempt)).await;
+        }
+        let snapshot = state.read_config().await.map_err(ScaleError::State)?;
+        let mut spec = cache.parse(&snapshot)?;
+        let (value, changed) = edit(&mut spec, &snapshot)?;
+        if !changed {
+            return Ok((value, false, conflicts));
         }
         let yaml = spec.to_yaml();
         let mut data = snapshot.data.clone();
@@ -294,12 +318,11 @@ pub async fn apply_change<S: StateStore>(
             Ok(_) => {
                 // The next read most likely sees exactly what we wrote.
                 cache.remember(yaml, spec);
-                outcome.written = true;
-                return Ok(outcome);
+                return Ok((value, true, conflicts));
             }
             Err(e) if e.is_conflict() => {
                 conflicts += 1;
-                tracing::debug!(pool = %name, attempt, "ConfigMap changed since it was read; re-reading");
+                tracing::debug!(attempt, "ConfigMap changed since it was read; re-reading");
             }
             Err(e) => return Err(ScaleError::State(e)),
         }
@@ -480,45 +503,26 @@ pub async fn apply_autoscale<S: StateStore>(
     opts: &ScaleOptions,
     cache: &SpecCache,
 ) -> Result<AutoscaleOutcome, ScaleError> {
-    let attempts = opts.backoff.attempts.max(1);
-    let mut conflicts = 0;
-    for attempt in 1..=attempts {
-        if attempt > 1 {
-            tokio::time::sleep(opts.backoff.delay(attempt)).await;
-        }
-        let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-        let mut spec = cache.parse(&snapshot)?;
-        let p = resolve_worker(&spec, pool)?;
-        let planned = planned_count(&snapshot, &p.name);
+    let (mut outcome, written, conflicts) = edit_spec(state, opts, cache, |spec, snapshot| {
+        let p = resolve_worker(spec, pool)?;
+        let planned = planned_count(snapshot, &p.name);
         let previous = autoscale_bounds(p, planned);
-        change_autoscale(&mut spec, &previous.pool, change, planned)?;
-        let now = autoscale_bounds(resolve_worker(&spec, Some(&previous.pool))?, planned);
-        let mut outcome = AutoscaleOutcome {
-            written: false,
-            conflicts,
-            previous,
-            now,
-        };
-        if outcome.now == outcome.previous {
-            return Ok(outcome);
-        }
-        let yaml = spec.to_yaml();
-        let mut data = snapshot.data.clone();
-        data.insert(keys::SPEC.to_owned(), yaml.clone());
-        match state.replace_config(&snapshot.resource_version, data).await {
-            Ok(_) => {
-                cache.remember(yaml, spec);
-                outcome.written = true;
-                return Ok(outcome);
-            }
-            Err(e) if e.is_conflict() => {
-                conflicts += 1;
-                tracing::debug!(pool = %outcome.now.pool, attempt, "ConfigMap changed since it was read; re-reading");
-            }
-            Err(e) => return Err(ScaleError::State(e)),
-        }
-    }
-    Err(ScaleError::Busy { attempts })
+        change_autoscale(spec, &previous.pool, change, planned)?;
+        let now = autoscale_bounds(resolve_worker(spec, Some(&previous.pool))?, planned);
+        let changed = now != previous;
+        Ok((
+            AutoscaleOutcome {
+                written: false,
+                conflicts: 0,
+                previous,
+                now,
+            },
+            changed,
+        ))
+    })
+    .await?;
+    (outcome.written, outcome.conflicts) = (written, conflicts);
+    Ok(outcome)
 }
 
 /// Starts the on-demand reconcile Job. Failures are reported, not returned: by the time this
