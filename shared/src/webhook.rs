@@ -556,6 +556,27 @@ async fn get_count<S: StateStore, C: Cluster>(
     }
 }
 
+/// A write that gave up after `attempts` conflicts still counts them.
+fn busy_conflicts<S: StateStore, C: Cluster>(deps: &Deps<S, C>, e: &scale::ScaleError) {
+    if let scale::ScaleError::Busy { attempts } = e {
+        deps.metrics.conflicts(*attempts);
+    }
+}
+
+/// After a spec write: count its conflicts and, when it wrote something, start a reconcile.
+async fn after_write<S: StateStore, C: Cluster>(
+    deps: &Deps<S, C>,
+    conflicts: u32,
+    written: bool,
+) -> ReconcileOutcome {
+    deps.metrics.conflicts(conflicts);
+    if written {
+        trigger(deps).await
+    } else {
+        ReconcileOutcome::NotNeeded
+    }
+}
+
 async fn change<S: StateStore, C: Cluster>(
     deps: &Deps<S, C>,
     pool: &PoolRef,
@@ -573,21 +594,8 @@ async fn change<S: StateStore, C: Cluster>(
         )
         .await
     };
-    let outcome = match result {
-        Ok(o) => o,
-        Err(e) => {
-            if let scale::ScaleError::Busy { attempts } = &e {
-                deps.metrics.conflicts(*attempts);
-            }
-            return Err(e.into());
-        }
-    };
-    deps.metrics.conflicts(outcome.conflicts);
-    let reconcile = if outcome.written {
-        trigger(deps).await
-    } else {
-        ReconcileOutcome::NotNeeded
-    };
+    let outcome = result.inspect_err(|e| busy_conflicts(deps, e))?;
+    let reconcile = after_write(deps, outcome.conflicts, outcome.written).await;
     if outcome.written {
         tracing::info!(
             pool = %outcome.pool,
@@ -632,21 +640,8 @@ async fn change_autoscale<S: StateStore, C: Cluster>(
         )
         .await
     };
-    let outcome = match result {
-        Ok(o) => o,
-        Err(e) => {
-            if let scale::ScaleError::Busy { attempts } = &e {
-                deps.metrics.conflicts(*attempts);
-            }
-            return Err(e.into());
-        }
-    };
-    deps.metrics.conflicts(outcome.conflicts);
-    let reconcile = if outcome.written {
-        trigger(deps).await
-    } else {
-        ReconcileOutcome::NotNeeded
-    };
+    let outcome = result.inspect_err(|e| busy_conflicts(deps, e))?;
+    let reconcile = after_write(deps, outcome.conflicts, outcome.written).await;
     let (a, b) = (&outcome.previous, &outcome.now);
     if outcome.written {
         tracing::info!(
