@@ -132,6 +132,14 @@ impl Env {
         instances(&self.sim, prefix)
     }
 
+    /// Names of the instances whose name starts with `prefix`.
+    fn instance_names(&self, prefix: &str) -> Vec<String> {
+        self.instances(prefix)
+            .iter()
+            .filter_map(|i| i["name"].as_str().map(str::to_owned))
+            .collect()
+    }
+
     fn ready_nodes(&self, prefix: &str) -> Vec<String> {
         ready_nodes(&self.sim, prefix)
     }
@@ -406,11 +414,7 @@ async fn a_failed_worker_is_replaced() {
         .oxide()
         .set_instance_failed(env.instance_id(&victim));
     env.converge(15).await;
-    let names: Vec<String> = env
-        .instances(WK)
-        .iter()
-        .filter_map(|i| i["name"].as_str().map(str::to_owned))
-        .collect();
+    let names: Vec<String> = env.instance_names(WK).into_iter().collect();
     assert_eq!(names.len(), 2);
     assert!(!names.contains(&victim), "{victim} replaced: {names:?}");
     assert_eq!(env.ready_nodes(WK).len(), 2);
@@ -494,11 +498,7 @@ async fn a_failed_worker_that_the_rack_restarts_by_itself_leaves_no_surplus_memb
     // Give the rack's restart a chance to bring the victim back if it were still there.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     env.converge(5).await;
-    let names: Vec<String> = env
-        .instances(WK)
-        .iter()
-        .filter_map(|i| i["name"].as_str().map(str::to_owned))
-        .collect();
+    let names: Vec<String> = env.instance_names(WK).into_iter().collect();
     assert_eq!(names.len(), 2, "{names:?}");
     assert!(!names.contains(&victim), "{victim} replaced: {names:?}");
     assert_eq!(env.ready_nodes(WK).len(), 2);
@@ -528,9 +528,8 @@ async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stuck: Vec<String> = env
-        .instances(WK)
-        .iter()
-        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .instance_names(WK)
+        .into_iter()
         .filter(|n| !env.ready_nodes(WK).contains(n))
         .collect();
     assert_eq!(stuck.len(), 1, "one new member that will never join");
@@ -539,11 +538,7 @@ async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
         .faults()
         .update(|f| f.never_join = vec![stuck[0].clone()]);
     env.converge(40).await;
-    let names: Vec<String> = env
-        .instances(WK)
-        .iter()
-        .filter_map(|i| i["name"].as_str().map(str::to_owned))
-        .collect();
+    let names: Vec<String> = env.instance_names(WK).into_iter().collect();
     assert!(!names.contains(&stuck[0]), "{} was removed", stuck[0]);
     assert_eq!(env.ready_nodes(WK).len(), 3);
     env.assert_no_leaks();
@@ -569,9 +564,8 @@ async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reaso
     );
     let ready = env.ready_nodes(WK);
     let broken: Vec<String> = env
-        .instances(WK)
-        .iter()
-        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .instance_names(WK)
+        .into_iter()
         .filter(|n| !ready.contains(n))
         .collect();
     assert_eq!(broken.len(), 1, "one new member, whose setup fails");
@@ -580,11 +574,7 @@ async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reaso
         .faults()
         .update(|f| f.download_fails = vec![broken[0].clone()]);
     env.converge(40).await;
-    let names: Vec<String> = env
-        .instances(WK)
-        .iter()
-        .filter_map(|i| i["name"].as_str().map(str::to_owned))
-        .collect();
+    let names: Vec<String> = env.instance_names(WK).into_iter().collect();
     assert!(!names.contains(&broken[0]), "{} was removed", broken[0]);
     assert_eq!(env.ready_nodes(WK).len(), 3);
     let events = env
@@ -623,9 +613,8 @@ async fn a_member_whose_data_disk_is_missing_is_replaced_with_the_reason() {
     );
     let old = ready_nodes(&env.sim, WK);
     let new: Vec<String> = env
-        .instances(WK)
-        .iter()
-        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .instance_names(WK)
+        .into_iter()
         .filter(|n| !old.contains(n))
         .collect();
     assert_eq!(new.len(), 1, "the surge member of the roll");
@@ -639,11 +628,7 @@ async fn a_member_whose_data_disk_is_missing_is_replaced_with_the_reason() {
         "{} never joined",
         new[0]
     );
-    let names: Vec<String> = env
-        .instances(WK)
-        .iter()
-        .filter_map(|i| i["name"].as_str().map(str::to_owned))
-        .collect();
+    let names: Vec<String> = env.instance_names(WK).into_iter().collect();
     assert!(!names.contains(&new[0]), "{} was replaced", new[0]);
     let events = env
         .sim
