@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod control_plane;
 pub mod guest;
 /// The guest module's former name, kept so code written against `boot::` still builds.
 pub use guest as boot;

@@ -1,0 +1,163 @@
+// Command kcp is one multicall binary holding the Kubernetes control plane the tests run
+// against, built from the official Go modules at the version of the k3s the product installs:
+// each component is started as its own process (`kcp kube-apiserver …`), as the upstream
+// binaries are, so no global state is shared between them.
+//
+//	kcp etcd --data-dir DIR --listen-client-url URL --listen-peer-url URL
+//	kcp kube-apiserver|kube-controller-manager|kube-scheduler [upstream flags]
+//	kcp kwok [upstream flags]
+//
+// Build it with tests/kube/build.sh, which caches the result.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+	_ "time/tzdata" // CronJob time zones, as the upstream mains import it
+
+	"github.com/spf13/pflag"
+	"go.etcd.io/etcd/server/v3/embed"
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
+	kcm "k8s.io/kubernetes/cmd/kube-controller-manager/app"
+	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+
+	kwokconfig "sigs.k8s.io/kwok/pkg/config"
+	kwokcmd "sigs.k8s.io/kwok/pkg/kwok/cmd"
+	kwoklog "sigs.k8s.io/kwok/pkg/log"
+)
+
+const usage = "usage: kcp etcd|kube-apiserver|kube-controller-manager|kube-scheduler|kwok [flags]"
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, usage)
+		os.Exit(2)
+	}
+	name := os.Args[1]
+	os.Args = append([]string{name}, os.Args[2:]...)
+	exitWithParent()
+	switch name {
+	case "kube-apiserver":
+		os.Exit(cli.Run(apiserver.NewAPIServerCommand()))
+	case "kube-controller-manager":
+		os.Exit(cli.Run(kcm.NewControllerManagerCommand()))
+	case "kube-scheduler":
+		os.Exit(cli.Run(scheduler.NewSchedulerCommand()))
+	case "etcd":
+		os.Exit(runEtcd())
+	case "kwok":
+		os.Exit(runKwok())
+	default:
+		fmt.Fprintf(os.Stderr, "kcp: unknown component %q\n%s\n", name, usage)
+		os.Exit(2)
+	}
+}
+
+// exitWithParent ends the process once the process that started it (KCP_PARENT_PID, the
+// test binary) is gone, so a test killed mid-run leaves no control plane behind.
+func exitWithParent() {
+	want := os.Getenv("KCP_PARENT_PID")
+	if want == "" {
+		return
+	}
+	go func() {
+		for {
+			if fmt.Sprint(os.Getppid()) != want {
+				os.Exit(3)
+			}
+			time.Sleep(time.Second)
+		}
+	}()
+}
+
+// runEtcd runs a single-member embedded etcd, as k3s's cluster-init server does
+// (k3s-io/k3s pkg/etcd), without fsync: test data need not survive a power cut.
+func runEtcd() int {
+	fs := flag.NewFlagSet("etcd", flag.ContinueOnError)
+	dir := fs.String("data-dir", "", "data directory (required)")
+	client := fs.String("listen-client-url", "http://127.0.0.1:2379", "client URL")
+	peer := fs.String("listen-peer-url", "http://127.0.0.1:2380", "peer URL")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	if *dir == "" {
+		fmt.Fprintln(os.Stderr, "etcd: --data-dir is required")
+		return 2
+	}
+	cu, err := url.Parse(*client)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "etcd: --listen-client-url: %v\n", err)
+		return 2
+	}
+	pu, err := url.Parse(*peer)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "etcd: --listen-peer-url: %v\n", err)
+		return 2
+	}
+	cfg := embed.NewConfig()
+	cfg.Dir = *dir
+	cfg.UnsafeNoFsync = true
+	cfg.ListenClientUrls = []url.URL{*cu}
+	cfg.AdvertiseClientUrls = []url.URL{*cu}
+	cfg.ListenPeerUrls = []url.URL{*pu}
+	cfg.AdvertisePeerUrls = []url.URL{*pu}
+	cfg.InitialCluster = cfg.Name + "=" + pu.String()
+	cfg.LogLevel = "error"
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "etcd: %v\n", err)
+		return 1
+	}
+	defer e.Close()
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(60 * time.Second):
+		fmt.Fprintln(os.Stderr, "etcd: not ready within 60s")
+		return 1
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case <-sig:
+		return 0
+	case err := <-e.Err():
+		fmt.Fprintf(os.Stderr, "etcd: %v\n", err)
+		return 1
+	}
+}
+
+// runKwok is kwok's own main (sigs.k8s.io/kwok cmd/kwok/main.go).
+func runKwok() int {
+	// cobra merges pflag.CommandLine into every command; component-base's version flag (a
+	// "version"-typed --version, registered at init by the packages above) would clash with
+	// cobra's boolean --version, so kwok gets a clean global set as in its own binary.
+	pflag.CommandLine = pflag.NewFlagSet(os.Args[0], pflag.ExitOnError)
+	flagset := pflag.NewFlagSet("global", pflag.ContinueOnError)
+	flagset.ParseErrorsWhitelist.UnknownFlags = true
+	flagset.Usage = func() {}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	ctx, logger := kwoklog.InitFlags(ctx, flagset)
+	ctx, err := kwokconfig.InitFlags(ctx, flagset)
+	if err != nil {
+		logger.Error("Init config flags", err)
+		return 1
+	}
+	command := kwokcmd.NewCommand(ctx)
+	command.PersistentFlags().AddFlagSet(flagset)
+	if err := command.ExecuteContext(ctx); err != nil {
+		logger.Error("Execute exit", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,615 @@
+//! A real Kubernetes control plane for the tests: etcd, kube-apiserver,
+//! kube-controller-manager and kube-scheduler built from their official Go modules at the
+//! version of the k3s the product installs (`tests/kube`, one multicall binary `kcp`), with
+//! KWOK standing in for kubelets, as cluster-autoscaler's and Karpenter's tests do.
+//!
+//! Each [`ControlPlane`] is its own set of processes on its own loopback address with its
+//! own PKI, so clusters live side by side; dropping it kills the processes (and `kcp` exits
+//! by itself if the test process dies, see `KCP_PARENT_PID`). It is eventually consistent,
+//! as a real cluster is: tests wait on conditions with deadlines ([`ControlPlane::wait_for`]).
+//!
+//! What the flags are and why is listed in `tests/FIDELITY.md` ("Kubernetes: real").
+
+mod binary;
+mod objects;
+pub mod pki;
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use rand::RngExt as _;
+use tokio::process::{Child, Command};
+
+pub use binary::{KCP_ENV, kcp};
+pub use objects::ObjectError;
+
+/// The Kubernetes version the control plane reports (the product's default k3s).
+pub const KUBERNETES_VERSION: &str = "v1.33.4+k3s1";
+/// The apiserver's port, as on a k3s server.
+pub const API_PORT: u16 = 6443;
+/// The in-cluster Service CIDR k3s uses by default (`--service-cidr`).
+pub const SERVICE_CIDR: &str = "10.43.0.0/16";
+/// KWOK manages only Nodes with this annotation (`--manage-nodes-with-annotation-selector`),
+/// so a test decides which Nodes have a "kubelet" (and takes it away to stop heartbeats).
+pub const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";
+/// The value of [`KWOK_ANNOTATION`] KWOK selects.
+pub const KWOK_ANNOTATION_VALUE: &str = "fake";
+
+/// Why a control plane could not start or answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlPlaneError {
+    /// The `kcp` binary is missing and could not be built.
+    #[error("the Kubernetes control plane binary: {0}")]
+    Binary(String),
+    /// Certificate generation failed.
+    #[error("control plane PKI: {what}")]
+    Pki {
+        what: &'static str,
+        #[source]
+        source: rcgen::Error,
+    },
+    /// A file in the control plane's directory could not be written.
+    #[error("writing {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A component exited or never became ready; `log` is the tail of its output.
+    #[error("{component} did not start: {why}\n--- last lines of {component}'s log ---\n{log}")]
+    Component {
+        component: &'static str,
+        why: String,
+        log: String,
+    },
+    /// The admin client could not be built from the kubeconfig.
+    #[error("admin client: {0}")]
+    Client(String),
+    /// A condition a caller waited for did not hold in time.
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout { what: String, after: Duration },
+    /// An object operation failed.
+    #[error(transparent)]
+    Object(#[from] Box<ObjectError>),
+}
+
+/// What to run and with which timings.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneOptions {
+    /// kube-controller-manager's `--node-monitor-grace-period` (upstream default 50 s:
+    /// kubernetes@v1.33.4 pkg/controller/nodelifecycle/config/v1alpha1/defaults.go:46).
+    pub node_monitor_grace_period: Duration,
+    /// Run kube-controller-manager.
+    pub controller_manager: bool,
+    /// Run kube-scheduler.
+    pub scheduler: bool,
+    /// Run KWOK for Nodes annotated [`KWOK_ANNOTATION`].
+    pub kwok: bool,
+}
+
+impl Default for ControlPlaneOptions {
+    fn default() -> Self {
+        Self {
+            node_monitor_grace_period: Duration::from_secs(50),
+            controller_manager: true,
+            scheduler: true,
+            kwok: true,
+        }
+    }
+}
+
+/// One running component.
+#[derive(Debug)]
+struct Component {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+/// A running control plane. Dropping it kills every component.
+pub struct ControlPlane {
+    dir: tempfile::TempDir,
+    ip: Ipv4Addr,
+    pki: pki::Pki,
+    components: Vec<Component>,
+    admin_kubeconfig: String,
+    client: kube::Client,
+    kinds: objects::KindCache,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("ip", &self.ip)
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Reverse start order: clients of etcd before etcd.
+        for c in self.components.iter_mut().rev() {
+            let _ = c.child.start_kill();
+        }
+    }
+}
+
+/// How long each component may take to become ready on a loaded 2-core machine.
+const START_PATIENCE: Duration = Duration::from_secs(90);
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver, waits until the apiserver is ready, then starts the
+    /// controller manager, scheduler and KWOK as asked and waits until the ServiceAccount
+    /// controller has made `default` ServiceAccounts (pods can be created).
+    pub async fn start(opts: ControlPlaneOptions) -> Result<ControlPlane, ControlPlaneError> {
+        let kcp = tokio::task::spawn_blocking(binary::kcp)
+            .await
+            .map_err(|e| ControlPlaneError::Binary(e.to_string()))??;
+        let mut last = None;
+        // A random loopback address per control plane; another test process may hold the
+        // same one (1 in ~25,000), so a clash at bind time picks another.
+        for _ in 0..3 {
+            match Self::start_at(&kcp, random_ip(), &opts).await {
+                Ok(cp) => return Ok(cp),
+                Err(e @ ControlPlaneError::Component { .. })
+                    if e.to_string().contains("address already in use") =>
+                {
+                    last = Some(e)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| ControlPlaneError::Binary("no start attempt".into())))
+    }
+
+    async fn start_at(
+        kcp: &Path,
+        ip: Ipv4Addr,
+        opts: &ControlPlaneOptions,
+    ) -> Result<ControlPlane, ControlPlaneError> {
+        let dir = tempfile::Builder::new()
+            .prefix("kcp-")
+            .tempdir()
+            .map_err(|source| ControlPlaneError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        let pki = pki::Pki::new()?;
+        let files = Files::write(dir.path(), ip, &pki, opts)?;
+        let mut cp_components = Vec::new();
+
+        let etcd = spawn(
+            kcp,
+            dir.path(),
+            "etcd",
+            &[
+                "--data-dir".into(),
+                path_arg(&dir.path().join("etcd")),
+                format!("--listen-client-url=http://{ip}:2379"),
+                format!("--listen-peer-url=http://{ip}:2380"),
+            ],
+        )?;
+        cp_components.push(etcd);
+
+        let apiserver = spawn(kcp, dir.path(), "kube-apiserver", &files.apiserver_args(ip))?;
+        cp_components.push(apiserver);
+
+        let admin_kubeconfig = files.admin_kubeconfig.clone();
+        let client = client_from(&admin_kubeconfig).await?;
+        let mut cp = ControlPlane {
+            dir,
+            ip,
+            pki,
+            components: cp_components,
+            admin_kubeconfig,
+            client,
+            kinds: objects::KindCache::default(),
+        };
+        cp.wait_ready("kube-apiserver").await?;
+
+        if opts.controller_manager {
+            let args = files.controller_manager_args(opts);
+            let c = spawn(kcp, cp.dir.path(), "kube-controller-manager", &args)?;
+            cp.components.push(c);
+        }
+        if opts.scheduler {
+            let args = files.scheduler_args();
+            let c = spawn(kcp, cp.dir.path(), "kube-scheduler", &args)?;
+            cp.components.push(c);
+        }
+        if opts.kwok {
+            let args = files.kwok_args(ip);
+            let c = spawn(kcp, cp.dir.path(), "kwok", &args)?;
+            cp.components.push(c);
+        }
+        if opts.controller_manager {
+            cp.wait_service_accounts().await?;
+        }
+        Ok(cp)
+    }
+
+    /// `https://IP:6443`, the apiserver's own address.
+    pub fn server_url(&self) -> String {
+        format!("https://{}:{API_PORT}", self.ip)
+    }
+
+    /// The loopback address the control plane's components listen on.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+
+    /// The cluster CA, PEM (what `/cacerts` and kubeconfigs carry).
+    pub fn ca_pem(&self) -> &str {
+        self.pki.ca_pem()
+    }
+
+    /// A kubeconfig for `system:admin` (group `system:masters`) at [`Self::server_url`],
+    /// with an embedded client certificate, as k3s writes `/etc/rancher/k3s/k3s.yaml`.
+    pub fn admin_kubeconfig(&self) -> &str {
+        &self.admin_kubeconfig
+    }
+
+    /// A kubeconfig for `user` in `groups` against `server` (another URL in front of this
+    /// apiserver, e.g. a floating IP), authenticated by a client certificate.
+    pub fn user_kubeconfig(
+        &self,
+        server: &str,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<String, ControlPlaneError> {
+        let cert = self.pki.client(user, groups)?;
+        Ok(kubeconfig(server, self.ca_pem(), user, &cert))
+    }
+
+    /// The admin client (kube-rs), for direct object access in tests.
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The last lines of a component's log (`kube-apiserver`, `kube-controller-manager`,
+    /// `kube-scheduler`, `kwok`, `etcd`), for failure messages.
+    pub fn log_tail(&self, component: &str) -> String {
+        log_tail(&self.dir.path().join(format!("{component}.log")))
+    }
+
+    /// The directory holding the components' logs (`<name>.log`) and files.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Polls `check` every 100 ms until it returns `Some`, or fails after `patience` naming
+    /// `what`. The way tests wait on an eventually consistent cluster.
+    pub async fn wait_for<T, F, Fut>(
+        &self,
+        what: &str,
+        patience: Duration,
+        mut check: F,
+    ) -> Result<T, ControlPlaneError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + patience;
+        loop {
+            if let Some(v) = check().await {
+                return Ok(v);
+            }
+            if Instant::now() >= deadline {
+                return Err(ControlPlaneError::Timeout {
+                    what: what.to_string(),
+                    after: patience,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Fails with the component's log tail if it has exited.
+    fn check_alive(&mut self) -> Result<(), ControlPlaneError> {
+        for c in &mut self.components {
+            if let Ok(Some(status)) = c.child.try_wait() {
+                return Err(ControlPlaneError::Component {
+                    component: c.name,
+                    why: format!("exited with {status}"),
+                    log: log_tail(&c.log),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, component: &'static str) -> Result<(), ControlPlaneError> {
+        let deadline = Instant::now() + START_PATIENCE;
+        let mut why = String::new();
+        while Instant::now() < deadline {
+            self.check_alive()?;
+            let req = http::Request::get("/readyz")
+                .body(Vec::new())
+                .map_err(|e| ControlPlaneError::Client(e.to_string()))?;
+            match self.client.request_text(req).await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => why = body,
+                Err(e) => why = e.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(self.component_error(
+            component,
+            format!("not ready after {START_PATIENCE:?}: {why}"),
+        ))
+    }
+
+    /// Waits until the ServiceAccount controller made `default` in `default` and
+    /// `kube-system` (the ServiceAccount admission plugin refuses pods before that).
+    async fn wait_service_accounts(&mut self) -> Result<(), ControlPlaneError> {
+        let deadline = Instant::now() + START_PATIENCE;
+        while Instant::now() < deadline {
+            self.check_alive()?;
+            let mut all = true;
+            for ns in ["default", "kube-system"] {
+                let sa = self
+                    .get("v1", "ServiceAccount", Some(ns), "default")
+                    .await
+                    .ok()
+                    .flatten();
+                all &= sa.is_some();
+            }
+            if all {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(self.component_error(
+            "kube-controller-manager",
+            "no default ServiceAccount after 90 s".into(),
+        ))
+    }
+
+    fn component_error(&self, component: &'static str, why: String) -> ControlPlaneError {
+        let log = self
+            .components
+            .iter()
+            .find(|c| c.name == component)
+            .map(|c| log_tail(&c.log))
+            .unwrap_or_default();
+        ControlPlaneError::Component {
+            component,
+            why,
+            log,
+        }
+    }
+}
+
+/// A random address in 127.1.0.0 – 127.99.255.255: clear of 127.0.0.0/16 (everyday
+/// loopback), the simulator's external-IP pools (127.100 – 127.227) and its tailnet
+/// (127.228 – 127.254).
+fn random_ip() -> Ipv4Addr {
+    let mut rng = rand::rng();
+    Ipv4Addr::new(
+        127,
+        rng.random_range(1..100),
+        rng.random_range(0..=255),
+        rng.random_range(1..255),
+    )
+}
+
+fn path_arg(p: &Path) -> String {
+    p.to_string_lossy().into_owned()
+}
+
+fn spawn(
+    kcp: &Path,
+    dir: &Path,
+    name: &'static str,
+    args: &[String],
+) -> Result<Component, ControlPlaneError> {
+    let log = dir.join(format!("{name}.log"));
+    let io_err = |source| ControlPlaneError::Io {
+        path: log.clone(),
+        source,
+    };
+    let out = std::fs::File::create(&log).map_err(io_err)?;
+    let err = out.try_clone().map_err(io_err)?;
+    let child = Command::new(kcp)
+        .arg(name)
+        .args(args)
+        .env("KCP_PARENT_PID", std::process::id().to_string())
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| ControlPlaneError::Component {
+            component: name,
+            why: format!("cannot run {}: {e}", kcp.display()),
+            log: String::new(),
+        })?;
+    Ok(Component { name, child, log })
+}
+
+/// The last 40 lines of a component's log.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+async fn client_from(kubeconfig: &str) -> Result<kube::Client, ControlPlaneError> {
+    let kc = kube::config::Kubeconfig::from_yaml(kubeconfig)
+        .map_err(|e| ControlPlaneError::Client(e.to_string()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| ControlPlaneError::Client(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| ControlPlaneError::Client(e.to_string()))
+}
+
+fn b64(s: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+fn kubeconfig(server: &str, ca_pem: &str, user: &str, cert: &pki::KeyedCert) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: default\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\ncontexts:\n- name: default\n  context:\n    cluster: default\n    user: {user}\ncurrent-context: default\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {crt}\n    client-key-data: {key}\n",
+        ca = b64(ca_pem),
+        crt = b64(&cert.cert_pem),
+        key = b64(&cert.key_pem),
+    )
+}
+
+/// The files the components read, written once into the control plane's directory.
+struct Files {
+    dir: PathBuf,
+    lease_seconds: u64,
+    admin_kubeconfig: String,
+}
+
+impl Files {
+    fn write(
+        dir: &Path,
+        ip: Ipv4Addr,
+        pki: &pki::Pki,
+        opts: &ControlPlaneOptions,
+    ) -> Result<Files, ControlPlaneError> {
+        let put = |name: &str, text: &str| -> Result<(), ControlPlaneError> {
+            let path = dir.join(name);
+            std::fs::write(&path, text).map_err(|source| ControlPlaneError::Io { path, source })
+        };
+        let sans: Vec<String> = [
+            ip.to_string(),
+            "127.0.0.1".into(),
+            "localhost".into(),
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+            "kubernetes.default.svc.cluster.local".into(),
+            "10.43.0.1".into(),
+        ]
+        .into();
+        let serving = pki.serving(&sans)?;
+        put("ca.crt", pki.ca_pem())?;
+        put("apiserver.crt", &serving.cert_pem)?;
+        put("apiserver.key", &serving.key_pem)?;
+        put("sa.key", &pki.service_account_key_pem)?;
+        put("sa.pub", &pki.service_account_pub_pem)?;
+        let server = format!("https://{ip}:{API_PORT}");
+        // The identities k3s gives its own components (k3s-io/k3s pkg/daemons/control/deps).
+        let admin = kubeconfig(
+            &server,
+            pki.ca_pem(),
+            "system:admin",
+            &pki.client("system:admin", &["system:masters"])?,
+        );
+        put("admin.kubeconfig", &admin)?;
+        put(
+            "controller-manager.kubeconfig",
+            &kubeconfig(
+                &server,
+                pki.ca_pem(),
+                "system:kube-controller-manager",
+                &pki.client("system:kube-controller-manager", &[])?,
+            ),
+        )?;
+        put(
+            "scheduler.kubeconfig",
+            &kubeconfig(
+                &server,
+                pki.ca_pem(),
+                "system:kube-scheduler",
+                &pki.client("system:kube-scheduler", &[])?,
+            ),
+        )?;
+        Ok(Files {
+            dir: dir.to_path_buf(),
+            lease_seconds: (opts.node_monitor_grace_period.as_secs() * 4 / 5).max(4),
+            admin_kubeconfig: admin,
+        })
+    }
+
+    fn file(&self, name: &str) -> String {
+        path_arg(&self.dir.join(name))
+    }
+
+    /// kube-apiserver as k3s runs it (k3s-io/k3s pkg/daemons/control/server.go `apiServer`),
+    /// minus what needs a kubelet or a network (konnectivity, the kubelet client).
+    fn apiserver_args(&self, ip: Ipv4Addr) -> Vec<String> {
+        let issuer = "https://kubernetes.default.svc.cluster.local";
+        vec![
+            format!("--etcd-servers=http://{ip}:2379"),
+            format!("--bind-address={ip}"),
+            format!("--advertise-address={ip}"),
+            format!("--secure-port={API_PORT}"),
+            format!("--tls-cert-file={}", self.file("apiserver.crt")),
+            format!("--tls-private-key-file={}", self.file("apiserver.key")),
+            format!("--client-ca-file={}", self.file("ca.crt")),
+            format!("--service-account-issuer={issuer}"),
+            format!("--api-audiences={issuer},k3s"),
+            format!("--service-account-key-file={}", self.file("sa.pub")),
+            format!("--service-account-signing-key-file={}", self.file("sa.key")),
+            "--authorization-mode=Node,RBAC".into(),
+            "--anonymous-auth=false".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            "--allow-privileged=true".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            // No Endpoints for `kubernetes` pointing at this loopback address.
+            "--endpoint-reconciler-type=none".into(),
+            format!("--cert-dir={}", self.file("apiserver-certs")),
+            "--profiling=false".into(),
+        ]
+    }
+
+    /// kube-controller-manager as k3s runs it (`controllerManager` in the same file): every
+    /// controller but the cloud ones, which need a cloud provider.
+    fn controller_manager_args(&self, opts: &ControlPlaneOptions) -> Vec<String> {
+        let kc = self.file("controller-manager.kubeconfig");
+        vec![
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--leader-elect=false".into(),
+            format!("--service-account-private-key-file={}", self.file("sa.key")),
+            format!("--root-ca-file={}", self.file("ca.crt")),
+            "--use-service-account-credentials=true".into(),
+            "--controllers=*,tokencleaner,-service,-route,-cloud-node-lifecycle".into(),
+            format!(
+                "--node-monitor-grace-period={}s",
+                opts.node_monitor_grace_period.as_secs().max(1)
+            ),
+            "--secure-port=0".into(),
+        ]
+    }
+
+    fn scheduler_args(&self) -> Vec<String> {
+        let kc = self.file("scheduler.kubeconfig");
+        vec![
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            "--leader-elect=false".into(),
+            "--secure-port=0".into(),
+        ]
+    }
+
+    /// KWOK with its default stages (node-initialize, node-heartbeat-with-lease, pod-ready,
+    /// pod-complete, pod-delete: sigs.k8s.io/kwok@v0.7.0 kustomize/stage/{node,pod}/fast),
+    /// managing only Nodes annotated [`KWOK_ANNOTATION`].
+    /// KWOK renews each Node's Lease every quarter of its duration, as the kubelet does
+    /// (`--node-lease-duration-seconds`, kubelet default 40 s against the controller's 50 s
+    /// grace): the same 4 : 5 ratio is kept when a test shortens the grace period.
+    fn kwok_args(&self, ip: Ipv4Addr) -> Vec<String> {
+        vec![
+            format!("--kubeconfig={}", self.file("admin.kubeconfig")),
+            format!(
+                "--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}"
+            ),
+            format!("--server-address={ip}:10247"),
+            format!("--node-ip={ip}"),
+            "--cidr=10.42.0.1/16".into(),
+            format!("--node-lease-duration-seconds={}", self.lease_seconds),
+        ]
+    }
+}

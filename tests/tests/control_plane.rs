@@ -1,0 +1,100 @@
+//! The real control plane the tests run on: it starts, reports the k3s version the product
+//! installs, refuses unknown fields under strict validation, and KWOK keeps annotated Nodes
+//! Ready while the real node lifecycle controller marks the others Unknown.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use oxide_sim::control_plane::{
+    ControlPlane, ControlPlaneOptions, KUBERNETES_VERSION, KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE,
+};
+use serde_json::{Value, json};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn ready(node: &Value) -> Option<String> {
+    node["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .and_then(|c| c["status"].as_str().map(str::to_string))
+}
+
+#[tokio::test]
+async fn starts_at_the_k3s_version_and_validates_strictly() {
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        kwok: false,
+        scheduler: false,
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .unwrap();
+    let version = cp.client().apiserver_version().await.unwrap();
+    assert_eq!(version.git_version, KUBERNETES_VERSION);
+
+    // `kubectl apply --validate=strict` sends fieldValidation=Strict: an unknown field is
+    // refused by the real schema, where the twin accepted anything.
+    let bad = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "bad"}, "data": {"a": "b"}, "dta": {"x": "y"}});
+    let req = http::Request::post("/api/v1/namespaces/default/configmaps?fieldValidation=Strict")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&bad).unwrap())
+        .unwrap();
+    let err = cp.client().request_text(req).await.unwrap_err().to_string();
+    assert!(err.contains("unknown field \"dta\""), "{err}");
+}
+
+#[tokio::test]
+async fn kwok_keeps_its_nodes_ready_and_the_lifecycle_controller_marks_the_rest_unknown() {
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        node_monitor_grace_period: Duration::from_secs(10),
+        scheduler: false,
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .unwrap();
+    let node = |name: &str, kwok: bool| {
+        let mut n = json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "annotations": {}},
+            "status": {"allocatable": {"cpu": "2", "memory": "4Gi", "pods": "110"},
+                       "capacity": {"cpu": "2", "memory": "4Gi", "pods": "110"}}});
+        if kwok {
+            n["metadata"]["annotations"][KWOK_ANNOTATION] = json!(KWOK_ANNOTATION_VALUE);
+        }
+        n
+    };
+    cp.apply(node("kept", true)).await.unwrap();
+    // A Node that reported Ready once and then fell silent (a Node that never reported gets
+    // the controller's 60 s node-startup grace instead).
+    let mut silent = node("silent", false);
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    silent["status"]["conditions"] = json!([{"type": "Ready", "status": "True",
+        "reason": "KubeletReady", "lastHeartbeatTime": now, "lastTransitionTime": now}]);
+    cp.apply(silent).await.unwrap();
+    cp.wait_for("KWOK to make `kept` Ready", PATIENCE, || async {
+        let n = cp.get("v1", "Node", None, "kept").await.unwrap()?;
+        (ready(&n).as_deref() == Some("True")).then_some(())
+    })
+    .await
+    .unwrap();
+    // A Node nothing heartbeats for: after the grace period the node lifecycle controller
+    // sets Ready=Unknown and taints it unreachable.
+    let silent = cp
+        .wait_for("`silent` to go Unknown", PATIENCE, || async {
+            let n = cp.get("v1", "Node", None, "silent").await.unwrap()?;
+            (ready(&n).as_deref() == Some("Unknown")).then_some(n)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", cp.log_tail("kube-controller-manager")));
+    let taints: Vec<&str> = silent["spec"]["taints"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|t| t["key"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        taints.contains(&"node.kubernetes.io/unreachable"),
+        "{taints:?}"
+    );
+    let kept = cp.get("v1", "Node", None, "kept").await.unwrap().unwrap();
+    assert_eq!(ready(&kept).as_deref(), Some("True"));
+}
