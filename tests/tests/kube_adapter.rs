@@ -1,11 +1,15 @@
-//! `KubeCluster` against the cluster twin over real HTTPS: Node mapping, cordon and delete,
-//! drain through the Eviction API against a PodDisruptionBudget, the run Lease, Events, and
-//! the on-demand reconcile Job.
+//! `KubeCluster` against a real control plane (kube-apiserver, controller-manager, scheduler,
+//! etcd and KWOK at the k3s version the product installs): Node mapping, cordon and delete,
+//! drain through the Eviction API against a PodDisruptionBudget the real disruption
+//! controller keeps, the run Lease, Events, the on-demand reconcile Job run by the real Job
+//! controller, and the real authorizer's refusals. The cluster is eventually consistent:
+//! where a controller must act first, the tests wait for it with a deadline.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
+use kube::api::DeleteParams;
 use oxide_controller::cluster::kube_cluster::{INSTANTIATE_ANNOTATION, KubeCluster};
 use oxide_controller::cluster::{
     Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome, NAMESPACE, OBJECT_NAME,
@@ -14,24 +18,27 @@ use oxide_controller::cluster::{
 use oxide_controller::kubeclient;
 use oxide_controller::model::{NodeReadiness, PodRef};
 use oxide_controller::plan::REMOVING_ANNOTATION;
-use oxide_sim::twin::{LocalTwin, Twin, TwinConfig};
+use oxide_sim::control_plane::{
+    ControlPlane, ControlPlaneOptions, KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE,
+};
 use serde_json::{Value, json};
 
+/// How long a controller may take to act on a loaded 2-core machine.
+const PATIENCE: Duration = Duration::from_secs(60);
+
 struct Env {
-    local: LocalTwin,
+    cp: ControlPlane,
     dir: tempfile::TempDir,
 }
 
 impl Env {
     async fn start() -> Env {
-        let local = Twin::new(TwinConfig::default())
-            .unwrap()
-            .serve_local()
+        let cp = ControlPlane::start(ControlPlaneOptions::default())
             .await
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("admin.yaml"), local.admin_kubeconfig()).unwrap();
-        Env { local, dir }
+        std::fs::write(dir.path().join("admin.yaml"), cp.admin_kubeconfig()).unwrap();
+        Env { cp, dir }
     }
 
     /// A fresh adapter with its own client, like a separate run.
@@ -42,19 +49,29 @@ impl Env {
         KubeCluster::new(client, NAMESPACE)
     }
 
-    fn twin(&self) -> &Twin {
-        &self.local.twin
+    async fn apply(&self, obj: Value) -> Value {
+        self.cp.apply(obj).await.unwrap()
     }
 
-    fn lease(&self) -> Value {
-        self.twin()
-            .get(
-                "coordination.k8s.io/v1",
-                "Lease",
-                Some(NAMESPACE),
-                OBJECT_NAME,
-            )
-            .unwrap()
+    async fn get(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Option<Value> {
+        self.cp.get(api_version, kind, ns, name).await.unwrap()
+    }
+
+    async fn lease(&self) -> Value {
+        self.get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            Some(NAMESPACE),
+            OBJECT_NAME,
+        )
+        .await
+        .unwrap()
     }
 }
 
@@ -80,16 +97,13 @@ fn node(name: &str, ready: Option<(&str, &str)>) -> Value {
 async fn nodes_map_to_the_domain_with_readiness_since_the_last_transition() {
     let env = Env::start().await;
     let cluster = env.cluster().await;
-    env.twin()
-        .upsert(node("ready", Some(("True", "2026-01-01T00:00:00Z"))))
-        .unwrap();
-    env.twin()
-        .upsert(node("down", Some(("False", "2026-02-03T04:05:06Z"))))
-        .unwrap();
-    env.twin()
-        .upsert(node("lost", Some(("Unknown", "2026-03-01T00:00:00Z"))))
-        .unwrap();
-    env.twin().upsert(node("silent", None)).unwrap();
+    env.apply(node("ready", Some(("True", "2026-01-01T00:00:00Z"))))
+        .await;
+    env.apply(node("down", Some(("False", "2026-02-03T04:05:06Z"))))
+        .await;
+    env.apply(node("lost", Some(("Unknown", "2026-03-01T00:00:00Z"))))
+        .await;
+    env.apply(node("silent", None)).await;
 
     let mut nodes = cluster.list_nodes().await.unwrap();
     nodes.sort_by(|a, b| a.name.cmp(&b.name));
@@ -124,15 +138,16 @@ async fn nodes_map_to_the_domain_with_readiness_since_the_last_transition() {
         }
     );
     let stored: chrono::DateTime<chrono::Utc> =
-        env.twin().get("v1", "Node", None, "silent").unwrap()["metadata"]["creationTimestamp"]
+        env.get("v1", "Node", None, "silent").await.unwrap()["metadata"]["creationTimestamp"]
             .as_str()
             .unwrap()
             .parse()
             .unwrap();
     assert_eq!(silent.created, stored);
 
-    // A kubelet heartbeat that flips to Unknown moves `since` to the transition.
-    env.twin().set_node_ready("ready", false);
+    // A kubelet's status that flips to Unknown moves `since` to the transition.
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    env.apply(node("ready", Some(("Unknown", &now)))).await;
     let after = cluster.list_nodes().await.unwrap();
     let flipped = after.iter().find(|n| n.name == "ready").unwrap();
     assert!(
@@ -144,17 +159,15 @@ async fn nodes_map_to_the_domain_with_readiness_since_the_last_transition() {
 async fn cordon_and_mark_removing_make_unschedulable_and_delete_node_tolerates_absence() {
     let env = Env::start().await;
     let cluster = env.cluster().await;
-    env.twin()
-        .upsert(node("w1", Some(("True", "2026-01-01T00:00:00Z"))))
-        .unwrap();
-    env.twin()
-        .upsert(node("w2", Some(("True", "2026-01-01T00:00:00Z"))))
-        .unwrap();
+    env.apply(node("w1", Some(("True", "2026-01-01T00:00:00Z"))))
+        .await;
+    env.apply(node("w2", Some(("True", "2026-01-01T00:00:00Z"))))
+        .await;
 
     cluster.cordon("w1").await.unwrap();
     cluster.cordon("w1").await.unwrap();
     assert_eq!(
-        env.twin().get("v1", "Node", None, "w1").unwrap()["spec"]["unschedulable"],
+        env.get("v1", "Node", None, "w1").await.unwrap()["spec"]["unschedulable"],
         true
     );
     let nodes = cluster.list_nodes().await.unwrap();
@@ -198,14 +211,21 @@ async fn cordon_and_mark_removing_make_unschedulable_and_delete_node_tolerates_a
     assert_eq!(names, ["w1"]);
 }
 
-fn pod(name: &str, node: &str, extra_meta: Value, phase: &str) -> Value {
+/// A Node KWOK keeps (Ready, heartbeats, pods Running and Ready as a kubelet reports them).
+fn kwok_node(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE}},
+        "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                   "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"}}})
+}
+
+fn pod(name: &str, node: &str, extra_meta: Value) -> Value {
     let mut meta = json!({"name": name, "namespace": "default", "labels": {"app": "web"}});
     if let (Some(m), Some(extra)) = (meta.as_object_mut(), extra_meta.as_object()) {
         m.extend(extra.clone());
     }
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]},
-        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True"}]}})
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}})
 }
 
 fn pdb(min_available: u32) -> Value {
@@ -214,42 +234,95 @@ fn pdb(min_available: u32) -> Value {
         "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": "web"}}}})
 }
 
+impl Env {
+    /// Applies a budget and waits until the disruption controller has computed its status
+    /// for this generation (before that the Eviction API answers 429 "still processing").
+    async fn settle_pdb(&self, budget: Value) -> Value {
+        let name = budget["metadata"]["name"].as_str().unwrap().to_string();
+        self.apply(budget).await;
+        self.cp
+            .wait_for(
+                "the disruption controller to observe the budget",
+                PATIENCE,
+                || async {
+                    let b = self
+                        .get("policy/v1", "PodDisruptionBudget", Some("default"), &name)
+                        .await?;
+                    (b["status"]["observedGeneration"] == b["metadata"]["generation"]).then_some(b)
+                },
+            )
+            .await
+            .unwrap()
+    }
+
+    async fn wait_pod(&self, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+        self.cp
+            .wait_for(what, PATIENCE, || async {
+                self.get("v1", "Pod", Some("default"), name)
+                    .await
+                    .filter(|p| ok(p))
+            })
+            .await
+            .unwrap()
+    }
+}
+
+fn is_ready(p: &Value) -> bool {
+    p["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
 #[tokio::test]
 async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
     let env = Env::start().await;
     let cluster = env.cluster().await;
-    let twin = env.twin();
-    twin.upsert(pod("web-1", "w1", json!({}), "Running"))
-        .unwrap();
-    twin.upsert(pod("web-2", "w2", json!({}), "Running"))
-        .unwrap();
-    twin.upsert(pod(
+    for n in ["w1", "w2"] {
+        env.apply(kwok_node(n)).await;
+    }
+    env.apply(pod("web-1", "w1", json!({}))).await;
+    env.apply(pod("web-2", "w2", json!({}))).await;
+    env.apply(pod(
         "agent-x",
         "w1",
-        json!({"labels": {"app": "agent"}, "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "u1"}]}),
-        "Running",
+        json!({"labels": {"app": "agent"}, "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "00000000-0000-0000-0000-000000000001"}]}),
     ))
-    .unwrap();
-    twin.upsert(pod(
+    .await;
+    env.apply(pod(
         "static-w1",
         "w1",
         json!({"labels": {"app": "static"}, "annotations": {"kubernetes.io/config.mirror": "abc"}}),
-        "Running",
     ))
-    .unwrap();
-    twin.upsert(pod(
-        "job-done",
-        "w1",
-        json!({"labels": {"app": "batch"}}),
-        "Succeeded",
-    ))
-    .unwrap();
-    twin.upsert(pdb(2)).unwrap();
+    .await;
+    // A finished pod, as a kubelet reports it (KWOK's pod-complete stage only finishes
+    // pods owned by a Job).
+    env.apply(pod("job-done", "w1", json!({"labels": {"app": "batch"}})))
+        .await;
+    env.wait_pod("job-done", "KWOK to run job-done", |p| {
+        p["status"]["phase"] == "Running"
+    })
+    .await;
+    env.cp
+        .apply_status(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "job-done", "namespace": "default"},
+            "status": {"phase": "Succeeded"}}))
+        .await
+        .unwrap();
+    for name in ["web-1", "web-2"] {
+        env.wait_pod(name, "KWOK to make the web pods Ready", is_ready)
+            .await;
+    }
+    let budget = env.settle_pdb(pdb(2)).await;
+    assert_eq!(budget["status"]["disruptionsAllowed"], 0, "{budget}");
 
     let mut pods = cluster.pods_on_node("w1").await.unwrap();
     pods.sort_by(|a, b| a.name.cmp(&b.name));
     for p in &mut pods {
-        let stored = twin.get("v1", "Pod", Some("default"), &p.name).unwrap();
+        let stored = env
+            .get("v1", "Pod", Some("default"), &p.name)
+            .await
+            .unwrap();
         assert_eq!(p.uid, stored["metadata"]["uid"].as_str().unwrap());
         p.uid.clear();
     }
@@ -277,33 +350,38 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
         cluster.evict(&web1).await.unwrap(),
         Eviction::BlockedByBudget
     );
-    assert!(twin.get("v1", "Pod", Some("default"), "web-1").is_some());
-
-    twin.upsert(pdb(1)).unwrap();
-    assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Evicted);
-    // Graceful: the pod is Terminating (deletionTimestamp = now + 30 s) until its kubelet
-    // confirms; w1 has none here, so it stays, as on a real cluster.
-    let terminating = twin.get("v1", "Pod", Some("default"), "web-1").unwrap();
-    assert!(terminating["metadata"]["deletionTimestamp"].is_string());
-    assert_eq!(terminating["metadata"]["deletionGracePeriodSeconds"], 30);
-    let listed = cluster.pods_on_node("w1").await.unwrap();
     assert!(
-        listed
-            .iter()
-            .any(|p| p.name == "web-1" && p.deleting_at.is_some())
+        env.get("v1", "Pod", Some("default"), "web-1")
+            .await
+            .is_some()
     );
-    // Evicting a terminating pod ignores budgets (canIgnorePDB) and deletes it again.
-    twin.upsert(pdb(5)).unwrap();
+
+    env.settle_pdb(pdb(1)).await;
     assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Evicted);
-    twin.upsert(pdb(1)).unwrap();
-    assert!(twin.delete("v1", "Pod", Some("default"), "web-1"));
+    // Graceful: the pod is Terminating (deletionTimestamp = now + 30 s); KWOK, as a kubelet
+    // whose containers stopped, then removes it well before the grace period ends.
+    let listed = cluster.pods_on_node("w1").await.unwrap();
+    let seen_terminating = listed
+        .iter()
+        .any(|p| p.name == "web-1" && p.deleting_at.is_some());
+    let gone = listed.iter().all(|p| p.name != "web-1");
+    assert!(seen_terminating || gone, "{listed:?}");
+    env.cp
+        .wait_for("KWOK to finish the evicted pod", PATIENCE, || async {
+            env.get("v1", "Pod", Some("default"), "web-1")
+                .await
+                .is_none()
+                .then_some(())
+        })
+        .await
+        .unwrap();
     assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Gone);
 
     // A second budget over the same pods: the apiserver refuses with a bare 500, which is
     // this pod's refusal (drain goes on with the others), not "API unavailable".
     let mut second = pdb(0);
     second["metadata"]["name"] = json!("web-too");
-    twin.upsert(second).unwrap();
+    env.settle_pdb(second).await;
     let web2 = r("web-2", false, false, false);
     assert_eq!(
         cluster.evict(&web2).await.unwrap(),
@@ -311,18 +389,75 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
             "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support.".into()
         )
     );
-    assert!(twin.delete(
-        "policy/v1",
-        "PodDisruptionBudget",
-        Some("default"),
-        "web-too"
-    ));
+    assert!(
+        env.cp
+            .delete(
+                "policy/v1",
+                "PodDisruptionBudget",
+                Some("default"),
+                "web-too"
+            )
+            .await
+            .unwrap()
+    );
 
     // Forced drain deletes without budgets (gracefully); a second delete is fine.
     cluster.delete_pod(&web2).await.unwrap();
     cluster.delete_pod(&web2).await.unwrap();
-    let deleted = twin.get("v1", "Pod", Some("default"), "web-2").unwrap();
-    assert!(deleted["metadata"]["deletionTimestamp"].is_string());
+    env.cp
+        .wait_for("the deleted pod to go", PATIENCE, || async {
+            env.get("v1", "Pod", Some("default"), "web-2")
+                .await
+                .is_none()
+                .then_some(())
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn evicting_a_terminating_pod_ignores_the_budget() {
+    // A pod whose kubelet is gone (no KWOK on its Node) stays Terminating, as on a real
+    // cluster; evicting it again ignores the budget (canIgnorePDB) and deletes it again.
+    let env = Env::start().await;
+    let cluster = env.cluster().await;
+    env.apply(node("w1", Some(("True", "2026-01-01T00:00:00Z"))))
+        .await;
+    env.apply(pod("web-1", "w1", json!({}))).await;
+    env.cp
+        .apply_status(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "default"},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}))
+        .await
+        .unwrap();
+    env.settle_pdb(pdb(0)).await;
+    let web1 = PodRef {
+        namespace: "default".into(),
+        name: "web-1".into(),
+        ..PodRef::default()
+    };
+    assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Evicted);
+    let terminating = env
+        .get("v1", "Pod", Some("default"), "web-1")
+        .await
+        .unwrap();
+    assert!(terminating["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(terminating["metadata"]["deletionGracePeriodSeconds"], 30);
+    env.settle_pdb(pdb(5)).await;
+    assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Evicted);
+    // Removed for good (as `kubectl delete --force --grace-period=0`): the next eviction
+    // finds nothing.
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    assert!(
+        env.cp
+            .delete_with("v1", "Pod", Some("default"), "web-1", &force)
+            .await
+            .unwrap()
+    );
+    assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Gone);
 }
 
 #[tokio::test]
@@ -335,7 +470,7 @@ async fn the_lease_admits_one_holder_at_a_time() {
         a.acquire_lease("run-a", ten).await.unwrap(),
         LeaseOutcome::Acquired
     );
-    let spec = &env.lease()["spec"];
+    let spec = &env.lease().await["spec"];
     assert_eq!(
         (
             spec["holderIdentity"].as_str(),
@@ -361,7 +496,7 @@ async fn the_lease_admits_one_holder_at_a_time() {
         a.acquire_lease("run-a", ten).await.unwrap(),
         LeaseOutcome::Acquired
     );
-    assert_eq!(env.lease()["spec"]["leaseTransitions"], 0);
+    assert_eq!(env.lease().await["spec"]["leaseTransitions"], 0);
 
     match b.renew_lease("run-b", ten).await {
         Err(ClusterError::Conflict { what }) => {
@@ -369,17 +504,17 @@ async fn the_lease_admits_one_holder_at_a_time() {
         }
         other => panic!("a non-holder's renew must conflict, got {other:?}"),
     }
-    let before = env.lease()["spec"]["renewTime"].clone();
+    let before = env.lease().await["spec"]["renewTime"].clone();
     tokio::time::sleep(Duration::from_millis(20)).await;
     a.renew_lease("run-a", ten).await.unwrap();
-    assert_ne!(env.lease()["spec"]["renewTime"], before);
+    assert_ne!(env.lease().await["spec"]["renewTime"], before);
 
     // A non-holder's release changes nothing; the holder's frees the Lease.
     b.release_lease("run-b").await.unwrap();
-    assert_eq!(env.lease()["spec"]["holderIdentity"], "run-a");
+    assert_eq!(env.lease().await["spec"]["holderIdentity"], "run-a");
     a.release_lease("run-a").await.unwrap();
     assert!(
-        env.lease()["spec"]
+        env.lease().await["spec"]
             .get("holderIdentity")
             .is_none_or(Value::is_null)
     );
@@ -387,7 +522,7 @@ async fn the_lease_admits_one_holder_at_a_time() {
         b.acquire_lease("run-b", ten).await.unwrap(),
         LeaseOutcome::Acquired
     );
-    assert_eq!(env.lease()["spec"]["leaseTransitions"], 1);
+    assert_eq!(env.lease().await["spec"]["leaseTransitions"], 1);
     assert!(matches!(
         a.renew_lease("run-a", ten).await,
         Err(ClusterError::Conflict { .. })
@@ -415,8 +550,8 @@ async fn an_expired_lease_lets_a_new_holder_in() {
             .unwrap(),
         LeaseOutcome::Acquired
     );
-    assert_eq!(env.lease()["spec"]["holderIdentity"], "run-b");
-    assert_eq!(env.lease()["spec"]["leaseTransitions"], 1);
+    assert_eq!(env.lease().await["spec"]["holderIdentity"], "run-b");
+    assert_eq!(env.lease().await["spec"]["leaseTransitions"], 1);
     // The old holder finds out when it tries to renew.
     assert!(matches!(
         a.renew_lease("run-a", Duration::from_secs(1)).await,
@@ -432,16 +567,19 @@ async fn racing_runs_never_both_get_the_lease() {
     for round in 0..20 {
         // Alternate between racing on a missing Lease (create) and a released one (replace).
         if round % 2 == 0 {
-            env.twin().delete(
-                "coordination.k8s.io/v1",
-                "Lease",
-                Some(NAMESPACE),
-                OBJECT_NAME,
-            );
+            env.cp
+                .delete(
+                    "coordination.k8s.io/v1",
+                    "Lease",
+                    Some(NAMESPACE),
+                    OBJECT_NAME,
+                )
+                .await
+                .unwrap();
         }
         let (ra, rb) = tokio::join!(a.acquire_lease("run-a", ten), b.acquire_lease("run-b", ten));
         let (ra, rb) = (ra.unwrap(), rb.unwrap());
-        let holder = env.lease()["spec"]["holderIdentity"]
+        let holder = env.lease().await["spec"]["holderIdentity"]
             .as_str()
             .unwrap()
             .to_owned();
@@ -485,10 +623,16 @@ async fn events_are_recorded_about_the_configmap_with_bounded_notes() {
         .unwrap();
 
     let events = env
-        .twin()
-        .list("events.k8s.io/v1", "Event", Some(NAMESPACE));
-    assert_eq!(events.len(), 2, "{events:?}");
-    let names: std::collections::BTreeSet<&str> = events
+        .cp
+        .list("events.k8s.io/v1", "Event", Some(NAMESPACE))
+        .await
+        .unwrap();
+    let ours: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["reportingController"] == OBJECT_NAME)
+        .collect();
+    assert_eq!(ours.len(), 2, "{events:?}");
+    let names: std::collections::BTreeSet<&str> = ours
         .iter()
         .map(|e| e["metadata"]["name"].as_str().unwrap())
         .collect();
@@ -497,10 +641,7 @@ async fn events_are_recorded_about_the_configmap_with_bounded_notes() {
         names.iter().all(|n| n.starts_with("oxide-controller.")),
         "{names:?}"
     );
-    let warning = events
-        .iter()
-        .find(|e| e["reason"] == "DrainBlocked")
-        .unwrap();
+    let warning = ours.iter().find(|e| e["reason"] == "DrainBlocked").unwrap();
     assert_eq!(warning["type"], "Warning");
     let note = warning["note"].as_str().unwrap();
     assert!(note.len() <= 1024 && note.len() > 1000, "{}", note.len());
@@ -510,52 +651,73 @@ async fn events_are_recorded_about_the_configmap_with_bounded_notes() {
     assert_eq!(warning["reportingController"], OBJECT_NAME);
     assert_eq!(warning["reportingInstance"], "reconcile-abc12");
     assert!(warning["eventTime"].is_string());
-    let normal = events.iter().find(|e| e["reason"] == "Converged").unwrap();
+    let normal = ours.iter().find(|e| e["reason"] == "Converged").unwrap();
     assert_eq!(
         (normal["type"].as_str(), normal["note"].as_str()),
         (Some("Normal"), Some("3 of 3 workers ready"))
     );
 }
 
-fn cronjob() -> Value {
+/// The chart's CronJob, reduced; `node_selector` keeps its Jobs' pods off every Node (so a
+/// Job stays pending) until a test lets them run.
+fn cronjob(node_selector: Value, deadline: u32) -> Value {
     json!({"apiVersion": "batch/v1", "kind": "CronJob",
         "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
         "spec": {"schedule": "*/5 * * * *", "concurrencyPolicy": "Forbid",
             "jobTemplate": {
                 "metadata": {"labels": {"app.kubernetes.io/name": "oxide-controller"},
                     "annotations": {"example.com/team": "platform"}},
-                "spec": {"backoffLimit": 0, "activeDeadlineSeconds": 600, "template": {"spec": {
+                "spec": {"backoffLimit": 0, "activeDeadlineSeconds": deadline, "template": {"spec": {
                     "serviceAccountName": "oxide-controller", "restartPolicy": "Never",
+                    "nodeSelector": node_selector,
                     "containers": [{"name": "reconcile", "image": "oxide-controller:test", "args": ["reconcile-once"]}]}}}}}})
 }
 
-fn job(env: &Env) -> Option<Value> {
-    env.twin()
-        .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+async fn job(env: &Env) -> Option<Value> {
+    env.get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+        .await
 }
 
-fn finish_job(env: &Env, condition: &str) {
-    let mut j = job(env).unwrap();
-    j["status"] = json!({"conditions": [{"type": condition, "status": "True"}]});
-    env.twin().upsert(j).unwrap();
+/// Waits until the real Job controller gives the on-demand Job `condition`.
+async fn wait_job(env: &Env, condition: &str) {
+    env.cp
+        .wait_for(
+            &format!("the Job controller to mark the Job {condition}"),
+            PATIENCE,
+            || async {
+                let j = job(env).await?;
+                j["status"]["conditions"]
+                    .as_array()?
+                    .iter()
+                    .any(|c| c["type"] == condition && c["status"] == "True")
+                    .then_some(())
+            },
+        )
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn reconcile_jobs_come_from_the_cronjob_and_bursts_collapse_into_one() {
     let env = Env::start().await;
+    env.cp
+        .service_account_token(NAMESPACE, "oxide-controller")
+        .await
+        .unwrap();
     let cluster = env.cluster().await;
     assert_eq!(
         cluster.trigger_reconcile_job().await.unwrap(),
         JobTrigger::NoCronJob
     );
-    assert!(job(&env).is_none());
+    assert!(job(&env).await.is_none());
 
-    let cron = env.twin().upsert(cronjob()).unwrap();
+    let runnable = json!({"pool": "system"});
+    let cron = env.apply(cronjob(runnable.clone(), 600)).await;
     assert_eq!(
         cluster.trigger_reconcile_job().await.unwrap(),
         JobTrigger::Created
     );
-    let first = job(&env).unwrap();
+    let first = job(&env).await.unwrap();
     let meta = &first["metadata"];
     assert_eq!(meta["labels"]["app.kubernetes.io/name"], "oxide-controller");
     assert_eq!(meta["annotations"]["example.com/team"], "platform");
@@ -576,7 +738,7 @@ async fn reconcile_jobs_come_from_the_cronjob_and_bursts_collapse_into_one() {
     );
     assert_eq!(first["spec"]["activeDeadlineSeconds"], 600);
 
-    // A burst while the Job is pending or running collapses into it.
+    // A burst while the Job is pending (no Node matches its pod yet) collapses into it.
     for _ in 0..3 {
         assert_eq!(
             cluster.trigger_reconcile_job().await.unwrap(),
@@ -584,36 +746,37 @@ async fn reconcile_jobs_come_from_the_cronjob_and_bursts_collapse_into_one() {
         );
     }
     assert_eq!(
-        job(&env).unwrap()["metadata"]["uid"],
+        job(&env).await.unwrap()["metadata"]["uid"],
         first["metadata"]["uid"]
     );
 
-    // Once it completed, the next trigger replaces it with a fresh Job.
-    finish_job(&env, "Complete");
+    // A Node for it: the scheduler binds the pod, KWOK runs and completes it, the Job
+    // controller marks the Job Complete; the next trigger replaces it with a fresh Job.
+    let mut n = kwok_node("system-1");
+    n["metadata"]["labels"] = json!({"pool": "system"});
+    env.apply(n).await;
+    wait_job(&env, "Complete").await;
+    // The next Job may not run (no Node matches) and fails at its deadline.
+    env.apply(cronjob(json!({"pool": "nowhere"}), 3)).await;
     assert_eq!(
         cluster.trigger_reconcile_job().await.unwrap(),
         JobTrigger::Created
     );
-    let second = job(&env).unwrap();
+    let second = job(&env).await.unwrap();
     assert_ne!(second["metadata"]["uid"], first["metadata"]["uid"]);
-    assert!(
-        second["status"]
-            .get("conditions")
-            .is_none_or(|c| c.as_array().is_some_and(Vec::is_empty))
-    );
     assert_eq!(
         cluster.trigger_reconcile_job().await.unwrap(),
         JobTrigger::AlreadyPending
     );
 
     // A failed run is replaced too.
-    finish_job(&env, "Failed");
+    wait_job(&env, "Failed").await;
     assert_eq!(
         cluster.trigger_reconcile_job().await.unwrap(),
         JobTrigger::Created
     );
     assert_ne!(
-        job(&env).unwrap()["metadata"]["uid"],
+        job(&env).await.unwrap()["metadata"]["uid"],
         second["metadata"]["uid"]
     );
 }
@@ -622,20 +785,25 @@ async fn reconcile_jobs_come_from_the_cronjob_and_bursts_collapse_into_one() {
 async fn without_rbac_calls_are_forbidden_and_say_what() {
     let env = Env::start().await;
     let path = env.dir.path().join("sa.yaml");
-    std::fs::write(
-        &path,
-        env.twin()
-            .service_account_kubeconfig(&env.local.url, NAMESPACE, "nobody"),
-    )
-    .unwrap();
+    let kubeconfig = env
+        .cp
+        .service_account_kubeconfig(&env.cp.server_url(), NAMESPACE, "nobody")
+        .await
+        .unwrap();
+    std::fs::write(&path, kubeconfig).unwrap();
     let cluster = KubeCluster::new(
         kubeclient::client(Some(&path), None).await.unwrap(),
         NAMESPACE,
     );
+    // The real authorizer's message names the user, verb and resource.
     match cluster.list_nodes().await {
         Err(ClusterError::Forbidden { what, message }) => {
             assert_eq!(what, "list nodes");
-            assert!(message.contains("nodes"), "{message}");
+            assert!(
+                message.contains("cannot list resource \"nodes\"")
+                    && message.contains("system:serviceaccount:kube-system:nobody"),
+                "{message}"
+            );
         }
         other => panic!("expected Forbidden, got {other:?}"),
     }

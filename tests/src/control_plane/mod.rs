@@ -72,7 +72,7 @@ pub enum ControlPlaneError {
     Timeout { what: String, after: Duration },
     /// An object operation failed.
     #[error(transparent)]
-    Object(#[from] Box<ObjectError>),
+    Object(Box<ObjectError>),
 }
 
 /// What to run and with which timings.
@@ -262,6 +262,56 @@ impl ControlPlane {
     ) -> Result<String, ControlPlaneError> {
         let cert = self.pki.client(user, groups)?;
         Ok(kubeconfig(server, self.ca_pem(), user, &cert))
+    }
+
+    /// A kubeconfig for ServiceAccount `ns/name` at `server` (created if missing) with a
+    /// one-hour token from the TokenRequest API, as a pod's projected token is.
+    pub async fn service_account_kubeconfig(
+        &self,
+        server: &str,
+        ns: &str,
+        name: &str,
+    ) -> Result<String, ControlPlaneError> {
+        let token = self.service_account_token(ns, name).await?;
+        Ok(format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: default\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\ncontexts:\n- name: default\n  context:\n    cluster: default\n    user: {ns}-{name}\ncurrent-context: default\nusers:\n- name: {ns}-{name}\n  user:\n    token: {token}\n",
+            ca = b64(self.ca_pem()),
+        ))
+    }
+
+    /// A one-hour token for ServiceAccount `ns/name` (created if missing).
+    pub async fn service_account_token(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<String, ControlPlaneError> {
+        if self
+            .get("v1", "ServiceAccount", Some(ns), name)
+            .await?
+            .is_none()
+        {
+            self.apply(
+                serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": {"name": name, "namespace": ns}}),
+            )
+            .await?;
+        }
+        let body = serde_json::json!({"apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}});
+        let req = http::Request::post(format!(
+            "/api/v1/namespaces/{ns}/serviceaccounts/{name}/token"
+        ))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body).unwrap_or_default())
+        .map_err(|e| ControlPlaneError::Client(e.to_string()))?;
+        let answer: serde_json::Value =
+            self.client.request(req).await.map_err(|e| {
+                ControlPlaneError::Client(format!("TokenRequest for {ns}/{name}: {e}"))
+            })?;
+        answer["status"]["token"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| ControlPlaneError::Client("TokenRequest answered no token".into()))
     }
 
     /// The admin client (kube-rs), for direct object access in tests.

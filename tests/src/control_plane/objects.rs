@@ -10,7 +10,13 @@ use kube::core::GroupVersionKind;
 use kube::discovery::Scope;
 use serde_json::{Value, json};
 
-use super::ControlPlane;
+use super::{ControlPlane, ControlPlaneError};
+
+impl From<ObjectError> for ControlPlaneError {
+    fn from(e: ObjectError) -> Self {
+        ControlPlaneError::Object(Box::new(e))
+    }
+}
 
 /// The field manager test fixtures apply as.
 const FIELD_MANAGER: &str = "oxide-sim";
@@ -125,6 +131,36 @@ impl ControlPlane {
                 .await
                 .map_err(err("apply status of"))?;
         }
+        serde_json::to_value(stored).map_err(|_| ObjectError::Malformed("serialisable object"))
+    }
+
+    /// Applies only `obj`'s `status` through the status subresource (what a kubelet or a
+    /// controller writes), leaving the rest of the object alone.
+    pub async fn apply_status(&self, obj: Value) -> Result<Value, ObjectError> {
+        let api_version = obj["apiVersion"]
+            .as_str()
+            .ok_or(ObjectError::Malformed("apiVersion"))?;
+        let kind = obj["kind"].as_str().ok_or(ObjectError::Malformed("kind"))?;
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .ok_or(ObjectError::Malformed("metadata.name"))?;
+        let api = self
+            .api(api_version, kind, obj["metadata"]["namespace"].as_str())
+            .await?;
+        let body = json!({"apiVersion": api_version, "kind": kind, "status": obj["status"]});
+        let stored = api
+            .patch_status(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(|source| ObjectError::Api {
+                op: "apply status of",
+                kind: kind.into(),
+                name: name.into(),
+                source: Box::new(source),
+            })?;
         serde_json::to_value(stored).map_err(|_| ObjectError::Malformed("serialisable object"))
     }
 
