@@ -98,3 +98,102 @@ async fn kwok_keeps_its_nodes_ready_and_the_lifecycle_controller_marks_the_rest_
     let kept = cp.get("v1", "Node", None, "kept").await.unwrap().unwrap();
     assert_eq!(ready(&kept).as_deref(), Some("True"));
 }
+
+/// A kube client for `kubeconfig`.
+async fn client_for(kubeconfig: &str) -> kube::Client {
+    let kc = kube::config::Kubeconfig::from_yaml(kubeconfig).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(cfg).unwrap()
+}
+
+#[tokio::test]
+async fn the_front_proxy_names_certificate_callers_passes_tokens_and_injects_faults() {
+    use oxide_sim::control_plane::proxy::FrontProxy;
+    use oxide_sim::oxide::faults::{FaultSpec, Faults, RouteFault};
+
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        kwok: false,
+        scheduler: false,
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .unwrap();
+    let faults = Faults::default();
+    let proxy = FrontProxy::new(&cp, faults.clone()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let tls = proxy.tls_config(&["127.0.0.1".into()]).unwrap();
+    let task = tokio::spawn(std::sync::Arc::clone(&proxy).serve(listener, tls));
+
+    // A client certificate of the cluster's CA: the apiserver sees its user and groups.
+    let admin = client_for(
+        &cp.user_kubeconfig(&url, "system:admin", &["system:masters"])
+            .unwrap(),
+    )
+    .await;
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(admin.clone());
+    assert!(nodes.list(&Default::default()).await.is_ok());
+    let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+    let req = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&review).unwrap())
+        .unwrap();
+    let me: Value = admin.request(req).await.unwrap();
+    assert_eq!(me["status"]["userInfo"]["username"], "system:admin");
+    assert!(
+        me["status"]["userInfo"]["groups"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("system:masters"))
+    );
+
+    // A ServiceAccount token passes through: the real authorizer refuses what RBAC lacks.
+    let sa = client_for(
+        &cp.service_account_kubeconfig(&url, "kube-system", "nobody")
+            .await
+            .unwrap(),
+    )
+    .await;
+    let err = kube::Api::<k8s_openapi::api::core::v1::Node>::all(sa)
+        .list(&Default::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("system:serviceaccount:kube-system:nobody")
+            && err.contains("cannot list resource \"nodes\""),
+        "{err}"
+    );
+
+    // Faults per verb and resource; counters per method and path template.
+    faults.set(FaultSpec {
+        kube: [(
+            "list nodes".to_string(),
+            RouteFault {
+                error_rate: 1.0,
+                // 500: kube-rs retries 503 on its own, which would hide the count.
+                error_status: 500,
+                latency_ms: 0,
+            },
+        )]
+        .into(),
+        ..FaultSpec::default()
+    });
+    let err = nodes
+        .list(&Default::default())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("injected fault"), "{err}");
+    assert!(nodes.get_opt("absent").await.unwrap().is_none());
+    let counters = proxy.counters();
+    assert_eq!(counters.get("GET /api/v1/nodes"), Some(&3), "{counters:?}");
+    assert_eq!(
+        counters.get("GET /api/v1/nodes/{name}"),
+        Some(&1),
+        "{counters:?}"
+    );
+    task.abort();
+}

@@ -13,10 +13,12 @@
 mod binary;
 mod objects;
 pub mod pki;
+pub mod proxy;
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::RngExt as _;
@@ -43,6 +45,9 @@ pub enum ControlPlaneError {
     /// The `kcp` binary is missing and could not be built.
     #[error("the Kubernetes control plane binary: {0}")]
     Binary(String),
+    /// A TLS configuration could not be built.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// Certificate generation failed.
     #[error("control plane PKI: {what}")]
     Pki {
@@ -112,7 +117,7 @@ struct Component {
 pub struct ControlPlane {
     dir: tempfile::TempDir,
     ip: Ipv4Addr,
-    pki: pki::Pki,
+    pki: Arc<pki::Pki>,
     components: Vec<Component>,
     admin_kubeconfig: String,
     client: kube::Client,
@@ -177,7 +182,7 @@ impl ControlPlane {
                 path: std::env::temp_dir(),
                 source,
             })?;
-        let pki = pki::Pki::new()?;
+        let pki = Arc::new(pki::Pki::new()?);
         let files = Files::write(dir.path(), ip, &pki, opts)?;
         let mut cp_components = Vec::new();
 
@@ -312,6 +317,11 @@ impl ControlPlane {
             .as_str()
             .map(str::to_string)
             .ok_or_else(|| ControlPlaneError::Client("TokenRequest answered no token".into()))
+    }
+
+    /// The PKI (serving certificates for front proxies, client identities).
+    pub fn pki(&self) -> &Arc<pki::Pki> {
+        &self.pki
     }
 
     /// The admin client (kube-rs), for direct object access in tests.
@@ -546,6 +556,7 @@ impl Files {
         put("apiserver.key", &serving.key_pem)?;
         put("sa.key", &pki.service_account_key_pem)?;
         put("sa.pub", &pki.service_account_pub_pem)?;
+        put("front-proxy-ca.crt", &pki.front_proxy_ca_pem)?;
         let server = format!("https://{ip}:{API_PORT}");
         // The identities k3s gives its own components (k3s-io/k3s pkg/daemons/control/deps).
         let admin = kubeconfig(
@@ -609,6 +620,16 @@ impl Files {
             "--endpoint-reconciler-type=none".into(),
             format!("--cert-dir={}", self.file("apiserver-certs")),
             "--profiling=false".into(),
+            // The front proxy on each server's :6443 names TLS-authenticated callers in
+            // these headers (k3s sets the same for its request-header CA).
+            format!(
+                "--requestheader-client-ca-file={}",
+                self.file("front-proxy-ca.crt")
+            ),
+            "--requestheader-allowed-names=system:auth-proxy".into(),
+            "--requestheader-username-headers=X-Remote-User".into(),
+            "--requestheader-group-headers=X-Remote-Group".into(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
         ]
     }
 

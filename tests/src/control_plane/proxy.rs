@@ -1,0 +1,432 @@
+//! The front proxy a simulated k3s server serves on `:6443` of each of its addresses: TLS with
+//! that server's certificate (its SANs), then every request forwarded to the cluster's real
+//! apiserver. A caller authenticated by a client certificate is named to the apiserver in
+//! `X-Remote-User`/`X-Remote-Group` over the front-proxy client certificate (the apiserver's
+//! request-header authenticator); bearer tokens pass through untouched, so the apiserver's
+//! own authenticators and authorizer decide. Bodies stream both ways (watch works).
+//!
+//! Like the twin it replaces, the proxy injects faults per verb and resource
+//! ([`crate::oxide::faults::FaultSpec::kube`], keyed `"<verb> <resource>[/<sub>]"`) and counts
+//! requests per `"METHOD /path/template"`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::TryStreamExt as _;
+use http_body_util::{BodyExt as _, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+
+use super::pki::{Identity, Pki};
+use super::{ControlPlane, ControlPlaneError};
+use crate::oxide::faults::Faults;
+
+type Body = BoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// Largest request body the apiserver reads (apiserver `MaxRequestBodyBytes`, 3 MiB).
+const MAX_REQUEST_BODY: usize = 3 * 1024 * 1024;
+
+/// Forwards to one control plane; shared by every listener of the cluster's servers.
+pub struct FrontProxy {
+    upstream: String,
+    pki: Arc<Pki>,
+    /// Presents the front-proxy client certificate (for callers named in headers).
+    as_proxy: reqwest::Client,
+    /// Presents no certificate (for bearer tokens and anonymous callers).
+    plain: reqwest::Client,
+    faults: Faults,
+    counters: Mutex<BTreeMap<String, u64>>,
+}
+
+impl std::fmt::Debug for FrontProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FrontProxy")
+            .field("upstream", &self.upstream)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FrontProxy {
+    /// A proxy to `cp`, injecting `faults`.
+    pub fn new(cp: &ControlPlane, faults: Faults) -> Result<Arc<FrontProxy>, ControlPlaneError> {
+        let tls = |e: reqwest::Error| ControlPlaneError::Tls(format!("proxy client: {e}"));
+        let ca = reqwest::Certificate::from_pem(cp.ca_pem().as_bytes()).map_err(tls)?;
+        let base = || {
+            reqwest::Client::builder()
+                .tls_certs_only([ca.clone()])
+                .http1_only()
+                .pool_idle_timeout(Duration::from_secs(30))
+        };
+        let fp = &cp.pki().front_proxy_client;
+        let identity =
+            reqwest::Identity::from_pem(format!("{}{}", fp.cert_pem, fp.key_pem).as_bytes())
+                .map_err(tls)?;
+        Ok(Arc::new(FrontProxy {
+            upstream: cp.server_url(),
+            pki: cp.pki().clone(),
+            as_proxy: base().identity(identity).build().map_err(tls)?,
+            plain: base().build().map_err(tls)?,
+            faults,
+            counters: Mutex::new(BTreeMap::new()),
+        }))
+    }
+
+    /// Requests seen, per `"METHOD /path/template"`.
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        self.counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Zeroes the request counters.
+    pub fn reset_counters(&self) {
+        self.counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// A TLS config for a listener whose certificate names `sans`.
+    pub fn tls_config(
+        &self,
+        sans: &[String],
+    ) -> Result<Arc<rustls::ServerConfig>, ControlPlaneError> {
+        self.pki.server_config(sans)
+    }
+
+    /// Accept loop: TLS + HTTP/1.1 until the task is aborted (which closes every connection).
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+    ) {
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let mut connections = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((tcp, _)) => {
+                        let _ = tcp.set_nodelay(true);
+                        connections.spawn(Arc::clone(&self).connection(tcp, acceptor.clone()));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "front proxy: accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                },
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+    }
+
+    async fn connection(
+        self: Arc<Self>,
+        tcp: tokio::net::TcpStream,
+        acceptor: tokio_rustls::TlsAcceptor,
+    ) {
+        let Ok(stream) = acceptor.accept(tcp).await else {
+            return;
+        };
+        let identity = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|der| self.pki.identify(der));
+        let service = hyper::service::service_fn(move |req| {
+            let proxy = Arc::clone(&self);
+            let identity = identity.clone();
+            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, identity).await) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
+    }
+
+    fn count(&self, key: String) {
+        *self
+            .counters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_default() += 1;
+    }
+
+    async fn handle(
+        &self,
+        req: http::Request<Incoming>,
+        identity: Option<Identity>,
+    ) -> http::Response<Body> {
+        let (parts, body) = req.into_parts();
+        let info = RequestInfo::parse(
+            &parts.method,
+            parts.uri.path(),
+            parts.uri.query().unwrap_or_default(),
+        );
+        self.count(format!("{} {}", parts.method, info.template));
+        if let Some(resource) = &info.resource
+            && let Some(fault) = self.faults.kube_route(&info.verb, resource)
+        {
+            if fault.latency_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(fault.latency_ms)).await;
+            }
+            if fault.error_rate > 0.0 && rand::random::<f64>() < fault.error_rate {
+                return injected(fault.error_status);
+            }
+        }
+        let body = match http_body_util::Limited::new(body, MAX_REQUEST_BODY)
+            .collect()
+            .await
+        {
+            Ok(b) => b.to_bytes(),
+            Err(_) => {
+                return status(
+                    413,
+                    "RequestEntityTooLarge",
+                    "the request body is too large",
+                );
+            }
+        };
+        let client = if identity.is_some() {
+            &self.as_proxy
+        } else {
+            &self.plain
+        };
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        let mut out = client.request(
+            parts.method.clone(),
+            format!("{}{path_and_query}", self.upstream),
+        );
+        for (name, value) in &parts.headers {
+            let n = name.as_str();
+            if matches!(
+                n,
+                "host"
+                    | "connection"
+                    | "content-length"
+                    | "transfer-encoding"
+                    | "keep-alive"
+                    | "upgrade"
+            ) || n.starts_with("x-remote-")
+            {
+                continue;
+            }
+            out = out.header(name, value);
+        }
+        if let Some((user, groups)) = &identity {
+            out = out.header("X-Remote-User", user);
+            for g in groups {
+                out = out.header("X-Remote-Group", g);
+            }
+        }
+        let answer = match out.body(body).send().await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(error = %e, "front proxy: upstream failed");
+                return status(
+                    503,
+                    "ServiceUnavailable",
+                    "the server is currently unable to handle the request",
+                );
+            }
+        };
+        let mut resp = http::Response::builder().status(answer.status());
+        for (name, value) in answer.headers() {
+            if matches!(
+                name.as_str(),
+                "connection" | "transfer-encoding" | "keep-alive" | "content-length"
+            ) {
+                continue;
+            }
+            resp = resp.header(name, value);
+        }
+        let stream = answer
+            .bytes_stream()
+            .map_ok(Frame::data)
+            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
+        resp.body(StreamBody::new(stream).boxed())
+            .unwrap_or_else(|_| status(500, "InternalError", "front proxy: bad response"))
+    }
+}
+
+fn status(code: u16, reason: &str, message: &str) -> http::Response<Body> {
+    let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code});
+    http::Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(
+            Full::new(Bytes::from(serde_json::to_vec(&body).unwrap_or_default()))
+                .map_err(|never| match never {})
+                .boxed(),
+        )
+        .unwrap_or_else(|_| http::Response::new(BoxBody::default()))
+}
+
+/// The apiserver's answers for the statuses faults inject (apimachinery's
+/// `NewTooManyRequests`, `NewInternalError`, `NewServiceUnavailable`, `NewTimeoutError`).
+fn injected(code: u16) -> http::Response<Body> {
+    let (reason, message) = match code {
+        429 => (
+            "TooManyRequests",
+            "the server has received too many requests and has asked us to try again later",
+        ),
+        503 => (
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request",
+        ),
+        504 => (
+            "Timeout",
+            "the server was unable to return a response in the time allotted, but may still be processing the request",
+        ),
+        _ => ("InternalError", "Internal error occurred: injected fault"),
+    };
+    status(code, reason, message)
+}
+
+/// What a request is to the apiserver (`k8s.io/apiserver/pkg/endpoints/request`
+/// `RequestInfoFactory.NewRequestInfo`): verb and `resource[/subresource]`, plus the path
+/// template the counters use.
+#[derive(Debug, PartialEq, Eq)]
+pub struct RequestInfo {
+    pub verb: String,
+    pub resource: Option<String>,
+    pub template: String,
+}
+
+impl RequestInfo {
+    pub fn parse(method: &http::Method, path: &str, query: &str) -> RequestInfo {
+        let segs: Vec<&str> = path
+            .trim_matches('/')
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .collect();
+        let (prefix_len, prefix) = match segs.as_slice() {
+            ["api", v, ..] => (2, format!("/api/{v}")),
+            ["apis", g, v, ..] => (3, format!("/apis/{g}/{v}")),
+            _ => {
+                return RequestInfo {
+                    verb: method.as_str().to_lowercase(),
+                    resource: None,
+                    template: format!("/{}", segs.join("/")),
+                };
+            }
+        };
+        let rest = &segs[prefix_len..];
+        let (ns_part, rest) = match rest {
+            ["namespaces", _ns, more @ ..] if !more.is_empty() => ("/namespaces/{namespace}", more),
+            _ => ("", rest),
+        };
+        let (resource, name, sub) = match rest {
+            [] => {
+                return RequestInfo {
+                    verb: method.as_str().to_lowercase(),
+                    resource: None,
+                    template: prefix,
+                };
+            }
+            [r] => (*r, None, None),
+            [r, n] => (*r, Some(*n), None),
+            [r, n, s, ..] => (*r, Some(*n), Some(*s)),
+        };
+        let watch = query
+            .split('&')
+            .any(|kv| kv == "watch=true" || kv == "watch=1");
+        let verb = match (method.as_str(), name.is_some()) {
+            ("GET", _) if watch => "watch",
+            ("GET", true) => "get",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", true) => "delete",
+            ("DELETE", false) => "deletecollection",
+            (other, _) => {
+                return RequestInfo {
+                    verb: other.to_lowercase(),
+                    resource: Some(resource.to_string()),
+                    template: format!("{prefix}{ns_part}/{resource}"),
+                };
+            }
+        };
+        let mut template = format!("{prefix}{ns_part}/{resource}");
+        if name.is_some() {
+            template.push_str("/{name}");
+        }
+        if let Some(s) = sub {
+            template.push('/');
+            template.push_str(s);
+        }
+        RequestInfo {
+            verb: verb.to_string(),
+            resource: Some(match sub {
+                Some(s) => format!("{resource}/{s}"),
+                None => resource.to_string(),
+            }),
+            template,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_info_names_verb_resource_and_template_as_the_apiserver_does() {
+        let p = |m: &str, path: &str, q: &str| {
+            let r = RequestInfo::parse(&m.parse().unwrap_or(http::Method::GET), path, q);
+            (r.verb, r.resource.unwrap_or_default(), r.template)
+        };
+        let s = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+        assert_eq!(
+            p("POST", "/api/v1/namespaces/default/pods/p/eviction", ""),
+            s(
+                "create",
+                "pods/eviction",
+                "/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+            )
+        );
+        assert_eq!(
+            p("GET", "/api/v1/nodes", "labelSelector=a"),
+            s("list", "nodes", "/api/v1/nodes")
+        );
+        assert_eq!(
+            p("GET", "/api/v1/pods", "watch=true&resourceVersion=5"),
+            s("watch", "pods", "/api/v1/pods")
+        );
+        assert_eq!(
+            p("GET", "/api/v1/namespaces/kube-system", ""),
+            s("get", "namespaces", "/api/v1/namespaces/{name}")
+        );
+        assert_eq!(
+            p(
+                "PUT",
+                "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x",
+                ""
+            ),
+            s(
+                "update",
+                "leases",
+                "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
+            )
+        );
+        assert_eq!(
+            p("DELETE", "/apis/batch/v1/namespaces/ns/jobs", ""),
+            s(
+                "deletecollection",
+                "jobs",
+                "/apis/batch/v1/namespaces/{namespace}/jobs"
+            )
+        );
+        assert_eq!(p("GET", "/version", ""), s("get", "", "/version"));
+    }
+}
