@@ -197,3 +197,64 @@ async fn the_front_proxy_names_certificate_callers_passes_tokens_and_injects_fau
     );
     task.abort();
 }
+
+#[tokio::test]
+async fn kwok_runs_workload_pods_but_leaves_ours_to_the_harness() {
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        scheduler: false,
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .unwrap();
+    cp.apply(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "w1", "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE}}}))
+        .await
+        .unwrap();
+    let pod = |name: &str, labels: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": labels,
+                "finalizers": ["example.com/keep"]},
+            "spec": {"nodeName": "w1", "containers": [{"name": "c", "image": "i"}]}})
+    };
+    cp.apply(pod("web", json!({"app": "web"}))).await.unwrap();
+    cp.apply(pod(
+        "ours",
+        json!({"app.kubernetes.io/name": "oxide-controller"}),
+    ))
+    .await
+    .unwrap();
+    let phase = |name: &'static str| {
+        let cp = &cp;
+        async move {
+            cp.get("v1", "Pod", Some("default"), name)
+                .await
+                .unwrap()
+                .and_then(|p| p["status"]["phase"].as_str().map(str::to_string))
+        }
+    };
+    cp.wait_for("KWOK to run the workload pod", PATIENCE, || async {
+        (phase("web").await.as_deref() == Some("Running")).then_some(())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        phase("ours").await.as_deref(),
+        Some("Pending"),
+        "{}",
+        cp.log_tail("kwok")
+    );
+
+    // Deleted: KWOK ends the workload pod's containers, but its finalizer keeps the object
+    // (terminating) until its owner removes it, as with a kubelet.
+    cp.delete("v1", "Pod", Some("default"), "web")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let web = cp
+        .get("v1", "Pod", Some("default"), "web")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(web["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(web["metadata"]["finalizers"], json!(["example.com/keep"]));
+}

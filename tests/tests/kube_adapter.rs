@@ -278,17 +278,20 @@ fn is_ready(p: &Value) -> bool {
 async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
     let env = Env::start().await;
     let cluster = env.cluster().await;
-    for n in ["w1", "w2"] {
-        env.apply(kwok_node(n)).await;
-    }
+    env.apply(kwok_node("w2")).await;
     env.apply(pod("web-1", "w1", json!({}))).await;
     env.apply(pod("web-2", "w2", json!({}))).await;
-    env.apply(pod(
-        "agent-x",
-        "w1",
-        json!({"labels": {"app": "agent"}, "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "00000000-0000-0000-0000-000000000001"}]}),
-    ))
-    .await;
+    // A DaemonSet on w1: the real DaemonSet controller makes its pod (owned, controller).
+    let mut w1 = kwok_node("w1");
+    w1["metadata"]["labels"] = json!({"pool": "a"});
+    env.apply(w1).await;
+    env.apply(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "agent", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "agent"}},
+            "template": {"metadata": {"labels": {"app": "agent"}},
+                "spec": {"nodeSelector": {"pool": "a"},
+                    "containers": [{"name": "c", "image": "i"}]}}}}))
+        .await;
     env.apply(pod(
         "static-w1",
         "w1",
@@ -313,6 +316,15 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
         env.wait_pod(name, "KWOK to make the web pods Ready", is_ready)
             .await;
     }
+    env.cp
+        .wait_for("the DaemonSet's pod on w1", PATIENCE, || async {
+            let pods = env.cp.list("v1", "Pod", Some("default")).await.ok()?;
+            pods.iter()
+                .any(|p| p["metadata"]["labels"]["app"] == "agent" && p["spec"]["nodeName"] == "w1")
+                .then_some(())
+        })
+        .await
+        .unwrap();
     let budget = env.settle_pdb(pdb(2)).await;
     assert_eq!(budget["status"]["disruptionsAllowed"], 0, "{budget}");
 
@@ -325,6 +337,9 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
             .unwrap();
         assert_eq!(p.uid, stored["metadata"]["uid"].as_str().unwrap());
         p.uid.clear();
+        if p.name.starts_with("agent-") {
+            p.name = "agent-x".into(); // the DaemonSet controller's generated name
+        }
     }
     let r = |name: &str, daemonset, mirror, finished| PodRef {
         namespace: "default".into(),

@@ -27,6 +27,9 @@ use tokio::process::{Child, Command};
 pub use binary::{KCP_ENV, kcp};
 pub use objects::ObjectError;
 
+/// KWOK's pod stages (see the file's header).
+const KWOK_STAGES: &str = include_str!("kwok-stages.yaml");
+
 /// The Kubernetes version the control plane reports (the product's default k3s).
 pub const KUBERNETES_VERSION: &str = "v1.33.4+k3s1";
 /// The apiserver's port, as on a k3s server.
@@ -557,6 +560,7 @@ impl Files {
         put("sa.key", &pki.service_account_key_pem)?;
         put("sa.pub", &pki.service_account_pub_pem)?;
         put("front-proxy-ca.crt", &pki.front_proxy_ca_pem)?;
+        put("kwok.yaml", KWOK_STAGES)?;
         let server = format!("https://{ip}:{API_PORT}");
         // The identities k3s gives its own components (k3s-io/k3s pkg/daemons/control/deps).
         let admin = kubeconfig(
@@ -665,15 +669,16 @@ impl Files {
         ]
     }
 
-    /// KWOK with its default stages (node-initialize, node-heartbeat-with-lease, pod-ready,
-    /// pod-complete, pod-delete: sigs.k8s.io/kwok@v0.7.0 kustomize/stage/{node,pod}/fast),
-    /// managing only Nodes annotated [`KWOK_ANNOTATION`].
+    /// KWOK with its default Node stages and the pod stages of `kwok-stages.yaml` (KWOK's
+    /// own, minus our pods and minus emptying finalizers), managing only Nodes annotated
+    /// [`KWOK_ANNOTATION`].
     /// KWOK renews each Node's Lease every quarter of its duration, as the kubelet does
     /// (`--node-lease-duration-seconds`, kubelet default 40 s against the controller's 50 s
     /// grace): the same 4 : 5 ratio is kept when a test shortens the grace period.
     fn kwok_args(&self, ip: Ipv4Addr) -> Vec<String> {
         vec![
             format!("--kubeconfig={}", self.file("admin.kubeconfig")),
+            format!("--config={}", self.file("kwok.yaml")),
             format!(
                 "--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}"
             ),
