@@ -305,7 +305,11 @@ pub async fn build(
 
     // The Secret and ConfigMap, written by the product's own store through the cluster API.
     let server = format!("https://{}", std::net::SocketAddr::new(fip.ip, 6443));
-    let kubeconfig = renamed_kubeconfig(&sim.twin().admin_kubeconfig(&server), CLUSTER);
+    let admin = sim
+        .kube()
+        .admin_kubeconfig(&server)
+        .ok_or_else(|| PresetError::Spec("the cluster's API did not start".into()))?;
+    let kubeconfig = renamed_kubeconfig(&admin, CLUSTER);
     let client = kube_client(&kubeconfig).await?;
     let store = oxide_controller::state::kube_store::KubeStateStore::new(
         client,
@@ -344,11 +348,13 @@ pub async fn build(
 async fn wait_ready(sim: &SimHandle, names: &[String]) -> Result<(), PresetError> {
     let started = tokio::time::Instant::now();
     loop {
-        let missing: Vec<&str> = names
-            .iter()
-            .filter(|n| !node_is_ready(sim, n))
-            .map(String::as_str)
-            .collect();
+        let kube = sim.kube();
+        let mut missing: Vec<&str> = Vec::new();
+        for n in names {
+            if !kube.node_ready(n).await {
+                missing.push(n);
+            }
+        }
         if missing.is_empty() {
             return Ok(());
         }
@@ -360,19 +366,6 @@ async fn wait_ready(sim: &SimHandle, names: &[String]) -> Result<(), PresetError
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn node_is_ready(sim: &SimHandle, name: &str) -> bool {
-    sim.twin()
-        .get("v1", "Node", None, name)
-        .and_then(|n| {
-            n["status"]["conditions"].as_array().map(|conds| {
-                conds
-                    .iter()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-            })
-        })
-        .unwrap_or(false)
 }
 
 /// k3s names everything in its kubeconfig `default`; bootstrap renames cluster, user and

@@ -57,6 +57,9 @@ pub struct SimOptions {
     pub tailscale: TailscaleOptions,
     /// The newest Oxide `api-version` the rack serves (an older one makes it an older rack).
     pub api_version: String,
+    /// Which Kubernetes the clusters run: the twin (default, being retired) or a real
+    /// control plane per cluster ([`crate::control_plane`]).
+    pub kubernetes: crate::guest::cluster_api::KubeBackend,
 }
 
 impl std::fmt::Debug for SimOptions {
@@ -75,6 +78,7 @@ impl std::fmt::Debug for SimOptions {
             .field("state_dir", &self.state_dir)
             .field("job_binaries", &self.job_binaries)
             .field("tailscale", &self.tailscale)
+            .field("kubernetes", &self.kubernetes)
             .finish()
     }
 }
@@ -97,6 +101,7 @@ impl Default for SimOptions {
             job_binaries: None,
             tailscale: TailscaleOptions::default(),
             api_version: crate::oxide::SERVER_API_VERSION.to_owned(),
+            kubernetes: Default::default(),
         }
     }
 }
@@ -211,6 +216,7 @@ impl Sim {
                 k3s_join: opts.k3s_join,
                 join_retry: opts.join_retry,
                 k3s_version: opts.k3s_version.clone(),
+                kubernetes: opts.kubernetes.clone(),
             },
             twin.clone(),
             faults.clone(),
@@ -366,6 +372,26 @@ impl SimHandle {
     /// The Oxide side (direct access: seeding, console, dump).
     pub fn oxide(&self) -> &OxideSim {
         &self.oxide
+    }
+
+    /// The real control planes of the clusters created so far, oldest first (empty with the
+    /// twin).
+    pub fn control_planes(&self) -> Vec<std::sync::Arc<crate::guest::cluster_api::RealCluster>> {
+        self.boot.real_clusters()
+    }
+
+    /// The Kubernetes of the simulator's (first) cluster, whichever backend runs it.
+    pub fn kube(&self) -> crate::guest::cluster_api::KubeView {
+        use crate::guest::cluster_api::{KubeBackend, KubeView};
+        match self.boot.backend() {
+            KubeBackend::Twin => KubeView::Twin(self.twin.clone()),
+            KubeBackend::Real(_) => self
+                .boot
+                .real_clusters()
+                .into_iter()
+                .next()
+                .map_or(KubeView::NoClusterYet, KubeView::Real),
+        }
     }
 
     /// The cluster twin (direct object access).

@@ -39,8 +39,11 @@ pub const SERVICE_CIDR: &str = "10.43.0.0/16";
 /// KWOK manages only Nodes with this annotation (`--manage-nodes-with-annotation-selector`),
 /// so a test decides which Nodes have a "kubelet" (and takes it away to stop heartbeats).
 pub const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";
-/// The value of [`KWOK_ANNOTATION`] KWOK selects.
+/// The value of [`KWOK_ANNOTATION`] KWOK selects and keeps heartbeating.
 pub const KWOK_ANNOTATION_VALUE: &str = "fake";
+/// The value of [`KWOK_ANNOTATION`] for a Node whose VM stopped: KWOK's stages leave it
+/// alone, so its heartbeats stop and the node lifecycle controller takes over.
+pub const KWOK_HALTED: &str = "halted";
 
 /// Why a control plane could not start or answer.
 #[derive(Debug, thiserror::Error)]
@@ -527,7 +530,6 @@ fn kubeconfig(server: &str, ca_pem: &str, user: &str, cert: &pki::KeyedCert) -> 
 /// The files the components read, written once into the control plane's directory.
 struct Files {
     dir: PathBuf,
-    lease_seconds: u64,
     admin_kubeconfig: String,
 }
 
@@ -560,7 +562,14 @@ impl Files {
         put("sa.key", &pki.service_account_key_pem)?;
         put("sa.pub", &pki.service_account_pub_pem)?;
         put("front-proxy-ca.crt", &pki.front_proxy_ca_pem)?;
-        put("kwok.yaml", KWOK_STAGES)?;
+        // KWOK_STAGES's jitter is an upper bound of the delay (kwok's `Delay` type).
+        let grace_ms = opts.node_monitor_grace_period.as_millis().max(1000);
+        put(
+            "kwok.yaml",
+            &KWOK_STAGES
+                .replace("HEARTBEAT_JITTER_MS", &(grace_ms / 4).to_string())
+                .replace("HEARTBEAT_MS", &(grace_ms / 5).to_string()),
+        )?;
         let server = format!("https://{ip}:{API_PORT}");
         // The identities k3s gives its own components (k3s-io/k3s pkg/daemons/control/deps).
         let admin = kubeconfig(
@@ -590,7 +599,6 @@ impl Files {
         )?;
         Ok(Files {
             dir: dir.to_path_buf(),
-            lease_seconds: (opts.node_monitor_grace_period.as_secs() * 4 / 5).max(4),
             admin_kubeconfig: admin,
         })
     }
@@ -672,9 +680,6 @@ impl Files {
     /// KWOK with its default Node stages and the pod stages of `kwok-stages.yaml` (KWOK's
     /// own, minus our pods and minus emptying finalizers), managing only Nodes annotated
     /// [`KWOK_ANNOTATION`].
-    /// KWOK renews each Node's Lease every quarter of its duration, as the kubelet does
-    /// (`--node-lease-duration-seconds`, kubelet default 40 s against the controller's 50 s
-    /// grace): the same 4 : 5 ratio is kept when a test shortens the grace period.
     fn kwok_args(&self, ip: Ipv4Addr) -> Vec<String> {
         vec![
             format!("--kubeconfig={}", self.file("admin.kubeconfig")),
@@ -685,7 +690,7 @@ impl Files {
             format!("--server-address={ip}:10247"),
             format!("--node-ip={ip}"),
             "--cidr=10.42.0.1/16".into(),
-            format!("--node-lease-duration-seconds={}", self.lease_seconds),
+            "--node-lease-duration-seconds=0".into(),
         ]
     }
 }

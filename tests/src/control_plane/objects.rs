@@ -164,6 +164,84 @@ impl ControlPlane {
         serde_json::to_value(stored).map_err(|_| ObjectError::Malformed("serialisable object"))
     }
 
+    /// Creates `obj` (POST): fails with 409 if it exists.
+    pub async fn create(&self, obj: Value) -> Result<Value, ObjectError> {
+        let api_version = obj["apiVersion"]
+            .as_str()
+            .ok_or(ObjectError::Malformed("apiVersion"))?;
+        let kind = obj["kind"].as_str().ok_or(ObjectError::Malformed("kind"))?;
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .ok_or(ObjectError::Malformed("metadata.name"))?;
+        let api = self
+            .api(api_version, kind, obj["metadata"]["namespace"].as_str())
+            .await?;
+        let dynamic: DynamicObject =
+            serde_json::from_value(obj.clone()).map_err(|_| ObjectError::Malformed("object"))?;
+        let stored = api
+            .create(&kube::api::PostParams::default(), &dynamic)
+            .await
+            .map_err(|source| ObjectError::Api {
+                op: "create",
+                kind: kind.into(),
+                name: name.into(),
+                source: Box::new(source),
+            })?;
+        serde_json::to_value(stored).map_err(|_| ObjectError::Malformed("serialisable object"))
+    }
+
+    /// A JSON merge patch (RFC 7386) of the object.
+    pub async fn merge_patch(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value, ObjectError> {
+        self.patch_impl(api_version, kind, ns, name, patch, false)
+            .await
+    }
+
+    /// A JSON merge patch of the object's status subresource.
+    pub async fn merge_patch_status(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value, ObjectError> {
+        self.patch_impl(api_version, kind, ns, name, patch, true)
+            .await
+    }
+
+    async fn patch_impl(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+        status: bool,
+    ) -> Result<Value, ObjectError> {
+        let api = self.api(api_version, kind, ns).await?;
+        let pp = PatchParams::default();
+        let p = Patch::Merge(patch);
+        let result = if status {
+            api.patch_status(name, &pp, &p).await
+        } else {
+            api.patch(name, &pp, &p).await
+        };
+        let stored = result.map_err(|source| ObjectError::Api {
+            op: "patch",
+            kind: kind.into(),
+            name: name.into(),
+            source: Box::new(source),
+        })?;
+        serde_json::to_value(stored).map_err(|_| ObjectError::Malformed("serialisable object"))
+    }
+
     /// The object, or `None` when it does not exist.
     pub async fn get(
         &self,

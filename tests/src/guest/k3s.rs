@@ -366,6 +366,7 @@ impl Inner {
         version: &str,
         join: Option<Uuid>,
         started: Instant,
+        prepared: Option<super::cluster_api::ClusterApi>,
     ) {
         let create = join.is_none();
         let node = {
@@ -373,14 +374,20 @@ impl Inner {
             let cluster = match join {
                 Some(cluster) => cluster,
                 None => {
-                    let (twin, ca_hash) = match self.new_cluster_twin(&st) {
-                        Ok(t) => t,
-                        Err(err) => {
-                            drop(st);
-                            tracing::warn!(error = %err, "cannot build a twin for a new cluster");
-                            self.set_k3s(id, generation, K3sState::Refused);
-                            return;
+                    let (api, ca_hash) = match prepared {
+                        Some(api) => {
+                            let hash = ca_hash(&api.ca_pem());
+                            (api, hash)
                         }
+                        None => match self.new_cluster_twin(&st) {
+                            Ok((twin, hash)) => (super::cluster_api::ClusterApi::Twin(twin), hash),
+                            Err(err) => {
+                                drop(st);
+                                tracing::warn!(error = %err, "cannot build a twin for a new cluster");
+                                self.set_k3s(id, generation, K3sState::Refused);
+                                return;
+                            }
+                        },
                     };
                     let token = k3s.token.clone().unwrap_or_else(random_token);
                     let agent_token = k3s.agent_token.clone().unwrap_or_else(|| token.clone());
@@ -390,7 +397,7 @@ impl Inner {
                             token,
                             agent_token,
                             creator: id,
-                            twin,
+                            api,
                             ca_hash,
                         },
                     );

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::Inner;
+use super::cluster_api::ClusterApi;
 use super::k3s::{K3sConfig, Role};
 use crate::twin::{NOT_READY_MESSAGE, NodeCondition};
 
@@ -91,7 +92,23 @@ impl Inner {
     /// up yet) and turns Ready half a `k3s_join` later, if this boot is still running. All of
     /// it in the twin of the VM's cluster.
     pub(super) fn register_node(self: &Arc<Self>, fresh: Value, id: Uuid, generation: u64) {
-        let twin = self.twin_of(&self.state(), id);
+        let twin = match self.twin_of(&self.state(), id) {
+            ClusterApi::Twin(twin) => twin,
+            ClusterApi::Real(real) => {
+                let inner = Arc::clone(self);
+                self.runtime.spawn(async move {
+                    if !inner.current(id, generation) {
+                        return;
+                    }
+                    if let Err(err) =
+                        super::cluster_api::register_real_node(&real.control_plane, fresh).await
+                    {
+                        tracing::warn!(instance = %id, error = %err, "cannot register node");
+                    }
+                });
+                return;
+            }
+        };
         let name = fresh["metadata"]["name"]
             .as_str()
             .unwrap_or_default()

@@ -9,6 +9,7 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::cloud_init::{UserData, parse_user_data};
+use super::cluster_api::{ClusterApi, KubeBackend, RealCluster};
 use super::k3s::{Decision, K3S_CONFIG_PATH, Role};
 use super::setup_script::SetupStep;
 use super::{Boot, Inner, K3sState, Vm};
@@ -241,7 +242,32 @@ impl Inner {
                     return Runcmd::Finished;
                 }
                 decision @ (Decision::Create | Decision::Join(_)) => {
-                    tokio::time::sleep(self.cfg.k3s_join).await;
+                    // cluster-init on a real control plane: it starts while k3s does.
+                    let prepared = match (&decision, &self.cfg.kubernetes) {
+                        (Decision::Create, KubeBackend::Real(opts)) => {
+                            let (cp, ()) = tokio::join!(
+                                RealCluster::start(opts.clone(), self.faults.clone()),
+                                tokio::time::sleep(self.cfg.k3s_join)
+                            );
+                            match cp {
+                                Ok(cp) => Some(ClusterApi::Real(Arc::new(cp))),
+                                Err(err) => {
+                                    self.k3s_log(
+                                        id,
+                                        started,
+                                        "fatal",
+                                        &format!("starting the control plane: {err}"),
+                                    );
+                                    self.set_k3s(id, generation, K3sState::Refused);
+                                    return Runcmd::Finished;
+                                }
+                            }
+                        }
+                        _ => {
+                            tokio::time::sleep(self.cfg.k3s_join).await;
+                            None
+                        }
+                    };
                     if !self.current(id, generation) {
                         return Runcmd::Abandoned;
                     }
@@ -256,6 +282,7 @@ impl Inner {
                             _ => None,
                         },
                         started,
+                        prepared,
                     );
                     return Runcmd::Finished;
                 }
@@ -352,10 +379,22 @@ impl Inner {
             tailnet.disconnect(id);
         }
         self.sync_listeners(id);
-        if let Some(node) = node
-            && twin.get("v1", "Node", None, &node).is_some()
-        {
-            twin.set_node_ready(&node, false);
+        match (node, twin) {
+            (Some(node), ClusterApi::Twin(twin))
+                if twin.get("v1", "Node", None, &node).is_some() =>
+            {
+                twin.set_node_ready(&node, false);
+            }
+            (Some(node), ClusterApi::Real(real)) => {
+                self.runtime.spawn(async move {
+                    if let Err(err) =
+                        super::cluster_api::silence_real_node(&real.control_plane, &node).await
+                    {
+                        tracing::warn!(%node, error = %err, "cannot stop the node's heartbeats");
+                    }
+                });
+            }
+            _ => {}
         }
     }
 }

@@ -8,10 +8,10 @@ use std::sync::atomic::Ordering;
 
 use uuid::Uuid;
 
+use super::cluster_api::ClusterApi;
 use super::k3s::Role;
 use super::{Inner, K3sState, KUBE_API_PORT, State, Vm};
 use crate::net::{ListenerKind, ListenersGuard};
-use crate::twin::Twin;
 
 impl Inner {
     /// Brings the VM's listeners in line with its state: SSH on every address of a running
@@ -34,7 +34,10 @@ impl Inner {
     }
 
     /// What `id` should listen on, and the twin its API listeners serve (its cluster's).
-    fn desired_listeners(&self, id: Uuid) -> (Vec<(SocketAddr, ListenerKind, Vec<String>)>, Twin) {
+    fn desired_listeners(
+        &self,
+        id: Uuid,
+    ) -> (Vec<(SocketAddr, ListenerKind, Vec<String>)>, ClusterApi) {
         let st = self.state();
         let twin = self.twin_of(&st, id);
         if self.closed.load(Ordering::SeqCst) {
@@ -126,18 +129,30 @@ impl Inner {
         addr: SocketAddr,
         kind: ListenerKind,
         sans: Vec<String>,
-        twin: &Twin,
+        twin: &ClusterApi,
     ) {
         let result = match kind {
-            ListenerKind::KubeApi => match twin.server_tls_config(&sans) {
-                Ok(tls) => {
-                    let twin = twin.clone();
-                    guard.open(addr, kind, id, move |listener| twin.serve(listener, tls))
-                }
-                Err(err) => {
-                    tracing::warn!(%addr, error = %err, "cannot build the API serving certificate");
-                    return;
-                }
+            ListenerKind::KubeApi => match twin {
+                ClusterApi::Twin(twin) => match twin.server_tls_config(&sans) {
+                    Ok(tls) => {
+                        let twin = twin.clone();
+                        guard.open(addr, kind, id, move |listener| twin.serve(listener, tls))
+                    }
+                    Err(err) => {
+                        tracing::warn!(%addr, error = %err, "cannot build the API serving certificate");
+                        return;
+                    }
+                },
+                ClusterApi::Real(real) => match real.proxy.tls_config(&sans) {
+                    Ok(tls) => {
+                        let proxy = Arc::clone(&real.proxy);
+                        guard.open(addr, kind, id, move |listener| proxy.serve(listener, tls))
+                    }
+                    Err(err) => {
+                        tracing::warn!(%addr, error = %err, "cannot build the API serving certificate");
+                        return;
+                    }
+                },
             },
             ListenerKind::Ssh => {
                 let Some((host, backend)) = self.ssh_parts(id, addr) else {

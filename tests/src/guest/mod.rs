@@ -23,6 +23,7 @@
 //! - [`lifecycle`]: the rack's events and the boot sequence gluing the rest together.
 
 mod cloud_init;
+pub mod cluster_api;
 mod console;
 mod k3s;
 mod kubelet;
@@ -70,6 +71,8 @@ pub struct BootConfig {
     pub join_retry: Duration,
     /// k3s version when the install step does not pin one.
     pub k3s_version: String,
+    /// Which Kubernetes a new cluster runs.
+    pub kubernetes: cluster_api::KubeBackend,
 }
 
 impl Default for BootConfig {
@@ -80,6 +83,7 @@ impl Default for BootConfig {
             k3s_join: Duration::from_millis(200),
             join_retry: Duration::from_millis(200),
             k3s_version: "v1.33.4+k3s1".to_string(),
+            kubernetes: cluster_api::KubeBackend::default(),
         }
     }
 }
@@ -147,10 +151,11 @@ struct Cluster {
     token: String,
     agent_token: String,
     creator: Uuid,
-    /// This cluster's Kubernetes API: the primary twin for the first cluster, a twin of its
-    /// own (own CA, own objects) for every other.
-    twin: Twin,
-    /// Hash of `twin`'s CA, part of the full-format tokens.
+    /// This cluster's Kubernetes API: with the twin, the primary twin for the first cluster
+    /// and a twin of its own (own CA, own objects) for every other; else its own real
+    /// control plane.
+    api: cluster_api::ClusterApi,
+    /// Hash of the API's CA, part of the full-format tokens.
     ca_hash: String,
 }
 
@@ -238,10 +243,37 @@ impl Boot {
         let _ = self.inner.tailnet.set(tailnet);
     }
 
-    /// Stops every boot in progress and closes every listener (simulator shutdown).
+    /// Stops every boot in progress and closes every listener (simulator shutdown); real
+    /// control planes stop once nothing else holds them.
     pub fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.listeners.close_all();
+        self.inner
+            .state()
+            .clusters
+            .retain(|_, c| c.api.real().is_none());
+    }
+
+    /// Which Kubernetes new clusters run.
+    pub fn backend(&self) -> &cluster_api::KubeBackend {
+        &self.inner.cfg.kubernetes
+    }
+
+    /// The real control planes of the clusters, by the name of the VM that created them.
+    pub fn real_clusters(&self) -> Vec<Arc<cluster_api::RealCluster>> {
+        let st = self.inner.state();
+        let mut clusters: Vec<_> = st
+            .clusters
+            .iter()
+            .filter_map(|(id, c)| {
+                Some((
+                    st.vms.get(id).map(|v| v.name.clone()),
+                    c.api.real()?.clone(),
+                ))
+            })
+            .collect();
+        clusters.sort_by(|a, b| a.0.cmp(&b.0));
+        clusters.into_iter().map(|(_, c)| c).collect()
     }
 
     /// The listener registry (for shutdown and the admin dump).
@@ -288,7 +320,7 @@ impl Boot {
         let primary = st
             .clusters
             .iter()
-            .find(|(_, c)| c.twin.ca_pem() == primary_ca)
+            .find(|(_, c)| c.api.ca_pem() == primary_ca)
             .map(|(id, _)| *id);
         let clusters: Vec<Value> = st
             .clusters
@@ -380,18 +412,18 @@ impl Inner {
             .map(|d| d.path().join(id.to_string()))
     }
 
-    /// The twin of `id`'s cluster; the primary twin for a VM in none.
-    fn twin_of(&self, st: &State, id: Uuid) -> Twin {
+    /// The API of `id`'s cluster; the primary twin for a VM in none.
+    fn twin_of(&self, st: &State, id: Uuid) -> cluster_api::ClusterApi {
         st.cluster_of(id)
-            .map(|c| c.twin.clone())
-            .unwrap_or_else(|| self.twin.clone())
+            .map(|c| c.api.clone())
+            .unwrap_or_else(|| cluster_api::ClusterApi::Twin(self.twin.clone()))
     }
 
     /// The twin of a cluster being created: the primary twin while no cluster uses it, else a
     /// new one with its own CA.
     fn new_cluster_twin(&self, st: &State) -> Result<(Twin, String), crate::twin::TwinError> {
         let primary_ca = self.twin.ca_pem();
-        if !st.clusters.values().any(|c| c.twin.ca_pem() == primary_ca) {
+        if !st.clusters.values().any(|c| c.api.ca_pem() == primary_ca) {
             return Ok((self.twin.clone(), self.ca_hash.clone()));
         }
         let twin = Twin::new(crate::twin::TwinConfig {

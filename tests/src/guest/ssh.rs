@@ -162,7 +162,7 @@ impl SshBackend for VmBackend {
                 (
                     cluster.token.clone(),
                     cluster.agent_token.clone(),
-                    cluster.twin.clone(),
+                    cluster.api.clone(),
                     cluster.ca_hash.clone(),
                 )
             };

@@ -1,0 +1,328 @@
+//! The real `reconcile-once` against `oxide-sim` whose cluster runs a real Kubernetes control
+//! plane (kube-apiserver, controller-manager, scheduler, etcd at the k3s version the product
+//! installs, KWOK for kubelets; see `oxide_sim::control_plane`). Nodes are registered by the
+//! simulated k3s, kept Ready by KWOK, marked Unknown by the real node lifecycle controller
+//! when their VM stops; pods come from real Deployments, are placed by the real scheduler and
+//! re-created elsewhere by the real ReplicaSet controller after an eviction.
+//!
+//! The cluster is eventually consistent: every expectation waits with a deadline.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use oxide_controller::spec::ClusterSpec;
+use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::state::{self, StateStore};
+use oxide_controller::status::Status;
+use oxide_sim::control_plane::ControlPlaneOptions;
+use oxide_sim::guest::cluster_api::{KubeBackend, KubeView};
+use oxide_sim::preset::Preset;
+use oxide_sim::{Sim, SimHandle, SimOptions};
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_reconcile-once");
+const WK: &str = "sim-workers-";
+/// kube-controller-manager's `--node-monitor-grace-period` in these tests (50 s upstream).
+const GRACE: Duration = Duration::from_secs(10);
+/// How long a controller, a VM boot or a run may take on a loaded 2-core machine.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+struct Env {
+    sim: SimHandle,
+    kubeconfig: PathBuf,
+    store: KubeStateStore,
+}
+
+async fn env(control_plane: u32, workers: u32) -> Env {
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane,
+            workers,
+        }),
+        kubernetes: KubeBackend::Real(ControlPlaneOptions {
+            node_monitor_grace_period: GRACE,
+            ..ControlPlaneOptions::default()
+        }),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("simulator: {e:#}"));
+    let kubeconfig = sim.kubeconfig.clone().expect("preset kubeconfig");
+    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+        .await
+        .unwrap();
+    Env {
+        store: KubeStateStore::new(client, "kube-system"),
+        sim,
+        kubeconfig,
+    }
+}
+
+impl Env {
+    fn kube(&self) -> KubeView {
+        let view = self.sim.kube();
+        assert!(
+            matches!(view, KubeView::Real(_)),
+            "a real control plane runs"
+        );
+        view
+    }
+
+    async fn edit(&self, f: impl Fn(&mut ClusterSpec)) {
+        let snap = self.store.read_config().await.unwrap();
+        let mut spec = ClusterSpec::from_yaml(snap.spec_yaml().unwrap_or_default()).unwrap();
+        f(&mut spec);
+        let mut data = snap.data.clone();
+        data.insert(state::keys::SPEC.into(), spec.to_yaml());
+        self.store
+            .replace_config(&snap.resource_version, data)
+            .await
+            .unwrap();
+    }
+
+    async fn status(&self) -> Option<Status> {
+        let snap = self.store.read_config().await.ok()?;
+        snap.status_json().and_then(Status::from_json)
+    }
+
+    async fn reconcile(&self) -> Output {
+        tokio::process::Command::new(BIN)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--log-format", "json"])
+            .kill_on_drop(true)
+            .output()
+            .await
+            .unwrap()
+    }
+
+    /// Runs reconcile (as the CronJob would, a few seconds apart) until status is Ready with
+    /// `workers` Ready worker Nodes; returns the number of runs.
+    async fn converge(&self, workers: usize, max_runs: usize) -> usize {
+        let mut logs = Vec::new();
+        for run in 1..=max_runs {
+            let out = self.reconcile().await;
+            let code = out.status.code();
+            assert!(matches!(code, Some(0 | 1)), "run {run}: {out:?}");
+            logs.push(format!(
+                "run {run}: exit {code:?}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+            let ready = self
+                .status()
+                .await
+                .and_then(|s| s.condition("Ready").map(|c| c.status == "True"))
+                == Some(true);
+            if code == Some(0) && ready && self.ready_nodes(WK).await.len() == workers {
+                return run;
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        panic!(
+            "not converged to {workers} workers in {max_runs} runs; status {}\n{}",
+            self.status().await.map(|s| s.to_json()).unwrap_or_default(),
+            logs.join("\n")
+        );
+    }
+
+    async fn ready_nodes(&self, prefix: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for n in self.kube().list("v1", "Node", None).await {
+            let name = n["metadata"]["name"].as_str().unwrap_or_default();
+            if name.starts_with(prefix) && readiness(&n).as_deref() == Some("True") {
+                out.push(name.to_string());
+            }
+        }
+        out
+    }
+
+    fn instances(&self, prefix: &str) -> Vec<Value> {
+        self.sim.oxide().dump()["instances"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|i| i["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+            .collect()
+    }
+
+    async fn wait_for<T, F, Fut>(&self, what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn pods(&self, app: &str) -> Vec<Value> {
+        self.kube()
+            .list("v1", "Pod", Some("default"))
+            .await
+            .into_iter()
+            .filter(|p| p["metadata"]["labels"]["app"] == app)
+            .collect()
+    }
+}
+
+fn readiness(node: &Value) -> Option<String> {
+    node["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")?["status"]
+        .as_str()
+        .map(str::to_string)
+}
+
+fn deployment(name: &str, replicas: u32) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "nginx",
+                    "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preset_cluster_converges_and_its_nodes_are_k3s_nodes_on_real_kubernetes() {
+    let env = env(1, 2).await;
+    env.converge(2, 5).await;
+    // What `kubectl get nodes` shows: Ready, roles, the k3s version.
+    let nodes = env.kube().list("v1", "Node", None).await;
+    assert_eq!(nodes.len(), 3);
+    for n in &nodes {
+        assert_eq!(readiness(n).as_deref(), Some("True"), "{n}");
+        let version = n["status"]["nodeInfo"]["kubeletVersion"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(version.starts_with("v1.33."), "{version}");
+    }
+    assert!(
+        nodes.iter().any(|n| {
+            n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"] == "true"
+        })
+    );
+    // A run with nothing to do changes nothing on the rack.
+    let before = env.sim.oxide().counters();
+    let out = env.reconcile().await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let mutations: u64 = env
+        .sim
+        .oxide()
+        .counters()
+        .iter()
+        .filter(|(k, _)| !k.starts_with("GET "))
+        .map(|(k, v)| v - before.get(k).copied().unwrap_or(0))
+        .sum();
+    assert_eq!(mutations, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_down_drains_through_the_real_eviction_api_and_the_pods_come_back_elsewhere() {
+    let env = env(1, 1).await;
+    env.edit(|s| {
+        s.worker_pools[0].count = 3;
+        s.timeouts.drain_seconds = 60;
+    })
+    .await;
+    env.converge(3, 15).await;
+    // Six pods spread by the real scheduler over the three workers, kept by a budget.
+    env.kube().apply(deployment("web", 6)).await.unwrap();
+    env.kube()
+        .apply(
+            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}}),
+        )
+        .await
+        .unwrap();
+    env.wait_for("six web pods Running", || async {
+        let running = env
+            .pods("web")
+            .await
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .count();
+        (running == 6).then_some(())
+    })
+    .await;
+
+    env.edit(|s| s.worker_pools[0].count = 1).await;
+    env.converge(1, 15).await;
+    let survivor = env.ready_nodes(WK).await;
+    assert_eq!(survivor.len(), 1);
+    assert_eq!(env.instances(WK).len(), 1);
+    // The ReplicaSet controller re-created every evicted pod; the scheduler put them on the
+    // one worker left (or the server), and KWOK runs them.
+    env.wait_for("six web pods Running on the remaining nodes", || async {
+        let pods = env.pods("web").await;
+        let gone = env.kube().list("v1", "Node", None).await;
+        let nodes: Vec<&str> = gone
+            .iter()
+            .filter_map(|n| n["metadata"]["name"].as_str())
+            .collect();
+        let ok = pods.len() == 6
+            && pods.iter().all(|p| {
+                p["status"]["phase"] == "Running"
+                    && nodes.contains(&p["spec"]["nodeName"].as_str().unwrap_or_default())
+            });
+        ok.then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_worker_goes_unknown_through_the_node_lifecycle_controller_and_is_replaced() {
+    let env = env(1, 2).await;
+    env.edit(|s| s.timeouts.not_ready_grace_seconds = 5).await;
+    env.converge(2, 5).await;
+    let victim = env.ready_nodes(WK).await[0].clone();
+    // Stop the VM through the Oxide API, as an operator (or a sled failure) would.
+    let http = reqwest::Client::new();
+    let stopped = http
+        .post(format!(
+            "{}/v1/instances/{victim}/stop?project=sim",
+            env.sim.oxide_host
+        ))
+        .bearer_auth(&env.sim.oxide_token)
+        .send()
+        .await
+        .unwrap();
+    assert!(stopped.status().is_success(), "{stopped:?}");
+    // Nothing marks the Node at once: its heartbeats stop, and after the grace period the
+    // real node lifecycle controller sets Ready=Unknown and taints it unreachable.
+    let started = Instant::now();
+    let node = env
+        .wait_for(
+            "the node lifecycle controller to mark the Node Unknown",
+            || async {
+                let n = env.kube().get("v1", "Node", None, &victim).await?;
+                (readiness(&n).as_deref() == Some("Unknown")).then_some(n)
+            },
+        )
+        .await;
+    assert!(
+        started.elapsed() >= GRACE / 2,
+        "Unknown after {:?}, before the grace period",
+        started.elapsed()
+    );
+    let taints = node["spec"]["taints"].to_string();
+    assert!(
+        taints.contains("node.kubernetes.io/unreachable"),
+        "{taints}"
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    env.converge(2, 15).await;
+    let workers = env.ready_nodes(WK).await;
+    assert_eq!(workers.len(), 2);
+}
