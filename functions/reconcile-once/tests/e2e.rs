@@ -12,6 +12,8 @@ use oxide_controller::spec::{ClusterSpec, Role};
 use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{self, StateStore};
 use oxide_controller::status::Status;
+use oxide_sim::control_plane::ControlPlaneOptions;
+use oxide_sim::guest::cluster_api::KubeBackend;
 use oxide_sim::oxide::RouteFault;
 use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
@@ -34,6 +36,8 @@ async fn env(cp: u32, workers: u32) -> Env {
             control_plane: cp,
             workers,
         }),
+        // A real control plane (oxide_sim::control_plane), with upstream timings.
+        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
         ..SimOptions::default()
     })
     .await
@@ -140,8 +144,8 @@ impl Env {
             .collect()
     }
 
-    fn ready_nodes(&self, prefix: &str) -> Vec<String> {
-        ready_nodes(&self.sim, prefix)
+    async fn ready_nodes(&self, prefix: &str) -> Vec<String> {
+        ready_nodes(&self.sim, prefix).await
     }
 
     fn disks(&self) -> Vec<String> {
@@ -276,9 +280,10 @@ fn instances(sim: &SimHandle, prefix: &str) -> Vec<Value> {
         .collect()
 }
 
-fn ready_nodes(sim: &SimHandle, prefix: &str) -> Vec<String> {
-    sim.twin()
+async fn ready_nodes(sim: &SimHandle, prefix: &str) -> Vec<String> {
+    sim.kube()
         .list("v1", "Node", None)
+        .await
         .into_iter()
         .filter(|n| {
             n["status"]["conditions"].as_array().is_some_and(|c| {
@@ -302,12 +307,12 @@ struct Watch {
 fn watch(env: &Env) -> Watch {
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(BTreeMap::new()));
-    let (oxide, twin) = (env.sim.oxide().clone(), env.sim.twin().clone());
+    let (oxide, kube) = (env.sim.oxide().clone(), env.sim.kube());
     let (s2, seen2) = (stop.clone(), seen.clone());
     let task = tokio::spawn(async move {
         while !s2.load(Ordering::SeqCst) {
             let dump = oxide.dump();
-            let nodes = twin.list("v1", "Node", None);
+            let nodes = kube.list("v1", "Node", None).await;
             for prefix in [CP, WK] {
                 let n = dump["instances"].as_array().map_or(0, |a| {
                     a.iter()
@@ -333,7 +338,7 @@ fn watch(env: &Env) -> Watch {
                 e.0 = e.0.max(n);
                 e.1 = e.1.min(ready);
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
     Watch { stop, seen, task }
@@ -349,15 +354,30 @@ impl Watch {
     }
 }
 
+/// Polls `check` until it holds, or fails naming `what` after two minutes.
+async fn wait_until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// A running pod on `node` (so drains have something to evict).
-fn put_pod(sim: &SimHandle, name: &str, node: &str) {
+async fn put_pod(sim: &SimHandle, name: &str, node: &str) {
+    // Bound to the Node; KWOK, its kubelet, runs it.
     let pod = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "nginx"}]},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "nginx"}]}
     });
-    sim.twin().upsert(pod).unwrap_or_else(|e| panic!("{e}"));
+    sim.kube()
+        .apply(pod)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,23 +387,24 @@ async fn scales_up_to_five_then_down_to_one_with_drain_and_cleanup() {
     let w = watch(&env);
     env.converge(15).await;
     let (peak, _) = w.finish(WK).await;
-    assert_eq!(env.ready_nodes(WK).len(), 5);
+    assert_eq!(env.ready_nodes(WK).await.len(), 5);
     assert_eq!(env.instances(WK).len(), 5);
     assert!(peak <= 6, "peak {peak} instances for desired 5");
 
-    for (i, node) in env.ready_nodes(WK).iter().enumerate() {
-        put_pod(&env.sim, &format!("web-{i}"), node);
+    for (i, node) in env.ready_nodes(WK).await.iter().enumerate() {
+        put_pod(&env.sim, &format!("web-{i}"), node).await;
     }
     env.edit(|s| s.worker_pools[0].count = 1).await;
     env.converge(15).await;
     let left = env.instances(WK);
     assert_eq!(left.len(), 1);
     let survivor = left[0]["name"].as_str().unwrap_or_default().to_owned();
-    assert_eq!(env.ready_nodes(WK), std::slice::from_ref(&survivor));
+    assert_eq!(env.ready_nodes(WK).await, std::slice::from_ref(&survivor));
     let nodes: Vec<String> = env
         .sim
-        .twin()
+        .kube()
         .list("v1", "Node", None)
+        .await
         .iter()
         .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
         .collect();
@@ -394,7 +415,7 @@ async fn scales_up_to_five_then_down_to_one_with_drain_and_cleanup() {
             .all(|n| *n == survivor),
         "Nodes of removed workers are gone: {nodes:?}"
     );
-    let pods = env.sim.twin().list("v1", "Pod", Some("default"));
+    let pods = env.sim.kube().list("v1", "Pod", Some("default")).await;
     assert!(
         pods.iter()
             .all(|p| p["spec"]["nodeName"] == survivor.as_str()),
@@ -417,7 +438,7 @@ async fn a_failed_worker_is_replaced() {
     let names: Vec<String> = env.instance_names(WK).into_iter().collect();
     assert_eq!(names.len(), 2);
     assert!(!names.contains(&victim), "{victim} replaced: {names:?}");
-    assert_eq!(env.ready_nodes(WK).len(), 2);
+    assert_eq!(env.ready_nodes(WK).await.len(), 2);
     env.assert_no_leaks();
 }
 
@@ -462,8 +483,9 @@ async fn a_full_rack_is_reported_without_churn_and_converges_once_there_is_room(
     }
     let events = env
         .sim
-        .twin()
-        .list("events.k8s.io/v1", "Event", Some("kube-system"));
+        .kube()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"))
+        .await;
     assert!(
         events.iter().any(|e| e["note"]
             .as_str()
@@ -477,7 +499,7 @@ async fn a_full_rack_is_reported_without_churn_and_converges_once_there_is_room(
     env.converge(5).await;
     let counters = env.sim.oxide().counters();
     assert_eq!(counters.get("POST /v1/instances").copied().unwrap_or(0), 2);
-    assert_eq!(env.ready_nodes(WK).len(), 4);
+    assert_eq!(env.ready_nodes(WK).await.len(), 4);
     env.assert_no_leaks();
 }
 
@@ -501,7 +523,7 @@ async fn a_failed_worker_that_the_rack_restarts_by_itself_leaves_no_surplus_memb
     let names: Vec<String> = env.instance_names(WK).into_iter().collect();
     assert_eq!(names.len(), 2, "{names:?}");
     assert!(!names.contains(&victim), "{victim} replaced: {names:?}");
-    assert_eq!(env.ready_nodes(WK).len(), 2);
+    assert_eq!(env.ready_nodes(WK).await.len(), 2);
     // The replacement is the controller's own: the rack will not restart it behind our back.
     for i in env.instances(WK) {
         assert_eq!(i["auto_restart_policy"], "never", "{i}");
@@ -527,10 +549,11 @@ async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let ready = env.ready_nodes(WK).await;
     let stuck: Vec<String> = env
         .instance_names(WK)
         .into_iter()
-        .filter(|n| !env.ready_nodes(WK).contains(n))
+        .filter(|n| !ready.contains(n))
         .collect();
     assert_eq!(stuck.len(), 1, "one new member that will never join");
     // Only that VM stays broken; its replacement joins.
@@ -540,7 +563,7 @@ async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
     env.converge(40).await;
     let names: Vec<String> = env.instance_names(WK).into_iter().collect();
     assert!(!names.contains(&stuck[0]), "{} was removed", stuck[0]);
-    assert_eq!(env.ready_nodes(WK).len(), 3);
+    assert_eq!(env.ready_nodes(WK).await.len(), 3);
     env.assert_no_leaks();
 }
 
@@ -562,7 +585,7 @@ async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reaso
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let ready = env.ready_nodes(WK);
+    let ready = env.ready_nodes(WK).await;
     let broken: Vec<String> = env
         .instance_names(WK)
         .into_iter()
@@ -576,11 +599,12 @@ async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reaso
     env.converge(40).await;
     let names: Vec<String> = env.instance_names(WK).into_iter().collect();
     assert!(!names.contains(&broken[0]), "{} was removed", broken[0]);
-    assert_eq!(env.ready_nodes(WK).len(), 3);
+    assert_eq!(env.ready_nodes(WK).await.len(), 3);
     let events = env
         .sim
-        .twin()
-        .list("events.k8s.io/v1", "Event", Some("kube-system"));
+        .kube()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"))
+        .await;
     assert!(
         events.iter().any(|e| {
             let note = e["note"].as_str().unwrap_or("");
@@ -611,7 +635,7 @@ async fn a_member_whose_data_disk_is_missing_is_replaced_with_the_reason() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let old = ready_nodes(&env.sim, WK);
+    let old = ready_nodes(&env.sim, WK).await;
     let new: Vec<String> = env
         .instance_names(WK)
         .into_iter()
@@ -624,7 +648,7 @@ async fn a_member_whose_data_disk_is_missing_is_replaced_with_the_reason() {
         .update(|f| f.missing_data_disk = vec![new[0].clone()]);
     env.converge(40).await;
     assert!(
-        !twin_nodes(&env).contains(&new[0]),
+        !node_names(&env).await.contains(&new[0]),
         "{} never joined",
         new[0]
     );
@@ -632,8 +656,9 @@ async fn a_member_whose_data_disk_is_missing_is_replaced_with_the_reason() {
     assert!(!names.contains(&new[0]), "{} was replaced", new[0]);
     let events = env
         .sim
-        .twin()
-        .list("events.k8s.io/v1", "Event", Some("kube-system"));
+        .kube()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"))
+        .await;
     assert!(
         events.iter().any(|e| {
             let note = e["note"].as_str().unwrap_or("");
@@ -672,7 +697,7 @@ async fn a_cpu_change_rolls_workers_one_at_a_time() {
             "{i}"
         );
     }
-    assert_eq!(env.ready_nodes(WK).len(), 2);
+    assert_eq!(env.ready_nodes(WK).await.len(), 2);
     env.assert_no_leaks();
 }
 
@@ -699,8 +724,12 @@ async fn the_floating_ip_moves_when_its_holder_dies() {
         .fip_holder()
         .unwrap_or_else(|| panic!("fip re-attached"));
     assert_ne!(now, holder);
-    assert!(env.ready_nodes(CP).contains(&now));
-    assert_eq!(env.ready_nodes(CP).len(), 3, "the dead server was replaced");
+    assert!(env.ready_nodes(CP).await.contains(&now));
+    assert_eq!(
+        env.ready_nodes(CP).await.len(),
+        3,
+        "the dead server was replaced"
+    );
     assert!(fewest >= 2, "never below 2 Ready servers (saw {fewest})");
     env.assert_no_leaks();
 }
@@ -723,8 +752,8 @@ async fn a_failed_server_is_replaced_without_losing_quorum() {
     let (peak, fewest) = w.finish(CP).await;
     assert!(fewest >= 2, "never below 2 Ready servers (saw {fewest})");
     assert!(peak <= 4, "{peak}");
-    assert_eq!(env.ready_nodes(CP).len(), 3);
-    assert!(!env.ready_nodes(CP).contains(&victim));
+    assert_eq!(env.ready_nodes(CP).await.len(), 3);
+    assert!(!env.ready_nodes(CP).await.contains(&victim));
     env.assert_no_leaks();
 }
 
@@ -877,7 +906,7 @@ async fn survives_sigkill_at_twenty_random_moments() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     env.converge(20).await;
     assert_eq!(env.instances(WK).len(), desired as usize);
-    assert_eq!(env.ready_nodes(WK).len(), desired as usize);
+    assert_eq!(env.ready_nodes(WK).await.len(), desired as usize);
     assert_eq!(env.instances(CP).len(), 3);
     env.assert_no_leaks();
 }
@@ -903,8 +932,8 @@ async fn converges_within_five_runs_under_kube_5xx_and_latency() {
     let mut before = 2;
     for desired in [4, 2] {
         env.edit(|s| s.worker_pools[0].count = desired).await;
-        for (i, node) in env.ready_nodes(WK).iter().enumerate() {
-            put_pod(&env.sim, &format!("web-{desired}-{i}"), node);
+        for (i, node) in env.ready_nodes(WK).await.iter().enumerate() {
+            put_pod(&env.sim, &format!("web-{desired}-{i}"), node).await;
         }
         kube_faults(true);
         let w = watch(&env);
@@ -934,7 +963,7 @@ async fn converges_within_five_runs_under_kube_5xx_and_latency() {
             let until = std::time::Instant::now() + Duration::from_secs(20);
             while !converged
                 && std::time::Instant::now() < until
-                && env.instances(WK).len() != env.ready_nodes(WK).len()
+                && env.instances(WK).len() != env.ready_nodes(WK).await.len()
             {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
@@ -952,18 +981,19 @@ async fn converges_within_five_runs_under_kube_5xx_and_latency() {
         assert!(peak <= bound, "at most {bound} instances ({peak})");
         before = desired as usize;
         // Nothing half-done: no Node left cordoned, every Node has its VM.
-        for n in env.sim.twin().list("v1", "Node", None) {
+        for n in env.sim.kube().list("v1", "Node", None).await {
             assert!(n["spec"]["unschedulable"] != true, "{n}");
         }
-        assert_eq!(env.ready_nodes(WK).len(), desired as usize);
+        assert_eq!(env.ready_nodes(WK).await.len(), desired as usize);
     }
     env.assert_no_leaks();
 }
 
-fn twin_nodes(env: &Env) -> Vec<String> {
+async fn node_names(env: &Env) -> Vec<String> {
     env.sim
-        .twin()
+        .kube()
         .list("v1", "Node", None)
+        .await
         .iter()
         .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
         .collect()
@@ -974,41 +1004,54 @@ async fn a_worker_whose_pods_tolerate_everything_is_removed_and_they_run_elsewhe
     let env = env(1, 3).await;
     env.edit(|s| s.timeouts.drain_seconds = 10).await;
     env.sim
-        .twin()
-        .upsert(serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        .kube()
+        .apply(serde_json::json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "anywhere", "namespace": "default"},
             "spec": {"replicas": 6, "selector": {"matchLabels": {"app": "anywhere"}},
                 "template": {"metadata": {"labels": {"app": "anywhere"}},
                     "spec": {"terminationGracePeriodSeconds": 1, "tolerations": [{"operator": "Exists"}],
                         "containers": [{"name": "c", "image": "nginx", "resources": {"requests": {"cpu": "10m"}}}]}}}}))
+        .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let running = |env: &Env| -> Vec<serde_json::Value> {
+    let running = async |env: &Env| -> Vec<serde_json::Value> {
         env.sim
-            .twin()
+            .kube()
             .list("v1", "Pod", Some("default"))
+            .await
             .into_iter()
             .filter(|p| {
                 p["metadata"]["labels"]["app"] == "anywhere" && p["status"]["phase"] == "Running"
             })
             .collect()
     };
-    assert_eq!(running(&env).len(), 6);
+    // The Deployment, ReplicaSet and scheduler controllers place them; KWOK runs them.
+    wait_until("six replicas Running", async || {
+        running(&env).await.len() == 6
+    })
+    .await;
     env.edit(|s| s.worker_pools[0].count = 2).await;
     let runs = env.converge(6).await;
     assert!(runs <= 6);
     assert_eq!(env.instances(WK).len(), 2);
-    let nodes = twin_nodes(&env);
+    let nodes = node_names(&env).await;
     assert_eq!(
         nodes.iter().filter(|n| n.starts_with(WK)).count(),
         2,
         "{nodes:?}"
     );
-    let pods = running(&env);
-    assert_eq!(pods.len(), 6, "every replica Running again");
-    for p in &pods {
-        let on = p["spec"]["nodeName"].as_str().unwrap_or_default();
-        assert!(nodes.iter().any(|n| n == on), "{on} is not a Node any more");
-    }
+    // Replicas that tolerate everything tolerate the cordon too: the scheduler may put
+    // replacements back on the Node being drained, and when its VM goes they are orphans
+    // until the real PodGC collects them (40 s quarantine, podgc/gc_controller.go); then the
+    // ReplicaSet controller re-creates them on the Nodes left.
+    wait_until("every replica Running on a remaining Node", async || {
+        let pods = running(&env).await;
+        pods.len() == 6
+            && pods.iter().all(|p| {
+                let on = p["spec"]["nodeName"].as_str().unwrap_or_default();
+                nodes.iter().any(|n| n == on)
+            })
+    })
+    .await;
     env.assert_no_leaks();
 }
 
@@ -1016,8 +1059,8 @@ async fn a_worker_whose_pods_tolerate_everything_is_removed_and_they_run_elsewhe
 async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
     let env = env(1, 2).await;
     env.edit(|s| s.timeouts.drain_seconds = 3).await;
-    let twin = env.sim.twin().clone();
-    for node in env.ready_nodes(WK) {
+    let kube = env.sim.kube();
+    for node in env.ready_nodes(WK).await {
         for (name, labels, finalizers) in [
             (
                 format!("held-{node}"),
@@ -1035,27 +1078,32 @@ async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
                 serde_json::json!([]),
             ),
         ] {
-            twin.upsert(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            kube.apply(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": "default", "labels": labels, "finalizers": finalizers},
-                "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": "i"}]},
-                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}))
+                "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": [{"name": "c", "image": "i"}]}}))
+                .await
                 .unwrap_or_else(|e| panic!("{e}"));
         }
     }
     for pdb in ["db-a", "db-b"] {
-        twin.upsert(
+        kube.apply(
             serde_json::json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": {"name": pdb, "namespace": "default"},
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "db"}}}}),
+            // minAvailable, not maxUnavailable: over bare pods (no controller to give the
+            // expected count) the real disruption controller allows no disruption for
+            // maxUnavailable budgets (disruption.go getExpectedPodCount).
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "db"}}}}),
         )
+        .await
         .unwrap_or_else(|e| panic!("{e}"));
     }
     env.edit(|s| s.worker_pools[0].count = 1).await;
     for _ in 0..2 {
         let _ = env.reconcile(&[]).await;
     }
-    let victim = twin
+    let victim = kube
         .list("v1", "Node", None)
+        .await
         .into_iter()
         .find(|n| n["spec"]["unschedulable"] == true)
         .and_then(|n| n["metadata"]["name"].as_str().map(str::to_owned))
@@ -1078,10 +1126,11 @@ async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
     );
     // The others were evicted; the Node stays cordoned, its VM is still there and running.
     assert!(
-        twin.get("v1", "Pod", Some("default"), &format!("web-{victim}"))
+        kube.get("v1", "Pod", Some("default"), &format!("web-{victim}"))
+            .await
             .is_none()
     );
-    assert!(twin_nodes(&env).contains(&victim));
+    assert!(node_names(&env).await.contains(&victim));
     let vm = env
         .instances(WK)
         .into_iter()
@@ -1090,14 +1139,21 @@ async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
     assert_eq!(vm["state"], "running", "{vm}");
 
     // Someone removes the finalizer and the extra budget: the next runs finish the removal.
-    let mut held = twin
-        .get("v1", "Pod", Some("default"), &format!("held-{victim}"))
-        .unwrap_or_else(|| panic!("held pod"));
-    held["metadata"]["finalizers"] = serde_json::json!([]);
-    twin.upsert(held).unwrap_or_else(|e| panic!("{e}"));
-    assert!(twin.delete("policy/v1", "PodDisruptionBudget", Some("default"), "db-b"));
+    kube.merge_patch(
+        "v1",
+        "Pod",
+        Some("default"),
+        &format!("held-{victim}"),
+        &serde_json::json!({"metadata": {"finalizers": null}}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        kube.delete("policy/v1", "PodDisruptionBudget", Some("default"), "db-b")
+            .await
+    );
     env.converge(6).await;
-    assert!(!twin_nodes(&env).contains(&victim));
+    assert!(!node_names(&env).await.contains(&victim));
     assert_eq!(env.instances(WK).len(), 1);
 }
 
@@ -1146,7 +1202,7 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
         }
     }
     env.edit(|s| s.timeouts.drain_seconds = 5).await;
-    let victim = env.ready_nodes(WK)[0].clone();
+    let victim = env.ready_nodes(WK).await[0].clone();
     let mut node = twin
         .get("v1", "Node", None, &victim)
         .unwrap_or_else(|| panic!("node"));
@@ -1214,7 +1270,7 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
         "{plan}"
     );
     assert!(
-        twin_nodes(&env).contains(&victim),
+        node_names(&env).await.contains(&victim),
         "the node stays for a later run"
     );
     assert!(
@@ -1224,5 +1280,5 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
     );
     // A run elsewhere finishes the removal.
     env.converge(6).await;
-    assert!(!twin_nodes(&env).contains(&victim));
+    assert!(!node_names(&env).await.contains(&victim));
 }

@@ -211,6 +211,32 @@ impl KubeView {
         }
     }
 
+    /// A JSON merge patch (RFC 7386) of an existing object.
+    pub async fn merge_patch(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value, String> {
+        match self {
+            KubeView::Twin(t) => {
+                let mut obj = t
+                    .get(api_version, kind, ns, name)
+                    .ok_or_else(|| format!("{kind} {name} not found"))?;
+                merge(&mut obj, patch);
+                t.upsert(obj).map_err(|e| e.to_string())
+            }
+            KubeView::Real(r) => r
+                .control_plane
+                .merge_patch(api_version, kind, ns, name, patch)
+                .await
+                .map_err(|e| e.to_string()),
+            KubeView::NoClusterYet => Err("no cluster has started yet".into()),
+        }
+    }
+
     /// Deletes; `false` when it was not there.
     pub async fn delete(
         &self,
@@ -270,5 +296,21 @@ impl KubeView {
                 })
             })
             .unwrap_or(false)
+    }
+}
+
+/// RFC 7386 merge of `patch` into `target`.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(t), Some(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        _ => *target = patch.clone(),
     }
 }
