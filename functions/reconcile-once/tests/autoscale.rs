@@ -1,5 +1,7 @@
-//! Issue 14 acceptance: the real `reconcile-once` binary against `oxide-sim` with the twin's
-//! scheduler, a preset cluster of 3 control-plane + 1 worker, workers autoscaling 1..=6.
+//! Issue 14 acceptance: the real `reconcile-once` binary against `oxide-sim` on a real
+//! control plane (the real scheduler marks pods Unschedulable, the real Deployment,
+//! ReplicaSet and garbage collector controllers make and remove them, KWOK runs them), a
+//! preset cluster of 3 control-plane + 1 worker, workers autoscaling 1..=6.
 //!
 //! Between runs the tests wait for the simulated VMs to boot and join, as the CronJob's
 //! interval does on a cluster; "runs" below counts `reconcile-once` invocations.
@@ -15,6 +17,8 @@ use oxide_controller::spec::ClusterSpec;
 use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{self, StateStore};
 use oxide_controller::status::Status;
+use oxide_sim::control_plane::ControlPlaneOptions;
+use oxide_sim::guest::cluster_api::KubeBackend;
 use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
@@ -37,6 +41,7 @@ async fn env(edit: impl Fn(&mut AutoscaleSpec)) -> Env {
             control_plane: 3,
             workers: 1,
         }),
+        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
         ..SimOptions::default()
     })
     .await
@@ -114,7 +119,7 @@ impl Env {
     async fn run_and_settle(&self) -> Output {
         let out = self.run().await;
         let until = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < until && self.workers().len() != self.ready_workers().len() {
+        while Instant::now() < until && self.workers().len() != self.ready_workers().await.len() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         out
@@ -132,8 +137,9 @@ impl Env {
             .collect()
     }
 
-    fn ready_workers(&self) -> Vec<String> {
+    async fn ready_workers(&self) -> Vec<String> {
         self.nodes()
+            .await
             .into_iter()
             .filter(|n| {
                 n["status"]["conditions"].as_array().is_some_and(|c| {
@@ -146,30 +152,59 @@ impl Env {
             .collect()
     }
 
-    fn nodes(&self) -> Vec<Value> {
-        self.sim.twin().list("v1", "Node", None)
+    async fn nodes(&self) -> Vec<Value> {
+        self.sim.kube().list("v1", "Node", None).await
     }
 
-    fn pods(&self, app: &str) -> Vec<Value> {
+    async fn pods(&self, app: &str) -> Vec<Value> {
         self.sim
-            .twin()
+            .kube()
             .list("v1", "Pod", Some("default"))
+            .await
             .into_iter()
             .filter(|p| p["metadata"]["labels"]["app"] == app)
             .collect()
     }
 
-    fn running(&self, app: &str) -> usize {
+    /// Polls `check` until it holds, or fails naming `what` after two minutes.
+    async fn wait_until(&self, what: &str, check: impl AsyncFn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !check().await {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Pods of `app` the scheduler found no Node for (PodScheduled=False, Unschedulable).
+    async fn unschedulable(&self, app: &str) -> usize {
         self.pods(app)
+            .await
+            .iter()
+            .filter(|p| {
+                p["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter().any(|c| {
+                        c["type"] == "PodScheduled"
+                            && c["status"] == "False"
+                            && c["reason"] == "Unschedulable"
+                    })
+                })
+            })
+            .count()
+    }
+
+    async fn running(&self, app: &str) -> usize {
+        self.pods(app)
+            .await
             .iter()
             .filter(|p| p["status"]["phase"] == "Running")
             .count()
     }
 
-    fn events(&self, reason: &str) -> Vec<String> {
+    async fn events(&self, reason: &str) -> Vec<String> {
         self.sim
-            .twin()
+            .kube()
             .list("events.k8s.io/v1", "Event", Some("kube-system"))
+            .await
             .into_iter()
             .filter(|e| e["reason"] == reason)
             .filter_map(|e| e["note"].as_str().map(str::to_owned))
@@ -178,10 +213,10 @@ impl Env {
 
     /// A Deployment whose pods each request `cpu` and stay off the servers (k3s servers are
     /// schedulable, so without this the servers would host some of them).
-    fn deploy(&self, app: &str, replicas: u32, cpu: &str, annotations: Value) {
+    async fn deploy(&self, app: &str, replicas: u32, cpu: &str, annotations: Value) {
         self.sim
-            .twin()
-            .upsert(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            .kube()
+            .apply(json!({"apiVersion": "apps/v1", "kind": "Deployment",
                 "metadata": {"name": app, "namespace": "default"},
                 "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}},
                     "template": {"metadata": {"labels": {"app": app}, "annotations": annotations},
@@ -191,16 +226,17 @@ impl Env {
                                     {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}]}]}}},
                             "containers": [{"name": "c", "image": "nginx",
                                 "resources": {"requests": {"cpu": cpu}}}]}}}}))
+            .await
             .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Runs until `done` holds or `max` runs are spent; returns the runs used.
-    async fn runs_until(&self, max: usize, done: impl Fn(&Env) -> bool) -> usize {
+    async fn runs_until(&self, max: usize, done: impl AsyncFn(&Env) -> bool) -> usize {
         for i in 1..=max {
             self.run_and_settle().await;
             // The scheduler binds pending pods onto new Nodes within a moment.
             tokio::time::sleep(Duration::from_millis(500)).await;
-            if done(self) {
+            if done(self).await {
                 return i;
             }
         }
@@ -221,12 +257,12 @@ async fn pending_pods_bring_workers_and_idle_workers_go_one_per_run() {
     // 10 pods of 900m. A 2-vCPU worker's allocatable cpu is 2000m (k3s reserves no cpu; the
     // kubelet keeps only 100Mi of memory back), so it holds two of them (1800m) and not a
     // third: 10 pods need 5 workers, the one there plus 4 new.
-    env.deploy("web", 10, "900m", json!({}));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        env.running("web") < 10,
-        "the single worker cannot hold them all"
-    );
+    env.deploy("web", 10, "900m", json!({})).await;
+    env.wait_until("the scheduler to find no Node for 8 of them", async || {
+        env.unschedulable("web").await == 8
+    })
+    .await;
+    assert_eq!(env.running("web").await, 2, "the single worker holds two");
     let dry = tokio::process::Command::new(BIN)
         .arg("--kubeconfig")
         .arg(&env.kubeconfig)
@@ -240,13 +276,15 @@ async fn pending_pods_bring_workers_and_idle_workers_go_one_per_run() {
         "--dry-run says what the autoscaler would do and why:\n{table}"
     );
     assert_eq!(env.workers().len(), 1, "--dry-run changed nothing");
-    let runs = env.runs_until(4, |e| e.running("web") == 10).await;
+    let runs = env
+        .runs_until(4, async |e| e.running("web").await == 10)
+        .await;
     assert!(runs <= 4);
     assert_eq!(env.workers().len(), 5, "exactly what the packing needs");
     let status = env.status().await;
     let a = status.autoscale.clone().expect("autoscale status");
     assert!(a.unhostable.is_empty(), "{a:?}");
-    let ups = env.events("AutoscaleUp");
+    let ups = env.events("AutoscaleUp").await;
     assert!(
         ups.iter()
             .any(|e| e.contains("1 -> 5") && e.contains("unschedulable pod")),
@@ -254,7 +292,18 @@ async fn pending_pods_bring_workers_and_idle_workers_go_one_per_run() {
     );
 
     // Load gone: one worker per run goes (after the 2 s delay), drained, down to min 1.
-    env.deploy("web", 0, "900m", json!({}));
+    // `kubectl delete deployment web`: the real garbage collector removes its ReplicaSet and
+    // pods, KWOK ends them.
+    assert!(
+        env.sim
+            .kube()
+            .delete("apps/v1", "Deployment", Some("default"), "web")
+            .await
+    );
+    env.wait_until("the garbage collector to remove the pods", async || {
+        env.pods("web").await.is_empty()
+    })
+    .await;
     let mut counts = vec![env.workers().len()];
     for _ in 0..12 {
         tokio::time::sleep(Duration::from_millis(2100)).await;
@@ -269,14 +318,14 @@ async fn pending_pods_bring_workers_and_idle_workers_go_one_per_run() {
         counts.windows(2).all(|w| w[0] - w[1] <= 1),
         "at most one worker per run: {counts:?}"
     );
-    let downs = env.events("AutoscaleDown");
+    let downs = env.events("AutoscaleDown").await;
     assert!(downs.len() >= 4, "{downs:?}");
     assert!(
         downs.iter().all(|e| e.contains("unneeded since")),
         "{downs:?}"
     );
-    assert_eq!(env.ready_workers().len(), 1);
-    for n in env.nodes() {
+    assert_eq!(env.ready_workers().await.len(), 1);
+    for n in env.nodes().await {
         assert!(
             n["spec"]["unschedulable"] != true,
             "nothing left cordoned: {n}"
@@ -288,7 +337,7 @@ async fn pending_pods_bring_workers_and_idle_workers_go_one_per_run() {
 async fn a_pod_no_pool_can_host_is_named_and_scales_nothing() {
     let env = env(|_| {}).await;
     env.run_and_settle().await;
-    env.deploy("huge", 1, "64", json!({}));
+    env.deploy("huge", 1, "64", json!({})).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     env.run_and_settle().await;
     env.run_and_settle().await;
@@ -299,7 +348,7 @@ async fn a_pod_no_pool_can_host_is_named_and_scales_nothing() {
     );
     let status = env.status().await;
     let a = status.autoscale.expect("autoscale status");
-    let pod = env.pods("huge")[0]["metadata"]["name"]
+    let pod = env.pods("huge").await[0]["metadata"]["name"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
@@ -315,7 +364,7 @@ async fn a_pod_no_pool_can_host_is_named_and_scales_nothing() {
         "{:?}",
         status.findings
     );
-    let events = env.events("AutoscaleUnhostable");
+    let events = env.events("AutoscaleUnhostable").await;
     assert_eq!(events.len(), 1, "one Event, not one per run: {events:?}");
     assert!(events[0].contains(&pod) && events[0].contains("64000m"));
 }
@@ -325,40 +374,45 @@ async fn safe_to_evict_false_and_scale_down_disabled_keep_their_nodes() {
     let env = env(|_| {}).await;
     env.run_and_settle().await;
     // Three workers: one holds a pod that must not be evicted, one is annotated, one is free.
-    env.deploy("web", 6, "900m", json!({}));
-    env.runs_until(4, |e| e.running("web") == 6).await;
+    env.deploy("web", 6, "900m", json!({})).await;
+    env.runs_until(4, async |e| e.running("web").await == 6)
+        .await;
     assert_eq!(env.workers().len(), 3);
-    let node_of = |app: &str| -> String {
+    let node_of = async |app: &str| -> String {
         env.pods(app)
+            .await
             .iter()
             .find_map(|p| p["spec"]["nodeName"].as_str().map(str::to_owned))
             .unwrap_or_default()
     };
-    env.deploy("web", 0, "900m", json!({}));
+    env.deploy("web", 0, "900m", json!({})).await;
     env.deploy(
         "keep",
         1,
         "100m",
         json!({"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}),
-    );
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let pinned = node_of("keep");
+    let pinned = node_of("keep").await;
     assert!(pinned.starts_with(WK), "{pinned}");
     let disabled = env
         .ready_workers()
+        .await
         .into_iter()
         .find(|n| *n != pinned)
         .expect("another worker");
-    let mut node = env
-        .sim
-        .twin()
-        .get("v1", "Node", None, &disabled)
-        .expect("node");
-    node["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/scale-down-disabled"] =
-        json!("true");
     env.sim
-        .twin()
-        .upsert(node)
+        .kube()
+        .merge_patch(
+            "v1",
+            "Node",
+            None,
+            &disabled,
+            &json!({"metadata": {"annotations": {
+                "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}}}),
+        )
+        .await
         .unwrap_or_else(|e| panic!("{e}"));
 
     for _ in 0..5 {
@@ -392,11 +446,13 @@ async fn an_active_schedule_window_raises_min() {
         }];
     })
     .await;
-    env.runs_until(3, |e| e.ready_workers().len() == 3).await;
+    env.runs_until(3, async |e| e.ready_workers().await.len() == 3)
+        .await;
     assert_eq!(env.workers().len(), 3);
     let a = env.status().await.autoscale.expect("status");
     assert!(
         env.events("AutoscaleUp")
+            .await
             .iter()
             .any(|e| e.contains("schedule window \"business-hours\" sets min 3")),
         "{a:?}"
@@ -421,7 +477,7 @@ async fn an_active_schedule_window_raises_min() {
 /// Requests of one run, by `METHOD /path` on each API (Oxide and Kubernetes).
 async fn requests_of_one_run(env: &Env) -> std::collections::BTreeMap<String, u64> {
     env.sim.oxide().reset_counters();
-    env.sim.twin().reset_counters();
+    env.sim.kube().reset_counters();
     env.run().await;
     let mut all: std::collections::BTreeMap<String, u64> = env
         .sim
@@ -432,7 +488,7 @@ async fn requests_of_one_run(env: &Env) -> std::collections::BTreeMap<String, u6
         .collect();
     all.extend(
         env.sim
-            .twin()
+            .kube()
             .counters()
             .into_iter()
             .map(|(k, v)| (format!("kube {k}"), v)),
