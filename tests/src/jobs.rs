@@ -568,7 +568,7 @@ enum Placement {
 
 /// The host path behind `program` when it lies inside one of the container's volume mounts
 /// whose volume is a `hostPath`.
-fn host_path_of(pod: &Value, container: &Value, program: &str) -> Option<String> {
+pub(crate) fn host_path_of(pod: &Value, container: &Value, program: &str) -> Option<String> {
     container["volumeMounts"].as_array()?.iter().find_map(|m| {
         let mount = m["mountPath"].as_str()?.trim_end_matches('/');
         let rest = program.strip_prefix(mount)?.strip_prefix('/')?;

@@ -15,6 +15,7 @@ pub use guest as boot;
 pub mod jobs;
 pub mod net;
 pub mod oxide;
+pub mod pod_runner;
 pub mod preset;
 pub mod sim;
 pub mod sshd;

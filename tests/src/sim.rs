@@ -346,7 +346,17 @@ impl Sim {
                     path
                 }
             };
-            if let Some(bin_dir) = &opts.job_binaries {
+            if let (Some(bin_dir), crate::guest::cluster_api::KubeBackend::Real(_)) =
+                (&opts.job_binaries, &opts.kubernetes)
+            {
+                // The real CronJob and Job controllers make the pods; only running them is ours.
+                let runner = crate::pod_runner::PodRunner::new(
+                    handle.boot.clone(),
+                    bin_dir.clone(),
+                    dir.clone(),
+                );
+                handle.tasks.push(runner.spawn(Duration::from_millis(250)));
+            } else if let Some(bin_dir) = &opts.job_binaries {
                 let runner = JobRunner::new(
                     handle.twin.clone(),
                     handle.boot.listeners().clone(),

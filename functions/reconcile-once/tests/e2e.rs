@@ -1169,6 +1169,7 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
             control_plane: 1,
             workers: 2,
         }),
+        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
         job_binaries: Some(bin_dir),
         ..SimOptions::default()
     })
@@ -1186,7 +1187,8 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
         kubeconfig,
         store: KubeStateStore::new(client, "kube-system"),
     };
-    let twin = env.sim.twin().clone();
+    let kube = env.sim.kube();
+    // The shipped manifests, applied to the real apiserver (its validation and RBAC).
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s-cronjobs");
     for f in ["serviceaccount.yaml", "rbac.yaml", "cronjob.yaml"] {
         let text = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
@@ -1197,45 +1199,54 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
                 v["spec"]["suspend"] = serde_json::json!(true);
             }
             if v.is_object() {
-                twin.upsert(v).unwrap_or_else(|e| panic!("{f}: {e}"));
+                kube.apply(v).await.unwrap_or_else(|e| panic!("{f}: {e}"));
             }
         }
     }
     env.edit(|s| s.timeouts.drain_seconds = 5).await;
     let victim = env.ready_nodes(WK).await[0].clone();
-    let mut node = twin
-        .get("v1", "Node", None, &victim)
-        .unwrap_or_else(|| panic!("node"));
-    node["metadata"]["annotations"]["oxide-controller/delete-me"] = serde_json::json!("true");
-    twin.upsert(node).unwrap_or_else(|e| panic!("{e}"));
-    twin.upsert(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+    kube.merge_patch(
+        "v1",
+        "Node",
+        None,
+        &victim,
+        &serde_json::json!({"metadata": {"annotations": {"oxide-controller/delete-me": "true"}}}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    kube.apply(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "web-on-victim", "namespace": "default", "labels": {"app": "web"}},
-        "spec": {"nodeName": victim, "terminationGracePeriodSeconds": 1, "containers": [{"name": "c", "image": "nginx"}]},
-        "status": {"phase": "Running"}}))
+        "spec": {"nodeName": victim, "terminationGracePeriodSeconds": 1, "containers": [{"name": "c", "image": "nginx"}]}}))
+        .await
         .unwrap_or_else(|e| panic!("{e}"));
     env.edit(|s| s.worker_pools[0].count = 1).await;
 
-    // The reconcile Job, its pod placed on the victim.
-    let cron = twin
+    // The reconcile Job from the CronJob's template, its pod placed on the victim by the
+    // real scheduler and run by the harness as the manifests' ServiceAccount.
+    let cron = kube
         .get(
             "batch/v1",
             "CronJob",
             Some("kube-system"),
             "oxide-controller",
         )
+        .await
         .unwrap_or_else(|| panic!("cronjob"));
     let mut spec = cron["spec"]["jobTemplate"]["spec"].clone();
     spec["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = serde_json::json!(victim);
-    twin.upsert(serde_json::json!({"apiVersion": "batch/v1", "kind": "Job",
+    kube.apply(serde_json::json!({"apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": "on-the-victim", "namespace": "kube-system"}, "spec": spec}))
+        .await
         .unwrap_or_else(|e| panic!("{e}"));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     let outcome = loop {
-        let job = twin
+        let job = kube
             .get("batch/v1", "Job", Some("kube-system"), "on-the-victim")
+            .await
             .unwrap_or_else(|| panic!("job"));
         let done = job["status"]["conditions"].as_array().and_then(|c| {
             c.iter()
+                .filter(|c| c["type"] == "Complete" || c["type"] == "Failed")
                 .find(|c| c["status"] == "True")
                 .and_then(|c| c["type"].as_str().map(str::to_owned))
         });
@@ -1248,8 +1259,9 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     };
-    let pods: Vec<Value> = twin
+    let pods: Vec<Value> = kube
         .list("v1", "Pod", Some("kube-system"))
+        .await
         .into_iter()
         .filter(|p| p["metadata"]["labels"]["job-name"] == "on-the-victim")
         .collect();
@@ -1274,7 +1286,8 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
         "the node stays for a later run"
     );
     assert!(
-        twin.get("v1", "Pod", Some("default"), "web-on-victim")
+        kube.get("v1", "Pod", Some("default"), "web-on-victim")
+            .await
             .is_none_or(|p| !p["metadata"]["deletionTimestamp"].is_null()),
         "the other pods were evicted"
     );

@@ -35,6 +35,16 @@ pub enum KubeBackend {
 pub struct RealCluster {
     pub control_plane: ControlPlane,
     pub proxy: Arc<FrontProxy>,
+    /// `https://IP:6444`: the proxy as pods reach the API (the `kubernetes` Service, whose
+    /// endpoints are the servers' `:6443`), so faults and counters see their requests too.
+    pub service_url: String,
+    service: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RealCluster {
+    fn drop(&mut self) {
+        self.service.abort();
+    }
 }
 
 impl RealCluster {
@@ -45,9 +55,27 @@ impl RealCluster {
     ) -> Result<RealCluster, ControlPlaneError> {
         let control_plane = ControlPlane::start(opts).await?;
         let proxy = FrontProxy::new(&control_plane, faults)?;
+        let ip = control_plane.ip();
+        let listener = tokio::net::TcpListener::bind((ip, 6444))
+            .await
+            .map_err(|source| ControlPlaneError::Io {
+                path: format!("{ip}:6444").into(),
+                source,
+            })?;
+        let tls = proxy.tls_config(&[
+            ip.to_string(),
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+            "kubernetes.default.svc.cluster.local".into(),
+            "10.43.0.1".into(),
+        ])?;
+        let service = tokio::spawn(Arc::clone(&proxy).serve(listener, tls));
         Ok(RealCluster {
             control_plane,
             proxy,
+            service_url: format!("https://{ip}:6444"),
+            service,
         })
     }
 }
