@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# A real kubectl as a peer of the cluster twin: where kubectl and our code disagree about the
-# twin, the twin is wrong. Starts oxide-sim with a preset cluster and, with its kubeconfig and
-# kubectl's default (strict) validation:
+# A real kubectl against the simulator's cluster, which runs a real control plane
+# (kube-apiserver, controller-manager, scheduler, etcd from tests/kube; KWOK for kubelets).
+# Starts oxide-sim with a preset cluster and, with its kubeconfig:
+#   - `kubectl get nodes` prints the apiserver's table: Ready, roles, the k3s version;
+#   - a server-side dry run of every manifest in k8s-cronjobs/, and `--validate=strict`
+#     refusing an unknown field;
 #   - apply and replace k8s-cronjobs/ (kubectl fetches /openapi/v3 to decide how to validate);
 #   - replace with a stale resourceVersion: 409 Conflict;
 #   - kubectl auth can-i --as=system:serviceaccount:kube-system:oxide-controller for every verb
@@ -67,7 +70,25 @@ done
 export KUBECONFIG="$work/sim/kubeconfig"
 [ -f "$KUBECONFIG" ] || fail "oxide-sim wrote no kubeconfig"
 k() { "$kubectl" "$@"; }
-k get nodes
+k get nodes | tee "$work/nodes"
+head -n 1 "$work/nodes" | grep -q 'NAME *STATUS *ROLES *AGE *VERSION' || fail "kubectl get nodes prints no STATUS/ROLES/VERSION columns"
+grep -q ' Ready .*control-plane.* v1\.33\.' "$work/nodes" || fail "no Ready control-plane node at v1.33"
+[ "$(grep -c ' Ready ' "$work/nodes")" = 3 ] || fail "not every node is Ready"
+
+step "server-side dry run of every manifest; strict validation refuses an unknown field"
+k apply --dry-run=server -f k8s-cronjobs/
+if k apply --validate=strict -f - 2>"$work/strict.err" <<'EOF'
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: strict-demo, namespace: default}
+data: {a: "1"}
+dta: {b: "2"}
+EOF
+then
+  fail "an object with an unknown field was accepted under --validate=strict"
+fi
+grep -q 'unknown field "dta"' "$work/strict.err" || { cat "$work/strict.err" >&2; fail "strict validation did not name the unknown field"; }
+cat "$work/strict.err"
 
 step "apply and replace with default validation"
 k apply -f k8s-cronjobs/
@@ -75,14 +96,7 @@ k replace -f k8s-cronjobs/cronjob.yaml
 k get cronjob -n kube-system oxide-controller -o jsonpath='{.spec.schedule}{"\n"}'
 
 step "replace with a stale resourceVersion: 409"
-# (Not `kubectl create configmap`: its typed client sends protobuf, which the twin reads only
-# for access reviews, evictions and delete options.)
-k apply -f - <<'EOF'
-apiVersion: v1
-kind: ConfigMap
-metadata: {name: stale-demo, namespace: default}
-data: {a: "1"}
-EOF
+k create configmap stale-demo -n default --from-literal=a=1
 k get configmap stale-demo -n default -o json >"$work/stale.json"
 k patch configmap stale-demo -n default --type=merge -p '{"data":{"a":"2"}}'
 if k replace -f "$work/stale.json" 2>"$work/stale.err"; then
@@ -165,8 +179,7 @@ k rollout status deployment/web -n default --timeout=30s
   || fail "the cordoned node has no unschedulable taint"
 
 step "a drain the PodDisruptionBudget refuses"
-# (A patch, not `kubectl scale`: the twin serves no /scale subresource.)
-k patch deployment web -n default --type=merge -p '{"spec":{"replicas":1}}'
+k scale deployment web -n default --replicas=1
 k rollout status deployment/web -n default --timeout=30s
 # The rollout is complete while the surplus pod is still terminating (its grace period), and a
 # terminating pod is evicted without consulting budgets; wait until only the kept pod is left.

@@ -228,7 +228,7 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
     .await;
 
     // Every Node's provider ID is oxide://<its instance's UUID>; instance name = node name.
-    let nodes = env.sim.twin().list("v1", "Node", None);
+    let nodes = env.sim.kube().list("v1", "Node", None).await;
     assert_eq!(nodes.len(), 6);
     for n in &nodes {
         let name = n["metadata"]["name"].as_str().unwrap();
@@ -269,7 +269,7 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
     assert_eq!(data["oxide-project"], "demo");
 
     // The CCM from its published manifest: our image, our Secret, our cluster name.
-    let twin = env.sim.twin();
+    let twin = env.sim.kube();
     let ccm = twin
         .get(
             "apps/v1",
@@ -277,6 +277,7 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
             Some("kube-system"),
             "oxide-cloud-controller-manager",
         )
+        .await
         .expect("the CCM Deployment");
     let c = &ccm["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(c["image"], CCM_IMAGE);
@@ -336,7 +337,10 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
             "system:oxide-cloud-controller-manager",
         ),
     ] {
-        assert!(twin.get(api, kind, ns, name).is_some(), "{kind} {name}");
+        assert!(
+            twin.get(api, kind, ns, name).await.is_some(),
+            "{kind} {name}"
+        );
     }
 
     // Floating IPs the way the CCM makes them for LoadBalancer Services: named
@@ -431,10 +435,10 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
         "the dead server was replaced"
     );
     assert_eq!(
-        env.ready_nodes(CP).len(),
+        env.ready_nodes(CP).await.len(),
         3,
         "three Ready servers again: {:?}",
-        env.ready_nodes(CP)
+        env.ready_nodes(CP).await
     );
     assert_eq!(snapshot(&env), before, "after the API floating IP moved");
     // Every floating IP that exists is either ours or the CCM's: nothing was added either.

@@ -372,7 +372,7 @@ async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is
         if killed == 1 {
             // The Lease is ours and the CronJob suspended: a reconcile started now (as a
             // CronJob run would) must not create a VM.
-            let twin = env.sim.twin();
+            let twin = env.sim.kube();
             let cj = twin
                 .get(
                     "batch/v1",
@@ -380,6 +380,7 @@ async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is
                     Some("kube-system"),
                     "oxide-controller",
                 )
+                .await
                 .expect("CronJob");
             assert_eq!(cj["spec"]["suspend"], true);
             let lease = twin
@@ -389,6 +390,7 @@ async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is
                     Some("kube-system"),
                     "oxide-controller",
                 )
+                .await
                 .expect("Lease");
             assert!(
                 lease["spec"]["holderIdentity"]

@@ -112,9 +112,9 @@ fn instances(env: &Env, prefix: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// The pod spec of the CronJob's Jobs and of the webhook's pods, from the cluster twin.
-fn pod_specs(env: &Env) -> [(Value, &'static str); 2] {
-    let twin = env.sim.twin();
+/// The pod spec of the CronJob's Jobs and of the webhook's pods, from the cluster.
+async fn pod_specs(env: &Env) -> [(Value, &'static str); 2] {
+    let twin = env.sim.kube();
     let cron = twin
         .get(
             "batch/v1",
@@ -122,6 +122,7 @@ fn pod_specs(env: &Env) -> [(Value, &'static str); 2] {
             Some("kube-system"),
             "oxide-controller",
         )
+        .await
         .unwrap();
     let hook = twin
         .get(
@@ -130,6 +131,7 @@ fn pod_specs(env: &Env) -> [(Value, &'static str); 2] {
             Some("kube-system"),
             "oxide-controller-webhook",
         )
+        .await
         .unwrap();
     [
         (
@@ -141,20 +143,21 @@ fn pod_specs(env: &Env) -> [(Value, &'static str); 2] {
 }
 
 /// A Job made from the CronJob's template (what `kubectl create job --from=cronjob/…` does).
-fn trigger_job(env: &Env, name: &str) {
+async fn trigger_job(env: &Env, name: &str) {
     let cron = env
         .sim
-        .twin()
+        .kube()
         .get(
             "batch/v1",
             "CronJob",
             Some("kube-system"),
             "oxide-controller",
         )
+        .await
         .unwrap();
     env.sim
-        .twin()
-        .upsert(json!({
+        .kube()
+        .apply(json!({
             "apiVersion": "batch/v1",
             "kind": "Job",
             "metadata": {
@@ -164,6 +167,7 @@ fn trigger_job(env: &Env, name: &str) {
             },
             "spec": cron["spec"]["jobTemplate"]["spec"].clone(),
         }))
+        .await
         .unwrap();
 }
 
@@ -172,8 +176,9 @@ async fn job_outcome(env: &Env, name: &str) -> String {
     loop {
         let job = env
             .sim
-            .twin()
+            .kube()
             .get("batch/v1", "Job", Some("kube-system"), name)
+            .await
             .unwrap();
         if let Some(c) = job["status"]["conditions"].as_array().and_then(|c| {
             c.iter().find(|c| {
@@ -228,7 +233,7 @@ async fn a_dev_image_run_leaves_the_cronjob_and_webhook_running_the_freshly_buil
         .collect();
 
     // The manifests run them from the node.
-    let [(cron_pod, _), _] = pod_specs(&env);
+    let [(cron_pod, _), _] = pod_specs(&env).await;
     let host_dir = cron_pod["volumes"]
         .as_array()
         .unwrap()
@@ -241,7 +246,7 @@ async fn a_dev_image_run_leaves_the_cronjob_and_webhook_running_the_freshly_buil
         "{host_dir}"
     );
     let build_id = host_dir.rsplit('/').next().unwrap().to_owned();
-    for (pod, program) in pod_specs(&env) {
+    for (pod, program) in pod_specs(&env).await {
         let c = &pod["containers"][0];
         assert_eq!(c["image"], NODE_BINARIES_BASE_IMAGE);
         assert_eq!(c["command"][0], format!("{NODE_BINARIES_MOUNT}/{program}"));
@@ -299,7 +304,7 @@ async fn a_dev_image_run_leaves_the_cronjob_and_webhook_running_the_freshly_buil
                 .is_some()
         );
     }
-    let nodes = env.sim.twin().list("v1", "Node", None);
+    let nodes = env.sim.kube().list("v1", "Node", None).await;
     for n in &nodes {
         let name = n["metadata"]["name"].as_str().unwrap();
         let label = &n["metadata"]["labels"][NODE_BINARIES_LABEL];
@@ -314,7 +319,7 @@ async fn a_dev_image_run_leaves_the_cronjob_and_webhook_running_the_freshly_buil
     let client = common::kube_client(&env.kubeconfig(), "demo").await;
     let store = KubeStateStore::new(client, "kube-system");
     let before = status_run_id(&store).await;
-    trigger_job(&env, "oxide-controller-now");
+    trigger_job(&env, "oxide-controller-now").await;
     assert_eq!(job_outcome(&env, "oxide-controller-now").await, "Complete");
     let after = status_run_id(&store).await;
     assert!(

@@ -22,8 +22,12 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
 
     // 3 Ready control-plane nodes and the 2 requested workers.
-    assert_eq!(env.ready_nodes("demo-control-plane-").len(), 3, "{stdout}");
-    assert_eq!(env.ready_nodes("demo-workers-").len(), 2, "{stdout}");
+    assert_eq!(
+        env.ready_nodes("demo-control-plane-").await.len(),
+        3,
+        "{stdout}"
+    );
+    assert_eq!(env.ready_nodes("demo-workers-").await.len(), 2, "{stdout}");
     assert_eq!(env.names("instances").len(), 5);
 
     // The kubeconfig is 0600, names the cluster, and works against the cluster twin.
@@ -52,8 +56,9 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
     // Secret and ConfigMap keys as DESIGN.md lists them.
     let secret = env
         .sim
-        .twin()
+        .kube()
         .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+        .await
         .expect("Secret");
     let mut keys: Vec<&str> = secret["data"]
         .as_object()
@@ -79,8 +84,9 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
     );
     let cm = env
         .sim
-        .twin()
+        .kube()
         .get("v1", "ConfigMap", Some("kube-system"), "oxide-controller")
+        .await
         .expect("ConfigMap");
     for key in ["spec.yaml", "schema-version", "status.json"] {
         assert!(cm["data"][key].is_string(), "ConfigMap lacks {key}: {cm}");
@@ -94,7 +100,7 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
     );
 
     // The in-cluster pieces.
-    let twin = env.sim.twin();
+    let twin = env.sim.kube();
     for (api, kind, ns, name) in [
         (
             "v1",
@@ -146,7 +152,7 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
         ),
     ] {
         assert!(
-            twin.get(api, kind, ns, name).is_some(),
+            twin.get(api, kind, ns, name).await.is_some(),
             "{kind} {name} missing"
         );
     }
@@ -157,6 +163,7 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
             Some("kube-system"),
             "oxide-controller",
         )
+        .await
         .unwrap();
     assert_eq!(cron["spec"]["schedule"], "*/5 * * * *");
 
@@ -249,8 +256,9 @@ async fn a_console_host_key_that_differs_from_the_served_one_is_refused() {
     );
     assert!(
         env.sim
-            .twin()
+            .kube()
             .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+            .await
             .is_none()
     );
 }
@@ -346,7 +354,7 @@ async fn an_image_is_uploaded_from_a_local_file_and_the_scaffolding_removed() {
         .expect("upload logged");
     assert_eq!(done["source_bytes"], n as u64);
     assert_eq!(done["disk_bytes"], 1u64 << 30);
-    assert_eq!(env.ready_nodes("demo-").len(), 4);
+    assert_eq!(env.ready_nodes("demo-").await.len(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -378,7 +386,7 @@ async fn an_image_is_streamed_from_an_http_url() {
     assert_eq!(done["source_bytes"], bytes.len() as u64);
     assert!(env.names("images").contains(&"from-url".to_owned()));
     assert!(env.names("snapshots").is_empty());
-    assert_eq!(env.ready_nodes("demo-").len(), 4);
+    assert_eq!(env.ready_nodes("demo-").await.len(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -407,8 +415,9 @@ async fn kubeconfig_merge_adds_a_named_context_to_an_existing_file() {
         .await;
     let secret = env
         .sim
-        .twin()
+        .kube()
         .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+        .await
         .unwrap();
     let stored = secret["data"]["user-ssh-public-key"]
         .as_str()

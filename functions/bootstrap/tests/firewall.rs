@@ -89,7 +89,7 @@ async fn the_api_answers_once_the_rule_admits_us_and_a_rerun_changes_no_rule() {
         ]
     );
     // Members joined through the server's private address (the default rules admit it).
-    assert_eq!(env.ready_nodes("demo-").len(), 4);
+    assert_eq!(env.ready_nodes("demo-").await.len(), 4);
 
     // A re-run writes no rule at all.
     env.sim.oxide().reset_counters();

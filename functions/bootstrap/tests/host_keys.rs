@@ -112,8 +112,9 @@ async fn a_rerun_after_the_first_server_restarted_verifies_its_host_key() {
     // The Secret keeps the same pins (for runs from another machine and the dev-image copy).
     let secret = env
         .sim
-        .twin()
+        .kube()
         .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+        .await
         .unwrap();
     let stored: k8s_openapi::ByteString =
         serde_json::from_value(secret["data"]["host-key-pins"].clone()).unwrap();
@@ -190,7 +191,7 @@ async fn members_added_after_bootstrap_join_with_the_cluster_ca_hash() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let hash = oxide_sim::guest::ca_hash(&env.sim.twin().ca_pem());
+    let hash = oxide_sim::guest::ca_hash(&env.sim.kube().ca_pem().unwrap());
     let first = first_server(&env);
     let dump = env.dump();
     let mut seen = 0;
@@ -214,5 +215,5 @@ async fn members_added_after_bootstrap_join_with_the_cluster_ca_hash() {
         }
     }
     assert!(seen >= 1, "at least the worker joined after bootstrap");
-    assert!(!env.ready_nodes("demo-").is_empty());
+    assert!(!env.ready_nodes("demo-").await.is_empty());
 }

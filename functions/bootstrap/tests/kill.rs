@@ -74,8 +74,12 @@ async fn kill_then_rerun(at: KillAt) {
     // One cluster with every member Ready, and nothing else.
     let instances = env.names("instances");
     assert_eq!(instances.len(), 5, "{ctx}\n{instances:?}");
-    assert_eq!(env.ready_nodes("demo-control-plane-").len(), 3, "{ctx}");
-    assert_eq!(env.ready_nodes("demo-workers-").len(), 2, "{ctx}");
+    assert_eq!(
+        env.ready_nodes("demo-control-plane-").await.len(),
+        3,
+        "{ctx}"
+    );
+    assert_eq!(env.ready_nodes("demo-workers-").await.len(), 2, "{ctx}");
     let resume: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(env.state_dir().join("demo.json")).unwrap())
             .unwrap();

@@ -164,7 +164,7 @@ async fn a_tailscale_only_control_plane_is_bootstrapped_and_reached_through_its_
         .await
         .unwrap();
     assert_eq!(nodes.items.len(), 4, "3 control planes and 1 worker");
-    assert_eq!(env.ready_nodes("demo-").len(), 4);
+    assert_eq!(env.ready_nodes("demo-").await.len(), 4);
     assert!(
         stdout.contains(&format!("https://{tailnet_ip}:6443")),
         "{stdout}"
@@ -233,8 +233,9 @@ async fn a_tailscale_only_control_plane_is_bootstrapped_and_reached_through_its_
     }
     let cm = env
         .sim
-        .twin()
+        .kube()
         .get("v1", "ConfigMap", Some("kube-system"), "oxide-controller")
+        .await
         .expect("ConfigMap");
     let spec =
         oxide_controller::spec::ClusterSpec::from_yaml(cm["data"]["spec.yaml"].as_str().unwrap())

@@ -10,6 +10,8 @@ use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use oxide_sim::control_plane::ControlPlaneOptions;
+use oxide_sim::guest::cluster_api::KubeBackend;
 use oxide_sim::{Sim, SimOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -64,6 +66,8 @@ async fn demo() -> Result<()> {
         ssh_port: 2222,
         job_binaries: Some(bin_dir.clone()),
         state_dir: Some(dir.join("sim")),
+        // Each cluster runs a real Kubernetes control plane (built from tests/kube).
+        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
         ..SimOptions::default()
     })
     .await
@@ -128,10 +132,17 @@ async fn demo() -> Result<()> {
         .map(|l| format!("https://{}", l.addr))
         .context("no API server is up")?;
     let sa_kubeconfig = dir.join("webhook.kubeconfig");
+    let cluster = sim
+        .control_planes()
+        .into_iter()
+        .next()
+        .context("the cluster's control plane is not running")?;
     std::fs::write(
         &sa_kubeconfig,
-        sim.twin()
-            .service_account_kubeconfig(&server, "kube-system", "oxide-controller"),
+        cluster
+            .control_plane
+            .service_account_kubeconfig(&server, "kube-system", "oxide-controller")
+            .await?,
     )?;
     let port = free_port()?;
     let mut webhook = tokio::process::Command::new(bin_dir.join("scale"))
@@ -294,35 +305,61 @@ async fn run(
     Ok(())
 }
 
+/// `kubectl get nodes`: the apiserver's own table (server-side printing), as kubectl asks.
 async fn show_nodes(client: &kube::Client) -> Result<()> {
-    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
-    let list = nodes.list(&Default::default()).await?;
-    println!("{:<28} {:<8} {:<14} PROVIDER-ID", "NAME", "STATUS", "ROLES");
-    let mut rows: Vec<_> = list.items.iter().collect();
-    rows.sort_by_key(|n| n.metadata.name.clone());
-    for n in rows {
-        let ready = n
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-            .is_some_and(|c| c.status == "True");
-        let labels = n.metadata.labels.clone().unwrap_or_default();
-        let role = if labels.contains_key("node-role.kubernetes.io/control-plane") {
-            "control-plane"
-        } else {
-            "worker"
-        };
-        println!(
-            "{:<28} {:<8} {:<14} {}",
-            n.metadata.name.clone().unwrap_or_default(),
-            if ready { "Ready" } else { "NotReady" },
-            role,
-            n.spec
-                .as_ref()
-                .and_then(|s| s.provider_id.clone())
-                .unwrap_or_default()
-        );
+    let req = http::Request::get("/api/v1/nodes")
+        .header(
+            "accept",
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+        )
+        .body(Vec::new())?;
+    let table: serde_json::Value = client.request(req).await?;
+    let columns: Vec<String> = table["columnDefinitions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["priority"].as_i64().unwrap_or(0) == 0)
+        .filter_map(|c| c["name"].as_str().map(str::to_uppercase))
+        .collect();
+    let mut rows: Vec<Vec<String>> = table["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            r["cells"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .take(columns.len())
+                .map(|c| match c {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect()
+        })
+        .collect();
+    rows.sort();
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r.get(i).map_or(0, String::len))
+            .chain([columns[i].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..columns.len()).map(width).collect();
+    let line = |cells: &[String]| {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("   ")
+            .trim_end()
+            .to_string()
+    };
+    println!("{}", line(&columns));
+    for r in &rows {
+        println!("{}", line(r));
     }
     Ok(())
 }

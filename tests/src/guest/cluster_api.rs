@@ -312,6 +312,15 @@ impl KubeView {
         }
     }
 
+    /// The cluster CA (PEM).
+    pub fn ca_pem(&self) -> Option<String> {
+        match self {
+            KubeView::Twin(t) => Some(t.ca_pem()),
+            KubeView::Real(r) => Some(r.control_plane.ca_pem().to_string()),
+            KubeView::NoClusterYet => None,
+        }
+    }
+
     /// Whether Node `name` reports Ready=True.
     pub async fn node_ready(&self, name: &str) -> bool {
         self.get("v1", "Node", None, name)

@@ -391,6 +391,7 @@ impl Inner {
                     };
                     let token = k3s.token.clone().unwrap_or_else(random_token);
                     let agent_token = k3s.agent_token.clone().unwrap_or_else(|| token.clone());
+                    let seq = st.clusters.values().map(|c| c.seq + 1).max().unwrap_or(0);
                     st.clusters.insert(
                         id,
                         Cluster {
@@ -399,6 +400,7 @@ impl Inner {
                             creator: id,
                             api,
                             ca_hash,
+                            seq,
                         },
                     );
                     id

@@ -157,6 +157,8 @@ struct Cluster {
     api: cluster_api::ClusterApi,
     /// Hash of the API's CA, part of the full-format tokens.
     ca_hash: String,
+    /// Order of creation (the first cluster is the simulator's primary one).
+    seq: u64,
 }
 
 #[derive(Default)]
@@ -259,20 +261,15 @@ impl Boot {
         &self.inner.cfg.kubernetes
     }
 
-    /// The real control planes of the clusters, by the name of the VM that created them.
+    /// The real control planes of the clusters, oldest first.
     pub fn real_clusters(&self) -> Vec<Arc<cluster_api::RealCluster>> {
         let st = self.inner.state();
         let mut clusters: Vec<_> = st
             .clusters
-            .iter()
-            .filter_map(|(id, c)| {
-                Some((
-                    st.vms.get(id).map(|v| v.name.clone()),
-                    c.api.real()?.clone(),
-                ))
-            })
+            .values()
+            .filter_map(|c| Some((c.seq, c.api.real()?.clone())))
             .collect();
-        clusters.sort_by(|a, b| a.0.cmp(&b.0));
+        clusters.sort_by_key(|(seq, _)| *seq);
         clusters.into_iter().map(|(_, c)| c).collect()
     }
 
@@ -317,10 +314,18 @@ impl Boot {
             joined.sort();
             joined
         };
+        // The primary cluster: the one on the primary twin, or with real control planes the
+        // first one created.
         let primary = st
             .clusters
             .iter()
             .find(|(_, c)| c.api.ca_pem() == primary_ca)
+            .or_else(|| {
+                st.clusters
+                    .iter()
+                    .filter(|(_, c)| c.api.real().is_some())
+                    .min_by_key(|(_, c)| c.seq)
+            })
             .map(|(id, _)| *id);
         let clusters: Vec<Value> = st
             .clusters

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use oxide_sim::control_plane::ControlPlaneOptions;
+use oxide_sim::guest::cluster_api::KubeBackend;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
@@ -30,6 +32,8 @@ pub async fn env() -> Env {
 pub async fn env_with(opts: SimOptions) -> Env {
     let sim = Sim::start(SimOptions {
         ssh_port: SSH_PORT,
+        // The clusters bootstrap makes run a real control plane (oxide_sim::control_plane).
+        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
         ..opts
     })
     .await
@@ -217,10 +221,11 @@ impl Env {
     }
 
     /// Ready Node names starting with `prefix`.
-    pub fn ready_nodes(&self, prefix: &str) -> BTreeSet<String> {
+    pub async fn ready_nodes(&self, prefix: &str) -> BTreeSet<String> {
         self.sim
-            .twin()
+            .kube()
             .list("v1", "Node", None)
+            .await
             .iter()
             .filter(|n| {
                 n["status"]["conditions"].as_array().is_some_and(|c| {
