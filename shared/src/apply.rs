@@ -524,6 +524,13 @@ fn start_failure(e: RackError) -> String {
 /// again (which deletes it again) no more often.
 pub const REEVICT: Duration = Duration::from_secs(5);
 
+/// How far past its deletionTimestamp a pod may still be terminating before a drain calls it
+/// stuck: the kubelet kills the containers when the grace period ends and only then reports
+/// (its status sync runs every 10 s), on a clock that is not ours. A pod whose grace period
+/// ends near the drain deadline is "still terminating", not a reason to report Degraded.
+/// **Guess** at the size (no upstream constant; kubectl waits for its own timeout).
+pub const TERMINATION_MARGIN: chrono::Duration = chrono::Duration::seconds(30);
+
 /// How a drain ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Drained {
@@ -577,7 +584,7 @@ fn verdict(targets: &[Target], trouble: Option<String>, now: DateTime<Utc>) -> D
         })
         .collect();
     stuck.extend(targets.iter().filter_map(|t| match t.pod.deleting_at {
-        Some(at) if at < now && t.refused.is_none() => Some(format!(
+        Some(at) if at + TERMINATION_MARGIN < now && t.refused.is_none() => Some(format!(
             "pod {} stuck terminating since {} (a finalizer or an unresponsive kubelet holds it)",
             t.pod.key(),
             at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
@@ -604,4 +611,33 @@ fn verdict(targets: &[Target], trouble: Option<String>, now: DateTime<Utc>) -> D
 
 fn failed(e: RackError) -> Outcome {
     Outcome::Failed(format!("{e:#}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn terminating(since_deadline_secs: i64, now: DateTime<Utc>) -> Target {
+        Target::new(PodRef {
+            namespace: "app".into(),
+            name: "web".into(),
+            deleting_at: Some(now - chrono::Duration::seconds(since_deadline_secs)),
+            ..PodRef::default()
+        })
+    }
+
+    #[test]
+    fn a_pod_just_past_its_grace_period_is_still_terminating_not_stuck() {
+        let now = Utc::now();
+        // The kubelet has not reported yet: 10 s past deletionTimestamp.
+        assert_eq!(
+            verdict(&[terminating(10, now)], None, now),
+            Drained::Waiting("app/web still terminating".into())
+        );
+        // Well past the margin: something holds it.
+        assert!(matches!(
+            verdict(&[terminating(31, now)], None, now),
+            Drained::Stuck(msg) if msg.contains("app/web stuck terminating")
+        ));
+    }
 }

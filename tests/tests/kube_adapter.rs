@@ -827,3 +827,179 @@ async fn without_rbac_calls_are_forbidden_and_say_what() {
         other => panic!("expected Forbidden, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn re_eviction_never_touches_a_same_named_replacement_pod() {
+    // Audit kubernetes-2 finding 11: the eviction carries the uid it meant.
+    let env = Env::start().await;
+    let cluster = env.cluster().await;
+    env.apply(node("w1", Some(("True", "2026-01-01T00:00:00Z"))))
+        .await;
+    env.apply(pod("web-0", "w1", json!({}))).await;
+    let first = env
+        .get("v1", "Pod", Some("default"), "web-0")
+        .await
+        .unwrap();
+    let stale = PodRef {
+        namespace: "default".into(),
+        name: "web-0".into(),
+        uid: first["metadata"]["uid"].as_str().unwrap().into(),
+        ..PodRef::default()
+    };
+    // The pod goes and a StatefulSet-like controller makes a new one with the same name.
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    env.cp
+        .delete_with("v1", "Pod", Some("default"), "web-0", &force)
+        .await
+        .unwrap();
+    env.apply(pod("web-0", "w1", json!({}))).await;
+    let second = env
+        .get("v1", "Pod", Some("default"), "web-0")
+        .await
+        .unwrap();
+    assert_ne!(second["metadata"]["uid"], first["metadata"]["uid"]);
+
+    assert_eq!(cluster.evict(&stale).await.unwrap(), Eviction::Gone);
+    let still = env
+        .get("v1", "Pod", Some("default"), "web-0")
+        .await
+        .unwrap();
+    assert!(
+        still["metadata"]["deletionTimestamp"].is_null(),
+        "the replacement was evicted: {still}"
+    );
+    let current = PodRef {
+        uid: second["metadata"]["uid"].as_str().unwrap().into(),
+        ..stale
+    };
+    assert_eq!(cluster.evict(&current).await.unwrap(), Eviction::Evicted);
+}
+
+#[tokio::test]
+async fn a_finished_job_still_being_deleted_is_not_reported_as_a_pending_run() {
+    // Audit kubernetes-2 finding 11: a finished on-demand Job held by a finalizer while it
+    // is deleted is no run; the trigger waits for it to go, and says so when it does not.
+    let env = Env::start().await;
+    env.cp
+        .service_account_token(NAMESPACE, "oxide-controller")
+        .await
+        .unwrap();
+    let cluster = env.cluster().await;
+    env.apply(cronjob(json!({"pool": "system"}), 600)).await;
+    let mut n = kwok_node("system-1");
+    n["metadata"]["labels"] = json!({"pool": "system"});
+    env.apply(n).await;
+    assert_eq!(
+        cluster.trigger_reconcile_job().await.unwrap(),
+        JobTrigger::Created
+    );
+    wait_job(&env, "Complete").await;
+    env.cp
+        .merge_patch(
+            "batch/v1",
+            "Job",
+            Some(NAMESPACE),
+            ON_DEMAND_JOB,
+            &json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+        )
+        .await
+        .unwrap();
+    env.cp
+        .delete("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+        .await
+        .unwrap();
+    match cluster.trigger_reconcile_job().await {
+        Err(e @ ClusterError::Conflict { .. }) => {
+            assert!(e.to_string().contains("still being deleted"), "{e}")
+        }
+        other => panic!("expected the truth about the deleting Job, got {other:?}"),
+    }
+    // The finalizer goes while a trigger waits: it then starts the new run.
+    let release = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        env.cp
+            .merge_patch(
+                "batch/v1",
+                "Job",
+                Some(NAMESPACE),
+                ON_DEMAND_JOB,
+                &json!({"metadata": {"finalizers": null}}),
+            )
+            .await
+            .unwrap();
+    };
+    let (outcome, ()) = tokio::join!(cluster.trigger_reconcile_job(), release);
+    assert_eq!(outcome.unwrap(), JobTrigger::Created);
+}
+
+#[tokio::test]
+async fn the_reconcile_pod_is_never_placed_on_an_unreachable_node() {
+    // Audit kubernetes-2 finding 10: the shipped CronJob's tolerations keep the repair run
+    // on a live node (they tolerate not-ready/unreachable only as NoExecute).
+    let env = Env::start().await;
+    env.cp
+        .service_account_token(NAMESPACE, "oxide-controller")
+        .await
+        .unwrap();
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s-cronjobs/cronjob.yaml"),
+    )
+    .unwrap();
+    let cron: Value = serde_saphyr::from_str(&text).unwrap();
+    let template = &cron["spec"]["jobTemplate"]["spec"]["template"];
+    // A node whose kubelet went silent: Ready=Unknown, and the node lifecycle controller's
+    // unreachable:NoSchedule taint (it keeps the taint in step with the condition; a taint
+    // without the condition would be removed).
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    env.apply(json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "dead", "labels": {"kubernetes.io/os": "linux"}},
+        "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]},
+        "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                   "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                   "conditions": [{"type": "Ready", "status": "Unknown",
+                       "reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status.",
+                       "lastHeartbeatTime": now, "lastTransitionTime": now}]}}))
+    .await;
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "reconcile-x", "namespace": NAMESPACE,
+            "labels": template["metadata"]["labels"]},
+        "spec": template["spec"]});
+    pod["spec"]["restartPolicy"] = json!("Never");
+    env.apply(pod).await;
+    let unschedulable = env
+        .cp
+        .wait_for("the scheduler to consider the pod", PATIENCE, || async {
+            let p = env.get("v1", "Pod", Some(NAMESPACE), "reconcile-x").await?;
+            if p["spec"]["nodeName"].is_string() {
+                return Some(Err(p["spec"]["nodeName"].clone()));
+            }
+            p["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
+                .then_some(Ok(()))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        unschedulable,
+        Ok(()),
+        "the repair run was bound to the unreachable node"
+    );
+    // A live node appears: the run goes there.
+    let mut live = kwok_node("live");
+    live["metadata"]["labels"] = json!({"kubernetes.io/os": "linux"});
+    env.apply(live).await;
+    let bound = env
+        .cp
+        .wait_for("the pod to be bound", PATIENCE, || async {
+            let p = env.get("v1", "Pod", Some(NAMESPACE), "reconcile-x").await?;
+            p["spec"]["nodeName"].as_str().map(str::to_string)
+        })
+        .await
+        .unwrap();
+    assert_eq!(bound, "live");
+}

@@ -473,7 +473,7 @@ fn a_change_made_on_one_side_only_is_reported_as_drift() {
         (
             Side::Plain,
             "cronjob.yaml",
-            "            - key: node.kubernetes.io/unreachable\n              operator: Exists\n",
+            "            - key: node.kubernetes.io/unreachable\n              operator: Exists\n              effect: NoExecute\n",
             "",
             ".tolerations[3]: only in the chart",
         ),
@@ -896,16 +896,16 @@ fn a_reconcile_run_ends_before_its_job_deadline_and_the_job_before_the_next_tick
             "{side}"
         );
         let tolerations = pod["tolerations"].as_array().unwrap();
-        for key in [
-            "node-role.kubernetes.io/control-plane",
-            "node.kubernetes.io/not-ready",
-            "node.kubernetes.io/unreachable",
+        for (key, effect) in [
+            ("node-role.kubernetes.io/control-plane", "NoSchedule"),
+            ("node.kubernetes.io/not-ready", "NoExecute"),
+            ("node.kubernetes.io/unreachable", "NoExecute"),
         ] {
             assert!(
                 tolerations
                     .iter()
-                    .any(|t| t["key"] == key && t["operator"] == "Exists"),
-                "{side}: the reconcile pod tolerates {key}"
+                    .any(|t| t["key"] == key && t["operator"] == "Exists" && t["effect"] == effect),
+                "{side}: the reconcile pod tolerates {key}:{effect} and only that effect"
             );
         }
         let container = &pod["containers"][0];

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{Node as KubeNode, ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff;
-use kube::api::{Api, DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rand::RngExt;
 use serde::de::DeserializeOwned;
 
@@ -388,11 +388,32 @@ impl Cluster for KubeCluster {
 
     async fn evict(&self, pod: &PodRef) -> Result<Eviction, ClusterError> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace);
-        match api.evict(&pod.name, &EvictParams::default()).await {
+        // The Eviction body by hand: kube-rs's `EvictParams` serialises its delete options
+        // under `delete_options`, which the apiserver ignores (kube-core subresource.rs), and
+        // the uid precondition is what keeps a re-eviction off a same-named replacement pod
+        // (a StatefulSet's) — the apiserver then answers 409.
+        let mut body = serde_json::json!({
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+        });
+        if !pod.uid.is_empty() {
+            body["deleteOptions"] = serde_json::json!({"preconditions": {"uid": pod.uid}});
+        }
+        match api
+            .create_subresource::<serde_json::Value, serde_json::Value>(
+                "eviction",
+                &pod.name,
+                &PostParams::default(),
+                &body,
+            )
+            .await
+        {
             Ok(_) => Ok(Eviction::Evicted),
             Err(e) => match api_status(&e) {
                 Some(429) => Ok(Eviction::BlockedByBudget),
-                Some(404) => Ok(Eviction::Gone),
+                // 409: the uid precondition failed, the name belongs to another pod now.
+                Some(404 | 409) => Ok(Eviction::Gone),
                 // eviction.go answers a pod under several budgets with a bare 500 Status
                 // (no reason; a generic server error says InternalError), and refuses with
                 // 403 when a budget's allowed disruptions are negative: this pod's refusal.
@@ -653,6 +674,30 @@ impl Cluster for KubeCluster {
         {
             // Gone between our create and our read: try once more below.
             None => {}
+            // Finished and already being deleted (TTL, or a person, with a finalizer still
+            // on it): not a pending run. Wait a moment for it to go, then start ours.
+            Some(existing)
+                if job_finished(&existing) && existing.metadata.deletion_timestamp.is_some() =>
+            {
+                let deadline = std::time::Instant::now() + JOB_GONE_PATIENCE;
+                loop {
+                    let still = jobs
+                        .get_opt(ON_DEMAND_JOB)
+                        .await
+                        .map_err(|e| cluster_error(&job_what, e))?;
+                    if still.is_none() {
+                        break;
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return Err(ClusterError::Conflict {
+                            what: format!(
+                                "{job_what}, finished and still being deleted (a finalizer holds it), so no new run could start; the change is saved and the next scheduled run applies it"
+                            ),
+                        });
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
             Some(existing)
                 if job_finished(&existing) && existing.metadata.deletion_timestamp.is_none() =>
             {
@@ -675,6 +720,9 @@ impl Cluster for KubeCluster {
         }
     }
 }
+
+/// How long a trigger waits for the previous on-demand Job, finished and being deleted, to go.
+const JOB_GONE_PATIENCE: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 #[allow(clippy::expect_used, clippy::unwrap_used)]
