@@ -1098,18 +1098,31 @@ async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
         .unwrap_or_else(|e| panic!("{e}"));
     }
     env.edit(|s| s.worker_pools[0].count = 1).await;
-    for _ in 0..2 {
+    // Runs a few seconds apart, as the CronJob's: the held pod is called stuck only once it
+    // is past its deletionTimestamp by more than the kubelet's margin (apply.rs
+    // TERMINATION_MARGIN, 30 s); until then it is "still terminating".
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let (victim, status, plan) = loop {
         let _ = env.reconcile(&[]).await;
-    }
-    let victim = kube
-        .list("v1", "Node", None)
-        .await
-        .into_iter()
-        .find(|n| n["spec"]["unschedulable"] == true)
-        .and_then(|n| n["metadata"]["name"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("a cordoned victim"));
-    let status = env.status().await.unwrap_or_else(|| panic!("status"));
-    let plan = serde_json::to_string(&status.last_plan).unwrap_or_default();
+        let victim = kube
+            .list("v1", "Node", None)
+            .await
+            .into_iter()
+            .find(|n| n["spec"]["unschedulable"] == true)
+            .and_then(|n| n["metadata"]["name"].as_str().map(str::to_owned));
+        let status = env.status().await.unwrap_or_else(|| panic!("status"));
+        let plan = serde_json::to_string(&status.last_plan).unwrap_or_default();
+        if let Some(victim) = victim
+            && plan.contains("stuck terminating")
+        {
+            break (victim, status, plan);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no stuck pod reported: {plan}"
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    };
     assert!(
         plan.contains(&format!(
             "blocked by default/db-{victim}: This pod has more than one PodDisruptionBudget"
