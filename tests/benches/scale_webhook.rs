@@ -1,12 +1,12 @@
-//! Benchmark of the scale webhook over the cluster twin of `oxide-sim` (HTTPS, in this
-//! process), driven by 64 concurrent keep-alive connections. Prints a table: GET latency
+//! Benchmark of the scale webhook over a real kube-apiserver (behind the simulator's front
+//! proxy, HTTPS, in this process), driven by 64 concurrent keep-alive connections. Prints a table: GET latency
 //! p50/p90/p99/max and requests/s, PATCH throughput, the same GET load against the in-memory
 //! fakes (the host's own cost, without the Kubernetes round trip), and peak RSS (VmHWM).
 //!
-//! The twin-backed phases run against the real `scale serve` binary in its own process when
+//! The apiserver-backed phases run against the real `scale serve` binary in its own process when
 //! it has been built next to this bench (`cargo build -p scale`, same profile), so its peak RSS
 //! is the webhook's alone; otherwise they run against the in-process host and the RSS shown
-//! covers host, twin and load generator together. The fakes phase always runs in-process.
+//! covers host, proxy and load generator together. The fakes phase always runs in-process.
 //!
 //! Not a test: it asserts only that every request succeeded and the count is exact.
 //! `cargo bench -p oxide-controller-tests --bench scale_webhook` (release), or add
@@ -29,7 +29,6 @@ use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{StateStore, keys};
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
-use oxide_sim::twin::{Twin, TwinConfig};
 use serde_json::json;
 
 const TOKEN: &str = "bench-webhook-token";
@@ -221,10 +220,8 @@ async fn bench() {
         .unwrap_or(2000);
     let phase = Duration::from_secs(seconds);
 
-    // The cluster twin with the state bootstrap writes, and a CronJob for reconcile Jobs.
-    let local = Twin::new(TwinConfig::default())
-        .unwrap()
-        .serve_local()
+    // A real kube-apiserver with the state bootstrap writes, and a CronJob for reconcile Jobs.
+    let local = oxide_sim::control_plane::proxy::LocalApi::apiserver_only()
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -239,11 +236,12 @@ async fn bench() {
         .await
         .unwrap();
     local
-        .twin
-        .upsert(json!({"apiVersion": "batch/v1", "kind": "CronJob",
+        .control_plane
+        .apply(json!({"apiVersion": "batch/v1", "kind": "CronJob",
             "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
             "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": {"spec": {
                 "restartPolicy": "Never", "containers": [{"name": "r", "image": "oxide-controller:bench"}]}}}}}}))
+        .await
         .unwrap();
     let scale = scale_binary();
     let (child, base, _stop) = match &scale {
@@ -322,7 +320,7 @@ async fn bench() {
 
     println!();
     println!(
-        "scale webhook benchmark: {CONCURRENCY} concurrent keep-alive connections; twin phases against {}",
+        "scale webhook benchmark: {CONCURRENCY} concurrent keep-alive connections; apiserver phases against {}",
         if child_pid.is_some() {
             "`scale serve` in its own process"
         } else {
@@ -344,9 +342,9 @@ async fn bench() {
     println!(
         "|------------------------------------|---------:|-------:|---------:|---------:|---------:|---------:|----------:|"
     );
-    row("GET /nodes/workers (twin, HTTPS)", &get_twin);
+    row("GET /nodes/workers (kube-apiserver, HTTPS)", &get_twin);
     row("GET /nodes/workers (in-memory fakes)", &get_fake);
-    row("PATCH {\"delta\":1} (twin)", &patch);
+    row("PATCH {\"delta\":1} (kube-apiserver)", &patch);
     println!();
     println!(
         "PATCH: {} applied, stored count {} → {} ({})",

@@ -3,10 +3,10 @@
 //! benchmarks use it; the product never does.
 //!
 //! Routes:
-//! - `GET /counters` → `{"oxide": {route: n}, "twin": {route: n}, "tailscale": {route: n},
+//! - `GET /counters` → `{"oxide": {route: n}, "kube": {route: n}, "tailscale": {route: n},
 //!   "bulk_write": {"writes", "max_decoded_bytes", "over_limit"}}`
 //! - `POST /counters/reset` → 204
-//! - `GET /state` → `{"oxide": <OxideSim::dump>, "twin": <Twin::dump>, "cluster": <Boot::cluster_info>,
+//! - `GET /state` → `{"oxide": <OxideSim::dump>, "kube": {"nodes": [...], "pods": [...]}, "cluster": <Boot::cluster_info>,
 //!   "tailscale": <Tailnet::dump>}`
 //! - `GET /faults` → FaultSpec; `PUT /faults` (FaultSpec JSON) → the new FaultSpec
 //! - `POST /instances/{name}/fail[?project=P]` → 204, or 404 / 409 (ambiguous name)
@@ -16,15 +16,12 @@ use serde_json::{Value, json};
 
 use crate::guest::Boot;
 use crate::oxide::{FaultSpec, Faults, OxideSim};
-use crate::twin::Twin;
 
 /// What the admin routes act on.
 #[derive(Clone)]
 pub struct AdminState {
     /// The Oxide side.
     pub oxide: OxideSim,
-    /// The cluster twin.
-    pub twin: Twin,
     /// The guests.
     pub boot: Boot,
     /// Runtime faults.
@@ -73,8 +70,9 @@ pub async fn handle(state: &AdminState, req: http::Request<Bytes>) -> http::Resp
                 .into_iter()
                 .map(|(k, v)| (k, json!(v)))
                 .collect();
-            let twin: serde_json::Map<String, Value> = state
-                .twin
+            let kube: serde_json::Map<String, Value> = state
+                .boot
+                .kube_view()
                 .counters()
                 .into_iter()
                 .map(|(k, v)| (k, json!(v)))
@@ -83,7 +81,7 @@ pub async fn handle(state: &AdminState, req: http::Request<Bytes>) -> http::Resp
                 StatusCode::OK,
                 Some(json!({
                     "oxide": oxide,
-                    "twin": twin,
+                    "kube": kube,
                     "tailscale": state.tailnet.counters(),
                     "bulk_write": state.oxide.bulk_write_stats(),
                 })),
@@ -91,7 +89,7 @@ pub async fn handle(state: &AdminState, req: http::Request<Bytes>) -> http::Resp
         }
         (&Method::POST, ["counters", "reset"]) => {
             state.oxide.reset_counters();
-            state.twin.reset_counters();
+            state.boot.kube_view().reset_counters();
             state.tailnet.reset_counters();
             respond(StatusCode::NO_CONTENT, None)
         }
@@ -99,7 +97,7 @@ pub async fn handle(state: &AdminState, req: http::Request<Bytes>) -> http::Resp
             StatusCode::OK,
             Some(json!({
                 "oxide": state.oxide.dump(),
-                "twin": state.twin.dump(),
+                "kube": kube_summary(&state.boot.kube_view()).await,
                 "cluster": state.boot.cluster_info(),
                 "tailscale": state.tailnet.dump(),
             })),
@@ -162,4 +160,32 @@ fn fail_instance(state: &AdminState, name: &str, project: Option<&str>) -> http:
             format!("{name} exists in several projects; add ?project=NAME"),
         ),
     }
+}
+
+/// The first cluster's Nodes (name, Ready) and pods (namespace/name, node, phase).
+async fn kube_summary(kube: &crate::guest::cluster_api::KubeView) -> Value {
+    let nodes: Vec<Value> = kube
+        .list("v1", "Node", None)
+        .await
+        .iter()
+        .map(|n| {
+            let ready = n["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+                .map(|c| c["status"].clone())
+                .unwrap_or(Value::Null);
+            json!({"name": n["metadata"]["name"], "ready": ready})
+        })
+        .collect();
+    let pods: Vec<Value> = kube
+        .list("v1", "Pod", None)
+        .await
+        .iter()
+        .map(|p| {
+            json!({"pod": format!("{}/{}", p["metadata"]["namespace"].as_str().unwrap_or(""),
+                p["metadata"]["name"].as_str().unwrap_or("")),
+                "node": p["spec"]["nodeName"], "phase": p["status"]["phase"]})
+        })
+        .collect();
+    json!({"nodes": nodes, "pods": pods})
 }

@@ -1,5 +1,6 @@
 //! `oxide-sim`: a stand-in for an Oxide rack (the Oxide HTTP API) and the k3s cluster running
-//! on it (a Kubernetes API "cluster twin" over HTTPS, SSH on control-plane VMs), for tests,
+//! on it (a real Kubernetes control plane per cluster, see [`control_plane`], SSH on
+//! control-plane VMs), for tests,
 //! benchmarks and demos. Product code never knows it exists: it talks to the simulator over
 //! HTTP and SSH exactly as to a real rack.
 //!
@@ -12,7 +13,6 @@ pub mod control_plane;
 pub mod guest;
 /// The guest module's former name, kept so code written against `boot::` still builds.
 pub use guest as boot;
-pub mod jobs;
 pub mod net;
 pub mod oxide;
 pub mod pod_runner;
@@ -20,7 +20,6 @@ pub mod preset;
 pub mod sim;
 pub mod sshd;
 pub mod tailscale;
-pub mod twin;
 
 pub use sim::{Sim, SimError, SimHandle, SimOptions};
 pub use tailscale::TailscaleOptions;

@@ -129,7 +129,7 @@ impl PodRunner {
             return Err("the container has no command".into());
         }
         let command = argv.remove(0);
-        if let Some(host_path) = crate::jobs::host_path_of(spec, container, &command) {
+        if let Some(host_path) = host_path_of(spec, container, &command) {
             let node = spec["nodeName"].as_str().unwrap_or_default();
             return self
                 .boot
@@ -272,5 +272,69 @@ impl PodRunner {
                     "startedAt": started_at, "finishedAt": now()}}}]}))
         .await;
         tracing::info!(pod = %name, exit = code, "pod finished");
+    }
+}
+
+/// The host path behind `program` when it lies inside one of the container's volume mounts
+/// whose volume is a `hostPath`.
+fn host_path_of(pod: &Value, container: &Value, program: &str) -> Option<String> {
+    container["volumeMounts"].as_array()?.iter().find_map(|m| {
+        let mount = m["mountPath"].as_str()?.trim_end_matches('/');
+        let rest = program.strip_prefix(mount)?.strip_prefix('/')?;
+        let volume = pod["volumes"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == m["name"])?;
+        let host = volume["hostPath"]["path"].as_str()?.trim_end_matches('/');
+        Some(format!("{host}/{rest}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(host: &str, mount: &str) -> (Value, Value) {
+        let pod = json!({
+            "volumes": [
+                {"name": "other", "emptyDir": {}},
+                {"name": "bin", "hostPath": {"path": host, "type": "Directory"}},
+            ],
+        });
+        let container = json!({
+            "volumeMounts": [
+                {"name": "other", "mountPath": "/tmp"},
+                {"name": "bin", "mountPath": mount, "readOnly": true},
+            ],
+        });
+        (pod, container)
+    }
+
+    #[test]
+    fn a_command_inside_a_hostpath_mount_maps_to_the_host_file() {
+        let (p, c) = pod("/var/lib/x/bin/abc", "/opt/bin");
+        assert_eq!(
+            host_path_of(&p, &c, "/opt/bin/reconcile-once").as_deref(),
+            Some("/var/lib/x/bin/abc/reconcile-once")
+        );
+        let (p, c) = pod("/var/lib/x/", "/opt/bin/");
+        assert_eq!(
+            host_path_of(&p, &c, "/opt/bin/sub/scale").as_deref(),
+            Some("/var/lib/x/sub/scale")
+        );
+    }
+
+    #[test]
+    fn other_commands_are_not_hostpath_files() {
+        let (p, c) = pod("/var/lib/x", "/opt/bin");
+        for program in [
+            "/usr/local/bin/reconcile-once",
+            "/opt/binx/a",
+            "/opt/bin",
+            "/tmp/a",
+        ] {
+            assert_eq!(host_path_of(&p, &c, program), None, "{program}");
+        }
+        assert_eq!(host_path_of(&json!({}), &c, "/opt/bin/a"), None);
     }
 }

@@ -1,5 +1,5 @@
 //! Wiring: one simulator = the Oxide API ([`OxideSim`]) served over HTTP/1.1 on the listen
-//! address, the cluster twin, the simulated guests ([`Boot`]), the admin API on a second
+//! address, a real Kubernetes control plane per cluster, the simulated guests ([`Boot`]), the admin API on a second
 //! loopback port, and optionally a preset cluster. [`Sim::start`] builds it in-process (tests);
 //! the `oxide-sim` binary is a thin CLI over the same call.
 //!
@@ -16,12 +16,10 @@ use tokio::task::JoinHandle;
 
 use crate::admin::{self, AdminState};
 use crate::guest::{Boot, BootConfig};
-use crate::jobs::JobRunner;
 use crate::net::{Listeners, spawn_http};
 use crate::oxide::{AddressPool, FaultSpec, Faults, OxideSim, OxideSimConfig, Timings};
 use crate::preset::{self, Preset, PresetError};
 use crate::tailscale::{Tailnet, TailscaleOptions};
-use crate::twin::{Twin, TwinConfig, TwinError};
 
 /// Everything a simulator is started with. `Default` gives fast timings, a random token, no
 /// faults, SSH on port 22 (needs root; tests pass a high port) and no preset.
@@ -57,9 +55,9 @@ pub struct SimOptions {
     pub tailscale: TailscaleOptions,
     /// The newest Oxide `api-version` the rack serves (an older one makes it an older rack).
     pub api_version: String,
-    /// Which Kubernetes the clusters run: the twin (default, being retired) or a real
-    /// control plane per cluster ([`crate::control_plane`]).
-    pub kubernetes: crate::guest::cluster_api::KubeBackend,
+    /// How each cluster's real control plane runs ([`crate::control_plane`]): timings such as
+    /// the node lifecycle controller's grace period.
+    pub kubernetes: crate::control_plane::ControlPlaneOptions,
 }
 
 impl std::fmt::Debug for SimOptions {
@@ -118,9 +116,6 @@ pub enum SimError {
         #[source]
         source: std::io::Error,
     },
-    /// The cluster twin could not be built (CA generation).
-    #[error("cannot build the cluster twin")]
-    Twin(#[source] TwinError),
     /// The state directory could not be prepared.
     #[error("cannot prepare the state directory {path}")]
     StateDir {
@@ -174,7 +169,6 @@ pub struct SimHandle {
     oxide: OxideSim,
     tailnet: Tailnet,
     tailscale_configured: bool,
-    twin: Twin,
     boot: Boot,
     addresses: AddressPool,
     faults: Faults,
@@ -203,11 +197,6 @@ impl Sim {
         let faults = Faults::default();
         faults.set(opts.faults.clone());
         let addresses = AddressPool::random();
-        let twin = Twin::new(TwinConfig {
-            k3s_version: opts.k3s_version.clone(),
-            faults: faults.clone(),
-        })
-        .map_err(SimError::Twin)?;
         let listeners = Listeners::new();
         let boot = Boot::new(
             BootConfig {
@@ -218,7 +207,6 @@ impl Sim {
                 k3s_version: opts.k3s_version.clone(),
                 kubernetes: opts.kubernetes.clone(),
             },
-            twin.clone(),
             faults.clone(),
             listeners,
         );
@@ -295,7 +283,6 @@ impl Sim {
         }));
         let admin_state = Arc::new(AdminState {
             oxide: oxide.clone(),
-            twin: twin.clone(),
             boot: boot.clone(),
             faults: faults.clone(),
             tailnet: tailnet.clone(),
@@ -316,7 +303,6 @@ impl Sim {
             oxide,
             tailnet,
             tailscale_configured: !opts.tailscale.auth_keys.is_empty(),
-            twin,
             boot,
             addresses,
             faults,
@@ -346,24 +332,13 @@ impl Sim {
                     path
                 }
             };
-            if let (Some(bin_dir), crate::guest::cluster_api::KubeBackend::Real(_)) =
-                (&opts.job_binaries, &opts.kubernetes)
-            {
+            if let Some(bin_dir) = &opts.job_binaries {
                 // The real CronJob and Job controllers make the pods; only running them is ours.
                 let runner = crate::pod_runner::PodRunner::new(
                     handle.boot.clone(),
                     bin_dir.clone(),
                     dir.clone(),
                 );
-                handle.tasks.push(runner.spawn(Duration::from_millis(250)));
-            } else if let Some(bin_dir) = &opts.job_binaries {
-                let runner = JobRunner::new(
-                    handle.twin.clone(),
-                    handle.boot.listeners().clone(),
-                    bin_dir.clone(),
-                    dir.clone(),
-                )
-                .with_boot(handle.boot.clone());
                 handle.tasks.push(runner.spawn(Duration::from_millis(250)));
             }
             if let Some(preset) = &opts.preset {
@@ -384,29 +359,14 @@ impl SimHandle {
         &self.oxide
     }
 
-    /// The real control planes of the clusters created so far, oldest first (empty with the
-    /// twin).
+    /// The real control planes of the clusters created so far, oldest first.
     pub fn control_planes(&self) -> Vec<std::sync::Arc<crate::guest::cluster_api::RealCluster>> {
         self.boot.real_clusters()
     }
 
-    /// The Kubernetes of the simulator's (first) cluster, whichever backend runs it.
+    /// The Kubernetes of the simulator's (first) cluster.
     pub fn kube(&self) -> crate::guest::cluster_api::KubeView {
-        use crate::guest::cluster_api::{KubeBackend, KubeView};
-        match self.boot.backend() {
-            KubeBackend::Twin => KubeView::Twin(self.twin.clone()),
-            KubeBackend::Real(_) => self
-                .boot
-                .real_clusters()
-                .into_iter()
-                .next()
-                .map_or(KubeView::NoClusterYet, KubeView::Real),
-        }
-    }
-
-    /// The cluster twin (direct object access).
-    pub fn twin(&self) -> &Twin {
-        &self.twin
+        self.boot.kube_view()
     }
 
     /// The guest simulation (cluster membership).

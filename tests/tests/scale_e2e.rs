@@ -1,7 +1,7 @@
 //! The scale webhook end to end over HTTP: the real host (`webhook::host::serve`) on
-//! 127.0.0.1, the real Kubernetes adapters, and the cluster twin of `oxide-sim` holding the
+//! 127.0.0.1, the real Kubernetes adapters, and a real kube-apiserver (oxide-sim's) holding the
 //! Secret, ConfigMap, CronJob and Jobs. One test runs on a preset cluster (VMs, k3s, state
-//! written by the product, exactly as after bootstrap); the load tests use a bare twin seeded
+//! written by the product, exactly as after bootstrap); the load tests use a bare apiserver seeded
 //! with the product's `KubeStateStore::ensure_state`, which starts in milliseconds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -20,8 +20,9 @@ use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{StateStore, keys};
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
+use oxide_sim::control_plane::proxy::LocalApi;
+use oxide_sim::guest::cluster_api::{BlockingKube, KubeView};
 use oxide_sim::preset::Preset;
-use oxide_sim::twin::{LocalTwin, Twin, TwinConfig};
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
 
@@ -95,7 +96,7 @@ impl Webhook {
 
 /// Where the cluster's objects can be inspected directly.
 struct Cluster {
-    twin: Twin,
+    kube: BlockingKube,
     kubeconfig: PathBuf,
     token: String,
     _keep: Box<dyn std::any::Any + Send>,
@@ -115,7 +116,7 @@ impl Cluster {
         .await
         .expect("preset builds");
         let kubeconfig = sim.kubeconfig.clone().unwrap();
-        let twin = sim.twin().clone();
+        let kube = BlockingKube(sim.kube());
         let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
             .await
             .unwrap();
@@ -125,7 +126,7 @@ impl Cluster {
             .unwrap()
             .webhook_token;
         let c = Cluster {
-            twin,
+            kube,
             kubeconfig,
             token,
             _keep: Box::new(sim),
@@ -134,13 +135,9 @@ impl Cluster {
         c
     }
 
-    /// A bare twin seeded the way bootstrap seeds it: 2 workers in [0, `max`].
-    async fn twin(max: u32) -> Cluster {
-        let local: LocalTwin = Twin::new(TwinConfig::default())
-            .unwrap()
-            .serve_local()
-            .await
-            .unwrap();
+    /// A bare apiserver seeded the way bootstrap seeds it: 2 workers in [0, `max`].
+    async fn bare(max: u32) -> Cluster {
+        let local = std::sync::Arc::new(LocalApi::apiserver_only().await.unwrap());
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, local.admin_kubeconfig()).unwrap();
@@ -162,7 +159,7 @@ impl Cluster {
             .await
             .unwrap();
         let c = Cluster {
-            twin: local.twin.clone(),
+            kube: BlockingKube(KubeView::Local(local.clone())),
             kubeconfig,
             token,
             _keep: Box::new((local, dir)),
@@ -172,8 +169,8 @@ impl Cluster {
     }
 
     fn add_cronjob(&self) {
-        self.twin
-            .upsert(json!({"apiVersion": "batch/v1", "kind": "CronJob",
+        self.kube
+            .apply(json!({"apiVersion": "batch/v1", "kind": "CronJob",
                 "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
                 "spec": {"schedule": "*/5 * * * *", "concurrencyPolicy": "Forbid", "jobTemplate": {"spec": {
                     "backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "serviceAccountName": OBJECT_NAME,
@@ -182,7 +179,7 @@ impl Cluster {
     }
 
     fn configmap(&self) -> Value {
-        self.twin
+        self.kube
             .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
             .unwrap()
     }
@@ -203,7 +200,7 @@ impl Cluster {
     }
 
     fn jobs(&self) -> Vec<Value> {
-        self.twin.list("batch/v1", "Job", Some(NAMESPACE))
+        self.kube.list("batch/v1", "Job", Some(NAMESPACE))
     }
 }
 
@@ -259,7 +256,7 @@ async fn on_a_preset_cluster_every_verb_changes_the_configmap_and_bad_tokens_cha
     );
     assert_eq!(cluster.workers(), 3);
     let job = cluster
-        .twin
+        .kube
         .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
         .expect("a reconcile Job");
     assert_eq!(
@@ -422,7 +419,7 @@ async fn on_a_preset_cluster_every_verb_changes_the_configmap_and_bad_tokens_cha
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_100_posts_leaves_at_most_one_pending_reconcile_job() {
-    let cluster = Cluster::twin(200).await;
+    let cluster = Cluster::bare(200).await;
     let hook = Webhook::start(&cluster.kubeconfig).await;
     let http = reqwest::Client::new();
     let url = format!("{}/nodes/workers/modify", hook.base);
@@ -448,7 +445,7 @@ async fn a_burst_of_100_posts_leaves_at_most_one_pending_reconcile_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_hundred_concurrent_patches_raise_the_count_by_exactly_500_without_a_5xx() {
-    let cluster = Cluster::twin(1000).await;
+    let cluster = Cluster::bare(1000).await;
     // Two hosts on one ConfigMap, as two webhook replicas would be: within a host writes
     // queue; between hosts they race and 409s must be re-read and re-applied.
     let hooks = [
@@ -495,13 +492,13 @@ async fn five_hundred_concurrent_patches_raise_the_count_by_exactly_500_without_
     }
 }
 
-/// Manual and automatic together, over HTTP against the twin: enabling autoscaling with
+/// Manual and automatic together, over HTTP against the apiserver: enabling autoscaling with
 /// `PUT /pools/{pool}/autoscale` writes the ConfigMap and starts a Job; a count change on the
 /// pool is then a 409 naming the bounds endpoint and writes nothing; the endpoint refuses
 /// callers without the token; two webhook processes changing the bounds at once lose nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bounds_endpoint_owns_an_autoscaling_pools_count() {
-    let cluster = Cluster::twin(10).await;
+    let cluster = Cluster::bare(10).await;
     let hook = Webhook::start(&cluster.kubeconfig).await;
     let other = Webhook::start(&cluster.kubeconfig).await;
     let http = reqwest::Client::new();

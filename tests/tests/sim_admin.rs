@@ -23,7 +23,7 @@ async fn counters_count_oxide_routes_and_reset() {
     }
     let counters = get(&format!("{}/counters", sim.admin_url)).await;
     assert_eq!(counters["oxide"]["GET /v1/projects"], 3, "{counters}");
-    assert!(counters["twin"].is_object());
+    assert!(counters["kube"].is_object());
 
     let http = reqwest::Client::new();
     let reset = http
@@ -58,7 +58,7 @@ async fn state_shows_instances_and_which_vms_joined_as_which_nodes() {
         (vm["instance"].as_str(), vm["node"].as_str()),
         (Some("c1-cp-aaaaa"), Some("c1-cp-aaaaa"))
     );
-    assert!(state["twin"].is_object());
+    assert!(state["kube"].is_object());
 }
 
 #[tokio::test]

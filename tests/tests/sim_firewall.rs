@@ -86,5 +86,5 @@ async fn a_joiner_through_the_floating_ip_is_external_and_through_the_private_ad
     wait_node_status(&sim, "inside", "True").await;
     let console = wait_console(&c, "hairpin", "i/o timeout").await;
     assert!(console.contains(&fip.to_string()), "{console}");
-    assert!(node_ready(&sim, "hairpin").is_none());
+    assert!(node_ready(&sim, "hairpin").await.is_none());
 }

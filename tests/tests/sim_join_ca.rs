@@ -47,7 +47,8 @@ async fn a_joiner_with_a_wrong_ca_hash_never_joins_and_the_right_one_does() {
     let ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
     let url = format!("https://{ip}:6443");
     let right =
-        oxide_controller::kubeconfig::k3s_ca_hash(&sim.twin().admin_kubeconfig(&url)).unwrap();
+        oxide_controller::kubeconfig::k3s_ca_hash(&sim.kube().admin_kubeconfig(&url).unwrap())
+            .unwrap();
     let wrong = "0".repeat(64);
 
     for (suffix, hash) in [("wrong", wrong.as_str()), ("right", right.as_str())] {
@@ -87,6 +88,6 @@ async fn a_joiner_with_a_wrong_ca_hash_never_joins_and_the_right_one_does() {
         let console = wait_console(&c, name, "CA hash does not match").await;
         assert!(console.contains("level=fatal"), "{name}: {console}");
         assert!(!console.contains(TOKEN) && !console.contains(AGENT_TOKEN));
-        assert_eq!(node_ready(&sim, name), None, "{name} never joins");
+        assert_eq!(node_ready(&sim, name).await, None, "{name} never joins");
     }
 }

@@ -60,7 +60,7 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
     wait_console(&c, "c1-cp-bbbbb", "connection refused").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        node_ready(&sim, "c1-cp-bbbbb"),
+        node_ready(&sim, "c1-cp-bbbbb").await,
         None,
         "cannot join before the IP is attached"
     );
@@ -131,8 +131,8 @@ async fn a_wrong_token_never_joins_and_the_console_says_so_without_printing_it()
         assert!(!console.contains(TOKEN), "{name} printed the cluster token");
     }
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(node_ready(&sim, "c1-cp-bbbbb"), None);
-    assert_eq!(node_ready(&sim, "c1-workers-ddddd"), None);
+    assert_eq!(node_ready(&sim, "c1-cp-bbbbb").await, None);
+    assert_eq!(node_ready(&sim, "c1-workers-ddddd").await, None);
 }
 
 #[tokio::test]
@@ -149,7 +149,11 @@ async fn stopping_a_vm_makes_its_node_not_ready_and_restarting_reregisters_it() 
     wait_node_status(&sim, "c1-workers-eeeee", "Unknown").await;
 
     // The Node stays until someone deletes it; a restarted kubelet registers it again.
-    assert!(sim.twin().delete("v1", "Node", None, "c1-workers-eeeee"));
+    assert!(
+        sim.kube()
+            .delete("v1", "Node", None, "c1-workers-eeeee")
+            .await
+    );
     wait_for("instance stopped", || async {
         let state = c
             .instance_view()
@@ -209,7 +213,7 @@ async fn user_data_without_the_cloud_config_header_is_refused_on_the_console() {
         !console.contains("k3s"),
         "no k3s without a valid cloud-config: {console}"
     );
-    assert_eq!(node_ready(&sim, "c1-cp-fffff"), None);
+    assert_eq!(node_ready(&sim, "c1-cp-fffff").await, None);
 }
 
 #[tokio::test]
@@ -239,7 +243,7 @@ async fn user_data_over_32_kib_never_boots_a_node() {
         Err(other) => panic!("unexpected error {other}"),
     }
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(node_ready(&sim, "c1-cp-ggggg"), None);
+    assert_eq!(node_ready(&sim, "c1-cp-ggggg").await, None);
 }
 
 #[tokio::test]
@@ -252,7 +256,7 @@ async fn a_second_cluster_init_server_starts_a_second_cluster_with_its_own_api()
     let console = wait_console(&c, "c2-cp-hhhhh", "k3s is up and running").await;
     assert!(!console.contains("another-token-5555"));
     // Its Node lives in its own cluster, not in the first one's.
-    assert_eq!(node_ready(&sim, "c2-cp-hhhhh"), None);
+    assert_eq!(node_ready(&sim, "c2-cp-hhhhh").await, None);
     let info = sim.boot().cluster_info();
     assert_eq!(info["creator"], "c1-cp-aaaaa");
     let clusters = info["clusters"].as_array().unwrap();
@@ -262,7 +266,7 @@ async fn a_second_cluster_init_server_starts_a_second_cluster_with_its_own_api()
         .find(|c| c["creator"] == "c2-cp-hhhhh")
         .expect("second cluster");
     assert_eq!(second["joined"], serde_json::json!(["c2-cp-hhhhh"]));
-    assert_eq!(second["primary_twin"], false);
+    assert_eq!(second["primary"], false);
 }
 
 #[tokio::test]
@@ -276,5 +280,5 @@ async fn never_join_fault_keeps_a_vm_out_of_the_cluster() {
     create_instance(&c, "c1-workers-good1", &user_data("agent", &agent, &[])).await;
     wait_node_status(&sim, "c1-workers-good1", "True").await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(node_ready(&sim, "c1-workers-bad01"), None);
+    assert_eq!(node_ready(&sim, "c1-workers-bad01").await, None);
 }

@@ -153,6 +153,6 @@ async fn a_failed_setup_step_prints_the_marker_and_k3s_never_starts() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     for (name, ..) in cases {
-        assert_eq!(node_ready(&sim, name), None, "{name} never joins");
+        assert_eq!(node_ready(&sim, name).await, None, "{name} never joins");
     }
 }

@@ -1,4 +1,5 @@
-//! `KubeStateStore` against the cluster twin over real HTTPS: optimistic concurrency on the
+//! `KubeStateStore` against a real kube-apiserver (through the simulator's front proxy, which
+//! counts requests) over HTTPS: optimistic concurrency on the
 //! ConfigMap (one of two racing writers wins, the other gets `Conflict`; a thousand
 //! read-increment-write loops lose no update), `ensure_state` filling in without
 //! overwriting, and the errors a caller acts on.
@@ -14,25 +15,39 @@ use oxide_controller::kubeclient;
 use oxide_controller::secrets::{ClusterSecrets, keys as secret_keys};
 use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{StateError, StateStore, keys};
-use oxide_sim::twin::{LocalTwin, Twin, TwinConfig};
-use serde_json::json;
+use oxide_sim::control_plane::proxy::LocalApi;
+use serde_json::{Value, json};
 
-/// A twin on loopback and a kubeconfig file for it, as `--kubeconfig` would name it.
+/// A real apiserver (no controllers needed here) behind a front proxy on loopback, and a
+/// kubeconfig file for it, as `--kubeconfig` would name it.
 struct Env {
-    local: LocalTwin,
+    api: LocalApi,
     dir: tempfile::TempDir,
 }
 
 impl Env {
     async fn start() -> Env {
-        let local = Twin::new(TwinConfig::default())
+        let api = LocalApi::apiserver_only().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("admin.yaml"), api.admin_kubeconfig()).unwrap();
+        Env { api, dir }
+    }
+
+    async fn get(&self, kind: &str) -> Value {
+        self.api
+            .control_plane
+            .get("v1", kind, Some(NAMESPACE), OBJECT_NAME)
+            .await
             .unwrap()
-            .serve_local()
+            .unwrap()
+    }
+
+    async fn patch(&self, kind: &str, patch: Value) {
+        self.api
+            .control_plane
+            .merge_patch("v1", kind, Some(NAMESPACE), OBJECT_NAME, &patch)
             .await
             .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("admin.yaml"), local.admin_kubeconfig()).unwrap();
-        Env { local, dir }
     }
 
     /// A fresh client (its own connection pool, like a separate process).
@@ -44,10 +59,6 @@ impl Env {
 
     async fn store(&self) -> KubeStateStore {
         KubeStateStore::new(self.client().await, NAMESPACE)
-    }
-
-    fn twin(&self) -> &Twin {
-        &self.local.twin
     }
 }
 
@@ -207,10 +218,7 @@ async fn ensure_state_creates_both_objects_then_fills_missing_keys_without_overw
     let cfg = store.read_config().await.unwrap();
     assert_eq!(cfg.spec_yaml(), Some("pools: {}\n"));
     for kind in ["Secret", "ConfigMap"] {
-        let obj = env
-            .twin()
-            .get("v1", kind, Some(NAMESPACE), OBJECT_NAME)
-            .unwrap();
+        let obj = env.get(kind).await;
         assert_eq!(
             obj["metadata"]["labels"]["app.kubernetes.io/name"], "oxide-controller",
             "{kind}"
@@ -219,15 +227,11 @@ async fn ensure_state_creates_both_objects_then_fills_missing_keys_without_overw
 
     // Someone deletes one Secret key and one ConfigMap key; the status key was written by
     // reconcile meanwhile.
-    let mut secret = env
-        .twin()
-        .get("v1", "Secret", Some(NAMESPACE), OBJECT_NAME)
-        .unwrap();
-    secret["data"]
-        .as_object_mut()
-        .unwrap()
-        .remove(secret_keys::K3S_AGENT_TOKEN);
-    env.twin().upsert(secret).unwrap();
+    env.patch(
+        "Secret",
+        json!({"data": {secret_keys::K3S_AGENT_TOKEN: null}}),
+    )
+    .await;
     let mut data = cfg.data.clone();
     data.remove(keys::SCHEMA_VERSION);
     data.insert(keys::STATUS.into(), "{\"ok\":true}".into());
@@ -275,19 +279,20 @@ async fn ensure_state_creates_both_objects_then_fills_missing_keys_without_overw
     );
 
     // Nothing missing: no write at all.
-    env.twin().reset_counters();
+    env.api.proxy.reset_counters();
     store
         .ensure_state(&second, config(&[(keys::SCHEMA_VERSION, "3")]))
         .await
         .unwrap();
     let writes: u64 = env
-        .twin()
+        .api
+        .proxy
         .counters()
         .iter()
         .filter(|(k, _)| !k.starts_with("GET "))
         .map(|(_, n)| n)
         .sum();
-    assert_eq!(writes, 0, "{:?}", env.twin().counters());
+    assert_eq!(writes, 0, "{:?}", env.api.proxy.counters());
 }
 
 #[tokio::test]
@@ -326,12 +331,11 @@ async fn replace_with_a_stale_version_conflicts_and_keeps_annotations_of_the_ver
         .ensure_state(&secrets(), config(&[("k", "0")]))
         .await
         .unwrap();
-    let mut cm = env
-        .twin()
-        .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
-        .unwrap();
-    cm["metadata"]["annotations"] = json!({"example.com/owner": "platform-team"});
-    env.twin().upsert(cm).unwrap();
+    env.patch(
+        "ConfigMap",
+        json!({"metadata": {"annotations": {"example.com/owner": "platform-team"}}}),
+    )
+    .await;
 
     let seen = store.read_config().await.unwrap();
     let rv = store
@@ -339,10 +343,7 @@ async fn replace_with_a_stale_version_conflicts_and_keeps_annotations_of_the_ver
         .await
         .unwrap();
     assert_ne!(rv, seen.resource_version);
-    let stored = env
-        .twin()
-        .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
-        .unwrap();
+    let stored = env.get("ConfigMap").await;
     assert_eq!(
         stored["metadata"]["annotations"]["example.com/owner"],
         "platform-team"
@@ -367,10 +368,11 @@ async fn replace_with_a_stale_version_conflicts_and_keeps_annotations_of_the_ver
 async fn a_secret_missing_a_required_key_is_malformed_and_names_the_key() {
     let env = Env::start().await;
     let store = env.store().await;
-    env.twin()
-        .upsert(json!({"apiVersion": "v1", "kind": "Secret",
+    env.api.control_plane
+        .apply(json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
             "data": {"oxide-host": b64("https://rack"), "oxide-token": b64("t"), "oxide-project": b64("p")}}))
+        .await
         .unwrap();
     match store.read_secrets().await {
         Err(StateError::Malformed { what, message }) => {
@@ -400,8 +402,11 @@ async fn a_service_account_without_rbac_is_forbidden() {
     let path = env.dir.path().join("sa.yaml");
     std::fs::write(
         &path,
-        env.twin()
-            .service_account_kubeconfig(&env.local.url, NAMESPACE, "nobody"),
+        env.api
+            .control_plane
+            .service_account_kubeconfig(&env.api.url, NAMESPACE, "nobody")
+            .await
+            .unwrap(),
     )
     .unwrap();
     let store = KubeStateStore::new(
@@ -456,9 +461,6 @@ async fn host_key_pins_are_added_to_the_secret_and_never_replaced() {
         second
     );
     assert_eq!(other.read_secrets().await.unwrap(), secrets());
-    let secret = env
-        .twin()
-        .get("v1", "Secret", Some(NAMESPACE), OBJECT_NAME)
-        .unwrap();
+    let secret = env.get("Secret").await;
     assert!(secret["data"][keys::HOST_KEY_PINS].is_string(), "{secret}");
 }

@@ -269,8 +269,8 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
     assert_eq!(data["oxide-project"], "demo");
 
     // The CCM from its published manifest: our image, our Secret, our cluster name.
-    let twin = env.sim.kube();
-    let ccm = twin
+    let kube = env.sim.kube();
+    let ccm = kube
         .get(
             "apps/v1",
             "Deployment",
@@ -338,7 +338,7 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
         ),
     ] {
         assert!(
-            twin.get(api, kind, ns, name).await.is_some(),
+            kube.get(api, kind, ns, name).await.is_some(),
             "{kind} {name}"
         );
     }

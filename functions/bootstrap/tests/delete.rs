@@ -372,8 +372,8 @@ async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is
         if killed == 1 {
             // The Lease is ours and the CronJob suspended: a reconcile started now (as a
             // CronJob run would) must not create a VM.
-            let twin = env.sim.kube();
-            let cj = twin
+            let kube = env.sim.kube();
+            let cj = kube
                 .get(
                     "batch/v1",
                     "CronJob",
@@ -383,7 +383,7 @@ async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is
                 .await
                 .expect("CronJob");
             assert_eq!(cj["spec"]["suspend"], true);
-            let lease = twin
+            let lease = kube
                 .get(
                     "coordination.k8s.io/v1",
                     "Lease",

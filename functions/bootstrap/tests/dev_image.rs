@@ -114,8 +114,8 @@ fn instances(env: &Env, prefix: &str) -> Vec<(String, String)> {
 
 /// The pod spec of the CronJob's Jobs and of the webhook's pods, from the cluster.
 async fn pod_specs(env: &Env) -> [(Value, &'static str); 2] {
-    let twin = env.sim.kube();
-    let cron = twin
+    let kube = env.sim.kube();
+    let cron = kube
         .get(
             "batch/v1",
             "CronJob",
@@ -124,7 +124,7 @@ async fn pod_specs(env: &Env) -> [(Value, &'static str); 2] {
         )
         .await
         .unwrap();
-    let hook = twin
+    let hook = kube
         .get(
             "apps/v1",
             "Deployment",

@@ -30,7 +30,7 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
     assert_eq!(env.ready_nodes("demo-workers-").await.len(), 2, "{stdout}");
     assert_eq!(env.names("instances").len(), 5);
 
-    // The kubeconfig is 0600, names the cluster, and works against the cluster twin.
+    // The kubeconfig is 0600, names the cluster, and works against the cluster kube.
     let kc = env.kubeconfig();
     assert_eq!(
         std::fs::metadata(&kc).unwrap().permissions().mode() & 0o777,
@@ -100,7 +100,7 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
     );
 
     // The in-cluster pieces.
-    let twin = env.sim.kube();
+    let kube = env.sim.kube();
     for (api, kind, ns, name) in [
         (
             "v1",
@@ -152,11 +152,11 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
         ),
     ] {
         assert!(
-            twin.get(api, kind, ns, name).await.is_some(),
+            kube.get(api, kind, ns, name).await.is_some(),
             "{kind} {name} missing"
         );
     }
-    let cron = twin
+    let cron = kube
         .get(
             "batch/v1",
             "CronJob",

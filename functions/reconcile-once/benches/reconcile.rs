@@ -84,7 +84,7 @@ fn run(kc: &Path, extra: &[&str]) -> (std::process::ExitStatus, Duration, u64) {
 }
 
 fn total_requests(sim: &SimHandle) -> u64 {
-    sim.oxide().counters().values().sum::<u64>() + sim.twin().counters().values().sum::<u64>()
+    sim.oxide().counters().values().sum::<u64>() + sim.kube().counters().values().sum::<u64>()
 }
 
 fn main() {
@@ -143,7 +143,7 @@ fn main() {
     let mut samples = Vec::new();
     for _ in 0..5 {
         sim.oxide().reset_counters();
-        sim.twin().reset_counters();
+        sim.kube().reset_counters();
         let (status, took, peak) = run(&kc, &[]);
         assert!(status.success());
         samples.push((
@@ -233,8 +233,8 @@ fn main() {
     let kc = sim.kubeconfig.clone().expect("kubeconfig");
     let mut firsts = Vec::new();
     for _ in 0..10 {
-        sim.twin().reset_counters();
-        let twin = sim.twin().clone();
+        sim.kube().reset_counters();
+        let kube = sim.kube();
         let start = Instant::now();
         let mut child = Command::new(BIN)
             .arg("--kubeconfig")
@@ -244,7 +244,7 @@ fn main() {
             .spawn()
             .expect("spawn");
         let first = loop {
-            if twin.counters().values().sum::<u64>() > 0 {
+            if kube.counters().values().sum::<u64>() > 0 {
                 break start.elapsed();
             }
             if start.elapsed() > Duration::from_secs(5) {

@@ -18,7 +18,6 @@ use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{self, StateStore};
 use oxide_controller::status::Status;
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::guest::cluster_api::KubeBackend;
 use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
@@ -41,7 +40,7 @@ async fn env(edit: impl Fn(&mut AutoscaleSpec)) -> Env {
             control_plane: 3,
             workers: 1,
         }),
-        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
+        kubernetes: ControlPlaneOptions::default(),
         ..SimOptions::default()
     })
     .await

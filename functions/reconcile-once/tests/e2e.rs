@@ -13,7 +13,6 @@ use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{self, StateStore};
 use oxide_controller::status::Status;
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::guest::cluster_api::KubeBackend;
 use oxide_sim::oxide::RouteFault;
 use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
@@ -37,7 +36,7 @@ async fn env(cp: u32, workers: u32) -> Env {
             workers,
         }),
         // A real control plane (oxide_sim::control_plane), with upstream timings.
-        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
+        kubernetes: ControlPlaneOptions::default(),
         ..SimOptions::default()
     })
     .await
@@ -1182,7 +1181,7 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
             control_plane: 1,
             workers: 2,
         }),
-        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
+        kubernetes: ControlPlaneOptions::default(),
         job_binaries: Some(bin_dir),
         ..SimOptions::default()
     })

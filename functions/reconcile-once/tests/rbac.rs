@@ -11,7 +11,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::guest::cluster_api::KubeBackend;
 use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
@@ -127,7 +126,7 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
             control_plane: 1,
             workers: 2,
         }),
-        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
+        kubernetes: ControlPlaneOptions::default(),
         job_binaries: Some(bins.path().to_path_buf()),
         ..SimOptions::default()
     })

@@ -18,7 +18,7 @@ use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{self, StateStore};
 use oxide_controller::status::Status;
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::guest::cluster_api::{KubeBackend, KubeView};
+use oxide_sim::guest::cluster_api::KubeView;
 use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
@@ -43,10 +43,10 @@ async fn env(control_plane: u32, workers: u32) -> Env {
             control_plane,
             workers,
         }),
-        kubernetes: KubeBackend::Real(ControlPlaneOptions {
+        kubernetes: ControlPlaneOptions {
             node_monitor_grace_period: GRACE,
             ..ControlPlaneOptions::default()
-        }),
+        },
         ..SimOptions::default()
     })
     .await

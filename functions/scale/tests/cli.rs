@@ -1,5 +1,5 @@
-//! The `scale` binary as an operator uses it, against the cluster twin of `oxide-sim` over
-//! real HTTPS: `get`/`set`/`add` with `--kubeconfig` and their exit codes, and `serve` printing
+//! The `scale` binary as an operator uses it, against a real kube-apiserver (behind the
+//! simulator's front proxy) over HTTPS: `get`/`set`/`add` with `--kubeconfig` and their exit codes, and `serve` printing
 //! its ready line, answering over HTTP and exiting cleanly on SIGTERM.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -14,7 +14,8 @@ use oxide_controller::secrets::ClusterSecrets;
 use oxide_controller::spec::ClusterSpec;
 use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{StateStore, keys};
-use oxide_sim::twin::{LocalTwin, Twin, TwinConfig};
+use oxide_sim::control_plane::proxy::LocalApi;
+use oxide_sim::guest::cluster_api::{BlockingKube, KubeView};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -22,18 +23,14 @@ use tokio::process::Command;
 const TOKEN: &str = "cli-test-webhook-token";
 
 struct Env {
-    local: LocalTwin,
+    kube: BlockingKube,
     _dir: tempfile::TempDir,
     kubeconfig: PathBuf,
 }
 
-/// A twin holding the state bootstrap writes (2 workers in [0, 10]) and a CronJob.
+/// An apiserver holding the state bootstrap writes (2 workers in [0, 10]) and a CronJob.
 async fn env() -> Env {
-    let local = Twin::new(TwinConfig::default())
-        .unwrap()
-        .serve_local()
-        .await
-        .unwrap();
+    let local = std::sync::Arc::new(LocalApi::apiserver_only().await.unwrap());
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, local.admin_kubeconfig()).unwrap();
@@ -53,16 +50,15 @@ async fn env() -> Env {
         )
         .await
         .unwrap();
-    local
-        .twin
-        .upsert(json!({"apiVersion": "batch/v1", "kind": "CronJob",
+    let kube = BlockingKube(KubeView::Local(local));
+    kube.apply(json!({"apiVersion": "batch/v1", "kind": "CronJob",
             "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
             "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": {"spec": {
                 "restartPolicy": "Never",
                 "containers": [{"name": "reconcile", "image": "oxide-controller:test", "args": ["reconcile-once"]}]}}}}}}))
         .unwrap();
     Env {
-        local,
+        kube,
         _dir: dir,
         kubeconfig,
     }
@@ -88,8 +84,7 @@ impl Env {
 
     fn stored_count(&self) -> u32 {
         let cm = self
-            .local
-            .twin
+            .kube
             .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
             .unwrap();
         let spec = ClusterSpec::from_yaml(cm["data"][keys::SPEC].as_str().unwrap()).unwrap();
@@ -117,8 +112,7 @@ async fn get_set_and_add_change_the_configmap_and_exit_with_the_documented_codes
     );
     assert_eq!(env.stored_count(), 5);
     assert!(
-        env.local
-            .twin
+        env.kube
             .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
             .is_some()
     );

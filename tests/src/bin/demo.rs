@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::guest::cluster_api::KubeBackend;
 use oxide_sim::{Sim, SimOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -67,7 +66,7 @@ async fn demo() -> Result<()> {
         job_binaries: Some(bin_dir.clone()),
         state_dir: Some(dir.join("sim")),
         // Each cluster runs a real Kubernetes control plane (built from tests/kube).
-        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
+        kubernetes: ControlPlaneOptions::default(),
         ..SimOptions::default()
     })
     .await

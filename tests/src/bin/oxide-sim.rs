@@ -39,12 +39,9 @@ struct Args {
     /// directory (e.g. target/debug), authenticated as the pods' ServiceAccounts.
     #[arg(long, value_name = "BIN_DIR")]
     run_jobs: Option<PathBuf>,
-    /// Which Kubernetes the clusters run: `real` (kube-apiserver, controller-manager,
-    /// scheduler, etcd built from tests/kube, KWOK for kubelets; needs Go the first time) or
-    /// `twin` (the home-made stand-in being retired).
-    #[arg(long, value_name = "real|twin", default_value = "real", value_parser = ["real", "twin"])]
-    kubernetes: String,
-    /// kube-controller-manager's --node-monitor-grace-period with `--kubernetes real`.
+    /// kube-controller-manager's --node-monitor-grace-period of the clusters' real control
+    /// planes (kube-apiserver, controller-manager, scheduler, etcd built from tests/kube; KWOK
+    /// for kubelets; needs Go the first time).
     #[arg(long, value_name = "SECONDS", default_value_t = 50)]
     node_monitor_grace_seconds: u64,
     /// Newest Oxide API version served, to act as an older rack (e.g. 2026061000.0.0 for
@@ -209,17 +206,11 @@ fn options(args: &Args) -> anyhow::Result<SimOptions> {
         preset: args.preset.clone(),
         state_dir: args.state_dir.clone(),
         job_binaries: args.run_jobs.clone(),
-        kubernetes: if args.kubernetes == "twin" {
-            oxide_sim::guest::cluster_api::KubeBackend::Twin
-        } else {
-            oxide_sim::guest::cluster_api::KubeBackend::Real(
-                oxide_sim::control_plane::ControlPlaneOptions {
-                    node_monitor_grace_period: std::time::Duration::from_secs(
-                        args.node_monitor_grace_seconds,
-                    ),
-                    ..Default::default()
-                },
-            )
+        kubernetes: oxide_sim::control_plane::ControlPlaneOptions {
+            node_monitor_grace_period: std::time::Duration::from_secs(
+                args.node_monitor_grace_seconds,
+            ),
+            ..Default::default()
         },
         api_version: args.api_version.clone(),
         tailscale: oxide_sim::TailscaleOptions {

@@ -376,6 +376,83 @@ impl RequestInfo {
     }
 }
 
+/// A control plane behind a front proxy on an ephemeral `127.0.0.1` port: what a test of a
+/// Kubernetes client needs (a URL, an admin kubeconfig, request counters, faults). Dropping it
+/// stops the proxy and the control plane.
+pub struct LocalApi {
+    pub control_plane: ControlPlane,
+    pub proxy: Arc<FrontProxy>,
+    /// `https://127.0.0.1:PORT`.
+    pub url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for LocalApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalApi")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for LocalApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl LocalApi {
+    /// Starts a control plane with `opts` and a proxy injecting `faults` in front of it.
+    pub async fn start(
+        opts: super::ControlPlaneOptions,
+        faults: Faults,
+    ) -> Result<LocalApi, ControlPlaneError> {
+        let control_plane = ControlPlane::start(opts).await?;
+        let proxy = FrontProxy::new(&control_plane, faults)?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|source| ControlPlaneError::Io {
+                path: "127.0.0.1:0".into(),
+                source,
+            })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ControlPlaneError::Io {
+                path: "127.0.0.1:0".into(),
+                source,
+            })?;
+        let tls = proxy.tls_config(&["127.0.0.1".into()])?;
+        let task = tokio::spawn(Arc::clone(&proxy).serve(listener, tls));
+        Ok(LocalApi {
+            control_plane,
+            proxy,
+            url: format!("https://{addr}"),
+            task,
+        })
+    }
+
+    /// Just the apiserver (no controllers, scheduler or KWOK): starts in a few seconds.
+    pub async fn apiserver_only() -> Result<LocalApi, ControlPlaneError> {
+        Self::start(
+            super::ControlPlaneOptions {
+                controller_manager: false,
+                scheduler: false,
+                kwok: false,
+                ..Default::default()
+            },
+            Faults::default(),
+        )
+        .await
+    }
+
+    /// A kubeconfig for `system:admin` at [`Self::url`].
+    pub fn admin_kubeconfig(&self) -> String {
+        self.control_plane
+            .user_kubeconfig(&self.url, "system:admin", &["system:masters"])
+            .unwrap_or_default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
-//! A simulated cluster's Kubernetes API: the home-made twin (being retired), or a real
-//! control plane ([`crate::control_plane`]) started when the cluster's first server runs
-//! k3s `cluster-init`, reached through a [`FrontProxy`] on each server's `:6443`.
+//! A simulated cluster's Kubernetes API: a real control plane ([`crate::control_plane`])
+//! started when the cluster's first server runs k3s `cluster-init`, reached through a
+//! [`FrontProxy`] on each server's `:6443`.
 //!
 //! What k3s adds to Kubernetes stays in the guest simulator (the supervisor's join checks,
 //! tokens, `/cacerts`); what a kubelet does to its Node is done here: the Node is
@@ -18,17 +18,6 @@ use crate::control_plane::{
     KWOK_HALTED,
 };
 use crate::oxide::faults::Faults;
-use crate::twin::Twin;
-
-/// Which Kubernetes the simulated clusters run.
-#[derive(Clone, Debug, Default)]
-pub enum KubeBackend {
-    /// The home-made twin (the default until every test has moved to the real one).
-    #[default]
-    Twin,
-    /// A real control plane per cluster, with these options.
-    Real(ControlPlaneOptions),
-}
 
 /// A real control plane and the proxy its servers' listeners share.
 #[derive(Debug)]
@@ -80,42 +69,20 @@ impl RealCluster {
     }
 }
 
-/// One cluster's API.
-#[derive(Clone, Debug)]
-pub enum ClusterApi {
-    Twin(Twin),
-    Real(Arc<RealCluster>),
-}
-
-impl ClusterApi {
+impl RealCluster {
     /// The cluster CA (PEM): what `/cacerts` serves and the token's `K10<hash>` covers.
     pub fn ca_pem(&self) -> String {
-        match self {
-            ClusterApi::Twin(t) => t.ca_pem(),
-            ClusterApi::Real(r) => r.control_plane.ca_pem().to_string(),
-        }
+        self.control_plane.ca_pem().to_string()
     }
 
     /// `/etc/rancher/k3s/k3s.yaml`: `system:admin` (group `system:masters`) at `server`.
     pub fn admin_kubeconfig(&self, server: &str) -> String {
-        match self {
-            ClusterApi::Twin(t) => t.admin_kubeconfig(server),
-            ClusterApi::Real(r) => r
-                .control_plane
-                .user_kubeconfig(server, "system:admin", &["system:masters"])
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "cannot issue the admin certificate");
-                    String::new()
-                }),
-        }
-    }
-
-    /// The real cluster, if this is one.
-    pub fn real(&self) -> Option<&Arc<RealCluster>> {
-        match self {
-            ClusterApi::Real(r) => Some(r),
-            ClusterApi::Twin(_) => None,
-        }
+        self.control_plane
+            .user_kubeconfig(server, "system:admin", &["system:masters"])
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "cannot issue the admin certificate");
+                String::new()
+            })
     }
 }
 
@@ -182,20 +149,36 @@ pub async fn silence_real_node(cp: &ControlPlane, name: &str) -> Result<(), Cont
     Ok(())
 }
 
-/// What tests see of the simulator's Kubernetes, whichever backend runs it: the twin, or the
-/// first cluster's real control plane (read and written as `system:admin`, directly, not
-/// through the proxy, so faults and counters are untouched). Every call is async because the
-/// real one is a real API; with the twin they answer at once.
+/// What tests see of the simulator's Kubernetes: the first cluster's real control plane, or a
+/// bare one behind its proxy; read and written as `system:admin`, directly (not through the
+/// proxy, so faults and counters are untouched).
 #[derive(Clone, Debug)]
 pub enum KubeView {
-    Twin(Twin),
     Real(Arc<RealCluster>),
-    /// A real backend before any cluster ran `cluster-init`.
+    /// A bare control plane behind its proxy (tests of Kubernetes clients).
+    Local(Arc<crate::control_plane::proxy::LocalApi>),
+    /// Before any cluster ran `cluster-init`.
     NoClusterYet,
 }
 
 impl KubeView {
-    /// The object, if it exists.
+    fn control_plane(&self) -> Option<&ControlPlane> {
+        match self {
+            KubeView::Real(r) => Some(&r.control_plane),
+            KubeView::Local(l) => Some(&l.control_plane),
+            KubeView::NoClusterYet => None,
+        }
+    }
+
+    fn proxy(&self) -> Option<&Arc<FrontProxy>> {
+        match self {
+            KubeView::Real(r) => Some(&r.proxy),
+            KubeView::Local(l) => Some(&l.proxy),
+            KubeView::NoClusterYet => None,
+        }
+    }
+
+    /// The object, if it exists (a failed read is logged and reads as absent).
     pub async fn get(
         &self,
         api_version: &str,
@@ -203,40 +186,27 @@ impl KubeView {
         ns: Option<&str>,
         name: &str,
     ) -> Option<Value> {
-        match self {
-            KubeView::Twin(t) => t.get(api_version, kind, ns, name),
-            KubeView::Real(r) => r
-                .control_plane
-                .get(api_version, kind, ns, name)
-                .await
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "test read failed");
-                    None
-                }),
-            KubeView::NoClusterYet => None,
-        }
+        let cp = self.control_plane()?;
+        cp.get(api_version, kind, ns, name)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "test read failed");
+                None
+            })
     }
 
     /// Every object of a kind (in `ns`, or everywhere).
     pub async fn list(&self, api_version: &str, kind: &str, ns: Option<&str>) -> Vec<Value> {
-        match self {
-            KubeView::Twin(t) => t.list(api_version, kind, ns),
-            KubeView::Real(r) => r
-                .control_plane
-                .list(api_version, kind, ns)
-                .await
-                .unwrap_or_default(),
-            KubeView::NoClusterYet => Vec::new(),
+        match self.control_plane() {
+            Some(cp) => cp.list(api_version, kind, ns).await.unwrap_or_default(),
+            None => Vec::new(),
         }
     }
 
-    /// Creates or updates (server-side apply with the real one), status included.
+    /// Creates or updates by server-side apply, status included.
     pub async fn apply(&self, obj: Value) -> Result<Value, String> {
-        match self {
-            KubeView::Twin(t) => t.upsert(obj).map_err(|e| e.to_string()),
-            KubeView::Real(r) => r.control_plane.apply(obj).await.map_err(|e| e.to_string()),
-            KubeView::NoClusterYet => Err("no cluster has started yet".into()),
-        }
+        let cp = self.control_plane().ok_or("no cluster has started yet")?;
+        cp.apply(obj).await.map_err(|e| e.to_string())
     }
 
     /// A JSON merge patch (RFC 7386) of an existing object.
@@ -248,21 +218,10 @@ impl KubeView {
         name: &str,
         patch: &Value,
     ) -> Result<Value, String> {
-        match self {
-            KubeView::Twin(t) => {
-                let mut obj = t
-                    .get(api_version, kind, ns, name)
-                    .ok_or_else(|| format!("{kind} {name} not found"))?;
-                merge(&mut obj, patch);
-                t.upsert(obj).map_err(|e| e.to_string())
-            }
-            KubeView::Real(r) => r
-                .control_plane
-                .merge_patch(api_version, kind, ns, name, patch)
-                .await
-                .map_err(|e| e.to_string()),
-            KubeView::NoClusterYet => Err("no cluster has started yet".into()),
-        }
+        let cp = self.control_plane().ok_or("no cluster has started yet")?;
+        cp.merge_patch(api_version, kind, ns, name, patch)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// Deletes; `false` when it was not there.
@@ -273,52 +232,37 @@ impl KubeView {
         ns: Option<&str>,
         name: &str,
     ) -> bool {
-        match self {
-            KubeView::Twin(t) => t.delete(api_version, kind, ns, name),
-            KubeView::Real(r) => r
-                .control_plane
+        match self.control_plane() {
+            Some(cp) => cp
                 .delete(api_version, kind, ns, name)
                 .await
                 .unwrap_or(false),
-            KubeView::NoClusterYet => false,
+            None => false,
         }
     }
 
-    /// Requests served to clients (the twin's, or the front proxy's), per
-    /// `"METHOD /path/template"`.
+    /// Requests the front proxy served to clients, per `"METHOD /path/template"`.
     pub fn counters(&self) -> std::collections::BTreeMap<String, u64> {
-        match self {
-            KubeView::Twin(t) => t.counters(),
-            KubeView::Real(r) => r.proxy.counters(),
-            KubeView::NoClusterYet => Default::default(),
-        }
+        self.proxy().map(|p| p.counters()).unwrap_or_default()
     }
 
     /// Zeroes the request counters.
     pub fn reset_counters(&self) {
-        match self {
-            KubeView::Twin(t) => t.reset_counters(),
-            KubeView::Real(r) => r.proxy.reset_counters(),
-            KubeView::NoClusterYet => {}
+        if let Some(p) = self.proxy() {
+            p.reset_counters();
         }
     }
 
     /// An admin kubeconfig for `server` (a client certificate of the cluster's CA).
     pub fn admin_kubeconfig(&self, server: &str) -> Option<String> {
-        match self {
-            KubeView::Twin(t) => Some(t.admin_kubeconfig(server)),
-            KubeView::Real(r) => Some(ClusterApi::Real(r.clone()).admin_kubeconfig(server)),
-            KubeView::NoClusterYet => None,
-        }
+        self.control_plane()?
+            .user_kubeconfig(server, "system:admin", &["system:masters"])
+            .ok()
     }
 
     /// The cluster CA (PEM).
     pub fn ca_pem(&self) -> Option<String> {
-        match self {
-            KubeView::Twin(t) => Some(t.ca_pem()),
-            KubeView::Real(r) => Some(r.control_plane.ca_pem().to_string()),
-            KubeView::NoClusterYet => None,
-        }
+        Some(self.control_plane()?.ca_pem().to_string())
     }
 
     /// Whether Node `name` reports Ready=True.
@@ -336,18 +280,47 @@ impl KubeView {
     }
 }
 
-/// RFC 7386 merge of `patch` into `target`.
-fn merge(target: &mut Value, patch: &Value) {
-    match (target.as_object_mut(), patch.as_object()) {
-        (Some(t), Some(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        _ => *target = patch.clone(),
+/// [`KubeView`] for synchronous test helpers: each call blocks the current worker thread
+/// (`block_in_place`), so it needs a multi-threaded tokio runtime
+/// (`#[tokio::test(flavor = "multi_thread")]`) and panics on a current-thread one.
+#[derive(Clone, Debug)]
+pub struct BlockingKube(pub KubeView);
+
+impl BlockingKube {
+    fn block<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(f))
+    }
+
+    pub fn get(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+    ) -> Option<Value> {
+        Self::block(self.0.get(api_version, kind, ns, name))
+    }
+
+    pub fn list(&self, api_version: &str, kind: &str, ns: Option<&str>) -> Vec<Value> {
+        Self::block(self.0.list(api_version, kind, ns))
+    }
+
+    pub fn apply(&self, obj: Value) -> Result<Value, String> {
+        Self::block(self.0.apply(obj))
+    }
+
+    pub fn merge_patch(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+        name: &str,
+        patch: &Value,
+    ) -> Result<Value, String> {
+        Self::block(self.0.merge_patch(api_version, kind, ns, name, patch))
+    }
+
+    pub fn delete(&self, api_version: &str, kind: &str, ns: Option<&str>, name: &str) -> bool {
+        Self::block(self.0.delete(api_version, kind, ns, name))
     }
 }

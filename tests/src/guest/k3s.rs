@@ -366,7 +366,7 @@ impl Inner {
         version: &str,
         join: Option<Uuid>,
         started: Instant,
-        prepared: Option<super::cluster_api::ClusterApi>,
+        prepared: Option<Arc<super::cluster_api::RealCluster>>,
     ) {
         let create = join.is_none();
         let node = {
@@ -374,21 +374,13 @@ impl Inner {
             let cluster = match join {
                 Some(cluster) => cluster,
                 None => {
-                    let (api, ca_hash) = match prepared {
-                        Some(api) => {
-                            let hash = ca_hash(&api.ca_pem());
-                            (api, hash)
-                        }
-                        None => match self.new_cluster_twin(&st) {
-                            Ok((twin, hash)) => (super::cluster_api::ClusterApi::Twin(twin), hash),
-                            Err(err) => {
-                                drop(st);
-                                tracing::warn!(error = %err, "cannot build a twin for a new cluster");
-                                self.set_k3s(id, generation, K3sState::Refused);
-                                return;
-                            }
-                        },
+                    let Some(api) = prepared else {
+                        drop(st);
+                        tracing::warn!(instance = %id, "a new cluster without a control plane");
+                        self.set_k3s(id, generation, K3sState::Refused);
+                        return;
                     };
+                    let ca_hash = ca_hash(&api.ca_pem());
                     let token = k3s.token.clone().unwrap_or_else(random_token);
                     let agent_token = k3s.agent_token.clone().unwrap_or_else(|| token.clone());
                     let seq = st.clusters.values().map(|c| c.seq + 1).max().unwrap_or(0);

@@ -8,9 +8,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::Inner;
-use super::cluster_api::ClusterApi;
 use super::k3s::{K3sConfig, Role};
-use crate::twin::{NOT_READY_MESSAGE, NodeCondition};
 
 pub(super) fn parse_label(s: &str) -> Option<(String, String)> {
     let (k, v) = s.split_once('=')?;
@@ -38,6 +36,10 @@ pub(super) fn parse_taint(s: &str) -> Option<Value> {
 
 /// Labels a kubelet may set on its own Node in the `kubernetes.io`/`k8s.io` namespaces
 /// (k8s.io/kubelet `pkg/apis/well_known_labels.go`: `kubeletLabels`).
+/// The kubelet's Ready=False message before the CNI is up (kubelet
+/// `pkg/kubelet/nodestatus/setters.go` `ReadyCondition` with the runtime's network error).
+const NOT_READY_MESSAGE: &str = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized";
+
 const KUBELET_LABELS: [&str; 11] = [
     "beta.kubernetes.io/arch",
     "beta.kubernetes.io/instance-type",
@@ -86,75 +88,23 @@ pub(super) fn refused_node_labels(k3s: &K3sConfig) -> Option<String> {
 }
 
 impl Inner {
-    /// Registers (or re-registers) the Node like a starting kubelet: a missing Node is
-    /// created; an existing one keeps its spec (cordon, taints) and annotations, gets the
-    /// kubelet-managed labels and a fresh status. It reports `Ready=False` (the CNI is not
-    /// up yet) and turns Ready half a `k3s_join` later, if this boot is still running. All of
-    /// it in the twin of the VM's cluster.
+    /// Registers (or re-registers) the Node like a starting kubelet, in the VM's cluster's
+    /// real API: a missing Node is created; an existing one keeps its spec (cordon, taints)
+    /// and annotations and gets the kubelet-managed labels and a fresh status; KWOK then
+    /// reports it Ready and heartbeats it (see [`super::cluster_api::register_real_node`]).
     pub(super) fn register_node(self: &Arc<Self>, fresh: Value, id: Uuid, generation: u64) {
-        let twin = match self.twin_of(&self.state(), id) {
-            ClusterApi::Twin(twin) => twin,
-            ClusterApi::Real(real) => {
-                let inner = Arc::clone(self);
-                self.runtime.spawn(async move {
-                    if !inner.current(id, generation) {
-                        return;
-                    }
-                    if let Err(err) =
-                        super::cluster_api::register_real_node(&real.control_plane, fresh).await
-                    {
-                        tracing::warn!(instance = %id, error = %err, "cannot register node");
-                    }
-                });
-                return;
-            }
-        };
-        let name = fresh["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let object = match twin.get("v1", "Node", None, &name) {
-            None => fresh,
-            Some(mut existing) => {
-                if let (Some(labels), Some(new)) = (
-                    existing["metadata"]
-                        .as_object_mut()
-                        .map(|m| m.entry("labels").or_insert_with(|| json!({})))
-                        .and_then(Value::as_object_mut),
-                    fresh["metadata"]["labels"].as_object(),
-                ) {
-                    for (k, v) in new {
-                        labels.insert(k.clone(), v.clone());
-                    }
-                }
-                if existing["spec"]["providerID"].is_null()
-                    && !fresh["spec"]["providerID"].is_null()
-                {
-                    existing["spec"]["providerID"] = fresh["spec"]["providerID"].clone();
-                }
-                let conditions = existing["status"]["conditions"].clone();
-                existing["status"] = fresh["status"].clone();
-                if conditions.is_array() {
-                    existing["status"]["conditions"] = conditions;
-                }
-                existing
-            }
-        };
-        if let Err(err) = twin.upsert(object) {
-            tracing::warn!(node = %name, error = %err, "cannot register node");
+        let Some(real) = self.api_of(&self.state(), id) else {
             return;
-        }
-        twin.set_node_condition(&name, NodeCondition::NotReady);
+        };
         let inner = Arc::clone(self);
         self.runtime.spawn(async move {
-            tokio::time::sleep(inner.cfg.k3s_join / 2).await;
-            let current = inner
-                .state()
-                .vms
-                .get(&id)
-                .is_some_and(|vm| vm.running && vm.generation == generation);
-            if current {
-                twin.set_node_ready(&name, true);
+            if !inner.current(id, generation) {
+                return;
+            }
+            if let Err(err) =
+                super::cluster_api::register_real_node(&real.control_plane, fresh).await
+            {
+                tracing::warn!(instance = %id, error = %err, "cannot register node");
             }
         });
     }

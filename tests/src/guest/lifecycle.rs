@@ -9,7 +9,7 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::cloud_init::{UserData, parse_user_data};
-use super::cluster_api::{ClusterApi, KubeBackend, RealCluster};
+use super::cluster_api::RealCluster;
 use super::k3s::{Decision, K3S_CONFIG_PATH, Role};
 use super::setup_script::SetupStep;
 use super::{Boot, Inner, K3sState, Vm};
@@ -243,14 +243,17 @@ impl Inner {
                 }
                 decision @ (Decision::Create | Decision::Join(_)) => {
                     // cluster-init on a real control plane: it starts while k3s does.
-                    let prepared = match (&decision, &self.cfg.kubernetes) {
-                        (Decision::Create, KubeBackend::Real(opts)) => {
+                    let prepared = match &decision {
+                        Decision::Create => {
                             let (cp, ()) = tokio::join!(
-                                RealCluster::start(opts.clone(), self.faults.clone()),
+                                RealCluster::start(
+                                    self.cfg.kubernetes.clone(),
+                                    self.faults.clone()
+                                ),
                                 tokio::time::sleep(self.cfg.k3s_join)
                             );
                             match cp {
-                                Ok(cp) => Some(ClusterApi::Real(Arc::new(cp))),
+                                Ok(cp) => Some(Arc::new(cp)),
                                 Err(err) => {
                                     self.k3s_log(
                                         id,
@@ -362,9 +365,9 @@ impl Inner {
 
     /// The VM stopped running: its boot stops, listeners close, its kubelet stops reporting.
     fn halt(self: &Arc<Self>, id: Uuid) {
-        let (node, twin) = {
+        let (node, kube) = {
             let mut st = self.state();
-            let twin = self.twin_of(&st, id);
+            let kube = self.api_of(&st, id);
             let Some(vm) = st.vms.get_mut(&id) else {
                 return;
             };
@@ -373,28 +376,20 @@ impl Inner {
             vm.sshd_up = false;
             vm.k3s = K3sState::Off;
             vm.tailnet_ip = None;
-            (vm.node_name.clone(), twin)
+            (vm.node_name.clone(), kube)
         };
         if let Some(tailnet) = self.tailnet.get() {
             tailnet.disconnect(id);
         }
         self.sync_listeners(id);
-        match (node, twin) {
-            (Some(node), ClusterApi::Twin(twin))
-                if twin.get("v1", "Node", None, &node).is_some() =>
-            {
-                twin.set_node_ready(&node, false);
-            }
-            (Some(node), ClusterApi::Real(real)) => {
-                self.runtime.spawn(async move {
-                    if let Err(err) =
-                        super::cluster_api::silence_real_node(&real.control_plane, &node).await
-                    {
-                        tracing::warn!(%node, error = %err, "cannot stop the node's heartbeats");
-                    }
-                });
-            }
-            _ => {}
+        if let (Some(node), Some(real)) = (node, kube) {
+            self.runtime.spawn(async move {
+                if let Err(err) =
+                    super::cluster_api::silence_real_node(&real.control_plane, &node).await
+                {
+                    tracing::warn!(%node, error = %err, "cannot stop the node's heartbeats");
+                }
+            });
         }
     }
 }

@@ -8,10 +8,13 @@ use std::sync::atomic::Ordering;
 
 use uuid::Uuid;
 
-use super::cluster_api::ClusterApi;
+use super::cluster_api::RealCluster;
 use super::k3s::Role;
 use super::{Inner, K3sState, KUBE_API_PORT, State, Vm};
 use crate::net::{ListenerKind, ListenersGuard};
+
+/// A listener a VM should have: address, kind, and the SANs of its certificate.
+type Desired = (SocketAddr, ListenerKind, Vec<String>);
 
 impl Inner {
     /// Brings the VM's listeners in line with its state: SSH on every address of a running
@@ -19,7 +22,7 @@ impl Inner {
     pub(super) fn sync_listeners(self: &Arc<Self>, id: Uuid) {
         let _rt = self.runtime.enter();
         let mut guard = self.listeners.lock();
-        let (desired, twin) = self.desired_listeners(id);
+        let (desired, api) = self.desired_listeners(id);
         for (addr, kind) in guard.owned_by(id) {
             if !desired.iter().any(|(a, k, _)| *a == addr && *k == kind) {
                 guard.close(addr);
@@ -29,26 +32,23 @@ impl Inner {
             if guard.owned_by(id).contains(&(addr, kind)) && guard.is_serving(addr, kind) {
                 continue;
             }
-            self.open_listener(&mut guard, id, addr, kind, sans, &twin);
+            self.open_listener(&mut guard, id, addr, kind, sans, &api);
         }
     }
 
-    /// What `id` should listen on, and the twin its API listeners serve (its cluster's).
-    fn desired_listeners(
-        &self,
-        id: Uuid,
-    ) -> (Vec<(SocketAddr, ListenerKind, Vec<String>)>, ClusterApi) {
+    /// What `id` should listen on, and the API its listeners serve (its cluster's).
+    fn desired_listeners(&self, id: Uuid) -> (Vec<Desired>, Option<Arc<RealCluster>>) {
         let st = self.state();
-        let twin = self.twin_of(&st, id);
+        let api = self.api_of(&st, id);
         if self.closed.load(Ordering::SeqCst) {
-            return (Vec::new(), twin);
+            return (Vec::new(), api);
         }
         let Some(vm) = st.vms.get(&id) else {
-            return (Vec::new(), twin);
+            return (Vec::new(), api);
         };
         let is_server = vm.user_data.as_ref().and_then(|u| u.role) == Some(Role::Server);
         if !vm.running || !is_server {
-            return (Vec::new(), twin);
+            return (Vec::new(), api);
         }
         let mut ips: Vec<IpAddr> = vm.ephemeral_ips.clone();
         ips.extend(vm.private_ip);
@@ -81,7 +81,7 @@ impl Inner {
                 ));
             }
         }
-        (out, twin)
+        (out, api)
     }
 
     /// SANs of the API serving certificate, as k3s builds them: loopback and in-cluster names,
@@ -129,21 +129,14 @@ impl Inner {
         addr: SocketAddr,
         kind: ListenerKind,
         sans: Vec<String>,
-        twin: &ClusterApi,
+        api: &Option<Arc<RealCluster>>,
     ) {
         let result = match kind {
-            ListenerKind::KubeApi => match twin {
-                ClusterApi::Twin(twin) => match twin.server_tls_config(&sans) {
-                    Ok(tls) => {
-                        let twin = twin.clone();
-                        guard.open(addr, kind, id, move |listener| twin.serve(listener, tls))
-                    }
-                    Err(err) => {
-                        tracing::warn!(%addr, error = %err, "cannot build the API serving certificate");
-                        return;
-                    }
-                },
-                ClusterApi::Real(real) => match real.proxy.tls_config(&sans) {
+            ListenerKind::KubeApi => {
+                let Some(real) = api else {
+                    return;
+                };
+                match real.proxy.tls_config(&sans) {
                     Ok(tls) => {
                         let proxy = Arc::clone(&real.proxy);
                         guard.open(addr, kind, id, move |listener| proxy.serve(listener, tls))
@@ -152,8 +145,8 @@ impl Inner {
                         tracing::warn!(%addr, error = %err, "cannot build the API serving certificate");
                         return;
                     }
-                },
-            },
+                }
+            }
             ListenerKind::Ssh => {
                 let Some((host, backend)) = self.ssh_parts(id, addr) else {
                     return;

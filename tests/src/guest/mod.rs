@@ -2,14 +2,14 @@
 //! validates the user-data, prints the SSH host key fingerprints on the serial console and
 //! starts sshd, and a simulated k3s (configured from `/etc/rancher/k3s/config.yaml` written by
 //! `write_files`) creates a cluster (a server without `server:`) or joins the cluster whose
-//! API answers at its `server:` URL. Each cluster has its own twin (the first one the
-//! simulator's primary twin), so several clusters live side by side as on a real rack.
+//! API answers at its `server:` URL. Each cluster runs its own real control plane
+//! ([`cluster_api`]), so several clusters live side by side as on a real rack.
 //! Joined VMs become Nodes of their cluster; halted VMs' Nodes turn `Ready=Unknown` like a
 //! vanished kubelet.
 //!
 //! This module owns the boot/k3s contract in SIM_CONTRACTS.md and the per-VM listeners
 //! (Kubernetes API at :6443 on joined servers, SSH on server VMs). It does not own the Oxide
-//! API (lifecycle, addresses: `oxide`), the Kubernetes API itself (`twin`) or the SSH protocol
+//! API (lifecycle, addresses: `oxide`), the Kubernetes API itself (`control_plane`) or the SSH protocol
 //! (`sshd`). It never prints tokens or user-data anywhere, console included.
 //!
 //! One file per concern, so each guest rule has one obvious home:
@@ -53,7 +53,6 @@ pub use k3s::{
 use crate::net::Listeners;
 use crate::oxide::{Faults, OxideSim};
 use crate::sshd::SshHost;
-use crate::twin::Twin;
 
 /// Port of the Kubernetes API on server VMs.
 pub const KUBE_API_PORT: u16 = 6443;
@@ -72,7 +71,7 @@ pub struct BootConfig {
     /// k3s version when the install step does not pin one.
     pub k3s_version: String,
     /// Which Kubernetes a new cluster runs.
-    pub kubernetes: cluster_api::KubeBackend,
+    pub kubernetes: crate::control_plane::ControlPlaneOptions,
 }
 
 impl Default for BootConfig {
@@ -83,7 +82,7 @@ impl Default for BootConfig {
             k3s_join: Duration::from_millis(200),
             join_retry: Duration::from_millis(200),
             k3s_version: "v1.33.4+k3s1".to_string(),
-            kubernetes: cluster_api::KubeBackend::default(),
+            kubernetes: crate::control_plane::ControlPlaneOptions::default(),
         }
     }
 }
@@ -151,10 +150,8 @@ struct Cluster {
     token: String,
     agent_token: String,
     creator: Uuid,
-    /// This cluster's Kubernetes API: with the twin, the primary twin for the first cluster
-    /// and a twin of its own (own CA, own objects) for every other; else its own real
-    /// control plane.
-    api: cluster_api::ClusterApi,
+    /// This cluster's Kubernetes API: its own real control plane (own CA, own objects).
+    api: Arc<cluster_api::RealCluster>,
     /// Hash of the API's CA, part of the full-format tokens.
     ca_hash: String,
     /// Order of creation (the first cluster is the simulator's primary one).
@@ -184,10 +181,8 @@ struct Inner {
     /// The simulated tailnet VMs join with `tailscale up` (see [`Boot::attach_tailnet`]).
     tailnet: OnceLock<crate::tailscale::Tailnet>,
     cfg: BootConfig,
-    twin: Twin,
     faults: Faults,
     listeners: Listeners,
-    ca_hash: String,
     oxide: OnceLock<OxideSim>,
     runtime: tokio::runtime::Handle,
     /// Set on simulator shutdown: boot tasks stop at their next step.
@@ -215,16 +210,13 @@ impl std::fmt::Debug for Boot {
 impl Boot {
     /// Builds the guest simulation. Must be called inside a tokio runtime; call
     /// [`Boot::attach`] with the `OxideSim` built from it before any instance runs.
-    pub fn new(cfg: BootConfig, twin: Twin, faults: Faults, listeners: Listeners) -> Self {
-        let ca_hash = ca_hash(&twin.ca_pem());
+    pub fn new(cfg: BootConfig, faults: Faults, listeners: Listeners) -> Self {
         Self {
             inner: Arc::new(Inner {
                 tailnet: OnceLock::new(),
                 cfg,
-                twin,
                 faults,
                 listeners,
-                ca_hash,
                 oxide: OnceLock::new(),
                 runtime: tokio::runtime::Handle::current(),
                 closed: AtomicBool::new(false),
@@ -250,14 +242,19 @@ impl Boot {
     pub fn shutdown(&self) {
         self.inner.closed.store(true, Ordering::SeqCst);
         self.inner.listeners.close_all();
-        self.inner
-            .state()
-            .clusters
-            .retain(|_, c| c.api.real().is_none());
+        self.inner.state().clusters.clear();
+    }
+
+    /// What tests see of the (first) cluster's Kubernetes, whichever backend runs it.
+    pub fn kube_view(&self) -> cluster_api::KubeView {
+        self.real_clusters().into_iter().next().map_or(
+            cluster_api::KubeView::NoClusterYet,
+            cluster_api::KubeView::Real,
+        )
     }
 
     /// Which Kubernetes new clusters run.
-    pub fn backend(&self) -> &cluster_api::KubeBackend {
+    pub fn backend(&self) -> &crate::control_plane::ControlPlaneOptions {
         &self.inner.cfg.kubernetes
     }
 
@@ -267,7 +264,7 @@ impl Boot {
         let mut clusters: Vec<_> = st
             .clusters
             .values()
-            .filter_map(|c| Some((c.seq, c.api.real()?.clone())))
+            .map(|c| (c.seq, Arc::clone(&c.api)))
             .collect();
         clusters.sort_by_key(|(seq, _)| *seq);
         clusters.into_iter().map(|(_, c)| c).collect()
@@ -278,8 +275,8 @@ impl Boot {
         &self.inner.listeners
     }
 
-    /// Cluster summary for the admin state dump: who created the first cluster (the primary
-    /// twin's) and which VMs joined it, every cluster with its members, each VM's role and Node
+    /// Cluster summary for the admin state dump: who created the first cluster and which VMs
+    /// joined it, every cluster with its members, each VM's role and Node
     /// name, and the open listeners.
     pub fn cluster_info(&self) -> Value {
         let st = self.inner.state();
@@ -302,7 +299,6 @@ impl Boot {
             })
             .collect();
         vms.sort_by(|a, b| a["instance"].as_str().cmp(&b["instance"].as_str()));
-        let primary_ca = self.inner.twin.ca_pem();
         let name_of = |id: &Uuid| st.vms.get(id).map(|v| v.name.clone()).unwrap_or_default();
         let joined_to = |cluster: &Uuid| {
             let mut joined: Vec<String> = st
@@ -314,18 +310,11 @@ impl Boot {
             joined.sort();
             joined
         };
-        // The primary cluster: the one on the primary twin, or with real control planes the
-        // first one created.
+        // The primary cluster: the first one created.
         let primary = st
             .clusters
             .iter()
-            .find(|(_, c)| c.api.ca_pem() == primary_ca)
-            .or_else(|| {
-                st.clusters
-                    .iter()
-                    .filter(|(_, c)| c.api.real().is_some())
-                    .min_by_key(|(_, c)| c.seq)
-            })
+            .min_by_key(|(_, c)| c.seq)
             .map(|(id, _)| *id);
         let clusters: Vec<Value> = st
             .clusters
@@ -333,7 +322,7 @@ impl Boot {
             .map(|(id, c)| {
                 json!({
                     "creator": name_of(&c.creator),
-                    "primary_twin": Some(*id) == primary,
+                    "primary": Some(*id) == primary,
                     "joined": joined_to(id),
                 })
             })
@@ -417,26 +406,9 @@ impl Inner {
             .map(|d| d.path().join(id.to_string()))
     }
 
-    /// The API of `id`'s cluster; the primary twin for a VM in none.
-    fn twin_of(&self, st: &State, id: Uuid) -> cluster_api::ClusterApi {
-        st.cluster_of(id)
-            .map(|c| c.api.clone())
-            .unwrap_or_else(|| cluster_api::ClusterApi::Twin(self.twin.clone()))
-    }
-
-    /// The twin of a cluster being created: the primary twin while no cluster uses it, else a
-    /// new one with its own CA.
-    fn new_cluster_twin(&self, st: &State) -> Result<(Twin, String), crate::twin::TwinError> {
-        let primary_ca = self.twin.ca_pem();
-        if !st.clusters.values().any(|c| c.api.ca_pem() == primary_ca) {
-            return Ok((self.twin.clone(), self.ca_hash.clone()));
-        }
-        let twin = Twin::new(crate::twin::TwinConfig {
-            k3s_version: self.cfg.k3s_version.clone(),
-            faults: self.faults.clone(),
-        })?;
-        let hash = ca_hash(&twin.ca_pem());
-        Ok((twin, hash))
+    /// The API of `id`'s cluster, if it is in one.
+    fn api_of(&self, st: &State, id: Uuid) -> Option<Arc<cluster_api::RealCluster>> {
+        st.cluster_of(id).map(|c| Arc::clone(&c.api))
     }
 
     fn name_matches(prefixes: &[String], name: &str) -> bool {

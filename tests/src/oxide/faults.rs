@@ -46,7 +46,7 @@ pub struct FaultSpec {
     /// Like `no_capacity`, but the silo's vCPU quota is what runs out (the start saga fails
     /// at `ADD_VIRTUAL_RESOURCES`).
     pub quota_exceeded: Vec<String>,
-    /// Kubernetes API faults of the cluster twin, keyed `"<verb> <resource>[/<subresource>]"`
+    /// Kubernetes API faults (injected by the clusters' front proxies), keyed `"<verb> <resource>[/<subresource>]"`
     /// (e.g. `"create pods/eviction"`, `"update leases"`, `"list nodes"`), `"* <resource>"`,
     /// `"<verb> *"` or `"*"` (most specific wins). `error_status` answers with the
     /// apiserver's Status for that code (500 InternalError, 503 ServiceUnavailable, 429...).

@@ -7,7 +7,7 @@
 //! be *at least as strict* as a real rack: whatever it accepts must also work there.
 //!
 //! Not here: listeners and TLS (`net`), what happens inside a booted VM (`boot`), the
-//! Kubernetes twin (`twin`). Those learn about lifecycle edges through [`RackEvents`].
+//! Kubernetes control plane (`control_plane`). Those learn about lifecycle edges through [`RackEvents`].
 
 pub mod addresses;
 mod console;

@@ -16,7 +16,8 @@ use serde_json::Value;
 /// SSH port of the simulated VMs in tests (every simulator has its own /24, so no clashes).
 pub const SSH_PORT: u16 = 2222;
 /// How long any single expectation may take before the test fails.
-pub const PATIENCE: Duration = Duration::from_secs(15);
+/// (A real control plane: Node readiness changes take the controller's grace period.)
+pub const PATIENCE: Duration = Duration::from_secs(40);
 pub const PROJECT: &str = "proj";
 
 pub async fn start() -> SimHandle {
@@ -34,6 +35,11 @@ pub async fn start_with(f: impl FnOnce(&mut SimOptions)) -> SimHandle {
 pub async fn start_default_firewall(f: impl FnOnce(&mut SimOptions)) -> SimHandle {
     let mut opts = SimOptions {
         ssh_port: SSH_PORT,
+        // A stopped VM's Node goes Unknown after this grace period (50 s upstream).
+        kubernetes: oxide_sim::control_plane::ControlPlaneOptions {
+            node_monitor_grace_period: Duration::from_secs(10),
+            ..Default::default()
+        },
         ..SimOptions::default()
     };
     f(&mut opts);
@@ -262,8 +268,8 @@ pub async fn wait_console(c: &oxide::Client, name: &str, needle: &str) -> String
 }
 
 /// Status of the Node's Ready condition ("True", "Unknown", ...), None without the Node.
-pub fn node_ready(sim: &SimHandle, node: &str) -> Option<String> {
-    let obj = sim.twin().get("v1", "Node", None, node)?;
+pub async fn node_ready(sim: &SimHandle, node: &str) -> Option<String> {
+    let obj = sim.kube().get("v1", "Node", None, node).await?;
     obj["status"]["conditions"]
         .as_array()?
         .iter()
@@ -274,8 +280,11 @@ pub fn node_ready(sim: &SimHandle, node: &str) -> Option<String> {
 
 pub async fn wait_node_status(sim: &SimHandle, node: &str, status: &str) -> Value {
     wait_for(&format!("node {node} Ready={status}"), || async {
-        (node_ready(sim, node).as_deref() == Some(status))
-            .then(|| sim.twin().get("v1", "Node", None, node).unwrap())
+        if node_ready(sim, node).await.as_deref() == Some(status) {
+            sim.kube().get("v1", "Node", None, node).await
+        } else {
+            None
+        }
     })
     .await
 }

@@ -9,7 +9,6 @@ use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::guest::cluster_api::KubeBackend;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
@@ -33,7 +32,7 @@ pub async fn env_with(opts: SimOptions) -> Env {
     let sim = Sim::start(SimOptions {
         ssh_port: SSH_PORT,
         // The clusters bootstrap makes run a real control plane (oxide_sim::control_plane).
-        kubernetes: KubeBackend::Real(ControlPlaneOptions::default()),
+        kubernetes: ControlPlaneOptions::default(),
         ..opts
     })
     .await
