@@ -100,6 +100,19 @@ async fn failing_an_instance_fails_it_and_its_node_stops_reporting() {
     let sim = start().await;
     let c = client(&sim);
     first_server(&sim, &c, "c1-cp-aaaaa", "tok-fail", &[]).await;
+    // No automatic restart: the rack would bring the VM back and its kubelet would report
+    // again before the node lifecycle controller's grace period ran out.
+    let id = sim.oxide().dump()["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == "c1-cp-aaaaa")
+        .and_then(|i| i["id"].as_str())
+        .unwrap()
+        .parse()
+        .unwrap();
+    sim.oxide()
+        .set_auto_restart_policy(id, Some(oxide::types::InstanceAutoRestartPolicy::Never));
     let http = reqwest::Client::new();
     let resp = http
         .post(format!("{}/instances/c1-cp-aaaaa/fail", sim.admin_url))

@@ -101,10 +101,21 @@ impl Inner {
             if !inner.current(id, generation) {
                 return;
             }
+            let name = fresh["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             if let Err(err) =
                 super::cluster_api::register_real_node(&real.control_plane, fresh).await
             {
                 tracing::warn!(instance = %id, error = %err, "cannot register node");
+            }
+            // Halted while registering: the halt found no Node to silence, so do it here.
+            if !inner.current(id, generation)
+                && let Err(err) =
+                    super::cluster_api::silence_real_node(&real.control_plane, &name).await
+            {
+                tracing::warn!(instance = %id, error = %err, "cannot stop the node's heartbeats");
             }
         });
     }
