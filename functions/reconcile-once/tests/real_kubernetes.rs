@@ -326,3 +326,77 @@ async fn a_stopped_worker_goes_unknown_through_the_node_lifecycle_controller_and
     let workers = env.ready_nodes(WK).await;
     assert_eq!(workers.len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cronjob_runs_reconcile_once_on_its_schedule_under_the_shipped_rbac() {
+    // The shipped manifests with a one-minute schedule: the real CronJob controller starts a
+    // Job at the next minute, the real Job controller its pod, the scheduler binds it, and
+    // the pod runner executes the real `reconcile-once` as the manifests' ServiceAccount.
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap().to_path_buf();
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane: 1,
+            workers: 1,
+        }),
+        job_binaries: Some(bin_dir),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap();
+    let kube = sim.kube();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s-cronjobs");
+    for f in ["serviceaccount.yaml", "rbac.yaml", "cronjob.yaml"] {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap();
+        for doc in text.split("\n---") {
+            let mut v: Value = serde_saphyr::from_str(doc).unwrap_or(Value::Null);
+            if v["kind"] == "CronJob" {
+                v["spec"]["schedule"] = json!("* * * * *");
+            }
+            if v.is_object() {
+                kube.apply(v).await.unwrap();
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let job = loop {
+        let done = kube
+            .list("batch/v1", "Job", Some("kube-system"))
+            .await
+            .into_iter()
+            .find(|j| {
+                j["metadata"]["ownerReferences"][0]["kind"] == "CronJob"
+                    && j["status"]["conditions"].as_array().is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == "Complete" && c["status"] == "True")
+                    })
+            });
+        if let Some(job) = done {
+            break job;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no scheduled Job completed: {:?}",
+            kube.list("batch/v1", "Job", Some("kube-system")).await
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let name = job["metadata"]["name"].as_str().unwrap();
+    assert!(name.starts_with("oxide-controller-"), "{name}");
+    // The run wrote its status: a Ready cluster, with the run id of a real run.
+    let client = oxide_controller::kubeclient::client(sim.kubeconfig.as_deref(), None)
+        .await
+        .unwrap();
+    let store = KubeStateStore::new(client, "kube-system");
+    let status = store
+        .read_config()
+        .await
+        .unwrap()
+        .status_json()
+        .and_then(Status::from_json)
+        .expect("status.json written by the scheduled run");
+    assert_eq!(
+        status.condition("Ready").map(|c| c.status.as_str()),
+        Some("True")
+    );
+}
