@@ -286,7 +286,7 @@ async fn bench() {
     load(get(base.clone()), 200, |n, _| n >= 1000).await;
     load(get(fake_base.clone()), 200, |n, _| n >= 1000).await;
 
-    let get_twin = load(get(base.clone()), 200, move |_, t| t.elapsed() >= phase).await;
+    let get_api = load(get(base.clone()), 200, move |_, t| t.elapsed() >= phase).await;
     let get_fake = load(get(fake_base.clone()), 200, move |_, t| {
         t.elapsed() >= phase
     })
@@ -342,7 +342,7 @@ async fn bench() {
     println!(
         "|------------------------------------|---------:|-------:|---------:|---------:|---------:|---------:|----------:|"
     );
-    row("GET /nodes/workers (kube-apiserver, HTTPS)", &get_twin);
+    row("GET /nodes/workers (kube-apiserver, HTTPS)", &get_api);
     row("GET /nodes/workers (in-memory fakes)", &get_fake);
     row("PATCH {\"delta\":1} (kube-apiserver)", &patch);
     println!();
@@ -364,11 +364,11 @@ async fn bench() {
             status_of(pid, "VmRSS:")
         ),
         None => println!(
-            "(no `scale` binary next to the bench: the twin phases ran on the in-process host)"
+            "(no `scale` binary next to the bench: the apiserver phases ran on the in-process host)"
         ),
     }
     println!(
-        "this process (twin + load generator + in-process host{}): VmHWM {} after setup, {} after load",
+        "this process (load generator + in-process host{}): VmHWM {} after setup, {} after load",
         if child_pid.is_some() {
             " for the fakes phase"
         } else {
@@ -397,7 +397,7 @@ async fn bench() {
         "every acknowledged PATCH is stored"
     );
     assert_eq!(
-        get_twin.errors + get_fake.errors + patch.errors,
+        get_api.errors + get_fake.errors + patch.errors,
         0,
         "no request failed"
     );
