@@ -26,12 +26,23 @@ pub fn init(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR").as_deref(),
+        ))
         .with_target(false);
     let _ = if json {
         builder.json().flatten_event(true).try_init()
     } else {
         builder.try_init()
     };
+}
+
+/// Whether text output may carry ANSI colours: only on a terminal, and not when `NO_COLOR`
+/// is set to a non-empty value (no-color.org). Piped into a file or `less`, text logs are
+/// plain.
+pub fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// Runs a binary's async body on a multi-threaded tokio runtime; a runtime that cannot start
@@ -48,5 +59,19 @@ pub fn block_on<F: std::future::Future<Output = std::process::ExitCode>>(
             eprintln!("error: cannot start the async runtime: {e}");
             std::process::ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(colour(true, None));
+        assert!(colour(true, Some(OsStr::new(""))));
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None));
     }
 }

@@ -37,7 +37,15 @@ fn main() -> ExitCode {
 }
 
 fn say(msg: &str) {
-    println!("\n\x1b[1m==> {msg}\x1b[0m");
+    use std::io::IsTerminal as _;
+    if oxide_controller::telemetry::colour(
+        std::io::stdout().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    ) {
+        println!("\n\x1b[1m==> {msg}\x1b[0m");
+    } else {
+        println!("\n==> {msg}");
+    }
     let _ = std::io::stdout().flush();
 }
 
