@@ -191,12 +191,11 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
 
     async fn execute(&self, action: &Action) -> Outcome {
         match action {
-            Action::CreateApiFloatingIp { name, .. } => {
+            Action::CreateApiFloatingIp {
+                name, description, ..
+            } => {
                 match self
-                    .retry(|| {
-                        self.rack
-                            .create_floating_ip(name, "oxide-controller API address", None)
-                    })
+                    .retry(|| self.rack.create_floating_ip(name, description, None))
                     .await
                 {
                     Ok(_) | Err(RackError::AlreadyExists { .. }) => Outcome::Done,

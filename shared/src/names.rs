@@ -129,6 +129,16 @@ pub fn api_floating_ip_name(cluster: &str) -> String {
     format!("{cluster}-apiserver")
 }
 
+/// Description of the API floating IP, written the same by bootstrap and by reconcile's repair,
+/// so `bootstrap delete` recognises the address whoever created it.
+pub fn api_floating_ip_description(cluster: &str) -> String {
+    format!("oxide-controller cluster={cluster} Kubernetes API")
+}
+
+/// Description reconcile wrote before it used [`api_floating_ip_description`]; `bootstrap delete`
+/// still recognises it (with the exact `<cluster>-apiserver` name) so those addresses are not leaked.
+pub const LEGACY_RECONCILE_API_FIP_DESCRIPTION: &str = "oxide-controller API address";
+
 /// Description of the anti-affinity groups we create.
 pub const ANTI_AFFINITY_GROUP_DESCRIPTION: &str =
     "oxide-controller: spread pool members across sleds";

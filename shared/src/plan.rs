@@ -159,7 +159,12 @@ pub enum Action {
     /// Delete a detached disk whose instance is gone.
     DeleteDisk { disk: String, reason: String },
     /// Create the API floating IP (repair; bootstrap normally made it).
-    CreateApiFloatingIp { name: String, reason: String },
+    CreateApiFloatingIp {
+        name: String,
+        /// Bootstrap's description, so `bootstrap delete` owns a re-created address too.
+        description: String,
+        reason: String,
+    },
     /// Move (or attach) the API floating IP to a Ready control-plane member.
     AttachApiFloatingIp {
         fip: String,
@@ -479,6 +484,7 @@ fn plan_floating_ip(
     let Some(fip) = &observed.api_floating_ip else {
         p.actions.push(Action::CreateApiFloatingIp {
             name: fip_name.to_owned(),
+            description: names::api_floating_ip_description(&spec.cluster),
             reason: "the API floating IP is missing; new members need its address to join".into(),
         });
         return false;

@@ -606,3 +606,40 @@ fn ccm_names_follow_the_ccm_and_a_longer_cluster_name_claims_its_addresses() {
     );
     assert!(long.len() <= 63 && !long.ends_with('-'), "{long}");
 }
+
+#[test]
+fn an_api_address_re_created_by_reconcile_is_the_clusters_to_delete() {
+    use oxide_controller::model::FloatingIp;
+    use oxide_controller::workflows::delete::owned::{ObservedProject, Scope, inventory};
+    let scope = Scope {
+        cluster: "prod".into(),
+        ..Scope::default()
+    };
+    let owned_with = |description: &str| {
+        let obs = ObservedProject {
+            exists: true,
+            vpcs: vec!["default".into()],
+            firewall_rules: Some(Vec::new()),
+            floating_ips: vec![FloatingIp {
+                id: Uuid::from_u128(7),
+                name: names::api_floating_ip_name("prod"),
+                description: description.into(),
+                ip: IpAddr::V4(Ipv4Addr::new(203, 0, 113, 7)),
+                instance_id: None,
+            }],
+            ..ObservedProject::default()
+        };
+        inventory(&scope, &obs)
+            .items
+            .iter()
+            .any(|i| i.kind == Kind::FloatingIp && i.name == "prod-apiserver")
+    };
+    // What reconcile's repair writes is what bootstrap writes, and delete owns it.
+    assert!(owned_with(&names::api_floating_ip_description("prod")));
+    // Addresses an older reconcile re-created are still recognised, not leaked.
+    assert!(owned_with(names::LEGACY_RECONCILE_API_FIP_DESCRIPTION));
+    assert!(!owned_with(
+        "oxide-controller cluster=prod-2 Kubernetes API"
+    ));
+    assert!(!owned_with("the user's own address"));
+}

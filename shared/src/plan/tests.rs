@@ -480,7 +480,11 @@ fn missing_floating_ip_is_created_and_blocks_creates_until_it_exists() {
     let mut w = World::healthy(3, 3, 2);
     w.obs.api_floating_ip = None;
     let p = w.plan();
-    assert!(matches!(p.actions[0], Action::CreateApiFloatingIp { .. }));
+    assert!(matches!(
+        &p.actions[0],
+        Action::CreateApiFloatingIp { description, .. }
+            if *description == names::api_floating_ip_description(&w.spec.cluster)
+    ));
     assert_eq!(creates(&p, "workers"), 0);
 }
 

@@ -624,7 +624,7 @@ async fn ensure_floating_ip(
     {
         return Ok(f);
     }
-    let description = format!("oxide-controller cluster={cluster} Kubernetes API");
+    let description = crate::names::api_floating_ip_description(cluster);
     match rack.create_floating_ip(name, &description, pool).await {
         Ok(f) => Ok(f),
         // A lost answer to our own earlier try.

@@ -7,7 +7,9 @@
 //! - disks attached to such an instance, named `boot-`/`data-` for one, or (orphans) carrying
 //!   the cluster's tag in their own description (member disks are created with the
 //!   instance's description);
-//! - the floating IP `<cluster>-apiserver` when its description is ours for this cluster;
+//! - the floating IP `<cluster>-apiserver` when its description is ours for this cluster
+//!   (bootstrap and reconcile's repair write the same one; the text an older reconcile wrote is
+//!   recognised too);
 //! - the Oxide CCM's floating IPs (description "Managed by oxide-cloud-controller-manager.",
 //!   named `<cluster>-<namespace>-<service>`): the exact names computed from the cluster's
 //!   LoadBalancer Services when its API answers, else by name prefix claimed by the longest
@@ -295,11 +297,13 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
     let clusters = known_clusters(obs);
     for f in &obs.floating_ips {
         if f.name == api {
-            if api_fip_description_cluster(&f.description) == Some(cluster) {
+            if api_fip_description_cluster(&f.description) == Some(cluster)
+                || f.description == names::LEGACY_RECONCILE_API_FIP_DESCRIPTION
+            {
                 inv.items.push(Item {
                     kind: Kind::FloatingIp,
                     name: f.name.clone(),
-                    reason: "the cluster's API address, made by bootstrap".into(),
+                    reason: "the cluster's API address, made by bootstrap or reconcile".into(),
                     instance: None,
                 });
             } else {
