@@ -50,6 +50,18 @@ pub enum ObjectError {
 #[derive(Debug, Default)]
 pub(super) struct KindCache(Mutex<HashMap<(String, String), (ApiResource, bool)>>);
 
+/// `apiVersion`, `kind` and `metadata.name` of a fixture object.
+fn ident(obj: &Value) -> Result<(&str, &str, &str), ObjectError> {
+    let api_version = obj["apiVersion"]
+        .as_str()
+        .ok_or(ObjectError::Malformed("apiVersion"))?;
+    let kind = obj["kind"].as_str().ok_or(ObjectError::Malformed("kind"))?;
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .ok_or(ObjectError::Malformed("metadata.name"))?;
+    Ok((api_version, kind, name))
+}
+
 fn gvk(api_version: &str, kind: &str) -> GroupVersionKind {
     match api_version.split_once('/') {
         Some((group, version)) => GroupVersionKind::gvk(group, version, kind),
@@ -102,13 +114,7 @@ impl ControlPlane {
     /// owns what it writes), then applies its `status`, if any, through the status
     /// subresource (the main resource ignores it). Returns the stored object.
     pub async fn apply(&self, obj: Value) -> Result<Value, ObjectError> {
-        let api_version = obj["apiVersion"]
-            .as_str()
-            .ok_or(ObjectError::Malformed("apiVersion"))?;
-        let kind = obj["kind"].as_str().ok_or(ObjectError::Malformed("kind"))?;
-        let name = obj["metadata"]["name"]
-            .as_str()
-            .ok_or(ObjectError::Malformed("metadata.name"))?;
+        let (api_version, kind, name) = ident(&obj)?;
         let ns = obj["metadata"]["namespace"].as_str();
         let api = self.api(api_version, kind, ns).await?;
         let pp = PatchParams::apply(FIELD_MANAGER).force();
@@ -137,13 +143,7 @@ impl ControlPlane {
     /// Applies only `obj`'s `status` through the status subresource (what a kubelet or a
     /// controller writes), leaving the rest of the object alone.
     pub async fn apply_status(&self, obj: Value) -> Result<Value, ObjectError> {
-        let api_version = obj["apiVersion"]
-            .as_str()
-            .ok_or(ObjectError::Malformed("apiVersion"))?;
-        let kind = obj["kind"].as_str().ok_or(ObjectError::Malformed("kind"))?;
-        let name = obj["metadata"]["name"]
-            .as_str()
-            .ok_or(ObjectError::Malformed("metadata.name"))?;
+        let (api_version, kind, name) = ident(&obj)?;
         let api = self
             .api(api_version, kind, obj["metadata"]["namespace"].as_str())
             .await?;
@@ -166,13 +166,7 @@ impl ControlPlane {
 
     /// Creates `obj` (POST): fails with 409 if it exists.
     pub async fn create(&self, obj: Value) -> Result<Value, ObjectError> {
-        let api_version = obj["apiVersion"]
-            .as_str()
-            .ok_or(ObjectError::Malformed("apiVersion"))?;
-        let kind = obj["kind"].as_str().ok_or(ObjectError::Malformed("kind"))?;
-        let name = obj["metadata"]["name"]
-            .as_str()
-            .ok_or(ObjectError::Malformed("metadata.name"))?;
+        let (api_version, kind, name) = ident(&obj)?;
         let api = self
             .api(api_version, kind, obj["metadata"]["namespace"].as_str())
             .await?;
