@@ -1327,3 +1327,52 @@ async fn a_faulted_disk_can_be_deleted_even_while_recorded_as_attached_elsewhere
         StatusCode::NO_CONTENT
     );
 }
+
+/// The project's default subnet is nexus's /22: 1,018 NICs (the first five addresses and the
+/// broadcast address are reserved). A create whose NIC finds no address is nexus's 400
+/// `InvalidRequest` naming the subnet; deleting an instance gives its address back.
+#[tokio::test]
+async fn a_full_subnet_refuses_the_nic_with_nexus_400_and_a_delete_frees_its_address() {
+    let api = Api::new();
+    api.project("p").await;
+    let subnet = api
+        .get("/v1/vpc-subnets/default?project=p&vpc=default")
+        .await;
+    assert_eq!(subnet.status, StatusCode::OK, "{}", subnet.body);
+    assert_eq!(subnet.str("ipv4_block"), "172.30.0.0/22");
+    let by_id = api
+        .get(&format!("/v1/vpc-subnets/{}", subnet.str("id")))
+        .await;
+    assert_eq!(by_id.str("name"), "default");
+    let r = api
+        .get(&format!("/v1/vpc-subnets/{}?project=p", subnet.str("id")))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+
+    let taken = api.sim.occupy_subnet("p", 5000);
+    assert_eq!(
+        taken.len(),
+        1018,
+        "all a /22 holds after nexus's reserved addresses"
+    );
+    api.sim.release_subnet("p", &taken[..1]);
+    let r = api.instance("p", "vm0", json!({"start": false})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let r = api.instance("p", "vm1", json!({"start": false})).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(
+        r.message(),
+        format!(
+            "No available IPv4 addresses for interface in subnet 'default' with ID '{}'",
+            subnet.str("id")
+        )
+    );
+    assert_eq!(api.sim.subnet_free("p"), Some(0));
+    assert_eq!(
+        api.delete("/v1/instances/vm0?project=p").await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(api.sim.subnet_free("p"), Some(1));
+    let r = api.instance("p", "vm1", json!({"start": false})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+}

@@ -704,6 +704,12 @@ async fn every_route_answers_with_document_shaped_bodies() {
     )
     .await;
     c.ok("GET", "/v1/vpcs", &[], p, None).await;
+    let subnet = c
+        .ok("GET", "/v1/vpc-subnets/{subnet}", &["default"], fw, None)
+        .await;
+    assert_eq!(s(&subnet, "ipv4_block"), "172.30.0.0/22");
+    c.err("GET", "/v1/vpc-subnets/{subnet}", &["other"], fw, None)
+        .await;
     c.ok(
         "DELETE",
         "/v1/anti-affinity-groups/{anti_affinity_group}",

@@ -449,14 +449,14 @@ impl ControlPlane {
     }
 }
 
-/// A random address in 127.1.0.0 – 127.99.255.255: clear of 127.0.0.0/16 (everyday
-/// loopback), the simulator's external-IP pools (127.100 – 127.227) and its tailnet
-/// (127.228 – 127.254).
+/// A random address in 127.1.0.0 – 127.15.255.255: clear of 127.0.0.0/16 (everyday
+/// loopback), the simulated projects' VPC subnets (127.16 – 127.99), the external-IP pools
+/// (127.100 – 127.227) and the tailnet (127.228 – 127.254).
 fn random_ip() -> Ipv4Addr {
     let mut rng = rand::rng();
     Ipv4Addr::new(
         127,
-        rng.random_range(1..100),
+        rng.random_range(1..16),
         rng.random_range(0..=255),
         rng.random_range(1..255),
     )

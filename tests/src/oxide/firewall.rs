@@ -337,7 +337,7 @@ pub fn allows_tcp(
 }
 
 /// Resolves the `vpc` (and optional `project`) query parameters to the project owning it.
-fn select_vpc(store: &Store, cx: &Ctx<'_>) -> Result<Uuid, ApiError> {
+pub(super) fn select_vpc(store: &Store, cx: &Ctx<'_>) -> Result<Uuid, ApiError> {
     let raw = cx
         .query
         .get("vpc")

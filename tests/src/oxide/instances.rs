@@ -330,10 +330,12 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             }
         }
     }
-    if cx.store.private.free() == 0 {
-        return Err(ApiError::insufficient_capacity(
-            "No available IP addresses for interface",
-        ));
+    // nexus creates the NIC before it allocates external addresses (omicron
+    // `nexus/src/app/sagas/instance_create.rs`), so a full subnet is the answer even when the
+    // external pool is empty too.
+    let project = cx.store.projects.get(&pid).ok_or_else(ApiError::internal)?;
+    if project.subnet.free() == 0 {
+        return Err(subnet_full(project));
     }
     if ephemeral > cx.pool.free() {
         return Err(ApiError::insufficient_capacity(
@@ -356,13 +358,16 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             }
         }
     }
-    let Some(private_ip) = cx.store.private.allocate() else {
+    let project = cx
+        .store
+        .projects
+        .get_mut(&pid)
+        .ok_or_else(ApiError::internal)?;
+    let Some(private_ip) = project.subnet.allocate() else {
         for ip in ephemeral_ips {
             cx.pool.release(ip);
         }
-        return Err(ApiError::insufficient_capacity(
-            "No available IP addresses for interface",
-        ));
+        return Err(subnet_full(project));
     };
     let id = Uuid::new_v4();
     let delayed = !cx.env.timings.create_to_starting.is_zero();
@@ -504,6 +509,16 @@ fn resolve_ssh_keys(
         .collect()
 }
 
+/// nexus's answer when the subnet has no address left for the new NIC: 400 `InvalidRequest`
+/// (omicron `nexus/db-queries/src/db/queries/network_interface.rs` `InsertError::into_external`,
+/// `NoAvailableIpAddresses`; the instance saga passes it through unchanged).
+fn subnet_full(project: &store::Project) -> ApiError {
+    ApiError::invalid_request(format!(
+        "No available IPv4 addresses for interface in subnet 'default' with ID '{}'",
+        project.subnet_id
+    ))
+}
+
 pub fn delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let id = select(cx.store, cx.param(0), cx.project())?;
     let state = instance(cx.store, &id)?.state;
@@ -518,7 +533,9 @@ pub fn delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     for ip in inst.ephemeral_ips {
         cx.pool.release(ip);
     }
-    cx.store.private.release(inst.private_ip);
+    if let Some(p) = cx.store.projects.get_mut(&inst.project_id) {
+        p.subnet.release(inst.private_ip);
+    }
     for d in cx.store.disks.values_mut() {
         if d.state == DiskState::Attached(id) {
             d.state = DiskState::Detached;

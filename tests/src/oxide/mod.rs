@@ -23,6 +23,7 @@ mod routes;
 pub mod schema_check;
 mod storage;
 mod store;
+pub mod subnet;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -44,7 +45,7 @@ pub use routes::{ROUTES, RouteSpec};
 use error::json_response;
 use firewall::Source;
 use lifecycle::{Effects, Env, Event, Timer};
-use store::{Image, Project, RunState, SshKey, Store, Times};
+use store::{Image, RunState, SshKey, Store, Times};
 
 /// The API version this simulated rack implements by default: the newest nexus in omicron
 /// (`openapi/nexus/nexus-2026081901`, the official document the simulator is checked
@@ -549,10 +550,49 @@ impl OxideSim {
         if let Some(p) = store.projects.values().find(|p| p.name == name) {
             return p.id;
         }
-        let project = Project::new(name, "seeded by oxide-sim".into());
+        let project = store.new_project(name, "seeded by oxide-sim".into());
         let id = project.id;
         store.projects.insert(id, project);
         id
+    }
+
+    /// Takes `n` free addresses of `project`'s default subnet (at most what is free), as the
+    /// NICs of instances outside the cluster would: what is left is what a create can get.
+    /// Returns the addresses taken, for [`Self::release_subnet`].
+    pub fn occupy_subnet(&self, project: &str, n: usize) -> Vec<std::net::Ipv4Addr> {
+        let mut store = self.store();
+        let Some(p) = store
+            .projects
+            .values_mut()
+            .find(|p| p.name.as_str() == project)
+        else {
+            return Vec::new();
+        };
+        std::iter::from_fn(|| p.subnet.allocate()).take(n).collect()
+    }
+
+    /// Gives back addresses taken by [`Self::occupy_subnet`].
+    pub fn release_subnet(&self, project: &str, ips: &[std::net::Ipv4Addr]) {
+        let mut store = self.store();
+        if let Some(p) = store
+            .projects
+            .values_mut()
+            .find(|p| p.name.as_str() == project)
+        {
+            for ip in ips {
+                p.subnet.release(*ip);
+            }
+        }
+    }
+
+    /// Free addresses in `project`'s default subnet (`None`: no such project).
+    pub fn subnet_free(&self, project: &str) -> Option<usize> {
+        let store = self.store();
+        store
+            .projects
+            .values()
+            .find(|p| p.name.as_str() == project)
+            .map(|p| p.subnet.free())
     }
 
     /// Creates a silo image (512-byte blocks, no content).

@@ -62,6 +62,7 @@ pub enum Op {
     GroupMemberList,
     GroupMemberAdd,
     VpcList,
+    VpcSubnetView,
     FirewallRulesView,
     NetworkInterfaceList,
     FirewallRulesUpdate,
@@ -119,6 +120,14 @@ pub const ROUTES: &[RouteSpec] = &[
         Op::NetworkInterfaceList,
     ),
     r("GET", "/v1/vpcs", 200, "vpc_list", false, Op::VpcList),
+    r(
+        "GET",
+        "/v1/vpc-subnets/{subnet}",
+        200,
+        "vpc_subnet_view",
+        false,
+        Op::VpcSubnetView,
+    ),
     r(
         "GET",
         "/v1/vpc-firewall-rules",
@@ -715,6 +724,7 @@ pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         Op::GroupMemberAdd => network::group_member_add(cx),
         Op::FirewallRulesView => firewall::view(cx),
         Op::VpcList => vpc_list(cx),
+        Op::VpcSubnetView => vpc_subnet_view(cx),
         Op::NetworkInterfaceList => instances::network_interfaces(cx),
         Op::FirewallRulesUpdate => firewall::update(cx),
     }
@@ -737,7 +747,7 @@ fn project_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     if cx.store.projects.values().any(|p| p.name == body.name) {
         return Err(ApiError::already_exists("project", body.name.as_str()));
     }
-    let project = Project::new(body.name, body.description);
+    let project = cx.store.new_project(body.name, body.description);
     let id = project.id;
     let view = project.view();
     cx.store.projects.insert(id, project);
@@ -769,6 +779,57 @@ fn vpc_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         StatusCode::OK,
         &lp.page(vec![("default".to_owned(), p.vpc_id, vpc)]),
     )
+}
+
+/// GET /v1/vpc-subnets/{subnet}?project=&vpc=: the `default` VPC's only subnet, `default`,
+/// as the VPC create saga makes it (omicron `nexus/src/app/sagas/vpc_create.rs`: the
+/// `DEFAULT_VPC_SUBNET_IPV4_BLOCK` /22 and the VPC prefix's first /64). By id, no project or
+/// VPC may be given.
+fn vpc_subnet_view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let subnet = super::store::path_ref(cx.param(0))?;
+    let pid = match &subnet {
+        names::Ref::Id(id) => {
+            if cx.query.contains_key("vpc") || cx.project().is_some() {
+                return Err(ApiError::invalid_request(
+                    "when providing subnet as an ID, vpc and project should not be specified",
+                ));
+            }
+            cx.store
+                .projects
+                .values()
+                .find(|p| p.subnet_id == *id)
+                .map(|p| p.id)
+                .ok_or_else(|| ApiError::not_found_by_id("vpc-subnet", id))?
+        }
+        names::Ref::Name(n) => {
+            let pid = firewall::select_vpc(cx.store, cx)?;
+            if n != "default" {
+                return Err(ApiError::not_found_by_name("vpc-subnet", n));
+            }
+            pid
+        }
+    };
+    let p = cx.store.projects.get(&pid).ok_or_else(ApiError::internal)?;
+    let view = types::VpcSubnet {
+        custom_router_id: None,
+        description: "The default subnet for default".to_owned(),
+        id: p.subnet_id,
+        ipv4_block: format!(
+            "{}/{}",
+            super::subnet::RACK_BLOCK,
+            super::subnet::PREFIX_LEN
+        )
+        .parse()
+        .map_err(|_| ApiError::internal())?,
+        ipv6_block: "fd00:1122:3344::/64"
+            .parse()
+            .map_err(|_| ApiError::internal())?,
+        name: types::Name::try_from("default").map_err(|_| ApiError::internal())?,
+        time_created: p.times.created,
+        time_modified: p.times.modified,
+        vpc_id: p.vpc_id,
+    };
+    Reply::json(StatusCode::OK, &view)
 }
 
 fn project_view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {

@@ -151,11 +151,14 @@ pub struct Project {
     pub subnet_id: Uuid,
     /// That VPC's firewall rules (a new project gets nexus's three defaults).
     pub firewall_rules: Vec<types::VpcFirewallRule>,
+    /// The addresses of that subnet and which are in use.
+    pub subnet: super::subnet::VpcSubnet,
 }
 
 impl Project {
-    /// A new project with its `default` VPC and that VPC's default firewall rules.
-    pub fn new(name: types::Name, description: String) -> Self {
+    /// A new project with its `default` VPC, that VPC's default firewall rules and its
+    /// `default` subnet laid onto `subnet`.
+    pub fn new(name: types::Name, description: String, subnet: super::subnet::VpcSubnet) -> Self {
         let vpc_id = Uuid::new_v4();
         Self {
             id: Uuid::new_v4(),
@@ -165,6 +168,7 @@ impl Project {
             vpc_id,
             subnet_id: Uuid::new_v4(),
             firewall_rules: super::firewall::materialize(vpc_id, super::firewall::default_rules()),
+            subnet,
         }
     }
 }
@@ -365,8 +369,9 @@ pub struct Store {
     pub snat_ip: Option<Ipv4Addr>,
     /// Round-robin counter for SNAT port ranges.
     pub snat_next: u16,
-    /// Private (VPC) addresses of instances' NICs.
-    pub private: super::AddressPool,
+    /// Which loopback /22 the next project's subnet takes (a random start, then one after
+    /// another, so the projects of one simulator and of simulators side by side stay apart).
+    pub next_subnet: u32,
     /// Sizes of the bulk writes received (admin counters; not rack state).
     pub bulk_writes: BulkWriteStats,
 }
@@ -419,11 +424,16 @@ impl Store {
             ip_pool_id: Uuid::new_v4(),
             snat_ip,
             snat_next: 0,
-            // Apart from the external pool's 127.100-227.x.x, like a VPC subnet is apart
-            // from the rack's external addresses.
-            private: super::AddressPool::new(rand::random_range(16u8..=99u8), rand::random::<u8>()),
+            next_subnet: rand::random_range(0..super::subnet::VpcSubnet::slots()),
             bulk_writes: BulkWriteStats::default(),
         }
+    }
+
+    /// A new project, with the next loopback /22 for its subnet.
+    pub fn new_project(&mut self, name: types::Name, description: String) -> Project {
+        let subnet = super::subnet::VpcSubnet::nth(self.next_subnet);
+        self.next_subnet = self.next_subnet.wrapping_add(1);
+        Project::new(name, description, subnet)
     }
 
     /// Resolves a project selector.
