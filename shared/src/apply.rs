@@ -21,6 +21,7 @@ use tracing::{info, warn};
 use crate::cluster::{Cluster, ClusterError, EventType, Eviction};
 use crate::model::{InstanceState, NewInstance, PodRef};
 use crate::names;
+use crate::plan::backoff::{BlockCause, Blocked};
 use crate::plan::{Action, Plan};
 use crate::rack::{Rack, RackError};
 use crate::retry::{self, Backoff};
@@ -90,6 +91,10 @@ pub struct ActionResult {
     pub action: Action,
     #[serde(flatten)]
     pub outcome: Outcome,
+    /// A failed create whose cause retrying at once does not fix (see
+    /// [`crate::plan::backoff`]).
+    #[serde(skip)]
+    pub blocked: Option<Blocked>,
 }
 
 /// Executes `plan`. Never fails as a whole: each action reports its own outcome.
@@ -106,33 +111,74 @@ pub async fn apply<R: Rack, C: Cluster, F: MemberFactory>(
         factory,
         opts,
     };
-    let phase = |a: &Action| match a {
-        Action::CreateApiFloatingIp { .. } | Action::AttachApiFloatingIp { .. } => 0,
-        Action::CreateMember { .. } | Action::StartMember { .. } => 1,
-        Action::RemoveMember { .. } => 2,
-        Action::DeleteNode { .. } | Action::DeleteDisk { .. } => 3,
-    };
-    let mut results = Vec::with_capacity(plan.actions.len());
-    for p in 0..=3 {
-        let batch: Vec<&Action> = plan.actions.iter().filter(|a| phase(a) == p).collect();
+    // Each pool's first create goes alone (phase 1) and the rest follow (phase 2) only if it
+    // was not refused for a reason that refuses them all (a full rack, quota, subnet): a
+    // refused pool costs the rack one failed create per run, not one per missing member.
+    let mut first_creates = std::collections::BTreeSet::new();
+    let phases: Vec<u8> = plan
+        .actions
+        .iter()
+        .map(|a| match a {
+            Action::CreateApiFloatingIp { .. } | Action::AttachApiFloatingIp { .. } => 0,
+            Action::CreateMember { pool, .. } if first_creates.insert(pool.as_str()) => 1,
+            Action::CreateMember { .. } | Action::StartMember { .. } => 2,
+            Action::RemoveMember { .. } => 3,
+            Action::DeleteNode { .. } | Action::DeleteDisk { .. } => 4,
+        })
+        .collect();
+    let mut results: Vec<(usize, ActionResult)> = Vec::with_capacity(plan.actions.len());
+    for p in 0..=4 {
+        let blocked_pools: std::collections::BTreeMap<String, String> = results
+            .iter()
+            .filter_map(|(_, r)| match (&r.action, &r.blocked) {
+                (Action::CreateMember { pool, .. }, Some(b)) => {
+                    Some((pool.clone(), b.message.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut batch = Vec::new();
+        for (i, a) in plan
+            .actions
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| phases[*i] == p)
+        {
+            match a {
+                Action::CreateMember { pool, .. } if blocked_pools.contains_key(pool) => {
+                    results.push((
+                        i,
+                        ActionResult {
+                            action: a.clone(),
+                            outcome: Outcome::Skipped(format!(
+                                "not tried: the rack refused this pool's first create ({})",
+                                blocked_pools[pool]
+                            )),
+                            blocked: None,
+                        },
+                    ));
+                }
+                _ => batch.push((i, a)),
+            }
+        }
         if batch.is_empty() {
             continue;
         }
         // The floating IP phase is sequential: create before attach.
         let width = if p == 0 { 1 } else { opts.concurrency.max(1) };
-        let mut done: Vec<(usize, ActionResult)> =
-            futures::stream::iter(batch.into_iter().enumerate())
-                .map(|(i, a)| {
-                    let ctx = &ctx;
-                    async move { (i, ctx.run(a).await) }
-                })
-                .buffer_unordered(width)
-                .collect()
-                .await;
-        done.sort_by_key(|(i, _)| *i);
-        results.extend(done.into_iter().map(|(_, r)| r));
+        let done: Vec<(usize, ActionResult)> = futures::stream::iter(batch)
+            .map(|(i, a)| {
+                let ctx = &ctx;
+                async move { (i, ctx.run(a).await) }
+            })
+            .buffer_unordered(width)
+            .collect()
+            .await;
+        results.extend(done);
     }
-    results
+    // In the order they ran: by phase, then as planned.
+    results.sort_by_key(|(i, _)| (phases[*i], *i));
+    results.into_iter().map(|(_, r)| r).collect()
 }
 
 struct Ctx<'a, R, C, F> {
@@ -144,12 +190,15 @@ struct Ctx<'a, R, C, F> {
 
 impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
     async fn run(&self, action: &Action) -> ActionResult {
+        let mut blocked = None;
         let outcome = if self.opts.cancelled.load(Ordering::SeqCst) {
             Outcome::Skipped("the run lost its Lease".into())
         } else if Instant::now() >= self.opts.deadline {
             Outcome::Skipped("the run deadline was reached".into())
         } else {
-            match tokio::time::timeout_at(self.opts.deadline, self.execute(action)).await {
+            match tokio::time::timeout_at(self.opts.deadline, self.execute(action, &mut blocked))
+                .await
+            {
                 Ok(o) => o,
                 Err(_) => Outcome::InProgress(
                     "the run deadline was reached; a later run continues".into(),
@@ -178,7 +227,10 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             }
             _ => info!(action = action.verb(), target = action.target(), %message, "action"),
         }
+        // A blocked create gets one Event per pool and streak from the run (see
+        // `workflows::reconcile`), not one per refused create.
         if !matches!(outcome, Outcome::Skipped(_))
+            && blocked.is_none()
             && let Err(e) = self.cluster.record_event(kind, reason, &message).await
         {
             warn!(error = %e, "could not record event");
@@ -186,10 +238,11 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         ActionResult {
             action: action.clone(),
             outcome,
+            blocked,
         }
     }
 
-    async fn execute(&self, action: &Action) -> Outcome {
+    async fn execute(&self, action: &Action, blocked: &mut Option<Blocked>) -> Outcome {
         match action {
             Action::CreateApiFloatingIp {
                 name, description, ..
@@ -213,7 +266,7 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                     Err(e) => failed(e),
                 }
             }
-            Action::CreateMember { pool, name, .. } => self.create(pool, name).await,
+            Action::CreateMember { pool, name, .. } => self.create(pool, name, blocked).await,
             Action::StartMember { name, .. } => {
                 match self.retry(|| self.rack.start_instance(name)).await {
                     Ok(()) => Outcome::Done,
@@ -264,7 +317,7 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         retry::retry(crate::cluster::KUBE_BACKOFF, ClusterError::is_retryable, op).await
     }
 
-    async fn create(&self, pool: &str, name: &str) -> Outcome {
+    async fn create(&self, pool: &str, name: &str, blocked: &mut Option<Blocked>) -> Outcome {
         let new = match self.factory.new_instance(pool, name) {
             Ok(n) => n,
             Err(e) => return Outcome::Failed(e),
@@ -300,7 +353,13 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                     Err(e) => failed(e),
                 }
             }
-            Err(e) => failed(e),
+            Err(e) => {
+                *blocked = block_cause(&e).map(|cause| Blocked {
+                    cause,
+                    message: rack_message(&e),
+                });
+                failed(e)
+            }
         }
     }
 
@@ -516,6 +575,38 @@ fn start_failure(e: RackError) -> String {
             format!("insufficient capacity on the rack: {e:#}")
         }
         _ => format!("{e:#}"),
+    }
+}
+
+/// Whether a refused create will be refused again if retried at once, and why.
+fn block_cause(e: &RackError) -> Option<BlockCause> {
+    match e {
+        RackError::InsufficientCapacity { message, .. } if message.contains("Limit Exceeded") => {
+            Some(BlockCause::Quota)
+        }
+        RackError::InsufficientCapacity { message, .. }
+            if message.contains("No external IP addresses") =>
+        {
+            Some(BlockCause::ExternalAddresses)
+        }
+        RackError::InsufficientCapacity { .. } => Some(BlockCause::Capacity),
+        // omicron `nexus/db-queries/src/db/queries/network_interface.rs`: "No available IPv4
+        // addresses for interface in subnet '...' with ID '...'" (400 InvalidRequest).
+        RackError::Invalid { message, .. } if message.starts_with("No available") => {
+            Some(BlockCause::SubnetFull)
+        }
+        RackError::Invalid { .. } => Some(BlockCause::Rejected),
+        _ => None,
+    }
+}
+
+/// The rack's own words in an error.
+fn rack_message(e: &RackError) -> String {
+    match e {
+        RackError::InsufficientCapacity { message, .. } | RackError::Invalid { message, .. } => {
+            message.clone()
+        }
+        other => format!("{other:#}"),
     }
 }
 

@@ -84,6 +84,12 @@ pub struct WorldState {
     pub mutation_budget: Option<usize>,
     /// Firewall rules oxide-controller ensured (the rack's own defaults are not modelled).
     pub firewall_rules: Vec<TcpAllowRule>,
+    /// Prefix length of the project's default subnet (`None`: not modelled, no check).
+    pub subnet_prefix: Option<u8>,
+    /// While set, every instance create is refused with a 400 carrying this message (e.g.
+    /// nexus's for a full subnet), and counted in `refused_creates`.
+    pub refuse_creates: Option<String>,
+    pub refused_creates: usize,
     next_ip: u8,
     rv: u64,
 }
@@ -230,6 +236,13 @@ impl Rack for FakeRack {
 
     async fn create_instance(&self, new: &NewInstance) -> Result<Instance, RackError> {
         self.0.with(|s| {
+            if let Some(message) = s.refuse_creates.clone() {
+                s.refused_creates += 1;
+                return Err(RackError::Invalid {
+                    what: format!("instance {}", new.name),
+                    message,
+                });
+            }
             if s.instances.contains_key(&new.name) {
                 return Err(RackError::AlreadyExists {
                     what: format!("instance {}", new.name),
@@ -403,6 +416,10 @@ impl Rack for FakeRack {
 
     async fn list_floating_ips(&self) -> Result<Vec<FloatingIp>, RackError> {
         Ok(self.0.with(|s| s.floating_ips.values().cloned().collect()))
+    }
+
+    async fn default_subnet_prefix(&self) -> Result<Option<u8>, RackError> {
+        Ok(self.0.with(|s| s.subnet_prefix))
     }
 
     async fn get_floating_ip(&self, name: &str) -> Result<Option<FloatingIp>, RackError> {

@@ -29,6 +29,8 @@ use crate::model::{
 use crate::names::{self, InstanceTag};
 use crate::spec::{ClusterSpec, PoolSpec, Role};
 
+pub mod backoff;
+
 /// Annotation we put on a Node when we start removing its member; later runs carry on.
 pub const REMOVING_ANNOTATION: &str = "oxide-controller/removing";
 /// Label k3s puts on server Nodes.
@@ -55,6 +57,9 @@ pub struct Observed {
     /// Members the autoscaler chose to remove (instance names): they go first on scale-down,
     /// like a `delete-me` Node (see [`crate::autoscale`]).
     pub autoscale_victims: BTreeSet<String>,
+    /// Pools whose creates the rack kept refusing, as the last run left them (see
+    /// [`backoff`]).
+    pub create_backoff: backoff::Backoffs,
 }
 
 /// How a member is doing.
@@ -241,6 +246,10 @@ pub struct Plan {
     pub actions: Vec<Action>,
     pub findings: Vec<Finding>,
     pub pools: Vec<PoolCounts>,
+    /// Blocked pools that are still short of members (the others' blocks are dropped); the
+    /// run adds what its creates met (see [`backoff::after_run`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub create_backoff: backoff::Backoffs,
 }
 
 impl Plan {
@@ -432,6 +441,16 @@ pub fn plan(
 
     for (role, pool) in spec.pools() {
         let pool_members: Vec<&Member> = members.iter().filter(|m| m.pool == pool.name).collect();
+        let base = Duration::seconds(secs(spec.timeouts.create_retry_seconds));
+        let blocked = observed
+            .create_backoff
+            .get(&pool.name)
+            .filter(|b| b.spec_hash == spec.pool_hash(role, pool));
+        let mut gate = CreateGate {
+            limit: blocked.map(|b| usize::from(now >= b.next_probe(base))),
+            made: 0,
+            wanted: 0,
+        };
         plan_pool(
             spec,
             observed,
@@ -439,9 +458,25 @@ pub fn plan(
             pool,
             &pool_members,
             fip_ready,
+            &mut gate,
             &mut new_name,
             &mut p,
         );
+        if let Some(b) = blocked.filter(|_| gate.wanted > 0) {
+            p.create_backoff.insert(pool.name.clone(), b.clone());
+            let next = if gate.made > 0 {
+                "trying one create this run".to_owned()
+            } else {
+                format!(
+                    "next try after {}",
+                    b.next_probe(base).format("%Y-%m-%dT%H:%M:%SZ")
+                )
+            };
+            p.findings.push(Finding {
+                degraded: true,
+                message: format!("{}; {next}", b.describe(&pool.name)),
+            });
+        }
     }
 
     // Members of pools the spec no longer has: remove them, except anything that looks like a
@@ -572,6 +607,15 @@ fn victim_rank(
     )
 }
 
+/// How many members a pool may create this run: all it needs, or (while the rack keeps
+/// refusing its creates) one probe or none.
+struct CreateGate {
+    limit: Option<usize>,
+    made: usize,
+    /// Creates the pool asked for, held back or not.
+    wanted: usize,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn plan_pool(
     spec: &ClusterSpec,
@@ -580,6 +624,7 @@ fn plan_pool(
     pool: &PoolSpec,
     members: &[&Member],
     fip_ready: bool,
+    gate: &mut CreateGate,
     new_name: &mut impl FnMut(&str) -> Option<String>,
     p: &mut Plan,
 ) {
@@ -620,10 +665,17 @@ fn plan_pool(
     };
     let can_create = image_ok && fip_ready;
     let mut create = |p: &mut Plan, reason: String| {
-        if !can_create {
+        gate.wanted += 1;
+        if !can_create || gate.limit.is_some_and(|l| gate.made >= l) {
             return;
         }
+        let reason = if gate.limit.is_some() {
+            format!("{reason}; one probe: the rack refused this pool's last creates")
+        } else {
+            reason
+        };
         if let Some(name) = new_name(&pool.name) {
+            gate.made += 1;
             p.actions.push(Action::CreateMember {
                 pool: pool.name.clone(),
                 role,

@@ -105,6 +105,10 @@ pub trait Rack: Send + Sync {
     fn delete_disk(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
 
     fn list_floating_ips(&self) -> impl Future<Output = Result<Vec<FloatingIp>, RackError>> + Send;
+
+    /// The prefix length of subnet `default` of the project's VPC `default`, where members'
+    /// NICs get their addresses; `None` when the project or that subnet does not exist.
+    fn default_subnet_prefix(&self) -> impl Future<Output = Result<Option<u8>, RackError>> + Send;
     fn get_floating_ip(
         &self,
         name: &str,

@@ -251,6 +251,11 @@ pub struct Timeouts {
     /// Whole-run deadline of `reconcile-once`; must be shorter than the CronJob's activeDeadlineSeconds.
     #[serde(default = "d_run")]
     pub run_deadline_seconds: u64,
+    /// After the rack refused a pool's creates in a way retrying does not fix (no capacity,
+    /// quota, a full subnet), the next probe create waits this long, doubling with each
+    /// further refusal up to 30 minutes. 0 probes on every run.
+    #[serde(default = "d_create_retry")]
+    pub create_retry_seconds: u64,
 }
 
 impl Default for Timeouts {
@@ -261,6 +266,7 @@ impl Default for Timeouts {
             drain_seconds: d_drain(),
             transition_seconds: d_transition(),
             run_deadline_seconds: d_run(),
+            create_retry_seconds: d_create_retry(),
         }
     }
 }
@@ -279,6 +285,9 @@ fn d_transition() -> u64 {
 }
 fn d_run() -> u64 {
     240
+}
+fn d_create_retry() -> u64 {
+    60
 }
 fn default_max() -> u32 {
     100
@@ -516,6 +525,46 @@ impl ClusterSpec {
     }
 
     /// Checks every rule and reports all problems at once.
+    /// Whether every member the pools can reach has an address in a VPC subnet of prefix
+    /// length `prefix`: nexus hands out all but the first five and the last address of a
+    /// subnet (omicron `common/src/address.rs` `NUM_INITIAL_RESERVED_IP_ADDRESSES`,
+    /// `nexus/db-model/src/ipv4net.rs`), so the default /22 holds 1,018 NICs. Worker pools
+    /// count at their `max` (the webhook and the autoscaler move counts up to it), the control
+    /// plane at its `count`; each pool plus one surge member while it rolls. The error names the
+    /// largest worker pool's `max` (the control plane's `count` without workers).
+    pub fn check_subnet(&self, prefix: u8) -> Result<(), SpecError> {
+        let size = 1u64 << (32 - u32::from(prefix.min(32)));
+        let usable = size.saturating_sub(6);
+        let reach = |role: Role, p: &PoolSpec| match role {
+            Role::ControlPlane => u64::from(p.count) + 1,
+            Role::Worker => u64::from(p.max.max(p.count)) + 1,
+        };
+        let total: u64 = self.pools().map(|(r, p)| reach(r, p)).sum();
+        if total <= usable {
+            return Ok(());
+        }
+        let field = self
+            .worker_pools
+            .iter()
+            .max_by_key(|p| p.max)
+            .map_or("control_plane.count".to_owned(), |p| {
+                format!("worker_pools.{}.max", p.name)
+            });
+        let parts = self
+            .pools()
+            .map(|(r, p)| format!("{} {}", p.name, reach(r, p)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(SpecError {
+            field,
+            message: format!(
+                "the pools can reach {total} members with one surge member each ({parts}), but the \
+                 project's VPC subnet (a /{prefix}) has addresses for {usable}; lower the max, or \
+                 use a project whose default subnet is larger"
+            ),
+        })
+    }
+
     pub fn validate(&self) -> Result<(), SpecErrors> {
         let mut errs = Vec::new();
         let mut err = |field: String, message: String| errs.push(SpecError { field, message });
@@ -1099,5 +1148,24 @@ mod tests {
         );
         let msg = s.validate().unwrap_err().to_string();
         assert!(msg.contains("kubectl label"), "{msg}");
+    }
+
+    #[test]
+    fn pools_must_fit_the_subnet_with_a_surge_member_each() {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 10);
+        // 3 servers + 1 surge, workers at max + 1 surge: 1,018 is all a /22 holds.
+        spec.worker_pools[0].max = 1013;
+        assert_eq!(spec.check_subnet(22), Ok(()));
+        spec.worker_pools[0].max = 1014;
+        let e = spec.check_subnet(22).unwrap_err();
+        assert_eq!(e.field, "worker_pools.workers.max");
+        assert!(
+            e.message.contains("1019 members")
+                && e.message.contains("control-plane 4, workers 1015")
+                && e.message.contains("addresses for 1018"),
+            "{e}"
+        );
+        // A larger subnet takes them.
+        assert_eq!(spec.check_subnet(21), Ok(()));
     }
 }

@@ -6,8 +6,11 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
 use crate::apply::{ActionResult, Outcome};
-use crate::plan::{Plan, PoolCounts};
+use crate::plan::backoff::{self, Backoffs, Blocked};
+use crate::plan::{Action, Plan, PoolCounts};
 
 /// One condition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +60,10 @@ pub struct Status {
     /// next run's memory). Absent while no pool autoscales.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscale: Option<crate::autoscale::Outcome>,
+    /// Pools whose creates the rack keeps refusing, and since when (the next run's memory:
+    /// see [`crate::plan::backoff`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub create_backoff: Backoffs,
 }
 
 impl Status {
@@ -86,6 +93,42 @@ pub struct RunReport<'a> {
     /// This run's autoscaler outcome; None when it did not get that far (the previous one is
     /// kept, so a failed run does not reset the unneeded timers) or no pool autoscales.
     pub autoscale: Option<&'a crate::autoscale::Outcome>,
+    /// Each pool's spec hash (a create block remembers the spec it was seen with).
+    pub pool_hashes: &'a BTreeMap<String, String>,
+}
+
+/// The create blocks after a run: what the plan carried, updated by the creates it tried. A
+/// run that did not get to plan keeps the previous ones.
+pub fn create_backoff(r: &RunReport) -> Backoffs {
+    let Some(plan) = r.plan else {
+        return r
+            .previous
+            .map(|p| p.create_backoff.clone())
+            .unwrap_or_default();
+    };
+    let mut attempts: BTreeMap<String, Result<(), Blocked>> = BTreeMap::new();
+    for x in r.results {
+        let Action::CreateMember { pool, .. } = &x.action else {
+            continue;
+        };
+        let succeeded = matches!(x.outcome, Outcome::Done | Outcome::InProgress(_));
+        match (attempts.get(pool), succeeded, &x.blocked) {
+            (Some(Ok(())), _, _) => {}
+            (_, true, _) => {
+                attempts.insert(pool.clone(), Ok(()));
+            }
+            (None, false, Some(b)) => {
+                attempts.insert(pool.clone(), Err(b.clone()));
+            }
+            _ => {}
+        }
+    }
+    backoff::after_run(
+        &plan.create_backoff,
+        &attempts,
+        r.pool_hashes,
+        r.finished_at,
+    )
 }
 
 /// Builds the status for a run.
@@ -100,8 +143,12 @@ pub fn build(r: &RunReport) -> Status {
     let progressing =
         r.plan.is_some_and(|p| !p.actions.is_empty()) || r.plan.is_some_and(|p| !p.is_converged());
 
+    let create_backoff = create_backoff(r);
+    let degraded = degraded || !create_backoff.is_empty();
     let degraded_msg = if let Some(e) = &r.error {
         ("RunFailed".to_owned(), e.clone())
+    } else if let Some((pool, b)) = create_backoff.iter().next() {
+        ("CreatesRefused".to_owned(), b.describe(pool))
     } else if let Some(first) = r.results.iter().find_map(|x| match &x.outcome {
         Outcome::Failed(d) => Some((x, d)),
         _ => None,
@@ -215,6 +262,7 @@ pub fn build(r: &RunReport) -> Status {
             (None, Some(_)) => r.previous.and_then(|p| p.autoscale.clone()),
             (None, None) => None,
         },
+        create_backoff,
     }
 }
 
@@ -237,6 +285,7 @@ mod tests {
                 ready: 2,
                 ..Default::default()
             }],
+            ..Plan::default()
         }
     }
 
@@ -252,6 +301,7 @@ mod tests {
             error: None,
             previous: None,
             autoscale: None,
+            pool_hashes: &BTreeMap::new(),
         };
         let s1 = build(&r);
         assert_eq!(
@@ -294,6 +344,7 @@ mod tests {
             error: None,
             previous: None,
             autoscale: None,
+            pool_hashes: &BTreeMap::new(),
         };
         let s = build(&r);
         let d = s

@@ -851,3 +851,76 @@ proptest! {
         });
     }
 }
+
+/// nexus's answer when the project's subnet has no address left (omicron
+/// `nexus/db-queries/src/db/queries/network_interface.rs`).
+const SUBNET_FULL: &str = "No available IPv4 addresses for interface in subnet 'default' with ID '0a1b2c3d-0000-4000-8000-000000000000'";
+
+#[test]
+fn a_pool_the_rack_refuses_gets_one_probe_per_run_with_backoff_and_one_event() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        let w = world(&spec, true).await;
+        converge(&w, 10).await;
+        spec.worker_pools[0].count = 8;
+        set_spec(&w, &spec).await;
+        w.with(|s| s.refuse_creates = Some(SUBNET_FULL.to_owned()));
+        // Runs five minutes apart, as the CronJob runs: the probe delay (60 s doubling) lets
+        // the first three runs probe, then every other one.
+        let mut per_run = Vec::new();
+        for _ in 0..6 {
+            let before = w.with(|s| s.refused_creates);
+            let _ = run_once(&w).await;
+            per_run.push(w.with(|s| s.refused_creates) - before);
+            w.tick(300);
+        }
+        assert_eq!(
+            per_run,
+            [1, 1, 1, 1, 0, 1],
+            "one probe per run at most, backing off"
+        );
+        let st = status(&w).await;
+        let degraded = st
+            .condition("Degraded")
+            .cloned()
+            .unwrap_or_else(|| panic!("Degraded"));
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "CreatesRefused")
+        );
+        assert!(
+            degraded
+                .message
+                .contains("the VPC subnet has no free address")
+                && degraded.message.contains(SUBNET_FULL)
+                && degraded.message.contains("use fewer members"),
+            "{degraded:?}"
+        );
+        assert_eq!(st.create_backoff["workers"].failures, 5);
+        let events: Vec<String> = w.with(|s| {
+            s.events
+                .iter()
+                .filter(|(_, reason, _)| reason.contains("Creat"))
+                .map(|(_, reason, msg)| format!("{reason}: {msg}"))
+                .collect()
+        });
+        assert_eq!(events.len(), 1, "one Event for the streak: {events:#?}");
+        assert!(events[0].starts_with("CreatesRefused"), "{events:?}");
+
+        // The cause is lifted: the next probe succeeds, then the rest follow.
+        w.with(|s| s.refuse_creates = None);
+        w.tick(1800);
+        let runs = converge(&w, 10).await;
+        assert!(runs <= 4, "converged in {runs} runs");
+        assert_shape(&w, &spec);
+        assert!(status(&w).await.create_backoff.is_empty());
+        let resumed = w.with(|s| {
+            s.events
+                .iter()
+                .filter(|(_, r, _)| r == "CreatesResumed")
+                .count()
+        });
+        assert_eq!(resumed, 1);
+    });
+}

@@ -340,6 +340,16 @@ async fn lookups_of_missing_objects_are_none() {
     assert_eq!(rack.get_instance("demo-workers-nope").await.unwrap(), None);
     assert_eq!(rack.get_floating_ip("demo-nope").await.unwrap(), None);
     assert_eq!(rack.find_image("no-such-image").await.unwrap(), None);
+    // The project's default subnet is nexus's /22; a project that does not exist has none.
+    assert_eq!(rack.default_subnet_prefix().await.unwrap(), Some(22));
+    let elsewhere = OxideRack::connect(
+        &sim.oxide_host,
+        &sim.oxide_token,
+        "no-such-project",
+        RackOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(elsewhere.default_subnet_prefix().await.unwrap(), None);
 
     let found = rack
         .find_image("ubuntu-noble")

@@ -502,6 +502,83 @@ async fn a_full_rack_is_reported_without_churn_and_converges_once_there_is_room(
     env.assert_no_leaks();
 }
 
+/// The project's subnet is full (another team's VMs took every address): each create is
+/// nexus's 400 "No available IPv4 addresses ...". Five runs send one probe create each, not
+/// one per missing member; status is Degraded naming the cause and what to do, with one
+/// Event for the streak. Once addresses are free, the pool converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_subnet_costs_one_probe_create_per_run_and_converges_once_addresses_are_free() {
+    let env = env(3, 2).await;
+    env.edit(|s| {
+        s.worker_pools[0].count = 6;
+        // Probe on every run (the default waits a minute, doubling).
+        s.timeouts.create_retry_seconds = 0;
+    })
+    .await;
+    let project = env.spec().await.project;
+    let taken = env.sim.oxide().occupy_subnet(&project, 5000);
+    assert_eq!(env.sim.oxide().subnet_free(&project), Some(0));
+    env.sim.oxide().reset_counters();
+    for run in 1..=5u64 {
+        let out = env.reconcile(&[]).await;
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "run {run}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let creates = env
+            .sim
+            .oxide()
+            .counters()
+            .get("POST /v1/instances")
+            .copied()
+            .unwrap_or(0);
+        assert_eq!(
+            creates, run,
+            "one refused create per run, not one per missing member"
+        );
+        let status = env.status().await.expect("status written");
+        let degraded = status.condition("Degraded").expect("Degraded condition");
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "CreatesRefused"),
+            "run {run}: {degraded:?}"
+        );
+        assert!(
+            degraded
+                .message
+                .contains("the VPC subnet has no free address")
+                && degraded
+                    .message
+                    .contains("No available IPv4 addresses for interface")
+                && degraded.message.contains("use fewer members"),
+            "run {run}: {}",
+            degraded.message
+        );
+    }
+    assert_eq!(env.instances(WK).len(), 2, "nothing was created");
+    let events = env
+        .sim
+        .kube()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"))
+        .await;
+    let refused: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["reason"] == "CreatesRefused")
+        .collect();
+    assert_eq!(refused.len(), 1, "one Event for the streak: {refused:#?}");
+
+    env.sim.oxide().release_subnet(&project, &taken);
+    // The probe run, the run that creates the rest, then the joins.
+    let runs = env.converge(8).await;
+    assert_eq!(
+        env.ready_nodes(WK).await.len(),
+        6,
+        "converged in {runs} runs"
+    );
+    env.assert_no_leaks();
+}
+
 /// A worker without `auto_restart_policy: never` (made by an older controller) fails and the
 /// rack restarts it by itself while the controller replaces it: the controller stops it before
 /// deleting it, so the cluster ends with exactly the desired workers and no surplus.
@@ -794,7 +871,7 @@ type SpecCase = (&'static str, fn(&str) -> String);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
     let env = env(1, 1).await;
-    let cases: [SpecCase; 6] = [
+    let cases: [SpecCase; 7] = [
         ("control_plane.count", |s| {
             s.replacen("count: 1", "count: 2", 1)
         }),
@@ -818,6 +895,13 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
             let mut spec = oxide_controller::spec::ClusterSpec::from_yaml(s).unwrap();
             spec.worker_pools[0].anti_affinity_group = Some("spread".into());
             spec.worker_pools[0].max = 40;
+            spec.to_yaml()
+        }),
+        // The project's /22 holds 1,018 members; 2 servers + 1,017 workers (each pool with a
+        // surge member) do not fit.
+        ("worker_pools.workers.max", |s| {
+            let mut spec = oxide_controller::spec::ClusterSpec::from_yaml(s).unwrap();
+            spec.worker_pools[0].max = 1016;
             spec.to_yaml()
         }),
         ("worker_pools.workers.memory", |s| {

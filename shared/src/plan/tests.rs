@@ -679,3 +679,85 @@ fn a_member_whose_console_says_its_setup_failed_is_replaced_before_the_join_dead
     w.inst("workers", "bad01", InstanceState::Running, 60);
     assert_eq!(w.plan().actions, vec![]);
 }
+
+/// A pool whose creates the rack refused (`failures` in a row, the last `ago_s` ago).
+fn refused(w: &mut World, failures: u32, ago_s: i64) {
+    let (role, pool) = w
+        .spec
+        .pool("workers")
+        .map(|(r, p)| (r, p.clone()))
+        .unwrap_or_else(|| unreachable!());
+    w.obs.create_backoff.insert(
+        "workers".into(),
+        backoff::CreateBackoff {
+            cause: backoff::BlockCause::SubnetFull,
+            message: "No available IPv4 addresses for interface in subnet 'default'".into(),
+            since: now() - Duration::hours(1),
+            last_attempt: now() - Duration::seconds(ago_s),
+            failures,
+            spec_hash: w.spec.pool_hash(role, &pool),
+        },
+    );
+}
+
+#[test]
+fn a_refused_pool_sends_one_probe_once_its_delay_has_passed() {
+    // Default base 60 s: after 3 refusals the next probe waits 240 s.
+    let mut w = World::healthy(3, 10, 2);
+    refused(&mut w, 3, 200);
+    let p = w.plan();
+    assert_eq!(creates(&p, "workers"), 0, "{p:?}");
+    let f = p
+        .findings
+        .iter()
+        .find(|f| f.degraded)
+        .expect("a degraded finding");
+    assert!(
+        f.message.contains("VPC subnet has no free address")
+            && f.message
+                .contains("free addresses in the project's VPC subnet")
+            && f.message.contains("next try after 2026-11-21T12:00:40Z"),
+        "{f:?}"
+    );
+    assert!(
+        p.create_backoff.contains_key("workers"),
+        "the block is carried"
+    );
+
+    refused(&mut w, 3, 240);
+    let p = w.plan();
+    assert_eq!(
+        creates(&p, "workers"),
+        1,
+        "one probe, not the shortfall of 8"
+    );
+    assert!(
+        p.actions[0].reason().contains("one probe"),
+        "{:?}",
+        p.actions[0]
+    );
+    assert!(
+        p.findings
+            .iter()
+            .any(|f| f.message.contains("trying one create this run"))
+    );
+}
+
+#[test]
+fn a_changed_pool_spec_or_a_pool_that_needs_no_member_drops_the_block() {
+    let mut w = World::healthy(3, 10, 2);
+    refused(&mut w, 5, 10);
+    w.spec.worker_pools[0].memory = ByteSize::gib(2);
+    let p = w.plan();
+    assert_eq!(
+        creates(&p, "workers"),
+        8,
+        "smaller members: try them all again"
+    );
+    assert!(p.create_backoff.is_empty() && !p.is_degraded(), "{p:?}");
+
+    let mut w = World::healthy(3, 2, 2);
+    refused(&mut w, 5, 10);
+    let p = w.plan();
+    assert!(p.create_backoff.is_empty() && p.is_converged(), "{p:?}");
+}

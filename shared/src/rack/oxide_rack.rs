@@ -955,6 +955,33 @@ impl Rack for OxideRack {
         Ok(all.into_iter().map(floating_ip_from).collect())
     }
 
+    async fn default_subnet_prefix(&self) -> Result<Option<u8>, RackError> {
+        let what = "subnet default of VPC default";
+        let found = self
+            .read_optional(what, || {
+                self.client
+                    .vpc_subnet_view()
+                    .project(self.project.as_str())
+                    .vpc(names::DEFAULT_VPC)
+                    .subnet(names::DEFAULT_VPC)
+                    .send()
+            })
+            .await?;
+        found
+            .map(|rv| {
+                let block = rv.into_inner().ipv4_block;
+                block
+                    .rsplit_once('/')
+                    .and_then(|(_, len)| len.parse::<u8>().ok())
+                    .filter(|len| *len <= 32)
+                    .ok_or_else(|| RackError::Unexpected {
+                        what: what.to_owned(),
+                        message: format!("cannot read the IPv4 block {:?}", block.as_str()),
+                    })
+            })
+            .transpose()
+    }
+
     async fn get_floating_ip(&self, name: &str) -> Result<Option<FloatingIp>, RackError> {
         let what = format!("floating IP {name}");
         let found = self

@@ -181,6 +181,10 @@ fn failed(step: &'static str, e: &(dyn std::error::Error + 'static)) -> Bootstra
 }
 
 /// Rack errors: bad credentials are the person's to fix; the rest is worth a re-run.
+/// The prefix length of the subnet nexus gives every new project's default VPC (omicron
+/// `nexus/defaults/src/lib.rs` `DEFAULT_VPC_SUBNET_IPV4_BLOCK`, 172.30.0.0/22).
+const DEFAULT_SUBNET_PREFIX: u8 = 22;
+
 fn rack_failed(step: &'static str, e: RackError) -> BootstrapError {
     match e {
         RackError::Unauthorized { .. } => {
@@ -307,6 +311,16 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     let token = v.credentials.token.expose();
     let rack = OxideRack::connect(&v.credentials.host, token, project, RackOptions::default())
         .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+
+    // Every member the pools can reach needs an address in the project's subnet: checked
+    // before anything is made (a project that does not exist yet gets nexus's default /22).
+    let prefix = rack
+        .default_subnet_prefix()
+        .await
+        .map_err(|e| rack_failed("project", e))?
+        .unwrap_or(DEFAULT_SUBNET_PREFIX);
+    spec.check_subnet(prefix)
+        .map_err(|e| BootstrapError::Config(format!("invalid cluster spec: {e}")))?;
 
     // 2. Keys and tokens exist on disk before any VM does.
     info!(step = "resume", path = %v.resume_path.display(), "reading the resume file");

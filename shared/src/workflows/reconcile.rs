@@ -16,7 +16,7 @@ mod autoscale;
 pub use autoscale::{Decided, active as autoscale_active, views as autoscale_views};
 
 use crate::apply::{self, ActionResult, ApplyOptions, Outcome};
-use crate::cluster::{Cluster, ClusterError, LeaseOutcome};
+use crate::cluster::{Cluster, ClusterError, EventType, LeaseOutcome};
 use crate::members::SpecMembers;
 use crate::names;
 use crate::plan::{self, Observed, Plan};
@@ -145,12 +145,18 @@ pub async fn observe<R: Rack, C: Cluster>(
 ) -> Result<Observed, ReconcileError> {
     let prefix = names::cluster_prefix(&spec.cluster);
     let fip_name = names::api_floating_ip_name(&spec.cluster);
-    let (instances, nodes, disks, fip) = tokio::join!(
+    let (instances, nodes, disks, fip, subnet) = tokio::join!(
         rack.list_instances(&prefix),
         cluster.list_nodes(),
         rack.list_disks(),
         rack.get_floating_ip(&fip_name),
+        rack.default_subnet_prefix(),
     );
+    // Before anything else: a spec whose pools cannot all have an address is a config error.
+    if let Some(prefix) = subnet.map_err(rack_err)? {
+        spec.check_subnet(prefix)
+            .map_err(|e| ReconcileError::Config(format!("invalid cluster spec: {e}")))?;
+    }
     let mut observed = Observed {
         instances: instances.map_err(rack_err)?,
         nodes: nodes.map_err(|e: ClusterError| {
@@ -162,6 +168,7 @@ pub async fn observe<R: Rack, C: Cluster>(
         images: BTreeMap::new(),
         setup_failures: BTreeMap::new(),
         autoscale_victims: std::collections::BTreeSet::new(),
+        create_backoff: plan::backoff::Backoffs::new(),
     };
     observed.setup_failures = setup_failures(rack, &observed).await;
     Ok(observed)
@@ -231,18 +238,25 @@ pub async fn resolve_images<R: Rack>(
 }
 
 /// Observes and plans. Images are resolved (and the plan redone) only when it creates members,
-/// so a run with nothing to create makes no image lookups. When a pool autoscales, the
-/// autoscaler decides its count first (from the pods, and `previous`, the unneeded-since
-/// times the last run kept); its outcome comes back for status and Events.
+/// so a run with nothing to create makes no image lookups. `previous` is the last run's
+/// status: the autoscaler's unneeded-since times and the pools whose creates the rack refused.
+/// When a pool autoscales, the autoscaler decides its count first; its outcome comes back for
+/// status and Events.
 pub async fn observe_and_plan<R: Rack, C: Cluster>(
     rack: &R,
     cluster: &C,
     spec: &ClusterSpec,
     now: DateTime<Utc>,
-    previous: Option<&crate::autoscale::AutoscaleState>,
+    previous: Option<&Status>,
 ) -> Result<(Observed, Plan, Option<crate::autoscale::Outcome>), ReconcileError> {
     let mut observed = observe(rack, cluster, spec).await?;
-    let decided = autoscale::decide(cluster, spec, &observed, previous, now).await?;
+    if let Some(p) = previous {
+        observed.create_backoff = p.create_backoff.clone();
+    }
+    let previous_autoscale = previous
+        .and_then(|s| s.autoscale.as_ref())
+        .map(|a| &a.state);
+    let decided = autoscale::decide(cluster, spec, &observed, previous_autoscale, now).await?;
     let spec = match &decided {
         Some(d) => {
             observed.autoscale_victims = d.victims.clone();
@@ -319,13 +333,9 @@ where
         .map_err(|e| ReconcileError::Config(format!("building the Oxide client: {e}")))?;
 
     let previous = snapshot.status_json().and_then(Status::from_json);
-    let previous_autoscale = previous
-        .as_ref()
-        .and_then(|s| s.autoscale.as_ref())
-        .map(|a| &a.state);
     if opts.dry_run {
         let (_, plan, _) =
-            observe_and_plan(&rack, cluster, &spec, (opts.now)(), previous_autoscale).await?;
+            observe_and_plan(&rack, cluster, &spec, (opts.now)(), previous.as_ref()).await?;
         return Ok(RunOutcome::DryRun { plan });
     }
 
@@ -376,7 +386,7 @@ where
     let work = async {
         let (observed, plan, autoscaled) =
             crate::retry::retry(crate::cluster::KUBE_BACKOFF, transient, || {
-                observe_and_plan(&rack, cluster, &spec, (opts.now)(), previous_autoscale)
+                observe_and_plan(&rack, cluster, &spec, (opts.now)(), previous.as_ref())
             })
             .await?;
         if let Some(a) = &autoscaled {
@@ -406,6 +416,10 @@ where
         Err(e) => (None, &[][..], None, Some(e.to_string())),
     };
     let finished_at = (opts.now)();
+    let pool_hashes: BTreeMap<String, String> = spec
+        .pools()
+        .map(|(role, p)| (p.name.clone(), spec.pool_hash(role, p)))
+        .collect();
     let status = status::build(&RunReport {
         run_id: &run_id,
         started_at,
@@ -415,7 +429,11 @@ where
         error,
         previous: previous.as_ref(),
         autoscale: autoscaled,
+        pool_hashes: &pool_hashes,
     });
+    if outcome.is_ok() {
+        record_backoff_events(cluster, previous.as_ref(), &status).await;
+    }
     if let Err(e) = write_status(state, Some(&snapshot), &status).await {
         warn!(error = %e, "could not write status.json");
     }
@@ -436,6 +454,7 @@ where
         &plan,
         &results,
         autoscaled.as_ref(),
+        &status,
         started.elapsed(),
     );
     let failed = results
@@ -529,14 +548,50 @@ pub async fn write_status<S: StateStore>(
     }))
 }
 
+/// One Event per pool when the rack starts refusing its creates (or refuses them for another
+/// reason), and one when a create succeeds again; never one per run or per refused create.
+async fn record_backoff_events<C: Cluster>(cluster: &C, previous: Option<&Status>, now: &Status) {
+    let before = previous.map(|p| &p.create_backoff);
+    let mut events = Vec::new();
+    for (pool, b) in &now.create_backoff {
+        if before
+            .and_then(|m| m.get(pool))
+            .is_none_or(|p| p.cause != b.cause)
+        {
+            events.push((EventType::Warning, "CreatesRefused", b.describe(pool)));
+        }
+    }
+    for pool in before.into_iter().flat_map(|m| m.keys()) {
+        if !now.create_backoff.contains_key(pool) {
+            events.push((
+                EventType::Normal,
+                "CreatesResumed",
+                format!("pool {pool:?}: the rack accepts creates again, or the pool needs none"),
+            ));
+        }
+    }
+    for (kind, reason, message) in events {
+        if let Err(e) = cluster.record_event(kind, reason, &message).await {
+            warn!(error = %e, "could not record event");
+        }
+    }
+}
+
 fn summary(
     run_id: &str,
     plan: &Plan,
     results: &[ActionResult],
     autoscaled: Option<&crate::autoscale::Outcome>,
+    status: &Status,
     took: Duration,
 ) {
     let autoscale = autoscaled.map(autoscale::summary).unwrap_or_default();
+    let refused = status
+        .create_backoff
+        .iter()
+        .map(|(pool, b)| b.describe(pool))
+        .collect::<Vec<_>>()
+        .join("; ");
     let count = |f: fn(&Outcome) -> bool| results.iter().filter(|r| f(&r.outcome)).count();
     let pools = plan
         .pools
@@ -556,6 +611,7 @@ fn summary(
         took_ms = took.as_millis() as u64,
         %pools,
         %autoscale,
+        %refused,
         "reconcile finished"
     );
 }
