@@ -62,7 +62,13 @@ fn main() {
     let now = Utc::now();
     let mut times = Vec::new();
     let mut out = plan(&pools, &nodes, &pods, &state, now);
-    for _ in 0..20 {
+    // `OXIDE_BENCH_SHORT=1` (CI): three runs instead of twenty.
+    let runs = if std::env::var_os("OXIDE_BENCH_SHORT").is_some() {
+        3
+    } else {
+        20
+    };
+    for _ in 0..runs {
         let t = Instant::now();
         out = plan(&pools, &nodes, &pods, &state, now);
         times.push(t.elapsed());

@@ -121,6 +121,7 @@ async fn load(
         tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut errors = 0;
+            let mut first_error = None;
             loop {
                 let n = sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if until(n, started) {
@@ -132,18 +133,30 @@ async fn load(
                         let _ = r.bytes().await;
                         lat.push(t.elapsed());
                     }
-                    _ => errors += 1,
+                    Ok(r) => {
+                        errors += 1;
+                        let status = r.status();
+                        let body = r.text().await.unwrap_or_default();
+                        first_error.get_or_insert(format!("HTTP {status}: {body}"));
+                    }
+                    Err(e) => {
+                        errors += 1;
+                        first_error.get_or_insert(e.to_string());
+                    }
                 }
             }
-            (lat, errors)
+            (lat, errors, first_error)
         })
     });
     let mut latencies = Vec::new();
     let mut errors = 0;
     for w in futures::future::join_all(workers).await {
-        let (l, e) = w.unwrap();
+        let (l, e, first) = w.unwrap();
         latencies.extend(l);
         errors += e;
+        if let Some(first) = first {
+            eprintln!("first failed request of a worker: {first}");
+        }
     }
     let elapsed = started.elapsed();
     latencies.sort();
@@ -175,7 +188,22 @@ fn row(name: &str, f: &Figures) {
 /// `scale` built next to this bench (`target/<profile>/scale`), if any.
 fn scale_binary() -> Option<std::path::PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let bin = exe.parent()?.parent()?.join("scale");
+    let dir = exe.parent()?.parent()?;
+    // cargo does not build another package's binary for this benchmark, and an old one may
+    // not read the spec this build writes: build it (a no-op when it is up to date).
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let profile = match dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev",
+            Some(other) => other,
+            None => "release",
+        };
+        let built = std::process::Command::new(cargo)
+            .args(["build", "--quiet", "-p", "scale", "--profile", profile])
+            .status()
+            .unwrap();
+        assert!(built.success(), "cargo build -p scale failed");
+    }
+    let bin = dir.join("scale");
     bin.is_file().then_some(bin)
 }
 
@@ -210,14 +238,16 @@ fn main() {
 }
 
 async fn bench() {
+    // `OXIDE_BENCH_SHORT=1` (CI): 1 s phases and 200 PATCHes.
+    let short = std::env::var_os("OXIDE_BENCH_SHORT").is_some();
     let seconds: u64 = std::env::var("BENCH_SECONDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
+        .unwrap_or(if short { 1 } else { 5 });
     let patches: usize = std::env::var("BENCH_PATCHES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
+        .unwrap_or(if short { 200 } else { 2000 });
     let phase = Duration::from_secs(seconds);
 
     // A real kube-apiserver with the state bootstrap writes, and a CronJob for reconcile Jobs.

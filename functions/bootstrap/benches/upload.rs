@@ -7,7 +7,7 @@
 //!
 //! Run: `cargo bench -p bootstrap --bench upload` (optimized), or in the dev profile with
 //! `cargo test -p bootstrap --bench upload` (what the numbers in the report were taken with
-//! when release builds were not allowed). `BOOTSTRAP_BENCH_QUICK=1` shrinks the files 8x.
+//! when release builds were not allowed). `OXIDE_BENCH_SHORT=1` (CI) shrinks the files 8x.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -65,7 +65,7 @@ fn main() {
 }
 
 async fn bench() {
-    let quick = std::env::var_os("BOOTSTRAP_BENCH_QUICK").is_some();
+    let quick = std::env::var_os("OXIDE_BENCH_SHORT").is_some();
     let scale = if quick { 8 } else { 1 };
     let dir = tempfile::tempdir().unwrap();
     let sparse = dir.path().join("sparse.raw");
