@@ -150,6 +150,8 @@ pub trait Cluster: Send + Sync {
     ) -> impl Future<Output = Result<(), ClusterError>> + Send;
     /// Releases our Lease (best effort).
     fn release_lease(&self, holder: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Who holds the Lease now (a run under way), if anyone; an expired Lease is free.
+    fn lease_holder(&self) -> impl Future<Output = Result<Option<String>, ClusterError>> + Send;
 
     /// Records a Kubernetes Event on the ConfigMap.
     fn record_event(

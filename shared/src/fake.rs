@@ -817,6 +817,13 @@ impl Cluster for FakeCluster {
         }))
     }
 
+    async fn lease_holder(&self) -> Result<Option<String>, ClusterError> {
+        Ok(self.0.with(|s| match &s.lease {
+            Some((h, exp)) if *exp > s.now && !h.is_empty() => Some(h.clone()),
+            _ => None,
+        }))
+    }
+
     async fn renew_lease(&self, holder: &str, duration: Duration) -> Result<(), ClusterError> {
         self.0.with(|s| match &s.lease {
             _ if s.renew_failures > 0 => {

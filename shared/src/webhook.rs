@@ -16,7 +16,7 @@
 //! | `/nodes/workers/modify` | POST, text body `N` | the ancestor's API: set the count, answer in text |
 //! | `/pools/{pool}`, `/pools/{pool}/modify` | as above | the same for a named pool |
 //! | `/pools/{pool}/autoscale` | GET, PUT `{"min":N,"max":N,"enabled":bool}` (each optional) | a worker pool's autoscaling bounds; while enabled, count changes on the pool are 409 pointing here |
-//! | `/status` | GET | `status.json` as the last reconcile wrote it |
+//! | `/status` | GET | `status.json` as the last reconcile wrote it, plus `lastTrigger`: the last reconcile this webhook started and why |
 //! | `/reconcile` | POST | start a reconcile Job now |
 //! | `/metrics` | GET | Prometheus text |
 //! | `/healthz`, `/readyz` | GET, HEAD | liveness (always 200); readiness (Secret and ConfigMap readable) |
@@ -40,6 +40,7 @@ mod auth;
 pub mod error;
 pub mod host;
 pub mod metrics;
+pub mod pending;
 
 use error::WebhookError;
 use metrics::{Metrics, TriggerResult};
@@ -86,6 +87,8 @@ pub struct Deps<S, C> {
     /// an N-way 409 storm where each round has one winner; with it they queue, and the bounded
     /// re-read-and-retry only has to cope with writers in *other* processes.
     writes: tokio::sync::Mutex<()>,
+    /// The last reconcile this process started, and why (`GET /status`).
+    last_trigger: std::sync::Mutex<Option<pending::LastTrigger>>,
 }
 
 impl<S, C> std::fmt::Debug for Deps<S, C> {
@@ -106,6 +109,7 @@ impl<S: StateStore, C: Cluster> Deps<S, C> {
             specs: scale::SpecCache::default(),
             config,
             writes: tokio::sync::Mutex::new(()),
+            last_trigger: std::sync::Mutex::new(None),
         }
     }
 }
@@ -571,7 +575,12 @@ async fn after_write<S: StateStore, C: Cluster>(
 ) -> ReconcileOutcome {
     deps.metrics.conflicts(conflicts);
     if written {
-        trigger(deps).await
+        trigger(
+            deps,
+            pending::TriggerReason::ScaleChange,
+            "a count or autoscaling change through the webhook".to_owned(),
+        )
+        .await
     } else {
         ReconcileOutcome::NotNeeded
     }
@@ -707,8 +716,13 @@ fn change_body(o: &ChangeOutcome, reconcile: &ReconcileOutcome) -> serde_json::V
     })
 }
 
-/// Starts the reconcile Job and counts the result.
-async fn trigger<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> ReconcileOutcome {
+/// Starts the reconcile Job (or joins the one pending), counts it by result and reason, logs
+/// it and remembers it for `GET /status`.
+async fn trigger<S: StateStore, C: Cluster>(
+    deps: &Deps<S, C>,
+    reason: pending::TriggerReason,
+    detail: String,
+) -> ReconcileOutcome {
     let outcome = scale::trigger_reconcile(&deps.cluster).await;
     let result = match &outcome {
         ReconcileOutcome::Triggered => TriggerResult::Created,
@@ -717,16 +731,37 @@ async fn trigger<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> ReconcileOutco
         ReconcileOutcome::NotNeeded | ReconcileOutcome::Failed { .. } => TriggerResult::Error,
     };
     deps.metrics.trigger(result);
-    if let ReconcileOutcome::Failed { message } = &outcome {
-        tracing::warn!(error = %message, "starting the reconcile Job failed");
+    deps.metrics.trigger_reason(reason);
+    match &outcome {
+        ReconcileOutcome::Failed { message } => {
+            tracing::warn!(reason = reason.as_str(), %detail, error = %message, "starting the reconcile Job failed");
+        }
+        o => {
+            tracing::info!(reason = reason.as_str(), %detail, reconcile = o.as_str(), "reconcile triggered");
+        }
     }
+    *deps
+        .last_trigger
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(pending::LastTrigger {
+        at: chrono::Utc::now(),
+        reason: reason.as_str().to_owned(),
+        detail,
+        outcome: outcome.as_str().to_owned(),
+    });
     outcome
 }
 
 async fn reconcile_now<S: StateStore, C: Cluster>(
     deps: &Deps<S, C>,
 ) -> Result<Response<Bytes>, WebhookError> {
-    match trigger(deps).await {
+    match trigger(
+        deps,
+        pending::TriggerReason::Manual,
+        "POST /reconcile".to_owned(),
+    )
+    .await
+    {
         o @ (ReconcileOutcome::Triggered | ReconcileOutcome::Pending) => Ok(json(
             202,
             &serde_json::json!({"reconcile": o.as_str(), "message": o.public_message()}),
@@ -747,8 +782,23 @@ async fn status_json<S: StateStore, C: Cluster>(
         .read_config()
         .await
         .map_err(|e| WebhookError::Scale(scale::ScaleError::State(e)))?;
+    let last = deps
+        .last_trigger
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
     match snapshot.status_json() {
-        Some(s) if !s.trim().is_empty() => Ok(respond(200, "application/json", s.to_owned())),
+        Some(s) if !s.trim().is_empty() => {
+            // What the last run wrote, plus what this webhook last started and why.
+            let body = match (serde_json::from_str::<serde_json::Value>(s), last) {
+                (Ok(mut v), Some(last)) if v.is_object() => {
+                    v["lastTrigger"] = serde_json::to_value(last).unwrap_or_default();
+                    serde_json::to_string_pretty(&v).unwrap_or_else(|_| s.to_owned())
+                }
+                _ => s.to_owned(),
+            };
+            Ok(respond(200, "application/json", body))
+        }
         _ => Err(WebhookError::NoStatus),
     }
 }

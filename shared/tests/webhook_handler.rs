@@ -225,6 +225,25 @@ async fn status_is_404_before_the_first_reconcile_and_then_the_stored_document()
     let r = send(&d, empty(Method::GET, "/status")).await;
     assert_eq!((r.status(), body(&r).as_str()), (StatusCode::OK, doc));
     assert_eq!(header_of(&r, header::CONTENT_TYPE), "application/json");
+
+    // Once this webhook started a run, status says which and why.
+    send(&d, empty(Method::POST, "/reconcile")).await;
+    let r = send(&d, empty(Method::GET, "/status")).await;
+    let v = body_json(&r);
+    assert_eq!(v["runId"], "r1");
+    assert_eq!(
+        (
+            &v["lastTrigger"]["reason"],
+            &v["lastTrigger"]["detail"],
+            &v["lastTrigger"]["outcome"]
+        ),
+        (
+            &serde_json::json!("manual"),
+            &serde_json::json!("POST /reconcile"),
+            &serde_json::json!("triggered")
+        ),
+        "{v}"
+    );
 }
 
 // ---------------------------------------------------------------- writing
@@ -1072,6 +1091,9 @@ async fn metrics_count_requests_latency_triggers_and_conflicts() {
         r#"oxide_controller_webhook_request_duration_seconds_bucket{route="/nodes/workers",le="+Inf"} 4"#,
         r#"oxide_controller_webhook_reconcile_triggers_total{result="created"} 1"#,
         r#"oxide_controller_webhook_reconcile_triggers_total{result="pending"} 1"#,
+        r#"oxide_controller_triggers_total{reason="scale_change"} 2"#,
+        r#"oxide_controller_triggers_total{reason="pending_pods"} 0"#,
+        "oxide_controller_webhook_pending_watch 0",
         "oxide_controller_webhook_state_conflicts_total 0",
         "# TYPE oxide_controller_webhook_request_duration_seconds histogram",
     ] {
@@ -1179,6 +1201,9 @@ impl Cluster for BrokenJobs {
     }
     async fn release_lease(&self, holder: &str) -> Result<(), ClusterError> {
         self.0.release_lease(holder).await
+    }
+    async fn lease_holder(&self) -> Result<Option<String>, ClusterError> {
+        self.0.lease_holder().await
     }
     async fn record_event(
         &self,

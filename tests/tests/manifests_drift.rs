@@ -776,8 +776,8 @@ fn the_service_account_may_make_exactly_the_calls_the_functions_make() {
     // the webhook: a call added or removed there changes this table and both manifests.
     let cluster_wide: &[Rule] = &[
         ("", "nodes", &[], &["list", "patch", "delete"]), // observe, cordon/annotate, remove
-        ("", "pods", &[], &["list", "delete"]),           // drain: pods on a node; --force-drain
-        ("", "pods/eviction", &[], &["create"]),          // drain through the Eviction API
+        ("", "pods", &[], &["list", "watch", "delete"]), // drain; --force-drain; the webhook watches unschedulable pods
+        ("", "pods/eviction", &[], &["create"]),         // drain through the Eviction API
         ("policy", "poddisruptionbudgets", &[], &["list"]), // autoscaler: kube-system pods
     ];
     let in_kube_system: &[Rule] = &[

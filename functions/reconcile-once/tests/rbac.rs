@@ -190,6 +190,8 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
             "127.0.0.1:0",
             "--token-cache-seconds",
             "0",
+            "--pending-recheck-seconds",
+            "1",
         ])
         .env("KUBECONFIG", &sa)
         .stdout(Stdio::piped())
@@ -327,6 +329,36 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
             "E: the kube-system pod did not keep the node: {kept}"
         ));
     }
+    // F: while a pool autoscales the webhook watches for pods the scheduler cannot place and
+    // starts a run for them (a pod no worker can hold: the run changes nothing).
+    kube.apply(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "huge", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "nginx",
+            "resources": {"requests": {"cpu": "64"}}}]}
+    }))
+    .await
+    .map_err(|e| e.to_string())?;
+    wait_until(
+        "F: the webhook to start a run for the pending pod",
+        async || {
+            let metrics = http
+                .get(format!("{base}/metrics"))
+                .bearer_auth(&token)
+                .send()
+                .await;
+            match metrics {
+                Ok(r) => r
+                    .text()
+                    .await
+                    .unwrap_or_default()
+                    .contains("oxide_controller_triggers_total{reason=\"pending_pods\"} 1"),
+                Err(_) => false,
+            }
+        },
+    )
+    .await?;
+    kube.delete("v1", "Pod", Some("default"), "huge").await;
     set_autoscale(&sim, false).await?;
     // C: the Job finished (its pod ran and exited 0; the real Job controller completed it);
     // the next change replaces it.

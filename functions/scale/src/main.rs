@@ -24,6 +24,7 @@ use oxide_controller::cluster::kube_cluster::KubeCluster;
 use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::telemetry::{self, LogFormat};
 use oxide_controller::webhook::host::{self, HostOptions};
+use oxide_controller::webhook::pending::{self, PendingOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
 use oxide_controller::workflows::scale::{
     self, CountChange, ReconcileOutcome, ScaleOptions, error_chain,
@@ -146,6 +147,11 @@ struct ServeArgs {
     /// On shutdown, how long in-flight requests get to finish, in seconds.
     #[arg(long, default_value_t = 15)]
     shutdown_grace_seconds: u64,
+    /// How often the spec is read to see whether a pool autoscales (and so whether to watch
+    /// for unschedulable pods), in seconds.
+    #[arg(long, env = "OXIDE_CONTROLLER_PENDING_RECHECK_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pending_recheck_seconds: u64,
 }
 
 fn main() -> ExitCode {
@@ -327,7 +333,7 @@ async fn serve_webhook(
         .unwrap_or_else(|_| args.listen.to_string());
     let deps = Arc::new(Deps::new(
         state,
-        KubeCluster::new(client, ns),
+        KubeCluster::new(client.clone(), ns),
         WebhookConfig {
             token_ttl: Duration::from_secs(args.token_cache_seconds),
             scale: ScaleOptions::default(),
@@ -344,7 +350,18 @@ async fn serve_webhook(
         "{}",
         serde_json::json!({"listen": local, "tls": opts.tls.is_some()})
     );
+    // Pending pods start a reconcile within seconds (only while some pool autoscales).
+    let pending = tokio::spawn(pending::run(
+        client,
+        deps.clone(),
+        PendingOptions {
+            recheck: Duration::from_secs(args.pending_recheck_seconds),
+            ..PendingOptions::default()
+        },
+        std::future::pending::<()>(),
+    ));
     host::serve(listener, deps, opts, shutdown_signal()).await;
+    pending.abort();
     tracing::info!("scale webhook stopped");
     ExitCode::SUCCESS
 }

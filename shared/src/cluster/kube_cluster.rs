@@ -329,6 +329,18 @@ fn held_by_other(lease: &Lease, me: &str, now: DateTime<Utc>) -> Option<LeaseOut
 }
 
 impl Cluster for KubeCluster {
+    async fn lease_holder(&self) -> Result<Option<String>, ClusterError> {
+        let api: Api<Lease> = self.namespaced();
+        let lease = api
+            .get_opt(OBJECT_NAME)
+            .await
+            .map_err(|e| cluster_error(self.lease_what(), e))?;
+        Ok(lease.and_then(|l| match held_by_other(&l, "", Utc::now()) {
+            Some(LeaseOutcome::HeldBy { holder, .. }) => Some(holder),
+            _ => None,
+        }))
+    }
+
     async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
         let api: Api<KubeNode> = Api::all(self.client.clone());
         let nodes = list_all(&api, ListParams::default(), "list nodes").await?;

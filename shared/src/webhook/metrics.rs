@@ -6,6 +6,7 @@
 //! from fixed sets (route templates, known methods), never from request input, so a caller
 //! cannot blow up the series count.
 
+use super::pending::TriggerReason;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
@@ -72,6 +73,10 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(usize, &'static str, u16), u64>>,
     latency: [Histogram; ROUTES.len()],
     triggers: [AtomicU64; 4],
+    /// Triggers by reason, in [`TriggerReason::ALL`] order.
+    reasons: [AtomicU64; 3],
+    /// 1 while the pending-pod watch is open.
+    watching: AtomicU64,
     conflicts: AtomicU64,
 }
 
@@ -118,6 +123,28 @@ impl Metrics {
             .position(|r| *r == result)
             .unwrap_or(3);
         self.triggers[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records why a reconcile was triggered.
+    pub fn trigger_reason(&self, reason: TriggerReason) {
+        let i = TriggerReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.reasons[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Triggers recorded for `reason`.
+    pub fn triggers_for(&self, reason: TriggerReason) -> u64 {
+        TriggerReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |i| self.reasons[i].load(Ordering::Relaxed))
+    }
+
+    /// Whether the pending-pod watch is open.
+    pub fn set_watching(&self, on: bool) {
+        self.watching.store(u64::from(on), Ordering::Relaxed);
     }
 
     /// Records `n` ConfigMap write conflicts (409s).
@@ -213,6 +240,29 @@ impl Metrics {
                 n.load(Ordering::Relaxed)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP oxide_controller_triggers_total Reconcile runs started by the webhook, by why: scale_change (a count or autoscaling change), manual (POST /reconcile), pending_pods (new unschedulable pods)."
+        );
+        let _ = writeln!(out, "# TYPE oxide_controller_triggers_total counter");
+        for (r, n) in TriggerReason::ALL.iter().zip(&self.reasons) {
+            let _ = writeln!(
+                out,
+                "oxide_controller_triggers_total{{reason=\"{}\"}} {}",
+                r.as_str(),
+                n.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP oxide_controller_webhook_pending_watch 1 while the webhook watches for unschedulable pods (some pool autoscales)."
+        );
+        let _ = writeln!(out, "# TYPE oxide_controller_webhook_pending_watch gauge");
+        let _ = writeln!(
+            out,
+            "oxide_controller_webhook_pending_watch {}",
+            self.watching.load(Ordering::Relaxed)
+        );
         let _ = writeln!(
             out,
             "# HELP oxide_controller_webhook_state_conflicts_total ConfigMap writes refused with 409 (each one re-read and re-applied)."
