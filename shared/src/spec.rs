@@ -565,6 +565,54 @@ impl ClusterSpec {
         })
     }
 
+    /// The k3s server settings this spec renders that every server of a cluster must share,
+    /// by k3s flag. k3s lists them as "Critical Configuration Values" (docs.k3s.io/cli/server):
+    /// a joining server whose value differs from the cluster's is refused ("critical
+    /// configuration value mismatch") and exits. Of those, the product renders only
+    /// `disable-cloud-controller` (from `k3s.oxide_ccm`); the agent token never changes.
+    pub fn server_settings(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([(
+            "disable-cloud-controller".to_owned(),
+            self.k3s.oxide_ccm.to_string(),
+        )])
+    }
+
+    /// Refuses a spec whose server settings differ from those the cluster's servers run
+    /// (`recorded`, see [`Self::server_settings`]): new servers would fail to join, be replaced,
+    /// and fail again, forever.
+    pub fn check_server_settings(
+        &self,
+        recorded: &BTreeMap<String, String>,
+    ) -> Result<(), SpecError> {
+        let field_of = |flag: &str| match flag {
+            "disable-cloud-controller" => "k3s.oxide_ccm",
+            _ => "k3s",
+        };
+        for (flag, want) in self.server_settings() {
+            match recorded.get(&flag) {
+                Some(have) if *have != want => {
+                    let field = field_of(&flag);
+                    let back = if flag == "disable-cloud-controller" {
+                        format!("{field}: {have}")
+                    } else {
+                        format!("{flag}: {have}")
+                    };
+                    return Err(SpecError {
+                        field: field.to_owned(),
+                        message: format!(
+                            "the cluster's k3s servers run with {flag}={have}, and k3s requires every \
+                             server to have the same value (a new server with {want} fails to join: \
+                             \"critical configuration value mismatch\"), so it cannot change on a \
+                             running cluster; set {back} again, or build a new cluster"
+                        ),
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), SpecErrors> {
         let mut errs = Vec::new();
         let mut err = |field: String, message: String| errs.push(SpecError { field, message });
@@ -1167,5 +1215,23 @@ mod tests {
         );
         // A larger subnet takes them.
         assert_eq!(spec.check_subnet(21), Ok(()));
+    }
+
+    #[test]
+    fn critical_k3s_server_settings_cannot_change_once_recorded() {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        let recorded = spec.server_settings();
+        assert_eq!(recorded["disable-cloud-controller"], "false");
+        assert_eq!(spec.check_server_settings(&recorded), Ok(()));
+        // A cluster recorded before a setting existed accepts whatever the spec says.
+        assert_eq!(spec.check_server_settings(&BTreeMap::new()), Ok(()));
+        spec.k3s.oxide_ccm = true;
+        let e = spec.check_server_settings(&recorded).unwrap_err();
+        assert_eq!(e.field, "k3s.oxide_ccm");
+        assert!(
+            e.message.contains("disable-cloud-controller=false")
+                && e.message.contains("set k3s.oxide_ccm: false again"),
+            "{e}"
+        );
     }
 }

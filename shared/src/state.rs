@@ -24,6 +24,11 @@ pub mod keys {
     /// was restarted (its console no longer holds the first boot) can still be verified from
     /// another machine, without trusting whatever its console shows later.
     pub const HOST_KEY_PINS: &str = "host-key-pins";
+    /// The k3s server settings every server must share, as the cluster's servers run them
+    /// (JSON `{"<k3s flag>": "<value>"}`): written by bootstrap, or by the first reconcile of a
+    /// cluster bootstrapped before this key; a spec that differs is refused
+    /// ([`crate::spec::ClusterSpec::check_server_settings`]).
+    pub const K3S_SERVER_SETTINGS: &str = "k3s-server-settings";
 }
 
 /// Label on both objects.

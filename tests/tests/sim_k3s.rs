@@ -295,3 +295,21 @@ async fn never_join_fault_keeps_a_vm_out_of_the_cluster() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(node_ready(&sim, "c1-workers-bad01").await, None);
 }
+
+/// `disable-cloud-controller` is one of k3s's critical configuration values: a joining server
+/// with another value than the cluster's is refused and k3s exits; an agent is not compared.
+#[tokio::test]
+async fn a_server_with_another_cloud_controller_setting_is_refused() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let server_ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let join = format!("server: https://{server_ip}:6443\ntoken: {TOKEN}\n");
+    let other = format!("{join}disable-cloud-controller: true\n");
+    create_instance(&c, "c1-cp-bbbbb", &user_data("server", &other, &[])).await;
+    let console = wait_console(&c, "c1-cp-bbbbb", "critical configuration value mismatch").await;
+    assert!(console.contains("level=fatal"), "{console}");
+    create_instance(&c, "c1-cp-ccccc", &user_data("server", &join, &[])).await;
+    wait_node_status(&sim, "c1-cp-ccccc", "True").await;
+    assert_eq!(node_ready(&sim, "c1-cp-bbbbb").await, None);
+}

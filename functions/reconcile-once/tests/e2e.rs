@@ -941,6 +941,35 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
     assert_eq!(env.mutations(), before, "no Oxide call changed anything");
 }
 
+/// `k3s.oxide_ccm` renders `disable-cloud-controller`, which every k3s server must share: a
+/// new server with the other value could never join. Flipped in the ConfigMap after the
+/// servers exist, every run exits 2 naming the field, and nothing is created or removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_cloud_controller_setting_is_refused_and_the_servers_stay() {
+    let env = env(3, 1).await;
+    // The first run records the settings the servers run with.
+    env.converge(5).await;
+    let servers = env.instance_names(CP);
+    let was = env.spec().await.k3s.oxide_ccm;
+    env.edit(|s| s.k3s.oxide_ccm = !was).await;
+    env.sim.oxide().reset_counters();
+    let before = env.mutations();
+    for run in 1..=3 {
+        let out = env.reconcile(&[]).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "run {run}: {stderr}");
+        assert!(
+            stderr.contains("k3s.oxide_ccm") && stderr.contains("critical configuration value"),
+            "run {run}: {stderr}"
+        );
+    }
+    assert_eq!(env.mutations(), before, "no Oxide call changed anything");
+    assert_eq!(env.instance_names(CP), servers, "the servers stay");
+    // Set back, the cluster is converged as before.
+    env.edit(|s| s.k3s.oxide_ccm = was).await;
+    env.converge(2).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_within_five_runs_under_503s_and_latency() {
     let env = env(3, 2).await;

@@ -494,6 +494,14 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     // pinned SSH connection, so its CA is the cluster's.
     let ca_hash = kubeconfig::k3s_ca_hash(&k3s_yaml).map_err(|e| failed("state", &e))?;
     config.insert(state::keys::K3S_CA_HASH.to_owned(), ca_hash);
+    // What the first server was started with; every later server must match it.
+    config.insert(
+        state::keys::K3S_SERVER_SETTINGS.to_owned(),
+        serde_json::to_string(&spec.server_settings()).map_err(|e| BootstrapError::Failed {
+            step: "state",
+            message: e.to_string(),
+        })?,
+    );
     crate::retry::retry(
         Backoff::default(),
         |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),

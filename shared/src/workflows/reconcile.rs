@@ -124,8 +124,31 @@ pub async fn load<S: StateStore>(
         ))
     })?;
     let spec = ClusterSpec::from_yaml(yaml).map_err(|e| ReconcileError::Config(format!("{e}")))?;
+    if let Some(recorded) = recorded_server_settings(&snapshot)? {
+        spec.check_server_settings(&recorded)
+            .map_err(|e| ReconcileError::Config(format!("invalid cluster spec: {e}")))?;
+    }
     let secrets = state.read_secrets().await.map_err(state_err)?;
     Ok((spec, secrets, snapshot))
+}
+
+/// The k3s server settings the cluster's servers run, as recorded in the ConfigMap (absent in
+/// clusters bootstrapped before the key existed: the first run records the spec's).
+fn recorded_server_settings(
+    snapshot: &state::ConfigSnapshot,
+) -> Result<Option<BTreeMap<String, String>>, ReconcileError> {
+    snapshot
+        .data
+        .get(state::keys::K3S_SERVER_SETTINGS)
+        .map(|text| {
+            serde_json::from_str(text).map_err(|e| {
+                ReconcileError::Config(format!(
+                    "ConfigMap kube-system/oxide-controller key {:?} is not a JSON object of strings ({e}); restore it or delete the key to record the spec's settings again",
+                    state::keys::K3S_SERVER_SETTINGS
+                ))
+            })
+        })
+        .transpose()
 }
 
 fn state_err(e: StateError) -> ReconcileError {
@@ -434,7 +457,14 @@ where
     if outcome.is_ok() {
         record_backoff_events(cluster, previous.as_ref(), &status).await;
     }
-    if let Err(e) = write_status(state, Some(&snapshot), &status).await {
+    if let Err(e) = write_status(
+        state,
+        Some(&snapshot),
+        &status,
+        Some(&spec.server_settings()),
+    )
+    .await
+    {
         warn!(error = %e, "could not write status.json");
     }
     // Retried like every other Kubernetes call: a Lease left held makes the next runs step
@@ -521,6 +551,7 @@ pub async fn write_status<S: StateStore>(
     state: &S,
     read: Option<&state::ConfigSnapshot>,
     status: &Status,
+    server_settings: Option<&BTreeMap<String, String>>,
 ) -> Result<(), StateError> {
     let mut last = None;
     // First against what the run read at its start (usually still current: one request).
@@ -532,6 +563,11 @@ pub async fn write_status<S: StateStore>(
         };
         let mut data = snap.data.clone();
         data.insert(state::keys::STATUS.to_owned(), status.to_json());
+        if let Some(settings) = server_settings {
+            // Recorded once (bootstrap, or the first run of an older cluster); never replaced.
+            data.entry(state::keys::K3S_SERVER_SETTINGS.to_owned())
+                .or_insert_with(|| serde_json::to_string(settings).unwrap_or_default());
+        }
         match state.replace_config(&snap.resource_version, data).await {
             Ok(_) => return Ok(()),
             Err(e) if e.is_conflict() => last = Some(e),

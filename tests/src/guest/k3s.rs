@@ -340,6 +340,15 @@ impl Inner {
             return Decision::Fatal("Error: --token is required".into());
         };
         match (check_token(token, &accepted, &cluster.ca_hash), role) {
+            // A joining server fetches the cluster's critical configuration values and exits
+            // when one differs from its own (see FIDELITY: k3s `compareConfig`).
+            (TokenCheck::Ok, Role::Server)
+                if k3s.disable_cloud_controller != cluster.disable_cloud_controller =>
+            {
+                Decision::Fatal(format!(
+                    "{PREPARING}: failed to bootstrap cluster data: failed to validate server configuration: critical configuration value mismatch between servers"
+                ))
+            }
             (TokenCheck::Ok, _) => Decision::Join(cluster.creator),
             (TokenCheck::CaHashMismatch, Role::Server) => Decision::Fatal(format!(
                 "{PREPARING}: failed to validate token: {CA_MISMATCH}"
@@ -393,6 +402,7 @@ impl Inner {
                             api,
                             ca_hash,
                             seq,
+                            disable_cloud_controller: k3s.disable_cloud_controller,
                         },
                     );
                     id

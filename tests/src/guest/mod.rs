@@ -156,6 +156,9 @@ struct Cluster {
     ca_hash: String,
     /// Order of creation (the first cluster is the simulator's primary one).
     seq: u64,
+    /// The first server's `disable-cloud-controller`: a critical configuration value every
+    /// joining server must match.
+    disable_cloud_controller: bool,
 }
 
 #[derive(Default)]
