@@ -1020,10 +1020,23 @@ pub async fn remove_leftovers<S: ImageStore>(
             Err(e) => return Err(rack(format!("deleting snapshot {snapshot}"))(e)),
         }
     }
+    release_import_disk(store, disk, opts.retry).await
+}
+
+/// Deletes an import disk whatever step of the import it stopped at. Nexus deletes only
+/// `detached` or `faulted` disks (omicron `nexus/src/app/sagas/disk_delete.rs`); a killed
+/// upload leaves one `importing_from_bulk_writes` or `import_ready`, which only stop and then
+/// finalize (no snapshot) bring to `detached` — the SDK's own importer cleans up the same way.
+pub async fn release_import_disk<S: ImageStore>(
+    store: &S,
+    disk: &str,
+    backoff: retry::Backoff,
+) -> Result<(), ImageError> {
+    let again = |e: &RackError| e.is_retryable();
     // A disk walks through at most stop → finalize → delete; the bound guards against a disk
     // that stays busy (creating/finalizing on a slow rack).
     for attempt in 0..40 {
-        let Some(d) = retry::retry(opts.retry, again, || store.import_disk(disk))
+        let Some(d) = retry::retry(backoff, again, || store.import_disk(disk))
             .await
             .map_err(rack(format!("reading disk {disk}")))?
         else {

@@ -103,6 +103,11 @@ pub trait Rack: Send + Sync {
     /// All disks of the project (all pages).
     fn list_disks(&self) -> impl Future<Output = Result<Vec<Disk>, RackError>> + Send;
     fn delete_disk(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// Deletes a disk an image import left behind (`bootstrap delete`), walking it to a
+    /// deletable state first when the import stopped half-way. The default only deletes.
+    fn delete_import_disk(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send {
+        self.delete_disk(name)
+    }
 
     fn list_floating_ips(&self) -> impl Future<Output = Result<Vec<FloatingIp>, RackError>> + Send;
 

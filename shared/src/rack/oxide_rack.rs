@@ -955,6 +955,10 @@ impl Rack for OxideRack {
         Ok(all.into_iter().map(floating_ip_from).collect())
     }
 
+    async fn delete_import_disk(&self, name: &str) -> Result<(), RackError> {
+        super::oxide_images::delete_import_disk(self, name).await
+    }
+
     async fn default_subnet_prefix(&self) -> Result<Option<u8>, RackError> {
         let what = "subnet default of VPC default";
         let found = self

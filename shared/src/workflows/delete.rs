@@ -817,7 +817,8 @@ async fn remove_other<R: Rack>(
 ) -> Removal {
     loop {
         let r = match item.kind {
-            Kind::Disk | Kind::ImportDisk => rack.delete_disk(&item.name).await,
+            Kind::Disk => rack.delete_disk(&item.name).await,
+            Kind::ImportDisk => rack.delete_import_disk(&item.name).await,
             Kind::FloatingIp => delete_floating_ip(rack, &item.name).await,
             Kind::Snapshot => rack.delete_snapshot(&item.name).await,
             Kind::AntiAffinityGroup => rack.delete_anti_affinity_group(&item.name).await,
