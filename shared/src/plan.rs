@@ -227,13 +227,16 @@ pub struct Finding {
     pub message: String,
 }
 
-/// Per-pool counts, for status and the summary line.
+/// Per-pool counts, for status and the summary line. Keys are camelCase like the rest of
+/// `status.json`; `not_ready`, written by earlier releases, is still read.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PoolCounts {
     pub pool: String,
     pub desired: u32,
     pub ready: u32,
     pub joining: u32,
+    #[serde(alias = "not_ready")]
     pub not_ready: u32,
     pub broken: u32,
     pub removing: u32,

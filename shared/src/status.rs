@@ -367,4 +367,26 @@ mod tests {
             Some("False")
         );
     }
+
+    #[test]
+    fn keys_are_camel_case_and_a_status_from_an_older_release_still_reads() {
+        let s = build(&RunReport {
+            run_id: "a",
+            started_at: at(0),
+            finished_at: at(1),
+            plan: Some(&converged_plan()),
+            results: &[],
+            error: None,
+            previous: None,
+            autoscale: None,
+            pool_hashes: &BTreeMap::new(),
+        });
+        let json = s.to_json();
+        assert!(
+            json.contains("\"notReady\": 0") && !json.contains("not_ready"),
+            "{json}"
+        );
+        let old = json.replace("\"notReady\"", "\"not_ready\"");
+        assert_eq!(Status::from_json(&old), Some(s));
+    }
 }
