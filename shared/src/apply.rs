@@ -255,7 +255,22 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                     Err(e) => failed(e),
                 }
             }
-            Action::AttachApiFloatingIp { fip, to, from, .. } => {
+            Action::AttachApiFloatingIp {
+                fip,
+                to,
+                from,
+                stop_from,
+                ..
+            } => {
+                // A failed holder refuses the detach until it is stopped (omicron
+                // `nexus/db-queries/src/db/datastore/external_ip.rs`); a stop of a failed
+                // instance only ends its VMM, so this is quick.
+                if let (Some(holder), true) = (from, *stop_from) {
+                    match self.retry(|| self.rack.stop_instance(holder)).await {
+                        Ok(()) | Err(RackError::NotFound { .. }) => {}
+                        Err(e) => return failed(e),
+                    }
+                }
                 if from.is_some()
                     && let Err(e) = self.retry(|| self.rack.detach_floating_ip(fip)).await
                 {

@@ -175,6 +175,10 @@ pub enum Action {
         fip: String,
         to: String,
         from: Option<String>,
+        /// The holder is `failed`: nexus refuses to detach from a failed instance, and a stop
+        /// (which only ends its VMM) makes the detach legal, so stop it first.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stop_from: bool,
         reason: String,
     },
 }
@@ -544,6 +548,7 @@ fn plan_floating_ip(
         .min_by_key(|m| (m.instance.time_created, m.instance.name.clone()));
     match target {
         Some(t) => {
+            let stop_from = holder.is_some_and(|h| h.instance.state == InstanceState::Failed);
             let (from, why) = match (fip.instance_id, holder) {
                 (None, _) => (None, "it is not attached".to_owned()),
                 (Some(_), Some(h)) => (
@@ -559,6 +564,7 @@ fn plan_floating_ip(
                 fip: fip.name.clone(),
                 to: t.instance.name.clone(),
                 from,
+                stop_from,
                 reason: format!(
                     "the API floating IP must sit on a Ready control-plane member; {why}"
                 ),

@@ -794,6 +794,15 @@ async fn the_floating_ip_moves_when_its_holder_dies() {
         .oxide()
         .set_instance_failed(env.instance_id(&holder));
     let w = watch(&env);
+    // One run moves the address (the failed holder is stopped so it may be detached).
+    let out = env.reconcile(&[]).await;
+    assert!(matches!(out.status.code(), Some(0 | 1)));
+    let moved = env.fip_holder().unwrap_or_default();
+    assert!(
+        moved != holder && env.ready_nodes(CP).await.contains(&moved),
+        "after one run the address is on a Ready server, not {moved:?}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     env.converge(30).await;
     let (_, fewest) = w.finish(CP).await;
     let now = env

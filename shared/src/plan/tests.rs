@@ -458,14 +458,21 @@ fn floating_ip_moves_off_a_dead_holder_to_the_oldest_ready_server() {
     w.set_not_ready("demo-control-plane-cp000", 5);
     let p = w.plan();
     let attach = p.actions.iter().find_map(|a| match a {
-        Action::AttachApiFloatingIp { to, from, .. } => Some((to.clone(), from.clone())),
+        Action::AttachApiFloatingIp {
+            to,
+            from,
+            stop_from,
+            ..
+        } => Some((to.clone(), from.clone(), *stop_from)),
         _ => None,
     });
+    // A failed holder is stopped first: nexus refuses to detach from it.
     assert_eq!(
         attach,
         Some((
             "demo-control-plane-cp001".to_owned(),
-            Some("demo-control-plane-cp000".to_owned())
+            Some("demo-control-plane-cp000".to_owned()),
+            true
         ))
     );
     // Attach comes before anything that could remove the old holder.
