@@ -198,6 +198,14 @@ async fn world() -> FakeWorld {
     fip(&w, "prod-kube-system-lb", CCM, None);
     fip(&w, "prod-2-default-web", CCM, Some("prod-2-workers-xxxxx"));
     disk(&w, "boot-prod-workers-zzzzz", &tag("prod", "workers"));
+    // A volume someone attached by hand to one of prod's workers (audit 2 F5): not prod's.
+    let volume = disk(&w, "team-volume", "the team's data");
+    w.with(|s| {
+        let worker = s.instances["prod-workers-aaaaa"].id;
+        if let Some(d) = s.disks.values_mut().find(|d| d.id == volume) {
+            d.state = DiskState::Attached(worker);
+        }
+    });
     disk(&w, "boot-prod-2-workers-zzzzz", &tag("prod-2", "workers"));
     disk(&w, "scratch", "someone's disk");
     let import = disk(
@@ -366,6 +374,7 @@ fn decoys() -> BTreeSet<String> {
         "disk data-prod-db",
         "disk boot-prod-2-workers-zzzzz",
         "disk scratch",
+        "disk team-volume",
         "disk oxide-controller-import-5566778899",
         "fip prod-2-apiserver",
         "fip prod-web",
@@ -430,6 +439,13 @@ async fn a_dry_run_changes_nothing_and_lists_exactly_what_the_real_run_removes()
             .kept
             .iter()
             .any(|k| k.name == "shared" && k.why.contains("prod-2-workers-yyyyy"))
+    );
+    assert!(
+        dry.inventory
+            .kept
+            .iter()
+            .any(|k| k.name == "team-volume" && k.why.contains("attached by hand")),
+        "{text}"
     );
 
     let again = run(&w, None, false, &dir).await.unwrap();

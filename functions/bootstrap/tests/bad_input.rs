@@ -187,3 +187,37 @@ async fn a_missing_image_file_and_a_bad_schedule_and_a_foreign_kubeconfig_are_re
     )
     .await;
 }
+
+/// A floating IP that happens to carry the cluster's API name but is someone else's (audit 2
+/// F5) is never adopted: bootstrap exits 2 naming it, before any VM, and leaves it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn someone_elses_address_with_the_api_name_is_not_adopted() {
+    use oxide_controller::rack::Rack as _;
+    use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
+    let env = env().await;
+    env.sim.oxide().seed_project("demo");
+    let rack = OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "demo",
+        RackOptions::default(),
+    )
+    .unwrap();
+    rack.create_floating_ip("demo-apiserver", "the team's address", None)
+        .await
+        .unwrap();
+    let out = env.command(&env.args(&[])).output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("demo-apiserver") && stderr.contains("not this cluster's API address"),
+        "{stderr}"
+    );
+    assert!(env.names("instances").is_empty(), "no VM was made");
+    let fip = rack
+        .get_floating_ip("demo-apiserver")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(fip.description, "the team's address");
+}

@@ -639,14 +639,25 @@ async fn ensure_floating_ip(
     pool: Option<&str>,
 ) -> Result<FloatingIp, BootstrapError> {
     let step = "floating-ip";
+    let description = crate::names::api_floating_ip_description(cluster);
     if let Some(f) = rack
         .get_floating_ip(name)
         .await
         .map_err(|e| rack_failed(step, e))?
     {
-        return Ok(f);
+        // Ours (an earlier run, or reconcile's repair before it wrote our text), or someone
+        // else's address that happens to have the name: never adopt that one, since
+        // `bootstrap delete` would later leave it (or worse, take it).
+        if f.description == description
+            || f.description == crate::names::LEGACY_RECONCILE_API_FIP_DESCRIPTION
+        {
+            return Ok(f);
+        }
+        return Err(BootstrapError::Config(format!(
+            "floating IP {name} already exists in the project and is not this cluster's API address (its description is {:?}); delete or rename it, or choose another cluster name",
+            f.description
+        )));
     }
-    let description = crate::names::api_floating_ip_description(cluster);
     match rack.create_floating_ip(name, &description, pool).await {
         Ok(f) => Ok(f),
         // A lost answer to our own earlier try.

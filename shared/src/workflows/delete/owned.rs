@@ -242,6 +242,19 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
             .filter(|o| our_names.contains(o))
             .map(str::to_owned);
         let tag = InstanceTag::parse(&d.description).filter(|t| t.cluster == cluster);
+        // Attached to a cluster VM but neither its boot/data disk nor tagged for the cluster:
+        // a volume someone attached by hand. Deleting the VM detaches it; it stays.
+        if let (Some(inst), None, None) = (&attached_to, &named_for, &tag) {
+            keep(
+                &mut inv,
+                Kind::Disk,
+                &d.name,
+                format!(
+                    "attached to instance {inst} but not one of its disks (attached by hand?); it is detached when the instance goes"
+                ),
+            );
+            continue;
+        }
         if let Some(inst) = attached_to.clone().or(named_for.clone()) {
             let how = if attached_to.is_some() {
                 "attached to"
