@@ -43,18 +43,6 @@ impl OxideRack {
     }
 }
 
-/// [`crate::rack::Rack::delete_import_disk`] for the real rack: stop, finalize, delete.
-pub(super) async fn delete_import_disk(rack: &OxideRack, name: &str) -> Result<(), RackError> {
-    match crate::image::release_import_disk(rack, name, crate::retry::Backoff::default()).await {
-        Ok(()) => Ok(()),
-        Err(crate::image::ImageError::Rack { source, .. }) => Err(source),
-        Err(e) => Err(RackError::Unexpected {
-            what: format!("import disk {name}"),
-            message: e.to_string(),
-        }),
-    }
-}
-
 impl ImageStore for OxideRack {
     async fn find_image(&self, name: &str) -> Result<Option<Image>, RackError> {
         crate::rack::Rack::find_image(self, name).await

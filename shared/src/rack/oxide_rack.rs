@@ -955,8 +955,18 @@ impl Rack for OxideRack {
         Ok(all.into_iter().map(floating_ip_from).collect())
     }
 
+    /// Stop, finalize, delete: the walk [`crate::image::release_import_disk`] does through
+    /// this rack's [`crate::image::ImageStore`] side.
     async fn delete_import_disk(&self, name: &str) -> Result<(), RackError> {
-        super::oxide_images::delete_import_disk(self, name).await
+        match crate::image::release_import_disk(self, name, crate::retry::Backoff::default()).await
+        {
+            Ok(()) => Ok(()),
+            Err(crate::image::ImageError::Rack { source, .. }) => Err(source),
+            Err(e) => Err(RackError::Unexpected {
+                what: format!("import disk {name}"),
+                message: e.to_string(),
+            }),
+        }
     }
 
     async fn default_subnet_prefix(&self) -> Result<Option<u8>, RackError> {
