@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 #[path = "../tests/support/pending.rs"]
 mod support;
-use support::{Webhook, cluster, creates, deployment, wait_until};
+use support::{Webhook, cluster, creates, deployment};
 
 async fn job_created(sim: &SimHandle) -> bool {
     !sim.kube()
@@ -38,12 +38,7 @@ async fn running(sim: &SimHandle, app: &str) -> usize {
 async fn trial() -> (Duration, Duration, Duration) {
     let (sim, token) = cluster(true, 6).await;
     let webhook = Webhook::start(&sim, &token).await;
-    wait_until(
-        "the webhook to watch pods",
-        Duration::from_secs(30),
-        async || webhook.watching().await,
-    )
-    .await;
+    webhook.wait_watching().await;
     sim.oxide().reset_counters();
     let start = Instant::now();
     deployment(&sim, "web", 10, "900m").await;

@@ -35,12 +35,7 @@ async fn jobs_run(sim: &SimHandle) -> usize {
 async fn unschedulable_pods_start_one_run_that_creates_workers() {
     let (sim, token) = cluster(true, 6).await;
     let webhook = Webhook::start(&sim, &token).await;
-    wait_until(
-        "the webhook to watch pods",
-        Duration::from_secs(20),
-        async || webhook.watching().await,
-    )
-    .await;
+    webhook.wait_watching().await;
     sim.oxide().reset_counters();
     deployment(&sim, "web", 10, "900m").await;
     let took = wait_until(
@@ -70,12 +65,7 @@ async fn unschedulable_pods_start_one_run_that_creates_workers() {
 async fn a_burst_of_100_pending_pods_over_five_seconds_is_one_run() {
     let (sim, token) = cluster(true, 2).await;
     let webhook = Webhook::start(&sim, &token).await;
-    wait_until(
-        "the webhook to watch pods",
-        Duration::from_secs(20),
-        async || webhook.watching().await,
-    )
-    .await;
+    webhook.wait_watching().await;
     for i in 0..100u32 {
         sim.kube()
             .apply(json!({
@@ -105,12 +95,7 @@ async fn a_burst_of_100_pending_pods_over_five_seconds_is_one_run() {
 async fn a_restarted_webhook_resumes_and_unhostable_pods_trigger_at_most_once() {
     let (sim, token) = cluster(true, 3).await;
     let mut webhook = Webhook::start(&sim, &token).await;
-    wait_until(
-        "the webhook to watch pods",
-        Duration::from_secs(20),
-        async || webhook.watching().await,
-    )
-    .await;
+    webhook.wait_watching().await;
     let _ = webhook.child.start_kill();
     let _ = webhook.child.wait().await;
     sim.oxide().reset_counters();
@@ -155,12 +140,7 @@ async fn a_restarted_webhook_resumes_and_unhostable_pods_trigger_at_most_once() 
     .await;
     drop(webhook);
     let webhook = Webhook::start(&sim, &token).await;
-    wait_until(
-        "the new webhook to watch pods",
-        Duration::from_secs(20),
-        async || webhook.watching().await,
-    )
-    .await;
+    webhook.wait_watching().await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(
         webhook.triggers("pending_pods").await,

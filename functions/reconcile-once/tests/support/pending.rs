@@ -170,6 +170,16 @@ impl Webhook {
             .unwrap_or(0)
     }
 
+    /// Waits (at most 30 s) until the webhook says it watches pods.
+    pub async fn wait_watching(&self) {
+        wait_until(
+            "the webhook to watch pods",
+            Duration::from_secs(30),
+            async || self.watching().await,
+        )
+        .await;
+    }
+
     pub async fn watching(&self) -> bool {
         self.metrics()
             .await
