@@ -50,6 +50,11 @@ async fn unschedulable_pods_start_one_run_that_creates_workers() {
         1,
         "one run for the burst"
     );
+    // The run writes status.json when it ends; GET /status adds what the webhook started.
+    wait_until("the run's status", Duration::from_secs(60), async || {
+        webhook.status().await["runId"].is_string()
+    })
+    .await;
     let status = webhook.status().await;
     assert_eq!(status["lastTrigger"]["reason"], "pending_pods", "{status}");
     assert!(
