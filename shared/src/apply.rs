@@ -2,8 +2,9 @@
 //! decides nothing the planner did not; it orders phases, bounds concurrency, retries what is
 //! retryable, respects the run deadline and reports one outcome per action.
 //!
-//! Phases: the API floating IP first (joiners need it), then creates and starts, then
-//! removals, then orphan cleanup. A removal is an idempotent pipeline — mark (cordon +
+//! Phases: the API floating IP first (joiners need it), then each pool's first create alone,
+//! then the other creates (skipped for a pool whose first create the rack refused for a reason
+//! that refuses them all) and starts, then removals, then orphan cleanup. A removal is an idempotent pipeline — mark (cordon +
 //! annotate), drain, stop, delete the Node, delete the instance, delete its disks — that may
 //! stop early (a PodDisruptionBudget, an instance still stopping) and resume in a later run.
 
