@@ -169,13 +169,11 @@ impl Metrics {
     /// The Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        let _ = writeln!(
-            out,
-            "# HELP oxide_controller_webhook_requests_total Webhook requests handled, by route template, method and status."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE oxide_controller_webhook_requests_total counter"
+        header(
+            &mut out,
+            "oxide_controller_webhook_requests_total",
+            "counter",
+            "Webhook requests handled, by route template, method and status.",
         );
         let requests = self
             .requests
@@ -189,13 +187,11 @@ impl Metrics {
                 ROUTES[*route]
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP oxide_controller_webhook_request_duration_seconds Time to handle a webhook request, by route template."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE oxide_controller_webhook_request_duration_seconds histogram"
+        header(
+            &mut out,
+            "oxide_controller_webhook_request_duration_seconds",
+            "histogram",
+            "Time to handle a webhook request, by route template.",
         );
         for (route, h) in ROUTES.iter().zip(&self.latency) {
             let count = h.count.load(Ordering::Relaxed);
@@ -224,52 +220,52 @@ impl Metrics {
                 "oxide_controller_webhook_request_duration_seconds_count{{route=\"{route}\"}} {count}"
             );
         }
-        let _ = writeln!(
-            out,
-            "# HELP oxide_controller_webhook_reconcile_triggers_total On-demand reconcile Job triggers, by result."
+        header(
+            &mut out,
+            "oxide_controller_webhook_reconcile_triggers_total",
+            "counter",
+            "On-demand reconcile Job triggers, by result.",
         );
-        let _ = writeln!(
-            out,
-            "# TYPE oxide_controller_webhook_reconcile_triggers_total counter"
+        labelled(
+            &mut out,
+            "oxide_controller_webhook_reconcile_triggers_total",
+            "result",
+            TriggerResult::ALL
+                .iter()
+                .map(|r| r.label())
+                .zip(&self.triggers),
         );
-        for (r, n) in TriggerResult::ALL.iter().zip(&self.triggers) {
-            let _ = writeln!(
-                out,
-                "oxide_controller_webhook_reconcile_triggers_total{{result=\"{}\"}} {}",
-                r.label(),
-                n.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP oxide_controller_triggers_total Reconcile runs started by the webhook, by why: scale_change (a count or autoscaling change), manual (POST /reconcile), pending_pods (new unschedulable pods)."
+        header(
+            &mut out,
+            "oxide_controller_triggers_total",
+            "counter",
+            "Reconcile runs started by the webhook, by why: scale_change (a count or autoscaling change), manual (POST /reconcile), pending_pods (new unschedulable pods).",
         );
-        let _ = writeln!(out, "# TYPE oxide_controller_triggers_total counter");
-        for (r, n) in TriggerReason::ALL.iter().zip(&self.reasons) {
-            let _ = writeln!(
-                out,
-                "oxide_controller_triggers_total{{reason=\"{}\"}} {}",
-                r.as_str(),
-                n.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP oxide_controller_webhook_pending_watch 1 while the webhook watches for unschedulable pods (some pool autoscales)."
+        labelled(
+            &mut out,
+            "oxide_controller_triggers_total",
+            "reason",
+            TriggerReason::ALL
+                .iter()
+                .map(|r| r.as_str())
+                .zip(&self.reasons),
         );
-        let _ = writeln!(out, "# TYPE oxide_controller_webhook_pending_watch gauge");
+        header(
+            &mut out,
+            "oxide_controller_webhook_pending_watch",
+            "gauge",
+            "1 while the webhook watches for unschedulable pods (some pool autoscales).",
+        );
         let _ = writeln!(
             out,
             "oxide_controller_webhook_pending_watch {}",
             self.watching.load(Ordering::Relaxed)
         );
-        let _ = writeln!(
-            out,
-            "# HELP oxide_controller_webhook_state_conflicts_total ConfigMap writes refused with 409 (each one re-read and re-applied)."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE oxide_controller_webhook_state_conflicts_total counter"
+        header(
+            &mut out,
+            "oxide_controller_webhook_state_conflicts_total",
+            "counter",
+            "ConfigMap writes refused with 409 (each one re-read and re-applied).",
         );
         let _ = writeln!(
             out,
@@ -277,6 +273,28 @@ impl Metrics {
             self.conflicts.load(Ordering::Relaxed)
         );
         out
+    }
+}
+
+/// The `# HELP` and `# TYPE` lines of metric `name`.
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// One sample of `name` per label value.
+fn labelled<'a>(
+    out: &mut String,
+    name: &str,
+    label: &str,
+    samples: impl Iterator<Item = (&'a str, &'a AtomicU64)>,
+) {
+    for (value, n) in samples {
+        let _ = writeln!(
+            out,
+            "{name}{{{label}=\"{value}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
     }
 }
 
