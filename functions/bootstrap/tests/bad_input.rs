@@ -193,16 +193,9 @@ async fn a_missing_image_file_and_a_bad_schedule_and_a_foreign_kubeconfig_are_re
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn someone_elses_address_with_the_api_name_is_not_adopted() {
     use oxide_controller::rack::Rack as _;
-    use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
     let env = env().await;
     env.sim.oxide().seed_project("demo");
-    let rack = OxideRack::connect(
-        &env.sim.oxide_host,
-        &env.sim.oxide_token,
-        "demo",
-        RackOptions::default(),
-    )
-    .unwrap();
+    let rack = env.rack("demo");
     rack.create_floating_ip("demo-apiserver", "the team's address", None)
         .await
         .unwrap();

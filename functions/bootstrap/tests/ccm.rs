@@ -20,7 +20,7 @@ use common::{BIN, Env, env, kube_client};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use oxide_controller::rack::Rack as _;
-use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::rack::oxide_rack::OxideRack;
 use oxide_controller::spec::ClusterSpec;
 use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{self, StateStore as _};
@@ -352,13 +352,7 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
         .map(|i| i["name"].as_str().unwrap().to_owned())
         .collect();
     let other_servers: Vec<&String> = servers.iter().filter(|s| **s != holder).collect();
-    let rack = OxideRack::connect(
-        &env.sim.oxide_host,
-        &env.sim.oxide_token,
-        "demo",
-        RackOptions::default(),
-    )
-    .unwrap();
+    let rack = env.rack("demo");
     let workers = workers_by_age(&rack).await;
     let ccm_fips: [(&str, Option<&str>); 4] = [
         ("demo-default-web", Some(workers[0].as_str())),

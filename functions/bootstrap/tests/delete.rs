@@ -62,16 +62,6 @@ async fn delete(env: &Env, extra: &[&str]) -> std::process::Output {
     .unwrap()
 }
 
-fn rack(env: &Env) -> OxideRack {
-    OxideRack::connect(
-        &env.sim.oxide_host,
-        &env.sim.oxide_token,
-        "prod",
-        RackOptions::default(),
-    )
-    .unwrap()
-}
-
 /// Cluster `prod`, 3 control planes + 3 workers, and the decoys. With `prod2` set, the
 /// kubeconfig path of a second, really bootstrapped cluster `prod-2` (1+1, same project) stands
 /// in for the made-up `prod-2` VM and API address.
@@ -112,7 +102,7 @@ async fn prod_with_decoys(prod2: Option<&std::path::Path>) -> Env {
             ));
         }
     }
-    let rack = rack(&env);
+    let rack = env.rack("prod");
     let image = rack.find_image(IMAGE).await.unwrap().unwrap();
     for (name, description) in vms {
         rack.create_instance(&NewInstance {
@@ -251,7 +241,7 @@ async fn delete_removes_the_cluster_and_nothing_else() {
     // stopped but not finalized. Nexus deletes neither as it stands.
     {
         use oxide_controller::image::{ImageStore as _, import_disk_description};
-        let r = rack(&env);
+        let r = env.rack("prod");
         for (name, stop) in [
             ("oxide-controller-import-aaaaaaaaaa", false),
             ("oxide-controller-import-bbbbbbbbbb", true),
@@ -356,7 +346,7 @@ async fn delete_removes_the_cluster_and_nothing_else() {
     );
     assert!(env.names("projects").contains(&"prod".to_owned()));
     // Only bootstrap's rule for prod went.
-    let rules = rack(&env).list_firewall_rules().await.unwrap();
+    let rules = env.rack("prod").list_firewall_rules().await.unwrap();
     assert!(!rules.contains(&"prod-k8s-api".to_owned()), "{rules:?}");
     for kept in ["prod-2-k8s-api", "allow-office", "allow-ssh"] {
         assert!(

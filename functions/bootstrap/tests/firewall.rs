@@ -12,7 +12,6 @@ use std::time::Duration;
 use common::env;
 use oxide_controller::firewall::{TcpAllowRule, parse_sources};
 use oxide_controller::rack::Rack as _;
-use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
 
 /// `GET https://<ip>:6443/readyz` with a short deadline: `Err(true)` for a timeout.
 async fn probe_api(ip: &str) -> Result<u16, bool> {
@@ -31,13 +30,7 @@ async fn probe_api(ip: &str) -> Result<u16, bool> {
 async fn the_api_answers_once_the_rule_admits_us_and_a_rerun_changes_no_rule() {
     let env = env().await;
     env.sim.oxide().seed_project("demo");
-    let rack = OxideRack::connect(
-        &env.sim.oxide_host,
-        &env.sim.oxide_token,
-        "demo",
-        RackOptions::default(),
-    )
-    .unwrap();
+    let rack = env.rack("demo");
     // The user's own rule, made before bootstrap.
     let user_rule = TcpAllowRule {
         name: "user-web".into(),

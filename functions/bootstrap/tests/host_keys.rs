@@ -17,18 +17,8 @@ use std::time::Duration;
 use common::{Env, log_lines};
 use oxide_controller::model::InstanceState;
 use oxide_controller::rack::Rack as _;
-use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::rack::oxide_rack::OxideRack;
 use serde_json::Value;
-
-fn rack(env: &Env) -> OxideRack {
-    OxideRack::connect(
-        &env.sim.oxide_host,
-        &env.sim.oxide_token,
-        "demo",
-        RackOptions::default(),
-    )
-    .unwrap()
-}
 
 fn resume_file(env: &Env) -> std::path::PathBuf {
     env.state_dir().join("demo.json")
@@ -43,7 +33,7 @@ fn first_server(env: &Env) -> String {
 /// Stops and starts `name` (a new VMM: an empty console history) and waits until our
 /// per-boot script printed the fingerprints again.
 async fn restart(env: &Env, name: &str) {
-    let rack = rack(env);
+    let rack = env.rack("demo");
     rack.stop_instance(name).await.unwrap();
     wait_state(&rack, name, InstanceState::Stopped).await;
     rack.start_instance(name).await.unwrap();

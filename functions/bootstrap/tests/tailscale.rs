@@ -19,7 +19,6 @@ use common::{Env, IMAGE, SSH_PORT, kube_client};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ListParams};
 use oxide_controller::rack::Rack as _;
-use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
 use oxide_sim::{Sim, SimOptions, TailscaleOptions};
 use serde_json::Value;
 
@@ -282,13 +281,7 @@ async fn a_vm_with_a_wrong_auth_key_never_joins_and_its_console_says_so() {
         env.sim.tailnet().address_of(first_id.parse().unwrap()),
         None
     );
-    let rack = OxideRack::connect(
-        &env.sim.oxide_host,
-        &env.sim.oxide_token,
-        "demo",
-        RackOptions::default(),
-    )
-    .unwrap();
+    let rack = env.rack("demo");
     let console = String::from_utf8_lossy(&rack.serial_console(&first).await.unwrap()).into_owned();
     assert!(console.contains("invalid key"), "{console}");
     assert!(

@@ -45,6 +45,17 @@ pub async fn env_with(opts: SimOptions) -> Env {
 }
 
 impl Env {
+    /// The product's Oxide adapter for `project` on this simulator.
+    pub fn rack(&self, project: &str) -> oxide_controller::rack::oxide_rack::OxideRack {
+        oxide_controller::rack::oxide_rack::OxideRack::connect(
+            &self.sim.oxide_host,
+            &self.sim.oxide_token,
+            project,
+            oxide_controller::rack::oxide_rack::RackOptions::default(),
+        )
+        .unwrap()
+    }
+
     pub fn home(&self) -> PathBuf {
         self.dir.path().join("home")
     }
