@@ -6,7 +6,6 @@
 //!
 //! `scale` is found next to `reconcile-once` (both are built by `cargo test --workspace`).
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -16,34 +15,11 @@ use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 
-const RECONCILE: &str = env!("CARGO_BIN_EXE_reconcile-once");
 const WK: &str = "sim-workers-";
 
-fn scale_bin() -> PathBuf {
-    let p = Path::new(RECONCILE).with_file_name("scale");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build -p scale` (cargo test --workspace builds it)",
-        p.display()
-    );
-    p
-}
-
-/// The manifests, one object per document.
-fn manifests() -> Vec<Value> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s-cronjobs");
-    let mut out = Vec::new();
-    for f in ["serviceaccount.yaml", "rbac.yaml", "cronjob.yaml"] {
-        let text = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
-        for doc in text.split("\n---") {
-            let v: Value = serde_saphyr::from_str(doc).unwrap_or(Value::Null);
-            if v.is_object() {
-                out.push(v);
-            }
-        }
-    }
-    out
-}
+#[path = "support/pending.rs"]
+mod support;
+use support::{RECONCILE, base64_decode, manifests, scale_bin};
 
 /// Every (object index, rule index, verb) of the Role and ClusterRole.
 fn verbs(objs: &[Value]) -> Vec<(usize, usize, String)> {
@@ -412,12 +388,6 @@ async fn set_autoscale(sim: &SimHandle, on: bool) -> Result<(), String> {
     )
     .await?;
     Ok(())
-}
-
-fn base64_decode(s: &str) -> Option<String> {
-    use base64::Engine;
-    let bytes = base64::engine::general_purpose::STANDARD.decode(s).ok()?;
-    String::from_utf8(bytes).ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

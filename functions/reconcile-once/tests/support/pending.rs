@@ -27,6 +27,30 @@ pub fn scale_bin() -> PathBuf {
     p
 }
 
+/// The in-cluster manifests of `k8s-cronjobs/` (ServiceAccount, RBAC, CronJob), one object
+/// per document.
+pub fn manifests() -> Vec<Value> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s-cronjobs");
+    let mut out = Vec::new();
+    for f in ["serviceaccount.yaml", "rbac.yaml", "cronjob.yaml"] {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        for doc in text.split("\n---") {
+            let v: Value = serde_saphyr::from_str(doc).unwrap_or(Value::Null);
+            if v.is_object() {
+                out.push(v);
+            }
+        }
+    }
+    out
+}
+
+/// Standard base64 decoded to text (Secret data).
+pub fn base64_decode(s: &str) -> Option<String> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD.decode(s).ok()?;
+    String::from_utf8(bytes).ok()
+}
+
 /// A 1 + 1 cluster whose Jobs run the real binaries, with the manifests' CronJob suspended,
 /// and the workers autoscaling (min 1, `max`) when `autoscale`.
 pub async fn cluster(autoscale: bool, max: u32) -> (SimHandle, String) {
@@ -47,22 +71,15 @@ pub async fn cluster(autoscale: bool, max: u32) -> (SimHandle, String) {
     })
     .await
     .unwrap_or_else(|e| panic!("simulator: {e:#}"));
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s-cronjobs");
-    for f in ["serviceaccount.yaml", "rbac.yaml", "cronjob.yaml"] {
-        let text = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
-        for doc in text.split("\n---") {
-            let mut v: Value = serde_saphyr::from_str(doc).unwrap_or(Value::Null);
-            if !v.is_object() {
-                continue;
-            }
-            if v["kind"] == "CronJob" {
-                v["spec"]["suspend"] = json!(true);
-            }
-            sim.kube()
-                .apply(v)
-                .await
-                .unwrap_or_else(|e| panic!("{f}: {e}"));
+    for mut v in manifests() {
+        if v["kind"] == "CronJob" {
+            // Only the webhook starts runs here.
+            v["spec"]["suspend"] = json!(true);
         }
+        sim.kube()
+            .apply(v)
+            .await
+            .unwrap_or_else(|e| panic!("manifests: {e}"));
     }
     let kube = sim.kube();
     let cm = kube
@@ -88,11 +105,7 @@ pub async fn cluster(autoscale: bool, max: u32) -> (SimHandle, String) {
         .get("v1", "Secret", Some("kube-system"), "oxide-controller")
         .await
         .and_then(|s| s["data"]["webhook-token"].as_str().map(str::to_owned))
-        .and_then(|b| {
-            use base64::Engine;
-            let bytes = base64::engine::general_purpose::STANDARD.decode(b).ok()?;
-            String::from_utf8(bytes).ok()
-        })
+        .and_then(|b| base64_decode(&b))
         .unwrap_or_else(|| panic!("no webhook token"));
     (sim, token)
 }
