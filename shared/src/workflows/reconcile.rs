@@ -457,14 +457,7 @@ where
     if outcome.is_ok() {
         record_backoff_events(cluster, previous.as_ref(), &status).await;
     }
-    if let Err(e) = write_status(
-        state,
-        Some(&snapshot),
-        &status,
-        Some(&spec.server_settings()),
-    )
-    .await
-    {
+    if let Err(e) = write_status(state, Some(&snapshot), &status, &spec.server_settings()).await {
         warn!(error = %e, "could not write status.json");
     }
     // Retried like every other Kubernetes call: a Lease left held makes the next runs step
@@ -545,13 +538,14 @@ pub const LEASE_MARGIN: Duration = Duration::from_secs(15);
 /// Pause between failed renewals.
 const LEASE_RETRY: Duration = Duration::from_secs(2);
 
-/// Writes `status.json`: re-read, set our key, replace with the version read. A 409 means the
+/// Writes `status.json` (and records `server_settings` if the ConfigMap has none yet): re-read,
+/// set our keys, replace with the version read. A 409 means the
 /// webhook changed the spec meanwhile: re-read and write again (we never touch the spec).
 pub async fn write_status<S: StateStore>(
     state: &S,
     read: Option<&state::ConfigSnapshot>,
     status: &Status,
-    server_settings: Option<&BTreeMap<String, String>>,
+    server_settings: &BTreeMap<String, String>,
 ) -> Result<(), StateError> {
     let mut last = None;
     // First against what the run read at its start (usually still current: one request).
@@ -563,11 +557,9 @@ pub async fn write_status<S: StateStore>(
         };
         let mut data = snap.data.clone();
         data.insert(state::keys::STATUS.to_owned(), status.to_json());
-        if let Some(settings) = server_settings {
-            // Recorded once (bootstrap, or the first run of an older cluster); never replaced.
-            data.entry(state::keys::K3S_SERVER_SETTINGS.to_owned())
-                .or_insert_with(|| serde_json::to_string(settings).unwrap_or_default());
-        }
+        // Recorded once (bootstrap, or the first run of an older cluster); never replaced.
+        data.entry(state::keys::K3S_SERVER_SETTINGS.to_owned())
+            .or_insert_with(|| serde_json::to_string(server_settings).unwrap_or_default());
         match state.replace_config(&snap.resource_version, data).await {
             Ok(_) => return Ok(()),
             Err(e) if e.is_conflict() => last = Some(e),
