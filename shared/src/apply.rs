@@ -122,7 +122,9 @@ pub async fn apply<R: Rack, C: Cluster, F: MemberFactory>(
         .map(|a| match a {
             Action::CreateApiFloatingIp { .. } | Action::AttachApiFloatingIp { .. } => 0,
             Action::CreateMember { pool, .. } if first_creates.insert(pool.as_str()) => 1,
-            Action::CreateMember { .. } | Action::StartMember { .. } => 2,
+            Action::CreateMember { .. }
+            | Action::StartMember { .. }
+            | Action::CancelRemoval { .. } => 2,
             Action::RemoveMember { .. } => 3,
             Action::DeleteNode { .. } | Action::DeleteDisk { .. } => 4,
         })
@@ -299,6 +301,12 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 Ok(o) => o,
                 Err(e) => Outcome::Failed(e),
             },
+            Action::CancelRemoval { node, .. } => {
+                match self.retry_kube(|| self.cluster.cancel_removal(node)).await {
+                    Ok(()) | Err(ClusterError::NotFound { .. }) => Outcome::Done,
+                    Err(e) => Outcome::Failed(format!("{e:#}")),
+                }
+            }
             Action::DeleteNode { node, .. } => {
                 match self.retry_kube(|| self.cluster.delete_node(node)).await {
                     Ok(()) => Outcome::Done,

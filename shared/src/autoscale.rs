@@ -17,8 +17,19 @@
 //!   removed, at most one per pool per run, never below min;
 //! - a node is kept when it is annotated `cluster-autoscaler.kubernetes.io/scale-down-disabled:
 //!   "true"` or holds a pod annotated `cluster-autoscaler.kubernetes.io/safe-to-evict:
-//!   "false"`, a pod with no controller, or a `kube-system` pod without a PodDisruptionBudget
-//!   (the last two unless the pod is annotated `safe-to-evict: "true"`).
+//!   "false"`, a pod whose PersistentVolume is pinned to it (k3s's default `local-path`), a pod
+//!   with local storage (hostPath, emptyDir), a pod with no controller, a `kube-system` pod
+//!   without a PodDisruptionBudget (the last three unless the pod is annotated `safe-to-evict:
+//!   "true"`), or a pod whose budget allows fewer disruptions than the node would cause;
+//! - removals are simulated one after another, across pools: a node whose pods would land on a
+//!   node removed earlier in the same run waits (FAQ "one non-empty node at a time");
+//! - no scale-down for `scale_down_delay_after_add_seconds` after a scale-up, nor for three
+//!   minutes after a removal was given up; a removal the autoscaler started that has not
+//!   finished after `removal_timeout_seconds` is given up (the node uncordoned, the annotation
+//!   dropped) and that node is left alone for five minutes;
+//! - left out of every judgement: DaemonSet and mirror pods on scale-up (a new node gets its
+//!   own), pods waiting for preemption (`nominatedNodeName`), expendable pods (priority below
+//!   -10), and oxide-controller's own reconcile pods (gone within minutes).
 //!
 //! Time-based bounds: a pool's `schedules` are cron windows (Kubernetes' cron dialect, see
 //! [`crate::kcron`]) with a duration; while one is active its min/max replace the pool's.
@@ -47,9 +58,27 @@ pub const DEFAULT_MAX_PODS: u32 = 110;
 /// allocatable memory is short of capacity when no kube/system reservation is set (k3s sets
 /// none).
 pub const EVICTION_HARD_MEMORY: u64 = 100 * 1024 * 1024;
-/// How a kept node's reason ends when only a PodDisruptionBudget could free it: the caller
-/// lists the budgets (only then) and decides again.
+/// How a kept node's reason ends when only a PodDisruptionBudget could free it.
 pub const NO_PDB: &str = "is in kube-system without a PodDisruptionBudget";
+/// Pod annotation naming local volumes whose loss is fine (comma-separated), as
+/// cluster-autoscaler's.
+pub const SAFE_TO_EVICT_LOCAL_VOLUMES: &str =
+    "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes";
+/// Pods with a priority below this are expendable: they cause no scale-up and keep no node
+/// (`--expendable-pods-priority-cutoff`, default -10).
+pub const EXPENDABLE_PRIORITY_CUTOFF: i32 = -10;
+/// A node whose removal was given up is not considered again for this long
+/// (`--unremovable-node-recheck-timeout`, 5 minutes).
+const UNREMOVABLE_RECHECK_SECONDS: i64 = 300;
+/// No scale-down in a pool for this long after one of its removals was given up
+/// (`--scale-down-delay-after-failure`, 3 minutes).
+const DELAY_AFTER_FAILURE_SECONDS: i64 = 180;
+/// At most this many unhostable pods and kept nodes are named in `status.json`; the rest are
+/// counted (by owner), so status stays far below the ConfigMap's 1 MiB whatever the cluster
+/// holds.
+pub const MAX_LISTED: usize = 100;
+/// Owners counted for the pods past [`MAX_LISTED`].
+const MAX_OWNERS: usize = 200;
 
 /// Per-pool autoscaling settings (`worker_pools[].autoscale` in `spec.yaml`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,6 +99,15 @@ pub struct AutoscaleSpec {
     /// The most nodes one run adds to this pool.
     #[serde(default = "default_max_added")]
     pub max_nodes_per_run: u32,
+    /// No node of this pool is removed until this long after the last scale-up
+    /// (`--scale-down-delay-after-add`, default 10 minutes).
+    #[serde(default = "default_unneeded_seconds")]
+    pub scale_down_delay_after_add_seconds: u64,
+    /// A removal the autoscaler started that has not finished after this long is given up:
+    /// the node is uncordoned and left alone for five minutes (cluster-autoscaler saves a
+    /// node whose eviction keeps failing). Default 10 minutes (`--max-graceful-termination-sec`).
+    #[serde(default = "default_unneeded_seconds")]
+    pub removal_timeout_seconds: u64,
     /// Windows that override min/max while active; the first active one wins.
     #[serde(default)]
     pub schedules: Vec<ScheduleWindow>,
@@ -95,6 +133,8 @@ impl Default for AutoscaleSpec {
             scale_down_unneeded_seconds: default_unneeded_seconds(),
             utilization_threshold: default_threshold(),
             max_nodes_per_run: default_max_added(),
+            scale_down_delay_after_add_seconds: default_unneeded_seconds(),
+            removal_timeout_seconds: default_unneeded_seconds(),
             schedules: Vec::new(),
         }
     }
@@ -144,6 +184,12 @@ impl AutoscaleSpec {
         }
         if self.max_nodes_per_run == 0 {
             err("max_nodes_per_run".into(), "must be at least 1".into());
+        }
+        if self.removal_timeout_seconds == 0 {
+            err(
+                "removal_timeout_seconds".into(),
+                "must be at least 1".into(),
+            );
         }
         for (i, w) in self.schedules.iter().enumerate() {
             let base = format!("schedules[{i}]");
@@ -245,16 +291,35 @@ impl Toleration {
     }
 }
 
-/// One `matchExpressions` requirement of a required node affinity term.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One requirement of a required node affinity term: a `matchExpressions` entry on a label,
+/// or (`field`) a `matchFields` entry, which selects on `metadata.name`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LabelRequirement {
     pub key: String,
     pub op: LabelOp,
     pub values: Vec<String>,
+    pub field: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The hostname label a node of a pool has before it exists: no name a pod or volume can
+/// name, so `In` never matches it, `NotIn` and `Exists` do.
+const NEW_NODE: &str = "<new node>";
+
+/// Required node selector terms: ORed, requirements within a term ANDed, an empty term
+/// matches nothing (component-helpers `nodeaffinity`).
+fn terms_match(
+    terms: &[Vec<LabelRequirement>],
+    labels: &BTreeMap<String, String>,
+    name: &str,
+) -> bool {
+    terms
+        .iter()
+        .any(|term| !term.is_empty() && term.iter().all(|r| r.matches(labels, name)))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LabelOp {
+    #[default]
     In,
     NotIn,
     Exists,
@@ -264,7 +329,16 @@ pub enum LabelOp {
 }
 
 impl LabelRequirement {
-    fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    fn matches(&self, labels: &BTreeMap<String, String>, name: &str) -> bool {
+        if self.field {
+            // matchFields: only metadata.name, only In/NotIn (anything else matches nothing).
+            let has = self.key == "metadata.name" && self.values.iter().any(|v| v == name);
+            return match self.op {
+                LabelOp::In => has,
+                LabelOp::NotIn => self.key == "metadata.name" && !has,
+                _ => false,
+            };
+        }
         let v = labels.get(&self.key);
         let num = |s: &String| s.parse::<i64>().ok();
         match self.op {
@@ -287,12 +361,30 @@ impl LabelRequirement {
     }
 }
 
+/// A PodDisruptionBudget selecting a pod: `namespace/name` and `status.disruptionsAllowed`
+/// (0 while the disruption controller has not computed it: the Eviction API refuses then too).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Budget {
+    pub key: String,
+    pub allowed: u32,
+}
+
+/// A bound PersistentVolume a pod mounts that may only be used on some nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PinnedVolume {
+    pub pv: String,
+    /// Its required node selector terms (`spec.nodeAffinity.required`).
+    pub terms: Vec<Vec<LabelRequirement>>,
+}
+
 /// A pod as the autoscaler needs it.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct PodView {
     pub namespace: String,
     pub name: String,
-    /// Sum of the containers' requests (the larger of that and any init container's).
+    /// What the scheduler counts (`PodRequests`): containers and sidecars (init containers
+    /// with `restartPolicy: Always`) summed, the larger of that and any init container's (with
+    /// the sidecars started before it), plus the pod overhead.
     pub requests: Resources,
     /// Where it runs; None while Pending.
     pub node: Option<String>,
@@ -300,13 +392,31 @@ pub struct PodView {
     pub unschedulable: bool,
     /// Kind of the controlling owner reference (`ReplicaSet`, `DaemonSet`, ...), if any.
     pub controller_kind: Option<String>,
+    /// `namespace/Kind/name` of the controlling owner, if any.
+    pub owner: Option<String>,
     pub annotations: BTreeMap<String, String>,
     pub node_selector: BTreeMap<String, String>,
     /// Required node affinity: terms are ORed, requirements within a term ANDed. Empty: none.
     pub affinity_terms: Vec<Vec<LabelRequirement>>,
     pub tolerations: Vec<Toleration>,
-    /// Some PodDisruptionBudget selects it.
-    pub has_pdb: bool,
+    /// The budgets selecting it (only known when the caller listed them).
+    pub budgets: Vec<Budget>,
+    /// `spec.priority`.
+    pub priority: Option<i32>,
+    /// `status.nominatedNodeName` is set: it waits for a preemption to make room.
+    pub nominated: bool,
+    /// `protocol/port` of every container port with a `hostPort`.
+    pub host_ports: Vec<String>,
+    /// hostPath and (non-memory) emptyDir volumes not named in
+    /// `safe-to-evict-local-volumes`: data that a removal of its node loses.
+    pub local_volumes: Vec<String>,
+    /// Bound PersistentVolumes with a node affinity.
+    pub pinned: Vec<PinnedVolume>,
+    /// The scheduler refused it for a reason no new node changes (its words).
+    pub refusal: Option<String>,
+    /// One of oxide-controller's own reconcile pods: it exits within minutes, so it neither
+    /// keeps nor fills a node.
+    pub ours: bool,
 }
 
 impl PodView {
@@ -318,7 +428,16 @@ impl PodView {
         self.controller_kind.as_deref() == Some("DaemonSet")
             || self.annotations.contains_key("kubernetes.io/config.mirror")
     }
-    /// Why this pod keeps its node from being removed, if it does.
+    /// Below the expendable cutoff.
+    fn expendable(&self) -> bool {
+        self.priority
+            .is_some_and(|p| p < EXPENDABLE_PRIORITY_CUTOFF)
+    }
+    /// Left out when judging a node: it will be gone soon, or may be killed.
+    fn ignored_on_node(&self) -> bool {
+        self.ours || self.expendable()
+    }
+    /// Why this pod keeps its node from being removed, if it does (budgets aside).
     fn blocks_removal(&self) -> Option<String> {
         let safe = self.annotations.get(SAFE_TO_EVICT).map(String::as_str);
         if safe == Some("false") {
@@ -327,19 +446,44 @@ impl PodView {
                 self.key()
             ));
         }
+        // A volume only this node can mount: evicting the pod strands it (and deleting the VM
+        // deletes the data). No annotation lifts this: the pod could not run elsewhere.
+        if let Some(v) = self.pinned.iter().find(|v| {
+            v.terms
+                .iter()
+                .flatten()
+                .any(|r| r.key == HOSTNAME || (r.field && r.key == "metadata.name"))
+        }) {
+            return Some(format!(
+                "pod {} keeps its data on this node (PersistentVolume {} is pinned to it)",
+                self.key(),
+                v.pv
+            ));
+        }
         if safe == Some("true") || self.is_daemon() {
             return None;
         }
         if self.controller_kind.is_none() {
             return Some(format!("pod {} has no controller", self.key()));
         }
-        if self.namespace == "kube-system" && !self.has_pdb {
+        if let Some(v) = self.local_volumes.first() {
+            return Some(format!(
+                "pod {} has local storage (volume {v}; {SAFE_TO_EVICT_LOCAL_VOLUMES} lifts this)",
+                self.key()
+            ));
+        }
+        if self.namespace == "kube-system" && self.budgets.is_empty() {
             return Some(format!("pod {} {NO_PDB}", self.key()));
         }
         None
     }
-    /// Why it cannot run on a node with these properties (resources aside).
-    fn misfit(&self, labels: &BTreeMap<String, String>, taints: &[Taint]) -> Option<String> {
+    /// Why it cannot run on a node with these properties (resources and host ports aside).
+    fn misfit(
+        &self,
+        labels: &BTreeMap<String, String>,
+        name: &str,
+        taints: &[Taint],
+    ) -> Option<String> {
         if let Some((k, v)) = self
             .node_selector
             .iter()
@@ -347,13 +491,18 @@ impl PodView {
         {
             return Some(format!("nodeSelector {k}={v} does not match"));
         }
-        if !self.affinity_terms.is_empty()
-            && !self
-                .affinity_terms
-                .iter()
-                .any(|term| term.iter().all(|r| r.matches(labels)))
-        {
+        if !self.affinity_terms.is_empty() && !terms_match(&self.affinity_terms, labels, name) {
             return Some("required node affinity does not match".into());
+        }
+        if let Some(v) = self
+            .pinned
+            .iter()
+            .find(|v| !v.terms.is_empty() && !terms_match(&v.terms, labels, name))
+        {
+            return Some(format!(
+                "its PersistentVolume {} is pinned elsewhere (volume node affinity conflict)",
+                v.pv
+            ));
         }
         if let Some(t) = taints.iter().find(|t| {
             t.effect != TaintEffect::PreferNoSchedule
@@ -364,6 +513,9 @@ impl PodView {
         None
     }
 }
+
+/// The well-known hostname label.
+const HOSTNAME: &str = "kubernetes.io/hostname";
 
 /// A node as the autoscaler needs it.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -378,6 +530,10 @@ pub struct NodeView {
     pub annotations: BTreeMap<String, String>,
     /// Cordoned (spec.unschedulable), e.g. already being drained.
     pub cordoned: bool,
+    /// Registered but not Ready yet: still upcoming for the pods it was made for.
+    pub not_ready: bool,
+    /// Carries oxide-controller's removal annotation: a removal is under way.
+    pub removing: bool,
 }
 
 /// A worker pool as the autoscaler needs it.
@@ -409,12 +565,31 @@ impl PoolView {
             memory: self.memory.saturating_sub(EVICTION_HARD_MEMORY),
         }
     }
-    /// Labels a new worker of this pool carries.
+    /// Labels a new worker of this pool carries (its hostname not known yet).
     fn node_labels(&self) -> BTreeMap<String, String> {
         let mut l = self.labels.clone();
         l.insert("kubernetes.io/os".into(), "linux".into());
         l.insert("kubernetes.io/arch".into(), "amd64".into());
+        l.insert(HOSTNAME.into(), NEW_NODE.into());
         l
+    }
+    /// What a new worker offers, as the pool's registered workers show it: the smallest of
+    /// them (a real worker reports less memory than the VM has), else [`Self::allocatable`]
+    /// (cluster-autoscaler builds its templates from real nodes when it has them).
+    fn template(&self, nodes: &[NodeView]) -> (Resources, u32) {
+        let mine = nodes.iter().filter(|n| {
+            n.pool.as_deref() == Some(self.name.as_str())
+                && !n.not_ready
+                && n.allocatable.cpu_milli > 0
+        });
+        let mut out: Option<(Resources, u32)> = None;
+        for n in mine {
+            let (r, pods) = out.get_or_insert((n.allocatable, n.max_pods));
+            r.cpu_milli = r.cpu_milli.min(n.allocatable.cpu_milli);
+            r.memory = r.memory.min(n.allocatable.memory);
+            *pods = (*pods).min(n.max_pods);
+        }
+        out.unwrap_or((self.allocatable(), DEFAULT_MAX_PODS))
     }
 }
 
@@ -425,6 +600,15 @@ pub struct AutoscaleState {
     /// Node name → when it was first seen unneeded (continuously since).
     #[serde(default)]
     pub unneeded_since: BTreeMap<String, DateTime<Utc>>,
+    /// When some pool last grew: scale-down waits `scale_down_delay_after_add_seconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scale_up: Option<DateTime<Utc>>,
+    /// Node name → when the autoscaler chose to remove it, while that removal goes on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub removing: BTreeMap<String, DateTime<Utc>>,
+    /// Node name → when its removal was given up.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub given_up: BTreeMap<String, DateTime<Utc>>,
 }
 
 /// A change to one pool, with why.
@@ -453,10 +637,31 @@ pub struct Unhostable {
 #[serde(rename_all = "camelCase")]
 pub struct Outcome {
     pub decisions: Vec<Decision>,
+    /// The first [`MAX_LISTED`] pods no pool can host, by name.
     pub unhostable: Vec<Unhostable>,
-    /// Nodes kept although unneeded-looking, and why (for status and dry-run).
+    /// The unhostable pods past those, counted by controlling owner (`namespace/Kind/name`;
+    /// `namespace/-` for pods without one).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unhostable_more: BTreeMap<String, u32>,
+    /// Nodes kept although unneeded-looking, and why (for status and dry-run); the first
+    /// [`MAX_LISTED`] by name.
     pub kept: BTreeMap<String, String>,
+    /// Kept nodes past those.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub kept_more: u32,
+    /// Nodes whose removal (started by the autoscaler) is given up in this run: the caller
+    /// uncordons them and drops the removal annotation.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub given_up: Vec<String>,
     pub state: AutoscaleState,
+    /// Some node's judgement depends on PodDisruptionBudgets: when the pods were viewed
+    /// without them, list them and plan again.
+    #[serde(skip)]
+    pub wants_budgets: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Decides every autoscaling pool's count for this run.
@@ -494,8 +699,12 @@ pub fn plan(
         target.insert(&p.name, (to, reason));
     }
 
-    // 2. Scale up for unschedulable pods.
-    let pending: Vec<&PodView> = pods.iter().filter(|p| p.unschedulable).collect();
+    // 2. Scale up for unschedulable pods; not for pods waiting for a preemption or expendable
+    // ones (cluster-autoscaler `FilterOutExpendableAndSplit`).
+    let pending: Vec<&PodView> = pods
+        .iter()
+        .filter(|p| p.unschedulable && !p.nominated && !p.expendable())
+        .collect();
     if !pending.is_empty() {
         scale_up(
             pools,
@@ -507,8 +716,16 @@ pub fn plan(
             &mut out,
         );
     }
+    out.state.last_scale_up = if grew.is_empty() {
+        prev.last_scale_up
+    } else {
+        Some(now)
+    };
 
-    // 3. Scale down unneeded nodes.
+    // 3. Removals started earlier: carried on, or given up after their time.
+    removals_under_way(pools, nodes, prev, now, &mut out);
+
+    // 4. Scale down unneeded nodes.
     scale_down(
         pools,
         nodes,
@@ -541,7 +758,88 @@ pub fn plan(
             });
         }
     }
+    for n in out.decisions.iter().filter_map(|d| d.remove_node.as_ref()) {
+        out.state.removing.insert(n.clone(), now);
+    }
+    cap(&mut out, pods);
     out
+}
+
+/// Removals the autoscaler started: remembered while the node is still being removed, given
+/// up after the pool's `removal_timeout_seconds` (cluster-autoscaler saves a node whose
+/// eviction keeps failing). Given-up nodes are remembered long enough for the back-offs.
+fn removals_under_way(
+    pools: &[PoolView],
+    nodes: &[NodeView],
+    prev: &AutoscaleState,
+    now: DateTime<Utc>,
+    out: &mut Outcome,
+) {
+    let node = |name: &str| nodes.iter().find(|n| n.name == name);
+    for (name, since) in &prev.removing {
+        // Gone (done), or no longer being removed (someone uncordoned it): forget it.
+        let Some(n) = node(name).filter(|n| n.removing) else {
+            continue;
+        };
+        let timeout = n
+            .pool
+            .as_deref()
+            .and_then(|p| pools.iter().find(|v| v.name == p))
+            .and_then(PoolView::settings)
+            .map_or(default_unneeded_seconds(), |a| a.removal_timeout_seconds);
+        if now - *since >= Duration::seconds(secs(timeout)) {
+            out.given_up.push(name.clone());
+            out.state.given_up.insert(name.clone(), now);
+        } else {
+            out.state.removing.insert(name.clone(), *since);
+        }
+    }
+    let keep = Duration::seconds(UNREMOVABLE_RECHECK_SECONDS.max(DELAY_AFTER_FAILURE_SECONDS));
+    for (name, at) in &prev.given_up {
+        if now - *at < keep && node(name).is_some() {
+            out.state.given_up.entry(name.clone()).or_insert(*at);
+        }
+    }
+}
+
+fn secs(s: u64) -> i64 {
+    i64::try_from(s).unwrap_or(i64::MAX / 1000)
+}
+
+/// Keeps what status carries bounded: the first [`MAX_LISTED`] unhostable pods and kept
+/// nodes by name, the rest counted.
+fn cap(out: &mut Outcome, pods: &[PodView]) {
+    out.unhostable.sort_by(|a, b| a.pod.cmp(&b.pod));
+    out.unhostable.dedup_by(|a, b| a.pod == b.pod);
+    if out.unhostable.len() > MAX_LISTED {
+        let owner: BTreeMap<String, String> = pods
+            .iter()
+            .map(|p| {
+                let o = p
+                    .owner
+                    .clone()
+                    .unwrap_or_else(|| format!("{}/-", p.namespace));
+                (p.key(), o)
+            })
+            .collect();
+        for u in out.unhostable.drain(MAX_LISTED..) {
+            let o = owner.get(&u.pod).cloned().unwrap_or_default();
+            let o =
+                if out.unhostable_more.len() < MAX_OWNERS || out.unhostable_more.contains_key(&o) {
+                    o
+                } else {
+                    "(other owners)".to_owned()
+                };
+            *out.unhostable_more.entry(o).or_default() += 1;
+        }
+    }
+    if out.kept.len() > MAX_LISTED {
+        let extra: Vec<String> = out.kept.keys().skip(MAX_LISTED).cloned().collect();
+        out.kept_more = extra.len() as u32;
+        for k in extra {
+            out.kept.remove(&k);
+        }
+    }
 }
 
 /// A bin with what is left of it.
@@ -549,17 +847,31 @@ pub fn plan(
 struct Bin {
     free: Resources,
     pods_left: u32,
+    /// Host ports taken (`protocol/port`).
+    ports: Vec<String>,
 }
 
 impl Bin {
-    fn take(&mut self, r: &Resources) -> bool {
-        if self.pods_left > 0 && r.fits_in(&self.free) {
-            self.free.sub(r);
-            self.pods_left -= 1;
-            true
-        } else {
-            false
+    fn new(free: Resources, pods_left: u32) -> Bin {
+        Bin {
+            free,
+            pods_left,
+            ports: Vec::new(),
         }
+    }
+    fn fits(&self, pod: &PodView) -> bool {
+        self.pods_left > 0
+            && pod.requests.fits_in(&self.free)
+            && !pod.host_ports.iter().any(|p| self.ports.contains(p))
+    }
+    fn take(&mut self, pod: &PodView) -> bool {
+        if !self.fits(pod) {
+            return false;
+        }
+        self.free.sub(&pod.requests);
+        self.pods_left -= 1;
+        self.ports.extend(pod.host_ports.iter().cloned());
+        true
     }
 }
 
@@ -598,16 +910,36 @@ fn scale_up<'a>(
     grew: &mut Vec<&'a str>,
     out: &mut Outcome,
 ) {
+    // What a new worker of each pool offers: its registered workers' smallest allocatable.
+    let templates: Vec<(Resources, u32)> = pools.iter().map(|p| p.template(nodes)).collect();
     // Which pools could host each pod at all (on an empty new node).
     let mut hostable: Vec<(&PodView, Vec<usize>)> = Vec::new();
     for pod in pending {
+        // A DaemonSet pod is bound to the node it was made for; a new node gets its own
+        // (cluster-autoscaler `filter_out_daemon_sets.go`).
+        if pod.is_daemon() {
+            out.unhostable.push(Unhostable {
+                pod: pod.key(),
+                reason: "a DaemonSet pod runs only on the node it was made for (a new worker \
+                         gets its own); make room on that node"
+                    .into(),
+            });
+            continue;
+        }
+        if let Some(r) = &pod.refusal {
+            out.unhostable.push(Unhostable {
+                pod: pod.key(),
+                reason: format!("the scheduler refused it for a reason no new node changes: {r}"),
+            });
+            continue;
+        }
         let mut why_not = Vec::new();
         let mut ok = Vec::new();
         for (i, p) in pools.iter().enumerate() {
             if p.settings().is_none() {
                 continue;
             }
-            let alloc = p.allocatable();
+            let (alloc, _) = templates[i];
             if !pod.requests.fits_in(&alloc) {
                 why_not.push(format!(
                     "pool {}: requests cpu {}m memory {}Mi exceed a worker's allocatable cpu {}m \
@@ -618,7 +950,7 @@ fn scale_up<'a>(
                     alloc.cpu_milli,
                     alloc.memory >> 20
                 ));
-            } else if let Some(m) = pod.misfit(&p.node_labels(), &p.taints) {
+            } else if let Some(m) = pod.misfit(&p.node_labels(), NEW_NODE, &p.taints) {
                 why_not.push(format!("pool {}: {m}", p.name));
             } else {
                 ok.push(i);
@@ -639,12 +971,13 @@ fn scale_up<'a>(
         }
     }
 
-    // Upcoming workers (created, not registered yet) are empty bins pods will land on: count
-    // them first so a run does not add nodes for pods the last run already provided for.
-    let registered = |pool: &str| {
+    // Upcoming workers (created and not registered yet, or registered and not Ready yet) are
+    // empty bins pods will land on: count them first so a run does not add nodes for pods the
+    // last run already provided for (cluster-autoscaler `GetUpcomingNodes`).
+    let ready = |pool: &str| {
         nodes
             .iter()
-            .filter(|n| n.pool.as_deref() == Some(pool))
+            .filter(|n| n.pool.as_deref() == Some(pool) && !n.not_ready)
             .count()
     };
 
@@ -652,15 +985,10 @@ fn scale_up<'a>(
     // rounds so a pool chosen twice does not reuse the room it already gave away.
     let mut pool_bins: Vec<Vec<Bin>> = pools
         .iter()
-        .map(|p| {
-            let upcoming = p.count.saturating_sub(registered(&p.name) as u32);
-            vec![
-                Bin {
-                    free: p.allocatable(),
-                    pods_left: DEFAULT_MAX_PODS,
-                };
-                upcoming as usize
-            ]
+        .zip(&templates)
+        .map(|(p, (alloc, max_pods))| {
+            let upcoming = p.count.saturating_sub(ready(&p.name) as u32);
+            vec![Bin::new(*alloc, *max_pods); upcoming as usize]
         })
         .collect();
 
@@ -686,23 +1014,21 @@ fn scale_up<'a>(
             if mine.is_empty() {
                 continue;
             }
-            let alloc = p.allocatable();
+            let (alloc, max_pods) = templates[i];
             ffd_order(&mut mine, alloc);
-            let fresh = Bin {
-                free: alloc,
-                pods_left: DEFAULT_MAX_PODS,
-            };
+            let fresh = Bin::new(alloc, max_pods);
             let mut bins = pool_bins[i].clone();
             let had = bins.len() as u32;
             let mut placed = Vec::new();
             for pod in mine {
-                if bins.iter_mut().any(|b| b.take(&pod.requests)) {
+                if bins.iter_mut().any(|b| b.take(pod)) {
                     placed.push(pod.key());
                 } else if (bins.len() as u32) < had + room {
                     let mut b = fresh.clone();
-                    b.take(&pod.requests);
-                    bins.push(b);
-                    placed.push(pod.key());
+                    if b.take(pod) {
+                        bins.push(b);
+                        placed.push(pod.key());
+                    }
                 }
             }
             if placed.is_empty() {
@@ -800,37 +1126,54 @@ fn scale_down<'a>(
         .enumerate()
         .map(|(i, n)| (n.name.as_str(), i))
         .collect();
+    // The pods that matter on each node: not our own reconcile pods (gone in minutes) nor
+    // expendable ones (cluster-autoscaler kills those without a second thought).
     let mut on: Vec<Vec<&PodView>> = vec![Vec::new(); nodes.len()];
-    for p in pods {
+    for p in pods.iter().filter(|p| !p.ignored_on_node()) {
         if let Some(i) = p.node.as_deref().and_then(|n| index.get(n)) {
             on[*i].push(p);
         }
     }
-    // Free room on every schedulable node, shared by the move simulations below.
-    let free: Vec<Bin> = nodes
+    // Free room on every node, shared by the move simulations below.
+    let mut free: Vec<Bin> = nodes
         .iter()
         .zip(&on)
         .map(|(n, ps)| {
-            let mut used = Resources::default();
-            ps.iter().for_each(|p| used.add(&p.requests));
-            let mut f = n.allocatable;
-            f.sub(&used);
-            Bin {
-                free: f,
-                pods_left: n.max_pods.saturating_sub(ps.len() as u32),
+            let mut b = Bin::new(n.allocatable, n.max_pods.saturating_sub(ps.len() as u32));
+            for p in ps {
+                b.free.sub(&p.requests);
+                b.ports.extend(p.host_ports.iter().cloned());
             }
+            b
         })
+        .collect();
+    let mut budgets: BTreeMap<&str, u32> = pods
+        .iter()
+        .flat_map(|p| &p.budgets)
+        .map(|b| (b.key.as_str(), b.allowed))
         .collect();
 
     let pool_of: BTreeMap<&str, &PoolView> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
-    // Per pool: (unneeded since, node name) of removable nodes.
-    let mut ready: BTreeMap<&str, Vec<(DateTime<Utc>, &str)>> = BTreeMap::new();
+    let recheck = Duration::seconds(UNREMOVABLE_RECHECK_SECONDS);
+    // (unneeded since, node) of the nodes unneeded long enough.
+    let mut ready: Vec<(DateTime<Utc>, usize)> = Vec::new();
     for (i, n) in nodes.iter().enumerate() {
         let Some(pool) = n.pool.as_deref().and_then(|p| pool_of.get(p)) else {
             continue;
         };
         let Some(a) = pool.settings() else { continue };
-        if n.cordoned {
+        if n.cordoned || n.not_ready {
+            continue;
+        }
+        if let Some(at) = prev.given_up.get(&n.name).filter(|at| now - **at < recheck) {
+            out.kept.insert(
+                n.name.clone(),
+                format!(
+                    "its removal was given up at {}; considered again from {}",
+                    at.format("%Y-%m-%dT%H:%M:%SZ"),
+                    (*at + recheck).format("%Y-%m-%dT%H:%M:%SZ")
+                ),
+            );
             continue;
         }
         if n.annotations.get(SCALE_DOWN_DISABLED).map(String::as_str) == Some("true") {
@@ -856,85 +1199,169 @@ fn scale_down<'a>(
             out.kept.insert(n.name.clone(), why);
             continue;
         }
-        if let Some(why) = cannot_move(i, nodes, &on[i], &free) {
+        // From here budgets decide: a node with pods to move in a pool that may shrink.
+        let movers = on[i].iter().any(|p| !p.is_daemon());
+        if movers && target[pool.name.as_str()].0 > bounds[pool.name.as_str()].0 {
+            out.wants_budgets = true;
+        }
+        if let Some(why) = budget_block(&on[i], &budgets) {
+            out.kept.insert(n.name.clone(), why);
+            continue;
+        }
+        if let Err(why) = place_elsewhere(i, nodes, &on[i], &free, &[]) {
             out.kept.insert(n.name.clone(), why);
             continue;
         }
         let since = prev.unneeded_since.get(&n.name).copied().unwrap_or(now);
         out.state.unneeded_since.insert(n.name.clone(), since);
-        let delay = Duration::seconds(a.scale_down_unneeded_seconds as i64);
+        let delay = Duration::seconds(secs(a.scale_down_unneeded_seconds));
         if now - since >= delay {
-            ready.entry(&pool.name).or_default().push((since, &n.name));
+            ready.push((since, i));
         }
     }
 
-    for (pool, mut cands) in ready {
+    // Removals, one after another across pools, longest unneeded first: each later one is
+    // simulated without the nodes removed before it and with their pods placed
+    // (cluster-autoscaler FAQ "How does scale-down work?").
+    ready.sort();
+    let mut removed: Vec<usize> = Vec::new();
+    for (since, i) in ready {
+        let n = &nodes[i];
+        let Some(pool) = n.pool.as_deref() else {
+            continue;
+        };
+        let p = pool_of[pool];
+        let Some(a) = p.settings() else { continue };
         // Not while the pool grows: this run, or workers an earlier run created have not
         // joined yet (cluster-autoscaler likewise holds scale-down during a scale-up).
         let registered = nodes
             .iter()
             .filter(|n| n.pool.as_deref() == Some(pool))
             .count() as u32;
-        if grew.contains(&pool) || pool_of[pool].count > registered {
+        if grew.contains(&pool) || p.count > registered {
+            continue;
+        }
+        // `--scale-down-delay-after-add`.
+        let after_add = Duration::seconds(secs(a.scale_down_delay_after_add_seconds));
+        if out.state.last_scale_up.is_some_and(|t| now - t < after_add) {
+            continue;
+        }
+        // `--scale-down-delay-after-failure`, per pool.
+        let failed_recently = out.state.given_up.iter().any(|(name, at)| {
+            now - *at < Duration::seconds(DELAY_AFTER_FAILURE_SECONDS)
+                && index
+                    .get(name.as_str())
+                    .is_some_and(|j| nodes[*j].pool.as_deref() == Some(pool))
+        });
+        if failed_recently {
             continue;
         }
         let (min, _) = bounds[pool];
         let Some(entry) = target.get_mut(pool) else {
             continue;
         };
-        if entry.0 <= min || entry.0 < pool_of[pool].count {
-            // At min, or already shrinking for the bounds this run.
+        if entry.0 <= min || entry.0 < p.count {
+            // At min, or already shrinking this run (one node per pool per run).
             continue;
         }
-        cands.sort();
-        let (since, node) = cands[0];
+        if let Some(why) = budget_block(&on[i], &budgets) {
+            out.kept
+                .insert(n.name.clone(), format!("{why} (after this run's removals)"));
+            continue;
+        }
+        let places = match place_elsewhere(i, nodes, &on[i], &free, &removed) {
+            Ok(places) => places,
+            Err(why) => {
+                out.kept.insert(
+                    n.name.clone(),
+                    format!("{why} once this run's other removals are done; next run"),
+                );
+                continue;
+            }
+        };
+        for (j, pod) in places {
+            free[j].take(pod);
+        }
+        for b in on[i]
+            .iter()
+            .filter(|p| !p.is_daemon())
+            .flat_map(|p| &p.budgets)
+        {
+            if let Some(left) = budgets.get_mut(b.key.as_str()) {
+                *left = left.saturating_sub(1);
+            }
+        }
+        removed.push(i);
         entry.0 -= 1;
         entry.1 = Some(format!(
-            "node {node} unneeded since {} (requests below {:.0}% of allocatable, its pods fit \
+            "node {} unneeded since {} (requests below {:.0}% of allocatable, its pods fit \
              elsewhere)",
+            n.name,
             since.format("%Y-%m-%dT%H:%M:%SZ"),
-            pool_of[pool]
-                .settings()
-                .map_or(0.0, |a| a.utilization_threshold)
-                * 100.0
+            a.utilization_threshold * 100.0
         ));
         out.decisions.push(Decision {
             pool: pool.to_owned(),
-            from: pool_of[pool].count,
+            from: p.count,
             to: entry.0,
-            remove_node: Some(node.to_owned()),
+            remove_node: Some(n.name.clone()),
             reason: String::new(),
         });
     }
 }
 
-/// Why the pods of node `me` could not all be placed on the other schedulable nodes.
-fn cannot_move(me: usize, nodes: &[NodeView], pods: &[&PodView], free: &[Bin]) -> Option<String> {
-    let mut movers: Vec<&PodView> = pods.iter().copied().filter(|p| !p.is_daemon()).collect();
-    if movers.is_empty() {
-        return None;
+/// Why the node's pods may not all be evicted now: some budget allows fewer disruptions than
+/// the pods it selects here (cluster-autoscaler's `pdb` drainability rule).
+fn budget_block(pods: &[&PodView], left: &BTreeMap<&str, u32>) -> Option<String> {
+    let mut here: BTreeMap<&str, (u32, &PodView)> = BTreeMap::new();
+    for p in pods.iter().filter(|p| !p.is_daemon()) {
+        for b in &p.budgets {
+            here.entry(b.key.as_str()).or_insert((0, p)).0 += 1;
+        }
     }
+    here.into_iter().find_map(|(key, (n, pod))| {
+        let allowed = left.get(key).copied().unwrap_or(0);
+        (n > allowed).then(|| {
+            format!(
+                "pod {}: PodDisruptionBudget {key} allows {allowed} disruption(s), {n} of its pods run here",
+                pod.key()
+            )
+        })
+    })
+}
+
+/// Where the pods of node `me` would go on the other schedulable nodes (not those in
+/// `removed`), or why they could not all be placed.
+fn place_elsewhere<'p>(
+    me: usize,
+    nodes: &[NodeView],
+    pods: &[&'p PodView],
+    free: &[Bin],
+    removed: &[usize],
+) -> Result<Vec<(usize, &'p PodView)>, String> {
+    let mut movers: Vec<&PodView> = pods.iter().copied().filter(|p| !p.is_daemon()).collect();
     ffd_order(&mut movers, nodes[me].allocatable);
     let mut taken: BTreeMap<usize, Bin> = BTreeMap::new();
+    let mut places = Vec::new();
     'pods: for pod in movers {
         for (j, n) in nodes.iter().enumerate() {
-            if j == me || n.cordoned {
+            if j == me || n.cordoned || n.not_ready || removed.contains(&j) {
                 continue;
             }
             let bin = taken.entry(j).or_insert_with(|| free[j].clone());
-            if bin.pods_left == 0 || !pod.requests.fits_in(&bin.free) {
+            if !bin.fits(pod) || pod.misfit(&n.labels, &n.name, &n.taints).is_some() {
                 continue;
             }
-            if pod.misfit(&n.labels, &n.taints).is_some() {
-                continue;
-            }
-            bin.take(&pod.requests);
+            bin.take(pod);
+            places.push((j, pod));
             continue 'pods;
         }
-        return Some(format!("pod {} fits on no other node", pod.key()));
+        return Err(format!("pod {} fits on no other node", pod.key()));
     }
-    None
+    Ok(places)
 }
 
+#[cfg(test)]
+mod reference_tests;
 #[cfg(test)]
 mod tests;

@@ -113,6 +113,8 @@ pub trait Cluster: Send + Sync {
         let _ = reason;
         self.cordon(node)
     }
+    /// Uncordons the Node and drops `oxide-controller/removing`: a removal called off.
+    fn cancel_removal(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
     /// Deletes a Node object; missing is fine.
     fn delete_node(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
     fn pods_on_node(
@@ -124,8 +126,15 @@ pub trait Cluster: Send + Sync {
     fn list_pods(
         &self,
     ) -> impl Future<Output = Result<Vec<k8s_openapi::api::core::v1::Pod>, ClusterError>> + Send;
-    /// Every PodDisruptionBudget, for the autoscaler's kube-system rule. Asked only when a
-    /// node would be removed but for a kube-system pod.
+    /// Every PersistentVolume, for the autoscaler's volume rules. Asked only when some pod
+    /// mounts a claim.
+    fn list_pvs(
+        &self,
+    ) -> impl Future<
+        Output = Result<Vec<k8s_openapi::api::core::v1::PersistentVolume>, ClusterError>,
+    > + Send;
+    /// Every PodDisruptionBudget, for the autoscaler's budget rules. Asked only when a node
+    /// with pods to move could be removed.
     fn list_pdbs(
         &self,
     ) -> impl Future<

@@ -52,9 +52,12 @@ pub struct WorldState {
     pub k8s_pods: Vec<k8s_openapi::api::core::v1::Pod>,
     /// What `list_pdbs` answers.
     pub pdbs: Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
-    /// How often `list_pods` and `list_pdbs` were called.
+    /// What `list_pvs` answers.
+    pub pvs: Vec<k8s_openapi::api::core::v1::PersistentVolume>,
+    /// How often `list_pods`, `list_pdbs` and `list_pvs` were called.
     pub pod_lists: usize,
     pub pdb_lists: usize,
+    pub pv_lists: usize,
     /// Instance names whose kubelet never joins.
     pub never_join: BTreeSet<String>,
     pub lease: Option<(String, DateTime<Utc>)>,
@@ -725,6 +728,21 @@ impl Cluster for FakeCluster {
         })
     }
 
+    async fn cancel_removal(&self, node: &str) -> Result<(), ClusterError> {
+        self.0.with(|s| {
+            let n = s
+                .nodes
+                .get_mut(node)
+                .ok_or_else(|| ClusterError::NotFound {
+                    what: format!("node {node}"),
+                })?;
+            n.unschedulable = false;
+            n.annotations.remove(crate::plan::REMOVING_ANNOTATION);
+            s.log.push(format!("cancel-removal {node}"));
+            Ok(())
+        })
+    }
+
     async fn delete_node(&self, node: &str) -> Result<(), ClusterError> {
         self.0.with(|s| {
             s.nodes.remove(node);
@@ -748,6 +766,15 @@ impl Cluster for FakeCluster {
         Ok(self.0.with(|s| {
             s.pod_lists += 1;
             s.k8s_pods.clone()
+        }))
+    }
+
+    async fn list_pvs(
+        &self,
+    ) -> Result<Vec<k8s_openapi::api::core::v1::PersistentVolume>, ClusterError> {
+        Ok(self.0.with(|s| {
+            s.pv_lists += 1;
+            s.pvs.clone()
         }))
     }
 

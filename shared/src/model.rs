@@ -231,6 +231,8 @@ pub struct Allocatable {
 
 /// Annotation a person puts on a Node to have it removed first on scale-down.
 pub const DELETE_ME_ANNOTATION: &str = "oxide-controller/delete-me";
+/// Annotation we put on a Node when we start removing its member; later runs carry on.
+pub const REMOVING_ANNOTATION: &str = "oxide-controller/removing";
 
 impl Node {
     /// Marked `oxide-controller/delete-me` (any value but "false").
@@ -242,6 +244,11 @@ impl Node {
 
     pub fn is_ready(&self) -> bool {
         self.readiness == NodeReadiness::Ready
+    }
+
+    /// Carries [`REMOVING_ANNOTATION`]: a removal of ours is under way.
+    pub fn being_removed(&self) -> bool {
+        self.annotations.contains_key(REMOVING_ANNOTATION)
     }
 }
 

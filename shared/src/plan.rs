@@ -31,8 +31,7 @@ use crate::spec::{ClusterSpec, PoolSpec, Role};
 
 pub mod backoff;
 
-/// Annotation we put on a Node when we start removing its member; later runs carry on.
-pub const REMOVING_ANNOTATION: &str = "oxide-controller/removing";
+pub use crate::model::REMOVING_ANNOTATION;
 /// Label k3s puts on server Nodes.
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 
@@ -57,6 +56,9 @@ pub struct Observed {
     /// Members the autoscaler chose to remove (instance names): they go first on scale-down,
     /// like a `delete-me` Node (see [`crate::autoscale`]).
     pub autoscale_victims: BTreeSet<String>,
+    /// Members whose autoscaler removal did not finish in time (instance names): while still
+    /// running, they are kept and their Nodes uncordoned instead.
+    pub autoscale_given_up: BTreeSet<String>,
     /// Pools whose creates the rack kept refusing, as the last run left them (see
     /// [`backoff`]).
     pub create_backoff: backoff::Backoffs,
@@ -153,6 +155,14 @@ pub enum Action {
         drain: bool,
         reason: String,
     },
+    /// Give up a removal the autoscaler started and that did not finish in time: uncordon
+    /// the Node and drop the removal annotation; the member stays.
+    CancelRemoval {
+        pool: String,
+        name: String,
+        node: String,
+        reason: String,
+    },
     /// Start a member someone stopped.
     StartMember {
         pool: String,
@@ -188,6 +198,7 @@ impl Action {
         match self {
             Action::CreateMember { reason, .. }
             | Action::RemoveMember { reason, .. }
+            | Action::CancelRemoval { reason, .. }
             | Action::StartMember { reason, .. }
             | Action::DeleteNode { reason, .. }
             | Action::DeleteDisk { reason, .. }
@@ -201,6 +212,7 @@ impl Action {
         match self {
             Action::CreateMember { .. } => "create",
             Action::RemoveMember { .. } => "remove",
+            Action::CancelRemoval { .. } => "keep",
             Action::StartMember { .. } => "start",
             Action::DeleteNode { .. } => "delete-node",
             Action::DeleteDisk { .. } => "delete-disk",
@@ -214,6 +226,7 @@ impl Action {
         match self {
             Action::CreateMember { name, .. }
             | Action::RemoveMember { name, .. }
+            | Action::CancelRemoval { name, .. }
             | Action::StartMember { name, .. } => name,
             Action::DeleteNode { node, .. } => node,
             Action::DeleteDisk { disk, .. } => disk,
@@ -366,7 +379,7 @@ pub fn classify<'a>(
             Some((role, pool)) => spec.pool_hash(role, pool) != tag.spec_hash,
             None => false,
         };
-        let removing = node.is_some_and(|n| n.annotations.contains_key(REMOVING_ANNOTATION));
+        let removing = node.is_some_and(|n| n.being_removed());
         let health = match &inst.state {
             _ if removing => Health::Removing,
             InstanceState::Failed => Health::Failed,
@@ -694,8 +707,23 @@ fn plan_pool(
         }
     };
 
-    // Removals already under way carry on, whatever else happens.
+    // Removals already under way carry on, whatever else happens; one the autoscaler gave up
+    // on is called off while its VM still runs.
     for m in members.iter().filter(|m| m.health == Health::Removing) {
+        if let Some(node) = m.node.filter(|_| {
+            observed.autoscale_given_up.contains(&m.instance.name)
+                && m.instance.state == InstanceState::Running
+        }) {
+            p.actions.push(Action::CancelRemoval {
+                pool: pool.name.clone(),
+                name: m.instance.name.clone(),
+                node: node.name.clone(),
+                reason: "the autoscaler's removal did not finish in time (a pod could not be \
+                         evicted); uncordoning and keeping it"
+                    .into(),
+            });
+            continue;
+        }
         p.actions.push(remove(
             m,
             true,

@@ -1173,6 +1173,9 @@ impl Cluster for BrokenJobs {
     async fn cordon(&self, node: &str) -> Result<(), ClusterError> {
         self.0.cordon(node).await
     }
+    async fn cancel_removal(&self, node: &str) -> Result<(), ClusterError> {
+        self.0.cancel_removal(node).await
+    }
     async fn delete_node(&self, node: &str) -> Result<(), ClusterError> {
         self.0.delete_node(node).await
     }
@@ -1181,6 +1184,11 @@ impl Cluster for BrokenJobs {
     }
     async fn list_pods(&self) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, ClusterError> {
         self.0.list_pods().await
+    }
+    async fn list_pvs(
+        &self,
+    ) -> Result<Vec<k8s_openapi::api::core::v1::PersistentVolume>, ClusterError> {
+        self.0.list_pvs().await
     }
     async fn list_pdbs(
         &self,

@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,9 @@ use oxide_sim::control_plane::ControlPlaneOptions;
 use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
+
+#[path = "support/pending.rs"]
+mod support;
 
 const BIN: &str = env!("CARGO_BIN_EXE_reconcile-once");
 const WK: &str = "sim-workers-";
@@ -41,6 +44,9 @@ async fn env(edit: impl Fn(&mut AutoscaleSpec)) -> Env {
             workers: 1,
         }),
         kubernetes: ControlPlaneOptions::default(),
+        // The reconcile Jobs' pods run (as the harness's kubelet for them) when a test starts
+        // one; nothing else does.
+        job_binaries: Some(Path::new(BIN).parent().expect("bin dir").to_path_buf()),
         ..SimOptions::default()
     })
     .await
@@ -64,6 +70,7 @@ async fn env(edit: impl Fn(&mut AutoscaleSpec)) -> Env {
         (w.min, w.max, w.count) = (1, 6, 1);
         let mut a = AutoscaleSpec {
             scale_down_unneeded_seconds: 2,
+            scale_down_delay_after_add_seconds: 2,
             ..AutoscaleSpec::default()
         };
         edit(&mut a);
@@ -527,4 +534,291 @@ async fn a_no_op_run_with_autoscaling_adds_only_the_pod_listing() {
         std::collections::BTreeMap::from([("kube GET /api/v1/pods".to_owned(), 1)]),
         "on: {on:?}\noff: {off:?}"
     );
+}
+
+impl Env {
+    /// A local PersistentVolume (as k3s's local-path provisioner makes them) pinned to
+    /// `node`, and the claim `default/<claim>` bound to it.
+    async fn local_volume(&self, pv: &str, claim: &str, node: &str) {
+        let kube = self.sim.kube();
+        kube.apply(json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "local-path",
+                "persistentVolumeReclaimPolicy": "Delete",
+                "hostPath": {"path": format!("/var/lib/rancher/k3s/storage/{pv}"), "type": "DirectoryOrCreate"},
+                "claimRef": {"namespace": "default", "name": claim},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}}))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        kube.apply(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": "default"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "local-path",
+                "volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}}}))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.wait_until("the PV controller to bind the claim", async || {
+            kube.get("v1", "PersistentVolumeClaim", Some("default"), claim)
+                .await
+                .is_some_and(|c| c["status"]["phase"] == "Bound")
+        })
+        .await;
+    }
+
+    /// A one-replica Deployment `app` (100m) with extra pod `spec` fields, off the servers.
+    async fn deploy_one(&self, app: &str, extra: Value) {
+        let mut spec = json!({"terminationGracePeriodSeconds": 1,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}]}]}}},
+            "containers": [{"name": "c", "image": "nginx",
+                "resources": {"requests": {"cpu": "100m"}}}]});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            spec[k] = v.clone();
+        }
+        self.sim
+            .kube()
+            .apply(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": app, "namespace": "default"},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": app}},
+                    "template": {"metadata": {"labels": {"app": app}}, "spec": spec}}}))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// Issue 20: an idle worker holding a local-path volume's pod is never removed, and one whose
+/// pod a `minAvailable: 1` budget guards is not picked; the free one goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_data_and_a_budget_keep_their_workers() {
+    let env = env(|_| {}).await;
+    env.run_and_settle().await;
+    env.deploy("web", 6, "900m", json!({})).await;
+    env.runs_until(4, async |e| e.running("web").await == 6)
+        .await;
+    assert_eq!(env.workers().len(), 3);
+    env.deploy("web", 0, "900m", json!({})).await;
+    let workers = env.ready_workers().await;
+    let (data, guarded) = (workers[0].clone(), workers[1].clone());
+
+    // A database on k3s's default storage: its volume lives on `data`.
+    env.local_volume("pvc-db", "data-db", &data).await;
+    env.deploy_one(
+        "db",
+        json!({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-db"}}]}),
+    )
+    .await;
+    // A service whose budget allows no disruption, on `guarded`.
+    env.deploy_one(
+        "api",
+        json!({"nodeSelector": {"kubernetes.io/hostname": guarded}}),
+    )
+    .await;
+    env.sim
+        .kube()
+        .apply(
+            json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "api", "namespace": "default"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "api"}}}}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    env.wait_until("db and api to run", async || {
+        env.running("db").await == 1 && env.running("api").await == 1
+    })
+    .await;
+    let db_node = env.pods("db").await[0]["spec"]["nodeName"].clone();
+    assert_eq!(db_node, data.as_str(), "the scheduler follows the volume");
+    env.wait_until(
+        "the disruption controller to count the budget",
+        async || {
+            env.sim
+                .kube()
+                .get("policy/v1", "PodDisruptionBudget", Some("default"), "api")
+                .await
+                .is_some_and(|b| b["status"]["currentHealthy"] == 1)
+        },
+    )
+    .await;
+
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        env.run_and_settle().await;
+    }
+    let mut left = env.workers();
+    left.sort();
+    let mut want = vec![data.clone(), guarded.clone()];
+    want.sort();
+    assert_eq!(left, want, "only the free worker went");
+    let kept = env.status().await.autoscale.expect("status").kept;
+    assert!(
+        kept[&data].contains("PersistentVolume pvc-db is pinned to it"),
+        "{kept:?}"
+    );
+    assert!(
+        kept[&guarded].contains("PodDisruptionBudget default/api allows 0"),
+        "{kept:?}"
+    );
+    for n in env.nodes().await {
+        assert!(n["spec"]["unschedulable"] != true, "nothing cordoned: {n}");
+    }
+    assert_eq!(env.running("db").await, 1, "the data's pod never moved");
+}
+
+/// Issue 20: a DaemonSet pod pending on a full worker and a pod whose volume is pinned to a
+/// node that is gone bring no worker over 5 runs; each is named once in status and Events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_a_new_worker_cannot_help_add_none() {
+    let env = env(|_| {}).await;
+    env.run_and_settle().await;
+    assert_eq!(env.workers().len(), 1);
+    // Fill the one worker, then a DaemonSet its pod there cannot fit beside.
+    env.deploy("busy", 1, "1900m", json!({})).await;
+    env.wait_until("busy to run", async || env.running("busy").await == 1)
+        .await;
+    env.sim
+        .kube()
+        .apply(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "agent", "namespace": "default"},
+            "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                "template": {"metadata": {"labels": {"app": "agent"}},
+                    "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [
+                                {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}]}]}}},
+                        "containers": [{"name": "a", "image": "agent",
+                            "resources": {"requests": {"cpu": "500m"}}}]}}}}))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // A database whose local volume was on a worker that no longer exists.
+    env.local_volume("pvc-gone", "data-old", "sim-workers-gone")
+        .await;
+    env.deploy_one(
+        "old",
+        json!({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data-old"}}]}),
+    )
+    .await;
+    env.wait_until("both to be refused by the scheduler", async || {
+        env.unschedulable("agent").await == 1 && env.unschedulable("old").await == 1
+    })
+    .await;
+
+    let mut counts = Vec::new();
+    for _ in 0..5 {
+        env.run_and_settle().await;
+        counts.push(env.workers().len());
+    }
+    assert_eq!(counts, [1; 5], "no worker added");
+    let a = env.status().await.autoscale.expect("status");
+    let agent = env.pods("agent").await[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let old = env.pods("old").await[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let reason = |pod: &str| {
+        a.unhostable
+            .iter()
+            .find(|u| u.pod == format!("default/{pod}"))
+            .map(|u| u.reason.clone())
+            .unwrap_or_else(|| panic!("{pod} not named: {a:?}"))
+    };
+    assert!(reason(&agent).contains("DaemonSet"), "{a:?}");
+    assert!(
+        reason(&old).contains("PersistentVolume pvc-gone is pinned elsewhere"),
+        "{a:?}"
+    );
+    let events = env.events("AutoscaleUnhostable").await;
+    for pod in [&agent, &old] {
+        assert_eq!(
+            events.iter().filter(|e| e.contains(pod.as_str())).count(),
+            1,
+            "one Event for {pod}, not one per run: {events:?}"
+        );
+    }
+}
+
+/// Issue 20: the reconcile Job's own pod, placed on the idle worker, does not keep that
+/// worker: the run picks it, leaves its own pod alone, and a later run finishes the removal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_a_reconcile_pod_runs_on_goes_when_idle() {
+    let env = env(|_| {}).await;
+    let kube = env.sim.kube();
+    for mut v in support::manifests() {
+        if v["kind"] == "CronJob" {
+            // No scheduled runs: only the Job below.
+            v["spec"]["suspend"] = json!(true);
+        }
+        kube.apply(v).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    env.run_and_settle().await;
+    // Two workers: one busy (above the threshold), one idle.
+    env.deploy("web", 3, "900m", json!({})).await;
+    env.runs_until(3, async |e| e.running("web").await == 3)
+        .await;
+    assert_eq!(env.workers().len(), 2);
+    env.deploy("web", 1, "1200m", json!({})).await;
+    env.wait_until("one web pod left", async || {
+        env.pods("web").await.len() == 1
+    })
+    .await;
+    let busy = env.pods("web").await[0]["spec"]["nodeName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let idle = env
+        .ready_workers()
+        .await
+        .into_iter()
+        .find(|n| *n != busy)
+        .expect("an idle worker");
+    // Start the unneeded timer, then wait out the delay.
+    env.run().await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+
+    // The run as a Job, its pod on the idle worker.
+    let cron = kube
+        .get(
+            "batch/v1",
+            "CronJob",
+            Some("kube-system"),
+            "oxide-controller",
+        )
+        .await
+        .expect("cronjob");
+    let mut spec = cron["spec"]["jobTemplate"]["spec"].clone();
+    spec["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = json!(idle);
+    kube.apply(json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "on-the-idle-worker", "namespace": "kube-system"}, "spec": spec}))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    env.wait_until("the Job to finish", async || {
+        kube.get("batch/v1", "Job", Some("kube-system"), "on-the-idle-worker")
+            .await
+            .is_some_and(|j| {
+                j["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter().any(|c| {
+                        (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True"
+                    })
+                })
+            })
+    })
+    .await;
+    let downs = env.events("AutoscaleDown").await;
+    assert!(
+        downs
+            .iter()
+            .any(|e| e.contains(&format!("node {idle} unneeded"))),
+        "the Job's run picked the worker its own pod runs on: {downs:?}"
+    );
+    // A run elsewhere finishes the removal.
+    for _ in 0..4 {
+        env.run_and_settle().await;
+        if !env.workers().contains(&idle) {
+            break;
+        }
+    }
+    assert_eq!(env.workers(), [busy], "the idle worker went");
 }

@@ -254,7 +254,7 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
     }
     // E: the autoscaler would remove the idle worker but for a kube-system pod: it lists
     // the PodDisruptionBudgets (and all pods, as it does on every run while a pool
-    // autoscales). Autoscaling goes off again before the webhook changes the count.
+    // autoscales, and the PersistentVolumes, as some pod mounts a claim). Autoscaling goes off again before the webhook changes the count.
     let worker = kube
         .list("v1", "Node", None)
         .await
@@ -293,6 +293,16 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
         },
     )
     .await?;
+    // A pod mounting a claim: the run lists the PersistentVolumes to see where volumes are
+    // pinned (its claim does not exist, so the scheduler refuses it for good).
+    kube.apply(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "claimer", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}
+    }))
+    .await
+    .map_err(|e| e.to_string())?;
     set_autoscale(&sim, true).await?;
     reconcile(&[]).await?;
     let kept = kube

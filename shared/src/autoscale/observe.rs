@@ -1,18 +1,22 @@
 //! From Kubernetes objects to the autoscaler's views. Pure: the `Cluster` adapter lists the
 //! objects, this turns them into [`PodView`]/[`NodeView`].
 //!
-//! Requests follow the scheduler's `resourcehelper.PodRequests`: the sum over containers,
-//! or the largest init container if that is more, plus the pod overhead.
+//! Requests follow `PodRequests` (component-helpers `resource/helpers.go`): containers and
+//! sidecars (init containers with `restartPolicy: Always`) summed, the larger of that and any
+//! init container's (with the sidecars started before it), plus the pod overhead.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Pod, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    Node, NodeSelectorTerm, PersistentVolume, Pod, ResourceRequirements,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::{
-    DEFAULT_MAX_PODS, LabelOp, LabelRequirement, NodeView, PodView, Resources, Toleration,
+    Budget, DEFAULT_MAX_PODS, LabelOp, LabelRequirement, NodeView, PinnedVolume, PodView,
+    Resources, SAFE_TO_EVICT_LOCAL_VOLUMES, Toleration,
 };
 use crate::model::{self, Allocatable};
 use crate::spec::{Taint, TaintEffect};
@@ -73,7 +77,7 @@ fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> b
     labels_ok
         && sel.match_expressions.iter().flatten().all(|e| {
             requirement(&e.key, &e.operator, e.values.clone().unwrap_or_default())
-                .is_some_and(|r| r.matches(labels))
+                .is_some_and(|r| r.matches(labels, ""))
         })
 }
 
@@ -91,7 +95,51 @@ fn requirement(key: &str, op: &str, values: Vec<String>) -> Option<LabelRequirem
         key: key.to_owned(),
         op,
         values,
+        field: false,
     })
+}
+
+/// Required node selector terms (`matchExpressions` and `matchFields`) as requirements; an
+/// operator we do not know matches nothing, as in the scheduler.
+fn node_terms(terms: &[NodeSelectorTerm]) -> Vec<Vec<LabelRequirement>> {
+    terms
+        .iter()
+        .map(|t| {
+            let exprs = t.match_expressions.iter().flatten().map(|e| (e, false));
+            let fields = t.match_fields.iter().flatten().map(|e| (e, true));
+            exprs
+                .chain(fields)
+                .map(|(e, field)| {
+                    let values = e.values.clone().unwrap_or_default();
+                    let mut r =
+                        requirement(&e.key, &e.operator, values).unwrap_or(LabelRequirement {
+                            key: e.key.clone(),
+                            op: LabelOp::In,
+                            values: Vec::new(),
+                            field: false,
+                        });
+                    r.field = field;
+                    r
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Words of the scheduler (volumebinding plugin) for refusals that hold on every node,
+/// however new: no added worker helps a pod refused for one of these.
+const NODE_INDEPENDENT_REFUSALS: &[&str] = &[
+    "pod has unbound immediate PersistentVolumeClaims",
+    "bound to non-existent pv",
+    "persistentvolumeclaim \"",
+];
+
+/// The scheduler's message, when it names only a refusal no new node changes.
+fn refusal(message: &str) -> Option<String> {
+    NODE_INDEPENDENT_REFUSALS
+        .iter()
+        .any(|w| message.contains(w))
+        .then(|| message.to_owned())
 }
 
 fn effect(s: &str) -> Option<TaintEffect> {
@@ -104,8 +152,12 @@ fn effect(s: &str) -> Option<TaintEffect> {
 }
 
 /// The pod as the autoscaler sees it; None for pods that have finished (Succeeded/Failed)
-/// and hold no resources.
-pub fn pod_view(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Option<PodView> {
+/// and hold no resources. `pdbs` and `pvs` may be empty when they were not listed.
+pub fn pod_view(
+    pod: &Pod,
+    pdbs: &[PodDisruptionBudget],
+    pvs: &[PersistentVolume],
+) -> Option<PodView> {
     let status = pod.status.as_ref();
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
     if matches!(phase, "Succeeded" | "Failed") {
@@ -114,39 +166,67 @@ pub fn pod_view(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Option<PodView> {
     let meta = &pod.metadata;
     let spec = pod.spec.as_ref()?;
     let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone().unwrap_or_default();
+
+    // PodRequests: sidecars add to the containers' sum, each init container needs its own
+    // requests plus the sidecars started before it.
     let mut req = Resources::default();
     for c in &spec.containers {
-        let r = requests(c.resources.as_ref());
-        req.cpu_milli += r.cpu_milli;
-        req.memory += r.memory;
+        req.add(&requests(c.resources.as_ref()));
     }
+    let mut sidecars = Resources::default();
+    let mut init = Resources::default();
     for c in spec.init_containers.iter().flatten() {
         let r = requests(c.resources.as_ref());
-        req.cpu_milli = req.cpu_milli.max(r.cpu_milli);
-        req.memory = req.memory.max(r.memory);
+        let need = if c.restart_policy.as_deref() == Some("Always") {
+            req.add(&r);
+            sidecars.add(&r);
+            sidecars
+        } else {
+            let mut n = r;
+            n.add(&sidecars);
+            n
+        };
+        init.cpu_milli = init.cpu_milli.max(need.cpu_milli);
+        init.memory = init.memory.max(need.memory);
     }
-    let overhead = resources(spec.overhead.as_ref());
-    req.cpu_milli += overhead.cpu_milli;
-    req.memory += overhead.memory;
+    req.cpu_milli = req.cpu_milli.max(init.cpu_milli);
+    req.memory = req.memory.max(init.memory);
+    req.add(&resources(spec.overhead.as_ref()));
 
+    let scheduled = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
     let unschedulable = spec.node_name.is_none()
-        && status
-            .and_then(|s| s.conditions.as_ref())
-            .into_iter()
-            .flatten()
-            .any(|c| {
-                c.type_ == "PodScheduled"
-                    && c.status == "False"
-                    && c.reason.as_deref() == Some("Unschedulable")
-            });
+        && scheduled.is_some_and(|c| c.reason.as_deref() == Some("Unschedulable"));
+    let refused = scheduled
+        .and_then(|c| c.message.as_deref())
+        .filter(|_| unschedulable)
+        .and_then(refusal);
     let labels = meta.labels.clone().unwrap_or_default();
-    let has_pdb = pdbs.iter().any(|b| {
-        b.metadata.namespace.as_deref() == Some(namespace.as_str())
-            && b.spec
+    let budgets = pdbs
+        .iter()
+        .filter(|b| {
+            b.metadata.namespace.as_deref() == Some(namespace.as_str())
+                && b.spec
+                    .as_ref()
+                    .and_then(|s| s.selector.as_ref())
+                    .is_some_and(|sel| selector_matches(sel, &labels))
+        })
+        .map(|b| Budget {
+            key: format!(
+                "{}/{}",
+                namespace,
+                b.metadata.name.as_deref().unwrap_or_default()
+            ),
+            allowed: b
+                .status
                 .as_ref()
-                .and_then(|s| s.selector.as_ref())
-                .is_some_and(|sel| selector_matches(sel, &labels))
-    });
+                .map_or(0, |s| u32::try_from(s.disruptions_allowed).unwrap_or(0)),
+        })
+        .collect();
     let affinity_terms = spec
         .affinity
         .as_ref()
@@ -155,26 +235,7 @@ pub fn pod_view(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Option<PodView> {
             n.required_during_scheduling_ignored_during_execution
                 .as_ref()
         })
-        .map(|ns| {
-            ns.node_selector_terms
-                .iter()
-                .map(|t| {
-                    t.match_expressions
-                        .iter()
-                        .flatten()
-                        .map(|e| {
-                            // An operator we do not know matches nothing, as in the scheduler.
-                            requirement(&e.key, &e.operator, e.values.clone().unwrap_or_default())
-                                .unwrap_or(LabelRequirement {
-                                    key: e.key.clone(),
-                                    op: LabelOp::In,
-                                    values: Vec::new(),
-                                })
-                        })
-                        .collect()
-                })
-                .collect()
-        })
+        .map(|ns| node_terms(&ns.node_selector_terms))
         .unwrap_or_default();
     let tolerations = spec
         .tolerations
@@ -187,24 +248,121 @@ pub fn pod_view(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Option<PodView> {
             effect: t.effect.as_deref().and_then(effect),
         })
         .collect();
+    let annotations = meta.annotations.clone().unwrap_or_default();
+    let lossless: Vec<&str> = annotations
+        .get(SAFE_TO_EVICT_LOCAL_VOLUMES)
+        .map(|v| v.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    let mut local_volumes = Vec::new();
+    let mut pinned = Vec::new();
+    for v in spec.volumes.iter().flatten() {
+        let local = v.host_path.is_some()
+            || v.empty_dir
+                .as_ref()
+                .is_some_and(|e| e.medium.as_deref() != Some("Memory"));
+        if local && !lossless.contains(&v.name.as_str()) {
+            local_volumes.push(v.name.clone());
+        }
+        let claim = match (&v.persistent_volume_claim, &v.ephemeral) {
+            (Some(c), _) => Some(c.claim_name.clone()),
+            // A generic ephemeral volume's claim is named after the pod and the volume.
+            (None, Some(_)) => Some(format!("{name}-{}", v.name)),
+            (None, None) => None,
+        };
+        let Some(claim) = claim else { continue };
+        let bound = pvs.iter().find(|pv| {
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref())
+                .is_some_and(|r| {
+                    r.namespace.as_deref() == Some(namespace.as_str())
+                        && r.name.as_deref() == Some(claim.as_str())
+                })
+        });
+        if let Some(terms) = bound
+            .and_then(|pv| pv.spec.as_ref())
+            .and_then(|s| s.node_affinity.as_ref())
+            .and_then(|a| a.required.as_ref())
+            .map(|r| node_terms(&r.node_selector_terms))
+        {
+            pinned.push(PinnedVolume {
+                pv: bound
+                    .and_then(|pv| pv.metadata.name.clone())
+                    .unwrap_or_default(),
+                terms,
+            });
+        }
+    }
+    let host_ports = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter_map(|p| {
+            let port = p.host_port.filter(|h| *h > 0)?;
+            Some(format!("{}/{port}", p.protocol.as_deref().unwrap_or("TCP")))
+        })
+        .collect();
+    let controller = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    let controller_kind = controller.map(|o| o.kind.clone());
+    // The reconcile Jobs' pods (k8s-cronjobs/cronjob.yaml's pod template labels).
+    let ours = controller_kind.as_deref() == Some("Job")
+        && labels.get("app.kubernetes.io/name").map(String::as_str) == Some("oxide-controller")
+        && labels
+            .get("app.kubernetes.io/component")
+            .map(String::as_str)
+            == Some("reconcile");
     Some(PodView {
+        owner: controller_key(pod),
         namespace,
-        name: meta.name.clone().unwrap_or_default(),
+        name,
         requests: req,
         node: spec.node_name.clone(),
         unschedulable,
-        controller_kind: meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))
-            .map(|o| o.kind.clone()),
-        annotations: meta.annotations.clone().unwrap_or_default(),
+        controller_kind,
+        annotations,
         node_selector: spec.node_selector.clone().unwrap_or_default(),
         affinity_terms,
         tolerations,
-        has_pdb,
+        budgets,
+        priority: spec.priority,
+        nominated: status
+            .and_then(|s| s.nominated_node_name.as_deref())
+            .is_some_and(|n| !n.is_empty()),
+        host_ports,
+        local_volumes,
+        pinned,
+        refusal: refused,
+        ours,
     })
+}
+
+/// `namespace/Kind/name` of the pod's controlling owner, if it has one.
+pub fn controller_key(pod: &Pod) -> Option<String> {
+    let o = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))?;
+    Some(format!(
+        "{}/{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        o.kind,
+        o.name
+    ))
+}
+
+/// Whether some pod mounts a PersistentVolumeClaim (then the volumes are worth listing).
+pub fn mounts_claims(pod: &Pod) -> bool {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .any(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some())
 }
 
 /// A Node's `spec.taints` (effects we do not know are dropped).
@@ -256,6 +414,8 @@ pub fn node_view(node: &model::Node, pool: Option<String>) -> NodeView {
         taints: node.taints.clone(),
         annotations: node.annotations.clone(),
         cordoned: node.unschedulable,
+        not_ready: !node.is_ready(),
+        removing: node.being_removed(),
     }
 }
 
@@ -300,7 +460,7 @@ mod tests {
             "spec": {"selector": {"matchLabels": {"app": "dns"}}}
         }))
         .expect("pdb");
-        let v = pod_view(&p, &[pdb]).expect("active");
+        let v = pod_view(&p, &[pdb], &[]).expect("active");
         assert!(v.unschedulable);
         assert_eq!(
             v.requests.cpu_milli, 2000,
@@ -308,26 +468,26 @@ mod tests {
         );
         assert_eq!(v.requests.memory, 64 << 20);
         assert_eq!(v.controller_kind.as_deref(), Some("ReplicaSet"));
-        assert!(v.has_pdb);
+        assert_eq!(v.budgets.len(), 1);
         assert_eq!(v.node_selector["disk"], "ssd");
         assert_eq!(v.affinity_terms[0][0].op, LabelOp::In);
         assert_eq!(v.tolerations[0].key.as_deref(), Some("accel"));
         assert!(v.tolerations[0].exists);
-        let v = pod_view(&p, &[]).expect("active");
-        assert!(!v.has_pdb);
+        let v = pod_view(&p, &[], &[]).expect("active");
+        assert!(v.budgets.is_empty());
     }
 
     #[test]
     fn finished_pods_are_skipped_and_running_ones_are_not_unschedulable() {
         let done = pod(serde_json::json!({"metadata": {"name": "j"},
             "spec": {"containers": [{"name": "a"}]}, "status": {"phase": "Succeeded"}}));
-        assert!(pod_view(&done, &[]).is_none());
+        assert!(pod_view(&done, &[], &[]).is_none());
         let run = pod(
             serde_json::json!({"metadata": {"name": "r", "namespace": "default"},
             "spec": {"containers": [{"name": "a"}], "nodeName": "w1"},
             "status": {"phase": "Running"}}),
         );
-        let v = pod_view(&run, &[]).expect("active");
+        let v = pod_view(&run, &[], &[]).expect("active");
         assert!(!v.unschedulable);
         assert_eq!(v.node.as_deref(), Some("w1"));
         assert_eq!(v.controller_kind, None);

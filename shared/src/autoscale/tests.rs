@@ -9,7 +9,7 @@ fn at(h: u32, m: u32) -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 23, h, m, 0).unwrap()
 }
 
-fn pool(name: &str, count: u32, min: u32, max: u32) -> PoolView {
+pub(super) fn pool(name: &str, count: u32, min: u32, max: u32) -> PoolView {
     PoolView {
         name: name.into(),
         count,
@@ -26,7 +26,7 @@ fn pool(name: &str, count: u32, min: u32, max: u32) -> PoolView {
     }
 }
 
-fn node(name: &str, pool: &PoolView) -> NodeView {
+pub(super) fn node(name: &str, pool: &PoolView) -> NodeView {
     NodeView {
         name: name.into(),
         pool: Some(pool.name.clone()),
@@ -36,6 +36,8 @@ fn node(name: &str, pool: &PoolView) -> NodeView {
         taints: pool.taints.clone(),
         annotations: BTreeMap::new(),
         cordoned: false,
+        not_ready: false,
+        removing: false,
     }
 }
 
@@ -220,6 +222,7 @@ fn busy_node_is_not_unneeded() {
     let pods = [pod("a", 1500, Some("w1")), pod("b", 1500, Some("w2"))];
     let prev = AutoscaleState {
         unneeded_since: [("w1".to_owned(), at(0, 0))].into(),
+        ..AutoscaleState::default()
     };
     let out = plan(std::slice::from_ref(&p), &nodes, &pods, &prev, at(12, 0));
     assert!(out.decisions.is_empty(), "{out:?}");
@@ -278,6 +281,7 @@ fn blocked(annotate: impl Fn(&mut PodView, &mut NodeView)) -> Outcome {
     annotate(&mut pods[0], &mut nodes[0]);
     let prev = AutoscaleState {
         unneeded_since: [("w1".to_owned(), at(0, 0)), ("w2".to_owned(), at(11, 59))].into(),
+        ..AutoscaleState::default()
     };
     plan(std::slice::from_ref(&p), &nodes, &pods, &prev, at(12, 0))
 }
@@ -322,7 +326,10 @@ fn bare_and_kube_system_pods_block_unless_safe_to_evict_true() {
     assert!(sys.kept["w1"].contains("PodDisruptionBudget"), "{sys:?}");
     let sys_pdb = blocked(|p, _| {
         p.namespace = "kube-system".into();
-        p.has_pdb = true;
+        p.budgets = vec![Budget {
+            key: "kube-system/dns".into(),
+            allowed: 1,
+        }];
     });
     assert_eq!(sys_pdb.decisions[0].remove_node.as_deref(), Some("w1"));
     let bare_ok = blocked(|p, _| {
@@ -388,6 +395,7 @@ fn selector_affinity_and_taints_pick_the_pool_that_can_host() {
         key: "accel".into(),
         op: LabelOp::DoesNotExist,
         values: vec![],
+        field: false,
     }]];
     let out = plan(
         &pools,
@@ -548,6 +556,7 @@ fn no_scale_down_while_created_workers_have_not_joined() {
     let nodes = [node("w1", &p), node("w2", &p)];
     let prev = AutoscaleState {
         unneeded_since: [("w1".to_owned(), at(0, 0))].into(),
+        ..AutoscaleState::default()
     };
     let out = plan(std::slice::from_ref(&p), &nodes, &[], &prev, at(12, 0));
     assert!(out.decisions.is_empty(), "{out:?}");

@@ -369,6 +369,18 @@ impl Cluster for KubeCluster {
         Ok(())
     }
 
+    async fn cancel_removal(&self, node: &str) -> Result<(), ClusterError> {
+        let api: Api<KubeNode> = Api::all(self.client.clone());
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { REMOVING_ANNOTATION: null } },
+            "spec": { "unschedulable": null },
+        });
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| cluster_error(format!("node {node}"), e))?;
+        Ok(())
+    }
+
     async fn delete_node(&self, node: &str) -> Result<(), ClusterError> {
         let api: Api<KubeNode> = Api::all(self.client.clone());
         match api.delete(node, &DeleteParams::default()).await {
@@ -388,6 +400,13 @@ impl Cluster for KubeCluster {
     async fn list_pods(&self) -> Result<Vec<Pod>, ClusterError> {
         let api: Api<Pod> = Api::all(self.client.clone());
         list_all(&api, ListParams::default(), "list pods").await
+    }
+
+    async fn list_pvs(
+        &self,
+    ) -> Result<Vec<k8s_openapi::api::core::v1::PersistentVolume>, ClusterError> {
+        let api: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(self.client.clone());
+        list_all(&api, ListParams::default(), "list persistentvolumes").await
     }
 
     async fn list_pdbs(

@@ -10,7 +10,8 @@
 //!   last version seen.
 //! - **New pods only.** A pod counts once, when it is first seen with `PodScheduled=False`,
 //!   reason `Unschedulable` (the scheduler's mark); pods the last run called unhostable
-//!   (`status.json` `autoscale.unhostable`) do not count at all.
+//!   (`status.json` `autoscale.unhostable`, or a pod of an owner counted in
+//!   `autoscale.unhostableMore`) do not count at all.
 //! - **Batched like Karpenter.** A trigger fires [`PendingOptions::quiet`] after the last new
 //!   pending pod, or [`PendingOptions::max_wait`] after the first, whichever is sooner
 //!   (Karpenter's `BATCH_IDLE_DURATION` and `BATCH_MAX_DURATION` defaults, 1 s and 10 s:
@@ -21,7 +22,7 @@
 //!
 //! Scale-down stays on the CronJob's schedule: it needs the unneeded delay anyway.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -178,6 +179,7 @@ pub async fn run<S, C, F>(
         opts,
         rv: None,
         seen: BTreeSet::new(),
+        owners: BTreeMap::new(),
         batch: Batch::default(),
         watching: false,
         hold_until: None,
@@ -196,6 +198,8 @@ struct Watcher<S, C> {
     rv: Option<String>,
     /// Pending pods already counted (a pod triggers once).
     seen: BTreeSet<String>,
+    /// Controlling owner of each seen pod (`namespace/Kind/name`).
+    owners: BTreeMap<String, String>,
     batch: Batch,
     watching: bool,
     /// A run held the Lease when the batch was due: look again then.
@@ -301,9 +305,11 @@ impl<S: StateStore, C: Cluster> Watcher<S, C> {
         for pod in list.items.iter().filter(|p| unschedulable(p)) {
             let k = key(pod);
             if self.seen.insert(k.clone()) {
+                self.note_owner(&k, pod);
                 self.batch.add(k, now);
             }
         }
+        self.owners.retain(|k, _| self.seen.contains(k));
         self.rv = list.metadata.resource_version;
         Ok(())
     }
@@ -317,6 +323,7 @@ impl<S: StateStore, C: Cluster> Watcher<S, C> {
                 let k = key(&pod);
                 if unschedulable(&pod) {
                     if self.seen.insert(k.clone()) {
+                        self.note_owner(&k, &pod);
                         self.batch.add(k, now);
                     }
                 } else if pod
@@ -333,6 +340,7 @@ impl<S: StateStore, C: Cluster> Watcher<S, C> {
                 self.rv.clone_from(&pod.metadata.resource_version);
                 let k = key(&pod);
                 self.seen.remove(&k);
+                self.owners.remove(&k);
                 self.batch.remove(&k);
             }
             WatchEvent::Bookmark(b) => self.rv = Some(b.metadata.resource_version),
@@ -368,12 +376,14 @@ impl<S: StateStore, C: Cluster> Watcher<S, C> {
                 return;
             }
         }
-        let unhostable = self.unhostable().await;
+        let (unhostable, owners) = self.unhostable().await;
         let pods: Vec<String> = self
             .batch
             .take()
             .into_iter()
-            .filter(|p| !unhostable.contains(p))
+            .filter(|p| {
+                !unhostable.contains(p) && !self.owners.get(p).is_some_and(|o| owners.contains(o))
+            })
             .collect();
         if pods.is_empty() {
             tracing::debug!("pending-pod trigger: only pods the last run found unhostable; no run");
@@ -400,16 +410,28 @@ impl<S: StateStore, C: Cluster> Watcher<S, C> {
         }
     }
 
-    /// The pods the last run found no pool could host.
-    async fn unhostable(&self) -> BTreeSet<String> {
+    /// The pods the last run found no pool could host, and the owners of those it only
+    /// counted (past the first hundred): a new pod of such an owner is one more of the same.
+    async fn unhostable(&self) -> (BTreeSet<String>, BTreeSet<String>) {
         let Ok(snap) = self.deps.state.read_config().await else {
-            return BTreeSet::new();
+            return Default::default();
         };
         snap.status_json()
             .and_then(Status::from_json)
             .and_then(|s| s.autoscale)
-            .map(|a| a.unhostable.into_iter().map(|u| u.pod).collect())
+            .map(|a| {
+                (
+                    a.unhostable.into_iter().map(|u| u.pod).collect(),
+                    a.unhostable_more.into_keys().collect(),
+                )
+            })
             .unwrap_or_default()
+    }
+
+    fn note_owner(&mut self, key: &str, pod: &Pod) {
+        if let Some(o) = crate::autoscale::observe::controller_key(pod) {
+            self.owners.insert(key.to_owned(), o);
+        }
     }
 }
 

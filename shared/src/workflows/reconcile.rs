@@ -191,6 +191,7 @@ pub async fn observe<R: Rack, C: Cluster>(
         images: BTreeMap::new(),
         setup_failures: BTreeMap::new(),
         autoscale_victims: std::collections::BTreeSet::new(),
+        autoscale_given_up: std::collections::BTreeSet::new(),
         create_backoff: plan::backoff::Backoffs::new(),
     };
     observed.setup_failures = setup_failures(rack, &observed).await;
@@ -283,6 +284,7 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     let spec = match &decided {
         Some(d) => {
             observed.autoscale_victims = d.victims.clone();
+            observed.autoscale_given_up = d.given_up.clone();
             &d.spec
         }
         None => spec,

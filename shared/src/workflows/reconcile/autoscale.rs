@@ -7,9 +7,10 @@
 //! from what exists, so a run that dies half-way leaves nothing to undo. The autoscaler's
 //! memory (since when each node has been unneeded) lives in `status.json`.
 //!
-//! Requests: one pod listing (paged) per run while a pool autoscales, and a PodDisruptionBudget
-//! listing only in a run where a node would be removed but for a `kube-system` pod (the only
-//! rule that needs budgets). A spec without autoscaling makes neither.
+//! Requests: one pod listing (paged) per run while a pool autoscales; a PersistentVolume
+//! listing only when some pod mounts a claim (the volume rules need the volumes' node
+//! affinity); a PodDisruptionBudget listing only in a run where a node with pods to move could
+//! be removed, or would be but for a `kube-system` pod. A spec without autoscaling makes none.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -35,6 +36,8 @@ pub struct Decided {
     pub spec: ClusterSpec,
     /// Instances the autoscaler removes (their nodes were unneeded long enough).
     pub victims: BTreeSet<String>,
+    /// Instances whose autoscaler removal is given up (it did not finish in time).
+    pub given_up: BTreeSet<String>,
     pub outcome: Outcome,
 }
 
@@ -52,18 +55,24 @@ pub async fn decide<C: Cluster>(
     }
     let listing = |e: ClusterError| ReconcileError::Retryable(format!("listing pods: {e:#}"));
     let pods = cluster.list_pods().await.map_err(listing)?;
+    let pvs = if pods.iter().any(observe::mounts_claims) {
+        cluster.list_pvs().await.map_err(listing)?
+    } else {
+        Vec::new()
+    };
     let (pools, nodes) = views(spec, observed, now);
     let prev = previous.cloned().unwrap_or_default();
     let pod_views = |pdbs: &[_]| -> Vec<PodView> {
         pods.iter()
-            .filter_map(|p| observe::pod_view(p, pdbs))
+            .filter_map(|p| observe::pod_view(p, pdbs, &pvs))
             .collect()
     };
     let mut outcome = autoscale::plan(&pools, &nodes, &pod_views(&[]), &prev, now);
-    if outcome
-        .kept
-        .values()
-        .any(|why| why.ends_with(autoscale::NO_PDB))
+    if outcome.wants_budgets
+        || outcome
+            .kept
+            .values()
+            .any(|why| why.ends_with(autoscale::NO_PDB))
     {
         let pdbs = cluster.list_pdbs().await.map_err(listing)?;
         outcome = autoscale::plan(&pools, &nodes, &pod_views(&pdbs), &prev, now);
@@ -120,6 +129,7 @@ pub fn views(
 fn apply_to_spec(spec: &ClusterSpec, pools: &[PoolView], outcome: Outcome) -> Decided {
     let mut spec = spec.clone();
     let mut victims = BTreeSet::new();
+    let given_up = outcome.given_up.iter().cloned().collect();
     for view in pools
         .iter()
         .filter(|p| p.autoscale.as_ref().is_some_and(|a| a.enabled))
@@ -134,6 +144,7 @@ fn apply_to_spec(spec: &ClusterSpec, pools: &[PoolView], outcome: Outcome) -> De
     Decided {
         spec,
         victims,
+        given_up,
         outcome,
     }
 }
@@ -154,7 +165,36 @@ pub fn findings(outcome: &Outcome) -> Vec<Finding> {
             u.pod, u.reason
         ),
     });
-    decisions.chain(unhostable).collect()
+    let more = (!outcome.unhostable_more.is_empty()).then(|| {
+        let total: u32 = outcome.unhostable_more.values().sum();
+        let mut owners: Vec<(&String, &u32)> = outcome.unhostable_more.iter().collect();
+        owners.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let shown: Vec<String> = owners
+            .iter()
+            .take(3)
+            .map(|(o, n)| format!("{n} of {o}"))
+            .collect();
+        Finding {
+            degraded: false,
+            message: format!(
+                "autoscale: {total} more pod(s) cannot be hosted by any worker pool ({}{})",
+                shown.join(", "),
+                if owners.len() > 3 { ", ..." } else { "" }
+            ),
+        }
+    });
+    let given_up = outcome.given_up.iter().map(|n| Finding {
+        degraded: false,
+        message: format!(
+            "autoscale: the removal of {n} did not finish in time; it is uncordoned and left \
+             alone for five minutes"
+        ),
+    });
+    decisions
+        .chain(unhostable)
+        .chain(more)
+        .chain(given_up)
+        .collect()
 }
 
 /// Records an Event per scale decision, and per pod newly found unhostable (not again on
@@ -205,10 +245,85 @@ pub fn summary(outcome: &Outcome) -> String {
         .decisions
         .iter()
         .map(|d| format!("{} {}->{} ({})", d.pool, d.from, d.to, d.reason))
-        .chain(
-            (!outcome.unhostable.is_empty())
-                .then(|| format!("{} unhostable pod(s)", outcome.unhostable.len())),
-        )
+        .chain((!outcome.unhostable.is_empty()).then(|| {
+            let more: u32 = outcome.unhostable_more.values().sum();
+            format!(
+                "{} unhostable pod(s)",
+                outcome.unhostable.len() + more as usize
+            )
+        }))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autoscale::{AutoscaleSpec, Resources};
+    use chrono::TimeZone;
+
+    /// 10,000 pods pending on a pool at max: what status carries of the outcome (the outcome
+    /// and its findings) stays under 256 KiB, far below the ConfigMap's 1 MiB.
+    #[test]
+    fn status_stays_small_with_ten_thousand_pending_pods() {
+        let pool = PoolView {
+            name: "workers".into(),
+            count: 3,
+            min: 1,
+            max: 3,
+            cpus: 2,
+            memory: 4 << 30,
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            autoscale: Some(AutoscaleSpec::default()),
+        };
+        let nodes: Vec<NodeView> = (1..=3)
+            .map(|i| NodeView {
+                name: format!("w{i}"),
+                pool: Some("workers".into()),
+                allocatable: pool.allocatable(),
+                max_pods: 110,
+                ..NodeView::default()
+            })
+            .collect();
+        let mut pods: Vec<PodView> = (1..=3)
+            .map(|i| PodView {
+                namespace: "default".into(),
+                name: format!("busy-{i}"),
+                requests: Resources {
+                    cpu_milli: 1900,
+                    memory: 64 << 20,
+                },
+                node: Some(format!("w{i}")),
+                controller_kind: Some("ReplicaSet".into()),
+                ..PodView::default()
+            })
+            .collect();
+        pods.extend((0..10_000).map(|i| PodView {
+            namespace: "batch".into(),
+            name: format!("job-worker-{i:05}-abcde"),
+            requests: Resources {
+                cpu_milli: 500,
+                memory: 64 << 20,
+            },
+            unschedulable: true,
+            controller_kind: Some("Job".into()),
+            owner: Some(format!("batch/Job/job-{}", i % 3)),
+            ..PodView::default()
+        }));
+        let now = Utc.with_ymd_and_hms(2026, 11, 23, 12, 0, 0).unwrap();
+        let out = autoscale::plan(&[pool], &nodes, &pods, &AutoscaleState::default(), now);
+        let found: Vec<String> = findings(&out).into_iter().map(|f| f.message).collect();
+        let size = serde_json::to_string_pretty(&out).map_or(usize::MAX, |j| j.len())
+            + serde_json::to_string_pretty(&found).map_or(usize::MAX, |j| j.len());
+        println!("10,000 pending pods -> {size} bytes of status.json");
+        assert!(size < 256 << 10, "{size} bytes");
+        assert!(
+            found
+                .iter()
+                .any(|f| f.contains("9900 more pod(s)") && f.contains("of batch/Job/job-")),
+            "{found:?}"
+        );
+        assert_eq!(summary(&out), "10000 unhostable pod(s)");
+    }
 }
