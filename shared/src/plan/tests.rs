@@ -345,6 +345,27 @@ fn removals_in_progress_continue() {
 }
 
 #[test]
+fn an_autoscaler_removal_given_up_is_called_off_while_its_vm_runs() {
+    let mut w = World::healthy(3, 2, 3);
+    w.mark_removing("demo-workers-wk002");
+    w.obs
+        .autoscale_given_up
+        .insert("demo-workers-wk002".to_owned());
+    let p = w.plan();
+    assert!(removed(&p).is_empty(), "{:?}", p.actions);
+    assert!(
+        p.actions.iter().any(|a| matches!(a,
+            Action::CancelRemoval { node, .. } if node == "demo-workers-wk002")),
+        "{:?}",
+        p.actions
+    );
+    assert_eq!(creates(&p, "workers"), 0);
+    // Past the drain (the VM stopping), the removal finishes whatever the autoscaler says.
+    w.set_state("demo-workers-wk002", InstanceState::Stopping);
+    assert_eq!(removed(&w.plan()), ["demo-workers-wk002"]);
+}
+
+#[test]
 fn a_member_stopped_by_someone_else_is_started() {
     let mut w = World::healthy(3, 2, 2);
     w.set_state("demo-workers-wk001", InstanceState::Stopped);
