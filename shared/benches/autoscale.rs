@@ -89,4 +89,41 @@ fn main() {
     for d in &out.decisions {
         println!("  {} {} -> {}: {}", d.pool, d.from, d.to, d.reason);
     }
+
+    // The same cluster without pending pods, the light nodes unneeded for an hour: the
+    // scale-down path, removals simulated one after another across both pools.
+    pods.retain(|p| !p.unschedulable);
+    let mut prev = AutoscaleState::default();
+    for n in &nodes[450..] {
+        prev.unneeded_since
+            .insert(n.name.clone(), now - chrono::Duration::hours(1));
+    }
+    let mut times = Vec::new();
+    let mut out = plan(&pools, &nodes, &pods, &prev, now);
+    for _ in 0..runs {
+        let t = Instant::now();
+        out = plan(&pools, &nodes, &pods, &prev, now);
+        times.push(t.elapsed());
+    }
+    times.sort();
+    println!(
+        "autoscale plan, scale-down, {} pods on {} nodes: min {:?}, median {:?}, max {:?} over \
+         {} runs (target <= 50 ms); removes {:?}",
+        pods.len(),
+        nodes.len(),
+        times[0],
+        times[times.len() / 2],
+        times[times.len() - 1],
+        times.len(),
+        out.decisions
+            .iter()
+            .filter_map(|d| d.remove_node.as_deref())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        out.decisions.len(),
+        2,
+        "one node per pool: {:?}",
+        out.decisions
+    );
 }
