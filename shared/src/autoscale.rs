@@ -977,7 +977,7 @@ fn scale_up<'a>(
     let ready = |pool: &str| {
         nodes
             .iter()
-            .filter(|n| n.pool.as_deref() == Some(pool) && !n.not_ready)
+            .filter(|n| n.pool.as_deref() == Some(pool) && !n.not_ready && !n.removing)
             .count()
     };
 
