@@ -13,7 +13,9 @@
 //! is killed and the pod removed with grace 0, as a kubelet confirms a termination.
 //!
 //! Not run: Deployment pods (the webhook), `restartPolicy: OnFailure` restarts, init
-//! containers, probes, resource limits.
+//! containers, probes, resource limits. A deleted pod nothing runs (the webhook's) is removed
+//! with grace 0, as a kubelet confirms the termination once its containers stopped; without
+//! that, draining the node it was bound to never finished.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -97,6 +99,35 @@ impl PodRunner {
                 .as_array()
                 .is_some_and(|r| r.iter().any(|r| r["kind"] == "Job"));
             let bound = pod["spec"]["nodeName"].is_string();
+            let terminal = matches!(
+                pod["status"]["phase"].as_str(),
+                Some("Succeeded" | "Failed")
+            );
+            let running_here = self
+                .started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&meta(&pod, "uid"));
+            if pod["metadata"]["deletionTimestamp"].is_string()
+                && bound
+                && !terminal
+                && !running_here
+            {
+                // Deleted, and no process of ours runs it (a Deployment pod such as the
+                // webhook's, or a Job pod not started yet): a kubelet stops its containers and
+                // confirms the termination, so the pod goes instead of lingering for ever.
+                let force = DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..DeleteParams::default()
+                };
+                let pods: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
+                    cluster.control_plane.client(),
+                    &meta(&pod, "namespace"),
+                    &kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::Pod>(&()),
+                );
+                let _ = pods.delete(&meta(&pod, "name"), &force).await;
+                continue;
+            }
             if !owned_by_job || !bound || pod["status"]["phase"] != "Pending" {
                 continue;
             }

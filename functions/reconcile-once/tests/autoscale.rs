@@ -822,3 +822,31 @@ async fn the_worker_a_reconcile_pod_runs_on_goes_when_idle() {
     }
     assert_eq!(env.workers(), [busy], "the idle worker went");
 }
+
+/// The harness's kubelet for the product's pods: a deleted webhook pod (a Deployment's, which
+/// the harness does not run) goes as a kubelet would let it go, so draining its node finishes
+/// (without this, a scale-down that picked the webhook's node drained for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_webhook_pod_bound_to_a_worker_goes() {
+    let env = env(|_| {}).await;
+    env.run_and_settle().await;
+    let worker = env.ready_workers().await[0].clone();
+    let kube = env.sim.kube();
+    kube.apply(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "webhook-like", "namespace": "kube-system",
+            "labels": {"app.kubernetes.io/name": "oxide-controller",
+                "app.kubernetes.io/component": "webhook"}},
+        "spec": {"nodeName": worker, "containers": [{"name": "scale", "image": "scale"}]}}))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        kube.delete("v1", "Pod", Some("kube-system"), "webhook-like")
+            .await
+    );
+    env.wait_until("the deleted pod to go", async || {
+        kube.get("v1", "Pod", Some("kube-system"), "webhook-like")
+            .await
+            .is_none()
+    })
+    .await;
+}
