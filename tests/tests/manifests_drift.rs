@@ -778,7 +778,8 @@ fn the_service_account_may_make_exactly_the_calls_the_functions_make() {
         ("", "nodes", &[], &["list", "patch", "delete"]), // observe, cordon/annotate, remove
         ("", "pods", &[], &["list", "watch", "delete"]), // drain; --force-drain; the webhook watches unschedulable pods
         ("", "pods/eviction", &[], &["create"]),         // drain through the Eviction API
-        ("policy", "poddisruptionbudgets", &[], &["list"]), // autoscaler: kube-system pods
+        ("policy", "poddisruptionbudgets", &[], &["list"]), // autoscaler: budgets keep nodes
+        ("", "persistentvolumes", &[], &["list"]),       // autoscaler: volumes pinned to nodes
     ];
     let in_kube_system: &[Rule] = &[
         ("", "secrets", &["oxide-controller"], &["get"]),
