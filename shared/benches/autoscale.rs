@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use chrono::Utc;
 use oxide_controller::autoscale::{
-    AutoscaleSpec, AutoscaleState, DEFAULT_MAX_PODS, NodeView, PodView, PoolView, Resources, plan,
+    AutoscaleSpec, AutoscaleState, DEFAULT_MAX_PODS, NodeView, Outcome, PodView, PoolView,
+    Resources, plan,
 };
 
 fn main() {
@@ -58,31 +59,12 @@ fn main() {
     pods.extend((0..200).map(|j| pod(format!("pending-{j}"), 500, None)));
     assert_eq!(pods.len(), 10_000);
 
-    let state = AutoscaleState::default();
     let now = Utc::now();
-    let mut times = Vec::new();
-    let mut out = plan(&pools, &nodes, &pods, &state, now);
-    // `OXIDE_BENCH_SHORT=1` (CI): three runs instead of twenty.
-    let runs = if std::env::var_os("OXIDE_BENCH_SHORT").is_some() {
-        3
-    } else {
-        20
-    };
-    for _ in 0..runs {
-        let t = Instant::now();
-        out = plan(&pools, &nodes, &pods, &state, now);
-        times.push(t.elapsed());
-    }
-    times.sort();
+    let (out, figures) = measure(&pools, &nodes, &pods, &AutoscaleState::default(), now);
     println!(
-        "autoscale plan, {} pods on {} nodes: min {:?}, median {:?}, max {:?} over {} runs \
-         (target <= 50 ms); {} decision(s), {} unneeded node(s)",
+        "autoscale plan, {} pods on {} nodes: {figures}; {} decision(s), {} unneeded node(s)",
         pods.len(),
         nodes.len(),
-        times[0],
-        times[times.len() / 2],
-        times[times.len() - 1],
-        times.len(),
         out.decisions.len(),
         out.state.unneeded_since.len()
     );
@@ -98,23 +80,11 @@ fn main() {
         prev.unneeded_since
             .insert(n.name.clone(), now - chrono::Duration::hours(1));
     }
-    let mut times = Vec::new();
-    let mut out = plan(&pools, &nodes, &pods, &prev, now);
-    for _ in 0..runs {
-        let t = Instant::now();
-        out = plan(&pools, &nodes, &pods, &prev, now);
-        times.push(t.elapsed());
-    }
-    times.sort();
+    let (out, figures) = measure(&pools, &nodes, &pods, &prev, now);
     println!(
-        "autoscale plan, scale-down, {} pods on {} nodes: min {:?}, median {:?}, max {:?} over \
-         {} runs (target <= 50 ms); removes {:?}",
+        "autoscale plan, scale-down, {} pods on {} nodes: {figures}; removes {:?}",
         pods.len(),
         nodes.len(),
-        times[0],
-        times[times.len() / 2],
-        times[times.len() - 1],
-        times.len(),
         out.decisions
             .iter()
             .filter_map(|d| d.remove_node.as_deref())
@@ -126,4 +96,36 @@ fn main() {
         "one node per pool: {:?}",
         out.decisions
     );
+}
+
+/// Plans repeatedly (twenty times; three with `OXIDE_BENCH_SHORT=1`, as CI runs it) and says
+/// how long a plan took.
+fn measure(
+    pools: &[PoolView],
+    nodes: &[NodeView],
+    pods: &[PodView],
+    prev: &AutoscaleState,
+    now: chrono::DateTime<Utc>,
+) -> (Outcome, String) {
+    let runs = if std::env::var_os("OXIDE_BENCH_SHORT").is_some() {
+        3
+    } else {
+        20
+    };
+    let mut out = plan(pools, nodes, pods, prev, now);
+    let mut times = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        out = plan(pools, nodes, pods, prev, now);
+        times.push(t.elapsed());
+    }
+    times.sort();
+    let figures = format!(
+        "min {:?}, median {:?}, max {:?} over {} runs (target <= 50 ms)",
+        times[0],
+        times[times.len() / 2],
+        times[times.len() - 1],
+        times.len()
+    );
+    (out, figures)
 }

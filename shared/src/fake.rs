@@ -691,55 +691,51 @@ fn budget(s: &mut WorldState, call: &str) -> Result<(), RackError> {
 #[derive(Debug, Clone)]
 pub struct FakeCluster(pub FakeWorld);
 
+impl FakeCluster {
+    /// Changes a Node (NotFound if there is none) and logs `<verb> <node>`.
+    fn edit_node(
+        &self,
+        node: &str,
+        verb: &str,
+        change: impl FnOnce(&mut Node),
+    ) -> Result<(), ClusterError> {
+        self.0.with(|s| {
+            let n = s
+                .nodes
+                .get_mut(node)
+                .ok_or_else(|| ClusterError::NotFound {
+                    what: format!("node {node}"),
+                })?;
+            change(n);
+            s.log.push(format!("{verb} {node}"));
+            Ok(())
+        })
+    }
+}
+
 impl Cluster for FakeCluster {
     async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
         Ok(self.0.with(|s| s.nodes.values().cloned().collect()))
     }
 
     async fn cordon(&self, node: &str) -> Result<(), ClusterError> {
-        self.0.with(|s| {
-            let n = s
-                .nodes
-                .get_mut(node)
-                .ok_or_else(|| ClusterError::NotFound {
-                    what: format!("node {node}"),
-                })?;
-            n.unschedulable = true;
-            s.log.push(format!("cordon {node}"));
-            Ok(())
-        })
+        self.edit_node(node, "cordon", |n| n.unschedulable = true)
     }
 
     async fn mark_removing(&self, node: &str, reason: &str) -> Result<(), ClusterError> {
-        self.0.with(|s| {
-            let n = s
-                .nodes
-                .get_mut(node)
-                .ok_or_else(|| ClusterError::NotFound {
-                    what: format!("node {node}"),
-                })?;
+        self.edit_node(node, "mark-removing", |n| {
             n.unschedulable = true;
             n.annotations.insert(
                 crate::plan::REMOVING_ANNOTATION.to_owned(),
                 reason.to_owned(),
             );
-            s.log.push(format!("mark-removing {node}"));
-            Ok(())
         })
     }
 
     async fn cancel_removal(&self, node: &str) -> Result<(), ClusterError> {
-        self.0.with(|s| {
-            let n = s
-                .nodes
-                .get_mut(node)
-                .ok_or_else(|| ClusterError::NotFound {
-                    what: format!("node {node}"),
-                })?;
+        self.edit_node(node, "cancel-removal", |n| {
             n.unschedulable = false;
             n.annotations.remove(crate::plan::REMOVING_ANNOTATION);
-            s.log.push(format!("cancel-removal {node}"));
-            Ok(())
         })
     }
 

@@ -746,13 +746,7 @@ async fn pods_a_new_worker_cannot_help_add_none() {
 async fn the_worker_a_reconcile_pod_runs_on_goes_when_idle() {
     let env = env(|_| {}).await;
     let kube = env.sim.kube();
-    for mut v in support::manifests() {
-        if v["kind"] == "CronJob" {
-            // No scheduled runs: only the Job below.
-            v["spec"]["suspend"] = json!(true);
-        }
-        kube.apply(v).await.unwrap_or_else(|e| panic!("{e}"));
-    }
+    support::install_suspended(&kube).await;
     env.run_and_settle().await;
     // Two workers: one busy (above the threshold), one idle.
     env.deploy("web", 3, "900m", json!({})).await;
@@ -779,33 +773,7 @@ async fn the_worker_a_reconcile_pod_runs_on_goes_when_idle() {
     tokio::time::sleep(Duration::from_millis(2100)).await;
 
     // The run as a Job, its pod on the idle worker.
-    let cron = kube
-        .get(
-            "batch/v1",
-            "CronJob",
-            Some("kube-system"),
-            "oxide-controller",
-        )
-        .await
-        .expect("cronjob");
-    let mut spec = cron["spec"]["jobTemplate"]["spec"].clone();
-    spec["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = json!(idle);
-    kube.apply(json!({"apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "on-the-idle-worker", "namespace": "kube-system"}, "spec": spec}))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    env.wait_until("the Job to finish", async || {
-        kube.get("batch/v1", "Job", Some("kube-system"), "on-the-idle-worker")
-            .await
-            .is_some_and(|j| {
-                j["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter().any(|c| {
-                        (c["type"] == "Complete" || c["type"] == "Failed") && c["status"] == "True"
-                    })
-                })
-            })
-    })
-    .await;
+    support::run_job_on(&kube, "on-the-idle-worker", &idle).await;
     let downs = env.events("AutoscaleDown").await;
     assert!(
         downs

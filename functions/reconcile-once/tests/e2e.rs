@@ -18,6 +18,9 @@ use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::Value;
 
+#[path = "support/pending.rs"]
+mod support;
+
 const BIN: &str = env!("CARGO_BIN_EXE_reconcile-once");
 const CP: &str = "sim-control-plane-";
 const WK: &str = "sim-workers-";
@@ -1323,20 +1326,7 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
     };
     let kube = env.sim.kube();
     // The shipped manifests, applied to the real apiserver (its validation and RBAC).
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s-cronjobs");
-    for f in ["serviceaccount.yaml", "rbac.yaml", "cronjob.yaml"] {
-        let text = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
-        for doc in text.split("\n---") {
-            let mut v: Value = serde_saphyr::from_str(doc).unwrap_or(Value::Null);
-            if v["kind"] == "CronJob" {
-                // No scheduled runs during the test: only the Job below.
-                v["spec"]["suspend"] = serde_json::json!(true);
-            }
-            if v.is_object() {
-                kube.apply(v).await.unwrap_or_else(|e| panic!("{f}: {e}"));
-            }
-        }
-    }
+    support::install_suspended(&kube).await;
     env.edit(|s| s.timeouts.drain_seconds = 5).await;
     let victim = env.ready_nodes(WK).await[0].clone();
     kube.merge_patch(
@@ -1357,42 +1347,7 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
 
     // The reconcile Job from the CronJob's template, its pod placed on the victim by the
     // real scheduler and run by the harness as the manifests' ServiceAccount.
-    let cron = kube
-        .get(
-            "batch/v1",
-            "CronJob",
-            Some("kube-system"),
-            "oxide-controller",
-        )
-        .await
-        .unwrap_or_else(|| panic!("cronjob"));
-    let mut spec = cron["spec"]["jobTemplate"]["spec"].clone();
-    spec["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = serde_json::json!(victim);
-    kube.apply(serde_json::json!({"apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "on-the-victim", "namespace": "kube-system"}, "spec": spec}))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let outcome = loop {
-        let job = kube
-            .get("batch/v1", "Job", Some("kube-system"), "on-the-victim")
-            .await
-            .unwrap_or_else(|| panic!("job"));
-        let done = job["status"]["conditions"].as_array().and_then(|c| {
-            c.iter()
-                .filter(|c| c["type"] == "Complete" || c["type"] == "Failed")
-                .find(|c| c["status"] == "True")
-                .and_then(|c| c["type"].as_str().map(str::to_owned))
-        });
-        if let Some(done) = done {
-            break done;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the Job did not finish: {job}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let outcome = support::run_job_on(&kube, "on-the-victim", &victim).await;
     let pods: Vec<Value> = kube
         .list("v1", "Pod", Some("kube-system"))
         .await

@@ -246,3 +246,57 @@ pub async fn deployment(sim: &SimHandle, name: &str, replicas: u32, cpu: &str) {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// Applies the in-cluster manifests ([`manifests`]) with the CronJob suspended, so the only
+/// reconcile runs are the Jobs a test starts.
+pub async fn install_suspended(kube: &oxide_sim::guest::cluster_api::KubeView) {
+    for mut v in manifests() {
+        if v["kind"] == "CronJob" {
+            v["spec"]["suspend"] = json!(true);
+        }
+        kube.apply(v).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// Starts Job `name` from the CronJob's template (as `kubectl create job --from`), its pod
+/// held to `node`, and waits (two minutes at most) until it finished; returns `Complete` or
+/// `Failed`.
+pub async fn run_job_on(
+    kube: &oxide_sim::guest::cluster_api::KubeView,
+    name: &str,
+    node: &str,
+) -> String {
+    let cron = kube
+        .get(
+            "batch/v1",
+            "CronJob",
+            Some("kube-system"),
+            "oxide-controller",
+        )
+        .await
+        .unwrap_or_else(|| panic!("cronjob"));
+    let mut spec = cron["spec"]["jobTemplate"]["spec"].clone();
+    spec["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = json!(node);
+    kube.apply(json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": "kube-system"}, "spec": spec}))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let job = kube
+            .get("batch/v1", "Job", Some("kube-system"), name)
+            .await
+            .unwrap_or_else(|| panic!("job {name}"));
+        let done = job["status"]["conditions"].as_array().and_then(|c| {
+            c.iter()
+                .filter(|c| c["type"] == "Complete" || c["type"] == "Failed")
+                .find(|c| c["status"] == "True")
+                .and_then(|c| c["type"].as_str().map(str::to_owned))
+        });
+        if let Some(done) = done {
+            return done;
+        }
+        assert!(Instant::now() < deadline, "the Job did not finish: {job}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
