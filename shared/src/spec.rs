@@ -63,6 +63,15 @@ pub struct TailscaleSpec {
         skip_serializing_if = "is_default_tailscale_installer_url"
     )]
     pub installer_url: String,
+    /// How long a node's `tailscale up` waits to be Running before the setup fails
+    /// (`--timeout`). Without it `tailscale up` waits for ever: for a device approval nobody
+    /// gives, a control server it cannot reach, or an interactive login (tailscale@de9ec7e
+    /// `cmd/tailscale/cli/up.go:134,805-830`), and the node shows no reason.
+    #[serde(
+        default = "default_tailscale_up_timeout",
+        skip_serializing_if = "is_default_tailscale_up_timeout"
+    )]
+    pub up_timeout_seconds: u32,
 }
 
 impl Default for TailscaleSpec {
@@ -70,8 +79,20 @@ impl Default for TailscaleSpec {
         TailscaleSpec {
             tag: default_tailscale_tag(),
             installer_url: default_tailscale_installer_url(),
+            up_timeout_seconds: default_tailscale_up_timeout(),
         }
     }
+}
+
+/// `tailscale.up_timeout_seconds` unless set: five minutes, well inside the join deadline.
+pub const DEFAULT_TAILSCALE_UP_TIMEOUT: u32 = 300;
+
+fn default_tailscale_up_timeout() -> u32 {
+    DEFAULT_TAILSCALE_UP_TIMEOUT
+}
+
+fn is_default_tailscale_up_timeout(v: &u32) -> bool {
+    *v == DEFAULT_TAILSCALE_UP_TIMEOUT
 }
 
 fn default_tailscale_installer_url() -> String {
@@ -819,6 +840,17 @@ impl ClusterSpec {
         {
             err("tailscale.installer_url".into(), e);
         }
+        if let Some(ts) = &self.tailscale
+            && !(1..=3600).contains(&ts.up_timeout_seconds)
+        {
+            err(
+                "tailscale.up_timeout_seconds".into(),
+                format!(
+                    "{} is out of range: between 1 and 3600 seconds (tailscale up waits that long to join before the node's setup fails)",
+                    ts.up_timeout_seconds
+                ),
+            );
+        }
         if let Err(e) = crate::cloud_init::check_installer_url(&self.k3s.installer_url) {
             err("k3s.installer_url".into(), e);
         }
@@ -1159,6 +1191,29 @@ mod tests {
         let mut good = spec();
         good.k3s.installer_url = "http://10.0.0.5/k3s/install.sh".into();
         assert!(good.validate().is_ok());
+        // `tailscale up --timeout`: defaulted, written back only when set, bounded.
+        assert_eq!(
+            with.tailscale.as_ref().map(|t| t.up_timeout_seconds),
+            Some(DEFAULT_TAILSCALE_UP_TIMEOUT)
+        );
+        assert!(!with.to_yaml().contains("up_timeout_seconds"));
+        let mut short = with.clone();
+        if let Some(ts) = short.tailscale.as_mut() {
+            ts.up_timeout_seconds = 20;
+        }
+        assert!(short.to_yaml().contains("up_timeout_seconds: 20"));
+        assert_eq!(
+            short.pool_hash(Role::Worker, p),
+            with.pool_hash(Role::Worker, p),
+            "the timeout only bounds a join; running nodes need not be replaced"
+        );
+        for bad_timeout in [0, 3601] {
+            let mut bad = with.clone();
+            if let Some(ts) = bad.tailscale.as_mut() {
+                ts.up_timeout_seconds = bad_timeout;
+            }
+            assert_eq!(fields(&bad), ["tailscale.up_timeout_seconds"]);
+        }
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub struct TailscaleOptions {
     pub api_key: Option<String>,
     /// The tailnet's name (the API also answers to `-`, "the key's own tailnet").
     pub tailnet: String,
+    /// Device approval is on and the auth keys are not pre-approved: a VM with a valid key
+    /// waits in `NeedsMachineAuth` for an admin who never comes (tailscale@de9ec7e
+    /// `cmd/tailscale/cli/up.go:722-740`).
+    pub approval_required: bool,
 }
 
 impl Default for TailscaleOptions {
@@ -44,6 +48,7 @@ impl Default for TailscaleOptions {
             auth_keys: Vec::new(),
             api_key: None,
             tailnet: DEFAULT_TAILNET.to_owned(),
+            approval_required: false,
         }
     }
 }
@@ -54,6 +59,7 @@ impl std::fmt::Debug for TailscaleOptions {
             .field("auth_keys", &self.auth_keys.len())
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("tailnet", &self.tailnet)
+            .field("approval_required", &self.approval_required)
             .finish()
     }
 }
@@ -71,6 +77,11 @@ pub struct TailscaleUp {
     pub hostname: Option<String>,
     /// `--advertise-tags`.
     pub tags: Vec<String>,
+    /// `--timeout` (a Go duration); None or zero: wait for ever (`up.go:134`).
+    pub timeout: Option<std::time::Duration>,
+    /// The script's reason when `up` exits non-zero (`|| fail "…"` on its line); None: the
+    /// shell's `set -e` ends the script with the exit status.
+    pub on_fail: Option<String>,
     /// A later step writes a k3s drop-in with `tls-san+` from `tailscale ip -4` before k3s
     /// starts, so the API certificate names the tailnet address.
     pub san_drop_in: bool,
@@ -83,6 +94,8 @@ impl std::fmt::Debug for TailscaleUp {
             .field("key_problem", &self.key_problem)
             .field("hostname", &self.hostname)
             .field("tags", &self.tags)
+            .field("timeout", &self.timeout)
+            .field("on_fail", &self.on_fail)
             .field("san_drop_in", &self.san_drop_in)
             .finish()
     }
@@ -125,7 +138,12 @@ pub fn parse_runcmd(commands: &[String], files: &BTreeMap<String, Vec<u8>>) -> O
                 .collect::<Vec<_>>(),
         ))
     })?;
-    let mut up = TailscaleUp::default();
+    let mut up = TailscaleUp {
+        on_fail: commands[up_index]
+            .split_once("|| fail \"")
+            .and_then(|(_, rest)| rest.split_once('"').map(|(text, _)| text.to_owned())),
+        ..TailscaleUp::default()
+    };
     let mut key_arg = None;
     let mut it = words.iter();
     while let Some(w) = it.next() {
@@ -141,6 +159,11 @@ pub fn parse_runcmd(commands: &[String], files: &BTreeMap<String, Vec<u8>>) -> O
         match flag {
             "--auth-key" | "--authkey" => key_arg = value(),
             "--hostname" => up.hostname = value(),
+            "--timeout" => {
+                up.timeout = value()
+                    .and_then(|v| go_duration(&v))
+                    .filter(|d| !d.is_zero());
+            }
             "--advertise-tags" => {
                 up.tags = value()
                     .unwrap_or_default()
@@ -177,14 +200,50 @@ pub fn parse_runcmd(commands: &[String], files: &BTreeMap<String, Vec<u8>>) -> O
     Some(up)
 }
 
+/// A Go `time.ParseDuration` value made of `h`, `m`, `s` and `ms` parts (`300s`, `5m`,
+/// `1m30s`); None for anything else.
+fn go_duration(v: &str) -> Option<std::time::Duration> {
+    let mut total = std::time::Duration::ZERO;
+    let mut rest = v.trim();
+    if rest == "0" {
+        return Some(total);
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit, len) = if rest.starts_with("ms") {
+            (std::time::Duration::from_millis(1), 2)
+        } else if rest.starts_with('h') {
+            (std::time::Duration::from_secs(3600), 1)
+        } else if rest.starts_with('m') {
+            (std::time::Duration::from_secs(60), 1)
+        } else if rest.starts_with('s') {
+            (std::time::Duration::from_secs(1), 1)
+        } else {
+            return None;
+        };
+        total += unit * u32::try_from(n).ok()?;
+        rest = &rest[len..];
+    }
+    Some(total)
+}
+
+/// What `tailscale up` prints when its `--timeout` ends the wait (`up.go:828-829`).
+pub const UP_TIMEOUT_MESSAGE: &str = "timeout waiting for Tailscale service to enter a Running state; check health with \"tailscale status\"";
+
 /// Why a VM could not join; the text is what `tailscale up` prints (never the key).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JoinError {
-    /// No key and no interactive login on a headless VM.
-    #[error(
-        "tailscale up: no auth key given; to authenticate, visit a login URL (nobody will on a headless VM)"
-    )]
+    /// No key: `tailscale up` prints a login URL nobody on a headless VM visits, and waits.
+    #[error("To authenticate, visit: https://login.tailscale.com/a/0123456789ab")]
     NoKey,
+    /// Device approval is on and the key is not pre-approved: it prints the admin page and
+    /// waits in `NeedsMachineAuth` (`up.go:722-740,843-844`).
+    #[error(
+        "To approve your machine, visit (as admin): https://login.tailscale.com/admin/machines"
+    )]
+    NeedsApproval,
     /// The key file could not be read.
     #[error("{0}")]
     KeyFile(String),
@@ -197,6 +256,15 @@ pub enum JoinError {
     /// The simulated tailnet has no address left.
     #[error("backend error: no tailnet address available")]
     Exhausted,
+}
+
+impl JoinError {
+    /// `tailscale up` does not exit on this: it waits until `--timeout`, or for ever without
+    /// one (`up.go:805-830`). The others are `fatalf("backend error: …")` (`up.go:733-735`)
+    /// or a flag error, and exit 1 at once.
+    pub fn waits(&self) -> bool {
+        matches!(self, JoinError::NoKey | JoinError::NeedsApproval)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -241,6 +309,7 @@ impl Device {
 
 struct Inner {
     auth_keys: Vec<String>,
+    approval_required: bool,
     api_key: String,
     tailnet: String,
     pool: AddressPool,
@@ -291,6 +360,7 @@ impl Tailnet {
         Self {
             inner: Arc::new(Inner {
                 auth_keys: opts.auth_keys.clone(),
+                approval_required: opts.approval_required,
                 api_key,
                 tailnet: opts.tailnet.clone(),
                 pool,
@@ -341,6 +411,9 @@ impl Tailnet {
         let bad: Vec<String> = up.tags.iter().filter(|t| !valid_tag(t)).cloned().collect();
         if !bad.is_empty() {
             return Err(JoinError::BadTags(bad));
+        }
+        if self.inner.approval_required {
+            return Err(JoinError::NeedsApproval);
         }
         let hostname = up
             .hostname
@@ -589,6 +662,30 @@ mod tests {
         .unwrap();
         assert_eq!(up.auth_key.as_deref(), Some("tskey-x"));
         assert_eq!(up.tags, ["tag:a", "tag:b"]);
+        assert_eq!(up.timeout, None, "no --timeout: waits for ever");
+        assert_eq!(up.on_fail, None);
+        // `--timeout` as a Go duration, and the script's reason from `|| fail "…"`.
+        let up = parse_runcmd(
+            &lines(&["tailscale up --timeout=1m30s --authkey=k || fail \"did not join\""]),
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        assert_eq!(up.timeout, Some(std::time::Duration::from_secs(90)));
+        assert_eq!(up.on_fail.as_deref(), Some("did not join"));
+        for (v, want) in [
+            ("300s", Some(300_000)),
+            ("5m", Some(300_000)),
+            ("250ms", Some(250)),
+            ("0", Some(0)),
+            ("1h2m3s", Some(3_723_000)),
+            ("5", None),
+            ("1.5s", None),
+            ("", Some(0)),
+        ] {
+            assert_eq!(go_duration(v).map(|d| d.as_millis()), want, "{v}");
+        }
+        let up = parse_runcmd(&lines(&["tailscale up --timeout 0s"]), &BTreeMap::new()).unwrap();
+        assert_eq!(up.timeout, None, "0s is tailscale's default: for ever");
         assert_eq!(
             parse_runcmd(&lines(&["echo tailscale"]), &BTreeMap::new()),
             None
@@ -629,6 +726,29 @@ mod tests {
         ));
         t.remove(id);
         assert_eq!(t.address_of(id), None);
+        // No key, or device approval nobody gives: `tailscale up` waits instead of exiting.
+        let no_key = TailscaleUp {
+            auth_key: None,
+            ..up.clone()
+        };
+        let e = t.join(Uuid::new_v4(), &no_key, "x").unwrap_err();
+        assert!(e.waits(), "{e}");
+        assert!(!JoinError::InvalidKey.waits());
+        let approval = Tailnet::new(&TailscaleOptions {
+            auth_keys: vec!["tskey-auth-good".into()],
+            approval_required: true,
+            ..TailscaleOptions::default()
+        });
+        let other = Uuid::new_v4();
+        let e = approval.join(other, &up, "x").unwrap_err();
+        assert_eq!(e, JoinError::NeedsApproval);
+        assert!(e.waits());
+        assert_eq!(approval.address_of(other), None);
+        // A wrong key is still refused at once, approval or not.
+        assert_eq!(
+            approval.join(other, &wrong, "x").unwrap_err(),
+            JoinError::InvalidKey
+        );
     }
 
     fn get(path: &str, auth: Option<&str>) -> http::Request<Bytes> {

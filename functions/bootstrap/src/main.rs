@@ -220,6 +220,10 @@ struct Args {
     /// Base URL of the Tailscale API. Default: https://api.tailscale.com.
     #[arg(long, value_name = "URL")]
     tailscale_api_url: Option<String>,
+    /// Seconds a VM's `tailscale up` waits to join before its setup fails with the reason
+    /// (a key that needs device approval, an unreachable control server). Default: 300.
+    #[arg(long, value_name = "SECONDS")]
+    tailscale_up_timeout: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -410,6 +414,7 @@ fn input(a: Args, json_logs: bool) -> BootstrapInput {
             tailnet: a.tailscale_tailnet,
             tag: a.tailscale_tag,
             api_url: a.tailscale_api_url,
+            up_timeout_seconds: a.tailscale_up_timeout,
             ..TailscaleFlags::default()
         }
         .with_process_env(),

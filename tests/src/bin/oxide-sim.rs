@@ -125,6 +125,10 @@ struct Args {
     /// Name of the simulated tailnet.
     #[arg(long, value_name = "TAILNET", default_value = oxide_sim::tailscale::DEFAULT_TAILNET)]
     tailscale_tailnet: String,
+    /// Device approval is on in the tailnet and the auth keys are not pre-approved: VMs
+    /// wait in `tailscale up` for an admin (until its `--timeout`).
+    #[arg(long)]
+    tailscale_approval_required: bool,
 }
 
 fn ms(v: u64) -> Duration {
@@ -217,6 +221,7 @@ fn options(args: &Args) -> anyhow::Result<SimOptions> {
             auth_keys: args.tailscale_auth_key.clone(),
             api_key: args.tailscale_api_key.clone(),
             tailnet: args.tailscale_tailnet.clone(),
+            approval_required: args.tailscale_approval_required,
         },
         ..SimOptions::default()
     };

@@ -11,11 +11,19 @@ use uuid::Uuid;
 use super::cloud_init::{UserData, parse_user_data};
 use super::cluster_api::RealCluster;
 use super::k3s::{Decision, K3S_CONFIG_PATH, Role};
-use super::setup_script::SetupStep;
+use super::setup_script::{SetupStep, UpEnd};
 use super::{Boot, Inner, K3sState, Vm};
 use super::{console, kubelet, setup_script};
 use crate::oxide::{RackEvents, RunningInstance};
 use crate::sshd::SshHost;
+
+/// Why the setup script did not get to its end.
+enum SetupEnd {
+    /// A step failed: the script's EXIT trap prints `node-setup failed: STEP: REASON`.
+    Failed(&'static str, String),
+    /// A step never returns (a `tailscale up` without `--timeout` that waits).
+    Hangs,
+}
 
 /// How runcmd ended for this boot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,13 +148,18 @@ impl Inner {
         let Some(ud) = user_data else {
             return Runcmd::Finished;
         };
-        if let Err((step, reason)) =
-            self.run_setup_steps(id, generation, &ud, name, hostname, started)
+        match self
+            .run_setup_steps(id, generation, &ud, name, hostname, started)
+            .await
         {
-            // The script's `set -e`/`fail`: one marker line, and k3s never starts.
-            self.console(id, &setup_script::failure_marker(step, &reason));
-            tracing::info!(instance = %name, step, reason = %reason, "node setup failed");
-            return Runcmd::Finished;
+            Ok(()) => {}
+            Err(SetupEnd::Failed(step, reason)) => {
+                // The script's `set -e`/`fail`: one marker line, and k3s never starts.
+                self.console(id, &setup_script::failure_marker(step, &reason));
+                tracing::info!(instance = %name, step, reason = %reason, "node setup failed");
+                return Runcmd::Finished;
+            }
+            Err(SetupEnd::Hangs) => return Runcmd::Abandoned,
         }
         let Some(role) = ud.role else {
             return Runcmd::Finished;
@@ -296,7 +309,7 @@ impl Inner {
     /// The setup script's steps before k3s, in the script's order, each printing the line the
     /// script's `step` prints. The first that fails ends the script with its step name and
     /// reason, as the script's failure marker says; the k3s step itself is left to the caller.
-    fn run_setup_steps(
+    async fn run_setup_steps(
         self: &Arc<Self>,
         id: Uuid,
         generation: u64,
@@ -304,7 +317,7 @@ impl Inner {
         name: &str,
         hostname: &str,
         started: Instant,
-    ) -> Result<(), (&'static str, String)> {
+    ) -> Result<(), SetupEnd> {
         let faults = self.faults.get();
         let download_fails = Self::name_matches(&faults.download_fails, name);
         let mut joined = false;
@@ -315,9 +328,10 @@ impl Inner {
             );
             let download = |url: &Option<String>| match url {
                 // curl -f exits 22 after its retries; the script's download() says which URL.
-                Some(url) if download_fails => {
-                    Err((step.name(), format!("download of {url} failed")))
-                }
+                Some(url) if download_fails => Err(SetupEnd::Failed(
+                    step.name(),
+                    format!("download of {url} failed"),
+                )),
                 _ => Ok(()),
             };
             match step {
@@ -328,20 +342,32 @@ impl Inner {
                         .get(&id)
                         .is_some_and(|vm| vm.disk_serials.contains(serial));
                     if !attached || Self::name_matches(&faults.missing_data_disk, name) {
-                        return Err((step.name(), format!("no NVMe disk with serial {serial}")));
+                        return Err(SetupEnd::Failed(
+                            step.name(),
+                            format!("no NVMe disk with serial {serial}"),
+                        ));
                     }
                 }
                 SetupStep::ProviderId { .. } | SetupStep::K3sStart { .. } => {}
                 SetupStep::TailscaleInstall { url } => download(url)?,
                 SetupStep::TailscaleUp => {
-                    joined = self.tailscale_up(id, generation, ud, hostname, started);
-                    if !joined {
-                        return Err((step.name(), "tailscale up did not join the tailnet".into()));
+                    match self
+                        .tailscale_up(id, generation, ud, hostname, started)
+                        .await
+                    {
+                        UpEnd::Joined => joined = true,
+                        UpEnd::Failed(reason) => {
+                            return Err(SetupEnd::Failed(step.name(), reason));
+                        }
+                        UpEnd::Waits => return Err(SetupEnd::Hangs),
                     }
                 }
                 SetupStep::TailscaleSan => {
                     if !joined {
-                        return Err((step.name(), "no tailnet IPv4 address".into()));
+                        return Err(SetupEnd::Failed(
+                            step.name(),
+                            "no tailnet IPv4 address".into(),
+                        ));
                     }
                 }
                 SetupStep::K3sInstall { url, .. } => download(url)?,
@@ -349,14 +375,14 @@ impl Inner {
                     // The image's k3s is the simulator's configured release.
                     let have = &self.cfg.k3s_version;
                     if have != expected {
-                        return Err((
+                        return Err(SetupEnd::Failed(
                             step.name(),
                             format!("the image has k3s {have}, the spec wants {expected}"),
                         ));
                     }
                 }
                 SetupStep::Unknown => {
-                    return Err((step.name(), "exit status 127".into()));
+                    return Err(SetupEnd::Failed(step.name(), "exit status 127".into()));
                 }
             }
         }

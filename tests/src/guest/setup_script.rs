@@ -216,21 +216,35 @@ pub(super) fn per_boot_host_key_tag(files: &BTreeMap<String, Vec<u8>>) -> Option
     })
 }
 
+/// How a `tailscale up` ended.
+pub(super) enum UpEnd {
+    /// On the tailnet; the VM has its tailnet address.
+    Joined,
+    /// Exited non-zero with this reason (what the script's `fail` says).
+    Failed(String),
+    /// Still waiting, and will be for ever: no `--timeout`.
+    Waits,
+}
+
 impl Inner {
     /// Runs the user-data's `tailscale up` against the simulated tailnet: on success the VM
     /// gets its tailnet address (and listeners there); on failure the console says why, the
-    /// way tailscale prints it, and the VM stays off the tailnet.
-    pub(super) fn tailscale_up(
+    /// way tailscale prints it, and the VM stays off the tailnet. A join that waits (device
+    /// approval, no key) waits out `--timeout` and then fails, or waits for ever without one
+    /// (tailscale@de9ec7e `cmd/tailscale/cli/up.go:134,805-830`).
+    pub(super) async fn tailscale_up(
         self: &Arc<Self>,
         id: Uuid,
         generation: u64,
         ud: &UserData,
         hostname: &str,
         started: Instant,
-    ) -> bool {
+    ) -> UpEnd {
         let Some(up) = &ud.tailscale else {
-            return false;
+            return UpEnd::Failed("no tailscale up line".into());
         };
+        // `|| fail "…"` gives the reason; under `set -e` alone the trap prints the status.
+        let failed = || UpEnd::Failed(up.on_fail.clone().unwrap_or_else(|| "exit status 1".into()));
         let joined = match self.tailnet.get() {
             Some(tailnet) => tailnet.join(id, up, hostname),
             None => Err(crate::tailscale::JoinError::InvalidKey),
@@ -241,7 +255,7 @@ impl Inner {
                     let mut st = self.state();
                     let Some(vm) = st.vms.get_mut(&id).filter(|v| v.generation == generation)
                     else {
-                        return false;
+                        return UpEnd::Waits;
                     };
                     vm.tailnet_ip = Some(IpAddr::V4(ip));
                     vm.tailnet_san = up.san_drop_in;
@@ -252,12 +266,29 @@ impl Inner {
                     &format!("tailscaled[1240]: Switching ipn state Starting -> Running; tailnet address {ip}"),
                 );
                 self.sync_listeners(id);
-                true
+                UpEnd::Joined
+            }
+            Err(err) if err.waits() => {
+                self.log(id, started, &format!("cloud-init[1250]: {err}"));
+                tracing::info!(instance = %id, reason = %err, timeout = ?up.timeout, "tailscale up waits");
+                let Some(timeout) = up.timeout else {
+                    return UpEnd::Waits;
+                };
+                tokio::time::sleep(timeout).await;
+                if !self.current(id, generation) {
+                    return UpEnd::Waits;
+                }
+                self.log(
+                    id,
+                    started,
+                    &format!("cloud-init[1250]: {}", crate::tailscale::UP_TIMEOUT_MESSAGE),
+                );
+                failed()
             }
             Err(err) => {
                 self.log(id, started, &format!("cloud-init[1250]: {err}"));
                 tracing::info!(instance = %id, reason = %err, "tailscale up refused");
-                false
+                failed()
             }
         }
     }

@@ -45,6 +45,8 @@ pub struct TailscaleFlags {
     pub tag: Option<String>,
     /// `--tailscale-api-url`.
     pub api_url: Option<String>,
+    /// `--tailscale-up-timeout` (checked with the spec as `tailscale.up_timeout_seconds`).
+    pub up_timeout_seconds: Option<u32>,
     /// `$TAILSCALE_API_KEY`, used when `api_key` is absent.
     pub env_api_key: Option<SecretString>,
     /// `$TAILSCALE_TAILNET`, used when `tailnet` is absent.
@@ -78,6 +80,9 @@ pub(super) fn spec_for(flags: &TailscaleFlags) -> Option<TailscaleSpec> {
             .as_deref()
             .map(tailscale::normalize_tag)
             .unwrap_or_else(|| tailscale::DEFAULT_TAG.to_owned()),
+        up_timeout_seconds: flags
+            .up_timeout_seconds
+            .unwrap_or(crate::spec::DEFAULT_TAILSCALE_UP_TIMEOUT),
         ..TailscaleSpec::default()
     })
 }
@@ -104,6 +109,7 @@ pub(super) fn validate_flags(
             (flags.tailnet.is_some(), "--tailscale-tailnet"),
             (flags.tag.is_some(), "--tailscale-tag"),
             (flags.api_url.is_some(), "--tailscale-api-url"),
+            (flags.up_timeout_seconds.is_some(), "--tailscale-up-timeout"),
         ] {
             if given {
                 return Err(config(format!(

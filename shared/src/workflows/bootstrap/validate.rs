@@ -58,6 +58,7 @@ fn flag_for(field: &str) -> String {
         ("", "nodes.ssh_port") => "--ssh-port".to_owned(),
         ("", "nodes.ip_pool") => "--ip-pool".to_owned(),
         ("", "tailscale.tag") => "--tailscale-tag".to_owned(),
+        ("", "tailscale.up_timeout_seconds") => "--tailscale-up-timeout".to_owned(),
         ("control-plane", "count") => "--control-planes".to_owned(),
         ("worker", "count") => "--workers".to_owned(),
         ("control-plane", "image") => "--image".to_owned(),
