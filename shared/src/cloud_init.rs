@@ -27,9 +27,16 @@ pub const K3S_CONFIG_PATH: &str = "/etc/rancher/k3s/config.yaml";
 /// The node setup script (data disk, provider ID, Tailscale, k3s), run once by runcmd.
 pub const NODE_SETUP_SCRIPT_PATH: &str = "/usr/local/sbin/oxide-node-setup";
 /// A `scripts_per_boot` script: cloud-init runs the executables in this directory on every
-/// boot (cloud-final, before runcmd).
+/// boot (cloud-final, before runcmd on the first boot). `bootcmd` runs it too, early in every
+/// later boot: from the second boot on cloud-final waits for multi-user.target, so for k3s.
 pub const HOST_KEYS_SCRIPT_PATH: &str =
     "/var/lib/cloud/scripts/per-boot/oxide-controller-host-keys";
+/// The step the node setup script last started, or `done`; kept across reboots.
+pub const NODE_SETUP_STATE_PATH: &str = "/var/lib/oxide-controller/node-setup.state";
+/// The reason the per-boot script gives when an earlier boot's setup stopped at a step and
+/// k3s was never enabled: cloud-init runs runcmd once per instance, so it never will be.
+pub const SETUP_NEVER_FINISHED: &str =
+    "did not finish on an earlier boot (cloud-init runs the setup once per instance)";
 /// Default mount point of the data disk: k3s keeps its state (etcd, images, volumes) there.
 pub const DEFAULT_DATA_MOUNT: &str = "/var/lib/rancher";
 /// NVMe serials are the first 20 bytes of the disk name.
@@ -276,6 +283,8 @@ fn is_false(b: &bool) -> bool {
 #[derive(Serialize)]
 struct CloudConfig<'a> {
     hostname: &'a str,
+    /// Each entry an argv, run at every boot in cloud-init's init stage.
+    bootcmd: Vec<Vec<String>>,
     users: Vec<User<'a>>,
     ssh_pwauth: bool,
     disable_root: bool,
@@ -334,8 +343,12 @@ on_exit() {
   fi
 }
 trap on_exit EXIT
+# The step is kept on disk: a later boot, which does not run this script again, reports a
+# setup that never finished (the per-boot script).
 step() {
   STEP="$1"
+  mkdir -p /var/lib/oxide-controller
+  echo "$1" > /var/lib/oxide-controller/node-setup.state
   echo "oxide-controller: node-setup: $1"
 }
 # download FILE URL: to a file first, so a failed download never runs half a script.
@@ -387,11 +400,18 @@ data_disk() {
 /// does. cloud-init's own block (`cc_keys_to_console`) runs once per instance, so without
 /// this a server that was stopped and started (a new VMM, an empty console history) never
 /// shows its keys again and cannot be verified.
-const HOST_KEYS_SCRIPT: &str = r#"#!/bin/sh
-# Written by oxide-controller: print the SSH host key fingerprints on the serial console at
-# every boot (cloud-init prints them on the first boot only).
+///
+/// It also reports a setup that an earlier boot left unfinished (failed, or cut short by a
+/// crash) when k3s was never enabled: runcmd runs once per instance, so the VM will never
+/// join, and the controller can replace it now rather than at the join deadline.
+fn host_keys_script(unit: &str) -> String {
+    format!(
+        r#"#!/bin/sh
+# Written by oxide-controller, run at every boot (bootcmd, then cloud-final): print the SSH
+# host key fingerprints on the serial console (cloud-init prints them on the first boot
+# only), and say so when an earlier boot's node setup never finished.
 set -u
-{
+{{
   echo "-----BEGIN SSH HOST KEY FINGERPRINTS-----"
   for f in /etc/ssh/ssh_host_*key.pub; do
     if [ -f "$f" ]; then
@@ -399,8 +419,14 @@ set -u
     fi
   done
   echo "-----END SSH HOST KEY FINGERPRINTS-----"
-} | logger -s -p user.info -t oxide-controller 2>/dev/console
-"#;
+}} | logger -s -p user.info -t oxide-controller 2>/dev/console
+state="$(cat {NODE_SETUP_STATE_PATH} 2>/dev/null)" || state=""
+if [ -n "$state" ] && [ "$state" != done ] && ! systemctl is-enabled --quiet {unit}.service 2>/dev/null; then
+  echo "oxide-controller: node-setup failed: $state: {SETUP_NEVER_FINISHED}" >/dev/console
+fi
+"#
+    )
+}
 
 /// Render user-data. The result starts with `#cloud-config\n` and is at most
 /// [`MAX_USER_DATA`] bytes.
@@ -421,7 +447,10 @@ pub fn render(input: &NodeUserData) -> Result<String, CloudInitError> {
             path: HOST_KEYS_SCRIPT_PATH,
             owner: "root:root",
             permissions: "0755",
-            content: serde_saphyr::LitString(HOST_KEYS_SCRIPT.to_string()),
+            content: serde_saphyr::LitString(host_keys_script(match input.role {
+                K3sRole::Server { .. } => "k3s",
+                K3sRole::Agent { .. } => "k3s-agent",
+            })),
         },
     ];
     if let Some(ts) = &input.tailscale {
@@ -442,8 +471,16 @@ pub fn render(input: &NodeUserData) -> Result<String, CloudInitError> {
     // cloud-init's runcmd script, which has no `set -e` (`util.shellify`).
     let runcmd = vec![vec![NODE_SETUP_SCRIPT_PATH.to_string()]];
 
+    // bootcmd runs on every boot in the init stage, before multi-user.target (and so before
+    // k3s is up); on the first boot it runs before write_files and finds nothing to run.
+    let bootcmd = vec![vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        format!("[ ! -x {HOST_KEYS_SCRIPT_PATH} ] || {HOST_KEYS_SCRIPT_PATH}"),
+    ]];
     let doc = CloudConfig {
         hostname: &input.hostname,
+        bootcmd,
         users: vec![User {
             name: &input.ssh_user,
             groups: vec!["sudo"],
@@ -567,7 +604,9 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
             );
         }
     }
-    s.push_str("echo \"oxide-controller: node-setup finished\"\n");
+    s.push_str(&format!(
+        "echo done > {NODE_SETUP_STATE_PATH}\necho \"oxide-controller: node-setup finished\"\n"
+    ));
     s
 }
 
@@ -1220,7 +1259,7 @@ mod tests {
         let script = setup_script(&doc);
         assert_eq!(setup_steps(&script), [SetupStep::K3sInstall]);
         assert!(script.contains(
-            "download /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nINSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\necho \"oxide-controller: node-setup finished\"\n"
+            "download /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nINSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\necho done > /var/lib/oxide-controller/node-setup.state\necho \"oxide-controller: node-setup finished\"\n"
         ), "{script}");
         assert!(
             script.contains(

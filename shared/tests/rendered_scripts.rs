@@ -18,8 +18,8 @@ use std::process::{Command, Output};
 
 use oxide_controller::cloud_init::{
     DataDisk, HOST_KEYS_SCRIPT_PATH, K3S_INSTALL_URL, K3sRole, NODE_SETUP_SCRIPT_PATH,
-    NodeUserData, ProviderId, SETUP_FAILED_MARKER, SetupStep, TAILSCALE_INSTALL_URL, TailscaleJoin,
-    render, setup_failure, setup_steps,
+    NodeUserData, ProviderId, SETUP_FAILED_MARKER, SETUP_NEVER_FINISHED, SetupStep,
+    TAILSCALE_INSTALL_URL, TailscaleJoin, render, setup_failure, setup_steps,
 };
 use oxide_controller::spec::K3sInstall;
 use oxide_controller::ssh::HostKeyPins;
@@ -191,10 +191,13 @@ impl Sandbox {
         let moved = script
             .replace("/sys/block/", &format!("{r}/sys/block/"))
             .replace("\"/dev/", &format!("\"{r}/dev/"))
+            // A device: writing to it never truncates what is already there.
+            .replace(">/dev/console", &format!(">>{r}/console"))
             .replace("/dev/console", &format!("{r}/console"))
             .replace("/etc/fstab", &format!("{r}/etc/fstab"))
             .replace("/etc/ssh/", &format!("{r}/etc/ssh/"))
             .replace("/run/oxide-controller", &format!("{r}/run"))
+            .replace("/var/lib/oxide-controller", &format!("{r}/state"))
             .replace(
                 "/sys/class/dmi/id/product_uuid",
                 &format!("{r}/product_uuid"),
@@ -409,6 +412,8 @@ fn every_setup_script_variant_runs_its_steps_in_order_and_starts_k3s_last() {
             stdout.ends_with("oxide-controller: node-setup finished\n"),
             "{name}: {stdout}"
         );
+        // What a later boot's per-boot script reads: the setup finished.
+        assert_eq!(s.read("state/node-setup.state"), "done\n", "{name}");
         assert_eq!(
             s.calls(),
             expected_calls(&input, &steps),
@@ -527,6 +532,12 @@ fn each_injected_failure_stops_the_script_before_k3s_with_one_marker_line() {
                 Fault::None => unreachable!(),
             };
             assert!(failure.reason.contains(&reason_has), "{ctx}");
+            // A later boot sees where it stopped.
+            assert_eq!(
+                s.read("state/node-setup.state"),
+                format!("{}\n", step.name()),
+                "{ctx}"
+            );
             let calls = s.calls();
             // The installer that failed is the one k3s step that ran; nothing else did.
             let started = calls.iter().filter(|c| starts_k3s(c)).count();
@@ -637,4 +648,80 @@ fn the_per_boot_script_prints_fingerprints_bootstrap_can_read() {
     let mut calls = s.calls();
     calls.sort();
     assert_eq!(calls, ["logger", "ssh-keygen", "ssh-keygen"]);
+    assert!(setup_failure(&console).is_none(), "first boot: {console}");
+
+    // A later boot (cloud-init does not run the setup again): a setup that stopped at a step
+    // while k3s was never enabled is reported; a finished one, or one whose k3s unit is
+    // enabled (systemd starts it on every boot), is not.
+    std::fs::create_dir_all(s.root().join("state")).unwrap();
+    for (state, enabled, reported) in [
+        ("k3s-install", false, true),
+        ("data-disk", false, true),
+        ("k3s-install", true, false),
+        ("done", false, false),
+    ] {
+        std::fs::write(
+            s.root().join("state/node-setup.state"),
+            format!("{state}\n"),
+        )
+        .unwrap();
+        std::fs::write(s.root().join("console"), "").unwrap();
+        s.stub(
+            "systemctl",
+            if enabled {
+                "[ \"$1 $2 $3\" = 'is-enabled --quiet k3s-agent.service' ] && exit 0; exit 1"
+            } else {
+                "exit 1"
+            },
+        );
+        let out = s.run(&script, &[]);
+        assert!(out.status.success(), "{state}");
+        let console = s.read("console");
+        let failure = setup_failure(&console);
+        if reported {
+            let failure = failure.unwrap_or_else(|| panic!("{state}: {console}"));
+            assert_eq!(failure.step, state);
+            assert_eq!(failure.reason, SETUP_NEVER_FINISHED);
+        } else {
+            assert!(failure.is_none(), "{state} enabled={enabled}: {console}");
+        }
+        // The fingerprints come first either way.
+        assert!(HostKeyPins::from_console(&console).is_ok(), "{console}");
+    }
+}
+
+#[test]
+fn bootcmd_runs_the_per_boot_script_when_it_exists() {
+    // cloud-init's bootcmd runs on every boot in the init stage, before multi-user.target
+    // (k3s), and on the first boot before write_files: the script is not there yet.
+    let input = agent_with_disk();
+    let out = render(&input).unwrap();
+    let doc: serde_json::Value =
+        serde_saphyr::from_str(out.trim_start_matches("#cloud-config\n")).unwrap();
+    let bootcmd = doc["bootcmd"].as_array().expect("bootcmd");
+    assert_eq!(bootcmd.len(), 1);
+    let argv: Vec<&str> = bootcmd[0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(argv[..2], ["sh", "-c"]);
+    let s = Sandbox::new();
+    let marker = s.root().join("ran");
+    let script = s.root().join("per-boot");
+    let line = argv[2].replace(HOST_KEYS_SCRIPT_PATH, &script.display().to_string());
+    // Not written yet: nothing runs, and bootcmd does not fail the boot.
+    let first = Command::new("sh").args(["-c", &line]).output().unwrap();
+    assert!(first.status.success());
+    assert!(!marker.exists());
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\ntouch '{}'\n", marker.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let later = Command::new("sh").args(["-c", &line]).output().unwrap();
+    assert!(later.status.success());
+    assert!(marker.exists(), "a later boot runs it");
 }

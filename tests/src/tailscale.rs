@@ -452,6 +452,17 @@ impl Tailnet {
         }
     }
 
+    /// A later boot of a VM that joined before: tailscaled starts from its state on disk and
+    /// the device comes back online with its address, without `tailscale up`. None: the
+    /// instance never joined.
+    pub fn reconnect(&self, instance: Uuid) -> Option<Ipv4Addr> {
+        let mut devices = self.devices();
+        let d = devices.get_mut(&instance)?;
+        d.online = true;
+        d.last_seen = chrono::Utc::now();
+        Some(d.addr)
+    }
+
     /// The VM was deleted: its device goes (as an ephemeral node's does) with its address.
     pub fn remove(&self, instance: Uuid) {
         if let Some(d) = self.devices().remove(&instance) {

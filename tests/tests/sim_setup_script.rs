@@ -245,3 +245,137 @@ async fn tailscale_up_waiting_for_device_approval_fails_at_its_timeout_and_hangs
         assert_eq!(node_ready(&sim, name).await, None, "{name} never joins");
     }
 }
+
+/// The product's user-data without its `bootcmd` (what a product before it rendered).
+fn without_bootcmd(user_data: &str) -> String {
+    let start = user_data.find("bootcmd:\n").expect("bootcmd");
+    let end = user_data.find("users:\n").expect("users");
+    format!("{}{}", &user_data[..start], &user_data[end..])
+}
+
+/// cloud-init runs runcmd once per instance: its semaphore is written before the module runs
+/// and kept after a failure (cloud-init@04eacd0 `cloudinit/config/cc_runcmd.py:30`,
+/// `cloudinit/helpers.py:64-71,83-97`). A VM whose first boot's setup failed comes back from
+/// a restart without running it again — even when the download would now work — and never
+/// joins. The product's per-boot script says so early (from `bootcmd`); a per-boot script
+/// without the check leaves a console with no failure line at all.
+#[tokio::test]
+async fn a_setup_that_failed_on_the_first_boot_never_runs_again_and_the_per_boot_script_says_so() {
+    let sim = start_with(|o| {
+        o.faults.download_fails = vec!["c3-workers-".into()];
+    })
+    .await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c3-cp-aaaaa", TOKEN, &[]).await;
+    let url = format!("https://{}:6443", ephemeral_ip(&c, "c3-cp-aaaaa").await);
+    let ours = agent("c3-workers-ours1", &url, K3sInstall::Script, "v1.33.4+k3s1");
+    assert!(ours.contains("node-setup.state"), "{ours}");
+    // A per-boot script with fingerprints only, as before the check existed.
+    let check = ours
+        .lines()
+        .skip_while(|l| !l.contains("state=\"$(cat"))
+        .take(4)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(check.ends_with("fi"), "{check}");
+    let plain = without_bootcmd(
+        &agent("c3-workers-plain", &url, K3sInstall::Script, "v1.33.4+k3s1")
+            .replace(&check.replace("c3-workers-ours1", "c3-workers-plain"), ""),
+    );
+    assert!(!plain.contains("state=\"$(cat"), "{plain}");
+    for (name, ud) in [("c3-workers-ours1", &ours), ("c3-workers-plain", &plain)] {
+        create_with_data_disk(&c, name, ud).await;
+    }
+    for name in ["c3-workers-ours1", "c3-workers-plain"] {
+        let text = wait_console(&c, name, "-----END SSH HOST KEY FINGERPRINTS-----").await;
+        let failure = setup_failure(&text).unwrap_or_else(|| panic!("{name}: {text}"));
+        assert_eq!(failure.step, "k3s-install");
+    }
+    // The network is back; the next boot would succeed if the setup ran again.
+    sim.faults().update(|f| f.download_fails.clear());
+    for name in ["c3-workers-ours1", "c3-workers-plain"] {
+        restart_instance(&c, name).await;
+    }
+    let ours = wait_console(&c, "c3-workers-ours1", "finished at").await;
+    let failure = setup_failure(&ours).unwrap_or_else(|| panic!("{ours}"));
+    assert_eq!(failure.step, "k3s-install");
+    assert_eq!(
+        failure.reason,
+        oxide_controller::cloud_init::SETUP_NEVER_FINISHED
+    );
+    // bootcmd printed it before cloud-final (and cloud-final's per-boot run again).
+    let first_marker = ours.find("node-setup failed").unwrap();
+    assert!(first_marker < ours.find("finished at").unwrap(), "{ours}");
+    let plain = wait_console(&c, "c3-workers-plain", "finished at").await;
+    assert!(setup_failure(&plain).is_none(), "{plain}");
+    for (name, text) in [("c3-workers-ours1", &ours), ("c3-workers-plain", &plain)] {
+        assert!(
+            !text.contains("oxide-controller: node-setup: "),
+            "{name}: runcmd does not run again: {text}"
+        );
+        assert!(!text.contains("Starting k3s"), "{name}: {text}");
+        assert!(text.contains("END SSH HOST KEY"), "{name}: {text}");
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for name in ["c3-workers-ours1", "c3-workers-plain"] {
+        assert_eq!(node_ready(&sim, name).await, None, "{name} never joins");
+    }
+}
+
+/// From the second boot on, cloud-final (and so scripts_per_boot) is ordered after
+/// multi-user.target, which waits for k3s's `Type=notify` unit (cloud-init@04eacd0
+/// `systemd/cloud-final.service:4-5`; k3s install.sh `WantedBy=multi-user.target`,
+/// `TimeoutStartSec=0`; systemd.target(5) default dependencies). A member whose k3s never
+/// gets Ready after a restart shows its keys only through the product's `bootcmd`.
+#[tokio::test]
+async fn a_restarted_member_whose_k3s_never_gets_ready_shows_its_keys_only_from_bootcmd() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c4-cp-aaaaa", TOKEN, &[]).await;
+    let url = format!("https://{}:6443", ephemeral_ip(&c, "c4-cp-aaaaa").await);
+    let ours = agent("c4-workers-boot1", &url, K3sInstall::Script, "v1.33.4+k3s1");
+    let plain = without_bootcmd(&agent(
+        "c4-workers-none1",
+        &url,
+        K3sInstall::Script,
+        "v1.33.4+k3s1",
+    ));
+    create_with_data_disk(&c, "c4-workers-boot1", &ours).await;
+    create_with_data_disk(&c, "c4-workers-none1", &plain).await;
+    for name in ["c4-workers-boot1", "c4-workers-none1"] {
+        wait_node_status(&sim, name, "True").await;
+        wait_console(&c, name, "finished at").await;
+    }
+    sim.faults()
+        .update(|f| f.never_join = vec!["c4-workers-".into()]);
+    for name in ["c4-workers-boot1", "c4-workers-none1"] {
+        restart_instance(&c, name).await;
+    }
+    let ours = wait_console(
+        &c,
+        "c4-workers-boot1",
+        "-----END SSH HOST KEY FINGERPRINTS-----",
+    )
+    .await;
+    assert!(
+        oxide_controller::ssh::HostKeyPins::from_console(&ours).is_ok(),
+        "{ours}"
+    );
+    assert!(setup_failure(&ours).is_none(), "k3s is enabled: {ours}");
+    // k3s started from its unit (no setup), and hangs: cloud-final never comes.
+    wait_console(&c, "c4-workers-none1", "Starting k3s").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in ["c4-workers-boot1", "c4-workers-none1"] {
+        let text = console(&c, name).await;
+        assert!(!text.contains("finished at"), "{name}: {text}");
+        assert!(
+            !text.contains("oxide-controller: node-setup: "),
+            "{name}: {text}"
+        );
+    }
+    let none = console(&c, "c4-workers-none1").await;
+    assert!(
+        !none.contains("SSH HOST KEY"),
+        "without bootcmd the keys wait for k3s: {none}"
+    );
+}

@@ -135,6 +135,44 @@ async fn a_rerun_after_the_first_server_restarted_verifies_its_host_key() {
     assert_eq!(pinned_before(&out.stderr), Some(false));
 }
 
+/// From the second boot on cloud-final's per-boot scripts wait for multi-user.target, so for
+/// k3s to be Ready (guest audit 2, G4): a restarted server whose k3s never comes up shows its
+/// keys only because the product's `bootcmd` runs the per-boot script in the init stage.
+/// The fingerprints on its new console are the ones bootstrap pinned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_server_whose_k3s_never_starts_still_shows_its_host_keys() {
+    let env = common::env().await;
+    let out = env.run(&["--workers", "0"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first = first_server(&env);
+    let resume: Value =
+        serde_json::from_str(&std::fs::read_to_string(resume_file(&env)).unwrap()).unwrap();
+    let pinned: Vec<String> =
+        serde_json::from_value(resume["host-key-pins"][&first].clone()).unwrap();
+    env.sim
+        .faults()
+        .update(|f| f.never_join = vec![first.clone()]);
+    // `restart` waits for our block on the new console: k3s is still hanging.
+    restart(&env, &first).await;
+    let rack = env.rack("demo");
+    let console = String::from_utf8_lossy(&rack.serial_console(&first).await.unwrap()).into_owned();
+    assert!(
+        !console.contains("finished at"),
+        "cloud-final waits for k3s: {console}"
+    );
+    assert!(!console.contains("k3s is up and running"), "{console}");
+    let pins = oxide_controller::ssh::HostKeyPins::from_console(&console).unwrap();
+    assert_eq!(
+        pins.fingerprints().collect::<Vec<_>>(),
+        pinned,
+        "the keys bootstrap pinned"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_key_that_changed_since_it_was_pinned_is_refused_with_what_to_check() {
     let env = common::env().await;

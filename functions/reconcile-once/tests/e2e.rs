@@ -146,6 +146,39 @@ impl Env {
             .collect()
     }
 
+    /// Raises the worker count to `count` (one more) while every k3s download fails, runs
+    /// reconcile once, and returns the new member (its setup fails at `k3s-install`).
+    async fn add_worker_whose_setup_fails(&self, count: u32) -> String {
+        self.edit(|s| s.worker_pools[0].count = count).await;
+        assert_eq!(self.spec().await.timeouts.join_seconds, 600);
+        self.add_broken_worker(|f| f.download_fails = vec![WK.to_owned()])
+            .await
+    }
+
+    /// Runs reconcile once under `fault` (the spec asks for one more worker) and returns the
+    /// one new member that is not Ready.
+    async fn add_broken_worker(
+        &self,
+        fault: impl FnOnce(&mut oxide_sim::oxide::FaultSpec),
+    ) -> String {
+        self.sim.faults().update(fault);
+        let out = self.reconcile(&[]).await;
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ready = self.ready_nodes(WK).await;
+        let broken: Vec<String> = self
+            .instance_names(WK)
+            .into_iter()
+            .filter(|n| !ready.contains(n))
+            .collect();
+        assert_eq!(broken.len(), 1, "one new member, whose setup fails");
+        broken[0].clone()
+    }
+
     async fn ready_nodes(&self, prefix: &str) -> Vec<String> {
         ready_nodes(&self.sim, prefix).await
     }
@@ -618,23 +651,9 @@ async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
         s.timeouts.join_seconds = 3;
     })
     .await;
-    env.sim
-        .faults()
-        .update(|f| f.never_join = vec![WK.to_owned()]);
-    let out = env.reconcile(&[]).await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ready = env.ready_nodes(WK).await;
-    let stuck: Vec<String> = env
-        .instance_names(WK)
-        .into_iter()
-        .filter(|n| !ready.contains(n))
-        .collect();
-    assert_eq!(stuck.len(), 1, "one new member that will never join");
+    let stuck = [env
+        .add_broken_worker(|f| f.never_join = vec![WK.to_owned()])
+        .await];
     // Only that VM stays broken; its replacement joins.
     env.sim
         .faults()
@@ -652,25 +671,7 @@ async fn a_vm_that_never_joins_is_removed_after_the_deadline_and_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reason() {
     let env = env(3, 2).await;
-    env.edit(|s| s.worker_pools[0].count = 3).await;
-    assert_eq!(env.spec().await.timeouts.join_seconds, 600);
-    env.sim
-        .faults()
-        .update(|f| f.download_fails = vec![WK.to_owned()]);
-    let out = env.reconcile(&[]).await;
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ready = env.ready_nodes(WK).await;
-    let broken: Vec<String> = env
-        .instance_names(WK)
-        .into_iter()
-        .filter(|n| !ready.contains(n))
-        .collect();
-    assert_eq!(broken.len(), 1, "one new member, whose setup fails");
+    let broken = [env.add_worker_whose_setup_fails(3).await];
     // Its replacement downloads fine.
     env.sim
         .faults()
@@ -694,6 +695,94 @@ async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reaso
         }),
         "an Event names the member, the step and the reason: {events:?}"
     );
+    env.assert_no_leaks();
+}
+
+async fn console_of(rack: &oxide_controller::rack::oxide_rack::OxideRack, name: &str) -> String {
+    use oxide_controller::rack::Rack as _;
+    // Empty while the API refuses to show it (an instance that is not running yet).
+    rack.serial_console(name)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
+}
+
+/// Guest audit 2, G5: cloud-init runs the setup once per instance, so a member whose first
+/// boot's setup failed and that was then restarted (a new VMM: the failure line is gone)
+/// never runs it again and never joins. The product's per-boot script reports the
+/// unfinished setup on the new boot, and the next run replaces the member at once instead of
+/// at the join deadline (600 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restarted_after_a_failed_first_boot_is_replaced_in_the_next_run() {
+    use oxide_controller::rack::Rack as _;
+    let env = env(1, 1).await;
+    let broken = env.add_worker_whose_setup_fails(2).await;
+    let rack = oxide_controller::rack::oxide_rack::OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "sim",
+        oxide_controller::rack::oxide_rack::RackOptions::default(),
+    )
+    .unwrap();
+    support::wait_until(
+        "the first boot's failure line",
+        Duration::from_secs(60),
+        async || {
+            console_of(&rack, &broken)
+                .await
+                .contains("node-setup failed: k3s-install")
+        },
+    )
+    .await;
+    // The network is back: a setup that ran again would succeed. Restart before any run saw
+    // the failure line.
+    env.sim.faults().update(|f| f.download_fails.clear());
+    rack.stop_instance(&broken).await.unwrap();
+    support::wait_until("stopped", Duration::from_secs(60), async || {
+        rack.get_instance(&broken)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.state == oxide_controller::model::InstanceState::Stopped)
+    })
+    .await;
+    rack.start_instance(&broken).await.unwrap();
+    support::wait_until(
+        "the new boot settled",
+        Duration::from_secs(60),
+        async || console_of(&rack, &broken).await.contains("finished at"),
+    )
+    .await;
+    let text = console_of(&rack, &broken).await;
+    assert!(!text.contains("oxide-controller: node-setup: "), "{text}");
+
+    let out = env.reconcile(&[]).await;
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !env.instance_names(WK).contains(&broken),
+        "{broken} is replaced in the first run after its restart"
+    );
+    let events = env
+        .sim
+        .kube()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"))
+        .await;
+    assert!(
+        events.iter().any(|e| {
+            let note = e["note"].as_str().unwrap_or("");
+            note.contains(&broken)
+                && note.contains(&format!(
+                    "node setup failed at k3s-install: {}",
+                    oxide_controller::cloud_init::SETUP_NEVER_FINISHED
+                ))
+        }),
+        "an Event names the member and why: {events:?}"
+    );
+    env.converge(40).await;
+    assert_eq!(env.ready_nodes(WK).await.len(), 2);
     env.assert_no_leaks();
 }
 

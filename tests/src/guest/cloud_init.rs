@@ -47,6 +47,9 @@ pub struct UserData {
     pub smbios_provider_id_prefix: Option<String>,
     /// The `tailscale up` step (and whether a k3s SAN drop-in follows it), if any.
     pub tailscale: Option<crate::tailscale::TailscaleUp>,
+    /// `bootcmd` entries (argv entries joined with spaces): run on every boot, in the init
+    /// stage, before `write_files` (`cc_bootcmd.py`, `cloud.cfg.tmpl`).
+    pub bootcmd: Vec<String>,
 }
 
 impl std::fmt::Debug for UserData {
@@ -59,6 +62,7 @@ impl std::fmt::Debug for UserData {
             .field("files", &self.files.keys().collect::<Vec<_>>())
             .field("smbios_provider_id_prefix", &self.smbios_provider_id_prefix)
             .field("tailscale", &self.tailscale)
+            .field("bootcmd", &self.bootcmd)
             .finish()
     }
 }
@@ -143,8 +147,11 @@ pub fn parse_user_data(bytes: &[u8]) -> Result<UserData, UserDataError> {
         out.k3s = Some(cfg);
     }
     out.authorized_keys = parse_authorized_keys(&map)?;
+    if let Some(bootcmd) = map.get("bootcmd") {
+        out.bootcmd = command_lines("bootcmd", bootcmd)?;
+    }
     if let Some(runcmd) = map.get("runcmd") {
-        let commands = runcmd_lines(runcmd)?;
+        let commands = command_lines("runcmd", runcmd)?;
         out.setup = parse_setup(&commands, &out.files);
         out.role = setup_role(&out.setup);
         for (step, lines) in &out.setup {
@@ -333,9 +340,9 @@ pub fn parse_public_key(line: &str) -> Option<russh::keys::PublicKey> {
     russh::keys::PublicKey::from_openssh(&line[start..]).ok()
 }
 
-fn runcmd_lines(value: &Value) -> Result<Vec<String>, UserDataError> {
+fn command_lines(key: &str, value: &Value) -> Result<Vec<String>, UserDataError> {
     let Value::Array(items) = value else {
-        return Err(UserDataError::Schema("runcmd must be a list".into()));
+        return Err(UserDataError::Schema(format!("{key} must be a list")));
     };
     items
         .iter()
@@ -349,9 +356,9 @@ fn runcmd_lines(value: &Value) -> Result<Vec<String>, UserDataError> {
                 })
                 .collect::<Vec<_>>()
                 .join(" ")),
-            _ => Err(UserDataError::Schema(
-                "runcmd entries must be strings or lists".into(),
-            )),
+            _ => Err(UserDataError::Schema(format!(
+                "{key} entries must be strings or lists"
+            ))),
         })
         .collect()
 }

@@ -36,15 +36,19 @@ enum Runcmd {
 
 impl Inner {
     async fn run_boot(self: Arc<Self>, id: Uuid, generation: u64, user_data: Vec<u8>) {
-        let (started, name, hostname, host, decoy) = {
-            let st = self.state();
-            let Some(vm) = st.vms.get(&id) else { return };
+        let (started, name, hostname, host, decoy, first) = {
+            let mut st = self.state();
+            let Some(vm) = st.vms.get_mut(&id) else {
+                return;
+            };
             (
                 vm.boot_started,
                 vm.name.clone(),
                 vm.hostname.clone(),
                 vm.ssh_host.clone(),
                 vm.decoy_host.clone(),
+                // The per-instance semaphores: only the first boot runs write_files and runcmd.
+                !std::mem::replace(&mut vm.instance_booted, true),
             )
         };
         // Kernel and systemd output: far more than propolis's default 16 KiB read.
@@ -67,8 +71,23 @@ impl Inner {
                 None
             }
         };
-
-        if let Some(ud) = &user_data {
+        // The key the console shows: the real one, or a decoy under the fault.
+        let wrong_key = Self::name_matches(&self.faults.get().wrong_console_host_key, &name);
+        let printed = if wrong_key {
+            decoy.unwrap_or(host)
+        } else {
+            host
+        };
+        // Init stage: bootcmd on every boot, before write_files — so on the first boot the
+        // per-boot script it runs is not there yet (cloud-init@04eacd0
+        // `cloudinit/config/cc_bootcmd.py:22` PER_ALWAYS, `config/cloud.cfg.tmpl:112-113`).
+        if !first
+            && let Some(ud) = &user_data
+            && setup_script::bootcmd_runs_per_boot(ud)
+        {
+            self.per_boot_script(id, ud, &printed, &hostname);
+        }
+        if first && let Some(ud) = &user_data {
             for path in ud.files.keys() {
                 self.log(
                     id,
@@ -85,22 +104,36 @@ impl Inner {
             vm.user_data = user_data.clone();
             vm.sshd_up = true;
         }
-        // The key the console shows: the real one, or a decoy under the fault.
-        let wrong_key = Self::name_matches(&self.faults.get().wrong_console_host_key, &name);
-        let printed = if wrong_key {
-            decoy.unwrap_or(host)
-        } else {
-            host
-        };
         self.sync_listeners(id);
         if !self.current(id, generation) {
             return;
         }
+        if !first {
+            // A later boot: no runcmd. tailscaled and an enabled k3s start from their units;
+            // cloud-final comes after multi-user.target, which waits for k3s (`Type=notify`,
+            // `TimeoutStartSec=0`): a k3s that never gets Ready keeps it from ever running.
+            self.reconnect_tailnet(id, generation, started);
+            if let Some(ud) = &user_data
+                && self.k3s_enabled(id)
+                && self
+                    .run_k3s(id, generation, ud, &name, started, false)
+                    .await
+                    == Runcmd::Abandoned
+            {
+                return;
+            }
+            if !self.current(id, generation) {
+                return;
+            }
+            if let Some(ud) = &user_data {
+                self.per_boot_script(id, ud, &printed, &hostname);
+            }
+            self.cloud_final_finished(id, started);
+            return;
+        }
         // cloud-final: scripts_per_boot runs before scripts_user (runcmd).
-        if let Some(ud) = &user_data
-            && let Some(tag) = setup_script::per_boot_host_key_tag(&ud.files)
-        {
-            self.console(id, &console::fingerprint_block(&printed, &hostname, tag));
+        if let Some(ud) = &user_data {
+            self.per_boot_script(id, ud, &printed, &hostname);
         }
         let finished = self
             .run_runcmd(id, generation, user_data, &name, &hostname, started)
@@ -110,19 +143,23 @@ impl Inner {
         }
         // keys_to_console runs after scripts_user, once per instance (its frequency); the
         // instance ID never changes, so a restarted VM never prints this block again.
-        let first = {
+        let first_keys = {
             let mut st = self.state();
             match st.vms.get_mut(&id).filter(|v| v.generation == generation) {
                 Some(vm) => !std::mem::replace(&mut vm.keys_printed, true),
                 None => return,
             }
         };
-        if first {
+        if first_keys {
             self.console(
                 id,
                 &console::fingerprint_block(&printed, &hostname, "cloud-init"),
             );
         }
+        self.cloud_final_finished(id, started);
+    }
+
+    fn cloud_final_finished(&self, id: Uuid, started: Instant) {
         self.log(
             id,
             started,
@@ -131,6 +168,63 @@ impl Inner {
                 chrono::Utc::now().to_rfc2822()
             ),
         );
+    }
+
+    /// What the user-data's per-boot script prints: the host key fingerprints, and the
+    /// failure marker for a setup an earlier boot left unfinished while k3s was never
+    /// enabled (the script's own check; the stub-execution test runs it for real).
+    fn per_boot_script(&self, id: Uuid, ud: &UserData, printed: &SshHost, hostname: &str) {
+        if let Some(tag) = setup_script::per_boot_host_key_tag(&ud.files) {
+            self.console(id, &console::fingerprint_block(printed, hostname, tag));
+        }
+        let Some(check) = setup_script::per_boot_setup_check(&ud.files) else {
+            return;
+        };
+        let unfinished = {
+            let st = self.state();
+            st.vms.get(&id).and_then(|vm| {
+                let enabled = vm.k3s_enabled
+                    && matches!(
+                        (
+                            vm.user_data.as_ref().and_then(|u| u.role),
+                            check.unit.as_str()
+                        ),
+                        (Some(Role::Server), "k3s") | (Some(Role::Agent), "k3s-agent")
+                    );
+                vm.setup_state
+                    .clone()
+                    .filter(|step| step != "done" && !enabled)
+            })
+        };
+        if let Some(step) = unfinished {
+            self.console(id, &setup_script::failure_marker(&step, &check.reason));
+        }
+    }
+
+    fn k3s_enabled(&self, id: Uuid) -> bool {
+        self.state().vms.get(&id).is_some_and(|vm| vm.k3s_enabled)
+    }
+
+    /// A later boot of a VM that joined the tailnet: tailscaled reconnects from its state.
+    fn reconnect_tailnet(self: &Arc<Self>, id: Uuid, generation: u64, started: Instant) {
+        let Some(ip) = self.tailnet.get().and_then(|t| t.reconnect(id)) else {
+            return;
+        };
+        {
+            let mut st = self.state();
+            let Some(vm) = st.vms.get_mut(&id).filter(|v| v.generation == generation) else {
+                return;
+            };
+            vm.tailnet_ip = Some(IpAddr::V4(ip));
+        }
+        self.log(
+            id,
+            started,
+            &format!(
+                "tailscaled[1240]: Switching ipn state Starting -> Running; tailnet address {ip}"
+            ),
+        );
+        self.sync_listeners(id);
     }
 
     /// cloud-init's `scripts_user` (runcmd) and what it starts: the Tailscale join and the
@@ -161,6 +255,31 @@ impl Inner {
             }
             Err(SetupEnd::Hangs) => return Runcmd::Abandoned,
         }
+        let ran = self.run_k3s(id, generation, &ud, name, started, true).await;
+        // install.sh returned with k3s up: the script's last line records the setup done.
+        let joined = self
+            .state()
+            .vms
+            .get(&id)
+            .is_some_and(|vm| vm.generation == generation && vm.k3s == K3sState::Joined);
+        if ran == Runcmd::Finished && joined {
+            self.record_setup_state(id, &ud, "done");
+        }
+        ran
+    }
+
+    /// k3s starting: from the installer on the first boot (`installer`: its log lines, and
+    /// the unit enabled before it starts), from its enabled unit on later boots. Returns once
+    /// k3s is up or has failed; a k3s that keeps retrying never returns (`Abandoned`).
+    async fn run_k3s(
+        self: &Arc<Self>,
+        id: Uuid,
+        generation: u64,
+        ud: &UserData,
+        name: &str,
+        started: Instant,
+        installer: bool,
+    ) -> Runcmd {
         let Some(role) = ud.role else {
             return Runcmd::Finished;
         };
@@ -186,21 +305,34 @@ impl Inner {
             .install_version
             .clone()
             .unwrap_or_else(|| self.cfg.k3s_version.clone());
-        self.log(
-            id,
-            started,
-            &format!("cloud-init[1187]: [INFO]  Using {version} as release"),
-        );
         let unit = if role == Role::Server {
             "k3s"
         } else {
             "k3s-agent"
         };
-        self.log(
-            id,
-            started,
-            &format!("cloud-init[1187]: [INFO]  systemd: Starting {unit}"),
-        );
+        if installer {
+            self.log(
+                id,
+                started,
+                &format!("cloud-init[1187]: [INFO]  Using {version} as release"),
+            );
+            self.log(
+                id,
+                started,
+                &format!("cloud-init[1187]: [INFO]  systemd: Starting {unit}"),
+            );
+        } else {
+            self.log(id, started, &format!("systemd[1]: Starting {unit}.service"));
+        }
+        // install.sh enables the unit before it starts it (`systemd_enable`, `systemd_start`).
+        if let Some(vm) = self
+            .state()
+            .vms
+            .get_mut(&id)
+            .filter(|v| v.generation == generation)
+        {
+            vm.k3s_enabled = true;
+        }
         self.k3s_log(
             id,
             started,
@@ -322,6 +454,7 @@ impl Inner {
         let download_fails = Self::name_matches(&faults.download_fails, name);
         let mut joined = false;
         for (step, _) in &ud.setup {
+            self.record_setup_state(id, ud, step.name());
             self.console(
                 id,
                 &format!("oxide-controller: node-setup: {}\n", step.name()),
@@ -389,6 +522,16 @@ impl Inner {
         Ok(())
     }
 
+    /// The setup script's `step` (and its last line) write the state file, when it has one.
+    fn record_setup_state(&self, id: Uuid, ud: &UserData, state: &str) {
+        if !setup_script::records_setup_state(&ud.files) {
+            return;
+        }
+        if let Some(vm) = self.state().vms.get_mut(&id) {
+            vm.setup_state = Some(state.to_owned());
+        }
+    }
+
     /// The VM stopped running: its boot stops, listeners close, its kubelet stops reporting.
     fn halt(self: &Arc<Self>, id: Uuid) {
         let (node, kube) = {
@@ -452,6 +595,9 @@ impl RackEvents for Boot {
                 member: false,
                 cluster: None,
                 keys_printed: false,
+                instance_booted: false,
+                setup_state: None,
+                k3s_enabled: false,
                 node_name: None,
                 ncpus: inst.ncpus,
                 memory: inst.memory,

@@ -135,6 +135,14 @@ struct Vm {
     cluster: Option<Uuid>,
     /// cloud-init's keys_to_console ran (once per instance: never again after a restart).
     keys_printed: bool,
+    /// cloud-init ran its per-instance modules (write_files, runcmd): a first boot happened.
+    /// Their semaphores are written before the module runs and kept after a failure, so no
+    /// later boot runs them again (cloud-init@04eacd0 `cloudinit/helpers.py:64-71,83-97`).
+    instance_booted: bool,
+    /// What the setup script's state file holds: the step it last started, or `done`.
+    setup_state: Option<String>,
+    /// The k3s unit is installed and enabled: systemd starts it on every later boot.
+    k3s_enabled: bool,
     node_name: Option<String>,
     /// vCPUs and memory (bytes) of the instance: the Node's capacity.
     ncpus: u16,

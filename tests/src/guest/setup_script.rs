@@ -226,6 +226,71 @@ pub(super) enum UpEnd {
     Waits,
 }
 
+/// Where the product's setup script keeps the step it last started (`done` at the end); the
+/// file is on the VM's disk, so later boots see it.
+pub(super) const SETUP_STATE_PATH: &str = "/var/lib/oxide-controller/node-setup.state";
+
+/// Whether the setup script's `step` writes the step's name to [`SETUP_STATE_PATH`] before
+/// the step runs (and the script writes `done` after the last one).
+pub(super) fn records_setup_state(files: &BTreeMap<String, Vec<u8>>) -> bool {
+    let writes = format!("echo \"$1\" > {SETUP_STATE_PATH}");
+    let done = format!("echo done > {SETUP_STATE_PATH}");
+    files.values().any(|c| {
+        std::str::from_utf8(c)
+            .is_ok_and(|t| t.starts_with("#!/bin/sh") && t.contains(&writes) && t.contains(&done))
+    })
+}
+
+/// What the per-boot script does about a setup an earlier boot left unfinished: when
+/// [`SETUP_STATE_PATH`] names a step (not `done`) and `unit` is not enabled, it prints the
+/// failure marker with that step and `reason`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct UnfinishedSetupCheck {
+    pub unit: String,
+    pub reason: String,
+}
+
+/// The per-boot script's unfinished-setup check, if it has one (read from its lines: the
+/// state file, `systemctl is-enabled --quiet UNIT`, and the marker with its reason).
+pub(super) fn per_boot_setup_check(
+    files: &BTreeMap<String, Vec<u8>>,
+) -> Option<UnfinishedSetupCheck> {
+    files.iter().find_map(|(path, content)| {
+        let runs = path
+            .strip_prefix(PER_BOOT_DIR)
+            .is_some_and(|f| !f.is_empty() && !f.contains('/'));
+        let script = std::str::from_utf8(content).ok().filter(|_| runs)?;
+        if !script.contains(&format!("cat {SETUP_STATE_PATH}")) {
+            return None;
+        }
+        let unit = script
+            .split("systemctl is-enabled --quiet ")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .trim_end_matches(".service")
+            .to_owned();
+        let reason = script
+            .split("node-setup failed: $state: ")
+            .nth(1)?
+            .split('"')
+            .next()?
+            .to_owned();
+        Some(UnfinishedSetupCheck { unit, reason })
+    })
+}
+
+/// Whether a `bootcmd` entry runs a per-boot script the user-data writes (on a boot where
+/// `write_files` already ran: the first boot's bootcmd comes before it).
+pub(super) fn bootcmd_runs_per_boot(ud: &UserData) -> bool {
+    ud.bootcmd.iter().any(|line| {
+        ud.files
+            .keys()
+            .filter(|p| p.starts_with(PER_BOOT_DIR))
+            .any(|p| line.contains(p.as_str()))
+    })
+}
+
 impl Inner {
     /// Runs the user-data's `tailscale up` against the simulated tailnet: on success the VM
     /// gets its tailnet address (and listeners there); on failure the console says why, the

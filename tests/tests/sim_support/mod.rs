@@ -222,6 +222,25 @@ pub async fn start_instance(c: &oxide::Client, name: &str) {
         .unwrap();
 }
 
+/// Stops `name`, waits until it is stopped, and starts it again (a new VMM: an empty
+/// console history).
+pub async fn restart_instance(c: &oxide::Client, name: &str) {
+    stop_instance(c, name).await;
+    wait_for(&format!("{name} stopped"), || async {
+        let inst = c
+            .instance_view()
+            .project(PROJECT)
+            .instance(name)
+            .send()
+            .await
+            .unwrap()
+            .into_inner();
+        (inst.run_state == types::InstanceState::Stopped).then_some(())
+    })
+    .await;
+    start_instance(c, name).await;
+}
+
 /// The instance's serial console so far, as text (empty while the API refuses to show it,
 /// e.g. before the instance is running, as a real rack does).
 pub async fn console(c: &oxide::Client, name: &str) -> String {
