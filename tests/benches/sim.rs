@@ -56,7 +56,11 @@ fn startup(preset: Option<&str>) -> Duration {
                 .expect("ready line");
             let took = start.elapsed();
             assert!(line.contains("oxide_host"), "{line}");
-            let _ = child.kill();
+            // SIGTERM: oxide-sim shuts down and removes its scratch directories (a killed
+            // one leaves its control plane's etcd data behind).
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
             let _ = child.wait();
             took
         })

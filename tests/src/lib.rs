@@ -17,6 +17,7 @@ pub mod net;
 pub mod oxide;
 pub mod pod_runner;
 pub mod preset;
+pub mod scratch;
 pub mod sim;
 pub mod sshd;
 pub mod tailscale;

@@ -320,13 +320,12 @@ impl Sim {
                     dir.clone()
                 }
                 None => {
-                    let temp = tempfile::Builder::new()
-                        .prefix("oxide-sim-")
-                        .tempdir()
-                        .map_err(|source| SimError::StateDir {
+                    let temp = crate::scratch::tempdir("oxide-sim-").map_err(|source| {
+                        SimError::StateDir {
                             path: std::env::temp_dir(),
                             source,
-                        })?;
+                        }
+                    })?;
                     let path = temp.path().to_path_buf();
                     handle.temp_dir = Some(temp);
                     path

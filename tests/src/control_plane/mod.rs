@@ -181,13 +181,10 @@ impl ControlPlane {
         ip: Ipv4Addr,
         opts: &ControlPlaneOptions,
     ) -> Result<ControlPlane, ControlPlaneError> {
-        let dir = tempfile::Builder::new()
-            .prefix("kcp-")
-            .tempdir()
-            .map_err(|source| ControlPlaneError::Io {
-                path: std::env::temp_dir(),
-                source,
-            })?;
+        let dir = crate::scratch::tempdir("kcp-").map_err(|source| ControlPlaneError::Io {
+            path: std::env::temp_dir(),
+            source,
+        })?;
         let pki = Arc::new(pki::Pki::new()?);
         let files = Files::write(dir.path(), ip, &pki, opts)?;
         let mut cp_components = Vec::new();

@@ -405,9 +405,7 @@ impl Inner {
     fn vm_upload_dir(&self, id: Uuid) -> Option<std::path::PathBuf> {
         self.upload_dir
             .get_or_init(|| {
-                tempfile::Builder::new()
-                    .prefix("oxide-sim-vm-files-")
-                    .tempdir()
+                crate::scratch::tempdir("oxide-sim-vm-files-")
                     .map_err(
                         |err| tracing::warn!(error = %err, "cannot create the upload directory"),
                     )
