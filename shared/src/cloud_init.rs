@@ -66,6 +66,10 @@ pub struct NodeUserData {
     pub install: K3sInstall,
     /// Where the k3s installer is downloaded from ([`K3S_INSTALL_URL`] or a mirror).
     pub k3s_installer_url: String,
+    /// How long the setup waits for the k3s unit to be active before it fails with k3s's
+    /// own last error. Meanwhile systemd restarts a k3s that exits and an agent retries, so
+    /// a server that is briefly unreachable is waited out.
+    pub k3s_start_seconds: u32,
     /// Login created with passwordless sudo (the controller SSHes in as this user).
     pub ssh_user: String,
     /// `authorized_keys` lines for that user.
@@ -356,6 +360,24 @@ download() {
   mkdir -p /run/oxide-controller
   curl -fsSL --retry 5 --retry-all-errors --retry-delay 2 -o "$1" "$2" || fail "download of $2 failed"
 }
+# start_k3s UNIT SECONDS: enable and start k3s without waiting on the start job, then wait
+# until the unit is active. A joining server exits on any join error (a wrong CA or token, or
+# a server it cannot reach) and systemd starts it again every 5 s (Restart=always); an agent
+# retries on its own every 2 s. So a brief outage is waited out, and when k3s is not up in
+# time the failure names k3s's own last error.
+start_k3s() {
+  systemctl enable "$1.service"
+  systemctl start --no-block "$1.service"
+  waited=0
+  until systemctl is-active --quiet "$1.service"; do
+    if [ "$waited" -ge "$2" ]; then
+      why="$(journalctl -u "$1.service" -o cat -n 200 --no-pager 2>/dev/null | grep -E 'level=(fatal|error)' | tail -n 1 | sed 's/.*msg="\(.*\)"$/\1/')" || why=""
+      fail "$1 is not up after $2 s: ${why:-it logged no error}"
+    fi
+    sleep 5
+    waited=$((waited + 5))
+  done
+}
 # data_disk SERIAL MOUNTPOINT UNIT: find the disk by NVMe serial, format it on first use,
 # mount it through /etc/fstab, ordered before (and required by) the k3s unit on every boot.
 data_disk() {
@@ -583,7 +605,7 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
         K3sInstall::Script => step(
             SetupStep::K3sInstall.name(),
             &format!(
-                "download {K3S_INSTALLER_FILE} '{url}'\nINSTALL_K3S_VERSION='{version}' INSTALL_K3S_EXEC='{exec}' sh {K3S_INSTALLER_FILE}\n",
+                "download {K3S_INSTALLER_FILE} '{url}'\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='{version}' INSTALL_K3S_EXEC='{exec}' sh {K3S_INSTALLER_FILE}\n",
                 url = input.k3s_installer_url,
                 version = input.k3s_version,
             ),
@@ -598,12 +620,12 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
                     version = input.k3s_version,
                 ),
             );
-            step(
-                SetupStep::K3sStart.name(),
-                &format!("systemctl enable --now {unit}\n"),
-            );
         }
     }
+    step(
+        SetupStep::K3sStart.name(),
+        &format!("start_k3s '{unit}' {}\n", input.k3s_start_seconds),
+    );
     s.push_str(&format!(
         "echo done > {NODE_SETUP_STATE_PATH}\necho \"oxide-controller: node-setup finished\"\n"
     ));
@@ -634,7 +656,7 @@ pub enum SetupStep {
     K3sInstall,
     /// Preinstalled: compare the image's `k3s --version` with the spec.
     K3sVersion,
-    /// Preinstalled: enable and start the k3s unit.
+    /// Enable and start the k3s unit, and wait until it is active.
     K3sStart,
 }
 
@@ -1047,6 +1069,7 @@ impl NodeUserData {
                 .unwrap_or_else(|| spec.k3s.version.clone()),
             install: spec.k3s.install,
             k3s_installer_url: spec.k3s.installer_url.clone(),
+            k3s_start_seconds: k3s_start_seconds(spec.timeouts.join_seconds),
             ssh_user: spec.nodes.ssh_user.clone(),
             authorized_keys,
             data_disk: m
@@ -1065,6 +1088,12 @@ impl NodeUserData {
                 }),
         }
     }
+}
+
+/// How long a member's setup waits for k3s: half the join deadline, so the console names
+/// k3s's own error before the deadline would replace the member without one.
+pub fn k3s_start_seconds(join_seconds: u64) -> u32 {
+    u32::try_from((join_seconds / 2).max(5)).unwrap_or(u32::MAX)
 }
 
 /// k3s's full token form, `K10<sha256 of the cluster CA>::<user>:<password>` (docs.k3s.io
@@ -1107,6 +1136,7 @@ mod tests {
             k3s_version: "v1.33.4+k3s1".into(),
             install: K3sInstall::Script,
             k3s_installer_url: K3S_INSTALL_URL.into(),
+            k3s_start_seconds: 300,
             ssh_user: "ubuntu".into(),
             authorized_keys: vec![CONTROLLER_KEY.into(), USER_KEY.into()],
             data_disk: None,
@@ -1257,9 +1287,13 @@ mod tests {
         // One runcmd entry runs the setup script, which installs k3s last.
         assert_eq!(doc["runcmd"], serde_json::json!([[NODE_SETUP_SCRIPT_PATH]]));
         let script = setup_script(&doc);
-        assert_eq!(setup_steps(&script), [SetupStep::K3sInstall]);
+        assert_eq!(
+            setup_steps(&script),
+            [SetupStep::K3sInstall, SetupStep::K3sStart]
+        );
+        // The installer only installs; the script starts the unit and waits for it.
         assert!(script.contains(
-            "download /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nINSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\necho done > /var/lib/oxide-controller/node-setup.state\necho \"oxide-controller: node-setup finished\"\n"
+            "download /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\nstep k3s-start\nstart_k3s 'k3s' 300\necho done > /var/lib/oxide-controller/node-setup.state\necho \"oxide-controller: node-setup finished\"\n"
         ), "{script}");
         assert!(
             script.contains(
@@ -1300,7 +1334,8 @@ mod tests {
             [
                 SetupStep::DataDisk,
                 SetupStep::ProviderId,
-                SetupStep::K3sInstall
+                SetupStep::K3sInstall,
+                SetupStep::K3sStart
             ]
         );
         assert!(
@@ -1335,7 +1370,7 @@ mod tests {
             script.contains("[ \"$have\" = 'v1.33.4+k3s1' ] || fail"),
             "{script}"
         );
-        assert!(script.contains("step k3s-start\nsystemctl enable --now k3s-agent\n"));
+        assert!(script.contains("step k3s-start\nstart_k3s 'k3s-agent' 300\n"));
         assert!(!out.contains("get.k3s.io"));
         assert!(!script.contains("\ndownload "), "{script}");
         let server = NodeUserData {
@@ -1343,7 +1378,7 @@ mod tests {
             ..first_server()
         };
         let (doc, _) = parse_back(&rendered(&server));
-        assert!(setup_script(&doc).contains("step k3s-start\nsystemctl enable --now k3s\n"));
+        assert!(setup_script(&doc).contains("step k3s-start\nstart_k3s 'k3s' 300\n"));
     }
 
     #[test]
@@ -1573,7 +1608,8 @@ mod tests {
                 SetupStep::TailscaleInstall,
                 SetupStep::TailscaleUp,
                 SetupStep::TailscaleSan,
-                SetupStep::K3sInstall
+                SetupStep::K3sInstall,
+                SetupStep::K3sStart
             ]
         );
         assert!(script.contains(
@@ -1625,6 +1661,7 @@ mod tests {
     fn mirrors_replace_the_installer_urls() {
         let input = NodeUserData {
             k3s_installer_url: "http://10.0.0.5/k3s/install.sh".into(),
+            k3s_start_seconds: 300,
             tailscale: Some(TailscaleJoin {
                 auth_key: TAILSCALE_KEY.into(),
                 tag: "tag:k8s".into(),

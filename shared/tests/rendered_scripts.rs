@@ -42,6 +42,7 @@ fn agent_with_disk() -> NodeUserData {
         k3s_version: VERSION.into(),
         install: K3sInstall::Script,
         k3s_installer_url: K3S_INSTALL_URL.into(),
+        k3s_start_seconds: 300,
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![
             "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x"
@@ -229,8 +230,8 @@ impl Sandbox {
             .map(|l| {
                 let w: Vec<&str> = l.split_whitespace().collect();
                 match w.first().copied() {
-                    // `systemctl enable --now UNIT` → `systemctl UNIT`.
-                    Some("systemctl") => format!("systemctl {}", w[w.len() - 1]),
+                    // `systemctl start --no-block UNIT` → `systemctl start UNIT`.
+                    Some("systemctl") => format!("systemctl {} {}", w[1], w[w.len() - 1]),
                     Some("tailscale" | "k3s" | "k3s-installer") => w[..w.len().min(2)].join(" "),
                     Some(first) => first.to_owned(),
                     None => String::new(),
@@ -265,6 +266,9 @@ enum Fault {
     NoTailnetAddress,
     /// The image's k3s is another version than the spec's.
     K3sVersion,
+    /// k3s never becomes active (a joining server that keeps exiting, an agent that keeps
+    /// retrying); its journal holds the reason.
+    K3sNeverActive,
 }
 
 /// Stubs for every command the setup script runs. `blkid` finds a filesystem only after
@@ -283,14 +287,26 @@ fn stubs(s: &Sandbox, fault: Fault) {
     s.stub("mountpoint", "exit 1");
     s.stub("mount", "exit 0");
     s.stub("sleep", "exit 0");
-    s.stub("systemctl", "exit 0");
+    let active = if fault == Fault::K3sNeverActive {
+        "exit 3"
+    } else {
+        "exit 0"
+    };
+    s.stub(
+        "systemctl",
+        &format!("case \"$1\" in is-active) {active};; *) exit 0;; esac"),
+    );
+    s.stub(
+        "journalctl",
+        "echo 'time=\"2026-11-25T08:00:00Z\" level=info msg=\"Starting k3s v1.33.4+k3s1\"'\necho 'time=\"2026-11-25T08:00:01Z\" level=fatal msg=\"starting kubernetes: preparing server: failed to validate token: token CA hash does not match the Cluster CA certificate hash\"'\necho 'time=\"2026-11-25T08:00:02Z\" level=info msg=\"Starting k3s v1.33.4+k3s1\"'",
+    );
     let k3s_fails = if fault == Fault::K3sInstaller {
         "exit 1"
     } else {
         ""
     };
     let installers = format!(
-        "case \"$url\" in\n  *tailscale*) [ {ts} = 0 ] || exit 22; echo 'echo tailscale-installer >> {calls}' > \"$out\";;\n  *) [ {k3s} = 0 ] || exit 22; printf 'echo \"k3s-installer $INSTALL_K3S_EXEC $INSTALL_K3S_VERSION\" >> {calls}\\n{k3s_fails}\\n' > \"$out\";;\nesac",
+        "case \"$url\" in\n  *tailscale*) [ {ts} = 0 ] || exit 22; echo 'echo tailscale-installer >> {calls}' > \"$out\";;\n  *) [ {k3s} = 0 ] || exit 22; printf 'echo \"k3s-installer $INSTALL_K3S_EXEC $INSTALL_K3S_VERSION skip-start=$INSTALL_K3S_SKIP_START\" >> {calls}\\n{k3s_fails}\\n' > \"$out\";;\nesac",
         ts = u8::from(fault == Fault::TailscaleDownload),
         k3s = u8::from(fault == Fault::K3sDownload),
     );
@@ -325,17 +341,23 @@ fn stubs(s: &Sandbox, fault: Fault) {
     );
 }
 
-/// The commands that start k3s: the installer, or the unit in pre-installed mode.
+/// The command that starts k3s: the unit's start job (the installer only installs).
 fn starts_k3s(call: &str) -> bool {
-    call.starts_with("k3s-installer") || call == "systemctl k3s" || call == "systemctl k3s-agent"
+    call == "systemctl start k3s.service" || call == "systemctl start k3s-agent.service"
 }
 
 /// The calls the script should make, in order, for `steps`, in the clean run.
 fn expected_calls(input: &NodeUserData, steps: &[SetupStep]) -> Vec<String> {
-    let (exec, start) = match input.role {
-        K3sRole::Server { .. } => ("server", "systemctl k3s"),
-        K3sRole::Agent { .. } => ("agent", "systemctl k3s-agent"),
+    let (exec, unit) = match input.role {
+        K3sRole::Server { .. } => ("server", "k3s.service"),
+        K3sRole::Agent { .. } => ("agent", "k3s-agent.service"),
     };
+    let start = [
+        format!("systemctl enable {unit}"),
+        format!("systemctl start {unit}"),
+        format!("systemctl is-active {unit}"),
+    ];
+    let start: Vec<&str> = start.iter().map(String::as_str).collect();
     let mut out = Vec::new();
     for step in steps {
         let calls: &[&str] = match step {
@@ -343,13 +365,13 @@ fn expected_calls(input: &NodeUserData, steps: &[SetupStep]) -> Vec<String> {
             SetupStep::ProviderId => &[],
             SetupStep::TailscaleInstall => match input.install {
                 K3sInstall::Script => &["curl", "tailscale-installer"],
-                K3sInstall::Preinstalled => &["systemctl tailscaled"],
+                K3sInstall::Preinstalled => &["systemctl enable tailscaled"],
             },
             SetupStep::TailscaleUp => &["tailscale up"],
             SetupStep::TailscaleSan => &["tailscale ip"],
             SetupStep::K3sInstall => &["curl"],
             SetupStep::K3sVersion => &["k3s --version"],
-            SetupStep::K3sStart => &[start],
+            SetupStep::K3sStart => &start,
         };
         out.extend(calls.iter().map(|c| c.to_string()));
         if *step == SetupStep::K3sInstall {
@@ -372,6 +394,7 @@ fn stopped_step(fault: Fault, input: &NodeUserData) -> Option<SetupStep> {
         Fault::TailscaleUp => ts.then_some(SetupStep::TailscaleUp),
         Fault::NoTailnetAddress => (ts && server).then_some(SetupStep::TailscaleSan),
         Fault::K3sVersion => (!script).then_some(SetupStep::K3sVersion),
+        Fault::K3sNeverActive => Some(SetupStep::K3sStart),
     }
 }
 
@@ -420,14 +443,18 @@ fn every_setup_script_variant_runs_its_steps_in_order_and_starts_k3s_last() {
             "{name}: {}",
             s.read("calls")
         );
-        // k3s starts last and once.
+        // k3s starts last and once; the script then only waits for it.
         let calls = s.calls();
         assert_eq!(calls.iter().filter(|c| starts_k3s(c)).count(), 1, "{name}");
-        assert!(starts_k3s(calls.last().unwrap()), "{name}: {calls:?}");
+        assert!(
+            starts_k3s(&calls[calls.len() - 2])
+                && calls[calls.len() - 1].starts_with("systemctl is-active"),
+            "{name}: {calls:?}"
+        );
         if input.install == K3sInstall::Script {
             assert!(
                 s.read("calls").contains(&format!(
-                    "k3s-installer {} {VERSION}",
+                    "k3s-installer {} {VERSION} skip-start=true",
                     if matches!(input.role, K3sRole::Server { .. }) {
                         "server"
                     } else {
@@ -495,6 +522,7 @@ fn each_injected_failure_stops_the_script_before_k3s_with_one_marker_line() {
         Fault::TailscaleUp,
         Fault::NoTailnetAddress,
         Fault::K3sVersion,
+        Fault::K3sNeverActive,
     ];
     let mut exercised = std::collections::BTreeSet::new();
     for (name, input) in variants() {
@@ -529,6 +557,15 @@ fn each_injected_failure_stops_the_script_before_k3s_with_one_marker_line() {
                 Fault::K3sVersion => {
                     format!("the image has k3s v1.30.0+k3s1, the spec wants {VERSION}")
                 }
+                // k3s's own last error, after the wait.
+                Fault::K3sNeverActive => format!(
+                    "{} is not up after 300 s: starting kubernetes: preparing server: failed to validate token: token CA hash does not match the Cluster CA certificate hash",
+                    if matches!(input.role, K3sRole::Server { .. }) {
+                        "k3s"
+                    } else {
+                        "k3s-agent"
+                    }
+                ),
                 Fault::None => unreachable!(),
             };
             assert!(failure.reason.contains(&reason_has), "{ctx}");
@@ -539,9 +576,9 @@ fn each_injected_failure_stops_the_script_before_k3s_with_one_marker_line() {
                 "{ctx}"
             );
             let calls = s.calls();
-            // The installer that failed is the one k3s step that ran; nothing else did.
+            // Only a k3s that never came up was started at all.
             let started = calls.iter().filter(|c| starts_k3s(c)).count();
-            let allowed = usize::from(fault == Fault::K3sInstaller);
+            let allowed = usize::from(fault == Fault::K3sNeverActive);
             assert_eq!(started, allowed, "{ctx} {calls:?}");
             if fault == Fault::NoDataDisk {
                 assert!(calls.iter().all(|c| c == "sleep"), "{ctx} {calls:?}");
@@ -588,7 +625,9 @@ fn what_the_image_keeps_under_the_mount_point_is_copied_onto_the_new_disk() {
             "mountpoint",
             "mount",
             "k3s --version",
-            "systemctl k3s-agent"
+            "systemctl enable k3s-agent.service",
+            "systemctl start k3s-agent.service",
+            "systemctl is-active k3s-agent.service"
         ],
     );
     let tmp = s.read("mounted-at");

@@ -28,6 +28,7 @@ fn joiner(name: &str, role: K3sRole) -> String {
         k3s_version: "v1.33.4+k3s1".into(),
         install: K3sInstall::Script,
         k3s_installer_url: oxide_controller::cloud_init::K3S_INSTALL_URL.into(),
+        k3s_start_seconds: 3,
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![
             "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x"
@@ -84,10 +85,38 @@ async fn a_joiner_with_a_wrong_ca_hash_never_joins_and_the_right_one_does() {
     }
     wait_node_status(&sim, "c1-cp-right", "True").await;
     wait_node_status(&sim, "c1-workers-right", "True").await;
-    for name in ["c1-cp-wrong", "c1-workers-wrong"] {
-        let console = wait_console(&c, name, "CA hash does not match").await;
-        assert!(console.contains("level=fatal"), "{name}: {console}");
+    // Each as its role does: a joining server exits (`shouldBootstrapLoad`) and systemd
+    // starts it again; an agent logs the error and retries every 2 s
+    // (`createProxyAndValidateToken`). Either way the product's `start_k3s` gives up after
+    // its wait and names k3s's last error.
+    for (name, unit, level, not) in [
+        ("c1-cp-wrong", "k3s", "level=fatal", "level=error"),
+        (
+            "c1-workers-wrong",
+            "k3s-agent",
+            "level=error",
+            "level=fatal",
+        ),
+    ] {
+        let console = wait_console(&c, name, "node-setup failed").await;
+        assert!(console.contains(level), "{name}: {console}");
+        assert!(!console.contains(not), "{name}: {console}");
+        let failure = oxide_controller::cloud_init::setup_failure(&console).unwrap();
+        assert_eq!(failure.step, "k3s-start", "{name}");
+        assert!(
+            failure
+                .reason
+                .starts_with(&format!("{unit} is not up after 3 s: "))
+                && failure.reason.contains("token CA hash does not match"),
+            "{name}: {}",
+            failure.reason
+        );
         assert!(!console.contains(TOKEN) && !console.contains(AGENT_TOKEN));
         assert_eq!(node_ready(&sim, name).await, None, "{name} never joins");
     }
+    let server = console(&c, "c1-cp-wrong").await;
+    assert!(
+        server.contains("k3s.service: Scheduled restart job"),
+        "systemd restarts the server: {server}"
+    );
 }

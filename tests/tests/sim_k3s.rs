@@ -56,16 +56,68 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
 
     let join = format!("server: https://{fip}:6443\ntoken: {TOKEN}\n");
     create_instance(&c, "c1-cp-bbbbb", &user_data("server", &join, &[])).await;
-    // Nothing serves the floating IP yet: k3s keeps retrying and says so.
-    wait_console(&c, "c1-cp-bbbbb", "connection refused").await;
+    // The product's user-data: `start_k3s` waits for the unit instead of its start job.
+    let product =
+        oxide_controller::cloud_init::render(&oxide_controller::cloud_init::NodeUserData {
+            hostname: "c1-cp-ccccc".into(),
+            role: oxide_controller::cloud_init::K3sRole::Server {
+                cluster_init: false,
+                server_url: Some(format!("https://{fip}:6443")),
+                token: TOKEN.into(),
+                agent_token: "agent-secret-1".into(),
+                tls_san: vec![],
+            },
+            node_labels: Default::default(),
+            node_taints: vec![],
+            provider_id: oxide_controller::cloud_init::ProviderId::None,
+            external_cloud_provider: false,
+            kubelet_args: vec![],
+            k3s_version: "v1.33.4+k3s1".into(),
+            install: oxide_controller::spec::K3sInstall::Script,
+            k3s_installer_url: oxide_controller::cloud_init::K3S_INSTALL_URL.into(),
+            k3s_start_seconds: 120,
+            ssh_user: "ubuntu".into(),
+            authorized_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x".into()],
+            data_disk: None,
+            tailscale: None,
+        })
+        .unwrap();
+    create_instance(&c, "c1-cp-ccccc", &product).await;
+    // Nothing serves the floating IP yet: a joining server exits on it (k3s
+    // `shouldBootstrapLoad`: `getCACerts` fails inside token validation) and systemd starts
+    // it again every RestartSec.
+    for name in ["c1-cp-bbbbb", "c1-cp-ccccc"] {
+        let console = wait_console(&c, name, "connection refused").await;
+        assert!(console.contains("level=fatal"), "{name}: {console}");
+        wait_console(&c, name, "k3s.service: Scheduled restart job").await;
+    }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        node_ready(&sim, "c1-cp-bbbbb").await,
-        None,
-        "cannot join before the IP is attached"
+    for name in ["c1-cp-bbbbb", "c1-cp-ccccc"] {
+        assert_eq!(
+            node_ready(&sim, name).await,
+            None,
+            "cannot join before the IP is attached"
+        );
+    }
+    // install.sh waits on the start job, which failed with k3s's first exit: the setup
+    // reports a failure (a controller would replace the VM) although k3s may still join.
+    let old = console(&c, "c1-cp-bbbbb").await;
+    let failure = oxide_controller::cloud_init::setup_failure(&old).unwrap();
+    assert_eq!(failure.step, "k3s-install");
+    // `start_k3s` is still waiting: no failure.
+    let ours = console(&c, "c1-cp-ccccc").await;
+    assert!(
+        oxide_controller::cloud_init::setup_failure(&ours).is_none(),
+        "{ours}"
     );
 
     attach_floating_ip(&c, "c1-apiserver", "c1-cp-aaaaa").await;
+    wait_node_status(&sim, "c1-cp-ccccc", "True").await;
+    let ours = wait_console(&c, "c1-cp-ccccc", "finished at").await;
+    assert!(
+        oxide_controller::cloud_init::setup_failure(&ours).is_none(),
+        "{ours}"
+    );
     let node = wait_node_status(&sim, "c1-cp-bbbbb", "True").await;
     assert_eq!(
         node["metadata"]["labels"]["node-role.kubernetes.io/control-plane"],
@@ -75,7 +127,7 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
         .as_array()
         .unwrap()
         .len();
-    assert_eq!(joined, 2);
+    assert_eq!(joined, 3);
 }
 
 #[tokio::test]
@@ -134,9 +186,14 @@ async fn a_wrong_token_never_joins_and_the_console_says_so_without_printing_it()
     let agent = format!("server: https://{server_ip}:6443\ntoken: {wrong}\n");
     create_instance(&c, "c1-workers-ddddd", &user_data("agent", &agent, &[])).await;
 
-    for name in ["c1-cp-bbbbb", "c1-workers-ddddd"] {
+    // A joining server exits on it (and, started by install.sh, its start job fails); an
+    // agent logs it at error level and retries for ever.
+    for (name, level) in [
+        ("c1-cp-bbbbb", "level=fatal"),
+        ("c1-workers-ddddd", "level=error"),
+    ] {
         let console = wait_console(&c, name, "401 Unauthorized").await;
-        assert!(console.contains("level=fatal"), "{name}: {console}");
+        assert!(console.contains(level), "{name}: {console}");
         assert!(
             !console.contains(wrong),
             "{name} printed the token it was given"
@@ -146,6 +203,18 @@ async fn a_wrong_token_never_joins_and_the_console_says_so_without_printing_it()
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(node_ready(&sim, "c1-cp-bbbbb").await, None);
     assert_eq!(node_ready(&sim, "c1-workers-ddddd").await, None);
+    let server = console(&c, "c1-cp-bbbbb").await;
+    let failure = oxide_controller::cloud_init::setup_failure(&server).unwrap();
+    assert_eq!(
+        (failure.step.as_str(), failure.reason.as_str()),
+        ("k3s-install", "exit status 1")
+    );
+    let agent = console(&c, "c1-workers-ddddd").await;
+    assert!(
+        oxide_controller::cloud_init::setup_failure(&agent).is_none()
+            && !agent.contains("level=fatal"),
+        "the agent's install.sh never returns: {agent}"
+    );
 }
 
 #[tokio::test]

@@ -50,6 +50,7 @@ fn agent_input(name: &str, server_url: &str, install: K3sInstall, version: &str)
         k3s_version: version.into(),
         install,
         k3s_installer_url: K3S_INSTALL_URL.into(),
+        k3s_start_seconds: 300,
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![
             "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x"

@@ -698,6 +698,108 @@ async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reaso
     env.assert_no_leaks();
 }
 
+/// Guest audit 2, G2: joins that k3s refuses behave as k3s's role does — a joining server
+/// exits and systemd starts it again, an agent logs the error and retries — and the product's
+/// `start_k3s` waits half the join deadline for the unit before it fails with k3s's own last
+/// error. A wrong CA hash (a ConfigMap that no longer matches the cluster) makes both fail
+/// that way; the next run replaces them and the Events carry k3s's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joiners_refused_for_a_wrong_ca_hash_fail_with_k3ss_reason_and_are_replaced() {
+    let env = env(1, 1).await;
+    // The members the next run adds join with a CA hash that is not the cluster's.
+    let snap = env.store.read_config().await.unwrap();
+    let mut data = snap.data.clone();
+    let right = data.insert(state::keys::K3S_CA_HASH.into(), "0".repeat(64));
+    assert!(right.is_some(), "the preset stores the hash");
+    env.store
+        .replace_config(&snap.resource_version, data)
+        .await
+        .unwrap();
+    env.edit(|s| {
+        s.control_plane.count = 3;
+        s.worker_pools[0].count = 2;
+        s.timeouts.join_seconds = 20;
+    })
+    .await;
+    let out = env.reconcile(&[]).await;
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let old_nodes = env.ready_nodes("sim-").await;
+    let new: Vec<String> = env
+        .instance_names("sim-")
+        .into_iter()
+        .filter(|n| !old_nodes.contains(n))
+        .collect();
+    let server = new
+        .iter()
+        .find(|n| n.starts_with(CP))
+        .cloned()
+        .expect("a new server");
+    let agent = new
+        .iter()
+        .find(|n| n.starts_with(WK))
+        .cloned()
+        .expect("a new worker");
+    let rack = oxide_controller::rack::oxide_rack::OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "sim",
+        oxide_controller::rack::oxide_rack::RackOptions::default(),
+    )
+    .unwrap();
+    // k3s's own logs, as each role behaves: the server exits and is restarted, the agent
+    // retries.
+    support::wait_until("both failure lines", Duration::from_secs(60), async || {
+        console_of(&rack, &server)
+            .await
+            .contains("node-setup failed")
+            && console_of(&rack, &agent)
+                .await
+                .contains("node-setup failed")
+    })
+    .await;
+    let server_console = console_of(&rack, &server).await;
+    assert!(server_console.contains("level=fatal"), "{server_console}");
+    assert!(
+        server_console.contains("k3s.service: Scheduled restart job"),
+        "{server_console}"
+    );
+    let agent_console = console_of(&rack, &agent).await;
+    assert!(agent_console.contains("level=error"), "{agent_console}");
+    assert!(!agent_console.contains("level=fatal"), "{agent_console}");
+
+    let out = env.reconcile(&[]).await;
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names = env.instance_names("sim-");
+    assert!(!names.contains(&server), "{server} replaced: {names:?}");
+    assert!(!names.contains(&agent), "{agent} replaced: {names:?}");
+    let events = env
+        .sim
+        .kube()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"))
+        .await;
+    for (name, unit) in [(&server, "k3s"), (&agent, "k3s-agent")] {
+        assert!(
+            events.iter().any(|e| {
+                let note = e["note"].as_str().unwrap_or("");
+                note.contains(name.as_str())
+                    && note.contains(&format!(
+                        "node setup failed at k3s-start: {unit} is not up after 10 s: "
+                    ))
+                    && note.contains("token CA hash does not match")
+            }),
+            "an Event names {name} and k3s's reason: {events:?}"
+        );
+    }
+}
+
 async fn console_of(rack: &oxide_controller::rack::oxide_rack::OxideRack, name: &str) -> String {
     use oxide_controller::rack::Rack as _;
     // Empty while the API refuses to show it (an instance that is not running yet).

@@ -37,6 +37,16 @@ pub enum Role {
     Agent,
 }
 
+impl Role {
+    /// The systemd unit install.sh writes for the role.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Role::Server => "k3s",
+            Role::Agent => "k3s-agent",
+        }
+    }
+}
+
 /// The parsed k3s config file. Debug redacts the tokens.
 #[derive(Clone, Default, PartialEq)]
 pub struct K3sConfig {
@@ -253,7 +263,6 @@ fn parse_server_url(url: &str) -> Option<(String, u16)> {
 
 /// Prefixes of k3s's own messages, so the console reads like a real k3s log.
 const PREPARING: &str = "starting kubernetes: preparing server";
-const NOT_READY: &str = "Waiting to retrieve agent configuration; server is not ready";
 const CA_MISMATCH: &str = "token CA hash does not match the Cluster CA certificate hash";
 
 pub(super) enum Decision {
@@ -261,7 +270,10 @@ pub(super) enum Decision {
     Create,
     /// Join (or, restarting, rejoin) the cluster created by this VM.
     Join(Uuid),
-    Retry(String),
+    /// Log the error and try again in 2 s: an agent that cannot validate its token
+    /// (k3s `pkg/agent/run.go` `createProxyAndValidateToken`).
+    RetryError(String),
+    /// k3s exits (systemd starts it again).
     Fatal(String),
 }
 
@@ -308,10 +320,21 @@ impl Inner {
                 "Error: invalid server url {url}: must be https://host:port"
             ));
         };
+        // The join URL cannot be reached: `getCACerts` fails inside `ParseAndValidateToken`.
+        // A joining server exits (`shouldBootstrapLoad`); an agent logs it and retries.
+        let unreachable = |why: String| {
+            let err = format!("failed to get CA certs: Get \\\"{url}/cacerts\\\": {why}");
+            match role {
+                Role::Server => {
+                    Decision::Fatal(format!("{PREPARING}: failed to validate token: {err}"))
+                }
+                Role::Agent => Decision::RetryError(format!(
+                    "Failed to validate connection to cluster at {url}: {err}"
+                )),
+            }
+        };
         let Ok(ip) = host.parse::<IpAddr>() else {
-            return Decision::Retry(format!(
-                "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp: lookup {host}: no such host"
-            ));
+            return unreachable(format!("dial tcp: lookup {host}: no such host"));
         };
         // The cluster whose API answers at the server URL: that of the server serving it.
         let target = guard
@@ -323,14 +346,10 @@ impl Inner {
                 .unwrap_or(true)
         });
         if target.is_some() && !admitted {
-            return Decision::Retry(format!(
-                "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp {ip}:{port}: i/o timeout"
-            ));
+            return unreachable(format!("dial tcp {ip}:{port}: i/o timeout"));
         }
         let Some(cluster) = target else {
-            return Decision::Retry(format!(
-                "{NOT_READY}: Get \\\"{url}/cacerts\\\": dial tcp {ip}:{port}: connect: connection refused"
-            ));
+            return unreachable(format!("dial tcp {ip}:{port}: connect: connection refused"));
         };
         let accepted: Vec<&str> = match role {
             Role::Server => vec![cluster.token.as_str()],
@@ -353,14 +372,14 @@ impl Inner {
             (TokenCheck::CaHashMismatch, Role::Server) => Decision::Fatal(format!(
                 "{PREPARING}: failed to validate token: {CA_MISMATCH}"
             )),
-            (TokenCheck::CaHashMismatch, Role::Agent) => Decision::Fatal(format!(
-                "failed to validate token: {CA_MISMATCH} served at {url}/cacerts"
+            (TokenCheck::CaHashMismatch, Role::Agent) => Decision::RetryError(format!(
+                "Failed to validate connection to cluster at {url}: {CA_MISMATCH} served at {url}/cacerts"
             )),
             (TokenCheck::Wrong, Role::Server) => Decision::Fatal(format!(
                 "{PREPARING}: failed to validate token: {url}/v1-k3s/server-bootstrap: 401 Unauthorized"
             )),
-            (TokenCheck::Wrong, Role::Agent) => Decision::Fatal(format!(
-                "failed to get CA certs: {url}/cacerts: 401 Unauthorized (the join token is wrong)"
+            (TokenCheck::Wrong, Role::Agent) => Decision::RetryError(format!(
+                "Failed to validate connection to cluster at {url}: {url}/v1-k3s/client-ca.crt: 401 Unauthorized"
             )),
         }
     }

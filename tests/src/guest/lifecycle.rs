@@ -10,12 +10,54 @@ use uuid::Uuid;
 
 use super::cloud_init::{UserData, parse_user_data};
 use super::cluster_api::RealCluster;
-use super::k3s::{Decision, K3S_CONFIG_PATH, Role};
+use super::k3s::{Decision, K3S_CONFIG_PATH, K3sConfig, Role};
 use super::setup_script::{SetupStep, UpEnd};
 use super::{Boot, Inner, K3sState, Vm};
 use super::{console, kubelet, setup_script};
 use crate::oxide::{RackEvents, RunningInstance};
 use crate::sshd::SshHost;
+
+/// How the k3s unit was started, which decides how long its starter waits.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    /// install.sh's `systemctl restart` or `systemctl enable --now`: waits on the start job,
+    /// which fails the first time k3s exits before it is Ready (`Type=notify`).
+    Job,
+    /// The product's `start_k3s`: the job is not waited on; `is-active` is polled for at most
+    /// this long, while systemd restarts k3s.
+    Poll(std::time::Duration),
+    /// A later boot: systemd starts the enabled unit; multi-user.target waits on its job.
+    Boot,
+}
+
+/// How a wait for k3s ended.
+enum K3sEnd {
+    /// Active (Ready).
+    Up,
+    /// The start job failed (k3s exited before Ready).
+    Failed,
+    /// `start_k3s` gave up waiting, with the last error k3s logged.
+    TimedOut(Option<String>),
+    /// Never returns: k3s keeps retrying (or the boot went stale).
+    Hangs,
+}
+
+/// The step that starts k3s and how it waits: `start_k3s` in a `k3s-start` step, else the
+/// installer (`k3s-install`) or `systemctl enable --now` (`k3s-start`) on the start job.
+fn start_of(ud: &UserData) -> (&'static str, Start) {
+    let mut out = ("k3s-install", Start::Job);
+    for (step, _) in &ud.setup {
+        match step {
+            SetupStep::K3sInstall { starts: true, .. } => out = ("k3s-install", Start::Job),
+            SetupStep::K3sStart {
+                wait: Some(wait), ..
+            } => out = ("k3s-start", Start::Poll(*wait)),
+            SetupStep::K3sStart { wait: None, .. } => out = ("k3s-start", Start::Job),
+            _ => {}
+        }
+    }
+    out
+}
 
 /// Why the setup script did not get to its end.
 enum SetupEnd {
@@ -115,10 +157,11 @@ impl Inner {
             self.reconnect_tailnet(id, generation, started);
             if let Some(ud) = &user_data
                 && self.k3s_enabled(id)
-                && self
-                    .run_k3s(id, generation, ud, &name, started, false)
-                    .await
-                    == Runcmd::Abandoned
+                && matches!(
+                    self.run_k3s(id, generation, ud, &name, started, Start::Boot)
+                        .await,
+                    K3sEnd::Hangs
+                )
             {
                 return;
             }
@@ -255,22 +298,45 @@ impl Inner {
             }
             Err(SetupEnd::Hangs) => return Runcmd::Abandoned,
         }
-        let ran = self.run_k3s(id, generation, &ud, name, started, true).await;
-        // install.sh returned with k3s up: the script's last line records the setup done.
-        let joined = self
-            .state()
-            .vms
-            .get(&id)
-            .is_some_and(|vm| vm.generation == generation && vm.k3s == K3sState::Joined);
-        if ran == Runcmd::Finished && joined {
-            self.record_setup_state(id, &ud, "done");
+        let (step, start) = start_of(&ud);
+        match self
+            .run_k3s(id, generation, &ud, name, started, start)
+            .await
+        {
+            K3sEnd::Up => {
+                // The script's last line records the setup done.
+                self.record_setup_state(id, &ud, "done");
+                Runcmd::Finished
+            }
+            K3sEnd::Hangs => Runcmd::Abandoned,
+            // `set -e` ends the script where the start job failed.
+            K3sEnd::Failed => {
+                self.console(id, &setup_script::failure_marker(step, "exit status 1"));
+                Runcmd::Finished
+            }
+            // `start_k3s`'s `fail`, with the last error k3s logged.
+            K3sEnd::TimedOut(why) => {
+                let (unit, secs) = match start {
+                    Start::Poll(wait) => (ud.role.map_or("k3s", Role::unit), wait.as_secs()),
+                    Start::Job | Start::Boot => ("k3s", 0),
+                };
+                let why = why.unwrap_or_else(|| "it logged no error".to_owned());
+                self.console(
+                    id,
+                    &setup_script::failure_marker(
+                        step,
+                        &format!("{unit} is not up after {secs} s: {why}"),
+                    ),
+                );
+                Runcmd::Finished
+            }
         }
-        ran
     }
 
-    /// k3s starting: from the installer on the first boot (`installer`: its log lines, and
-    /// the unit enabled before it starts), from its enabled unit on later boots. Returns once
-    /// k3s is up or has failed; a k3s that keeps retrying never returns (`Abandoned`).
+    /// k3s starting, and the caller waiting for it as `start` says: from the setup on the
+    /// first boot (`Job`: install.sh's `systemctl restart` or `enable --now`; `Poll`: the
+    /// product's `start_k3s`), from its enabled unit on later boots (`Boot`). The unit itself
+    /// runs on in [`Inner::k3s_unit`] whatever the caller concludes, as systemd's does.
     async fn run_k3s(
         self: &Arc<Self>,
         id: Uuid,
@@ -278,10 +344,10 @@ impl Inner {
         ud: &UserData,
         name: &str,
         started: Instant,
-        installer: bool,
-    ) -> Runcmd {
+        start: Start,
+    ) -> K3sEnd {
         let Some(role) = ud.role else {
-            return Runcmd::Finished;
+            return K3sEnd::Up;
         };
         let Some(mut k3s) = ud.k3s.clone() else {
             // k3s without a config file: a fresh server would create its own cluster with a
@@ -291,7 +357,7 @@ impl Inner {
             );
             self.k3s_log(id, started, "fatal", &msg);
             self.set_k3s(id, generation, K3sState::Refused);
-            return Runcmd::Finished;
+            return K3sEnd::Failed;
         };
         if let Some(prefix) = &ud.smbios_provider_id_prefix {
             k3s.kubelet_arg.push(format!("provider-id={prefix}{id}"));
@@ -299,32 +365,29 @@ impl Inner {
 
         tokio::time::sleep(self.cfg.k3s_boot).await;
         if !self.current(id, generation) {
-            return Runcmd::Abandoned;
+            return K3sEnd::Hangs;
         }
         let version = ud
             .install_version
             .clone()
             .unwrap_or_else(|| self.cfg.k3s_version.clone());
-        let unit = if role == Role::Server {
-            "k3s"
-        } else {
-            "k3s-agent"
-        };
-        if installer {
-            self.log(
-                id,
-                started,
-                &format!("cloud-init[1187]: [INFO]  Using {version} as release"),
-            );
-            self.log(
-                id,
-                started,
-                &format!("cloud-init[1187]: [INFO]  systemd: Starting {unit}"),
-            );
-        } else {
-            self.log(id, started, &format!("systemd[1]: Starting {unit}.service"));
+        let unit = role.unit();
+        match start {
+            Start::Job | Start::Poll(_) => {
+                self.log(
+                    id,
+                    started,
+                    &format!("cloud-init[1187]: [INFO]  Using {version} as release"),
+                );
+                self.log(
+                    id,
+                    started,
+                    &format!("cloud-init[1187]: [INFO]  systemd: Starting {unit}"),
+                );
+            }
+            Start::Boot => self.log(id, started, &format!("systemd[1]: Starting {unit}.service")),
         }
-        // install.sh enables the unit before it starts it (`systemd_enable`, `systemd_start`).
+        // Enabled before it is started (install.sh `systemd_enable`, `start_k3s`).
         if let Some(vm) = self
             .state()
             .vms
@@ -332,7 +395,121 @@ impl Inner {
             .filter(|v| v.generation == generation)
         {
             vm.k3s_enabled = true;
+            vm.k3s_exits = 0;
+            vm.k3s_last_error = None;
         }
+        self.runtime.spawn(self.clone().k3s_unit(
+            id,
+            generation,
+            role,
+            k3s,
+            version,
+            name.to_owned(),
+            started,
+        ));
+        let deadline = match start {
+            Start::Poll(wait) => Some(tokio::time::Instant::now() + wait),
+            Start::Job | Start::Boot => None,
+        };
+        let tick = (self.cfg.join_retry / 4).max(std::time::Duration::from_millis(10));
+        loop {
+            if !self.current(id, generation) {
+                return K3sEnd::Hangs;
+            }
+            let (joined, exits, last) = {
+                let st = self.state();
+                match st.vms.get(&id) {
+                    Some(vm) => (
+                        vm.k3s == K3sState::Joined,
+                        vm.k3s_exits,
+                        vm.k3s_last_error.clone(),
+                    ),
+                    None => return K3sEnd::Hangs,
+                }
+            };
+            if joined {
+                return K3sEnd::Up;
+            }
+            // `Type=notify`: the start job fails when k3s exits before READY=1.
+            if deadline.is_none() && exits > 0 {
+                return K3sEnd::Failed;
+            }
+            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                return K3sEnd::TimedOut(last);
+            }
+            tokio::time::sleep(tick).await;
+        }
+    }
+
+    /// The k3s unit: `Restart=always`, `RestartSec=5s` (install.sh
+    /// `create_systemd_service_file`; the simulator's restart delay is `join_retry`). Each
+    /// round is one k3s process; a process that exits is started again, one that joins or
+    /// keeps retrying stays.
+    #[allow(clippy::too_many_arguments)]
+    async fn k3s_unit(
+        self: Arc<Self>,
+        id: Uuid,
+        generation: u64,
+        role: Role,
+        k3s: K3sConfig,
+        version: String,
+        name: String,
+        started: Instant,
+    ) {
+        let unit = role.unit();
+        loop {
+            if !self.current(id, generation) {
+                return;
+            }
+            let Some(msg) = self
+                .k3s_process(id, generation, role, &k3s, &version, &name, started)
+                .await
+            else {
+                return;
+            };
+            self.k3s_log(id, started, "fatal", &msg);
+            tracing::info!(instance = %name, "k3s exited");
+            {
+                let mut st = self.state();
+                let Some(vm) = st.vms.get_mut(&id).filter(|v| v.generation == generation) else {
+                    return;
+                };
+                vm.k3s = K3sState::Refused;
+                vm.k3s_exits += 1;
+                vm.k3s_last_error = Some(msg);
+            }
+            self.log(
+                id,
+                started,
+                &format!(
+                    "systemd[1]: {unit}.service: Main process exited, code=exited, status=1/FAILURE"
+                ),
+            );
+            tokio::time::sleep(self.cfg.join_retry).await;
+            if !self.current(id, generation) {
+                return;
+            }
+            self.log(
+                id,
+                started,
+                &format!("systemd[1]: {unit}.service: Scheduled restart job."),
+            );
+        }
+    }
+
+    /// One k3s process: Some(why) when it exits, None when it joined, hangs for ever (the
+    /// `never_join` fault) or the boot went stale.
+    #[allow(clippy::too_many_arguments)]
+    async fn k3s_process(
+        self: &Arc<Self>,
+        id: Uuid,
+        generation: u64,
+        role: Role,
+        k3s: &K3sConfig,
+        version: &str,
+        name: &str,
+        started: Instant,
+    ) -> Option<String> {
         self.k3s_log(
             id,
             started,
@@ -347,13 +524,10 @@ impl Inner {
             ),
         );
         self.set_k3s(id, generation, K3sState::Waiting);
-        if let Some(msg) = kubelet::refused_node_labels(&k3s) {
-            // The kubelet exits at once, so k3s does too (and systemd's restarts fail alike).
-            self.k3s_log(id, started, "fatal", &format!("kubelet exited: {msg}"));
-            self.set_k3s(id, generation, K3sState::Refused);
-            return Runcmd::Finished;
+        if let Some(msg) = kubelet::refused_node_labels(k3s) {
+            // The kubelet exits at once, so k3s does too.
+            return Some(format!("kubelet exited: {msg}"));
         }
-
         if Self::name_matches(&self.faults.get().never_join, name) {
             // Fault: k3s hangs before it ever registers (e.g. a broken network path).
             self.k3s_log(
@@ -362,30 +536,34 @@ impl Inner {
                 "info",
                 "Waiting for control-plane node to start: etcd not ready",
             );
-            return Runcmd::Abandoned;
+            return None;
         }
 
         let mut attempt: u64 = 0;
         let mut last_retry = String::new();
         loop {
             if !self.current(id, generation) {
-                return Runcmd::Abandoned;
+                return None;
             }
-            match self.decide(id, role, &k3s) {
-                Decision::Retry(msg) => {
+            match self.decide(id, role, k3s) {
+                Decision::RetryError(msg) => {
+                    // `logrus.Error(err)`, then again after 2 s (an agent validating its token).
                     if msg != last_retry || attempt.is_multiple_of(25) {
-                        self.k3s_log(id, started, "info", &msg);
-                        last_retry = msg;
+                        self.k3s_log(id, started, "error", &msg);
+                        last_retry.clone_from(&msg);
+                    }
+                    if let Some(vm) = self
+                        .state()
+                        .vms
+                        .get_mut(&id)
+                        .filter(|v| v.generation == generation)
+                    {
+                        vm.k3s_last_error = Some(msg);
                     }
                     attempt += 1;
                     tokio::time::sleep(self.cfg.join_retry).await;
                 }
-                Decision::Fatal(msg) => {
-                    self.k3s_log(id, started, "fatal", &msg);
-                    tracing::info!(instance = %name, "k3s refused to start");
-                    self.set_k3s(id, generation, K3sState::Refused);
-                    return Runcmd::Finished;
-                }
+                Decision::Fatal(msg) => return Some(msg),
                 decision @ (Decision::Create | Decision::Join(_)) => {
                     // cluster-init on a real control plane: it starts while k3s does.
                     let prepared = match &decision {
@@ -400,14 +578,7 @@ impl Inner {
                             match cp {
                                 Ok(cp) => Some(Arc::new(cp)),
                                 Err(err) => {
-                                    self.k3s_log(
-                                        id,
-                                        started,
-                                        "fatal",
-                                        &format!("starting the control plane: {err}"),
-                                    );
-                                    self.set_k3s(id, generation, K3sState::Refused);
-                                    return Runcmd::Finished;
+                                    return Some(format!("starting the control plane: {err}"));
                                 }
                             }
                         }
@@ -417,14 +588,14 @@ impl Inner {
                         }
                     };
                     if !self.current(id, generation) {
-                        return Runcmd::Abandoned;
+                        return None;
                     }
                     self.finish_join(
                         id,
                         generation,
                         role,
-                        &k3s,
-                        &version,
+                        k3s,
+                        version,
                         match decision {
                             Decision::Join(cluster) => Some(cluster),
                             _ => None,
@@ -432,7 +603,7 @@ impl Inner {
                         started,
                         prepared,
                     );
-                    return Runcmd::Finished;
+                    return None;
                 }
             }
         }
@@ -598,6 +769,8 @@ impl RackEvents for Boot {
                 instance_booted: false,
                 setup_state: None,
                 k3s_enabled: false,
+                k3s_exits: 0,
+                k3s_last_error: None,
                 node_name: None,
                 ncpus: inst.ncpus,
                 memory: inst.memory,

@@ -143,6 +143,10 @@ struct Vm {
     setup_state: Option<String>,
     /// The k3s unit is installed and enabled: systemd starts it on every later boot.
     k3s_enabled: bool,
+    /// How often k3s exited since it was last started this boot (systemd restarts it).
+    k3s_exits: u32,
+    /// The last error k3s logged this boot (`level=fatal` or `level=error`).
+    k3s_last_error: Option<String>,
     node_name: Option<String>,
     /// vCPUs and memory (bytes) of the instance: the Node's capacity.
     ncpus: u16,

@@ -41,16 +41,23 @@ pub enum SetupStep {
     TailscaleUp,
     /// Adds the tailnet IPv4 address to `tls-san`; fails without one.
     TailscaleSan,
-    /// Downloads k3s's installer from `url` and runs it with `INSTALL_K3S_EXEC`/`_VERSION`.
+    /// Downloads k3s's installer from `url` and runs it with `INSTALL_K3S_EXEC`/`_VERSION`;
+    /// it starts k3s and waits on the start job unless `INSTALL_K3S_SKIP_START=true`.
     K3sInstall {
         url: Option<String>,
         role: Option<Role>,
         version: Option<String>,
+        starts: bool,
     },
     /// Pre-installed: the image's `k3s --version` must be `expected`.
     K3sVersion { expected: String },
-    /// Pre-installed: `systemctl enable --now k3s|k3s-agent`.
-    K3sStart { role: Option<Role> },
+    /// Starts the unit: `systemctl enable --now k3s|k3s-agent` (waits on the start job), or
+    /// the product's `start_k3s UNIT SECONDS` (starts it without waiting on the job, then
+    /// polls until it is active, at most `wait`).
+    K3sStart {
+        role: Option<Role>,
+        wait: Option<std::time::Duration>,
+    },
     /// A step this model does not know: the guest fails it (the real one would do something
     /// the simulator cannot vouch for).
     Unknown,
@@ -162,6 +169,7 @@ fn read_step(name: &str, body: &[String]) -> SetupStep {
                     .and_then(|l| env_value(l, "INSTALL_K3S_VERSION"))
                     .filter(|v| !v.is_empty())
                     .map(str::to_owned),
+                starts: run.and_then(|l| env_value(l, "INSTALL_K3S_SKIP_START")) != Some("true"),
             }
         }
         "k3s-version" => body
@@ -173,8 +181,27 @@ fn read_step(name: &str, body: &[String]) -> SetupStep {
             .map_or(SetupStep::Unknown, |expected| SetupStep::K3sVersion {
                 expected,
             }),
-        "k3s-start" => SetupStep::K3sStart {
-            role: systemctl_role(),
+        "k3s-start" => match find(&|l| l.starts_with("start_k3s ")) {
+            // `start_k3s 'UNIT' SECONDS`: the head's function (the stub-execution test runs it).
+            Some(line) => {
+                let args: Vec<&str> = line.split_whitespace().skip(1).collect();
+                let role = match args.first().map(|u| u.trim_matches('\'')) {
+                    Some("k3s") => Some(Role::Server),
+                    Some("k3s-agent") => Some(Role::Agent),
+                    _ => None,
+                };
+                match (role, args.get(1).and_then(|s| s.parse::<u64>().ok())) {
+                    (Some(role), Some(secs)) => SetupStep::K3sStart {
+                        role: Some(role),
+                        wait: Some(std::time::Duration::from_secs(secs)),
+                    },
+                    _ => SetupStep::Unknown,
+                }
+            }
+            None => SetupStep::K3sStart {
+                role: systemctl_role(),
+                wait: None,
+            },
         },
         _ => SetupStep::Unknown,
     }
@@ -183,7 +210,7 @@ fn read_step(name: &str, body: &[String]) -> SetupStep {
 /// The k3s role the setup's last step starts, if any.
 pub(super) fn setup_role(steps: &[(SetupStep, Vec<String>)]) -> Option<Role> {
     steps.iter().find_map(|(s, _)| match s {
-        SetupStep::K3sInstall { role, .. } | SetupStep::K3sStart { role } => *role,
+        SetupStep::K3sInstall { role, .. } | SetupStep::K3sStart { role, .. } => *role,
         _ => None,
     })
 }
@@ -389,6 +416,7 @@ mod tests {
                     url: Some("https://mirror.example/k3s".into()),
                     role: Some(Role::Agent),
                     version: Some("v1.33.4+k3s1".into()),
+                    starts: true,
                 },
             ]
         );
@@ -406,6 +434,27 @@ mod tests {
             steps[0].0,
             SetupStep::K3sVersion {
                 expected: "v1.33.4+k3s1".into()
+            }
+        );
+        assert_eq!(
+            steps[1].0,
+            SetupStep::K3sStart {
+                role: Some(Role::Server),
+                wait: None
+            }
+        );
+        // The product's: install without starting, then start and poll.
+        let polled = "#!/bin/sh\nstep k3s-install\ndownload /run/k.sh 'https://get.k3s.io'\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='agent' sh /run/k.sh\nstep k3s-start\nstart_k3s 'k3s-agent' 30\n";
+        let steps = parse_setup(&["/usr/local/sbin/oxide-node-setup".into()], &files(polled));
+        assert!(matches!(
+            steps[0].0,
+            SetupStep::K3sInstall { starts: false, .. }
+        ));
+        assert_eq!(
+            steps[1].0,
+            SetupStep::K3sStart {
+                role: Some(Role::Agent),
+                wait: Some(std::time::Duration::from_secs(30))
             }
         );
     }
