@@ -268,6 +268,7 @@ impl Rack for FakeRack {
                         state: DiskState::Attached(id),
                         size: d.size,
                         time_created: s.now,
+                        image_id: None,
                     },
                 );
             }

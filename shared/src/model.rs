@@ -85,6 +85,9 @@ pub struct Disk {
     pub state: DiskState,
     pub size: ByteSize,
     pub time_created: DateTime<Utc>,
+    /// The image it was created from, if any (a member's boot disk).
+    #[serde(default)]
+    pub image_id: Option<Uuid>,
 }
 
 /// An Oxide floating IP.

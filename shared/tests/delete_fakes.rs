@@ -103,6 +103,7 @@ fn disk(world: &FakeWorld, name: &str, description: &str) -> Uuid {
                 state: DiskState::Detached,
                 size: ByteSize::gib(1),
                 time_created: s.now,
+                image_id: None,
             },
         )
     });
@@ -572,6 +573,72 @@ async fn images_stay_without_the_flag_and_the_project_stays_while_it_holds_anyth
         project.why
     );
     assert!(!project.why.contains("prod-k8s-api"), "{}", project.why);
+}
+
+/// Audit oxide-api-2 F5: another cluster in the project that named the same image found it
+/// and never marked it; its members boot from it. `--delete-images` keeps it, saying why, and
+/// still removes an uploaded image nothing else uses.
+#[tokio::test]
+async fn delete_images_keeps_an_image_another_clusters_disks_were_created_from() {
+    let w = world().await;
+    let dir = tempfile::tempdir().unwrap();
+    let noble = w.with(|s| {
+        let noble = s.images.iter().find(|i| i.name == "noble").unwrap().id;
+        // prod-2's member boots from prod's upload.
+        s.disks
+            .get_mut("boot-prod-2-workers-zzzzz")
+            .unwrap()
+            .image_id = Some(noble);
+        noble
+    });
+    let rack = w.rack();
+    let mut p = params(true);
+    p.delete_images = true;
+    let s = delete::run_with::<_, FakeApi>(&rack, None, Some(spec()), &p, &opts(), &local(&dir))
+        .await
+        .unwrap();
+    assert!(
+        !s.inventory
+            .items
+            .iter()
+            .any(|i| i.kind == Kind::Image && i.name == "noble"),
+        "{:?}",
+        s.inventory.items
+    );
+    let kept = s
+        .inventory
+        .kept
+        .iter()
+        .find(|k| k.kind == Kind::Image && k.name == "noble")
+        .expect("noble kept");
+    assert!(
+        kept.why.contains("boot-prod-2-workers-zzzzz"),
+        "{}",
+        kept.why
+    );
+    // Once nothing else uses it, the flag removes it (prod's own boot disks go with prod).
+    w.with(|s| {
+        s.disks
+            .get_mut("boot-prod-2-workers-zzzzz")
+            .unwrap()
+            .image_id = None;
+        for d in s.disks.values_mut() {
+            if d.name.starts_with("boot-prod-workers") {
+                d.image_id = Some(noble);
+            }
+        }
+    });
+    let s = delete::run_with::<_, FakeApi>(&rack, None, Some(spec()), &p, &opts(), &local(&dir))
+        .await
+        .unwrap();
+    assert!(
+        s.inventory
+            .items
+            .iter()
+            .any(|i| i.kind == Kind::Image && i.name == "noble"),
+        "{:?}",
+        s.inventory.kept
+    );
 }
 
 #[test]

@@ -834,7 +834,7 @@ proptest! {
                 if orphan_disk {
                     st.disks.insert("boot-demo-workers-yy8yy".into(), Disk {
                         id: uuid::Uuid::new_v4(), name: "boot-demo-workers-yy8yy".into(), description: String::new(), state: DiskState::Detached,
-                        size: oxide_controller::size::ByteSize::gib(20), time_created: st.now,
+                        size: oxide_controller::size::ByteSize::gib(20), time_created: st.now, image_id: None,
                     });
                 }
                 st.peak_instances = 0;

@@ -542,6 +542,7 @@ fn orphan_nodes_and_disks_are_cleaned_up_but_foreign_ones_are_not() {
         state,
         size: ByteSize::gib(20),
         time_created: now(),
+        image_id: None,
     };
     w.obs
         .disks

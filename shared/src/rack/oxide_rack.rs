@@ -452,6 +452,7 @@ fn disk_from(d: types::Disk) -> Disk {
         state,
         size: ByteSize(d.size.0),
         time_created: d.time_created,
+        image_id: d.image_id,
     }
 }
 

@@ -444,12 +444,33 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
         });
     }
 
-    // Images.
+    // Images. One another cluster in the project found by name (and never marked) may still
+    // be what its members boot from: its replacements would need it.
+    let going: BTreeSet<String> = inv
+        .items
+        .iter()
+        .filter(|it| it.kind == Kind::Disk)
+        .map(|it| it.name.clone())
+        .collect();
     for i in &obs.images {
         if names::uploaded_image_cluster(&i.description) != Some(cluster) {
             continue;
         }
-        if scope.delete_images {
+        let still_used = obs
+            .disks
+            .iter()
+            .find(|d| d.image_id == Some(i.id) && !going.contains(&d.name));
+        if let (true, Some(d)) = (scope.delete_images, still_used) {
+            keep(
+                &mut inv,
+                Kind::Image,
+                &i.name,
+                format!(
+                    "disk {} (not this cluster's) was created from it; whatever boots from it may need it again",
+                    d.name
+                ),
+            );
+        } else if scope.delete_images {
             inv.items.push(Item {
                 kind: Kind::Image,
                 name: i.name.clone(),
