@@ -355,10 +355,24 @@ step() {
   echo "$1" > /var/lib/oxide-controller/node-setup.state
   echo "oxide-controller: node-setup: $1"
 }
-# download FILE URL: to a file first, so a failed download never runs half a script.
+# download FILE URL: to a file first, so a failed download never runs half a script. A
+# connection that never opens, or a transfer that stalls, ends the try instead of hanging.
 download() {
   mkdir -p /run/oxide-controller
-  curl -fsSL --retry 5 --retry-all-errors --retry-delay 2 -o "$1" "$2" || fail "download of $2 failed"
+  curl -fsSL --retry 5 --retry-all-errors --retry-delay 2 --connect-timeout 15 --max-time 600 -o "$1" "$2" || fail "download of $2 failed"
+}
+# retry N COMMAND...: run an installer up to N times, 10 s apart. The installers download
+# more themselves (the k3s binary, Tailscale's apt packages) without retrying; a re-run is
+# harmless (install.sh skips what is already installed).
+retry() {
+  n="$1"
+  shift
+  i=1
+  until "$@"; do
+    [ "$i" -lt "$n" ] || return 1
+    i=$((i + 1))
+    sleep 10
+  done
 }
 # start_k3s UNIT SECONDS: enable and start k3s without waiting on the start job, then wait
 # until the unit is active. A joining server exits on any join error (a wrong CA or token, or
@@ -572,7 +586,7 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
             SetupStep::TailscaleInstall.name(),
             &match input.install {
                 K3sInstall::Script => format!(
-                    "download {TAILSCALE_INSTALLER_FILE} '{}'\nsh {TAILSCALE_INSTALLER_FILE}\n",
+                    "download {TAILSCALE_INSTALLER_FILE} '{}'\nretry 3 sh {TAILSCALE_INSTALLER_FILE}\n",
                     ts.installer_url
                 ),
                 K3sInstall::Preinstalled => "systemctl enable --now tailscaled\n".to_owned(),
@@ -581,7 +595,8 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
         step(
             SetupStep::TailscaleUp.name(),
             &format!(
-                "tailscale up --timeout={t}s --auth-key=file:{TAILSCALE_AUTH_KEY_PATH} --advertise-tags='{}' --hostname='{}' || fail \"tailscale up did not join the tailnet within {t}s (a key that needs device approval, or the control server unreachable?)\"\n",
+                "tailscale up --timeout={t}s --auth-key=file:{TAILSCALE_AUTH_KEY_PATH} --advertise-tags='{}' --hostname='{}' || fail \"tailscale up did not join the tailnet within {t}s (a key that needs device approval, or the control server unreachable?)\"\n\
+                 rm -f {TAILSCALE_AUTH_KEY_PATH}\n",
                 ts.tag,
                 input.hostname,
                 t = ts.up_timeout_seconds
@@ -605,7 +620,7 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
         K3sInstall::Script => step(
             SetupStep::K3sInstall.name(),
             &format!(
-                "download {K3S_INSTALLER_FILE} '{url}'\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='{version}' INSTALL_K3S_EXEC='{exec}' sh {K3S_INSTALLER_FILE}\n",
+                "download {K3S_INSTALLER_FILE} '{url}'\nretry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='{version}' INSTALL_K3S_EXEC='{exec}' sh {K3S_INSTALLER_FILE}\n",
                 url = input.k3s_installer_url,
                 version = input.k3s_version,
             ),
@@ -1293,11 +1308,11 @@ mod tests {
         );
         // The installer only installs; the script starts the unit and waits for it.
         assert!(script.contains(
-            "download /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\nstep k3s-start\nstart_k3s 'k3s' 300\necho done > /var/lib/oxide-controller/node-setup.state\necho \"oxide-controller: node-setup finished\"\n"
+            "download /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nretry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\nstep k3s-start\nstart_k3s 'k3s' 300\necho done > /var/lib/oxide-controller/node-setup.state\necho \"oxide-controller: node-setup finished\"\n"
         ), "{script}");
         assert!(
             script.contains(
-                "curl -fsSL --retry 5 --retry-all-errors --retry-delay 2 -o \"$1\" \"$2\""
+                "curl -fsSL --retry 5 --retry-all-errors --retry-delay 2 --connect-timeout 15 --max-time 600 -o \"$1\" \"$2\""
             )
         );
     }
@@ -1613,7 +1628,7 @@ mod tests {
             ]
         );
         assert!(script.contains(
-            "step tailscale-install\ndownload /run/oxide-controller/tailscale-install.sh 'https://tailscale.com/install.sh'\nsh /run/oxide-controller/tailscale-install.sh\n"
+            "step tailscale-install\ndownload /run/oxide-controller/tailscale-install.sh 'https://tailscale.com/install.sh'\nretry 3 sh /run/oxide-controller/tailscale-install.sh\n"
         ), "{script}");
         assert!(script.contains(
             "tailscale up --timeout=300s --auth-key=file:/etc/oxide-controller/tailscale-auth-key --advertise-tags='tag:ainekko-k8s-node' --hostname='demo-cp-a1b2c' || fail"

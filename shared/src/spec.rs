@@ -223,6 +223,8 @@ pub enum K3sInstall {
 pub struct NodeAccess {
     #[serde(default = "default_ssh_user")]
     pub ssh_user: String,
+    /// The port the image's sshd listens on. Only used to connect: nothing in the user-data
+    /// moves sshd, and the VPC's default firewall rules admit tcp/22 only.
     #[serde(default = "default_ssh_port")]
     pub ssh_port: u16,
     /// Whether each VM gets an ephemeral external IP.

@@ -134,7 +134,8 @@ struct Args {
     /// Node login user (with passwordless sudo) the controller uses over SSH.
     #[arg(long, default_value = "ubuntu")]
     ssh_user: String,
-    /// Port sshd listens on in the VMs.
+    /// Port sshd listens on in the VMs. Nothing configures sshd or the firewall for it: the
+    /// image's sshd must already listen there, and the VPC's default rules admit only 22.
     #[arg(long, default_value_t = 22)]
     ssh_port: u16,
 

@@ -646,7 +646,50 @@ fn same_rule(a: &types::VpcFirewallRuleUpdate, b: &types::VpcFirewallRuleUpdate)
     serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
 }
 
+/// How much of the start of the console history [`OxideRack::serial_console_head`] reads:
+/// propolis keeps the first MiB of a VMM's output however much follows
+/// (propolis@372a574 `lib/propolis/src/hw/uart/history_buffer.rs:110-117`, per
+/// `audits/guest-2.md` G10).
+pub const SERIAL_CONSOLE_HEAD_BYTES: u64 = 1024 * 1024;
+
 impl OxideRack {
+    /// The start of the instance's console history (at most
+    /// [`SERIAL_CONSOLE_HEAD_BYTES`]): where cloud-init's first-boot fingerprint block stays
+    /// when more than [`SERIAL_CONSOLE_BYTES`] were printed after it.
+    pub async fn serial_console_head(&self, name: &str) -> Result<Vec<u8>, RackError> {
+        let what = format!("serial console of instance {name}");
+        let mut out: Vec<u8> = Vec::new();
+        while (out.len() as u64) < SERIAL_CONSOLE_HEAD_BYTES {
+            let from = out.len() as u64;
+            let want = SERIAL_CONSOLE_PAGE.min(SERIAL_CONSOLE_HEAD_BYTES - from);
+            let page = self
+                .read(&what, || {
+                    self.client
+                        .instance_serial_console()
+                        .project(self.project.as_str())
+                        .instance(name)
+                        .from_start(from)
+                        .max_bytes(want)
+                        .send()
+                })
+                .await?
+                .into_inner();
+            if page.data.is_empty() {
+                break;
+            }
+            let full = page.data.len() as u64 >= want;
+            out.extend(
+                page.data
+                    .into_iter()
+                    .take(usize::try_from(want).unwrap_or(usize::MAX)),
+            );
+            if !full {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
     /// The newest released API version the rack accepts (read-only probes, at most one per
     /// entry of [`RACK_RELEASES`]), after it refused ours.
     async fn rack_release(&self) -> Option<(&'static str, &'static str)> {

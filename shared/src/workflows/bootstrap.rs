@@ -979,7 +979,21 @@ async fn read_pins(
             .serial_console(instance)
             .await
             .map_err(|e| rack_failed(step, e))?;
-        match HostKeyPins::from_console(&String::from_utf8_lossy(&console)) {
+        let mut parsed = HostKeyPins::from_console(&String::from_utf8_lossy(&console));
+        if matches!(parsed, Err(KeyError::NoFingerprintBlock))
+            && console.len() as u64 >= crate::rack::oxide_rack::SERIAL_CONSOLE_BYTES
+        {
+            // More printed since the block than the tail holds: the start of the history,
+            // which propolis keeps, still has it.
+            let head = rack
+                .serial_console_head(instance)
+                .await
+                .map_err(|e| rack_failed(step, e))?;
+            if let Ok(pins) = HostKeyPins::from_console(&String::from_utf8_lossy(&head)) {
+                parsed = Ok(pins);
+            }
+        }
+        match parsed {
             Ok(pins) => {
                 spinner.done();
                 return Ok(pins);
