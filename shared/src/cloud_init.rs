@@ -457,7 +457,7 @@ set -u
   echo "-----END SSH HOST KEY FINGERPRINTS-----"
 }} | logger -s -p user.info -t oxide-controller 2>/dev/console
 state="$(cat {NODE_SETUP_STATE_PATH} 2>/dev/null)" || state=""
-if [ -n "$state" ] && [ "$state" != done ] && ! systemctl is-enabled --quiet {unit}.service 2>/dev/null; then
+if [ -n "$state" ] && [ "$state" != 'done' ] && ! systemctl is-enabled --quiet {unit}.service 2>/dev/null; then
   echo "oxide-controller: node-setup failed: $state: {SETUP_NEVER_FINISHED}" >/dev/console
 fi
 "#
@@ -642,7 +642,7 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
         &format!("start_k3s '{unit}' {}\n", input.k3s_start_seconds),
     );
     s.push_str(&format!(
-        "echo done > {NODE_SETUP_STATE_PATH}\necho \"oxide-controller: node-setup finished\"\n"
+        "echo 'done' > {NODE_SETUP_STATE_PATH}\necho \"oxide-controller: node-setup finished\"\n"
     ));
     s
 }
@@ -1308,7 +1308,7 @@ mod tests {
         );
         // The installer only installs; the script starts the unit and waits for it.
         assert!(script.contains(
-            "download /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nretry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\nstep k3s-start\nstart_k3s 'k3s' 300\necho done > /var/lib/oxide-controller/node-setup.state\necho \"oxide-controller: node-setup finished\"\n"
+            "download /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nretry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\nstep k3s-start\nstart_k3s 'k3s' 300\necho 'done' > /var/lib/oxide-controller/node-setup.state\necho \"oxide-controller: node-setup finished\"\n"
         ), "{script}");
         assert!(
             script.contains(

@@ -261,7 +261,7 @@ pub(super) const SETUP_STATE_PATH: &str = "/var/lib/oxide-controller/node-setup.
 /// the step runs (and the script writes `done` after the last one).
 pub(super) fn records_setup_state(files: &BTreeMap<String, Vec<u8>>) -> bool {
     let writes = format!("echo \"$1\" > {SETUP_STATE_PATH}");
-    let done = format!("echo done > {SETUP_STATE_PATH}");
+    let done = format!("echo 'done' > {SETUP_STATE_PATH}");
     files.values().any(|c| {
         std::str::from_utf8(c)
             .is_ok_and(|t| t.starts_with("#!/bin/sh") && t.contains(&writes) && t.contains(&done))
