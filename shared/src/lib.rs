@@ -30,6 +30,7 @@ pub mod spec;
 pub mod ssh;
 pub mod state;
 pub mod status;
+pub mod status_view;
 pub mod tailscale;
 pub mod telemetry;
 pub mod webhook;

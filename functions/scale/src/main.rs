@@ -94,6 +94,13 @@ enum Command {
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// Show the cluster at a glance: pools and their Nodes, conditions, the last run, the
+    /// autoscaler's decisions and the recent Events. Exits 1 while the cluster is Degraded.
+    Status {
+        /// Output format.
+        #[arg(long, short = 'o', value_enum, default_value_t = StatusOutput::Table)]
+        output: StatusOutput,
+    },
     /// Add to a pool's desired count (negative removes) and start a reconcile.
     Add {
         /// How many to add, e.g. 2 or -1.
@@ -115,6 +122,13 @@ struct PoolArg {
 enum Output {
     Text,
     Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum StatusOutput {
+    Table,
+    Json,
+    Yaml,
 }
 
 #[derive(Debug, clap::Args)]
@@ -213,6 +227,7 @@ async fn run(args: Args) -> ExitCode {
             let change = scale::AutoscaleChange { min, max, enabled };
             autoscale(&state, client, ns, pool.pool.as_deref(), change, output).await
         }
+        Command::Status { output } => status(&state, client, ns, output).await,
         Command::Add { delta, pool } => {
             change(
                 &state,
@@ -265,6 +280,79 @@ async fn change(
             ExitCode::SUCCESS
         }
         Err(e) => fail(&e, e.exit_code()),
+    }
+}
+
+/// `scale status`: reads only (the ConfigMap, Nodes and Events).
+async fn status(
+    state: &KubeStateStore,
+    client: kube::Client,
+    ns: &str,
+    output: StatusOutput,
+) -> ExitCode {
+    use oxide_controller::cluster::Cluster as _;
+    use oxide_controller::state::StateStore as _;
+    let cluster = KubeCluster::new(client, ns);
+    let (snapshot, nodes, (events, unreadable)) = match tokio::try_join!(
+        async { state.read_config().await.map_err(|e| (error_chain(&e), 2)) },
+        async { cluster.list_nodes().await.map_err(|e| (error_chain(&e), 1)) },
+        async {
+            // Events are a nicety: without `list` on them the rest is still shown.
+            match cluster
+                .recent_events(oxide_controller::status_view::MAX_EVENTS)
+                .await
+            {
+                Ok(events) => Ok((events, None)),
+                Err(e @ oxide_controller::cluster::ClusterError::Forbidden { .. }) => {
+                    Ok((Vec::new(), Some(format!("events ({})", error_chain(&e)))))
+                }
+                Err(e) => Err((error_chain(&e), 1)),
+            }
+        },
+    ) {
+        Ok(v) => v,
+        Err((message, code)) => {
+            tracing::error!("{message}");
+            return ExitCode::from(code);
+        }
+    };
+    let spec = match snapshot
+        .spec_yaml()
+        .map(oxide_controller::spec::ClusterSpec::from_yaml)
+    {
+        Some(Ok(spec)) => spec,
+        Some(Err(e)) => {
+            tracing::error!("the stored spec does not parse: {}", error_chain(&e));
+            return ExitCode::from(2);
+        }
+        None => {
+            tracing::error!(
+                "ConfigMap {ns}/{} holds no spec: is this cluster bootstrapped?",
+                oxide_controller::cluster::OBJECT_NAME
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let last = snapshot
+        .status_json()
+        .and_then(oxide_controller::status::Status::from_json);
+    let mut view = oxide_controller::status_view::build(&spec, last.as_ref(), &nodes, events);
+    view.unreadable.extend(unreadable);
+    match output {
+        StatusOutput::Table => print!(
+            "{}",
+            oxide_controller::status_view::render_table(&view, chrono::Utc::now())
+        ),
+        StatusOutput::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&view).unwrap_or_default()
+        ),
+        StatusOutput::Yaml => print!("{}", serde_saphyr::to_string(&view).unwrap_or_default()),
+    }
+    if view.degraded() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

@@ -207,3 +207,99 @@ async fn serve_prints_its_address_answers_and_exits_zero_on_sigterm() {
         "no longer listening"
     );
 }
+
+/// `scale status`: the cluster at a glance from the ConfigMap, the Nodes and the Events
+/// (read-only); `-o json` for scripts; exit 1 while the last run said Degraded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_the_cluster_and_exits_1_while_it_is_degraded() {
+    use oxide_controller::cluster::Cluster as _;
+    let env = env().await;
+    let (code, out, err) = env.scale(&["status"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("cluster demo (project demo): no run yet\n"),
+        "{out}"
+    );
+
+    for (name, pool) in [
+        ("demo-control-plane-aaaaa", "control-plane"),
+        ("demo-workers-aaaaa", "workers"),
+        ("demo-workers-bbbbb", "workers"),
+    ] {
+        env.kube
+            .apply(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"oxide-controller/pool": pool}},
+                "spec": {"providerID": format!("oxide://{name}")}}))
+            .unwrap();
+    }
+    let client = oxide_controller::kubeclient::client(Some(&env.kubeconfig), None)
+        .await
+        .unwrap();
+    let store = KubeStateStore::new(client.clone(), NAMESPACE);
+    let write_status = async |degraded: bool| {
+        let now = chrono::Utc::now();
+        let cond = |t: &str, s: &str, r: &str| json!({"type": t, "status": s, "reason": r, "message": "", "lastTransitionTime": now});
+        let status = json!({
+            "runId": "run-1", "startedAt": now, "finishedAt": now,
+            "conditions": [
+                cond("Ready", if degraded { "False" } else { "True" }, "Converged"),
+                cond("Degraded", if degraded { "True" } else { "False" }, if degraded { "SetupFailed" } else { "AsExpected" }),
+            ],
+            "pools": [{"pool": "workers", "desired": 2, "ready": 1, "joining": 0, "notReady": 0,
+                       "broken": u32::from(degraded), "removing": 0, "drifted": 0}],
+            "lastPlan": [],
+        });
+        let snap = store.read_config().await.unwrap();
+        let mut data = snap.data.clone();
+        data.insert(keys::STATUS.to_owned(), status.to_string());
+        store
+            .replace_config(&snap.resource_version, data)
+            .await
+            .unwrap();
+    };
+    write_status(false).await;
+    oxide_controller::cluster::kube_cluster::KubeCluster::new(client, NAMESPACE)
+        .record_event(
+            oxide_controller::cluster::EventType::Warning,
+            "SetupFailed",
+            "demo-workers-bbbbb: node setup failed at k3s-install: download failed",
+        )
+        .await
+        .unwrap();
+
+    let (code, out, err) = env.scale(&["status"]).await;
+    assert_eq!(code, 0, "Ready: {err}");
+    assert!(
+        out.starts_with("cluster demo (project demo): Ready\n"),
+        "{out}"
+    );
+    for needle in [
+        "pool control-plane (control plane): desired 1",
+        "pool workers (workers): desired 2 — last run: 1 ready",
+        "demo-workers-bbbbb",
+        "oxide://demo-workers-aaaaa",
+        "SetupFailed",
+        "download failed",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let (code, out, _) = env.scale(&["status", "-o", "json"]).await;
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["pools"][1]["members"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["events"][0]["reason"], "SetupFailed", "{v}");
+    assert_eq!(v["lastRun"]["runId"], "run-1");
+    let (code, out, _) = env.scale(&["status", "-o", "yaml"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("runId: run-1"), "{out}");
+
+    write_status(true).await;
+    let (code, out, _) = env.scale(&["status"]).await;
+    assert_eq!(code, 1, "Degraded: {out}");
+    assert!(
+        out.starts_with("cluster demo (project demo): Degraded\n"),
+        "{out}"
+    );
+    // Nothing was written: status only reads.
+    assert_eq!(env.stored_count(), 2);
+}

@@ -99,6 +99,41 @@ impl KubeCluster {
         self
     }
 
+    /// The Events recorded about the cluster (those regarding the ConfigMap), newest first,
+    /// at most `limit`: what `scale status` shows.
+    pub async fn recent_events(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<crate::status_view::EventSummary>, ClusterError> {
+        let api: Api<Event> = self.namespaced();
+        let what = format!("events in {}", self.namespace);
+        let list = api
+            .list(&ListParams::default().fields(&format!(
+                "regarding.kind=ConfigMap,regarding.name={OBJECT_NAME}"
+            )))
+            .await
+            .map_err(|e| cluster_error(&what, e))?;
+        let mut out: Vec<crate::status_view::EventSummary> = list
+            .items
+            .into_iter()
+            .map(|e| crate::status_view::EventSummary {
+                time: e
+                    .event_time
+                    .as_ref()
+                    .map(|t| from_jiff(&t.0))
+                    .or_else(|| e.deprecated_last_timestamp.as_ref().map(from_time))
+                    .or_else(|| e.metadata.creation_timestamp.as_ref().map(from_time))
+                    .unwrap_or(DateTime::UNIX_EPOCH),
+                type_: e.type_.unwrap_or_default(),
+                reason: e.reason.unwrap_or_default(),
+                note: e.note.unwrap_or_default(),
+            })
+            .collect();
+        out.sort_by_key(|e| std::cmp::Reverse(e.time));
+        out.truncate(limit);
+        Ok(out)
+    }
+
     fn namespaced<K>(&self) -> Api<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
