@@ -770,8 +770,17 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// Names of the temporary disk and snapshot of an import of image `image`. Derived from the
 /// image name (not random) so a re-run after a crash finds what the crashed run left. They do
 /// not start with `boot-`/`data-`, so the reconcile planner never takes them for member disks.
-pub fn temp_names(image: &str) -> (String, String) {
-    let digest = Sha256::digest(image.as_bytes());
+pub fn temp_names(image: &str, cluster: Option<&str>) -> (String, String) {
+    // The cluster is part of the name: two clusters of one project uploading an image of the
+    // same name at once must not remove each other's import as a "leftover" (audit
+    // oxide-api-2 F6). The second to finish finds the first's image and takes it.
+    let mut hash = Sha256::new();
+    hash.update(image.as_bytes());
+    if let Some(c) = cluster {
+        hash.update([0]);
+        hash.update(c.as_bytes());
+    }
+    let digest = hash.finalize();
     let hex: String = digest.iter().take(5).map(|b| format!("{b:02x}")).collect();
     (
         format!("oxide-controller-import-{hex}"),
@@ -847,7 +856,7 @@ pub async fn ensure_image<S: ImageStore>(
     progress: &dyn UploadProgress,
 ) -> Result<EnsuredImage, ImageError> {
     let opts = opts.normalized();
-    let (disk, snapshot) = temp_names(&req.name);
+    let (disk, snapshot) = temp_names(&req.name, req.cluster.as_deref());
     let found = retry::retry(opts.retry, RackError::is_retryable, || {
         store.find_image(&req.name)
     })
@@ -1535,9 +1544,14 @@ mod tests {
 
     #[test]
     fn temp_names_are_valid_stable_and_not_member_disks() {
-        let (d, s) = temp_names("ubuntu-2404");
-        assert_eq!(temp_names("ubuntu-2404"), (d.clone(), s.clone()));
-        assert_ne!(temp_names("debian-13").0, d);
+        let (d, s) = temp_names("ubuntu-2404", None);
+        assert_eq!(temp_names("ubuntu-2404", None), (d.clone(), s.clone()));
+        assert_ne!(temp_names("debian-13", None).0, d);
+        // Per cluster: another cluster's concurrent upload of the same image is not ours.
+        let a = temp_names("ubuntu-2404", Some("prod")).0;
+        assert_ne!(a, d);
+        assert_ne!(a, temp_names("ubuntu-2404", Some("staging")).0);
+        assert_eq!(a, temp_names("ubuntu-2404", Some("prod")).0);
         crate::names::validate_name("disk", &d).unwrap();
         crate::names::validate_name("snapshot", &s).unwrap();
         assert_eq!(crate::names::disk_owner(&d), None);

@@ -127,8 +127,10 @@ async fn data_is_written_in_whole_blocks_and_the_disk_is_whole_gib() {
     assert_eq!(image.size.bytes(), GIB, "the image is as large as its disk");
     let s = store.lock();
     assert!(
-        s.calls
-            .contains(&format!("create-disk {} {GIB}", temp_names("custom").0)),
+        s.calls.contains(&format!(
+            "create-disk {} {GIB}",
+            temp_names("custom", None).0
+        )),
         "{:?}",
         s.calls
     );
@@ -146,7 +148,7 @@ async fn random_data_survives_a_parallel_upload_byte_for_byte() {
     let store = MemoryImageStore::new();
     store.lock().hold_first_write = true;
     // The import steps by hand, so the snapshot stays around to be read back.
-    let (disk, snapshot) = temp_names("custom");
+    let (disk, snapshot) = temp_names("custom", None);
     store
         .create_import_disk(&disk, "t", GIB, 512)
         .await
@@ -226,7 +228,7 @@ async fn a_failed_write_removes_the_temporary_disk() {
         .map(String::as_str)
         .rev()
         .collect();
-    let (disk, _) = temp_names("custom");
+    let (disk, _) = temp_names("custom", None);
     assert_eq!(
         tail,
         [
@@ -276,7 +278,7 @@ async fn transient_write_errors_are_retried() {
 async fn leftovers_of_an_interrupted_import_are_removed_before_starting_over() {
     let dir = tempfile::tempdir().unwrap();
     let store = MemoryImageStore::new();
-    let (disk, snapshot) = temp_names("custom");
+    let (disk, snapshot) = temp_names("custom", None);
     // A crashed run: disk mid-import, and a stale snapshot.
     store
         .create_import_disk(&disk, "t", GIB, 512)
@@ -320,7 +322,7 @@ async fn an_existing_image_is_used_and_leftovers_still_removed() {
     let dir = tempfile::tempdir().unwrap();
     let store = MemoryImageStore::new();
     store.add_image("custom", false);
-    let (disk, _) = temp_names("custom");
+    let (disk, _) = temp_names("custom", None);
     store
         .create_import_disk(&disk, "t", GIB, 512)
         .await
@@ -365,7 +367,7 @@ async fn without_a_source_a_missing_image_is_a_configuration_error() {
 #[tokio::test]
 async fn a_disk_left_import_ready_is_finalized_then_deleted() {
     let store = MemoryImageStore::new();
-    let (disk, snapshot) = temp_names("custom");
+    let (disk, snapshot) = temp_names("custom", None);
     store
         .create_import_disk(&disk, "t", GIB, 512)
         .await
@@ -378,4 +380,50 @@ async fn a_disk_left_import_ready_is_finalized_then_deleted() {
         .await
         .unwrap();
     assert!(store.import_disk(&disk).await.unwrap().is_none());
+}
+
+/// Audit oxide-api-2 F6: two clusters of one project upload an image of the same name at
+/// the same time. Each run's scratch disk is its cluster's, so the second run's clean-up of
+/// "leftovers" does not stop and delete the first run's live import; the second finds the
+/// image the first made, or makes it, and the first goes on.
+#[tokio::test]
+async fn another_clusters_upload_of_the_same_image_is_not_a_leftover() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = pseudo_random(3 * 1024 * 1024, 9);
+    let store = MemoryImageStore::new();
+    // Cluster a's upload, mid-way: its import disk takes bulk writes.
+    let (a_disk, _) = temp_names("custom", Some("a"));
+    store
+        .create_import_disk(&a_disk, "a's import", GIB, 512)
+        .await
+        .unwrap();
+    store.bulk_write_start(&a_disk).await.unwrap();
+    // Cluster b uploads the same image name meanwhile, to the end.
+    let req = ImageRequest {
+        cluster: Some("b".into()),
+        ..request(source_file(&dir, &bytes))
+    };
+    let got = upload(&store, &req, &fast()).await.unwrap();
+    assert!(matches!(got, EnsuredImage::Uploaded { .. }), "{got:?}");
+    let (b_disk, _) = temp_names("custom", Some("b"));
+    assert_ne!(a_disk, b_disk);
+    let a = store.import_disk(&a_disk).await.unwrap();
+    assert_eq!(
+        a.map(|d| d.state),
+        Some(ImportDiskState::ImportingFromBulkWrites),
+        "a's import is untouched"
+    );
+    assert_eq!(
+        store.import_disk(&b_disk).await.unwrap(),
+        None,
+        "b cleaned up its own"
+    );
+    // a finishes: its image create meets b's image and takes it.
+    let req = ImageRequest {
+        cluster: Some("a".into()),
+        ..req
+    };
+    store.bulk_write_stop(&a_disk).await.unwrap();
+    let again = upload(&store, &req, &fast()).await.unwrap();
+    assert!(matches!(again, EnsuredImage::Found(_)), "{again:?}");
 }
