@@ -371,8 +371,19 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             Err(RackError::AlreadyExists { what }) if what.contains(name) => {
                 match self.rack.get_instance(name).await {
                     Ok(Some(i)) if i.description == new.description => Outcome::Done,
-                    Ok(_) => Outcome::Failed(format!(
+                    Ok(Some(_)) => Outcome::Failed(format!(
                         "{what}, but it is not the member we asked for; leaving it alone"
+                    )),
+                    // Nexus answers ObjectAlreadyExists for any object of the create's saga,
+                    // the disks too, and unwinds: the instance was never made (audit
+                    // oxide-api-2 F8).
+                    Ok(None) => Outcome::Failed(format!(
+                        "the rack refused to create instance {name}: an object it creates already exists, but no instance {name} does, so it is one of its disks ({}); leaving it alone: delete it, or let the orphaned-disk clean-up take it if it carries this cluster's tag",
+                        std::iter::once(&new.boot_disk)
+                            .chain(new.data_disk.as_ref())
+                            .map(|d| d.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     )),
                     Err(e) => failed(e),
                 }

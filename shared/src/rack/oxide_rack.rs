@@ -1128,26 +1128,13 @@ impl Rack for OxideRack {
         if let Some(rv) = project_image {
             return Ok(Some(image_from(rv.into_inner())));
         }
-        // A name without a project is a 400, and `image_view` by name needs one: list the
-        // silo's images (image_list without a project) and match the name.
+        // A name without a project names a silo image (omicron@b848b6d
+        // `nexus/src/app/image.rs:66-74`, `image_lookup`): one read, not a listing of the silo.
         let silo_what = format!("silo image {image}");
-        let silo = self
-            .all_pages(&silo_what, |token| {
-                let b = self.client.image_list().limit(self.page_size());
-                let b = match token {
-                    Some(t) => b.page_token(t),
-                    None => b.sort_by(types::NameOrIdSortMode::NameAscending),
-                };
-                async move {
-                    let page = b.send().await?.into_inner();
-                    Ok((page.items, page.next_page))
-                }
-            })
+        let silo_image = self
+            .read_optional(&silo_what, || self.client.image_view().image(image).send())
             .await?;
-        Ok(silo
-            .into_iter()
-            .find(|i| i.name.as_str() == image)
-            .map(image_from))
+        Ok(silo_image.map(|rv| image_from(rv.into_inner())))
     }
 
     async fn ensure_anti_affinity_group(&self, group: &str) -> Result<(), RackError> {
