@@ -38,7 +38,9 @@ const OURS: &str = "app.kubernetes.io/name=oxide-controller";
 #[derive(Clone)]
 pub struct PodRunner {
     boot: Boot,
-    bin_dir: PathBuf,
+    /// Where the Job pods' programs are; None: Job pods are not run (but a deleted pod of ours
+    /// still goes, as a kubelet confirms its termination).
+    bin_dir: Option<PathBuf>,
     work_dir: PathBuf,
     started: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -59,7 +61,7 @@ fn meta(v: &Value, field: &str) -> String {
 }
 
 impl PodRunner {
-    pub fn new(boot: Boot, bin_dir: PathBuf, work_dir: PathBuf) -> Self {
+    pub fn new(boot: Boot, bin_dir: Option<PathBuf>, work_dir: PathBuf) -> Self {
         PodRunner {
             boot,
             bin_dir,
@@ -128,7 +130,11 @@ impl PodRunner {
                 let _ = pods.delete(&meta(&pod, "name"), &force).await;
                 continue;
             }
-            if !owned_by_job || !bound || pod["status"]["phase"] != "Pending" {
+            if self.bin_dir.is_none()
+                || !owned_by_job
+                || !bound
+                || pod["status"]["phase"] != "Pending"
+            {
                 continue;
             }
             if !self
@@ -169,7 +175,10 @@ impl PodRunner {
                 .ok_or_else(|| format!("Node {node} has no {host_path} (hostPath)"));
         }
         match Path::new(&command).file_name() {
-            Some(f) => Ok((self.bin_dir.join(f), argv)),
+            Some(f) => match &self.bin_dir {
+                Some(dir) => Ok((dir.join(f), argv)),
+                None => Err("the simulator runs no Job pods (no --run-jobs)".into()),
+            },
             None => Err(format!("command {command:?} names no program")),
         }
     }

@@ -331,15 +331,16 @@ impl Sim {
                     path
                 }
             };
-            if let Some(bin_dir) = &opts.job_binaries {
-                // The real CronJob and Job controllers make the pods; only running them is ours.
-                let runner = crate::pod_runner::PodRunner::new(
-                    handle.boot.clone(),
-                    bin_dir.clone(),
-                    dir.clone(),
-                );
-                handle.tasks.push(runner.spawn(Duration::from_millis(250)));
-            }
+            // The real CronJob and Job controllers make the pods; only running them is ours
+            // (with `job_binaries`). KWOK leaves our pods alone, so even without them the
+            // runner plays the kubelet's part of a deletion: a deleted pod of ours that nothing
+            // runs (the webhook's) goes, or a drain of its node never finishes.
+            let runner = crate::pod_runner::PodRunner::new(
+                handle.boot.clone(),
+                opts.job_binaries.clone(),
+                dir.clone(),
+            );
+            handle.tasks.push(runner.spawn(Duration::from_millis(250)));
             if let Some(preset) = &opts.preset {
                 let built = preset::build(&handle, preset, &dir)
                     .await
@@ -347,6 +348,11 @@ impl Sim {
                 handle.project = Some(built.project);
                 handle.kubeconfig = Some(built.kubeconfig);
             }
+        } else {
+            // No Job pods to run (and so no work directory), but deletions still complete.
+            let runner =
+                crate::pod_runner::PodRunner::new(handle.boot.clone(), None, std::env::temp_dir());
+            handle.tasks.push(runner.spawn(Duration::from_millis(250)));
         }
         Ok(handle)
     }

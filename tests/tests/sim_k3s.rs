@@ -382,3 +382,32 @@ async fn a_server_with_another_cloud_controller_setting_is_refused() {
     wait_node_status(&sim, "c1-cp-ccccc", "True").await;
     assert_eq!(node_ready(&sim, "c1-cp-bbbbb").await, None);
 }
+
+/// KWOK leaves the product's pods alone (the harness runs them), so the simulator plays the
+/// kubelet's part of a deletion for them even when it runs no Job pods: a deleted, bound pod
+/// of ours (the webhook's) goes. Without that, a drain of its node waits for ever (the CCM
+/// bootstrap test hung in CI when the scheduler put the webhook on the worker scaled away).
+#[tokio::test]
+async fn a_deleted_pod_of_ours_goes_even_when_no_job_pods_are_run() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let kube = sim.kube();
+    kube.apply(serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "webhook-like", "namespace": "kube-system",
+            "labels": {"app.kubernetes.io/name": "oxide-controller"}},
+        "spec": {"nodeName": "c1-cp-aaaaa", "containers": [{"name": "scale", "image": "scale"}]}}))
+        .await
+        .unwrap();
+    assert!(
+        kube.delete("v1", "Pod", Some("kube-system"), "webhook-like")
+            .await
+    );
+    wait_for("the deleted pod to go", || async {
+        kube.get("v1", "Pod", Some("kube-system"), "webhook-like")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
