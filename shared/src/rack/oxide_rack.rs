@@ -662,32 +662,41 @@ impl OxideRack {
         while (out.len() as u64) < SERIAL_CONSOLE_HEAD_BYTES {
             let from = out.len() as u64;
             let want = SERIAL_CONSOLE_PAGE.min(SERIAL_CONSOLE_HEAD_BYTES - from);
-            let page = self
-                .read(&what, || {
-                    self.client
-                        .instance_serial_console()
-                        .project(self.project.as_str())
-                        .instance(name)
-                        .from_start(from)
-                        .max_bytes(want)
-                        .send()
-                })
-                .await?
-                .into_inner();
-            if page.data.is_empty() {
+            let data = self.console_page(&what, name, from, want).await?;
+            if data.is_empty() {
                 break;
             }
-            let full = page.data.len() as u64 >= want;
-            out.extend(
-                page.data
-                    .into_iter()
-                    .take(usize::try_from(want).unwrap_or(usize::MAX)),
-            );
+            let full = data.len() as u64 >= want;
+            out.extend(data);
             if !full {
                 break;
             }
         }
         Ok(out)
+    }
+
+    /// At most `want` console bytes read forward from the absolute offset `from`.
+    async fn console_page(
+        &self,
+        what: &str,
+        name: &str,
+        from: u64,
+        want: u64,
+    ) -> Result<Vec<u8>, RackError> {
+        let page = self
+            .read(what, || {
+                self.client
+                    .instance_serial_console()
+                    .project(self.project.as_str())
+                    .instance(name)
+                    .from_start(from)
+                    .max_bytes(want)
+                    .send()
+            })
+            .await?;
+        let mut data = page.into_inner().data;
+        data.truncate(usize::try_from(want).unwrap_or(usize::MAX));
+        Ok(data)
     }
 
     /// The newest released API version the rack accepts (read-only probes, at most one per
@@ -920,22 +929,11 @@ impl Rack for OxideRack {
         while start > 0 && have < SERIAL_CONSOLE_BYTES {
             let from = start.saturating_sub(SERIAL_CONSOLE_PAGE);
             let want = start - from;
-            let page = self
-                .read(&what, || {
-                    self.client
-                        .instance_serial_console()
-                        .project(self.project.as_str())
-                        .instance(name)
-                        .from_start(from)
-                        .max_bytes(want)
-                        .send()
-                })
-                .await;
             // The middle of a long history is gone (propolis keeps the first and the last
             // MiB); what was read is the tail, which is what callers need.
-            let Ok(page) = page else { break };
-            let mut data = page.into_inner().data;
-            data.truncate(usize::try_from(want).unwrap_or(usize::MAX));
+            let Ok(data) = self.console_page(&what, name, from, want).await else {
+                break;
+            };
             if data.is_empty() {
                 break;
             }
