@@ -4,3 +4,4 @@ pub mod bootstrap;
 pub mod delete;
 pub mod reconcile;
 pub mod scale;
+pub mod status;

@@ -290,54 +290,11 @@ async fn status(
     ns: &str,
     output: StatusOutput,
 ) -> ExitCode {
-    use oxide_controller::cluster::Cluster as _;
-    use oxide_controller::state::StateStore as _;
     let cluster = KubeCluster::new(client, ns);
-    let (snapshot, nodes, (events, unreadable)) = match tokio::try_join!(
-        async { state.read_config().await.map_err(|e| (error_chain(&e), 2)) },
-        async { cluster.list_nodes().await.map_err(|e| (error_chain(&e), 1)) },
-        async {
-            // Events are a nicety: without `list` on them the rest is still shown.
-            match cluster
-                .recent_events(oxide_controller::status_view::MAX_EVENTS)
-                .await
-            {
-                Ok(events) => Ok((events, None)),
-                Err(e @ oxide_controller::cluster::ClusterError::Forbidden { .. }) => {
-                    Ok((Vec::new(), Some(format!("events ({})", error_chain(&e)))))
-                }
-                Err(e) => Err((error_chain(&e), 1)),
-            }
-        },
-    ) {
+    let view = match oxide_controller::workflows::status::observe(state, &cluster, ns).await {
         Ok(v) => v,
-        Err((message, code)) => {
-            tracing::error!("{message}");
-            return ExitCode::from(code);
-        }
+        Err(e) => return fail(&e, e.exit_code()),
     };
-    let spec = match snapshot
-        .spec_yaml()
-        .map(oxide_controller::spec::ClusterSpec::from_yaml)
-    {
-        Some(Ok(spec)) => spec,
-        Some(Err(e)) => {
-            tracing::error!("the stored spec does not parse: {}", error_chain(&e));
-            return ExitCode::from(2);
-        }
-        None => {
-            tracing::error!(
-                "ConfigMap {ns}/{} holds no spec: is this cluster bootstrapped?",
-                oxide_controller::cluster::OBJECT_NAME
-            );
-            return ExitCode::from(2);
-        }
-    };
-    let last = snapshot
-        .status_json()
-        .and_then(oxide_controller::status::Status::from_json);
-    let mut view = oxide_controller::status_view::build(&spec, last.as_ref(), &nodes, events);
-    view.unreadable.extend(unreadable);
     match output {
         StatusOutput::Table => print!(
             "{}",
