@@ -80,6 +80,10 @@ pub struct WorldState {
     pub groups: BTreeMap<String, (AntiAffinityGroup, BTreeSet<String>)>,
     /// VPC names (a project starts with `default`).
     pub vpcs: Vec<String>,
+    /// Subnets of VPC `default` (a project starts with `default`).
+    pub subnets: Vec<String>,
+    /// Affinity groups (a user's; oxide-controller makes none).
+    pub affinity_groups: Vec<String>,
     /// The project was deleted.
     pub project_deleted: bool,
     /// Mutating rack calls still allowed; at zero every further one fails as if the process
@@ -108,6 +112,7 @@ impl FakeWorld {
             s.now = now;
             s.cronjob = true;
             s.vpcs = vec!["default".to_owned()];
+            s.subnets = vec!["default".to_owned()];
         });
         w
     }
@@ -611,23 +616,67 @@ impl Rack for FakeRack {
         Ok(self.0.with(|s| s.vpcs.clone()))
     }
 
-    async fn delete_project(&self) -> Result<(), RackError> {
+    async fn list_affinity_groups(&self) -> Result<Vec<String>, RackError> {
+        Ok(self.0.with(|s| s.affinity_groups.clone()))
+    }
+
+    async fn list_default_vpc_subnets(&self) -> Result<Vec<String>, RackError> {
         self.0.with(|s| {
+            if s.vpcs.iter().any(|v| v == "default") {
+                Ok(s.subnets.clone())
+            } else {
+                Err(not_found("VPC default".to_owned()))
+            }
+        })
+    }
+
+    /// Three calls, as `OxideRack`'s: subnet `default`, VPC `default` (its firewall rules go
+    /// with it), then the project, each refused on its own as nexus refuses it, so a refusal
+    /// half-way leaves what a rack would.
+    async fn delete_project(&self) -> Result<(), RackError> {
+        let refused = |what: &str, message: &str| RackError::Invalid {
+            what: what.into(),
+            message: message.into(),
+        };
+        self.0.with(|s| {
+            if s.subnets.iter().any(|n| n == "default") {
+                budget(s, "delete-subnet")?;
+                if !s.instances.is_empty() {
+                    return Err(refused(
+                        "subnet default",
+                        "VPC Subnet cannot be deleted while network interfaces in the subnet exist",
+                    ));
+                }
+                s.subnets.retain(|n| n != "default");
+                s.log.push("delete-subnet default".to_owned());
+            }
+            if s.vpcs.iter().any(|v| v == "default") {
+                budget(s, "delete-vpc")?;
+                if !s.subnets.is_empty() {
+                    return Err(refused(
+                        "VPC default",
+                        "VPC cannot be deleted while VPC Subnets exist",
+                    ));
+                }
+                s.vpcs.retain(|v| v != "default");
+                s.firewall_rules.clear();
+                s.log.push("delete-vpc default".to_owned());
+            }
             budget(s, "delete-project")?;
             let busy = !s.instances.is_empty()
                 || !s.disks.is_empty()
                 || !s.floating_ips.is_empty()
                 || s.images.iter().any(|i| !i.silo_scoped)
                 || !s.snapshots.is_empty()
-                || !s.groups.is_empty()
-                || s.vpcs.iter().any(|v| v != "default");
+                || !s.vpcs.is_empty()
+                || !s.affinity_groups.is_empty()
+                || !s.groups.is_empty();
             if busy {
-                return Err(RackError::Invalid {
-                    what: "project".into(),
-                    message: "project to be deleted contains resources".into(),
-                });
+                return Err(refused(
+                    "project",
+                    "project to be deleted contains resources",
+                ));
             }
-            s.vpcs.clear();
             s.project_deleted = true;
             s.log.push("delete-project".to_owned());
             Ok(())
@@ -647,9 +696,12 @@ impl Rack for FakeRack {
     }
 
     async fn list_firewall_rules(&self) -> Result<Vec<String>, RackError> {
-        Ok(self
-            .0
-            .with(|s| s.firewall_rules.iter().map(|r| r.name.clone()).collect()))
+        self.0.with(|s| {
+            if !s.vpcs.iter().any(|v| v == "default") {
+                return Err(not_found("VPC default".to_owned()));
+            }
+            Ok(s.firewall_rules.iter().map(|r| r.name.clone()).collect())
+        })
     }
 
     async fn ensure_firewall_rule(&self, rule: &TcpAllowRule) -> Result<RuleChange, RackError> {

@@ -173,9 +173,19 @@ pub trait Rack: Send + Sync {
     ) -> impl Future<Output = Result<(), RackError>> + Send;
     /// Names of the project's VPCs.
     fn list_vpcs(&self) -> impl Future<Output = Result<Vec<String>, RackError>> + Send;
+    /// Names of the project's affinity groups (all pages); a project holding one cannot be
+    /// deleted.
+    fn list_affinity_groups(&self) -> impl Future<Output = Result<Vec<String>, RackError>> + Send;
+    /// Names of the subnets of the project's `default` VPC (all pages); a VPC holding one
+    /// cannot be deleted.
+    fn list_default_vpc_subnets(
+        &self,
+    ) -> impl Future<Output = Result<Vec<String>, RackError>> + Send;
     /// Deletes the project. Oxide refuses while it holds anything, a VPC included, so this
     /// first removes the `default` VPC's `default` subnet and the `default` VPC (which the
-    /// project's creation made); a VPC with anything else in it makes the rack refuse.
+    /// project's creation made), each counted done when already gone. Three calls, not one
+    /// transaction: a refusal after the first leaves the project without its network, so the
+    /// caller checks first that nothing nexus refuses over is left.
     fn delete_project(&self) -> impl Future<Output = Result<(), RackError>> + Send;
     /// Removes the rule named `name` from the `default` VPC's firewall: read-modify-write of
     /// the whole list keeping every other rule as it was; `false` (nothing written) when there

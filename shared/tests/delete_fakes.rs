@@ -673,6 +673,117 @@ fn the_project_goes_only_when_nothing_else_is_in_it() {
     obs.firewall_rules = Some(Vec::new());
     obs.vpcs.push("lab".into());
     assert!(inventory(&scope, &obs).kept[0].why.contains("VPC lab"));
+    // Audit oxide-api-2 F2: nexus also refuses a project with an affinity group, and a VPC
+    // with a subnet besides `default`.
+    obs.vpcs = vec!["default".into()];
+    obs.affinity_groups = vec!["db-pair".into()];
+    let why = &inventory(&scope, &obs).kept[0].why;
+    assert!(why.contains("affinity group db-pair"), "{why}");
+    obs.affinity_groups.clear();
+    obs.subnets = vec!["default".into(), "lab".into()];
+    let why = &inventory(&scope, &obs).kept[0].why;
+    assert!(why.contains("subnet lab of VPC default"), "{why}");
+    obs.subnets = vec!["default".into()];
+    assert!(inventory(&scope, &obs).kept.is_empty());
+}
+
+/// An empty project's network as a fresh one has it, and the cluster's API address in it.
+fn bare_project() -> FakeWorld {
+    let w = FakeWorld::new(chrono::Utc::now());
+    fip(
+        &w,
+        "prod-apiserver",
+        &names::api_floating_ip_description("prod"),
+        None,
+    );
+    w
+}
+
+#[tokio::test]
+async fn an_affinity_group_or_a_second_subnet_keeps_the_project_and_its_network_whole() {
+    for (what, add) in [
+        (
+            "affinity group db-pair",
+            (|s: &mut oxide_controller::fake::WorldState| s.affinity_groups.push("db-pair".into()))
+                as fn(&mut _),
+        ),
+        ("subnet lab of VPC default", |s| {
+            s.subnets.push("lab".into())
+        }),
+    ] {
+        let w = bare_project();
+        w.with(add);
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = params(false);
+        p.delete_project = true;
+        let s = delete::run_with::<_, FakeApi>(&w.rack(), None, None, &p, &opts(), &local(&dir))
+            .await
+            .unwrap();
+        let kept = s.inventory.kept.iter().find(|k| k.kind == Kind::Project);
+        assert!(
+            kept.is_some_and(|k| k.why.contains(what)),
+            "{:?}",
+            s.inventory
+        );
+        w.with(|s| {
+            assert!(!s.project_deleted);
+            assert_eq!(s.vpcs, ["default"], "{what}");
+            assert!(s.subnets.iter().any(|n| n == "default"), "{what}");
+            assert_eq!(s.log, ["delete-fip prod-apiserver"], "{what}");
+        });
+    }
+}
+
+/// Something made in the project after the inventory (here an affinity group) keeps it: the
+/// project step looks again before the rack deletes subnet and VPC, and deletes nothing.
+#[tokio::test]
+async fn a_project_that_gained_something_since_the_inventory_is_kept_whole() {
+    let w = bare_project();
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = params(true);
+    p.delete_project = true;
+    let dry = delete::run_with::<_, FakeApi>(&w.rack(), None, None, &p, &opts(), &local(&dir))
+        .await
+        .unwrap();
+    assert!(dry.inventory.of_kind(Kind::Project).next().is_some());
+    w.with(|s| s.affinity_groups.push("late".into()));
+    let progress = delete::Progress::new(false, dry.inventory.items.len());
+    let out = delete::remove_all(&w.rack(), &dry.inventory, &opts(), &progress).await;
+    let refused = out
+        .iter()
+        .find_map(|r| r.as_ref().err().filter(|(i, _)| i.kind == Kind::Project))
+        .expect("the project step refused");
+    assert!(
+        refused.1.to_string().contains("affinity group late"),
+        "{}",
+        refused.1
+    );
+    w.with(|s| {
+        assert!(!s.project_deleted);
+        assert_eq!(s.vpcs, ["default"]);
+        assert_eq!(s.subnets, ["default"]);
+    });
+}
+
+/// A project whose VPC `default` a user (or an interrupted run) already removed is still
+/// observed and deleted.
+#[tokio::test]
+async fn a_project_without_its_default_vpc_is_still_deleted() {
+    let w = bare_project();
+    w.with(|s| {
+        s.subnets.clear();
+        s.vpcs.clear();
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = params(false);
+    p.delete_project = true;
+    delete::run_with::<_, FakeApi>(&w.rack(), None, None, &p, &opts(), &local(&dir))
+        .await
+        .unwrap();
+    w.with(|s| {
+        assert!(s.project_deleted);
+        assert_eq!(s.log, ["delete-fip prod-apiserver", "delete-project"]);
+    });
 }
 
 #[test]

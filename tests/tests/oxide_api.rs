@@ -1376,3 +1376,121 @@ async fn a_full_subnet_refuses_the_nic_with_nexus_400_and_a_delete_frees_its_add
     let r = api.instance("p", "vm1", json!({"start": false})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
 }
+
+/// omicron rel/v22: a project goes only when empty of every child kind nexus checks (its
+/// VPC included), a VPC only without subnets (its rules go with it), a subnet only without
+/// NICs; a project without its VPC refuses a default-NIC instance.
+#[tokio::test]
+async fn projects_vpcs_and_subnets_are_deleted_bottom_up_with_nexus_refusals() {
+    let api = Api::new();
+    api.project("p").await;
+    let refused = |r: &oxide_common::Resp, message: &str| {
+        assert_error(r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+        assert_eq!(r.message(), message);
+    };
+    // Children, in nexus's order of checks.
+    api.instance("p", "vm", json!({"start": false})).await;
+    let r = api.delete("/v1/projects/p").await;
+    refused(&r, "project to be deleted contains an instance: vm");
+    let r = api
+        .delete("/v1/vpc-subnets/default?project=p&vpc=default")
+        .await;
+    refused(
+        &r,
+        "VPC Subnet cannot be deleted while network interfaces in the subnet exist",
+    );
+    let r = api.delete("/v1/instances/vm?project=p").await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+    let r = api.delete("/v1/projects/p").await;
+    refused(&r, "project to be deleted contains a vpc: default");
+
+    // Subnets: nexus's checks on create, and a second one keeps the VPC.
+    for (block, message) in [
+        (
+            "8.8.8.0/24",
+            "VPC Subnet IPv4 address ranges must be from a private range",
+        ),
+        (
+            "10.0.0.0/28",
+            "VPC Subnet IPv4 address ranges must have prefix length between 8 and 26, inclusive",
+        ),
+        (
+            "172.30.1.0/24",
+            "IP address range '172.30.1.0/24' conflicts with an existing subnet",
+        ),
+    ] {
+        let r = api
+            .post(
+                "/v1/vpc-subnets?project=p&vpc=default",
+                json!({"name": "lab", "description": "", "ipv4_block": block}),
+            )
+            .await;
+        refused(&r, message);
+    }
+    let r = api
+        .post(
+            "/v1/vpc-subnets?project=p&vpc=default",
+            json!({"name": "lab", "description": "", "ipv4_block": "10.1.0.0/24"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let names = |r: &oxide_common::Resp| -> Vec<String> {
+        r.body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let list = api.get("/v1/vpc-subnets?project=p&vpc=default").await;
+    assert_eq!(names(&list), ["default", "lab"]);
+    let r = api
+        .delete("/v1/vpc-subnets/default?project=p&vpc=default")
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+    let r = api.delete("/v1/vpcs/default?project=p").await;
+    refused(&r, "VPC cannot be deleted while VPC Subnets exist");
+    let rules = api
+        .get("/v1/vpc-firewall-rules?project=p&vpc=default")
+        .await;
+    assert_eq!(rules.body["rules"].as_array().unwrap().len(), 3);
+    let r = api
+        .delete("/v1/vpc-subnets/lab?project=p&vpc=default")
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+
+    // The VPC goes with its rules; the project lives on without them.
+    let r = api.delete("/v1/vpcs/default?project=p").await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+    assert_eq!(
+        names(&api.get("/v1/vpcs?project=p").await),
+        Vec::<String>::new()
+    );
+    let r = api
+        .get("/v1/vpc-firewall-rules?project=p&vpc=default")
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+    let r = api.instance("p", "late", json!({"start": false})).await;
+    assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+
+    // Affinity groups hold the project too.
+    let r = api
+        .post(
+            "/v1/affinity-groups?project=p",
+            json!({"name": "pair", "description": "", "policy": "allow", "failure_domain": "sled"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(
+        names(&api.get("/v1/affinity-groups?project=p").await),
+        ["pair"]
+    );
+    let r = api.delete("/v1/projects/p").await;
+    refused(&r, "project to be deleted contains an affinity group: pair");
+    let r = api.delete("/v1/affinity-groups/pair?project=p").await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+    let r = api.delete("/v1/projects/p").await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
+    let r = api.get("/v1/projects/p").await;
+    assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+}

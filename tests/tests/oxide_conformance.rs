@@ -710,6 +710,54 @@ async fn every_route_answers_with_document_shaped_bodies() {
     assert_eq!(s(&subnet, "ipv4_block"), "172.30.0.0/22");
     c.err("GET", "/v1/vpc-subnets/{subnet}", &["other"], fw, None)
         .await;
+    let pair = json!({"name": "pair", "description": "", "policy": "allow",
+        "failure_domain": "sled"});
+    c.ok("POST", "/v1/affinity-groups", &[], p, Some(pair.clone()))
+        .await;
+    c.err("POST", "/v1/affinity-groups", &[], p, Some(pair))
+        .await;
+    c.ok("GET", "/v1/affinity-groups", &[], p, None).await;
+    c.err("DELETE", "/v1/projects/{project}", &["conf"], &[], None)
+        .await;
+    c.ok(
+        "DELETE",
+        "/v1/affinity-groups/{affinity_group}",
+        &["pair"],
+        p,
+        None,
+    )
+    .await;
+    let lab = json!({"name": "lab", "description": "", "ipv4_block": "10.1.0.0/24"});
+    c.ok("POST", "/v1/vpc-subnets", &[], fw, Some(lab.clone()))
+        .await;
+    c.err("POST", "/v1/vpc-subnets", &[], fw, Some(lab)).await;
+    c.ok("GET", "/v1/vpc-subnets", &[], fw, None).await;
+    c.err("DELETE", "/v1/vpcs/{vpc}", &["default"], p, None)
+        .await;
+    c.ok("DELETE", "/v1/vpc-subnets/{subnet}", &["lab"], fw, None)
+        .await;
+    // A second, empty project goes bottom up: subnet, VPC, project.
+    let gone = types::ProjectCreate {
+        name: name("gone"),
+        description: String::new(),
+    };
+    c.ok("POST", "/v1/projects", &[], &[], to_json(&gone)).await;
+    let g: &[(&str, &str)] = &[("project", "gone")];
+    let gfw: &[(&str, &str)] = &[("project", "gone"), ("vpc", "default")];
+    c.ok(
+        "DELETE",
+        "/v1/vpc-subnets/{subnet}",
+        &["default"],
+        gfw,
+        None,
+    )
+    .await;
+    c.ok("DELETE", "/v1/vpcs/{vpc}", &["default"], g, None)
+        .await;
+    c.ok("DELETE", "/v1/projects/{project}", &["gone"], &[], None)
+        .await;
+    c.err("DELETE", "/v1/projects/{project}", &["gone"], &[], None)
+        .await;
     c.ok(
         "DELETE",
         "/v1/anti-affinity-groups/{anti_affinity_group}",

@@ -485,3 +485,47 @@ async fn the_token_never_shows_in_debug_or_errors() {
     let text = format!("{err} {err:?} {bad:?}");
     assert!(!text.contains(wrong), "{text}");
 }
+
+/// Audit oxide-api-2 F7: the rule list is replaced whole with no precondition, so a second
+/// writer that read before our write and wrote after it undoes ours. The adapter reads the
+/// list again after each write and writes again; it gives up, saying why, only when every
+/// attempt is undone.
+#[tokio::test]
+async fn a_firewall_write_undone_by_another_writer_is_made_again() {
+    use oxide_controller::firewall::{RuleChange, TcpAllowRule, parse_sources};
+    let (sim, rack, _) = setup(Timings::default(), 100).await;
+    let rule = TcpAllowRule {
+        name: "demo-k8s-api".into(),
+        description: "Kubernetes API".into(),
+        port: 6443,
+        sources: parse_sources("0.0.0.0/0").unwrap(),
+    };
+    let puts = || {
+        sim.oxide()
+            .counters()
+            .get("PUT /v1/vpc-firewall-rules")
+            .copied()
+            .unwrap_or(0)
+    };
+    let names = async || rack.list_firewall_rules().await.unwrap();
+
+    sim.faults().update(|f| f.overwritten_firewall_writes = 1);
+    assert_eq!(
+        rack.ensure_firewall_rule(&rule).await.unwrap(),
+        RuleChange::Created
+    );
+    assert_eq!(puts(), 2, "written again after the first write was undone");
+    assert!(names().await.contains(&rule.name));
+
+    sim.faults().update(|f| f.overwritten_firewall_writes = 1);
+    assert!(rack.remove_firewall_rule(&rule.name).await.unwrap());
+    assert_eq!(puts(), 4);
+    assert!(!names().await.contains(&rule.name));
+    assert_eq!(names().await.len(), 3, "the defaults stay");
+
+    sim.faults().update(|f| f.overwritten_firewall_writes = 10);
+    let err = rack.ensure_firewall_rule(&rule).await.unwrap_err();
+    assert!(matches!(err, RackError::Conflict { .. }), "{err:?}");
+    assert!(err.to_string().contains("another writer"), "{err}");
+    assert_eq!(puts(), 7, "three attempts");
+}

@@ -511,3 +511,143 @@ async fn reconcile_now(env: &Env) {
         "{outcome:?}"
     );
 }
+
+/// A request to the simulator's Oxide API as a user would make it (the console, the CLI).
+async fn oxide_api(
+    env: &Env,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) {
+    let mut req = reqwest::Client::new()
+        .request(method.clone(), format!("{}{path}", env.sim.oxide_host))
+        .bearer_auth(&env.sim.oxide_token);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status();
+    assert!(
+        status.is_success(),
+        "{method} {path}: {status} {}",
+        resp.text().await.unwrap_or_default()
+    );
+}
+
+/// `bootstrap delete --delete-project` of cluster `name` (its project has the same name).
+async fn delete_project(env: &Env, name: &str, extra: &[&str]) -> (bool, String, String) {
+    let mut args: Vec<String> = delete_args(env, &["--delete-project"])
+        .into_iter()
+        .map(|a| if a == "prod" { name.to_owned() } else { a })
+        .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = tokio::time::timeout(Duration::from_secs(300), env.command(&args).output())
+        .await
+        .expect("delete finished within 300 s")
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The project `name` in the state dump: `None` once deleted.
+fn project_dump(env: &Env, name: &str) -> Option<serde_json::Value> {
+    env.dump()["projects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == name)
+        .cloned()
+}
+
+/// Audit oxide-api-2 F2, against the simulator's nexus rules for deleting subnets, VPCs and
+/// projects: an emptied project goes with its VPC and subnet; one holding a user's affinity
+/// group or a second subnet is kept, with its network whole (the rack would otherwise delete
+/// subnet and VPC, rules included, then refuse the project); one whose VPC a user removed
+/// still goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn delete_project_goes_only_whole_and_a_project_without_its_vpc_still_goes() {
+    let env = common::env().await;
+    for name in ["solo", "aff", "sub", "novpc"] {
+        let rack = env.rack(name);
+        rack.ensure_project().await.unwrap();
+        rack.create_floating_ip(
+            &names::api_floating_ip_name(name),
+            &names::api_floating_ip_description(name),
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    oxide_api(
+        &env,
+        reqwest::Method::POST,
+        "/v1/affinity-groups?project=aff",
+        Some(
+            serde_json::json!({"name": "db-pair", "description": "a user's",
+            "policy": "allow", "failure_domain": "sled"}),
+        ),
+    )
+    .await;
+    oxide_api(
+        &env,
+        reqwest::Method::POST,
+        "/v1/vpc-subnets?project=sub&vpc=default",
+        Some(serde_json::json!({"name": "lab", "description": "a user's",
+            "ipv4_block": "10.20.0.0/24"})),
+    )
+    .await;
+    for path in [
+        "/v1/vpc-subnets/default?project=novpc&vpc=default",
+        "/v1/vpcs/default?project=novpc",
+    ] {
+        oxide_api(&env, reqwest::Method::DELETE, path, None).await;
+    }
+
+    // Emptied: the project goes, with its VPC and subnet.
+    let (ok, stdout, stderr) = delete_project(&env, "solo", &["--yes"]).await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(project_dump(&env, "solo").is_none(), "{stdout}");
+
+    // Kept, with the reason, by the dry run and the real run alike; nothing of the network
+    // deleted.
+    for (name, why) in [
+        ("aff", "affinity group db-pair"),
+        ("sub", "subnet lab of VPC default"),
+    ] {
+        let (ok, dry, stderr) = delete_project(&env, name, &["--dry-run"]).await;
+        assert!(ok, "{dry}\n{stderr}");
+        assert!(dry.contains(why), "{dry}");
+        env.sim.oxide().reset_counters();
+        let (ok, real, stderr) = delete_project(&env, name, &["--yes"]).await;
+        assert!(ok, "{real}\n{stderr}");
+        assert!(real.contains(why), "{real}");
+        assert_eq!(
+            env.mutating_calls(),
+            vec![("DELETE /v1/floating-ips/{floating_ip}".to_owned(), 1)],
+            "only the cluster's address goes\n{real}"
+        );
+        let p = project_dump(&env, name).expect("project kept");
+        assert_eq!(p["vpcs"], serde_json::json!(["default"]), "{p}");
+        assert!(
+            p["subnets"].as_array().unwrap().contains(&"default".into()),
+            "{p}"
+        );
+        for rule in ["allow-internal-inbound", "allow-ssh", "allow-icmp"] {
+            assert!(
+                p["firewall_rules"]
+                    .as_array()
+                    .unwrap()
+                    .contains(&rule.into()),
+                "{rule}: {p}"
+            );
+        }
+    }
+
+    // VPC removed by hand: observed all the same, and the project goes.
+    let (ok, stdout, stderr) = delete_project(&env, "novpc", &["--yes"]).await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(project_dump(&env, "novpc").is_none(), "{stdout}");
+}

@@ -734,7 +734,57 @@ impl OxideRack {
         .await
         .map(|rv| rv.into_inner().rules)
     }
+
+    /// Read-modify-write of the default VPC's rule list, checked. `edit` gets the current
+    /// list and returns the list to write (`None`: nothing to do); after the write the list is
+    /// read again and `holds` must accept it. Nexus replaces the list whole and takes no
+    /// precondition, so a second writer that read before our write and wrote after it (a
+    /// second bootstrap in the project, a console edit) silently undoes ours: that shows in
+    /// the re-read, and the edit is made again on the list as it now is, up to
+    /// [`FIREWALL_WRITE_ATTEMPTS`] times. Returns the first write's value.
+    async fn edit_firewall_rules<T>(
+        &self,
+        what: &str,
+        edit: impl Fn(Vec<types::VpcFirewallRule>) -> Option<(Vec<types::VpcFirewallRuleUpdate>, T)>,
+        holds: impl Fn(&[types::VpcFirewallRule]) -> bool,
+    ) -> Result<Option<T>, RackError> {
+        let mut first = None;
+        for attempt in 1..=FIREWALL_WRITE_ATTEMPTS {
+            let Some((rules, value)) = edit(self.firewall_rules().await?) else {
+                return Ok(first);
+            };
+            first.get_or_insert(value);
+            self.mutate(
+                what,
+                self.client
+                    .vpc_firewall_rules_update()
+                    .project(self.project.as_str())
+                    .vpc(DEFAULT_VPC)
+                    .body(types::VpcFirewallRuleUpdateParams { rules })
+                    .send(),
+            )
+            .await?;
+            if holds(&self.firewall_rules().await?) {
+                return Ok(first);
+            }
+            tracing::warn!(
+                what,
+                attempt,
+                "another writer replaced the VPC firewall rules right after ours; writing again"
+            );
+        }
+        Err(RackError::Conflict {
+            what: what.to_owned(),
+            message: format!(
+                "another writer replaced the VPC firewall rules of project {} right after each of our {FIREWALL_WRITE_ATTEMPTS} writes; stop it (a second bootstrap, a console edit) and re-run",
+                self.project
+            ),
+        })
+    }
 }
+
+/// How many times a firewall edit is written while another writer keeps undoing it.
+const FIREWALL_WRITE_ATTEMPTS: u32 = 3;
 
 impl Rack for OxideRack {
     async fn ensure_project(&self) -> Result<(), RackError> {
@@ -1356,6 +1406,47 @@ impl Rack for OxideRack {
         Ok(all.into_iter().map(|v| v.name.to_string()).collect())
     }
 
+    async fn list_affinity_groups(&self) -> Result<Vec<String>, RackError> {
+        let what = format!("affinity groups of project {}", self.project);
+        let all = self
+            .all_pages(&what, |token| {
+                let b = self.client.affinity_group_list().limit(self.page_size());
+                let b = match token {
+                    Some(t) => b.page_token(t),
+                    None => b
+                        .project(self.project.as_str())
+                        .sort_by(types::NameOrIdSortMode::NameAscending),
+                };
+                async move {
+                    let page = b.send().await?.into_inner();
+                    Ok((page.items, page.next_page))
+                }
+            })
+            .await?;
+        Ok(all.into_iter().map(|g| g.name.to_string()).collect())
+    }
+
+    async fn list_default_vpc_subnets(&self) -> Result<Vec<String>, RackError> {
+        let what = format!("subnets of VPC {DEFAULT_VPC} of project {}", self.project);
+        let all = self
+            .all_pages(&what, |token| {
+                let b = self.client.vpc_subnet_list().limit(self.page_size());
+                let b = match token {
+                    Some(t) => b.page_token(t),
+                    None => b
+                        .project(self.project.as_str())
+                        .vpc(DEFAULT_VPC)
+                        .sort_by(types::NameOrIdSortMode::NameAscending),
+                };
+                async move {
+                    let page = b.send().await?.into_inner();
+                    Ok((page.items, page.next_page))
+                }
+            })
+            .await?;
+        Ok(all.into_iter().map(|s| s.name.to_string()).collect())
+    }
+
     async fn delete_project(&self) -> Result<(), RackError> {
         // The project's creation made VPC `default` with subnet `default`; Nexus deletes a
         // project only when it holds no VPC, and a VPC only when it holds no subnet.
@@ -1400,27 +1491,25 @@ impl Rack for OxideRack {
 
     async fn remove_firewall_rule(&self, rule: &str) -> Result<bool, RackError> {
         let what = format!("firewall rule {rule}");
-        let current = self.firewall_rules().await?;
-        if !current.iter().any(|r| r.name.as_str() == rule) {
-            return Ok(false);
-        }
-        // Every other rule back exactly as it was (the list is replaced as a whole).
-        let rules: Vec<types::VpcFirewallRuleUpdate> = current
-            .into_iter()
-            .filter(|r| r.name.as_str() != rule)
-            .map(rule_update_from)
-            .collect();
-        self.mutate(
-            &what,
-            self.client
-                .vpc_firewall_rules_update()
-                .project(self.project.as_str())
-                .vpc(DEFAULT_VPC)
-                .body(types::VpcFirewallRuleUpdateParams { rules })
-                .send(),
-        )
-        .await?;
-        Ok(true)
+        let removed = self
+            .edit_firewall_rules(
+                &what,
+                |current| {
+                    if !current.iter().any(|r| r.name.as_str() == rule) {
+                        return None;
+                    }
+                    // Every other rule back exactly as it was (the list is replaced as a whole).
+                    let rules = current
+                        .into_iter()
+                        .filter(|r| r.name.as_str() != rule)
+                        .map(rule_update_from)
+                        .collect();
+                    Some((rules, ()))
+                },
+                |after| !after.iter().any(|r| r.name.as_str() == rule),
+            )
+            .await?;
+        Ok(removed.is_some())
     }
 
     async fn list_firewall_rules(&self) -> Result<Vec<String>, RackError> {
@@ -1435,33 +1524,34 @@ impl Rack for OxideRack {
     async fn ensure_firewall_rule(&self, rule: &TcpAllowRule) -> Result<RuleChange, RackError> {
         let what = format!("firewall rule {}", rule.name);
         let wanted = firewall_rule_update(rule)?;
-        let current = self.firewall_rules().await?;
-        // Every rule back in the shape the update takes, field for field, so a rule we did
-        // not make is written back exactly as it was.
-        let mut rules: Vec<types::VpcFirewallRuleUpdate> =
-            current.into_iter().map(rule_update_from).collect();
-        let change = match rules.iter_mut().find(|r| r.name == wanted.name) {
-            Some(r) if same_rule(r, &wanted) => return Ok(RuleChange::Unchanged),
-            Some(r) => {
-                *r = wanted;
-                RuleChange::Updated
-            }
-            None => {
-                rules.push(wanted);
-                RuleChange::Created
-            }
+        let is_wanted = |r: &types::VpcFirewallRule| {
+            r.name == wanted.name && same_rule(&rule_update_from(r.clone()), &wanted)
         };
-        self.mutate(
-            &what,
-            self.client
-                .vpc_firewall_rules_update()
-                .project(self.project.as_str())
-                .vpc(DEFAULT_VPC)
-                .body(types::VpcFirewallRuleUpdateParams { rules })
-                .send(),
-        )
-        .await?;
-        Ok(change)
+        let change = self
+            .edit_firewall_rules(
+                &what,
+                |current| {
+                    // Every rule back in the shape the update takes, field for field, so a
+                    // rule we did not make is written back exactly as it was.
+                    let mut rules: Vec<types::VpcFirewallRuleUpdate> =
+                        current.into_iter().map(rule_update_from).collect();
+                    let change = match rules.iter_mut().find(|r| r.name == wanted.name) {
+                        Some(r) if same_rule(r, &wanted) => return None,
+                        Some(r) => {
+                            *r = wanted.clone();
+                            RuleChange::Updated
+                        }
+                        None => {
+                            rules.push(wanted.clone());
+                            RuleChange::Created
+                        }
+                    };
+                    Some((rules, change))
+                },
+                |after| after.iter().any(is_wanted),
+            )
+            .await?;
+        Ok(change.unwrap_or(RuleChange::Unchanged))
     }
 }
 

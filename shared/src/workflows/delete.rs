@@ -441,11 +441,25 @@ pub async fn observe_project<R: Rack>(
     rack: &R,
     scope: &Scope,
 ) -> Result<ObservedProject, DeleteError> {
-    let step = "observe";
-    let f = |e: RackError| rack_failed(step, &e);
-    if !rack.project_exists().await.map_err(f)? {
+    read_project(rack, scope)
+        .await
+        .map_err(|e| rack_failed("observe", &e))
+}
+
+/// [`observe_project`] with the rack's own error.
+async fn read_project<R: Rack>(rack: &R, scope: &Scope) -> Result<ObservedProject, RackError> {
+    if !rack.project_exists().await? {
         return Ok(ObservedProject::default());
     }
+    // A 404 on the rules: VPC `default` is gone (a user removed it, or an earlier run got
+    // that far deleting the project). The project is still ours to finish, so it has no rules
+    // rather than failing the whole observation.
+    let rules = async {
+        match rack.list_firewall_rules().await {
+            Err(RackError::NotFound { .. }) => Ok(Vec::new()),
+            other => other,
+        }
+    };
     let (instances, disks, floating_ips, images, snapshots, groups, rules) = futures::try_join!(
         rack.list_instances(""),
         rack.list_disks(),
@@ -453,14 +467,24 @@ pub async fn observe_project<R: Rack>(
         rack.list_project_images(),
         rack.list_snapshots(),
         rack.list_anti_affinity_groups(),
-        rack.list_firewall_rules(),
-    )
-    .map_err(f)?;
-    // VPCs matter only to whether the project may go.
-    let vpcs = if scope.delete_project {
-        rack.list_vpcs().await.map_err(f)?
+        rules,
+    )?;
+    // VPCs, their subnets and affinity groups matter only to whether the project may go:
+    // nexus refuses to delete a project holding a VPC or an affinity group, and a VPC holding
+    // a subnet.
+    let (vpcs, subnets, affinity_groups) = if scope.delete_project {
+        let vpcs = rack.list_vpcs().await?;
+        let subnets = if vpcs.iter().any(|v| v == names::DEFAULT_VPC) {
+            match rack.list_default_vpc_subnets().await {
+                Err(RackError::NotFound { .. }) => Vec::new(),
+                other => other?,
+            }
+        } else {
+            Vec::new()
+        };
+        (vpcs, subnets, rack.list_affinity_groups().await?)
     } else {
-        Vec::new()
+        Default::default()
     };
     let mut group_members = BTreeMap::new();
     if let Some(wanted) = &scope.spec_groups {
@@ -470,7 +494,7 @@ pub async fn observe_project<R: Rack>(
                     group_members.insert(g.name.clone(), m);
                 }
                 Err(RackError::NotFound { .. }) => {}
-                Err(e) => return Err(f(e)),
+                Err(e) => return Err(e),
             }
         }
     }
@@ -484,6 +508,8 @@ pub async fn observe_project<R: Rack>(
         groups,
         group_members,
         vpcs,
+        subnets,
+        affinity_groups,
         firewall_rules: Some(rules),
     })
 }
@@ -823,7 +849,7 @@ async fn remove_other<R: Rack>(
             Kind::Snapshot => rack.delete_snapshot(&item.name).await,
             Kind::AntiAffinityGroup => rack.delete_anti_affinity_group(&item.name).await,
             Kind::Image => rack.delete_image(&item.name).await,
-            Kind::Project => rack.delete_project().await,
+            Kind::Project => delete_project_if_empty(rack).await,
             Kind::FirewallRule => match rack.remove_firewall_rule(&item.name).await {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(RackError::NotFound {
@@ -851,6 +877,34 @@ async fn remove_other<R: Rack>(
         progress.removed(item, &outcome);
         return Ok((item.clone(), outcome));
     }
+}
+
+/// Deletes the project if it holds nothing nexus would refuse over, nor a firewall rule the
+/// VPC's deletion would take with it. Looks again first: the inventory is minutes old by now,
+/// and the rack deletes subnet `default` and VPC `default` before it refuses the project, so a
+/// refusal there would leave someone's project without its network.
+async fn delete_project_if_empty<R: Rack>(rack: &R) -> Result<(), RackError> {
+    let scope = Scope {
+        delete_project: true,
+        ..Scope::default()
+    };
+    let obs = read_project(rack, &scope).await?;
+    if !obs.exists {
+        return Err(RackError::NotFound {
+            what: "project".into(),
+        });
+    }
+    let left = owned::leftovers(&obs, &Inventory::default());
+    if !left.is_empty() {
+        return Err(RackError::Invalid {
+            what: "project".into(),
+            message: format!(
+                "kept, nothing of it deleted: it now holds {} (made while this run removed the cluster)",
+                left.join(", ")
+            ),
+        });
+    }
+    rack.delete_project().await
 }
 
 /// Detaches the address when something still holds it (deleting an instance detaches its

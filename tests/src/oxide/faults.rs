@@ -46,6 +46,11 @@ pub struct FaultSpec {
     /// Like `no_capacity`, but the silo's vCPU quota is what runs out (the start saga fails
     /// at `ADD_VIRTUAL_RESOURCES`).
     pub quota_exceeded: Vec<String>,
+    /// The next this many `PUT /v1/vpc-firewall-rules` are undone at once by another writer:
+    /// the PUT answers with its list, then the list goes back to what it replaced (new ids), as
+    /// when a second read-modify-write that read before this one writes right after it. Nexus
+    /// takes no precondition on the PUT (omicron `nexus/src/app/vpc.rs:182-…`).
+    pub overwritten_firewall_writes: u32,
     /// Kubernetes API faults (injected by the clusters' front proxies), keyed `"<verb> <resource>[/<subresource>]"`
     /// (e.g. `"create pods/eviction"`, `"update leases"`, `"list nodes"`), `"* <resource>"`,
     /// `"<verb> *"` or `"*"` (most specific wins). `error_status` answers with the

@@ -342,12 +342,22 @@ pub(super) fn select_vpc(store: &Store, cx: &Ctx<'_>) -> Result<Uuid, ApiError> 
         .query
         .get("vpc")
         .ok_or_else(|| ApiError::bad_query("missing field `vpc`"))?;
-    let vpc = query_ref(raw)?;
-    let project = cx.project().map(query_ref).transpose()?;
+    select_vpc_ref(store, query_ref(raw)?, cx.project())
+}
+
+/// The project whose VPC `vpc` names (with `project`, a name; alone, an id). A deleted VPC
+/// is not found, as nexus's lookup skips deleted rows.
+pub(super) fn select_vpc_ref(
+    store: &Store,
+    vpc: Ref,
+    project: Option<&str>,
+) -> Result<Uuid, ApiError> {
+    let project = project.map(query_ref).transpose()?;
     match (vpc, project) {
         (Ref::Name(n), Some(p)) => {
             let pid = store.project_id(&p)?;
-            if n == DEFAULT_VPC {
+            let live = store.projects.get(&pid).is_some_and(|p| !p.vpc_deleted);
+            if n == DEFAULT_VPC && live {
                 Ok(pid)
             } else {
                 Err(ApiError::not_found_by_name("vpc", &n))
@@ -356,7 +366,7 @@ pub(super) fn select_vpc(store: &Store, cx: &Ctx<'_>) -> Result<Uuid, ApiError> 
         (Ref::Id(id), None) => store
             .projects
             .values()
-            .find(|p| p.vpc_id == id)
+            .find(|p| p.vpc_id == id && !p.vpc_deleted)
             .map(|p| p.id)
             .ok_or_else(|| ApiError::not_found_by_id("vpc", &id)),
         (Ref::Id(_), Some(_)) => Err(ApiError::invalid_request(
@@ -391,7 +401,16 @@ pub fn update(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         .projects
         .get_mut(&pid)
         .ok_or_else(ApiError::internal)?;
-    p.firewall_rules = rules.clone();
+    if cx.env.faults.overwritten_firewall_writes > 0 {
+        // Another writer's PUT lands right after this one, with the list as it was before.
+        for r in &mut p.firewall_rules {
+            r.id = Uuid::new_v4();
+            r.time_modified = Utc::now();
+        }
+        cx.fx.firewall_write_overwritten = true;
+    } else {
+        p.firewall_rules = rules.clone();
+    }
     Reply::json(StatusCode::OK, &types::VpcFirewallRules { rules })
 }
 

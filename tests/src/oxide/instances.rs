@@ -334,6 +334,14 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     // `nexus/src/app/sagas/instance_create.rs`), so a full subnet is the answer even when the
     // external pool is empty too.
     let project = cx.store.projects.get(&pid).ok_or_else(ApiError::internal)?;
+    // The primary NIC goes into VPC `default`'s subnet `default`, looked up by name (omicron
+    // `nexus/src/app/sagas/instance_create.rs:743-772`): gone, the create fails.
+    if project.vpc_deleted {
+        return Err(ApiError::not_found_by_name("vpc", "default"));
+    }
+    if project.subnet_deleted {
+        return Err(ApiError::not_found_by_name("vpc-subnet", "default"));
+    }
     if project.subnet.free() == 0 {
         return Err(subnet_full(project));
     }

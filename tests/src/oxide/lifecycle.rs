@@ -59,6 +59,8 @@ pub struct Timer {
 pub struct Effects {
     pub events: Vec<Event>,
     pub timers: Vec<Timer>,
+    /// A firewall write was undone by the `overwritten_firewall_writes` fault (one used up).
+    pub firewall_write_overwritten: bool,
 }
 
 /// Read-only inputs of the state machine.

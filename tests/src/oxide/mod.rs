@@ -24,6 +24,7 @@ pub mod schema_check;
 mod storage;
 mod store;
 pub mod subnet;
+mod vpcs;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -367,6 +368,11 @@ impl OxideSim {
 
     /// Delivers events and arms timers recorded while the lock was held.
     fn apply(&self, fx: Effects) {
+        if fx.firewall_write_overwritten {
+            self.inner.faults.update(|f| {
+                f.overwritten_firewall_writes = f.overwritten_firewall_writes.saturating_sub(1);
+            });
+        }
         for event in fx.events {
             let ev = &self.inner.events;
             match event {

@@ -16,7 +16,7 @@ use super::lifecycle::{Effects, Env};
 use super::names;
 use super::pagination::{ListParams, Query};
 use super::store::{Project, Store};
-use super::{AddressPool, SERVER_API_VERSION, firewall, instances, network, storage};
+use super::{AddressPool, SERVER_API_VERSION, firewall, instances, network, storage, vpcs};
 
 /// Operation behind a route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,8 +61,16 @@ pub enum Op {
     GroupDelete,
     GroupMemberList,
     GroupMemberAdd,
+    ProjectDelete,
     VpcList,
+    VpcDelete,
+    VpcSubnetList,
+    VpcSubnetCreate,
     VpcSubnetView,
+    VpcSubnetDelete,
+    AffinityGroupList,
+    AffinityGroupCreate,
+    AffinityGroupDelete,
     FirewallRulesView,
     NetworkInterfaceList,
     FirewallRulesUpdate,
@@ -120,6 +128,70 @@ pub const ROUTES: &[RouteSpec] = &[
         Op::NetworkInterfaceList,
     ),
     r("GET", "/v1/vpcs", 200, "vpc_list", false, Op::VpcList),
+    r(
+        "DELETE",
+        "/v1/vpcs/{vpc}",
+        204,
+        "vpc_delete",
+        false,
+        Op::VpcDelete,
+    ),
+    r(
+        "GET",
+        "/v1/vpc-subnets",
+        200,
+        "vpc_subnet_list",
+        false,
+        Op::VpcSubnetList,
+    ),
+    r(
+        "POST",
+        "/v1/vpc-subnets",
+        201,
+        "vpc_subnet_create",
+        true,
+        Op::VpcSubnetCreate,
+    ),
+    r(
+        "DELETE",
+        "/v1/vpc-subnets/{subnet}",
+        204,
+        "vpc_subnet_delete",
+        false,
+        Op::VpcSubnetDelete,
+    ),
+    r(
+        "DELETE",
+        "/v1/projects/{project}",
+        204,
+        "project_delete",
+        false,
+        Op::ProjectDelete,
+    ),
+    r(
+        "GET",
+        "/v1/affinity-groups",
+        200,
+        "affinity_group_list",
+        false,
+        Op::AffinityGroupList,
+    ),
+    r(
+        "POST",
+        "/v1/affinity-groups",
+        201,
+        "affinity_group_create",
+        true,
+        Op::AffinityGroupCreate,
+    ),
+    r(
+        "DELETE",
+        "/v1/affinity-groups/{affinity_group}",
+        204,
+        "affinity_group_delete",
+        false,
+        Op::AffinityGroupDelete,
+    ),
     r(
         "GET",
         "/v1/vpc-subnets/{subnet}",
@@ -723,8 +795,16 @@ pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         Op::GroupMemberList => network::group_member_list(cx),
         Op::GroupMemberAdd => network::group_member_add(cx),
         Op::FirewallRulesView => firewall::view(cx),
-        Op::VpcList => vpc_list(cx),
-        Op::VpcSubnetView => vpc_subnet_view(cx),
+        Op::ProjectDelete => vpcs::project_delete(cx),
+        Op::VpcList => vpcs::vpc_list(cx),
+        Op::VpcDelete => vpcs::vpc_delete(cx),
+        Op::VpcSubnetList => vpcs::subnet_list(cx),
+        Op::VpcSubnetCreate => vpcs::subnet_create(cx),
+        Op::VpcSubnetView => vpcs::subnet_view(cx),
+        Op::VpcSubnetDelete => vpcs::subnet_delete(cx),
+        Op::AffinityGroupList => vpcs::affinity_group_list(cx),
+        Op::AffinityGroupCreate => vpcs::affinity_group_create(cx),
+        Op::AffinityGroupDelete => vpcs::affinity_group_delete(cx),
         Op::NetworkInterfaceList => instances::network_interfaces(cx),
         Op::FirewallRulesUpdate => firewall::update(cx),
     }
@@ -752,84 +832,6 @@ fn project_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let view = project.view();
     cx.store.projects.insert(id, project);
     Reply::json(StatusCode::CREATED, &view)
-}
-
-/// GET /v1/vpcs?project=: the project's VPCs. Every project has exactly its `default` VPC
-/// (created with it, omicron `nexus/src/app/sagas/project_create.rs:136-143`); VPC create and
-/// delete are not simulated.
-fn vpc_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
-    let lp = ListParams::parse("vpcs", cx.query)?;
-    let pid = cx.store.project_param(lp.required_project()?)?;
-    let p = cx.store.projects.get(&pid).ok_or_else(ApiError::internal)?;
-    let name = types::Name::try_from("default").map_err(|_| ApiError::internal())?;
-    let vpc = types::Vpc {
-        description: "Default VPC".to_owned(),
-        dns_name: name.clone(),
-        id: p.vpc_id,
-        ipv6_prefix: "fd00:1122:3344::/48"
-            .parse()
-            .map_err(|_| ApiError::internal())?,
-        name,
-        project_id: pid,
-        system_router_id: p.vpc_id,
-        time_created: p.times.created,
-        time_modified: p.times.modified,
-    };
-    Reply::json(
-        StatusCode::OK,
-        &lp.page(vec![("default".to_owned(), p.vpc_id, vpc)]),
-    )
-}
-
-/// GET /v1/vpc-subnets/{subnet}?project=&vpc=: the `default` VPC's only subnet, `default`,
-/// as the VPC create saga makes it (omicron `nexus/src/app/sagas/vpc_create.rs`: the
-/// `DEFAULT_VPC_SUBNET_IPV4_BLOCK` /22 and the VPC prefix's first /64). By id, no project or
-/// VPC may be given.
-fn vpc_subnet_view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
-    let subnet = super::store::path_ref(cx.param(0))?;
-    let pid = match &subnet {
-        names::Ref::Id(id) => {
-            if cx.query.contains_key("vpc") || cx.project().is_some() {
-                return Err(ApiError::invalid_request(
-                    "when providing subnet as an ID, vpc and project should not be specified",
-                ));
-            }
-            cx.store
-                .projects
-                .values()
-                .find(|p| p.subnet_id == *id)
-                .map(|p| p.id)
-                .ok_or_else(|| ApiError::not_found_by_id("vpc-subnet", id))?
-        }
-        names::Ref::Name(n) => {
-            let pid = firewall::select_vpc(cx.store, cx)?;
-            if n != "default" {
-                return Err(ApiError::not_found_by_name("vpc-subnet", n));
-            }
-            pid
-        }
-    };
-    let p = cx.store.projects.get(&pid).ok_or_else(ApiError::internal)?;
-    let view = types::VpcSubnet {
-        custom_router_id: None,
-        description: "The default subnet for default".to_owned(),
-        id: p.subnet_id,
-        ipv4_block: format!(
-            "{}/{}",
-            super::subnet::RACK_BLOCK,
-            super::subnet::PREFIX_LEN
-        )
-        .parse()
-        .map_err(|_| ApiError::internal())?,
-        ipv6_block: "fd00:1122:3344::/64"
-            .parse()
-            .map_err(|_| ApiError::internal())?,
-        name: types::Name::try_from("default").map_err(|_| ApiError::internal())?,
-        time_created: p.times.created,
-        time_modified: p.times.modified,
-        vpc_id: p.vpc_id,
-    };
-    Reply::json(StatusCode::OK, &view)
 }
 
 fn project_view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {

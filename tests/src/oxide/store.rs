@@ -153,6 +153,24 @@ pub struct Project {
     pub firewall_rules: Vec<types::VpcFirewallRule>,
     /// The addresses of that subnet and which are in use.
     pub subnet: super::subnet::VpcSubnet,
+    /// VPC `default` was deleted (its rules and router went with it); the project keeps
+    /// living without it, as on a rack.
+    pub vpc_deleted: bool,
+    /// Subnet `default` was deleted.
+    pub subnet_deleted: bool,
+    /// Subnets a user added to VPC `default` (never holding a NIC here).
+    pub extra_subnets: Vec<ExtraSubnet>,
+}
+
+/// A subnet made with `POST /v1/vpc-subnets` in VPC `default`.
+#[derive(Clone, Debug)]
+pub struct ExtraSubnet {
+    pub id: Uuid,
+    pub name: types::Name,
+    pub description: String,
+    pub ipv4_block: types::Ipv4Net,
+    pub ipv6_block: types::Ipv6Net,
+    pub times: Times,
 }
 
 impl Project {
@@ -169,6 +187,9 @@ impl Project {
             subnet_id: Uuid::new_v4(),
             firewall_rules: super::firewall::materialize(vpc_id, super::firewall::default_rules()),
             subnet,
+            vpc_deleted: false,
+            subnet_deleted: false,
+            extra_subnets: Vec::new(),
         }
     }
 }
@@ -278,6 +299,19 @@ pub struct AntiAffinityGroup {
     pub times: Times,
 }
 
+/// An affinity group: created, listed and deleted; the simulator places no member in one
+/// (the product never asks for affinity, only anti-affinity).
+#[derive(Clone, Debug)]
+pub struct AffinityGroup {
+    pub id: Uuid,
+    pub project_id: Uuid,
+    pub name: types::Name,
+    pub description: String,
+    pub policy: types::AffinityPolicy,
+    pub failure_domain: types::FailureDomain,
+    pub times: Times,
+}
+
 #[derive(Clone, Debug)]
 pub struct SshKey {
     pub id: Uuid,
@@ -308,6 +342,7 @@ named!(Disk);
 named!(Snapshot);
 named!(FloatingIp);
 named!(AntiAffinityGroup);
+named!(AffinityGroup);
 
 impl Named for Image {
     fn name(&self) -> &str {
@@ -351,6 +386,10 @@ pub const ANTI_AFFINITY_GROUP: Kind = Kind {
     resource: "anti-affinity-group",
     selector: "anti-affinity group",
 };
+pub const AFFINITY_GROUP: Kind = Kind {
+    resource: "affinity-group",
+    selector: "affinity group",
+};
 
 /// All state of one simulated rack (one silo).
 #[derive(Debug)]
@@ -362,6 +401,7 @@ pub struct Store {
     pub images: BTreeMap<Uuid, Image>,
     pub floating_ips: BTreeMap<Uuid, FloatingIp>,
     pub groups: BTreeMap<Uuid, AntiAffinityGroup>,
+    pub affinity_groups: BTreeMap<Uuid, AffinityGroup>,
     pub ssh_keys: BTreeMap<Uuid, SshKey>,
     /// Id of the single IP pool (`default`).
     pub ip_pool_id: Uuid,
@@ -420,6 +460,7 @@ impl Store {
             images: BTreeMap::new(),
             floating_ips: BTreeMap::new(),
             groups: BTreeMap::new(),
+            affinity_groups: BTreeMap::new(),
             ssh_keys: BTreeMap::new(),
             ip_pool_id: Uuid::new_v4(),
             snat_ip,
@@ -651,6 +692,32 @@ impl FloatingIp {
     }
 }
 
+impl AffinityGroup {
+    pub fn view(&self) -> types::AffinityGroup {
+        types::AffinityGroup {
+            description: self.description.clone(),
+            failure_domain: self.failure_domain,
+            id: self.id,
+            name: self.name.clone(),
+            policy: self.policy,
+            project_id: self.project_id,
+            time_created: self.times.created,
+            time_modified: self.times.modified,
+        }
+    }
+}
+
+impl Project {
+    /// Names of the subnets of VPC `default` (none once the VPC is gone).
+    pub fn subnet_names(&self) -> Vec<String> {
+        let default = (!self.subnet_deleted).then(|| "default".to_owned());
+        default
+            .into_iter()
+            .chain(self.extra_subnets.iter().map(|s| s.name.to_string()))
+            .collect()
+    }
+}
+
 impl AntiAffinityGroup {
     pub fn view(&self) -> types::AntiAffinityGroup {
         types::AntiAffinityGroup {
@@ -701,7 +768,20 @@ impl Store {
         let projects: Vec<Value> = self
             .projects
             .values()
-            .map(|p| json!({"id": p.id, "name": p.name}))
+            .map(|p| {
+                let vpcs: Vec<&str> = if p.vpc_deleted {
+                    Vec::new()
+                } else {
+                    vec!["default"]
+                };
+                let rules: Vec<String> = p
+                    .firewall_rules
+                    .iter()
+                    .map(|r| r.name.to_string())
+                    .collect();
+                json!({"id": p.id, "name": p.name, "vpcs": vpcs, "subnets": p.subnet_names(),
+                    "firewall_rules": rules})
+            })
             .collect();
         let instances: Vec<Value> = self
             .instances
@@ -794,7 +874,15 @@ impl Store {
                 })
             })
             .collect();
+        let affinity_groups: Vec<Value> = self
+            .affinity_groups
+            .values()
+            .map(
+                |g| json!({"id": g.id, "name": g.name, "project": self.project_name(g.project_id)}),
+            )
+            .collect();
         json!({
+            "affinity_groups": affinity_groups,
             "projects": projects,
             "instances": instances,
             "disks": disks,

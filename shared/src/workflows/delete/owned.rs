@@ -103,6 +103,10 @@ pub struct ObservedProject {
     /// Members of the groups that are candidates (named in the spec, ours by description).
     pub group_members: BTreeMap<String, Vec<String>>,
     pub vpcs: Vec<String>,
+    /// Subnets of VPC `default` (read only with `--delete-project`).
+    pub subnets: Vec<String>,
+    /// Affinity groups (read only with `--delete-project`; oxide-controller makes none).
+    pub affinity_groups: Vec<String>,
     /// Names of the default VPC's firewall rules; `None` while they cannot be read (the
     /// project is then never deleted: removing the VPC would take someone's rules with it).
     pub firewall_rules: Option<Vec<String>>,
@@ -511,7 +515,7 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
 }
 
 /// What would remain in the project after every item is gone.
-fn leftovers(obs: &ObservedProject, inv: &Inventory) -> Vec<String> {
+pub(crate) fn leftovers(obs: &ObservedProject, inv: &Inventory) -> Vec<String> {
     let taken: BTreeSet<(Kind, &str)> = inv
         .items
         .iter()
@@ -544,8 +548,14 @@ fn leftovers(obs: &ObservedProject, inv: &Inventory) -> Vec<String> {
         .iter()
         .for_each(|g| note(Kind::AntiAffinityGroup, &g.name));
     obs.images.iter().for_each(|i| note(Kind::Image, &i.name));
+    for g in &obs.affinity_groups {
+        left.push(format!("affinity group {g}"));
+    }
     for v in obs.vpcs.iter().filter(|v| v.as_str() != DEFAULT_VPC) {
         left.push(format!("VPC {v}"));
+    }
+    for n in obs.subnets.iter().filter(|n| n.as_str() != DEFAULT_VPC) {
+        left.push(format!("subnet {n} of VPC {DEFAULT_VPC}"));
     }
     match &obs.firewall_rules {
         Some(rules) => left.extend(
