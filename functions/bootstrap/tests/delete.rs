@@ -651,3 +651,97 @@ async fn delete_project_goes_only_whole_and_a_project_without_its_vpc_still_goes
     assert!(ok, "{stdout}\n{stderr}");
     assert!(project_dump(&env, "novpc").is_none(), "{stdout}");
 }
+
+/// Audit oxide-api-2 F3: a user deletes the API floating IP, reconcile re-creates it (the
+/// CronJob reaches the API through a server's own address, not the floating IP), and
+/// `bootstrap delete --delete-project` then knows the new address as the cluster's: it removes
+/// it and the project (a foreign description would have kept both, leaking the address).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_api_address_reconcile_re_created_goes_with_the_project() {
+    use oxide_controller::cluster::NAMESPACE;
+    use oxide_controller::cluster::kube_cluster::KubeCluster;
+    use oxide_controller::state::kube_store::KubeStateStore;
+    use oxide_controller::workflows::reconcile::{self, ReconcileOptions};
+
+    let env = common::env().await;
+    env.run_ok(&["--control-planes", "1", "--workers", "0"])
+        .await;
+    let fip = "demo-apiserver";
+    let old_ip = env.dump()["floating_ips"][0]["ip"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for (method, path) in [
+        (
+            reqwest::Method::POST,
+            "/v1/floating-ips/demo-apiserver/detach?project=demo",
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/v1/floating-ips/demo-apiserver?project=demo",
+        ),
+    ] {
+        oxide_api(&env, method, path, None).await;
+    }
+    assert_eq!(env.names("floating_ips"), Vec::<String>::new());
+
+    // The kubeconfig, pointed at the server's own (ephemeral) address.
+    let server_ip = env.dump()["instances"][0]["external_ips"][0]
+        .as_str()
+        .expect("the server has an address of its own")
+        .to_owned();
+    let via = env.dir.path().join("via-server.kubeconfig");
+    std::fs::write(
+        &via,
+        std::fs::read_to_string(env.kubeconfig()).unwrap().replace(
+            &format!("https://{old_ip}:6443"),
+            &format!("https://{server_ip}:6443"),
+        ),
+    )
+    .unwrap();
+    let client = oxide_controller::kubeclient::client(Some(&via), Some("demo"))
+        .await
+        .unwrap();
+    let cluster = KubeCluster::new(client.clone(), NAMESPACE);
+    let store = KubeStateStore::new(client, NAMESPACE);
+    let make_rack = |s: &oxide_controller::secrets::ClusterSecrets,
+                     spec: &oxide_controller::spec::ClusterSpec| {
+        OxideRack::connect(
+            &s.oxide_host,
+            &s.oxide_token,
+            &spec.project,
+            RackOptions::default(),
+        )
+    };
+    let outcome = reconcile::run(
+        &cluster,
+        &store,
+        make_rack,
+        &ReconcileOptions::new("f3-test"),
+    )
+    .await;
+    assert!(outcome.is_ok(), "{outcome:?}");
+    assert_eq!(
+        env.names("floating_ips"),
+        vec![fip.to_owned()],
+        "re-created"
+    );
+
+    let mut args: Vec<String> = delete_args(&env, &["--yes", "--delete-project"])
+        .into_iter()
+        .map(|a| if a == "prod" { "demo".to_owned() } else { a })
+        .collect();
+    args.retain(|a| !a.is_empty());
+    let out = tokio::time::timeout(Duration::from_secs(300), env.command(&args).output())
+        .await
+        .expect("delete finished within 300 s")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(env.names("floating_ips"), Vec::<String>::new(), "{stdout}");
+    assert!(project_dump(&env, "demo").is_none(), "{stdout}");
+}

@@ -10,6 +10,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{env, sample_image};
 use oxide_controller::workflows::bootstrap::STEPS;
 
@@ -21,17 +23,17 @@ enum KillAt {
     Route(&'static str, u64),
 }
 
-async fn kill_then_rerun(at: KillAt) {
-    let env = env().await;
+/// A local image of random-ish data throughout, so the upload takes several 4 MiB writes,
+/// and the flags that upload it as `custom-img`.
+fn custom_image(env: &common::Env) -> Vec<String> {
     let src = env.dir.path().join("disk.raw");
-    // Random-ish data throughout, so the upload takes several 4 MiB writes.
     let mut image = sample_image(24 * 1024 * 1024 + 300);
     image
         .iter_mut()
         .enumerate()
         .for_each(|(i, b)| *b ^= (i % 251) as u8 | 1);
     std::fs::write(&src, image).unwrap();
-    let extra = [
+    [
         "--image",
         "custom-img",
         "--image-source",
@@ -40,7 +42,16 @@ async fn kill_then_rerun(at: KillAt) {
         "2",
         "--upload-parallelism",
         "2",
-    ];
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+async fn kill_then_rerun(at: KillAt) {
+    let env = env().await;
+    let extra = custom_image(&env);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     // The killed run and the re-run get the same flags.
     let args = env.args(&extra);
     let what = match at {
@@ -148,4 +159,79 @@ kill_tests! {
 #[test]
 fn every_step_has_a_kill_test() {
     assert_eq!(STEPS.len(), 15);
+}
+
+/// Audit oxide-api-2 F1: a bootstrap SIGKILLed in the middle of its image upload leaves an
+/// import disk taking bulk writes, which nexus will not delete; `bootstrap delete --yes` walks
+/// it (stop the writes, finalize, delete) and removes every disk, snapshot and image of the
+/// cluster and the local files; a second delete finds nothing and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bootstrap_killed_mid_upload_is_removed_whole_by_bootstrap_delete() {
+    let env = env().await;
+    let extra = custom_image(&env);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    assert!(
+        env.run_killed_after_route(&env.args(&extra), "POST /v1/disks/{disk}/bulk-write", 2)
+            .await,
+        "bootstrap finished before its second bulk write"
+    );
+    let disks = env.dump()["disks"].clone();
+    assert!(
+        disks
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["state"] == "importing_from_bulk_writes"),
+        "the kill left an import disk taking writes: {disks}"
+    );
+    let token = format!("file:{}", env.dir.path().join("token").display());
+    let delete: Vec<String> = [
+        "delete",
+        "--oxide-host",
+        &env.sim.oxide_host,
+        "--oxide-token",
+        &token,
+        "--cluster",
+        "demo",
+        "--state-dir",
+        &env.state_dir().display().to_string(),
+        "--kubeconfig",
+        &env.kubeconfig().display().to_string(),
+        "--timeout",
+        "120",
+        "--yes",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for run in ["first", "second"] {
+        let out = tokio::time::timeout(Duration::from_secs(300), env.command(&delete).output())
+            .await
+            .expect("delete finished within 300 s")
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{run} delete: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(env.names("disks"), Vec::<String>::new(), "{run}: {stdout}");
+        assert_eq!(
+            env.names("snapshots"),
+            Vec::<String>::new(),
+            "{run}: {stdout}"
+        );
+        assert_eq!(
+            env.names("images"),
+            vec![common::IMAGE.to_owned()],
+            "{run}: {stdout}"
+        );
+        assert!(
+            !env.state_dir().join("demo.json").exists(),
+            "{run}: {stdout}"
+        );
+        if run == "second" {
+            assert!(stdout.contains("already gone"), "{stdout}");
+        }
+    }
 }
