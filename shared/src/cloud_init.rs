@@ -18,7 +18,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::members::MemberInput;
-use crate::spec::{K3sInstall, Role, Taint};
+use crate::spec::{K3sInstall, Role, Taint, check_installer_url};
 
 /// Oxide limits decoded user-data to 32 KiB.
 pub const MAX_USER_DATA: usize = 32 * 1024;
@@ -110,12 +110,6 @@ impl fmt::Debug for TailscaleJoin {
 pub const TAILSCALE_AUTH_KEY_PATH: &str = "/etc/oxide-controller/tailscale-auth-key";
 /// The k3s config drop-in that adds the node's tailnet IPv4 address to `tls-san` at boot.
 pub const TAILSCALE_SAN_DROP_IN_PATH: &str = "/etc/rancher/k3s/config.yaml.d/60-tailscale-san.yaml";
-/// Tailscale's documented installer (adds the package repository, installs, enables
-/// `tailscaled`); the default of `tailscale.installer_url`.
-pub const TAILSCALE_INSTALL_URL: &str = "https://tailscale.com/install.sh";
-/// k3s's documented installer; the default of `k3s.installer_url`.
-pub const K3S_INSTALL_URL: &str = "https://get.k3s.io";
-
 /// How the kubelet learns its `provider-id`.
 ///
 /// The instance UUID is only known once the instance exists, i.e. after its user-data is
@@ -1004,29 +998,6 @@ fn validate(input: &NodeUserData) -> Result<(), CloudInitError> {
     Ok(())
 }
 
-/// An installer URL the setup script can single-quote and curl can fetch: `https://` (or
-/// `http://` for a mirror inside the rack's network), a host, and no quotes, spaces or
-/// control characters.
-pub fn check_installer_url(url: &str) -> Result<(), String> {
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"))
-        .unwrap_or("");
-    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
-    let ok = !host.is_empty()
-        && url.len() <= 2048
-        && url
-            .chars()
-            .all(|c| c.is_ascii_graphic() && !matches!(c, '\'' | '"' | '\\' | '`' | '$'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{url:?} must be an http(s):// URL without quotes, spaces or $, like https://get.k3s.io or https://mirror.example/k3s/install.sh"
-        ))
-    }
-}
-
 impl NodeUserData {
     /// The user-data of a pool member: the right token for its role, the API floating IP as
     /// server URL and TLS SAN, the pool's labels (plus `oxide-controller/pool`) and taints,
@@ -1129,6 +1100,7 @@ pub fn render_member(m: &MemberInput) -> Result<Vec<u8>, CloudInitError> {
 mod tests {
     use super::*;
     use crate::spec::TaintEffect;
+    use crate::spec::{K3S_INSTALL_URL, TAILSCALE_INSTALL_URL};
 
     const CONTROLLER_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A oxide-controller";
     const USER_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFqv6Xo3oOQ1n3KJtG0dA1Q8a5Hn5m1r0dC9mYk7pT2B alice@laptop";

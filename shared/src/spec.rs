@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::names::{self, MAX_INSTANCE_NAME_LEN, SUFFIX_LEN};
+
+pub mod autoscale;
+pub mod tailscale;
 use crate::size::ByteSize;
 
 /// Current `schema-version` of the ConfigMap.
@@ -95,25 +98,54 @@ fn is_default_tailscale_up_timeout(v: &u32) -> bool {
     *v == DEFAULT_TAILSCALE_UP_TIMEOUT
 }
 
+/// Tailscale's documented installer (adds the package repository, installs, enables
+/// `tailscaled`); the default of `tailscale.installer_url`.
+pub const TAILSCALE_INSTALL_URL: &str = "https://tailscale.com/install.sh";
+/// k3s's documented installer; the default of `k3s.installer_url`.
+pub const K3S_INSTALL_URL: &str = "https://get.k3s.io";
+
+/// An installer URL the setup script can single-quote and curl can fetch: `https://` (or
+/// `http://` for a mirror inside the rack's network), a host, and no quotes, spaces or
+/// control characters.
+pub fn check_installer_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .unwrap_or("");
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let ok = !host.is_empty()
+        && url.len() <= 2048
+        && url
+            .chars()
+            .all(|c| c.is_ascii_graphic() && !matches!(c, '\'' | '"' | '\\' | '`' | '$'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{url:?} must be an http(s):// URL without quotes, spaces or $, like https://get.k3s.io or https://mirror.example/k3s/install.sh"
+        ))
+    }
+}
+
 fn default_tailscale_installer_url() -> String {
-    crate::cloud_init::TAILSCALE_INSTALL_URL.to_owned()
+    TAILSCALE_INSTALL_URL.to_owned()
 }
 
 fn default_k3s_installer_url() -> String {
-    crate::cloud_init::K3S_INSTALL_URL.to_owned()
+    K3S_INSTALL_URL.to_owned()
 }
 
 // Written back only when set: specs stored before the field existed read and write the same.
 fn is_default_k3s_installer_url(url: &str) -> bool {
-    url == crate::cloud_init::K3S_INSTALL_URL
+    url == K3S_INSTALL_URL
 }
 
 fn is_default_tailscale_installer_url(url: &str) -> bool {
-    url == crate::cloud_init::TAILSCALE_INSTALL_URL
+    url == TAILSCALE_INSTALL_URL
 }
 
 fn default_tailscale_tag() -> String {
-    crate::tailscale::DEFAULT_TAG.to_owned()
+    tailscale::DEFAULT_TAG.to_owned()
 }
 
 /// One pool of identical VMs.
@@ -145,7 +177,7 @@ pub struct PoolSpec {
     pub anti_affinity_group: Option<String>,
     /// Autoscaling within min/max; absent means the count is set by hand (spec or webhook).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub autoscale: Option<crate::autoscale::AutoscaleSpec>,
+    pub autoscale: Option<autoscale::AutoscaleSpec>,
 }
 
 /// A node taint, `key=value:Effect`.
@@ -833,12 +865,12 @@ impl ClusterSpec {
             err("nodes.ip_pool".into(), e.to_string());
         }
         if let Some(ts) = &self.tailscale
-            && let Err(e) = crate::tailscale::check_tag(&ts.tag)
+            && let Err(e) = tailscale::check_tag(&ts.tag)
         {
             err("tailscale.tag".into(), e);
         }
         if let Some(ts) = &self.tailscale
-            && let Err(e) = crate::cloud_init::check_installer_url(&ts.installer_url)
+            && let Err(e) = check_installer_url(&ts.installer_url)
         {
             err("tailscale.installer_url".into(), e);
         }
@@ -853,7 +885,7 @@ impl ClusterSpec {
                 ),
             );
         }
-        if let Err(e) = crate::cloud_init::check_installer_url(&self.k3s.installer_url) {
+        if let Err(e) = check_installer_url(&self.k3s.installer_url) {
             err("k3s.installer_url".into(), e);
         }
         let t = &self.timeouts;
@@ -1165,7 +1197,7 @@ mod tests {
         let with = ClusterSpec::from_yaml(&format!("{yaml}tailscale: {{}}\n")).expect("parses");
         assert_eq!(
             with.tailscale.as_ref().map(|t| t.tag.as_str()),
-            Some(crate::tailscale::DEFAULT_TAG)
+            Some(tailscale::DEFAULT_TAG)
         );
         // Without Tailscale the hash is what it always was; with it, a new VM is needed.
         let p = &plain.worker_pools[0];

@@ -14,10 +14,9 @@ use base64::Engine as _;
 use oxide::prelude::*;
 use oxide::types;
 use oxide_controller::cloud_init::{
-    DataDisk, K3S_INSTALL_URL, K3sRole, NodeUserData, ProviderId, TAILSCALE_INSTALL_URL,
-    TailscaleJoin, render, setup_failure,
+    DataDisk, K3sRole, NodeUserData, ProviderId, TailscaleJoin, render, setup_failure,
 };
-use oxide_controller::spec::K3sInstall;
+use oxide_controller::spec::{K3S_INSTALL_URL, K3sInstall, TAILSCALE_INSTALL_URL};
 use sim_support::*;
 
 const TOKEN: &str = "server-secret-0123456789";

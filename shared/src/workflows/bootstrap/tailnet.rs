@@ -78,8 +78,8 @@ pub(super) fn spec_for(flags: &TailscaleFlags) -> Option<TailscaleSpec> {
         tag: flags
             .tag
             .as_deref()
-            .map(tailscale::normalize_tag)
-            .unwrap_or_else(|| tailscale::DEFAULT_TAG.to_owned()),
+            .map(crate::spec::tailscale::normalize_tag)
+            .unwrap_or_else(|| crate::spec::tailscale::DEFAULT_TAG.to_owned()),
         up_timeout_seconds: flags
             .up_timeout_seconds
             .unwrap_or(crate::spec::DEFAULT_TAILSCALE_UP_TIMEOUT),
@@ -99,7 +99,7 @@ pub(super) fn validate_flags(
 ) -> Result<Option<TailscaleAccess>, BootstrapError> {
     let read = |flag: &str, v: &SecretString| -> Result<SecretString, BootstrapError> {
         let value = super::validate::value_or_file(flag, v.expose(), home)?;
-        tailscale::check_key(&value).map_err(|m| config(format!("{flag}: {m}")))?;
+        crate::spec::tailscale::check_key(&value).map_err(|m| config(format!("{flag}: {m}")))?;
         Ok(SecretString::new(value))
     };
     let Some(auth_key) = &flags.auth_key else {
@@ -352,7 +352,7 @@ mod tests {
         assert_eq!(spec_for(&TailscaleFlags::default()), None);
         assert_eq!(
             spec_for(&flags()).unwrap().tag,
-            tailscale::DEFAULT_TAG,
+            crate::spec::tailscale::DEFAULT_TAG,
             "default"
         );
         for given in ["k8s", "tag:k8s"] {
