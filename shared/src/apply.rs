@@ -20,19 +20,12 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::cluster::{Cluster, ClusterError, EventType, Eviction};
-use crate::model::{InstanceState, NewInstance, PodRef};
+use crate::model::{InstanceState, PodRef};
 use crate::names;
 use crate::plan::backoff::{BlockCause, Blocked};
-use crate::plan::{Action, Plan};
+use crate::plan::{Action, MemberFactory, Plan};
 use crate::rack::{Rack, RackError};
 use crate::retry::{self, Backoff};
-
-/// Builds the instance for a `CreateMember` action (spec + secrets + images + cloud-init).
-pub trait MemberFactory: Send + Sync {
-    fn new_instance(&self, pool: &str, name: &str) -> Result<NewInstance, String>;
-    /// Anti-affinity group of a pool, if any.
-    fn anti_affinity_group(&self, pool: &str) -> Option<String>;
-}
 
 /// Knobs of one apply.
 #[derive(Debug, Clone)]

@@ -17,8 +17,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::members::MemberInput;
-use crate::spec::{K3sInstall, Role, Taint, check_installer_url};
+use crate::model::SetupFailure;
+use crate::secrets::ClusterSecrets;
+use crate::spec::{ClusterSpec, K3sInstall, PoolSpec, Role, Taint, check_installer_url};
 
 /// Oxide limits decoded user-data to 32 KiB.
 pub const MAX_USER_DATA: usize = 32 * 1024;
@@ -706,21 +707,6 @@ pub fn setup_steps(script: &str) -> Vec<SetupStep> {
         .collect()
 }
 
-/// A failed node setup, as the failure marker on the console says.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SetupFailure {
-    /// The step that failed (as the script names it).
-    pub step: String,
-    /// Why (the script's message, or `exit status N`).
-    pub reason: String,
-}
-
-impl fmt::Display for SetupFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "node setup failed at {}: {}", self.step, self.reason)
-    }
-}
-
 /// The failure marker in a console text, if a line carries one (anywhere in the line: the
 /// console may prefix it, e.g. with a timestamp). The last one wins.
 pub fn setup_failure(console: &str) -> Option<SetupFailure> {
@@ -998,6 +984,28 @@ fn validate(input: &NodeUserData) -> Result<(), CloudInitError> {
     Ok(())
 }
 
+/// Everything about a new member that does not depend on I/O. (`Debug` is derived: the
+/// secrets inside have a redacting `Debug` of their own.)
+#[derive(Debug)]
+pub struct MemberInput<'a> {
+    pub spec: &'a ClusterSpec,
+    pub secrets: &'a ClusterSecrets,
+    pub role: Role,
+    pub pool: &'a PoolSpec,
+    pub name: &'a str,
+    pub image_id: uuid::Uuid,
+    /// Address of the API floating IP (a TLS SAN of every server, for external clients).
+    pub api_address: std::net::IpAddr,
+    /// Where this member's k3s joins: a Ready server's private VPC address, which the VPC's
+    /// default `allow-internal-inbound` admits (docs/DESIGN-NOTES.md "Networking").
+    pub join_address: std::net::IpAddr,
+    /// `true` only for the very first server (bootstrap): it creates the cluster.
+    pub cluster_init: bool,
+    /// sha256 of the cluster CA, once known: joiners then get the full `K10<hash>::` token
+    /// form and refuse a server whose CA does not match (the first server has none yet).
+    pub ca_hash: Option<&'a str>,
+}
+
 impl NodeUserData {
     /// The user-data of a pool member: the right token for its role, the API floating IP as
     /// server URL and TLS SAN, the pool's labels (plus `oxide-controller/pool`) and taints,
@@ -1005,7 +1013,7 @@ impl NodeUserData {
     pub fn for_member(m: &MemberInput) -> NodeUserData {
         let spec = m.spec;
         let secrets = m.secrets;
-        let server_url = crate::members::server_url(m.join_address);
+        let server_url = crate::spec::server_url(m.join_address);
         let role = match m.role {
             Role::ControlPlane => {
                 let mut tls_san = vec![m.api_address.to_string()];
@@ -1043,7 +1051,7 @@ impl NodeUserData {
         NodeUserData {
             hostname: m.name.to_string(),
             role,
-            node_labels: crate::members::node_labels(m.pool),
+            node_labels: crate::spec::node_labels(m.pool),
             node_taints: m.pool.taints.clone(),
             provider_id: ProviderId::FromSmbiosUuid,
             external_cloud_provider: spec.k3s.oxide_ccm,

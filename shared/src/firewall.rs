@@ -16,7 +16,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
-use crate::members::API_PORT;
+use crate::spec::API_PORT;
 
 /// `--api-allow` when none is given: anywhere. The Kubernetes API authenticates every request
 /// (client certificates, tokens); operators who know their addresses narrow this.

@@ -3,15 +3,12 @@
 //! user-data rendered by [`crate::cloud_init`] with the join settings (server URL, the right
 //! token for the role, TLS SANs, node name, labels, taints). Pure.
 
-use crate::apply::MemberFactory;
+use crate::cloud_init::MemberInput;
 use crate::model::NewInstance;
 use crate::names::{self, InstanceTag};
-use crate::plan::Observed;
+use crate::plan::{MemberFactory, Observed};
 use crate::secrets::ClusterSecrets;
-use crate::spec::{ClusterSpec, ExternalIpMode, POOL_LABEL, PoolSpec, Role};
-
-/// API server port of k3s.
-pub const API_PORT: u16 = 6443;
+use crate::spec::{ClusterSpec, ExternalIpMode};
 
 /// Builds members of a cluster from its spec, secrets and what the run observed.
 #[derive(Debug)]
@@ -37,37 +34,6 @@ impl<'a> SpecMembers<'a> {
         self.ca_hash = ca_hash;
         self
     }
-}
-
-/// The k3s server URL for `ip` (joiners get a Ready server's private address, external
-/// clients the floating IP).
-pub fn server_url(ip: std::net::IpAddr) -> String {
-    match ip {
-        std::net::IpAddr::V6(v6) => format!("https://[{v6}]:{API_PORT}"),
-        std::net::IpAddr::V4(v4) => format!("https://{v4}:{API_PORT}"),
-    }
-}
-
-/// Everything about a new member that does not depend on I/O. (`Debug` is derived: the
-/// secrets inside have a redacting `Debug` of their own.)
-#[derive(Debug)]
-pub struct MemberInput<'a> {
-    pub spec: &'a ClusterSpec,
-    pub secrets: &'a ClusterSecrets,
-    pub role: Role,
-    pub pool: &'a PoolSpec,
-    pub name: &'a str,
-    pub image_id: uuid::Uuid,
-    /// Address of the API floating IP (a TLS SAN of every server, for external clients).
-    pub api_address: std::net::IpAddr,
-    /// Where this member's k3s joins: a Ready server's private VPC address, which the VPC's
-    /// default `allow-internal-inbound` admits (docs/DESIGN-NOTES.md "Networking").
-    pub join_address: std::net::IpAddr,
-    /// `true` only for the very first server (bootstrap): it creates the cluster.
-    pub cluster_init: bool,
-    /// sha256 of the cluster CA, once known: joiners then get the full `K10<hash>::` token
-    /// form and refuse a server whose CA does not match (the first server has none yet).
-    pub ca_hash: Option<&'a str>,
 }
 
 /// Builds the [`NewInstance`] for one member.
@@ -137,13 +103,6 @@ pub fn join_server(
         .map(|m| m.instance.name.clone())
 }
 
-/// Node labels a member gets: the pool's, plus `oxide-controller/pool`.
-pub fn node_labels(pool: &PoolSpec) -> std::collections::BTreeMap<String, String> {
-    let mut labels = pool.labels.clone();
-    labels.insert(POOL_LABEL.to_owned(), pool.name.clone());
-    labels
-}
-
 impl MemberFactory for SpecMembers<'_> {
     fn new_instance(&self, pool: &str, name: &str) -> Result<NewInstance, String> {
         let (role, pool) = self
@@ -191,6 +150,7 @@ impl MemberFactory for SpecMembers<'_> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::spec::Role;
 
     #[test]
     fn a_tailscale_spec_without_the_auth_key_in_the_secret_creates_nothing() {

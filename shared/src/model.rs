@@ -3,6 +3,7 @@
 //! adapters; they convert into these.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::net::IpAddr;
 
 use chrono::{DateTime, Utc};
@@ -279,5 +280,20 @@ impl PodRef {
     /// `namespace/name`.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A failed node setup, as the failure marker on the console says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetupFailure {
+    /// The step that failed (as the script names it).
+    pub step: String,
+    /// Why (the script's message, or `exit status N`).
+    pub reason: String,
+}
+
+impl fmt::Display for SetupFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "node setup failed at {}: {}", self.step, self.reason)
     }
 }

@@ -24,7 +24,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::model::{
-    Disk, DiskState, FloatingIp, Image, Instance, InstanceState, Node, NodeReadiness,
+    Disk, DiskState, FloatingIp, Image, Instance, InstanceState, NewInstance, Node, NodeReadiness,
 };
 use crate::names::{self, InstanceTag};
 use crate::spec::{ClusterSpec, PoolSpec, Role};
@@ -32,6 +32,13 @@ use crate::spec::{ClusterSpec, PoolSpec, Role};
 pub mod backoff;
 
 pub use crate::model::REMOVING_ANNOTATION;
+
+/// Builds the instance for a `CreateMember` action (spec + secrets + images + cloud-init).
+pub trait MemberFactory: Send + Sync {
+    fn new_instance(&self, pool: &str, name: &str) -> Result<NewInstance, String>;
+    /// Anti-affinity group of a pool, if any.
+    fn anti_affinity_group(&self, pool: &str) -> Option<String>;
+}
 /// Label k3s puts on server Nodes.
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 
@@ -52,7 +59,7 @@ pub struct Observed {
     pub images: BTreeMap<String, Option<Image>>,
     /// Members without a Node whose serial console shows the node setup script's failure
     /// marker (the caller reads the consoles of running members that have no Node yet).
-    pub setup_failures: BTreeMap<String, crate::cloud_init::SetupFailure>,
+    pub setup_failures: BTreeMap<String, crate::model::SetupFailure>,
     /// Members the autoscaler chose to remove (instance names): they go first on scale-down,
     /// like a `delete-me` Node (see [`crate::autoscale`]).
     pub autoscale_victims: BTreeSet<String>,
@@ -123,7 +130,7 @@ pub struct Member<'a> {
     pub drifted: bool,
     pub health: Health,
     /// The failure marker its console shows (with [`Health::SetupFailed`]).
-    pub setup_failure: Option<&'a crate::cloud_init::SetupFailure>,
+    pub setup_failure: Option<&'a crate::model::SetupFailure>,
     /// The autoscaler chose it for removal.
     pub autoscale_victim: bool,
 }

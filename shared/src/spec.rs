@@ -98,6 +98,25 @@ fn is_default_tailscale_up_timeout(v: &u32) -> bool {
     *v == DEFAULT_TAILSCALE_UP_TIMEOUT
 }
 
+/// API server port of k3s.
+pub const API_PORT: u16 = 6443;
+
+/// The k3s server URL for `ip` (joiners get a Ready server's private address, external
+/// clients the floating IP).
+pub fn server_url(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V6(v6) => format!("https://[{v6}]:{API_PORT}"),
+        std::net::IpAddr::V4(v4) => format!("https://{v4}:{API_PORT}"),
+    }
+}
+
+/// Node labels a member gets: the pool's, plus `oxide-controller/pool`.
+pub fn node_labels(pool: &PoolSpec) -> std::collections::BTreeMap<String, String> {
+    let mut labels = pool.labels.clone();
+    labels.insert(POOL_LABEL.to_owned(), pool.name.clone());
+    labels
+}
+
 /// Tailscale's documented installer (adds the package repository, installs, enables
 /// `tailscaled`); the default of `tailscale.installer_url`.
 pub const TAILSCALE_INSTALL_URL: &str = "https://tailscale.com/install.sh";

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use oxide_controller::members::{MemberInput, new_instance};
+use oxide_controller::cloud_init::MemberInput;
+use oxide_controller::members::new_instance;
 use oxide_controller::rack::Rack as _;
 use oxide_controller::rack::RackError;
 use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};

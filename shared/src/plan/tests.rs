@@ -676,7 +676,7 @@ fn a_stopped_member_without_a_node_past_the_join_deadline_is_removed() {
 
 #[test]
 fn a_member_whose_console_says_its_setup_failed_is_replaced_before_the_join_deadline() {
-    let failure = crate::cloud_init::SetupFailure {
+    let failure = crate::model::SetupFailure {
         step: "data-disk".into(),
         reason: "no NVMe disk with serial data-demo-workers-ba".into(),
     };

@@ -30,19 +30,20 @@ mod validate;
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use crate::cloud_init::MemberInput;
 use crate::cluster::NAMESPACE;
 use crate::cluster::kube_cluster::KubeCluster;
 use crate::credentials::CredentialSources;
 use crate::image::{self, EnsuredImage};
 use crate::kubeconfig::{self, WriteOutcome};
 use crate::manifests;
-use crate::members::{self, MemberInput};
+use crate::members;
 use crate::model::{FloatingIp, Image, Instance, InstanceState};
 use crate::names::{self, InstanceTag};
 use crate::plan::Plan;
@@ -428,7 +429,7 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         }
         _ => fip.ip,
     };
-    let server = members::server_url(access_ip);
+    let server = crate::spec::server_url(access_ip);
     info!(step = "wait-api", url = %format!("{server}/readyz"), "waiting for the Kubernetes API");
     wait_for_api(
         &server,
@@ -1128,4 +1129,21 @@ fn pools_line(plan: &Plan) -> String {
         .map(|p| format!("{}={}/{}", p.pool, p.ready, p.desired))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// `value`, or the contents of `PATH` for `file:PATH` (a leading `~/` is the home directory).
+fn value_or_file(flag: &str, value: &str, home: Option<&Path>) -> Result<String, BootstrapError> {
+    match value.strip_prefix("file:") {
+        Some(path) => {
+            let path = match (path.strip_prefix("~/"), home) {
+                (Some(rest), Some(home)) => home.join(rest),
+                _ => PathBuf::from(path),
+            };
+            let shown = path.display().to_string();
+            std::fs::read_to_string(&path)
+                .map(|s| s.trim().to_owned())
+                .map_err(|e| BootstrapError::Config(format!("{flag}: cannot read {shown}: {e}")))
+        }
+        None => Ok(value.trim().to_owned()),
+    }
 }

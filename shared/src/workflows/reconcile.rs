@@ -205,7 +205,7 @@ pub async fn observe<R: Rack, C: Cluster>(
 async fn setup_failures<R: Rack>(
     rack: &R,
     observed: &Observed,
-) -> BTreeMap<String, crate::cloud_init::SetupFailure> {
+) -> BTreeMap<String, crate::model::SetupFailure> {
     let nodes: std::collections::BTreeSet<&str> =
         observed.nodes.iter().map(|n| n.name.as_str()).collect();
     let waiting: Vec<&str> = observed

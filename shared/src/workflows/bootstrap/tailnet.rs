@@ -98,7 +98,7 @@ pub(super) fn validate_flags(
     home: Option<&Path>,
 ) -> Result<Option<TailscaleAccess>, BootstrapError> {
     let read = |flag: &str, v: &SecretString| -> Result<SecretString, BootstrapError> {
-        let value = super::validate::value_or_file(flag, v.expose(), home)?;
+        let value = super::value_or_file(flag, v.expose(), home)?;
         crate::spec::tailscale::check_key(&value).map_err(|m| config(format!("{flag}: {m}")))?;
         Ok(SecretString::new(value))
     };

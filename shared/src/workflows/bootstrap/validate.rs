@@ -96,27 +96,6 @@ pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     out.replace('\n', " ")
 }
 
-/// `value`, or the contents of `PATH` for `file:PATH` (a leading `~/` is the home directory).
-pub(super) fn value_or_file(
-    flag: &str,
-    value: &str,
-    home: Option<&Path>,
-) -> Result<String, BootstrapError> {
-    match value.strip_prefix("file:") {
-        Some(path) => {
-            let path = match (path.strip_prefix("~/"), home) {
-                (Some(rest), Some(home)) => home.join(rest),
-                _ => PathBuf::from(path),
-            };
-            let shown = path.display().to_string();
-            std::fs::read_to_string(&path)
-                .map(|s| s.trim().to_owned())
-                .map_err(|e| config(format!("{flag}: cannot read {shown}: {e}")))
-        }
-        None => Ok(value.trim().to_owned()),
-    }
-}
-
 fn build_spec(input: &BootstrapInput) -> ClusterSpec {
     let project = input
         .project
@@ -338,7 +317,7 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
 
     let user_ssh_public_key = match &input.user_ssh_public_key {
         Some(v) => {
-            let key = value_or_file("--user-ssh-public-key", v, input.home.as_deref())?;
+            let key = super::value_or_file("--user-ssh-public-key", v, input.home.as_deref())?;
             crate::ssh::parse_public_key(&key)
                 .map_err(|e| config(format!("--user-ssh-public-key: {}", one_line(&e))))?;
             Some(key)
