@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use serde::Serialize;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -23,7 +22,7 @@ use crate::cluster::{Cluster, ClusterError, EventType, Eviction};
 use crate::model::{InstanceState, PodRef};
 use crate::names;
 use crate::plan::backoff::{BlockCause, Blocked};
-use crate::plan::{Action, MemberFactory, Plan};
+use crate::plan::{Action, ActionResult, MemberFactory, Outcome, Plan};
 use crate::rack::{Rack, RackError};
 use crate::retry::{self, Backoff};
 
@@ -64,31 +63,6 @@ impl ApplyOptions {
             own_pod: None,
         }
     }
-}
-
-/// What happened to one action.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "outcome", content = "detail", rename_all = "snake_case")]
-pub enum Outcome {
-    Done,
-    /// Made progress; a later run finishes it.
-    InProgress(String),
-    Failed(String),
-    /// Not started: deadline reached or Lease lost.
-    Skipped(String),
-}
-
-/// An action and its outcome.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ActionResult {
-    #[serde(flatten)]
-    pub action: Action,
-    #[serde(flatten)]
-    pub outcome: Outcome,
-    /// A failed create whose cause retrying at once does not fix (see
-    /// [`crate::plan::backoff`]).
-    #[serde(skip)]
-    pub blocked: Option<Blocked>,
 }
 
 /// Executes `plan`. Never fails as a whole: each action reports its own outcome.

@@ -944,7 +944,7 @@ fn validate(input: &NodeUserData) -> Result<(), CloudInitError> {
     }
     if let Some(ts) = &input.tailscale {
         check_token("tailscale.auth_key", &ts.auth_key)?;
-        crate::tailscale::check_tag(&ts.tag).map_err(|m| invalid("tailscale.tag", m))?;
+        crate::spec::tailscale::check_tag(&ts.tag).map_err(|m| invalid("tailscale.tag", m))?;
         check_installer_url(&ts.installer_url)
             .map_err(|m| invalid("tailscale.installer_url", m))?;
         if ts.up_timeout_seconds == 0 {

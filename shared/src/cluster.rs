@@ -10,8 +10,6 @@ use chrono::{DateTime, Utc};
 
 use crate::model::{Node, PodRef};
 
-pub mod kube_cluster;
-
 /// Namespace of everything we own in the cluster.
 pub const NAMESPACE: &str = "kube-system";
 /// Name of the Secret, ConfigMap, Lease, CronJob and ServiceAccount.

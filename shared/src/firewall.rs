@@ -8,7 +8,7 @@
 //! adapter reads it, changes only the rule named [`api_rule_name`] and writes it back only
 //! when that rule differs: every other rule stays as it was, and a re-run writes nothing.
 //!
-//! Not here: the read-modify-write itself (`rack::oxide_rack`), and how members reach a
+//! Not here: the read-modify-write itself (`oxide_rack`), and how members reach a
 //! server (they use its private VPC address, which the default `allow-internal-inbound`
 //! admits: see docs/DESIGN-NOTES.md "Networking").
 

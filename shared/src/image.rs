@@ -6,7 +6,7 @@
 //! delete the temporary disk and snapshot), the chunking (all-zero runs are never sent), the
 //! size arithmetic (data rounded up to the block size, the disk to whole GiB) and the cleanup
 //! of a failed or interrupted import. The Oxide calls sit behind the narrow [`ImageStore`]
-//! trait: [`crate::rack::oxide_images`] implements it for the SDK adapter, [`fake`] in memory.
+//! trait: [`crate::oxide_rack::images`] implements it for the SDK adapter, [`fake`] in memory.
 //!
 //! Not here: deciding *which* image a pool uses (the spec), and drawing progress on a terminal
 //! (the caller passes an [`UploadProgress`]).

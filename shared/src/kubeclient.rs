@@ -1,7 +1,7 @@
 //! Building the `kube::Client` every Kubernetes adapter uses: from an explicit kubeconfig file,
 //! or inferred (in-cluster ServiceAccount, then `$KUBECONFIG` / `~/.kube/config`), always with
 //! timeouts. Only client construction lives here; API calls belong to the adapters
-//! (`cluster::kube_cluster`, `state::kube_store`).
+//! (`kube_cluster`, `kube_store`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

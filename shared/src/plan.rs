@@ -33,6 +33,31 @@ pub mod backoff;
 
 pub use crate::model::REMOVING_ANNOTATION;
 
+/// What happened to one action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", content = "detail", rename_all = "snake_case")]
+pub enum Outcome {
+    Done,
+    /// Made progress; a later run finishes it.
+    InProgress(String),
+    Failed(String),
+    /// Not started: deadline reached or Lease lost.
+    Skipped(String),
+}
+
+/// An action and its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ActionResult {
+    #[serde(flatten)]
+    pub action: Action,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// A failed create whose cause retrying at once does not fix (see
+    /// [`crate::plan::backoff`]).
+    #[serde(skip)]
+    pub blocked: Option<backoff::Blocked>,
+}
+
 /// Builds the instance for a `CreateMember` action (spec + secrets + images + cloud-init).
 pub trait MemberFactory: Send + Sync {
     fn new_instance(&self, pool: &str, name: &str) -> Result<NewInstance, String>;

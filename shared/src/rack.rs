@@ -12,9 +12,6 @@ use crate::model::{
     AntiAffinityGroup, Disk, ExternalIp, FloatingIp, Image, Instance, NewInstance, Snapshot,
 };
 
-pub mod oxide_images;
-pub mod oxide_rack;
-
 /// What went wrong talking to the rack, classified for the caller's decision (adopt, retry,
 /// give up). Messages come from the API and never contain our secrets.
 #[derive(Debug, thiserror::Error)]

@@ -10,8 +10,6 @@ use std::future::Future;
 
 use crate::secrets::ClusterSecrets;
 
-pub mod kube_store;
-
 /// ConfigMap keys.
 pub mod keys {
     pub const SPEC: &str = "spec.yaml";

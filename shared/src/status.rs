@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
 
-use crate::apply::{ActionResult, Outcome};
 use crate::plan::backoff::{self, Backoffs, Blocked};
 use crate::plan::{Action, Plan, PoolCounts};
+use crate::plan::{ActionResult, Outcome};
 
 /// One condition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -20,12 +20,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxide_controller::cluster::kube_cluster::KubeCluster;
 use oxide_controller::cluster::{Cluster, NAMESPACE, OBJECT_NAME};
 use oxide_controller::fake::FakeWorld;
+use oxide_controller::kube_cluster::KubeCluster;
+use oxide_controller::kube_store::KubeStateStore;
 use oxide_controller::secrets::ClusterSecrets;
 use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{StateStore, keys};
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};

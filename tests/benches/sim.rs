@@ -12,13 +12,13 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use oxide_controller::kube_store::KubeStateStore;
 use oxide_controller::model::{NewDisk, NewInstance};
+use oxide_controller::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::rack::Rack;
-use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::secrets::ClusterSecrets;
 use oxide_controller::size::ByteSize;
 use oxide_controller::state::StateStore;
-use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_sim::{Sim, SimOptions};
 
 /// The short mode CI runs (`OXIDE_BENCH_SHORT=1`): the same steps on smaller inputs, so a

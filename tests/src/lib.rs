@@ -11,6 +11,7 @@
 pub mod admin;
 pub mod control_plane;
 pub mod guest;
+pub mod handle;
 /// The guest module's former name, kept so code written against `boot::` still builds.
 pub use guest as boot;
 pub mod net;

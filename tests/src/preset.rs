@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use oxide_controller::cloud_init::MemberInput;
 use oxide_controller::members::new_instance;
+use oxide_controller::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::rack::Rack as _;
 use oxide_controller::rack::RackError;
-use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::retry::Backoff;
 use oxide_controller::secrets::{ClusterSecrets, random_token};
 use oxide_controller::spec::{ClusterSpec, Role, SCHEMA_VERSION};
@@ -24,7 +24,7 @@ use oxide_controller::state::{StateError, StateStore as _};
 use oxide_controller::{names, state};
 use serde_json::Value;
 
-use crate::sim::SimHandle;
+use crate::handle::SimHandle;
 
 /// Name of the preset cluster (instance name prefix, kubeconfig context).
 pub const CLUSTER: &str = "sim";
@@ -312,7 +312,7 @@ pub async fn build(
         .ok_or_else(|| PresetError::Spec("the cluster's API did not start".into()))?;
     let kubeconfig = renamed_kubeconfig(&admin, CLUSTER);
     let client = kube_client(&kubeconfig).await?;
-    let store = oxide_controller::state::kube_store::KubeStateStore::new(
+    let store = oxide_controller::kube_store::KubeStateStore::new(
         client,
         oxide_controller::cluster::NAMESPACE,
     );

@@ -10,11 +10,11 @@
 use std::time::Duration;
 
 use kube::api::DeleteParams;
-use oxide_controller::cluster::kube_cluster::{INSTANTIATE_ANNOTATION, KubeCluster};
 use oxide_controller::cluster::{
     Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome, NAMESPACE, OBJECT_NAME,
     ON_DEMAND_JOB,
 };
+use oxide_controller::kube_cluster::{INSTANTIATE_ANNOTATION, KubeCluster};
 use oxide_controller::kubeclient;
 use oxide_controller::model::{NodeReadiness, PodRef};
 use oxide_controller::plan::REMOVING_ANNOTATION;

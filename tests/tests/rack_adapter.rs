@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use oxide_controller::model::{ExternalIpKind, InstanceState, NewDisk, NewInstance};
-use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::rack::{Rack, RackError, reachable_address};
 use oxide_controller::retry::Backoff;
 use oxide_controller::size::{ByteSize, GIB};

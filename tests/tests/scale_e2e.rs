@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use oxide_controller::cluster::kube_cluster::KubeCluster;
 use oxide_controller::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
+use oxide_controller::kube_cluster::KubeCluster;
+use oxide_controller::kube_store::KubeStateStore;
 use oxide_controller::secrets::ClusterSecrets;
 use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{StateStore, keys};
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};

@@ -20,7 +20,7 @@ use futures::StreamExt as _;
 use oxide_controller::image::{
     self, EnsuredImage, ImageRequest, ImageSource, ImageStore as _, NoProgress, UploadOptions,
 };
-use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::oxide_rack::{OxideRack, RackOptions};
 use oxide_sim::{Sim, SimOptions};
 
 const MIB: u64 = 1 << 20;

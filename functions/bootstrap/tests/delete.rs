@@ -20,8 +20,8 @@ use std::time::Duration;
 use common::{Env, IMAGE, env, log_lines};
 use oxide_controller::model::{NewDisk, NewInstance};
 use oxide_controller::names;
+use oxide_controller::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::rack::Rack as _;
-use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::size::ByteSize;
 
 const CCM: &str = "Managed by oxide-cloud-controller-manager.";
@@ -481,8 +481,8 @@ async fn kill_after_first_mutation(env: &Env, args: &[String]) -> bool {
 /// One reconcile pass with the admin kubeconfig, as the CronJob's Job would run it.
 async fn reconcile_now(env: &Env) {
     use oxide_controller::cluster::NAMESPACE;
-    use oxide_controller::cluster::kube_cluster::KubeCluster;
-    use oxide_controller::state::kube_store::KubeStateStore;
+    use oxide_controller::kube_cluster::KubeCluster;
+    use oxide_controller::kube_store::KubeStateStore;
     use oxide_controller::workflows::reconcile::{self, ReconcileOptions};
     let Ok(client) =
         oxide_controller::kubeclient::client(Some(&env.kubeconfig()), Some("prod")).await
@@ -659,8 +659,8 @@ async fn delete_project_goes_only_whole_and_a_project_without_its_vpc_still_goes
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_api_address_reconcile_re_created_goes_with_the_project() {
     use oxide_controller::cluster::NAMESPACE;
-    use oxide_controller::cluster::kube_cluster::KubeCluster;
-    use oxide_controller::state::kube_store::KubeStateStore;
+    use oxide_controller::kube_cluster::KubeCluster;
+    use oxide_controller::kube_store::KubeStateStore;
     use oxide_controller::workflows::reconcile::{self, ReconcileOptions};
 
     let env = common::env().await;

@@ -18,11 +18,11 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::{BIN, Env, IMAGE, SSH_PORT};
+use oxide_controller::kube_store::KubeStateStore;
 use oxide_controller::manifests::{
     NODE_BINARIES_BASE_IMAGE, NODE_BINARIES_LABEL, NODE_BINARIES_MOUNT,
 };
 use oxide_controller::state::StateStore as _;
-use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::status::Status;
 use oxide_sim::{Sim, SimOptions};
 use serde_json::{Value, json};

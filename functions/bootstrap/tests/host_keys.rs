@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use common::{Env, log_lines};
 use oxide_controller::model::InstanceState;
+use oxide_controller::oxide_rack::OxideRack;
 use oxide_controller::rack::Rack as _;
-use oxide_controller::rack::oxide_rack::OxideRack;
 use serde_json::Value;
 
 fn resume_file(env: &Env) -> std::path::PathBuf {

@@ -16,8 +16,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use oxide_controller::kube_store::KubeStateStore;
 use oxide_controller::spec::{ClusterSpec, ExternalIpMode};
-use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{self, StateStore};
 use oxide_sim::oxide::RouteFault;
 use oxide_sim::preset::Preset;

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use oxide_controller::cluster::NAMESPACE;
-use oxide_controller::cluster::kube_cluster::KubeCluster;
-use oxide_controller::rack::oxide_rack::{OxideRack, RackOptions};
-use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::kube_cluster::KubeCluster;
+use oxide_controller::kube_store::KubeStateStore;
+use oxide_controller::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::telemetry::{self, LogFormat};
 use oxide_controller::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
 

@@ -13,8 +13,8 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use oxide_controller::autoscale::{AutoscaleSpec, ScheduleWindow};
+use oxide_controller::kube_store::KubeStateStore;
 use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{self, StateStore};
 use oxide_controller::status::Status;
 use oxide_sim::control_plane::ControlPlaneOptions;

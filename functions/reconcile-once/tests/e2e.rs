@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use oxide_controller::kube_store::KubeStateStore;
 use oxide_controller::spec::{ClusterSpec, Role};
-use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{self, StateStore};
 use oxide_controller::status::Status;
 use oxide_sim::control_plane::ControlPlaneOptions;
@@ -743,11 +743,11 @@ async fn joiners_refused_for_a_wrong_ca_hash_fail_with_k3ss_reason_and_are_repla
         .find(|n| n.starts_with(WK))
         .cloned()
         .expect("a new worker");
-    let rack = oxide_controller::rack::oxide_rack::OxideRack::connect(
+    let rack = oxide_controller::oxide_rack::OxideRack::connect(
         &env.sim.oxide_host,
         &env.sim.oxide_token,
         "sim",
-        oxide_controller::rack::oxide_rack::RackOptions::default(),
+        oxide_controller::oxide_rack::RackOptions::default(),
     )
     .unwrap();
     // k3s's own logs, as each role behaves: the server exits and is restarted, the agent
@@ -800,7 +800,7 @@ async fn joiners_refused_for_a_wrong_ca_hash_fail_with_k3ss_reason_and_are_repla
     }
 }
 
-async fn console_of(rack: &oxide_controller::rack::oxide_rack::OxideRack, name: &str) -> String {
+async fn console_of(rack: &oxide_controller::oxide_rack::OxideRack, name: &str) -> String {
     use oxide_controller::rack::Rack as _;
     // Empty while the API refuses to show it (an instance that is not running yet).
     rack.serial_console(name)
@@ -819,11 +819,11 @@ async fn a_member_restarted_after_a_failed_first_boot_is_replaced_in_the_next_ru
     use oxide_controller::rack::Rack as _;
     let env = env(1, 1).await;
     let broken = env.add_worker_whose_setup_fails(2).await;
-    let rack = oxide_controller::rack::oxide_rack::OxideRack::connect(
+    let rack = oxide_controller::oxide_rack::OxideRack::connect(
         &env.sim.oxide_host,
         &env.sim.oxide_token,
         "sim",
-        oxide_controller::rack::oxide_rack::RackOptions::default(),
+        oxide_controller::oxide_rack::RackOptions::default(),
     )
     .unwrap();
     support::wait_until(

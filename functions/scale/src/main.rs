@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use oxide_controller::cluster::NAMESPACE;
-use oxide_controller::cluster::kube_cluster::KubeCluster;
-use oxide_controller::state::kube_store::KubeStateStore;
+use oxide_controller::kube_cluster::KubeCluster;
+use oxide_controller::kube_store::KubeStateStore;
 use oxide_controller::telemetry::{self, LogFormat};
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::pending::{self, PendingOptions};

@@ -10,9 +10,9 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use oxide_controller::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
+use oxide_controller::kube_store::KubeStateStore;
 use oxide_controller::secrets::ClusterSecrets;
 use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::kube_store::KubeStateStore;
 use oxide_controller::state::{StateStore, keys};
 use oxide_sim::control_plane::proxy::LocalApi;
 use oxide_sim::guest::cluster_api::{BlockingKube, KubeView};
@@ -258,7 +258,7 @@ async fn status_shows_the_cluster_and_exits_1_while_it_is_degraded() {
             .unwrap();
     };
     write_status(false).await;
-    oxide_controller::cluster::kube_cluster::KubeCluster::new(client, NAMESPACE)
+    oxide_controller::kube_cluster::KubeCluster::new(client, NAMESPACE)
         .record_event(
             oxide_controller::cluster::EventType::Warning,
             "SetupFailed",

@@ -504,7 +504,7 @@ mod tests {
         }))
         .expect("node");
         let v = node_view(
-            &crate::cluster::kube_cluster::node_from_kube(&n),
+            &crate::kube_cluster::node_from_kube(&n),
             Some("workers".into()),
         );
         assert_eq!(v.allocatable.cpu_milli, 2000);

@@ -38,23 +38,23 @@ use tracing::{info, warn};
 
 use crate::cloud_init::MemberInput;
 use crate::cluster::NAMESPACE;
-use crate::cluster::kube_cluster::KubeCluster;
 use crate::credentials::CredentialSources;
 use crate::image::{self, EnsuredImage};
+use crate::kube_cluster::KubeCluster;
+use crate::kube_store::KubeStateStore;
 use crate::kubeconfig::{self, WriteOutcome};
 use crate::manifests;
 use crate::members;
 use crate::model::{FloatingIp, Image, Instance, InstanceState};
 use crate::names::{self, InstanceTag};
+use crate::oxide_rack::{OxideRack, RackOptions};
 use crate::plan::Plan;
-use crate::rack::oxide_rack::{OxideRack, RackOptions};
 use crate::rack::{Rack, RackError};
 use crate::resume::{self, ResumeState};
 use crate::retry::Backoff;
 use crate::size::ByteSize;
 use crate::spec::{ExternalIpMode, K3sInstall, Role, SCHEMA_VERSION};
 use crate::ssh::{HostKeyPins, KeyError, SshError, SshTarget};
-use crate::state::kube_store::KubeStateStore;
 use crate::state::{self, StateError, StateStore as _};
 use crate::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
 
@@ -982,7 +982,7 @@ async fn read_pins(
             .map_err(|e| rack_failed(step, e))?;
         let mut parsed = HostKeyPins::from_console(&String::from_utf8_lossy(&console));
         if matches!(parsed, Err(KeyError::NoFingerprintBlock))
-            && console.len() as u64 >= crate::rack::oxide_rack::SERIAL_CONSOLE_BYTES
+            && console.len() as u64 >= crate::oxide_rack::SERIAL_CONSOLE_BYTES
         {
             // More printed since the block than the tail holds: the start of the history,
             // which propolis keeps, still has it.

@@ -40,7 +40,7 @@ use crate::credentials::{self, CredentialSources};
 use crate::kubeconfig::{self, RemoveOutcome};
 use crate::model::InstanceState;
 use crate::names;
-use crate::rack::oxide_rack::{OxideRack, RackOptions};
+use crate::oxide_rack::{OxideRack, RackOptions};
 use crate::rack::{Rack, RackError};
 use crate::resume::{self, ResumeState};
 use crate::spec::ClusterSpec;

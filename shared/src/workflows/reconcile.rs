@@ -15,11 +15,12 @@ use tracing::{info, warn};
 mod autoscale;
 pub use autoscale::{Decided, active as autoscale_active, views as autoscale_views};
 
-use crate::apply::{self, ActionResult, ApplyOptions, Outcome};
+use crate::apply::{self, ApplyOptions};
 use crate::cluster::{Cluster, ClusterError, EventType, LeaseOutcome};
 use crate::members::SpecMembers;
 use crate::names;
 use crate::plan::{self, Observed, Plan};
+use crate::plan::{ActionResult, Outcome};
 use crate::rack::{Rack, RackError};
 use crate::secrets::ClusterSecrets;
 use crate::spec::ClusterSpec;

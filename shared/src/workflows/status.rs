@@ -1,8 +1,8 @@
 //! `scale status`: reads what an operator may read (the ConfigMap, the Nodes, the Events) and
 //! assembles the view ([`crate::status_view`]). Read-only: nothing is written.
 
-use crate::cluster::kube_cluster::KubeCluster;
 use crate::cluster::{Cluster as _, ClusterError, OBJECT_NAME};
+use crate::kube_cluster::KubeCluster;
 use crate::spec::ClusterSpec;
 use crate::state::{StateError, StateStore};
 use crate::status::Status;

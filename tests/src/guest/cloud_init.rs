@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use base64::Engine as _;
 use serde_json::Value;
 
-use super::k3s::{
+use super::k3s_config::{
     K3S_CONFIG_DROPIN_DIR, K3S_CONFIG_PATH, K3sConfig, Role, merge_k3s_config, validate_k3s_config,
 };
 use super::setup_script::{SetupStep, parse_setup, setup_role};
+use super::yaml::{UserDataError, parse_yaml};
 
 /// Largest user-data cloud-init accepts here (the Oxide API limit, decoded).
 pub const MAX_USER_DATA: usize = 32 * 1024;
@@ -65,46 +66,6 @@ impl std::fmt::Debug for UserData {
             .field("bootcmd", &self.bootcmd)
             .finish()
     }
-}
-
-/// Why cloud-init (or k3s reading its config) rejected the user-data. Messages are printed on
-/// the serial console, so they never quote the user-data itself.
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum UserDataError {
-    /// More than 32 KiB.
-    #[error("user-data is {0} bytes, over the 32768-byte limit; ignoring it")]
-    TooLarge(usize),
-    /// Not valid UTF-8.
-    #[error("user-data is not valid UTF-8 text; ignoring it")]
-    NotUtf8,
-    /// Does not start with the `#cloud-config` header.
-    #[error(
-        "Unhandled non-multipart (text/x-not-multipart) userdata: user-data does not start with '#cloud-config'; ignoring it"
-    )]
-    NoHeader,
-    /// Not parseable YAML.
-    #[error("Failed loading yaml blob. Invalid format at line {line} column {column}")]
-    Yaml {
-        /// 1-based line.
-        line: u64,
-        /// 1-based column.
-        column: u64,
-    },
-    /// YAML, but not a mapping at the top level.
-    #[error("cloud-config was not a dictionary; ignoring it")]
-    NotMapping,
-    /// `write_files` malformed.
-    #[error("Invalid cloud-config provided: write_files: {0}")]
-    WriteFiles(String),
-    /// `users` or `ssh_authorized_keys` malformed.
-    #[error("Invalid cloud-config provided: {0}")]
-    Schema(String),
-    /// The k3s config file malformed (k3s refuses to start).
-    #[error("level=fatal msg=\"Error: failed to parse {path}: {reason}\"", path = K3S_CONFIG_PATH)]
-    K3sConfig {
-        /// What is wrong (never quotes values).
-        reason: String,
-    },
 }
 
 /// Validates and parses user-data the way cloud-init and k3s read it.
@@ -173,17 +134,6 @@ pub fn parse_user_data(bytes: &[u8]) -> Result<UserData, UserDataError> {
         }
     }
     Ok(out)
-}
-
-/// Parses YAML into JSON values; errors carry only a position (the snippet would quote secrets).
-pub(super) fn parse_yaml(text: &str) -> Result<Value, (u64, u64)> {
-    match serde_saphyr::from_str::<Value>(text) {
-        Ok(value) => Ok(value),
-        Err(err) => {
-            let loc = err.location();
-            Err(loc.map(|l| (l.line(), l.column())).unwrap_or((0, 0)))
-        }
-    }
 }
 
 fn parse_write_files(value: &Value) -> Result<BTreeMap<String, Vec<u8>>, UserDataError> {
@@ -361,6 +311,17 @@ fn command_lines(key: &str, value: &Value) -> Result<Vec<String>, UserDataError>
             ))),
         })
         .collect()
+}
+
+/// Whether a `bootcmd` entry runs a per-boot script the user-data writes (on a boot where
+/// `write_files` already ran: the first boot's bootcmd comes before it).
+pub(super) fn bootcmd_runs_per_boot(ud: &UserData) -> bool {
+    ud.bootcmd.iter().any(|line| {
+        ud.files
+            .keys()
+            .filter(|p| p.starts_with(super::setup_script::PER_BOOT_DIR))
+            .any(|p| line.contains(p.as_str()))
+    })
 }
 
 #[cfg(test)]

@@ -8,38 +8,14 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::Inner;
-use super::k3s::{K3sConfig, Role};
+use super::k3s_config::{K3sConfig, Role, parse_label, parse_taint};
 
-pub(super) fn parse_label(s: &str) -> Option<(String, String)> {
-    let (k, v) = s.split_once('=')?;
-    (!k.is_empty()).then(|| (k.to_string(), v.to_string()))
-}
-
-pub(super) fn parse_taint(s: &str) -> Option<Value> {
-    let (kv, effect) = s.rsplit_once(':')?;
-    if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
-        return None;
-    }
-    let (key, value) = match kv.split_once('=') {
-        Some((k, v)) => (k, Some(v)),
-        None => (kv, None),
-    };
-    if key.is_empty() {
-        return None;
-    }
-    let mut taint = json!({"key": key, "effect": effect});
-    if let Some(v) = value {
-        taint["value"] = json!(v);
-    }
-    Some(taint)
-}
-
-/// Labels a kubelet may set on its own Node in the `kubernetes.io`/`k8s.io` namespaces
-/// (k8s.io/kubelet `pkg/apis/well_known_labels.go`: `kubeletLabels`).
 /// The kubelet's Ready=False message before the CNI is up (kubelet
 /// `pkg/kubelet/nodestatus/setters.go` `ReadyCondition` with the runtime's network error).
 const NOT_READY_MESSAGE: &str = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized";
 
+/// Labels a kubelet may set on its own Node in the `kubernetes.io`/`k8s.io` namespaces
+/// (k8s.io/kubelet `pkg/apis/well_known_labels.go`: `kubeletLabels`).
 const KUBELET_LABELS: [&str; 11] = [
     "beta.kubernetes.io/arch",
     "beta.kubernetes.io/instance-type",

@@ -10,7 +10,8 @@ use uuid::Uuid;
 
 use super::cloud_init::{UserData, parse_user_data};
 use super::cluster_api::RealCluster;
-use super::k3s::{Decision, K3S_CONFIG_PATH, K3sConfig, Role};
+use super::k3s::Decision;
+use super::k3s_config::{K3S_CONFIG_PATH, K3sConfig, Role};
 use super::setup_script::{SetupStep, UpEnd};
 use super::{Boot, Inner, K3sState, Vm};
 use super::{console, kubelet, setup_script};
@@ -125,7 +126,7 @@ impl Inner {
         // `cloudinit/config/cc_bootcmd.py:22` PER_ALWAYS, `config/cloud.cfg.tmpl:112-113`).
         if !first
             && let Some(ud) = &user_data
-            && setup_script::bootcmd_runs_per_boot(ud)
+            && super::cloud_init::bootcmd_runs_per_boot(ud)
         {
             self.per_boot_script(id, ud, &printed, &hostname);
         }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use uuid::Uuid;
 
 use super::cluster_api::RealCluster;
-use super::k3s::Role;
+use super::k3s_config::Role;
 use super::{Inner, K3sState, KUBE_API_PORT, State, Vm};
 use crate::net::{ListenerKind, ListenersGuard};
 

@@ -26,11 +26,15 @@ mod cloud_init;
 pub mod cluster_api;
 mod console;
 mod k3s;
+mod k3s_config;
 mod kubelet;
 mod lifecycle;
 mod listeners;
+mod paths;
 mod setup_script;
 mod ssh;
+mod tailscale_up;
+mod yaml;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -42,13 +46,13 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-pub use cloud_init::{
-    AuthorizedKey, MAX_USER_DATA, UserData, UserDataError, parse_public_key, parse_user_data,
-};
-pub use k3s::{
+pub use cloud_init::{AuthorizedKey, MAX_USER_DATA, UserData, parse_public_key, parse_user_data};
+pub use k3s::ca_hash;
+pub use k3s_config::{
     K3S_CONFIG_DROPIN_DIR, K3S_CONFIG_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3sConfig,
-    Role, ca_hash, parse_k3s_config,
+    Role, parse_k3s_config,
 };
+pub use yaml::UserDataError;
 
 use crate::net::Listeners;
 use crate::oxide::{Faults, OxideSim};

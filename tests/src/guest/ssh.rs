@@ -8,7 +8,9 @@ use std::sync::{Arc, Weak};
 use uuid::Uuid;
 
 use super::cloud_init::{AuthorizedKey, parse_public_key};
-use super::k3s::{K3S_AGENT_TOKEN_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3S_TOKEN_PATH};
+use super::k3s_config::{
+    K3S_AGENT_TOKEN_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3S_TOKEN_PATH,
+};
 use super::{Inner, K3sState};
 use crate::sshd::{SshBackend, SshHost};
 

@@ -29,17 +29,14 @@ use oxide::types;
 use uuid::Uuid;
 
 use super::error::ApiError;
+use super::handler::{Ctx, Reply, body_name};
 use super::names::Ref;
-use super::routes::{Ctx, Reply, body_name};
 use super::store::{Project, Store, query_ref};
 
 /// Nexus's caps (`MAX_FW_RULES_PER_VPC`, `MAX_FW_RULE_PARTS`).
 const MAX_RULES: usize = 1024;
 const MAX_PARTS: usize = 256;
-/// Priority nexus gives the default rules.
-const DEFAULT_PRIORITY: u16 = 65534;
-/// The only VPC (and subnet) a simulated project has.
-pub const DEFAULT_VPC: &str = "default";
+use super::firewall_rules::{DEFAULT_VPC, materialize};
 
 /// Where a connection comes from, as the target's firewall sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,62 +61,6 @@ impl Source {
 pub struct Target<'a> {
     pub name: &'a str,
     pub private_ip: Ipv4Addr,
-}
-
-fn name(s: &str) -> types::Name {
-    // The names below are literals that satisfy the Name rules.
-    types::Name::try_from(s).unwrap_or_else(|_| unreachable!("valid literal name {s}"))
-}
-
-fn tcp_port(port: u16) -> types::L4PortRange {
-    types::L4PortRange::try_from(port.to_string())
-        .unwrap_or_else(|_| unreachable!("a u16 is a valid port range"))
-}
-
-/// The three rules nexus writes into a new VPC (omicron `DEFAULT_FIREWALL_RULES`).
-pub fn default_rules() -> Vec<types::VpcFirewallRuleUpdate> {
-    let vpc = || vec![types::VpcFirewallRuleTarget::Vpc(name(DEFAULT_VPC))];
-    let rule = |n: &str, description: &str, filters| types::VpcFirewallRuleUpdate {
-        action: types::VpcFirewallRuleAction::Allow,
-        description: description.into(),
-        direction: types::VpcFirewallRuleDirection::Inbound,
-        filters,
-        name: name(n),
-        priority: DEFAULT_PRIORITY,
-        status: types::VpcFirewallRuleStatus::Enabled,
-        targets: vpc(),
-    };
-    vec![
-        rule(
-            "allow-internal-inbound",
-            "allow inbound traffic to all instances within the VPC if originated within the VPC",
-            types::VpcFirewallRuleFilter {
-                hosts: Some(vec![types::VpcFirewallRuleHostFilter::Vpc(name(
-                    DEFAULT_VPC,
-                ))]),
-                ports: None,
-                protocols: None,
-            },
-        ),
-        rule(
-            "allow-ssh",
-            "allow inbound TCP connections on port 22 from anywhere",
-            types::VpcFirewallRuleFilter {
-                hosts: None,
-                ports: Some(vec![tcp_port(22)]),
-                protocols: Some(vec![types::VpcFirewallRuleProtocol::Tcp]),
-            },
-        ),
-        rule(
-            "allow-icmp",
-            "allow inbound ICMP traffic from anywhere",
-            types::VpcFirewallRuleFilter {
-                hosts: None,
-                ports: None,
-                protocols: Some(vec![types::VpcFirewallRuleProtocol::Icmp(None)]),
-            },
-        ),
-    ]
 }
 
 /// Nexus's checks on a replacement rule list (all before anything changes).
@@ -202,31 +143,6 @@ fn port_range(p: &types::L4PortRange) -> Result<(u16, u16), ApiError> {
         ));
     }
     Ok((first, last))
-}
-
-/// The stored form of a replacement list: each rule gets a new id, as in nexus.
-pub fn materialize(
-    vpc_id: Uuid,
-    rules: Vec<types::VpcFirewallRuleUpdate>,
-) -> Vec<types::VpcFirewallRule> {
-    let now = Utc::now();
-    rules
-        .into_iter()
-        .map(|r| types::VpcFirewallRule {
-            action: r.action,
-            description: r.description,
-            direction: r.direction,
-            filters: r.filters,
-            id: Uuid::new_v4(),
-            name: r.name,
-            priority: r.priority,
-            status: r.status,
-            targets: r.targets,
-            time_created: now,
-            time_modified: now,
-            vpc_id,
-        })
-        .collect()
 }
 
 fn net_contains(net: &types::IpNet, ip: IpAddr) -> bool {
@@ -418,6 +334,7 @@ pub fn update(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::oxide::firewall_rules::default_rules;
 
     fn target() -> Target<'static> {
         Target {

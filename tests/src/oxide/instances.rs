@@ -15,10 +15,10 @@ use uuid::Uuid;
 
 use super::console;
 use super::error::ApiError;
+use super::handler::{Ctx, Reply, body_name};
 use super::lifecycle::{self, Event};
 use super::names::{self, Ref};
 use super::pagination::{ListParams, Page};
-use super::routes::{Ctx, Reply, body_name};
 use super::storage::{self, DiskPlan};
 use super::store::{
     self, ANTI_AFFINITY_GROUP, Console, DiskState, FLOATING_IP, INSTANCE, Instance, RunState,

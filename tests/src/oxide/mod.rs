@@ -14,6 +14,8 @@ mod console;
 mod error;
 pub mod faults;
 mod firewall;
+mod firewall_rules;
+mod handler;
 mod instances;
 mod lifecycle;
 mod names;
@@ -328,7 +330,7 @@ impl OxideSim {
                 let mut fx = Effects::default();
                 let result = {
                     let mut store = self.store();
-                    let mut cx = routes::Ctx {
+                    let mut cx = handler::Ctx {
                         store: &mut store,
                         fx: &mut fx,
                         env: &env,

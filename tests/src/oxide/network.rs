@@ -8,11 +8,11 @@ use oxide::types;
 use uuid::Uuid;
 
 use super::error::ApiError;
+use super::handler::{Ctx, Reply, body_name};
 use super::instances::{self, MAX_GROUP_MEMBERS, MAX_GROUPS_PER_INSTANCE};
 use super::lifecycle::Event;
 use super::names::{self, Ref};
 use super::pagination::ListParams;
-use super::routes::{Ctx, Reply, body_name};
 use super::store::{
     self, ANTI_AFFINITY_GROUP, AntiAffinityGroup, FLOATING_IP, FloatingIp, RunState, Store, Times,
 };

@@ -5,18 +5,14 @@
 //! [`ROUTES`] is the single list of what the simulator serves; the conformance test walks it
 //! against the official OpenAPI document.
 
-use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
 use oxide::types;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use super::lifecycle::{Effects, Env};
-use super::names;
+use super::handler::{Ctx, Reply, body_name};
 use super::pagination::{ListParams, Query};
-use super::store::{Project, Store};
-use super::{AddressPool, SERVER_API_VERSION, firewall, instances, network, storage, vpcs};
+use super::store::Project;
+use super::{SERVER_API_VERSION, firewall, instances, network, storage, vpcs};
 
 /// Operation behind a route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -684,71 +680,6 @@ pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
             }
         }
     }
-}
-
-/// A successful reply.
-#[derive(Debug)]
-pub struct Reply {
-    pub status: StatusCode,
-    pub body: Bytes,
-}
-
-impl Reply {
-    /// `value` as JSON with `status`.
-    pub fn json<T: Serialize>(status: StatusCode, value: &T) -> Result<Self, ApiError> {
-        let body = serde_json::to_vec(value).map_err(|_| ApiError::internal())?;
-        Ok(Self {
-            status,
-            body: Bytes::from(body),
-        })
-    }
-
-    /// 204 without a body.
-    pub fn no_content() -> Result<Self, ApiError> {
-        Ok(Self {
-            status: StatusCode::NO_CONTENT,
-            body: Bytes::new(),
-        })
-    }
-}
-
-/// Everything a handler may touch.
-pub struct Ctx<'a> {
-    pub store: &'a mut Store,
-    pub fx: &'a mut Effects,
-    pub env: &'a Env<'a>,
-    pub pool: &'a AddressPool,
-    pub query: &'a Query,
-    pub params: &'a [String],
-    pub body: &'a Bytes,
-}
-
-impl Ctx<'_> {
-    /// Path parameter `i` (routes guarantee their count).
-    pub fn param(&self, i: usize) -> &str {
-        self.params.get(i).map(String::as_str).unwrap_or_default()
-    }
-
-    /// The optional `project` query parameter.
-    pub fn project(&self) -> Option<&str> {
-        self.query.get("project").map(String::as_str)
-    }
-
-    /// The required `project` query parameter of create routes.
-    pub fn required_project(&self) -> Result<&str, ApiError> {
-        self.project()
-            .ok_or_else(|| ApiError::bad_query("missing field `project`"))
-    }
-
-    /// The JSON body as `T`.
-    pub fn body<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
-        serde_json::from_slice(self.body).map_err(ApiError::bad_body)
-    }
-}
-
-/// Applies nexus's name rules to a name from a request body.
-pub fn body_name(n: &types::Name) -> Result<(), ApiError> {
-    names::check_name(n.as_str()).map_err(ApiError::bad_body)
 }
 
 /// Runs the handler of `spec`.

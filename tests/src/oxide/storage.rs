@@ -14,9 +14,9 @@ use oxide::types;
 use uuid::Uuid;
 
 use super::error::ApiError;
+use super::handler::{Ctx, Reply, body_name};
 use super::names::Ref;
 use super::pagination::ListParams;
-use super::routes::{Ctx, Reply, body_name};
 use super::store::{
     self, Blocks, DISK, Disk, DiskState, IMAGE, Image, SNAPSHOT, Snapshot, Store, Times,
 };

@@ -185,7 +185,10 @@ impl Project {
             times: Times::now(),
             vpc_id,
             subnet_id: Uuid::new_v4(),
-            firewall_rules: super::firewall::materialize(vpc_id, super::firewall::default_rules()),
+            firewall_rules: super::firewall_rules::materialize(
+                vpc_id,
+                super::firewall_rules::default_rules(),
+            ),
             subnet,
             vpc_deleted: false,
             subnet_deleted: false,

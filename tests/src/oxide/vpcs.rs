@@ -25,10 +25,11 @@ use oxide::types;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::firewall::{self, DEFAULT_VPC};
+use super::firewall;
+use super::firewall_rules::DEFAULT_VPC;
+use super::handler::{Ctx, Reply, body_name};
 use super::names::Ref;
 use super::pagination::ListParams;
-use super::routes::{Ctx, Reply, body_name};
 use super::store::{self, AFFINITY_GROUP, AffinityGroup, ExtraSubnet, Project, Times};
 
 /// The VPC prefix every simulated project's `default` VPC shows.

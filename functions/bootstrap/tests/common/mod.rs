@@ -46,12 +46,12 @@ pub async fn env_with(opts: SimOptions) -> Env {
 
 impl Env {
     /// The product's Oxide adapter for `project` on this simulator.
-    pub fn rack(&self, project: &str) -> oxide_controller::rack::oxide_rack::OxideRack {
-        oxide_controller::rack::oxide_rack::OxideRack::connect(
+    pub fn rack(&self, project: &str) -> oxide_controller::oxide_rack::OxideRack {
+        oxide_controller::oxide_rack::OxideRack::connect(
             &self.sim.oxide_host,
             &self.sim.oxide_token,
             project,
-            oxide_controller::rack::oxide_rack::RackOptions::default(),
+            oxide_controller::oxide_rack::RackOptions::default(),
         )
         .unwrap()
     }

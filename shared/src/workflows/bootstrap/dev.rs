@@ -22,8 +22,8 @@ use crate::dev_image::{Built, DevImage, Installed};
 use crate::manifests::{self, NodeBinaries};
 use crate::model::InstanceState;
 use crate::names;
+use crate::oxide_rack::OxideRack;
 use crate::rack::Rack as _;
-use crate::rack::oxide_rack::OxideRack;
 use crate::spec::ClusterSpec;
 use crate::ssh::{HostKeyPins, SshKeyPair, SshTarget};
 
@@ -121,7 +121,7 @@ pub(super) async fn install_on_servers(
     spec: &ClusterSpec,
     key: &SshKeyPair,
     built: &Built,
-    store: &crate::state::kube_store::KubeStateStore,
+    store: &crate::kube_store::KubeStateStore,
     timeout: Duration,
     tty: bool,
 ) -> Result<(), BootstrapError> {

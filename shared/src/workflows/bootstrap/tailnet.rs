@@ -200,7 +200,7 @@ pub(super) fn reach_over_tailnet(spec: &ClusterSpec, access: Option<&TailscaleAc
 /// when its console shows that the node setup failed (e.g. `tailscale up` was refused).
 pub(super) async fn tailnet_address(
     access: &TailscaleAccess,
-    rack: &crate::rack::oxide_rack::OxideRack,
+    rack: &crate::oxide_rack::OxideRack,
     instance: &str,
     deadline: Instant,
     tty: bool,

@@ -10,7 +10,7 @@ use crate::credentials;
 use crate::image::{ImageRequest, ImageSource, UploadOptions};
 use crate::kubeconfig::{self, WriteMode};
 use crate::manifests::{self, Manifest, Settings};
-use crate::rack::oxide_rack::{OxideRack, RackOptions};
+use crate::oxide_rack::{OxideRack, RackOptions};
 use crate::resume;
 use crate::spec::{ClusterSpec, SpecErrors};
 

@@ -17,11 +17,11 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use tokio::time::Instant;
 use tracing::info;
 
-use crate::cluster::kube_cluster::KubeCluster;
 use crate::cluster::{Cluster as _, LeaseOutcome, NAMESPACE, OBJECT_NAME};
+use crate::kube_cluster::KubeCluster;
+use crate::kube_store::KubeStateStore;
 use crate::kubeclient;
 use crate::spec::ClusterSpec;
-use crate::state::kube_store::KubeStateStore;
 use crate::state::{StateStore as _, keys};
 
 /// Name of the webhook Deployment (k8s-cronjobs/webhook.yaml).

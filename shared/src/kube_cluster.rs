@@ -23,7 +23,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rand::RngExt;
 use serde::de::DeserializeOwned;
 
-use super::{
+use crate::cluster::{
     Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome, OBJECT_NAME,
     ON_DEMAND_JOB,
 };
@@ -66,7 +66,7 @@ impl std::fmt::Debug for KubeCluster {
 
 impl KubeCluster {
     /// An adapter for the Lease, CronJob, Job and Events in `namespace` (normally
-    /// [`super::NAMESPACE`]); Nodes and pods are cluster-wide.
+    /// [`crate::cluster::NAMESPACE`]); Nodes and pods are cluster-wide.
     ///
     /// Build `client` with [`crate::kubeclient::client`]: kube's default retry layer would
     /// retry the 429 of a budget-blocked eviction for minutes.

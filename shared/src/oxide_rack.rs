@@ -31,6 +31,8 @@ use crate::rack::{Rack, RackError};
 use crate::retry::{self, Backoff};
 use crate::size::ByteSize;
 
+pub mod images;
+
 /// Page size when none is configured.
 pub const DEFAULT_PAGE_SIZE: u32 = 10_000;
 /// Largest page Nexus serves; larger requests are clamped by the server anyway.

@@ -13,10 +13,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
-use super::{ConfigSnapshot, NAME_LABEL, StateError, StateStore};
 use crate::cluster::OBJECT_NAME;
 use crate::kubeclient::{api_message, api_status};
 use crate::secrets::ClusterSecrets;
+use crate::state::{ConfigSnapshot, NAME_LABEL, StateError, StateStore};
 
 /// Read-fill-write rounds `ensure_state` makes per object before giving up with `Conflict`.
 const ENSURE_ATTEMPTS: usize = 5;
@@ -94,7 +94,7 @@ impl KubeStateStore {
         format!("Secret {}/{OBJECT_NAME}", self.namespace)
     }
 
-    /// Adds `pins` (instance → fingerprints) to the Secret's [`super::keys::HOST_KEY_PINS`]
+    /// Adds `pins` (instance → fingerprints) to the Secret's [`crate::state::keys::HOST_KEY_PINS`]
     /// and returns everything it holds afterwards. Pins already stored for an instance are
     /// never replaced: a key that changed is for the person to check, not to overwrite.
     pub async fn merge_host_key_pins(
@@ -111,9 +111,9 @@ impl KubeStateStore {
                 .ok_or_else(|| StateError::NotFound { what: what.clone() })?;
             let data = secret.data.get_or_insert_with(BTreeMap::new);
             let mut stored: BTreeMap<String, Vec<String>> =
-                match data.get(super::keys::HOST_KEY_PINS) {
+                match data.get(crate::state::keys::HOST_KEY_PINS) {
                     Some(v) => serde_json::from_slice(&v.0).map_err(|e| StateError::Malformed {
-                        what: format!("{what} key {}", super::keys::HOST_KEY_PINS),
+                        what: format!("{what} key {}", crate::state::keys::HOST_KEY_PINS),
                         message: e.to_string(),
                     })?,
                     None => BTreeMap::new(),
@@ -124,14 +124,17 @@ impl KubeStateStore {
                     .entry(instance.clone())
                     .or_insert_with(|| fps.clone());
             }
-            if stored.len() == before && data.contains_key(super::keys::HOST_KEY_PINS) {
+            if stored.len() == before && data.contains_key(crate::state::keys::HOST_KEY_PINS) {
                 return Ok(stored);
             }
             let json = serde_json::to_vec(&stored).map_err(|e| StateError::Malformed {
                 what: what.clone(),
                 message: e.to_string(),
             })?;
-            data.insert(super::keys::HOST_KEY_PINS.to_owned(), ByteString(json));
+            data.insert(
+                crate::state::keys::HOST_KEY_PINS.to_owned(),
+                ByteString(json),
+            );
             match api
                 .replace(OBJECT_NAME, &PostParams::default(), &secret)
                 .await

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use oxide::prelude::*;
 use oxide::types;
 
-use super::oxide_rack::{OxideRack, classify};
+use super::{OxideRack, classify};
 use crate::image::{ImageStore, ImportDisk, ImportDiskState, NewImage, Snapshot};
 use crate::model::Image;
 use crate::rack::RackError;

@@ -1,0 +1,216 @@
+//! The k3s configuration a guest is given: the file paths, the role an install selects, the
+//! config file and its drop-ins as k3s layers them, and the node labels and taints in it.
+//! Parsing only; what k3s does with it is `k3s` and `kubelet`.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+pub use super::paths::{
+    K3S_AGENT_TOKEN_PATH, K3S_CONFIG_DROPIN_DIR, K3S_CONFIG_PATH, K3S_KUBECONFIG_PATH,
+    K3S_NODE_TOKEN_PATH, K3S_TOKEN_PATH,
+};
+use super::yaml::{UserDataError, parse_yaml};
+
+// ---------------------------------------------------------------------------------------------
+// user-data
+
+/// The k3s role a VM's install step selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// `k3s server` (control plane + etcd).
+    Server,
+    /// `k3s agent` (worker).
+    Agent,
+}
+
+impl Role {
+    /// The systemd unit install.sh writes for the role.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Role::Server => "k3s",
+            Role::Agent => "k3s-agent",
+        }
+    }
+}
+
+/// The parsed k3s config file. Debug redacts the tokens.
+#[derive(Clone, Default, PartialEq)]
+pub struct K3sConfig {
+    /// `server`: URL of an existing server to join.
+    pub server: Option<String>,
+    /// `token`: cluster token (servers) or join token (agents).
+    pub token: Option<String>,
+    /// `agent-token`: the token agents join with (servers only).
+    pub agent_token: Option<String>,
+    /// `cluster-init`: start a new embedded-etcd cluster.
+    pub cluster_init: bool,
+    /// `tls-san`: extra names/IPs in the API serving certificate.
+    pub tls_san: Vec<String>,
+    /// `node-name`.
+    pub node_name: Option<String>,
+    /// `node-label`: `k=v` entries.
+    pub node_label: Vec<String>,
+    /// `node-taint`: `k=v:Effect` entries.
+    pub node_taint: Vec<String>,
+    /// `kubelet-arg`: `name=value` entries (e.g. `provider-id=oxide://<uuid>`).
+    pub kubelet_arg: Vec<String>,
+    /// `disable-cloud-controller`.
+    pub disable_cloud_controller: bool,
+}
+
+impl std::fmt::Debug for K3sConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("K3sConfig")
+            .field("server", &self.server)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field(
+                "agent_token",
+                &self.agent_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("cluster_init", &self.cluster_init)
+            .field("tls_san", &self.tls_san)
+            .field("node_name", &self.node_name)
+            .field("node_label", &self.node_label)
+            .field("node_taint", &self.node_taint)
+            .field("kubelet_arg", &self.kubelet_arg)
+            .field("disable_cloud_controller", &self.disable_cloud_controller)
+            .finish()
+    }
+}
+
+/// Reads one k3s config value as a string; k3s (Go YAML into string flags) takes scalars.
+fn scalar_string(key: &str, v: &Value) -> Result<String, UserDataError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        _ => Err(UserDataError::K3sConfig {
+            reason: format!("{key}: expected a string"),
+        }),
+    }
+}
+
+fn scalar_bool(key: &str, v: &Value) -> Result<bool, UserDataError> {
+    match v {
+        Value::Bool(b) => Ok(*b),
+        Value::String(s) if s == "true" => Ok(true),
+        Value::String(s) if s == "false" => Ok(false),
+        _ => Err(UserDataError::K3sConfig {
+            reason: format!("{key}: expected a boolean"),
+        }),
+    }
+}
+
+fn string_list(key: &str, v: &Value) -> Result<Vec<String>, UserDataError> {
+    match v {
+        Value::Array(items) => items.iter().map(|i| scalar_string(key, i)).collect(),
+        Value::Null => Ok(Vec::new()),
+        other => Ok(vec![scalar_string(key, other)?]),
+    }
+}
+
+/// Parses `/etc/rancher/k3s/config.yaml` alone.
+pub fn parse_k3s_config(content: &[u8]) -> Result<K3sConfig, UserDataError> {
+    let mut cfg = K3sConfig::default();
+    merge_k3s_config(&mut cfg, content)?;
+    validate_k3s_config(&cfg)?;
+    Ok(cfg)
+}
+
+/// Applies one k3s config file on top of `cfg`, as k3s layers `config.yaml` and its
+/// drop-ins: a list key replaces what came before, the same key with a `+` suffix appends.
+pub(super) fn merge_k3s_config(cfg: &mut K3sConfig, content: &[u8]) -> Result<(), UserDataError> {
+    let text = std::str::from_utf8(content).map_err(|_| UserDataError::K3sConfig {
+        reason: "not UTF-8".into(),
+    })?;
+    if text.trim().is_empty() {
+        return Ok(());
+    }
+    let doc = parse_yaml(text).map_err(|(line, column)| UserDataError::K3sConfig {
+        reason: format!("invalid YAML at line {line} column {column}"),
+    })?;
+    let map = match doc {
+        Value::Object(map) => map,
+        Value::Null => return Ok(()),
+        _ => {
+            return Err(UserDataError::K3sConfig {
+                reason: "not a YAML mapping".into(),
+            });
+        }
+    };
+    for (raw_key, v) in &map {
+        let append = raw_key.ends_with('+');
+        let key = raw_key.trim_end_matches('+');
+        let list = |target: &mut Vec<String>| -> Result<(), UserDataError> {
+            let items = string_list(key, v)?;
+            if !append {
+                target.clear();
+            }
+            target.extend(items);
+            Ok(())
+        };
+        match key {
+            "server" => cfg.server = Some(scalar_string(key, v)?),
+            "token" => cfg.token = Some(scalar_string(key, v)?),
+            "agent-token" => cfg.agent_token = Some(scalar_string(key, v)?),
+            "node-name" => cfg.node_name = Some(scalar_string(key, v)?),
+            "cluster-init" => cfg.cluster_init = scalar_bool(key, v)?,
+            "disable-cloud-controller" => cfg.disable_cloud_controller = scalar_bool(key, v)?,
+            "tls-san" => list(&mut cfg.tls_san)?,
+            "node-label" => list(&mut cfg.node_label)?,
+            "node-taint" => list(&mut cfg.node_taint)?,
+            "kubelet-arg" => list(&mut cfg.kubelet_arg)?,
+            // Everything else k3s knows (write-kubeconfig-mode, disable, node-ip, ...) does not
+            // change what the simulator models.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn validate_k3s_config(cfg: &K3sConfig) -> Result<(), UserDataError> {
+    for label in &cfg.node_label {
+        if parse_label(label).is_none() {
+            return Err(UserDataError::K3sConfig {
+                reason: format!("node-label: '{label}' is not key=value"),
+            });
+        }
+    }
+    for taint in &cfg.node_taint {
+        if parse_taint(taint).is_none() {
+            return Err(UserDataError::K3sConfig {
+                reason: format!(
+                    "node-taint: '{taint}' is not key[=value]:NoSchedule|PreferNoSchedule|NoExecute"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `KEY=VALUE` of a `node-label` entry.
+pub(super) fn parse_label(s: &str) -> Option<(String, String)> {
+    let (k, v) = s.split_once('=')?;
+    (!k.is_empty()).then(|| (k.to_string(), v.to_string()))
+}
+
+/// `KEY[=VALUE]:EFFECT` of a `node-taint` entry, as a Node taint.
+pub(super) fn parse_taint(s: &str) -> Option<Value> {
+    let (kv, effect) = s.rsplit_once(':')?;
+    if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+        return None;
+    }
+    let (key, value) = match kv.split_once('=') {
+        Some((k, v)) => (k, Some(v)),
+        None => (kv, None),
+    };
+    if key.is_empty() {
+        return None;
+    }
+    let mut taint = json!({"key": key, "effect": effect});
+    if let Some(v) = value {
+        taint["value"] = json!(v);
+    }
+    Some(taint)
+}
