@@ -1,0 +1,552 @@
+//! The module graph of the library (`shared/src`) and of the simulator (`tests/src`): no
+//! import circle among the modules of any folder, and in the library no import from a lower
+//! layer to a higher one (the layers are in [`LIBRARY_LAYERS`]; docs/DESIGN-NOTES.md
+//! "Layout"). A new circle or upward import fails this test with the modules and the lines
+//! that make it.
+//!
+//! How the graph is read: every file is tokenized (so comments and doc links do not count),
+//! items under `#[cfg(test)]` are skipped, and every path that starts with `crate::`,
+//! `super::` or `self::` (in `use` trees, braces included, and inline in code) is resolved to
+//! the deepest module it names. A module and the modules inside it are one unit: a child may
+//! use its parent's items and a parent its children's. Among the children of one module (and
+//! the top-level modules of the crate), an edge `a → b` exists when anything inside `a` names
+//! anything inside `b`; those edges must form no circle, at every level.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use proc_macro2::{Delimiter, TokenStream, TokenTree};
+
+/// The library's layers, lowest first: a module may name modules of its own layer or lower.
+/// A module inside another takes the layer of the longest prefix listed.
+const LIBRARY_LAYERS: &[(&str, &[&str])] = &[
+    (
+        "base",
+        &["names", "size", "kcron", "retry", "secrets", "telemetry"],
+    ),
+    (
+        "domain",
+        &[
+            "spec",
+            "model",
+            "firewall",
+            "autoscale",
+            "plan",
+            "status",
+            "status_view",
+        ],
+    ),
+    ("rendering", &["cloud_init", "members"]),
+    ("ports", &["rack", "cluster", "state"]),
+    (
+        "adapters",
+        &[
+            "oxide_rack",
+            "kube_cluster",
+            "kube_store",
+            "kubeclient",
+            "kubeconfig",
+            "manifests",
+            "resume",
+            "ssh",
+            "tailscale",
+            "credentials",
+            "image",
+            "dev_image",
+        ],
+    ),
+    ("executor", &["apply"]),
+    ("workflows", &["workflows"]),
+    ("webhook", &["webhook"]),
+    ("testing", &["fake"]),
+];
+
+/// A path as its segments, with the line it is on.
+type PathAt = (Vec<String>, usize);
+
+/// One reference from a module to another, for messages.
+#[derive(Debug, Clone)]
+struct Use {
+    from: String,
+    to: String,
+    file: PathBuf,
+    line: usize,
+}
+
+/// Module path (`""` for the crate root, `a::b`) → its file.
+fn modules(root: &Path) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                // `bin/` holds separate crates.
+                if !(dir == root && path.file_name().is_some_and(|n| n == "bin")) {
+                    dirs.push(path);
+                }
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let rel = path.strip_prefix(root).unwrap().with_extension("");
+            let mut parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if matches!(
+                parts.last().map(String::as_str),
+                Some("mod" | "lib" | "main")
+            ) {
+                parts.pop();
+            }
+            out.insert(parts.join("::"), path);
+        }
+    }
+    out
+}
+
+/// Whether the tokens at `i` are `#[cfg(test)]` (or `#[cfg(any(test, …))]`).
+fn is_cfg_test(tokens: &[TokenTree], i: usize) -> bool {
+    let (Some(TokenTree::Punct(p)), Some(TokenTree::Group(g))) = (tokens.get(i), tokens.get(i + 1))
+    else {
+        return false;
+    };
+    if p.as_char() != '#' || g.delimiter() != Delimiter::Bracket {
+        return false;
+    }
+    let text = g.stream().to_string().replace(' ', "");
+    text.starts_with("cfg(") && (text == "cfg(test)" || text.contains("(test,"))
+}
+
+/// Index just past the item starting at `i` (its `;` or its last brace group).
+fn skip_item(tokens: &[TokenTree], mut i: usize) -> usize {
+    while i < tokens.len() {
+        match &tokens[i] {
+            TokenTree::Punct(p) if p.as_char() == ';' => return i + 1,
+            TokenTree::Group(g) if g.delimiter() == Delimiter::Brace => return i + 1,
+            TokenTree::Punct(p) if p.as_char() == '#' => i += 2,
+            _ => i += 1,
+        }
+    }
+    i
+}
+
+/// Every path starting with `crate`/`super`/`self` in `stream`, expanded through `{…}` use
+/// groups, with its line. `#[cfg(test)]` items are skipped; `mod name;` declarations under it
+/// are returned in `test_mods`.
+fn paths(stream: TokenStream, out: &mut Vec<PathAt>, test_mods: &mut BTreeSet<String>) {
+    let tokens: Vec<TokenTree> = stream.into_iter().collect();
+    let mut i = 0;
+    while i < tokens.len() {
+        if is_cfg_test(&tokens, i) {
+            // `#[cfg(test)] mod tests;` names a file to leave out as well.
+            let mut j = i + 2;
+            while is_cfg_test(&tokens, j)
+                || matches!(&tokens.get(j), Some(TokenTree::Punct(p)) if p.as_char() == '#')
+            {
+                j += 2;
+            }
+            if let (Some(TokenTree::Ident(m)), Some(TokenTree::Ident(name))) =
+                (tokens.get(j), tokens.get(j + 1))
+                && m == "mod"
+            {
+                test_mods.insert(name.to_string());
+            }
+            i = skip_item(&tokens, i + 2);
+            continue;
+        }
+        match &tokens[i] {
+            TokenTree::Group(g) => paths(g.stream(), out, test_mods),
+            TokenTree::Ident(id)
+                if matches!(id.to_string().as_str(), "crate" | "super" | "self")
+                    && !preceded_by_colons(&tokens, i) =>
+            {
+                let line = id.span().start().line;
+                i = path_at(&tokens, i, Vec::new(), line, out);
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+}
+
+fn preceded_by_colons(tokens: &[TokenTree], i: usize) -> bool {
+    i >= 1 && matches!(&tokens[i - 1], TokenTree::Punct(p) if p.as_char() == ':')
+}
+
+/// Reads `seg (:: seg)* (:: {tree, …})?` from `i` after `prefix`; returns the index after it.
+fn path_at(
+    tokens: &[TokenTree],
+    mut i: usize,
+    mut prefix: Vec<String>,
+    line: usize,
+    out: &mut Vec<PathAt>,
+) -> usize {
+    loop {
+        match tokens.get(i) {
+            Some(TokenTree::Ident(id)) => {
+                prefix.push(id.to_string());
+                i += 1;
+            }
+            Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Brace => {
+                // A use group: each comma-separated tree continues the prefix.
+                let inner: Vec<TokenTree> = g.stream().into_iter().collect();
+                let mut j = 0;
+                while j < inner.len() {
+                    j = path_at(&inner, j, prefix.clone(), line, out);
+                    while j < inner.len()
+                        && !matches!(&inner[j], TokenTree::Punct(p) if p.as_char() == ',')
+                    {
+                        j += 1;
+                    }
+                    j += 1;
+                }
+                return i + 1;
+            }
+            _ => break,
+        }
+        // `::` continues the path.
+        let colons = matches!(
+            (tokens.get(i), tokens.get(i + 1)),
+            (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b)))
+                if a.as_char() == ':' && b.as_char() == ':'
+        );
+        if !colons {
+            break;
+        }
+        i += 2;
+    }
+    if !prefix.is_empty() {
+        out.push((prefix, line));
+    }
+    i
+}
+
+/// Resolves a path from module `from` to the deepest module it names.
+fn resolve(from: &str, path: &[String], mods: &BTreeMap<String, PathBuf>) -> Option<String> {
+    let mut base: Vec<String> = if from.is_empty() {
+        Vec::new()
+    } else {
+        from.split("::").map(str::to_owned).collect()
+    };
+    let mut rest = path;
+    match rest.first().map(String::as_str) {
+        Some("crate") => {
+            base.clear();
+            rest = &rest[1..];
+        }
+        Some("self") => rest = &rest[1..],
+        _ => {}
+    }
+    while rest.first().is_some_and(|s| s == "super") {
+        base.pop()?;
+        rest = &rest[1..];
+    }
+    let mut best = None;
+    let mut cur = base.clone();
+    if mods.contains_key(&cur.join("::")) {
+        best = Some(cur.join("::"));
+    }
+    for seg in rest {
+        cur.push(seg.clone());
+        if mods.contains_key(&cur.join("::")) {
+            best = Some(cur.join("::"));
+        } else {
+            break;
+        }
+    }
+    best
+}
+
+fn is_within(m: &str, ancestor: &str) -> bool {
+    ancestor.is_empty() || m == ancestor || m.starts_with(&format!("{ancestor}::"))
+}
+
+/// Every cross-module reference of the crate at `root`.
+fn uses(root: &Path) -> Vec<Use> {
+    let mods = modules(root);
+    // Files of `#[cfg(test)] mod x;` are tests, not the module graph.
+    let mut excluded: BTreeSet<String> = BTreeSet::new();
+    let mut found: Vec<(String, PathBuf, Vec<PathAt>)> = Vec::new();
+    for (m, file) in &mods {
+        let src = std::fs::read_to_string(file).unwrap();
+        let stream: TokenStream = src
+            .parse()
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let mut ps = Vec::new();
+        let mut test_mods = BTreeSet::new();
+        paths(stream, &mut ps, &mut test_mods);
+        for t in test_mods {
+            excluded.insert(if m.is_empty() { t } else { format!("{m}::{t}") });
+        }
+        found.push((m.clone(), file.clone(), ps));
+    }
+    let mut out = Vec::new();
+    for (m, file, ps) in found {
+        if excluded.iter().any(|x| is_within(&m, x)) {
+            continue;
+        }
+        for (p, line) in ps {
+            let Some(to) = resolve(&m, &p, &mods) else {
+                continue;
+            };
+            // A module and those inside it are one unit.
+            if is_within(&m, &to) || is_within(&to, &m) {
+                continue;
+            }
+            out.push(Use {
+                from: m.clone(),
+                to,
+                file: file.clone(),
+                line,
+            });
+        }
+    }
+    out
+}
+
+/// The child of `parent` that contains `m` (`None` when `m` is not inside `parent`).
+fn child_of(parent: &str, m: &str) -> Option<String> {
+    let rest = if parent.is_empty() {
+        m
+    } else {
+        m.strip_prefix(&format!("{parent}::"))?
+    };
+    let first = rest.split("::").next()?;
+    Some(if parent.is_empty() {
+        first.to_owned()
+    } else {
+        format!("{parent}::{first}")
+    })
+}
+
+/// Circles among siblings, at every level: each as its modules and one use per edge.
+fn circles(all: &[Use]) -> Vec<(Vec<String>, Vec<Use>)> {
+    let parents: BTreeSet<String> = all
+        .iter()
+        .flat_map(|u| [u.from.clone(), u.to.clone()])
+        .flat_map(|m| {
+            let parts: Vec<&str> = m.split("::").collect();
+            (0..parts.len())
+                .map(|k| parts[..k].join("::"))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut out = Vec::new();
+    for parent in parents {
+        let mut edges: BTreeMap<String, BTreeMap<String, Use>> = BTreeMap::new();
+        for u in all {
+            let (Some(a), Some(b)) = (child_of(&parent, &u.from), child_of(&parent, &u.to)) else {
+                continue;
+            };
+            if a != b {
+                edges.entry(a).or_default().entry(b).or_insert(u.clone());
+            }
+        }
+        for scc in strongly_connected(&edges) {
+            let witness: Vec<Use> = scc
+                .iter()
+                .flat_map(|a| {
+                    edges
+                        .get(a)
+                        .into_iter()
+                        .flatten()
+                        .filter(|(b, _)| scc.contains(*b))
+                        .map(|(_, u)| u.clone())
+                })
+                .collect();
+            out.push((scc.into_iter().collect(), witness));
+        }
+    }
+    out
+}
+
+/// Tarjan's strongly connected components of size > 1.
+fn strongly_connected(edges: &BTreeMap<String, BTreeMap<String, Use>>) -> Vec<BTreeSet<String>> {
+    struct T<'a> {
+        edges: &'a BTreeMap<String, BTreeMap<String, Use>>,
+        index: BTreeMap<String, usize>,
+        low: BTreeMap<String, usize>,
+        stack: Vec<String>,
+        on: BTreeSet<String>,
+        next: usize,
+        out: Vec<BTreeSet<String>>,
+    }
+    fn visit(t: &mut T<'_>, v: &str) {
+        t.index.insert(v.to_owned(), t.next);
+        t.low.insert(v.to_owned(), t.next);
+        t.next += 1;
+        t.stack.push(v.to_owned());
+        t.on.insert(v.to_owned());
+        let succ: Vec<String> = t
+            .edges
+            .get(v)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default();
+        for w in succ {
+            if !t.index.contains_key(&w) {
+                visit(t, &w);
+                let lw = t.low[&w];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(lw);
+            } else if t.on.contains(&w) {
+                let iw = t.index[&w];
+                let lv = t.low.get_mut(v).unwrap();
+                *lv = (*lv).min(iw);
+            }
+        }
+        if t.low[v] == t.index[v] {
+            let mut comp = BTreeSet::new();
+            while let Some(w) = t.stack.pop() {
+                t.on.remove(&w);
+                let done = w == v;
+                comp.insert(w);
+                if done {
+                    break;
+                }
+            }
+            if comp.len() > 1 {
+                t.out.push(comp);
+            }
+        }
+    }
+    let mut t = T {
+        edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    let nodes: Vec<String> = edges.keys().cloned().collect();
+    for v in nodes {
+        if !t.index.contains_key(&v) {
+            visit(&mut t, &v);
+        }
+    }
+    t.out
+}
+
+fn report(what: &str, circles: &[(Vec<String>, Vec<Use>)]) -> String {
+    let mut s = format!("{} import circle(s) in {what}:\n", circles.len());
+    for (scc, witness) in circles {
+        s.push_str(&format!("  {}\n", scc.join(" <-> ")));
+        for u in witness {
+            s.push_str(&format!(
+                "    {} -> {}  ({}:{})\n",
+                u.from,
+                u.to,
+                u.file.display(),
+                u.line
+            ));
+        }
+    }
+    s
+}
+
+fn layer(m: &str) -> Option<(usize, &'static str)> {
+    LIBRARY_LAYERS
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (name, mods))| mods.iter().map(move |p| (i, *name, *p)))
+        .filter(|(_, _, p)| is_within(m, p))
+        .max_by_key(|(_, _, p)| p.len())
+        .map(|(i, name, _)| (i, name))
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+#[test]
+fn the_library_has_no_import_circle_and_no_upward_import() {
+    let root = workspace().join("shared/src");
+    let all = uses(&root);
+    assert!(all.len() > 100, "the graph was read: {} uses", all.len());
+    let found = circles(&all);
+    assert!(found.is_empty(), "{}", report("shared/src", &found));
+
+    let mut unknown = BTreeSet::new();
+    let mut upward = Vec::new();
+    for u in &all {
+        match (layer(&u.from), layer(&u.to)) {
+            (Some((a, la)), Some((b, lb))) if b > a => upward.push(format!(
+                "  {} ({la}) -> {} ({lb})  ({}:{})",
+                u.from,
+                u.to,
+                u.file.display(),
+                u.line
+            )),
+            (None, _) => {
+                unknown.insert(u.from.clone());
+            }
+            (_, None) => {
+                unknown.insert(u.to.clone());
+            }
+            _ => {}
+        }
+    }
+    // The crate root only declares modules.
+    unknown.remove("");
+    assert!(
+        unknown.is_empty(),
+        "modules without a layer (add them to LIBRARY_LAYERS): {unknown:?}"
+    );
+    assert!(
+        upward.is_empty(),
+        "{} import(s) from a lower layer to a higher one:\n{}",
+        upward.len(),
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn the_simulator_has_no_import_circle() {
+    let root = workspace().join("tests/src");
+    let all = uses(&root);
+    assert!(all.len() > 50, "the graph was read: {} uses", all.len());
+    let found = circles(&all);
+    assert!(found.is_empty(), "{}", report("tests/src", &found));
+}
+
+/// The check itself: a circle made of brace imports, `super::` paths and inline paths is
+/// found; test modules and doc comments do not count.
+#[test]
+fn the_check_finds_a_circle_and_ignores_tests_and_comments() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    std::fs::create_dir_all(src.join("a")).unwrap();
+    std::fs::write(src.join("lib.rs"), "mod a; mod b; mod c;\n").unwrap();
+    std::fs::write(
+        src.join("a.rs"),
+        "mod inner;\nuse crate::{b::{self, X}, c};\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("a/inner.rs"), "fn f() { super::super::b::g(); }\n").unwrap();
+    std::fs::write(
+        src.join("b.rs"),
+        "/// [`crate::c`] in a doc comment\npub fn g() { crate::a::h(); }\n#[cfg(test)]\nmod tests { use crate::c::Z; }\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("c.rs"), "#[cfg(test)]\nmod tests;\n").unwrap();
+    std::fs::create_dir_all(src.join("c")).unwrap();
+    std::fs::write(src.join("c/tests.rs"), "use crate::a::Y;\n").unwrap();
+    let all = uses(src);
+    let found = circles(&all);
+    assert_eq!(found.len(), 1, "{}", report("fixture", &found));
+    assert_eq!(found[0].0, vec!["a".to_owned(), "b".to_owned()]);
+    assert!(
+        all.iter()
+            .all(|u| u.from != "c" && u.to != "c" || u.from == "a"),
+        "{all:?}"
+    );
+}
