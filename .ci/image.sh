@@ -198,8 +198,10 @@ step "OCI layout and runtime bundle of the image"
 buildah push -q "$image" "oci:$work/oci:image" >/dev/null
 umoci unpack --image "$work/oci:image" "$work/bundle" >/dev/null
 layers=$(find "$work/oci/blobs" -type f -size +100k -printf '%s\n' | awk '{ s += $1 } END { print s }')
-printf 'IMAGE SIZE: %s (%s MB uncompressed; %s MB compressed layer)\n' "$image" \
-  "$(du -sm --apparent-size "$work/bundle/rootfs" | cut -f1)" "$((layers / 1000000))"
+binaries=$(du -cb --apparent-size "$work/bundle/rootfs$IMAGE_BIN_DIR"/* | tail -n 1 | cut -f1)
+printf 'IMAGE SIZE: %s %s (buildah images); files %s MB, of which the binaries %s MB; pushed as a %s MB gzip layer\n' \
+  "$image" "$(buildah images --format '{{.Size}}' "$image")" \
+  "$(( $(du -sb --apparent-size "$work/bundle/rootfs" | cut -f1) / 1000000 ))" "$((binaries / 1000000))" "$((layers / 1000000))"
 python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["process"]; print("bundle process:", p["user"], p["args"], p["cwd"])' "$work/bundle/config.json"
 
 step "oxide-sim --preset cluster:1:2, the product's pods run in the image"
