@@ -3,6 +3,11 @@
 # run /usr/local/bin/reconcile-once and /usr/local/bin/scale from it.
 #
 #   docker build -t ghcr.io/aifoundry-org/oxide-controller:0.1.0 .
+#
+# Without Docker, .ci/image.sh builds the same image with buildah (the base made from the
+# Debian packages distroless cc-debian12 is made of) and CI runs it under runc against the
+# simulator; tests/tests/image_recipe.rs fails when this file and that script disagree on
+# the binaries, build command, install path, user or default command.
 
 # Same toolchain as rust-toolchain.toml.
 FROM rust:1.95.0-bookworm AS build

@@ -22,6 +22,8 @@ SA=system:serviceaccount:kube-system:oxide-controller
 
 step() { printf '\n==> %s\n' "$*"; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=sim.sh
+. "$root/.ci/sim.sh"
 
 tools=${OXIDE_CONTROLLER_CI_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/oxide-controller-ci}
 mkdir -p "$tools"
@@ -59,16 +61,7 @@ fi
 
 step "oxide-sim --preset cluster:1:2"
 cargo build --locked -q -p oxide-controller-tests --bin oxide-sim
-"$root/target/debug/oxide-sim" --preset cluster:1:2 --ssh-port 22990 --state-dir "$work/sim" \
-  >"$work/sim.out" 2>"$work/sim.err" &
-sim_pid=$!
-for _ in $(seq 1 300); do
-  grep -q '"kubeconfig"' "$work/sim.out" 2>/dev/null && break
-  kill -0 "$sim_pid" 2>/dev/null || { cat "$work/sim.err" >&2; fail "oxide-sim exited"; }
-  sleep 0.1
-done
-export KUBECONFIG="$work/sim/kubeconfig"
-[ -f "$KUBECONFIG" ] || fail "oxide-sim wrote no kubeconfig"
+start_sim "$work" --preset cluster:1:2 --ssh-port 22990
 k() { "$kubectl" "$@"; }
 k get nodes | tee "$work/nodes"
 head -n 1 "$work/nodes" | grep -q 'NAME *STATUS *ROLES *AGE *VERSION' || fail "kubectl get nodes prints no STATUS/ROLES/VERSION columns"

@@ -15,6 +15,7 @@ pub mod handle;
 /// The guest module's former name, kept so code written against `boot::` still builds.
 pub use guest as boot;
 pub mod net;
+pub mod oci_bundle;
 pub mod oxide;
 pub mod pod_runner;
 pub mod preset;

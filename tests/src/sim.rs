@@ -49,6 +49,9 @@ pub struct SimOptions {
     /// Run the cluster's CronJobs and Jobs as local processes of the binaries in this
     /// directory (see [`crate::jobs`]). None: Jobs are only stored, as without a kubelet.
     pub job_binaries: Option<PathBuf>,
+    /// Run the Job pods inside this OCI runtime bundle of the product's image under `runc`
+    /// instead (see [`crate::oci_bundle`]). None: as `job_binaries` says.
+    pub job_bundle: Option<PathBuf>,
     /// The simulated tailnet and its devices API (valid auth keys, API key, tailnet name).
     pub tailscale: TailscaleOptions,
     /// The newest Oxide `api-version` the rack serves (an older one makes it an older rack).
@@ -73,6 +76,7 @@ impl std::fmt::Debug for SimOptions {
             .field("preset", &self.preset)
             .field("state_dir", &self.state_dir)
             .field("job_binaries", &self.job_binaries)
+            .field("job_bundle", &self.job_bundle)
             .field("tailscale", &self.tailscale)
             .field("kubernetes", &self.kubernetes)
             .finish()
@@ -95,6 +99,7 @@ impl Default for SimOptions {
             preset: None,
             state_dir: None,
             job_binaries: None,
+            job_bundle: None,
             tailscale: TailscaleOptions::default(),
             api_version: crate::oxide::SERVER_API_VERSION.to_owned(),
             kubernetes: Default::default(),
@@ -253,7 +258,7 @@ impl Sim {
             temp_dir: None,
         };
 
-        if opts.preset.is_some() || opts.job_binaries.is_some() {
+        if opts.preset.is_some() || opts.job_binaries.is_some() || opts.job_bundle.is_some() {
             let dir = match &opts.state_dir {
                 Some(dir) => {
                     std::fs::create_dir_all(dir).map_err(|source| SimError::StateDir {
@@ -282,7 +287,8 @@ impl Sim {
                 handle.boot.clone(),
                 opts.job_binaries.clone(),
                 dir.clone(),
-            );
+            )
+            .with_bundle(opts.job_bundle.clone());
             handle.tasks.push(runner.spawn(Duration::from_millis(250)));
             if let Some(preset) = &opts.preset {
                 let built = preset::build(&handle, preset, &dir)

@@ -39,6 +39,11 @@ struct Args {
     /// directory (e.g. target/debug), authenticated as the pods' ServiceAccounts.
     #[arg(long, value_name = "BIN_DIR")]
     run_jobs: Option<PathBuf>,
+    /// Run the cluster's CronJobs and Jobs inside this OCI runtime bundle of the product's
+    /// image (`umoci unpack` of it: config.json and rootfs/) under `runc`, with the pods'
+    /// commands, environment, user and ServiceAccount; host network. Needs root and runc.
+    #[arg(long, value_name = "BUNDLE_DIR")]
+    run_jobs_in_bundle: Option<PathBuf>,
     /// kube-controller-manager's --node-monitor-grace-period of the clusters' real control
     /// planes (kube-apiserver, controller-manager, scheduler, etcd built from tests/kube; KWOK
     /// for kubelets; needs Go the first time).
@@ -210,6 +215,7 @@ fn options(args: &Args) -> anyhow::Result<SimOptions> {
         preset: args.preset.clone(),
         state_dir: args.state_dir.clone(),
         job_binaries: args.run_jobs.clone(),
+        job_bundle: args.run_jobs_in_bundle.clone(),
         kubernetes: oxide_sim::control_plane::ControlPlaneOptions {
             node_monitor_grace_period: std::time::Duration::from_secs(
                 args.node_monitor_grace_seconds,
