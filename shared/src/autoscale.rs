@@ -778,7 +778,41 @@ fn scale_up<'a>(
 ) {
     // What a new worker of each pool offers: its registered workers' smallest allocatable.
     let templates: Vec<(Resources, u32)> = pools.iter().map(|p| p.template(nodes)).collect();
-    // Which pools could host each pod at all (on an empty new node).
+    let mut remaining = hostable_pools(pools, &templates, pending, out);
+    let mut pool_bins = upcoming_bins(pools, nodes, &templates);
+    loop {
+        if remaining.is_empty() {
+            break;
+        }
+        let Some((i, choice, bins)) =
+            best_pool(pools, &templates, bounds, target, &remaining, &pool_bins)
+        else {
+            break;
+        };
+        pool_bins[i] = bins;
+        remaining.retain(|(pod, _)| !choice.placed.contains(&pod.key()));
+        if choice.nodes == 0 {
+            // Upcoming workers already cover them.
+            continue;
+        }
+        grow(&pools[i], &choice, target, grew);
+    }
+    for (pod, _) in remaining {
+        out.unhostable.push(Unhostable {
+            pod: pod.key(),
+            reason: "every pool that could host it is at its max or its per-run limit".into(),
+        });
+    }
+}
+
+/// Which pools could host each pending pod at all (on an empty new node, `templates` by
+/// pool); the pods none can host go to `out.unhostable` with the reason.
+fn hostable_pools<'p>(
+    pools: &[PoolView],
+    templates: &[(Resources, u32)],
+    pending: &[&'p PodView],
+    out: &mut Outcome,
+) -> Vec<(&'p PodView, Vec<usize>)> {
     let mut hostable: Vec<(&PodView, Vec<usize>)> = Vec::new();
     for pod in pending {
         // A DaemonSet pod is bound to the node it was made for; a new node gets its own
@@ -836,7 +870,16 @@ fn scale_up<'a>(
             hostable.push((pod, ok));
         }
     }
+    hostable
+}
 
+/// Bins each pool has this run: its upcoming workers, then any added later. Kept across
+/// rounds so a pool chosen twice does not reuse the room it already gave away.
+fn upcoming_bins(
+    pools: &[PoolView],
+    nodes: &[NodeView],
+    templates: &[(Resources, u32)],
+) -> Vec<Vec<Bin>> {
     // Upcoming workers (created and not registered yet, or registered and not Ready yet) are
     // empty bins pods will land on: count them first so a run does not add nodes for pods the
     // last run already provided for (cluster-autoscaler `GetUpcomingNodes`).
@@ -846,120 +889,137 @@ fn scale_up<'a>(
             .filter(|n| n.pool.as_deref() == Some(pool) && !n.not_ready && !n.removing)
             .count()
     };
-
-    // Bins each pool has this run: its upcoming workers, then any added below. Kept across
-    // rounds so a pool chosen twice does not reuse the room it already gave away.
-    let mut pool_bins: Vec<Vec<Bin>> = pools
+    pools
         .iter()
-        .zip(&templates)
+        .zip(templates)
         .map(|(p, (alloc, max_pods))| {
             let upcoming = p.count.saturating_sub(ready(&p.name) as u32);
             vec![Bin::new(*alloc, *max_pods); upcoming as usize]
         })
-        .collect();
+        .collect()
+}
 
-    let mut remaining = hostable;
-    loop {
-        if remaining.is_empty() {
-            break;
-        }
-        let mut best: Option<(usize, Option_, Vec<Bin>)> = None;
-        for (i, p) in pools.iter().enumerate() {
-            let Some(a) = p.settings() else { continue };
-            let (_, max) = bounds[p.name.as_str()];
-            let current = target[p.name.as_str()].0;
-            let room = max.saturating_sub(current).min(
-                a.max_nodes_per_run
-                    .saturating_sub(current.saturating_sub(p.count)),
-            );
-            let mut mine: Vec<&PodView> = remaining
-                .iter()
-                .filter(|(_, ok)| ok.contains(&i))
-                .map(|(pod, _)| *pod)
-                .collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let (alloc, max_pods) = templates[i];
-            ffd_order(&mut mine, alloc);
-            let fresh = Bin::new(alloc, max_pods);
-            let mut bins = pool_bins[i].clone();
-            let had = bins.len() as u32;
-            let mut placed = Vec::new();
-            for pod in mine {
-                if bins.iter_mut().any(|b| b.take(pod)) {
-                    placed.push(pod.key());
-                } else if (bins.len() as u32) < had + room {
-                    let mut b = fresh.clone();
-                    if b.take(pod) {
-                        bins.push(b);
-                        placed.push(pod.key());
-                    }
-                }
-            }
-            if placed.is_empty() {
-                continue;
-            }
-            let added = bins.len() as u32 - had;
-            let total = alloc.cpu_milli as f64 * bins.len() as f64;
-            let totm = alloc.memory as f64 * bins.len() as f64;
-            let freec: f64 = bins.iter().map(|b| b.free.cpu_milli as f64).sum();
-            let freem: f64 = bins.iter().map(|b| b.free.memory as f64).sum();
-            let cand = Option_ {
-                nodes: added,
-                placed,
-                waste: freec / total.max(1.0),
-                waste_memory: freem / totm.max(1.0),
-            };
-            let better = match &best {
-                None => true,
-                // Pods the pool's upcoming workers already hold cost nothing new.
-                Some((_, b, _)) if (cand.nodes == 0) != (b.nodes == 0) => cand.nodes == 0,
-                Some((_, b, _)) => {
-                    // least-waste: idle cpu first, then unused memory, then more pods.
-                    let (c, m) = (cand.waste - b.waste, cand.waste_memory - b.waste_memory);
-                    c < -1e-9
-                        || c.abs() <= 1e-9
-                            && (m < -1e-9 || m.abs() <= 1e-9 && cand.placed.len() > b.placed.len())
-                }
-            };
-            if better {
-                best = Some((i, cand, bins));
-            }
-        }
-        let Some((i, choice, bins)) = best else { break };
-        let p = &pools[i];
-        pool_bins[i] = bins;
-        remaining.retain(|(pod, _)| !choice.placed.contains(&pod.key()));
-        if choice.nodes == 0 {
-            // Upcoming workers already cover them.
-            continue;
-        }
-        let Some(entry) = target.get_mut(p.name.as_str()) else {
+/// The pool that hosts the `remaining` pods best this round (see [`better_option`]), how,
+/// and its bins after.
+fn best_pool(
+    pools: &[PoolView],
+    templates: &[(Resources, u32)],
+    bounds: &BTreeMap<&str, (u32, u32)>,
+    target: &BTreeMap<&str, (u32, Option<String>)>,
+    remaining: &[(&PodView, Vec<usize>)],
+    pool_bins: &[Vec<Bin>],
+) -> Option<(usize, Option_, Vec<Bin>)> {
+    let mut best: Option<(usize, Option_, Vec<Bin>)> = None;
+    for (i, p) in pools.iter().enumerate() {
+        let Some(a) = p.settings() else { continue };
+        let (_, max) = bounds[p.name.as_str()];
+        let current = target[p.name.as_str()].0;
+        let room = max.saturating_sub(current).min(
+            a.max_nodes_per_run
+                .saturating_sub(current.saturating_sub(p.count)),
+        );
+        let Some((cand, bins)) = pack(i, templates[i], room, remaining, &pool_bins[i]) else {
             continue;
         };
-        entry.0 += choice.nodes;
-        let why = format!(
-            "{} unschedulable pod(s) ({}) fit on {} new worker(s) of pool {} ({:.0}% of their cpu idle)",
-            choice.placed.len(),
-            abbreviate(&choice.placed),
-            choice.nodes,
-            p.name,
-            choice.waste * 100.0
-        );
-        entry.1 = Some(match entry.1.take() {
-            Some(prev) => format!("{prev}; {why}"),
-            None => why,
-        });
-        if !grew.contains(&p.name.as_str()) {
-            grew.push(&p.name);
+        if better_option(&cand, best.as_ref().map(|(_, b, _)| b)) {
+            best = Some((i, cand, bins));
         }
     }
-    for (pod, _) in remaining {
-        out.unhostable.push(Unhostable {
-            pod: pod.key(),
-            reason: "every pool that could host it is at its max or its per-run limit".into(),
-        });
+    best
+}
+
+/// How pool `i` would host the `remaining` pods it can host, first fit decreasing on its
+/// `bins` and at most `room` new ones of its `template`; None when it places none.
+fn pack(
+    i: usize,
+    template: (Resources, u32),
+    room: u32,
+    remaining: &[(&PodView, Vec<usize>)],
+    bins: &[Bin],
+) -> Option<(Option_, Vec<Bin>)> {
+    let mut mine: Vec<&PodView> = remaining
+        .iter()
+        .filter(|(_, ok)| ok.contains(&i))
+        .map(|(pod, _)| *pod)
+        .collect();
+    if mine.is_empty() {
+        return None;
+    }
+    let (alloc, max_pods) = template;
+    ffd_order(&mut mine, alloc);
+    let fresh = Bin::new(alloc, max_pods);
+    let mut bins = bins.to_vec();
+    let had = bins.len() as u32;
+    let mut placed = Vec::new();
+    for pod in mine {
+        if bins.iter_mut().any(|b| b.take(pod)) {
+            placed.push(pod.key());
+        } else if (bins.len() as u32) < had + room {
+            let mut b = fresh.clone();
+            if b.take(pod) {
+                bins.push(b);
+                placed.push(pod.key());
+            }
+        }
+    }
+    if placed.is_empty() {
+        return None;
+    }
+    let added = bins.len() as u32 - had;
+    let total = alloc.cpu_milli as f64 * bins.len() as f64;
+    let totm = alloc.memory as f64 * bins.len() as f64;
+    let freec: f64 = bins.iter().map(|b| b.free.cpu_milli as f64).sum();
+    let freem: f64 = bins.iter().map(|b| b.free.memory as f64).sum();
+    let cand = Option_ {
+        nodes: added,
+        placed,
+        waste: freec / total.max(1.0),
+        waste_memory: freem / totm.max(1.0),
+    };
+    Some((cand, bins))
+}
+
+/// Whether `cand` beats the best option so far.
+fn better_option(cand: &Option_, best: Option<&Option_>) -> bool {
+    match best {
+        None => true,
+        // Pods the pool's upcoming workers already hold cost nothing new.
+        Some(b) if (cand.nodes == 0) != (b.nodes == 0) => cand.nodes == 0,
+        Some(b) => {
+            // least-waste: idle cpu first, then unused memory, then more pods.
+            let (c, m) = (cand.waste - b.waste, cand.waste_memory - b.waste_memory);
+            c < -1e-9
+                || c.abs() <= 1e-9
+                    && (m < -1e-9 || m.abs() <= 1e-9 && cand.placed.len() > b.placed.len())
+        }
+    }
+}
+
+/// Adds the chosen new workers to pool `p`'s target, with the reason.
+fn grow<'a>(
+    p: &'a PoolView,
+    choice: &Option_,
+    target: &mut BTreeMap<&'a str, (u32, Option<String>)>,
+    grew: &mut Vec<&'a str>,
+) {
+    let Some(entry) = target.get_mut(p.name.as_str()) else {
+        return;
+    };
+    entry.0 += choice.nodes;
+    let why = format!(
+        "{} unschedulable pod(s) ({}) fit on {} new worker(s) of pool {} ({:.0}% of their cpu idle)",
+        choice.placed.len(),
+        abbreviate(&choice.placed),
+        choice.nodes,
+        p.name,
+        choice.waste * 100.0
+    );
+    entry.1 = Some(match entry.1.take() {
+        Some(prev) => format!("{prev}; {why}"),
+        None => why,
+    });
+    if !grew.contains(&p.name.as_str()) {
+        grew.push(&p.name);
     }
 }
 
@@ -992,18 +1052,46 @@ fn scale_down<'a>(
         .enumerate()
         .map(|(i, n)| (n.name.as_str(), i))
         .collect();
-    // The pods that matter on each node: not our own reconcile pods (gone in minutes) nor
-    // expendable ones (cluster-autoscaler kills those without a second thought).
+    let on = pods_that_matter(nodes, pods, &index);
+    let mut free = free_room(nodes, &on);
+    let mut budgets: BTreeMap<&str, u32> = pods
+        .iter()
+        .flat_map(|p| &p.budgets)
+        .map(|b| (b.key.as_str(), b.allowed))
+        .collect();
+    let down = ScaleDown {
+        pool_of: pools.iter().map(|p| (p.name.as_str(), p)).collect(),
+        nodes,
+        index,
+        on,
+        now,
+        bounds,
+    };
+    let ready = down.unneeded(prev, &free, &budgets, target, out);
+    down.remove(ready, &mut free, &mut budgets, target, grew, out);
+}
+
+/// The pods that matter on each node (by index): not our own reconcile pods (gone in
+/// minutes) nor expendable ones (cluster-autoscaler kills those without a second thought).
+fn pods_that_matter<'p>(
+    nodes: &[NodeView],
+    pods: &'p [PodView],
+    index: &BTreeMap<&str, usize>,
+) -> Vec<Vec<&'p PodView>> {
     let mut on: Vec<Vec<&PodView>> = vec![Vec::new(); nodes.len()];
     for p in pods.iter().filter(|p| !p.ignored_on_node()) {
         if let Some(i) = p.node.as_deref().and_then(|n| index.get(n)) {
             on[*i].push(p);
         }
     }
-    // Free room on every node, shared by the move simulations below.
-    let mut free: Vec<Bin> = nodes
+    on
+}
+
+/// Free room on every node, shared by the move simulations of scale-down.
+fn free_room(nodes: &[NodeView], on: &[Vec<&PodView>]) -> Vec<Bin> {
+    nodes
         .iter()
-        .zip(&on)
+        .zip(on)
         .map(|(n, ps)| {
             let mut b = Bin::new(n.allocatable, n.max_pods.saturating_sub(ps.len() as u32));
             for p in ps {
@@ -1012,167 +1100,224 @@ fn scale_down<'a>(
             }
             b
         })
-        .collect();
-    let mut budgets: BTreeMap<&str, u32> = pods
-        .iter()
-        .flat_map(|p| &p.budgets)
-        .map(|b| (b.key.as_str(), b.allowed))
-        .collect();
+        .collect()
+}
 
-    let pool_of: BTreeMap<&str, &PoolView> = pools.iter().map(|p| (p.name.as_str(), p)).collect();
-    let recheck = Duration::seconds(UNREMOVABLE_RECHECK_SECONDS);
-    // (unneeded since, node) of the nodes unneeded long enough.
-    let mut ready: Vec<(DateTime<Utc>, usize)> = Vec::new();
-    for (i, n) in nodes.iter().enumerate() {
-        let Some(pool) = n.pool.as_deref().and_then(|p| pool_of.get(p)) else {
-            continue;
-        };
-        let Some(a) = pool.settings() else { continue };
-        if n.cordoned || n.not_ready {
-            continue;
+/// What scale-down reads: the pools by name, the nodes (and their index by name), the pods
+/// that matter on each node, the time and each pool's bounds.
+struct ScaleDown<'v> {
+    pool_of: BTreeMap<&'v str, &'v PoolView>,
+    nodes: &'v [NodeView],
+    index: BTreeMap<&'v str, usize>,
+    on: Vec<Vec<&'v PodView>>,
+    now: DateTime<Utc>,
+    bounds: &'v BTreeMap<&'v str, (u32, u32)>,
+}
+
+impl ScaleDown<'_> {
+    /// (unneeded since, node) of the nodes unneeded long enough; records in `out` since when
+    /// each unneeded node is, and why the others that might go stay.
+    fn unneeded(
+        &self,
+        prev: &AutoscaleState,
+        free: &[Bin],
+        budgets: &BTreeMap<&str, u32>,
+        target: &BTreeMap<&str, (u32, Option<String>)>,
+        out: &mut Outcome,
+    ) -> Vec<(DateTime<Utc>, usize)> {
+        let now = self.now;
+        let mut ready: Vec<(DateTime<Utc>, usize)> = Vec::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let Some(pool) = n.pool.as_deref().and_then(|p| self.pool_of.get(p)) else {
+                continue;
+            };
+            let Some(a) = pool.settings() else { continue };
+            if n.cordoned || n.not_ready {
+                continue;
+            }
+            if let Some(why) = held_back(n, prev, now) {
+                out.kept.insert(n.name.clone(), why);
+                continue;
+            }
+            let on = &self.on[i];
+            if !underused(n, a, on) {
+                continue;
+            }
+            if let Some(why) = on.iter().find_map(|p| p.blocks_removal()) {
+                out.kept.insert(n.name.clone(), why);
+                continue;
+            }
+            // From here budgets decide: a node with pods to move in a pool that may shrink.
+            let movers = on.iter().any(|p| !p.is_daemon());
+            if movers && target[pool.name.as_str()].0 > self.bounds[pool.name.as_str()].0 {
+                out.wants_budgets = true;
+            }
+            if let Some(why) = budget_block(on, budgets) {
+                out.kept.insert(n.name.clone(), why);
+                continue;
+            }
+            if let Err(why) = place_elsewhere(i, self.nodes, on, free, &[]) {
+                out.kept.insert(n.name.clone(), why);
+                continue;
+            }
+            let since = prev.unneeded_since.get(&n.name).copied().unwrap_or(now);
+            out.state.unneeded_since.insert(n.name.clone(), since);
+            let delay = Duration::seconds(secs(a.scale_down_unneeded_seconds));
+            if now - since >= delay {
+                ready.push((since, i));
+            }
         }
-        if let Some(at) = prev.given_up.get(&n.name).filter(|at| now - **at < recheck) {
-            out.kept.insert(
-                n.name.clone(),
-                format!(
-                    "its removal was given up at {}; considered again from {}",
-                    at.format("%Y-%m-%dT%H:%M:%SZ"),
-                    (*at + recheck).format("%Y-%m-%dT%H:%M:%SZ")
-                ),
-            );
-            continue;
-        }
-        if n.annotations.get(SCALE_DOWN_DISABLED).map(String::as_str) == Some("true") {
-            out.kept.insert(
-                n.name.clone(),
-                format!("node is annotated {SCALE_DOWN_DISABLED}=true"),
-            );
-            continue;
-        }
-        let mut used = Resources::default();
-        on[i]
-            .iter()
-            .filter(|p| !p.is_daemon())
-            .for_each(|p| used.add(&p.requests));
-        let util = (used.cpu_milli as f64 / n.allocatable.cpu_milli.max(1) as f64)
-            .max(used.memory as f64 / n.allocatable.memory.max(1) as f64);
-        if util >= a.utilization_threshold
-            && !(a.utilization_threshold == 0.0 && used == Resources::default())
-        {
-            continue;
-        }
-        if let Some(why) = on[i].iter().find_map(|p| p.blocks_removal()) {
-            out.kept.insert(n.name.clone(), why);
-            continue;
-        }
-        // From here budgets decide: a node with pods to move in a pool that may shrink.
-        let movers = on[i].iter().any(|p| !p.is_daemon());
-        if movers && target[pool.name.as_str()].0 > bounds[pool.name.as_str()].0 {
-            out.wants_budgets = true;
-        }
-        if let Some(why) = budget_block(&on[i], &budgets) {
-            out.kept.insert(n.name.clone(), why);
-            continue;
-        }
-        if let Err(why) = place_elsewhere(i, nodes, &on[i], &free, &[]) {
-            out.kept.insert(n.name.clone(), why);
-            continue;
-        }
-        let since = prev.unneeded_since.get(&n.name).copied().unwrap_or(now);
-        out.state.unneeded_since.insert(n.name.clone(), since);
-        let delay = Duration::seconds(secs(a.scale_down_unneeded_seconds));
-        if now - since >= delay {
-            ready.push((since, i));
+        ready
+    }
+
+    /// Removals, one after another across pools, longest unneeded first: each later one is
+    /// simulated without the nodes removed before it and with their pods placed
+    /// (cluster-autoscaler FAQ "How does scale-down work?").
+    fn remove(
+        &self,
+        mut ready: Vec<(DateTime<Utc>, usize)>,
+        free: &mut [Bin],
+        budgets: &mut BTreeMap<&str, u32>,
+        target: &mut BTreeMap<&str, (u32, Option<String>)>,
+        grew: &[&str],
+        out: &mut Outcome,
+    ) {
+        ready.sort();
+        let mut removed: Vec<usize> = Vec::new();
+        for (since, i) in ready {
+            let n = &self.nodes[i];
+            let Some(pool) = n.pool.as_deref() else {
+                continue;
+            };
+            let p = self.pool_of[pool];
+            let Some(a) = p.settings() else { continue };
+            if self.pool_busy(pool, p, a, grew, &out.state) {
+                continue;
+            }
+            let (min, _) = self.bounds[pool];
+            let Some(entry) = target.get_mut(pool) else {
+                continue;
+            };
+            if entry.0 <= min || entry.0 < p.count {
+                // At min, or already shrinking this run (one node per pool per run).
+                continue;
+            }
+            let on = &self.on[i];
+            if let Some(why) = budget_block(on, budgets) {
+                out.kept
+                    .insert(n.name.clone(), format!("{why} (after this run's removals)"));
+                continue;
+            }
+            let places = match place_elsewhere(i, self.nodes, on, free, &removed) {
+                Ok(places) => places,
+                Err(why) => {
+                    out.kept.insert(
+                        n.name.clone(),
+                        format!("{why} once this run's other removals are done; next run"),
+                    );
+                    continue;
+                }
+            };
+            for (j, pod) in places {
+                free[j].take(pod);
+            }
+            spend_budgets(on, budgets);
+            removed.push(i);
+            entry.0 -= 1;
+            entry.1 = Some(format!(
+                "node {} unneeded since {} (requests below {:.0}% of allocatable, its pods fit \
+                 elsewhere)",
+                n.name,
+                since.format("%Y-%m-%dT%H:%M:%SZ"),
+                a.utilization_threshold * 100.0
+            ));
+            out.decisions.push(Decision {
+                pool: pool.to_owned(),
+                from: p.count,
+                to: entry.0,
+                remove_node: Some(n.name.clone()),
+                reason: String::new(),
+            });
         }
     }
 
-    // Removals, one after another across pools, longest unneeded first: each later one is
-    // simulated without the nodes removed before it and with their pods placed
-    // (cluster-autoscaler FAQ "How does scale-down work?").
-    ready.sort();
-    let mut removed: Vec<usize> = Vec::new();
-    for (since, i) in ready {
-        let n = &nodes[i];
-        let Some(pool) = n.pool.as_deref() else {
-            continue;
-        };
-        let p = pool_of[pool];
-        let Some(a) = p.settings() else { continue };
-        // Not while the pool grows: this run, or workers an earlier run created have not
-        // joined yet (cluster-autoscaler likewise holds scale-down during a scale-up).
-        let registered = nodes
+    /// Whether pool `pool` may not shrink now: not while it grows (this run, or workers an
+    /// earlier run created have not joined yet: cluster-autoscaler likewise holds scale-down
+    /// during a scale-up), nor soon after a scale-up or a failed removal.
+    fn pool_busy(
+        &self,
+        pool: &str,
+        p: &PoolView,
+        a: &AutoscaleSpec,
+        grew: &[&str],
+        state: &AutoscaleState,
+    ) -> bool {
+        let now = self.now;
+        let registered = self
+            .nodes
             .iter()
             .filter(|n| n.pool.as_deref() == Some(pool))
             .count() as u32;
         if grew.contains(&pool) || p.count > registered {
-            continue;
+            return true;
         }
         // `--scale-down-delay-after-add`.
         let after_add = Duration::seconds(secs(a.scale_down_delay_after_add_seconds));
-        if out.state.last_scale_up.is_some_and(|t| now - t < after_add) {
-            continue;
+        if state.last_scale_up.is_some_and(|t| now - t < after_add) {
+            return true;
         }
         // `--scale-down-delay-after-failure`, per pool.
-        let failed_recently = out.state.given_up.iter().any(|(name, at)| {
+        state.given_up.iter().any(|(name, at)| {
             now - *at < Duration::seconds(DELAY_AFTER_FAILURE_SECONDS)
-                && index
+                && self
+                    .index
                     .get(name.as_str())
-                    .is_some_and(|j| nodes[*j].pool.as_deref() == Some(pool))
-        });
-        if failed_recently {
-            continue;
-        }
-        let (min, _) = bounds[pool];
-        let Some(entry) = target.get_mut(pool) else {
-            continue;
-        };
-        if entry.0 <= min || entry.0 < p.count {
-            // At min, or already shrinking this run (one node per pool per run).
-            continue;
-        }
-        if let Some(why) = budget_block(&on[i], &budgets) {
-            out.kept
-                .insert(n.name.clone(), format!("{why} (after this run's removals)"));
-            continue;
-        }
-        let places = match place_elsewhere(i, nodes, &on[i], &free, &removed) {
-            Ok(places) => places,
-            Err(why) => {
-                out.kept.insert(
-                    n.name.clone(),
-                    format!("{why} once this run's other removals are done; next run"),
-                );
-                continue;
-            }
-        };
-        for (j, pod) in places {
-            free[j].take(pod);
-        }
-        for b in on[i]
-            .iter()
-            .filter(|p| !p.is_daemon())
-            .flat_map(|p| &p.budgets)
-        {
-            if let Some(left) = budgets.get_mut(b.key.as_str()) {
-                *left = left.saturating_sub(1);
-            }
-        }
-        removed.push(i);
-        entry.0 -= 1;
-        entry.1 = Some(format!(
-            "node {} unneeded since {} (requests below {:.0}% of allocatable, its pods fit \
-             elsewhere)",
-            n.name,
-            since.format("%Y-%m-%dT%H:%M:%SZ"),
-            a.utilization_threshold * 100.0
+                    .is_some_and(|j| self.nodes[*j].pool.as_deref() == Some(pool))
+        })
+    }
+}
+
+/// Why node `n` is not considered for removal this run at all (its removal was given up
+/// recently, or it is annotated so), if it is not.
+fn held_back(n: &NodeView, prev: &AutoscaleState, now: DateTime<Utc>) -> Option<String> {
+    let recheck = Duration::seconds(UNREMOVABLE_RECHECK_SECONDS);
+    if let Some(at) = prev.given_up.get(&n.name).filter(|at| now - **at < recheck) {
+        return Some(format!(
+            "its removal was given up at {}; considered again from {}",
+            at.format("%Y-%m-%dT%H:%M:%SZ"),
+            (*at + recheck).format("%Y-%m-%dT%H:%M:%SZ")
         ));
-        out.decisions.push(Decision {
-            pool: pool.to_owned(),
-            from: p.count,
-            to: entry.0,
-            remove_node: Some(n.name.clone()),
-            reason: String::new(),
-        });
+    }
+    if n.annotations.get(SCALE_DOWN_DISABLED).map(String::as_str) == Some("true") {
+        return Some(format!("node is annotated {SCALE_DOWN_DISABLED}=true"));
+    }
+    None
+}
+
+/// Whether the pods on node `n` (DaemonSet pods aside) request less than the pool's
+/// utilization threshold of its allocatable.
+fn underused(n: &NodeView, a: &AutoscaleSpec, on: &[&PodView]) -> bool {
+    let mut used = Resources::default();
+    on.iter()
+        .filter(|p| !p.is_daemon())
+        .for_each(|p| used.add(&p.requests));
+    let util = (used.cpu_milli as f64 / n.allocatable.cpu_milli.max(1) as f64)
+        .max(used.memory as f64 / n.allocatable.memory.max(1) as f64);
+    let busy = util >= a.utilization_threshold
+        && !(a.utilization_threshold == 0.0 && used == Resources::default());
+    !busy
+}
+
+/// One disruption less for every budget that selects a pod moved off a removed node.
+fn spend_budgets(on: &[&PodView], budgets: &mut BTreeMap<&str, u32>) {
+    for b in on
+        .iter()
+        .filter(|p| !p.is_daemon())
+        .flat_map(|p| &p.budgets)
+    {
+        if let Some(left) = budgets.get_mut(b.key.as_str()) {
+            *left = left.saturating_sub(1);
+        }
     }
 }
 

@@ -783,6 +783,32 @@ pub fn k3s_config(input: &NodeUserData) -> K3sConfigFile {
 }
 
 fn validate(input: &NodeUserData) -> Result<(), CloudInitError> {
+    validate_login(input)?;
+    let v = &input.k3s_version;
+    if v.is_empty()
+        || !v
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'))
+    {
+        return Err(invalid(
+            "k3s_version",
+            format!("{v:?} is not a k3s release like v1.33.4+k3s1"),
+        ));
+    }
+    validate_role(&input.role)?;
+    validate_node_registration(input)?;
+    if let Some(ts) = &input.tailscale {
+        validate_tailscale(ts)?;
+    }
+    check_installer_url(&input.k3s_installer_url).map_err(|m| invalid("k3s_installer_url", m))?;
+    if let Some(disk) = &input.data_disk {
+        validate_data_disk(disk)?;
+    }
+    Ok(())
+}
+
+/// The hostname, the SSH user and its authorized keys.
+fn validate_login(input: &NodeUserData) -> Result<(), CloudInitError> {
     let h = &input.hostname;
     if h.is_empty()
         || h.len() > 63
@@ -829,41 +855,37 @@ fn validate(input: &NodeUserData) -> Result<(), CloudInitError> {
             ));
         }
     }
-    let v = &input.k3s_version;
-    if v.is_empty()
-        || !v
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'))
-    {
-        return Err(invalid(
-            "k3s_version",
-            format!("{v:?} is not a k3s release like v1.33.4+k3s1"),
-        ));
+    Ok(())
+}
+
+fn check_token(field: &'static str, token: &str) -> Result<(), CloudInitError> {
+    if token.is_empty() {
+        Err(invalid(field, "must not be empty"))
+    } else if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Err(invalid(
+            field,
+            "must not contain whitespace or control characters",
+        ))
+    } else {
+        Ok(())
     }
-    let check_token = |field: &'static str, token: &str| {
-        if token.is_empty() {
-            Err(invalid(field, "must not be empty"))
-        } else if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            Err(invalid(
-                field,
-                "must not contain whitespace or control characters",
-            ))
-        } else {
-            Ok(())
-        }
-    };
-    let check_url = |field: &'static str, url: &str| {
-        let rest = url.strip_prefix("https://").unwrap_or("");
-        if rest.is_empty() || rest.contains(|c: char| c.is_whitespace() || c.is_control()) {
-            Err(invalid(
-                field,
-                format!("{url:?} must be an https:// URL like https://10.0.0.1:6443"),
-            ))
-        } else {
-            Ok(())
-        }
-    };
-    match &input.role {
+}
+
+fn check_url(field: &'static str, url: &str) -> Result<(), CloudInitError> {
+    let rest = url.strip_prefix("https://").unwrap_or("");
+    if rest.is_empty() || rest.contains(|c: char| c.is_whitespace() || c.is_control()) {
+        Err(invalid(
+            field,
+            format!("{url:?} must be an https:// URL like https://10.0.0.1:6443"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// The k3s role: tokens, the server to join (or none for `cluster-init`), TLS SANs.
+fn validate_role(role: &K3sRole) -> Result<(), CloudInitError> {
+    match role {
         K3sRole::Server {
             cluster_init,
             server_url,
@@ -907,6 +929,12 @@ fn validate(input: &NodeUserData) -> Result<(), CloudInitError> {
             check_url("server_url", server_url)?;
         }
     }
+    Ok(())
+}
+
+/// What the node registers with: labels, taints, kubelet arguments (the provider ID among
+/// them).
+fn validate_node_registration(input: &NodeUserData) -> Result<(), CloudInitError> {
     for (k, v) in &input.node_labels {
         if k.is_empty()
             || k.contains(['=', ','])
@@ -942,44 +970,46 @@ fn validate(input: &NodeUserData) -> Result<(), CloudInitError> {
             ));
         }
     }
-    if let Some(ts) = &input.tailscale {
-        check_token("tailscale.auth_key", &ts.auth_key)?;
-        crate::spec::tailscale::check_tag(&ts.tag).map_err(|m| invalid("tailscale.tag", m))?;
-        check_installer_url(&ts.installer_url)
-            .map_err(|m| invalid("tailscale.installer_url", m))?;
-        if ts.up_timeout_seconds == 0 {
-            return Err(invalid(
-                "tailscale.up_timeout_seconds",
-                "0 would make tailscale up wait for ever",
-            ));
-        }
+    Ok(())
+}
+
+fn validate_tailscale(ts: &TailscaleJoin) -> Result<(), CloudInitError> {
+    check_token("tailscale.auth_key", &ts.auth_key)?;
+    crate::spec::tailscale::check_tag(&ts.tag).map_err(|m| invalid("tailscale.tag", m))?;
+    check_installer_url(&ts.installer_url).map_err(|m| invalid("tailscale.installer_url", m))?;
+    if ts.up_timeout_seconds == 0 {
+        return Err(invalid(
+            "tailscale.up_timeout_seconds",
+            "0 would make tailscale up wait for ever",
+        ));
     }
-    check_installer_url(&input.k3s_installer_url).map_err(|m| invalid("k3s_installer_url", m))?;
-    if let Some(disk) = &input.data_disk {
-        let s = &disk.nvme_serial;
-        if s.is_empty()
-            || s.len() > NVME_SERIAL_LEN
-            || !s
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        {
-            return Err(invalid(
-                "data_disk.nvme_serial",
-                format!("{s:?} is not an NVMe serial (1-20 of a-z, 0-9, '-', '_', '.')"),
-            ));
-        }
-        let m = &disk.mount_point;
-        if !m.starts_with('/')
-            || m == "/"
-            || !m
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '.'))
-        {
-            return Err(invalid(
-                "data_disk.mount_point",
-                format!("{m:?} must be an absolute path other than /"),
-            ));
-        }
+    Ok(())
+}
+
+fn validate_data_disk(disk: &DataDisk) -> Result<(), CloudInitError> {
+    let s = &disk.nvme_serial;
+    if s.is_empty()
+        || s.len() > NVME_SERIAL_LEN
+        || !s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(invalid(
+            "data_disk.nvme_serial",
+            format!("{s:?} is not an NVMe serial (1-20 of a-z, 0-9, '-', '_', '.')"),
+        ));
+    }
+    let m = &disk.mount_point;
+    if !m.starts_with('/')
+        || m == "/"
+        || !m
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '.'))
+    {
+        return Err(invalid(
+            "data_disk.mount_point",
+            format!("{m:?} must be an absolute path other than /"),
+        ));
     }
     Ok(())
 }

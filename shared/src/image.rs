@@ -683,7 +683,7 @@ pub async fn upload<S: ImageStore>(
         if done || want == 0 {
             return None;
         }
-        let mut chunk = match reader.read_chunk(want).await {
+        let chunk = match reader.read_chunk(want).await {
             Ok(chunk) => chunk,
             Err(message) => {
                 *lock(failure_ref) = Some(ImageError::Fetch {
@@ -699,12 +699,7 @@ pub async fn upload<S: ImageStore>(
         }
         // The last block is padded with zeros: writes must be whole blocks.
         let padded = n.div_ceil(block) * block;
-        if padded != n {
-            let mut v = Vec::with_capacity(padded);
-            v.extend_from_slice(&chunk);
-            v.resize(padded, 0);
-            chunk = Bytes::from(v);
-        }
+        let chunk = pad_with_zeros(chunk, padded);
         let runs = nonzero_runs(&chunk, offset, chunk_size, skip_zeros);
         let sent: u64 = runs.iter().map(|(_, b)| b.len() as u64).sum();
         {
@@ -724,26 +719,7 @@ pub async fn upload<S: ImageStore>(
     })
     .flatten();
 
-    let result = chunks
-        .map(|(offset, data)| {
-            let len = data.len() as u64;
-            async move {
-                retry::retry(opts.retry, RackError::is_retryable, || {
-                    store.bulk_write(disk, offset, data.clone())
-                })
-                .await
-                .map_err(rack(format!(
-                    "writing {len} bytes at offset {offset} of disk {disk}"
-                )))?;
-                Ok::<u64, ImageError>(len)
-            }
-        })
-        .buffer_unordered(opts.parallelism)
-        .try_for_each(|len| async move {
-            progress.advance(len);
-            Ok(())
-        })
-        .await;
+    let result = write_runs(store, disk, chunks, &opts, progress).await;
     result?;
     if let Some(e) = lock(&read_failure).take() {
         return Err(e);
@@ -761,6 +737,48 @@ pub async fn upload<S: ImageStore>(
         elapsed: started.elapsed(),
         ..stats
     })
+}
+
+/// `chunk` padded with zeros to `padded` bytes (the chunk itself when it is that long).
+fn pad_with_zeros(chunk: Bytes, padded: usize) -> Bytes {
+    if padded == chunk.len() {
+        return chunk;
+    }
+    let mut v = Vec::with_capacity(padded);
+    v.extend_from_slice(&chunk);
+    v.resize(padded, 0);
+    Bytes::from(v)
+}
+
+/// Writes each `(offset, bytes)` run into disk `disk`, up to `opts.parallelism` at once, each
+/// retried on retryable errors; progress advances as each one completes. The first failure
+/// is returned.
+async fn write_runs<S: ImageStore>(
+    store: &S,
+    disk: &str,
+    runs: impl futures::Stream<Item = (u64, Bytes)>,
+    opts: &UploadOptions,
+    progress: &dyn UploadProgress,
+) -> Result<(), ImageError> {
+    runs.map(|(offset, data)| {
+        let len = data.len() as u64;
+        async move {
+            retry::retry(opts.retry, RackError::is_retryable, || {
+                store.bulk_write(disk, offset, data.clone())
+            })
+            .await
+            .map_err(rack(format!(
+                "writing {len} bytes at offset {offset} of disk {disk}"
+            )))?;
+            Ok::<u64, ImageError>(len)
+        }
+    })
+    .buffer_unordered(opts.parallelism)
+    .try_for_each(|len| async move {
+        progress.advance(len);
+        Ok(())
+    })
+    .await
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

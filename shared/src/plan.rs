@@ -686,38 +686,16 @@ fn plan_pool(
         .api_floating_ip
         .as_ref()
         .and_then(|f| f.instance_id);
-    let desired = pool.count as usize;
     let count = |f: &dyn Fn(&Member) -> bool| members.iter().filter(|m| f(m)).count();
-    let ready = count(&|m| m.health == Health::Ready);
-    let joining = count(&|m| m.health == Health::Joining);
-    let capacity = count(&|m| m.health.counts());
-    let existing = members.len();
-    p.pools.push(PoolCounts {
-        pool: pool.name.clone(),
-        desired: pool.count,
-        ready: ready as u32,
-        joining: joining as u32,
-        not_ready: count(&|m| m.health == Health::NotReady) as u32,
-        broken: count(&|m| m.health.is_broken() || m.health == Health::NotStarted) as u32,
-        removing: count(&|m| m.health == Health::Removing) as u32,
-        drifted: count(&|m| m.drifted && m.health.counts()) as u32,
-    });
-    let is_cp = role == Role::ControlPlane;
-    // Images are looked up only when a plan creates members: absent means "not looked up".
-    let image_ok = match observed.images.get(&pool.image) {
-        Some(Some(_)) | None => true,
-        Some(None) => {
-            p.findings.push(Finding {
-                degraded: true,
-                message: format!(
-                    "image {:?} of pool {:?} is not in project {:?} or the silo; no new members until it exists",
-                    pool.image, pool.name, spec.project
-                ),
-            });
-            false
-        }
+    let t = Tally {
+        desired: pool.count as usize,
+        ready: count(&|m| m.health == Health::Ready),
+        joining: count(&|m| m.health == Health::Joining),
+        capacity: count(&|m| m.health.counts()),
     };
-    let can_create = image_ok && fip_ready;
+    p.pools.push(pool_counts(pool, members));
+    let is_cp = role == Role::ControlPlane;
+    let can_create = image_found(spec, observed, pool, p) && fip_ready;
     let mut create = |p: &mut Plan, reason: String| {
         gate.wanted += 1;
         if !can_create || gate.limit.is_some_and(|l| gate.made >= l) {
@@ -739,8 +717,73 @@ fn plan_pool(
         }
     };
 
-    // Removals already under way carry on, whatever else happens; one the autoscaler gave up
-    // on is called off while its VM still runs.
+    finish_removals(observed, pool, members, p);
+    start_stopped(pool, members, p);
+    // Members the rack never started: start each once (no new create for them, no delete
+    // and re-create either: on a full rack that only churns). Surplus ones are removed instead,
+    // below (they rank first as never joined).
+    let surplus = t.capacity.saturating_sub(t.desired);
+    start_not_started(
+        pool,
+        members,
+        fip_holder,
+        if is_cp { 0 } else { surplus },
+        p,
+    );
+
+    if is_cp {
+        plan_control_plane(pool, members, t, fip_holder, p, &mut create);
+    } else {
+        plan_workers(spec, pool, members, t, fip_holder, p, &mut create);
+    }
+}
+
+/// A pool's desired size and its members counted by health: what its plan decides from.
+#[derive(Clone, Copy)]
+struct Tally {
+    desired: usize,
+    ready: usize,
+    joining: usize,
+    /// Members that count towards the pool's size.
+    capacity: usize,
+}
+
+/// The pool's line in the plan's counts.
+fn pool_counts(pool: &PoolSpec, members: &[&Member]) -> PoolCounts {
+    let count = |f: &dyn Fn(&Member) -> bool| members.iter().filter(|m| f(m)).count() as u32;
+    PoolCounts {
+        pool: pool.name.clone(),
+        desired: pool.count,
+        ready: count(&|m| m.health == Health::Ready),
+        joining: count(&|m| m.health == Health::Joining),
+        not_ready: count(&|m| m.health == Health::NotReady),
+        broken: count(&|m| m.health.is_broken() || m.health == Health::NotStarted),
+        removing: count(&|m| m.health == Health::Removing),
+        drifted: count(&|m| m.drifted && m.health.counts()),
+    }
+}
+
+/// Whether the pool's image is there (or was not looked up); a finding when it is missing.
+/// Images are looked up only when a plan creates members: absent means "not looked up".
+fn image_found(spec: &ClusterSpec, observed: &Observed, pool: &PoolSpec, p: &mut Plan) -> bool {
+    match observed.images.get(&pool.image) {
+        Some(Some(_)) | None => true,
+        Some(None) => {
+            p.findings.push(Finding {
+                degraded: true,
+                message: format!(
+                    "image {:?} of pool {:?} is not in project {:?} or the silo; no new members until it exists",
+                    pool.image, pool.name, spec.project
+                ),
+            });
+            false
+        }
+    }
+}
+
+/// Removals already under way carry on, whatever else happens; one the autoscaler gave up
+/// on is called off while its VM still runs.
+fn finish_removals(observed: &Observed, pool: &PoolSpec, members: &[&Member], p: &mut Plan) {
     for m in members.iter().filter(|m| m.health == Health::Removing) {
         if let Some(node) = m.node.filter(|_| {
             observed.autoscale_given_up.contains(&m.instance.name)
@@ -762,6 +805,10 @@ fn plan_pool(
             "finishing a removal started earlier".into(),
         ));
     }
+}
+
+/// Members stopped outside oxide-controller are started again.
+fn start_stopped(pool: &PoolSpec, members: &[&Member], p: &mut Plan) {
     for m in members
         .iter()
         .filter(|m| m.health == Health::StoppedUnexpectedly)
@@ -772,16 +819,22 @@ fn plan_pool(
             reason: "it was stopped outside oxide-controller while still a member".into(),
         });
     }
-    // Members the rack never started: start each once (no new create for them, no delete
-    // and re-create either: on a full rack that only churns). Surplus ones are removed instead,
-    // below (they rank first as never joined).
-    let surplus = capacity.saturating_sub(desired);
+}
+
+/// Members the rack never started are started again, but for the first `removed_first` of
+/// them in victim order (those are removed instead).
+fn start_not_started(
+    pool: &PoolSpec,
+    members: &[&Member],
+    fip_holder: Option<uuid::Uuid>,
+    removed_first: usize,
+    p: &mut Plan,
+) {
     let mut not_started: Vec<&&Member> = members
         .iter()
         .filter(|m| m.health == Health::NotStarted)
         .collect();
     not_started.sort_by_key(|m| victim_rank(m, fip_holder));
-    let removed_first = if is_cp { 0 } else { surplus };
     for m in not_started.into_iter().skip(removed_first) {
         p.actions.push(Action::StartMember {
             pool: pool.name.clone(),
@@ -789,28 +842,29 @@ fn plan_pool(
             reason: "the rack left it stopped after create (no capacity or quota, or an earlier removal was cut short); starting it again".into(),
         });
     }
+}
 
-    if is_cp {
-        plan_control_plane(
-            pool,
-            members,
-            desired,
-            ready,
-            joining,
-            capacity,
-            fip_holder,
-            p,
-            &mut create,
-        );
-        return;
-    }
-
-    // Workers. Broken members go now (they serve nothing); replacements come from the
-    // shortfall below, created before the removals are carried out.
+/// Workers. Broken members go now (they serve nothing); replacements come from the
+/// shortfall below, created before the removals are carried out.
+fn plan_workers(
+    spec: &ClusterSpec,
+    pool: &PoolSpec,
+    members: &[&Member],
+    t: Tally,
+    fip_holder: Option<uuid::Uuid>,
+    p: &mut Plan,
+    create: &mut impl FnMut(&mut Plan, String),
+) {
+    let Tally {
+        desired,
+        ready,
+        capacity,
+        ..
+    } = t;
     for m in members.iter().filter(|m| m.health.is_broken()) {
         p.actions.push(remove(m, false, broken_reason(m, spec)));
     }
-    let budget = (desired + 1).saturating_sub(existing);
+    let budget = (desired + 1).saturating_sub(members.len());
     let drifted_live = members.iter().any(|m| m.drifted && m.health.counts());
     let surge_joining = members
         .iter()
@@ -833,26 +887,7 @@ fn plan_pool(
             });
             return;
         }
-        let mut victims: Vec<&&Member> = members.iter().filter(|m| m.health.counts()).collect();
-        victims.sort_by_key(|m| victim_rank(m, fip_holder));
-        for m in victims.into_iter().take(capacity - desired) {
-            let why = if m.drifted
-                && m.node.is_some_and(|n| !n.marked_for_deletion())
-                && m.health == Health::Ready
-            {
-                format!(
-                    "rolling pool {:?}: its spec changed and the replacement is Ready",
-                    pool.name
-                )
-            } else {
-                format!(
-                    "pool {:?} has {capacity} of {desired} members; {}",
-                    pool.name,
-                    victim_why(m)
-                )
-            };
-            p.actions.push(remove(m, true, why));
-        }
+        shrink_workers(pool, members, t, fip_holder, p);
     } else if drifted_live
         && ready == desired
         && budget > 0
@@ -868,18 +903,53 @@ fn plan_pool(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// A worker pool above its size: its surplus members go, in victim order.
+fn shrink_workers(
+    pool: &PoolSpec,
+    members: &[&Member],
+    t: Tally,
+    fip_holder: Option<uuid::Uuid>,
+    p: &mut Plan,
+) {
+    let Tally {
+        desired, capacity, ..
+    } = t;
+    let mut victims: Vec<&&Member> = members.iter().filter(|m| m.health.counts()).collect();
+    victims.sort_by_key(|m| victim_rank(m, fip_holder));
+    for m in victims.into_iter().take(capacity - desired) {
+        let why = if m.drifted
+            && m.node.is_some_and(|n| !n.marked_for_deletion())
+            && m.health == Health::Ready
+        {
+            format!(
+                "rolling pool {:?}: its spec changed and the replacement is Ready",
+                pool.name
+            )
+        } else {
+            format!(
+                "pool {:?} has {capacity} of {desired} members; {}",
+                pool.name,
+                victim_why(m)
+            )
+        };
+        p.actions.push(remove(m, true, why));
+    }
+}
+
 fn plan_control_plane(
     pool: &PoolSpec,
     members: &[&Member],
-    desired: usize,
-    ready: usize,
-    joining: usize,
-    capacity: usize,
+    t: Tally,
     fip_holder: Option<uuid::Uuid>,
     p: &mut Plan,
     create: &mut impl FnMut(&mut Plan, String),
 ) {
+    let Tally {
+        desired,
+        ready,
+        joining,
+        capacity,
+    } = t;
     // Voting etcd members: servers that joined and are not yet removed.
     let voting = members
         .iter()
@@ -942,24 +1012,8 @@ fn plan_control_plane(
         .filter(|m| m.health.counts())
         .all(|m| m.health == Health::Ready);
     if capacity > desired {
-        if !all_ready {
-            return;
-        }
-        let mut victims: Vec<&&Member> = members.iter().filter(|m| m.health.counts()).collect();
-        victims.sort_by_key(|m| victim_rank(m, fip_holder));
-        if let Some(m) = victims.first()
-            && ready.saturating_sub(1) >= quorum(voting.saturating_sub(1).max(1))
-        {
-            let why = if m.drifted {
-                "rolling the control plane: its spec changed and the replacement is Ready"
-                    .to_owned()
-            } else {
-                format!(
-                    "control plane has {capacity} of {desired} members; {}",
-                    victim_why(m)
-                )
-            };
-            p.actions.push(remove(m, true, why));
+        if all_ready {
+            shrink_control_plane(members, t, voting, fip_holder, p);
         }
         return;
     }
@@ -971,6 +1025,38 @@ fn plan_control_plane(
                 pool.name
             ),
         );
+    }
+}
+
+/// A control plane above its size, every member Ready: one member goes, when etcd keeps its
+/// quorum without it.
+fn shrink_control_plane(
+    members: &[&Member],
+    t: Tally,
+    voting: usize,
+    fip_holder: Option<uuid::Uuid>,
+    p: &mut Plan,
+) {
+    let Tally {
+        desired,
+        ready,
+        capacity,
+        ..
+    } = t;
+    let mut victims: Vec<&&Member> = members.iter().filter(|m| m.health.counts()).collect();
+    victims.sort_by_key(|m| victim_rank(m, fip_holder));
+    if let Some(m) = victims.first()
+        && ready.saturating_sub(1) >= quorum(voting.saturating_sub(1).max(1))
+    {
+        let why = if m.drifted {
+            "rolling the control plane: its spec changed and the replacement is Ready".to_owned()
+        } else {
+            format!(
+                "control plane has {capacity} of {desired} members; {}",
+                victim_why(m)
+            )
+        };
+        p.actions.push(remove(m, true, why));
     }
 }
 

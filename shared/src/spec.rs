@@ -690,16 +690,40 @@ impl ClusterSpec {
     pub fn validate(&self) -> Result<(), SpecErrors> {
         let mut errs = Vec::new();
         let mut err = |field: String, message: String| errs.push(SpecError { field, message });
+        self.validate_names(&mut err);
+        self.validate_anti_affinity_sizes(&mut err);
+        self.validate_pools(&mut err);
+        check_k3s_version(&mut err, "k3s.version".into(), &self.k3s.version);
+        if let Err(e) = parse_schedule(&self.schedule) {
+            err("schedule".into(), e);
+        }
+        self.validate_nodes(&mut err);
+        self.validate_tailscale(&mut err);
+        if let Err(e) = check_installer_url(&self.k3s.installer_url) {
+            err("k3s.installer_url".into(), e);
+        }
+        self.validate_timeouts(&mut err);
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(SpecErrors(errs))
+        }
+    }
 
+    /// The cluster's and the project's names.
+    fn validate_names(&self, err: &mut impl FnMut(String, String)) {
         if let Err(e) = names::validate_name("cluster name", &self.cluster) {
             err("cluster".into(), e.to_string());
         }
         if let Err(e) = names::validate_name("project name", &self.project) {
             err("project".into(), e.to_string());
         }
-        // A rack refuses the 33rd member of an anti-affinity group inside the create saga
-        // (omicron `ANTI_AFFINITY_GROUP_MAX_MEMBERS`, see tests/FIDELITY.md): every pool in a
-        // group may reach its max plus one surge member while it rolls.
+    }
+
+    /// A rack refuses the 33rd member of an anti-affinity group inside the create saga
+    /// (omicron `ANTI_AFFINITY_GROUP_MAX_MEMBERS`, see tests/FIDELITY.md): every pool in a
+    /// group may reach its max plus one surge member while it rolls.
+    fn validate_anti_affinity_sizes(&self, err: &mut impl FnMut(String, String)) {
         let mut groups: BTreeMap<&str, (u32, Vec<String>)> = BTreeMap::new();
         for (role, pool) in self.pools() {
             if let Some(g) = &pool.anti_affinity_group {
@@ -722,6 +746,10 @@ impl ClusterSpec {
                 );
             }
         }
+    }
+
+    /// Every pool, one after the other, and at least one worker pool.
+    fn validate_pools(&self, err: &mut impl FnMut(String, String)) {
         let mut seen = std::collections::BTreeSet::new();
         for (role, pool) in self.pools() {
             let base = match role {
@@ -734,124 +762,9 @@ impl ClusterSpec {
                     format!("pool name {:?} is used twice", pool.name),
                 );
             }
-            // Instance names are <cluster>-<pool>-<suffix> and must leave room for `boot-`.
-            let max_pool = MAX_INSTANCE_NAME_LEN
-                .saturating_sub(self.cluster.len() + SUFFIX_LEN + 2)
-                .max(1);
-            if let Err(e) = names::validate_name_max("pool name", &pool.name, max_pool) {
-                err(
-                    format!("{base}.name"),
-                    format!(
-                        "{e} (instance names are <cluster>-<pool>-xxxxx and must stay within {MAX_INSTANCE_NAME_LEN} characters)"
-                    ),
-                );
-            }
-            if pool.min > pool.max {
-                err(
-                    format!("{base}.min"),
-                    format!("min {} is greater than max {}", pool.min, pool.max),
-                );
-            }
-            if pool.count < pool.min || pool.count > pool.max {
-                err(
-                    format!("{base}.count"),
-                    format!(
-                        "count {} is outside [min {}, max {}]",
-                        pool.count, pool.min, pool.max
-                    ),
-                );
-            }
-            if let Some(a) = &pool.autoscale {
-                if role == Role::ControlPlane {
-                    err(
-                        format!("{base}.autoscale"),
-                        "control plane pools do not autoscale; move the block to a worker pool"
-                            .into(),
-                    );
-                }
-                for e in a.validate(pool.min, pool.max) {
-                    err(format!("{base}.autoscale.{}", e.field), e.message);
-                }
-            }
-            if role == Role::ControlPlane && pool.count % 2 == 0 {
-                err(
-                    format!("{base}.count"),
-                    format!(
-                        "the control plane needs an odd number of servers for etcd quorum, not {}",
-                        pool.count
-                    ),
-                );
-            }
-            if pool.cpus == 0 || pool.cpus > 254 {
-                err(
-                    format!("{base}.cpus"),
-                    format!("{} is outside 1..=254", pool.cpus),
-                );
-            }
-            match pool.memory.whole_gib() {
-                None => err(
-                    format!("{base}.memory"),
-                    format!(
-                        "{} is not a whole number of GiB (Oxide needs multiples of 1 GiB)",
-                        pool.memory
-                    ),
-                ),
-                Some(g) if !(1..=1536).contains(&g) => err(
-                    format!("{base}.memory"),
-                    format!("{} is outside 1GiB..=1536GiB", pool.memory),
-                ),
-                Some(_) => {}
-            }
-            check_disk(&mut err, format!("{base}.boot_disk"), pool.boot_disk);
-            if let Some(d) = pool.data_disk {
-                check_disk(&mut err, format!("{base}.data_disk"), d);
-            }
-            if let Err(e) = names::validate_name("image name", &pool.image) {
-                err(format!("{base}.image"), e.to_string());
-            }
-            if let Some(g) = &pool.anti_affinity_group
-                && let Err(e) = names::validate_name("anti-affinity group name", g)
-            {
-                err(format!("{base}.anti_affinity_group"), e.to_string());
-            }
-            for (k, v) in &pool.labels {
-                if !valid_label_key(k) {
-                    err(
-                        format!("{base}.labels"),
-                        format!("{k:?} is not a valid Kubernetes label key"),
-                    );
-                }
-                if !valid_label_value(v) {
-                    err(
-                        format!("{base}.labels.{k}"),
-                        format!("{v:?} is not a valid Kubernetes label value"),
-                    );
-                }
-                if valid_label_key(k) && kubelet_refuses_label(k) {
-                    err(
-                        format!("{base}.labels.{k}"),
-                        format!(
-                            "the kubelet refuses {k:?} in --node-labels and k3s would not start: \
-                             in the kubernetes.io and k8s.io namespaces only kubelet.kubernetes.io/, \
-                             node.kubernetes.io/ and {} are allowed; use your own prefix \
-                             (e.g. example.com/role) or set it with `kubectl label node` once the \
-                             node joined",
-                            KUBELET_LABELS.join(", ")
-                        ),
-                    );
-                }
-            }
-            for t in &pool.taints {
-                if !valid_label_key(&t.key) || !valid_label_value(&t.value) {
-                    err(
-                        format!("{base}.taints"),
-                        format!("{t} is not a valid taint"),
-                    );
-                }
-            }
-            if let Some(v) = &pool.k3s_version {
-                check_k3s_version(&mut err, format!("{base}.k3s_version"), v);
-            }
+            self.validate_pool_sizes(role, pool, &base, err);
+            validate_pool_resources(pool, &base, err);
+            validate_pool_node_settings(pool, &base, err);
         }
         if self.worker_pools.is_empty() {
             err(
@@ -859,10 +772,67 @@ impl ClusterSpec {
                 "at least one worker pool is needed".into(),
             );
         }
-        check_k3s_version(&mut err, "k3s.version".into(), &self.k3s.version);
-        if let Err(e) = parse_schedule(&self.schedule) {
-            err("schedule".into(), e);
+    }
+
+    /// A pool's name length, its min/count/max, autoscaling and (control plane) quorum.
+    fn validate_pool_sizes(
+        &self,
+        role: Role,
+        pool: &PoolSpec,
+        base: &str,
+        err: &mut impl FnMut(String, String),
+    ) {
+        // Instance names are <cluster>-<pool>-<suffix> and must leave room for `boot-`.
+        let max_pool = MAX_INSTANCE_NAME_LEN
+            .saturating_sub(self.cluster.len() + SUFFIX_LEN + 2)
+            .max(1);
+        if let Err(e) = names::validate_name_max("pool name", &pool.name, max_pool) {
+            err(
+                format!("{base}.name"),
+                format!(
+                    "{e} (instance names are <cluster>-<pool>-xxxxx and must stay within {MAX_INSTANCE_NAME_LEN} characters)"
+                ),
+            );
         }
+        if pool.min > pool.max {
+            err(
+                format!("{base}.min"),
+                format!("min {} is greater than max {}", pool.min, pool.max),
+            );
+        }
+        if pool.count < pool.min || pool.count > pool.max {
+            err(
+                format!("{base}.count"),
+                format!(
+                    "count {} is outside [min {}, max {}]",
+                    pool.count, pool.min, pool.max
+                ),
+            );
+        }
+        if let Some(a) = &pool.autoscale {
+            if role == Role::ControlPlane {
+                err(
+                    format!("{base}.autoscale"),
+                    "control plane pools do not autoscale; move the block to a worker pool".into(),
+                );
+            }
+            for e in a.validate(pool.min, pool.max) {
+                err(format!("{base}.autoscale.{}", e.field), e.message);
+            }
+        }
+        if role == Role::ControlPlane && pool.count.is_multiple_of(2) {
+            err(
+                format!("{base}.count"),
+                format!(
+                    "the control plane needs an odd number of servers for etcd quorum, not {}",
+                    pool.count
+                ),
+            );
+        }
+    }
+
+    /// `nodes`: SSH port and user, IP pool.
+    fn validate_nodes(&self, err: &mut impl FnMut(String, String)) {
         if self.nodes.ssh_port == 0 {
             err("nodes.ssh_port".into(), "port 0 is not a port".into());
         }
@@ -883,19 +853,20 @@ impl ClusterSpec {
         {
             err("nodes.ip_pool".into(), e.to_string());
         }
-        if let Some(ts) = &self.tailscale
-            && let Err(e) = tailscale::check_tag(&ts.tag)
-        {
+    }
+
+    /// `tailscale`, when present: tag, installer URL, `up` timeout.
+    fn validate_tailscale(&self, err: &mut impl FnMut(String, String)) {
+        let Some(ts) = &self.tailscale else {
+            return;
+        };
+        if let Err(e) = tailscale::check_tag(&ts.tag) {
             err("tailscale.tag".into(), e);
         }
-        if let Some(ts) = &self.tailscale
-            && let Err(e) = check_installer_url(&ts.installer_url)
-        {
+        if let Err(e) = check_installer_url(&ts.installer_url) {
             err("tailscale.installer_url".into(), e);
         }
-        if let Some(ts) = &self.tailscale
-            && !(1..=3600).contains(&ts.up_timeout_seconds)
-        {
+        if !(1..=3600).contains(&ts.up_timeout_seconds) {
             err(
                 "tailscale.up_timeout_seconds".into(),
                 format!(
@@ -904,9 +875,10 @@ impl ClusterSpec {
                 ),
             );
         }
-        if let Err(e) = check_installer_url(&self.k3s.installer_url) {
-            err("k3s.installer_url".into(), e);
-        }
+    }
+
+    /// `timeouts`: none of them zero.
+    fn validate_timeouts(&self, err: &mut impl FnMut(String, String)) {
         let t = &self.timeouts;
         for (name, v) in [
             ("join_seconds", t.join_seconds),
@@ -919,11 +891,84 @@ impl ClusterSpec {
                 err(format!("timeouts.{name}"), "must be greater than 0".into());
             }
         }
-        if errs.is_empty() {
-            Ok(())
-        } else {
-            Err(SpecErrors(errs))
+    }
+}
+
+/// A pool's CPUs, memory, disks, image and anti-affinity group name.
+fn validate_pool_resources(pool: &PoolSpec, base: &str, err: &mut impl FnMut(String, String)) {
+    if pool.cpus == 0 || pool.cpus > 254 {
+        err(
+            format!("{base}.cpus"),
+            format!("{} is outside 1..=254", pool.cpus),
+        );
+    }
+    match pool.memory.whole_gib() {
+        None => err(
+            format!("{base}.memory"),
+            format!(
+                "{} is not a whole number of GiB (Oxide needs multiples of 1 GiB)",
+                pool.memory
+            ),
+        ),
+        Some(g) if !(1..=1536).contains(&g) => err(
+            format!("{base}.memory"),
+            format!("{} is outside 1GiB..=1536GiB", pool.memory),
+        ),
+        Some(_) => {}
+    }
+    check_disk(err, format!("{base}.boot_disk"), pool.boot_disk);
+    if let Some(d) = pool.data_disk {
+        check_disk(err, format!("{base}.data_disk"), d);
+    }
+    if let Err(e) = names::validate_name("image name", &pool.image) {
+        err(format!("{base}.image"), e.to_string());
+    }
+    if let Some(g) = &pool.anti_affinity_group
+        && let Err(e) = names::validate_name("anti-affinity group name", g)
+    {
+        err(format!("{base}.anti_affinity_group"), e.to_string());
+    }
+}
+
+/// A pool's node labels, taints and k3s version.
+fn validate_pool_node_settings(pool: &PoolSpec, base: &str, err: &mut impl FnMut(String, String)) {
+    for (k, v) in &pool.labels {
+        if !valid_label_key(k) {
+            err(
+                format!("{base}.labels"),
+                format!("{k:?} is not a valid Kubernetes label key"),
+            );
         }
+        if !valid_label_value(v) {
+            err(
+                format!("{base}.labels.{k}"),
+                format!("{v:?} is not a valid Kubernetes label value"),
+            );
+        }
+        if valid_label_key(k) && kubelet_refuses_label(k) {
+            err(
+                format!("{base}.labels.{k}"),
+                format!(
+                    "the kubelet refuses {k:?} in --node-labels and k3s would not start: \
+                     in the kubernetes.io and k8s.io namespaces only kubelet.kubernetes.io/, \
+                     node.kubernetes.io/ and {} are allowed; use your own prefix \
+                     (e.g. example.com/role) or set it with `kubectl label node` once the \
+                     node joined",
+                    KUBELET_LABELS.join(", ")
+                ),
+            );
+        }
+    }
+    for t in &pool.taints {
+        if !valid_label_key(&t.key) || !valid_label_value(&t.value) {
+            err(
+                format!("{base}.taints"),
+                format!("{t} is not a valid taint"),
+            );
+        }
+    }
+    if let Some(v) = &pool.k3s_version {
+        check_k3s_version(err, format!("{base}.k3s_version"), v);
     }
 }
 

@@ -145,39 +145,8 @@ pub fn build(r: &RunReport) -> Status {
 
     let create_backoff = create_backoff(r);
     let degraded = degraded || !create_backoff.is_empty();
-    let degraded_msg = if let Some(e) = &r.error {
-        ("RunFailed".to_owned(), e.clone())
-    } else if let Some((pool, b)) = create_backoff.iter().next() {
-        ("CreatesRefused".to_owned(), b.describe(pool))
-    } else if let Some(first) = r.results.iter().find_map(|x| match &x.outcome {
-        Outcome::Failed(d) => Some((x, d)),
-        _ => None,
-    }) {
-        // The first failure's own words: "insufficient capacity", "quota", ...
-        (
-            "ActionsFailed".to_owned(),
-            format!(
-                "{failures} action(s) failed; first: {} {}: {}",
-                first.0.action.verb(),
-                first.0.action.target(),
-                first.1
-            ),
-        )
-    } else if let Some(f) = r.plan.and_then(|p| p.findings.iter().find(|f| f.degraded)) {
-        ("Problem".to_owned(), f.message.clone())
-    } else {
-        ("AsExpected".to_owned(), "no problems".to_owned())
-    };
-    let summary = r
-        .plan
-        .map(|p| {
-            p.pools
-                .iter()
-                .map(|c| format!("{} {}/{} ready", c.pool, c.ready, c.desired))
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_else(|| "not observed".to_owned());
+    let degraded_msg = degraded_reason(r, failures, &create_backoff);
+    let summary = pools_summary(r.plan);
     let cond = |t: &str, on: bool, reason: String, message: String| {
         let status = if on { "True" } else { "False" }.to_owned();
         let last_transition_time = r
@@ -217,32 +186,13 @@ pub fn build(r: &RunReport) -> Status {
         ),
         cond("Degraded", degraded, degraded_msg.0, degraded_msg.1),
     ];
-    let last_plan = r
-        .results
-        .iter()
-        .map(|x| {
-            let (outcome, detail) = match &x.outcome {
-                Outcome::Done => ("done", None),
-                Outcome::InProgress(d) => ("in_progress", Some(d.clone())),
-                Outcome::Failed(d) => ("failed", Some(d.clone())),
-                Outcome::Skipped(d) => ("skipped", Some(d.clone())),
-            };
-            PlannedAction {
-                action: x.action.verb().to_owned(),
-                target: x.action.target().to_owned(),
-                reason: x.action.reason().to_owned(),
-                outcome: outcome.to_owned(),
-                detail,
-            }
-        })
-        .collect();
     Status {
         run_id: r.run_id.to_owned(),
         started_at: r.started_at,
         finished_at: r.finished_at,
         conditions,
         pools: r.plan.map(|p| p.pools.clone()).unwrap_or_default(),
-        last_plan,
+        last_plan: last_plan(r.results),
         findings: r
             .plan
             .map(|p| p.findings.iter().map(|f| f.message.clone()).collect())
@@ -264,6 +214,68 @@ pub fn build(r: &RunReport) -> Status {
         },
         create_backoff,
     }
+}
+
+/// The Degraded condition's reason and message: the run's error, else the first pool whose
+/// creates are refused, else the first failed action, else the first degrading finding.
+fn degraded_reason(r: &RunReport, failures: usize, create_backoff: &Backoffs) -> (String, String) {
+    if let Some(e) = &r.error {
+        ("RunFailed".to_owned(), e.clone())
+    } else if let Some((pool, b)) = create_backoff.iter().next() {
+        ("CreatesRefused".to_owned(), b.describe(pool))
+    } else if let Some(first) = r.results.iter().find_map(|x| match &x.outcome {
+        Outcome::Failed(d) => Some((x, d)),
+        _ => None,
+    }) {
+        // The first failure's own words: "insufficient capacity", "quota", ...
+        (
+            "ActionsFailed".to_owned(),
+            format!(
+                "{failures} action(s) failed; first: {} {}: {}",
+                first.0.action.verb(),
+                first.0.action.target(),
+                first.1
+            ),
+        )
+    } else if let Some(f) = r.plan.and_then(|p| p.findings.iter().find(|f| f.degraded)) {
+        ("Problem".to_owned(), f.message.clone())
+    } else {
+        ("AsExpected".to_owned(), "no problems".to_owned())
+    }
+}
+
+/// `<pool> <ready>/<desired> ready, ...`, or "not observed" without a plan.
+fn pools_summary(plan: Option<&Plan>) -> String {
+    plan.map(|p| {
+        p.pools
+            .iter()
+            .map(|c| format!("{} {}/{} ready", c.pool, c.ready, c.desired))
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
+    .unwrap_or_else(|| "not observed".to_owned())
+}
+
+/// What each action of the run did, for `lastPlan`.
+fn last_plan(results: &[ActionResult]) -> Vec<PlannedAction> {
+    results
+        .iter()
+        .map(|x| {
+            let (outcome, detail) = match &x.outcome {
+                Outcome::Done => ("done", None),
+                Outcome::InProgress(d) => ("in_progress", Some(d.clone())),
+                Outcome::Failed(d) => ("failed", Some(d.clone())),
+                Outcome::Skipped(d) => ("skipped", Some(d.clone())),
+            };
+            PlannedAction {
+                action: x.action.verb().to_owned(),
+                target: x.action.target().to_owned(),
+                reason: x.action.reason().to_owned(),
+                outcome: outcome.to_owned(),
+                detail,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -218,6 +218,27 @@ pub fn age(from: DateTime<Utc>, now: DateTime<Utc>) -> String {
 /// run, the autoscaler and the Events. Ages are relative to `now`.
 pub fn render_table(v: &View, now: DateTime<Utc>) -> String {
     let mut out = String::new();
+    render_header(&mut out, v);
+    for p in &v.pools {
+        render_pool(&mut out, p, now);
+    }
+    if !v.other_nodes.is_empty() {
+        let _ = writeln!(out, "\nNodes in no pool: {}", v.other_nodes.join(", "));
+    }
+    render_conditions(&mut out, v, now);
+    render_last_run(&mut out, v, now);
+    if let Some(a) = &v.autoscale {
+        render_autoscaler(&mut out, a);
+    }
+    render_events(&mut out, v, now);
+    for u in &v.unreadable {
+        let _ = writeln!(out, "\nnot shown: {u}");
+    }
+    out
+}
+
+/// `cluster <c> (project <p>): <state>`.
+fn render_header(out: &mut String, v: &View) {
     let state = if v.degraded() {
         "Degraded"
     } else if v
@@ -236,94 +257,97 @@ pub fn render_table(v: &View, now: DateTime<Utc>) -> String {
         "cluster {} (project {}): {state}",
         v.cluster, v.project
     );
-    for p in &v.pools {
-        let _ = writeln!(out);
-        let role = match p.role {
-            Role::ControlPlane => "control plane",
-            Role::Worker => "workers",
-        };
-        let bounds = p
-            .autoscale
-            .map(|[lo, hi]| format!(", autoscaling {lo}..{hi}"))
-            .unwrap_or_default();
-        let tally = p
-            .last_run
-            .as_ref()
-            .map(|c| {
-                let mut parts = vec![format!("{} ready", c.ready)];
-                for (n, what) in [
-                    (c.joining, "joining"),
-                    (c.not_ready, "not ready"),
-                    (c.broken, "broken"),
-                    (c.removing, "removing"),
-                    (c.drifted, "drifted"),
-                ] {
-                    if n > 0 {
-                        parts.push(format!("{n} {what}"));
-                    }
+}
+
+/// A pool's line (desired size, autoscaling bounds, last run's tally) and its Nodes' table.
+fn render_pool(out: &mut String, p: &PoolView, now: DateTime<Utc>) {
+    let _ = writeln!(out);
+    let role = match p.role {
+        Role::ControlPlane => "control plane",
+        Role::Worker => "workers",
+    };
+    let bounds = p
+        .autoscale
+        .map(|[lo, hi]| format!(", autoscaling {lo}..{hi}"))
+        .unwrap_or_default();
+    let tally = p
+        .last_run
+        .as_ref()
+        .map(|c| {
+            let mut parts = vec![format!("{} ready", c.ready)];
+            for (n, what) in [
+                (c.joining, "joining"),
+                (c.not_ready, "not ready"),
+                (c.broken, "broken"),
+                (c.removing, "removing"),
+                (c.drifted, "drifted"),
+            ] {
+                if n > 0 {
+                    parts.push(format!("{n} {what}"));
                 }
-                format!(" — last run: {}", parts.join(", "))
-            })
-            .unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "pool {} ({role}): desired {}{bounds}{tally}",
-            p.name, p.desired
-        );
-        if p.members.is_empty() {
-            let _ = writeln!(out, "  (no Nodes)");
-            continue;
-        }
-        let rows: Vec<[String; 5]> = p
-            .members
-            .iter()
-            .map(|m| {
-                let mut notes = Vec::new();
-                if m.cordoned {
-                    notes.push("cordoned".to_owned());
-                }
-                if let Some(r) = &m.removing {
-                    notes.push(format!("removing: {r}"));
-                }
-                [
-                    m.node.clone(),
-                    m.ready.clone(),
-                    age(m.created, now),
-                    m.provider_id.clone().unwrap_or_else(|| "-".into()),
-                    notes.join("; "),
-                ]
-            })
-            .collect();
-        table(
-            &mut out,
-            ["NODE", "STATUS", "AGE", "PROVIDER ID", "NOTES"],
-            &rows,
-        );
+            }
+            format!(" — last run: {}", parts.join(", "))
+        })
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "pool {} ({role}): desired {}{bounds}{tally}",
+        p.name, p.desired
+    );
+    if p.members.is_empty() {
+        let _ = writeln!(out, "  (no Nodes)");
+        return;
     }
-    if !v.other_nodes.is_empty() {
-        let _ = writeln!(out, "\nNodes in no pool: {}", v.other_nodes.join(", "));
+    let rows: Vec<[String; 5]> = p
+        .members
+        .iter()
+        .map(|m| {
+            let mut notes = Vec::new();
+            if m.cordoned {
+                notes.push("cordoned".to_owned());
+            }
+            if let Some(r) = &m.removing {
+                notes.push(format!("removing: {r}"));
+            }
+            [
+                m.node.clone(),
+                m.ready.clone(),
+                age(m.created, now),
+                m.provider_id.clone().unwrap_or_else(|| "-".into()),
+                notes.join("; "),
+            ]
+        })
+        .collect();
+    table(
+        out,
+        ["NODE", "STATUS", "AGE", "PROVIDER ID", "NOTES"],
+        &rows,
+    );
+}
+
+fn render_conditions(out: &mut String, v: &View, now: DateTime<Utc>) {
+    if v.conditions.is_empty() {
+        return;
     }
-    if !v.conditions.is_empty() {
-        let _ = writeln!(out, "\nconditions:");
-        let rows: Vec<[String; 5]> = v
-            .conditions
-            .iter()
-            .map(|c| {
-                [
-                    c.type_.clone(),
-                    c.status.clone(),
-                    c.reason.clone(),
-                    age(c.last_transition_time, now),
-                    c.message.clone(),
-                ]
-            })
-            .collect();
-        table(
-            &mut out,
-            ["TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"],
-            &rows,
-        );
-    }
+    let _ = writeln!(out, "\nconditions:");
+    let rows: Vec<[String; 5]> = v
+        .conditions
+        .iter()
+        .map(|c| {
+            [
+                c.type_.clone(),
+                c.status.clone(),
+                c.reason.clone(),
+                age(c.last_transition_time, now),
+                c.message.clone(),
+            ]
+        })
+        .collect();
+    table(out, ["TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"], &rows);
+}
+
+/// The last run with its actions and error, then the findings.
+fn render_last_run(out: &mut String, v: &View, now: DateTime<Utc>) {
     match &v.last_run {
         Some(r) => {
             let took = (r.finished_at - r.started_at).num_milliseconds().max(0);
@@ -354,40 +378,41 @@ pub fn render_table(v: &View, now: DateTime<Utc>) -> String {
     for f in &v.findings {
         let _ = writeln!(out, "  finding: {f}");
     }
-    if let Some(a) = &v.autoscale {
-        if !a.decisions.is_empty() || !a.unhostable.is_empty() {
-            let _ = writeln!(out, "\nautoscaler:");
-        }
-        for d in &a.decisions {
-            let _ = writeln!(out, "  {}: {} → {} ({})", d.pool, d.from, d.to, d.reason);
-        }
-        for u in &a.unhostable {
-            let _ = writeln!(out, "  unhostable {}: {}", u.pod, u.reason);
-        }
-        if a.unhostable_more > 0 {
-            let _ = writeln!(out, "  … and {} more unhostable pods", a.unhostable_more);
-        }
+}
+
+fn render_autoscaler(out: &mut String, a: &AutoscaleView) {
+    if !a.decisions.is_empty() || !a.unhostable.is_empty() {
+        let _ = writeln!(out, "\nautoscaler:");
     }
-    if !v.events.is_empty() {
-        let _ = writeln!(out, "\nevents (newest first):");
-        let rows: Vec<[String; 4]> = v
-            .events
-            .iter()
-            .map(|e| {
-                [
-                    age(e.time, now),
-                    e.type_.clone(),
-                    e.reason.clone(),
-                    e.note.clone(),
-                ]
-            })
-            .collect();
-        table(&mut out, ["AGE", "TYPE", "REASON", "NOTE"], &rows);
+    for d in &a.decisions {
+        let _ = writeln!(out, "  {}: {} → {} ({})", d.pool, d.from, d.to, d.reason);
     }
-    for u in &v.unreadable {
-        let _ = writeln!(out, "\nnot shown: {u}");
+    for u in &a.unhostable {
+        let _ = writeln!(out, "  unhostable {}: {}", u.pod, u.reason);
     }
-    out
+    if a.unhostable_more > 0 {
+        let _ = writeln!(out, "  … and {} more unhostable pods", a.unhostable_more);
+    }
+}
+
+fn render_events(out: &mut String, v: &View, now: DateTime<Utc>) {
+    if v.events.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nevents (newest first):");
+    let rows: Vec<[String; 4]> = v
+        .events
+        .iter()
+        .map(|e| {
+            [
+                age(e.time, now),
+                e.type_.clone(),
+                e.reason.clone(),
+                e.note.clone(),
+            ]
+        })
+        .collect();
+    table(out, ["AGE", "TYPE", "REASON", "NOTE"], &rows);
 }
 
 /// Columns padded to their widest cell, indented two spaces; the last column is not padded.

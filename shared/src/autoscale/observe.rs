@@ -167,9 +167,59 @@ pub fn pod_view(
     let spec = pod.spec.as_ref()?;
     let namespace = meta.namespace.clone().unwrap_or_default();
     let name = meta.name.clone().unwrap_or_default();
+    let req = pod_requests(spec);
+    let (unschedulable, refused) = scheduling(status, spec);
+    let labels = meta.labels.clone().unwrap_or_default();
+    let budgets = pod_budgets(pdbs, &namespace, &labels);
+    let affinity_terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|ns| node_terms(&ns.node_selector_terms))
+        .unwrap_or_default();
+    let tolerations = pod_tolerations(spec);
+    let annotations = meta.annotations.clone().unwrap_or_default();
+    let (local_volumes, pinned) = pod_volumes(spec, &namespace, &name, &annotations, pvs);
+    let host_ports = pod_host_ports(spec);
+    let controller = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    let controller_kind = controller.map(|o| o.kind.clone());
+    let ours = reconcile_pod(controller_kind.as_deref(), &labels);
+    Some(PodView {
+        owner: controller_key(pod),
+        namespace,
+        name,
+        requests: req,
+        node: spec.node_name.clone(),
+        unschedulable,
+        controller_kind,
+        annotations,
+        node_selector: spec.node_selector.clone().unwrap_or_default(),
+        affinity_terms,
+        tolerations,
+        budgets,
+        priority: spec.priority,
+        nominated: status
+            .and_then(|s| s.nominated_node_name.as_deref())
+            .is_some_and(|n| !n.is_empty()),
+        host_ports,
+        local_volumes,
+        pinned,
+        refusal: refused,
+        ours,
+    })
+}
 
-    // PodRequests: sidecars add to the containers' sum, each init container needs its own
-    // requests plus the sidecars started before it.
+/// PodRequests: sidecars add to the containers' sum, each init container needs its own
+/// requests plus the sidecars started before it.
+fn pod_requests(spec: &k8s_openapi::api::core::v1::PodSpec) -> Resources {
     let mut req = Resources::default();
     for c in &spec.containers {
         req.add(&requests(c.resources.as_ref()));
@@ -193,7 +243,15 @@ pub fn pod_view(
     req.cpu_milli = req.cpu_milli.max(init.cpu_milli);
     req.memory = req.memory.max(init.memory);
     req.add(&resources(spec.overhead.as_ref()));
+    req
+}
 
+/// Whether the scheduler found the pod unschedulable, and its refusal that no new node
+/// changes, if it gave one.
+fn scheduling(
+    status: Option<&k8s_openapi::api::core::v1::PodStatus>,
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> (bool, Option<String>) {
     let scheduled = status
         .and_then(|s| s.conditions.as_ref())
         .into_iter()
@@ -205,15 +263,22 @@ pub fn pod_view(
         .and_then(|c| c.message.as_deref())
         .filter(|_| unschedulable)
         .and_then(refusal);
-    let labels = meta.labels.clone().unwrap_or_default();
-    let budgets = pdbs
-        .iter()
+    (unschedulable, refused)
+}
+
+/// The disruption budgets of the pod's namespace that select it.
+fn pod_budgets(
+    pdbs: &[PodDisruptionBudget],
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Vec<Budget> {
+    pdbs.iter()
         .filter(|b| {
-            b.metadata.namespace.as_deref() == Some(namespace.as_str())
+            b.metadata.namespace.as_deref() == Some(namespace)
                 && b.spec
                     .as_ref()
                     .and_then(|s| s.selector.as_ref())
-                    .is_some_and(|sel| selector_matches(sel, &labels))
+                    .is_some_and(|sel| selector_matches(sel, labels))
         })
         .map(|b| Budget {
             key: format!(
@@ -226,19 +291,11 @@ pub fn pod_view(
                 .as_ref()
                 .map_or(0, |s| u32::try_from(s.disruptions_allowed).unwrap_or(0)),
         })
-        .collect();
-    let affinity_terms = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| {
-            n.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .map(|ns| node_terms(&ns.node_selector_terms))
-        .unwrap_or_default();
-    let tolerations = spec
-        .tolerations
+        .collect()
+}
+
+fn pod_tolerations(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<Toleration> {
+    spec.tolerations
         .iter()
         .flatten()
         .map(|t| Toleration {
@@ -247,8 +304,18 @@ pub fn pod_view(
             value: t.value.clone().unwrap_or_default(),
             effect: t.effect.as_deref().and_then(effect),
         })
-        .collect();
-    let annotations = meta.annotations.clone().unwrap_or_default();
+        .collect()
+}
+
+/// The pod's node-local volumes (those not annotated safe to evict), and the volumes whose
+/// bound PersistentVolume pins it to some nodes.
+fn pod_volumes(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    namespace: &str,
+    name: &str,
+    annotations: &BTreeMap<String, String>,
+    pvs: &[PersistentVolume],
+) -> (Vec<String>, Vec<PinnedVolume>) {
     let lossless: Vec<&str> = annotations
         .get(SAFE_TO_EVICT_LOCAL_VOLUMES)
         .map(|v| v.split(',').map(str::trim).collect())
@@ -275,7 +342,7 @@ pub fn pod_view(
                 .as_ref()
                 .and_then(|s| s.claim_ref.as_ref())
                 .is_some_and(|r| {
-                    r.namespace.as_deref() == Some(namespace.as_str())
+                    r.namespace.as_deref() == Some(namespace)
                         && r.name.as_deref() == Some(claim.as_str())
                 })
         });
@@ -293,8 +360,12 @@ pub fn pod_view(
             });
         }
     }
-    let host_ports = spec
-        .containers
+    (local_volumes, pinned)
+}
+
+/// `protocol/port` of every host port the pod's containers ask for.
+fn pod_host_ports(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<String> {
+    spec.containers
         .iter()
         .chain(spec.init_containers.iter().flatten())
         .flat_map(|c| c.ports.iter().flatten())
@@ -302,43 +373,17 @@ pub fn pod_view(
             let port = p.host_port.filter(|h| *h > 0)?;
             Some(format!("{}/{port}", p.protocol.as_deref().unwrap_or("TCP")))
         })
-        .collect();
-    let controller = meta
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true));
-    let controller_kind = controller.map(|o| o.kind.clone());
-    // The reconcile Jobs' pods (k8s-cronjobs/cronjob.yaml's pod template labels).
-    let ours = controller_kind.as_deref() == Some("Job")
+        .collect()
+}
+
+/// The reconcile Jobs' pods (k8s-cronjobs/cronjob.yaml's pod template labels).
+fn reconcile_pod(controller_kind: Option<&str>, labels: &BTreeMap<String, String>) -> bool {
+    controller_kind == Some("Job")
         && labels.get("app.kubernetes.io/name").map(String::as_str) == Some("oxide-controller")
         && labels
             .get("app.kubernetes.io/component")
             .map(String::as_str)
-            == Some("reconcile");
-    Some(PodView {
-        owner: controller_key(pod),
-        namespace,
-        name,
-        requests: req,
-        node: spec.node_name.clone(),
-        unschedulable,
-        controller_kind,
-        annotations,
-        node_selector: spec.node_selector.clone().unwrap_or_default(),
-        affinity_terms,
-        tolerations,
-        budgets,
-        priority: spec.priority,
-        nominated: status
-            .and_then(|s| s.nominated_node_name.as_deref())
-            .is_some_and(|n| !n.is_empty()),
-        host_ports,
-        local_volumes,
-        pinned,
-        refusal: refused,
-        ours,
-    })
+            == Some("reconcile")
 }
 
 /// `namespace/Kind/name` of the pod's controlling owner, if it has one.

@@ -107,7 +107,6 @@ fn shown_pool(pool: &str) -> String {
 impl WebhookError {
     /// The one mapping to what the caller sees.
     pub fn public(&self) -> PublicError {
-        use crate::spec::CountError;
         match self {
             WebhookError::NotFound => PublicError::new(404, "not_found", "no such endpoint"),
             WebhookError::MethodNotAllowed { allow } => PublicError {
@@ -118,29 +117,7 @@ impl WebhookError {
                     format!("method not allowed; use {allow}"),
                 )
             },
-            WebhookError::Unauthenticated { reason } => {
-                let (message, header) = match reason {
-                    AuthFailure::Missing => {
-                        ("missing bearer token", r#"Bearer realm="oxide-controller""#)
-                    }
-                    AuthFailure::Malformed => (
-                        "expected an Authorization header of the form: Bearer <token>",
-                        r#"Bearer realm="oxide-controller", error="invalid_request""#,
-                    ),
-                    AuthFailure::Wrong => (
-                        "invalid bearer token",
-                        r#"Bearer realm="oxide-controller", error="invalid_token""#,
-                    ),
-                    AuthFailure::InQuery => (
-                        "tokens are not accepted in the URL; send Authorization: Bearer <token>",
-                        r#"Bearer realm="oxide-controller", error="invalid_request""#,
-                    ),
-                };
-                PublicError {
-                    www_authenticate: Some(header),
-                    ..PublicError::new(401, "unauthorized", message)
-                }
-            }
+            WebhookError::Unauthenticated { reason } => unauthenticated(reason),
             WebhookError::AuthUnavailable(_) => PublicError::new(
                 503,
                 "auth_unavailable",
@@ -194,84 +171,111 @@ impl WebhookError {
             WebhookError::Timeout { .. } => {
                 PublicError::new(503, "timeout", "the request timed out; try again").retry_after(1)
             }
-            WebhookError::Scale(e) => match e {
-                ScaleError::Count(CountError::UnknownPool { pool, known }) => PublicError::new(
-                    404,
-                    "unknown_pool",
-                    format!("{} does not exist; pools are: {known}", shown_pool(pool)),
-                ),
-                ScaleError::Count(CountError::OutOfBounds {
-                    pool,
-                    count,
-                    min,
-                    max,
-                }) => PublicError::new(
-                    422,
-                    "out_of_bounds",
-                    format!("count {count} for pool {pool:?} is outside its bounds [{min}, {max}]"),
-                ),
-                ScaleError::Count(CountError::EvenControlPlane { pool, count }) => {
-                    PublicError::new(
-                        422,
-                        "even_control_plane",
-                        format!("the control-plane pool {pool:?} needs an odd count, not {count}"),
-                    )
-                }
-                ScaleError::Autoscaling { pool, min, max } => {
-                    let bounds = format!("/pools/{pool}/autoscale");
-                    let mut details = serde_json::Map::new();
-                    details.insert("pool".into(), pool.as_str().into());
-                    details.insert("min".into(), (*min).into());
-                    details.insert("max".into(), (*max).into());
-                    details.insert("bounds".into(), bounds.as_str().into());
-                    PublicError {
-                        details: Some(details),
-                        ..PublicError::new(
-                            409,
-                            "autoscaling",
-                            format!(
-                                "pool {pool:?} autoscales between min {min} and max {max}, so the autoscaler sets its count; change the bounds with PUT {bounds}, or send {{\"enabled\": false}} there to set the count by hand"
-                            ),
-                        )
-                    }
-                }
-                ScaleError::InvalidAutoscale { field, message } => {
-                    let mut details = serde_json::Map::new();
-                    details.insert("field".into(), field.as_str().into());
-                    PublicError {
-                        details: Some(details),
-                        ..PublicError::new(400, "invalid_field", format!("{field}: {message}"))
-                    }
-                }
-                ScaleError::NoWorkerPool => PublicError::new(
-                    404,
-                    "no_worker_pool",
-                    "the cluster has no worker pool; use /pools/{pool}",
-                ),
-                ScaleError::Busy { .. } => PublicError::new(
-                    503,
-                    "busy",
-                    "the cluster state kept changing while writing; try again",
-                )
-                .retry_after(1),
-                ScaleError::State(StateError::NotFound { .. }) => PublicError::new(
-                    503,
-                    "state_missing",
-                    "the cluster state does not exist yet (bootstrap not run?)",
-                ),
-                ScaleError::State(_) => PublicError::new(
-                    503,
-                    "state_unavailable",
-                    "cannot read or write the cluster state right now",
-                )
-                .retry_after(5),
-                ScaleError::NoSpec | ScaleError::Spec(_) => PublicError::new(
-                    500,
-                    "spec_invalid",
-                    "the stored cluster spec is unusable; see the webhook's log",
-                ),
-            },
+            WebhookError::Scale(e) => scale_public(e),
         }
+    }
+}
+
+/// A 401 and its `WWW-Authenticate` challenge, by why authentication failed.
+fn unauthenticated(reason: &AuthFailure) -> PublicError {
+    let (message, header) = match reason {
+        AuthFailure::Missing => ("missing bearer token", r#"Bearer realm="oxide-controller""#),
+        AuthFailure::Malformed => (
+            "expected an Authorization header of the form: Bearer <token>",
+            r#"Bearer realm="oxide-controller", error="invalid_request""#,
+        ),
+        AuthFailure::Wrong => (
+            "invalid bearer token",
+            r#"Bearer realm="oxide-controller", error="invalid_token""#,
+        ),
+        AuthFailure::InQuery => (
+            "tokens are not accepted in the URL; send Authorization: Bearer <token>",
+            r#"Bearer realm="oxide-controller", error="invalid_request""#,
+        ),
+    };
+    PublicError {
+        www_authenticate: Some(header),
+        ..PublicError::new(401, "unauthorized", message)
+    }
+}
+
+/// What a refused scale request tells the caller.
+fn scale_public(e: &ScaleError) -> PublicError {
+    use crate::spec::CountError;
+    match e {
+        ScaleError::Count(CountError::UnknownPool { pool, known }) => PublicError::new(
+            404,
+            "unknown_pool",
+            format!("{} does not exist; pools are: {known}", shown_pool(pool)),
+        ),
+        ScaleError::Count(CountError::OutOfBounds {
+            pool,
+            count,
+            min,
+            max,
+        }) => PublicError::new(
+            422,
+            "out_of_bounds",
+            format!("count {count} for pool {pool:?} is outside its bounds [{min}, {max}]"),
+        ),
+        ScaleError::Count(CountError::EvenControlPlane { pool, count }) => PublicError::new(
+            422,
+            "even_control_plane",
+            format!("the control-plane pool {pool:?} needs an odd count, not {count}"),
+        ),
+        ScaleError::Autoscaling { pool, min, max } => {
+            let bounds = format!("/pools/{pool}/autoscale");
+            let mut details = serde_json::Map::new();
+            details.insert("pool".into(), pool.as_str().into());
+            details.insert("min".into(), (*min).into());
+            details.insert("max".into(), (*max).into());
+            details.insert("bounds".into(), bounds.as_str().into());
+            PublicError {
+                details: Some(details),
+                ..PublicError::new(
+                    409,
+                    "autoscaling",
+                    format!(
+                        "pool {pool:?} autoscales between min {min} and max {max}, so the autoscaler sets its count; change the bounds with PUT {bounds}, or send {{\"enabled\": false}} there to set the count by hand"
+                    ),
+                )
+            }
+        }
+        ScaleError::InvalidAutoscale { field, message } => {
+            let mut details = serde_json::Map::new();
+            details.insert("field".into(), field.as_str().into());
+            PublicError {
+                details: Some(details),
+                ..PublicError::new(400, "invalid_field", format!("{field}: {message}"))
+            }
+        }
+        ScaleError::NoWorkerPool => PublicError::new(
+            404,
+            "no_worker_pool",
+            "the cluster has no worker pool; use /pools/{pool}",
+        ),
+        ScaleError::Busy { .. } => PublicError::new(
+            503,
+            "busy",
+            "the cluster state kept changing while writing; try again",
+        )
+        .retry_after(1),
+        ScaleError::State(StateError::NotFound { .. }) => PublicError::new(
+            503,
+            "state_missing",
+            "the cluster state does not exist yet (bootstrap not run?)",
+        ),
+        ScaleError::State(_) => PublicError::new(
+            503,
+            "state_unavailable",
+            "cannot read or write the cluster state right now",
+        )
+        .retry_after(5),
+        ScaleError::NoSpec | ScaleError::Spec(_) => PublicError::new(
+            500,
+            "spec_invalid",
+            "the stored cluster spec is unusable; see the webhook's log",
+        ),
     }
 }
 

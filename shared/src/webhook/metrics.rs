@@ -169,57 +169,8 @@ impl Metrics {
     /// The Prometheus text format.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
-        header(
-            &mut out,
-            "oxide_controller_webhook_requests_total",
-            "counter",
-            "Webhook requests handled, by route template, method and status.",
-        );
-        let requests = self
-            .requests
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        for ((route, method, status), n) in &requests {
-            let _ = writeln!(
-                out,
-                "oxide_controller_webhook_requests_total{{route=\"{}\",method=\"{method}\",status=\"{status}\"}} {n}",
-                ROUTES[*route]
-            );
-        }
-        header(
-            &mut out,
-            "oxide_controller_webhook_request_duration_seconds",
-            "histogram",
-            "Time to handle a webhook request, by route template.",
-        );
-        for (route, h) in ROUTES.iter().zip(&self.latency) {
-            let count = h.count.load(Ordering::Relaxed);
-            if count == 0 {
-                continue;
-            }
-            let mut cumulative = 0;
-            for (le, b) in BUCKETS.iter().zip(&h.buckets) {
-                cumulative += b.load(Ordering::Relaxed);
-                let _ = writeln!(
-                    out,
-                    "oxide_controller_webhook_request_duration_seconds_bucket{{route=\"{route}\",le=\"{le}\"}} {cumulative}"
-                );
-            }
-            let _ = writeln!(
-                out,
-                "oxide_controller_webhook_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {count}"
-            );
-            let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-            let _ = writeln!(
-                out,
-                "oxide_controller_webhook_request_duration_seconds_sum{{route=\"{route}\"}} {sum}"
-            );
-            let _ = writeln!(
-                out,
-                "oxide_controller_webhook_request_duration_seconds_count{{route=\"{route}\"}} {count}"
-            );
-        }
+        self.render_requests(&mut out);
+        self.render_latency(&mut out);
         header(
             &mut out,
             "oxide_controller_webhook_reconcile_triggers_total",
@@ -273,6 +224,65 @@ impl Metrics {
             self.conflicts.load(Ordering::Relaxed)
         );
         out
+    }
+
+    /// `oxide_controller_webhook_requests_total`, by route template, method and status.
+    fn render_requests(&self, out: &mut String) {
+        header(
+            out,
+            "oxide_controller_webhook_requests_total",
+            "counter",
+            "Webhook requests handled, by route template, method and status.",
+        );
+        let requests = self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for ((route, method, status), n) in &requests {
+            let _ = writeln!(
+                out,
+                "oxide_controller_webhook_requests_total{{route=\"{}\",method=\"{method}\",status=\"{status}\"}} {n}",
+                ROUTES[*route]
+            );
+        }
+    }
+
+    /// `oxide_controller_webhook_request_duration_seconds`, a histogram per route template.
+    fn render_latency(&self, out: &mut String) {
+        header(
+            out,
+            "oxide_controller_webhook_request_duration_seconds",
+            "histogram",
+            "Time to handle a webhook request, by route template.",
+        );
+        for (route, h) in ROUTES.iter().zip(&self.latency) {
+            let count = h.count.load(Ordering::Relaxed);
+            if count == 0 {
+                continue;
+            }
+            let mut cumulative = 0;
+            for (le, b) in BUCKETS.iter().zip(&h.buckets) {
+                cumulative += b.load(Ordering::Relaxed);
+                let _ = writeln!(
+                    out,
+                    "oxide_controller_webhook_request_duration_seconds_bucket{{route=\"{route}\",le=\"{le}\"}} {cumulative}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "oxide_controller_webhook_request_duration_seconds_bucket{{route=\"{route}\",le=\"+Inf\"}} {count}"
+            );
+            let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "oxide_controller_webhook_request_duration_seconds_sum{{route=\"{route}\"}} {sum}"
+            );
+            let _ = writeln!(
+                out,
+                "oxide_controller_webhook_request_duration_seconds_count{{route=\"{route}\"}} {count}"
+            );
+        }
     }
 }
 

@@ -289,13 +289,77 @@ impl Summary {
     }
 }
 
-/// Runs the whole flow. See the module docs.
+/// Runs the whole flow: the steps of [`STEPS`], in order. See the module docs.
 pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     let started = Instant::now();
     let tty = progress::interactive(input.json_logs);
+    let (v, dev_build) = step_validate(&input).await?;
+    let spec = &v.spec;
+    let rack = connect_and_check_subnet(&v).await?;
+    let (mut resume, secrets, key) = step_resume(&rack, &v).await?;
+    step_project(&rack, &v).await?;
+    let (cp_image, image_notes) = step_image(&rack, &v, tty).await?;
+    let (fip_name, fip) = step_floating_ip(&rack, spec).await?;
+    info!(step = "first-control-plane", name = %resume.first_control_plane, "ensuring the first control-plane VM");
+    ensure_first_server(&rack, &v, &resume, &secrets, &cp_image, fip.ip).await?;
+    let api_member = step_attach_floating_ip(&rack, spec, &fip_name, &resume, fip.ip).await?;
+    let api = ApiMember {
+        name: api_member,
+        deadline: Instant::now() + input.api_timeout,
+    };
+    let (access_ip, server) = step_wait_api(&rack, &v, &api, fip.ip, tty).await?;
+    let (pins, pinned_before) = step_host_key(&rack, &v, &mut resume, &api, tty).await?;
+    let (target, k3s_yaml) =
+        step_fetch_kubeconfig(&v, access_ip, key, pins, pinned_before, &api, tty).await?;
+    let outcome = step_write_kubeconfig(&v, &k3s_yaml, &server)?;
+    let (client, store) = step_state(&v, &secrets, &mut resume, &k3s_yaml).await?;
+    step_manifests(&v, dev_build.as_ref(), &target, &api.name, &client).await?;
+    let (plan, converged) = step_reconcile(&input, &client, &store).await?;
+    if let Some(built) = &dev_build {
+        let key = resume
+            .key_pair()
+            .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+        dev::install_on_servers(&rack, spec, &key, built, &store, input.api_timeout, tty).await?;
+    }
+
+    info!(step = "summary", converged, "bootstrap finished");
+    Ok(Summary {
+        cluster: spec.cluster.clone(),
+        project: spec.project.clone(),
+        api_server: server,
+        floating_ip: fip.ip,
+        kubeconfig: v.kubeconfig.clone(),
+        kubeconfig_outcome: outcome,
+        resume_file: v.resume_path.clone(),
+        images: image_notes,
+        pools: plan
+            .map(|p| {
+                p.pools
+                    .iter()
+                    .map(|c| (c.pool.clone(), c.ready, c.desired))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        converged,
+        schedule: spec.schedule.clone(),
+        elapsed: started.elapsed(),
+    })
+}
+
+/// The control plane bootstrap talks to (the one the API floating IP is attached to), and
+/// until when it waits for it.
+struct ApiMember {
+    name: String,
+    deadline: Instant,
+}
+
+/// Step `validate`: all input, and a dev source built, before any API call (a dev source
+/// that does not build creates nothing).
+async fn step_validate(
+    input: &BootstrapInput,
+) -> Result<(validate::Validated, Option<crate::dev_image::Built>), BootstrapError> {
     info!(step = STEP_VALIDATE, cluster = %input.cluster, "validating the input");
-    let v = validate::validate(&input).await?;
-    // Before any API call: a dev source that does not build creates nothing.
+    let v = validate::validate(input).await?;
     let dev_build = match &v.dev_image {
         Some(d) => {
             let profile = input
@@ -306,15 +370,22 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         }
         None => None,
     };
-    let spec = &v.spec;
-    let cluster = spec.cluster.as_str();
-    let project = spec.project.as_str();
-    let token = v.credentials.token.expose();
-    let rack = OxideRack::connect(&v.credentials.host, token, project, RackOptions::default())
-        .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+    Ok((v, dev_build))
+}
 
-    // Every member the pools can reach needs an address in the project's subnet: checked
-    // before anything is made (a project that does not exist yet gets nexus's default /22).
+/// Connects to the rack. Every member the pools can reach needs an address in the project's
+/// subnet: checked before anything is made (a project that does not exist yet gets nexus's
+/// default /22).
+async fn connect_and_check_subnet(v: &validate::Validated) -> Result<OxideRack, BootstrapError> {
+    let spec = &v.spec;
+    let token = v.credentials.token.expose();
+    let rack = OxideRack::connect(
+        &v.credentials.host,
+        token,
+        &spec.project,
+        RackOptions::default(),
+    )
+    .map_err(|e| BootstrapError::Config(one_line(&e)))?;
     let prefix = rack
         .default_subnet_prefix()
         .await
@@ -322,17 +393,36 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         .unwrap_or(DEFAULT_SUBNET_PREFIX);
     spec.check_subnet(prefix)
         .map_err(|e| BootstrapError::Config(format!("invalid cluster spec: {e}")))?;
+    Ok(rack)
+}
 
-    // 2. Keys and tokens exist on disk before any VM does.
+/// Step `resume`: keys and tokens exist on disk before any VM does.
+async fn step_resume(
+    rack: &OxideRack,
+    v: &validate::Validated,
+) -> Result<
+    (
+        ResumeState,
+        crate::secrets::ClusterSecrets,
+        crate::ssh::SshKeyPair,
+    ),
+    BootstrapError,
+> {
     info!(step = "resume", path = %v.resume_path.display(), "reading the resume file");
-    let mut resume = ensure_resume(&rack, &v).await?;
+    let resume = ensure_resume(rack, v).await?;
+    let token = v.credentials.token.expose();
     let mut secrets = resume.secrets(&v.credentials.host, token, v.user_ssh_public_key.as_deref());
     // The auth key goes to the Secret (reconcile's new members join with it); the API key never.
     secrets.tailscale_auth_key = v.tailscale.as_ref().map(|t| t.auth_key.expose().to_owned());
     let key = resume
         .key_pair()
         .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+    Ok((resume, secrets, key))
+}
 
+/// Step `project`: the project, and the VPC firewall rule for the Kubernetes API.
+async fn step_project(rack: &OxideRack, v: &validate::Validated) -> Result<(), BootstrapError> {
+    let project = v.spec.project.as_str();
     info!(step = "project", project, "ensuring the project");
     rack.ensure_project()
         .await
@@ -349,7 +439,16 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         ?change,
         "VPC firewall rule for the Kubernetes API ensured"
     );
+    Ok(())
+}
 
+/// Step `image`: every image found or uploaded. Returns the control plane's image and, per
+/// image, how it was got (for the summary).
+async fn step_image(
+    rack: &OxideRack,
+    v: &validate::Validated,
+    tty: bool,
+) -> Result<(Image, Vec<(String, &'static str)>), BootstrapError> {
     info!(
         step = "image",
         images = v.images.len(),
@@ -363,7 +462,7 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     let mut image_notes = Vec::new();
     for req in &v.images {
         let bar = progress::UploadBar::new(&req.name, tty);
-        let got = image::ensure_image(&rack, req, &http, &v.upload, &bar)
+        let got = image::ensure_image(rack, req, &http, &v.upload, &bar)
             .await
             .map_err(|e| {
                 if e.is_config() {
@@ -394,63 +493,108 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         images.insert(req.name.clone(), got.image().clone());
     }
     let cp_image = images
-        .get(&spec.control_plane.image)
+        .get(&v.spec.control_plane.image)
         .cloned()
         .ok_or_else(|| BootstrapError::Failed {
             step: "image",
-            message: format!("image {} vanished", spec.control_plane.image),
+            message: format!("image {} vanished", v.spec.control_plane.image),
         })?;
+    Ok((cp_image, image_notes))
+}
 
+/// Step `floating-ip`: `<cluster>-apiserver`, created or adopted. Returns its name and it.
+async fn step_floating_ip(
+    rack: &OxideRack,
+    spec: &crate::spec::ClusterSpec,
+) -> Result<(String, FloatingIp), BootstrapError> {
+    let cluster = spec.cluster.as_str();
     let fip_name = names::api_floating_ip_name(cluster);
     info!(step = "floating-ip", name = %fip_name, "ensuring the API floating IP");
-    let fip = ensure_floating_ip(&rack, cluster, &fip_name, spec.nodes.ip_pool.as_deref()).await?;
+    let fip = ensure_floating_ip(rack, cluster, &fip_name, spec.nodes.ip_pool.as_deref()).await?;
     info!(step = "floating-ip", name = %fip_name, ip = %fip.ip, "API floating IP ready");
+    Ok((fip_name, fip))
+}
 
-    info!(step = "first-control-plane", name = %resume.first_control_plane, "ensuring the first control-plane VM");
-    ensure_first_server(&rack, &v, &resume, &secrets, &cp_image, fip.ip).await?;
-
+/// Step `attach-floating-ip`. Returns the control plane it is attached to.
+async fn step_attach_floating_ip(
+    rack: &OxideRack,
+    spec: &crate::spec::ClusterSpec,
+    fip_name: &str,
+    resume: &ResumeState,
+    ip: IpAddr,
+) -> Result<String, BootstrapError> {
     info!(step = "attach-floating-ip", name = %fip_name, "attaching the API floating IP");
     let api_member = ensure_attached(
-        &rack,
-        cluster,
+        rack,
+        &spec.cluster,
         &spec.control_plane.name,
-        &fip_name,
+        fip_name,
         &resume.first_control_plane,
     )
     .await?;
-    info!(step = "attach-floating-ip", instance = %api_member, ip = %fip.ip, "API floating IP attached");
+    info!(step = "attach-floating-ip", instance = %api_member, ip = %ip, "API floating IP attached");
+    Ok(api_member)
+}
 
-    let api_deadline = Instant::now() + input.api_timeout;
+/// Step `wait-api`. Returns the address bootstrap reaches the control plane at and the API
+/// server's URL.
+async fn step_wait_api(
+    rack: &OxideRack,
+    v: &validate::Validated,
+    api: &ApiMember,
+    fip_ip: IpAddr,
+    tty: bool,
+) -> Result<(IpAddr, String), BootstrapError> {
+    let api_member = &api.name;
     // The address bootstrap reaches the first control plane at (see `tailnet` for the rule).
     let access_ip = match v.tailscale.as_ref() {
-        Some(ts) if tailnet::reach_over_tailnet(spec, Some(ts)) => {
+        Some(ts) if tailnet::reach_over_tailnet(&v.spec, Some(ts)) => {
             info!(step = "wait-api", instance = %api_member, "no external address: looking up the tailnet address");
-            tailnet::tailnet_address(ts, &rack, &api_member, api_deadline, tty).await?
+            tailnet::tailnet_address(ts, rack, api_member, api.deadline, tty).await?
         }
-        _ => fip.ip,
+        _ => fip_ip,
     };
     let server = crate::spec::server_url(access_ip);
     info!(step = "wait-api", url = %format!("{server}/readyz"), "waiting for the Kubernetes API");
     wait_for_api(
         &server,
-        api_deadline,
+        api.deadline,
         tty,
-        Some((&rack, api_member.as_str())),
+        Some((rack, api_member.as_str())),
     )
     .await?;
+    Ok((access_ip, server))
+}
 
+/// Step `host-key`: the fingerprints from the serial console. Returns the pins and whether
+/// they were pinned before this run.
+async fn step_host_key(
+    rack: &OxideRack,
+    v: &validate::Validated,
+    resume: &mut ResumeState,
+    api: &ApiMember,
+    tty: bool,
+) -> Result<(HostKeyPins, bool), BootstrapError> {
+    let api_member = &api.name;
     info!(step = "host-key", instance = %api_member, "reading the SSH host keys from the serial console");
-    let (pins, pinned_before) = host_key_pins(
-        &rack,
-        &v.resume_path,
-        &mut resume,
-        &api_member,
-        api_deadline,
-        tty,
-    )
-    .await?;
+    let (pins, pinned_before) =
+        host_key_pins(rack, &v.resume_path, resume, api_member, api.deadline, tty).await?;
     info!(step = "host-key", instance = %api_member, fingerprints = %pins.fingerprints().collect::<Vec<_>>().join(","), pinned_before, "host keys pinned");
+    Ok((pins, pinned_before))
+}
 
+/// Step `fetch-kubeconfig`: k3s.yaml over SSH with the pins. Returns the SSH target (the
+/// manifests step uses it again) and the file.
+async fn step_fetch_kubeconfig(
+    v: &validate::Validated,
+    access_ip: IpAddr,
+    key: crate::ssh::SshKeyPair,
+    pins: HostKeyPins,
+    pinned_before: bool,
+    api: &ApiMember,
+    tty: bool,
+) -> Result<(SshTarget, String), BootstrapError> {
+    let spec = &v.spec;
     info!(step = "fetch-kubeconfig", user = %spec.nodes.ssh_user, port = spec.nodes.ssh_port, "reading k3s.yaml over SSH");
     let target = SshTarget::new(
         SocketAddr::new(access_ip, spec.nodes.ssh_port),
@@ -458,14 +602,23 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         key,
         pins,
     );
-    let k3s_yaml = fetch_kubeconfig(&target, api_deadline, tty)
+    let k3s_yaml = fetch_kubeconfig(&target, api.deadline, tty)
         .await
-        .map_err(|e| mismatch_hint(e, &api_member, pinned_before, &v.resume_path))?;
+        .map_err(|e| mismatch_hint(e, &api.name, pinned_before, &v.resume_path))?;
+    Ok((target, k3s_yaml))
+}
 
+/// Step `write-kubeconfig`.
+fn step_write_kubeconfig(
+    v: &validate::Validated,
+    k3s_yaml: &str,
+    server: &str,
+) -> Result<WriteOutcome, BootstrapError> {
+    let cluster = v.spec.cluster.as_str();
     info!(step = "write-kubeconfig", path = %v.kubeconfig.display(), "writing the kubeconfig");
-    let ours = kubeconfig::rewrite_k3s(&k3s_yaml, cluster, &server)
+    let ours = kubeconfig::rewrite_k3s(k3s_yaml, cluster, server)
         .map_err(|e| failed("write-kubeconfig", &e))?;
-    let outcome = kubeconfig::write(&v.kubeconfig, &ours, cluster, &server, v.kubeconfig_mode)
+    let outcome = kubeconfig::write(&v.kubeconfig, &ours, cluster, server, v.kubeconfig_mode)
         .map_err(|e| match e {
             kubeconfig::KubeconfigError::Exists { .. }
             | kubeconfig::KubeconfigError::OtherServer { .. } => {
@@ -474,13 +627,24 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
             other => failed("write-kubeconfig", &other),
         })?;
     info!(step = "write-kubeconfig", path = %v.kubeconfig.display(), ?outcome, "kubeconfig ready");
+    Ok(outcome)
+}
 
+/// Step `state`: the Secret and ConfigMap, and the host-key pins both ways. Returns the
+/// client and the store the later steps use.
+async fn step_state(
+    v: &validate::Validated,
+    secrets: &crate::secrets::ClusterSecrets,
+    resume: &mut ResumeState,
+    k3s_yaml: &str,
+) -> Result<(kube::Client, KubeStateStore), BootstrapError> {
+    let spec = &v.spec;
     info!(
         step = "state",
         namespace = NAMESPACE,
         "writing the Secret and ConfigMap"
     );
-    let client = crate::kubeclient::client(Some(&v.kubeconfig), Some(cluster))
+    let client = crate::kubeclient::client(Some(&v.kubeconfig), Some(&spec.cluster))
         .await
         .map_err(|e| failed("state", &e))?;
     let store = KubeStateStore::new(client.clone(), NAMESPACE);
@@ -493,7 +657,7 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     ]);
     // Joiners pin the cluster CA with it (`K10<hash>::` tokens); k3s.yaml came over the
     // pinned SSH connection, so its CA is the cluster's.
-    let ca_hash = kubeconfig::k3s_ca_hash(&k3s_yaml).map_err(|e| failed("state", &e))?;
+    let ca_hash = kubeconfig::k3s_ca_hash(k3s_yaml).map_err(|e| failed("state", &e))?;
     config.insert(state::keys::K3S_CA_HASH.to_owned(), ca_hash);
     // What the first server was started with; every later server must match it.
     config.insert(
@@ -506,13 +670,22 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     crate::retry::retry(
         Backoff::default(),
         |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
-        || store.ensure_state(&secrets, config.clone()),
+        || store.ensure_state(secrets, config.clone()),
     )
     .await
     .map_err(|e| failed("state", &e))?;
-    check_stored_tokens(&store, &secrets).await;
-    // The pins go into the Secret too (never replacing stored ones), and pins stored there
-    // by a run on another machine come back into the resume file.
+    check_stored_tokens(&store, secrets).await;
+    merge_host_key_pins(v, &store, resume).await?;
+    Ok((client, store))
+}
+
+/// Part of the state step: the pins go into the Secret too (never replacing stored ones),
+/// and pins stored there by a run on another machine come back into the resume file.
+async fn merge_host_key_pins(
+    v: &validate::Validated,
+    store: &KubeStateStore,
+    resume: &mut ResumeState,
+) -> Result<(), BootstrapError> {
     let pins = crate::retry::retry(
         Backoff::default(),
         |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
@@ -524,21 +697,32 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         for (instance, fps) in pins {
             resume.host_key_pins.entry(instance).or_insert(fps);
         }
-        resume::save(&v.resume_path, &resume).map_err(|e| failed("state", &e))?;
+        resume::save(&v.resume_path, resume).map_err(|e| failed("state", &e))?;
     }
+    Ok(())
+}
 
+/// Step `manifests`: server-side apply of the in-cluster pieces (with a dev build, its
+/// binaries are on a labelled Node before anything is told to run them).
+async fn step_manifests(
+    v: &validate::Validated,
+    dev_build: Option<&crate::dev_image::Built>,
+    target: &SshTarget,
+    api_member: &str,
+    client: &kube::Client,
+) -> Result<(), BootstrapError> {
     info!(
         step = "manifests",
         objects = v.manifests.len(),
         "applying the in-cluster pieces"
     );
     let mut to_apply = v.manifests.clone();
-    if let Some(built) = &dev_build {
+    if let Some(built) = dev_build {
         // The binaries are on a labelled Node before anything is told to run them.
-        dev::install_on("manifests", &target, &api_member, built, &client).await?;
+        dev::install_on("manifests", target, api_member, built, client).await?;
         manifests::run_from_node(&mut to_apply, &dev::node_binaries(built));
     }
-    let applied = manifests::apply_all(&client, &to_apply, Backoff::default())
+    let applied = manifests::apply_all(client, &to_apply, Backoff::default())
         .await
         .map_err(|e| failed("manifests", &e))?;
     info!(
@@ -546,7 +730,15 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         objects = applied,
         "in-cluster pieces applied"
     );
+    Ok(())
+}
 
+/// Step `reconcile`: the reconcile workflow in a loop until converged or `--wait` runs out.
+async fn step_reconcile(
+    input: &BootstrapInput,
+    client: &kube::Client,
+    store: &KubeStateStore,
+) -> Result<(Option<Plan>, bool), BootstrapError> {
     info!(
         step = "reconcile",
         wait_s = input.wait.as_secs(),
@@ -554,36 +746,7 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
     );
     let cluster_api =
         KubeCluster::new(client.clone(), NAMESPACE).with_reporting_instance(&input.holder);
-    let (plan, converged) = reconcile_loop(&cluster_api, &store, &input.holder, input.wait).await?;
-    if let Some(built) = &dev_build {
-        let key = resume
-            .key_pair()
-            .map_err(|e| BootstrapError::Config(one_line(&e)))?;
-        dev::install_on_servers(&rack, spec, &key, built, &store, input.api_timeout, tty).await?;
-    }
-
-    info!(step = "summary", converged, "bootstrap finished");
-    Ok(Summary {
-        cluster: cluster.to_owned(),
-        project: project.to_owned(),
-        api_server: server,
-        floating_ip: fip.ip,
-        kubeconfig: v.kubeconfig.clone(),
-        kubeconfig_outcome: outcome,
-        resume_file: v.resume_path.clone(),
-        images: image_notes,
-        pools: plan
-            .map(|p| {
-                p.pools
-                    .iter()
-                    .map(|c| (c.pool.clone(), c.ready, c.desired))
-                    .collect()
-            })
-            .unwrap_or_default(),
-        converged,
-        schedule: spec.schedule.clone(),
-        elapsed: started.elapsed(),
-    })
+    reconcile_loop(&cluster_api, store, &input.holder, input.wait).await
 }
 
 /// Reads the resume file, or creates it. Without one, a project that already holds VMs of

@@ -343,11 +343,7 @@ where
 {
     let started = Instant::now();
     let started_at = (opts.now)();
-    let run_id = format!(
-        "{}-{}",
-        started_at.format("%Y%m%dT%H%M%SZ"),
-        &uuid::Uuid::new_v4().simple().to_string()[..6]
-    );
+    let run_id = new_run_id(started_at);
     let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
     let (spec, secrets, snapshot) =
         crate::retry::retry(crate::cluster::KUBE_BACKOFF, transient, || load(state)).await?;
@@ -368,34 +364,11 @@ where
     // The Lease outlives the run's deadline by a margin, so a run killed mid-way (SIGKILL,
     // node loss) blocks the next ones only briefly.
     let lease_len = deadline_len + (deadline_len / 4).min(Duration::from_secs(30));
-    // Validity counts from before the request: the server's renewTime is no earlier.
-    let mut asked = Instant::now();
-    let taken = crate::retry::retry(
-        crate::cluster::KUBE_BACKOFF,
-        ClusterError::is_retryable,
-        || {
-            asked = Instant::now();
-            cluster.acquire_lease(&opts.holder, lease_len)
-        },
-    )
-    .await;
-    match taken {
-        Ok(LeaseOutcome::Acquired) => {}
-        Ok(LeaseOutcome::HeldBy { holder, .. }) => return Ok(RunOutcome::LeaseHeld { holder }),
-        Err(e) => {
-            return Err(ReconcileError::Retryable(format!(
-                "taking the Lease: {e:#}"
-            )));
-        }
+    let (taken, asked) = take_lease(cluster, &opts.holder, lease_len).await?;
+    if let LeaseOutcome::HeldBy { holder, .. } = taken {
+        return Ok(RunOutcome::LeaseHeld { holder });
     }
-    let mut apply_opts = ApplyOptions::new(deadline);
-    apply_opts.concurrency = opts.concurrency.max(1);
-    apply_opts.force_drain = opts.force_drain;
-    apply_opts.drain_timeout = Duration::from_secs(spec.timeouts.drain_seconds);
-    apply_opts.poll = opts.poll;
-    apply_opts.stop_wait = opts.stop_wait;
-    apply_opts.backoff = opts.backoff;
-    apply_opts.own_pod = opts.own_pod.clone();
+    let apply_opts = apply_options(opts, &spec, deadline);
 
     // Keep the Lease while we work. A failed renew is retried while the Lease we hold is
     // still valid (client-go retries until its RenewDeadline); only when it is taken by
@@ -403,11 +376,7 @@ where
     // under way finish (each is resumable, but half of one helps nobody): `renew` never
     // ends the run, `work` does.
     let cancelled = apply_opts.cancelled.clone();
-    let renew = async {
-        keep_lease(cluster, &opts.holder, lease_len, asked + lease_len).await;
-        cancelled.store(true, Ordering::SeqCst);
-        std::future::pending::<()>().await;
-    };
+    let renew = hold_lease(cluster, &opts.holder, lease_len, asked, cancelled);
 
     let work = async {
         let (observed, plan, autoscaled) =
@@ -437,52 +406,146 @@ where
         () = renew => unreachable!("renew never completes"),
     };
 
-    let (plan, results, autoscaled, error) = match &outcome {
-        Ok((p, r, a)) => (Some(p), r.as_slice(), a.as_ref(), None),
-        Err(e) => (None, &[][..], None, Some(e.to_string())),
-    };
     let finished_at = (opts.now)();
-    let pool_hashes: BTreeMap<String, String> = spec
-        .pools()
-        .map(|(role, p)| (p.name.clone(), spec.pool_hash(role, p)))
-        .collect();
-    let status = status::build(&RunReport {
-        run_id: &run_id,
+    let status = run_status(
+        &spec,
+        &run_id,
         started_at,
         finished_at,
-        plan,
-        results,
-        error,
-        previous: previous.as_ref(),
-        autoscale: autoscaled,
-        pool_hashes: &pool_hashes,
-    });
+        &outcome,
+        previous.as_ref(),
+    );
     if outcome.is_ok() {
         record_backoff_events(cluster, previous.as_ref(), &status).await;
     }
     if let Err(e) = write_status(state, Some(&snapshot), &status, &spec.server_settings()).await {
         warn!(error = %e, "could not write status.json");
     }
-    // Retried like every other Kubernetes call: a Lease left held makes the next runs step
-    // aside until it expires (the run's deadline plus a margin).
+    release_lease(cluster, &opts.holder).await;
+    let (plan, results, autoscaled) = outcome?;
+    let took = started.elapsed();
+    finish(&run_id, plan, results, autoscaled, &status, took)
+}
+
+/// Keeps the Lease taken by the request sent at `asked` (see [`keep_lease`]); once it is
+/// lost, tells apply to start no more work (`cancelled`). Never completes.
+async fn hold_lease<C: Cluster>(
+    cluster: &C,
+    holder: &str,
+    lease_len: Duration,
+    asked: Instant,
+    cancelled: Arc<std::sync::atomic::AtomicBool>,
+) {
+    keep_lease(cluster, holder, lease_len, asked + lease_len).await;
+    cancelled.store(true, Ordering::SeqCst);
+    std::future::pending::<()>().await;
+}
+
+/// `<start time>-<6 hex digits>`: the run's id in status.json and its log.
+fn new_run_id(started_at: DateTime<Utc>) -> String {
+    format!(
+        "{}-{}",
+        started_at.format("%Y%m%dT%H%M%SZ"),
+        &uuid::Uuid::new_v4().simple().to_string()[..6]
+    )
+}
+
+/// Takes the run Lease for `lease_len` (retried). Returns what the API said and when the
+/// request that said it was sent: validity counts from before the request (the server's
+/// renewTime is no earlier).
+async fn take_lease<C: Cluster>(
+    cluster: &C,
+    holder: &str,
+    lease_len: Duration,
+) -> Result<(LeaseOutcome, Instant), ReconcileError> {
+    let mut asked = Instant::now();
+    let taken = crate::retry::retry(
+        crate::cluster::KUBE_BACKOFF,
+        ClusterError::is_retryable,
+        || {
+            asked = Instant::now();
+            cluster.acquire_lease(holder, lease_len)
+        },
+    )
+    .await;
+    match taken {
+        Ok(taken) => Ok((taken, asked)),
+        Err(e) => Err(ReconcileError::Retryable(format!(
+            "taking the Lease: {e:#}"
+        ))),
+    }
+}
+
+/// How apply works this run: until `deadline`, with the run's options and the spec's drain
+/// timeout.
+fn apply_options(opts: &ReconcileOptions, spec: &ClusterSpec, deadline: Instant) -> ApplyOptions {
+    let mut apply_opts = ApplyOptions::new(deadline);
+    apply_opts.concurrency = opts.concurrency.max(1);
+    apply_opts.force_drain = opts.force_drain;
+    apply_opts.drain_timeout = Duration::from_secs(spec.timeouts.drain_seconds);
+    apply_opts.poll = opts.poll;
+    apply_opts.stop_wait = opts.stop_wait;
+    apply_opts.backoff = opts.backoff;
+    apply_opts.own_pod = opts.own_pod.clone();
+    apply_opts
+}
+
+/// The status.json this run leaves, from its outcome (a failed run keeps what it can of the
+/// previous one).
+fn run_status(
+    spec: &ClusterSpec,
+    run_id: &str,
+    started_at: DateTime<Utc>,
+    finished_at: DateTime<Utc>,
+    outcome: &Result<(Plan, Vec<ActionResult>, Option<crate::autoscale::Outcome>), ReconcileError>,
+    previous: Option<&Status>,
+) -> Status {
+    let (plan, results, autoscaled, error) = match outcome {
+        Ok((p, r, a)) => (Some(p), r.as_slice(), a.as_ref(), None),
+        Err(e) => (None, &[][..], None, Some(e.to_string())),
+    };
+    let pool_hashes: BTreeMap<String, String> = spec
+        .pools()
+        .map(|(role, p)| (p.name.clone(), spec.pool_hash(role, p)))
+        .collect();
+    status::build(&RunReport {
+        run_id,
+        started_at,
+        finished_at,
+        plan,
+        results,
+        error,
+        previous,
+        autoscale: autoscaled,
+        pool_hashes: &pool_hashes,
+    })
+}
+
+/// Gives the Lease back. Retried like every other Kubernetes call: a Lease left held makes
+/// the next runs step aside until it expires (the run's deadline plus a margin).
+async fn release_lease<C: Cluster>(cluster: &C, holder: &str) {
     let released = crate::retry::retry(
         crate::cluster::KUBE_BACKOFF,
         ClusterError::is_retryable,
-        || cluster.release_lease(&opts.holder),
+        || cluster.release_lease(holder),
     )
     .await;
     if let Err(e) = released {
         warn!(error = %e, "could not release the Lease; it expires by itself");
     }
-    let (plan, results, autoscaled) = outcome?;
-    summary(
-        &run_id,
-        &plan,
-        &results,
-        autoscaled.as_ref(),
-        &status,
-        started.elapsed(),
-    );
+}
+
+/// Logs the run's summary line, then returns its result from what apply did: an error when
+/// an action failed, else converged or progressing.
+fn finish(
+    run_id: &str,
+    plan: Plan,
+    results: Vec<ActionResult>,
+    autoscaled: Option<crate::autoscale::Outcome>,
+    status: &Status,
+    took: Duration,
+) -> Result<RunOutcome, ReconcileError> {
+    summary(run_id, &plan, &results, autoscaled.as_ref(), status, took);
     let failed = results
         .iter()
         .filter(|r| matches!(r.outcome, Outcome::Failed(_)))

@@ -245,6 +245,54 @@ pub(super) fn http_client() -> Result<reqwest::Client, String> {
 
 /// Checks everything, in the order a person would fix it; the first problem is returned.
 pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, BootstrapError> {
+    let spec = validate_spec(input)?;
+    let dev_image = validate_controller_image(input).await?;
+    let ccm_image = validate_ccm_image(input)?;
+    // Before anything that reads files or talks to a server: the flags must make sense together.
+    let tailscale = super::tailnet::validate_flags(&input.tailscale, input.home.as_deref())?;
+    if !(1..=64).contains(&input.upload_parallelism) {
+        return Err(config(format!(
+            "--upload-parallelism: {} is outside 1..=64",
+            input.upload_parallelism
+        )));
+    }
+    let credentials = validate_credentials(input, &spec)?;
+    let user_ssh_public_key = validate_user_ssh_public_key(input)?;
+    let (kubeconfig_path, mode) = validate_kubeconfig(input, &spec)?;
+    let api_sources = crate::firewall::parse_sources(&input.api_allow)
+        .map_err(|e| config(format!("--api-allow: {e}")))?;
+    let api_rule = crate::firewall::api_rule(&spec.cluster, api_sources);
+    let resume_path = validate_state_dir(input, &spec)?;
+    let manifests = render_manifests(input, &spec, ccm_image)?;
+
+    // Last: the only checks that talk to other machines (the image source's server, the
+    // Tailscale API).
+    let images = check_images(input, &spec).await?;
+    if let Some(ts) = &tailscale {
+        super::tailnet::probe(ts).await?;
+    }
+
+    Ok(Validated {
+        spec,
+        credentials,
+        user_ssh_public_key,
+        images,
+        kubeconfig: kubeconfig_path,
+        kubeconfig_mode: mode,
+        resume_path,
+        manifests,
+        upload: UploadOptions {
+            parallelism: input.upload_parallelism,
+            ..UploadOptions::default()
+        },
+        tailscale,
+        dev_image,
+        api_rule,
+    })
+}
+
+/// The cluster spec the flags describe, checked.
+fn validate_spec(input: &BootstrapInput) -> Result<ClusterSpec, BootstrapError> {
     let spec = build_spec(input);
     spec.validate().map_err(|mut e| {
         // The project defaults to the cluster name: one complaint about that name is enough.
@@ -253,6 +301,14 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
         }
         config(spec_message(&e))
     })?;
+    Ok(spec)
+}
+
+/// `--controller-image` (an image reference, or a `dev:PATH` workspace that exists) and
+/// `--dev-build-profile`. Returns the dev workspace, if one is named.
+async fn validate_controller_image(
+    input: &BootstrapInput,
+) -> Result<Option<crate::dev_image::DevImage>, BootstrapError> {
     let dev_image = crate::dev_image::DevImage::parse(&input.controller_image)
         .map_err(|e| config(e.to_string()))?;
     let c = &input.controller_image;
@@ -279,34 +335,35 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
             .await
             .map_err(|e| config(e.to_string()))?;
     }
-    let ccm_image = match (&input.oxide_ccm_image, input.oxide_ccm) {
-        (Some(_), false) => {
-            return Err(config(
-                "--oxide-ccm-image: the CCM is only installed with --oxide-ccm; add it or drop --oxide-ccm-image",
-            ));
-        }
+    Ok(dev_image)
+}
+
+/// `--oxide-ccm-image`, only with `--oxide-ccm`; the default image otherwise.
+fn validate_ccm_image(input: &BootstrapInput) -> Result<String, BootstrapError> {
+    match (&input.oxide_ccm_image, input.oxide_ccm) {
+        (Some(_), false) => Err(config(
+            "--oxide-ccm-image: the CCM is only installed with --oxide-ccm; add it or drop --oxide-ccm-image",
+        )),
         (Some(i), true)
             if i.is_empty() || i.chars().any(|ch| ch.is_whitespace() || ch.is_control()) =>
         {
-            return Err(config(format!(
+            Err(config(format!(
                 "--oxide-ccm-image: {i:?} is not an image reference"
-            )));
+            )))
         }
-        (Some(i), true) => i.clone(),
-        (None, _) => manifests::DEFAULT_OXIDE_CCM_IMAGE.to_owned(),
-    };
-    // Before anything that reads files or talks to a server: the flags must make sense together.
-    let tailscale = super::tailnet::validate_flags(&input.tailscale, input.home.as_deref())?;
-    if !(1..=64).contains(&input.upload_parallelism) {
-        return Err(config(format!(
-            "--upload-parallelism: {} is outside 1..=64",
-            input.upload_parallelism
-        )));
+        (Some(i), true) => Ok(i.clone()),
+        (None, _) => Ok(manifests::DEFAULT_OXIDE_CCM_IMAGE.to_owned()),
     }
+}
 
+/// The Oxide credentials, resolved, and a client built from them without I/O: catches a
+/// malformed host or token now.
+fn validate_credentials(
+    input: &BootstrapInput,
+    spec: &ClusterSpec,
+) -> Result<credentials::OxideCredentials, BootstrapError> {
     let credentials =
         credentials::resolve(&input.credential_sources).map_err(|e| config(one_line(&e)))?;
-    // Builds the client without I/O: catches a malformed host or token now.
     OxideRack::connect(
         &credentials.host,
         credentials.token.expose(),
@@ -314,17 +371,27 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
         RackOptions::default(),
     )
     .map_err(|e| config(one_line(&e)))?;
+    Ok(credentials)
+}
 
-    let user_ssh_public_key = match &input.user_ssh_public_key {
+/// `--user-ssh-public-key` (the key or `file:PATH`), parsed.
+fn validate_user_ssh_public_key(input: &BootstrapInput) -> Result<Option<String>, BootstrapError> {
+    match &input.user_ssh_public_key {
         Some(v) => {
             let key = super::value_or_file("--user-ssh-public-key", v, input.home.as_deref())?;
             crate::ssh::parse_public_key(&key)
                 .map_err(|e| config(format!("--user-ssh-public-key: {}", one_line(&e))))?;
-            Some(key)
+            Ok(Some(key))
         }
-        None => None,
-    };
+        None => Ok(None),
+    }
+}
 
+/// `--kubeconfig` and how to write it: a file bootstrap may write, in a writable directory.
+fn validate_kubeconfig(
+    input: &BootstrapInput,
+    spec: &ClusterSpec,
+) -> Result<(PathBuf, WriteMode), BootstrapError> {
     let kubeconfig_path = match &input.kubeconfig {
         Some(p) => p.clone(),
         None => input
@@ -364,11 +431,15 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
     if let Some(dir) = existing_ancestor(kube_dir) {
         check_writable_dir("--kubeconfig", dir)?;
     }
+    Ok((kubeconfig_path, mode))
+}
 
-    let api_sources = crate::firewall::parse_sources(&input.api_allow)
-        .map_err(|e| config(format!("--api-allow: {e}")))?;
-    let api_rule = crate::firewall::api_rule(&spec.cluster, api_sources);
-
+/// `--state-dir`, writable, and the resume file in it readable when it exists. Returns the
+/// resume file's path.
+fn validate_state_dir(
+    input: &BootstrapInput,
+    spec: &ClusterSpec,
+) -> Result<PathBuf, BootstrapError> {
     let state_dir = match &input.state_dir {
         Some(d) => d.clone(),
         None => resume::default_state_dir(input.home.clone())
@@ -388,7 +459,15 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
         resume::load(&resume_path, &spec.cluster, &spec.project)
             .map_err(|e| config(one_line(&e)))?;
     }
+    Ok(resume_path)
+}
 
+/// The in-cluster pieces (and the Oxide CCM's with `--oxide-ccm`), rendered.
+fn render_manifests(
+    input: &BootstrapInput,
+    spec: &ClusterSpec,
+    ccm_image: String,
+) -> Result<Vec<Manifest>, BootstrapError> {
     let mut manifests = manifests::render(&Settings {
         controller_image: input.controller_image.clone(),
         schedule: spec.schedule.clone(),
@@ -403,31 +482,7 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
             .map_err(|e| config(one_line(&e)))?,
         );
     }
-
-    // Last: the only checks that talk to other machines (the image source's server, the
-    // Tailscale API).
-    let images = check_images(input, &spec).await?;
-    if let Some(ts) = &tailscale {
-        super::tailnet::probe(ts).await?;
-    }
-
-    Ok(Validated {
-        spec,
-        credentials,
-        user_ssh_public_key,
-        images,
-        kubeconfig: kubeconfig_path,
-        kubeconfig_mode: mode,
-        resume_path,
-        manifests,
-        upload: UploadOptions {
-            parallelism: input.upload_parallelism,
-            ..UploadOptions::default()
-        },
-        tailscale,
-        dev_image,
-        api_rule,
-    })
+    Ok(manifests)
 }
 
 #[cfg(test)]

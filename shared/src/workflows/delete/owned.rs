@@ -196,15 +196,40 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
     if !obs.exists {
         return inv;
     }
-    let keep = |inv: &mut Inventory, kind, name: &str, why: String| {
-        inv.kept.push(Kept {
+    let ours = take_instances(cluster, &prefix, obs, &mut inv);
+    let our_names: BTreeSet<&str> = ours.values().map(|i| i.name.as_str()).collect();
+    let import_disks = take_disks(cluster, &prefix, obs, &ours, &our_names, &mut inv);
+    take_import_snapshots(cluster, obs, &import_disks, &mut inv);
+    take_floating_ips(scope, &prefix, obs, &ours, &mut inv);
+    take_anti_affinity_groups(scope, obs, &our_names, &mut inv);
+    take_api_firewall_rule(cluster, obs, &mut inv);
+    take_images(scope, obs, &mut inv);
+    if scope.delete_project {
+        take_project(obs, &mut inv);
+    }
+    inv.items
+        .sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
+    inv
+}
+
+impl Inventory {
+    /// Notes something of the cluster's name that stays, and why.
+    fn keep(&mut self, kind: Kind, name: &str, why: String) {
+        self.kept.push(Kept {
             kind,
             name: name.to_owned(),
             why,
         })
-    };
+    }
+}
 
-    // Instances.
+/// Instances tagged for the cluster; returns them by id.
+fn take_instances<'o>(
+    cluster: &str,
+    prefix: &str,
+    obs: &'o ObservedProject,
+    inv: &mut Inventory,
+) -> BTreeMap<Uuid, &'o Instance> {
     let mut ours: BTreeMap<Uuid, &Instance> = BTreeMap::new();
     for i in &obs.instances {
         match InstanceTag::parse(&i.description) {
@@ -218,14 +243,12 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
                     instance: None,
                 });
             }
-            Some(t) if i.name.starts_with(&prefix) => keep(
-                &mut inv,
+            Some(t) if i.name.starts_with(prefix) => inv.keep(
                 Kind::Instance,
                 &i.name,
                 format!("tagged for cluster {}", t.cluster),
             ),
-            None if i.name.starts_with(&prefix) => keep(
-                &mut inv,
+            None if i.name.starts_with(prefix) => inv.keep(
                 Kind::Instance,
                 &i.name,
                 "no oxide-controller tag in its description".into(),
@@ -233,9 +256,19 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
             _ => {}
         }
     }
-    let our_names: BTreeSet<&str> = ours.values().map(|i| i.name.as_str()).collect();
+    ours
+}
 
-    // Disks: member disks, orphans with our tag, import leftovers with our mark.
+/// Disks: member disks, orphans with our tag, import leftovers with our mark. Returns the
+/// ids of the import disks taken.
+fn take_disks(
+    cluster: &str,
+    prefix: &str,
+    obs: &ObservedProject,
+    ours: &BTreeMap<Uuid, &Instance>,
+    our_names: &BTreeSet<&str>,
+    inv: &mut Inventory,
+) -> BTreeSet<Uuid> {
     let mut import_disks: BTreeSet<Uuid> = BTreeSet::new();
     for d in &obs.disks {
         let attached_to = match d.state {
@@ -249,8 +282,7 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
         // Attached to a cluster VM but neither its boot/data disk nor tagged for the cluster:
         // a volume someone attached by hand. Deleting the VM detaches it; it stays.
         if let (Some(inst), None, None) = (&attached_to, &named_for, &tag) {
-            keep(
-                &mut inv,
+            inv.keep(
                 Kind::Disk,
                 &d.name,
                 format!(
@@ -289,15 +321,24 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
                 reason: format!("leftover image import marked cluster={cluster}"),
                 instance: None,
             });
-        } else if names::disk_owner(&d.name).is_some_and(|o| o.starts_with(&prefix)) {
-            keep(
-                &mut inv,
+        } else if names::disk_owner(&d.name).is_some_and(|o| o.starts_with(prefix)) {
+            inv.keep(
                 Kind::Disk,
                 &d.name,
                 "neither attached to nor tagged for this cluster".into(),
             );
         }
     }
+    import_disks
+}
+
+/// Snapshots taken of the cluster's import disks.
+fn take_import_snapshots(
+    cluster: &str,
+    obs: &ObservedProject,
+    import_disks: &BTreeSet<Uuid>,
+    inv: &mut Inventory,
+) {
     for s in &obs.snapshots {
         if import_disks.contains(&s.disk_id) {
             inv.items.push(Item {
@@ -308,32 +349,25 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
             });
         }
     }
+}
 
-    // Floating IPs.
+/// Floating IPs: the API address by its exact name, then the Oxide CCM's.
+fn take_floating_ips(
+    scope: &Scope,
+    prefix: &str,
+    obs: &ObservedProject,
+    ours: &BTreeMap<Uuid, &Instance>,
+    inv: &mut Inventory,
+) {
+    let cluster = scope.cluster.as_str();
     let api = names::api_floating_ip_name(cluster);
     let clusters = known_clusters(obs);
     for f in &obs.floating_ips {
         if f.name == api {
-            if api_fip_description_cluster(&f.description) == Some(cluster)
-                || f.description == names::LEGACY_RECONCILE_API_FIP_DESCRIPTION
-            {
-                inv.items.push(Item {
-                    kind: Kind::FloatingIp,
-                    name: f.name.clone(),
-                    reason: "the cluster's API address, made by bootstrap or reconcile".into(),
-                    instance: None,
-                });
-            } else {
-                keep(
-                    &mut inv,
-                    Kind::FloatingIp,
-                    &f.name,
-                    "has the API address's name but not bootstrap's description".into(),
-                );
-            }
+            take_api_floating_ip(cluster, f, inv);
             continue;
         }
-        if f.description != CCM_FLOATING_IP_DESCRIPTION || !f.name.starts_with(&prefix) {
+        if f.description != CCM_FLOATING_IP_DESCRIPTION || !f.name.starts_with(prefix) {
             continue;
         }
         let on_foreign = f.instance_id.is_some_and(|id| !ours.contains_key(&id))
@@ -352,15 +386,13 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
                 instance: None,
             });
         } else if let Some(other) = claimed_by {
-            keep(
-                &mut inv,
+            inv.keep(
                 Kind::FloatingIp,
                 &f.name,
                 format!("an Oxide CCM address of cluster {other}"),
             );
         } else if on_foreign {
-            keep(
-                &mut inv,
+            inv.keep(
                 Kind::FloatingIp,
                 &f.name,
                 "an Oxide CCM address attached to a VM of another cluster".into(),
@@ -376,68 +408,91 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
             });
         }
     }
+}
 
-    // Anti-affinity groups.
-    match &scope.spec_groups {
-        Some(spec_groups) => {
-            for g in obs.groups.iter().filter(|g| spec_groups.contains(&g.name)) {
-                if g.description != GROUP_DESCRIPTION {
-                    keep(
-                        &mut inv,
-                        Kind::AntiAffinityGroup,
-                        &g.name,
-                        "named in the spec but not created by oxide-controller".into(),
-                    );
-                    continue;
-                }
-                let foreign: Vec<&String> = obs
-                    .group_members
-                    .get(&g.name)
-                    .into_iter()
-                    .flatten()
-                    .filter(|m| !our_names.contains(m.as_str()))
-                    .collect();
-                if foreign.is_empty() {
-                    inv.items.push(Item {
-                        kind: Kind::AntiAffinityGroup,
-                        name: g.name.clone(),
-                        reason: "named in the cluster's spec, made by oxide-controller".into(),
-                        instance: None,
-                    });
-                } else {
-                    keep(
-                        &mut inv,
-                        Kind::AntiAffinityGroup,
-                        &g.name,
-                        format!(
-                            "still holds VMs of others: {}",
-                            foreign
-                                .iter()
-                                .map(|s| s.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    );
-                }
-            }
+/// The floating IP named `<cluster>-apiserver`: taken when its description is ours.
+fn take_api_floating_ip(cluster: &str, f: &FloatingIp, inv: &mut Inventory) {
+    if api_fip_description_cluster(&f.description) == Some(cluster)
+        || f.description == names::LEGACY_RECONCILE_API_FIP_DESCRIPTION
+    {
+        inv.items.push(Item {
+            kind: Kind::FloatingIp,
+            name: f.name.clone(),
+            reason: "the cluster's API address, made by bootstrap or reconcile".into(),
+            instance: None,
+        });
+    } else {
+        inv.keep(
+            Kind::FloatingIp,
+            &f.name,
+            "has the API address's name but not bootstrap's description".into(),
+        );
+    }
+}
+
+/// Anti-affinity groups named in the spec, ours by description, holding only our VMs.
+fn take_anti_affinity_groups(
+    scope: &Scope,
+    obs: &ObservedProject,
+    our_names: &BTreeSet<&str>,
+    inv: &mut Inventory,
+) {
+    let Some(spec_groups) = &scope.spec_groups else {
+        for g in obs
+            .groups
+            .iter()
+            .filter(|g| g.description == GROUP_DESCRIPTION)
+        {
+            inv.keep(
+                Kind::AntiAffinityGroup,
+                &g.name,
+                "the cluster's spec is unknown (no API, no spec in the resume file), so it cannot be told whose group this is".into(),
+            );
         }
-        None => {
-            for g in obs
-                .groups
-                .iter()
-                .filter(|g| g.description == GROUP_DESCRIPTION)
-            {
-                keep(
-                    &mut inv,
-                    Kind::AntiAffinityGroup,
-                    &g.name,
-                    "the cluster's spec is unknown (no API, no spec in the resume file), so it cannot be told whose group this is".into(),
-                );
-            }
+        return;
+    };
+    for g in obs.groups.iter().filter(|g| spec_groups.contains(&g.name)) {
+        if g.description != GROUP_DESCRIPTION {
+            inv.keep(
+                Kind::AntiAffinityGroup,
+                &g.name,
+                "named in the spec but not created by oxide-controller".into(),
+            );
+            continue;
+        }
+        let foreign: Vec<&String> = obs
+            .group_members
+            .get(&g.name)
+            .into_iter()
+            .flatten()
+            .filter(|m| !our_names.contains(m.as_str()))
+            .collect();
+        if foreign.is_empty() {
+            inv.items.push(Item {
+                kind: Kind::AntiAffinityGroup,
+                name: g.name.clone(),
+                reason: "named in the cluster's spec, made by oxide-controller".into(),
+                instance: None,
+            });
+        } else {
+            inv.keep(
+                Kind::AntiAffinityGroup,
+                &g.name,
+                format!(
+                    "still holds VMs of others: {}",
+                    foreign
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
         }
     }
+}
 
-    // Bootstrap's API rule, by its exact name.
+/// Bootstrap's API rule, by its exact name.
+fn take_api_firewall_rule(cluster: &str, obs: &ObservedProject, inv: &mut Inventory) {
     let rule = crate::firewall::api_rule_name(cluster);
     if obs.firewall_rules.iter().flatten().any(|r| *r == rule) {
         inv.items.push(Item {
@@ -447,9 +502,13 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
             instance: None,
         });
     }
+}
 
-    // Images. One another cluster in the project found by name (and never marked) may still
-    // be what its members boot from: its replacements would need it.
+/// Images marked as uploaded for the cluster. One another cluster in the project found by
+/// name (and never marked) may still be what its members boot from: its replacements would
+/// need it. Runs after the disks are decided.
+fn take_images(scope: &Scope, obs: &ObservedProject, inv: &mut Inventory) {
+    let cluster = scope.cluster.as_str();
     let going: BTreeSet<String> = inv
         .items
         .iter()
@@ -465,8 +524,7 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
             .iter()
             .find(|d| d.image_id == Some(i.id) && !going.contains(&d.name));
         if let (true, Some(d)) = (scope.delete_images, still_used) {
-            keep(
-                &mut inv,
+            inv.keep(
                 Kind::Image,
                 &i.name,
                 format!(
@@ -482,36 +540,32 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
                 instance: None,
             });
         } else {
-            keep(
-                &mut inv,
+            inv.keep(
                 Kind::Image,
                 &i.name,
                 "uploaded for this cluster; pass --delete-images to remove it".into(),
             );
         }
     }
+}
 
-    if scope.delete_project {
-        let left = leftovers(obs, &inv);
-        if left.is_empty() {
-            inv.items.push(Item {
-                kind: Kind::Project,
-                name: String::new(),
-                reason: "--delete-project, and nothing else is left in it".into(),
-                instance: None,
-            });
-        } else {
-            keep(
-                &mut inv,
-                Kind::Project,
-                "",
-                format!("it still holds {}", left.join(", ")),
-            );
-        }
+/// With `--delete-project`: the project, when nothing else is left in it. Runs last.
+fn take_project(obs: &ObservedProject, inv: &mut Inventory) {
+    let left = leftovers(obs, inv);
+    if left.is_empty() {
+        inv.items.push(Item {
+            kind: Kind::Project,
+            name: String::new(),
+            reason: "--delete-project, and nothing else is left in it".into(),
+            instance: None,
+        });
+    } else {
+        inv.keep(
+            Kind::Project,
+            "",
+            format!("it still holds {}", left.join(", ")),
+        );
     }
-    inv.items
-        .sort_by(|a, b| (a.kind, &a.name).cmp(&(b.kind, &b.name)));
-    inv
 }
 
 /// What would remain in the project after every item is gone.
