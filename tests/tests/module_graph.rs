@@ -518,6 +518,91 @@ fn the_simulator_has_no_import_circle() {
     assert!(found.is_empty(), "{}", report("tests/src", &found));
 }
 
+/// Functions (`fn` to the end of its body) longer than `max` lines in `stream`, skipping
+/// `#[cfg(test)]` items: `(name, first line, lines)`.
+fn long_functions(stream: TokenStream, max: usize, out: &mut Vec<(String, usize, usize)>) {
+    let tokens: Vec<TokenTree> = stream.into_iter().collect();
+    let mut i = 0;
+    while i < tokens.len() {
+        if is_cfg_test(&tokens, i) {
+            i = skip_item(&tokens, i + 2);
+            continue;
+        }
+        if let (TokenTree::Ident(kw), Some(TokenTree::Ident(name))) =
+            (&tokens[i], tokens.get(i + 1))
+            && kw == "fn"
+        {
+            // The body is the first brace group before a `;` (a declaration has none).
+            let body = tokens[i + 2..]
+                .iter()
+                .take_while(|t| !matches!(t, TokenTree::Punct(p) if p.as_char() == ';'))
+                .find_map(|t| match t {
+                    TokenTree::Group(g) if g.delimiter() == Delimiter::Brace => Some(g),
+                    _ => None,
+                });
+            if let Some(body) = body {
+                let first = kw.span().start().line;
+                let lines = body.span().end().line + 1 - first;
+                if lines > max {
+                    out.push((name.to_string(), first, lines));
+                }
+                long_functions(body.stream(), max, out);
+            }
+        } else if let TokenTree::Group(g) = &tokens[i] {
+            long_functions(g.stream(), max, out);
+        }
+        i += 1;
+    }
+}
+
+/// Issue 22: long flows are named steps, long validators per-section validators. Product code
+/// only: the library and the binaries, tests excluded.
+#[test]
+fn no_product_function_is_over_100_lines() {
+    let ws = workspace();
+    let mut dirs = vec![ws.join("shared/src")];
+    for f in std::fs::read_dir(ws.join("functions")).unwrap() {
+        dirs.push(f.unwrap().path().join("src"));
+    }
+    let mut found = Vec::new();
+    let mut read = 0;
+    for dir in dirs {
+        for file in modules(&dir).into_values() {
+            let src = std::fs::read_to_string(&file).unwrap();
+            let mut long = Vec::new();
+            long_functions(src.parse().unwrap(), 100, &mut long);
+            read += 1;
+            found.extend(
+                long.into_iter().map(|(name, line, n)| {
+                    format!("  {n} lines: {name} ({}:{line})", file.display())
+                }),
+            );
+        }
+    }
+    assert!(read > 40, "the sources were read ({read} files)");
+    assert!(
+        found.is_empty(),
+        "{} function(s) over 100 lines; make their steps functions:\n{}",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+/// The length check itself: a 101-line function is found, test code is not.
+#[test]
+fn the_length_check_counts_from_fn_to_the_closing_brace() {
+    let body = "    let x = 1;\n".repeat(99);
+    let src = format!(
+        "fn long() {{\n{body}}}\nfn short() {{}}\n#[cfg(test)]\nmod tests {{ fn t() {{\n{body}\n}} }}\n"
+    );
+    let mut out = Vec::new();
+    long_functions(src.parse().unwrap(), 100, &mut out);
+    assert_eq!(out, vec![("long".to_owned(), 1, 101)]);
+    out.clear();
+    long_functions(src.parse().unwrap(), 101, &mut out);
+    assert!(out.is_empty());
+}
+
 /// The check itself: a circle made of brace imports, `super::` paths and inline paths is
 /// found; test modules and doc comments do not count.
 #[test]
