@@ -26,40 +26,8 @@ use oxide_controller::size::ByteSize;
 
 const CCM: &str = "Managed by oxide-cloud-controller-manager.";
 
-fn delete_args(env: &Env, extra: &[&str]) -> Vec<String> {
-    let token = format!("file:{}", env.dir.path().join("token").display());
-    let mut a: Vec<String> = [
-        "delete",
-        "--oxide-host",
-        &env.sim.oxide_host,
-        "--oxide-token",
-        &token,
-        "--cluster",
-        "prod",
-        "--state-dir",
-        &env.state_dir().display().to_string(),
-        "--kubeconfig",
-        &env.kubeconfig().display().to_string(),
-        "--log-format",
-        "json",
-        "--timeout",
-        "120",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
-}
-
 async fn delete(env: &Env, extra: &[&str]) -> std::process::Output {
-    tokio::time::timeout(
-        Duration::from_secs(300),
-        env.command(&delete_args(env, extra)).output(),
-    )
-    .await
-    .expect("delete finished within 300 s")
-    .unwrap()
+    env.delete("prod", extra).await
 }
 
 /// Cluster `prod`, 3 control planes + 3 workers, and the decoys. With `prod2` set, the
@@ -380,7 +348,7 @@ async fn delete_removes_the_cluster_and_nothing_else() {
 async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is_the_same() {
     let env = prod_with_decoys(None).await;
     // One instance at a time, so every kill point below is reached by a run of its own.
-    let args = delete_args(&env, &["--yes", "--concurrency", "1"]);
+    let args = env.delete_args("prod", &["--yes", "--concurrency", "1"]);
     // Each run is SIGKILLed right after its first mutating request reached the simulator,
     // and the next run resumes what it left; until a run gets through on its own.
     let mut killed = 0;
@@ -536,15 +504,9 @@ async fn oxide_api(
 
 /// `bootstrap delete --delete-project` of cluster `name` (its project has the same name).
 async fn delete_project(env: &Env, name: &str, extra: &[&str]) -> (bool, String, String) {
-    let mut args: Vec<String> = delete_args(env, &["--delete-project"])
-        .into_iter()
-        .map(|a| if a == "prod" { name.to_owned() } else { a })
-        .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let out = tokio::time::timeout(Duration::from_secs(300), env.command(&args).output())
-        .await
-        .expect("delete finished within 300 s")
-        .unwrap();
+    let mut args = vec!["--delete-project"];
+    args.extend_from_slice(extra);
+    let out = env.delete(name, &args).await;
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -727,15 +689,7 @@ async fn an_api_address_reconcile_re_created_goes_with_the_project() {
         "re-created"
     );
 
-    let mut args: Vec<String> = delete_args(&env, &["--yes", "--delete-project"])
-        .into_iter()
-        .map(|a| if a == "prod" { "demo".to_owned() } else { a })
-        .collect();
-    args.retain(|a| !a.is_empty());
-    let out = tokio::time::timeout(Duration::from_secs(300), env.command(&args).output())
-        .await
-        .expect("delete finished within 300 s")
-        .unwrap();
+    let out = env.delete("demo", &["--yes", "--delete-project"]).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -10,8 +10,6 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::{env, sample_image};
 use oxide_controller::workflows::bootstrap::STEPS;
 
@@ -184,31 +182,8 @@ async fn a_bootstrap_killed_mid_upload_is_removed_whole_by_bootstrap_delete() {
             .any(|d| d["state"] == "importing_from_bulk_writes"),
         "the kill left an import disk taking writes: {disks}"
     );
-    let token = format!("file:{}", env.dir.path().join("token").display());
-    let delete: Vec<String> = [
-        "delete",
-        "--oxide-host",
-        &env.sim.oxide_host,
-        "--oxide-token",
-        &token,
-        "--cluster",
-        "demo",
-        "--state-dir",
-        &env.state_dir().display().to_string(),
-        "--kubeconfig",
-        &env.kubeconfig().display().to_string(),
-        "--timeout",
-        "120",
-        "--yes",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
     for run in ["first", "second"] {
-        let out = tokio::time::timeout(Duration::from_secs(300), env.command(&delete).output())
-            .await
-            .expect("delete finished within 300 s")
-            .unwrap();
+        let out = env.delete("demo", &["--yes"]).await;
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),

@@ -102,6 +102,45 @@ impl Env {
         a
     }
 
+    /// The command line of `bootstrap delete` for `cluster` (its project has the same name by
+    /// default), with this user's state dir and kubeconfig, plus `extra`.
+    pub fn delete_args(&self, cluster: &str, extra: &[&str]) -> Vec<String> {
+        let token = format!("file:{}", self.dir.path().join("token").display());
+        let mut a: Vec<String> = [
+            "delete",
+            "--oxide-host",
+            &self.sim.oxide_host,
+            "--oxide-token",
+            &token,
+            "--cluster",
+            cluster,
+            "--state-dir",
+            &self.state_dir().display().to_string(),
+            "--kubeconfig",
+            &self.kubeconfig().display().to_string(),
+            "--log-format",
+            "json",
+            "--timeout",
+            "120",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    }
+
+    /// Runs `bootstrap delete` for `cluster` with `extra` (within 300 s).
+    pub async fn delete(&self, cluster: &str, extra: &[&str]) -> Output {
+        tokio::time::timeout(
+            Duration::from_secs(300),
+            self.command(&self.delete_args(cluster, extra)).output(),
+        )
+        .await
+        .expect("delete finished within 300 s")
+        .unwrap()
+    }
+
     pub fn command(&self, args: &[String]) -> tokio::process::Command {
         std::fs::create_dir_all(self.home()).unwrap();
         let mut c = tokio::process::Command::new(BIN);
