@@ -65,7 +65,7 @@ pub struct NodeUserData {
     pub k3s_version: String,
     /// Download k3s at boot, or enable the copy already in the image.
     pub install: K3sInstall,
-    /// Where the k3s installer is downloaded from ([`K3S_INSTALL_URL`] or a mirror).
+    /// Where the k3s installer is downloaded from ([`crate::spec::K3S_INSTALL_URL`] or a mirror).
     pub k3s_installer_url: String,
     /// How long the setup waits for the k3s unit to be active before it fails with k3s's
     /// own last error. Meanwhile systemd restarts a k3s that exits and an agent retries, so

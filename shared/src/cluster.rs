@@ -1,7 +1,7 @@
 //! The `Cluster` trait: everything oxide-controller asks of the Kubernetes API besides its own
 //! state objects — Nodes, drain through the Eviction API, the run Lease, Events and reconcile
-//! Jobs — in domain types. The kube implementation is [`kube_cluster::KubeCluster`]; workflow
-//! tests use [`crate::fake::FakeCluster`].
+//! Jobs — in domain types. The kube implementation is [`crate::kube_cluster::KubeCluster`]; workflow
+//! tests use `fake::FakeCluster` (feature `testing`).
 
 use std::future::Future;
 use std::time::Duration;

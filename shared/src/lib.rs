@@ -10,6 +10,7 @@ pub mod cloud_init;
 pub mod cluster;
 pub mod credentials;
 pub mod dev_image;
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod firewall;
 pub mod image;

@@ -1,7 +1,7 @@
 //! The `Rack` trait: everything oxide-controller asks of the Oxide API, in domain types.
 //!
-//! The real implementation over the `oxide` SDK is [`oxide_rack::OxideRack`]; workflow tests use
-//! [`crate::fake::FakeRack`]. Every list call exhausts pagination. Nothing above this module
+//! The real implementation over the `oxide` SDK is [`crate::oxide_rack::OxideRack`]; workflow tests use
+//! `fake::FakeRack` (feature `testing`). Every list call exhausts pagination. Nothing above this module
 //! sees an `oxide::types` value or an HTTP status.
 
 use std::future::Future;

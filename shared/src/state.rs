@@ -3,7 +3,7 @@
 //! Reads return the `resourceVersion` they saw; writes are replaces carrying it, and a 409
 //! comes back as [`StateError::Conflict`] so the caller re-reads and decides again (never a
 //! blind retry, never an unconditional update). The kube implementation is
-//! [`kube_store::KubeStateStore`]; tests use [`crate::fake::FakeState`].
+//! [`crate::kube_store::KubeStateStore`]; tests use `fake::FakeState` (feature `testing`).
 
 use std::collections::BTreeMap;
 use std::future::Future;
