@@ -1,6 +1,8 @@
-//! Floating IP routes (create/list/view/delete/attach/detach) and anti-affinity group routes
-//! (create/list/view, member list/add): the placement and addressing side of the API.
+//! Floating IP routes (create/list/view/delete/attach/detach), anti-affinity group routes
+//! (create/list/view, member list/add) and affinity group routes (create/list/delete; the
+//! simulator places no member in one): the placement and addressing side of the API.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 
 use http::StatusCode;
@@ -14,7 +16,8 @@ use super::lifecycle::Event;
 use super::names::{self, Ref};
 use super::pagination::ListParams;
 use super::store::{
-    self, ANTI_AFFINITY_GROUP, AntiAffinityGroup, FLOATING_IP, FloatingIp, RunState, Store, Times,
+    self, AFFINITY_GROUP, ANTI_AFFINITY_GROUP, AffinityGroup, AntiAffinityGroup, FLOATING_IP,
+    FloatingIp, Named, RunState, Store, Times,
 };
 
 const MAX_EXTERNAL_IPS: usize = 32;
@@ -228,30 +231,59 @@ fn select_group(cx: &Ctx<'_>, project: Option<&str>) -> Result<Uuid, ApiError> {
     )
 }
 
-pub fn group_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
-    let lp = ListParams::parse("anti-affinity-groups", cx.query)?;
+/// One page of the project's groups of one kind (`?project=` required).
+fn group_page<T: Named, V: serde::Serialize>(
+    cx: &Ctx<'_>,
+    what: &'static str,
+    groups: &BTreeMap<Uuid, T>,
+    view: impl Fn(&T) -> V,
+) -> Result<Reply, ApiError> {
+    let lp = ListParams::parse(what, cx.query)?;
     let pid = cx.store.project_param(lp.required_project()?)?;
-    let items = cx
-        .store
-        .groups
-        .values()
-        .filter(|g| g.project_id == pid)
-        .map(|g| (g.name.to_string(), g.id, g.view()))
+    let items = groups
+        .iter()
+        .filter(|(_, g)| g.project() == Some(pid))
+        .map(|(id, g)| (g.name().to_owned(), *id, view(g)))
         .collect();
     Reply::json(StatusCode::OK, &lp.page(items))
+}
+
+/// The project a group is created in (`project`, already required by the caller), once the
+/// body's name is valid and free among that project's groups of the kind.
+fn new_group_project<T: Named>(
+    cx: &Ctx<'_>,
+    project: &str,
+    groups: &BTreeMap<Uuid, T>,
+    kind: &str,
+    name: &types::Name,
+) -> Result<Uuid, ApiError> {
+    body_name(name)?;
+    let pid = cx.store.project_param(project)?;
+    if store::find_by_name(groups, Some(pid), name.as_str()).is_some() {
+        return Err(ApiError::already_exists(kind, name.as_str()));
+    }
+    Ok(pid)
+}
+
+pub fn group_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    group_page(
+        cx,
+        "anti-affinity-groups",
+        &cx.store.groups,
+        AntiAffinityGroup::view,
+    )
 }
 
 pub fn group_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let project = cx.required_project()?.to_owned();
     let body: types::AntiAffinityGroupCreate = cx.body()?;
-    body_name(&body.name)?;
-    let pid = cx.store.project_param(&project)?;
-    if store::find_by_name(&cx.store.groups, Some(pid), body.name.as_str()).is_some() {
-        return Err(ApiError::already_exists(
-            "anti-affinity-group",
-            body.name.as_str(),
-        ));
-    }
+    let pid = new_group_project(
+        cx,
+        &project,
+        &cx.store.groups,
+        "anti-affinity-group",
+        &body.name,
+    )?;
     let group = AntiAffinityGroup {
         id: Uuid::new_v4(),
         project_id: pid,
@@ -346,4 +378,56 @@ pub fn group_member_add(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     }
     let member = cx.store.member_view(iid).ok_or_else(ApiError::internal)?;
     Reply::json(StatusCode::CREATED, &member)
+}
+
+fn select_affinity_group(cx: &Ctx<'_>) -> Result<Uuid, ApiError> {
+    store::select(
+        cx.store,
+        &cx.store.affinity_groups,
+        AFFINITY_GROUP,
+        cx.param(0),
+        cx.project(),
+    )
+}
+
+/// GET /v1/affinity-groups?project=.
+pub fn affinity_group_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    group_page(
+        cx,
+        "affinity-groups",
+        &cx.store.affinity_groups,
+        AffinityGroup::view,
+    )
+}
+
+/// POST /v1/affinity-groups?project=.
+pub fn affinity_group_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let project = cx.required_project()?.to_owned();
+    let body: types::AffinityGroupCreate = cx.body()?;
+    let pid = new_group_project(
+        cx,
+        &project,
+        &cx.store.affinity_groups,
+        "affinity-group",
+        &body.name,
+    )?;
+    let group = AffinityGroup {
+        id: Uuid::new_v4(),
+        project_id: pid,
+        name: body.name,
+        description: body.description,
+        policy: body.policy,
+        failure_domain: body.failure_domain,
+        times: Times::now(),
+    };
+    let view = group.view();
+    cx.store.affinity_groups.insert(group.id, group);
+    Reply::json(StatusCode::CREATED, &view)
+}
+
+/// DELETE /v1/affinity-groups/{affinity_group}?project=.
+pub fn affinity_group_delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let id = select_affinity_group(cx)?;
+    cx.store.affinity_groups.remove(&id);
+    Reply::no_content()
 }

@@ -733,9 +733,9 @@ pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         Op::VpcSubnetCreate => vpcs::subnet_create(cx),
         Op::VpcSubnetView => vpcs::subnet_view(cx),
         Op::VpcSubnetDelete => vpcs::subnet_delete(cx),
-        Op::AffinityGroupList => vpcs::affinity_group_list(cx),
-        Op::AffinityGroupCreate => vpcs::affinity_group_create(cx),
-        Op::AffinityGroupDelete => vpcs::affinity_group_delete(cx),
+        Op::AffinityGroupList => network::affinity_group_list(cx),
+        Op::AffinityGroupCreate => network::affinity_group_create(cx),
+        Op::AffinityGroupDelete => network::affinity_group_delete(cx),
         Op::NetworkInterfaceList => instances::network_interfaces(cx),
         Op::FirewallRulesUpdate => firewall::update(cx),
     }

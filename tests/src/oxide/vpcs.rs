@@ -1,5 +1,5 @@
-//! A project's `default` VPC and its subnets, affinity groups, and the deletions that end a
-//! project: subnet, then VPC, then the project, each with nexus's refusals.
+//! A project's `default` VPC and its subnets, and the deletions that end a project: subnet,
+//! then VPC, then the project, each with nexus's refusals.
 //!
 //! Sources (tests/FIDELITY.md, "Projects, VPCs and subnets"), omicron rel/v22:
 //! - project delete refuses while the project holds an instance, disk, floating IP, project
@@ -30,7 +30,7 @@ use super::firewall_rules::DEFAULT_VPC;
 use super::handler::{Ctx, Reply, body_name};
 use super::names::Ref;
 use super::pagination::ListParams;
-use super::store::{self, AFFINITY_GROUP, AffinityGroup, ExtraSubnet, Project, Times};
+use super::store::{self, ExtraSubnet, Project, Times};
 
 /// The VPC prefix every simulated project's `default` VPC shows.
 const VPC_IPV6_PREFIX: &str = "fd00:1122:3344::/48";
@@ -425,62 +425,5 @@ pub fn project_delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         }
     }
     cx.store.projects.remove(&pid);
-    Reply::no_content()
-}
-
-fn select_affinity_group(cx: &Ctx<'_>) -> Result<Uuid, ApiError> {
-    store::select(
-        cx.store,
-        &cx.store.affinity_groups,
-        AFFINITY_GROUP,
-        cx.param(0),
-        cx.project(),
-    )
-}
-
-/// GET /v1/affinity-groups?project=.
-pub fn affinity_group_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
-    let lp = ListParams::parse("affinity-groups", cx.query)?;
-    let pid = cx.store.project_param(lp.required_project()?)?;
-    let items = cx
-        .store
-        .affinity_groups
-        .values()
-        .filter(|g| g.project_id == pid)
-        .map(|g| (g.name.to_string(), g.id, g.view()))
-        .collect();
-    Reply::json(StatusCode::OK, &lp.page(items))
-}
-
-/// POST /v1/affinity-groups?project=.
-pub fn affinity_group_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
-    let project = cx.required_project()?.to_owned();
-    let body: types::AffinityGroupCreate = cx.body()?;
-    body_name(&body.name)?;
-    let pid = cx.store.project_param(&project)?;
-    if store::find_by_name(&cx.store.affinity_groups, Some(pid), body.name.as_str()).is_some() {
-        return Err(ApiError::already_exists(
-            "affinity-group",
-            body.name.as_str(),
-        ));
-    }
-    let group = AffinityGroup {
-        id: Uuid::new_v4(),
-        project_id: pid,
-        name: body.name,
-        description: body.description,
-        policy: body.policy,
-        failure_domain: body.failure_domain,
-        times: Times::now(),
-    };
-    let view = group.view();
-    cx.store.affinity_groups.insert(group.id, group);
-    Reply::json(StatusCode::CREATED, &view)
-}
-
-/// DELETE /v1/affinity-groups/{affinity_group}?project=.
-pub fn affinity_group_delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
-    let id = select_affinity_group(cx)?;
-    cx.store.affinity_groups.remove(&id);
     Reply::no_content()
 }
