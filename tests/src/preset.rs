@@ -12,16 +12,16 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use oxide_controller::cloud_init::MemberInput;
-use oxide_controller::members::new_instance;
-use oxide_controller::oxide_rack::{OxideRack, RackOptions};
-use oxide_controller::rack::Rack as _;
-use oxide_controller::rack::RackError;
-use oxide_controller::retry::Backoff;
-use oxide_controller::secrets::{ClusterSecrets, random_token};
-use oxide_controller::spec::{ClusterSpec, Role, SCHEMA_VERSION};
-use oxide_controller::state::{StateError, StateStore as _};
-use oxide_controller::{names, state};
+use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::base::retry::Backoff;
+use oxide_controller::base::secrets::{ClusterSecrets, random_token};
+use oxide_controller::domain::spec::{ClusterSpec, Role, SCHEMA_VERSION};
+use oxide_controller::ports::rack::Rack as _;
+use oxide_controller::ports::rack::RackError;
+use oxide_controller::ports::state::{StateError, StateStore as _};
+use oxide_controller::render::cloud_init::MemberInput;
+use oxide_controller::render::members::new_instance;
+use oxide_controller::{base::names, ports::state};
 use serde_json::Value;
 
 use crate::handle::SimHandle;
@@ -210,12 +210,15 @@ pub async fn build(
         .ok_or_else(|| PresetError::Spec(format!("image {IMAGE} was not seeded")))?;
     // What bootstrap does in its project step: without this rule the VPC firewall drops
     // the API on the floating IP.
-    let anywhere =
-        oxide_controller::firewall::parse_sources(oxide_controller::firewall::DEFAULT_API_ALLOW)
-            .map_err(PresetError::Spec)?;
-    rack.ensure_firewall_rule(&oxide_controller::firewall::api_rule(CLUSTER, anywhere))
-        .await
-        .map_err(rack_err("opening the Kubernetes API in the VPC firewall"))?;
+    let anywhere = oxide_controller::domain::firewall::parse_sources(
+        oxide_controller::domain::firewall::DEFAULT_API_ALLOW,
+    )
+    .map_err(PresetError::Spec)?;
+    rack.ensure_firewall_rule(&oxide_controller::domain::firewall::api_rule(
+        CLUSTER, anywhere,
+    ))
+    .await
+    .map_err(rack_err("opening the Kubernetes API in the VPC firewall"))?;
     let fip_name = names::api_floating_ip_name(CLUSTER);
     let fip = rack
         .create_floating_ip(
@@ -312,9 +315,9 @@ pub async fn build(
         .ok_or_else(|| PresetError::Spec("the cluster's API did not start".into()))?;
     let kubeconfig = renamed_kubeconfig(&admin, CLUSTER);
     let client = kube_client(&kubeconfig).await?;
-    let store = oxide_controller::kube_store::KubeStateStore::new(
+    let store = oxide_controller::adapters::kube_store::KubeStateStore::new(
         client,
-        oxide_controller::cluster::NAMESPACE,
+        oxide_controller::ports::cluster::NAMESPACE,
     );
     let mut config = BTreeMap::new();
     config.insert(state::keys::SPEC.to_string(), spec.to_yaml());
@@ -323,7 +326,7 @@ pub async fn build(
         SCHEMA_VERSION.to_string(),
     );
     // As bootstrap stores it: members reconcile adds join with `K10<hash>::` tokens.
-    if let Ok(hash) = oxide_controller::kubeconfig::k3s_ca_hash(&kubeconfig) {
+    if let Ok(hash) = oxide_controller::adapters::kubeconfig::k3s_ca_hash(&kubeconfig) {
         config.insert(state::keys::K3S_CA_HASH.to_string(), hash);
     }
     store
@@ -399,7 +402,7 @@ async fn kube_client(kubeconfig: &str) -> Result<kube::Client, PresetError> {
         kube::Config::from_custom_kubeconfig(parsed, &kube::config::KubeConfigOptions::default())
             .await
             .map_err(|e| PresetError::Kube(Box::new(e)))?;
-    oxide_controller::kubeclient::client_from_config(config)
+    oxide_controller::adapters::kubeclient::client_from_config(config)
         .map_err(|e| PresetError::Kube(Box::new(e)))
 }
 

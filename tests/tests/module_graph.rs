@@ -19,48 +19,20 @@ use std::path::{Path, PathBuf};
 
 use proc_macro2::{Delimiter, TokenStream, TokenTree};
 
-/// The library's layers, lowest first: a module may name modules of its own layer or lower.
-/// A module inside another takes the layer of the longest prefix listed.
-const LIBRARY_LAYERS: &[(&str, &[&str])] = &[
-    (
-        "base",
-        &["names", "size", "kcron", "retry", "secrets", "telemetry"],
-    ),
-    (
-        "domain",
-        &[
-            "spec",
-            "model",
-            "firewall",
-            "autoscale",
-            "plan",
-            "status",
-            "status_view",
-        ],
-    ),
-    ("rendering", &["cloud_init", "members"]),
-    ("ports", &["rack", "cluster", "state"]),
-    (
-        "adapters",
-        &[
-            "oxide_rack",
-            "kube_cluster",
-            "kube_store",
-            "kubeclient",
-            "kubeconfig",
-            "manifests",
-            "resume",
-            "ssh",
-            "tailscale",
-            "credentials",
-            "image",
-            "dev_image",
-        ],
-    ),
-    ("executor", &["apply"]),
-    ("workflows", &["workflows"]),
-    ("webhook", &["webhook"]),
-    ("testing", &["fake"]),
+/// The library's layers, lowest first: each is one top-level module of `shared/src` (a
+/// folder, or a file for the executor, the webhook and the fakes), and a module may name
+/// modules of its own layer or a lower one. So the tree shows the layers, and a file's layer
+/// is the folder it sits in.
+const LIBRARY_LAYERS: &[&str] = &[
+    "base",
+    "domain",
+    "render",
+    "ports",
+    "adapters",
+    "apply",
+    "workflows",
+    "webhook",
+    "fake",
 ];
 
 /// A path as its segments, with the line it is on.
@@ -451,13 +423,11 @@ fn report(what: &str, circles: &[(Vec<String>, Vec<Use>)]) -> String {
 }
 
 fn layer(m: &str) -> Option<(usize, &'static str)> {
+    let top = m.split("::").next()?;
     LIBRARY_LAYERS
         .iter()
-        .enumerate()
-        .flat_map(|(i, (name, mods))| mods.iter().map(move |p| (i, *name, *p)))
-        .filter(|(_, _, p)| is_within(m, p))
-        .max_by_key(|(_, _, p)| p.len())
-        .map(|(i, name, _)| (i, name))
+        .position(|l| *l == top)
+        .map(|i| (i, LIBRARY_LAYERS[i]))
 }
 
 fn workspace() -> PathBuf {

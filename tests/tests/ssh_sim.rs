@@ -1,4 +1,4 @@
-//! The product's SSH client (`oxide_controller::ssh`) against the simulator's SSH server
+//! The product's SSH client (`oxide_controller::adapters::ssh`) against the simulator's SSH server
 //! (`oxide_sim::sshd`) over loopback: host key pinning, authentication, file reads and
 //! uploads, limits.
 
@@ -9,7 +9,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oxide_controller::ssh::{HostKeyPins, SshError, SshKeyPair, SshTarget, generate_ed25519};
+use oxide_controller::adapters::ssh::{
+    HostKeyPins, SshError, SshKeyPair, SshTarget, generate_ed25519,
+};
 use oxide_sim::sshd::{SshBackend, SshHost};
 use russh::keys::PublicKey;
 

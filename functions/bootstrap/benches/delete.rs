@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use oxide_controller::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::workflows::delete::{
     self, Confirm, KubeInCluster, LocalFiles, Params, RemoveOptions,
 };

@@ -6,13 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::credentials;
-use crate::image::{ImageRequest, ImageSource, UploadOptions};
-use crate::kubeconfig::{self, WriteMode};
-use crate::manifests::{self, Manifest, Settings};
-use crate::oxide_rack::{OxideRack, RackOptions};
-use crate::resume;
-use crate::spec::{ClusterSpec, SpecErrors};
+use crate::adapters::credentials;
+use crate::adapters::image::{ImageRequest, ImageSource, UploadOptions};
+use crate::adapters::kubeconfig::{self, WriteMode};
+use crate::adapters::manifests::{self, Manifest, Settings};
+use crate::adapters::oxide_rack::{OxideRack, RackOptions};
+use crate::adapters::resume;
+use crate::domain::spec::{ClusterSpec, SpecErrors};
 
 use super::{BootstrapError, BootstrapInput};
 
@@ -31,9 +31,9 @@ pub(super) struct Validated {
     /// The `--tailscale-*` flags, checked (None: no Tailscale).
     pub tailscale: Option<super::tailnet::TailscaleAccess>,
     /// `--controller-image dev:…`: the workspace to build (checked), else None.
-    pub dev_image: Option<crate::dev_image::DevImage>,
+    pub dev_image: Option<crate::adapters::dev_image::DevImage>,
     /// The VPC firewall rule that opens the Kubernetes API to `--api-allow`.
-    pub api_rule: crate::firewall::TcpAllowRule,
+    pub api_rule: crate::domain::firewall::TcpAllowRule,
 }
 
 fn config(message: impl Into<String>) -> BootstrapError {
@@ -259,9 +259,9 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
     let credentials = validate_credentials(input, &spec)?;
     let user_ssh_public_key = validate_user_ssh_public_key(input)?;
     let (kubeconfig_path, mode) = validate_kubeconfig(input, &spec)?;
-    let api_sources = crate::firewall::parse_sources(&input.api_allow)
+    let api_sources = crate::domain::firewall::parse_sources(&input.api_allow)
         .map_err(|e| config(format!("--api-allow: {e}")))?;
-    let api_rule = crate::firewall::api_rule(&spec.cluster, api_sources);
+    let api_rule = crate::domain::firewall::api_rule(&spec.cluster, api_sources);
     let resume_path = validate_state_dir(input, &spec)?;
     let manifests = render_manifests(input, &spec, ccm_image)?;
 
@@ -308,8 +308,8 @@ fn validate_spec(input: &BootstrapInput) -> Result<ClusterSpec, BootstrapError> 
 /// `--dev-build-profile`. Returns the dev workspace, if one is named.
 async fn validate_controller_image(
     input: &BootstrapInput,
-) -> Result<Option<crate::dev_image::DevImage>, BootstrapError> {
-    let dev_image = crate::dev_image::DevImage::parse(&input.controller_image)
+) -> Result<Option<crate::adapters::dev_image::DevImage>, BootstrapError> {
+    let dev_image = crate::adapters::dev_image::DevImage::parse(&input.controller_image)
         .map_err(|e| config(e.to_string()))?;
     let c = &input.controller_image;
     if dev_image.is_none()
@@ -325,9 +325,8 @@ async fn validate_controller_image(
                 "--dev-build-profile: only a --controller-image dev:PATH build has a profile",
             ));
         }
-        (Some(_), Some(profile)) => {
-            crate::dev_image::validate_profile(profile).map_err(|e| config(e.to_string()))?
-        }
+        (Some(_), Some(profile)) => crate::adapters::dev_image::validate_profile(profile)
+            .map_err(|e| config(e.to_string()))?,
         _ => {}
     }
     if let Some(dev) = &dev_image {
@@ -379,7 +378,7 @@ fn validate_user_ssh_public_key(input: &BootstrapInput) -> Result<Option<String>
     match &input.user_ssh_public_key {
         Some(v) => {
             let key = super::value_or_file("--user-ssh-public-key", v, input.home.as_deref())?;
-            crate::ssh::parse_public_key(&key)
+            crate::adapters::ssh::parse_public_key(&key)
                 .map_err(|e| config(format!("--user-ssh-public-key: {}", one_line(&e))))?;
             Ok(Some(key))
         }
