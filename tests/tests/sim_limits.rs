@@ -10,7 +10,7 @@ use oxide_controller::adapters::image::{
     self, EnsuredImage, ImageRequest, ImageSource, NoProgress, UploadOptions,
 };
 use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
-use oxide_sim::net::{MAX_BULK_WRITE_BODY, MAX_REQUEST_BODY};
+use oxide_sim::support::net::{MAX_BULK_WRITE_BODY, MAX_REQUEST_BODY};
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::Value;
 

@@ -1,5 +1,5 @@
 //! The product's SSH client (`oxide_controller::adapters::ssh`) against the simulator's SSH server
-//! (`oxide_sim::sshd`) over loopback: host key pinning, authentication, file reads and
+//! (`oxide_sim::guest::sshd`) over loopback: host key pinning, authentication, file reads and
 //! uploads, limits.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -12,7 +12,7 @@ use std::time::Duration;
 use oxide_controller::adapters::ssh::{
     HostKeyPins, SshError, SshKeyPair, SshTarget, generate_ed25519,
 };
-use oxide_sim::sshd::{SshBackend, SshHost};
+use oxide_sim::guest::sshd::{SshBackend, SshHost};
 use russh::keys::PublicKey;
 
 const KUBECONFIG: &str = "/etc/rancher/k3s/k3s.yaml";

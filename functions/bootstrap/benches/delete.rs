@@ -88,8 +88,8 @@ async fn run(concurrency: usize) {
     })
     .await
     .unwrap_or_else(|e| panic!("simulator: {e:#}"));
-    let project = oxide_sim::preset::PROJECT;
-    let cluster = oxide_sim::preset::CLUSTER;
+    let project = oxide_sim::harness::preset::PROJECT;
+    let cluster = oxide_sim::harness::preset::CLUSTER;
     let members = sim.oxide().dump()["instances"]
         .as_array()
         .map(Vec::len)

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::domain::spec::{ClusterSpec, ExternalIpMode};
 use oxide_controller::ports::state::{self, StateStore};
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::oxide::RouteFault;
-use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_reconcile-once");

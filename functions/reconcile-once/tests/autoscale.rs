@@ -18,7 +18,7 @@ use oxide_controller::domain::spec::ClusterSpec;
 use oxide_controller::domain::status::Status;
 use oxide_controller::ports::state::{self, StateStore};
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::preset::Preset;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
 

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::preset::Preset;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;

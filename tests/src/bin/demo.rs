@@ -135,7 +135,7 @@ async fn demo() -> Result<()> {
         .listeners()
         .snapshot()
         .into_iter()
-        .find(|l| l.kind == oxide_sim::net::ListenerKind::KubeApi)
+        .find(|l| l.kind == oxide_sim::support::net::ListenerKind::KubeApi)
         .map(|l| format!("https://{}", l.addr))
         .context("no API server is up")?;
     let sa_kubeconfig = dir.join("webhook.kubeconfig");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use oxide_controller::domain::spec::ClusterSpec;
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::preset::Preset;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;

@@ -1,6 +1,6 @@
 //! [`SimHandle`]: a running simulator, what tests and the harness hold: its addresses and
 //! token, and the parts of it they drive (the Oxide API state, the guests, the faults, the
-//! tailnet). [`crate::sim::Sim::start`] makes one; dropping it stops everything it started.
+//! tailnet). [`crate::harness::sim::Sim::start`] makes one; dropping it stops everything it started.
 
 use std::path::PathBuf;
 

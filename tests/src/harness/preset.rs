@@ -24,7 +24,7 @@ use oxide_controller::render::members::new_instance;
 use oxide_controller::{base::names, ports::state};
 use serde_json::Value;
 
-use crate::handle::SimHandle;
+use crate::harness::handle::SimHandle;
 
 /// Name of the preset cluster (instance name prefix, kubeconfig context).
 pub const CLUSTER: &str = "sim";

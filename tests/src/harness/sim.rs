@@ -11,12 +11,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::admin::{self, AdminState};
 use crate::guest::{Boot, BootConfig};
-pub use crate::handle::SimHandle;
-use crate::net::{Listeners, spawn_http};
+use crate::harness::admin::{self, AdminState};
+pub use crate::harness::handle::SimHandle;
+use crate::harness::preset::{self, Preset, PresetError};
 use crate::oxide::{AddressPool, FaultSpec, Faults, OxideSim, OxideSimConfig, Timings};
-use crate::preset::{self, Preset, PresetError};
+use crate::support::net::{Listeners, spawn_http};
 use crate::tailscale::{Tailnet, TailscaleOptions};
 
 /// Everything a simulator is started with. `Default` gives fast timings, a random token, no
@@ -50,7 +50,7 @@ pub struct SimOptions {
     /// directory (see [`crate::jobs`]). None: Jobs are only stored, as without a kubelet.
     pub job_binaries: Option<PathBuf>,
     /// Run the Job pods inside this OCI runtime bundle of the product's image under `runc`
-    /// instead (see [`crate::oci_bundle`]). None: as `job_binaries` says.
+    /// instead (see [`crate::pods::oci_bundle`]). None: as `job_binaries` says.
     pub job_bundle: Option<PathBuf>,
     /// The simulated tailnet and its devices API (valid auth keys, API key, tailnet name).
     pub tailscale: TailscaleOptions,
@@ -268,12 +268,13 @@ impl Sim {
                     dir.clone()
                 }
                 None => {
-                    let temp = crate::scratch::tempdir("oxide-sim-").map_err(|source| {
-                        SimError::StateDir {
-                            path: std::env::temp_dir(),
-                            source,
-                        }
-                    })?;
+                    let temp =
+                        crate::support::scratch::tempdir("oxide-sim-").map_err(|source| {
+                            SimError::StateDir {
+                                path: std::env::temp_dir(),
+                                source,
+                            }
+                        })?;
                     let path = temp.path().to_path_buf();
                     handle.temp_dir = Some(temp);
                     path
@@ -283,7 +284,7 @@ impl Sim {
             // (with `job_binaries`). KWOK leaves our pods alone, so even without them the
             // runner plays the kubelet's part of a deletion: a deleted pod of ours that nothing
             // runs (the webhook's) goes, or a drain of its node never finishes.
-            let runner = crate::pod_runner::PodRunner::new(
+            let runner = crate::pods::runner::PodRunner::new(
                 handle.boot.clone(),
                 opts.job_binaries.clone(),
                 dir.clone(),
@@ -299,8 +300,11 @@ impl Sim {
             }
         } else {
             // No Job pods to run (and so no work directory), but deletions still complete.
-            let runner =
-                crate::pod_runner::PodRunner::new(handle.boot.clone(), None, std::env::temp_dir());
+            let runner = crate::pods::runner::PodRunner::new(
+                handle.boot.clone(),
+                None,
+                std::env::temp_dir(),
+            );
             handle.tasks.push(runner.spawn(Duration::from_millis(250)));
         }
         Ok(handle)

@@ -7,7 +7,7 @@
 //!
 //! With a runtime bundle of the product's image ([`PodRunner::with_bundle`], `oxide-sim
 //! --run-jobs-in-bundle`), the pod's container runs inside the image instead, under `runc`,
-//! with the ServiceAccount mounted where a kubelet mounts it (see [`crate::oci_bundle`]).
+//! with the ServiceAccount mounted where a kubelet mounts it (see [`crate::pods::oci_bundle`]).
 //!
 //! The process authenticates as the pod's ServiceAccount (a TokenRequest token, as a
 //! projected token is) against the cluster's `kubernetes` Service address, so the real RBAC
@@ -359,7 +359,7 @@ impl PodRunner {
     }
 
     /// The pod's container inside the image's runtime bundle, as `runc run` of a bundle of
-    /// its own (see [`crate::oci_bundle`]), with the ServiceAccount's token, CA and namespace
+    /// its own (see [`crate::pods::oci_bundle`]), with the ServiceAccount's token, CA and namespace
     /// mounted where a kubelet mounts them and the `kubernetes` Service in the environment.
     async fn in_bundle(
         &self,
@@ -401,7 +401,7 @@ impl PodRunner {
             .and_then(|()| std::fs::write(sa_dir.join("ca.crt"), cp.ca_pem()))
             .and_then(|()| std::fs::write(sa_dir.join("namespace"), &ns))
             .map_err(|e| format!("cannot mount the ServiceAccount token: {e}"))?;
-        let config = crate::oci_bundle::container_config(
+        let config = crate::pods::oci_bundle::container_config(
             &template,
             pod,
             &rootfs,
