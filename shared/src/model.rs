@@ -12,6 +12,9 @@ use uuid::Uuid;
 
 use crate::size::ByteSize;
 
+pub mod workload;
+pub use workload::{LabelOp, LabelRequirement, Resources, Toleration};
+
 /// Oxide instance states (`InstanceState` in the API), plus a catch-all for states newer than us.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
