@@ -13,7 +13,10 @@ use uuid::Uuid;
 use crate::size::ByteSize;
 
 pub mod workload;
-pub use workload::{LabelOp, LabelRequirement, Resources, Toleration};
+pub use workload::{
+    ClaimRef, DisruptionBudget, LabelOp, LabelRequirement, LabelSelector, Owner, PersistentVolume,
+    Pod, Resources, Toleration,
+};
 
 /// Oxide instance states (`InstanceState` in the API), plus a catch-all for states newer than us.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
