@@ -49,11 +49,11 @@ pub struct WorldState {
     pub nodes: BTreeMap<String, Node>,
     pub pods: Vec<FakePod>,
     /// What `list_pods` answers (the autoscaler's view; drain uses `pods`).
-    pub k8s_pods: Vec<k8s_openapi::api::core::v1::Pod>,
+    pub workload_pods: Vec<crate::domain::model::Pod>,
     /// What `list_pdbs` answers.
-    pub pdbs: Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
+    pub pdbs: Vec<crate::domain::model::DisruptionBudget>,
     /// What `list_pvs` answers.
-    pub pvs: Vec<k8s_openapi::api::core::v1::PersistentVolume>,
+    pub pvs: Vec<crate::domain::model::PersistentVolume>,
     /// How often `list_pods`, `list_pdbs` and `list_pvs` were called.
     pub pod_lists: usize,
     pub pdb_lists: usize,
@@ -812,25 +812,21 @@ impl Cluster for FakeCluster {
         }))
     }
 
-    async fn list_pods(&self) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, ClusterError> {
+    async fn list_pods(&self) -> Result<Vec<crate::domain::model::Pod>, ClusterError> {
         Ok(self.0.with(|s| {
             s.pod_lists += 1;
-            s.k8s_pods.clone()
+            s.workload_pods.clone()
         }))
     }
 
-    async fn list_pvs(
-        &self,
-    ) -> Result<Vec<k8s_openapi::api::core::v1::PersistentVolume>, ClusterError> {
+    async fn list_pvs(&self) -> Result<Vec<crate::domain::model::PersistentVolume>, ClusterError> {
         Ok(self.0.with(|s| {
             s.pv_lists += 1;
             s.pvs.clone()
         }))
     }
 
-    async fn list_pdbs(
-        &self,
-    ) -> Result<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>, ClusterError> {
+    async fn list_pdbs(&self) -> Result<Vec<crate::domain::model::DisruptionBudget>, ClusterError> {
         Ok(self.0.with(|s| {
             s.pdb_lists += 1;
             s.pdbs.clone()

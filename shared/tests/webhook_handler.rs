@@ -1182,17 +1182,17 @@ impl Cluster for BrokenJobs {
     async fn pods_on_node(&self, node: &str) -> Result<Vec<PodRef>, ClusterError> {
         self.0.pods_on_node(node).await
     }
-    async fn list_pods(&self) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, ClusterError> {
+    async fn list_pods(&self) -> Result<Vec<oxide_controller::domain::model::Pod>, ClusterError> {
         self.0.list_pods().await
     }
     async fn list_pvs(
         &self,
-    ) -> Result<Vec<k8s_openapi::api::core::v1::PersistentVolume>, ClusterError> {
+    ) -> Result<Vec<oxide_controller::domain::model::PersistentVolume>, ClusterError> {
         self.0.list_pvs().await
     }
     async fn list_pdbs(
         &self,
-    ) -> Result<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>, ClusterError> {
+    ) -> Result<Vec<oxide_controller::domain::model::DisruptionBudget>, ClusterError> {
         self.0.list_pdbs().await
     }
     async fn evict(&self, pod: &PodRef) -> Result<Eviction, ClusterError> {

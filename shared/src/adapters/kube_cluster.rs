@@ -31,6 +31,8 @@ use crate::ports::cluster::{
     ON_DEMAND_JOB,
 };
 
+pub mod views;
+
 /// Annotation the kubelet puts on mirror pods of static pods (they cannot be evicted).
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 /// Annotation `kubectl create job --from=cronjob/...` puts on the Job it makes.
@@ -288,8 +290,8 @@ pub fn node_from_kube(node: &KubeNode) -> Node {
         readiness,
         unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
         created,
-        taints: crate::domain::autoscale::observe::taints(node),
-        allocatable: crate::domain::autoscale::observe::allocatable(node),
+        taints: views::taints(node),
+        allocatable: views::allocatable(node),
     }
 }
 
@@ -432,24 +434,28 @@ impl Cluster for KubeCluster {
         Ok(pods.iter().map(pod_ref_from_kube).collect())
     }
 
-    async fn list_pods(&self) -> Result<Vec<Pod>, ClusterError> {
+    async fn list_pods(&self) -> Result<Vec<crate::domain::model::Pod>, ClusterError> {
         let api: Api<Pod> = Api::all(self.client.clone());
-        list_all(&api, ListParams::default(), "list pods").await
+        let pods = list_all(&api, ListParams::default(), "list pods").await?;
+        // The API always sends a spec; a pod without one would hold nothing.
+        Ok(pods
+            .iter()
+            .filter(|p| p.spec.is_some())
+            .map(views::pod_from_kube)
+            .collect())
     }
 
-    async fn list_pvs(
-        &self,
-    ) -> Result<Vec<k8s_openapi::api::core::v1::PersistentVolume>, ClusterError> {
+    async fn list_pvs(&self) -> Result<Vec<crate::domain::model::PersistentVolume>, ClusterError> {
         let api: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(self.client.clone());
-        list_all(&api, ListParams::default(), "list persistentvolumes").await
+        let pvs = list_all(&api, ListParams::default(), "list persistentvolumes").await?;
+        Ok(pvs.iter().map(views::pv_from_kube).collect())
     }
 
-    async fn list_pdbs(
-        &self,
-    ) -> Result<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>, ClusterError> {
+    async fn list_pdbs(&self) -> Result<Vec<crate::domain::model::DisruptionBudget>, ClusterError> {
         let api: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
             Api::all(self.client.clone());
-        list_all(&api, ListParams::default(), "list poddisruptionbudgets").await
+        let pdbs = list_all(&api, ListParams::default(), "list poddisruptionbudgets").await?;
+        Ok(pdbs.iter().map(views::pdb_from_kube).collect())
     }
 
     async fn evict(&self, pod: &PodRef) -> Result<Eviction, ClusterError> {

@@ -80,6 +80,7 @@ pub const MAX_LISTED: usize = 100;
 /// Owners counted for the pods past [`MAX_LISTED`].
 const MAX_OWNERS: usize = 200;
 
+pub use crate::domain::model::{LabelOp, LabelRequirement, Resources, Toleration};
 pub use crate::domain::spec::autoscale::{AutoscaleSpec, AutoscaleSpecError, ScheduleWindow};
 
 /// Bounds in force at `now`, and the window that set them (None: the pool's own).
@@ -111,60 +112,6 @@ pub fn effective_bounds(
     (pool_min, pool_max, None)
 }
 
-/// Cpu (millicores) and memory (bytes).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Resources {
-    pub cpu_milli: u64,
-    pub memory: u64,
-}
-
-impl Resources {
-    fn fits_in(&self, free: &Resources) -> bool {
-        self.cpu_milli <= free.cpu_milli && self.memory <= free.memory
-    }
-    fn sub(&mut self, r: &Resources) {
-        self.cpu_milli = self.cpu_milli.saturating_sub(r.cpu_milli);
-        self.memory = self.memory.saturating_sub(r.memory);
-    }
-    fn add(&mut self, r: &Resources) {
-        self.cpu_milli += r.cpu_milli;
-        self.memory += r.memory;
-    }
-}
-
-/// A toleration as in a pod spec.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Toleration {
-    /// None with `exists`: tolerates every taint.
-    pub key: Option<String>,
-    pub exists: bool,
-    pub value: String,
-    /// None: every effect.
-    pub effect: Option<TaintEffect>,
-}
-
-impl Toleration {
-    fn tolerates(&self, t: &Taint) -> bool {
-        if self.effect.is_some_and(|e| e != t.effect) {
-            return false;
-        }
-        match &self.key {
-            None => self.exists,
-            Some(k) => k == &t.key && (self.exists || self.value == t.value),
-        }
-    }
-}
-
-/// One requirement of a required node affinity term: a `matchExpressions` entry on a label,
-/// or (`field`) a `matchFields` entry, which selects on `metadata.name`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct LabelRequirement {
-    pub key: String,
-    pub op: LabelOp,
-    pub values: Vec<String>,
-    pub field: bool,
-}
-
 /// The hostname label a node of a pool has before it exists: no name a pod or volume can
 /// name, so `In` never matches it, `NotIn` and `Exists` do.
 const NEW_NODE: &str = "<new node>";
@@ -179,50 +126,6 @@ fn terms_match(
     terms
         .iter()
         .any(|term| !term.is_empty() && term.iter().all(|r| r.matches(labels, name)))
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LabelOp {
-    #[default]
-    In,
-    NotIn,
-    Exists,
-    DoesNotExist,
-    Gt,
-    Lt,
-}
-
-impl LabelRequirement {
-    fn matches(&self, labels: &BTreeMap<String, String>, name: &str) -> bool {
-        if self.field {
-            // matchFields: only metadata.name, only In/NotIn (anything else matches nothing).
-            let has = self.key == "metadata.name" && self.values.iter().any(|v| v == name);
-            return match self.op {
-                LabelOp::In => has,
-                LabelOp::NotIn => self.key == "metadata.name" && !has,
-                _ => false,
-            };
-        }
-        let v = labels.get(&self.key);
-        let num = |s: &String| s.parse::<i64>().ok();
-        match self.op {
-            LabelOp::In => v.is_some_and(|v| self.values.contains(v)),
-            LabelOp::NotIn => !v.is_some_and(|v| self.values.contains(v)),
-            LabelOp::Exists => v.is_some(),
-            LabelOp::DoesNotExist => v.is_none(),
-            LabelOp::Gt | LabelOp::Lt => {
-                let (Some(have), Some(want)) = (v.and_then(num), self.values.first().and_then(num))
-                else {
-                    return false;
-                };
-                if self.op == LabelOp::Gt {
-                    have > want
-                } else {
-                    have < want
-                }
-            }
-        }
-    }
 }
 
 /// A PodDisruptionBudget selecting a pod: `namespace/name` and `status.disruptionsAllowed`

@@ -12,6 +12,12 @@ use uuid::Uuid;
 
 use crate::base::size::ByteSize;
 
+pub mod workload;
+pub use workload::{
+    ClaimRef, DisruptionBudget, LabelOp, LabelRequirement, LabelSelector, Owner, PersistentVolume,
+    Pod, Resources, Toleration,
+};
+
 /// Oxide instance states (`InstanceState` in the API), plus a catch-all for states newer than us.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -1,14 +1,17 @@
 //! The `Cluster` trait: everything oxide-controller asks of the Kubernetes API besides its own
-//! state objects — Nodes, drain through the Eviction API, the run Lease, Events and reconcile
-//! Jobs — in domain types. The kube implementation is [`crate::adapters::kube_cluster::KubeCluster`]; workflow
-//! tests use `fake::FakeCluster` (feature `testing`).
+//! state objects — Nodes, the pods, volumes and budgets the autoscaler reads, drain through the
+//! Eviction API, the run Lease, Events and reconcile Jobs — in domain types ([`crate::domain::model`]:
+//! `Node`, `PodRef` for drain, `Pod`, `PersistentVolume` and `DisruptionBudget` for the
+//! autoscaler); no `k8s_openapi` type crosses it. The kube implementation is
+//! [`crate::adapters::kube_cluster::KubeCluster`], which converts its objects in
+//! [`crate::adapters::kube_cluster::views`]; workflow tests use `fake::FakeCluster` (feature `testing`).
 
 use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::model::{Node, PodRef};
+use crate::domain::model::{DisruptionBudget, Node, PersistentVolume, Pod, PodRef};
 
 /// Namespace of everything we own in the cluster.
 pub const NAMESPACE: &str = "kube-system";
@@ -119,25 +122,16 @@ pub trait Cluster: Send + Sync {
         &self,
         node: &str,
     ) -> impl Future<Output = Result<Vec<PodRef>, ClusterError>> + Send;
-    /// Every pod in every namespace (paged), for the autoscaler. Asked only when a pool
-    /// autoscales.
-    fn list_pods(
-        &self,
-    ) -> impl Future<Output = Result<Vec<k8s_openapi::api::core::v1::Pod>, ClusterError>> + Send;
+    /// Every pod in every namespace (paged), as the autoscaler reads it. Asked only when a
+    /// pool autoscales.
+    fn list_pods(&self) -> impl Future<Output = Result<Vec<Pod>, ClusterError>> + Send;
     /// Every PersistentVolume, for the autoscaler's volume rules. Asked only when some pod
     /// mounts a claim.
-    fn list_pvs(
-        &self,
-    ) -> impl Future<
-        Output = Result<Vec<k8s_openapi::api::core::v1::PersistentVolume>, ClusterError>,
-    > + Send;
+    fn list_pvs(&self) -> impl Future<Output = Result<Vec<PersistentVolume>, ClusterError>> + Send;
     /// Every PodDisruptionBudget, for the autoscaler's budget rules. Asked only when a node
     /// with pods to move could be removed.
-    fn list_pdbs(
-        &self,
-    ) -> impl Future<
-        Output = Result<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>, ClusterError>,
-    > + Send;
+    fn list_pdbs(&self)
+    -> impl Future<Output = Result<Vec<DisruptionBudget>, ClusterError>> + Send;
     /// Evicts through the Eviction API, honouring PodDisruptionBudgets.
     fn evict(&self, pod: &PodRef) -> impl Future<Output = Result<Eviction, ClusterError>> + Send;
     /// Deletes a pod outright (`--force-drain`).

@@ -429,7 +429,7 @@ impl<S: StateStore, C: Cluster> Watcher<S, C> {
     }
 
     fn note_owner(&mut self, key: &str, pod: &Pod) {
-        if let Some(o) = crate::domain::autoscale::observe::controller_key(pod) {
+        if let Some(o) = crate::adapters::kube_cluster::views::pod_from_kube(pod).owner_key() {
             self.owners.insert(key.to_owned(), o);
         }
     }

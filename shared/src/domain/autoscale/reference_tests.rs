@@ -1,9 +1,11 @@
-//! The planner fed with pods as a real cluster shows them (built from Kubernetes objects by
+//! The planner fed with pods as a real cluster shows them (Kubernetes objects converted by the
+//! adapter's [`views`](crate::adapters::kube_cluster::views), then joined by
 //! [`observe`](super::observe)), against what cluster-autoscaler and the scheduler do. These
 //! are the audit's probes (`audits/kubernetes-2.md`, findings 1-9) turned around.
 
 use super::observe::pod_view;
 use super::*;
+use crate::adapters::kube_cluster::views::{pdb_from_kube, pod_from_kube, pv_from_kube};
 use chrono::TimeZone;
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -33,7 +35,9 @@ fn node(name: &str, pool: &PoolView) -> NodeView {
 
 fn view_with(v: Value, pdbs: &[PodDisruptionBudget], pvs: &[PersistentVolume]) -> PodView {
     let pod: Pod = serde_json::from_value(v).expect("pod");
-    pod_view(&pod, pdbs, pvs).expect("active pod")
+    let pdbs: Vec<_> = pdbs.iter().map(pdb_from_kube).collect();
+    let pvs: Vec<_> = pvs.iter().map(pv_from_kube).collect();
+    pod_view(&pod_from_kube(&pod), &pdbs, &pvs).expect("active pod")
 }
 
 fn view(v: Value) -> PodView {
