@@ -35,6 +35,13 @@ const LIBRARY_LAYERS: &[&str] = &[
     "fake",
 ];
 
+/// The SDKs of the systems outside: their types may appear only from the adapters layer up
+/// (a port speaks domain types; the domain does not know the SDKs exist).
+const SDK_CRATES: &[&str] = &["oxide", "kube", "k8s_openapi", "russh", "hyper", "reqwest"];
+
+/// The lowest library layer that may name an [`SDK_CRATES`] crate.
+const FIRST_SDK_LAYER: &str = "adapters";
+
 /// The simulator's layers, lowest first, by what each stands in for (`tests/src/lib.rs`):
 /// plumbing, the rack API, real Kubernetes, Tailscale, the VM, the part of a k3s node that
 /// stays ours (running the product's pods), and the harness that wires them; `bin` on top.
@@ -51,6 +58,9 @@ const SIM_LAYERS: &[&str] = &[
 
 /// A path as its segments, with the line it is on.
 type PathAt = (Vec<String>, usize);
+
+/// A module, its file, and the paths it names.
+type ModulePaths = (String, PathBuf, Vec<PathAt>);
 
 /// One reference from a module to another, for messages.
 #[derive(Debug, Clone)]
@@ -148,7 +158,9 @@ fn paths(stream: TokenStream, out: &mut Vec<PathAt>, test_mods: &mut BTreeSet<St
         match &tokens[i] {
             TokenTree::Group(g) => paths(g.stream(), out, test_mods),
             TokenTree::Ident(id)
-                if matches!(id.to_string().as_str(), "crate" | "super" | "self")
+                if (matches!(id.to_string().as_str(), "crate" | "super" | "self")
+                    || (SDK_CRATES.contains(&id.to_string().as_str())
+                        && followed_by_colons(&tokens, i)))
                     && !preceded_by_colons(&tokens, i) =>
             {
                 let line = id.span().start().line;
@@ -159,6 +171,13 @@ fn paths(stream: TokenStream, out: &mut Vec<PathAt>, test_mods: &mut BTreeSet<St
         }
         i += 1;
     }
+}
+
+fn followed_by_colons(tokens: &[TokenTree], i: usize) -> bool {
+    matches!(
+        (tokens.get(i + 1), tokens.get(i + 2)),
+        (Some(TokenTree::Punct(a)), Some(TokenTree::Punct(b))) if a.as_char() == ':' && b.as_char() == ':'
+    )
 }
 
 fn preceded_by_colons(tokens: &[TokenTree], i: usize) -> bool {
@@ -253,12 +272,12 @@ fn is_within(m: &str, ancestor: &str) -> bool {
     ancestor.is_empty() || m == ancestor || m.starts_with(&format!("{ancestor}::"))
 }
 
-/// Every cross-module reference of the crate at `root`.
-fn uses(root: &Path) -> Vec<Use> {
+/// Each non-test module of the crate at `root` with its file and the paths it names.
+fn read_crate(root: &Path) -> (BTreeMap<String, PathBuf>, Vec<ModulePaths>) {
     let mods = modules(root);
     // Files of `#[cfg(test)] mod x;` are tests, not the module graph.
     let mut excluded: BTreeSet<String> = BTreeSet::new();
-    let mut found: Vec<(String, PathBuf, Vec<PathAt>)> = Vec::new();
+    let mut found: Vec<ModulePaths> = Vec::new();
     for (m, file) in &mods {
         let src = std::fs::read_to_string(file).unwrap();
         let stream: TokenStream = src
@@ -272,11 +291,29 @@ fn uses(root: &Path) -> Vec<Use> {
         }
         found.push((m.clone(), file.clone(), ps));
     }
+    found.retain(|(m, _, _)| !excluded.iter().any(|x| is_within(m, x)));
+    (mods, found)
+}
+
+/// Every use of an SDK crate ([`SDK_CRATES`]) in the crate at `root`: `(module, crate, file, line)`.
+fn sdk_uses(root: &Path) -> Vec<(String, String, PathBuf, usize)> {
+    let (_, found) = read_crate(root);
     let mut out = Vec::new();
     for (m, file, ps) in found {
-        if excluded.iter().any(|x| is_within(&m, x)) {
-            continue;
+        for (p, line) in ps {
+            if let Some(first) = p.first().filter(|f| SDK_CRATES.contains(&f.as_str())) {
+                out.push((m.clone(), first.clone(), file.clone(), line));
+            }
         }
+    }
+    out
+}
+
+/// Every cross-module reference of the crate at `root`.
+fn uses(root: &Path) -> Vec<Use> {
+    let (mods, found) = read_crate(root);
+    let mut out = Vec::new();
+    for (m, file, ps) in found {
         for (p, line) in ps {
             let Some(to) = resolve(&m, &p, &mods) else {
                 continue;
@@ -501,6 +538,27 @@ fn workspace() -> PathBuf {
 #[test]
 fn the_library_has_no_import_circle_and_no_upward_import() {
     check_layers("shared/src", LIBRARY_LAYERS, "LIBRARY_LAYERS", 100);
+}
+
+#[test]
+fn no_sdk_type_below_the_adapters() {
+    let first = layer(LIBRARY_LAYERS, FIRST_SDK_LAYER).unwrap().0;
+    let below: Vec<String> = sdk_uses(&workspace().join("shared/src"))
+        .into_iter()
+        .filter(|(m, ..)| layer(LIBRARY_LAYERS, m).is_some_and(|(i, _)| i < first))
+        .map(|(m, c, file, line)| format!("  {m} names {c}::  ({}:{line})", file.display()))
+        .collect();
+    assert!(
+        below.is_empty(),
+        "SDK paths below the {FIRST_SDK_LAYER} layer (convert in an adapter instead):\n{}",
+        below.join("\n")
+    );
+    // The check sees SDK paths at all: the adapters name them.
+    let adapters = sdk_uses(&workspace().join("shared/src"))
+        .iter()
+        .filter(|(m, ..)| m.starts_with("adapters"))
+        .count();
+    assert!(adapters > 10, "SDK uses in the adapters: {adapters}");
 }
 
 #[test]
