@@ -97,6 +97,8 @@ pub struct WorldState {
     /// nexus's for a full subnet), and counted in `refused_creates`.
     pub refuse_creates: Option<String>,
     pub refused_creates: usize,
+    /// The Secret's host key pins (instance → fingerprints).
+    pub host_key_pins: BTreeMap<String, Vec<String>>,
     next_ip: u8,
     rv: u64,
 }
@@ -1028,6 +1030,25 @@ impl StateStore for FakeState {
                 }
             }
             Ok(())
+        })
+    }
+
+    async fn merge_host_key_pins(
+        &self,
+        pins: &BTreeMap<String, Vec<String>>,
+    ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
+        self.0.with(|s| {
+            if s.secrets.is_none() {
+                return Err(StateError::NotFound {
+                    what: "Secret kube-system/oxide-controller".into(),
+                });
+            }
+            for (instance, fps) in pins {
+                s.host_key_pins
+                    .entry(instance.clone())
+                    .or_insert_with(|| fps.clone());
+            }
+            Ok(s.host_key_pins.clone())
         })
     }
 }
