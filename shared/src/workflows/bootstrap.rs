@@ -21,7 +21,10 @@
 //!
 //! Re-running adopts whatever exists and creates only what is missing. A killed run leaves at
 //! most an import disk/snapshot (removed by the next run that uploads) or instances reconcile
-//! owns anyway.
+//! owns anyway (`shared/tests/bootstrap_fakes.rs` kills it after each step and re-runs).
+//!
+//! The flow builds no adapter: every port comes from the [`Connect`] the binary hands in
+//! ([`crate::workflows::live::LiveConnect`]).
 
 mod connect;
 mod dev;
