@@ -3,6 +3,9 @@
 //! [`FakeWorld::tick`], which moves instances through their lifecycle and lets kubelets join.
 //! The Oxide rules that matter to the planner (delete only when stopped/failed, attach 503 in
 //! transient states, names unique, deleting an instance detaches its disks) hold here too.
+//! [`connect`] hands all of it to the bootstrap workflow.
+
+pub mod connect;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
@@ -97,6 +100,17 @@ pub struct WorldState {
     /// nexus's for a full subnet), and counted in `refused_creates`.
     pub refuse_creates: Option<String>,
     pub refused_creates: usize,
+    /// The Secret's host key pins (instance → fingerprints).
+    pub host_key_pins: BTreeMap<String, Vec<String>>,
+    /// Every request to create something, made or refused, in order ("create-instance
+    /// NAME", "create-fip NAME", "create-project", "create-secret", "create-configmap"):
+    /// a re-run that adopts what exists asks for nothing here.
+    pub create_calls: Vec<String>,
+    /// The image imports behind [`crate::adapters::image::ImageStore`] for [`FakeRack`]; the images
+    /// they make land in `images` too.
+    pub image_store: crate::adapters::image::fake::MemoryImageStore,
+    /// Objects the fake manifest applier applied ([`crate::adapters::manifests::Manifest::describe`]).
+    pub applied: BTreeSet<String>,
     next_ip: u8,
     rv: u64,
 }
@@ -205,6 +219,27 @@ impl FakeWorld {
     }
 }
 
+/// The `SHA256:` fingerprint of the fake host key of instance `name` (stable per name).
+pub fn host_fingerprint(name: &str) -> String {
+    use base64::Engine as _;
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("fake host key of {name}").as_bytes());
+    format!(
+        "SHA256:{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+    )
+}
+
+/// The fingerprint block cloud-init prints on the console of instance `name`.
+fn console_fingerprints(name: &str) -> String {
+    let fp = host_fingerprint(name);
+    format!(
+        "<14>Nov 22 20:13:34 cloud-init: -----BEGIN SSH HOST KEY FINGERPRINTS-----\n\
+         <14>Nov 22 20:13:34 cloud-init: 256 {fp} root@{name} (ED25519)\n\
+         <14>Nov 22 20:13:34 cloud-init: -----END SSH HOST KEY FINGERPRINTS-----\n"
+    )
+}
+
 fn not_found(what: impl Into<String>) -> RackError {
     RackError::NotFound { what: what.into() }
 }
@@ -214,7 +249,15 @@ fn not_found(what: impl Into<String>) -> RackError {
 pub struct FakeRack(pub FakeWorld);
 
 impl Rack for FakeRack {
+    /// A deleted project (`project_deleted`) is created again.
     async fn ensure_project(&self) -> Result<(), RackError> {
+        self.0.with(|s| {
+            if s.project_deleted {
+                s.project_deleted = false;
+                s.create_calls.push("create-project".to_owned());
+                s.log.push("create-project".to_owned());
+            }
+        });
         Ok(())
     }
 
@@ -244,6 +287,7 @@ impl Rack for FakeRack {
 
     async fn create_instance(&self, new: &NewInstance) -> Result<Instance, RackError> {
         self.0.with(|s| {
+            s.create_calls.push(format!("create-instance {}", new.name));
             if let Some(message) = s.refuse_creates.clone() {
                 s.refused_creates += 1;
                 return Err(RackError::Invalid {
@@ -391,11 +435,16 @@ impl Rack for FakeRack {
         })
     }
 
+    /// Empty until the instance runs; then cloud-init's host key fingerprint block with
+    /// [`host_fingerprint`] of the instance.
     async fn serial_console(&self, name: &str) -> Result<Vec<u8>, RackError> {
         self.0.with(|s| {
             s.instances
                 .get(name)
-                .map(|_| Vec::new())
+                .map(|i| match i.state {
+                    InstanceState::Running => console_fingerprints(name).into_bytes(),
+                    _ => Vec::new(),
+                })
                 .ok_or_else(|| not_found(format!("instance {name}")))
         })
     }
@@ -442,6 +491,7 @@ impl Rack for FakeRack {
         _pool: Option<&str>,
     ) -> Result<FloatingIp, RackError> {
         self.0.with(|s| {
+            s.create_calls.push(format!("create-fip {name}"));
             if s.floating_ips.contains_key(name) {
                 return Err(RackError::AlreadyExists {
                     what: format!("floating IP {name}"),
@@ -1015,8 +1065,10 @@ impl StateStore for FakeState {
         self.0.with(|s| {
             if s.secrets.is_none() {
                 s.secrets = Some(secrets.clone());
+                s.create_calls.push("create-secret".to_owned());
             }
             if s.config.resource_version.is_empty() {
+                s.create_calls.push("create-configmap".to_owned());
                 s.rv += 1;
                 s.config = ConfigSnapshot {
                     resource_version: s.rv.to_string(),
@@ -1028,6 +1080,25 @@ impl StateStore for FakeState {
                 }
             }
             Ok(())
+        })
+    }
+
+    async fn merge_host_key_pins(
+        &self,
+        pins: &BTreeMap<String, Vec<String>>,
+    ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
+        self.0.with(|s| {
+            if s.secrets.is_none() {
+                return Err(StateError::NotFound {
+                    what: "Secret kube-system/oxide-controller".into(),
+                });
+            }
+            for (instance, fps) in pins {
+                s.host_key_pins
+                    .entry(instance.clone())
+                    .or_insert_with(|| fps.clone());
+            }
+            Ok(s.host_key_pins.clone())
         })
     }
 }

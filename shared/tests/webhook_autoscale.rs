@@ -351,6 +351,13 @@ impl StateStore for Slow {
     ) -> Result<(), StateError> {
         self.0.ensure_state(s, c).await
     }
+
+    async fn merge_host_key_pins(
+        &self,
+        pins: &BTreeMap<String, Vec<String>>,
+    ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
+        self.0.merge_host_key_pins(pins).await
+    }
 }
 
 #[tokio::test]

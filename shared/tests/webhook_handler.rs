@@ -1161,6 +1161,13 @@ impl StateStore for Racing {
     ) -> Result<(), StateError> {
         self.inner.ensure_state(s, c).await
     }
+
+    async fn merge_host_key_pins(
+        &self,
+        pins: &BTreeMap<String, Vec<String>>,
+    ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
+        self.inner.merge_host_key_pins(pins).await
+    }
 }
 
 /// The fake cluster, except that starting Jobs is forbidden.

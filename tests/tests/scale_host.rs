@@ -47,6 +47,12 @@ impl StateStore for Slow {
     ) -> Result<(), StateError> {
         self.inner.ensure_state(s, c).await
     }
+    async fn merge_host_key_pins(
+        &self,
+        pins: &BTreeMap<String, Vec<String>>,
+    ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
+        self.inner.merge_host_key_pins(pins).await
+    }
 }
 
 struct Running {

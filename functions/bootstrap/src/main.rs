@@ -23,6 +23,7 @@ use oxide_controller::base::telemetry::{self, LogFormat};
 use oxide_controller::domain::spec::{ExternalIpMode, K3sInstall};
 use oxide_controller::workflows::bootstrap::{self, BootstrapInput, PoolInput, TailscaleFlags};
 use oxide_controller::workflows::delete::{self, Confirm, DeleteInput};
+use oxide_controller::workflows::live::LiveConnect;
 
 /// Oxide credentials, the same for creating and deleting.
 #[derive(Debug, clap::Args)]
@@ -341,7 +342,7 @@ fn main() -> ExitCode {
 }
 
 async fn finish(input: BootstrapInput, json_logs: bool) -> ExitCode {
-    match bootstrap::run(input).await {
+    match bootstrap::run(input, &LiveConnect::new()).await {
         Ok(summary) => {
             print!("{}", summary.render());
             ExitCode::SUCCESS
@@ -442,7 +443,7 @@ fn run_delete(a: DeleteArgs) -> ExitCode {
         json_logs,
     };
     oxide_controller::base::telemetry::block_on(async move {
-        match delete::run(input).await {
+        match delete::run(input, &LiveConnect::new()).await {
             Ok(summary) => {
                 print!("{}", summary.render());
                 ExitCode::SUCCESS

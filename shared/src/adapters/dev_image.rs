@@ -16,7 +16,7 @@ use std::process::Stdio;
 
 use sha2::{Digest, Sha256};
 
-use crate::adapters::ssh::{SshError, SshTarget, shell_quote};
+use crate::adapters::ssh::{RemoteShell, SshError, shell_quote};
 
 /// Prefix of the flag value that selects a dev build.
 pub const PREFIX: &str = "dev:";
@@ -351,10 +351,13 @@ pub enum Installed {
     AlreadyThere,
 }
 
-/// Copies the build to the VM behind `target` (host key pinned by the caller) unless it is
-/// there already: `mkdir -p`, each binary with mode 0755, then `SHA256SUMS` last.
-pub async fn install(target: &SshTarget, built: &Built) -> Result<Installed, DevImageError> {
-    let addr = target.addr;
+/// Copies the build to the VM behind `target` (at `addr`, host key pinned by the caller)
+/// unless it is there already: `mkdir -p`, each binary with mode 0755, then `SHA256SUMS` last.
+pub async fn install<S: RemoteShell + ?Sized>(
+    target: &S,
+    addr: std::net::SocketAddr,
+    built: &Built,
+) -> Result<Installed, DevImageError> {
     let ssh = |source| DevImageError::Ssh {
         addr,
         source: Box::new(source),

@@ -360,4 +360,11 @@ impl StateStore for KubeStateStore {
         self.ensure_secret(secrets.to_map()).await?;
         self.ensure_config(config).await
     }
+
+    async fn merge_host_key_pins(
+        &self,
+        pins: &BTreeMap<String, Vec<String>>,
+    ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
+        KubeStateStore::merge_host_key_pins(self, pins).await
+    }
 }

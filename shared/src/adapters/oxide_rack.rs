@@ -648,7 +648,7 @@ fn same_rule(a: &types::VpcFirewallRuleUpdate, b: &types::VpcFirewallRuleUpdate)
     serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
 }
 
-/// How much of the start of the console history [`OxideRack::serial_console_head`] reads:
+/// How much of the start of the console history [`Rack::serial_console_head`] reads:
 /// propolis keeps the first MiB of a VMM's output however much follows
 /// (propolis@372a574 `lib/propolis/src/hw/uart/history_buffer.rs:110-117`, per
 /// `audits/guest-2.md` G10).
@@ -658,7 +658,7 @@ impl OxideRack {
     /// The start of the instance's console history (at most
     /// [`SERIAL_CONSOLE_HEAD_BYTES`]): where cloud-init's first-boot fingerprint block stays
     /// when more than [`SERIAL_CONSOLE_BYTES`] were printed after it.
-    pub async fn serial_console_head(&self, name: &str) -> Result<Vec<u8>, RackError> {
+    async fn console_head(&self, name: &str) -> Result<Vec<u8>, RackError> {
         let what = format!("serial console of instance {name}");
         let mut out: Vec<u8> = Vec::new();
         while (out.len() as u64) < SERIAL_CONSOLE_HEAD_BYTES {
@@ -956,6 +956,10 @@ impl Rack for OxideRack {
             .await?
             .into_inner();
         Ok(page.items.into_iter().map(external_ip_from).collect())
+    }
+
+    async fn serial_console_head(&self, name: &str) -> Result<Vec<u8>, RackError> {
+        self.console_head(name).await
     }
 
     async fn serial_console(&self, name: &str) -> Result<Vec<u8>, RackError> {

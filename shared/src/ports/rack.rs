@@ -96,6 +96,15 @@ pub trait Rack: Send + Sync {
     /// Recent serial console output (bounded).
     fn serial_console(&self, name: &str)
     -> impl Future<Output = Result<Vec<u8>, RackError>> + Send;
+    /// The start of the console history (bounded), where a first boot's output stays when
+    /// more than [`Rack::serial_console`] holds was printed after it. The default reads the
+    /// recent output: a console that small keeps its whole history.
+    fn serial_console_head(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<Vec<u8>, RackError>> + Send {
+        self.serial_console(name)
+    }
 
     /// All disks of the project (all pages).
     fn list_disks(&self) -> impl Future<Output = Result<Vec<Disk>, RackError>> + Send;

@@ -91,4 +91,11 @@ pub trait StateStore: Send + Sync {
         secrets: &ClusterSecrets,
         config: BTreeMap<String, String>,
     ) -> impl Future<Output = Result<(), StateError>> + Send;
+    /// Adds `pins` (instance → SSH host key fingerprints) to the Secret's
+    /// [`keys::HOST_KEY_PINS`] and returns everything it holds afterwards. Pins already stored
+    /// for an instance are never replaced: a key that changed is for a person to check.
+    fn merge_host_key_pins(
+        &self,
+        pins: &BTreeMap<String, Vec<String>>,
+    ) -> impl Future<Output = Result<BTreeMap<String, Vec<String>>, StateError>> + Send;
 }

@@ -21,8 +21,12 @@
 //!
 //! Re-running adopts whatever exists and creates only what is missing. A killed run leaves at
 //! most an import disk/snapshot (removed by the next run that uploads) or instances reconcile
-//! owns anyway.
+//! owns anyway (`shared/tests/bootstrap_fakes.rs` kills it after each step and re-runs).
+//!
+//! The flow builds no adapter: every port comes from the [`Connect`] the binary hands in
+//! ([`crate::workflows::live::LiveConnect`]).
 
+mod connect;
 mod dev;
 mod progress;
 mod tailnet;
@@ -37,14 +41,12 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::adapters::credentials::CredentialSources;
+use crate::adapters::image::ImageStore;
 use crate::adapters::image::{self, EnsuredImage};
-use crate::adapters::kube_cluster::KubeCluster;
-use crate::adapters::kube_store::KubeStateStore;
 use crate::adapters::kubeconfig::{self, WriteOutcome};
 use crate::adapters::manifests;
-use crate::adapters::oxide_rack::{OxideRack, RackOptions};
 use crate::adapters::resume::{self, ResumeState};
-use crate::adapters::ssh::{HostKeyPins, KeyError, SshError, SshTarget};
+use crate::adapters::ssh::{HostKeyPins, KeyError, RemoteShell, SshError};
 use crate::base::names::{self, InstanceTag};
 use crate::base::retry::Backoff;
 use crate::base::size::ByteSize;
@@ -53,11 +55,12 @@ use crate::domain::plan::Plan;
 use crate::domain::spec::{ExternalIpMode, K3sInstall, Role, SCHEMA_VERSION};
 use crate::ports::cluster::NAMESPACE;
 use crate::ports::rack::{Rack, RackError};
-use crate::ports::state::{self, StateError, StateStore as _};
+use crate::ports::state::{self, StateError, StateStore};
 use crate::render::cloud_init::MemberInput;
 use crate::render::members;
 use crate::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
 
+pub use connect::{ApiAnswer, ApplyManifests, Connect, ConnectError, InClusterPorts};
 pub use tailnet::TailscaleFlags;
 pub use validate::one_line;
 
@@ -289,13 +292,21 @@ impl Summary {
     }
 }
 
-/// Runs the whole flow: the steps of [`STEPS`], in order. See the module docs.
-pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
+/// The in-cluster ports `connect` opens.
+type Ports<C> =
+    InClusterPorts<<C as Connect>::Store, <C as Connect>::Cluster, <C as Connect>::Manifests>;
+
+/// Runs the whole flow on the ports `connect` opens: the steps of [`STEPS`], in order. See
+/// the module docs.
+pub async fn run<C: Connect>(
+    input: BootstrapInput,
+    connect: &C,
+) -> Result<Summary, BootstrapError> {
     let started = Instant::now();
     let tty = progress::interactive(input.json_logs);
-    let (v, dev_build) = step_validate(&input).await?;
+    let (v, dev_build) = step_validate(&input, connect).await?;
     let spec = &v.spec;
-    let rack = connect_and_check_subnet(&v).await?;
+    let rack = connect_and_check_subnet(connect, &v).await?;
     let (mut resume, secrets, key) = step_resume(&rack, &v).await?;
     step_project(&rack, &v).await?;
     let (cp_image, image_notes) = step_image(&rack, &v, tty).await?;
@@ -307,19 +318,24 @@ pub async fn run(input: BootstrapInput) -> Result<Summary, BootstrapError> {
         name: api_member,
         deadline: Instant::now() + input.api_timeout,
     };
-    let (access_ip, server) = step_wait_api(&rack, &v, &api, fip.ip, tty).await?;
+    let (access_ip, server) = step_wait_api(connect, &rack, &v, &api, fip.ip, tty).await?;
     let (pins, pinned_before) = step_host_key(&rack, &v, &mut resume, &api, tty).await?;
-    let (target, k3s_yaml) =
-        step_fetch_kubeconfig(&v, access_ip, key, pins, pinned_before, &api, tty).await?;
+    let (first, k3s_yaml) =
+        step_fetch_kubeconfig(connect, &v, access_ip, key, pins, pinned_before, &api, tty).await?;
     let outcome = step_write_kubeconfig(&v, &k3s_yaml, &server)?;
-    let (client, store) = step_state(&v, &secrets, &mut resume, &k3s_yaml).await?;
-    step_manifests(&v, dev_build.as_ref(), &target, &api.name, &client).await?;
-    let (plan, converged) = step_reconcile(&input, &client, &store).await?;
+    let ports = step_state(connect, &v, &secrets, &mut resume, &k3s_yaml, &input.holder).await?;
+    step_manifests(&v, dev_build.as_ref(), &first, &api.name, &ports.manifests).await?;
+    let (plan, converged) = step_reconcile(connect, &input, &ports).await?;
     if let Some(built) = &dev_build {
         let key = resume
             .key_pair()
             .map_err(|e| BootstrapError::Config(one_line(&e)))?;
-        dev::install_on_servers(&rack, spec, &key, built, &store, input.api_timeout, tty).await?;
+        let servers = dev::Servers {
+            connect,
+            rack: &rack,
+            ports: &ports,
+        };
+        dev::install_on_servers(&servers, spec, &key, built, input.api_timeout, tty).await?;
     }
 
     info!(step = "summary", converged, "bootstrap finished");
@@ -353,10 +369,17 @@ struct ApiMember {
     deadline: Instant,
 }
 
+/// A VM reached over SSH, and its address.
+struct Reached<S> {
+    addr: SocketAddr,
+    shell: S,
+}
+
 /// Step `validate`: all input, and a dev source built, before any API call (a dev source
 /// that does not build creates nothing).
-async fn step_validate(
+async fn step_validate<C: Connect>(
     input: &BootstrapInput,
+    connect: &C,
 ) -> Result<
     (
         validate::Validated,
@@ -365,7 +388,7 @@ async fn step_validate(
     BootstrapError,
 > {
     info!(step = STEP_VALIDATE, cluster = %input.cluster, "validating the input");
-    let v = validate::validate(input).await?;
+    let v = validate::validate(input, connect).await?;
     let dev_build = match &v.dev_image {
         Some(d) => {
             let profile = input
@@ -382,16 +405,15 @@ async fn step_validate(
 /// Connects to the rack. Every member the pools can reach needs an address in the project's
 /// subnet: checked before anything is made (a project that does not exist yet gets nexus's
 /// default /22).
-async fn connect_and_check_subnet(v: &validate::Validated) -> Result<OxideRack, BootstrapError> {
+async fn connect_and_check_subnet<C: Connect>(
+    connect: &C,
+    v: &validate::Validated,
+) -> Result<C::Rack, BootstrapError> {
     let spec = &v.spec;
     let token = v.credentials.token.expose();
-    let rack = OxideRack::connect(
-        &v.credentials.host,
-        token,
-        &spec.project,
-        RackOptions::default(),
-    )
-    .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+    let rack = connect
+        .rack(&v.credentials.host, token, &spec.project)
+        .map_err(|e| BootstrapError::Config(one_line(&e)))?;
     let prefix = rack
         .default_subnet_prefix()
         .await
@@ -403,8 +425,8 @@ async fn connect_and_check_subnet(v: &validate::Validated) -> Result<OxideRack, 
 }
 
 /// Step `resume`: keys and tokens exist on disk before any VM does.
-async fn step_resume(
-    rack: &OxideRack,
+async fn step_resume<R: Rack>(
+    rack: &R,
     v: &validate::Validated,
 ) -> Result<
     (
@@ -427,7 +449,7 @@ async fn step_resume(
 }
 
 /// Step `project`: the project, and the VPC firewall rule for the Kubernetes API.
-async fn step_project(rack: &OxideRack, v: &validate::Validated) -> Result<(), BootstrapError> {
+async fn step_project<R: Rack>(rack: &R, v: &validate::Validated) -> Result<(), BootstrapError> {
     let project = v.spec.project.as_str();
     info!(step = "project", project, "ensuring the project");
     rack.ensure_project()
@@ -450,8 +472,8 @@ async fn step_project(rack: &OxideRack, v: &validate::Validated) -> Result<(), B
 
 /// Step `image`: every image found or uploaded. Returns the control plane's image and, per
 /// image, how it was got (for the summary).
-async fn step_image(
-    rack: &OxideRack,
+async fn step_image<R: ImageStore>(
+    rack: &R,
     v: &validate::Validated,
     tty: bool,
 ) -> Result<(Image, Vec<(String, &'static str)>), BootstrapError> {
@@ -509,8 +531,8 @@ async fn step_image(
 }
 
 /// Step `floating-ip`: `<cluster>-apiserver`, created or adopted. Returns its name and it.
-async fn step_floating_ip(
-    rack: &OxideRack,
+async fn step_floating_ip<R: Rack>(
+    rack: &R,
     spec: &crate::domain::spec::ClusterSpec,
 ) -> Result<(String, FloatingIp), BootstrapError> {
     let cluster = spec.cluster.as_str();
@@ -522,8 +544,8 @@ async fn step_floating_ip(
 }
 
 /// Step `attach-floating-ip`. Returns the control plane it is attached to.
-async fn step_attach_floating_ip(
-    rack: &OxideRack,
+async fn step_attach_floating_ip<R: Rack>(
+    rack: &R,
     spec: &crate::domain::spec::ClusterSpec,
     fip_name: &str,
     resume: &ResumeState,
@@ -544,8 +566,9 @@ async fn step_attach_floating_ip(
 
 /// Step `wait-api`. Returns the address bootstrap reaches the control plane at and the API
 /// server's URL.
-async fn step_wait_api(
-    rack: &OxideRack,
+async fn step_wait_api<C: Connect>(
+    connect: &C,
+    rack: &C::Rack,
     v: &validate::Validated,
     api: &ApiMember,
     fip_ip: IpAddr,
@@ -563,6 +586,7 @@ async fn step_wait_api(
     let server = crate::domain::spec::server_url(access_ip);
     info!(step = "wait-api", url = %format!("{server}/readyz"), "waiting for the Kubernetes API");
     wait_for_api(
+        connect,
         &server,
         api.deadline,
         tty,
@@ -574,8 +598,8 @@ async fn step_wait_api(
 
 /// Step `host-key`: the fingerprints from the serial console. Returns the pins and whether
 /// they were pinned before this run.
-async fn step_host_key(
-    rack: &OxideRack,
+async fn step_host_key<R: Rack>(
+    rack: &R,
     v: &validate::Validated,
     resume: &mut ResumeState,
     api: &ApiMember,
@@ -591,7 +615,9 @@ async fn step_host_key(
 
 /// Step `fetch-kubeconfig`: k3s.yaml over SSH with the pins. Returns the SSH target (the
 /// manifests step uses it again) and the file.
-async fn step_fetch_kubeconfig(
+#[allow(clippy::too_many_arguments)]
+async fn step_fetch_kubeconfig<C: Connect>(
+    connect: &C,
     v: &validate::Validated,
     access_ip: IpAddr,
     key: crate::adapters::ssh::SshKeyPair,
@@ -599,19 +625,15 @@ async fn step_fetch_kubeconfig(
     pinned_before: bool,
     api: &ApiMember,
     tty: bool,
-) -> Result<(SshTarget, String), BootstrapError> {
+) -> Result<(Reached<C::Shell>, String), BootstrapError> {
     let spec = &v.spec;
     info!(step = "fetch-kubeconfig", user = %spec.nodes.ssh_user, port = spec.nodes.ssh_port, "reading k3s.yaml over SSH");
-    let target = SshTarget::new(
-        SocketAddr::new(access_ip, spec.nodes.ssh_port),
-        spec.nodes.ssh_user.clone(),
-        key,
-        pins,
-    );
-    let k3s_yaml = fetch_kubeconfig(&target, api.deadline, tty)
+    let addr = SocketAddr::new(access_ip, spec.nodes.ssh_port);
+    let shell = connect.shell(addr, &spec.nodes.ssh_user, key, pins);
+    let k3s_yaml = fetch_kubeconfig(&shell, addr, api.deadline, tty)
         .await
         .map_err(|e| mismatch_hint(e, &api.name, pinned_before, &v.resume_path))?;
-    Ok((target, k3s_yaml))
+    Ok((Reached { addr, shell }, k3s_yaml))
 }
 
 /// Step `write-kubeconfig`.
@@ -637,23 +659,26 @@ fn step_write_kubeconfig(
 }
 
 /// Step `state`: the Secret and ConfigMap, and the host-key pins both ways. Returns the
-/// client and the store the later steps use.
-async fn step_state(
+/// in-cluster ports the later steps use.
+async fn step_state<C: Connect>(
+    connect: &C,
     v: &validate::Validated,
     secrets: &crate::base::secrets::ClusterSecrets,
     resume: &mut ResumeState,
     k3s_yaml: &str,
-) -> Result<(kube::Client, KubeStateStore), BootstrapError> {
+    holder: &str,
+) -> Result<Ports<C>, BootstrapError> {
     let spec = &v.spec;
     info!(
         step = "state",
         namespace = NAMESPACE,
         "writing the Secret and ConfigMap"
     );
-    let client = crate::adapters::kubeclient::client(Some(&v.kubeconfig), Some(&spec.cluster))
+    let ports = connect
+        .in_cluster(&v.kubeconfig, &spec.cluster, holder)
         .await
-        .map_err(|e| failed("state", &e))?;
-    let store = KubeStateStore::new(client.clone(), NAMESPACE);
+        .map_err(|e| failed("state", &*e))?;
+    let store = &ports.store;
     let mut config = BTreeMap::from([
         (state::keys::SPEC.to_owned(), spec.to_yaml()),
         (
@@ -680,16 +705,16 @@ async fn step_state(
     )
     .await
     .map_err(|e| failed("state", &e))?;
-    check_stored_tokens(&store, secrets).await;
-    merge_host_key_pins(v, &store, resume).await?;
-    Ok((client, store))
+    check_stored_tokens(store, secrets).await;
+    merge_host_key_pins(v, store, resume).await?;
+    Ok(ports)
 }
 
 /// Part of the state step: the pins go into the Secret too (never replacing stored ones),
 /// and pins stored there by a run on another machine come back into the resume file.
-async fn merge_host_key_pins(
+async fn merge_host_key_pins<S: StateStore>(
     v: &validate::Validated,
-    store: &KubeStateStore,
+    store: &S,
     resume: &mut ResumeState,
 ) -> Result<(), BootstrapError> {
     let pins = crate::base::retry::retry(
@@ -710,12 +735,12 @@ async fn merge_host_key_pins(
 
 /// Step `manifests`: server-side apply of the in-cluster pieces (with a dev build, its
 /// binaries are on a labelled Node before anything is told to run them).
-async fn step_manifests(
+async fn step_manifests<S: RemoteShell, M: ApplyManifests>(
     v: &validate::Validated,
     dev_build: Option<&crate::adapters::dev_image::Built>,
-    target: &SshTarget,
+    first: &Reached<S>,
     api_member: &str,
-    client: &kube::Client,
+    applier: &M,
 ) -> Result<(), BootstrapError> {
     info!(
         step = "manifests",
@@ -725,10 +750,19 @@ async fn step_manifests(
     let mut to_apply = v.manifests.clone();
     if let Some(built) = dev_build {
         // The binaries are on a labelled Node before anything is told to run them.
-        dev::install_on("manifests", target, api_member, built, client).await?;
+        dev::install_on(
+            "manifests",
+            &first.shell,
+            first.addr,
+            api_member,
+            built,
+            applier,
+        )
+        .await?;
         manifests::run_from_node(&mut to_apply, &dev::node_binaries(built));
     }
-    let applied = manifests::apply_all(client, &to_apply, Backoff::default())
+    let applied = applier
+        .apply_all(&to_apply, Backoff::default())
         .await
         .map_err(|e| failed("manifests", &e))?;
     info!(
@@ -740,25 +774,23 @@ async fn step_manifests(
 }
 
 /// Step `reconcile`: the reconcile workflow in a loop until converged or `--wait` runs out.
-async fn step_reconcile(
+async fn step_reconcile<C: Connect>(
+    connect: &C,
     input: &BootstrapInput,
-    client: &kube::Client,
-    store: &KubeStateStore,
+    ports: &Ports<C>,
 ) -> Result<(Option<Plan>, bool), BootstrapError> {
     info!(
         step = "reconcile",
         wait_s = input.wait.as_secs(),
         "running the first reconcile"
     );
-    let cluster_api =
-        KubeCluster::new(client.clone(), NAMESPACE).with_reporting_instance(&input.holder);
-    reconcile_loop(&cluster_api, store, &input.holder, input.wait).await
+    reconcile_loop(connect, ports, &input.holder, input.wait).await
 }
 
 /// Reads the resume file, or creates it. Without one, a project that already holds VMs of
 /// this cluster is refused: fresh keys and tokens could never reach those VMs.
-async fn ensure_resume(
-    rack: &OxideRack,
+async fn ensure_resume<R: Rack>(
+    rack: &R,
     v: &validate::Validated,
 ) -> Result<ResumeState, BootstrapError> {
     let spec = &v.spec;
@@ -802,8 +834,8 @@ async fn ensure_resume(
     Ok(r)
 }
 
-async fn ensure_floating_ip(
-    rack: &OxideRack,
+async fn ensure_floating_ip<R: Rack>(
+    rack: &R,
     cluster: &str,
     name: &str,
     pool: Option<&str>,
@@ -845,8 +877,8 @@ async fn ensure_floating_ip(
 
 /// Creates the `cluster-init` server unless the cluster has any control-plane VM already
 /// (then the cluster exists: a second `cluster-init` would start a second cluster).
-async fn ensure_first_server(
-    rack: &OxideRack,
+async fn ensure_first_server<R: Rack>(
+    rack: &R,
     v: &validate::Validated,
     resume: &ResumeState,
     secrets: &crate::base::secrets::ClusterSecrets,
@@ -920,8 +952,8 @@ async fn ensure_first_server(
 /// Makes sure the API floating IP sits on a control-plane VM of the cluster and returns that
 /// VM's name: where it is if it is on one, else on the first server (or the oldest running
 /// control-plane VM when the first is gone).
-async fn ensure_attached(
-    rack: &OxideRack,
+async fn ensure_attached<R: Rack>(
+    rack: &R,
     cluster: &str,
     cp_pool: &str,
     fip_name: &str,
@@ -967,9 +999,11 @@ async fn ensure_attached(
         max: Duration::from_secs(3),
         attempts: 120,
     };
-    rack.attach_floating_ip_retrying(fip_name, &target, backoff)
-        .await
-        .map_err(|e| rack_failed(step, e))?;
+    crate::base::retry::retry(backoff, RackError::is_retryable, || {
+        rack.attach_floating_ip(fip_name, &target)
+    })
+    .await
+    .map_err(|e| rack_failed(step, e))?;
     Ok(target)
 }
 
@@ -981,43 +1015,38 @@ async fn ensure_attached(
 /// With `console`, the first server's serial console is read every few seconds too: when its
 /// node setup printed the failure marker, k3s will never start, so this fails at once with
 /// the marker's step and reason instead of waiting out the deadline.
-async fn wait_for_api(
+async fn wait_for_api<C: Connect>(
+    connect: &C,
     server: &str,
     deadline: Instant,
     tty: bool,
-    console: Option<(&OxideRack, &str)>,
+    console: Option<(&C::Rack, &str)>,
 ) -> Result<(), BootstrapError> {
     let step = "wait-api";
     let url = format!("{server}/readyz");
-    let http = reqwest::Client::builder()
-        .tls_danger_accept_invalid_certs(true)
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(10))
-        .no_proxy()
-        .build()
-        .map_err(|e| BootstrapError::Failed {
-            step,
-            message: format!("cannot build the probe client: {e}"),
-        })?;
     let mut spinner = progress::Spinner::new(step, format!("waiting for {url}"), tty);
     let mut polls: u64 = 0;
     loop {
-        let detail = match http.get(&url).send().await {
-            Ok(r) if r.status().as_u16() < 500 => {
+        let answer = match connect.probe_api(&url).await {
+            Ok(a) => a,
+            Err(e) => {
                 spinner.done();
-                info!(
+                return Err(BootstrapError::Failed {
                     step,
-                    status = r.status().as_u16(),
-                    "the Kubernetes API answers"
-                );
+                    message: format!("cannot build the probe client: {e}"),
+                });
+            }
+        };
+        let detail = match answer {
+            ApiAnswer::Status(status) if status < 500 => {
+                spinner.done();
+                info!(step, status, "the Kubernetes API answers");
                 return Ok(());
             }
-            Ok(r) => format!("HTTP {}", r.status().as_u16()),
-            // Before `is_connect`: a connection the VPC firewall drops times out while
-            // connecting, which is not the same as nothing listening.
-            Err(e) if e.is_timeout() => "timed out".to_owned(),
-            Err(e) if e.is_connect() => "not listening yet".to_owned(),
-            Err(_) => "no answer".to_owned(),
+            ApiAnswer::Status(status) => format!("HTTP {status}"),
+            ApiAnswer::TimedOut => "timed out".to_owned(),
+            ApiAnswer::NotListening => "not listening yet".to_owned(),
+            ApiAnswer::NoAnswer => "no answer".to_owned(),
         };
         spinner.tick(&detail);
         polls += 1;
@@ -1050,8 +1079,8 @@ async fn wait_for_api(
 /// Fails `step` when `instance`'s console shows the node setup failure marker: k3s will never
 /// start there, so waiting for it is pointless. A console that cannot be read says nothing
 /// here (the caller's deadline still applies).
-async fn setup_not_failed(
-    rack: &OxideRack,
+async fn setup_not_failed<R: Rack>(
+    rack: &R,
     instance: &str,
     step: &'static str,
 ) -> Result<(), BootstrapError> {
@@ -1077,8 +1106,8 @@ async fn setup_not_failed(
 /// first read (`true`), else read from the console now and saved before any connection uses
 /// them (`false`). Saved pins are never replaced by what a console shows later: a VM whose
 /// key changed is refused (see [`mismatch_hint`]).
-async fn host_key_pins(
-    rack: &OxideRack,
+async fn host_key_pins<R: Rack>(
+    rack: &R,
     resume_path: &std::path::Path,
     resume: &mut ResumeState,
     instance: &str,
@@ -1132,8 +1161,8 @@ fn mismatch_hint(
 }
 
 /// The host key pins from the serial console, waiting for cloud-init to print them.
-async fn read_pins(
-    rack: &OxideRack,
+async fn read_pins<R: Rack>(
+    rack: &R,
     instance: &str,
     deadline: Instant,
     tty: bool,
@@ -1186,15 +1215,16 @@ async fn read_pins(
 
 /// Reads k3s.yaml over SSH. Connection trouble, a key not yet authorized and a file not yet
 /// written are waited out; a host key that does not match the pins is refused at once.
-async fn fetch_kubeconfig(
-    target: &SshTarget,
+async fn fetch_kubeconfig<S: RemoteShell>(
+    target: &S,
+    addr: SocketAddr,
     deadline: Instant,
     tty: bool,
 ) -> Result<String, BootstrapError> {
     let step = "fetch-kubeconfig";
     let mut spinner = progress::Spinner::new(
         step,
-        format!("reading {K3S_KUBECONFIG_PATH} on {}", target.addr),
+        format!("reading {K3S_KUBECONFIG_PATH} on {addr}"),
         tty,
     );
     loop {
@@ -1226,7 +1256,10 @@ async fn fetch_kubeconfig(
 
 /// The Secret keeps the values it had (ensure_state never overwrites); warn when they are
 /// not the resume file's, which means the resume file is from another incarnation.
-async fn check_stored_tokens(store: &KubeStateStore, ours: &crate::base::secrets::ClusterSecrets) {
+async fn check_stored_tokens<S: StateStore>(
+    store: &S,
+    ours: &crate::base::secrets::ClusterSecrets,
+) {
     match store.read_secrets().await {
         Ok(stored)
             if stored.k3s_token != ours.k3s_token
@@ -1243,9 +1276,9 @@ async fn check_stored_tokens(store: &KubeStateStore, ours: &crate::base::secrets
 }
 
 /// Runs reconcile until it converges or `wait` is over (one pass when `wait` is zero).
-async fn reconcile_loop(
-    cluster: &KubeCluster,
-    store: &KubeStateStore,
+async fn reconcile_loop<C: Connect>(
+    connect: &C,
+    ports: &Ports<C>,
     holder: &str,
     wait: Duration,
 ) -> Result<(Option<Plan>, bool), BootstrapError> {
@@ -1261,14 +1294,9 @@ async fn reconcile_loop(
         opts.poll = Duration::from_millis(250);
         let make_rack = |s: &crate::base::secrets::ClusterSecrets,
                          spec: &crate::domain::spec::ClusterSpec| {
-            OxideRack::connect(
-                &s.oxide_host,
-                &s.oxide_token,
-                &spec.project,
-                RackOptions::default(),
-            )
+            connect.rack(&s.oxide_host, &s.oxide_token, &spec.project)
         };
-        match reconcile::run(cluster, store, make_rack, &opts).await {
+        match reconcile::run(&ports.cluster, &ports.store, make_rack, &opts).await {
             Ok(RunOutcome::Converged { plan }) => {
                 info!(step, pass, pools = %pools_line(&plan), "the cluster has converged");
                 return Ok((Some(plan), true));

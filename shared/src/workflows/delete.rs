@@ -38,7 +38,6 @@ use tracing::{info, warn};
 
 use crate::adapters::credentials::{self, CredentialSources};
 use crate::adapters::kubeconfig::{self, RemoveOutcome};
-use crate::adapters::oxide_rack::{OxideRack, RackOptions};
 use crate::adapters::resume::{self, ResumeState};
 use crate::base::names;
 use crate::domain::model::InstanceState;
@@ -326,16 +325,36 @@ fn validate(input: &DeleteInput) -> Result<Validated, DeleteError> {
     })
 }
 
-/// Runs the whole flow. See the module docs.
-pub async fn run(input: DeleteInput) -> Result<DeleteSummary, DeleteError> {
+/// The ports a delete uses, handed in by the binary (the live one is
+/// [`crate::workflows::live::LiveConnect`]).
+pub trait Connect: Send + Sync {
+    type Rack: Rack;
+    type InCluster: InCluster;
+    /// The rack, for `project`, with these credentials (no I/O).
+    fn rack(&self, host: &str, token: &str, project: &str) -> Result<Self::Rack, RackError>;
+    /// The cluster's API through context `cluster` of the kubeconfig at `kubeconfig`, when it
+    /// answers; `Err` says why not (the delete then works from Oxide alone).
+    fn in_cluster(
+        &self,
+        kubeconfig: &std::path::Path,
+        cluster: &str,
+    ) -> impl std::future::Future<Output = Result<Self::InCluster, String>> + Send;
+}
+
+/// Runs the whole flow on the ports `connect` opens. See the module docs.
+pub async fn run<C: Connect>(
+    input: DeleteInput,
+    connect: &C,
+) -> Result<DeleteSummary, DeleteError> {
     let started = Instant::now();
     info!(step = "validate", cluster = %input.cluster, "validating the input");
     let v = validate(&input)?;
-    let rack = OxideRack::connect(&v.host, &v.token, &v.project, RackOptions::default())
+    let rack = connect
+        .rack(&v.host, &v.token, &v.project)
         .map_err(|e| config(one_line(&e)))?;
 
     info!(step = "observe", kubeconfig = %v.kubeconfig.display(), "looking for the cluster's API");
-    let api = match KubeInCluster::connect(&v.kubeconfig, &input.cluster).await {
+    let api = match connect.in_cluster(&v.kubeconfig, &input.cluster).await {
         Ok(api) => Some(api),
         Err(why) => {
             info!(step = "observe", %why, "working from Oxide alone");

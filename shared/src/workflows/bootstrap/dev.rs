@@ -12,20 +12,18 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{BootstrapError, one_line, rack_failed, read_pins};
+use super::{ApplyManifests, BootstrapError, Connect, Ports, one_line, rack_failed, read_pins};
 use crate::adapters::dev_image::{Built, DevImage, Installed};
 use crate::adapters::manifests::{self, NodeBinaries};
-use crate::adapters::oxide_rack::OxideRack;
-use crate::adapters::ssh::{HostKeyPins, SshKeyPair, SshTarget};
+use crate::adapters::ssh::{HostKeyPins, RemoteShell, SshKeyPair};
 use crate::base::names;
 use crate::domain::model::InstanceState;
 use crate::domain::spec::ClusterSpec;
 use crate::ports::rack::Rack as _;
+use crate::ports::state::StateStore as _;
 
 /// Builds the binaries (step `validate`: a source that does not build is the input's fault).
 pub(super) async fn build(dev: &DevImage, profile: &str) -> Result<Built, BootstrapError> {
@@ -55,14 +53,15 @@ pub(super) fn node_binaries(built: &Built) -> NodeBinaries {
 }
 
 /// Copies the build to one VM (unless there already) and labels its Node.
-pub(super) async fn install_on(
+pub(super) async fn install_on<S: RemoteShell, M: ApplyManifests>(
     step: &'static str,
-    target: &SshTarget,
+    target: &S,
+    addr: SocketAddr,
     node: &str,
     built: &Built,
-    client: &kube::Client,
+    applier: &M,
 ) -> Result<(), BootstrapError> {
-    let how = crate::adapters::dev_image::install(target, built)
+    let how = crate::adapters::dev_image::install(target, addr, built)
         .await
         .map_err(|e| BootstrapError::Failed {
             step,
@@ -73,38 +72,33 @@ pub(super) async fn install_on(
         Installed::AlreadyThere => "already there",
     };
     info!(step, node, dir = %built.remote_dir(), how, "controller binaries on the node");
-    label_node(step, client, node, &built.id()).await
+    label_node(step, applier, node, &built.id()).await
 }
 
 /// Labels the Node, waiting (up to a minute) for a just-started server to register it.
-async fn label_node(
+async fn label_node<M: ApplyManifests>(
     step: &'static str,
-    client: &kube::Client,
+    applier: &M,
     node: &str,
     value: &str,
 ) -> Result<(), BootstrapError> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let patch = serde_json::json!({
-        "metadata": {"labels": {manifests::NODE_BINARIES_LABEL: value}}
-    });
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        match applier
+            .label_node(node, manifests::NODE_BINARIES_LABEL, value)
             .await
         {
-            Ok(_) => return Ok(()),
-            Err(e) if Instant::now() < deadline => {
-                info!(step, node, error = %crate::adapters::kubeclient::api_message(&e), "cannot label the Node yet; retrying");
+            Ok(()) => return Ok(()),
+            Err(error) if Instant::now() < deadline => {
+                info!(step, node, %error, "cannot label the Node yet; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            Err(e) => {
+            Err(error) => {
                 return Err(BootstrapError::Failed {
                     step,
                     message: format!(
-                        "labelling Node {node} {}={value}: {}",
+                        "labelling Node {node} {}={value}: {error}",
                         manifests::NODE_BINARIES_LABEL,
-                        crate::adapters::kubeclient::api_message(&e)
                     ),
                 });
             }
@@ -112,21 +106,26 @@ async fn label_node(
     }
 }
 
+/// The ports [`install_on_servers`] reaches the control-plane VMs through.
+pub(super) struct Servers<'a, C: Connect> {
+    pub connect: &'a C,
+    pub rack: &'a C::Rack,
+    pub ports: &'a Ports<C>,
+}
+
 /// Copies the build to every running control-plane VM of the cluster (step `reconcile`: they
 /// exist once reconcile has run). A VM that cannot be reached is reported and skipped: its
 /// Node stays unlabelled, so no controller pod is placed there; re-running bootstrap retries.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn install_on_servers(
-    rack: &OxideRack,
+pub(super) async fn install_on_servers<C: Connect>(
+    servers_at: &Servers<'_, C>,
     spec: &ClusterSpec,
     key: &SshKeyPair,
     built: &Built,
-    store: &crate::adapters::kube_store::KubeStateStore,
     timeout: Duration,
     tty: bool,
 ) -> Result<(), BootstrapError> {
     let step = "reconcile";
-    let client = store.client();
+    let (rack, store) = (servers_at.rack, &servers_at.ports.store);
     // Pins stored when each server was first reached: a server restarted since then (its
     // console no longer shows the first boot's block) is still verified against them.
     let stored = store
@@ -177,13 +176,12 @@ pub(super) async fn install_on_servers(
                     pins
                 }
             };
-            let target = SshTarget::new(
-                SocketAddr::new(ip, spec.nodes.ssh_port),
-                spec.nodes.ssh_user.clone(),
-                key.clone(),
-                pins,
-            );
-            install_on(step, &target, &server.name, built, client).await
+            let addr = SocketAddr::new(ip, spec.nodes.ssh_port);
+            let target = servers_at
+                .connect
+                .shell(addr, &spec.nodes.ssh_user, key.clone(), pins);
+            let applier = &servers_at.ports.manifests;
+            install_on(step, &target, addr, &server.name, built, applier).await
         }
         .await;
         if let Err(e) = result {

@@ -199,9 +199,9 @@ pub(super) fn reach_over_tailnet(spec: &ClusterSpec, access: Option<&TailscaleAc
 
 /// Waits for `instance` to appear in the tailnet and returns its IPv4 address. Stops early
 /// when its console shows that the node setup failed (e.g. `tailscale up` was refused).
-pub(super) async fn tailnet_address(
+pub(super) async fn tailnet_address<R: crate::ports::rack::Rack>(
     access: &TailscaleAccess,
-    rack: &crate::adapters::oxide_rack::OxideRack,
+    rack: &R,
     instance: &str,
     deadline: Instant,
     tty: bool,

@@ -10,7 +10,6 @@ use crate::adapters::credentials;
 use crate::adapters::image::{ImageRequest, ImageSource, UploadOptions};
 use crate::adapters::kubeconfig::{self, WriteMode};
 use crate::adapters::manifests::{self, Manifest, Settings};
-use crate::adapters::oxide_rack::{OxideRack, RackOptions};
 use crate::adapters::resume;
 use crate::domain::spec::{ClusterSpec, SpecErrors};
 
@@ -244,7 +243,10 @@ pub(super) fn http_client() -> Result<reqwest::Client, String> {
 }
 
 /// Checks everything, in the order a person would fix it; the first problem is returned.
-pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, BootstrapError> {
+pub(super) async fn validate<C: super::Connect>(
+    input: &BootstrapInput,
+    connect: &C,
+) -> Result<Validated, BootstrapError> {
     let spec = validate_spec(input)?;
     let dev_image = validate_controller_image(input).await?;
     let ccm_image = validate_ccm_image(input)?;
@@ -256,7 +258,7 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
             input.upload_parallelism
         )));
     }
-    let credentials = validate_credentials(input, &spec)?;
+    let credentials = validate_credentials(input, &spec, connect)?;
     let user_ssh_public_key = validate_user_ssh_public_key(input)?;
     let (kubeconfig_path, mode) = validate_kubeconfig(input, &spec)?;
     let api_sources = crate::domain::firewall::parse_sources(&input.api_allow)
@@ -357,19 +359,16 @@ fn validate_ccm_image(input: &BootstrapInput) -> Result<String, BootstrapError> 
 
 /// The Oxide credentials, resolved, and a client built from them without I/O: catches a
 /// malformed host or token now.
-fn validate_credentials(
+fn validate_credentials<C: super::Connect>(
     input: &BootstrapInput,
     spec: &ClusterSpec,
+    connect: &C,
 ) -> Result<credentials::OxideCredentials, BootstrapError> {
     let credentials =
         credentials::resolve(&input.credential_sources).map_err(|e| config(one_line(&e)))?;
-    OxideRack::connect(
-        &credentials.host,
-        credentials.token.expose(),
-        &spec.project,
-        RackOptions::default(),
-    )
-    .map_err(|e| config(one_line(&e)))?;
+    connect
+        .rack(&credentials.host, credentials.token.expose(), &spec.project)
+        .map_err(|e| config(one_line(&e)))?;
     Ok(credentials)
 }
 
