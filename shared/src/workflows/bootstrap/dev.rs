@@ -17,7 +17,7 @@ use kube::api::{Api, Patch, PatchParams};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{BootstrapError, one_line, rack_failed, read_pins};
+use super::{BootstrapError, failed, rack_failed, read_pins};
 use crate::dev_image::{Built, DevImage, Installed};
 use crate::manifests::{self, NodeBinaries};
 use crate::model::InstanceState;
@@ -26,6 +26,7 @@ use crate::oxide_rack::OxideRack;
 use crate::rack::Rack as _;
 use crate::spec::ClusterSpec;
 use crate::ssh::{HostKeyPins, SshKeyPair, SshTarget};
+use crate::workflows::error::{self, message};
 
 /// Builds the binaries (step `validate`: a source that does not build is the input's fault).
 pub(super) async fn build(dev: &DevImage, profile: &str) -> Result<Built, BootstrapError> {
@@ -34,12 +35,9 @@ pub(super) async fn build(dev: &DevImage, profile: &str) -> Result<Built, Bootst
     info!(step, path = %dev.path.display(), profile, platform = %dev.platform, "building the controller binaries");
     let built = dev.build(profile).await.map_err(|e| {
         if e.is_config() {
-            BootstrapError::Config(one_line(&e))
+            BootstrapError::inputs(e)
         } else {
-            BootstrapError::Failed {
-                step,
-                message: one_line(&e),
-            }
+            failed(step, e)
         }
     })?;
     info!(step, build = %built.id(), seconds = started.elapsed().as_secs_f64(), "controller binaries built");
@@ -64,10 +62,7 @@ pub(super) async fn install_on(
 ) -> Result<(), BootstrapError> {
     let how = crate::dev_image::install(target, built)
         .await
-        .map_err(|e| BootstrapError::Failed {
-            step,
-            message: one_line(&e),
-        })?;
+        .map_err(|e| failed(step, e))?;
     let how = match how {
         Installed::Copied => "copied",
         Installed::AlreadyThere => "already there",
@@ -99,14 +94,14 @@ async fn label_node(
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => {
-                return Err(BootstrapError::Failed {
+                return Err(failed(
                     step,
-                    message: format!(
+                    message(format!(
                         "labelling Node {node} {}={value}: {}",
                         manifests::NODE_BINARIES_LABEL,
                         crate::kubeclient::api_message(&e)
-                    ),
-                });
+                    )),
+                ));
             }
         }
     }
@@ -132,10 +127,7 @@ pub(super) async fn install_on_servers(
     let stored = store
         .merge_host_key_pins(&Default::default())
         .await
-        .map_err(|e| BootstrapError::Failed {
-            step,
-            message: one_line(&e),
-        })?;
+        .map_err(|e| failed(step, e))?;
     let servers = rack
         .list_instances(&names::instance_prefix(
             &spec.cluster,
@@ -150,15 +142,21 @@ pub(super) async fn install_on_servers(
                 .instance_external_ips(&server.name)
                 .await
                 .map_err(|e| rack_failed(step, e))?;
-            let ip =
-                crate::rack::reachable_address(&ips).ok_or_else(|| BootstrapError::Failed {
+            let ip = crate::rack::reachable_address(&ips).ok_or_else(|| {
+                failed(
                     step,
-                    message: format!("{} has no external address to reach it by", server.name),
-                })?;
+                    message(format!(
+                        "{} has no external address to reach it by",
+                        server.name
+                    )),
+                )
+            })?;
             let pins = match stored.get(&server.name) {
-                Some(saved) => HostKeyPins::new(saved).map_err(|e| BootstrapError::Failed {
-                    step,
-                    message: format!("the stored pin of {}: {}", server.name, one_line(&e)),
+                Some(saved) => HostKeyPins::new(saved).map_err(|e| {
+                    failed(
+                        step,
+                        error::context(format!("the stored pin of {}", server.name), e),
+                    )
                 })?,
                 None => {
                     let pins = read_pins(rack, &server.name, Instant::now() + timeout, tty).await?;
@@ -169,10 +167,7 @@ pub(super) async fn install_on_servers(
                     store
                         .merge_host_key_pins(&new)
                         .await
-                        .map_err(|e| BootstrapError::Failed {
-                            step,
-                            message: one_line(&e),
-                        })?;
+                        .map_err(|e| failed(step, e))?;
                     pins
                 }
             };
@@ -186,7 +181,7 @@ pub(super) async fn install_on_servers(
         }
         .await;
         if let Err(e) = result {
-            warn!(step, node = %server.name, error = %e, "the controller binaries are not on this control-plane VM; no controller pod will run there (re-run bootstrap to retry)");
+            warn!(step, node = %server.name, error = %error::chain(&e), "the controller binaries are not on this control-plane VM; no controller pod will run there (re-run bootstrap to retry)");
             missed.push(server.name.clone());
         }
     }
