@@ -159,11 +159,12 @@ fn failed(step: &'static str, e: impl Into<error::BoxError>) -> BootstrapError {
     BootstrapError::step(step, e)
 }
 
-/// Rack errors: bad credentials are the person's to fix; the rest is worth a re-run.
 /// The prefix length of the subnet nexus gives every new project's default VPC (omicron
 /// `nexus/defaults/src/lib.rs` `DEFAULT_VPC_SUBNET_IPV4_BLOCK`, 172.30.0.0/22).
 const DEFAULT_SUBNET_PREFIX: u8 = 22;
 
+/// Rack errors: bad credentials are the person's to fix (exit 2); the rest is worth a re-run
+/// (exit 1).
 fn rack_failed(step: &'static str, e: RackError) -> BootstrapError {
     match e {
         RackError::Unauthorized { .. } => BootstrapError::needs_person(step, e),
@@ -1294,5 +1295,115 @@ fn value_or_file(
                 })
         }
         None => Ok(value.trim().to_owned()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// The first error of type `T` in `e`'s causes.
+    fn cause<T: std::error::Error + 'static>(e: &BootstrapError) -> Option<&T> {
+        let mut cur = e.source();
+        while let Some(s) = cur {
+            if let Some(t) = s.downcast_ref::<T>() {
+                return Some(t);
+            }
+            cur = s.source();
+        }
+        None
+    }
+
+    #[test]
+    fn a_rack_failure_keeps_the_rack_error_and_only_bad_credentials_need_a_person() {
+        let timeout = RackError::Timeout {
+            what: "project demo".into(),
+            seconds: 30,
+        };
+        let e = rack_failed("project", timeout);
+        assert_eq!(e.exit_code(), 1);
+        assert_eq!(e.step_name(), Some("project"));
+        let kept = e.source().and_then(|s| s.downcast_ref::<RackError>());
+        assert!(
+            matches!(kept, Some(RackError::Timeout { seconds: 30, .. })),
+            "{kept:?}"
+        );
+        assert_eq!(
+            error::chain(&e),
+            "project: request for project demo timed out after 30s"
+        );
+        let refused = RackError::Unauthorized {
+            status: 401,
+            message: "no such token".into(),
+        };
+        let e = rack_failed("project", refused);
+        assert_eq!(e.kind(), error::Kind::NeedsPerson);
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn a_changed_pinned_host_key_keeps_the_ssh_error_under_what_to_check() {
+        let mismatch = SshError::HostKeyMismatch {
+            addr: "192.0.2.1:22".parse().unwrap(),
+            presented: "SHA256:new".into(),
+            expected: vec!["SHA256:old".into()],
+        };
+        let e = mismatch_hint(
+            failed("fetch-kubeconfig", mismatch),
+            "demo-cp-1",
+            true,
+            Path::new("/state/demo.json"),
+        );
+        assert_eq!(e.exit_code(), 1);
+        let printed = error::chain(&e);
+        for needle in [
+            "fetch-kubeconfig: the pins of demo-cp-1",
+            "host-key-pins",
+            "refusing to connect",
+            "SHA256:old",
+        ] {
+            assert!(printed.contains(needle), "{needle:?}: {printed}");
+        }
+        assert!(matches!(
+            cause::<SshError>(&e),
+            Some(SshError::HostKeyMismatch { .. })
+        ));
+        // Pins read in this very run: no hint, the error as it was.
+        let fresh = SshError::NoPins {
+            addr: "192.0.2.1:22".parse().unwrap(),
+        };
+        let e = mismatch_hint(
+            failed("fetch-kubeconfig", fresh),
+            "demo-cp-1",
+            true,
+            Path::new("/state/demo.json"),
+        );
+        assert!(!error::chain(&e).contains("host-key-pins"));
+    }
+
+    #[test]
+    fn an_unreadable_file_value_names_its_flag_and_keeps_the_io_error() {
+        let e =
+            value_or_file("--user-ssh-public-key", "file:/nonexistent/key.pub", None).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(matches!(
+            e,
+            BootstrapError::Input {
+                flag: "--user-ssh-public-key",
+                ..
+            }
+        ));
+        let printed = error::chain(&e);
+        assert!(
+            printed.starts_with("--user-ssh-public-key: cannot read /nonexistent/key.pub: "),
+            "{printed}"
+        );
+        assert_eq!(
+            cause::<std::io::Error>(&e).map(std::io::Error::kind),
+            Some(std::io::ErrorKind::NotFound)
+        );
     }
 }
