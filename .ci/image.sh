@@ -8,7 +8,7 @@
 #     itself (its user, command, environment, working directory), inside a simulator cluster:
 #     oxide-sim --run-jobs-in-bundle runs the product's pods in the image with the commands,
 #     args, env and ServiceAccount of the real pods the real CronJob, Job and Deployment
-#     controllers make from k8s-cronjobs/ (tests/src/oci_bundle.rs);
+#     controllers make from k8s-cronjobs/ (tests/src/pods/oci_bundle.rs);
 #   - checks the webhook (`scale serve` of webhook.yaml) answers /healthz 200, GET
 #     /nodes/workers 200 with the Secret's token and 401 without; asks it for one worker more,
 #     which starts the CronJob's Job, and checks that run in the image converges the cluster

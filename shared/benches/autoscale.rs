@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use chrono::Utc;
-use oxide_controller::autoscale::{
+use oxide_controller::domain::autoscale::{
     AutoscaleSpec, AutoscaleState, DEFAULT_MAX_PODS, NodeView, Outcome, PodView, PoolView,
     Resources, plan,
 };

@@ -18,13 +18,13 @@ use futures::StreamExt;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::cluster::{Cluster, ClusterError, EventType, Eviction};
-use crate::model::{InstanceState, PodRef};
-use crate::names;
-use crate::plan::backoff::{BlockCause, Blocked};
-use crate::plan::{Action, ActionResult, MemberFactory, Outcome, Plan};
-use crate::rack::{Rack, RackError};
-use crate::retry::{self, Backoff};
+use crate::base::names;
+use crate::base::retry::{self, Backoff};
+use crate::domain::model::{InstanceState, PodRef};
+use crate::domain::plan::backoff::{BlockCause, Blocked};
+use crate::domain::plan::{Action, ActionResult, MemberFactory, Outcome, Plan};
+use crate::ports::cluster::{Cluster, ClusterError, EventType, Eviction};
+use crate::ports::rack::{Rack, RackError};
 
 /// Knobs of one apply.
 #[derive(Debug, Clone)]
@@ -305,7 +305,12 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         Op: FnMut() -> Fut,
         Fut: Future<Output = Result<T, ClusterError>>,
     {
-        retry::retry(crate::cluster::KUBE_BACKOFF, ClusterError::is_retryable, op).await
+        retry::retry(
+            crate::ports::cluster::KUBE_BACKOFF,
+            ClusterError::is_retryable,
+            op,
+        )
+        .await
     }
 
     async fn create(&self, pool: &str, name: &str, blocked: &mut Option<Blocked>) -> Outcome {

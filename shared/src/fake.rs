@@ -12,16 +12,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use crate::cluster::{Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome};
-use crate::firewall::{RuleChange, TcpAllowRule};
-use crate::model::{
+use crate::base::names;
+use crate::base::secrets::ClusterSecrets;
+use crate::domain::firewall::{RuleChange, TcpAllowRule};
+use crate::domain::model::{
     AntiAffinityGroup, Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance,
     InstanceState, NewInstance, Node, NodeReadiness, PodRef, Snapshot,
 };
-use crate::names;
-use crate::rack::{Rack, RackError};
-use crate::secrets::ClusterSecrets;
-use crate::state::{ConfigSnapshot, StateError, StateStore};
+use crate::ports::cluster::{Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome};
+use crate::ports::rack::{Rack, RackError};
+use crate::ports::state::{ConfigSnapshot, StateError, StateStore};
 
 /// A pod in the fake cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -186,7 +186,7 @@ impl FakeWorld {
                 id,
                 name: name.to_owned(),
                 description: String::new(),
-                size: crate::size::ByteSize::gib(2),
+                size: crate::base::size::ByteSize::gib(2),
                 block_size: 512,
                 silo_scoped: true,
             })
@@ -779,7 +779,7 @@ impl Cluster for FakeCluster {
         self.edit_node(node, "mark-removing", |n| {
             n.unschedulable = true;
             n.annotations.insert(
-                crate::plan::REMOVING_ANNOTATION.to_owned(),
+                crate::domain::plan::REMOVING_ANNOTATION.to_owned(),
                 reason.to_owned(),
             );
         })
@@ -788,7 +788,8 @@ impl Cluster for FakeCluster {
     async fn cancel_removal(&self, node: &str) -> Result<(), ClusterError> {
         self.edit_node(node, "cancel-removal", |n| {
             n.unschedulable = false;
-            n.annotations.remove(crate::plan::REMOVING_ANNOTATION);
+            n.annotations
+                .remove(crate::domain::plan::REMOVING_ANNOTATION);
         })
     }
 
@@ -953,7 +954,10 @@ impl Cluster for FakeCluster {
         Ok(self.0.with(|s| {
             if !s.cronjob {
                 JobTrigger::NoCronJob
-            } else if !s.jobs.insert(crate::cluster::ON_DEMAND_JOB.to_owned()) {
+            } else if !s
+                .jobs
+                .insert(crate::ports::cluster::ON_DEMAND_JOB.to_owned())
+            {
                 JobTrigger::AlreadyPending
             } else {
                 JobTrigger::Created

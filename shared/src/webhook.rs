@@ -30,8 +30,8 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use serde::Deserialize;
 
-use crate::cluster::Cluster;
-use crate::state::{StateError, StateStore};
+use crate::ports::cluster::Cluster;
+use crate::ports::state::{StateError, StateStore};
 use crate::workflows::error::chain;
 use crate::workflows::scale::{self, ChangeOutcome, CountChange, ReconcileOutcome, ScaleOptions};
 

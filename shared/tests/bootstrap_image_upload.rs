@@ -6,13 +6,13 @@
 
 use std::path::PathBuf;
 
-use oxide_controller::image::fake::MemoryImageStore;
-use oxide_controller::image::{
+use oxide_controller::adapters::image::fake::MemoryImageStore;
+use oxide_controller::adapters::image::{
     EnsuredImage, GRANULE, ImageError, ImageRequest, ImageSource, ImageStore as _, ImportDiskState,
     NoProgress, UploadOptions, ensure_image, temp_names,
 };
-use oxide_controller::retry::Backoff;
-use oxide_controller::size::GIB;
+use oxide_controller::base::retry::Backoff;
+use oxide_controller::base::size::GIB;
 
 fn fast() -> UploadOptions {
     UploadOptions {
@@ -162,7 +162,7 @@ async fn random_data_survives_a_parallel_upload_byte_for_byte() {
         parallelism: 8,
         ..fast()
     };
-    let stats = oxide_controller::image::upload(
+    let stats = oxide_controller::adapters::image::upload(
         &store,
         &disk,
         &mut reader_and_size.0,
@@ -292,7 +292,7 @@ async fn leftovers_of_an_interrupted_import_are_removed_before_starting_over() {
     store.lock().snapshots.insert(
         snapshot.clone(),
         (
-            oxide_controller::image::Snapshot {
+            oxide_controller::adapters::image::Snapshot {
                 id: uuid::Uuid::new_v4(),
                 name: snapshot.clone(),
                 size: GIB,
@@ -376,7 +376,7 @@ async fn a_disk_left_import_ready_is_finalized_then_deleted() {
         store.import_disk(&disk).await.unwrap().unwrap().state,
         ImportDiskState::ImportReady
     );
-    oxide_controller::image::remove_leftovers(&store, &disk, &snapshot, &fast())
+    oxide_controller::adapters::image::remove_leftovers(&store, &disk, &snapshot, &fast())
         .await
         .unwrap();
     assert!(store.import_disk(&disk).await.unwrap().is_none());

@@ -8,15 +8,15 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use oxide_controller::fake::{FakeRack, FakeWorld};
-use oxide_controller::firewall;
-use oxide_controller::model::{
+use oxide_controller::base::names::{self, InstanceTag};
+use oxide_controller::base::size::ByteSize;
+use oxide_controller::domain::firewall;
+use oxide_controller::domain::model::{
     AntiAffinityGroup, Disk, DiskState, FloatingIp, Image, NewDisk, NewInstance, Snapshot,
 };
-use oxide_controller::names::{self, InstanceTag};
-use oxide_controller::rack::Rack as _;
-use oxide_controller::size::ByteSize;
-use oxide_controller::spec::ClusterSpec;
+use oxide_controller::domain::spec::ClusterSpec;
+use oxide_controller::fake::{FakeRack, FakeWorld};
+use oxide_controller::ports::rack::Rack as _;
 use oxide_controller::workflows::delete::{
     self, Confirm, DeleteError, DeleteSummary, InCluster, Kind, LocalFiles, Params, RemoveOptions,
 };
@@ -803,7 +803,7 @@ fn ccm_names_follow_the_ccm_and_a_longer_cluster_name_claims_its_addresses() {
 
 #[test]
 fn an_api_address_re_created_by_reconcile_is_the_clusters_to_delete() {
-    use oxide_controller::model::FloatingIp;
+    use oxide_controller::domain::model::FloatingIp;
     use oxide_controller::workflows::delete::owned::{ObservedProject, Scope, inventory};
     let scope = Scope {
         cluster: "prod".into(),

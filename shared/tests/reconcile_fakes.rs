@@ -6,19 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
-use oxide_controller::cluster::Cluster;
-use oxide_controller::fake::{FakePod, FakeWorld};
-use oxide_controller::model::{
+use oxide_controller::base::names::{self, InstanceTag};
+use oxide_controller::base::retry::Backoff;
+use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::domain::model::{
     DELETE_ME_ANNOTATION, Disk, DiskState, InstanceState, NodeReadiness, PodRef,
 };
-use oxide_controller::names::{self, InstanceTag};
-use oxide_controller::plan::REMOVING_ANNOTATION;
-use oxide_controller::rack::Rack;
-use oxide_controller::retry::Backoff;
-use oxide_controller::secrets::ClusterSecrets;
-use oxide_controller::spec::{ClusterSpec, Role};
-use oxide_controller::state::{self, StateStore};
-use oxide_controller::status::Status;
+use oxide_controller::domain::plan::REMOVING_ANNOTATION;
+use oxide_controller::domain::spec::{ClusterSpec, Role};
+use oxide_controller::domain::status::Status;
+use oxide_controller::fake::{FakePod, FakeWorld};
+use oxide_controller::ports::cluster::Cluster;
+use oxide_controller::ports::rack::Rack;
+use oxide_controller::ports::state::{self, StateStore};
 use oxide_controller::workflows::reconcile::{self, ReconcileError, ReconcileOptions, RunOutcome};
 use proptest::prelude::*;
 
@@ -217,7 +217,7 @@ fn scale_down_drains_before_deleting_and_cleans_up_disks() {
     rt().block_on(async {
         let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 3);
         small_timeouts(&mut spec);
-        spec.worker_pools[0].data_disk = Some(oxide_controller::size::ByteSize::gib(10));
+        spec.worker_pools[0].data_disk = Some(oxide_controller::base::size::ByteSize::gib(10));
         let w = world(&spec, true).await;
         converge(&w, 10).await;
         let workers = oxide_controller::fake::pool_members(&w, "demo", "workers");
@@ -712,7 +712,7 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
     if matches!(s, Seed::Drifted) {
         hash = "0ldhash00000".into();
     }
-    let new = oxide_controller::model::NewInstance {
+    let new = oxide_controller::domain::model::NewInstance {
         name: name.clone(),
         description: InstanceTag {
             cluster: spec.cluster.clone(),
@@ -723,7 +723,7 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
         hostname: name.clone(),
         ncpus: pool.cpus,
         memory: pool.memory,
-        boot_disk: oxide_controller::model::NewDisk {
+        boot_disk: oxide_controller::domain::model::NewDisk {
             name: names::boot_disk_name(&name),
             size: pool.boot_disk,
             image: Some(img),
@@ -740,7 +740,7 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
         let ready_node = |st: &mut oxide_controller::fake::WorldState, r: NodeReadiness| {
             st.nodes.insert(
                 name.clone(),
-                oxide_controller::model::Node {
+                oxide_controller::domain::model::Node {
                     name: name.clone(),
                     provider_id: None,
                     labels: BTreeMap::new(),
@@ -828,7 +828,7 @@ proptest! {
             }
             w.with(|st| {
                 if orphan_node {
-                    st.nodes.insert("demo-workers-zz9zz".into(), oxide_controller::model::Node {
+                    st.nodes.insert("demo-workers-zz9zz".into(), oxide_controller::domain::model::Node {
                         name: "demo-workers-zz9zz".into(), provider_id: None, labels: BTreeMap::new(),
                         annotations: BTreeMap::new(), readiness: NodeReadiness::Ready, unschedulable: false, created: st.now, taints: Vec::new(), allocatable: Default::default(),
                     });
@@ -836,7 +836,7 @@ proptest! {
                 if orphan_disk {
                     st.disks.insert("boot-demo-workers-yy8yy".into(), Disk {
                         id: uuid::Uuid::new_v4(), name: "boot-demo-workers-yy8yy".into(), description: String::new(), state: DiskState::Detached,
-                        size: oxide_controller::size::ByteSize::gib(20), time_created: st.now, image_id: None,
+                        size: oxide_controller::base::size::ByteSize::gib(20), time_created: st.now, image_id: None,
                     });
                 }
                 st.peak_instances = 0;

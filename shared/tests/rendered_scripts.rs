@@ -16,13 +16,13 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use oxide_controller::cloud_init::{
+use oxide_controller::adapters::ssh::HostKeyPins;
+use oxide_controller::domain::spec::{K3S_INSTALL_URL, K3sInstall, TAILSCALE_INSTALL_URL};
+use oxide_controller::render::cloud_init::{
     DataDisk, HOST_KEYS_SCRIPT_PATH, K3sRole, NODE_SETUP_SCRIPT_PATH, NodeUserData, ProviderId,
     SETUP_FAILED_MARKER, SETUP_NEVER_FINISHED, SetupStep, TailscaleJoin, render, setup_failure,
     setup_steps,
 };
-use oxide_controller::spec::{K3S_INSTALL_URL, K3sInstall, TAILSCALE_INSTALL_URL};
-use oxide_controller::ssh::HostKeyPins;
 
 const VERSION: &str = "v1.33.4+k3s1";
 const SERIAL: &str = "data-demo-workers-ab";

@@ -23,11 +23,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, StatusCode, header};
+use oxide_controller::base::retry::Backoff;
+use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::domain::spec::{ClusterSpec, PoolSpec};
 use oxide_controller::fake::FakeWorld;
-use oxide_controller::retry::Backoff;
-use oxide_controller::secrets::ClusterSecrets;
-use oxide_controller::spec::{ClusterSpec, PoolSpec};
-use oxide_controller::state::{StateStore, keys};
+use oxide_controller::ports::state::{StateStore, keys};
 use oxide_controller::webhook::{self, Deps, WebhookConfig};
 use oxide_controller::workflows::scale::ScaleOptions;
 use rand::rngs::StdRng;

@@ -11,15 +11,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
-use oxide_controller::cluster::{
+use oxide_controller::base::retry::Backoff;
+use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::domain::model::{Node, PodRef};
+use oxide_controller::domain::spec::{ClusterSpec, PoolSpec};
+use oxide_controller::fake::{FakeCluster, FakeState, FakeWorld};
+use oxide_controller::ports::cluster::{
     Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome, ON_DEMAND_JOB,
 };
-use oxide_controller::fake::{FakeCluster, FakeState, FakeWorld};
-use oxide_controller::model::{Node, PodRef};
-use oxide_controller::retry::Backoff;
-use oxide_controller::secrets::ClusterSecrets;
-use oxide_controller::spec::{ClusterSpec, PoolSpec};
-use oxide_controller::state::{ConfigSnapshot, StateError, StateStore, keys};
+use oxide_controller::ports::state::{ConfigSnapshot, StateError, StateStore, keys};
 use oxide_controller::webhook::{self, Deps, MAX_BODY, RECONCILE_HEADER, WebhookConfig};
 use oxide_controller::workflows::scale::ScaleOptions;
 use serde_json::Value;

@@ -20,13 +20,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use oxide_controller::cluster::{Cluster, NAMESPACE, OBJECT_NAME};
+use oxide_controller::adapters::kube_cluster::KubeCluster;
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::domain::spec::ClusterSpec;
 use oxide_controller::fake::FakeWorld;
-use oxide_controller::kube_cluster::KubeCluster;
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::secrets::ClusterSecrets;
-use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::{StateStore, keys};
+use oxide_controller::ports::cluster::{Cluster, NAMESPACE, OBJECT_NAME};
+use oxide_controller::ports::state::{StateStore, keys};
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
 use serde_json::json;
@@ -257,7 +257,7 @@ async fn bench() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, local.admin_kubeconfig()).unwrap();
-    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+    let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
         .await
         .unwrap();
     let (secrets, config) = state_data(1_000_000);
@@ -335,7 +335,7 @@ async fn bench() {
     .await;
 
     let stored = KubeStateStore::new(
-        oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+        oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
             .await
             .unwrap(),
         NAMESPACE,

@@ -12,13 +12,13 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::model::{NewDisk, NewInstance};
-use oxide_controller::oxide_rack::{OxideRack, RackOptions};
-use oxide_controller::rack::Rack;
-use oxide_controller::secrets::ClusterSecrets;
-use oxide_controller::size::ByteSize;
-use oxide_controller::state::StateStore;
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::base::size::ByteSize;
+use oxide_controller::domain::model::{NewDisk, NewInstance};
+use oxide_controller::ports::rack::Rack;
+use oxide_controller::ports::state::StateStore;
 use oxide_sim::{Sim, SimOptions};
 
 /// The short mode CI runs (`OXIDE_BENCH_SHORT=1`): the same steps on smaller inputs, so a
@@ -152,7 +152,7 @@ async fn configmap(rows: &mut Vec<(String, String)>) {
     .await
     .expect("sim");
     let kubeconfig = sim.kubeconfig.clone().expect("kubeconfig");
-    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+    let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
         .await
         .expect("client");
     let store = KubeStateStore::new(client.clone(), "kube-system");

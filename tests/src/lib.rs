@@ -8,21 +8,28 @@
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
-pub mod control_plane;
-pub mod guest;
-pub mod handle;
-/// The guest module's former name, kept so code written against `boot::` still builds.
-pub use guest as boot;
-pub mod net;
-pub mod oci_bundle;
+// What the simulator stands in for, lowest first (tests/tests/module_graph.rs `SIM_LAYERS`):
+
+/// Loopback plumbing and scratch directories.
+pub mod support;
+
+/// The rack: the Oxide HTTP API.
 pub mod oxide;
-pub mod pod_runner;
-pub mod preset;
-pub mod scratch;
-pub mod sim;
-pub mod sshd;
+
+/// Kubernetes itself: the real control plane.
+pub mod control_plane;
+
+/// Tailscale: the coordination side and the one API endpoint the product calls.
 pub mod tailscale;
 
-pub use sim::{Sim, SimError, SimHandle, SimOptions};
+/// The VM: cloud-init, k3s's start-up, the serial console, sshd.
+pub mod guest;
+
+/// The part of a k3s node that stays ours: running the product's own Job pods.
+pub mod pods;
+
+/// The harness: starting a simulator, its handle, presets, the admin API.
+pub mod harness;
+
+pub use harness::sim::{Sim, SimError, SimHandle, SimOptions};
 pub use tailscale::TailscaleOptions;

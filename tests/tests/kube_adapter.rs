@@ -10,14 +10,14 @@
 use std::time::Duration;
 
 use kube::api::DeleteParams;
-use oxide_controller::cluster::{
+use oxide_controller::adapters::kube_cluster::{INSTANTIATE_ANNOTATION, KubeCluster};
+use oxide_controller::adapters::kubeclient;
+use oxide_controller::domain::model::{NodeReadiness, PodRef};
+use oxide_controller::domain::plan::REMOVING_ANNOTATION;
+use oxide_controller::ports::cluster::{
     Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome, NAMESPACE, OBJECT_NAME,
     ON_DEMAND_JOB,
 };
-use oxide_controller::kube_cluster::{INSTANTIATE_ANNOTATION, KubeCluster};
-use oxide_controller::kubeclient;
-use oxide_controller::model::{NodeReadiness, PodRef};
-use oxide_controller::plan::REMOVING_ANNOTATION;
 use oxide_sim::control_plane::{
     ControlPlane, ControlPlaneOptions, KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE,
 };

@@ -772,7 +772,7 @@ fn expected_rules(rules: &[Rule]) -> Vec<(String, String, Vec<String>, Vec<Strin
 
 #[test]
 fn the_service_account_may_make_exactly_the_calls_the_functions_make() {
-    // The calls, from shared/src/cluster/kube_cluster.rs, shared/src/state/kube_store.rs and
+    // The calls, from shared/src/ports/cluster/kube_cluster.rs, shared/src/ports/state/kube_store.rs and
     // the webhook: a call added or removed there changes this table and both manifests.
     let cluster_wide: &[Rule] = &[
         ("", "nodes", &[], &["list", "patch", "delete"]), // observe, cordon/annotate, remove
@@ -859,11 +859,11 @@ fn the_service_account_may_make_exactly_the_calls_the_functions_make() {
 
 #[test]
 fn a_reconcile_run_ends_before_its_job_deadline_and_the_job_before_the_next_tick() {
-    let run_deadline = oxide_controller::spec::Timeouts::default().run_deadline_seconds;
+    let run_deadline = oxide_controller::domain::spec::Timeouts::default().run_deadline_seconds;
     for (side, objects) in both_sides() {
         let cron = &objects["CronJob kube-system/oxide-controller"]["spec"];
         let schedule = cron["schedule"].as_str().unwrap();
-        let parsed = oxide_controller::spec::parse_schedule(schedule).unwrap();
+        let parsed = oxide_controller::domain::spec::parse_schedule(schedule).unwrap();
         let ticks: Vec<_> = parsed.upcoming(chrono::Utc::now()).take(50).collect();
         let interval = ticks
             .windows(2)

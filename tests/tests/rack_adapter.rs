@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use oxide_controller::model::{ExternalIpKind, InstanceState, NewDisk, NewInstance};
-use oxide_controller::oxide_rack::{OxideRack, RackOptions};
-use oxide_controller::rack::{Rack, RackError, reachable_address};
-use oxide_controller::retry::Backoff;
-use oxide_controller::size::{ByteSize, GIB};
+use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::base::retry::Backoff;
+use oxide_controller::base::size::{ByteSize, GIB};
+use oxide_controller::domain::model::{ExternalIpKind, InstanceState, NewDisk, NewInstance};
+use oxide_controller::ports::rack::{Rack, RackError, reachable_address};
 use oxide_sim::oxide::{RouteFault, Timings};
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use uuid::Uuid;
@@ -492,7 +492,7 @@ async fn the_token_never_shows_in_debug_or_errors() {
 /// attempt is undone.
 #[tokio::test]
 async fn a_firewall_write_undone_by_another_writer_is_made_again() {
-    use oxide_controller::firewall::{RuleChange, TcpAllowRule, parse_sources};
+    use oxide_controller::domain::firewall::{RuleChange, TcpAllowRule, parse_sources};
     let (sim, rack, _) = setup(Timings::default(), 100).await;
     let rule = TcpAllowRule {
         name: "demo-k8s-api".into(),

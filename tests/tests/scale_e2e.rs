@@ -12,17 +12,17 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use oxide_controller::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
-use oxide_controller::kube_cluster::KubeCluster;
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::secrets::ClusterSecrets;
-use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::{StateStore, keys};
+use oxide_controller::adapters::kube_cluster::KubeCluster;
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::domain::spec::ClusterSpec;
+use oxide_controller::ports::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
+use oxide_controller::ports::state::{StateStore, keys};
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
 use oxide_sim::control_plane::proxy::LocalApi;
 use oxide_sim::guest::cluster_api::{BlockingKube, KubeView};
-use oxide_sim::preset::Preset;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
 
@@ -54,7 +54,7 @@ struct Webhook {
 impl Webhook {
     /// Serves the webhook for the cluster behind `kubeconfig` on a free loopback port.
     async fn start(kubeconfig: &Path) -> Webhook {
-        let client = oxide_controller::kubeclient::client(Some(kubeconfig), None)
+        let client = oxide_controller::adapters::kubeclient::client(Some(kubeconfig), None)
             .await
             .unwrap();
         let deps = Arc::new(Deps::new(
@@ -117,7 +117,7 @@ impl Cluster {
         .expect("preset builds");
         let kubeconfig = sim.kubeconfig.clone().unwrap();
         let kube = BlockingKube(sim.kube());
-        let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+        let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
             .await
             .unwrap();
         let token = KubeStateStore::new(client, NAMESPACE)
@@ -141,7 +141,7 @@ impl Cluster {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, local.admin_kubeconfig()).unwrap();
-        let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+        let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
             .await
             .unwrap();
         let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 1, 2);

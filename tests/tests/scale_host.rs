@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::domain::spec::ClusterSpec;
 use oxide_controller::fake::{FakeCluster, FakeState, FakeWorld};
-use oxide_controller::secrets::ClusterSecrets;
-use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::{ConfigSnapshot, StateError, StateStore, keys};
+use oxide_controller::ports::state::{ConfigSnapshot, StateError, StateStore, keys};
 use oxide_controller::webhook::host::{self, HostError, HostOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
 

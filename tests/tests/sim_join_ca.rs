@@ -8,8 +8,8 @@ mod sim_support;
 
 use std::collections::BTreeMap;
 
-use oxide_controller::cloud_init::{K3sRole, NodeUserData, ProviderId, full_token, render};
-use oxide_controller::spec::K3sInstall;
+use oxide_controller::domain::spec::K3sInstall;
+use oxide_controller::render::cloud_init::{K3sRole, NodeUserData, ProviderId, full_token, render};
 use sim_support::*;
 
 const TOKEN: &str = "server-secret-0123456789";
@@ -27,7 +27,7 @@ fn joiner(name: &str, role: K3sRole) -> String {
         kubelet_args: vec![],
         k3s_version: "v1.33.4+k3s1".into(),
         install: K3sInstall::Script,
-        k3s_installer_url: oxide_controller::spec::K3S_INSTALL_URL.into(),
+        k3s_installer_url: oxide_controller::domain::spec::K3S_INSTALL_URL.into(),
         k3s_start_seconds: 3,
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![
@@ -47,9 +47,10 @@ async fn a_joiner_with_a_wrong_ca_hash_never_joins_and_the_right_one_does() {
     first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
     let ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
     let url = format!("https://{ip}:6443");
-    let right =
-        oxide_controller::kubeconfig::k3s_ca_hash(&sim.kube().admin_kubeconfig(&url).unwrap())
-            .unwrap();
+    let right = oxide_controller::adapters::kubeconfig::k3s_ca_hash(
+        &sim.kube().admin_kubeconfig(&url).unwrap(),
+    )
+    .unwrap();
     let wrong = "0".repeat(64);
 
     for (suffix, hash) in [("wrong", wrong.as_str()), ("right", right.as_str())] {
@@ -101,7 +102,7 @@ async fn a_joiner_with_a_wrong_ca_hash_never_joins_and_the_right_one_does() {
         let console = wait_console(&c, name, "node-setup failed").await;
         assert!(console.contains(level), "{name}: {console}");
         assert!(!console.contains(not), "{name}: {console}");
-        let failure = oxide_controller::cloud_init::setup_failure(&console).unwrap();
+        let failure = oxide_controller::render::cloud_init::setup_failure(&console).unwrap();
         assert_eq!(failure.step, "k3s-start", "{name}");
         assert!(
             failure

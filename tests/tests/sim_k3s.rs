@@ -58,9 +58,9 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
     create_instance(&c, "c1-cp-bbbbb", &user_data("server", &join, &[])).await;
     // The product's user-data: `start_k3s` waits for the unit instead of its start job.
     let product =
-        oxide_controller::cloud_init::render(&oxide_controller::cloud_init::NodeUserData {
+        oxide_controller::render::cloud_init::render(&oxide_controller::render::cloud_init::NodeUserData {
             hostname: "c1-cp-ccccc".into(),
-            role: oxide_controller::cloud_init::K3sRole::Server {
+            role: oxide_controller::render::cloud_init::K3sRole::Server {
                 cluster_init: false,
                 server_url: Some(format!("https://{fip}:6443")),
                 token: TOKEN.into(),
@@ -69,12 +69,12 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
             },
             node_labels: Default::default(),
             node_taints: vec![],
-            provider_id: oxide_controller::cloud_init::ProviderId::None,
+            provider_id: oxide_controller::render::cloud_init::ProviderId::None,
             external_cloud_provider: false,
             kubelet_args: vec![],
             k3s_version: "v1.33.4+k3s1".into(),
-            install: oxide_controller::spec::K3sInstall::Script,
-            k3s_installer_url: oxide_controller::spec::K3S_INSTALL_URL.into(),
+            install: oxide_controller::domain::spec::K3sInstall::Script,
+            k3s_installer_url: oxide_controller::domain::spec::K3S_INSTALL_URL.into(),
             k3s_start_seconds: 120,
             ssh_user: "ubuntu".into(),
             authorized_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x".into()],
@@ -102,12 +102,12 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
     // install.sh waits on the start job, which failed with k3s's first exit: the setup
     // reports a failure (a controller would replace the VM) although k3s may still join.
     let old = console(&c, "c1-cp-bbbbb").await;
-    let failure = oxide_controller::cloud_init::setup_failure(&old).unwrap();
+    let failure = oxide_controller::render::cloud_init::setup_failure(&old).unwrap();
     assert_eq!(failure.step, "k3s-install");
     // `start_k3s` is still waiting: no failure.
     let ours = console(&c, "c1-cp-ccccc").await;
     assert!(
-        oxide_controller::cloud_init::setup_failure(&ours).is_none(),
+        oxide_controller::render::cloud_init::setup_failure(&ours).is_none(),
         "{ours}"
     );
 
@@ -115,7 +115,7 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
     wait_node_status(&sim, "c1-cp-ccccc", "True").await;
     let ours = wait_console(&c, "c1-cp-ccccc", "finished at").await;
     assert!(
-        oxide_controller::cloud_init::setup_failure(&ours).is_none(),
+        oxide_controller::render::cloud_init::setup_failure(&ours).is_none(),
         "{ours}"
     );
     let node = wait_node_status(&sim, "c1-cp-bbbbb", "True").await;
@@ -204,14 +204,14 @@ async fn a_wrong_token_never_joins_and_the_console_says_so_without_printing_it()
     assert_eq!(node_ready(&sim, "c1-cp-bbbbb").await, None);
     assert_eq!(node_ready(&sim, "c1-workers-ddddd").await, None);
     let server = console(&c, "c1-cp-bbbbb").await;
-    let failure = oxide_controller::cloud_init::setup_failure(&server).unwrap();
+    let failure = oxide_controller::render::cloud_init::setup_failure(&server).unwrap();
     assert_eq!(
         (failure.step.as_str(), failure.reason.as_str()),
         ("k3s-install", "exit status 1")
     );
     let agent = console(&c, "c1-workers-ddddd").await;
     assert!(
-        oxide_controller::cloud_init::setup_failure(&agent).is_none()
+        oxide_controller::render::cloud_init::setup_failure(&agent).is_none()
             && !agent.contains("level=fatal"),
         "the agent's install.sh never returns: {agent}"
     );

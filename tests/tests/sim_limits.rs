@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use oxide_controller::image::{
+use oxide_controller::adapters::image::{
     self, EnsuredImage, ImageRequest, ImageSource, NoProgress, UploadOptions,
 };
-use oxide_controller::oxide_rack::{OxideRack, RackOptions};
-use oxide_sim::net::{MAX_BULK_WRITE_BODY, MAX_REQUEST_BODY};
+use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
+use oxide_sim::support::net::{MAX_BULK_WRITE_BODY, MAX_REQUEST_BODY};
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::Value;
 

@@ -7,9 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
-use oxide_controller::names::InstanceTag;
-use oxide_controller::spec::ClusterSpec;
-use oxide_sim::preset::Preset;
+use oxide_controller::base::names::InstanceTag;
+use oxide_controller::domain::spec::ClusterSpec;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::{Sim, SimOptions};
 
 #[tokio::test]

@@ -13,10 +13,10 @@ use std::time::Duration;
 use base64::Engine as _;
 use oxide::prelude::*;
 use oxide::types;
-use oxide_controller::cloud_init::{
+use oxide_controller::domain::spec::{K3S_INSTALL_URL, K3sInstall, TAILSCALE_INSTALL_URL};
+use oxide_controller::render::cloud_init::{
     DataDisk, K3sRole, NodeUserData, ProviderId, TailscaleJoin, render, setup_failure,
 };
-use oxide_controller::spec::{K3S_INSTALL_URL, K3sInstall, TAILSCALE_INSTALL_URL};
 use sim_support::*;
 
 const TOKEN: &str = "server-secret-0123456789";
@@ -301,7 +301,7 @@ async fn a_setup_that_failed_on_the_first_boot_never_runs_again_and_the_per_boot
     assert_eq!(failure.step, "k3s-install");
     assert_eq!(
         failure.reason,
-        oxide_controller::cloud_init::SETUP_NEVER_FINISHED
+        oxide_controller::render::cloud_init::SETUP_NEVER_FINISHED
     );
     // bootcmd printed it before cloud-final (and cloud-final's per-boot run again).
     let first_marker = ours.find("node-setup failed").unwrap();
@@ -358,7 +358,7 @@ async fn a_restarted_member_whose_k3s_never_gets_ready_shows_its_keys_only_from_
     )
     .await;
     assert!(
-        oxide_controller::ssh::HostKeyPins::from_console(&ours).is_ok(),
+        oxide_controller::adapters::ssh::HostKeyPins::from_console(&ours).is_ok(),
         "{ours}"
     );
     assert!(setup_failure(&ours).is_none(), "k3s is enabled: {ours}");

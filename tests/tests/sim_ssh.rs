@@ -37,7 +37,7 @@ impl russh::client::Handler for Pinned {
 /// The fingerprint in the console's last complete block, read the way bootstrap reads it
 /// (the lines carry cloud-init's `<14>Mon DD HH:MM:SS cloud-init: ` logger prefix).
 fn console_fingerprint(console: &str) -> String {
-    oxide_controller::ssh::HostKeyPins::from_console(console)
+    oxide_controller::adapters::ssh::HostKeyPins::from_console(console)
         .expect("fingerprint block on the console")
         .fingerprints()
         .next()

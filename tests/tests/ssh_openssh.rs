@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oxide_controller::ssh::{HostKeyPins, SshError, SshKeyPair, SshTarget, generate_ed25519};
+use oxide_controller::adapters::ssh::{
+    HostKeyPins, SshError, SshKeyPair, SshTarget, generate_ed25519,
+};
 
 const SKIP: &str = "skipped: set OXIDE_CONTROLLER_SSHD=/usr/sbin/sshd to run";
 
@@ -188,7 +190,7 @@ async fn right_pin_reads_a_file_from_openssh() {
     let out = t
         .exec(&format!(
             "cat {}",
-            oxide_controller::ssh::shell_quote(&file.display().to_string())
+            oxide_controller::adapters::ssh::shell_quote(&file.display().to_string())
         ))
         .await
         .unwrap_or_else(|e| panic!("{e:#?}\n{}", sshd.log()));

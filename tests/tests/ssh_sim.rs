@@ -1,5 +1,5 @@
-//! The product's SSH client (`oxide_controller::ssh`) against the simulator's SSH server
-//! (`oxide_sim::sshd`) over loopback: host key pinning, authentication, file reads and
+//! The product's SSH client (`oxide_controller::adapters::ssh`) against the simulator's SSH server
+//! (`oxide_sim::guest::sshd`) over loopback: host key pinning, authentication, file reads and
 //! uploads, limits.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -9,8 +9,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oxide_controller::ssh::{HostKeyPins, SshError, SshKeyPair, SshTarget, generate_ed25519};
-use oxide_sim::sshd::{SshBackend, SshHost};
+use oxide_controller::adapters::ssh::{
+    HostKeyPins, SshError, SshKeyPair, SshTarget, generate_ed25519,
+};
+use oxide_sim::guest::sshd::{SshBackend, SshHost};
 use russh::keys::PublicKey;
 
 const KUBECONFIG: &str = "/etc/rancher/k3s/k3s.yaml";

@@ -1,4 +1,4 @@
-//! The contract between the product's cloud-init renderer (`oxide_controller::cloud_init`)
+//! The contract between the product's cloud-init renderer (`oxide_controller::render::cloud_init`)
 //! and the simulated VM boot (`oxide_sim::guest::parse_user_data`): what the product renders
 //! is read back as the right k3s role, config and SSH keys — so the controller's key is the
 //! one the VM's SSH server will authorize.
@@ -7,11 +7,11 @@
 
 use std::collections::BTreeMap;
 
-use oxide_controller::cloud_init::{
+use oxide_controller::adapters::ssh::generate_ed25519;
+use oxide_controller::domain::spec::{K3sInstall, Taint, TaintEffect};
+use oxide_controller::render::cloud_init::{
     DataDisk, K3sRole, NodeUserData, PROVIDER_ID_DROP_IN_PATH, ProviderId, render,
 };
-use oxide_controller::spec::{K3sInstall, Taint, TaintEffect};
-use oxide_controller::ssh::generate_ed25519;
 use oxide_sim::guest::{Role, parse_user_data};
 
 fn server(key_line: &str) -> NodeUserData {
@@ -31,7 +31,7 @@ fn server(key_line: &str) -> NodeUserData {
         kubelet_args: vec![],
         k3s_version: "v1.33.4+k3s1".into(),
         install: K3sInstall::Script,
-        k3s_installer_url: oxide_controller::spec::K3S_INSTALL_URL.into(),
+        k3s_installer_url: oxide_controller::domain::spec::K3S_INSTALL_URL.into(),
         k3s_start_seconds: 300,
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![key_line.to_string()],

@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use oxide_controller::cluster::{NAMESPACE, OBJECT_NAME};
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::kubeclient;
-use oxide_controller::secrets::{ClusterSecrets, keys as secret_keys};
-use oxide_controller::state::{StateError, StateStore, keys};
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::adapters::kubeclient;
+use oxide_controller::base::secrets::{ClusterSecrets, keys as secret_keys};
+use oxide_controller::ports::cluster::{NAMESPACE, OBJECT_NAME};
+use oxide_controller::ports::state::{StateError, StateStore, keys};
 use oxide_sim::control_plane::proxy::LocalApi;
 use serde_json::{Value, json};
 

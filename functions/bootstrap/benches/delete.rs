@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use oxide_controller::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::workflows::delete::{
     self, Confirm, KubeInCluster, LocalFiles, Params, RemoveOptions,
 };
@@ -88,8 +88,8 @@ async fn run(concurrency: usize) {
     })
     .await
     .unwrap_or_else(|e| panic!("simulator: {e:#}"));
-    let project = oxide_sim::preset::PROJECT;
-    let cluster = oxide_sim::preset::CLUSTER;
+    let project = oxide_sim::harness::preset::PROJECT;
+    let cluster = oxide_sim::harness::preset::CLUSTER;
     let members = sim.oxide().dump()["instances"]
         .as_array()
         .map(Vec::len)

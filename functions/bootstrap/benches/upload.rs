@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt as _;
-use oxide_controller::image::{
+use oxide_controller::adapters::image::{
     self, EnsuredImage, ImageRequest, ImageSource, ImageStore as _, NoProgress, UploadOptions,
 };
-use oxide_controller::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
 use oxide_sim::{Sim, SimOptions};
 
 const MIB: u64 = 1 << 20;
@@ -140,7 +140,7 @@ async fn bench() {
         );
         rack.bulk_write_stop(&disk).await.unwrap();
         rack.finalize_import(&disk, None).await.unwrap();
-        oxide_controller::rack::Rack::delete_disk(&rack, &disk)
+        oxide_controller::ports::rack::Rack::delete_disk(&rack, &disk)
             .await
             .unwrap();
     }

@@ -15,12 +15,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use oxide_controller::credentials::{CredentialFlags, CredentialSources};
-use oxide_controller::manifests::DEFAULT_CONTROLLER_IMAGE;
-use oxide_controller::size::ByteSize;
-use oxide_controller::spec::{ExternalIpMode, K3sInstall};
-use oxide_controller::tailscale::SecretString;
-use oxide_controller::telemetry::{self, LogFormat};
+use oxide_controller::adapters::credentials::{CredentialFlags, CredentialSources};
+use oxide_controller::adapters::manifests::DEFAULT_CONTROLLER_IMAGE;
+use oxide_controller::adapters::tailscale::SecretString;
+use oxide_controller::base::size::ByteSize;
+use oxide_controller::base::telemetry::{self, LogFormat};
+use oxide_controller::domain::spec::{ExternalIpMode, K3sInstall};
 use oxide_controller::workflows::bootstrap::{self, BootstrapInput, PoolInput, TailscaleFlags};
 use oxide_controller::workflows::delete::{self, Confirm, DeleteInput};
 use oxide_controller::workflows::error::{WorkflowError, chain};
@@ -222,7 +222,7 @@ struct Args {
     /// default 0.0.0.0/0 exposes the API (TLS, client certificates and tokens required) to
     /// every address that can reach the floating IP; give your own network to narrow it.
     /// Nodes join over the VPC and need no entry here.
-    #[arg(long, env = "OXIDE_CONTROLLER_API_ALLOW", value_name = "CIDR,...", default_value = oxide_controller::firewall::DEFAULT_API_ALLOW)]
+    #[arg(long, env = "OXIDE_CONTROLLER_API_ALLOW", value_name = "CIDR,...", default_value = oxide_controller::domain::firewall::DEFAULT_API_ALLOW)]
     api_allow: String,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
@@ -360,7 +360,7 @@ fn run_create(args: Args, oxide: OxideArgs) -> ExitCode {
     telemetry::init(args.log_format);
     let json_logs = json_logs(args.log_format);
     let input = input(args, oxide, json_logs);
-    oxide_controller::telemetry::block_on(finish(input, json_logs))
+    oxide_controller::base::telemetry::block_on(finish(input, json_logs))
 }
 
 async fn finish(input: BootstrapInput, json_logs: bool) -> ExitCode {
@@ -468,7 +468,7 @@ fn run_delete(a: DeleteArgs) -> ExitCode {
         holder: holder("bootstrap-delete"),
         json_logs,
     };
-    oxide_controller::telemetry::block_on(async move {
+    oxide_controller::base::telemetry::block_on(async move {
         match delete::run(input).await {
             Ok(summary) => {
                 print!("{}", summary.render());

@@ -192,7 +192,7 @@ async fn a_missing_image_file_and_a_bad_schedule_and_a_foreign_kubeconfig_are_re
 /// F5) is never adopted: bootstrap exits 2 naming it, before any VM, and leaves it alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn someone_elses_address_with_the_api_name_is_not_adopted() {
-    use oxide_controller::rack::Rack as _;
+    use oxide_controller::ports::rack::Rack as _;
     let env = env().await;
     env.sim.oxide().seed_project("demo");
     let rack = env.rack("demo");

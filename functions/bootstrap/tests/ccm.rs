@@ -19,12 +19,12 @@ use std::time::Duration;
 use common::{BIN, Env, env, kube_client};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::oxide_rack::OxideRack;
-use oxide_controller::rack::Rack as _;
-use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::{self, StateStore as _};
-use oxide_controller::status::Status;
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::adapters::oxide_rack::OxideRack;
+use oxide_controller::domain::spec::ClusterSpec;
+use oxide_controller::domain::status::Status;
+use oxide_controller::ports::rack::Rack as _;
+use oxide_controller::ports::state::{self, StateStore as _};
 use serde_json::Value;
 
 const CP: &str = "demo-control-plane-";
@@ -162,7 +162,7 @@ async fn reconcile(kubeconfig: &Path, reconcile_once: &Path) -> Output {
 }
 
 async fn store(kubeconfig: &Path) -> KubeStateStore {
-    let client = oxide_controller::kubeclient::client(Some(kubeconfig), Some("demo"))
+    let client = oxide_controller::adapters::kubeclient::client(Some(kubeconfig), Some("demo"))
         .await
         .unwrap();
     KubeStateStore::new(client, "kube-system")

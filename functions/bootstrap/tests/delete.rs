@@ -18,11 +18,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{Env, IMAGE, env, log_lines};
-use oxide_controller::model::{NewDisk, NewInstance};
-use oxide_controller::names;
-use oxide_controller::oxide_rack::{OxideRack, RackOptions};
-use oxide_controller::rack::Rack as _;
-use oxide_controller::size::ByteSize;
+use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::base::names;
+use oxide_controller::base::size::ByteSize;
+use oxide_controller::domain::model::{NewDisk, NewInstance};
+use oxide_controller::ports::rack::Rack as _;
 
 const CCM: &str = "Managed by oxide-cloud-controller-manager.";
 
@@ -99,11 +99,11 @@ async fn prod_with_decoys(prod2: Option<&std::path::Path>) -> Env {
             .unwrap();
     }
     // The user's own firewall rule next to bootstrap's.
-    rack.ensure_firewall_rule(&oxide_controller::firewall::TcpAllowRule {
+    rack.ensure_firewall_rule(&oxide_controller::domain::firewall::TcpAllowRule {
         name: "allow-office".into(),
         description: "the user's rule".into(),
         port: 443,
-        sources: oxide_controller::firewall::parse_sources("203.0.113.0/24").unwrap(),
+        sources: oxide_controller::domain::firewall::parse_sources("203.0.113.0/24").unwrap(),
     })
     .await
     .unwrap();
@@ -208,7 +208,7 @@ async fn delete_removes_the_cluster_and_nothing_else() {
     // Two uploads for prod killed half-way (audit 2 F1): one disk still taking bulk writes, one
     // stopped but not finalized. Nexus deletes neither as it stands.
     {
-        use oxide_controller::image::{ImageStore as _, import_disk_description};
+        use oxide_controller::adapters::image::{ImageStore as _, import_disk_description};
         let r = env.rack("prod");
         for (name, stop) in [
             ("oxide-controller-import-aaaaaaaaaa", false),
@@ -448,12 +448,12 @@ async fn kill_after_first_mutation(env: &Env, args: &[String]) -> bool {
 
 /// One reconcile pass with the admin kubeconfig, as the CronJob's Job would run it.
 async fn reconcile_now(env: &Env) {
-    use oxide_controller::cluster::NAMESPACE;
-    use oxide_controller::kube_cluster::KubeCluster;
-    use oxide_controller::kube_store::KubeStateStore;
+    use oxide_controller::adapters::kube_cluster::KubeCluster;
+    use oxide_controller::adapters::kube_store::KubeStateStore;
+    use oxide_controller::ports::cluster::NAMESPACE;
     use oxide_controller::workflows::reconcile::{self, ReconcileOptions};
     let Ok(client) =
-        oxide_controller::kubeclient::client(Some(&env.kubeconfig()), Some("prod")).await
+        oxide_controller::adapters::kubeclient::client(Some(&env.kubeconfig()), Some("prod")).await
     else {
         return;
     };
@@ -461,8 +461,8 @@ async fn reconcile_now(env: &Env) {
     let store = KubeStateStore::new(client, NAMESPACE);
     let mut opts = ReconcileOptions::new("reconcile-test");
     opts.deadline = Some(Duration::from_secs(20));
-    let make_rack = |s: &oxide_controller::secrets::ClusterSecrets,
-                     spec: &oxide_controller::spec::ClusterSpec| {
+    let make_rack = |s: &oxide_controller::base::secrets::ClusterSecrets,
+                     spec: &oxide_controller::domain::spec::ClusterSpec| {
         OxideRack::connect(
             &s.oxide_host,
             &s.oxide_token,
@@ -620,9 +620,9 @@ async fn delete_project_goes_only_whole_and_a_project_without_its_vpc_still_goes
 /// it and the project (a foreign description would have kept both, leaking the address).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_api_address_reconcile_re_created_goes_with_the_project() {
-    use oxide_controller::cluster::NAMESPACE;
-    use oxide_controller::kube_cluster::KubeCluster;
-    use oxide_controller::kube_store::KubeStateStore;
+    use oxide_controller::adapters::kube_cluster::KubeCluster;
+    use oxide_controller::adapters::kube_store::KubeStateStore;
+    use oxide_controller::ports::cluster::NAMESPACE;
     use oxide_controller::workflows::reconcile::{self, ReconcileOptions};
 
     let env = common::env().await;
@@ -661,13 +661,13 @@ async fn an_api_address_reconcile_re_created_goes_with_the_project() {
         ),
     )
     .unwrap();
-    let client = oxide_controller::kubeclient::client(Some(&via), Some("demo"))
+    let client = oxide_controller::adapters::kubeclient::client(Some(&via), Some("demo"))
         .await
         .unwrap();
     let cluster = KubeCluster::new(client.clone(), NAMESPACE);
     let store = KubeStateStore::new(client, NAMESPACE);
-    let make_rack = |s: &oxide_controller::secrets::ClusterSecrets,
-                     spec: &oxide_controller::spec::ClusterSpec| {
+    let make_rack = |s: &oxide_controller::base::secrets::ClusterSecrets,
+                     spec: &oxide_controller::domain::spec::ClusterSpec| {
         OxideRack::connect(
             &s.oxide_host,
             &s.oxide_token,

@@ -91,9 +91,10 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
     for key in ["spec.yaml", "schema-version", "status.json"] {
         assert!(cm["data"][key].is_string(), "ConfigMap lacks {key}: {cm}");
     }
-    let spec =
-        oxide_controller::spec::ClusterSpec::from_yaml(cm["data"]["spec.yaml"].as_str().unwrap())
-            .unwrap();
+    let spec = oxide_controller::domain::spec::ClusterSpec::from_yaml(
+        cm["data"]["spec.yaml"].as_str().unwrap(),
+    )
+    .unwrap();
     assert_eq!(
         (spec.control_plane.count, spec.worker_pools[0].count),
         (3, 2)
@@ -395,7 +396,7 @@ async fn kubeconfig_merge_adds_a_named_context_to_an_existing_file() {
     let other = "apiVersion: v1\nkind: Config\nclusters:\n- name: prod\n  cluster:\n    server: https://10.1.2.3:6443\nusers:\n- name: prod\n  user:\n    token: abc\ncontexts:\n- name: prod\n  context:\n    cluster: prod\n    user: prod\ncurrent-context: prod\n";
     std::fs::write(env.kubeconfig(), other).unwrap();
     // And the person's own SSH key, from a file under ~.
-    let user_key = oxide_controller::ssh::generate_ed25519()
+    let user_key = oxide_controller::adapters::ssh::generate_ed25519()
         .authorized_key_line("me@laptop")
         .unwrap();
     std::fs::create_dir_all(env.home().join(".ssh")).unwrap();

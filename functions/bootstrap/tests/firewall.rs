@@ -10,8 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::env;
-use oxide_controller::firewall::{TcpAllowRule, parse_sources};
-use oxide_controller::rack::Rack as _;
+use oxide_controller::domain::firewall::{TcpAllowRule, parse_sources};
+use oxide_controller::ports::rack::Rack as _;
 
 /// `GET https://<ip>:6443/readyz` with a short deadline: `Err(true)` for a timeout.
 async fn probe_api(ip: &str) -> Result<u16, bool> {

@@ -15,9 +15,9 @@ mod common;
 use std::time::Duration;
 
 use common::{Env, log_lines};
-use oxide_controller::model::InstanceState;
-use oxide_controller::oxide_rack::OxideRack;
-use oxide_controller::rack::Rack as _;
+use oxide_controller::adapters::oxide_rack::OxideRack;
+use oxide_controller::domain::model::InstanceState;
+use oxide_controller::ports::rack::Rack as _;
 use serde_json::Value;
 
 fn resume_file(env: &Env) -> std::path::PathBuf {
@@ -165,7 +165,7 @@ async fn a_restarted_server_whose_k3s_never_starts_still_shows_its_host_keys() {
         "cloud-final waits for k3s: {console}"
     );
     assert!(!console.contains("k3s is up and running"), "{console}");
-    let pins = oxide_controller::ssh::HostKeyPins::from_console(&console).unwrap();
+    let pins = oxide_controller::adapters::ssh::HostKeyPins::from_console(&console).unwrap();
     assert_eq!(
         pins.fingerprints().collect::<Vec<_>>(),
         pinned,

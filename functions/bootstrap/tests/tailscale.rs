@@ -18,7 +18,7 @@ use std::time::Duration;
 use common::{Env, IMAGE, SSH_PORT, kube_client};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ListParams};
-use oxide_controller::rack::Rack as _;
+use oxide_controller::ports::rack::Rack as _;
 use oxide_sim::{Sim, SimOptions, TailscaleOptions};
 use serde_json::Value;
 
@@ -254,9 +254,10 @@ async fn a_tailscale_only_control_plane_is_bootstrapped_and_reached_through_its_
         .get("v1", "ConfigMap", Some("kube-system"), "oxide-controller")
         .await
         .expect("ConfigMap");
-    let spec =
-        oxide_controller::spec::ClusterSpec::from_yaml(cm["data"]["spec.yaml"].as_str().unwrap())
-            .unwrap();
+    let spec = oxide_controller::domain::spec::ClusterSpec::from_yaml(
+        cm["data"]["spec.yaml"].as_str().unwrap(),
+    )
+    .unwrap();
     assert_eq!(spec.tailscale.unwrap().tag, "tag:k8s");
 
     // Neither key shows up in what bootstrap printed.

@@ -16,11 +16,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::spec::{ClusterSpec, ExternalIpMode};
-use oxide_controller::state::{self, StateStore};
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::domain::spec::{ClusterSpec, ExternalIpMode};
+use oxide_controller::ports::state::{self, StateStore};
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::oxide::RouteFault;
-use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 
 const BIN: &str = env!("CARGO_BIN_EXE_reconcile-once");
@@ -42,7 +42,7 @@ async fn start_sim(workers: u32) -> (SimHandle, KubeStateStore) {
     .await
     .expect("sim");
     let kc = sim.kubeconfig.clone().expect("kubeconfig");
-    let client = oxide_controller::kubeclient::client(Some(&kc), None)
+    let client = oxide_controller::adapters::kubeclient::client(Some(&kc), None)
         .await
         .expect("client");
     (sim, KubeStateStore::new(client, "kube-system"))

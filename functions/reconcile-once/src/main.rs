@@ -11,11 +11,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use oxide_controller::cluster::NAMESPACE;
-use oxide_controller::kube_cluster::KubeCluster;
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::oxide_rack::{OxideRack, RackOptions};
-use oxide_controller::telemetry::{self, LogFormat};
+use oxide_controller::adapters::kube_cluster::KubeCluster;
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::base::telemetry::{self, LogFormat};
+use oxide_controller::ports::cluster::NAMESPACE;
 use oxide_controller::workflows::error::chain;
 use oxide_controller::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
 
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> ExitCode {
-    let client = match oxide_controller::kubeclient::client(
+    let client = match oxide_controller::adapters::kubeclient::client(
         args.kubeconfig.as_deref(),
         args.context.as_deref(),
     )
@@ -94,8 +94,8 @@ async fn run(args: Args) -> ExitCode {
     opts.concurrency = usize::from(args.concurrency);
     opts.force_drain = args.force_drain;
     opts.deadline = args.deadline_seconds.map(Duration::from_secs);
-    let make_rack = |secrets: &oxide_controller::secrets::ClusterSecrets,
-                     spec: &oxide_controller::spec::ClusterSpec| {
+    let make_rack = |secrets: &oxide_controller::base::secrets::ClusterSecrets,
+                     spec: &oxide_controller::domain::spec::ClusterSpec| {
         OxideRack::connect(
             &secrets.oxide_host,
             &secrets.oxide_token,

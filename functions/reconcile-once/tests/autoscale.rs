@@ -12,13 +12,13 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use oxide_controller::autoscale::{AutoscaleSpec, ScheduleWindow};
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::{self, StateStore};
-use oxide_controller::status::Status;
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::domain::autoscale::{AutoscaleSpec, ScheduleWindow};
+use oxide_controller::domain::spec::ClusterSpec;
+use oxide_controller::domain::status::Status;
+use oxide_controller::ports::state::{self, StateStore};
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::preset::Preset;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
 
@@ -52,7 +52,7 @@ async fn env(edit: impl Fn(&mut AutoscaleSpec)) -> Env {
     .await
     .unwrap_or_else(|e| panic!("simulator: {e:#}"));
     let kubeconfig = sim.kubeconfig.clone().expect("preset kubeconfig");
-    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+    let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let env = Env {

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::spec::{ClusterSpec, Role};
-use oxide_controller::state::{self, StateStore};
-use oxide_controller::status::Status;
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::domain::spec::{ClusterSpec, Role};
+use oxide_controller::domain::status::Status;
+use oxide_controller::ports::state::{self, StateStore};
 use oxide_sim::control_plane::ControlPlaneOptions;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::oxide::RouteFault;
-use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::Value;
 
@@ -48,7 +48,7 @@ async fn env(cp: u32, workers: u32) -> Env {
         .kubeconfig
         .clone()
         .unwrap_or_else(|| panic!("preset kubeconfig"));
-    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+    let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let store = KubeStateStore::new(client, "kube-system");
@@ -238,7 +238,7 @@ impl Env {
             ),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let client = oxide_controller::kubeclient::client(Some(&path), None)
+        let client = oxide_controller::adapters::kubeclient::client(Some(&path), None)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         let store = KubeStateStore::new(client, "kube-system");
@@ -283,7 +283,7 @@ impl Env {
             .filter_map(|i| i["name"].as_str().map(str::to_owned))
             .collect();
         for d in self.disks() {
-            let owner = oxide_controller::names::disk_owner(&d).unwrap_or_default();
+            let owner = oxide_controller::base::names::disk_owner(&d).unwrap_or_default();
             assert!(names.iter().any(|n| n == owner), "leaked disk {d}");
         }
         for i in self.instances("") {
@@ -743,11 +743,11 @@ async fn joiners_refused_for_a_wrong_ca_hash_fail_with_k3ss_reason_and_are_repla
         .find(|n| n.starts_with(WK))
         .cloned()
         .expect("a new worker");
-    let rack = oxide_controller::oxide_rack::OxideRack::connect(
+    let rack = oxide_controller::adapters::oxide_rack::OxideRack::connect(
         &env.sim.oxide_host,
         &env.sim.oxide_token,
         "sim",
-        oxide_controller::oxide_rack::RackOptions::default(),
+        oxide_controller::adapters::oxide_rack::RackOptions::default(),
     )
     .unwrap();
     // k3s's own logs, as each role behaves: the server exits and is restarted, the agent
@@ -800,8 +800,11 @@ async fn joiners_refused_for_a_wrong_ca_hash_fail_with_k3ss_reason_and_are_repla
     }
 }
 
-async fn console_of(rack: &oxide_controller::oxide_rack::OxideRack, name: &str) -> String {
-    use oxide_controller::rack::Rack as _;
+async fn console_of(
+    rack: &oxide_controller::adapters::oxide_rack::OxideRack,
+    name: &str,
+) -> String {
+    use oxide_controller::ports::rack::Rack as _;
     // Empty while the API refuses to show it (an instance that is not running yet).
     rack.serial_console(name)
         .await
@@ -816,14 +819,14 @@ async fn console_of(rack: &oxide_controller::oxide_rack::OxideRack, name: &str) 
 /// at the join deadline (600 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_restarted_after_a_failed_first_boot_is_replaced_in_the_next_run() {
-    use oxide_controller::rack::Rack as _;
+    use oxide_controller::ports::rack::Rack as _;
     let env = env(1, 1).await;
     let broken = env.add_worker_whose_setup_fails(2).await;
-    let rack = oxide_controller::oxide_rack::OxideRack::connect(
+    let rack = oxide_controller::adapters::oxide_rack::OxideRack::connect(
         &env.sim.oxide_host,
         &env.sim.oxide_token,
         "sim",
-        oxide_controller::oxide_rack::RackOptions::default(),
+        oxide_controller::adapters::oxide_rack::RackOptions::default(),
     )
     .unwrap();
     support::wait_until(
@@ -844,7 +847,7 @@ async fn a_member_restarted_after_a_failed_first_boot_is_replaced_in_the_next_ru
         rack.get_instance(&broken)
             .await
             .unwrap()
-            .is_some_and(|i| i.state == oxide_controller::model::InstanceState::Stopped)
+            .is_some_and(|i| i.state == oxide_controller::domain::model::InstanceState::Stopped)
     })
     .await;
     rack.start_instance(&broken).await.unwrap();
@@ -878,7 +881,7 @@ async fn a_member_restarted_after_a_failed_first_boot_is_replaced_in_the_next_ru
             note.contains(&broken)
                 && note.contains(&format!(
                     "node setup failed at k3s-install: {}",
-                    oxide_controller::cloud_init::SETUP_NEVER_FINISHED
+                    oxide_controller::render::cloud_init::SETUP_NEVER_FINISHED
                 ))
         }),
         "an Event names the member and why: {events:?}"
@@ -897,8 +900,10 @@ async fn a_member_whose_data_disk_is_missing_is_replaced_with_the_reason() {
     env.sim
         .faults()
         .update(|f| f.missing_data_disk = vec![WK.to_owned()]);
-    env.edit(|s| s.worker_pools[0].data_disk = Some(oxide_controller::size::ByteSize::gib(10)))
-        .await;
+    env.edit(|s| {
+        s.worker_pools[0].data_disk = Some(oxide_controller::base::size::ByteSize::gib(10))
+    })
+    .await;
     let out = env.reconcile(&[]).await;
     assert!(
         matches!(out.status.code(), Some(0 | 1)),
@@ -1086,7 +1091,7 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
         (
             "worker_pools.workers.labels.node-role.kubernetes.io/worker",
             |s| {
-                let mut spec = oxide_controller::spec::ClusterSpec::from_yaml(s).unwrap();
+                let mut spec = oxide_controller::domain::spec::ClusterSpec::from_yaml(s).unwrap();
                 spec.worker_pools[0]
                     .labels
                     .insert("node-role.kubernetes.io/worker".into(), "true".into());
@@ -1095,7 +1100,7 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
         ),
         // 40 members plus a surge one cannot fit an anti-affinity group of 32.
         ("worker_pools.workers.max", |s| {
-            let mut spec = oxide_controller::spec::ClusterSpec::from_yaml(s).unwrap();
+            let mut spec = oxide_controller::domain::spec::ClusterSpec::from_yaml(s).unwrap();
             spec.worker_pools[0].anti_affinity_group = Some("spread".into());
             spec.worker_pools[0].max = 40;
             spec.to_yaml()
@@ -1103,7 +1108,7 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
         // The project's /22 holds 1,018 members; 2 servers + 1,017 workers (each pool with a
         // surge member) do not fit.
         ("worker_pools.workers.max", |s| {
-            let mut spec = oxide_controller::spec::ClusterSpec::from_yaml(s).unwrap();
+            let mut spec = oxide_controller::domain::spec::ClusterSpec::from_yaml(s).unwrap();
             spec.worker_pools[0].max = 1016;
             spec.to_yaml()
         }),
@@ -1507,7 +1512,7 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
         .kubeconfig
         .clone()
         .unwrap_or_else(|| panic!("preset kubeconfig"));
-    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+    let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let env = Env {

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::preset::Preset;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
@@ -382,10 +382,10 @@ async fn set_autoscale(sim: &SimHandle, on: bool) -> Result<(), String> {
         .ok_or("no ConfigMap")?;
     let yaml = cm["data"]["spec.yaml"].as_str().ok_or("no spec.yaml")?;
     let mut spec =
-        oxide_controller::spec::ClusterSpec::from_yaml(yaml).map_err(|e| e.to_string())?;
+        oxide_controller::domain::spec::ClusterSpec::from_yaml(yaml).map_err(|e| e.to_string())?;
     let w = &mut spec.worker_pools[0];
     w.min = 0;
-    w.autoscale = on.then(|| oxide_controller::autoscale::AutoscaleSpec {
+    w.autoscale = on.then(|| oxide_controller::domain::autoscale::AutoscaleSpec {
         scale_down_unneeded_seconds: 0,
         ..Default::default()
     });

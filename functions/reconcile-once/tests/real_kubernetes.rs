@@ -13,13 +13,13 @@ use std::path::PathBuf;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::{self, StateStore};
-use oxide_controller::status::Status;
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::domain::spec::ClusterSpec;
+use oxide_controller::domain::status::Status;
+use oxide_controller::ports::state::{self, StateStore};
 use oxide_sim::control_plane::ControlPlaneOptions;
 use oxide_sim::guest::cluster_api::KubeView;
-use oxide_sim::preset::Preset;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
 
@@ -52,7 +52,7 @@ async fn env(control_plane: u32, workers: u32) -> Env {
     .await
     .unwrap_or_else(|e| panic!("simulator: {e:#}"));
     let kubeconfig = sim.kubeconfig.clone().expect("preset kubeconfig");
-    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+    let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
         .await
         .unwrap();
     Env {
@@ -384,7 +384,7 @@ async fn the_cronjob_runs_reconcile_once_on_its_schedule_under_the_shipped_rbac(
     let name = job["metadata"]["name"].as_str().unwrap();
     assert!(name.starts_with("oxide-controller-"), "{name}");
     // The run wrote its status: a Ready cluster, with the run id of a real run.
-    let client = oxide_controller::kubeclient::client(sim.kubeconfig.as_deref(), None)
+    let client = oxide_controller::adapters::kubeclient::client(sim.kubeconfig.as_deref(), None)
         .await
         .unwrap();
     let store = KubeStateStore::new(client, "kube-system");

@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use oxide_controller::cluster::NAMESPACE;
-use oxide_controller::kube_cluster::KubeCluster;
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::telemetry::{self, LogFormat};
+use oxide_controller::adapters::kube_cluster::KubeCluster;
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::base::telemetry::{self, LogFormat};
+use oxide_controller::ports::cluster::NAMESPACE;
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::pending::{self, PendingOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
@@ -174,7 +174,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> ExitCode {
-    let client = match oxide_controller::kubeclient::client(
+    let client = match oxide_controller::adapters::kubeclient::client(
         args.kube.kubeconfig.as_deref(),
         args.kube.context.as_deref(),
     )
@@ -297,7 +297,7 @@ async fn status(
     match output {
         StatusOutput::Table => print!(
             "{}",
-            oxide_controller::status_view::render_table(&view, chrono::Utc::now())
+            oxide_controller::domain::status_view::render_table(&view, chrono::Utc::now())
         ),
         StatusOutput::Json => println!(
             "{}",

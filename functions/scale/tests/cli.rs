@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use oxide_controller::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
-use oxide_controller::kube_store::KubeStateStore;
-use oxide_controller::secrets::ClusterSecrets;
-use oxide_controller::spec::ClusterSpec;
-use oxide_controller::state::{StateStore, keys};
+use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::domain::spec::ClusterSpec;
+use oxide_controller::ports::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
+use oxide_controller::ports::state::{StateStore, keys};
 use oxide_sim::control_plane::proxy::LocalApi;
 use oxide_sim::guest::cluster_api::{BlockingKube, KubeView};
 use serde_json::json;
@@ -34,7 +34,7 @@ async fn env() -> Env {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, local.admin_kubeconfig()).unwrap();
-    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None)
+    let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
         .await
         .unwrap();
     let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 1, 2);
@@ -212,7 +212,7 @@ async fn serve_prints_its_address_answers_and_exits_zero_on_sigterm() {
 /// (read-only); `-o json` for scripts; exit 1 while the last run said Degraded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_shows_the_cluster_and_exits_1_while_it_is_degraded() {
-    use oxide_controller::cluster::Cluster as _;
+    use oxide_controller::ports::cluster::Cluster as _;
     let env = env().await;
     let (code, out, err) = env.scale(&["status"]).await;
     assert_eq!(code, 0, "{err}");
@@ -232,7 +232,7 @@ async fn status_shows_the_cluster_and_exits_1_while_it_is_degraded() {
                 "spec": {"providerID": format!("oxide://{name}")}}))
             .unwrap();
     }
-    let client = oxide_controller::kubeclient::client(Some(&env.kubeconfig), None)
+    let client = oxide_controller::adapters::kubeclient::client(Some(&env.kubeconfig), None)
         .await
         .unwrap();
     let store = KubeStateStore::new(client.clone(), NAMESPACE);
@@ -258,9 +258,9 @@ async fn status_shows_the_cluster_and_exits_1_while_it_is_degraded() {
             .unwrap();
     };
     write_status(false).await;
-    oxide_controller::kube_cluster::KubeCluster::new(client, NAMESPACE)
+    oxide_controller::adapters::kube_cluster::KubeCluster::new(client, NAMESPACE)
         .record_event(
-            oxide_controller::cluster::EventType::Warning,
+            oxide_controller::ports::cluster::EventType::Warning,
             "SetupFailed",
             "demo-workers-bbbbb: node setup failed at k3s-install: download failed",
         )

@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::error::{AuthFailure, WebhookError};
-use crate::state::StateStore;
+use crate::ports::state::StateStore;
 
 type TokenDigest = [u8; 32];
 

@@ -3,7 +3,7 @@
 //! place a status is chosen. Detailed causes (Kubernetes errors, YAML problems) stay in the
 //! variant for the log and never reach the caller; nothing here ever holds a token.
 
-use crate::state::StateError;
+use crate::ports::state::StateError;
 use crate::workflows::scale::ScaleError;
 
 /// Why a credential was refused (for the log and for `WWW-Authenticate`).
@@ -201,7 +201,7 @@ fn unauthenticated(reason: &AuthFailure) -> PublicError {
 
 /// What a refused scale request tells the caller.
 fn scale_public(e: &ScaleError) -> PublicError {
-    use crate::spec::CountError;
+    use crate::domain::spec::CountError;
     match e {
         ScaleError::Count(CountError::UnknownPool { pool, known }) => PublicError::new(
             404,

@@ -21,8 +21,8 @@ use tokio::net::TcpListener;
 
 use super::error::WebhookError;
 use super::{Deps, MAX_BODY, handle, host_error_response};
-use crate::cluster::{Cluster, OBJECT_NAME};
-use crate::state::StateStore;
+use crate::ports::cluster::{Cluster, OBJECT_NAME};
+use crate::ports::state::StateStore;
 
 /// Secret key holding the webhook's PEM certificate chain (optional).
 pub const TLS_CERT_KEY: &str = "webhook-tls.crt";

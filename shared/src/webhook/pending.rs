@@ -34,10 +34,10 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::Deps;
-use crate::cluster::Cluster;
-use crate::spec::ClusterSpec;
-use crate::state::StateStore;
-use crate::status::Status;
+use crate::domain::spec::ClusterSpec;
+use crate::domain::status::Status;
+use crate::ports::cluster::Cluster;
+use crate::ports::state::StateStore;
 use crate::workflows::scale::ReconcileOutcome;
 
 /// Pods no node has been chosen for yet, still pending.
@@ -429,7 +429,7 @@ impl<S: StateStore, C: Cluster> Watcher<S, C> {
     }
 
     fn note_owner(&mut self, key: &str, pod: &Pod) {
-        if let Some(o) = crate::autoscale::observe::controller_key(pod) {
+        if let Some(o) = crate::domain::autoscale::observe::controller_key(pod) {
             self.owners.insert(key.to_owned(), o);
         }
     }

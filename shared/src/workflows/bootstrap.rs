@@ -6,9 +6,9 @@
 //! 1. `validate` — all input, before any API call ([`validate`]);
 //! 2. `resume` — read the resume file, or generate the controller key pair, the k3s server and
 //!    agent tokens, the webhook token and the first server's name and write them (0600)
-//!    BEFORE any VM exists ([`crate::resume`]);
+//!    BEFORE any VM exists ([`crate::adapters::resume`]);
 //! 3. `project`, with the VPC firewall rule `<cluster>-k8s-api` that admits `--api-allow`
-//!    to tcp/6443 ([`crate::firewall`]); 4. `image` — find by name, else upload ([`crate::image`]);
+//!    to tcp/6443 ([`crate::domain::firewall`]); 4. `image` — find by name, else upload ([`crate::adapters::image`]);
 //! 5. `floating-ip` `<cluster>-apiserver`, created or adopted;
 //! 6. `first-control-plane` — the `cluster-init` server under the resume file's name, created
 //!    only while the cluster has no control-plane VM at all (an existing one is adopted);
@@ -36,26 +36,26 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::cloud_init::MemberInput;
-use crate::cluster::NAMESPACE;
-use crate::credentials::CredentialSources;
-use crate::image::{self, EnsuredImage};
-use crate::kube_cluster::KubeCluster;
-use crate::kube_store::KubeStateStore;
-use crate::kubeconfig::{self, WriteOutcome};
-use crate::manifests;
-use crate::members;
-use crate::model::{FloatingIp, Image, Instance, InstanceState};
-use crate::names::{self, InstanceTag};
-use crate::oxide_rack::{OxideRack, RackOptions};
-use crate::plan::Plan;
-use crate::rack::{Rack, RackError};
-use crate::resume::{self, ResumeState};
-use crate::retry::Backoff;
-use crate::size::ByteSize;
-use crate::spec::{ExternalIpMode, K3sInstall, Role, SCHEMA_VERSION};
-use crate::ssh::{HostKeyPins, KeyError, SshError, SshTarget};
-use crate::state::{self, StateError, StateStore as _};
+use crate::adapters::credentials::CredentialSources;
+use crate::adapters::image::{self, EnsuredImage};
+use crate::adapters::kube_cluster::KubeCluster;
+use crate::adapters::kube_store::KubeStateStore;
+use crate::adapters::kubeconfig::{self, WriteOutcome};
+use crate::adapters::manifests;
+use crate::adapters::oxide_rack::{OxideRack, RackOptions};
+use crate::adapters::resume::{self, ResumeState};
+use crate::adapters::ssh::{HostKeyPins, KeyError, SshError, SshTarget};
+use crate::base::names::{self, InstanceTag};
+use crate::base::retry::Backoff;
+use crate::base::size::ByteSize;
+use crate::domain::model::{FloatingIp, Image, Instance, InstanceState};
+use crate::domain::plan::Plan;
+use crate::domain::spec::{ExternalIpMode, K3sInstall, Role, SCHEMA_VERSION};
+use crate::ports::cluster::NAMESPACE;
+use crate::ports::rack::{Rack, RackError};
+use crate::ports::state::{self, StateError, StateStore as _};
+use crate::render::cloud_init::MemberInput;
+use crate::render::members;
 use crate::workflows::error::{self, message};
 use crate::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
 
@@ -121,15 +121,15 @@ pub struct BootstrapInput {
     pub kubeconfig_overwrite: bool,
     pub kubeconfig_merge: bool,
     pub schedule: String,
-    /// An image reference, or `dev:<path>[:<os>/<arch>]` ([`crate::dev_image`]).
+    /// An image reference, or `dev:<path>[:<os>/<arch>]` ([`crate::adapters::dev_image`]).
     pub controller_image: String,
     /// Cargo profile of a `dev:` build (only with one); default
-    /// [`crate::dev_image::DEFAULT_PROFILE`].
+    /// [`crate::adapters::dev_image::DEFAULT_PROFILE`].
     pub dev_build_profile: Option<String>,
     /// Oxide CCM mode: external cloud provider in k3s, the CCM installed.
     pub oxide_ccm: bool,
     /// Image of the Oxide CCM (only with `oxide_ccm`); default
-    /// [`crate::manifests::DEFAULT_OXIDE_CCM_IMAGE`].
+    /// [`crate::adapters::manifests::DEFAULT_OXIDE_CCM_IMAGE`].
     pub oxide_ccm_image: Option<String>,
     pub ssh_user: String,
     pub ssh_port: u16,
@@ -141,7 +141,7 @@ pub struct BootstrapInput {
     /// Deadline for the API server, the console fingerprints and SSH to come up.
     pub api_timeout: Duration,
     /// `--api-allow`: comma-separated CIDRs the VPC firewall admits to the Kubernetes API
-    /// (tcp/6443); [`crate::firewall::DEFAULT_API_ALLOW`] is anywhere.
+    /// (tcp/6443); [`crate::domain::firewall::DEFAULT_API_ALLOW`] is anywhere.
     pub api_allow: String,
     /// Lease holder identity of the in-process reconcile (stable per machine, so a re-run
     /// after a kill takes over its own Lease at once).
@@ -334,7 +334,13 @@ struct ApiMember {
 /// that does not build creates nothing).
 async fn step_validate(
     input: &BootstrapInput,
-) -> Result<(validate::Validated, Option<crate::dev_image::Built>), BootstrapError> {
+) -> Result<
+    (
+        validate::Validated,
+        Option<crate::adapters::dev_image::Built>,
+    ),
+    BootstrapError,
+> {
     info!(step = STEP_VALIDATE, cluster = %input.cluster, "validating the input");
     let v = validate::validate(input).await?;
     let dev_build = match &v.dev_image {
@@ -342,7 +348,7 @@ async fn step_validate(
             let profile = input
                 .dev_build_profile
                 .as_deref()
-                .unwrap_or(crate::dev_image::DEFAULT_PROFILE);
+                .unwrap_or(crate::adapters::dev_image::DEFAULT_PROFILE);
             Some(dev::build(d, profile).await?)
         }
         None => None,
@@ -380,8 +386,8 @@ async fn step_resume(
 ) -> Result<
     (
         ResumeState,
-        crate::secrets::ClusterSecrets,
-        crate::ssh::SshKeyPair,
+        crate::base::secrets::ClusterSecrets,
+        crate::adapters::ssh::SshKeyPair,
     ),
     BootstrapError,
 > {
@@ -481,7 +487,7 @@ async fn step_image(
 /// Step `floating-ip`: `<cluster>-apiserver`, created or adopted. Returns its name and it.
 async fn step_floating_ip(
     rack: &OxideRack,
-    spec: &crate::spec::ClusterSpec,
+    spec: &crate::domain::spec::ClusterSpec,
 ) -> Result<(String, FloatingIp), BootstrapError> {
     let cluster = spec.cluster.as_str();
     let fip_name = names::api_floating_ip_name(cluster);
@@ -494,7 +500,7 @@ async fn step_floating_ip(
 /// Step `attach-floating-ip`. Returns the control plane it is attached to.
 async fn step_attach_floating_ip(
     rack: &OxideRack,
-    spec: &crate::spec::ClusterSpec,
+    spec: &crate::domain::spec::ClusterSpec,
     fip_name: &str,
     resume: &ResumeState,
     ip: IpAddr,
@@ -530,7 +536,7 @@ async fn step_wait_api(
         }
         _ => fip_ip,
     };
-    let server = crate::spec::server_url(access_ip);
+    let server = crate::domain::spec::server_url(access_ip);
     info!(step = "wait-api", url = %format!("{server}/readyz"), "waiting for the Kubernetes API");
     wait_for_api(
         &server,
@@ -564,7 +570,7 @@ async fn step_host_key(
 async fn step_fetch_kubeconfig(
     v: &validate::Validated,
     access_ip: IpAddr,
-    key: crate::ssh::SshKeyPair,
+    key: crate::adapters::ssh::SshKeyPair,
     pins: HostKeyPins,
     pinned_before: bool,
     api: &ApiMember,
@@ -610,7 +616,7 @@ fn step_write_kubeconfig(
 /// client and the store the later steps use.
 async fn step_state(
     v: &validate::Validated,
-    secrets: &crate::secrets::ClusterSecrets,
+    secrets: &crate::base::secrets::ClusterSecrets,
     resume: &mut ResumeState,
     k3s_yaml: &str,
 ) -> Result<(kube::Client, KubeStateStore), BootstrapError> {
@@ -620,7 +626,7 @@ async fn step_state(
         namespace = NAMESPACE,
         "writing the Secret and ConfigMap"
     );
-    let client = crate::kubeclient::client(Some(&v.kubeconfig), Some(&spec.cluster))
+    let client = crate::adapters::kubeclient::client(Some(&v.kubeconfig), Some(&spec.cluster))
         .await
         .map_err(|e| failed("state", e))?;
     let store = KubeStateStore::new(client.clone(), NAMESPACE);
@@ -640,7 +646,7 @@ async fn step_state(
         state::keys::K3S_SERVER_SETTINGS.to_owned(),
         serde_json::to_string(&spec.server_settings()).map_err(|e| failed("state", e))?,
     );
-    crate::retry::retry(
+    crate::base::retry::retry(
         Backoff::default(),
         |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
         || store.ensure_state(secrets, config.clone()),
@@ -659,7 +665,7 @@ async fn merge_host_key_pins(
     store: &KubeStateStore,
     resume: &mut ResumeState,
 ) -> Result<(), BootstrapError> {
-    let pins = crate::retry::retry(
+    let pins = crate::base::retry::retry(
         Backoff::default(),
         |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
         || store.merge_host_key_pins(&resume.host_key_pins),
@@ -679,7 +685,7 @@ async fn merge_host_key_pins(
 /// binaries are on a labelled Node before anything is told to run them).
 async fn step_manifests(
     v: &validate::Validated,
-    dev_build: Option<&crate::dev_image::Built>,
+    dev_build: Option<&crate::adapters::dev_image::Built>,
     target: &SshTarget,
     api_member: &str,
     client: &kube::Client,
@@ -779,7 +785,7 @@ async fn ensure_floating_ip(
     pool: Option<&str>,
 ) -> Result<FloatingIp, BootstrapError> {
     let step = "floating-ip";
-    let description = crate::names::api_floating_ip_description(cluster);
+    let description = crate::base::names::api_floating_ip_description(cluster);
     if let Some(f) = rack
         .get_floating_ip(name)
         .await
@@ -789,7 +795,7 @@ async fn ensure_floating_ip(
         // else's address that happens to have the name: never adopt that one, since
         // `bootstrap delete` would later leave it (or worse, take it).
         if f.description == description
-            || f.description == crate::names::LEGACY_RECONCILE_API_FIP_DESCRIPTION
+            || f.description == crate::base::names::LEGACY_RECONCILE_API_FIP_DESCRIPTION
         {
             return Ok(f);
         }
@@ -824,7 +830,7 @@ async fn ensure_first_server(
     rack: &OxideRack,
     v: &validate::Validated,
     resume: &ResumeState,
-    secrets: &crate::secrets::ClusterSecrets,
+    secrets: &crate::base::secrets::ClusterSecrets,
     image: &Image,
     api_address: IpAddr,
 ) -> Result<(), BootstrapError> {
@@ -1030,7 +1036,7 @@ async fn setup_not_failed(
             return Ok(());
         }
     };
-    match crate::cloud_init::setup_failure(&String::from_utf8_lossy(&console)) {
+    match crate::render::cloud_init::setup_failure(&String::from_utf8_lossy(&console)) {
         None => Ok(()),
         Some(f) => Err(failed(
             step,
@@ -1125,7 +1131,7 @@ async fn read_pins(
             .map_err(|e| rack_failed(step, e))?;
         let mut parsed = HostKeyPins::from_console(&String::from_utf8_lossy(&console));
         if matches!(parsed, Err(KeyError::NoFingerprintBlock))
-            && console.len() as u64 >= crate::oxide_rack::SERIAL_CONSOLE_BYTES
+            && console.len() as u64 >= crate::adapters::oxide_rack::SERIAL_CONSOLE_BYTES
         {
             // More printed since the block than the tail holds: the start of the history,
             // which propolis keeps, still has it.
@@ -1199,7 +1205,7 @@ async fn fetch_kubeconfig(
 
 /// The Secret keeps the values it had (ensure_state never overwrites); warn when they are
 /// not the resume file's, which means the resume file is from another incarnation.
-async fn check_stored_tokens(store: &KubeStateStore, ours: &crate::secrets::ClusterSecrets) {
+async fn check_stored_tokens(store: &KubeStateStore, ours: &crate::base::secrets::ClusterSecrets) {
     match store.read_secrets().await {
         Ok(stored)
             if stored.k3s_token != ours.k3s_token
@@ -1232,7 +1238,8 @@ async fn reconcile_loop(
         let mut opts = ReconcileOptions::new(holder);
         opts.deadline = Some(remaining.clamp(Duration::from_secs(15), Duration::from_secs(240)));
         opts.poll = Duration::from_millis(250);
-        let make_rack = |s: &crate::secrets::ClusterSecrets, spec: &crate::spec::ClusterSpec| {
+        let make_rack = |s: &crate::base::secrets::ClusterSecrets,
+                         spec: &crate::domain::spec::ClusterSpec| {
             OxideRack::connect(
                 &s.oxide_host,
                 &s.oxide_token,

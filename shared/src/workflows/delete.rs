@@ -36,14 +36,14 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::credentials::{self, CredentialSources};
-use crate::kubeconfig::{self, RemoveOutcome};
-use crate::model::InstanceState;
-use crate::names;
-use crate::oxide_rack::{OxideRack, RackOptions};
-use crate::rack::{Rack, RackError};
-use crate::resume::{self, ResumeState};
-use crate::spec::ClusterSpec;
+use crate::adapters::credentials::{self, CredentialSources};
+use crate::adapters::kubeconfig::{self, RemoveOutcome};
+use crate::adapters::oxide_rack::{OxideRack, RackOptions};
+use crate::adapters::resume::{self, ResumeState};
+use crate::base::names;
+use crate::domain::model::InstanceState;
+use crate::domain::spec::ClusterSpec;
+use crate::ports::rack::{Rack, RackError};
 use crate::workflows::error::{self, message};
 
 pub use crate::workflows::error::WorkflowError as DeleteError;

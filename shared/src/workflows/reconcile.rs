@@ -16,16 +16,16 @@ mod autoscale;
 pub use autoscale::{Decided, active as autoscale_active, views as autoscale_views};
 
 use crate::apply::{self, ApplyOptions};
-use crate::cluster::{Cluster, ClusterError, EventType, LeaseOutcome};
-use crate::members::SpecMembers;
-use crate::names;
-use crate::plan::{self, Observed, Plan};
-use crate::plan::{ActionResult, Outcome};
-use crate::rack::{Rack, RackError};
-use crate::secrets::ClusterSecrets;
-use crate::spec::ClusterSpec;
-use crate::state::{self, StateError, StateStore};
-use crate::status::{self, RunReport, Status};
+use crate::base::names;
+use crate::base::secrets::ClusterSecrets;
+use crate::domain::plan::{self, Observed, Plan};
+use crate::domain::plan::{ActionResult, Outcome};
+use crate::domain::spec::ClusterSpec;
+use crate::domain::status::{self, RunReport, Status};
+use crate::ports::cluster::{Cluster, ClusterError, EventType, LeaseOutcome};
+use crate::ports::rack::{Rack, RackError};
+use crate::ports::state::{self, StateError, StateStore};
+use crate::render::members::SpecMembers;
 use crate::workflows::error::{self, BoxError, Kind, context, message};
 
 /// How a run went; maps to the exit code.
@@ -89,7 +89,7 @@ pub struct ReconcileOptions {
     /// How long a removal waits for its instance to stop within this run.
     pub stop_wait: Duration,
     /// Backoff for retryable Oxide errors.
-    pub backoff: crate::retry::Backoff,
+    pub backoff: crate::base::retry::Backoff,
     /// The clock (tests pass a fake one).
     pub now: Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>,
 }
@@ -116,7 +116,7 @@ impl ReconcileOptions {
             deadline: None,
             poll: Duration::from_millis(500),
             stop_wait: Duration::from_secs(60),
-            backoff: crate::retry::Backoff::default(),
+            backoff: crate::base::retry::Backoff::default(),
             now: Arc::new(Utc::now),
         }
     }
@@ -213,19 +213,20 @@ pub async fn observe<R: Rack, C: Cluster>(
 
 /// The node setup failures on the consoles of running members that have no Node yet: the
 /// setup script prints one marker line when a step fails (see
-/// [`crate::cloud_init::SETUP_FAILED_MARKER`]), and such a member never joins. A console that
+/// [`crate::render::cloud_init::SETUP_FAILED_MARKER`]), and such a member never joins. A console that
 /// cannot be read is skipped (the join deadline still applies to that member).
 async fn setup_failures<R: Rack>(
     rack: &R,
     observed: &Observed,
-) -> BTreeMap<String, crate::model::SetupFailure> {
+) -> BTreeMap<String, crate::domain::model::SetupFailure> {
     let nodes: std::collections::BTreeSet<&str> =
         observed.nodes.iter().map(|n| n.name.as_str()).collect();
     let waiting: Vec<&str> = observed
         .instances
         .iter()
         .filter(|i| {
-            i.state == crate::model::InstanceState::Running && !nodes.contains(i.name.as_str())
+            i.state == crate::domain::model::InstanceState::Running
+                && !nodes.contains(i.name.as_str())
         })
         .map(|i| i.name.as_str())
         .collect();
@@ -234,7 +235,8 @@ async fn setup_failures<R: Rack>(
     for (name, console) in waiting.into_iter().zip(consoles) {
         match console {
             Ok(bytes) => {
-                if let Some(f) = crate::cloud_init::setup_failure(&String::from_utf8_lossy(&bytes))
+                if let Some(f) =
+                    crate::render::cloud_init::setup_failure(&String::from_utf8_lossy(&bytes))
                 {
                     tracing::warn!(instance = name, step = %f.step, reason = %f.reason, "node setup failed");
                     out.insert(name.to_owned(), f);
@@ -285,7 +287,7 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     spec: &ClusterSpec,
     now: DateTime<Utc>,
     previous: Option<&Status>,
-) -> Result<(Observed, Plan, Option<crate::autoscale::Outcome>), ReconcileError> {
+) -> Result<(Observed, Plan, Option<crate::domain::autoscale::Outcome>), ReconcileError> {
     let mut observed = observe(rack, cluster, spec).await?;
     if let Some(p) = previous {
         observed.create_backoff = p.create_backoff.clone();
@@ -327,7 +329,7 @@ pub async fn resolve_join_address<R: Rack>(
     observed: &mut Observed,
     now: DateTime<Utc>,
 ) -> Result<(), ReconcileError> {
-    if let Some(server) = crate::members::join_server(spec, observed, now) {
+    if let Some(server) = crate::render::members::join_server(spec, observed, now) {
         observed.join_address = rack.instance_private_ip(&server).await.map_err(rack_err)?;
     }
     Ok(())
@@ -358,7 +360,10 @@ where
     let run_id = new_run_id(started_at);
     let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
     let (spec, secrets, snapshot) =
-        crate::retry::retry(crate::cluster::KUBE_BACKOFF, transient, || load(state)).await?;
+        crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
+            load(state)
+        })
+        .await?;
     let deadline_len = opts
         .deadline
         .unwrap_or(Duration::from_secs(spec.timeouts.run_deadline_seconds));
@@ -392,7 +397,7 @@ where
 
     let work = async {
         let (observed, plan, autoscaled) =
-            crate::retry::retry(crate::cluster::KUBE_BACKOFF, transient, || {
+            crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
                 observe_and_plan(&rack, cluster, &spec, (opts.now)(), previous.as_ref())
             })
             .await?;
@@ -471,8 +476,8 @@ async fn take_lease<C: Cluster>(
     lease_len: Duration,
 ) -> Result<(LeaseOutcome, Instant), ReconcileError> {
     let mut asked = Instant::now();
-    let taken = crate::retry::retry(
-        crate::cluster::KUBE_BACKOFF,
+    let taken = crate::base::retry::retry(
+        crate::ports::cluster::KUBE_BACKOFF,
         ClusterError::is_retryable,
         || {
             asked = Instant::now();
@@ -507,7 +512,14 @@ fn run_status(
     run_id: &str,
     started_at: DateTime<Utc>,
     finished_at: DateTime<Utc>,
-    outcome: &Result<(Plan, Vec<ActionResult>, Option<crate::autoscale::Outcome>), ReconcileError>,
+    outcome: &Result<
+        (
+            Plan,
+            Vec<ActionResult>,
+            Option<crate::domain::autoscale::Outcome>,
+        ),
+        ReconcileError,
+    >,
     previous: Option<&Status>,
 ) -> Status {
     let (plan, results, autoscaled, error) = match outcome {
@@ -534,8 +546,8 @@ fn run_status(
 /// Gives the Lease back. Retried like every other Kubernetes call: a Lease left held makes
 /// the next runs step aside until it expires (the run's deadline plus a margin).
 async fn release_lease<C: Cluster>(cluster: &C, holder: &str) {
-    let released = crate::retry::retry(
-        crate::cluster::KUBE_BACKOFF,
+    let released = crate::base::retry::retry(
+        crate::ports::cluster::KUBE_BACKOFF,
         ClusterError::is_retryable,
         || cluster.release_lease(holder),
     )
@@ -551,7 +563,7 @@ fn finish(
     run_id: &str,
     plan: Plan,
     results: Vec<ActionResult>,
-    autoscaled: Option<crate::autoscale::Outcome>,
+    autoscaled: Option<crate::domain::autoscale::Outcome>,
     status: &Status,
     took: Duration,
 ) -> Result<RunOutcome, ReconcileError> {
@@ -642,7 +654,7 @@ pub async fn write_status<S: StateStore>(
             // A 5xx or timeout: the write may or may not have landed; re-read and decide.
             Err(e @ StateError::Api { .. }) => {
                 last = Some(e);
-                tokio::time::sleep(crate::cluster::KUBE_BACKOFF.first).await;
+                tokio::time::sleep(crate::ports::cluster::KUBE_BACKOFF.first).await;
             }
             Err(e) => return Err(e),
         }
@@ -685,7 +697,7 @@ fn summary(
     run_id: &str,
     plan: &Plan,
     results: &[ActionResult],
-    autoscaled: Option<&crate::autoscale::Outcome>,
+    autoscaled: Option<&crate::domain::autoscale::Outcome>,
     status: &Status,
     took: Duration,
 ) {

@@ -13,10 +13,10 @@
 
 use std::time::Duration;
 
-use crate::cluster::{Cluster, JobTrigger, NAMESPACE, ON_DEMAND_JOB};
-use crate::retry::Backoff;
-use crate::spec::{ClusterSpec, CountError, PoolSpec, Role, SpecLoadError};
-use crate::state::{ConfigSnapshot, StateError, StateStore, keys};
+use crate::base::retry::Backoff;
+use crate::domain::spec::{ClusterSpec, CountError, PoolSpec, Role, SpecLoadError};
+use crate::ports::cluster::{Cluster, JobTrigger, NAMESPACE, ON_DEMAND_JOB};
+use crate::ports::state::{ConfigSnapshot, StateError, StateStore, keys};
 use crate::workflows::error::{Kind, chain};
 
 /// The change asked for.
@@ -304,7 +304,7 @@ async fn edit_spec<S: StateStore, T>(
     cache: &SpecCache,
     mut edit: impl FnMut(
         &mut ClusterSpec,
-        &crate::state::ConfigSnapshot,
+        &crate::ports::state::ConfigSnapshot,
     ) -> Result<(T, bool), ScaleError>,
 ) -> Result<(T, bool, u32), ScaleError> {
     let attempts = opts.backoff.attempts.max(1);
@@ -398,8 +398,8 @@ fn autoscale_bounds(p: &PoolSpec, planned: Option<u32>) -> AutoscaleBounds {
 }
 
 /// The desired count of `pool` in the last run's `status.json`.
-fn planned_count(snapshot: &crate::state::ConfigSnapshot, pool: &str) -> Option<u32> {
-    let status = crate::status::Status::from_json(snapshot.status_json()?)?;
+fn planned_count(snapshot: &crate::ports::state::ConfigSnapshot, pool: &str) -> Option<u32> {
+    let status = crate::domain::status::Status::from_json(snapshot.status_json()?)?;
     status
         .pools
         .iter()
@@ -468,7 +468,9 @@ fn change_autoscale(
     }
     match (change.enabled, p.autoscale.as_mut()) {
         (Some(on), Some(a)) => a.enabled = on,
-        (Some(true), None) => p.autoscale = Some(crate::autoscale::AutoscaleSpec::default()),
+        (Some(true), None) => {
+            p.autoscale = Some(crate::domain::autoscale::AutoscaleSpec::default())
+        }
         (Some(false), None) | (None, _) => {}
     }
     if was_enabled
@@ -484,7 +486,7 @@ fn change_autoscale(
             .0
             .into_iter()
             .next()
-            .unwrap_or_else(|| crate::spec::SpecError {
+            .unwrap_or_else(|| crate::domain::spec::SpecError {
                 field: String::new(),
                 message: "invalid".into(),
             });
@@ -719,7 +721,7 @@ mod tests {
         let w = world(2, 10);
         let mut spec =
             ClusterSpec::from_yaml(&w.with(|s| s.config.data[keys::SPEC].clone())).unwrap();
-        spec.worker_pools[0].autoscale = Some(crate::autoscale::AutoscaleSpec::default());
+        spec.worker_pools[0].autoscale = Some(crate::domain::autoscale::AutoscaleSpec::default());
         w.with(|s| s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml()));
         let opts = ScaleOptions::default();
         let e = run(&w.state(), &w.cluster(), None, CountChange::Add(1), &opts)

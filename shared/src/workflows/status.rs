@@ -1,12 +1,12 @@
 //! `scale status`: reads what an operator may read (the ConfigMap, the Nodes, the Events) and
-//! assembles the view ([`crate::status_view`]). Read-only: nothing is written.
+//! assembles the view ([`crate::domain::status_view`]). Read-only: nothing is written.
 
-use crate::cluster::{Cluster as _, ClusterError, OBJECT_NAME};
-use crate::kube_cluster::KubeCluster;
-use crate::spec::{ClusterSpec, SpecLoadError};
-use crate::state::{StateError, StateStore};
-use crate::status::Status;
-use crate::status_view::{self, View};
+use crate::adapters::kube_cluster::KubeCluster;
+use crate::domain::spec::{ClusterSpec, SpecLoadError};
+use crate::domain::status::Status;
+use crate::domain::status_view::{self, View};
+use crate::ports::cluster::{Cluster as _, ClusterError, OBJECT_NAME};
+use crate::ports::state::{StateError, StateStore};
 use crate::workflows::error::Kind;
 
 /// Why the view could not be built.

@@ -38,7 +38,7 @@ fn main() -> ExitCode {
 
 fn say(msg: &str) {
     use std::io::IsTerminal as _;
-    if oxide_controller::telemetry::colour(
+    if oxide_controller::base::telemetry::colour(
         std::io::stdout().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),
     ) {
@@ -125,7 +125,7 @@ async fn demo() -> Result<()> {
     )
     .await?;
 
-    let client = oxide_controller::kubeclient::client(Some(&kubeconfig), None).await?;
+    let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None).await?;
     say("nodes after bootstrap");
     show_nodes(&client).await?;
 
@@ -135,7 +135,7 @@ async fn demo() -> Result<()> {
         .listeners()
         .snapshot()
         .into_iter()
-        .find(|l| l.kind == oxide_sim::net::ListenerKind::KubeApi)
+        .find(|l| l.kind == oxide_sim::support::net::ListenerKind::KubeApi)
         .map(|l| format!("https://{}", l.addr))
         .context("no API server is up")?;
     let sa_kubeconfig = dir.join("webhook.kubeconfig");

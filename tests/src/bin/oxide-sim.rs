@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::oxide::{FaultSpec, RouteFault, Timings};
-use oxide_sim::preset::Preset;
 use oxide_sim::{Sim, SimOptions};
 
 /// Oxide rack + k3s cluster simulator.

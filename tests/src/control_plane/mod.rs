@@ -181,10 +181,11 @@ impl ControlPlane {
         ip: Ipv4Addr,
         opts: &ControlPlaneOptions,
     ) -> Result<ControlPlane, ControlPlaneError> {
-        let dir = crate::scratch::tempdir("kcp-").map_err(|source| ControlPlaneError::Io {
-            path: std::env::temp_dir(),
-            source,
-        })?;
+        let dir =
+            crate::support::scratch::tempdir("kcp-").map_err(|source| ControlPlaneError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })?;
         let pki = Arc::new(pki::Pki::new()?);
         let files = Files::write(dir.path(), ip, &pki, opts)?;
         let mut cp_components = Vec::new();

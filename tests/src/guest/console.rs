@@ -6,7 +6,7 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::Inner;
-use crate::sshd::SshHost;
+use crate::guest::sshd::SshHost;
 
 impl Inner {
     pub(super) fn console(&self, id: Uuid, text: &str) {

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::k3s_config::{K3sConfig, Role};
 use super::kubelet::node_object;
 use super::{Cluster, Inner, K3sState};
-use crate::net::ListenerKind;
+use crate::support::net::ListenerKind;
 
 // ---------------------------------------------------------------------------------------------
 // tokens

@@ -15,8 +15,8 @@ use super::k3s_config::{K3S_CONFIG_PATH, K3sConfig, Role};
 use super::setup_script::{SetupStep, UpEnd};
 use super::{Boot, Inner, K3sState, Vm};
 use super::{console, kubelet, setup_script};
+use crate::guest::sshd::SshHost;
 use crate::oxide::{RackEvents, RunningInstance};
-use crate::sshd::SshHost;
 
 /// How the k3s unit was started, which decides how long its starter waits.
 #[derive(Clone, Copy, Debug)]

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::cluster_api::RealCluster;
 use super::k3s_config::Role;
 use super::{Inner, K3sState, KUBE_API_PORT, State, Vm};
-use crate::net::{ListenerKind, ListenersGuard};
+use crate::support::net::{ListenerKind, ListenersGuard};
 
 /// A listener a VM should have: address, kind, and the SANs of its certificate.
 type Desired = (SocketAddr, ListenerKind, Vec<String>);

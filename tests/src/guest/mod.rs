@@ -33,6 +33,7 @@ mod listeners;
 mod paths;
 mod setup_script;
 mod ssh;
+pub mod sshd;
 mod tailscale_up;
 mod yaml;
 
@@ -54,9 +55,9 @@ pub use k3s_config::{
 };
 pub use yaml::UserDataError;
 
-use crate::net::Listeners;
+use crate::guest::sshd::SshHost;
 use crate::oxide::{Faults, OxideSim};
-use crate::sshd::SshHost;
+use crate::support::net::Listeners;
 
 /// Port of the Kubernetes API on server VMs.
 pub const KUBE_API_PORT: u16 = 6443;
@@ -413,7 +414,7 @@ impl Inner {
     fn vm_upload_dir(&self, id: Uuid) -> Option<std::path::PathBuf> {
         self.upload_dir
             .get_or_init(|| {
-                crate::scratch::tempdir("oxide-sim-vm-files-")
+                crate::support::scratch::tempdir("oxide-sim-vm-files-")
                     .map_err(
                         |err| tracing::warn!(error = %err, "cannot create the upload directory"),
                     )

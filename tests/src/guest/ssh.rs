@@ -12,7 +12,7 @@ use super::k3s_config::{
     K3S_AGENT_TOKEN_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3S_TOKEN_PATH,
 };
 use super::{Inner, K3sState};
-use crate::sshd::{SshBackend, SshHost};
+use crate::guest::sshd::{SshBackend, SshHost};
 
 impl Inner {
     pub(super) fn ssh_parts(

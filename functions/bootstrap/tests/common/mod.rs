@@ -46,12 +46,12 @@ pub async fn env_with(opts: SimOptions) -> Env {
 
 impl Env {
     /// The product's Oxide adapter for `project` on this simulator.
-    pub fn rack(&self, project: &str) -> oxide_controller::oxide_rack::OxideRack {
-        oxide_controller::oxide_rack::OxideRack::connect(
+    pub fn rack(&self, project: &str) -> oxide_controller::adapters::oxide_rack::OxideRack {
+        oxide_controller::adapters::oxide_rack::OxideRack::connect(
             &self.sim.oxide_host,
             &self.sim.oxide_token,
             project,
-            oxide_controller::oxide_rack::RackOptions::default(),
+            oxide_controller::adapters::oxide_rack::RackOptions::default(),
         )
         .unwrap()
     }
@@ -336,7 +336,7 @@ pub fn log_lines(stderr: &[u8]) -> Vec<Value> {
 
 /// A kube client from a kubeconfig file (context = its current one).
 pub async fn kube_client(path: &Path, context: &str) -> kube::Client {
-    oxide_controller::kubeclient::client(Some(path), Some(context))
+    oxide_controller::adapters::kubeclient::client(Some(path), Some(context))
         .await
         .unwrap_or_else(|e| panic!("{e}"))
 }

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use oxide_controller::spec::ClusterSpec;
+use oxide_controller::domain::spec::ClusterSpec;
 use oxide_sim::control_plane::ControlPlaneOptions;
-use oxide_sim::preset::Preset;
+use oxide_sim::harness::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
@@ -91,7 +91,7 @@ pub async fn cluster(autoscale: bool, max: u32) -> (SimHandle, String) {
     let w = &mut spec.worker_pools[0];
     w.min = 1;
     w.max = max;
-    w.autoscale = autoscale.then(oxide_controller::autoscale::AutoscaleSpec::default);
+    w.autoscale = autoscale.then(oxide_controller::domain::autoscale::AutoscaleSpec::default);
     kube.merge_patch(
         "v1",
         "ConfigMap",

@@ -18,14 +18,14 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::{BootstrapError, failed, rack_failed, read_pins};
-use crate::dev_image::{Built, DevImage, Installed};
-use crate::manifests::{self, NodeBinaries};
-use crate::model::InstanceState;
-use crate::names;
-use crate::oxide_rack::OxideRack;
-use crate::rack::Rack as _;
-use crate::spec::ClusterSpec;
-use crate::ssh::{HostKeyPins, SshKeyPair, SshTarget};
+use crate::adapters::dev_image::{Built, DevImage, Installed};
+use crate::adapters::manifests::{self, NodeBinaries};
+use crate::adapters::oxide_rack::OxideRack;
+use crate::adapters::ssh::{HostKeyPins, SshKeyPair, SshTarget};
+use crate::base::names;
+use crate::domain::model::InstanceState;
+use crate::domain::spec::ClusterSpec;
+use crate::ports::rack::Rack as _;
 use crate::workflows::error::{self, message};
 
 /// Builds the binaries (step `validate`: a source that does not build is the input's fault).
@@ -60,7 +60,7 @@ pub(super) async fn install_on(
     built: &Built,
     client: &kube::Client,
 ) -> Result<(), BootstrapError> {
-    let how = crate::dev_image::install(target, built)
+    let how = crate::adapters::dev_image::install(target, built)
         .await
         .map_err(|e| failed(step, e))?;
     let how = match how {
@@ -90,7 +90,7 @@ async fn label_node(
         {
             Ok(_) => return Ok(()),
             Err(e) if Instant::now() < deadline => {
-                info!(step, node, error = %crate::kubeclient::api_message(&e), "cannot label the Node yet; retrying");
+                info!(step, node, error = %crate::adapters::kubeclient::api_message(&e), "cannot label the Node yet; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => {
@@ -99,7 +99,7 @@ async fn label_node(
                     message(format!(
                         "labelling Node {node} {}={value}: {}",
                         manifests::NODE_BINARIES_LABEL,
-                        crate::kubeclient::api_message(&e)
+                        crate::adapters::kubeclient::api_message(&e)
                     )),
                 ));
             }
@@ -116,7 +116,7 @@ pub(super) async fn install_on_servers(
     spec: &ClusterSpec,
     key: &SshKeyPair,
     built: &Built,
-    store: &crate::kube_store::KubeStateStore,
+    store: &crate::adapters::kube_store::KubeStateStore,
     timeout: Duration,
     tty: bool,
 ) -> Result<(), BootstrapError> {
@@ -142,7 +142,7 @@ pub(super) async fn install_on_servers(
                 .instance_external_ips(&server.name)
                 .await
                 .map_err(|e| rack_failed(step, e))?;
-            let ip = crate::rack::reachable_address(&ips).ok_or_else(|| {
+            let ip = crate::ports::rack::reachable_address(&ips).ok_or_else(|| {
                 failed(
                     step,
                     message(format!(

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tracing::info;
 
-use crate::image::UploadProgress;
+use crate::adapters::image::UploadProgress;
 
 /// How often a terminal line is redrawn.
 const REDRAW: Duration = Duration::from_millis(100);

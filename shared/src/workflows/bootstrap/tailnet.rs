@@ -20,8 +20,8 @@ use std::path::Path;
 use tokio::time::Instant;
 use tracing::info;
 
-use crate::spec::{ClusterSpec, ExternalIpMode, TailscaleSpec};
-use crate::tailscale::{self, SecretString, TailscaleApi, TailscaleError};
+use crate::adapters::tailscale::{self, SecretString, TailscaleApi, TailscaleError};
+use crate::domain::spec::{ClusterSpec, ExternalIpMode, TailscaleSpec};
 
 use super::{BootstrapError, progress};
 use crate::workflows::error::{self, message};
@@ -79,11 +79,11 @@ pub(super) fn spec_for(flags: &TailscaleFlags) -> Option<TailscaleSpec> {
         tag: flags
             .tag
             .as_deref()
-            .map(crate::spec::tailscale::normalize_tag)
-            .unwrap_or_else(|| crate::spec::tailscale::DEFAULT_TAG.to_owned()),
+            .map(crate::domain::spec::tailscale::normalize_tag)
+            .unwrap_or_else(|| crate::domain::spec::tailscale::DEFAULT_TAG.to_owned()),
         up_timeout_seconds: flags
             .up_timeout_seconds
-            .unwrap_or(crate::spec::DEFAULT_TAILSCALE_UP_TIMEOUT),
+            .unwrap_or(crate::domain::spec::DEFAULT_TAILSCALE_UP_TIMEOUT),
         ..TailscaleSpec::default()
     })
 }
@@ -96,7 +96,7 @@ pub(super) fn validate_flags(
 ) -> Result<Option<TailscaleAccess>, BootstrapError> {
     let read = |flag: &'static str, v: &SecretString| -> Result<SecretString, BootstrapError> {
         let value = super::value_or_file(flag, v.expose(), home)?;
-        crate::spec::tailscale::check_key(&value)
+        crate::domain::spec::tailscale::check_key(&value)
             .map_err(|m| BootstrapError::input(flag, message(m)))?;
         Ok(SecretString::new(value))
     };
@@ -205,7 +205,7 @@ pub(super) fn reach_over_tailnet(spec: &ClusterSpec, access: Option<&TailscaleAc
 /// when its console shows that the node setup failed (e.g. `tailscale up` was refused).
 pub(super) async fn tailnet_address(
     access: &TailscaleAccess,
-    rack: &crate::oxide_rack::OxideRack,
+    rack: &crate::adapters::oxide_rack::OxideRack,
     instance: &str,
     deadline: Instant,
     tty: bool,
@@ -357,7 +357,7 @@ mod tests {
         assert_eq!(spec_for(&TailscaleFlags::default()), None);
         assert_eq!(
             spec_for(&flags()).unwrap().tag,
-            crate::spec::tailscale::DEFAULT_TAG,
+            crate::domain::spec::tailscale::DEFAULT_TAG,
             "default"
         );
         for given in ["k8s", "tag:k8s"] {

@@ -6,13 +6,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::credentials;
-use crate::image::{ImageRequest, ImageSource, UploadOptions};
-use crate::kubeconfig::{self, WriteMode};
-use crate::manifests::{self, Manifest, Settings};
-use crate::oxide_rack::{OxideRack, RackOptions};
-use crate::resume;
-use crate::spec::{ClusterSpec, SpecErrors};
+use crate::adapters::credentials;
+use crate::adapters::image::{ImageRequest, ImageSource, UploadOptions};
+use crate::adapters::kubeconfig::{self, WriteMode};
+use crate::adapters::manifests::{self, Manifest, Settings};
+use crate::adapters::oxide_rack::{OxideRack, RackOptions};
+use crate::adapters::resume;
+use crate::domain::spec::{ClusterSpec, SpecErrors};
 use crate::workflows::error::{self, message};
 
 use super::{BootstrapError, BootstrapInput};
@@ -32,9 +32,9 @@ pub(super) struct Validated {
     /// The `--tailscale-*` flags, checked (None: no Tailscale).
     pub tailscale: Option<super::tailnet::TailscaleAccess>,
     /// `--controller-image dev:…`: the workspace to build (checked), else None.
-    pub dev_image: Option<crate::dev_image::DevImage>,
+    pub dev_image: Option<crate::adapters::dev_image::DevImage>,
     /// The VPC firewall rule that opens the Kubernetes API to `--api-allow`.
-    pub api_rule: crate::firewall::TcpAllowRule,
+    pub api_rule: crate::domain::firewall::TcpAllowRule,
 }
 
 /// The flag a spec field comes from, for messages.
@@ -242,9 +242,9 @@ pub(super) async fn validate(input: &BootstrapInput) -> Result<Validated, Bootst
     let credentials = validate_credentials(input, &spec)?;
     let user_ssh_public_key = validate_user_ssh_public_key(input)?;
     let (kubeconfig_path, mode) = validate_kubeconfig(input, &spec)?;
-    let api_sources = crate::firewall::parse_sources(&input.api_allow)
+    let api_sources = crate::domain::firewall::parse_sources(&input.api_allow)
         .map_err(|e| BootstrapError::input("--api-allow", message(e)))?;
-    let api_rule = crate::firewall::api_rule(&spec.cluster, api_sources);
+    let api_rule = crate::domain::firewall::api_rule(&spec.cluster, api_sources);
     let resume_path = validate_state_dir(input, &spec)?;
     let manifests = render_manifests(input, &spec, ccm_image)?;
 
@@ -291,8 +291,8 @@ fn validate_spec(input: &BootstrapInput) -> Result<ClusterSpec, BootstrapError> 
 /// `--dev-build-profile`. Returns the dev workspace, if one is named.
 async fn validate_controller_image(
     input: &BootstrapInput,
-) -> Result<Option<crate::dev_image::DevImage>, BootstrapError> {
-    let dev_image = crate::dev_image::DevImage::parse(&input.controller_image)
+) -> Result<Option<crate::adapters::dev_image::DevImage>, BootstrapError> {
+    let dev_image = crate::adapters::dev_image::DevImage::parse(&input.controller_image)
         .map_err(BootstrapError::inputs)?;
     let c = &input.controller_image;
     if dev_image.is_none()
@@ -311,7 +311,7 @@ async fn validate_controller_image(
             ));
         }
         (Some(_), Some(profile)) => {
-            crate::dev_image::validate_profile(profile).map_err(BootstrapError::inputs)?
+            crate::adapters::dev_image::validate_profile(profile).map_err(BootstrapError::inputs)?
         }
         _ => {}
     }
@@ -366,7 +366,7 @@ fn validate_user_ssh_public_key(input: &BootstrapInput) -> Result<Option<String>
     match &input.user_ssh_public_key {
         Some(v) => {
             let key = super::value_or_file("--user-ssh-public-key", v, input.home.as_deref())?;
-            crate::ssh::parse_public_key(&key)
+            crate::adapters::ssh::parse_public_key(&key)
                 .map_err(|e| BootstrapError::input("--user-ssh-public-key", e))?;
             Ok(Some(key))
         }

@@ -17,12 +17,12 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use tokio::time::Instant;
 use tracing::info;
 
-use crate::cluster::{Cluster as _, LeaseOutcome, NAMESPACE, OBJECT_NAME};
-use crate::kube_cluster::KubeCluster;
-use crate::kube_store::KubeStateStore;
-use crate::kubeclient;
-use crate::spec::ClusterSpec;
-use crate::state::{StateStore as _, keys};
+use crate::adapters::kube_cluster::KubeCluster;
+use crate::adapters::kube_store::KubeStateStore;
+use crate::adapters::kubeclient;
+use crate::domain::spec::ClusterSpec;
+use crate::ports::cluster::{Cluster as _, LeaseOutcome, NAMESPACE, OBJECT_NAME};
+use crate::ports::state::{StateStore as _, keys};
 
 /// Name of the webhook Deployment (k8s-cronjobs/webhook.yaml).
 pub const WEBHOOK_DEPLOYMENT: &str = "oxide-controller-webhook";
@@ -62,8 +62,8 @@ impl KubeInCluster {
     /// the API answers within a few seconds; `Err` says why not (the delete then works from
     /// Oxide alone).
     pub async fn connect(path: &std::path::Path, cluster: &str) -> Result<KubeInCluster, String> {
-        match crate::kubeconfig::inspect(path, cluster) {
-            Ok(crate::kubeconfig::Existing::Ours { .. }) => {}
+        match crate::adapters::kubeconfig::inspect(path, cluster) {
+            Ok(crate::adapters::kubeconfig::Existing::Ours { .. }) => {}
             Ok(_) => {
                 return Err(format!("{} has no context {cluster}", path.display()));
             }
@@ -74,7 +74,7 @@ impl KubeInCluster {
             .map_err(|e| crate::workflows::error::chain(&e))?;
         let probe = KubeStateStore::new(client.clone(), NAMESPACE);
         match tokio::time::timeout(Duration::from_secs(10), probe.read_config()).await {
-            Ok(Ok(_)) | Ok(Err(crate::state::StateError::NotFound { .. })) => {
+            Ok(Ok(_)) | Ok(Err(crate::ports::state::StateError::NotFound { .. })) => {
                 Ok(KubeInCluster { client })
             }
             Ok(Err(e)) => Err(crate::workflows::error::chain(&e)),
@@ -145,7 +145,7 @@ impl InCluster for KubeInCluster {
         let store = KubeStateStore::new(self.client.clone(), NAMESPACE);
         let snap = match store.read_config().await {
             Ok(s) => s,
-            Err(crate::state::StateError::NotFound { .. }) => return Ok(None),
+            Err(crate::ports::state::StateError::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(crate::workflows::error::chain(&e)),
         };
         match snap.data.get(keys::SPEC) {

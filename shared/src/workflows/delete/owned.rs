@@ -28,16 +28,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::image::import_disk_cluster;
-use crate::model::{
+use crate::adapters::image::import_disk_cluster;
+use crate::base::names::{self, InstanceTag};
+use crate::domain::model::{
     AntiAffinityGroup, Disk, DiskState, FloatingIp, Image, Instance, InstanceState, Snapshot,
 };
-use crate::names::{self, InstanceTag};
 
 /// Description the Oxide CCM gives the floating IPs it creates
 /// (oxide-cloud-controller-manager `internal/provider/load_balancer.go`, `createFloatingIP`).
 pub const CCM_FLOATING_IP_DESCRIPTION: &str = "Managed by oxide-cloud-controller-manager.";
-use crate::names::{ANTI_AFFINITY_GROUP_DESCRIPTION as GROUP_DESCRIPTION, DEFAULT_VPC};
+use crate::base::names::{ANTI_AFFINITY_GROUP_DESCRIPTION as GROUP_DESCRIPTION, DEFAULT_VPC};
 
 /// Kinds of object, in the order they are removed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -493,7 +493,7 @@ fn take_anti_affinity_groups(
 
 /// Bootstrap's API rule, by its exact name.
 fn take_api_firewall_rule(cluster: &str, obs: &ObservedProject, inv: &mut Inventory) {
-    let rule = crate::firewall::api_rule_name(cluster);
+    let rule = crate::domain::firewall::api_rule_name(cluster);
     if obs.firewall_rules.iter().flatten().any(|r| *r == rule) {
         inv.items.push(Item {
             kind: Kind::FirewallRule,

@@ -1,4 +1,4 @@
-//! The autoscaler inside a run: list the pods, let the pure [`crate::autoscale::plan`]
+//! The autoscaler inside a run: list the pods, let the pure [`crate::domain::autoscale::plan`]
 //! decide, and hand the planner the counts and the members to remove.
 //!
 //! An autoscaling pool's desired count is what the autoscaler says, starting from the members
@@ -17,10 +17,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Utc};
 
 use super::ReconcileError;
-use crate::autoscale::{self, AutoscaleState, NodeView, Outcome, PodView, PoolView, observe};
-use crate::cluster::{Cluster, ClusterError, EventType};
-use crate::plan::{self, Finding, Observed};
-use crate::spec::{ClusterSpec, Role};
+use crate::domain::autoscale::{
+    self, AutoscaleState, NodeView, Outcome, PodView, PoolView, observe,
+};
+use crate::domain::plan::{self, Finding, Observed};
+use crate::domain::spec::{ClusterSpec, Role};
+use crate::ports::cluster::{Cluster, ClusterError, EventType};
 
 /// Some worker pool has autoscaling on.
 pub fn active(spec: &ClusterSpec) -> bool {
@@ -261,7 +263,7 @@ pub fn summary(outcome: &Outcome) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::autoscale::{AutoscaleSpec, Resources};
+    use crate::domain::autoscale::{AutoscaleSpec, Resources};
     use chrono::TimeZone;
 
     /// 10,000 pods pending on a pool at max: what status carries of the outcome (the outcome

@@ -1,0 +1,363 @@
+//! [`KubeStateStore`]: the [`StateStore`] trait over Secret and ConfigMap
+//! `<namespace>/oxide-controller` with kube-rs. It owns the optimistic-concurrency protocol on
+//! the wire (read returns the `resourceVersion`, write is a PUT carrying it, 409 becomes
+//! [`StateError::Conflict`]) and the "fill in, never overwrite" rule of `ensure_state`.
+//! What to write — merging specs, status documents — is the workflows' business, not this
+//! module's.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+
+use crate::adapters::kubeclient::{api_message, api_status};
+use crate::base::secrets::ClusterSecrets;
+use crate::ports::cluster::OBJECT_NAME;
+use crate::ports::state::{ConfigSnapshot, NAME_LABEL, StateError, StateStore};
+
+/// Read-fill-write rounds `ensure_state` makes per object before giving up with `Conflict`.
+const ENSURE_ATTEMPTS: usize = 5;
+
+/// The real [`StateStore`].
+pub struct KubeStateStore {
+    client: kube::Client,
+    namespace: String,
+    /// Metadata of the ConfigMap as last read or written. A replace against that
+    /// resourceVersion keeps its annotations, owner references and finalizers (a PUT replaces
+    /// all of metadata); against any other version only name and labels are sent.
+    last_config_meta: Mutex<Option<ObjectMeta>>,
+}
+
+impl std::fmt::Debug for KubeStateStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeStateStore")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Classifies a kube error for the object `what`.
+pub fn state_error(what: impl Into<String>, err: kube::Error) -> StateError {
+    let what = what.into();
+    match api_status(&err) {
+        Some(404) => StateError::NotFound { what },
+        Some(409) => StateError::Conflict { what },
+        Some(403) => StateError::Forbidden {
+            what,
+            message: api_message(&err),
+        },
+        _ => StateError::Api {
+            what,
+            source: Box::new(err),
+        },
+    }
+}
+
+fn name_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([(NAME_LABEL.0.to_owned(), NAME_LABEL.1.to_owned())])
+}
+
+/// Adds our name label if it is missing; true if it did.
+fn ensure_label(meta: &mut ObjectMeta) -> bool {
+    let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+    if labels.get(NAME_LABEL.0).map(String::as_str) == Some(NAME_LABEL.1) {
+        return false;
+    }
+    labels.insert(NAME_LABEL.0.to_owned(), NAME_LABEL.1.to_owned());
+    true
+}
+
+impl KubeStateStore {
+    /// A store for the objects named `oxide-controller` in `namespace` (normally
+    /// [`crate::ports::cluster::NAMESPACE`]).
+    pub fn new(client: kube::Client, namespace: &str) -> Self {
+        KubeStateStore {
+            client,
+            namespace: namespace.to_owned(),
+            last_config_meta: Mutex::new(None),
+        }
+    }
+
+    /// The Kubernetes client this store uses.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    fn config_what(&self) -> String {
+        format!("ConfigMap {}/{OBJECT_NAME}", self.namespace)
+    }
+
+    fn secret_what(&self) -> String {
+        format!("Secret {}/{OBJECT_NAME}", self.namespace)
+    }
+
+    /// Adds `pins` (instance → fingerprints) to the Secret's [`crate::ports::state::keys::HOST_KEY_PINS`]
+    /// and returns everything it holds afterwards. Pins already stored for an instance are
+    /// never replaced: a key that changed is for the person to check, not to overwrite.
+    pub async fn merge_host_key_pins(
+        &self,
+        pins: &BTreeMap<String, Vec<String>>,
+    ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = self.secret_what();
+        for _ in 0..ENSURE_ATTEMPTS {
+            let mut secret = api
+                .get_opt(OBJECT_NAME)
+                .await
+                .map_err(|e| state_error(&what, e))?
+                .ok_or_else(|| StateError::NotFound { what: what.clone() })?;
+            let data = secret.data.get_or_insert_with(BTreeMap::new);
+            let mut stored: BTreeMap<String, Vec<String>> =
+                match data.get(crate::ports::state::keys::HOST_KEY_PINS) {
+                    Some(v) => serde_json::from_slice(&v.0).map_err(|e| StateError::Malformed {
+                        what: format!("{what} key {}", crate::ports::state::keys::HOST_KEY_PINS),
+                        message: e.to_string(),
+                    })?,
+                    None => BTreeMap::new(),
+                };
+            let before = stored.len();
+            for (instance, fps) in pins {
+                stored
+                    .entry(instance.clone())
+                    .or_insert_with(|| fps.clone());
+            }
+            if stored.len() == before && data.contains_key(crate::ports::state::keys::HOST_KEY_PINS)
+            {
+                return Ok(stored);
+            }
+            let json = serde_json::to_vec(&stored).map_err(|e| StateError::Malformed {
+                what: what.clone(),
+                message: e.to_string(),
+            })?;
+            data.insert(
+                crate::ports::state::keys::HOST_KEY_PINS.to_owned(),
+                ByteString(json),
+            );
+            match api
+                .replace(OBJECT_NAME, &PostParams::default(), &secret)
+                .await
+            {
+                Ok(_) => return Ok(stored),
+                Err(e) if api_status(&e) == Some(409) => continue,
+                Err(e) => return Err(state_error(&what, e)),
+            }
+        }
+        Err(StateError::Conflict { what })
+    }
+
+    fn fresh_meta(&self) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(OBJECT_NAME.to_owned()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(name_labels()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    fn remember_config_meta(&self, meta: &ObjectMeta) {
+        let kept = ObjectMeta {
+            name: meta.name.clone(),
+            namespace: meta.namespace.clone(),
+            resource_version: meta.resource_version.clone(),
+            labels: meta.labels.clone(),
+            annotations: meta.annotations.clone(),
+            owner_references: meta.owner_references.clone(),
+            finalizers: meta.finalizers.clone(),
+            ..ObjectMeta::default()
+        };
+        *self
+            .last_config_meta
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(kept);
+    }
+
+    /// Metadata for a replace against `resource_version`.
+    fn config_meta_for(&self, resource_version: &str) -> ObjectMeta {
+        let cached = self
+            .last_config_meta
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut meta = cached
+            .filter(|m| m.resource_version.as_deref() == Some(resource_version))
+            .unwrap_or_else(|| self.fresh_meta());
+        meta.resource_version = Some(resource_version.to_owned());
+        ensure_label(&mut meta);
+        meta
+    }
+
+    async fn ensure_secret(&self, wanted: BTreeMap<String, Vec<u8>>) -> Result<(), StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = self.secret_what();
+        for _ in 0..ENSURE_ATTEMPTS {
+            let Some(mut secret) = api
+                .get_opt(OBJECT_NAME)
+                .await
+                .map_err(|e| state_error(&what, e))?
+            else {
+                let secret = Secret {
+                    metadata: self.fresh_meta(),
+                    type_: Some("Opaque".to_owned()),
+                    data: Some(
+                        wanted
+                            .iter()
+                            .map(|(k, v)| (k.clone(), ByteString(v.clone())))
+                            .collect(),
+                    ),
+                    ..Secret::default()
+                };
+                match api.create(&PostParams::default(), &secret).await {
+                    Ok(_) => return Ok(()),
+                    // Someone else created it first: fill in what theirs lacks.
+                    Err(e) if api_status(&e) == Some(409) => continue,
+                    Err(e) => return Err(state_error(&what, e)),
+                }
+            };
+            let mut changed = ensure_label(&mut secret.metadata);
+            let data = secret.data.get_or_insert_with(BTreeMap::new);
+            for (key, value) in &wanted {
+                if !data.contains_key(key) {
+                    data.insert(key.clone(), ByteString(value.clone()));
+                    changed = true;
+                }
+            }
+            if !changed {
+                return Ok(());
+            }
+            match api
+                .replace(OBJECT_NAME, &PostParams::default(), &secret)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if api_status(&e) == Some(409) => continue,
+                Err(e) => return Err(state_error(&what, e)),
+            }
+        }
+        Err(StateError::Conflict { what })
+    }
+
+    async fn ensure_config(&self, wanted: BTreeMap<String, String>) -> Result<(), StateError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = self.config_what();
+        for _ in 0..ENSURE_ATTEMPTS {
+            let Some(mut config) = api
+                .get_opt(OBJECT_NAME)
+                .await
+                .map_err(|e| state_error(&what, e))?
+            else {
+                let config = ConfigMap {
+                    metadata: self.fresh_meta(),
+                    data: Some(wanted.clone()),
+                    ..ConfigMap::default()
+                };
+                match api.create(&PostParams::default(), &config).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if api_status(&e) == Some(409) => continue,
+                    Err(e) => return Err(state_error(&what, e)),
+                }
+            };
+            let mut changed = ensure_label(&mut config.metadata);
+            let data = config.data.get_or_insert_with(BTreeMap::new);
+            for (key, value) in &wanted {
+                if !data.contains_key(key) {
+                    data.insert(key.clone(), value.clone());
+                    changed = true;
+                }
+            }
+            if !changed {
+                return Ok(());
+            }
+            match api
+                .replace(OBJECT_NAME, &PostParams::default(), &config)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if api_status(&e) == Some(409) => continue,
+                Err(e) => return Err(state_error(&what, e)),
+            }
+        }
+        Err(StateError::Conflict { what })
+    }
+}
+
+impl StateStore for KubeStateStore {
+    async fn read_config(&self) -> Result<ConfigSnapshot, StateError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let config = api
+            .get(OBJECT_NAME)
+            .await
+            .map_err(|e| state_error(self.config_what(), e))?;
+        self.remember_config_meta(&config.metadata);
+        let resource_version =
+            config
+                .metadata
+                .resource_version
+                .clone()
+                .ok_or_else(|| StateError::Malformed {
+                    what: self.config_what(),
+                    message: "the API returned it without a resourceVersion".to_owned(),
+                })?;
+        Ok(ConfigSnapshot {
+            resource_version,
+            data: config.data.unwrap_or_default(),
+        })
+    }
+
+    async fn replace_config(
+        &self,
+        resource_version: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let config = ConfigMap {
+            metadata: self.config_meta_for(resource_version),
+            data: Some(data),
+            ..ConfigMap::default()
+        };
+        let written = api
+            .replace(OBJECT_NAME, &PostParams::default(), &config)
+            .await
+            .map_err(|e| state_error(self.config_what(), e))?;
+        self.remember_config_meta(&written.metadata);
+        written
+            .metadata
+            .resource_version
+            .ok_or_else(|| StateError::Malformed {
+                what: self.config_what(),
+                message: "the API answered the replace without a resourceVersion".to_owned(),
+            })
+    }
+
+    async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let secret = api
+            .get(OBJECT_NAME)
+            .await
+            .map_err(|e| state_error(self.secret_what(), e))?;
+        let map: BTreeMap<String, Vec<u8>> = secret
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, v.0))
+            .collect();
+        ClusterSecrets::from_map(&map).map_err(|e| StateError::Malformed {
+            what: self.secret_what(),
+            message: format!(
+                "key {:?} is missing or not UTF-8; re-run bootstrap to repair it",
+                e.key
+            ),
+        })
+    }
+
+    async fn ensure_state(
+        &self,
+        secrets: &ClusterSecrets,
+        config: BTreeMap<String, String>,
+    ) -> Result<(), StateError> {
+        self.ensure_secret(secrets.to_map()).await?;
+        self.ensure_config(config).await
+    }
+}

@@ -1,0 +1,173 @@
+//! Building the `kube::Client` every Kubernetes adapter uses: from an explicit kubeconfig file,
+//! or inferred (in-cluster ServiceAccount, then `$KUBECONFIG` / `~/.kube/config`), always with
+//! timeouts. Only client construction lives here; API calls belong to the adapters
+//! (`kube_cluster`, `kube_store`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// Time allowed to open a connection to the API server.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed for the API server to answer one request.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time allowed to send one request.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why no client could be built.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeClientError {
+    #[error("cannot read kubeconfig {}; check --kubeconfig", path.display())]
+    ReadKubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("kubeconfig {} is unusable (context {context})", path.display())]
+    LoadKubeconfig {
+        path: PathBuf,
+        context: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error(
+        "no Kubernetes configuration found: not running in a cluster and no usable $KUBECONFIG or ~/.kube/config; pass --kubeconfig"
+    )]
+    Infer {
+        #[source]
+        source: kube::config::InferConfigError,
+    },
+    #[error(
+        "the default kubeconfig ($KUBECONFIG or ~/.kube/config) is unusable (context {context})"
+    )]
+    LoadDefault {
+        context: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("cannot build a Kubernetes client for {server}")]
+    Build {
+        server: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// A client for the cluster named by `kubeconfig` (and `context`, else its current context),
+/// or, without a path, the inferred one: in-cluster config or `$KUBECONFIG` / `~/.kube/config`.
+///
+/// The client has connect/read/write timeouts and **no** built-in retry layer: kube's default
+/// layer retries 429 and 503 up to 15 times with growing delays, which would hide an eviction
+/// refused by a PodDisruptionBudget (429) for minutes. Callers retry with their own bounded
+/// policy ([`crate::base::retry`]) where a retry makes sense.
+pub async fn client(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<kube::Client, KubeClientError> {
+    let options = KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..KubeConfigOptions::default()
+    };
+    let context_name = context.unwrap_or("current-context").to_owned();
+    let config = match kubeconfig {
+        Some(path) => {
+            let file =
+                Kubeconfig::read_from(path).map_err(|source| KubeClientError::ReadKubeconfig {
+                    path: path.to_owned(),
+                    source,
+                })?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .map_err(|source| KubeClientError::LoadKubeconfig {
+                    path: path.to_owned(),
+                    context: context_name,
+                    source,
+                })?
+        }
+        // An explicit context only makes sense for a kubeconfig file, so skip in-cluster.
+        None if context.is_some() => {
+            kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|source| KubeClientError::LoadDefault {
+                    context: context_name,
+                    source,
+                })?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|source| KubeClientError::Infer { source })?,
+    };
+    client_from_config(config)
+}
+
+/// A client from a ready [`kube::Config`], with this module's timeouts and without kube's
+/// retry layer (see [`client`]).
+pub fn client_from_config(mut config: kube::Config) -> Result<kube::Client, KubeClientError> {
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    config.read_timeout = Some(READ_TIMEOUT);
+    config.write_timeout = Some(WRITE_TIMEOUT);
+    // Count the read timeout from when the request was sent, not from when a pooled
+    // connection went idle.
+    config.reset_reader_on_write = true;
+    config.default_retry = false;
+    let server = config.cluster_url.to_string();
+    kube::Client::try_from(config).map_err(|source| KubeClientError::Build { server, source })
+}
+
+/// The HTTP status of a failed API call, when the server answered (kube reports every 4xx/5xx
+/// answer as `kube::Error::Api`); `None` for transport trouble (connect, TLS, timeouts).
+pub fn api_status(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+/// The server's message of a failed API call, or the error's own text for transport trouble.
+pub fn api_message(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) if !status.message.is_empty() => status.message.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used, clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_file_is_named_in_the_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("nope.yaml");
+        let Err(err) = client(Some(&path), None).await else {
+            panic!("a missing file must fail")
+        };
+        assert!(
+            matches!(err, KubeClientError::ReadKubeconfig { .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("nope.yaml"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_unknown_context_is_named_in_the_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:6443\n\
+             users:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: a\n  context:\n    cluster: c\n    user: u\n\
+             current-context: a\n",
+        )
+        .expect("write");
+        let Err(err) = client(Some(&path), Some("missing")).await else {
+            panic!("an unknown context must fail")
+        };
+        assert!(err.to_string().contains("missing"), "{err}");
+        // The current context works and points where the file says.
+        let ok = client(Some(&path), None).await.expect("client");
+        assert_eq!(ok.default_namespace(), "default");
+    }
+}

@@ -1,0 +1,355 @@
+//! The local resume file of `bootstrap`: `<state dir>/<cluster>.json`, mode 0600.
+//!
+//! It holds what bootstrap generates and must never lose between creating the first VM and
+//! writing the Secret: the controller's SSH key pair, the k3s server and agent tokens, the
+//! webhook token, and the name chosen for the first control-plane instance; and, once read,
+//! the SSH host key fingerprints of the servers bootstrap connected to. It is written
+//! (atomically: temporary file, fsync, rename) BEFORE the first VM exists, so a run killed at
+//! any instant leaves either no VM, or a VM whose keys and tokens the next run reads back here.
+//! Once the Secret exists it is the durable copy; the file stays as the laptop's record.
+//!
+//! Owns the file's format, location and permissions. Not here: deciding when to write it
+//! (the bootstrap workflow) or the Secret (the state store). `Debug` never shows a secret.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::adapters::ssh::{self, SshKeyPair};
+use crate::base::names;
+use crate::base::secrets::{ClusterSecrets, random_token};
+
+/// Format version of the file.
+pub const RESUME_VERSION: u32 = 1;
+/// Bytes of randomness in each generated token.
+const TOKEN_BYTES: usize = 32;
+/// Comment on the controller's public key (shows up in `authorized_keys`).
+pub const CONTROLLER_KEY_COMMENT: &str = "oxide-controller";
+
+/// The file's content.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ResumeState {
+    pub version: u32,
+    pub cluster: String,
+    pub project: String,
+    /// Oxide API the cluster was started on (informational; the token is never stored here).
+    pub oxide_host: String,
+    /// Name of the instance created with `cluster-init`.
+    pub first_control_plane: String,
+    /// The controller's private key, OpenSSH format.
+    pub ssh_private_key: String,
+    /// The controller's public key, `authorized_keys` format.
+    pub ssh_public_key: String,
+    pub k3s_token: String,
+    pub k3s_agent_token: String,
+    pub webhook_token: String,
+    pub created: DateTime<Utc>,
+    /// The cluster spec (YAML) bootstrap started with, so `bootstrap delete` knows the
+    /// anti-affinity groups when the cluster's API is gone. Absent in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<String>,
+    /// `SHA256:…` SSH host key fingerprints per instance, as first read from its serial
+    /// console. Later runs verify the server against these: cloud-init prints the keys on a
+    /// VM's first boot only, and a changed key is refused, never trusted anew.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_key_pins: BTreeMap<String, Vec<String>>,
+}
+
+impl std::fmt::Debug for ResumeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResumeState")
+            .field("cluster", &self.cluster)
+            .field("project", &self.project)
+            .field("oxide_host", &self.oxide_host)
+            .field("first_control_plane", &self.first_control_plane)
+            .field("created", &self.created)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Resume file trouble. Messages name the file and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("cannot read the resume file {}: {message}", path.display())]
+    Read { path: PathBuf, message: String },
+    #[error("the resume file {} is not valid ({message}); move it away only if no VM of this cluster exists yet", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("the resume file {} belongs to {what}; pass the matching --cluster/--project or another --state-dir", path.display())]
+    Mismatch { path: PathBuf, what: String },
+    #[error("cannot write the resume file {}: {message}; pass a writable --state-dir", path.display())]
+    Write { path: PathBuf, message: String },
+    #[error("cannot generate the controller's SSH key: {0}")]
+    Key(String),
+}
+
+/// `$HOME/.config/oxide-controller`, or `None` without a home directory.
+pub fn default_state_dir(home: Option<PathBuf>) -> Option<PathBuf> {
+    home.map(|h| h.join(".config").join("oxide-controller"))
+}
+
+/// `<dir>/<cluster>.json`.
+pub fn resume_path(dir: &Path, cluster: &str) -> PathBuf {
+    dir.join(format!("{cluster}.json"))
+}
+
+impl ResumeState {
+    /// Fresh keys and tokens, and a name for the first control-plane instance.
+    pub fn generate(
+        cluster: &str,
+        project: &str,
+        oxide_host: &str,
+        control_plane_pool: &str,
+    ) -> Result<ResumeState, ResumeError> {
+        let key = ssh::generate_ed25519();
+        let private = key
+            .to_openssh()
+            .map_err(|e| ResumeError::Key(e.to_string()))?;
+        let public = key
+            .authorized_key_line(CONTROLLER_KEY_COMMENT)
+            .map_err(|e| ResumeError::Key(e.to_string()))?;
+        let mut rng = rand::rng();
+        let suffix = names::random_suffix(&mut rng);
+        Ok(ResumeState {
+            version: RESUME_VERSION,
+            cluster: cluster.to_owned(),
+            project: project.to_owned(),
+            oxide_host: oxide_host.to_owned(),
+            first_control_plane: names::instance_name(cluster, control_plane_pool, &suffix),
+            ssh_private_key: private.expose().to_owned(),
+            ssh_public_key: public,
+            k3s_token: random_token(&mut rng, TOKEN_BYTES),
+            k3s_agent_token: random_token(&mut rng, TOKEN_BYTES),
+            webhook_token: random_token(&mut rng, TOKEN_BYTES),
+            created: Utc::now(),
+            spec: None,
+            host_key_pins: BTreeMap::new(),
+        })
+    }
+
+    /// The controller's key pair.
+    pub fn key_pair(&self) -> Result<SshKeyPair, ResumeError> {
+        SshKeyPair::from_openssh(&self.ssh_private_key).map_err(|e| ResumeError::Key(e.to_string()))
+    }
+
+    /// The Secret's values: these keys and tokens plus the Oxide credentials.
+    pub fn secrets(
+        &self,
+        oxide_host: &str,
+        oxide_token: &str,
+        user_ssh_public_key: Option<&str>,
+    ) -> ClusterSecrets {
+        ClusterSecrets {
+            oxide_host: oxide_host.to_owned(),
+            oxide_token: oxide_token.to_owned(),
+            oxide_project: self.project.clone(),
+            k3s_token: self.k3s_token.clone(),
+            k3s_agent_token: self.k3s_agent_token.clone(),
+            ssh_private_key: self.ssh_private_key.clone(),
+            ssh_public_key: self.ssh_public_key.clone(),
+            user_ssh_public_key: user_ssh_public_key.map(str::to_owned),
+            webhook_token: self.webhook_token.clone(),
+            tailscale_auth_key: None,
+        }
+    }
+
+    fn check(&self, path: &Path, cluster: &str, project: &str) -> Result<(), ResumeError> {
+        if self.version != RESUME_VERSION {
+            return Err(ResumeError::Parse {
+                path: path.to_owned(),
+                message: format!("version {} is not {RESUME_VERSION}", self.version),
+            });
+        }
+        if self.cluster != cluster || self.project != project {
+            return Err(ResumeError::Mismatch {
+                path: path.to_owned(),
+                what: format!("cluster {} in project {}", self.cluster, self.project),
+            });
+        }
+        self.key_pair().map(drop).map_err(|e| ResumeError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Reads the resume file of `cluster`, `Ok(None)` if there is none. A file for another
+/// cluster or project is refused rather than reused.
+pub fn load(path: &Path, cluster: &str, project: &str) -> Result<Option<ResumeState>, ResumeError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(ResumeError::Read {
+                path: path.to_owned(),
+                message: e.to_string(),
+            });
+        }
+    };
+    let state: ResumeState = serde_json::from_str(&text).map_err(|e| ResumeError::Parse {
+        path: path.to_owned(),
+        // serde_json's message names the line and column, never the content.
+        message: e.to_string(),
+    })?;
+    state.check(path, cluster, project)?;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(path = %path.display(), "the resume file is readable by others; tightening it to 0600");
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    }
+    Ok(Some(state))
+}
+
+/// Reads the resume file of `cluster` whatever project it names (`bootstrap delete` learns
+/// the project from it); `Ok(None)` if there is none.
+pub fn load_for_cluster(path: &Path, cluster: &str) -> Result<Option<ResumeState>, ResumeError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(ResumeError::Read {
+                path: path.to_owned(),
+                message: e.to_string(),
+            });
+        }
+    };
+    let state: ResumeState = serde_json::from_str(&text).map_err(|e| ResumeError::Parse {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let project = state.project.clone();
+    state.check(path, cluster, &project)?;
+    Ok(Some(state))
+}
+
+/// Writes the file atomically with mode 0600 (its directory 0700 when created).
+pub fn save(path: &Path, state: &ResumeState) -> Result<(), ResumeError> {
+    let err = |e: std::io::Error| ResumeError::Write {
+        path: path.to_owned(),
+        message: e.to_string(),
+    };
+    let text = serde_json::to_string_pretty(state).map_err(|e| ResumeError::Write {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    write_private_atomic(path, text.as_bytes()).map_err(err)
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory (mode 0600,
+/// fsynced, renamed over the target), creating missing directories with mode 0700.
+pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        // The rename is durable once the directory is synced.
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_state_round_trips_with_mode_0600_and_hides_secrets_from_debug() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = resume_path(&dir.path().join("nested"), "demo");
+        let state = ResumeState::generate("demo", "proj", "https://rack", "control-plane").unwrap();
+        assert!(state.first_control_plane.starts_with("demo-control-plane-"));
+        assert_ne!(state.k3s_token, state.k3s_agent_token);
+        save(&path, &state).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let dir_mode = std::fs::metadata(path.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(dir_mode, 0o700);
+        assert_eq!(load(&path, "demo", "proj").unwrap(), Some(state.clone()));
+        let dbg = format!("{state:?}");
+        for secret in [
+            &state.k3s_token,
+            &state.k3s_agent_token,
+            &state.webhook_token,
+            &state.ssh_private_key,
+        ] {
+            assert!(!dbg.contains(secret.as_str()));
+        }
+        // The key pair parses back and matches the public line.
+        let key = state.key_pair().unwrap();
+        assert!(state.ssh_public_key.starts_with("ssh-ed25519 "));
+        assert_eq!(
+            key.authorized_key_line(CONTROLLER_KEY_COMMENT).unwrap(),
+            state.ssh_public_key
+        );
+    }
+
+    #[test]
+    fn a_missing_file_is_none_and_a_foreign_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = resume_path(dir.path(), "demo");
+        assert_eq!(load(&path, "demo", "proj").unwrap(), None);
+        let state = ResumeState::generate("demo", "proj", "https://rack", "control-plane").unwrap();
+        save(&path, &state).unwrap();
+        assert!(matches!(
+            load(&path, "demo", "other"),
+            Err(ResumeError::Mismatch { .. })
+        ));
+        std::fs::write(&path, "{not json").unwrap();
+        let e = load(&path, "demo", "proj").unwrap_err().to_string();
+        assert!(e.contains("not valid"), "{e}");
+    }
+
+    #[test]
+    fn loose_permissions_are_tightened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = resume_path(dir.path(), "demo");
+        save(
+            &path,
+            &ResumeState::generate("demo", "p", "h", "cp").unwrap(),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        load(&path, "demo", "p").unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+}

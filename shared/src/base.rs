@@ -1,0 +1,9 @@
+//! Base layer: vocabulary with no knowledge of clusters or racks (names, sizes, cron
+//! schedules, retry, secret material, logging). Imports nothing else from the crate.
+
+pub mod kcron;
+pub mod names;
+pub mod retry;
+pub mod secrets;
+pub mod size;
+pub mod telemetry;

@@ -1,0 +1,11 @@
+//! Domain layer: pure rules over plain types. The cluster spec and its validation, the
+//! observed model, the planner and the autoscaler, the firewall rule's shape, status
+//! building. No I/O, no SDK types; imports only [`crate::base`].
+
+pub mod autoscale;
+pub mod firewall;
+pub mod model;
+pub mod plan;
+pub mod spec;
+pub mod status;
+pub mod status_view;

@@ -1,0 +1,1153 @@
+//! The planner: `plan(&spec, &observed, now, fresh_suffixes) -> Plan`.
+//!
+//! Pure and synchronous: no I/O, no clock (the caller passes `now`), no RNG (the caller passes
+//! pre-drawn name suffixes). Every decision about *what* to do lives here, where table tests
+//! reach it; `apply` only carries actions out. Each action carries a human reason.
+//!
+//! Rules (DESIGN.md "Reconcile rules"), per pool:
+//! - members are classified ([`Health`]); capacity = Ready + Joining + NotReady within grace;
+//! - removals already under way (Node annotated `removing`, instance stopping/stopped) go on;
+//! - broken members (Failed, join timed out, NotReady past grace) are removed; workers are
+//!   replaced in the same run, the control plane removes first and replaces in a later run,
+//!   because adding an etcd member while another is dead can cost quorum;
+//! - scale up creates the shortfall, never letting a pool exceed desired+1 instances;
+//! - scale down picks victims: `delete-me` > never joined > NotReady > drifted > newest;
+//! - drift rolls one member at a time per pool: a surge member first, then, once it is Ready,
+//!   one drifted member goes; scale-downs wait while a surge member is joining;
+//! - the control plane changes one member at a time and never below etcd quorum;
+//! - the API floating IP sits on a Ready control-plane member;
+//! - Nodes without an instance and disks without an instance are deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+
+use crate::base::names::{self, InstanceTag};
+use crate::domain::model::{
+    Disk, DiskState, FloatingIp, Image, Instance, InstanceState, NewInstance, Node, NodeReadiness,
+};
+use crate::domain::spec::{ClusterSpec, PoolSpec, Role};
+
+pub mod backoff;
+
+pub use crate::domain::model::REMOVING_ANNOTATION;
+
+/// What happened to one action.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", content = "detail", rename_all = "snake_case")]
+pub enum Outcome {
+    Done,
+    /// Made progress; a later run finishes it.
+    InProgress(String),
+    Failed(String),
+    /// Not started: deadline reached or Lease lost.
+    Skipped(String),
+}
+
+/// An action and its outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ActionResult {
+    #[serde(flatten)]
+    pub action: Action,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+    /// A failed create whose cause retrying at once does not fix (see
+    /// [`crate::domain::plan::backoff`]).
+    #[serde(skip)]
+    pub blocked: Option<backoff::Blocked>,
+}
+
+/// Builds the instance for a `CreateMember` action (spec + secrets + images + cloud-init).
+pub trait MemberFactory: Send + Sync {
+    fn new_instance(&self, pool: &str, name: &str) -> Result<NewInstance, String>;
+    /// Anti-affinity group of a pool, if any.
+    fn anti_affinity_group(&self, pool: &str) -> Option<String>;
+}
+/// Label k3s puts on server Nodes.
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+
+/// What a run observed. Instances and disks are complete listings (all pages).
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    /// Instances whose name starts with `<cluster>-`.
+    pub instances: Vec<Instance>,
+    pub nodes: Vec<Node>,
+    pub disks: Vec<Disk>,
+    /// The API floating IP, looked up by exact name.
+    pub api_floating_ip: Option<FloatingIp>,
+    /// The private (VPC) address of a Ready server that new members join through (looked up
+    /// only when the plan creates members; see [`crate::render::members::join_server`]).
+    pub join_address: Option<std::net::IpAddr>,
+    /// Images the spec names, resolved (None: not found in project or silo). A name that is
+    /// not a key was not looked up: the caller resolves images only when a plan creates.
+    pub images: BTreeMap<String, Option<Image>>,
+    /// Members without a Node whose serial console shows the node setup script's failure
+    /// marker (the caller reads the consoles of running members that have no Node yet).
+    pub setup_failures: BTreeMap<String, crate::domain::model::SetupFailure>,
+    /// Members the autoscaler chose to remove (instance names): they go first on scale-down,
+    /// like a `delete-me` Node (see [`crate::domain::autoscale`]).
+    pub autoscale_victims: BTreeSet<String>,
+    /// Members whose autoscaler removal did not finish in time (instance names): while still
+    /// running, they are kept and their Nodes uncordoned instead.
+    pub autoscale_given_up: BTreeSet<String>,
+    /// Pools whose creates the rack kept refusing, as the last run left them (see
+    /// [`backoff`]).
+    pub create_backoff: backoff::Backoffs,
+}
+
+/// How a member is doing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    Ready,
+    /// Running or on its way, not yet a Ready Node, within the join deadline.
+    Joining,
+    /// Was Ready, is not, within the grace period.
+    NotReady,
+    JoinTimedOut,
+    /// Never a Node, and its console says the node setup failed: it will never join, so it
+    /// is replaced now rather than at the join deadline.
+    SetupFailed,
+    NotReadyTooLong,
+    Failed,
+    /// Stopped with its Node still registered and not being removed: someone stopped it.
+    StoppedUnexpectedly,
+    /// Stopped, never a Node, younger than the join deadline: the rack did not start it (a
+    /// full rack or an exhausted silo quota makes create answer 201 with a `stopped`
+    /// instance). It is started again (once per run, which also tells why it cannot run) and
+    /// is the first to go when the pool has too many.
+    NotStarted,
+    /// A removal we started (Node annotated, instance stopping, or stopped without a Node past
+    /// the join deadline).
+    Removing,
+}
+
+impl Health {
+    /// Counts towards the pool's capacity (a member stopped by someone else is being started
+    /// again, so it is not replaced meanwhile).
+    /// Counts toward the pool's capacity (is, or is becoming, a member).
+    pub fn counts(&self) -> bool {
+        matches!(
+            self,
+            Health::Ready
+                | Health::Joining
+                | Health::NotReady
+                | Health::StoppedUnexpectedly
+                | Health::NotStarted
+        )
+    }
+    /// About to be replaced.
+    pub fn is_broken(&self) -> bool {
+        matches!(
+            self,
+            Health::JoinTimedOut | Health::SetupFailed | Health::NotReadyTooLong | Health::Failed
+        )
+    }
+}
+
+/// One VM of the cluster with its Node, classified.
+#[derive(Debug, Clone)]
+pub struct Member<'a> {
+    pub instance: &'a Instance,
+    pub node: Option<&'a Node>,
+    pub pool: String,
+    pub drifted: bool,
+    pub health: Health,
+    /// The failure marker its console shows (with [`Health::SetupFailed`]).
+    pub setup_failure: Option<&'a crate::domain::model::SetupFailure>,
+    /// The autoscaler chose it for removal.
+    pub autoscale_victim: bool,
+}
+
+impl Member<'_> {
+    fn name(&self) -> &str {
+        &self.instance.name
+    }
+}
+
+/// One step of the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Create and start a new member.
+    CreateMember {
+        pool: String,
+        role: Role,
+        name: String,
+        reason: String,
+    },
+    /// Take a member out: cordon + annotate, drain (if asked and the Node is Ready), stop,
+    /// delete the Node, delete the instance and its disks. Each step is idempotent; the
+    /// pipeline may stop early (PDB, still stopping) and resume in a later run.
+    RemoveMember {
+        pool: String,
+        name: String,
+        node: Option<String>,
+        drain: bool,
+        reason: String,
+    },
+    /// Give up a removal the autoscaler started and that did not finish in time: uncordon
+    /// the Node and drop the removal annotation; the member stays.
+    CancelRemoval {
+        pool: String,
+        name: String,
+        node: String,
+        reason: String,
+    },
+    /// Start a member someone stopped.
+    StartMember {
+        pool: String,
+        name: String,
+        reason: String,
+    },
+    /// Delete a Node whose instance is gone.
+    DeleteNode { node: String, reason: String },
+    /// Delete a detached disk whose instance is gone.
+    DeleteDisk { disk: String, reason: String },
+    /// Create the API floating IP (repair; bootstrap normally made it).
+    CreateApiFloatingIp {
+        name: String,
+        /// Bootstrap's description, so `bootstrap delete` owns a re-created address too.
+        description: String,
+        reason: String,
+    },
+    /// Move (or attach) the API floating IP to a Ready control-plane member.
+    AttachApiFloatingIp {
+        fip: String,
+        to: String,
+        from: Option<String>,
+        /// The holder is `failed`: nexus refuses to detach from a failed instance, and a stop
+        /// (which only ends its VMM) makes the detach legal, so stop it first.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        stop_from: bool,
+        reason: String,
+    },
+}
+
+impl Action {
+    pub fn reason(&self) -> &str {
+        match self {
+            Action::CreateMember { reason, .. }
+            | Action::RemoveMember { reason, .. }
+            | Action::CancelRemoval { reason, .. }
+            | Action::StartMember { reason, .. }
+            | Action::DeleteNode { reason, .. }
+            | Action::DeleteDisk { reason, .. }
+            | Action::CreateApiFloatingIp { reason, .. }
+            | Action::AttachApiFloatingIp { reason, .. } => reason,
+        }
+    }
+
+    /// Short verb for tables and events.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Action::CreateMember { .. } => "create",
+            Action::RemoveMember { .. } => "remove",
+            Action::CancelRemoval { .. } => "keep",
+            Action::StartMember { .. } => "start",
+            Action::DeleteNode { .. } => "delete-node",
+            Action::DeleteDisk { .. } => "delete-disk",
+            Action::CreateApiFloatingIp { .. } => "create-fip",
+            Action::AttachApiFloatingIp { .. } => "attach-fip",
+        }
+    }
+
+    /// The object the action is about.
+    pub fn target(&self) -> &str {
+        match self {
+            Action::CreateMember { name, .. }
+            | Action::RemoveMember { name, .. }
+            | Action::CancelRemoval { name, .. }
+            | Action::StartMember { name, .. } => name,
+            Action::DeleteNode { node, .. } => node,
+            Action::DeleteDisk { disk, .. } => disk,
+            Action::CreateApiFloatingIp { name, .. } => name,
+            Action::AttachApiFloatingIp { fip, .. } => fip,
+        }
+    }
+}
+
+/// Something the run noticed that needs no action from it, or that blocks one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// Makes the cluster Degraded (vs. just informative).
+    pub degraded: bool,
+    pub message: String,
+}
+
+/// Per-pool counts, for status and the summary line. Keys are camelCase like the rest of
+/// `status.json`; `not_ready`, written by earlier releases, is still read.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolCounts {
+    pub pool: String,
+    pub desired: u32,
+    pub ready: u32,
+    pub joining: u32,
+    #[serde(alias = "not_ready")]
+    pub not_ready: u32,
+    pub broken: u32,
+    pub removing: u32,
+    pub drifted: u32,
+}
+
+/// The plan for one run.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    pub findings: Vec<Finding>,
+    pub pools: Vec<PoolCounts>,
+    /// Blocked pools that are still short of members (the others' blocks are dropped); the
+    /// run adds what its creates met (see [`backoff::after_run`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub create_backoff: backoff::Backoffs,
+}
+
+impl Plan {
+    /// Nothing to do and every pool at its desired shape.
+    pub fn is_converged(&self) -> bool {
+        self.actions.is_empty()
+            && self.pools.iter().all(|p| {
+                p.ready == p.desired
+                    && p.joining == 0
+                    && p.not_ready == 0
+                    && p.broken == 0
+                    && p.removing == 0
+                    && p.drifted == 0
+            })
+    }
+
+    pub fn is_degraded(&self) -> bool {
+        self.findings.iter().any(|f| f.degraded)
+    }
+
+    /// The plan as a text table (for `--dry-run`).
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        let pw = self
+            .pools
+            .iter()
+            .map(|p| p.pool.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        let _ = writeln!(
+            out,
+            "{:<pw$} {:>7} {:>5} {:>7} {:>9} {:>6} {:>8} {:>7}",
+            "POOL", "DESIRED", "READY", "JOINING", "NOT-READY", "BROKEN", "REMOVING", "DRIFTED"
+        );
+        for p in &self.pools {
+            let _ = writeln!(
+                out,
+                "{:<pw$} {:>7} {:>5} {:>7} {:>9} {:>6} {:>8} {:>7}",
+                p.pool, p.desired, p.ready, p.joining, p.not_ready, p.broken, p.removing, p.drifted
+            );
+        }
+        out.push('\n');
+        if self.actions.is_empty() {
+            out.push_str("No actions: ");
+            out.push_str(if self.is_converged() {
+                "the cluster is converged.\n"
+            } else {
+                "waiting on the cluster.\n"
+            });
+        } else {
+            let w = self
+                .actions
+                .iter()
+                .map(|a| a.target().len())
+                .max()
+                .unwrap_or(6)
+                .max(6);
+            let _ = writeln!(out, "{:<12} {:<w$} REASON", "ACTION", "TARGET");
+            for a in &self.actions {
+                let _ = writeln!(out, "{:<12} {:<w$} {}", a.verb(), a.target(), a.reason());
+            }
+        }
+        for f in &self.findings {
+            let _ = writeln!(
+                out,
+                "{}: {}",
+                if f.degraded { "DEGRADED" } else { "note" },
+                f.message
+            );
+        }
+        out
+    }
+}
+
+/// etcd quorum for `members` voting members.
+pub fn quorum(members: usize) -> usize {
+    members / 2 + 1
+}
+
+/// Classifies the cluster's instances into members, keyed by pool name. Instances without our
+/// tag, or tagged for another cluster, are not members and are left alone.
+pub fn classify<'a>(
+    spec: &ClusterSpec,
+    observed: &'a Observed,
+    now: DateTime<Utc>,
+) -> Vec<Member<'a>> {
+    let nodes: BTreeMap<&str, &Node> = observed
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n))
+        .collect();
+    let join = Duration::seconds(secs(spec.timeouts.join_seconds));
+    let grace = Duration::seconds(secs(spec.timeouts.not_ready_grace_seconds));
+    let transition = Duration::seconds(secs(spec.timeouts.transition_seconds));
+    let mut members = Vec::new();
+    for inst in &observed.instances {
+        let Some(tag) = InstanceTag::parse(&inst.description) else {
+            continue;
+        };
+        if tag.cluster != spec.cluster || inst.state == InstanceState::Destroyed {
+            continue;
+        }
+        let node = nodes.get(inst.name.as_str()).copied();
+        let drifted = match spec.pool(&tag.pool) {
+            Some((role, pool)) => spec.pool_hash(role, pool) != tag.spec_hash,
+            None => false,
+        };
+        let removing = node.is_some_and(|n| n.being_removed());
+        let health = match &inst.state {
+            _ if removing => Health::Removing,
+            InstanceState::Failed => Health::Failed,
+            InstanceState::Stopping => Health::Removing,
+            // Within the join deadline a stopped member without a Node is one the rack did not
+            // start. Later it is indistinguishable from a removal that stopped a never-joined
+            // member and was cut short, and starting that again would loop (start, time out,
+            // stop, start): finish the removal. On a rack that stays full this replaces the
+            // member once per join deadline, never once per run.
+            InstanceState::Stopped if node.is_none() && now - inst.time_created <= join => {
+                Health::NotStarted
+            }
+            InstanceState::Stopped if node.is_none() => Health::Removing,
+            InstanceState::Stopped => Health::StoppedUnexpectedly,
+            state => match node.map(|n| &n.readiness) {
+                Some(NodeReadiness::Ready) if *state == InstanceState::Running => Health::Ready,
+                Some(NodeReadiness::Ready) => Health::NotReady,
+                Some(NodeReadiness::NotReady { since }) => {
+                    if now - *since > grace {
+                        Health::NotReadyTooLong
+                    } else {
+                        Health::NotReady
+                    }
+                }
+                None if observed.setup_failures.contains_key(&inst.name) => Health::SetupFailed,
+                None => {
+                    let limit = if state.is_transient() && *state != InstanceState::Starting {
+                        transition.max(join)
+                    } else {
+                        join
+                    };
+                    if now - inst.time_created > limit {
+                        Health::JoinTimedOut
+                    } else {
+                        Health::Joining
+                    }
+                }
+            },
+        };
+        members.push(Member {
+            instance: inst,
+            node,
+            pool: tag.pool,
+            drifted,
+            health,
+            setup_failure: observed.setup_failures.get(&inst.name),
+            autoscale_victim: observed.autoscale_victims.contains(&inst.name),
+        });
+    }
+    members
+}
+
+fn secs(s: u64) -> i64 {
+    i64::try_from(s).unwrap_or(i64::MAX / 1000)
+}
+
+/// Plans one run. `fresh_suffixes` are random name suffixes drawn by the caller; the planner
+/// uses them in order, skipping any that would collide with an existing name.
+pub fn plan(
+    spec: &ClusterSpec,
+    observed: &Observed,
+    now: DateTime<Utc>,
+    fresh_suffixes: &[String],
+) -> Plan {
+    let members = classify(spec, observed, now);
+    let mut p = Plan::default();
+    let taken: BTreeSet<&str> = observed.instances.iter().map(|i| i.name.as_str()).collect();
+    let mut suffixes = fresh_suffixes.iter();
+    let mut new_name = |pool: &str| -> Option<String> {
+        suffixes
+            .by_ref()
+            .map(|s| names::instance_name(&spec.cluster, pool, s))
+            .find(|n| !taken.contains(n.as_str()))
+    };
+
+    // The API floating IP first: joiners need its address.
+    let fip_name = names::api_floating_ip_name(&spec.cluster);
+    let fip_ready = plan_floating_ip(spec, observed, &members, &fip_name, &mut p);
+
+    for (role, pool) in spec.pools() {
+        let pool_members: Vec<&Member> = members.iter().filter(|m| m.pool == pool.name).collect();
+        let base = Duration::seconds(secs(spec.timeouts.create_retry_seconds));
+        let blocked = observed
+            .create_backoff
+            .get(&pool.name)
+            .filter(|b| b.spec_hash == spec.pool_hash(role, pool));
+        let mut gate = CreateGate {
+            limit: blocked.map(|b| usize::from(now >= b.next_probe(base))),
+            made: 0,
+            wanted: 0,
+        };
+        plan_pool(
+            spec,
+            observed,
+            role,
+            pool,
+            &pool_members,
+            fip_ready,
+            &mut gate,
+            &mut new_name,
+            &mut p,
+        );
+        if let Some(b) = blocked.filter(|_| gate.wanted > 0) {
+            p.create_backoff.insert(pool.name.clone(), b.clone());
+            let next = if gate.made > 0 {
+                "trying one create this run".to_owned()
+            } else {
+                format!(
+                    "next try after {}",
+                    b.next_probe(base).format("%Y-%m-%dT%H:%M:%SZ")
+                )
+            };
+            p.findings.push(Finding {
+                degraded: true,
+                message: format!("{}; {next}", b.describe(&pool.name)),
+            });
+        }
+    }
+
+    // Members of pools the spec no longer has: remove them, except anything that looks like a
+    // control-plane server (renaming the control-plane pool must not tear the cluster down).
+    let known: BTreeSet<&str> = spec.pools().map(|(_, p)| p.name.as_str()).collect();
+    for m in members.iter().filter(|m| !known.contains(m.pool.as_str())) {
+        let is_server = m
+            .node
+            .is_some_and(|n| n.labels.contains_key(CONTROL_PLANE_LABEL));
+        if is_server {
+            p.findings.push(Finding {
+                degraded: true,
+                message: format!(
+                    "{} is a control-plane server in pool {:?}, which the spec does not have; leaving it alone (fix control_plane.name)",
+                    m.name(),
+                    m.pool
+                ),
+            });
+        } else {
+            p.actions.push(remove(
+                m,
+                true,
+                format!("pool {:?} is no longer in the spec", m.pool),
+            ));
+        }
+    }
+
+    plan_orphans(spec, observed, &mut p);
+    p
+}
+
+/// Returns whether the floating IP exists (so joiners can be configured with its address).
+fn plan_floating_ip(
+    spec: &ClusterSpec,
+    observed: &Observed,
+    members: &[Member],
+    fip_name: &str,
+    p: &mut Plan,
+) -> bool {
+    let Some(fip) = &observed.api_floating_ip else {
+        p.actions.push(Action::CreateApiFloatingIp {
+            name: fip_name.to_owned(),
+            description: names::api_floating_ip_description(&spec.cluster),
+            reason: "the API floating IP is missing; new members need its address to join".into(),
+        });
+        return false;
+    };
+    let cp: Vec<&Member> = members
+        .iter()
+        .filter(|m| m.pool == spec.control_plane.name)
+        .collect();
+    let holder = fip
+        .instance_id
+        .and_then(|id| members.iter().find(|m| m.instance.id == id));
+    if holder.is_some_and(|h| h.pool == spec.control_plane.name && h.health == Health::Ready) {
+        return true;
+    }
+    // Oldest Ready server: the most likely to stay.
+    let target = cp
+        .iter()
+        .filter(|m| m.health == Health::Ready)
+        .min_by_key(|m| (m.instance.time_created, m.instance.name.clone()));
+    match target {
+        Some(t) => {
+            let stop_from = holder.is_some_and(|h| h.instance.state == InstanceState::Failed);
+            let (from, why) = match (fip.instance_id, holder) {
+                (None, _) => (None, "it is not attached".to_owned()),
+                (Some(_), Some(h)) => (
+                    Some(h.instance.name.clone()),
+                    format!("its holder {} is {:?}", h.instance.name, h.health),
+                ),
+                (Some(id), None) => (
+                    Some(id.to_string()),
+                    "it is attached to an instance that is not a member".to_owned(),
+                ),
+            };
+            p.actions.push(Action::AttachApiFloatingIp {
+                fip: fip.name.clone(),
+                to: t.instance.name.clone(),
+                from,
+                stop_from,
+                reason: format!(
+                    "the API floating IP must sit on a Ready control-plane member; {why}"
+                ),
+            });
+        }
+        None => p.findings.push(Finding {
+            degraded: true,
+            message: "no Ready control-plane member to hold the API floating IP".into(),
+        }),
+    }
+    true
+}
+
+fn remove(m: &Member, drain: bool, reason: String) -> Action {
+    Action::RemoveMember {
+        pool: m.pool.clone(),
+        name: m.instance.name.clone(),
+        node: m.node.map(|n| n.name.clone()),
+        // Draining a dead Node only leaves pods stuck terminating.
+        drain: drain && m.node.is_some_and(Node::is_ready),
+        reason,
+    }
+}
+
+/// Scale-down victim order: `delete-me` > never started > never joined > NotReady > drifted >
+/// newest; the
+/// floating-IP holder last among equals (moving the API address costs a blip).
+fn victim_rank(
+    m: &Member,
+    fip_holder: Option<uuid::Uuid>,
+) -> (u8, bool, std::cmp::Reverse<DateTime<Utc>>) {
+    let rank = if m.node.is_some_and(Node::marked_for_deletion) || m.autoscale_victim {
+        0
+    } else if m.health == Health::NotStarted {
+        1
+    } else if m.node.is_none() {
+        2
+    } else if m.health != Health::Ready {
+        3
+    } else if m.drifted {
+        4
+    } else {
+        5
+    };
+    (
+        rank,
+        Some(m.instance.id) == fip_holder,
+        std::cmp::Reverse(m.instance.time_created),
+    )
+}
+
+/// How many members a pool may create this run: all it needs, or (while the rack keeps
+/// refusing its creates) one probe or none.
+struct CreateGate {
+    limit: Option<usize>,
+    made: usize,
+    /// Creates the pool asked for, held back or not.
+    wanted: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn plan_pool(
+    spec: &ClusterSpec,
+    observed: &Observed,
+    role: Role,
+    pool: &PoolSpec,
+    members: &[&Member],
+    fip_ready: bool,
+    gate: &mut CreateGate,
+    new_name: &mut impl FnMut(&str) -> Option<String>,
+    p: &mut Plan,
+) {
+    let fip_holder = observed
+        .api_floating_ip
+        .as_ref()
+        .and_then(|f| f.instance_id);
+    let count = |f: &dyn Fn(&Member) -> bool| members.iter().filter(|m| f(m)).count();
+    let t = Tally {
+        desired: pool.count as usize,
+        ready: count(&|m| m.health == Health::Ready),
+        joining: count(&|m| m.health == Health::Joining),
+        capacity: count(&|m| m.health.counts()),
+    };
+    p.pools.push(pool_counts(pool, members));
+    let is_cp = role == Role::ControlPlane;
+    let can_create = image_found(spec, observed, pool, p) && fip_ready;
+    let mut create = |p: &mut Plan, reason: String| {
+        gate.wanted += 1;
+        if !can_create || gate.limit.is_some_and(|l| gate.made >= l) {
+            return;
+        }
+        let reason = if gate.limit.is_some() {
+            format!("{reason}; one probe: the rack refused this pool's last creates")
+        } else {
+            reason
+        };
+        if let Some(name) = new_name(&pool.name) {
+            gate.made += 1;
+            p.actions.push(Action::CreateMember {
+                pool: pool.name.clone(),
+                role,
+                name,
+                reason,
+            });
+        }
+    };
+
+    finish_removals(observed, pool, members, p);
+    start_stopped(pool, members, p);
+    // Members the rack never started: start each once (no new create for them, no delete
+    // and re-create either: on a full rack that only churns). Surplus ones are removed instead,
+    // below (they rank first as never joined).
+    let surplus = t.capacity.saturating_sub(t.desired);
+    start_not_started(
+        pool,
+        members,
+        fip_holder,
+        if is_cp { 0 } else { surplus },
+        p,
+    );
+
+    if is_cp {
+        plan_control_plane(pool, members, t, fip_holder, p, &mut create);
+    } else {
+        plan_workers(spec, pool, members, t, fip_holder, p, &mut create);
+    }
+}
+
+/// A pool's desired size and its members counted by health: what its plan decides from.
+#[derive(Clone, Copy)]
+struct Tally {
+    desired: usize,
+    ready: usize,
+    joining: usize,
+    /// Members that count towards the pool's size.
+    capacity: usize,
+}
+
+/// The pool's line in the plan's counts.
+fn pool_counts(pool: &PoolSpec, members: &[&Member]) -> PoolCounts {
+    let count = |f: &dyn Fn(&Member) -> bool| members.iter().filter(|m| f(m)).count() as u32;
+    PoolCounts {
+        pool: pool.name.clone(),
+        desired: pool.count,
+        ready: count(&|m| m.health == Health::Ready),
+        joining: count(&|m| m.health == Health::Joining),
+        not_ready: count(&|m| m.health == Health::NotReady),
+        broken: count(&|m| m.health.is_broken() || m.health == Health::NotStarted),
+        removing: count(&|m| m.health == Health::Removing),
+        drifted: count(&|m| m.drifted && m.health.counts()),
+    }
+}
+
+/// Whether the pool's image is there (or was not looked up); a finding when it is missing.
+/// Images are looked up only when a plan creates members: absent means "not looked up".
+fn image_found(spec: &ClusterSpec, observed: &Observed, pool: &PoolSpec, p: &mut Plan) -> bool {
+    match observed.images.get(&pool.image) {
+        Some(Some(_)) | None => true,
+        Some(None) => {
+            p.findings.push(Finding {
+                degraded: true,
+                message: format!(
+                    "image {:?} of pool {:?} is not in project {:?} or the silo; no new members until it exists",
+                    pool.image, pool.name, spec.project
+                ),
+            });
+            false
+        }
+    }
+}
+
+/// Removals already under way carry on, whatever else happens; one the autoscaler gave up
+/// on is called off while its VM still runs.
+fn finish_removals(observed: &Observed, pool: &PoolSpec, members: &[&Member], p: &mut Plan) {
+    for m in members.iter().filter(|m| m.health == Health::Removing) {
+        if let Some(node) = m.node.filter(|_| {
+            observed.autoscale_given_up.contains(&m.instance.name)
+                && m.instance.state == InstanceState::Running
+        }) {
+            p.actions.push(Action::CancelRemoval {
+                pool: pool.name.clone(),
+                name: m.instance.name.clone(),
+                node: node.name.clone(),
+                reason: "the autoscaler's removal did not finish in time (a pod could not be \
+                         evicted); uncordoning and keeping it"
+                    .into(),
+            });
+            continue;
+        }
+        p.actions.push(remove(
+            m,
+            true,
+            "finishing a removal started earlier".into(),
+        ));
+    }
+}
+
+/// Members stopped outside oxide-controller are started again.
+fn start_stopped(pool: &PoolSpec, members: &[&Member], p: &mut Plan) {
+    for m in members
+        .iter()
+        .filter(|m| m.health == Health::StoppedUnexpectedly)
+    {
+        p.actions.push(Action::StartMember {
+            pool: pool.name.clone(),
+            name: m.instance.name.clone(),
+            reason: "it was stopped outside oxide-controller while still a member".into(),
+        });
+    }
+}
+
+/// Members the rack never started are started again, but for the first `removed_first` of
+/// them in victim order (those are removed instead).
+fn start_not_started(
+    pool: &PoolSpec,
+    members: &[&Member],
+    fip_holder: Option<uuid::Uuid>,
+    removed_first: usize,
+    p: &mut Plan,
+) {
+    let mut not_started: Vec<&&Member> = members
+        .iter()
+        .filter(|m| m.health == Health::NotStarted)
+        .collect();
+    not_started.sort_by_key(|m| victim_rank(m, fip_holder));
+    for m in not_started.into_iter().skip(removed_first) {
+        p.actions.push(Action::StartMember {
+            pool: pool.name.clone(),
+            name: m.instance.name.clone(),
+            reason: "the rack left it stopped after create (no capacity or quota, or an earlier removal was cut short); starting it again".into(),
+        });
+    }
+}
+
+/// Workers. Broken members go now (they serve nothing); replacements come from the
+/// shortfall below, created before the removals are carried out.
+fn plan_workers(
+    spec: &ClusterSpec,
+    pool: &PoolSpec,
+    members: &[&Member],
+    t: Tally,
+    fip_holder: Option<uuid::Uuid>,
+    p: &mut Plan,
+    create: &mut impl FnMut(&mut Plan, String),
+) {
+    let Tally {
+        desired,
+        ready,
+        capacity,
+        ..
+    } = t;
+    for m in members.iter().filter(|m| m.health.is_broken()) {
+        p.actions.push(remove(m, false, broken_reason(m, spec)));
+    }
+    let budget = (desired + 1).saturating_sub(members.len());
+    let drifted_live = members.iter().any(|m| m.drifted && m.health.counts());
+    let surge_joining = members
+        .iter()
+        .any(|m| !m.drifted && matches!(m.health, Health::Joining | Health::NotReady));
+    if capacity < desired {
+        for _ in 0..(desired - capacity).min(budget) {
+            create(
+                p,
+                format!("pool {:?} has {capacity} of {desired} members", pool.name),
+            );
+        }
+    } else if capacity > desired {
+        if drifted_live && surge_joining {
+            p.findings.push(Finding {
+                degraded: false,
+                message: format!(
+                    "pool {:?}: waiting for the new member to join before removing a drifted one",
+                    pool.name
+                ),
+            });
+            return;
+        }
+        shrink_workers(pool, members, t, fip_holder, p);
+    } else if drifted_live
+        && ready == desired
+        && budget > 0
+        && members.iter().all(|m| m.health == Health::Ready)
+    {
+        create(
+            p,
+            format!(
+                "rolling pool {:?}: its spec changed; surge member first",
+                pool.name
+            ),
+        );
+    }
+}
+
+/// A worker pool above its size: its surplus members go, in victim order.
+fn shrink_workers(
+    pool: &PoolSpec,
+    members: &[&Member],
+    t: Tally,
+    fip_holder: Option<uuid::Uuid>,
+    p: &mut Plan,
+) {
+    let Tally {
+        desired, capacity, ..
+    } = t;
+    let mut victims: Vec<&&Member> = members.iter().filter(|m| m.health.counts()).collect();
+    victims.sort_by_key(|m| victim_rank(m, fip_holder));
+    for m in victims.into_iter().take(capacity - desired) {
+        let why = if m.drifted
+            && m.node.is_some_and(|n| !n.marked_for_deletion())
+            && m.health == Health::Ready
+        {
+            format!(
+                "rolling pool {:?}: its spec changed and the replacement is Ready",
+                pool.name
+            )
+        } else {
+            format!(
+                "pool {:?} has {capacity} of {desired} members; {}",
+                pool.name,
+                victim_why(m)
+            )
+        };
+        p.actions.push(remove(m, true, why));
+    }
+}
+
+fn plan_control_plane(
+    pool: &PoolSpec,
+    members: &[&Member],
+    t: Tally,
+    fip_holder: Option<uuid::Uuid>,
+    p: &mut Plan,
+    create: &mut impl FnMut(&mut Plan, String),
+) {
+    let Tally {
+        desired,
+        ready,
+        joining,
+        capacity,
+    } = t;
+    // Voting etcd members: servers that joined and are not yet removed.
+    let voting = members
+        .iter()
+        .filter(|m| m.node.is_some() && m.health != Health::Removing)
+        .count();
+    if voting > 0 && ready < quorum(voting) {
+        p.findings.push(Finding {
+            degraded: true,
+            message: format!(
+                "etcd quorum lost: {ready} of {voting} control-plane members Ready (need {}); not touching the control plane — restore members by hand",
+                quorum(voting)
+            ),
+        });
+        return;
+    }
+    // One control-plane change at a time (a member the rack has not started counts as one).
+    if members
+        .iter()
+        .any(|m| matches!(m.health, Health::Removing | Health::NotStarted))
+        || joining > 0
+    {
+        if joining > 0 {
+            p.findings.push(Finding {
+                degraded: false,
+                message: "control plane: waiting for the joining member before the next change"
+                    .into(),
+            });
+        }
+        return;
+    }
+    // Dead members first: remove, then replace in a later run. Removing a dead member never
+    // lowers the Ready count; adding one while another is dead raises the quorum needed.
+    if let Some(m) = members
+        .iter()
+        .filter(|m| m.health.is_broken())
+        .min_by_key(|m| m.instance.time_created)
+    {
+        if ready >= quorum(voting.saturating_sub(1).max(1)) {
+            let why = match m.health {
+                Health::SetupFailed => setup_failed_why(m),
+                _ => format!("control-plane member is {:?}", m.health),
+            };
+            p.actions.push(remove(
+                m,
+                false,
+                format!("{why}; removing it before adding a replacement keeps etcd quorum"),
+            ));
+        }
+        return;
+    }
+    if capacity < desired {
+        create(
+            p,
+            format!("control plane has {capacity} of {desired} members; adding one at a time"),
+        );
+        return;
+    }
+    let all_ready = members
+        .iter()
+        .filter(|m| m.health.counts())
+        .all(|m| m.health == Health::Ready);
+    if capacity > desired {
+        if all_ready {
+            shrink_control_plane(members, t, voting, fip_holder, p);
+        }
+        return;
+    }
+    if members.iter().any(|m| m.drifted && m.health.counts()) && all_ready {
+        create(
+            p,
+            format!(
+                "rolling pool {:?}: its spec changed; surge member first",
+                pool.name
+            ),
+        );
+    }
+}
+
+/// A control plane above its size, every member Ready: one member goes, when etcd keeps its
+/// quorum without it.
+fn shrink_control_plane(
+    members: &[&Member],
+    t: Tally,
+    voting: usize,
+    fip_holder: Option<uuid::Uuid>,
+    p: &mut Plan,
+) {
+    let Tally {
+        desired,
+        ready,
+        capacity,
+        ..
+    } = t;
+    let mut victims: Vec<&&Member> = members.iter().filter(|m| m.health.counts()).collect();
+    victims.sort_by_key(|m| victim_rank(m, fip_holder));
+    if let Some(m) = victims.first()
+        && ready.saturating_sub(1) >= quorum(voting.saturating_sub(1).max(1))
+    {
+        let why = if m.drifted {
+            "rolling the control plane: its spec changed and the replacement is Ready".to_owned()
+        } else {
+            format!(
+                "control plane has {capacity} of {desired} members; {}",
+                victim_why(m)
+            )
+        };
+        p.actions.push(remove(m, true, why));
+    }
+}
+
+fn victim_why(m: &Member) -> String {
+    match victim_rank(m, None).0 {
+        0 if m.autoscale_victim => {
+            "the autoscaler found its node unneeded (see status.json autoscale)".into()
+        }
+        0 => "it is annotated oxide-controller/delete-me".into(),
+        1 => "the rack never started it".into(),
+        2 => "it never joined".into(),
+        3 => "it is not Ready".into(),
+        4 => "its spec is out of date".into(),
+        _ => "it is the newest".into(),
+    }
+}
+
+/// What a member's console said about its failed node setup.
+fn setup_failed_why(m: &Member) -> String {
+    match m.setup_failure {
+        Some(f) => format!("its console says: {f}"),
+        None => "its node setup failed".into(),
+    }
+}
+
+fn broken_reason(m: &Member, spec: &ClusterSpec) -> String {
+    match m.health {
+        Health::SetupFailed => format!("{}; replacing it", setup_failed_why(m)),
+        Health::Failed => "the instance failed; replacing it".into(),
+        Health::JoinTimedOut => format!(
+            "it did not become a Ready Node within {}s of creation; replacing it",
+            spec.timeouts.join_seconds
+        ),
+        Health::NotReadyTooLong => format!(
+            "its Node has been NotReady for over {}s; replacing it",
+            spec.timeouts.not_ready_grace_seconds
+        ),
+        _ => "replacing it".into(),
+    }
+}
+
+fn plan_orphans(spec: &ClusterSpec, observed: &Observed, p: &mut Plan) {
+    let instances: BTreeSet<&str> = observed.instances.iter().map(|i| i.name.as_str()).collect();
+    let prefix = names::cluster_prefix(&spec.cluster);
+    let pool_names: BTreeSet<&str> = spec.pools().map(|(_, p)| p.name.as_str()).collect();
+    let ours = |name: &str| looks_like_member_name(name, &prefix);
+    for n in &observed.nodes {
+        if instances.contains(n.name.as_str()) {
+            continue;
+        }
+        let labelled = n
+            .labels
+            .get(crate::domain::spec::POOL_LABEL)
+            .is_some_and(|p| pool_names.contains(p.as_str()));
+        if ours(&n.name) || labelled {
+            p.actions.push(Action::DeleteNode {
+                node: n.name.clone(),
+                reason: "its instance no longer exists".into(),
+            });
+        }
+    }
+    for d in &observed.disks {
+        let Some(owner) = names::disk_owner(&d.name) else {
+            continue;
+        };
+        if !ours(owner) || instances.contains(owner) {
+            continue;
+        }
+        if matches!(d.state, DiskState::Detached | DiskState::Faulted) {
+            p.actions.push(Action::DeleteDisk {
+                disk: d.name.clone(),
+                reason: format!("its instance {owner} no longer exists"),
+            });
+        }
+    }
+}
+
+/// `<cluster>-<something>-<5 x [a-z0-9]>`: the shape of our instance names.
+fn looks_like_member_name(name: &str, cluster_prefix: &str) -> bool {
+    let Some(rest) = name.strip_prefix(cluster_prefix) else {
+        return false;
+    };
+    let Some((pool, suffix)) = rest.rsplit_once('-') else {
+        return false;
+    };
+    !pool.is_empty()
+        && suffix.len() == names::SUFFIX_LEN
+        && suffix
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+}
+
+#[cfg(test)]
+mod tests;

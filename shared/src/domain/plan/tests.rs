@@ -1,0 +1,792 @@
+//! Planner table tests: one test per rule, each built from a small observed world.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use uuid::Uuid;
+
+use super::*;
+use crate::base::size::ByteSize;
+use crate::domain::model::{
+    DELETE_ME_ANNOTATION, Disk, DiskState, FloatingIp, Image, Instance, InstanceState, Node,
+    NodeReadiness,
+};
+use crate::domain::spec::ClusterSpec;
+
+fn now() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 21, 12, 0, 0)
+        .single()
+        .unwrap_or_default()
+}
+
+fn spec(cp: u32, workers: u32) -> ClusterSpec {
+    ClusterSpec::new("demo", "demo", "ubuntu", cp, workers)
+}
+
+/// A little world builder.
+struct World {
+    spec: ClusterSpec,
+    obs: Observed,
+    n: u128,
+}
+
+impl World {
+    fn new(cp: u32, workers: u32) -> World {
+        let spec = spec(cp, workers);
+        let mut images = BTreeMap::new();
+        images.insert(
+            "ubuntu".to_owned(),
+            Some(Image {
+                id: Uuid::from_u128(999),
+                name: "ubuntu".into(),
+                description: String::new(),
+                size: ByteSize::gib(3),
+                block_size: 512,
+                silo_scoped: true,
+            }),
+        );
+        World {
+            spec,
+            obs: Observed {
+                images,
+                ..Default::default()
+            },
+            n: 0,
+        }
+    }
+
+    /// Adds an instance of `pool` named `<cluster>-<pool>-<suffix>`, created `age_s` ago.
+    fn inst(&mut self, pool: &str, suffix: &str, state: InstanceState, age_s: i64) -> Uuid {
+        self.n += 1;
+        let id = Uuid::from_u128(self.n);
+        let (role, p) = self
+            .spec
+            .pool(pool)
+            .map(|(r, p)| (r, p.clone()))
+            .unwrap_or((Role::Worker, self.spec.worker_pools[0].clone()));
+        let hash = self.spec.pool_hash(role, &p);
+        let name = names::instance_name("demo", pool, suffix);
+        self.obs.instances.push(Instance {
+            id,
+            name: name.clone(),
+            description: InstanceTag {
+                cluster: "demo".into(),
+                pool: pool.into(),
+                spec_hash: hash,
+            }
+            .to_string(),
+            hostname: name,
+            state,
+            ncpus: 2,
+            memory: ByteSize::gib(4),
+            time_created: now() - Duration::seconds(age_s),
+            time_state_updated: now() - Duration::seconds(age_s),
+        });
+        id
+    }
+
+    fn node(&mut self, name: &str, readiness: NodeReadiness, server: bool) -> &mut Node {
+        let mut labels = BTreeMap::new();
+        if server {
+            labels.insert(CONTROL_PLANE_LABEL.to_owned(), "true".to_owned());
+        }
+        self.obs.nodes.push(Node {
+            name: name.to_owned(),
+            provider_id: None,
+            labels,
+            annotations: BTreeMap::new(),
+            readiness,
+            unschedulable: false,
+            created: now() - Duration::hours(1),
+            taints: Vec::new(),
+            allocatable: Default::default(),
+        });
+        self.obs.nodes.last_mut().unwrap_or_else(|| unreachable!())
+    }
+
+    /// A Running, Ready member.
+    fn ready(&mut self, pool: &str, suffix: &str, age_s: i64) -> Uuid {
+        let id = self.inst(pool, suffix, InstanceState::Running, age_s);
+        let server = pool == "control-plane";
+        self.node(
+            &names::instance_name("demo", pool, suffix),
+            NodeReadiness::Ready,
+            server,
+        );
+        id
+    }
+
+    fn fip_on(&mut self, holder: Option<Uuid>) {
+        self.obs.api_floating_ip = Some(FloatingIp {
+            id: Uuid::from_u128(7777),
+            name: "demo-apiserver".into(),
+            description: String::new(),
+            ip: IpAddr::V4(Ipv4Addr::new(127, 100, 0, 1)),
+            instance_id: holder,
+        });
+    }
+
+    /// 3 Ready servers (fip on the first) and `w` Ready workers.
+    fn healthy(cp: u32, workers: u32, w: u32) -> World {
+        let mut world = World::new(cp, workers);
+        let mut first = None;
+        for i in 0..cp {
+            let id = world.ready("control-plane", &format!("cp00{i}"), 3600 - i as i64);
+            first.get_or_insert(id);
+        }
+        for i in 0..w {
+            world.ready("workers", &format!("wk00{i}"), 3000 - i as i64);
+        }
+        world.fip_on(first);
+        world
+    }
+
+    fn plan(&self) -> Plan {
+        let suffixes: Vec<String> = (0..50).map(|i| format!("new{i:02}")).collect();
+        plan(&self.spec, &self.obs, now(), &suffixes)
+    }
+}
+
+fn creates(p: &Plan, pool: &str) -> usize {
+    p.actions
+        .iter()
+        .filter(|a| matches!(a, Action::CreateMember { pool: q, .. } if q == pool))
+        .count()
+}
+
+fn removed(p: &Plan) -> Vec<String> {
+    p.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::RemoveMember { name, .. } => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn converged_cluster_plans_nothing() {
+    let w = World::healthy(3, 2, 2);
+    let p = w.plan();
+    assert_eq!(p.actions, vec![]);
+    assert!(p.is_converged(), "{p:?}");
+    assert!(!p.is_degraded());
+}
+
+#[test]
+fn scale_up_creates_the_shortfall_with_reasons() {
+    let mut w = World::healthy(3, 5, 2);
+    w.spec.worker_pools[0].count = 5;
+    let p = w.plan();
+    assert_eq!(creates(&p, "workers"), 3);
+    for a in &p.actions {
+        assert!(a.reason().contains("2 of 5"), "{a:?}");
+    }
+    let names: Vec<&str> = p.actions.iter().map(Action::target).collect();
+    assert_eq!(
+        names,
+        [
+            "demo-workers-new00",
+            "demo-workers-new01",
+            "demo-workers-new02"
+        ]
+    );
+}
+
+#[test]
+fn new_names_skip_existing_ones() {
+    let mut w = World::healthy(3, 3, 2);
+    w.ready("workers", "new00", 10);
+    w.spec.worker_pools[0].count = 4;
+    let p = w.plan();
+    assert_eq!(
+        p.actions.iter().map(Action::target).collect::<Vec<_>>(),
+        ["demo-workers-new01"]
+    );
+}
+
+#[test]
+fn joining_members_count_towards_capacity() {
+    let mut w = World::healthy(3, 3, 2);
+    w.inst("workers", "jn001", InstanceState::Starting, 30);
+    assert_eq!(w.plan().actions, vec![]);
+}
+
+#[test]
+fn scale_down_victims_in_order_delete_me_never_joined_not_ready_newest() {
+    let mut w = World::healthy(3, 1, 0);
+    w.ready("workers", "old01", 5000);
+    w.ready("workers", "new01", 100);
+    w.ready("workers", "mark1", 4000);
+    w.node_annot("demo-workers-mark1");
+    w.inst("workers", "nojn1", InstanceState::Running, 60);
+    let nr = w.inst("workers", "nrdy1", InstanceState::Running, 4500);
+    let _ = nr;
+    w.node(
+        "demo-workers-nrdy1",
+        NodeReadiness::NotReady {
+            since: now() - Duration::seconds(10),
+        },
+        false,
+    );
+    // 5 members, desired 1: remove 4 in order.
+    let p = w.plan();
+    assert_eq!(
+        removed(&p),
+        [
+            "demo-workers-mark1",
+            "demo-workers-nojn1",
+            "demo-workers-nrdy1",
+            "demo-workers-new01"
+        ]
+    );
+    // Ready victims get drained; a member without a Ready Node does not.
+    for a in &p.actions {
+        if let Action::RemoveMember { name, drain, .. } = a {
+            assert_eq!(
+                *drain,
+                name.ends_with("mark1") || name.ends_with("new01"),
+                "{a:?}"
+            );
+        }
+    }
+}
+
+impl World {
+    fn node_annot(&mut self, name: &str) {
+        if let Some(n) = self.obs.nodes.iter_mut().find(|n| n.name == name) {
+            n.annotations
+                .insert(DELETE_ME_ANNOTATION.to_owned(), "true".to_owned());
+        }
+    }
+    fn mark_removing(&mut self, name: &str) {
+        if let Some(n) = self.obs.nodes.iter_mut().find(|n| n.name == name) {
+            n.annotations
+                .insert(REMOVING_ANNOTATION.to_owned(), "scale-down".to_owned());
+            n.unschedulable = true;
+        }
+    }
+    fn set_state(&mut self, name: &str, state: InstanceState) {
+        if let Some(i) = self.obs.instances.iter_mut().find(|i| i.name == name) {
+            i.state = state;
+        }
+    }
+    fn set_not_ready(&mut self, name: &str, secs: i64) {
+        if let Some(n) = self.obs.nodes.iter_mut().find(|n| n.name == name) {
+            n.readiness = NodeReadiness::NotReady {
+                since: now() - Duration::seconds(secs),
+            };
+        }
+    }
+}
+
+#[test]
+fn failed_worker_is_replaced_and_removed() {
+    let mut w = World::healthy(3, 2, 2);
+    w.set_state("demo-workers-wk000", InstanceState::Failed);
+    w.set_not_ready("demo-workers-wk000", 5);
+    let p = w.plan();
+    assert_eq!(creates(&p, "workers"), 1);
+    assert_eq!(removed(&p), ["demo-workers-wk000"]);
+    assert!(p.actions.iter().any(|a| a.reason().contains("failed")));
+}
+
+#[test]
+fn join_timeout_replaces_a_member_that_never_joined() {
+    let mut w = World::healthy(3, 2, 1);
+    w.inst("workers", "slow1", InstanceState::Running, 601);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-slow1"]);
+    assert_eq!(creates(&p, "workers"), 1);
+    assert!(p.actions.iter().any(|a| {
+        a.reason()
+            .contains("did not become a Ready Node within 600s")
+    }));
+    // Within the deadline it is just joining.
+    let mut w = World::healthy(3, 2, 1);
+    w.inst("workers", "slow1", InstanceState::Running, 599);
+    assert_eq!(w.plan().actions, vec![]);
+}
+
+#[test]
+fn not_ready_past_grace_is_replaced_but_not_within_it() {
+    let mut w = World::healthy(3, 2, 2);
+    w.set_not_ready("demo-workers-wk001", 200);
+    assert_eq!(w.plan().actions, vec![], "within grace: wait");
+    w.set_not_ready("demo-workers-wk001", 301);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-wk001"]);
+    assert_eq!(creates(&p, "workers"), 1);
+}
+
+#[test]
+fn pool_never_exceeds_desired_plus_one_instances() {
+    // Two failed of three: one replacement now (3 existing + 1 = desired + 1), one next run.
+    let mut w = World::healthy(3, 3, 3);
+    w.set_state("demo-workers-wk000", InstanceState::Failed);
+    w.set_state("demo-workers-wk001", InstanceState::Failed);
+    let p = w.plan();
+    assert_eq!(creates(&p, "workers"), 1);
+    assert_eq!(removed(&p).len(), 2);
+}
+
+#[test]
+fn removals_in_progress_continue() {
+    let mut w = World::healthy(3, 2, 3);
+    w.mark_removing("demo-workers-wk002");
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-wk002"]);
+    assert_eq!(creates(&p, "workers"), 0);
+    // A stopped instance without a Node is a removal that got past the Node deletion.
+    let mut w = World::healthy(3, 2, 2);
+    w.inst("workers", "gone1", InstanceState::Stopped, 900);
+    assert_eq!(removed(&w.plan()), ["demo-workers-gone1"]);
+}
+
+#[test]
+fn an_autoscaler_removal_given_up_is_called_off_while_its_vm_runs() {
+    let mut w = World::healthy(3, 2, 3);
+    w.mark_removing("demo-workers-wk002");
+    w.obs
+        .autoscale_given_up
+        .insert("demo-workers-wk002".to_owned());
+    let p = w.plan();
+    assert!(removed(&p).is_empty(), "{:?}", p.actions);
+    assert!(
+        p.actions.iter().any(|a| matches!(a,
+            Action::CancelRemoval { node, .. } if node == "demo-workers-wk002")),
+        "{:?}",
+        p.actions
+    );
+    assert_eq!(creates(&p, "workers"), 0);
+    // Past the drain (the VM stopping), the removal finishes whatever the autoscaler says.
+    w.set_state("demo-workers-wk002", InstanceState::Stopping);
+    assert_eq!(removed(&w.plan()), ["demo-workers-wk002"]);
+}
+
+#[test]
+fn a_member_stopped_by_someone_else_is_started() {
+    let mut w = World::healthy(3, 2, 2);
+    w.set_state("demo-workers-wk001", InstanceState::Stopped);
+    w.set_not_ready("demo-workers-wk001", 30);
+    let p = w.plan();
+    assert!(
+        matches!(&p.actions[..], [Action::StartMember { name, .. }] if name == "demo-workers-wk001"),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn drift_rolls_one_member_at_a_time_surge_first() {
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.worker_pools[0].cpus = 4;
+    let p = w.plan();
+    assert_eq!(creates(&p, "workers"), 1, "{p:?}");
+    assert!(removed(&p).is_empty());
+    assert!(p.actions[0].reason().contains("rolling"));
+    // The surge member is joining: nothing is removed yet.
+    let mut w2 = World::healthy(3, 2, 2);
+    w2.spec.worker_pools[0].cpus = 4;
+    w2.inst("workers", "srg01", InstanceState::Running, 20);
+    let p = w2.plan();
+    assert_eq!(p.actions, vec![], "{p:?}");
+    // Once it is Ready, exactly one drifted member goes.
+    let mut w3 = World::healthy(3, 2, 2);
+    w3.spec.worker_pools[0].cpus = 4;
+    w3.ready("workers", "srg01", 20);
+    let p = w3.plan();
+    let r = removed(&p);
+    assert_eq!(r.len(), 1, "{p:?}");
+    assert!(r[0].contains("wk00"), "{r:?}");
+    assert_eq!(creates(&p, "workers"), 0);
+}
+
+#[test]
+fn control_plane_replaces_a_failed_member_removing_first_one_at_a_time() {
+    let mut w = World::healthy(3, 2, 2);
+    w.set_state("demo-control-plane-cp002", InstanceState::Failed);
+    w.set_not_ready("demo-control-plane-cp002", 5);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-control-plane-cp002"]);
+    assert_eq!(
+        creates(&p, "control-plane"),
+        0,
+        "replacement comes after the removal"
+    );
+    // Next run: the dead member is gone; one replacement.
+    let mut w = World::healthy(3, 2, 2);
+    w.obs
+        .instances
+        .retain(|i| i.name != "demo-control-plane-cp002");
+    w.obs.nodes.retain(|n| n.name != "demo-control-plane-cp002");
+    let p = w.plan();
+    assert_eq!(creates(&p, "control-plane"), 1);
+}
+
+#[test]
+fn control_plane_grows_one_member_at_a_time() {
+    let mut w = World::healthy(1, 2, 2);
+    w.spec.control_plane.count = 3;
+    assert_eq!(creates(&w.plan(), "control-plane"), 1);
+    w.inst("control-plane", "jn001", InstanceState::Running, 10);
+    assert_eq!(
+        creates(&w.plan(), "control-plane"),
+        0,
+        "wait for the joining member"
+    );
+}
+
+#[test]
+fn control_plane_is_left_alone_without_quorum() {
+    let mut w = World::healthy(3, 2, 2);
+    w.set_state("demo-control-plane-cp001", InstanceState::Failed);
+    w.set_state("demo-control-plane-cp002", InstanceState::Failed);
+    w.set_not_ready("demo-control-plane-cp001", 900);
+    w.set_not_ready("demo-control-plane-cp002", 900);
+    let p = w.plan();
+    assert!(
+        removed(&p).iter().all(|n| !n.contains("control-plane")),
+        "{p:?}"
+    );
+    assert_eq!(creates(&p, "control-plane"), 0);
+    assert!(p.is_degraded());
+    assert!(p.findings.iter().any(|f| f.message.contains("quorum")));
+}
+
+#[test]
+fn control_plane_scale_down_spares_the_floating_ip_holder() {
+    let mut w = World::healthy(5, 2, 2);
+    w.spec.control_plane.count = 3;
+    // The holder is cp000, the oldest; make it also the newest to tempt the victim order.
+    if let Some(i) = w
+        .obs
+        .instances
+        .iter_mut()
+        .find(|i| i.name == "demo-control-plane-cp000")
+    {
+        i.time_created = now();
+    }
+    let r = removed(&w.plan());
+    assert_eq!(r.len(), 1, "one at a time");
+    assert_ne!(r[0], "demo-control-plane-cp000");
+}
+
+#[test]
+fn floating_ip_moves_off_a_dead_holder_to_the_oldest_ready_server() {
+    let mut w = World::healthy(3, 2, 2);
+    w.set_state("demo-control-plane-cp000", InstanceState::Failed);
+    w.set_not_ready("demo-control-plane-cp000", 5);
+    let p = w.plan();
+    let attach = p.actions.iter().find_map(|a| match a {
+        Action::AttachApiFloatingIp {
+            to,
+            from,
+            stop_from,
+            ..
+        } => Some((to.clone(), from.clone(), *stop_from)),
+        _ => None,
+    });
+    // A failed holder is stopped first: nexus refuses to detach from it.
+    assert_eq!(
+        attach,
+        Some((
+            "demo-control-plane-cp001".to_owned(),
+            Some("demo-control-plane-cp000".to_owned()),
+            true
+        ))
+    );
+    // Attach comes before anything that could remove the old holder.
+    assert!(
+        matches!(p.actions[0], Action::AttachApiFloatingIp { .. }),
+        "{p:?}"
+    );
+}
+
+#[test]
+fn missing_floating_ip_is_created_and_blocks_creates_until_it_exists() {
+    let mut w = World::healthy(3, 3, 2);
+    w.obs.api_floating_ip = None;
+    let p = w.plan();
+    assert!(matches!(
+        &p.actions[0],
+        Action::CreateApiFloatingIp { description, .. }
+            if *description == names::api_floating_ip_description(&w.spec.cluster)
+    ));
+    assert_eq!(creates(&p, "workers"), 0);
+}
+
+#[test]
+fn missing_image_blocks_creates_and_degrades() {
+    let mut w = World::healthy(3, 3, 2);
+    w.obs.images.insert("ubuntu".into(), None);
+    let p = w.plan();
+    assert_eq!(creates(&p, "workers"), 0);
+    assert!(p.is_degraded());
+    assert!(p.findings.iter().any(|f| f.message.contains("\"ubuntu\"")));
+}
+
+#[test]
+fn orphan_nodes_and_disks_are_cleaned_up_but_foreign_ones_are_not() {
+    let mut w = World::healthy(3, 2, 2);
+    w.node(
+        "demo-workers-zzzzz",
+        NodeReadiness::NotReady { since: now() },
+        false,
+    );
+    w.node("someone-elses-node", NodeReadiness::Ready, false);
+    let disk = |name: &str, state: DiskState| Disk {
+        id: Uuid::new_v4(),
+        name: name.into(),
+        description: String::new(),
+        state,
+        size: ByteSize::gib(20),
+        time_created: now(),
+        image_id: None,
+    };
+    w.obs
+        .disks
+        .push(disk("boot-demo-workers-zzzzz", DiskState::Detached));
+    w.obs
+        .disks
+        .push(disk("data-demo-workers-yyyyy", DiskState::Detached));
+    w.obs.disks.push(disk(
+        "boot-demo-workers-wk000",
+        DiskState::Attached(Uuid::nil()),
+    ));
+    w.obs.disks.push(disk("boot-other-vm", DiskState::Detached));
+    w.obs.disks.push(disk(
+        "boot-demo-workers-xxxxx",
+        DiskState::Busy("creating".into()),
+    ));
+    let p = w.plan();
+    let targets: Vec<(&str, &str)> = p.actions.iter().map(|a| (a.verb(), a.target())).collect();
+    assert_eq!(
+        targets,
+        [
+            ("delete-node", "demo-workers-zzzzz"),
+            ("delete-disk", "boot-demo-workers-zzzzz"),
+            ("delete-disk", "data-demo-workers-yyyyy")
+        ]
+    );
+}
+
+#[test]
+fn members_of_removed_pools_go_but_servers_never_do() {
+    let mut w = World::healthy(3, 2, 2);
+    w.ready("gpu", "gpu01", 100);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-gpu-gpu01"]);
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.control_plane.name = "cp".into();
+    let p = w.plan();
+    assert!(removed(&p).is_empty(), "{p:?}");
+    assert!(p.is_degraded());
+}
+
+#[test]
+fn instances_of_other_clusters_or_untagged_are_ignored() {
+    let mut w = World::healthy(3, 2, 2);
+    w.inst("workers", "mine1", InstanceState::Running, 10);
+    if let Some(i) = w.obs.instances.last_mut() {
+        i.description = "a VM someone made by hand".into();
+    }
+    assert_eq!(w.plan().actions, vec![]);
+}
+
+#[test]
+fn plan_is_deterministic_and_serializes() {
+    let mut w = World::healthy(3, 5, 2);
+    w.spec.worker_pools[0].count = 5;
+    let a = w.plan();
+    assert_eq!(a, w.plan());
+    let json = serde_json::to_value(&a).unwrap_or_default();
+    assert_eq!(json["actions"][0]["action"], "create_member");
+}
+
+fn started(p: &Plan) -> Vec<String> {
+    p.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::StartMember { name, .. } => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A create that came back `stopped` (full rack, silo quota) is started again — once per
+/// run — and neither replaced nor deleted: that would only churn on a full rack.
+#[test]
+fn a_member_the_rack_never_started_is_started_not_replaced_or_deleted() {
+    // (desired workers, Ready workers, never-started workers) -> (starts, creates, removals)
+    for (desired, ready, stopped, want) in [
+        (3, 1, 2, (2, 0, 0)),
+        (3, 0, 3, (3, 0, 0)),
+        (2, 2, 1, (0, 0, 1)),
+        (2, 1, 2, (1, 0, 1)),
+    ] {
+        let mut w = World::healthy(3, desired, ready);
+        for i in 0..stopped {
+            w.inst(
+                "workers",
+                &format!("full{i}"),
+                InstanceState::Stopped,
+                60 + i64::from(i),
+            );
+        }
+        let p = w.plan();
+        let got = (started(&p).len(), creates(&p, "workers"), removed(&p).len());
+        assert_eq!(
+            got, want,
+            "desired {desired}, ready {ready}, stopped {stopped}: {p:?}"
+        );
+        assert!(
+            started(&p)
+                .iter()
+                .chain(removed(&p).iter())
+                .all(|n| n.contains("-full")),
+            "{p:?}"
+        );
+        assert!(!p.is_converged());
+    }
+}
+
+#[test]
+fn a_control_plane_member_the_rack_never_started_is_started_and_blocks_other_changes() {
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.control_plane.count = 5;
+    w.inst("control-plane", "full0", InstanceState::Stopped, 60);
+    let p = w.plan();
+    assert_eq!(started(&p), ["demo-control-plane-full0"], "{p:?}");
+    assert_eq!(creates(&p, "control-plane"), 0, "{p:?}");
+    assert!(removed(&p).is_empty(), "{p:?}");
+}
+
+/// Past the join deadline a stopped member without a Node may be a removal that was cut
+/// short after its stop; starting it again would loop, so the removal is finished.
+#[test]
+fn a_stopped_member_without_a_node_past_the_join_deadline_is_removed() {
+    let mut w = World::healthy(3, 2, 1);
+    let old = w.spec.timeouts.join_seconds as i64 + 60;
+    w.inst("workers", "gone1", InstanceState::Stopped, old);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-gone1"], "{p:?}");
+    assert!(started(&p).is_empty(), "{p:?}");
+}
+
+#[test]
+fn a_member_whose_console_says_its_setup_failed_is_replaced_before_the_join_deadline() {
+    let failure = crate::domain::model::SetupFailure {
+        step: "data-disk".into(),
+        reason: "no NVMe disk with serial data-demo-workers-ba".into(),
+    };
+    let mut w = World::healthy(3, 2, 1);
+    w.inst("workers", "bad01", InstanceState::Running, 60);
+    w.obs
+        .setup_failures
+        .insert("demo-workers-bad01".into(), failure.clone());
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-bad01"]);
+    assert_eq!(creates(&p, "workers"), 1);
+    assert!(
+        p.actions.iter().any(|a| a.reason().contains(
+            "node setup failed at data-disk: no NVMe disk with serial data-demo-workers-ba"
+        )),
+        "{:?}",
+        p.actions
+    );
+    // A control-plane member too, when quorum allows.
+    let mut w = World::healthy(3, 2, 2);
+    w.inst("control-plane", "bad02", InstanceState::Running, 60);
+    w.obs
+        .setup_failures
+        .insert("demo-control-plane-bad02".into(), failure);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-control-plane-bad02"], "{:?}", p.actions);
+    // Without the marker the same member is only joining.
+    let mut w = World::healthy(3, 2, 1);
+    w.inst("workers", "bad01", InstanceState::Running, 60);
+    assert_eq!(w.plan().actions, vec![]);
+}
+
+/// A pool whose creates the rack refused (`failures` in a row, the last `ago_s` ago).
+fn refused(w: &mut World, failures: u32, ago_s: i64) {
+    let (role, pool) = w
+        .spec
+        .pool("workers")
+        .map(|(r, p)| (r, p.clone()))
+        .unwrap_or_else(|| unreachable!());
+    w.obs.create_backoff.insert(
+        "workers".into(),
+        backoff::CreateBackoff {
+            cause: backoff::BlockCause::SubnetFull,
+            message: "No available IPv4 addresses for interface in subnet 'default'".into(),
+            since: now() - Duration::hours(1),
+            last_attempt: now() - Duration::seconds(ago_s),
+            failures,
+            spec_hash: w.spec.pool_hash(role, &pool),
+        },
+    );
+}
+
+#[test]
+fn a_refused_pool_sends_one_probe_once_its_delay_has_passed() {
+    // Default base 60 s: after 3 refusals the next probe waits 240 s.
+    let mut w = World::healthy(3, 10, 2);
+    refused(&mut w, 3, 200);
+    let p = w.plan();
+    assert_eq!(creates(&p, "workers"), 0, "{p:?}");
+    let f = p
+        .findings
+        .iter()
+        .find(|f| f.degraded)
+        .expect("a degraded finding");
+    assert!(
+        f.message.contains("VPC subnet has no free address")
+            && f.message
+                .contains("free addresses in the project's VPC subnet")
+            && f.message.contains("next try after 2026-11-21T12:00:40Z"),
+        "{f:?}"
+    );
+    assert!(
+        p.create_backoff.contains_key("workers"),
+        "the block is carried"
+    );
+
+    refused(&mut w, 3, 240);
+    let p = w.plan();
+    assert_eq!(
+        creates(&p, "workers"),
+        1,
+        "one probe, not the shortfall of 8"
+    );
+    assert!(
+        p.actions[0].reason().contains("one probe"),
+        "{:?}",
+        p.actions[0]
+    );
+    assert!(
+        p.findings
+            .iter()
+            .any(|f| f.message.contains("trying one create this run"))
+    );
+}
+
+#[test]
+fn a_changed_pool_spec_or_a_pool_that_needs_no_member_drops_the_block() {
+    let mut w = World::healthy(3, 10, 2);
+    refused(&mut w, 5, 10);
+    w.spec.worker_pools[0].memory = ByteSize::gib(2);
+    let p = w.plan();
+    assert_eq!(
+        creates(&p, "workers"),
+        8,
+        "smaller members: try them all again"
+    );
+    assert!(p.create_backoff.is_empty() && !p.is_degraded(), "{p:?}");
+
+    let mut w = World::healthy(3, 2, 2);
+    refused(&mut w, 5, 10);
+    let p = w.plan();
+    assert!(p.create_backoff.is_empty() && p.is_converged(), "{p:?}");
+}

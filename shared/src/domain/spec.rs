@@ -1,0 +1,1390 @@
+//! The desired cluster: `spec.yaml` in ConfigMap `kube-system/oxide-controller`.
+//!
+//! Owns the spec's shape, its defaults, its validation (every error names the field it is
+//! about) and the per-pool spec hash that detects drift. Pure: no I/O. Credentials and other
+//! secrets never live here (they are in the Secret, see [`crate::base::secrets`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::base::names::{self, MAX_INSTANCE_NAME_LEN, SUFFIX_LEN};
+
+pub mod autoscale;
+pub mod tailscale;
+use crate::base::size::ByteSize;
+
+/// Current `schema-version` of the ConfigMap.
+pub const SCHEMA_VERSION: &str = "1";
+/// Name of the control-plane pool unless the spec says otherwise.
+pub const DEFAULT_CONTROL_PLANE_POOL: &str = "control-plane";
+/// Name of the default worker pool.
+pub const DEFAULT_WORKER_POOL: &str = "workers";
+/// Label every node gets with its pool name.
+pub const POOL_LABEL: &str = "oxide-controller/pool";
+
+/// The whole desired cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    /// Cluster name: prefix of every instance name, and the kubeconfig context name.
+    pub cluster: String,
+    /// Oxide project holding the cluster.
+    pub project: String,
+    /// The control-plane pool (k3s servers, etcd members). Its count must be odd.
+    pub control_plane: PoolSpec,
+    /// Worker pools (k3s agents). The first is the default for `scale`.
+    #[serde(default)]
+    pub worker_pools: Vec<PoolSpec>,
+    #[serde(default)]
+    pub k3s: K3sSpec,
+    #[serde(default)]
+    pub nodes: NodeAccess,
+    /// Reconcile schedule, five-field cron syntax as in a CronJob.
+    #[serde(default = "default_schedule")]
+    pub schedule: String,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// Every VM joins a tailnet before k3s starts (auth key in the Secret). Absent: no
+    /// Tailscale, and specs written before it existed read the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tailscale: Option<TailscaleSpec>,
+}
+
+/// Tailscale settings of the nodes (the auth key is a secret and lives in the Secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TailscaleSpec {
+    /// ACL tag every node advertises, `tag:NAME`.
+    #[serde(default = "default_tailscale_tag")]
+    pub tag: String,
+    /// Where nodes download the Tailscale installer (a mirror for racks without internet
+    /// access). Unused with `k3s.install: preinstalled`.
+    #[serde(
+        default = "default_tailscale_installer_url",
+        skip_serializing_if = "is_default_tailscale_installer_url"
+    )]
+    pub installer_url: String,
+    /// How long a node's `tailscale up` waits to be Running before the setup fails
+    /// (`--timeout`). Without it `tailscale up` waits for ever: for a device approval nobody
+    /// gives, a control server it cannot reach, or an interactive login (tailscale@de9ec7e
+    /// `cmd/tailscale/cli/up.go:134,805-830`), and the node shows no reason.
+    #[serde(
+        default = "default_tailscale_up_timeout",
+        skip_serializing_if = "is_default_tailscale_up_timeout"
+    )]
+    pub up_timeout_seconds: u32,
+}
+
+impl Default for TailscaleSpec {
+    fn default() -> Self {
+        TailscaleSpec {
+            tag: default_tailscale_tag(),
+            installer_url: default_tailscale_installer_url(),
+            up_timeout_seconds: default_tailscale_up_timeout(),
+        }
+    }
+}
+
+/// `tailscale.up_timeout_seconds` unless set: five minutes, well inside the join deadline.
+pub const DEFAULT_TAILSCALE_UP_TIMEOUT: u32 = 300;
+
+fn default_tailscale_up_timeout() -> u32 {
+    DEFAULT_TAILSCALE_UP_TIMEOUT
+}
+
+fn is_default_tailscale_up_timeout(v: &u32) -> bool {
+    *v == DEFAULT_TAILSCALE_UP_TIMEOUT
+}
+
+/// API server port of k3s.
+pub const API_PORT: u16 = 6443;
+
+/// The k3s server URL for `ip` (joiners get a Ready server's private address, external
+/// clients the floating IP).
+pub fn server_url(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V6(v6) => format!("https://[{v6}]:{API_PORT}"),
+        std::net::IpAddr::V4(v4) => format!("https://{v4}:{API_PORT}"),
+    }
+}
+
+/// Node labels a member gets: the pool's, plus `oxide-controller/pool`.
+pub fn node_labels(pool: &PoolSpec) -> std::collections::BTreeMap<String, String> {
+    let mut labels = pool.labels.clone();
+    labels.insert(POOL_LABEL.to_owned(), pool.name.clone());
+    labels
+}
+
+/// Tailscale's documented installer (adds the package repository, installs, enables
+/// `tailscaled`); the default of `tailscale.installer_url`.
+pub const TAILSCALE_INSTALL_URL: &str = "https://tailscale.com/install.sh";
+/// k3s's documented installer; the default of `k3s.installer_url`.
+pub const K3S_INSTALL_URL: &str = "https://get.k3s.io";
+
+/// An installer URL the setup script can single-quote and curl can fetch: `https://` (or
+/// `http://` for a mirror inside the rack's network), a host, and no quotes, spaces or
+/// control characters.
+pub fn check_installer_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .unwrap_or("");
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let ok = !host.is_empty()
+        && url.len() <= 2048
+        && url
+            .chars()
+            .all(|c| c.is_ascii_graphic() && !matches!(c, '\'' | '"' | '\\' | '`' | '$'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{url:?} must be an http(s):// URL without quotes, spaces or $, like https://get.k3s.io or https://mirror.example/k3s/install.sh"
+        ))
+    }
+}
+
+fn default_tailscale_installer_url() -> String {
+    TAILSCALE_INSTALL_URL.to_owned()
+}
+
+fn default_k3s_installer_url() -> String {
+    K3S_INSTALL_URL.to_owned()
+}
+
+// Written back only when set: specs stored before the field existed read and write the same.
+fn is_default_k3s_installer_url(url: &str) -> bool {
+    url == K3S_INSTALL_URL
+}
+
+fn is_default_tailscale_installer_url(url: &str) -> bool {
+    url == TAILSCALE_INSTALL_URL
+}
+
+fn default_tailscale_tag() -> String {
+    tailscale::DEFAULT_TAG.to_owned()
+}
+
+/// One pool of identical VMs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    pub name: String,
+    pub count: u32,
+    #[serde(default)]
+    pub min: u32,
+    #[serde(default = "default_max")]
+    pub max: u32,
+    pub cpus: u16,
+    pub memory: ByteSize,
+    pub boot_disk: ByteSize,
+    #[serde(default)]
+    pub data_disk: Option<ByteSize>,
+    /// Image name, looked up in the project first, then the silo.
+    pub image: String,
+    /// Overrides `k3s.version` for this pool.
+    #[serde(default)]
+    pub k3s_version: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub taints: Vec<Taint>,
+    /// Oxide anti-affinity group the pool's instances join (created if missing).
+    #[serde(default)]
+    pub anti_affinity_group: Option<String>,
+    /// Autoscaling within min/max; absent means the count is set by hand (spec or webhook).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<autoscale::AutoscaleSpec>,
+}
+
+/// A node taint, `key=value:Effect`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Taint {
+    pub key: String,
+    #[serde(default)]
+    pub value: String,
+    pub effect: TaintEffect,
+}
+
+/// Kubernetes taint effects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TaintEffect {
+    NoSchedule,
+    PreferNoSchedule,
+    NoExecute,
+}
+
+impl std::fmt::Display for Taint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}:{:?}", self.key, self.value, self.effect)
+    }
+}
+
+/// How k3s is installed and run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct K3sSpec {
+    #[serde(default = "default_k3s_version")]
+    pub version: String,
+    #[serde(default)]
+    pub install: K3sInstall,
+    /// Where nodes download the k3s installer (a mirror for racks without internet access).
+    /// The installer itself still fetches the k3s release; a mirror serves a copy of
+    /// install.sh that points at it. Unused with `install: preinstalled`.
+    #[serde(
+        default = "default_k3s_installer_url",
+        skip_serializing_if = "is_default_k3s_installer_url"
+    )]
+    pub installer_url: String,
+    /// Run with `--disable-cloud-controller` and leave cloud-provider duties to the Oxide CCM.
+    #[serde(default)]
+    pub oxide_ccm: bool,
+    /// Extra TLS SANs for the API server certificate (the floating IP is always added).
+    #[serde(default)]
+    pub tls_san: Vec<String>,
+}
+
+impl Default for K3sSpec {
+    fn default() -> Self {
+        K3sSpec {
+            version: default_k3s_version(),
+            install: K3sInstall::default(),
+            installer_url: default_k3s_installer_url(),
+            oxide_ccm: false,
+            tls_san: Vec::new(),
+        }
+    }
+}
+
+/// `script` downloads k3s at boot; `preinstalled` expects it in the image (air-gapped racks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum K3sInstall {
+    #[default]
+    Script,
+    Preinstalled,
+}
+
+/// How the controller reaches nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeAccess {
+    #[serde(default = "default_ssh_user")]
+    pub ssh_user: String,
+    /// The port the image's sshd listens on. Only used to connect: nothing in the user-data
+    /// moves sshd, and the VPC's default firewall rules admit tcp/22 only.
+    #[serde(default = "default_ssh_port")]
+    pub ssh_port: u16,
+    /// Whether each VM gets an ephemeral external IP.
+    #[serde(default)]
+    pub external_ip: ExternalIpMode,
+    /// IP pool for ephemeral and floating IPs; the silo default when absent.
+    #[serde(default)]
+    pub ip_pool: Option<String>,
+}
+
+impl Default for NodeAccess {
+    fn default() -> Self {
+        NodeAccess {
+            ssh_user: default_ssh_user(),
+            ssh_port: default_ssh_port(),
+            external_ip: ExternalIpMode::default(),
+            ip_pool: None,
+        }
+    }
+}
+
+/// External IP choice for VMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExternalIpMode {
+    #[default]
+    Ephemeral,
+    None,
+}
+
+/// Deadlines the planner applies, in seconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// A running VM that has not become a Ready Node after this long is replaced.
+    #[serde(default = "d_join")]
+    pub join_seconds: u64,
+    /// A NotReady member is replaced after this long.
+    #[serde(default = "d_not_ready")]
+    pub not_ready_grace_seconds: u64,
+    /// Drain gives up (and reports) after this long; the next run tries again.
+    #[serde(default = "d_drain")]
+    pub drain_seconds: u64,
+    /// An instance stuck in `starting`/`stopping`/`creating` longer than this is treated as failed.
+    #[serde(default = "d_transition")]
+    pub transition_seconds: u64,
+    /// Whole-run deadline of `reconcile-once`; must be shorter than the CronJob's activeDeadlineSeconds.
+    #[serde(default = "d_run")]
+    pub run_deadline_seconds: u64,
+    /// After the rack refused a pool's creates in a way retrying does not fix (no capacity,
+    /// quota, a full subnet), the next probe create waits this long, doubling with each
+    /// further refusal up to 30 minutes. 0 probes on every run.
+    #[serde(default = "d_create_retry")]
+    pub create_retry_seconds: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            join_seconds: d_join(),
+            not_ready_grace_seconds: d_not_ready(),
+            drain_seconds: d_drain(),
+            transition_seconds: d_transition(),
+            run_deadline_seconds: d_run(),
+            create_retry_seconds: d_create_retry(),
+        }
+    }
+}
+
+fn d_join() -> u64 {
+    600
+}
+fn d_not_ready() -> u64 {
+    300
+}
+fn d_drain() -> u64 {
+    120
+}
+fn d_transition() -> u64 {
+    600
+}
+fn d_run() -> u64 {
+    240
+}
+fn d_create_retry() -> u64 {
+    60
+}
+fn default_max() -> u32 {
+    100
+}
+fn default_schedule() -> String {
+    "*/5 * * * *".to_owned()
+}
+fn default_k3s_version() -> String {
+    "v1.33.4+k3s1".to_owned()
+}
+fn default_ssh_user() -> String {
+    "ubuntu".to_owned()
+}
+fn default_ssh_port() -> u16 {
+    22
+}
+
+/// Whether a pool holds k3s servers or agents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    ControlPlane,
+    Worker,
+}
+
+/// One problem with a spec, naming the field (`worker_pools.workers.memory`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    pub field: String,
+    pub message: String,
+}
+
+/// All problems found in a spec.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid cluster spec: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct SpecErrors(pub Vec<SpecError>);
+
+/// Errors loading `spec.yaml`.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecLoadError {
+    #[error("spec.yaml is not valid: {message}")]
+    Parse { message: String },
+    #[error(transparent)]
+    Invalid(#[from] SpecErrors),
+}
+
+/// A count outside a pool's bounds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CountError {
+    #[error("pool {pool:?} does not exist; pools are: {known}")]
+    UnknownPool { pool: String, known: String },
+    #[error("count {count} for pool {pool:?} is outside its bounds [{min}, {max}]")]
+    OutOfBounds {
+        pool: String,
+        count: i64,
+        min: u32,
+        max: u32,
+    },
+    #[error("the control-plane pool {pool:?} needs an odd count, not {count}")]
+    EvenControlPlane { pool: String, count: i64 },
+}
+
+/// Members an Oxide anti-affinity group holds (omicron's `ANTI_AFFINITY_GROUP_MAX_MEMBERS`).
+pub const MAX_ANTI_AFFINITY_MEMBERS: u32 = 32;
+
+impl ClusterSpec {
+    /// A spec with defaults: `control_planes` servers and one `workers` pool of `workers` agents.
+    pub fn new(
+        cluster: &str,
+        project: &str,
+        image: &str,
+        control_planes: u32,
+        workers: u32,
+    ) -> Self {
+        ClusterSpec {
+            cluster: cluster.to_owned(),
+            project: project.to_owned(),
+            control_plane: PoolSpec {
+                name: DEFAULT_CONTROL_PLANE_POOL.to_owned(),
+                count: control_planes,
+                min: 1,
+                max: 7,
+                cpus: 2,
+                memory: ByteSize::gib(4),
+                boot_disk: ByteSize::gib(20),
+                data_disk: None,
+                image: image.to_owned(),
+                k3s_version: None,
+                labels: BTreeMap::new(),
+                taints: Vec::new(),
+                anti_affinity_group: None,
+                autoscale: None,
+            },
+            worker_pools: vec![PoolSpec {
+                name: DEFAULT_WORKER_POOL.to_owned(),
+                count: workers,
+                min: 0,
+                max: default_max(),
+                cpus: 2,
+                memory: ByteSize::gib(4),
+                boot_disk: ByteSize::gib(20),
+                data_disk: None,
+                image: image.to_owned(),
+                k3s_version: None,
+                labels: BTreeMap::new(),
+                taints: Vec::new(),
+                anti_affinity_group: None,
+                autoscale: None,
+            }],
+            k3s: K3sSpec::default(),
+            nodes: NodeAccess::default(),
+            schedule: default_schedule(),
+            timeouts: Timeouts::default(),
+            tailscale: None,
+        }
+    }
+
+    /// Parses and validates `spec.yaml`.
+    pub fn from_yaml(text: &str) -> Result<ClusterSpec, SpecLoadError> {
+        let spec: ClusterSpec = serde_saphyr::from_str(text).map_err(|e| SpecLoadError::Parse {
+            message: e.to_string(),
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Renders `spec.yaml`.
+    pub fn to_yaml(&self) -> String {
+        // Serializing plain data structs cannot fail; fall back to JSON (valid YAML) just in case.
+        serde_saphyr::to_string(self)
+            .unwrap_or_else(|_| serde_json::to_string_pretty(self).unwrap_or_default())
+    }
+
+    /// All pools, control plane first.
+    pub fn pools(&self) -> impl Iterator<Item = (Role, &PoolSpec)> {
+        std::iter::once((Role::ControlPlane, &self.control_plane))
+            .chain(self.worker_pools.iter().map(|p| (Role::Worker, p)))
+    }
+
+    /// A pool by name.
+    pub fn pool(&self, name: &str) -> Option<(Role, &PoolSpec)> {
+        self.pools().find(|(_, p)| p.name == name)
+    }
+
+    /// The pool `scale` changes when none is named.
+    pub fn default_worker_pool(&self) -> Option<&PoolSpec> {
+        self.worker_pools.first()
+    }
+
+    /// k3s version of a pool.
+    pub fn k3s_version<'a>(&'a self, pool: &'a PoolSpec) -> &'a str {
+        pool.k3s_version.as_deref().unwrap_or(&self.k3s.version)
+    }
+
+    /// Sets a pool's count, enforcing its bounds (and oddness for the control plane).
+    pub fn set_count(&mut self, pool: &str, count: i64) -> Result<(), CountError> {
+        let known = self
+            .pools()
+            .map(|(_, p)| p.name.clone())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let is_cp = self.control_plane.name == pool;
+        let p = if is_cp {
+            &mut self.control_plane
+        } else {
+            self.worker_pools
+                .iter_mut()
+                .find(|p| p.name == pool)
+                .ok_or_else(|| CountError::UnknownPool {
+                    pool: pool.to_owned(),
+                    known,
+                })?
+        };
+        if count < i64::from(p.min) || count > i64::from(p.max) {
+            return Err(CountError::OutOfBounds {
+                pool: pool.to_owned(),
+                count,
+                min: p.min,
+                max: p.max,
+            });
+        }
+        if is_cp && count % 2 == 0 {
+            return Err(CountError::EvenControlPlane {
+                pool: pool.to_owned(),
+                count,
+            });
+        }
+        p.count = u32::try_from(count).map_err(|_| CountError::OutOfBounds {
+            pool: pool.to_owned(),
+            count,
+            min: p.min,
+            max: p.max,
+        })?;
+        Ok(())
+    }
+
+    /// The hash of everything about a pool that needs a new VM to change. Stored in each
+    /// instance's description; a mismatch is drift and the member gets rolled.
+    pub fn pool_hash(&self, role: Role, pool: &PoolSpec) -> String {
+        #[derive(Serialize)]
+        struct Hashed<'a> {
+            role: Role,
+            image: &'a str,
+            cpus: u16,
+            memory: u64,
+            boot_disk: u64,
+            data_disk: Option<u64>,
+            k3s_version: &'a str,
+            install: K3sInstall,
+            oxide_ccm: bool,
+            labels: &'a BTreeMap<String, String>,
+            taints: &'a [Taint],
+            // Left out when absent so that clusters without Tailscale keep their hashes.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            tailscale_tag: Option<&'a str>,
+        }
+        let h = Hashed {
+            role,
+            image: &pool.image,
+            cpus: pool.cpus,
+            memory: pool.memory.bytes(),
+            boot_disk: pool.boot_disk.bytes(),
+            data_disk: pool.data_disk.map(ByteSize::bytes),
+            k3s_version: self.k3s_version(pool),
+            install: self.k3s.install,
+            oxide_ccm: self.k3s.oxide_ccm,
+            labels: &pool.labels,
+            taints: &pool.taints,
+            tailscale_tag: self.tailscale.as_ref().map(|t| t.tag.as_str()),
+        };
+        let bytes = serde_json::to_vec(&h).unwrap_or_default();
+        let digest = Sha256::digest(&bytes);
+        digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Checks every rule and reports all problems at once.
+    /// Whether every member the pools can reach has an address in a VPC subnet of prefix
+    /// length `prefix`: nexus hands out all but the first five and the last address of a
+    /// subnet (omicron `common/src/address.rs` `NUM_INITIAL_RESERVED_IP_ADDRESSES`,
+    /// `nexus/db-model/src/ipv4net.rs`), so the default /22 holds 1,018 NICs. Worker pools
+    /// count at their `max` (the webhook and the autoscaler move counts up to it), the control
+    /// plane at its `count`; each pool plus one surge member while it rolls. The error names the
+    /// largest worker pool's `max` (the control plane's `count` without workers).
+    pub fn check_subnet(&self, prefix: u8) -> Result<(), SpecError> {
+        let size = 1u64 << (32 - u32::from(prefix.min(32)));
+        let usable = size.saturating_sub(6);
+        let reach = |role: Role, p: &PoolSpec| match role {
+            Role::ControlPlane => u64::from(p.count) + 1,
+            Role::Worker => u64::from(p.max.max(p.count)) + 1,
+        };
+        let total: u64 = self.pools().map(|(r, p)| reach(r, p)).sum();
+        if total <= usable {
+            return Ok(());
+        }
+        let field = self
+            .worker_pools
+            .iter()
+            .max_by_key(|p| p.max)
+            .map_or("control_plane.count".to_owned(), |p| {
+                format!("worker_pools.{}.max", p.name)
+            });
+        let parts = self
+            .pools()
+            .map(|(r, p)| format!("{} {}", p.name, reach(r, p)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(SpecError {
+            field,
+            message: format!(
+                "the pools can reach {total} members with one surge member each ({parts}), but the \
+                 project's VPC subnet (a /{prefix}) has addresses for {usable}; lower the max, or \
+                 use a project whose default subnet is larger"
+            ),
+        })
+    }
+
+    /// The k3s server settings this spec renders that every server of a cluster must share,
+    /// by k3s flag. k3s lists them as "Critical Configuration Values" (docs.k3s.io/cli/server):
+    /// a joining server whose value differs from the cluster's is refused ("critical
+    /// configuration value mismatch") and exits. Of those, the product renders only
+    /// `disable-cloud-controller` (from `k3s.oxide_ccm`); the agent token never changes.
+    pub fn server_settings(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([(
+            "disable-cloud-controller".to_owned(),
+            self.k3s.oxide_ccm.to_string(),
+        )])
+    }
+
+    /// Refuses a spec whose server settings differ from those the cluster's servers run
+    /// (`recorded`, see [`Self::server_settings`]): new servers would fail to join, be replaced,
+    /// and fail again, forever.
+    pub fn check_server_settings(
+        &self,
+        recorded: &BTreeMap<String, String>,
+    ) -> Result<(), SpecError> {
+        let field_of = |flag: &str| match flag {
+            "disable-cloud-controller" => "k3s.oxide_ccm",
+            _ => "k3s",
+        };
+        for (flag, want) in self.server_settings() {
+            match recorded.get(&flag) {
+                Some(have) if *have != want => {
+                    let field = field_of(&flag);
+                    let back = if flag == "disable-cloud-controller" {
+                        format!("{field}: {have}")
+                    } else {
+                        format!("{flag}: {have}")
+                    };
+                    return Err(SpecError {
+                        field: field.to_owned(),
+                        message: format!(
+                            "the cluster's k3s servers run with {flag}={have}, and k3s requires every \
+                             server to have the same value (a new server with {want} fails to join: \
+                             \"critical configuration value mismatch\"), so it cannot change on a \
+                             running cluster; set {back} again, or build a new cluster"
+                        ),
+                    });
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    pub fn validate(&self) -> Result<(), SpecErrors> {
+        let mut errs = Vec::new();
+        let mut err = |field: String, message: String| errs.push(SpecError { field, message });
+        self.validate_names(&mut err);
+        self.validate_anti_affinity_sizes(&mut err);
+        self.validate_pools(&mut err);
+        check_k3s_version(&mut err, "k3s.version".into(), &self.k3s.version);
+        if let Err(e) = parse_schedule(&self.schedule) {
+            err("schedule".into(), e);
+        }
+        self.validate_nodes(&mut err);
+        self.validate_tailscale(&mut err);
+        if let Err(e) = check_installer_url(&self.k3s.installer_url) {
+            err("k3s.installer_url".into(), e);
+        }
+        self.validate_timeouts(&mut err);
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(SpecErrors(errs))
+        }
+    }
+
+    /// The cluster's and the project's names.
+    fn validate_names(&self, err: &mut impl FnMut(String, String)) {
+        if let Err(e) = names::validate_name("cluster name", &self.cluster) {
+            err("cluster".into(), e.to_string());
+        }
+        if let Err(e) = names::validate_name("project name", &self.project) {
+            err("project".into(), e.to_string());
+        }
+    }
+
+    /// A rack refuses the 33rd member of an anti-affinity group inside the create saga
+    /// (omicron `ANTI_AFFINITY_GROUP_MAX_MEMBERS`, see tests/FIDELITY.md): every pool in a
+    /// group may reach its max plus one surge member while it rolls.
+    fn validate_anti_affinity_sizes(&self, err: &mut impl FnMut(String, String)) {
+        let mut groups: BTreeMap<&str, (u32, Vec<String>)> = BTreeMap::new();
+        for (role, pool) in self.pools() {
+            if let Some(g) = &pool.anti_affinity_group {
+                let field = match role {
+                    Role::ControlPlane => "control_plane.max".to_owned(),
+                    Role::Worker => format!("worker_pools.{}.max", pool.name),
+                };
+                let entry = groups.entry(g.as_str()).or_default();
+                entry.0 = entry.0.saturating_add(pool.max).saturating_add(1);
+                entry.1.push(field);
+            }
+        }
+        for (group, (members, fields)) in &groups {
+            if *members > MAX_ANTI_AFFINITY_MEMBERS {
+                err(
+                    fields.join(", "),
+                    format!(
+                        "anti-affinity group {group:?} could need {members} members (max plus one surge member per pool), more than the {MAX_ANTI_AFFINITY_MEMBERS} an Oxide group holds; lower the max or use another group"
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Every pool, one after the other, and at least one worker pool.
+    fn validate_pools(&self, err: &mut impl FnMut(String, String)) {
+        let mut seen = std::collections::BTreeSet::new();
+        for (role, pool) in self.pools() {
+            let base = match role {
+                Role::ControlPlane => "control_plane".to_owned(),
+                Role::Worker => format!("worker_pools.{}", pool.name),
+            };
+            if !seen.insert(pool.name.clone()) {
+                err(
+                    format!("{base}.name"),
+                    format!("pool name {:?} is used twice", pool.name),
+                );
+            }
+            self.validate_pool_sizes(role, pool, &base, err);
+            validate_pool_resources(pool, &base, err);
+            validate_pool_node_settings(pool, &base, err);
+        }
+        if self.worker_pools.is_empty() {
+            err(
+                "worker_pools".into(),
+                "at least one worker pool is needed".into(),
+            );
+        }
+    }
+
+    /// A pool's name length, its min/count/max, autoscaling and (control plane) quorum.
+    fn validate_pool_sizes(
+        &self,
+        role: Role,
+        pool: &PoolSpec,
+        base: &str,
+        err: &mut impl FnMut(String, String),
+    ) {
+        // Instance names are <cluster>-<pool>-<suffix> and must leave room for `boot-`.
+        let max_pool = MAX_INSTANCE_NAME_LEN
+            .saturating_sub(self.cluster.len() + SUFFIX_LEN + 2)
+            .max(1);
+        if let Err(e) = names::validate_name_max("pool name", &pool.name, max_pool) {
+            err(
+                format!("{base}.name"),
+                format!(
+                    "{e} (instance names are <cluster>-<pool>-xxxxx and must stay within {MAX_INSTANCE_NAME_LEN} characters)"
+                ),
+            );
+        }
+        if pool.min > pool.max {
+            err(
+                format!("{base}.min"),
+                format!("min {} is greater than max {}", pool.min, pool.max),
+            );
+        }
+        if pool.count < pool.min || pool.count > pool.max {
+            err(
+                format!("{base}.count"),
+                format!(
+                    "count {} is outside [min {}, max {}]",
+                    pool.count, pool.min, pool.max
+                ),
+            );
+        }
+        if let Some(a) = &pool.autoscale {
+            if role == Role::ControlPlane {
+                err(
+                    format!("{base}.autoscale"),
+                    "control plane pools do not autoscale; move the block to a worker pool".into(),
+                );
+            }
+            for e in a.validate(pool.min, pool.max) {
+                err(format!("{base}.autoscale.{}", e.field), e.message);
+            }
+        }
+        if role == Role::ControlPlane && pool.count.is_multiple_of(2) {
+            err(
+                format!("{base}.count"),
+                format!(
+                    "the control plane needs an odd number of servers for etcd quorum, not {}",
+                    pool.count
+                ),
+            );
+        }
+    }
+
+    /// `nodes`: SSH port and user, IP pool.
+    fn validate_nodes(&self, err: &mut impl FnMut(String, String)) {
+        if self.nodes.ssh_port == 0 {
+            err("nodes.ssh_port".into(), "port 0 is not a port".into());
+        }
+        if self.nodes.ssh_user.is_empty()
+            || !self
+                .nodes
+                .ssh_user
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            err(
+                "nodes.ssh_user".into(),
+                format!("{:?} is not a valid user name", self.nodes.ssh_user),
+            );
+        }
+        if let Some(p) = &self.nodes.ip_pool
+            && let Err(e) = names::validate_name("IP pool name", p)
+        {
+            err("nodes.ip_pool".into(), e.to_string());
+        }
+    }
+
+    /// `tailscale`, when present: tag, installer URL, `up` timeout.
+    fn validate_tailscale(&self, err: &mut impl FnMut(String, String)) {
+        let Some(ts) = &self.tailscale else {
+            return;
+        };
+        if let Err(e) = tailscale::check_tag(&ts.tag) {
+            err("tailscale.tag".into(), e);
+        }
+        if let Err(e) = check_installer_url(&ts.installer_url) {
+            err("tailscale.installer_url".into(), e);
+        }
+        if !(1..=3600).contains(&ts.up_timeout_seconds) {
+            err(
+                "tailscale.up_timeout_seconds".into(),
+                format!(
+                    "{} is out of range: between 1 and 3600 seconds (tailscale up waits that long to join before the node's setup fails)",
+                    ts.up_timeout_seconds
+                ),
+            );
+        }
+    }
+
+    /// `timeouts`: none of them zero.
+    fn validate_timeouts(&self, err: &mut impl FnMut(String, String)) {
+        let t = &self.timeouts;
+        for (name, v) in [
+            ("join_seconds", t.join_seconds),
+            ("not_ready_grace_seconds", t.not_ready_grace_seconds),
+            ("drain_seconds", t.drain_seconds),
+            ("transition_seconds", t.transition_seconds),
+            ("run_deadline_seconds", t.run_deadline_seconds),
+        ] {
+            if v == 0 {
+                err(format!("timeouts.{name}"), "must be greater than 0".into());
+            }
+        }
+    }
+}
+
+/// A pool's CPUs, memory, disks, image and anti-affinity group name.
+fn validate_pool_resources(pool: &PoolSpec, base: &str, err: &mut impl FnMut(String, String)) {
+    if pool.cpus == 0 || pool.cpus > 254 {
+        err(
+            format!("{base}.cpus"),
+            format!("{} is outside 1..=254", pool.cpus),
+        );
+    }
+    match pool.memory.whole_gib() {
+        None => err(
+            format!("{base}.memory"),
+            format!(
+                "{} is not a whole number of GiB (Oxide needs multiples of 1 GiB)",
+                pool.memory
+            ),
+        ),
+        Some(g) if !(1..=1536).contains(&g) => err(
+            format!("{base}.memory"),
+            format!("{} is outside 1GiB..=1536GiB", pool.memory),
+        ),
+        Some(_) => {}
+    }
+    check_disk(err, format!("{base}.boot_disk"), pool.boot_disk);
+    if let Some(d) = pool.data_disk {
+        check_disk(err, format!("{base}.data_disk"), d);
+    }
+    if let Err(e) = names::validate_name("image name", &pool.image) {
+        err(format!("{base}.image"), e.to_string());
+    }
+    if let Some(g) = &pool.anti_affinity_group
+        && let Err(e) = names::validate_name("anti-affinity group name", g)
+    {
+        err(format!("{base}.anti_affinity_group"), e.to_string());
+    }
+}
+
+/// A pool's node labels, taints and k3s version.
+fn validate_pool_node_settings(pool: &PoolSpec, base: &str, err: &mut impl FnMut(String, String)) {
+    for (k, v) in &pool.labels {
+        if !valid_label_key(k) {
+            err(
+                format!("{base}.labels"),
+                format!("{k:?} is not a valid Kubernetes label key"),
+            );
+        }
+        if !valid_label_value(v) {
+            err(
+                format!("{base}.labels.{k}"),
+                format!("{v:?} is not a valid Kubernetes label value"),
+            );
+        }
+        if valid_label_key(k) && kubelet_refuses_label(k) {
+            err(
+                format!("{base}.labels.{k}"),
+                format!(
+                    "the kubelet refuses {k:?} in --node-labels and k3s would not start: \
+                     in the kubernetes.io and k8s.io namespaces only kubelet.kubernetes.io/, \
+                     node.kubernetes.io/ and {} are allowed; use your own prefix \
+                     (e.g. example.com/role) or set it with `kubectl label node` once the \
+                     node joined",
+                    KUBELET_LABELS.join(", ")
+                ),
+            );
+        }
+    }
+    for t in &pool.taints {
+        if !valid_label_key(&t.key) || !valid_label_value(&t.value) {
+            err(
+                format!("{base}.taints"),
+                format!("{t} is not a valid taint"),
+            );
+        }
+    }
+    if let Some(v) = &pool.k3s_version {
+        check_k3s_version(err, format!("{base}.k3s_version"), v);
+    }
+}
+
+fn check_disk(err: &mut impl FnMut(String, String), field: String, size: ByteSize) {
+    match size.whole_gib() {
+        None => err(field, format!("{size} is not a whole number of GiB")),
+        Some(g) if !(1..=1023).contains(&g) => {
+            err(field, format!("{size} is outside 1GiB..=1023GiB"))
+        }
+        Some(_) => {}
+    }
+}
+
+fn check_k3s_version(err: &mut impl FnMut(String, String), field: String, v: &str) {
+    let ok = v.starts_with('v')
+        && v.len() <= 64
+        && v[1..].chars().next().is_some_and(|c| c.is_ascii_digit())
+        && v.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'));
+    if !ok {
+        err(
+            field,
+            format!("{v:?} is not a k3s version like v1.33.4+k3s1"),
+        );
+    }
+}
+
+/// Parses a CronJob schedule in Kubernetes' cron dialect (see [`crate::base::kcron`]), refusing
+/// what the apiserver refuses on create (a `TZ`/`CRON_TZ` prefix included).
+pub fn parse_schedule(s: &str) -> Result<crate::base::kcron::Schedule, String> {
+    crate::base::kcron::validate_cronjob_schedule(s).map_err(|e| {
+        format!(
+            "{s:?} is not a valid CronJob schedule: {e} (five fields: minute hour day-of-month month day-of-week, day of week 0-6 with Sunday 0, e.g. \"*/5 * * * *\"; or @hourly, @daily, ...)"
+        )
+    })
+}
+
+fn valid_label_value(v: &str) -> bool {
+    v.is_empty()
+        || (v.len() <= 63
+            && v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && v.ends_with(|c: char| c.is_ascii_alphanumeric()))
+}
+
+/// Labels a kubelet may set on its own Node in the `kubernetes.io`/`k8s.io` namespaces
+/// (k8s.io/kubelet `pkg/apis/well_known_labels.go`, `kubeletLabels`).
+const KUBELET_LABELS: [&str; 11] = [
+    "beta.kubernetes.io/arch",
+    "beta.kubernetes.io/instance-type",
+    "beta.kubernetes.io/os",
+    "failure-domain.beta.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone",
+    "kubernetes.io/arch",
+    "kubernetes.io/hostname",
+    "kubernetes.io/os",
+    "node.kubernetes.io/instance-type",
+    "topology.kubernetes.io/region",
+    "topology.kubernetes.io/zone",
+];
+
+/// True for a key the kubelet refuses in `--node-labels` (k3s passes `node-label` there):
+/// its namespace is `kubernetes.io`/`k8s.io` or a subdomain, and it is neither one of
+/// [`KUBELET_LABELS`] nor in `kubelet.kubernetes.io`/`node.kubernetes.io` or their subdomains
+/// (kubelet `ValidateKubeletFlags`, `isKubernetesLabel`, `IsKubeletLabel`).
+pub fn kubelet_refuses_label(key: &str) -> bool {
+    let Some((namespace, _)) = key.split_once('/') else {
+        return false;
+    };
+    let within = |ns: &str| namespace == ns || namespace.ends_with(&format!(".{ns}"));
+    (within("kubernetes.io") || within("k8s.io"))
+        && !KUBELET_LABELS.contains(&key)
+        && !within("kubelet.kubernetes.io")
+        && !within("node.kubernetes.io")
+}
+
+fn valid_label_key(k: &str) -> bool {
+    let (prefix, name) = match k.rsplit_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, k),
+    };
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|l| {
+                !l.is_empty()
+                    && l.chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            })
+    });
+    prefix_ok && !name.is_empty() && valid_label_value(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> ClusterSpec {
+        ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 2)
+    }
+
+    fn fields(s: &ClusterSpec) -> Vec<String> {
+        s.validate()
+            .err()
+            .map(|e| e.0.into_iter().map(|e| e.field).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn default_spec_is_valid_and_round_trips_through_yaml() {
+        let s = spec();
+        assert_eq!(s.validate(), Ok(()));
+        let yaml = s.to_yaml();
+        assert_eq!(ClusterSpec::from_yaml(&yaml).expect("parses"), s);
+    }
+
+    #[test]
+    fn anti_affinity_groups_hold_32_members_counting_a_surge_member_per_pool() {
+        let mut s = spec();
+        s.worker_pools[0].anti_affinity_group = Some("spread".into());
+        s.worker_pools[0].max = 31;
+        assert_eq!(s.validate(), Ok(()));
+        s.worker_pools[0].max = 32;
+        assert_eq!(fields(&s), ["worker_pools.workers.max"]);
+        // Two pools sharing a group: 15 + 1 + 16 + 1 = 33.
+        s.worker_pools[0].max = 15;
+        s.control_plane.anti_affinity_group = Some("spread".into());
+        s.control_plane.max = 16;
+        assert_eq!(fields(&s), ["control_plane.max, worker_pools.workers.max"]);
+        s.control_plane.max = 15;
+        assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn autoscale_block_parses_round_trips_and_names_bad_fields() {
+        let mut s = spec();
+        let mut yaml = s.to_yaml();
+        assert!(
+            !yaml.contains("autoscale"),
+            "absent block stays absent: {yaml}"
+        );
+        s.worker_pools[0].min = 1;
+        s.worker_pools[0].max = 6;
+        s.worker_pools[0].count = 1;
+        s.worker_pools[0].autoscale = Some(crate::domain::autoscale::AutoscaleSpec {
+            schedules: vec![crate::domain::autoscale::ScheduleWindow {
+                name: "office".into(),
+                start: "0 8 * * 1-5".into(),
+                duration_minutes: 720,
+                time_zone: "UTC".into(),
+                min: Some(3),
+                max: None,
+            }],
+            ..Default::default()
+        });
+        assert_eq!(s.validate(), Ok(()));
+        yaml = s.to_yaml();
+        assert_eq!(ClusterSpec::from_yaml(&yaml).expect("parses"), s);
+        let a = s.worker_pools[0].autoscale.as_mut().expect("set");
+        a.utilization_threshold = 2.0;
+        a.schedules[0].min = Some(7);
+        assert_eq!(
+            fields(&s),
+            [
+                "worker_pools.workers.autoscale.utilization_threshold",
+                "worker_pools.workers.autoscale.schedules[0].min"
+            ]
+        );
+    }
+
+    #[test]
+    fn even_control_plane_is_refused() {
+        let mut s = spec();
+        s.control_plane.count = 2;
+        assert_eq!(fields(&s), ["control_plane.count"]);
+    }
+
+    #[test]
+    fn min_above_max_is_refused() {
+        let mut s = spec();
+        s.worker_pools[0].min = 10;
+        s.worker_pools[0].max = 5;
+        s.worker_pools[0].count = 7;
+        let f = fields(&s);
+        assert!(f.contains(&"worker_pools.workers.min".to_owned()), "{f:?}");
+    }
+
+    #[test]
+    fn memory_must_be_whole_gib() {
+        let mut s = spec();
+        s.worker_pools[0].memory = "1536MiB".parse().expect("size");
+        let e = s.validate().expect_err("invalid").to_string();
+        assert!(
+            e.contains("worker_pools.workers.memory") && e.contains("whole number of GiB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name() {
+        let yaml = spec()
+            .to_yaml()
+            .replace("worker_pools:", "wokrer_pools: []\nworker_pools:");
+        let e = ClusterSpec::from_yaml(&yaml)
+            .expect_err("unknown field")
+            .to_string();
+        assert!(e.contains("wokrer_pools"), "{e}");
+    }
+
+    #[test]
+    fn long_pool_names_leave_room_for_disk_names() {
+        let mut s = spec();
+        s.worker_pools[0].name = "w".repeat(60);
+        assert_eq!(
+            fields(&s),
+            ["worker_pools.wwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwwww.name"]
+        );
+    }
+
+    #[test]
+    fn schedule_needs_five_valid_fields() {
+        assert!(parse_schedule("*/5 * * * *").is_ok());
+        assert!(
+            parse_schedule("0 3 * * 0").is_ok(),
+            "Sunday is 0 in Kubernetes"
+        );
+        assert!(parse_schedule("@hourly").is_ok());
+        let e = parse_schedule("0 3 * * 7").unwrap_err();
+        assert!(e.contains("above maximum (6)"), "{e}");
+        assert!(parse_schedule("CRON_TZ=UTC 0 3 * * *").is_err());
+        let mut s = spec();
+        s.schedule = "0 3 * * 7".into();
+        assert_eq!(fields(&s), ["schedule"]);
+        assert!(parse_schedule("* * * *").is_err());
+        assert!(parse_schedule("99 * * * *").is_err());
+        let mut s = spec();
+        s.schedule = "every five minutes".into();
+        assert_eq!(fields(&s), ["schedule"]);
+    }
+
+    #[test]
+    fn set_count_enforces_bounds_and_names_them() {
+        let mut s = spec();
+        s.worker_pools[0].max = 10;
+        assert_eq!(s.set_count("workers", 4), Ok(()));
+        assert_eq!(s.worker_pools[0].count, 4);
+        let e = s.set_count("workers", 11).expect_err("bounds").to_string();
+        assert!(e.contains("[0, 10]"), "{e}");
+        assert!(matches!(
+            s.set_count("gpu", 1),
+            Err(CountError::UnknownPool { .. })
+        ));
+        assert!(matches!(
+            s.set_count("control-plane", 2),
+            Err(CountError::EvenControlPlane { .. })
+        ));
+    }
+
+    #[test]
+    fn pool_hash_changes_with_what_needs_a_new_vm_only() {
+        let s = spec();
+        let p = &s.worker_pools[0];
+        let h = s.pool_hash(Role::Worker, p);
+        let mut q = p.clone();
+        q.count = 9;
+        q.max = 200;
+        assert_eq!(
+            s.pool_hash(Role::Worker, &q),
+            h,
+            "count/bounds are not drift"
+        );
+        q.cpus = 4;
+        assert_ne!(s.pool_hash(Role::Worker, &q), h, "cpus are drift");
+        let mut s2 = s.clone();
+        s2.k3s.version = "v1.34.1+k3s1".into();
+        assert_ne!(s2.pool_hash(Role::Worker, p), h, "k3s version is drift");
+    }
+
+    #[test]
+    fn tailscale_is_optional_defaulted_checked_and_drift_when_it_changes() {
+        // A spec written before Tailscale existed parses, and writes back without it.
+        let plain = spec();
+        let yaml = plain.to_yaml();
+        assert!(!yaml.contains("tailscale"), "{yaml}");
+        assert_eq!(ClusterSpec::from_yaml(&yaml).expect("parses"), plain);
+        // `tailscale: {}` takes the default tag.
+        let with = ClusterSpec::from_yaml(&format!("{yaml}tailscale: {{}}\n")).expect("parses");
+        assert_eq!(
+            with.tailscale.as_ref().map(|t| t.tag.as_str()),
+            Some(tailscale::DEFAULT_TAG)
+        );
+        // Without Tailscale the hash is what it always was; with it, a new VM is needed.
+        let p = &plain.worker_pools[0];
+        assert_ne!(
+            with.pool_hash(Role::Worker, p),
+            plain.pool_hash(Role::Worker, p)
+        );
+        let mut bad = with.clone();
+        bad.tailscale = Some(TailscaleSpec {
+            tag: "tag:no_underscores".into(),
+            ..TailscaleSpec::default()
+        });
+        assert_eq!(fields(&bad), ["tailscale.tag"]);
+        // Installer mirrors: http(s) URLs the setup script can quote.
+        let mut bad = spec();
+        bad.k3s.installer_url = "ftp://mirror/install.sh".into();
+        bad.tailscale = Some(TailscaleSpec {
+            installer_url: "https://mirror/x'; reboot '".into(),
+            ..TailscaleSpec::default()
+        });
+        assert_eq!(
+            fields(&bad),
+            ["tailscale.installer_url", "k3s.installer_url"]
+        );
+        let mut good = spec();
+        good.k3s.installer_url = "http://10.0.0.5/k3s/install.sh".into();
+        assert!(good.validate().is_ok());
+        // `tailscale up --timeout`: defaulted, written back only when set, bounded.
+        assert_eq!(
+            with.tailscale.as_ref().map(|t| t.up_timeout_seconds),
+            Some(DEFAULT_TAILSCALE_UP_TIMEOUT)
+        );
+        assert!(!with.to_yaml().contains("up_timeout_seconds"));
+        let mut short = with.clone();
+        if let Some(ts) = short.tailscale.as_mut() {
+            ts.up_timeout_seconds = 20;
+        }
+        assert!(short.to_yaml().contains("up_timeout_seconds: 20"));
+        assert_eq!(
+            short.pool_hash(Role::Worker, p),
+            with.pool_hash(Role::Worker, p),
+            "the timeout only bounds a join; running nodes need not be replaced"
+        );
+        for bad_timeout in [0, 3601] {
+            let mut bad = with.clone();
+            if let Some(ts) = bad.tailscale.as_mut() {
+                ts.up_timeout_seconds = bad_timeout;
+            }
+            assert_eq!(fields(&bad), ["tailscale.up_timeout_seconds"]);
+        }
+    }
+
+    #[test]
+    fn labels_the_kubelet_refuses_are_refused_naming_pool_and_label() {
+        for refused in [
+            "node-role.kubernetes.io/worker",
+            "kubernetes.io/role",
+            "example.k8s.io/x",
+            "k8s.io/x",
+        ] {
+            assert!(kubelet_refuses_label(refused), "{refused}");
+        }
+        for allowed in [
+            "node.kubernetes.io/pool",
+            "kubelet.kubernetes.io/x",
+            "foo.node.kubernetes.io/x",
+            "topology.kubernetes.io/zone",
+            "kubernetes.io/hostname",
+            "example.com/role",
+            "role",
+            "notkubernetes.io/x",
+        ] {
+            assert!(!kubelet_refuses_label(allowed), "{allowed}");
+        }
+        let mut s = spec();
+        s.worker_pools[0]
+            .labels
+            .insert("node-role.kubernetes.io/worker".into(), "true".into());
+        let pool = s.worker_pools[0].name.clone();
+        assert_eq!(
+            fields(&s),
+            [format!(
+                "worker_pools.{pool}.labels.node-role.kubernetes.io/worker"
+            )]
+        );
+        let msg = s.validate().unwrap_err().to_string();
+        assert!(msg.contains("kubectl label"), "{msg}");
+    }
+
+    #[test]
+    fn pools_must_fit_the_subnet_with_a_surge_member_each() {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 10);
+        // 3 servers + 1 surge, workers at max + 1 surge: 1,018 is all a /22 holds.
+        spec.worker_pools[0].max = 1013;
+        assert_eq!(spec.check_subnet(22), Ok(()));
+        spec.worker_pools[0].max = 1014;
+        let e = spec.check_subnet(22).unwrap_err();
+        assert_eq!(e.field, "worker_pools.workers.max");
+        assert!(
+            e.message.contains("1019 members")
+                && e.message.contains("control-plane 4, workers 1015")
+                && e.message.contains("addresses for 1018"),
+            "{e}"
+        );
+        // A larger subnet takes them.
+        assert_eq!(spec.check_subnet(21), Ok(()));
+    }
+
+    #[test]
+    fn critical_k3s_server_settings_cannot_change_once_recorded() {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        let recorded = spec.server_settings();
+        assert_eq!(recorded["disable-cloud-controller"], "false");
+        assert_eq!(spec.check_server_settings(&recorded), Ok(()));
+        // A cluster recorded before a setting existed accepts whatever the spec says.
+        assert_eq!(spec.check_server_settings(&BTreeMap::new()), Ok(()));
+        spec.k3s.oxide_ccm = true;
+        let e = spec.check_server_settings(&recorded).unwrap_err();
+        assert_eq!(e.field, "k3s.oxide_ccm");
+        assert!(
+            e.message.contains("disable-cloud-controller=false")
+                && e.message.contains("set k3s.oxide_ccm: false again"),
+            "{e}"
+        );
+    }
+}

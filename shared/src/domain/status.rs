@@ -1,0 +1,404 @@
+//! `status.json` in the ConfigMap: what the last reconcile saw and did. Written by
+//! `reconcile-once` only. Conditions follow the Kubernetes convention (type, status, reason,
+//! message, lastTransitionTime), and a condition keeps its transition time while its status
+//! does not change.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use std::collections::BTreeMap;
+
+use crate::domain::plan::backoff::{self, Backoffs, Blocked};
+use crate::domain::plan::{Action, Plan, PoolCounts};
+use crate::domain::plan::{ActionResult, Outcome};
+
+/// One condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// "True" or "False".
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub last_transition_time: DateTime<Utc>,
+}
+
+/// One planned action and what became of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedAction {
+    pub action: String,
+    pub target: String,
+    pub reason: String,
+    pub outcome: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// Observed counts of one pool: the planner's own counts, stored as they are.
+pub type PoolStatus = PoolCounts;
+
+/// The whole `status.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub run_id: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub conditions: Vec<Condition>,
+    pub pools: Vec<PoolStatus>,
+    pub last_plan: Vec<PlannedAction>,
+    #[serde(default)]
+    pub findings: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the cluster was last seen converged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_converged_at: Option<DateTime<Utc>>,
+    /// What the autoscaler decided and why, and since when each node has been unneeded (the
+    /// next run's memory). Absent while no pool autoscales.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscale: Option<crate::domain::autoscale::Outcome>,
+    /// Pools whose creates the rack keeps refusing, and since when (the next run's memory:
+    /// see [`crate::domain::plan::backoff`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub create_backoff: Backoffs,
+}
+
+impl Status {
+    pub fn from_json(s: &str) -> Option<Status> {
+        serde_json::from_str(s).ok()
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+/// Everything a run knows at its end.
+#[derive(Debug)]
+pub struct RunReport<'a> {
+    pub run_id: &'a str,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: DateTime<Utc>,
+    pub plan: Option<&'a Plan>,
+    pub results: &'a [ActionResult],
+    pub error: Option<String>,
+    pub previous: Option<&'a Status>,
+    /// This run's autoscaler outcome; None when it did not get that far (the previous one is
+    /// kept, so a failed run does not reset the unneeded timers) or no pool autoscales.
+    pub autoscale: Option<&'a crate::domain::autoscale::Outcome>,
+    /// Each pool's spec hash (a create block remembers the spec it was seen with).
+    pub pool_hashes: &'a BTreeMap<String, String>,
+}
+
+/// The create blocks after a run: what the plan carried, updated by the creates it tried. A
+/// run that did not get to plan keeps the previous ones.
+pub fn create_backoff(r: &RunReport) -> Backoffs {
+    let Some(plan) = r.plan else {
+        return r
+            .previous
+            .map(|p| p.create_backoff.clone())
+            .unwrap_or_default();
+    };
+    let mut attempts: BTreeMap<String, Result<(), Blocked>> = BTreeMap::new();
+    for x in r.results {
+        let Action::CreateMember { pool, .. } = &x.action else {
+            continue;
+        };
+        let succeeded = matches!(x.outcome, Outcome::Done | Outcome::InProgress(_));
+        match (attempts.get(pool), succeeded, &x.blocked) {
+            (Some(Ok(())), _, _) => {}
+            (_, true, _) => {
+                attempts.insert(pool.clone(), Ok(()));
+            }
+            (None, false, Some(b)) => {
+                attempts.insert(pool.clone(), Err(b.clone()));
+            }
+            _ => {}
+        }
+    }
+    backoff::after_run(
+        &plan.create_backoff,
+        &attempts,
+        r.pool_hashes,
+        r.finished_at,
+    )
+}
+
+/// Builds the status for a run.
+pub fn build(r: &RunReport) -> Status {
+    let failures = r
+        .results
+        .iter()
+        .filter(|x| matches!(x.outcome, Outcome::Failed(_)))
+        .count();
+    let converged = r.error.is_none() && failures == 0 && r.plan.is_some_and(Plan::is_converged);
+    let degraded = r.error.is_some() || failures > 0 || r.plan.is_some_and(Plan::is_degraded);
+    let progressing =
+        r.plan.is_some_and(|p| !p.actions.is_empty()) || r.plan.is_some_and(|p| !p.is_converged());
+
+    let create_backoff = create_backoff(r);
+    let degraded = degraded || !create_backoff.is_empty();
+    let degraded_msg = degraded_reason(r, failures, &create_backoff);
+    let summary = pools_summary(r.plan);
+    let cond = |t: &str, on: bool, reason: String, message: String| {
+        let status = if on { "True" } else { "False" }.to_owned();
+        let last_transition_time = r
+            .previous
+            .and_then(|p| p.condition(t))
+            .filter(|c| c.status == status)
+            .map_or(r.finished_at, |c| c.last_transition_time);
+        Condition {
+            type_: t.to_owned(),
+            status,
+            reason,
+            message,
+            last_transition_time,
+        }
+    };
+    let n_actions = r.plan.map_or(0, |p| p.actions.len());
+    let conditions = vec![
+        cond(
+            "Ready",
+            converged,
+            if converged {
+                "Converged".into()
+            } else {
+                "NotConverged".into()
+            },
+            summary.clone(),
+        ),
+        cond(
+            "Progressing",
+            progressing && r.error.is_none(),
+            if n_actions > 0 {
+                "ActionsApplied".into()
+            } else {
+                "Waiting".into()
+            },
+            format!("{n_actions} action(s) this run; {summary}"),
+        ),
+        cond("Degraded", degraded, degraded_msg.0, degraded_msg.1),
+    ];
+    Status {
+        run_id: r.run_id.to_owned(),
+        started_at: r.started_at,
+        finished_at: r.finished_at,
+        conditions,
+        pools: r.plan.map(|p| p.pools.clone()).unwrap_or_default(),
+        last_plan: last_plan(r.results),
+        findings: r
+            .plan
+            .map(|p| p.findings.iter().map(|f| f.message.clone()).collect())
+            .unwrap_or_default(),
+        last_error: r.error.clone().or_else(|| {
+            r.previous
+                .and_then(|p| p.last_error.clone())
+                .filter(|_| !converged)
+        }),
+        last_converged_at: if converged {
+            Some(r.finished_at)
+        } else {
+            r.previous.and_then(|p| p.last_converged_at)
+        },
+        autoscale: match (r.autoscale, &r.error) {
+            (Some(a), _) => Some(a.clone()),
+            (None, Some(_)) => r.previous.and_then(|p| p.autoscale.clone()),
+            (None, None) => None,
+        },
+        create_backoff,
+    }
+}
+
+/// The Degraded condition's reason and message: the run's error, else the first pool whose
+/// creates are refused, else the first failed action, else the first degrading finding.
+fn degraded_reason(r: &RunReport, failures: usize, create_backoff: &Backoffs) -> (String, String) {
+    if let Some(e) = &r.error {
+        ("RunFailed".to_owned(), e.clone())
+    } else if let Some((pool, b)) = create_backoff.iter().next() {
+        ("CreatesRefused".to_owned(), b.describe(pool))
+    } else if let Some(first) = r.results.iter().find_map(|x| match &x.outcome {
+        Outcome::Failed(d) => Some((x, d)),
+        _ => None,
+    }) {
+        // The first failure's own words: "insufficient capacity", "quota", ...
+        (
+            "ActionsFailed".to_owned(),
+            format!(
+                "{failures} action(s) failed; first: {} {}: {}",
+                first.0.action.verb(),
+                first.0.action.target(),
+                first.1
+            ),
+        )
+    } else if let Some(f) = r.plan.and_then(|p| p.findings.iter().find(|f| f.degraded)) {
+        ("Problem".to_owned(), f.message.clone())
+    } else {
+        ("AsExpected".to_owned(), "no problems".to_owned())
+    }
+}
+
+/// `<pool> <ready>/<desired> ready, ...`, or "not observed" without a plan.
+fn pools_summary(plan: Option<&Plan>) -> String {
+    plan.map(|p| {
+        p.pools
+            .iter()
+            .map(|c| format!("{} {}/{} ready", c.pool, c.ready, c.desired))
+            .collect::<Vec<_>>()
+            .join(", ")
+    })
+    .unwrap_or_else(|| "not observed".to_owned())
+}
+
+/// What each action of the run did, for `lastPlan`.
+fn last_plan(results: &[ActionResult]) -> Vec<PlannedAction> {
+    results
+        .iter()
+        .map(|x| {
+            let (outcome, detail) = match &x.outcome {
+                Outcome::Done => ("done", None),
+                Outcome::InProgress(d) => ("in_progress", Some(d.clone())),
+                Outcome::Failed(d) => ("failed", Some(d.clone())),
+                Outcome::Skipped(d) => ("skipped", Some(d.clone())),
+            };
+            PlannedAction {
+                action: x.action.verb().to_owned(),
+                target: x.action.target().to_owned(),
+                reason: x.action.reason().to_owned(),
+                outcome: outcome.to_owned(),
+                detail,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::plan::{Finding, PoolCounts};
+
+    fn at(s: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + s, 0).unwrap_or_default()
+    }
+
+    fn converged_plan() -> Plan {
+        Plan {
+            actions: vec![],
+            findings: vec![],
+            pools: vec![PoolCounts {
+                pool: "workers".into(),
+                desired: 2,
+                ready: 2,
+                ..Default::default()
+            }],
+            ..Plan::default()
+        }
+    }
+
+    #[test]
+    fn converged_run_is_ready_and_keeps_transition_times() {
+        let plan = converged_plan();
+        let r = RunReport {
+            run_id: "a",
+            started_at: at(0),
+            finished_at: at(1),
+            plan: Some(&plan),
+            results: &[],
+            error: None,
+            previous: None,
+            autoscale: None,
+            pool_hashes: &BTreeMap::new(),
+        };
+        let s1 = build(&r);
+        assert_eq!(
+            s1.condition("Ready").map(|c| c.status.as_str()),
+            Some("True")
+        );
+        assert_eq!(
+            s1.condition("Degraded").map(|c| c.status.as_str()),
+            Some("False")
+        );
+        let r2 = RunReport {
+            run_id: "b",
+            finished_at: at(100),
+            previous: Some(&s1),
+            autoscale: None,
+            ..r
+        };
+        let s2 = build(&r2);
+        assert_eq!(
+            s2.condition("Ready").map(|c| c.last_transition_time),
+            Some(at(1))
+        );
+        assert_eq!(s2.last_converged_at, Some(at(100)));
+        assert_eq!(Status::from_json(&s2.to_json()), Some(s2));
+    }
+
+    #[test]
+    fn errors_and_degraded_findings_show() {
+        let mut plan = converged_plan();
+        plan.findings.push(Finding {
+            degraded: true,
+            message: "etcd quorum lost".into(),
+        });
+        let r = RunReport {
+            run_id: "a",
+            started_at: at(0),
+            finished_at: at(1),
+            plan: Some(&plan),
+            results: &[],
+            error: None,
+            previous: None,
+            autoscale: None,
+            pool_hashes: &BTreeMap::new(),
+        };
+        let s = build(&r);
+        let d = s
+            .condition("Degraded")
+            .cloned()
+            .unwrap_or_else(|| unreachable!());
+        assert_eq!(
+            (d.status.as_str(), d.message.as_str()),
+            ("True", "etcd quorum lost")
+        );
+        let r = RunReport {
+            plan: None,
+            error: Some("rack unreachable".into()),
+            ..r
+        };
+        let s = build(&r);
+        assert_eq!(s.last_error.as_deref(), Some("rack unreachable"));
+        assert_eq!(
+            s.condition("Ready").map(|c| c.status.as_str()),
+            Some("False")
+        );
+    }
+
+    #[test]
+    fn keys_are_camel_case_and_a_status_from_an_older_release_still_reads() {
+        let s = build(&RunReport {
+            run_id: "a",
+            started_at: at(0),
+            finished_at: at(1),
+            plan: Some(&converged_plan()),
+            results: &[],
+            error: None,
+            previous: None,
+            autoscale: None,
+            pool_hashes: &BTreeMap::new(),
+        });
+        let json = s.to_json();
+        assert!(
+            json.contains("\"notReady\": 0") && !json.contains("not_ready"),
+            "{json}"
+        );
+        let old = json.replace("\"notReady\"", "\"not_ready\"");
+        assert_eq!(Status::from_json(&old), Some(s));
+    }
+}

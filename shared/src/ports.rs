@@ -1,0 +1,8 @@
+//! Ports: the traits the executor and the workflows talk through, in domain types —
+//! [`rack::Rack`] (Oxide), [`cluster::Cluster`] (Kubernetes), [`state::StateStore`] (the
+//! Secret and ConfigMap). Their implementations are in [`crate::adapters`]; in-memory ones
+//! in `crate::fake` (feature `testing`).
+
+pub mod cluster;
+pub mod rack;
+pub mod state;

@@ -1,0 +1,175 @@
+//! The `Cluster` trait: everything oxide-controller asks of the Kubernetes API besides its own
+//! state objects — Nodes, drain through the Eviction API, the run Lease, Events and reconcile
+//! Jobs — in domain types. The kube implementation is [`crate::adapters::kube_cluster::KubeCluster`]; workflow
+//! tests use `fake::FakeCluster` (feature `testing`).
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::domain::model::{Node, PodRef};
+
+/// Namespace of everything we own in the cluster.
+pub const NAMESPACE: &str = "kube-system";
+/// Name of the Secret, ConfigMap, Lease, CronJob and ServiceAccount.
+pub const OBJECT_NAME: &str = "oxide-controller";
+/// Fixed name of the on-demand reconcile Job: a burst of triggers collapses into one run.
+pub const ON_DEMAND_JOB: &str = "oxide-controller-now";
+
+/// Retries of Kubernetes calls that failed with a transient error (5xx, 429, timeouts) at the
+/// start and end of a run: reads, and writes guarded by a resourceVersion or create-only
+/// semantics (a retried write whose first try landed meets a 409 and re-reads).
+pub const KUBE_BACKOFF: crate::base::retry::Backoff = crate::base::retry::Backoff {
+    first: Duration::from_millis(200),
+    max: Duration::from_secs(2),
+    attempts: 4,
+};
+
+/// Kubernetes API trouble, classified.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("{what} not found")]
+    NotFound { what: String },
+    #[error("{what} was changed by someone else (HTTP 409); re-read and decide again")]
+    Conflict { what: String },
+    #[error("not allowed to {what}: {message}; check the ServiceAccount's RBAC")]
+    Forbidden { what: String, message: String },
+    #[error("the Kubernetes API is unavailable for {what}: {message}")]
+    Unavailable { what: String, message: String },
+    #[error("Kubernetes API call {what} failed")]
+    Api {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl ClusterError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            ClusterError::Unavailable { .. } | ClusterError::Api { .. }
+        )
+    }
+}
+
+/// Result of one eviction attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Eviction {
+    Evicted,
+    /// A PodDisruptionBudget said no (HTTP 429); try again later.
+    BlockedByBudget,
+    /// The pod is already gone.
+    Gone,
+    /// The API refused this pod's eviction for a reason a retry will not fix soon: HTTP 500
+    /// for a pod under more than one PodDisruptionBudget, 403 (e.g. a budget whose allowed
+    /// disruptions are negative, or RBAC). The message is the API's. Drain carries on with
+    /// the other pods and reports this one.
+    Refused(String),
+}
+
+/// Result of trying to take the run Lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    Acquired,
+    HeldBy {
+        holder: String,
+        until: Option<DateTime<Utc>>,
+    },
+}
+
+/// Result of starting an on-demand reconcile Job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobTrigger {
+    Created,
+    /// A Job with the fixed name exists: a run is pending or under way.
+    AlreadyPending,
+    /// No CronJob to copy the template from (e.g. running outside the cluster).
+    NoCronJob,
+}
+
+/// Type of a Kubernetes Event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// The Kubernetes side of the product.
+pub trait Cluster: Send + Sync {
+    fn list_nodes(&self) -> impl Future<Output = Result<Vec<Node>, ClusterError>> + Send;
+    /// Marks a Node unschedulable (idempotent).
+    fn cordon(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Cordons the Node and annotates it `oxide-controller/removing=<reason>`, so later runs
+    /// know the removal is ours and carry it on (idempotent).
+    fn mark_removing(
+        &self,
+        node: &str,
+        reason: &str,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send {
+        let _ = reason;
+        self.cordon(node)
+    }
+    /// Uncordons the Node and drops `oxide-controller/removing`: a removal called off.
+    fn cancel_removal(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Deletes a Node object; missing is fine.
+    fn delete_node(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    fn pods_on_node(
+        &self,
+        node: &str,
+    ) -> impl Future<Output = Result<Vec<PodRef>, ClusterError>> + Send;
+    /// Every pod in every namespace (paged), for the autoscaler. Asked only when a pool
+    /// autoscales.
+    fn list_pods(
+        &self,
+    ) -> impl Future<Output = Result<Vec<k8s_openapi::api::core::v1::Pod>, ClusterError>> + Send;
+    /// Every PersistentVolume, for the autoscaler's volume rules. Asked only when some pod
+    /// mounts a claim.
+    fn list_pvs(
+        &self,
+    ) -> impl Future<
+        Output = Result<Vec<k8s_openapi::api::core::v1::PersistentVolume>, ClusterError>,
+    > + Send;
+    /// Every PodDisruptionBudget, for the autoscaler's budget rules. Asked only when a node
+    /// with pods to move could be removed.
+    fn list_pdbs(
+        &self,
+    ) -> impl Future<
+        Output = Result<Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>, ClusterError>,
+    > + Send;
+    /// Evicts through the Eviction API, honouring PodDisruptionBudgets.
+    fn evict(&self, pod: &PodRef) -> impl Future<Output = Result<Eviction, ClusterError>> + Send;
+    /// Deletes a pod outright (`--force-drain`).
+    fn delete_pod(&self, pod: &PodRef) -> impl Future<Output = Result<(), ClusterError>> + Send;
+
+    /// Takes the Lease for `duration` if it is free, expired or already ours.
+    fn acquire_lease(
+        &self,
+        holder: &str,
+        duration: Duration,
+    ) -> impl Future<Output = Result<LeaseOutcome, ClusterError>> + Send;
+    /// Extends our Lease; `Conflict` if someone else took it.
+    fn renew_lease(
+        &self,
+        holder: &str,
+        duration: Duration,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Releases our Lease (best effort).
+    fn release_lease(&self, holder: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// Who holds the Lease now (a run under way), if anyone; an expired Lease is free.
+    fn lease_holder(&self) -> impl Future<Output = Result<Option<String>, ClusterError>> + Send;
+
+    /// Records a Kubernetes Event on the ConfigMap.
+    fn record_event(
+        &self,
+        kind: EventType,
+        reason: &str,
+        message: &str,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+
+    /// Starts the on-demand reconcile Job from the CronJob's jobTemplate.
+    fn trigger_reconcile_job(
+        &self,
+    ) -> impl Future<Output = Result<JobTrigger, ClusterError>> + Send;
+}

@@ -1,0 +1,94 @@
+//! The state store: Secret and ConfigMap `kube-system/oxide-controller`, the only durable state.
+//!
+//! Reads return the `resourceVersion` they saw; writes are replaces carrying it, and a 409
+//! comes back as [`StateError::Conflict`] so the caller re-reads and decides again (never a
+//! blind retry, never an unconditional update). The kube implementation is
+//! [`crate::adapters::kube_store::KubeStateStore`]; tests use `fake::FakeState` (feature `testing`).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+
+use crate::base::secrets::ClusterSecrets;
+
+/// ConfigMap keys.
+pub mod keys {
+    pub const SPEC: &str = "spec.yaml";
+    pub const STATUS: &str = "status.json";
+    pub const SCHEMA_VERSION: &str = "schema-version";
+    /// sha256 of the cluster CA (not secret): joiners get `K10<hash>::` tokens with it.
+    pub const K3S_CA_HASH: &str = "k3s-ca-hash";
+    /// In the Secret: the SSH host key fingerprints read from each server's console when it
+    /// was first reached, JSON `{"<instance>": ["SHA256:…", …]}`. Kept so that a server that
+    /// was restarted (its console no longer holds the first boot) can still be verified from
+    /// another machine, without trusting whatever its console shows later.
+    pub const HOST_KEY_PINS: &str = "host-key-pins";
+    /// The k3s server settings every server must share, as the cluster's servers run them
+    /// (JSON `{"<k3s flag>": "<value>"}`): written by bootstrap, or by the first reconcile of a
+    /// cluster bootstrapped before this key; a spec that differs is refused
+    /// ([`crate::domain::spec::ClusterSpec::check_server_settings`]).
+    pub const K3S_SERVER_SETTINGS: &str = "k3s-server-settings";
+}
+
+/// Label on both objects.
+pub const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "oxide-controller");
+
+/// State store trouble.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("{what} does not exist; run bootstrap first (or check --kubeconfig / the namespace)")]
+    NotFound { what: String },
+    #[error("{what} changed since it was read (HTTP 409)")]
+    Conflict { what: String },
+    #[error("not allowed to {what}: {message}")]
+    Forbidden { what: String, message: String },
+    #[error("{what} is malformed: {message}")]
+    Malformed { what: String, message: String },
+    #[error("Kubernetes API call {what} failed")]
+    Api {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl StateError {
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StateError::Conflict { .. })
+    }
+}
+
+/// The ConfigMap's data as read, with the version to write back against.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConfigSnapshot {
+    pub resource_version: String,
+    pub data: BTreeMap<String, String>,
+}
+
+impl ConfigSnapshot {
+    pub fn spec_yaml(&self) -> Option<&str> {
+        self.data.get(keys::SPEC).map(String::as_str)
+    }
+    pub fn status_json(&self) -> Option<&str> {
+        self.data.get(keys::STATUS).map(String::as_str)
+    }
+}
+
+/// Reads and writes the two state objects.
+pub trait StateStore: Send + Sync {
+    fn read_config(&self) -> impl Future<Output = Result<ConfigSnapshot, StateError>> + Send;
+    /// Replaces the ConfigMap's data with `data` if its resourceVersion is still
+    /// `resource_version`; returns the new resourceVersion.
+    fn replace_config(
+        &self,
+        resource_version: &str,
+        data: BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<String, StateError>> + Send;
+    fn read_secrets(&self) -> impl Future<Output = Result<ClusterSecrets, StateError>> + Send;
+    /// Bootstrap only: creates both objects if missing; fills in missing Secret keys and
+    /// missing ConfigMap keys of existing objects (never overwrites a present value).
+    fn ensure_state(
+        &self,
+        secrets: &ClusterSecrets,
+        config: BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<(), StateError>> + Send;
+}
