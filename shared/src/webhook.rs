@@ -32,9 +32,8 @@ use serde::Deserialize;
 
 use crate::ports::cluster::Cluster;
 use crate::ports::state::{StateError, StateStore};
-use crate::workflows::scale::{
-    self, ChangeOutcome, CountChange, ReconcileOutcome, ScaleOptions, error_chain,
-};
+use crate::workflows::error::chain;
+use crate::workflows::scale::{self, ChangeOutcome, CountChange, ReconcileOutcome, ScaleOptions};
 
 mod auth;
 pub mod error;
@@ -257,9 +256,9 @@ fn log_error(route: &Route, method: &'static str, e: &WebhookError) {
     let public = e.public();
     let route = metrics::ROUTES[route.label()];
     if public.status >= 500 {
-        tracing::warn!(route, method, status = public.status, error = %error_chain(e), "webhook request failed");
+        tracing::warn!(route, method, status = public.status, error = %chain(e), "webhook request failed");
     } else {
-        tracing::info!(route, method, status = public.status, error = %error_chain(e), "webhook request refused");
+        tracing::info!(route, method, status = public.status, error = %chain(e), "webhook request refused");
     }
 }
 
@@ -806,7 +805,7 @@ async fn status_json<S: StateStore, C: Cluster>(
 async fn readyz<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Response<Bytes> {
     let (secret, config) = tokio::join!(deps.state.read_secrets(), deps.state.read_config());
     let problem = |what: &str, e: &StateError| {
-        tracing::warn!(error = %error_chain(e), "not ready: cannot read the {what}");
+        tracing::warn!(error = %chain(e), "not ready: cannot read the {what}");
         text(503, format!("not ready: cannot read the {what}\n"))
     };
     match (secret, config) {

@@ -2,6 +2,7 @@
 
 pub mod bootstrap;
 pub mod delete;
+pub mod error;
 pub mod live;
 pub mod reconcile;
 pub mod scale;

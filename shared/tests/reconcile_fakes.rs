@@ -666,7 +666,9 @@ fn a_bad_spec_is_a_configuration_error_and_changes_nothing() {
             .unwrap_or_else(|e| panic!("{e}"));
         let err = run_once(&w).await.expect_err("even control plane");
         assert_eq!(err.exit_code(), 2);
-        assert!(err.to_string().contains("control_plane.count"), "{err}");
+        let printed = oxide_controller::workflows::error::chain(&err);
+        assert!(printed.starts_with("configuration error: "), "{printed}");
+        assert!(printed.contains("control_plane.count"), "{printed}");
         assert!(w.lock().log.is_empty());
     });
 }

@@ -1,8 +1,8 @@
 //! `bootstrap`: one command from a laptop to a running, self-maintaining k3s cluster on an
 //! Oxide rack. Safe to interrupt and re-run at any point: a re-run adopts what exists.
 //!
-//! `bootstrap delete --cluster NAME` removes a cluster again (see
-//! `oxide_controller::workflows::delete`).
+//! `bootstrap [FLAGS]` creates (or resumes) a cluster; the subcommand `bootstrap delete
+//! --cluster NAME` removes one again (see `oxide_controller::workflows::delete`).
 //!
 //! Exit codes: 0 done (or still converging when `--wait` ran out: the CronJob carries on),
 //! 1 a step failed (re-run to continue), 2 bad input or a state a person must resolve
@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use oxide_controller::adapters::credentials::{CredentialFlags, CredentialSources};
 use oxide_controller::adapters::manifests::DEFAULT_CONTROLLER_IMAGE;
 use oxide_controller::adapters::tailscale::SecretString;
@@ -23,6 +23,7 @@ use oxide_controller::base::telemetry::{self, LogFormat};
 use oxide_controller::domain::spec::{ExternalIpMode, K3sInstall};
 use oxide_controller::workflows::bootstrap::{self, BootstrapInput, PoolInput, TailscaleFlags};
 use oxide_controller::workflows::delete::{self, Confirm, DeleteInput};
+use oxide_controller::workflows::error::{WorkflowError, chain};
 use oxide_controller::workflows::live::LiveConnect;
 
 /// Oxide credentials, the same for creating and deleting.
@@ -54,17 +55,46 @@ impl OxideArgs {
 /// Oxide credentials are resolved like the `oxide` CLI does: --oxide-profile, or --oxide-host
 /// with --oxide-token; else OXIDE_PROFILE, or OXIDE_HOST + OXIDE_TOKEN; else the
 /// default-profile of ~/.config/oxide/config.toml (OXIDE_CONFIG_DIR moves that directory).
+///
+/// Without a subcommand, the flags create (or resume) a cluster; `delete` removes one.
 #[derive(Debug, Parser)]
 #[command(
     version,
     about,
     args_override_self = true,
+    propagate_version = true,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    disable_help_subcommand = true,
     after_help = "To delete a cluster again: bootstrap delete --cluster NAME (see bootstrap delete --help)."
 )]
-struct Args {
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Credentials for creating (`delete` has its own).
     #[command(flatten)]
     oxide: OxideArgs,
+    /// The create flags, present when there is no subcommand. (Not nested in [`Args`] with
+    /// the credentials: clap finds an `Option` of flattened flags only when they hold no
+    /// flattened group themselves.)
+    #[command(flatten)]
+    create: Option<Args>,
+}
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Delete a cluster, with everything of it on the rack and the local files bootstrap wrote.
+    ///
+    /// Its VMs, disks, addresses, groups and leftovers on the rack go, then the kubeconfig
+    /// context and resume file bootstrap wrote. Only what is provably the cluster's
+    /// (description tags, exact names) is touched; --dry-run lists it, with the reason for each.
+    #[command(args_override_self = true)]
+    Delete(DeleteArgs),
+}
+
+/// The flags of `bootstrap` without a subcommand: create a cluster.
+#[derive(Debug, clap::Args)]
+struct Args {
     /// Cluster name: prefix of every VM name and the kubeconfig context name.
     #[arg(long, env = "OXIDE_CONTROLLER_CLUSTER")]
     cluster: String,
@@ -240,16 +270,8 @@ enum Install {
     Preinstalled,
 }
 
-/// Delete a cluster: its VMs, disks, addresses, groups and leftovers on the rack, then the
-/// kubeconfig context and resume file bootstrap wrote. Only what is provably the cluster's
-/// (description tags, exact names) is touched; --dry-run lists it, with the reason for each.
-#[derive(Debug, Parser)]
-#[command(
-    name = "bootstrap delete",
-    bin_name = "bootstrap delete",
-    version,
-    args_override_self = true
-)]
+/// The flags of `bootstrap delete`.
+#[derive(Debug, clap::Args)]
 struct DeleteArgs {
     #[command(flatten)]
     oxide: OxideArgs,
@@ -289,8 +311,8 @@ struct DeleteArgs {
 }
 
 /// `Ok(args)`, or the exit code for help/version (0) and bad arguments (2, one line).
-fn parse<P: Parser>(argv: Vec<std::ffi::OsString>) -> Result<P, ExitCode> {
-    match P::try_parse_from(argv) {
+fn parse(argv: Vec<std::ffi::OsString>) -> Result<Cli, ExitCode> {
+    match Cli::try_parse_from(argv) {
         Ok(a) => Ok(a),
         Err(e)
             if matches!(
@@ -323,21 +345,22 @@ fn json_logs(format: LogFormat) -> bool {
 }
 
 fn main() -> ExitCode {
-    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if argv.get(1).is_some_and(|a| a == "delete") {
-        argv.remove(1);
-        return match parse::<DeleteArgs>(argv) {
-            Ok(a) => run_delete(a),
-            Err(code) => code,
-        };
-    }
-    let args = match parse::<Args>(argv) {
-        Ok(a) => a,
+    let cli = match parse(std::env::args_os().collect()) {
+        Ok(c) => c,
         Err(code) => return code,
     };
+    match (cli.command, cli.create) {
+        (Some(Command::Delete(a)), _) => run_delete(a),
+        (None, Some(a)) => run_create(a, cli.oxide),
+        // clap requires --cluster and --image without a subcommand; not reached.
+        (None, None) => ExitCode::from(2),
+    }
+}
+
+fn run_create(args: Args, oxide: OxideArgs) -> ExitCode {
     telemetry::init(args.log_format);
     let json_logs = json_logs(args.log_format);
-    let input = input(args, json_logs);
+    let input = input(args, oxide, json_logs);
     oxide_controller::base::telemetry::block_on(finish(input, json_logs))
 }
 
@@ -347,20 +370,24 @@ async fn finish(input: BootstrapInput, json_logs: bool) -> ExitCode {
             print!("{}", summary.render());
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            if json_logs {
-                // A log line for the log collector; the plain line below is for a person.
-                tracing::error!(exit_code = e.exit_code(), "{e}");
-            }
-            eprintln!("error: {e}");
-            ExitCode::from(e.exit_code())
-        }
+        Err(e) => report(&e, json_logs),
     }
 }
 
-fn input(a: Args, json_logs: bool) -> BootstrapInput {
+/// Prints why the workflow stopped, once: `error: <chain>` for a person, and in JSON log mode
+/// a log line for the collector too. Returns the exit code its kind asks for.
+fn report(e: &WorkflowError, json_logs: bool) -> ExitCode {
+    let text = chain(e);
+    if json_logs {
+        tracing::error!(exit_code = e.exit_code(), step = e.step_name(), "{text}");
+    }
+    eprintln!("error: {text}");
+    ExitCode::from(e.exit_code())
+}
+
+fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
     BootstrapInput {
-        credential_sources: a.oxide.sources(),
+        credential_sources: oxide.sources(),
         cluster: a.cluster,
         project: a.project,
         control_planes: a.control_planes,
@@ -448,13 +475,7 @@ fn run_delete(a: DeleteArgs) -> ExitCode {
                 print!("{}", summary.render());
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                if json_logs {
-                    tracing::error!(exit_code = e.exit_code(), "{e}");
-                }
-                eprintln!("error: {e}");
-                ExitCode::from(e.exit_code())
-            }
+            Err(e) => report(&e, json_logs),
         }
     })
 }
@@ -477,7 +498,41 @@ mod tests {
 
     #[test]
     fn cli_is_well_formed() {
-        Args::command().debug_assert();
-        DeleteArgs::command().debug_assert();
+        Cli::command().debug_assert();
+    }
+
+    fn parsed(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bootstrap").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn no_subcommand_creates_and_delete_is_a_subcommand() {
+        let c = parsed(&["--cluster", "demo", "--image", "noble"]).unwrap();
+        assert!(c.command.is_none());
+        assert_eq!(c.create.map(|a| a.cluster).as_deref(), Some("demo"));
+        let c = parsed(&["delete", "--cluster", "demo", "--yes"]).unwrap();
+        match c.command {
+            Some(Command::Delete(d)) => assert!(d.yes && d.cluster == "demo"),
+            None => panic!("no delete subcommand"),
+        }
+        // Create flags do not mix with the subcommand, nor delete flags with create.
+        assert!(parsed(&["--image", "noble", "delete", "--cluster", "demo"]).is_err());
+        assert!(parsed(&["--cluster", "demo", "--image", "noble", "--yes"]).is_err());
+        // Without a subcommand the create flags are required.
+        let e = parsed(&[]).err().unwrap();
+        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn help_lists_the_delete_subcommand_and_its_own_flags() {
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("delete"), "{help}");
+        let e = parsed(&["delete", "--help"]).err().unwrap();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+        let text = e.render().to_string();
+        for flag in ["--dry-run", "--delete-images", "--concurrency"] {
+            assert!(text.contains(flag), "{flag}: {text}");
+        }
+        assert!(!text.contains("--control-planes"), "{text}");
     }
 }

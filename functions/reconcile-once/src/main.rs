@@ -16,6 +16,7 @@ use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::base::telemetry::{self, LogFormat};
 use oxide_controller::ports::cluster::NAMESPACE;
+use oxide_controller::workflows::error::chain;
 use oxide_controller::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
 
 /// Keep the oxide-controller cluster at its desired shape: one run, then exit.
@@ -75,7 +76,7 @@ async fn run(args: Args) -> ExitCode {
     {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!("{e:#}");
+            tracing::error!("{}", chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -119,8 +120,8 @@ async fn run(args: Args) -> ExitCode {
         }
         Ok(RunOutcome::Converged { .. } | RunOutcome::Progressing { .. }) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::from(e.exit_code() as u8)
+            tracing::error!("{}", chain(&e));
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -26,9 +26,8 @@ use oxide_controller::ports::cluster::NAMESPACE;
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::pending::{self, PendingOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
-use oxide_controller::workflows::scale::{
-    self, CountChange, ReconcileOutcome, ScaleOptions, error_chain,
-};
+use oxide_controller::workflows::error::chain;
+use oxide_controller::workflows::scale::{self, CountChange, ReconcileOutcome, ScaleOptions};
 
 /// Read or change the desired worker count of an oxide-controller cluster.
 #[derive(Debug, Parser)]
@@ -183,7 +182,7 @@ async fn run(args: Args) -> ExitCode {
     {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!("{}", error_chain(&e));
+            tracing::error!("{}", chain(&e));
             return ExitCode::from(2);
         }
     };
@@ -241,9 +240,9 @@ async fn run(args: Args) -> ExitCode {
     }
 }
 
-fn fail(e: &(dyn std::error::Error + 'static), code: i32) -> ExitCode {
-    tracing::error!("{}", error_chain(e));
-    ExitCode::from(u8::try_from(code).unwrap_or(1))
+fn fail(e: &(dyn std::error::Error + 'static), code: u8) -> ExitCode {
+    tracing::error!("{}", chain(e));
+    ExitCode::from(code)
 }
 
 async fn change(

@@ -58,11 +58,12 @@ use crate::ports::rack::{Rack, RackError};
 use crate::ports::state::{self, StateError, StateStore};
 use crate::render::cloud_init::MemberInput;
 use crate::render::members;
+use crate::workflows::error::{self, message};
 use crate::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
 
+pub use crate::workflows::error::WorkflowError as BootstrapError;
 pub use connect::{ApiAnswer, ApplyManifests, Connect, ConnectError, InClusterPorts};
 pub use tailnet::TailscaleFlags;
-pub use validate::one_line;
 
 /// Step names, in order (the `step` field of every log line bootstrap writes).
 pub const STEPS: [&str; 15] = [
@@ -156,45 +157,21 @@ pub struct BootstrapInput {
     pub tailscale: TailscaleFlags,
 }
 
-/// Why bootstrap stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum BootstrapError {
-    /// Bad input or a state only a person can resolve (exit 2). Nothing was created when
-    /// this comes from validation.
-    #[error("{0}")]
-    Config(String),
-    /// A step failed; re-running continues from where this run got (exit 1).
-    #[error("{step}: {message}")]
-    Failed { step: &'static str, message: String },
+/// `step` failed because of `e`; a re-run continues (exit 1).
+fn failed(step: &'static str, e: impl Into<error::BoxError>) -> BootstrapError {
+    BootstrapError::step(step, e)
 }
 
-impl BootstrapError {
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            BootstrapError::Config(_) => 2,
-            BootstrapError::Failed { .. } => 1,
-        }
-    }
-}
-
-fn failed(step: &'static str, e: &(dyn std::error::Error + 'static)) -> BootstrapError {
-    BootstrapError::Failed {
-        step,
-        message: one_line(e),
-    }
-}
-
-/// Rack errors: bad credentials are the person's to fix; the rest is worth a re-run.
 /// The prefix length of the subnet nexus gives every new project's default VPC (omicron
 /// `nexus/defaults/src/lib.rs` `DEFAULT_VPC_SUBNET_IPV4_BLOCK`, 172.30.0.0/22).
 const DEFAULT_SUBNET_PREFIX: u8 = 22;
 
+/// Rack errors: bad credentials are the person's to fix (exit 2); the rest is worth a re-run
+/// (exit 1).
 fn rack_failed(step: &'static str, e: RackError) -> BootstrapError {
     match e {
-        RackError::Unauthorized { .. } => {
-            BootstrapError::Config(format!("{step}: {}", one_line(&e)))
-        }
-        _ => failed(step, &e),
+        RackError::Unauthorized { .. } => BootstrapError::needs_person(step, e),
+        _ => failed(step, e),
     }
 }
 
@@ -329,7 +306,7 @@ pub async fn run<C: Connect>(
     if let Some(built) = &dev_build {
         let key = resume
             .key_pair()
-            .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+            .map_err(|e| BootstrapError::needs_person("resume", e))?;
         let servers = dev::Servers {
             connect,
             rack: &rack,
@@ -413,14 +390,14 @@ async fn connect_and_check_subnet<C: Connect>(
     let token = v.credentials.token.expose();
     let rack = connect
         .rack(&v.credentials.host, token, &spec.project)
-        .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+        .map_err(BootstrapError::inputs)?;
     let prefix = rack
         .default_subnet_prefix()
         .await
         .map_err(|e| rack_failed("project", e))?
         .unwrap_or(DEFAULT_SUBNET_PREFIX);
     spec.check_subnet(prefix)
-        .map_err(|e| BootstrapError::Config(format!("invalid cluster spec: {e}")))?;
+        .map_err(|e| BootstrapError::inputs(error::context("invalid cluster spec", e)))?;
     Ok(rack)
 }
 
@@ -444,7 +421,7 @@ async fn step_resume<R: Rack>(
     secrets.tailscale_auth_key = v.tailscale.as_ref().map(|t| t.auth_key.expose().to_owned());
     let key = resume
         .key_pair()
-        .map_err(|e| BootstrapError::Config(one_line(&e)))?;
+        .map_err(|e| BootstrapError::needs_person("resume", e))?;
     Ok((resume, secrets, key))
 }
 
@@ -482,10 +459,7 @@ async fn step_image<R: ImageStore>(
         images = v.images.len(),
         "ensuring the images"
     );
-    let http = validate::http_client().map_err(|message| BootstrapError::Failed {
-        step: "image",
-        message,
-    })?;
+    let http = validate::http_client().map_err(|e| failed("image", e))?;
     let mut images: BTreeMap<String, Image> = BTreeMap::new();
     let mut image_notes = Vec::new();
     for req in &v.images {
@@ -494,9 +468,9 @@ async fn step_image<R: ImageStore>(
             .await
             .map_err(|e| {
                 if e.is_config() {
-                    BootstrapError::Config(format!("image: {}", one_line(&e)))
+                    BootstrapError::needs_person("image", e)
                 } else {
-                    failed("image", &e)
+                    failed("image", e)
                 }
             })?;
         let how = match &got {
@@ -523,9 +497,11 @@ async fn step_image<R: ImageStore>(
     let cp_image = images
         .get(&v.spec.control_plane.image)
         .cloned()
-        .ok_or_else(|| BootstrapError::Failed {
-            step: "image",
-            message: format!("image {} vanished", v.spec.control_plane.image),
+        .ok_or_else(|| {
+            failed(
+                "image",
+                message(format!("image {} vanished", v.spec.control_plane.image)),
+            )
         })?;
     Ok((cp_image, image_notes))
 }
@@ -645,14 +621,14 @@ fn step_write_kubeconfig(
     let cluster = v.spec.cluster.as_str();
     info!(step = "write-kubeconfig", path = %v.kubeconfig.display(), "writing the kubeconfig");
     let ours = kubeconfig::rewrite_k3s(k3s_yaml, cluster, server)
-        .map_err(|e| failed("write-kubeconfig", &e))?;
+        .map_err(|e| failed("write-kubeconfig", e))?;
     let outcome = kubeconfig::write(&v.kubeconfig, &ours, cluster, server, v.kubeconfig_mode)
         .map_err(|e| match e {
             kubeconfig::KubeconfigError::Exists { .. }
             | kubeconfig::KubeconfigError::OtherServer { .. } => {
-                BootstrapError::Config(format!("write-kubeconfig: {}", one_line(&e)))
+                BootstrapError::needs_person("write-kubeconfig", e)
             }
-            other => failed("write-kubeconfig", &other),
+            other => failed("write-kubeconfig", other),
         })?;
     info!(step = "write-kubeconfig", path = %v.kubeconfig.display(), ?outcome, "kubeconfig ready");
     Ok(outcome)
@@ -677,7 +653,7 @@ async fn step_state<C: Connect>(
     let ports = connect
         .in_cluster(&v.kubeconfig, &spec.cluster, holder)
         .await
-        .map_err(|e| failed("state", &*e))?;
+        .map_err(|e| failed("state", e))?;
     let store = &ports.store;
     let mut config = BTreeMap::from([
         (state::keys::SPEC.to_owned(), spec.to_yaml()),
@@ -688,15 +664,12 @@ async fn step_state<C: Connect>(
     ]);
     // Joiners pin the cluster CA with it (`K10<hash>::` tokens); k3s.yaml came over the
     // pinned SSH connection, so its CA is the cluster's.
-    let ca_hash = kubeconfig::k3s_ca_hash(k3s_yaml).map_err(|e| failed("state", &e))?;
+    let ca_hash = kubeconfig::k3s_ca_hash(k3s_yaml).map_err(|e| failed("state", e))?;
     config.insert(state::keys::K3S_CA_HASH.to_owned(), ca_hash);
     // What the first server was started with; every later server must match it.
     config.insert(
         state::keys::K3S_SERVER_SETTINGS.to_owned(),
-        serde_json::to_string(&spec.server_settings()).map_err(|e| BootstrapError::Failed {
-            step: "state",
-            message: e.to_string(),
-        })?,
+        serde_json::to_string(&spec.server_settings()).map_err(|e| failed("state", e))?,
     );
     crate::base::retry::retry(
         Backoff::default(),
@@ -704,7 +677,7 @@ async fn step_state<C: Connect>(
         || store.ensure_state(secrets, config.clone()),
     )
     .await
-    .map_err(|e| failed("state", &e))?;
+    .map_err(|e| failed("state", e))?;
     check_stored_tokens(store, secrets).await;
     merge_host_key_pins(v, store, resume).await?;
     Ok(ports)
@@ -723,12 +696,12 @@ async fn merge_host_key_pins<S: StateStore>(
         || store.merge_host_key_pins(&resume.host_key_pins),
     )
     .await
-    .map_err(|e| failed("state", &e))?;
+    .map_err(|e| failed("state", e))?;
     if pins.keys().any(|k| !resume.host_key_pins.contains_key(k)) {
         for (instance, fps) in pins {
             resume.host_key_pins.entry(instance).or_insert(fps);
         }
-        resume::save(&v.resume_path, resume).map_err(|e| failed("state", &e))?;
+        resume::save(&v.resume_path, resume).map_err(|e| failed("state", e))?;
     }
     Ok(())
 }
@@ -764,7 +737,7 @@ async fn step_manifests<S: RemoteShell, M: ApplyManifests>(
     let applied = applier
         .apply_all(&to_apply, Backoff::default())
         .await
-        .map_err(|e| failed("manifests", &e))?;
+        .map_err(|e| failed("manifests", e))?;
     info!(
         step = "manifests",
         objects = applied,
@@ -794,7 +767,7 @@ async fn ensure_resume<R: Rack>(
     v: &validate::Validated,
 ) -> Result<ResumeState, BootstrapError> {
     let spec = &v.spec;
-    let config = |e: resume::ResumeError| BootstrapError::Config(one_line(&e));
+    let config = |e: resume::ResumeError| BootstrapError::needs_person("resume", e);
     if let Some(r) = resume::load(&v.resume_path, &spec.cluster, &spec.project).map_err(config)? {
         info!(step = "resume", first = %r.first_control_plane, "resuming with the saved keys and tokens");
         return Ok(r);
@@ -813,12 +786,15 @@ async fn ensure_resume<R: Rack>(
         .filter(|i| InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == spec.cluster))
         .count();
     if ours > 0 {
-        return Err(BootstrapError::Config(format!(
-            "project {} already has {ours} VM(s) of cluster {} but there is no resume file {}: copy it from the machine that bootstrapped the cluster (or point --state-dir at it)",
-            spec.project,
-            spec.cluster,
-            v.resume_path.display()
-        )));
+        return Err(BootstrapError::needs_person(
+            "resume",
+            message(format!(
+                "project {} already has {ours} VM(s) of cluster {} but there is no resume file {}: copy it from the machine that bootstrapped the cluster (or point --state-dir at it)",
+                spec.project,
+                spec.cluster,
+                v.resume_path.display()
+            )),
+        ));
     }
     let mut r = ResumeState::generate(
         &spec.cluster,
@@ -855,10 +831,13 @@ async fn ensure_floating_ip<R: Rack>(
         {
             return Ok(f);
         }
-        return Err(BootstrapError::Config(format!(
-            "floating IP {name} already exists in the project and is not this cluster's API address (its description is {:?}); delete or rename it, or choose another cluster name",
-            f.description
-        )));
+        return Err(BootstrapError::needs_person(
+            step,
+            message(format!(
+                "floating IP {name} already exists in the project and is not this cluster's API address (its description is {:?}); delete or rename it, or choose another cluster name",
+                f.description
+            )),
+        ));
     }
     match rack.create_floating_ip(name, &description, pool).await {
         Ok(f) => Ok(f),
@@ -867,9 +846,11 @@ async fn ensure_floating_ip<R: Rack>(
             .get_floating_ip(name)
             .await
             .map_err(|e| rack_failed(step, e))?
-            .ok_or_else(|| BootstrapError::Failed {
-                step,
-                message: format!("floating IP {name} exists but cannot be read"),
+            .ok_or_else(|| {
+                failed(
+                    step,
+                    message(format!("floating IP {name} exists but cannot be read")),
+                )
             }),
         Err(e) => Err(rack_failed(step, e)),
     }
@@ -923,21 +904,18 @@ async fn ensure_first_server<R: Rack>(
         cluster_init: true,
         ca_hash: None,
     })
-    .map_err(|message| BootstrapError::Failed { step, message })?;
+    .map_err(|m| failed(step, message(m)))?;
     match rack.create_instance(&new).await {
         // 201 with a `stopped` instance: the rack's automatic start failed (no sled has room,
         // or the silo quota is spent) and only an explicit start says which. Fail now with
         // that answer instead of waiting for an API that will never come up.
         Ok(i) if i.state == InstanceState::Stopped => {
-            rack.start_instance(first)
-                .await
-                .map_err(|e| BootstrapError::Failed {
+            rack.start_instance(first).await.map_err(|e| {
+                failed(
                     step,
-                    message: format!(
-                        "the rack created {first} but cannot start it: {}",
-                        one_line(&e)
-                    ),
-                })?;
+                    error::context(format!("the rack created {first} but cannot start it"), e),
+                )
+            })?;
             info!(step, name = %i.name, id = %i.id, "created the first control-plane VM (started on the second try)");
         }
         Ok(i) => info!(step, name = %i.name, id = %i.id, "created the first control-plane VM"),
@@ -964,10 +942,7 @@ async fn ensure_attached<R: Rack>(
         .get_floating_ip(fip_name)
         .await
         .map_err(|e| rack_failed(step, e))?
-        .ok_or_else(|| BootstrapError::Failed {
-            step,
-            message: format!("floating IP {fip_name} vanished"),
-        })?;
+        .ok_or_else(|| failed(step, message(format!("floating IP {fip_name} vanished"))))?;
     let mut servers: Vec<Instance> = rack
         .list_instances(&names::instance_prefix(cluster, cp_pool))
         .await
@@ -987,9 +962,11 @@ async fn ensure_attached<R: Rack>(
         .iter()
         .find(|i| i.name == first)
         .or_else(|| servers.iter().find(|i| i.state == InstanceState::Running))
-        .ok_or_else(|| BootstrapError::Failed {
-            step,
-            message: "no control-plane VM to attach the API floating IP to".into(),
+        .ok_or_else(|| {
+            failed(
+                step,
+                message("no control-plane VM to attach the API floating IP to"),
+            )
         })?
         .name
         .clone();
@@ -1031,10 +1008,10 @@ async fn wait_for_api<C: Connect>(
             Ok(a) => a,
             Err(e) => {
                 spinner.done();
-                return Err(BootstrapError::Failed {
+                return Err(failed(
                     step,
-                    message: format!("cannot build the probe client: {e}"),
-                });
+                    error::context("cannot build the probe client", message(e)),
+                ));
             }
         };
         let detail = match answer {
@@ -1065,12 +1042,12 @@ async fn wait_for_api<C: Connect>(
             } else {
                 ""
             };
-            return Err(BootstrapError::Failed {
+            return Err(failed(
                 step,
-                message: format!(
+                message(format!(
                     "{url} did not answer in time (last: {detail}{hint}); re-run bootstrap to keep waiting"
-                ),
-            });
+                )),
+            ));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -1093,12 +1070,12 @@ async fn setup_not_failed<R: Rack>(
     };
     match crate::render::cloud_init::setup_failure(&String::from_utf8_lossy(&console)) {
         None => Ok(()),
-        Some(f) => Err(BootstrapError::Failed {
+        Some(f) => Err(failed(
             step,
-            message: format!(
+            message(format!(
                 "{instance}'s serial console says: {f}; k3s will not start there. Fix the cause (the installer URL or mirror, the data disk, the Tailscale key), delete instance {instance}, and re-run bootstrap"
-            ),
-        }),
+            )),
+        )),
     }
 }
 
@@ -1116,11 +1093,16 @@ async fn host_key_pins<R: Rack>(
 ) -> Result<(HostKeyPins, bool), BootstrapError> {
     if let Some(saved) = resume.host_key_pins.get(instance) {
         let pins = HostKeyPins::new(saved).map_err(|e| {
-            BootstrapError::Config(format!(
-                "host-key: the resume file {} holds a malformed pin for {instance}: {}",
-                resume_path.display(),
-                one_line(&e)
-            ))
+            BootstrapError::needs_person(
+                "host-key",
+                error::context(
+                    format!(
+                        "the resume file {} holds a malformed pin for {instance}",
+                        resume_path.display()
+                    ),
+                    e,
+                ),
+            )
         })?;
         return Ok((pins, true));
     }
@@ -1129,7 +1111,7 @@ async fn host_key_pins<R: Rack>(
         instance.to_owned(),
         pins.fingerprints().map(str::to_owned).collect(),
     );
-    resume::save(resume_path, resume).map_err(|e| failed("host-key", &e))?;
+    resume::save(resume_path, resume).map_err(|e| failed("host-key", e))?;
     Ok((pins, false))
 }
 
@@ -1142,19 +1124,20 @@ fn mismatch_hint(
     resume_path: &std::path::Path,
 ) -> BootstrapError {
     match e {
-        BootstrapError::Failed { step, message }
-            if pinned_before && message.contains("refusing to connect") =>
+        BootstrapError::Step { step, source }
+            if pinned_before
+                && source
+                    .downcast_ref::<SshError>()
+                    .is_some_and(|s| matches!(s, SshError::HostKeyMismatch { .. })) =>
         {
-            BootstrapError::Failed {
-                step,
-                message: format!(
-                    "{message}. The pins of {instance} were saved in {} when its console was \
-                     first read. Check the fingerprints on its serial console (`oxide instance \
-                     serial-console`); only if {instance} was really recreated with new keys, \
-                     delete its entry under host-key-pins in that file and re-run",
-                    resume_path.display()
-                ),
-            }
+            let hint = format!(
+                "the pins of {instance} were saved in {} when its console was first read; \
+                 check the fingerprints on its serial console (`oxide instance \
+                 serial-console`), and only if {instance} was really recreated with new keys, \
+                 delete its entry under host-key-pins in that file and re-run",
+                resume_path.display()
+            );
+            BootstrapError::step(step, error::context(hint, source))
         }
         other => other,
     }
@@ -1201,12 +1184,12 @@ async fn read_pins<R: Rack>(
                 spinner.tick("no fingerprints yet");
                 if Instant::now() >= deadline {
                     spinner.done();
-                    return Err(failed(step, &e));
+                    return Err(failed(step, e));
                 }
             }
             Err(e) => {
                 spinner.done();
-                return Err(failed(step, &e));
+                return Err(failed(step, e));
             }
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -1231,24 +1214,23 @@ async fn fetch_kubeconfig<S: RemoteShell>(
         let err = match target.read_file(K3S_KUBECONFIG_PATH).await {
             Ok(bytes) => {
                 spinner.done();
-                return String::from_utf8(bytes).map_err(|_| BootstrapError::Failed {
-                    step,
-                    message: format!("{K3S_KUBECONFIG_PATH} is not UTF-8"),
+                return String::from_utf8(bytes).map_err(|e| {
+                    failed(
+                        step,
+                        error::context(format!("{K3S_KUBECONFIG_PATH} is not UTF-8"), e),
+                    )
                 });
             }
             Err(e @ (SshError::HostKeyMismatch { .. } | SshError::NoPins { .. })) => {
                 spinner.done();
-                return Err(BootstrapError::Failed {
-                    step,
-                    message: one_line(&e),
-                });
+                return Err(failed(step, e));
             }
             Err(e) => e,
         };
         spinner.tick(&err.to_string());
         if Instant::now() >= deadline {
             spinner.done();
-            return Err(failed(step, &err));
+            return Err(failed(step, err));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -1309,10 +1291,12 @@ async fn reconcile_loop<C: Connect>(
                 info!(step, pass, %holder, "another reconcile run holds the Lease; waiting")
             }
             Ok(RunOutcome::DryRun { plan }) => return Ok((Some(plan), false)),
-            Err(e) if e.exit_code() == 2 => {
-                return Err(BootstrapError::Config(format!("{step}: {e}")));
+            Err(e) if e.kind() == error::Kind::NeedsPerson => {
+                return Err(BootstrapError::needs_person(step, e));
             }
-            Err(e) => warn!(step, pass, error = %e, "reconcile pass failed; trying again"),
+            Err(e) => {
+                warn!(step, pass, error = %error::chain(&e), "reconcile pass failed; trying again")
+            }
         }
         if Instant::now() >= deadline {
             return Ok((last, false));
@@ -1330,7 +1314,11 @@ fn pools_line(plan: &Plan) -> String {
 }
 
 /// `value`, or the contents of `PATH` for `file:PATH` (a leading `~/` is the home directory).
-fn value_or_file(flag: &str, value: &str, home: Option<&Path>) -> Result<String, BootstrapError> {
+fn value_or_file(
+    flag: &'static str,
+    value: &str,
+    home: Option<&Path>,
+) -> Result<String, BootstrapError> {
     match value.strip_prefix("file:") {
         Some(path) => {
             let path = match (path.strip_prefix("~/"), home) {
@@ -1340,8 +1328,120 @@ fn value_or_file(flag: &str, value: &str, home: Option<&Path>) -> Result<String,
             let shown = path.display().to_string();
             std::fs::read_to_string(&path)
                 .map(|s| s.trim().to_owned())
-                .map_err(|e| BootstrapError::Config(format!("{flag}: cannot read {shown}: {e}")))
+                .map_err(|e| {
+                    BootstrapError::input(flag, error::context(format!("cannot read {shown}"), e))
+                })
         }
         None => Ok(value.trim().to_owned()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    /// The first error of type `T` in `e`'s causes.
+    fn cause<T: std::error::Error + 'static>(e: &BootstrapError) -> Option<&T> {
+        let mut cur = e.source();
+        while let Some(s) = cur {
+            if let Some(t) = s.downcast_ref::<T>() {
+                return Some(t);
+            }
+            cur = s.source();
+        }
+        None
+    }
+
+    #[test]
+    fn a_rack_failure_keeps_the_rack_error_and_only_bad_credentials_need_a_person() {
+        let timeout = RackError::Timeout {
+            what: "project demo".into(),
+            seconds: 30,
+        };
+        let e = rack_failed("project", timeout);
+        assert_eq!(e.exit_code(), 1);
+        assert_eq!(e.step_name(), Some("project"));
+        let kept = e.source().and_then(|s| s.downcast_ref::<RackError>());
+        assert!(
+            matches!(kept, Some(RackError::Timeout { seconds: 30, .. })),
+            "{kept:?}"
+        );
+        assert_eq!(
+            error::chain(&e),
+            "project: request for project demo timed out after 30s"
+        );
+        let refused = RackError::Unauthorized {
+            status: 401,
+            message: "no such token".into(),
+        };
+        let e = rack_failed("project", refused);
+        assert_eq!(e.kind(), error::Kind::NeedsPerson);
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn a_changed_pinned_host_key_keeps_the_ssh_error_under_what_to_check() {
+        let mismatch = SshError::HostKeyMismatch {
+            addr: "192.0.2.1:22".parse().unwrap(),
+            presented: "SHA256:new".into(),
+            expected: vec!["SHA256:old".into()],
+        };
+        let e = mismatch_hint(
+            failed("fetch-kubeconfig", mismatch),
+            "demo-cp-1",
+            true,
+            Path::new("/state/demo.json"),
+        );
+        assert_eq!(e.exit_code(), 1);
+        let printed = error::chain(&e);
+        for needle in [
+            "fetch-kubeconfig: the pins of demo-cp-1",
+            "host-key-pins",
+            "refusing to connect",
+            "SHA256:old",
+        ] {
+            assert!(printed.contains(needle), "{needle:?}: {printed}");
+        }
+        assert!(matches!(
+            cause::<SshError>(&e),
+            Some(SshError::HostKeyMismatch { .. })
+        ));
+        // Pins read in this very run: no hint, the error as it was.
+        let fresh = SshError::NoPins {
+            addr: "192.0.2.1:22".parse().unwrap(),
+        };
+        let e = mismatch_hint(
+            failed("fetch-kubeconfig", fresh),
+            "demo-cp-1",
+            true,
+            Path::new("/state/demo.json"),
+        );
+        assert!(!error::chain(&e).contains("host-key-pins"));
+    }
+
+    #[test]
+    fn an_unreadable_file_value_names_its_flag_and_keeps_the_io_error() {
+        let e =
+            value_or_file("--user-ssh-public-key", "file:/nonexistent/key.pub", None).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(matches!(
+            e,
+            BootstrapError::Input {
+                flag: "--user-ssh-public-key",
+                ..
+            }
+        ));
+        let printed = error::chain(&e);
+        assert!(
+            printed.starts_with("--user-ssh-public-key: cannot read /nonexistent/key.pub: "),
+            "{printed}"
+        );
+        assert_eq!(
+            cause::<std::io::Error>(&e).map(std::io::Error::kind),
+            Some(std::io::ErrorKind::NotFound)
+        );
     }
 }

@@ -43,8 +43,9 @@ use crate::base::names;
 use crate::domain::model::InstanceState;
 use crate::domain::spec::ClusterSpec;
 use crate::ports::rack::{Rack, RackError};
-use crate::workflows::bootstrap::one_line;
+use crate::workflows::error::{self, message};
 
+pub use crate::workflows::error::WorkflowError as DeleteError;
 pub use in_cluster::{InCluster, KubeInCluster};
 pub use owned::{Inventory, Item, Kept, Kind, ObservedProject, Scope};
 
@@ -84,40 +85,12 @@ pub struct DeleteInput {
     pub json_logs: bool,
 }
 
-/// Why delete stopped.
-#[derive(Debug, thiserror::Error)]
-pub enum DeleteError {
-    /// Bad input (exit 2); nothing was requested.
-    #[error("{0}")]
-    Config(String),
-    /// The person did not confirm (exit 1); nothing was deleted.
-    #[error("not confirmed: nothing was deleted")]
-    Declined,
-    /// A step failed; a re-run continues (exit 1).
-    #[error("{step}: {message}")]
-    Failed { step: &'static str, message: String },
-}
-
-impl DeleteError {
-    pub fn exit_code(&self) -> u8 {
-        match self {
-            DeleteError::Config(_) => 2,
-            DeleteError::Declined | DeleteError::Failed { .. } => 1,
-        }
-    }
-}
-
-fn config(message: impl Into<String>) -> DeleteError {
-    DeleteError::Config(message.into())
-}
-
-fn rack_failed(step: &'static str, e: &RackError) -> DeleteError {
+/// Rack errors: bad credentials are the person's to fix (exit 2); the rest is worth a
+/// re-run (exit 1).
+fn rack_failed(step: &'static str, e: RackError) -> DeleteError {
     match e {
-        RackError::Unauthorized { .. } => config(format!("{step}: {}", one_line(e))),
-        _ => DeleteError::Failed {
-            step,
-            message: one_line(e),
-        },
+        RackError::Unauthorized { .. } => DeleteError::needs_person(step, e),
+        _ => DeleteError::step(step, e),
     }
 }
 
@@ -263,46 +236,52 @@ struct Validated {
 
 fn validate(input: &DeleteInput) -> Result<Validated, DeleteError> {
     names::validate_name("cluster name", &input.cluster)
-        .map_err(|e| config(format!("--cluster: {e}")))?;
+        .map_err(|e| DeleteError::input("--cluster", e))?;
     if !(1..=64).contains(&input.concurrency) {
-        return Err(config(format!(
-            "--concurrency: {} is outside 1..=64",
-            input.concurrency
-        )));
+        return Err(DeleteError::input(
+            "--concurrency",
+            message(format!("{} is outside 1..=64", input.concurrency)),
+        ));
     }
     if input.timeout.is_zero() {
-        return Err(config("--timeout: must be at least 1 second"));
+        return Err(DeleteError::input(
+            "--timeout",
+            message("must be at least 1 second"),
+        ));
     }
     if !input.dry_run && input.confirm == Confirm::Ask && !std::io::stdin().is_terminal() {
-        return Err(config(
+        return Err(DeleteError::inputs(message(
             "refusing to delete without a terminal to confirm on: pass --yes (or --dry-run to only list)",
-        ));
+        )));
     }
     let state_dir = match &input.state_dir {
         Some(d) => d.clone(),
         None => resume::default_state_dir(input.home.clone()).ok_or_else(|| {
-            config("--state-dir: there is no home directory for the default ~/.config/oxide-controller; pass --state-dir")
+            DeleteError::input(
+                "--state-dir",
+                message("there is no home directory for the default ~/.config/oxide-controller; pass --state-dir"),
+            )
         })?,
     };
     let resume_path = resume::resume_path(&state_dir, &input.cluster);
     let resume =
-        resume::load_for_cluster(&resume_path, &input.cluster).map_err(|e| config(one_line(&e)))?;
+        resume::load_for_cluster(&resume_path, &input.cluster).map_err(DeleteError::inputs)?;
     let project = match (&input.project, &resume) {
         (Some(p), Some(r)) if *p != r.project => {
-            return Err(config(format!(
+            return Err(DeleteError::inputs(message(format!(
                 "--project {p}: the resume file {} says cluster {} lives in project {}; pass --project {} (or none)",
                 resume_path.display(),
                 input.cluster,
                 r.project,
                 r.project
-            )));
+            ))));
         }
         (Some(p), _) => p.clone(),
         (None, Some(r)) => r.project.clone(),
         (None, None) => input.cluster.clone(),
     };
     names::validate_name("project name", &project)
-        .map_err(|e| config(format!("--project: {e}")))?;
+        .map_err(|e| DeleteError::input("--project", e))?;
     let kubeconfig = match &input.kubeconfig {
         Some(p) => p.clone(),
         None => input
@@ -310,11 +289,13 @@ fn validate(input: &DeleteInput) -> Result<Validated, DeleteError> {
             .as_ref()
             .map(|h| h.join(".kube").join(format!("{}.yaml", input.cluster)))
             .ok_or_else(|| {
-                config("--kubeconfig: there is no home directory for the default ~/.kube/<cluster>.yaml; pass --kubeconfig")
+                DeleteError::input(
+                    "--kubeconfig",
+                    message("there is no home directory for the default ~/.kube/<cluster>.yaml; pass --kubeconfig"),
+                )
             })?,
     };
-    let creds =
-        credentials::resolve(&input.credential_sources).map_err(|e| config(one_line(&e)))?;
+    let creds = credentials::resolve(&input.credential_sources).map_err(DeleteError::inputs)?;
     Ok(Validated {
         project,
         host: creds.host.clone(),
@@ -351,7 +332,7 @@ pub async fn run<C: Connect>(
     let v = validate(&input)?;
     let rack = connect
         .rack(&v.host, &v.token, &v.project)
-        .map_err(|e| config(one_line(&e)))?;
+        .map_err(DeleteError::inputs)?;
 
     info!(step = "observe", kubeconfig = %v.kubeconfig.display(), "looking for the cluster's API");
     let api = match connect.in_cluster(&v.kubeconfig, &input.cluster).await {
@@ -462,7 +443,7 @@ pub async fn observe_project<R: Rack>(
 ) -> Result<ObservedProject, DeleteError> {
     read_project(rack, scope)
         .await
-        .map_err(|e| rack_failed("observe", &e))
+        .map_err(|e| rack_failed("observe", e))
 }
 
 /// [`observe_project`] with the rack's own error.
@@ -599,10 +580,7 @@ pub async fn run_with<R: Rack, K: InCluster>(
         summary.in_cluster = api
             .quiesce(p.holder, Duration::from_secs(300))
             .await
-            .map_err(|message| DeleteError::Failed {
-                step: "quiesce",
-                message,
-            })?;
+            .map_err(|m| DeleteError::step("quiesce", message(m)))?;
         for l in &summary.in_cluster {
             info!(step = "quiesce", "{l}");
         }
@@ -616,14 +594,17 @@ pub async fn run_with<R: Rack, K: InCluster>(
     let (ok, failed): (Vec<_>, Vec<_>) = removed.into_iter().partition(|r| r.is_ok());
     summary.removed = ok.into_iter().filter_map(Result::ok).collect();
     if let Some(Err((item, e))) = failed.into_iter().next() {
-        return Err(DeleteError::Failed {
-            step: "remove",
-            message: format!(
-                "{} {}: {e}; re-run delete to continue",
-                item.kind.label(),
-                item.name
+        return Err(DeleteError::step(
+            "remove",
+            error::context(
+                format!(
+                    "{} {} (re-run delete to continue)",
+                    item.kind.label(),
+                    item.name
+                ),
+                e,
             ),
-        });
+        ));
     }
     summary.local = local_changes(local, p.cluster, false)?;
     info!(
@@ -652,14 +633,8 @@ async fn confirm(cluster: &str, inv: &Inventory) -> Result<(), DeleteError> {
         std::io::stdin().read_line(&mut line).map(|_| line)
     })
     .await
-    .map_err(|e| DeleteError::Failed {
-        step: "confirm",
-        message: e.to_string(),
-    })?
-    .map_err(|e| DeleteError::Failed {
-        step: "confirm",
-        message: e.to_string(),
-    })?;
+    .map_err(|e| DeleteError::step("confirm", e))?
+    .map_err(|e| DeleteError::step("confirm", e))?;
     if answer.trim() == cluster {
         Ok(())
     } else {
@@ -682,9 +657,11 @@ fn local_changes(local: &LocalFiles, cluster: &str, dry: bool) -> Result<Vec<Str
     }
     if local.resume.exists() {
         if !dry {
-            std::fs::remove_file(&local.resume).map_err(|e| DeleteError::Failed {
-                step: "local",
-                message: format!("removing {}: {e}", local.resume.display()),
+            std::fs::remove_file(&local.resume).map_err(|e| {
+                DeleteError::step(
+                    "local",
+                    error::context(format!("removing {}", local.resume.display()), e),
+                )
             })?;
         }
         out.push(format!("{verb} resume file {}", local.resume.display()));

@@ -26,6 +26,7 @@ use crate::ports::cluster::{Cluster, ClusterError, EventType, LeaseOutcome};
 use crate::ports::rack::{Rack, RackError};
 use crate::ports::state::{self, StateError, StateStore};
 use crate::render::members::SpecMembers;
+use crate::workflows::error::{self, BoxError, Kind, context, message};
 
 /// How a run went; maps to the exit code.
 #[derive(Debug)]
@@ -43,23 +44,31 @@ pub enum RunOutcome {
     DryRun { plan: Plan },
 }
 
-/// Why a run failed.
+/// Why a run failed, with the error that made it fail as its source (print it with
+/// [`error::chain`]). Its own enum rather than [`error::WorkflowError`]: a run is unattended,
+/// has no flags to name, and tells only these two apart (see [`crate::workflows::error`]).
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     /// Something a person must fix (exit 2).
-    #[error("configuration error: {0}")]
-    Config(String),
+    #[error("configuration error")]
+    Config(#[source] BoxError),
     /// Try again later (exit 1).
-    #[error("{0}")]
-    Retryable(String),
+    #[error(transparent)]
+    Retryable(BoxError),
 }
 
 impl ReconcileError {
-    pub fn exit_code(&self) -> i32 {
+    /// What this failure asks for.
+    pub fn kind(&self) -> Kind {
         match self {
-            ReconcileError::Config(_) => 2,
-            ReconcileError::Retryable(_) => 1,
+            ReconcileError::Config(_) => Kind::NeedsPerson,
+            ReconcileError::Retryable(_) => Kind::Retry,
         }
+    }
+
+    /// The process exit code ([`Kind::exit_code`]).
+    pub fn exit_code(&self) -> u8 {
+        self.kind().exit_code()
     }
 }
 
@@ -119,15 +128,15 @@ pub async fn load<S: StateStore>(
 ) -> Result<(ClusterSpec, ClusterSecrets, state::ConfigSnapshot), ReconcileError> {
     let snapshot = state.read_config().await.map_err(state_err)?;
     let yaml = snapshot.spec_yaml().ok_or_else(|| {
-        ReconcileError::Config(format!(
+        ReconcileError::Config(message(format!(
             "ConfigMap kube-system/oxide-controller has no {:?} key; re-run bootstrap",
             state::keys::SPEC
-        ))
+        )))
     })?;
-    let spec = ClusterSpec::from_yaml(yaml).map_err(|e| ReconcileError::Config(format!("{e}")))?;
+    let spec = ClusterSpec::from_yaml(yaml).map_err(|e| ReconcileError::Config(e.into()))?;
     if let Some(recorded) = recorded_server_settings(&snapshot)? {
         spec.check_server_settings(&recorded)
-            .map_err(|e| ReconcileError::Config(format!("invalid cluster spec: {e}")))?;
+            .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
     }
     let secrets = state.read_secrets().await.map_err(state_err)?;
     Ok((spec, secrets, snapshot))
@@ -143,9 +152,12 @@ fn recorded_server_settings(
         .get(state::keys::K3S_SERVER_SETTINGS)
         .map(|text| {
             serde_json::from_str(text).map_err(|e| {
-                ReconcileError::Config(format!(
-                    "ConfigMap kube-system/oxide-controller key {:?} is not a JSON object of strings ({e}); restore it or delete the key to record the spec's settings again",
-                    state::keys::K3S_SERVER_SETTINGS
+                ReconcileError::Config(context(
+                    format!(
+                        "ConfigMap kube-system/oxide-controller key {:?} is not a JSON object of strings; restore it or delete the key to record the spec's settings again",
+                        state::keys::K3S_SERVER_SETTINGS
+                    ),
+                    e,
                 ))
             })
         })
@@ -156,8 +168,8 @@ fn state_err(e: StateError) -> ReconcileError {
     match e {
         StateError::NotFound { .. }
         | StateError::Malformed { .. }
-        | StateError::Forbidden { .. } => ReconcileError::Config(e.to_string()),
-        other => ReconcileError::Retryable(format!("{other:#}")),
+        | StateError::Forbidden { .. } => ReconcileError::Config(e.into()),
+        other => ReconcileError::Retryable(other.into()),
     }
 }
 
@@ -179,12 +191,12 @@ pub async fn observe<R: Rack, C: Cluster>(
     // Before anything else: a spec whose pools cannot all have an address is a config error.
     if let Some(prefix) = subnet.map_err(rack_err)? {
         spec.check_subnet(prefix)
-            .map_err(|e| ReconcileError::Config(format!("invalid cluster spec: {e}")))?;
+            .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
     }
     let mut observed = Observed {
         instances: instances.map_err(rack_err)?,
         nodes: nodes.map_err(|e: ClusterError| {
-            ReconcileError::Retryable(format!("observing the cluster: {e:#}"))
+            ReconcileError::Retryable(context("observing the cluster", e))
         })?,
         disks: disks.map_err(rack_err)?,
         api_floating_ip: fip.map_err(rack_err)?,
@@ -237,7 +249,7 @@ async fn setup_failures<R: Rack>(
 }
 
 fn rack_err(e: RackError) -> ReconcileError {
-    ReconcileError::Retryable(format!("observing the rack: {e:#}"))
+    ReconcileError::Retryable(context("observing the rack", e))
 }
 
 /// Looks up the images of the pools that `plan` creates members in.
@@ -357,7 +369,7 @@ where
         .unwrap_or(Duration::from_secs(spec.timeouts.run_deadline_seconds));
     let deadline = started + deadline_len;
     let rack = make_rack(&secrets, &spec)
-        .map_err(|e| ReconcileError::Config(format!("building the Oxide client: {e}")))?;
+        .map_err(|e| ReconcileError::Config(context("building the Oxide client", e)))?;
 
     let previous = snapshot.status_json().and_then(Status::from_json);
     if opts.dry_run {
@@ -475,9 +487,7 @@ async fn take_lease<C: Cluster>(
     .await;
     match taken {
         Ok(taken) => Ok((taken, asked)),
-        Err(e) => Err(ReconcileError::Retryable(format!(
-            "taking the Lease: {e:#}"
-        ))),
+        Err(e) => Err(ReconcileError::Retryable(context("taking the Lease", e))),
     }
 }
 
@@ -514,7 +524,7 @@ fn run_status(
 ) -> Status {
     let (plan, results, autoscaled, error) = match outcome {
         Ok((p, r, a)) => (Some(p), r.as_slice(), a.as_ref(), None),
-        Err(e) => (None, &[][..], None, Some(e.to_string())),
+        Err(e) => (None, &[][..], None, Some(error::chain(e))),
     };
     let pool_hashes: BTreeMap<String, String> = spec
         .pools()
@@ -563,9 +573,9 @@ fn finish(
         .filter(|r| matches!(r.outcome, Outcome::Failed(_)))
         .count();
     if failed > 0 {
-        return Err(ReconcileError::Retryable(format!(
+        return Err(ReconcileError::Retryable(message(format!(
             "{failed} action(s) failed; see status.json lastPlan"
-        )));
+        ))));
     }
     if plan.is_converged() {
         Ok(RunOutcome::Converged { plan })

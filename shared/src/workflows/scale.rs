@@ -17,6 +17,7 @@ use crate::base::retry::Backoff;
 use crate::domain::spec::{ClusterSpec, CountError, PoolSpec, Role, SpecLoadError};
 use crate::ports::cluster::{Cluster, JobTrigger, NAMESPACE, ON_DEMAND_JOB};
 use crate::ports::state::{ConfigSnapshot, StateError, StateStore, keys};
+use crate::workflows::error::{Kind, chain};
 
 /// The change asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,18 +156,25 @@ pub enum ScaleError {
 }
 
 impl ScaleError {
-    /// Process exit code: 2 for what the user must fix, 1 for what a retry may fix.
-    pub fn exit_code(&self) -> i32 {
+    /// What the failure asks for: a fix by the user, or a retry.
+    pub fn kind(&self) -> Kind {
         match self {
-            ScaleError::State(StateError::NotFound { .. } | StateError::Forbidden { .. }) => 2,
-            ScaleError::State(_) | ScaleError::Busy { .. } => 1,
-            ScaleError::NoSpec
-            | ScaleError::Spec(_)
-            | ScaleError::NoWorkerPool
+            ScaleError::State(StateError::NotFound { .. } | StateError::Forbidden { .. }) => {
+                Kind::NeedsPerson
+            }
+            ScaleError::State(_) | ScaleError::Busy { .. } => Kind::Retry,
+            ScaleError::NoSpec | ScaleError::Spec(_) => Kind::NeedsPerson,
+            ScaleError::NoWorkerPool
             | ScaleError::Count(_)
             | ScaleError::Autoscaling { .. }
-            | ScaleError::InvalidAutoscale { .. } => 2,
+            | ScaleError::InvalidAutoscale { .. } => Kind::Input,
         }
+    }
+
+    /// Process exit code ([`Kind::exit_code`]): 2 for what the user must fix, 1 for what a
+    /// retry may fix.
+    pub fn exit_code(&self) -> u8 {
+        self.kind().exit_code()
     }
 }
 
@@ -534,22 +542,8 @@ pub async fn trigger_reconcile<C: Cluster>(cluster: &C) -> ReconcileOutcome {
         Ok(JobTrigger::Created) => ReconcileOutcome::Triggered,
         Ok(JobTrigger::AlreadyPending) => ReconcileOutcome::Pending,
         Ok(JobTrigger::NoCronJob) => ReconcileOutcome::NoCronJob,
-        Err(e) => ReconcileOutcome::Failed {
-            message: error_chain(&e),
-        },
+        Err(e) => ReconcileOutcome::Failed { message: chain(&e) },
     }
-}
-
-/// An error and its sources, `outer: inner: innermost` (for logs; never shown to HTTP callers).
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// The whole workflow for the CLI: apply the change, then (if something was written) start a

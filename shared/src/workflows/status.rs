@@ -2,11 +2,12 @@
 //! assembles the view ([`crate::domain::status_view`]). Read-only: nothing is written.
 
 use crate::adapters::kube_cluster::KubeCluster;
-use crate::domain::spec::ClusterSpec;
+use crate::domain::spec::{ClusterSpec, SpecLoadError};
 use crate::domain::status::Status;
 use crate::domain::status_view::{self, View};
 use crate::ports::cluster::{Cluster as _, ClusterError, OBJECT_NAME};
 use crate::ports::state::{StateError, StateStore};
+use crate::workflows::error::Kind;
 
 /// Why the view could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -15,20 +16,27 @@ pub enum StatusError {
     State(#[from] StateError),
     #[error("ConfigMap {namespace}/{OBJECT_NAME} holds no spec: is this cluster bootstrapped?")]
     NoSpec { namespace: String },
-    #[error("the stored spec does not parse: {0}")]
-    Spec(String),
+    #[error("the stored spec does not parse")]
+    Spec(#[source] SpecLoadError),
     #[error("reading the cluster")]
     Cluster(#[from] ClusterError),
 }
 
 impl StatusError {
-    /// 2 when the state cannot be read or makes no sense (the wrong kubeconfig, namespace or
-    /// cluster), 1 when the cluster's own API failed.
-    pub fn exit_code(&self) -> i32 {
+    /// A person must look when the state cannot be read or makes no sense (the wrong
+    /// kubeconfig, namespace or cluster); a retry may help when the cluster's own API failed.
+    pub fn kind(&self) -> Kind {
         match self {
-            StatusError::State(_) | StatusError::NoSpec { .. } | StatusError::Spec(_) => 2,
-            StatusError::Cluster(_) => 1,
+            StatusError::State(_) | StatusError::NoSpec { .. } | StatusError::Spec(_) => {
+                Kind::NeedsPerson
+            }
+            StatusError::Cluster(_) => Kind::Retry,
         }
+    }
+
+    /// The process exit code ([`Kind::exit_code`]): 2 or 1, as [`StatusError::kind`] says.
+    pub fn exit_code(&self) -> u8 {
+        self.kind().exit_code()
     }
 }
 
@@ -53,7 +61,7 @@ pub async fn observe(
     };
     let spec = match snapshot.spec_yaml().map(ClusterSpec::from_yaml) {
         Some(Ok(spec)) => spec,
-        Some(Err(e)) => return Err(StatusError::Spec(e.to_string())),
+        Some(Err(e)) => return Err(StatusError::Spec(e)),
         None => {
             return Err(StatusError::NoSpec {
                 namespace: namespace.to_owned(),

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::{ApplyManifests, BootstrapError, Connect, Ports, one_line, rack_failed, read_pins};
+use super::{ApplyManifests, BootstrapError, Connect, Ports, failed, rack_failed, read_pins};
 use crate::adapters::dev_image::{Built, DevImage, Installed};
 use crate::adapters::manifests::{self, NodeBinaries};
 use crate::adapters::ssh::{HostKeyPins, RemoteShell, SshKeyPair};
@@ -24,6 +24,7 @@ use crate::domain::model::InstanceState;
 use crate::domain::spec::ClusterSpec;
 use crate::ports::rack::Rack as _;
 use crate::ports::state::StateStore as _;
+use crate::workflows::error::{self, message};
 
 /// Builds the binaries (step `validate`: a source that does not build is the input's fault).
 pub(super) async fn build(dev: &DevImage, profile: &str) -> Result<Built, BootstrapError> {
@@ -32,12 +33,9 @@ pub(super) async fn build(dev: &DevImage, profile: &str) -> Result<Built, Bootst
     info!(step, path = %dev.path.display(), profile, platform = %dev.platform, "building the controller binaries");
     let built = dev.build(profile).await.map_err(|e| {
         if e.is_config() {
-            BootstrapError::Config(one_line(&e))
+            BootstrapError::inputs(e)
         } else {
-            BootstrapError::Failed {
-                step,
-                message: one_line(&e),
-            }
+            failed(step, e)
         }
     })?;
     info!(step, build = %built.id(), seconds = started.elapsed().as_secs_f64(), "controller binaries built");
@@ -63,10 +61,7 @@ pub(super) async fn install_on<S: RemoteShell, M: ApplyManifests>(
 ) -> Result<(), BootstrapError> {
     let how = crate::adapters::dev_image::install(target, addr, built)
         .await
-        .map_err(|e| BootstrapError::Failed {
-            step,
-            message: one_line(&e),
-        })?;
+        .map_err(|e| failed(step, e))?;
     let how = match how {
         Installed::Copied => "copied",
         Installed::AlreadyThere => "already there",
@@ -94,13 +89,13 @@ async fn label_node<M: ApplyManifests>(
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(error) => {
-                return Err(BootstrapError::Failed {
+                return Err(failed(
                     step,
-                    message: format!(
+                    message(format!(
                         "labelling Node {node} {}={value}: {error}",
                         manifests::NODE_BINARIES_LABEL,
-                    ),
-                });
+                    )),
+                ));
             }
         }
     }
@@ -131,10 +126,7 @@ pub(super) async fn install_on_servers<C: Connect>(
     let stored = store
         .merge_host_key_pins(&Default::default())
         .await
-        .map_err(|e| BootstrapError::Failed {
-            step,
-            message: one_line(&e),
-        })?;
+        .map_err(|e| failed(step, e))?;
     let servers = rack
         .list_instances(&names::instance_prefix(
             &spec.cluster,
@@ -150,15 +142,20 @@ pub(super) async fn install_on_servers<C: Connect>(
                 .await
                 .map_err(|e| rack_failed(step, e))?;
             let ip = crate::ports::rack::reachable_address(&ips).ok_or_else(|| {
-                BootstrapError::Failed {
+                failed(
                     step,
-                    message: format!("{} has no external address to reach it by", server.name),
-                }
+                    message(format!(
+                        "{} has no external address to reach it by",
+                        server.name
+                    )),
+                )
             })?;
             let pins = match stored.get(&server.name) {
-                Some(saved) => HostKeyPins::new(saved).map_err(|e| BootstrapError::Failed {
-                    step,
-                    message: format!("the stored pin of {}: {}", server.name, one_line(&e)),
+                Some(saved) => HostKeyPins::new(saved).map_err(|e| {
+                    failed(
+                        step,
+                        error::context(format!("the stored pin of {}", server.name), e),
+                    )
                 })?,
                 None => {
                     let pins = read_pins(rack, &server.name, Instant::now() + timeout, tty).await?;
@@ -169,10 +166,7 @@ pub(super) async fn install_on_servers<C: Connect>(
                     store
                         .merge_host_key_pins(&new)
                         .await
-                        .map_err(|e| BootstrapError::Failed {
-                            step,
-                            message: one_line(&e),
-                        })?;
+                        .map_err(|e| failed(step, e))?;
                     pins
                 }
             };
@@ -185,7 +179,7 @@ pub(super) async fn install_on_servers<C: Connect>(
         }
         .await;
         if let Err(e) = result {
-            warn!(step, node = %server.name, error = %e, "the controller binaries are not on this control-plane VM; no controller pod will run there (re-run bootstrap to retry)");
+            warn!(step, node = %server.name, error = %error::chain(&e), "the controller binaries are not on this control-plane VM; no controller pod will run there (re-run bootstrap to retry)");
             missed.push(server.name.clone());
         }
     }

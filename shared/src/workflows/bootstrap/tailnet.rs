@@ -23,7 +23,8 @@ use tracing::info;
 use crate::adapters::tailscale::{self, SecretString, TailscaleApi, TailscaleError};
 use crate::domain::spec::{ClusterSpec, ExternalIpMode, TailscaleSpec};
 
-use super::{BootstrapError, one_line, progress};
+use super::{BootstrapError, progress};
+use crate::workflows::error::{self, message};
 
 /// Environment variables read for the API key and tailnet when the flags are not given (the
 /// names the Tailscale Terraform provider uses). Only consulted once Tailscale is switched
@@ -87,20 +88,16 @@ pub(super) fn spec_for(flags: &TailscaleFlags) -> Option<TailscaleSpec> {
     })
 }
 
-fn config(message: impl Into<String>) -> BootstrapError {
-    BootstrapError::Config(message.into())
-}
-
 /// Checks the flags as a whole: auth key, API key and tailnet come together; tag and API URL
 /// mean nothing without them. Reads `file:` values. No network.
 pub(super) fn validate_flags(
     flags: &TailscaleFlags,
     home: Option<&Path>,
 ) -> Result<Option<TailscaleAccess>, BootstrapError> {
-    let read = |flag: &str, v: &SecretString| -> Result<SecretString, BootstrapError> {
+    let read = |flag: &'static str, v: &SecretString| -> Result<SecretString, BootstrapError> {
         let value = super::value_or_file(flag, v.expose(), home)?;
         crate::domain::spec::tailscale::check_key(&value)
-            .map_err(|m| config(format!("{flag}: {m}")))?;
+            .map_err(|m| BootstrapError::input(flag, message(m)))?;
         Ok(SecretString::new(value))
     };
     let Some(auth_key) = &flags.auth_key else {
@@ -113,9 +110,12 @@ pub(super) fn validate_flags(
             (flags.up_timeout_seconds.is_some(), "--tailscale-up-timeout"),
         ] {
             if given {
-                return Err(config(format!(
-                    "--tailscale-auth-key: missing; {flag} is only used with --tailscale-auth-key, --tailscale-api-key and --tailscale-tailnet together"
-                )));
+                return Err(BootstrapError::input(
+                    "--tailscale-auth-key",
+                    message(format!(
+                        "missing; {flag} is only used with --tailscale-auth-key, --tailscale-api-key and --tailscale-tailnet together"
+                    )),
+                ));
             }
         }
         return Ok(None);
@@ -124,9 +124,12 @@ pub(super) fn validate_flags(
     let api_key = match flags.api_key.as_ref().or(flags.env_api_key.as_ref()) {
         Some(k) => read("--tailscale-api-key", k)?,
         None => {
-            return Err(config(format!(
-                "--tailscale-api-key: missing (or ${ENV_API_KEY}); with --tailscale-auth-key bootstrap needs an API access token to find the first control plane in the tailnet"
-            )));
+            return Err(BootstrapError::input(
+                "--tailscale-api-key",
+                message(format!(
+                    "missing (or ${ENV_API_KEY}); with --tailscale-auth-key bootstrap needs an API access token to find the first control plane in the tailnet"
+                )),
+            ));
         }
     };
     let tailnet = flags
@@ -135,18 +138,24 @@ pub(super) fn validate_flags(
         .or_else(|| flags.env_tailnet.clone())
         .map(|t| t.trim().to_owned())
         .ok_or_else(|| {
-            config(format!(
-                "--tailscale-tailnet: missing (or ${ENV_TAILNET}); with --tailscale-auth-key bootstrap needs the tailnet name (e.g. example.com, or - for the API key's own tailnet)"
-            ))
+            BootstrapError::input(
+                "--tailscale-tailnet",
+                message(format!(
+                    "missing (or ${ENV_TAILNET}); with --tailscale-auth-key bootstrap needs the tailnet name (e.g. example.com, or - for the API key's own tailnet)"
+                )),
+            )
         })?;
     if tailnet.is_empty()
         || tailnet
             .chars()
             .any(|c| c.is_whitespace() || c.is_control() || c == '/')
     {
-        return Err(config(format!(
-            "--tailscale-tailnet: {tailnet:?} is not a tailnet name (e.g. example.com, or -)"
-        )));
+        return Err(BootstrapError::input(
+            "--tailscale-tailnet",
+            message(format!(
+                "{tailnet:?} is not a tailnet name (e.g. example.com, or -)"
+            )),
+        ));
     }
     let url = flags
         .api_url
@@ -154,25 +163,20 @@ pub(super) fn validate_flags(
         .map(str::trim)
         .unwrap_or(tailscale::DEFAULT_API_URL);
     let api = TailscaleApi::new(url, &tailnet, api_key)
-        .map_err(|e| config(format!("--tailscale-api-url: {}", one_line(&e))))?;
+        .map_err(|e| BootstrapError::input("--tailscale-api-url", e))?;
     Ok(Some(TailscaleAccess { auth_key, api }))
 }
 
 /// A Tailscale API error as bootstrap reports it: the person's to fix (exit 2, naming the
 /// flag) or worth a re-run (exit 1).
-fn api_error(step: &'static str, e: &TailscaleError) -> BootstrapError {
+fn api_error(step: &'static str, e: TailscaleError) -> BootstrapError {
     let flag = match e {
         TailscaleError::Unauthorized { .. } => "--tailscale-api-key",
         TailscaleError::UnknownTailnet { .. } => "--tailscale-tailnet",
         TailscaleError::BadUrl { .. } => "--tailscale-api-url",
-        _ => {
-            return BootstrapError::Failed {
-                step,
-                message: one_line(e),
-            };
-        }
+        _ => return BootstrapError::step(step, e),
     };
-    config(format!("{flag}: {}", one_line(e)))
+    BootstrapError::input(flag, e)
 }
 
 /// One device list, before any VM exists: a wrong API key or tailnet is reported now rather
@@ -182,7 +186,7 @@ pub(super) async fn probe(access: &TailscaleAccess) -> Result<(), BootstrapError
         .api
         .devices()
         .await
-        .map_err(|e| api_error(super::STEP_VALIDATE, &e))?;
+        .map_err(|e| api_error(super::STEP_VALIDATE, e))?;
     info!(
         step = super::STEP_VALIDATE,
         tailnet = access.api.tailnet(),
@@ -224,9 +228,9 @@ pub(super) async fn tailnet_address<R: crate::ports::rack::Rack>(
             Ok(None) => "not in the tailnet yet".to_owned(),
             Err(e) if e.is_config() => {
                 spinner.done();
-                return Err(api_error(step, &e));
+                return Err(api_error(step, e));
             }
-            Err(e) => one_line(&e),
+            Err(e) => error::chain(&e),
         };
         spinner.tick(&detail);
         polls += 1;
@@ -238,12 +242,12 @@ pub(super) async fn tailnet_address<R: crate::ports::rack::Rack>(
         }
         if Instant::now() >= deadline {
             spinner.done();
-            return Err(BootstrapError::Failed {
+            return Err(BootstrapError::step(
                 step,
-                message: format!(
+                message(format!(
                     "{instance} did not join tailnet {tailnet} in time (last: {detail}); its serial console shows what tailscale said; re-run bootstrap to keep waiting"
-                ),
-            });
+                )),
+            ));
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
@@ -265,7 +269,7 @@ mod tests {
 
     fn message(f: &TailscaleFlags) -> String {
         match validate_flags(f, None) {
-            Err(BootstrapError::Config(m)) => m,
+            Err(e @ BootstrapError::Input { .. }) => error::chain(&e),
             other => panic!("expected a config error, got {other:?}"),
         }
     }

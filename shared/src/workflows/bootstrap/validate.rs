@@ -12,6 +12,7 @@ use crate::adapters::kubeconfig::{self, WriteMode};
 use crate::adapters::manifests::{self, Manifest, Settings};
 use crate::adapters::resume;
 use crate::domain::spec::{ClusterSpec, SpecErrors};
+use crate::workflows::error::{self, message};
 
 use super::{BootstrapError, BootstrapInput};
 
@@ -33,10 +34,6 @@ pub(super) struct Validated {
     pub dev_image: Option<crate::adapters::dev_image::DevImage>,
     /// The VPC firewall rule that opens the Kubernetes API to `--api-allow`.
     pub api_rule: crate::domain::firewall::TcpAllowRule,
-}
-
-fn config(message: impl Into<String>) -> BootstrapError {
-    BootstrapError::Config(message.into())
 }
 
 /// The flag a spec field comes from, for messages.
@@ -78,21 +75,6 @@ pub(super) fn spec_message(errors: &SpecErrors) -> String {
         .map(|e| format!("{}: {}", flag_for(&e.field), e.message))
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// The error and its sources on one line.
-pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cur = s.source();
-    }
-    out.replace('\n', " ")
 }
 
 fn build_spec(input: &BootstrapInput) -> ClusterSpec {
@@ -137,13 +119,18 @@ fn build_spec(input: &BootstrapInput) -> ClusterSpec {
 }
 
 /// A directory we can create files in (probed by creating and removing one).
-fn check_writable_dir(flag: &str, dir: &Path) -> Result<(), BootstrapError> {
+fn check_writable_dir(flag: &'static str, dir: &Path) -> Result<(), BootstrapError> {
     let probe = dir.join(format!(".oxide-controller-probe-{}", std::process::id()));
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(&probe)
-        .map_err(|e| config(format!("{flag}: cannot write to {}: {e}", dir.display())))?;
+        .map_err(|e| {
+            BootstrapError::input(
+                flag,
+                error::context(format!("cannot write to {}", dir.display()), e),
+            )
+        })?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }
@@ -172,9 +159,12 @@ async fn check_images(
         if let Some(src) = &input.worker_image_source
             && input.image_source.as_deref() != Some(src.as_str())
         {
-            return Err(config(format!(
-                "--worker-image-source: the workers use the same image {worker_image:?} as the control plane; give its source once, with --image-source"
-            )));
+            return Err(BootstrapError::input(
+                "--worker-image-source",
+                message(format!(
+                    "the workers use the same image {worker_image:?} as the control plane; give its source once, with --image-source"
+                )),
+            ));
         }
     } else {
         wanted.push((
@@ -183,24 +173,17 @@ async fn check_images(
             "--worker-image-source",
         ));
     }
-    let http = http_client().map_err(|e| BootstrapError::Failed {
-        step: super::STEP_VALIDATE,
-        message: e,
-    })?;
+    let http = http_client().map_err(|e| BootstrapError::step(super::STEP_VALIDATE, e))?;
     let mut out = Vec::new();
     for (name, source, flag) in wanted {
         let source = match source {
             Some(text) => {
-                let src = ImageSource::parse(&text).map_err(|e| config(format!("{flag}: {e}")))?;
+                let src = ImageSource::parse(&text).map_err(|e| BootstrapError::input(flag, e))?;
                 src.probe(&http).await.map_err(|e| {
-                    let message = format!("{flag}: {}", one_line(&e));
                     if e.is_config() {
-                        config(message)
+                        BootstrapError::input(flag, e)
                     } else {
-                        BootstrapError::Failed {
-                            step: super::STEP_VALIDATE,
-                            message,
-                        }
+                        BootstrapError::step(super::STEP_VALIDATE, error::context(flag, e))
                     }
                 })?;
                 Some(src)
@@ -233,13 +216,13 @@ async fn check_images(
 }
 
 /// The HTTP client for image sources: connect/read timeouts, no cookies.
-pub(super) fn http_client() -> Result<reqwest::Client, String> {
+pub(super) fn http_client() -> Result<reqwest::Client, error::BoxError> {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(15))
         .read_timeout(Duration::from_secs(60))
         .user_agent(concat!("oxide-controller/", env!("CARGO_PKG_VERSION")))
         .build()
-        .map_err(|e| format!("cannot build an HTTP client: {e}"))
+        .map_err(|e| error::context("cannot build an HTTP client", e))
 }
 
 /// Checks everything, in the order a person would fix it; the first problem is returned.
@@ -253,16 +236,16 @@ pub(super) async fn validate<C: super::Connect>(
     // Before anything that reads files or talks to a server: the flags must make sense together.
     let tailscale = super::tailnet::validate_flags(&input.tailscale, input.home.as_deref())?;
     if !(1..=64).contains(&input.upload_parallelism) {
-        return Err(config(format!(
-            "--upload-parallelism: {} is outside 1..=64",
-            input.upload_parallelism
-        )));
+        return Err(BootstrapError::input(
+            "--upload-parallelism",
+            message(format!("{} is outside 1..=64", input.upload_parallelism)),
+        ));
     }
     let credentials = validate_credentials(input, &spec, connect)?;
     let user_ssh_public_key = validate_user_ssh_public_key(input)?;
     let (kubeconfig_path, mode) = validate_kubeconfig(input, &spec)?;
     let api_sources = crate::domain::firewall::parse_sources(&input.api_allow)
-        .map_err(|e| config(format!("--api-allow: {e}")))?;
+        .map_err(|e| BootstrapError::input("--api-allow", message(e)))?;
     let api_rule = crate::domain::firewall::api_rule(&spec.cluster, api_sources);
     let resume_path = validate_state_dir(input, &spec)?;
     let manifests = render_manifests(input, &spec, ccm_image)?;
@@ -301,7 +284,7 @@ fn validate_spec(input: &BootstrapInput) -> Result<ClusterSpec, BootstrapError> 
         if input.project.is_none() && e.0.iter().any(|f| f.field == "cluster") {
             e.0.retain(|f| f.field != "project");
         }
-        config(spec_message(&e))
+        BootstrapError::inputs(message(spec_message(&e)))
     })?;
     Ok(spec)
 }
@@ -312,29 +295,32 @@ async fn validate_controller_image(
     input: &BootstrapInput,
 ) -> Result<Option<crate::adapters::dev_image::DevImage>, BootstrapError> {
     let dev_image = crate::adapters::dev_image::DevImage::parse(&input.controller_image)
-        .map_err(|e| config(e.to_string()))?;
+        .map_err(BootstrapError::inputs)?;
     let c = &input.controller_image;
     if dev_image.is_none()
         && (c.is_empty() || c.chars().any(|ch| ch.is_whitespace() || ch.is_control()))
     {
-        return Err(config(format!(
-            "--controller-image: {c:?} is not an image reference"
-        )));
+        return Err(BootstrapError::input(
+            "--controller-image",
+            message(format!("{c:?} is not an image reference")),
+        ));
     }
     match (&dev_image, &input.dev_build_profile) {
         (None, Some(_)) => {
-            return Err(config(
-                "--dev-build-profile: only a --controller-image dev:PATH build has a profile",
+            return Err(BootstrapError::input(
+                "--dev-build-profile",
+                message("only a --controller-image dev:PATH build has a profile"),
             ));
         }
-        (Some(_), Some(profile)) => crate::adapters::dev_image::validate_profile(profile)
-            .map_err(|e| config(e.to_string()))?,
+        (Some(_), Some(profile)) => {
+            crate::adapters::dev_image::validate_profile(profile).map_err(BootstrapError::inputs)?
+        }
         _ => {}
     }
     if let Some(dev) = &dev_image {
         dev.check_workspace()
             .await
-            .map_err(|e| config(e.to_string()))?;
+            .map_err(BootstrapError::inputs)?;
     }
     Ok(dev_image)
 }
@@ -342,15 +328,17 @@ async fn validate_controller_image(
 /// `--oxide-ccm-image`, only with `--oxide-ccm`; the default image otherwise.
 fn validate_ccm_image(input: &BootstrapInput) -> Result<String, BootstrapError> {
     match (&input.oxide_ccm_image, input.oxide_ccm) {
-        (Some(_), false) => Err(config(
-            "--oxide-ccm-image: the CCM is only installed with --oxide-ccm; add it or drop --oxide-ccm-image",
+        (Some(_), false) => Err(BootstrapError::input(
+            "--oxide-ccm-image",
+            message("the CCM is only installed with --oxide-ccm; add it or drop --oxide-ccm-image"),
         )),
         (Some(i), true)
             if i.is_empty() || i.chars().any(|ch| ch.is_whitespace() || ch.is_control()) =>
         {
-            Err(config(format!(
-                "--oxide-ccm-image: {i:?} is not an image reference"
-            )))
+            Err(BootstrapError::input(
+                "--oxide-ccm-image",
+                message(format!("{i:?} is not an image reference")),
+            ))
         }
         (Some(i), true) => Ok(i.clone()),
         (None, _) => Ok(manifests::DEFAULT_OXIDE_CCM_IMAGE.to_owned()),
@@ -365,10 +353,10 @@ fn validate_credentials<C: super::Connect>(
     connect: &C,
 ) -> Result<credentials::OxideCredentials, BootstrapError> {
     let credentials =
-        credentials::resolve(&input.credential_sources).map_err(|e| config(one_line(&e)))?;
+        credentials::resolve(&input.credential_sources).map_err(BootstrapError::inputs)?;
     connect
         .rack(&credentials.host, credentials.token.expose(), &spec.project)
-        .map_err(|e| config(one_line(&e)))?;
+        .map_err(BootstrapError::inputs)?;
     Ok(credentials)
 }
 
@@ -378,7 +366,7 @@ fn validate_user_ssh_public_key(input: &BootstrapInput) -> Result<Option<String>
         Some(v) => {
             let key = super::value_or_file("--user-ssh-public-key", v, input.home.as_deref())?;
             crate::adapters::ssh::parse_public_key(&key)
-                .map_err(|e| config(format!("--user-ssh-public-key: {}", one_line(&e))))?;
+                .map_err(|e| BootstrapError::input("--user-ssh-public-key", e))?;
             Ok(Some(key))
         }
         None => Ok(None),
@@ -396,35 +384,40 @@ fn validate_kubeconfig(
             .home
             .as_ref()
             .map(|h| h.join(".kube").join(format!("{}.yaml", spec.cluster)))
-            .ok_or_else(|| config("--kubeconfig: there is no home directory for the default ~/.kube/<cluster>.yaml; pass --kubeconfig"))?,
+            .ok_or_else(|| {
+                BootstrapError::input(
+                    "--kubeconfig",
+                    message("there is no home directory for the default ~/.kube/<cluster>.yaml; pass --kubeconfig"),
+                )
+            })?,
     };
     let mode = match (input.kubeconfig_overwrite, input.kubeconfig_merge) {
         (true, true) => {
-            return Err(config(
+            return Err(BootstrapError::inputs(message(
                 "--kubeconfig-overwrite and --kubeconfig-merge exclude each other",
-            ));
+            )));
         }
         (true, false) => WriteMode::Overwrite,
         (false, true) => WriteMode::Merge,
         (false, false) => WriteMode::Create,
     };
     if kubeconfig_path.is_dir() {
-        return Err(config(format!(
-            "--kubeconfig: {} is a directory",
-            kubeconfig_path.display()
-        )));
+        return Err(BootstrapError::input(
+            "--kubeconfig",
+            message(format!("{} is a directory", kubeconfig_path.display())),
+        ));
     }
     kubeconfig::check_target(&kubeconfig_path, &spec.cluster, mode)
-        .map_err(|e| config(format!("--kubeconfig: {}", one_line(&e))))?;
+        .map_err(|e| BootstrapError::input("--kubeconfig", e))?;
     let kube_dir = kubeconfig_path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     if input.kubeconfig.is_some() && !kube_dir.exists() {
-        return Err(config(format!(
-            "--kubeconfig: directory {} does not exist",
-            kube_dir.display()
-        )));
+        return Err(BootstrapError::input(
+            "--kubeconfig",
+            message(format!("directory {} does not exist", kube_dir.display())),
+        ));
     }
     if let Some(dir) = existing_ancestor(kube_dir) {
         check_writable_dir("--kubeconfig", dir)?;
@@ -441,21 +434,25 @@ fn validate_state_dir(
     let state_dir = match &input.state_dir {
         Some(d) => d.clone(),
         None => resume::default_state_dir(input.home.clone())
-            .ok_or_else(|| config("--state-dir: there is no home directory for the default ~/.config/oxide-controller; pass --state-dir"))?,
+            .ok_or_else(|| {
+                BootstrapError::input(
+                    "--state-dir",
+                    message("there is no home directory for the default ~/.config/oxide-controller; pass --state-dir"),
+                )
+            })?,
     };
     if state_dir.exists() && !state_dir.is_dir() {
-        return Err(config(format!(
-            "--state-dir: {} is not a directory",
-            state_dir.display()
-        )));
+        return Err(BootstrapError::input(
+            "--state-dir",
+            message(format!("{} is not a directory", state_dir.display())),
+        ));
     }
     if let Some(dir) = existing_ancestor(&state_dir) {
         check_writable_dir("--state-dir", dir)?;
     }
     let resume_path = resume::resume_path(&state_dir, &spec.cluster);
     if resume_path.exists() {
-        resume::load(&resume_path, &spec.cluster, &spec.project)
-            .map_err(|e| config(one_line(&e)))?;
+        resume::load(&resume_path, &spec.cluster, &spec.project).map_err(BootstrapError::inputs)?;
     }
     Ok(resume_path)
 }
@@ -470,14 +467,14 @@ fn render_manifests(
         controller_image: input.controller_image.clone(),
         schedule: spec.schedule.clone(),
     })
-    .map_err(|e| config(one_line(&e)))?;
+    .map_err(BootstrapError::inputs)?;
     if input.oxide_ccm {
         manifests.extend(
             manifests::render_oxide_ccm(&manifests::CcmSettings {
                 image: ccm_image,
                 cluster: spec.cluster.clone(),
             })
-            .map_err(|e| config(one_line(&e)))?,
+            .map_err(BootstrapError::inputs)?,
         );
     }
     Ok(manifests)

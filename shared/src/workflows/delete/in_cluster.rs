@@ -71,13 +71,13 @@ impl KubeInCluster {
         }
         let client = kubeclient::client(Some(path), Some(cluster))
             .await
-            .map_err(|e| crate::workflows::bootstrap::one_line(&e))?;
+            .map_err(|e| crate::workflows::error::chain(&e))?;
         let probe = KubeStateStore::new(client.clone(), NAMESPACE);
         match tokio::time::timeout(Duration::from_secs(10), probe.read_config()).await {
             Ok(Ok(_)) | Ok(Err(crate::ports::state::StateError::NotFound { .. })) => {
                 Ok(KubeInCluster { client })
             }
-            Ok(Err(e)) => Err(crate::workflows::bootstrap::one_line(&e)),
+            Ok(Err(e)) => Err(crate::workflows::error::chain(&e)),
             Err(_) => Err("the Kubernetes API did not answer within 10s".into()),
         }
     }
@@ -146,7 +146,7 @@ impl InCluster for KubeInCluster {
         let snap = match store.read_config().await {
             Ok(s) => s,
             Err(crate::ports::state::StateError::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(crate::workflows::bootstrap::one_line(&e)),
+            Err(e) => return Err(crate::workflows::error::chain(&e)),
         };
         match snap.data.get(keys::SPEC) {
             Some(text) => ClusterSpec::from_yaml(text)

@@ -55,7 +55,9 @@ pub async fn decide<C: Cluster>(
     if !active(spec) {
         return Ok(None);
     }
-    let listing = |e: ClusterError| ReconcileError::Retryable(format!("listing pods: {e:#}"));
+    let listing = |e: ClusterError| {
+        ReconcileError::Retryable(crate::workflows::error::context("listing pods", e))
+    };
     let pods = cluster.list_pods().await.map_err(listing)?;
     let pvs = if pods.iter().any(observe::mounts_claims) {
         cluster.list_pvs().await.map_err(listing)?
