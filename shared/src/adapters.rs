@@ -1,15 +1,15 @@
 //! Adapters: the ports implemented against the real systems (the Oxide SDK, kube-rs, SSH,
 //! the Tailscale API), plus what does I/O for the workflows: credentials, image upload,
-//! resume and kubeconfig files, manifests applied to the cluster, dev builds.
+//! resume and kubeconfig files, manifests applied to the cluster (`kube_manifests`), dev builds.
 
 pub mod credentials;
 pub mod dev_image;
 pub mod image;
 pub mod kube_cluster;
+pub mod kube_manifests;
 pub mod kube_store;
 pub mod kubeclient;
 pub mod kubeconfig;
-pub mod manifests;
 pub mod oxide_rack;
 pub mod resume;
 pub mod ssh;

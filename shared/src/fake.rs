@@ -109,7 +109,7 @@ pub struct WorldState {
     /// The image imports behind [`crate::adapters::image::ImageStore`] for [`FakeRack`]; the images
     /// they make land in `images` too.
     pub image_store: crate::adapters::image::fake::MemoryImageStore,
-    /// Objects the fake manifest applier applied ([`crate::adapters::manifests::Manifest::describe`]).
+    /// Objects the fake manifest applier applied ([`crate::render::manifests::Manifest::describe`]).
     pub applied: BTreeSet<String>,
     next_ip: u8,
     rv: u64,

@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use oxide_controller::adapters::credentials::{CredentialFlags, CredentialSources};
-use oxide_controller::adapters::manifests::DEFAULT_CONTROLLER_IMAGE;
 use oxide_controller::adapters::tailscale::SecretString;
 use oxide_controller::base::size::ByteSize;
 use oxide_controller::base::telemetry::{self, LogFormat};
 use oxide_controller::domain::spec::{ExternalIpMode, K3sInstall};
+use oxide_controller::render::manifests::DEFAULT_CONTROLLER_IMAGE;
 use oxide_controller::workflows::bootstrap::{self, BootstrapInput, PoolInput, TailscaleFlags};
 use oxide_controller::workflows::delete::{self, Confirm, DeleteInput};
 use oxide_controller::workflows::error::{WorkflowError, chain};

@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use common::{BIN, Env, IMAGE, SSH_PORT};
 use oxide_controller::adapters::kube_store::KubeStateStore;
-use oxide_controller::adapters::manifests::{
-    NODE_BINARIES_BASE_IMAGE, NODE_BINARIES_LABEL, NODE_BINARIES_MOUNT,
-};
 use oxide_controller::domain::status::Status;
 use oxide_controller::ports::state::StateStore as _;
+use oxide_controller::render::manifests::{
+    NODE_BINARIES_BASE_IMAGE, NODE_BINARIES_LABEL, NODE_BINARIES_MOUNT,
+};
 use oxide_sim::{Sim, SimOptions};
 use serde_json::{Value, json};
 

@@ -9,7 +9,7 @@
 //! result to a VM over SSH into a directory named by the build's hash ([`install`]).
 //!
 //! Not here: which VMs get the binaries and the Node labels (the bootstrap workflow), and how
-//! the manifests run them ([`crate::adapters::manifests::run_from_node`]).
+//! the manifests run them ([`crate::render::manifests::run_from_node`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

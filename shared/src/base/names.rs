@@ -1,4 +1,5 @@
-//! Naming and identity: Oxide name rules, the instance/disk/floating-IP naming scheme, and the
+//! Naming and identity: Oxide name rules, the instance/disk/floating-IP naming scheme, the
+//! namespace and name of what we own in the cluster, and the
 //! instance `description` tag that carries cluster, pool and spec hash.
 //!
 //! Everything here is pure. Nothing here talks to the rack; callers pass randomness in.
@@ -8,6 +9,11 @@ use std::fmt;
 use rand::RngExt;
 
 /// Longest Oxide name.
+/// Namespace of everything we own in the cluster.
+pub const NAMESPACE: &str = "kube-system";
+/// Name of the Secret, ConfigMap, Lease, CronJob and ServiceAccount.
+pub const OBJECT_NAME: &str = "oxide-controller";
+
 pub const MAX_NAME_LEN: usize = 63;
 /// Length of the random suffix in instance names.
 pub const SUFFIX_LEN: usize = 5;

@@ -14,11 +14,11 @@ use futures::future::BoxFuture;
 
 use super::{FakeCluster, FakeRack, FakeState, FakeWorld};
 use crate::adapters::image::{ImageStore, ImportDisk, NewImage, Snapshot};
-use crate::adapters::manifests::{Manifest, ManifestError};
 use crate::adapters::ssh::{CommandOutput, HostKeyPins, RemoteShell, SshError, SshKeyPair};
 use crate::base::retry::Backoff;
 use crate::domain::model::{Image, InstanceState};
 use crate::ports::rack::RackError;
+use crate::render::manifests::{Manifest, ManifestError};
 use crate::workflows::bootstrap::{
     ApiAnswer, ApplyManifests, Connect, ConnectError, InClusterPorts, K3S_KUBECONFIG_PATH,
 };

@@ -13,10 +13,9 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::model::{DisruptionBudget, Node, PersistentVolume, Pod, PodRef};
 
-/// Namespace of everything we own in the cluster.
-pub const NAMESPACE: &str = "kube-system";
-/// Name of the Secret, ConfigMap, Lease, CronJob and ServiceAccount.
-pub const OBJECT_NAME: &str = "oxide-controller";
+/// Where everything we own in the cluster lives, and its name (defined with the other names
+/// in [`crate::base::names`]; the manifests below the ports use them too).
+pub use crate::base::names::{NAMESPACE, OBJECT_NAME};
 /// Fixed name of the on-demand reconcile Job: a burst of triggers collapses into one run.
 pub const ON_DEMAND_JOB: &str = "oxide-controller-now";
 

@@ -44,7 +44,6 @@ use crate::adapters::credentials::CredentialSources;
 use crate::adapters::image::ImageStore;
 use crate::adapters::image::{self, EnsuredImage};
 use crate::adapters::kubeconfig::{self, WriteOutcome};
-use crate::adapters::manifests;
 use crate::adapters::resume::{self, ResumeState};
 use crate::adapters::ssh::{HostKeyPins, KeyError, RemoteShell, SshError};
 use crate::base::names::{self, InstanceTag};
@@ -57,6 +56,7 @@ use crate::ports::cluster::NAMESPACE;
 use crate::ports::rack::{Rack, RackError};
 use crate::ports::state::{self, StateError, StateStore};
 use crate::render::cloud_init::MemberInput;
+use crate::render::manifests;
 use crate::render::members;
 use crate::workflows::error::{self, message};
 use crate::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
@@ -132,7 +132,7 @@ pub struct BootstrapInput {
     /// Oxide CCM mode: external cloud provider in k3s, the CCM installed.
     pub oxide_ccm: bool,
     /// Image of the Oxide CCM (only with `oxide_ccm`); default
-    /// [`crate::adapters::manifests::DEFAULT_OXIDE_CCM_IMAGE`].
+    /// [`crate::render::manifests::DEFAULT_OXIDE_CCM_IMAGE`].
     pub oxide_ccm_image: Option<String>,
     pub ssh_user: String,
     pub ssh_port: u16,

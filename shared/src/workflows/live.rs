@@ -7,18 +7,14 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
-
 use crate::adapters::kube_cluster::KubeCluster;
+use crate::adapters::kube_manifests::KubeManifests;
 use crate::adapters::kube_store::KubeStateStore;
-use crate::adapters::manifests::{self, Manifest, ManifestError};
 use crate::adapters::oxide_rack::{OxideRack, RackOptions};
 use crate::adapters::ssh::{HostKeyPins, SshKeyPair, SshTarget};
-use crate::base::retry::Backoff;
 use crate::ports::cluster::NAMESPACE;
 use crate::ports::rack::RackError;
-use crate::workflows::bootstrap::{self, ApiAnswer, ApplyManifests, ConnectError, InClusterPorts};
+use crate::workflows::bootstrap::{self, ApiAnswer, ConnectError, InClusterPorts};
 use crate::workflows::delete::{self, KubeInCluster};
 
 /// The real adapters, built on demand.
@@ -89,38 +85,8 @@ impl bootstrap::Connect for LiveConnect {
         Ok(InClusterPorts {
             store: KubeStateStore::new(client.clone(), NAMESPACE),
             cluster: KubeCluster::new(client.clone(), NAMESPACE).with_reporting_instance(holder),
-            manifests: KubeManifests(client),
+            manifests: KubeManifests::new(client),
         })
-    }
-}
-
-/// [`ApplyManifests`] over kube-rs: server-side apply, and a merge patch for the label.
-#[derive(Clone)]
-pub struct KubeManifests(kube::Client);
-
-impl std::fmt::Debug for KubeManifests {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubeManifests").finish_non_exhaustive()
-    }
-}
-
-impl ApplyManifests for KubeManifests {
-    async fn apply_all(
-        &self,
-        to_apply: &[Manifest],
-        retry: Backoff,
-    ) -> Result<usize, ManifestError> {
-        manifests::apply_all(&self.0, to_apply, retry).await
-    }
-
-    async fn label_node(&self, node: &str, label: &str, value: &str) -> Result<(), String> {
-        let nodes: Api<Node> = Api::all(self.0.clone());
-        let patch = serde_json::json!({ "metadata": { "labels": { label: value } } });
-        nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map(drop)
-            .map_err(|e| crate::adapters::kubeclient::api_message(&e))
     }
 }
 

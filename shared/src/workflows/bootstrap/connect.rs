@@ -11,10 +11,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use crate::adapters::image::ImageStore;
-use crate::adapters::manifests::{Manifest, ManifestError};
 use crate::adapters::ssh::{HostKeyPins, RemoteShell, SshKeyPair};
-use crate::base::retry::Backoff;
 use crate::ports::cluster::Cluster;
+pub use crate::ports::manifests::ApplyManifests;
 use crate::ports::rack::{Rack, RackError};
 use crate::ports::state::StateStore;
 
@@ -32,24 +31,6 @@ pub enum ApiAnswer {
     NotListening,
     /// Any other failure.
     NoAnswer,
-}
-
-/// Server-side apply of the in-cluster pieces, and the one Node label a dev build needs.
-pub trait ApplyManifests: Send + Sync {
-    /// Applies every object in order (each retried with `retry` while the error is
-    /// retryable); returns how many.
-    fn apply_all(
-        &self,
-        manifests: &[Manifest],
-        retry: Backoff,
-    ) -> impl Future<Output = Result<usize, ManifestError>> + Send;
-    /// Sets label `label=value` on Node `node` (one attempt); the error is the API's message.
-    fn label_node(
-        &self,
-        node: &str,
-        label: &str,
-        value: &str,
-    ) -> impl Future<Output = Result<(), String>> + Send;
 }
 
 /// The in-cluster ports, all reached through the kubeconfig bootstrap wrote.

@@ -17,13 +17,13 @@ use tracing::{info, warn};
 
 use super::{ApplyManifests, BootstrapError, Connect, Ports, failed, rack_failed, read_pins};
 use crate::adapters::dev_image::{Built, DevImage, Installed};
-use crate::adapters::manifests::{self, NodeBinaries};
 use crate::adapters::ssh::{HostKeyPins, RemoteShell, SshKeyPair};
 use crate::base::names;
 use crate::domain::model::InstanceState;
 use crate::domain::spec::ClusterSpec;
 use crate::ports::rack::Rack as _;
 use crate::ports::state::StateStore as _;
+use crate::render::manifests::{self, NodeBinaries};
 use crate::workflows::error::{self, message};
 
 /// Builds the binaries (step `validate`: a source that does not build is the input's fault).

@@ -9,9 +9,9 @@ use std::time::Duration;
 use crate::adapters::credentials;
 use crate::adapters::image::{ImageRequest, ImageSource, UploadOptions};
 use crate::adapters::kubeconfig::{self, WriteMode};
-use crate::adapters::manifests::{self, Manifest, Settings};
 use crate::adapters::resume;
 use crate::domain::spec::{ClusterSpec, SpecErrors};
+use crate::render::manifests::{self, Manifest, Settings};
 use crate::workflows::error::{self, message};
 
 use super::{BootstrapError, BootstrapInput};

@@ -1,21 +1,19 @@
 //! The in-cluster pieces — ServiceAccount, RBAC, the reconcile CronJob, the scale webhook
 //! Deployment and Service — exactly the manifests in `k8s-cronjobs/`, embedded in the binary,
-//! and their server-side apply.
+//! rendered for a server-side apply.
 //!
 //! Owns the embedding, the two substitutions bootstrap makes in the parsed objects (the
-//! controller image of every container, the CronJob schedule) and the apply with a fixed
-//! field manager through a static [`ApiResource`] per kind (no discovery round trips).
+//! controller image of every container, the CronJob schedule), and a static [`Resource`] per
+//! kind so the apply needs no discovery round trips. The apply itself is a port
+//! ([`crate::ports::manifests::ApplyManifests`]) with a kube-rs adapter
+//! (`crate::adapters::kube_manifests`).
 //! Also owns the two optional variants bootstrap asks for: the Oxide cloud controller
 //! manager's published manifest (`--oxide-ccm`, [`render_oxide_ccm`]) and running the
 //! controller from binaries on the nodes (`--controller-image dev:PATH`, [`run_from_node`]).
 //! Not here: what the manifests say (they are the packaging's, kept in step with the Helm
 //! chart by `tests/tests/manifests_drift.rs`).
 
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::ApiResource;
 use serde_json::Value;
-
-use crate::adapters::kubeclient::{api_message, api_status};
 
 /// The embedded files, in apply order (identity and permissions before their users).
 pub const FILES: [(&str, &str); 4] = [
@@ -85,11 +83,24 @@ pub struct Settings {
     pub schedule: String,
 }
 
+/// The API resource of a kind: where its objects live in the API (what kube-rs calls an
+/// `ApiResource`), known statically for every kind the manifests use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    /// `""` for the core group.
+    pub group: String,
+    pub version: String,
+    /// `group/version`, or `version` for the core group.
+    pub api_version: String,
+    pub kind: String,
+    pub plural: String,
+}
+
 /// One object to apply.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
     pub file: &'static str,
-    pub resource: ApiResource,
+    pub resource: Resource,
     pub namespaced: bool,
     pub namespace: Option<String>,
     pub name: String,
@@ -107,7 +118,7 @@ impl Manifest {
 }
 
 /// Static resource table: every kind the manifests use. `(apiVersion, kind) → (plural, namespaced)`.
-fn resource(api_version: &str, kind: &str) -> Option<(ApiResource, bool)> {
+fn resource(api_version: &str, kind: &str) -> Option<(Resource, bool)> {
     let (plural, namespaced) = match (api_version, kind) {
         ("v1", "ServiceAccount") => ("serviceaccounts", true),
         ("v1", "Service") => ("services", true),
@@ -124,7 +135,7 @@ fn resource(api_version: &str, kind: &str) -> Option<(ApiResource, bool)> {
     };
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     Some((
-        ApiResource {
+        Resource {
             group: group.to_owned(),
             version: version.to_owned(),
             api_version: api_version.to_owned(),
@@ -197,7 +208,7 @@ fn parse_file(
             Some(
                 object["metadata"]["namespace"]
                     .as_str()
-                    .unwrap_or(crate::ports::cluster::NAMESPACE)
+                    .unwrap_or(crate::base::names::NAMESPACE)
                     .to_owned(),
             )
         } else {
@@ -227,7 +238,7 @@ pub const OXIDE_CCM_FILE: (&str, &str) = (
 pub const DEFAULT_OXIDE_CCM_IMAGE: &str =
     "ghcr.io/oxidecomputer/oxide-cloud-controller-manager:0.8.0";
 /// The Secret the published manifest reads `oxide-host`, `oxide-token` and `oxide-project`
-/// from; ours ([`crate::ports::cluster::OBJECT_NAME`]) holds the same keys and is used instead.
+/// from; ours ([`crate::base::names::OBJECT_NAME`]) holds the same keys and is used instead.
 const OXIDE_CCM_UPSTREAM_SECRET: &str = "oxide-cloud-controller-manager";
 
 /// What bootstrap puts into the CCM manifest.
@@ -263,7 +274,7 @@ pub fn render_oxide_ccm(settings: &CcmSettings) -> Result<Vec<Manifest>, Manifes
                         .and_then(|v| v.get_mut("secretKeyRef"))
                         .filter(|r| r["name"] == OXIDE_CCM_UPSTREAM_SECRET)
                     {
-                        secret["name"] = Value::from(crate::ports::cluster::OBJECT_NAME);
+                        secret["name"] = Value::from(crate::base::names::OBJECT_NAME);
                     }
                 }
             }
@@ -376,43 +387,6 @@ fn node_binaries_pod(pod: &mut Value, binaries: &NodeBinaries) {
             }
         }
     }
-}
-
-/// Server-side applies one object (forcing ownership of the fields bootstrap sets).
-pub async fn apply_one(client: &kube::Client, m: &Manifest) -> Result<(), ManifestError> {
-    let api: Api<DynamicObject> = match &m.namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &m.resource),
-        None => Api::all_with(client.clone(), &m.resource),
-    };
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    api.patch(&m.name, &params, &Patch::Apply(&m.object))
-        .await
-        .map(drop)
-        .map_err(|e| match api_status(&e) {
-            Some(status) => ManifestError::Rejected {
-                what: m.describe(),
-                status,
-                message: api_message(&e),
-            },
-            None => ManifestError::Api {
-                what: m.describe(),
-                message: api_message(&e),
-            },
-        })
-}
-
-/// Applies every object in order; returns how many.
-pub async fn apply_all(
-    client: &kube::Client,
-    manifests: &[Manifest],
-    retry: crate::base::retry::Backoff,
-) -> Result<usize, ManifestError> {
-    for m in manifests {
-        crate::base::retry::retry(retry, ManifestError::is_retryable, || apply_one(client, m))
-            .await?;
-        tracing::debug!(object = %m.describe(), "applied");
-    }
-    Ok(manifests.len())
 }
 
 #[cfg(test)]
