@@ -1,6 +1,7 @@
 //! `bootstrap delete` against the in-memory fakes: exact ownership next to decoys, a dry run
 //! that changes nothing and lists exactly what the real run removes, idempotence, and a
-//! simulated crash before every single mutating call followed by a re-run.
+//! simulated crash before every single mutating call followed by a re-run, and `run` opening
+//! its ports only through the `Connect` it is handed.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -836,4 +837,140 @@ fn an_api_address_re_created_by_reconcile_is_the_clusters_to_delete() {
         "oxide-controller cluster=prod-2 Kubernetes API"
     ));
     assert!(!owned_with("the user's own address"));
+}
+
+/// `delete::run` builds nothing itself: it opens the rack and the cluster's API through the
+/// `Connect` it is handed, with the credentials it resolved, the project it validated and the
+/// kubeconfig it was given.
+struct RecordingConnect {
+    world: FakeWorld,
+    api: FakeApi,
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+impl delete::Connect for RecordingConnect {
+    type Rack = FakeRack;
+    type InCluster = FakeApi;
+
+    fn rack(
+        &self,
+        host: &str,
+        token: &str,
+        project: &str,
+    ) -> Result<FakeRack, oxide_controller::ports::rack::RackError> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push(format!("rack {host} {token} {project}"));
+        // As the live connector refuses a host that is not a URL, with no I/O.
+        if !host.starts_with("https://") {
+            return Err(oxide_controller::ports::rack::RackError::Invalid {
+                what: "the Oxide host".into(),
+                message: format!("{host} is not an https URL"),
+            });
+        }
+        Ok(self.world.rack())
+    }
+
+    async fn in_cluster(
+        &self,
+        kubeconfig: &std::path::Path,
+        cluster: &str,
+    ) -> Result<FakeApi, String> {
+        self.asked
+            .lock()
+            .unwrap()
+            .push(format!("in-cluster {} {cluster}", kubeconfig.display()));
+        Ok(self.api.clone())
+    }
+}
+
+fn delete_input(dir: &tempfile::TempDir, host: &str) -> delete::DeleteInput {
+    use oxide_controller::adapters::credentials::{CredentialFlags, CredentialSources};
+    delete::DeleteInput {
+        credential_sources: CredentialSources {
+            flags: CredentialFlags {
+                host: Some(host.into()),
+                token: Some("token-for-the-fakes".into()),
+                profile: None,
+            },
+            env_host: None,
+            env_token: None,
+            env_profile: None,
+            config_dir: None,
+        },
+        cluster: "prod".into(),
+        project: None,
+        kubeconfig: Some(dir.path().join("prod.yaml")),
+        state_dir: Some(dir.path().to_path_buf()),
+        home: Some(dir.path().to_path_buf()),
+        dry_run: false,
+        confirm: Confirm::Yes,
+        delete_images: true,
+        delete_project: false,
+        concurrency: 4,
+        timeout: Duration::from_secs(10),
+        holder: "delete@test".into(),
+        json_logs: true,
+    }
+}
+
+#[tokio::test]
+async fn run_opens_its_ports_through_the_connect_it_is_handed() {
+    let w = world().await;
+    let dir = tempfile::tempdir().unwrap();
+    let connect = RecordingConnect {
+        world: w.clone(),
+        api: FakeApi {
+            world: w.clone(),
+            spec: Some(spec()),
+            lbs: Vec::new(),
+        },
+        asked: std::sync::Mutex::new(Vec::new()),
+    };
+    let tick = clock(&w);
+    let summary = delete::run(delete_input(&dir, "https://rack.example"), &connect)
+        .await
+        .unwrap();
+    tick.abort();
+    assert!(!summary.removed.is_empty(), "{}", summary.render());
+    assert_eq!(snapshot_of(&w), decoys());
+    assert!(w.with(|s| s.log.iter().any(|l| l == "quiesce delete@test")));
+    assert_eq!(
+        *connect.asked.lock().unwrap(),
+        [
+            "rack https://rack.example token-for-the-fakes prod".to_owned(),
+            format!("in-cluster {} prod", dir.path().join("prod.yaml").display()),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_rack_the_connect_refuses_is_bad_input_and_nothing_is_touched() {
+    let w = world().await;
+    let dir = tempfile::tempdir().unwrap();
+    let before = snapshot_of(&w);
+    let connect = RecordingConnect {
+        world: w.clone(),
+        api: FakeApi {
+            world: w.clone(),
+            spec: Some(spec()),
+            lbs: Vec::new(),
+        },
+        asked: std::sync::Mutex::new(Vec::new()),
+    };
+    let err = delete::run(delete_input(&dir, "http://rack.example"), &connect)
+        .await
+        .unwrap_err();
+    assert_eq!(err.exit_code(), 2, "{err}");
+    assert!(
+        oxide_controller::workflows::error::chain(&err).contains("not an https URL"),
+        "{err}"
+    );
+    assert_eq!(snapshot_of(&w), before);
+    assert_eq!(
+        connect.asked.lock().unwrap().len(),
+        1,
+        "no second port opened"
+    );
 }
