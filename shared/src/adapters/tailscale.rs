@@ -177,6 +177,27 @@ impl std::fmt::Debug for TailscaleApi {
     }
 }
 
+/// `base_url` as the API's base: an absolute http(s) URL with a host and no query.
+fn base(base_url: &str) -> Result<reqwest::Url, TailscaleError> {
+    let bad = || TailscaleError::BadUrl {
+        url: base_url.to_owned(),
+    };
+    let url = reqwest::Url::parse(base_url).map_err(|_| bad())?;
+    if !matches!(url.scheme(), "http" | "https")
+        || url.host_str().is_none()
+        || url.query().is_some()
+    {
+        return Err(bad());
+    }
+    Ok(url)
+}
+
+/// Checks that `base_url` can be the API's base URL (what [`TailscaleApi::new`] refuses as
+/// [`TailscaleError::BadUrl`]), without building a client.
+pub fn check_base_url(base_url: &str) -> Result<(), TailscaleError> {
+    base(base_url).map(drop)
+}
+
 impl TailscaleApi {
     /// A client for `tailnet` (`-` is the API key's own tailnet) at `base_url`. No I/O.
     pub fn new(
@@ -187,13 +208,7 @@ impl TailscaleApi {
         let bad = || TailscaleError::BadUrl {
             url: base_url.to_owned(),
         };
-        let mut url = reqwest::Url::parse(base_url).map_err(|_| bad())?;
-        if !matches!(url.scheme(), "http" | "https")
-            || url.host_str().is_none()
-            || url.query().is_some()
-        {
-            return Err(bad());
-        }
+        let mut url = base(base_url)?;
         url.path_segments_mut()
             .map_err(|_| bad())?
             .pop_if_empty()

@@ -5,7 +5,7 @@
 //! ([`super::host_fingerprint`]) against the pins and serves a k3s.yaml; the in-cluster
 //! ports are [`FakeState`], [`FakeCluster`] and [`FakeManifests`].
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,14 +13,16 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use super::{FakeCluster, FakeRack, FakeState, FakeWorld};
+use crate::adapters::dev_image::{Built, DevImage, DevImageError};
 use crate::adapters::image::{ImageStore, ImportDisk, NewImage, Snapshot};
 use crate::adapters::ssh::{CommandOutput, HostKeyPins, RemoteShell, SshError, SshKeyPair};
+use crate::adapters::tailscale::{self, Device, SecretString, TailscaleError};
 use crate::base::retry::Backoff;
 use crate::domain::model::{Image, InstanceState};
 use crate::ports::rack::RackError;
 use crate::render::manifests::{Manifest, ManifestError};
 use crate::workflows::bootstrap::{
-    ApiAnswer, ApplyManifests, Connect, ConnectError, InClusterPorts, K3S_KUBECONFIG_PATH,
+    ApiAnswer, ApplyManifests, Connect, ConnectError, InClusterPorts, K3S_KUBECONFIG_PATH, Tailnet,
 };
 
 /// A k3s.yaml as k3s writes it (server 127.0.0.1, names `default`).
@@ -75,9 +77,40 @@ impl Connect for FakeConnect {
     type Store = FakeState;
     type Cluster = FakeCluster;
     type Manifests = FakeManifests;
+    type Tailnet = FakeTailnet;
 
     fn rack(&self, _host: &str, _token: &str, _project: &str) -> Result<FakeRack, RackError> {
         Ok(self.world.rack())
+    }
+
+    fn tailnet(
+        &self,
+        api_url: &str,
+        tailnet: &str,
+        _api_key: SecretString,
+    ) -> Result<FakeTailnet, TailscaleError> {
+        tailscale::check_base_url(api_url)?;
+        Ok(FakeTailnet {
+            world: self.world.clone(),
+            name: tailnet.to_owned(),
+        })
+    }
+
+    /// The fakes run no cargo: a dev source fails as a build would, naming why.
+    async fn build_controller(
+        &self,
+        dev: &DevImage,
+        _profile: &str,
+    ) -> Result<Built, DevImageError> {
+        Err(DevImageError::Build {
+            path: dev.path.display().to_string(),
+            message: "the in-memory fakes build no binaries".into(),
+        })
+    }
+
+    /// The live reader: image sources in the fakes' tests are local files or loopback URLs.
+    fn image_sources(&self) -> Result<reqwest::Client, ConnectError> {
+        crate::workflows::live::image_source_client()
     }
 
     async fn probe_api(&self, url: &str) -> Result<ApiAnswer, String> {
@@ -115,6 +148,39 @@ impl Connect for FakeConnect {
             cluster: self.world.cluster(),
             manifests: FakeManifests(self.world.clone()),
         })
+    }
+}
+
+/// The tailnet, in memory: every running instance of the world has joined it under its
+/// name, with an address in Tailscale's 100.64.0.0/10 derived from its id.
+#[derive(Debug, Clone)]
+pub struct FakeTailnet {
+    world: FakeWorld,
+    name: String,
+}
+
+impl Tailnet for FakeTailnet {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn devices(&self) -> Result<Vec<Device>, TailscaleError> {
+        Ok(self.world.with(|s| {
+            s.instances
+                .values()
+                .filter(|i| matches!(i.state, InstanceState::Running))
+                .map(|i| {
+                    let b = i.id.as_bytes();
+                    let ip = Ipv4Addr::new(100, 64 | (b[0] & 63), b[1], b[2].max(1));
+                    Device {
+                        hostname: i.name.clone(),
+                        name: format!("{}.{}.ts.net", i.name, self.name),
+                        addresses: vec![ip.to_string()],
+                        ..Device::default()
+                    }
+                })
+                .collect()
+        }))
     }
 }
 

@@ -41,7 +41,6 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::adapters::credentials::CredentialSources;
-use crate::adapters::image::ImageStore;
 use crate::adapters::image::{self, EnsuredImage};
 use crate::adapters::kubeconfig::{self, WriteOutcome};
 use crate::adapters::resume::{self, ResumeState};
@@ -62,7 +61,7 @@ use crate::workflows::error::{self, message};
 use crate::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
 
 pub use crate::workflows::error::WorkflowError as BootstrapError;
-pub use connect::{ApiAnswer, ApplyManifests, Connect, ConnectError, InClusterPorts};
+pub use connect::{ApiAnswer, ApplyManifests, Connect, ConnectError, InClusterPorts, Tailnet};
 pub use tailnet::TailscaleFlags;
 
 /// Step names, in order (the `step` field of every log line bootstrap writes).
@@ -286,7 +285,7 @@ pub async fn run<C: Connect>(
     let rack = connect_and_check_subnet(connect, &v).await?;
     let (mut resume, secrets, key) = step_resume(&rack, &v).await?;
     step_project(&rack, &v).await?;
-    let (cp_image, image_notes) = step_image(&rack, &v, tty).await?;
+    let (cp_image, image_notes) = step_image(connect, &rack, &v, tty).await?;
     let (fip_name, fip) = step_floating_ip(&rack, spec).await?;
     info!(step = "first-control-plane", name = %resume.first_control_plane, "ensuring the first control-plane VM");
     ensure_first_server(&rack, &v, &resume, &secrets, &cp_image, fip.ip).await?;
@@ -372,7 +371,7 @@ async fn step_validate<C: Connect>(
                 .dev_build_profile
                 .as_deref()
                 .unwrap_or(crate::adapters::dev_image::DEFAULT_PROFILE);
-            Some(dev::build(d, profile).await?)
+            Some(dev::build(connect, d, profile).await?)
         }
         None => None,
     };
@@ -449,8 +448,9 @@ async fn step_project<R: Rack>(rack: &R, v: &validate::Validated) -> Result<(), 
 
 /// Step `image`: every image found or uploaded. Returns the control plane's image and, per
 /// image, how it was got (for the summary).
-async fn step_image<R: ImageStore>(
-    rack: &R,
+async fn step_image<C: Connect>(
+    connect: &C,
+    rack: &C::Rack,
     v: &validate::Validated,
     tty: bool,
 ) -> Result<(Image, Vec<(String, &'static str)>), BootstrapError> {
@@ -459,7 +459,7 @@ async fn step_image<R: ImageStore>(
         images = v.images.len(),
         "ensuring the images"
     );
-    let http = validate::http_client().map_err(|e| failed("image", e))?;
+    let http = connect.image_sources().map_err(|e| failed("image", e))?;
     let mut images: BTreeMap<String, Image> = BTreeMap::new();
     let mut image_notes = Vec::new();
     for req in &v.images {
@@ -555,7 +555,8 @@ async fn step_wait_api<C: Connect>(
     let access_ip = match v.tailscale.as_ref() {
         Some(ts) if tailnet::reach_over_tailnet(&v.spec, Some(ts)) => {
             info!(step = "wait-api", instance = %api_member, "no external address: looking up the tailnet address");
-            tailnet::tailnet_address(ts, rack, api_member, api.deadline, tty).await?
+            tailnet::tailnet_address(&ts.open(connect)?, rack, api_member, api.deadline, tty)
+                .await?
         }
         _ => fip_ip,
     };

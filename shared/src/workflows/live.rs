@@ -1,20 +1,23 @@
 //! The live ports the `bootstrap` binary hands to its workflows: [`LiveConnect`] builds the
-//! Oxide SDK rack, the russh shell, the kube-rs state store, cluster and manifest applier
-//! (for [`bootstrap::Connect`]) and the in-cluster side of a delete (for [`delete::Connect`]).
+//! Oxide SDK rack, the russh shell, the Tailscale API client, the cargo dev build, the kube-rs state store, cluster
+//! and manifest applier (for [`bootstrap::Connect`]) and the in-cluster side of a delete (for
+//! [`delete::Connect`]).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::adapters::dev_image::{Built, DevImage, DevImageError};
 use crate::adapters::kube_cluster::KubeCluster;
 use crate::adapters::kube_manifests::KubeManifests;
 use crate::adapters::kube_store::KubeStateStore;
 use crate::adapters::oxide_rack::{OxideRack, RackOptions};
 use crate::adapters::ssh::{HostKeyPins, SshKeyPair, SshTarget};
+use crate::adapters::tailscale::{Device, SecretString, TailscaleApi, TailscaleError};
 use crate::ports::cluster::NAMESPACE;
 use crate::ports::rack::RackError;
-use crate::workflows::bootstrap::{self, ApiAnswer, ConnectError, InClusterPorts};
+use crate::workflows::bootstrap::{self, ApiAnswer, ConnectError, InClusterPorts, Tailnet};
 use crate::workflows::delete::{self, KubeInCluster};
 
 /// The real adapters, built on demand.
@@ -44,6 +47,15 @@ impl LiveConnect {
     }
 }
 
+/// The HTTP client for image sources: connect/read timeouts, no cookies.
+pub(crate) fn image_source_client() -> Result<reqwest::Client, ConnectError> {
+    Ok(reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(15))
+        .read_timeout(Duration::from_secs(60))
+        .user_agent(concat!("oxide-controller/", env!("CARGO_PKG_VERSION")))
+        .build()?)
+}
+
 fn oxide_rack(host: &str, token: &str, project: &str) -> Result<OxideRack, RackError> {
     OxideRack::connect(host, token, project, RackOptions::default())
 }
@@ -54,9 +66,31 @@ impl bootstrap::Connect for LiveConnect {
     type Store = KubeStateStore;
     type Cluster = KubeCluster;
     type Manifests = KubeManifests;
+    type Tailnet = TailscaleApi;
 
     fn rack(&self, host: &str, token: &str, project: &str) -> Result<OxideRack, RackError> {
         oxide_rack(host, token, project)
+    }
+
+    fn tailnet(
+        &self,
+        api_url: &str,
+        tailnet: &str,
+        api_key: SecretString,
+    ) -> Result<TailscaleApi, TailscaleError> {
+        TailscaleApi::new(api_url, tailnet, api_key)
+    }
+
+    async fn build_controller(
+        &self,
+        dev: &DevImage,
+        profile: &str,
+    ) -> Result<Built, DevImageError> {
+        dev.build(profile).await
+    }
+
+    fn image_sources(&self) -> Result<reqwest::Client, ConnectError> {
+        image_source_client()
     }
 
     async fn probe_api(&self, url: &str) -> Result<ApiAnswer, String> {
@@ -87,6 +121,23 @@ impl bootstrap::Connect for LiveConnect {
             cluster: KubeCluster::new(client.clone(), NAMESPACE).with_reporting_instance(holder),
             manifests: KubeManifests::new(client),
         })
+    }
+}
+
+impl Tailnet for TailscaleApi {
+    fn name(&self) -> &str {
+        self.tailnet()
+    }
+
+    async fn devices(&self) -> Result<Vec<Device>, TailscaleError> {
+        TailscaleApi::devices(self).await
+    }
+
+    async fn device_ipv4(
+        &self,
+        hostname: &str,
+    ) -> Result<Option<std::net::Ipv4Addr>, TailscaleError> {
+        TailscaleApi::device_ipv4(self, hostname).await
     }
 }
 

@@ -1,17 +1,20 @@
 //! What bootstrap is handed instead of building adapters itself: a [`Connect`] factory that
 //! the binary passes in (the live one is [`crate::workflows::live::LiveConnect`]; tests hand
 //! in `fake::connect::FakeConnect`, feature `testing`). Each method opens one port the flow
-//! reaches in order: the rack from the validated credentials, the API's `/readyz`, the first
+//! reaches in order: a dev build of the controller, the rack from the validated credentials, the
+//! Tailscale API, the reader of image sources, the API's `/readyz`, the first
 //! server over SSH with pinned host keys, and, from the fetched kubeconfig, the in-cluster
 //! pieces (state store, cluster, manifest applier) that the state, manifests and in-process
 //! reconcile steps use.
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
+use crate::adapters::dev_image::{Built, DevImage, DevImageError};
 use crate::adapters::image::ImageStore;
 use crate::adapters::ssh::{HostKeyPins, RemoteShell, SshKeyPair};
+use crate::adapters::tailscale::{Device, SecretString, TailscaleError};
 use crate::ports::cluster::Cluster;
 pub use crate::ports::manifests::ApplyManifests;
 use crate::ports::rack::{Rack, RackError};
@@ -33,6 +36,28 @@ pub enum ApiAnswer {
     NoAnswer,
 }
 
+/// The Tailscale API as bootstrap reads it (`--tailscale-*`): the devices of one tailnet, to
+/// find the first control plane's tailnet address when it has no external one. Beside
+/// [`Connect`] rather than in the ports layer because its error carries the HTTP client's.
+pub trait Tailnet: Send + Sync {
+    /// The tailnet's name (`-`: the API key's own).
+    fn name(&self) -> &str;
+    /// Every device of the tailnet.
+    fn devices(&self) -> impl Future<Output = Result<Vec<Device>, TailscaleError>> + Send;
+    /// The IPv4 tailnet address of the device called `hostname`, once it has joined.
+    fn device_ipv4(
+        &self,
+        hostname: &str,
+    ) -> impl Future<Output = Result<Option<Ipv4Addr>, TailscaleError>> + Send {
+        async move {
+            Ok(crate::adapters::tailscale::pick_ipv4(
+                &self.devices().await?,
+                hostname,
+            ))
+        }
+    }
+}
+
 /// The in-cluster ports, all reached through the kubeconfig bootstrap wrote.
 #[derive(Debug, Clone)]
 pub struct InClusterPorts<S, C, M> {
@@ -50,10 +75,32 @@ pub trait Connect: Send + Sync {
     type Store: StateStore;
     type Cluster: Cluster;
     type Manifests: ApplyManifests;
+    type Tailnet: Tailnet;
 
     /// The rack, for `project`, with these credentials (no I/O: a malformed host or token is
     /// an error here). Also what the in-process reconcile builds its rack with.
     fn rack(&self, host: &str, token: &str, project: &str) -> Result<Self::Rack, RackError>;
+
+    /// The Tailscale API at `api_url` for `tailnet`, with `api_key` (no I/O: a malformed URL
+    /// is an error here).
+    fn tailnet(
+        &self,
+        api_url: &str,
+        tailnet: &str,
+        api_key: SecretString,
+    ) -> Result<Self::Tailnet, TailscaleError>;
+
+    /// Builds the controller binaries of a `--controller-image dev:PATH` source with cargo
+    /// profile `profile`, on this machine.
+    fn build_controller(
+        &self,
+        dev: &DevImage,
+        profile: &str,
+    ) -> impl Future<Output = Result<Built, DevImageError>> + Send;
+
+    /// The HTTP client that reads an `http(s)` image source (`--image-source URL`): checked in
+    /// `validate`, streamed in `image`.
+    fn image_sources(&self) -> Result<reqwest::Client, ConnectError>;
 
     /// One probe of `url` (the certificate is not checked: only whether the API serves is
     /// used). `Err` when the probe itself cannot be made.

@@ -27,11 +27,15 @@ use crate::render::manifests::{self, NodeBinaries};
 use crate::workflows::error::{self, message};
 
 /// Builds the binaries (step `validate`: a source that does not build is the input's fault).
-pub(super) async fn build(dev: &DevImage, profile: &str) -> Result<Built, BootstrapError> {
+pub(super) async fn build<C: Connect>(
+    connect: &C,
+    dev: &DevImage,
+    profile: &str,
+) -> Result<Built, BootstrapError> {
     let step = super::STEP_VALIDATE;
     let started = Instant::now();
     info!(step, path = %dev.path.display(), profile, platform = %dev.platform, "building the controller binaries");
-    let built = dev.build(profile).await.map_err(|e| {
+    let built = connect.build_controller(dev, profile).await.map_err(|e| {
         if e.is_config() {
             BootstrapError::inputs(e)
         } else {

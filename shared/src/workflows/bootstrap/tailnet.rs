@@ -20,10 +20,10 @@ use std::path::Path;
 use tokio::time::Instant;
 use tracing::info;
 
-use crate::adapters::tailscale::{self, SecretString, TailscaleApi, TailscaleError};
+use crate::adapters::tailscale::{self, SecretString, TailscaleError};
 use crate::domain::spec::{ClusterSpec, ExternalIpMode, TailscaleSpec};
 
-use super::{BootstrapError, progress};
+use super::{BootstrapError, Connect, Tailnet, progress};
 use crate::workflows::error::{self, message};
 
 /// Environment variables read for the API key and tailnet when the flags are not given (the
@@ -69,8 +69,20 @@ impl TailscaleFlags {
 pub(super) struct TailscaleAccess {
     /// Goes into the Secret and every node's user-data.
     pub auth_key: SecretString,
-    /// Lists devices; never stored.
-    pub api: TailscaleApi,
+    /// The API's base URL (checked), the tailnet, and the key that lists its devices; the
+    /// key is never stored. The client is opened through [`Connect::tailnet`].
+    pub api_url: String,
+    pub tailnet: String,
+    pub api_key: SecretString,
+}
+
+impl TailscaleAccess {
+    /// The Tailscale API client, from the connector bootstrap was handed.
+    pub(super) fn open<C: Connect>(&self, connect: &C) -> Result<C::Tailnet, BootstrapError> {
+        connect
+            .tailnet(&self.api_url, &self.tailnet, self.api_key.clone())
+            .map_err(|e| BootstrapError::input("--tailscale-api-url", e))
+    }
 }
 
 /// The spec's `tailscale` section for these flags (validated with the rest of the spec).
@@ -162,9 +174,13 @@ pub(super) fn validate_flags(
         .as_deref()
         .map(str::trim)
         .unwrap_or(tailscale::DEFAULT_API_URL);
-    let api = TailscaleApi::new(url, &tailnet, api_key)
-        .map_err(|e| BootstrapError::input("--tailscale-api-url", e))?;
-    Ok(Some(TailscaleAccess { auth_key, api }))
+    tailscale::check_base_url(url).map_err(|e| BootstrapError::input("--tailscale-api-url", e))?;
+    Ok(Some(TailscaleAccess {
+        auth_key,
+        api_url: url.to_owned(),
+        tailnet,
+        api_key,
+    }))
 }
 
 /// A Tailscale API error as bootstrap reports it: the person's to fix (exit 2, naming the
@@ -181,15 +197,14 @@ fn api_error(step: &'static str, e: TailscaleError) -> BootstrapError {
 
 /// One device list, before any VM exists: a wrong API key or tailnet is reported now rather
 /// than after the first control plane was created.
-pub(super) async fn probe(access: &TailscaleAccess) -> Result<(), BootstrapError> {
-    let devices = access
-        .api
+pub(super) async fn probe<T: Tailnet>(api: &T) -> Result<(), BootstrapError> {
+    let devices = api
         .devices()
         .await
         .map_err(|e| api_error(super::STEP_VALIDATE, e))?;
     info!(
         step = super::STEP_VALIDATE,
-        tailnet = access.api.tailnet(),
+        tailnet = api.name(),
         devices = devices.len(),
         "the Tailscale API answers"
     );
@@ -203,15 +218,15 @@ pub(super) fn reach_over_tailnet(spec: &ClusterSpec, access: Option<&TailscaleAc
 
 /// Waits for `instance` to appear in the tailnet and returns its IPv4 address. Stops early
 /// when its console shows that the node setup failed (e.g. `tailscale up` was refused).
-pub(super) async fn tailnet_address<R: crate::ports::rack::Rack>(
-    access: &TailscaleAccess,
+pub(super) async fn tailnet_address<T: Tailnet, R: crate::ports::rack::Rack>(
+    api: &T,
     rack: &R,
     instance: &str,
     deadline: Instant,
     tty: bool,
 ) -> Result<IpAddr, BootstrapError> {
     let step = "wait-api";
-    let tailnet = access.api.tailnet();
+    let tailnet = api.name();
     let mut spinner = progress::Spinner::new(
         step,
         format!("waiting for {instance} to join tailnet {tailnet}"),
@@ -219,7 +234,7 @@ pub(super) async fn tailnet_address<R: crate::ports::rack::Rack>(
     );
     let mut polls: u64 = 0;
     loop {
-        let detail = match access.api.device_ipv4(instance).await {
+        let detail = match api.device_ipv4(instance).await {
             Ok(Some(ip)) => {
                 spinner.done();
                 info!(step, %instance, tailnet, %ip, "found the tailnet address");
@@ -324,7 +339,7 @@ mod tests {
             ..env_only
         };
         let access = validate_flags(&with_key, None).unwrap().unwrap();
-        assert_eq!(access.api.tailnet(), "example.com");
+        assert_eq!(access.tailnet, "example.com");
     }
 
     #[test]

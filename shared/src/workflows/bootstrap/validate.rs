@@ -4,7 +4,6 @@
 //! the kubeconfig target and the state directory. Every failure is one line naming the flag.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use crate::adapters::credentials;
 use crate::adapters::image::{ImageRequest, ImageSource, UploadOptions};
@@ -141,9 +140,10 @@ fn existing_ancestor(dir: &Path) -> Option<&Path> {
         .find(|a| !a.as_os_str().is_empty() && a.exists())
 }
 
-async fn check_images(
+async fn check_images<C: super::Connect>(
     input: &BootstrapInput,
     spec: &ClusterSpec,
+    connect: &C,
 ) -> Result<Vec<ImageRequest>, BootstrapError> {
     let mut wanted: Vec<(String, Option<String>, &'static str)> = vec![(
         spec.control_plane.image.clone(),
@@ -173,7 +173,9 @@ async fn check_images(
             "--worker-image-source",
         ));
     }
-    let http = http_client().map_err(|e| BootstrapError::step(super::STEP_VALIDATE, e))?;
+    let http = connect
+        .image_sources()
+        .map_err(|e| BootstrapError::step(super::STEP_VALIDATE, e))?;
     let mut out = Vec::new();
     for (name, source, flag) in wanted {
         let source = match source {
@@ -215,16 +217,6 @@ async fn check_images(
     Ok(out)
 }
 
-/// The HTTP client for image sources: connect/read timeouts, no cookies.
-pub(super) fn http_client() -> Result<reqwest::Client, error::BoxError> {
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(15))
-        .read_timeout(Duration::from_secs(60))
-        .user_agent(concat!("oxide-controller/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| error::context("cannot build an HTTP client", e))
-}
-
 /// Checks everything, in the order a person would fix it; the first problem is returned.
 pub(super) async fn validate<C: super::Connect>(
     input: &BootstrapInput,
@@ -252,9 +244,9 @@ pub(super) async fn validate<C: super::Connect>(
 
     // Last: the only checks that talk to other machines (the image source's server, the
     // Tailscale API).
-    let images = check_images(input, &spec).await?;
+    let images = check_images(input, &spec, connect).await?;
     if let Some(ts) = &tailscale {
-        super::tailnet::probe(ts).await?;
+        super::tailnet::probe(&ts.open(connect)?).await?;
     }
 
     Ok(Validated {
