@@ -275,11 +275,6 @@ impl TailscaleApi {
         let list: DeviceList = serde_json::from_slice(&body).map_err(TailscaleError::Decode)?;
         Ok(list.devices)
     }
-
-    /// The IPv4 tailnet address of the device called `hostname`, if it has joined.
-    pub async fn device_ipv4(&self, hostname: &str) -> Result<Option<Ipv4Addr>, TailscaleError> {
-        Ok(pick_ipv4(&self.devices().await?, hostname))
-    }
 }
 
 #[cfg(test)]

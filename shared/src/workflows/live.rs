@@ -132,13 +132,6 @@ impl Tailnet for TailscaleApi {
     async fn devices(&self) -> Result<Vec<Device>, TailscaleError> {
         TailscaleApi::devices(self).await
     }
-
-    async fn device_ipv4(
-        &self,
-        hostname: &str,
-    ) -> Result<Option<std::net::Ipv4Addr>, TailscaleError> {
-        TailscaleApi::device_ipv4(self, hostname).await
-    }
 }
 
 impl delete::Connect for LiveConnect {
