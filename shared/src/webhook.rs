@@ -33,9 +33,12 @@ use serde::Deserialize;
 use crate::ports::cluster::Cluster;
 use crate::ports::state::{StateError, StateStore};
 use crate::workflows::error::chain;
-use crate::workflows::scale::{self, ChangeOutcome, CountChange, ReconcileOutcome, ScaleOptions};
+use crate::workflows::scale::{
+    self, ChangeOutcome, CountChange, ReconcileOutcome, ScaleOptions, SpecOutcome,
+};
 
 mod auth;
+mod commit;
 pub mod error;
 pub mod host;
 pub mod metrics;
@@ -82,10 +85,12 @@ pub struct Deps<S, C> {
     config: WebhookConfig,
     tokens: auth::TokenCache,
     specs: scale::SpecCache,
-    /// Serialises this process's ConfigMap writes. Without it, N concurrent PATCHes turn into
-    /// an N-way 409 storm where each round has one winner; with it they queue, and the bounded
-    /// re-read-and-retry only has to cope with writers in *other* processes.
-    writes: tokio::sync::Mutex<()>,
+    /// This process's spec changes: queued, and written together one batch at a time.
+    /// Without it, N concurrent PATCHes turn into an N-way 409 storm where each round has one
+    /// winner; serialised one by one they cost N writes. Batched, a burst costs about one
+    /// write per write round-trip, and the bounded re-read-and-retry only has to cope with
+    /// writers in *other* processes.
+    commits: commit::GroupCommit,
     /// The last reconcile this process started, and why (`GET /status`).
     last_trigger: std::sync::Mutex<Option<pending::LastTrigger>>,
 }
@@ -107,7 +112,7 @@ impl<S: StateStore, C: Cluster> Deps<S, C> {
             tokens: auth::TokenCache::new(config.token_ttl),
             specs: scale::SpecCache::default(),
             config,
-            writes: tokio::sync::Mutex::new(()),
+            commits: commit::GroupCommit::default(),
             last_trigger: std::sync::Mutex::new(None),
         }
     }
@@ -360,7 +365,12 @@ async fn dispatch<S: StateStore, C: Cluster>(
                 req.body(),
                 r#"a JSON object {"count": N} with a whole number N"#,
             )?;
-            change(deps, pool, CountChange::Set(body.count), false).await
+            commit_change(
+                deps,
+                count_change(pool, CountChange::Set(body.count)),
+                false,
+            )
+            .await
         }
         (Route::Count(pool), &Method::PATCH) => {
             require_content_type(
@@ -372,7 +382,12 @@ async fn dispatch<S: StateStore, C: Cluster>(
                 req.body(),
                 r#"a JSON object {"delta": N} with a whole number N, e.g. {"delta": -1}"#,
             )?;
-            change(deps, pool, CountChange::Add(body.delta), false).await
+            commit_change(
+                deps,
+                count_change(pool, CountChange::Add(body.delta)),
+                false,
+            )
+            .await
         }
         (Route::Autoscale(pool), &Method::GET) => {
             let b = scale::observe_autoscale(&deps.state, Some(pool), &deps.specs).await?;
@@ -381,7 +396,11 @@ async fn dispatch<S: StateStore, C: Cluster>(
         (Route::Autoscale(pool), &Method::PUT) => {
             require_content_type(req.headers(), &["application/json"], "application/json")?;
             let body = parse_autoscale_body(req.body())?;
-            change_autoscale(deps, pool, body).await
+            let change = scale::SpecChange::Autoscale {
+                pool: Some(pool.clone()),
+                change: body,
+            };
+            commit_change(deps, change, false).await
         }
         (Route::Modify(pool), &Method::POST) => {
             // What the ancestor's callers send: no type, text, its documented `application/text`,
@@ -397,7 +416,7 @@ async fn dispatch<S: StateStore, C: Cluster>(
                 "text/plain",
             )?;
             let count = parse_count_text(req.body())?;
-            change(deps, pool, CountChange::Set(count), true).await
+            commit_change(deps, count_change(pool, CountChange::Set(count)), true).await
         }
         _ => Err(WebhookError::MethodNotAllowed {
             allow: route.allow(),
@@ -559,51 +578,37 @@ async fn get_count<S: StateStore, C: Cluster>(
     }
 }
 
-/// A write that gave up after `attempts` conflicts still counts them.
-fn busy_conflicts<S: StateStore, C: Cluster>(deps: &Deps<S, C>, e: &scale::ScaleError) {
-    if let scale::ScaleError::Busy { attempts } = e {
-        deps.metrics.conflicts(*attempts);
-    }
-}
-
-/// After a spec write: count its conflicts and, when it wrote something, start a reconcile.
-async fn after_write<S: StateStore, C: Cluster>(
+/// A count or bounds change through the group commit ([`commit`]): the response says what
+/// this caller's change did and the reconcile it led to.
+async fn commit_change<S: StateStore, C: Cluster>(
     deps: &Deps<S, C>,
-    conflicts: u32,
-    written: bool,
-) -> ReconcileOutcome {
-    deps.metrics.conflicts(conflicts);
-    if written {
-        trigger(
-            deps,
-            pending::TriggerReason::ScaleChange,
-            "a count or autoscaling change through the webhook".to_owned(),
-        )
-        .await
-    } else {
-        ReconcileOutcome::NotNeeded
-    }
-}
-
-async fn change<S: StateStore, C: Cluster>(
-    deps: &Deps<S, C>,
-    pool: &PoolRef,
-    change: CountChange,
+    change: scale::SpecChange,
     legacy: bool,
 ) -> Result<Response<Bytes>, WebhookError> {
-    let result = {
-        let _queue = deps.writes.lock().await;
-        scale::apply_change(
-            &deps.state,
-            pool.as_option(),
-            change,
-            &deps.config.scale,
-            &deps.specs,
-        )
-        .await
+    let commit::Committed { outcome, reconcile } = commit::submit(deps, change).await?;
+    let mut r = match &outcome {
+        SpecOutcome::Count(o) => count_response(o, &reconcile, legacy),
+        SpecOutcome::Autoscale(o) => autoscale_response(o, &reconcile),
     };
-    let outcome = result.inspect_err(|e| busy_conflicts(deps, e))?;
-    let reconcile = after_write(deps, outcome.conflicts, outcome.written).await;
+    r.headers_mut().insert(
+        RECONCILE_HEADER,
+        HeaderValue::from_static(reconcile.as_str()),
+    );
+    Ok(r)
+}
+
+fn count_change(pool: &PoolRef, change: CountChange) -> scale::SpecChange {
+    scale::SpecChange::Count {
+        pool: pool.as_option().map(str::to_owned),
+        change,
+    }
+}
+
+fn count_response(
+    outcome: &ChangeOutcome,
+    reconcile: &ReconcileOutcome,
+    legacy: bool,
+) -> Response<Bytes> {
     if outcome.written {
         tracing::info!(
             pool = %outcome.pool,
@@ -614,7 +619,7 @@ async fn change<S: StateStore, C: Cluster>(
             "desired count changed"
         );
     }
-    let mut r = if legacy {
+    if legacy {
         text(
             LEGACY_SUCCESS.as_u16(),
             format!(
@@ -623,33 +628,14 @@ async fn change<S: StateStore, C: Cluster>(
             ),
         )
     } else {
-        json(200, &change_body(&outcome, &reconcile))
-    };
-    r.headers_mut().insert(
-        RECONCILE_HEADER,
-        HeaderValue::from_static(reconcile.as_str()),
-    );
-    Ok(r)
+        json(200, &change_body(outcome, reconcile))
+    }
 }
 
-async fn change_autoscale<S: StateStore, C: Cluster>(
-    deps: &Deps<S, C>,
-    pool: &str,
-    change: scale::AutoscaleChange,
-) -> Result<Response<Bytes>, WebhookError> {
-    let result = {
-        let _queue = deps.writes.lock().await;
-        scale::apply_autoscale(
-            &deps.state,
-            Some(pool),
-            change,
-            &deps.config.scale,
-            &deps.specs,
-        )
-        .await
-    };
-    let outcome = result.inspect_err(|e| busy_conflicts(deps, e))?;
-    let reconcile = after_write(deps, outcome.conflicts, outcome.written).await;
+fn autoscale_response(
+    outcome: &scale::AutoscaleOutcome,
+    reconcile: &ReconcileOutcome,
+) -> Response<Bytes> {
     let (a, b) = (&outcome.previous, &outcome.now);
     if outcome.written {
         tracing::info!(
@@ -677,7 +663,7 @@ async fn change_autoscale<S: StateStore, C: Cluster>(
     } else {
         format!("pool {} already has these settings", b.pool)
     };
-    let mut r = json(
+    json(
         200,
         &serde_json::json!({
             "pool": b.pool,
@@ -689,12 +675,7 @@ async fn change_autoscale<S: StateStore, C: Cluster>(
             "reconcile": reconcile.as_str(),
             "message": format!("{what}; {}", reconcile.public_message()),
         }),
-    );
-    r.headers_mut().insert(
-        RECONCILE_HEADER,
-        HeaderValue::from_static(reconcile.as_str()),
-    );
-    Ok(r)
+    )
 }
 
 fn change_body(o: &ChangeOutcome, reconcile: &ReconcileOutcome) -> serde_json::Value {

@@ -1,6 +1,7 @@
 //! Benchmark of the scale webhook over a real kube-apiserver (behind the simulator's front
 //! proxy, HTTPS, in this process), driven by 64 concurrent keep-alive connections. Prints a table: GET latency
-//! p50/p90/p99/max and requests/s, PATCH throughput, the same GET load against the in-memory
+//! p50/p90/p99/max and requests/s, PATCH throughput, a burst of 500 PATCHes sent at once over
+//! two hosts (the ConfigMap writes it cost, and its latency), the same GET load against the in-memory
 //! fakes (the host's own cost, without the Kubernetes round trip), and peak RSS (VmHWM).
 //!
 //! The apiserver-backed phases run against the real `scale serve` binary in its own process when
@@ -11,7 +12,7 @@
 //! Not a test: it asserts only that every request succeeded and the count is exact.
 //! `cargo bench -p oxide-controller-tests --bench scale_webhook` (release), or add
 //! `--profile dev` for a debug build. `BENCH_SECONDS` sets each GET phase's length (default 5),
-//! `BENCH_PATCHES` the number of PATCHes (default 2000).
+//! `BENCH_PATCHES` the number of PATCHes (default 2000), `BENCH_BURST` the burst's size (default 500).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -63,21 +64,16 @@ fn state_data(max: u32) -> (ClusterSecrets, BTreeMap<String, String>) {
 }
 
 async fn serve<S: StateStore + 'static, C: Cluster + 'static>(
-    deps: Deps<S, C>,
+    deps: Arc<Deps<S, C>>,
 ) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = host::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
         .unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(host::serve(
-        listener,
-        Arc::new(deps),
-        HostOptions::default(),
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    tokio::spawn(host::serve(listener, deps, HostOptions::default(), async {
+        let _ = stopped.await;
+    }));
     (base, stop)
 }
 
@@ -229,6 +225,79 @@ async fn spawn_scale(
     (child, base)
 }
 
+/// What a burst cost: latencies of every PATCH (sent at once, split over the hosts), the
+/// ConfigMap writes and 409s the hosts made, and the count before and after.
+struct Burst {
+    figures: Figures,
+    writes: u64,
+    conflicts: u64,
+    before: u32,
+    after: u32,
+}
+
+/// `n` PATCHes `{"delta":1}` sent at once over two webhook hosts on one ConfigMap (as two
+/// replicas would be), in this process so their metrics can be read.
+async fn burst(kubeconfig: &std::path::Path, n: usize) -> Burst {
+    let client = oxide_controller::adapters::kubeclient::client(Some(kubeconfig), None)
+        .await
+        .unwrap();
+    let store = || KubeStateStore::new(client.clone(), NAMESPACE);
+    let read_count = || async {
+        let stored = store().read_config().await.unwrap();
+        ClusterSpec::from_yaml(stored.spec_yaml().unwrap())
+            .unwrap()
+            .worker_pools[0]
+            .count
+    };
+    let before = read_count().await;
+    let mut hosts = Vec::new();
+    for _ in 0..2 {
+        let deps = Arc::new(Deps::new(
+            store(),
+            KubeCluster::new(client.clone(), NAMESPACE),
+            WebhookConfig::default(),
+        ));
+        let (base, stop) = serve(deps.clone()).await;
+        hosts.push((deps, base, stop));
+    }
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+    let calls = (0..n).map(|i| {
+        let req = http
+            .patch(format!("{}/nodes/workers", hosts[i % 2].1))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(r#"{"delta":1}"#);
+        async move {
+            let t = Instant::now();
+            let ok = matches!(req.send().await, Ok(r) if r.status() == 200);
+            (ok, t.elapsed())
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    let elapsed = started.elapsed();
+    let errors = results.iter().filter(|(ok, _)| !ok).count();
+    let mut latencies: Vec<Duration> = results.into_iter().map(|(_, l)| l).collect();
+    latencies.sort();
+    let writes = hosts.iter().map(|h| h.0.metrics.writes()).sum();
+    let conflicts = hosts.iter().map(|h| h.0.metrics.conflicts_seen()).sum();
+    for (_, _, stop) in hosts {
+        let _ = stop.send(());
+    }
+    Burst {
+        figures: Figures {
+            requests: n,
+            errors,
+            elapsed,
+            latencies,
+        },
+        writes,
+        conflicts,
+        before,
+        after: read_count().await,
+    }
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -280,11 +349,11 @@ async fn bench() {
             (Some(child), base, None)
         }
         None => {
-            let (base, stop) = serve(Deps::new(
+            let (base, stop) = serve(Arc::new(Deps::new(
                 KubeStateStore::new(client.clone(), NAMESPACE),
                 KubeCluster::new(client, NAMESPACE),
                 WebhookConfig::default(),
-            ))
+            )))
             .await;
             (None, base, Some(stop))
         }
@@ -301,11 +370,11 @@ async fn bench() {
     let world = FakeWorld::new(chrono::Utc::now());
     let (secrets, config) = state_data(1_000_000);
     world.state().ensure_state(&secrets, config).await.unwrap();
-    let (fake_base, _stop_fake) = serve(Deps::new(
+    let (fake_base, _stop_fake) = serve(Arc::new(Deps::new(
         world.state(),
         world.cluster(),
         WebhookConfig::default(),
-    ))
+    )))
     .await;
 
     let hwm_idle = proc_status("VmHWM:");
@@ -347,6 +416,11 @@ async fn bench() {
         .unwrap()
         .worker_pools[0]
         .count;
+    let burst_size: usize = std::env::var("BENCH_BURST")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    let burst = burst(&kubeconfig, burst_size).await;
 
     println!();
     println!(
@@ -375,7 +449,20 @@ async fn bench() {
     row("GET /nodes/workers (kube-apiserver, HTTPS)", &get_api);
     row("GET /nodes/workers (in-memory fakes)", &get_fake);
     row("PATCH {\"delta\":1} (kube-apiserver)", &patch);
+    row("PATCH burst, two hosts (kube-apiserver)", &burst.figures);
     println!();
+    println!(
+        "PATCH burst: {burst_size} sent at once over two hosts: {} ConfigMap writes and {} 409s re-read (one write per batch of changes queued behind a write), stored count {} → {} ({})",
+        burst.writes,
+        burst.conflicts,
+        burst.before,
+        burst.after,
+        if burst.after as usize == burst.before as usize + burst_size - burst.figures.errors {
+            "exact"
+        } else {
+            "MISMATCH"
+        }
+    );
     println!(
         "PATCH: {} applied, stored count {} → {} ({})",
         patch.latencies.len(),
@@ -427,8 +514,13 @@ async fn bench() {
         "every acknowledged PATCH is stored"
     );
     assert_eq!(
-        get_api.errors + get_fake.errors + patch.errors,
+        get_api.errors + get_fake.errors + patch.errors + burst.figures.errors,
         0,
         "no request failed"
+    );
+    assert_eq!(
+        burst.after as usize,
+        burst.before as usize + burst_size,
+        "every PATCH of the burst is stored once"
     );
 }

@@ -78,6 +78,7 @@ pub struct Metrics {
     /// 1 while the pending-pod watch is open.
     watching: AtomicU64,
     conflicts: AtomicU64,
+    writes: AtomicU64,
 }
 
 /// Method label: known methods by name, anything else `other`.
@@ -152,6 +153,21 @@ impl Metrics {
         self.conflicts.fetch_add(u64::from(n), Ordering::Relaxed);
     }
 
+    /// ConfigMap write conflicts (409s) so far.
+    pub fn conflicts_seen(&self) -> u64 {
+        self.conflicts.load(Ordering::Relaxed)
+    }
+
+    /// Records one successful ConfigMap write of spec changes (a batch queued together).
+    pub fn write(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Successful ConfigMap writes of spec changes so far.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
     /// Requests recorded for `route` (a template from [`ROUTES`]) with `status`, any method.
     pub fn requests(&self, route: &str, status: u16) -> u64 {
         let Some(r) = ROUTES.iter().position(|x| *x == route) else {
@@ -222,6 +238,17 @@ impl Metrics {
             out,
             "oxide_controller_webhook_state_conflicts_total {}",
             self.conflicts.load(Ordering::Relaxed)
+        );
+        header(
+            &mut out,
+            "oxide_controller_webhook_state_writes_total",
+            "counter",
+            "ConfigMap writes of spec changes that succeeded; changes queued behind a write go together in the next one.",
+        );
+        let _ = writeln!(
+            out,
+            "oxide_controller_webhook_state_writes_total {}",
+            self.writes.load(Ordering::Relaxed)
         );
         out
     }

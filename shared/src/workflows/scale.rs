@@ -263,34 +263,188 @@ pub async fn apply_change<S: StateStore>(
     opts: &ScaleOptions,
     cache: &SpecCache,
 ) -> Result<ChangeOutcome, ScaleError> {
-    let (mut outcome, written, conflicts) = edit_spec(state, opts, cache, |spec, _| {
-        let (_, p) = resolve_pool(spec, pool)?;
-        refuse_if_autoscaling(p)?;
-        let name = p.name.clone();
-        let previous = p.count;
-        let target = match change {
-            CountChange::Set(n) => n,
-            CountChange::Add(delta) => i64::from(previous)
-                .checked_add(delta)
-                .unwrap_or(if delta > 0 { i64::MAX } else { i64::MIN }),
-        };
-        spec.set_count(&name, target)?;
-        let (_, p) = resolve_pool(spec, Some(&name))?;
-        let changed = p.count != previous;
-        let outcome = ChangeOutcome {
-            pool: name,
-            previous,
-            count: p.count,
-            min: p.min,
-            max: p.max,
-            written: false,
-            conflicts: 0,
-        };
-        Ok((outcome, changed))
-    })
-    .await?;
+    let (mut outcome, written, conflicts) =
+        edit_spec(state, opts, cache, |spec, _| edit_count(spec, pool, change)).await?;
     (outcome.written, outcome.conflicts) = (written, conflicts);
     Ok(outcome)
+}
+
+/// [`apply_change`]'s edit: the outcome (not yet written) and whether the count changed.
+fn edit_count(
+    spec: &mut ClusterSpec,
+    pool: Option<&str>,
+    change: CountChange,
+) -> Result<(ChangeOutcome, bool), ScaleError> {
+    let (_, p) = resolve_pool(spec, pool)?;
+    refuse_if_autoscaling(p)?;
+    let name = p.name.clone();
+    let previous = p.count;
+    let target = match change {
+        CountChange::Set(n) => n,
+        CountChange::Add(delta) => i64::from(previous)
+            .checked_add(delta)
+            .unwrap_or(if delta > 0 { i64::MAX } else { i64::MIN }),
+    };
+    spec.set_count(&name, target)?;
+    let (_, p) = resolve_pool(spec, Some(&name))?;
+    let changed = p.count != previous;
+    let outcome = ChangeOutcome {
+        pool: name,
+        previous,
+        count: p.count,
+        min: p.min,
+        max: p.max,
+        written: false,
+        conflicts: 0,
+    };
+    Ok((outcome, changed))
+}
+
+/// One change to `spec.yaml` as a caller asked for it; the webhook queues these and writes
+/// the changes queued behind a write together in the next one ([`apply_batch`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpecChange {
+    /// [`apply_change`]'s change.
+    Count {
+        pool: Option<String>,
+        change: CountChange,
+    },
+    /// [`apply_autoscale`]'s change.
+    Autoscale {
+        pool: Option<String>,
+        change: AutoscaleChange,
+    },
+}
+
+/// What one [`SpecChange`] of a batch did, exactly as if it had been applied alone at its
+/// place in the batch's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpecOutcome {
+    Count(ChangeOutcome),
+    Autoscale(AutoscaleOutcome),
+}
+
+impl SpecOutcome {
+    /// True when this change altered the spec and the batch was written.
+    pub fn written(&self) -> bool {
+        match self {
+            SpecOutcome::Count(o) => o.written,
+            SpecOutcome::Autoscale(o) => o.written,
+        }
+    }
+
+    /// 409s met (and re-read) by the write that carried this change.
+    pub fn conflicts(&self) -> u32 {
+        match self {
+            SpecOutcome::Count(o) => o.conflicts,
+            SpecOutcome::Autoscale(o) => o.conflicts,
+        }
+    }
+
+    fn set_written(&mut self, written: bool, conflicts: u32) {
+        let (w, c) = match self {
+            SpecOutcome::Count(o) => (&mut o.written, &mut o.conflicts),
+            SpecOutcome::Autoscale(o) => (&mut o.written, &mut o.conflicts),
+        };
+        (*w, *c) = (written, conflicts);
+    }
+}
+
+impl SpecChange {
+    fn edit(
+        &self,
+        spec: &mut ClusterSpec,
+        snapshot: &ConfigSnapshot,
+    ) -> Result<(SpecOutcome, bool), ScaleError> {
+        match self {
+            SpecChange::Count { pool, change } => edit_count(spec, pool.as_deref(), *change)
+                .map(|(o, changed)| (SpecOutcome::Count(o), changed)),
+            SpecChange::Autoscale { pool, change } => {
+                edit_autoscale(spec, snapshot, pool.as_deref(), *change)
+                    .map(|(o, changed)| (SpecOutcome::Autoscale(o), changed))
+            }
+        }
+    }
+}
+
+/// Applies one [`SpecChange`] alone ([`apply_change`] or [`apply_autoscale`]).
+pub async fn apply_one<S: StateStore>(
+    state: &S,
+    change: &SpecChange,
+    opts: &ScaleOptions,
+    cache: &SpecCache,
+) -> Result<SpecOutcome, ScaleError> {
+    match change {
+        SpecChange::Count { pool, change } => {
+            apply_change(state, pool.as_deref(), *change, opts, cache)
+                .await
+                .map(SpecOutcome::Count)
+        }
+        SpecChange::Autoscale { pool, change } => {
+            apply_autoscale(state, pool.as_deref(), *change, opts, cache)
+                .await
+                .map(SpecOutcome::Autoscale)
+        }
+    }
+}
+
+/// What [`apply_batch`] did: one result per change, in order, and what the one write met.
+#[derive(Debug)]
+pub struct BatchOutcome {
+    /// Each change's own answer; a refused change (bad input) left the spec as the changes
+    /// before it made it, and the changes after it were applied on top of that.
+    pub results: Vec<Result<SpecOutcome, ScaleError>>,
+    /// True when the batch wrote the ConfigMap (at least one change altered the spec).
+    pub written: bool,
+    /// 409s met (and re-read) on the way; on each, every change was applied again in order
+    /// to the fresh spec.
+    pub conflicts: u32,
+}
+
+/// Applies `changes` in order to one read of `spec.yaml` and writes the result once, with
+/// the same replace-with-resourceVersion protocol (and re-read on 409) as [`apply_change`].
+/// Each change's answer is what it would have been alone at its place in the order: a
+/// relative change adds to the count the change before it left. Starts no reconcile.
+///
+/// A failure of the batch as a whole (the ConfigMap unreadable or unusable, a write refused,
+/// every attempt conflicting) is returned as such: nothing was written.
+pub async fn apply_batch<S: StateStore>(
+    state: &S,
+    changes: &[SpecChange],
+    opts: &ScaleOptions,
+    cache: &SpecCache,
+) -> Result<BatchOutcome, ScaleError> {
+    let (edits, written, conflicts) = edit_spec(state, opts, cache, |spec, snapshot| {
+        let mut any = false;
+        let edits: Vec<_> = changes
+            .iter()
+            .map(|change| {
+                let mut next = spec.clone();
+                let (outcome, changed) = change.edit(&mut next, snapshot)?;
+                if changed {
+                    *spec = next;
+                    any = true;
+                }
+                Ok((outcome, changed))
+            })
+            .collect();
+        Ok((edits, any))
+    })
+    .await?;
+    let results = edits
+        .into_iter()
+        .map(|r: Result<(SpecOutcome, bool), ScaleError>| {
+            r.map(|(mut outcome, changed)| {
+                outcome.set_written(changed && written, conflicts);
+                outcome
+            })
+        })
+        .collect();
+    Ok(BatchOutcome {
+        results,
+        written,
+        conflicts,
+    })
 }
 
 /// The write protocol both changes use: read the ConfigMap, `edit` the spec (which says
@@ -302,10 +456,7 @@ async fn edit_spec<S: StateStore, T>(
     state: &S,
     opts: &ScaleOptions,
     cache: &SpecCache,
-    mut edit: impl FnMut(
-        &mut ClusterSpec,
-        &crate::ports::state::ConfigSnapshot,
-    ) -> Result<(T, bool), ScaleError>,
+    mut edit: impl FnMut(&mut ClusterSpec, &ConfigSnapshot) -> Result<(T, bool), ScaleError>,
 ) -> Result<(T, bool, u32), ScaleError> {
     let attempts = opts.backoff.attempts.max(1);
     let mut conflicts = 0;
@@ -398,7 +549,7 @@ fn autoscale_bounds(p: &PoolSpec, planned: Option<u32>) -> AutoscaleBounds {
 }
 
 /// The desired count of `pool` in the last run's `status.json`.
-fn planned_count(snapshot: &crate::ports::state::ConfigSnapshot, pool: &str) -> Option<u32> {
+fn planned_count(snapshot: &ConfigSnapshot, pool: &str) -> Option<u32> {
     let status = crate::domain::status::Status::from_json(snapshot.status_json()?)?;
     status
         .pools
@@ -514,25 +665,35 @@ pub async fn apply_autoscale<S: StateStore>(
     cache: &SpecCache,
 ) -> Result<AutoscaleOutcome, ScaleError> {
     let (mut outcome, written, conflicts) = edit_spec(state, opts, cache, |spec, snapshot| {
-        let p = resolve_worker(spec, pool)?;
-        let planned = planned_count(snapshot, &p.name);
-        let previous = autoscale_bounds(p, planned);
-        change_autoscale(spec, &previous.pool, change, planned)?;
-        let now = autoscale_bounds(resolve_worker(spec, Some(&previous.pool))?, planned);
-        let changed = now != previous;
-        Ok((
-            AutoscaleOutcome {
-                written: false,
-                conflicts: 0,
-                previous,
-                now,
-            },
-            changed,
-        ))
+        edit_autoscale(spec, snapshot, pool, change)
     })
     .await?;
     (outcome.written, outcome.conflicts) = (written, conflicts);
     Ok(outcome)
+}
+
+/// [`apply_autoscale`]'s edit: the outcome (not yet written) and whether the bounds changed.
+fn edit_autoscale(
+    spec: &mut ClusterSpec,
+    snapshot: &ConfigSnapshot,
+    pool: Option<&str>,
+    change: AutoscaleChange,
+) -> Result<(AutoscaleOutcome, bool), ScaleError> {
+    let p = resolve_worker(spec, pool)?;
+    let planned = planned_count(snapshot, &p.name);
+    let previous = autoscale_bounds(p, planned);
+    change_autoscale(spec, &previous.pool, change, planned)?;
+    let now = autoscale_bounds(resolve_worker(spec, Some(&previous.pool))?, planned);
+    let changed = now != previous;
+    Ok((
+        AutoscaleOutcome {
+            written: false,
+            conflicts: 0,
+            previous,
+            now,
+        },
+        changed,
+    ))
 }
 
 /// Starts the on-demand reconcile Job. Failures are reported, not returned: by the time this
