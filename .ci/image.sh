@@ -162,15 +162,15 @@ install -d -m 0700 "$mnt/root"
 install -d -m 0700 -o 65532 -g 65532 "$mnt/home/nonroot"
 install -d -m 1777 "$mnt/tmp"
 install -d "$mnt$IMAGE_BIN_DIR"
-for b in "${IMAGE_BINARIES[@]}"; do install -m 0755 "target/release/$b" "$mnt$IMAGE_BIN_DIR/"; done
+for b in "${IMAGE_BINARIES[@]}"; do install -m 0755 "${CARGO_TARGET_DIR:-target}/release/$b" "$mnt$IMAGE_BIN_DIR/"; done
 
 # Everything the binaries load is in the image; nothing shell-like is.
 for b in "${IMAGE_BINARIES[@]}"; do
-  for lib in $(ldd "target/release/$b" | awk '$1 !~ /^linux-vdso/ { n = split($1, p, "/"); print p[n] }'); do
+  for lib in $(ldd "${CARGO_TARGET_DIR:-target}/release/$b" | awk '$1 !~ /^linux-vdso/ { n = split($1, p, "/"); print p[n] }'); do
     [ -n "$(find "$mnt/lib" "$mnt/lib64" "$mnt/usr/lib" -name "$lib" -print -quit 2>/dev/null)" ] \
       || fail "$b needs $lib, which the image lacks"
   done
-  echo "$b: $(ldd "target/release/$b" | awk '$1 !~ /^linux-vdso/ { n = split($1, p, "/"); printf "%s ", p[n] }')"
+  echo "$b: $(ldd "${CARGO_TARGET_DIR:-target}/release/$b" | awk '$1 !~ /^linux-vdso/ { n = split($1, p, "/"); printf "%s ", p[n] }')"
 done
 shells=$(find "$mnt" \( -type f -o -type l \) \( -name sh -o -name bash -o -name dash -o -name busybox -o -name apt -o -name dpkg \) -print)
 [ -z "$shells" ] || fail "the image holds a shell or package manager: $shells"
@@ -276,7 +276,7 @@ k create job image-check --from=cronjob/oxide-controller -n kube-system
 job_succeeds image-check
 grep -q 'runc run kube-system-image-check-' "$work/sim.err" || fail "the simulator's log shows no run of image-check in the image"
 grep '\[image-check-' "$work/sim.err" | tail -n 3
-"$root/target/release/scale" --kubeconfig "$KUBECONFIG" status || fail "scale status: the cluster is not healthy"
+"${CARGO_TARGET_DIR:-$root/target}/release/scale" --kubeconfig "$KUBECONFIG" status || fail "scale status: the cluster is not healthy"
 
 echo
 echo "image scenario passed"

@@ -112,7 +112,7 @@ fn script_recipe(text: &str) -> Result<Recipe, String> {
     for used in [
         r#"for b in "${IMAGE_BINARIES[@]}"; do packages+=(-p "$b"); done"#,
         &format!(r#"{BUILD} "${{packages[@]}}""#),
-        r#"for b in "${IMAGE_BINARIES[@]}"; do install -m 0755 "target/release/$b" "$mnt$IMAGE_BIN_DIR/"; done"#,
+        r#"for b in "${IMAGE_BINARIES[@]}"; do install -m 0755 "${CARGO_TARGET_DIR:-target}/release/$b" "$mnt$IMAGE_BIN_DIR/"; done"#,
         r#"buildah config --user "$IMAGE_USER""#,
         r#"--cmd "$IMAGE_CMD""#,
     ] {

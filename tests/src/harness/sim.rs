@@ -141,6 +141,15 @@ impl Sim {
     /// Starts a simulator on the current tokio runtime and returns once every listener is
     /// up (and, with a preset, once the preset cluster is Ready).
     pub async fn start(opts: SimOptions) -> Result<SimHandle, SimError> {
+        // Every cluster's control plane runs `kcp` (tests/kube). Build it (or wait for another
+        // process's build) now, before a caller starts any deadline: a cold build takes
+        // minutes, and build.sh says so on stderr. A failure is only logged here; it is
+        // reported with its cause when a cluster first needs the control plane.
+        match tokio::task::spawn_blocking(crate::control_plane::kcp).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "no Kubernetes control plane binary"),
+            Err(e) => tracing::warn!(error = %e, "locating the control plane binary panicked"),
+        }
         let token = opts.token.clone().unwrap_or_else(random_token);
         let faults = Faults::default();
         faults.set(opts.faults.clone());
