@@ -1292,6 +1292,14 @@ async fn reconcile_loop<C: Connect>(
                 info!(step, pass, %holder, "another reconcile run holds the Lease; waiting")
             }
             Ok(RunOutcome::DryRun { plan }) => return Ok((Some(plan), false)),
+            Ok(RunOutcome::Stopped { signal }) => {
+                return Err(BootstrapError::step(
+                    step,
+                    error::message(format!(
+                        "stopped by {signal}; the Lease is released, re-run to continue"
+                    )),
+                ));
+            }
             Err(e) if e.kind() == error::Kind::NeedsPerson => {
                 return Err(BootstrapError::needs_person(step, e));
             }

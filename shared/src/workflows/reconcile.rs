@@ -18,6 +18,7 @@ pub use autoscale::{Decided, active as autoscale_active, views as autoscale_view
 use crate::apply::{self, ApplyOptions};
 use crate::base::names;
 use crate::base::secrets::ClusterSecrets;
+use crate::base::shutdown::{Shutdown, Signal};
 use crate::domain::plan::{self, Observed, Plan};
 use crate::domain::plan::{ActionResult, Outcome};
 use crate::domain::spec::ClusterSpec;
@@ -42,6 +43,10 @@ pub enum RunOutcome {
     LeaseHeld { holder: String },
     /// `--dry-run`: the plan, unapplied.
     DryRun { plan: Plan },
+    /// Asked to stop (SIGTERM, SIGINT) before the run was done: no new action was started,
+    /// the one under way finished or was abandoned at a resumable point, status was written
+    /// (if the API allowed) and the Lease given back, so the next run starts at once.
+    Stopped { signal: Signal },
 }
 
 /// Why a run failed, with the error that made it fail as its source (print it with
@@ -92,6 +97,8 @@ pub struct ReconcileOptions {
     pub backoff: crate::base::retry::Backoff,
     /// The clock (tests pass a fake one).
     pub now: Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>,
+    /// Triggered when the process is asked to stop (see [`RunOutcome::Stopped`]).
+    pub shutdown: Shutdown,
 }
 
 impl std::fmt::Debug for ReconcileOptions {
@@ -118,6 +125,7 @@ impl ReconcileOptions {
             stop_wait: Duration::from_secs(60),
             backoff: crate::base::retry::Backoff::default(),
             now: Arc::new(Utc::now),
+            shutdown: Shutdown::new(),
         }
     }
 }
@@ -378,6 +386,10 @@ where
         return Ok(RunOutcome::DryRun { plan });
     }
 
+    // Asked to stop before holding anything: nothing to give back.
+    if let Some(signal) = opts.shutdown.signal() {
+        return Ok(RunOutcome::Stopped { signal });
+    }
     // The Lease outlives the run's deadline by a margin, so a run killed mid-way (SIGKILL,
     // node loss) blocks the next ones only briefly.
     let lease_len = deadline_len + (deadline_len / 4).min(Duration::from_secs(30));
@@ -418,10 +430,21 @@ where
         let results = apply::apply(&rack, cluster, &factory, &plan, &apply_opts).await;
         Ok::<_, ReconcileError>((plan, results, autoscaled))
     };
+    // Asked to stop: apply starts nothing new and abandons the action under way after
+    // `abandon_after`; this bounds the rest (an observe still retrying) a little later.
+    let abandon = async {
+        let signal = opts.shutdown.triggered().await;
+        tokio::time::sleep(apply_opts.abandon_after + Duration::from_secs(2)).await;
+        signal
+    };
     let outcome = tokio::select! {
         r = work => r,
         () = renew => unreachable!("renew never completes"),
+        signal = abandon => Err(ReconcileError::Retryable(message(format!(
+            "abandoned under way: the run was asked to stop ({signal})"
+        )))),
     };
+    let stopped = opts.shutdown.signal();
 
     let finished_at = (opts.now)();
     let status = run_status(
@@ -439,6 +462,20 @@ where
         warn!(error = %e, "could not write status.json");
     }
     release_lease(cluster, &opts.holder).await;
+    if let Some(signal) = stopped {
+        match &outcome {
+            Ok((plan, results, autoscaled)) => summary(
+                &run_id,
+                plan,
+                results,
+                autoscaled.as_ref(),
+                &status,
+                started.elapsed(),
+            ),
+            Err(e) => warn!(run_id, error = %error::chain(e), "the run stopped early"),
+        }
+        return Ok(RunOutcome::Stopped { signal });
+    }
     let (plan, results, autoscaled) = outcome?;
     let took = started.elapsed();
     finish(&run_id, plan, results, autoscaled, &status, took)
@@ -502,6 +539,7 @@ fn apply_options(opts: &ReconcileOptions, spec: &ClusterSpec, deadline: Instant)
     apply_opts.stop_wait = opts.stop_wait;
     apply_opts.backoff = opts.backoff;
     apply_opts.own_pod = opts.own_pod.clone();
+    apply_opts.shutdown = opts.shutdown.clone();
     apply_opts
 }
 
