@@ -16,6 +16,7 @@ use oxide_controller::ports::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
 use oxide_controller::ports::state::{StateStore, keys};
 use oxide_sim::control_plane::proxy::LocalApi;
 use oxide_sim::guest::cluster_api::{BlockingKube, KubeView};
+use oxide_sim::oxide::{AfterFault, FaultSpec, Faults};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -30,7 +31,24 @@ struct Env {
 
 /// An apiserver holding the state bootstrap writes (2 workers in [0, 10]) and a CronJob.
 async fn env() -> Env {
-    let local = std::sync::Arc::new(LocalApi::apiserver_only().await.unwrap());
+    env_with(Faults::default()).await
+}
+
+/// [`env`] behind a front proxy injecting `faults`.
+async fn env_with(faults: Faults) -> Env {
+    let local = std::sync::Arc::new(
+        LocalApi::start(
+            oxide_sim::control_plane::ControlPlaneOptions {
+                controller_manager: false,
+                scheduler: false,
+                kwok: false,
+                ..Default::default()
+            },
+            faults,
+        )
+        .await
+        .unwrap(),
+    );
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, local.admin_kubeconfig()).unwrap();
@@ -141,6 +159,64 @@ async fn get_set_and_add_change_the_configmap_and_exit_with_the_documented_codes
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Audit sim-3 K5: the count write and the reconcile Job create are committed but answered
+/// 504 ("may still be processing the request"). `scale` looks instead of failing: the change
+/// is reported saved and the run triggered, and nothing is applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_answered_504_after_they_landed_are_reported_done_and_not_applied_twice() {
+    let faults = Faults::default();
+    let env = env_with(faults.clone()).await;
+    let after = |key: &str| {
+        faults.set(FaultSpec {
+            kube_after: [(key.to_string(), AfterFault::default())].into(),
+            ..FaultSpec::default()
+        });
+    };
+    // The count write.
+    after("update configmaps");
+    let (code, out, err) = env.scale(&["add", "1"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with("workers: 2 → 3; reconcile triggered"),
+        "{out}{err}"
+    );
+    assert!(faults.get().kube_after.values().all(|f| f.times == 0));
+    assert_eq!(env.stored_count(), 3);
+
+    // The reconcile Job create (the last one cleaned up first, as its TTL would; with no
+    // garbage collector here, its orphan finalizer is taken off by hand).
+    assert!(
+        env.kube
+            .delete("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+    );
+    let _ = env.kube.merge_patch(
+        "batch/v1",
+        "Job",
+        Some(NAMESPACE),
+        ON_DEMAND_JOB,
+        &json!({"metadata": {"finalizers": null}}),
+    );
+    assert!(
+        env.kube
+            .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+            .is_none()
+    );
+    after("create jobs");
+    let (code, out, err) = env.scale(&["add", "1"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("workers: 3 → 4; reconcile triggered"),
+        "{out}{err}"
+    );
+    assert!(faults.get().kube_after.values().all(|f| f.times == 0));
+    assert_eq!(env.stored_count(), 4);
+    assert!(
+        env.kube
+            .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+            .is_some()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
