@@ -139,6 +139,31 @@ impl Shutdown {
         }
     }
 
+    /// Completes `bound` after the work was asked to stop, or at once on a second SIGTERM or
+    /// SIGINT (a person pressing Ctrl-C again): the moment a binary gives up waiting for its
+    /// work to reach a safe point and abandons it. Returns the first signal.
+    pub async fn abandon_after(&self, bound: std::time::Duration) -> Signal {
+        let first = self.triggered().await;
+        let again = async {
+            let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+            let int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt());
+            match (term, int) {
+                (Ok(mut t), Ok(mut i)) => {
+                    tokio::select! {
+                        _ = t.recv() => {}
+                        _ = i.recv() => {}
+                    }
+                }
+                _ => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(bound) => {}
+            () = again => tracing::warn!("asked again: stopping at once"),
+        }
+        first
+    }
+
     /// Sleeps for `d`, or less when asked to stop meanwhile; `true` when it was.
     pub async fn sleep(&self, d: std::time::Duration) -> bool {
         tokio::select! {
