@@ -219,6 +219,83 @@ async fn writes_answered_504_after_they_landed_are_reported_done_and_not_applied
     );
 }
 
+/// SIGTERM while the count write is under way lets it finish (exit as usual, change saved);
+/// SIGINT twice gives up at once with 130 and says the change may or may not be saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_shot_command_finishes_its_write_on_sigterm_and_stops_on_a_second_sigint() {
+    let faults = Faults::default();
+    let env = env_with(faults.clone()).await;
+    let slow = |ms: u64| {
+        faults.set(FaultSpec {
+            kube: [(
+                "update configmaps".to_string(),
+                oxide_sim::oxide::RouteFault {
+                    latency_ms: ms,
+                    error_rate: 0.0,
+                    error_status: 503,
+                },
+            )]
+            .into(),
+            ..FaultSpec::default()
+        });
+    };
+    let start = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_scale"))
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&env.kubeconfig)
+            .env_remove("OXIDE_CONTROLLER_POOL")
+            .env("OXIDE_CONTROLLER_LOG_FORMAT", "text")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let kill = |signal: &str, pid: u32| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+
+    slow(2500);
+    let child = start(&["add", "1"]);
+    let pid = child.id().unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    kill("-TERM", pid);
+    let out = child.wait_with_output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.starts_with("workers: 2 → 3"), "{text}");
+    assert_eq!(env.stored_count(), 3);
+
+    slow(30_000);
+    let child = start(&["add", "1"]);
+    let pid = child.id().unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let asked = std::time::Instant::now();
+    kill("-INT", pid);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    kill("-INT", pid);
+    let out = child.wait_with_output().await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(err.contains("scale stopped by SIGINT"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_prints_its_address_answers_and_exits_zero_on_sigterm() {
     let env = env().await;
