@@ -16,7 +16,7 @@
 //! when the pod is deleted (eviction, `activeDeadlineSeconds`, TTL, a Job deletion) the runner
 //! stops it as a kubelet does: SIGTERM (`runc kill ID TERM` in a bundle), up to the pod's grace
 //! period (`metadata.deletionGracePeriodSeconds`, else `spec.terminationGracePeriodSeconds`,
-//! else 30 s) for it to exit, then SIGKILL; only then is the container's end written to the
+//! else 30 s; at least 2 s) for it to exit, then SIGKILL; only then is the container's end written to the
 //! pod's status and the pod removed with grace 0, as a kubelet confirms a termination.
 //! In a bundle the program is PID 1 of its PID namespace, so the kernel drops a SIGTERM it has
 //! no handler for (pid_namespaces(7)); as a local process the default action kills it at once.
@@ -306,7 +306,7 @@ impl PodRunner {
                     return Going::VmHalted;
                 }
                 match cp.get("v1", "Pod", Some(&ns), &name).await {
-                    Ok(None) => return Going::Deleted(Duration::ZERO),
+                    Ok(None) => return Going::Deleted(Duration::from_secs(MIN_GRACE_SECONDS)),
                     Ok(Some(p)) if p["metadata"]["deletionTimestamp"].is_string() => {
                         return Going::Deleted(grace_period(&p));
                     }
@@ -371,14 +371,19 @@ enum Going {
 
 /// The grace period a kubelet gives a deleted pod's containers: the deletion's own
 /// (`metadata.deletionGracePeriodSeconds`), else the pod's `terminationGracePeriodSeconds`,
-/// else the API default of 30 s.
+/// else the API default of 30 s; never less than 2 s (kubernetes@v1.33.4
+/// `pkg/kubelet/kuberuntime/kuberuntime_container.go:1421-1440,853-856`,
+/// `kuberuntime_manager.go:79`).
 fn grace_period(pod: &Value) -> Duration {
     let secs = pod["metadata"]["deletionGracePeriodSeconds"]
         .as_u64()
         .or_else(|| pod["spec"]["terminationGracePeriodSeconds"].as_u64())
         .unwrap_or(30);
-    Duration::from_secs(secs)
+    Duration::from_secs(secs.max(MIN_GRACE_SECONDS))
 }
+
+/// The kubelet's `minimumGracePeriodInSeconds`.
+const MIN_GRACE_SECONDS: u64 = 2;
 
 /// The exit code a container runtime reports: the process's own, or 128 + the signal that
 /// killed it.
@@ -625,6 +630,25 @@ mod tests {
         assert_eq!(
             host_path_of(&p, &c, "/opt/bin/sub/scale").as_deref(),
             Some("/var/lib/x/sub/scale")
+        );
+    }
+
+    #[test]
+    fn the_grace_period_is_the_deletions_else_the_pods_else_30_s_and_at_least_2_s() {
+        let secs = |v: Value| grace_period(&v).as_secs();
+        assert_eq!(
+            secs(json!({"metadata": {"deletionGracePeriodSeconds": 7},
+                "spec": {"terminationGracePeriodSeconds": 60}})),
+            7
+        );
+        assert_eq!(
+            secs(json!({"spec": {"terminationGracePeriodSeconds": 60}})),
+            60
+        );
+        assert_eq!(secs(json!({})), 30);
+        assert_eq!(
+            secs(json!({"metadata": {"deletionGracePeriodSeconds": 0}})),
+            2
         );
     }
 
