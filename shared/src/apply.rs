@@ -20,6 +20,7 @@ use tracing::{info, warn};
 
 use crate::base::names;
 use crate::base::retry::{self, Backoff};
+use crate::base::shutdown::Shutdown;
 use crate::domain::model::{InstanceState, PodRef};
 use crate::domain::plan::backoff::{BlockCause, Blocked};
 use crate::domain::plan::{Action, ActionResult, MemberFactory, Outcome, Plan};
@@ -45,6 +46,13 @@ pub struct ApplyOptions {
     pub deadline: Instant,
     /// Set when the run lost its Lease: stop starting new work.
     pub cancelled: Arc<AtomicBool>,
+    /// Triggered when the process is asked to stop (SIGTERM, SIGINT): start no new action,
+    /// end waits (drain, stop) at once as "in progress", and give the action under way at
+    /// most [`ApplyOptions::abandon_after`] more before abandoning it where it is (every
+    /// action is resumable: the next run observes and picks up).
+    pub shutdown: Shutdown,
+    /// How long an action under way may go on after [`ApplyOptions::shutdown`] triggers.
+    pub abandon_after: Duration,
     /// The pod this run executes in (`POD_NAMESPACE`/`POD_NAME`), never evicted by it.
     pub own_pod: Option<(String, String)>,
 }
@@ -60,6 +68,8 @@ impl ApplyOptions {
             backoff: Backoff::default(),
             deadline,
             cancelled: Arc::new(AtomicBool::new(false)),
+            shutdown: Shutdown::new(),
+            abandon_after: ABANDON_AFTER,
             own_pod: None,
         }
     }
@@ -163,16 +173,28 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         let mut blocked = None;
         let outcome = if self.opts.cancelled.load(Ordering::SeqCst) {
             Outcome::Skipped("the run lost its Lease".into())
+        } else if let Some(signal) = self.opts.shutdown.signal() {
+            Outcome::Skipped(format!(
+                "not started: the run was asked to stop ({signal}); a later run does it"
+            ))
         } else if Instant::now() >= self.opts.deadline {
             Outcome::Skipped("the run deadline was reached".into())
         } else {
-            match tokio::time::timeout_at(self.opts.deadline, self.execute(action, &mut blocked))
-                .await
-            {
-                Ok(o) => o,
-                Err(_) => Outcome::InProgress(
-                    "the run deadline was reached; a later run continues".into(),
-                ),
+            let abandon = async {
+                let signal = self.opts.shutdown.triggered().await;
+                tokio::time::sleep(self.opts.abandon_after).await;
+                signal
+            };
+            tokio::select! {
+                done = tokio::time::timeout_at(self.opts.deadline, self.execute(action, &mut blocked)) => match done {
+                    Ok(o) => o,
+                    Err(_) => Outcome::InProgress(
+                        "the run deadline was reached; a later run continues".into(),
+                    ),
+                },
+                signal = abandon => Outcome::InProgress(format!(
+                    "abandoned under way: the run was asked to stop ({signal}); a later run continues from what it finds"
+                )),
             }
         };
         let (kind, reason) = match &outcome {
@@ -391,6 +413,11 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 let timeout = self.opts.drain_timeout.as_secs();
                 match self.drain(node).await.map_err(cluster_err)? {
                     Drained::Done => {}
+                    Drained::Waiting(why) if self.opts.shutdown.is_triggered() => {
+                        return Ok(Outcome::InProgress(format!(
+                            "drain of {node} interrupted ({why}); the next run carries on"
+                        )));
+                    }
                     Drained::Waiting(why) => {
                         return Ok(Outcome::InProgress(format!(
                             "drain of {node} not finished after {timeout}s ({why}); the next run tries again (or use --force-drain)"
@@ -467,10 +494,11 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 }
                 Some(_) => {}
             }
-            if Instant::now() + self.opts.poll > until.min(self.opts.deadline) {
+            if Instant::now() + self.opts.poll > until.min(self.opts.deadline)
+                || self.opts.shutdown.sleep(self.opts.poll).await
+            {
                 return Ok(false);
             }
-            tokio::time::sleep(self.opts.poll).await;
         }
     }
 
@@ -530,6 +558,11 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             if self.opts.cancelled.load(Ordering::SeqCst) {
                 return Ok(Drained::Waiting("the run lost its Lease".into()));
             }
+            if let Some(signal) = self.opts.shutdown.signal() {
+                return Ok(Drained::Waiting(format!(
+                    "the run was asked to stop ({signal})"
+                )));
+            }
             for t in targets.iter_mut() {
                 if t.last_try.is_some_and(|at| at.elapsed() < REEVICT) {
                     continue;
@@ -567,7 +600,7 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             if Instant::now() + poll > until {
                 return Ok(verdict(targets, trouble, Utc::now()));
             }
-            tokio::time::sleep(poll).await;
+            self.opts.shutdown.sleep(poll).await;
         }
     }
 }
@@ -616,6 +649,12 @@ fn rack_message(e: &RackError) -> String {
         other => format!("{other:#}"),
     }
 }
+
+/// How long the action under way may go on once the process is asked to stop, before it is
+/// abandoned where it is: long enough for one slow Oxide or Kubernetes request to answer (so a
+/// create is usually seen through and reported), short enough that status and the Lease
+/// release still fit in a kubelet's default 30 s grace period. **Guess** at the size.
+pub const ABANDON_AFTER: Duration = Duration::from_secs(10);
 
 /// kubectl drain retries an eviction a budget refused after 5 s; a terminating pod is evicted
 /// again (which deletes it again) no more often.

@@ -1,9 +1,10 @@
 //! Base layer: vocabulary with no knowledge of clusters or racks (names, sizes, cron
-//! schedules, retry, secret material, logging). Imports nothing else from the crate.
+//! schedules, retry, secret material, logging, the shutdown token). Imports nothing else from the crate.
 
 pub mod kcron;
 pub mod names;
 pub mod retry;
 pub mod secrets;
+pub mod shutdown;
 pub mod size;
 pub mod telemetry;

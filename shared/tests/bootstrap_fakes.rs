@@ -166,6 +166,7 @@ impl Laptop {
             api_timeout: Duration::from_secs(30),
             api_allow: oxide_controller::domain::firewall::DEFAULT_API_ALLOW.into(),
             holder: "bootstrap-test".into(),
+            shutdown: oxide_controller::base::shutdown::Shutdown::new(),
             home: Some(self.path().to_path_buf()),
             json_logs: true,
             tailscale: TailscaleFlags::default(),

@@ -9,6 +9,7 @@ use chrono::{DateTime, TimeZone, Utc};
 use oxide_controller::base::names::{self, InstanceTag};
 use oxide_controller::base::retry::Backoff;
 use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::base::shutdown::{Shutdown, Signal};
 use oxide_controller::domain::model::{
     DELETE_ME_ANNOTATION, Disk, DiskState, InstanceState, NodeReadiness, PodRef,
 };
@@ -924,5 +925,65 @@ fn a_pool_the_rack_refuses_gets_one_probe_per_run_with_backoff_and_one_event() {
                 .count()
         });
         assert_eq!(resumed, 1);
+    });
+}
+
+/// Asked to stop while a drain waits on a budget (SIGTERM to the Job's pod): the run stops
+/// waiting at once instead of at the drain timeout, starts nothing more, writes status naming
+/// the interrupted drain, gives the Lease back, and deletes nothing of the half-drained member.
+#[test]
+fn a_run_asked_to_stop_mid_drain_ends_at_once_and_releases_the_lease() {
+    rt().block_on(async {
+        let (w, mut spec, workers) = scaled_down_with(|n| {
+            let mut p = fake_pod("db", &format!("pg-{n}"), n);
+            p.protected = true;
+            vec![p]
+        })
+        .await;
+        spec.timeouts.drain_seconds = 60;
+        set_spec(&w, &spec).await;
+        let mut o = opts(&w);
+        o.shutdown = Shutdown::new();
+        let trigger = o.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            trigger.trigger(Signal::Term);
+        });
+        let rack = w.rack();
+        let started = std::time::Instant::now();
+        let out = reconcile::run(&w.cluster(), &w.state(), move |_, _| Ok(rack), &o).await;
+        assert!(
+            matches!(
+                out,
+                Ok(RunOutcome::Stopped {
+                    signal: Signal::Term
+                })
+            ),
+            "{out:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "waited {:?}",
+            started.elapsed()
+        );
+        assert!(w.lock().lease.is_none(), "the Lease is free");
+        assert_eq!(
+            oxide_controller::fake::pool_members(&w, "demo", "workers"),
+            workers,
+            "nothing deleted"
+        );
+        let victim = victim(&w);
+        assert!(w.lock().nodes[&victim].unschedulable, "still cordoned");
+        let status = status(&w).await;
+        assert!(
+            status.last_plan.iter().any(|a| a.action == "remove"
+                && a.detail
+                    .as_deref()
+                    .is_some_and(|d| d.contains("interrupted"))),
+            "{status:?}"
+        );
+        // The next run carries on.
+        w.with(|s| s.pods.iter_mut().for_each(|p| p.protected = false));
+        converge(&w, 6).await;
     });
 }

@@ -201,6 +201,124 @@ async fn the_front_proxy_names_certificate_callers_passes_tokens_and_injects_fau
     task.abort();
 }
 
+/// Audit sim-3 K5: a fault of `kube` answers before forwarding (nothing happens), one of
+/// `kube_after` answers after the apiserver committed the request (the write is there; a retry
+/// of the create gets 409 AlreadyExists, a retry of the update with the old resourceVersion
+/// 409 Conflict), as a real 504 "may still be processing the request".
+#[tokio::test]
+async fn the_front_proxy_fails_writes_before_or_after_the_apiserver_commits_them() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::PostParams;
+    use oxide_sim::control_plane::proxy::LocalApi;
+    use oxide_sim::oxide::faults::{AfterFault, FaultSpec, Faults, RouteFault};
+
+    let faults = Faults::default();
+    let local = LocalApi::start(
+        ControlPlaneOptions {
+            controller_manager: false,
+            scheduler: false,
+            kwok: false,
+            ..ControlPlaneOptions::default()
+        },
+        faults.clone(),
+    )
+    .await
+    .unwrap();
+    // Without kube-rs's own retry of 503/504 (the product's client has none either), which
+    // would turn the 504 into the retry's 409 before the test saw it.
+    let kc = kube::config::Kubeconfig::from_yaml(&local.admin_kubeconfig()).unwrap();
+    let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    cfg.default_retry = false;
+    let client = kube::Client::try_from(cfg).unwrap();
+    let cms: kube::Api<ConfigMap> = kube::Api::namespaced(client, "default");
+    let cm = |name: &str, v: &str| -> ConfigMap {
+        serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": v}})).unwrap()
+    };
+    let status_of = |e: kube::Error| match e {
+        kube::Error::Api(s) => (s.code, s.message),
+        other => panic!("{other}"),
+    };
+
+    // Before: refused, nothing written.
+    faults.set(FaultSpec {
+        kube: [(
+            "create configmaps".to_string(),
+            RouteFault {
+                error_rate: 1.0,
+                error_status: 500,
+                latency_ms: 0,
+            },
+        )]
+        .into(),
+        ..FaultSpec::default()
+    });
+    let (code, _) = status_of(
+        cms.create(&PostParams::default(), &cm("before", "1"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 500);
+    assert!(cms.get_opt("before").await.unwrap().is_none());
+
+    // After: answered 504, yet committed.
+    faults.set(FaultSpec {
+        kube_after: [
+            ("create configmaps".to_string(), AfterFault::default()),
+            ("update configmaps".to_string(), AfterFault::default()),
+        ]
+        .into(),
+        ..FaultSpec::default()
+    });
+    let (code, message) = status_of(
+        cms.create(&PostParams::default(), &cm("after", "1"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 504);
+    assert!(message.contains("may still be processing"), "{message}");
+    let stored = cms.get("after").await.unwrap();
+    assert_eq!(stored.data.as_ref().unwrap()["k"], "1");
+    let (code, _) = status_of(
+        cms.create(&PostParams::default(), &cm("after", "1"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 409, "the retried create finds it made");
+
+    let mut changed = stored.clone();
+    changed.data = Some([("k".to_string(), "2".to_string())].into());
+    let (code, _) = status_of(
+        cms.replace("after", &PostParams::default(), &changed)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 504);
+    let now = cms.get("after").await.unwrap();
+    assert_eq!(now.data.as_ref().unwrap()["k"], "2", "the update landed");
+    assert_ne!(
+        now.metadata.resource_version,
+        stored.metadata.resource_version
+    );
+    let (code, _) = status_of(
+        cms.replace("after", &PostParams::default(), &changed)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        code, 409,
+        "the retried update holds a stale resourceVersion"
+    );
+    // Each fault was used once; the next writes go through.
+    assert!(faults.get().kube_after.values().all(|f| f.times == 0));
+    let mut again = now.clone();
+    again.data = Some([("k".to_string(), "3".to_string())].into());
+    cms.replace("after", &PostParams::default(), &again)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn kwok_runs_workload_pods_but_leaves_ours_to_the_harness() {
     let cp = ControlPlane::start(ControlPlaneOptions {

@@ -6,7 +6,9 @@
 //!
 //! Exit codes: 0 done (or still converging when `--wait` ran out: the CronJob carries on),
 //! 1 a step failed (re-run to continue), 2 bad input or a state a person must resolve
-//! (nothing is created when the input is bad).
+//! (nothing is created when the input is bad), 143 (SIGTERM) or 130 (SIGINT) stopped on
+//! request: the reconcile step stops at a safe point and gives its Lease back, any other step
+//! is abandoned after a short wait (at once on a second signal); re-run to continue.
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +19,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use oxide_controller::adapters::credentials::{CredentialFlags, CredentialSources};
 use oxide_controller::adapters::tailscale::SecretString;
+use oxide_controller::base::shutdown::{Shutdown, Signal};
 use oxide_controller::base::size::ByteSize;
 use oxide_controller::base::telemetry::{self, LogFormat};
 use oxide_controller::domain::spec::{ExternalIpMode, K3sInstall};
@@ -364,14 +367,41 @@ fn run_create(args: Args, oxide: OxideArgs) -> ExitCode {
     oxide_controller::base::telemetry::block_on(finish(input, json_logs))
 }
 
-async fn finish(input: BootstrapInput, json_logs: bool) -> ExitCode {
-    match bootstrap::run(input, &LiveConnect::new()).await {
-        Ok(summary) => {
-            print!("{}", summary.render());
-            ExitCode::SUCCESS
-        }
-        Err(e) => report(&e, json_logs),
+async fn finish(mut input: BootstrapInput, json_logs: bool) -> ExitCode {
+    let shutdown = Shutdown::on_signals();
+    input.shutdown = shutdown.clone();
+    let connect = LiveConnect::new();
+    tokio::select! {
+        done = bootstrap::run(input, &connect) => match done {
+            Ok(summary) => {
+                print!("{}", summary.render());
+                ExitCode::SUCCESS
+            }
+            Err(e) => match shutdown.signal() {
+                Some(signal) => stopped(signal, json_logs),
+                None => report(&e, json_logs),
+            },
+        },
+        signal = shutdown.abandon_after(STOP_WAIT) => stopped(signal, json_logs),
     }
+}
+
+/// How long bootstrap waits, once asked to stop, for the step under way to reach a safe point
+/// (the reconcile step finishes or abandons its action and gives its Lease back) before it
+/// abandons the step where it is; a second signal abandons at once.
+const STOP_WAIT: Duration =
+    oxide_controller::apply::ABANDON_AFTER.saturating_add(Duration::from_secs(5));
+
+/// Reports a stop on request; exit 128 + the signal's number.
+fn stopped(signal: Signal, json_logs: bool) -> ExitCode {
+    let text = format!(
+        "bootstrap stopped by {signal}; run it again with the same flags to continue (it adopts what exists)"
+    );
+    if json_logs {
+        tracing::warn!(exit_code = signal.exit_code(), "{text}");
+    }
+    eprintln!("{text}");
+    ExitCode::from(signal.exit_code())
 }
 
 /// Prints why the workflow stopped, once: `error: <chain>` for a person, and in JSON log mode
@@ -435,6 +465,7 @@ fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
         api_timeout: Duration::from_secs(a.api_timeout),
         api_allow: a.api_allow,
         holder: holder("bootstrap"),
+        shutdown: Shutdown::new(),
         home: std::env::home_dir(),
         json_logs,
         tailscale: TailscaleFlags {

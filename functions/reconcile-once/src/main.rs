@@ -2,7 +2,15 @@
 //! laptop with `--kubeconfig` when the CronJob cannot run.
 //!
 //! Exit codes: 0 converged or progressing (or another run holds the Lease), 1 retryable
-//! failure, 2 configuration error.
+//! failure, 2 configuration error, 143 (SIGTERM) or 130 (SIGINT) stopped early on request.
+//!
+//! SIGTERM (the kubelet ending the pod: eviction, a Job deletion, `activeDeadlineSeconds`)
+//! and SIGINT are handled, which matters most as PID 1 of the image, where an unhandled
+//! SIGTERM is ignored and the pod would act on until SIGKILL: the run starts no new action,
+//! lets the one under way finish (or abandons it after
+//! [`oxide_controller::apply::ABANDON_AFTER`]; every action is resumable), writes status,
+//! gives the Lease back, logs `reconcile stopped early` with the signal, and exits 128 + the
+//! signal's number — well inside the default 30 s grace period.
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +22,7 @@ use clap::{Parser, ValueEnum};
 use oxide_controller::adapters::kube_cluster::KubeCluster;
 use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
+use oxide_controller::base::shutdown::Shutdown;
 use oxide_controller::base::telemetry::{self, LogFormat};
 use oxide_controller::ports::cluster::NAMESPACE;
 use oxide_controller::workflows::error::chain;
@@ -68,6 +77,8 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> ExitCode {
+    // First: from here on SIGTERM/SIGINT no longer kill the process mid-step.
+    let shutdown = Shutdown::on_signals();
     let client = match oxide_controller::adapters::kubeclient::client(
         args.kubeconfig.as_deref(),
         args.context.as_deref(),
@@ -94,6 +105,7 @@ async fn run(args: Args) -> ExitCode {
     opts.concurrency = usize::from(args.concurrency);
     opts.force_drain = args.force_drain;
     opts.deadline = args.deadline_seconds.map(Duration::from_secs);
+    opts.shutdown = shutdown;
     let make_rack = |secrets: &oxide_controller::base::secrets::ClusterSecrets,
                      spec: &oxide_controller::domain::spec::ClusterSpec| {
         OxideRack::connect(
@@ -119,6 +131,14 @@ async fn run(args: Args) -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(RunOutcome::Converged { .. } | RunOutcome::Progressing { .. }) => ExitCode::SUCCESS,
+        Ok(RunOutcome::Stopped { signal }) => {
+            tracing::warn!(
+                signal = signal.name(),
+                exit_code = signal.exit_code(),
+                "reconcile stopped early: no Lease held, a later run continues"
+            );
+            ExitCode::from(signal.exit_code())
+        }
         Err(e) => {
             tracing::error!("{}", chain(&e));
             ExitCode::from(e.exit_code())

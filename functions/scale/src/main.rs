@@ -8,7 +8,10 @@
 //!   against the Kubernetes API (no HTTP), e.g. from a laptop with `--kubeconfig`.
 //!
 //! Exit codes: 0 success, 1 retryable failure (API unavailable, write conflicts), 2 something
-//! to fix first (bounds, unknown pool, no cluster state, unusable kubeconfig or TLS files).
+//! to fix first (bounds, unknown pool, no cluster state, unusable kubeconfig or TLS files),
+//! 143 (SIGTERM) or 130 (SIGINT) when a one-shot command was stopped before it finished: it
+//! waits up to 5 s for the request under way (a command done by then exits as usual), at once
+//! on a second signal; `serve` exits 0 after finishing in-flight requests.
 
 #![forbid(unsafe_code)]
 
@@ -21,6 +24,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use oxide_controller::adapters::kube_cluster::KubeCluster;
 use oxide_controller::adapters::kube_store::KubeStateStore;
+use oxide_controller::base::shutdown::Shutdown;
 use oxide_controller::base::telemetry::{self, LogFormat};
 use oxide_controller::ports::cluster::NAMESPACE;
 use oxide_controller::webhook::host::{self, HostOptions};
@@ -170,8 +174,28 @@ struct ServeArgs {
 fn main() -> ExitCode {
     let args = Args::parse();
     telemetry::init(args.log_format);
-    telemetry::block_on(run(args))
+    if matches!(args.command, Command::Serve(_)) {
+        return telemetry::block_on(run(args));
+    }
+    telemetry::block_on(async move {
+        // One-shot commands: a signal lets the request under way answer (bounded), then stops.
+        let shutdown = Shutdown::on_signals();
+        tokio::select! {
+            code = run(args) => code,
+            signal = shutdown.abandon_after(STOP_WAIT) => {
+                eprintln!(
+                    "scale stopped by {signal} before it finished: a change under way may or may not be saved; check with `scale get`"
+                );
+                ExitCode::from(signal.exit_code())
+            }
+        }
+    })
 }
+
+/// How long a one-shot command, once asked to stop, waits for its request under way (a read,
+/// the ConfigMap write, the Job create) before it gives up on it; a second signal gives up at
+/// once. A command that finishes meanwhile exits as it would have.
+const STOP_WAIT: Duration = Duration::from_secs(5);
 
 async fn run(args: Args) -> ExitCode {
     let client = match oxide_controller::adapters::kubeclient::client(

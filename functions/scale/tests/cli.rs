@@ -16,6 +16,7 @@ use oxide_controller::ports::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
 use oxide_controller::ports::state::{StateStore, keys};
 use oxide_sim::control_plane::proxy::LocalApi;
 use oxide_sim::guest::cluster_api::{BlockingKube, KubeView};
+use oxide_sim::oxide::{AfterFault, FaultSpec, Faults};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -30,7 +31,24 @@ struct Env {
 
 /// An apiserver holding the state bootstrap writes (2 workers in [0, 10]) and a CronJob.
 async fn env() -> Env {
-    let local = std::sync::Arc::new(LocalApi::apiserver_only().await.unwrap());
+    env_with(Faults::default()).await
+}
+
+/// [`env`] behind a front proxy injecting `faults`.
+async fn env_with(faults: Faults) -> Env {
+    let local = std::sync::Arc::new(
+        LocalApi::start(
+            oxide_sim::control_plane::ControlPlaneOptions {
+                controller_manager: false,
+                scheduler: false,
+                kwok: false,
+                ..Default::default()
+            },
+            faults,
+        )
+        .await
+        .unwrap(),
+    );
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, local.admin_kubeconfig()).unwrap();
@@ -141,6 +159,141 @@ async fn get_set_and_add_change_the_configmap_and_exit_with_the_documented_codes
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Audit sim-3 K5: the count write and the reconcile Job create are committed but answered
+/// 504 ("may still be processing the request"). `scale` looks instead of failing: the change
+/// is reported saved and the run triggered, and nothing is applied twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_answered_504_after_they_landed_are_reported_done_and_not_applied_twice() {
+    let faults = Faults::default();
+    let env = env_with(faults.clone()).await;
+    let after = |key: &str| {
+        faults.set(FaultSpec {
+            kube_after: [(key.to_string(), AfterFault::default())].into(),
+            ..FaultSpec::default()
+        });
+    };
+    // The count write.
+    after("update configmaps");
+    let (code, out, err) = env.scale(&["add", "1"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.starts_with("workers: 2 → 3; reconcile triggered"),
+        "{out}{err}"
+    );
+    assert!(faults.get().kube_after.values().all(|f| f.times == 0));
+    assert_eq!(env.stored_count(), 3);
+
+    // The reconcile Job create (the last one cleaned up first, as its TTL would; with no
+    // garbage collector here, its orphan finalizer is taken off by hand).
+    assert!(
+        env.kube
+            .delete("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+    );
+    let _ = env.kube.merge_patch(
+        "batch/v1",
+        "Job",
+        Some(NAMESPACE),
+        ON_DEMAND_JOB,
+        &json!({"metadata": {"finalizers": null}}),
+    );
+    assert!(
+        env.kube
+            .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+            .is_none()
+    );
+    after("create jobs");
+    let (code, out, err) = env.scale(&["add", "1"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("workers: 3 → 4; reconcile triggered"),
+        "{out}{err}"
+    );
+    assert!(faults.get().kube_after.values().all(|f| f.times == 0));
+    assert_eq!(env.stored_count(), 4);
+    assert!(
+        env.kube
+            .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+            .is_some()
+    );
+}
+
+/// SIGTERM while the count write is under way lets it finish (exit as usual, change saved);
+/// SIGINT twice gives up at once with 130 and says the change may or may not be saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_shot_command_finishes_its_write_on_sigterm_and_stops_on_a_second_sigint() {
+    let faults = Faults::default();
+    let env = env_with(faults.clone()).await;
+    let slow = |ms: u64| {
+        faults.set(FaultSpec {
+            kube: [(
+                "update configmaps".to_string(),
+                oxide_sim::oxide::RouteFault {
+                    latency_ms: ms,
+                    error_rate: 0.0,
+                    error_status: 503,
+                },
+            )]
+            .into(),
+            ..FaultSpec::default()
+        });
+    };
+    let start = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_scale"))
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&env.kubeconfig)
+            .env_remove("OXIDE_CONTROLLER_POOL")
+            .env("OXIDE_CONTROLLER_LOG_FORMAT", "text")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let kill = |signal: &str, pid: u32| {
+        assert!(
+            std::process::Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+
+    slow(2500);
+    let child = start(&["add", "1"]);
+    let pid = child.id().unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    kill("-TERM", pid);
+    let out = child.wait_with_output().await.unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.starts_with("workers: 2 → 3"), "{text}");
+    assert_eq!(env.stored_count(), 3);
+
+    slow(30_000);
+    let child = start(&["add", "1"]);
+    let pid = child.id().unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let asked = std::time::Instant::now();
+    kill("-INT", pid);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    kill("-INT", pid);
+    let out = child.wait_with_output().await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert!(err.contains("scale stopped by SIGINT"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -190,6 +190,10 @@ impl KubeCluster {
     }
 }
 
+/// Annotation on an on-demand reconcile Job: a random id per create request, so a create
+/// answered with a 5xx after it was committed is recognised as ours.
+pub const TRIGGER_ANNOTATION: &str = "oxide-controller/trigger-id";
+
 /// Classifies a kube error for the object `what`.
 pub fn cluster_error(what: impl Into<String>, err: kube::Error) -> ClusterError {
     let what = what.into();
@@ -731,10 +735,31 @@ impl Cluster for KubeCluster {
         else {
             return Ok(JobTrigger::NoCronJob);
         };
-        let job = self.job_from_cronjob(&cron);
+        let mut job = self.job_from_cronjob(&cron);
+        // Marks this create, so a create whose answer was lost can be recognised.
+        let attempt = uuid::Uuid::new_v4().simple().to_string();
+        job.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(TRIGGER_ANNOTATION.to_owned(), attempt.clone());
         match jobs.create(&PostParams::default(), &job).await {
             Ok(_) => return Ok(JobTrigger::Created),
             Err(e) if api_status(&e) == Some(409) => {}
+            // A 5xx or a lost answer says nothing about whether the Job was made (a 504 "may
+            // still be processing the request"): look for this very create.
+            Err(e) if crate::adapters::kubeclient::outcome_unknown(&e) => {
+                let made = jobs.get_opt(ON_DEMAND_JOB).await.ok().flatten();
+                if made.is_some_and(|j| {
+                    j.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(TRIGGER_ANNOTATION))
+                        == Some(&attempt)
+                }) {
+                    return Ok(JobTrigger::Created);
+                }
+                return Err(cluster_error(&job_what, e));
+            }
             Err(e) => return Err(cluster_error(&job_what, e)),
         }
         // The fixed name is taken: a run is pending or under way, or the last one finished

@@ -317,10 +317,33 @@ impl StateStore for KubeStateStore {
             data: Some(data),
             ..ConfigMap::default()
         };
-        let written = api
+        let written = match api
             .replace(OBJECT_NAME, &PostParams::default(), &config)
             .await
-            .map_err(|e| state_error(self.config_what(), e))?;
+        {
+            Ok(w) => w,
+            // A 5xx or a lost answer says nothing about whether the write landed (a 504 "may
+            // still be processing the request"); a retry with the same resourceVersion would
+            // then get 409 and re-apply its edit to what it already wrote. Look instead: the
+            // ConfigMap holding exactly this data under a newer resourceVersion means it did.
+            Err(e) if crate::adapters::kubeclient::outcome_unknown(&e) => {
+                match api.get_opt(OBJECT_NAME).await {
+                    Ok(Some(now))
+                        if now.data == config.data
+                            && now.metadata.resource_version.as_deref()
+                                != Some(resource_version) =>
+                    {
+                        tracing::debug!(
+                            error = %e,
+                            "the ConfigMap replace was answered with an error but had landed"
+                        );
+                        now
+                    }
+                    _ => return Err(state_error(self.config_what(), e)),
+                }
+            }
+            Err(e) => return Err(state_error(self.config_what(), e)),
+        };
         self.remember_config_meta(&written.metadata);
         written
             .metadata

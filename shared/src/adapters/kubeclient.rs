@@ -115,6 +115,13 @@ pub fn client_from_config(mut config: kube::Config) -> Result<kube::Client, Kube
     kube::Client::try_from(config).map_err(|source| KubeClientError::Build { server, source })
 }
 
+/// Whether a failed request may still have been carried out: a 5xx (the apiserver's 504
+/// "may still be processing the request", a 500 after the write) or no answer at all (a
+/// timeout, a dropped connection). 4xx answers are refusals: nothing happened.
+pub fn outcome_unknown(err: &kube::Error) -> bool {
+    api_status(err).is_none_or(|code| code >= 500)
+}
+
 /// The HTTP status of a failed API call, when the server answered (kube reports every 4xx/5xx
 /// answer as `kube::Error::Api`); `None` for transport trouble (connect, TLS, timeouts).
 pub fn api_status(err: &kube::Error) -> Option<u16> {

@@ -148,6 +148,10 @@ pub struct BootstrapInput {
     /// Lease holder identity of the in-process reconcile (stable per machine, so a re-run
     /// after a kill takes over its own Lease at once).
     pub holder: String,
+    /// Triggered when the process is asked to stop: the reconcile step stops its pass at a
+    /// resumable point and gives its Lease back (the other steps are abandoned by the caller;
+    /// every step is resumable, a re-run adopts what exists).
+    pub shutdown: crate::base::shutdown::Shutdown,
     pub home: Option<PathBuf>,
     /// Logs are JSON: no in-place progress drawing.
     pub json_logs: bool,
@@ -758,7 +762,7 @@ async fn step_reconcile<C: Connect>(
         wait_s = input.wait.as_secs(),
         "running the first reconcile"
     );
-    reconcile_loop(connect, ports, &input.holder, input.wait).await
+    reconcile_loop(connect, ports, &input.holder, input.wait, &input.shutdown).await
 }
 
 /// Reads the resume file, or creates it. Without one, a project that already holds VMs of
@@ -1264,6 +1268,7 @@ async fn reconcile_loop<C: Connect>(
     ports: &Ports<C>,
     holder: &str,
     wait: Duration,
+    shutdown: &crate::base::shutdown::Shutdown,
 ) -> Result<(Option<Plan>, bool), BootstrapError> {
     let step = "reconcile";
     let deadline = Instant::now() + wait;
@@ -1273,6 +1278,7 @@ async fn reconcile_loop<C: Connect>(
         pass += 1;
         let remaining = deadline.saturating_duration_since(Instant::now());
         let mut opts = ReconcileOptions::new(holder);
+        opts.shutdown = shutdown.clone();
         opts.deadline = Some(remaining.clamp(Duration::from_secs(15), Duration::from_secs(240)));
         opts.poll = Duration::from_millis(250);
         let make_rack = |s: &crate::base::secrets::ClusterSecrets,
@@ -1292,6 +1298,14 @@ async fn reconcile_loop<C: Connect>(
                 info!(step, pass, %holder, "another reconcile run holds the Lease; waiting")
             }
             Ok(RunOutcome::DryRun { plan }) => return Ok((Some(plan), false)),
+            Ok(RunOutcome::Stopped { signal }) => {
+                return Err(BootstrapError::step(
+                    step,
+                    error::message(format!(
+                        "stopped by {signal}; the Lease is released, re-run to continue"
+                    )),
+                ));
+            }
             Err(e) if e.kind() == error::Kind::NeedsPerson => {
                 return Err(BootstrapError::needs_person(step, e));
             }

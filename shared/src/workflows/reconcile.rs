@@ -18,6 +18,7 @@ pub use autoscale::{Decided, active as autoscale_active, views as autoscale_view
 use crate::apply::{self, ApplyOptions};
 use crate::base::names;
 use crate::base::secrets::ClusterSecrets;
+use crate::base::shutdown::{Shutdown, Signal};
 use crate::domain::plan::{self, Observed, Plan};
 use crate::domain::plan::{ActionResult, Outcome};
 use crate::domain::spec::ClusterSpec;
@@ -42,6 +43,10 @@ pub enum RunOutcome {
     LeaseHeld { holder: String },
     /// `--dry-run`: the plan, unapplied.
     DryRun { plan: Plan },
+    /// Asked to stop (SIGTERM, SIGINT) before the run was done: no new action was started,
+    /// the one under way finished or was abandoned at a resumable point, status was written
+    /// (if the API allowed) and the Lease given back, so the next run starts at once.
+    Stopped { signal: Signal },
 }
 
 /// Why a run failed, with the error that made it fail as its source (print it with
@@ -92,6 +97,8 @@ pub struct ReconcileOptions {
     pub backoff: crate::base::retry::Backoff,
     /// The clock (tests pass a fake one).
     pub now: Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>,
+    /// Triggered when the process is asked to stop (see [`RunOutcome::Stopped`]).
+    pub shutdown: Shutdown,
 }
 
 impl std::fmt::Debug for ReconcileOptions {
@@ -118,6 +125,7 @@ impl ReconcileOptions {
             stop_wait: Duration::from_secs(60),
             backoff: crate::base::retry::Backoff::default(),
             now: Arc::new(Utc::now),
+            shutdown: Shutdown::new(),
         }
     }
 }
@@ -378,6 +386,10 @@ where
         return Ok(RunOutcome::DryRun { plan });
     }
 
+    // Asked to stop before holding anything: nothing to give back.
+    if let Some(signal) = opts.shutdown.signal() {
+        return Ok(RunOutcome::Stopped { signal });
+    }
     // The Lease outlives the run's deadline by a margin, so a run killed mid-way (SIGKILL,
     // node loss) blocks the next ones only briefly.
     let lease_len = deadline_len + (deadline_len / 4).min(Duration::from_secs(30));
@@ -395,54 +407,134 @@ where
     let cancelled = apply_opts.cancelled.clone();
     let renew = hold_lease(cluster, &opts.holder, lease_len, asked, cancelled);
 
-    let work = async {
-        let (observed, plan, autoscaled) =
-            crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
-                observe_and_plan(&rack, cluster, &spec, (opts.now)(), previous.as_ref())
-            })
-            .await?;
-        if let Some(a) = &autoscaled {
-            autoscale::record_events(
-                cluster,
-                a,
-                previous.as_ref().and_then(|s| s.autoscale.as_ref()),
-            )
-            .await;
-        }
-        let factory = SpecMembers::new(&spec, &secrets, &observed).with_ca_hash(
-            snapshot
-                .data
-                .get(state::keys::K3S_CA_HASH)
-                .map(String::as_str),
-        );
-        let results = apply::apply(&rack, cluster, &factory, &plan, &apply_opts).await;
-        Ok::<_, ReconcileError>((plan, results, autoscaled))
+    let ran = Ran {
+        spec: &spec,
+        snapshot: &snapshot,
+        previous: previous.as_ref(),
+        run_id: &run_id,
+        started_at,
     };
     let outcome = tokio::select! {
-        r = work => r,
+        r = work(&rack, cluster, &secrets, &ran, opts, &apply_opts) => r,
         () = renew => unreachable!("renew never completes"),
+        signal = abandoned(&apply_opts) => Err(ReconcileError::Retryable(message(format!(
+            "abandoned under way: the run was asked to stop ({signal})"
+        )))),
     };
-
-    let finished_at = (opts.now)();
-    let status = run_status(
-        &spec,
-        &run_id,
-        started_at,
-        finished_at,
-        &outcome,
-        previous.as_ref(),
-    );
-    if outcome.is_ok() {
-        record_backoff_events(cluster, previous.as_ref(), &status).await;
+    let stopped = opts.shutdown.signal();
+    let status = wrap_up(cluster, state, opts, &ran, &outcome).await;
+    if let Some(signal) = stopped {
+        return Ok(stopped_early(
+            &run_id,
+            signal,
+            &outcome,
+            &status,
+            started.elapsed(),
+        ));
     }
-    if let Err(e) = write_status(state, Some(&snapshot), &status, &spec.server_settings()).await {
-        warn!(error = %e, "could not write status.json");
-    }
-    release_lease(cluster, &opts.holder).await;
     let (plan, results, autoscaled) = outcome?;
     let took = started.elapsed();
     finish(&run_id, plan, results, autoscaled, &status, took)
 }
+
+/// The run's work under the Lease: observe and plan (retried), the autoscaler's Events, apply.
+async fn work<R: Rack, C: Cluster>(
+    rack: &R,
+    cluster: &C,
+    secrets: &ClusterSecrets,
+    ran: &Ran<'_>,
+    opts: &ReconcileOptions,
+    apply_opts: &ApplyOptions,
+) -> Result<Applied, ReconcileError> {
+    let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
+    let (observed, plan, autoscaled) =
+        crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
+            observe_and_plan(rack, cluster, ran.spec, (opts.now)(), ran.previous)
+        })
+        .await?;
+    if let Some(a) = &autoscaled {
+        autoscale::record_events(cluster, a, ran.previous.and_then(|s| s.autoscale.as_ref())).await;
+    }
+    let factory = SpecMembers::new(ran.spec, secrets, &observed).with_ca_hash(
+        ran.snapshot
+            .data
+            .get(state::keys::K3S_CA_HASH)
+            .map(String::as_str),
+    );
+    let results = apply::apply(rack, cluster, &factory, &plan, apply_opts).await;
+    Ok((plan, results, autoscaled))
+}
+
+/// What a run read and when it began, for [`work`] and [`wrap_up`].
+struct Ran<'a> {
+    spec: &'a ClusterSpec,
+    snapshot: &'a state::ConfigSnapshot,
+    previous: Option<&'a Status>,
+    run_id: &'a str,
+    started_at: DateTime<Utc>,
+}
+
+/// After the work, whatever its outcome: the status it leaves (written, with the backoff
+/// Events of a run that got through), and the Lease given back. Returns the status.
+async fn wrap_up<C: Cluster, S: StateStore>(
+    cluster: &C,
+    state: &S,
+    opts: &ReconcileOptions,
+    ran: &Ran<'_>,
+    outcome: &Result<Applied, ReconcileError>,
+) -> Status {
+    let finished_at = (opts.now)();
+    let status = run_status(
+        ran.spec,
+        ran.run_id,
+        ran.started_at,
+        finished_at,
+        outcome,
+        ran.previous,
+    );
+    if outcome.is_ok() {
+        record_backoff_events(cluster, ran.previous, &status).await;
+    }
+    let settings = ran.spec.server_settings();
+    if let Err(e) = write_status(state, Some(ran.snapshot), &status, &settings).await {
+        warn!(error = %e, "could not write status.json");
+    }
+    release_lease(cluster, &opts.holder).await;
+    status
+}
+
+/// Completes a little after apply gives up on the action under way once the run is asked to
+/// stop (see [`ApplyOptions::abandon_after`]): the bound on the rest (an observe still
+/// retrying). Returns the signal.
+async fn abandoned(apply_opts: &ApplyOptions) -> Signal {
+    let signal = apply_opts.shutdown.triggered().await;
+    tokio::time::sleep(apply_opts.abandon_after + Duration::from_secs(2)).await;
+    signal
+}
+
+/// A run asked to stop before it was done: logs what it did, and says so.
+fn stopped_early(
+    run_id: &str,
+    signal: Signal,
+    outcome: &Result<Applied, ReconcileError>,
+    status: &Status,
+    took: Duration,
+) -> RunOutcome {
+    match outcome {
+        Ok((plan, results, autoscaled)) => {
+            summary(run_id, plan, results, autoscaled.as_ref(), status, took);
+        }
+        Err(e) => warn!(run_id, error = %error::chain(e), "the run stopped early"),
+    }
+    RunOutcome::Stopped { signal }
+}
+
+/// What apply did: the plan, one result per action, and the autoscaler's outcome.
+type Applied = (
+    Plan,
+    Vec<ActionResult>,
+    Option<crate::domain::autoscale::Outcome>,
+);
 
 /// Keeps the Lease taken by the request sent at `asked` (see [`keep_lease`]); once it is
 /// lost, tells apply to start no more work (`cancelled`). Never completes.
@@ -502,6 +594,7 @@ fn apply_options(opts: &ReconcileOptions, spec: &ClusterSpec, deadline: Instant)
     apply_opts.stop_wait = opts.stop_wait;
     apply_opts.backoff = opts.backoff;
     apply_opts.own_pod = opts.own_pod.clone();
+    apply_opts.shutdown = opts.shutdown.clone();
     apply_opts
 }
 

@@ -7,7 +7,10 @@
 //!
 //! Like the twin it replaces, the proxy injects faults per verb and resource
 //! ([`crate::oxide::faults::FaultSpec::kube`], keyed `"<verb> <resource>[/<sub>]"`) and counts
-//! requests per `"METHOD /path/template"`.
+//! requests per `"METHOD /path/template"`. Those faults answer *before* forwarding (the
+//! request never reaches the apiserver: no side effect); the ones of
+//! [`crate::oxide::faults::FaultSpec::kube_after`] answer *after* it (the apiserver accepted
+//! and committed the request, the client is told it failed), as a real 504 can.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -238,6 +241,15 @@ impl FrontProxy {
                 );
             }
         };
+        // Committed, but the client hears it failed.
+        if answer.status().is_success()
+            && let Some(resource) = &info.resource
+            && let Some(code) = self.faults.take_kube_after(&info.verb, resource)
+        {
+            let _ = answer.bytes().await;
+            tracing::debug!(verb = %info.verb, %resource, code, "front proxy: committed request answered as failed");
+            return injected(code);
+        }
         let mut resp = http::Response::builder().status(answer.status());
         for (name, value) in answer.headers() {
             if matches!(

@@ -820,6 +820,9 @@ impl RackEvents for Boot {
             tailnet.remove(id);
         }
         let mut st = self.inner.state();
+        if let Some(node) = st.vms.get(&id).and_then(|v| v.node_name.clone()) {
+            st.departed_nodes.insert(node);
+        }
         if let Some(vm) = st.vms.remove(&id)
             && !vm.uploads.is_empty()
             && let Some(dir) = self.inner.vm_upload_dir(id)

@@ -37,7 +37,7 @@ pub mod sshd;
 mod tailscale_up;
 mod yaml;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -185,6 +185,8 @@ struct State {
     floating: HashMap<IpAddr, Uuid>,
     /// Clusters, keyed by the id of the VM that created them.
     clusters: BTreeMap<Uuid, Cluster>,
+    /// Node names of deleted VMs (their Node objects may outlive them).
+    departed_nodes: BTreeSet<String>,
 }
 
 impl State {
@@ -381,6 +383,24 @@ impl Boot {
             .values()
             .find(|v| v.running && v.node_name.as_deref() == Some(node))?;
         vm.uploads.get(path).cloned()
+    }
+
+    /// Whether the VM behind Node `node` runs: `Some(true)` when a running VM registered
+    /// that Node, `Some(false)` when only stopped (halted, failed, deleted) VMs did, `None`
+    /// when no VM of the simulator ever did (a Node a test made by hand). The pod runner asks
+    /// this, as only a running VM has a kubelet to start or stop its pods.
+    pub fn node_vm_running(&self, node: &str) -> Option<bool> {
+        let st = self.inner.state();
+        let mut seen = false;
+        for v in st.vms.values() {
+            if v.node_name.as_deref() == Some(node) {
+                if v.running {
+                    return Some(true);
+                }
+                seen = true;
+            }
+        }
+        (seen || st.departed_nodes.contains(node)).then_some(false)
     }
 
     /// Node name of a joined instance (None when it has not joined).

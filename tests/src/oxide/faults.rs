@@ -56,6 +56,31 @@ pub struct FaultSpec {
     /// `"<verb> *"` or `"*"` (most specific wins). `error_status` answers with the
     /// apiserver's Status for that code (500 InternalError, 503 ServiceUnavailable, 429...).
     pub kube: BTreeMap<String, RouteFault>,
+    /// Kubernetes API faults injected *after* the request reached the apiserver, keyed like
+    /// [`FaultSpec::kube`]: the next `times` matching requests the apiserver *accepted* (2xx)
+    /// are answered with `error_status` instead (504 by default: the apiserver's own timeout
+    /// answer says it "may still be processing the request"), so the write is committed but
+    /// the client is told it failed. Refused requests pass through untouched and do not count.
+    pub kube_after: BTreeMap<String, AfterFault>,
+}
+
+/// A committed-but-failed answer (see [`FaultSpec::kube_after`]).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AfterFault {
+    /// The status the client gets instead of the apiserver's success.
+    pub error_status: u16,
+    /// How many more accepted requests get it.
+    pub times: u32,
+}
+
+impl Default for AfterFault {
+    fn default() -> Self {
+        Self {
+            error_status: 504,
+            times: 1,
+        }
+    }
 }
 
 /// Fault for one route (or all of them).
@@ -124,6 +149,25 @@ impl Faults {
         .iter()
         .find_map(|k| spec.kube.get(k))
         .cloned()
+    }
+}
+
+impl Faults {
+    /// Takes one committed-but-failed answer for `verb` on `resource`, if one is left (see
+    /// [`FaultSpec::kube_after`]; the most specific key with `times` left wins): its status.
+    pub fn take_kube_after(&self, verb: &str, resource: &str) -> Option<u16> {
+        let mut spec = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let key = [
+            format!("{verb} {resource}"),
+            format!("* {resource}"),
+            format!("{verb} *"),
+            "*".to_owned(),
+        ]
+        .into_iter()
+        .find(|k| spec.kube_after.get(k).is_some_and(|f| f.times > 0))?;
+        let fault = spec.kube_after.get_mut(&key)?;
+        fault.times -= 1;
+        Some(fault.error_status)
     }
 }
 

@@ -40,7 +40,7 @@ use uuid::Uuid;
 
 pub use addresses::AddressPool;
 pub use error::ApiError;
-pub use faults::{FaultSpec, Faults, RouteFault};
+pub use faults::{AfterFault, FaultSpec, Faults, RouteFault};
 pub use store::BulkWriteStats;
 
 pub use routes::{ROUTES, RouteSpec};

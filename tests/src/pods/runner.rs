@@ -13,8 +13,19 @@
 //! projected token is) against the cluster's `kubernetes` Service address, so the real RBAC
 //! authorizer decides; `POD_NAME` and literal `env` entries are set as the kubelet sets them.
 //! The pod's status follows the process (Running, then Succeeded/Failed with the exit code);
-//! when the pod is deleted (eviction, `activeDeadlineSeconds`, TTL, a Job deletion) the process
-//! is killed and the pod removed with grace 0, as a kubelet confirms a termination.
+//! when the pod is deleted (eviction, `activeDeadlineSeconds`, TTL, a Job deletion) the runner
+//! stops it as a kubelet does: SIGTERM (`runc kill ID TERM` in a bundle), up to the pod's grace
+//! period (`metadata.deletionGracePeriodSeconds`, else `spec.terminationGracePeriodSeconds`,
+//! else 30 s; at least 2 s) for it to exit, then SIGKILL; only then is the container's end written to the
+//! pod's status and the pod removed with grace 0, as a kubelet confirms a termination.
+//! In a bundle the program is PID 1 of its PID namespace, so the kernel drops a SIGTERM it has
+//! no handler for (pid_namespaces(7)); as a local process the default action kills it at once.
+//!
+//! Only a Node whose VM runs has a kubelet: a pod bound to a Node whose VM is halted or gone
+//! is neither started nor confirmed deleted (it stays Pending or Terminating, as on a rack,
+//! until the Node goes and the pod garbage collector takes it), and a process the runner
+//! started dies with its VM (SIGKILL, no status written). Nodes no simulated VM ever
+//! registered (made by hand in tests) are run as before.
 //!
 //! Not run: Deployment pods (the webhook) unless with a bundle, where they run until deleted;
 //! `restartPolicy: OnFailure` restarts, init containers, probes, resource limits. A deleted
@@ -127,6 +138,12 @@ impl PodRunner {
             // they answer on this machine's loopback at their container port).
             let runnable = owned_by("Job") || (self.bundle.is_some() && owned_by("ReplicaSet"));
             let bound = pod["spec"]["nodeName"].is_string();
+            // No kubelet on a halted or deleted VM: nothing starts, nothing is confirmed.
+            if let Some(node) = pod["spec"]["nodeName"].as_str()
+                && self.boot.node_vm_running(node) == Some(false)
+            {
+                continue;
+            }
             let terminal = matches!(
                 pod["status"]["phase"].as_str(),
                 Some("Succeeded" | "Failed")
@@ -276,33 +293,115 @@ impl PodRunner {
                 }
             });
         }
-        // Deleted under the process (eviction, deadline, TTL): the kubelet stops it.
+        // Deleted under the process (eviction, deadline, TTL): the kubelet stops it. Its VM
+        // halted: the process dies with it.
+        let node = pod["spec"]["nodeName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         let going = async {
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;
+                if self.boot.node_vm_running(&node) == Some(false) {
+                    return Going::VmHalted;
+                }
                 match cp.get("v1", "Pod", Some(&ns), &name).await {
-                    Ok(None) => return,
-                    Ok(Some(p)) if p["metadata"]["deletionTimestamp"].is_string() => return,
+                    Ok(None) => return Going::Deleted(Duration::from_secs(MIN_GRACE_SECONDS)),
+                    Ok(Some(p)) if p["metadata"]["deletionTimestamp"].is_string() => {
+                        return Going::Deleted(grace_period(&p));
+                    }
                     _ => {}
                 }
             }
         };
         let exit = tokio::select! {
             s = child.wait() => s.ok().and_then(|s| s.code()),
-            () = going => {
-                scratch.stop();
-                let _ = child.kill().await;
-                tracing::info!(pod = %name, "pod deleted; its process was killed");
-                drop(scratch);
-                let force = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
-                let _ = cp.delete_with("v1", "Pod", Some(&ns), &name, &force).await;
-                return;
+            going = going => match going {
+                Going::VmHalted => {
+                    scratch.stop();
+                    let _ = child.kill().await;
+                    tracing::info!(pod = %name, %node, "the pod's VM stopped; its process died with it");
+                    return;
+                }
+                Going::Deleted(grace) => {
+                    // kubelet: TERM, the grace period, then KILL.
+                    scratch.signal("TERM");
+                    if let Some(pid) = child.id().filter(|_| scratch.container.is_none()) {
+                        let _ = std::process::Command::new("kill")
+                            .args(["-TERM", &pid.to_string()])
+                            .status();
+                    }
+                    tracing::info!(pod = %name, grace_s = grace.as_secs(), "pod deleted; SIGTERM sent");
+                    let code = match tokio::time::timeout(grace, child.wait()).await {
+                        Ok(s) => {
+                            let code = s.ok().and_then(|s| exit_code(&s));
+                            tracing::info!(pod = %name, exit = ?code, "the pod's process exited within its grace period");
+                            code
+                        }
+                        Err(_) => {
+                            scratch.stop();
+                            let _ = child.kill().await;
+                            tracing::info!(pod = %name, grace_s = grace.as_secs(), "the pod's process outlived its grace period; SIGKILL sent");
+                            Some(137)
+                        }
+                    };
+                    drop(scratch);
+                    let code = code.unwrap_or(137);
+                    set_status(terminated(&pod, &container, &started_at, &now(), code)).await;
+                    let force = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+                    let _ = cp.delete_with("v1", "Pod", Some(&ns), &name, &force).await;
+                    return;
+                }
             }
         };
         drop(scratch);
         let code = exit.unwrap_or(137);
-        let ok = code == 0;
-        set_status(json!({"phase": if ok { "Succeeded" } else { "Failed" },
+        set_status(terminated(&pod, &container, &started_at, &now(), code)).await;
+        tracing::info!(pod = %name, exit = code, "pod finished");
+    }
+}
+
+/// Why the runner stopped watching a started pod's process.
+enum Going {
+    /// The pod is being deleted, with this grace period.
+    Deleted(Duration),
+    /// The VM of the pod's Node stopped.
+    VmHalted,
+}
+
+/// The grace period a kubelet gives a deleted pod's containers: the deletion's own
+/// (`metadata.deletionGracePeriodSeconds`), else the pod's `terminationGracePeriodSeconds`,
+/// else the API default of 30 s; never less than 2 s (kubernetes@v1.33.4
+/// `pkg/kubelet/kuberuntime/kuberuntime_container.go:1421-1440,853-856`,
+/// `kuberuntime_manager.go:79`).
+fn grace_period(pod: &Value) -> Duration {
+    let secs = pod["metadata"]["deletionGracePeriodSeconds"]
+        .as_u64()
+        .or_else(|| pod["spec"]["terminationGracePeriodSeconds"].as_u64())
+        .unwrap_or(30);
+    Duration::from_secs(secs.max(MIN_GRACE_SECONDS))
+}
+
+/// The kubelet's `minimumGracePeriodInSeconds`.
+const MIN_GRACE_SECONDS: u64 = 2;
+
+/// The exit code a container runtime reports: the process's own, or 128 + the signal that
+/// killed it.
+fn exit_code(status: &std::process::ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt as _;
+    status.code().or_else(|| status.signal().map(|s| 128 + s))
+}
+
+/// The pod's status once its container ended with `code`.
+fn terminated(
+    pod: &Value,
+    container: &str,
+    started_at: &str,
+    finished_at: &str,
+    code: i32,
+) -> Value {
+    let ok = code == 0;
+    json!({"phase": if ok { "Succeeded" } else { "Failed" },
             "conditions": [{"type": "PodScheduled", "status": "True"},
                 {"type": "Initialized", "status": "True"},
                 {"type": "Ready", "status": "False", "reason": "PodCompleted"},
@@ -311,10 +410,7 @@ impl PodRunner {
                 "restartCount": 0, "image": pod["spec"]["containers"][0]["image"], "imageID": "",
                 "state": {"terminated": {"exitCode": code,
                     "reason": if ok { "Completed" } else { "Error" },
-                    "startedAt": started_at, "finishedAt": now()}}}]}))
-        .await;
-        tracing::info!(pod = %name, exit = code, "pod finished");
-    }
+                    "startedAt": started_at, "finishedAt": finished_at}}}]})
 }
 
 impl PodRunner {
@@ -466,9 +562,14 @@ impl Scratch {
         }
     }
 
-    /// Kills the container's processes (a kubelet stopping the pod).
+    /// Kills the container's processes (a kubelet's SIGKILL once the grace period is over).
     fn stop(&self) {
-        self.runc(&["kill"], &["KILL"]);
+        self.signal("KILL");
+    }
+
+    /// Sends `signal` (`TERM`, `KILL`) to the container's init process.
+    fn signal(&self, signal: &str) {
+        self.runc(&["kill"], &[signal]);
     }
 }
 
@@ -529,6 +630,25 @@ mod tests {
         assert_eq!(
             host_path_of(&p, &c, "/opt/bin/sub/scale").as_deref(),
             Some("/var/lib/x/sub/scale")
+        );
+    }
+
+    #[test]
+    fn the_grace_period_is_the_deletions_else_the_pods_else_30_s_and_at_least_2_s() {
+        let secs = |v: Value| grace_period(&v).as_secs();
+        assert_eq!(
+            secs(json!({"metadata": {"deletionGracePeriodSeconds": 7},
+                "spec": {"terminationGracePeriodSeconds": 60}})),
+            7
+        );
+        assert_eq!(
+            secs(json!({"spec": {"terminationGracePeriodSeconds": 60}})),
+            60
+        );
+        assert_eq!(secs(json!({})), 30);
+        assert_eq!(
+            secs(json!({"metadata": {"deletionGracePeriodSeconds": 0}})),
+            2
         );
     }
 
