@@ -232,6 +232,7 @@ impl Inner {
                             disable_cloud_controller: k3s.disable_cloud_controller,
                         },
                     );
+                    self.run_node_removal_handlers(id);
                     id
                 }
             };
