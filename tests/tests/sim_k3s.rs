@@ -210,6 +210,54 @@ async fn an_external_cloud_provider_leaves_the_node_uninitialized_and_tainted() 
     );
 }
 
+/// A second VM registering a node name whose Node another VM registered is refused by the
+/// node password check (403) and retries; k3s's finalizers keep a deleted Node until a
+/// server of the cluster has processed it, and then the second VM's kubelet registers it.
+#[tokio::test]
+async fn a_node_name_taken_by_another_vm_is_refused_until_its_node_is_gone() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let server_ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let agent =
+        format!("server: https://{server_ip}:6443\ntoken: agent-secret-1\nnode-name: worker-one\n");
+    let first = create_instance(&c, "c1-workers-ccccc", &user_data("agent", &agent, &[])).await;
+    let node = wait_node_status(&sim, "worker-one", "True").await;
+    assert_eq!(node["status"]["nodeInfo"]["systemUUID"], first.to_string());
+    assert_eq!(
+        node["metadata"]["finalizers"],
+        serde_json::json!([
+            "wrangler.cattle.io/node",
+            "wrangler.cattle.io/managed-etcd-controller"
+        ])
+    );
+
+    let second = create_instance(&c, "c1-workers-ddddd", &user_data("agent", &agent, &[])).await;
+    let console = wait_console(&c, "c1-workers-ddddd", "Node password rejected").await;
+    assert!(console.contains("level=info"), "{console}");
+    let node = sim
+        .kube()
+        .get("v1", "Node", None, "worker-one")
+        .await
+        .unwrap();
+    assert_eq!(
+        node["status"]["nodeInfo"]["systemUUID"],
+        first.to_string(),
+        "the Node stays the first VM's"
+    );
+
+    // Deleted, the Node goes once the running server's handlers dropped their finalizers
+    // (the Secret with it), and the second VM registers the name as its own.
+    assert!(sim.kube().delete("v1", "Node", None, "worker-one").await);
+    wait_for("worker-one registered by the second VM", || async {
+        sim.kube()
+            .get("v1", "Node", None, "worker-one")
+            .await
+            .filter(|n| n["status"]["nodeInfo"]["systemUUID"] == second.to_string())
+    })
+    .await;
+}
+
 /// k3s writes the arguments it runs with on its Node (`k3s.io/node-args`, the config file
 /// spliced in as `--key value`, tokens redacted) with their hash.
 #[tokio::test]

@@ -137,6 +137,45 @@ impl Inner {
     }
 }
 
+/// What k3s's supervisor answers (403) when a node name's password does not match
+/// (k3s `pkg/nodepassword` `ErrVerifyFailed`, as the agent logs it).
+pub(super) const NODE_PASSWORD_REJECTED: &str = "Node password rejected, duplicate hostname or contents of '/etc/rancher/node/password' may not match server node-passwd entry, try enabling a unique node name with the --with-node-id flag";
+
+impl Inner {
+    /// k3s's node password check, before the kubelet may register: each VM has its own
+    /// password (`/etc/rancher/node/password`), recorded for its node name in a Secret owned
+    /// by the Node, so a VM registering the name of a Node another VM registered — still
+    /// there, Terminating or not — is refused with a 403. `Some(k3s's log line)` then.
+    /// "Another VM": the Node's `systemUUID` (the instance id the kubelet reported).
+    pub(super) async fn node_password_refused(
+        self: &Arc<Self>,
+        id: Uuid,
+        cluster: Uuid,
+        k3s: &K3sConfig,
+    ) -> Option<String> {
+        let (api, name) = {
+            let st = self.state();
+            let vm = st.vms.get(&id)?;
+            let name = k3s
+                .node_name
+                .clone()
+                .unwrap_or_else(|| vm.hostname.to_lowercase());
+            (Arc::clone(&st.clusters.get(&cluster)?.api), name)
+        };
+        let node = api
+            .control_plane
+            .get("v1", "Node", None, &name)
+            .await
+            .ok()??;
+        let owner = node["status"]["nodeInfo"]["systemUUID"].as_str()?;
+        (owner != id.to_string()).then(|| {
+            format!(
+                "Waiting to retrieve agent configuration; server is not ready: /var/lib/rancher/k3s/agent/serving-kubelet.crt: {NODE_PASSWORD_REJECTED}"
+            )
+        })
+    }
+}
+
 /// The Node object a k3s kubelet registers. `capacity` is the VM's vCPUs and memory
 /// (bytes); allocatable keeps the kubelet's default eviction threshold of memory back
 /// (`memory.available<100Mi`), and 110 pods.
