@@ -464,6 +464,14 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             self.retry_kube(|| self.cluster.delete_node(node))
                 .await
                 .map_err(cluster_err)?;
+            // k3s's servers keep a deleted Node (Terminating) until their handlers removed
+            // its etcd member and hosts entry (finalizers `wrangler.cattle.io/*`): the member
+            // counts as removed, and its replacement may be created, only once it is gone.
+            if !self.wait_node_gone(node).await.map_err(cluster_err)? {
+                return Ok(Outcome::InProgress(format!(
+                    "Node {node} is deleted but still terminating: a running k3s server removes it (and its etcd member) first; a later run finishes the removal"
+                )));
+            }
         }
         if instance.is_some() {
             match self.retry(|| self.rack.delete_instance(name)).await {
@@ -479,6 +487,21 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
             }
         }
         Ok(Outcome::Done)
+    }
+
+    /// Waits (bounded like a stop) until the Node is gone.
+    async fn wait_node_gone(&self, node: &str) -> Result<bool, ClusterError> {
+        let until = Instant::now() + self.opts.stop_wait;
+        loop {
+            let nodes = self.retry_kube(|| self.cluster.list_nodes()).await?;
+            if !nodes.iter().any(|n| n.name == node) {
+                return Ok(true);
+            }
+            if Instant::now() + self.opts.poll > until.min(self.opts.deadline) {
+                return Ok(false);
+            }
+            tokio::time::sleep(self.opts.poll).await;
+        }
     }
 
     /// Waits (bounded) until the instance is stopped, failed or gone.

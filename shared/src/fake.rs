@@ -63,6 +63,9 @@ pub struct WorldState {
     pub pv_lists: usize,
     /// Instance names whose kubelet never joins.
     pub never_join: BTreeSet<String>,
+    /// Nodes whose deletion k3s's finalizers hold: a delete leaves them (Terminating) until
+    /// the name leaves this set (a running server's handlers ran) and they are deleted again.
+    pub held_nodes: BTreeSet<String>,
     pub lease: Option<(String, DateTime<Utc>)>,
     /// The next this many Lease renewals fail as if the API were unavailable.
     pub renew_failures: u32,
@@ -845,6 +848,10 @@ impl Cluster for FakeCluster {
 
     async fn delete_node(&self, node: &str) -> Result<(), ClusterError> {
         self.0.with(|s| {
+            if s.held_nodes.contains(node) {
+                s.log.push(format!("delete-node {node} (held)"));
+                return Ok(());
+            }
             s.nodes.remove(node);
             s.pods.retain(|p| p.node != node);
             s.log.push(format!("delete-node {node}"));

@@ -300,6 +300,58 @@ fn a_failed_member_is_stopped_before_it_is_deleted() {
     });
 }
 
+/// A failed server's replacement is created only once its Node is gone: k3s keeps a deleted
+/// Node (finalizers `wrangler.cattle.io/*`) until a server has removed its etcd member, and a
+/// new server joining before that would join a cluster still counting the dead voter.
+#[test]
+fn a_failed_servers_replacement_waits_until_its_node_is_gone() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 1);
+        small_timeouts(&mut spec);
+        let w = world(&spec, true).await;
+        converge(&w, 10).await;
+        let servers = oxide_controller::fake::pool_members(&w, "demo", "control-plane");
+        let fip_holder = w.with(|s| s.floating_ips.values().next().and_then(|f| f.instance_id));
+        let dead = servers
+            .iter()
+            .find(|n| w.with(|s| Some(s.instances[*n].id) != fip_holder))
+            .cloned()
+            .unwrap_or_else(|| panic!("a server without the floating IP"));
+        w.with(|s| {
+            if let Some(i) = s.instances.get_mut(&dead) {
+                i.state = InstanceState::Failed;
+            }
+            s.held_nodes.insert(dead.clone());
+            s.log.clear();
+        });
+        for _ in 0..3 {
+            let _ = run_once(&w).await;
+            w.tick(61);
+        }
+        let now = oxide_controller::fake::pool_members(&w, "demo", "control-plane");
+        assert!(
+            now.iter().all(|n| servers.contains(n)),
+            "no replacement while {dead}'s Node is terminating: {:?}",
+            w.lock().log
+        );
+        assert!(w.lock().nodes.contains_key(&dead));
+        // A server's handlers ran: the Node goes, and the member is replaced.
+        w.with(|s| s.held_nodes.clear());
+        converge(&w, 10).await;
+        assert_shape(&w, &spec);
+        let log = w.lock().log.clone();
+        let gone = log
+            .iter()
+            .rposition(|l| *l == format!("delete-node {dead}"))
+            .unwrap_or_else(|| panic!("{dead}'s Node deleted: {log:?}"));
+        let created = log
+            .iter()
+            .position(|l| l.starts_with("create demo-control-plane-"))
+            .unwrap_or_else(|| panic!("a replacement: {log:?}"));
+        assert!(gone < created, "{log:?}");
+    });
+}
+
 /// New members join through a Ready server's private VPC address (which the VPC's default
 /// `allow-internal-inbound` admits), not through the floating IP.
 #[test]

@@ -473,9 +473,9 @@ fn a_change_made_on_one_side_only_is_reported_as_drift() {
         (
             Side::Plain,
             "cronjob.yaml",
-            "            - key: node.kubernetes.io/unreachable\n              operator: Exists\n              effect: NoExecute\n",
+            "            - key: node.cloudprovider.kubernetes.io/uninitialized\n              operator: Exists\n              effect: NoSchedule\n",
             "",
-            ".tolerations[3]: only in the chart",
+            ".tolerations[4]: only in the chart",
         ),
         (
             Side::Plain,
@@ -901,6 +901,11 @@ fn a_reconcile_run_ends_before_its_job_deadline_and_the_job_before_the_next_tick
             ("node-role.kubernetes.io/control-plane", "NoSchedule"),
             ("node.kubernetes.io/not-ready", "NoExecute"),
             ("node.kubernetes.io/unreachable", "NoExecute"),
+            // A Node the (broken) Oxide CCM never initialised.
+            (
+                "node.cloudprovider.kubernetes.io/uninitialized",
+                "NoSchedule",
+            ),
         ] {
             assert!(
                 tolerations

@@ -173,6 +173,121 @@ async fn an_agent_joins_with_the_agent_token_carrying_labels_taints_and_provider
     );
 }
 
+/// A kubelet started with `cloud-provider=external` (the product's `k3s.oxide_ccm`) registers
+/// its Node with the `uninitialized` taint; nothing in the simulator initialises Nodes as a
+/// cloud controller manager would, so it stays, Ready or not, as with a CCM that never works.
+#[tokio::test]
+async fn an_external_cloud_provider_leaves_the_node_uninitialized_and_tainted() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let server_ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let agent = format!(
+        "server: https://{server_ip}:6443\ntoken: agent-secret-1\nkubelet-arg:\n  - cloud-provider=external\n"
+    );
+    create_instance(&c, "c1-workers-ccccc", &user_data("agent", &agent, &[])).await;
+    let node = wait_node_status(&sim, "c1-workers-ccccc", "True").await;
+    let uninitialized = serde_json::json!({
+        "key": "node.cloudprovider.kubernetes.io/uninitialized", "value": "true", "effect": "NoSchedule"
+    });
+    assert!(
+        node["spec"]["taints"]
+            .as_array()
+            .is_some_and(|t| t.contains(&uninitialized)),
+        "{node}"
+    );
+    // The server, without the flag, has no such taint.
+    let server = sim
+        .kube()
+        .get("v1", "Node", None, "c1-cp-aaaaa")
+        .await
+        .unwrap();
+    assert!(
+        !server["spec"]["taints"]
+            .as_array()
+            .is_some_and(|t| t.contains(&uninitialized)),
+        "{server}"
+    );
+}
+
+/// A second VM registering a node name whose Node another VM registered is refused by the
+/// node password check (403) and retries; k3s's finalizers keep a deleted Node until a
+/// server of the cluster has processed it, and then the second VM's kubelet registers it.
+#[tokio::test]
+async fn a_node_name_taken_by_another_vm_is_refused_until_its_node_is_gone() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let server_ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let agent =
+        format!("server: https://{server_ip}:6443\ntoken: agent-secret-1\nnode-name: worker-one\n");
+    let first = create_instance(&c, "c1-workers-ccccc", &user_data("agent", &agent, &[])).await;
+    let node = wait_node_status(&sim, "worker-one", "True").await;
+    assert_eq!(node["status"]["nodeInfo"]["systemUUID"], first.to_string());
+    assert_eq!(
+        node["metadata"]["finalizers"],
+        serde_json::json!([
+            "wrangler.cattle.io/node",
+            "wrangler.cattle.io/managed-etcd-controller"
+        ])
+    );
+
+    let second = create_instance(&c, "c1-workers-ddddd", &user_data("agent", &agent, &[])).await;
+    let console = wait_console(&c, "c1-workers-ddddd", "Node password rejected").await;
+    assert!(console.contains("level=info"), "{console}");
+    let node = sim
+        .kube()
+        .get("v1", "Node", None, "worker-one")
+        .await
+        .unwrap();
+    assert_eq!(
+        node["status"]["nodeInfo"]["systemUUID"],
+        first.to_string(),
+        "the Node stays the first VM's"
+    );
+
+    // Deleted, the Node goes once the running server's handlers dropped their finalizers
+    // (the Secret with it), and the second VM registers the name as its own.
+    assert!(sim.kube().delete("v1", "Node", None, "worker-one").await);
+    wait_for("worker-one registered by the second VM", || async {
+        sim.kube()
+            .get("v1", "Node", None, "worker-one")
+            .await
+            .filter(|n| n["status"]["nodeInfo"]["systemUUID"] == second.to_string())
+    })
+    .await;
+}
+
+/// k3s writes the arguments it runs with on its Node (`k3s.io/node-args`, the config file
+/// spliced in as `--key value`, tokens redacted) with their hash.
+#[tokio::test]
+async fn a_node_carries_the_k3s_arguments_it_runs_with() {
+    let sim = start().await;
+    let c = client(&sim);
+    let node = first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let args: Vec<String> = serde_json::from_str(
+        node["metadata"]["annotations"]["k3s.io/node-args"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(args[0], "server", "{args:?}");
+    let token = args.iter().position(|a| a == "--token").unwrap();
+    assert_eq!(args[token + 1], "********");
+    assert!(
+        !node["metadata"]["annotations"].to_string().contains(TOKEN),
+        "the token is redacted"
+    );
+    assert!(
+        args.windows(2).any(|w| w == ["--cluster-init", "true"]),
+        "{args:?}"
+    );
+    let hash = node["metadata"]["annotations"]["k3s.io/node-config-hash"]
+        .as_str()
+        .unwrap();
+    assert_eq!(hash.len(), 56, "base32 of a sha256: {hash}");
+}
+
 #[tokio::test]
 async fn a_wrong_token_never_joins_and_the_console_says_so_without_printing_it() {
     let sim = start().await;

@@ -332,22 +332,35 @@ async fn ready_nodes(sim: &SimHandle, prefix: &str) -> Vec<String> {
 }
 
 /// Samples the simulator every few ms: the most instances and the fewest Ready Nodes each
-/// prefix ever had.
+/// prefix ever had, and when each Node was last seen.
 struct Watch {
     stop: Arc<AtomicBool>,
     seen: Arc<Mutex<BTreeMap<&'static str, (usize, usize)>>>,
+    /// Per Node, the latest time at which it still existed: the start of the last listing
+    /// that returned it.
+    last_seen: Arc<Mutex<BTreeMap<String, std::time::SystemTime>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 fn watch(env: &Env) -> Watch {
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(BTreeMap::new()));
+    let last_seen = Arc::new(Mutex::new(BTreeMap::new()));
     let (oxide, kube) = (env.sim.oxide().clone(), env.sim.kube());
-    let (s2, seen2) = (stop.clone(), seen.clone());
+    let (s2, seen2, last2) = (stop.clone(), seen.clone(), last_seen.clone());
     let task = tokio::spawn(async move {
         while !s2.load(Ordering::SeqCst) {
             let dump = oxide.dump();
+            let asked = std::time::SystemTime::now();
             let nodes = kube.list("v1", "Node", None).await;
+            {
+                let mut last = last2.lock().unwrap_or_else(|p| p.into_inner());
+                for n in &nodes {
+                    if let Some(name) = n["metadata"]["name"].as_str() {
+                        last.insert(name.to_owned(), asked);
+                    }
+                }
+            }
             for prefix in [CP, WK] {
                 let n = dump["instances"].as_array().map_or(0, |a| {
                     a.iter()
@@ -376,16 +389,30 @@ fn watch(env: &Env) -> Watch {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     });
-    Watch { stop, seen, task }
+    Watch {
+        stop,
+        seen,
+        last_seen,
+        task,
+    }
 }
 
 impl Watch {
     /// (most instances, fewest Ready Nodes) seen for `prefix`.
     async fn finish(self, prefix: &str) -> (usize, usize) {
+        self.finish_with_nodes(prefix).await.0
+    }
+
+    /// [`Self::finish`], and when each Node was last seen.
+    async fn finish_with_nodes(
+        self,
+        prefix: &str,
+    ) -> ((usize, usize), BTreeMap<String, std::time::SystemTime>) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.task.await;
         let s = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        s.get(prefix).copied().unwrap_or((0, 0))
+        let last = self.last_seen.lock().unwrap_or_else(|p| p.into_inner());
+        (s.get(prefix).copied().unwrap_or((0, 0)), last.clone())
     }
 }
 
@@ -1018,26 +1045,65 @@ async fn the_floating_ip_moves_when_its_holder_dies() {
     env.assert_no_leaks();
 }
 
+/// The simulator has no etcd, so quorum itself cannot be seen here; what keeps it on a rack
+/// is the order: the dead server's Node (whose deletion makes k3s remove its etcd member) is
+/// gone before the replacement server is created, so the new member never joins a cluster
+/// that still counts the dead one as a voter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_server_is_replaced_without_losing_quorum() {
+async fn a_failed_server_is_replaced_only_after_its_node_is_deleted() {
     let env = env(3, 2).await;
     let holder = env.fip_holder().unwrap_or_default();
-    let victim = env
-        .instances(CP)
+    let before = env.instance_names(CP);
+    let victim = before
         .iter()
-        .filter_map(|i| i["name"].as_str().map(str::to_owned))
-        .find(|n| *n != holder)
+        .find(|n| **n != holder)
+        .cloned()
         .unwrap_or_default();
     let w = watch(&env);
     env.sim
         .oxide()
         .set_instance_failed(env.instance_id(&victim));
     env.converge(30).await;
-    let (peak, fewest) = w.finish(CP).await;
+    let ((peak, fewest), last_seen) = w.finish_with_nodes(CP).await;
     assert!(fewest >= 2, "never below 2 Ready servers (saw {fewest})");
     assert!(peak <= 4, "{peak}");
     assert_eq!(env.ready_nodes(CP).await.len(), 3);
     assert!(!env.ready_nodes(CP).await.contains(&victim));
+    // The rack's creation time of the replacement, against the last moment the dead
+    // server's Node still existed.
+    let rack = oxide_controller::adapters::oxide_rack::OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "sim",
+        oxide_controller::adapters::oxide_rack::RackOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let replacements: Vec<_> = oxide_controller::ports::rack::Rack::list_instances(&rack, CP)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .filter(|i| !before.contains(&i.name))
+        .collect();
+    assert_eq!(replacements.len(), 1, "{replacements:?}");
+    let node_seen = last_seen
+        .get(&victim)
+        .copied()
+        .unwrap_or_else(|| panic!("the watch never saw {victim}'s Node"));
+    let created = std::time::SystemTime::from(replacements[0].time_created);
+    assert!(
+        created > node_seen,
+        "{} was created at {:?}, while {victim}'s Node still existed at {node_seen:?}",
+        replacements[0].name,
+        replacements[0].time_created
+    );
+    assert!(
+        env.sim
+            .kube()
+            .get("v1", "Node", None, &victim)
+            .await
+            .is_none(),
+        "the dead server's Node is gone"
+    );
     env.assert_no_leaks();
 }
 
@@ -1178,6 +1244,122 @@ async fn a_changed_cloud_controller_setting_is_refused_and_the_servers_stay() {
     env.converge(2).await;
 }
 
+/// A cluster bootstrapped before the settings were recorded has no record; its spec's
+/// `k3s.oxide_ccm` flipped before the first run of this controller must not be taken as what
+/// the servers run: the record comes from the arguments k3s wrote on a server's Node, and the
+/// flipped spec is refused as a change of a recorded value is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrecorded_cluster_records_what_its_servers_run_not_the_edited_spec() {
+    let env = env(3, 1).await;
+    let record = async || {
+        env.store
+            .read_config()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .data
+            .get(state::keys::K3S_SERVER_SETTINGS)
+            .cloned()
+    };
+    assert_eq!(record().await, None, "a cluster from before the record");
+    let servers = env.instance_names(CP);
+    let was = env.spec().await.k3s.oxide_ccm;
+    env.edit(|s| s.k3s.oxide_ccm = !was).await;
+    env.sim.oxide().reset_counters();
+    let before = env.mutations();
+    let out = env.reconcile(&[]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("k3s.oxide_ccm") && stderr.contains("critical configuration value"),
+        "{stderr}"
+    );
+    assert_eq!(env.mutations(), before, "no Oxide call changed anything");
+    assert_eq!(env.instance_names(CP), servers, "the servers stay");
+    assert_eq!(
+        record().await,
+        None,
+        "nothing recorded from the edited spec"
+    );
+    // Set back, the run records what the servers run.
+    env.edit(|s| s.k3s.oxide_ccm = was).await;
+    env.converge(2).await;
+    assert_eq!(
+        record().await,
+        Some(format!(r#"{{"disable-cloud-controller":"{was}"}}"#))
+    );
+}
+
+/// With `k3s.oxide_ccm` every kubelet registers its Node tainted
+/// `node.cloudprovider.kubernetes.io/uninitialized:NoSchedule` until the Oxide CCM initialises
+/// it (see `tests/tests/sim_k3s.rs`). A CCM that never does (bad credentials, wrong image)
+/// must not stop the reconcile Job that can repair it: on Nodes that all keep the taint, the
+/// Job from the shipped CronJob template is still scheduled by the real scheduler and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconcile_job_runs_on_nodes_the_ccm_never_initialised() {
+    let bin_dir = Path::new(BIN)
+        .parent()
+        .unwrap_or_else(|| panic!("bin dir"))
+        .to_path_buf();
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane: 1,
+            workers: 1,
+        }),
+        kubernetes: ControlPlaneOptions::default(),
+        job_binaries: Some(bin_dir),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("simulator: {e:#}"));
+    let kube = sim.kube();
+    support::install_suspended(&kube).await;
+    // The preset's kubelets run without `cloud-provider=external`: give every Node the taint
+    // such a kubelet registers with, and that no CCM removes here.
+    let nodes = node_names_of(&sim).await;
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    for node in &nodes {
+        let current = kube
+            .get("v1", "Node", None, node)
+            .await
+            .unwrap_or_else(|| panic!("node {node}"));
+        let mut taints = current["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        taints.push(serde_json::json!({
+            "key": "node.cloudprovider.kubernetes.io/uninitialized",
+            "value": "true",
+            "effect": "NoSchedule",
+        }));
+        kube.merge_patch(
+            "v1",
+            "Node",
+            None,
+            node,
+            &serde_json::json!({"spec": {"taints": taints}}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let worker = nodes
+        .iter()
+        .find(|n| n.starts_with(WK))
+        .cloned()
+        .unwrap_or_else(|| panic!("a worker in {nodes:?}"));
+    let outcome = support::run_job_on(&kube, "uninitialized", &worker).await;
+    assert_eq!(outcome, "Complete");
+    let pods: Vec<Value> = kube
+        .list("v1", "Pod", Some("kube-system"))
+        .await
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["job-name"] == "uninitialized")
+        .collect();
+    assert_eq!(pods.len(), 1, "{pods:#?}");
+    assert_eq!(pods[0]["spec"]["nodeName"], worker.as_str());
+    assert_eq!(pods[0]["status"]["phase"], "Succeeded");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn converges_within_five_runs_under_503s_and_latency() {
     let env = env(3, 2).await;
@@ -1310,8 +1492,11 @@ async fn converges_within_five_runs_under_kube_5xx_and_latency() {
 }
 
 async fn node_names(env: &Env) -> Vec<String> {
-    env.sim
-        .kube()
+    node_names_of(&env.sim).await
+}
+
+async fn node_names_of(sim: &SimHandle) -> Vec<String> {
+    sim.kube()
         .list("v1", "Node", None)
         .await
         .iter()

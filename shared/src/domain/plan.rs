@@ -469,7 +469,7 @@ fn secs(s: u64) -> i64 {
 }
 
 /// Plans one run. `fresh_suffixes` are random name suffixes drawn by the caller; the planner
-/// uses them in order, skipping any that would collide with an existing name.
+/// uses them in order, skipping any that would collide with an existing instance or Node.
 pub fn plan(
     spec: &ClusterSpec,
     observed: &Observed,
@@ -478,7 +478,15 @@ pub fn plan(
 ) -> Plan {
     let members = classify(spec, observed, now);
     let mut p = Plan::default();
-    let taken: BTreeSet<&str> = observed.instances.iter().map(|i| i.name.as_str()).collect();
+    // A name is taken while its instance or its Node exists: a deleted Node waits (Terminating)
+    // for k3s's finalizers, and k3s refuses a new VM registering under the name of an existing
+    // Node (its node password differs: 403 from `pkg/nodepassword`).
+    let taken: BTreeSet<&str> = observed
+        .instances
+        .iter()
+        .map(|i| i.name.as_str())
+        .chain(observed.nodes.iter().map(|n| n.name.as_str()))
+        .collect();
     let mut suffixes = fresh_suffixes.iter();
     let mut new_name = |pool: &str| -> Option<String> {
         suffixes

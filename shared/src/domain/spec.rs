@@ -23,6 +23,9 @@ pub const DEFAULT_CONTROL_PLANE_POOL: &str = "control-plane";
 pub const DEFAULT_WORKER_POOL: &str = "workers";
 /// Label every node gets with its pool name.
 pub const POOL_LABEL: &str = "oxide-controller/pool";
+/// Annotation k3s writes on each Node with the arguments its process runs with (k3s
+/// `pkg/nodeconfig` `NodeArgsAnnotation`, set at every start by `SetNodeConfigAnnotations`).
+pub const NODE_ARGS_ANNOTATION: &str = "k3s.io/node-args";
 
 /// The whole desired cluster.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -649,6 +652,30 @@ impl ClusterSpec {
             "disable-cloud-controller".to_owned(),
             self.k3s.oxide_ccm.to_string(),
         )])
+    }
+
+    /// The [`Self::server_settings`] a k3s server runs with, read from the arguments it
+    /// writes on its Node (`k3s.io/node-args`, [`NODE_ARGS_ANNOTATION`]): a JSON list of its
+    /// command line with the config file's keys spliced in as `--key`, `value` pairs (a
+    /// `--flag=value` argument split in two), tokens redacted (k3s `pkg/nodeconfig`
+    /// `getNodeArgs`, `pkg/configfilearg` `readConfigFile`). A boolean flag given last wins;
+    /// one followed by no `true`/`false` is set; one never given has k3s's default, false.
+    /// `None` when the annotation is not such a list.
+    pub fn server_settings_from_node_args(node_args: &str) -> Option<BTreeMap<String, String>> {
+        let args: Vec<String> = serde_json::from_str(node_args).ok()?;
+        let value_of = |flag: &str| {
+            let dashed = format!("--{flag}");
+            let at = args.iter().rposition(|a| *a == dashed);
+            match at.and_then(|i| args.get(i + 1)).map(String::as_str) {
+                Some(v @ ("true" | "false")) => v.to_owned(),
+                _ if at.is_some() => "true".to_owned(),
+                _ => "false".to_owned(),
+            }
+        };
+        Some(BTreeMap::from([(
+            "disable-cloud-controller".to_owned(),
+            value_of("disable-cloud-controller"),
+        )]))
     }
 
     /// Refuses a spec whose server settings differ from those the cluster's servers run
@@ -1386,5 +1413,42 @@ mod tests {
                 && e.message.contains("set k3s.oxide_ccm: false again"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn server_settings_are_read_from_the_node_args_k3s_writes() {
+        let read = |args: &str| {
+            ClusterSpec::server_settings_from_node_args(args)
+                .map(|s| s["disable-cloud-controller"].clone())
+        };
+        // The config file's keys as `--key`, `value` (k3s `configfilearg`), tokens redacted.
+        assert_eq!(
+            read(
+                r#"["server","--token","********","--disable-cloud-controller","true","--cluster-init","true"]"#
+            ),
+            Some("true".into())
+        );
+        assert_eq!(
+            read(r#"["server","--disable-cloud-controller","false"]"#),
+            Some("false".into())
+        );
+        // A bare flag on the command line is set; the last one given wins.
+        assert_eq!(
+            read(r#"["server","--disable-cloud-controller","--cluster-init"]"#),
+            Some("true".into())
+        );
+        assert_eq!(
+            read(
+                r#"["server","--disable-cloud-controller","true","--disable-cloud-controller","false"]"#
+            ),
+            Some("false".into())
+        );
+        // Never given: k3s's default.
+        assert_eq!(
+            read(r#"["server","--cluster-init","true"]"#),
+            Some("false".into())
+        );
+        assert_eq!(read("not json"), None);
+        assert_eq!(read(r#"{"server": true}"#), None);
     }
 }

@@ -151,7 +151,7 @@ pub async fn load<S: StateStore>(
 }
 
 /// The k3s server settings the cluster's servers run, as recorded in the ConfigMap (absent in
-/// clusters bootstrapped before the key existed: the first run records the spec's).
+/// clusters bootstrapped before the key existed: see [`running_server_settings`]).
 fn recorded_server_settings(
     snapshot: &state::ConfigSnapshot,
 ) -> Result<Option<BTreeMap<String, String>>, ReconcileError> {
@@ -170,6 +170,76 @@ fn recorded_server_settings(
             })
         })
         .transpose()
+}
+
+/// What a run starts from: [`load`] (retried while transient), and the server settings to
+/// record ([`settings_to_record`]).
+async fn load_for_run<S: StateStore, C: Cluster>(
+    state: &S,
+    cluster: &C,
+) -> Result<
+    (
+        ClusterSpec,
+        ClusterSecrets,
+        state::ConfigSnapshot,
+        Option<BTreeMap<String, String>>,
+    ),
+    ReconcileError,
+> {
+    let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
+    let (spec, secrets, snapshot) =
+        crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
+            load(state)
+        })
+        .await?;
+    let settings = settings_to_record(cluster, &spec, &snapshot).await?;
+    Ok((spec, secrets, snapshot, settings))
+}
+
+/// The server settings to record: the ConfigMap's (checked against the spec by [`load`]), else
+/// what the servers run ([`running_server_settings`]).
+async fn settings_to_record<C: Cluster>(
+    cluster: &C,
+    spec: &ClusterSpec,
+    snapshot: &state::ConfigSnapshot,
+) -> Result<Option<BTreeMap<String, String>>, ReconcileError> {
+    if let Some(recorded) = recorded_server_settings(snapshot)? {
+        return Ok(Some(recorded));
+    }
+    let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
+    crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
+        running_server_settings(cluster, spec)
+    })
+    .await
+}
+
+/// For a cluster with no recorded server settings (bootstrapped before the record existed):
+/// the settings its servers run, read from the arguments k3s writes on a Ready server's Node
+/// ([`crate::domain::spec::NODE_ARGS_ANNOTATION`]), never from the spec, which may have been
+/// edited since. A spec that differs is refused as [`load`] refuses one that differs from the
+/// record. `None` (nothing to record yet) when no Ready server Node carries the annotation.
+async fn running_server_settings<C: Cluster>(
+    cluster: &C,
+    spec: &ClusterSpec,
+) -> Result<Option<BTreeMap<String, String>>, ReconcileError> {
+    let nodes = cluster.list_nodes().await.map_err(|e: ClusterError| {
+        ReconcileError::Retryable(context("observing the cluster", e))
+    })?;
+    let mut servers: Vec<_> = nodes
+        .iter()
+        .filter(|n| n.is_ready() && n.labels.contains_key(plan::CONTROL_PLANE_LABEL))
+        .collect();
+    servers.sort_by(|a, b| a.name.cmp(&b.name));
+    let Some(running) = servers.iter().find_map(|n| {
+        n.annotations
+            .get(crate::domain::spec::NODE_ARGS_ANNOTATION)
+            .and_then(|a| ClusterSpec::server_settings_from_node_args(a))
+    }) else {
+        return Ok(None);
+    };
+    spec.check_server_settings(&running)
+        .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
+    Ok(Some(running))
 }
 
 fn state_err(e: StateError) -> ReconcileError {
@@ -367,11 +437,7 @@ where
     let started_at = (opts.now)();
     let run_id = new_run_id(started_at);
     let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
-    let (spec, secrets, snapshot) =
-        crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
-            load(state)
-        })
-        .await?;
+    let (spec, secrets, snapshot, server_settings) = load_for_run(state, cluster).await?;
     let deadline_len = opts
         .deadline
         .unwrap_or(Duration::from_secs(spec.timeouts.run_deadline_seconds));
@@ -413,6 +479,7 @@ where
         previous: previous.as_ref(),
         run_id: &run_id,
         started_at,
+        server_settings: server_settings.as_ref(),
     };
     let outcome = tokio::select! {
         r = work(&rack, cluster, &secrets, &ran, opts, &apply_opts) => r,
@@ -472,6 +539,9 @@ struct Ran<'a> {
     previous: Option<&'a Status>,
     run_id: &'a str,
     started_at: DateTime<Utc>,
+    /// The k3s server settings to record when the ConfigMap has none yet (see
+    /// [`settings_to_record`]).
+    server_settings: Option<&'a BTreeMap<String, String>>,
 }
 
 /// After the work, whatever its outcome: the status it leaves (written, with the backoff
@@ -495,8 +565,7 @@ async fn wrap_up<C: Cluster, S: StateStore>(
     if outcome.is_ok() {
         record_backoff_events(cluster, ran.previous, &status).await;
     }
-    let settings = ran.spec.server_settings();
-    if let Err(e) = write_status(state, Some(ran.snapshot), &status, &settings).await {
+    if let Err(e) = write_status(state, Some(ran.snapshot), &status, ran.server_settings).await {
         warn!(error = %e, "could not write status.json");
     }
     release_lease(cluster, &opts.holder).await;
@@ -719,14 +788,15 @@ pub const LEASE_MARGIN: Duration = Duration::from_secs(15);
 /// Pause between failed renewals.
 const LEASE_RETRY: Duration = Duration::from_secs(2);
 
-/// Writes `status.json` (and records `server_settings` if the ConfigMap has none yet): re-read,
+/// Writes `status.json` (and records `server_settings`, when known, if the ConfigMap has none
+/// yet): re-read,
 /// set our keys, replace with the version read. A 409 means the
 /// webhook changed the spec meanwhile: re-read and write again (we never touch the spec).
 pub async fn write_status<S: StateStore>(
     state: &S,
     read: Option<&state::ConfigSnapshot>,
     status: &Status,
-    server_settings: &BTreeMap<String, String>,
+    server_settings: Option<&BTreeMap<String, String>>,
 ) -> Result<(), StateError> {
     let mut last = None;
     // First against what the run read at its start (usually still current: one request).
@@ -739,8 +809,10 @@ pub async fn write_status<S: StateStore>(
         let mut data = snap.data.clone();
         data.insert(state::keys::STATUS.to_owned(), status.to_json());
         // Recorded once (bootstrap, or the first run of an older cluster); never replaced.
-        data.entry(state::keys::K3S_SERVER_SETTINGS.to_owned())
-            .or_insert_with(|| serde_json::to_string(server_settings).unwrap_or_default());
+        if let Some(settings) = server_settings {
+            data.entry(state::keys::K3S_SERVER_SETTINGS.to_owned())
+                .or_insert_with(|| serde_json::to_string(settings).unwrap_or_default());
+        }
         match state.replace_config(&snap.resource_version, data).await {
             Ok(_) => return Ok(()),
             Err(e) if e.is_conflict() => last = Some(e),

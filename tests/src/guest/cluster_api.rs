@@ -87,7 +87,7 @@ impl RealCluster {
 }
 
 /// The kubelet's registration on a real control plane: creates the Node if missing (with its
-/// registration taints, which a kubelet sets only at creation), else adds the kubelet's
+/// registration taints, which a kubelet sets only at creation, and k3s's finalizers), else adds the kubelet's
 /// labels and the provider ID without touching spec changes others made (cordon, taints);
 /// then sets capacity and allocatable, and hands the Node to KWOK.
 pub async fn register_real_node(cp: &ControlPlane, fresh: Value) -> Result<(), ControlPlaneError> {
@@ -107,6 +107,8 @@ pub async fn register_real_node(cp: &ControlPlane, fresh: Value) -> Result<(), C
     }
     match cp.get("v1", "Node", None, &name).await? {
         None => {
+            // A server's wrangler handlers add their finalizers as soon as they see the Node.
+            node["metadata"]["finalizers"] = json!(K3S_NODE_FINALIZERS);
             cp.create(node.clone()).await?;
         }
         Some(existing) => {
@@ -114,6 +116,11 @@ pub async fn register_real_node(cp: &ControlPlane, fresh: Value) -> Result<(), C
                 "labels": node["metadata"]["labels"],
                 "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE},
             }});
+            // k3s sets its config annotations again at every start.
+            for key in NODE_CONFIG_ANNOTATIONS {
+                patch["metadata"]["annotations"][key] =
+                    node["metadata"]["annotations"][key].clone();
+            }
             if existing["spec"]["providerID"].is_null() && !node["spec"]["providerID"].is_null() {
                 patch["spec"] = json!({"providerID": node["spec"]["providerID"]});
             }
@@ -127,6 +134,59 @@ pub async fn register_real_node(cp: &ControlPlane, fresh: Value) -> Result<(), C
             None,
             &name,
             &json!({"status": node["status"]}),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The annotation k3s writes its arguments in (k3s `pkg/nodeconfig` `NodeArgsAnnotation`).
+pub const NODE_ARGS_ANNOTATION: &str = "k3s.io/node-args";
+
+/// The k3s Node annotations a (re-)starting k3s sets again (`SetNodeConfigAnnotations`).
+const NODE_CONFIG_ANNOTATIONS: [&str; 3] = [
+    NODE_ARGS_ANNOTATION,
+    "k3s.io/node-env",
+    "k3s.io/node-config-hash",
+];
+
+/// The finalizers k3s's servers put on every Node: wrangler's `OnRemove` adds
+/// `wrangler.cattle.io/<handler>` to each object its handler sees, and k3s registers two on
+/// Nodes, `node` (the CoreDNS `NodeHosts` entry, `pkg/node/controller.go` `Register`) and
+/// `managed-etcd-controller` (the etcd member, `pkg/etcd/member_controller.go`
+/// `RegisterMemberHandlers`). A deleted Node stays (Terminating) until a running server's
+/// handlers have run and dropped them.
+pub const K3S_NODE_FINALIZERS: [&str; 2] = [
+    "wrangler.cattle.io/node",
+    "wrangler.cattle.io/managed-etcd-controller",
+];
+
+/// What a running k3s server's `OnRemove` handlers do for Nodes being deleted: their work
+/// (hosts entry, etcd member) is not modelled; they drop their finalizers, so the Node goes.
+pub async fn finish_node_removals(cp: &ControlPlane) -> Result<(), ControlPlaneError> {
+    for node in cp.list("v1", "Node", None).await? {
+        if node["metadata"]["deletionTimestamp"].is_null() {
+            continue;
+        }
+        let finalizers: Vec<Value> = node["metadata"]["finalizers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let kept: Vec<Value> = finalizers
+            .iter()
+            .filter(|f| !K3S_NODE_FINALIZERS.iter().any(|k| *f == k))
+            .cloned()
+            .collect();
+        if kept.len() == finalizers.len() {
+            continue;
+        }
+        let name = node["metadata"]["name"].as_str().unwrap_or_default();
+        cp.merge_patch(
+            "v1",
+            "Node",
+            None,
+            name,
+            &json!({"metadata": {"finalizers": kept}}),
         )
         .await?;
     }

@@ -83,6 +83,8 @@ pub(super) enum Decision {
     RetryError(String),
     /// k3s exits (systemd starts it again).
     Fatal(String),
+    /// Logged already; try again after the retry interval (the node password refused).
+    Wait,
 }
 
 impl Inner {
@@ -232,6 +234,7 @@ impl Inner {
                             disable_cloud_controller: k3s.disable_cloud_controller,
                         },
                     );
+                    self.run_node_removal_handlers(id);
                     id
                 }
             };

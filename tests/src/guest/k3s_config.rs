@@ -57,6 +57,10 @@ pub struct K3sConfig {
     pub kubelet_arg: Vec<String>,
     /// `disable-cloud-controller`.
     pub disable_cloud_controller: bool,
+    /// Every key of the config files with its values as k3s splices them into its command
+    /// line (see [`K3sConfig::node_args`]); in key order within a file, where k3s keeps the
+    /// file's order (the simulator's YAML reader sorts keys).
+    pub config_args: Vec<(String, Vec<String>)>,
 }
 
 impl std::fmt::Debug for K3sConfig {
@@ -75,7 +79,7 @@ impl std::fmt::Debug for K3sConfig {
             .field("node_taint", &self.node_taint)
             .field("kubelet_arg", &self.kubelet_arg)
             .field("disable_cloud_controller", &self.disable_cloud_controller)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -150,6 +154,24 @@ pub(super) fn merge_k3s_config(cfg: &mut K3sConfig, content: &[u8]) -> Result<()
             target.extend(items);
             Ok(())
         };
+        // k3s's `configfilearg` turns each key into `--key value` (a list into one pair per
+        // item, an empty value into the bare flag); a later file's plain key replaces it.
+        // (No values: the bare flag.)
+        let values: Vec<String> = match v {
+            Value::Array(items) => items.iter().map(arg_string).collect(),
+            other => Some(arg_string(other))
+                .filter(|s| !s.is_empty())
+                .into_iter()
+                .collect(),
+        };
+        if !append {
+            cfg.config_args.retain(|(k, _)| k != key);
+        }
+        match cfg.config_args.iter_mut().find(|(k, _)| k == key) {
+            Some((_, have)) => have.extend(values),
+            None if matches!(v, Value::Array(a) if a.is_empty()) => {}
+            None => cfg.config_args.push((key.to_owned(), values)),
+        }
         match key {
             "server" => cfg.server = Some(scalar_string(key, v)?),
             "token" => cfg.token = Some(scalar_string(key, v)?),
@@ -167,6 +189,64 @@ pub(super) fn merge_k3s_config(cfg: &mut K3sConfig, content: &[u8]) -> Result<()
         }
     }
     Ok(())
+}
+
+/// wrangler's `convert.ToString` of a YAML value, as k3s's config file reader applies it.
+fn arg_string(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// The flags k3s redacts in `k3s.io/node-args` (k3s `pkg/nodeconfig` `isSecret`).
+const SECRET_FLAGS: [&str; 7] = [
+    "--token",
+    "-t",
+    "--agent-token",
+    "--datastore-endpoint",
+    "--cluster-secret",
+    "--etcd-s3-access-key",
+    "--etcd-s3-secret-key",
+];
+
+impl K3sConfig {
+    /// What k3s writes in the `k3s.io/node-args` annotation of its Node: `k3s <role>`'s
+    /// arguments with the config file spliced in after the role (`configfilearg`
+    /// `readConfigFile`: `--key value`, once per item of a list, the bare `--key` for an empty
+    /// scalar; one-letter keys take one dash),
+    /// the value after a secret flag replaced by `********`, as a JSON list (k3s
+    /// `pkg/nodeconfig` `getNodeArgs`). The install passes no flags of its own here.
+    pub fn node_args(&self, role: Role) -> String {
+        let mut args = vec![
+            match role {
+                Role::Server => "server",
+                Role::Agent => "agent",
+            }
+            .to_owned(),
+        ];
+        for (key, values) in &self.config_args {
+            let flag = if key.chars().count() == 1 {
+                format!("-{key}")
+            } else {
+                format!("--{key}")
+            };
+            if values.is_empty() {
+                args.push(flag.clone());
+            }
+            for value in values {
+                args.push(flag.clone());
+                args.push(value.clone());
+            }
+        }
+        for i in 0..args.len() {
+            if SECRET_FLAGS.contains(&args[i].as_str()) && i + 1 < args.len() {
+                args[i + 1] = "********".to_owned();
+            }
+        }
+        serde_json::to_string(&args).unwrap_or_default()
+    }
 }
 
 pub(super) fn validate_k3s_config(cfg: &K3sConfig) -> Result<(), UserDataError> {

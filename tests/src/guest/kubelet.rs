@@ -5,14 +5,20 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use sha2::Digest as _;
 use uuid::Uuid;
 
 use super::Inner;
+use super::cluster_api::NODE_ARGS_ANNOTATION;
 use super::k3s_config::{K3sConfig, Role, parse_label, parse_taint};
 
 /// The kubelet's Ready=False message before the CNI is up (kubelet
 /// `pkg/kubelet/nodestatus/setters.go` `ReadyCondition` with the runtime's network error).
 const NOT_READY_MESSAGE: &str = "container runtime network not ready: NetworkReady=false reason:NetworkPluginNotReady message:Network plugin returns error: cni plugin not initialized";
+
+/// The taint a kubelet started with `--cloud-provider=external` registers its Node with
+/// (k8s.io/cloud-provider `api/well_known_taints.go` `TaintExternalCloudProvider`).
+pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 
 /// Labels a kubelet may set on its own Node in the `kubernetes.io`/`k8s.io` namespaces
 /// (k8s.io/kubelet `pkg/apis/well_known_labels.go`: `kubeletLabels`).
@@ -97,6 +103,79 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// The Node `OnRemove` handlers of cluster `cluster`'s k3s servers: while at least one
+    /// server of the cluster runs k3s, Nodes being deleted lose k3s's finalizers
+    /// ([`super::cluster_api::finish_node_removals`]); with none running, they stay
+    /// Terminating. Runs until the simulator closes.
+    pub(super) fn run_node_removal_handlers(self: &Arc<Self>, cluster: Uuid) {
+        let inner = Arc::clone(self);
+        self.runtime.spawn(async move {
+            while !inner.closed.load(std::sync::atomic::Ordering::SeqCst) {
+                let serving = {
+                    let st = inner.state();
+                    let running = st.vms.values().any(|v| {
+                        v.cluster == Some(cluster)
+                            && v.running
+                            && v.k3s == super::K3sState::Joined
+                            && v.user_data.as_ref().and_then(|u| u.role) == Some(Role::Server)
+                    });
+                    st.clusters
+                        .get(&cluster)
+                        .filter(|_| running)
+                        .map(|c| Arc::clone(&c.api))
+                };
+                if let Some(api) = serving
+                    && let Err(err) =
+                        super::cluster_api::finish_node_removals(&api.control_plane).await
+                {
+                    tracing::debug!(error = %err, "k3s node removal handlers");
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        });
+    }
+}
+
+/// What k3s's supervisor answers (403) when a node name's password does not match
+/// (k3s `pkg/nodepassword` `ErrVerifyFailed`, as the agent logs it).
+pub(super) const NODE_PASSWORD_REJECTED: &str = "Node password rejected, duplicate hostname or contents of '/etc/rancher/node/password' may not match server node-passwd entry, try enabling a unique node name with the --with-node-id flag";
+
+impl Inner {
+    /// k3s's node password check, before the kubelet may register: each VM has its own
+    /// password (`/etc/rancher/node/password`), recorded for its node name in a Secret owned
+    /// by the Node, so a VM registering the name of a Node another VM registered — still
+    /// there, Terminating or not — is refused with a 403. `Some(k3s's log line)` then.
+    /// "Another VM": the Node's `systemUUID` (the instance id the kubelet reported).
+    pub(super) async fn node_password_refused(
+        self: &Arc<Self>,
+        id: Uuid,
+        cluster: Uuid,
+        k3s: &K3sConfig,
+    ) -> Option<String> {
+        let (api, name) = {
+            let st = self.state();
+            let vm = st.vms.get(&id)?;
+            let name = k3s
+                .node_name
+                .clone()
+                .unwrap_or_else(|| vm.hostname.to_lowercase());
+            (Arc::clone(&st.clusters.get(&cluster)?.api), name)
+        };
+        let node = api
+            .control_plane
+            .get("v1", "Node", None, &name)
+            .await
+            .ok()??;
+        let owner = node["status"]["nodeInfo"]["systemUUID"].as_str()?;
+        (owner != id.to_string()).then(|| {
+            format!(
+                "Waiting to retrieve agent configuration; server is not ready: /var/lib/rancher/k3s/agent/serving-kubelet.crt: {NODE_PASSWORD_REJECTED}"
+            )
+        })
+    }
+}
+
 /// The Node object a k3s kubelet registers. `capacity` is the VM's vCPUs and memory
 /// (bytes); allocatable keeps the kubelet's default eviction threshold of memory back
 /// (`memory.available<100Mi`), and 110 pods.
@@ -136,21 +215,28 @@ pub(super) fn node_object(
     for (k, v) in k3s.node_label.iter().filter_map(|l| parse_label(l)) {
         labels.insert(k, json!(v));
     }
-    let taints: Vec<Value> = k3s
+    let mut taints: Vec<Value> = k3s
         .node_taint
         .iter()
         .filter_map(|t| parse_taint(t))
         .collect();
     // The kubelet takes the last of repeated flags.
-    let provider_id = k3s
-        .kubelet_arg
-        .iter()
-        .rev()
-        .find_map(|a| {
+    let kubelet_flag = |flag: &str| {
+        let prefix = format!("{flag}=");
+        k3s.kubelet_arg.iter().rev().find_map(|a| {
             a.trim_start_matches("--")
-                .strip_prefix("provider-id=")
+                .strip_prefix(prefix.as_str())
                 .map(str::to_string)
         })
+    };
+    // A kubelet with an external cloud provider registers its Node tainted until a cloud
+    // controller manager initialises it (kubelet `initialNode`; k8s.io/cloud-provider
+    // `api.TaintExternalCloudProvider`). Nothing in the simulator plays the CCM, so the
+    // taint stays, as with a CCM that never runs.
+    if kubelet_flag("cloud-provider").as_deref() == Some("external") {
+        taints.push(json!({"key": UNINITIALIZED_TAINT, "value": "true", "effect": "NoSchedule"}));
+    }
+    let provider_id = kubelet_flag("provider-id")
         .or_else(|| (!k3s.disable_cloud_controller).then(|| format!("k3s://{name}")));
     let mut addresses = Vec::new();
     if let Some(ip) = ip {
@@ -164,6 +250,13 @@ pub(super) fn node_object(
         annotations.insert("k3s.io/internal-ip".into(), json!(ip.to_string()));
     }
     annotations.insert("node.alpha.kubernetes.io/ttl".into(), json!("0"));
+    // k3s `pkg/nodeconfig` `SetNodeConfigAnnotations`: the arguments, the `K3S_*`
+    // environment (none: the product configures k3s by file) and base32(sha256(both)).
+    let (args, env) = (k3s.node_args(role), "{}");
+    let hash = sha2::Sha256::digest(format!("{args}{env}").as_bytes());
+    annotations.insert(NODE_ARGS_ANNOTATION.into(), json!(args));
+    annotations.insert("k3s.io/node-env".into(), json!(env));
+    annotations.insert("k3s.io/node-config-hash".into(), json!(base32(&hash)));
     let mut spec = json!({"podCIDR": "10.42.0.0/24", "podCIDRs": ["10.42.0.0/24"]});
     if let Some(pid) = provider_id {
         spec["providerID"] = json!(pid);
@@ -209,6 +302,26 @@ pub(super) fn node_object(
     })
 }
 
+/// Go's `base32.StdEncoding` (RFC 4648, padded).
+fn base32(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 32] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    let mut out = String::new();
+    for chunk in bytes.chunks(5) {
+        let mut block = [0u8; 5];
+        block[..chunk.len()].copy_from_slice(chunk);
+        let bits = block.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
+        let chars = (chunk.len() * 8).div_ceil(5);
+        for i in 0..8 {
+            if i < chars {
+                out.push(char::from(ALPHABET[((bits >> (35 - 5 * i)) & 31) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,5 +350,31 @@ mod tests {
             assert_eq!(refused_node_labels(&labels(&[ok])), None, "{ok}");
         }
         assert!(refused_node_labels(&labels(&["sub.k8s.io/x=1"])).is_some());
+    }
+
+    #[test]
+    fn node_config_annotations_are_what_k3s_writes() {
+        // Go: base32.StdEncoding.EncodeToString (RFC 4648 test vectors).
+        assert_eq!(base32(b""), "");
+        assert_eq!(base32(b"f"), "MY======");
+        assert_eq!(base32(b"foobar"), "MZXW6YTBOI======");
+        // k3s's own test: `k3s server --no-flannel`, no K3S_ environment but K3S_NODE_NAME.
+        let hash = sha2::Sha256::digest(
+            br#"["server","--no-flannel"]{"K3S_NODE_NAME":"fakeNode-with-annotation"}"#,
+        );
+        assert_eq!(
+            base32(&hash),
+            "LNQOAOIMOQIBRMEMACW7LYHXUNPZADF6RFGOSPIHJCOS47UVUJAA===="
+        );
+        let mut k3s = K3sConfig::default();
+        super::super::k3s_config::merge_k3s_config(
+            &mut k3s,
+            b"token: secret\ndisable-cloud-controller: true\nnode-label:\n  - a=b\n  - c=d\nwrite-kubeconfig-mode: \"\"\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            k3s.node_args(Role::Server),
+            r#"["server","--disable-cloud-controller","true","--node-label","a=b","--node-label","c=d","--token","********","--write-kubeconfig-mode"]"#
+        );
     }
 }

@@ -546,7 +546,21 @@ impl Inner {
             if !self.current(id, generation) {
                 return None;
             }
-            match self.decide(id, role, k3s) {
+            let mut decision = self.decide(id, role, k3s);
+            if let Decision::Join(cluster) = decision
+                && let Some(msg) = self.node_password_refused(id, cluster, k3s).await
+            {
+                // k3s's agent config loop (servers run one too) logs it and retries every 5 s.
+                if attempt.is_multiple_of(25) {
+                    self.k3s_log(id, started, "info", &msg);
+                }
+                decision = Decision::Wait;
+            }
+            match decision {
+                Decision::Wait => {
+                    attempt += 1;
+                    tokio::time::sleep(self.cfg.join_retry).await;
+                }
                 Decision::RetryError(msg) => {
                     // `logrus.Error(err)`, then again after 2 s (an agent validating its token).
                     if msg != last_retry || attempt.is_multiple_of(25) {

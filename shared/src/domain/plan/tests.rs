@@ -790,3 +790,29 @@ fn a_changed_pool_spec_or_a_pool_that_needs_no_member_drops_the_block() {
     let p = w.plan();
     assert!(p.create_backoff.is_empty() && p.is_converged(), "{p:?}");
 }
+
+#[test]
+fn a_new_member_never_takes_the_name_of_a_node_that_still_exists() {
+    // A worker is missing; the first fresh name is that of a Node still being deleted (its
+    // instance is gone, k3s's finalizers keep the Node).
+    let mut w = World::healthy(3, 2, 1);
+    w.node(
+        &names::instance_name("demo", "workers", "new00"),
+        NodeReadiness::NotReady { since: now() },
+        false,
+    );
+    let p = w.plan();
+    let created: Vec<&str> = p
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreateMember { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        created,
+        [names::instance_name("demo", "workers", "new01")],
+        "{p:#?}"
+    );
+}
