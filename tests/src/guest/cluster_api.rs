@@ -4,9 +4,10 @@
 //!
 //! What k3s adds to Kubernetes stays in the guest simulator (the supervisor's join checks,
 //! tokens, `/cacerts`); what a kubelet does to its Node is done here: the Node is
-//! registered through the API and handed to KWOK (annotation), which keeps it Ready and its
-//! pods running; a halted VM's Node loses the annotation, so its heartbeats stop and the
-//! real node lifecycle controller marks it Unknown after its grace period.
+//! registered through the API and handed to KWOK (label), which keeps it Ready and plays its
+//! pods; a halted VM's Node is relabelled, so KWOK lets go of it: its heartbeats stop (the
+//! real node lifecycle controller marks it Unknown after its grace period) and its pods are
+//! neither started nor confirmed gone, as on a dead machine.
 
 use std::sync::Arc;
 
@@ -14,8 +15,7 @@ use serde_json::{Value, json};
 
 use crate::control_plane::proxy::FrontProxy;
 use crate::control_plane::{
-    ControlPlane, ControlPlaneError, ControlPlaneOptions, KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE,
-    KWOK_HALTED,
+    ControlPlane, ControlPlaneError, ControlPlaneOptions, KWOK_HALTED, KWOK_LABEL, KWOK_LABEL_VALUE,
 };
 use crate::oxide::faults::Faults;
 
@@ -96,7 +96,7 @@ pub async fn register_real_node(cp: &ControlPlane, fresh: Value) -> Result<(), C
         .unwrap_or_default()
         .to_string();
     let mut node = fresh.clone();
-    node["metadata"]["annotations"][KWOK_ANNOTATION] = json!(KWOK_ANNOTATION_VALUE);
+    node["metadata"]["labels"][KWOK_LABEL] = json!(KWOK_LABEL_VALUE);
     if let Some(status) = node.as_object_mut().and_then(|o| o.remove("status")) {
         node["status"] = json!({
             "capacity": status["capacity"],
@@ -110,10 +110,7 @@ pub async fn register_real_node(cp: &ControlPlane, fresh: Value) -> Result<(), C
             cp.create(node.clone()).await?;
         }
         Some(existing) => {
-            let mut patch = json!({"metadata": {
-                "labels": node["metadata"]["labels"],
-                "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE},
-            }});
+            let mut patch = json!({"metadata": {"labels": node["metadata"]["labels"]}});
             if existing["spec"]["providerID"].is_null() && !node["spec"]["providerID"].is_null() {
                 patch["spec"] = json!({"providerID": node["spec"]["providerID"]});
             }
@@ -133,7 +130,9 @@ pub async fn register_real_node(cp: &ControlPlane, fresh: Value) -> Result<(), C
     Ok(())
 }
 
-/// The VM under `name` stopped: its kubelet no longer heartbeats (KWOK lets go of the Node).
+/// The VM under `name` stopped: its kubelet is gone. The Node's [`KWOK_LABEL`] becomes
+/// [`KWOK_HALTED`], so KWOK (label selector, server-side) sees it leave and stops playing it:
+/// no heartbeats, no pod started or confirmed gone there.
 pub async fn silence_real_node(cp: &ControlPlane, name: &str) -> Result<(), ControlPlaneError> {
     if cp.get("v1", "Node", None, name).await?.is_none() {
         return Ok(());
@@ -143,7 +142,7 @@ pub async fn silence_real_node(cp: &ControlPlane, name: &str) -> Result<(), Cont
         "Node",
         None,
         name,
-        &json!({"metadata": {"annotations": {KWOK_ANNOTATION: KWOK_HALTED}}}),
+        &json!({"metadata": {"labels": {KWOK_LABEL: KWOK_HALTED}}}),
     )
     .await?;
     Ok(())
