@@ -281,7 +281,7 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
     env.apply(pod("web-2", "w2", json!({}))).await;
     // A DaemonSet on w1: the real DaemonSet controller makes its pod (owned, controller).
     let mut w1 = kwok_node("w1");
-    w1["metadata"]["labels"] = json!({"pool": "a"});
+    w1["metadata"]["labels"]["pool"] = json!("a");
     env.apply(w1).await;
     env.apply(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": "agent", "namespace": "default"},
@@ -783,7 +783,7 @@ async fn reconcile_jobs_come_from_the_cronjob_and_bursts_collapse_into_one() {
     // A Node for it: the scheduler binds the pod, KWOK runs and completes it, the Job
     // controller marks the Job Complete; the next trigger replaces it with a fresh Job.
     let mut n = kwok_node("system-1");
-    n["metadata"]["labels"] = json!({"pool": "system"});
+    n["metadata"]["labels"]["pool"] = json!("system");
     env.apply(n).await;
     wait_job(&env, "Complete").await;
     // The next Job may not run (no Node matches) and fails at its deadline.
@@ -905,7 +905,7 @@ async fn a_finished_job_still_being_deleted_is_not_reported_as_a_pending_run() {
     let cluster = env.cluster().await;
     env.apply(cronjob(json!({"pool": "system"}), 600)).await;
     let mut n = kwok_node("system-1");
-    n["metadata"]["labels"] = json!({"pool": "system"});
+    n["metadata"]["labels"]["pool"] = json!("system");
     env.apply(n).await;
     assert_eq!(
         cluster.trigger_reconcile_job().await.unwrap(),
@@ -1006,7 +1006,7 @@ async fn the_reconcile_pod_is_never_placed_on_an_unreachable_node() {
     );
     // A live node appears: the run goes there.
     let mut live = kwok_node("live");
-    live["metadata"]["labels"] = json!({"kubernetes.io/os": "linux"});
+    live["metadata"]["labels"]["kubernetes.io/os"] = json!("linux");
     env.apply(live).await;
     let bound = env
         .cp
