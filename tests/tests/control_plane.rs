@@ -268,8 +268,10 @@ async fn kwok_runs_workload_pods_but_leaves_ours_to_the_harness() {
     .await
     .unwrap();
     cp.apply(kwok_node("w1")).await.unwrap();
-    let with = |labels: Value| json!({"labels": labels, "finalizers": ["example.com/keep"],
-        "annotations": starts_at_once()});
+    let with = |labels: Value| {
+        json!({"labels": labels, "finalizers": ["example.com/keep"],
+        "annotations": starts_at_once()})
+    };
     // Ours first: when the workload pod created after it runs, KWOK has had its turn at ours.
     cp.apply(bound_pod(
         "ours",
@@ -295,7 +297,12 @@ async fn kwok_runs_workload_pods_but_leaves_ours_to_the_harness() {
     .await
     .unwrap();
     let ours = pod(&cp, "ours").await.unwrap();
-    assert_eq!(ours["status"]["phase"], "Pending", "{}", cp.log_tail("kwok"));
+    assert_eq!(
+        ours["status"]["phase"],
+        "Pending",
+        "{}",
+        cp.log_tail("kwok")
+    );
     assert!(ours["status"]["podIP"].is_null(), "{ours}");
 
     // Deleted with a grace period: the pod is Terminating until KWOK, as a kubelet whose
@@ -366,10 +373,14 @@ async fn kwok_starts_pods_in_steps_and_leaves_readiness_gates_to_their_owner() {
     // unready, with the kubelet's reason and message (kubernetes pkg/kubelet/status/
     // generate.go GeneratePodReadyCondition), until the gate's condition is True.
     let p = cp
-        .wait_for("KWOK to run the gated pod's containers", PATIENCE, || async {
-            let p = pod(&cp, "gated").await?;
-            (condition(&p, "ContainersReady")?["status"] == "True").then_some(p)
-        })
+        .wait_for(
+            "KWOK to run the gated pod's containers",
+            PATIENCE,
+            || async {
+                let p = pod(&cp, "gated").await?;
+                (condition(&p, "ContainersReady")?["status"] == "True").then_some(p)
+            },
+        )
         .await
         .unwrap();
     assert_eq!(p["status"]["phase"], "Running", "{p}");
@@ -453,9 +464,12 @@ async fn a_halted_vms_node_is_let_go_its_pods_neither_start_nor_go() {
     let new_dead = pod(&cp, "new-dead").await.unwrap();
     assert_eq!(new_dead["status"]["phase"], "Pending", "{new_dead}");
     assert!(new_dead["status"]["podIP"].is_null(), "{new_dead}");
-    let old_dead = pod(&cp, "old-dead")
-        .await
-        .unwrap_or_else(|| panic!("the halted Node's pod was confirmed gone\n{}", cp.log_tail("kwok")));
+    let old_dead = pod(&cp, "old-dead").await.unwrap_or_else(|| {
+        panic!(
+            "the halted Node's pod was confirmed gone\n{}",
+            cp.log_tail("kwok")
+        )
+    });
     assert!(old_dead["metadata"]["deletionTimestamp"].is_string());
     assert_eq!(old_dead["metadata"]["deletionGracePeriodSeconds"], 1);
 }

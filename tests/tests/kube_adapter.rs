@@ -389,8 +389,14 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
         grace > chrono::Duration::seconds(25) && grace <= chrono::Duration::seconds(31),
         "deletionTimestamp {deadline}, evicted at {evicted_at}"
     );
-    let stored = env.get("v1", "Pod", Some("default"), "web-1").await.unwrap();
-    assert_eq!(stored["metadata"]["deletionGracePeriodSeconds"], 30, "{stored}");
+    let stored = env
+        .get("v1", "Pod", Some("default"), "web-1")
+        .await
+        .unwrap();
+    assert_eq!(
+        stored["metadata"]["deletionGracePeriodSeconds"], 30,
+        "{stored}"
+    );
     env.cp
         .wait_for("KWOK to finish the evicted pod", PATIENCE, || async {
             env.get("v1", "Pod", Some("default"), "web-1")

@@ -446,11 +446,13 @@ async fn a_drain_whose_replacements_become_ready_slower_than_its_timeout_goes_on
     });
     slow["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(1);
     kube.apply(slow).await.unwrap();
-    kube.apply(json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+    kube.apply(
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": {"name": "slow", "namespace": "default"},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "slow"}}}}))
-        .await
-        .unwrap();
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "slow"}}}}),
+    )
+    .await
+    .unwrap();
     let ready = |p: &Value| {
         p["status"]["conditions"].as_array().is_some_and(|c| {
             c.iter()
@@ -508,7 +510,10 @@ async fn a_drain_whose_replacements_become_ready_slower_than_its_timeout_goes_on
         detail.contains(&format!("after {DRAIN_SECS}s")) && detail.contains("PodDisruptionBudget"),
         "{detail}"
     );
-    let node = kube.get("v1", "Node", None, &victim).await.expect("Node kept");
+    let node = kube
+        .get("v1", "Node", None, &victim)
+        .await
+        .expect("Node kept");
     assert_eq!(node["spec"]["unschedulable"], true, "{node}");
     let vm = env
         .instances(WK)

@@ -687,9 +687,7 @@ impl Files {
         vec![
             format!("--kubeconfig={}", self.file("admin.kubeconfig")),
             format!("--config={}", self.file("kwok.yaml")),
-            format!(
-                "--manage-nodes-with-label-selector={KWOK_LABEL}={KWOK_LABEL_VALUE}"
-            ),
+            format!("--manage-nodes-with-label-selector={KWOK_LABEL}={KWOK_LABEL_VALUE}"),
             format!("--server-address={ip}:10247"),
             format!("--node-ip={ip}"),
             "--cidr=10.42.0.1/16".into(),
