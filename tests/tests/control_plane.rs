@@ -1,13 +1,15 @@
 //! The real control plane the tests run on: it starts, reports the k3s version the product
-//! installs, refuses unknown fields under strict validation, and KWOK keeps annotated Nodes
-//! Ready while the real node lifecycle controller marks the others Unknown.
+//! installs, refuses unknown fields under strict validation, KWOK keeps labelled Nodes Ready
+//! while the real node lifecycle controller marks the others Unknown, and KWOK plays pods as
+//! its "general" stages do: they take time to start and to go, readiness gates are left to
+//! their owners, and a halted VM's Node and its pods are let go.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
 use oxide_sim::control_plane::{
-    ControlPlane, ControlPlaneOptions, KUBERNETES_VERSION, KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE,
+    ControlPlane, ControlPlaneOptions, KUBERNETES_VERSION, KWOK_LABEL, KWOK_LABEL_VALUE,
 };
 use serde_json::{Value, json};
 
@@ -56,11 +58,11 @@ async fn kwok_keeps_its_nodes_ready_and_the_lifecycle_controller_marks_the_rest_
     .unwrap();
     let node = |name: &str, kwok: bool| {
         let mut n = json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "annotations": {}},
+            "metadata": {"name": name, "labels": {}},
             "status": {"allocatable": {"cpu": "2", "memory": "4Gi", "pods": "110"},
                        "capacity": {"cpu": "2", "memory": "4Gi", "pods": "110"}}});
         if kwok {
-            n["metadata"]["annotations"][KWOK_ANNOTATION] = json!(KWOK_ANNOTATION_VALUE);
+            n["metadata"]["labels"][KWOK_LABEL] = json!(KWOK_LABEL_VALUE);
         }
         n
     };
@@ -201,6 +203,277 @@ async fn the_front_proxy_names_certificate_callers_passes_tokens_and_injects_fau
     task.abort();
 }
 
+/// A Node KWOK plays.
+fn kwok_node(name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {KWOK_LABEL: KWOK_LABEL_VALUE}}})
+}
+
+/// A pod bound to `node` with `meta` merged into its metadata.
+fn bound_pod(name: &str, node: &str, meta: Value) -> Value {
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i"}]}});
+    if let (Some(m), Some(extra)) = (pod["metadata"].as_object_mut(), meta.as_object()) {
+        m.extend(extra.clone());
+    }
+    pod
+}
+
+/// KWOK's own per-pod overrides (`<stage>.stage.kwok.x-k8s.io/{delay,jitter-delay}`,
+/// kwok@v0.7.0 kustomize/stage/pod/general/pod-create.yaml:18-24, pod-ready.yaml:22-28) that
+/// make a pod start at once: for tests where the start's duration is not the point.
+fn starts_at_once() -> Value {
+    json!({
+        "pod-create.stage.kwok.x-k8s.io/delay": "0s",
+        "pod-create.stage.kwok.x-k8s.io/jitter-delay": "0s",
+        "pod-ready.stage.kwok.x-k8s.io/delay": "0s",
+        "pod-ready.stage.kwok.x-k8s.io/jitter-delay": "0s",
+    })
+}
+
+fn condition<'a>(pod: &'a Value, kind: &str) -> Option<&'a Value> {
+    pod["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+}
+
+fn time_of(v: &Value) -> chrono::DateTime<chrono::Utc> {
+    v.as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .unwrap_or_else(|| panic!("not a timestamp: {v}"))
+        .to_utc()
+}
+
+async fn pod(cp: &ControlPlane, name: &str) -> Option<Value> {
+    cp.get("v1", "Pod", Some("default"), name).await.unwrap()
+}
+
+async fn delete_pod(cp: &ControlPlane, name: &str, grace: u32) {
+    let dp = kube::api::DeleteParams::default().grace_period(grace);
+    assert!(
+        cp.delete_with("v1", "Pod", Some("default"), name, &dp)
+            .await
+            .unwrap()
+    );
+}
+
+#[tokio::test]
+async fn kwok_runs_workload_pods_but_leaves_ours_to_the_harness() {
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        scheduler: false,
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .unwrap();
+    cp.apply(kwok_node("w1")).await.unwrap();
+    let with = |labels: Value| {
+        json!({"labels": labels, "finalizers": ["example.com/keep"],
+        "annotations": starts_at_once()})
+    };
+    // Ours first: when the workload pod created after it runs, KWOK has had its turn at ours.
+    cp.apply(bound_pod(
+        "ours",
+        "w1",
+        with(json!({"app.kubernetes.io/name": "oxide-controller"})),
+    ))
+    .await
+    .unwrap();
+    cp.apply(bound_pod("web", "w1", with(json!({"app": "web"}))))
+        .await
+        .unwrap();
+    let phase = |name: &'static str| {
+        let cp = &cp;
+        async move {
+            pod(cp, name)
+                .await
+                .and_then(|p| p["status"]["phase"].as_str().map(str::to_string))
+        }
+    };
+    cp.wait_for("KWOK to run the workload pod", PATIENCE, || async {
+        (phase("web").await.as_deref() == Some("Running")).then_some(())
+    })
+    .await
+    .unwrap();
+    let ours = pod(&cp, "ours").await.unwrap();
+    assert_eq!(
+        ours["status"]["phase"],
+        "Pending",
+        "{}",
+        cp.log_tail("kwok")
+    );
+    assert!(ours["status"]["podIP"].is_null(), "{ours}");
+
+    // Deleted with a grace period: the pod is Terminating until KWOK, as a kubelet whose
+    // containers stopped, confirms with a grace-0 delete (KWOK's pod-delete: 1 s at the
+    // earliest, at the deletionTimestamp at the latest, kwok@v0.7.0
+    // kustomize/stage/pod/general/pod-delete.yaml:18-25). Its finalizer then keeps the object
+    // until its owner removes it, as with a kubelet.
+    let asked = chrono::Utc::now();
+    delete_pod(&cp, "web", 5).await;
+    let confirmed = cp
+        .wait_for("KWOK to confirm the termination", PATIENCE, || async {
+            let web = pod(&cp, "web").await?;
+            (web["metadata"]["deletionGracePeriodSeconds"] == 0).then_some(chrono::Utc::now())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", cp.log_tail("kwok")));
+    assert!(
+        confirmed - asked >= chrono::Duration::seconds(1),
+        "confirmed {} after the delete: no grace at all",
+        confirmed - asked
+    );
+    let web = pod(&cp, "web").await.unwrap();
+    assert!(web["metadata"]["deletionTimestamp"].is_string(), "{web}");
+    assert_eq!(web["metadata"]["finalizers"], json!(["example.com/keep"]));
+}
+
+#[tokio::test]
+async fn kwok_starts_pods_in_steps_and_leaves_readiness_gates_to_their_owner() {
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        scheduler: false,
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .unwrap();
+    cp.apply(kwok_node("w1")).await.unwrap();
+    cp.apply(bound_pod("web", "w1", json!({}))).await.unwrap();
+    let gate = "example.com/load-balancer";
+    let mut gated = bound_pod("gated", "w1", json!({}));
+    gated["spec"]["readinessGates"] = json!([{"conditionType": gate}]);
+    cp.apply(gated).await.unwrap();
+
+    // KWOK's general stages: Pending with ContainerCreating (and a pod IP) 1 s + up to 5 s
+    // after the pod appears, Running and Ready 1 s + up to 5 s after that
+    // (kwok@v0.7.0 kustomize/stage/pod/general/pod-create.yaml:18-24,
+    // pod-ready.yaml:22-28). The apiserver keeps whole seconds, so a step of at least 1 s
+    // shows as at least 1 s between the stored times.
+    let web = cp
+        .wait_for("KWOK to make web Ready", PATIENCE, || async {
+            let p = pod(&cp, "web").await?;
+            (condition(&p, "Ready")?["status"] == "True").then_some(p)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", cp.log_tail("kwok")));
+    let created = time_of(&web["metadata"]["creationTimestamp"]);
+    let initialized = time_of(&condition(&web, "Initialized").unwrap()["lastTransitionTime"]);
+    let ready = time_of(&condition(&web, "Ready").unwrap()["lastTransitionTime"]);
+    assert!(
+        initialized - created >= chrono::Duration::seconds(1),
+        "started at once: {web}"
+    );
+    assert!(
+        ready - initialized >= chrono::Duration::seconds(1),
+        "Ready with no time to start: {web}"
+    );
+    assert_eq!(web["status"]["phase"], "Running");
+
+    // A readiness gate is its controller's: KWOK runs the containers, but the pod stays
+    // unready, with the kubelet's reason and message (kubernetes pkg/kubelet/status/
+    // generate.go GeneratePodReadyCondition), until the gate's condition is True.
+    let p = cp
+        .wait_for(
+            "KWOK to run the gated pod's containers",
+            PATIENCE,
+            || async {
+                let p = pod(&cp, "gated").await?;
+                (condition(&p, "ContainersReady")?["status"] == "True").then_some(p)
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(p["status"]["phase"], "Running", "{p}");
+    assert!(condition(&p, gate).is_none(), "a kubelet set the gate: {p}");
+    let r = condition(&p, "Ready").unwrap();
+    assert_eq!(r["status"], "False", "{p}");
+    assert_eq!(r["reason"], "ReadinessGatesNotReady", "{p}");
+    assert_eq!(
+        r["message"],
+        format!("corresponding condition of pod readiness gate \"{gate}\" does not exist.")
+    );
+    // Its owner reports the gate False, then True.
+    let set_gate = |status: &'static str| {
+        cp.apply_status(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "gated", "namespace": "default"},
+            "status": {"conditions": [{"type": gate, "status": status}]}}))
+    };
+    set_gate("False").await.unwrap();
+    let message = format!("the status of pod readiness gate \"{gate}\" is not \"True\", but False");
+    cp.wait_for("the kubelet to name the False gate", PATIENCE, || async {
+        let p = pod(&cp, "gated").await?;
+        (condition(&p, "Ready")?["message"] == message.as_str()).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", cp.log_tail("kwok")));
+    set_gate("True").await.unwrap();
+    cp.wait_for("the gated pod to become Ready", PATIENCE, || async {
+        let p = pod(&cp, "gated").await?;
+        (condition(&p, "Ready")?["status"] == "True").then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", cp.log_tail("kwok")));
+}
+
+#[tokio::test]
+async fn a_halted_vms_node_is_let_go_its_pods_neither_start_nor_go() {
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        scheduler: false,
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .unwrap();
+    for n in ["alive", "dead"] {
+        cp.apply(kwok_node(n)).await.unwrap();
+    }
+    let fast = json!({"annotations": starts_at_once()});
+    for (name, node) in [("old-alive", "alive"), ("old-dead", "dead")] {
+        cp.apply(bound_pod(name, node, fast.clone())).await.unwrap();
+    }
+    for name in ["old-alive", "old-dead"] {
+        cp.wait_for("KWOK to run the pods", PATIENCE, || async {
+            (pod(&cp, name).await?["status"]["phase"] == "Running").then_some(())
+        })
+        .await
+        .unwrap();
+    }
+
+    // The VM behind `dead` stops: the simulator takes its kubelet away.
+    oxide_sim::guest::cluster_api::silence_real_node(&cp, "dead")
+        .await
+        .unwrap();
+    // A pod bound there afterwards is never started, and a deletion there is never confirmed
+    // (a real cluster keeps such a pod Terminating until the Node goes and PodGC collects it).
+    // Each has a twin on the live Node, made or deleted after it: once the twin is done, KWOK
+    // has had its turn at the pod on `dead`.
+    cp.apply(bound_pod("new-dead", "dead", fast.clone()))
+        .await
+        .unwrap();
+    cp.apply(bound_pod("new-alive", "alive", fast.clone()))
+        .await
+        .unwrap();
+    delete_pod(&cp, "old-dead", 1).await;
+    delete_pod(&cp, "old-alive", 1).await;
+    cp.wait_for("KWOK to play the live Node's pods", PATIENCE, || async {
+        let started = pod(&cp, "new-alive").await?["status"]["phase"] == "Running";
+        let gone = pod(&cp, "old-alive").await.is_none();
+        (started && gone).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", cp.log_tail("kwok")));
+    let new_dead = pod(&cp, "new-dead").await.unwrap();
+    assert_eq!(new_dead["status"]["phase"], "Pending", "{new_dead}");
+    assert!(new_dead["status"]["podIP"].is_null(), "{new_dead}");
+    let old_dead = pod(&cp, "old-dead").await.unwrap_or_else(|| {
+        panic!(
+            "the halted Node's pod was confirmed gone\n{}",
+            cp.log_tail("kwok")
+        )
+    });
+    assert!(old_dead["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(old_dead["metadata"]["deletionGracePeriodSeconds"], 1);
+}
+
 /// Audit sim-3 K5: a fault of `kube` answers before forwarding (nothing happens), one of
 /// `kube_after` answers after the apiserver committed the request (the write is there; a retry
 /// of the create gets 409 AlreadyExists, a retry of the update with the old resourceVersion
@@ -317,65 +590,4 @@ async fn the_front_proxy_fails_writes_before_or_after_the_apiserver_commits_them
     cms.replace("after", &PostParams::default(), &again)
         .await
         .unwrap();
-}
-
-#[tokio::test]
-async fn kwok_runs_workload_pods_but_leaves_ours_to_the_harness() {
-    let cp = ControlPlane::start(ControlPlaneOptions {
-        scheduler: false,
-        ..ControlPlaneOptions::default()
-    })
-    .await
-    .unwrap();
-    cp.apply(json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": "w1", "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE}}}))
-        .await
-        .unwrap();
-    let pod = |name: &str, labels: Value| {
-        json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "labels": labels,
-                "finalizers": ["example.com/keep"]},
-            "spec": {"nodeName": "w1", "containers": [{"name": "c", "image": "i"}]}})
-    };
-    cp.apply(pod("web", json!({"app": "web"}))).await.unwrap();
-    cp.apply(pod(
-        "ours",
-        json!({"app.kubernetes.io/name": "oxide-controller"}),
-    ))
-    .await
-    .unwrap();
-    let phase = |name: &'static str| {
-        let cp = &cp;
-        async move {
-            cp.get("v1", "Pod", Some("default"), name)
-                .await
-                .unwrap()
-                .and_then(|p| p["status"]["phase"].as_str().map(str::to_string))
-        }
-    };
-    cp.wait_for("KWOK to run the workload pod", PATIENCE, || async {
-        (phase("web").await.as_deref() == Some("Running")).then_some(())
-    })
-    .await
-    .unwrap();
-    assert_eq!(
-        phase("ours").await.as_deref(),
-        Some("Pending"),
-        "{}",
-        cp.log_tail("kwok")
-    );
-
-    // Deleted: KWOK ends the workload pod's containers, but its finalizer keeps the object
-    // (terminating) until its owner removes it, as with a kubelet.
-    cp.delete("v1", "Pod", Some("default"), "web")
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let web = cp
-        .get("v1", "Pod", Some("default"), "web")
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(web["metadata"]["deletionTimestamp"].is_string());
-    assert_eq!(web["metadata"]["finalizers"], json!(["example.com/keep"]));
 }

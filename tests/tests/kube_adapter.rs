@@ -18,9 +18,7 @@ use oxide_controller::ports::cluster::{
     Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome, NAMESPACE, OBJECT_NAME,
     ON_DEMAND_JOB,
 };
-use oxide_sim::control_plane::{
-    ControlPlane, ControlPlaneOptions, KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE,
-};
+use oxide_sim::control_plane::{ControlPlane, ControlPlaneOptions, KWOK_LABEL, KWOK_LABEL_VALUE};
 use serde_json::{Value, json};
 
 /// How long a controller may take to act on a loaded 2-core machine.
@@ -214,7 +212,7 @@ async fn cordon_and_mark_removing_make_unschedulable_and_delete_node_tolerates_a
 /// A Node KWOK keeps (Ready, heartbeats, pods Running and Ready as a kubelet reports them).
 fn kwok_node(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE}},
+        "metadata": {"name": name, "labels": {KWOK_LABEL: KWOK_LABEL_VALUE}},
         "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
                    "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"}}})
 }
@@ -283,7 +281,7 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
     env.apply(pod("web-2", "w2", json!({}))).await;
     // A DaemonSet on w1: the real DaemonSet controller makes its pod (owned, controller).
     let mut w1 = kwok_node("w1");
-    w1["metadata"]["labels"] = json!({"pool": "a"});
+    w1["metadata"]["labels"]["pool"] = json!("a");
     env.apply(w1).await;
     env.apply(json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
         "metadata": {"name": "agent", "namespace": "default"},
@@ -372,15 +370,33 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
     );
 
     env.settle_pdb(pdb(1)).await;
+    let evicted_at = chrono::Utc::now();
     assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Evicted);
-    // Graceful: the pod is Terminating (deletionTimestamp = now + 30 s); KWOK, as a kubelet
-    // whose containers stopped, then removes it well before the grace period ends.
+    // Graceful: the pod is Terminating (deletionTimestamp = now + its 30 s default grace) and
+    // stays listed until KWOK, as a kubelet whose containers stopped, confirms the
+    // termination: 1 s at the earliest, by the deletionTimestamp at the latest (kwok@v0.7.0
+    // kustomize/stage/pod/general/pod-delete.yaml:18-25).
     let listed = cluster.pods_on_node("w1").await.unwrap();
-    let seen_terminating = listed
+    let terminating = listed
         .iter()
-        .any(|p| p.name == "web-1" && p.deleting_at.is_some());
-    let gone = listed.iter().all(|p| p.name != "web-1");
-    assert!(seen_terminating || gone, "{listed:?}");
+        .find(|p| p.name == "web-1")
+        .unwrap_or_else(|| panic!("the evicted pod went at once: {listed:?}"));
+    let deadline = terminating
+        .deleting_at
+        .unwrap_or_else(|| panic!("not terminating: {terminating:?}"));
+    let grace = deadline - evicted_at;
+    assert!(
+        grace > chrono::Duration::seconds(25) && grace <= chrono::Duration::seconds(31),
+        "deletionTimestamp {deadline}, evicted at {evicted_at}"
+    );
+    let stored = env
+        .get("v1", "Pod", Some("default"), "web-1")
+        .await
+        .unwrap();
+    assert_eq!(
+        stored["metadata"]["deletionGracePeriodSeconds"], 30,
+        "{stored}"
+    );
     env.cp
         .wait_for("KWOK to finish the evicted pod", PATIENCE, || async {
             env.get("v1", "Pod", Some("default"), "web-1")
@@ -390,6 +406,11 @@ async fn drain_sees_pod_kinds_and_eviction_respects_the_disruption_budget() {
         })
         .await
         .unwrap();
+    let gone_after = chrono::Utc::now() - evicted_at;
+    assert!(
+        gone_after >= chrono::Duration::seconds(1),
+        "gone {gone_after} after the eviction: no grace at all"
+    );
     assert_eq!(cluster.evict(&web1).await.unwrap(), Eviction::Gone);
 
     // A second budget over the same pods: the apiserver refuses with a bare 500, which is
@@ -768,7 +789,7 @@ async fn reconcile_jobs_come_from_the_cronjob_and_bursts_collapse_into_one() {
     // A Node for it: the scheduler binds the pod, KWOK runs and completes it, the Job
     // controller marks the Job Complete; the next trigger replaces it with a fresh Job.
     let mut n = kwok_node("system-1");
-    n["metadata"]["labels"] = json!({"pool": "system"});
+    n["metadata"]["labels"]["pool"] = json!("system");
     env.apply(n).await;
     wait_job(&env, "Complete").await;
     // The next Job may not run (no Node matches) and fails at its deadline.
@@ -890,7 +911,7 @@ async fn a_finished_job_still_being_deleted_is_not_reported_as_a_pending_run() {
     let cluster = env.cluster().await;
     env.apply(cronjob(json!({"pool": "system"}), 600)).await;
     let mut n = kwok_node("system-1");
-    n["metadata"]["labels"] = json!({"pool": "system"});
+    n["metadata"]["labels"]["pool"] = json!("system");
     env.apply(n).await;
     assert_eq!(
         cluster.trigger_reconcile_job().await.unwrap(),
@@ -991,7 +1012,7 @@ async fn the_reconcile_pod_is_never_placed_on_an_unreachable_node() {
     );
     // A live node appears: the run goes there.
     let mut live = kwok_node("live");
-    live["metadata"]["labels"] = json!({"kubernetes.io/os": "linux"});
+    live["metadata"]["labels"]["kubernetes.io/os"] = json!("linux");
     env.apply(live).await;
     let bound = env
         .cp

@@ -1602,6 +1602,14 @@ async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     }
+    // Running first: the eviction API ignores budgets for a Pending pod (kubernetes
+    // pkg/registry/core/pod/storage/eviction.go canIgnorePDB), and KWOK, as a kubelet, takes
+    // a few seconds to start one.
+    wait_until("every pod Running", async || {
+        let pods = kube.list("v1", "Pod", Some("default")).await;
+        pods.len() == 6 && pods.iter().all(|p| p["status"]["phase"] == "Running")
+    })
+    .await;
     env.edit(|s| s.worker_pools[0].count = 1).await;
     // Runs a few seconds apart, as the CronJob's: the held pod is called stuck only once it
     // is past its deletionTimestamp by more than the kubelet's margin (apply.rs

@@ -269,6 +269,11 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
             .to_owned();
         kube.delete("v1", "Pod", Some("default"), &name).await;
     }
+    // Gone, not only Terminating: their kubelet (KWOK) confirms the end within their grace.
+    wait_until("E: the deleted pods gone", async || {
+        kube.list("v1", "Pod", Some("default")).await.is_empty()
+    })
+    .await?;
     // A kube-system pod of a real ReplicaSet on the worker.
     kube.apply(json!({
         "apiVersion": "apps/v1", "kind": "ReplicaSet",

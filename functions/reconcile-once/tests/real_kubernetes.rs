@@ -400,3 +400,144 @@ async fn the_cronjob_runs_reconcile_once_on_its_schedule_under_the_shipped_rbac(
         Some("True")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_whose_replacements_become_ready_slower_than_its_timeout_goes_on_in_later_runs() {
+    // The drain timeout, and how long the Deployment's pods take from ContainerCreating to
+    // Ready: KWOK's own per-pod delay of its pod-ready stage (kwok@v0.7.0
+    // kustomize/stage/pod/general/pod-ready.yaml:22-28), well above the timeout, as with
+    // images to pull and readiness probes to pass.
+    const DRAIN_SECS: u64 = 10;
+    const READY_AFTER: &str = "25s";
+    let env = env(1, 2).await;
+    env.edit(|s| s.timeouts.drain_seconds = DRAIN_SECS).await;
+    env.converge(2, 5).await;
+    let kube = env.kube();
+    let victim = env.ready_nodes(WK).await[0].clone();
+    let others: Vec<String> = kube
+        .list("v1", "Node", None)
+        .await
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_string))
+        .filter(|n| *n != victim)
+        .collect();
+    // Both replicas on the victim: the others are cordoned while the scheduler places them.
+    let cordon = |on: bool| {
+        let (kube, others) = (kube.clone(), others.clone());
+        async move {
+            for n in &others {
+                kube.merge_patch(
+                    "v1",
+                    "Node",
+                    None,
+                    n,
+                    &json!({"spec": {"unschedulable": on}}),
+                )
+                .await
+                .unwrap();
+            }
+        }
+    };
+    cordon(true).await;
+    let mut slow = deployment("slow", 2);
+    slow["spec"]["template"]["metadata"]["annotations"] = json!({
+        "pod-ready.stage.kwok.x-k8s.io/delay": READY_AFTER,
+        "pod-ready.stage.kwok.x-k8s.io/jitter-delay": READY_AFTER,
+    });
+    slow["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(1);
+    kube.apply(slow).await.unwrap();
+    kube.apply(
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "slow", "namespace": "default"},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "slow"}}}}),
+    )
+    .await
+    .unwrap();
+    let ready = |p: &Value| {
+        p["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+    };
+    env.wait_for("both replicas Ready on the victim", || async {
+        let pods = env.pods("slow").await;
+        let ok = pods.len() == 2
+            && pods
+                .iter()
+                .all(|p| ready(p) && p["spec"]["nodeName"] == victim.as_str());
+        ok.then_some(())
+    })
+    .await;
+    env.wait_for("the budget to allow one disruption", || async {
+        let b = kube
+            .get("policy/v1", "PodDisruptionBudget", Some("default"), "slow")
+            .await?;
+        (b["status"]["observedGeneration"] == b["metadata"]["generation"]
+            && b["status"]["disruptionsAllowed"] == 1)
+            .then_some(())
+    })
+    .await;
+    cordon(false).await;
+    kube.merge_patch(
+        "v1",
+        "Node",
+        None,
+        &victim,
+        &json!({"metadata": {"annotations": {"oxide-controller/delete-me": "true"}}}),
+    )
+    .await
+    .unwrap();
+    env.edit(|s| s.worker_pools[0].count = 1).await;
+
+    // The first run evicts one replica; the budget refuses the other until the first one's
+    // replacement is Ready, which takes longer than the drain may: the removal is reported
+    // in progress, the Node stays (cordoned) and its VM runs.
+    let out = env.reconcile().await;
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{out:?}");
+    let status = env.status().await.expect("status written");
+    let drain = status
+        .last_plan
+        .iter()
+        .find(|a| {
+            a.detail
+                .as_deref()
+                .is_some_and(|d| d.contains(&format!("drain of {victim} not finished")))
+        })
+        .unwrap_or_else(|| panic!("no unfinished drain of {victim}: {:?}", status.last_plan));
+    assert_eq!(drain.outcome, "in_progress", "{drain:?}");
+    let detail = drain.detail.as_deref().unwrap_or_default();
+    assert!(
+        detail.contains(&format!("after {DRAIN_SECS}s")) && detail.contains("PodDisruptionBudget"),
+        "{detail}"
+    );
+    let node = kube
+        .get("v1", "Node", None, &victim)
+        .await
+        .expect("Node kept");
+    assert_eq!(node["spec"]["unschedulable"], true, "{node}");
+    let vm = env
+        .instances(WK)
+        .into_iter()
+        .find(|i| i["name"] == victim.as_str())
+        .expect("VM kept");
+    assert_eq!(vm["state"], "running", "{vm}");
+    let pods = env.pods("slow").await;
+    assert!(
+        pods.iter()
+            .any(|p| p["spec"]["nodeName"] != victim.as_str() && !ready(p)),
+        "no replacement still becoming Ready: {pods:#?}"
+    );
+
+    // Later runs, once the replacements are Ready, finish the drain and the removal.
+    env.converge(1, 15).await;
+    assert!(kube.get("v1", "Node", None, &victim).await.is_none());
+    env.wait_for("both replicas Ready elsewhere", || async {
+        let pods = env.pods("slow").await;
+        let ok = pods.len() == 2
+            && pods
+                .iter()
+                .all(|p| ready(p) && p["spec"]["nodeName"] != victim.as_str());
+        ok.then_some(())
+    })
+    .await;
+}

@@ -436,7 +436,6 @@ where
     let started = Instant::now();
     let started_at = (opts.now)();
     let run_id = new_run_id(started_at);
-    let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
     let (spec, secrets, snapshot, server_settings) = load_for_run(state, cluster).await?;
     let deadline_len = opts
         .deadline

@@ -36,13 +36,18 @@ pub const KUBERNETES_VERSION: &str = "v1.33.4+k3s1";
 pub const API_PORT: u16 = 6443;
 /// The in-cluster Service CIDR k3s uses by default (`--service-cidr`).
 pub const SERVICE_CIDR: &str = "10.43.0.0/16";
-/// KWOK manages only Nodes with this annotation (`--manage-nodes-with-annotation-selector`),
-/// so a test decides which Nodes have a "kubelet" (and takes it away to stop heartbeats).
-pub const KWOK_ANNOTATION: &str = "kwok.x-k8s.io/node";
-/// The value of [`KWOK_ANNOTATION`] KWOK selects and keeps heartbeating.
-pub const KWOK_ANNOTATION_VALUE: &str = "fake";
-/// The value of [`KWOK_ANNOTATION`] for a Node whose VM stopped: KWOK's stages leave it
-/// alone, so its heartbeats stop and the node lifecycle controller takes over.
+/// KWOK manages only Nodes with this label (`--manage-nodes-with-label-selector`), so a test
+/// decides which Nodes have a "kubelet" (and takes it away: the VM stopped). A label, not an
+/// annotation: KWOK filters annotation selectors itself and never lets go of a Node that
+/// stops matching (kwok@v0.7.0 pkg/utils/informer/event.go:87-111, informer.go:152-158),
+/// while a label selector goes to the apiserver, whose watch reports a Node that stops
+/// matching as deleted (event.go:69-72), so KWOK drops it and its pods (node_controller.go
+/// :201-216, pod_controller.go:397-399).
+pub const KWOK_LABEL: &str = "kwok.x-k8s.io/node";
+/// The value of [`KWOK_LABEL`] KWOK selects and keeps heartbeating.
+pub const KWOK_LABEL_VALUE: &str = "fake";
+/// The value of [`KWOK_LABEL`] for a Node whose VM stopped: KWOK lets go of it, so its
+/// heartbeats stop (the node lifecycle controller takes over) and nothing plays its pods.
 pub const KWOK_HALTED: &str = "halted";
 
 /// Why a control plane could not start or answer.
@@ -96,7 +101,7 @@ pub struct ControlPlaneOptions {
     pub controller_manager: bool,
     /// Run kube-scheduler.
     pub scheduler: bool,
-    /// Run KWOK for Nodes annotated [`KWOK_ANNOTATION`].
+    /// Run KWOK for Nodes labelled [`KWOK_LABEL`].
     pub kwok: bool,
 }
 
@@ -675,16 +680,14 @@ impl Files {
         ]
     }
 
-    /// KWOK with its default Node stages and the pod stages of `kwok-stages.yaml` (KWOK's
-    /// own, minus our pods and minus emptying finalizers), managing only Nodes annotated
-    /// [`KWOK_ANNOTATION`].
+    /// KWOK with the stages of `kwok-stages.yaml` (KWOK's general pod stages, minus our pods,
+    /// readiness gates left to their owners, and KWOK's Node stages), managing only Nodes
+    /// labelled [`KWOK_LABEL`]=[`KWOK_LABEL_VALUE`].
     fn kwok_args(&self, ip: Ipv4Addr) -> Vec<String> {
         vec![
             format!("--kubeconfig={}", self.file("admin.kubeconfig")),
             format!("--config={}", self.file("kwok.yaml")),
-            format!(
-                "--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}"
-            ),
+            format!("--manage-nodes-with-label-selector={KWOK_LABEL}={KWOK_LABEL_VALUE}"),
             format!("--server-address={ip}:10247"),
             format!("--node-ip={ip}"),
             "--cidr=10.42.0.1/16".into(),

@@ -4,9 +4,10 @@
 //!
 //! What k3s adds to Kubernetes stays in the guest simulator (the supervisor's join checks,
 //! tokens, `/cacerts`); what a kubelet does to its Node is done here: the Node is
-//! registered through the API and handed to KWOK (annotation), which keeps it Ready and its
-//! pods running; a halted VM's Node loses the annotation, so its heartbeats stop and the
-//! real node lifecycle controller marks it Unknown after its grace period.
+//! registered through the API and handed to KWOK (label), which keeps it Ready and plays its
+//! pods; a halted VM's Node is relabelled, so KWOK lets go of it: its heartbeats stop (the
+//! real node lifecycle controller marks it Unknown after its grace period) and its pods are
+//! neither started nor confirmed gone, as on a dead machine.
 
 use std::sync::Arc;
 
@@ -14,8 +15,7 @@ use serde_json::{Value, json};
 
 use crate::control_plane::proxy::FrontProxy;
 use crate::control_plane::{
-    ControlPlane, ControlPlaneError, ControlPlaneOptions, KWOK_ANNOTATION, KWOK_ANNOTATION_VALUE,
-    KWOK_HALTED,
+    ControlPlane, ControlPlaneError, ControlPlaneOptions, KWOK_HALTED, KWOK_LABEL, KWOK_LABEL_VALUE,
 };
 use crate::oxide::faults::Faults;
 
@@ -96,7 +96,7 @@ pub async fn register_real_node(cp: &ControlPlane, fresh: Value) -> Result<(), C
         .unwrap_or_default()
         .to_string();
     let mut node = fresh.clone();
-    node["metadata"]["annotations"][KWOK_ANNOTATION] = json!(KWOK_ANNOTATION_VALUE);
+    node["metadata"]["labels"][KWOK_LABEL] = json!(KWOK_LABEL_VALUE);
     if let Some(status) = node.as_object_mut().and_then(|o| o.remove("status")) {
         node["status"] = json!({
             "capacity": status["capacity"],
@@ -114,7 +114,7 @@ pub async fn register_real_node(cp: &ControlPlane, fresh: Value) -> Result<(), C
         Some(existing) => {
             let mut patch = json!({"metadata": {
                 "labels": node["metadata"]["labels"],
-                "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE},
+                "annotations": {},
             }});
             // k3s sets its config annotations again at every start.
             for key in NODE_CONFIG_ANNOTATIONS {
@@ -193,7 +193,9 @@ pub async fn finish_node_removals(cp: &ControlPlane) -> Result<(), ControlPlaneE
     Ok(())
 }
 
-/// The VM under `name` stopped: its kubelet no longer heartbeats (KWOK lets go of the Node).
+/// The VM under `name` stopped: its kubelet is gone. The Node's [`KWOK_LABEL`] becomes
+/// [`KWOK_HALTED`], so KWOK (label selector, server-side) sees it leave and stops playing it:
+/// no heartbeats, no pod started or confirmed gone there.
 pub async fn silence_real_node(cp: &ControlPlane, name: &str) -> Result<(), ControlPlaneError> {
     if cp.get("v1", "Node", None, name).await?.is_none() {
         return Ok(());
@@ -203,7 +205,7 @@ pub async fn silence_real_node(cp: &ControlPlane, name: &str) -> Result<(), Cont
         "Node",
         None,
         name,
-        &json!({"metadata": {"annotations": {KWOK_ANNOTATION: KWOK_HALTED}}}),
+        &json!({"metadata": {"labels": {KWOK_LABEL: KWOK_HALTED}}}),
     )
     .await?;
     Ok(())
