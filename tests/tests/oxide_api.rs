@@ -66,6 +66,14 @@ async fn unknown_paths_404_and_wrong_methods_405() {
     assert_error(&api.get("/v1/nothing").await, StatusCode::NOT_FOUND, None);
     let r = api.call(Method::PATCH, "/v1/instances", None).await;
     assert_error(&r, StatusCode::METHOD_NOT_ALLOWED, None);
+    // dropshot appends one `Allow` header per method of the path, in method-name order.
+    let allow: Vec<&str> = r
+        .headers
+        .get_all(http::header::ALLOW)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(allow, ["GET", "POST"]);
 }
 
 #[tokio::test]
@@ -830,7 +838,6 @@ async fn instance_create_limits_are_enforced() {
     };
     let cases: Vec<(Value, Option<&str>)> = vec![
         (json!({"ncpus": 255}), Some("InvalidRequest")),
-        (json!({"ncpus": 0}), Some("InvalidValue")),
         (json!({"memory": GIB / 2}), Some("InvalidValue")),
         (json!({"memory": GIB + 1}), Some("InvalidValue")),
         (json!({"memory": 1537 * GIB}), Some("InvalidValue")),
@@ -853,9 +860,10 @@ async fn instance_create_limits_are_enforced() {
             json!({"user_data": STANDARD.encode(vec![b'a'; 32 * 1024 + 1])}),
             None,
         ),
+        // nexus looks the keys up before it counts them: 101 unknown keys are a 404.
         (
             json!({"ssh_public_keys": (0..101).map(|i| format!("k{i}")).collect::<Vec<_>>()}),
-            Some("InvalidRequest"),
+            Some("ObjectNotFound"),
         ),
         (
             json!({"ssh_public_keys": ["missing-key"]}),
@@ -885,7 +893,7 @@ async fn instance_create_limits_are_enforced() {
     let dump = api.sim.dump();
     assert_eq!(dump["instances"], json!([]));
     assert_eq!(dump["disks"], json!([]));
-    // Exactly at the limits is fine.
+    // Exactly at the limits is fine (one ephemeral IP: two need an IPv6 pool this rack lacks).
     let max_user_data = STANDARD.encode(vec![b'a'; 32 * 1024]);
     let r = api
         .instance(
@@ -893,14 +901,90 @@ async fn instance_create_limits_are_enforced() {
             "vm",
             json!({"ncpus": 254, "memory": 1536 * GIB, "user_data": max_user_data, "start": false,
                 "disks": (0..12).map(|i| blank(&format!("d{i}"))).collect::<Vec<_>>(),
-                "external_ips": [{"type": "ephemeral"}, {"type": "ephemeral"}]}),
+                "external_ips": [{"type": "ephemeral"}]}),
         )
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     let ips = api.get("/v1/instances/vm/external-ips?project=p").await;
-    assert_eq!(ips.body["items"].as_array().unwrap().len(), 3);
+    assert_eq!(ips.body["items"].as_array().unwrap().len(), 2);
     let disks = api.get("/v1/instances/vm/disks?project=p&limit=5").await;
     assert_eq!(disks.body["items"].as_array().unwrap().len(), 5);
+}
+
+/// nexus's own checks and words for sizes, ephemeral IPs and SSH keys (omicron
+/// `nexus/src/app/instance.rs` `project_create_instance`, `validate_ephemeral_ip_pair`,
+/// `normalize_ssh_keys`).
+#[tokio::test]
+async fn instance_create_checks_what_nexus_checks_in_its_words() {
+    let api = Api::new();
+    api.project("p").await;
+    // nexus does not check for zero vCPUs.
+    let r = api
+        .instance("p", "zero", json!({"ncpus": 0, "start": false}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let refused = |extra: Value| {
+        let api = &api;
+        async move {
+            let r = api.instance("p", "vm", extra.clone()).await;
+            assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+            r.message().to_owned()
+        }
+    };
+    let eph = json!({"type": "ephemeral"});
+    assert_eq!(
+        refused(json!({"external_ips": [eph, eph]})).await,
+        "when requesting two ephemeral IPs, IP version or explicit pool name must be specified on each"
+    );
+    assert_eq!(
+        refused(json!({"external_ips": [eph, eph, eph]})).await,
+        "An instance may not have more than 2 ephemeral IP addresses"
+    );
+    let v4 = json!({"type": "ephemeral", "pool_selector": {"type": "auto", "ip_version": "v4"}});
+    assert_eq!(
+        refused(json!({"external_ips": [v4, v4]})).await,
+        "cannot request two ephemeral IPs of the same version (v4)"
+    );
+    let default = json!({"type": "ephemeral", "pool_selector": {"type": "explicit", "pool": "default"}});
+    assert_eq!(
+        refused(json!({"external_ips": [default, default]})).await,
+        "cannot request two ephemeral IPs from the same pool"
+    );
+    assert_eq!(
+        refused(json!({"external_ips": [default, v4]})).await,
+        "cannot request two ephemeral IPs of the same version (v4): explicit pool and auto selection both specify v4"
+    );
+    assert_eq!(
+        refused(json!({"enable_jumbo_frames": true})).await,
+        "enable_jumbo_frames may only be set on an instance when the fleet-wide jumbo-frames opt-in is enabled by a fleet administrator"
+    );
+    assert_eq!(
+        refused(json!({"network_interfaces": {"type": "create", "params": []}})).await,
+        "All interfaces must be in the same VPC"
+    );
+    // SSH keys: looked up first (the first missing one is the 404), then the found ones counted.
+    for i in 0..101 {
+        api.sim.seed_ssh_key(&format!("k{i}"), &format!("ssh-ed25519 AAAA{i} k{i}@host"));
+    }
+    let mut keys: Vec<String> = (0..101).map(|i| format!("k{i}")).collect();
+    keys.insert(3, "absent".into());
+    let r = api
+        .instance("p", "vm", json!({"ssh_public_keys": keys}))
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+    assert_eq!(r.message(), "not found: ssh-key with name \"absent\"");
+    keys.remove(3);
+    assert_eq!(
+        refused(json!({"ssh_public_keys": keys})).await,
+        "cannot attach more than 100 ssh keys to the instance"
+    );
+    // 100 distinct keys, one named twice: 100 found.
+    keys.pop();
+    keys.push("k0".into());
+    let r = api
+        .instance("p", "vm", json!({"ssh_public_keys": keys, "start": false}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
 }
 
 #[tokio::test]

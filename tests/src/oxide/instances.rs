@@ -77,9 +77,6 @@ fn check_cpu_memory(ncpus: u16, memory: u64) -> Result<(), ApiError> {
             "cannot have more than {MAX_VCPUS} vCPUs per instance"
         )));
     }
-    if ncpus == 0 {
-        return Err(ApiError::invalid_value("ncpus", "must be at least 1"));
-    }
     if memory < GIB {
         return Err(ApiError::invalid_value(
             "size",
@@ -190,15 +187,28 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             "An instance may not have more than {MAX_EXTERNAL_IPS} external IP addresses"
         )));
     }
-    let ephemeral = body
+    if body.enable_jumbo_frames {
+        return Err(ApiError::invalid_request(
+            "enable_jumbo_frames may only be set on an instance when the fleet-wide \
+             jumbo-frames opt-in is enabled by a fleet administrator",
+        ));
+    }
+    let selectors: Vec<&types::PoolSelector> = body
         .external_ips
         .iter()
-        .filter(|ip| matches!(ip, types::ExternalIpCreate::Ephemeral { .. }))
-        .count();
+        .filter_map(|ip| match ip {
+            types::ExternalIpCreate::Ephemeral { pool_selector } => Some(pool_selector),
+            types::ExternalIpCreate::Floating { .. } => None,
+        })
+        .collect();
+    let ephemeral = selectors.len();
     if ephemeral > MAX_EPHEMERAL_IPS {
         return Err(ApiError::invalid_request(format!(
-            "An instance may not have more than {MAX_EPHEMERAL_IPS} ephemeral IP address"
+            "An instance may not have more than {MAX_EPHEMERAL_IPS} ephemeral IP addresses"
         )));
+    }
+    if let [first, second] = selectors[..] {
+        check_ephemeral_pair(store, first, second)?;
     }
     if let types::InstanceNetworkInterfaceAttachment::Create(nics) = &body.network_interfaces {
         if nics.len() > MAX_NICS {
@@ -206,8 +216,9 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
                 "An instance may not have more than {MAX_NICS} network interfaces"
             )));
         }
+        // `!= 1`: an empty list is refused with the same words.
         let vpcs: BTreeSet<&str> = nics.iter().map(|n| n.vpc_name.as_str()).collect();
-        if vpcs.len() > 1 {
+        if vpcs.len() != 1 {
             return Err(ApiError::invalid_request(
                 "All interfaces must be in the same VPC",
             ));
@@ -226,11 +237,6 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         }
     }
     let ssh_keys = resolve_ssh_keys(store, body.ssh_public_keys.as_deref())?;
-    if body.enable_jumbo_frames {
-        return Err(ApiError::invalid_request(
-            "jumbo frames are not enabled for this fleet",
-        ));
-    }
     if !body.multicast_groups.is_empty() {
         return Err(ApiError::invalid_request(
             "multicast is not enabled for this fleet",
@@ -494,12 +500,11 @@ fn resolve_ssh_keys(
             .map(|k| k.public_key.clone())
             .collect());
     };
-    if keys.len() > MAX_SSH_KEYS {
-        return Err(ApiError::invalid_request(format!(
-            "cannot specify more than {MAX_SSH_KEYS} ssh keys"
-        )));
-    }
-    keys.iter()
+    // nexus looks every key up first (the first missing one is the 404) and then counts the
+    // distinct keys it found.
+    let mut found_ids = BTreeSet::new();
+    let found = keys
+        .iter()
         .map(|k| {
             let found = match names::body_ref(k).map_err(ApiError::bad_body)? {
                 Ref::Id(id) => store
@@ -512,9 +517,83 @@ fn resolve_ssh_keys(
                     .find(|k| k.name == n)
                     .ok_or_else(|| ApiError::not_found_by_name("ssh-key", &n))?,
             };
-            Ok(found.public_key.clone())
+            Ok((found.id, found.public_key.clone()))
         })
-        .collect()
+        .collect::<Result<Vec<_>, ApiError>>()?
+        .into_iter()
+        .filter(|(id, _)| found_ids.insert(*id))
+        .map(|(_, key)| key)
+        .collect::<Vec<_>>();
+    if found.len() > MAX_SSH_KEYS {
+        return Err(ApiError::invalid_request(format!(
+            "cannot attach more than {MAX_SSH_KEYS} ssh keys to the instance"
+        )));
+    }
+    Ok(found)
+}
+
+/// Two ephemeral IPs must name their IP versions or pools and differ in version (omicron
+/// `nexus/src/app/instance.rs` `validate_ephemeral_ip_pair`). This rack has one pool,
+/// `default` (IPv4).
+fn check_ephemeral_pair(
+    store: &Store,
+    first: &types::PoolSelector,
+    second: &types::PoolSelector,
+) -> Result<(), ApiError> {
+    use types::PoolSelector::{Auto, Explicit};
+    let version = |v: &types::IpVersion| match v {
+        types::IpVersion::V4 => "v4",
+        types::IpVersion::V6 => "v6",
+    };
+    match (first, second) {
+        (Auto { ip_version: None }, _) | (_, Auto { ip_version: None }) => {
+            Err(ApiError::invalid_request(
+                "when requesting two ephemeral IPs, IP version or explicit pool name must be \
+                 specified on each",
+            ))
+        }
+        (Auto { ip_version: Some(a) }, Auto { ip_version: Some(b) }) => {
+            if a == b {
+                Err(ApiError::invalid_request(format!(
+                    "cannot request two ephemeral IPs of the same version ({})",
+                    version(a)
+                )))
+            } else {
+                Ok(())
+            }
+        }
+        (Explicit { pool: a }, Explicit { pool: b }) => {
+            if a.to_string() == b.to_string() {
+                return Err(ApiError::invalid_request(
+                    "cannot request two ephemeral IPs from the same pool",
+                ));
+            }
+            // Both must exist; the only pool there is is IPv4, so two of them are the same
+            // version.
+            check_pool(store, first)?;
+            check_pool(store, second)?;
+            Err(ApiError::invalid_request(
+                "cannot request two ephemeral IPs of the same version (v4): both pools are v4",
+            ))
+        }
+        (Explicit { .. }, Auto { ip_version: Some(v) })
+        | (Auto { ip_version: Some(v) }, Explicit { .. }) => {
+            let explicit = if matches!(first, Explicit { .. }) {
+                first
+            } else {
+                second
+            };
+            check_pool(store, explicit)?;
+            if matches!(v, types::IpVersion::V4) {
+                Err(ApiError::invalid_request(
+                    "cannot request two ephemeral IPs of the same version (v4): explicit pool \
+                     and auto selection both specify v4",
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    }
 }
 
 /// nexus's answer when the subnet has no address left for the new NIC: 400 `InvalidRequest`
