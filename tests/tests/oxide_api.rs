@@ -1578,3 +1578,55 @@ async fn projects_vpcs_and_subnets_are_deleted_bottom_up_with_nexus_refusals() {
     let r = api.get("/v1/projects/p").await;
     assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
 }
+
+/// Ports are `NonZeroU16` (a zero fails the body's parse), a reversed port range is
+/// `l4_port_range` in nexus's words, a reversed ICMP code range is refused as `code`
+/// (omicron `common/src/api/external/mod.rs` `L4PortRange`, `nexus/db-model/src/vpc_firewall_rule.rs`).
+#[tokio::test]
+async fn firewall_ports_and_icmp_codes_are_checked_as_nexus_checks_them() {
+    let api = Api::new();
+    api.project("p").await;
+    let put = |filters: Value| {
+        let api = &api;
+        async move {
+            let rules = json!({"rules": [{
+                "name": "r", "description": "", "status": "enabled", "direction": "inbound",
+                "action": "allow", "priority": 100,
+                "targets": [{"type": "vpc", "value": "default"}], "filters": filters,
+            }]});
+            api.call(
+                Method::PUT,
+                "/v1/vpc-firewall-rules?project=p&vpc=default",
+                Some(rules),
+            )
+            .await
+        }
+    };
+    let r = put(json!({"ports": ["0"]})).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert!(
+        r.message()
+            .contains("\"0\" unparsable for type: number would be zero for non-zero type"),
+        "{}",
+        r.body
+    );
+    let r = put(json!({"ports": ["0-80"]})).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    let r = put(json!({"ports": ["9-3"]})).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidValue"));
+    assert_eq!(
+        r.message(),
+        "unsupported value for \"l4_port_range\": range has larger start value than end value"
+    );
+    let r = put(json!({"protocols": [{"type": "icmp", "value": {"icmp_type": 3, "code": "10-5"}}]}))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidValue"));
+    assert_eq!(
+        r.message(),
+        "unsupported value for \"code\": range has larger start value than end value"
+    );
+    // Nothing of the refused lists was stored; good ranges still go through.
+    let r = put(json!({"ports": ["1-65535"], "protocols": [{"type": "icmp", "value": {"icmp_type": 3, "code": "5-10"}}]}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
