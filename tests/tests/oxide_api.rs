@@ -945,7 +945,8 @@ async fn instance_create_checks_what_nexus_checks_in_its_words() {
         refused(json!({"external_ips": [v4, v4]})).await,
         "cannot request two ephemeral IPs of the same version (v4)"
     );
-    let default = json!({"type": "ephemeral", "pool_selector": {"type": "explicit", "pool": "default"}});
+    let default =
+        json!({"type": "ephemeral", "pool_selector": {"type": "explicit", "pool": "default"}});
     assert_eq!(
         refused(json!({"external_ips": [default, default]})).await,
         "cannot request two ephemeral IPs from the same pool"
@@ -964,7 +965,8 @@ async fn instance_create_checks_what_nexus_checks_in_its_words() {
     );
     // SSH keys: looked up first (the first missing one is the 404), then the found ones counted.
     for i in 0..101 {
-        api.sim.seed_ssh_key(&format!("k{i}"), &format!("ssh-ed25519 AAAA{i} k{i}@host"));
+        api.sim
+            .seed_ssh_key(&format!("k{i}"), &format!("ssh-ed25519 AAAA{i} k{i}@host"));
     }
     let mut keys: Vec<String> = (0..101).map(|i| format!("k{i}")).collect();
     keys.insert(3, "absent".into());
@@ -1618,8 +1620,9 @@ async fn firewall_ports_and_icmp_codes_are_checked_as_nexus_checks_them() {
         r.message(),
         "unsupported value for \"l4_port_range\": range has larger start value than end value"
     );
-    let r = put(json!({"protocols": [{"type": "icmp", "value": {"icmp_type": 3, "code": "10-5"}}]}))
-        .await;
+    let r =
+        put(json!({"protocols": [{"type": "icmp", "value": {"icmp_type": 3, "code": "10-5"}}]}))
+            .await;
     assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidValue"));
     assert_eq!(
         r.message(),
@@ -1629,4 +1632,56 @@ async fn firewall_ports_and_icmp_codes_are_checked_as_nexus_checks_them() {
     let r = put(json!({"ports": ["1-65535"], "protocols": [{"type": "icmp", "value": {"icmp_type": 3, "code": "5-10"}}]}))
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+/// Local disks as nexus takes them (omicron `nexus/src/app/disk.rs`
+/// `validate_disk_create_params`, `disk_manual_import_start`): 4096-byte blocks, up to 10 PiB,
+/// no bulk import; a read-only disk from an image or snapshot is exactly its size.
+#[tokio::test]
+async fn local_disks_and_read_only_disks_follow_nexus() {
+    let api = Api::new();
+    api.project("p").await;
+    let local = |name: &str, size: u64| {
+        json!({"name": name, "description": "", "size": size, "disk_backend": {"type": "local"}})
+    };
+    let r = api.post("/v1/disks?project=p", local("big", 2048 * GIB)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["disk_type"], "local");
+    assert_eq!(r.body["block_size"], json!(4096));
+    let r = api
+        .post("/v1/disks?project=p", local("huge", 11 * (1 << 50)))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidValue"));
+    assert_eq!(
+        r.message(),
+        "unsupported value for \"size\": requested size over 10 PiB"
+    );
+    let r = api.post_empty("/v1/disks/big/bulk-write-start?project=p").await;
+    assert_error(&r, StatusCode::INTERNAL_SERVER_ERROR, Some("Internal"));
+
+    api.sim.seed_silo_image("silo-img", "debian", "12", GIB);
+    let image = api.get("/v1/images/silo-img").await;
+    let from_image = |name: &str, size: u64, read_only: bool| {
+        json!({"name": name, "description": "", "size": size, "disk_backend": {"type": "distributed",
+            "disk_source": {"type": "image", "image_id": image.str("id"), "read_only": read_only}}})
+    };
+    let r = api
+        .post("/v1/disks?project=p", from_image("ro", 2 * GIB, true))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(
+        r.message(),
+        format!(
+            "read-only disk size {} must be equal to source image size {GIB}",
+            2 * GIB
+        )
+    );
+    let r = api
+        .post("/v1/disks?project=p", from_image("ro", GIB, true))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let r = api
+        .post("/v1/disks?project=p", from_image("rw", 2 * GIB, false))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
 }

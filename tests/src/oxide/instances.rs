@@ -552,7 +552,14 @@ fn check_ephemeral_pair(
                  specified on each",
             ))
         }
-        (Auto { ip_version: Some(a) }, Auto { ip_version: Some(b) }) => {
+        (
+            Auto {
+                ip_version: Some(a),
+            },
+            Auto {
+                ip_version: Some(b),
+            },
+        ) => {
             if a == b {
                 Err(ApiError::invalid_request(format!(
                     "cannot request two ephemeral IPs of the same version ({})",
@@ -576,8 +583,18 @@ fn check_ephemeral_pair(
                 "cannot request two ephemeral IPs of the same version (v4): both pools are v4",
             ))
         }
-        (Explicit { .. }, Auto { ip_version: Some(v) })
-        | (Auto { ip_version: Some(v) }, Explicit { .. }) => {
+        (
+            Explicit { .. },
+            Auto {
+                ip_version: Some(v),
+            },
+        )
+        | (
+            Auto {
+                ip_version: Some(v),
+            },
+            Explicit { .. },
+        ) => {
             let explicit = if matches!(first, Explicit { .. }) {
                 first
             } else {

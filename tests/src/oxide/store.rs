@@ -248,6 +248,8 @@ pub struct Disk {
     pub read_only: bool,
     pub data: Blocks,
     pub times: Times,
+    /// Local storage (`disk_type: local`).
+    pub local: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -616,7 +618,11 @@ impl Disk {
             block_size: self.block_size.clone(),
             description: self.description.clone(),
             device_path: format!("/mnt/{}", self.name.as_str()),
-            disk_type: types::DiskType::Distributed,
+            disk_type: if self.local {
+                types::DiskType::Local
+            } else {
+                types::DiskType::Distributed
+            },
             id: self.id,
             image_id: self.image_id,
             name: self.name.clone(),
