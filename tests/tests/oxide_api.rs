@@ -1685,3 +1685,56 @@ async fn local_disks_and_read_only_disks_follow_nexus() {
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
 }
+
+/// Selector refusals in each lookup's own words (omicron `nexus/src/app/{affinity,snapshot,
+/// image,vpc_subnet}.rs`), and a subnet's `custom_router` looked up in its VPC
+/// (`nexus/src/app/vpc_router.rs` `vpc_router_lookup_for_attach`).
+#[tokio::test]
+async fn selectors_and_custom_routers_are_refused_in_nexus_words() {
+    let api = Api::new();
+    api.project("p").await;
+    let refused = |r: oxide_common::Resp, message: &str| {
+        assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+        assert_eq!(r.message(), message);
+    };
+    refused(
+        api.delete("/v1/affinity-groups/g").await,
+        "affinity_group should either be UUID or project should be specified",
+    );
+    refused(
+        api.delete("/v1/anti-affinity-groups/g").await,
+        "anti_affinity_group should either be UUID or project should be specified",
+    );
+    refused(
+        api.get("/v1/snapshots/s").await,
+        "snapshot should either be an ID or project should be specified",
+    );
+    let id = Uuid::new_v4();
+    refused(
+        api.get(&format!("/v1/snapshots/{id}?project=p")).await,
+        "when providing snapshot as an ID, project should not be specified",
+    );
+    refused(
+        api.get(&format!("/v1/images/{id}?project=p")).await,
+        "when providing image as an ID, project should not be specified",
+    );
+    refused(
+        api.get("/v1/vpc-subnets/default?project=p").await,
+        "subnet should either be an ID or vpc should be specified",
+    );
+    let subnet = |router: &str| {
+        json!({"name": "lab", "description": "", "ipv4_block": "10.1.0.0/24", "custom_router": router})
+    };
+    let r = api
+        .post("/v1/vpc-subnets?project=p&vpc=default", subnet("edge"))
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+    assert_eq!(r.message(), "not found: vpc-router with name \"edge\"");
+    refused(
+        api.post("/v1/vpc-subnets?project=p&vpc=default", subnet("system"))
+            .await,
+        "cannot attach a system router to a VPC subnet",
+    );
+    let list = api.get("/v1/vpc-subnets?project=p&vpc=default").await;
+    assert_eq!(list.body["items"].as_array().unwrap().len(), 1, "{}", list.body);
+}

@@ -358,42 +358,59 @@ impl Named for Image {
     }
 }
 
-/// Kind of resource, for messages: `(not-found name, selector name)`.
+/// Kind of resource, for messages: its not-found name and nexus's two selector refusals
+/// (each `*_lookup` in omicron `nexus/src/app/*.rs` words them its own way).
 #[derive(Clone, Copy, Debug)]
 pub struct Kind {
     /// omicron `ResourceType` display name (`floating-ip`).
     pub resource: &'static str,
-    /// Name used in selector errors (`Floating IP`).
-    pub selector: &'static str,
+    /// The refusal of an id given with a project.
+    pub id_with_project: &'static str,
+    /// The refusal of a name given without a project.
+    pub name_without_project: &'static str,
 }
 
+/// omicron `nexus/src/app/instance.rs:384-387`.
 pub const INSTANCE: Kind = Kind {
     resource: "instance",
-    selector: "instance",
+    id_with_project: "when providing instance as an ID project should not be specified",
+    name_without_project: "instance should either be UUID or project should be specified",
 };
+/// omicron `nexus/src/app/disk.rs:62-66`.
 pub const DISK: Kind = Kind {
     resource: "disk",
-    selector: "disk",
+    id_with_project: "when providing disk as an ID project should not be specified",
+    name_without_project: "disk should either be UUID or project should be specified",
 };
+/// omicron `nexus/src/app/snapshot.rs:60-66`.
 pub const SNAPSHOT: Kind = Kind {
     resource: "snapshot",
-    selector: "snapshot",
+    id_with_project: "when providing snapshot as an ID, project should not be specified",
+    name_without_project: "snapshot should either be an ID or project should be specified",
 };
+/// omicron `nexus/src/app/image.rs:76-78 (a name alone is a silo image there, looked up by the image routes themselves)`.
 pub const IMAGE: Kind = Kind {
     resource: "image",
-    selector: "image",
+    id_with_project: "when providing image as an ID, project should not be specified",
+    name_without_project: "image should either be an ID or project should be specified",
 };
+/// omicron `nexus/src/app/external_ip.rs:88-91`.
 pub const FLOATING_IP: Kind = Kind {
     resource: "floating-ip",
-    selector: "Floating IP",
+    id_with_project: "when providing Floating IP as an ID project should not be specified",
+    name_without_project: "Floating IP should either be UUID or project should be specified",
 };
+/// omicron `nexus/src/app/affinity.rs:98-101`.
 pub const ANTI_AFFINITY_GROUP: Kind = Kind {
     resource: "anti-affinity-group",
-    selector: "anti-affinity group",
+    id_with_project: "when providing anti_affinity_group as an ID, project should not be specified",
+    name_without_project: "anti_affinity_group should either be UUID or project should be specified",
 };
+/// omicron `nexus/src/app/affinity.rs:59-62`.
 pub const AFFINITY_GROUP: Kind = Kind {
     resource: "affinity-group",
-    selector: "affinity group",
+    id_with_project: "when providing affinity_group as an ID, project should not be specified",
+    name_without_project: "affinity_group should either be UUID or project should be specified",
 };
 
 /// All state of one simulated rack (one silo).
@@ -554,14 +571,8 @@ pub fn select_ref<T: Named>(
             find_by_name(map, Some(pid), name)
                 .ok_or_else(|| ApiError::not_found_by_name(kind.resource, name))
         }
-        (Ref::Id(_), Some(_)) => Err(ApiError::invalid_request(format!(
-            "when providing {} as an ID project should not be specified",
-            kind.selector
-        ))),
-        (Ref::Name(_), None) => Err(ApiError::invalid_request(format!(
-            "{} should either be UUID or project should be specified",
-            kind.selector
-        ))),
+        (Ref::Id(_), Some(_)) => Err(ApiError::invalid_request(kind.id_with_project)),
+        (Ref::Name(_), None) => Err(ApiError::invalid_request(kind.name_without_project)),
     }
 }
 
