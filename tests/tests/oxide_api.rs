@@ -1641,10 +1641,10 @@ async fn firewall_ports_and_icmp_codes_are_checked_as_nexus_checks_them() {
 async fn local_disks_and_read_only_disks_follow_nexus() {
     let api = Api::new();
     api.project("p").await;
-    let local = |name: &str, size: u64| {
-        json!({"name": name, "description": "", "size": size, "disk_backend": {"type": "local"}})
-    };
-    let r = api.post("/v1/disks?project=p", local("big", 2048 * GIB)).await;
+    let local = |name: &str, size: u64| json!({"name": name, "description": "", "size": size, "disk_backend": {"type": "local"}});
+    let r = api
+        .post("/v1/disks?project=p", local("big", 2048 * GIB))
+        .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     assert_eq!(r.body["disk_type"], "local");
     assert_eq!(r.body["block_size"], json!(4096));
@@ -1656,7 +1656,9 @@ async fn local_disks_and_read_only_disks_follow_nexus() {
         r.message(),
         "unsupported value for \"size\": requested size over 10 PiB"
     );
-    let r = api.post_empty("/v1/disks/big/bulk-write-start?project=p").await;
+    let r = api
+        .post_empty("/v1/disks/big/bulk-write-start?project=p")
+        .await;
     assert_error(&r, StatusCode::INTERNAL_SERVER_ERROR, Some("Internal"));
 
     api.sim.seed_silo_image("silo-img", "debian", "12", GIB);
@@ -1722,9 +1724,7 @@ async fn selectors_and_custom_routers_are_refused_in_nexus_words() {
         api.get("/v1/vpc-subnets/default?project=p").await,
         "subnet should either be an ID or vpc should be specified",
     );
-    let subnet = |router: &str| {
-        json!({"name": "lab", "description": "", "ipv4_block": "10.1.0.0/24", "custom_router": router})
-    };
+    let subnet = |router: &str| json!({"name": "lab", "description": "", "ipv4_block": "10.1.0.0/24", "custom_router": router});
     let r = api
         .post("/v1/vpc-subnets?project=p&vpc=default", subnet("edge"))
         .await;
@@ -1736,5 +1736,162 @@ async fn selectors_and_custom_routers_are_refused_in_nexus_words() {
         "cannot attach a system router to a VPC subnet",
     );
     let list = api.get("/v1/vpc-subnets?project=p&vpc=default").await;
-    assert_eq!(list.body["items"].as_array().unwrap().len(), 1, "{}", list.body);
+    assert_eq!(
+        list.body["items"].as_array().unwrap().len(),
+        1,
+        "{}",
+        list.body
+    );
+}
+
+/// `network_interfaces` honoured as the instance-create saga does (omicron
+/// `nexus/src/app/sagas/instance_create.rs:243-258,746-757`): `none` makes no NIC, `create`
+/// the named ones (explicit addresses checked by `check_requestable_addr`), the defaults one
+/// `net0` "default primary interface for <instance>"; MACs in nexus's guest range.
+#[tokio::test]
+async fn network_interfaces_are_made_as_asked() {
+    let api = Api::new();
+    api.project("p").await;
+    let nics = |name: &str| {
+        let api = &api;
+        let uri = format!("/v1/network-interfaces?project=p&instance={name}");
+        async move {
+            let r = api.get(&uri).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+            r.body["items"].as_array().unwrap().clone()
+        }
+    };
+    let r = api
+        .instance(
+            "p",
+            "bare",
+            json!({"network_interfaces": {"type": "none"}, "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(nics("bare").await, Vec::<Value>::new());
+
+    // Without `network_interfaces` nexus's default is `default_dual_stack`.
+    let r = api.instance("p", "plain", json!({"start": false})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let plain = nics("plain").await;
+    assert_eq!(plain.len(), 1);
+    assert_eq!(plain[0]["name"], "net0");
+    assert_eq!(
+        plain[0]["description"],
+        "default primary interface for plain"
+    );
+    assert_eq!(plain[0]["primary"], true);
+    assert_eq!(plain[0]["ip_stack"]["type"], "dual_stack", "{}", plain[0]);
+    assert_eq!(
+        plain[0]["ip_stack"]["value"]["v6"]["ip"],
+        "fd00:1122:3344::5"
+    );
+    let mac: Vec<u8> = plain[0]["mac"]
+        .as_str()
+        .unwrap()
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    assert_eq!(mac[..3], [0xa8, 0x40, 0x25], "{mac:?}");
+    assert!(
+        (0xf0..=0xfe).contains(&mac[3]),
+        "{mac:?} outside the guest range"
+    );
+
+    let r = api
+        .instance(
+            "p",
+            "four",
+            json!({"network_interfaces": {"type": "default_ipv4"}, "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(nics("four").await[0]["ip_stack"]["type"], "v4");
+    let r = api
+        .instance(
+            "p",
+            "six",
+            json!({"network_interfaces": {"type": "default_ipv6"}, "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let six = nics("six").await;
+    assert_eq!(six[0]["ip_stack"]["type"], "v6", "{}", six[0]);
+    assert_eq!(six[0]["ip_stack"]["value"]["ip"], "fd00:1122:3344::6");
+
+    let nic = |name: &str, ip: &str| {
+        json!({"name": name, "description": format!("{name} nic"), "vpc_name": "default",
+            "subnet_name": "default", "ip_config": {"type": "v4", "value": {"ip": {"type": "explicit", "value": ip}}}})
+    };
+    let auto = json!({"name": "eth1", "description": "second", "vpc_name": "default",
+        "subnet_name": "default", "ip_config": {"type": "v4", "value": {"ip": {"type": "auto"}}}});
+    let refused = |ip: &'static str, message: &'static str| {
+        let api = &api;
+        let nic = nic("eth0", ip);
+        async move {
+            let r = api
+                .instance(
+                    "p",
+                    "other",
+                    json!({"network_interfaces": {"type": "create", "params": [nic]}}),
+                )
+                .await;
+            assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+            assert_eq!(r.message(), message);
+        }
+    };
+    refused("10.9.9.9", "10.9.9.9 is outside subnet 172.30.0.0/22").await;
+    refused(
+        "172.30.0.3",
+        "The first 5 addresses of a subnet are reserved",
+    )
+    .await;
+    refused("172.30.3.255", "Cannot request a broadcast address").await;
+    let r = api
+        .instance(
+            "p",
+            "vm",
+            json!({"network_interfaces": {"type": "create", "params": [nic("eth0", "172.30.0.10"), auto]},
+                "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let vm = nics("vm").await;
+    let names: Vec<(&str, &str, bool)> = vm
+        .iter()
+        .map(|n| {
+            (
+                n["name"].as_str().unwrap(),
+                n["description"].as_str().unwrap(),
+                n["primary"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [("eth0", "eth0 nic", true), ("eth1", "second", false)]
+    );
+    // The explicit address sits at its offset in the subnet (the simulator's loopback
+    // stand-in for 172.30.0.0/22, see tests/FIDELITY.md).
+    let ip = |n: &Value| -> std::net::Ipv4Addr {
+        n["ip_stack"]["value"]["ip"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let plain_ip: std::net::Ipv4Addr = plain[0]["ip_stack"]["value"]["v4"]["ip"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(u32::from(ip(&vm[0])) - u32::from(plain_ip), 10 - 5);
+    // eth1 took the next free address after `plain` (.5) and `four` (.6).
+    assert_eq!(u32::from(ip(&vm[1])) - u32::from(plain_ip), 7 - 5);
+    refused(
+        "172.30.0.10",
+        "The IP address '172.30.0.10' is not available",
+    )
+    .await;
 }

@@ -199,6 +199,28 @@ impl Project {
 
 pub use super::console::Console;
 
+/// One NIC of an instance, in subnet `default` of VPC `default`.
+#[derive(Clone, Debug)]
+pub struct Nic {
+    pub id: Uuid,
+    pub name: types::Name,
+    pub description: String,
+    /// Private IPv4 address (a loopback stand-in, see `subnet.rs`).
+    pub ipv4: Option<Ipv4Addr>,
+    pub ipv4_transit: Vec<types::Ipv4Net>,
+    /// Private IPv6 address in the subnet's /64.
+    pub ipv6: Option<std::net::Ipv6Addr>,
+    pub ipv6_transit: Vec<types::Ipv6Net>,
+    pub primary: bool,
+}
+
+impl Instance {
+    /// The primary NIC's IPv4 address, if it has one.
+    pub fn private_ip(&self) -> Option<Ipv4Addr> {
+        self.nics.iter().find(|n| n.primary).and_then(|n| n.ipv4)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Instance {
     pub id: Uuid,
@@ -219,10 +241,8 @@ pub struct Instance {
     pub ssh_keys: Vec<String>,
     pub boot_disk_id: Option<Uuid>,
     pub ephemeral_ips: Vec<Ipv4Addr>,
-    /// Address of the primary NIC in the project's VPC (a loopback address in the simulator).
-    pub private_ip: Ipv4Addr,
-    /// Id of that NIC (`net0`).
-    pub nic_id: Uuid,
+    /// The instance's NICs, the primary first (none for `network_interfaces: none`).
+    pub nics: Vec<Nic>,
     pub snat_first_port: u16,
     pub auto_restart_policy: Option<types::InstanceAutoRestartPolicy>,
     /// Nexus's `intended_state == Running`: set by a create with `start` and by a start,

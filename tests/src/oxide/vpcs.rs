@@ -435,7 +435,11 @@ pub fn project_delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 /// `nexus/src/app/vpc_router.rs` `vpc_router_lookup_for_attach`). This rack has no custom
 /// routers: the VPC's system router (named `system`; the simulator gives it the VPC's id) is
 /// refused as the datastore refuses it, anything else is not found.
-fn custom_router(store: &store::Store, pid: Uuid, router: &types::NameOrId) -> Result<(), ApiError> {
+fn custom_router(
+    store: &store::Store,
+    pid: Uuid,
+    router: &types::NameOrId,
+) -> Result<(), ApiError> {
     let p = store.projects.get(&pid).ok_or_else(ApiError::internal)?;
     match names::body_ref(router).map_err(ApiError::bad_body)? {
         Ref::Name(n) if n == "system" => Err(system_router_refused()),
