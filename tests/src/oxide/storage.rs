@@ -566,6 +566,16 @@ pub fn image_delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     Reply::no_content()
 }
 
+/// nexus refuses any bulk import into a local disk with an internal error ("cannot import to
+/// local storage disk <id>", hidden behind a 500).
+fn refuse_local_import(disk: &store::Disk) -> Result<(), ApiError> {
+    if disk.local {
+        tracing::info!(disk = %disk.id, "cannot import to local storage disk");
+        return Err(ApiError::internal());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -585,14 +595,4 @@ mod tests {
         write_sparse(&mut pages, PAGE - 512, &[0u8; 1024]);
         assert!(pages.is_empty());
     }
-}
-
-/// nexus refuses any bulk import into a local disk with an internal error ("cannot import to
-/// local storage disk <id>", hidden behind a 500).
-fn refuse_local_import(disk: &store::Disk) -> Result<(), ApiError> {
-    if disk.local {
-        tracing::info!(disk = %disk.id, "cannot import to local storage disk");
-        return Err(ApiError::internal());
-    }
-    Ok(())
 }
