@@ -66,6 +66,14 @@ async fn unknown_paths_404_and_wrong_methods_405() {
     assert_error(&api.get("/v1/nothing").await, StatusCode::NOT_FOUND, None);
     let r = api.call(Method::PATCH, "/v1/instances", None).await;
     assert_error(&r, StatusCode::METHOD_NOT_ALLOWED, None);
+    // dropshot appends one `Allow` header per method of the path, in method-name order.
+    let allow: Vec<&str> = r
+        .headers
+        .get_all(http::header::ALLOW)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(allow, ["GET", "POST"]);
 }
 
 #[tokio::test]
@@ -830,7 +838,6 @@ async fn instance_create_limits_are_enforced() {
     };
     let cases: Vec<(Value, Option<&str>)> = vec![
         (json!({"ncpus": 255}), Some("InvalidRequest")),
-        (json!({"ncpus": 0}), Some("InvalidValue")),
         (json!({"memory": GIB / 2}), Some("InvalidValue")),
         (json!({"memory": GIB + 1}), Some("InvalidValue")),
         (json!({"memory": 1537 * GIB}), Some("InvalidValue")),
@@ -853,9 +860,10 @@ async fn instance_create_limits_are_enforced() {
             json!({"user_data": STANDARD.encode(vec![b'a'; 32 * 1024 + 1])}),
             None,
         ),
+        // nexus looks the keys up before it counts them: 101 unknown keys are a 404.
         (
             json!({"ssh_public_keys": (0..101).map(|i| format!("k{i}")).collect::<Vec<_>>()}),
-            Some("InvalidRequest"),
+            Some("ObjectNotFound"),
         ),
         (
             json!({"ssh_public_keys": ["missing-key"]}),
@@ -885,7 +893,7 @@ async fn instance_create_limits_are_enforced() {
     let dump = api.sim.dump();
     assert_eq!(dump["instances"], json!([]));
     assert_eq!(dump["disks"], json!([]));
-    // Exactly at the limits is fine.
+    // Exactly at the limits is fine (one ephemeral IP: two need an IPv6 pool this rack lacks).
     let max_user_data = STANDARD.encode(vec![b'a'; 32 * 1024]);
     let r = api
         .instance(
@@ -893,14 +901,92 @@ async fn instance_create_limits_are_enforced() {
             "vm",
             json!({"ncpus": 254, "memory": 1536 * GIB, "user_data": max_user_data, "start": false,
                 "disks": (0..12).map(|i| blank(&format!("d{i}"))).collect::<Vec<_>>(),
-                "external_ips": [{"type": "ephemeral"}, {"type": "ephemeral"}]}),
+                "external_ips": [{"type": "ephemeral"}]}),
         )
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     let ips = api.get("/v1/instances/vm/external-ips?project=p").await;
-    assert_eq!(ips.body["items"].as_array().unwrap().len(), 3);
+    assert_eq!(ips.body["items"].as_array().unwrap().len(), 2);
     let disks = api.get("/v1/instances/vm/disks?project=p&limit=5").await;
     assert_eq!(disks.body["items"].as_array().unwrap().len(), 5);
+}
+
+/// nexus's own checks and words for sizes, ephemeral IPs and SSH keys (omicron
+/// `nexus/src/app/instance.rs` `project_create_instance`, `validate_ephemeral_ip_pair`,
+/// `normalize_ssh_keys`).
+#[tokio::test]
+async fn instance_create_checks_what_nexus_checks_in_its_words() {
+    let api = Api::new();
+    api.project("p").await;
+    // nexus does not check for zero vCPUs.
+    let r = api
+        .instance("p", "zero", json!({"ncpus": 0, "start": false}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let refused = |extra: Value| {
+        let api = &api;
+        async move {
+            let r = api.instance("p", "vm", extra.clone()).await;
+            assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+            r.message().to_owned()
+        }
+    };
+    let eph = json!({"type": "ephemeral"});
+    assert_eq!(
+        refused(json!({"external_ips": [eph, eph]})).await,
+        "when requesting two ephemeral IPs, IP version or explicit pool name must be specified on each"
+    );
+    assert_eq!(
+        refused(json!({"external_ips": [eph, eph, eph]})).await,
+        "An instance may not have more than 2 ephemeral IP addresses"
+    );
+    let v4 = json!({"type": "ephemeral", "pool_selector": {"type": "auto", "ip_version": "v4"}});
+    assert_eq!(
+        refused(json!({"external_ips": [v4, v4]})).await,
+        "cannot request two ephemeral IPs of the same version (v4)"
+    );
+    let default =
+        json!({"type": "ephemeral", "pool_selector": {"type": "explicit", "pool": "default"}});
+    assert_eq!(
+        refused(json!({"external_ips": [default, default]})).await,
+        "cannot request two ephemeral IPs from the same pool"
+    );
+    assert_eq!(
+        refused(json!({"external_ips": [default, v4]})).await,
+        "cannot request two ephemeral IPs of the same version (v4): explicit pool and auto selection both specify v4"
+    );
+    assert_eq!(
+        refused(json!({"enable_jumbo_frames": true})).await,
+        "enable_jumbo_frames may only be set on an instance when the fleet-wide jumbo-frames opt-in is enabled by a fleet administrator"
+    );
+    assert_eq!(
+        refused(json!({"network_interfaces": {"type": "create", "params": []}})).await,
+        "All interfaces must be in the same VPC"
+    );
+    // SSH keys: looked up first (the first missing one is the 404), then the found ones counted.
+    for i in 0..101 {
+        api.sim
+            .seed_ssh_key(&format!("k{i}"), &format!("ssh-ed25519 AAAA{i} k{i}@host"));
+    }
+    let mut keys: Vec<String> = (0..101).map(|i| format!("k{i}")).collect();
+    keys.insert(3, "absent".into());
+    let r = api
+        .instance("p", "vm", json!({"ssh_public_keys": keys}))
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+    assert_eq!(r.message(), "not found: ssh-key with name \"absent\"");
+    keys.remove(3);
+    assert_eq!(
+        refused(json!({"ssh_public_keys": keys})).await,
+        "cannot attach more than 100 ssh keys to the instance"
+    );
+    // 100 distinct keys, one named twice: 100 found.
+    keys.pop();
+    keys.push("k0".into());
+    let r = api
+        .instance("p", "vm", json!({"ssh_public_keys": keys, "start": false}))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
 }
 
 #[tokio::test]
@@ -1493,4 +1579,319 @@ async fn projects_vpcs_and_subnets_are_deleted_bottom_up_with_nexus_refusals() {
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.body);
     let r = api.get("/v1/projects/p").await;
     assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+}
+
+/// Ports are `NonZeroU16` (a zero fails the body's parse), a reversed port range is
+/// `l4_port_range` in nexus's words, a reversed ICMP code range is refused as `code`
+/// (omicron `common/src/api/external/mod.rs` `L4PortRange`, `nexus/db-model/src/vpc_firewall_rule.rs`).
+#[tokio::test]
+async fn firewall_ports_and_icmp_codes_are_checked_as_nexus_checks_them() {
+    let api = Api::new();
+    api.project("p").await;
+    let put = |filters: Value| {
+        let api = &api;
+        async move {
+            let rules = json!({"rules": [{
+                "name": "r", "description": "", "status": "enabled", "direction": "inbound",
+                "action": "allow", "priority": 100,
+                "targets": [{"type": "vpc", "value": "default"}], "filters": filters,
+            }]});
+            api.call(
+                Method::PUT,
+                "/v1/vpc-firewall-rules?project=p&vpc=default",
+                Some(rules),
+            )
+            .await
+        }
+    };
+    let r = put(json!({"ports": ["0"]})).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert!(
+        r.message()
+            .contains("\"0\" unparsable for type: number would be zero for non-zero type"),
+        "{}",
+        r.body
+    );
+    let r = put(json!({"ports": ["0-80"]})).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    let r = put(json!({"ports": ["9-3"]})).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidValue"));
+    assert_eq!(
+        r.message(),
+        "unsupported value for \"l4_port_range\": range has larger start value than end value"
+    );
+    let r =
+        put(json!({"protocols": [{"type": "icmp", "value": {"icmp_type": 3, "code": "10-5"}}]}))
+            .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidValue"));
+    assert_eq!(
+        r.message(),
+        "unsupported value for \"code\": range has larger start value than end value"
+    );
+    // Nothing of the refused lists was stored; good ranges still go through.
+    let r = put(json!({"ports": ["1-65535"], "protocols": [{"type": "icmp", "value": {"icmp_type": 3, "code": "5-10"}}]}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+/// Local disks as nexus takes them (omicron `nexus/src/app/disk.rs`
+/// `validate_disk_create_params`, `disk_manual_import_start`): 4096-byte blocks, up to 10 PiB,
+/// no bulk import; a read-only disk from an image or snapshot is exactly its size.
+#[tokio::test]
+async fn local_disks_and_read_only_disks_follow_nexus() {
+    let api = Api::new();
+    api.project("p").await;
+    let local = |name: &str, size: u64| json!({"name": name, "description": "", "size": size, "disk_backend": {"type": "local"}});
+    let r = api
+        .post("/v1/disks?project=p", local("big", 2048 * GIB))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(r.body["disk_type"], "local");
+    assert_eq!(r.body["block_size"], json!(4096));
+    let r = api
+        .post("/v1/disks?project=p", local("huge", 11 * (1 << 50)))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidValue"));
+    assert_eq!(
+        r.message(),
+        "unsupported value for \"size\": requested size over 10 PiB"
+    );
+    let r = api
+        .post_empty("/v1/disks/big/bulk-write-start?project=p")
+        .await;
+    assert_error(&r, StatusCode::INTERNAL_SERVER_ERROR, Some("Internal"));
+
+    api.sim.seed_silo_image("silo-img", "debian", "12", GIB);
+    let image = api.get("/v1/images/silo-img").await;
+    let from_image = |name: &str, size: u64, read_only: bool| {
+        json!({"name": name, "description": "", "size": size, "disk_backend": {"type": "distributed",
+            "disk_source": {"type": "image", "image_id": image.str("id"), "read_only": read_only}}})
+    };
+    let r = api
+        .post("/v1/disks?project=p", from_image("ro", 2 * GIB, true))
+        .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(
+        r.message(),
+        format!(
+            "read-only disk size {} must be equal to source image size {GIB}",
+            2 * GIB
+        )
+    );
+    let r = api
+        .post("/v1/disks?project=p", from_image("ro", GIB, true))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let r = api
+        .post("/v1/disks?project=p", from_image("rw", 2 * GIB, false))
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+}
+
+/// Selector refusals in each lookup's own words (omicron `nexus/src/app/{affinity,snapshot,
+/// image,vpc_subnet}.rs`), and a subnet's `custom_router` looked up in its VPC
+/// (`nexus/src/app/vpc_router.rs` `vpc_router_lookup_for_attach`).
+#[tokio::test]
+async fn selectors_and_custom_routers_are_refused_in_nexus_words() {
+    let api = Api::new();
+    api.project("p").await;
+    let refused = |r: oxide_common::Resp, message: &str| {
+        assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+        assert_eq!(r.message(), message);
+    };
+    refused(
+        api.delete("/v1/affinity-groups/g").await,
+        "affinity_group should either be UUID or project should be specified",
+    );
+    refused(
+        api.delete("/v1/anti-affinity-groups/g").await,
+        "anti_affinity_group should either be UUID or project should be specified",
+    );
+    refused(
+        api.get("/v1/snapshots/s").await,
+        "snapshot should either be an ID or project should be specified",
+    );
+    let id = Uuid::new_v4();
+    refused(
+        api.get(&format!("/v1/snapshots/{id}?project=p")).await,
+        "when providing snapshot as an ID, project should not be specified",
+    );
+    refused(
+        api.get(&format!("/v1/images/{id}?project=p")).await,
+        "when providing image as an ID, project should not be specified",
+    );
+    refused(
+        api.get("/v1/vpc-subnets/default?project=p").await,
+        "subnet should either be an ID or vpc should be specified",
+    );
+    let subnet = |router: &str| json!({"name": "lab", "description": "", "ipv4_block": "10.1.0.0/24", "custom_router": router});
+    let r = api
+        .post("/v1/vpc-subnets?project=p&vpc=default", subnet("edge"))
+        .await;
+    assert_error(&r, StatusCode::NOT_FOUND, Some("ObjectNotFound"));
+    assert_eq!(r.message(), "not found: vpc-router with name \"edge\"");
+    refused(
+        api.post("/v1/vpc-subnets?project=p&vpc=default", subnet("system"))
+            .await,
+        "cannot attach a system router to a VPC subnet",
+    );
+    let list = api.get("/v1/vpc-subnets?project=p&vpc=default").await;
+    assert_eq!(
+        list.body["items"].as_array().unwrap().len(),
+        1,
+        "{}",
+        list.body
+    );
+}
+
+/// `network_interfaces` honoured as the instance-create saga does (omicron
+/// `nexus/src/app/sagas/instance_create.rs:243-258,746-757`): `none` makes no NIC, `create`
+/// the named ones (explicit addresses checked by `check_requestable_addr`), the defaults one
+/// `net0` "default primary interface for <instance>"; MACs in nexus's guest range.
+#[tokio::test]
+async fn network_interfaces_are_made_as_asked() {
+    let api = Api::new();
+    api.project("p").await;
+    let nics = |name: &str| {
+        let api = &api;
+        let uri = format!("/v1/network-interfaces?project=p&instance={name}");
+        async move {
+            let r = api.get(&uri).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+            r.body["items"].as_array().unwrap().clone()
+        }
+    };
+    let r = api
+        .instance(
+            "p",
+            "bare",
+            json!({"network_interfaces": {"type": "none"}, "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(nics("bare").await, Vec::<Value>::new());
+
+    // Without `network_interfaces` nexus's default is `default_dual_stack`.
+    let r = api.instance("p", "plain", json!({"start": false})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let plain = nics("plain").await;
+    assert_eq!(plain.len(), 1);
+    assert_eq!(plain[0]["name"], "net0");
+    assert_eq!(
+        plain[0]["description"],
+        "default primary interface for plain"
+    );
+    assert_eq!(plain[0]["primary"], true);
+    assert_eq!(plain[0]["ip_stack"]["type"], "dual_stack", "{}", plain[0]);
+    assert_eq!(
+        plain[0]["ip_stack"]["value"]["v6"]["ip"],
+        "fd00:1122:3344::5"
+    );
+    let mac: Vec<u8> = plain[0]["mac"]
+        .as_str()
+        .unwrap()
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    assert_eq!(mac[..3], [0xa8, 0x40, 0x25], "{mac:?}");
+    assert!(
+        (0xf0..=0xfe).contains(&mac[3]),
+        "{mac:?} outside the guest range"
+    );
+
+    let r = api
+        .instance(
+            "p",
+            "four",
+            json!({"network_interfaces": {"type": "default_ipv4"}, "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(nics("four").await[0]["ip_stack"]["type"], "v4");
+    let r = api
+        .instance(
+            "p",
+            "six",
+            json!({"network_interfaces": {"type": "default_ipv6"}, "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let six = nics("six").await;
+    assert_eq!(six[0]["ip_stack"]["type"], "v6", "{}", six[0]);
+    assert_eq!(six[0]["ip_stack"]["value"]["ip"], "fd00:1122:3344::6");
+
+    let nic = |name: &str, ip: &str| {
+        json!({"name": name, "description": format!("{name} nic"), "vpc_name": "default",
+            "subnet_name": "default", "ip_config": {"type": "v4", "value": {"ip": {"type": "explicit", "value": ip}}}})
+    };
+    let auto = json!({"name": "eth1", "description": "second", "vpc_name": "default",
+        "subnet_name": "default", "ip_config": {"type": "v4", "value": {"ip": {"type": "auto"}}}});
+    let refused = |ip: &'static str, message: &'static str| {
+        let api = &api;
+        let nic = nic("eth0", ip);
+        async move {
+            let r = api
+                .instance(
+                    "p",
+                    "other",
+                    json!({"network_interfaces": {"type": "create", "params": [nic]}}),
+                )
+                .await;
+            assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+            assert_eq!(r.message(), message);
+        }
+    };
+    refused("10.9.9.9", "10.9.9.9 is outside subnet 172.30.0.0/22").await;
+    refused(
+        "172.30.0.3",
+        "The first 5 addresses of a subnet are reserved",
+    )
+    .await;
+    refused("172.30.3.255", "Cannot request a broadcast address").await;
+    let r = api
+        .instance(
+            "p",
+            "vm",
+            json!({"network_interfaces": {"type": "create", "params": [nic("eth0", "172.30.0.10"), auto]},
+                "start": false}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    let vm = nics("vm").await;
+    let names: Vec<(&str, &str, bool)> = vm
+        .iter()
+        .map(|n| {
+            (
+                n["name"].as_str().unwrap(),
+                n["description"].as_str().unwrap(),
+                n["primary"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [("eth0", "eth0 nic", true), ("eth1", "second", false)]
+    );
+    // The explicit address sits at its offset in the subnet (the simulator's loopback
+    // stand-in for 172.30.0.0/22, see tests/FIDELITY.md).
+    let ip = |n: &Value| -> std::net::Ipv4Addr {
+        n["ip_stack"]["value"]["ip"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let plain_ip: std::net::Ipv4Addr = plain[0]["ip_stack"]["value"]["v4"]["ip"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(u32::from(ip(&vm[0])) - u32::from(plain_ip), 10 - 5);
+    // eth1 took the next free address after `plain` (.5) and `four` (.6).
+    assert_eq!(u32::from(ip(&vm[1])) - u32::from(plain_ip), 7 - 5);
+    refused(
+        "172.30.0.10",
+        "The IP address '172.30.0.10' is not available",
+    )
+    .await;
 }

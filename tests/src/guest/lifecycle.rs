@@ -803,7 +803,7 @@ impl RackEvents for Boot {
             vm.disk_serials = inst.disk_serials.clone();
             (vm.ncpus, vm.memory) = (inst.ncpus, inst.memory);
             vm.external_ips = inst.external_ips.clone();
-            vm.private_ip = Some(inst.private_ip);
+            vm.private_ip = inst.private_ip;
             vm.ephemeral_ips = inst
                 .external_ips
                 .iter()

@@ -19,6 +19,9 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Public message.
     pub message: String,
+    /// Methods for the `Allow` headers of a 405, one header each, in dropshot's order
+    /// (its router keeps a node's methods in a `BTreeMap`).
+    pub allow: Vec<&'static str>,
 }
 
 impl ApiError {
@@ -27,6 +30,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            allow: Vec::new(),
         }
     }
 
@@ -149,9 +153,16 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, None, "Not Found")
     }
 
-    /// 405 for a path that exists with another method.
-    pub fn method_not_allowed() -> Self {
-        Self::new(StatusCode::METHOD_NOT_ALLOWED, None, "Method Not Allowed")
+    /// 405 for a path that exists with another method, with one `Allow` header per method
+    /// the path has (dropshot appends them, sorted by method name).
+    pub fn method_not_allowed(allow: Vec<&'static str>) -> Self {
+        let mut allow = allow;
+        allow.sort_unstable();
+        allow.dedup();
+        Self {
+            allow,
+            ..Self::new(StatusCode::METHOD_NOT_ALLOWED, None, "Method Not Allowed")
+        }
     }
 
     /// An injected failure with an arbitrary status, shaped like the real error of that status.
@@ -185,7 +196,12 @@ impl ApiError {
             request_id: request_id.to_string(),
         };
         let bytes = serde_json::to_vec(&body).unwrap_or_else(|_| b"{}".to_vec());
-        json_response(self.status, Bytes::from(bytes), request_id)
+        let mut resp = json_response(self.status, Bytes::from(bytes), request_id);
+        for method in self.allow {
+            resp.headers_mut()
+                .append(http::header::ALLOW, HeaderValue::from_static(method));
+        }
+        resp
     }
 }
 

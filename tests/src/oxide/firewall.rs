@@ -90,6 +90,14 @@ pub fn check_update(params: &types::VpcFirewallRuleUpdateParams) -> Result<(), A
         }
     };
     max(params.rules.len(), "rules", MAX_RULES)?;
+    // Port numbers are `NonZeroU16`s: a bad one fails the body's deserialisation, before
+    // any rule is looked at.
+    for r in &params.rules {
+        for p in r.filters.ports.iter().flatten() {
+            parse_port_range(p).map_err(ApiError::bad_body)?;
+        }
+    }
+    // Then per rule, in nexus's order (`VpcFirewallRule::new`): targets, hosts, ports, protocols.
     for r in &params.rules {
         max(r.targets.len(), "targets", MAX_PARTS)?;
         let f = &r.filters;
@@ -103,13 +111,31 @@ pub fn check_update(params: &types::VpcFirewallRuleUpdateParams) -> Result<(), A
             "filters.ports",
             MAX_PARTS,
         )?;
+        for p in f.ports.iter().flatten() {
+            port_range(p)?;
+        }
         max(
             f.protocols.as_ref().map_or(0, Vec::len),
             "filters.protocols",
             MAX_PARTS,
         )?;
-        for p in f.ports.iter().flatten() {
-            port_range(p)?;
+        for proto in f.protocols.iter().flatten() {
+            if let types::VpcFirewallRuleProtocol::Icmp(Some(types::VpcFirewallIcmpFilter {
+                code: Some(code),
+                ..
+            })) = proto
+            {
+                let bounds = match code.split_once('-') {
+                    Some((a, b)) => a.parse::<u8>().ok().zip(b.parse::<u8>().ok()),
+                    None => code.parse::<u8>().ok().map(|c| (c, c)),
+                };
+                if bounds.is_some_and(|(first, last)| last < first) {
+                    return Err(ApiError::invalid_value(
+                        "code",
+                        "range has larger start value than end value",
+                    ));
+                }
+            }
         }
         for t in &r.targets {
             if let types::VpcFirewallRuleTarget::Vpc(n)
@@ -123,23 +149,30 @@ pub fn check_update(params: &types::VpcFirewallRuleUpdateParams) -> Result<(), A
     Ok(())
 }
 
-/// An `L4PortRange` ("22" or "8000-8080") as an inclusive range.
-fn port_range(p: &types::L4PortRange) -> Result<(u16, u16), ApiError> {
+/// nexus's `L4PortRange::from_str`: "22" or "8000-8080", ports are `NonZeroU16`; the error
+/// texts are `L4PortRangeError`'s.
+fn parse_port_range(p: &str) -> Result<(u16, u16), String> {
     let parse = |s: &str| {
-        s.parse::<u16>()
-            .map_err(|_| ApiError::bad_body(format!("invalid port range {:?}", p.as_str())))
+        s.parse::<std::num::NonZeroU16>()
+            .map(std::num::NonZeroU16::get)
+            .map_err(|e| format!("{s:?} unparsable for type: {e}"))
     };
-    let (first, last) = match p.split_once('-') {
-        Some((a, b)) => (parse(a)?, parse(b)?),
-        None => {
-            let one = parse(p)?;
-            (one, one)
-        }
-    };
+    match p.split_once('-') {
+        None => parse(p).map(|one| (one, one)),
+        Some(("", _)) => Err("range has no start value".into()),
+        Some((_, "")) => Err("range has no end value".into()),
+        Some((a, b)) => Ok((parse(a)?, parse(b)?)),
+    }
+}
+
+/// An `L4PortRange` as an inclusive range; a reversed one is nexus's
+/// `L4PortRangeError::EmptyRange` (400 `InvalidValue` "l4_port_range").
+fn port_range(p: &types::L4PortRange) -> Result<(u16, u16), ApiError> {
+    let (first, last) = parse_port_range(p).map_err(ApiError::bad_body)?;
     if last < first {
         return Err(ApiError::invalid_value(
-            "port",
-            "range has no ports (the first is larger than the last)",
+            "l4_port_range",
+            "range has larger start value than end value",
         ));
     }
     Ok((first, last))

@@ -5,7 +5,7 @@
 //! half-created disks, addresses or memberships behind.
 
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -76,9 +76,6 @@ fn check_cpu_memory(ncpus: u16, memory: u64) -> Result<(), ApiError> {
         return Err(ApiError::invalid_request(format!(
             "cannot have more than {MAX_VCPUS} vCPUs per instance"
         )));
-    }
-    if ncpus == 0 {
-        return Err(ApiError::invalid_value("ncpus", "must be at least 1"));
     }
     if memory < GIB {
         return Err(ApiError::invalid_value(
@@ -190,15 +187,28 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             "An instance may not have more than {MAX_EXTERNAL_IPS} external IP addresses"
         )));
     }
-    let ephemeral = body
+    if body.enable_jumbo_frames {
+        return Err(ApiError::invalid_request(
+            "enable_jumbo_frames may only be set on an instance when the fleet-wide \
+             jumbo-frames opt-in is enabled by a fleet administrator",
+        ));
+    }
+    let selectors: Vec<&types::PoolSelector> = body
         .external_ips
         .iter()
-        .filter(|ip| matches!(ip, types::ExternalIpCreate::Ephemeral { .. }))
-        .count();
+        .filter_map(|ip| match ip {
+            types::ExternalIpCreate::Ephemeral { pool_selector } => Some(pool_selector),
+            types::ExternalIpCreate::Floating { .. } => None,
+        })
+        .collect();
+    let ephemeral = selectors.len();
     if ephemeral > MAX_EPHEMERAL_IPS {
         return Err(ApiError::invalid_request(format!(
-            "An instance may not have more than {MAX_EPHEMERAL_IPS} ephemeral IP address"
+            "An instance may not have more than {MAX_EPHEMERAL_IPS} ephemeral IP addresses"
         )));
+    }
+    if let [first, second] = selectors[..] {
+        check_ephemeral_pair(store, first, second)?;
     }
     if let types::InstanceNetworkInterfaceAttachment::Create(nics) = &body.network_interfaces {
         if nics.len() > MAX_NICS {
@@ -206,18 +216,31 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
                 "An instance may not have more than {MAX_NICS} network interfaces"
             )));
         }
+        // `!= 1`: an empty list is refused with the same words.
         let vpcs: BTreeSet<&str> = nics.iter().map(|n| n.vpc_name.as_str()).collect();
-        if vpcs.len() > 1 {
+        if vpcs.len() != 1 {
             return Err(ApiError::invalid_request(
                 "All interfaces must be in the same VPC",
             ));
         }
-        // Every project has exactly one VPC, `default`, with one subnet, `default`.
+        // Every project has one VPC, `default`; NICs go into its subnet `default`.
         for nic in nics {
             if nic.vpc_name.as_str() != "default" {
                 return Err(ApiError::not_found_by_name("vpc", nic.vpc_name.as_str()));
             }
             if nic.subnet_name.as_str() != "default" {
+                let extra = store.projects.get(&pid).is_some_and(|p| {
+                    p.extra_subnets
+                        .iter()
+                        .any(|s| s.name.as_str() == nic.subnet_name.as_str())
+                });
+                if extra {
+                    // Simulator limit (ledgered): added subnets have no address space here.
+                    return Err(ApiError::invalid_request(format!(
+                        "the simulator places NICs only in subnet default, not in '{}'",
+                        nic.subnet_name.as_str()
+                    )));
+                }
                 return Err(ApiError::not_found_by_name(
                     "vpc-subnet",
                     nic.subnet_name.as_str(),
@@ -225,12 +248,8 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             }
         }
     }
+    let nic_plans = plan_nics(&body)?;
     let ssh_keys = resolve_ssh_keys(store, body.ssh_public_keys.as_deref())?;
-    if body.enable_jumbo_frames {
-        return Err(ApiError::invalid_request(
-            "jumbo frames are not enabled for this fleet",
-        ));
-    }
     if !body.multicast_groups.is_empty() {
         return Err(ApiError::invalid_request(
             "multicast is not enabled for this fleet",
@@ -334,16 +353,43 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     // `nexus/src/app/sagas/instance_create.rs`), so a full subnet is the answer even when the
     // external pool is empty too.
     let project = cx.store.projects.get(&pid).ok_or_else(ApiError::internal)?;
-    // The primary NIC goes into VPC `default`'s subnet `default`, looked up by name (omicron
-    // `nexus/src/app/sagas/instance_create.rs:743-772`): gone, the create fails.
-    if project.vpc_deleted {
-        return Err(ApiError::not_found_by_name("vpc", "default"));
+    // NICs go into VPC `default`'s subnet `default`, looked up by name (omicron
+    // `nexus/src/app/sagas/instance_create.rs:743-772`): gone, the create fails. No NIC, no
+    // lookup.
+    if !nic_plans.is_empty() {
+        if project.vpc_deleted {
+            return Err(ApiError::not_found_by_name("vpc", "default"));
+        }
+        if project.subnet_deleted {
+            return Err(ApiError::not_found_by_name("vpc-subnet", "default"));
+        }
     }
-    if project.subnet_deleted {
-        return Err(ApiError::not_found_by_name("vpc-subnet", "default"));
-    }
-    if project.subnet.free() == 0 {
+    let auto_v4 = nic_plans
+        .iter()
+        .filter(|n| matches!(n.v4, Some(None)))
+        .count();
+    if project.subnet.free() < auto_v4 {
         return Err(subnet_full(project));
+    }
+    let used_v6 = used_ipv6(cx.store, pid);
+    let mut probe = project.subnet.clone();
+    let mut planned_v6 = BTreeSet::new();
+    for n in &nic_plans {
+        if let Some(Some(off)) = n.v4
+            && probe.take(off).is_none()
+        {
+            return Err(ApiError::invalid_request(format!(
+                "The IP address '{}' is not available",
+                Ipv4Addr::from(u32::from(super::subnet::RACK_BLOCK) + off)
+            )));
+        }
+        if let Some(Some(ip)) = n.v6
+            && (used_v6.contains(&ip) || !planned_v6.insert(ip))
+        {
+            return Err(ApiError::invalid_request(format!(
+                "The IP address '{ip}' is not available"
+            )));
+        }
     }
     if ephemeral > cx.pool.free() {
         return Err(ApiError::insufficient_capacity(
@@ -366,17 +412,40 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             }
         }
     }
+    let mut used_v6 = used_v6;
+    used_v6.extend(planned_v6);
     let project = cx
         .store
         .projects
         .get_mut(&pid)
         .ok_or_else(ApiError::internal)?;
-    let Some(private_ip) = project.subnet.allocate() else {
-        for ip in ephemeral_ips {
-            cx.pool.release(ip);
-        }
-        return Err(subnet_full(project));
-    };
+    let mut nics = Vec::new();
+    for (i, plan) in nic_plans.into_iter().enumerate() {
+        let ipv4 = match plan.v4 {
+            None => None,
+            Some(None) => project.subnet.allocate(),
+            Some(Some(off)) => project.subnet.take(off),
+        };
+        let ipv6 = match plan.v6 {
+            None => None,
+            Some(Some(ip)) => Some(ip),
+            Some(None) => {
+                let ip = next_ipv6(&used_v6);
+                used_v6.insert(ip);
+                Some(ip)
+            }
+        };
+        nics.push(store::Nic {
+            id: Uuid::new_v4(),
+            name: plan.name,
+            description: plan.description,
+            ipv4,
+            ipv4_transit: plan.v4_transit,
+            ipv6,
+            ipv6_transit: plan.v6_transit,
+            primary: i == 0,
+        });
+    }
     let id = Uuid::new_v4();
     let delayed = !cx.env.timings.create_to_starting.is_zero();
     // nexus runs the start saga after the create saga and only logs its failure, so a start
@@ -425,8 +494,7 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
             ssh_keys,
             boot_disk_id,
             ephemeral_ips,
-            private_ip,
-            nic_id: Uuid::new_v4(),
+            nics,
             snat_first_port,
             auto_restart_policy: body.auto_restart_policy,
             intended_running: body.start,
@@ -494,12 +562,11 @@ fn resolve_ssh_keys(
             .map(|k| k.public_key.clone())
             .collect());
     };
-    if keys.len() > MAX_SSH_KEYS {
-        return Err(ApiError::invalid_request(format!(
-            "cannot specify more than {MAX_SSH_KEYS} ssh keys"
-        )));
-    }
-    keys.iter()
+    // nexus looks every key up first (the first missing one is the 404) and then counts the
+    // distinct keys it found.
+    let mut found_ids = BTreeSet::new();
+    let found = keys
+        .iter()
         .map(|k| {
             let found = match names::body_ref(k).map_err(ApiError::bad_body)? {
                 Ref::Id(id) => store
@@ -512,9 +579,100 @@ fn resolve_ssh_keys(
                     .find(|k| k.name == n)
                     .ok_or_else(|| ApiError::not_found_by_name("ssh-key", &n))?,
             };
-            Ok(found.public_key.clone())
+            Ok((found.id, found.public_key.clone()))
         })
-        .collect()
+        .collect::<Result<Vec<_>, ApiError>>()?
+        .into_iter()
+        .filter(|(id, _)| found_ids.insert(*id))
+        .map(|(_, key)| key)
+        .collect::<Vec<_>>();
+    if found.len() > MAX_SSH_KEYS {
+        return Err(ApiError::invalid_request(format!(
+            "cannot attach more than {MAX_SSH_KEYS} ssh keys to the instance"
+        )));
+    }
+    Ok(found)
+}
+
+/// Two ephemeral IPs must name their IP versions or pools and differ in version (omicron
+/// `nexus/src/app/instance.rs` `validate_ephemeral_ip_pair`). This rack has one pool,
+/// `default` (IPv4).
+fn check_ephemeral_pair(
+    store: &Store,
+    first: &types::PoolSelector,
+    second: &types::PoolSelector,
+) -> Result<(), ApiError> {
+    use types::PoolSelector::{Auto, Explicit};
+    let version = |v: &types::IpVersion| match v {
+        types::IpVersion::V4 => "v4",
+        types::IpVersion::V6 => "v6",
+    };
+    match (first, second) {
+        (Auto { ip_version: None }, _) | (_, Auto { ip_version: None }) => {
+            Err(ApiError::invalid_request(
+                "when requesting two ephemeral IPs, IP version or explicit pool name must be \
+                 specified on each",
+            ))
+        }
+        (
+            Auto {
+                ip_version: Some(a),
+            },
+            Auto {
+                ip_version: Some(b),
+            },
+        ) => {
+            if a == b {
+                Err(ApiError::invalid_request(format!(
+                    "cannot request two ephemeral IPs of the same version ({})",
+                    version(a)
+                )))
+            } else {
+                Ok(())
+            }
+        }
+        (Explicit { pool: a }, Explicit { pool: b }) => {
+            if a.to_string() == b.to_string() {
+                return Err(ApiError::invalid_request(
+                    "cannot request two ephemeral IPs from the same pool",
+                ));
+            }
+            // Both must exist; the only pool there is is IPv4, so two of them are the same
+            // version.
+            check_pool(store, first)?;
+            check_pool(store, second)?;
+            Err(ApiError::invalid_request(
+                "cannot request two ephemeral IPs of the same version (v4): both pools are v4",
+            ))
+        }
+        (
+            Explicit { .. },
+            Auto {
+                ip_version: Some(v),
+            },
+        )
+        | (
+            Auto {
+                ip_version: Some(v),
+            },
+            Explicit { .. },
+        ) => {
+            let explicit = if matches!(first, Explicit { .. }) {
+                first
+            } else {
+                second
+            };
+            check_pool(store, explicit)?;
+            if matches!(v, types::IpVersion::V4) {
+                Err(ApiError::invalid_request(
+                    "cannot request two ephemeral IPs of the same version (v4): explicit pool \
+                     and auto selection both specify v4",
+                ))
+            } else {
+                Ok(())
+            }
+        }
+    }
 }
 
 /// nexus's answer when the subnet has no address left for the new NIC: 400 `InvalidRequest`
@@ -542,7 +700,9 @@ pub fn delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         cx.pool.release(ip);
     }
     if let Some(p) = cx.store.projects.get_mut(&inst.project_id) {
-        p.subnet.release(inst.private_ip);
+        for ip in inst.nics.iter().filter_map(|n| n.ipv4) {
+            p.subnet.release(ip);
+        }
     }
     for d in cx.store.disks.values_mut() {
         if d.state == DiskState::Attached(id) {
@@ -680,8 +840,7 @@ pub fn external_ips(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     )
 }
 
-/// `GET /v1/network-interfaces?instance=`: the primary NIC every instance gets from
-/// `default_ipv4` (nexus names it `net0`), with its private address in the `default` VPC.
+/// `GET /v1/network-interfaces?instance=`: the instance's NICs, in the `default` VPC.
 pub fn network_interfaces(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let lp = ListParams::parse("network-interfaces", cx.query)?;
     let raw = cx
@@ -695,26 +854,162 @@ pub fn network_interfaces(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         .projects
         .get(&inst.project_id)
         .ok_or_else(ApiError::internal)?;
-    let o = inst.id.as_bytes();
-    let mac = format!("a8:40:25:{:02x}:{:02x}:{:02x}", o[0] & 0x0f, o[1], o[2]);
-    let nic = types::InstanceNetworkInterface {
-        description: String::new(),
-        id: inst.nic_id,
-        instance_id: inst.id,
-        ip_stack: types::PrivateIpStack::V4(types::PrivateIpv4Stack {
-            ip: inst.private_ip,
-            transit_ips: Vec::new(),
-        }),
-        mac: types::MacAddr::try_from(mac).map_err(|_| ApiError::internal())?,
-        name: "net0".parse().map_err(|_| ApiError::internal())?,
-        primary: true,
-        subnet_id: project.subnet_id,
-        time_created: inst.times.created,
-        time_modified: inst.times.created,
-        vpc_id: project.vpc_id,
-    };
-    let items = vec![("net0".to_owned(), inst.nic_id, nic)];
+    let mut items = Vec::new();
+    for nic in &inst.nics {
+        let v4 = nic.ipv4.map(|ip| types::PrivateIpv4Stack {
+            ip,
+            transit_ips: nic.ipv4_transit.clone(),
+        });
+        let v6 = nic.ipv6.map(|ip| types::PrivateIpv6Stack {
+            ip,
+            transit_ips: nic.ipv6_transit.clone(),
+        });
+        let ip_stack = match (v4, v6) {
+            (Some(v4), Some(v6)) => types::PrivateIpStack::DualStack { v4, v6 },
+            (Some(v4), None) => types::PrivateIpStack::V4(v4),
+            (None, Some(v6)) => types::PrivateIpStack::V6(v6),
+            (None, None) => return Err(ApiError::internal()),
+        };
+        let view = types::InstanceNetworkInterface {
+            description: nic.description.clone(),
+            id: nic.id,
+            instance_id: inst.id,
+            ip_stack,
+            mac: guest_mac(&nic.id)?,
+            name: nic.name.clone(),
+            primary: nic.primary,
+            subnet_id: project.subnet_id,
+            time_created: inst.times.created,
+            time_modified: inst.times.created,
+            vpc_id: project.vpc_id,
+        };
+        items.push((nic.name.to_string(), nic.id, view));
+    }
     Reply::json(StatusCode::OK, &lp.page(items))
+}
+
+/// A MAC address in nexus's guest range `A8:40:25:F0:00:00`–`A8:40:25:FE:FF:FF` (omicron
+/// `common/src/api/external/mod.rs` `MacAddr::MIN_GUEST_ADDR`/`MAX_GUEST_ADDR`), drawn from
+/// the NIC's id.
+fn guest_mac(nic_id: &Uuid) -> Result<types::MacAddr, ApiError> {
+    let o = nic_id.as_bytes();
+    let mac = format!(
+        "a8:40:25:{:02x}:{:02x}:{:02x}",
+        0xf0 + o[0] % 15,
+        o[1],
+        o[2]
+    );
+    types::MacAddr::try_from(mac).map_err(|_| ApiError::internal())
+}
+
+/// One NIC a create asks for: `v4`/`v6` are `None` for no address of that family,
+/// `Some(None)` for one nexus picks, `Some(Some(_))` for an explicit one (IPv4 as the offset
+/// into the subnet).
+struct NicPlan {
+    name: types::Name,
+    description: String,
+    v4: Option<Option<u32>>,
+    v4_transit: Vec<types::Ipv4Net>,
+    v6: Option<Option<Ipv6Addr>>,
+    v6_transit: Vec<types::Ipv6Net>,
+}
+
+/// The NICs a create makes (omicron `nexus/src/app/sagas/instance_create.rs:243-258`): none
+/// for `none`, the default `net0` ("default primary interface for <instance>",
+/// `:746-757`) for the `default_*` kinds, the named ones for `create`; explicit addresses
+/// checked as `IncompleteNetworkInterface::new` checks them.
+fn plan_nics(body: &types::InstanceCreate) -> Result<Vec<NicPlan>, ApiError> {
+    use types::InstanceNetworkInterfaceAttachment as A;
+    let default = |v4: bool, v6: bool| -> Result<Vec<NicPlan>, ApiError> {
+        Ok(vec![NicPlan {
+            name: "net0".parse().map_err(|_| ApiError::internal())?,
+            description: format!("default primary interface for {}", body.name.as_str()),
+            v4: v4.then_some(None),
+            v4_transit: Vec::new(),
+            v6: v6.then_some(None),
+            v6_transit: Vec::new(),
+        }])
+    };
+    match &body.network_interfaces {
+        A::None => Ok(Vec::new()),
+        A::DefaultIpv4 => default(true, false),
+        A::DefaultIpv6 => default(false, true),
+        A::DefaultDualStack => default(true, true),
+        A::Create(nics) => nics
+            .iter()
+            .map(|n| {
+                let (v4, v6) = match &n.ip_config {
+                    types::PrivateIpStackCreate::V4(v4) => (Some(v4), None),
+                    types::PrivateIpStackCreate::V6(v6) => (None, Some(v6)),
+                    types::PrivateIpStackCreate::DualStack { v4, v6 } => (Some(v4), Some(v6)),
+                };
+                let v4_addr = v4
+                    .map(|c| match c.ip {
+                        types::Ipv4Assignment::Auto => Ok(None),
+                        types::Ipv4Assignment::Explicit(ip) => {
+                            super::subnet::VpcSubnet::check_requestable(ip)
+                                .map(Some)
+                                .map_err(ApiError::invalid_request)
+                        }
+                    })
+                    .transpose()?;
+                let v6_addr = v6
+                    .map(|c| match c.ip {
+                        types::Ipv6Assignment::Auto => Ok(None),
+                        types::Ipv6Assignment::Explicit(ip) => check_requestable_v6(ip).map(Some),
+                    })
+                    .transpose()?;
+                Ok(NicPlan {
+                    name: n.name.clone(),
+                    description: n.description.clone(),
+                    v4: v4_addr,
+                    v4_transit: v4.map(|c| c.transit_ips.clone()).unwrap_or_default(),
+                    v6: v6_addr,
+                    v6_transit: v6.map(|c| c.transit_ips.clone()).unwrap_or_default(),
+                })
+            })
+            .collect(),
+    }
+}
+
+/// Subnet `default`'s IPv6 block as the API shows it (`vpcs.rs` `default_subnet_view`).
+const SUBNET_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x1122, 0x3344, 0, 0, 0, 0, 0);
+
+/// nexus's `Ipv6Net::check_requestable_addr` on the /64 (omicron
+/// `nexus/db-model/src/ipv6net.rs:88-108`): inside, and not one of the first five.
+fn check_requestable_v6(ip: Ipv6Addr) -> Result<Ipv6Addr, ApiError> {
+    let off = u128::from(ip).wrapping_sub(u128::from(SUBNET_V6));
+    if off >> 64 != 0 {
+        return Err(ApiError::invalid_request(format!(
+            "{ip} is outside subnet {SUBNET_V6}/64"
+        )));
+    }
+    if off < u128::from(super::subnet::RESERVED_FRONT) {
+        return Err(ApiError::invalid_request(format!(
+            "The first {} addresses of a subnet are reserved",
+            super::subnet::RESERVED_FRONT
+        )));
+    }
+    Ok(ip)
+}
+
+/// IPv6 addresses the project's NICs hold.
+fn used_ipv6(store: &Store, pid: Uuid) -> BTreeSet<Ipv6Addr> {
+    store
+        .instances
+        .values()
+        .filter(|i| i.project_id == pid)
+        .flat_map(|i| i.nics.iter().filter_map(|n| n.ipv6))
+        .collect()
+}
+
+/// The lowest free IPv6 address past the reserved ones (nexus picks one at random from the
+/// /64; which one is a guess that does not matter here).
+fn next_ipv6(used: &BTreeSet<Ipv6Addr>) -> Ipv6Addr {
+    (u128::from(super::subnet::RESERVED_FRONT)..)
+        .map(|o| Ipv6Addr::from(u128::from(SUBNET_V6) + o))
+        .find(|ip| !used.contains(ip))
+        .unwrap_or(SUBNET_V6)
 }
 
 pub fn disks(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {

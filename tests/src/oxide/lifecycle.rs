@@ -201,7 +201,7 @@ pub fn running_instance(store: &Store, id: Uuid) -> Option<RunningInstance> {
         project: store.project_name(inst.project_id),
         user_data: inst.user_data.clone(),
         external_ips: store.reachable_ips(id),
-        private_ip: IpAddr::V4(inst.private_ip),
+        private_ip: inst.private_ip().map(IpAddr::V4),
         ssh_public_keys: inst.ssh_keys.clone(),
         ncpus: inst.ncpus,
         memory: inst.memory,

@@ -179,8 +179,8 @@ pub struct RunningInstance {
     pub user_data: Vec<u8>,
     /// Ephemeral and attached floating addresses (not the SNAT address).
     pub external_ips: Vec<IpAddr>,
-    /// The primary NIC's address in the project's VPC.
-    pub private_ip: IpAddr,
+    /// The primary NIC's IPv4 address in the project's VPC (none without a NIC or IPv4).
+    pub private_ip: Option<IpAddr>,
     /// Public keys resolved from the create request's `ssh_public_keys`.
     pub ssh_public_keys: Vec<String>,
     /// vCPUs and memory (bytes): the guest's kubelet reports them as Node capacity.
@@ -460,7 +460,7 @@ impl OxideSim {
         let store = self.store();
         let dest = to.ip();
         let (target, via_vpc) = store.instances.values().find_map(|i| {
-            if IpAddr::V4(i.private_ip) == dest {
+            if i.private_ip().map(IpAddr::V4) == Some(dest) {
                 Some((i, true))
             } else if store.reachable_ips(i.id).contains(&dest) {
                 Some((i, false))
@@ -480,7 +480,7 @@ impl OxideSim {
                     if src.project_id != target.project_id {
                         return Some(false);
                     }
-                    Source::Vpc(IpAddr::V4(src.private_ip))
+                    Source::Vpc(IpAddr::V4(src.private_ip()?))
                 } else {
                     // Outbound NAT: its first external address, else the shared SNAT address.
                     let ext = store
@@ -498,13 +498,16 @@ impl OxideSim {
                 .instances
                 .values()
                 .find(|i| i.project_id == target.project_id && i.name.as_str() == name)
-                .map(|i| i.private_ip)
+                .and_then(|i| i.private_ip())
         };
         Some(firewall::allows_tcp(
             &project.firewall_rules,
             firewall::Target {
                 name: target.name.as_str(),
-                private_ip: target.private_ip,
+                // A NIC without IPv4 matches no address target.
+                private_ip: target
+                    .private_ip()
+                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
             },
             source,
             to.port(),

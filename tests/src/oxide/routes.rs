@@ -526,18 +526,18 @@ pub fn match_route(
     path: &str,
 ) -> Result<(&'static RouteSpec, Vec<String>), ApiError> {
     let segments: Vec<&str> = path.split('/').collect();
-    let mut path_matched = false;
+    let mut allow = Vec::new();
     for spec in ROUTES {
         let Some(params) = match_template(spec.template, &segments) else {
             continue;
         };
-        path_matched = true;
         if spec.method == method.as_str() {
             return Ok((spec, params?));
         }
+        allow.push(spec.method);
     }
-    Err(if path_matched {
-        ApiError::method_not_allowed()
+    Err(if !allow.is_empty() {
+        ApiError::method_not_allowed(allow)
     } else {
         ApiError::route_not_found()
     })

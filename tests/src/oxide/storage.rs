@@ -23,6 +23,8 @@ use super::store::{
 
 const GIB: u64 = 1 << 30;
 const MAX_DISK: u64 = 1023 * GIB;
+/// nexus's cap for `disk_backend: local` (10 PiB).
+const MAX_LOCAL_DISK: u64 = 10 * (1 << 50);
 /// Largest decoded bulk write: the Crucible pantry's `MAX_CHUNK_SIZE`, which nexus's write
 /// goes through (see `tests/FIDELITY.md`).
 pub const MAX_BULK_WRITE: usize = 512 * 1024;
@@ -54,6 +56,8 @@ pub struct DiskPlan {
     pub snapshot_id: Option<Uuid>,
     pub read_only: bool,
     pub data: Blocks,
+    /// `disk_backend: local`: a sled's local storage, 4096-byte blocks, no import.
+    pub local: bool,
 }
 
 /// Validates disk-create parameters like nexus (`validate_disk_create_params`) and checks
@@ -67,12 +71,8 @@ pub fn plan_disk(
     backend: &types::DiskBackend,
 ) -> Result<DiskPlan, ApiError> {
     let source = match backend {
-        types::DiskBackend::Distributed(source) => source,
-        types::DiskBackend::Local => {
-            return Err(ApiError::invalid_request(
-                "local storage is not available on this rack",
-            ));
-        }
+        types::DiskBackend::Distributed(source) => Some(source),
+        types::DiskBackend::Local => None,
     };
     let mut plan = DiskPlan {
         name: name.clone(),
@@ -84,60 +84,80 @@ pub fn plan_disk(
         snapshot_id: None,
         read_only: false,
         data: Arc::default(),
+        local: source.is_none(),
     };
-    match source {
-        types::DiskSource::Blank { block_size } => plan.block_size = block_size.clone(),
-        types::DiskSource::ImportingBlocks { block_size } => {
-            plan.block_size = block_size.clone();
-            plan.state = DiskState::ImportReady;
-        }
-        types::DiskSource::Snapshot {
-            read_only,
-            snapshot_id,
-        } => {
-            let snap = store
-                .snapshots
-                .get(snapshot_id)
-                .ok_or_else(|| ApiError::not_found_by_id("snapshot", snapshot_id))?;
-            if snap.project_id != pid {
-                return Err(ApiError::invalid_request(
-                    "snapshot does not belong to this project",
-                ));
+    if plan.local {
+        // nexus: "All LocalStorage disks have a 4k block size".
+        plan.block_size = types::BlockSize::try_from(4096).map_err(|_| ApiError::internal())?;
+    }
+    if let Some(source) = source {
+        match source {
+            types::DiskSource::Blank { block_size } => plan.block_size = block_size.clone(),
+            types::DiskSource::ImportingBlocks { block_size } => {
+                plan.block_size = block_size.clone();
+                plan.state = DiskState::ImportReady;
             }
-            if snap.size > size {
-                return Err(ApiError::invalid_request(format!(
-                    "disk size {size} must be greater than or equal to snapshot size {}",
-                    snap.size
-                )));
+            types::DiskSource::Snapshot {
+                read_only,
+                snapshot_id,
+            } => {
+                let snap = store
+                    .snapshots
+                    .get(snapshot_id)
+                    .ok_or_else(|| ApiError::not_found_by_id("snapshot", snapshot_id))?;
+                if snap.project_id != pid {
+                    return Err(ApiError::invalid_request(
+                        "snapshot does not belong to this project",
+                    ));
+                }
+                // Read-only disks share the snapshot's regions: exactly its size.
+                if *read_only && snap.size != size {
+                    return Err(ApiError::invalid_request(format!(
+                        "read-only disk size {size} must be equal to source snapshot size {}",
+                        snap.size
+                    )));
+                }
+                if snap.size > size {
+                    return Err(ApiError::invalid_request(format!(
+                        "disk size {size} must be greater than or equal to snapshot size {}",
+                        snap.size
+                    )));
+                }
+                plan.block_size = snap.block_size.clone();
+                plan.snapshot_id = Some(snap.id);
+                plan.read_only = *read_only;
+                plan.data = snap.data.clone();
             }
-            plan.block_size = snap.block_size.clone();
-            plan.snapshot_id = Some(snap.id);
-            plan.read_only = *read_only;
-            plan.data = snap.data.clone();
-        }
-        types::DiskSource::Image {
-            image_id,
-            read_only,
-        } => {
-            let image = store
-                .images
-                .get(image_id)
-                .ok_or_else(|| ApiError::not_found_by_id("image", image_id))?;
-            if image.project_id.is_some_and(|p| p != pid) {
-                return Err(ApiError::invalid_request(
-                    "image does not belong to this project",
-                ));
+            types::DiskSource::Image {
+                image_id,
+                read_only,
+            } => {
+                let image = store
+                    .images
+                    .get(image_id)
+                    .ok_or_else(|| ApiError::not_found_by_id("image", image_id))?;
+                if image.project_id.is_some_and(|p| p != pid) {
+                    return Err(ApiError::invalid_request(
+                        "image does not belong to this project",
+                    ));
+                }
+                if *read_only && image.size != size {
+                    return Err(ApiError::invalid_request(format!(
+                        "read-only disk size {size} must be equal to source image size {}",
+                        image.size
+                    )));
+                }
+                if image.size > size {
+                    return Err(ApiError::invalid_request(format!(
+                        "disk size {size} must be greater than or equal to image size {}",
+                        image.size
+                    )));
+                }
+                plan.block_size = image.block_size.clone();
+                plan.image_id = Some(image.id);
+                plan.read_only = *read_only;
+                plan.data = image.data.clone();
             }
-            if image.size > size {
-                return Err(ApiError::invalid_request(format!(
-                    "disk size {size} must be greater than or equal to image size {}",
-                    image.size
-                )));
-            }
-            plan.block_size = image.block_size.clone();
-            plan.image_id = Some(image.id);
-            plan.read_only = *read_only;
-            plan.data = image.data.clone();
         }
     }
     let block = bs(&plan.block_size);
@@ -159,7 +179,15 @@ pub fn plan_disk(
             "total size must be a multiple of 1 GiB",
         ));
     }
-    if size > MAX_DISK {
+    if plan.local {
+        // nexus caps local disks at 10 PiB (no sled's zpool comes near), not at 1023 GiB.
+        if size > MAX_LOCAL_DISK {
+            return Err(ApiError::invalid_value(
+                "size",
+                "requested size over 10 PiB",
+            ));
+        }
+    } else if size > MAX_DISK {
         return Err(ApiError::invalid_value(
             "size",
             "total size must be less than 1023 GiB",
@@ -192,6 +220,7 @@ pub fn insert_disk(store: &mut Store, pid: Uuid, plan: DiskPlan, attached: DiskS
             snapshot_id: plan.snapshot_id,
             read_only: plan.read_only,
             data: plan.data,
+            local: plan.local,
             times: Times::now(),
         },
     );
@@ -259,6 +288,7 @@ pub fn disk_delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 pub fn bulk_write_start(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let id = select_disk(cx)?;
     let disk = disk_mut(cx.store, &id)?;
+    refuse_local_import(disk)?;
     if disk.state != DiskState::ImportReady {
         return Err(ApiError::invalid_request(format!(
             "cannot set disk in state {} to \"importing_from_bulk_writes\"",
@@ -273,6 +303,7 @@ pub fn bulk_write_start(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 pub fn bulk_write_stop(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let id = select_disk(cx)?;
     let disk = disk_mut(cx.store, &id)?;
+    refuse_local_import(disk)?;
     if disk.state != DiskState::ImportingFromBulkWrites {
         return Err(ApiError::invalid_request(format!(
             "cannot set disk in state {} to \"import_ready\"",
@@ -288,6 +319,7 @@ pub fn bulk_write(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let body: types::ImportBlocksBulkWrite = cx.body()?;
     let id = select_disk(cx)?;
     let disk = disk_mut(cx.store, &id)?;
+    refuse_local_import(disk)?;
     if disk.state != DiskState::ImportingFromBulkWrites {
         return Err(ApiError::invalid_request(format!(
             "cannot import blocks with a bulk write for disk in state {}",
@@ -532,6 +564,16 @@ pub fn image_delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     };
     cx.store.images.remove(&id);
     Reply::no_content()
+}
+
+/// nexus refuses any bulk import into a local disk with an internal error ("cannot import to
+/// local storage disk <id>", hidden behind a 500).
+fn refuse_local_import(disk: &store::Disk) -> Result<(), ApiError> {
+    if disk.local {
+        tracing::info!(disk = %disk.id, "cannot import to local storage disk");
+        return Err(ApiError::internal());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -199,6 +199,28 @@ impl Project {
 
 pub use super::console::Console;
 
+/// One NIC of an instance, in subnet `default` of VPC `default`.
+#[derive(Clone, Debug)]
+pub struct Nic {
+    pub id: Uuid,
+    pub name: types::Name,
+    pub description: String,
+    /// Private IPv4 address (a loopback stand-in, see `subnet.rs`).
+    pub ipv4: Option<Ipv4Addr>,
+    pub ipv4_transit: Vec<types::Ipv4Net>,
+    /// Private IPv6 address in the subnet's /64.
+    pub ipv6: Option<std::net::Ipv6Addr>,
+    pub ipv6_transit: Vec<types::Ipv6Net>,
+    pub primary: bool,
+}
+
+impl Instance {
+    /// The primary NIC's IPv4 address, if it has one.
+    pub fn private_ip(&self) -> Option<Ipv4Addr> {
+        self.nics.iter().find(|n| n.primary).and_then(|n| n.ipv4)
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct Instance {
     pub id: Uuid,
@@ -219,10 +241,8 @@ pub struct Instance {
     pub ssh_keys: Vec<String>,
     pub boot_disk_id: Option<Uuid>,
     pub ephemeral_ips: Vec<Ipv4Addr>,
-    /// Address of the primary NIC in the project's VPC (a loopback address in the simulator).
-    pub private_ip: Ipv4Addr,
-    /// Id of that NIC (`net0`).
-    pub nic_id: Uuid,
+    /// The instance's NICs, the primary first (none for `network_interfaces: none`).
+    pub nics: Vec<Nic>,
     pub snat_first_port: u16,
     pub auto_restart_policy: Option<types::InstanceAutoRestartPolicy>,
     /// Nexus's `intended_state == Running`: set by a create with `start` and by a start,
@@ -248,6 +268,8 @@ pub struct Disk {
     pub read_only: bool,
     pub data: Blocks,
     pub times: Times,
+    /// Local storage (`disk_type: local`).
+    pub local: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -356,42 +378,59 @@ impl Named for Image {
     }
 }
 
-/// Kind of resource, for messages: `(not-found name, selector name)`.
+/// Kind of resource, for messages: its not-found name and nexus's two selector refusals
+/// (each `*_lookup` in omicron `nexus/src/app/*.rs` words them its own way).
 #[derive(Clone, Copy, Debug)]
 pub struct Kind {
     /// omicron `ResourceType` display name (`floating-ip`).
     pub resource: &'static str,
-    /// Name used in selector errors (`Floating IP`).
-    pub selector: &'static str,
+    /// The refusal of an id given with a project.
+    pub id_with_project: &'static str,
+    /// The refusal of a name given without a project.
+    pub name_without_project: &'static str,
 }
 
+/// omicron `nexus/src/app/instance.rs:384-387`.
 pub const INSTANCE: Kind = Kind {
     resource: "instance",
-    selector: "instance",
+    id_with_project: "when providing instance as an ID project should not be specified",
+    name_without_project: "instance should either be UUID or project should be specified",
 };
+/// omicron `nexus/src/app/disk.rs:62-66`.
 pub const DISK: Kind = Kind {
     resource: "disk",
-    selector: "disk",
+    id_with_project: "when providing disk as an ID project should not be specified",
+    name_without_project: "disk should either be UUID or project should be specified",
 };
+/// omicron `nexus/src/app/snapshot.rs:60-66`.
 pub const SNAPSHOT: Kind = Kind {
     resource: "snapshot",
-    selector: "snapshot",
+    id_with_project: "when providing snapshot as an ID, project should not be specified",
+    name_without_project: "snapshot should either be an ID or project should be specified",
 };
+/// omicron `nexus/src/app/image.rs:76-78 (a name alone is a silo image there, looked up by the image routes themselves)`.
 pub const IMAGE: Kind = Kind {
     resource: "image",
-    selector: "image",
+    id_with_project: "when providing image as an ID, project should not be specified",
+    name_without_project: "image should either be an ID or project should be specified",
 };
+/// omicron `nexus/src/app/external_ip.rs:88-91`.
 pub const FLOATING_IP: Kind = Kind {
     resource: "floating-ip",
-    selector: "Floating IP",
+    id_with_project: "when providing Floating IP as an ID project should not be specified",
+    name_without_project: "Floating IP should either be UUID or project should be specified",
 };
+/// omicron `nexus/src/app/affinity.rs:98-101`.
 pub const ANTI_AFFINITY_GROUP: Kind = Kind {
     resource: "anti-affinity-group",
-    selector: "anti-affinity group",
+    id_with_project: "when providing anti_affinity_group as an ID, project should not be specified",
+    name_without_project: "anti_affinity_group should either be UUID or project should be specified",
 };
+/// omicron `nexus/src/app/affinity.rs:59-62`.
 pub const AFFINITY_GROUP: Kind = Kind {
     resource: "affinity-group",
-    selector: "affinity group",
+    id_with_project: "when providing affinity_group as an ID, project should not be specified",
+    name_without_project: "affinity_group should either be UUID or project should be specified",
 };
 
 /// All state of one simulated rack (one silo).
@@ -552,14 +591,8 @@ pub fn select_ref<T: Named>(
             find_by_name(map, Some(pid), name)
                 .ok_or_else(|| ApiError::not_found_by_name(kind.resource, name))
         }
-        (Ref::Id(_), Some(_)) => Err(ApiError::invalid_request(format!(
-            "when providing {} as an ID project should not be specified",
-            kind.selector
-        ))),
-        (Ref::Name(_), None) => Err(ApiError::invalid_request(format!(
-            "{} should either be UUID or project should be specified",
-            kind.selector
-        ))),
+        (Ref::Id(_), Some(_)) => Err(ApiError::invalid_request(kind.id_with_project)),
+        (Ref::Name(_), None) => Err(ApiError::invalid_request(kind.name_without_project)),
     }
 }
 
@@ -616,7 +649,11 @@ impl Disk {
             block_size: self.block_size.clone(),
             description: self.description.clone(),
             device_path: format!("/mnt/{}", self.name.as_str()),
-            disk_type: types::DiskType::Distributed,
+            disk_type: if self.local {
+                types::DiskType::Local
+            } else {
+                types::DiskType::Distributed
+            },
             id: self.id,
             image_id: self.image_id,
             name: self.name.clone(),

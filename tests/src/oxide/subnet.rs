@@ -63,6 +63,30 @@ impl VpcSubnet {
         Some(self.at(off))
     }
 
+    /// Takes the address at `off` from the subnet's start (a request for an explicit address
+    /// already checked with `check_requestable`); `None` when it is in use.
+    pub fn take(&mut self, off: u32) -> Option<Ipv4Addr> {
+        self.used.insert(off).then(|| self.at(off))
+    }
+
+    /// nexus's `Ipv4Net::check_requestable_addr` on the subnet as the API shows it
+    /// (`172.30.0.0/22`): the address's offset, or nexus's refusal text.
+    pub fn check_requestable(addr: Ipv4Addr) -> Result<u32, String> {
+        let off = u32::from(addr)
+            .checked_sub(u32::from(RACK_BLOCK))
+            .filter(|o| *o < SIZE)
+            .ok_or_else(|| format!("{addr} is outside subnet {RACK_BLOCK}/{PREFIX_LEN}"))?;
+        if off < RESERVED_FRONT {
+            return Err(format!(
+                "The first {RESERVED_FRONT} addresses of a subnet are reserved"
+            ));
+        }
+        if off == SIZE - 1 {
+            return Err("Cannot request a broadcast address".to_owned());
+        }
+        Ok(off)
+    }
+
     /// Returns `ip` to the subnet; an address it does not hold is ignored.
     pub fn release(&mut self, ip: Ipv4Addr) {
         if let Some(off) = self.offset(ip) {

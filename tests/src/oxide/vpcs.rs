@@ -28,7 +28,7 @@ use super::error::ApiError;
 use super::firewall;
 use super::firewall_rules::DEFAULT_VPC;
 use super::handler::{Ctx, Reply, body_name};
-use super::names::Ref;
+use super::names::{self, Ref};
 use super::pagination::ListParams;
 use super::store::{self, ExtraSubnet, Project, Times};
 
@@ -110,6 +110,11 @@ fn select_subnet(cx: &Ctx<'_>) -> Result<(Uuid, Option<usize>), ApiError> {
                 .ok_or_else(|| ApiError::not_found_by_id("vpc-subnet", &id))
         }
         Ref::Name(n) => {
+            if !cx.query.contains_key("vpc") {
+                return Err(ApiError::invalid_request(
+                    "subnet should either be an ID or vpc should be specified",
+                ));
+            }
             let pid = firewall::select_vpc(cx.store, cx)?;
             let p = cx.store.projects.get(&pid).ok_or_else(ApiError::internal)?;
             if n == DEFAULT_VPC && !p.subnet_deleted {
@@ -217,10 +222,8 @@ pub fn subnet_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let pid = firewall::select_vpc(cx.store, cx)?;
     let body: types::VpcSubnetCreate = cx.body()?;
     body_name(&body.name)?;
-    if body.custom_router.is_some() {
-        return Err(ApiError::invalid_request(
-            "the simulator has no custom routers",
-        ));
+    if let Some(router) = &body.custom_router {
+        custom_router(cx.store, pid, router)?;
     }
     let (addr, len) = v4(&body.ipv4_block)?;
     if !addr.is_private() {
@@ -426,4 +429,27 @@ pub fn project_delete(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     }
     cx.store.projects.remove(&pid);
     Reply::no_content()
+}
+
+/// A subnet's `custom_router`, looked up in the subnet's VPC (omicron
+/// `nexus/src/app/vpc_router.rs` `vpc_router_lookup_for_attach`). This rack has no custom
+/// routers: the VPC's system router (named `system`; the simulator gives it the VPC's id) is
+/// refused as the datastore refuses it, anything else is not found.
+fn custom_router(
+    store: &store::Store,
+    pid: Uuid,
+    router: &types::NameOrId,
+) -> Result<(), ApiError> {
+    let p = store.projects.get(&pid).ok_or_else(ApiError::internal)?;
+    match names::body_ref(router).map_err(ApiError::bad_body)? {
+        Ref::Name(n) if n == "system" => Err(system_router_refused()),
+        Ref::Id(id) if id == p.vpc_id => Err(system_router_refused()),
+        Ref::Name(n) => Err(ApiError::not_found_by_name("vpc-router", &n)),
+        Ref::Id(id) => Err(ApiError::not_found_by_id("vpc-router", &id)),
+    }
+}
+
+/// omicron `nexus/db-queries/src/db/datastore/vpc.rs` `SubnetAttachRouterIsSystem`.
+fn system_router_refused() -> ApiError {
+    ApiError::invalid_request("cannot attach a system router to a VPC subnet")
 }

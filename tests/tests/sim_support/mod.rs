@@ -110,7 +110,10 @@ pub async fn private_ip(c: &oxide::Client, name: &str) -> IpAddr {
         .unwrap()
         .into_inner();
     match &nics.items[0].ip_stack {
-        types::PrivateIpStack::V4(v4) => IpAddr::V4(v4.ip),
+        // Without `network_interfaces` nexus makes a dual-stack NIC; its IPv4 address is the one.
+        types::PrivateIpStack::V4(v4) | types::PrivateIpStack::DualStack { v4, .. } => {
+            IpAddr::V4(v4.ip)
+        }
         other => panic!("unexpected stack {other:?}"),
     }
 }
