@@ -589,3 +589,109 @@ async fn the_api_certificate_lists_tls_san_and_the_nodes_own_ip_but_no_nat_addre
     assert!(api_verifies(&sim, ephemeral, Some(fip.to_string())).await);
     assert!(api_verifies(&sim, ephemeral, Some("kubernetes.default.svc".into())).await);
 }
+
+/// Every critical configuration value a joining server's config carries is compared with the
+/// cluster's (its first server's, defaults filled in): a different `agent-token`, or a
+/// `cluster-cidr` the first server left at its default, refuses the join; the same values
+/// written out explicitly (defaults included) do not.
+#[tokio::test]
+async fn a_server_with_any_other_critical_value_is_refused() {
+    let sim = start().await;
+    let c = client(&sim);
+    // first_server_config's agent-token is "agent-secret".
+    create_instance(
+        &c,
+        "c1-cp-aaaaa",
+        &user_data(
+            "server",
+            &first_server_config(TOKEN, "agent-secret", &[]),
+            &[],
+        ),
+    )
+    .await;
+    wait_node_status(&sim, "c1-cp-aaaaa", "True").await;
+    let server_ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let join = format!("server: https://{server_ip}:6443\ntoken: {TOKEN}\n");
+    for (name, extra) in [
+        ("c1-cp-bbbbb", "agent-token: another-agent-secret\n"),
+        ("c1-cp-ccccc", "cluster-cidr: 10.52.0.0/16\n"),
+    ] {
+        create_instance(
+            &c,
+            name,
+            &user_data("server", &format!("{join}{extra}"), &[]),
+        )
+        .await;
+    }
+    let same = format!(
+        "{join}agent-token: agent-secret\ncluster-cidr: 10.42.0.0/16\nflannel-backend: vxlan\ndisable: [traefik]\n"
+    );
+    create_instance(&c, "c1-cp-ddddd", &user_data("server", &same, &[])).await;
+    wait_node_status(&sim, "c1-cp-ddddd", "True").await;
+    for name in ["c1-cp-bbbbb", "c1-cp-ccccc"] {
+        let console = wait_console(&c, name, "critical configuration value mismatch").await;
+        assert!(console.contains("level=fatal"), "{console}");
+        assert!(!console.contains("another-agent-secret"), "{console}");
+        assert_eq!(node_ready(&sim, name).await, None);
+    }
+}
+
+/// A joining server needs the etcd ports (2379-2380) between its private address and the
+/// member servers'; the default `allow-internal-inbound` admits them, a VPC firewall that
+/// admits only the API does not — then k3s exits and systemd retries until a rule admits them.
+/// An agent needs only the API port.
+#[tokio::test]
+async fn a_server_joins_only_once_the_vpc_firewall_admits_etcd_between_servers() {
+    let sim = start_default_firewall(|_| {}).await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let private = private_ip(&c, "c1-cp-aaaaa").await;
+    let rule = |name: &str, ports: &str| oxide::types::VpcFirewallRuleUpdate {
+        action: oxide::types::VpcFirewallRuleAction::Allow,
+        description: String::new(),
+        direction: oxide::types::VpcFirewallRuleDirection::Inbound,
+        filters: oxide::types::VpcFirewallRuleFilter {
+            hosts: Some(vec![oxide::types::VpcFirewallRuleHostFilter::Vpc(
+                "default".parse().unwrap(),
+            )]),
+            ports: Some(vec![ports.parse().unwrap()]),
+            protocols: Some(vec![oxide::types::VpcFirewallRuleProtocol::Tcp]),
+        },
+        name: name.parse().unwrap(),
+        priority: 100,
+        status: oxide::types::VpcFirewallRuleStatus::Enabled,
+        targets: vec![oxide::types::VpcFirewallRuleTarget::Vpc(
+            "default".parse().unwrap(),
+        )],
+    };
+    let set_rules = |rules: Vec<oxide::types::VpcFirewallRuleUpdate>| {
+        c.vpc_firewall_rules_update()
+            .project(PROJECT)
+            .vpc("default")
+            .body(oxide::types::VpcFirewallRuleUpdateParams { rules })
+            .send()
+    };
+    // Only the API inside the VPC (SSH too, for the harness's own probes).
+    set_rules(vec![rule("api", "6443"), rule("ssh", "22")])
+        .await
+        .unwrap();
+
+    let join = format!("server: https://{private}:6443\ntoken: {TOKEN}\n");
+    create_instance(&c, "c1-cp-bbbbb", &user_data("server", &join, &[])).await;
+    let agent = format!("server: https://{private}:6443\ntoken: agent-secret-1\n");
+    create_instance(&c, "c1-workers-aaaaa", &user_data("agent", &agent, &[])).await;
+    wait_node_status(&sim, "c1-workers-aaaaa", "True").await;
+    let console = wait_console(&c, "c1-cp-bbbbb", ":2379: i/o timeout").await;
+    assert!(console.contains("level=fatal"), "{console}");
+    assert!(console.contains(&format!("{private}:2379")), "{console}");
+    assert_eq!(node_ready(&sim, "c1-cp-bbbbb").await, None);
+
+    set_rules(vec![
+        rule("api", "6443"),
+        rule("ssh", "22"),
+        rule("etcd", "2379-2380"),
+    ])
+    .await
+    .unwrap();
+    wait_node_status(&sim, "c1-cp-bbbbb", "True").await;
+}
