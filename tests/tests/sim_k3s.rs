@@ -393,30 +393,65 @@ async fn the_server_api_listener_closes_when_its_vm_stops() {
 }
 
 #[tokio::test]
-async fn user_data_without_the_cloud_config_header_is_refused_on_the_console() {
+async fn a_shell_script_user_data_is_run_by_cloud_init_not_refused_and_joins_no_cluster() {
     let sim = start().await;
     let c = client(&sim);
+    // A cluster exists, so a Node the script's VM wrongly registered would be visible.
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
     create_instance(
         &c,
         "c1-cp-fffff",
         "#!/bin/sh\ncurl -sfL https://get.k3s.io | sh -\n",
     )
     .await;
-    // cloud-init still prints the host keys; k3s never starts.
-    let console = wait_console(&c, "c1-cp-fffff", "-----END SSH HOST KEY FINGERPRINTS-----").await;
-    assert!(console.contains("does not start with '#cloud-config'"));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // cloud-init classifies it as text/x-shellscript and runs it; it does not warn that it
+    // ignores the user-data. Read the console
+    // once the boot is over (cloud-final's "finished" line comes after everything else).
+    wait_console(&c, "c1-cp-fffff", "-----END SSH HOST KEY FINGERPRINTS-----").await;
+    let console = wait_console(&c, "c1-cp-fffff", "Cloud-init v. 24.4.1 finished at").await;
     assert!(
-        !console.contains("k3s"),
-        "no k3s without a valid cloud-config: {console}"
+        console.contains("text/x-shellscript"),
+        "the script is classified as cloud-init does: {console}"
     );
+    assert!(
+        !console.contains("ignoring it") && !console.contains("does not start with"),
+        "cloud-init does not ignore a script: {console}"
+    );
+    // The script has no token and no server URL: whatever it installs is no member of c1.
     assert_eq!(node_ready(&sim, "c1-cp-fffff").await, None);
+    assert_eq!(
+        node_ready(&sim, "c1-cp-aaaaa").await.as_deref(),
+        Some("True")
+    );
+}
+
+#[tokio::test]
+async fn user_data_without_a_known_header_is_ignored_with_cloud_inits_warning() {
+    let sim = start().await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    create_instance(
+        &c,
+        "c1-cp-eeeee",
+        "token: x\nserver: https://127.0.0.1:6443\n",
+    )
+    .await;
+    wait_console(&c, "c1-cp-eeeee", "-----END SSH HOST KEY FINGERPRINTS-----").await;
+    let console = wait_console(&c, "c1-cp-eeeee", "Cloud-init v. 24.4.1 finished at").await;
+    assert!(
+        console.contains("Unhandled non-multipart (text/x-not-multipart) userdata"),
+        "{console}"
+    );
+    assert!(!console.contains("k3s"), "no k3s step ran: {console}");
+    assert_eq!(node_ready(&sim, "c1-cp-eeeee").await, None);
 }
 
 #[tokio::test]
 async fn user_data_over_32_kib_never_boots_a_node() {
     let sim = start().await;
     let c = client(&sim);
+    // A cluster exists, so a Node of the refused instance would be visible.
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
     let mut ud = user_data("server", &first_server_config(TOKEN, "a", &[]), &[]);
     ud.push_str(&format!("# {}\n", "x".repeat(32 * 1024)));
     let body = oxide::types::InstanceCreate::builder()
@@ -430,16 +465,24 @@ async fn user_data_over_32_kib_never_boots_a_node() {
             &ud,
         ));
 
+    // The API refuses it up front, as a rack does (cloud-init's own refusal of an oversized
+    // user-data is `cloud_init`'s unit test).
     match c.instance_create().project(PROJECT).body(body).send().await {
-        // The API refuses it up front (a real rack does)...
         Err(oxide::Error::ErrorResponse(resp)) => assert_eq!(resp.status(), 400),
-        // ...and were it ever accepted, cloud-init would refuse it on the console.
-        Ok(_) => {
-            wait_console(&c, "c1-cp-ggggg", "over the 32768-byte limit").await;
-        }
-        Err(other) => panic!("unexpected error {other}"),
+        other => panic!("expected a 400, got {other:?}"),
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let names: Vec<String> = c
+        .instance_list()
+        .project(PROJECT)
+        .send()
+        .await
+        .unwrap()
+        .into_inner()
+        .items
+        .into_iter()
+        .map(|i| i.name.to_string())
+        .collect();
+    assert_eq!(names, ["c1-cp-aaaaa"]);
     assert_eq!(node_ready(&sim, "c1-cp-ggggg").await, None);
 }
 
@@ -525,4 +568,245 @@ async fn a_deleted_pod_of_ours_goes_even_when_no_job_pods_are_run() {
             .then_some(())
     })
     .await;
+}
+
+/// A russh client that trusts any host key (these tests are about user keys).
+struct AnyHost;
+
+impl russh::client::Handler for AnyHost {
+    type Error = russh::Error;
+
+    async fn check_server_key(
+        &mut self,
+        _key: &russh::keys::PublicKeyOrCertificate,
+    ) -> Result<bool, Self::Error> {
+        Ok(true)
+    }
+}
+
+/// Whether `key` gets an SSH login as `user` on `ip`.
+async fn ssh_login(ip: std::net::IpAddr, key: &russh::keys::PrivateKey, user: &str) -> bool {
+    let config = std::sync::Arc::new(russh::client::Config::default());
+    let mut session = russh::client::connect(config, (ip, SSH_PORT), AnyHost)
+        .await
+        .expect("connect");
+    session
+        .authenticate_publickey(
+            user,
+            russh::keys::PrivateKeyWithHashAlg::new(std::sync::Arc::new(key.clone()), None),
+        )
+        .await
+        .expect("auth exchange")
+        .success()
+}
+
+/// A server instance like `create_instance`'s, with the project's SSH key `api-key` attached.
+async fn create_instance_with_api_key(c: &oxide::Client, name: &str, user_data: &str) {
+    let body = oxide::types::InstanceCreate::builder()
+        .name(name)
+        .description("api ssh key")
+        .hostname(name)
+        .ncpus(oxide::types::InstanceCpuCount(2))
+        .memory(oxide::types::ByteCount(4 << 30))
+        .external_ips(vec![oxide::types::ExternalIpCreate::Ephemeral {
+            pool_selector: oxide::types::PoolSelector::Auto { ip_version: None },
+        }])
+        .ssh_public_keys(vec![oxide::types::NameOrId::Name(
+            "api-key".parse().unwrap(),
+        )])
+        .user_data(base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            user_data,
+        ));
+    c.instance_create()
+        .project(PROJECT)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn api_ssh_keys_belong_to_the_default_user_and_without_one_log_in_nowhere() {
+    use russh::keys::{Algorithm, PrivateKey};
+    let sim = start().await;
+    let c = client(&sim);
+    let api_key = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519).unwrap();
+    let ours = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519).unwrap();
+    sim.oxide()
+        .seed_ssh_key("api-key", &api_key.public_key().to_openssh().unwrap());
+    let ours_line = ours.public_key().to_openssh().unwrap();
+    let config = first_server_config(TOKEN, "agent-secret", &[]);
+    // `users:` with `default` (sim_support's user-data): the API key is the default user's.
+    let with_default = user_data("server", &config, std::slice::from_ref(&ours_line));
+    assert!(with_default.contains("  - default\n"));
+    // The product's shape: `users:` names only its own user, so there is no default user.
+    let without_default = with_default.replace("  - default\n", "");
+    create_instance_with_api_key(&c, "c1-cp-aaaaa", &with_default).await;
+    create_instance_with_api_key(&c, "c2-cp-bbbbb", &without_default).await;
+    for name in ["c1-cp-aaaaa", "c2-cp-bbbbb"] {
+        wait_console(&c, name, "Cloud-init v. 24.4.1 finished at").await;
+    }
+    let with = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let without = ephemeral_ip(&c, "c2-cp-bbbbb").await;
+
+    // The user-data's own user logs in with its key either way.
+    assert!(ssh_login(with, &ours, "ubuntu").await);
+    assert!(ssh_login(without, &ours, "ubuntu").await);
+    // The API key: the default user (whose name the simulator does not know) on the first...
+    assert!(ssh_login(with, &api_key, "debian").await);
+    // Root gets it only behind the `disable_root` forced command: no usable login.
+    assert!(!ssh_login(with, &api_key, "root").await);
+    // ...and on the second only root's forced "Please login as the user NONE" command: no
+    // usable login as anyone.
+    for user in ["ubuntu", "debian", "root"] {
+        assert!(
+            !ssh_login(without, &api_key, user).await,
+            "the API key must not log in as {user} without a default user"
+        );
+    }
+}
+
+/// Whether the API at `server` answers a client that verifies its certificate for `name`
+/// (the connection's own address when `None`).
+async fn api_verifies(
+    sim: &oxide_sim::SimHandle,
+    server: std::net::IpAddr,
+    name: Option<String>,
+) -> bool {
+    let url = format!("https://{server}:6443");
+    let text = sim.kube().admin_kubeconfig(&url).unwrap();
+    let mut file = kube::config::Kubeconfig::from_yaml(&text).unwrap();
+    for named in &mut file.clusters {
+        named.cluster.as_mut().unwrap().tls_server_name = name.clone();
+    }
+    let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+        .await
+        .unwrap();
+    let client = oxide_controller::adapters::kubeclient::client_from_config(config).unwrap();
+    client.apiserver_version().await.is_ok()
+}
+
+#[tokio::test]
+async fn the_api_certificate_lists_tls_san_and_the_nodes_own_ip_but_no_nat_address() {
+    let sim = start().await;
+    let c = client(&sim);
+    let fip = create_floating_ip(&c, "c1-apiserver").await;
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[fip]).await;
+    let ephemeral = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let private = private_ip(&c, "c1-cp-aaaaa").await;
+
+    // The node's own address (what the guest sees on its NIC) is in the certificate.
+    assert!(api_verifies(&sim, private, None).await);
+    // The ephemeral IP is NAT the guest never sees: k3s (tls-san-security) does not add it...
+    assert!(!api_verifies(&sim, ephemeral, None).await);
+    // ...though the listener is there and the certificate holds for a tls-san entry.
+    assert!(api_verifies(&sim, ephemeral, Some(fip.to_string())).await);
+    assert!(api_verifies(&sim, ephemeral, Some("kubernetes.default.svc".into())).await);
+}
+
+/// Every critical configuration value a joining server's config carries is compared with the
+/// cluster's (its first server's, defaults filled in): a different `agent-token`, or a
+/// `cluster-cidr` the first server left at its default, refuses the join; the same values
+/// written out explicitly (defaults included) do not.
+#[tokio::test]
+async fn a_server_with_any_other_critical_value_is_refused() {
+    let sim = start().await;
+    let c = client(&sim);
+    // first_server_config's agent-token is "agent-secret".
+    create_instance(
+        &c,
+        "c1-cp-aaaaa",
+        &user_data(
+            "server",
+            &first_server_config(TOKEN, "agent-secret", &[]),
+            &[],
+        ),
+    )
+    .await;
+    wait_node_status(&sim, "c1-cp-aaaaa", "True").await;
+    let server_ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let join = format!("server: https://{server_ip}:6443\ntoken: {TOKEN}\n");
+    for (name, extra) in [
+        ("c1-cp-bbbbb", "agent-token: another-agent-secret\n"),
+        ("c1-cp-ccccc", "cluster-cidr: 10.52.0.0/16\n"),
+    ] {
+        create_instance(
+            &c,
+            name,
+            &user_data("server", &format!("{join}{extra}"), &[]),
+        )
+        .await;
+    }
+    let same = format!(
+        "{join}agent-token: agent-secret\ncluster-cidr: 10.42.0.0/16\nflannel-backend: vxlan\ndisable: [traefik]\n"
+    );
+    create_instance(&c, "c1-cp-ddddd", &user_data("server", &same, &[])).await;
+    wait_node_status(&sim, "c1-cp-ddddd", "True").await;
+    for name in ["c1-cp-bbbbb", "c1-cp-ccccc"] {
+        let console = wait_console(&c, name, "critical configuration value mismatch").await;
+        assert!(console.contains("level=fatal"), "{console}");
+        assert!(!console.contains("another-agent-secret"), "{console}");
+        assert_eq!(node_ready(&sim, name).await, None);
+    }
+}
+
+/// A joining server needs the etcd ports (2379-2380) between its private address and the
+/// member servers'; the default `allow-internal-inbound` admits them, a VPC firewall that
+/// admits only the API does not — then k3s exits and systemd retries until a rule admits them.
+/// An agent needs only the API port.
+#[tokio::test]
+async fn a_server_joins_only_once_the_vpc_firewall_admits_etcd_between_servers() {
+    let sim = start_default_firewall(|_| {}).await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c1-cp-aaaaa", TOKEN, &[]).await;
+    let private = private_ip(&c, "c1-cp-aaaaa").await;
+    let rule = |name: &str, ports: &str| oxide::types::VpcFirewallRuleUpdate {
+        action: oxide::types::VpcFirewallRuleAction::Allow,
+        description: String::new(),
+        direction: oxide::types::VpcFirewallRuleDirection::Inbound,
+        filters: oxide::types::VpcFirewallRuleFilter {
+            hosts: Some(vec![oxide::types::VpcFirewallRuleHostFilter::Vpc(
+                "default".parse().unwrap(),
+            )]),
+            ports: Some(vec![ports.parse().unwrap()]),
+            protocols: Some(vec![oxide::types::VpcFirewallRuleProtocol::Tcp]),
+        },
+        name: name.parse().unwrap(),
+        priority: 100,
+        status: oxide::types::VpcFirewallRuleStatus::Enabled,
+        targets: vec![oxide::types::VpcFirewallRuleTarget::Vpc(
+            "default".parse().unwrap(),
+        )],
+    };
+    let set_rules = |rules: Vec<oxide::types::VpcFirewallRuleUpdate>| {
+        c.vpc_firewall_rules_update()
+            .project(PROJECT)
+            .vpc("default")
+            .body(oxide::types::VpcFirewallRuleUpdateParams { rules })
+            .send()
+    };
+    // Only the API inside the VPC (SSH too, for the harness's own probes).
+    set_rules(vec![rule("api", "6443"), rule("ssh", "22")])
+        .await
+        .unwrap();
+
+    let join = format!("server: https://{private}:6443\ntoken: {TOKEN}\n");
+    create_instance(&c, "c1-cp-bbbbb", &user_data("server", &join, &[])).await;
+    let agent = format!("server: https://{private}:6443\ntoken: agent-secret-1\n");
+    create_instance(&c, "c1-workers-aaaaa", &user_data("agent", &agent, &[])).await;
+    wait_node_status(&sim, "c1-workers-aaaaa", "True").await;
+    let console = wait_console(&c, "c1-cp-bbbbb", ":2379: i/o timeout").await;
+    assert!(console.contains("level=fatal"), "{console}");
+    assert!(console.contains(&format!("{private}:2379")), "{console}");
+    assert_eq!(node_ready(&sim, "c1-cp-bbbbb").await, None);
+
+    set_rules(vec![
+        rule("api", "6443"),
+        rule("ssh", "22"),
+        rule("etcd", "2379-2380"),
+    ])
+    .await
+    .unwrap();
+    wait_node_status(&sim, "c1-cp-bbbbb", "True").await;
 }

@@ -123,6 +123,15 @@ async fn a_failed_setup_step_prints_the_marker_and_k3s_never_starts() {
             "download of https://get.k3s.io failed",
         ),
         (
+            // A release GitHub does not have: install.sh's hash download 404s (curl -f, 22)
+            // and it exits 1 with "Download failed".
+            "c1-workers-norel",
+            K3sInstall::Script,
+            "v1.33.99+k3s9",
+            "k3s-install",
+            "exit status 1",
+        ),
+        (
             "c1-workers-oldk3s",
             K3sInstall::Preinstalled,
             "v1.30.0+k3s1",
@@ -164,6 +173,13 @@ async fn a_failed_setup_step_prints_the_marker_and_k3s_never_starts() {
         );
         assert!(!text.contains("Starting k3s"), "{name}: {text}");
     }
+    let norel = console(&c, "c1-workers-norel").await;
+    assert!(
+        norel.contains(
+            "releases/download/v1.33.99+k3s9/sha256sum-amd64.txt\n[ERROR]  Download failed"
+        ),
+        "{norel}"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     for (name, ..) in cases {
         assert_eq!(node_ready(&sim, name).await, None, "{name} never joins");

@@ -58,6 +58,9 @@ fn first_server_user_data_boots_as_a_cluster_init_server_with_our_ssh_key() {
     assert_eq!(k3s.tls_san, vec!["127.100.0.10"]);
     assert_eq!(ud.authorized_keys.len(), 1);
     assert_eq!(ud.authorized_keys[0].user.as_deref(), Some("ubuntu"));
+    // No `default` in `users`: cloud-init makes no default user, so the instance's API keys
+    // would reach no usable account; the product's key is its own user's.
+    assert!(!ud.default_user);
     assert_eq!(
         ud.authorized_keys[0].key.key_data(),
         key.public_key().key_data()

@@ -195,22 +195,28 @@ async fn converge(kubeconfig: &Path, reconcile_once: &Path, max_runs: usize) -> 
 
 /// A kubeconfig like `kubeconfig` that reaches the API through `member`'s own address (in the
 /// cluster the CronJob uses the kubernetes Service, not the floating IP that may be moving).
+/// The address is the member's ephemeral IP, which k3s does not put in its serving certificate
+/// (NAT the guest never sees; `tls-san-security`), so the certificate is verified for the API
+/// floating IP the product passes as `tls-san` (`tls-server-name`), as an operator would.
 fn via_member(env: &Env, kubeconfig: &Path, member: &str) -> PathBuf {
     let ip = instances(env, member)[0]["external_ips"][0]
         .as_str()
         .unwrap()
         .to_owned();
     let fip = &floating_ips(env)["demo-apiserver"].0;
-    let text = std::fs::read_to_string(kubeconfig).unwrap();
+    let mut config = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    for named in &mut config.clusters {
+        let cluster = named.cluster.as_mut().unwrap();
+        assert_eq!(
+            cluster.server.as_deref(),
+            Some(format!("https://{fip}:6443").as_str())
+        );
+        cluster.server = Some(format!("https://{ip}:6443"));
+        cluster.tls_server_name = Some(fip.clone());
+    }
     let path = kubeconfig.with_file_name(format!("kubeconfig-{member}"));
-    std::fs::write(
-        &path,
-        text.replace(
-            &format!("https://{fip}:6443"),
-            &format!("https://{ip}:6443"),
-        ),
-    )
-    .unwrap();
+    // JSON is YAML: any kubeconfig reader takes it.
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
     path
 }
 

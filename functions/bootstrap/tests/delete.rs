@@ -647,20 +647,26 @@ async fn an_api_address_reconcile_re_created_goes_with_the_project() {
     }
     assert_eq!(env.names("floating_ips"), Vec::<String>::new());
 
-    // The kubeconfig, pointed at the server's own (ephemeral) address.
+    // The kubeconfig, pointed at the server's own (ephemeral) address. k3s does not put that
+    // address in its serving certificate (NAT the guest never sees; `tls-san-security`), so the
+    // certificate is verified for the old floating IP, which the product passed as `tls-san`.
     let server_ip = env.dump()["instances"][0]["external_ips"][0]
         .as_str()
         .expect("the server has an address of its own")
         .to_owned();
     let via = env.dir.path().join("via-server.kubeconfig");
-    std::fs::write(
-        &via,
-        std::fs::read_to_string(env.kubeconfig()).unwrap().replace(
-            &format!("https://{old_ip}:6443"),
-            &format!("https://{server_ip}:6443"),
-        ),
-    )
-    .unwrap();
+    let mut config = kube::config::Kubeconfig::read_from(env.kubeconfig()).unwrap();
+    for named in &mut config.clusters {
+        let cluster = named.cluster.as_mut().unwrap();
+        assert_eq!(
+            cluster.server.as_deref(),
+            Some(format!("https://{old_ip}:6443").as_str())
+        );
+        cluster.server = Some(format!("https://{server_ip}:6443"));
+        cluster.tls_server_name = Some(old_ip.clone());
+    }
+    // JSON is YAML: any kubeconfig reader takes it.
+    std::fs::write(&via, serde_json::to_vec(&config).unwrap()).unwrap();
     let client = oxide_controller::adapters::kubeclient::client(Some(&via), Some("demo"))
         .await
         .unwrap();

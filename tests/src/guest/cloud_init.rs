@@ -17,7 +17,8 @@ use super::yaml::{UserDataError, parse_yaml};
 pub const MAX_USER_DATA: usize = 32 * 1024;
 
 /// An SSH key cloud-init installs, with the user it is installed for (`None`: the image's
-/// default user, whose name the simulator cannot know, so any user name matches).
+/// default user, whose name the simulator cannot know, so any user name but root matches;
+/// root has these keys only behind the `disable_root` forced command).
 #[derive(Clone, Debug)]
 pub struct AuthorizedKey {
     /// Account the key is installed for.
@@ -39,6 +40,11 @@ pub struct UserData {
     pub k3s: Option<K3sConfig>,
     /// SSH keys from `users[].ssh_authorized_keys` and top-level `ssh_authorized_keys`.
     pub authorized_keys: Vec<AuthorizedKey>,
+    /// Whether there is a default user: the image's `users: [default]` applies unless the
+    /// user-data sets `users`, which then needs a `default` entry (or the legacy `user:` key).
+    /// Without one, the keys meant for the default user (the instance's API keys and the
+    /// top-level `ssh_authorized_keys`) go only to root, behind the `disable_root` refusal.
+    pub default_user: bool,
     /// Files from `write_files` (decoded), by path.
     pub files: BTreeMap<String, Vec<u8>>,
     /// A `runcmd` step writes a k3s drop-in `kubelet-arg+: [provider-id=<prefix><uuid>]` from
@@ -68,15 +74,54 @@ impl std::fmt::Debug for UserData {
     }
 }
 
+/// cloud-init's content type for user-data that is not MIME multipart, by how it begins
+/// (`INCLUSION_TYPES_MAP`, cloud-init@04eacd0 `cloudinit/handlers/__init__.py:41-58`).
+const INCLUSION_TYPES: [(&str, &str); 12] = [
+    ("#include", "text/x-include-url"),
+    ("#include-once", "text/x-include-once-url"),
+    ("#!", "text/x-shellscript"),
+    ("#cloud-config", "text/cloud-config"),
+    ("#part-handler", "text/part-handler"),
+    ("#cloud-boothook", "text/cloud-boothook"),
+    ("#cloud-config-archive", "text/cloud-config-archive"),
+    ("#cloud-config-jsonp", "text/cloud-config-jsonp"),
+    ("## template: jinja", "text/jinja2"),
+    ("text/x-shellscript-per-boot", "text/x-shellscript-per-boot"),
+    (
+        "text/x-shellscript-per-instance",
+        "text/x-shellscript-per-instance",
+    ),
+    ("text/x-shellscript-per-once", "text/x-shellscript-per-once"),
+];
+
+/// The type of user-data that begins with none of the prefixes (`NOT_MULTIPART_TYPE`).
+const NOT_MULTIPART: &str = "text/x-not-multipart";
+
+/// cloud-init's `type_from_starts_with`: lower-cased, leading whitespace stripped, the longest
+/// matching prefix wins (`INCLUSION_SRCH`; cloud-init@04eacd0
+/// `cloudinit/handlers/__init__.py:60-63,291-300`).
+fn content_type(text: &str) -> &'static str {
+    let lower = text.to_lowercase();
+    let lower = lower.trim_start();
+    let mut prefixes = INCLUSION_TYPES;
+    prefixes.sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
+    prefixes
+        .iter()
+        .find(|(prefix, _)| lower.starts_with(prefix))
+        .map_or(NOT_MULTIPART, |(_, ty)| ty)
+}
+
 /// Validates and parses user-data the way cloud-init and k3s read it.
 pub fn parse_user_data(bytes: &[u8]) -> Result<UserData, UserDataError> {
     if bytes.len() > MAX_USER_DATA {
         return Err(UserDataError::TooLarge(bytes.len()));
     }
     let text = std::str::from_utf8(bytes).map_err(|_| UserDataError::NotUtf8)?;
-    let first_line = text.lines().next().unwrap_or("");
-    if first_line.trim_end() != "#cloud-config" {
-        return Err(UserDataError::NoHeader);
+    match content_type(text) {
+        "text/cloud-config" => {}
+        "text/x-shellscript" => return Err(UserDataError::ShellScript),
+        NOT_MULTIPART => return Err(UserDataError::NoHeader),
+        other => return Err(UserDataError::Unmodelled(other)),
     }
     let doc = parse_yaml(text).map_err(|(line, column)| UserDataError::Yaml { line, column })?;
     let Value::Object(map) = doc else {
@@ -108,6 +153,7 @@ pub fn parse_user_data(bytes: &[u8]) -> Result<UserData, UserDataError> {
         out.k3s = Some(cfg);
     }
     out.authorized_keys = parse_authorized_keys(&map)?;
+    out.default_user = has_default_user(&map);
     if let Some(bootcmd) = map.get("bootcmd") {
         out.bootcmd = command_lines("bootcmd", bootcmd)?;
     }
@@ -217,6 +263,33 @@ fn parse_write_files(value: &Value) -> Result<BTreeMap<String, Vec<u8>>, UserDat
         }
     }
     Ok(files)
+}
+
+/// Whether cloud-init ends up with a default user. The user-data's `users` replaces the
+/// image's `users: [default]` (cloud-init@04eacd0 `config/cloud.cfg.tmpl:40-46`); `default`
+/// names the default user in a list, a comma-separated string or a mapping, and a legacy
+/// `user:` adds it (`cloudinit/distros/ug_util.py:167-240` `normalize_users_groups`, `:74-119`
+/// `_normalize_users`).
+fn has_default_user(map: &serde_json::Map<String, Value>) -> bool {
+    let named = |s: &str| s.split(',').any(|u| u.trim() == "default");
+    if map
+        .get("user")
+        .is_some_and(|u| !u.is_null() && u.as_str() != Some(""))
+    {
+        return true;
+    }
+    match map.get("users") {
+        None => true,
+        Some(Value::Array(users)) => users.iter().any(|u| match u {
+            Value::String(s) => named(s),
+            Value::Array(list) => list.iter().any(|v| v.as_str().is_some_and(named)),
+            Value::Object(m) => m.get("name").is_none_or(|n| n.as_str() == Some("default")),
+            _ => false,
+        }),
+        Some(Value::String(s)) => named(s),
+        Some(Value::Object(m)) => m.contains_key("default"),
+        Some(_) => false,
+    }
 }
 
 fn parse_authorized_keys(
@@ -338,10 +411,48 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn user_data_without_the_cloud_config_header_is_refused() {
+    fn user_data_is_classified_with_cloud_inits_prefix_table() {
+        // No known prefix: cloud-init warns and ignores it.
+        assert_eq!(
+            parse_user_data(b"token: x\n").unwrap_err(),
+            UserDataError::NoHeader
+        );
+        // `#!` is a script cloud-init runs, not user-data it ignores.
         assert_eq!(
             parse_user_data(b"#!/bin/sh\necho hi\n").unwrap_err(),
-            UserDataError::NoHeader
+            UserDataError::ShellScript
+        );
+        assert_eq!(content_type("#!/bin/sh\n"), "text/x-shellscript");
+        // Longest prefix first, case-insensitive, after leading whitespace.
+        assert_eq!(
+            content_type("#cloud-config-archive\n"),
+            "text/cloud-config-archive"
+        );
+        assert_eq!(content_type("#include-once\nx"), "text/x-include-once-url");
+        assert_eq!(content_type("\n  #Cloud-Config\n"), "text/cloud-config");
+        assert_eq!(
+            parse_user_data(b"#cloud-boothook\necho hi\n").unwrap_err(),
+            UserDataError::Unmodelled("text/cloud-boothook")
+        );
+        let parsed = parse_user_data(b"\n#Cloud-Config\nhostname: a\n").unwrap();
+        assert!(parsed.default_user);
+    }
+
+    #[test]
+    fn a_users_list_without_default_leaves_no_default_user() {
+        assert!(ud("hostname: a\n").unwrap().default_user);
+        assert!(ud("users: [default]\n").unwrap().default_user);
+        assert!(
+            ud("users:\n  - default\n  - name: ubuntu\n")
+                .unwrap()
+                .default_user
+        );
+        assert!(!ud("users:\n  - name: ubuntu\n").unwrap().default_user);
+        assert!(!ud("users: []\n").unwrap().default_user);
+        assert!(
+            ud("user: admin\nusers:\n  - name: ubuntu\n")
+                .unwrap()
+                .default_user
         );
     }
 

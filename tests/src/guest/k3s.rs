@@ -171,14 +171,18 @@ impl Inner {
         match (check_token(token, &accepted, &cluster.ca_hash), role) {
             // A joining server fetches the cluster's critical configuration values and exits
             // when one differs from its own (see FIDELITY: k3s `compareConfig`).
-            (TokenCheck::Ok, Role::Server)
-                if k3s.disable_cloud_controller != cluster.disable_cloud_controller =>
-            {
+            (TokenCheck::Ok, Role::Server) if critical_mismatch(k3s, cluster) => {
                 Decision::Fatal(format!(
                     "{PREPARING}: failed to bootstrap cluster data: failed to validate server configuration: critical configuration value mismatch between servers"
                 ))
             }
-            (TokenCheck::Ok, _) => Decision::Join(cluster.creator),
+            (TokenCheck::Ok, Role::Server) => match self.etcd_blocked(&st, id, cluster.creator) {
+                Some(peer) => Decision::Fatal(format!(
+                    "{PREPARING}: failed to get etcd status: dial tcp {peer}: i/o timeout"
+                )),
+                None => Decision::Join(cluster.creator),
+            },
+            (TokenCheck::Ok, Role::Agent) => Decision::Join(cluster.creator),
             (TokenCheck::CaHashMismatch, Role::Server) => Decision::Fatal(format!(
                 "{PREPARING}: failed to validate token: {CA_MISMATCH}"
             )),
@@ -192,6 +196,34 @@ impl Inner {
                 "Failed to validate connection to cluster at {url}: {url}/v1-k3s/client-ca.crt: 401 Unauthorized"
             )),
         }
+    }
+
+    /// The first etcd address the VPC firewall keeps a joining server `id` from: servers of an
+    /// embedded-etcd cluster talk on 2379-2380 between each other (k3s docs, "Inbound Rules
+    /// for K3s Nodes"). The joiner reaches every running member server's private address on
+    /// 2379 (client, member add) and 2380 (peer), and each of them reaches its own on 2380.
+    fn etcd_blocked(&self, st: &super::State, id: Uuid, cluster: Uuid) -> Option<SocketAddr> {
+        let oxide = self.oxide.get()?;
+        let joiner = st.vms.get(&id)?.private_ip?;
+        let blocked = |from: Uuid, to: SocketAddr| {
+            oxide.tcp_admitted(crate::oxide::Peer::Instance(from), to) == Some(false)
+        };
+        st.vms.iter().find_map(|(peer, vm)| {
+            let member_server = *peer != id
+                && vm.member
+                && vm.running
+                && vm.cluster == Some(cluster)
+                && vm.user_data.as_ref().and_then(|u| u.role) == Some(Role::Server);
+            let ip = vm.private_ip.filter(|_| member_server)?;
+            [2379, 2380]
+                .into_iter()
+                .map(|port| SocketAddr::new(ip, port))
+                .find(|to| blocked(id, *to))
+                .or_else(|| {
+                    let back = SocketAddr::new(joiner, 2380);
+                    blocked(*peer, back).then_some(back)
+                })
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -231,7 +263,11 @@ impl Inner {
                             api,
                             ca_hash,
                             seq,
-                            disable_cloud_controller: k3s.disable_cloud_controller,
+                            critical: super::k3s_config::CRITICAL_KEYS
+                                .iter()
+                                .filter(|(key, _)| *key != "agent-token")
+                                .map(|(key, _)| (key.to_string(), k3s.critical_value(key)))
+                                .collect(),
                         },
                     );
                     self.run_node_removal_handlers(id);
@@ -283,6 +319,21 @@ impl Inner {
         }
         tracing::info!(instance = %id, ?role, created = create, "k3s joined");
     }
+}
+
+/// Whether a joining server's critical configuration values differ from its cluster's: every
+/// critical key either side sets, defaults filled in; `agent-token` only when the joiner sets
+/// it (compared with the cluster's agent token).
+fn critical_mismatch(k3s: &K3sConfig, cluster: &super::Cluster) -> bool {
+    let agent_token = k3s
+        .critical
+        .get("agent-token")
+        .is_some_and(|t| *t != cluster.agent_token);
+    agent_token
+        || cluster
+            .critical
+            .iter()
+            .any(|(key, value)| k3s.critical_value(key) != *value)
 }
 
 fn random_token() -> String {

@@ -61,6 +61,46 @@ pub struct K3sConfig {
     /// line (see [`K3sConfig::node_args`]); in key order within a file, where k3s keeps the
     /// file's order (the simulator's YAML reader sorts keys).
     pub config_args: Vec<(String, Vec<String>)>,
+    /// The critical configuration values this config sets (key → value as written, lists
+    /// joined with `,`; `disable` only as whether it names `servicelb`), for comparison
+    /// with the cluster's: see [`CRITICAL_KEYS`].
+    pub critical: std::collections::BTreeMap<String, String>,
+}
+
+/// k3s's critical configuration values, which "must be set to the same value on all servers
+/// in the cluster" (new servers fail to join otherwise), with k3s's default for each
+/// (`k3s-io/docs@428ec4c:docs/cli/server.md:14-31`, defaults from the same page's tables).
+/// `disable=servicelb` is tracked as `disable` (`"servicelb"` when named); `agent-token` has
+/// no default (the cluster's own agent token is compared instead).
+pub const CRITICAL_KEYS: [(&str, &str); 14] = [
+    ("agent-token", ""),
+    ("cluster-cidr", "10.42.0.0/16"),
+    ("cluster-dns", "10.43.0.10"),
+    ("cluster-domain", "cluster.local"),
+    ("disable-cloud-controller", "false"),
+    ("disable-helm-controller", "false"),
+    ("disable-network-policy", "false"),
+    ("disable", ""),
+    ("egress-selector-mode", "agent"),
+    ("flannel-backend", "vxlan"),
+    ("flannel-external-ip", "false"),
+    ("flannel-ipv6-masq", "false"),
+    ("secrets-encryption", "false"),
+    ("service-cidr", "10.43.0.0/16"),
+];
+
+impl K3sConfig {
+    /// The value of critical key `key` this server runs with: what its config says, else
+    /// k3s's default.
+    pub fn critical_value(&self, key: &str) -> String {
+        self.critical.get(key).cloned().unwrap_or_else(|| {
+            CRITICAL_KEYS
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, d)| (*d).to_string())
+                .unwrap_or_default()
+        })
+    }
 }
 
 impl std::fmt::Debug for K3sConfig {
@@ -79,6 +119,14 @@ impl std::fmt::Debug for K3sConfig {
             .field("node_taint", &self.node_taint)
             .field("kubelet_arg", &self.kubelet_arg)
             .field("disable_cloud_controller", &self.disable_cloud_controller)
+            .field(
+                "critical",
+                &self
+                    .critical
+                    .keys()
+                    .filter(|k| *k != "agent-token")
+                    .collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -171,6 +219,40 @@ pub(super) fn merge_k3s_config(cfg: &mut K3sConfig, content: &[u8]) -> Result<()
             Some((_, have)) => have.extend(values),
             None if matches!(v, Value::Array(a) if a.is_empty()) => {}
             None => cfg.config_args.push((key.to_owned(), values)),
+        }
+        if CRITICAL_KEYS.iter().any(|(k, _)| *k == key) {
+            let value = if key == "disable" {
+                // Only servicelb must match; other packaged components may differ per server.
+                let mut names = string_list(key, v)?
+                    .into_iter()
+                    .flat_map(|e| {
+                        e.split(',')
+                            .map(|n| n.trim().to_string())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect::<Vec<_>>();
+                if append {
+                    names.extend(
+                        cfg.critical
+                            .get("disable")
+                            .filter(|d| !d.is_empty())
+                            .cloned(),
+                    );
+                }
+                if names.iter().any(|n| n == "servicelb") {
+                    "servicelb".to_string()
+                } else {
+                    String::new()
+                }
+            } else {
+                let items = string_list(key, v)?;
+                let mut joined = items.join(",");
+                if append && let Some(before) = cfg.critical.get(key).filter(|b| !b.is_empty()) {
+                    joined = format!("{before},{joined}");
+                }
+                joined
+            };
+            cfg.critical.insert(key.to_string(), value);
         }
         match key {
             "server" => cfg.server = Some(scalar_string(key, v)?),

@@ -689,7 +689,16 @@ impl Inner {
                         ));
                     }
                 }
-                SetupStep::K3sInstall { url, .. } => download(url)?,
+                SetupStep::K3sInstall { url, version, .. } => {
+                    download(url)?;
+                    // install.sh (`set -e`) exits 1 when the release's hash file 404s.
+                    if let Some(version) = version
+                        && !setup_script::k3s_release_exists(version, &self.cfg.k3s_version)
+                    {
+                        self.console(id, &setup_script::missing_release_lines(version));
+                        return Err(SetupEnd::Failed(step.name(), "exit status 1".into()));
+                    }
+                }
                 SetupStep::K3sVersion { expected } => {
                     // The image's k3s is the simulator's configured release.
                     let have = &self.cfg.k3s_version;

@@ -87,7 +87,8 @@ impl Inner {
     /// SANs of the API serving certificate, as k3s builds them: loopback and in-cluster names,
     /// the node's own addresses, and every `tls-san` of the cluster's servers. A floating IP is
     /// NAT in front of the VM (the guest never sees it), so it is in the certificate only when
-    /// some server lists it in `tls-san` — exactly as on a real rack.
+    /// some server lists it in `tls-san` — exactly as on a real rack. The same holds for an
+    /// ephemeral IP.
     fn serving_sans(&self, st: &State, vm: &Vm) -> Vec<String> {
         let mut sans: BTreeSet<String> = [
             "127.0.0.1",
@@ -103,7 +104,8 @@ impl Inner {
         .map(str::to_string)
         .collect();
         sans.insert(vm.hostname.clone());
-        sans.extend(vm.ephemeral_ips.iter().map(|ip| ip.to_string()));
+        // No ephemeral IP: like a floating IP it is NAT in front of the VM, the guest never
+        // sees it, and k3s >= 1.28 (`tls-san-security`) adds no address it was not given.
         // k3s puts the node's own address (the NIC's private IP) in the certificate too.
         sans.extend(vm.private_ip.map(|ip| ip.to_string()));
         for other in st.vms.values() {

@@ -173,9 +173,10 @@ struct Cluster {
     ca_hash: String,
     /// Order of creation (the first cluster is the simulator's primary one).
     seq: u64,
-    /// The first server's `disable-cloud-controller`: a critical configuration value every
+    /// The first server's critical configuration values (every key of
+    /// [`k3s_config::CRITICAL_KEYS`] but `agent-token`, defaults filled in), which every
     /// joining server must match.
-    disable_cloud_controller: bool,
+    critical: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Default)]

@@ -300,6 +300,30 @@ pub(super) fn per_boot_setup_check(
     })
 }
 
+/// The k3s releases the simulator's GitHub has: the product's default, the ones the tests
+/// install, and the simulator's configured version (see [`k3s_release_exists`]). Any other
+/// `INSTALL_K3S_VERSION` is a release that does not exist.
+pub const K3S_RELEASES: [&str; 4] = [
+    "v1.33.4+k3s1",
+    "v1.33.1+k3s1",
+    "v1.30.0+k3s1",
+    "v1.34.1+k3s1",
+];
+
+/// Whether install.sh finds release `version` (one of [`K3S_RELEASES`] or `configured`).
+pub fn k3s_release_exists(version: &str, configured: &str) -> bool {
+    version == configured || K3S_RELEASES.contains(&version)
+}
+
+/// What install.sh prints before it exits 1 for a release that does not exist: its
+/// `download_hash` fetches `sha256sum-<arch>.txt` of the release with `curl -sfL` (exit 22 on
+/// the 404) and `download` then calls `fatal 'Download failed'`.
+pub fn missing_release_lines(version: &str) -> String {
+    format!(
+        "[INFO]  Using {version} as release\n[INFO]  Downloading hash https://github.com/k3s-io/k3s/releases/download/{version}/sha256sum-amd64.txt\n[ERROR]  Download failed\n"
+    )
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {

@@ -33,6 +33,16 @@ impl Inner {
                 .filter_map(|k| parse_public_key(k))
                 .map(|key| AuthorizedKey { user: None, key }),
         );
+        // cc_ssh gives the instance's keys and the top-level `ssh_authorized_keys` to the default
+        // user and to root behind the `disable_root` forced command ("Please login as the user
+        // …", exit 142). Without a default user they reach root only, where that command ends
+        // every session: no usable login (cloud-init@04eacd0 `cloudinit/config/cc_ssh.py:231-271`,
+        // `cloudinit/ssh_util.py:60-65`). User-data cloud-init did not read as cloud-config
+        // leaves the image's default user in place.
+        let default_user = vm.user_data.as_ref().is_none_or(|u| u.default_user);
+        if !default_user {
+            keys.retain(|k| k.user.is_some());
+        }
         let files = vm
             .user_data
             .as_ref()
@@ -70,7 +80,8 @@ struct VmBackend {
 impl SshBackend for VmBackend {
     fn authorized(&self, user: &str, key: &russh::keys::PublicKey) -> bool {
         let ok = self.keys.iter().any(|k| {
-            k.user.as_deref().is_none_or(|u| u == user) && k.key.key_data() == key.key_data()
+            k.user.as_deref().map_or(user != "root", |u| u == user)
+                && k.key.key_data() == key.key_data()
         });
         if ok && let Some(inner) = self.boot.upgrade() {
             let mut st = inner.state();

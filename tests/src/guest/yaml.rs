@@ -15,11 +15,24 @@ pub enum UserDataError {
     /// Not valid UTF-8.
     #[error("user-data is not valid UTF-8 text; ignoring it")]
     NotUtf8,
-    /// Does not start with the `#cloud-config` header.
+    /// Begins with none of cloud-init's known prefixes (`text/x-not-multipart`): cloud-init
+    /// warns and does nothing with it.
     #[error(
         "Unhandled non-multipart (text/x-not-multipart) userdata: user-data does not start with '#cloud-config'; ignoring it"
     )]
     NoHeader,
+    /// A `#!` script (`text/x-shellscript`): cloud-init runs it once, in the final stage
+    /// (`scripts_user`). The simulator runs no shell, so nothing the script does happens here.
+    #[error(
+        "simulator: user-data is a shell script (text/x-shellscript), which cloud-init runs in scripts_user; the simulator runs no shell, so none of its effects happen"
+    )]
+    ShellScript,
+    /// Another content type cloud-init handles (`#include`, `#cloud-boothook`, …) that the
+    /// simulator does not model.
+    #[error(
+        "simulator: user-data of type {0} is handled by cloud-init but not modelled by the simulator"
+    )]
+    Unmodelled(&'static str),
     /// Not parseable YAML.
     #[error("Failed loading yaml blob. Invalid format at line {line} column {column}")]
     Yaml {
