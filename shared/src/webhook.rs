@@ -359,18 +359,39 @@ async fn dispatch<S: StateStore, C: Cluster>(
         (Route::Status, &Method::GET) => status_json(deps).await,
         (Route::Reconcile, &Method::POST) => reconcile_now(deps).await,
         (Route::Count(pool), &Method::GET) => get_count(deps, pool, req.headers()).await,
+        (Route::Autoscale(pool), &Method::GET) => {
+            let b = scale::observe_autoscale(&deps.state, Some(pool), &deps.specs).await?;
+            Ok(json(200, &serde_json::json!(b)))
+        }
+        (Route::Count(_) | Route::Autoscale(_) | Route::Modify(_), _) => {
+            match spec_change(route, method, req)? {
+                Some((change, legacy)) => commit_change(deps, change, legacy).await,
+                None => Err(WebhookError::MethodNotAllowed {
+                    allow: route.allow(),
+                }),
+            }
+        }
+        _ => Err(WebhookError::MethodNotAllowed {
+            allow: route.allow(),
+        }),
+    }
+}
+
+/// The spec change a write request asks for, and whether it is the ancestor's legacy route
+/// (answered in text); `None` for a method the route does not write with.
+fn spec_change(
+    route: &Route,
+    method: &Method,
+    req: &Request<Bytes>,
+) -> Result<Option<(scale::SpecChange, bool)>, WebhookError> {
+    Ok(Some(match (route, method) {
         (Route::Count(pool), &Method::PUT) => {
             require_content_type(req.headers(), &["application/json"], "application/json")?;
             let body: SetBody = parse_json(
                 req.body(),
                 r#"a JSON object {"count": N} with a whole number N"#,
             )?;
-            commit_change(
-                deps,
-                count_change(pool, CountChange::Set(body.count)),
-                false,
-            )
-            .await
+            (count_change(pool, CountChange::Set(body.count)), false)
         }
         (Route::Count(pool), &Method::PATCH) => {
             require_content_type(
@@ -382,25 +403,15 @@ async fn dispatch<S: StateStore, C: Cluster>(
                 req.body(),
                 r#"a JSON object {"delta": N} with a whole number N, e.g. {"delta": -1}"#,
             )?;
-            commit_change(
-                deps,
-                count_change(pool, CountChange::Add(body.delta)),
-                false,
-            )
-            .await
-        }
-        (Route::Autoscale(pool), &Method::GET) => {
-            let b = scale::observe_autoscale(&deps.state, Some(pool), &deps.specs).await?;
-            Ok(json(200, &serde_json::json!(b)))
+            (count_change(pool, CountChange::Add(body.delta)), false)
         }
         (Route::Autoscale(pool), &Method::PUT) => {
             require_content_type(req.headers(), &["application/json"], "application/json")?;
-            let body = parse_autoscale_body(req.body())?;
             let change = scale::SpecChange::Autoscale {
                 pool: Some(pool.clone()),
-                change: body,
+                change: parse_autoscale_body(req.body())?,
             };
-            commit_change(deps, change, false).await
+            (change, false)
         }
         (Route::Modify(pool), &Method::POST) => {
             // What the ancestor's callers send: no type, text, its documented `application/text`,
@@ -416,12 +427,10 @@ async fn dispatch<S: StateStore, C: Cluster>(
                 "text/plain",
             )?;
             let count = parse_count_text(req.body())?;
-            commit_change(deps, count_change(pool, CountChange::Set(count)), true).await
+            (count_change(pool, CountChange::Set(count)), true)
         }
-        _ => Err(WebhookError::MethodNotAllowed {
-            allow: route.allow(),
-        }),
-    }
+        _ => return Ok(None),
+    }))
 }
 
 fn check_size(req: &Request<Bytes>) -> Result<(), WebhookError> {
