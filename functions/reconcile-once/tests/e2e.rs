@@ -225,17 +225,29 @@ impl Env {
             })
             .and_then(|ip| ip.as_str().map(str::to_owned))
             .unwrap_or_else(|| panic!("no address for {member}"));
-        let text = std::fs::read_to_string(&self.kubeconfig).unwrap_or_default();
+        // k3s does not put the member's ephemeral (NAT) address in its serving certificate
+        // (`tls-san-security`), so the certificate is verified for the API floating IP the
+        // product passes as `tls-san` (`tls-server-name`), as an operator would.
         let fip = self.fip_address();
+        let mut config =
+            kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap_or_else(|e| panic!("{e}"));
+        for named in &mut config.clusters {
+            if let Some(cluster) = named.cluster.as_mut() {
+                assert_eq!(
+                    cluster.server.as_deref(),
+                    Some(format!("https://{fip}:6443").as_str())
+                );
+                cluster.server = Some(format!("https://{ip}:6443"));
+                cluster.tls_server_name = Some(fip.clone());
+            }
+        }
         let path = self
             .kubeconfig
             .with_file_name(format!("kubeconfig-{member}"));
+        // JSON is YAML: any kubeconfig reader takes it.
         std::fs::write(
             &path,
-            text.replace(
-                &format!("https://{fip}:6443"),
-                &format!("https://{ip}:6443"),
-            ),
+            serde_json::to_vec(&config).unwrap_or_else(|e| panic!("{e}")),
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let client = oxide_controller::adapters::kubeclient::client(Some(&path), None)
