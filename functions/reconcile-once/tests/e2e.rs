@@ -1308,22 +1308,7 @@ async fn an_unrecorded_cluster_records_what_its_servers_run_not_the_edited_spec(
 /// Job from the shipped CronJob template is still scheduled by the real scheduler and runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconcile_job_runs_on_nodes_the_ccm_never_initialised() {
-    let bin_dir = Path::new(BIN)
-        .parent()
-        .unwrap_or_else(|| panic!("bin dir"))
-        .to_path_buf();
-    let sim = Sim::start(SimOptions {
-        ssh_port: 2222,
-        preset: Some(Preset::Cluster {
-            control_plane: 1,
-            workers: 1,
-        }),
-        kubernetes: ControlPlaneOptions::default(),
-        job_binaries: Some(bin_dir),
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("simulator: {e:#}"));
+    let sim = job_sim(1, 1).await;
     let kube = sim.kube();
     support::install_suspended(&kube).await;
     // The preset's kubelets run without `cloud-provider=external`: give every Node the taint
@@ -1697,22 +1682,7 @@ async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
-    let bin_dir = Path::new(BIN)
-        .parent()
-        .unwrap_or_else(|| panic!("bin dir"))
-        .to_path_buf();
-    let sim = Sim::start(SimOptions {
-        ssh_port: 2222,
-        preset: Some(Preset::Cluster {
-            control_plane: 1,
-            workers: 2,
-        }),
-        kubernetes: ControlPlaneOptions::default(),
-        job_binaries: Some(bin_dir),
-        ..SimOptions::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("simulator: {e:#}"));
+    let sim = job_sim(1, 2).await;
     let kubeconfig = sim
         .kubeconfig
         .clone()
@@ -1784,4 +1754,24 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
     // A run elsewhere finishes the removal.
     env.converge(6).await;
     assert!(!node_names(&env).await.contains(&victim));
+}
+
+/// A simulator with a preset cluster whose Jobs the simulator runs from our binaries.
+async fn job_sim(control_plane: u32, workers: u32) -> oxide_sim::SimHandle {
+    let bin_dir = Path::new(BIN)
+        .parent()
+        .unwrap_or_else(|| panic!("bin dir"))
+        .to_path_buf();
+    Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane,
+            workers,
+        }),
+        kubernetes: ControlPlaneOptions::default(),
+        job_binaries: Some(bin_dir),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("simulator: {e:#}"))
 }
