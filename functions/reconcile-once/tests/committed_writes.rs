@@ -13,17 +13,6 @@ use serde_json::Value;
 #[path = "support/pending.rs"]
 mod support;
 
-async fn lease(sim: &SimHandle) -> Option<Value> {
-    sim.kube()
-        .get(
-            "coordination.k8s.io/v1",
-            "Lease",
-            Some("kube-system"),
-            "oxide-controller",
-        )
-        .await
-}
-
 async fn reconcile(kubeconfig: &Path) -> (Option<i32>, String) {
     let out = tokio::process::Command::new(support::RECONCILE)
         .arg("--kubeconfig")
@@ -96,13 +85,15 @@ async fn lease_and_status_writes_answered_504_after_they_landed_are_not_lost_or_
             "oxide-controller",
         )
         .await;
-    assert!(lease(&sim).await.is_none());
+    assert!(support::lease(&sim).await.is_none());
     after(&sim, &[("create leases", 1)]);
     let (code, log) = reconcile(&kubeconfig).await;
     assert_eq!(code, Some(0), "{log}");
     assert!(all_fired(&sim), "the Lease create was answered 504");
     assert_eq!(stored_run_id(&sim).await, Some(run_id(&log)), "{log}");
-    let held = lease(&sim).await.unwrap_or_else(|| panic!("a Lease"));
+    let held = support::lease(&sim)
+        .await
+        .unwrap_or_else(|| panic!("a Lease"));
     assert!(
         held["spec"]["holderIdentity"].is_null(),
         "left free: {held}"
@@ -114,7 +105,9 @@ async fn lease_and_status_writes_answered_504_after_they_landed_are_not_lost_or_
     assert_eq!(code, Some(0), "{log}");
     assert!(all_fired(&sim), "{:?}", sim.faults().get().kube_after);
     assert_eq!(stored_run_id(&sim).await, Some(run_id(&log)), "{log}");
-    let held = lease(&sim).await.unwrap_or_else(|| panic!("a Lease"));
+    let held = support::lease(&sim)
+        .await
+        .unwrap_or_else(|| panic!("a Lease"));
     assert!(
         held["spec"]["holderIdentity"].is_null(),
         "left free: {held}"

@@ -31,13 +31,7 @@ fn workers(sim: &SimHandle) -> Vec<String> {
 }
 
 async fn lease_holder(sim: &SimHandle) -> Option<String> {
-    sim.kube()
-        .get(
-            "coordination.k8s.io/v1",
-            "Lease",
-            Some("kube-system"),
-            "oxide-controller",
-        )
+    support::lease(sim)
         .await
         .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_owned))
 }

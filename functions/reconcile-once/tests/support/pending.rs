@@ -249,6 +249,18 @@ pub async fn deployment(sim: &SimHandle, name: &str, replicas: u32, cpu: &str) {
 
 /// Applies the in-cluster manifests ([`manifests`]) with the CronJob suspended, so the only
 /// reconcile runs are the Jobs a test starts.
+/// The reconcile Lease `kube-system/oxide-controller`, if any.
+pub async fn lease(sim: &SimHandle) -> Option<Value> {
+    sim.kube()
+        .get(
+            "coordination.k8s.io/v1",
+            "Lease",
+            Some("kube-system"),
+            "oxide-controller",
+        )
+        .await
+}
+
 pub async fn install_suspended(kube: &oxide_sim::guest::cluster_api::KubeView) {
     for mut v in manifests() {
         if v["kind"] == "CronJob" {
