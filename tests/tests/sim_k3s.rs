@@ -25,13 +25,23 @@ async fn first_server_creates_the_cluster_and_becomes_a_ready_node() {
     assert_eq!(labels["kubernetes.io/os"], "linux");
     assert_eq!(labels["oxide-controller/pool"], "control-plane");
     assert_eq!(node["status"]["nodeInfo"]["kubeletVersion"], "v1.33.4+k3s1");
-    let ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    // k3s's node IP is the address of the default route's interface: the NIC's private
+    // address in 172.30.0.0/22, as the rack reports it (the external addresses are NAT).
+    let ip = private_ip(&c, "c1-cp-aaaaa").await;
+    assert!(
+        ip.to_string().starts_with("172.30."),
+        "the NIC's address is the subnet's: {ip}"
+    );
     let addresses = node["status"]["addresses"].as_array().unwrap();
     assert!(
         addresses
             .iter()
             .any(|a| a["type"] == "InternalIP" && a["address"] == ip.to_string()),
-        "InternalIP is the instance's external IP: {addresses:?}"
+        "InternalIP is the NIC's private address {ip}: {addresses:?}"
+    );
+    assert_eq!(
+        node["metadata"]["annotations"]["k3s.io/internal-ip"],
+        ip.to_string()
     );
 
     // cloud-init prints the host keys after runcmd, once the k3s install step returned.
@@ -696,8 +706,14 @@ async fn the_api_certificate_lists_tls_san_and_the_nodes_own_ip_but_no_nat_addre
     let ephemeral = ephemeral_ip(&c, "c1-cp-aaaaa").await;
     let private = private_ip(&c, "c1-cp-aaaaa").await;
 
-    // The node's own address (what the guest sees on its NIC) is in the certificate.
-    assert!(api_verifies(&sim, private, None).await);
+    // The node's own address (what the guest sees on its NIC) is in the certificate; the
+    // connection goes where that address lives here (its loopback stand-in).
+    let std::net::IpAddr::V4(rack) = private else {
+        panic!("{private} is not IPv4")
+    };
+    let reach = sim.oxide().private_loopback(PROJECT, rack).unwrap();
+    assert!(api_verifies(&sim, reach.into(), Some(private.to_string())).await);
+    assert!(!api_verifies(&sim, reach.into(), Some("172.30.0.99".into())).await);
     // The ephemeral IP is NAT the guest never sees: k3s (tls-san-security) does not add it...
     assert!(!api_verifies(&sim, ephemeral, None).await);
     // ...though the listener is there and the certificate holds for a tls-san entry.

@@ -58,6 +58,15 @@ fn subtle_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Host and port of a `https://HOST:PORT` server URL.
+/// The loopback stand-in of `ip` when it is an address of the VPC subnet of a guest whose
+/// NIC is `own` (rack view) on `own_loopback`.
+fn in_own_vpc(ip: IpAddr, own: IpAddr, own_loopback: IpAddr) -> Option<IpAddr> {
+    let (IpAddr::V4(ip), IpAddr::V4(own), IpAddr::V4(lo)) = (ip, own, own_loopback) else {
+        return None;
+    };
+    crate::oxide::subnet::VpcSubnet::peer_loopback(ip, own, lo).map(IpAddr::V4)
+}
+
 fn parse_server_url(url: &str) -> Option<(String, u16)> {
     let rest = url.strip_prefix("https://")?;
     let authority = rest.split('/').next()?;
@@ -146,6 +155,13 @@ impl Inner {
         let Ok(ip) = host.parse::<IpAddr>() else {
             return unreachable(format!("dial tcp: lookup {host}: no such host"));
         };
+        // A private address names a NIC in the joiner's own VPC (every project's subnet is
+        // 172.30.0.0/22); the connection goes to that NIC's loopback stand-in.
+        let ip = st
+            .vms
+            .get(&id)
+            .and_then(|vm| in_own_vpc(ip, vm.private_ip?, vm.private_loopback?))
+            .unwrap_or(ip);
         // The cluster whose API answers at the server URL: that of the server serving it.
         let target = guard
             .serving_owner(SocketAddr::new(ip, port), ListenerKind::KubeApi)
@@ -204,9 +220,15 @@ impl Inner {
     /// 2379 (client, member add) and 2380 (peer), and each of them reaches its own on 2380.
     fn etcd_blocked(&self, st: &super::State, id: Uuid, cluster: Uuid) -> Option<SocketAddr> {
         let oxide = self.oxide.get()?;
-        let joiner = st.vms.get(&id)?.private_ip?;
-        let blocked = |from: Uuid, to: SocketAddr| {
-            oxide.tcp_admitted(crate::oxide::Peer::Instance(from), to) == Some(false)
+        let me = st.vms.get(&id)?;
+        let (joiner, joiner_lo) = (me.private_ip?, me.private_loopback?);
+        // Judged where the connection goes (the loopback stand-in), named as k3s logs it
+        // (the private address).
+        let blocked = |from: Uuid, to: IpAddr, port: u16| {
+            oxide.tcp_admitted(
+                crate::oxide::Peer::Instance(from),
+                SocketAddr::new(to, port),
+            ) == Some(false)
         };
         st.vms.iter().find_map(|(peer, vm)| {
             let member_server = *peer != id
@@ -214,14 +236,15 @@ impl Inner {
                 && vm.running
                 && vm.cluster == Some(cluster)
                 && vm.user_data.as_ref().and_then(|u| u.role) == Some(Role::Server);
-            let ip = vm.private_ip.filter(|_| member_server)?;
+            let lo = vm.private_loopback.filter(|_| member_server)?;
+            let ip = vm.private_ip?;
             [2379, 2380]
                 .into_iter()
+                .find(|port| blocked(id, lo, *port))
                 .map(|port| SocketAddr::new(ip, port))
-                .find(|to| blocked(id, *to))
                 .or_else(|| {
                     let back = SocketAddr::new(joiner, 2380);
-                    blocked(*peer, back).then_some(back)
+                    blocked(*peer, joiner_lo, 2380).then_some(back)
                 })
         })
     }
@@ -289,11 +312,10 @@ impl Inner {
                 .clone()
                 .unwrap_or_else(|| vm.hostname.to_lowercase());
             vm.node_name = Some(name.clone());
-            let ip = vm
-                .ephemeral_ips
-                .first()
-                .or(vm.external_ips.first())
-                .copied();
+            // k3s's node IP without `node-ip`: the address of the interface holding the
+            // default route (`GetHostnameAndIPs`, `ChooseHostInterface`) — the NIC's private
+            // address; external addresses are NAT the guest never sees.
+            let ip = vm.private_ip;
             let capacity = (vm.ncpus, vm.memory);
             node_object(&name, &vm.hostname, id, role, k3s, version, ip, capacity)
         };

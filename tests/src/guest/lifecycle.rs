@@ -783,6 +783,7 @@ impl RackEvents for Boot {
                 ephemeral_ips: Vec::new(),
                 external_ips: Vec::new(),
                 private_ip: None,
+                private_loopback: None,
                 api_ssh_keys: Vec::new(),
                 user_data: None,
                 sshd_up: false,
@@ -813,6 +814,7 @@ impl RackEvents for Boot {
             (vm.ncpus, vm.memory) = (inst.ncpus, inst.memory);
             vm.external_ips = inst.external_ips.clone();
             vm.private_ip = inst.private_ip;
+            vm.private_loopback = inst.private_loopback;
             vm.ephemeral_ips = inst
                 .external_ips
                 .iter()

@@ -51,7 +51,7 @@ impl Inner {
             return (Vec::new(), api);
         }
         let mut ips: Vec<IpAddr> = vm.ephemeral_ips.clone();
-        ips.extend(vm.private_ip);
+        ips.extend(vm.private_loopback);
         let mut floating: Vec<IpAddr> = st
             .floating
             .iter()

@@ -128,8 +128,11 @@ struct Vm {
     ephemeral_ips: Vec<IpAddr>,
     /// All external IPs at boot (ephemeral first, as the API lists them).
     external_ips: Vec<IpAddr>,
-    /// The NIC's VPC address (the guest's own address; k3s's node IP).
+    /// The NIC's VPC address as the guest sees it (`172.30.0.0/22`; k3s's node IP).
     private_ip: Option<IpAddr>,
+    /// Its loopback stand-in: where the guest's listeners on that address bind, and what a
+    /// connection to it reaches (see `crate::oxide::subnet`).
+    private_loopback: Option<IpAddr>,
     api_ssh_keys: Vec<String>,
     user_data: Option<Arc<UserData>>,
     sshd_up: bool,

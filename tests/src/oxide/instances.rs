@@ -856,8 +856,9 @@ pub fn network_interfaces(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         .ok_or_else(ApiError::internal)?;
     let mut items = Vec::new();
     for nic in &inst.nics {
+        // The rack's address (172.30.x), not the loopback stand-in it lives on here.
         let v4 = nic.ipv4.map(|ip| types::PrivateIpv4Stack {
-            ip,
+            ip: project.subnet.rack_addr(ip).unwrap_or(ip),
             transit_ips: nic.ipv4_transit.clone(),
         });
         let v6 = nic.ipv6.map(|ip| types::PrivateIpv6Stack {

@@ -201,7 +201,11 @@ pub fn running_instance(store: &Store, id: Uuid) -> Option<RunningInstance> {
         project: store.project_name(inst.project_id),
         user_data: inst.user_data.clone(),
         external_ips: store.reachable_ips(id),
-        private_ip: inst.private_ip().map(IpAddr::V4),
+        private_ip: inst
+            .private_ip()
+            .and_then(|ip| store.projects.get(&inst.project_id)?.subnet.rack_addr(ip))
+            .map(IpAddr::V4),
+        private_loopback: inst.private_ip().map(IpAddr::V4),
         ssh_public_keys: inst.ssh_keys.clone(),
         ncpus: inst.ncpus,
         memory: inst.memory,

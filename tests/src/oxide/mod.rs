@@ -179,8 +179,12 @@ pub struct RunningInstance {
     pub user_data: Vec<u8>,
     /// Ephemeral and attached floating addresses (not the SNAT address).
     pub external_ips: Vec<IpAddr>,
-    /// The primary NIC's IPv4 address in the project's VPC (none without a NIC or IPv4).
+    /// The primary NIC's IPv4 address in the project's VPC as the rack shows it and the guest
+    /// sees it on its NIC (`172.30.0.0/22`; none without a NIC or IPv4).
     pub private_ip: Option<IpAddr>,
+    /// Where that address lives on this machine: its loopback stand-in (see `subnet.rs`),
+    /// which the guest's listeners bind and connections to the private address reach.
+    pub private_loopback: Option<IpAddr>,
     /// Public keys resolved from the create request's `ssh_public_keys`.
     pub ssh_public_keys: Vec<String>,
     /// vCPUs and memory (bytes): the guest's kubelet reports them as Node capacity.
@@ -204,6 +208,7 @@ impl std::fmt::Debug for RunningInstance {
             )
             .field("external_ips", &self.external_ips)
             .field("private_ip", &self.private_ip)
+            .field("private_loopback", &self.private_loopback)
             .field("ssh_public_keys", &self.ssh_public_keys.len())
             .finish()
     }
@@ -480,7 +485,10 @@ impl OxideSim {
                     if src.project_id != target.project_id {
                         return Some(false);
                     }
-                    Source::Vpc(IpAddr::V4(src.private_ip()?))
+                    // Inside the VPC the source is the NIC's rack address (172.30.x), which
+                    // is what `ip`/`ip_net` filters name.
+                    let project = store.projects.get(&src.project_id)?;
+                    Source::Vpc(IpAddr::V4(project.subnet.rack_addr(src.private_ip()?)?))
                 } else {
                     // Outbound NAT: its first external address, else the shared SNAT address.
                     let ext = store
@@ -499,6 +507,7 @@ impl OxideSim {
                 .values()
                 .find(|i| i.project_id == target.project_id && i.name.as_str() == name)
                 .and_then(|i| i.private_ip())
+                .and_then(|ip| project.subnet.rack_addr(ip))
         };
         Some(firewall::allows_tcp(
             &project.firewall_rules,
@@ -507,6 +516,7 @@ impl OxideSim {
                 // A NIC without IPv4 matches no address target.
                 private_ip: target
                     .private_ip()
+                    .and_then(|ip| project.subnet.rack_addr(ip))
                     .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
             },
             source,
@@ -565,6 +575,22 @@ impl OxideSim {
         let id = project.id;
         store.projects.insert(id, project);
         id
+    }
+
+    /// Where a private address of `project`'s VPC (`172.30.0.0/22`, as the API reports NICs)
+    /// lives on this machine: its loopback stand-in, for a test that connects to it as a
+    /// member of the VPC would. `None` for an unknown project or an address outside the subnet.
+    pub fn private_loopback(
+        &self,
+        project: &str,
+        ip: std::net::Ipv4Addr,
+    ) -> Option<std::net::Ipv4Addr> {
+        let store = self.store();
+        let p = store
+            .projects
+            .values()
+            .find(|p| p.name.as_str() == project)?;
+        p.subnet.loopback_for(ip)
     }
 
     /// Takes `n` free addresses of `project`'s default subnet (at most what is free), as the

@@ -72,9 +72,7 @@ impl VpcSubnet {
     /// nexus's `Ipv4Net::check_requestable_addr` on the subnet as the API shows it
     /// (`172.30.0.0/22`): the address's offset, or nexus's refusal text.
     pub fn check_requestable(addr: Ipv4Addr) -> Result<u32, String> {
-        let off = u32::from(addr)
-            .checked_sub(u32::from(RACK_BLOCK))
-            .filter(|o| *o < SIZE)
+        let off = rack_offset(addr)
             .ok_or_else(|| format!("{addr} is outside subnet {RACK_BLOCK}/{PREFIX_LEN}"))?;
         if off < RESERVED_FRONT {
             return Err(format!(
@@ -104,6 +102,30 @@ impl VpcSubnet {
         self.offset(ip).is_some()
     }
 
+    /// The address the rack shows for one of this subnet's loopback stand-ins: the same
+    /// offset in `172.30.0.0/22` (what the API reports and the guest sees on its NIC).
+    pub fn rack_addr(&self, loopback: Ipv4Addr) -> Option<Ipv4Addr> {
+        self.offset(loopback)
+            .map(|off| Ipv4Addr::from(u32::from(RACK_BLOCK) + off))
+    }
+
+    /// The loopback stand-in for a rack address of this subnet (`172.30.0.0/22`), where
+    /// whatever serves that address listens; `None` outside the subnet.
+    pub fn loopback_for(&self, rack: Ipv4Addr) -> Option<Ipv4Addr> {
+        rack_offset(rack).map(|off| self.at(off))
+    }
+
+    /// [`Self::loopback_for`] as a guest can work it out: from its own NIC's rack address
+    /// and loopback stand-in (both in the same subnet), the stand-in of `rack`.
+    pub fn peer_loopback(
+        rack: Ipv4Addr,
+        own_rack: Ipv4Addr,
+        own_loopback: Ipv4Addr,
+    ) -> Option<Ipv4Addr> {
+        let base = u32::from(own_loopback).checked_sub(rack_offset(own_rack)?)?;
+        Some(Ipv4Addr::from(base + rack_offset(rack)?))
+    }
+
     fn at(&self, off: u32) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.base) + off)
     }
@@ -113,6 +135,13 @@ impl VpcSubnet {
             .checked_sub(u32::from(self.base))
             .filter(|o| *o < SIZE)
     }
+}
+
+/// Offset of `rack` in `172.30.0.0/22`, `None` outside it.
+fn rack_offset(rack: Ipv4Addr) -> Option<u32> {
+    u32::from(rack)
+        .checked_sub(u32::from(RACK_BLOCK))
+        .filter(|o| *o < SIZE)
 }
 
 #[cfg(test)]
@@ -136,6 +165,31 @@ mod tests {
         s.release(Ipv4Addr::new(127, 16, 2, 7));
         assert_eq!(s.allocate(), Some(Ipv4Addr::new(127, 16, 2, 7)));
         assert!(s.contains(first) && !s.contains(Ipv4Addr::new(127, 16, 4, 5)));
+    }
+
+    #[test]
+    fn rack_addresses_and_loopback_stand_ins_map_at_the_same_offset() {
+        let mut s = VpcSubnet::nth(0);
+        let lo = s.allocate().unwrap();
+        let rack = s.rack_addr(lo).unwrap();
+        assert_eq!(rack, Ipv4Addr::new(172, 30, 0, 5));
+        assert_eq!(s.loopback_for(rack), Some(lo));
+        assert_eq!(
+            s.loopback_for(Ipv4Addr::new(172, 30, 3, 254)),
+            Some(Ipv4Addr::new(127, 16, 3, 254))
+        );
+        assert_eq!(s.loopback_for(Ipv4Addr::new(172, 30, 4, 0)), None);
+        assert_eq!(s.rack_addr(Ipv4Addr::new(127, 17, 0, 5)), None);
+        // A guest works a peer's stand-in out from its own pair of addresses.
+        let peer = Ipv4Addr::new(172, 30, 1, 9);
+        assert_eq!(
+            VpcSubnet::peer_loopback(peer, rack, lo),
+            s.loopback_for(peer)
+        );
+        assert_eq!(
+            VpcSubnet::peer_loopback(Ipv4Addr::new(10, 0, 0, 1), rack, lo),
+            None
+        );
     }
 
     #[test]
