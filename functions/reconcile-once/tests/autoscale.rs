@@ -412,8 +412,15 @@ async fn safe_to_evict_false_and_scale_down_disabled_keep_their_nodes() {
         json!({"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let pinned = node_of("keep").await;
+    // Bound by the real scheduler: wait for it (a fixed sleep was too short on a loaded machine).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let pinned = loop {
+        let node = node_of("keep").await;
+        if !node.is_empty() || std::time::Instant::now() > deadline {
+            break node;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
     assert!(pinned.starts_with(WK), "{pinned}");
     let disabled = env
         .ready_workers()
