@@ -4,6 +4,7 @@ pub mod bootstrap;
 pub mod delete;
 pub mod error;
 pub mod live;
+pub mod local;
 pub mod reconcile;
 pub mod scale;
 pub mod status;

@@ -24,6 +24,7 @@ use oxide_controller::base::size::ByteSize;
 use oxide_controller::base::telemetry::{self, LogFormat};
 use oxide_controller::domain::spec::{ExternalIpMode, K3sInstall};
 use oxide_controller::render::manifests::DEFAULT_CONTROLLER_IMAGE;
+use oxide_controller::workflows::bootstrap::recover::{self, RecoverInput};
 use oxide_controller::workflows::bootstrap::{self, BootstrapInput, PoolInput, TailscaleFlags};
 use oxide_controller::workflows::delete::{self, Confirm, DeleteInput};
 use oxide_controller::workflows::error::{WorkflowError, chain};
@@ -69,7 +70,7 @@ impl OxideArgs {
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
     disable_help_subcommand = true,
-    after_help = "To delete a cluster again: bootstrap delete --cluster NAME (see bootstrap delete --help)."
+    after_help = "To delete a cluster again: bootstrap delete --cluster NAME (see bootstrap delete --help).\nWhen its API stops answering: bootstrap recover --cluster NAME --dry-run (see bootstrap recover --help)."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -93,6 +94,15 @@ enum Command {
     /// (description tags, exact names) is touched; --dry-run lists it, with the reason for each.
     #[command(args_override_self = true)]
     Delete(DeleteArgs),
+    /// Bring back a cluster whose API stopped answering, from this machine.
+    ///
+    /// Needs only the rack, the resume file and the kubeconfig bootstrap wrote. Takes the first
+    /// rung that applies: 0, the API is ready (nothing to do); 1, a majority of the servers
+    /// exist: start the stopped or failed ones and wait for /readyz (no data lost), then
+    /// reconcile; 2, fewer than a majority: k3s's cluster reset on a survivor (named, not
+    /// automated yet: exit 2); 3, no server left: restore from a backup (exit 2).
+    #[command(args_override_self = true)]
+    Recover(RecoverArgs),
 }
 
 /// The flags of `bootstrap` without a subcommand: create a cluster.
@@ -273,23 +283,30 @@ enum Install {
     Preinstalled,
 }
 
-/// The flags of `bootstrap delete`.
+/// Which cluster a laptop command acts on, and the local files bootstrap wrote for it.
 #[derive(Debug, clap::Args)]
-struct DeleteArgs {
-    #[command(flatten)]
-    oxide: OxideArgs,
-    /// Cluster to delete.
+struct ClusterFiles {
+    /// The cluster.
     #[arg(long, env = "OXIDE_CONTROLLER_CLUSTER")]
     cluster: String,
     /// Its Oxide project. Default: the one in the resume file, else the cluster name.
     #[arg(long, env = "OXIDE_CONTROLLER_PROJECT")]
     project: Option<String>,
-    /// The kubeconfig bootstrap wrote. Default: ~/.kube/<cluster>.yaml.
+    /// The kubeconfig bootstrap wrote (context <cluster>). Default: ~/.kube/<cluster>.yaml.
     #[arg(long, env = "OXIDE_CONTROLLER_KUBECONFIG", value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
     /// Directory of the resume file. Default: ~/.config/oxide-controller.
     #[arg(long, env = "OXIDE_CONTROLLER_STATE_DIR", value_name = "DIR")]
     state_dir: Option<PathBuf>,
+}
+
+/// The flags of `bootstrap delete`.
+#[derive(Debug, clap::Args)]
+struct DeleteArgs {
+    #[command(flatten)]
+    oxide: OxideArgs,
+    #[command(flatten)]
+    local: ClusterFiles,
     /// List what would be deleted and why, and change nothing.
     #[arg(long)]
     dry_run: bool,
@@ -308,6 +325,30 @@ struct DeleteArgs {
     /// Seconds to wait for instances to stop and disks to detach before giving up (re-run to continue).
     #[arg(long, default_value_t = 600, value_name = "SECONDS")]
     timeout: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+/// The flags of `bootstrap recover`.
+#[derive(Debug, clap::Args)]
+struct RecoverArgs {
+    #[command(flatten)]
+    oxide: OxideArgs,
+    #[command(flatten)]
+    local: ClusterFiles,
+    /// Print the rung and every call it would make, and change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Allow the rungs that change the datastore or need a restore (2 and 3).
+    #[arg(long)]
+    yes: bool,
+    /// Seconds the started servers get to make the API ready.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    api_timeout: u64,
+    /// Seconds the reconcile passes afterwards may take in all.
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    wait: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
     log_format: LogFormat,
@@ -354,6 +395,7 @@ fn main() -> ExitCode {
     };
     match (cli.command, cli.create) {
         (Some(Command::Delete(a)), _) => run_delete(a),
+        (Some(Command::Recover(a)), _) => run_recover(a),
         (None, Some(a)) => run_create(a, cli.oxide),
         // clap requires --cluster and --image without a subcommand; not reached.
         (None, None) => ExitCode::from(2),
@@ -486,10 +528,10 @@ fn run_delete(a: DeleteArgs) -> ExitCode {
     let json_logs = json_logs(a.log_format);
     let input = DeleteInput {
         credential_sources: a.oxide.sources(),
-        cluster: a.cluster,
-        project: a.project,
-        kubeconfig: a.kubeconfig,
-        state_dir: a.state_dir,
+        cluster: a.local.cluster,
+        project: a.local.project,
+        kubeconfig: a.local.kubeconfig,
+        state_dir: a.local.state_dir,
         home: std::env::home_dir(),
         dry_run: a.dry_run,
         confirm: if a.yes { Confirm::Yes } else { Confirm::Ask },
@@ -507,6 +549,38 @@ fn run_delete(a: DeleteArgs) -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => report(&e, json_logs),
+        }
+    })
+}
+
+fn run_recover(a: RecoverArgs) -> ExitCode {
+    telemetry::init(a.log_format);
+    let json_logs = json_logs(a.log_format);
+    oxide_controller::base::telemetry::block_on(async move {
+        let shutdown = Shutdown::on_signals();
+        let input = RecoverInput {
+            credential_sources: a.oxide.sources(),
+            cluster: a.local.cluster,
+            project: a.local.project,
+            kubeconfig: a.local.kubeconfig,
+            state_dir: a.local.state_dir,
+            home: std::env::home_dir(),
+            dry_run: a.dry_run,
+            yes: a.yes,
+            api_timeout: Duration::from_secs(a.api_timeout),
+            wait: Duration::from_secs(a.wait),
+            holder: holder("bootstrap-recover"),
+            shutdown: shutdown.clone(),
+        };
+        match recover::run(input, &LiveConnect::new()).await {
+            Ok(summary) => {
+                print!("{}", summary.render());
+                ExitCode::SUCCESS
+            }
+            Err(e) => match shutdown.signal() {
+                Some(signal) => stopped(signal, json_logs),
+                None => report(&e, json_logs),
+            },
         }
     })
 }
@@ -543,8 +617,13 @@ mod tests {
         assert_eq!(c.create.map(|a| a.cluster).as_deref(), Some("demo"));
         let c = parsed(&["delete", "--cluster", "demo", "--yes"]).unwrap();
         match c.command {
-            Some(Command::Delete(d)) => assert!(d.yes && d.cluster == "demo"),
-            None => panic!("no delete subcommand"),
+            Some(Command::Delete(d)) => assert!(d.yes && d.local.cluster == "demo"),
+            other => panic!("not the delete subcommand: {other:?}"),
+        }
+        let c = parsed(&["recover", "--cluster", "demo", "--dry-run"]).unwrap();
+        match c.command {
+            Some(Command::Recover(r)) => assert!(r.dry_run && !r.yes && r.local.cluster == "demo"),
+            other => panic!("not the recover subcommand: {other:?}"),
         }
         // Create flags do not mix with the subcommand, nor delete flags with create.
         assert!(parsed(&["--image", "noble", "delete", "--cluster", "demo"]).is_err());

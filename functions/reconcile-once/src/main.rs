@@ -141,6 +141,13 @@ async fn run(args: Args) -> ExitCode {
         }
         Err(e) => {
             tracing::error!("{}", chain(&e));
+            let hint = oxide_controller::adapters::kubeclient::recover_hint(
+                args.kubeconfig.as_deref(),
+                args.context.as_deref(),
+            );
+            if let Some(line) = hint.await {
+                tracing::error!("{line}");
+            }
             ExitCode::from(e.exit_code())
         }
     }

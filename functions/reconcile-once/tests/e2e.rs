@@ -1775,3 +1775,25 @@ async fn job_sim(control_plane: u32, workers: u32) -> oxide_sim::SimHandle {
     .await
     .unwrap_or_else(|e| panic!("simulator: {e:#}"))
 }
+
+/// From a laptop, a cluster whose API does not answer: the run fails and its last line names
+/// `bootstrap recover` for the kubeconfig's context (issue 32).
+#[tokio::test]
+async fn a_run_from_a_laptop_whose_api_does_not_answer_names_bootstrap_recover() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = oxide_sim::support::kubeconfig_without_api(dir.path(), "lost");
+    let out = tokio::process::Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(&path)
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("bootstrap recover --cluster lost --dry-run"),
+        "{stderr}"
+    );
+}

@@ -250,7 +250,7 @@ async fn run(args: Args) -> ExitCode {
             let change = scale::AutoscaleChange { min, max, enabled };
             autoscale(&state, client, ns, pool.pool.as_deref(), change, output).await
         }
-        Command::Status { output } => status(&state, client, ns, output).await,
+        Command::Status { output } => status(&state, client, ns, output, &args.kube).await,
         Command::Add { delta, pool } => {
             change(
                 &state,
@@ -312,11 +312,22 @@ async fn status(
     client: kube::Client,
     ns: &str,
     output: StatusOutput,
+    kube_args: &KubeArgs,
 ) -> ExitCode {
     let cluster = KubeCluster::new(client, ns);
     let view = match oxide_controller::workflows::status::observe(state, &cluster, ns).await {
         Ok(v) => v,
-        Err(e) => return fail(&e, e.exit_code()),
+        Err(e) => {
+            let code = fail(&e, e.exit_code());
+            let hint = oxide_controller::adapters::kubeclient::recover_hint(
+                kube_args.kubeconfig.as_deref(),
+                kube_args.context.as_deref(),
+            );
+            if let Some(line) = hint.await {
+                tracing::error!("{line}");
+            }
+            return code;
+        }
     };
     match output {
         StatusOutput::Table => print!(

@@ -456,3 +456,26 @@ async fn status_shows_the_cluster_and_exits_1_while_it_is_degraded() {
     // Nothing was written: status only reads.
     assert_eq!(env.stored_count(), 2);
 }
+
+/// From a laptop, a cluster whose API does not answer: `scale status` fails and its last line
+/// names `bootstrap recover` for the kubeconfig's context (issue 32).
+#[tokio::test]
+async fn status_of_a_cluster_whose_api_does_not_answer_names_bootstrap_recover() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = oxide_sim::support::kubeconfig_without_api(dir.path(), "lost");
+    let out = Command::new(env!("CARGO_BIN_EXE_scale"))
+        .arg("--kubeconfig")
+        .arg(&path)
+        .args(["status"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("bootstrap recover --cluster lost --dry-run"),
+        "{stderr}"
+    );
+}

@@ -139,6 +139,40 @@ pub fn api_message(err: &kube::Error) -> String {
     }
 }
 
+/// Asks the API at context `context` of the kubeconfig at `kubeconfig` whether it is ready, as
+/// its administrator: `GET /readyz`, which runs the apiserver's etcd check. An unauthenticated
+/// probe stops at authentication (401) and so cannot tell an API that lost its datastore from
+/// a healthy one. `Err` says why it is not ready (its checks' report, or the failure to ask).
+pub async fn readyz(kubeconfig: &Path, context: &str) -> Result<(), String> {
+    let client = client(Some(kubeconfig), Some(context))
+        .await
+        .map_err(|e| e.to_string())?;
+    let req = http::Request::get("/readyz")
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, client.request_text(req)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(kube::Error::Api(s))) => Err(format!("HTTP {}: {}", s.code, s.message.trim())),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {}s", CONNECT_TIMEOUT.as_secs())),
+    }
+}
+
+/// The line a run from a laptop (`kubeconfig` given) ends with when the cluster's API is not
+/// ready: it names `bootstrap recover`, whose context is the cluster's name in the kubeconfig
+/// bootstrap writes. `None` without a kubeconfig (a pod) or when the API is ready.
+pub async fn recover_hint(kubeconfig: Option<&Path>, context: Option<&str>) -> Option<String> {
+    let path = kubeconfig?;
+    let context = match context {
+        Some(c) => c.to_owned(),
+        None => Kubeconfig::read_from(path).ok()?.current_context?,
+    };
+    let why = readyz(path, &context).await.err()?;
+    Some(format!(
+        "the cluster's API is not ready ({why}); if its servers are lost, see what would bring it back: bootstrap recover --cluster {context} --dry-run"
+    ))
+}
+
 #[cfg(test)]
 #[allow(clippy::expect_used, clippy::unwrap_used)]
 mod tests {

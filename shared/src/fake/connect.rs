@@ -113,6 +113,21 @@ impl Connect for FakeConnect {
         crate::workflows::live::image_source_client()
     }
 
+    /// Ready while the API address's holder runs (the fakes have no datastore to lose).
+    async fn api_ready(&self, _kubeconfig: &std::path::Path, _context: &str) -> Result<(), String> {
+        let ips: Vec<_> = self
+            .world
+            .with(|s| s.floating_ips.values().map(|f| f.ip).collect());
+        if ips
+            .into_iter()
+            .any(|ip| matches!(self.holder_of(ip), Some((_, InstanceState::Running))))
+        {
+            Ok(())
+        } else {
+            Err("nothing answers at the API address".to_owned())
+        }
+    }
+
     async fn probe_api(&self, url: &str) -> Result<ApiAnswer, String> {
         let ip = self.world.with(|s| {
             s.floating_ips

@@ -29,6 +29,7 @@
 mod connect;
 mod dev;
 mod progress;
+pub mod recover;
 mod tailnet;
 mod validate;
 

@@ -254,16 +254,13 @@ fn validate(input: &DeleteInput) -> Result<Validated, DeleteError> {
             "refusing to delete without a terminal to confirm on: pass --yes (or --dry-run to only list)",
         )));
     }
-    let state_dir = match &input.state_dir {
-        Some(d) => d.clone(),
-        None => resume::default_state_dir(input.home.clone()).ok_or_else(|| {
-            DeleteError::input(
-                "--state-dir",
-                message("there is no home directory for the default ~/.config/oxide-controller; pass --state-dir"),
-            )
-        })?,
-    };
-    let resume_path = resume::resume_path(&state_dir, &input.cluster);
+    let paths = crate::workflows::local::local_paths(
+        &input.cluster,
+        input.state_dir.as_deref(),
+        input.kubeconfig.as_deref(),
+        input.home.as_deref(),
+    )?;
+    let resume_path = paths.resume;
     let resume =
         resume::load_for_cluster(&resume_path, &input.cluster).map_err(DeleteError::inputs)?;
     let project = match (&input.project, &resume) {
@@ -282,19 +279,7 @@ fn validate(input: &DeleteInput) -> Result<Validated, DeleteError> {
     };
     names::validate_name("project name", &project)
         .map_err(|e| DeleteError::input("--project", e))?;
-    let kubeconfig = match &input.kubeconfig {
-        Some(p) => p.clone(),
-        None => input
-            .home
-            .as_ref()
-            .map(|h| h.join(".kube").join(format!("{}.yaml", input.cluster)))
-            .ok_or_else(|| {
-                DeleteError::input(
-                    "--kubeconfig",
-                    message("there is no home directory for the default ~/.kube/<cluster>.yaml; pass --kubeconfig"),
-                )
-            })?,
-    };
+    let kubeconfig = paths.kubeconfig;
     let creds = credentials::resolve(&input.credential_sources).map_err(DeleteError::inputs)?;
     Ok(Validated {
         project,

@@ -105,6 +105,10 @@ impl bootstrap::Connect for LiveConnect {
         })
     }
 
+    async fn api_ready(&self, kubeconfig: &Path, context: &str) -> Result<(), String> {
+        crate::adapters::kubeclient::readyz(kubeconfig, context).await
+    }
+
     fn shell(&self, addr: SocketAddr, user: &str, key: SshKeyPair, pins: HostKeyPins) -> SshTarget {
         SshTarget::new(addr, user.to_owned(), key, pins)
     }

@@ -106,6 +106,15 @@ pub trait Connect: Send + Sync {
     /// used). `Err` when the probe itself cannot be made.
     fn probe_api(&self, url: &str) -> impl Future<Output = Result<ApiAnswer, String>> + Send;
 
+    /// Whether the cluster's API is ready, asked as its administrator through context
+    /// `context` of the kubeconfig at `kubeconfig` (`GET /readyz`, etcd's check included,
+    /// which [`Self::probe_api`] never reaches). `Err` says why it is not.
+    fn api_ready(
+        &self,
+        kubeconfig: &Path,
+        context: &str,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+
     /// A shell on the VM at `addr`, logging in as `user` with `key`, refusing any host key
     /// outside `pins` (no I/O until used).
     fn shell(

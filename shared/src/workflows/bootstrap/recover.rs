@@ -1,0 +1,526 @@
+//! `bootstrap recover`: bring a cluster whose API stopped answering back, from the laptop,
+//! with nothing but the rack, the resume file and the kubeconfig bootstrap wrote (never the
+//! cluster's own API for its state: that API is what is down).
+//!
+//! 1. `validate` — the cluster name, the resume file (project, the spec bootstrap started with),
+//!    the credentials;
+//! 2. `observe` — the cluster's servers on the rack (instances tagged with the cluster and the
+//!    control-plane pool, their states) and `/readyz` asked as the cluster's administrator (an
+//!    unauthenticated probe stops at authentication and cannot see a datastore without quorum);
+//! 3. `rung` — the first that applies ([`choose`]):
+//!    - 0, the API is ready: nothing to recover, nothing touched;
+//!    - 1, a majority of the servers the cluster had still exist (with their disks: a disk
+//!      outlives nothing but its instance's deletion): the stopped or failed ones are started,
+//!      then `/readyz` awaited. etcd's members keep their data, so nothing is lost;
+//!    - 2, fewer servers than a majority, but at least one: k3s's `--cluster-reset` on a survivor
+//!      (etcd's force-new-cluster, keeping its data) is the way back. It is not automated yet:
+//!      the step exits 2 and names the survivor and the manual procedure;
+//!    - 3, no server left: the datastore is gone; exit 2 naming the restore from a backup;
+//! 4. `reconcile` — once the API is ready: the same in-process reconcile runs as bootstrap's
+//!    last step, until the pools (three servers among them) are back and Ready.
+//!
+//! `--dry-run` stops after `rung`, printing the rung and every call the run would make, and
+//! makes none. Rungs 2 and 3 lose data or need a person, so they need `--yes`; rung 1 does not.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+use tracing::info;
+
+use super::{BootstrapError, Connect};
+use crate::adapters::credentials::{self, CredentialSources};
+use crate::adapters::resume;
+use crate::base::names::{self, InstanceTag};
+use crate::domain::model::InstanceState;
+use crate::domain::spec::{ClusterSpec, DEFAULT_CONTROL_PLANE_POOL};
+use crate::ports::rack::{Rack, RackError};
+use crate::workflows::error::{self, message};
+
+/// Everything `bootstrap recover` is told, unchecked.
+#[derive(Debug, Clone)]
+pub struct RecoverInput {
+    pub credential_sources: CredentialSources,
+    pub cluster: String,
+    /// Default: the resume file's project.
+    pub project: Option<String>,
+    /// Default `~/.kube/<cluster>.yaml` (context `<cluster>`).
+    pub kubeconfig: Option<PathBuf>,
+    /// Default `~/.config/oxide-controller`.
+    pub state_dir: Option<PathBuf>,
+    pub home: Option<PathBuf>,
+    pub dry_run: bool,
+    pub yes: bool,
+    /// How long the started servers get to make the API ready.
+    pub api_timeout: Duration,
+    /// How long the reconcile passes afterwards may take in all.
+    pub wait: Duration,
+    pub holder: String,
+    pub shutdown: crate::base::shutdown::Shutdown,
+}
+
+/// One server of the cluster as the rack shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Server {
+    pub name: String,
+    pub state: InstanceState,
+}
+
+/// What recover does, the first rung that applies.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "rung", rename_all = "snake_case")]
+pub enum Rung {
+    /// 0: the API is ready.
+    Healthy,
+    /// 1: a majority of servers exist: start these (the others already run) and wait.
+    StartServers {
+        start: Vec<String>,
+        running: Vec<String>,
+    },
+    /// 2: fewer than a majority exist: cluster reset on `survivor`.
+    ResetOnSurvivor {
+        survivor: String,
+        others: Vec<String>,
+    },
+    /// 3: no server exists.
+    NothingLeft,
+}
+
+impl Rung {
+    /// The rung's number, as the README's "When servers are lost" counts them.
+    pub fn number(&self) -> u8 {
+        match self {
+            Rung::Healthy => 0,
+            Rung::StartServers { .. } => 1,
+            Rung::ResetOnSurvivor { .. } => 2,
+            Rung::NothingLeft => 3,
+        }
+    }
+}
+
+/// The rung for an API that is (or is not) `ready` with `servers` on the rack, of a cluster
+/// that had `expected` servers (the spec's count; more when more exist). etcd needs a majority
+/// of its voting members; each server is one.
+pub fn choose(ready: bool, servers: &[Server], expected: usize) -> Rung {
+    if ready {
+        return Rung::Healthy;
+    }
+    let members = expected.max(servers.len());
+    let quorum = members / 2 + 1;
+    let mut names: Vec<&Server> = servers.iter().collect();
+    names.sort_by(|a, b| a.name.cmp(&b.name));
+    if servers.len() >= quorum {
+        let (running, start): (Vec<&Server>, Vec<&Server>) = names
+            .into_iter()
+            .partition(|s| matches!(s.state, InstanceState::Running | InstanceState::Starting));
+        return Rung::StartServers {
+            start: start.into_iter().map(|s| s.name.clone()).collect(),
+            running: running.into_iter().map(|s| s.name.clone()).collect(),
+        };
+    }
+    // The survivor: a running one if any (its etcd has the newest data), else the first.
+    let survivor = names
+        .iter()
+        .find(|s| s.state == InstanceState::Running)
+        .or(names.first())
+        .map(|s| s.name.clone());
+    match survivor {
+        Some(survivor) => Rung::ResetOnSurvivor {
+            others: names
+                .iter()
+                .map(|s| s.name.clone())
+                .filter(|n| *n != survivor)
+                .collect(),
+            survivor,
+        },
+        None => Rung::NothingLeft,
+    }
+}
+
+/// What a run found and did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RecoverSummary {
+    pub cluster: String,
+    pub project: String,
+    pub rung: Rung,
+    pub dry_run: bool,
+    /// The calls the rung makes (all of them under `--dry-run`, which makes none).
+    pub calls: Vec<String>,
+    /// From the first start to a ready API.
+    pub api_ready_after: Option<Duration>,
+    pub converged: bool,
+}
+
+impl RecoverSummary {
+    /// What the person reads on stdout.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let c = &self.cluster;
+        let _ = writeln!(
+            s,
+            "Cluster {c} (project {}): rung {}.",
+            self.project,
+            self.rung.number()
+        );
+        match &self.rung {
+            Rung::Healthy => {
+                let _ = writeln!(
+                    s,
+                    "The API is ready: nothing to recover. Nothing was changed."
+                );
+            }
+            Rung::StartServers { start, running } => {
+                let _ = writeln!(
+                    s,
+                    "A majority of the servers exist with their disks: start {} (running: {}), wait for /readyz; no data is lost.",
+                    list(start),
+                    list(running)
+                );
+            }
+            Rung::ResetOnSurvivor { .. } | Rung::NothingLeft => {}
+        }
+        let verb = if self.dry_run { "would make" } else { "made" };
+        if !self.calls.is_empty() {
+            let _ = writeln!(s, "Calls it {verb}:");
+            for call in &self.calls {
+                let _ = writeln!(s, "  {call}");
+            }
+        }
+        if let Some(t) = self.api_ready_after {
+            let _ = writeln!(
+                s,
+                "The API was ready {:.1}s after the first start.",
+                t.as_secs_f64()
+            );
+        }
+        if !self.dry_run && self.rung != Rung::Healthy {
+            let state = if self.converged {
+                "converged"
+            } else {
+                "not converged yet (the CronJob carries on)"
+            };
+            let _ = writeln!(s, "Reconcile: {state}.");
+        }
+        s
+    }
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
+struct Validated {
+    project: String,
+    host: String,
+    token: String,
+    kubeconfig: PathBuf,
+    expected: usize,
+    pool: String,
+}
+
+fn validate(input: &RecoverInput) -> Result<Validated, BootstrapError> {
+    names::validate_name("cluster name", &input.cluster)
+        .map_err(|e| BootstrapError::input("--cluster", e))?;
+    let paths = crate::workflows::local::local_paths(
+        &input.cluster,
+        input.state_dir.as_deref(),
+        input.kubeconfig.as_deref(),
+        input.home.as_deref(),
+    )?;
+    let resume_path = paths.resume;
+    let resume = resume::load_for_cluster(&resume_path, &input.cluster)
+        .map_err(BootstrapError::inputs)?
+        .ok_or_else(|| {
+            BootstrapError::input(
+                "--state-dir",
+                message(format!(
+                    "no resume file for cluster {} at {}: recover needs the one bootstrap wrote (pass --state-dir where it is)",
+                    input.cluster,
+                    resume_path.display()
+                )),
+            )
+        })?;
+    if let Some(p) = input.project.as_ref().filter(|p| **p != resume.project) {
+        return Err(BootstrapError::input(
+            "--project",
+            message(format!(
+                "{p}: the resume file {} says cluster {} lives in project {}",
+                resume_path.display(),
+                input.cluster,
+                resume.project
+            )),
+        ));
+    }
+    let spec = resume
+        .spec
+        .as_deref()
+        .and_then(|t| ClusterSpec::from_yaml(t).ok());
+    let creds = credentials::resolve(&input.credential_sources).map_err(BootstrapError::inputs)?;
+    Ok(Validated {
+        project: resume.project.clone(),
+        host: creds.host.clone(),
+        token: creds.token.expose().to_owned(),
+        kubeconfig: paths.kubeconfig,
+        expected: spec.as_ref().map_or(0, |s| s.control_plane.count as usize),
+        pool: spec.map_or_else(
+            || DEFAULT_CONTROL_PLANE_POOL.to_owned(),
+            |s| s.control_plane.name,
+        ),
+    })
+}
+
+fn rack_failed(step: &'static str, e: RackError) -> BootstrapError {
+    BootstrapError::step(step, error::context("the Oxide API", e))
+}
+
+/// The cluster's servers on the rack.
+async fn servers<R: Rack>(rack: &R, cluster: &str, pool: &str) -> Result<Vec<Server>, RackError> {
+    let listed = match rack.list_instances(&names::cluster_prefix(cluster)).await {
+        Ok(l) => l,
+        Err(RackError::NotFound { .. }) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(listed
+        .into_iter()
+        .filter(|i| {
+            InstanceTag::parse(&i.description)
+                .is_some_and(|t| t.cluster == cluster && t.pool == pool)
+        })
+        .filter(|i| i.state != InstanceState::Destroyed)
+        .map(|i| Server {
+            name: i.name,
+            state: i.state,
+        })
+        .collect())
+}
+
+/// Runs the whole flow on the ports `connect` opens. See the module docs.
+pub async fn run<C: Connect>(
+    input: RecoverInput,
+    connect: &C,
+) -> Result<RecoverSummary, BootstrapError> {
+    info!(step = "validate", cluster = %input.cluster, "validating the input");
+    let v = validate(&input)?;
+    let rack = connect
+        .rack(&v.host, &v.token, &v.project)
+        .map_err(BootstrapError::inputs)?;
+    info!(step = "observe", project = %v.project, "reading the cluster's servers and /readyz");
+    let servers = servers(&rack, &input.cluster, &v.pool)
+        .await
+        .map_err(|e| rack_failed("observe", e))?;
+    let ready = connect.api_ready(&v.kubeconfig, &input.cluster).await;
+    if let Err(why) = &ready {
+        info!(step = "observe", %why, "the API is not ready");
+    }
+    let rung = choose(ready.is_ok(), &servers, v.expected);
+    info!(
+        step = "rung",
+        rung = rung.number(),
+        servers = servers.len(),
+        expected = v.expected,
+        "chosen"
+    );
+    let mut summary = RecoverSummary {
+        cluster: input.cluster.clone(),
+        project: v.project.clone(),
+        calls: calls(&rung, &v.project, &input.cluster),
+        rung: rung.clone(),
+        dry_run: input.dry_run,
+        api_ready_after: None,
+        converged: false,
+    };
+    match &rung {
+        Rung::Healthy => return Ok(summary),
+        Rung::ResetOnSurvivor { survivor, others } => {
+            return Err(reset_needed(
+                &input,
+                &v.project,
+                survivor,
+                others,
+                &summary.calls,
+            ));
+        }
+        Rung::NothingLeft => return Err(nothing_left(&input, &v.project)),
+        Rung::StartServers { .. } if input.dry_run => return Ok(summary),
+        Rung::StartServers { start, .. } => {
+            let started = Instant::now();
+            start_servers(&rack, start).await?;
+            wait_ready(connect, &v, &input, started).await?;
+            summary.api_ready_after = Some(started.elapsed());
+        }
+    }
+    let ports = connect
+        .in_cluster(&v.kubeconfig, &input.cluster, &input.holder)
+        .await
+        .map_err(|e| BootstrapError::step("reconcile", e))?;
+    let (_, converged) =
+        super::reconcile_loop(connect, &ports, &input.holder, input.wait, &input.shutdown).await?;
+    summary.converged = converged;
+    Ok(summary)
+}
+
+/// The calls a rung makes, in order, as the person would read them.
+fn calls(rung: &Rung, project: &str, cluster: &str) -> Vec<String> {
+    match rung {
+        Rung::Healthy | Rung::NothingLeft => Vec::new(),
+        Rung::StartServers { start, .. } => start
+            .iter()
+            .map(|n| format!("POST /v1/instances/{n}/start?project={project}"))
+            .chain([
+                format!("GET /readyz through context {cluster} until ready"),
+                "reconcile passes until the pools are back and Ready".to_owned(),
+            ])
+            .collect(),
+        Rung::ResetOnSurvivor { survivor, others } => others
+            .iter()
+            .map(|n| format!("POST /v1/instances/{n}/stop?project={project}"))
+            .chain([format!(
+                "ssh {survivor}: systemctl stop k3s; k3s server --cluster-reset; systemctl start k3s"
+            )])
+            .collect(),
+    }
+}
+
+fn reset_needed(
+    input: &RecoverInput,
+    project: &str,
+    survivor: &str,
+    others: &[String],
+    calls: &[String],
+) -> BootstrapError {
+    let c = &input.cluster;
+    let mut text = format!(
+        "cluster {c} (project {project}): fewer than a majority of its servers exist, so etcd cannot regain quorum by starting them; survivor: {survivor}, others: {}. The way back is k3s's cluster reset on the survivor (rung 2), which bootstrap recover does not automate yet. By hand, keeping the data:",
+        list(others)
+    );
+    for call in calls {
+        let _ = write!(text, "\n  {call}");
+    }
+    let _ = write!(
+        text,
+        "\nthen delete the other servers (bootstrap delete is for the whole cluster; use the Oxide CLI per instance) and run reconcile-once --kubeconfig ~/.kube/{c}.yaml --context {c} to grow the servers back"
+    );
+    BootstrapError::needs_person("rung", message(text))
+}
+
+fn nothing_left(input: &RecoverInput, project: &str) -> BootstrapError {
+    let c = &input.cluster;
+    BootstrapError::needs_person(
+        "rung",
+        message(format!(
+            "cluster {c}: no server is left in project {project}, so its datastore is gone (rung 3). Nothing was changed. Restore it from a backup (bootstrap recover --backup, from the backups issue; not available yet); bootstrap would make a new, empty cluster instead"
+        )),
+    )
+}
+
+/// Starts every server in `names` (one already starting or running is fine).
+async fn start_servers<R: Rack>(rack: &R, names: &[String]) -> Result<(), BootstrapError> {
+    for name in names {
+        info!(step = "start", instance = %name, "starting the server");
+        match rack.start_instance(name).await {
+            Ok(()) => {}
+            // Started meanwhile (the rack's own restart, another recover): what we wanted.
+            Err(RackError::Conflict { .. }) => {
+                info!(step = "start", instance = %name, "already starting")
+            }
+            Err(e) => return Err(rack_failed("start", e)),
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the API is ready, up to `--api-timeout` after `started`.
+async fn wait_ready<C: Connect>(
+    connect: &C,
+    v: &Validated,
+    input: &RecoverInput,
+    started: Instant,
+) -> Result<(), BootstrapError> {
+    let deadline = started + input.api_timeout;
+    loop {
+        match connect.api_ready(&v.kubeconfig, &input.cluster).await {
+            Ok(()) => {
+                info!(
+                    step = "wait-api",
+                    after_s = started.elapsed().as_secs_f64(),
+                    "the API is ready"
+                );
+                return Ok(());
+            }
+            Err(why) if Instant::now() >= deadline => {
+                return Err(BootstrapError::step(
+                    "wait-api",
+                    message(format!(
+                        "the servers were started but the API was not ready within {}s (last: {why}); re-run bootstrap recover to keep waiting",
+                        input.api_timeout.as_secs()
+                    )),
+                ));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(name: &str, state: InstanceState) -> Server {
+        Server {
+            name: name.to_owned(),
+            state,
+        }
+    }
+
+    #[test]
+    fn the_first_rung_that_applies_is_taken() {
+        use InstanceState::{Failed, Running, Stopped};
+        let three = [
+            s("c-cp-a", Running),
+            s("c-cp-b", Stopped),
+            s("c-cp-c", Failed),
+        ];
+        assert_eq!(choose(true, &three, 3), Rung::Healthy);
+        assert_eq!(
+            choose(false, &three, 3),
+            Rung::StartServers {
+                start: vec!["c-cp-b".into(), "c-cp-c".into()],
+                running: vec!["c-cp-a".into()],
+            }
+        );
+        // Two of three is a majority: start them.
+        assert_eq!(choose(false, &three[1..], 3).number(), 1);
+        // One of three is not: reset on the running one, else the first by name.
+        assert_eq!(
+            choose(false, &[s("c-cp-b", Stopped), s("c-cp-z", Running)][..1], 3),
+            Rung::ResetOnSurvivor {
+                survivor: "c-cp-b".into(),
+                others: vec![],
+            }
+        );
+        assert_eq!(
+            choose(false, &[s("c-cp-b", Stopped), s("c-cp-z", Running)], 5),
+            Rung::ResetOnSurvivor {
+                survivor: "c-cp-z".into(),
+                others: vec!["c-cp-b".into()],
+            }
+        );
+        assert_eq!(choose(false, &[], 3), Rung::NothingLeft);
+        // More servers than the spec says (a surge member): they count as members.
+        assert_eq!(choose(false, &three, 1).number(), 1);
+        // All running and still not ready: start nothing, wait.
+        assert_eq!(
+            choose(false, &[s("a", Running)], 1),
+            Rung::StartServers {
+                start: vec![],
+                running: vec!["a".into()],
+            }
+        );
+    }
+}
