@@ -221,6 +221,10 @@ async fn deleting_a_server_node_removes_its_etcd_member() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let listed = real.control_plane.etcd().members().await.unwrap();
     assert!(listed.iter().any(|m| m.name == member), "{listed:?}");
+    assert!(
+        real.control_plane.etcd().has_data(&member),
+        "a stopped VM keeps its data"
+    );
     assert!(sim.kube().delete("v1", "Node", None, gone).await);
     wait_for("the Node gone and its member removed", || async {
         let node = sim.kube().get("v1", "Node", None, gone).await;
@@ -234,6 +238,11 @@ async fn deleting_a_server_node_removes_its_etcd_member() {
         .send()
         .await
         .unwrap();
+    wait_for(
+        "the deleted VM's member data gone with its disks",
+        || async { (!real.control_plane.etcd().has_data(&member)).then_some(()) },
+    )
+    .await;
     let members = real.control_plane.etcd().members().await.unwrap();
     assert_eq!((members.len(), voters(&members)), (2, 2), "{members:?}");
     // Two voters of two: the cluster still has quorum and answers.

@@ -424,6 +424,11 @@ impl Etcd {
         }
     }
 
+    /// Whether member `name`'s data directory exists (its VM's disk holds it).
+    pub fn has_data(&self, name: &str) -> bool {
+        self.shared.dir.join(format!("etcd-{name}")).exists()
+    }
+
     /// The last 40 lines of member `name`'s log.
     pub fn log_tail(&self, name: &str) -> String {
         super::log_tail(&self.shared.dir.join(format!("etcd-{name}.log")))
