@@ -1057,10 +1057,10 @@ async fn the_floating_ip_moves_when_its_holder_dies() {
     env.assert_no_leaks();
 }
 
-/// The simulator has no etcd, so quorum itself cannot be seen here; what keeps it on a rack
-/// is the order: the dead server's Node (whose deletion makes k3s remove its etcd member) is
-/// gone before the replacement server is created, so the new member never joins a cluster
-/// that still counts the dead one as a voter.
+/// What keeps quorum on a rack is the order: the dead server's Node (whose deletion makes k3s
+/// remove its etcd member; the simulator's members are real, see `sim_etcd`) is gone before
+/// the replacement server is created, so the new member never joins a cluster that still
+/// counts the dead one as a voter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_server_is_replaced_only_after_its_node_is_deleted() {
     let env = env(3, 2).await;
