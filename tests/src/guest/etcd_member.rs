@@ -37,6 +37,28 @@ impl Inner {
         (name, Some(ip))
     }
 
+    /// A server of `cluster` starting k3s whose member has its data: the member starts
+    /// again (k3s `Start`: "Starting etcd for existing cluster member"). Nothing otherwise.
+    pub(super) fn etcd_restart(&self, id: Uuid, role: Role, cluster: Uuid) -> Result<(), String> {
+        if role != Role::Server {
+            return Ok(());
+        }
+        let (api, existing) = {
+            let st = self.state();
+            let (Some(c), Some(vm)) = (st.clusters.get(&cluster), st.vms.get(&id)) else {
+                return Ok(());
+            };
+            (
+                Arc::clone(&c.api),
+                vm.etcd_member.clone().filter(|_| vm.member),
+            )
+        };
+        match existing {
+            Some((name, _)) => api.control_plane.etcd().restart(&name).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
     /// A server of `cluster` starting k3s: a member with its data starts again; a new one is
     /// added as a learner and promoted (k3s `join`). Err is what k3s exits with.
     pub(super) async fn etcd_join(

@@ -547,6 +547,13 @@ impl Inner {
                 return None;
             }
             let mut decision = self.decide(id, role, k3s);
+            // A server's etcd starts before anything else of k3s talks to its API (the node
+            // password check goes through it): a member with data starts again here.
+            if let Decision::Join(cluster) = decision
+                && let Err(err) = self.etcd_restart(id, role, cluster)
+            {
+                return Some(format!("starting etcd: {err}"));
+            }
             if let Decision::Join(cluster) = decision
                 && let Some(msg) = self.node_password_refused(id, cluster, k3s).await
             {
