@@ -298,9 +298,25 @@ impl KubeView {
 
     /// Every object of a kind (in `ns`, or everywhere).
     pub async fn list(&self, api_version: &str, kind: &str, ns: Option<&str>) -> Vec<Value> {
+        self.try_list(api_version, kind, ns)
+            .await
+            .unwrap_or_default()
+    }
+
+    /// [`Self::list`], failing when the API does not answer (e.g. etcd has no leader while
+    /// it elects one, or has lost quorum) instead of answering an empty list.
+    pub async fn try_list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+    ) -> Result<Vec<Value>, String> {
         match self.control_plane() {
-            Some(cp) => cp.list(api_version, kind, ns).await.unwrap_or_default(),
-            None => Vec::new(),
+            Some(cp) => cp
+                .list(api_version, kind, ns)
+                .await
+                .map_err(|e| e.to_string()),
+            None => Ok(Vec::new()),
         }
     }
 
