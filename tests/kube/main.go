@@ -3,7 +3,10 @@
 // each component is started as its own process (`kcp kube-apiserver …`), as the upstream
 // binaries are, so no global state is shared between them.
 //
-//	kcp etcd --data-dir DIR --listen-client-url URL --listen-peer-url URL
+//	kcp etcd --name NAME --data-dir DIR --listen-client-url URL --listen-peer-url URL
+//	         [--advertise-client-url URL] [--advertise-peer-url URL]
+//	         [--initial-cluster NAME=URL,...] [--initial-cluster-state new|existing]
+//	         [--force-new-cluster]
 //	kcp kube-apiserver|kube-controller-manager|kube-scheduler [upstream flags]
 //	kcp kwok [upstream flags]
 //
@@ -23,6 +26,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/wal"
 	"k8s.io/component-base/cli"
 	_ "k8s.io/component-base/logs/json/register"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
@@ -80,13 +84,24 @@ func exitWithParent() {
 	}()
 }
 
-// runEtcd runs a single-member embedded etcd, as k3s's cluster-init server does
-// (k3s-io/k3s pkg/etcd), without fsync: test data need not survive a power cut.
+// runEtcd runs one member of a real etcd cluster (embed.Config, etcd's own server), with the
+// settings k3s's managed etcd gives a server (k3s-io/k3s pkg/etcd `cluster`): its name, its
+// client and peer URLs, and the initial cluster it starts or joins (`new` for the
+// cluster-init server, `existing` for a member added through the member API first),
+// or --force-new-cluster, which k3s's --cluster-reset uses to make a member that kept its data
+// the only one. Without fsync: test data need not survive a power cut. Membership is etcd's
+// own (its Raft); nothing here decides who is a member.
 func runEtcd() int {
 	fs := flag.NewFlagSet("etcd", flag.ContinueOnError)
+	name := fs.String("name", "default", "member name")
 	dir := fs.String("data-dir", "", "data directory (required)")
 	client := fs.String("listen-client-url", "http://127.0.0.1:2379", "client URL")
 	peer := fs.String("listen-peer-url", "http://127.0.0.1:2380", "peer URL")
+	advClient := fs.String("advertise-client-url", "", "client URL advertised to the cluster (default: --listen-client-url)")
+	advPeer := fs.String("advertise-peer-url", "", "peer URL advertised to the cluster (default: --listen-peer-url)")
+	initial := fs.String("initial-cluster", "", "name=peerURL,... (default: this member alone)")
+	state := fs.String("initial-cluster-state", "new", "new (a new cluster) or existing (join one this member was added to)")
+	forceNew := fs.Bool("force-new-cluster", false, "drop every other member, keeping the data (k3s --cluster-reset)")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -94,44 +109,75 @@ func runEtcd() int {
 		fmt.Fprintln(os.Stderr, "etcd: --data-dir is required")
 		return 2
 	}
-	cu, err := url.Parse(*client)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "etcd: --listen-client-url: %v\n", err)
-		return 2
+	urls := map[string]*url.URL{}
+	for flagName, raw := range map[string]string{
+		"listen-client-url": *client, "listen-peer-url": *peer,
+		"advertise-client-url": *advClient, "advertise-peer-url": *advPeer,
+	} {
+		if raw == "" {
+			continue
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "etcd: --%s: %v\n", flagName, err)
+			return 2
+		}
+		urls[flagName] = u
 	}
-	pu, err := url.Parse(*peer)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "etcd: --listen-peer-url: %v\n", err)
-		return 2
+	pick := func(adv, listen string) url.URL {
+		if u, ok := urls[adv]; ok {
+			return *u
+		}
+		return *urls[listen]
 	}
+	// Each WAL segment is preallocated on disk (64 MB upstream); a cluster runs a member per
+	// server, and test data is small, so smaller segments keep a test's disk use down.
+	wal.SegmentSizeBytes = 8 * 1000 * 1000
 	cfg := embed.NewConfig()
+	cfg.Name = *name
 	cfg.Dir = *dir
 	cfg.UnsafeNoFsync = true
-	cfg.ListenClientUrls = []url.URL{*cu}
-	cfg.AdvertiseClientUrls = []url.URL{*cu}
-	cfg.ListenPeerUrls = []url.URL{*pu}
-	cfg.AdvertisePeerUrls = []url.URL{*pu}
-	cfg.InitialCluster = cfg.Name + "=" + pu.String()
-	cfg.LogLevel = "error"
+	cfg.ListenClientUrls = []url.URL{*urls["listen-client-url"]}
+	cfg.AdvertiseClientUrls = []url.URL{pick("advertise-client-url", "listen-client-url")}
+	cfg.ListenPeerUrls = []url.URL{*urls["listen-peer-url"]}
+	cfg.AdvertisePeerUrls = []url.URL{pick("advertise-peer-url", "listen-peer-url")}
+	cfg.InitialCluster = *initial
+	if cfg.InitialCluster == "" {
+		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	}
+	cfg.ClusterState = *state
+	cfg.ForceNewCluster = *forceNew
+	cfg.LogLevel = "warn"
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "etcd: %v\n", err)
 		return 1
 	}
 	defer e.Close()
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(60 * time.Second):
-		fmt.Fprintln(os.Stderr, "etcd: not ready within 60s")
-		return 1
-	}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	// A member restarted while most of its peers are down is not ready (it cannot publish
+	// itself without quorum) and waits for them, as a real one does: no deadline here.
+	select {
+	case <-e.Server.ReadyNotify():
+		fmt.Fprintf(os.Stderr, "etcd: member %s ready\n", cfg.Name)
+	case <-sig:
+		return 0
+	case err := <-e.Err():
+		fmt.Fprintf(os.Stderr, "etcd: %v\n", err)
+		return 1
+	case <-e.Server.StopNotify():
+		fmt.Fprintln(os.Stderr, "etcd: server stopped (removed from the cluster?)")
+		return 1
+	}
 	select {
 	case <-sig:
 		return 0
 	case err := <-e.Err():
 		fmt.Fprintf(os.Stderr, "etcd: %v\n", err)
+		return 1
+	case <-e.Server.StopNotify():
+		fmt.Fprintln(os.Stderr, "etcd: server stopped (removed from the cluster?)")
 		return 1
 	}
 }

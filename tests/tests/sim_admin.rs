@@ -100,13 +100,19 @@ async fn failing_an_instance_fails_it_and_its_node_stops_reporting() {
     let sim = start().await;
     let c = client(&sim);
     first_server(&sim, &c, "c1-cp-aaaaa", "tok-fail", &[]).await;
+    // A worker fails, not the only server: with its server gone a cluster has no etcd member
+    // and no API left to show the Node (sim_etcd), as on a rack.
+    let server_ip = ephemeral_ip(&c, "c1-cp-aaaaa").await;
+    let agent = format!("server: https://{server_ip}:6443\ntoken: agent-secret-1\n");
+    create_instance(&c, "c1-workers-aaaaa", &user_data("agent", &agent, &[])).await;
+    wait_node_status(&sim, "c1-workers-aaaaa", "True").await;
     // No automatic restart: the rack would bring the VM back and its kubelet would report
     // again before the node lifecycle controller's grace period ran out.
     let id = sim.oxide().dump()["instances"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|i| i["name"] == "c1-cp-aaaaa")
+        .find(|i| i["name"] == "c1-workers-aaaaa")
         .and_then(|i| i["id"].as_str())
         .unwrap()
         .parse()
@@ -115,7 +121,7 @@ async fn failing_an_instance_fails_it_and_its_node_stops_reporting() {
         .set_auto_restart_policy(id, Some(oxide::types::InstanceAutoRestartPolicy::Never));
     let http = reqwest::Client::new();
     let resp = http
-        .post(format!("{}/instances/c1-cp-aaaaa/fail", sim.admin_url))
+        .post(format!("{}/instances/c1-workers-aaaaa/fail", sim.admin_url))
         .send()
         .await
         .unwrap();
@@ -123,7 +129,7 @@ async fn failing_an_instance_fails_it_and_its_node_stops_reporting() {
     let view = c
         .instance_view()
         .project(PROJECT)
-        .instance("c1-cp-aaaaa")
+        .instance("c1-workers-aaaaa")
         .send()
         .await
         .unwrap();
@@ -131,7 +137,7 @@ async fn failing_an_instance_fails_it_and_its_node_stops_reporting() {
         view.into_inner().run_state,
         oxide::types::InstanceState::Failed
     );
-    wait_node_status(&sim, "c1-cp-aaaaa", "Unknown").await;
+    wait_node_status(&sim, "c1-workers-aaaaa", "Unknown").await;
 
     let missing = http
         .post(format!("{}/instances/nope/fail", sim.admin_url))

@@ -11,6 +11,7 @@
 //! What the flags are and why is listed in `tests/FIDELITY.md` ("Kubernetes: real").
 
 mod binary;
+pub mod etcd;
 mod objects;
 pub mod pki;
 pub mod proxy;
@@ -130,6 +131,8 @@ pub struct ControlPlane {
     ip: Ipv4Addr,
     pki: Arc<pki::Pki>,
     components: Vec<Component>,
+    /// The datastore: real etcd members behind a forwarder (see [`etcd`]).
+    etcd: etcd::Etcd,
     admin_kubeconfig: String,
     client: kube::Client,
     kinds: objects::KindCache,
@@ -161,6 +164,16 @@ impl ControlPlane {
     /// controller manager, scheduler and KWOK as asked and waits until the ServiceAccount
     /// controller has made `default` ServiceAccounts (pods can be created).
     pub async fn start(opts: ControlPlaneOptions) -> Result<ControlPlane, ControlPlaneError> {
+        Self::start_with_member(opts, "default", None).await
+    }
+
+    /// [`ControlPlane::start`] with the datastore's first etcd member named `member` on
+    /// `member_ip` (a server VM's own address; a random loopback address when `None`).
+    pub async fn start_with_member(
+        opts: ControlPlaneOptions,
+        member: &str,
+        member_ip: Option<Ipv4Addr>,
+    ) -> Result<ControlPlane, ControlPlaneError> {
         let kcp = tokio::task::spawn_blocking(binary::kcp)
             .await
             .map_err(|e| ControlPlaneError::Binary(e.to_string()))??;
@@ -168,10 +181,13 @@ impl ControlPlane {
         // A random loopback address per control plane; another test process may hold the
         // same one (1 in ~25,000), so a clash at bind time picks another.
         for _ in 0..3 {
-            match Self::start_at(&kcp, random_ip(), &opts).await {
+            let first = (member, member_ip.unwrap_or_else(random_ip));
+            match Self::start_at(&kcp, random_ip(), first, &opts).await {
                 Ok(cp) => return Ok(cp),
                 Err(e @ ControlPlaneError::Component { .. })
-                    if e.to_string().contains("address already in use") =>
+                    if e.to_string()
+                        .to_lowercase()
+                        .contains("address already in use") =>
                 {
                     last = Some(e)
                 }
@@ -184,6 +200,7 @@ impl ControlPlane {
     async fn start_at(
         kcp: &Path,
         ip: Ipv4Addr,
+        (member, member_ip): (&str, Ipv4Addr),
         opts: &ControlPlaneOptions,
     ) -> Result<ControlPlane, ControlPlaneError> {
         let dir =
@@ -194,19 +211,13 @@ impl ControlPlane {
         let pki = Arc::new(pki::Pki::new()?);
         let files = Files::write(dir.path(), ip, &pki, opts)?;
         let mut cp_components = Vec::new();
-
-        let etcd = spawn(
-            kcp,
-            dir.path(),
-            "etcd",
-            &[
-                "--data-dir".into(),
-                path_arg(&dir.path().join("etcd")),
-                format!("--listen-client-url=http://{ip}:2379"),
-                format!("--listen-peer-url=http://{ip}:2380"),
-            ],
-        )?;
-        cp_components.push(etcd);
+        let etcd = etcd::Etcd::start(kcp, dir.path(), ip, member, member_ip)
+            .await
+            .map_err(|why| ControlPlaneError::Component {
+                component: "etcd",
+                log: String::new(),
+                why,
+            })?;
 
         let apiserver = spawn(kcp, dir.path(), "kube-apiserver", &files.apiserver_args(ip))?;
         cp_components.push(apiserver);
@@ -218,6 +229,7 @@ impl ControlPlane {
             ip,
             pki,
             components: cp_components,
+            etcd,
             admin_kubeconfig,
             client,
             kinds: objects::KindCache::default(),
@@ -328,6 +340,11 @@ impl ControlPlane {
             .ok_or_else(|| ControlPlaneError::Client("TokenRequest answered no token".into()))
     }
 
+    /// The datastore's etcd members (membership, stop and start with their VMs).
+    pub fn etcd(&self) -> &etcd::Etcd {
+        &self.etcd
+    }
+
     /// The PKI (serving certificates for front proxies, client identities).
     pub fn pki(&self) -> &Arc<pki::Pki> {
         &self.pki
@@ -339,7 +356,7 @@ impl ControlPlane {
     }
 
     /// The last lines of a component's log (`kube-apiserver`, `kube-controller-manager`,
-    /// `kube-scheduler`, `kwok`, `etcd`), for failure messages.
+    /// `kube-scheduler`, `kwok`, `etcd-<member>`), for failure messages.
     pub fn log_tail(&self, component: &str) -> String {
         log_tail(&self.dir.path().join(format!("{component}.log")))
     }
@@ -455,7 +472,7 @@ impl ControlPlane {
 /// A random address in 127.1.0.0 – 127.15.255.255: clear of 127.0.0.0/16 (everyday
 /// loopback), the simulated projects' VPC subnets (127.16 – 127.99), the external-IP pools
 /// (127.100 – 127.227) and the tailnet (127.228 – 127.254).
-fn random_ip() -> Ipv4Addr {
+pub(crate) fn random_ip() -> Ipv4Addr {
     let mut rng = rand::rng();
     Ipv4Addr::new(
         127,

@@ -37,12 +37,15 @@ impl Drop for RealCluster {
 }
 
 impl RealCluster {
-    /// Starts a control plane for a new cluster.
+    /// Starts a control plane for a new cluster whose first etcd member is `member` on
+    /// `member_ip` (the cluster-init server's own address).
     pub async fn start(
         opts: ControlPlaneOptions,
         faults: Faults,
+        member: &str,
+        member_ip: Option<std::net::Ipv4Addr>,
     ) -> Result<RealCluster, ControlPlaneError> {
-        let control_plane = ControlPlane::start(opts).await?;
+        let control_plane = ControlPlane::start_with_member(opts, member, member_ip).await?;
         let proxy = FrontProxy::new(&control_plane, faults)?;
         let ip = control_plane.ip();
         let listener = tokio::net::TcpListener::bind((ip, 6444))
@@ -161,8 +164,10 @@ pub const K3S_NODE_FINALIZERS: [&str; 2] = [
     "wrangler.cattle.io/managed-etcd-controller",
 ];
 
-/// What a running k3s server's `OnRemove` handlers do for Nodes being deleted: their work
-/// (hosts entry, etcd member) is not modelled; they drop their finalizers, so the Node goes.
+/// What a running k3s server's `OnRemove` handlers do for Nodes being deleted: the etcd
+/// member controller removes the member named in the Node's etcd annotations (k3s
+/// `removePeer`) and keeps its finalizer while etcd refuses (wrangler retries a handler that
+/// fails); the other handler's work (the hosts entry) is not modelled and its finalizer goes.
 pub async fn finish_node_removals(cp: &ControlPlane) -> Result<(), ControlPlaneError> {
     for node in cp.list("v1", "Node", None).await? {
         if node["metadata"]["deletionTimestamp"].is_null() {
@@ -172,9 +177,14 @@ pub async fn finish_node_removals(cp: &ControlPlane) -> Result<(), ControlPlaneE
             .as_array()
             .cloned()
             .unwrap_or_default();
+        let etcd_done = !finalizers.iter().any(|f| *f == K3S_NODE_FINALIZERS[1])
+            || remove_etcd_member(cp, &node).await;
         let kept: Vec<Value> = finalizers
             .iter()
-            .filter(|f| !K3S_NODE_FINALIZERS.iter().any(|k| *f == k))
+            .filter(|f| {
+                !K3S_NODE_FINALIZERS.iter().any(|k| *f == k)
+                    || (!etcd_done && **f == K3S_NODE_FINALIZERS[1])
+            })
             .cloned()
             .collect();
         if kept.len() == finalizers.len() {
@@ -191,6 +201,35 @@ pub async fn finish_node_removals(cp: &ControlPlane) -> Result<(), ControlPlaneE
         .await?;
     }
     Ok(())
+}
+
+/// k3s's member controller `onRemove`: a Node without the etcd role label or without the
+/// address annotation is done; otherwise the member of that name and address is removed.
+/// False while etcd refuses (no quorum), so the finalizer stays.
+async fn remove_etcd_member(cp: &ControlPlane, node: &Value) -> bool {
+    use super::etcd_member::{NODE_ADDRESS_ANNOTATION, NODE_NAME_ANNOTATION};
+    if node["metadata"]["labels"]["node-role.kubernetes.io/etcd"].is_null() {
+        return true;
+    }
+    let annotations = &node["metadata"]["annotations"];
+    let (Some(name), Some(address)) = (
+        annotations[NODE_NAME_ANNOTATION].as_str(),
+        annotations[NODE_ADDRESS_ANNOTATION].as_str(),
+    ) else {
+        return true;
+    };
+    match cp.etcd().remove(name, address).await {
+        Ok(removed) => {
+            if removed {
+                tracing::info!(member = name, address, "Removing etcd member from cluster");
+            }
+            true
+        }
+        Err(err) => {
+            tracing::debug!(member = name, error = %err, "etcd member removal");
+            false
+        }
+    }
 }
 
 /// The VM under `name` stopped: its kubelet is gone. The Node's [`KWOK_LABEL`] becomes
@@ -259,9 +298,25 @@ impl KubeView {
 
     /// Every object of a kind (in `ns`, or everywhere).
     pub async fn list(&self, api_version: &str, kind: &str, ns: Option<&str>) -> Vec<Value> {
+        self.try_list(api_version, kind, ns)
+            .await
+            .unwrap_or_default()
+    }
+
+    /// [`Self::list`], failing when the API does not answer (e.g. etcd has no leader while
+    /// it elects one, or has lost quorum) instead of answering an empty list.
+    pub async fn try_list(
+        &self,
+        api_version: &str,
+        kind: &str,
+        ns: Option<&str>,
+    ) -> Result<Vec<Value>, String> {
         match self.control_plane() {
-            Some(cp) => cp.list(api_version, kind, ns).await.unwrap_or_default(),
-            None => Vec::new(),
+            Some(cp) => cp
+                .list(api_version, kind, ns)
+                .await
+                .map_err(|e| e.to_string()),
+            None => Ok(Vec::new()),
         }
     }
 

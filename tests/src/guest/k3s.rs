@@ -317,7 +317,17 @@ impl Inner {
             // address; external addresses are NAT the guest never sees.
             let ip = vm.private_ip;
             let capacity = (vm.ncpus, vm.memory);
-            node_object(&name, &vm.hostname, id, role, k3s, version, ip, capacity)
+            let mut node = node_object(&name, &vm.hostname, id, role, k3s, version, ip, capacity);
+            // k3s's etcd metadata controller names the server's member on its own Node.
+            if let Some((member, address)) =
+                vm.etcd_member.as_ref().filter(|_| role == Role::Server)
+            {
+                node["metadata"]["annotations"][super::etcd_member::NODE_NAME_ANNOTATION] =
+                    serde_json::json!(member);
+                node["metadata"]["annotations"][super::etcd_member::NODE_ADDRESS_ANNOTATION] =
+                    serde_json::json!(address.to_string());
+            }
+            node
         };
         self.register_node(node, id, generation);
         if role == Role::Server {

@@ -547,6 +547,13 @@ impl Inner {
                 return None;
             }
             let mut decision = self.decide(id, role, k3s);
+            // A server's etcd starts before anything else of k3s talks to its API (the node
+            // password check goes through it): a member with data starts again here.
+            if let Decision::Join(cluster) = decision
+                && let Err(err) = self.etcd_restart(id, role, cluster)
+            {
+                return Some(format!("starting etcd: {err}"));
+            }
             if let Decision::Join(cluster) = decision
                 && let Some(msg) = self.node_password_refused(id, cluster, k3s).await
             {
@@ -583,10 +590,13 @@ impl Inner {
                     // cluster-init on a real control plane: it starts while k3s does.
                     let prepared = match &decision {
                         Decision::Create => {
+                            let (member, member_ip) = self.new_etcd_member(id);
                             let (cp, ()) = tokio::join!(
                                 RealCluster::start(
                                     self.cfg.kubernetes.clone(),
-                                    self.faults.clone()
+                                    self.faults.clone(),
+                                    &member,
+                                    member_ip,
                                 ),
                                 tokio::time::sleep(self.cfg.k3s_join)
                             );
@@ -597,10 +607,18 @@ impl Inner {
                                 }
                             }
                         }
-                        _ => {
-                            tokio::time::sleep(self.cfg.k3s_join).await;
+                        Decision::Join(cluster) => {
+                            // k3s `join`: "ETCD join failed" is fatal; systemd restarts k3s.
+                            let (joined, ()) = tokio::join!(
+                                self.etcd_join(id, role, *cluster),
+                                tokio::time::sleep(self.cfg.k3s_join)
+                            );
+                            if let Err(err) = joined {
+                                return Some(format!("ETCD join failed: {err}"));
+                            }
                             None
                         }
+                        _ => None,
                     };
                     if !self.current(id, generation) {
                         return None;
@@ -732,6 +750,7 @@ impl Inner {
         let (node, kube) = {
             let mut st = self.state();
             let kube = self.api_of(&st, id);
+            self.etcd_stop(&st, id);
             let Some(vm) = st.vms.get_mut(&id) else {
                 return;
             };
@@ -797,6 +816,7 @@ impl RackEvents for Boot {
                 k3s_exits: 0,
                 k3s_last_error: None,
                 node_name: None,
+                etcd_member: None,
                 ncpus: inst.ncpus,
                 memory: inst.memory,
                 uploads: BTreeMap::new(),
@@ -845,6 +865,7 @@ impl RackEvents for Boot {
             tailnet.remove(id);
         }
         let mut st = self.inner.state();
+        self.inner.etcd_forget(&st, id);
         if let Some(node) = st.vms.get(&id).and_then(|v| v.node_name.clone()) {
             st.departed_nodes.insert(node);
         }

@@ -25,6 +25,7 @@
 mod cloud_init;
 pub mod cluster_api;
 mod console;
+mod etcd_member;
 mod k3s;
 mod k3s_config;
 mod kubelet;
@@ -156,6 +157,9 @@ struct Vm {
     /// The last error k3s logged this boot (`level=fatal` or `level=error`).
     k3s_last_error: Option<String>,
     node_name: Option<String>,
+    /// The server's etcd member (k3s's member name and the address it listens on), kept
+    /// across restarts as k3s keeps it on disk.
+    etcd_member: Option<(String, std::net::Ipv4Addr)>,
     /// vCPUs and memory (bytes) of the instance: the Node's capacity.
     ncpus: u16,
     memory: u64,

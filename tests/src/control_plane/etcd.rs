@@ -1,0 +1,474 @@
+//! A cluster's datastore: real etcd members (`kcp etcd`, etcd's own server), one per k3s
+//! server, each on its server's own loopback address (`http://IP:2379` client, `:2380` peer),
+//! with etcd's own membership: the first server starts a new cluster, a joining server is
+//! added as a learner through the member API and promoted once etcd says it caught up, a
+//! member is removed through the member API. Nothing here decides quorum: with fewer than a
+//! majority of voters running, etcd itself has no leader and every request fails.
+//!
+//! Membership calls use etcd's gRPC gateway (`POST /v3/cluster/member/{add,list,promote,
+//! remove}` on a member's client URL, JSON), which the embedded server serves by default
+//! (`embed.Config.EnableGRPCGateway`). This keeps the calls in the simulator's own async code
+//! with the HTTP client it already has, rather than one more `kcp` subcommand per call (a
+//! process start per sample would make sampling the member list every 0.5 s costly); the
+//! requests are etcd's own `Cluster` RPCs either way.
+//!
+//! The cluster's one kube-apiserver reaches the members through [`Etcd::client_addr`], a TCP
+//! forwarder that hands each new connection to a running voting member (a simplification of
+//! k3s, where each server's apiserver uses its own local member: see `tests/FIDELITY.md`).
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::{Child, Command};
+
+/// etcd's client port, as k3s's members use it.
+pub const CLIENT_PORT: u16 = 2379;
+/// etcd's peer port.
+pub const PEER_PORT: u16 = 2380;
+
+/// How often a learner's promotion is tried (k3s's leader tries every `manageTickerTime`,
+/// 15 s; the simulator's clock is faster everywhere, see `BootConfig`).
+const PROMOTE_EVERY: Duration = Duration::from_millis(300);
+/// How long a learner may take to be promoted before the join gives up.
+const PROMOTE_PATIENCE: Duration = Duration::from_secs(120);
+
+/// The address a server's member listens on: the VM's own (private) address, or a random
+/// loopback address for a VM without one.
+pub fn member_ip(private: Option<std::net::IpAddr>) -> Ipv4Addr {
+    match private {
+        Some(std::net::IpAddr::V4(ip)) => ip,
+        _ => super::random_ip(),
+    }
+}
+
+/// A member as etcd lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdMember {
+    /// Empty until an added member started and published its name.
+    pub name: String,
+    /// etcd's member ID (decimal, as the gateway writes uint64s).
+    pub id: String,
+    pub peer_url: String,
+    pub is_learner: bool,
+}
+
+/// One member this simulator started (a server VM's etcd).
+struct Local {
+    ip: Ipv4Addr,
+    data: PathBuf,
+    log: PathBuf,
+    /// The etcd process while the member's VM runs.
+    child: Option<Child>,
+    /// Promoted (or created as the first voter).
+    voter: bool,
+}
+
+impl Local {
+    fn running(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+}
+
+struct Shared {
+    kcp: PathBuf,
+    dir: PathBuf,
+    members: Mutex<BTreeMap<String, Local>>,
+    http: reqwest::Client,
+}
+
+/// A cluster's etcd members and the forwarder its apiserver talks to. Dropping it stops
+/// every member.
+pub struct Etcd {
+    shared: Arc<Shared>,
+    client_addr: SocketAddr,
+    forwarder: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field("client_addr", &self.client_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.forwarder.abort();
+        for m in self.shared.lock().values_mut() {
+            if let Some(c) = &mut m.child {
+                let _ = c.start_kill();
+            }
+        }
+    }
+}
+
+fn client_url(ip: Ipv4Addr) -> String {
+    format!("http://{ip}:{CLIENT_PORT}")
+}
+
+fn peer_url(ip: Ipv4Addr) -> String {
+    format!("http://{ip}:{PEER_PORT}")
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Local>> {
+        self.members
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Starts member `name`'s process with `args` (the data directory and URLs added).
+    fn spawn(&self, name: &str, m: &mut Local, args: &[String]) -> Result<(), String> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&m.log)
+            .map_err(|e| format!("{}: {e}", m.log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(&self.kcp)
+            .arg("etcd")
+            .arg(format!("--name={name}"))
+            .arg(format!("--data-dir={}", m.data.display()))
+            .arg(format!("--listen-client-url={}", client_url(m.ip)))
+            .arg(format!("--listen-peer-url={}", peer_url(m.ip)))
+            .args(args)
+            .env("KCP_PARENT_PID", std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", self.kcp.display()))?;
+        m.child = Some(child);
+        Ok(())
+    }
+
+    /// Client URLs of the running voters, then of the other running members.
+    fn running_urls(&self) -> Vec<String> {
+        let mut members = self.lock();
+        let mut voters = Vec::new();
+        let mut others = Vec::new();
+        for m in members.values_mut() {
+            if m.running() {
+                if m.voter { &mut voters } else { &mut others }.push(client_url(m.ip));
+            }
+        }
+        voters.extend(others);
+        voters
+    }
+
+    /// A running voter's client address, for the forwarder.
+    fn serving(&self) -> Option<SocketAddr> {
+        let mut members = self.lock();
+        members.values_mut().find_map(|m| {
+            (m.voter && m.running()).then_some(SocketAddr::new(m.ip.into(), CLIENT_PORT))
+        })
+    }
+
+    /// `POST {url}/v3/cluster/member/{call}` on the first running member that answers.
+    async fn call(&self, call: &str, body: Value) -> Result<Value, String> {
+        let urls = self.running_urls();
+        if urls.is_empty() {
+            return Err("no etcd member is running".into());
+        }
+        let mut last = String::new();
+        for url in urls {
+            let answer = self
+                .http
+                .post(format!("{url}/v3/cluster/member/{call}"))
+                .json(&body)
+                .send()
+                .await;
+            match answer {
+                Ok(resp) => {
+                    let v: Value = resp.json().await.map_err(|e| e.to_string())?;
+                    if let Some(msg) = v["error"].as_str().or(v["message"].as_str()) {
+                        return Err(msg.to_string());
+                    }
+                    return Ok(v);
+                }
+                Err(e) => last = format!("{url}: {e}"),
+            }
+        }
+        Err(last)
+    }
+}
+
+fn parse_members(v: &Value) -> Vec<EtcdMember> {
+    v["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| EtcdMember {
+            name: m["name"].as_str().unwrap_or_default().to_string(),
+            id: m["ID"].as_str().unwrap_or_default().to_string(),
+            peer_url: m["peerURLs"][0].as_str().unwrap_or_default().to_string(),
+            is_learner: m["isLearner"].as_bool().unwrap_or(false),
+        })
+        .collect()
+}
+
+impl Etcd {
+    /// Starts a new cluster with one member `name` on `ip` (etcd `--initial-cluster-state
+    /// new`, as k3s's cluster-init server does) and the forwarder on `forward_ip:2379`; waits
+    /// until the member answers.
+    pub async fn start(
+        kcp: &Path,
+        dir: &Path,
+        forward_ip: Ipv4Addr,
+        name: &str,
+        ip: Ipv4Addr,
+    ) -> Result<Etcd, String> {
+        let listener = TcpListener::bind((forward_ip, CLIENT_PORT))
+            .await
+            .map_err(|e| format!("{forward_ip}:{CLIENT_PORT}: {e}"))?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let shared = Arc::new(Shared {
+            kcp: kcp.to_path_buf(),
+            dir: dir.to_path_buf(),
+            members: Mutex::new(BTreeMap::new()),
+            http,
+        });
+        let forwarder = tokio::spawn(forward(listener, Arc::clone(&shared)));
+        let etcd = Etcd {
+            shared,
+            client_addr: SocketAddr::new(forward_ip.into(), CLIENT_PORT),
+            forwarder,
+        };
+        etcd.add_local(name, ip, true, &["--initial-cluster-state=new".into()])?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if etcd.members().await.is_ok() {
+                return Ok(etcd);
+            }
+            if Instant::now() >= deadline || !etcd.shared.lock().values_mut().any(Local::running) {
+                return Err(format!(
+                    "etcd member {name} did not start:\n{}",
+                    etcd.log_tail(name)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn add_local(
+        &self,
+        name: &str,
+        ip: Ipv4Addr,
+        voter: bool,
+        args: &[String],
+    ) -> Result<(), String> {
+        let mut m = Local {
+            ip,
+            data: self.shared.dir.join(format!("etcd-{name}")),
+            log: self.shared.dir.join(format!("etcd-{name}.log")),
+            child: None,
+            voter,
+        };
+        self.shared.spawn(name, &mut m, args)?;
+        self.shared.lock().insert(name.to_string(), m);
+        Ok(())
+    }
+
+    /// What the apiserver's `--etcd-servers` names.
+    pub fn client_addr(&self) -> SocketAddr {
+        self.client_addr
+    }
+
+    /// The member list, from the first running member that answers (etcd serves it from
+    /// its own view, without a quorum read).
+    pub async fn members(&self) -> Result<Vec<EtcdMember>, String> {
+        let v = self.shared.call("list", json!({})).await?;
+        Ok(parse_members(&v))
+    }
+
+    /// k3s's join (`pkg/etcd` `join`): adds `name` at `ip` as a learner
+    /// (`MemberAddAsLearner`) through a running member, starts it with the cluster it was
+    /// added to (`--initial-cluster-state existing`), then tries `MemberPromote` every
+    /// [`PROMOTE_EVERY`] until etcd accepts it (it refuses a learner not yet in sync with the
+    /// leader). Fails with etcd's error when the add is refused (e.g. a learner exists
+    /// already, or the cluster has no quorum) or the learner is never promoted.
+    pub async fn join(&self, name: &str, ip: Ipv4Addr) -> Result<(), String> {
+        let peer = peer_url(ip);
+        // A join that failed after its add (k3s exits and systemd starts it again) finds
+        // itself in the list and is not added twice (k3s `join`: "If we're already in the
+        // cluster, don't try to add ourselves").
+        let listed = parse_members(&self.shared.call("list", json!({})).await?);
+        let (id, members) = match listed.iter().find(|m| m.peer_url == peer) {
+            Some(me) => (me.id.clone(), listed.clone()),
+            None => {
+                let added = self
+                    .shared
+                    .call("add", json!({"peerURLs": [peer], "isLearner": true}))
+                    .await?;
+                let id = added["member"]["ID"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                (id, parse_members(&added))
+            }
+        };
+        let cluster: Vec<String> = members
+            .into_iter()
+            .map(|m| {
+                let n = if m.peer_url == peer {
+                    name.to_string()
+                } else {
+                    m.name
+                };
+                format!("{n}={}", m.peer_url)
+            })
+            .collect();
+        let running = self.shared.lock().get_mut(name).is_some_and(Local::running);
+        if !running {
+            self.add_local(
+                name,
+                ip,
+                false,
+                &[
+                    format!("--initial-cluster={}", cluster.join(",")),
+                    "--initial-cluster-state=existing".into(),
+                ],
+            )?;
+        }
+        let deadline = Instant::now() + PROMOTE_PATIENCE;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            tokio::time::sleep(PROMOTE_EVERY).await;
+            match self.shared.call("promote", json!({"ID": id})).await {
+                Ok(_) => {
+                    if let Some(m) = self.shared.lock().get_mut(name) {
+                        m.voter = true;
+                    }
+                    return Ok(());
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(format!(
+            "learner {name} not promoted after {PROMOTE_PATIENCE:?}: {last}"
+        ))
+    }
+
+    /// The member's VM stopped: its etcd process ends; its data stays.
+    pub fn stop(&self, name: &str) {
+        if let Some(m) = self.shared.lock().get_mut(name)
+            && let Some(mut c) = m.child.take()
+        {
+            let _ = c.start_kill();
+        }
+    }
+
+    /// The member's VM started again: its etcd starts from its data (etcd ignores the
+    /// initial-cluster flags once a data directory exists). False if it has no data here.
+    pub fn restart(&self, name: &str) -> Result<bool, String> {
+        let mut members = self.shared.lock();
+        let Some(m) = members.get_mut(name) else {
+            return Ok(false);
+        };
+        if m.running() {
+            return Ok(true);
+        }
+        if !m.data.exists() {
+            return Ok(false);
+        }
+        self.shared
+            .spawn(name, m, &["--initial-cluster-state=existing".into()])?;
+        Ok(true)
+    }
+
+    /// The member's VM was deleted: its process and data are gone (the member stays in
+    /// etcd's list until it is removed).
+    pub fn forget(&self, name: &str) {
+        let gone = self.shared.lock().remove(name);
+        if let Some(mut m) = gone {
+            if let Some(c) = &mut m.child {
+                let _ = c.start_kill();
+            }
+            let _ = std::fs::remove_dir_all(&m.data);
+        }
+    }
+
+    /// k3s's `removePeer`: removes the member named `name` whose peer URL's host is
+    /// `address`, through a running member (`MemberRemove`). A member already gone is no
+    /// error; a cluster without quorum refuses.
+    pub async fn remove(&self, name: &str, address: &str) -> Result<bool, String> {
+        let members = self.members().await?;
+        let Some(m) = members.into_iter().find(|m| {
+            m.name == name
+                && m.peer_url
+                    .strip_prefix("http://")
+                    .and_then(|r| r.rsplit_once(':'))
+                    .is_some_and(|(host, _)| host == address)
+        }) else {
+            return Ok(false);
+        };
+        match self.shared.call("remove", json!({"ID": m.id})).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.contains("member not found") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether member `name`'s data directory exists (its VM's disk holds it).
+    pub fn has_data(&self, name: &str) -> bool {
+        self.shared.dir.join(format!("etcd-{name}")).exists()
+    }
+
+    /// The last 40 lines of member `name`'s log.
+    pub fn log_tail(&self, name: &str) -> String {
+        super::log_tail(&self.shared.dir.join(format!("etcd-{name}.log")))
+    }
+}
+
+/// Hands each connection to a running voting member (or closes it when none runs, as a
+/// refused connection would end).
+async fn forward(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((mut inbound, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let target = shared.serving();
+        tokio::spawn(async move {
+            let Some(target) = target else {
+                return;
+            };
+            if let Ok(mut out) = TcpStream::connect(target).await {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gateway_member_list_is_read_with_learners_and_unnamed_members() {
+        let v = json!({"members": [
+            {"ID": "4117", "peerURLs": ["http://127.3.0.2:2380"], "isLearner": true},
+            {"ID": "1287", "name": "a", "peerURLs": ["http://127.3.0.1:2380"],
+             "clientURLs": ["http://127.3.0.1:2379"]}
+        ]});
+        let m = parse_members(&v);
+        assert_eq!(m.len(), 2);
+        assert!(m[0].is_learner && m[0].name.is_empty() && m[0].id == "4117");
+        assert!(!m[1].is_learner && m[1].name == "a");
+    }
+}

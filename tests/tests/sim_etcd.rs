@@ -1,0 +1,250 @@
+//! k3s's embedded etcd in the simulator: each server VM runs its own real etcd member, a
+//! joining server is added as a learner and promoted, a stopped VM's member is down, and a
+//! deleted server Node's member is removed. With two of three servers stopped, etcd has no
+//! quorum and the cluster's API stops answering, as on a rack.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod sim_support;
+
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use oxide::prelude::*;
+use oxide::types;
+use oxide_sim::SimHandle;
+use oxide_sim::control_plane::etcd::EtcdMember;
+use oxide_sim::guest::cluster_api::RealCluster;
+use serde_json::json;
+use sim_support::*;
+
+const TOKEN: &str = "server-secret-0123456789";
+const SERVERS: [&str; 3] = ["c1-cp-aaaaa", "c1-cp-bbbbb", "c1-cp-ccccc"];
+
+/// The first server (holding the floating IP `c1-apiserver`) and two servers joining through
+/// it, one after the other as the product adds them, while the member list is sampled every
+/// 100 ms. Returns the cluster, the floating IP and the samples.
+async fn three_servers(
+    sim: &SimHandle,
+    c: &oxide::Client,
+) -> (Arc<RealCluster>, IpAddr, Vec<Vec<EtcdMember>>) {
+    let fip = create_floating_ip(c, "c1-apiserver").await;
+    first_server(sim, c, SERVERS[0], TOKEN, &[fip]).await;
+    attach_floating_ip(c, "c1-apiserver", SERVERS[0]).await;
+    let real = sim.boot().real_clusters()[0].clone();
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let sampler = {
+        let (real, samples) = (Arc::clone(&real), Arc::clone(&samples));
+        tokio::spawn(async move {
+            loop {
+                if let Ok(m) = real.control_plane.etcd().members().await {
+                    samples.lock().unwrap().push(m);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let join = format!("server: https://{fip}:6443\ntoken: {TOKEN}\n");
+    for name in &SERVERS[1..] {
+        create_instance(c, name, &user_data("server", &join, &[])).await;
+        wait_node_status(sim, name, "True").await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sampler.abort();
+    let samples = samples.lock().unwrap().clone();
+    (real, fip, samples)
+}
+
+/// Lists namespaces as `system:admin` through `https://{addr}:6443`, giving up after 10 s.
+async fn list_namespaces(real: &RealCluster, addr: IpAddr) -> Result<usize, String> {
+    let kubeconfig = real.admin_kubeconfig(&format!("https://{addr}:6443"));
+    let kc = kube::config::Kubeconfig::from_yaml(&kubeconfig).map_err(|e| e.to_string())?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let client = kube::Client::try_from(cfg).map_err(|e| e.to_string())?;
+    let req = http::Request::get("/api/v1/namespaces")
+        .body(Vec::new())
+        .unwrap();
+    match tokio::time::timeout(
+        Duration::from_secs(10),
+        client.request::<serde_json::Value>(req),
+    )
+    .await
+    {
+        Ok(Ok(list)) => Ok(list["items"].as_array().map_or(0, Vec::len)),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 10 s".into()),
+    }
+}
+
+async fn wait_state(c: &oxide::Client, name: &str, state: types::InstanceState) {
+    wait_for(&format!("{name} {state:?}"), || async {
+        let inst = c
+            .instance_view()
+            .project(PROJECT)
+            .instance(name)
+            .send()
+            .await
+            .unwrap()
+            .into_inner();
+        (inst.run_state == state).then_some(())
+    })
+    .await;
+}
+
+fn voters(members: &[EtcdMember]) -> usize {
+    members.iter().filter(|m| !m.is_learner).count()
+}
+
+#[tokio::test]
+async fn with_two_of_three_servers_stopped_etcd_has_no_quorum_and_the_api_stops_answering() {
+    let sim = start().await;
+    let c = client(&sim);
+    let (real, fip, samples) = three_servers(&sim, &c).await;
+
+    // Each server joined as a learner and was then promoted; never two learners at once.
+    let members = real.control_plane.etcd().members().await.unwrap();
+    assert_eq!(voters(&members), 3, "{members:?}");
+    assert!(
+        samples
+            .iter()
+            .all(|s| s.iter().filter(|m| m.is_learner).count() <= 1),
+        "at most one learner at a time: {samples:?}"
+    );
+    for joiner in &members {
+        let seen: Vec<bool> = samples
+            .iter()
+            .filter_map(|s| s.iter().find(|m| m.id == joiner.id))
+            .map(|m| m.is_learner)
+            .collect();
+        if seen.first() == Some(&false) {
+            continue; // the first server: a voter from the start
+        }
+        let promoted = seen.iter().position(|l| !l).expect("promoted");
+        assert!(
+            seen[..promoted].iter().all(|l| *l) && seen[promoted..].iter().all(|l| !l),
+            "{}: learner, then voter for good: {seen:?}",
+            joiner.name
+        );
+    }
+    assert_eq!(
+        samples
+            .iter()
+            .flatten()
+            .filter(|m| m.is_learner)
+            .map(|m| &m.id)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len(),
+        2,
+        "both joining servers were seen as learners: {samples:?}"
+    );
+
+    sim.kube()
+        .apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "before", "namespace": "default"},
+            "data": {"written": "before the failure"}}))
+        .await
+        .unwrap();
+    assert!(list_namespaces(&real, fip).await.unwrap() >= 4);
+
+    // Two of three servers stop: their members are down, one voter of three is left.
+    for name in &SERVERS[1..] {
+        stop_instance(&c, name).await;
+    }
+    for name in &SERVERS[1..] {
+        wait_state(&c, name, types::InstanceState::Stopped).await;
+    }
+    let stopped = Instant::now();
+    let failed = loop {
+        match list_namespaces(&real, fip).await {
+            Err(why) => break why,
+            Ok(_) if stopped.elapsed() > Duration::from_secs(60) => {
+                panic!("the API still answers 60 s after two of three servers stopped")
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    };
+    eprintln!(
+        "the API stopped answering {:?} after the stops: {failed}",
+        stopped.elapsed()
+    );
+    // It stays down: etcd has no leader while only one voter runs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(list_namespaces(&real, fip).await.is_err());
+
+    // Started again, the members rejoin with their data; the API answers, nothing lost.
+    for name in &SERVERS[1..] {
+        start_instance(&c, name).await;
+    }
+    let back = Instant::now();
+    loop {
+        if list_namespaces(&real, fip).await.is_ok() {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(120),
+            "the API is not back 120 s after the servers started"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let cm = sim
+        .kube()
+        .get("v1", "ConfigMap", Some("default"), "before")
+        .await
+        .expect("the ConfigMap written before the failure");
+    assert_eq!(cm["data"]["written"], "before the failure");
+    let members = real.control_plane.etcd().members().await.unwrap();
+    assert_eq!((members.len(), voters(&members)), (3, 3), "{members:?}");
+}
+
+#[tokio::test]
+async fn deleting_a_server_node_removes_its_etcd_member() {
+    let sim = start().await;
+    let c = client(&sim);
+    let (real, fip, _) = three_servers(&sim, &c).await;
+    let gone = SERVERS[2];
+    let node = sim.kube().get("v1", "Node", None, gone).await.unwrap();
+    let member = node["metadata"]["annotations"]["etcd.k3s.cattle.io/node-name"]
+        .as_str()
+        .expect("k3s names the member on the Node")
+        .to_string();
+    assert!(member.starts_with(&format!("{gone}-")), "{member}");
+    let listed = real.control_plane.etcd().members().await.unwrap();
+    assert!(listed.iter().any(|m| m.name == member), "{listed:?}");
+
+    // As the product removes a server: stop it, delete its Node, delete the instance.
+    stop_instance(&c, gone).await;
+    wait_state(&c, gone, types::InstanceState::Stopped).await;
+    // Stopped, the member is down but still listed: only the Node's deletion removes it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let listed = real.control_plane.etcd().members().await.unwrap();
+    assert!(listed.iter().any(|m| m.name == member), "{listed:?}");
+    assert!(
+        real.control_plane.etcd().has_data(&member),
+        "a stopped VM keeps its data"
+    );
+    assert!(sim.kube().delete("v1", "Node", None, gone).await);
+    wait_for("the Node gone and its member removed", || async {
+        let node = sim.kube().get("v1", "Node", None, gone).await;
+        let members = real.control_plane.etcd().members().await.ok()?;
+        (node.is_none() && !members.iter().any(|m| m.name == member)).then_some(members)
+    })
+    .await;
+    c.instance_delete()
+        .project(PROJECT)
+        .instance(gone)
+        .send()
+        .await
+        .unwrap();
+    wait_for(
+        "the deleted VM's member data gone with its disks",
+        || async { (!real.control_plane.etcd().has_data(&member)).then_some(()) },
+    )
+    .await;
+    let members = real.control_plane.etcd().members().await.unwrap();
+    assert_eq!((members.len(), voters(&members)), (2, 2), "{members:?}");
+    // Two voters of two: the cluster still has quorum and answers.
+    list_namespaces(&real, fip).await.unwrap();
+}
