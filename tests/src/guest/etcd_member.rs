@@ -31,7 +31,7 @@ impl Inner {
         let Some(vm) = st.vms.get_mut(&id) else {
             return (member_name("default"), None);
         };
-        let ip = crate::control_plane::etcd::member_ip(vm.private_ip);
+        let ip = crate::control_plane::etcd::member_ip(vm.private_loopback);
         let name = member_name(&vm.hostname);
         vm.etcd_member = Some((name.clone(), ip));
         (name, Some(ip))
@@ -79,7 +79,7 @@ impl Inner {
                 Arc::clone(&c.api),
                 vm.etcd_member.clone().filter(|_| vm.member),
                 vm.hostname.clone(),
-                vm.private_ip,
+                vm.private_loopback,
             )
         };
         let etcd = api.control_plane.etcd();
