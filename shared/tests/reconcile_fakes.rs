@@ -786,6 +786,7 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
         ephemeral_ip: true,
         ip_pool: None,
         anti_affinity_group: None,
+        rack_restarts: false,
     };
     let _ = w.rack().create_instance(&new).await;
     w.with(|st| {

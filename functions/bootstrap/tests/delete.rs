@@ -89,6 +89,7 @@ async fn prod_with_decoys(prod2: Option<&std::path::Path>) -> Env {
             ephemeral_ip: false,
             ip_pool: None,
             anti_affinity_group: None,
+            rack_restarts: false,
         })
         .await
         .unwrap();

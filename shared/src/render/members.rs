@@ -7,7 +7,7 @@ use crate::base::names::{self, InstanceTag};
 use crate::base::secrets::ClusterSecrets;
 use crate::domain::model::NewInstance;
 use crate::domain::plan::{MemberFactory, Observed};
-use crate::domain::spec::{ClusterSpec, ExternalIpMode};
+use crate::domain::spec::{ClusterSpec, ExternalIpMode, Role};
 use crate::render::cloud_init::MemberInput;
 
 /// Builds members of a cluster from its spec, secrets and what the run observed.
@@ -73,6 +73,9 @@ pub fn new_instance(m: &MemberInput) -> Result<NewInstance, String> {
         ephemeral_ip: spec.nodes.external_ip == ExternalIpMode::Ephemeral,
         ip_pool: spec.nodes.ip_pool.clone(),
         anti_affinity_group: m.pool.anti_affinity_group.clone(),
+        // Servers: the rack restarts them after a sled fault even when no controller can
+        // run (quorum lost); see DESIGN-NOTES "Start before replace".
+        rack_restarts: m.role == Role::ControlPlane,
     })
 }
 
