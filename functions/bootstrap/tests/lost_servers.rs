@@ -82,9 +82,8 @@ async fn refused(env: &Env, what: &str) {
 async fn bootstrap_over_a_clusters_members_without_a_server_refuses_a_second_datastore() {
     let env = env().await;
     // The resume file of the bootstrap that made the cluster.
-    let state =
-        resume::ResumeState::generate("demo", "demo", &env.sim.oxide_host, "control-plane")
-            .unwrap();
+    let state = resume::ResumeState::generate("demo", "demo", &env.sim.oxide_host, "control-plane")
+        .unwrap();
     resume::save(&resume::resume_path(&env.state_dir(), "demo"), &state).unwrap();
     let rack = env.rack("demo");
     rack.ensure_project().await.unwrap();

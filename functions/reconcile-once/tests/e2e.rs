@@ -1142,10 +1142,9 @@ async fn a_failed_server_is_started_again_and_rejoins_without_a_new_instance() {
         .find(|n| *n != holder)
         .unwrap_or_default();
     let id = env.instance_id(&victim);
-    env.sim.oxide().set_auto_restart_policy(
-        id,
-        Some(oxide::types::InstanceAutoRestartPolicy::Never),
-    );
+    env.sim
+        .oxide()
+        .set_auto_restart_policy(id, Some(oxide::types::InstanceAutoRestartPolicy::Never));
     env.sim.oxide().set_instance_failed(id);
     // The controller meets it as it would after a while: its Node NotReady.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);

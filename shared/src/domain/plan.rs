@@ -523,7 +523,11 @@ fn boot_disk_usable(observed: &Observed, inst: &Instance) -> bool {
 
 /// When we last started this member again, if that was within the last join deadline (the
 /// Node's `restarted-at`, T).
-fn restarted_within(node: Option<&Node>, now: DateTime<Utc>, join: Duration) -> Option<DateTime<Utc>> {
+fn restarted_within(
+    node: Option<&Node>,
+    now: DateTime<Utc>,
+    join: Duration,
+) -> Option<DateTime<Utc>> {
     node?.restarted_at().filter(|t| now - *t <= join)
 }
 
@@ -1219,8 +1223,9 @@ fn lost_why(m: &Member, lost: Lost) -> String {
     match lost {
         Lost::BootDisk => format!("is {state} and its boot disk is gone or faulted"),
         Lost::DownAgain => format!("is {state} again after it was started again"),
-        Lost::NotBack => "was started again and is not a Ready Node within the join deadline"
-            .to_owned(),
+        Lost::NotBack => {
+            "was started again and is not a Ready Node within the join deadline".to_owned()
+        }
     }
 }
 

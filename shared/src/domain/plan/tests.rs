@@ -498,7 +498,11 @@ fn a_failed_or_stopped_server_with_its_disk_is_started_once_not_replaced() {
         w.set_state_since("demo-control-plane-cp002", state.clone(), 30);
         w.set_not_ready("demo-control-plane-cp002", 20);
         let p = w.plan();
-        assert_eq!(started(&p), ["demo-control-plane-cp002"], "{state:?}: {p:?}");
+        assert_eq!(
+            started(&p),
+            ["demo-control-plane-cp002"],
+            "{state:?}: {p:?}"
+        );
         assert!(removed(&p).is_empty(), "{state:?}: {p:?}");
         assert_eq!(creates(&p, "control-plane"), 0, "{state:?}: {p:?}");
         let marked = p.actions.iter().any(|a| {
@@ -537,9 +541,13 @@ fn a_restarted_server_gets_one_join_deadline_then_is_replaced() {
     let p = w.plan();
     assert_eq!(started(&p), [cp], "{p:?}");
     assert!(
-        p.actions
-            .iter()
-            .all(|a| !matches!(a, Action::StartMember { mark_node: Some(_), .. })),
+        p.actions.iter().all(|a| !matches!(
+            a,
+            Action::StartMember {
+                mark_node: Some(_),
+                ..
+            }
+        )),
         "not marked again: the mark is the first start's time: {p:?}"
     );
     // ... and past the deadline, still failed since before that start: it did not come
@@ -548,7 +556,11 @@ fn a_restarted_server_gets_one_join_deadline_then_is_replaced() {
     w.restarted(cp, join + 1);
     let p = w.plan();
     assert_eq!(removed(&p), [cp], "{p:?}");
-    assert!(p.actions.iter().any(|a| a.reason().contains("not a Ready Node")));
+    assert!(
+        p.actions
+            .iter()
+            .any(|a| a.reason().contains("not a Ready Node"))
+    );
     // Failed again after the start took: replaced, not started a second time.
     let mut w = World::healthy(3, 2, 2);
     w.set_state_since(cp, InstanceState::Failed, 10);
@@ -557,7 +569,11 @@ fn a_restarted_server_gets_one_join_deadline_then_is_replaced() {
     let p = w.plan();
     assert_eq!(removed(&p), [cp], "{p:?}");
     assert!(started(&p).is_empty(), "{p:?}");
-    assert!(p.actions.iter().any(|a| a.reason().contains("again after it was started again")));
+    assert!(
+        p.actions
+            .iter()
+            .any(|a| a.reason().contains("again after it was started again"))
+    );
     // A start older than the deadline, after which it came back and failed again: a new
     // outage, started (and marked) again.
     w.restarted(cp, join + 100);
