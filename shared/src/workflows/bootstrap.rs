@@ -885,10 +885,7 @@ async fn refuse_second_datastore<R: Rack>(
     if instances.iter().any(|i| i.name.starts_with(&servers)) {
         return Ok(());
     }
-    let disks = rack
-        .list_disks()
-        .await
-        .map_err(|e| rack_failed(step, e))?;
+    let disks = rack.list_disks().await.map_err(|e| rack_failed(step, e))?;
     let ours = |description: &str| {
         InstanceTag::parse(description).is_some_and(|t| t.cluster == spec.cluster)
     };
@@ -971,6 +968,13 @@ async fn ensure_first_server<R: Rack>(
         ca_hash: None,
     })
     .map_err(|m| failed(step, message(m)))?;
+    // The servers' anti-affinity group (a default one unless the spec names another) must
+    // exist before an instance can join it.
+    if let Some(group) = &new.anti_affinity_group {
+        rack.ensure_anti_affinity_group(group)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+    }
     match rack.create_instance(&new).await {
         // 201 with a `stopped` instance: the rack's automatic start failed (no sled has room,
         // or the silo quota is spent) and only an explicit start says which. Fail now with
