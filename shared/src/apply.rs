@@ -274,7 +274,18 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 }
             }
             Action::CreateMember { pool, name, .. } => self.create(pool, name, blocked).await,
-            Action::StartMember { name, .. } => {
+            Action::StartMember {
+                name, mark_node, ..
+            } => {
+                // The mark first: a later run must know a start was made even if this run
+                // ends right after it.
+                if let Some(node) = mark_node
+                    && let Err(e) = self
+                        .retry_kube(|| self.cluster.mark_restarted(node, Utc::now()))
+                        .await
+                {
+                    return Outcome::Failed(format!("{e:#}"));
+                }
                 match self.retry(|| self.rack.start_instance(name)).await {
                     Ok(()) => Outcome::Done,
                     Err(e) => Outcome::Failed(start_failure(e)),

@@ -838,6 +838,19 @@ impl Cluster for FakeCluster {
         })
     }
 
+    async fn mark_restarted(
+        &self,
+        node: &str,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), ClusterError> {
+        self.edit_node(node, "mark-restarted", |n| {
+            n.annotations.insert(
+                crate::domain::model::RESTARTED_ANNOTATION.to_owned(),
+                at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            );
+        })
+    }
+
     async fn cancel_removal(&self, node: &str) -> Result<(), ClusterError> {
         self.edit_node(node, "cancel-removal", |n| {
             n.unschedulable = false;

@@ -53,6 +53,7 @@ async fn vm(world: &FakeWorld, name: &str, description: &str, data: bool, group:
         ephemeral_ip: true,
         ip_pool: None,
         anti_affinity_group: group.map(str::to_owned),
+        rack_restarts: false,
     };
     world.rack().create_instance(&new).await.unwrap();
     if let Some(g) = group {

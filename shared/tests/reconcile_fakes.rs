@@ -321,6 +321,10 @@ fn a_failed_servers_replacement_waits_until_its_node_is_gone() {
             if let Some(i) = s.instances.get_mut(&dead) {
                 i.state = InstanceState::Failed;
             }
+            // With its boot disk faulted there is nothing to start again: it is replaced.
+            if let Some(d) = s.disks.get_mut(&format!("boot-{dead}")) {
+                d.state = oxide_controller::domain::model::DiskState::Faulted;
+            }
             s.held_nodes.insert(dead.clone());
             s.log.clear();
         });
@@ -786,6 +790,7 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
         ephemeral_ip: true,
         ip_pool: None,
         anti_affinity_group: None,
+        rack_restarts: false,
     };
     let _ = w.rack().create_instance(&new).await;
     w.with(|st| {

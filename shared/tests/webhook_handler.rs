@@ -1347,6 +1347,13 @@ impl Cluster for BrokenJobs {
     async fn cancel_removal(&self, node: &str) -> Result<(), ClusterError> {
         self.0.cancel_removal(node).await
     }
+    async fn mark_restarted(
+        &self,
+        node: &str,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), ClusterError> {
+        self.0.mark_restarted(node, at).await
+    }
     async fn delete_node(&self, node: &str) -> Result<(), ClusterError> {
         self.0.delete_node(node).await
     }

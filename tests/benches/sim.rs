@@ -100,6 +100,7 @@ async fn listing(rows: &mut Vec<(String, String)>) {
         ephemeral_ip: false,
         ip_pool: None,
         anti_affinity_group: None,
+        rack_restarts: false,
     };
     let start = Instant::now();
     let total = if short() { 100 } else { 1000 };

@@ -83,6 +83,7 @@ fn new_instance(name: &str, image: Uuid) -> NewInstance {
         ephemeral_ip: false,
         ip_pool: None,
         anti_affinity_group: None,
+        rack_restarts: false,
     }
 }
 

@@ -421,6 +421,10 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
     // 3. The API floating IP's holder dies: reconcile moves <cluster>-apiserver (and replaces
     //    the server), and nothing else.
     let via = via_member(&env, &kubeconfig, other_servers.last().unwrap().as_str());
+    // It does not come back when started again (it fails at boot), so it is replaced.
+    env.sim
+        .faults()
+        .update(|f| f.fail_at_boot = vec![holder.clone()]);
     env.sim
         .oxide()
         .set_instance_failed(instance_id(&env, &holder).parse().unwrap());

@@ -89,6 +89,7 @@ async fn prod_with_decoys(prod2: Option<&std::path::Path>) -> Env {
             ephemeral_ip: false,
             ip_pool: None,
             anti_affinity_group: None,
+            rack_restarts: false,
         })
         .await
         .unwrap();
@@ -194,7 +195,39 @@ fn is_prods(entry: &str) -> bool {
     ]
     .iter()
     .any(|p| name.starts_with(p) || name.starts_with(&format!("boot-{p}")))
-        || ["prod-apiserver", "prod-default-web"].contains(&name)
+        || ["prod-apiserver", "prod-default-web", "prod-control-plane"].contains(&name)
+}
+
+/// Issue 32 item 6: the servers of a cluster whose spec names no group are in the default
+/// group `<cluster>-control-plane`, and only they.
+fn assert_servers_spread(env: &Env, cluster: &str) {
+    let dump = env.dump();
+    let group = format!("{cluster}-control-plane");
+    let members: BTreeSet<String> = dump["anti_affinity_groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == group.as_str())
+        .unwrap_or_else(|| panic!("no group {group}: {dump:#}"))["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_owned())
+        .collect();
+    let servers: BTreeSet<String> = dump["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| {
+            i["name"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{group}-"))
+        })
+        .map(|i| i["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(!servers.is_empty());
+    assert_eq!(members, servers, "{group} holds exactly the servers");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -229,6 +262,8 @@ async fn delete_removes_the_cluster_and_nothing_else() {
         }
     }
     let before = everything(&env);
+    assert_servers_spread(&env, "prod");
+    assert_servers_spread(&env, "prod-2");
     let decoys: BTreeSet<String> = before.iter().filter(|o| !is_prods(o)).cloned().collect();
     assert!(
         decoys

@@ -1035,6 +1035,10 @@ async fn the_floating_ip_moves_when_its_holder_dies() {
         .find(|n| *n != holder)
         .unwrap_or_default();
     let env = env.via_member(&other).await;
+    // It does not come back when started again (it fails at boot), so it is replaced.
+    env.sim
+        .faults()
+        .update(|f| f.fail_at_boot = vec![holder.clone()]);
     env.sim
         .oxide()
         .set_instance_failed(env.instance_id(&holder));
@@ -1079,6 +1083,10 @@ async fn a_failed_server_is_replaced_only_after_its_node_is_deleted() {
         .cloned()
         .unwrap_or_default();
     let w = watch(&env);
+    // It does not come back when started again (it fails at boot), so it is replaced.
+    env.sim
+        .faults()
+        .update(|f| f.fail_at_boot = vec![victim.clone()]);
     env.sim
         .oxide()
         .set_instance_failed(env.instance_id(&victim));
@@ -1122,6 +1130,77 @@ async fn a_failed_server_is_replaced_only_after_its_node_is_deleted() {
             .await
             .is_none(),
         "the dead server's Node is gone"
+    );
+    env.assert_no_leaks();
+}
+
+/// Issue 32 item 3: a server failed by a sled fault, with its disks intact, is started again
+/// by the controller and rejoins as the same member: no instance is created, nothing is
+/// removed. The victim has `auto_restart_policy: never` (as servers made before servers got
+/// `best_effort`), so the rack does not restart it by itself: the start is the controller's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_server_is_started_again_and_rejoins_without_a_new_instance() {
+    let env = env(3, 2).await;
+    let holder = env.fip_holder().unwrap_or_default();
+    let before = env.instance_names("");
+    let victim = env
+        .instance_names(CP)
+        .into_iter()
+        .find(|n| *n != holder)
+        .unwrap_or_default();
+    let id = env.instance_id(&victim);
+    env.sim
+        .oxide()
+        .set_auto_restart_policy(id, Some(oxide::types::InstanceAutoRestartPolicy::Never));
+    env.sim.oxide().set_instance_failed(id);
+    // The controller meets it as it would after a while: its Node NotReady (after the
+    // controller-manager's 50 s node-monitor grace period; slow when the machine is loaded).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(360);
+    while env.ready_nodes(CP).await.contains(&victim) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{victim}'s Node never went NotReady"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    env.sim.oxide().reset_counters();
+    env.converge(30).await;
+    let counters = env.sim.oxide().counters();
+    assert_eq!(
+        counters.get("POST /v1/instances").copied().unwrap_or(0),
+        0,
+        "no instance created: {counters:?}"
+    );
+    assert_eq!(
+        counters
+            .get("POST /v1/instances/{instance}/start")
+            .copied()
+            .unwrap_or(0),
+        1,
+        "started once: {counters:?}"
+    );
+    assert_eq!(
+        counters
+            .get("DELETE /v1/instances/{instance}")
+            .copied()
+            .unwrap_or(0),
+        0,
+        "nothing removed: {counters:?}"
+    );
+    assert_eq!(env.instance_names(""), before, "the same members");
+    assert_eq!(env.instance_id(&victim), id);
+    let ready = env.ready_nodes(CP).await;
+    assert!(ready.contains(&victim), "{victim} rejoined: {ready:?}");
+    assert_eq!(ready.len(), 3, "{ready:?}");
+    let node = env
+        .sim
+        .kube()
+        .get("v1", "Node", None, &victim)
+        .await
+        .unwrap_or_else(|| panic!("{victim}'s Node"));
+    assert!(
+        node["metadata"]["annotations"]["oxide-controller/restarted-at"].is_string(),
+        "the start is recorded on the Node: {node}"
     );
     env.assert_no_leaks();
 }

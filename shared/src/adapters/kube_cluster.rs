@@ -410,6 +410,24 @@ impl Cluster for KubeCluster {
         Ok(())
     }
 
+    async fn mark_restarted(
+        &self,
+        node: &str,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), ClusterError> {
+        let api: Api<KubeNode> = Api::all(self.client.clone());
+        let patch = serde_json::json!({
+            "metadata": { "annotations": {
+                crate::domain::model::RESTARTED_ANNOTATION:
+                    at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+            } },
+        });
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| cluster_error(format!("node {node}"), e))?;
+        Ok(())
+    }
+
     async fn cancel_removal(&self, node: &str) -> Result<(), ClusterError> {
         let api: Api<KubeNode> = Api::all(self.client.clone());
         let patch = serde_json::json!({

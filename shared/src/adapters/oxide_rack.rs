@@ -566,9 +566,17 @@ pub(crate) fn instance_create_body(new: &NewInstance) -> Result<types::InstanceC
     };
     Ok(types::InstanceCreate {
         anti_affinity_groups,
-        // The controller replaces failed members itself. Left unset the rack would restart
-        // them too (`best_effort`), racing our delete and bringing back a surplus member.
-        auto_restart_policy: Some(types::InstanceAutoRestartPolicy::Never),
+        // Servers: `best_effort`, so a sled fault that fails them (even two at once, when no
+        // controller run can happen) ends with the rack starting them on their intact disks.
+        // Workers: `never`; the controller replaces them. Either way a removal stops the
+        // instance before deleting it, which clears nexus's intent to run it, so an automatic
+        // restart cannot bring back a member being removed (DESIGN-NOTES "Start before
+        // replace").
+        auto_restart_policy: Some(if new.rack_restarts {
+            types::InstanceAutoRestartPolicy::BestEffort
+        } else {
+            types::InstanceAutoRestartPolicy::Never
+        }),
         boot_disk: Some(disk_attachment(what, &new.boot_disk, &new.description)?),
         cpu_platform: None,
         description: new.description.clone(),
@@ -1795,6 +1803,7 @@ mod tests {
             ephemeral_ip: true,
             ip_pool: Some("public".into()),
             anti_affinity_group: Some("demo-workers".into()),
+            rack_restarts: false,
         }
     }
 
@@ -1807,8 +1816,16 @@ mod tests {
         assert_eq!(json["ncpus"], 4);
         assert_eq!(json["memory"], 8 * GIB);
         assert_eq!(json["start"], true);
-        // The controller replaces failed members; the rack must not restart them as well.
+        // Workers: the controller replaces failed ones; the rack must not restart them too.
         assert_eq!(json["auto_restart_policy"], "never");
+        // Servers: the rack restarts them after a sled fault.
+        let server = NewInstance {
+            rack_restarts: true,
+            ..new_instance()
+        };
+        let json_server = serde_json::to_value(instance_create_body(&server).expect("valid"))
+            .expect("serializes");
+        assert_eq!(json_server["auto_restart_policy"], "best_effort");
         assert_eq!(json["ssh_public_keys"], serde_json::json!([]));
         assert_eq!(json["user_data"], "I2Nsb3VkLWNvbmZpZwo=");
         assert_eq!(

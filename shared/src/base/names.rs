@@ -148,6 +148,11 @@ pub const LEGACY_RECONCILE_API_FIP_DESCRIPTION: &str = "oxide-controller API add
 /// Description of the anti-affinity groups we create.
 pub const ANTI_AFFINITY_GROUP_DESCRIPTION: &str =
     "oxide-controller: spread pool members across sleds";
+/// The control plane's anti-affinity group when the spec names none: `<cluster>-<pool>`, the
+/// servers' name prefix (a valid name whenever their instance names are).
+pub fn default_control_plane_group(cluster: &str, control_plane_pool: &str) -> String {
+    format!("{cluster}-{control_plane_pool}")
+}
 /// Name of the VPC (and of its subnet) Oxide creates with a project.
 pub const DEFAULT_VPC: &str = "default";
 

@@ -182,6 +182,8 @@ pub struct NewInstance {
     pub ephemeral_ip: bool,
     pub ip_pool: Option<String>,
     pub anti_affinity_group: Option<String>,
+    /// `auto_restart_policy`: `best_effort` (the rack restarts it when it fails) or `never`.
+    pub rack_restarts: bool,
 }
 
 impl std::fmt::Debug for NewInstance {
@@ -243,6 +245,10 @@ pub struct Allocatable {
 pub const DELETE_ME_ANNOTATION: &str = "oxide-controller/delete-me";
 /// Annotation we put on a Node when we start removing its member; later runs carry on.
 pub const REMOVING_ANNOTATION: &str = "oxide-controller/removing";
+/// Annotation we put on a server's Node (RFC 3339 time) just before we start its failed or
+/// stopped instance again: the planner starts a member once per outage and gives it one join
+/// deadline from then (see [`crate::domain::plan`] "start before replace").
+pub const RESTARTED_ANNOTATION: &str = "oxide-controller/restarted-at";
 
 impl Node {
     /// Marked `oxide-controller/delete-me` (any value but "false").
@@ -259,6 +265,15 @@ impl Node {
     /// Carries [`REMOVING_ANNOTATION`]: a removal of ours is under way.
     pub fn being_removed(&self) -> bool {
         self.annotations.contains_key(REMOVING_ANNOTATION)
+    }
+
+    /// When we last started its instance again ([`RESTARTED_ANNOTATION`]); an unreadable
+    /// value counts as never.
+    pub fn restarted_at(&self) -> Option<DateTime<Utc>> {
+        self.annotations
+            .get(RESTARTED_ANNOTATION)
+            .and_then(|v| DateTime::parse_from_rfc3339(v).ok())
+            .map(|t| t.with_timezone(&Utc))
     }
 }
 

@@ -10,6 +10,10 @@
 //! - broken members (Failed, join timed out, NotReady past grace) are removed; workers are
 //!   replaced in the same run, the control plane removes first and replaces in a later run,
 //!   because adding an etcd member while another is dead can cost quorum;
+//! - start before replace: a server whose instance is `failed` or `stopped` while its Node is
+//!   registered, and whose boot disk is there, is started again once (its Node annotated
+//!   [`RESTARTED_ANNOTATION`] first) and replaced only when it goes down again after that
+//!   start or is not a Ready Node one join deadline after it (see [`Health::Down`]);
 //! - scale up creates the shortfall, never letting a pool exceed desired+1 instances;
 //! - scale down picks victims: `delete-me` > never joined > NotReady > drifted > newest;
 //! - drift rolls one member at a time per pool: a surge member first, then, once it is Ready,
@@ -31,7 +35,7 @@ use crate::domain::spec::{ClusterSpec, PoolSpec, Role};
 
 pub mod backoff;
 
-pub use crate::domain::model::REMOVING_ANNOTATION;
+pub use crate::domain::model::{REMOVING_ANNOTATION, RESTARTED_ANNOTATION};
 
 /// What happened to one action.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -111,8 +115,16 @@ pub enum Health {
     SetupFailed,
     NotReadyTooLong,
     Failed,
-    /// Stopped with its Node still registered and not being removed: someone stopped it.
+    /// Stopped with its Node still registered and not being removed: someone stopped it (a
+    /// worker; a server is [`Health::Down`]).
     StoppedUnexpectedly,
+    /// A server that is `failed` (a sled fault: nexus marks the VMMs of a sled that is
+    /// expunged, powered off or restarted `failed`) or `stopped` while its Node is registered,
+    /// with its boot disk there: its etcd data survives, so it is started again, once per
+    /// outage, and counts as a member meanwhile.
+    Down,
+    /// A server that went down and is not coming back: replaced (see [`Lost`]).
+    Lost(Lost),
     /// Stopped, never a Node, younger than the join deadline: the rack did not start it (a
     /// full rack or an exhausted silo quota makes create answer 201 with a `stopped`
     /// instance). It is started again (once per run, which also tells why it cannot run) and
@@ -135,15 +147,32 @@ impl Health {
                 | Health::NotReady
                 | Health::StoppedUnexpectedly
                 | Health::NotStarted
+                | Health::Down
         )
     }
     /// About to be replaced.
     pub fn is_broken(&self) -> bool {
         matches!(
             self,
-            Health::JoinTimedOut | Health::SetupFailed | Health::NotReadyTooLong | Health::Failed
+            Health::JoinTimedOut
+                | Health::SetupFailed
+                | Health::NotReadyTooLong
+                | Health::Failed
+                | Health::Lost(_)
         )
     }
+}
+
+/// Why a server that went down is replaced rather than started again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lost {
+    /// Its boot disk is gone or faulted: nothing to start.
+    BootDisk,
+    /// It went down again after we started it, before it was a Ready Node again.
+    DownAgain,
+    /// Not a Ready Node one join deadline after it was started again.
+    NotBack,
 }
 
 /// One VM of the cluster with its Node, classified.
@@ -195,10 +224,13 @@ pub enum Action {
         node: String,
         reason: String,
     },
-    /// Start a member someone stopped.
+    /// Start a member that is stopped (or failed). With `mark_node`, that Node is annotated
+    /// [`RESTARTED_ANNOTATION`] with the time first, so later runs know the start was made.
     StartMember {
         pool: String,
         name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mark_node: Option<String>,
         reason: String,
     },
     /// Delete a Node whose instance is gone.
@@ -412,8 +444,14 @@ pub fn classify<'a>(
             None => false,
         };
         let removing = node.is_some_and(|n| n.being_removed());
+        let is_server = spec
+            .pool(&tag.pool)
+            .is_some_and(|(role, _)| role == Role::ControlPlane);
         let health = match &inst.state {
             _ if removing => Health::Removing,
+            InstanceState::Failed | InstanceState::Stopped if is_server && node.is_some() => {
+                down_health(inst, node, boot_disk_usable(observed, inst), now, join)
+            }
             InstanceState::Failed => Health::Failed,
             InstanceState::Stopping => Health::Removing,
             // Within the join deadline a stopped member without a Node is one the rack did not
@@ -429,6 +467,16 @@ pub fn classify<'a>(
             state => match node.map(|n| &n.readiness) {
                 Some(NodeReadiness::Ready) if *state == InstanceState::Running => Health::Ready,
                 Some(NodeReadiness::Ready) => Health::NotReady,
+                // Started again (by us or by the rack) after its Node went down: it gets one
+                // join deadline from that start to be Ready again, not the NotReady grace,
+                // which ran out while it was down.
+                Some(NodeReadiness::NotReady { since }) if inst.time_state_updated > *since => {
+                    if now - inst.time_state_updated > join {
+                        Health::Lost(Lost::NotBack)
+                    } else {
+                        Health::Joining
+                    }
+                }
                 Some(NodeReadiness::NotReady { since }) => {
                     if now - *since > grace {
                         Health::NotReadyTooLong
@@ -462,6 +510,53 @@ pub fn classify<'a>(
         });
     }
     members
+}
+
+/// Whether `inst`'s boot disk is there and not faulted (a start needs it).
+fn boot_disk_usable(observed: &Observed, inst: &Instance) -> bool {
+    let boot = names::boot_disk_name(&inst.name);
+    observed
+        .disks
+        .iter()
+        .any(|d| d.name == boot && d.state != DiskState::Faulted)
+}
+
+/// When we last started this member again, if that was within the last join deadline (the
+/// Node's `restarted-at`, T).
+fn restarted_within(
+    node: Option<&Node>,
+    now: DateTime<Utc>,
+    join: Duration,
+) -> Option<DateTime<Utc>> {
+    node?.restarted_at().filter(|t| now - *t <= join)
+}
+
+/// A server that is `failed` or `stopped` with its Node registered. It is started again at
+/// most once per join deadline (T = our last start, F = its last state change): with no start
+/// in the last join deadline, start it; after one, it is replaced if it changed state since
+/// (it went down again after the start took); otherwise the start has not taken yet (the rack
+/// refused it, say, for capacity) and is made again. A start older than the join deadline
+/// that never took (F before T) means it did not come back in time: replace it.
+fn down_health(
+    inst: &Instance,
+    node: Option<&Node>,
+    boot_disk: bool,
+    now: DateTime<Utc>,
+    join: Duration,
+) -> Health {
+    if !boot_disk {
+        return Health::Lost(Lost::BootDisk);
+    }
+    let changed_since = |t: DateTime<Utc>| inst.time_state_updated > t;
+    match (
+        restarted_within(node, now, join),
+        node.and_then(Node::restarted_at),
+    ) {
+        (Some(t), _) if changed_since(t) => Health::Lost(Lost::DownAgain),
+        (Some(_), _) => Health::Down,
+        (None, Some(t)) if !changed_since(t) => Health::Lost(Lost::NotBack),
+        (None, _) => Health::Down,
+    }
 }
 
 fn secs(s: u64) -> i64 {
@@ -520,6 +615,7 @@ pub fn plan(
             fip_ready,
             &mut gate,
             &mut new_name,
+            now,
             &mut p,
         );
         if let Some(b) = blocked.filter(|_| gate.wanted > 0) {
@@ -688,6 +784,7 @@ fn plan_pool(
     fip_ready: bool,
     gate: &mut CreateGate,
     new_name: &mut impl FnMut(&str) -> Option<String>,
+    now: DateTime<Utc>,
     p: &mut Plan,
 ) {
     let fip_holder = observed
@@ -726,7 +823,7 @@ fn plan_pool(
     };
 
     finish_removals(observed, pool, members, p);
-    start_stopped(pool, members, p);
+    start_stopped(spec, pool, members, now, p);
     // Members the rack never started: start each once (no new create for them, no delete
     // and re-create either: on a full rack that only churns). Surplus ones are removed instead,
     // below (they rank first as never joined).
@@ -765,7 +862,9 @@ fn pool_counts(pool: &PoolSpec, members: &[&Member]) -> PoolCounts {
         ready: count(&|m| m.health == Health::Ready),
         joining: count(&|m| m.health == Health::Joining),
         not_ready: count(&|m| m.health == Health::NotReady),
-        broken: count(&|m| m.health.is_broken() || m.health == Health::NotStarted),
+        broken: count(&|m| {
+            m.health.is_broken() || matches!(m.health, Health::NotStarted | Health::Down)
+        }),
         removing: count(&|m| m.health == Health::Removing),
         drifted: count(&|m| m.drifted && m.health.counts()),
     }
@@ -815,16 +914,42 @@ fn finish_removals(observed: &Observed, pool: &PoolSpec, members: &[&Member], p:
     }
 }
 
-/// Members stopped outside oxide-controller are started again.
-fn start_stopped(pool: &PoolSpec, members: &[&Member], p: &mut Plan) {
-    for m in members
-        .iter()
-        .filter(|m| m.health == Health::StoppedUnexpectedly)
-    {
+/// Members stopped outside oxide-controller are started again, and so are servers that went
+/// down (failed or stopped) with their disks intact: once per outage, recorded on the Node.
+fn start_stopped(
+    spec: &ClusterSpec,
+    pool: &PoolSpec,
+    members: &[&Member],
+    now: DateTime<Utc>,
+    p: &mut Plan,
+) {
+    for m in members.iter() {
+        let (mark_node, reason) = match m.health {
+            Health::StoppedUnexpectedly => (
+                None,
+                "it was stopped outside oxide-controller while still a member".to_owned(),
+            ),
+            Health::Down => {
+                let join = Duration::seconds(secs(spec.timeouts.join_seconds));
+                let first = restarted_within(m.node, now, join).is_none();
+                let state = format!("{:?}", m.instance.state).to_lowercase();
+                let why = format!(
+                    "server is {state} with its Node and boot disk intact; starting it again (once) instead of replacing it: it is replaced if it is not a Ready Node within {}s",
+                    spec.timeouts.join_seconds
+                );
+                if first {
+                    (m.node.map(|n| n.name.clone()), why)
+                } else {
+                    (None, format!("{why} (the last start has not taken yet)"))
+                }
+            }
+            _ => continue,
+        };
         p.actions.push(Action::StartMember {
             pool: pool.name.clone(),
             name: m.instance.name.clone(),
-            reason: "it was stopped outside oxide-controller while still a member".into(),
+            mark_node,
+            reason,
         });
     }
 }
@@ -847,6 +972,7 @@ fn start_not_started(
         p.actions.push(Action::StartMember {
             pool: pool.name.clone(),
             name: m.instance.name.clone(),
+            mark_node: None,
             reason: "the rack left it stopped after create (no capacity or quota, or an earlier removal was cut short); starting it again".into(),
         });
     }
@@ -998,6 +1124,7 @@ fn plan_control_plane(
         if ready >= quorum(voting.saturating_sub(1).max(1)) {
             let why = match m.health {
                 Health::SetupFailed => setup_failed_why(m),
+                Health::Lost(lost) => format!("control-plane member {}", lost_why(m, lost)),
                 _ => format!("control-plane member is {:?}", m.health),
             };
             p.actions.push(remove(
@@ -1090,8 +1217,21 @@ fn setup_failed_why(m: &Member) -> String {
     }
 }
 
+/// Why a server that went down is replaced, not started again.
+fn lost_why(m: &Member, lost: Lost) -> String {
+    let state = format!("{:?}", m.instance.state).to_lowercase();
+    match lost {
+        Lost::BootDisk => format!("is {state} and its boot disk is gone or faulted"),
+        Lost::DownAgain => format!("is {state} again after it was started again"),
+        Lost::NotBack => {
+            "was started again and is not a Ready Node within the join deadline".to_owned()
+        }
+    }
+}
+
 fn broken_reason(m: &Member, spec: &ClusterSpec) -> String {
     match m.health {
+        Health::Lost(lost) => format!("it {}; replacing it", lost_why(m, lost)),
         Health::SetupFailed => format!("{}; replacing it", setup_failed_why(m)),
         Health::Failed => "the instance failed; replacing it".into(),
         Health::JoinTimedOut => format!(

@@ -515,6 +515,28 @@ impl ClusterSpec {
         self.worker_pools.first()
     }
 
+    /// The anti-affinity group a pool's instances join: the one the pool names; for the
+    /// control plane, when it names none, `<cluster>-<control-plane pool>` (failure domain
+    /// sled, policy allow), so that one sled does not hold two etcd members when the rack has
+    /// room elsewhere (audit day2 D6).
+    pub fn anti_affinity_group(&self, role: Role, pool: &PoolSpec) -> Option<String> {
+        match (role, &pool.anti_affinity_group) {
+            (_, Some(g)) => Some(g.clone()),
+            (Role::ControlPlane, None) => Some(names::default_control_plane_group(
+                &self.cluster,
+                &pool.name,
+            )),
+            (Role::Worker, None) => None,
+        }
+    }
+
+    /// Every anti-affinity group the spec's pools join.
+    pub fn anti_affinity_groups(&self) -> std::collections::BTreeSet<String> {
+        self.pools()
+            .filter_map(|(role, pool)| self.anti_affinity_group(role, pool))
+            .collect()
+    }
+
     /// k3s version of a pool.
     pub fn k3s_version<'a>(&'a self, pool: &'a PoolSpec) -> &'a str {
         pool.k3s_version.as_deref().unwrap_or(&self.k3s.version)
@@ -751,14 +773,14 @@ impl ClusterSpec {
     /// (omicron `ANTI_AFFINITY_GROUP_MAX_MEMBERS`, see tests/FIDELITY.md): every pool in a
     /// group may reach its max plus one surge member while it rolls.
     fn validate_anti_affinity_sizes(&self, err: &mut impl FnMut(String, String)) {
-        let mut groups: BTreeMap<&str, (u32, Vec<String>)> = BTreeMap::new();
+        let mut groups: BTreeMap<String, (u32, Vec<String>)> = BTreeMap::new();
         for (role, pool) in self.pools() {
-            if let Some(g) = &pool.anti_affinity_group {
+            if let Some(g) = self.anti_affinity_group(role, pool) {
                 let field = match role {
                     Role::ControlPlane => "control_plane.max".to_owned(),
                     Role::Worker => format!("worker_pools.{}.max", pool.name),
                 };
-                let entry = groups.entry(g.as_str()).or_default();
+                let entry = groups.entry(g).or_default();
                 entry.0 = entry.0.saturating_add(pool.max).saturating_add(1);
                 entry.1.push(field);
             }
@@ -1113,6 +1135,45 @@ mod tests {
         assert_eq!(s.validate(), Ok(()));
         let yaml = s.to_yaml();
         assert_eq!(ClusterSpec::from_yaml(&yaml).expect("parses"), s);
+    }
+
+    /// Issue 32 item 6: the servers join `<cluster>-<control-plane pool>` unless the spec
+    /// names another group; worker pools join one only when they name it.
+    #[test]
+    fn the_control_plane_spreads_over_sleds_by_default() {
+        let mut s = spec();
+        let (cp, wk) = (s.control_plane.clone(), s.worker_pools[0].clone());
+        assert_eq!(
+            s.anti_affinity_group(Role::ControlPlane, &cp).as_deref(),
+            Some("demo-control-plane")
+        );
+        assert_eq!(s.anti_affinity_group(Role::Worker, &wk), None);
+        assert_eq!(
+            s.anti_affinity_groups().into_iter().collect::<Vec<_>>(),
+            ["demo-control-plane"]
+        );
+        // Not written into spec.yaml: a stored spec reads and writes back the same.
+        assert!(
+            !s.to_yaml().contains("demo-control-plane"),
+            "{}",
+            s.to_yaml()
+        );
+        s.control_plane.anti_affinity_group = Some("servers".into());
+        s.worker_pools[0].anti_affinity_group = Some("spread".into());
+        let cp = s.control_plane.clone();
+        assert_eq!(
+            s.anti_affinity_group(Role::ControlPlane, &cp).as_deref(),
+            Some("servers")
+        );
+        assert_eq!(
+            s.anti_affinity_groups().into_iter().collect::<Vec<_>>(),
+            ["servers", "spread"]
+        );
+        // The default group counts towards the 32 members: a worker pool naming it too.
+        let mut s = spec();
+        s.worker_pools[0].anti_affinity_group = Some("demo-control-plane".into());
+        s.worker_pools[0].max = 24;
+        assert_eq!(fields(&s), ["control_plane.max, worker_pools.workers.max"]);
     }
 
     #[test]

@@ -113,6 +113,13 @@ pub trait Cluster: Send + Sync {
         let _ = reason;
         self.cordon(node)
     }
+    /// Annotates the Node `oxide-controller/restarted-at=<at>` (RFC 3339): its instance is
+    /// being started again (idempotent; a missing Node is an error).
+    fn mark_restarted(
+        &self,
+        node: &str,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
     /// Uncordons the Node and drops `oxide-controller/removing`: a removal called off.
     fn cancel_removal(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
     /// Deletes a Node object; missing is fine.

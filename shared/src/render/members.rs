@@ -7,7 +7,7 @@ use crate::base::names::{self, InstanceTag};
 use crate::base::secrets::ClusterSecrets;
 use crate::domain::model::NewInstance;
 use crate::domain::plan::{MemberFactory, Observed};
-use crate::domain::spec::{ClusterSpec, ExternalIpMode};
+use crate::domain::spec::{ClusterSpec, ExternalIpMode, Role};
 use crate::render::cloud_init::MemberInput;
 
 /// Builds members of a cluster from its spec, secrets and what the run observed.
@@ -72,7 +72,10 @@ pub fn new_instance(m: &MemberInput) -> Result<NewInstance, String> {
         user_data,
         ephemeral_ip: spec.nodes.external_ip == ExternalIpMode::Ephemeral,
         ip_pool: spec.nodes.ip_pool.clone(),
-        anti_affinity_group: m.pool.anti_affinity_group.clone(),
+        anti_affinity_group: spec.anti_affinity_group(m.role, m.pool),
+        // Servers: the rack restarts them after a sled fault even when no controller can
+        // run (quorum lost); see DESIGN-NOTES "Start before replace".
+        rack_restarts: m.role == Role::ControlPlane,
     })
 }
 
@@ -144,7 +147,7 @@ impl MemberFactory for SpecMembers<'_> {
     fn anti_affinity_group(&self, pool: &str) -> Option<String> {
         self.spec
             .pool(pool)
-            .and_then(|(_, p)| p.anti_affinity_group.clone())
+            .and_then(|(role, p)| self.spec.anti_affinity_group(role, p))
     }
 }
 
@@ -153,6 +156,61 @@ impl MemberFactory for SpecMembers<'_> {
 mod tests {
     use super::*;
     use crate::domain::spec::Role;
+
+    /// Issue 32 item 6: a server is created in the control plane's default anti-affinity
+    /// group, which apply makes sure of first; a worker of a pool naming none in no group.
+    #[test]
+    fn servers_join_the_default_anti_affinity_group_and_the_rack_restarts_them() {
+        let spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        let secrets = ClusterSecrets {
+            k3s_token: "k3s-token".into(),
+            k3s_agent_token: "agent-token".into(),
+            ssh_public_key:
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A c"
+                    .into(),
+            ..Default::default()
+        };
+        let made = |role, pool, name| {
+            new_instance(&MemberInput {
+                spec: &spec,
+                secrets: &secrets,
+                role,
+                pool,
+                name,
+                image_id: uuid::Uuid::nil(),
+                api_address: "172.30.0.10".parse().unwrap(),
+                join_address: "172.30.0.10".parse().unwrap(),
+                cluster_init: false,
+                ca_hash: None,
+            })
+            .unwrap()
+        };
+        let server = made(
+            Role::ControlPlane,
+            &spec.control_plane,
+            "demo-control-plane-abcde",
+        );
+        assert_eq!(
+            server.anti_affinity_group.as_deref(),
+            Some("demo-control-plane")
+        );
+        assert!(server.rack_restarts);
+        let worker = made(Role::Worker, &spec.worker_pools[0], "demo-workers-abcde");
+        assert_eq!(worker.anti_affinity_group, None);
+        assert!(!worker.rack_restarts);
+        let observed = Observed::default();
+        let factory = SpecMembers {
+            spec: &spec,
+            secrets: &secrets,
+            observed: &observed,
+            ca_hash: None,
+        };
+        assert_eq!(
+            factory.anti_affinity_group("control-plane").as_deref(),
+            Some("demo-control-plane")
+        );
+        assert_eq!(factory.anti_affinity_group("workers"), None);
+    }
 
     #[test]
     fn a_tailscale_spec_without_the_auth_key_in_the_secret_creates_nothing() {

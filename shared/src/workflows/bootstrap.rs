@@ -289,6 +289,7 @@ pub async fn run<C: Connect>(
     let spec = &v.spec;
     let rack = connect_and_check_subnet(connect, &v).await?;
     let (mut resume, secrets, key) = step_resume(&rack, &v).await?;
+    refuse_second_datastore(&rack, spec).await?;
     step_project(&rack, &v).await?;
     let (cp_image, image_notes) = step_image(connect, &rack, &v, tty).await?;
     let (fip_name, fip) = step_floating_ip(&rack, spec).await?;
@@ -862,6 +863,63 @@ async fn ensure_floating_ip<R: Rack>(
     }
 }
 
+/// Refuses, before anything is made, a run that would create a new `cluster-init` server (a
+/// new, empty datastore: no control-plane VM of the cluster exists) while the project still
+/// holds members of the cluster: workers, or disks of its servers. Those belong to a cluster
+/// whose servers were lost; a new first server would start a second cluster under the same
+/// name beside them (audit day2 D4). Bringing it back is `bootstrap recover`'s job.
+async fn refuse_second_datastore<R: Rack>(
+    rack: &R,
+    spec: &crate::domain::spec::ClusterSpec,
+) -> Result<(), BootstrapError> {
+    let step = "first-control-plane";
+    let instances = match rack
+        .list_instances(&names::cluster_prefix(&spec.cluster))
+        .await
+    {
+        Ok(list) => list,
+        // No project yet: nothing of the cluster either.
+        Err(RackError::NotFound { .. }) => return Ok(()),
+        Err(e) => return Err(rack_failed(step, e)),
+    };
+    let servers = names::instance_prefix(&spec.cluster, &spec.control_plane.name);
+    if instances.iter().any(|i| i.name.starts_with(&servers)) {
+        return Ok(());
+    }
+    let disks = rack.list_disks().await.map_err(|e| rack_failed(step, e))?;
+    let ours = |description: &str| {
+        InstanceTag::parse(description).is_some_and(|t| t.cluster == spec.cluster)
+    };
+    let left: Vec<String> = instances
+        .iter()
+        .filter(|i| ours(&i.description))
+        .map(|i| format!("instance {}", i.name))
+        .chain(
+            disks
+                .iter()
+                .filter(|d| ours(&d.description))
+                .map(|d| format!("disk {}", d.name)),
+        )
+        .collect();
+    if left.is_empty() {
+        return Ok(());
+    }
+    let shown = left.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+    let more = left.len().saturating_sub(5);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    Err(BootstrapError::needs_person(
+        step,
+        message(format!(
+            "project {} still holds members of cluster {} ({shown}{more}) but no control-plane server: a new first server would start a new, empty datastore beside them. To bring the cluster back, run `bootstrap recover --cluster {}`; to start over, `bootstrap delete --cluster {}` first. Nothing was changed",
+            spec.project, spec.cluster, spec.cluster, spec.cluster
+        )),
+    ))
+}
+
 /// Creates the `cluster-init` server unless the cluster has any control-plane VM already
 /// (then the cluster exists: a second `cluster-init` would start a second cluster).
 async fn ensure_first_server<R: Rack>(
@@ -911,6 +969,13 @@ async fn ensure_first_server<R: Rack>(
         ca_hash: None,
     })
     .map_err(|m| failed(step, message(m)))?;
+    // The servers' anti-affinity group (a default one unless the spec names another) must
+    // exist before an instance can join it.
+    if let Some(group) = &new.anti_affinity_group {
+        rack.ensure_anti_affinity_group(group)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+    }
     match rack.create_instance(&new).await {
         // 201 with a `stopped` instance: the rack's automatic start failed (no sled has room,
         // or the silo quota is spent) and only an explicit start says which. Fail now with

@@ -405,11 +405,7 @@ pub async fn observe<R: Rack, K: InCluster>(
         }
     }
     let spec = spec.or(resume_spec);
-    let spec_groups = spec.as_ref().map(|s| {
-        s.pools()
-            .filter_map(|(_, pool)| pool.anti_affinity_group.clone())
-            .collect::<BTreeSet<_>>()
-    });
+    let spec_groups = spec.as_ref().map(ClusterSpec::anti_affinity_groups);
     let scope = Scope {
         cluster: p.cluster.to_owned(),
         spec_groups,

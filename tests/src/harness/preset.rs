@@ -272,6 +272,13 @@ pub async fn build(
                 name: name.clone(),
                 message,
             })?;
+            // As the product does before a create (apply, bootstrap): the pool's group (the
+            // servers always have one) must exist for the instance to join it.
+            if let Some(group) = &new.anti_affinity_group {
+                rack.ensure_anti_affinity_group(group)
+                    .await
+                    .map_err(rack_err(format!("creating anti-affinity group {group}")))?;
+            }
             rack.create_instance(&new)
                 .await
                 .map_err(rack_err(format!("creating instance {name}")))?;

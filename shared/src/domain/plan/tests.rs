@@ -67,6 +67,16 @@ impl World {
             .unwrap_or((Role::Worker, self.spec.worker_pools[0].clone()));
         let hash = self.spec.pool_hash(role, &p);
         let name = names::instance_name("demo", pool, suffix);
+        // Its boot disk, attached (a member's boot disk exists while its instance does).
+        self.obs.disks.push(Disk {
+            id: Uuid::from_u128(100_000 + self.n),
+            name: names::boot_disk_name(&name),
+            description: String::new(),
+            state: DiskState::Attached(id),
+            size: ByteSize::gib(20),
+            time_created: now() - Duration::seconds(age_s),
+            image_id: None,
+        });
         self.obs.instances.push(Instance {
             id,
             name: name.clone(),
@@ -272,6 +282,22 @@ impl World {
             i.state = state;
         }
     }
+    /// Its instance entered `state` `secs` ago.
+    fn set_state_since(&mut self, name: &str, state: InstanceState, secs: i64) {
+        if let Some(i) = self.obs.instances.iter_mut().find(|i| i.name == name) {
+            i.state = state;
+            i.time_state_updated = now() - Duration::seconds(secs);
+        }
+    }
+    /// Its Node says we started its instance again `secs` ago.
+    fn restarted(&mut self, name: &str, secs: i64) {
+        if let Some(n) = self.obs.nodes.iter_mut().find(|n| n.name == name) {
+            n.annotations.insert(
+                RESTARTED_ANNOTATION.to_owned(),
+                (now() - Duration::seconds(secs)).to_rfc3339(),
+            );
+        }
+    }
     fn set_not_ready(&mut self, name: &str, secs: i64) {
         if let Some(n) = self.obs.nodes.iter_mut().find(|n| n.name == name) {
             n.readiness = NodeReadiness::NotReady {
@@ -405,8 +431,10 @@ fn drift_rolls_one_member_at_a_time_surge_first() {
 #[test]
 fn control_plane_replaces_a_failed_member_removing_first_one_at_a_time() {
     let mut w = World::healthy(3, 2, 2);
-    w.set_state("demo-control-plane-cp002", InstanceState::Failed);
-    w.set_not_ready("demo-control-plane-cp002", 5);
+    // Failed again after the start we made 60 s ago.
+    w.set_state_since("demo-control-plane-cp002", InstanceState::Failed, 10);
+    w.set_not_ready("demo-control-plane-cp002", 120);
+    w.restarted("demo-control-plane-cp002", 60);
     let p = w.plan();
     assert_eq!(removed(&p), ["demo-control-plane-cp002"]);
     assert_eq!(
@@ -452,6 +480,138 @@ fn control_plane_is_left_alone_without_quorum() {
     assert_eq!(creates(&p, "control-plane"), 0);
     assert!(p.is_degraded());
     assert!(p.findings.iter().any(|f| f.message.contains("quorum")));
+    // Their disks are intact: both are started again.
+    assert_eq!(
+        started(&p),
+        ["demo-control-plane-cp001", "demo-control-plane-cp002"],
+        "{p:?}"
+    );
+}
+
+/// Issue 32 item 3: a server that failed (a sled fault) or was stopped, whose Node is there
+/// and whose boot disk exists, is started again — its Node marked first — and not removed
+/// or replaced; nothing else changes in the control plane meanwhile.
+#[test]
+fn a_failed_or_stopped_server_with_its_disk_is_started_once_not_replaced() {
+    for state in [InstanceState::Failed, InstanceState::Stopped] {
+        let mut w = World::healthy(3, 2, 2);
+        w.set_state_since("demo-control-plane-cp002", state.clone(), 30);
+        w.set_not_ready("demo-control-plane-cp002", 20);
+        let p = w.plan();
+        assert_eq!(
+            started(&p),
+            ["demo-control-plane-cp002"],
+            "{state:?}: {p:?}"
+        );
+        assert!(removed(&p).is_empty(), "{state:?}: {p:?}");
+        assert_eq!(creates(&p, "control-plane"), 0, "{state:?}: {p:?}");
+        let marked = p.actions.iter().any(|a| {
+            matches!(a, Action::StartMember { mark_node: Some(n), reason, .. }
+                if n == "demo-control-plane-cp002" && reason.contains("once"))
+        });
+        assert!(marked, "the start is recorded on the Node: {p:?}");
+        assert!(!p.is_converged());
+    }
+}
+
+/// After our start: rejoining within the join deadline is waited for; the start is made again
+/// (unmarked) while it has not taken; going down again after it took, or not being back by
+/// the deadline, replaces it (removal first); a start older than the deadline after which it
+/// came back and failed again is a new outage: started again.
+#[test]
+fn a_restarted_server_gets_one_join_deadline_then_is_replaced() {
+    let cp = "demo-control-plane-cp002";
+    let join = 600;
+    // Started 100 s ago, running since 90 s, Node still NotReady since the fault: rejoining.
+    let mut w = World::healthy(3, 2, 2);
+    w.set_state_since(cp, InstanceState::Running, 90);
+    w.set_not_ready(cp, 400);
+    w.restarted(cp, 100);
+    let p = w.plan();
+    assert_eq!(p.actions, vec![], "waits for the rejoin: {p:?}");
+    // The same past the deadline from its start: replaced (removed first).
+    w.set_state_since(cp, InstanceState::Running, join + 10);
+    w.restarted(cp, join + 20);
+    assert_eq!(removed(&w.plan()), [cp]);
+    // The start was refused (still failed since before it), within the deadline: again.
+    let mut w = World::healthy(3, 2, 2);
+    w.set_state_since(cp, InstanceState::Failed, 300);
+    w.set_not_ready(cp, 300);
+    w.restarted(cp, 100);
+    let p = w.plan();
+    assert_eq!(started(&p), [cp], "{p:?}");
+    assert!(
+        p.actions.iter().all(|a| !matches!(
+            a,
+            Action::StartMember {
+                mark_node: Some(_),
+                ..
+            }
+        )),
+        "not marked again: the mark is the first start's time: {p:?}"
+    );
+    // ... and past the deadline, still failed since before that start: it did not come
+    // back, replaced.
+    w.set_state_since(cp, InstanceState::Failed, join + 50);
+    w.restarted(cp, join + 1);
+    let p = w.plan();
+    assert_eq!(removed(&p), [cp], "{p:?}");
+    assert!(
+        p.actions
+            .iter()
+            .any(|a| a.reason().contains("not a Ready Node"))
+    );
+    // Failed again after the start took: replaced, not started a second time.
+    let mut w = World::healthy(3, 2, 2);
+    w.set_state_since(cp, InstanceState::Failed, 10);
+    w.set_not_ready(cp, 300);
+    w.restarted(cp, 100);
+    let p = w.plan();
+    assert_eq!(removed(&p), [cp], "{p:?}");
+    assert!(started(&p).is_empty(), "{p:?}");
+    assert!(
+        p.actions
+            .iter()
+            .any(|a| a.reason().contains("again after it was started again"))
+    );
+    // A start older than the deadline, after which it came back and failed again: a new
+    // outage, started (and marked) again.
+    w.restarted(cp, join + 100);
+    let p = w.plan();
+    assert_eq!(started(&p), [cp], "{p:?}");
+    assert!(removed(&p).is_empty(), "{p:?}");
+}
+
+/// Without its boot disk (gone or faulted) there is nothing to start: replaced as before.
+#[test]
+fn a_failed_server_without_a_usable_boot_disk_is_replaced() {
+    let cp = "demo-control-plane-cp002";
+    for faulted in [true, false] {
+        let mut w = World::healthy(3, 2, 2);
+        w.set_state_since(cp, InstanceState::Failed, 30);
+        let boot = names::boot_disk_name(cp);
+        if faulted {
+            if let Some(d) = w.obs.disks.iter_mut().find(|d| d.name == boot) {
+                d.state = DiskState::Faulted;
+            }
+        } else {
+            w.obs.disks.retain(|d| d.name != boot);
+        }
+        let p = w.plan();
+        assert_eq!(removed(&p), [cp], "{p:?}");
+        assert!(started(&p).is_empty(), "{p:?}");
+        assert!(p.actions.iter().any(|a| a.reason().contains("boot disk")));
+    }
+}
+
+/// Workers are not started again: a failed worker is replaced at once, as before.
+#[test]
+fn a_failed_worker_is_still_replaced_not_started() {
+    let mut w = World::healthy(3, 2, 2);
+    w.set_state_since("demo-workers-wk000", InstanceState::Failed, 30);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-wk000"]);
+    assert!(started(&p).is_empty());
 }
 
 #[test]
