@@ -149,6 +149,7 @@ impl Cluster {
         let token = "e2e-webhook-token-7c41".to_owned();
         let secrets = ClusterSecrets {
             webhook_token: token.clone(),
+            webhook_read_token: None,
             ..ClusterSecrets::default()
         };
         KubeStateStore::new(client, NAMESPACE)

@@ -53,7 +53,26 @@ pub struct ClusterSpec {
     /// Tailscale, and specs written before it existed read the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tailscale: Option<TailscaleSpec>,
+    /// What the scale webhook may do (an administrator's setting: no webhook route writes
+    /// it). Absent: the webhook moves counts within each pool's `max` and may lower bounds,
+    /// never raise a `max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookSpec>,
 }
+
+/// The administrator's limits on the scale webhook (see [`ClusterSpec::webhook`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSpec {
+    /// No worker pool's `max` or count is raised above this through the webhook (the
+    /// `scale` CLI, with an administrator's kubeconfig, is not bound by it).
+    pub ceiling: u32,
+}
+
+/// The prefix length of the subnet nexus gives every new project's default VPC (omicron
+/// `nexus/defaults/src/lib.rs:34` `DEFAULT_VPC_SUBNET_IPV4_BLOCK`, 172.30.0.0/22): what the
+/// webhook checks against before a reconcile has recorded the project's own.
+pub const DEFAULT_SUBNET_PREFIX: u8 = 22;
 
 /// Tailscale settings of the nodes (the auth key is a secret and lives in the Secret).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -480,6 +499,7 @@ impl ClusterSpec {
             schedule: default_schedule(),
             timeouts: Timeouts::default(),
             tailscale: None,
+            webhook: None,
         }
     }
 

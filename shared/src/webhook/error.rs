@@ -28,6 +28,9 @@ pub enum WebhookError {
     MethodNotAllowed { allow: &'static str },
     #[error("unauthenticated request ({reason:?})")]
     Unauthenticated { reason: AuthFailure },
+    /// The read-only token on a request that writes.
+    #[error("the read-only token cannot change anything")]
+    ReadOnlyToken,
     #[error("cannot read the webhook token from the Secret")]
     AuthUnavailable(#[source] StateError),
     #[error("the Secret's webhook-token is empty; refusing every request until it is set")]
@@ -118,6 +121,11 @@ impl WebhookError {
                 )
             },
             WebhookError::Unauthenticated { reason } => unauthenticated(reason),
+            WebhookError::ReadOnlyToken => PublicError::new(
+                403,
+                "read_only_token",
+                "this token may only read (GET); changes need the webhook's write token",
+            ),
             WebhookError::AuthUnavailable(_) => PublicError::new(
                 503,
                 "auth_unavailable",
@@ -247,6 +255,40 @@ fn scale_public(e: &ScaleError) -> PublicError {
             PublicError {
                 details: Some(details),
                 ..PublicError::new(400, "invalid_field", format!("{field}: {message}"))
+            }
+        }
+        ScaleError::ControlPlaneLocked { .. } => PublicError::new(
+            403,
+            "control_plane",
+            "the control plane cannot be changed through the webhook; an administrator changes it with the scale CLI",
+        ),
+        ScaleError::AboveCeiling {
+            pool,
+            field,
+            value,
+            ceiling,
+            ..
+        } => {
+            let mut details = serde_json::Map::new();
+            details.insert("field".into(), (*field).into());
+            details.insert("ceiling".into(), (*ceiling).into());
+            PublicError {
+                details: Some(details),
+                ..PublicError::new(
+                    422,
+                    "above_ceiling",
+                    format!(
+                        "{field} {value} for pool {pool:?} is above the administrator's ceiling of {ceiling}; only an administrator can raise it (spec.yaml webhook.ceiling)"
+                    ),
+                )
+            }
+        }
+        ScaleError::SubnetTooSmall { field, message } => {
+            let mut details = serde_json::Map::new();
+            details.insert("field".into(), field.as_str().into());
+            PublicError {
+                details: Some(details),
+                ..PublicError::new(422, "subnet_too_small", format!("{field}: {message}"))
             }
         }
         ScaleError::NoWorkerPool => PublicError::new(

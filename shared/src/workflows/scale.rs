@@ -107,12 +107,26 @@ pub struct ScaleOutcome {
     pub reconcile: ReconcileOutcome,
 }
 
-/// How hard to try against write conflicts.
+/// Who asks for a change, which decides what it may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Caller {
+    /// The `scale` CLI with a person's kubeconfig: any pool, any bounds the spec allows.
+    #[default]
+    Administrator,
+    /// The webhook's bearer token: worker pools only, never above the administrator's
+    /// ceiling ([`crate::domain::spec::WebhookSpec`]) nor beyond the project's subnet
+    /// ([`webhook_may`]).
+    Webhook,
+}
+
+/// How hard to try against write conflicts, and for whom.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScaleOptions {
     /// Attempts (read + write) before giving up with [`ScaleError::Busy`]; delays between
     /// them double from `first` to `max`, jittered ±25%.
     pub backoff: Backoff,
+    /// Whose change this is. The webhook sets [`Caller::Webhook`] whatever its config says.
+    pub caller: Caller,
 }
 
 impl Default for ScaleOptions {
@@ -123,6 +137,7 @@ impl Default for ScaleOptions {
                 max: Duration::from_millis(200),
                 attempts: 20,
             },
+            caller: Caller::Administrator,
         }
     }
 }
@@ -153,6 +168,29 @@ pub enum ScaleError {
     /// or the spec field it broke. Nothing was written.
     #[error("{field}: {message}")]
     InvalidAutoscale { field: String, message: String },
+    /// The webhook asked to change the control plane. Nothing was written.
+    #[error(
+        "pool {pool:?} is the control plane, which the webhook cannot change; an administrator changes it with `scale set N --pool {pool}`"
+    )]
+    ControlPlaneLocked { pool: String },
+    /// The webhook asked to raise a worker pool's `field` (`max` or `count`) above the
+    /// administrator's ceiling. Nothing was written.
+    #[error(
+        "{field} {value} for pool {pool:?} is above the administrator's ceiling of {ceiling} ({why}); an administrator raises it in spec.yaml webhook.ceiling"
+    )]
+    AboveCeiling {
+        pool: String,
+        field: &'static str,
+        value: u32,
+        ceiling: u32,
+        /// Where the ceiling comes from.
+        why: &'static str,
+    },
+    /// The webhook asked for more members than the project's subnet has addresses for (the
+    /// check every reconcile run makes, which would otherwise refuse every later run).
+    /// Nothing was written.
+    #[error("{field}: {message}")]
+    SubnetTooSmall { field: String, message: String },
 }
 
 impl ScaleError {
@@ -167,7 +205,10 @@ impl ScaleError {
             ScaleError::NoWorkerPool
             | ScaleError::Count(_)
             | ScaleError::Autoscaling { .. }
-            | ScaleError::InvalidAutoscale { .. } => Kind::Input,
+            | ScaleError::InvalidAutoscale { .. }
+            | ScaleError::ControlPlaneLocked { .. }
+            | ScaleError::AboveCeiling { .. }
+            | ScaleError::SubnetTooSmall { .. } => Kind::Input,
         }
     }
 
@@ -263,8 +304,12 @@ pub async fn apply_change<S: StateStore>(
     opts: &ScaleOptions,
     cache: &SpecCache,
 ) -> Result<ChangeOutcome, ScaleError> {
-    let (mut outcome, written, conflicts) =
-        edit_spec(state, opts, cache, |spec, _| edit_count(spec, pool, change)).await?;
+    let (mut outcome, written, conflicts) = edit_spec(state, opts, cache, |spec, snapshot| {
+        as_caller(opts.caller, spec, snapshot, Some(pool), |spec| {
+            edit_count(spec, pool, change)
+        })
+    })
+    .await?;
     (outcome.written, outcome.conflicts) = (written, conflicts);
     Ok(outcome)
 }
@@ -351,20 +396,121 @@ impl SpecOutcome {
 }
 
 impl SpecChange {
+    /// Applies the change to `spec`, as `caller` may ([`as_caller`]).
     fn edit(
         &self,
         spec: &mut ClusterSpec,
         snapshot: &ConfigSnapshot,
+        caller: Caller,
     ) -> Result<(SpecOutcome, bool), ScaleError> {
         match self {
-            SpecChange::Count { pool, change } => edit_count(spec, pool.as_deref(), *change)
-                .map(|(o, changed)| (SpecOutcome::Count(o), changed)),
+            SpecChange::Count { pool, change } => {
+                as_caller(caller, spec, snapshot, Some(pool.as_deref()), |spec| {
+                    edit_count(spec, pool.as_deref(), *change)
+                })
+                .map(|(o, changed)| (SpecOutcome::Count(o), changed))
+            }
             SpecChange::Autoscale { pool, change } => {
-                edit_autoscale(spec, snapshot, pool.as_deref(), *change)
-                    .map(|(o, changed)| (SpecOutcome::Autoscale(o), changed))
+                as_caller(caller, spec, snapshot, None, |spec| {
+                    edit_autoscale(spec, snapshot, pool.as_deref(), *change)
+                })
+                .map(|(o, changed)| (SpecOutcome::Autoscale(o), changed))
             }
         }
     }
+}
+
+/// Runs `edit` on `spec` as `caller` may: for the webhook, a count change of the control
+/// plane (`count_of`: the pool a count change names) is refused before anything else, and
+/// an edit that changed the spec must pass [`webhook_may`]; a refused edit leaves `spec` as
+/// it was.
+fn as_caller<T>(
+    caller: Caller,
+    spec: &mut ClusterSpec,
+    snapshot: &ConfigSnapshot,
+    count_of: Option<Option<&str>>,
+    edit: impl FnOnce(&mut ClusterSpec) -> Result<(T, bool), ScaleError>,
+) -> Result<(T, bool), ScaleError> {
+    if caller == Caller::Administrator {
+        return edit(spec);
+    }
+    if let Some(pool) = count_of
+        && let (Role::ControlPlane, p) = resolve_pool(spec, pool)?
+    {
+        return Err(ScaleError::ControlPlaneLocked {
+            pool: p.name.clone(),
+        });
+    }
+    let before = spec.clone();
+    let edited = edit(spec)?;
+    if edited.1
+        && let Err(e) = webhook_may(&before, spec, snapshot)
+    {
+        *spec = before;
+        return Err(e);
+    }
+    Ok(edited)
+}
+
+/// Whether the webhook may turn `before` into `after`. It may lower anything and move counts
+/// within the bounds, but it may not change the control plane, raise a worker pool's `max`
+/// or count above the administrator's ceiling (`webhook.ceiling`; without one, the pool's
+/// `max` as it stood), nor make the pools reach more members than the project's subnet holds
+/// (the prefix the last reconcile run recorded in `status.json`, else nexus's default /22):
+/// every reconcile run refuses such a spec, so nothing would be repaired until a person
+/// fixed it. Lowering stays possible even when the stored spec is already beyond a limit.
+pub fn webhook_may(
+    before: &ClusterSpec,
+    after: &ClusterSpec,
+    snapshot: &ConfigSnapshot,
+) -> Result<(), ScaleError> {
+    if after.control_plane != before.control_plane {
+        return Err(ScaleError::ControlPlaneLocked {
+            pool: before.control_plane.name.clone(),
+        });
+    }
+    let ceiling = after.webhook.as_ref().map(|w| w.ceiling);
+    for p in &after.worker_pools {
+        let Some(was) = before.worker_pools.iter().find(|b| b.name == p.name) else {
+            continue;
+        };
+        let (limit, why) = match ceiling {
+            Some(c) => (c, "spec.yaml webhook.ceiling"),
+            None => (
+                was.max,
+                "no webhook.ceiling is set, so the pool's max is the ceiling",
+            ),
+        };
+        for (field, value, old) in [("max", p.max, was.max), ("count", p.count, was.count)] {
+            if value > old && value > limit {
+                return Err(ScaleError::AboveCeiling {
+                    pool: p.name.clone(),
+                    field,
+                    value,
+                    ceiling: limit,
+                    why,
+                });
+            }
+        }
+    }
+    let reach = |s: &ClusterSpec| -> u64 {
+        s.worker_pools
+            .iter()
+            .map(|p| u64::from(p.max.max(p.count)))
+            .sum()
+    };
+    if reach(after) > reach(before) {
+        let prefix = crate::domain::status::Status::from_json(snapshot.status_json().unwrap_or(""))
+            .and_then(|s| s.subnet_prefix)
+            .unwrap_or(crate::domain::spec::DEFAULT_SUBNET_PREFIX);
+        after
+            .check_subnet(prefix)
+            .map_err(|e| ScaleError::SubnetTooSmall {
+                field: e.field,
+                message: e.message,
+            })?;
+    }
+    Ok(())
 }
 
 /// Applies one [`SpecChange`] alone ([`apply_change`] or [`apply_autoscale`]).
@@ -420,7 +566,7 @@ pub async fn apply_batch<S: StateStore>(
             .iter()
             .map(|change| {
                 let mut next = spec.clone();
-                let (outcome, changed) = change.edit(&mut next, snapshot)?;
+                let (outcome, changed) = change.edit(&mut next, snapshot, opts.caller)?;
                 if changed {
                     *spec = next;
                     any = true;
@@ -665,7 +811,9 @@ pub async fn apply_autoscale<S: StateStore>(
     cache: &SpecCache,
 ) -> Result<AutoscaleOutcome, ScaleError> {
     let (mut outcome, written, conflicts) = edit_spec(state, opts, cache, |spec, snapshot| {
-        edit_autoscale(spec, snapshot, pool, change)
+        as_caller(opts.caller, spec, snapshot, None, |spec| {
+            edit_autoscale(spec, snapshot, pool, change)
+        })
     })
     .await?;
     (outcome.written, outcome.conflicts) = (written, conflicts);
