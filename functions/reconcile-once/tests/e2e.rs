@@ -1227,6 +1227,80 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
     assert_eq!(env.mutations(), before, "no Oxide call changed anything");
 }
 
+/// Sets `key` of Secret kube-system/oxide-controller to `value`, as `kubectl patch` would.
+async fn patch_secret(env: &Env, key: &str, value: &str) {
+    use k8s_openapi::api::core::v1::Secret;
+    let client = oxide_controller::adapters::kubeclient::client(Some(&env.kubeconfig), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    kube::Api::<Secret>::namespaced(client, "kube-system")
+        .patch(
+            "oxide-controller",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"stringData": {key: value}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("patch Secret: {e}"));
+}
+
+/// Issue 34 §4 (audit H2): the project the Oxide token acts on is the Secret's
+/// `oxide-project`, not the ConfigMap's. A spec naming another project the token can reach
+/// exits 2 naming both, and nothing is made there or changed here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_naming_another_project_exits_2_naming_both_and_changes_nothing() {
+    let env = env(1, 1).await;
+    env.converge(5).await;
+    let pinned = env.spec().await.project;
+    env.sim.oxide().seed_project("elsewhere");
+    env.edit(|s| s.project = "elsewhere".into()).await;
+    env.sim.oxide().reset_counters();
+    let before = env.mutations();
+    let out = env.reconcile(&[]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("\\\"elsewhere\\\"")
+            && stderr.contains(&format!("pinned to project \\\"{pinned}\\\"")),
+        "names both projects: {stderr}"
+    );
+    assert_eq!(
+        env.mutations(),
+        before,
+        "no Oxide call changed anything, here or there"
+    );
+    env.edit(|s| s.project = pinned.clone()).await;
+    env.converge(2).await;
+}
+
+/// Issue 34 §4, README "Security": rotating the Oxide token is replacing `oxide-token` in the
+/// Secret; the next run presents the new one. The rack issues a new token (the old one is
+/// 401 from then on): a run with the old one in the Secret fails and changes nothing, and
+/// once the Secret holds the new one the next run works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_oxide_token_in_the_secret_is_what_the_next_run_presents() {
+    let env = env(1, 1).await;
+    env.converge(5).await;
+    env.edit(|s| s.worker_pools[0].count = 2).await;
+    env.sim.oxide().rotate_token("oxide-token-rotated-0001");
+    env.sim.oxide().reset_counters();
+    let out = env.reconcile(&[]).await;
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "the revoked token is refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(env.mutations(), 0, "nothing changed with the revoked token");
+    assert_eq!(env.instance_names(WK).len(), 1);
+    patch_secret(&env, "oxide-token", "oxide-token-rotated-0001").await;
+    env.converge(5).await;
+    assert_eq!(
+        env.instance_names(WK).len(),
+        2,
+        "the next run used the new token"
+    );
+}
+
 /// `k3s.oxide_ccm` renders `disable-cloud-controller`, which every k3s server must share: a
 /// new server with the other value could never join. Flipped in the ConfigMap after the
 /// servers exist, every run exits 2 naming the field, and nothing is created or removed.

@@ -60,6 +60,7 @@ async fn env_with(faults: Faults) -> Env {
     let secrets = ClusterSecrets {
         webhook_token: TOKEN.into(),
         webhook_read_token: None,
+        oxide_project: "demo".into(),
         ..ClusterSecrets::default()
     };
     KubeStateStore::new(client, NAMESPACE)

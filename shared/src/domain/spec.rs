@@ -662,6 +662,35 @@ impl ClusterSpec {
         })
     }
 
+    /// Refuses a spec whose `project` is not the one the cluster is pinned to: the Secret's
+    /// `oxide-project`, written by bootstrap with the token it holds. The ConfigMap can be
+    /// rewritten by whoever may scale the cluster; the project the Oxide identity acts on
+    /// must not move with it.
+    pub fn check_project(&self, pinned: &str) -> Result<(), SpecError> {
+        if pinned.is_empty() {
+            return Err(SpecError {
+                field: "project".into(),
+                message: "Secret kube-system/oxide-controller has an empty oxide-project, so the \
+                          project this cluster acts on is unknown; set it to the cluster's project \
+                          (kubectl patch secret, see README \"Security\") or re-run bootstrap"
+                    .into(),
+            });
+        }
+        if self.project == pinned {
+            return Ok(());
+        }
+        Err(SpecError {
+            field: "project".into(),
+            message: format!(
+                "spec.yaml names project {:?}, but this cluster is pinned to project {pinned:?} \
+                 (Secret kube-system/oxide-controller, key oxide-project); the controller acts \
+                 only on {pinned:?}: set project: {pinned} again (a cluster does not move \
+                 between projects)",
+                self.project
+            ),
+        })
+    }
+
     /// The k3s server settings this spec renders that every server of a cluster must share,
     /// by k3s flag. k3s lists them as "Critical Configuration Values" (docs.k3s.io/cli/server):
     /// a joining server whose value differs from the cluster's is refused ("critical

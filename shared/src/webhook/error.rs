@@ -313,7 +313,7 @@ fn scale_public(e: &ScaleError) -> PublicError {
             "cannot read or write the cluster state right now",
         )
         .retry_after(5),
-        ScaleError::NoSpec | ScaleError::Spec(_) => PublicError::new(
+        ScaleError::NoSpec | ScaleError::Spec(_) | ScaleError::Project(_) => PublicError::new(
             500,
             "spec_invalid",
             "the stored cluster spec is unusable; see the webhook's log",

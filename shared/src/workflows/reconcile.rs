@@ -147,6 +147,8 @@ pub async fn load<S: StateStore>(
             .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
     }
     let secrets = state.read_secrets().await.map_err(state_err)?;
+    spec.check_project(&secrets.oxide_project)
+        .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
     Ok((spec, secrets, snapshot))
 }
 
@@ -422,7 +424,8 @@ pub fn fresh_suffixes(spec: &ClusterSpec) -> Vec<String> {
     (0..n).map(|_| names::random_suffix(&mut rng)).collect()
 }
 
-/// One reconcile run. `make_rack` builds the Oxide adapter from the Secret's credentials.
+/// One reconcile run. `make_rack` builds the Oxide adapter from the Secret's credentials and
+/// project (the spec's `project` is checked to be the same by [`load`]).
 pub async fn run<R, C, S, M>(
     cluster: &C,
     state: &S,

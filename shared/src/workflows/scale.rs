@@ -191,6 +191,10 @@ pub enum ScaleError {
     /// Nothing was written.
     #[error("{field}: {message}")]
     SubnetTooSmall { field: String, message: String },
+    /// The spec names another project than the one the cluster is pinned to (the Secret's
+    /// `oxide-project`). Nothing was written.
+    #[error("invalid cluster spec")]
+    Project(#[source] crate::domain::spec::SpecError),
 }
 
 impl ScaleError {
@@ -209,6 +213,7 @@ impl ScaleError {
             | ScaleError::ControlPlaneLocked { .. }
             | ScaleError::AboveCeiling { .. }
             | ScaleError::SubnetTooSmall { .. } => Kind::Input,
+            ScaleError::Project(_) => Kind::NeedsPerson,
         }
     }
 
@@ -855,8 +860,19 @@ pub async fn trigger_reconcile<C: Cluster>(cluster: &C) -> ReconcileOutcome {
     }
 }
 
-/// The whole workflow for the CLI: apply the change, then (if something was written) start a
-/// reconcile Job.
+/// Refuses to act on a spec whose `project` is not the one the cluster is pinned to (the
+/// Secret's `oxide-project`): a reconcile started for it would refuse it anyway, and the
+/// change would be written for a cluster the spec no longer describes.
+async fn check_pinned_project<S: StateStore>(state: &S) -> Result<(), ScaleError> {
+    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
+    let spec = SpecCache::default().parse(&snapshot)?;
+    let secrets = state.read_secrets().await.map_err(ScaleError::State)?;
+    spec.check_project(&secrets.oxide_project)
+        .map_err(ScaleError::Project)
+}
+
+/// The whole workflow for the CLI: check the project ([`check_pinned_project`]), apply the
+/// change, then (if something was written) start a reconcile Job.
 pub async fn run<S: StateStore, C: Cluster>(
     state: &S,
     cluster: &C,
@@ -864,6 +880,7 @@ pub async fn run<S: StateStore, C: Cluster>(
     change: CountChange,
     opts: &ScaleOptions,
 ) -> Result<ScaleOutcome, ScaleError> {
+    check_pinned_project(state).await?;
     let change = apply_change(state, pool, change, opts, &SpecCache::default()).await?;
     let reconcile = if change.written {
         trigger_reconcile(cluster).await
@@ -885,6 +902,7 @@ pub async fn run_autoscale<S: StateStore, C: Cluster>(
     change: AutoscaleChange,
     opts: &ScaleOptions,
 ) -> Result<(AutoscaleOutcome, ReconcileOutcome), ScaleError> {
+    check_pinned_project(state).await?;
     let out = apply_autoscale(state, pool, change, opts, &SpecCache::default()).await?;
     let reconcile = if out.written {
         trigger_reconcile(cluster).await
@@ -911,9 +929,43 @@ mod tests {
             s.config = ConfigSnapshot {
                 resource_version: "1".into(),
                 data: config,
-            }
+            };
+            s.secrets = Some(crate::base::secrets::ClusterSecrets {
+                oxide_project: "demo".into(),
+                ..Default::default()
+            });
         });
         w
+    }
+
+    /// Issue 34 §4: the CLI does not write, nor start a run for, a spec naming another
+    /// project than the Secret's: exit 2 naming both.
+    #[tokio::test]
+    async fn a_spec_naming_another_project_than_the_secrets_is_refused_and_nothing_written() {
+        let w = world(2, 10);
+        let mut spec = ClusterSpec::new("demo", "elsewhere", "ubuntu-2404", 3, 2);
+        spec.worker_pools[0].max = 10;
+        w.with(|s| s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml()));
+        let opts = ScaleOptions::default();
+        let e = run(&w.state(), &w.cluster(), None, CountChange::Add(1), &opts)
+            .await
+            .unwrap_err();
+        let text = chain(&e);
+        assert!(
+            text.contains("\"elsewhere\"") && text.contains("pinned to project \"demo\""),
+            "{text}"
+        );
+        assert_eq!(e.exit_code(), 2);
+        let change = AutoscaleChange {
+            max: Some(5),
+            ..AutoscaleChange::default()
+        };
+        let e = run_autoscale(&w.state(), &w.cluster(), None, change, &opts)
+            .await
+            .unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{e:?}");
+        assert_eq!(w.with(|s| s.config.resource_version.clone()), "1");
+        assert!(w.with(|s| s.jobs.is_empty()), "no reconcile started");
     }
 
     fn stored(w: &FakeWorld, pool: &str) -> u32 {
