@@ -737,6 +737,45 @@ async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reaso
     env.assert_no_leaks();
 }
 
+/// Issue 34 §7: with `k3s.installer_sha256` set, a member whose installer download arrives
+/// changed stops at `k3s-install` before running it, as `sha256sum -c` makes the real script
+/// stop, and is replaced; the Event names the digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_installer_does_not_match_its_digest_fails_its_setup_and_is_replaced() {
+    let env = env(1, 1).await;
+    env.converge(5).await;
+    let digest = "5d".repeat(32);
+    env.edit(|s| s.k3s.installer_sha256 = Some("5d".repeat(32)))
+        .await;
+    env.edit(|s| s.worker_pools[0].count = 2).await;
+    let broken = env
+        .add_broken_worker(|f| f.download_tampered = vec![WK.to_owned()])
+        .await;
+    env.sim
+        .faults()
+        .update(|f| f.download_tampered = vec![broken.clone()]);
+    env.converge(40).await;
+    assert!(
+        !env.instance_names(WK).contains(&broken),
+        "{broken} was removed"
+    );
+    let events = env
+        .sim
+        .kube()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"))
+        .await;
+    assert!(
+        events.iter().any(|e| {
+            let note = e["note"].as_str().unwrap_or("");
+            note.contains(&broken)
+                && note.contains(&format!(
+                    "node setup failed at k3s-install: sha256 of /run/oxide-controller/k3s-install.sh is not the expected {digest}"
+                ))
+        }),
+        "an Event names the member, the step and the digest: {events:?}"
+    );
+}
+
 /// Guest audit 2, G2: joins that k3s refuses behave as k3s's role does — a joining server
 /// exits and systemd starts it again, an agent logs the error and retries — and the product's
 /// `start_k3s` waits half the join deadline for the unit before it fails with k3s's own last
@@ -1157,7 +1196,13 @@ type SpecCase = (&'static str, fn(&str) -> String);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
     let env = env(1, 1).await;
-    let cases: [SpecCase; 7] = [
+    let cases: [SpecCase; 8] = [
+        // Issue 34 §7: an http:// installer without a digest (run as root on every new VM).
+        ("k3s.installer_sha256", |s| {
+            let mut spec = oxide_controller::domain::spec::ClusterSpec::from_yaml(s).unwrap();
+            spec.k3s.installer_url = "http://10.0.0.5/k3s/install.sh".into();
+            spec.to_yaml()
+        }),
         ("control_plane.count", |s| {
             s.replacen("count: 1", "count: 2", 1)
         }),

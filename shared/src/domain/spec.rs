@@ -97,6 +97,10 @@ pub struct TailscaleSpec {
         skip_serializing_if = "is_default_tailscale_up_timeout"
     )]
     pub up_timeout_seconds: u32,
+    /// The installer's sha256 (hex): nodes refuse to run a download that does not match.
+    /// Required for an `http://` `installer_url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installer_sha256: Option<String>,
 }
 
 impl Default for TailscaleSpec {
@@ -105,6 +109,7 @@ impl Default for TailscaleSpec {
             tag: default_tailscale_tag(),
             installer_url: default_tailscale_installer_url(),
             up_timeout_seconds: default_tailscale_up_timeout(),
+            installer_sha256: None,
         }
     }
 }
@@ -144,6 +149,24 @@ pub fn node_labels(pool: &PoolSpec) -> std::collections::BTreeMap<String, String
 pub const TAILSCALE_INSTALL_URL: &str = "https://tailscale.com/install.sh";
 /// k3s's documented installer; the default of `k3s.installer_url`.
 pub const K3S_INSTALL_URL: &str = "https://get.k3s.io";
+
+/// An installer's digest, if any, is 64 hex digits; an `http://` installer needs one (anyone
+/// on the path could otherwise hand every new VM a script it runs as root). `Err` is the
+/// message for the digest's field.
+pub fn check_installer_digest(
+    url: &str,
+    sha256: Option<&str>,
+    url_field: &str,
+) -> Result<(), String> {
+    match sha256 {
+        Some(d) if d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(()),
+        Some(_) => Err("must be a sha256 digest: 64 hex digits".into()),
+        None if url.starts_with("http://") => Err(format!(
+            "{url_field} is http:// ({url:?}), so its download can be changed on the way; give the file's sha256 here, or use https://"
+        )),
+        None => Ok(()),
+    }
+}
 
 /// An installer URL the setup script can single-quote and curl can fetch: `https://` (or
 /// `http://` for a mirror inside the rack's network), a host, and no quotes, spaces or
@@ -261,6 +284,10 @@ pub struct K3sSpec {
         skip_serializing_if = "is_default_k3s_installer_url"
     )]
     pub installer_url: String,
+    /// The installer's sha256 (hex): nodes refuse to run a download that does not match
+    /// (`sha256sum -c`). Required for an `http://` `installer_url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installer_sha256: Option<String>,
     /// Run with `--disable-cloud-controller` and leave cloud-provider duties to the Oxide CCM.
     #[serde(default)]
     pub oxide_ccm: bool,
@@ -275,6 +302,7 @@ impl Default for K3sSpec {
             version: default_k3s_version(),
             install: K3sInstall::default(),
             installer_url: default_k3s_installer_url(),
+            installer_sha256: None,
             oxide_ccm: false,
             tls_san: Vec::new(),
         }
@@ -778,6 +806,13 @@ impl ClusterSpec {
         if let Err(e) = check_installer_url(&self.k3s.installer_url) {
             err("k3s.installer_url".into(), e);
         }
+        if let Err(e) = check_installer_digest(
+            &self.k3s.installer_url,
+            self.k3s.installer_sha256.as_deref(),
+            "k3s.installer_url",
+        ) {
+            err("k3s.installer_sha256".into(), e);
+        }
         self.validate_timeouts(&mut err);
         if errs.is_empty() {
             Ok(())
@@ -941,6 +976,13 @@ impl ClusterSpec {
         }
         if let Err(e) = check_installer_url(&ts.installer_url) {
             err("tailscale.installer_url".into(), e);
+        }
+        if let Err(e) = check_installer_digest(
+            &ts.installer_url,
+            ts.installer_sha256.as_deref(),
+            "tailscale.installer_url",
+        ) {
+            err("tailscale.installer_sha256".into(), e);
         }
         if !(1..=3600).contains(&ts.up_timeout_seconds) {
             err(
@@ -1362,9 +1404,31 @@ mod tests {
             fields(&bad),
             ["tailscale.installer_url", "k3s.installer_url"]
         );
+        // Issue 34 §7: an http:// installer needs a digest, named in the error.
         let mut good = spec();
         good.k3s.installer_url = "http://10.0.0.5/k3s/install.sh".into();
+        let errs = good.validate().unwrap_err();
+        assert_eq!(
+            errs.0.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
+            ["k3s.installer_sha256"]
+        );
+        assert!(
+            errs.0[0].message.contains("k3s.installer_url is http://"),
+            "{errs}"
+        );
+        good.k3s.installer_sha256 = Some("ab".repeat(32));
         assert!(good.validate().is_ok());
+        good.k3s.installer_sha256 = Some("not-a-digest".into());
+        assert!(good.validate().is_err());
+        let mut ts = spec();
+        ts.tailscale = Some(TailscaleSpec {
+            installer_url: "http://10.0.0.5/tailscale/install.sh".into(),
+            ..TailscaleSpec::default()
+        });
+        assert_eq!(
+            ts.validate().unwrap_err().0[0].field,
+            "tailscale.installer_sha256"
+        );
         // `tailscale up --timeout`: defaulted, written back only when set, bounded.
         assert_eq!(
             with.tailscale.as_ref().map(|t| t.up_timeout_seconds),

@@ -257,6 +257,43 @@ fn scale_public(e: &ScaleError) -> PublicError {
                 ..PublicError::new(400, "invalid_field", format!("{field}: {message}"))
             }
         }
+        ScaleError::ControlPlaneLocked { .. }
+        | ScaleError::AboveCeiling { .. }
+        | ScaleError::SubnetTooSmall { .. } => limit_public(e),
+        ScaleError::NoWorkerPool => PublicError::new(
+            404,
+            "no_worker_pool",
+            "the cluster has no worker pool; use /pools/{pool}",
+        ),
+        ScaleError::Busy { .. } => PublicError::new(
+            503,
+            "busy",
+            "the cluster state kept changing while writing; try again",
+        )
+        .retry_after(1),
+        ScaleError::State(StateError::NotFound { .. }) => PublicError::new(
+            503,
+            "state_missing",
+            "the cluster state does not exist yet (bootstrap not run?)",
+        ),
+        ScaleError::State(_) => PublicError::new(
+            503,
+            "state_unavailable",
+            "cannot read or write the cluster state right now",
+        )
+        .retry_after(5),
+        ScaleError::NoSpec | ScaleError::Spec(_) | ScaleError::Project(_) => PublicError::new(
+            500,
+            "spec_invalid",
+            "the stored cluster spec is unusable; see the webhook's log",
+        ),
+    }
+}
+
+/// What a change beyond the webhook's limits tells the caller (see
+/// [`crate::workflows::scale::webhook_may`]).
+fn limit_public(e: &ScaleError) -> PublicError {
+    match e {
         ScaleError::ControlPlaneLocked { .. } => PublicError::new(
             403,
             "control_plane",
@@ -291,33 +328,7 @@ fn scale_public(e: &ScaleError) -> PublicError {
                 ..PublicError::new(422, "subnet_too_small", format!("{field}: {message}"))
             }
         }
-        ScaleError::NoWorkerPool => PublicError::new(
-            404,
-            "no_worker_pool",
-            "the cluster has no worker pool; use /pools/{pool}",
-        ),
-        ScaleError::Busy { .. } => PublicError::new(
-            503,
-            "busy",
-            "the cluster state kept changing while writing; try again",
-        )
-        .retry_after(1),
-        ScaleError::State(StateError::NotFound { .. }) => PublicError::new(
-            503,
-            "state_missing",
-            "the cluster state does not exist yet (bootstrap not run?)",
-        ),
-        ScaleError::State(_) => PublicError::new(
-            503,
-            "state_unavailable",
-            "cannot read or write the cluster state right now",
-        )
-        .retry_after(5),
-        ScaleError::NoSpec | ScaleError::Spec(_) | ScaleError::Project(_) => PublicError::new(
-            500,
-            "spec_invalid",
-            "the stored cluster spec is unusable; see the webhook's log",
-        ),
+        _ => PublicError::new(422, "not_allowed", "this change is not allowed here"),
     }
 }
 
