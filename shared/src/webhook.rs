@@ -8,7 +8,12 @@
 //! which the `scale` CLI uses too.
 //!
 //! Endpoints (everything but `/healthz` and `/readyz` needs `Authorization: Bearer <token>`,
-//! the Secret's `webhook-token`):
+//! the Secret's `webhook-token`; its `webhook-read-token`, where set, does for GETs and is
+//! 403 on anything else). What a change may do is bounded: the control plane is not
+//! changeable here (403), and no worker pool's `max` or count is raised above the
+//! administrator's `webhook.ceiling` or beyond the project's subnet (422); see
+//! [`scale::webhook_may`].
+//!
 //!
 //! | route | methods | does |
 //! |---|---|---|
@@ -104,7 +109,9 @@ impl<S, C> std::fmt::Debug for Deps<S, C> {
 }
 
 impl<S: StateStore, C: Cluster> Deps<S, C> {
-    pub fn new(state: S, cluster: C, config: WebhookConfig) -> Self {
+    pub fn new(state: S, cluster: C, mut config: WebhookConfig) -> Self {
+        // Whatever the config says: changes through here are the webhook's.
+        config.scale.caller = scale::Caller::Webhook;
         Deps {
             state,
             cluster,
@@ -343,8 +350,11 @@ async fn dispatch<S: StateStore, C: Cluster>(
     if let Err(e @ WebhookError::Unauthenticated { .. }) = query {
         return Err(e);
     }
-    auth::authenticate(&deps.tokens, &deps.state, req.headers()).await?;
+    let access = auth::authenticate(&deps.tokens, &deps.state, req.headers()).await?;
     query?;
+    if access == auth::Access::Read && *method != Method::GET {
+        return Err(WebhookError::ReadOnlyToken);
+    }
     if *route == Route::Unknown {
         return Err(WebhookError::NotFound);
     }

@@ -40,6 +40,7 @@ fn secrets() -> ClusterSecrets {
         ssh_public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIController".into(),
         user_ssh_public_key: None,
         webhook_token: "w".into(),
+        webhook_read_token: None,
         tailscale_auth_key: None,
     }
 }

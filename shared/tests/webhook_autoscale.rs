@@ -35,14 +35,16 @@ fn secrets() -> ClusterSecrets {
         ssh_public_key: "ssh-ed25519 AAAA".into(),
         user_ssh_public_key: None,
         webhook_token: TOKEN.into(),
+        webhook_read_token: None,
         tailscale_auth_key: None,
     }
 }
 
 /// `workers` autoscales, count 2 in [1, 6], in anti-affinity group `spread`; `gpu` is manual,
-/// count 1 in [1, 4].
+/// count 1 in [1, 4]. The administrator lets the webhook raise bounds up to 50.
 fn spec() -> ClusterSpec {
     let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 2);
+    spec.webhook = Some(oxide_controller::domain::spec::WebhookSpec { ceiling: 50 });
     let w = &mut spec.worker_pools[0];
     (w.min, w.max) = (1, 6);
     w.anti_affinity_group = Some("spread".into());
@@ -76,6 +78,7 @@ fn config() -> WebhookConfig {
                 max: Duration::from_millis(2),
                 attempts: 20,
             },
+            ..ScaleOptions::default()
         },
     }
 }

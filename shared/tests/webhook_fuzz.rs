@@ -90,6 +90,7 @@ async fn world() -> FakeWorld {
     let w = FakeWorld::new(chrono::Utc::now());
     let secrets = ClusterSecrets {
         webhook_token: TOKEN.into(),
+        webhook_read_token: None,
         ..ClusterSecrets::default()
     };
     let config = BTreeMap::from([(keys::SPEC.to_owned(), spec().to_yaml())]);
@@ -290,12 +291,13 @@ async fn fuzz(seed: u64, cases: u64) -> u64 {
                     max: Duration::ZERO,
                     attempts: 3,
                 },
+                ..ScaleOptions::default()
             },
         },
     );
     let mut rng = StdRng::seed_from_u64(seed);
     let documented = [
-        200u16, 201, 202, 400, 401, 404, 405, 409, 413, 415, 422, 503,
+        200u16, 201, 202, 400, 401, 403, 404, 405, 409, 413, 415, 422, 503,
     ];
     let mut sent = 0;
     let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();

@@ -37,6 +37,7 @@ fn secrets(token: &str) -> ClusterSecrets {
         ssh_public_key: "ssh-ed25519 AAAA".into(),
         user_ssh_public_key: None,
         webhook_token: token.into(),
+        webhook_read_token: None,
         tailscale_auth_key: None,
     }
 }
@@ -82,6 +83,7 @@ fn config() -> WebhookConfig {
                 max: Duration::from_millis(2),
                 attempts: 20,
             },
+            ..ScaleOptions::default()
         },
     }
 }
@@ -440,21 +442,160 @@ async fn named_pools_have_the_same_routes() {
         (2, 2)
     );
 
-    // The control plane keeps its odd count.
-    let r = send(
-        &d,
-        json_request(Method::PATCH, "/pools/control-plane", r#"{"delta":1}"#),
-    )
-    .await;
-    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    assert_eq!(body_json(&r)["error"], "even_control_plane");
-    let r = send(
-        &d,
+    // The control plane can be read here, not changed (see
+    // the_control_plane_is_not_changeable_through_the_webhook).
+    let r = send(&d, empty(Method::GET, "/pools/control-plane")).await;
+    assert_eq!((r.status(), body(&r).as_str()), (StatusCode::OK, "3"));
+}
+
+// ---------------------------------------------------------------- what a change may do
+
+/// Audit M1: the webhook's token could shrink the control plane to 1 (HA gone on the next
+/// run). Every write route on it is refused, whatever the count, and nothing is written.
+#[tokio::test]
+async fn the_control_plane_is_not_changeable_through_the_webhook() {
+    let w = world().await;
+    let d = deps(&w);
+    for req in [
+        json_request(Method::PUT, "/pools/control-plane", r#"{"count":1}"#),
+        json_request(Method::PUT, "/pools/control-plane", r#"{"count":3}"#),
         json_request(Method::PATCH, "/pools/control-plane", r#"{"delta":2}"#),
+        json_request(Method::PATCH, "/pools/control-plane", r#"{"delta":-2}"#),
+    ] {
+        let r = send(&d, req).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{}", body(&r));
+        assert_eq!(body_json(&r)["error"], "control_plane");
+        assert!(
+            body_json(&r)["message"]
+                .as_str()
+                .unwrap()
+                .contains("cannot be changed through the webhook"),
+            "{}",
+            body(&r)
+        );
+    }
+    let r = send(
+        &d,
+        request(Method::POST, "/pools/control-plane/modify")
+            .body(Bytes::from("1"))
+            .unwrap(),
     )
     .await;
-    assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(stored_count(&w, "control-plane"), 5);
+    assert_eq!(r.status(), StatusCode::FORBIDDEN, "{}", body(&r));
+    assert!(body(&r).contains("cannot be changed through the webhook"));
+    assert_eq!(stored_count(&w, "control-plane"), 3);
+    assert_eq!(rv(&w), "1", "nothing written");
+    assert_eq!(jobs(&w), 0, "no reconcile started");
+}
+
+/// Stores `spec` as the ConfigMap's spec.yaml (as an administrator would), and `status`.
+fn store_spec(w: &FakeWorld, spec: &ClusterSpec, status: Option<&str>) {
+    w.with(|s| {
+        s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml());
+        if let Some(st) = status {
+            s.config.data.insert(keys::STATUS.to_owned(), st.to_owned());
+        }
+    });
+}
+
+fn autoscale_put(body: &str) -> Request<Bytes> {
+    json_request(Method::PUT, "/pools/workers/autoscale", body)
+}
+
+/// Audit M1: `max` could be set to any u32. Without `webhook.ceiling` the webhook lowers
+/// bounds and moves counts within them, never raises a `max`; with it, neither a `max` nor a
+/// count goes above the ceiling. Refusals are 422 naming the ceiling, and write nothing.
+#[tokio::test]
+async fn a_max_or_count_above_the_administrators_ceiling_is_refused_and_nothing_written() {
+    let w = world().await;
+    let d = deps(&w);
+    // No ceiling: the pool's max (10) is the ceiling.
+    let r = send(&d, autoscale_put(r#"{"max":11}"#)).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{}", body(&r));
+    assert_eq!(
+        (&body_json(&r)["error"], &body_json(&r)["ceiling"]),
+        (&Value::from("above_ceiling"), &Value::from(10))
+    );
+    assert_eq!(rv(&w), "1", "nothing written");
+    let r = send(&d, autoscale_put(r#"{"max":8}"#)).await;
+    assert_eq!(r.status(), StatusCode::OK, "lowering is fine: {}", body(&r));
+    let r = send(&d, autoscale_put(r#"{"max":10}"#)).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{}", body(&r));
+
+    // The administrator sets a ceiling of 12 and a max of 20 (above it) in spec.yaml.
+    let mut spec = spec();
+    spec.webhook = Some(oxide_controller::domain::spec::WebhookSpec { ceiling: 12 });
+    spec.worker_pools[0].max = 20;
+    store_spec(&w, &spec, None);
+    let r = send(&d, autoscale_put(r#"{"max":30}"#)).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{}", body(&r));
+    assert!(
+        body_json(&r)["message"]
+            .as_str()
+            .unwrap()
+            .contains("above the administrator's ceiling of 12"),
+        "{}",
+        body(&r)
+    );
+    let before = rv(&w);
+    for req in [
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":13}"#),
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta":11}"#),
+        request(Method::POST, "/nodes/workers/modify")
+            .body(Bytes::from("20"))
+            .unwrap(),
+    ] {
+        let r = send(&d, req).await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{}", body(&r));
+    }
+    assert_eq!((rv(&w), stored_count(&w, "workers")), (before, 2));
+    let r = send(
+        &d,
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":12}"#),
+    )
+    .await;
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "up to the ceiling: {}",
+        body(&r)
+    );
+    // Lowering the max from above the ceiling is fine, raising it back is not.
+    let r = send(&d, autoscale_put(r#"{"max":15}"#)).await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", body(&r));
+    let r = send(&d, autoscale_put(r#"{"max":16}"#)).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{}", body(&r));
+    assert_eq!(stored_count(&w, "workers"), 12);
+}
+
+/// Audit M1: `max` 4294967295 was written, and every later reconcile run exited 2. The
+/// webhook now checks the subnet as the runs do: against the prefix the last run recorded in
+/// status.json, else nexus's default /22 (1,018 addresses).
+#[tokio::test]
+async fn a_max_beyond_the_projects_subnet_is_refused_before_it_is_written() {
+    let w = world().await;
+    let d = deps(&w);
+    let mut spec = spec();
+    spec.webhook = Some(oxide_controller::domain::spec::WebhookSpec { ceiling: u32::MAX });
+    store_spec(&w, &spec, None);
+    let before = rv(&w);
+    // Servers 3+1, gpu 4+1: a /22 has room for 1,009 more workers with their surge member.
+    for max in ["4294967295", "1013", "1009"] {
+        let r = send(&d, autoscale_put(&format!(r#"{{"max":{max}}}"#))).await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{}", body(&r));
+        assert_eq!(body_json(&r)["error"], "subnet_too_small");
+        assert_eq!(body_json(&r)["field"], "worker_pools.workers.max");
+    }
+    assert_eq!(rv(&w), before, "nothing written");
+    let r = send(&d, autoscale_put(r#"{"max":1008}"#)).await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", body(&r));
+    // A run recorded a /21 for the project: twice the room.
+    let status = r#"{"runId":"r","startedAt":"2026-01-01T00:00:00Z","finishedAt":"2026-01-01T00:00:00Z","conditions":[],"pools":[],"lastPlan":[],"subnetPrefix":21}"#;
+    store_spec(&w, &spec, Some(status));
+    let r = send(&d, autoscale_put(r#"{"max":2000}"#)).await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", body(&r));
+    let r = send(&d, autoscale_put(r#"{"max":2100}"#)).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{}", body(&r));
 }
 
 #[tokio::test]
@@ -880,6 +1021,95 @@ async fn the_token_is_cached_for_its_ttl_and_rotation_applies_after_it() {
         send(&uncached, empty(Method::GET, "/nodes/workers"))
             .await
             .status(),
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+const READ_TOKEN: &str = "read-token-0c1d2e3f";
+
+fn with_read_token(write: &str, read: &str) -> ClusterSecrets {
+    ClusterSecrets {
+        webhook_read_token: Some(read.into()),
+        ..secrets(write)
+    }
+}
+
+fn as_reader(mut req: Request<Bytes>, token: &str) -> Request<Bytes> {
+    req.headers_mut().insert(
+        header::AUTHORIZATION,
+        format!("Bearer {token}").parse().unwrap(),
+    );
+    req
+}
+
+/// Audit M1: a Prometheus scraper held a write token. The Secret's `webhook-read-token` reads
+/// (GETs, `/metrics`) and is 403 on every write; the write token still does both.
+#[tokio::test]
+async fn the_read_only_token_reads_and_gets_403_on_writes() {
+    let w = world().await;
+    w.with(|s| s.secrets = Some(with_read_token(TOKEN, READ_TOKEN)));
+    let d = deps(&w);
+    for path in [
+        "/nodes/workers",
+        "/pools/gpu",
+        "/pools/workers/autoscale",
+        "/metrics",
+    ] {
+        let r = send(&d, as_reader(empty(Method::GET, path), READ_TOKEN)).await;
+        assert_eq!(r.status(), StatusCode::OK, "{path}: {}", body(&r));
+    }
+    let writes = [
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":3}"#),
+        json_request(Method::PATCH, "/pools/gpu", r#"{"delta":1}"#),
+        json_request(Method::PUT, "/pools/workers/autoscale", r#"{"min":1}"#),
+        request(Method::POST, "/nodes/workers/modify")
+            .body(Bytes::from("3"))
+            .unwrap(),
+        empty(Method::POST, "/reconcile"),
+    ];
+    for req in writes {
+        let what = format!("{} {}", req.method(), req.uri());
+        let r = send(&d, as_reader(req, READ_TOKEN)).await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{what}: {}", body(&r));
+        assert!(body(&r).contains("may only read"), "{what}: {}", body(&r));
+    }
+    assert_eq!(
+        (rv(&w), jobs(&w)),
+        ("1".to_owned(), 0),
+        "nothing written or started"
+    );
+    let r = send(
+        &d,
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":3}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK, "the write token writes");
+    let r = send(&d, as_reader(empty(Method::GET, "/metrics"), "guess")).await;
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+}
+
+/// Rotation (README, "Security"): replace `webhook-read-token` (or `webhook-token`) in the
+/// Secret; the old value stops working once the token cache (5 s by default) expires.
+#[tokio::test]
+async fn a_rotated_read_token_replaces_the_old_one_after_the_cache() {
+    let w = world().await;
+    w.with(|s| s.secrets = Some(with_read_token(TOKEN, READ_TOKEN)));
+    let d = deps(&w);
+    let get = |t: &str| as_reader(empty(Method::GET, "/nodes/workers"), t);
+    assert_eq!(send(&d, get(READ_TOKEN)).await.status(), StatusCode::OK);
+    w.with(|s| s.secrets = Some(with_read_token(TOKEN, "read-token-rotated")));
+    assert_eq!(
+        send(&d, get(READ_TOKEN)).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        send(&d, get("read-token-rotated")).await.status(),
+        StatusCode::OK
+    );
+    // Without the key, only the write token is accepted (clusters bootstrapped before it).
+    w.with(|s| s.secrets = Some(secrets(TOKEN)));
+    assert_eq!(
+        send(&d, get("read-token-rotated")).await.status(),
         StatusCode::UNAUTHORIZED
     );
 }

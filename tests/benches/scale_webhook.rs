@@ -57,6 +57,7 @@ fn state_data(max: u32) -> (ClusterSecrets, BTreeMap<String, String>) {
     (
         ClusterSecrets {
             webhook_token: TOKEN.into(),
+            webhook_read_token: None,
             ..ClusterSecrets::default()
         },
         BTreeMap::from([(keys::SPEC.to_owned(), spec.to_yaml())]),

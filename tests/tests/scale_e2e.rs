@@ -146,9 +146,12 @@ impl Cluster {
             .unwrap();
         let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 1, 2);
         spec.worker_pools[0].max = max;
+        // The administrator lets the webhook raise bounds up to the pool's first max.
+        spec.webhook = Some(oxide_controller::domain::spec::WebhookSpec { ceiling: max });
         let token = "e2e-webhook-token-7c41".to_owned();
         let secrets = ClusterSecrets {
             webhook_token: token.clone(),
+            webhook_read_token: None,
             ..ClusterSecrets::default()
         };
         KubeStateStore::new(client, NAMESPACE)
@@ -309,7 +312,8 @@ async fn on_a_preset_cluster_every_verb_changes_the_configmap_and_bad_tokens_cha
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 422);
+    // The webhook's token cannot change the control plane (issue 34 §5).
+    assert_eq!(r.status(), 403);
     let r = http
         .get(url("/pools/gpu"))
         .bearer_auth(token)

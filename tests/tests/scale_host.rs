@@ -66,6 +66,7 @@ async fn start(delay: Duration, opts: HostOptions) -> Running {
     let w = FakeWorld::new(chrono::Utc::now());
     let secrets = ClusterSecrets {
         webhook_token: TOKEN.into(),
+        webhook_read_token: None,
         ..ClusterSecrets::default()
     };
     let spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 1, 2);

@@ -49,6 +49,7 @@ fn agent_input(name: &str, server_url: &str, install: K3sInstall, version: &str)
         k3s_version: version.into(),
         install,
         k3s_installer_url: K3S_INSTALL_URL.into(),
+        k3s_installer_sha256: None,
         k3s_start_seconds: 300,
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![
@@ -212,6 +213,7 @@ async fn tailscale_up_waiting_for_device_approval_fails_at_its_timeout_and_hangs
                 auth_key: KEY.into(),
                 tag: "tag:k8s".into(),
                 installer_url: TAILSCALE_INSTALL_URL.into(),
+                installer_sha256: None,
                 up_timeout_seconds: 1,
             }),
         )

@@ -73,6 +73,7 @@ fn secrets() -> ClusterSecrets {
         ssh_public_key: "ssh-ed25519 AAAA1".into(),
         user_ssh_public_key: Some("ssh-ed25519 USER1".into()),
         webhook_token: "hook-1".into(),
+        webhook_read_token: None,
         tailscale_auth_key: None,
     }
 }

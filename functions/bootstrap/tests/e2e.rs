@@ -79,6 +79,8 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
             "oxide-token",
             "ssh-private-key",
             "ssh-public-key",
+            // Issue 34 §5: the read-only token for GETs and /metrics.
+            "webhook-read-token",
             "webhook-token"
         ]
     );
@@ -186,6 +188,7 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
         "k3s-token",
         "k3s-agent-token",
         "webhook-token",
+        "webhook-read-token",
         "ssh-private-key",
     ] {
         // Every substantial line of the value (a private key is several lines of base64).

@@ -106,12 +106,14 @@ async fn run(args: Args) -> ExitCode {
     opts.force_drain = args.force_drain;
     opts.deadline = args.deadline_seconds.map(Duration::from_secs);
     opts.shutdown = shutdown;
+    // The project is the Secret's, never the ConfigMap's (a spec naming another one is
+    // refused before this is called).
     let make_rack = |secrets: &oxide_controller::base::secrets::ClusterSecrets,
-                     spec: &oxide_controller::domain::spec::ClusterSpec| {
+                     _: &oxide_controller::domain::spec::ClusterSpec| {
         OxideRack::connect(
             &secrets.oxide_host,
             &secrets.oxide_token,
-            &spec.project,
+            &secrets.oxide_project,
             RackOptions::default(),
         )
     };

@@ -744,6 +744,45 @@ async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reaso
     env.assert_no_leaks();
 }
 
+/// Issue 34 §7: with `k3s.installer_sha256` set, a member whose installer download arrives
+/// changed stops at `k3s-install` before running it, as `sha256sum -c` makes the real script
+/// stop, and is replaced; the Event names the digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_installer_does_not_match_its_digest_fails_its_setup_and_is_replaced() {
+    let env = env(1, 1).await;
+    env.converge(5).await;
+    let digest = "5d".repeat(32);
+    env.edit(|s| s.k3s.installer_sha256 = Some("5d".repeat(32)))
+        .await;
+    env.edit(|s| s.worker_pools[0].count = 2).await;
+    let broken = env
+        .add_broken_worker(|f| f.download_tampered = vec![WK.to_owned()])
+        .await;
+    env.sim
+        .faults()
+        .update(|f| f.download_tampered = vec![broken.clone()]);
+    env.converge(40).await;
+    assert!(
+        !env.instance_names(WK).contains(&broken),
+        "{broken} was removed"
+    );
+    let events = env
+        .sim
+        .kube()
+        .list("events.k8s.io/v1", "Event", Some("kube-system"))
+        .await;
+    assert!(
+        events.iter().any(|e| {
+            let note = e["note"].as_str().unwrap_or("");
+            note.contains(&broken)
+                && note.contains(&format!(
+                    "node setup failed at k3s-install: sha256 of /run/oxide-controller/k3s-install.sh is not the expected {digest}"
+                ))
+        }),
+        "an Event names the member, the step and the digest: {events:?}"
+    );
+}
+
 /// Guest audit 2, G2: joins that k3s refuses behave as k3s's role does — a joining server
 /// exits and systemd starts it again, an agent logs the error and retries — and the product's
 /// `start_k3s` waits half the join deadline for the unit before it fails with k3s's own last
@@ -1243,7 +1282,13 @@ type SpecCase = (&'static str, fn(&str) -> String);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
     let env = env(1, 1).await;
-    let cases: [SpecCase; 7] = [
+    let cases: [SpecCase; 8] = [
+        // Issue 34 §7: an http:// installer without a digest (run as root on every new VM).
+        ("k3s.installer_sha256", |s| {
+            let mut spec = oxide_controller::domain::spec::ClusterSpec::from_yaml(s).unwrap();
+            spec.k3s.installer_url = "http://10.0.0.5/k3s/install.sh".into();
+            spec.to_yaml()
+        }),
         ("control_plane.count", |s| {
             s.replacen("count: 1", "count: 2", 1)
         }),
@@ -1311,6 +1356,80 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
             .unwrap_or_else(|e| panic!("{e}"));
     }
     assert_eq!(env.mutations(), before, "no Oxide call changed anything");
+}
+
+/// Sets `key` of Secret kube-system/oxide-controller to `value`, as `kubectl patch` would.
+async fn patch_secret(env: &Env, key: &str, value: &str) {
+    use k8s_openapi::api::core::v1::Secret;
+    let client = oxide_controller::adapters::kubeclient::client(Some(&env.kubeconfig), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    kube::Api::<Secret>::namespaced(client, "kube-system")
+        .patch(
+            "oxide-controller",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"stringData": {key: value}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("patch Secret: {e}"));
+}
+
+/// Issue 34 §4 (audit H2): the project the Oxide token acts on is the Secret's
+/// `oxide-project`, not the ConfigMap's. A spec naming another project the token can reach
+/// exits 2 naming both, and nothing is made there or changed here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_naming_another_project_exits_2_naming_both_and_changes_nothing() {
+    let env = env(1, 1).await;
+    env.converge(5).await;
+    let pinned = env.spec().await.project;
+    env.sim.oxide().seed_project("elsewhere");
+    env.edit(|s| s.project = "elsewhere".into()).await;
+    env.sim.oxide().reset_counters();
+    let before = env.mutations();
+    let out = env.reconcile(&[]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("\\\"elsewhere\\\"")
+            && stderr.contains(&format!("pinned to project \\\"{pinned}\\\"")),
+        "names both projects: {stderr}"
+    );
+    assert_eq!(
+        env.mutations(),
+        before,
+        "no Oxide call changed anything, here or there"
+    );
+    env.edit(|s| s.project = pinned.clone()).await;
+    env.converge(2).await;
+}
+
+/// Issue 34 §4, README "Security": rotating the Oxide token is replacing `oxide-token` in the
+/// Secret; the next run presents the new one. The rack issues a new token (the old one is
+/// 401 from then on): a run with the old one in the Secret fails and changes nothing, and
+/// once the Secret holds the new one the next run works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_oxide_token_in_the_secret_is_what_the_next_run_presents() {
+    let env = env(1, 1).await;
+    env.converge(5).await;
+    env.edit(|s| s.worker_pools[0].count = 2).await;
+    env.sim.oxide().rotate_token("oxide-token-rotated-0001");
+    env.sim.oxide().reset_counters();
+    let out = env.reconcile(&[]).await;
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "the revoked token is refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(env.mutations(), 0, "nothing changed with the revoked token");
+    assert_eq!(env.instance_names(WK).len(), 1);
+    patch_secret(&env, "oxide-token", "oxide-token-rotated-0001").await;
+    env.converge(5).await;
+    assert_eq!(
+        env.instance_names(WK).len(),
+        2,
+        "the next run used the new token"
+    );
 }
 
 /// `k3s.oxide_ccm` renders `disable-cloud-controller`, which every k3s server must share: a

@@ -59,6 +59,8 @@ async fn env_with(faults: Faults) -> Env {
     spec.worker_pools[0].max = 10;
     let secrets = ClusterSecrets {
         webhook_token: TOKEN.into(),
+        webhook_read_token: None,
+        oxide_project: "demo".into(),
         ..ClusterSecrets::default()
     };
     KubeStateStore::new(client, NAMESPACE)
@@ -477,5 +479,67 @@ async fn status_of_a_cluster_whose_api_does_not_answer_names_bootstrap_recover()
     assert!(
         last.contains("bootstrap recover --cluster lost --dry-run"),
         "{stderr}"
+    );
+}
+
+/// Audit M1: the webhook's token may only scale workers, within the administrator's bounds;
+/// an administrator with a kubeconfig changes the rest with this CLI. The same changes are
+/// refused over HTTP (403 for the control plane, 422 above the ceiling, nothing written) and
+/// made by `scale set` / `scale autoscale`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_changes_what_the_webhook_may_not() {
+    let env = env().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_scale"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--kubeconfig"])
+        .arg(&env.kubeconfig)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("ready line within 30 s")
+        .unwrap()
+        .unwrap();
+    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let base = format!("http://{}", ready["listen"].as_str().unwrap());
+    let http = reqwest::Client::new();
+    let put = |path: &str, body: &'static str| {
+        http.put(format!("{base}{path}"))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    let r = put("/pools/control-plane", r#"{"count":3}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = put("/pools/workers/autoscale", r#"{"max":20}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let stored = |env: &Env| {
+        let cm = env
+            .kube
+            .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
+            .unwrap();
+        let spec = ClusterSpec::from_yaml(cm["data"][keys::SPEC].as_str().unwrap()).unwrap();
+        (spec.control_plane.count, spec.worker_pools[0].max)
+    };
+    assert_eq!(stored(&env), (1, 10), "nothing written over HTTP");
+    child.kill().await.unwrap();
+
+    let (code, _, err) = env.scale(&["set", "3", "--pool", "control-plane"]).await;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = env.scale(&["autoscale", "--max", "20"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        stored(&env),
+        (3, 20),
+        "the administrator's CLI changed both"
     );
 }

@@ -48,6 +48,9 @@ pub struct ResumeState {
     pub k3s_token: String,
     pub k3s_agent_token: String,
     pub webhook_token: String,
+    /// The webhook's read-only token (GETs and `/metrics`). Absent in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_read_token: Option<String>,
     pub created: DateTime<Utc>,
     /// The cluster spec (YAML) bootstrap started with, so `bootstrap delete` knows the
     /// anti-affinity groups when the cluster's API is gone. Absent in older files.
@@ -125,6 +128,7 @@ impl ResumeState {
             k3s_token: random_token(&mut rng, TOKEN_BYTES),
             k3s_agent_token: random_token(&mut rng, TOKEN_BYTES),
             webhook_token: random_token(&mut rng, TOKEN_BYTES),
+            webhook_read_token: Some(random_token(&mut rng, TOKEN_BYTES)),
             created: Utc::now(),
             spec: None,
             host_key_pins: BTreeMap::new(),
@@ -153,6 +157,7 @@ impl ResumeState {
             ssh_public_key: self.ssh_public_key.clone(),
             user_ssh_public_key: user_ssh_public_key.map(str::to_owned),
             webhook_token: self.webhook_token.clone(),
+            webhook_read_token: self.webhook_read_token.clone(),
             tailscale_auth_key: None,
         }
     }

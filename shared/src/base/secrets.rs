@@ -14,6 +14,8 @@ pub mod keys {
     pub const SSH_PUBLIC_KEY: &str = "ssh-public-key";
     pub const USER_SSH_PUBLIC_KEY: &str = "user-ssh-public-key";
     pub const WEBHOOK_TOKEN: &str = "webhook-token";
+    /// The webhook's read-only token: GETs and `/metrics`, never a change.
+    pub const WEBHOOK_READ_TOKEN: &str = "webhook-read-token";
     pub const TAILSCALE_AUTH_KEY: &str = "tailscale-auth-key";
 }
 
@@ -29,6 +31,8 @@ pub struct ClusterSecrets {
     pub ssh_public_key: String,
     pub user_ssh_public_key: Option<String>,
     pub webhook_token: String,
+    /// Absent in clusters bootstrapped before it existed: then only the write token works.
+    pub webhook_read_token: Option<String>,
     pub tailscale_auth_key: Option<String>,
 }
 
@@ -73,6 +77,7 @@ impl ClusterSecrets {
             ssh_public_key: get(keys::SSH_PUBLIC_KEY)?,
             user_ssh_public_key: opt(keys::USER_SSH_PUBLIC_KEY),
             webhook_token: get(keys::WEBHOOK_TOKEN)?,
+            webhook_read_token: opt(keys::WEBHOOK_READ_TOKEN),
             tailscale_auth_key: opt(keys::TAILSCALE_AUTH_KEY),
         })
     }
@@ -96,6 +101,9 @@ impl ClusterSecrets {
         }
         if let Some(k) = &self.tailscale_auth_key {
             put(keys::TAILSCALE_AUTH_KEY, k);
+        }
+        if let Some(k) = &self.webhook_read_token {
+            put(keys::WEBHOOK_READ_TOKEN, k);
         }
         m
     }
@@ -125,6 +133,7 @@ mod tests {
             ssh_public_key: "ssh-ed25519 AAAA".into(),
             user_ssh_public_key: None,
             webhook_token: "hook-token-value".into(),
+            webhook_read_token: Some("read-token-value".into()),
             tailscale_auth_key: None,
         };
         assert_eq!(ClusterSecrets::from_map(&s.to_map()), Ok(s.clone()));
@@ -135,6 +144,7 @@ mod tests {
             "agent-token-value",
             "PRIVATE",
             "hook-token-value",
+            "read-token-value",
         ] {
             assert!(!dbg.contains(secret), "{dbg}");
         }

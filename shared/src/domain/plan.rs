@@ -98,6 +98,9 @@ pub struct Observed {
     /// Pools whose creates the rack kept refusing, as the last run left them (see
     /// [`backoff`]).
     pub create_backoff: backoff::Backoffs,
+    /// The prefix length of the project's default VPC subnet (None: no such subnet yet).
+    /// Not planned on; recorded in the status for the webhook's subnet check.
+    pub subnet_prefix: Option<u8>,
 }
 
 /// How a member is doing.

@@ -53,7 +53,26 @@ pub struct ClusterSpec {
     /// Tailscale, and specs written before it existed read the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tailscale: Option<TailscaleSpec>,
+    /// What the scale webhook may do (an administrator's setting: no webhook route writes
+    /// it). Absent: the webhook moves counts within each pool's `max` and may lower bounds,
+    /// never raise a `max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook: Option<WebhookSpec>,
 }
+
+/// The administrator's limits on the scale webhook (see [`ClusterSpec::webhook`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSpec {
+    /// No worker pool's `max` or count is raised above this through the webhook (the
+    /// `scale` CLI, with an administrator's kubeconfig, is not bound by it).
+    pub ceiling: u32,
+}
+
+/// The prefix length of the subnet nexus gives every new project's default VPC (omicron
+/// `nexus/defaults/src/lib.rs:34` `DEFAULT_VPC_SUBNET_IPV4_BLOCK`, 172.30.0.0/22): what the
+/// webhook checks against before a reconcile has recorded the project's own.
+pub const DEFAULT_SUBNET_PREFIX: u8 = 22;
 
 /// Tailscale settings of the nodes (the auth key is a secret and lives in the Secret).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +97,10 @@ pub struct TailscaleSpec {
         skip_serializing_if = "is_default_tailscale_up_timeout"
     )]
     pub up_timeout_seconds: u32,
+    /// The installer's sha256 (hex): nodes refuse to run a download that does not match.
+    /// Required for an `http://` `installer_url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installer_sha256: Option<String>,
 }
 
 impl Default for TailscaleSpec {
@@ -86,6 +109,7 @@ impl Default for TailscaleSpec {
             tag: default_tailscale_tag(),
             installer_url: default_tailscale_installer_url(),
             up_timeout_seconds: default_tailscale_up_timeout(),
+            installer_sha256: None,
         }
     }
 }
@@ -125,6 +149,24 @@ pub fn node_labels(pool: &PoolSpec) -> std::collections::BTreeMap<String, String
 pub const TAILSCALE_INSTALL_URL: &str = "https://tailscale.com/install.sh";
 /// k3s's documented installer; the default of `k3s.installer_url`.
 pub const K3S_INSTALL_URL: &str = "https://get.k3s.io";
+
+/// An installer's digest, if any, is 64 hex digits; an `http://` installer needs one (anyone
+/// on the path could otherwise hand every new VM a script it runs as root). `Err` is the
+/// message for the digest's field.
+pub fn check_installer_digest(
+    url: &str,
+    sha256: Option<&str>,
+    url_field: &str,
+) -> Result<(), String> {
+    match sha256 {
+        Some(d) if d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(()),
+        Some(_) => Err("must be a sha256 digest: 64 hex digits".into()),
+        None if url.starts_with("http://") => Err(format!(
+            "{url_field} is http:// ({url:?}), so its download can be changed on the way; give the file's sha256 here, or use https://"
+        )),
+        None => Ok(()),
+    }
+}
 
 /// An installer URL the setup script can single-quote and curl can fetch: `https://` (or
 /// `http://` for a mirror inside the rack's network), a host, and no quotes, spaces or
@@ -242,6 +284,10 @@ pub struct K3sSpec {
         skip_serializing_if = "is_default_k3s_installer_url"
     )]
     pub installer_url: String,
+    /// The installer's sha256 (hex): nodes refuse to run a download that does not match
+    /// (`sha256sum -c`). Required for an `http://` `installer_url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installer_sha256: Option<String>,
     /// Run with `--disable-cloud-controller` and leave cloud-provider duties to the Oxide CCM.
     #[serde(default)]
     pub oxide_ccm: bool,
@@ -256,6 +302,7 @@ impl Default for K3sSpec {
             version: default_k3s_version(),
             install: K3sInstall::default(),
             installer_url: default_k3s_installer_url(),
+            installer_sha256: None,
             oxide_ccm: false,
             tls_san: Vec::new(),
         }
@@ -480,6 +527,7 @@ impl ClusterSpec {
             schedule: default_schedule(),
             timeouts: Timeouts::default(),
             tailscale: None,
+            webhook: None,
         }
     }
 
@@ -664,6 +712,35 @@ impl ClusterSpec {
         })
     }
 
+    /// Refuses a spec whose `project` is not the one the cluster is pinned to: the Secret's
+    /// `oxide-project`, written by bootstrap with the token it holds. The ConfigMap can be
+    /// rewritten by whoever may scale the cluster; the project the Oxide identity acts on
+    /// must not move with it.
+    pub fn check_project(&self, pinned: &str) -> Result<(), SpecError> {
+        if pinned.is_empty() {
+            return Err(SpecError {
+                field: "project".into(),
+                message: "Secret kube-system/oxide-controller has an empty oxide-project, so the \
+                          project this cluster acts on is unknown; set it to the cluster's project \
+                          (kubectl patch secret, see README \"Security\") or re-run bootstrap"
+                    .into(),
+            });
+        }
+        if self.project == pinned {
+            return Ok(());
+        }
+        Err(SpecError {
+            field: "project".into(),
+            message: format!(
+                "spec.yaml names project {:?}, but this cluster is pinned to project {pinned:?} \
+                 (Secret kube-system/oxide-controller, key oxide-project); the controller acts \
+                 only on {pinned:?}: set project: {pinned} again (a cluster does not move \
+                 between projects)",
+                self.project
+            ),
+        })
+    }
+
     /// The k3s server settings this spec renders that every server of a cluster must share,
     /// by k3s flag. k3s lists them as "Critical Configuration Values" (docs.k3s.io/cli/server):
     /// a joining server whose value differs from the cluster's is refused ("critical
@@ -750,6 +827,13 @@ impl ClusterSpec {
         self.validate_tailscale(&mut err);
         if let Err(e) = check_installer_url(&self.k3s.installer_url) {
             err("k3s.installer_url".into(), e);
+        }
+        if let Err(e) = check_installer_digest(
+            &self.k3s.installer_url,
+            self.k3s.installer_sha256.as_deref(),
+            "k3s.installer_url",
+        ) {
+            err("k3s.installer_sha256".into(), e);
         }
         self.validate_timeouts(&mut err);
         if errs.is_empty() {
@@ -914,6 +998,13 @@ impl ClusterSpec {
         }
         if let Err(e) = check_installer_url(&ts.installer_url) {
             err("tailscale.installer_url".into(), e);
+        }
+        if let Err(e) = check_installer_digest(
+            &ts.installer_url,
+            ts.installer_sha256.as_deref(),
+            "tailscale.installer_url",
+        ) {
+            err("tailscale.installer_sha256".into(), e);
         }
         if !(1..=3600).contains(&ts.up_timeout_seconds) {
             err(
@@ -1374,9 +1465,31 @@ mod tests {
             fields(&bad),
             ["tailscale.installer_url", "k3s.installer_url"]
         );
+        // Issue 34 §7: an http:// installer needs a digest, named in the error.
         let mut good = spec();
         good.k3s.installer_url = "http://10.0.0.5/k3s/install.sh".into();
+        let errs = good.validate().unwrap_err();
+        assert_eq!(
+            errs.0.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
+            ["k3s.installer_sha256"]
+        );
+        assert!(
+            errs.0[0].message.contains("k3s.installer_url is http://"),
+            "{errs}"
+        );
+        good.k3s.installer_sha256 = Some("ab".repeat(32));
         assert!(good.validate().is_ok());
+        good.k3s.installer_sha256 = Some("not-a-digest".into());
+        assert!(good.validate().is_err());
+        let mut ts = spec();
+        ts.tailscale = Some(TailscaleSpec {
+            installer_url: "http://10.0.0.5/tailscale/install.sh".into(),
+            ..TailscaleSpec::default()
+        });
+        assert_eq!(
+            ts.validate().unwrap_err().0[0].field,
+            "tailscale.installer_sha256"
+        );
         // `tailscale up --timeout`: defaulted, written back only when set, bounded.
         assert_eq!(
             with.tailscale.as_ref().map(|t| t.up_timeout_seconds),

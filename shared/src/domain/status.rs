@@ -64,6 +64,11 @@ pub struct Status {
     /// see [`crate::domain::plan::backoff`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub create_backoff: Backoffs,
+    /// The prefix length of the project's default VPC subnet as last observed: the webhook,
+    /// which has no rack credentials, checks a raised `max` or count against it
+    /// ([`crate::domain::spec::ClusterSpec::check_subnet`]). Absent until a run has seen it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet_prefix: Option<u8>,
 }
 
 impl Status {
@@ -213,6 +218,8 @@ pub fn build(r: &RunReport) -> Status {
             (None, None) => None,
         },
         create_backoff,
+        // The run sets this run's observation; until then the last one known holds.
+        subnet_prefix: r.previous.and_then(|p| p.subnet_prefix),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Bearer-token authentication of webhook requests against the Secret's `webhook-token`.
+//! Bearer-token authentication of webhook requests against the Secret's `webhook-token`
+//! (reads and writes) and its optional `webhook-read-token` (reads only: [`Access`]).
 //!
 //! Owns: parsing `Authorization`, refusing credentials in the query string, the constant-time
 //! comparison and the short-lived cache of the expected token. Fails closed: if the Secret
@@ -15,6 +16,22 @@ use crate::ports::state::StateStore;
 
 type TokenDigest = [u8; 32];
 
+/// What a presented token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// The write token: everything.
+    Write,
+    /// The read-only token: GETs (`/metrics`, `/status`, counts, bounds), no change.
+    Read,
+}
+
+/// The expected tokens' digests: the write token's, and the read-only token's if set.
+#[derive(Clone, Copy)]
+struct Expected {
+    write: TokenDigest,
+    read: Option<TokenDigest>,
+}
+
 fn digest(token: &[u8]) -> TokenDigest {
     Sha256::digest(token).into()
 }
@@ -22,7 +39,7 @@ fn digest(token: &[u8]) -> TokenDigest {
 /// The expected token's digest, cached for `ttl` (zero: read the Secret on every request).
 pub(crate) struct TokenCache {
     ttl: Duration,
-    slot: std::sync::Mutex<Option<(Instant, TokenDigest)>>,
+    slot: std::sync::Mutex<Option<(Instant, Expected)>>,
     /// Held while refreshing, so an expiry under load costs one Secret read, not one per request.
     refresh: tokio::sync::Mutex<()>,
 }
@@ -36,14 +53,14 @@ impl TokenCache {
         }
     }
 
-    fn fresh(&self) -> Option<TokenDigest> {
+    fn fresh(&self) -> Option<Expected> {
         let slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
         slot.filter(|(at, _)| at.elapsed() < self.ttl)
             .map(|(_, d)| d)
     }
 
-    /// The expected token's digest, from the cache or the Secret.
-    async fn expected<S: StateStore>(&self, state: &S) -> Result<TokenDigest, WebhookError> {
+    /// The expected tokens' digests, from the cache or the Secret.
+    async fn expected<S: StateStore>(&self, state: &S) -> Result<Expected, WebhookError> {
         if let Some(d) = self.fresh() {
             return Ok(d);
         }
@@ -58,7 +75,13 @@ impl TokenCache {
         if secrets.webhook_token.is_empty() {
             return Err(WebhookError::AuthNotConfigured);
         }
-        let d = digest(secrets.webhook_token.as_bytes());
+        let d = Expected {
+            write: digest(secrets.webhook_token.as_bytes()),
+            read: secrets
+                .webhook_read_token
+                .as_deref()
+                .map(|t| digest(t.as_bytes())),
+        };
         if !self.ttl.is_zero() {
             *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), d));
         }
@@ -127,17 +150,24 @@ fn presented(headers: &http::HeaderMap) -> Result<&[u8], AuthFailure> {
 }
 
 /// Authenticates a request: header present and well-formed, then compared (in constant time,
-/// over fixed-length digests so the length does not leak either) with the Secret's token.
+/// over fixed-length digests so the length does not leak either) with the Secret's tokens.
+/// Says what the token may do.
 pub(crate) async fn authenticate<S: StateStore>(
     cache: &TokenCache,
     state: &S,
     headers: &http::HeaderMap,
-) -> Result<(), WebhookError> {
+) -> Result<Access, WebhookError> {
     // Refuse obviously bad requests before touching the Secret, so anonymous noise costs nothing.
     let token = presented(headers).map_err(|reason| WebhookError::Unauthenticated { reason })?;
     let expected = cache.expected(state).await?;
-    if bool::from(digest(token).ct_eq(&expected)) {
-        Ok(())
+    let given = digest(token);
+    // Both compared, always, so the time taken does not tell which one matched.
+    let write = bool::from(given.ct_eq(&expected.write));
+    let read = expected.read.is_some_and(|r| bool::from(given.ct_eq(&r)));
+    if write {
+        Ok(Access::Write)
+    } else if read {
+        Ok(Access::Read)
     } else {
         Err(WebhookError::Unauthenticated {
             reason: AuthFailure::Wrong,

@@ -28,6 +28,9 @@ pub enum WebhookError {
     MethodNotAllowed { allow: &'static str },
     #[error("unauthenticated request ({reason:?})")]
     Unauthenticated { reason: AuthFailure },
+    /// The read-only token on a request that writes.
+    #[error("the read-only token cannot change anything")]
+    ReadOnlyToken,
     #[error("cannot read the webhook token from the Secret")]
     AuthUnavailable(#[source] StateError),
     #[error("the Secret's webhook-token is empty; refusing every request until it is set")]
@@ -118,6 +121,11 @@ impl WebhookError {
                 )
             },
             WebhookError::Unauthenticated { reason } => unauthenticated(reason),
+            WebhookError::ReadOnlyToken => PublicError::new(
+                403,
+                "read_only_token",
+                "this token may only read (GET); changes need the webhook's write token",
+            ),
             WebhookError::AuthUnavailable(_) => PublicError::new(
                 503,
                 "auth_unavailable",
@@ -249,6 +257,9 @@ fn scale_public(e: &ScaleError) -> PublicError {
                 ..PublicError::new(400, "invalid_field", format!("{field}: {message}"))
             }
         }
+        ScaleError::ControlPlaneLocked { .. }
+        | ScaleError::AboveCeiling { .. }
+        | ScaleError::SubnetTooSmall { .. } => limit_public(e),
         ScaleError::NoWorkerPool => PublicError::new(
             404,
             "no_worker_pool",
@@ -271,11 +282,53 @@ fn scale_public(e: &ScaleError) -> PublicError {
             "cannot read or write the cluster state right now",
         )
         .retry_after(5),
-        ScaleError::NoSpec | ScaleError::Spec(_) => PublicError::new(
+        ScaleError::NoSpec | ScaleError::Spec(_) | ScaleError::Project(_) => PublicError::new(
             500,
             "spec_invalid",
             "the stored cluster spec is unusable; see the webhook's log",
         ),
+    }
+}
+
+/// What a change beyond the webhook's limits tells the caller (see
+/// [`crate::workflows::scale::webhook_may`]).
+fn limit_public(e: &ScaleError) -> PublicError {
+    match e {
+        ScaleError::ControlPlaneLocked { .. } => PublicError::new(
+            403,
+            "control_plane",
+            "the control plane cannot be changed through the webhook; an administrator changes it with the scale CLI",
+        ),
+        ScaleError::AboveCeiling {
+            pool,
+            field,
+            value,
+            ceiling,
+            ..
+        } => {
+            let mut details = serde_json::Map::new();
+            details.insert("field".into(), (*field).into());
+            details.insert("ceiling".into(), (*ceiling).into());
+            PublicError {
+                details: Some(details),
+                ..PublicError::new(
+                    422,
+                    "above_ceiling",
+                    format!(
+                        "{field} {value} for pool {pool:?} is above the administrator's ceiling of {ceiling}; only an administrator can raise it (spec.yaml webhook.ceiling)"
+                    ),
+                )
+            }
+        }
+        ScaleError::SubnetTooSmall { field, message } => {
+            let mut details = serde_json::Map::new();
+            details.insert("field".into(), field.as_str().into());
+            PublicError {
+                details: Some(details),
+                ..PublicError::new(422, "subnet_too_small", format!("{field}: {message}"))
+            }
+        }
+        _ => PublicError::new(422, "not_allowed", "this change is not allowed here"),
     }
 }
 

@@ -1348,8 +1348,8 @@ async fn reconcile_loop<C: Connect>(
         opts.deadline = Some(remaining.clamp(Duration::from_secs(15), Duration::from_secs(240)));
         opts.poll = Duration::from_millis(250);
         let make_rack = |s: &crate::base::secrets::ClusterSecrets,
-                         spec: &crate::domain::spec::ClusterSpec| {
-            connect.rack(&s.oxide_host, &s.oxide_token, &spec.project)
+                         _: &crate::domain::spec::ClusterSpec| {
+            connect.rack(&s.oxide_host, &s.oxide_token, &s.oxide_project)
         };
         match reconcile::run(&ports.cluster, &ports.store, make_rack, &opts).await {
             Ok(RunOutcome::Converged { plan }) => {

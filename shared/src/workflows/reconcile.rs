@@ -147,6 +147,8 @@ pub async fn load<S: StateStore>(
             .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
     }
     let secrets = state.read_secrets().await.map_err(state_err)?;
+    spec.check_project(&secrets.oxide_project)
+        .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
     Ok((spec, secrets, snapshot))
 }
 
@@ -267,7 +269,8 @@ pub async fn observe<R: Rack, C: Cluster>(
         rack.default_subnet_prefix(),
     );
     // Before anything else: a spec whose pools cannot all have an address is a config error.
-    if let Some(prefix) = subnet.map_err(rack_err)? {
+    let subnet_prefix = subnet.map_err(rack_err)?;
+    if let Some(prefix) = subnet_prefix {
         spec.check_subnet(prefix)
             .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
     }
@@ -284,6 +287,7 @@ pub async fn observe<R: Rack, C: Cluster>(
         autoscale_victims: std::collections::BTreeSet::new(),
         autoscale_given_up: std::collections::BTreeSet::new(),
         create_backoff: plan::backoff::Backoffs::new(),
+        subnet_prefix,
     };
     observed.setup_failures = setup_failures(rack, &observed).await;
     Ok(observed)
@@ -420,7 +424,8 @@ pub fn fresh_suffixes(spec: &ClusterSpec) -> Vec<String> {
     (0..n).map(|_| names::random_suffix(&mut rng)).collect()
 }
 
-/// One reconcile run. `make_rack` builds the Oxide adapter from the Secret's credentials.
+/// One reconcile run. `make_rack` builds the Oxide adapter from the Secret's credentials and
+/// project (the spec's `project` is checked to be the same by [`load`]).
 pub async fn run<R, C, S, M>(
     cluster: &C,
     state: &S,
@@ -479,6 +484,7 @@ where
         run_id: &run_id,
         started_at,
         server_settings: server_settings.as_ref(),
+        subnet_prefix: std::sync::OnceLock::new(),
     };
     let outcome = tokio::select! {
         r = work(&rack, cluster, &secrets, &ran, opts, &apply_opts) => r,
@@ -518,6 +524,9 @@ async fn work<R: Rack, C: Cluster>(
             observe_and_plan(rack, cluster, ran.spec, (opts.now)(), ran.previous)
         })
         .await?;
+    if let Some(prefix) = observed.subnet_prefix {
+        let _ = ran.subnet_prefix.set(prefix);
+    }
     if let Some(a) = &autoscaled {
         autoscale::record_events(cluster, a, ran.previous.and_then(|s| s.autoscale.as_ref())).await;
     }
@@ -541,6 +550,9 @@ struct Ran<'a> {
     /// The k3s server settings to record when the ConfigMap has none yet (see
     /// [`settings_to_record`]).
     server_settings: Option<&'a BTreeMap<String, String>>,
+    /// The project's subnet prefix as this run observed it, for the status (the webhook's
+    /// subnet check reads it there).
+    subnet_prefix: std::sync::OnceLock<u8>,
 }
 
 /// After the work, whatever its outcome: the status it leaves (written, with the backoff
@@ -553,7 +565,7 @@ async fn wrap_up<C: Cluster, S: StateStore>(
     outcome: &Result<Applied, ReconcileError>,
 ) -> Status {
     let finished_at = (opts.now)();
-    let status = run_status(
+    let mut status = run_status(
         ran.spec,
         ran.run_id,
         ran.started_at,
@@ -561,6 +573,9 @@ async fn wrap_up<C: Cluster, S: StateStore>(
         outcome,
         ran.previous,
     );
+    if let Some(prefix) = ran.subnet_prefix.get() {
+        status.subnet_prefix = Some(*prefix);
+    }
     if outcome.is_ok() {
         record_backoff_events(cluster, ran.previous, &status).await;
     }

@@ -107,12 +107,26 @@ pub struct ScaleOutcome {
     pub reconcile: ReconcileOutcome,
 }
 
-/// How hard to try against write conflicts.
+/// Who asks for a change, which decides what it may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Caller {
+    /// The `scale` CLI with a person's kubeconfig: any pool, any bounds the spec allows.
+    #[default]
+    Administrator,
+    /// The webhook's bearer token: worker pools only, never above the administrator's
+    /// ceiling ([`crate::domain::spec::WebhookSpec`]) nor beyond the project's subnet
+    /// ([`webhook_may`]).
+    Webhook,
+}
+
+/// How hard to try against write conflicts, and for whom.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScaleOptions {
     /// Attempts (read + write) before giving up with [`ScaleError::Busy`]; delays between
     /// them double from `first` to `max`, jittered ±25%.
     pub backoff: Backoff,
+    /// Whose change this is. The webhook sets [`Caller::Webhook`] whatever its config says.
+    pub caller: Caller,
 }
 
 impl Default for ScaleOptions {
@@ -123,6 +137,7 @@ impl Default for ScaleOptions {
                 max: Duration::from_millis(200),
                 attempts: 20,
             },
+            caller: Caller::Administrator,
         }
     }
 }
@@ -153,6 +168,33 @@ pub enum ScaleError {
     /// or the spec field it broke. Nothing was written.
     #[error("{field}: {message}")]
     InvalidAutoscale { field: String, message: String },
+    /// The webhook asked to change the control plane. Nothing was written.
+    #[error(
+        "pool {pool:?} is the control plane, which the webhook cannot change; an administrator changes it with `scale set N --pool {pool}`"
+    )]
+    ControlPlaneLocked { pool: String },
+    /// The webhook asked to raise a worker pool's `field` (`max` or `count`) above the
+    /// administrator's ceiling. Nothing was written.
+    #[error(
+        "{field} {value} for pool {pool:?} is above the administrator's ceiling of {ceiling} ({why}); an administrator raises it in spec.yaml webhook.ceiling"
+    )]
+    AboveCeiling {
+        pool: String,
+        field: &'static str,
+        value: u32,
+        ceiling: u32,
+        /// Where the ceiling comes from.
+        why: &'static str,
+    },
+    /// The webhook asked for more members than the project's subnet has addresses for (the
+    /// check every reconcile run makes, which would otherwise refuse every later run).
+    /// Nothing was written.
+    #[error("{field}: {message}")]
+    SubnetTooSmall { field: String, message: String },
+    /// The spec names another project than the one the cluster is pinned to (the Secret's
+    /// `oxide-project`). Nothing was written.
+    #[error("invalid cluster spec")]
+    Project(#[source] crate::domain::spec::SpecError),
 }
 
 impl ScaleError {
@@ -167,7 +209,11 @@ impl ScaleError {
             ScaleError::NoWorkerPool
             | ScaleError::Count(_)
             | ScaleError::Autoscaling { .. }
-            | ScaleError::InvalidAutoscale { .. } => Kind::Input,
+            | ScaleError::InvalidAutoscale { .. }
+            | ScaleError::ControlPlaneLocked { .. }
+            | ScaleError::AboveCeiling { .. }
+            | ScaleError::SubnetTooSmall { .. } => Kind::Input,
+            ScaleError::Project(_) => Kind::NeedsPerson,
         }
     }
 
@@ -263,8 +309,12 @@ pub async fn apply_change<S: StateStore>(
     opts: &ScaleOptions,
     cache: &SpecCache,
 ) -> Result<ChangeOutcome, ScaleError> {
-    let (mut outcome, written, conflicts) =
-        edit_spec(state, opts, cache, |spec, _| edit_count(spec, pool, change)).await?;
+    let (mut outcome, written, conflicts) = edit_spec(state, opts, cache, |spec, snapshot| {
+        as_caller(opts.caller, spec, snapshot, Some(pool), |spec| {
+            edit_count(spec, pool, change)
+        })
+    })
+    .await?;
     (outcome.written, outcome.conflicts) = (written, conflicts);
     Ok(outcome)
 }
@@ -351,20 +401,121 @@ impl SpecOutcome {
 }
 
 impl SpecChange {
+    /// Applies the change to `spec`, as `caller` may ([`as_caller`]).
     fn edit(
         &self,
         spec: &mut ClusterSpec,
         snapshot: &ConfigSnapshot,
+        caller: Caller,
     ) -> Result<(SpecOutcome, bool), ScaleError> {
         match self {
-            SpecChange::Count { pool, change } => edit_count(spec, pool.as_deref(), *change)
-                .map(|(o, changed)| (SpecOutcome::Count(o), changed)),
+            SpecChange::Count { pool, change } => {
+                as_caller(caller, spec, snapshot, Some(pool.as_deref()), |spec| {
+                    edit_count(spec, pool.as_deref(), *change)
+                })
+                .map(|(o, changed)| (SpecOutcome::Count(o), changed))
+            }
             SpecChange::Autoscale { pool, change } => {
-                edit_autoscale(spec, snapshot, pool.as_deref(), *change)
-                    .map(|(o, changed)| (SpecOutcome::Autoscale(o), changed))
+                as_caller(caller, spec, snapshot, None, |spec| {
+                    edit_autoscale(spec, snapshot, pool.as_deref(), *change)
+                })
+                .map(|(o, changed)| (SpecOutcome::Autoscale(o), changed))
             }
         }
     }
+}
+
+/// Runs `edit` on `spec` as `caller` may: for the webhook, a count change of the control
+/// plane (`count_of`: the pool a count change names) is refused before anything else, and
+/// an edit that changed the spec must pass [`webhook_may`]; a refused edit leaves `spec` as
+/// it was.
+fn as_caller<T>(
+    caller: Caller,
+    spec: &mut ClusterSpec,
+    snapshot: &ConfigSnapshot,
+    count_of: Option<Option<&str>>,
+    edit: impl FnOnce(&mut ClusterSpec) -> Result<(T, bool), ScaleError>,
+) -> Result<(T, bool), ScaleError> {
+    if caller == Caller::Administrator {
+        return edit(spec);
+    }
+    if let Some(pool) = count_of
+        && let (Role::ControlPlane, p) = resolve_pool(spec, pool)?
+    {
+        return Err(ScaleError::ControlPlaneLocked {
+            pool: p.name.clone(),
+        });
+    }
+    let before = spec.clone();
+    let edited = edit(spec)?;
+    if edited.1
+        && let Err(e) = webhook_may(&before, spec, snapshot)
+    {
+        *spec = before;
+        return Err(e);
+    }
+    Ok(edited)
+}
+
+/// Whether the webhook may turn `before` into `after`. It may lower anything and move counts
+/// within the bounds, but it may not change the control plane, raise a worker pool's `max`
+/// or count above the administrator's ceiling (`webhook.ceiling`; without one, the pool's
+/// `max` as it stood), nor make the pools reach more members than the project's subnet holds
+/// (the prefix the last reconcile run recorded in `status.json`, else nexus's default /22):
+/// every reconcile run refuses such a spec, so nothing would be repaired until a person
+/// fixed it. Lowering stays possible even when the stored spec is already beyond a limit.
+pub fn webhook_may(
+    before: &ClusterSpec,
+    after: &ClusterSpec,
+    snapshot: &ConfigSnapshot,
+) -> Result<(), ScaleError> {
+    if after.control_plane != before.control_plane {
+        return Err(ScaleError::ControlPlaneLocked {
+            pool: before.control_plane.name.clone(),
+        });
+    }
+    let ceiling = after.webhook.as_ref().map(|w| w.ceiling);
+    for p in &after.worker_pools {
+        let Some(was) = before.worker_pools.iter().find(|b| b.name == p.name) else {
+            continue;
+        };
+        let (limit, why) = match ceiling {
+            Some(c) => (c, "spec.yaml webhook.ceiling"),
+            None => (
+                was.max,
+                "no webhook.ceiling is set, so the pool's max is the ceiling",
+            ),
+        };
+        for (field, value, old) in [("max", p.max, was.max), ("count", p.count, was.count)] {
+            if value > old && value > limit {
+                return Err(ScaleError::AboveCeiling {
+                    pool: p.name.clone(),
+                    field,
+                    value,
+                    ceiling: limit,
+                    why,
+                });
+            }
+        }
+    }
+    let reach = |s: &ClusterSpec| -> u64 {
+        s.worker_pools
+            .iter()
+            .map(|p| u64::from(p.max.max(p.count)))
+            .sum()
+    };
+    if reach(after) > reach(before) {
+        let prefix = crate::domain::status::Status::from_json(snapshot.status_json().unwrap_or(""))
+            .and_then(|s| s.subnet_prefix)
+            .unwrap_or(crate::domain::spec::DEFAULT_SUBNET_PREFIX);
+        after
+            .check_subnet(prefix)
+            .map_err(|e| ScaleError::SubnetTooSmall {
+                field: e.field,
+                message: e.message,
+            })?;
+    }
+    Ok(())
 }
 
 /// Applies one [`SpecChange`] alone ([`apply_change`] or [`apply_autoscale`]).
@@ -420,7 +571,7 @@ pub async fn apply_batch<S: StateStore>(
             .iter()
             .map(|change| {
                 let mut next = spec.clone();
-                let (outcome, changed) = change.edit(&mut next, snapshot)?;
+                let (outcome, changed) = change.edit(&mut next, snapshot, opts.caller)?;
                 if changed {
                     *spec = next;
                     any = true;
@@ -665,7 +816,9 @@ pub async fn apply_autoscale<S: StateStore>(
     cache: &SpecCache,
 ) -> Result<AutoscaleOutcome, ScaleError> {
     let (mut outcome, written, conflicts) = edit_spec(state, opts, cache, |spec, snapshot| {
-        edit_autoscale(spec, snapshot, pool, change)
+        as_caller(opts.caller, spec, snapshot, None, |spec| {
+            edit_autoscale(spec, snapshot, pool, change)
+        })
     })
     .await?;
     (outcome.written, outcome.conflicts) = (written, conflicts);
@@ -707,8 +860,19 @@ pub async fn trigger_reconcile<C: Cluster>(cluster: &C) -> ReconcileOutcome {
     }
 }
 
-/// The whole workflow for the CLI: apply the change, then (if something was written) start a
-/// reconcile Job.
+/// Refuses to act on a spec whose `project` is not the one the cluster is pinned to (the
+/// Secret's `oxide-project`): a reconcile started for it would refuse it anyway, and the
+/// change would be written for a cluster the spec no longer describes.
+async fn check_pinned_project<S: StateStore>(state: &S) -> Result<(), ScaleError> {
+    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
+    let spec = SpecCache::default().parse(&snapshot)?;
+    let secrets = state.read_secrets().await.map_err(ScaleError::State)?;
+    spec.check_project(&secrets.oxide_project)
+        .map_err(ScaleError::Project)
+}
+
+/// The whole workflow for the CLI: check the project ([`check_pinned_project`]), apply the
+/// change, then (if something was written) start a reconcile Job.
 pub async fn run<S: StateStore, C: Cluster>(
     state: &S,
     cluster: &C,
@@ -716,6 +880,7 @@ pub async fn run<S: StateStore, C: Cluster>(
     change: CountChange,
     opts: &ScaleOptions,
 ) -> Result<ScaleOutcome, ScaleError> {
+    check_pinned_project(state).await?;
     let change = apply_change(state, pool, change, opts, &SpecCache::default()).await?;
     let reconcile = if change.written {
         trigger_reconcile(cluster).await
@@ -737,6 +902,7 @@ pub async fn run_autoscale<S: StateStore, C: Cluster>(
     change: AutoscaleChange,
     opts: &ScaleOptions,
 ) -> Result<(AutoscaleOutcome, ReconcileOutcome), ScaleError> {
+    check_pinned_project(state).await?;
     let out = apply_autoscale(state, pool, change, opts, &SpecCache::default()).await?;
     let reconcile = if out.written {
         trigger_reconcile(cluster).await
@@ -763,9 +929,43 @@ mod tests {
             s.config = ConfigSnapshot {
                 resource_version: "1".into(),
                 data: config,
-            }
+            };
+            s.secrets = Some(crate::base::secrets::ClusterSecrets {
+                oxide_project: "demo".into(),
+                ..Default::default()
+            });
         });
         w
+    }
+
+    /// Issue 34 §4: the CLI does not write, nor start a run for, a spec naming another
+    /// project than the Secret's: exit 2 naming both.
+    #[tokio::test]
+    async fn a_spec_naming_another_project_than_the_secrets_is_refused_and_nothing_written() {
+        let w = world(2, 10);
+        let mut spec = ClusterSpec::new("demo", "elsewhere", "ubuntu-2404", 3, 2);
+        spec.worker_pools[0].max = 10;
+        w.with(|s| s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml()));
+        let opts = ScaleOptions::default();
+        let e = run(&w.state(), &w.cluster(), None, CountChange::Add(1), &opts)
+            .await
+            .unwrap_err();
+        let text = chain(&e);
+        assert!(
+            text.contains("\"elsewhere\"") && text.contains("pinned to project \"demo\""),
+            "{text}"
+        );
+        assert_eq!(e.exit_code(), 2);
+        let change = AutoscaleChange {
+            max: Some(5),
+            ..AutoscaleChange::default()
+        };
+        let e = run_autoscale(&w.state(), &w.cluster(), None, change, &opts)
+            .await
+            .unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{e:?}");
+        assert_eq!(w.with(|s| s.config.resource_version.clone()), "1");
+        assert!(w.with(|s| s.jobs.is_empty()), "no reconcile started");
     }
 
     fn stored(w: &FakeWorld, pool: &str) -> u32 {

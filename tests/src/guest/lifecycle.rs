@@ -656,6 +656,7 @@ impl Inner {
     ) -> Result<(), SetupEnd> {
         let faults = self.faults.get();
         let download_fails = Self::name_matches(&faults.download_fails, name);
+        let tampered = Self::name_matches(&faults.download_tampered, name);
         let mut joined = false;
         for (step, _) in &ud.setup {
             self.record_setup_state(id, ud, step.name());
@@ -663,14 +664,22 @@ impl Inner {
                 id,
                 &format!("oxide-controller: node-setup: {}\n", step.name()),
             );
-            let download = |url: &Option<String>| match url {
-                // curl -f exits 22 after its retries; the script's download() says which URL.
-                Some(url) if download_fails => Err(SetupEnd::Failed(
-                    step.name(),
-                    format!("download of {url} failed"),
-                )),
-                _ => Ok(()),
-            };
+            let download =
+                |url: &Option<String>, sha256: &Option<(String, String)>| match (url, sha256) {
+                    // curl -f exits 22 after its retries; the script's download() says which URL.
+                    (Some(url), _) if download_fails => Err(SetupEnd::Failed(
+                        step.name(),
+                        format!("download of {url} failed"),
+                    )),
+                    // Other bytes than the digest names: `sha256sum -c` exits 1 and the script's
+                    // check_sha256 fails the step before the installer runs. Untampered, the
+                    // download is the file the digest was taken of (the model has no bytes).
+                    (Some(_), Some((file, d))) if tampered => Err(SetupEnd::Failed(
+                        step.name(),
+                        format!("sha256 of {file} is not the expected {d}"),
+                    )),
+                    _ => Ok(()),
+                };
             match step {
                 SetupStep::DataDisk { serial } => {
                     let attached = self
@@ -686,7 +695,7 @@ impl Inner {
                     }
                 }
                 SetupStep::ProviderId { .. } | SetupStep::K3sStart { .. } => {}
-                SetupStep::TailscaleInstall { url } => download(url)?,
+                SetupStep::TailscaleInstall { url, sha256 } => download(url, sha256)?,
                 SetupStep::TailscaleUp => {
                     match self
                         .tailscale_up(id, generation, ud, hostname, started)
@@ -707,8 +716,13 @@ impl Inner {
                         ));
                     }
                 }
-                SetupStep::K3sInstall { url, version, .. } => {
-                    download(url)?;
+                SetupStep::K3sInstall {
+                    url,
+                    sha256,
+                    version,
+                    ..
+                } => {
+                    download(url, sha256)?;
                     // install.sh (`set -e`) exits 1 when the release's hash file 404s.
                     if let Some(version) = version
                         && !setup_script::k3s_release_exists(version, &self.cfg.k3s_version)

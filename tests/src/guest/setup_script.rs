@@ -29,7 +29,11 @@ pub enum SetupStep {
     /// Writes `kubelet-arg+: [provider-id=<prefix><SMBIOS uuid>]`.
     ProviderId { prefix: String },
     /// Downloads and runs Tailscale's installer (`url`), or enables the image's tailscaled.
-    TailscaleInstall { url: Option<String> },
+    TailscaleInstall {
+        url: Option<String>,
+        /// `check_sha256 FILE 'HEX'`: the file and the digest its download is checked against.
+        sha256: Option<(String, String)>,
+    },
     /// `tailscale up` (the line is read by [`crate::tailscale::parse_runcmd`]).
     TailscaleUp,
     /// Adds the tailnet IPv4 address to `tls-san`; fails without one.
@@ -38,6 +42,8 @@ pub enum SetupStep {
     /// it starts k3s and waits on the start job unless `INSTALL_K3S_SKIP_START=true`.
     K3sInstall {
         url: Option<String>,
+        /// As for [`SetupStep::TailscaleInstall`].
+        sha256: Option<(String, String)>,
         role: Option<Role>,
         version: Option<String>,
         starts: bool,
@@ -110,6 +116,10 @@ fn read_step(name: &str, body: &[String]) -> SetupStep {
     let find = |pred: &dyn Fn(&str) -> bool| body.iter().find(|l| pred(l)).map(String::as_str);
     let download = find(&|l| l.starts_with("download "))
         .and_then(|l| quoted_args(l).first().map(|u| u.to_string()));
+    let sha256 = find(&|l| l.starts_with("check_sha256 ")).and_then(|l| {
+        let file = l.split_whitespace().nth(1)?;
+        Some((file.to_owned(), quoted_args(l).first()?.to_string()))
+    });
     let systemctl_role = || {
         let words: Vec<&str> = find(&|l| l.starts_with("systemctl enable"))?
             .split_whitespace()
@@ -138,9 +148,15 @@ fn read_step(name: &str, body: &[String]) -> SetupStep {
         }),
         "tailscale-install" => {
             if download.is_some() {
-                SetupStep::TailscaleInstall { url: download }
+                SetupStep::TailscaleInstall {
+                    url: download,
+                    sha256,
+                }
             } else if find(&|l| l.trim() == "systemctl enable --now tailscaled").is_some() {
-                SetupStep::TailscaleInstall { url: None }
+                SetupStep::TailscaleInstall {
+                    url: None,
+                    sha256: None,
+                }
             } else {
                 SetupStep::Unknown
             }
@@ -151,6 +167,7 @@ fn read_step(name: &str, body: &[String]) -> SetupStep {
             let run = find(&|l| l.contains("INSTALL_K3S_"));
             SetupStep::K3sInstall {
                 url: download,
+                sha256,
                 role: run
                     .and_then(|l| env_value(l, "INSTALL_K3S_EXEC"))
                     .and_then(|w| match w {
@@ -352,6 +369,7 @@ mod tests {
                 },
                 SetupStep::K3sInstall {
                     url: Some("https://mirror.example/k3s".into()),
+                    sha256: None,
                     role: Some(Role::Agent),
                     version: Some("v1.33.4+k3s1".into()),
                     starts: true,

@@ -174,6 +174,7 @@ fn generate_secrets(sim: &SimHandle) -> ClusterSecrets {
         ssh_public_key: public,
         user_ssh_public_key: None,
         webhook_token: random_token(&mut rng, 32),
+        webhook_read_token: Some(random_token(&mut rng, 32)),
         tailscale_auth_key: None,
     }
 }

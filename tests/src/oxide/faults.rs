@@ -37,6 +37,10 @@ pub struct FaultSpec {
     /// Instance-name prefixes whose installer downloads fail (curl -f after its retries;
     /// integrator): the setup script stops with its failure marker before k3s.
     pub download_fails: Vec<String>,
+    /// Instance-name prefixes whose installer downloads arrive changed (a mirror or a path
+    /// serving other bytes; integrator): a `check_sha256` of the download fails as
+    /// `sha256sum -c` does, and the setup script stops before running it.
+    pub download_tampered: Vec<String>,
     /// Instance-name prefixes whose console prints a different host key (integrator).
     pub wrong_console_host_key: Vec<String>,
     /// Instance-name prefixes no sled has room for: a create with `start` answers 201 with a

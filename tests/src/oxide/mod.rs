@@ -230,7 +230,8 @@ pub struct OxideSim {
 }
 
 struct Inner {
-    token: String,
+    /// The one bearer token accepted; replaced by [`OxideSim::rotate_token`].
+    token: Mutex<String>,
     timings: Timings,
     faults: Faults,
     addresses: AddressPool,
@@ -259,7 +260,7 @@ impl OxideSim {
         let snat = cfg.addresses.allocate();
         Self {
             inner: Arc::new(Inner {
-                token: cfg.token,
+                token: Mutex::new(cfg.token),
                 timings: cfg.timings,
                 faults: cfg.faults,
                 addresses: cfg.addresses,
@@ -364,7 +365,13 @@ impl OxideSim {
         spec: &RouteSpec,
     ) -> Result<pagination::Query, ApiError> {
         routes::check_api_version(&parts.headers, &self.inner.api_version)?;
-        if !routes::authorized(&parts.headers, &self.inner.token) {
+        let token = self
+            .inner
+            .token
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if !routes::authorized(&parts.headers, &token) {
             return Err(ApiError::unauthorized());
         }
         if spec.has_body {
@@ -555,6 +562,13 @@ impl OxideSim {
 
     /// Zeroes the per-route counters, the bulk-write sizes and the request count
     /// `crash_after_requests` uses.
+    /// Issues `token` in place of the accepted one, as deleting a device token and logging in
+    /// again does on a rack (`DELETE /v1/me/access-tokens/{id}`, then a new device token):
+    /// from now on the old token is 401 and only `token` works.
+    pub fn rotate_token(&self, token: &str) {
+        *self.inner.token.lock().unwrap_or_else(|e| e.into_inner()) = token.to_owned();
+    }
+
     pub fn reset_counters(&self) {
         self.counters_lock().clear();
         self.store().bulk_writes = store::BulkWriteStats::default();

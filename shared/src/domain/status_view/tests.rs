@@ -112,6 +112,7 @@ fn status(degraded: bool) -> Status {
             ..Outcome::default()
         }),
         create_backoff: BTreeMap::new(),
+        subnet_prefix: None,
     }
 }
 
