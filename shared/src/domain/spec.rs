@@ -13,6 +13,7 @@ use crate::base::names::{self, MAX_INSTANCE_NAME_LEN, SUFFIX_LEN};
 
 pub mod autoscale;
 pub mod tailscale;
+pub mod upgrade;
 use crate::base::size::ByteSize;
 
 /// Current `schema-version` of the ConfigMap.
@@ -53,6 +54,10 @@ pub struct ClusterSpec {
     /// Tailscale, and specs written before it existed read the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tailscale: Option<TailscaleSpec>,
+    /// How a `k3s.version` change rolls out (see [`crate::domain::upgrade`]). Absent: the
+    /// defaults, and specs written before it existed read the same.
+    #[serde(default, skip_serializing_if = "upgrade::UpgradeSpec::is_default")]
+    pub upgrade: upgrade::UpgradeSpec,
 }
 
 /// Tailscale settings of the nodes (the auth key is a secret and lives in the Secret).
@@ -480,6 +485,7 @@ impl ClusterSpec {
             schedule: default_schedule(),
             timeouts: Timeouts::default(),
             tailscale: None,
+            upgrade: upgrade::UpgradeSpec::default(),
         }
     }
 
@@ -730,6 +736,7 @@ impl ClusterSpec {
             err("k3s.installer_url".into(), e);
         }
         self.validate_timeouts(&mut err);
+        self.upgrade.validate(&mut err);
         if errs.is_empty() {
             Ok(())
         } else {

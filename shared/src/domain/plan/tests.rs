@@ -101,6 +101,7 @@ impl World {
             created: now() - Duration::hours(1),
             taints: Vec::new(),
             allocatable: Default::default(),
+            kubelet_version: None,
         });
         self.obs.nodes.last_mut().unwrap_or_else(|| unreachable!())
     }

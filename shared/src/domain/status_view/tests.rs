@@ -30,6 +30,7 @@ fn node(name: &str, pool: Option<&str>, ready: bool, created: DateTime<Utc>) -> 
         created,
         taints: vec![],
         allocatable: Allocatable::default(),
+        kubelet_version: None,
     }
 }
 
