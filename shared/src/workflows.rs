@@ -7,3 +7,4 @@ pub mod live;
 pub mod reconcile;
 pub mod scale;
 pub mod status;
+pub mod upgrade;

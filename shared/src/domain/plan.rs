@@ -302,6 +302,10 @@ pub struct Plan {
     /// run adds what its creates met (see [`backoff::after_run`]).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub create_backoff: backoff::Backoffs,
+    /// The versions this run rolls each pool to and the upgrade under way (set by the
+    /// workflow, which plans the effective spec: see [`crate::domain::upgrade`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<crate::domain::upgrade::Progress>,
 }
 
 impl Plan {

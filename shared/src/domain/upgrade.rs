@@ -337,8 +337,14 @@ pub fn progress(
         _ => spec.k3s.version.clone(),
     };
     let cp_waiting = (cp_to != spec.k3s.version)
-        .then(|| format!("the servers walk upgrade.path: {cp_to} first"));
-    let mut pools = vec![versions(&spec.control_plane, &spec.k3s.version, &servers, cp_to, cp_waiting)];
+        .then(|| "the servers walk upgrade.path, one minor at a time".to_owned());
+    let mut pools = vec![versions(
+        &spec.control_plane,
+        &spec.k3s.version,
+        &servers,
+        cp_to,
+        cp_waiting,
+    )];
     // The oldest Ready server: workers may run up to it.
     let floor = servers
         .iter()
@@ -416,10 +422,10 @@ fn worker_rolls_to(
         .map_or_else(|| floor.clone(), |v| v.min(floor.clone()))
         .min(target.clone());
     let why = if *floor < target {
-        format!("every Ready server to run {version} (the oldest runs {floor})")
+        format!("every Ready server runs {version} (the oldest runs {floor})")
     } else {
         format!(
-            "the worker pools before it (upgrade.worker_pool_concurrency {})",
+            "the worker pools before it are done (upgrade.worker_pool_concurrency {})",
             spec.upgrade.worker_pool_concurrency
         )
     };
@@ -476,12 +482,18 @@ pub fn findings(progress: &Progress) -> Vec<String> {
             u.from, u.to, u.phase
         ));
     }
-    for p in &progress.pools {
-        if let Some(why) = &p.waiting_for {
-            out.push(format!(
+    for (i, p) in progress.pools.iter().enumerate() {
+        match &p.waiting_for {
+            // The control plane comes first in `pools`.
+            Some(why) if i == 0 => out.push(format!(
+                "pool {:?} rolls to {} first: {why}",
+                p.pool, p.rolling_to
+            )),
+            Some(why) => out.push(format!(
                 "pool {:?} stays at {} (also for new members) until {why}",
                 p.pool, p.rolling_to
-            ));
+            )),
+            None => {}
         }
     }
     out

@@ -72,11 +72,24 @@ fn fields(r: Result<(), SpecErrors>) -> Vec<(String, String)> {
 fn versions_order_by_semver_then_the_k3s_build() {
     let v = |s: &str| K3sVersion::parse(s).unwrap();
     assert!(v("v1.34.1+k3s1") > v("v1.33.9+k3s3"));
-    assert!(v("v1.33.4+k3s2") > v("v1.33.4+k3s1"), "same release, later k3s build");
-    assert!(v("v1.33.4+k3s1") > v("v1.33.4-rc1+k3s1"), "a release above its rc");
+    assert!(
+        v("v1.33.4+k3s2") > v("v1.33.4+k3s1"),
+        "same release, later k3s build"
+    );
+    assert!(
+        v("v1.33.4+k3s1") > v("v1.33.4-rc1+k3s1"),
+        "a release above its rc"
+    );
     assert!(v("v1.33.10+k3s1") > v("v1.33.9+k3s1"), "numeric, not text");
     assert_eq!(v("v1.33.4+k3s1").to_string(), "v1.33.4+k3s1");
-    for bad in ["1.33.4+k3s1", "v1.33+k3s1", "v1.33.4+rke2", "v1.33.4.1", "vx.1.2", "v1.33.4-"] {
+    for bad in [
+        "1.33.4+k3s1",
+        "v1.33+k3s1",
+        "v1.33.4+rke2",
+        "v1.33.4.1",
+        "vx.1.2",
+        "v1.33.4-",
+    ] {
         assert_eq!(K3sVersion::parse(bad), None, "{bad}");
     }
 }
@@ -89,10 +102,28 @@ fn the_gate_refuses_skips_downgrades_and_skewed_pools_naming_the_field() {
     type Edit = Box<dyn Fn(&mut ClusterSpec)>;
     // (what, servers run, k3s.version, spec edit, refused field + words in the message)
     let cases: Vec<(&str, &[&str], &str, Edit, Option<(&str, &str)>)> = vec![
-        ("patch bump", &[V33, V33, V33], "v1.33.5+k3s1", Box::new(|_| {}), None),
+        (
+            "patch bump",
+            &[V33, V33, V33],
+            "v1.33.5+k3s1",
+            Box::new(|_| {}),
+            None,
+        ),
         ("one minor", &[V33, V33, V33], V34, Box::new(|_| {}), None),
-        ("same version", &[V33, V33, V33], V33, Box::new(|_| {}), None),
-        ("mid-roll, same target", &[V33, V34, V34], V34, Box::new(|_| {}), None),
+        (
+            "same version",
+            &[V33, V33, V33],
+            V33,
+            Box::new(|_| {}),
+            None,
+        ),
+        (
+            "mid-roll, same target",
+            &[V33, V34, V34],
+            V34,
+            Box::new(|_| {}),
+            None,
+        ),
         (
             "skipped minor",
             &["v1.32.3+k3s1"; 3],
@@ -140,7 +171,10 @@ fn the_gate_refuses_skips_downgrades_and_skewed_pools_naming_the_field() {
             &[V34, V34, V34],
             V33,
             Box::new(|_| {}),
-            Some(("k3s.version", "restore the etcd snapshot taken before the upgrade")),
+            Some((
+                "k3s.version",
+                "restore the etcd snapshot taken before the upgrade",
+            )),
         ),
         (
             "reverting mid-roll is a downgrade",
@@ -161,7 +195,10 @@ fn the_gate_refuses_skips_downgrades_and_skewed_pools_naming_the_field() {
             &[V33; 3],
             V33,
             Box::new(|s| s.worker_pools[1].k3s_version = Some(V34.into())),
-            Some(("worker_pools.gpu.k3s_version", "must not be newer than kube-apiserver")),
+            Some((
+                "worker_pools.gpu.k3s_version",
+                "must not be newer than kube-apiserver",
+            )),
         ),
         (
             "worker pool four minors below",
@@ -175,14 +212,20 @@ fn the_gate_refuses_skips_downgrades_and_skewed_pools_naming_the_field() {
             &[V33; 3],
             V33,
             Box::new(|s| s.worker_pools[1].k3s_version = Some("v1.30.0+k3s1".into())),
-            Some(("worker_pools.gpu.k3s_version", "kubelets are not downgraded")),
+            Some((
+                "worker_pools.gpu.k3s_version",
+                "kubelets are not downgraded",
+            )),
         ),
         (
             "control-plane override differing",
             &[V33; 3],
             V33,
             Box::new(|s| s.control_plane.k3s_version = Some(V34.into())),
-            Some(("control_plane.k3s_version", "remove control_plane.k3s_version")),
+            Some((
+                "control_plane.k3s_version",
+                "remove control_plane.k3s_version",
+            )),
         ),
         (
             "control-plane override equal",
@@ -259,21 +302,36 @@ fn worker_pools_roll_in_spec_order_one_at_a_time_once_the_servers_are_done() {
     assert_eq!(p.upgrade.as_ref().unwrap().phase, Phase::Workers);
     assert_eq!(rolling_to(&p, "workers"), V34);
     assert_eq!(rolling_to(&p, "gpu"), V33);
-    assert!(findings(&p).iter().any(|f| f.contains("\"gpu\" stays at v1.33.4+k3s1")
-        && f.contains("worker_pool_concurrency 1")));
+    assert!(
+        findings(&p)
+            .iter()
+            .any(|f| f.contains("\"gpu\" stays at v1.33.4+k3s1")
+                && f.contains("before it are done (upgrade.worker_pool_concurrency 1)"))
+    );
     // The first pool half done: still the only one.
     nodes[3].kubelet_version = Some(V34.into());
     let p = progress(&s, &nodes, now(), None);
-    assert_eq!((rolling_to(&p, "workers"), rolling_to(&p, "gpu")), (V34.into(), V33.into()));
+    assert_eq!(
+        (rolling_to(&p, "workers"), rolling_to(&p, "gpu")),
+        (V34.into(), V33.into())
+    );
     // Its last old Node being removed: done, the next pool goes.
-    nodes[4].annotations.insert(REMOVING_ANNOTATION.into(), "rolling".into());
+    nodes[4]
+        .annotations
+        .insert(REMOVING_ANNOTATION.into(), "rolling".into());
     let p = progress(&s, &nodes, now(), None);
-    assert_eq!((rolling_to(&p, "workers"), rolling_to(&p, "gpu")), (V34.into(), V34.into()));
+    assert_eq!(
+        (rolling_to(&p, "workers"), rolling_to(&p, "gpu")),
+        (V34.into(), V34.into())
+    );
     // Two at a time: both at once.
     let mut s2 = s.clone();
     s2.upgrade.worker_pool_concurrency = 2;
     let p = progress(&s2, &cluster(&[V34, V34, V34], V33), now(), None);
-    assert_eq!((rolling_to(&p, "workers"), rolling_to(&p, "gpu")), (V34.into(), V34.into()));
+    assert_eq!(
+        (rolling_to(&p, "workers"), rolling_to(&p, "gpu")),
+        (V34.into(), V34.into())
+    );
     // Everything at the target: no upgrade under way.
     let p = progress(&s, &cluster(&[V34, V34, V34], V34), now(), None);
     assert_eq!(p.upgrade, None);
@@ -285,19 +343,35 @@ fn a_not_ready_old_server_does_not_hold_the_workers_but_a_ready_one_does() {
     let s = spec(V34);
     let mut nodes = cluster(&[V34, V34, V34], V33);
     nodes[0].kubelet_version = Some(V33.into());
-    assert_eq!(rolling_to(&progress(&s, &nodes, now(), None), "workers"), V33);
+    assert_eq!(
+        rolling_to(&progress(&s, &nodes, now(), None), "workers"),
+        V33
+    );
     nodes[0].readiness = NodeReadiness::NotReady { since: now() };
-    assert_eq!(rolling_to(&progress(&s, &nodes, now(), None), "workers"), V34);
+    assert_eq!(
+        rolling_to(&progress(&s, &nodes, now(), None), "workers"),
+        V34
+    );
 }
 
 #[test]
 fn the_servers_walk_the_path_one_minor_at_a_time() {
     let mut s = spec(V34);
     s.upgrade.path = vec!["v1.33.4+k3s1".into()];
-    let p = progress(&s, &cluster(&["v1.32.3+k3s1"; 3], "v1.32.3+k3s1"), now(), None);
+    let p = progress(
+        &s,
+        &cluster(&["v1.32.3+k3s1"; 3], "v1.32.3+k3s1"),
+        now(),
+        None,
+    );
     assert_eq!(rolling_to(&p, "control-plane"), "v1.33.4+k3s1");
     assert_eq!(rolling_to(&p, "workers"), "v1.32.3+k3s1");
-    let p = progress(&s, &cluster(&[V33, V33, "v1.32.3+k3s1"], "v1.32.3+k3s1"), now(), None);
+    let p = progress(
+        &s,
+        &cluster(&[V33, V33, "v1.32.3+k3s1"], "v1.32.3+k3s1"),
+        now(),
+        None,
+    );
     assert_eq!(rolling_to(&p, "control-plane"), "v1.33.4+k3s1");
     let p = progress(&s, &cluster(&[V33; 3], "v1.32.3+k3s1"), now(), None);
     assert_eq!(rolling_to(&p, "control-plane"), V34);
@@ -309,14 +383,22 @@ fn the_record_keeps_from_and_start_while_the_target_stays() {
     let s = spec(V34);
     let first = progress(&s, &cluster(&[V33; 3], V33), now(), None);
     let u = first.upgrade.clone().unwrap();
-    assert_eq!((u.from.as_str(), u.to.as_str(), u.started_at), (V33, V34, now()));
+    assert_eq!(
+        (u.from.as_str(), u.to.as_str(), u.started_at),
+        (V33, V34, now())
+    );
     let later = now() + Duration::minutes(5);
     let next = progress(&s, &cluster(&[V34; 3], V33), later, Some(&u));
     let n = next.upgrade.unwrap();
-    assert_eq!((n.from.as_str(), n.started_at, n.phase), (V33, now(), Phase::Workers));
+    assert_eq!(
+        (n.from.as_str(), n.started_at, n.phase),
+        (V33, now(), Phase::Workers)
+    );
     // A new target starts a new record.
     let s2 = spec("v1.34.2+k3s1");
-    let n = progress(&s2, &cluster(&[V34; 3], V34), later, Some(&u)).upgrade.unwrap();
+    let n = progress(&s2, &cluster(&[V34; 3], V34), later, Some(&u))
+        .upgrade
+        .unwrap();
     assert_eq!((n.from.as_str(), n.started_at), (V34, later));
 }
 
