@@ -1050,9 +1050,88 @@ fn node_sample(nodes: &[Value]) -> NodeSample {
         .collect()
 }
 
+/// The upgrade order checked sample by sample (issue 33): no worker Node newer than every
+/// Ready server; no old worker removed (annotated, or its Node gone since the previous sample)
+/// while a Ready server runs the old version; and when pool `workers` was first done and pool
+/// `gpu` first had a Node at the target.
+struct RollOrder {
+    from: (u64, u64, u64),
+    to: (u64, u64, u64),
+    checked: usize,
+    workers_done: Option<usize>,
+    gpu_started: Option<usize>,
+}
+
+impl RollOrder {
+    fn new(from: &str, to: &str) -> Self {
+        RollOrder {
+            from: release(from),
+            to: release(to),
+            checked: 0,
+            workers_done: None,
+            gpu_started: None,
+        }
+    }
+
+    /// Checks the samples not checked yet; panics at the first one out of order.
+    fn check(&mut self, samples: &[NodeSample]) {
+        let (from, to) = (self.from, self.to);
+        for (i, sample) in samples.iter().enumerate().skip(self.checked) {
+            let servers = || sample.iter().filter(|n| n.1 == "control-plane" && n.3);
+            // Stronger than "not newer than every Ready server": not newer than any.
+            let oldest_server = servers().map(|n| release(&n.2)).min();
+            let all_servers_at_target = servers().all(|n| release(&n.2) >= to);
+            for w in sample.iter().filter(|n| n.1 != "control-plane") {
+                assert!(
+                    oldest_server.is_some_and(|s| release(&w.2) <= s),
+                    "sample {i}: worker {} runs {} while the Ready servers are {:?}",
+                    w.0,
+                    w.2,
+                    servers().collect::<Vec<_>>()
+                );
+            }
+            // An old worker is removed (annotated, or its Node gone since the last sample).
+            let removed_old = sample
+                .iter()
+                .filter(|n| n.1 != "control-plane" && n.4 && release(&n.2) == from)
+                .map(|n| n.0.clone())
+                .chain(i.checked_sub(1).into_iter().flat_map(|p| {
+                    samples[p]
+                        .iter()
+                        .filter(|n| n.1 != "control-plane" && release(&n.2) == from)
+                        .filter(|n| !sample.iter().any(|m| m.0 == n.0))
+                        .map(|n| n.0.clone())
+                }))
+                .collect::<Vec<_>>();
+            assert!(
+                removed_old.is_empty() || all_servers_at_target,
+                "sample {i}: old workers {removed_old:?} removed while the Ready servers are {:?}",
+                servers().collect::<Vec<_>>()
+            );
+            let pool = |name: &'static str| sample.iter().filter(move |n| n.1 == name);
+            if self.workers_done.is_none()
+                && pool("workers").any(|_| true)
+                && pool("workers")
+                    .filter(|n| !n.4)
+                    .all(|n| release(&n.2) == to)
+            {
+                self.workers_done = Some(i);
+            }
+            if self.gpu_started.is_none() && pool("gpu").any(|n| release(&n.2) == to) {
+                self.gpu_started = Some(i);
+                assert!(
+                    self.workers_done.is_some(),
+                    "sample {i}: pool gpu has a Node at the target before pool workers is done: {sample:?}"
+                );
+            }
+        }
+        self.checked = samples.len();
+    }
+}
+
 /// Issue 33 (U1, U7): `k3s.version` v1.33.4+k3s1 → v1.34.1+k3s1 with two worker pools,
 /// Nodes sampled every 0.5 s. The servers roll first, one at a time; no worker Node is ever
-/// newer than every Ready server; no old worker is removed (annotated or gone) while a Ready
+/// newer than any Ready server; no old worker is removed (annotated or gone) while a Ready
 /// server still runs the old version; the pools roll one after the other, in spec order; the
 /// cluster converges with every Node at the target, and status.json records the phases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1083,8 +1162,9 @@ async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after
         }
     });
     let mut phases = Vec::new();
+    let mut order = RollOrder::new(FROM, TO);
     let mut runs = 0;
-    // Seven members roll one after another (three servers, then each pool's): runs until
+    // Five members roll one after another (three servers, then each pool's): runs until
     // converged, bounded by time rather than a count, since each waits on joins.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
     for i in 1.. {
@@ -1106,6 +1186,8 @@ async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after
             .ok()
             .and_then(|s| s.status_json().and_then(|j| serde_json::from_str(j).ok()))
             .unwrap_or_default();
+        // Checked as the roll goes, so a wrong order fails at once.
+        order.check(&samples.lock().unwrap_or_else(|p| p.into_inner()).clone());
         if let Some(p) = status["upgrade"]["phase"].as_str()
             && phases.last().map(String::as_str) != Some(p)
         {
@@ -1125,53 +1207,8 @@ async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after
     let samples = samples.lock().unwrap_or_else(|p| p.into_inner()).clone();
     assert!(samples.len() > 10, "sampled {} times", samples.len());
 
-    let (from, to) = (release(FROM), release(TO));
-    let mut workers_done = None;
-    let mut gpu_started = None;
-    for (i, sample) in samples.iter().enumerate() {
-        let servers = || sample.iter().filter(|n| n.1 == "control-plane" && n.3);
-        let newest_server = servers().map(|n| release(&n.2)).max();
-        let all_servers_at_target = servers().all(|n| release(&n.2) >= to);
-        for w in sample.iter().filter(|n| n.1 != "control-plane") {
-            assert!(
-                newest_server.is_some_and(|s| release(&w.2) <= s),
-                "sample {i}: worker {} runs {} while the Ready servers are {:?}",
-                w.0,
-                w.2,
-                servers().collect::<Vec<_>>()
-            );
-        }
-        // An old worker is removed (annotated, or its Node gone since the last sample).
-        let removed_old = sample
-            .iter()
-            .filter(|n| n.1 != "control-plane" && n.4 && release(&n.2) == from)
-            .map(|n| n.0.clone())
-            .chain(i.checked_sub(1).into_iter().flat_map(|p| {
-                samples[p]
-                    .iter()
-                    .filter(|n| n.1 != "control-plane" && release(&n.2) == from)
-                    .filter(|n| !sample.iter().any(|m| m.0 == n.0))
-                    .map(|n| n.0.clone())
-            }))
-            .collect::<Vec<_>>();
-        assert!(
-            removed_old.is_empty() || all_servers_at_target,
-            "sample {i}: old workers {removed_old:?} removed while the Ready servers are {:?}",
-            servers().collect::<Vec<_>>()
-        );
-        let pool = |name: &'static str| sample.iter().filter(move |n| n.1 == name);
-        if workers_done.is_none()
-            && pool("workers").any(|_| true)
-            && pool("workers")
-                .filter(|n| !n.4)
-                .all(|n| release(&n.2) == to)
-        {
-            workers_done = Some(i);
-        }
-        if gpu_started.is_none() && pool("gpu").any(|n| release(&n.2) == to) {
-            gpu_started = Some(i);
-        }
-    }
+    order.check(&samples);
+    let (workers_done, gpu_started) = (order.workers_done, order.gpu_started);
     let (Some(done), Some(started)) = (workers_done, gpu_started) else {
         panic!(
             "pools never rolled in {runs} runs: workers done at {workers_done:?}, gpu started at {gpu_started:?}; phases {phases:?}; last sample {:?}; status {}",
