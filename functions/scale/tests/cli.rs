@@ -534,4 +534,12 @@ async fn upgrade_checks_the_version_prints_the_phases_and_writes_it() {
         "{out}"
     );
     assert_eq!(version(), "v1.34.1+k3s1");
+    // `scale status` shows each Node's kubelet version and the pool's target.
+    let (_, out, _) = env.scale(&["status", "-o", "json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["pools"][1]["version"], "v1.34.1+k3s1", "{v}");
+    assert_eq!(
+        v["pools"][1]["members"][0]["version"], "v1.33.4+k3s1",
+        "{v}"
+    );
 }
