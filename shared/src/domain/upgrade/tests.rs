@@ -94,14 +94,22 @@ fn versions_order_by_semver_then_the_k3s_build() {
     }
 }
 
-#[test]
-fn the_gate_refuses_skips_downgrades_and_skewed_pools_naming_the_field() {
-    fn path(p: &'static [&'static str]) -> impl Fn(&mut ClusterSpec) {
-        move |s: &mut ClusterSpec| s.upgrade.path = p.iter().map(|v| (*v).to_owned()).collect()
-    }
-    type Edit = Box<dyn Fn(&mut ClusterSpec)>;
-    // (what, servers run, k3s.version, spec edit, refused field + words in the message)
-    let cases: Vec<(&str, &[&str], &str, Edit, Option<(&str, &str)>)> = vec![
+/// (what, servers run, k3s.version, spec edit, refused field + words in the message)
+type Case = (
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+    Box<dyn Fn(&mut ClusterSpec)>,
+    Option<(&'static str, &'static str)>,
+);
+
+fn path(p: &'static [&'static str]) -> impl Fn(&mut ClusterSpec) {
+    move |s: &mut ClusterSpec| s.upgrade.path = p.iter().map(|v| (*v).to_owned()).collect()
+}
+
+/// The control plane's rules: skips, `upgrade.path`, downgrades.
+fn server_cases() -> Vec<Case> {
+    vec![
         (
             "patch bump",
             &[V33, V33, V33],
@@ -190,6 +198,12 @@ fn the_gate_refuses_skips_downgrades_and_skewed_pools_naming_the_field() {
             Box::new(|_| {}),
             Some(("k3s.version", "does not support downgrading")),
         ),
+    ]
+}
+
+/// The worker pools' and the control-plane override's rules.
+fn pool_cases() -> Vec<Case> {
+    vec![
         (
             "worker pool above the servers",
             &[V33; 3],
@@ -234,7 +248,12 @@ fn the_gate_refuses_skips_downgrades_and_skewed_pools_naming_the_field() {
             Box::new(|s| s.control_plane.k3s_version = Some(V33.into())),
             None,
         ),
-    ];
+    ]
+}
+
+#[test]
+fn the_gate_refuses_skips_downgrades_and_skewed_pools_naming_the_field() {
+    let cases = server_cases().into_iter().chain(pool_cases());
     for (what, servers, to, edit, want) in cases {
         let mut s = spec(to);
         edit(&mut s);
