@@ -428,7 +428,7 @@ async fn status_shows_the_cluster_and_exits_1_while_it_is_degraded() {
     );
     for needle in [
         "pool control-plane (control plane): desired 1",
-        "pool workers (workers): desired 2 — last run: 1 ready",
+        "pool workers (workers): desired 2, k3s v1.33.4+k3s1 — last run: 1 ready",
         "demo-workers-bbbbb",
         "oxide://demo-workers-aaaaa",
         "SetupFailed",

@@ -92,10 +92,11 @@ fn pool_nodes<'a>(nodes: &'a [Node], pool: &str) -> Vec<(&'a Node, Option<K3sVer
         .collect()
 }
 
+/// A Node's name and the version it reports.
+type Named<'a> = (&'a str, &'a K3sVersion);
+
 /// The Nodes of `pool` that report a version, oldest and newest with their names.
-fn span<'a>(
-    seen: &'a [(&Node, Option<K3sVersion>)],
-) -> Option<((&'a str, &'a K3sVersion), (&'a str, &'a K3sVersion))> {
+fn span<'a>(seen: &'a [(&Node, Option<K3sVersion>)]) -> Option<(Named<'a>, Named<'a>)> {
     let known = || {
         seen.iter()
             .filter_map(|(n, v)| v.as_ref().map(|v| (n.name.as_str(), v)))
