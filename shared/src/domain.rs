@@ -9,3 +9,4 @@ pub mod plan;
 pub mod spec;
 pub mod status;
 pub mod status_view;
+pub mod upgrade;

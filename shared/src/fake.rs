@@ -178,6 +178,7 @@ impl FakeWorld {
                     created: now,
                     taints: Vec::new(),
                     allocatable: Default::default(),
+                    kubelet_version: None,
                 });
                 node.readiness = NodeReadiness::Ready;
             }

@@ -8,3 +8,4 @@ pub mod local;
 pub mod reconcile;
 pub mod scale;
 pub mod status;
+pub mod upgrade;

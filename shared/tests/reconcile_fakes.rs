@@ -809,6 +809,7 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
                     created: now,
                     taints: Vec::new(),
                     allocatable: Default::default(),
+                    kubelet_version: None,
                 },
             );
         };
@@ -889,7 +890,7 @@ proptest! {
                 if orphan_node {
                     st.nodes.insert("demo-workers-zz9zz".into(), oxide_controller::domain::model::Node {
                         name: "demo-workers-zz9zz".into(), provider_id: None, labels: BTreeMap::new(),
-                        annotations: BTreeMap::new(), readiness: NodeReadiness::Ready, unschedulable: false, created: st.now, taints: Vec::new(), allocatable: Default::default(),
+                        annotations: BTreeMap::new(), readiness: NodeReadiness::Ready, unschedulable: false, created: st.now, taints: Vec::new(), allocatable: Default::default(), kubelet_version: None,
                     });
                 }
                 if orphan_disk {

@@ -1061,6 +1061,283 @@ async fn a_cpu_change_rolls_workers_one_at_a_time() {
     env.assert_no_leaks();
 }
 
+/// A k3s release as `(minor, patch, build)`, for comparing the versions Nodes report
+/// (`v1.33.4+k3s1`; all 1.x).
+fn release(v: &str) -> (u64, u64, u64) {
+    let n = |s: Option<&str>| s.and_then(|s| s.parse().ok()).unwrap_or(0);
+    let (core, build) = v
+        .trim_start_matches('v')
+        .split_once("+k3s")
+        .unwrap_or((v, "0"));
+    let mut parts = core.split('.').skip(1);
+    (n(parts.next()), n(parts.next()), n(Some(build)))
+}
+
+/// One sample of the Nodes during an upgrade: per Node, its pool, kubelet version, whether it
+/// is Ready and whether a removal of ours is under way.
+type NodeSample = Vec<(String, String, String, bool, bool)>;
+
+fn node_sample(nodes: &[Value]) -> NodeSample {
+    nodes
+        .iter()
+        .map(|n| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (
+                s(&n["metadata"]["name"]),
+                s(&n["metadata"]["labels"]["oxide-controller/pool"]),
+                s(&n["status"]["nodeInfo"]["kubeletVersion"]),
+                n["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                }),
+                n["metadata"]["annotations"]["oxide-controller/removing"].is_string(),
+            )
+        })
+        .collect()
+}
+
+/// The upgrade order checked sample by sample (issue 33): no worker Node newer than every
+/// Ready server; no old worker removed (annotated, or its Node gone since the previous sample)
+/// while a Ready server runs the old version; and when pool `workers` was first done and pool
+/// `gpu` first had a Node at the target.
+struct RollOrder {
+    from: (u64, u64, u64),
+    to: (u64, u64, u64),
+    checked: usize,
+    workers_done: Option<usize>,
+    gpu_started: Option<usize>,
+}
+
+impl RollOrder {
+    fn new(from: &str, to: &str) -> Self {
+        RollOrder {
+            from: release(from),
+            to: release(to),
+            checked: 0,
+            workers_done: None,
+            gpu_started: None,
+        }
+    }
+
+    /// Checks the samples not checked yet; panics at the first one out of order.
+    fn check(&mut self, samples: &[NodeSample]) {
+        let (from, to) = (self.from, self.to);
+        for (i, sample) in samples.iter().enumerate().skip(self.checked) {
+            let servers = || sample.iter().filter(|n| n.1 == "control-plane" && n.3);
+            // Stronger than "not newer than every Ready server": not newer than any.
+            let oldest_server = servers().map(|n| release(&n.2)).min();
+            let all_servers_at_target = servers().all(|n| release(&n.2) >= to);
+            for w in sample.iter().filter(|n| n.1 != "control-plane") {
+                assert!(
+                    oldest_server.is_some_and(|s| release(&w.2) <= s),
+                    "sample {i}: worker {} runs {} while the Ready servers are {:?}",
+                    w.0,
+                    w.2,
+                    servers().collect::<Vec<_>>()
+                );
+            }
+            // An old worker is removed (annotated, or its Node gone since the last sample).
+            let removed_old = sample
+                .iter()
+                .filter(|n| n.1 != "control-plane" && n.4 && release(&n.2) == from)
+                .map(|n| n.0.clone())
+                .chain(i.checked_sub(1).into_iter().flat_map(|p| {
+                    samples[p]
+                        .iter()
+                        .filter(|n| n.1 != "control-plane" && release(&n.2) == from)
+                        .filter(|n| !sample.iter().any(|m| m.0 == n.0))
+                        .map(|n| n.0.clone())
+                }))
+                .collect::<Vec<_>>();
+            assert!(
+                removed_old.is_empty() || all_servers_at_target,
+                "sample {i}: old workers {removed_old:?} removed while the Ready servers are {:?}",
+                servers().collect::<Vec<_>>()
+            );
+            let pool = |name: &'static str| sample.iter().filter(move |n| n.1 == name);
+            if self.workers_done.is_none()
+                && pool("workers").any(|_| true)
+                && pool("workers")
+                    .filter(|n| !n.4)
+                    .all(|n| release(&n.2) == to)
+            {
+                self.workers_done = Some(i);
+            }
+            if self.gpu_started.is_none() && pool("gpu").any(|n| release(&n.2) == to) {
+                self.gpu_started = Some(i);
+                assert!(
+                    self.workers_done.is_some(),
+                    "sample {i}: pool gpu has a Node at the target before pool workers is done: {sample:?}"
+                );
+            }
+        }
+        self.checked = samples.len();
+    }
+}
+
+/// Issue 33 (U1, U7): `k3s.version` v1.33.4+k3s1 → v1.34.1+k3s1 with two worker pools,
+/// Nodes sampled every 0.5 s. The servers roll first, one at a time; no worker Node is ever
+/// newer than any Ready server; no old worker is removed (annotated or gone) while a Ready
+/// server still runs the old version; the pools roll one after the other, in spec order; the
+/// cluster converges with every Node at the target, and status.json records the phases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after_the_other() {
+    const FROM: &str = "v1.33.4+k3s1";
+    const TO: &str = "v1.34.1+k3s1";
+    let env = env(3, 1).await;
+    env.edit(|s| {
+        let mut gpu = s.worker_pools[0].clone();
+        gpu.name = "gpu".into();
+        s.worker_pools.push(gpu);
+    })
+    .await;
+    env.converge(20).await;
+    env.edit(|s| s.k3s.version = TO.into()).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let samples: Arc<Mutex<Vec<NodeSample>>> = Arc::default();
+    let (kube, s2, samples2) = (env.sim.kube(), stop.clone(), samples.clone());
+    let sampler = tokio::spawn(async move {
+        while !s2.load(Ordering::SeqCst) {
+            let nodes = kube.list("v1", "Node", None).await;
+            samples2
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(node_sample(&nodes));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    let mut phases = Vec::new();
+    let mut order = RollOrder::new(FROM, TO);
+    let mut runs = 0;
+    // Five members roll one after another (three servers, then each pool's): runs until
+    // converged, bounded by time rather than a count, since each waits on joins.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
+    for i in 1.. {
+        runs = i;
+        if tokio::time::Instant::now() > deadline {
+            break;
+        }
+        let out = env.reconcile(&[]).await;
+        let code = out.status.code();
+        assert!(
+            matches!(code, Some(0 | 1)),
+            "run {i}: exit {code:?}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let status: Value = env
+            .store
+            .read_config()
+            .await
+            .ok()
+            .and_then(|s| s.status_json().and_then(|j| serde_json::from_str(j).ok()))
+            .unwrap_or_default();
+        // Checked as the roll goes, so a wrong order fails at once.
+        order.check(&samples.lock().unwrap_or_else(|p| p.into_inner()).clone());
+        if let Some(p) = status["upgrade"]["phase"].as_str()
+            && phases.last().map(String::as_str) != Some(p)
+        {
+            phases.push(p.to_owned());
+        }
+        let ready = status["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        });
+        if code == Some(0) && ready {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let _ = sampler.await;
+    let samples = samples.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(samples.len() > 10, "sampled {} times", samples.len());
+
+    order.check(&samples);
+    let (workers_done, gpu_started) = (order.workers_done, order.gpu_started);
+    let (Some(done), Some(started)) = (workers_done, gpu_started) else {
+        panic!(
+            "pools never rolled in {runs} runs: workers done at {workers_done:?}, gpu started at {gpu_started:?}; phases {phases:?}; last sample {:?}; status {}",
+            samples.last(),
+            env.store
+                .read_config()
+                .await
+                .ok()
+                .and_then(|s| s.status_json().map(str::to_owned))
+                .unwrap_or_default()
+        );
+    };
+    assert!(
+        started >= done,
+        "pool gpu got its first {TO} Node (sample {started}) before pool workers was done (sample {done})"
+    );
+    let last = samples.last().cloned().unwrap_or_default();
+    assert_eq!(last.len(), 5, "3 servers and one worker per pool: {last:?}");
+    for n in &last {
+        assert_eq!(n.2, TO, "{n:?}");
+    }
+    assert_eq!(
+        phases,
+        ["control-plane", "workers"],
+        "status.json upgrade.phase over the runs"
+    );
+    env.assert_no_leaks();
+}
+
+/// Issue 33 (U2–U4): a skipped minor, a downgrade and a worker pool above the servers are
+/// refused by every run before it takes its Lease: exit 2 naming the field and what to set,
+/// and not one mutating request to either API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_versions_exit_2_naming_the_field_with_no_mutating_request() {
+    let env = env(1, 1).await;
+    let original = env.spec().await;
+    type Edit = fn(&mut ClusterSpec);
+    let cases: [(&str, Edit, &str, &str); 3] = [
+        (
+            "a skipped minor",
+            |s| s.k3s.version = "v1.35.0+k3s1".into(),
+            "k3s.version",
+            "the control plane upgrades one minor at a time. Set k3s.version to a v1.34 release first",
+        ),
+        (
+            "a downgrade",
+            |s| s.k3s.version = "v1.32.9+k3s1".into(),
+            "k3s.version",
+            "restore the etcd snapshot taken before the upgrade",
+        ),
+        (
+            "a worker pool above the servers",
+            |s| s.worker_pools[0].k3s_version = Some("v1.34.1+k3s1".into()),
+            "worker_pools.workers.k3s_version",
+            "a kubelet must not be newer than kube-apiserver",
+        ),
+    ];
+    for (what, edit, field, words) in cases {
+        env.edit(edit).await;
+        env.sim.oxide().reset_counters();
+        env.sim.kube().reset_counters();
+        let out = env.reconcile(&[]).await;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{what}: {stderr}");
+        assert!(
+            stderr.contains(field) && stderr.contains(words),
+            "{what}: {stderr}"
+        );
+        assert_eq!(env.mutations(), 0, "{what}: no Oxide call changed anything");
+        let kube_writes: Vec<String> = env
+            .sim
+            .kube()
+            .counters()
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("GET "))
+            .map(|(k, n)| format!("{n} {k}"))
+            .collect();
+        assert!(kube_writes.is_empty(), "{what}: {kube_writes:?}");
+        let o = original.clone();
+        env.edit(move |s| *s = o.clone()).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_floating_ip_moves_when_its_holder_dies() {
     let env = env(3, 2).await;

@@ -104,6 +104,18 @@ enum Command {
         #[arg(long, short = 'o', value_enum, default_value_t = StatusOutput::Table)]
         output: StatusOutput,
     },
+    /// Upgrade Kubernetes: check VERSION against what the servers and workers run (no skipped
+    /// minor, no downgrade, workers within three minors below), print the order of the roll
+    /// (servers first, then worker pools one after the other), write `k3s.version` and start a
+    /// reconcile. A refused version exits 2 and writes nothing.
+    Upgrade {
+        /// The k3s release to run, e.g. v1.34.1+k3s1.
+        #[arg(long)]
+        to: String,
+        /// Check and print the phases only; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Add to a pool's desired count (negative removes) and start a reconcile.
     Add {
         /// How many to add, e.g. 2 or -1.
@@ -251,6 +263,7 @@ async fn run(args: Args) -> ExitCode {
             autoscale(&state, client, ns, pool.pool.as_deref(), change, output).await
         }
         Command::Status { output } => status(&state, client, ns, output, &args.kube).await,
+        Command::Upgrade { to, dry_run } => upgrade(&state, client, ns, &to, dry_run).await,
         Command::Add { delta, pool } => {
             change(
                 &state,
@@ -299,6 +312,35 @@ async fn change(
                     reconcile = out.reconcile.as_str(),
                     "the change is saved but no reconcile Job was started"
                 );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e, e.exit_code()),
+    }
+}
+
+/// `scale upgrade`: the gate, the phases, then (unless `--dry-run`) the spec write.
+async fn upgrade(
+    state: &KubeStateStore,
+    client: kube::Client,
+    ns: &str,
+    to: &str,
+    dry_run: bool,
+) -> ExitCode {
+    let cluster = KubeCluster::new(client, ns);
+    let now = chrono::Utc::now();
+    match oxide_controller::workflows::upgrade::run(state, &cluster, to, dry_run, now).await {
+        Ok(out) => {
+            print!("{}", out.phases);
+            if dry_run {
+                println!("dry run: k3s.version {to} passes the version checks; nothing written");
+            } else if out.written {
+                println!(
+                    "k3s.version set to {to}; {}",
+                    out.reconcile.public_message()
+                );
+            } else {
+                println!("k3s.version already is {to}");
             }
             ExitCode::SUCCESS
         }

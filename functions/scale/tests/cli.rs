@@ -430,7 +430,7 @@ async fn status_shows_the_cluster_and_exits_1_while_it_is_degraded() {
     );
     for needle in [
         "pool control-plane (control plane): desired 1",
-        "pool workers (workers): desired 2 — last run: 1 ready",
+        "pool workers (workers): desired 2, k3s v1.33.4+k3s1 — last run: 1 ready",
         "demo-workers-bbbbb",
         "oxide://demo-workers-aaaaa",
         "SetupFailed",
@@ -541,5 +541,92 @@ async fn the_cli_changes_what_the_webhook_may_not() {
         stored(&env),
         (3, 20),
         "the administrator's CLI changed both"
+    );
+}
+
+/// Issue 33: `scale upgrade --to VERSION` checks the version against what the Nodes run
+/// before it writes: a skipped minor and a downgrade exit 2 naming `k3s.version` and what to
+/// set, with no mutating request; `--dry-run` prints the order of the roll and writes
+/// nothing; an allowed version is written and a reconcile started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_checks_the_version_prints_the_phases_and_writes_it() {
+    let env = env().await;
+    for (name, pool) in [
+        ("demo-control-plane-aaaaa", "control-plane"),
+        ("demo-workers-aaaaa", "workers"),
+    ] {
+        env.kube
+            .apply(json!({"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"oxide-controller/pool": pool}},
+                "status": {"nodeInfo": {"kubeletVersion": "v1.33.4+k3s1",
+                    "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "",
+                    "osImage": "", "containerRuntimeVersion": "", "kubeProxyVersion": "",
+                    "operatingSystem": "linux", "architecture": "amd64"}}}))
+            .unwrap();
+    }
+    let version = || {
+        let cm = env
+            .kube
+            .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
+            .unwrap();
+        ClusterSpec::from_yaml(cm["data"][keys::SPEC].as_str().unwrap())
+            .unwrap()
+            .k3s
+            .version
+    };
+    let mutating = || -> u64 {
+        env.kube
+            .0
+            .counters()
+            .iter()
+            .filter(|(k, _)| !k.starts_with("GET "))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    for (to, words) in [
+        ("v1.35.0+k3s1", "Set k3s.version to a v1.34 release first"),
+        (
+            "v1.32.9+k3s1",
+            "restore the etcd snapshot taken before the upgrade",
+        ),
+        ("v1.33.4+k3s0", "does not support downgrading"),
+    ] {
+        let before = mutating();
+        let (code, out, err) = env.scale(&["upgrade", "--to", to]).await;
+        assert_eq!(code, 2, "{to}: {out}{err}");
+        assert!(
+            err.contains("k3s.version") && err.contains(words),
+            "{to}: {err}"
+        );
+        assert_eq!(mutating(), before, "{to}: no mutating request");
+    }
+    assert_eq!(version(), "v1.33.4+k3s1");
+
+    let (code, out, err) = env
+        .scale(&["upgrade", "--to", "v1.34.1+k3s1", "--dry-run"])
+        .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("1. control plane \"control-plane\" (runs v1.33.4+k3s1): one server at a time")
+            && out.contains("2. worker pool \"workers\" (runs v1.33.4+k3s1): to v1.34.1+k3s1 once every Ready server runs it")
+            && out.contains("nothing written"),
+        "{out}"
+    );
+    assert_eq!(version(), "v1.33.4+k3s1");
+
+    let (code, out, err) = env.scale(&["upgrade", "--to", "v1.34.1+k3s1"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("k3s.version set to v1.34.1+k3s1; reconcile triggered"),
+        "{out}"
+    );
+    assert_eq!(version(), "v1.34.1+k3s1");
+    // `scale status` shows each Node's kubelet version and the pool's target.
+    let (_, out, _) = env.scale(&["status", "-o", "json"]).await;
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["pools"][1]["version"], "v1.34.1+k3s1", "{v}");
+    assert_eq!(
+        v["pools"][1]["members"][0]["version"], "v1.33.4+k3s1",
+        "{v}"
     );
 }

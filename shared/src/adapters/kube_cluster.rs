@@ -296,6 +296,12 @@ pub fn node_from_kube(node: &KubeNode) -> Node {
         created,
         taints: views::taints(node),
         allocatable: views::allocatable(node),
+        kubelet_version: node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.kubelet_version.clone())
+            .filter(|v| !v.is_empty()),
     }
 }
 

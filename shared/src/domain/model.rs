@@ -230,6 +230,10 @@ pub struct Node {
     /// `status.allocatable` (the autoscaler packs pods against it).
     #[serde(default)]
     pub allocatable: Allocatable,
+    /// `status.nodeInfo.kubeletVersion` (k3s reports its release, `v1.33.4+k3s1`): what the
+    /// upgrade order trusts, as k3s-upgrade's agent `prepare` step does.
+    #[serde(default)]
+    pub kubelet_version: Option<String>,
 }
 
 /// A Node's `status.allocatable`, the part the autoscaler uses.

@@ -337,6 +337,10 @@ pub struct Plan {
     /// run adds what its creates met (see [`backoff::after_run`]).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub create_backoff: backoff::Backoffs,
+    /// The versions this run rolls each pool to and the upgrade under way (set by the
+    /// workflow, which plans the effective spec: see [`crate::domain::upgrade`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<crate::domain::upgrade::Progress>,
 }
 
 impl Plan {
@@ -690,19 +694,33 @@ fn plan_floating_ip(
     let holder = fip
         .instance_id
         .and_then(|id| members.iter().find(|m| m.instance.id == id));
-    if holder.is_some_and(|h| h.pool == spec.control_plane.name && h.health == Health::Ready) {
+    // A drifted holder is rolled, and a removal stops the VM while it still holds the address:
+    // the address leaves it for an up-to-date Ready server as soon as there is one.
+    let current_ready = cp.iter().any(|m| m.health == Health::Ready && !m.drifted);
+    if holder.is_some_and(|h| {
+        h.pool == spec.control_plane.name
+            && h.health == Health::Ready
+            && !(h.drifted && current_ready)
+    }) {
         return true;
     }
-    // Oldest Ready server: the most likely to stay.
+    // Oldest up-to-date Ready server: the most likely to stay.
     let target = cp
         .iter()
         .filter(|m| m.health == Health::Ready)
-        .min_by_key(|m| (m.instance.time_created, m.instance.name.clone()));
+        .min_by_key(|m| (m.drifted, m.instance.time_created, m.instance.name.clone()));
     match target {
         Some(t) => {
             let stop_from = holder.is_some_and(|h| h.instance.state == InstanceState::Failed);
             let (from, why) = match (fip.instance_id, holder) {
                 (None, _) => (None, "it is not attached".to_owned()),
+                (Some(_), Some(h)) if h.health == Health::Ready => (
+                    Some(h.instance.name.clone()),
+                    format!(
+                        "its holder {} is drifted and will be rolled",
+                        h.instance.name
+                    ),
+                ),
                 (Some(_), Some(h)) => (
                     Some(h.instance.name.clone()),
                     format!("its holder {} is {:?}", h.instance.name, h.health),

@@ -13,6 +13,7 @@ use crate::base::names::{self, MAX_INSTANCE_NAME_LEN, SUFFIX_LEN};
 
 pub mod autoscale;
 pub mod tailscale;
+pub mod upgrade;
 use crate::base::size::ByteSize;
 
 /// Current `schema-version` of the ConfigMap.
@@ -58,6 +59,10 @@ pub struct ClusterSpec {
     /// never raise a `max`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook: Option<WebhookSpec>,
+    /// How a `k3s.version` change rolls out (see [`crate::domain::upgrade`]). Absent: the
+    /// defaults, and specs written before it existed read the same.
+    #[serde(default, skip_serializing_if = "upgrade::UpgradeSpec::is_default")]
+    pub upgrade: upgrade::UpgradeSpec,
 }
 
 /// The administrator's limits on the scale webhook (see [`ClusterSpec::webhook`]).
@@ -528,6 +533,7 @@ impl ClusterSpec {
             timeouts: Timeouts::default(),
             tailscale: None,
             webhook: None,
+            upgrade: upgrade::UpgradeSpec::default(),
         }
     }
 
@@ -836,6 +842,7 @@ impl ClusterSpec {
             err("k3s.installer_sha256".into(), e);
         }
         self.validate_timeouts(&mut err);
+        self.upgrade.validate(&mut err);
         if errs.is_empty() {
             Ok(())
         } else {

@@ -69,6 +69,12 @@ pub struct Status {
     /// ([`crate::domain::spec::ClusterSpec::check_subnet`]). Absent until a run has seen it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subnet_prefix: Option<u8>,
+    /// The Kubernetes upgrade under way: from, to, phase, since when (absent when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<crate::domain::upgrade::UpgradeStatus>,
+    /// Per pool: its target version, what this run rolled it to, each Node's kubelet version.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<crate::domain::upgrade::PoolVersions>,
 }
 
 impl Status {
@@ -220,6 +226,14 @@ pub fn build(r: &RunReport) -> Status {
         create_backoff,
         // The run sets this run's observation; until then the last one known holds.
         subnet_prefix: r.previous.and_then(|p| p.subnet_prefix),
+        upgrade: match (r.plan, &r.error) {
+            (Some(p), _) => p.upgrade.as_ref().and_then(|u| u.upgrade.clone()),
+            (None, _) => r.previous.and_then(|p| p.upgrade.clone()),
+        },
+        versions: match r.plan.and_then(|p| p.upgrade.as_ref()) {
+            Some(u) => u.pools.clone(),
+            None => r.previous.map(|p| p.versions.clone()).unwrap_or_default(),
+        },
     }
 }
 
@@ -407,5 +421,64 @@ mod tests {
         );
         let old = json.replace("\"notReady\"", "\"not_ready\"");
         assert_eq!(Status::from_json(&old), Some(s));
+    }
+
+    /// Issue 33: the upgrade under way and each pool's versions are recorded, read back by
+    /// the next run, and kept by a run that failed before planning.
+    #[test]
+    fn the_upgrade_and_the_versions_are_recorded_and_read_back() {
+        use crate::domain::upgrade::{Phase, PoolVersions, Progress, UpgradeStatus};
+        let upgrade = UpgradeStatus {
+            from: "v1.33.4+k3s1".into(),
+            to: "v1.34.1+k3s1".into(),
+            phase: Phase::ControlPlane,
+            started_at: at(0),
+        };
+        let versions = vec![PoolVersions {
+            pool: "workers".into(),
+            target: "v1.34.1+k3s1".into(),
+            rolling_to: "v1.33.4+k3s1".into(),
+            waiting_for: Some("every Ready server runs v1.34.1+k3s1".into()),
+            nodes: BTreeMap::from([("demo-workers-a".into(), "v1.33.4+k3s1".into())]),
+        }];
+        let plan = Plan {
+            upgrade: Some(Progress {
+                upgrade: Some(upgrade.clone()),
+                pools: versions.clone(),
+            }),
+            ..converged_plan()
+        };
+        let r = RunReport {
+            run_id: "a",
+            started_at: at(0),
+            finished_at: at(1),
+            plan: Some(&plan),
+            results: &[],
+            error: None,
+            previous: None,
+            autoscale: None,
+            pool_hashes: &BTreeMap::new(),
+        };
+        let s = build(&r);
+        let json: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
+        assert_eq!(json["upgrade"]["phase"], "control-plane");
+        assert_eq!(json["upgrade"]["startedAt"], "2027-01-15T08:00:00Z");
+        assert_eq!(json["versions"][0]["rollingTo"], "v1.33.4+k3s1");
+        assert_eq!(
+            json["versions"][0]["nodes"]["demo-workers-a"],
+            "v1.33.4+k3s1"
+        );
+        let back = Status::from_json(&s.to_json()).unwrap();
+        assert_eq!(
+            (back.upgrade.as_ref(), &back.versions),
+            (Some(&upgrade), &versions)
+        );
+        let failed = build(&RunReport {
+            plan: None,
+            error: Some("rack unreachable".into()),
+            previous: Some(&back),
+            ..r
+        });
+        assert_eq!((failed.upgrade, failed.versions), (Some(upgrade), versions));
     }
 }

@@ -35,6 +35,9 @@ pub struct View {
     pub events: Vec<EventSummary>,
     /// Nodes that carry no pool label of this cluster (joined by hand, or another cluster's).
     pub other_nodes: Vec<String>,
+    /// The Kubernetes upgrade the last run saw under way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<crate::domain::upgrade::UpgradeStatus>,
     /// What could not be read, and what access it needs (the view is shown without it).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
@@ -54,7 +57,20 @@ pub struct PoolView {
     /// What the last run counted (ready, joining, broken, removing, drifted).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_run: Option<crate::domain::plan::PoolCounts>,
+    /// The spec's k3s version for the pool.
+    pub version: String,
+    /// The version the last run rolled the pool to, when not yet `version`, and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<WaitingView>,
     pub members: Vec<MemberView>,
+}
+
+/// A pool that keeps an older version during an upgrade.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WaitingView {
+    pub rolling_to: String,
+    pub waiting_for: String,
 }
 
 /// One Node of a pool, as the API shows it now.
@@ -71,6 +87,9 @@ pub struct MemberView {
     /// Why the controller is removing it (its `oxide-controller/removing` annotation).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub removing: Option<String>,
+    /// Its kubelet version (`status.nodeInfo.kubeletVersion`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// The last reconcile run.
@@ -144,6 +163,15 @@ pub fn build(
                     .is_some_and(|a| a.enabled)
                     .then_some([p.min, p.max]),
                 last_run: status.and_then(|s| s.pools.iter().find(|c| c.pool == p.name).cloned()),
+                version: spec.k3s_version(p).to_owned(),
+                waiting: status
+                    .and_then(|s| s.versions.iter().find(|v| v.pool == p.name))
+                    .and_then(|v| {
+                        Some(WaitingView {
+                            rolling_to: v.rolling_to.clone(),
+                            waiting_for: v.waiting_for.clone()?,
+                        })
+                    }),
                 members,
             }
         })
@@ -183,6 +211,7 @@ pub fn build(
             }),
         events,
         other_nodes,
+        upgrade: status.and_then(|s| s.upgrade.clone()),
         unreadable: Vec::new(),
     }
 }
@@ -199,6 +228,7 @@ fn member(n: &Node) -> MemberView {
         provider_id: n.provider_id.clone(),
         cordoned: n.unschedulable,
         removing: n.annotations.get(REMOVING_ANNOTATION).cloned(),
+        version: n.kubelet_version.clone(),
     }
 }
 
@@ -257,6 +287,13 @@ fn render_header(out: &mut String, v: &View) {
         "cluster {} (project {}): {state}",
         v.cluster, v.project
     );
+    if let Some(u) = &v.upgrade {
+        let _ = writeln!(
+            out,
+            "upgrading {} -> {}: phase {} (servers first, then worker pools in order)",
+            u.from, u.to, u.phase
+        );
+    }
 }
 
 /// A pool's line (desired size, autoscaling bounds, last run's tally) and its Nodes' table.
@@ -291,14 +328,21 @@ fn render_pool(out: &mut String, p: &PoolView, now: DateTime<Utc>) {
         .unwrap_or_default();
     let _ = writeln!(
         out,
-        "pool {} ({role}): desired {}{bounds}{tally}",
-        p.name, p.desired
+        "pool {} ({role}): desired {}{bounds}, k3s {}{tally}",
+        p.name, p.desired, p.version
     );
+    if let Some(w) = &p.waiting {
+        let _ = writeln!(
+            out,
+            "  stays at {} (also for new members) until {}",
+            w.rolling_to, w.waiting_for
+        );
+    }
     if p.members.is_empty() {
         let _ = writeln!(out, "  (no Nodes)");
         return;
     }
-    let rows: Vec<[String; 5]> = p
+    let rows: Vec<[String; 6]> = p
         .members
         .iter()
         .map(|m| {
@@ -312,6 +356,7 @@ fn render_pool(out: &mut String, p: &PoolView, now: DateTime<Utc>) {
             [
                 m.node.clone(),
                 m.ready.clone(),
+                m.version.clone().unwrap_or_else(|| "-".into()),
                 age(m.created, now),
                 m.provider_id.clone().unwrap_or_else(|| "-".into()),
                 notes.join("; "),
@@ -320,7 +365,7 @@ fn render_pool(out: &mut String, p: &PoolView, now: DateTime<Utc>) {
         .collect();
     table(
         out,
-        ["NODE", "STATUS", "AGE", "PROVIDER ID", "NOTES"],
+        ["NODE", "STATUS", "VERSION", "AGE", "PROVIDER ID", "NOTES"],
         &rows,
     );
 }

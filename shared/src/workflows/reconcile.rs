@@ -194,8 +194,25 @@ async fn load_for_run<S: StateStore, C: Cluster>(
             load(state)
         })
         .await?;
+    crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
+        check_versions(cluster, &spec)
+    })
+    .await?;
     let settings = settings_to_record(cluster, &spec, &snapshot).await?;
     Ok((spec, secrets, snapshot, settings))
+}
+
+/// The version gate ([`crate::domain::upgrade::gate`]) against what the Nodes run, before
+/// the run takes its Lease: a refused spec exits 2 with nothing changed.
+pub async fn check_versions<C: Cluster>(
+    cluster: &C,
+    spec: &ClusterSpec,
+) -> Result<(), ReconcileError> {
+    let nodes = cluster.list_nodes().await.map_err(|e: ClusterError| {
+        ReconcileError::Retryable(context("observing the cluster", e))
+    })?;
+    crate::domain::upgrade::gate(spec, &nodes)
+        .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))
 }
 
 /// The server settings to record: the ConfigMap's (checked against the spec by [`load`]), else
@@ -386,6 +403,16 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
         }
         None => spec,
     };
+    // Servers first, then worker pools in order: the planner plans each pool at the version
+    // it may roll to now (issue 33).
+    let versions = crate::domain::upgrade::progress(
+        spec,
+        &observed.nodes,
+        now,
+        previous.and_then(|s| s.upgrade.as_ref()),
+    );
+    let effective = crate::domain::upgrade::effective_spec(spec, &versions);
+    let spec = &effective;
     let suffixes = fresh_suffixes(spec);
     let mut plan = plan::plan(spec, &observed, now, &suffixes);
     if plan
@@ -397,6 +424,15 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
         resolve_join_address(rack, spec, &mut observed, now).await?;
         plan = plan::plan(spec, &observed, now, &suffixes);
     }
+    plan.findings.extend(
+        crate::domain::upgrade::findings(&versions)
+            .into_iter()
+            .map(|message| plan::Finding {
+                degraded: false,
+                message,
+            }),
+    );
+    plan.upgrade = Some(versions);
     let outcome = decided.map(|d| {
         plan.findings.extend(autoscale::findings(&d.outcome));
         d.outcome
@@ -530,7 +566,9 @@ async fn work<R: Rack, C: Cluster>(
     if let Some(a) = &autoscaled {
         autoscale::record_events(cluster, a, ran.previous.and_then(|s| s.autoscale.as_ref())).await;
     }
-    let factory = SpecMembers::new(ran.spec, secrets, &observed).with_ca_hash(
+    // New members get the version their pool rolls to this run (the plan's effective spec).
+    let effective = effective_spec(ran.spec, &plan);
+    let factory = SpecMembers::new(&effective, secrets, &observed).with_ca_hash(
         ran.snapshot
             .data
             .get(state::keys::K3S_CA_HASH)
@@ -702,6 +740,10 @@ fn run_status(
         Ok((p, r, a)) => (Some(p), r.as_slice(), a.as_ref(), None),
         Err(e) => (None, &[][..], None, Some(error::chain(e))),
     };
+    let spec = &match outcome {
+        Ok((p, _, _)) => effective_spec(spec, p),
+        Err(_) => spec.clone(),
+    };
     let pool_hashes: BTreeMap<String, String> = spec
         .pools()
         .map(|(role, p)| (p.name.clone(), spec.pool_hash(role, p)))
@@ -717,6 +759,14 @@ fn run_status(
         autoscale: autoscaled,
         pool_hashes: &pool_hashes,
     })
+}
+
+/// The spec a plan was made for: `spec` with each pool at the version the plan rolls it to.
+fn effective_spec(spec: &ClusterSpec, plan: &Plan) -> ClusterSpec {
+    match &plan.upgrade {
+        Some(v) => crate::domain::upgrade::effective_spec(spec, v),
+        None => spec.clone(),
+    }
 }
 
 /// Gives the Lease back. Retried like every other Kubernetes call: a Lease left held makes

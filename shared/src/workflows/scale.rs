@@ -286,6 +286,15 @@ fn pool_count(pool: &PoolSpec) -> PoolCount {
     }
 }
 
+/// The stored spec, parsed and validated. Read-only.
+pub(crate) async fn read_spec<S: StateStore>(
+    state: &S,
+    cache: &SpecCache,
+) -> Result<ClusterSpec, ScaleError> {
+    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
+    cache.parse(&snapshot)
+}
+
 /// The stored count of `pool` (default: the first worker pool). Read-only.
 pub async fn observe_count<S: StateStore>(
     state: &S,
@@ -603,7 +612,7 @@ pub async fn apply_batch<S: StateStore>(
 /// and edit again, up to `opts.backoff.attempts` times. Nothing changed: nothing written.
 /// Returns `edit`'s value from the attempt that counted, whether it was written, and the
 /// conflicts met.
-async fn edit_spec<S: StateStore, T>(
+pub(crate) async fn edit_spec<S: StateStore, T>(
     state: &S,
     opts: &ScaleOptions,
     cache: &SpecCache,

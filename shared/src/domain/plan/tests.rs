@@ -111,6 +111,7 @@ impl World {
             created: now() - Duration::hours(1),
             taints: Vec::new(),
             allocatable: Default::default(),
+            kubelet_version: None,
         });
         self.obs.nodes.last_mut().unwrap_or_else(|| unreachable!())
     }
@@ -661,6 +662,37 @@ fn floating_ip_moves_off_a_dead_holder_to_the_oldest_ready_server() {
         matches!(p.actions[0], Action::AttachApiFloatingIp { .. }),
         "{p:?}"
     );
+}
+
+/// A control-plane roll removes every drifted server, the holder too, and a removal stops the
+/// VM: the API address moves to an up-to-date Ready server as soon as one exists, before the
+/// holder's turn (issue 33: otherwise the API is unreachable on its address mid-roll).
+#[test]
+fn floating_ip_moves_off_a_drifted_holder_once_a_new_server_is_ready() {
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.control_plane.cpus = 4;
+    // Drifted, no new server Ready yet: the address stays.
+    let p = w.plan();
+    assert!(
+        !p.actions
+            .iter()
+            .any(|a| matches!(a, Action::AttachApiFloatingIp { .. })),
+        "{p:?}"
+    );
+    w.ready("control-plane", "srg01", 20);
+    let p = w.plan();
+    let attach = p.actions.iter().find_map(|a| match a {
+        Action::AttachApiFloatingIp {
+            to, from, reason, ..
+        } => Some((to.clone(), from.clone(), reason.clone())),
+        _ => None,
+    });
+    assert_eq!(
+        attach.as_ref().map(|a| (a.0.as_str(), a.1.as_deref())),
+        Some(("demo-control-plane-srg01", Some("demo-control-plane-cp000"))),
+        "{p:?}"
+    );
+    assert!(attach.is_some_and(|a| a.2.contains("drifted")));
 }
 
 #[test]

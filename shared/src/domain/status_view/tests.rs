@@ -30,6 +30,11 @@ fn node(name: &str, pool: Option<&str>, ready: bool, created: DateTime<Utc>) -> 
         created,
         taints: vec![],
         allocatable: Allocatable::default(),
+        kubelet_version: Some(if name == "demo-control-plane-aaaaa" {
+            "v1.34.1+k3s1".into()
+        } else {
+            "v1.33.4+k3s1".into()
+        }),
     }
 }
 
@@ -113,6 +118,21 @@ fn status(degraded: bool) -> Status {
         }),
         create_backoff: BTreeMap::new(),
         subnet_prefix: None,
+        upgrade: Some(crate::domain::upgrade::UpgradeStatus {
+            from: "v1.33.4+k3s1".into(),
+            to: "v1.34.1+k3s1".into(),
+            phase: crate::domain::upgrade::Phase::ControlPlane,
+            started_at: t(9, 50, 0),
+        }),
+        versions: vec![crate::domain::upgrade::PoolVersions {
+            pool: "workers".into(),
+            target: "v1.34.1+k3s1".into(),
+            rolling_to: "v1.33.4+k3s1".into(),
+            waiting_for: Some(
+                "every Ready server runs v1.34.1+k3s1 (the oldest runs v1.33.4+k3s1)".into(),
+            ),
+            nodes: BTreeMap::new(),
+        }],
     }
 }
 
@@ -162,6 +182,7 @@ fn events() -> Vec<EventSummary> {
 #[test]
 fn the_table_shows_pools_members_conditions_the_last_run_autoscaler_and_events() {
     let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 3);
+    spec.k3s.version = "v1.34.1+k3s1".into();
     spec.worker_pools[0].autoscale = Some(crate::domain::autoscale::AutoscaleSpec::default());
     spec.worker_pools[0].min = 1;
     spec.worker_pools[0].max = 6;
@@ -182,6 +203,22 @@ fn the_table_shows_pools_members_conditions_the_last_run_autoscaler_and_events()
         Some("scale-down")
     );
     assert!(!build(&spec, Some(&status(false)), &nodes(), vec![]).degraded());
+    // Issue 33: each Node's kubelet version, and the upgrade with the pools that wait.
+    assert_eq!(
+        view.pools[0].members[0].version.as_deref(),
+        Some("v1.34.1+k3s1")
+    );
+    assert_eq!(
+        view.upgrade.as_ref().map(|u| u.to.as_str()),
+        Some("v1.34.1+k3s1")
+    );
+    assert_eq!(
+        view.pools[1]
+            .waiting
+            .as_ref()
+            .map(|w| w.rolling_to.as_str()),
+        Some("v1.33.4+k3s1")
+    );
 }
 
 #[test]

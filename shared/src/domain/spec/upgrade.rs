@@ -1,0 +1,152 @@
+//! The upgrade vocabulary of `spec.yaml`: the `upgrade:` block and k3s release versions as
+//! the version gate compares them. The gate and the roll order are
+//! [`crate::domain::upgrade`].
+
+use serde::{Deserialize, Serialize};
+
+/// How a change of `k3s.version` is rolled out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpgradeSpec {
+    /// Intermediate releases the control plane walks through, in order, when `k3s.version`
+    /// is more than one minor above what the servers run (one per skipped minor).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<String>,
+    /// Worker pools upgraded at once, in spec order, once every server runs the target.
+    #[serde(default = "one")]
+    pub worker_pool_concurrency: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Default for UpgradeSpec {
+    fn default() -> Self {
+        UpgradeSpec {
+            path: Vec::new(),
+            worker_pool_concurrency: 1,
+        }
+    }
+}
+
+impl UpgradeSpec {
+    /// The defaults (left out of the YAML the product writes).
+    pub fn is_default(&self) -> bool {
+        *self == UpgradeSpec::default()
+    }
+
+    /// Structural checks (the comparison with what runs is the gate's).
+    pub fn validate(&self, err: &mut impl FnMut(String, String)) {
+        if self.worker_pool_concurrency == 0 {
+            err(
+                "upgrade.worker_pool_concurrency".into(),
+                "must be at least 1".into(),
+            );
+        }
+        for (i, v) in self.path.iter().enumerate() {
+            if K3sVersion::parse(v).is_none() {
+                err(
+                    format!("upgrade.path[{i}]"),
+                    format!("{v:?} is not a k3s release like v1.33.4+k3s1"),
+                );
+            }
+        }
+    }
+}
+
+/// A k3s release version, `vMAJOR.MINOR.PATCH[-PRE][+k3sN]`, ordered as k3s-upgrade orders
+/// them: semver first (a pre-release below its release), then the k3s build number `N`
+/// (k3s-io/k3s-upgrade `scripts/upgrade.sh` `compare_versions`, then its build check).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct K3sVersion {
+    pub major: u64,
+    pub minor: u64,
+    pub patch: u64,
+    /// Semver pre-release (`rc1`), if any.
+    pub pre: Option<String>,
+    /// The `+k3sN` build number (0 when absent).
+    pub build: u64,
+}
+
+impl K3sVersion {
+    /// Parses `v1.34.1+k3s1` (also `v1.34.1`, `v1.34.1-rc1+k3s2`); None for anything else.
+    pub fn parse(s: &str) -> Option<K3sVersion> {
+        let rest = s.strip_prefix('v')?;
+        let (core_pre, build) = match rest.split_once('+') {
+            Some((c, b)) => (c, b.strip_prefix("k3s")?.parse().ok()?),
+            None => (rest, 0),
+        };
+        let (core, pre) = match core_pre.split_once('-') {
+            Some((c, p)) if !p.is_empty() => (c, Some(p.to_owned())),
+            Some(_) => return None,
+            None => (core_pre, None),
+        };
+        let mut parts = core.split('.');
+        let mut num = || -> Option<u64> {
+            let p = parts.next()?;
+            (!p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+                .then(|| p.parse().ok())
+                .flatten()
+        };
+        let (major, minor, patch) = (num()?, num()?, num()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(K3sVersion {
+            major,
+            minor,
+            patch,
+            pre,
+            build,
+        })
+    }
+
+    /// Minors from `self` up to `other` (negative when `other` is older), across majors as
+    /// Kubernetes numbers them (1.x only in practice; another major counts as far away).
+    pub fn minors_to(&self, other: &K3sVersion) -> i64 {
+        if self.major != other.major {
+            return if other.major > self.major {
+                i64::MAX / 2
+            } else {
+                i64::MIN / 2
+            };
+        }
+        i64::try_from(other.minor).unwrap_or(i64::MAX / 2)
+            - i64::try_from(self.minor).unwrap_or(i64::MAX / 2)
+    }
+}
+
+impl Ord for K3sVersion {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.major, self.minor, self.patch)
+            .cmp(&(other.major, other.minor, other.patch))
+            // A release is above its pre-releases (semver §11).
+            .then_with(|| match (&self.pre, &other.pre) {
+                (None, None) => std::cmp::Ordering::Equal,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (Some(a), Some(b)) => a.cmp(b),
+            })
+            .then_with(|| self.build.cmp(&other.build))
+    }
+}
+
+impl PartialOrd for K3sVersion {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl std::fmt::Display for K3sVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "v{}.{}.{}", self.major, self.minor, self.patch)?;
+        if let Some(p) = &self.pre {
+            write!(f, "-{p}")?;
+        }
+        if self.build > 0 {
+            write!(f, "+k3s{}", self.build)?;
+        }
+        Ok(())
+    }
+}
