@@ -298,9 +298,8 @@ async fn a_one_shot_command_finishes_its_write_on_sigterm_and_stops_on_a_second_
     assert!(err.contains("scale stopped by SIGINT"), "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_prints_its_address_answers_and_exits_zero_on_sigterm() {
-    let env = env().await;
+/// `scale serve` on a free loopback port against `env`'s cluster: the child and its ready line.
+async fn serve(env: &Env) -> (tokio::process::Child, serde_json::Value) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_scale"))
         .args(["serve", "--listen", "127.0.0.1:0", "--kubeconfig"])
         .arg(&env.kubeconfig)
@@ -315,7 +314,13 @@ async fn serve_prints_its_address_answers_and_exits_zero_on_sigterm() {
         .expect("ready line within 30 s")
         .unwrap()
         .unwrap();
-    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+    (child, serde_json::from_str(&line).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_prints_its_address_answers_and_exits_zero_on_sigterm() {
+    let env = env().await;
+    let (mut child, ready) = serve(&env).await;
     assert_eq!(ready["tls"], false);
     let base = format!("http://{}", ready["listen"].as_str().unwrap());
 
@@ -489,21 +494,7 @@ async fn status_of_a_cluster_whose_api_does_not_answer_names_bootstrap_recover()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_changes_what_the_webhook_may_not() {
     let env = env().await;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_scale"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--kubeconfig"])
-        .arg(&env.kubeconfig)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
-        .await
-        .expect("ready line within 30 s")
-        .unwrap()
-        .unwrap();
-    let ready: serde_json::Value = serde_json::from_str(&line).unwrap();
+    let (mut child, ready) = serve(&env).await;
     let base = format!("http://{}", ready["listen"].as_str().unwrap());
     let http = reqwest::Client::new();
     let put = |path: &str, body: &'static str| {

@@ -279,7 +279,11 @@ impl KubeView {
         }
     }
 
-    /// The object, if it exists (a failed read is logged and reads as absent).
+    /// The object, if it exists. A failed read is tried twice more, 500 ms apart: the
+    /// cluster's one apiserver loses a request in flight when the etcd member it was using
+    /// dies (a simplification of the simulator, see FIDELITY "k3s etcd membership"), which a
+    /// server's own apiserver on a rack would not. Still failing, it is logged and reads as
+    /// absent.
     pub async fn get(
         &self,
         api_version: &str,
@@ -288,12 +292,18 @@ impl KubeView {
         name: &str,
     ) -> Option<Value> {
         let cp = self.control_plane()?;
-        cp.get(api_version, kind, ns, name)
-            .await
-            .unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "test read failed");
-                None
-            })
+        let mut tries = 0;
+        loop {
+            match cp.get(api_version, kind, ns, name).await {
+                Ok(found) => return found,
+                Err(e) if tries >= 2 => {
+                    tracing::warn!(error = %e, "test read failed");
+                    return None;
+                }
+                Err(_) => tries += 1,
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
     }
 
     /// Every object of a kind (in `ns`, or everywhere).
