@@ -130,20 +130,14 @@ async fn demo() -> Result<()> {
     show_nodes(&client).await?;
 
     say("the scale webhook, running as the oxide-controller ServiceAccount");
-    let server = sim
-        .boot()
-        .listeners()
-        .snapshot()
-        .into_iter()
-        .find(|l| l.kind == oxide_sim::support::net::ListenerKind::KubeApi)
-        .map(|l| format!("https://{}", l.addr))
-        .context("no API server is up")?;
     let sa_kubeconfig = dir.join("webhook.kubeconfig");
     let cluster = sim
         .control_planes()
         .into_iter()
         .next()
         .context("the cluster's control plane is not running")?;
+    // What a pod reaches the API at: the cluster's Service address (kubernetes.default).
+    let server = cluster.service_url.clone();
     std::fs::write(
         &sa_kubeconfig,
         cluster
