@@ -152,7 +152,7 @@ async fn every_server_stopped_is_recovered_by_starting_them_and_nothing_is_lost(
             .all(|(_, s)| *s == InstanceState::Stopped)
     );
 
-    // The real run: no --yes needed for rung 1.
+    // The real run.
     let started = Instant::now();
     let out = recover(&env, &[]).await;
     let (stdout, stderr) = text(&out);
@@ -197,7 +197,7 @@ async fn no_server_left_exits_2_naming_the_restore_and_touches_nothing() {
         rack.delete_instance(n).await.unwrap();
     }
     for dry in [true, false] {
-        let extra: &[&str] = if dry { &["--dry-run"] } else { &["--yes"] };
+        let extra: &[&str] = if dry { &["--dry-run"] } else { &[] };
         let (out, made) = mutating_during(&env, recover(&env, extra)).await;
         let (stdout, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");

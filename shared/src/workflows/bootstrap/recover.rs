@@ -20,7 +20,8 @@
 //!    last step, until the pools (three servers among them) are back and Ready.
 //!
 //! `--dry-run` stops after `rung`, printing the rung and every call the run would make, and
-//! makes none. Rungs 2 and 3 lose data or need a person, so they need `--yes`; rung 1 does not.
+//! makes none. Rungs 2 and 3 change nothing yet (each exits 2), so there is no `--yes` until
+//! one of them acts; rung 1 loses nothing and needs none.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -52,7 +53,6 @@ pub struct RecoverInput {
     pub state_dir: Option<PathBuf>,
     pub home: Option<PathBuf>,
     pub dry_run: bool,
-    pub yes: bool,
     /// How long the started servers get to make the API ready.
     pub api_timeout: Duration,
     /// How long the reconcile passes afterwards may take in all.
