@@ -36,7 +36,6 @@ fn secrets() -> ClusterSecrets {
         oxide_project: "demo".into(),
         k3s_token: "server-token".into(),
         k3s_agent_token: "agent-token".into(),
-        ssh_private_key: "k".into(),
         ssh_public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIController".into(),
         user_ssh_public_key: None,
         webhook_token: "w".into(),

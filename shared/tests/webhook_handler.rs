@@ -33,7 +33,6 @@ fn secrets(token: &str) -> ClusterSecrets {
         oxide_project: "demo".into(),
         k3s_token: "k3s".into(),
         k3s_agent_token: "agent".into(),
-        ssh_private_key: "PRIVATE".into(),
         ssh_public_key: "ssh-ed25519 AAAA".into(),
         user_ssh_public_key: None,
         webhook_token: token.into(),

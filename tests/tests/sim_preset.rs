@@ -96,12 +96,15 @@ async fn preset_cluster_is_joined_and_carries_the_products_state() {
         "oxide-project",
         "k3s-token",
         "k3s-agent-token",
-        "ssh-private-key",
         "ssh-public-key",
         "webhook-token",
     ] {
         assert!(data.contains_key(key), "Secret lacks {key}");
     }
+    assert!(
+        !data.contains_key("ssh-private-key"),
+        "the SSH private key stays on the laptop"
+    );
     assert_eq!(data["oxide-host"].0, sim.oxide_host.as_bytes());
     let configs: kube::Api<ConfigMap> = kube::Api::namespaced(client, "kube-system");
     let config = configs.get("oxide-controller").await.unwrap().data.unwrap();

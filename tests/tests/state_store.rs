@@ -69,7 +69,6 @@ fn secrets() -> ClusterSecrets {
         oxide_project: "proj".into(),
         k3s_token: "k3s-token-1".into(),
         k3s_agent_token: "agent-token-1".into(),
-        ssh_private_key: "PRIVATE-1".into(),
         ssh_public_key: "ssh-ed25519 AAAA1".into(),
         user_ssh_public_key: Some("ssh-ed25519 USER1".into()),
         webhook_token: "hook-1".into(),
@@ -227,10 +226,13 @@ async fn ensure_state_creates_both_objects_then_fills_missing_keys_without_overw
     }
 
     // Someone deletes one Secret key and one ConfigMap key; the status key was written by
-    // reconcile meanwhile.
+    // reconcile meanwhile. An older controller left its SSH private key in the Secret.
     env.patch(
         "Secret",
-        json!({"data": {secret_keys::K3S_AGENT_TOKEN: null}}),
+        json!({"data": {
+            secret_keys::K3S_AGENT_TOKEN: null,
+            secret_keys::RETIRED_SSH_PRIVATE_KEY: b64("-----BEGIN OPENSSH PRIVATE KEY-----"),
+        }}),
     )
     .await;
     let mut data = cfg.data.clone();
@@ -271,6 +273,11 @@ async fn ensure_state_creates_both_objects_then_fills_missing_keys_without_overw
         "a missing key is filled in"
     );
     assert_eq!(got.tailscale_auth_key.as_deref(), Some("ts-2"));
+    let data = &env.get("Secret").await["data"];
+    assert!(
+        data.get(secret_keys::RETIRED_SSH_PRIVATE_KEY).is_none(),
+        "the SSH private key an older version wrote is removed: {data}"
+    );
     let cfg = store.read_config().await.unwrap();
     assert_eq!(cfg.spec_yaml(), Some("pools: {}\n"));
     assert_eq!(cfg.status_json(), Some("{\"ok\":true}"));

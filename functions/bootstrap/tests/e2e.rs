@@ -7,7 +7,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt as _;
 
 use common::{env, kube_client, log_lines};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{Api, ListParams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -47,7 +47,7 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
         "k3s's default names are renamed:\n{text}"
     );
     let client = kube_client(&kc, "demo").await;
-    let nodes = Api::<Node>::all(client)
+    let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await
         .unwrap();
@@ -77,7 +77,7 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
             "oxide-host",
             "oxide-project",
             "oxide-token",
-            "ssh-private-key",
+            // Issue 34 §1: no SSH private key; only the public half.
             "ssh-public-key",
             // Issue 34 §5: the read-only token for GETs and /metrics.
             "webhook-read-token",
@@ -205,6 +205,31 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
         !all.contains(&env.sim.oxide_token),
         "the Oxide token leaked into the output"
     );
+
+    // Issue 34 §1: the controller's SSH private key is on the laptop only; no Secret anywhere
+    // in the cluster holds it (or any OpenSSH private key).
+    let private_lines: Vec<&str> = resume["ssh-private-key"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter(|l| l.len() >= 30 && !l.starts_with("-----"))
+        .collect();
+    assert!(!private_lines.is_empty());
+    let secrets = Api::<Secret>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    for secret in &secrets.items {
+        for (key, value) in secret.data.iter().flatten() {
+            let text = String::from_utf8_lossy(&value.0);
+            let name = secret.metadata.name.as_deref().unwrap_or_default();
+            assert!(
+                !text.contains("OPENSSH PRIVATE KEY")
+                    && private_lines.iter().all(|l| !text.contains(l)),
+                "Secret {name} key {key} holds an SSH private key"
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -438,7 +463,7 @@ async fn kubeconfig_merge_adds_a_named_context_to_an_existing_file() {
         "the person's current context stays"
     );
     let client = kube_client(&env.kubeconfig(), "demo").await;
-    let nodes = Api::<Node>::all(client)
+    let nodes = Api::<Node>::all(client.clone())
         .list(&ListParams::default())
         .await
         .unwrap();

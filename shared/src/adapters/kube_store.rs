@@ -1,7 +1,9 @@
 //! [`KubeStateStore`]: the [`StateStore`] trait over Secret and ConfigMap
 //! `<namespace>/oxide-controller` with kube-rs. It owns the optimistic-concurrency protocol on
 //! the wire (read returns the `resourceVersion`, write is a PUT carrying it, 409 becomes
-//! [`StateError::Conflict`]) and the "fill in, never overwrite" rule of `ensure_state`.
+//! [`StateError::Conflict`]) and the "fill in, never overwrite" rule of `ensure_state` (whose
+//! one exception: keys an older version wrote that no version may keep, such as the SSH private
+//! key, are removed).
 //! What to write — merging specs, status documents — is the workflows' business, not this
 //! module's.
 
@@ -14,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
 use crate::adapters::kubeclient::{api_message, api_status};
-use crate::base::secrets::ClusterSecrets;
+use crate::base::secrets::{ClusterSecrets, keys as secret_keys};
 use crate::ports::cluster::OBJECT_NAME;
 use crate::ports::state::{ConfigSnapshot, NAME_LABEL, StateError, StateStore};
 
@@ -223,6 +225,9 @@ impl KubeStateStore {
                     data.insert(key.clone(), ByteString(value.clone()));
                     changed = true;
                 }
+            }
+            for key in secret_keys::RETIRED {
+                changed |= data.remove(*key).is_some();
             }
             if !changed {
                 return Ok(());

@@ -153,7 +153,6 @@ impl ResumeState {
             oxide_project: self.project.clone(),
             k3s_token: self.k3s_token.clone(),
             k3s_agent_token: self.k3s_agent_token.clone(),
-            ssh_private_key: self.ssh_private_key.clone(),
             ssh_public_key: self.ssh_public_key.clone(),
             user_ssh_public_key: user_ssh_public_key.map(str::to_owned),
             webhook_token: self.webhook_token.clone(),

@@ -1,5 +1,7 @@
 //! The cluster's secrets: the keys of Secret `kube-system/oxide-controller`, one key per value
-//! (never one JSON blob) so RBAC and rotation stay simple. `Debug` never shows a value.
+//! (never one JSON blob) so RBAC and rotation stay simple. `Debug` never shows a value. No SSH
+//! private key: the controller's lives only in the laptop's resume file, so no account that
+//! reads this Secret (and no root on a node whose kubelet mounts it) gets root on every node.
 
 use std::collections::BTreeMap;
 
@@ -10,7 +12,12 @@ pub mod keys {
     pub const OXIDE_PROJECT: &str = "oxide-project";
     pub const K3S_TOKEN: &str = "k3s-token";
     pub const K3S_AGENT_TOKEN: &str = "k3s-agent-token";
-    pub const SSH_PRIVATE_KEY: &str = "ssh-private-key";
+    /// Held the controller's SSH private key until it left the cluster (issue 34): root on
+    /// every node must not be one Secret read away. Only the laptop's resume file has it now.
+    pub const RETIRED_SSH_PRIVATE_KEY: &str = "ssh-private-key";
+    /// Keys an older controller wrote that no version may keep: removed when bootstrap next
+    /// ensures the Secret (the way a controller is updated).
+    pub const RETIRED: &[&str] = &[RETIRED_SSH_PRIVATE_KEY];
     pub const SSH_PUBLIC_KEY: &str = "ssh-public-key";
     pub const USER_SSH_PUBLIC_KEY: &str = "user-ssh-public-key";
     pub const WEBHOOK_TOKEN: &str = "webhook-token";
@@ -27,7 +34,6 @@ pub struct ClusterSecrets {
     pub oxide_project: String,
     pub k3s_token: String,
     pub k3s_agent_token: String,
-    pub ssh_private_key: String,
     pub ssh_public_key: String,
     pub user_ssh_public_key: Option<String>,
     pub webhook_token: String,
@@ -73,7 +79,6 @@ impl ClusterSecrets {
             oxide_project: get(keys::OXIDE_PROJECT)?,
             k3s_token: get(keys::K3S_TOKEN)?,
             k3s_agent_token: get(keys::K3S_AGENT_TOKEN)?,
-            ssh_private_key: get(keys::SSH_PRIVATE_KEY)?,
             ssh_public_key: get(keys::SSH_PUBLIC_KEY)?,
             user_ssh_public_key: opt(keys::USER_SSH_PUBLIC_KEY),
             webhook_token: get(keys::WEBHOOK_TOKEN)?,
@@ -93,7 +98,6 @@ impl ClusterSecrets {
         put(keys::OXIDE_PROJECT, &self.oxide_project);
         put(keys::K3S_TOKEN, &self.k3s_token);
         put(keys::K3S_AGENT_TOKEN, &self.k3s_agent_token);
-        put(keys::SSH_PRIVATE_KEY, &self.ssh_private_key);
         put(keys::SSH_PUBLIC_KEY, &self.ssh_public_key);
         put(keys::WEBHOOK_TOKEN, &self.webhook_token);
         if let Some(k) = &self.user_ssh_public_key {
@@ -129,7 +133,6 @@ mod tests {
             oxide_project: "p".into(),
             k3s_token: "k3s-token-value".into(),
             k3s_agent_token: "agent-token-value".into(),
-            ssh_private_key: "PRIVATE".into(),
             ssh_public_key: "ssh-ed25519 AAAA".into(),
             user_ssh_public_key: None,
             webhook_token: "hook-token-value".into(),

@@ -155,22 +155,17 @@ fn rack_err(step: impl Into<String>) -> impl FnOnce(RackError) -> PresetError {
 fn generate_secrets(sim: &SimHandle) -> ClusterSecrets {
     let mut rng = rand::rng();
     let key = russh::keys::PrivateKey::random(&mut rng, russh::keys::Algorithm::Ed25519);
-    let (private, public) = match key {
-        Ok(key) => (
-            key.to_openssh(russh::keys::ssh_key::LineEnding::LF)
-                .map(|k| k.to_string())
-                .unwrap_or_default(),
-            key.public_key().to_openssh().unwrap_or_default(),
-        ),
-        Err(_) => (String::new(), String::new()),
-    };
+    // Only the public half reaches the cluster (the private one stays on the laptop).
+    let public = key
+        .ok()
+        .and_then(|key| key.public_key().to_openssh().ok())
+        .unwrap_or_default();
     ClusterSecrets {
         oxide_host: sim.oxide_host.clone(),
         oxide_token: sim.oxide_token.clone(),
         oxide_project: PROJECT.to_string(),
         k3s_token: random_token(&mut rng, 32),
         k3s_agent_token: random_token(&mut rng, 32),
-        ssh_private_key: private,
         ssh_public_key: public,
         user_ssh_public_key: None,
         webhook_token: random_token(&mut rng, 32),
