@@ -133,6 +133,11 @@ struct Args {
     /// Data disk of each control-plane VM (mounted at /var/lib/rancher), whole GiB. Default: none.
     #[arg(long, value_name = "SIZE")]
     control_plane_data_disk: Option<ByteSize>,
+    /// Keep tenant pods off the servers: they register tainted CriticalAddonsOnly=true:NoExecute
+    /// (k3s's documented dedicated control plane). k3s's packaged add-ons and our own pods
+    /// tolerate it; a cluster then needs workers for everything else.
+    #[arg(long)]
+    dedicated_servers: bool,
     /// vCPUs of each worker VM.
     #[arg(long, default_value_t = 2)]
     worker_cpus: u16,
@@ -461,6 +466,7 @@ fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
         project: a.project,
         control_planes: a.control_planes,
         workers: a.workers,
+        dedicated_servers: a.dedicated_servers,
         control_plane: PoolInput {
             cpus: a.control_plane_cpus,
             memory: a.control_plane_memory,

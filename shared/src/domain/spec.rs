@@ -267,6 +267,18 @@ pub enum TaintEffect {
     NoExecute,
 }
 
+impl Taint {
+    /// `CriticalAddonsOnly=true:NoExecute`: k3s's documented taint for servers that run only
+    /// the control plane; k3s's packaged add-ons and our pods tolerate it, tenant pods do not.
+    pub fn dedicated_server() -> Taint {
+        Taint {
+            key: "CriticalAddonsOnly".to_owned(),
+            value: "true".to_owned(),
+            effect: TaintEffect::NoExecute,
+        }
+    }
+}
+
 impl std::fmt::Display for Taint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}={}:{:?}", self.key, self.value, self.effect)

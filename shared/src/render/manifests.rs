@@ -237,6 +237,8 @@ pub const OXIDE_CCM_FILE: (&str, &str) = (
 /// The CCM image the embedded manifest names (release 0.8.0).
 pub const DEFAULT_OXIDE_CCM_IMAGE: &str =
     "ghcr.io/oxidecomputer/oxide-cloud-controller-manager:0.8.0";
+/// The node label k3s gives every server (and only servers): our pods select it.
+pub const SERVERS_ONLY: (&str, &str) = ("node-role.kubernetes.io/control-plane", "true");
 /// The Secret the published manifest reads `oxide-host`, `oxide-token` and `oxide-project`
 /// from; ours ([`crate::base::names::OBJECT_NAME`]) holds the same keys and is used instead.
 const OXIDE_CCM_UPSTREAM_SECRET: &str = "oxide-cloud-controller-manager";
@@ -254,7 +256,9 @@ pub struct CcmSettings {
 }
 
 /// The CCM's objects with `settings` substituted: image, the Secret name of its three env
-/// vars (ours), and `--cluster-name`. Everything else is the published manifest's.
+/// vars (ours), `--cluster-name`, and a nodeSelector for servers ([`SERVERS_ONLY`]: it holds
+/// the rack token, and workers run tenant pods). Everything else is the published manifest's
+/// (whose tolerations already let it run on servers).
 pub fn render_oxide_ccm(settings: &CcmSettings) -> Result<Vec<Manifest>, ManifestError> {
     let (file, text) = OXIDE_CCM_FILE;
     parse_file(file, text, |kind, object| {
@@ -263,6 +267,17 @@ pub fn render_oxide_ccm(settings: &CcmSettings) -> Result<Vec<Manifest>, Manifes
         }
         let pod = &mut object["spec"]["template"]["spec"];
         set_images(pod, &settings.image);
+        if let Some(selector) = pod
+            .as_object_mut()
+            .map(|p| {
+                p.entry("nodeSelector")
+                    .or_insert_with(|| serde_json::json!({}))
+            })
+            .and_then(Value::as_object_mut)
+        {
+            let (key, value) = SERVERS_ONLY;
+            selector.insert(key.to_owned(), Value::from(value));
+        }
         let Some(containers) = pod.get_mut("containers").and_then(Value::as_array_mut) else {
             return;
         };
@@ -477,7 +492,7 @@ mod tests {
     }
 
     #[test]
-    fn the_ccm_is_its_published_manifest_but_for_image_secret_and_cluster_name() {
+    fn the_ccm_is_its_published_manifest_but_for_image_secret_cluster_name_and_servers_only() {
         let all = render_oxide_ccm(&ccm()).unwrap();
         let keys: Vec<String> = all.iter().map(Manifest::describe).collect();
         assert_eq!(
@@ -509,6 +524,8 @@ mod tests {
             .as_array_mut()
             .unwrap()
             .push(Value::from("--cluster-name=demo"));
+        want[3]["spec"]["template"]["spec"]["nodeSelector"]["node-role.kubernetes.io/control-plane"] =
+            Value::from("true");
         let got: Vec<Value> = all.into_iter().map(|m| m.object).collect();
         assert_eq!(got, want);
     }

@@ -107,6 +107,9 @@ pub struct BootstrapInput {
     pub project: Option<String>,
     pub control_planes: u32,
     pub workers: u32,
+    /// Servers tainted [`crate::domain::spec::Taint::dedicated_server`], so tenant pods stay
+    /// off them.
+    pub dedicated_servers: bool,
     pub control_plane: PoolInput,
     pub worker: PoolInput,
     pub image: String,

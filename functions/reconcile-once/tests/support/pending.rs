@@ -272,7 +272,9 @@ pub async fn install_suspended(kube: &oxide_sim::guest::cluster_api::KubeView) {
 
 /// Starts Job `name` from the CronJob's template (as `kubectl create job --from`), its pod
 /// held to `node`, and waits (two minutes at most) until it finished; returns `Complete` or
-/// `Failed`.
+/// `Failed`. The template selects servers only (issue 34 §3); an operator may override that
+/// (the chart's `reconcile.nodeSelector`), and a run placed on a worker must still behave, so
+/// the pin replaces the servers-only selector.
 pub async fn run_job_on(
     kube: &oxide_sim::guest::cluster_api::KubeView,
     name: &str,
@@ -288,7 +290,11 @@ pub async fn run_job_on(
         .await
         .unwrap_or_else(|| panic!("cronjob"));
     let mut spec = cron["spec"]["jobTemplate"]["spec"].clone();
-    spec["template"]["spec"]["nodeSelector"]["kubernetes.io/hostname"] = json!(node);
+    let selector = &mut spec["template"]["spec"]["nodeSelector"];
+    if let Some(map) = selector.as_object_mut() {
+        map.remove("node-role.kubernetes.io/control-plane");
+    }
+    selector["kubernetes.io/hostname"] = json!(node);
     kube.apply(json!({"apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "namespace": "kube-system"}, "spec": spec}))
         .await

@@ -94,6 +94,10 @@ fn build_spec(input: &BootstrapInput) -> ClusterSpec {
     cp.boot_disk = input.control_plane.boot_disk;
     cp.data_disk = input.control_plane.data_disk;
     cp.max = cp.max.max(input.control_planes);
+    if input.dedicated_servers {
+        cp.taints
+            .push(crate::domain::spec::Taint::dedicated_server());
+    }
     if let Some(w) = spec.worker_pools.first_mut() {
         w.cpus = input.worker.cpus;
         w.memory = input.worker.memory;
