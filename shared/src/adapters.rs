@@ -14,3 +14,4 @@ pub mod oxide_rack;
 pub mod resume;
 pub mod ssh;
 pub mod tailscale;
+pub mod webhook_tls;

@@ -41,6 +41,8 @@ fn secrets() -> ClusterSecrets {
         webhook_token: "w".into(),
         webhook_read_token: None,
         tailscale_auth_key: None,
+        webhook_tls_cert: None,
+        webhook_tls_key: None,
     }
 }
 

@@ -949,22 +949,22 @@ fn the_webhook_serves_its_probes_and_the_service_reaches_it() {
         assert_eq!(c["command"], json!(["/usr/local/bin/scale"]), "{side}");
         assert_eq!(
             c["args"],
-            json!(["serve", "--listen", "0.0.0.0:8080"]),
+            json!(["serve", "--listen", "0.0.0.0:8443", "--tls-from-secret"]),
             "{side}"
         );
         assert_eq!(
             c["ports"],
-            json!([{"name": "http", "containerPort": 8080, "protocol": "TCP"}]),
+            json!([{"name": "https", "containerPort": 8443, "protocol": "TCP"}]),
             "{side}"
         );
         assert_eq!(
             c["readinessProbe"]["httpGet"],
-            json!({"path": "/readyz", "port": "http"}),
+            json!({"path": "/readyz", "port": "https", "scheme": "HTTPS"}),
             "{side}"
         );
         assert_eq!(
             c["livenessProbe"]["httpGet"],
-            json!({"path": "/healthz", "port": "http"}),
+            json!({"path": "/healthz", "port": "https", "scheme": "HTTPS"}),
             "{side}"
         );
 
@@ -973,7 +973,7 @@ fn the_webhook_serves_its_probes_and_the_service_reaches_it() {
         assert_eq!(service["type"], "ClusterIP", "{side}");
         assert_eq!(
             service["ports"],
-            json!([{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]),
+            json!([{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}]),
             "{side}"
         );
     }

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
 
-use common::{BIN, Env, env, kube_client};
+use common::{Env, env, kube_client, workspace_binaries};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use oxide_controller::adapters::kube_store::KubeStateStore;
@@ -32,27 +32,6 @@ const WK: &str = "demo-workers-";
 const CCM_IMAGE: &str = "registry.example/oxide-ccm:test";
 /// What the CCM writes into the description of its floating IPs.
 const CCM_DESCRIPTION: &str = "Managed by oxide-cloud-controller-manager.";
-
-/// `cargo build --bins -p bootstrap -p reconcile-once -p scale --profile dev` into the target
-/// directory the tests run from (a no-op when fresh); returns the directory of the binaries.
-fn workspace_binaries() -> PathBuf {
-    let bin_dir = Path::new(BIN).parent().unwrap().to_path_buf();
-    let target = bin_dir.parent().unwrap();
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
-        .args(["build", "--locked", "--bins", "--profile", "dev"])
-        .args(["-p", "bootstrap", "-p", "reconcile-once", "-p", "scale"])
-        .current_dir(&repo)
-        .env("CARGO_TARGET_DIR", target)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cargo build failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    bin_dir
-}
 
 /// Runs with `args`, expects exit 2 with one human line containing `needles`, and no Oxide
 /// API request at all.

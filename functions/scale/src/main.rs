@@ -146,11 +146,31 @@ enum StatusOutput {
     Yaml,
 }
 
+/// Plain HTTP asked for beyond loopback without saying so.
+#[derive(Debug)]
+struct PlainHttpRefused(SocketAddr);
+
+impl std::fmt::Display for PlainHttpRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "refusing to serve plain HTTP on {}: bearer tokens would cross the network in clear; give --tls-from-secret (the pair bootstrap made) or --tls-cert/--tls-key, listen on 127.0.0.1, or pass --insecure-plain-http behind a TLS-terminating proxy",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for PlainHttpRefused {}
+
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, env = "OXIDE_CONTROLLER_LISTEN", default_value = "0.0.0.0:8080")]
+    /// Address to listen on. Beyond loopback the webhook serves HTTPS only (the bearer token
+    /// must not cross a network in clear) unless --insecure-plain-http.
+    #[arg(long, env = "OXIDE_CONTROLLER_LISTEN", default_value = "0.0.0.0:8443")]
     listen: SocketAddr,
+    /// Serve plain HTTP on a non-loopback address (behind a TLS-terminating proxy, say).
+    #[arg(long, env = "OXIDE_CONTROLLER_INSECURE_PLAIN_HTTP")]
+    insecure_plain_http: bool,
     /// PEM certificate chain for HTTPS (with --tls-key).
     #[arg(
         long,
@@ -444,6 +464,9 @@ async fn serve_webhook(
         Ok(t) => t,
         Err(e) => return fail(&e, 2),
     };
+    if tls.is_none() && !args.listen.ip().is_loopback() && !args.insecure_plain_http {
+        return fail(&PlainHttpRefused(args.listen), 2);
+    }
     let listener = match host::bind(args.listen).await {
         Ok(l) => l,
         Err(e) => return fail(&e, 2),

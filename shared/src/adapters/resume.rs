@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::adapters::ssh::{self, SshKeyPair};
+use crate::adapters::webhook_tls;
 use crate::base::names;
 use crate::base::secrets::{ClusterSecrets, random_token};
 
@@ -61,6 +62,14 @@ pub struct ResumeState {
     /// VM's first boot only, and a changed key is refused, never trusted anew.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub host_key_pins: BTreeMap<String, Vec<String>>,
+    /// The webhook's CA and serving pair ([`webhook_tls`]). Absent in older files: bootstrap
+    /// adds them ([`ResumeState::ensure_webhook_tls`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_tls_ca: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_tls_cert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_tls_key: Option<String>,
 }
 
 impl std::fmt::Debug for ResumeState {
@@ -88,11 +97,21 @@ pub enum ResumeError {
     Write { path: PathBuf, message: String },
     #[error("cannot generate the controller's SSH key: {0}")]
     Key(String),
+    #[error(transparent)]
+    Tls(#[from] webhook_tls::TlsError),
 }
 
 /// `$HOME/.config/oxide-controller`, or `None` without a home directory.
 pub fn default_state_dir(home: Option<PathBuf>) -> Option<PathBuf> {
     home.map(|h| h.join(".config").join("oxide-controller"))
+}
+
+/// `<dir of the resume file>/<cluster>-webhook-ca.pem`: the webhook's CA certificate.
+pub fn webhook_ca_path(resume_path: &Path, cluster: &str) -> PathBuf {
+    resume_path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(format!("{cluster}-webhook-ca.pem"))
 }
 
 /// `<dir>/<cluster>.json`.
@@ -117,7 +136,7 @@ impl ResumeState {
             .map_err(|e| ResumeError::Key(e.to_string()))?;
         let mut rng = rand::rng();
         let suffix = names::random_suffix(&mut rng);
-        Ok(ResumeState {
+        ResumeState {
             version: RESUME_VERSION,
             cluster: cluster.to_owned(),
             project: project.to_owned(),
@@ -132,7 +151,32 @@ impl ResumeState {
             created: Utc::now(),
             spec: None,
             host_key_pins: BTreeMap::new(),
-        })
+            webhook_tls_ca: None,
+            webhook_tls_cert: None,
+            webhook_tls_key: None,
+        }
+        .with_webhook_tls()
+    }
+
+    /// Generates the webhook's CA and serving pair unless the file has them; true when it did
+    /// (the caller saves the file).
+    pub fn ensure_webhook_tls(&mut self) -> Result<bool, ResumeError> {
+        if self.webhook_tls_ca.is_some()
+            && self.webhook_tls_cert.is_some()
+            && self.webhook_tls_key.is_some()
+        {
+            return Ok(false);
+        }
+        let tls = webhook_tls::generate(&self.cluster, crate::base::names::NAMESPACE)?;
+        self.webhook_tls_ca = Some(tls.ca_pem);
+        self.webhook_tls_cert = Some(tls.cert_pem);
+        self.webhook_tls_key = Some(tls.key_pem);
+        Ok(true)
+    }
+
+    fn with_webhook_tls(mut self) -> Result<ResumeState, ResumeError> {
+        self.ensure_webhook_tls()?;
+        Ok(self)
     }
 
     /// The controller's key pair.
@@ -158,6 +202,8 @@ impl ResumeState {
             webhook_token: self.webhook_token.clone(),
             webhook_read_token: self.webhook_read_token.clone(),
             tailscale_auth_key: None,
+            webhook_tls_cert: self.webhook_tls_cert.clone(),
+            webhook_tls_key: self.webhook_tls_key.clone(),
         }
     }
 

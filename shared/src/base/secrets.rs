@@ -24,6 +24,10 @@ pub mod keys {
     /// The webhook's read-only token: GETs and `/metrics`, never a change.
     pub const WEBHOOK_READ_TOKEN: &str = "webhook-read-token";
     pub const TAILSCALE_AUTH_KEY: &str = "tailscale-auth-key";
+    /// The webhook's PEM serving certificate (bootstrap makes one; optional in older clusters).
+    pub const WEBHOOK_TLS_CERT: &str = "webhook-tls.crt";
+    /// Its PEM private key.
+    pub const WEBHOOK_TLS_KEY: &str = "webhook-tls.key";
 }
 
 /// Values of the Secret.
@@ -40,6 +44,10 @@ pub struct ClusterSecrets {
     /// Absent in clusters bootstrapped before it existed: then only the write token works.
     pub webhook_read_token: Option<String>,
     pub tailscale_auth_key: Option<String>,
+    /// The webhook's serving certificate and key (PEM); absent in clusters made before
+    /// bootstrap generated them (bootstrap fills them in when it next runs).
+    pub webhook_tls_cert: Option<String>,
+    pub webhook_tls_key: Option<String>,
 }
 
 impl std::fmt::Debug for ClusterSecrets {
@@ -84,6 +92,8 @@ impl ClusterSecrets {
             webhook_token: get(keys::WEBHOOK_TOKEN)?,
             webhook_read_token: opt(keys::WEBHOOK_READ_TOKEN),
             tailscale_auth_key: opt(keys::TAILSCALE_AUTH_KEY),
+            webhook_tls_cert: opt(keys::WEBHOOK_TLS_CERT),
+            webhook_tls_key: opt(keys::WEBHOOK_TLS_KEY),
         })
     }
 
@@ -108,6 +118,11 @@ impl ClusterSecrets {
         }
         if let Some(k) = &self.webhook_read_token {
             put(keys::WEBHOOK_READ_TOKEN, k);
+        }
+        // Both or neither: a certificate without its key serves nothing.
+        if let (Some(cert), Some(key)) = (&self.webhook_tls_cert, &self.webhook_tls_key) {
+            put(keys::WEBHOOK_TLS_CERT, cert);
+            put(keys::WEBHOOK_TLS_KEY, key);
         }
         m
     }
@@ -138,6 +153,8 @@ mod tests {
             webhook_token: "hook-token-value".into(),
             webhook_read_token: Some("read-token-value".into()),
             tailscale_auth_key: None,
+            webhook_tls_cert: None,
+            webhook_tls_key: None,
         };
         assert_eq!(ClusterSecrets::from_map(&s.to_map()), Ok(s.clone()));
         let dbg = format!("{s:?}");

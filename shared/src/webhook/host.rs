@@ -24,10 +24,10 @@ use super::{Deps, MAX_BODY, handle, host_error_response};
 use crate::ports::cluster::{Cluster, OBJECT_NAME};
 use crate::ports::state::StateStore;
 
-/// Secret key holding the webhook's PEM certificate chain (optional).
-pub const TLS_CERT_KEY: &str = "webhook-tls.crt";
-/// Secret key holding the webhook's PEM private key (optional).
-pub const TLS_KEY_KEY: &str = "webhook-tls.key";
+/// Secret key holding the webhook's PEM certificate chain (bootstrap writes it).
+pub const TLS_CERT_KEY: &str = crate::base::secrets::keys::WEBHOOK_TLS_CERT;
+/// Secret key holding the webhook's PEM private key.
+pub const TLS_KEY_KEY: &str = crate::base::secrets::keys::WEBHOOK_TLS_KEY;
 
 /// Host settings.
 #[derive(Clone)]

@@ -192,6 +192,8 @@ pub struct Summary {
     pub kubeconfig: PathBuf,
     pub kubeconfig_outcome: WriteOutcome,
     pub resume_file: PathBuf,
+    /// The webhook's CA certificate (trust it to reach the webhook over HTTPS).
+    pub webhook_ca: PathBuf,
     pub images: Vec<(String, &'static str)>,
     /// `(pool, ready, desired)`.
     pub pools: Vec<(String, u32, u32)>,
@@ -244,6 +246,11 @@ impl Summary {
         );
         let _ = writeln!(
             s,
+            "  webhook CA     {} (the webhook serves HTTPS under it)",
+            self.webhook_ca.display()
+        );
+        let _ = writeln!(
+            s,
             "  in-cluster     CronJob kube-system/oxide-controller reconciles on \"{}\"; webhook Service kube-system/oxide-controller-webhook",
             self.schedule
         );
@@ -260,7 +267,7 @@ impl Summary {
         let _ = writeln!(s, "  scale set 5 --kubeconfig {k} --context {c}");
         let _ = writeln!(
             s,
-            "  kubectl --kubeconfig {k} --context {c} -n kube-system port-forward svc/oxide-controller-webhook 8080:80 &"
+            "  kubectl --kubeconfig {k} --context {c} -n kube-system port-forward svc/oxide-controller-webhook 8443:443 &"
         );
         let _ = writeln!(
             s,
@@ -268,7 +275,8 @@ impl Summary {
         );
         let _ = writeln!(
             s,
-            "  curl -X PUT -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' -d '{{\"count\":5}}' http://127.0.0.1:8080/nodes/workers"
+            "  curl --cacert {} -X PUT -H \"Authorization: Bearer $TOKEN\" -H 'content-type: application/json' -d '{{\"count\":5}}' https://127.0.0.1:8443/nodes/workers",
+            self.webhook_ca.display()
         );
         let _ = writeln!(s, "Reconcile now instead of waiting for the CronJob:");
         let _ = writeln!(s, "  reconcile-once --kubeconfig {k} --context {c}");
@@ -331,6 +339,7 @@ pub async fn run<C: Connect>(
         floating_ip: fip.ip,
         kubeconfig: v.kubeconfig.clone(),
         kubeconfig_outcome: outcome,
+        webhook_ca: resume::webhook_ca_path(&v.resume_path, &spec.cluster),
         resume_file: v.resume_path.clone(),
         images: image_notes,
         pools: plan
@@ -778,8 +787,16 @@ async fn ensure_resume<R: Rack>(
 ) -> Result<ResumeState, BootstrapError> {
     let spec = &v.spec;
     let config = |e: resume::ResumeError| BootstrapError::needs_person("resume", e);
-    if let Some(r) = resume::load(&v.resume_path, &spec.cluster, &spec.project).map_err(config)? {
+    if let Some(mut r) =
+        resume::load(&v.resume_path, &spec.cluster, &spec.project).map_err(config)?
+    {
         info!(step = "resume", first = %r.first_control_plane, "resuming with the saved keys and tokens");
+        // A file from before the webhook had a certificate gains one (the Secret gets it too:
+        // ensure_state fills in missing keys).
+        if r.ensure_webhook_tls().map_err(config)? {
+            resume::save(&v.resume_path, &r).map_err(config)?;
+        }
+        write_webhook_ca(&v.resume_path, &r)?;
         return Ok(r);
     }
     let existing = match rack
@@ -817,7 +834,25 @@ async fn ensure_resume<R: Rack>(
     r.spec = Some(spec.to_yaml());
     resume::save(&v.resume_path, &r).map_err(config)?;
     info!(step = "resume", first = %r.first_control_plane, path = %v.resume_path.display(), "generated keys and tokens and saved them");
+    write_webhook_ca(&v.resume_path, &r)?;
     Ok(r)
+}
+
+/// Writes the webhook's CA (public) beside the resume file, for `curl --cacert` and the like.
+fn write_webhook_ca(resume_path: &Path, r: &ResumeState) -> Result<(), BootstrapError> {
+    let Some(ca) = &r.webhook_tls_ca else {
+        return Ok(());
+    };
+    let path = resume::webhook_ca_path(resume_path, &r.cluster);
+    std::fs::write(&path, ca).map_err(|e| {
+        BootstrapError::needs_person(
+            "resume",
+            message(format!(
+                "cannot write the webhook CA {}: {e}; pass a writable --state-dir",
+                path.display()
+            )),
+        )
+    })
 }
 
 async fn ensure_floating_ip<R: Rack>(

@@ -171,6 +171,8 @@ fn generate_secrets(sim: &SimHandle) -> ClusterSecrets {
         webhook_token: random_token(&mut rng, 32),
         webhook_read_token: Some(random_token(&mut rng, 32)),
         tailscale_auth_key: None,
+        webhook_tls_cert: None,
+        webhook_tls_key: None,
     }
 }
 

@@ -14,6 +14,28 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_bootstrap");
+
+/// `cargo build --bins -p bootstrap -p reconcile-once -p scale --profile dev` into the target
+/// directory the tests run from (a no-op when fresh); returns the directory of the binaries.
+pub fn workspace_binaries() -> PathBuf {
+    let bin_dir = Path::new(BIN).parent().unwrap().to_path_buf();
+    let target = bin_dir.parent().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new(std::env::var_os("CARGO").unwrap_or("cargo".into()))
+        .args(["build", "--locked", "--bins", "--profile", "dev"])
+        .args(["-p", "bootstrap", "-p", "reconcile-once", "-p", "scale"])
+        .current_dir(&repo)
+        .env("CARGO_TARGET_DIR", target)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cargo build failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin_dir
+}
+
 pub const IMAGE: &str = "ubuntu-2404";
 pub const SSH_PORT: u16 = 2222;
 
