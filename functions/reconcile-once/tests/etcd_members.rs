@@ -253,10 +253,13 @@ async fn reconcile_with(kubeconfig: &Path) -> Output {
         .unwrap_or_else(|e| panic!("spawn {BIN}: {e}"))
 }
 
+/// One reading of `/db/info`: the members, or why there were none.
+type Sample = Result<Vec<Member>, String>;
+
 /// The member list sampled every 0.5 s until stopped.
 struct Sampler {
     stop: Arc<AtomicBool>,
-    samples: Arc<Mutex<Vec<Result<Vec<Member>, String>>>>,
+    samples: Arc<Mutex<Vec<Sample>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -279,7 +282,7 @@ fn sample(sup: Supervisor) -> Sampler {
 }
 
 impl Sampler {
-    async fn finish(self) -> Vec<Result<Vec<Member>, String>> {
+    async fn finish(self) -> Vec<Sample> {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.task.await;
         self.samples
@@ -293,7 +296,7 @@ impl Sampler {
 /// learner. An unanswered one (etcd electing a new leader after its leader's server stopped:
 /// the linearizable list waits for one) counts as no sample, but never for long: a cluster
 /// that lost quorum answers nothing for good.
-fn assert_quorum_kept(what: &str, samples: &[Result<Vec<Member>, String>]) {
+fn assert_quorum_kept(what: &str, samples: &[Sample]) {
     let answered: Vec<&Vec<Member>> = samples.iter().filter_map(|s| s.as_ref().ok()).collect();
     assert!(
         answered.len() * 2 > samples.len(),
