@@ -492,6 +492,16 @@ async fn a_member_left_after_its_server_is_gone_holds_control_plane_changes() {
             servers_before,
             "run {run}: no server created or deleted"
         );
+        let log = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            log.lines()
+                .any(|l| l.contains("reconcile finished") && l.contains(&member)),
+            "run {run}: its last line names {member}:\n{log}"
+        );
         let status = env.status().await.unwrap_or_else(|| panic!("status"));
         assert!(
             status

@@ -986,6 +986,14 @@ fn summary(
         .map(|p| format!("{}={}/{}", p.pool, p.ready, p.desired))
         .collect::<Vec<_>>()
         .join(" ");
+    // What makes the cluster Degraded, in the run's last line too (status.json has it all).
+    let findings = plan
+        .findings
+        .iter()
+        .filter(|f| f.degraded)
+        .map(|f| f.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
     info!(
         run_id,
         converged = plan.is_converged(),
@@ -999,6 +1007,7 @@ fn summary(
         %pools,
         %autoscale,
         %refused,
+        %findings,
         "reconcile finished"
     );
 }
