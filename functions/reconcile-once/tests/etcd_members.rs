@@ -20,6 +20,10 @@ use oxide_sim::harness::preset::Preset;
 use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::Value;
 
+#[path = "support/pending.rs"]
+#[allow(dead_code)]
+mod support;
+
 const BIN: &str = env!("CARGO_BIN_EXE_reconcile-once");
 const CP: &str = "sim-control-plane-";
 const WK: &str = "sim-workers-";
@@ -31,6 +35,11 @@ struct Env {
 }
 
 async fn env() -> Env {
+    env_with(None).await
+}
+
+/// With `job_binaries`, reconcile Jobs run in the cluster (the binaries of this build).
+async fn env_with(job_binaries: Option<PathBuf>) -> Env {
     let sim = Sim::start(SimOptions {
         ssh_port: 2222,
         preset: Some(Preset::Cluster {
@@ -38,6 +47,7 @@ async fn env() -> Env {
             workers: 2,
         }),
         kubernetes: ControlPlaneOptions::default(),
+        job_binaries,
         ..SimOptions::default()
     })
     .await
@@ -152,6 +162,10 @@ impl Env {
     }
 
     async fn ready_servers(&self) -> BTreeSet<String> {
+        self.ready_nodes_with(CP).await
+    }
+
+    async fn ready_nodes_with(&self, prefix: &str) -> BTreeSet<String> {
         self.sim
             .kube()
             .list("v1", "Node", None)
@@ -164,7 +178,7 @@ impl Env {
                 })
             })
             .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
-            .filter(|n| n.starts_with(CP))
+            .filter(|n| n.starts_with(prefix))
             .collect()
     }
 
@@ -389,12 +403,10 @@ async fn a_roll_and_a_replacement_keep_etcd_quorum_and_one_learner_at_most() {
     assert_eq!(members.len(), 3, "{members:?}");
 }
 
-/// A server deleted by hand whose Node lacked k3s's etcd annotations (so k3s's member
-/// controller had nothing to remove) leaves its member in the list. Every control-plane
-/// change is then held, with a finding naming that member, while a worker scale goes on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_left_after_its_server_is_gone_holds_control_plane_changes() {
-    let env = env().await;
+/// Deletes a server by hand (stop, delete the instance, delete its Node) after taking k3s's
+/// etcd annotations off its Node, as on a server whose metadata controller never wrote them:
+/// k3s's member controller then skips the Node, and its member stays. Returns the member.
+async fn leave_a_stale_member(env: &Env) -> String {
     let holder = env.fip_holder().unwrap_or_default();
     let victim = env
         .instance_names(CP)
@@ -474,6 +486,16 @@ async fn a_member_left_after_its_server_is_gone_holds_control_plane_changes() {
         "the member outlives its server: {listed:?}"
     );
 
+    member
+}
+
+/// A server deleted by hand whose Node lacked k3s's etcd annotations (so k3s's member
+/// controller had nothing to remove) leaves its member in the list. Every control-plane
+/// change is then held, with a finding naming that member, while a worker scale goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_left_after_its_server_is_gone_holds_control_plane_changes() {
+    let env = env().await;
+    let member = leave_a_stale_member(&env).await;
     // The control plane is short a server, and the spec asks for a third worker.
     env.edit(|s| s.worker_pools[0].count = 3).await;
     let servers_before = env.instance_names(CP);
@@ -523,4 +545,47 @@ async fn a_member_left_after_its_server_is_gone_holds_control_plane_changes() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(env.instance_names(CP), servers_before, "servers untouched");
+}
+
+/// The same from inside the cluster: the CronJob's Job reads the member list through the
+/// `kubernetes` Service with its ServiceAccount's CA, and its run holds the control plane
+/// with the finding naming the stale member (an unreadable list would say so instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_cluster_run_reads_the_member_list_and_names_the_stale_member() {
+    let bin_dir = Path::new(BIN)
+        .parent()
+        .unwrap_or_else(|| panic!("bin dir"))
+        .to_path_buf();
+    let env = env_with(Some(bin_dir)).await;
+    let kube = env.sim.kube();
+    support::install_suspended(&kube).await;
+    let member = leave_a_stale_member(&env).await;
+    env.edit(|s| s.worker_pools[0].count = 3).await;
+    let servers_before = env.instance_names(CP);
+    let worker = env
+        .ready_nodes_with(WK)
+        .await
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("a worker"));
+    let outcome = support::run_job_on(&kube, "etcd-check", &worker).await;
+    assert_eq!(outcome, "Complete");
+    assert_eq!(env.instance_names(CP), servers_before, "no server created");
+    let status = env.status().await.unwrap_or_else(|| panic!("status"));
+    assert!(
+        status
+            .findings
+            .iter()
+            .any(|f| f.contains(&member) && f.contains("no control-plane change")),
+        "{:?}",
+        status.findings
+    );
+    assert!(
+        !status
+            .findings
+            .iter()
+            .any(|f| f.contains("cannot read the etcd member list")),
+        "{:?}",
+        status.findings
+    );
 }
