@@ -21,7 +21,6 @@ use oxide_sim::{Sim, SimHandle, SimOptions};
 use serde_json::Value;
 
 #[path = "support/pending.rs"]
-#[allow(dead_code)]
 mod support;
 
 const BIN: &str = env!("CARGO_BIN_EXE_reconcile-once");
