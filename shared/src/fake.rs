@@ -114,6 +114,13 @@ pub struct WorldState {
     pub image_store: crate::adapters::image::fake::MemoryImageStore,
     /// Objects the fake manifest applier applied ([`crate::render::manifests::Manifest::describe`]).
     pub applied: BTreeSet<String>,
+    /// What `etcd_members` answers: `None` is k3s's own bookkeeping (one voting member
+    /// `<node>-<8 hex>` per server Node, as k3s adds a member when a server joins and removes
+    /// it when its Node is deleted); `Some(Ok(list))` a list a test set; `Some(Err(why))` a
+    /// supervisor that does not answer.
+    pub etcd_members: Option<Result<Vec<crate::domain::model::EtcdMember>, String>>,
+    /// The server token `etcd_members` was last asked with.
+    pub etcd_token_seen: Option<String>,
     next_ip: u8,
     rv: u64,
 }
@@ -1031,6 +1038,54 @@ impl Cluster for FakeCluster {
             }
         }))
     }
+
+    async fn etcd_members(
+        &self,
+        server_token: &str,
+    ) -> Result<Vec<crate::domain::model::EtcdMember>, ClusterError> {
+        self.0.with(|s| {
+            s.etcd_token_seen = Some(server_token.to_owned());
+            match &s.etcd_members {
+                Some(Ok(list)) => Ok(list.clone()),
+                Some(Err(why)) => Err(ClusterError::Unavailable {
+                    what: "GET /db/info".into(),
+                    message: why.clone(),
+                }),
+                None => Ok(fake_etcd_members(s)),
+            }
+        })
+    }
+}
+
+/// k3s's own member list over the fake world: one voting member `<node>-<8 hex>` per server
+/// Node (a Node labelled control-plane, or whose instance is tagged for the spec's
+/// control-plane pool).
+fn fake_etcd_members(s: &WorldState) -> Vec<crate::domain::model::EtcdMember> {
+    let cp_pool = s
+        .config
+        .spec_yaml()
+        .and_then(|y| crate::domain::spec::ClusterSpec::from_yaml(y).ok())
+        .map(|spec| spec.control_plane.name);
+    let is_server = |n: &Node| {
+        n.labels
+            .contains_key(crate::domain::plan::CONTROL_PLANE_LABEL)
+            || s.instances.get(&n.name).is_some_and(|i| {
+                crate::base::names::InstanceTag::parse(&i.description)
+                    .is_some_and(|t| Some(&t.pool) == cp_pool.as_ref())
+            })
+    };
+    s.nodes
+        .values()
+        .filter(|n| is_server(n))
+        .zip(1u64..)
+        .map(|(n, id)| crate::domain::model::EtcdMember {
+            id,
+            name: format!("{}-{:08x}", n.name, id),
+            peer_urls: vec![format!("https://{}:2380", n.name)],
+            client_urls: vec![format!("https://{}:2379", n.name)],
+            is_learner: false,
+        })
+        .collect()
 }
 
 /// [`StateStore`] over the fake world, with resourceVersion conflicts like the real thing.

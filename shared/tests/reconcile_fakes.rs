@@ -1047,3 +1047,97 @@ fn a_run_asked_to_stop_mid_drain_ends_at_once_and_releases_the_lease() {
         converge(&w, 6).await;
     });
 }
+
+/// Issue 32 item 2, through the workflow: the run reads the etcd member list with the
+/// Secret's server token; a member that matches no server holds the control plane's growth
+/// (with a finding naming it in status.json) while the workers grow; once the member is gone
+/// the control plane grows too. A list that cannot be read holds it as well.
+#[tokio::test]
+async fn a_stale_etcd_member_holds_the_control_plane_but_not_the_workers() {
+    let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+    small_timeouts(&mut spec);
+    let w = world(&spec, true).await;
+    converge(&w, 10).await;
+    let stale = oxide_controller::domain::model::EtcdMember {
+        id: 0xabc,
+        name: "demo-control-plane-gone1-1a2b3c4d".into(),
+        peer_urls: vec!["https://172.30.0.9:2380".into()],
+        client_urls: vec![],
+        is_learner: false,
+    };
+    let server_node = w.with(|s| {
+        s.nodes
+            .keys()
+            .find(|n| n.starts_with("demo-control-plane-"))
+            .cloned()
+            .unwrap_or_default()
+    });
+    let mut listed = vec![oxide_controller::domain::model::EtcdMember {
+        id: 1,
+        name: format!("{server_node}-00000001"),
+        peer_urls: vec!["https://172.30.0.5:2380".into()],
+        client_urls: vec![],
+        is_learner: false,
+    }];
+    listed.push(stale.clone());
+    w.with(|s| s.etcd_members = Some(Ok(listed.clone())));
+    spec.control_plane.count = 3;
+    spec.worker_pools[0].count = 2;
+    set_spec(&w, &spec).await;
+    for _ in 0..3 {
+        let _ = run_once(&w).await;
+        w.tick(61);
+    }
+    let (servers, workers, token) = w.with(|s| {
+        let count = |p: &str| s.instances.keys().filter(|n| n.starts_with(p)).count();
+        (
+            count("demo-control-plane-"),
+            count("demo-workers-"),
+            s.etcd_token_seen.clone(),
+        )
+    });
+    assert_eq!(
+        token.as_deref(),
+        Some("server-token"),
+        "the Secret's k3s token"
+    );
+    assert_eq!(servers, 1, "the control plane is held");
+    assert_eq!(workers, 2, "the workers grow");
+    let status = w
+        .state()
+        .read_config()
+        .await
+        .ok()
+        .and_then(|s| s.status_json().and_then(Status::from_json))
+        .unwrap_or_else(|| panic!("status"));
+    assert!(
+        status
+            .findings
+            .iter()
+            .any(|f| f.contains("demo-control-plane-gone1-1a2b3c4d")),
+        "{:?}",
+        status.findings
+    );
+    // Unreadable: still held, and said so.
+    w.with(|s| s.etcd_members = Some(Err("HTTP 500: failed to get etcd MemberList".into())));
+    let _ = run_once(&w).await;
+    assert_eq!(
+        w.with(|s| s
+            .instances
+            .keys()
+            .filter(|n| n.starts_with("demo-control-plane-"))
+            .count()),
+        1
+    );
+    // k3s's own bookkeeping again (the stale member removed): the control plane grows.
+    w.with(|s| s.etcd_members = None);
+    converge(&w, 20).await;
+    assert_eq!(
+        w.with(|s| s
+            .instances
+            .keys()
+            .filter(|n| n.starts_with("demo-control-plane-"))
+            .count()),
+        3
+    );
+}

@@ -1636,4 +1636,10 @@ impl Cluster for BrokenJobs {
             message: "jobs.batch is forbidden".into(),
         })
     }
+    async fn etcd_members(
+        &self,
+        server_token: &str,
+    ) -> Result<Vec<oxide_controller::domain::model::EtcdMember>, ClusterError> {
+        self.0.etcd_members(server_token).await
+    }
 }

@@ -248,3 +248,98 @@ async fn deleting_a_server_node_removes_its_etcd_member() {
     // Two voters of two: the cluster still has quorum and answers.
     list_namespaces(&real, fip).await.unwrap();
 }
+
+/// `GET https://{addr}:6443/db/info` as k3s's supervisor answers it, with basic credentials
+/// `auth`, the certificate verified against the cluster CA. (status, body).
+async fn db_info(real: &RealCluster, addr: IpAddr, auth: Option<(&str, &str)>) -> (u16, String) {
+    let ca = reqwest::Certificate::from_pem(real.ca_pem().as_bytes()).unwrap();
+    let http = reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut req = http.get(format!("https://{addr}:6443/db/info"));
+    if let Some((user, pass)) = auth {
+        req = req.basic_auth(user, Some(pass));
+    }
+    let resp = req.send().await.unwrap();
+    let code = resp.status().as_u16();
+    (code, resp.text().await.unwrap())
+}
+
+/// k3s's supervisor serves the etcd member list on `/db/info` to the `server` user with the
+/// server token only, in the shape Go's `encoding/json` gives etcd's `Member`; with no
+/// quorum etcd's (linearizable) MemberList fails and k3s answers 500.
+#[tokio::test]
+async fn db_info_lists_the_members_to_the_server_token_only_and_fails_without_quorum() {
+    let sim = start().await;
+    let c = client(&sim);
+    let (real, fip, _) = three_servers(&sim, &c).await;
+
+    let (code, body) = db_info(&real, fip, None).await;
+    assert_eq!(
+        code, 403,
+        "no credentials: no user, so no k3s:server role: {body}"
+    );
+    assert!(body.contains("\"forbidden\""), "{body}");
+    let (code, body) = db_info(&real, fip, Some(("server", "wrong"))).await;
+    assert_eq!(code, 401, "a wrong password: {body}");
+    let (code, _) = db_info(&real, fip, Some(("node", TOKEN))).await;
+    assert_eq!(code, 401, "the token is the `server` user's password only");
+
+    let (code, body) = db_info(&real, fip, Some(("server", TOKEN))).await;
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let listed = v["members"].as_array().unwrap();
+    assert_eq!(listed.len(), 3, "{body}");
+    let etcd = real.control_plane.etcd().members().await.unwrap();
+    for m in listed {
+        let id = m["ID"]
+            .as_u64()
+            .expect("ID is a JSON number, as encoding/json writes uint64");
+        let name = m["name"].as_str().unwrap();
+        assert!(
+            etcd.iter()
+                .any(|e| e.id == id.to_string() && e.name == name),
+            "{m} in {etcd:?}"
+        );
+        assert!(m.get("isLearner").is_none(), "false is left out: {m}");
+        assert!(m["peerURLs"][0].as_str().unwrap().ends_with(":2380"), "{m}");
+        assert!(
+            m["clientURLs"][0].as_str().unwrap().ends_with(":2379"),
+            "{m}"
+        );
+        // k3s names a member `<node-name>-<8 hex>`.
+        let (node, suffix) = name.rsplit_once('-').unwrap();
+        assert!(SERVERS.contains(&node), "{name}");
+        assert!(
+            suffix.len() == 8 && suffix.chars().all(|c| c.is_ascii_hexdigit()),
+            "{name}"
+        );
+    }
+
+    // Two of three servers stop: no leader, MemberList fails, 500 from the survivor.
+    for name in &SERVERS[1..] {
+        stop_instance(&c, name).await;
+    }
+    for name in &SERVERS[1..] {
+        wait_state(&c, name, types::InstanceState::Stopped).await;
+    }
+    let stopped = Instant::now();
+    let body = loop {
+        let (code, body) = db_info(&real, fip, Some(("server", TOKEN))).await;
+        if code == 500 {
+            break body;
+        }
+        assert!(
+            stopped.elapsed() < Duration::from_secs(60),
+            "/db/info still answers {code} 60 s after two of three servers stopped: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(
+        body.contains("failed to get etcd MemberList"),
+        "k3s's message: {body}"
+    );
+}

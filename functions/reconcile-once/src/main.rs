@@ -79,12 +79,14 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> ExitCode {
     // First: from here on SIGTERM/SIGINT no longer kill the process mid-step.
     let shutdown = Shutdown::on_signals();
-    let client = match oxide_controller::adapters::kubeclient::client(
+    let config = oxide_controller::adapters::kubeclient::config(
         args.kubeconfig.as_deref(),
         args.context.as_deref(),
     )
-    .await
-    {
+    .await;
+    let (config, client) = match config.and_then(|c| {
+        oxide_controller::adapters::kubeclient::client_from_config(c.clone()).map(|k| (c, k))
+    }) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{}", chain(&e));
@@ -92,8 +94,9 @@ async fn run(args: Args) -> ExitCode {
         }
     };
     let holder = args.holder.clone().unwrap_or_else(default_holder);
-    let cluster =
-        KubeCluster::new(client.clone(), &args.namespace).with_reporting_instance(&holder);
+    let cluster = KubeCluster::new(client.clone(), &args.namespace)
+        .with_reporting_instance(&holder)
+        .with_supervisor(&config);
     let state = KubeStateStore::new(client, &args.namespace);
     let mut opts = ReconcileOptions::new(holder);
     // In a Job's pod, POD_NAME comes from the downward API: drain must not evict it.

@@ -31,6 +31,7 @@ use crate::ports::cluster::{
     ON_DEMAND_JOB,
 };
 
+pub mod supervisor;
 pub mod views;
 
 /// Annotation the kubelet puts on mirror pods of static pods (they cannot be evicted).
@@ -55,6 +56,9 @@ pub struct KubeCluster {
     /// The Lease as we last wrote it: renew and release replace it directly (one request);
     /// only a 409 sends them back to read the current one.
     held: std::sync::Arc<std::sync::Mutex<Option<Lease>>>,
+    /// k3s's supervisor at the API address (the etcd member list); `None` until
+    /// [`KubeCluster::with_supervisor`].
+    supervisor: Option<supervisor::Supervisor>,
 }
 
 impl std::fmt::Debug for KubeCluster {
@@ -78,7 +82,19 @@ impl KubeCluster {
             namespace: namespace.to_owned(),
             reporting_instance: OBJECT_NAME.to_owned(),
             held: std::sync::Arc::default(),
+            supervisor: None,
         }
+    }
+
+    /// Reads the etcd member list from k3s's supervisor at `config`'s API address (the
+    /// configuration `client` was built from). Without it, [`Cluster::etcd_members`] fails,
+    /// and a run holds every control-plane change.
+    pub fn with_supervisor(mut self, config: &kube::Config) -> Self {
+        match supervisor::Supervisor::from_config(config) {
+            Ok(s) => self.supervisor = Some(s),
+            Err(e) => tracing::warn!(error = %e, "no access to k3s's supervisor"),
+        }
+        self
     }
 
     fn remember(&self, lease: Option<Lease>) {
@@ -376,6 +392,19 @@ fn held_by_other(lease: &Lease, me: &str, now: DateTime<Utc>) -> Option<LeaseOut
 }
 
 impl Cluster for KubeCluster {
+    async fn etcd_members(
+        &self,
+        server_token: &str,
+    ) -> Result<Vec<crate::domain::model::EtcdMember>, ClusterError> {
+        match &self.supervisor {
+            Some(s) => s.db_info(server_token).await,
+            None => Err(ClusterError::Unavailable {
+                what: "the etcd member list (GET /db/info)".into(),
+                message: "this run has no address and CA for k3s's supervisor".into(),
+            }),
+        }
+    }
+
     async fn lease_holder(&self) -> Result<Option<String>, ClusterError> {
         let api: Api<Lease> = self.namespaced();
         let lease = api

@@ -322,3 +322,59 @@ impl fmt::Display for SetupFailure {
         write!(f, "node setup failed at {}: {}", self.step, self.reason)
     }
 }
+
+/// One etcd member as k3s's supervisor lists it on `/db/info` (etcd's `Member` message,
+/// marshalled by Go's `encoding/json`: `ID` a number, `name`, `peerURLs`, `clientURLs`,
+/// `isLearner`, each left out when empty or false).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtcdMember {
+    #[serde(rename = "ID", default)]
+    pub id: u64,
+    /// Empty while an added member has not started yet.
+    #[serde(default)]
+    pub name: String,
+    #[serde(rename = "peerURLs", default)]
+    pub peer_urls: Vec<String>,
+    #[serde(rename = "clientURLs", default)]
+    pub client_urls: Vec<String>,
+    #[serde(rename = "isLearner", default)]
+    pub is_learner: bool,
+}
+
+impl EtcdMember {
+    /// The Node name k3s made the member's name from: k3s names a member
+    /// `<node-name>-<8 hex chars of a UUID>` and reads the node name back as everything
+    /// before the last hyphen (when that hyphen is past the second character; else the whole
+    /// name). `None` for an unnamed (not yet started) member.
+    pub fn node_name(&self) -> Option<&str> {
+        if self.name.is_empty() {
+            return None;
+        }
+        Some(match self.name.rfind('-') {
+            Some(i) if i > 1 => &self.name[..i],
+            _ => &self.name,
+        })
+    }
+
+    /// How a finding names it: its name and ID as `etcdctl member list` prints them, or its
+    /// peer URL while it has no name.
+    pub fn describe(&self) -> String {
+        let peer = self.peer_urls.first().map_or("", String::as_str);
+        if self.name.is_empty() {
+            format!("an unstarted member at {peer} (ID {:x})", self.id)
+        } else {
+            format!("{} (ID {:x}, {peer})", self.name, self.id)
+        }
+    }
+}
+
+/// The cluster's etcd member list as a run observed it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum EtcdMembership {
+    /// Not asked (planner tests that are not about etcd; a run always asks).
+    #[default]
+    NotRead,
+    Read(Vec<EtcdMember>),
+    /// Asked and not answered: why.
+    Unreadable(String),
+}

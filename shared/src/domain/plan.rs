@@ -29,7 +29,8 @@ use serde::Serialize;
 
 use crate::base::names::{self, InstanceTag};
 use crate::domain::model::{
-    Disk, DiskState, FloatingIp, Image, Instance, InstanceState, NewInstance, Node, NodeReadiness,
+    Disk, DiskState, EtcdMember, EtcdMembership, FloatingIp, Image, Instance, InstanceState,
+    NewInstance, Node, NodeReadiness,
 };
 use crate::domain::spec::{ClusterSpec, PoolSpec, Role};
 
@@ -101,6 +102,10 @@ pub struct Observed {
     /// The prefix length of the project's default VPC subnet (None: no such subnet yet).
     /// Not planned on; recorded in the status for the webhook's subnet check.
     pub subnet_prefix: Option<u8>,
+    /// The etcd member list a Ready server's k3s supervisor serves on `/db/info`: while it
+    /// and the servers disagree, has a learner, or cannot be read, no control-plane change
+    /// is made (see [`etcd_members_match`]).
+    pub etcd: EtcdMembership,
 }
 
 /// How a member is doing.
@@ -600,6 +605,7 @@ pub fn plan(
     // The API floating IP first: joiners need its address.
     let fip_name = names::api_floating_ip_name(&spec.cluster);
     let fip_ready = plan_floating_ip(spec, observed, &members, &fip_name, &mut p);
+    let etcd_hold = check_etcd(spec, observed, &members).err();
 
     for (role, pool) in spec.pools() {
         let pool_members: Vec<&Member> = members.iter().filter(|m| m.pool == pool.name).collect();
@@ -620,6 +626,7 @@ pub fn plan(
             pool,
             &pool_members,
             fip_ready,
+            etcd_hold.as_ref(),
             &mut gate,
             &mut new_name,
             now,
@@ -803,6 +810,7 @@ fn plan_pool(
     pool: &PoolSpec,
     members: &[&Member],
     fip_ready: bool,
+    etcd_hold: Option<&Finding>,
     gate: &mut CreateGate,
     new_name: &mut impl FnMut(&str) -> Option<String>,
     now: DateTime<Utc>,
@@ -845,6 +853,13 @@ fn plan_pool(
 
     finish_removals(observed, pool, members, p);
     start_stopped(spec, pool, members, now, p);
+    // Removals under way finish (a half-done one leaves a stopped voter) and servers that
+    // went down start again (their members are listed): neither changes the membership.
+    // Everything else that would is held while etcd and the servers disagree.
+    if is_cp && let Some(hold) = etcd_hold {
+        p.findings.push(hold.clone());
+        return;
+    }
     // Members the rack never started: start each once (no new create for them, no delete
     // and re-create either: on a full rack that only churns). Surplus ones are removed instead,
     // below (they rank first as never joined).
@@ -858,7 +873,11 @@ fn plan_pool(
     );
 
     if is_cp {
-        plan_control_plane(pool, members, t, fip_holder, p, &mut create);
+        let etcd_voters = match &observed.etcd {
+            EtcdMembership::Read(list) => list.iter().filter(|m| !m.is_learner).count(),
+            _ => 0,
+        };
+        plan_control_plane(pool, members, t, etcd_voters, fip_holder, p, &mut create);
     } else {
         plan_workers(spec, pool, members, t, fip_holder, p, &mut create);
     }
@@ -1095,6 +1114,7 @@ fn plan_control_plane(
     pool: &PoolSpec,
     members: &[&Member],
     t: Tally,
+    etcd_voters: usize,
     fip_holder: Option<uuid::Uuid>,
     p: &mut Plan,
     create: &mut impl FnMut(&mut Plan, String),
@@ -1105,11 +1125,13 @@ fn plan_control_plane(
         joining,
         capacity,
     } = t;
-    // Voting etcd members: servers that joined and are not yet removed.
+    // Voting etcd members: servers that joined and are not yet removed, or the voters etcd
+    // lists when it lists more (a member whose removal is under way still votes).
     let voting = members
         .iter()
         .filter(|m| m.node.is_some() && m.health != Health::Removing)
-        .count();
+        .count()
+        .max(etcd_voters);
     if voting > 0 && ready < quorum(voting) {
         p.findings.push(Finding {
             degraded: true,
@@ -1265,6 +1287,99 @@ fn broken_reason(m: &Member, spec: &ClusterSpec) -> String {
         ),
         _ => "replacing it".into(),
     }
+}
+
+/// Whether etcd's member list and the cluster's servers agree, for every control-plane
+/// change (the planner's, the upgrade pre-flight's): `Err` is the finding that holds them.
+///
+/// They disagree when a member's node name (k3s names members `<node-name>-<8 hex>`)
+/// matches no server Node and no control-plane instance (a member k3s failed to remove), or
+/// a server Node that is not being removed has no member; a learner (a member not yet
+/// promoted to voter) holds changes too. A list that could not be read holds them as well:
+/// the check cannot say the change is safe. Not read at all (planner tests that are not
+/// about etcd) is no hold.
+pub fn etcd_members_match(
+    spec: &ClusterSpec,
+    observed: &Observed,
+    now: DateTime<Utc>,
+) -> Result<(), Finding> {
+    check_etcd(spec, observed, &classify(spec, observed, now))
+}
+
+fn check_etcd(spec: &ClusterSpec, observed: &Observed, members: &[Member]) -> Result<(), Finding> {
+    const HELD: &str = "no control-plane change (create, removal, roll or replacement of a server) until they agree";
+    let list = match &observed.etcd {
+        EtcdMembership::NotRead => return Ok(()),
+        EtcdMembership::Read(list) => list,
+        EtcdMembership::Unreadable(why) => {
+            return Err(Finding {
+                degraded: true,
+                message: format!(
+                    "cannot read the etcd member list from a server's /db/info ({why}); no control-plane change (create, removal, roll or replacement of a server) until it can be read"
+                ),
+            });
+        }
+    };
+    let cp: Vec<&Member> = members
+        .iter()
+        .filter(|m| m.pool == spec.control_plane.name)
+        .collect();
+    let known: BTreeSet<&str> = cp
+        .iter()
+        .map(|m| m.name())
+        .chain(
+            observed
+                .nodes
+                .iter()
+                .filter(|n| n.labels.contains_key(CONTROL_PLANE_LABEL))
+                .map(|n| n.name.as_str()),
+        )
+        .collect();
+    let listed: BTreeSet<&str> = list.iter().filter_map(EtcdMember::node_name).collect();
+    let mut wrong: Vec<String> = list
+        .iter()
+        .filter(|m| !(m.is_learner && m.name.is_empty()))
+        .filter(|m| m.node_name().is_none_or(|n| !known.contains(n)))
+        .map(|m| {
+            format!(
+                "etcd member {} matches no server Node or instance (remove it on a server: etcdctl member remove {:x})",
+                m.describe(),
+                m.id
+            )
+        })
+        .collect();
+    wrong.extend(
+        cp.iter()
+            .filter(|m| m.health != Health::Removing)
+            .filter_map(|m| m.node)
+            .filter(|n| !listed.contains(n.name.as_str()))
+            .map(|n| format!("server {} has no etcd member", n.name)),
+    );
+    if !wrong.is_empty() {
+        return Err(Finding {
+            degraded: true,
+            message: format!(
+                "etcd members and servers disagree: {}; {HELD}",
+                wrong.join("; ")
+            ),
+        });
+    }
+    let learners: Vec<String> = list
+        .iter()
+        .filter(|m| m.is_learner)
+        .map(EtcdMember::describe)
+        .collect();
+    if learners.is_empty() {
+        return Ok(());
+    }
+    Err(Finding {
+        // A learner while a server joins is that join; one without is stuck.
+        degraded: !cp.iter().any(|m| m.health == Health::Joining),
+        message: format!(
+            "etcd has a learner not yet promoted to voter: {}; no other control-plane change until it is a voter",
+            learners.join(", ")
+        ),
+    })
 }
 
 fn plan_orphans(spec: &ClusterSpec, observed: &Observed, p: &mut Plan) {

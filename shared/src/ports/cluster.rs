@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::model::{DisruptionBudget, Node, PersistentVolume, Pod, PodRef};
+use crate::domain::model::{DisruptionBudget, EtcdMember, Node, PersistentVolume, Pod, PodRef};
 
 /// Where everything we own in the cluster lives, and its name (defined with the other names
 /// in [`crate::base::names`]; the manifests below the ports use them too).
@@ -172,4 +172,12 @@ pub trait Cluster: Send + Sync {
     fn trigger_reconcile_job(
         &self,
     ) -> impl Future<Output = Result<JobTrigger, ClusterError>> + Send;
+
+    /// The cluster's etcd member list as a k3s server's supervisor serves it (`GET /db/info`
+    /// on `:6443`, the API's own port, to holders of the server token `server_token`): what
+    /// joining servers read. A server whose etcd has no quorum answers 500.
+    fn etcd_members(
+        &self,
+        server_token: &str,
+    ) -> impl Future<Output = Result<Vec<EtcdMember>, ClusterError>> + Send;
 }

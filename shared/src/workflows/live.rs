@@ -119,10 +119,13 @@ impl bootstrap::Connect for LiveConnect {
         context: &str,
         holder: &str,
     ) -> Result<InClusterPorts<KubeStateStore, KubeCluster, KubeManifests>, ConnectError> {
-        let client = crate::adapters::kubeclient::client(Some(kubeconfig), Some(context)).await?;
+        let config = crate::adapters::kubeclient::config(Some(kubeconfig), Some(context)).await?;
+        let client = crate::adapters::kubeclient::client_from_config(config.clone())?;
         Ok(InClusterPorts {
             store: KubeStateStore::new(client.clone(), NAMESPACE),
-            cluster: KubeCluster::new(client.clone(), NAMESPACE).with_reporting_instance(holder),
+            cluster: KubeCluster::new(client.clone(), NAMESPACE)
+                .with_reporting_instance(holder)
+                .with_supervisor(&config),
             manifests: KubeManifests::new(client),
         })
     }

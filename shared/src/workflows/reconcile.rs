@@ -270,20 +270,23 @@ fn state_err(e: StateError) -> ReconcileError {
     }
 }
 
-/// Observes the rack and the cluster for `spec`.
+/// Observes the rack and the cluster for `spec`; `server_token` (the Secret's k3s token) is
+/// what k3s's supervisor asks for its etcd member list ([`etcd_membership`]).
 pub async fn observe<R: Rack, C: Cluster>(
     rack: &R,
     cluster: &C,
     spec: &ClusterSpec,
+    server_token: &str,
 ) -> Result<Observed, ReconcileError> {
     let prefix = names::cluster_prefix(&spec.cluster);
     let fip_name = names::api_floating_ip_name(&spec.cluster);
-    let (instances, nodes, disks, fip, subnet) = tokio::join!(
+    let (instances, nodes, disks, fip, subnet, etcd) = tokio::join!(
         rack.list_instances(&prefix),
         cluster.list_nodes(),
         rack.list_disks(),
         rack.get_floating_ip(&fip_name),
         rack.default_subnet_prefix(),
+        etcd_membership(cluster, server_token),
     );
     // Before anything else: a spec whose pools cannot all have an address is a config error.
     let subnet_prefix = subnet.map_err(rack_err)?;
@@ -305,9 +308,33 @@ pub async fn observe<R: Rack, C: Cluster>(
         autoscale_given_up: std::collections::BTreeSet::new(),
         create_backoff: plan::backoff::Backoffs::new(),
         subnet_prefix,
+        etcd,
     };
     observed.setup_failures = setup_failures(rack, &observed).await;
     Ok(observed)
+}
+
+/// The etcd member list, as k3s's supervisor serves it on `/db/info` to holders of the
+/// server token (retried while transient). A list that cannot be had is no error of the run:
+/// it is observed as unreadable, and the planner holds control-plane changes while it is.
+async fn etcd_membership<C: Cluster>(
+    cluster: &C,
+    server_token: &str,
+) -> crate::domain::model::EtcdMembership {
+    use crate::domain::model::EtcdMembership;
+    let read = crate::base::retry::retry(
+        crate::ports::cluster::KUBE_BACKOFF,
+        ClusterError::is_retryable,
+        || cluster.etcd_members(server_token),
+    )
+    .await;
+    match read {
+        Ok(list) => EtcdMembership::Read(list),
+        Err(e) => {
+            warn!(error = %error::chain(&e), "cannot read the etcd member list");
+            EtcdMembership::Unreadable(error::chain(&e))
+        }
+    }
 }
 
 /// The node setup failures on the consoles of running members that have no Node yet: the
@@ -386,8 +413,9 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     spec: &ClusterSpec,
     now: DateTime<Utc>,
     previous: Option<&Status>,
+    server_token: &str,
 ) -> Result<(Observed, Plan, Option<crate::domain::autoscale::Outcome>), ReconcileError> {
-    let mut observed = observe(rack, cluster, spec).await?;
+    let mut observed = observe(rack, cluster, spec, server_token).await?;
     if let Some(p) = previous {
         observed.create_backoff = p.create_backoff.clone();
     }
@@ -487,8 +515,15 @@ where
 
     let previous = snapshot.status_json().and_then(Status::from_json);
     if opts.dry_run {
-        let (_, plan, _) =
-            observe_and_plan(&rack, cluster, &spec, (opts.now)(), previous.as_ref()).await?;
+        let (_, plan, _) = observe_and_plan(
+            &rack,
+            cluster,
+            &spec,
+            (opts.now)(),
+            previous.as_ref(),
+            &secrets.k3s_token,
+        )
+        .await?;
         return Ok(RunOutcome::DryRun { plan });
     }
 
@@ -557,7 +592,14 @@ async fn work<R: Rack, C: Cluster>(
     let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
     let (observed, plan, autoscaled) =
         crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
-            observe_and_plan(rack, cluster, ran.spec, (opts.now)(), ran.previous)
+            observe_and_plan(
+                rack,
+                cluster,
+                ran.spec,
+                (opts.now)(),
+                ran.previous,
+                &secrets.k3s_token,
+            )
         })
         .await?;
     if let Some(prefix) = observed.subnet_prefix {
@@ -944,6 +986,14 @@ fn summary(
         .map(|p| format!("{}={}/{}", p.pool, p.ready, p.desired))
         .collect::<Vec<_>>()
         .join(" ");
+    // What makes the cluster Degraded, in the run's last line too (status.json has it all).
+    let findings = plan
+        .findings
+        .iter()
+        .filter(|f| f.degraded)
+        .map(|f| f.message.as_str())
+        .collect::<Vec<_>>()
+        .join("; ");
     info!(
         run_id,
         converged = plan.is_converged(),
@@ -957,6 +1007,7 @@ fn summary(
         %pools,
         %autoscale,
         %refused,
+        %findings,
         "reconcile finished"
     );
 }

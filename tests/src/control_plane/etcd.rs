@@ -435,6 +435,67 @@ impl Etcd {
     }
 }
 
+/// A handle on a cluster's members for k3s's supervisor, which serves them on `/db/info`
+/// ([`crate::control_plane::proxy::FrontProxy::serve_db_info`]).
+#[derive(Clone)]
+pub struct MemberLister(Arc<Shared>);
+
+impl std::fmt::Debug for MemberLister {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MemberLister")
+    }
+}
+
+impl Etcd {
+    /// The lister k3s's supervisor uses.
+    pub fn lister(&self) -> MemberLister {
+        MemberLister(Arc::clone(&self.shared))
+    }
+}
+
+impl MemberLister {
+    /// What k3s's `infoHandler` asks within its 2 s: etcd's `MemberList`, which etcd's client
+    /// sends linearizable (so a member without a leader cannot answer it), written as Go's
+    /// `encoding/json` marshals etcd's `Member` (`ID` a number; `name`, `peerURLs`,
+    /// `clientURLs`, `isLearner` left out when empty). Err is why it failed.
+    pub async fn db_info(&self) -> Result<Value, String> {
+        let listed = tokio::time::timeout(
+            Duration::from_secs(2),
+            self.0.call("list", json!({"linearizable": true})),
+        )
+        .await
+        .map_err(|_| "context deadline exceeded".to_string())??;
+        let members: Vec<Value> = listed["members"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| {
+                let mut out = serde_json::Map::new();
+                let id = m["ID"]
+                    .as_str()
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .or_else(|| m["ID"].as_u64())
+                    .unwrap_or_default();
+                out.insert("ID".into(), json!(id));
+                for key in ["name", "peerURLs", "clientURLs"] {
+                    let v = &m[key];
+                    let empty = v.is_null()
+                        || v.as_str().is_some_and(str::is_empty)
+                        || v.as_array().is_some_and(Vec::is_empty);
+                    if !empty {
+                        out.insert(key.into(), v.clone());
+                    }
+                }
+                if m["isLearner"].as_bool() == Some(true) {
+                    out.insert("isLearner".into(), json!(true));
+                }
+                Value::Object(out)
+            })
+            .collect();
+        Ok(json!({ "members": members }))
+    }
+}
+
 /// Hands each connection to a running voting member (or closes it when none runs, as a
 /// refused connection would end).
 async fn forward(listener: TcpListener, shared: Arc<Shared>) {

@@ -42,6 +42,15 @@ pub struct FrontProxy {
     plain: reqwest::Client,
     faults: Faults,
     counters: Mutex<BTreeMap<String, u64>>,
+    /// k3s's supervisor route `/db/info`, once the cluster's server token is known.
+    db_info: std::sync::OnceLock<DbInfo>,
+}
+
+/// What `/db/info` needs: the members and the password of k3s's `server` user.
+#[derive(Debug)]
+struct DbInfo {
+    members: super::etcd::MemberLister,
+    server_secret: String,
 }
 
 impl std::fmt::Debug for FrontProxy {
@@ -74,7 +83,73 @@ impl FrontProxy {
             plain: base().build().map_err(tls)?,
             faults,
             counters: Mutex::new(BTreeMap::new()),
+            db_info: std::sync::OnceLock::new(),
         }))
+    }
+
+    /// Serves k3s's `GET /db/info` (the etcd member list) from `members`, to clients that
+    /// present `server_secret` as the password of user `server` (the server token's secret).
+    pub fn serve_db_info(&self, members: super::etcd::MemberLister, server_secret: &str) {
+        let _ = self.db_info.set(DbInfo {
+            members,
+            server_secret: server_secret.to_owned(),
+        });
+    }
+
+    /// k3s's etcd `handler`: `/db/info` behind `IsLocalOrHasRole(k3s:server)`, then
+    /// `infoHandler`. Every client of the simulator counts as remote (a pod or a laptop is
+    /// never on a server's own loopback). The authenticator: no basic credentials find no
+    /// user (403 "forbidden"), a wrong password or user is an authentication error (401 "not
+    /// authorized"), `server` with the token's secret is in group `k3s:server`.
+    async fn db_info(&self, parts: &http::request::Parts) -> http::Response<Body> {
+        let Some(info) = self.db_info.get() else {
+            return status(503, "ServiceUnavailable", "apiserver not ready");
+        };
+        let basic = parts
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Basic "))
+            .and_then(|b| {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .decode(b.trim())
+                    .ok()
+            })
+            .and_then(|b| String::from_utf8(b).ok());
+        let Some(creds) = basic else {
+            return status(403, "Forbidden", "forbidden");
+        };
+        let (user, pass) = creds.split_once(':').unwrap_or((creds.as_str(), ""));
+        let secret = info.server_secret.as_bytes();
+        let same = pass.len() == secret.len()
+            && pass
+                .bytes()
+                .zip(secret)
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0;
+        if user != "server" || !same {
+            return status(401, "Unauthorized", "not authorized");
+        }
+        if parts.method != http::Method::GET {
+            return status(405, "MethodNotAllowed", "method not allowed");
+        }
+        match info.members.db_info().await {
+            Ok(list) => http::Response::builder()
+                .status(200)
+                .header("content-type", "application/json")
+                .body(
+                    Full::new(Bytes::from(format!("{list}\n")))
+                        .map_err(|never| match never {})
+                        .boxed(),
+                )
+                .unwrap_or_else(|_| http::Response::new(BoxBody::default())),
+            Err(e) => status(
+                500,
+                "InternalError",
+                &format!("Internal error occurred: failed to get etcd MemberList: {e}"),
+            ),
+        }
     }
 
     /// Requests seen, per `"METHOD /path/template"`.
@@ -171,6 +246,9 @@ impl FrontProxy {
             parts.uri.query().unwrap_or_default(),
         );
         self.count(format!("{} {}", parts.method, info.template));
+        if parts.uri.path() == "/db/info" {
+            return self.db_info(&parts).await;
+        }
         if let Some(resource) = &info.resource
             && let Some(fault) = self.faults.kube_route(&info.verb, resource)
         {

@@ -16,11 +16,20 @@ use super::{Inner, State};
 pub const NODE_NAME_ANNOTATION: &str = "etcd.k3s.cattle.io/node-name";
 pub const NODE_ADDRESS_ANNOTATION: &str = "etcd.k3s.cattle.io/node-address";
 
-/// k3s's member name (`setName`): the short hostname, a dash, 8 characters of a fresh UUID;
-/// kept on the server's disk (`db/etcd/name`), so it survives restarts.
-pub(super) fn member_name(hostname: &str) -> String {
-    let short = hostname.split('.').next().unwrap_or(hostname);
-    format!("{short}-{}", &Uuid::new_v4().to_string()[..8])
+/// k3s's member name (`setName`): the server's node name, a dash, 8 characters of a fresh
+/// UUID; kept on the server's disk (`db/etcd/name`), so it survives restarts.
+pub(super) fn member_name(node_name: &str) -> String {
+    format!("{node_name}-{}", &Uuid::new_v4().to_string()[..8])
+}
+
+/// The node name k3s gives a server: `node-name` from its config, else its hostname in
+/// lower case (as its Node is registered).
+fn server_node_name(vm: &super::Vm) -> String {
+    vm.user_data
+        .as_ref()
+        .and_then(|u| u.k3s.as_ref())
+        .and_then(|k| k.node_name.clone())
+        .unwrap_or_else(|| vm.hostname.to_lowercase())
 }
 
 impl Inner {
@@ -32,7 +41,7 @@ impl Inner {
             return (member_name("default"), None);
         };
         let ip = crate::control_plane::etcd::member_ip(vm.private_loopback);
-        let name = member_name(&vm.hostname);
+        let name = member_name(&server_node_name(vm));
         vm.etcd_member = Some((name.clone(), ip));
         (name, Some(ip))
     }
@@ -70,7 +79,7 @@ impl Inner {
         if role != Role::Server {
             return Ok(());
         }
-        let (api, existing, hostname, private) = {
+        let (api, existing, node_name, private) = {
             let st = self.state();
             let (Some(c), Some(vm)) = (st.clusters.get(&cluster), st.vms.get(&id)) else {
                 return Err("instance vanished".into());
@@ -78,7 +87,7 @@ impl Inner {
             (
                 Arc::clone(&c.api),
                 vm.etcd_member.clone().filter(|_| vm.member),
-                vm.hostname.clone(),
+                server_node_name(vm),
                 vm.private_loopback,
             )
         };
@@ -92,7 +101,7 @@ impl Inner {
             Some(member) => member,
             None => {
                 let member = (
-                    member_name(&hostname),
+                    member_name(&node_name),
                     crate::control_plane::etcd::member_ip(private),
                 );
                 if let Some(vm) = self.state().vms.get_mut(&id) {

@@ -53,6 +53,15 @@ fn check_token(given: &str, accepted: &[&str], ca_hash: &str) -> TokenCheck {
     }
 }
 
+/// The password of k3s's `server` user for a server token: the token itself, or the secret
+/// after `K10<hash>::server:` in a full-format one.
+pub(crate) fn token_secret(token: &str) -> &str {
+    match token.strip_prefix("K10").and_then(|r| r.split_once("::")) {
+        Some((_, creds)) => creds.split_once(':').map_or(creds, |(_, pass)| pass),
+        None => token,
+    }
+}
+
 fn subtle_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -277,6 +286,9 @@ impl Inner {
                     let token = k3s.token.clone().unwrap_or_else(random_token);
                     let agent_token = k3s.agent_token.clone().unwrap_or_else(|| token.clone());
                     let seq = st.clusters.values().map(|c| c.seq + 1).max().unwrap_or(0);
+                    // k3s's supervisor serves the etcd member list to the `server` user.
+                    api.proxy
+                        .serve_db_info(api.control_plane.etcd().lister(), token_secret(&token));
                     st.clusters.insert(
                         id,
                         Cluster {

@@ -1008,3 +1008,225 @@ fn a_new_member_never_takes_the_name_of_a_node_that_still_exists() {
         "{p:#?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// etcd membership (issue 32 item 2): control-plane changes wait for etcd and the servers to
+// agree.
+
+fn member(name: &str, id: u64, learner: bool) -> EtcdMember {
+    EtcdMember {
+        id,
+        name: name.to_owned(),
+        peer_urls: vec![format!("https://172.30.0.{id}:2380")],
+        client_urls: vec![format!("https://172.30.0.{id}:2379")],
+        is_learner: learner,
+    }
+}
+
+impl World {
+    /// etcd lists one voter per server Node (k3s's own bookkeeping), plus `extra`.
+    fn etcd_agrees(&mut self, extra: Vec<EtcdMember>) {
+        let mut list: Vec<EtcdMember> = self
+            .obs
+            .nodes
+            .iter()
+            .filter(|n| n.labels.contains_key(CONTROL_PLANE_LABEL))
+            .zip(1u64..)
+            .map(|(n, i)| member(&format!("{}-0a1b2c{i:02x}", n.name), i, false))
+            .collect();
+        list.extend(extra);
+        self.obs.etcd = EtcdMembership::Read(list);
+    }
+}
+
+/// No create, no removal, no start of a never-started server in pool `control-plane`.
+fn control_plane_untouched(p: &Plan) -> bool {
+    !p.actions.iter().any(|a| match a {
+        Action::CreateMember { pool, .. }
+        | Action::RemoveMember { pool, .. }
+        | Action::StartMember { pool, .. } => pool == "control-plane",
+        _ => false,
+    })
+}
+
+fn etcd_finding(p: &Plan) -> Option<&Finding> {
+    p.findings.iter().find(|f| f.message.contains("etcd"))
+}
+
+/// The worlds in which a control-plane change is due (each plans one when etcd agrees).
+fn changes_due() -> Vec<(&'static str, World)> {
+    let mut grow = World::healthy(3, 2, 2);
+    grow.obs
+        .instances
+        .retain(|i| i.name != "demo-control-plane-cp002");
+    grow.obs
+        .nodes
+        .retain(|n| n.name != "demo-control-plane-cp002");
+    let mut roll = World::healthy(3, 2, 2);
+    roll.spec.control_plane.cpus = 8;
+    let mut shrink_after_surge = World::healthy(3, 2, 2);
+    shrink_after_surge.spec.control_plane.cpus = 8;
+    shrink_after_surge.ready("control-plane", "srg01", 20);
+    let mut replace = World::healthy(3, 2, 2);
+    replace.set_state_since("demo-control-plane-cp002", InstanceState::Failed, 10);
+    replace.set_not_ready("demo-control-plane-cp002", 120);
+    replace.restarted("demo-control-plane-cp002", 60);
+    let mut shrink = World::healthy(3, 2, 2);
+    shrink.spec.control_plane.count = 1;
+    vec![
+        ("a missing server is created", grow),
+        ("a roll makes its surge server", roll),
+        ("a roll removes a drifted server", shrink_after_surge),
+        ("a failed server is removed for its replacement", replace),
+        ("a smaller control plane removes a server", shrink),
+    ]
+}
+
+#[test]
+fn every_control_plane_change_is_made_when_etcd_and_the_servers_agree() {
+    for (what, mut w) in changes_due() {
+        w.etcd_agrees(vec![]);
+        let p = w.plan();
+        assert!(!control_plane_untouched(&p), "{what}: {p:?}");
+        assert!(etcd_finding(&p).is_none(), "{what}: {p:?}");
+    }
+}
+
+#[test]
+fn a_stale_member_holds_every_control_plane_change_and_is_named() {
+    for (what, mut w) in changes_due() {
+        w.etcd_agrees(vec![member("demo-control-plane-gone1-5e6f7a8b", 77, false)]);
+        w.spec.worker_pools[0].count = 3;
+        let p = w.plan();
+        assert!(control_plane_untouched(&p), "{what}: {p:?}");
+        let f = etcd_finding(&p).unwrap_or_else(|| panic!("{what}: no finding: {p:?}"));
+        assert!(f.degraded, "{what}");
+        assert!(
+            f.message
+                .contains("demo-control-plane-gone1-5e6f7a8b (ID 4d"),
+            "{what}: {}",
+            f.message
+        );
+        assert!(
+            f.message.contains("etcdctl member remove 4d"),
+            "{}",
+            f.message
+        );
+        // Workers carry on.
+        assert_eq!(creates(&p, "workers"), 1, "{what}: {p:?}");
+    }
+}
+
+#[test]
+fn a_server_node_without_a_member_holds_control_plane_changes_and_is_named() {
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.control_plane.cpus = 8;
+    w.etcd_agrees(vec![]);
+    if let EtcdMembership::Read(list) = &mut w.obs.etcd {
+        list.retain(|m| !m.name.starts_with("demo-control-plane-cp001-"));
+    }
+    let p = w.plan();
+    assert!(control_plane_untouched(&p), "{p:?}");
+    let f = etcd_finding(&p).unwrap_or_else(|| panic!("{p:?}"));
+    assert!(
+        f.message
+            .contains("server demo-control-plane-cp001 has no etcd member"),
+        "{}",
+        f.message
+    );
+    assert!(f.degraded);
+}
+
+#[test]
+fn a_learner_holds_control_plane_changes_degraded_only_without_a_join() {
+    // A learner and no server joining: stuck, degraded.
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.control_plane.cpus = 8;
+    w.etcd_agrees(vec![]);
+    if let EtcdMembership::Read(list) = &mut w.obs.etcd {
+        list[2].is_learner = true;
+    }
+    let p = w.plan();
+    assert!(control_plane_untouched(&p), "{p:?}");
+    let f = etcd_finding(&p).unwrap_or_else(|| panic!("{p:?}"));
+    assert!(
+        f.message.contains("learner") && f.message.contains("cp002"),
+        "{}",
+        f.message
+    );
+    assert!(f.degraded);
+    // A server joining, its member an unnamed learner: that join, not degraded.
+    let mut w = World::healthy(3, 2, 2);
+    w.obs
+        .instances
+        .retain(|i| i.name != "demo-control-plane-cp002");
+    w.obs.nodes.retain(|n| n.name != "demo-control-plane-cp002");
+    w.inst("control-plane", "jn001", InstanceState::Running, 20);
+    w.etcd_agrees(vec![member("", 9, true)]);
+    let p = w.plan();
+    assert!(control_plane_untouched(&p), "{p:?}");
+    let f = etcd_finding(&p).unwrap_or_else(|| panic!("{p:?}"));
+    assert!(
+        f.message
+            .contains("unstarted member at https://172.30.0.9:2380"),
+        "{}",
+        f.message
+    );
+    assert!(!f.degraded);
+}
+
+#[test]
+fn an_unreadable_member_list_holds_control_plane_changes_and_says_so() {
+    for (what, mut w) in changes_due() {
+        w.obs.etcd = EtcdMembership::Unreadable("HTTP 500: failed to get etcd MemberList".into());
+        w.spec.worker_pools[0].count = 3;
+        let p = w.plan();
+        assert!(control_plane_untouched(&p), "{what}: {p:?}");
+        let f = etcd_finding(&p).unwrap_or_else(|| panic!("{what}: {p:?}"));
+        assert!(f.degraded);
+        assert!(
+            f.message.contains("cannot read the etcd member list")
+                && f.message.contains("failed to get etcd MemberList"),
+            "{}",
+            f.message
+        );
+        assert_eq!(creates(&p, "workers"), 1, "{what}: workers carry on");
+    }
+}
+
+#[test]
+fn a_removal_under_way_and_a_down_server_go_on_while_etcd_disagrees() {
+    let mut w = World::healthy(3, 2, 2);
+    if let Some(n) = w
+        .obs
+        .nodes
+        .iter_mut()
+        .find(|n| n.name == "demo-control-plane-cp001")
+    {
+        n.annotations
+            .insert(REMOVING_ANNOTATION.to_owned(), "rolling".to_owned());
+    }
+    w.etcd_agrees(vec![member("demo-control-plane-gone1-5e6f7a8b", 77, false)]);
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-control-plane-cp001"], "{p:?}");
+    assert!(etcd_finding(&p).is_some());
+}
+
+#[test]
+fn members_are_matched_to_nodes_by_the_name_before_their_last_hyphen() {
+    let m = member("demo-control-plane-cp000-1a2b3c4d", 1, false);
+    assert_eq!(m.node_name(), Some("demo-control-plane-cp000"));
+    assert_eq!(member("ab", 1, false).node_name(), Some("ab"));
+    assert_eq!(member("a-b", 1, false).node_name(), Some("a-b"));
+    assert_eq!(member("", 1, true).node_name(), None);
+}
+
+#[test]
+fn etcd_members_match_is_the_planners_check() {
+    let mut w = World::healthy(3, 2, 2);
+    w.etcd_agrees(vec![]);
+    assert_eq!(etcd_members_match(&w.spec, &w.obs, now()), Ok(()));
+    w.etcd_agrees(vec![member("demo-control-plane-gone1-5e6f7a8b", 77, false)]);
+    let f = etcd_members_match(&w.spec, &w.obs, now()).expect_err("a stale member");
+    assert!(f.message.contains("demo-control-plane-gone1-5e6f7a8b"));
+}
