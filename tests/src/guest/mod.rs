@@ -28,6 +28,7 @@ mod console;
 mod etcd_member;
 mod k3s;
 mod k3s_config;
+mod k3s_service;
 mod kubelet;
 mod lifecycle;
 mod listeners;
@@ -160,6 +161,10 @@ struct Vm {
     /// The server's etcd member (k3s's member name and the address it listens on), kept
     /// across restarts as k3s keeps it on disk.
     etcd_member: Option<(String, std::net::Ipv4Addr)>,
+    /// Bumped by `systemctl stop|start k3s` over SSH: a k3s unit task of another run stops.
+    k3s_unit: u64,
+    /// k3s's `server/db/reset-flag` on the VM's disk (see [`k3s_service`]).
+    reset_flag: bool,
     /// vCPUs and memory (bytes) of the instance: the Node's capacity.
     ncpus: u16,
     memory: u64,
