@@ -34,12 +34,7 @@ impl Inner {
 
     /// The boot is current and the unit was neither stopped nor started again since `run`.
     pub(super) fn unit_current(&self, id: Uuid, generation: u64, run: u64) -> bool {
-        self.current(id, generation)
-            && self
-                .state()
-                .vms
-                .get(&id)
-                .is_some_and(|v| v.k3s_unit == run)
+        self.current(id, generation) && self.state().vms.get(&id).is_some_and(|v| v.k3s_unit == run)
     }
 
     /// `systemctl stop k3s`.

@@ -11,8 +11,8 @@ use super::cloud_init::{AuthorizedKey, parse_public_key};
 use super::k3s_config::{
     K3S_AGENT_TOKEN_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3S_TOKEN_PATH,
 };
-use super::{Inner, K3sState};
 use super::k3s_service::RESET_FLAG_PATH;
+use super::{Inner, K3sState};
 use crate::guest::sshd::{BoxedRun, K3sCommand, SshBackend, SshHost};
 
 impl Inner {
@@ -108,9 +108,7 @@ impl SshBackend for VmBackend {
             match command {
                 K3sCommand::Stop => inner.k3s_service_stop(self.id, self.generation),
                 K3sCommand::Start => inner.k3s_service_start(self.id, self.generation).await,
-                K3sCommand::ClusterReset => {
-                    inner.k3s_cluster_reset(self.id, self.generation).await
-                }
+                K3sCommand::ClusterReset => inner.k3s_cluster_reset(self.id, self.generation).await,
             }
         })
     }

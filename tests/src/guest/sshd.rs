@@ -506,7 +506,11 @@ fn parse_command(line: &str) -> Command {
     let Some(tokens) = tokenize(line) else {
         return not_found();
     };
-    for command in [K3sCommand::Stop, K3sCommand::Start, K3sCommand::ClusterReset] {
+    for command in [
+        K3sCommand::Stop,
+        K3sCommand::Start,
+        K3sCommand::ClusterReset,
+    ] {
         let words: Vec<Token> = command
             .line()
             .split(' ')
