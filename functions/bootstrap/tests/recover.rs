@@ -451,3 +451,67 @@ async fn one_server_left_is_recovered_by_a_cluster_reset_on_it_and_nothing_is_lo
     assert!(servers(&env).await.iter().any(|(n, _)| *n == survivor));
     assert_recovered(&env, &cms).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rung_2_cut_short_after_the_reset_is_picked_up_by_the_next_run() {
+    use oxide_controller::adapters::ssh::{HostKeyPins, SshTarget};
+
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let cms = write_marker(&env).await;
+    let state = env.state_dir().join("demo.json");
+    let saved = resume::load_for_cluster(&state, "demo").unwrap().unwrap();
+    let survivor = saved.first_control_plane.clone();
+    let lost: Vec<String> = servers(&env)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| *n != survivor)
+        .collect();
+    stop_all(&env, &lost).await;
+    let rack = env.rack("demo");
+    for n in &lost {
+        rack.delete_instance(n).await.unwrap();
+    }
+
+    // What a run killed right after the reset leaves: k3s stopped, the reset-flag written.
+    let fip = rack
+        .get_floating_ip("demo-apiserver")
+        .await
+        .unwrap()
+        .unwrap()
+        .ip;
+    let pins = HostKeyPins::new(&saved.host_key_pins[&survivor]).unwrap();
+    let ssh = SshTarget::new(
+        std::net::SocketAddr::new(fip, common::SSH_PORT),
+        "ubuntu",
+        saved.key_pair().unwrap(),
+        pins,
+    );
+    for cmd in [
+        "sudo -n systemctl stop k3s",
+        "sudo -n k3s server --cluster-reset",
+    ] {
+        let out = ssh.exec(cmd).await.unwrap();
+        assert!(
+            out.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let out = recover(&env, &["--yes"]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("rung 2") && stdout.contains("Reconcile: converged"),
+        "{stdout}"
+    );
+    let logs = common::log_lines(&out.stderr);
+    assert!(
+        logs.iter()
+            .any(|l| l["message"] == "reset by an earlier run; going on"),
+        "{stderr}"
+    );
+    assert_recovered(&env, &cms).await;
+}
