@@ -18,6 +18,8 @@
 //! - [`setup_script`]: the node setup script runcmd runs, step by step (data disk, provider
 //!   ID, Tailscale, k3s) and its failure marker;
 //! - [`k3s`]: its config, tokens, the create/join decision and the cluster state;
+//! - [`k3s_service`]: `systemctl stop|start k3s` and `k3s server --cluster-reset` run over
+//!   SSH (k3s's documented cluster reset);
 //! - [`kubelet`]: node labels and taints, Node registration;
 //! - [`listeners`] and [`ssh`]: what the VM serves (Kubernetes API, sshd and its files);
 //! - [`lifecycle`]: the rack's events and the boot sequence gluing the rest together.
