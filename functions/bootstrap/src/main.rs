@@ -345,6 +345,10 @@ struct RecoverArgs {
     /// Print the rung and every call it would make, and change nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Take rung 2 (fewer than a majority of the servers left): k3s's cluster reset on the
+    /// survivor, which deletes the other servers with their disks. Without it, rung 2 exits 2.
+    #[arg(long)]
+    yes: bool,
     /// Seconds the started servers get to make the API ready.
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     api_timeout: u64,
@@ -569,6 +573,7 @@ fn run_recover(a: RecoverArgs) -> ExitCode {
             state_dir: a.local.state_dir,
             home: std::env::home_dir(),
             dry_run: a.dry_run,
+            yes: a.yes,
             api_timeout: Duration::from_secs(a.api_timeout),
             wait: Duration::from_secs(a.wait),
             holder: holder("bootstrap-recover"),
@@ -624,7 +629,9 @@ mod tests {
         }
         let c = parsed(&["recover", "--cluster", "demo", "--dry-run"]).unwrap();
         match c.command {
-            Some(Command::Recover(r)) => assert!(r.dry_run && r.local.cluster == "demo"),
+            Some(Command::Recover(r)) => {
+                assert!(r.dry_run && !r.yes && r.local.cluster == "demo")
+            }
             other => panic!("not the recover subcommand: {other:?}"),
         }
         // Create flags do not mix with the subcommand, nor delete flags with create.

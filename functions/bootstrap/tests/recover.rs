@@ -6,6 +6,13 @@
 //! would make, and makes none; the real run starts them, the API comes back with what was
 //! written before, three servers are Ready again, and a second run has nothing to do; with no
 //! server left it exits 2 naming the restore from a backup, touching nothing.
+//!
+//! With two of three servers stopped, etcd (one real member per server in the simulator) has
+//! no quorum and the API stops answering; rung 1 starts them and nothing is lost. With only
+//! one server left (the others deleted, the API address's holder among them), rung 2 is
+//! named by `--dry-run`, refused without `--yes`, and with `--yes` resets k3s on the survivor
+//! over SSH: the data is kept, the deleted servers' Nodes go, and three servers and three
+//! voting etcd members are back.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,6 +24,7 @@ use std::time::{Duration, Instant};
 use common::{Env, env};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
+use oxide_controller::adapters::resume;
 use oxide_controller::base::names;
 use oxide_controller::domain::model::InstanceState;
 use oxide_controller::ports::rack::Rack as _;
@@ -207,4 +215,303 @@ async fn no_server_left_exits_2_naming_the_restore_and_touches_nothing() {
         );
         assert_eq!(made, vec![], "{extra:?} changed the rack");
     }
+}
+
+/// A ConfigMap `written-before` in `default`, through the kubeconfig bootstrap wrote.
+async fn write_marker(env: &Env) -> Api<ConfigMap> {
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("written-before".into());
+    cm.data = Some([("k".to_owned(), "v".to_owned())].into());
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    cms
+}
+
+/// Lists namespaces through the kubeconfig, giving up after 10 s.
+async fn list_namespaces(env: &Env) -> Result<usize, String> {
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
+    match tokio::time::timeout(Duration::from_secs(10), ns.list(&Default::default())).await {
+        Ok(Ok(l)) => Ok(l.items.len()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("no answer within 10 s".into()),
+    }
+}
+
+/// The cluster's etcd members as etcd lists them: (voters, learners).
+async fn etcd_members(env: &Env) -> (usize, usize) {
+    let real = env.sim.boot().real_clusters()[0].clone();
+    let members = real.control_plane.etcd().members().await.unwrap();
+    let learners = members.iter().filter(|m| m.is_learner).count();
+    (members.len() - learners, learners)
+}
+
+/// Node names of the cluster (any state).
+async fn node_names(env: &Env) -> Vec<String> {
+    env.sim
+        .kube()
+        .list("v1", "Node", None)
+        .await
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Stops `names` and waits until they are stopped.
+async fn stop_all(env: &Env, names: &[String]) {
+    let rack = env.rack("demo");
+    for n in names {
+        rack.stop_instance(n).await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = servers(env).await;
+        if s.iter()
+            .filter(|(n, _)| names.contains(n))
+            .all(|(_, st)| *st == InstanceState::Stopped)
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never stopped: {s:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The end state every recovery must reach: the marker, three Ready servers, three voting
+/// members and no learner, and a second recover that has nothing to do and touches nothing.
+async fn assert_recovered(env: &Env, cms: &Api<ConfigMap>) {
+    let back = cms.get("written-before").await.unwrap();
+    assert_eq!(back.data.unwrap()["k"], "v");
+    let ready = env.ready_nodes("demo-control-plane-").await;
+    assert_eq!(ready.len(), 3, "{ready:?}");
+    assert_eq!(servers(env).await.len(), 3);
+    assert_eq!(
+        etcd_members(env).await,
+        (3, 0),
+        "3 voting members, no learner"
+    );
+    let (out, made) = mutating_during(env, recover(env, &[])).await;
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success() && stdout.contains("nothing to recover"),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(made, vec![], "a second recover changed the rack");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_of_three_servers_stopped_lose_quorum_and_recover_starts_them() {
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let cms = write_marker(&env).await;
+    assert_eq!(etcd_members(&env).await, (3, 0));
+
+    // Two servers stop, not the API address's holder: its apiserver still answers TCP, but
+    // its etcd member is one voter of three.
+    let state = env.state_dir().join("demo.json");
+    let first = resume::load_for_cluster(&state, "demo")
+        .unwrap()
+        .unwrap()
+        .first_control_plane;
+    let others: Vec<String> = servers(&env)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| *n != first)
+        .collect();
+    assert_eq!(others.len(), 2, "{others:?}");
+    stop_all(&env, &others).await;
+    let stopped = Instant::now();
+    let failed = loop {
+        match list_namespaces(&env).await {
+            Err(why) => break why,
+            Ok(_) if stopped.elapsed() > Duration::from_secs(60) => {
+                panic!("the API still answers 60 s after two of three servers stopped")
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    };
+    eprintln!(
+        "the API stopped answering {:.1}s after the stops: {failed}",
+        stopped.elapsed().as_secs_f64()
+    );
+
+    let (out, made) = mutating_during(&env, recover(&env, &["--dry-run"])).await;
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success() && stdout.contains("rung 1"),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(made, vec![], "--dry-run changed the rack");
+
+    let started = Instant::now();
+    let out = recover(&env, &[]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("rung 1") && stdout.contains("Reconcile: converged"),
+        "{stdout}"
+    );
+    eprintln!(
+        "recover (rung 1, 2 of 3 stopped) took {:.1}s: {stdout}",
+        started.elapsed().as_secs_f64()
+    );
+    assert_recovered(&env, &cms).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_left_is_recovered_by_a_cluster_reset_on_it_and_nothing_is_lost() {
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let cms = write_marker(&env).await;
+
+    // The first server (the API address's holder) and one more are lost with their disks.
+    let state = env.state_dir().join("demo.json");
+    let first = resume::load_for_cluster(&state, "demo")
+        .unwrap()
+        .unwrap()
+        .first_control_plane;
+    let mut names: Vec<String> = servers(&env).await.into_iter().map(|(n, _)| n).collect();
+    names.sort();
+    let lost: Vec<String> = std::iter::once(first.clone())
+        .chain(names.iter().filter(|n| **n != first).take(1).cloned())
+        .collect();
+    let survivor = names.iter().find(|n| !lost.contains(n)).unwrap().clone();
+    stop_all(&env, &lost).await;
+    let rack = env.rack("demo");
+    for n in &lost {
+        rack.delete_instance(n).await.unwrap();
+    }
+    assert!(
+        list_namespaces(&env).await.is_err(),
+        "the API still answers"
+    );
+
+    // --dry-run: rung 2, every call named, none made.
+    let (out, made) = mutating_during(&env, recover(&env, &["--dry-run"])).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("rung 2")
+            && stdout.contains(&format!(
+                "ssh {survivor} (pinned host keys): sudo -n k3s server --cluster-reset"
+            ))
+            && stdout.contains(&format!(
+                "/v1/floating-ips/demo-apiserver/attach?project=demo to {survivor}"
+            )),
+        "{stdout}"
+    );
+    assert_eq!(made, vec![], "--dry-run changed the rack");
+
+    // Without --yes: exit 2, saying what it would do and naming --yes; nothing touched.
+    let (out, made) = mutating_during(&env, recover(&env, &[])).await;
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("rung 2") && stderr.contains("--yes") && stderr.contains(&survivor),
+        "{stderr}"
+    );
+    assert_eq!(made, vec![], "recover without --yes changed the rack");
+    assert!(
+        list_namespaces(&env).await.is_err(),
+        "the API answers untouched"
+    );
+
+    // --yes: the cluster reset.
+    let started = Instant::now();
+    let out = recover(&env, &["--yes"]).await;
+    let total = started.elapsed();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("rung 2") && stdout.contains("Reconcile: converged"),
+        "{stdout}"
+    );
+    let readyz = stdout
+        .lines()
+        .find(|l| l.starts_with("The API was ready"))
+        .unwrap_or("no /readyz line");
+    eprintln!(
+        "recover --yes (rung 2): {readyz} Total {:.1}s.",
+        total.as_secs_f64()
+    );
+    // The reset ran on the survivor, over SSH, as k3s documents it.
+    let logs = common::log_lines(&out.stderr);
+    assert!(
+        logs.iter()
+            .any(|l| l["message"] == "etcd is a single member with all its data"),
+        "{stderr}"
+    );
+    // The lost servers' Nodes are gone, the survivor is one of the three servers.
+    let nodes = node_names(&env).await;
+    for n in &lost {
+        assert!(!nodes.contains(n), "Node {n} is still there: {nodes:?}");
+    }
+    assert!(servers(&env).await.iter().any(|(n, _)| *n == survivor));
+    assert_recovered(&env, &cms).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rung_2_cut_short_after_the_reset_is_picked_up_by_the_next_run() {
+    use oxide_controller::adapters::ssh::{HostKeyPins, SshTarget};
+
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let cms = write_marker(&env).await;
+    let state = env.state_dir().join("demo.json");
+    let saved = resume::load_for_cluster(&state, "demo").unwrap().unwrap();
+    let survivor = saved.first_control_plane.clone();
+    let lost: Vec<String> = servers(&env)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| *n != survivor)
+        .collect();
+    stop_all(&env, &lost).await;
+    let rack = env.rack("demo");
+    for n in &lost {
+        rack.delete_instance(n).await.unwrap();
+    }
+
+    // What a run killed right after the reset leaves: k3s stopped, the reset-flag written.
+    let fip = rack
+        .get_floating_ip("demo-apiserver")
+        .await
+        .unwrap()
+        .unwrap()
+        .ip;
+    let pins = HostKeyPins::new(&saved.host_key_pins[&survivor]).unwrap();
+    let ssh = SshTarget::new(
+        std::net::SocketAddr::new(fip, common::SSH_PORT),
+        "ubuntu",
+        saved.key_pair().unwrap(),
+        pins,
+    );
+    for cmd in [
+        "sudo -n systemctl stop k3s",
+        "sudo -n k3s server --cluster-reset",
+    ] {
+        let out = ssh.exec(cmd).await.unwrap();
+        assert!(
+            out.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let out = recover(&env, &["--yes"]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("rung 2") && stdout.contains("Reconcile: converged"),
+        "{stdout}"
+    );
+    let logs = common::log_lines(&out.stderr);
+    assert!(
+        logs.iter()
+            .any(|l| l["message"] == "reset by an earlier run; going on"),
+        "{stderr}"
+    );
+    assert_recovered(&env, &cms).await;
 }

@@ -424,6 +424,89 @@ impl Etcd {
         }
     }
 
+    /// k3s's `--cluster-reset` (`pkg/etcd` `Reset`): member `name`, stopped with its data,
+    /// runs once with etcd's `--force-new-cluster` (every other member dropped, the data
+    /// kept) until it lists itself alone; then it stops again, as k3s exits.
+    pub async fn force_new_cluster(&self, name: &str) -> Result<(), String> {
+        let ip = {
+            let mut members = self.shared.lock();
+            let m = members
+                .get_mut(name)
+                .ok_or_else(|| format!("no etcd member {name} here"))?;
+            if m.running() {
+                return Err(format!(
+                    "listen tcp {}:{PEER_PORT}: bind: address already in use",
+                    m.ip
+                ));
+            }
+            if !m.data.exists() {
+                return Err(format!("no etcd data for {name}"));
+            }
+            self.shared
+                .spawn(name, m, &["--force-new-cluster".into()])?;
+            m.ip
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let result = loop {
+            let listed = self
+                .shared
+                .http
+                .post(format!("{}/v3/cluster/member/list", client_url(ip)))
+                .json(&json!({}))
+                .send()
+                .await;
+            if let Ok(resp) = listed
+                && let Ok(v) = resp.json::<Value>().await
+            {
+                let members = parse_members(&v);
+                if members.len() == 1 && members[0].peer_url == peer_url(ip) {
+                    break Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                break Err(format!(
+                    "etcd member {name} did not come up alone:\n{}",
+                    self.log_tail(name)
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if let Some(m) = self.shared.lock().get_mut(name) {
+            m.voter = true;
+        }
+        self.stop(name);
+        result
+    }
+
+    /// Whether the cluster, asked through a running voter other than `name`, no longer lists
+    /// the member at `ip` (removed, or reset away). `None` when no other voter answers.
+    pub async fn removed_elsewhere(&self, name: &str, ip: Ipv4Addr) -> Option<bool> {
+        let urls: Vec<String> = {
+            let mut members = self.shared.lock();
+            members
+                .iter_mut()
+                .filter(|(n, _)| n.as_str() != name)
+                .filter_map(|(_, m)| (m.voter && m.running()).then(|| client_url(m.ip)))
+                .collect()
+        };
+        for url in urls {
+            let answer = self
+                .shared
+                .http
+                .post(format!("{url}/v3/cluster/member/list"))
+                .json(&json!({}))
+                .send()
+                .await;
+            if let Ok(resp) = answer
+                && let Ok(v) = resp.json::<Value>().await
+                && v.get("members").is_some()
+            {
+                return Some(!parse_members(&v).iter().any(|m| m.peer_url == peer_url(ip)));
+            }
+        }
+        None
+    }
+
     /// Whether member `name`'s data directory exists (its VM's disk holds it).
     pub fn has_data(&self, name: &str) -> bool {
         self.shared.dir.join(format!("etcd-{name}")).exists()

@@ -16,6 +16,9 @@ use super::{Inner, State};
 pub const NODE_NAME_ANNOTATION: &str = "etcd.k3s.cattle.io/node-name";
 pub const NODE_ADDRESS_ANNOTATION: &str = "etcd.k3s.cattle.io/node-address";
 
+/// What etcd says when a removed member's peers refuse it.
+pub const REMOVED_MEMBER: &str = "the member has been permanently removed from the cluster";
+
 /// k3s's member name (`setName`): the server's node name, a dash, 8 characters of a fresh
 /// UUID; kept on the server's disk (`db/etcd/name`), so it survives restarts.
 pub(super) fn member_name(node_name: &str) -> String {
@@ -63,7 +66,13 @@ impl Inner {
             )
         };
         match existing {
-            Some((name, _)) => api.control_plane.etcd().restart(&name).map(|_| ()),
+            Some((name, _)) => {
+                // Started without `--cluster-reset`: k3s removes the reset-flag.
+                if let Some(vm) = self.state().vms.get_mut(&id) {
+                    vm.reset_flag = false;
+                }
+                api.control_plane.etcd().restart(&name).map(|_| ())
+            }
             None => Ok(()),
         }
     }
@@ -92,9 +101,17 @@ impl Inner {
             )
         };
         let etcd = api.control_plane.etcd();
-        if let Some((name, _)) = &existing
+        if let Some((name, ip)) = &existing
             && etcd.restart(name)?
         {
+            // A member the cluster no longer lists (removed, or reset away) is refused by its
+            // peers (410 "removed member") and its etcd stops until its data is deleted.
+            if etcd.removed_elsewhere(name, *ip).await == Some(true) {
+                etcd.stop(name);
+                return Err(format!(
+                    "{REMOVED_MEMBER}; data-dir used by this member must be removed"
+                ));
+            }
             return Ok(());
         }
         let (name, ip) = match existing {

@@ -20,7 +20,7 @@ use crate::oxide::{RackEvents, RunningInstance};
 
 /// How the k3s unit was started, which decides how long its starter waits.
 #[derive(Clone, Copy, Debug)]
-enum Start {
+pub(super) enum Start {
     /// install.sh's `systemctl restart` or `systemctl enable --now`: waits on the start job,
     /// which fails the first time k3s exits before it is Ready (`Type=notify`).
     Job,
@@ -32,7 +32,7 @@ enum Start {
 }
 
 /// How a wait for k3s ended.
-enum K3sEnd {
+pub(super) enum K3sEnd {
     /// Active (Ready).
     Up,
     /// The start job failed (k3s exited before Ready).
@@ -338,7 +338,7 @@ impl Inner {
     /// first boot (`Job`: install.sh's `systemctl restart` or `enable --now`; `Poll`: the
     /// product's `start_k3s`), from its enabled unit on later boots (`Boot`). The unit itself
     /// runs on in [`Inner::k3s_unit`] whatever the caller concludes, as systemd's does.
-    async fn run_k3s(
+    pub(super) async fn run_k3s(
         self: &Arc<Self>,
         id: Uuid,
         generation: u64,
@@ -399,9 +399,11 @@ impl Inner {
             vm.k3s_exits = 0;
             vm.k3s_last_error = None;
         }
+        let run = self.k3s_unit_run(id);
         self.runtime.spawn(self.clone().k3s_unit(
             id,
             generation,
+            run,
             role,
             k3s,
             version,
@@ -447,10 +449,11 @@ impl Inner {
     /// round is one k3s process; a process that exits is started again, one that joins or
     /// keeps retrying stays.
     #[allow(clippy::too_many_arguments)]
-    async fn k3s_unit(
+    pub(super) async fn k3s_unit(
         self: Arc<Self>,
         id: Uuid,
         generation: u64,
+        run: u64,
         role: Role,
         k3s: K3sConfig,
         version: String,
@@ -459,11 +462,11 @@ impl Inner {
     ) {
         let unit = role.unit();
         loop {
-            if !self.current(id, generation) {
+            if !self.unit_current(id, generation, run) {
                 return;
             }
             let Some(msg) = self
-                .k3s_process(id, generation, role, &k3s, &version, &name, started)
+                .k3s_process(id, generation, run, role, &k3s, &version, &name, started)
                 .await
             else {
                 return;
@@ -472,7 +475,11 @@ impl Inner {
             tracing::info!(instance = %name, "k3s exited");
             {
                 let mut st = self.state();
-                let Some(vm) = st.vms.get_mut(&id).filter(|v| v.generation == generation) else {
+                let Some(vm) = st
+                    .vms
+                    .get_mut(&id)
+                    .filter(|v| v.generation == generation && v.k3s_unit == run)
+                else {
                     return;
                 };
                 vm.k3s = K3sState::Refused;
@@ -487,7 +494,7 @@ impl Inner {
                 ),
             );
             tokio::time::sleep(self.cfg.join_retry).await;
-            if !self.current(id, generation) {
+            if !self.unit_current(id, generation, run) {
                 return;
             }
             self.log(
@@ -505,6 +512,7 @@ impl Inner {
         self: &Arc<Self>,
         id: Uuid,
         generation: u64,
+        run: u64,
         role: Role,
         k3s: &K3sConfig,
         version: &str,
@@ -543,7 +551,7 @@ impl Inner {
         let mut attempt: u64 = 0;
         let mut last_retry = String::new();
         loop {
-            if !self.current(id, generation) {
+            if !self.unit_current(id, generation, run) {
                 return None;
             }
             let mut decision = self.decide(id, role, k3s);
@@ -620,7 +628,7 @@ impl Inner {
                         }
                         _ => None,
                     };
-                    if !self.current(id, generation) {
+                    if !self.unit_current(id, generation, run) {
                         return None;
                     }
                     self.finish_join(
@@ -831,6 +839,8 @@ impl RackEvents for Boot {
                 k3s_last_error: None,
                 node_name: None,
                 etcd_member: None,
+                k3s_unit: 0,
+                reset_flag: false,
                 ncpus: inst.ncpus,
                 memory: inst.memory,
                 uploads: BTreeMap::new(),

@@ -18,6 +18,8 @@
 //! - [`setup_script`]: the node setup script runcmd runs, step by step (data disk, provider
 //!   ID, Tailscale, k3s) and its failure marker;
 //! - [`k3s`]: its config, tokens, the create/join decision and the cluster state;
+//! - [`k3s_service`]: `systemctl stop|start k3s` and `k3s server --cluster-reset` run over
+//!   SSH (k3s's documented cluster reset);
 //! - [`kubelet`]: node labels and taints, Node registration;
 //! - [`listeners`] and [`ssh`]: what the VM serves (Kubernetes API, sshd and its files);
 //! - [`lifecycle`]: the rack's events and the boot sequence gluing the rest together.
@@ -28,6 +30,7 @@ mod console;
 mod etcd_member;
 mod k3s;
 mod k3s_config;
+mod k3s_service;
 mod kubelet;
 mod lifecycle;
 mod listeners;
@@ -160,6 +163,10 @@ struct Vm {
     /// The server's etcd member (k3s's member name and the address it listens on), kept
     /// across restarts as k3s keeps it on disk.
     etcd_member: Option<(String, std::net::Ipv4Addr)>,
+    /// Bumped by `systemctl stop|start k3s` over SSH: a k3s unit task of another run stops.
+    k3s_unit: u64,
+    /// k3s's `server/db/reset-flag` on the VM's disk (see [`k3s_service`]).
+    reset_flag: bool,
     /// vCPUs and memory (bytes) of the instance: the Node's capacity.
     ncpus: u16,
     memory: u64,

@@ -11,8 +11,9 @@ use super::cloud_init::{AuthorizedKey, parse_public_key};
 use super::k3s_config::{
     K3S_AGENT_TOKEN_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3S_TOKEN_PATH,
 };
+use super::k3s_service::RESET_FLAG_PATH;
 use super::{Inner, K3sState};
-use crate::guest::sshd::{SshBackend, SshHost};
+use crate::guest::sshd::{BoxedRun, K3sCommand, SshBackend, SshHost};
 
 impl Inner {
     pub(super) fn ssh_parts(
@@ -99,6 +100,19 @@ impl SshBackend for VmBackend {
         self.hostname.clone()
     }
 
+    fn k3s(&self, command: K3sCommand) -> BoxedRun<'_> {
+        Box::pin(async move {
+            let Some(inner) = self.boot.upgrade() else {
+                return (1, String::new(), "Connection closed\n".to_owned());
+            };
+            match command {
+                K3sCommand::Stop => inner.k3s_service_stop(self.id, self.generation),
+                K3sCommand::Start => inner.k3s_service_start(self.id, self.generation).await,
+                K3sCommand::ClusterReset => inner.k3s_cluster_reset(self.id, self.generation).await,
+            }
+        })
+    }
+
     fn write_file(&self, path: &str, data: &[u8]) -> bool {
         self.write_file_mode(path, data, None)
     }
@@ -155,6 +169,10 @@ impl SshBackend for VmBackend {
             if let Some(host) = host {
                 return std::fs::read(host).ok();
             }
+        }
+        if path == RESET_FLAG_PATH {
+            let inner = self.boot.upgrade()?;
+            return inner.has_reset_flag(self.id).then(Vec::new);
         }
         if path == "/etc/hostname" {
             return Some(format!("{}\n", self.hostname).into_bytes());

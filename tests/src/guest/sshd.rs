@@ -13,6 +13,7 @@
 //! | `sudo -n tee PATH [> /dev/null]`, `cat > PATH` | stdin until EOF → [`SshBackend::write_file`] |
 //! | `sudo -n install -m MODE /dev/null PATH && sudo -n tee PATH > /dev/null` | the same upload, with MODE → [`SshBackend::write_file_mode`] |
 //! | `mkdir -p PATH`, `sudo -n mkdir -p PATH` | [`SshBackend::make_dir`]: exit 0, or "Permission denied" + exit 1 |
+//! | `sudo -n systemctl stop k3s`, `sudo -n systemctl start k3s`, `sudo -n k3s server --cluster-reset` | [`SshBackend::k3s`] (exactly these words; the default: not found) |
 //!
 //! Anything else gets stderr "command not found" and exit 127. What the files contain (the
 //! kubeconfig, the node token) is the backend's business, not this module's.
@@ -52,6 +53,45 @@ pub trait SshBackend: Send + Sync + 'static {
     /// What `hostname` prints.
     fn hostname(&self) -> String {
         String::from("localhost")
+    }
+    /// One of k3s's cluster-reset commands: exit status, stdout, stderr. The default: the
+    /// program is not there (exit 127).
+    fn k3s(&self, command: K3sCommand) -> BoxedRun<'_> {
+        let program = match command {
+            K3sCommand::ClusterReset => "k3s",
+            K3sCommand::Stop | K3sCommand::Start => "systemctl",
+        };
+        Box::pin(std::future::ready((
+            127,
+            String::new(),
+            format!("sh: 1: {program}: command not found\n"),
+        )))
+    }
+}
+
+/// What [`SshBackend::k3s`] returns: exit status, stdout, stderr.
+pub type BoxedRun<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (u32, String, String)> + Send + 'a>>;
+
+/// The commands of k3s's cluster-reset procedure the product runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum K3sCommand {
+    /// `sudo -n systemctl stop k3s`.
+    Stop,
+    /// `sudo -n systemctl start k3s`.
+    Start,
+    /// `sudo -n k3s server --cluster-reset`.
+    ClusterReset,
+}
+
+impl K3sCommand {
+    /// The command line, exactly as the simulator accepts it.
+    pub fn line(self) -> &'static str {
+        match self {
+            K3sCommand::Stop => "sudo -n systemctl stop k3s",
+            K3sCommand::Start => "sudo -n systemctl start k3s",
+            K3sCommand::ClusterReset => "sudo -n k3s server --cluster-reset",
+        }
     }
 }
 
@@ -280,6 +320,16 @@ impl server::Handler for Connection {
                 );
                 Ok(())
             }
+            Command::K3s(command) => {
+                let (status, out, err) = self.backend.k3s(command).await;
+                if !out.is_empty() {
+                    session.data(channel, out.into_bytes())?;
+                }
+                if !err.is_empty() {
+                    session.extended_data(channel, 1, err.into_bytes())?;
+                }
+                Self::finish(session, channel, status)
+            }
             Command::NotFound(program) => {
                 session.extended_data(
                     channel,
@@ -359,6 +409,8 @@ enum Command {
     MkdirP(String),
     /// Path, and the mode of an `install -m MODE /dev/null PATH && tee PATH` upload.
     Upload(String, Option<u32>),
+    /// One of k3s's cluster-reset commands.
+    K3s(K3sCommand),
     /// Unsupported; carries the program name for the error message.
     NotFound(String),
 }
@@ -454,6 +506,20 @@ fn parse_command(line: &str) -> Command {
     let Some(tokens) = tokenize(line) else {
         return not_found();
     };
+    for command in [
+        K3sCommand::Stop,
+        K3sCommand::Start,
+        K3sCommand::ClusterReset,
+    ] {
+        let words: Vec<Token> = command
+            .line()
+            .split(' ')
+            .map(|w| Token::Word(w.to_owned()))
+            .collect();
+        if tokens == words {
+            return Command::K3s(command);
+        }
+    }
     let mut parts = tokens.split(|t| *t == Token::Op("&&".into()));
     let (Some(first), second, None) = (parts.next(), parts.next(), parts.next()) else {
         return not_found();
@@ -561,6 +627,18 @@ mod tests {
             ),
             Command::Upload("/opt/x".into(), Some(0o755))
         );
+        assert_eq!(
+            parse_command("sudo -n systemctl stop k3s"),
+            Command::K3s(K3sCommand::Stop)
+        );
+        assert_eq!(
+            parse_command("sudo -n systemctl start k3s"),
+            Command::K3s(K3sCommand::Start)
+        );
+        assert_eq!(
+            parse_command("sudo -n k3s server --cluster-reset"),
+            Command::K3s(K3sCommand::ClusterReset)
+        );
         for line in ["mkdir -p /opt/a/b", "sudo -n mkdir -p /opt/a/b"] {
             assert_eq!(
                 parse_command(line),
@@ -580,6 +658,12 @@ mod tests {
             "cat 'unterminated",
             "",
             "true && true && true",
+            "systemctl stop k3s",
+            "sudo systemctl stop k3s",
+            "sudo -n systemctl stop k3s-agent",
+            "sudo -n systemctl restart k3s",
+            "sudo -n k3s server --cluster-reset --cluster-reset-restore-path=/x",
+            "sudo -n k3s server --cluster-reset; reboot",
         ] {
             assert!(
                 matches!(parse_command(line), Command::NotFound(_)),

@@ -12,16 +12,20 @@
 //!    - 1, a majority of the servers the cluster had still exist (with their disks: a disk
 //!      outlives nothing but its instance's deletion): the stopped or failed ones are started,
 //!      then `/readyz` awaited. etcd's members keep their data, so nothing is lost;
-//!    - 2, fewer servers than a majority, but at least one: k3s's `--cluster-reset` on a survivor
-//!      (etcd's force-new-cluster, keeping its data) is the way back. It is not automated yet:
-//!      the step exits 2 and names the survivor and the manual procedure;
-//!    - 3, no server left: the datastore is gone; exit 2 naming the restore from a backup;
+//!    - 2, fewer servers than a majority, but at least one: k3s's cluster reset on a survivor
+//!      (a running one if any): the others are stopped, k3s on the survivor is reset over SSH
+//!      (etcd's force-new-cluster: one member keeping all the data), the others are deleted
+//!      with their disks, the API address moves to the survivor, k3s starts again and
+//!      `/readyz` is awaited ([`reset`] has the steps and why each is safe to repeat). Only
+//!      with `--yes`: it deletes servers, and whatever the lost members had not replicated
+//!      to the survivor is gone; without it, exit 2 saying what it would do;
+//!    - 3, no server left: the datastore is gone; exit 2 naming the restore from a backup
+//!      (`--yes` or not);
 //! 4. `reconcile` — once the API is ready: the same in-process reconcile runs as bootstrap's
 //!    last step, until the pools (three servers among them) are back and Ready.
 //!
 //! `--dry-run` stops after `rung`, printing the rung and every call the run would make, and
-//! makes none. Rungs 2 and 3 change nothing yet (each exits 2), so there is no `--yes` until
-//! one of them acts; rung 1 loses nothing and needs none.
+//! makes none. Rung 1 loses nothing and needs no `--yes`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -31,12 +35,14 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tracing::info;
 
+mod reset;
+
 use super::{BootstrapError, Connect};
 use crate::adapters::credentials::{self, CredentialSources};
-use crate::adapters::resume;
+use crate::adapters::resume::{self, ResumeState};
 use crate::base::names::{self, InstanceTag};
 use crate::domain::model::InstanceState;
-use crate::domain::spec::{ClusterSpec, DEFAULT_CONTROL_PLANE_POOL};
+use crate::domain::spec::{ClusterSpec, DEFAULT_CONTROL_PLANE_POOL, NodeAccess};
 use crate::ports::rack::{Rack, RackError};
 use crate::workflows::error::{self, message};
 
@@ -53,6 +59,8 @@ pub struct RecoverInput {
     pub state_dir: Option<PathBuf>,
     pub home: Option<PathBuf>,
     pub dry_run: bool,
+    /// Take rung 2 (the cluster reset, which deletes servers); without it rung 2 exits 2.
+    pub yes: bool,
     /// How long the started servers get to make the API ready.
     pub api_timeout: Duration,
     /// How long the reconcile passes afterwards may take in all.
@@ -179,7 +187,14 @@ impl RecoverSummary {
                     list(running)
                 );
             }
-            Rung::ResetOnSurvivor { .. } | Rung::NothingLeft => {}
+            Rung::ResetOnSurvivor { survivor, others } => {
+                let _ = writeln!(
+                    s,
+                    "Fewer than a majority of the servers exist: k3s's cluster reset on {survivor} (etcd keeps its data as a single member); stop and delete {} with their disks; the API address moves to {survivor}.",
+                    list(others)
+                );
+            }
+            Rung::NothingLeft => {}
         }
         let verb = if self.dry_run { "would make" } else { "made" };
         if !self.calls.is_empty() {
@@ -191,7 +206,7 @@ impl RecoverSummary {
         if let Some(t) = self.api_ready_after {
             let _ = writeln!(
                 s,
-                "The API was ready {:.1}s after the first start.",
+                "The API was ready {:.1}s after the first call.",
                 t.as_secs_f64()
             );
         }
@@ -222,6 +237,10 @@ struct Validated {
     kubeconfig: PathBuf,
     expected: usize,
     pool: String,
+    resume: ResumeState,
+    resume_path: PathBuf,
+    ssh_user: String,
+    ssh_port: u16,
 }
 
 fn validate(input: &RecoverInput) -> Result<Validated, BootstrapError> {
@@ -268,10 +287,20 @@ fn validate(input: &RecoverInput) -> Result<Validated, BootstrapError> {
         token: creds.token.expose().to_owned(),
         kubeconfig: paths.kubeconfig,
         expected: spec.as_ref().map_or(0, |s| s.control_plane.count as usize),
-        pool: spec.map_or_else(
+        pool: spec.as_ref().map_or_else(
             || DEFAULT_CONTROL_PLANE_POOL.to_owned(),
-            |s| s.control_plane.name,
+            |s| s.control_plane.name.clone(),
         ),
+        // An older resume file without the spec: the defaults bootstrap had then.
+        ssh_user: spec.as_ref().map_or_else(
+            || NodeAccess::default().ssh_user,
+            |s| s.nodes.ssh_user.clone(),
+        ),
+        ssh_port: spec
+            .as_ref()
+            .map_or(NodeAccess::default().ssh_port, |s| s.nodes.ssh_port),
+        resume,
+        resume_path,
     })
 }
 
@@ -306,7 +335,7 @@ pub async fn run<C: Connect>(
     connect: &C,
 ) -> Result<RecoverSummary, BootstrapError> {
     info!(step = "validate", cluster = %input.cluster, "validating the input");
-    let v = validate(&input)?;
+    let mut v = validate(&input)?;
     let rack = connect
         .rack(&v.host, &v.token, &v.project)
         .map_err(BootstrapError::inputs)?;
@@ -335,26 +364,26 @@ pub async fn run<C: Connect>(
         api_ready_after: None,
         converged: false,
     };
+    let started = Instant::now();
     match &rung {
         Rung::Healthy => return Ok(summary),
-        Rung::ResetOnSurvivor { survivor, others } => {
-            return Err(reset_needed(
+        Rung::NothingLeft => return Err(nothing_left(&input, &v.project)),
+        _ if input.dry_run => return Ok(summary),
+        Rung::ResetOnSurvivor { survivor, .. } if !input.yes => {
+            return Err(reset_needs_yes(
                 &input,
                 &v.project,
                 survivor,
-                others,
                 &summary.calls,
             ));
         }
-        Rung::NothingLeft => return Err(nothing_left(&input, &v.project)),
-        Rung::StartServers { .. } if input.dry_run => return Ok(summary),
-        Rung::StartServers { start, .. } => {
-            let started = Instant::now();
-            start_servers(&rack, start).await?;
-            wait_ready(connect, &v, &input, started).await?;
-            summary.api_ready_after = Some(started.elapsed());
+        Rung::ResetOnSurvivor { survivor, others } => {
+            reset::run(connect, &rack, &mut v, &input, survivor, others).await?;
         }
+        Rung::StartServers { start, .. } => start_servers(&rack, start).await?,
     }
+    wait_ready(connect, &v, &input, started).await?;
+    summary.api_ready_after = Some(started.elapsed());
     let ports = connect
         .in_cluster(&v.kubeconfig, &input.cluster, &input.holder)
         .await
@@ -377,35 +406,50 @@ fn calls(rung: &Rung, project: &str, cluster: &str) -> Vec<String> {
                 "reconcile passes until the pools are back and Ready".to_owned(),
             ])
             .collect(),
-        Rung::ResetOnSurvivor { survivor, others } => others
-            .iter()
-            .map(|n| format!("POST /v1/instances/{n}/stop?project={project}"))
-            .chain([format!(
-                "ssh {survivor}: systemctl stop k3s; k3s server --cluster-reset; systemctl start k3s"
-            )])
-            .collect(),
+        Rung::ResetOnSurvivor { survivor, others } => {
+            let fip = names::api_floating_ip_name(cluster);
+            let ssh = |cmd: &str| format!("ssh {survivor} (pinned host keys): {cmd}");
+            let mut calls: Vec<String> = others
+                .iter()
+                .map(|n| format!("POST /v1/instances/{n}/stop?project={project}"))
+                .collect();
+            calls.extend([
+                format!("POST /v1/instances/{survivor}/start?project={project} (unless running)"),
+                format!(
+                    "POST /v1/floating-ips/{fip}/attach?project={project} to {survivor} (unless there)"
+                ),
+                ssh(reset::STOP_K3S),
+                ssh(reset::CLUSTER_RESET),
+            ]);
+            for n in others {
+                calls.push(format!("DELETE /v1/instances/{n}?project={project}"));
+                for d in [names::boot_disk_name(n), names::data_disk_name(n)] {
+                    calls.push(format!("DELETE /v1/disks/{d}?project={project}"));
+                }
+            }
+            calls.extend([
+                ssh(reset::START_K3S),
+                format!("GET /readyz through context {cluster} until ready"),
+                "reconcile passes until the pools are back and Ready".to_owned(),
+            ]);
+            calls
+        }
     }
 }
 
-fn reset_needed(
+fn reset_needs_yes(
     input: &RecoverInput,
     project: &str,
     survivor: &str,
-    others: &[String],
     calls: &[String],
 ) -> BootstrapError {
     let c = &input.cluster;
     let mut text = format!(
-        "cluster {c} (project {project}): fewer than a majority of its servers exist, so etcd cannot regain quorum by starting them; survivor: {survivor}, others: {}. The way back is k3s's cluster reset on the survivor (rung 2), which bootstrap recover does not automate yet. By hand, keeping the data:",
-        list(others)
+        "cluster {c} (project {project}): fewer than a majority of its servers exist, so etcd cannot regain quorum by starting them (rung 2). The way back is k3s's cluster reset on {survivor}: it keeps what {survivor}'s etcd holds, and deletes the other servers with their disks. Nothing was changed. Run again with --yes to make these calls:"
     );
     for call in calls {
         let _ = write!(text, "\n  {call}");
     }
-    let _ = write!(
-        text,
-        "\nthen delete the other servers (bootstrap delete is for the whole cluster; use the Oxide CLI per instance) and run reconcile-once --kubeconfig ~/.kube/{c}.yaml --context {c} to grow the servers back"
-    );
     BootstrapError::needs_person("rung", message(text))
 }
 
@@ -457,7 +501,7 @@ async fn wait_ready<C: Connect>(
                 return Err(BootstrapError::step(
                     "wait-api",
                     message(format!(
-                        "the servers were started but the API was not ready within {}s (last: {why}); re-run bootstrap recover to keep waiting",
+                        "the API was not ready within {}s of the first call (last: {why}); re-run bootstrap recover to keep waiting",
                         input.api_timeout.as_secs()
                     )),
                 ));

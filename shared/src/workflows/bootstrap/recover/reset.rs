@@ -1,0 +1,311 @@
+//! Rung 2 of `bootstrap recover`: k3s's cluster reset on the one server left with its disks,
+//! as k3s documents it for quorum loss (`systemctl stop k3s`, `k3s server --cluster-reset`,
+//! `systemctl start k3s`; the other servers' `server/db` deleted before they may rejoin).
+//!
+//! In order, each step safe to repeat when a run was cut short:
+//! 1. `fence` — every other server is stopped (and stays so until deleted): no old member
+//!    may run beside the reset one;
+//! 2. `survivor` — started if it is not running, and waited for;
+//! 3. `attach-floating-ip` — the API address moves to the survivor (the laptop reaches a
+//!    server's SSH and API through it, as bootstrap does);
+//! 4. `cluster-reset` — over SSH with the host keys pinned in the resume file (read from the
+//!    serial console and pinned there first if it has none for the survivor): k3s stopped,
+//!    then `k3s server --cluster-reset` (etcd's force-new-cluster: one member, all the data).
+//!    k3s refuses a second reset while its reset-flag is there ("previously reset"): that
+//!    means an earlier run got this far, and the run goes on;
+//! 5. `delete` — the other servers with their disks, before k3s serves again: their
+//!    `server/db` still names the old members, so they must never start again ("Backup and
+//!    delete ${datadir}/server/db on each peer"), and a re-run that finds the API ready has
+//!    no fenced server left behind;
+//! 6. `start` — k3s started normally (which removes the reset-flag), then `/readyz` awaited.
+//!
+//! The caller then runs the reconcile, which deletes the Nodes of the deleted servers and
+//! grows the servers back one at a time.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::info;
+
+use super::{RecoverInput, Validated, rack_failed};
+use crate::adapters::ssh::{HostKeyPins, RemoteShell, SshError};
+use crate::base::names;
+use crate::domain::model::InstanceState;
+use crate::ports::rack::{Rack, RackError};
+use crate::workflows::bootstrap::{BootstrapError, Connect};
+use crate::workflows::error::{self, message};
+
+/// `systemctl stop k3s`, as k3s's cluster-reset procedure runs it.
+pub const STOP_K3S: &str = "sudo -n systemctl stop k3s";
+/// The reset itself (no snapshot: the member keeps its own data).
+pub const CLUSTER_RESET: &str = "sudo -n k3s server --cluster-reset";
+/// `systemctl start k3s`.
+pub const START_K3S: &str = "sudo -n systemctl start k3s";
+/// What k3s says when its reset-flag is there (`pkg/cluster/managed.go` `start`).
+const PREVIOUSLY_RESET: &str = "was previously reset";
+
+/// How often instance states are read while waiting.
+const POLL: Duration = Duration::from_millis(500);
+
+/// Steps 1-6 (see the module docs). `started` is when the first of them began.
+pub(super) async fn run<C: Connect>(
+    connect: &C,
+    rack: &C::Rack,
+    v: &mut Validated,
+    input: &RecoverInput,
+    survivor: &str,
+    others: &[String],
+) -> Result<(), BootstrapError> {
+    let deadline = Instant::now() + input.api_timeout;
+    fence(rack, others, deadline).await?;
+    ensure_running(rack, survivor, deadline).await?;
+    let ip = attach_api_address(rack, &input.cluster, survivor).await?;
+    let shell = survivor_shell(connect, rack, v, survivor, ip, deadline).await?;
+    reset(&shell, survivor, deadline).await?;
+    delete(rack, others).await?;
+    info!(step = "start", instance = %survivor, "starting k3s without --cluster-reset");
+    match shell.exec(START_K3S).await {
+        Ok(out) if out.success() => {}
+        // k3s started but was not up when the command's time ran out: /readyz tells.
+        Err(SshError::CommandTimeout { .. }) => {}
+        Ok(out) => return Err(remote_failed("start", START_K3S, &out)),
+        Err(e) => return Err(BootstrapError::step("start", e)),
+    }
+    Ok(())
+}
+
+/// Step 1: stops every server in `others` and waits until none runs.
+async fn fence<R: Rack>(
+    rack: &R,
+    others: &[String],
+    deadline: Instant,
+) -> Result<(), BootstrapError> {
+    for name in others {
+        info!(step = "fence", instance = %name, "stopping the server");
+        match rack.stop_instance(name).await {
+            // Already stopping or stopped, or gone meanwhile: what we wanted.
+            Ok(()) | Err(RackError::Conflict { .. } | RackError::NotFound { .. }) => {}
+            Err(e) => return Err(rack_failed("fence", e)),
+        }
+    }
+    for name in others {
+        wait_state(rack, name, "fence", deadline, |s| {
+            matches!(
+                s,
+                None | Some(InstanceState::Stopped | InstanceState::Failed)
+            )
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Step 2: the survivor runs.
+async fn ensure_running<R: Rack>(
+    rack: &R,
+    survivor: &str,
+    deadline: Instant,
+) -> Result<(), BootstrapError> {
+    let state = rack
+        .get_instance(survivor)
+        .await
+        .map_err(|e| rack_failed("survivor", e))?
+        .map(|i| i.state);
+    if state != Some(InstanceState::Running) {
+        info!(step = "survivor", instance = %survivor, ?state, "starting the survivor");
+        match rack.start_instance(survivor).await {
+            Ok(()) | Err(RackError::Conflict { .. }) => {}
+            Err(e) => return Err(rack_failed("survivor", e)),
+        }
+    }
+    wait_state(rack, survivor, "survivor", deadline, |s| {
+        s == Some(InstanceState::Running)
+    })
+    .await
+}
+
+/// Polls `name`'s state until `done` says so, or fails at `deadline`.
+async fn wait_state<R: Rack>(
+    rack: &R,
+    name: &str,
+    step: &'static str,
+    deadline: Instant,
+    done: impl Fn(Option<InstanceState>) -> bool,
+) -> Result<(), BootstrapError> {
+    loop {
+        let state = rack
+            .get_instance(name)
+            .await
+            .map_err(|e| rack_failed(step, e))?
+            .map(|i| i.state);
+        if done(state.clone()) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(BootstrapError::step(
+                step,
+                message(format!(
+                    "{name} is still {state:?}; re-run bootstrap recover to keep waiting"
+                )),
+            ));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Step 3: the API floating IP on the survivor. Returns its address.
+async fn attach_api_address<R: Rack>(
+    rack: &R,
+    cluster: &str,
+    survivor: &str,
+) -> Result<IpAddr, BootstrapError> {
+    let step = "attach-floating-ip";
+    let fip_name = names::api_floating_ip_name(cluster);
+    let fip = rack
+        .get_floating_ip(&fip_name)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+        .ok_or_else(|| {
+            BootstrapError::needs_person(
+                step,
+                message(format!(
+                    "the API floating IP {fip_name} is gone: the cluster's API address cannot be moved to {survivor}"
+                )),
+            )
+        })?;
+    let holder = rack
+        .get_instance(survivor)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+        .map(|i| i.id);
+    if fip.instance_id.is_some() && fip.instance_id == holder {
+        return Ok(fip.ip);
+    }
+    if fip.instance_id.is_some() {
+        info!(step, name = %fip_name, "detaching the API floating IP");
+        rack.detach_floating_ip(&fip_name)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+    }
+    info!(step, name = %fip_name, instance = %survivor, "attaching the API floating IP");
+    crate::base::retry::retry(
+        crate::base::retry::Backoff::default(),
+        RackError::is_retryable,
+        || rack.attach_floating_ip(&fip_name, survivor),
+    )
+    .await
+    .map_err(|e| rack_failed(step, e))?;
+    Ok(fip.ip)
+}
+
+/// A shell on the survivor at `ip` with its pinned host keys (pinned from its serial console
+/// first when the resume file has none for it).
+async fn survivor_shell<C: Connect>(
+    connect: &C,
+    rack: &C::Rack,
+    v: &mut Validated,
+    survivor: &str,
+    ip: IpAddr,
+    deadline: Instant,
+) -> Result<C::Shell, BootstrapError> {
+    let (pins, _) = crate::workflows::bootstrap::host_key_pins(
+        rack,
+        &v.resume_path,
+        &mut v.resume,
+        survivor,
+        deadline,
+        false,
+    )
+    .await?;
+    let key = v.resume.key_pair().map_err(|e| {
+        BootstrapError::needs_person("cluster-reset", error::context("the resume file", e))
+    })?;
+    let addr = SocketAddr::new(ip, v.ssh_port);
+    Ok(connect.shell(addr, &v.ssh_user, key, HostKeyPins::clone(&pins)))
+}
+
+/// Step 4: k3s stopped, then reset (or found reset by an earlier run).
+async fn reset<S: RemoteShell>(
+    shell: &S,
+    survivor: &str,
+    deadline: Instant,
+) -> Result<(), BootstrapError> {
+    let step = "cluster-reset";
+    info!(step, instance = %survivor, "stopping k3s");
+    // sshd may still be starting on a survivor that was just started.
+    let stopped = loop {
+        match shell.exec(STOP_K3S).await {
+            Err(e @ (SshError::HostKeyMismatch { .. } | SshError::NoPins { .. })) => {
+                return Err(BootstrapError::needs_person(step, e));
+            }
+            Err(e) if Instant::now() < deadline => {
+                info!(step, error = %e, "the survivor's sshd does not answer yet");
+                tokio::time::sleep(POLL).await;
+            }
+            other => break other,
+        }
+    };
+    match stopped {
+        Ok(out) if out.success() => {}
+        Ok(out) => return Err(remote_failed(step, STOP_K3S, &out)),
+        Err(e) => return Err(BootstrapError::step(step, e)),
+    }
+    info!(step, instance = %survivor, "running k3s server --cluster-reset");
+    let out = shell
+        .exec(CLUSTER_RESET)
+        .await
+        .map_err(|e| BootstrapError::step(step, e))?;
+    if out.success() {
+        info!(step, instance = %survivor, "etcd is a single member with all its data");
+    } else if String::from_utf8_lossy(&out.stderr).contains(PREVIOUSLY_RESET) {
+        info!(step, instance = %survivor, "reset by an earlier run; going on");
+    } else {
+        return Err(remote_failed(step, CLUSTER_RESET, &out));
+    }
+    Ok(())
+}
+
+/// Step 5: the other servers and their disks.
+async fn delete<R: Rack>(rack: &R, others: &[String]) -> Result<(), BootstrapError> {
+    for name in others {
+        info!(step = "delete", instance = %name, "deleting the server and its disks");
+        match rack.delete_instance(name).await {
+            Ok(()) | Err(RackError::NotFound { .. }) => {}
+            Err(e) => return Err(rack_failed("delete", e)),
+        }
+        for disk in [names::boot_disk_name(name), names::data_disk_name(name)] {
+            // A disk detaches from its deleted instance a moment later.
+            let deleted = crate::base::retry::retry(
+                crate::base::retry::Backoff::default(),
+                |e: &RackError| e.is_retryable() || matches!(e, RackError::Conflict { .. }),
+                || rack.delete_disk(&disk),
+            )
+            .await;
+            match deleted {
+                Ok(()) | Err(RackError::NotFound { .. }) => {}
+                Err(e) => return Err(rack_failed("delete", e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A remote command that exited non-zero, with its exit status and the end of its stderr.
+fn remote_failed(
+    step: &'static str,
+    command: &str,
+    out: &crate::adapters::ssh::CommandOutput,
+) -> BootstrapError {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    BootstrapError::step(
+        step,
+        message(format!(
+            "`{command}` exited {}: {}",
+            out.exit_status,
+            tail.join(" / ")
+        )),
+    )
+}
