@@ -79,12 +79,17 @@ fn main() -> ExitCode {
 async fn run(args: Args) -> ExitCode {
     // First: from here on SIGTERM/SIGINT no longer kill the process mid-step.
     let shutdown = Shutdown::on_signals();
-    let client = match oxide_controller::adapters::kubeclient::client(
+    let built = match oxide_controller::adapters::kubeclient::config(
         args.kubeconfig.as_deref(),
         args.context.as_deref(),
     )
     .await
     {
+        Ok(config) => oxide_controller::adapters::kubeclient::client_from_config(config.clone())
+            .map(|c| (c, config)),
+        Err(e) => Err(e),
+    };
+    let (client, config) = match built {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{}", chain(&e));
@@ -92,8 +97,10 @@ async fn run(args: Args) -> ExitCode {
         }
     };
     let holder = args.holder.clone().unwrap_or_else(default_holder);
-    let cluster =
-        KubeCluster::new(client.clone(), &args.namespace).with_reporting_instance(&holder);
+    // The upgrade pre-flight reads each server's own /metrics with these credentials.
+    let cluster = KubeCluster::new(client.clone(), &args.namespace)
+        .with_reporting_instance(&holder)
+        .with_server_config(config);
     let state = KubeStateStore::new(client, &args.namespace);
     let mut opts = ReconcileOptions::new(holder);
     // In a Job's pod, POD_NAME comes from the downward API: drain must not evict it.

@@ -1276,6 +1276,102 @@ async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after
     env.assert_no_leaks();
 }
 
+/// Issue 33 item 2: the upgrade pre-flight reads `apiserver_requested_deprecated_apis` from
+/// every server's own `/metrics` (one of three servers has served an API that v1.34 removes):
+/// the upgrade is held in phase `preflight`, Degraded `UpgradePreflightFailed` names the
+/// group/version/resource and the server, and no instance is created over two runs. With the
+/// API listed in `upgrade.allow_removed_apis` the next run creates the first v1.34 server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgrade_until_allowed()
+{
+    const TO: &str = "v1.34.1+k3s1";
+    let env = env(3, 1).await;
+    env.converge(20).await;
+    let mut servers: Vec<String> = instances(&env.sim, CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    servers.sort();
+    assert_eq!(servers.len(), 3, "{servers:?}");
+    let victim = servers[1].clone();
+    env.sim.faults().update(|f| {
+        f.deprecated_apis.insert(
+            victim.clone(),
+            vec![oxide_sim::oxide::faults::DeprecatedApi {
+                group: "apps".into(),
+                version: "v1beta1".into(),
+                resource: "deployments".into(),
+                removed_release: "1.34".into(),
+                ..Default::default()
+            }],
+        );
+    });
+    env.edit(|s| s.k3s.version = TO.into()).await;
+    env.sim.oxide().reset_counters();
+    for run in 1..=2 {
+        let out = env.reconcile(&[]).await;
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "run {run}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let creates = env
+        .sim
+        .oxide()
+        .counters()
+        .get("POST /v1/instances")
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(creates, 0, "no instance while the pre-flight fails");
+    let status = env.status().await.unwrap_or_else(|| panic!("no status"));
+    let upgrade = status.upgrade.clone().unwrap_or_else(|| panic!("no upgrade"));
+    assert_eq!(upgrade.phase.to_string(), "preflight", "{upgrade:?}");
+    let degraded = status
+        .condition("Degraded")
+        .cloned()
+        .unwrap_or_else(|| panic!("no Degraded"));
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "UpgradePreflightFailed"),
+        "{degraded:?}"
+    );
+    assert!(
+        degraded.message.contains(&format!(
+            "apps/v1beta1 deployments removed in v1.34 still requested (server {victim})"
+        )),
+        "{}",
+        degraded.message
+    );
+    // Only that server's apiserver served it.
+    for other in servers.iter().filter(|s| **s != victim) {
+        assert!(!degraded.message.contains(other.as_str()), "{}", degraded.message);
+    }
+
+    env.edit(|s| s.upgrade.allow_removed_apis = vec!["apps/v1beta1/deployments".into()])
+        .await;
+    let out = env.reconcile(&[]).await;
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created = env
+        .sim
+        .oxide()
+        .counters()
+        .get("POST /v1/instances")
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(created, 1, "the first v1.34 server once the API is allowed");
+    let status = env.status().await.unwrap_or_else(|| panic!("no status"));
+    assert_eq!(
+        status.upgrade.map(|u| u.phase.to_string()).as_deref(),
+        Some("control-plane")
+    );
+}
+
 /// Issue 33 (U2–U4): a skipped minor, a downgrade and a worker pool above the servers are
 /// refused by every run before it takes its Lease: exit 2 naming the field and what to set,
 /// and not one mutating request to either API.

@@ -65,6 +65,15 @@ pub async fn client(
     kubeconfig: Option<&Path>,
     context: Option<&str>,
 ) -> Result<kube::Client, KubeClientError> {
+    client_from_config(config(kubeconfig, context).await?)
+}
+
+/// The configuration [`client`] builds its client from (for clients of one server's
+/// apiserver with the same credentials: [`crate::adapters::kube_cluster::KubeCluster::with_server_config`]).
+pub async fn config(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<kube::Config, KubeClientError> {
     let options = KubeConfigOptions {
         context: context.map(str::to_owned),
         ..KubeConfigOptions::default()
@@ -98,7 +107,7 @@ pub async fn client(
             .await
             .map_err(|source| KubeClientError::Infer { source })?,
     };
-    client_from_config(config)
+    Ok(config)
 }
 
 /// A client from a ready [`kube::Config`], with this module's timeouts and without kube's
