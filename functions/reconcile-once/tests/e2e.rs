@@ -1306,6 +1306,24 @@ async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgr
             }],
         );
     });
+    // `scale upgrade` runs the gate and the pre-flight: it prints the blocker and writes
+    // nothing, dry run or not.
+    for dry in [true, false] {
+        let mut args = vec!["upgrade", "--to", TO];
+        if dry {
+            args.push("--dry-run");
+        }
+        let (code, out, err) = scale(&env, &args).await;
+        assert_eq!(code, Some(2), "{args:?}: {out}{err}");
+        assert!(
+            err.contains("the upgrade pre-flight for k3s.version v1.34.1+k3s1 failed")
+                && err.contains(&format!(
+                    "apps/v1beta1 deployments removed in v1.34 still requested (server {victim})"
+                )),
+            "{err}"
+        );
+        assert_eq!(env.spec().await.k3s.version, "v1.33.4+k3s1");
+    }
     env.edit(|s| s.k3s.version = TO.into()).await;
     env.sim.oxide().reset_counters();
     for run in 1..=2 {
@@ -1349,8 +1367,23 @@ async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgr
         assert!(!degraded.message.contains(other.as_str()), "{}", degraded.message);
     }
 
-    env.edit(|s| s.upgrade.allow_removed_apis = vec!["apps/v1beta1/deployments".into()])
-        .await;
+    // With the override, `scale upgrade --dry-run` prints the phases and the passed pre-flight.
+    env.edit(|s| {
+        s.k3s.version = "v1.33.4+k3s1".into();
+        s.upgrade.allow_removed_apis = vec!["apps/v1beta1/deployments".into()];
+    })
+    .await;
+    let (code, out, err) = scale(&env, &["upgrade", "--to", TO, "--dry-run"]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("1. control plane \"control-plane\" (runs v1.33.4+k3s1)")
+            && out.contains("pre-flight: passed")
+            && out.contains("nothing written"),
+        "{out}"
+    );
+    let (code, out, err) = scale(&env, &["upgrade", "--to", TO]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(env.spec().await.k3s.version, TO);
     let out = env.reconcile(&[]).await;
     assert!(
         matches!(out.status.code(), Some(0 | 1)),
@@ -1370,6 +1403,162 @@ async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgr
         status.upgrade.map(|u| u.phase.to_string()).as_deref(),
         Some("control-plane")
     );
+    // Each server's own apiserver answers /version with the k3s it installed: the new one
+    // v1.34, the old ones v1.33.
+    let new = instances(&env.sim, CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .find(|n| !servers.contains(n))
+        .unwrap_or_else(|| panic!("no new server"));
+    wait_until("the new server's own /version", async || {
+        server_get(&env, &new, "/version")
+            .await
+            .is_ok_and(|v| v.contains(&format!("\"gitVersion\": \"{TO}\"")))
+    })
+    .await;
+    let old = server_get(&env, &servers[0], "/version")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(old.contains("\"gitVersion\": \"v1.33.4+k3s1\""), "{old}");
+    assert!(old.contains("\"minor\": \"33\""), "{old}");
+}
+
+/// `GET path` from server `name`'s own apiserver (through its floating or ephemeral IP), as
+/// the product's pre-flight reads it, with the admin kubeconfig.
+async fn server_get(env: &Env, name: &str, path: &str) -> Result<String, String> {
+    use oxide_controller::ports::cluster::Cluster as _;
+    use oxide_controller::ports::rack::Rack as _;
+    let config = oxide_controller::adapters::kubeclient::config(Some(&env.kubeconfig), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let client = oxide_controller::adapters::kubeclient::client_from_config(config.clone())
+        .map_err(|e| e.to_string())?;
+    let cluster = oxide_controller::adapters::kube_cluster::KubeCluster::new(client, "kube-system")
+        .with_server_config(config);
+    let rack = oxide_controller::adapters::oxide_rack::OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "sim",
+        oxide_controller::adapters::oxide_rack::RackOptions::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let ips = rack
+        .instance_external_ips(name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let addresses: Vec<std::net::IpAddr> = oxide_controller::ports::rack::reachable_address(&ips)
+        .into_iter()
+        .collect();
+    cluster
+        .server_get(&addresses, path)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Issue 33 item 3: `k3s.version` names a release that does not exist. The first new server
+/// fails its setup (install.sh's "Download failed" on its console); the roll is then blocked:
+/// over eight runs at most that one member is created (the back-off's first probe is a
+/// minute away), Degraded `UpgradeBlocked` gives the console's reason, and every old server
+/// stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_does_not_exist_blocks_the_roll_after_one_failed_member_without_a_loop() {
+    const MISSING: &str = "v1.33.99+k3s1";
+    let env = env(3, 1).await;
+    env.converge(20).await;
+    let old: Vec<String> = instances(&env.sim, CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    env.edit(|s| s.k3s.version = MISSING.into()).await;
+    env.sim.oxide().reset_counters();
+    let creates = || {
+        env.sim
+            .oxide()
+            .counters()
+            .get("POST /v1/instances")
+            .copied()
+            .unwrap_or(0)
+    };
+    // The first run creates the surge server; wait until its console shows the failure.
+    let out = env.reconcile(&[]).await;
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(creates(), 1, "the first new-version server");
+    let surge = instances(&env.sim, CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .find(|n| !old.contains(n))
+        .unwrap_or_else(|| panic!("no new server"));
+    let rack = oxide_controller::adapters::oxide_rack::OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "sim",
+        oxide_controller::adapters::oxide_rack::RackOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_until("the new server's setup to fail", async || {
+        console_of(&rack, &surge)
+            .await
+            .contains("node-setup failed: k3s-install")
+    })
+    .await;
+    for run in 2..=8 {
+        let out = env.reconcile(&[]).await;
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "run {run}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(creates(), 1, "run {run}: no new member within the back-off");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let status = env.status().await.unwrap_or_else(|| panic!("no status"));
+    let degraded = status
+        .condition("Degraded")
+        .cloned()
+        .unwrap_or_else(|| panic!("no Degraded"));
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "UpgradeBlocked"),
+        "{degraded:?}"
+    );
+    assert!(
+        degraded
+            .message
+            .contains("node setup failed at k3s-install: exit status 1 ([ERROR]  Download failed)")
+            && degraded.message.contains(&surge),
+        "{}",
+        degraded.message
+    );
+    let now: Vec<String> = instances(&env.sim, CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    for o in &old {
+        assert!(now.contains(o), "old server {o} removed: {now:?}");
+    }
+    assert!(!now.contains(&surge), "the failed member is removed: {now:?}");
+}
+
+/// Runs the real `scale` binary with the admin kubeconfig: (exit code, stdout, stderr).
+async fn scale(env: &Env, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = tokio::process::Command::new(support::scale_bin())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .env("OXIDE_CONTROLLER_LOG_FORMAT", "text")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Issue 33 (U2–U4): a skipped minor, a downgrade and a worker pool above the servers are

@@ -338,23 +338,16 @@ async fn upgrade(
     let cluster = KubeCluster::new(client, ns).with_server_config(config);
     let now = chrono::Utc::now();
     // The pre-flight reads each server's address from the rack, as the Secret's project.
-    use oxide_controller::ports::state::StateStore as _;
-    let rack = match state.read_secrets().await.map_err(|e| e.to_string()).and_then(|s| {
+    let make_rack = |s: &oxide_controller::base::secrets::ClusterSecrets| {
         oxide_controller::adapters::oxide_rack::OxideRack::connect(
             &s.oxide_host,
             &s.oxide_token,
             &s.oxide_project,
             oxide_controller::adapters::oxide_rack::RackOptions::default(),
         )
-        .map_err(|e| e.to_string())
-    }) {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!("building the Oxide client from the Secret: {e}");
-            return ExitCode::from(2);
-        }
     };
-    match oxide_controller::workflows::upgrade::run(state, &cluster, &rack, to, dry_run, now).await
+    match oxide_controller::workflows::upgrade::run(state, &cluster, make_rack, to, dry_run, now)
+        .await
     {
         Ok(out) => {
             print!("{}", out.phases);

@@ -727,9 +727,12 @@ pub fn setup_steps(script: &str) -> Vec<SetupStep> {
 }
 
 /// The failure marker in a console text, if a line carries one (anywhere in the line: the
-/// console may prefix it, e.g. with a timestamp). The last one wins.
+/// console may prefix it, e.g. with a timestamp). The last one wins. A bare `exit status N`
+/// gets the installer's last `[ERROR]` line before the marker (install.sh's `fatal`), which
+/// says why: `exit status 1 ([ERROR]  Download failed)`.
 pub fn setup_failure(console: &str) -> Option<SetupFailure> {
-    console.lines().rev().find_map(|line| {
+    let lines: Vec<&str> = console.lines().collect();
+    lines.iter().enumerate().rev().find_map(|(at, line)| {
         let rest = &line[line.find(SETUP_FAILED_MARKER)? + SETUP_FAILED_MARKER.len()..];
         let (step, reason) = rest.split_once(": ").unwrap_or((rest, ""));
         let clean = |s: &str| -> String {
@@ -739,9 +742,20 @@ pub fn setup_failure(console: &str) -> Option<SetupFailure> {
                 .take(200)
                 .collect()
         };
+        let installer_error = lines[..at]
+            .iter()
+            .rev()
+            .take(20)
+            .find_map(|l| l.find("[ERROR]").map(|i| clean(&l[i..])));
+        let reason = match installer_error {
+            Some(e) if reason.trim().starts_with("exit status") => {
+                format!("{} ({e})", clean(reason))
+            }
+            _ => clean(reason),
+        };
         Some(SetupFailure {
             step: clean(step),
-            reason: clean(reason),
+            reason,
         })
     })
 }

@@ -67,14 +67,17 @@ pub struct UpgradeOutcome {
 /// Sets `k3s.version` to `to` when the gate and the pre-flight allow it (with `dry_run`, only
 /// checks and describes). A refused version writes nothing and names the field and what to
 /// set; a failed pre-flight writes nothing and names what blocks.
-pub async fn run<S: StateStore, C: Cluster, R: Rack>(
+pub async fn run<S: StateStore, C: Cluster, R: Rack, M>(
     state: &S,
     cluster: &C,
-    rack: &R,
+    make_rack: M,
     to: &str,
     dry_run: bool,
     now: DateTime<Utc>,
-) -> Result<UpgradeOutcome, UpgradeError> {
+) -> Result<UpgradeOutcome, UpgradeError>
+where
+    M: FnOnce(&crate::base::secrets::ClusterSecrets) -> Result<R, crate::ports::rack::RackError>,
+{
     let nodes = cluster.list_nodes().await.map_err(UpgradeError::Nodes)?;
     let cache = SpecCache::default();
     let set = |spec: &mut ClusterSpec| -> Result<bool, SpecErrors> {
@@ -88,7 +91,7 @@ pub async fn run<S: StateStore, C: Cluster, R: Rack>(
         to: to.to_owned(),
         errors,
     })?;
-    let checked = preflight(rack, cluster, &spec, &nodes, now).await?;
+    let checked = preflight(state, make_rack, cluster, &spec, &nodes, now).await?;
     if dry_run {
         return Ok(UpgradeOutcome {
             phases: format!("{}{checked}", phases(&spec, &nodes, now)),
@@ -117,17 +120,28 @@ pub async fn run<S: StateStore, C: Cluster, R: Rack>(
 
 /// The pre-flight as a run would make it before its first new member (when this target
 /// needs one): a line saying it passed, or the blockers as an error.
-async fn preflight<R: Rack, C: Cluster>(
-    rack: &R,
+async fn preflight<S: StateStore, C: Cluster, R: Rack, M>(
+    state: &S,
+    make_rack: M,
     cluster: &C,
     spec: &ClusterSpec,
     nodes: &[Node],
     now: DateTime<Utc>,
-) -> Result<String, UpgradeError> {
+) -> Result<String, UpgradeError>
+where
+    M: FnOnce(&crate::base::secrets::ClusterSecrets) -> Result<R, crate::ports::rack::RackError>,
+{
     let p = upgrade::progress(spec, nodes, now, None);
     if !upgrade::needs_preflight(spec, nodes, &p, None) {
         return Ok("pre-flight: not needed (no server to upgrade, or the roll has begun)\n".into());
     }
+    // The rack (each server's address) as the Secret's credentials and project reach it.
+    let secrets = state
+        .read_secrets()
+        .await
+        .map_err(|e| UpgradeError::Observe(Box::new(e)))?;
+    let rack = make_rack(&secrets).map_err(|e| UpgradeError::Observe(Box::new(e)))?;
+    let rack = &rack;
     let observed = crate::workflows::reconcile::observe(rack, cluster, spec)
         .await
         .map_err(|e| UpgradeError::Observe(Box::new(e)))?;
