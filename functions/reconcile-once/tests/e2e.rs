@@ -1344,7 +1344,10 @@ async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgr
         .unwrap_or(0);
     assert_eq!(creates, 0, "no instance while the pre-flight fails");
     let status = env.status().await.unwrap_or_else(|| panic!("no status"));
-    let upgrade = status.upgrade.clone().unwrap_or_else(|| panic!("no upgrade"));
+    let upgrade = status
+        .upgrade
+        .clone()
+        .unwrap_or_else(|| panic!("no upgrade"));
     assert_eq!(upgrade.phase.to_string(), "preflight", "{upgrade:?}");
     let degraded = status
         .condition("Degraded")
@@ -1364,7 +1367,11 @@ async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgr
     );
     // Only that server's apiserver served it.
     for other in servers.iter().filter(|s| **s != victim) {
-        assert!(!degraded.message.contains(other.as_str()), "{}", degraded.message);
+        assert!(
+            !degraded.message.contains(other.as_str()),
+            "{}",
+            degraded.message
+        );
     }
 
     // With the override, `scale upgrade --dry-run` prints the phases and the passed pre-flight.
@@ -1540,7 +1547,10 @@ async fn a_release_that_does_not_exist_blocks_the_roll_after_one_failed_member_w
     for o in &old {
         assert!(now.contains(o), "old server {o} removed: {now:?}");
     }
-    assert!(!now.contains(&surge), "the failed member is removed: {now:?}");
+    assert!(
+        !now.contains(&surge),
+        "the failed member is removed: {now:?}"
+    );
 }
 
 /// Runs the real `scale` binary with the admin kubeconfig: (exit code, stdout, stderr).

@@ -268,9 +268,7 @@ async fn run(args: Args) -> ExitCode {
             autoscale(&state, client, ns, pool.pool.as_deref(), change, output).await
         }
         Command::Status { output } => status(&state, client, ns, output, &args.kube).await,
-        Command::Upgrade { to, dry_run } => {
-            upgrade(&state, client, config, ns, &to, dry_run).await
-        }
+        Command::Upgrade { to, dry_run } => upgrade(&state, client, config, ns, &to, dry_run).await,
         Command::Add { delta, pool } => {
             change(
                 &state,

@@ -604,7 +604,10 @@ async fn upgrade_checks_the_version_and_writes_nothing_without_its_pre_flight() 
         let before = mutating();
         let (code, out, err) = env.scale(args).await;
         assert_eq!(code, 1, "{args:?}: {out}{err}");
-        assert!(err.contains("observing the cluster for the pre-flight"), "{err}");
+        assert!(
+            err.contains("observing the cluster for the pre-flight"),
+            "{err}"
+        );
         assert_eq!(mutating(), before, "{args:?}: no mutating request");
     }
     assert_eq!(version(), "v1.33.4+k3s1");

@@ -93,7 +93,11 @@ impl KubeCluster {
     }
 
     /// `GET path` from the apiserver at `address`:6443.
-    async fn get_from(&self, address: std::net::IpAddr, path: &str) -> Result<String, ClusterError> {
+    async fn get_from(
+        &self,
+        address: std::net::IpAddr,
+        path: &str,
+    ) -> Result<String, ClusterError> {
         let what = format!("GET {path} from {address}");
         let unavailable = |message: String| ClusterError::Unavailable {
             what: what.clone(),
@@ -112,14 +116,17 @@ impl KubeCluster {
         let req = http::Request::get(path)
             .body(Vec::new())
             .map_err(|e| unavailable(e.to_string()))?;
-        client.request_text(req).await.map_err(|e| match api_status(&e) {
-            Some(403) => ClusterError::Forbidden {
-                what: what.clone(),
-                message: api_message(&e),
-            },
-            Some(code) => unavailable(format!("HTTP {code}: {}", api_message(&e))),
-            None => unavailable(e.to_string()),
-        })
+        client
+            .request_text(req)
+            .await
+            .map_err(|e| match api_status(&e) {
+                Some(403) => ClusterError::Forbidden {
+                    what: what.clone(),
+                    message: api_message(&e),
+                },
+                Some(code) => unavailable(format!("HTTP {code}: {}", api_message(&e))),
+                None => unavailable(e.to_string()),
+            })
     }
 
     fn remember(&self, lease: Option<Lease>) {

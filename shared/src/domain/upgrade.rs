@@ -483,7 +483,10 @@ pub fn effective_spec(spec: &ClusterSpec, progress: &Progress) -> ClusterSpec {
 
 /// The degraded finding of a blocked upgrade: `UpgradePreflightFailed: <blockers>`.
 pub fn blocked_finding(progress: &Progress) -> Option<String> {
-    let u = progress.upgrade.as_ref().filter(|u| !u.blocked.is_empty())?;
+    let u = progress
+        .upgrade
+        .as_ref()
+        .filter(|u| !u.blocked.is_empty())?;
     Some(format!(
         "{}: {} (upgrade {} -> {}; nothing rolls until it passes)",
         preflight::FAILED_REASON,
@@ -532,8 +535,7 @@ pub fn needs_preflight(
     let Some(u) = &progress.upgrade else {
         return false;
     };
-    let passed = previous
-        .is_some_and(|p| p.to == spec.k3s.version && p.phase != Phase::Preflight);
+    let passed = previous.is_some_and(|p| p.to == spec.k3s.version && p.phase != Phase::Preflight);
     let cp_to = progress
         .pools
         .first()

@@ -410,8 +410,7 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     let mut versions =
         crate::domain::upgrade::progress(spec, &observed.nodes, now, previous_upgrade);
     // Once per target, before the first member of the new version: the pre-flight.
-    if crate::domain::upgrade::needs_preflight(spec, &observed.nodes, &versions, previous_upgrade)
-    {
+    if crate::domain::upgrade::needs_preflight(spec, &observed.nodes, &versions, previous_upgrade) {
         let blockers = preflight::run(rack, cluster, spec, &observed, now).await;
         if !blockers.is_empty() {
             crate::domain::upgrade::hold_for_preflight(

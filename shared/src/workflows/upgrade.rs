@@ -145,7 +145,8 @@ where
     let observed = crate::workflows::reconcile::observe(rack, cluster, spec)
         .await
         .map_err(|e| UpgradeError::Observe(Box::new(e)))?;
-    let blockers = crate::workflows::reconcile::preflight::run(rack, cluster, spec, &observed, now).await;
+    let blockers =
+        crate::workflows::reconcile::preflight::run(rack, cluster, spec, &observed, now).await;
     if blockers.is_empty() {
         Ok(format!(
             "pre-flight: passed (every server Ready; no API that {} removes requested on any server)\n",

@@ -161,9 +161,7 @@ impl FrontProxy {
             let proxy = Arc::clone(&self);
             let identity = identity.clone();
             let server = server.clone();
-            async move {
-                Ok::<_, std::convert::Infallible>(proxy.handle(req, identity, server).await)
-            }
+            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, identity, server).await) }
         });
         let _ = hyper::server::conn::http1::Builder::new()
             .serve_connection(TokioIo::new(stream), service)
@@ -347,7 +345,11 @@ impl FrontProxy {
         http::Response::builder()
             .status(200)
             .header("content-type", content_type)
-            .body(Full::new(Bytes::from(out)).map_err(|never| match never {}).boxed())
+            .body(
+                Full::new(Bytes::from(out))
+                    .map_err(|never| match never {})
+                    .boxed(),
+            )
             .unwrap_or_else(|_| status(500, "InternalError", "front proxy: bad response"))
     }
 }

@@ -159,7 +159,11 @@ pub fn after_run(
         match attempt {
             // A probe the rack created says nothing of whether it installs: the block stays
             // (the probe's own setup decides), its delay counting from this attempt.
-            Ok(()) if carried.get(pool).is_some_and(|b| b.cause == BlockCause::SetupFailed) => {
+            Ok(())
+                if carried
+                    .get(pool)
+                    .is_some_and(|b| b.cause == BlockCause::SetupFailed) =>
+            {
                 if let Some(b) = out.get_mut(pool) {
                     b.last_attempt = now;
                 }

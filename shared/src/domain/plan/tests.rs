@@ -1056,7 +1056,9 @@ fn a_new_member_that_fails_its_setup_blocks_the_roll_and_backs_off() {
     // server is removed, the block is carried.
     let mut w2 = World::healthy(3, 2, 2);
     w2.spec.k3s.version = "v1.33.99+k3s1".into();
-    w2.obs.create_backoff.insert("control-plane".into(), b.clone());
+    w2.obs
+        .create_backoff
+        .insert("control-plane".into(), b.clone());
     let p = w2.plan();
     assert_eq!(creates(&p, "control-plane"), 0, "{:?}", p.actions);
     assert!(removed(&p).is_empty(), "{:?}", p.actions);
@@ -1064,7 +1066,9 @@ fn a_new_member_that_fails_its_setup_blocks_the_roll_and_backs_off() {
     // Once the delay has passed: one probe.
     let mut due = b.clone();
     due.last_attempt = now() - Duration::minutes(5);
-    w2.obs.create_backoff.insert("control-plane".into(), due.clone());
+    w2.obs
+        .create_backoff
+        .insert("control-plane".into(), due.clone());
     let p = w2.plan();
     assert_eq!(creates(&p, "control-plane"), 1, "{:?}", p.actions);
     // The probe fails too: counted once, and a second time only for another member.
@@ -1075,10 +1079,10 @@ fn a_new_member_that_fails_its_setup_blocks_the_roll_and_backs_off() {
     let p = w2.plan();
     assert_eq!(p.create_backoff["control-plane"].failures, 2);
     let mut again = w2;
-    again
-        .obs
-        .create_backoff
-        .insert("control-plane".into(), p.create_backoff["control-plane"].clone());
+    again.obs.create_backoff.insert(
+        "control-plane".into(),
+        p.create_backoff["control-plane"].clone(),
+    );
     let p = again.plan();
     assert_eq!(p.create_backoff["control-plane"].failures, 2);
 }

@@ -242,7 +242,10 @@ mod tests {
             ..r
         };
         let b = evaluate(&spec("v1.34.1+k3s1"), &unreadable);
-        assert!(b[0].contains("demo-cp-c") && b[0].contains("HTTP 403"), "{b:?}");
+        assert!(
+            b[0].contains("demo-cp-c") && b[0].contains("HTTP 403"),
+            "{b:?}"
+        );
     }
 
     #[test]

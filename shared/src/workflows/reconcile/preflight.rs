@@ -31,10 +31,7 @@ pub async fn run<R: Rack, C: Cluster>(
         .collect();
     let mut readings = Readings {
         servers_desired: spec.control_plane.count as usize,
-        servers_ready: servers
-            .iter()
-            .filter(|m| m.health == Health::Ready)
-            .count(),
+        servers_ready: servers.iter().filter(|m| m.health == Health::Ready).count(),
         ..Readings::default()
     };
     readings.servers_not_ready = servers
