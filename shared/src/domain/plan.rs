@@ -628,29 +628,7 @@ pub fn plan(
             now,
             &mut p,
         );
-        // A roll blocked by a failed new member stays blocked until a member of the new
-        // spec is Ready, whether or not this run wanted a create.
-        let roll_blocked = |b: &backoff::CreateBackoff| {
-            b.cause == backoff::BlockCause::SetupFailed
-                && !pool_members
-                    .iter()
-                    .any(|m| !m.drifted && m.health == Health::Ready)
-        };
-        if let Some(b) = blocked.filter(|b| gate.wanted > 0 || roll_blocked(b)) {
-            p.create_backoff.insert(pool.name.clone(), b.clone());
-            let next = if gate.made > 0 {
-                "trying one create this run".to_owned()
-            } else {
-                format!(
-                    "next try after {}",
-                    b.next_probe(base).format("%Y-%m-%dT%H:%M:%SZ")
-                )
-            };
-            p.findings.push(Finding {
-                degraded: true,
-                message: format!("{}; {next}", b.describe(&pool.name)),
-            });
-        }
+        carry_block(&pool.name, &pool_members, blocked, &gate, base, &mut p);
     }
 
     // Members of pools the spec no longer has: remove them, except anything that looks like a
@@ -680,6 +658,41 @@ pub fn plan(
 
     plan_orphans(spec, observed, &mut p);
     p
+}
+
+/// Keeps a pool's block for the next run (with its finding) while the pool still wants
+/// creates, or, for a roll blocked by a failed new member, until a member of the new spec is
+/// Ready, whether or not this run wanted a create.
+fn carry_block(
+    pool: &str,
+    members: &[&Member],
+    blocked: Option<&backoff::CreateBackoff>,
+    gate: &CreateGate,
+    base: Duration,
+    p: &mut Plan,
+) {
+    let roll_blocked = |b: &backoff::CreateBackoff| {
+        b.cause == backoff::BlockCause::SetupFailed
+            && !members
+                .iter()
+                .any(|m| !m.drifted && m.health == Health::Ready)
+    };
+    let Some(b) = blocked.filter(|b| gate.wanted > 0 || roll_blocked(b)) else {
+        return;
+    };
+    p.create_backoff.insert(pool.to_owned(), b.clone());
+    let next = if gate.made > 0 {
+        "trying one create this run".to_owned()
+    } else {
+        format!(
+            "next try after {}",
+            b.next_probe(base).format("%Y-%m-%dT%H:%M:%SZ")
+        )
+    };
+    p.findings.push(Finding {
+        degraded: true,
+        message: format!("{}; {next}", b.describe(pool)),
+    });
 }
 
 /// The block of a pool whose roll met a new member that failed its node setup (issue 33

@@ -659,4 +659,51 @@ mod tests {
         );
         assert_eq!(p("GET", "/version", ""), s("get", "", "/version"));
     }
+
+    /// A server's `/version` is its own k3s; its `/metrics` carries its own deprecated-API
+    /// samples in place of the shared apiserver's, everything else untouched.
+    #[test]
+    fn a_servers_own_version_and_deprecated_api_samples_replace_the_shared_apiservers() {
+        let real = br#"{"major": "1", "minor": "33", "emulationMajor": "1", "emulationMinor": "33", "gitVersion": "v1.33.4+k3s1", "platform": "linux/amd64"}"#;
+        let v: serde_json::Value =
+            serde_json::from_slice(&own_version(real, "v1.34.1+k3s1")).unwrap_or_default();
+        assert_eq!(
+            (
+                &v["gitVersion"],
+                &v["major"],
+                &v["minor"],
+                &v["emulationMinor"]
+            ),
+            (
+                &json!("v1.34.1+k3s1"),
+                &json!("1"),
+                &json!("34"),
+                &json!("34")
+            )
+        );
+        assert_eq!(v["platform"], "linux/amd64");
+
+        let shared = "# HELP apiserver_request_total x\n# TYPE apiserver_request_total counter\napiserver_request_total{code=\"200\"} 3\n# HELP apiserver_requested_deprecated_apis [STABLE] x\n# TYPE apiserver_requested_deprecated_apis gauge\napiserver_requested_deprecated_apis{group=\"\",removed_release=\"\",resource=\"componentstatuses\",subresource=\"\",version=\"v1\"} 1\n";
+        let none = own_metrics(shared, &[]);
+        assert!(
+            none.contains("apiserver_request_total{code=\"200\"} 3"),
+            "{none}"
+        );
+        assert!(!none.contains(DEPRECATED_APIS_METRIC), "{none}");
+        let one = own_metrics(
+            shared,
+            &[crate::oxide::faults::DeprecatedApi {
+                group: "apps".into(),
+                version: "v1beta1".into(),
+                resource: "deployments".into(),
+                subresource: String::new(),
+                removed_release: "1.34".into(),
+            }],
+        );
+        assert!(
+            one.ends_with("# TYPE apiserver_requested_deprecated_apis gauge\napiserver_requested_deprecated_apis{group=\"apps\",removed_release=\"1.34\",resource=\"deployments\",subresource=\"\",version=\"v1beta1\"} 1\n"),
+            "{one}"
+        );
+        assert!(!one.contains("componentstatuses"), "{one}");
+    }
 }
