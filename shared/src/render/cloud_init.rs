@@ -1835,6 +1835,16 @@ mod tests {
         );
         let prefixed = "<11>Nov 22 20:13:34 cloud-init: oxide-controller: node-setup failed: k3s-install: exit status 7";
         assert_eq!(setup_failure(prefixed).unwrap().reason, "exit status 7");
+        // A bare exit status gets the installer's own last [ERROR] line (install.sh `fatal`).
+        let installer = "[INFO]  Using v1.33.99+k3s1 as release\n[INFO]  Downloading hash https://github.com/k3s-io/k3s/releases/download/v1.33.99+k3s1/sha256sum-amd64.txt\n[ERROR]  Download failed\noxide-controller: node-setup failed: k3s-install: exit status 1\n";
+        assert_eq!(
+            setup_failure(installer).unwrap().reason,
+            "exit status 1 ([ERROR]  Download failed)"
+        );
+        // A reason of its own is kept as it is.
+        let own =
+            "[ERROR]  earlier\noxide-controller: node-setup failed: data-disk: no NVMe disk\n";
+        assert_eq!(setup_failure(own).unwrap().reason, "no NVMe disk");
     }
 
     #[test]
