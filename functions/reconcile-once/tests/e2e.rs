@@ -1462,22 +1462,22 @@ async fn server_get(env: &Env, name: &str, path: &str) -> Result<String, String>
         .map_err(|e| e.to_string())
 }
 
-/// Issue 33 item 3: `k3s.version` names a release that does not exist. The first new server
-/// fails its setup (install.sh's "Download failed" on its console); the roll is then blocked:
-/// over eight runs at most that one member is created (the back-off's first probe is a
-/// minute away), Degraded `UpgradeBlocked` gives the console's reason, and every old server
-/// stays.
+/// Issue 33 items 2 and 3: `k3s.version` names a release that does not exist: the pre-flight
+/// finds its hash file missing where the nodes' installer fetches it (the simulator's GitHub)
+/// and nothing is created. Then a release that exists but does not install on the nodes (their
+/// installer download fails): the first new server fails its setup; the roll is then blocked:
+/// over eight runs at most that one member is created (the back-off's first probe is a minute
+/// away), Degraded `UpgradeBlocked` gives the console's reason, and every old server stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_that_does_not_exist_blocks_the_roll_after_one_failed_member_without_a_loop() {
+async fn a_version_that_does_not_install_blocks_the_roll_after_one_failed_member_without_a_loop() {
     const MISSING: &str = "v1.33.99+k3s1";
+    const TO: &str = "v1.34.1+k3s1";
     let env = env(3, 1).await;
     env.converge(20).await;
     let old: Vec<String> = instances(&env.sim, CP)
         .iter()
         .filter_map(|i| i["name"].as_str().map(str::to_owned))
         .collect();
-    env.edit(|s| s.k3s.version = MISSING.into()).await;
-    env.sim.oxide().reset_counters();
     let creates = || {
         env.sim
             .oxide()
@@ -1486,6 +1486,36 @@ async fn a_release_that_does_not_exist_blocks_the_roll_after_one_failed_member_w
             .copied()
             .unwrap_or(0)
     };
+    env.edit(|s| s.k3s.version = MISSING.into()).await;
+    env.sim.oxide().reset_counters();
+    let out = env.reconcile(&[]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(creates(), 0, "no member of a release that does not exist");
+    let status = env.status().await.unwrap_or_else(|| panic!("no status"));
+    let degraded = status
+        .condition("Degraded")
+        .cloned()
+        .unwrap_or_else(|| panic!("no Degraded"));
+    assert_eq!(degraded.reason, "UpgradePreflightFailed", "{degraded:?}");
+    assert!(
+        degraded.message.contains(&format!(
+            "release {MISSING} is not at {}/download/{MISSING}/sha256sum-amd64.txt (HTTP 404)",
+            env.sim.release_url
+        )),
+        "{}",
+        degraded.message
+    );
+
+    // A release that exists, but the new servers' installer download fails.
+    env.sim
+        .faults()
+        .update(|f| f.download_fails = vec![CP.to_owned()]);
+    env.edit(|s| s.k3s.version = TO.into()).await;
     // The first run creates the surge server; wait until its console shows the failure.
     let out = env.reconcile(&[]).await;
     assert!(
@@ -1535,7 +1565,7 @@ async fn a_release_that_does_not_exist_blocks_the_roll_after_one_failed_member_w
     assert!(
         degraded
             .message
-            .contains("node setup failed at k3s-install: exit status 1 ([ERROR]  Download failed)")
+            .contains("node setup failed at k3s-install: download of https://get.k3s.io failed")
             && degraded.message.contains(&surge),
         "{}",
         degraded.message

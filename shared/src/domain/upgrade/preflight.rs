@@ -10,7 +10,9 @@
 //!   on **every** server's `/metrics` (the gauge is per apiserver process, so one server's
 //!   clients are invisible on another's), a sample whose `removed_release` is at most the
 //!   target's minor blocks unless `upgrade.allow_removed_apis` lists it; a server whose
-//!   metrics cannot be read blocks too (nothing is known of its clients).
+//!   metrics cannot be read blocks too (nothing is known of its clients);
+//! - each release the roll installs is where the nodes' installer fetches it (the hash file
+//!   install.sh downloads first), unless k3s is pre-installed in the image.
 //!
 //! Not here yet: the etcd member list equal to the servers (a planner check, another change),
 //! a backup newer than the edit (backups do not exist yet).
@@ -119,6 +121,9 @@ pub struct Readings {
     pub servers_not_ready: Vec<(String, String)>,
     pub servers_ready: usize,
     pub servers_desired: usize,
+    /// Each release the nodes will install (`k3s.version`, the `upgrade.path` steps) with
+    /// its hash file's URL and whether it answered (none with `install: preinstalled`).
+    pub releases: Vec<(String, String, Result<(), String>)>,
 }
 
 /// The blockers of the pre-flight for `spec`'s `k3s.version` (empty: it passed). Each names
@@ -127,7 +132,19 @@ pub fn evaluate(spec: &ClusterSpec, r: &Readings) -> Vec<String> {
     let mut out = Vec::new();
     servers_ready(r, &mut out);
     removed_apis(spec, r, &mut out);
+    releases(r, &mut out);
     out
+}
+
+/// Every release the roll installs is where the nodes fetch it.
+fn releases(r: &Readings, out: &mut Vec<String>) {
+    for (version, url, found) in &r.releases {
+        if let Err(why) = found {
+            out.push(format!(
+                "release {version} is not at {url} ({why}), where the nodes' installer fetches it; set a k3s release that exists"
+            ));
+        }
+    }
 }
 
 /// Every server a Ready Node, as many as the spec asks.
@@ -245,6 +262,26 @@ mod tests {
         assert!(
             b[0].contains("demo-cp-c") && b[0].contains("HTTP 403"),
             "{b:?}"
+        );
+    }
+
+    #[test]
+    fn a_release_that_is_not_there_blocks() {
+        let r = Readings {
+            servers_ready: 3,
+            servers_desired: 3,
+            releases: vec![(
+                "v1.34.99+k3s1".into(),
+                "http://r/download/v1.34.99+k3s1/sha256sum-amd64.txt".into(),
+                Err("HTTP 404".into()),
+            )],
+            ..Readings::default()
+        };
+        assert_eq!(
+            evaluate(&spec("v1.34.99+k3s1"), &r),
+            [
+                "release v1.34.99+k3s1 is not at http://r/download/v1.34.99+k3s1/sha256sum-amd64.txt (HTTP 404), where the nodes' installer fetches it; set a k3s release that exists"
+            ]
         );
     }
 

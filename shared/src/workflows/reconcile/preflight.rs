@@ -6,10 +6,12 @@
 //! A server's address: its floating or ephemeral IP when it has one (reachable from where a
 //! laptop runs `scale upgrade`, and from the rack), else its private VPC address (reachable
 //! from the cluster's pods, where the reconcile CronJob runs). Requests: one external-IP and
-//! one private-IP lookup per server, and one `GET /metrics` per server.
+//! one private-IP lookup per server, one `GET /metrics` per server, and one `GET` of each
+//! release's hash file at `k3s.release_url`.
 
 use chrono::{DateTime, Utc};
 
+use crate::adapters::releases;
 use crate::domain::plan::{self, Health, Observed};
 use crate::domain::spec::ClusterSpec;
 use crate::domain::upgrade::preflight::{self, Readings};
@@ -61,7 +63,28 @@ pub async fn run<R: Rack, C: Cluster>(
             (name.to_owned(), metrics)
         });
     readings.metrics = futures::future::join_all(read).await;
+    readings.releases = releases(spec).await;
     preflight::evaluate(spec, &readings)
+}
+
+/// Each release the roll installs (`upgrade.path`, then `k3s.version`) and whether its hash
+/// file is at `k3s.release_url`; none when k3s is pre-installed in the image.
+async fn releases(spec: &ClusterSpec) -> Vec<(String, String, Result<(), String>)> {
+    if spec.k3s.install == crate::domain::spec::K3sInstall::Preinstalled {
+        return Vec::new();
+    }
+    let versions: Vec<&String> = spec
+        .upgrade
+        .path
+        .iter()
+        .chain(std::iter::once(&spec.k3s.version))
+        .collect();
+    let checks = versions.into_iter().map(|v| async move {
+        let url = releases::hash_url(&spec.k3s.release_url, v);
+        let found = releases::reachable(&url).await;
+        (v.clone(), url, found)
+    });
+    futures::future::join_all(checks).await
 }
 
 /// Where `name`'s apiserver may be reached: its floating or ephemeral IP, then its private
