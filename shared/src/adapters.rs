@@ -11,6 +11,7 @@ pub mod kube_store;
 pub mod kubeclient;
 pub mod kubeconfig;
 pub mod oxide_rack;
+pub mod releases;
 pub mod resume;
 pub mod ssh;
 pub mod tailscale;

@@ -4,4 +4,5 @@
 pub mod admin;
 pub mod handle;
 pub mod preset;
+pub mod releases;
 pub mod sim;

@@ -94,9 +94,12 @@ async fn run(args: Args) -> ExitCode {
         }
     };
     let holder = args.holder.clone().unwrap_or_else(default_holder);
+    // k3s's supervisor (the etcd member list) and, for the upgrade pre-flight, each server's
+    // own /metrics: both with this configuration's address, CA and credentials.
     let cluster = KubeCluster::new(client.clone(), &args.namespace)
         .with_reporting_instance(&holder)
-        .with_supervisor(&config);
+        .with_supervisor(&config)
+        .with_server_config(config);
     let state = KubeStateStore::new(client, &args.namespace);
     let mut opts = ReconcileOptions::new(holder);
     // In a Job's pod, POD_NAME comes from the downward API: drain must not evict it.

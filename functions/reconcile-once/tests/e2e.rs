@@ -1276,6 +1276,331 @@ async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after
     env.assert_no_leaks();
 }
 
+/// Issue 33 item 2: the upgrade pre-flight reads `apiserver_requested_deprecated_apis` from
+/// every server's own `/metrics` (one of three servers has served an API that v1.34 removes):
+/// the upgrade is held in phase `preflight`, Degraded `UpgradePreflightFailed` names the
+/// group/version/resource and the server, and no instance is created over two runs. With the
+/// API listed in `upgrade.allow_removed_apis` the next run creates the first v1.34 server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgrade_until_allowed()
+{
+    const TO: &str = "v1.34.1+k3s1";
+    let env = env(3, 1).await;
+    env.converge(20).await;
+    let mut servers: Vec<String> = instances(&env.sim, CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    servers.sort();
+    assert_eq!(servers.len(), 3, "{servers:?}");
+    let victim = servers[1].clone();
+    env.sim.faults().update(|f| {
+        f.deprecated_apis.insert(
+            victim.clone(),
+            vec![oxide_sim::oxide::faults::DeprecatedApi {
+                group: "apps".into(),
+                version: "v1beta1".into(),
+                resource: "deployments".into(),
+                removed_release: "1.34".into(),
+                ..Default::default()
+            }],
+        );
+    });
+    // `scale upgrade` runs the gate and the pre-flight: it prints the blocker and writes
+    // nothing, dry run or not.
+    for dry in [true, false] {
+        let mut args = vec!["upgrade", "--to", TO];
+        if dry {
+            args.push("--dry-run");
+        }
+        let (code, out, err) = scale(&env, &args).await;
+        assert_eq!(code, Some(2), "{args:?}: {out}{err}");
+        assert!(
+            err.contains("the upgrade pre-flight for k3s.version v1.34.1+k3s1 failed")
+                && err.contains(&format!(
+                    "apps/v1beta1 deployments removed in v1.34 still requested (server {victim})"
+                )),
+            "{err}"
+        );
+        assert_eq!(env.spec().await.k3s.version, "v1.33.4+k3s1");
+    }
+    env.edit(|s| s.k3s.version = TO.into()).await;
+    env.sim.oxide().reset_counters();
+    for run in 1..=2 {
+        let out = env.reconcile(&[]).await;
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "run {run}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let creates = env
+        .sim
+        .oxide()
+        .counters()
+        .get("POST /v1/instances")
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(creates, 0, "no instance while the pre-flight fails");
+    let status = env.status().await.unwrap_or_else(|| panic!("no status"));
+    let upgrade = status
+        .upgrade
+        .clone()
+        .unwrap_or_else(|| panic!("no upgrade"));
+    assert_eq!(upgrade.phase.to_string(), "preflight", "{upgrade:?}");
+    let degraded = status
+        .condition("Degraded")
+        .cloned()
+        .unwrap_or_else(|| panic!("no Degraded"));
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "UpgradePreflightFailed"),
+        "{degraded:?}"
+    );
+    assert!(
+        degraded.message.contains(&format!(
+            "apps/v1beta1 deployments removed in v1.34 still requested (server {victim})"
+        )),
+        "{}",
+        degraded.message
+    );
+    // Only that server's apiserver served it.
+    for other in servers.iter().filter(|s| **s != victim) {
+        assert!(
+            !degraded.message.contains(other.as_str()),
+            "{}",
+            degraded.message
+        );
+    }
+
+    // With the override, `scale upgrade --dry-run` prints the phases and the passed pre-flight.
+    env.edit(|s| {
+        s.k3s.version = "v1.33.4+k3s1".into();
+        s.upgrade.allow_removed_apis = vec!["apps/v1beta1/deployments".into()];
+    })
+    .await;
+    let (code, out, err) = scale(&env, &["upgrade", "--to", TO, "--dry-run"]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("1. control plane \"control-plane\" (runs v1.33.4+k3s1)")
+            && out.contains("pre-flight: passed")
+            && out.contains("nothing written"),
+        "{out}"
+    );
+    let (code, out, err) = scale(&env, &["upgrade", "--to", TO]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert_eq!(env.spec().await.k3s.version, TO);
+    let out = env.reconcile(&[]).await;
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created = env
+        .sim
+        .oxide()
+        .counters()
+        .get("POST /v1/instances")
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(created, 1, "the first v1.34 server once the API is allowed");
+    let status = env.status().await.unwrap_or_else(|| panic!("no status"));
+    assert_eq!(
+        status.upgrade.map(|u| u.phase.to_string()).as_deref(),
+        Some("control-plane")
+    );
+    // Each server's own apiserver answers /version with the k3s it installed: the new one
+    // v1.34, the old ones v1.33.
+    let new = instances(&env.sim, CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .find(|n| !servers.contains(n))
+        .unwrap_or_else(|| panic!("no new server"));
+    wait_until("the new server's own /version", async || {
+        server_get(&env, &new, "/version")
+            .await
+            .is_ok_and(|v| v.contains(&format!("\"gitVersion\": \"{TO}\"")))
+    })
+    .await;
+    let old = server_get(&env, &servers[0], "/version")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(old.contains("\"gitVersion\": \"v1.33.4+k3s1\""), "{old}");
+    assert!(old.contains("\"minor\": \"33\""), "{old}");
+}
+
+/// `GET path` from server `name`'s own apiserver (through its floating or ephemeral IP), as
+/// the product's pre-flight reads it, with the admin kubeconfig.
+async fn server_get(env: &Env, name: &str, path: &str) -> Result<String, String> {
+    use oxide_controller::ports::cluster::Cluster as _;
+    use oxide_controller::ports::rack::Rack as _;
+    let config = oxide_controller::adapters::kubeclient::config(Some(&env.kubeconfig), None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let client = oxide_controller::adapters::kubeclient::client_from_config(config.clone())
+        .map_err(|e| e.to_string())?;
+    let cluster = oxide_controller::adapters::kube_cluster::KubeCluster::new(client, "kube-system")
+        .with_server_config(config);
+    let rack = oxide_controller::adapters::oxide_rack::OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "sim",
+        oxide_controller::adapters::oxide_rack::RackOptions::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let ips = rack
+        .instance_external_ips(name)
+        .await
+        .map_err(|e| e.to_string())?;
+    let addresses: Vec<std::net::IpAddr> = oxide_controller::ports::rack::reachable_address(&ips)
+        .into_iter()
+        .collect();
+    cluster
+        .server_get(&addresses, path)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Issue 33 items 2 and 3: `k3s.version` names a release that does not exist: the pre-flight
+/// finds its hash file missing where the nodes' installer fetches it (the simulator's GitHub)
+/// and nothing is created. Then a release that exists but does not install on the nodes (their
+/// installer download fails): the first new server fails its setup; the roll is then blocked:
+/// over eight runs at most that one member is created (the back-off's first probe is a minute
+/// away), Degraded `UpgradeBlocked` gives the console's reason, and every old server stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_does_not_install_blocks_the_roll_after_one_failed_member_without_a_loop() {
+    const MISSING: &str = "v1.33.99+k3s1";
+    const TO: &str = "v1.34.1+k3s1";
+    let env = env(3, 1).await;
+    env.converge(20).await;
+    let old: Vec<String> = instances(&env.sim, CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    let creates = || {
+        env.sim
+            .oxide()
+            .counters()
+            .get("POST /v1/instances")
+            .copied()
+            .unwrap_or(0)
+    };
+    env.edit(|s| s.k3s.version = MISSING.into()).await;
+    env.sim.oxide().reset_counters();
+    let out = env.reconcile(&[]).await;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(creates(), 0, "no member of a release that does not exist");
+    let status = env.status().await.unwrap_or_else(|| panic!("no status"));
+    let degraded = status
+        .condition("Degraded")
+        .cloned()
+        .unwrap_or_else(|| panic!("no Degraded"));
+    assert_eq!(degraded.reason, "UpgradePreflightFailed", "{degraded:?}");
+    assert!(
+        degraded.message.contains(&format!(
+            "release {MISSING} is not at {}/download/{MISSING}/sha256sum-amd64.txt (HTTP 404)",
+            env.sim.release_url
+        )),
+        "{}",
+        degraded.message
+    );
+
+    // A release that exists, but the new servers' installer download fails.
+    env.sim
+        .faults()
+        .update(|f| f.download_fails = vec![CP.to_owned()]);
+    env.edit(|s| s.k3s.version = TO.into()).await;
+    // The first run creates the surge server; wait until its console shows the failure.
+    let out = env.reconcile(&[]).await;
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(creates(), 1, "the first new-version server");
+    let surge = instances(&env.sim, CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .find(|n| !old.contains(n))
+        .unwrap_or_else(|| panic!("no new server"));
+    let rack = oxide_controller::adapters::oxide_rack::OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "sim",
+        oxide_controller::adapters::oxide_rack::RackOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_until("the new server's setup to fail", async || {
+        console_of(&rack, &surge)
+            .await
+            .contains("node-setup failed: k3s-install")
+    })
+    .await;
+    for run in 2..=8 {
+        let out = env.reconcile(&[]).await;
+        assert!(
+            matches!(out.status.code(), Some(0 | 1)),
+            "run {run}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(creates(), 1, "run {run}: no new member within the back-off");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let status = env.status().await.unwrap_or_else(|| panic!("no status"));
+    let degraded = status
+        .condition("Degraded")
+        .cloned()
+        .unwrap_or_else(|| panic!("no Degraded"));
+    assert_eq!(
+        (degraded.status.as_str(), degraded.reason.as_str()),
+        ("True", "UpgradeBlocked"),
+        "{degraded:?}"
+    );
+    assert!(
+        degraded
+            .message
+            .contains("node setup failed at k3s-install: download of https://get.k3s.io failed")
+            && degraded.message.contains(&surge),
+        "{}",
+        degraded.message
+    );
+    let now: Vec<String> = instances(&env.sim, CP)
+        .iter()
+        .filter_map(|i| i["name"].as_str().map(str::to_owned))
+        .collect();
+    for o in &old {
+        assert!(now.contains(o), "old server {o} removed: {now:?}");
+    }
+    assert!(
+        !now.contains(&surge),
+        "the failed member is removed: {now:?}"
+    );
+}
+
+/// Runs the real `scale` binary with the admin kubeconfig: (exit code, stdout, stderr).
+async fn scale(env: &Env, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = tokio::process::Command::new(support::scale_bin())
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&env.kubeconfig)
+        .env("OXIDE_CONTROLLER_LOG_FORMAT", "text")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// Issue 33 (U2–U4): a skipped minor, a downgrade and a worker pool above the servers are
 /// refused by every run before it takes its Lease: exit 2 naming the field and what to set,
 /// and not one mutating request to either API.

@@ -374,6 +374,23 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
     if ready_workers(&sim) != 0 {
         return Err(format!("D: {} workers left, want 0", ready_workers(&sim)));
     }
+    // G: the upgrade pre-flight reads the server's own /metrics (a non-resource URL), as
+    // `scale upgrade --dry-run` runs it: it passes (no deprecated API in use).
+    let out = tokio::process::Command::new(scale_bin())
+        .args(["upgrade", "--to", "v1.34.1+k3s1", "--dry-run"])
+        .env("KUBECONFIG", &sa)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !stdout.contains("pre-flight: passed") {
+        return Err(format!(
+            "G: scale upgrade --dry-run: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
     let _ = webhook.kill().await;
     Ok(())
 }

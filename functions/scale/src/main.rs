@@ -230,12 +230,17 @@ fn main() -> ExitCode {
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
 async fn run(args: Args) -> ExitCode {
-    let client = match oxide_controller::adapters::kubeclient::client(
+    let built = match oxide_controller::adapters::kubeclient::config(
         args.kube.kubeconfig.as_deref(),
         args.kube.context.as_deref(),
     )
     .await
     {
+        Ok(config) => oxide_controller::adapters::kubeclient::client_from_config(config.clone())
+            .map(|c| (c, config)),
+        Err(e) => Err(e),
+    };
+    let (client, config) = match built {
         Ok(c) => c,
         Err(e) => {
             tracing::error!("{}", chain(&e));
@@ -283,7 +288,7 @@ async fn run(args: Args) -> ExitCode {
             autoscale(&state, client, ns, pool.pool.as_deref(), change, output).await
         }
         Command::Status { output } => status(&state, client, ns, output, &args.kube).await,
-        Command::Upgrade { to, dry_run } => upgrade(&state, client, ns, &to, dry_run).await,
+        Command::Upgrade { to, dry_run } => upgrade(&state, client, config, ns, &to, dry_run).await,
         Command::Add { delta, pool } => {
             change(
                 &state,
@@ -343,13 +348,25 @@ async fn change(
 async fn upgrade(
     state: &KubeStateStore,
     client: kube::Client,
+    config: kube::Config,
     ns: &str,
     to: &str,
     dry_run: bool,
 ) -> ExitCode {
-    let cluster = KubeCluster::new(client, ns);
+    let cluster = KubeCluster::new(client, ns).with_server_config(config);
     let now = chrono::Utc::now();
-    match oxide_controller::workflows::upgrade::run(state, &cluster, to, dry_run, now).await {
+    // The pre-flight reads each server's address from the rack, as the Secret's project.
+    let make_rack = |s: &oxide_controller::base::secrets::ClusterSecrets| {
+        oxide_controller::adapters::oxide_rack::OxideRack::connect(
+            &s.oxide_host,
+            &s.oxide_token,
+            &s.oxide_project,
+            oxide_controller::adapters::oxide_rack::RackOptions::default(),
+        )
+    };
+    match oxide_controller::workflows::upgrade::run(state, &cluster, make_rack, to, dry_run, now)
+        .await
+    {
         Ok(out) => {
             print!("{}", out.phases);
             if dry_run {

@@ -53,6 +53,9 @@ pub struct KubeCluster {
     client: kube::Client,
     namespace: String,
     reporting_instance: String,
+    /// The configuration `client` was built from, for clients of one server's apiserver
+    /// ([`Cluster::server_get`]); None: not available.
+    server_config: Option<kube::Config>,
     /// The Lease as we last wrote it: renew and release replace it directly (one request);
     /// only a 409 sends them back to read the current one.
     held: std::sync::Arc<std::sync::Mutex<Option<Lease>>>,
@@ -81,6 +84,7 @@ impl KubeCluster {
             client,
             namespace: namespace.to_owned(),
             reporting_instance: OBJECT_NAME.to_owned(),
+            server_config: None,
             held: std::sync::Arc::default(),
             supervisor: None,
         }
@@ -95,6 +99,50 @@ impl KubeCluster {
             Err(e) => tracing::warn!(error = %e, "no access to k3s's supervisor"),
         }
         self
+    }
+
+    /// Lets [`Cluster::server_get`] reach each server's own apiserver with the credentials
+    /// and CA of `config` (what `client` was built from).
+    pub fn with_server_config(mut self, config: kube::Config) -> Self {
+        self.server_config = Some(config);
+        self
+    }
+
+    /// `GET path` from the apiserver at `address`:6443.
+    async fn get_from(
+        &self,
+        address: std::net::IpAddr,
+        path: &str,
+    ) -> Result<String, ClusterError> {
+        let what = format!("GET {path} from {address}");
+        let unavailable = |message: String| ClusterError::Unavailable {
+            what: what.clone(),
+            message,
+        };
+        let mut config = self
+            .server_config
+            .clone()
+            .ok_or_else(|| unavailable("no client configuration to reach one server".into()))?;
+        config.cluster_url = format!("https://{}", std::net::SocketAddr::new(address, 6443))
+            .parse()
+            .map_err(|e| unavailable(format!("{e}")))?;
+        config.tls_server_name = Some("kubernetes.default.svc".into());
+        let client = crate::adapters::kubeclient::client_from_config(config)
+            .map_err(|e| unavailable(e.to_string()))?;
+        let req = http::Request::get(path)
+            .body(Vec::new())
+            .map_err(|e| unavailable(e.to_string()))?;
+        client
+            .request_text(req)
+            .await
+            .map_err(|e| match api_status(&e) {
+                Some(403) => ClusterError::Forbidden {
+                    what: what.clone(),
+                    message: api_message(&e),
+                },
+                Some(code) => unavailable(format!("HTTP {code}: {}", api_message(&e))),
+                None => unavailable(e.to_string()),
+            })
     }
 
     fn remember(&self, lease: Option<Lease>) {
@@ -403,6 +451,26 @@ impl Cluster for KubeCluster {
                 message: "this run has no address and CA for k3s's supervisor".into(),
             }),
         }
+    }
+
+    async fn server_get(
+        &self,
+        addresses: &[std::net::IpAddr],
+        path: &str,
+    ) -> Result<String, ClusterError> {
+        let mut last = ClusterError::Unavailable {
+            what: format!("GET {path}"),
+            message: "the server has no address".into(),
+        };
+        for a in addresses {
+            match self.get_from(*a, path).await {
+                Ok(text) => return Ok(text),
+                // An answer (a refusal) is the server's word; another address says the same.
+                Err(e @ ClusterError::Forbidden { .. }) => return Err(e),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
 
     async fn lease_holder(&self) -> Result<Option<String>, ClusterError> {

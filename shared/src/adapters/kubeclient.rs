@@ -68,7 +68,8 @@ pub async fn client(
     client_from_config(config(kubeconfig, context).await?)
 }
 
-/// The configuration [`client`] builds its client from (API address, CA, credentials).
+/// The configuration [`client`] builds its client from (for clients of one server's
+/// apiserver with the same credentials: [`crate::adapters::kube_cluster::KubeCluster::with_server_config`]).
 pub async fn config(
     kubeconfig: Option<&Path>,
     context: Option<&str>,

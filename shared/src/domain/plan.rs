@@ -610,10 +610,13 @@ pub fn plan(
     for (role, pool) in spec.pools() {
         let pool_members: Vec<&Member> = members.iter().filter(|m| m.pool == pool.name).collect();
         let base = Duration::seconds(secs(spec.timeouts.create_retry_seconds));
-        let blocked = observed
+        let hash = spec.pool_hash(role, pool);
+        let carried = observed
             .create_backoff
             .get(&pool.name)
-            .filter(|b| b.spec_hash == spec.pool_hash(role, pool));
+            .filter(|b| b.spec_hash == hash);
+        let failed_roll = install_block(&pool_members, carried, &hash, now);
+        let blocked = failed_roll.as_ref().or(carried);
         let mut gate = CreateGate {
             limit: blocked.map(|b| usize::from(now >= b.next_probe(base))),
             made: 0,
@@ -632,21 +635,7 @@ pub fn plan(
             now,
             &mut p,
         );
-        if let Some(b) = blocked.filter(|_| gate.wanted > 0) {
-            p.create_backoff.insert(pool.name.clone(), b.clone());
-            let next = if gate.made > 0 {
-                "trying one create this run".to_owned()
-            } else {
-                format!(
-                    "next try after {}",
-                    b.next_probe(base).format("%Y-%m-%dT%H:%M:%SZ")
-                )
-            };
-            p.findings.push(Finding {
-                degraded: true,
-                message: format!("{}; {next}", b.describe(&pool.name)),
-            });
-        }
+        carry_block(&pool.name, &pool_members, blocked, &gate, base, &mut p);
     }
 
     // Members of pools the spec no longer has: remove them, except anything that looks like a
@@ -676,6 +665,72 @@ pub fn plan(
 
     plan_orphans(spec, observed, &mut p);
     p
+}
+
+/// Keeps a pool's block for the next run (with its finding) while the pool still wants
+/// creates, or, for a roll blocked by a failed new member, until a member of the new spec is
+/// Ready, whether or not this run wanted a create.
+fn carry_block(
+    pool: &str,
+    members: &[&Member],
+    blocked: Option<&backoff::CreateBackoff>,
+    gate: &CreateGate,
+    base: Duration,
+    p: &mut Plan,
+) {
+    let roll_blocked = |b: &backoff::CreateBackoff| {
+        b.cause == backoff::BlockCause::SetupFailed
+            && !members
+                .iter()
+                .any(|m| !m.drifted && m.health == Health::Ready)
+    };
+    let Some(b) = blocked.filter(|b| gate.wanted > 0 || roll_blocked(b)) else {
+        return;
+    };
+    p.create_backoff.insert(pool.to_owned(), b.clone());
+    let next = if gate.made > 0 {
+        "trying one create this run".to_owned()
+    } else {
+        format!(
+            "next try after {}",
+            b.next_probe(base).format("%Y-%m-%dT%H:%M:%SZ")
+        )
+    };
+    p.findings.push(Finding {
+        degraded: true,
+        message: format!("{}; {next}", b.describe(pool)),
+    });
+}
+
+/// The block of a pool whose roll met a new member that failed its node setup (issue 33
+/// item 3): a member of the current spec with [`Health::SetupFailed`] while members of the
+/// old spec still serve. Each failed member is counted once (the carried block names the
+/// last one); the probe delay counts from when it was seen.
+fn install_block(
+    members: &[&Member],
+    carried: Option<&backoff::CreateBackoff>,
+    hash: &str,
+    now: DateTime<Utc>,
+) -> Option<backoff::CreateBackoff> {
+    let rolling = members.iter().any(|m| m.drifted && m.health.counts());
+    let failed = members
+        .iter()
+        .filter(|m| !m.drifted && m.health == Health::SetupFailed)
+        .max_by_key(|m| m.instance.time_created)
+        .filter(|_| rolling)?;
+    let prev = carried.filter(|b| b.cause == backoff::BlockCause::SetupFailed);
+    if prev.is_some_and(|b| b.member.as_deref() == Some(failed.name())) {
+        return None;
+    }
+    Some(backoff::CreateBackoff {
+        cause: backoff::BlockCause::SetupFailed,
+        message: setup_failed_why(failed),
+        since: prev.map_or(now, |p| p.since),
+        last_attempt: now,
+        failures: prev.map_or(0, |p| p.failures).saturating_add(1),
+        spec_hash: hash.to_owned(),
+        member: Some(failed.name().to_owned()),
+    })
 }
 
 /// Returns whether the floating IP exists (so joiners can be configured with its address).

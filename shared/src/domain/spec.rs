@@ -196,6 +196,17 @@ pub fn check_installer_url(url: &str) -> Result<(), String> {
     }
 }
 
+/// Where install.sh downloads k3s releases by default (its `GITHUB_URL`).
+pub const K3S_RELEASE_URL: &str = "https://github.com/k3s-io/k3s/releases";
+
+fn default_k3s_release_url() -> String {
+    K3S_RELEASE_URL.to_owned()
+}
+
+fn is_default_k3s_release_url(url: &str) -> bool {
+    url == K3S_RELEASE_URL
+}
+
 fn default_tailscale_installer_url() -> String {
     TAILSCALE_INSTALL_URL.to_owned()
 }
@@ -305,6 +316,15 @@ pub struct K3sSpec {
     /// (`sha256sum -c`). Required for an `http://` `installer_url`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub installer_sha256: Option<String>,
+    /// Where the installer downloads k3s releases (install.sh's `GITHUB_URL`): GitHub, unless
+    /// `installer_url` is a mirror whose install.sh points elsewhere. The upgrade pre-flight
+    /// checks that `<release_url>/download/<k3s.version>/sha256sum-amd64.txt` is there before
+    /// the first member of a new version tries to install it.
+    #[serde(
+        default = "default_k3s_release_url",
+        skip_serializing_if = "is_default_k3s_release_url"
+    )]
+    pub release_url: String,
     /// Run with `--disable-cloud-controller` and leave cloud-provider duties to the Oxide CCM.
     #[serde(default)]
     pub oxide_ccm: bool,
@@ -320,6 +340,7 @@ impl Default for K3sSpec {
             install: K3sInstall::default(),
             installer_url: default_k3s_installer_url(),
             installer_sha256: None,
+            release_url: default_k3s_release_url(),
             oxide_ccm: false,
             tls_san: Vec::new(),
         }
@@ -845,6 +866,9 @@ impl ClusterSpec {
         self.validate_tailscale(&mut err);
         if let Err(e) = check_installer_url(&self.k3s.installer_url) {
             err("k3s.installer_url".into(), e);
+        }
+        if let Err(e) = check_installer_url(&self.k3s.release_url) {
+            err("k3s.release_url".into(), e);
         }
         if let Err(e) = check_installer_digest(
             &self.k3s.installer_url,

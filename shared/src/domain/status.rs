@@ -240,8 +240,22 @@ pub fn build(r: &RunReport) -> Status {
 /// The Degraded condition's reason and message: the run's error, else the first pool whose
 /// creates are refused, else the first failed action, else the first degrading finding.
 fn degraded_reason(r: &RunReport, failures: usize, create_backoff: &Backoffs) -> (String, String) {
+    let blocked = r
+        .plan
+        .and_then(|p| p.upgrade.as_ref())
+        .and_then(crate::domain::upgrade::blocked_finding);
     if let Some(e) = &r.error {
         ("RunFailed".to_owned(), e.clone())
+    } else if let Some(f) = blocked {
+        (
+            crate::domain::upgrade::preflight::FAILED_REASON.to_owned(),
+            f,
+        )
+    } else if let Some((pool, b)) = create_backoff
+        .iter()
+        .find(|(_, b)| b.cause == backoff::BlockCause::SetupFailed)
+    {
+        ("UpgradeBlocked".to_owned(), b.describe(pool))
     } else if let Some((pool, b)) = create_backoff.iter().next() {
         ("CreatesRefused".to_owned(), b.describe(pool))
     } else if let Some(first) = r.results.iter().find_map(|x| match &x.outcome {
@@ -433,6 +447,7 @@ mod tests {
             to: "v1.34.1+k3s1".into(),
             phase: Phase::ControlPlane,
             started_at: at(0),
+            blocked: Vec::new(),
         };
         let versions = vec![PoolVersions {
             pool: "workers".into(),

@@ -36,12 +36,17 @@ pub struct UpgradeStatus {
     pub to: String,
     pub phase: Phase,
     pub started_at: DateTime<Utc>,
+    /// What keeps the upgrade from going on (the pre-flight's blockers), if anything.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<String>,
 }
 
 /// Where an upgrade is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Phase {
+    /// The pre-flight checks ([`preflight`]) have not passed yet: nothing rolls.
+    Preflight,
     /// Servers are rolled, one at a time; every worker pool keeps its version.
     ControlPlane,
     /// Every server runs the target; worker pools roll in spec order.
@@ -51,6 +56,7 @@ pub enum Phase {
 impl std::fmt::Display for Phase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Phase::Preflight => "preflight",
             Phase::ControlPlane => "control-plane",
             Phase::Workers => "workers",
         })
@@ -378,6 +384,7 @@ pub fn progress(
             to: spec.k3s.version.clone(),
             phase,
             started_at: kept.map_or(now, |p| p.started_at),
+            blocked: Vec::new(),
         }
     });
     Progress { upgrade, pools }
@@ -474,6 +481,21 @@ pub fn effective_spec(spec: &ClusterSpec, progress: &Progress) -> ClusterSpec {
     out
 }
 
+/// The degraded finding of a blocked upgrade: `UpgradePreflightFailed: <blockers>`.
+pub fn blocked_finding(progress: &Progress) -> Option<String> {
+    let u = progress
+        .upgrade
+        .as_ref()
+        .filter(|u| !u.blocked.is_empty())?;
+    Some(format!(
+        "{}: {} (upgrade {} -> {}; nothing rolls until it passes)",
+        preflight::FAILED_REASON,
+        u.blocked.join("; "),
+        u.from,
+        u.to
+    ))
+}
+
 /// What the run notices about the upgrade: which pools wait, and for what.
 pub fn findings(progress: &Progress) -> Vec<String> {
     let mut out = Vec::new();
@@ -483,6 +505,7 @@ pub fn findings(progress: &Progress) -> Vec<String> {
             u.from, u.to, u.phase
         ));
     }
+    // The blockers are the Degraded finding's (see `blocked_finding`).
     for (i, p) in progress.pools.iter().enumerate() {
         match &p.waiting_for {
             // The control plane comes first in `pools`.
@@ -499,6 +522,57 @@ pub fn findings(progress: &Progress) -> Vec<String> {
     }
     out
 }
+
+/// Whether this run must pass the pre-flight before the roll goes on: the servers are to be
+/// upgraded, none runs the version they roll to yet (no new-version member joined), and no
+/// earlier run passed the pre-flight for this `k3s.version` (`previous`). Once per target.
+pub fn needs_preflight(
+    spec: &ClusterSpec,
+    nodes: &[Node],
+    progress: &Progress,
+    previous: Option<&UpgradeStatus>,
+) -> bool {
+    let Some(u) = &progress.upgrade else {
+        return false;
+    };
+    let passed = previous.is_some_and(|p| p.to == spec.k3s.version && p.phase != Phase::Preflight);
+    let cp_to = progress
+        .pools
+        .first()
+        .and_then(|p| K3sVersion::parse(&p.rolling_to));
+    let servers = pool_nodes(nodes, &spec.control_plane.name);
+    let started = servers
+        .iter()
+        .any(|(_, v)| v.is_some() && v.as_ref() >= cp_to.as_ref());
+    u.phase == Phase::ControlPlane && !passed && !started
+}
+
+/// A failed pre-flight: nothing rolls. The servers stay at the newest version they run (no
+/// member of the target is created; a broken member is replaced at that version), every
+/// worker pool keeps its version as it does while the servers are behind, and the upgrade
+/// is recorded in phase `preflight` with its `blockers`.
+pub fn hold_for_preflight(
+    spec: &ClusterSpec,
+    nodes: &[Node],
+    progress: &mut Progress,
+    blockers: Vec<String>,
+) {
+    let servers = pool_nodes(nodes, &spec.control_plane.name);
+    let held = span(&servers).map(|(_, (_, newest))| newest.to_string());
+    if let (Some(cp), Some(held)) = (progress.pools.first_mut(), held) {
+        cp.rolling_to = held;
+        cp.waiting_for = Some(format!(
+            "the upgrade pre-flight for {} to pass",
+            spec.k3s.version
+        ));
+    }
+    if let Some(u) = progress.upgrade.as_mut() {
+        u.phase = Phase::Preflight;
+        u.blocked = blockers;
+    }
+}
+
+pub mod preflight;
 
 #[cfg(test)]
 mod tests;

@@ -180,4 +180,22 @@ pub trait Cluster: Send + Sync {
         &self,
         server_token: &str,
     ) -> impl Future<Output = Result<Vec<EtcdMember>, ClusterError>> + Send;
+
+    /// `GET path` (a non-resource URL such as `/metrics`) from one server's own apiserver,
+    /// the first of `addresses` that answers (port 6443, its certificate checked for
+    /// `kubernetes.default.svc`, which every k3s server's certificate names), with this
+    /// cluster's credentials: what that apiserver process alone knows.
+    fn server_get(
+        &self,
+        addresses: &[std::net::IpAddr],
+        path: &str,
+    ) -> impl Future<Output = Result<String, ClusterError>> + Send {
+        let what = format!("GET {path} from {addresses:?}");
+        async move {
+            Err(ClusterError::Unavailable {
+                what,
+                message: "this adapter cannot reach one server's apiserver".into(),
+            })
+        }
+    }
 }

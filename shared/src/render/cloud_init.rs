@@ -727,9 +727,12 @@ pub fn setup_steps(script: &str) -> Vec<SetupStep> {
 }
 
 /// The failure marker in a console text, if a line carries one (anywhere in the line: the
-/// console may prefix it, e.g. with a timestamp). The last one wins.
+/// console may prefix it, e.g. with a timestamp). The last one wins. A bare `exit status N`
+/// gets the installer's last `[ERROR]` line before the marker (install.sh's `fatal`), which
+/// says why: `exit status 1 ([ERROR]  Download failed)`.
 pub fn setup_failure(console: &str) -> Option<SetupFailure> {
-    console.lines().rev().find_map(|line| {
+    let lines: Vec<&str> = console.lines().collect();
+    lines.iter().enumerate().rev().find_map(|(at, line)| {
         let rest = &line[line.find(SETUP_FAILED_MARKER)? + SETUP_FAILED_MARKER.len()..];
         let (step, reason) = rest.split_once(": ").unwrap_or((rest, ""));
         let clean = |s: &str| -> String {
@@ -739,9 +742,20 @@ pub fn setup_failure(console: &str) -> Option<SetupFailure> {
                 .take(200)
                 .collect()
         };
+        let installer_error = lines[..at]
+            .iter()
+            .rev()
+            .take(20)
+            .find_map(|l| l.find("[ERROR]").map(|i| clean(&l[i..])));
+        let reason = match installer_error {
+            Some(e) if reason.trim().starts_with("exit status") => {
+                format!("{} ({e})", clean(reason))
+            }
+            _ => clean(reason),
+        };
         Some(SetupFailure {
             step: clean(step),
-            reason: clean(reason),
+            reason,
         })
     })
 }
@@ -1821,6 +1835,16 @@ mod tests {
         );
         let prefixed = "<11>Nov 22 20:13:34 cloud-init: oxide-controller: node-setup failed: k3s-install: exit status 7";
         assert_eq!(setup_failure(prefixed).unwrap().reason, "exit status 7");
+        // A bare exit status gets the installer's own last [ERROR] line (install.sh `fatal`).
+        let installer = "[INFO]  Using v1.33.99+k3s1 as release\n[INFO]  Downloading hash https://github.com/k3s-io/k3s/releases/download/v1.33.99+k3s1/sha256sum-amd64.txt\n[ERROR]  Download failed\noxide-controller: node-setup failed: k3s-install: exit status 1\n";
+        assert_eq!(
+            setup_failure(installer).unwrap().reason,
+            "exit status 1 ([ERROR]  Download failed)"
+        );
+        // A reason of its own is kept as it is.
+        let own =
+            "[ERROR]  earlier\noxide-controller: node-setup failed: data-disk: no NVMe disk\n";
+        assert_eq!(setup_failure(own).unwrap().reason, "no NVMe disk");
     }
 
     #[test]

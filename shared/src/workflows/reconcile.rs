@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 mod autoscale;
+pub mod preflight;
 pub use autoscale::{Decided, active as autoscale_active, views as autoscale_views};
 
 use crate::apply::{self, ApplyOptions};
@@ -433,12 +434,21 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     };
     // Servers first, then worker pools in order: the planner plans each pool at the version
     // it may roll to now (issue 33).
-    let versions = crate::domain::upgrade::progress(
-        spec,
-        &observed.nodes,
-        now,
-        previous.and_then(|s| s.upgrade.as_ref()),
-    );
+    let previous_upgrade = previous.and_then(|s| s.upgrade.as_ref());
+    let mut versions =
+        crate::domain::upgrade::progress(spec, &observed.nodes, now, previous_upgrade);
+    // Once per target, before the first member of the new version: the pre-flight.
+    if crate::domain::upgrade::needs_preflight(spec, &observed.nodes, &versions, previous_upgrade) {
+        let blockers = preflight::run(rack, cluster, spec, &observed, now).await;
+        if !blockers.is_empty() {
+            crate::domain::upgrade::hold_for_preflight(
+                spec,
+                &observed.nodes,
+                &mut versions,
+                blockers,
+            );
+        }
+    }
     let effective = crate::domain::upgrade::effective_spec(spec, &versions);
     let spec = &effective;
     let suffixes = fresh_suffixes(spec);
@@ -459,6 +469,12 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
                 degraded: false,
                 message,
             }),
+    );
+    plan.findings.extend(
+        crate::domain::upgrade::blocked_finding(&versions).map(|message| plan::Finding {
+            degraded: true,
+            message,
+        }),
     );
     plan.upgrade = Some(versions);
     let outcome = decided.map(|d| {
@@ -945,7 +961,12 @@ async fn record_backoff_events<C: Cluster>(cluster: &C, previous: Option<&Status
             .and_then(|m| m.get(pool))
             .is_none_or(|p| p.cause != b.cause)
         {
-            events.push((EventType::Warning, "CreatesRefused", b.describe(pool)));
+            let reason = if b.cause == plan::backoff::BlockCause::SetupFailed {
+                "UpgradeBlocked"
+            } else {
+                "CreatesRefused"
+            };
+            events.push((EventType::Warning, reason, b.describe(pool)));
         }
     }
     for pool in before.into_iter().flat_map(|m| m.keys()) {

@@ -14,6 +14,7 @@ use crate::domain::model::Node;
 use crate::domain::spec::{ClusterSpec, SpecError, SpecErrors, SpecLoadError};
 use crate::domain::upgrade::{self, Progress};
 use crate::ports::cluster::{Cluster, ClusterError};
+use crate::ports::rack::Rack;
 use crate::ports::state::StateStore;
 use crate::workflows::error::Kind;
 use crate::workflows::scale::{self, ReconcileOutcome, ScaleError, ScaleOptions, SpecCache};
@@ -28,17 +29,23 @@ pub enum UpgradeError {
     Scale(#[from] ScaleError),
     #[error("reading the Nodes")]
     Nodes(#[source] ClusterError),
+    /// The upgrade pre-flight found what blocks it. Nothing was written.
+    #[error("the upgrade pre-flight for k3s.version {to} failed:\n{}", .blockers.join("\n"))]
+    Preflight { to: String, blockers: Vec<String> },
+    /// The rack or the cluster could not be observed for the pre-flight.
+    #[error("observing the cluster for the pre-flight")]
+    Observe(#[source] crate::workflows::error::BoxError),
 }
 
 impl UpgradeError {
     /// A refused version is the user's to fix (exit 2); a failed read may pass (exit 1).
     pub fn kind(&self) -> Kind {
         match self {
-            UpgradeError::Refused { .. } | UpgradeError::Scale(ScaleError::Spec(_)) => {
-                Kind::NeedsPerson
-            }
+            UpgradeError::Refused { .. }
+            | UpgradeError::Preflight { .. }
+            | UpgradeError::Scale(ScaleError::Spec(_)) => Kind::NeedsPerson,
             UpgradeError::Scale(e) => e.kind(),
-            UpgradeError::Nodes(_) => Kind::Retry,
+            UpgradeError::Nodes(_) | UpgradeError::Observe(_) => Kind::Retry,
         }
     }
 
@@ -57,15 +64,20 @@ pub struct UpgradeOutcome {
     pub reconcile: ReconcileOutcome,
 }
 
-/// Sets `k3s.version` to `to` when the gate allows it (with `dry_run`, only checks and
-/// describes). A refused version writes nothing and names the field and what to set.
-pub async fn run<S: StateStore, C: Cluster>(
+/// Sets `k3s.version` to `to` when the gate and the pre-flight allow it (with `dry_run`, only
+/// checks and describes). A refused version writes nothing and names the field and what to
+/// set; a failed pre-flight writes nothing and names what blocks.
+pub async fn run<S: StateStore, C: Cluster, R: Rack, M>(
     state: &S,
     cluster: &C,
+    make_rack: M,
     to: &str,
     dry_run: bool,
     now: DateTime<Utc>,
-) -> Result<UpgradeOutcome, UpgradeError> {
+) -> Result<UpgradeOutcome, UpgradeError>
+where
+    M: FnOnce(&crate::base::secrets::ClusterSecrets) -> Result<R, crate::ports::rack::RackError>,
+{
     let nodes = cluster.list_nodes().await.map_err(UpgradeError::Nodes)?;
     let cache = SpecCache::default();
     let set = |spec: &mut ClusterSpec| -> Result<bool, SpecErrors> {
@@ -79,9 +91,10 @@ pub async fn run<S: StateStore, C: Cluster>(
         to: to.to_owned(),
         errors,
     })?;
+    let checked = preflight(state, make_rack, cluster, &spec, &nodes, now).await?;
     if dry_run {
         return Ok(UpgradeOutcome {
-            phases: phases(&spec, &nodes, now),
+            phases: format!("{}{checked}", phases(&spec, &nodes, now)),
             written: false,
             reconcile: ReconcileOutcome::NotNeeded,
         });
@@ -99,10 +112,52 @@ pub async fn run<S: StateStore, C: Cluster>(
         ReconcileOutcome::NotNeeded
     };
     Ok(UpgradeOutcome {
-        phases: phases(&spec, &nodes, now),
+        phases: format!("{}{checked}", phases(&spec, &nodes, now)),
         written,
         reconcile,
     })
+}
+
+/// The pre-flight as a run would make it before its first new member (when this target
+/// needs one): a line saying it passed, or the blockers as an error.
+async fn preflight<S: StateStore, C: Cluster, R: Rack, M>(
+    state: &S,
+    make_rack: M,
+    cluster: &C,
+    spec: &ClusterSpec,
+    nodes: &[Node],
+    now: DateTime<Utc>,
+) -> Result<String, UpgradeError>
+where
+    M: FnOnce(&crate::base::secrets::ClusterSecrets) -> Result<R, crate::ports::rack::RackError>,
+{
+    let p = upgrade::progress(spec, nodes, now, None);
+    if !upgrade::needs_preflight(spec, nodes, &p, None) {
+        return Ok("pre-flight: not needed (no server to upgrade, or the roll has begun)\n".into());
+    }
+    // The rack (each server's address) as the Secret's credentials and project reach it.
+    let secrets = state
+        .read_secrets()
+        .await
+        .map_err(|e| UpgradeError::Observe(Box::new(e)))?;
+    let rack = make_rack(&secrets).map_err(|e| UpgradeError::Observe(Box::new(e)))?;
+    let rack = &rack;
+    let observed = crate::workflows::reconcile::observe(rack, cluster, spec, &secrets.k3s_token)
+        .await
+        .map_err(|e| UpgradeError::Observe(Box::new(e)))?;
+    let blockers =
+        crate::workflows::reconcile::preflight::run(rack, cluster, spec, &observed, now).await;
+    if blockers.is_empty() {
+        Ok(format!(
+            "pre-flight: passed (every server Ready; no API that {} removes requested on any server)\n",
+            spec.k3s.version
+        ))
+    } else {
+        Err(UpgradeError::Preflight {
+            to: spec.k3s.version.clone(),
+            blockers,
+        })
+    }
 }
 
 /// The roll in order: the servers, then each worker pool, with what its Nodes run now.

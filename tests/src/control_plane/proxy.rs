@@ -182,6 +182,18 @@ impl FrontProxy {
         listener: tokio::net::TcpListener,
         tls: Arc<rustls::ServerConfig>,
     ) {
+        self.serve_as(listener, tls, None).await;
+    }
+
+    /// [`Self::serve`] on a listener of one k3s server: what that server's own apiserver
+    /// process answers itself (`/version`, its `/metrics` samples) is that server's (see
+    /// [`ServerFacts`]).
+    pub async fn serve_as(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        tls: Arc<rustls::ServerConfig>,
+        server: Option<Arc<ServerFacts>>,
+    ) {
         let acceptor = tokio_rustls::TlsAcceptor::from(tls);
         let mut connections = tokio::task::JoinSet::new();
         loop {
@@ -189,7 +201,11 @@ impl FrontProxy {
                 accepted = listener.accept() => match accepted {
                     Ok((tcp, _)) => {
                         let _ = tcp.set_nodelay(true);
-                        connections.spawn(Arc::clone(&self).connection(tcp, acceptor.clone()));
+                        connections.spawn(Arc::clone(&self).connection(
+                            tcp,
+                            acceptor.clone(),
+                            server.clone(),
+                        ));
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "front proxy: accept failed");
@@ -205,6 +221,7 @@ impl FrontProxy {
         self: Arc<Self>,
         tcp: tokio::net::TcpStream,
         acceptor: tokio_rustls::TlsAcceptor,
+        server: Option<Arc<ServerFacts>>,
     ) {
         let Ok(stream) = acceptor.accept(tcp).await else {
             return;
@@ -218,7 +235,8 @@ impl FrontProxy {
         let service = hyper::service::service_fn(move |req| {
             let proxy = Arc::clone(&self);
             let identity = identity.clone();
-            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, identity).await) }
+            let server = server.clone();
+            async move { Ok::<_, std::convert::Infallible>(proxy.handle(req, identity, server).await) }
         });
         let _ = hyper::server::conn::http1::Builder::new()
             .serve_connection(TokioIo::new(stream), service)
@@ -238,6 +256,7 @@ impl FrontProxy {
         &self,
         req: http::Request<Incoming>,
         identity: Option<Identity>,
+        server: Option<Arc<ServerFacts>>,
     ) -> http::Response<Body> {
         let (parts, body) = req.into_parts();
         let info = RequestInfo::parse(
@@ -328,6 +347,14 @@ impl FrontProxy {
             tracing::debug!(verb = %info.verb, %resource, code, "front proxy: committed request answered as failed");
             return injected(code);
         }
+        // The apiserver authorized the request (RBAC's `nonResourceURLs`): this server's own.
+        if let Some(server) = &server
+            && parts.method == http::Method::GET
+            && answer.status().is_success()
+            && matches!(parts.uri.path(), "/version" | "/metrics")
+        {
+            return self.server_own(server, parts.uri.path(), answer).await;
+        }
         let mut resp = http::Response::builder().status(answer.status());
         for (name, value) in answer.headers() {
             if matches!(
@@ -345,6 +372,120 @@ impl FrontProxy {
         resp.body(StreamBody::new(stream).boxed())
             .unwrap_or_else(|_| status(500, "InternalError", "front proxy: bad response"))
     }
+}
+
+/// What one simulated k3s server's own apiserver process answers itself: the cluster's shared
+/// real apiserver stands in for every server's, so `/version` (the k3s release the server
+/// installed) and the per-process `/metrics` gauge `apiserver_requested_deprecated_apis` are
+/// answered per listener, after the real apiserver authenticated and authorized the request.
+#[derive(Clone, Debug)]
+pub struct ServerFacts {
+    /// The server's instance name (the key of [`crate::oxide::faults::FaultSpec::deprecated_apis`]).
+    pub instance: String,
+    /// The k3s release it installed (`v1.34.1+k3s1`).
+    pub version: String,
+}
+
+/// The metric family one apiserver process keeps of the deprecated APIs it served
+/// (`k8s.io/apiserver` `pkg/endpoints/metrics/metrics.go` `deprecatedRequestGauge`).
+pub const DEPRECATED_APIS_METRIC: &str = "apiserver_requested_deprecated_apis";
+
+impl FrontProxy {
+    /// `/version` with the server's own release, or `/metrics` with the server's own
+    /// deprecated-API samples in place of the shared apiserver's.
+    async fn server_own(
+        &self,
+        server: &ServerFacts,
+        path: &str,
+        answer: reqwest::Response,
+    ) -> http::Response<Body> {
+        let content_type = answer
+            .headers()
+            .get("content-type")
+            .cloned()
+            .unwrap_or(http::HeaderValue::from_static("text/plain"));
+        let Ok(body) = answer.bytes().await else {
+            return status(503, "ServiceUnavailable", "front proxy: upstream body lost");
+        };
+        let out = if path == "/version" {
+            own_version(&body, &server.version)
+        } else {
+            let samples = self
+                .faults
+                .get()
+                .deprecated_apis
+                .iter()
+                .filter(|(prefix, _)| server.instance.starts_with(prefix.as_str()))
+                .flat_map(|(_, s)| s.clone())
+                .collect::<Vec<_>>();
+            own_metrics(&String::from_utf8_lossy(&body), &samples).into_bytes()
+        };
+        http::Response::builder()
+            .status(200)
+            .header("content-type", content_type)
+            .body(
+                Full::new(Bytes::from(out))
+                    .map_err(|never| match never {})
+                    .boxed(),
+            )
+            .unwrap_or_else(|_| status(500, "InternalError", "front proxy: bad response"))
+    }
+}
+
+/// The apiserver's `/version` JSON with `version`'s gitVersion, major and minor (and the
+/// emulation version, which defaults to the binary's).
+fn own_version(real: &[u8], version: &str) -> Vec<u8> {
+    let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(real) else {
+        return real.to_vec();
+    };
+    let mut parts = version.trim_start_matches('v').split(['.', '+', '-']);
+    let (major, minor) = (
+        parts.next().unwrap_or_default().to_owned(),
+        parts.next().unwrap_or_default().to_owned(),
+    );
+    if let Some(o) = v.as_object_mut() {
+        o.insert("gitVersion".into(), json!(version));
+        for (key, value) in [
+            ("major", &major),
+            ("minor", &minor),
+            ("emulationMajor", &major),
+            ("emulationMinor", &minor),
+        ] {
+            if key == "major" || key == "minor" || o.contains_key(key) {
+                o.insert(key.into(), json!(value));
+            }
+        }
+    }
+    serde_json::to_vec_pretty(&v).unwrap_or_else(|_| real.to_vec())
+}
+
+/// The Prometheus text `real` with the family [`DEPRECATED_APIS_METRIC`] replaced by
+/// `samples` (labels in the order client_golang writes them: sorted by name).
+fn own_metrics(real: &str, samples: &[crate::oxide::faults::DeprecatedApi]) -> String {
+    let ours = |l: &str| {
+        l.strip_prefix("# HELP ")
+            .or_else(|| l.strip_prefix("# TYPE "))
+            .unwrap_or(l)
+            .strip_prefix(DEPRECATED_APIS_METRIC)
+            .is_some_and(|rest| rest.starts_with([' ', '{']))
+    };
+    let mut out: String = real
+        .lines()
+        .filter(|l| !ours(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    if !samples.is_empty() {
+        out.push_str(&format!(
+            "# HELP {DEPRECATED_APIS_METRIC} [STABLE] Gauge of deprecated APIs that have been requested, broken out by API group, version, resource, subresource, and removed_release.\n# TYPE {DEPRECATED_APIS_METRIC} gauge\n"
+        ));
+        for s in samples {
+            out.push_str(&format!(
+                "{DEPRECATED_APIS_METRIC}{{group=\"{}\",removed_release=\"{}\",resource=\"{}\",subresource=\"{}\",version=\"{}\"}} 1\n",
+                s.group, s.removed_release, s.resource, s.subresource, s.version
+            ));
+        }
+    }
+    out
 }
 
 fn status(code: u16, reason: &str, message: &str) -> http::Response<Body> {
@@ -595,5 +736,52 @@ mod tests {
             )
         );
         assert_eq!(p("GET", "/version", ""), s("get", "", "/version"));
+    }
+
+    /// A server's `/version` is its own k3s; its `/metrics` carries its own deprecated-API
+    /// samples in place of the shared apiserver's, everything else untouched.
+    #[test]
+    fn a_servers_own_version_and_deprecated_api_samples_replace_the_shared_apiservers() {
+        let real = br#"{"major": "1", "minor": "33", "emulationMajor": "1", "emulationMinor": "33", "gitVersion": "v1.33.4+k3s1", "platform": "linux/amd64"}"#;
+        let v: serde_json::Value =
+            serde_json::from_slice(&own_version(real, "v1.34.1+k3s1")).unwrap_or_default();
+        assert_eq!(
+            (
+                &v["gitVersion"],
+                &v["major"],
+                &v["minor"],
+                &v["emulationMinor"]
+            ),
+            (
+                &json!("v1.34.1+k3s1"),
+                &json!("1"),
+                &json!("34"),
+                &json!("34")
+            )
+        );
+        assert_eq!(v["platform"], "linux/amd64");
+
+        let shared = "# HELP apiserver_request_total x\n# TYPE apiserver_request_total counter\napiserver_request_total{code=\"200\"} 3\n# HELP apiserver_requested_deprecated_apis [STABLE] x\n# TYPE apiserver_requested_deprecated_apis gauge\napiserver_requested_deprecated_apis{group=\"\",removed_release=\"\",resource=\"componentstatuses\",subresource=\"\",version=\"v1\"} 1\n";
+        let none = own_metrics(shared, &[]);
+        assert!(
+            none.contains("apiserver_request_total{code=\"200\"} 3"),
+            "{none}"
+        );
+        assert!(!none.contains(DEPRECATED_APIS_METRIC), "{none}");
+        let one = own_metrics(
+            shared,
+            &[crate::oxide::faults::DeprecatedApi {
+                group: "apps".into(),
+                version: "v1beta1".into(),
+                resource: "deployments".into(),
+                subresource: String::new(),
+                removed_release: "1.34".into(),
+            }],
+        );
+        assert!(
+            one.ends_with("# TYPE apiserver_requested_deprecated_apis gauge\napiserver_requested_deprecated_apis{group=\"apps\",removed_release=\"1.34\",resource=\"deployments\",subresource=\"\",version=\"v1beta1\"} 1\n"),
+            "{one}"
+        );
+        assert!(!one.contains("componentstatuses"), "{one}");
     }
 }

@@ -124,6 +124,21 @@ impl Inner {
         sans.into_iter().collect()
     }
 
+    /// What the server's own apiserver answers: its name and the k3s release it installed.
+    fn server_facts(&self, id: Uuid) -> Option<Arc<crate::control_plane::proxy::ServerFacts>> {
+        let st = self.state();
+        let vm = st.vms.get(&id)?;
+        let version = vm
+            .user_data
+            .as_ref()
+            .and_then(|u| u.install_version.clone())
+            .unwrap_or_else(|| self.cfg.k3s_version.clone());
+        Some(Arc::new(crate::control_plane::proxy::ServerFacts {
+            instance: vm.name.clone(),
+            version,
+        }))
+    }
+
     fn open_listener(
         self: &Arc<Self>,
         guard: &mut ListenersGuard<'_>,
@@ -141,7 +156,10 @@ impl Inner {
                 match real.proxy.tls_config(&sans) {
                     Ok(tls) => {
                         let proxy = Arc::clone(&real.proxy);
-                        guard.open(addr, kind, id, move |listener| proxy.serve(listener, tls))
+                        let server = self.server_facts(id);
+                        guard.open(addr, kind, id, move |listener| {
+                            proxy.serve_as(listener, tls, server)
+                        })
                     }
                     Err(err) => {
                         tracing::warn!(%addr, error = %err, "cannot build the API serving certificate");

@@ -26,6 +26,11 @@ pub struct SimHandle {
     pub kubeconfig: Option<PathBuf>,
     /// Base URL of the simulated Tailscale API (`--tailscale-api-url`), `http://127.0.0.1:PORT`.
     pub tailscale_api_url: String,
+    /// Base URL of the simulated k3s release downloads (GitHub's
+    /// `https://github.com/k3s-io/k3s/releases`), `http://127.0.0.1:PORT/k3s-io/k3s/releases`:
+    /// see [`crate::harness::releases`]. The preset cluster's spec names it in
+    /// `k3s.release_url`.
+    pub release_url: String,
     pub(crate) oxide: OxideSim,
     pub(crate) tailnet: Tailnet,
     pub(crate) tailscale_configured: bool,

@@ -186,7 +186,9 @@ pub async fn build(
         control_plane,
         workers,
     } = *preset;
-    let spec = ClusterSpec::new(CLUSTER, PROJECT, IMAGE, control_plane, workers);
+    let mut spec = ClusterSpec::new(CLUSTER, PROJECT, IMAGE, control_plane, workers);
+    // Where the upgrade pre-flight looks for a release: the simulator's stand-in for GitHub.
+    spec.k3s.release_url.clone_from(&sim.release_url);
     spec.validate()
         .map_err(|e| PresetError::Spec(e.to_string()))?;
     let secrets = generate_secrets(sim);

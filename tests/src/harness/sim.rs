@@ -227,7 +227,21 @@ impl Sim {
                 source,
             })?;
 
+        let releases_bind = SocketAddr::from(([127, 0, 0, 1], 0));
+        let releases_listener = bind(releases_bind).await?;
+        let releases_addr = releases_listener
+            .local_addr()
+            .map_err(|source| SimError::Bind {
+                addr: releases_bind,
+                source,
+            })?;
+
         let mut tasks = Vec::new();
+        let configured = opts.k3s_version.clone();
+        tasks.push(spawn_http(releases_listener, move |req| {
+            let configured = configured.clone();
+            async move { crate::harness::releases::handle(&req, &configured) }
+        }));
         let api_tailnet = tailnet.clone();
         tasks.push(spawn_http(tailscale_listener, move |req| {
             let tailnet = api_tailnet.clone();
@@ -257,6 +271,7 @@ impl Sim {
             project: None,
             kubeconfig: None,
             tailscale_api_url: format!("http://{tailscale_addr}"),
+            release_url: format!("http://{releases_addr}{}", crate::harness::releases::PREFIX),
             oxide,
             tailnet,
             tailscale_configured: !opts.tailscale.auth_keys.is_empty(),

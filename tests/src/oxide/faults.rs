@@ -66,6 +66,24 @@ pub struct FaultSpec {
     /// answer says it "may still be processing the request"), so the write is committed but
     /// the client is told it failed. Refused requests pass through untouched and do not count.
     pub kube_after: BTreeMap<String, AfterFault>,
+    /// Per server (instance-name prefix): the deprecated APIs its apiserver process has served
+    /// since it started, as its `/metrics` gauge `apiserver_requested_deprecated_apis` reports
+    /// them (one sample each, value 1; see `control_plane::proxy::ServerFacts`).
+    pub deprecated_apis: BTreeMap<String, Vec<DeprecatedApi>>,
+}
+
+/// One sample of `apiserver_requested_deprecated_apis`: its labels (`k8s.io/apiserver`
+/// `pkg/endpoints/metrics/metrics.go` `deprecatedRequestGauge`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeprecatedApi {
+    /// API group (`""` for the core group).
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub subresource: String,
+    /// `MAJOR.MINOR` of the release that removes it (`1.34`); empty when none is planned.
+    pub removed_release: String,
 }
 
 /// A committed-but-failed answer (see [`FaultSpec::kube_after`]).

@@ -33,6 +33,12 @@ pub enum BlockCause {
     ExternalAddresses,
     /// The rack rejected the request itself (an image or disk problem, an invalid value).
     Rejected,
+    /// A new member of a pool being rolled failed its node setup (a k3s version that does not
+    /// install: a release that does not exist, an image with another k3s): every further
+    /// member of that spec would fail the same way, so the roll waits (issue 33 item 3). The
+    /// block holds while no member of the new spec is Ready, whatever the rack says of the
+    /// probe's create.
+    SetupFailed,
 }
 
 impl BlockCause {
@@ -54,6 +60,9 @@ impl BlockCause {
             BlockCause::Rejected => {
                 "fix the pool's spec (image, disk sizes) as the rack's message says"
             }
+            BlockCause::SetupFailed => {
+                "set a version that installs (a release that exists, or the image's k3s) as the console says; the old members stay meanwhile"
+            }
         }
     }
 
@@ -64,6 +73,7 @@ impl BlockCause {
             BlockCause::SubnetFull => "the VPC subnet has no free address",
             BlockCause::ExternalAddresses => "the IP pool has no free external address",
             BlockCause::Rejected => "the rack rejects the request",
+            BlockCause::SetupFailed => "a new member failed its node setup",
         }
     }
 }
@@ -90,6 +100,10 @@ pub struct CreateBackoff {
     pub failures: u32,
     /// The pool's spec hash when it was blocked: a changed spec lifts the block.
     pub spec_hash: String,
+    /// With [`BlockCause::SetupFailed`]: the member whose failure was last counted (each
+    /// failed member counts once, however many runs see it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
 }
 
 impl CreateBackoff {
@@ -106,6 +120,16 @@ impl CreateBackoff {
 
     /// One line for findings, status and Events: cause, the rack's words, what to do.
     pub fn describe(&self, pool: &str) -> String {
+        if self.cause == BlockCause::SetupFailed {
+            return format!(
+                "pool {pool:?}: the roll is blocked since {} ({} new member(s) failed, the last {}): {}; {}",
+                self.since.format("%Y-%m-%dT%H:%M:%SZ"),
+                self.failures,
+                self.member.as_deref().unwrap_or("?"),
+                self.message,
+                self.cause.remedy()
+            );
+        }
         format!(
             "pool {pool:?}: creates are refused since {} ({} in a row: {}): {}; {}",
             self.since.format("%Y-%m-%dT%H:%M:%SZ"),
@@ -133,6 +157,17 @@ pub fn after_run(
     let mut out = carried.clone();
     for (pool, attempt) in attempts {
         match attempt {
+            // A probe the rack created says nothing of whether it installs: the block stays
+            // (the probe's own setup decides), its delay counting from this attempt.
+            Ok(())
+                if carried
+                    .get(pool)
+                    .is_some_and(|b| b.cause == BlockCause::SetupFailed) =>
+            {
+                if let Some(b) = out.get_mut(pool) {
+                    b.last_attempt = now;
+                }
+            }
             Ok(()) => {
                 out.remove(pool);
             }
@@ -147,6 +182,7 @@ pub fn after_run(
                         last_attempt: now,
                         failures: prev.map_or(0, |p| p.failures).saturating_add(1),
                         spec_hash: hashes.get(pool).cloned().unwrap_or_default(),
+                        member: None,
                     },
                 );
             }
@@ -171,6 +207,7 @@ mod tests {
             last_attempt: at(last),
             failures,
             spec_hash: "h".into(),
+            member: None,
         }
     }
 

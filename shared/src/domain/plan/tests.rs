@@ -917,6 +917,7 @@ fn refused(w: &mut World, failures: u32, ago_s: i64) {
             last_attempt: now() - Duration::seconds(ago_s),
             failures,
             spec_hash: w.spec.pool_hash(role, &pool),
+            member: None,
         },
     );
 }
@@ -1229,4 +1230,81 @@ fn etcd_members_match_is_the_planners_check() {
     w.etcd_agrees(vec![member("demo-control-plane-gone1-5e6f7a8b", 77, false)]);
     let f = etcd_members_match(&w.spec, &w.obs, now()).expect_err("a stale member");
     assert!(f.message.contains("demo-control-plane-gone1-5e6f7a8b"));
+}
+
+/// Issue 33 item 3: the first member of a rolled pool that fails its node setup blocks the
+/// roll: it is removed, no member replaces it until the back-off's probe is due, the old
+/// members stay, and the block (naming the console's reason) is carried while no member of
+/// the new spec is Ready. The same failed member is counted once; the next one doubles the
+/// delay.
+#[test]
+fn a_new_member_that_fails_its_setup_blocks_the_roll_and_backs_off() {
+    let failure = crate::domain::model::SetupFailure {
+        step: "k3s-install".into(),
+        reason: "exit status 1".into(),
+    };
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.k3s.version = "v1.33.99+k3s1".into();
+    // The surge server of the new spec failed its setup.
+    w.inst("control-plane", "new01", InstanceState::Running, 60);
+    w.obs
+        .setup_failures
+        .insert("demo-control-plane-new01".into(), failure.clone());
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-control-plane-new01"], "{:?}", p.actions);
+    assert_eq!(creates(&p, "control-plane"), 0);
+    let b = p
+        .create_backoff
+        .get("control-plane")
+        .cloned()
+        .unwrap_or_else(|| panic!("no block: {p:?}"));
+    assert_eq!(
+        (b.cause, b.failures, b.member.as_deref()),
+        (
+            backoff::BlockCause::SetupFailed,
+            1,
+            Some("demo-control-plane-new01")
+        )
+    );
+    assert!(
+        p.findings
+            .iter()
+            .any(|f| f.degraded && f.message.contains("node setup failed at k3s-install")),
+        "{:?}",
+        p.findings
+    );
+
+    // Next run: the failed member is gone, the probe is not due: nothing is created, no old
+    // server is removed, the block is carried.
+    let mut w2 = World::healthy(3, 2, 2);
+    w2.spec.k3s.version = "v1.33.99+k3s1".into();
+    w2.obs
+        .create_backoff
+        .insert("control-plane".into(), b.clone());
+    let p = w2.plan();
+    assert_eq!(creates(&p, "control-plane"), 0, "{:?}", p.actions);
+    assert!(removed(&p).is_empty(), "{:?}", p.actions);
+    assert!(p.create_backoff.contains_key("control-plane"));
+    // Once the delay has passed: one probe.
+    let mut due = b.clone();
+    due.last_attempt = now() - Duration::minutes(5);
+    w2.obs
+        .create_backoff
+        .insert("control-plane".into(), due.clone());
+    let p = w2.plan();
+    assert_eq!(creates(&p, "control-plane"), 1, "{:?}", p.actions);
+    // The probe fails too: counted once, and a second time only for another member.
+    w2.inst("control-plane", "new02", InstanceState::Running, 30);
+    w2.obs
+        .setup_failures
+        .insert("demo-control-plane-new02".into(), failure);
+    let p = w2.plan();
+    assert_eq!(p.create_backoff["control-plane"].failures, 2);
+    let mut again = w2;
+    again.obs.create_backoff.insert(
+        "control-plane".into(),
+        p.create_backoff["control-plane"].clone(),
+    );
+    let p = again.plan();
+    assert_eq!(p.create_backoff["control-plane"].failures, 2);
 }

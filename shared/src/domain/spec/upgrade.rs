@@ -15,6 +15,12 @@ pub struct UpgradeSpec {
     /// Worker pools upgraded at once, in spec order, once every server runs the target.
     #[serde(default = "one")]
     pub worker_pool_concurrency: u32,
+    /// APIs the pre-flight lets through although a server still serves requests for them and
+    /// the target release removes them, as `group/version/resource` (`version/resource` for
+    /// the core group), e.g. `flowcontrol.apiserver.k8s.io/v1beta3/flowschemas`: the explicit
+    /// override of [`crate::domain::upgrade::preflight`]'s deprecated-API check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_removed_apis: Vec<String>,
 }
 
 fn one() -> u32 {
@@ -26,6 +32,7 @@ impl Default for UpgradeSpec {
         UpgradeSpec {
             path: Vec::new(),
             worker_pool_concurrency: 1,
+            allow_removed_apis: Vec::new(),
         }
     }
 }
@@ -43,6 +50,17 @@ impl UpgradeSpec {
                 "upgrade.worker_pool_concurrency".into(),
                 "must be at least 1".into(),
             );
+        }
+        for (i, api) in self.allow_removed_apis.iter().enumerate() {
+            let parts: Vec<&str> = api.split('/').collect();
+            if !(2..=3).contains(&parts.len()) || parts.iter().any(|p| p.trim().is_empty()) {
+                err(
+                    format!("upgrade.allow_removed_apis[{i}]"),
+                    format!(
+                        "{api:?} is not group/version/resource (version/resource for the core group), like flowcontrol.apiserver.k8s.io/v1beta3/flowschemas"
+                    ),
+                );
+            }
         }
         for (i, v) in self.path.iter().enumerate() {
             if K3sVersion::parse(v).is_none() {

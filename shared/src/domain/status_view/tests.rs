@@ -123,6 +123,7 @@ fn status(degraded: bool) -> Status {
             to: "v1.34.1+k3s1".into(),
             phase: crate::domain::upgrade::Phase::ControlPlane,
             started_at: t(9, 50, 0),
+            blocked: Vec::new(),
         }),
         versions: vec![crate::domain::upgrade::PoolVersions {
             pool: "workers".into(),

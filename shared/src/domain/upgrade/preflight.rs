@@ -1,0 +1,309 @@
+//! The upgrade pre-flight (issue 33 item 2): what must hold before the first member of a new
+//! `k3s.version` is created, checked once per target. Pure: the workflow reads each server's
+//! `/metrics` (and whatever else a check needs) and hands the readings here; each check adds
+//! the blockers it finds, so one more check is one more function called from [`evaluate`].
+//!
+//! Checks:
+//! - every server is a Ready Node (the roll surges one server and removes an old one: it
+//!   starts from a whole control plane);
+//! - no API that the target removes is still requested: `apiserver_requested_deprecated_apis`
+//!   on **every** server's `/metrics` (the gauge is per apiserver process, so one server's
+//!   clients are invisible on another's), a sample whose `removed_release` is at most the
+//!   target's minor blocks unless `upgrade.allow_removed_apis` lists it; a server whose
+//!   metrics cannot be read blocks too (nothing is known of its clients);
+//! - each release the roll installs is where the nodes' installer fetches it (the hash file
+//!   install.sh downloads first), unless k3s is pre-installed in the image.
+//!
+//! Not here yet: the etcd member list equal to the servers (a planner check, another change),
+//! a backup newer than the edit (backups do not exist yet).
+
+use crate::domain::spec::ClusterSpec;
+use crate::domain::spec::upgrade::K3sVersion;
+
+/// The metric family: one sample per deprecated API the apiserver process served since it
+/// started (`k8s.io/apiserver` `pkg/endpoints/metrics/metrics.go` `deprecatedRequestGauge`).
+pub const DEPRECATED_APIS_METRIC: &str = "apiserver_requested_deprecated_apis";
+
+/// The condition reason of a failed pre-flight.
+pub const FAILED_REASON: &str = "UpgradePreflightFailed";
+
+/// One sample of [`DEPRECATED_APIS_METRIC`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeprecatedApi {
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub subresource: String,
+    /// `MAJOR.MINOR`, empty when no removal is planned.
+    pub removed_release: String,
+}
+
+impl DeprecatedApi {
+    /// `group/version/resource`, `version/resource` for the core group: how findings name it
+    /// and how `upgrade.allow_removed_apis` lists it.
+    pub fn id(&self) -> String {
+        if self.group.is_empty() {
+            format!("{}/{}", self.version, self.resource)
+        } else {
+            format!("{}/{}/{}", self.group, self.version, self.resource)
+        }
+    }
+
+    /// `(major, minor)` of the release that removes it.
+    fn removed_in(&self) -> Option<(u64, u64)> {
+        let (major, minor) = self.removed_release.split_once('.')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
+    }
+}
+
+/// The samples of [`DEPRECATED_APIS_METRIC`] in a Prometheus text exposition (other families
+/// and malformed lines are skipped).
+pub fn deprecated_apis(metrics: &str) -> Vec<DeprecatedApi> {
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(DEPRECATED_APIS_METRIC)?.strip_prefix('{'))
+        .filter_map(|rest| {
+            let (labels, _value) = rest.rsplit_once('}')?;
+            let mut api = DeprecatedApi::default();
+            for (name, value) in labels_of(labels) {
+                match name.as_str() {
+                    "group" => api.group = value,
+                    "version" => api.version = value,
+                    "resource" => api.resource = value,
+                    "subresource" => api.subresource = value,
+                    "removed_release" => api.removed_release = value,
+                    _ => {}
+                }
+            }
+            Some(api)
+        })
+        .collect()
+}
+
+/// `name="value"` pairs of a label set (values may hold escaped quotes and commas).
+fn labels_of(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = text.trim_start_matches([',', ' ']);
+    while let Some((name, after)) = rest.split_once("=\"") {
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = after.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, n)) = chars.next() {
+                        value.push(match n {
+                            'n' => '\n',
+                            other => other,
+                        });
+                    }
+                }
+                '"' => {
+                    end = i + 1;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        out.push((name.trim().to_owned(), value));
+        rest = after[end..].trim_start_matches([',', ' ']);
+    }
+    out
+}
+
+/// What the workflow read for the pre-flight.
+#[derive(Debug, Clone, Default)]
+pub struct Readings {
+    /// Each server (instance name) and its `/metrics` text, or why it could not be read.
+    pub metrics: Vec<(String, Result<String, String>)>,
+    /// Servers that are not Ready Nodes, with what they are (`joining`, `not_ready`, ...),
+    /// and how many servers the spec wants against how many are Ready.
+    pub servers_not_ready: Vec<(String, String)>,
+    pub servers_ready: usize,
+    pub servers_desired: usize,
+    /// Each release the nodes will install (`k3s.version`, the `upgrade.path` steps) with
+    /// its hash file's URL and whether it answered (none with `install: preinstalled`).
+    pub releases: Vec<(String, String, Result<(), String>)>,
+}
+
+/// The blockers of the pre-flight for `spec`'s `k3s.version` (empty: it passed). Each names
+/// what blocks and where; the deprecated-API ones also what to do.
+pub fn evaluate(spec: &ClusterSpec, r: &Readings) -> Vec<String> {
+    let mut out = Vec::new();
+    servers_ready(r, &mut out);
+    removed_apis(spec, r, &mut out);
+    releases(r, &mut out);
+    out
+}
+
+/// Every release the roll installs is where the nodes fetch it.
+fn releases(r: &Readings, out: &mut Vec<String>) {
+    for (version, url, found) in &r.releases {
+        if let Err(why) = found {
+            out.push(format!(
+                "release {version} is not at {url} ({why}), where the nodes' installer fetches it; set a k3s release that exists"
+            ));
+        }
+    }
+}
+
+/// Every server a Ready Node, as many as the spec asks.
+fn servers_ready(r: &Readings, out: &mut Vec<String>) {
+    for (name, what) in &r.servers_not_ready {
+        out.push(format!("server {name} is not a Ready Node ({what})"));
+    }
+    if r.servers_ready < r.servers_desired && r.servers_not_ready.is_empty() {
+        out.push(format!(
+            "{} of {} servers are Ready Nodes",
+            r.servers_ready, r.servers_desired
+        ));
+    }
+}
+
+/// No API the target removes still requested on any server, unless allowed.
+fn removed_apis(spec: &ClusterSpec, r: &Readings, out: &mut Vec<String>) {
+    let Some(target) = K3sVersion::parse(&spec.k3s.version) else {
+        return;
+    };
+    for (server, metrics) in &r.metrics {
+        let text = match metrics {
+            Ok(t) => t,
+            Err(why) => {
+                out.push(format!(
+                    "cannot read {DEPRECATED_APIS_METRIC} from server {server}'s /metrics ({why}); the APIs its clients use are unknown"
+                ));
+                continue;
+            }
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for api in deprecated_apis(text) {
+            let removed = api
+                .removed_in()
+                .filter(|(major, minor)| (*major, *minor) <= (target.major, target.minor));
+            let Some((major, minor)) = removed else {
+                continue;
+            };
+            let id = api.id();
+            if spec.upgrade.allow_removed_apis.contains(&id) || !seen.insert(id.clone()) {
+                continue;
+            }
+            out.push(format!(
+                "{} {} removed in v{major}.{minor} still requested (server {server}); move its clients to a served version, or list {id:?} in upgrade.allow_removed_apis",
+                api_group_version(&api),
+                api.resource
+            ));
+        }
+    }
+}
+
+/// `apps/v1beta1`, or `v1` for the core group.
+fn api_group_version(api: &DeprecatedApi) -> String {
+    if api.group.is_empty() {
+        api.version.clone()
+    } else {
+        format!("{}/{}", api.group, api.version)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const METRICS: &str = "# HELP apiserver_request_total x\n# TYPE apiserver_request_total counter\napiserver_request_total{code=\"200\"} 5\n# HELP apiserver_requested_deprecated_apis [STABLE] Gauge of deprecated APIs that have been requested, broken out by API group, version, resource, subresource, and removed_release.\n# TYPE apiserver_requested_deprecated_apis gauge\napiserver_requested_deprecated_apis{group=\"apps\",removed_release=\"1.34\",resource=\"deployments\",subresource=\"\",version=\"v1beta1\"} 1\napiserver_requested_deprecated_apis{group=\"flowcontrol.apiserver.k8s.io\",removed_release=\"1.35\",resource=\"flowschemas\",subresource=\"status\",version=\"v1beta3\"} 1\napiserver_requested_deprecated_apis{group=\"\",removed_release=\"\",resource=\"componentstatuses\",subresource=\"\",version=\"v1\"} 1\n";
+
+    fn spec(version: &str) -> ClusterSpec {
+        let mut s = ClusterSpec::new("demo", "demo", "ubuntu", 3, 1);
+        s.k3s.version = version.into();
+        s
+    }
+
+    #[test]
+    fn the_samples_are_read_with_their_labels() {
+        let apis = deprecated_apis(METRICS);
+        assert_eq!(apis.len(), 3, "{apis:?}");
+        assert_eq!(apis[0].id(), "apps/v1beta1/deployments");
+        assert_eq!(apis[1].subresource, "status");
+        assert_eq!(apis[2].id(), "v1/componentstatuses");
+    }
+
+    #[test]
+    fn an_api_the_target_removes_blocks_unless_allowed_and_unreadable_metrics_block() {
+        let r = Readings {
+            metrics: vec![
+                ("demo-cp-a".into(), Ok(String::new())),
+                ("demo-cp-b".into(), Ok(METRICS.into())),
+            ],
+            servers_ready: 3,
+            servers_desired: 3,
+            ..Readings::default()
+        };
+        // v1.33: nothing removed yet.
+        assert!(evaluate(&spec("v1.33.5+k3s1"), &r).is_empty());
+        // v1.34 removes apps/v1beta1 deployments, not flowschemas (1.35).
+        let b = evaluate(&spec("v1.34.1+k3s1"), &r);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert!(
+            b[0].starts_with(
+                "apps/v1beta1 deployments removed in v1.34 still requested (server demo-cp-b)"
+            ),
+            "{b:?}"
+        );
+        let mut allowed = spec("v1.35.0+k3s1");
+        allowed.upgrade.allow_removed_apis = vec!["apps/v1beta1/deployments".into()];
+        let b = evaluate(&allowed, &r);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert!(b[0].contains("flowcontrol.apiserver.k8s.io/v1beta3 flowschemas removed in v1.35"));
+        let unreadable = Readings {
+            metrics: vec![("demo-cp-c".into(), Err("HTTP 403".into()))],
+            ..r
+        };
+        let b = evaluate(&spec("v1.34.1+k3s1"), &unreadable);
+        assert!(
+            b[0].contains("demo-cp-c") && b[0].contains("HTTP 403"),
+            "{b:?}"
+        );
+    }
+
+    #[test]
+    fn a_release_that_is_not_there_blocks() {
+        let r = Readings {
+            servers_ready: 3,
+            servers_desired: 3,
+            releases: vec![(
+                "v1.34.99+k3s1".into(),
+                "http://r/download/v1.34.99+k3s1/sha256sum-amd64.txt".into(),
+                Err("HTTP 404".into()),
+            )],
+            ..Readings::default()
+        };
+        assert_eq!(
+            evaluate(&spec("v1.34.99+k3s1"), &r),
+            [
+                "release v1.34.99+k3s1 is not at http://r/download/v1.34.99+k3s1/sha256sum-amd64.txt (HTTP 404), where the nodes' installer fetches it; set a k3s release that exists"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_server_that_is_not_ready_blocks() {
+        let r = Readings {
+            servers_not_ready: vec![("demo-cp-a".into(), "joining".into())],
+            servers_ready: 2,
+            servers_desired: 3,
+            ..Readings::default()
+        };
+        assert_eq!(
+            evaluate(&spec("v1.34.1+k3s1"), &r),
+            ["server demo-cp-a is not a Ready Node (joining)"]
+        );
+        let short = Readings {
+            servers_not_ready: vec![],
+            ..r
+        };
+        assert_eq!(
+            evaluate(&spec("v1.34.1+k3s1"), &short),
+            ["2 of 3 servers are Ready Nodes"]
+        );
+    }
+}
