@@ -124,6 +124,9 @@ pub struct Readings {
     /// Each release the nodes will install (`k3s.version`, the `upgrade.path` steps) with
     /// its hash file's URL and whether it answered (none with `install: preinstalled`).
     pub releases: Vec<(String, String, Result<(), String>)>,
+    /// Why etcd's member list and the servers disagree (the planner's own check,
+    /// [`crate::domain::plan::etcd_members_match`]), if they do.
+    pub etcd_mismatch: Option<String>,
 }
 
 /// The blockers of the pre-flight for `spec`'s `k3s.version` (empty: it passed). Each names
@@ -131,6 +134,9 @@ pub struct Readings {
 pub fn evaluate(spec: &ClusterSpec, r: &Readings) -> Vec<String> {
     let mut out = Vec::new();
     servers_ready(r, &mut out);
+    if let Some(why) = &r.etcd_mismatch {
+        out.push(format!("etcd's members and the servers disagree: {why}"));
+    }
     removed_apis(spec, r, &mut out);
     releases(r, &mut out);
     out
@@ -216,6 +222,20 @@ mod tests {
         let mut s = ClusterSpec::new("demo", "demo", "ubuntu", 3, 1);
         s.k3s.version = version.into();
         s
+    }
+
+    #[test]
+    fn an_etcd_member_list_that_disagrees_with_the_servers_blocks() {
+        let mut r = Readings {
+            servers_ready: 3,
+            servers_desired: 3,
+            ..Readings::default()
+        };
+        assert!(evaluate(&spec("v1.34.1+k3s1"), &r).is_empty());
+        r.etcd_mismatch = Some("etcd member demo-cp-x-0a1b2c3d has no server".into());
+        let b = evaluate(&spec("v1.34.1+k3s1"), &r);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert!(b[0].contains("demo-cp-x-0a1b2c3d"), "{b:?}");
     }
 
     #[test]

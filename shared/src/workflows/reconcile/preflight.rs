@@ -34,6 +34,9 @@ pub async fn run<R: Rack, C: Cluster>(
     let mut readings = Readings {
         servers_desired: spec.control_plane.count as usize,
         servers_ready: servers.iter().filter(|m| m.health == Health::Ready).count(),
+        etcd_mismatch: plan::etcd_members_match(spec, observed, now)
+            .err()
+            .map(|f| f.message),
         ..Readings::default()
     };
     readings.servers_not_ready = servers
