@@ -503,6 +503,42 @@ fn autoscale_put(body: &str) -> Request<Bytes> {
     json_request(Method::PUT, "/pools/workers/autoscale", body)
 }
 
+/// Issue 33 item 1: a spec whose versions the gate refuses (a worker pool newer than the
+/// control plane, written by an administrator) takes no count or bounds change through the
+/// webhook: 409 naming the field, nothing written, no run started; fixed, it takes them.
+#[tokio::test]
+async fn a_spec_the_version_gate_refuses_takes_no_change_through_the_webhook() {
+    let w = world().await;
+    let d = deps(&w);
+    let mut bad = spec();
+    bad.worker_pools[0].k3s_version = Some("v1.35.0+k3s1".into());
+    store_spec(&w, &bad, None);
+    let before = rv(&w);
+    for req in [
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":3}"#),
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta":1}"#),
+        autoscale_put(r#"{"max":8}"#),
+    ] {
+        let r = send(&d, req).await;
+        assert_eq!(r.status(), StatusCode::CONFLICT, "{}", body(&r));
+        assert_eq!(body_json(&r)["error"], "version_refused", "{}", body(&r));
+        assert!(
+            body(&r).contains("worker_pools.workers.k3s_version"),
+            "{}",
+            body(&r)
+        );
+    }
+    assert_eq!(rv(&w), before, "nothing written");
+    assert_eq!(jobs(&w), 0, "no run started");
+    store_spec(&w, &spec(), None);
+    let r = send(
+        &d,
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":3}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", body(&r));
+}
+
 /// Audit M1: `max` could be set to any u32. Without `webhook.ceiling` the webhook lowers
 /// bounds and moves counts within them, never raises a `max`; with it, neither a `max` nor a
 /// count goes above the ceiling. Refusals are 422 naming the ceiling, and write nothing.

@@ -976,7 +976,9 @@ async fn the_reconcile_pod_is_never_placed_on_an_unreachable_node() {
     // without the condition would be removed).
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     env.apply(json!({"apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": "dead", "labels": {"kubernetes.io/os": "linux"}},
+        // A server (the run selects servers only): only its taint keeps the run off it.
+        "metadata": {"name": "dead", "labels": {"kubernetes.io/os": "linux",
+            "node-role.kubernetes.io/control-plane": "true"}},
         "spec": {"taints": [{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule"}]},
         "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
                    "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
@@ -1013,6 +1015,7 @@ async fn the_reconcile_pod_is_never_placed_on_an_unreachable_node() {
     // A live node appears: the run goes there.
     let mut live = kwok_node("live");
     live["metadata"]["labels"]["kubernetes.io/os"] = json!("linux");
+    live["metadata"]["labels"]["node-role.kubernetes.io/control-plane"] = json!("true");
     env.apply(live).await;
     let bound = env
         .cp

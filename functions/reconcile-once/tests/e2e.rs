@@ -1278,7 +1278,7 @@ async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after
 
 /// Issue 33 item 2: the upgrade pre-flight reads `apiserver_requested_deprecated_apis` from
 /// every server's own `/metrics` (one of three servers has served an API that v1.34 removes):
-/// the upgrade is held in phase `preflight`, Degraded `UpgradePreflightFailed` names the
+/// the upgrade is held in phase `preflight`, Degraded `UpgradeBlocked` names the
 /// group/version/resource and the server, and no instance is created over two runs. With the
 /// API listed in `upgrade.allow_removed_apis` the next run creates the first v1.34 server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1355,7 +1355,7 @@ async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgr
         .unwrap_or_else(|| panic!("no Degraded"));
     assert_eq!(
         (degraded.status.as_str(), degraded.reason.as_str()),
-        ("True", "UpgradePreflightFailed"),
+        ("True", "UpgradeBlocked"),
         "{degraded:?}"
     );
     assert!(
@@ -1501,7 +1501,7 @@ async fn a_version_that_does_not_install_blocks_the_roll_after_one_failed_member
         .condition("Degraded")
         .cloned()
         .unwrap_or_else(|| panic!("no Degraded"));
-    assert_eq!(degraded.reason, "UpgradePreflightFailed", "{degraded:?}");
+    assert_eq!(degraded.reason, "UpgradeBlocked", "{degraded:?}");
     assert!(
         degraded.message.contains(&format!(
             "release {MISSING} is not at {}/download/{MISSING}/sha256sum-amd64.txt (HTTP 404)",

@@ -481,14 +481,14 @@ pub fn effective_spec(spec: &ClusterSpec, progress: &Progress) -> ClusterSpec {
     out
 }
 
-/// The degraded finding of a blocked upgrade: `UpgradePreflightFailed: <blockers>`.
+/// The degraded finding of a blocked upgrade: `UpgradeBlocked: pre-flight: <blockers>`.
 pub fn blocked_finding(progress: &Progress) -> Option<String> {
     let u = progress
         .upgrade
         .as_ref()
         .filter(|u| !u.blocked.is_empty())?;
     Some(format!(
-        "{}: {} (upgrade {} -> {}; nothing rolls until it passes)",
+        "{}: pre-flight: {} (upgrade {} -> {}; nothing rolls until it passes)",
         preflight::FAILED_REASON,
         u.blocked.join("; "),
         u.from,

@@ -112,6 +112,16 @@ async fn run_batch<S: StateStore, C: Cluster>(deps: &super::Deps<S, C>, batch: V
         return;
     }
     deps.commits.batches.fetch_add(1, Ordering::Relaxed);
+    // The version gate, once per batch: a refusal (or no Node list to judge by) answers
+    // every change of it. An unreadable state or spec is left to the batch, which reports it.
+    if let Err(e @ (ScaleError::VersionGate(_) | ScaleError::Nodes(_))) =
+        scale::check_versions(&deps.state, &deps.cluster, &deps.specs).await
+    {
+        for w in batch {
+            let _ = w.reply.send(Reply::Done(Err(same_error(&e))));
+        }
+        return;
+    }
     let changes: Vec<SpecChange> = batch.iter().map(|w| w.change.clone()).collect();
     match scale::apply_batch(&deps.state, &changes, &deps.config.scale, &deps.specs).await {
         Ok(outcome) => {
@@ -168,7 +178,13 @@ async fn finish<S: StateStore, C: Cluster>(
         Reply::Alone => {
             let result = {
                 let _slot = deps.commits.writer.lock().await;
-                scale::apply_one(&deps.state, &change, &deps.config.scale, &deps.specs).await
+                match scale::check_versions(&deps.state, &deps.cluster, &deps.specs).await {
+                    Ok(()) => {
+                        scale::apply_one(&deps.state, &change, &deps.config.scale, &deps.specs)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                }
             };
             let outcome = result.inspect_err(|e| {
                 if let ScaleError::Busy { attempts } = e {
@@ -189,5 +205,14 @@ async fn finish<S: StateStore, C: Cluster>(
             };
             Ok(Committed { outcome, reconcile })
         }
+    }
+}
+
+/// A copy of a version-gate refusal for each waiter of a batch (the error owns its parts).
+fn same_error(e: &ScaleError) -> ScaleError {
+    match e {
+        ScaleError::VersionGate(errs) => ScaleError::VersionGate(errs.clone()),
+        ScaleError::Nodes(m) => ScaleError::Nodes(m.clone()),
+        other => ScaleError::Nodes(crate::workflows::error::chain(other)),
     }
 }

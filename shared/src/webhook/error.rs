@@ -287,6 +287,25 @@ fn scale_public(e: &ScaleError) -> PublicError {
             "spec_invalid",
             "the stored cluster spec is unusable; see the webhook's log",
         ),
+        // The fields and what to set are the administrator's, not secrets: name them.
+        ScaleError::VersionGate(errs) => PublicError::new(
+            409,
+            "version_refused",
+            format!(
+                "the stored spec's Kubernetes versions are refused, so nothing is written into it until an administrator fixes them: {}",
+                errs.0
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ),
+        ),
+        ScaleError::Nodes(_) => PublicError::new(
+            503,
+            "nodes_unavailable",
+            "cannot list the Nodes to check the spec's versions right now",
+        )
+        .retry_after(5),
     }
 }
 

@@ -195,6 +195,14 @@ pub enum ScaleError {
     /// `oxide-project`). Nothing was written.
     #[error("invalid cluster spec")]
     Project(#[source] crate::domain::spec::SpecError),
+    /// The stored spec's versions fail the version gate against what the Nodes run
+    /// ([`crate::domain::upgrade::gate`]): every run refuses it, so no change is written into
+    /// it either. Nothing was written.
+    #[error("the stored spec's Kubernetes versions are refused; fix them first")]
+    VersionGate(#[source] crate::domain::spec::SpecErrors),
+    /// The Nodes could not be listed for the version gate. Nothing was written.
+    #[error("cannot list the Nodes to check the spec's versions: {0}")]
+    Nodes(String),
 }
 
 impl ScaleError {
@@ -213,7 +221,8 @@ impl ScaleError {
             | ScaleError::ControlPlaneLocked { .. }
             | ScaleError::AboveCeiling { .. }
             | ScaleError::SubnetTooSmall { .. } => Kind::Input,
-            ScaleError::Project(_) => Kind::NeedsPerson,
+            ScaleError::Project(_) | ScaleError::VersionGate(_) => Kind::NeedsPerson,
+            ScaleError::Nodes(_) => Kind::Retry,
         }
     }
 
@@ -649,6 +658,24 @@ pub(crate) async fn edit_spec<S: StateStore, T>(
     Err(ScaleError::Busy { attempts })
 }
 
+/// The version gate (issue 33 item 1) for a scale change: the stored spec's versions against
+/// what the Nodes run. A count or bounds change never touches a version, so the spec about
+/// to be written passes exactly when the stored one does; checked once before the change
+/// (the reconcile run's own gate remains the backstop against a concurrent edit).
+pub async fn check_versions<S: StateStore, C: Cluster>(
+    state: &S,
+    cluster: &C,
+    cache: &SpecCache,
+) -> Result<(), ScaleError> {
+    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
+    let spec = cache.parse(&snapshot)?;
+    let nodes = cluster
+        .list_nodes()
+        .await
+        .map_err(|e| ScaleError::Nodes(crate::workflows::error::chain(&e)))?;
+    crate::domain::upgrade::gate(&spec, &nodes).map_err(ScaleError::VersionGate)
+}
+
 /// Manual and automatic together: while a pool's autoscaler is enabled it owns the count,
 /// so a manual count is refused (409 on the webhook) rather than silently undone by the next
 /// run. The caller changes the bounds instead, or disables autoscaling.
@@ -890,7 +917,9 @@ pub async fn run<S: StateStore, C: Cluster>(
     opts: &ScaleOptions,
 ) -> Result<ScaleOutcome, ScaleError> {
     check_pinned_project(state).await?;
-    let change = apply_change(state, pool, change, opts, &SpecCache::default()).await?;
+    let cache = SpecCache::default();
+    check_versions(state, cluster, &cache).await?;
+    let change = apply_change(state, pool, change, opts, &cache).await?;
     let reconcile = if change.written {
         trigger_reconcile(cluster).await
     } else {
@@ -912,7 +941,9 @@ pub async fn run_autoscale<S: StateStore, C: Cluster>(
     opts: &ScaleOptions,
 ) -> Result<(AutoscaleOutcome, ReconcileOutcome), ScaleError> {
     check_pinned_project(state).await?;
-    let out = apply_autoscale(state, pool, change, opts, &SpecCache::default()).await?;
+    let cache = SpecCache::default();
+    check_versions(state, cluster, &cache).await?;
+    let out = apply_autoscale(state, pool, change, opts, &cache).await?;
     let reconcile = if out.written {
         trigger_reconcile(cluster).await
     } else {
@@ -973,6 +1004,38 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.exit_code(), 2, "{e:?}");
+        assert_eq!(w.with(|s| s.config.resource_version.clone()), "1");
+        assert!(w.with(|s| s.jobs.is_empty()), "no reconcile started");
+    }
+
+    /// Issue 33 item 1: the CLI writes no count or bounds into a spec the version gate
+    /// refuses (here a worker pool newer than the control plane): exit 2 naming the field,
+    /// nothing written, no run started.
+    #[tokio::test]
+    async fn a_spec_the_version_gate_refuses_takes_no_count_or_bounds_change() {
+        let w = world(2, 10);
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 2);
+        spec.worker_pools[0].max = 10;
+        spec.worker_pools[0].k3s_version = Some("v1.35.0+k3s1".into());
+        w.with(|s| s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml()));
+        let opts = ScaleOptions::default();
+        let e = run(&w.state(), &w.cluster(), None, CountChange::Add(1), &opts)
+            .await
+            .unwrap_err();
+        let text = chain(&e);
+        assert!(
+            matches!(e, ScaleError::VersionGate(_)) && text.contains("worker_pools.workers"),
+            "{text}"
+        );
+        assert_eq!(e.exit_code(), 2);
+        let change = AutoscaleChange {
+            max: Some(5),
+            ..AutoscaleChange::default()
+        };
+        let e = run_autoscale(&w.state(), &w.cluster(), None, change, &opts)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ScaleError::VersionGate(_)), "{e:?}");
         assert_eq!(w.with(|s| s.config.resource_version.clone()), "1");
         assert!(w.with(|s| s.jobs.is_empty()), "no reconcile started");
     }

@@ -24,8 +24,9 @@ use crate::domain::spec::upgrade::K3sVersion;
 /// started (`k8s.io/apiserver` `pkg/endpoints/metrics/metrics.go` `deprecatedRequestGauge`).
 pub const DEPRECATED_APIS_METRIC: &str = "apiserver_requested_deprecated_apis";
 
-/// The condition reason of a failed pre-flight.
-pub const FAILED_REASON: &str = "UpgradePreflightFailed";
+/// The condition reason of a failed pre-flight: the issue's `UpgradeBlocked`, the same reason
+/// as a version that does not install (the message says which: it starts `pre-flight:`).
+pub const FAILED_REASON: &str = "UpgradeBlocked";
 
 /// One sample of [`DEPRECATED_APIS_METRIC`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
