@@ -130,7 +130,7 @@ async fn a_failed_setup_step_prints_the_marker_and_k3s_never_starts() {
             K3sInstall::Script,
             "v1.33.99+k3s9",
             "k3s-install",
-            "exit status 1",
+            "exit status 1 ([ERROR]  Download failed)",
         ),
         (
             "c1-workers-oldk3s",

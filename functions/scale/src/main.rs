@@ -353,7 +353,10 @@ async fn upgrade(
     to: &str,
     dry_run: bool,
 ) -> ExitCode {
-    let cluster = KubeCluster::new(client, ns).with_server_config(config);
+    // The pre-flight reads etcd's member list (k3s's supervisor) and each server's /metrics.
+    let cluster = KubeCluster::new(client, ns)
+        .with_supervisor(&config)
+        .with_server_config(config);
     let now = chrono::Utc::now();
     // The pre-flight reads each server's address from the rack, as the Secret's project.
     let make_rack = |s: &oxide_controller::base::secrets::ClusterSecrets| {

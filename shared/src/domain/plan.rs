@@ -702,10 +702,15 @@ fn carry_block(
     });
 }
 
-/// The block of a pool whose roll met a new member that failed its node setup (issue 33
-/// item 3): a member of the current spec with [`Health::SetupFailed`] while members of the
-/// old spec still serve. Each failed member is counted once (the carried block names the
-/// last one); the probe delay counts from when it was seen.
+/// The setup steps whose failure means the version does not install ([`install_block`]):
+/// install.sh or the image's k3s. Any other failed step (a missing data disk, say) is the
+/// member's own trouble: it is replaced, and the roll goes on.
+const INSTALL_STEPS: [&str; 2] = ["k3s-install", "k3s-version"];
+
+/// The block of a pool whose roll met a new member whose k3s did not install (issue 33
+/// item 3): a member of the current spec with [`Health::SetupFailed`] at one of
+/// [`INSTALL_STEPS`] while members of the old spec still serve. Each failed member is counted
+/// once (the carried block names the last one); the probe delay counts from when it was seen.
 fn install_block(
     members: &[&Member],
     carried: Option<&backoff::CreateBackoff>,
@@ -716,6 +721,10 @@ fn install_block(
     let failed = members
         .iter()
         .filter(|m| !m.drifted && m.health == Health::SetupFailed)
+        .filter(|m| {
+            m.setup_failure
+                .is_some_and(|f| INSTALL_STEPS.contains(&f.step.as_str()))
+        })
         .max_by_key(|m| m.instance.time_created)
         .filter(|_| rolling)?;
     let prev = carried.filter(|b| b.cause == backoff::BlockCause::SetupFailed);

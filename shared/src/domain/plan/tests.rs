@@ -1232,6 +1232,29 @@ fn etcd_members_match_is_the_planners_check() {
     assert!(f.message.contains("demo-control-plane-gone1-5e6f7a8b"));
 }
 
+/// A new member of a roll that failed a step other than installing k3s (its data disk is
+/// missing) is its own trouble: it is replaced at once, and the roll is not blocked.
+#[test]
+fn a_new_member_failing_another_setup_step_is_replaced_without_blocking_the_roll() {
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.k3s.version = "v1.33.99+k3s1".into();
+    w.inst("control-plane", "new01", InstanceState::Running, 60);
+    w.obs.setup_failures.insert(
+        "demo-control-plane-new01".into(),
+        crate::domain::model::SetupFailure {
+            step: "data-disk".into(),
+            reason: "no NVMe disk with serial data-demo-control-pl".into(),
+        },
+    );
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-control-plane-new01"], "{:?}", p.actions);
+    assert!(
+        !p.create_backoff.contains_key("control-plane"),
+        "{:?}",
+        p.create_backoff
+    );
+}
+
 /// Issue 33 item 3: the first member of a rolled pool that fails its node setup blocks the
 /// roll: it is removed, no member replaces it until the back-off's probe is due, the old
 /// members stay, and the block (naming the console's reason) is carried while no member of
