@@ -978,34 +978,41 @@ mod tests {
         w
     }
 
-    /// Issue 34 §4: the CLI does not write, nor start a run for, a spec naming another
-    /// project than the Secret's: exit 2 naming both.
-    #[tokio::test]
-    async fn a_spec_naming_another_project_than_the_secrets_is_refused_and_nothing_written() {
+    /// Stores `spec` and asks for a count and a bounds change as the CLI does: both must be
+    /// refused, nothing written and no run started. Returns the two errors.
+    async fn refused_both_ways(spec: &ClusterSpec) -> (ScaleError, ScaleError) {
         let w = world(2, 10);
-        let mut spec = ClusterSpec::new("demo", "elsewhere", "ubuntu-2404", 3, 2);
-        spec.worker_pools[0].max = 10;
         w.with(|s| s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml()));
         let opts = ScaleOptions::default();
-        let e = run(&w.state(), &w.cluster(), None, CountChange::Add(1), &opts)
+        let count = run(&w.state(), &w.cluster(), None, CountChange::Add(1), &opts)
             .await
             .unwrap_err();
-        let text = chain(&e);
-        assert!(
-            text.contains("\"elsewhere\"") && text.contains("pinned to project \"demo\""),
-            "{text}"
-        );
-        assert_eq!(e.exit_code(), 2);
         let change = AutoscaleChange {
             max: Some(5),
             ..AutoscaleChange::default()
         };
-        let e = run_autoscale(&w.state(), &w.cluster(), None, change, &opts)
+        let bounds = run_autoscale(&w.state(), &w.cluster(), None, change, &opts)
             .await
             .unwrap_err();
-        assert_eq!(e.exit_code(), 2, "{e:?}");
         assert_eq!(w.with(|s| s.config.resource_version.clone()), "1");
         assert!(w.with(|s| s.jobs.is_empty()), "no reconcile started");
+        (count, bounds)
+    }
+
+    /// Issue 34 §4: the CLI does not write, nor start a run for, a spec naming another
+    /// project than the Secret's: exit 2 naming both.
+    #[tokio::test]
+    async fn a_spec_naming_another_project_than_the_secrets_is_refused_and_nothing_written() {
+        let mut spec = ClusterSpec::new("demo", "elsewhere", "ubuntu-2404", 3, 2);
+        spec.worker_pools[0].max = 10;
+        let (count, bounds) = refused_both_ways(&spec).await;
+        let text = chain(&count);
+        assert!(
+            text.contains("\"elsewhere\"") && text.contains("pinned to project \"demo\""),
+            "{text}"
+        );
+        assert_eq!(count.exit_code(), 2);
+        assert_eq!(bounds.exit_code(), 2, "{bounds:?}");
     }
 
     /// Issue 33 item 1: the CLI writes no count or bounds into a spec the version gate
@@ -1013,31 +1020,17 @@ mod tests {
     /// nothing written, no run started.
     #[tokio::test]
     async fn a_spec_the_version_gate_refuses_takes_no_count_or_bounds_change() {
-        let w = world(2, 10);
         let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 2);
         spec.worker_pools[0].max = 10;
         spec.worker_pools[0].k3s_version = Some("v1.35.0+k3s1".into());
-        w.with(|s| s.config.data.insert(keys::SPEC.to_owned(), spec.to_yaml()));
-        let opts = ScaleOptions::default();
-        let e = run(&w.state(), &w.cluster(), None, CountChange::Add(1), &opts)
-            .await
-            .unwrap_err();
-        let text = chain(&e);
+        let (count, bounds) = refused_both_ways(&spec).await;
+        let text = chain(&count);
         assert!(
-            matches!(e, ScaleError::VersionGate(_)) && text.contains("worker_pools.workers"),
+            matches!(count, ScaleError::VersionGate(_)) && text.contains("worker_pools.workers"),
             "{text}"
         );
-        assert_eq!(e.exit_code(), 2);
-        let change = AutoscaleChange {
-            max: Some(5),
-            ..AutoscaleChange::default()
-        };
-        let e = run_autoscale(&w.state(), &w.cluster(), None, change, &opts)
-            .await
-            .unwrap_err();
-        assert!(matches!(e, ScaleError::VersionGate(_)), "{e:?}");
-        assert_eq!(w.with(|s| s.config.resource_version.clone()), "1");
-        assert!(w.with(|s| s.jobs.is_empty()), "no reconcile started");
+        assert_eq!(count.exit_code(), 2);
+        assert!(matches!(bounds, ScaleError::VersionGate(_)), "{bounds:?}");
     }
 
     fn stored(w: &FakeWorld, pool: &str) -> u32 {
