@@ -344,19 +344,7 @@ fn instances(sim: &SimHandle, prefix: &str) -> Vec<Value> {
 }
 
 async fn ready_nodes(sim: &SimHandle, prefix: &str) -> Vec<String> {
-    sim.kube()
-        .list("v1", "Node", None)
-        .await
-        .into_iter()
-        .filter(|n| {
-            n["status"]["conditions"].as_array().is_some_and(|c| {
-                c.iter()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-            })
-        })
-        .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
-        .filter(|n| n.starts_with(prefix))
-        .collect()
+    sim.kube().ready_nodes(prefix).await.into_iter().collect()
 }
 
 /// Samples the simulator every few ms: the most instances and the fewest Ready Nodes each

@@ -165,20 +165,7 @@ impl Env {
     }
 
     async fn ready_nodes_with(&self, prefix: &str) -> BTreeSet<String> {
-        self.sim
-            .kube()
-            .list("v1", "Node", None)
-            .await
-            .into_iter()
-            .filter(|n| {
-                n["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
-            })
-            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
-            .filter(|n| n.starts_with(prefix))
-            .collect()
+        self.sim.kube().ready_nodes(prefix).await
     }
 
     /// What a joining server (and the product) reads: `GET /db/info` at the kubeconfig's

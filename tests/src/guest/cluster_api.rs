@@ -306,6 +306,22 @@ impl KubeView {
         }
     }
 
+    /// Names of the Nodes whose `Ready` condition is `True`, starting with `prefix`, sorted.
+    pub async fn ready_nodes(&self, prefix: &str) -> std::collections::BTreeSet<String> {
+        self.list("v1", "Node", None)
+            .await
+            .into_iter()
+            .filter(|n| {
+                n["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+            })
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+            .filter(|n| n.starts_with(prefix))
+            .collect()
+    }
+
     /// Every object of a kind (in `ns`, or everywhere).
     pub async fn list(&self, api_version: &str, kind: &str, ns: Option<&str>) -> Vec<Value> {
         self.try_list(api_version, kind, ns)

@@ -293,20 +293,7 @@ impl Env {
 
     /// Ready Node names starting with `prefix`.
     pub async fn ready_nodes(&self, prefix: &str) -> BTreeSet<String> {
-        self.sim
-            .kube()
-            .list("v1", "Node", None)
-            .await
-            .iter()
-            .filter(|n| {
-                n["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
-            })
-            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
-            .filter(|n| n.starts_with(prefix))
-            .collect()
+        self.sim.kube().ready_nodes(prefix).await
     }
 
     /// Counters of requests that create something on the rack.
