@@ -2374,6 +2374,21 @@ async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
                 .unwrap_or_else(|e| panic!("{e}"));
         }
     }
+    // Running first: the eviction API ignores budgets for a Pending pod (kubernetes
+    // pkg/registry/core/pod/storage/eviction.go canIgnorePDB), and KWOK, as a kubelet, takes
+    // a few seconds to start one.
+    wait_until("every pod Running and Ready", async || {
+        let pods = kube.list("v1", "Pod", Some("default")).await;
+        pods.len() == 6
+            && pods.iter().all(|p| {
+                p["status"]["phase"] == "Running"
+                    && p["status"]["conditions"].as_array().is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+            })
+    })
+    .await;
     for pdb in ["db-a", "db-b"] {
         kube.apply(
             serde_json::json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
@@ -2386,12 +2401,20 @@ async fn stuck_and_refused_pods_are_named_and_hold_the_node_until_resolved() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     }
-    // Running first: the eviction API ignores budgets for a Pending pod (kubernetes
-    // pkg/registry/core/pod/storage/eviction.go canIgnorePDB), and KWOK, as a kubelet, takes
-    // a few seconds to start one.
-    wait_until("every pod Running", async || {
-        let pods = kube.list("v1", "Pod", Some("default")).await;
-        pods.len() == 6 && pods.iter().all(|p| p["status"]["phase"] == "Running")
+    // The budgets are made after the pods are Ready, and the test waits for both to allow one
+    // disruption: a pod update re-syncs only ONE of the budgets covering the pod, chosen
+    // arbitrarily (kubernetes@v1.33.4 pkg/controller/disruption/disruption.go:597-612
+    // getPdbForPod, called by updatePod), so a budget computed before the pods were Ready can
+    // keep allowing none, and the drain below would wait on it after db-b is gone.
+    wait_until("both budgets allow one disruption", async || {
+        let pdbs = kube
+            .list("policy/v1", "PodDisruptionBudget", Some("default"))
+            .await;
+        pdbs.len() == 2
+            && pdbs.iter().all(|p| {
+                p["status"]["disruptionsAllowed"] == 1
+                    && p["status"]["observedGeneration"] == p["metadata"]["generation"]
+            })
     })
     .await;
     env.edit(|s| s.worker_pools[0].count = 1).await;
