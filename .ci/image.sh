@@ -210,26 +210,30 @@ k() { "$kubectl" "$@"; }
 k apply -f k8s-cronjobs/
 # No scheduled run may overlap the ones started below; a suspended CronJob still serves as
 # the template the webhook and `kubectl create job --from` copy.
-k patch cronjob oxide-controller -n kube-system --type=merge -p '{"spec":{"suspend":true}}'
+k patch cronjob oxide-controller -n oxide-controller-jobs --type=merge -p '{"spec":{"suspend":true}}'
 
 step "the webhook in the image (webhook.yaml's scale serve): 200 with the token, 401 without"
 k rollout status deployment/oxide-controller-webhook -n kube-system --timeout=60s
 # Host network: the container listens on this machine at its manifest's containerPort.
+# HTTPS with the pair in the Secret (its pod mounts the webhook's keys); the preset wrote the
+# CA beside the kubeconfig, as bootstrap writes it beside the resume file.
 port=$(k get deployment oxide-controller-webhook -n kube-system -o jsonpath='{.spec.template.spec.containers[0].ports[0].containerPort}')
-url=http://127.0.0.1:$port
+url=https://127.0.0.1:$port
+ca=$(dirname "$KUBECONFIG")/webhook-ca.pem
+[ -s "$ca" ] || fail "no webhook CA at $ca"
 for _ in $(seq 1 100); do
-  curl -fsS "$url/healthz" >/dev/null 2>&1 && break
+  curl -fsS --cacert "$ca" "$url/healthz" >/dev/null 2>&1 && break
   sleep 0.1
 done
-code() { curl -sS -o "$work/body" -w '%{http_code}' "$@" || true; }
+code() { curl -sS --cacert "$ca" -o "$work/body" -w '%{http_code}' "$@" || true; }
 # Waits for Job $1 to succeed; fails at once when it fails.
 job_succeeds() {
   for _ in $(seq 1 240); do
-    state=$(k get job "$1" -n kube-system --ignore-not-found \
+    state=$(k get job "$1" -n oxide-controller-jobs --ignore-not-found \
       -o jsonpath='{range .status.conditions[?(@.status=="True")]}{.type} {end}')
     case " $state " in
       *" Complete "*) echo "job/$1 succeeded"; return 0 ;;
-      *" Failed "*) k describe job "$1" -n kube-system >&2; fail "job/$1 failed" ;;
+      *" Failed "*) k describe job "$1" -n oxide-controller-jobs >&2; fail "job/$1 failed" ;;
     esac
     sleep 1
   done
@@ -255,10 +259,10 @@ answer=$(code -X PUT -H "Authorization: Bearer $token" -H 'content-type: applica
 echo "PUT /nodes/workers: $answer $(cat "$work/body")"
 [ "${answer:0:1}" = 2 ] || fail "PUT /nodes/workers: not 2xx"
 job_succeeds oxide-controller-now
-want_cmd=$(k get cronjob oxide-controller -n kube-system -o jsonpath='{.spec.jobTemplate.spec.template.spec.containers[0].command}')
-got_cmd=$(k get job oxide-controller-now -n kube-system -o jsonpath='{.spec.template.spec.containers[0].command}')
+want_cmd=$(k get cronjob oxide-controller -n oxide-controller-jobs -o jsonpath='{.spec.jobTemplate.spec.template.spec.containers[0].command}')
+got_cmd=$(k get job oxide-controller-now -n oxide-controller-jobs -o jsonpath='{.spec.template.spec.containers[0].command}')
 [ "$want_cmd" = "$got_cmd" ] || fail "the Job runs $got_cmd, the CronJob $want_cmd"
-grep -m 1 'runc run kube-system-oxide-controller-now-' "$work/sim.err" \
+grep -m 1 'runc run oxide-controller-jobs-oxide-controller-now-' "$work/sim.err" \
   || fail "the simulator's log shows no reconcile pod run in the image"
 grep '\[oxide-controller-now-' "$work/sim.err" | tail -n 2
 workers=0
@@ -272,9 +276,9 @@ k get nodes
 echo "three Ready workers $(elapsed "$t")"
 
 step "a Job from the CronJob (kubectl create job --from): the run in the image succeeds"
-k create job image-check --from=cronjob/oxide-controller -n kube-system
+k create job image-check --from=cronjob/oxide-controller -n oxide-controller-jobs
 job_succeeds image-check
-grep -q 'runc run kube-system-image-check-' "$work/sim.err" || fail "the simulator's log shows no run of image-check in the image"
+grep -q 'runc run oxide-controller-jobs-image-check-' "$work/sim.err" || fail "the simulator's log shows no run of image-check in the image"
 grep '\[image-check-' "$work/sim.err" | tail -n 3
 "${CARGO_TARGET_DIR:-$root/target}/release/scale" --kubeconfig "$KUBECONFIG" status || fail "scale status: the cluster is not healthy"
 

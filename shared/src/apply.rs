@@ -431,7 +431,7 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                     }
                     Drained::Waiting(why) => {
                         return Ok(Outcome::InProgress(format!(
-                            "drain of {node} not finished after {timeout}s ({why}); the next run tries again (or use --force-drain)"
+                            "drain of {node} not finished after {timeout}s ({why}); the next run tries again (or run reconcile-once --force-drain from a laptop with your own kubeconfig)"
                         )));
                     }
                     Drained::Stuck(why) => {

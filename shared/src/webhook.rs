@@ -36,13 +36,14 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use serde::Deserialize;
 
 use crate::ports::cluster::Cluster;
-use crate::ports::state::{StateError, StateStore};
+use crate::ports::state::StateStore;
 use crate::workflows::error::chain;
 use crate::workflows::scale::{
     self, ChangeOutcome, CountChange, ReconcileOutcome, ScaleOptions, SpecOutcome,
 };
 
 mod auth;
+pub use auth::TokenSource;
 mod commit;
 pub mod error;
 pub mod host;
@@ -67,8 +68,10 @@ pub const RECONCILE_HEADER: &str = "x-oxide-controller-reconcile";
 /// Settings of the webhook function.
 #[derive(Debug, Clone)]
 pub struct WebhookConfig {
-    /// How long the webhook token's digest is cached; zero reads the Secret on every request.
+    /// How long the webhook token's digest is cached; zero reads the tokens on every request.
     pub token_ttl: Duration,
+    /// Where the tokens are read: the mounted Secret keys in the cluster, else the Secret.
+    pub tokens: auth::TokenSource,
     /// Conflict retries of ConfigMap writes.
     pub scale: ScaleOptions,
 }
@@ -77,6 +80,7 @@ impl Default for WebhookConfig {
     fn default() -> Self {
         WebhookConfig {
             token_ttl: Duration::from_secs(5),
+            tokens: auth::TokenSource::Secret,
             scale: ScaleOptions::default(),
         }
     }
@@ -116,7 +120,7 @@ impl<S: StateStore, C: Cluster> Deps<S, C> {
             state,
             cluster,
             metrics: Metrics::default(),
-            tokens: auth::TokenCache::new(config.token_ttl),
+            tokens: auth::TokenCache::new(config.token_ttl, config.tokens.clone()),
             specs: scale::SpecCache::default(),
             config,
             commits: commit::GroupCommit::default(),
@@ -802,15 +806,19 @@ async fn status_json<S: StateStore, C: Cluster>(
     }
 }
 
+/// Ready when the tokens (the mounted keys, or the Secret) and the ConfigMap can be read.
 async fn readyz<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Response<Bytes> {
-    let (secret, config) = tokio::join!(deps.state.read_secrets(), deps.state.read_config());
-    let problem = |what: &str, e: &StateError| {
-        tracing::warn!(error = %chain(e), "not ready: cannot read the {what}");
-        text(503, format!("not ready: cannot read the {what}\n"))
-    };
-    match (secret, config) {
-        (Err(e), _) => problem("Secret", &e),
-        (_, Err(e)) => problem("ConfigMap", &e),
+    let (tokens, config) =
+        tokio::join!(deps.tokens.expected(&deps.state), deps.state.read_config());
+    match (tokens, config) {
+        (Err(e), _) => {
+            tracing::warn!(error = %chain(&e), "not ready: no webhook token");
+            text(503, "not ready: cannot read the webhook token\n".to_owned())
+        }
+        (_, Err(e)) => {
+            tracing::warn!(error = %chain(&e), "not ready: cannot read the ConfigMap");
+            text(503, "not ready: cannot read the ConfigMap\n".to_owned())
+        }
         (Ok(_), Ok(_)) => text(200, "ready\n".to_owned()),
     }
 }

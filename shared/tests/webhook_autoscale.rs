@@ -73,6 +73,7 @@ async fn world() -> FakeWorld {
 fn config() -> WebhookConfig {
     WebhookConfig {
         token_ttl: Duration::ZERO,
+        tokens: oxide_controller::webhook::TokenSource::Secret,
         scale: ScaleOptions {
             backoff: Backoff {
                 first: Duration::from_millis(1),

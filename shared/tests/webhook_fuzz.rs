@@ -285,6 +285,7 @@ async fn fuzz(seed: u64, cases: u64) -> u64 {
         w.cluster(),
         WebhookConfig {
             token_ttl: Duration::from_secs(3600),
+            tokens: oxide_controller::webhook::TokenSource::Secret,
             scale: ScaleOptions {
                 backoff: Backoff {
                     first: Duration::ZERO,

@@ -78,6 +78,7 @@ fn config() -> WebhookConfig {
     WebhookConfig {
         // Read the Secret on every request, so tests see changes to it at once.
         token_ttl: Duration::ZERO,
+        tokens: oxide_controller::webhook::TokenSource::Secret,
         scale: ScaleOptions {
             backoff: Backoff {
                 first: Duration::from_millis(1),
@@ -164,7 +165,7 @@ async fn healthz_is_200_without_a_token_even_when_nothing_is_readable() {
 }
 
 #[tokio::test]
-async fn readyz_is_200_only_when_the_secret_and_the_configmap_can_be_read() {
+async fn readyz_is_200_only_when_the_token_and_the_configmap_can_be_read() {
     let w = world().await;
     let d = deps(&w);
     let ready = || Request::get("/readyz").body(Bytes::new()).unwrap();
@@ -173,7 +174,7 @@ async fn readyz_is_200_only_when_the_secret_and_the_configmap_can_be_read() {
     w.with(|s| s.secrets = None);
     let r = send(&d, ready()).await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert!(body(&r).contains("Secret"), "{}", body(&r));
+    assert!(body(&r).contains("webhook token"), "{}", body(&r));
 
     w.with(|s| {
         s.secrets = Some(secrets(TOKEN));
@@ -1036,6 +1037,7 @@ async fn the_token_is_cached_for_its_ttl_and_rotation_applies_after_it() {
         w.cluster(),
         WebhookConfig {
             token_ttl: Duration::from_secs(3600),
+            tokens: oxide_controller::webhook::TokenSource::Secret,
             ..config()
         },
     );
@@ -1059,6 +1061,80 @@ async fn the_token_is_cached_for_its_ttl_and_rotation_applies_after_it() {
             .await
             .status(),
         StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test]
+async fn tokens_from_mounted_keys_need_no_secret_read_and_a_rotation_applies_without_restart() {
+    // In the cluster the webhook's account may not read the Secret: its pod mounts the two
+    // token keys, which the kubelet replaces when the Secret changes.
+    let w = world().await;
+    // The Secret through the API is out of reach (as for the webhook's account).
+    w.with(|s| s.secrets = None);
+    let dir = tempfile::tempdir().unwrap();
+    let deps = Deps::new(
+        w.state(),
+        w.cluster(),
+        WebhookConfig {
+            token_ttl: Duration::ZERO,
+            tokens: oxide_controller::webhook::TokenSource::Files(dir.path().to_path_buf()),
+            ..config()
+        },
+    );
+    let get = |token: &str| {
+        Request::get("/nodes/workers")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(Bytes::new())
+            .unwrap()
+    };
+    let ready = || Request::get("/readyz").body(Bytes::new()).unwrap();
+    // Nothing mounted yet (an older cluster's Secret lacks the keys): closed, not ready.
+    assert_eq!(
+        send(&deps, get(TOKEN)).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        send(&deps, ready()).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+
+    std::fs::write(dir.path().join("webhook-token"), TOKEN).unwrap();
+    assert_eq!(send(&deps, get(TOKEN)).await.status(), StatusCode::OK);
+    assert_eq!(send(&deps, ready()).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&deps, get(READ_TOKEN)).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    std::fs::write(dir.path().join("webhook-read-token"), READ_TOKEN).unwrap();
+    assert_eq!(send(&deps, get(READ_TOKEN)).await.status(), StatusCode::OK);
+    let put = |token: &str| {
+        Request::put("/nodes/workers")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Bytes::from_static(br#"{"count":4}"#))
+            .unwrap()
+    };
+    assert_eq!(
+        send(&deps, put(READ_TOKEN)).await.status(),
+        StatusCode::FORBIDDEN
+    );
+
+    // Rotation: the kubelet swaps the file; the old token stops working, the new one works.
+    std::fs::write(dir.path().join("webhook-token"), "rotated-token").unwrap();
+    assert_eq!(
+        send(&deps, get(TOKEN)).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        send(&deps, put("rotated-token")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(stored_count(&w, "workers"), 4);
+    // An empty write token (a key cleared) closes it again.
+    std::fs::write(dir.path().join("webhook-token"), "").unwrap();
+    assert_eq!(
+        send(&deps, get("rotated-token")).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
     );
 }
 

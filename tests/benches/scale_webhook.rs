@@ -26,7 +26,7 @@ use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::base::secrets::ClusterSecrets;
 use oxide_controller::domain::spec::ClusterSpec;
 use oxide_controller::fake::FakeWorld;
-use oxide_controller::ports::cluster::{Cluster, NAMESPACE, OBJECT_NAME};
+use oxide_controller::ports::cluster::{Cluster, JOBS_NAMESPACE, NAMESPACE, OBJECT_NAME};
 use oxide_controller::ports::state::{StateStore, keys};
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
@@ -337,8 +337,15 @@ async fn bench() {
         .unwrap();
     local
         .control_plane
+        .apply(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOBS_NAMESPACE}}),
+        )
+        .await
+        .unwrap();
+    local
+        .control_plane
         .apply(json!({"apiVersion": "batch/v1", "kind": "CronJob",
-            "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
+            "metadata": {"name": OBJECT_NAME, "namespace": JOBS_NAMESPACE},
             "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": {"spec": {
                 "restartPolicy": "Never", "containers": [{"name": "r", "image": "oxide-controller:bench"}]}}}}}}))
         .await

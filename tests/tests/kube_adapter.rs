@@ -44,7 +44,9 @@ impl Env {
         let client = kubeclient::client(Some(&self.dir.path().join("admin.yaml")), None)
             .await
             .unwrap();
-        KubeCluster::new(client, NAMESPACE)
+        // The CronJob and Jobs these tests make are in kube-system too (the adapter's jobs
+        // namespace is a setting; the shipped one is exercised by the bootstrap and RBAC tests).
+        KubeCluster::new(client, NAMESPACE).with_jobs_namespace(NAMESPACE)
     }
 
     async fn apply(&self, obj: Value) -> Value {
@@ -961,8 +963,9 @@ async fn the_reconcile_pod_is_never_placed_on_an_unreachable_node() {
     // Audit kubernetes-2 finding 10: the shipped CronJob's tolerations keep the repair run
     // on a live node (they tolerate not-ready/unreachable only as NoExecute).
     let env = Env::start().await;
+    // The template's account (placed in kube-system here: only scheduling is tested).
     env.cp
-        .service_account_token(NAMESPACE, "oxide-controller")
+        .service_account_token(NAMESPACE, "oxide-controller-reconcile")
         .await
         .unwrap();
     let text = std::fs::read_to_string(

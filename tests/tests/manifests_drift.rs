@@ -20,22 +20,31 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 /// The files of `k8s-cronjobs/`, which `bootstrap` embeds by name.
-const PLAIN_FILES: [&str; 4] = [
+const PLAIN_FILES: [&str; 5] = [
+    "00-namespace.yaml",
     "serviceaccount.yaml",
     "rbac.yaml",
     "cronjob.yaml",
     "webhook.yaml",
 ];
 /// Every object the in-cluster pieces consist of, as [`object_key`] spells them.
-const EXPECTED_OBJECTS: [&str; 8] = [
-    "ClusterRole oxide-controller",
-    "ClusterRoleBinding oxide-controller",
-    "CronJob kube-system/oxide-controller",
+const EXPECTED_OBJECTS: [&str; 16] = [
+    "ClusterRole oxide-controller-reconcile",
+    "ClusterRole oxide-controller-webhook",
+    "ClusterRoleBinding oxide-controller-reconcile",
+    "ClusterRoleBinding oxide-controller-webhook",
+    "CronJob oxide-controller-jobs/oxide-controller",
     "Deployment kube-system/oxide-controller-webhook",
-    "Role kube-system/oxide-controller",
-    "RoleBinding kube-system/oxide-controller",
+    "Namespace oxide-controller-jobs",
+    "Role kube-system/oxide-controller-reconcile",
+    "Role kube-system/oxide-controller-webhook",
+    "Role oxide-controller-jobs/oxide-controller-webhook",
+    "RoleBinding kube-system/oxide-controller-reconcile",
+    "RoleBinding kube-system/oxide-controller-webhook",
+    "RoleBinding oxide-controller-jobs/oxide-controller-webhook",
     "Service kube-system/oxide-controller-webhook",
-    "ServiceAccount kube-system/oxide-controller",
+    "ServiceAccount kube-system/oxide-controller-webhook",
+    "ServiceAccount oxide-controller-jobs/oxide-controller-reconcile",
 ];
 const BINARIES: [&str; 3] = ["bootstrap", "reconcile-once", "scale"];
 const IMAGE_REPOSITORY: &str = "ghcr.io/aifoundry-org/oxide-controller";
@@ -426,21 +435,21 @@ fn a_change_made_on_one_side_only_is_reported_as_drift() {
             "templates/rbac.yaml",
             r#"verbs: ["list", "patch", "delete"]"#,
             r#"verbs: ["list", "patch", "delete", "update"]"#,
-            "ClusterRole oxide-controller: .rules[0].verbs[3]",
+            "ClusterRole oxide-controller-reconcile: .rules[0].verbs[3]",
         ),
         (
             Side::Chart,
             "templates/rbac.yaml",
             r#"resources: ["secrets"]"#,
             r#"resources: ["secrets", "configmaps"]"#,
-            "Role kube-system/oxide-controller: .rules[0].resources[1]",
+            "Role kube-system/oxide-controller-reconcile: .rules[0].resources[1]",
         ),
         (
             Side::Chart,
             "values.yaml",
             r#"schedule: "*/5 * * * *""#,
             r#"schedule: "*/10 * * * *""#,
-            "CronJob kube-system/oxide-controller: .spec.schedule",
+            "CronJob oxide-controller-jobs/oxide-controller: .spec.schedule",
         ),
         (
             Side::Chart,
@@ -468,7 +477,7 @@ fn a_change_made_on_one_side_only_is_reported_as_drift() {
             "rbac.yaml",
             r#"verbs: ["get", "delete"]"#,
             r#"verbs: ["get", "delete", "list"]"#,
-            "Role kube-system/oxide-controller: .rules[6].verbs[2]: only in k8s-cronjobs",
+            "Role oxide-controller-jobs/oxide-controller-webhook: .rules[1].verbs[2]: only in k8s-cronjobs",
         ),
         (
             Side::Plain,
@@ -678,9 +687,11 @@ fn every_pod_runs_as_non_root_read_only_without_privileges() {
             "{side}: the CronJob's and the webhook's pods"
         );
         for (at, spec) in specs {
-            assert_eq!(
-                spec["serviceAccountName"], "oxide-controller",
-                "{side} {at}"
+            assert!(
+                spec["serviceAccountName"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("oxide-controller-")),
+                "{side} {at}: one of our two accounts"
             );
             // They call the API, so they need the token.
             assert_eq!(spec["automountServiceAccountToken"], true, "{side} {at}");
@@ -770,90 +781,170 @@ fn expected_rules(rules: &[Rule]) -> Vec<(String, String, Vec<String>, Vec<Strin
     out
 }
 
-#[test]
-fn the_service_account_may_make_exactly_the_calls_the_functions_make() {
-    // The calls, from shared/src/ports/cluster/kube_cluster.rs, shared/src/ports/state/kube_store.rs and
-    // the webhook: a call added or removed there changes this table and both manifests.
-    let cluster_wide: &[Rule] = &[
-        ("", "nodes", &[], &["list", "patch", "delete"]), // observe, cordon/annotate, remove
-        ("", "pods", &[], &["list", "watch", "delete"]), // drain; --force-drain; the webhook watches unschedulable pods
-        ("", "pods/eviction", &[], &["create"]),         // drain through the Eviction API
-        ("policy", "poddisruptionbudgets", &[], &["list"]), // autoscaler: budgets keep nodes
-        ("", "persistentvolumes", &[], &["list"]),       // autoscaler: volumes pinned to nodes
-    ];
-    let in_kube_system: &[Rule] = &[
-        ("", "secrets", &["oxide-controller"], &["get"]),
-        ("", "configmaps", &["oxide-controller"], &["get", "update"]),
-        (
-            "coordination.k8s.io",
-            "leases",
-            &["oxide-controller"],
-            &["get", "update"],
-        ),
-        ("coordination.k8s.io", "leases", &[], &["create"]),
-        ("events.k8s.io", "events", &[], &["create"]),
-        ("batch", "cronjobs", &["oxide-controller"], &["get"]),
-        (
-            "batch",
-            "jobs",
-            &["oxide-controller-now"],
-            &["get", "delete"],
-        ),
-        ("batch", "jobs", &[], &["create"]),
-    ];
-    for (side, objects) in both_sides() {
-        let cluster_role = &objects["ClusterRole oxide-controller"];
-        assert_eq!(
-            rules_of(cluster_role),
-            expected_rules(cluster_wide),
-            "{side} ClusterRole"
-        );
-        let role = &objects["Role kube-system/oxide-controller"];
-        assert_eq!(
-            rules_of(role),
-            expected_rules(in_kube_system),
-            "{side} Role"
-        );
+/// An account's expected roles: (role object key, binding object key, rules).
+struct Grant {
+    role: &'static str,
+    binding: &'static str,
+    rules: &'static [Rule],
+}
 
-        // Least privilege in general: no wildcards, and inside kube-system every verb but
-        // `create` (which RBAC cannot limit by name) is limited to our named objects.
-        for (group, resource, _, verbs) in rules_of(cluster_role).into_iter().chain(rules_of(role))
-        {
-            assert!(
-                group != "*" && resource != "*" && !verbs.iter().any(|v| v == "*"),
-                "{side}: wildcard in {group}/{resource} {verbs:?}"
-            );
-        }
-        for (group, resource, names, verbs) in rules_of(role) {
-            if verbs.iter().any(|v| v != "create") {
-                assert!(
-                    !names.is_empty(),
-                    "{side}: {group}/{resource} {verbs:?} must name its objects"
+#[test]
+fn each_account_may_make_exactly_the_calls_its_function_makes() {
+    // The calls, from shared/src/adapters/kube_cluster.rs, shared/src/adapters/kube_store.rs
+    // and the webhook: a call added or removed there changes this table and both manifests.
+    // functions/reconcile-once/tests/rbac.rs proves each verb needed against a real API.
+    let reconcile = (
+        "oxide-controller-jobs",
+        "oxide-controller-reconcile",
+        [
+            Grant {
+                role: "ClusterRole oxide-controller-reconcile",
+                binding: "ClusterRoleBinding oxide-controller-reconcile",
+                rules: &[
+                    ("", "nodes", &[], &["list", "patch", "delete"]), // observe, cordon/annotate, remove
+                    ("", "pods", &[], &["list"]), // drain, autoscaling; never delete (issue 34 §2)
+                    ("", "pods/eviction", &[], &["create"]), // drain through the Eviction API
+                    ("policy", "poddisruptionbudgets", &[], &["list"]), // budgets keep nodes
+                    ("", "persistentvolumes", &[], &["list"]), // volumes pinned to nodes
+                ],
+            },
+            Grant {
+                role: "Role kube-system/oxide-controller-reconcile",
+                binding: "RoleBinding kube-system/oxide-controller-reconcile",
+                rules: &[
+                    ("", "secrets", &["oxide-controller"], &["get"]),
+                    ("", "configmaps", &["oxide-controller"], &["get", "update"]),
+                    (
+                        "coordination.k8s.io",
+                        "leases",
+                        &["oxide-controller"],
+                        &["get", "update"],
+                    ),
+                    ("coordination.k8s.io", "leases", &[], &["create"]),
+                    ("events.k8s.io", "events", &[], &["create"]),
+                ],
+            },
+        ]
+        .as_slice(),
+    );
+    let webhook = (
+        "kube-system",
+        "oxide-controller-webhook",
+        [
+            Grant {
+                role: "ClusterRole oxide-controller-webhook",
+                binding: "ClusterRoleBinding oxide-controller-webhook",
+                rules: &[
+                    ("", "nodes", &[], &["list"]),         // the version gate
+                    ("", "pods", &[], &["list", "watch"]), // pods the scheduler cannot place
+                ],
+            },
+            Grant {
+                role: "Role kube-system/oxide-controller-webhook",
+                binding: "RoleBinding kube-system/oxide-controller-webhook",
+                rules: &[
+                    ("", "configmaps", &["oxide-controller"], &["get", "update"]),
+                    (
+                        "coordination.k8s.io",
+                        "leases",
+                        &["oxide-controller"],
+                        &["get"],
+                    ),
+                ],
+            },
+            Grant {
+                role: "Role oxide-controller-jobs/oxide-controller-webhook",
+                binding: "RoleBinding oxide-controller-jobs/oxide-controller-webhook",
+                rules: &[
+                    ("batch", "cronjobs", &["oxide-controller"], &["get"]),
+                    (
+                        "batch",
+                        "jobs",
+                        &["oxide-controller-now"],
+                        &["get", "delete"],
+                    ),
+                    ("batch", "jobs", &[], &["create"]),
+                ],
+            },
+        ]
+        .as_slice(),
+    );
+    for (side, objects) in both_sides() {
+        for (account_ns, account, grants) in [reconcile, webhook] {
+            for g in grants {
+                let role = &objects[g.role];
+                assert_eq!(rules_of(role), expected_rules(g.rules), "{side} {}", g.role);
+                // Least privilege in general: no wildcards, and every namespaced verb but
+                // `create` (which RBAC cannot limit by name) limited to our named objects.
+                for (group, resource, names, verbs) in rules_of(role) {
+                    assert!(
+                        group != "*" && resource != "*" && !verbs.iter().any(|v| v == "*"),
+                        "{side}: wildcard in {group}/{resource} {verbs:?}"
+                    );
+                    if role["kind"] == "Role" {
+                        if verbs.iter().any(|v| v != "create") {
+                            assert!(
+                                !names.is_empty(),
+                                "{side}: {group}/{resource} {verbs:?} must name its objects"
+                            );
+                        } else {
+                            assert!(
+                                names.is_empty(),
+                                "{side}: create cannot be limited by resourceNames"
+                            );
+                        }
+                    }
+                }
+                let b = &objects[g.binding];
+                let role_name = role["metadata"]["name"].clone();
+                assert_eq!(
+                    b["roleRef"],
+                    json!({"apiGroup": "rbac.authorization.k8s.io", "kind": role["kind"], "name": role_name}),
+                    "{side} {}",
+                    g.binding
                 );
-            } else {
-                assert!(
-                    names.is_empty(),
-                    "{side}: create cannot be limited by resourceNames"
+                assert_eq!(
+                    b["subjects"],
+                    json!([{"kind": "ServiceAccount", "name": account, "namespace": account_ns}]),
+                    "{side} {}",
+                    g.binding
                 );
             }
         }
-
-        for (binding, role_kind) in [
-            ("ClusterRoleBinding oxide-controller", "ClusterRole"),
-            ("RoleBinding kube-system/oxide-controller", "Role"),
-        ] {
-            let b = &objects[binding];
-            assert_eq!(
-                b["roleRef"],
-                json!({"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": "oxide-controller"}),
-                "{side} {binding}"
-            );
-            assert_eq!(
-                b["subjects"],
-                json!([{"kind": "ServiceAccount", "name": "oxide-controller", "namespace": "kube-system"}]),
-                "{side} {binding}"
-            );
+        // No account may read a Secret but the reconcile one, and none may delete a pod.
+        for (key, object) in &objects {
+            if !matches!(object["kind"].as_str(), Some("Role" | "ClusterRole")) {
+                continue;
+            }
+            for (_, resource, _, verbs) in rules_of(object) {
+                assert!(
+                    resource != "secrets" || key == "Role kube-system/oxide-controller-reconcile",
+                    "{side}: {key} may read Secrets"
+                );
+                assert!(
+                    resource != "pods" || !verbs.iter().any(|v| v == "delete"),
+                    "{side}: {key} may delete pods"
+                );
+            }
         }
+        // Jobs run only where Pod Security `restricted` is enforced.
+        let ns = &objects["Namespace oxide-controller-jobs"]["metadata"]["labels"];
+        assert_eq!(
+            ns["pod-security.kubernetes.io/enforce"], "restricted",
+            "{side}"
+        );
+        assert_eq!(
+            objects["CronJob oxide-controller-jobs/oxide-controller"]["spec"]["jobTemplate"]["spec"]
+                ["template"]["spec"]["serviceAccountName"],
+            "oxide-controller-reconcile",
+            "{side}"
+        );
+        assert_eq!(
+            objects["Deployment kube-system/oxide-controller-webhook"]["spec"]["template"]["spec"]
+                ["serviceAccountName"],
+            "oxide-controller-webhook",
+            "{side}"
+        );
     }
 }
 
@@ -861,7 +952,7 @@ fn the_service_account_may_make_exactly_the_calls_the_functions_make() {
 fn a_reconcile_run_ends_before_its_job_deadline_and_the_job_before_the_next_tick() {
     let run_deadline = oxide_controller::domain::spec::Timeouts::default().run_deadline_seconds;
     for (side, objects) in both_sides() {
-        let cron = &objects["CronJob kube-system/oxide-controller"]["spec"];
+        let cron = &objects["CronJob oxide-controller-jobs/oxide-controller"]["spec"];
         let schedule = cron["schedule"].as_str().unwrap();
         let parsed = oxide_controller::domain::spec::parse_schedule(schedule).unwrap();
         let ticks: Vec<_> = parsed.upcoming(chrono::Utc::now()).take(50).collect();
@@ -949,7 +1040,17 @@ fn the_webhook_serves_its_probes_and_the_service_reaches_it() {
         assert_eq!(c["command"], json!(["/usr/local/bin/scale"]), "{side}");
         assert_eq!(
             c["args"],
-            json!(["serve", "--listen", "0.0.0.0:8443", "--tls-from-secret"]),
+            json!([
+                "serve",
+                "--listen",
+                "0.0.0.0:8443",
+                "--secrets-dir",
+                "/var/run/secrets/oxide-controller",
+                "--tls-cert",
+                "/var/run/secrets/oxide-controller/webhook-tls.crt",
+                "--tls-key",
+                "/var/run/secrets/oxide-controller/webhook-tls.key"
+            ]),
             "{side}"
         );
         assert_eq!(
@@ -1040,7 +1141,7 @@ fn the_image_holds_every_binary_the_manifests_run() {
 }
 
 #[test]
-fn every_plain_manifest_is_one_object_per_document_in_kube_system() {
+fn every_plain_manifest_is_one_object_per_document_in_our_two_namespaces() {
     let names: Vec<String> = fs::read_dir(plain_dir())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -1063,10 +1164,16 @@ fn every_plain_manifest_is_one_object_per_document_in_kube_system() {
         );
         let cluster_scoped = matches!(
             doc["kind"].as_str(),
-            Some("ClusterRole" | "ClusterRoleBinding")
+            Some("ClusterRole" | "ClusterRoleBinding" | "Namespace")
         );
         if !cluster_scoped {
-            assert_eq!(doc["metadata"]["namespace"], "kube-system", "{key}");
+            assert!(
+                matches!(
+                    doc["metadata"]["namespace"].as_str(),
+                    Some("kube-system" | "oxide-controller-jobs")
+                ),
+                "{key}"
+            );
         }
     }
 }

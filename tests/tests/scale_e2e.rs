@@ -16,7 +16,7 @@ use oxide_controller::adapters::kube_cluster::KubeCluster;
 use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::base::secrets::ClusterSecrets;
 use oxide_controller::domain::spec::ClusterSpec;
-use oxide_controller::ports::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
+use oxide_controller::ports::cluster::{JOBS_NAMESPACE, NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
 use oxide_controller::ports::state::{StateStore, keys};
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
@@ -173,8 +173,11 @@ impl Cluster {
 
     fn add_cronjob(&self) {
         self.kube
+            .apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOBS_NAMESPACE}}))
+            .unwrap();
+        self.kube
             .apply(json!({"apiVersion": "batch/v1", "kind": "CronJob",
-                "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
+                "metadata": {"name": OBJECT_NAME, "namespace": JOBS_NAMESPACE},
                 "spec": {"schedule": "*/5 * * * *", "concurrencyPolicy": "Forbid", "jobTemplate": {"spec": {
                     "backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "serviceAccountName": OBJECT_NAME,
                     "containers": [{"name": "reconcile", "image": "oxide-controller:test", "args": ["reconcile-once"]}]}}}}}}))
@@ -203,7 +206,7 @@ impl Cluster {
     }
 
     fn jobs(&self) -> Vec<Value> {
-        self.kube.list("batch/v1", "Job", Some(NAMESPACE))
+        self.kube.list("batch/v1", "Job", Some(JOBS_NAMESPACE))
     }
 }
 
@@ -260,7 +263,7 @@ async fn on_a_preset_cluster_every_verb_changes_the_configmap_and_bad_tokens_cha
     assert_eq!(cluster.workers(), 3);
     let job = cluster
         .kube
-        .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+        .get("batch/v1", "Job", Some(JOBS_NAMESPACE), ON_DEMAND_JOB)
         .expect("a reconcile Job");
     assert_eq!(
         job["spec"]["template"]["spec"]["containers"][0]["args"][0],

@@ -397,7 +397,7 @@ async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is
                 .get(
                     "batch/v1",
                     "CronJob",
-                    Some("kube-system"),
+                    Some("oxide-controller-jobs"),
                     "oxide-controller",
                 )
                 .await

@@ -119,7 +119,7 @@ async fn pod_specs(env: &Env) -> [(Value, &'static str); 2] {
         .get(
             "batch/v1",
             "CronJob",
-            Some("kube-system"),
+            Some("oxide-controller-jobs"),
             "oxide-controller",
         )
         .await
@@ -150,7 +150,7 @@ async fn trigger_job(env: &Env, name: &str) {
         .get(
             "batch/v1",
             "CronJob",
-            Some("kube-system"),
+            Some("oxide-controller-jobs"),
             "oxide-controller",
         )
         .await
@@ -162,7 +162,7 @@ async fn trigger_job(env: &Env, name: &str) {
             "kind": "Job",
             "metadata": {
                 "name": name,
-                "namespace": "kube-system",
+                "namespace": "oxide-controller-jobs",
                 "labels": cron["spec"]["jobTemplate"]["metadata"]["labels"].clone(),
             },
             "spec": cron["spec"]["jobTemplate"]["spec"].clone(),
@@ -177,7 +177,7 @@ async fn job_outcome(env: &Env, name: &str) -> String {
         let job = env
             .sim
             .kube()
-            .get("batch/v1", "Job", Some("kube-system"), name)
+            .get("batch/v1", "Job", Some("oxide-controller-jobs"), name)
             .await
             .unwrap();
         if let Some(c) = job["status"]["conditions"].as_array().and_then(|c| {

@@ -107,55 +107,31 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
 
     // The in-cluster pieces.
     let kube = env.sim.kube();
+    const RBAC: &str = "rbac.authorization.k8s.io/v1";
+    const JOBS: Option<&str> = Some("oxide-controller-jobs");
+    const SYSTEM: Option<&str> = Some("kube-system");
     for (api, kind, ns, name) in [
+        ("v1", "Namespace", None, "oxide-controller-jobs"),
+        ("v1", "ServiceAccount", JOBS, "oxide-controller-reconcile"),
+        ("v1", "ServiceAccount", SYSTEM, "oxide-controller-webhook"),
+        (RBAC, "ClusterRole", None, "oxide-controller-reconcile"),
         (
-            "v1",
-            "ServiceAccount",
-            Some("kube-system"),
-            "oxide-controller",
-        ),
-        (
-            "rbac.authorization.k8s.io/v1",
-            "ClusterRole",
-            None,
-            "oxide-controller",
-        ),
-        (
-            "rbac.authorization.k8s.io/v1",
+            RBAC,
             "ClusterRoleBinding",
             None,
-            "oxide-controller",
+            "oxide-controller-reconcile",
         ),
-        (
-            "rbac.authorization.k8s.io/v1",
-            "Role",
-            Some("kube-system"),
-            "oxide-controller",
-        ),
-        (
-            "rbac.authorization.k8s.io/v1",
-            "RoleBinding",
-            Some("kube-system"),
-            "oxide-controller",
-        ),
-        (
-            "batch/v1",
-            "CronJob",
-            Some("kube-system"),
-            "oxide-controller",
-        ),
-        (
-            "apps/v1",
-            "Deployment",
-            Some("kube-system"),
-            "oxide-controller-webhook",
-        ),
-        (
-            "v1",
-            "Service",
-            Some("kube-system"),
-            "oxide-controller-webhook",
-        ),
+        (RBAC, "ClusterRole", None, "oxide-controller-webhook"),
+        (RBAC, "ClusterRoleBinding", None, "oxide-controller-webhook"),
+        (RBAC, "Role", SYSTEM, "oxide-controller-reconcile"),
+        (RBAC, "RoleBinding", SYSTEM, "oxide-controller-reconcile"),
+        (RBAC, "Role", SYSTEM, "oxide-controller-webhook"),
+        (RBAC, "RoleBinding", SYSTEM, "oxide-controller-webhook"),
+        (RBAC, "Role", JOBS, "oxide-controller-webhook"),
+        (RBAC, "RoleBinding", JOBS, "oxide-controller-webhook"),
+        ("batch/v1", "CronJob", JOBS, "oxide-controller"),
+        ("apps/v1", "Deployment", SYSTEM, "oxide-controller-webhook"),
+        ("v1", "Service", SYSTEM, "oxide-controller-webhook"),
     ] {
         assert!(
             kube.get(api, kind, ns, name).await.is_some(),
@@ -163,15 +139,23 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
         );
     }
     let cron = kube
-        .get(
-            "batch/v1",
-            "CronJob",
-            Some("kube-system"),
-            "oxide-controller",
-        )
+        .get("batch/v1", "CronJob", JOBS, "oxide-controller")
         .await
         .unwrap();
     assert_eq!(cron["spec"]["schedule"], "*/5 * * * *");
+    // The single account of earlier releases is not there (a re-run on an old cluster deletes
+    // it: bootstrap's manifests step).
+    for (api, kind, ns) in [
+        ("v1", "ServiceAccount", SYSTEM),
+        (RBAC, "ClusterRole", None),
+        (RBAC, "Role", SYSTEM),
+        ("batch/v1", "CronJob", SYSTEM),
+    ] {
+        assert!(
+            kube.get(api, kind, ns, "oxide-controller").await.is_none(),
+            "{kind} oxide-controller of an earlier release"
+        );
+    }
 
     // The resume file: 0600, and the summary says where everything is.
     let resume = env.state_dir().join("demo.json");

@@ -21,7 +21,7 @@ use support::{Webhook, cluster, creates, deployment};
 
 async fn job_created(sim: &SimHandle) -> bool {
     !sim.kube()
-        .list("batch/v1", "Job", Some("kube-system"))
+        .list("batch/v1", "Job", Some("oxide-controller-jobs"))
         .await
         .is_empty()
 }

@@ -24,7 +24,7 @@ use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::base::shutdown::Shutdown;
 use oxide_controller::base::telemetry::{self, LogFormat};
-use oxide_controller::ports::cluster::NAMESPACE;
+use oxide_controller::ports::cluster::{JOBS_NAMESPACE, NAMESPACE};
 use oxide_controller::workflows::error::chain;
 use oxide_controller::workflows::reconcile::{self, ReconcileOptions, RunOutcome};
 
@@ -102,11 +102,16 @@ async fn run(args: Args) -> ExitCode {
         .with_server_config(config);
     let state = KubeStateStore::new(client, &args.namespace);
     let mut opts = ReconcileOptions::new(holder);
-    // In a Job's pod, POD_NAME comes from the downward API: drain must not evict it.
+    // In a Job's pod, POD_NAME and POD_NAMESPACE come from the downward API: drain must not
+    // evict it. The pod runs in the Jobs' namespace, not the state's.
+    let pod_namespace = std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| JOBS_NAMESPACE.to_owned());
     opts.own_pod = std::env::var("POD_NAME")
         .ok()
         .filter(|p| !p.is_empty())
-        .map(|p| (args.namespace.clone(), p));
+        .map(|p| (pod_namespace, p));
     opts.dry_run = args.dry_run;
     opts.concurrency = usize::from(args.concurrency);
     opts.force_drain = args.force_drain;

@@ -2134,7 +2134,7 @@ async fn the_reconcile_job_runs_on_nodes_the_ccm_never_initialised() {
     let outcome = support::run_job_on(&kube, "uninitialized", &worker).await;
     assert_eq!(outcome, "Complete");
     let pods: Vec<Value> = kube
-        .list("v1", "Pod", Some("kube-system"))
+        .list("v1", "Pod", Some("oxide-controller-jobs"))
         .await
         .into_iter()
         .filter(|p| p["metadata"]["labels"]["job-name"] == "uninitialized")
@@ -2530,7 +2530,7 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
     // real scheduler and run by the harness as the manifests' ServiceAccount.
     let outcome = support::run_job_on(&kube, "on-the-victim", &victim).await;
     let pods: Vec<Value> = kube
-        .list("v1", "Pod", Some("kube-system"))
+        .list("v1", "Pod", Some("oxide-controller-jobs"))
         .await
         .into_iter()
         .filter(|p| p["metadata"]["labels"]["job-name"] == "on-the-victim")

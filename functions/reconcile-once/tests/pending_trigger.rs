@@ -13,10 +13,10 @@ use serde_json::json;
 mod support;
 use support::{Webhook, cluster, creates, deployment, wait_until};
 
-/// Reconcile Jobs started so far: the distinct Jobs behind the pods in kube-system.
+/// Reconcile Jobs started so far: the distinct Jobs behind the pods in their namespace.
 async fn jobs_run(sim: &SimHandle) -> usize {
     sim.kube()
-        .list("v1", "Pod", Some("kube-system"))
+        .list("v1", "Pod", Some("oxide-controller-jobs"))
         .await
         .iter()
         .filter_map(|p| {

@@ -1,8 +1,11 @@
-//! Issue 6 acceptance: the RBAC in `k8s-cronjobs/` is exactly what the functions use. The real
-//! `reconcile-once` and `scale serve` run against a real control plane as ServiceAccount
-//! `kube-system/oxide-controller` (the real RBAC authorizer decides), and a scenario touching
-//! every permission succeeds; removing any single verb makes some step fail with the real
-//! authorizer's 403.
+//! Issues 6 and 34 acceptance: the RBAC in `k8s-cronjobs/` is exactly what each function uses.
+//! The real `reconcile-once` runs as `oxide-controller-jobs/oxide-controller-reconcile` and the
+//! real `scale serve` as `kube-system/oxide-controller-webhook`, its tokens read from the
+//! Secret's keys as its pod mounts them (the real RBAC authorizer decides); a scenario touching
+//! every permission of both succeeds, and removing any single verb of either account makes
+//! some step fail with the real authorizer's 403. What neither account may do is asked of the
+//! real authorizer as `kubectl auth can-i` asks it (SubjectAccessReview), and Pod Security
+//! `restricted` in the Jobs' namespace is the real admission plugin's.
 //!
 //! `scale` is found next to `reconcile-once` (both are built by `cargo test --workspace`).
 
@@ -16,6 +19,8 @@ use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 
 const WK: &str = "sim-workers-";
+/// The reconcile Jobs' namespace (k8s-cronjobs/00-namespace.yaml).
+const JOBS_NS: &str = "oxide-controller-jobs";
 
 #[path = "support/pending.rs"]
 mod support;
@@ -137,28 +142,43 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
         .ok_or("no server")?
         .to_owned();
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let sa = dir.path().join("sa.kubeconfig");
     let real = sim
         .control_planes()
         .into_iter()
         .next()
         .ok_or("no control plane")?;
-    std::fs::write(
-        &sa,
-        real.control_plane
-            .service_account_kubeconfig(&server, "kube-system", "oxide-controller")
+    let account_kubeconfig = async |ns: &str, account: &str| {
+        let path = dir.path().join(format!("{account}.kubeconfig"));
+        let text = real
+            .control_plane
+            .service_account_kubeconfig(&server, ns, account)
             .await
-            .map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| e.to_string())?;
-    let token = kube
+            .map_err(|e| e.to_string())?;
+        std::fs::write(&path, text).map_err(|e| e.to_string())?;
+        Ok::<_, String>(path)
+    };
+    // reconcile-once's account (the Jobs'); the webhook's.
+    let sa = account_kubeconfig(JOBS_NS, "oxide-controller-reconcile").await?;
+    let webhook_sa = account_kubeconfig("kube-system", "oxide-controller-webhook").await?;
+    // The webhook's keys of the Secret, written as the kubelet writes its pod's Secret volume
+    // (the account itself may not read the Secret).
+    let secret = kube
         .get("v1", "Secret", Some("kube-system"), "oxide-controller")
         .await
-        .and_then(|s| s["data"]["webhook-token"].as_str().map(str::to_owned))
-        .and_then(|b| base64_decode(&b))
+        .ok_or("no Secret")?;
+    let mounted = dir.path().join("webhook-secrets");
+    std::fs::create_dir_all(&mounted).map_err(|e| e.to_string())?;
+    for key in ["webhook-token", "webhook-read-token"] {
+        if let Some(v) = secret["data"][key].as_str().and_then(base64_decode) {
+            std::fs::write(mounted.join(key), v).map_err(|e| e.to_string())?;
+        }
+    }
+    let token = secret["data"]["webhook-token"]
+        .as_str()
+        .and_then(base64_decode)
         .ok_or("no webhook token")?;
 
-    // The webhook, as the ServiceAccount.
+    // The webhook, as its ServiceAccount, with its mounted keys.
     let mut webhook = tokio::process::Command::new(scale_bin())
         .args([
             "serve",
@@ -168,8 +188,10 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
             "0",
             "--pending-recheck-seconds",
             "1",
+            "--secrets-dir",
         ])
-        .env("KUBECONFIG", &sa)
+        .arg(&mounted)
+        .env("KUBECONFIG", &webhook_sa)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -354,23 +376,19 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
     // C: the Job finished (its pod ran and exited 0; the real Job controller completed it);
     // the next change replaces it.
     wait_until("C: the on-demand Job to complete", async || {
-        kube.get(
-            "batch/v1",
-            "Job",
-            Some("kube-system"),
-            "oxide-controller-now",
-        )
-        .await
-        .and_then(|j| j["status"]["conditions"].as_array().cloned())
-        .is_some_and(|c| {
-            c.iter()
-                .any(|c| c["type"] == "Complete" && c["status"] == "True")
-        })
+        kube.get("batch/v1", "Job", Some(JOBS_NS), "oxide-controller-now")
+            .await
+            .and_then(|j| j["status"]["conditions"].as_array().cloned())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Complete" && c["status"] == "True")
+            })
     })
     .await?;
     patch(-1).await?;
-    // D: scale down deleting pods (--force-drain); the Lease exists now and is updated.
-    reconcile(&["--force-drain"]).await?;
+    // D: scale down again; the Lease exists now and is updated. (No forced drain: deleting
+    // pods is a person's right, not the in-cluster account's.)
+    reconcile(&[]).await?;
     if ready_workers(&sim) != 0 {
         return Err(format!("D: {} workers left, want 0", ready_workers(&sim)));
     }
@@ -450,4 +468,158 @@ async fn the_manifests_rbac_is_enough_and_every_verb_is_needed() {
             rule["resources"]
         );
     }
+}
+
+/// `kubectl auth can-i VERB RESOURCE [-n NS] --as=USER`, asked of the real authorizer.
+async fn can_i(
+    client: &kube::Client,
+    user: &str,
+    verb: &str,
+    (group, resource): (&str, &str),
+    namespace: Option<&str>,
+    name: Option<&str>,
+) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.to_owned()),
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                namespace: namespace.map(str::to_owned),
+                name: name.map(str::to_owned),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    let api: kube::Api<SubjectAccessReview> = kube::Api::all(client.clone());
+    let answer = api
+        .create(&kube::api::PostParams::default(), &review)
+        .await
+        .unwrap_or_else(|e| panic!("SubjectAccessReview: {e}"));
+    answer.status.is_some_and(|s| s.allowed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn neither_account_may_do_what_it_does_not_need_and_the_jobs_namespace_is_restricted() {
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane: 1,
+            workers: 1,
+        }),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("sim: {e:#}"));
+    let kube = sim.kube();
+    for o in manifests() {
+        kube.apply(o).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    let client = oxide_controller::adapters::kubeclient::client(sim.kubeconfig.as_deref(), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let webhook = "system:serviceaccount:kube-system:oxide-controller-webhook";
+    let reconcile = "system:serviceaccount:oxide-controller-jobs:oxide-controller-reconcile";
+    let (core, batch) = ("", "batch");
+    let ks = Some("kube-system");
+    // What each needs, as a sanity check of the question itself.
+    assert!(
+        can_i(
+            &client,
+            reconcile,
+            "get",
+            (core, "secrets"),
+            ks,
+            Some("oxide-controller")
+        )
+        .await
+    );
+    assert!(
+        can_i(
+            &client,
+            webhook,
+            "create",
+            (batch, "jobs"),
+            Some(JOBS_NS),
+            None
+        )
+        .await
+    );
+    // The issue's acceptance: the webhook cannot get the rack or join Secret, and creates pods
+    // or Jobs nowhere but the Jobs' namespace (and there only Jobs).
+    for (verb, what, ns, name) in [
+        ("get", (core, "secrets"), ks, Some("oxide-controller")),
+        ("list", (core, "secrets"), ks, None),
+        ("create", (core, "pods"), ks, None),
+        ("create", (batch, "jobs"), ks, None),
+        ("create", (core, "pods"), Some(JOBS_NS), None),
+        ("create", (core, "pods"), Some("default"), None),
+        ("create", (batch, "jobs"), Some("default"), None),
+        ("delete", (core, "pods"), Some("default"), None),
+    ] {
+        assert!(
+            !can_i(&client, webhook, verb, what, ns, name).await,
+            "the webhook may {verb} {what:?} in {ns:?}"
+        );
+    }
+    // The reconcile account: no pod created anywhere, none deleted (a forced drain is a
+    // person's), no Job started.
+    for (verb, what, ns) in [
+        ("create", (core, "pods"), ks),
+        ("create", (core, "pods"), Some(JOBS_NS)),
+        ("delete", (core, "pods"), Some("default")),
+        ("create", (batch, "jobs"), Some(JOBS_NS)),
+        ("create", (batch, "jobs"), ks),
+    ] {
+        assert!(
+            !can_i(&client, reconcile, verb, what, ns, None).await,
+            "the reconcile account may {verb} {what:?} in {ns:?}"
+        );
+    }
+    // Nothing of the single account of earlier releases is left to bind to.
+    assert!(
+        !can_i(
+            &client,
+            "system:serviceaccount:kube-system:oxide-controller",
+            "get",
+            (core, "secrets"),
+            ks,
+            Some("oxide-controller")
+        )
+        .await
+    );
+
+    // Pod Security `restricted` in the Jobs' namespace: the CronJob's own pod is admitted, a
+    // pod with a host path (root on the node) is not.
+    let cron = kube
+        .get("batch/v1", "CronJob", Some(JOBS_NS), "oxide-controller")
+        .await
+        .unwrap_or_else(|| panic!("CronJob"));
+    let template = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"].clone();
+    let mut ours = template.clone();
+    ours["nodeSelector"] = json!({"nowhere": "true"});
+    kube.apply(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "like-a-run", "namespace": JOBS_NS}, "spec": ours}))
+        .await
+        .unwrap_or_else(|e| panic!("the CronJob's pod is refused: {e}"));
+    let mut rooted = template;
+    rooted["nodeSelector"] = json!({"nowhere": "true"});
+    rooted["volumes"] = json!([{"name": "root", "hostPath": {"path": "/"}}]);
+    rooted["containers"][0]["volumeMounts"] = json!([{"name": "root", "mountPath": "/host"}]);
+    let refused = kube
+        .apply(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "host-root", "namespace": JOBS_NS}, "spec": rooted}))
+        .await
+        .expect_err("a hostPath pod was admitted in the Jobs' namespace");
+    assert!(
+        refused.contains("violates PodSecurity \"restricted:latest\"")
+            && refused.contains("hostPath"),
+        "{refused}"
+    );
 }

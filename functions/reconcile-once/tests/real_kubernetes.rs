@@ -348,7 +348,12 @@ async fn the_cronjob_runs_reconcile_once_on_its_schedule_under_the_shipped_rbac(
     .unwrap();
     let kube = sim.kube();
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s-cronjobs");
-    for f in ["serviceaccount.yaml", "rbac.yaml", "cronjob.yaml"] {
+    for f in [
+        "00-namespace.yaml",
+        "serviceaccount.yaml",
+        "rbac.yaml",
+        "cronjob.yaml",
+    ] {
         let text = std::fs::read_to_string(dir.join(f)).unwrap();
         for doc in text.split("\n---") {
             let mut v: Value = serde_saphyr::from_str(doc).unwrap_or(Value::Null);
@@ -363,7 +368,7 @@ async fn the_cronjob_runs_reconcile_once_on_its_schedule_under_the_shipped_rbac(
     let deadline = Instant::now() + Duration::from_secs(150);
     let job = loop {
         let done = kube
-            .list("batch/v1", "Job", Some("kube-system"))
+            .list("batch/v1", "Job", Some("oxide-controller-jobs"))
             .await
             .into_iter()
             .find(|j| {
@@ -379,7 +384,8 @@ async fn the_cronjob_runs_reconcile_once_on_its_schedule_under_the_shipped_rbac(
         assert!(
             Instant::now() < deadline,
             "no scheduled Job completed: {:?}",
-            kube.list("batch/v1", "Job", Some("kube-system")).await
+            kube.list("batch/v1", "Job", Some("oxide-controller-jobs"))
+                .await
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     };

@@ -121,7 +121,7 @@ async fn a_reconcile_pod_deleted_mid_create_stops_within_its_grace_and_releases_
         .get(
             "batch/v1",
             "CronJob",
-            Some("kube-system"),
+            Some("oxide-controller-jobs"),
             "oxide-controller",
         )
         .await
@@ -132,7 +132,7 @@ async fn a_reconcile_pod_deleted_mid_create_stops_within_its_grace_and_releases_
         30
     );
     kube.apply(json!({"apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "interrupted", "namespace": "kube-system"}, "spec": spec}))
+        "metadata": {"name": "interrupted", "namespace": "oxide-controller-jobs"}, "spec": spec}))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let mut pod = String::new();
@@ -141,7 +141,7 @@ async fn a_reconcile_pod_deleted_mid_create_stops_within_its_grace_and_releases_
         Duration::from_secs(120),
         async || {
             let found: Option<Value> = kube
-                .list("v1", "Pod", Some("kube-system"))
+                .list("v1", "Pod", Some("oxide-controller-jobs"))
                 .await
                 .into_iter()
                 .find(|p| p["metadata"]["labels"]["job-name"] == "interrupted");
@@ -158,9 +158,12 @@ async fn a_reconcile_pod_deleted_mid_create_stops_within_its_grace_and_releases_
 
     // Evicted, or deleted by a person: the kubelet sends SIGTERM and waits up to 30 s.
     let asked = Instant::now();
-    assert!(kube.delete("v1", "Pod", Some("kube-system"), &pod).await);
+    assert!(
+        kube.delete("v1", "Pod", Some("oxide-controller-jobs"), &pod)
+            .await
+    );
     wait_until("the pod to go", Duration::from_secs(60), async || {
-        kube.get("v1", "Pod", Some("kube-system"), &pod)
+        kube.get("v1", "Pod", Some("oxide-controller-jobs"), &pod)
             .await
             .is_none()
     })

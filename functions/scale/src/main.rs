@@ -26,7 +26,8 @@ use oxide_controller::adapters::kube_cluster::KubeCluster;
 use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::base::shutdown::Shutdown;
 use oxide_controller::base::telemetry::{self, LogFormat};
-use oxide_controller::ports::cluster::NAMESPACE;
+use oxide_controller::ports::cluster::{JOBS_NAMESPACE, NAMESPACE};
+use oxide_controller::webhook::TokenSource;
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::pending::{self, PendingOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
@@ -55,9 +56,19 @@ struct KubeArgs {
     /// Context in the kubeconfig (default: its current context).
     #[arg(long, global = true)]
     context: Option<String>,
-    /// Namespace of the oxide-controller Secret, ConfigMap and CronJob.
+    /// Namespace of the oxide-controller Secret, ConfigMap and Lease.
     #[arg(long, global = true, default_value = NAMESPACE, env = "OXIDE_CONTROLLER_NAMESPACE")]
     namespace: String,
+    /// Namespace of the reconcile CronJob and the Jobs a change starts.
+    #[arg(long, global = true, default_value = JOBS_NAMESPACE, env = "OXIDE_CONTROLLER_JOBS_NAMESPACE")]
+    jobs_namespace: String,
+}
+
+impl KubeArgs {
+    /// The cluster adapter for these namespaces.
+    fn cluster(&self, client: kube::Client) -> KubeCluster {
+        KubeCluster::new(client, &self.namespace).with_jobs_namespace(&self.jobs_namespace)
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -182,14 +193,21 @@ struct ServeArgs {
     /// PEM private key for HTTPS (with --tls-cert).
     #[arg(long, env = "OXIDE_CONTROLLER_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Serve HTTPS with the Secret's webhook-tls.crt and webhook-tls.key.
+    /// Serve HTTPS with the Secret's webhook-tls.crt and webhook-tls.key, read through the API
+    /// (needs `get` on the Secret: for a person's kubeconfig, not the webhook's account).
     #[arg(long, env = "OXIDE_CONTROLLER_TLS_FROM_SECRET")]
     tls_from_secret: bool,
+    /// Read the tokens from this directory of the Secret's keys (`webhook-token`,
+    /// `webhook-read-token`), as the pod mounts them, instead of through the API: the
+    /// webhook's account may not read the Secret. Re-read after --token-cache-seconds, so a
+    /// rotated token needs no restart.
+    #[arg(long, env = "OXIDE_CONTROLLER_SECRETS_DIR")]
+    secrets_dir: Option<PathBuf>,
     /// Deadline for reading and answering one request, in seconds.
     #[arg(long, env = "OXIDE_CONTROLLER_REQUEST_TIMEOUT", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=300))]
     request_timeout: u64,
-    /// How long the webhook token read from the Secret is trusted, in seconds (0: every request).
+    /// How long the webhook tokens read are trusted, in seconds (0: read on every request).
     #[arg(long, env = "OXIDE_CONTROLLER_TOKEN_CACHE_SECONDS", default_value_t = 5,
           value_parser = clap::value_parser!(u64).range(0..=300))]
     token_cache_seconds: u64,
@@ -250,7 +268,7 @@ async fn run(args: Args) -> ExitCode {
     let ns = &args.kube.namespace;
     let state = KubeStateStore::new(client.clone(), ns);
     match args.command {
-        Command::Serve(serve) => serve_webhook(serve, client, state, ns).await,
+        Command::Serve(serve) => serve_webhook(serve, client, state, &args.kube).await,
         Command::Get { pool, output } => {
             match scale::observe_count(&state, pool.pool.as_deref(), &scale::SpecCache::default())
                 .await
@@ -271,7 +289,7 @@ async fn run(args: Args) -> ExitCode {
             change(
                 &state,
                 client,
-                ns,
+                &args.kube,
                 pool.pool.as_deref(),
                 CountChange::Set(count),
             )
@@ -285,15 +303,25 @@ async fn run(args: Args) -> ExitCode {
             output,
         } => {
             let change = scale::AutoscaleChange { min, max, enabled };
-            autoscale(&state, client, ns, pool.pool.as_deref(), change, output).await
+            autoscale(
+                &state,
+                client,
+                &args.kube,
+                pool.pool.as_deref(),
+                change,
+                output,
+            )
+            .await
         }
         Command::Status { output } => status(&state, client, ns, output, &args.kube).await,
-        Command::Upgrade { to, dry_run } => upgrade(&state, client, config, ns, &to, dry_run).await,
+        Command::Upgrade { to, dry_run } => {
+            upgrade(&state, client, config, &args.kube, &to, dry_run).await
+        }
         Command::Add { delta, pool } => {
             change(
                 &state,
                 client,
-                ns,
+                &args.kube,
                 pool.pool.as_deref(),
                 CountChange::Add(delta),
             )
@@ -310,11 +338,11 @@ fn fail(e: &(dyn std::error::Error + 'static), code: u8) -> ExitCode {
 async fn change(
     state: &KubeStateStore,
     client: kube::Client,
-    ns: &str,
+    kube: &KubeArgs,
     pool: Option<&str>,
     change: CountChange,
 ) -> ExitCode {
-    let cluster = KubeCluster::new(client, ns);
+    let cluster = kube.cluster(client);
     match scale::run(state, &cluster, pool, change, &ScaleOptions::default()).await {
         Ok(out) => {
             let c = &out.change;
@@ -349,12 +377,13 @@ async fn upgrade(
     state: &KubeStateStore,
     client: kube::Client,
     config: kube::Config,
-    ns: &str,
+    kube: &KubeArgs,
     to: &str,
     dry_run: bool,
 ) -> ExitCode {
     // The pre-flight reads etcd's member list (k3s's supervisor) and each server's /metrics.
-    let cluster = KubeCluster::new(client, ns)
+    let cluster = kube
+        .cluster(client)
         .with_supervisor(&config)
         .with_server_config(config);
     let now = chrono::Utc::now();
@@ -396,7 +425,7 @@ async fn status(
     output: StatusOutput,
     kube_args: &KubeArgs,
 ) -> ExitCode {
-    let cluster = KubeCluster::new(client, ns);
+    let cluster = kube_args.cluster(client);
     let view = match oxide_controller::workflows::status::observe(state, &cluster, ns).await {
         Ok(v) => v,
         Err(e) => {
@@ -432,7 +461,7 @@ async fn status(
 async fn autoscale(
     state: &KubeStateStore,
     client: kube::Client,
-    ns: &str,
+    kube: &KubeArgs,
     pool: Option<&str>,
     change: scale::AutoscaleChange,
     output: Output,
@@ -442,7 +471,7 @@ async fn autoscale(
             .await
             .map(|b| (b, None))
     } else {
-        let cluster = KubeCluster::new(client, ns);
+        let cluster = kube.cluster(client);
         scale::run_autoscale(state, &cluster, pool, change, &ScaleOptions::default())
             .await
             .map(|(out, reconcile)| (out.now, Some(reconcile)))
@@ -473,8 +502,9 @@ async fn serve_webhook(
     args: ServeArgs,
     client: kube::Client,
     state: KubeStateStore,
-    ns: &str,
+    kube: &KubeArgs,
 ) -> ExitCode {
+    let ns = &kube.namespace;
     let tls = match (&args.tls_cert, &args.tls_key, args.tls_from_secret) {
         (Some(cert), Some(key), _) => host::tls_from_files(cert, key).map(Some),
         (_, _, true) => host::tls_from_secret(client.clone(), ns).await.map(Some),
@@ -497,9 +527,13 @@ async fn serve_webhook(
         .unwrap_or_else(|_| args.listen.to_string());
     let deps = Arc::new(Deps::new(
         state,
-        KubeCluster::new(client.clone(), ns),
+        kube.cluster(client.clone()),
         WebhookConfig {
             token_ttl: Duration::from_secs(args.token_cache_seconds),
+            tokens: args
+                .secrets_dir
+                .clone()
+                .map_or(TokenSource::Secret, TokenSource::Files),
             scale: ScaleOptions::default(),
         },
     ));

@@ -12,7 +12,7 @@ use std::time::Duration;
 use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::base::secrets::ClusterSecrets;
 use oxide_controller::domain::spec::ClusterSpec;
-use oxide_controller::ports::cluster::{NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
+use oxide_controller::ports::cluster::{JOBS_NAMESPACE, NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
 use oxide_controller::ports::state::{StateStore, keys};
 use oxide_sim::control_plane::proxy::LocalApi;
 use oxide_sim::guest::cluster_api::{BlockingKube, KubeView};
@@ -71,8 +71,12 @@ async fn env_with(faults: Faults) -> Env {
         .await
         .unwrap();
     let kube = BlockingKube(KubeView::Local(local));
+    kube.apply(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": JOBS_NAMESPACE}}),
+    )
+    .unwrap();
     kube.apply(json!({"apiVersion": "batch/v1", "kind": "CronJob",
-            "metadata": {"name": OBJECT_NAME, "namespace": NAMESPACE},
+            "metadata": {"name": OBJECT_NAME, "namespace": JOBS_NAMESPACE},
             "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": {"spec": {
                 "restartPolicy": "Never",
                 "containers": [{"name": "reconcile", "image": "oxide-controller:test", "args": ["reconcile-once"]}]}}}}}}))
@@ -133,7 +137,7 @@ async fn get_set_and_add_change_the_configmap_and_exit_with_the_documented_codes
     assert_eq!(env.stored_count(), 5);
     assert!(
         env.kube
-            .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+            .get("batch/v1", "Job", Some(JOBS_NAMESPACE), ON_DEMAND_JOB)
             .is_some()
     );
 
@@ -191,18 +195,18 @@ async fn writes_answered_504_after_they_landed_are_reported_done_and_not_applied
     // garbage collector here, its orphan finalizer is taken off by hand).
     assert!(
         env.kube
-            .delete("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+            .delete("batch/v1", "Job", Some(JOBS_NAMESPACE), ON_DEMAND_JOB)
     );
     let _ = env.kube.merge_patch(
         "batch/v1",
         "Job",
-        Some(NAMESPACE),
+        Some(JOBS_NAMESPACE),
         ON_DEMAND_JOB,
         &json!({"metadata": {"finalizers": null}}),
     );
     assert!(
         env.kube
-            .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+            .get("batch/v1", "Job", Some(JOBS_NAMESPACE), ON_DEMAND_JOB)
             .is_none()
     );
     after("create jobs");
@@ -216,7 +220,7 @@ async fn writes_answered_504_after_they_landed_are_reported_done_and_not_applied
     assert_eq!(env.stored_count(), 4);
     assert!(
         env.kube
-            .get("batch/v1", "Job", Some(NAMESPACE), ON_DEMAND_JOB)
+            .get("batch/v1", "Job", Some(JOBS_NAMESPACE), ON_DEMAND_JOB)
             .is_some()
     );
 }

@@ -27,8 +27,8 @@ use crate::adapters::kubeclient::{api_message, api_status};
 use crate::domain::model::{Node, NodeReadiness, PodRef};
 use crate::domain::plan::REMOVING_ANNOTATION;
 use crate::ports::cluster::{
-    Cluster, ClusterError, EventType, Eviction, JobTrigger, LeaseOutcome, OBJECT_NAME,
-    ON_DEMAND_JOB,
+    Cluster, ClusterError, EventType, Eviction, JOBS_NAMESPACE, JobTrigger, LeaseOutcome,
+    OBJECT_NAME, ON_DEMAND_JOB,
 };
 
 pub mod supervisor;
@@ -62,20 +62,24 @@ pub struct KubeCluster {
     /// k3s's supervisor at the API address (the etcd member list); `None` until
     /// [`KubeCluster::with_supervisor`].
     supervisor: Option<supervisor::Supervisor>,
+    /// Where the reconcile CronJob and its Jobs live ([`JOBS_NAMESPACE`]).
+    jobs_namespace: String,
 }
 
 impl std::fmt::Debug for KubeCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeCluster")
             .field("namespace", &self.namespace)
+            .field("jobs_namespace", &self.jobs_namespace)
             .field("reporting_instance", &self.reporting_instance)
             .finish_non_exhaustive()
     }
 }
 
 impl KubeCluster {
-    /// An adapter for the Lease, CronJob, Job and Events in `namespace` (normally
-    /// [`crate::ports::cluster::NAMESPACE`]); Nodes and pods are cluster-wide.
+    /// An adapter for the Lease and Events in `namespace` (normally
+    /// [`crate::ports::cluster::NAMESPACE`]) and the CronJob and Jobs in [`JOBS_NAMESPACE`]
+    /// (see [`KubeCluster::with_jobs_namespace`]); Nodes and pods are cluster-wide.
     ///
     /// Build `client` with [`crate::adapters::kubeclient::client`]: kube's default retry layer would
     /// retry the 429 of a budget-blocked eviction for minutes.
@@ -87,7 +91,14 @@ impl KubeCluster {
             server_config: None,
             held: std::sync::Arc::default(),
             supervisor: None,
+            jobs_namespace: JOBS_NAMESPACE.to_owned(),
         }
+    }
+
+    /// The reconcile CronJob and its Jobs are in `namespace` instead of [`JOBS_NAMESPACE`].
+    pub fn with_jobs_namespace(mut self, namespace: &str) -> Self {
+        namespace.clone_into(&mut self.jobs_namespace);
+        self
     }
 
     /// Reads the etcd member list from k3s's supervisor at `config`'s API address (the
@@ -242,7 +253,7 @@ impl KubeCluster {
         Job {
             metadata: ObjectMeta {
                 name: Some(ON_DEMAND_JOB.to_owned()),
-                namespace: Some(self.namespace.clone()),
+                namespace: Some(self.jobs_namespace.clone()),
                 labels: template_meta.labels,
                 annotations: Some(annotations),
                 owner_references: owner.map(|o| vec![o]),
@@ -845,10 +856,10 @@ impl Cluster for KubeCluster {
     }
 
     async fn trigger_reconcile_job(&self) -> Result<JobTrigger, ClusterError> {
-        let cronjobs: Api<CronJob> = self.namespaced();
-        let jobs: Api<Job> = self.namespaced();
-        let cron_what = format!("cronjob {}/{OBJECT_NAME}", self.namespace);
-        let job_what = format!("job {}/{ON_DEMAND_JOB}", self.namespace);
+        let cronjobs: Api<CronJob> = Api::namespaced(self.client.clone(), &self.jobs_namespace);
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &self.jobs_namespace);
+        let cron_what = format!("cronjob {}/{OBJECT_NAME}", self.jobs_namespace);
+        let job_what = format!("job {}/{ON_DEMAND_JOB}", self.jobs_namespace);
         let Some(cron) = cronjobs
             .get_opt(OBJECT_NAME)
             .await

@@ -7,7 +7,7 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use crate::adapters::kubeclient::{api_message, api_status};
 use crate::base::retry::{self, Backoff};
 use crate::ports::manifests::ApplyManifests;
-use crate::render::manifests::{FIELD_MANAGER, Manifest, ManifestError, Resource};
+use crate::render::manifests::{FIELD_MANAGER, Manifest, ManifestError, Resource, Retired};
 
 /// The cluster's API, for applying manifests.
 #[derive(Clone)]
@@ -32,6 +32,25 @@ impl ApplyManifests for KubeManifests {
         backoff: Backoff,
     ) -> Result<usize, ManifestError> {
         apply_all(&self.0, manifests, backoff).await
+    }
+
+    async fn delete_retired(
+        &self,
+        objects: &[Retired],
+        backoff: Backoff,
+    ) -> Result<usize, ManifestError> {
+        let mut deleted = 0;
+        for r in objects {
+            let gone = retry::retry(backoff, ManifestError::is_retryable, || {
+                delete_one(&self.0, r)
+            })
+            .await?;
+            if gone {
+                tracing::info!(object = %r.describe(), "deleted what an earlier release installed");
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 
     async fn label_node(&self, node: &str, label: &str, value: &str) -> Result<(), String> {
@@ -77,6 +96,34 @@ pub async fn apply_one(client: &kube::Client, m: &Manifest) -> Result<(), Manife
                 message: api_message(&e),
             },
         })
+}
+
+/// Deletes one object (its dependents in the background: a Job's pods); false if it was not
+/// there.
+async fn delete_one(client: &kube::Client, r: &Retired) -> Result<bool, ManifestError> {
+    let resource = api_resource(&r.resource);
+    let api: Api<DynamicObject> = match r.namespace {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    match api
+        .delete(r.name, &kube::api::DeleteParams::background())
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if api_status(&e) == Some(404) => Ok(false),
+        Err(e) => Err(match api_status(&e) {
+            Some(status) => ManifestError::Rejected {
+                what: format!("deleting {}", r.describe()),
+                status,
+                message: api_message(&e),
+            },
+            None => ManifestError::Api {
+                what: format!("deleting {}", r.describe()),
+                message: api_message(&e),
+            },
+        }),
+    }
 }
 
 /// Applies every object in order; returns how many.

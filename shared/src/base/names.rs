@@ -9,10 +9,20 @@ use std::fmt;
 use rand::RngExt;
 
 /// Longest Oxide name.
-/// Namespace of everything we own in the cluster.
+/// Namespace of the state (Secret, ConfigMap), the Lease, the Events and the webhook.
 pub const NAMESPACE: &str = "kube-system";
-/// Name of the Secret, ConfigMap, Lease, CronJob and ServiceAccount.
+/// Namespace of the reconcile CronJob and its Jobs (issue 34 §2): Pod Security `restricted`
+/// enforced, and no account to run as but the reconcile one, so that whoever may create a Job
+/// there gains nothing beyond it (in kube-system, any of its accounts).
+pub const JOBS_NAMESPACE: &str = "oxide-controller-jobs";
+/// Name of the Secret, ConfigMap, Lease and CronJob.
 pub const OBJECT_NAME: &str = "oxide-controller";
+/// Fixed name of the on-demand reconcile Job: a burst of triggers collapses into one run.
+pub const ON_DEMAND_JOB: &str = "oxide-controller-now";
+/// The reconcile Jobs' ServiceAccount (in [`JOBS_NAMESPACE`]).
+pub const RECONCILE_ACCOUNT: &str = "oxide-controller-reconcile";
+/// The webhook's ServiceAccount (in [`NAMESPACE`]).
+pub const WEBHOOK_ACCOUNT: &str = "oxide-controller-webhook";
 
 pub const MAX_NAME_LEN: usize = 63;
 /// Length of the random suffix in instance names.

@@ -20,7 +20,7 @@ use crate::adapters::tailscale::{self, Device, SecretString, TailscaleError};
 use crate::base::retry::Backoff;
 use crate::domain::model::{Image, InstanceState};
 use crate::ports::rack::RackError;
-use crate::render::manifests::{Manifest, ManifestError};
+use crate::render::manifests::{Manifest, ManifestError, Retired};
 use crate::workflows::bootstrap::{
     ApiAnswer, ApplyManifests, Connect, ConnectError, InClusterPorts, K3S_KUBECONFIG_PATH, Tailnet,
 };
@@ -287,6 +287,19 @@ impl ApplyManifests for FakeManifests {
             }
         });
         Ok(manifests.len())
+    }
+
+    async fn delete_retired(
+        &self,
+        objects: &[Retired],
+        _retry: Backoff,
+    ) -> Result<usize, ManifestError> {
+        Ok(self.0.with(|s| {
+            objects
+                .iter()
+                .filter(|r| s.applied.remove(&r.describe()))
+                .count()
+        }))
     }
 
     async fn label_node(&self, node: &str, label: &str, value: &str) -> Result<(), String> {

@@ -15,9 +15,7 @@ use crate::domain::model::{DisruptionBudget, EtcdMember, Node, PersistentVolume,
 
 /// Where everything we own in the cluster lives, and its name (defined with the other names
 /// in [`crate::base::names`]; the manifests below the ports use them too).
-pub use crate::base::names::{NAMESPACE, OBJECT_NAME};
-/// Fixed name of the on-demand reconcile Job: a burst of triggers collapses into one run.
-pub const ON_DEMAND_JOB: &str = "oxide-controller-now";
+pub use crate::base::names::{JOBS_NAMESPACE, NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
 
 /// Retries of Kubernetes calls that failed with a transient error (5xx, 429, timeouts) at the
 /// start and end of a run: reads, and writes guarded by a resourceVersion or create-only

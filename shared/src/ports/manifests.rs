@@ -6,7 +6,7 @@
 use std::future::Future;
 
 use crate::base::retry::Backoff;
-use crate::render::manifests::{Manifest, ManifestError};
+use crate::render::manifests::{Manifest, ManifestError, Retired};
 
 /// Server-side apply of the in-cluster pieces, and the one Node label a dev build needs.
 pub trait ApplyManifests: Send + Sync {
@@ -15,6 +15,13 @@ pub trait ApplyManifests: Send + Sync {
     fn apply_all(
         &self,
         manifests: &[Manifest],
+        retry: Backoff,
+    ) -> impl Future<Output = Result<usize, ManifestError>> + Send;
+    /// Deletes each object that still exists (a missing one is fine: deleted before), each
+    /// retried with `retry` while the error is retryable; returns how many were deleted.
+    fn delete_retired(
+        &self,
+        objects: &[Retired],
         retry: Backoff,
     ) -> impl Future<Output = Result<usize, ManifestError>> + Send;
     /// Sets label `label=value` on Node `node` (one attempt); the error is the API's message.

@@ -15,8 +15,13 @@
 
 use serde_json::Value;
 
-/// The embedded files, in apply order (identity and permissions before their users).
-pub const FILES: [(&str, &str); 4] = [
+/// The embedded files, in apply order (the Jobs' namespace, then identity and permissions
+/// before their users).
+pub const FILES: [(&str, &str); 5] = [
+    (
+        "00-namespace.yaml",
+        include_str!("../../../k8s-cronjobs/00-namespace.yaml"),
+    ),
     (
         "serviceaccount.yaml",
         include_str!("../../../k8s-cronjobs/serviceaccount.yaml"),
@@ -120,12 +125,14 @@ impl Manifest {
 /// Static resource table: every kind the manifests use. `(apiVersion, kind) → (plural, namespaced)`.
 fn resource(api_version: &str, kind: &str) -> Option<(Resource, bool)> {
     let (plural, namespaced) = match (api_version, kind) {
+        ("v1", "Namespace") => ("namespaces", false),
         ("v1", "ServiceAccount") => ("serviceaccounts", true),
         ("v1", "Service") => ("services", true),
         ("v1", "ConfigMap") => ("configmaps", true),
         ("v1", "Secret") => ("secrets", true),
         ("apps/v1", "Deployment") => ("deployments", true),
         ("batch/v1", "CronJob") => ("cronjobs", true),
+        ("batch/v1", "Job") => ("jobs", true),
         ("rbac.authorization.k8s.io/v1", "Role") => ("roles", true),
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => ("rolebindings", true),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => ("clusterroles", false),
@@ -178,6 +185,57 @@ pub fn render(settings: &Settings) -> Result<Vec<Manifest>, ManifestError> {
         })?);
     }
     Ok(out)
+}
+
+/// An object an earlier release installed and this one no longer has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retired {
+    pub resource: Resource,
+    pub namespace: Option<&'static str>,
+    pub name: &'static str,
+}
+
+impl Retired {
+    /// `Kind namespace/name`, for messages.
+    pub fn describe(&self) -> String {
+        match self.namespace {
+            Some(ns) => format!("{} {ns}/{}", self.resource.kind, self.name),
+            None => format!("{} {}", self.resource.kind, self.name),
+        }
+    }
+}
+
+/// What releases before the two accounts (issue 34 §2) installed, deleted once the new
+/// objects are applied: the one ServiceAccount `kube-system/oxide-controller` that could read
+/// the whole Secret and create Jobs in kube-system, its roles and bindings, and the CronJob
+/// and on-demand Job that ran as it. Deleting them is how an existing cluster loses those
+/// rights when its controller is updated; a re-run finds them gone (404) and deletes nothing.
+pub fn retired() -> Vec<Retired> {
+    const NS: Option<&str> = Some(crate::base::names::NAMESPACE);
+    const OLD: &str = crate::base::names::OBJECT_NAME;
+    [
+        ("batch/v1", "CronJob", NS, OLD),
+        ("batch/v1", "Job", NS, crate::base::names::ON_DEMAND_JOB),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding", NS, OLD),
+        ("rbac.authorization.k8s.io/v1", "Role", NS, OLD),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRoleBinding",
+            None,
+            OLD,
+        ),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole", None, OLD),
+        ("v1", "ServiceAccount", NS, OLD),
+    ]
+    .into_iter()
+    .filter_map(|(api_version, kind, namespace, name)| {
+        resource(api_version, kind).map(|(resource, _)| Retired {
+            resource,
+            namespace,
+            name,
+        })
+    })
+    .collect()
 }
 
 /// The objects of one embedded file, each passed through `patch(kind, object)` first.
@@ -330,12 +388,22 @@ pub struct NodeBinaries {
 /// `binaries`: a read-only hostPath volume at [`NODE_BINARIES_MOUNT`], the command's program
 /// taken from there, [`NODE_BINARIES_BASE_IMAGE`] as image, and a nodeSelector for
 /// [`NODE_BINARIES_LABEL`] (their existing control-plane tolerations let them run there).
+/// The Jobs' namespace then admits `privileged` pods: a development build only.
 pub fn run_from_node(manifests: &mut [Manifest], binaries: &NodeBinaries) {
     for m in manifests
         .iter_mut()
         .filter(|m| FILES.iter().any(|(f, _)| *f == m.file))
     {
         let pod = match m.resource.kind.as_str() {
+            // A hostPath volume is what Pod Security `restricted` (and `baseline`) forbids:
+            // a development build's Jobs need the namespace `privileged`.
+            "Namespace" => {
+                for mode in ["enforce", "warn", "audit"] {
+                    m.object["metadata"]["labels"][format!("pod-security.kubernetes.io/{mode}")] =
+                        Value::from("privileged");
+                }
+                continue;
+            }
             "Deployment" => &mut m.object["spec"]["template"]["spec"],
             "CronJob" => &mut m.object["spec"]["jobTemplate"]["spec"]["template"]["spec"],
             _ => continue,
@@ -424,17 +492,35 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "ClusterRole oxide-controller",
-                "ClusterRoleBinding oxide-controller",
-                "CronJob kube-system/oxide-controller",
+                "ClusterRole oxide-controller-reconcile",
+                "ClusterRole oxide-controller-webhook",
+                "ClusterRoleBinding oxide-controller-reconcile",
+                "ClusterRoleBinding oxide-controller-webhook",
+                "CronJob oxide-controller-jobs/oxide-controller",
                 "Deployment kube-system/oxide-controller-webhook",
-                "Role kube-system/oxide-controller",
-                "RoleBinding kube-system/oxide-controller",
+                "Namespace oxide-controller-jobs",
+                "Role kube-system/oxide-controller-reconcile",
+                "Role kube-system/oxide-controller-webhook",
+                "Role oxide-controller-jobs/oxide-controller-webhook",
+                "RoleBinding kube-system/oxide-controller-reconcile",
+                "RoleBinding kube-system/oxide-controller-webhook",
+                "RoleBinding oxide-controller-jobs/oxide-controller-webhook",
                 "Service kube-system/oxide-controller-webhook",
-                "ServiceAccount kube-system/oxide-controller",
+                "ServiceAccount kube-system/oxide-controller-webhook",
+                "ServiceAccount oxide-controller-jobs/oxide-controller-reconcile",
             ]
         );
-        assert_eq!(all[0].resource.kind, "ServiceAccount", "identity first");
+        assert_eq!(all[0].resource.kind, "Namespace", "the namespace first");
+        assert_eq!(all[1].resource.kind, "ServiceAccount", "then identity");
+        // What an earlier release installed is never among what this one applies.
+        for r in retired() {
+            assert!(!keys.contains(&r.describe()), "{}", r.describe());
+        }
+        assert_eq!(
+            retired().len(),
+            7,
+            "every retired kind is in the resource table"
+        );
     }
 
     #[test]
@@ -597,6 +683,15 @@ mod tests {
                     "reconcile-once",
                 ),
                 "Deployment" => (&m.object["spec"]["template"]["spec"], "scale"),
+                "Namespace" => {
+                    let labels = &m.object["metadata"]["labels"];
+                    assert_eq!(labels["pod-security.kubernetes.io/enforce"], "privileged");
+                    assert_eq!(
+                        before.object["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+                        "restricted"
+                    );
+                    continue;
+                }
                 _ => {
                     assert_eq!(m, before, "{} is not touched", m.describe());
                     continue;
@@ -608,14 +703,23 @@ mod tests {
                 c["command"][0],
                 format!("/opt/oxide-controller/bin/{program}")
             );
-            assert_eq!(
-                c["volumeMounts"],
-                serde_json::json!([{"name": "oxide-controller-bin", "mountPath": NODE_BINARIES_MOUNT, "readOnly": true}])
-            );
-            assert_eq!(
-                pod["volumes"],
-                serde_json::json!([{"name": "oxide-controller-bin", "hostPath": {"path": b.host_dir, "type": "Directory"}}])
-            );
+            // Added after what the pod mounts already (the webhook's Secret keys).
+            let before_pod = match m.resource.kind.as_str() {
+                "CronJob" => &before.object["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+                _ => &before.object["spec"]["template"]["spec"],
+            };
+            let mut mounts = before_pod["containers"][0]["volumeMounts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            mounts.push(serde_json::json!({"name": "oxide-controller-bin", "mountPath": NODE_BINARIES_MOUNT, "readOnly": true}));
+            assert_eq!(c["volumeMounts"], serde_json::Value::Array(mounts));
+            let mut volumes = before_pod["volumes"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            volumes.push(serde_json::json!({"name": "oxide-controller-bin", "hostPath": {"path": b.host_dir, "type": "Directory"}}));
+            assert_eq!(pod["volumes"], serde_json::Value::Array(volumes));
             assert_eq!(pod["nodeSelector"]["kubernetes.io/os"], "linux", "kept");
             assert_eq!(pod["nodeSelector"][NODE_BINARIES_LABEL], "0123456789abcdef");
         }

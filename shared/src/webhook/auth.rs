@@ -1,18 +1,78 @@
 //! Bearer-token authentication of webhook requests against the Secret's `webhook-token`
-//! (reads and writes) and its optional `webhook-read-token` (reads only: [`Access`]).
+//! (reads and writes) and its optional `webhook-read-token` (reads only: [`Access`]), read
+//! from the Secret's keys as the pod mounts them ([`TokenSource::Files`], in the cluster: the
+//! webhook's account may not read the Secret) or through the API ([`TokenSource::Secret`], a
+//! `scale serve` run with a person's kubeconfig).
 //!
 //! Owns: parsing `Authorization`, refusing credentials in the query string, the constant-time
-//! comparison and the short-lived cache of the expected token. Fails closed: if the Secret
-//! cannot be read (or its token is empty) nothing is accepted. Only a SHA-256 digest of the
+//! comparison and the short-lived cache of the expected token. Fails closed: if the tokens
+//! cannot be read (or the write token is empty) nothing is accepted. Only a SHA-256 digest of the
 //! expected token is kept in memory, and no token ever reaches a log or an error message.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::error::{AuthFailure, WebhookError};
-use crate::ports::state::StateStore;
+use crate::base::secrets::keys;
+use crate::ports::state::{StateError, StateStore};
+
+/// Where the expected tokens come from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TokenSource {
+    /// The Secret, read through the API (needs `get` on it).
+    #[default]
+    Secret,
+    /// Files named as the Secret's keys (`webhook-token`, `webhook-read-token`) in this
+    /// directory: a Secret volume. The kubelet replaces them when the Secret changes, so a
+    /// rotated token is picked up after the cache's TTL, with no restart.
+    Files(PathBuf),
+}
+
+impl TokenSource {
+    /// The write token and the read-only token, if any (an empty file counts as none).
+    async fn read<S: StateStore>(
+        &self,
+        state: &S,
+    ) -> Result<(String, Option<String>), WebhookError> {
+        match self {
+            TokenSource::Secret => {
+                let s = state
+                    .read_secrets()
+                    .await
+                    .map_err(WebhookError::AuthUnavailable)?;
+                Ok((s.webhook_token, s.webhook_read_token))
+            }
+            TokenSource::Files(dir) => {
+                let read = |key: &str| {
+                    let path = dir.join(key);
+                    async move {
+                        match tokio::fs::read(&path).await {
+                            Ok(b) => Ok(Some(String::from_utf8(b).map_err(|_| {
+                                WebhookError::AuthUnavailable(StateError::Malformed {
+                                    what: path.display().to_string(),
+                                    message: "not UTF-8".into(),
+                                })
+                            })?)),
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                            Err(e) => Err(WebhookError::AuthUnavailable(StateError::Api {
+                                what: format!("read {}", path.display()),
+                                source: Box::new(e),
+                            })),
+                        }
+                    }
+                };
+                let write = read(keys::WEBHOOK_TOKEN).await?.unwrap_or_default();
+                let read_only = read(keys::WEBHOOK_READ_TOKEN)
+                    .await?
+                    .filter(|t| !t.is_empty());
+                Ok((write, read_only))
+            }
+        }
+    }
+}
 
 type TokenDigest = [u8; 32];
 
@@ -27,7 +87,7 @@ pub(crate) enum Access {
 
 /// The expected tokens' digests: the write token's, and the read-only token's if set.
 #[derive(Clone, Copy)]
-struct Expected {
+pub(crate) struct Expected {
     write: TokenDigest,
     read: Option<TokenDigest>,
 }
@@ -36,18 +96,20 @@ fn digest(token: &[u8]) -> TokenDigest {
     Sha256::digest(token).into()
 }
 
-/// The expected token's digest, cached for `ttl` (zero: read the Secret on every request).
+/// The expected token's digest, cached for `ttl` (zero: read the tokens on every request).
 pub(crate) struct TokenCache {
     ttl: Duration,
+    source: TokenSource,
     slot: std::sync::Mutex<Option<(Instant, Expected)>>,
     /// Held while refreshing, so an expiry under load costs one Secret read, not one per request.
     refresh: tokio::sync::Mutex<()>,
 }
 
 impl TokenCache {
-    pub(crate) fn new(ttl: Duration) -> Self {
+    pub(crate) fn new(ttl: Duration, source: TokenSource) -> Self {
         TokenCache {
             ttl,
+            source,
             slot: std::sync::Mutex::new(None),
             refresh: tokio::sync::Mutex::new(()),
         }
@@ -59,8 +121,11 @@ impl TokenCache {
             .map(|(_, d)| d)
     }
 
-    /// The expected tokens' digests, from the cache or the Secret.
-    async fn expected<S: StateStore>(&self, state: &S) -> Result<Expected, WebhookError> {
+    /// The expected tokens' digests, from the cache or the source.
+    pub(crate) async fn expected<S: StateStore>(
+        &self,
+        state: &S,
+    ) -> Result<Expected, WebhookError> {
         if let Some(d) = self.fresh() {
             return Ok(d);
         }
@@ -68,19 +133,13 @@ impl TokenCache {
         if let Some(d) = self.fresh() {
             return Ok(d);
         }
-        let secrets = state
-            .read_secrets()
-            .await
-            .map_err(WebhookError::AuthUnavailable)?;
-        if secrets.webhook_token.is_empty() {
+        let (write, read) = self.source.read(state).await?;
+        if write.is_empty() {
             return Err(WebhookError::AuthNotConfigured);
         }
         let d = Expected {
-            write: digest(secrets.webhook_token.as_bytes()),
-            read: secrets
-                .webhook_read_token
-                .as_deref()
-                .map(|t| digest(t.as_bytes())),
+            write: digest(write.as_bytes()),
+            read: read.as_deref().map(|t| digest(t.as_bytes())),
         };
         if !self.ttl.is_zero() {
             *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), d));

@@ -33,7 +33,9 @@ pub enum WebhookError {
     ReadOnlyToken,
     #[error("cannot read the webhook token from the Secret")]
     AuthUnavailable(#[source] StateError),
-    #[error("the Secret's webhook-token is empty; refusing every request until it is set")]
+    #[error(
+        "the Secret's webhook-token is empty or not mounted; refusing every request until it is set"
+    )]
     AuthNotConfigured,
     #[error("request body of {size} bytes is over the {limit}-byte limit")]
     PayloadTooLarge { size: u64, limit: usize },
@@ -168,7 +170,7 @@ impl WebhookError {
             WebhookError::NoCronJob => PublicError::new(
                 409,
                 "no_cronjob",
-                "no reconcile was triggered: CronJob kube-system/oxide-controller does not exist; run reconcile-once",
+                "no reconcile was triggered: CronJob oxide-controller-jobs/oxide-controller does not exist; run reconcile-once",
             ),
             WebhookError::TriggerFailed { .. } => PublicError::new(
                 503,

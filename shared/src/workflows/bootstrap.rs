@@ -251,7 +251,7 @@ impl Summary {
         );
         let _ = writeln!(
             s,
-            "  in-cluster     CronJob kube-system/oxide-controller reconciles on \"{}\"; webhook Service kube-system/oxide-controller-webhook",
+            "  in-cluster     CronJob oxide-controller-jobs/oxide-controller reconciles on \"{}\"; webhook Service kube-system/oxide-controller-webhook",
             self.schedule
         );
         if !self.converged {
@@ -757,9 +757,16 @@ async fn step_manifests<S: RemoteShell, M: ApplyManifests>(
         .apply_all(&to_apply, Backoff::default())
         .await
         .map_err(|e| failed("manifests", e))?;
+    // What an earlier release installed in their place goes only now, so a run cut short
+    // before this point leaves the old pieces working.
+    let retired = applier
+        .delete_retired(&manifests::retired(), Backoff::default())
+        .await
+        .map_err(|e| failed("manifests", e))?;
     info!(
         step = "manifests",
         objects = applied,
+        retired,
         "in-cluster pieces applied"
     );
     Ok(())

@@ -515,7 +515,8 @@ pub async fn run_with<R: Rack, K: InCluster>(
     let local_lines = local_changes(local, p.cluster, true)?;
     let in_cluster_plan: Vec<String> = if api.is_some() {
         vec![
-            "take the reconcile Lease and suspend CronJob kube-system/oxide-controller".to_owned(),
+            "take the reconcile Lease and suspend CronJob oxide-controller-jobs/oxide-controller"
+                .to_owned(),
             format!(
                 "scale Deployment kube-system/{} to zero",
                 in_cluster::WEBHOOK_DEPLOYMENT

@@ -176,6 +176,10 @@ fn generate_secrets(sim: &SimHandle) -> ClusterSecrets {
     }
 }
 
+/// Name of the webhook's CA file the preset writes beside its kubeconfig (bootstrap writes
+/// `<state dir>/<cluster>-webhook-ca.pem`).
+pub const WEBHOOK_CA_FILE: &str = "webhook-ca.pem";
+
 /// Builds the preset cluster on a started simulator, writing the kubeconfig into `dir`.
 pub async fn build(
     sim: &SimHandle,
@@ -191,7 +195,16 @@ pub async fn build(
     spec.k3s.release_url.clone_from(&sim.release_url);
     spec.validate()
         .map_err(|e| PresetError::Spec(e.to_string()))?;
-    let secrets = generate_secrets(sim);
+    let mut secrets = generate_secrets(sim);
+    // The webhook's serving pair, as bootstrap makes it; its CA beside the kubeconfig.
+    let tls = oxide_controller::adapters::webhook_tls::generate(
+        CLUSTER,
+        oxide_controller::ports::cluster::NAMESPACE,
+    )
+    .map_err(|e| PresetError::Spec(format!("webhook TLS: {e}")))?;
+    secrets.webhook_tls_cert = Some(tls.cert_pem);
+    secrets.webhook_tls_key = Some(tls.key_pem);
+    write_private(&dir.join(WEBHOOK_CA_FILE), &tls.ca_pem)?;
 
     sim.oxide().seed_project(PROJECT);
     sim.oxide()

@@ -30,13 +30,15 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 /// The container's `config.json`: the template's with the pod's container applied (see the
 /// module documentation). `rootfs` is the template's root filesystem (absolute), `sa_dir` the
 /// host directory holding `token`, `ca.crt` and `namespace`, `env` the variables the kubelet
-/// adds (`POD_NAME`, `KUBERNETES_SERVICE_*`), which win over the container's and the image's.
+/// adds (`POD_NAME`, `KUBERNETES_SERVICE_*`), which win over the container's and the image's,
+/// and `volumes` the host directories of the pod's Secret volumes with where they are mounted.
 pub fn container_config(
     template: &Value,
     pod: &Value,
     rootfs: &Path,
     sa_dir: &Path,
     env: &[(&str, String)],
+    volumes: &[(std::path::PathBuf, String)],
 ) -> Result<Value, String> {
     let container = &pod["spec"]["containers"][0];
     let mut config = template.clone();
@@ -149,7 +151,76 @@ pub fn container_config(
         Some(mounts) => mounts.push(mount),
         None => config["mounts"] = json!([mount]),
     }
+    for (source, destination) in volumes {
+        let mount = json!({
+            "destination": destination,
+            "type": "bind",
+            "source": source,
+            "options": ["rbind", "ro"],
+        });
+        if let Some(mounts) = config["mounts"].as_array_mut() {
+            mounts.push(mount);
+        }
+    }
     Ok(config)
+}
+
+/// The files of a `secret` volume as the kubelet writes them (kubernetes@v1.33.4
+/// pkg/volume/secret/secret.go MakePayload): the listed `items` (every key without a list),
+/// each with its item's `mode`, else the volume's `defaultMode`, else 0644; a listed key the
+/// Secret lacks (or a missing Secret) fails the mount unless the volume is `optional`, which
+/// leaves it out. `(relative path, bytes, mode)`; `secret` is the Secret as read (None: absent).
+pub fn secret_volume_files(
+    volume: &Value,
+    secret: Option<&Value>,
+) -> Result<Vec<(String, Vec<u8>, u32)>, String> {
+    use base64::Engine as _;
+    let source = &volume["secret"];
+    let name = source["secretName"].as_str().unwrap_or_default();
+    let optional = source["optional"].as_bool().unwrap_or(false);
+    let default_mode = source["defaultMode"]
+        .as_u64()
+        .and_then(|m| u32::try_from(m).ok())
+        .unwrap_or(0o644);
+    let Some(secret) = secret else {
+        return if optional {
+            Ok(Vec::new())
+        } else {
+            Err(format!("secret \"{name}\" not found"))
+        };
+    };
+    let data = secret["data"].as_object().cloned().unwrap_or_default();
+    let decode = |key: &str| -> Option<Vec<u8>> {
+        base64::engine::general_purpose::STANDARD
+            .decode(data.get(key)?.as_str()?)
+            .ok()
+    };
+    let mut out = Vec::new();
+    match source["items"].as_array() {
+        Some(items) => {
+            for item in items {
+                let key = item["key"].as_str().unwrap_or_default();
+                let path = item["path"].as_str().unwrap_or(key).to_owned();
+                let mode = item["mode"]
+                    .as_u64()
+                    .and_then(|m| u32::try_from(m).ok())
+                    .unwrap_or(default_mode);
+                match decode(key) {
+                    Some(bytes) => out.push((path, bytes, mode)),
+                    None if optional => {}
+                    None => return Err(format!("references non-existent secret key: {key}")),
+                }
+            }
+        }
+        None => {
+            for key in data.keys() {
+                if let Some(bytes) = decode(key) {
+                    out.push((key.clone(), bytes, default_mode));
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -191,7 +262,34 @@ mod tests {
             Path::new("/b/rootfs"),
             Path::new("/w/sa"),
             &[("POD_NAME", "oxide-controller-123-abcde".into())],
+            &[],
         )
+    }
+
+    #[test]
+    fn a_secret_volume_holds_its_items_with_their_modes_and_skips_missing_keys_only_if_optional() {
+        let secret = json!({"data": {"a": "QQ==", "b": "Qg==", "c": "Qw=="}});
+        let volume = |optional: bool| {
+            json!({"name": "v", "secret": {"secretName": "s", "optional": optional, "defaultMode": 288,
+                "items": [{"key": "a", "path": "a"}, {"key": "b", "path": "bee", "mode": 256},
+                    {"key": "missing", "path": "m"}]}})
+        };
+        assert_eq!(
+            secret_volume_files(&volume(true), Some(&secret)).unwrap(),
+            vec![
+                ("a".to_owned(), b"A".to_vec(), 0o440),
+                ("bee".to_owned(), b"B".to_vec(), 0o400)
+            ],
+            "only the listed keys, never c"
+        );
+        assert_eq!(
+            secret_volume_files(&volume(false), Some(&secret)).unwrap_err(),
+            "references non-existent secret key: missing"
+        );
+        assert_eq!(secret_volume_files(&volume(true), None).unwrap(), vec![]);
+        assert!(secret_volume_files(&volume(false), None).is_err());
+        let all = json!({"secret": {"secretName": "s"}});
+        assert_eq!(secret_volume_files(&all, Some(&secret)).unwrap().len(), 3);
     }
 
     #[test]

@@ -439,14 +439,8 @@ impl PodRunner {
         };
         let mut cmd = tokio::process::Command::new(&program);
         cmd.args(&args);
-        for e in pod["spec"]["containers"][0]["env"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            if let (Some(k), Some(v)) = (e["name"].as_str(), e["value"].as_str()) {
-                cmd.env(k, v);
-            }
+        for (k, v) in container_env(pod) {
+            cmd.env(k, v);
         }
         cmd.env("POD_NAME", &name)
             .env("KUBECONFIG", &kubeconfig)
@@ -497,6 +491,7 @@ impl PodRunner {
             .and_then(|()| std::fs::write(sa_dir.join("ca.crt"), cp.ca_pem()))
             .and_then(|()| std::fs::write(sa_dir.join("namespace"), &ns))
             .map_err(|e| format!("cannot mount the ServiceAccount token: {e}"))?;
+        let volumes = self.secret_volumes(cluster, pod, &dir).await?;
         let config = crate::pods::oci_bundle::container_config(
             &template,
             pod,
@@ -504,10 +499,12 @@ impl PodRunner {
             &sa_dir,
             &[
                 ("POD_NAME", name.clone()),
+                ("POD_NAMESPACE", ns.clone()),
                 ("KUBERNETES_SERVICE_HOST", host.to_owned()),
                 ("KUBERNETES_SERVICE_PORT", port.to_owned()),
                 ("OXIDE_CONTROLLER_LOG_FORMAT", "text".to_owned()),
             ],
+            &volumes,
         )?;
         let text = serde_json::to_vec_pretty(&config).map_err(|e| e.to_string())?;
         std::fs::write(dir.join("config.json"), text)
@@ -530,6 +527,61 @@ impl PodRunner {
         let what = format!("{RUNC} run {id} ({})", argv.join(" "));
         scratch.container = Some((root, id));
         Ok((cmd, scratch, what))
+    }
+
+    /// The container's `secret` volume mounts, written under `dir` as a kubelet writes them
+    /// (the kubelet reads a Secret a pod bound to its Node names): `(host dir, mount path)`.
+    /// The files' group is the pod's `fsGroup` where set, as the kubelet sets it.
+    async fn secret_volumes(
+        &self,
+        cluster: &RealCluster,
+        pod: &Value,
+        dir: &Path,
+    ) -> Result<Vec<(PathBuf, String)>, String> {
+        let ns = meta(pod, "namespace");
+        let fs_group = pod["spec"]["securityContext"]["fsGroup"]
+            .as_u64()
+            .and_then(|g| u32::try_from(g).ok());
+        let mut out = Vec::new();
+        for m in pod["spec"]["containers"][0]["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let Some(volume) = pod["spec"]["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|v| v["name"] == m["name"] && v["secret"].is_object())
+            else {
+                continue;
+            };
+            let secret_name = volume["secret"]["secretName"].as_str().unwrap_or_default();
+            let secret = cluster
+                .control_plane
+                .get("v1", "Secret", Some(&ns), secret_name)
+                .await
+                .map_err(|e| format!("reading secret {secret_name}: {e}"))?;
+            let files = crate::pods::oci_bundle::secret_volume_files(volume, secret.as_ref())
+                .map_err(|e| format!("MountVolume.SetUp failed for volume {}: {e}", m["name"]))?;
+            let host = dir.join(format!("volume-{}", m["name"].as_str().unwrap_or("secret")));
+            std::fs::create_dir_all(&host).map_err(|e| format!("{}: {e}", host.display()))?;
+            for (path, bytes, mode) in files {
+                use std::os::unix::fs::PermissionsExt as _;
+                let file = host.join(&path);
+                std::fs::write(&file, bytes)
+                    .and_then(|()| {
+                        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode))
+                    })
+                    .map_err(|e| format!("{}: {e}", file.display()))?;
+                if let Some(g) = fs_group {
+                    std::os::unix::fs::chown(&file, None, Some(g))
+                        .map_err(|e| format!("{}: {e}", file.display()))?;
+                }
+            }
+            out.push((host, m["mountPath"].as_str().unwrap_or_default().to_owned()));
+        }
+        Ok(out)
     }
 }
 
@@ -582,6 +634,30 @@ impl Drop for Scratch {
             std::fs::remove_file(&self.path)
         };
     }
+}
+
+/// The container's environment as a kubelet resolves it: literal `value`s, and the downward
+/// API's `fieldRef` to the pod's `metadata.name` and `metadata.namespace` (what the manifests
+/// use; kubernetes pkg/kubelet/kubelet_pods.go podFieldSelectorRuntimeValue).
+fn container_env(pod: &Value) -> Vec<(String, String)> {
+    pod["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let name = e["name"].as_str()?.to_owned();
+            let value = match (
+                e["value"].as_str(),
+                e["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+            ) {
+                (Some(v), _) => v.to_owned(),
+                (None, Some("metadata.name")) => meta(pod, "name"),
+                (None, Some("metadata.namespace")) => meta(pod, "namespace"),
+                _ => return None,
+            };
+            Some((name, value))
+        })
+        .collect()
 }
 
 /// The host path behind `program` when it lies inside one of the container's volume mounts

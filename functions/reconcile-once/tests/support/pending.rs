@@ -27,12 +27,17 @@ pub fn scale_bin() -> PathBuf {
     p
 }
 
-/// The in-cluster manifests of `k8s-cronjobs/` (ServiceAccount, RBAC, CronJob), one object
+/// The in-cluster manifests of `k8s-cronjobs/` (namespace, accounts, RBAC, CronJob), one object
 /// per document.
 pub fn manifests() -> Vec<Value> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s-cronjobs");
     let mut out = Vec::new();
-    for f in ["serviceaccount.yaml", "rbac.yaml", "cronjob.yaml"] {
+    for f in [
+        "00-namespace.yaml",
+        "serviceaccount.yaml",
+        "rbac.yaml",
+        "cronjob.yaml",
+    ] {
         let text = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         for doc in text.split("\n---") {
             let v: Value = serde_saphyr::from_str(doc).unwrap_or(Value::Null);
@@ -284,7 +289,7 @@ pub async fn run_job_on(
         .get(
             "batch/v1",
             "CronJob",
-            Some("kube-system"),
+            Some("oxide-controller-jobs"),
             "oxide-controller",
         )
         .await
@@ -296,13 +301,13 @@ pub async fn run_job_on(
     }
     selector["kubernetes.io/hostname"] = json!(node);
     kube.apply(json!({"apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": name, "namespace": "kube-system"}, "spec": spec}))
+        "metadata": {"name": name, "namespace": "oxide-controller-jobs"}, "spec": spec}))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let job = kube
-            .get("batch/v1", "Job", Some("kube-system"), name)
+            .get("batch/v1", "Job", Some("oxide-controller-jobs"), name)
             .await
             .unwrap_or_else(|| panic!("job {name}"));
         let done = job["status"]["conditions"].as_array().and_then(|c| {

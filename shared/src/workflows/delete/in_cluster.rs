@@ -21,7 +21,7 @@ use crate::adapters::kube_cluster::KubeCluster;
 use crate::adapters::kube_store::KubeStateStore;
 use crate::adapters::kubeclient;
 use crate::domain::spec::ClusterSpec;
-use crate::ports::cluster::{Cluster as _, LeaseOutcome, NAMESPACE, OBJECT_NAME};
+use crate::ports::cluster::{Cluster as _, JOBS_NAMESPACE, LeaseOutcome, NAMESPACE, OBJECT_NAME};
 use crate::ports::state::{StateStore as _, keys};
 
 /// Name of the webhook Deployment (k8s-cronjobs/webhook.yaml).
@@ -116,15 +116,18 @@ impl InCluster for KubeInCluster {
             "took the reconcile Lease {NAMESPACE}/{OBJECT_NAME} (runs starting now exit at once)"
         ));
         let pp = PatchParams::default();
-        let cronjobs: Api<CronJob> = Api::namespaced(self.client.clone(), NAMESPACE);
         let suspend = serde_json::json!({"spec": {"suspend": true}});
-        if gone_ok(
-            cronjobs
-                .patch(OBJECT_NAME, &pp, &Patch::Merge(&suspend))
-                .await,
-            "suspending the CronJob",
-        )? {
-            done.push(format!("suspended CronJob {NAMESPACE}/{OBJECT_NAME}"));
+        // The Jobs' namespace; kube-system where a release before the two accounts put it.
+        for ns in [JOBS_NAMESPACE, NAMESPACE] {
+            let cronjobs: Api<CronJob> = Api::namespaced(self.client.clone(), ns);
+            if gone_ok(
+                cronjobs
+                    .patch(OBJECT_NAME, &pp, &Patch::Merge(&suspend))
+                    .await,
+                "suspending the CronJob",
+            )? {
+                done.push(format!("suspended CronJob {ns}/{OBJECT_NAME}"));
+            }
         }
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), NAMESPACE);
         let zero = serde_json::json!({"spec": {"replicas": 0}});
