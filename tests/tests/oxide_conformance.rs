@@ -353,6 +353,15 @@ async fn every_route_answers_with_document_shaped_bodies() {
         to_json(&finalize),
     )
     .await;
+    let snapshot = types::SnapshotCreate {
+        description: "of the upload".into(),
+        disk: types::NameOrId::Name(name("upload")),
+        name: name("upload-snap-2"),
+    };
+    c.ok("POST", "/v1/snapshots", &[], p, to_json(&snapshot))
+        .await;
+    c.err("POST", "/v1/snapshots", &[], p, to_json(&snapshot))
+        .await;
     c.ok("GET", "/v1/snapshots", &[], p, None).await;
     let snap = c
         .ok("GET", "/v1/snapshots/{snapshot}", &["upload-snap"], p, None)

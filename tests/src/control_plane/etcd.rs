@@ -364,6 +364,54 @@ impl Etcd {
         ))
     }
 
+    /// etcd's `Maintenance.Snapshot` on member `name` (what k3s's `etcd-snapshot save` calls
+    /// through etcd's client, `snapshot.Save`, on the server's own member): the member's whole
+    /// backend database as etcd streams it, with the sha256 etcd appends, i.e. the bytes of a
+    /// snapshot file. Asked through the gRPC gateway (`POST /v3/maintenance/snapshot`), whose
+    /// server stream arrives as one `{"result": SnapshotResponse}` JSON object per chunk.
+    pub async fn snapshot(&self, name: &str) -> Result<Vec<u8>, String> {
+        use base64::Engine as _;
+        let ip = {
+            let mut members = self.shared.lock();
+            let m = members
+                .get_mut(name)
+                .ok_or_else(|| format!("no etcd member {name} here"))?;
+            if !m.running() {
+                return Err(format!("etcd member {name} is not running"));
+            }
+            m.ip
+        };
+        let url = format!("{}/v3/maintenance/snapshot", client_url(ip));
+        let resp = self
+            .shared
+            .http
+            .post(&url)
+            .json(&json!({}))
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        let body = resp.bytes().await.map_err(|e| format!("{url}: {e}"))?;
+        let mut out = Vec::new();
+        let stream = serde_json::Deserializer::from_slice(&body).into_iter::<Value>();
+        for chunk in stream {
+            let chunk = chunk.map_err(|e| format!("{url}: {e}"))?;
+            if let Some(err) = chunk.get("error") {
+                let msg = err["message"].as_str().unwrap_or("snapshot failed");
+                return Err(msg.to_owned());
+            }
+            if let Some(blob) = chunk["result"]["blob"].as_str() {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(blob)
+                    .map_err(|e| format!("{url}: blob: {e}"))?;
+                out.extend_from_slice(&bytes);
+            }
+        }
+        if out.is_empty() {
+            return Err(format!("{url}: empty snapshot"));
+        }
+        Ok(out)
+    }
+
     /// The member's VM stopped: its etcd process ends; its data stays.
     pub fn stop(&self, name: &str) {
         if let Some(m) = self.shared.lock().get_mut(name)

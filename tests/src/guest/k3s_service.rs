@@ -20,6 +20,12 @@ use super::{Inner, K3sState};
 /// `${datadir}/server/db/reset-flag` with k3s's default data dir.
 pub const RESET_FLAG_PATH: &str = "/var/lib/rancher/k3s/server/db/reset-flag";
 
+/// k3s's server data dir (`${datadir}/server` with the default data dir).
+pub const SERVER_DATA_DIR: &str = "/var/lib/rancher/k3s/server";
+
+/// Where `k3s etcd-snapshot save` writes by default (`${datadir}/server/db/snapshots`).
+pub const SNAPSHOT_DIR: &str = "/var/lib/rancher/k3s/server/db/snapshots";
+
 /// k3s's line once the reset member runs alone (`pkg/etcd` `Reset`).
 pub const RESET_DONE: &str = "Etcd is running, restart without --cluster-reset flag now. Backup and delete ${datadir}/server/db on each peer etcd server and rejoin the nodes";
 
@@ -149,6 +155,85 @@ impl Inner {
         }
         self.k3s_log(id, now, "info", RESET_DONE);
         (0, String::new(), log_line("info", RESET_DONE))
+    }
+
+    /// `k3s etcd-snapshot save`: the CLI asks the running server (`POST /db/snapshot` on its
+    /// supervisor port) for an on-demand snapshot of the server's own etcd member, taken with
+    /// etcd's snapshot API and written to
+    /// `${datadir}/server/db/snapshots/on-demand-<node name>-<unix seconds>` on the VM's disk.
+    /// The server logs "Saving etcd snapshot to PATH" (the console here); the CLI prints
+    /// "Snapshot NAME saved." on stderr.
+    pub(super) async fn k3s_etcd_snapshot_save(self: &Arc<Self>, id: Uuid, generation: u64) -> Ran {
+        let (api, member, state, node, started) = {
+            let st = self.state();
+            let Some(vm) = st
+                .vms
+                .get(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
+                return (1, String::new(), "Connection closed\n".into());
+            };
+            (
+                self.api_of(&st, id),
+                vm.etcd_member.clone().filter(|_| vm.member),
+                vm.k3s,
+                vm.node_name.clone().unwrap_or_else(|| vm.hostname.clone()),
+                vm.boot_started,
+            )
+        };
+        let fatal = |msg: String| (1, String::new(), log_line("fatal", &msg));
+        if state != K3sState::Joined {
+            // Nothing serves the supervisor port the CLI posts to.
+            return fatal(
+                "Get \"https://127.0.0.1:6443/cacerts\": dial tcp 127.0.0.1:6443: connect: connection refused".into(),
+            );
+        }
+        let (Some(api), Some((member, _))) = (api, member) else {
+            return fatal(format!(
+                "see server log for details: etcd database not found in {SERVER_DATA_DIR}"
+            ));
+        };
+        let etcd = api.control_plane.etcd();
+        let learner = etcd.members().await.ok().and_then(|ms| {
+            ms.into_iter()
+                .find(|m| m.name == member)
+                .map(|m| m.is_learner)
+        });
+        if learner == Some(true) {
+            // The server logs a warning and takes no snapshot; the CLI lists nothing created.
+            self.k3s_log(
+                id,
+                started,
+                "warning",
+                "Unable to take snapshot: not supported for learner",
+            );
+            return (0, String::new(), String::new());
+        }
+        let now = chrono::Utc::now().timestamp();
+        let name = format!("on-demand-{node}-{now}");
+        let path = format!("{SNAPSHOT_DIR}/{name}");
+        self.k3s_log(
+            id,
+            started,
+            "info",
+            &format!("Saving etcd snapshot to {path}"),
+        );
+        let data = match etcd.snapshot(&member).await {
+            Ok(data) => data,
+            Err(err) => {
+                return fatal(format!(
+                    "see server log for details: failed to save snapshot: {err}"
+                ));
+            }
+        };
+        if let Err(err) = self.put_vm_file(id, &path, &data, Some(0o600)) {
+            return fatal(format!("see server log for details: {path}: {err}"));
+        }
+        (
+            0,
+            String::new(),
+            log_line("info", &format!("Snapshot {name} saved.")),
+        )
     }
 
     /// Whether the reset-flag is on the VM's disk (what `cat` of [`RESET_FLAG_PATH`] sees).

@@ -62,6 +62,46 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// Puts a file on VM `id`'s disk at guest path `path` (absolute, no `..`): held on the
+    /// host under the simulator's upload directory with `mode` (0644 otherwise), and what
+    /// `cat PATH` over SSH reads from then on.
+    pub(super) fn put_vm_file(
+        &self,
+        id: Uuid,
+        path: &str,
+        data: &[u8],
+        mode: Option<u32>,
+    ) -> Result<(), String> {
+        use std::os::unix::fs::PermissionsExt as _;
+        // Absolute, no `..`: the guest path maps into the VM's directory and nowhere else.
+        let rel = match path.strip_prefix('/') {
+            Some(rel) if !rel.is_empty() && !rel.split('/').any(|c| c == ".." || c.is_empty()) => {
+                rel
+            }
+            _ => return Err(format!("{path}: not an absolute guest path")),
+        };
+        let dir = self
+            .vm_upload_dir(id)
+            .ok_or_else(|| "no upload directory".to_owned())?;
+        let host = dir.join(rel);
+        host.parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&host, data))
+            .and_then(|()| {
+                std::fs::set_permissions(
+                    &host,
+                    std::fs::Permissions::from_mode(mode.unwrap_or(0o644) & 0o7777),
+                )
+            })
+            .map_err(|e| e.to_string())?;
+        let mut st = self.state();
+        let vm = st.vms.get_mut(&id).ok_or_else(|| "no such VM".to_owned())?;
+        vm.uploads.insert(path.to_owned(), host);
+        Ok(())
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // ssh backend
 
@@ -109,6 +149,9 @@ impl SshBackend for VmBackend {
                 K3sCommand::Stop => inner.k3s_service_stop(self.id, self.generation),
                 K3sCommand::Start => inner.k3s_service_start(self.id, self.generation).await,
                 K3sCommand::ClusterReset => inner.k3s_cluster_reset(self.id, self.generation).await,
+                K3sCommand::EtcdSnapshotSave => {
+                    inner.k3s_etcd_snapshot_save(self.id, self.generation).await
+                }
             }
         })
     }
@@ -120,42 +163,15 @@ impl SshBackend for VmBackend {
     /// Stores the file on the host under the simulator's upload directory, with the mode the
     /// upload asked for (0644 otherwise), so a hostPath volume can run it.
     fn write_file_mode(&self, path: &str, data: &[u8], mode: Option<u32>) -> bool {
-        use std::os::unix::fs::PermissionsExt as _;
         let Some(inner) = self.boot.upgrade() else {
             return false;
         };
-        // Absolute, no `..`: the guest path maps into the VM's directory and nowhere else.
-        let rel = match path.strip_prefix('/') {
-            Some(rel) if !rel.is_empty() && !rel.split('/').any(|c| c == ".." || c.is_empty()) => {
-                rel
+        match inner.put_vm_file(self.id, path, data, mode) {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(instance = %self.id, error = %err, "cannot store an uploaded file");
+                false
             }
-            _ => return false,
-        };
-        let Some(dir) = inner.vm_upload_dir(self.id) else {
-            return false;
-        };
-        let host = dir.join(rel);
-        let written = host
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&host, data))
-            .and_then(|()| {
-                std::fs::set_permissions(
-                    &host,
-                    std::fs::Permissions::from_mode(mode.unwrap_or(0o644) & 0o7777),
-                )
-            });
-        if let Err(err) = written {
-            tracing::warn!(instance = %self.id, error = %err, "cannot store an uploaded file");
-            return false;
-        }
-        let mut st = inner.state();
-        match st.vms.get_mut(&self.id) {
-            Some(vm) => {
-                vm.uploads.insert(path.to_owned(), host);
-                true
-            }
-            None => false,
         }
     }
 

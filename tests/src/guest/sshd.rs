@@ -13,7 +13,7 @@
 //! | `sudo -n tee PATH [> /dev/null]`, `cat > PATH` | stdin until EOF → [`SshBackend::write_file`] |
 //! | `sudo -n install -m MODE /dev/null PATH && sudo -n tee PATH > /dev/null` | the same upload, with MODE → [`SshBackend::write_file_mode`] |
 //! | `mkdir -p PATH`, `sudo -n mkdir -p PATH` | [`SshBackend::make_dir`]: exit 0, or "Permission denied" + exit 1 |
-//! | `sudo -n systemctl stop k3s`, `sudo -n systemctl start k3s`, `sudo -n k3s server --cluster-reset` | [`SshBackend::k3s`] (exactly these words; the default: not found) |
+//! | `sudo -n systemctl stop k3s`, `sudo -n systemctl start k3s`, `sudo -n k3s server --cluster-reset`, `sudo -n k3s etcd-snapshot save` | [`SshBackend::k3s`] (exactly these words; the default: not found) |
 //!
 //! Anything else gets stderr "command not found" and exit 127. What the files contain (the
 //! kubeconfig, the node token) is the backend's business, not this module's.
@@ -58,7 +58,7 @@ pub trait SshBackend: Send + Sync + 'static {
     /// program is not there (exit 127).
     fn k3s(&self, command: K3sCommand) -> BoxedRun<'_> {
         let program = match command {
-            K3sCommand::ClusterReset => "k3s",
+            K3sCommand::ClusterReset | K3sCommand::EtcdSnapshotSave => "k3s",
             K3sCommand::Stop | K3sCommand::Start => "systemctl",
         };
         Box::pin(std::future::ready((
@@ -82,6 +82,8 @@ pub enum K3sCommand {
     Start,
     /// `sudo -n k3s server --cluster-reset`.
     ClusterReset,
+    /// `sudo -n k3s etcd-snapshot save`: an on-demand etcd snapshot on the server's disk.
+    EtcdSnapshotSave,
 }
 
 impl K3sCommand {
@@ -91,6 +93,7 @@ impl K3sCommand {
             K3sCommand::Stop => "sudo -n systemctl stop k3s",
             K3sCommand::Start => "sudo -n systemctl start k3s",
             K3sCommand::ClusterReset => "sudo -n k3s server --cluster-reset",
+            K3sCommand::EtcdSnapshotSave => "sudo -n k3s etcd-snapshot save",
         }
     }
 }
@@ -510,6 +513,7 @@ fn parse_command(line: &str) -> Command {
         K3sCommand::Stop,
         K3sCommand::Start,
         K3sCommand::ClusterReset,
+        K3sCommand::EtcdSnapshotSave,
     ] {
         let words: Vec<Token> = command
             .line()
@@ -639,6 +643,10 @@ mod tests {
             parse_command("sudo -n k3s server --cluster-reset"),
             Command::K3s(K3sCommand::ClusterReset)
         );
+        assert_eq!(
+            parse_command("sudo -n k3s etcd-snapshot save"),
+            Command::K3s(K3sCommand::EtcdSnapshotSave)
+        );
         for line in ["mkdir -p /opt/a/b", "sudo -n mkdir -p /opt/a/b"] {
             assert_eq!(
                 parse_command(line),
@@ -664,6 +672,8 @@ mod tests {
             "sudo -n systemctl restart k3s",
             "sudo -n k3s server --cluster-reset --cluster-reset-restore-path=/x",
             "sudo -n k3s server --cluster-reset; reboot",
+            "sudo -n k3s etcd-snapshot save --s3",
+            "sudo -n k3s etcd-snapshot",
         ] {
             assert!(
                 matches!(parse_command(line), Command::NotFound(_)),

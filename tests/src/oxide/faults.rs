@@ -50,6 +50,10 @@ pub struct FaultSpec {
     /// Like `no_capacity`, but the silo's vCPU quota is what runs out (the start saga fails
     /// at `ADD_VIRTUAL_RESOURCES`).
     pub quota_exceeded: Vec<String>,
+    /// The silo's storage quota in bytes (`None`: no limit). Every disk and every snapshot is
+    /// charged its full virtual size against it, and a disk or snapshot create that would pass
+    /// it answers nexus's 507 "Storage Limit Exceeded" (see [`FaultSpec::storage_refusal`]).
+    pub silo_storage_quota: Option<u64>,
     /// The next this many `PUT /v1/vpc-firewall-rules` are undone at once by another writer:
     /// the PUT answers with its list, then the list goes back to what it replaced (new ids), as
     /// when a second read-modify-write that read before this one writes right after it. Nexus
@@ -197,6 +201,20 @@ impl FaultSpec {
     /// Whether instance `name` matches one of `prefixes`.
     pub fn matches(prefixes: &[String], name: &str) -> bool {
         prefixes.iter().any(|p| name.starts_with(p.as_str()))
+    }
+
+    /// nexus's 507 when charging `add` more bytes of disks or snapshots to a silo that has
+    /// `provisioned` would pass [`FaultSpec::silo_storage_quota`] (the message omicron's
+    /// `from_diesel` gives the "Not enough storage" sentinel, with the "Insufficient capacity: "
+    /// prefix its `InsufficientCapacity` error adds).
+    pub fn storage_refusal(&self, provisioned: u64, add: u64) -> Option<String> {
+        let quota = self.silo_storage_quota?;
+        (provisioned.saturating_add(add) > quota).then(|| {
+            "Insufficient capacity: Storage Limit Exceeded: Not enough storage to complete \
+             request. Either remove unneeded disks and snapshots to free up resources or contact \
+             the rack operator to request a capacity increase."
+                .to_owned()
+        })
     }
 
     /// The message of the 507 a start of instance `name` gets under `no_capacity` or

@@ -397,6 +397,15 @@ pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         ));
     }
 
+    // Each new disk's disk-create subsaga charges its size to the silo's storage quota.
+    let new_storage = disk_plans
+        .iter()
+        .map(|(_, p)| p.size)
+        .fold(0, u64::saturating_add);
+    if !disk_plans.is_empty() {
+        storage::check_storage_quota(cx, new_storage)?;
+    }
+
     // ---- everything checked: apply ----
     let mut ephemeral_ips: Vec<Ipv4Addr> = Vec::new();
     for _ in 0..ephemeral {

@@ -220,7 +220,7 @@ pub fn running_instance(store: &Store, id: Uuid) -> Option<RunningInstance> {
 
 /// omicron: the NVMe serial is the disk name's first 20 bytes (NUL-padded; Linux prints it
 /// up to the first NUL).
-fn nvme_serial(name: &str) -> String {
+pub(super) fn nvme_serial(name: &str) -> String {
     let mut end = name.len().min(20);
     while !name.is_char_boundary(end) {
         end -= 1;

@@ -539,6 +539,45 @@ impl OxideSim {
         }
     }
 
+    /// Bytes of virtual storage the silo has provisioned (every disk and snapshot at its full
+    /// size), what `silo_storage_quota` is checked against.
+    pub fn storage_provisioned(&self) -> u64 {
+        self.store().storage_provisioned()
+    }
+
+    /// `len` bytes of disk `disk`'s contents from `offset` (zeros where nothing was written);
+    /// `None` for an unknown disk or a range past its end.
+    pub fn read_disk(&self, disk: Uuid, offset: u64, len: usize) -> Option<Vec<u8>> {
+        let store = self.store();
+        let d = store.disks.get(&disk)?;
+        let end = offset.checked_add(u64::try_from(len).ok()?)?;
+        (end <= d.size).then(|| storage::read(&d.data, offset, len))
+    }
+
+    /// What a guest reads from the NVMe disk with serial `serial` attached to `instance` (the
+    /// disk the setup script finds by serial): `len` bytes from `offset`. `None` when no such
+    /// disk is attached or the range passes its end.
+    pub fn read_attached_disk(
+        &self,
+        instance: Uuid,
+        serial: &str,
+        offset: u64,
+        len: usize,
+    ) -> Option<Vec<u8>> {
+        let id = {
+            let store = self.store();
+            store
+                .disks
+                .values()
+                .find(|d| {
+                    d.state == store::DiskState::Attached(instance)
+                        && lifecycle::nvme_serial(d.name.as_str()) == serial
+                })?
+                .id
+        };
+        self.read_disk(id, offset, len)
+    }
+
     /// The instance as `RackEvents::instance_running` would describe it now.
     pub fn running_instance(&self, instance: Uuid) -> Option<RunningInstance> {
         lifecycle::running_instance(&self.store(), instance)

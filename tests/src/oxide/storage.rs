@@ -18,7 +18,7 @@ use super::handler::{Ctx, Reply, body_name};
 use super::names::Ref;
 use super::pagination::ListParams;
 use super::store::{
-    self, Blocks, DISK, Disk, DiskState, IMAGE, Image, SNAPSHOT, Snapshot, Store, Times,
+    self, Blocks, DISK, Disk, DiskState, IMAGE, Image, RunState, SNAPSHOT, Snapshot, Store, Times,
 };
 
 const GIB: u64 = 1 << 30;
@@ -261,6 +261,7 @@ pub fn disk_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         body.size.0,
         &body.disk_backend,
     )?;
+    check_storage_quota(cx, plan.size)?;
     let id = insert_disk(cx.store, pid, plan, DiskState::Detached);
     let view = disk_mut(cx.store, &id)?.view();
     Reply::json(StatusCode::CREATED, &view)
@@ -368,6 +369,11 @@ pub fn bulk_write(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     })
 }
 
+/// `len` bytes of `data` (a disk's, snapshot's or image's contents) from `offset`.
+pub fn read(data: &Blocks, offset: u64, len: usize) -> Vec<u8> {
+    store::read_blocks(data, PAGE, offset, len)
+}
+
 /// Writes `data` at `offset` into 64 KiB pages, dropping pages that end up all zero.
 fn write_sparse(pages: &mut BTreeMap<u64, Vec<u8>>, offset: u64, data: &[u8]) {
     let mut pos = 0usize;
@@ -411,16 +417,22 @@ pub fn finalize(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         )));
     }
     let pid = disk.project_id;
-    if let Some(n) = &body.snapshot_name
-        && store::find_by_name(&cx.store.snapshots, Some(pid), n.as_str()).is_some()
-    {
-        return Err(ApiError::already_exists("snapshot", n.as_str()));
+    let size = disk.size;
+    if let Some(n) = &body.snapshot_name {
+        // The finalize saga runs the snapshot-create saga on the pantry with the disk
+        // `finalizing` (accepted there): the same name and quota checks as `POST /v1/snapshots`.
+        if store::find_by_name(&cx.store.snapshots, Some(pid), n.as_str()).is_some() {
+            return Err(ApiError::already_exists("snapshot", n.as_str()));
+        }
+        check_storage_quota(cx, size)?;
     }
+    let disk = cx.store.disks.get(&id).ok_or_else(ApiError::internal)?;
     let snapshot = body.snapshot_name.map(|name| Snapshot {
         id: Uuid::new_v4(),
         project_id: pid,
         name,
-        description: format!("snapshot of disk {}", disk.name.as_str()),
+        // omicron `nexus/src/app/sagas/finalize_disk.rs`: the disk's id, not its name.
+        description: format!("snapshot of finalized disk {id}"),
         disk_id: id,
         size: disk.size,
         block_size: disk.block_size.clone(),
@@ -434,6 +446,105 @@ pub fn finalize(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     disk.state = DiskState::Detached;
     disk.times.modified = chrono::Utc::now();
     Reply::no_content()
+}
+
+/// nexus's storage quota check (`virtual_provisioning_collection_insert_storage`): charging
+/// `add` bytes must keep the silo within [`FaultSpec::silo_storage_quota`].
+///
+/// [`FaultSpec::silo_storage_quota`]: super::faults::FaultSpec::silo_storage_quota
+pub fn check_storage_quota(cx: &Ctx<'_>, add: u64) -> Result<(), ApiError> {
+    match cx
+        .env
+        .faults
+        .storage_refusal(cx.store.storage_provisioned(), add)
+    {
+        Some(message) => Err(ApiError::insufficient_capacity(message)),
+        None => Ok(()),
+    }
+}
+
+/// POST /v1/snapshots?project=: nexus's `snapshot_create` (omicron `nexus/src/app/snapshot.rs`)
+/// and its saga (`nexus/src/app/sagas/snapshot_create.rs`), answered once the saga is done, so
+/// the snapshot is already `ready`. The snapshot's contents are the disk's at this moment.
+pub fn snapshot_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let project = cx.required_project()?.to_owned();
+    let body: types::SnapshotCreate = cx.body()?;
+    body_name(&body.name)?;
+    let pid = cx.store.project_param(&project)?;
+    let disk_id = match super::names::body_ref(&body.disk).map_err(ApiError::bad_body)? {
+        Ref::Id(id) => cx
+            .store
+            .disks
+            .contains_key(&id)
+            .then_some(id)
+            .ok_or_else(|| ApiError::not_found_by_id(DISK.resource, &id))?,
+        Ref::Name(n) => store::find_by_name(&cx.store.disks, Some(pid), &n)
+            .ok_or_else(|| ApiError::not_found_by_name(DISK.resource, &n))?,
+    };
+    let disk = cx
+        .store
+        .disks
+        .get(&disk_id)
+        .ok_or_else(ApiError::internal)?;
+    if disk.project_id != pid {
+        return Err(ApiError::invalid_request(
+            "can't create a snapshot of a disk in a different project",
+        ));
+    }
+    if disk.local {
+        return Err(ApiError::invalid_request(
+            "can't create a snapshot of a local storage disk",
+        ));
+    }
+    if disk.read_only {
+        return Err(ApiError::invalid_request(
+            "can't create a snapshot of a read-only disk",
+        ));
+    }
+    // The saga: the snapshot record (name unique in the project), the space accounting, then
+    // the snapshot itself through the attached instance's VMM or else through the pantry.
+    if store::find_by_name(&cx.store.snapshots, Some(pid), body.name.as_str()).is_some() {
+        return Err(ApiError::already_exists(
+            SNAPSHOT.resource,
+            body.name.as_str(),
+        ));
+    }
+    let (size, state) = (disk.size, disk.state);
+    check_storage_quota(cx, size)?;
+    let has_vmm = match state {
+        DiskState::Attached(i) => cx.store.instances.get(&i).is_some_and(|inst| {
+            matches!(
+                inst.state,
+                RunState::Starting | RunState::Running | RunState::Stopping | RunState::Rebooting
+            )
+        }),
+        _ => false,
+    };
+    // The pantry takes a detached disk (into `maintenance` for the saga's length) or one
+    // attached to an instance without a VMM; any other state is a 503 to retry.
+    if !has_vmm && !matches!(state, DiskState::Detached | DiskState::Attached(_)) {
+        tracing::info!(disk = %disk_id, state = state.debug_name(), "snapshot: disk is in state");
+        return Err(ApiError::unavailable());
+    }
+    let disk = cx
+        .store
+        .disks
+        .get(&disk_id)
+        .ok_or_else(ApiError::internal)?;
+    let snapshot = Snapshot {
+        id: Uuid::new_v4(),
+        project_id: pid,
+        name: body.name,
+        description: body.description,
+        disk_id,
+        size,
+        block_size: disk.block_size.clone(),
+        data: disk.data.clone(),
+        times: Times::now(),
+    };
+    let view = snapshot.view();
+    cx.store.snapshots.insert(snapshot.id, snapshot);
+    Reply::json(StatusCode::CREATED, &view)
 }
 
 pub fn snapshot_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {

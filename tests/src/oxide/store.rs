@@ -541,6 +541,16 @@ impl Store {
         self.project_id(&query_ref(raw)?)
     }
 
+    /// Bytes of virtual storage the silo has provisioned: every disk and every snapshot at its
+    /// full size, whatever was written (omicron charges a disk in `disk_create`'s
+    /// `sdc_account_space` and a snapshot in `snapshot_create`'s `ssc_account_space`, both at
+    /// their `size`).
+    pub fn storage_provisioned(&self) -> u64 {
+        let disks = self.disks.values().map(|d| d.size);
+        let snapshots = self.snapshots.values().map(|s| s.size);
+        disks.chain(snapshots).fold(0, u64::saturating_add)
+    }
+
     pub fn project_name(&self, id: Uuid) -> String {
         self.projects
             .get(&id)
@@ -932,6 +942,25 @@ impl Store {
             "anti_affinity_groups": groups,
         })
     }
+}
+
+/// `len` bytes of sparse contents from `offset` (zeros where nothing was written).
+pub fn read_blocks(b: &Blocks, page: u64, offset: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    let end = offset.saturating_add(len as u64);
+    let first = offset - offset % page;
+    for (start, buf) in b.range(first..end) {
+        let buf_end = start + buf.len() as u64;
+        let from = offset.max(*start);
+        let to = end.min(buf_end);
+        if from >= to {
+            continue;
+        }
+        let (src, dst) = ((from - start) as usize, (from - offset) as usize);
+        let n = (to - from) as usize;
+        out[dst..dst + n].copy_from_slice(&buf[src..src + n]);
+    }
+    out
 }
 
 fn written(b: &Blocks) -> usize {
