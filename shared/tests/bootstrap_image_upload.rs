@@ -275,7 +275,9 @@ async fn a_source_that_does_not_match_its_digest_becomes_no_image() {
         );
         let (disk, snapshot) = temp_names("custom", None);
         assert!(
-            !s.calls.iter().any(|c| *c == format!("finalize {disk} {snapshot}")),
+            !s.calls
+                .iter()
+                .any(|c| *c == format!("finalize {disk} {snapshot}")),
             "never finalized into a snapshot: {:?}",
             s.calls
         );
@@ -288,7 +290,10 @@ async fn a_source_that_does_not_match_its_digest_becomes_no_image() {
     let EnsuredImage::Uploaded { stats, .. } = got else {
         panic!("{got:?}")
     };
-    assert_eq!(stats.sha256.as_slice(), sha2::Sha256::digest(&bytes).as_slice());
+    assert_eq!(
+        stats.sha256.as_slice(),
+        sha2::Sha256::digest(&bytes).as_slice()
+    );
 }
 
 #[tokio::test]

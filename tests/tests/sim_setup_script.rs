@@ -462,7 +462,8 @@ async fn a_default_member_whose_installer_download_is_changed_never_runs_it() {
         format!("sha256 of /run/oxide-controller/k3s-install.sh is not the expected {digest}")
     );
     assert_eq!(
-        text.matches("oxide-controller: node-setup failed: ").count(),
+        text.matches("oxide-controller: node-setup failed: ")
+            .count(),
         1,
         "{text}"
     );

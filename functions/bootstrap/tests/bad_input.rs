@@ -166,7 +166,12 @@ async fn http_installers_and_images_without_a_digest_and_unknown_installers_are_
     refused(
         &env,
         env.args(&["--image", "custom", "--image-source", &url]),
-        &["--image-source", "http://", "--image-source-sha256", "https://"],
+        &[
+            "--image-source",
+            "http://",
+            "--image-source-sha256",
+            "https://",
+        ],
     )
     .await;
     refused(

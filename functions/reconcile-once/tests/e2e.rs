@@ -1553,13 +1553,10 @@ async fn a_version_that_does_not_install_blocks_the_roll_after_one_failed_member
         "{degraded:?}"
     );
     assert!(
-        degraded
-            .message
-            .contains(&format!(
-                "node setup failed at k3s-install: download of {} failed",
-                oxide_controller::domain::digests::K3S_INSTALLERS[0].url()
-            ))
-            && degraded.message.contains(&surge),
+        degraded.message.contains(&format!(
+            "node setup failed at k3s-install: download of {} failed",
+            oxide_controller::domain::digests::K3S_INSTALLERS[0].url()
+        )) && degraded.message.contains(&surge),
         "{}",
         degraded.message
     );
@@ -1605,7 +1602,14 @@ async fn refused_versions_exit_2_naming_the_field_with_no_mutating_request() {
     let cases: [(&str, Edit, &str, &str); 3] = [
         (
             "a skipped minor",
-            |s| s.k3s.version = "v1.35.0+k3s1".into(),
+            |s| {
+                s.k3s.version = "v1.35.0+k3s1".into();
+                // It names its installer (issue 34 §7), so the gate is what refuses it.
+                s.k3s.installer_url = Some(
+                    "https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh".into(),
+                );
+                s.k3s.installer_sha256 = Some("ab".repeat(32));
+            },
             "k3s.version",
             "the control plane upgrades one minor at a time. Set k3s.version to a v1.34 release first",
         ),

@@ -17,8 +17,6 @@
 //!
 //! Pure: no I/O.
 
-use crate::domain::spec::upgrade::K3sVersion;
-
 /// One `install.sh` the controller knows by digest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KnownInstaller {
@@ -58,10 +56,22 @@ pub const K3S_INSTALLERS: &[KnownInstaller] = &[KnownInstaller {
 /// is not older than the version's. None for a version newer than every entry, or one that
 /// does not parse.
 pub fn k3s_installer(version: &str) -> Option<&'static KnownInstaller> {
-    let v = K3sVersion::parse(version)?;
-    K3S_INSTALLERS
-        .iter()
-        .find(|k| (v.major, v.minor) <= k.newest_minor)
+    let minor = major_minor(version)?;
+    K3S_INSTALLERS.iter().find(|k| minor <= k.newest_minor)
+}
+
+/// `(1, 34)` of `v1.34.1+k3s1` (the spec's validation checks the rest of a version).
+fn major_minor(version: &str) -> Option<(u64, u64)> {
+    let mut parts = version.strip_prefix('v')?.splitn(3, '.');
+    let mut num = || -> Option<u64> {
+        let p = parts.next()?;
+        (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| p.parse().ok())
+            .flatten()
+    };
+    let (major, minor) = (num()?, num()?);
+    parts.next()?;
+    Some((major, minor))
 }
 
 /// The newest minor any known installer covers, for messages.
@@ -118,6 +128,8 @@ mod tests {
             ("v1.35.0+k3s1", false),
             ("v2.0.0+k3s1", false),
             ("latest", false),
+            ("v1.34", false),
+            ("v1.x.0+k3s1", false),
         ] {
             assert_eq!(k3s_installer(version).is_some(), known, "{version}");
         }

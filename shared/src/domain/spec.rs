@@ -862,7 +862,10 @@ impl ClusterSpec {
             .chain(&self.worker_pools)
             .filter_map(|p| p.k3s_version.as_deref())
             .fold(self.k3s.version.as_str(), |newest, v| {
-                match (upgrade::K3sVersion::parse(newest), upgrade::K3sVersion::parse(v)) {
+                match (
+                    upgrade::K3sVersion::parse(newest),
+                    upgrade::K3sVersion::parse(v),
+                ) {
                     (Some(a), Some(b)) if b > a => v,
                     _ => newest,
                 }
@@ -1659,23 +1662,93 @@ mod tests {
         );
         let cases: Vec<Case> = vec![
             // The default spec: the installer the controller knows, by commit and digest.
-            ("v1.33.4+k3s1", None, false, Ok((PINNED.into(), Some(KNOWN.into())))),
-            ("v1.34.11+k3s1", None, false, Ok((PINNED.into(), Some(KNOWN.into())))),
+            (
+                "v1.33.4+k3s1",
+                None,
+                false,
+                Ok((PINNED.into(), Some(KNOWN.into()))),
+            ),
+            (
+                "v1.34.11+k3s1",
+                None,
+                false,
+                Ok((PINNED.into(), Some(KNOWN.into()))),
+            ),
             // A version newer than every known installer: refused without a digest...
-            ("v1.35.0+k3s1", None, false, Err(("k3s.installer_sha256", "not for v1.35.0+k3s1; set k3s.installer_url to https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh and k3s.installer_sha256 to that file's sha256"))),
+            (
+                "v1.35.0+k3s1",
+                None,
+                false,
+                Err((
+                    "k3s.installer_sha256",
+                    "not for v1.35.0+k3s1; set k3s.installer_url to https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh and k3s.installer_sha256 to that file's sha256",
+                )),
+            ),
             // ...and a digest needs the URL it is the digest of...
-            ("v1.35.0+k3s1", None, true, Err(("k3s.installer_url", "k3s.installer_sha256 is the digest of the file at k3s.installer_url; set that too, e.g. https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh"))),
+            (
+                "v1.35.0+k3s1",
+                None,
+                true,
+                Err((
+                    "k3s.installer_url",
+                    "k3s.installer_sha256 is the digest of the file at k3s.installer_url; set that too, e.g. https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh",
+                )),
+            ),
             // ...with which the version's own install.sh is checked against it.
-            ("v1.35.0+k3s1", Some("https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh"), true, Ok(("https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh".into(), Some(mine.clone())))),
-            ("v1.33.4+k3s1", None, true, Err(("k3s.installer_url", "set that too"))),
+            (
+                "v1.35.0+k3s1",
+                Some("https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh"),
+                true,
+                Ok((
+                    "https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh".into(),
+                    Some(mine.clone()),
+                )),
+            ),
+            (
+                "v1.33.4+k3s1",
+                None,
+                true,
+                Err(("k3s.installer_url", "set that too")),
+            ),
             // The floating get.k3s.io only with a digest.
-            ("v1.33.4+k3s1", Some("https://get.k3s.io"), false, Err(("k3s.installer_sha256", "serves whatever install.sh is current"))),
-            ("v1.33.4+k3s1", Some("https://get.k3s.io"), true, Ok(("https://get.k3s.io".into(), Some(mine.clone())))),
+            (
+                "v1.33.4+k3s1",
+                Some("https://get.k3s.io"),
+                false,
+                Err((
+                    "k3s.installer_sha256",
+                    "serves whatever install.sh is current",
+                )),
+            ),
+            (
+                "v1.33.4+k3s1",
+                Some("https://get.k3s.io"),
+                true,
+                Ok(("https://get.k3s.io".into(), Some(mine.clone()))),
+            ),
             // http:// only with a digest: the message says to give one or use https.
-            ("v1.33.4+k3s1", Some("http://10.0.0.5/k3s/install.sh"), false, Err(("k3s.installer_sha256", "k3s.installer_url is http:// (\"http://10.0.0.5/k3s/install.sh\"), so its download can be changed on the way; give the file's sha256 here, or use https://"))),
-            ("v1.33.4+k3s1", Some("http://10.0.0.5/k3s/install.sh"), true, Ok(("http://10.0.0.5/k3s/install.sh".into(), Some(mine.clone())))),
+            (
+                "v1.33.4+k3s1",
+                Some("http://10.0.0.5/k3s/install.sh"),
+                false,
+                Err((
+                    "k3s.installer_sha256",
+                    "k3s.installer_url is http:// (\"http://10.0.0.5/k3s/install.sh\"), so its download can be changed on the way; give the file's sha256 here, or use https://",
+                )),
+            ),
+            (
+                "v1.33.4+k3s1",
+                Some("http://10.0.0.5/k3s/install.sh"),
+                true,
+                Ok(("http://10.0.0.5/k3s/install.sh".into(), Some(mine.clone()))),
+            ),
             // An https:// mirror the administrator chose: its TLS host is trusted as given.
-            ("v1.33.4+k3s1", Some("https://mirror.example/k3s/install.sh"), false, Ok(("https://mirror.example/k3s/install.sh".into(), None))),
+            (
+                "v1.33.4+k3s1",
+                Some("https://mirror.example/k3s/install.sh"),
+                false,
+                Ok(("https://mirror.example/k3s/install.sh".into(), None)),
+            ),
         ];
         for (version, url, digest, want) in cases {
             let mut s = spec();
@@ -1692,7 +1765,10 @@ mod tests {
                     let errs = got.expect_err(version);
                     assert_eq!(errs.0.len(), 1, "{errs}");
                     assert_eq!(errs.0[0].field, field, "{errs}");
-                    assert!(errs.0[0].message.contains(message), "{version} {url:?}: {errs}");
+                    assert!(
+                        errs.0[0].message.contains(message),
+                        "{version} {url:?}: {errs}"
+                    );
                 }
             }
         }

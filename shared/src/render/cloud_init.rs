@@ -1185,8 +1185,8 @@ pub fn render_member(m: &MemberInput) -> Result<Vec<u8>, CloudInitError> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
-    use crate::domain::spec::TaintEffect;
     use crate::domain::spec::TAILSCALE_INSTALL_URL;
+    use crate::domain::spec::TaintEffect;
 
     const CONTROLLER_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A oxide-controller";
     const USER_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFqv6Xo3oOQ1n3KJtG0dA1Q8a5Hn5m1r0dC9mYk7pT2B alice@laptop";

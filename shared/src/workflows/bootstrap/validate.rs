@@ -114,7 +114,9 @@ fn build_spec(input: &BootstrapInput) -> ClusterSpec {
     spec.k3s.version = input.k3s_version.clone();
     spec.k3s.install = input.k3s_install;
     spec.k3s.installer_url.clone_from(&input.k3s_installer_url);
-    spec.k3s.installer_sha256.clone_from(&input.k3s_installer_sha256);
+    spec.k3s
+        .installer_sha256
+        .clone_from(&input.k3s_installer_sha256);
     spec.k3s.oxide_ccm = input.oxide_ccm;
     spec.nodes.ssh_user = input.ssh_user.clone();
     spec.nodes.ssh_port = input.ssh_port;
@@ -242,9 +244,12 @@ fn check_image_digest(
         "--worker-image-source-sha256"
     };
     match (source, sha256) {
-        (_, Some(d)) if d.len() != 64 || !d.bytes().all(|b| b.is_ascii_hexdigit()) => Err(
-            BootstrapError::input(digest_flag, message("must be a sha256 digest: 64 hex digits")),
-        ),
+        (_, Some(d)) if d.len() != 64 || !d.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Err(BootstrapError::input(
+                digest_flag,
+                message("must be a sha256 digest: 64 hex digits"),
+            ))
+        }
         (Some(src), None) if src.trim().to_ascii_lowercase().starts_with("http://") => {
             Err(BootstrapError::input(
                 flag,
