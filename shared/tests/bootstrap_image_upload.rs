@@ -37,6 +37,7 @@ fn request(path: PathBuf) -> ImageRequest {
     ImageRequest {
         name: "custom".into(),
         source: Some(ImageSource::File(path)),
+        sha256: None,
         os: "linux".into(),
         version: "test".into(),
         cluster: None,
@@ -239,6 +240,62 @@ async fn a_failed_write_removes_the_temporary_disk() {
     );
 }
 
+/// Issue 34 §7: bytes that do not have the digest given for the source become no image: the
+/// check runs before the disk is finalized, the temporary disk goes, the error (a mistake to
+/// fix: exit 2) names both digests. The right digest, in any case, lets the upload through.
+#[tokio::test]
+async fn a_source_that_does_not_match_its_digest_becomes_no_image() {
+    use sha2::Digest as _;
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = pseudo_random(3 << 20, 11);
+    let actual: String = sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let wrong = "5d".repeat(32);
+    let store = MemoryImageStore::new();
+    let req = ImageRequest {
+        sha256: Some(wrong.clone()),
+        ..request(source_file(&dir, &bytes))
+    };
+    let err = upload(&store, &req, &fast()).await.unwrap_err();
+    assert!(err.is_config(), "{err}");
+    assert!(
+        err.to_string().contains(&format!(
+            "has sha256 {actual}, not the expected {wrong}; nothing was imported"
+        )),
+        "{err}"
+    );
+    {
+        let s = store.lock();
+        assert!(
+            s.disks.is_empty() && s.snapshots.is_empty() && s.images.is_empty(),
+            "{:?}",
+            s.calls
+        );
+        let (disk, snapshot) = temp_names("custom", None);
+        assert!(
+            !s.calls
+                .iter()
+                .any(|c| *c == format!("finalize {disk} {snapshot}")),
+            "never finalized into a snapshot: {:?}",
+            s.calls
+        );
+    }
+    let req = ImageRequest {
+        sha256: Some(actual.to_uppercase()),
+        ..req
+    };
+    let got = upload(&store, &req, &fast()).await.unwrap();
+    let EnsuredImage::Uploaded { stats, .. } = got else {
+        panic!("{got:?}")
+    };
+    assert_eq!(
+        stats.sha256.as_slice(),
+        sha2::Sha256::digest(&bytes).as_slice()
+    );
+}
+
 #[tokio::test]
 async fn a_failed_image_creation_removes_disk_and_snapshot() {
     let dir = tempfile::tempdir().unwrap();
@@ -352,6 +409,7 @@ async fn without_a_source_a_missing_image_is_a_configuration_error() {
     store.add_image("other", true);
     let req = ImageRequest {
         source: None,
+        sha256: None,
         ..request(PathBuf::new())
     };
     let err = upload(&store, &req, &fast()).await.unwrap_err();

@@ -513,6 +513,10 @@ async fn a_spec_the_version_gate_refuses_takes_no_change_through_the_webhook() {
     let d = deps(&w);
     let mut bad = spec();
     bad.worker_pools[0].k3s_version = Some("v1.35.0+k3s1".into());
+    // A v1.35 spec names its installer (issue 34 §7), so the gate is what refuses it.
+    bad.k3s.installer_url =
+        Some("https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh".into());
+    bad.k3s.installer_sha256 = Some("ab".repeat(32));
     store_spec(&w, &bad, None);
     let before = rv(&w);
     for req in [

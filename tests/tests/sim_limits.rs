@@ -100,6 +100,7 @@ async fn uploading_256_mib_of_random_data_makes_no_write_over_512_kib() {
     let req = ImageRequest {
         name: "random".into(),
         source: Some(ImageSource::File(path)),
+        sha256: None,
         os: "linux".into(),
         version: "test".into(),
         cluster: None,

@@ -397,3 +397,77 @@ async fn a_restarted_member_whose_k3s_never_gets_ready_shows_its_keys_only_from_
         "without bootcmd the keys wait for k3s: {none}"
     );
 }
+
+/// Issue 34 §7: a member of the default spec, rendered by the product, checks the k3s
+/// installer it downloads against the digest the controller knows. A download that arrives
+/// changed (fault `download_tampered`: a mirror or a path serving other bytes) fails the
+/// setup at `k3s-install` as `sha256sum -c` makes the real script fail, before the installer
+/// runs: one marker on the console naming the digest, k3s never starts, the node never
+/// joins. The same user-data with the file intact joins.
+#[tokio::test]
+async fn a_default_member_whose_installer_download_is_changed_never_runs_it() {
+    use oxide_controller::render::cloud_init::MemberInput;
+    let sim = start_with(|o| {
+        o.faults.download_tampered = vec!["c3-workers-tampered".into()];
+    })
+    .await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c3-cp-aaaaa", TOKEN, &[]).await;
+    let join = ephemeral_ip(&c, "c3-cp-aaaaa").await;
+    let spec = oxide_controller::domain::spec::ClusterSpec::new("c3", "demo", "ubuntu", 1, 2);
+    let secrets = oxide_controller::base::secrets::ClusterSecrets {
+        k3s_token: TOKEN.into(),
+        k3s_agent_token: "agent-secret-1".into(),
+        ssh_public_key:
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x"
+                .into(),
+        ..Default::default()
+    };
+    let user_data = |name: &str| {
+        render(&NodeUserData::for_member(&MemberInput {
+            spec: &spec,
+            secrets: &secrets,
+            role: oxide_controller::domain::spec::Role::Worker,
+            pool: &spec.worker_pools[0],
+            name,
+            image_id: uuid::Uuid::nil(),
+            api_address: join,
+            join_address: join,
+            cluster_init: false,
+            ca_hash: None,
+        }))
+        .unwrap()
+    };
+    for name in ["c3-workers-tampered", "c3-workers-intact"] {
+        create_instance(&c, name, &user_data(name)).await;
+    }
+    wait_node_status(&sim, "c3-workers-intact", "True").await;
+    let intact = console(&c, "c3-workers-intact").await;
+    assert!(setup_failure(&intact).is_none(), "{intact}");
+
+    let text = wait_console(
+        &c,
+        "c3-workers-tampered",
+        "-----END SSH HOST KEY FINGERPRINTS-----",
+    )
+    .await;
+    let failure = setup_failure(&text).unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(failure.step, "k3s-install", "{text}");
+    let digest = spec
+        .k3s_installer()
+        .sha256
+        .expect("the default spec's installer has a digest");
+    assert_eq!(
+        failure.reason,
+        format!("sha256 of /run/oxide-controller/k3s-install.sh is not the expected {digest}")
+    );
+    assert_eq!(
+        text.matches("oxide-controller: node-setup failed: ")
+            .count(),
+        1,
+        "{text}"
+    );
+    assert!(!text.contains("Starting k3s"), "{text}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(node_ready(&sim, "c3-workers-tampered").await, None);
+}

@@ -161,6 +161,7 @@ async fn bench() {
             let req = ImageRequest {
                 name,
                 source: Some(ImageSource::File(path.to_path_buf())),
+                sha256: None,
                 os: "linux".into(),
                 version: "bench".into(),
                 cluster: None,

@@ -157,12 +157,19 @@ struct Args {
     /// Where to upload --image from when it does not exist: a local raw disk image, or an http(s) URL.
     #[arg(long, value_name = "FILE|URL")]
     image_source: Option<String>,
+    /// sha256 (hex) the --image-source must have: checked as it uploads, before the image is
+    /// made; a mismatch exits 2 and imports nothing. Required for an http:// source.
+    #[arg(long, value_name = "HEX", requires = "image_source")]
+    image_source_sha256: Option<String>,
     /// Boot image of the workers. Default: --image.
     #[arg(long)]
     worker_image: Option<String>,
     /// Where to upload --worker-image from when it does not exist.
     #[arg(long, value_name = "FILE|URL")]
     worker_image_source: Option<String>,
+    /// sha256 (hex) the --worker-image-source must have, as for --image-source-sha256.
+    #[arg(long, value_name = "HEX", requires = "worker_image_source")]
+    worker_image_source_sha256: Option<String>,
     /// Bulk writes in flight while uploading an image.
     #[arg(long, default_value_t = 8)]
     upload_parallelism: usize,
@@ -194,6 +201,15 @@ struct Args {
     /// `script`: download k3s at first boot; `preinstalled`: the image has k3s (air-gapped racks).
     #[arg(long, value_enum, default_value_t = Install::Script)]
     k3s_install: Install,
+    /// Where nodes download k3s's install.sh (k3s.installer_url). Default: the install.sh this
+    /// controller knows by digest for --k3s-version, fetched by its k3s-io/k3s commit.
+    #[arg(long, value_name = "URL")]
+    k3s_installer_url: Option<String>,
+    /// sha256 (hex) of the file at --k3s-installer-url (k3s.installer_sha256); nodes check it
+    /// before running it. Required for an http:// URL, and for a --k3s-version newer than
+    /// every installer this controller knows.
+    #[arg(long, value_name = "HEX", requires = "k3s_installer_url")]
+    k3s_installer_sha256: Option<String>,
 
     /// Where to write the kubeconfig. Default: ~/.kube/<cluster>.yaml.
     #[arg(long, env = "OXIDE_CONTROLLER_KUBECONFIG", value_name = "PATH")]
@@ -485,8 +501,10 @@ fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
         },
         image: a.image,
         image_source: a.image_source,
+        image_source_sha256: a.image_source_sha256,
         worker_image: a.worker_image,
         worker_image_source: a.worker_image_source,
+        worker_image_source_sha256: a.worker_image_source_sha256,
         external_ip: match a.external_ip {
             ExternalIp::Ephemeral => ExternalIpMode::Ephemeral,
             ExternalIp::None => ExternalIpMode::None,
@@ -494,6 +512,8 @@ fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
         ip_pool: a.ip_pool,
         user_ssh_public_key: a.user_ssh_public_key,
         k3s_version: a.k3s_version,
+        k3s_installer_url: a.k3s_installer_url,
+        k3s_installer_sha256: a.k3s_installer_sha256,
         k3s_install: match a.k3s_install {
             Install::Script => K3sInstall::Script,
             Install::Preinstalled => K3sInstall::Preinstalled,

@@ -108,10 +108,83 @@ async fn an_image_source_that_404s_is_refused() {
     let env = env().await;
     let base = serve_files(vec![]).await;
     let url = format!("{base}/images/missing.raw");
+    let digest = "0".repeat(64);
+    refused(
+        &env,
+        env.args(&[
+            "--image",
+            "custom",
+            "--image-source",
+            &url,
+            "--image-source-sha256",
+            &digest,
+        ]),
+        &["--image-source", "404"],
+    )
+    .await;
+}
+
+/// Issue 34 §7: an installer or image fetched over http:// without a digest could be changed
+/// on the way into something every VM runs as root; bootstrap refuses it before any call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_installers_and_images_without_a_digest_and_unknown_installers_are_refused() {
+    let env = env().await;
+    refused(
+        &env,
+        env.args(&["--k3s-installer-url", "http://10.0.0.5/k3s/install.sh"]),
+        &[
+            "--k3s-installer-sha256",
+            "k3s.installer_url is http://",
+            "give the file's sha256 here, or use https://",
+        ],
+    )
+    .await;
+    // A release newer than every installer the controller knows: it names the field to set.
+    refused(
+        &env,
+        env.args(&["--k3s-version", "v1.35.0+k3s1"]),
+        &[
+            "--k3s-installer-sha256",
+            "not for v1.35.0+k3s1",
+            "https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh",
+        ],
+    )
+    .await;
+    refused(
+        &env,
+        env.args(&[
+            "--k3s-installer-url",
+            "http://10.0.0.5/k3s/install.sh",
+            "--k3s-installer-sha256",
+            "not-a-digest",
+        ]),
+        &["--k3s-installer-sha256", "64 hex digits"],
+    )
+    .await;
+    let base = serve_files(vec![("/images/custom.raw", vec![1u8; 4096])]).await;
+    let url = format!("{base}/images/custom.raw");
     refused(
         &env,
         env.args(&["--image", "custom", "--image-source", &url]),
-        &["--image-source", "404"],
+        &[
+            "--image-source",
+            "http://",
+            "--image-source-sha256",
+            "https://",
+        ],
+    )
+    .await;
+    refused(
+        &env,
+        env.args(&[
+            "--image",
+            "custom",
+            "--image-source",
+            &url,
+            "--image-source-sha256",
+            "abc",
+        ]),
+        &["--image-source-sha256", "64 hex digits"],
     )
     .await;
 }
@@ -146,9 +219,17 @@ async fn a_qcow2_image_source_is_refused_with_how_to_convert_it() {
     .await;
     let base = serve_files(vec![("/images/noble.img", qcow2_bytes())]).await;
     let url = format!("{base}/images/noble.img");
+    let digest = "0".repeat(64);
     refused(
         &env,
-        env.args(&["--image", "custom", "--image-source", &url]),
+        env.args(&[
+            "--image",
+            "custom",
+            "--image-source",
+            &url,
+            "--image-source-sha256",
+            &digest,
+        ]),
         &needles,
     )
     .await;

@@ -294,7 +294,10 @@ async fn a_first_server_whose_setup_failed_stops_bootstrap_with_the_consoles_rea
     let last = stderr.lines().last().unwrap_or_default();
     assert!(last.contains("wait-api"), "{last}");
     assert!(
-        last.contains("node setup failed at k3s-install: download of https://get.k3s.io failed"),
+        last.contains(&format!(
+            "node setup failed at k3s-install: download of {} failed",
+            oxide_controller::domain::digests::K3S_INSTALLERS[0].url()
+        )),
         "{last}"
     );
     assert!(
@@ -373,18 +376,77 @@ async fn an_image_is_uploaded_from_a_local_file_and_the_scaffolding_removed() {
     assert_eq!(env.ready_nodes("demo-").await.len(), 4);
 }
 
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Issue 34 §7: an image source whose bytes do not have the digest given for it exits 2
+/// naming both digests, and nothing is left on the rack: no image, no temporary disk or
+/// snapshot, no instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_image_source_that_does_not_match_its_digest_imports_nothing_and_exits_2() {
+    let env = env().await;
+    let bytes = common::sample_image(3 * 1024 * 1024 + 5);
+    let src = env.dir.path().join("disk.raw");
+    std::fs::write(&src, &bytes).unwrap();
+    let actual = sha256_hex(&bytes);
+    let expected = sha256_hex(b"the image that was published");
+    let out = env
+        .run(&[
+            "--image",
+            "checked-img",
+            "--image-source",
+            &src.display().to_string(),
+            "--image-source-sha256",
+            &expected.to_uppercase(),
+            "--workers",
+            "1",
+        ])
+        .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "has sha256 {actual}, not the expected {expected}; nothing was imported"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        !env.names("images").contains(&"checked-img".to_owned()),
+        "no image: {:?}",
+        env.names("images")
+    );
+    assert!(env.names("snapshots").is_empty(), "no snapshot");
+    assert!(
+        !env.names("disks")
+            .iter()
+            .any(|d| d.starts_with("oxide-controller-import-")),
+        "no import disk: {:?}",
+        env.names("disks")
+    );
+    assert!(env.names("instances").is_empty(), "no instance");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_image_is_streamed_from_an_http_url() {
     let env = env().await;
     let bytes = common::sample_image(5 * 1024 * 1024 + 7);
     let base = common::serve_files(vec![("/images/custom.raw", bytes.clone())]).await;
     let url = format!("{base}/images/custom.raw");
+    // http:// needs a digest (issue 34 §7); the right one lets the upload through.
+    let digest = sha256_hex(&bytes);
     let out = env
         .run(&[
             "--image",
             "from-url",
             "--image-source",
             &url,
+            "--image-source-sha256",
+            &digest,
             "--workers",
             "1",
         ])

@@ -735,23 +735,25 @@ async fn a_member_whose_setup_failed_is_replaced_at_once_with_the_consoles_reaso
     assert_eq!(env.ready_nodes(WK).await.len(), 3);
     env.assert_event_note(
         &broken[0],
-        "node setup failed at k3s-install: download of https://get.k3s.io failed",
+        &format!(
+            "node setup failed at k3s-install: download of {} failed",
+            oxide_controller::domain::digests::K3S_INSTALLERS[0].url()
+        ),
         "an Event names the member, the step and the reason",
     )
     .await;
     env.assert_no_leaks();
 }
 
-/// Issue 34 §7: with `k3s.installer_sha256` set, a member whose installer download arrives
-/// changed stops at `k3s-install` before running it, as `sha256sum -c` makes the real script
-/// stop, and is replaced; the Event names the digest.
+/// Issue 34 §7: the installer is checked against the digest the controller knows for it (no
+/// spec field needed), so a member whose installer download arrives changed stops at
+/// `k3s-install` before running it, as `sha256sum -c` makes the real script stop, and is
+/// replaced; the Event names the digest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_installer_does_not_match_its_digest_fails_its_setup_and_is_replaced() {
     let env = env(1, 1).await;
     env.converge(5).await;
-    let digest = "5d".repeat(32);
-    env.edit(|s| s.k3s.installer_sha256 = Some("5d".repeat(32)))
-        .await;
+    let digest = oxide_controller::domain::digests::K3S_INSTALLERS[0].sha256;
     env.edit(|s| s.worker_pools[0].count = 2).await;
     let broken = env
         .add_broken_worker(|f| f.download_tampered = vec![WK.to_owned()])
@@ -1551,10 +1553,10 @@ async fn a_version_that_does_not_install_blocks_the_roll_after_one_failed_member
         "{degraded:?}"
     );
     assert!(
-        degraded
-            .message
-            .contains("node setup failed at k3s-install: download of https://get.k3s.io failed")
-            && degraded.message.contains(&surge),
+        degraded.message.contains(&format!(
+            "node setup failed at k3s-install: download of {} failed",
+            oxide_controller::domain::digests::K3S_INSTALLERS[0].url()
+        )) && degraded.message.contains(&surge),
         "{}",
         degraded.message
     );
@@ -1600,7 +1602,14 @@ async fn refused_versions_exit_2_naming_the_field_with_no_mutating_request() {
     let cases: [(&str, Edit, &str, &str); 3] = [
         (
             "a skipped minor",
-            |s| s.k3s.version = "v1.35.0+k3s1".into(),
+            |s| {
+                s.k3s.version = "v1.35.0+k3s1".into();
+                // It names its installer (issue 34 §7), so the gate is what refuses it.
+                s.k3s.installer_url = Some(
+                    "https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh".into(),
+                );
+                s.k3s.installer_sha256 = Some("ab".repeat(32));
+            },
             "k3s.version",
             "the control plane upgrades one minor at a time. Set k3s.version to a v1.34 release first",
         ),
@@ -1868,7 +1877,7 @@ async fn bad_specs_exit_2_naming_the_field_and_change_nothing() {
         // Issue 34 §7: an http:// installer without a digest (run as root on every new VM).
         ("k3s.installer_sha256", |s| {
             let mut spec = oxide_controller::domain::spec::ClusterSpec::from_yaml(s).unwrap();
-            spec.k3s.installer_url = "http://10.0.0.5/k3s/install.sh".into();
+            spec.k3s.installer_url = Some("http://10.0.0.5/k3s/install.sh".into());
             spec.to_yaml()
         }),
         ("control_plane.count", |s| {

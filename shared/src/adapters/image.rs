@@ -97,6 +97,16 @@ pub enum ImageError {
         #[source]
         source: RackError,
     },
+    /// The bytes read from the source do not have the sha256 given for it; nothing of them
+    /// became an image.
+    #[error(
+        "image source {source_text} has sha256 {actual}, not the expected {expected}; nothing was imported (check the source, or the digest you gave)"
+    )]
+    DigestMismatch {
+        source_text: String,
+        expected: String,
+        actual: String,
+    },
     /// The import failed and so did the cleanup; both are reported.
     #[error("{error}; cleaning up the temporary disk {disk} also failed: {cleanup}")]
     CleanupFailed {
@@ -114,7 +124,8 @@ impl ImageError {
             | ImageError::BadSource { .. }
             | ImageError::Unreadable { .. }
             | ImageError::UnknownSize { .. }
-            | ImageError::BadSize { .. } => true,
+            | ImageError::BadSize { .. }
+            | ImageError::DigestMismatch { .. } => true,
             ImageError::HttpStatus { status, .. } => {
                 (400..500).contains(status) && *status != 429 && *status != 408
             }
@@ -604,6 +615,13 @@ pub struct UploadStats {
     /// Bulk write calls made (first attempts).
     pub writes: u64,
     pub elapsed: Duration,
+    /// sha256 of the source bytes read (without the padding of the last block).
+    pub sha256: [u8; 32],
+}
+
+/// Lower-case hex of a digest.
+pub fn hex(digest: &[u8]) -> String {
+    digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A granule of zeros to compare against.
@@ -671,9 +689,10 @@ pub async fn upload<S: ImageStore>(
     // kept beside it (never locked across an await).
     let totals = std::sync::Mutex::new(UploadStats::default());
     let read_failure: std::sync::Mutex<Option<ImageError>> = std::sync::Mutex::new(None);
+    let hasher = std::sync::Mutex::new(Sha256::new());
     let chunk_size = opts.chunk_size;
     let skip_zeros = opts.skip_zeros;
-    let (totals_ref, failure_ref) = (&totals, &read_failure);
+    let (totals_ref, failure_ref, hasher_ref) = (&totals, &read_failure, &hasher);
     let start = (reader, 0u64, false);
     let chunks = futures::stream::unfold(start, move |(reader, offset, done)| async move {
         // Never read past the announced size: the disk was sized for it.
@@ -697,6 +716,7 @@ pub async fn upload<S: ImageStore>(
         if n == 0 {
             return None;
         }
+        lock(hasher_ref).update(&chunk);
         // The last block is padded with zeros: writes must be whole blocks.
         let padded = n.div_ceil(block) * block;
         let chunk = pad_with_zeros(chunk, padded);
@@ -733,8 +753,10 @@ pub async fn upload<S: ImageStore>(
         });
     }
     progress.finish();
+    let digest = lock(&hasher).clone().finalize();
     Ok(UploadStats {
         elapsed: started.elapsed(),
+        sha256: digest.into(),
         ..stats
     })
 }
@@ -830,6 +852,9 @@ pub struct ImageRequest {
     pub name: String,
     /// Where to get the bytes if the image does not exist.
     pub source: Option<ImageSource>,
+    /// The sha256 (hex) the source's bytes must have (`--image-source-sha256`): checked as
+    /// they stream, before the import disk is finalized; a mismatch imports nothing.
+    pub sha256: Option<String>,
     /// `os` field of a created image.
     pub os: String,
     /// `version` field of a created image.
@@ -965,6 +990,18 @@ async fn import_into<S: ImageStore>(
         .await
         .map_err(rack(format!("starting the bulk import into disk {disk}")))?;
     let stats = upload(store, disk, reader, size, source_text, opts, progress).await?;
+    // Checked before the disk is finalized: a mismatch leaves only the temporary disk, which
+    // the caller removes.
+    if let Some(expected) = &req.sha256 {
+        let actual = hex(&stats.sha256);
+        if !actual.eq_ignore_ascii_case(expected) {
+            return Err(ImageError::DigestMismatch {
+                source_text: source_text.to_owned(),
+                expected: expected.to_ascii_lowercase(),
+                actual,
+            });
+        }
+    }
     retry::retry(opts.retry, again, || store.bulk_write_stop(disk))
         .await
         .map_err(rack(format!("stopping the bulk import into disk {disk}")))?;

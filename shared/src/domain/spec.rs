@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::base::names::{self, MAX_INSTANCE_NAME_LEN, SUFFIX_LEN};
+use crate::domain::digests;
 
 pub mod autoscale;
 pub mod tailscale;
@@ -152,7 +153,9 @@ pub fn node_labels(pool: &PoolSpec) -> std::collections::BTreeMap<String, String
 /// Tailscale's documented installer (adds the package repository, installs, enables
 /// `tailscaled`); the default of `tailscale.installer_url`.
 pub const TAILSCALE_INSTALL_URL: &str = "https://tailscale.com/install.sh";
-/// k3s's documented installer; the default of `k3s.installer_url`.
+/// k3s's documented installer. It serves whatever install.sh is current, so no digest
+/// matches it for long: the spec takes it only with `k3s.installer_sha256`, and the default
+/// is a copy named by its commit ([`crate::domain::digests`]).
 pub const K3S_INSTALL_URL: &str = "https://get.k3s.io";
 
 /// An installer's digest, if any, is 64 hex digits; an `http://` installer needs one (anyone
@@ -209,15 +212,6 @@ fn is_default_k3s_release_url(url: &str) -> bool {
 
 fn default_tailscale_installer_url() -> String {
     TAILSCALE_INSTALL_URL.to_owned()
-}
-
-fn default_k3s_installer_url() -> String {
-    K3S_INSTALL_URL.to_owned()
-}
-
-// Written back only when set: specs stored before the field existed read and write the same.
-fn is_default_k3s_installer_url(url: &str) -> bool {
-    url == K3S_INSTALL_URL
 }
 
 fn is_default_tailscale_installer_url(url: &str) -> bool {
@@ -296,6 +290,13 @@ impl std::fmt::Display for Taint {
     }
 }
 
+/// An installer nodes download, and the sha256 they check it against before running it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installer {
+    pub url: String,
+    pub sha256: Option<String>,
+}
+
 /// How k3s is installed and run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -306,14 +307,16 @@ pub struct K3sSpec {
     pub install: K3sInstall,
     /// Where nodes download the k3s installer (a mirror for racks without internet access).
     /// The installer itself still fetches the k3s release; a mirror serves a copy of
-    /// install.sh that points at it. Unused with `install: preinstalled`.
-    #[serde(
-        default = "default_k3s_installer_url",
-        skip_serializing_if = "is_default_k3s_installer_url"
-    )]
-    pub installer_url: String,
+    /// install.sh that points at it. Unused with `install: preinstalled`. Absent: the
+    /// install.sh the controller knows by digest for `k3s.version`
+    /// ([`crate::domain::digests`]), or, with `installer_sha256`, install.sh at the
+    /// `k3s.version` tag ([`ClusterSpec::k3s_installer`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installer_url: Option<String>,
     /// The installer's sha256 (hex): nodes refuse to run a download that does not match
-    /// (`sha256sum -c`). Required for an `http://` `installer_url`.
+    /// (`sha256sum -c`). Required for an `http://` `installer_url`, for
+    /// `https://get.k3s.io` (which serves whatever install.sh is current), and for a
+    /// `k3s.version` newer than every installer the controller knows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub installer_sha256: Option<String>,
     /// Where the installer downloads k3s releases (install.sh's `GITHUB_URL`): GitHub, unless
@@ -338,7 +341,7 @@ impl Default for K3sSpec {
         K3sSpec {
             version: default_k3s_version(),
             install: K3sInstall::default(),
-            installer_url: default_k3s_installer_url(),
+            installer_url: None,
             installer_sha256: None,
             release_url: default_k3s_release_url(),
             oxide_ccm: false,
@@ -852,6 +855,101 @@ impl ClusterSpec {
         Ok(())
     }
 
+    /// The newest k3s version the spec asks for (`k3s.version` or a pool's `k3s_version`):
+    /// the installer is chosen for it, and installs every older one as well.
+    pub fn newest_k3s_version(&self) -> &str {
+        std::iter::once(&self.control_plane)
+            .chain(&self.worker_pools)
+            .filter_map(|p| p.k3s_version.as_deref())
+            .fold(self.k3s.version.as_str(), |newest, v| {
+                match (
+                    upgrade::K3sVersion::parse(newest),
+                    upgrade::K3sVersion::parse(v),
+                ) {
+                    (Some(a), Some(b)) if b > a => v,
+                    _ => newest,
+                }
+            })
+    }
+
+    /// The k3s installer every member downloads, and the sha256 it is checked against
+    /// before it runs (issue 34 §7): `k3s.installer_url` if set; else, with
+    /// `k3s.installer_sha256`, install.sh at the tag of [`Self::newest_k3s_version`]; else the
+    /// installer the controller knows for that version. `sha256` is None only where
+    /// [`Self::validate`] refuses the spec, or for an `https://` mirror given without one.
+    pub fn k3s_installer(&self) -> Installer {
+        let version = self.newest_k3s_version();
+        let sha256 = self.k3s.installer_sha256.clone();
+        match (&self.k3s.installer_url, sha256) {
+            (Some(url), sha256) => Installer {
+                url: url.clone(),
+                sha256,
+            },
+            (None, Some(sha256)) => Installer {
+                url: digests::k3s_tag_installer_url(version),
+                sha256: Some(sha256),
+            },
+            (None, None) => match digests::k3s_installer(version) {
+                Some(k) => Installer {
+                    url: k.url(),
+                    sha256: Some(k.sha256.to_owned()),
+                },
+                None => Installer {
+                    url: digests::k3s_tag_installer_url(version),
+                    sha256: None,
+                },
+            },
+        }
+    }
+
+    /// `k3s.installer_url` / `k3s.installer_sha256`: a URL the script can quote, a digest
+    /// of 64 hex digits, and a digest wherever the download is not otherwise pinned.
+    fn validate_k3s_installer(&self, err: &mut impl FnMut(String, String)) {
+        if self.k3s.install == K3sInstall::Preinstalled {
+            return;
+        }
+        let sha256 = self.k3s.installer_sha256.as_deref();
+        let Some(url) = &self.k3s.installer_url else {
+            let version = self.newest_k3s_version();
+            let tag_url = digests::k3s_tag_installer_url(version);
+            if sha256.is_some() {
+                // Which file it is the digest of must not depend on the version a run rolls
+                // members to (an upgrade renders old and new versions side by side).
+                err(
+                    "k3s.installer_url".into(),
+                    format!(
+                        "k3s.installer_sha256 is the digest of the file at k3s.installer_url; set that too, e.g. {tag_url}"
+                    ),
+                );
+            } else if digests::k3s_installer(version).is_none() {
+                let (major, minor) = digests::newest_known_minor();
+                err(
+                    "k3s.installer_sha256".into(),
+                    format!(
+                        "this controller knows the k3s installer by digest up to v{major}.{minor}, not for {version}; \
+                         set k3s.installer_url to {tag_url} and k3s.installer_sha256 to that file's sha256, \
+                         so nodes check what they run as root"
+                    ),
+                );
+            }
+            return;
+        };
+        if let Err(e) = check_installer_url(url) {
+            err("k3s.installer_url".into(), e);
+        }
+        if let Err(e) = check_installer_digest(url, sha256, "k3s.installer_url") {
+            err("k3s.installer_sha256".into(), e);
+        } else if sha256.is_none() && url.trim_end_matches('/') == K3S_INSTALL_URL {
+            err(
+                "k3s.installer_sha256".into(),
+                format!(
+                    "k3s.installer_url {K3S_INSTALL_URL} serves whatever install.sh is current, so nodes could not check it; \
+                     remove k3s.installer_url to use the installer this controller knows by digest, or give its sha256 here"
+                ),
+            );
+        }
+    }
+
     pub fn validate(&self) -> Result<(), SpecErrors> {
         let mut errs = Vec::new();
         let mut err = |field: String, message: String| errs.push(SpecError { field, message });
@@ -864,18 +962,9 @@ impl ClusterSpec {
         }
         self.validate_nodes(&mut err);
         self.validate_tailscale(&mut err);
-        if let Err(e) = check_installer_url(&self.k3s.installer_url) {
-            err("k3s.installer_url".into(), e);
-        }
+        self.validate_k3s_installer(&mut err);
         if let Err(e) = check_installer_url(&self.k3s.release_url) {
             err("k3s.release_url".into(), e);
-        }
-        if let Err(e) = check_installer_digest(
-            &self.k3s.installer_url,
-            self.k3s.installer_sha256.as_deref(),
-            "k3s.installer_url",
-        ) {
-            err("k3s.installer_sha256".into(), e);
         }
         self.validate_timeouts(&mut err);
         self.upgrade.validate(&mut err);
@@ -1499,7 +1588,7 @@ mod tests {
         assert_eq!(fields(&bad), ["tailscale.tag"]);
         // Installer mirrors: http(s) URLs the setup script can quote.
         let mut bad = spec();
-        bad.k3s.installer_url = "ftp://mirror/install.sh".into();
+        bad.k3s.installer_url = Some("ftp://mirror/install.sh".into());
         bad.tailscale = Some(TailscaleSpec {
             installer_url: "https://mirror/x'; reboot '".into(),
             ..TailscaleSpec::default()
@@ -1510,7 +1599,7 @@ mod tests {
         );
         // Issue 34 §7: an http:// installer needs a digest, named in the error.
         let mut good = spec();
-        good.k3s.installer_url = "http://10.0.0.5/k3s/install.sh".into();
+        good.k3s.installer_url = Some("http://10.0.0.5/k3s/install.sh".into());
         let errs = good.validate().unwrap_err();
         assert_eq!(
             errs.0.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
@@ -1556,6 +1645,149 @@ mod tests {
             }
             assert_eq!(fields(&bad), ["tailscale.up_timeout_seconds"]);
         }
+    }
+
+    /// Issue 34 §7: which installer a spec's nodes run, with which digest, and which specs are
+    /// refused (the field named) because nothing would pin what nodes run as root.
+    #[test]
+    fn the_k3s_installer_is_pinned_by_a_digest_or_the_spec_is_refused() {
+        const KNOWN: &str = "40b487f0d8ef4f5d1bf422e7bb6228cc7789c40ecc66c5ab067d396bbee9816e";
+        const PINNED: &str = "https://raw.githubusercontent.com/k3s-io/k3s/0136cf258954a458da1404858396342724b93d24/install.sh";
+        let mine = "ab".repeat(32);
+        type Case = (
+            &'static str,
+            Option<&'static str>,
+            bool,
+            Result<(String, Option<String>), (&'static str, &'static str)>,
+        );
+        let cases: Vec<Case> = vec![
+            // The default spec: the installer the controller knows, by commit and digest.
+            (
+                "v1.33.4+k3s1",
+                None,
+                false,
+                Ok((PINNED.into(), Some(KNOWN.into()))),
+            ),
+            (
+                "v1.34.11+k3s1",
+                None,
+                false,
+                Ok((PINNED.into(), Some(KNOWN.into()))),
+            ),
+            // A version newer than every known installer: refused without a digest...
+            (
+                "v1.35.0+k3s1",
+                None,
+                false,
+                Err((
+                    "k3s.installer_sha256",
+                    "not for v1.35.0+k3s1; set k3s.installer_url to https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh and k3s.installer_sha256 to that file's sha256",
+                )),
+            ),
+            // ...and a digest needs the URL it is the digest of...
+            (
+                "v1.35.0+k3s1",
+                None,
+                true,
+                Err((
+                    "k3s.installer_url",
+                    "k3s.installer_sha256 is the digest of the file at k3s.installer_url; set that too, e.g. https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh",
+                )),
+            ),
+            // ...with which the version's own install.sh is checked against it.
+            (
+                "v1.35.0+k3s1",
+                Some("https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh"),
+                true,
+                Ok((
+                    "https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh".into(),
+                    Some(mine.clone()),
+                )),
+            ),
+            (
+                "v1.33.4+k3s1",
+                None,
+                true,
+                Err(("k3s.installer_url", "set that too")),
+            ),
+            // The floating get.k3s.io only with a digest.
+            (
+                "v1.33.4+k3s1",
+                Some("https://get.k3s.io"),
+                false,
+                Err((
+                    "k3s.installer_sha256",
+                    "serves whatever install.sh is current",
+                )),
+            ),
+            (
+                "v1.33.4+k3s1",
+                Some("https://get.k3s.io"),
+                true,
+                Ok(("https://get.k3s.io".into(), Some(mine.clone()))),
+            ),
+            // http:// only with a digest: the message says to give one or use https.
+            (
+                "v1.33.4+k3s1",
+                Some("http://10.0.0.5/k3s/install.sh"),
+                false,
+                Err((
+                    "k3s.installer_sha256",
+                    "k3s.installer_url is http:// (\"http://10.0.0.5/k3s/install.sh\"), so its download can be changed on the way; give the file's sha256 here, or use https://",
+                )),
+            ),
+            (
+                "v1.33.4+k3s1",
+                Some("http://10.0.0.5/k3s/install.sh"),
+                true,
+                Ok(("http://10.0.0.5/k3s/install.sh".into(), Some(mine.clone()))),
+            ),
+            // An https:// mirror the administrator chose: its TLS host is trusted as given.
+            (
+                "v1.33.4+k3s1",
+                Some("https://mirror.example/k3s/install.sh"),
+                false,
+                Ok(("https://mirror.example/k3s/install.sh".into(), None)),
+            ),
+        ];
+        for (version, url, digest, want) in cases {
+            let mut s = spec();
+            s.k3s.version = version.into();
+            s.k3s.installer_url = url.map(str::to_owned);
+            s.k3s.installer_sha256 = digest.then(|| mine.clone());
+            let got = s.validate();
+            match want {
+                Ok((url, sha256)) => {
+                    assert!(got.is_ok(), "{version} {url}: {got:?}");
+                    assert_eq!(s.k3s_installer(), Installer { url, sha256 }, "{version}");
+                }
+                Err((field, message)) => {
+                    let errs = got.expect_err(version);
+                    assert_eq!(errs.0.len(), 1, "{errs}");
+                    assert_eq!(errs.0[0].field, field, "{errs}");
+                    assert!(
+                        errs.0[0].message.contains(message),
+                        "{version} {url:?}: {errs}"
+                    );
+                }
+            }
+        }
+        // The newest version any pool asks for chooses the installer.
+        let mut pools = spec();
+        pools.worker_pools[0].k3s_version = Some("v1.35.0+k3s1".into());
+        assert_eq!(pools.newest_k3s_version(), "v1.35.0+k3s1");
+        assert_eq!(fields(&pools), ["k3s.installer_sha256"]);
+        // Preinstalled k3s downloads no installer.
+        pools.k3s.install = K3sInstall::Preinstalled;
+        assert!(pools.validate().is_ok());
+        // A spec stored before the pin (no installer_url) reads as the pinned installer and
+        // writes back without one.
+        let stored = spec().to_yaml();
+        assert!(!stored.contains("installer_url"), "{stored}");
+        assert_eq!(
+            ClusterSpec::from_yaml(&stored).unwrap().k3s_installer().url,
+            PINNED
+        );
     }
 
     #[test]

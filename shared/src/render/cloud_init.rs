@@ -65,7 +65,7 @@ pub struct NodeUserData {
     pub k3s_version: String,
     /// Download k3s at boot, or enable the copy already in the image.
     pub install: K3sInstall,
-    /// Where the k3s installer is downloaded from ([`crate::domain::spec::K3S_INSTALL_URL`] or a mirror).
+    /// Where the k3s installer is downloaded from (the one [`crate::domain::digests`] knows, or the spec's).
     pub k3s_installer_url: String,
     /// The installer's sha256: checked with `sha256sum -c` before it runs (a mismatch fails
     /// the step, nothing of it runs). `k3s.installer_sha256` of the spec.
@@ -1123,6 +1123,7 @@ impl NodeUserData {
         if let Some(user_key) = &secrets.user_ssh_public_key {
             authorized_keys.push(user_key.trim().to_string());
         }
+        let installer = spec.k3s_installer();
         NodeUserData {
             hostname: m.name.to_string(),
             role,
@@ -1137,8 +1138,8 @@ impl NodeUserData {
                 .clone()
                 .unwrap_or_else(|| spec.k3s.version.clone()),
             install: spec.k3s.install,
-            k3s_installer_url: spec.k3s.installer_url.clone(),
-            k3s_installer_sha256: spec.k3s.installer_sha256.clone(),
+            k3s_installer_url: installer.url,
+            k3s_installer_sha256: installer.sha256,
             k3s_start_seconds: k3s_start_seconds(spec.timeouts.join_seconds),
             ssh_user: spec.nodes.ssh_user.clone(),
             authorized_keys,
@@ -1184,8 +1185,8 @@ pub fn render_member(m: &MemberInput) -> Result<Vec<u8>, CloudInitError> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::domain::spec::TAILSCALE_INSTALL_URL;
     use crate::domain::spec::TaintEffect;
-    use crate::domain::spec::{K3S_INSTALL_URL, TAILSCALE_INSTALL_URL};
 
     const CONTROLLER_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A oxide-controller";
     const USER_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFqv6Xo3oOQ1n3KJtG0dA1Q8a5Hn5m1r0dC9mYk7pT2B alice@laptop";
@@ -1207,8 +1208,8 @@ mod tests {
             kubelet_args: vec![],
             k3s_version: "v1.33.4+k3s1".into(),
             install: K3sInstall::Script,
-            k3s_installer_url: K3S_INSTALL_URL.into(),
-            k3s_installer_sha256: None,
+            k3s_installer_url: crate::domain::digests::K3S_INSTALLERS[0].url(),
+            k3s_installer_sha256: Some(crate::domain::digests::K3S_INSTALLERS[0].sha256.into()),
             k3s_start_seconds: 300,
             ssh_user: "ubuntu".into(),
             authorized_keys: vec![CONTROLLER_KEY.into(), USER_KEY.into()],
@@ -1403,7 +1404,7 @@ mod tests {
         );
         // The installer only installs; the script starts the unit and waits for it.
         assert!(script.contains(
-            "download /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nretry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\nstep k3s-start\nstart_k3s 'k3s' 300\necho 'done' > /var/lib/oxide-controller/node-setup.state\necho \"oxide-controller: node-setup finished\"\n"
+            "download /run/oxide-controller/k3s-install.sh 'https://raw.githubusercontent.com/k3s-io/k3s/0136cf258954a458da1404858396342724b93d24/install.sh'\ncheck_sha256 /run/oxide-controller/k3s-install.sh '40b487f0d8ef4f5d1bf422e7bb6228cc7789c40ecc66c5ab067d396bbee9816e'\nretry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\nstep k3s-start\nstart_k3s 'k3s' 300\necho 'done' > /var/lib/oxide-controller/node-setup.state\necho \"oxide-controller: node-setup finished\"\n"
         ), "{script}");
         assert!(
             script.contains(
@@ -1886,6 +1887,55 @@ mod tests {
                 up_timeout_seconds: crate::domain::spec::DEFAULT_TAILSCALE_UP_TIMEOUT,
             })
         );
+    }
+
+    /// Issue 34 §7: a member of the default spec downloads install.sh by commit and checks it
+    /// against the digest the controller knows before running it; another version's
+    /// installer comes from the spec, with the spec's digest.
+    #[test]
+    fn a_default_member_runs_the_installer_known_by_commit_and_digest() {
+        let mut spec = crate::domain::spec::ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        let secrets = crate::base::secrets::ClusterSecrets {
+            k3s_token: "k3s-token-example".into(),
+            k3s_agent_token: "agent-token-example".into(),
+            ssh_public_key: CONTROLLER_KEY.into(),
+            ..Default::default()
+        };
+        let script = |spec: &crate::domain::spec::ClusterSpec| {
+            let input = MemberInput {
+                spec,
+                secrets: &secrets,
+                role: Role::Worker,
+                pool: &spec.worker_pools[0],
+                name: "demo-workers-abcde",
+                image_id: uuid::Uuid::nil(),
+                api_address: "172.30.0.10".parse().unwrap(),
+                join_address: "172.30.0.10".parse().unwrap(),
+                cluster_init: false,
+                ca_hash: None,
+            };
+            node_setup_script(&NodeUserData::for_member(&input))
+        };
+        let default = script(&spec);
+        assert!(
+            default.contains(
+                "download /run/oxide-controller/k3s-install.sh 'https://raw.githubusercontent.com/k3s-io/k3s/0136cf258954a458da1404858396342724b93d24/install.sh'\n\
+                 check_sha256 /run/oxide-controller/k3s-install.sh '40b487f0d8ef4f5d1bf422e7bb6228cc7789c40ecc66c5ab067d396bbee9816e'\n\
+                 retry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1'"
+            ),
+            "{default}"
+        );
+        assert!(!default.contains("get.k3s.io"), "{default}");
+        spec.k3s.version = "v1.35.0+k3s1".into();
+        spec.k3s.installer_url =
+            Some("https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh".into());
+        spec.k3s.installer_sha256 = Some("AB".repeat(32));
+        assert!(spec.validate().is_ok());
+        assert!(script(&spec).contains(&format!(
+            "download /run/oxide-controller/k3s-install.sh 'https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh'\n\
+             check_sha256 /run/oxide-controller/k3s-install.sh '{}'\n",
+            "ab".repeat(32)
+        )));
     }
 
     #[test]

@@ -114,14 +114,21 @@ pub struct BootstrapInput {
     pub worker: PoolInput,
     pub image: String,
     pub image_source: Option<String>,
+    /// sha256 the `image_source` bytes must have (hex); checked before the image is made.
+    pub image_source_sha256: Option<String>,
     pub worker_image: Option<String>,
     pub worker_image_source: Option<String>,
+    pub worker_image_source_sha256: Option<String>,
     pub external_ip: ExternalIpMode,
     pub ip_pool: Option<String>,
     /// The key itself or `file:PATH`.
     pub user_ssh_public_key: Option<String>,
     pub k3s_version: String,
     pub k3s_install: K3sInstall,
+    /// `k3s.installer_url` (None: the installer the controller knows by digest).
+    pub k3s_installer_url: Option<String>,
+    /// `k3s.installer_sha256`.
+    pub k3s_installer_sha256: Option<String>,
     /// Default `~/.kube/<cluster>.yaml`.
     pub kubeconfig: Option<PathBuf>,
     pub kubeconfig_overwrite: bool,

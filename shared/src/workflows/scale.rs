@@ -1023,6 +1023,10 @@ mod tests {
         let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 2);
         spec.worker_pools[0].max = 10;
         spec.worker_pools[0].k3s_version = Some("v1.35.0+k3s1".into());
+        // A v1.35 spec names its installer (issue 34 §7), so the gate is what refuses it.
+        spec.k3s.installer_url =
+            Some("https://raw.githubusercontent.com/k3s-io/k3s/v1.35.0%2Bk3s1/install.sh".into());
+        spec.k3s.installer_sha256 = Some("ab".repeat(32));
         let (count, bounds) = refused_both_ways(&spec).await;
         let text = chain(&count);
         assert!(

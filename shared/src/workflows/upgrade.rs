@@ -83,7 +83,15 @@ where
     let set = |spec: &mut ClusterSpec| -> Result<bool, SpecErrors> {
         let changed = spec.k3s.version != to;
         spec.k3s.version = to.to_owned();
-        spec.validate().and_then(|()| upgrade::gate(spec, &nodes))?;
+        // Everything wrong with the version at once, the gate's refusal first: a skipped
+        // minor is also one this controller may know no installer for (issue 34 §7).
+        let mut errors = upgrade::gate(spec, &nodes)
+            .err()
+            .map_or_else(Vec::new, |e| e.0);
+        errors.extend(spec.validate().err().map_or_else(Vec::new, |e| e.0));
+        if !errors.is_empty() {
+            return Err(SpecErrors(errors));
+        }
         Ok(changed)
     };
     let mut spec = scale::read_spec(state, &cache).await?;

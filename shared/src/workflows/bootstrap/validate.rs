@@ -49,6 +49,8 @@ fn flag_for(field: &str) -> String {
         ("", "project") => "--project".to_owned(),
         ("", "schedule") => "--schedule".to_owned(),
         ("", "k3s.version") => "--k3s-version".to_owned(),
+        ("", "k3s.installer_url") => "--k3s-installer-url".to_owned(),
+        ("", "k3s.installer_sha256") => "--k3s-installer-sha256".to_owned(),
         ("", "nodes.ssh_user") => "--ssh-user".to_owned(),
         ("", "nodes.ssh_port") => "--ssh-port".to_owned(),
         ("", "nodes.ip_pool") => "--ip-pool".to_owned(),
@@ -111,6 +113,10 @@ fn build_spec(input: &BootstrapInput) -> ClusterSpec {
     }
     spec.k3s.version = input.k3s_version.clone();
     spec.k3s.install = input.k3s_install;
+    spec.k3s.installer_url.clone_from(&input.k3s_installer_url);
+    spec.k3s
+        .installer_sha256
+        .clone_from(&input.k3s_installer_sha256);
     spec.k3s.oxide_ccm = input.oxide_ccm;
     spec.nodes.ssh_user = input.ssh_user.clone();
     spec.nodes.ssh_port = input.ssh_port;
@@ -149,9 +155,10 @@ async fn check_images<C: super::Connect>(
     spec: &ClusterSpec,
     connect: &C,
 ) -> Result<Vec<ImageRequest>, BootstrapError> {
-    let mut wanted: Vec<(String, Option<String>, &'static str)> = vec![(
+    let mut wanted: Vec<(String, Option<String>, Option<String>, &'static str)> = vec![(
         spec.control_plane.image.clone(),
         input.image_source.clone(),
+        input.image_source_sha256.clone(),
         "--image-source",
     )];
     let worker_image = spec
@@ -174,6 +181,7 @@ async fn check_images<C: super::Connect>(
         wanted.push((
             worker_image,
             input.worker_image_source.clone(),
+            input.worker_image_source_sha256.clone(),
             "--worker-image-source",
         ));
     }
@@ -181,7 +189,8 @@ async fn check_images<C: super::Connect>(
         .image_sources()
         .map_err(|e| BootstrapError::step(super::STEP_VALIDATE, e))?;
     let mut out = Vec::new();
-    for (name, source, flag) in wanted {
+    for (name, source, sha256, flag) in wanted {
+        check_image_digest(source.as_deref(), sha256.as_deref(), flag)?;
         let source = match source {
             Some(text) => {
                 let src = ImageSource::parse(&text).map_err(|e| BootstrapError::input(flag, e))?;
@@ -213,12 +222,44 @@ async fn check_images<C: super::Connect>(
         out.push(ImageRequest {
             name,
             source,
+            sha256: sha256.map(|d| d.to_ascii_lowercase()),
             os: "linux".to_owned(),
             version: version.chars().take(60).collect(),
             cluster: Some(spec.cluster.clone()),
         });
     }
     Ok(out)
+}
+
+/// `--image-source-sha256` / `--worker-image-source-sha256`: 64 hex digits; and an http://
+/// source needs one (anyone on the path could change the nodes' root file system).
+fn check_image_digest(
+    source: Option<&str>,
+    sha256: Option<&str>,
+    flag: &'static str,
+) -> Result<(), BootstrapError> {
+    let digest_flag = if flag == "--image-source" {
+        "--image-source-sha256"
+    } else {
+        "--worker-image-source-sha256"
+    };
+    match (source, sha256) {
+        (_, Some(d)) if d.len() != 64 || !d.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Err(BootstrapError::input(
+                digest_flag,
+                message("must be a sha256 digest: 64 hex digits"),
+            ))
+        }
+        (Some(src), None) if src.trim().to_ascii_lowercase().starts_with("http://") => {
+            Err(BootstrapError::input(
+                flag,
+                message(format!(
+                    "{src} is http://, so the image can be changed on the way; give its sha256 with {digest_flag}, or use https://"
+                )),
+            ))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks everything, in the order a person would fix it; the first problem is returned.
