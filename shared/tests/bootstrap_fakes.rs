@@ -364,7 +364,13 @@ async fn a_run_killed_after_any_step_is_finished_by_a_rerun_that_adopts_what_exi
     // The API rule, the two SSH rules and the two member rules.
     assert_eq!(
         clean.firewall_rules,
-        ["demo-k8s-api", "demo-ssh", "demo-ssh-deny", "demo-members", "demo-isolate"],
+        [
+            "demo-k8s-api",
+            "demo-ssh",
+            "demo-ssh-deny",
+            "demo-members",
+            "demo-isolate"
+        ],
         "{clean:?}"
     );
     assert!(!clean.applied.is_empty(), "{clean:?}");

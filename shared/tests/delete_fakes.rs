@@ -264,7 +264,8 @@ async fn world() -> FakeWorld {
                     .unwrap(),
             );
         }
-        let mut office = firewall::api_rule("x", firewall::parse_sources("203.0.113.0/24").unwrap());
+        let mut office =
+            firewall::api_rule("x", firewall::parse_sources("203.0.113.0/24").unwrap());
         office.name = "allow-office".into();
         office.description = "the user's rule".into();
         office.ports = vec![(443, 443)];
@@ -446,7 +447,13 @@ async fn a_dry_run_changes_nothing_and_lists_exactly_what_the_real_run_removes()
     assert_eq!(listed(&dry), removed);
     assert_eq!(snapshot_of(&w), decoys());
     assert!(listed(&dry).contains(&(Kind::FloatingIp, "prod-kube-system-lb".into())));
-    for rule in ["prod-k8s-api", "prod-ssh", "prod-ssh-deny", "prod-members", "prod-isolate"] {
+    for rule in [
+        "prod-k8s-api",
+        "prod-ssh",
+        "prod-ssh-deny",
+        "prod-members",
+        "prod-isolate",
+    ] {
         assert!(
             listed(&dry).contains(&(Kind::FirewallRule, rule.into())),
             "{rule} is removed with its cluster"

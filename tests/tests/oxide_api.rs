@@ -451,9 +451,17 @@ async fn without_external_ips_an_instance_has_only_the_snat_address_of_its_ipv4_
     let r = api.instance("p", "plain", json!({})).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     assert_eq!(kinds("plain").await, ["snat"]);
-    assert_eq!(api.pool.free(), free_before, "no address taken from the pool");
+    assert_eq!(
+        api.pool.free(),
+        free_before,
+        "no address taken from the pool"
+    );
     let r = api
-        .instance("p", "no-nic", json!({"network_interfaces": {"type": "none"}}))
+        .instance(
+            "p",
+            "no-nic",
+            json!({"network_interfaces": {"type": "none"}}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
     assert_eq!(kinds("no-nic").await, Vec::<String>::new());

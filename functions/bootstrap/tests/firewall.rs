@@ -199,13 +199,31 @@ async fn two_clusters_in_one_project_reach_only_their_own_members_and_ssh_only_f
     ];
     for (proto, port) in internal {
         // A worker of a cannot open b's kubelet, VXLAN, etcd or supervisor port...
-        assert!(!judge(proto, &a_w, &b_w, port).await, "a's worker to b's worker {proto:?}/{port}");
-        assert!(!judge(proto, &a_w, &b_cp, port).await, "a's worker to b's server {proto:?}/{port}");
-        assert!(!judge(proto, &b_w, &a_cp, port).await, "b's worker to a's server {proto:?}/{port}");
+        assert!(
+            !judge(proto, &a_w, &b_w, port).await,
+            "a's worker to b's worker {proto:?}/{port}"
+        );
+        assert!(
+            !judge(proto, &a_w, &b_cp, port).await,
+            "a's worker to b's server {proto:?}/{port}"
+        );
+        assert!(
+            !judge(proto, &b_w, &a_cp, port).await,
+            "b's worker to a's server {proto:?}/{port}"
+        );
         // ...while each cluster's own members reach each other.
-        assert!(judge(proto, &a_w, &a_cp, port).await, "a's worker to a's server {proto:?}/{port}");
-        assert!(judge(proto, &a_cp, &a_w, port).await, "a's server to a's worker {proto:?}/{port}");
-        assert!(judge(proto, &b_cp, &b_w, port).await, "b's server to b's worker {proto:?}/{port}");
+        assert!(
+            judge(proto, &a_w, &a_cp, port).await,
+            "a's worker to a's server {proto:?}/{port}"
+        );
+        assert!(
+            judge(proto, &a_cp, &a_w, port).await,
+            "a's server to a's worker {proto:?}/{port}"
+        );
+        assert!(
+            judge(proto, &b_cp, &b_w, port).await,
+            "b's server to b's worker {proto:?}/{port}"
+        );
     }
     // Both clusters' members joined, each in its own cluster.
     for cluster in ["a", "b"] {
@@ -226,7 +244,10 @@ async fn two_clusters_in_one_project_reach_only_their_own_members_and_ssh_only_f
             .filter_map(|n| n.metadata.name)
             .collect();
         assert_eq!(ready.len(), 2, "{cluster}: {ready:?}");
-        assert!(ready.iter().all(|n| n.starts_with(&format!("{cluster}-"))), "{ready:?}");
+        assert!(
+            ready.iter().all(|n| n.starts_with(&format!("{cluster}-"))),
+            "{ready:?}"
+        );
     }
 
     // Workers reach out through the SNAT address only; servers keep an ephemeral IP.
@@ -256,8 +277,17 @@ async fn two_clusters_in_one_project_reach_only_their_own_members_and_ssh_only_f
 
     // Deleting a takes its rules and leaves b's, which still keep b to itself.
     let a_path = kubeconfig("a").display().to_string();
-    let out = env.delete("a", &["--project", "demo", "--yes", "--kubeconfig", &a_path]).await;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = env
+        .delete(
+            "a",
+            &["--project", "demo", "--yes", "--kubeconfig", &a_path],
+        )
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rules = rack.list_firewall_rules().await.unwrap();
     assert_eq!(
         rules,

@@ -7,8 +7,9 @@
 //! 2. `resume` — read the resume file, or generate the controller key pair, the k3s server and
 //!    agent tokens, the webhook token and the first server's name and write them (0600)
 //!    BEFORE any VM exists ([`crate::adapters::resume`]);
-//! 3. `project`, with the VPC firewall rule `<cluster>-k8s-api` that admits `--api-allow`
-//!    to tcp/6443 ([`crate::domain::firewall`]); 4. `image` — find by name, else upload ([`crate::adapters::image`]);
+//! 3. `project`, with the VPC firewall rules ([`crate::domain::firewall`]): `<cluster>-k8s-api`
+//!    admits `--api-allow` to tcp/6443, the SSH rules `--ssh-allow` to tcp/22, the member rules
+//!    the cluster's internal ports to its members only; 4. `image` — find by name, else upload ([`crate::adapters::image`]);
 //! 5. `floating-ip` `<cluster>-apiserver`, created or adopted;
 //! 6. `first-control-plane` — the `cluster-init` server under the resume file's name, created
 //!    only while the cluster has no control-plane VM at all (an existing one is adopted);
@@ -466,9 +467,7 @@ async fn step_project<R: Rack>(
         .await
         .map_err(|e| rack_failed("project", e))?
         .into_iter()
-        .filter(|i| {
-            InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == v.spec.cluster)
-        })
+        .filter(|i| InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == v.spec.cluster))
         .map(|i| i.name)
         .collect();
     members.push(first_server.to_owned());

@@ -642,7 +642,12 @@ async fn work<R: Rack, C: Cluster>(
 /// must not meet a rule that does not know it yet. Writes nothing when the names are the
 /// same. A failure is logged and the run goes on: the members already named keep working,
 /// and the next run writes the rules again.
-async fn ensure_member_rules<R: Rack>(rack: &R, spec: &ClusterSpec, observed: &Observed, plan: &Plan) {
+async fn ensure_member_rules<R: Rack>(
+    rack: &R,
+    spec: &ClusterSpec,
+    observed: &Observed,
+    plan: &Plan,
+) {
     let mut members: Vec<String> = observed
         .instances
         .iter()
@@ -665,8 +670,14 @@ async fn ensure_member_rules<R: Rack>(rack: &R, spec: &ClusterSpec, observed: &O
         return;
     };
     match rack.ensure_firewall_rules(&rules).await {
-        Ok(change) => info!(?change, members = members.len(), "VPC firewall member rules ensured"),
-        Err(e) => warn!(error = %e, "could not write the VPC firewall member rules; the next run tries again"),
+        Ok(change) => info!(
+            ?change,
+            members = members.len(),
+            "VPC firewall member rules ensured"
+        ),
+        Err(e) => {
+            warn!(error = %e, "could not write the VPC firewall member rules; the next run tries again")
+        }
     }
 }
 

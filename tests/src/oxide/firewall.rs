@@ -521,11 +521,24 @@ mod tests {
         for (proto, port) in [(Proto::Tcp, 10250), (Proto::Udp, 8472), (Proto::Tcp, 2379)] {
             assert!(allows(&rules, at("b-w"), from("b-cp"), proto, port, &addr));
             assert!(allows(&rules, at("a-cp"), from("a-w"), proto, port, &addr));
-            assert!(!allows(&rules, at("b-w"), from("a-w"), proto, port, &addr), "{proto:?}/{port}");
-            assert!(!allows(&rules, at("a-cp"), from("b-cp"), proto, port, &addr), "{proto:?}/{port}");
+            assert!(
+                !allows(&rules, at("b-w"), from("a-w"), proto, port, &addr),
+                "{proto:?}/{port}"
+            );
+            assert!(
+                !allows(&rules, at("a-cp"), from("b-cp"), proto, port, &addr),
+                "{proto:?}/{port}"
+            );
         }
         // Ports the member rules do not name keep what `allow-internal-inbound` admits.
-        assert!(allows(&rules, at("b-w"), from("a-w"), Proto::Tcp, 30080, &addr));
+        assert!(allows(
+            &rules,
+            at("b-w"),
+            from("a-w"),
+            Proto::Tcp,
+            30080,
+            &addr
+        ));
         // A UDP rule does not admit TCP, nor a TCP rule UDP.
         let rules = with(vec![allow_6443_from("0.0.0.0/0", 100, "allow")]);
         let ext = Source::External("203.0.113.9".parse().unwrap());

@@ -40,8 +40,8 @@ use uuid::Uuid;
 
 pub use addresses::AddressPool;
 pub use error::ApiError;
-pub use firewall::Proto;
 pub use faults::{AfterFault, FaultSpec, Faults, RouteFault};
+pub use firewall::Proto;
 pub use store::BulkWriteStats;
 
 pub use routes::{ROUTES, RouteSpec};
