@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::base::names;
 use crate::base::secrets::ClusterSecrets;
-use crate::domain::firewall::{RuleChange, TcpAllowRule};
+use crate::domain::firewall::{OwnedRule, RuleChange};
 use crate::domain::model::{
     AntiAffinityGroup, Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance,
     InstanceState, NewInstance, Node, NodeReadiness, PodRef, Snapshot,
@@ -96,7 +96,7 @@ pub struct WorldState {
     /// had died right there (crash tests). `None`: unlimited.
     pub mutation_budget: Option<usize>,
     /// Firewall rules oxide-controller ensured (the rack's own defaults are not modelled).
-    pub firewall_rules: Vec<TcpAllowRule>,
+    pub firewall_rules: Vec<OwnedRule>,
     /// Prefix length of the project's default subnet (`None`: not modelled, no check).
     pub subnet_prefix: Option<u8>,
     /// While set, every instance create is refused with a 400 carrying this message (e.g.
@@ -765,21 +765,24 @@ impl Rack for FakeRack {
         })
     }
 
-    async fn ensure_firewall_rule(&self, rule: &TcpAllowRule) -> Result<RuleChange, RackError> {
+    async fn ensure_firewall_rules(&self, rules: &[OwnedRule]) -> Result<RuleChange, RackError> {
         Ok(self.0.with(|s| {
-            let change = match s.firewall_rules.iter_mut().find(|r| r.name == rule.name) {
-                Some(r) if r == rule => return RuleChange::Unchanged,
-                Some(r) => {
-                    *r = rule.clone();
-                    RuleChange::Updated
+            let mut change = None;
+            for rule in rules {
+                match s.firewall_rules.iter_mut().find(|r| r.name == rule.name) {
+                    Some(r) if r == rule => continue,
+                    Some(r) => {
+                        *r = rule.clone();
+                        change.get_or_insert(RuleChange::Updated);
+                    }
+                    None => {
+                        s.firewall_rules.push(rule.clone());
+                        change = Some(RuleChange::Created);
+                    }
                 }
-                None => {
-                    s.firewall_rules.push(rule.clone());
-                    RuleChange::Created
-                }
-            };
-            s.log.push(format!("firewall-rule {}", rule.name));
-            change
+                s.log.push(format!("firewall-rule {}", rule.name));
+            }
+            change.unwrap_or(RuleChange::Unchanged)
         }))
     }
 }

@@ -170,6 +170,7 @@ impl Laptop {
             wait: Duration::ZERO,
             api_timeout: Duration::from_secs(30),
             api_allow: oxide_controller::domain::firewall::DEFAULT_API_ALLOW.into(),
+            ssh_allow: None,
             holder: "bootstrap-test".into(),
             shutdown: oxide_controller::base::shutdown::Shutdown::new(),
             home: Some(self.path().to_path_buf()),
@@ -364,7 +365,18 @@ async fn a_run_killed_after_any_step_is_finished_by_a_rerun_that_adopts_what_exi
             "{kind}: {clean:?}"
         );
     }
-    assert_eq!(clean.firewall_rules.len(), 1, "{clean:?}");
+    // The API rule, the two SSH rules and the two member rules.
+    assert_eq!(
+        clean.firewall_rules,
+        [
+            "demo-k8s-api",
+            "demo-ssh",
+            "demo-ssh-deny",
+            "demo-members",
+            "demo-isolate"
+        ],
+        "{clean:?}"
+    );
     assert!(!clean.applied.is_empty(), "{clean:?}");
     check_world(&clean_world, &clean_laptop, &clean).unwrap_or_else(|e| panic!("{e}"));
 

@@ -255,13 +255,21 @@ async fn world() -> FakeWorld {
                 cluster,
                 firewall::parse_sources("0.0.0.0/0").unwrap(),
             ));
+            s.firewall_rules.extend(firewall::ssh_rules(
+                cluster,
+                firewall::parse_sources("198.51.100.7").unwrap(),
+            ));
+            s.firewall_rules.extend(
+                firewall::member_rules(cluster, &[format!("{cluster}-control-plane-aaaaa")])
+                    .unwrap(),
+            );
         }
-        s.firewall_rules.push(firewall::TcpAllowRule {
-            name: "allow-office".into(),
-            description: "the user's rule".into(),
-            port: 443,
-            sources: firewall::parse_sources("203.0.113.0/24").unwrap(),
-        });
+        let mut office =
+            firewall::api_rule("x", firewall::parse_sources("203.0.113.0/24").unwrap());
+        office.name = "allow-office".into();
+        office.description = "the user's rule".into();
+        office.ports = vec![(443, 443)];
+        s.firewall_rules.push(office);
     });
     w
 }
@@ -389,6 +397,10 @@ fn decoys() -> BTreeSet<String> {
         "group prod-2-workers",
         "group shared",
         "rule prod-2-k8s-api",
+        "rule prod-2-ssh",
+        "rule prod-2-ssh-deny",
+        "rule prod-2-members",
+        "rule prod-2-isolate",
         "rule allow-office",
     ]
     .into_iter()
@@ -435,7 +447,18 @@ async fn a_dry_run_changes_nothing_and_lists_exactly_what_the_real_run_removes()
     assert_eq!(listed(&dry), removed);
     assert_eq!(snapshot_of(&w), decoys());
     assert!(listed(&dry).contains(&(Kind::FloatingIp, "prod-kube-system-lb".into())));
-    assert!(listed(&dry).contains(&(Kind::FirewallRule, "prod-k8s-api".into())));
+    for rule in [
+        "prod-k8s-api",
+        "prod-ssh",
+        "prod-ssh-deny",
+        "prod-members",
+        "prod-isolate",
+    ] {
+        assert!(
+            listed(&dry).contains(&(Kind::FirewallRule, rule.into())),
+            "{rule} is removed with its cluster"
+        );
+    }
     assert!(listed(&dry).contains(&(Kind::AntiAffinityGroup, "prod-workers".into())));
     assert!(
         dry.inventory

@@ -215,6 +215,56 @@ fn empty_project_converges_to_the_spec_and_then_plans_nothing() {
     });
 }
 
+/// Issue 34 item 8: the member rules name every member, and each new member is named before
+/// the create that makes it (nexus resolves names only when it pushes the rules); a
+/// converged run rewrites nothing.
+#[test]
+fn the_member_rules_name_each_member_before_it_is_created() {
+    use oxide_controller::domain::firewall::{RuleHosts, RuleTargets};
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        small_timeouts(&mut spec);
+        let w = world(&spec, false).await;
+        converge(&w, 12).await;
+        let log = w.lock().log.clone();
+        let created: Vec<usize> = log
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.starts_with("create demo-"))
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(created.len(), 5, "{log:#?}");
+        for i in created {
+            assert!(
+                log[..i].iter().any(|l| l == "firewall-rule demo-members"),
+                "{} before any member rule: {log:#?}",
+                log[i]
+            );
+        }
+        let members: Vec<String> = {
+            let mut m: Vec<String> = w
+                .lock()
+                .instances
+                .values()
+                .map(|i| i.name.clone())
+                .collect();
+            m.sort();
+            m
+        };
+        let rules = w.lock().firewall_rules.clone();
+        let allow = rules.iter().find(|r| r.name == "demo-members").unwrap();
+        let deny = rules.iter().find(|r| r.name == "demo-isolate").unwrap();
+        assert_eq!(allow.targets, RuleTargets::Instances(members.clone()));
+        assert_eq!(allow.hosts, RuleHosts::Instances(members.clone()));
+        assert_eq!(deny.targets, RuleTargets::Instances(members));
+        assert_eq!(deny.hosts, RuleHosts::Vpc);
+        // Converged: the same names, nothing written.
+        let before = w.lock().log.len();
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(w.lock().log.len(), before);
+    });
+}
+
 #[test]
 fn scale_down_drains_before_deleting_and_cleans_up_disks() {
     rt().block_on(async {

@@ -429,6 +429,44 @@ async fn a_delayed_create_answers_creating_and_refuses_stop() {
     api.wait_state("p", "vm", "running").await;
 }
 
+/// Issue 34 item 8: an instance created without `external_ips` has no ephemeral address,
+/// only the SNAT address nexus allocates for an IPv4 primary NIC (its way out); one without
+/// an IPv4 NIC gets none at all.
+#[tokio::test]
+async fn without_external_ips_an_instance_has_only_the_snat_address_of_its_ipv4_nic() {
+    let api = Api::new();
+    api.project("p").await;
+    let kinds = async |name: &str| -> Vec<String> {
+        let ips = api
+            .get(&format!("/v1/instances/{name}/external-ips?project=p"))
+            .await;
+        ips.body["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["kind"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let free_before = api.pool.free();
+    let r = api.instance("p", "plain", json!({})).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(kinds("plain").await, ["snat"]);
+    assert_eq!(
+        api.pool.free(),
+        free_before,
+        "no address taken from the pool"
+    );
+    let r = api
+        .instance(
+            "p",
+            "no-nic",
+            json!({"network_interfaces": {"type": "none"}}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert_eq!(kinds("no-nic").await, Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn deleting_an_instance_detaches_disks_and_floating_ips_and_frees_addresses() {
     let api = Api::new();

@@ -493,14 +493,9 @@ async fn the_token_never_shows_in_debug_or_errors() {
 /// attempt is undone.
 #[tokio::test]
 async fn a_firewall_write_undone_by_another_writer_is_made_again() {
-    use oxide_controller::domain::firewall::{RuleChange, TcpAllowRule, parse_sources};
+    use oxide_controller::domain::firewall::{RuleChange, api_rule, parse_sources};
     let (sim, rack, _) = setup(Timings::default(), 100).await;
-    let rule = TcpAllowRule {
-        name: "demo-k8s-api".into(),
-        description: "Kubernetes API".into(),
-        port: 6443,
-        sources: parse_sources("0.0.0.0/0").unwrap(),
-    };
+    let rule = api_rule("demo", parse_sources("0.0.0.0/0").unwrap());
     let puts = || {
         sim.oxide()
             .counters()
@@ -512,7 +507,9 @@ async fn a_firewall_write_undone_by_another_writer_is_made_again() {
 
     sim.faults().update(|f| f.overwritten_firewall_writes = 1);
     assert_eq!(
-        rack.ensure_firewall_rule(&rule).await.unwrap(),
+        rack.ensure_firewall_rules(std::slice::from_ref(&rule))
+            .await
+            .unwrap(),
         RuleChange::Created
     );
     assert_eq!(puts(), 2, "written again after the first write was undone");
@@ -525,7 +522,10 @@ async fn a_firewall_write_undone_by_another_writer_is_made_again() {
     assert_eq!(names().await.len(), 3, "the defaults stay");
 
     sim.faults().update(|f| f.overwritten_firewall_writes = 10);
-    let err = rack.ensure_firewall_rule(&rule).await.unwrap_err();
+    let err = rack
+        .ensure_firewall_rules(std::slice::from_ref(&rule))
+        .await
+        .unwrap_err();
     assert!(matches!(err, RackError::Conflict { .. }), "{err:?}");
     assert!(err.to_string().contains("another writer"), "{err}");
     assert_eq!(puts(), 7, "three attempts");

@@ -174,8 +174,11 @@ struct Args {
     #[arg(long, default_value_t = 8)]
     upload_parallelism: usize,
 
-    /// Whether each VM gets an ephemeral external IP (the API always gets a floating IP).
-    #[arg(long, value_enum, default_value_t = ExternalIp::Ephemeral)]
+    /// Which VMs get an ephemeral external IP (the API always gets a floating IP):
+    /// `servers` (the default: the servers, which this machine reaches for upgrades and
+    /// `dev:` copies; workers reach out through the rack's SNAT address), `ephemeral` (every
+    /// VM, workers too) or `none`.
+    #[arg(long, value_enum, default_value_t = ExternalIp::Servers)]
     external_ip: ExternalIp,
     /// IP pool for the floating and ephemeral IPs. Default: the silo's default pool.
     #[arg(long)]
@@ -259,6 +262,13 @@ struct Args {
     /// Nodes join over the VPC and need no entry here.
     #[arg(long, env = "OXIDE_CONTROLLER_API_ALLOW", value_name = "CIDR,...", default_value = oxide_controller::domain::firewall::DEFAULT_API_ALLOW)]
     api_allow: String,
+    /// Who may reach SSH (tcp/22) of the project's VMs through the VPC firewall:
+    /// comma-separated CIDRs or addresses, kept in the rules <cluster>-ssh and
+    /// <cluster>-ssh-deny (the VPC's default allow-ssh admits anywhere; ours come first).
+    /// Default: the address this machine sends from toward the rack's API, which is what the
+    /// rack sees unless a NAT lies between; behind one, give the NAT's public address.
+    #[arg(long, env = "OXIDE_CONTROLLER_SSH_ALLOW", value_name = "CIDR,...")]
+    ssh_allow: Option<String>,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
     log_format: LogFormat,
@@ -294,6 +304,7 @@ struct Args {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum ExternalIp {
+    Servers,
     Ephemeral,
     None,
 }
@@ -506,6 +517,7 @@ fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
         worker_image_source: a.worker_image_source,
         worker_image_source_sha256: a.worker_image_source_sha256,
         external_ip: match a.external_ip {
+            ExternalIp::Servers => ExternalIpMode::Servers,
             ExternalIp::Ephemeral => ExternalIpMode::Ephemeral,
             ExternalIp::None => ExternalIpMode::None,
         },
@@ -533,6 +545,7 @@ fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
         wait: Duration::from_secs(a.wait),
         api_timeout: Duration::from_secs(a.api_timeout),
         api_allow: a.api_allow,
+        ssh_allow: a.ssh_allow,
         holder: holder("bootstrap"),
         shutdown: Shutdown::new(),
         home: std::env::home_dir(),

@@ -100,12 +100,12 @@ async fn prod_with_decoys(prod2: Option<&std::path::Path>) -> Env {
             .unwrap();
     }
     // The user's own firewall rule next to bootstrap's.
-    rack.ensure_firewall_rule(&oxide_controller::domain::firewall::TcpAllowRule {
-        name: "allow-office".into(),
-        description: "the user's rule".into(),
-        port: 443,
-        sources: oxide_controller::domain::firewall::parse_sources("203.0.113.0/24").unwrap(),
-    })
+    rack.ensure_firewall_rules(&[user_rule(
+        "allow-office",
+        "the user's rule",
+        443,
+        "203.0.113.0/24",
+    )])
     .await
     .unwrap();
     env
@@ -739,4 +739,19 @@ async fn an_api_address_reconcile_re_created_goes_with_the_project() {
     );
     assert_eq!(env.names("floating_ips"), Vec::<String>::new(), "{stdout}");
     assert!(project_dump(&env, "demo").is_none(), "{stdout}");
+}
+
+/// A rule of the user's: tcp/`port` of the VPC's instances from `sources`.
+fn user_rule(
+    name: &str,
+    description: &str,
+    port: u16,
+    sources: &str,
+) -> oxide_controller::domain::firewall::OwnedRule {
+    use oxide_controller::domain::firewall::{api_rule, parse_sources};
+    let mut r = api_rule("user", parse_sources(sources).unwrap());
+    r.name = name.into();
+    r.description = description.into();
+    r.ports = vec![(port, port)];
+    r
 }

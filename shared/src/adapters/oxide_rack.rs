@@ -24,7 +24,7 @@ use oxide::types;
 use crate::base::names;
 use crate::base::retry::{self, Backoff};
 use crate::base::size::ByteSize;
-use crate::domain::firewall::{RuleChange, TcpAllowRule};
+use crate::domain::firewall::{self as fw, OwnedRule, RuleChange};
 use crate::domain::model::{
     AntiAffinityGroup, Disk, DiskState, ExternalIp, ExternalIpKind, FloatingIp, Image, Instance,
     InstanceState, NewDisk, NewInstance, Snapshot,
@@ -598,43 +598,120 @@ pub(crate) fn instance_create_body(new: &NewInstance) -> Result<types::InstanceC
     })
 }
 
+/// The local address this machine sends from toward the rack's API at `host` (a URL): a UDP
+/// socket connected to the API's address takes the source address the kernel's route
+/// lookup picks, and a UDP connect sends no packet.
+pub async fn source_address_toward(host: &str) -> Result<std::net::IpAddr, String> {
+    let url = reqwest::Url::parse(host).map_err(|e| format!("{host:?} is not a URL: {e}"))?;
+    let name = url
+        .host_str()
+        .ok_or_else(|| format!("{host:?} names no host"))?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = url.port_or_known_default().unwrap_or(443);
+    let addrs = tokio::net::lookup_host((name.as_str(), port))
+        .await
+        .map_err(|e| format!("resolving {name}: {e}"))?;
+    let mut last = format!("{name} has no address");
+    for addr in addrs {
+        let local: std::net::SocketAddr = if addr.is_ipv4() {
+            ([0, 0, 0, 0], 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        let found = async {
+            let socket = tokio::net::UdpSocket::bind(local).await?;
+            socket.connect(addr).await?;
+            socket.local_addr()
+        }
+        .await;
+        match found {
+            Ok(a) => return Ok(a.ip()),
+            Err(e) => last = format!("no route to {addr}: {e}"),
+        }
+    }
+    Err(last)
+}
+
 /// The VPC every project gets, which default NICs join.
 const DEFAULT_VPC: &str = "default";
 
-/// The update form of a rule we own: inbound TCP to every instance of the `default` VPC.
-fn firewall_rule_update(rule: &TcpAllowRule) -> Result<types::VpcFirewallRuleUpdate, RackError> {
+/// The update form of a rule we own (inbound, enabled, in the `default` VPC).
+fn firewall_rule_update(rule: &OwnedRule) -> Result<types::VpcFirewallRuleUpdate, RackError> {
     let what = format!("firewall rule {}", rule.name);
-    let hosts = rule
-        .sources
-        .iter()
-        .map(|c| {
-            types::IpNet::from_str(&c.to_string())
-                .map(types::VpcFirewallRuleHostFilter::IpNet)
-                .map_err(|e| invalid(&what, "source", e))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(types::VpcFirewallRuleUpdate {
-        action: types::VpcFirewallRuleAction::Allow,
-        description: rule.description.clone(),
-        direction: types::VpcFirewallRuleDirection::Inbound,
-        filters: types::VpcFirewallRuleFilter {
-            hosts: Some(hosts),
-            ports: Some(vec![
-                types::L4PortRange::try_from(rule.port.to_string())
-                    .map_err(|e| invalid(&what, "port", e))?,
-            ]),
-            protocols: Some(vec![types::VpcFirewallRuleProtocol::Tcp]),
-        },
-        name: name(&what, "name", &rule.name)?,
-        // The priority nexus gives its own default rules: a user's rule with a lower number
-        // (a deny, say) still wins over ours.
-        priority: 65534,
-        status: types::VpcFirewallRuleStatus::Enabled,
-        targets: vec![types::VpcFirewallRuleTarget::Vpc(name(
+    let instance = |n: &String| name(&what, "instance", n);
+    let hosts = match &rule.hosts {
+        fw::RuleHosts::Any => None,
+        fw::RuleHosts::Vpc => Some(vec![types::VpcFirewallRuleHostFilter::Vpc(name(
+            &what,
+            "vpc",
+            DEFAULT_VPC,
+        )?)]),
+        fw::RuleHosts::Cidrs(cidrs) => Some(
+            cidrs
+                .iter()
+                .map(|c| {
+                    types::IpNet::from_str(&c.to_string())
+                        .map(types::VpcFirewallRuleHostFilter::IpNet)
+                        .map_err(|e| invalid(&what, "source", e))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        fw::RuleHosts::Instances(names) => Some(
+            names
+                .iter()
+                .map(|n| instance(n).map(types::VpcFirewallRuleHostFilter::Instance))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    let targets = match &rule.targets {
+        fw::RuleTargets::Vpc => vec![types::VpcFirewallRuleTarget::Vpc(name(
             &what,
             "vpc",
             DEFAULT_VPC,
         )?)],
+        fw::RuleTargets::Instances(names) => names
+            .iter()
+            .map(|n| instance(n).map(types::VpcFirewallRuleTarget::Instance))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    let ports = rule
+        .ports
+        .iter()
+        .map(|(a, b)| {
+            let text = if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            };
+            types::L4PortRange::try_from(text).map_err(|e| invalid(&what, "port", e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let protocols = rule
+        .protocols
+        .iter()
+        .map(|p| match p {
+            fw::Protocol::Tcp => types::VpcFirewallRuleProtocol::Tcp,
+            fw::Protocol::Udp => types::VpcFirewallRuleProtocol::Udp,
+        })
+        .collect();
+    Ok(types::VpcFirewallRuleUpdate {
+        action: match rule.action {
+            fw::Action::Allow => types::VpcFirewallRuleAction::Allow,
+            fw::Action::Deny => types::VpcFirewallRuleAction::Deny,
+        },
+        description: rule.description.clone(),
+        direction: types::VpcFirewallRuleDirection::Inbound,
+        filters: types::VpcFirewallRuleFilter {
+            hosts,
+            ports: Some(ports),
+            protocols: Some(protocols),
+        },
+        name: name(&what, "name", &rule.name)?,
+        priority: rule.priority,
+        status: types::VpcFirewallRuleStatus::Enabled,
+        targets,
     })
 }
 
@@ -1540,12 +1617,19 @@ impl Rack for OxideRack {
             .collect())
     }
 
-    async fn ensure_firewall_rule(&self, rule: &TcpAllowRule) -> Result<RuleChange, RackError> {
-        let what = format!("firewall rule {}", rule.name);
-        let wanted = firewall_rule_update(rule)?;
-        let is_wanted = |r: &types::VpcFirewallRule| {
-            r.name == wanted.name && same_rule(&rule_update_from(r.clone()), &wanted)
-        };
+    async fn ensure_firewall_rules(&self, rules: &[OwnedRule]) -> Result<RuleChange, RackError> {
+        let what = format!(
+            "firewall rules {}",
+            rules
+                .iter()
+                .map(|r| r.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let wanted = rules
+            .iter()
+            .map(firewall_rule_update)
+            .collect::<Result<Vec<_>, _>>()?;
         let change = self
             .edit_firewall_rules(
                 &what,
@@ -1554,20 +1638,29 @@ impl Rack for OxideRack {
                     // rule we did not make is written back exactly as it was.
                     let mut rules: Vec<types::VpcFirewallRuleUpdate> =
                         current.into_iter().map(rule_update_from).collect();
-                    let change = match rules.iter_mut().find(|r| r.name == wanted.name) {
-                        Some(r) if same_rule(r, &wanted) => return None,
-                        Some(r) => {
-                            *r = wanted.clone();
-                            RuleChange::Updated
+                    let mut change = None;
+                    for w in &wanted {
+                        match rules.iter_mut().find(|r| r.name == w.name) {
+                            Some(r) if same_rule(r, w) => {}
+                            Some(r) => {
+                                *r = w.clone();
+                                change.get_or_insert(RuleChange::Updated);
+                            }
+                            None => {
+                                rules.push(w.clone());
+                                change = Some(RuleChange::Created);
+                            }
                         }
-                        None => {
-                            rules.push(wanted.clone());
-                            RuleChange::Created
-                        }
-                    };
-                    Some((rules, change))
+                    }
+                    change.map(|c| (rules, c))
                 },
-                |after| after.iter().any(is_wanted),
+                |after| {
+                    wanted.iter().all(|w| {
+                        after
+                            .iter()
+                            .any(|r| r.name == w.name && same_rule(&rule_update_from(r.clone()), w))
+                    })
+                },
             )
             .await?;
         Ok(change.unwrap_or(RuleChange::Unchanged))

@@ -1,16 +1,18 @@
-//! The one VPC firewall rule oxide-controller owns: inbound TCP to the Kubernetes API
-//! (6443) of the project's instances, from the sources the operator names with
-//! `--api-allow`. Pure: the rule's shape and the parsing of its sources.
+//! The VPC firewall rules oxide-controller owns, each named after its cluster: the
+//! Kubernetes API (tcp/6443) from `--api-allow`; SSH (tcp/22) from `--ssh-allow` only; and
+//! the cluster's internal ports (etcd, supervisor, kubelet, VXLAN) from its own members only.
+//! Pure: the rules' shapes and the parsing of their sources.
 //!
-//! A new project's VPC admits only traffic from inside the VPC, SSH and ICMP (omicron
-//! `nexus/defaults/src/lib.rs`), so without this rule the API on the floating IP is dropped.
-//! The rule list is replaced as a whole on the rack (`PUT /v1/vpc-firewall-rules`), so the
-//! adapter reads it, changes only the rule named [`api_rule_name`] and writes it back only
-//! when that rule differs: every other rule stays as it was, and a re-run writes nothing.
+//! A new project's VPC admits traffic from inside the VPC, SSH from anywhere and ICMP
+//! (omicron `nexus/defaults/src/lib.rs`), and denies the rest inbound. The rule list is
+//! replaced as a whole on the rack (`PUT /v1/vpc-firewall-rules`), so the adapter reads it,
+//! changes only rules with our names and writes it back only when one of ours differs: every
+//! other rule (nexus's defaults included) stays as it was, and a re-run writes nothing.
+//! Narrowing what a default admits is done with our deny rules ahead of it, never by editing
+//! the default (docs/DESIGN-NOTES.md "Network exposure").
 //!
 //! Not here: the read-modify-write itself (`oxide_rack`), and how members reach a
-//! server (they use its private VPC address, which the default `allow-internal-inbound`
-//! admits: see docs/DESIGN-NOTES.md "Networking").
+//! server (they use its private VPC address: see docs/DESIGN-NOTES.md "Networking").
 
 use std::fmt;
 use std::net::IpAddr;
@@ -91,14 +93,55 @@ pub fn parse_sources(s: &str) -> Result<Vec<Cidr>, String> {
     Ok(out)
 }
 
-/// A firewall rule oxide-controller owns: inbound TCP on one port of every instance in the
-/// project's `default` VPC, from `sources`.
+/// What an owned rule does to the traffic it matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Allow,
+    Deny,
+}
+
+/// A transport protocol an owned rule filters on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+/// The instances an owned rule applies to (the rack resolves these to NICs).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TcpAllowRule {
+pub enum RuleTargets {
+    /// Every instance of the project's `default` VPC.
+    Vpc,
+    /// The named instances of the project.
+    Instances(Vec<String>),
+}
+
+/// Where the traffic an owned rule matches comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleHosts {
+    /// Anywhere (no host filter).
+    Any,
+    /// Any instance of the `default` VPC, over the VPC (a VNI match: never external traffic).
+    Vpc,
+    /// These networks.
+    Cidrs(Vec<Cidr>),
+    /// The private addresses of the named instances.
+    Instances(Vec<String>),
+}
+
+/// A firewall rule oxide-controller owns in the project's `default` VPC (inbound, enabled).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedRule {
     pub name: String,
     pub description: String,
-    pub port: u16,
-    pub sources: Vec<Cidr>,
+    pub action: Action,
+    /// Lower numbers are evaluated first; the defaults nexus writes have 65534.
+    pub priority: u16,
+    pub targets: RuleTargets,
+    pub hosts: RuleHosts,
+    pub protocols: Vec<Protocol>,
+    /// Inclusive port ranges.
+    pub ports: Vec<(u16, u16)>,
 }
 
 /// What ensuring a rule did.
@@ -110,21 +153,149 @@ pub enum RuleChange {
     Updated,
 }
 
+/// The priority of nexus's default rules, and of the API rule.
+pub const DEFAULT_PRIORITY: u16 = 65534;
+/// Our allow rules that must win over our deny rules (and over the defaults).
+pub const ALLOW_PRIORITY: u16 = 65000;
+/// Our deny rules: after our allows, before nexus's defaults (`allow-internal-inbound`,
+/// `allow-ssh`), so they narrow what the defaults admit. A user's rule with a lower number
+/// still wins over all of ours.
+pub const DENY_PRIORITY: u16 = 65001;
+
+/// The ports only a cluster's own members may reach on its members: etcd (tcp 2379-2380),
+/// the k3s supervisor and API (tcp 6443), flannel VXLAN (udp 8472), the kubelet (tcp 10250)
+/// and flannel's wireguard-native backend (udp 51820-51821), from k3s's "Inbound Rules for
+/// K3s Nodes" (docs.k3s.io/installation/requirements). Both protocols on each range: a rule's
+/// protocol and port filters are independent, and the other protocol on these ports is
+/// nothing anyone else needs either.
+pub const INTERNAL_PORTS: [(u16, u16); 5] = [
+    (2379, 2380),
+    (API_PORT, API_PORT),
+    (8472, 8472),
+    (10250, 10250),
+    (51820, 51821),
+];
+
+/// The rack's cap on targets and on host filters of one rule (omicron
+/// `VPC_FIREWALL_RULE_MAX_FILTER_LEN`, `MAX_FW_RULE_PARTS`).
+pub const MAX_RULE_PARTS: usize = 256;
+
 /// Name of the API rule of `cluster`.
 pub fn api_rule_name(cluster: &str) -> String {
     format!("{cluster}-k8s-api")
 }
 
-/// The API rule of `cluster`.
-pub fn api_rule(cluster: &str, sources: Vec<Cidr>) -> TcpAllowRule {
-    TcpAllowRule {
+/// The API rule of `cluster`: tcp/6443 of every VPC instance from `sources`.
+pub fn api_rule(cluster: &str, sources: Vec<Cidr>) -> OwnedRule {
+    OwnedRule {
         name: api_rule_name(cluster),
         description: format!(
             "oxide-controller: Kubernetes API (tcp/{API_PORT}) of cluster {cluster}"
         ),
-        port: API_PORT,
-        sources,
+        action: Action::Allow,
+        priority: DEFAULT_PRIORITY,
+        targets: RuleTargets::Vpc,
+        hosts: RuleHosts::Cidrs(sources),
+        protocols: vec![Protocol::Tcp],
+        ports: vec![(API_PORT, API_PORT)],
     }
+}
+
+/// Names of the SSH rules of `cluster`: the allow, then the deny.
+pub fn ssh_rule_names(cluster: &str) -> [String; 2] {
+    [format!("{cluster}-ssh"), format!("{cluster}-ssh-deny")]
+}
+
+/// The SSH rules of `cluster`: tcp/22 of the project's instances from `sources` only.
+/// nexus's default `allow-ssh` (tcp/22 from anywhere, priority 65534) stays as it is: our
+/// deny (from anywhere, [`DENY_PRIORITY`]) comes before it and our allow before that, so
+/// the default never decides. The deny covers the whole VPC, as SSH from anywhere did:
+/// every cluster in the project adds its own allow, so SSH is open to the union of their
+/// `--ssh-allow` lists (docs/DESIGN-NOTES.md "Network exposure").
+pub fn ssh_rules(cluster: &str, sources: Vec<Cidr>) -> [OwnedRule; 2] {
+    let [allow, deny] = ssh_rule_names(cluster);
+    let rule = |name, action, priority, hosts, what: &str| OwnedRule {
+        name,
+        description: format!("oxide-controller: SSH (tcp/22) {what}, for cluster {cluster}"),
+        action,
+        priority,
+        targets: RuleTargets::Vpc,
+        hosts,
+        protocols: vec![Protocol::Tcp],
+        ports: vec![(22, 22)],
+    };
+    [
+        rule(
+            allow,
+            Action::Allow,
+            ALLOW_PRIORITY,
+            RuleHosts::Cidrs(sources),
+            "from --ssh-allow",
+        ),
+        rule(
+            deny,
+            Action::Deny,
+            DENY_PRIORITY,
+            RuleHosts::Any,
+            "from anywhere else",
+        ),
+    ]
+}
+
+/// Names of the member rules of `cluster`: the allow, then the deny.
+pub fn member_rule_names(cluster: &str) -> [String; 2] {
+    [format!("{cluster}-members"), format!("{cluster}-isolate")]
+}
+
+/// The member rules of `cluster`: [`INTERNAL_PORTS`] of its members admitted from its
+/// members, and denied from every other VPC instance (the default `allow-internal-inbound`
+/// would admit them). `None` when there is no member, or more than a rule can name
+/// ([`MAX_RULE_PARTS`]). Members are named, not addressed: the rack resolves the names to
+/// the NICs' addresses each time it sends the rules to the sleds.
+pub fn member_rules(cluster: &str, members: &[String]) -> Option<[OwnedRule; 2]> {
+    if members.is_empty() || members.len() > MAX_RULE_PARTS {
+        return None;
+    }
+    let mut names = members.to_vec();
+    names.sort();
+    names.dedup();
+    let [allow, deny] = member_rule_names(cluster);
+    let rule = |name, action, priority, hosts, what: &str| OwnedRule {
+        name,
+        description: format!(
+            "oxide-controller: etcd, k3s supervisor, kubelet, VXLAN of cluster {cluster} {what}"
+        ),
+        action,
+        priority,
+        targets: RuleTargets::Instances(names.clone()),
+        hosts,
+        protocols: vec![Protocol::Tcp, Protocol::Udp],
+        ports: INTERNAL_PORTS.to_vec(),
+    };
+    Some([
+        rule(
+            allow,
+            Action::Allow,
+            ALLOW_PRIORITY,
+            RuleHosts::Instances(names.clone()),
+            "from its members",
+        ),
+        rule(
+            deny,
+            Action::Deny,
+            DENY_PRIORITY,
+            RuleHosts::Vpc,
+            "from the rest of the VPC",
+        ),
+    ])
+}
+
+/// Every rule name `cluster` may own, for `bootstrap delete`.
+pub fn owned_rule_names(cluster: &str) -> Vec<String> {
+    let mut out = vec![api_rule_name(cluster)];
+    out.extend(ssh_rule_names(cluster));
+    out.extend(member_rule_names(cluster));
+    out
 }
 
 #[cfg(test)]
@@ -163,6 +334,6 @@ mod tests {
     fn the_api_rule_is_named_for_the_cluster() {
         let r = api_rule("demo", parse_sources("0.0.0.0/0").unwrap());
         assert_eq!(r.name, "demo-k8s-api");
-        assert_eq!(r.port, 6443);
+        assert_eq!(r.ports, [(6443, 6443)]);
     }
 }

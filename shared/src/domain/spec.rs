@@ -369,7 +369,7 @@ pub struct NodeAccess {
     /// moves sshd, and the VPC's default firewall rules admit tcp/22 only.
     #[serde(default = "default_ssh_port")]
     pub ssh_port: u16,
-    /// Whether each VM gets an ephemeral external IP.
+    /// Which VMs get an ephemeral external IP. Absent: `servers`.
     #[serde(default)]
     pub external_ip: ExternalIpMode,
     /// IP pool for ephemeral and floating IPs; the silo default when absent.
@@ -388,13 +388,30 @@ impl Default for NodeAccess {
     }
 }
 
-/// External IP choice for VMs.
+/// Which VMs get an ephemeral external IP. Every instance reaches out without one: nexus
+/// gives each a SNAT address (docs/DESIGN-NOTES.md "Network exposure").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ExternalIpMode {
+    /// The servers only: a laptop reaches each server's k3s for the upgrade pre-flight and
+    /// copies `dev:` binaries over SSH to them; nothing reaches a worker from outside.
     #[default]
+    Servers,
+    /// Every VM, workers too (what specs written before `servers` existed say).
     Ephemeral,
+    /// No VM (the API's floating IP, or a tailnet, is the way in).
     None,
+}
+
+impl ExternalIpMode {
+    /// Whether a member of `role` gets an ephemeral IP.
+    pub fn ephemeral_for(self, role: Role) -> bool {
+        match self {
+            ExternalIpMode::Servers => role == Role::ControlPlane,
+            ExternalIpMode::Ephemeral => true,
+            ExternalIpMode::None => false,
+        }
+    }
 }
 
 /// Deadlines the planner applies, in seconds.

@@ -108,6 +108,11 @@ impl Connect for FakeConnect {
         })
     }
 
+    /// A documentation address (RFC 5737): the fakes have no network to route over.
+    async fn source_address(&self, _host: &str) -> Result<std::net::IpAddr, String> {
+        Ok(std::net::IpAddr::from([192, 0, 2, 10]))
+    }
+
     /// The live reader: image sources in the fakes' tests are local files or loopback URLs.
     fn image_sources(&self) -> Result<reqwest::Client, ConnectError> {
         crate::workflows::live::image_source_client()

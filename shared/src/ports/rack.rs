@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::net::IpAddr;
 
-use crate::domain::firewall::{RuleChange, TcpAllowRule};
+use crate::domain::firewall::{OwnedRule, RuleChange};
 use crate::domain::model::{
     AntiAffinityGroup, Disk, ExternalIp, FloatingIp, Image, Instance, NewInstance, Snapshot,
 };
@@ -202,12 +202,13 @@ pub trait Rack: Send + Sync {
     ) -> impl Future<Output = Result<bool, RackError>> + Send;
     /// Names of the firewall rules of the project's `default` VPC, in the rack's order.
     fn list_firewall_rules(&self) -> impl Future<Output = Result<Vec<String>, RackError>> + Send;
-    /// Makes the rule named `rule.name` in the project's `default` VPC exactly `rule`:
-    /// read-modify-write of the whole list that keeps every other rule as it was, and writes
-    /// nothing when the rule is already right.
-    fn ensure_firewall_rule(
+    /// Makes each rule named in `rules` in the project's `default` VPC exactly as given, in
+    /// one read-modify-write of the whole list that keeps every other rule as it was, and
+    /// writes nothing when all of them are already right. Returns `Created` when any was
+    /// missing, else `Updated` when any differed.
+    fn ensure_firewall_rules(
         &self,
-        rule: &TcpAllowRule,
+        rules: &[OwnedRule],
     ) -> impl Future<Output = Result<RuleChange, RackError>> + Send;
 }
 

@@ -7,7 +7,7 @@ use crate::base::names::{self, InstanceTag};
 use crate::base::secrets::ClusterSecrets;
 use crate::domain::model::NewInstance;
 use crate::domain::plan::{MemberFactory, Observed};
-use crate::domain::spec::{ClusterSpec, ExternalIpMode, Role};
+use crate::domain::spec::{ClusterSpec, Role};
 use crate::render::cloud_init::MemberInput;
 
 /// Builds members of a cluster from its spec, secrets and what the run observed.
@@ -70,7 +70,7 @@ pub fn new_instance(m: &MemberInput) -> Result<NewInstance, String> {
             image: None,
         }),
         user_data,
-        ephemeral_ip: spec.nodes.external_ip == ExternalIpMode::Ephemeral,
+        ephemeral_ip: spec.nodes.external_ip.ephemeral_for(m.role),
         ip_pool: spec.nodes.ip_pool.clone(),
         anti_affinity_group: spec.anti_affinity_group(m.role, m.pool),
         // Servers: the rack restarts them after a sled fault even when no controller can

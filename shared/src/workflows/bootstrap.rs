@@ -7,8 +7,9 @@
 //! 2. `resume` — read the resume file, or generate the controller key pair, the k3s server and
 //!    agent tokens, the webhook token and the first server's name and write them (0600)
 //!    BEFORE any VM exists ([`crate::adapters::resume`]);
-//! 3. `project`, with the VPC firewall rule `<cluster>-k8s-api` that admits `--api-allow`
-//!    to tcp/6443 ([`crate::domain::firewall`]); 4. `image` — find by name, else upload ([`crate::adapters::image`]);
+//! 3. `project`, with the VPC firewall rules ([`crate::domain::firewall`]): `<cluster>-k8s-api`
+//!    admits `--api-allow` to tcp/6443, the SSH rules `--ssh-allow` to tcp/22, the member rules
+//!    the cluster's internal ports to its members only; 4. `image` — find by name, else upload ([`crate::adapters::image`]);
 //! 5. `floating-ip` `<cluster>-apiserver`, created or adopted;
 //! 6. `first-control-plane` — the `cluster-init` server under the resume file's name, created
 //!    only while the cluster has no control-plane VM at all (an existing one is adopted);
@@ -156,6 +157,9 @@ pub struct BootstrapInput {
     /// `--api-allow`: comma-separated CIDRs the VPC firewall admits to the Kubernetes API
     /// (tcp/6443); [`crate::domain::firewall::DEFAULT_API_ALLOW`] is anywhere.
     pub api_allow: String,
+    /// `--ssh-allow`: comma-separated CIDRs the VPC firewall admits to SSH (tcp/22). `None`:
+    /// the address this machine sends from toward the rack's API ([`Connect::source_address`]).
+    pub ssh_allow: Option<String>,
     /// Lease holder identity of the in-process reconcile (stable per machine, so a re-run
     /// after a kill takes over its own Lease at once).
     pub holder: String,
@@ -308,7 +312,7 @@ pub async fn run<C: Connect>(
     let rack = connect_and_check_subnet(connect, &v).await?;
     let (mut resume, secrets, key) = step_resume(&rack, &v).await?;
     refuse_second_datastore(&rack, spec).await?;
-    step_project(&rack, &v).await?;
+    step_project(&rack, &v, &resume.first_control_plane).await?;
     let (cp_image, image_notes) = step_image(connect, &rack, &v, tty).await?;
     let (fip_name, fip) = step_floating_ip(&rack, spec).await?;
     info!(step = "first-control-plane", name = %resume.first_control_plane, "ensuring the first control-plane VM");
@@ -449,24 +453,56 @@ async fn step_resume<R: Rack>(
     Ok((resume, secrets, key))
 }
 
-/// Step `project`: the project, and the VPC firewall rule for the Kubernetes API.
-async fn step_project<R: Rack>(rack: &R, v: &validate::Validated) -> Result<(), BootstrapError> {
+/// Step `project`: the project, and the VPC firewall rules: the Kubernetes API from
+/// `--api-allow`, SSH from `--ssh-allow` only, and the cluster's internal ports from its
+/// members only (its instances so far and the first server about to be made).
+async fn step_project<R: Rack>(
+    rack: &R,
+    v: &validate::Validated,
+    first_server: &str,
+) -> Result<(), BootstrapError> {
     let project = v.spec.project.as_str();
     info!(step = "project", project, "ensuring the project");
     rack.ensure_project()
         .await
         .map_err(|e| rack_failed("project", e))?;
     // Part of the project step: the VPC drops the API port until this rule admits it.
+    let mut rules = vec![v.api_rule.clone()];
+    rules.extend(v.ssh_rules.iter().cloned());
+    let mut members: Vec<String> = rack
+        .list_instances(&names::cluster_prefix(&v.spec.cluster))
+        .await
+        .map_err(|e| rack_failed("project", e))?
+        .into_iter()
+        .filter(|i| InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == v.spec.cluster))
+        .map(|i| i.name)
+        .collect();
+    members.push(first_server.to_owned());
+    rules.extend(
+        crate::domain::firewall::member_rules(&v.spec.cluster, &members)
+            .into_iter()
+            .flatten(),
+    );
     let change = rack
-        .ensure_firewall_rule(&v.api_rule)
+        .ensure_firewall_rules(&rules)
         .await
         .map_err(|e| rack_failed("project", e))?;
+    let shown = |r: &crate::domain::firewall::OwnedRule| match &r.hosts {
+        crate::domain::firewall::RuleHosts::Cidrs(c) => c
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        _ => String::new(),
+    };
     info!(
         step = "project",
-        rule = %v.api_rule.name,
-        sources = %v.api_rule.sources.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+        api_rule = %v.api_rule.name,
+        api_sources = %shown(&v.api_rule),
+        ssh_sources = %v.ssh_rules.first().map(shown).unwrap_or_default(),
+        members = members.len(),
         ?change,
-        "VPC firewall rule for the Kubernetes API ensured"
+        "VPC firewall rules ensured"
     );
     Ok(())
 }
@@ -1353,7 +1389,17 @@ async fn fetch_kubeconfig<S: RemoteShell>(
         spinner.tick(&err.to_string());
         if Instant::now() >= deadline {
             spinner.done();
-            return Err(failed(step, err));
+            // A dropped SYN is the usual cause: an address outside the SSH rule (behind NAT
+            // the rack sees another address than the default --ssh-allow).
+            return Err(failed(
+                step,
+                error::context(
+                    format!(
+                        "SSH to {addr} did not succeed in time; if the rack sees this machine at an address outside --ssh-allow (behind NAT, say), the VPC firewall drops it"
+                    ),
+                    err,
+                ),
+            ));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

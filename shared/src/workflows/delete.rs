@@ -703,9 +703,15 @@ pub async fn remove_all<R: Rack>(
         if kind == Kind::Project && (instance_failed || out.iter().any(|r| r.is_err())) {
             continue;
         }
+        // Firewall rules one at a time: each removal rewrites the whole list, and two at once
+        // would each write back the rule the other removed.
+        let concurrency = match kind {
+            Kind::FirewallRule => 1,
+            _ => opts.concurrency.max(1),
+        };
         let done: Vec<Removal> = futures::stream::iter(items)
             .map(|item| remove_other(rack, item, opts, deadline, progress))
-            .buffer_unordered(opts.concurrency.max(1))
+            .buffer_unordered(concurrency)
             .collect()
             .await;
         out.extend(done);

@@ -93,6 +93,10 @@ impl bootstrap::Connect for LiveConnect {
         image_source_client()
     }
 
+    async fn source_address(&self, host: &str) -> Result<std::net::IpAddr, String> {
+        crate::adapters::oxide_rack::source_address_toward(host).await
+    }
+
     async fn probe_api(&self, url: &str) -> Result<ApiAnswer, String> {
         let http = self.probe_client()?;
         Ok(match http.get(url).send().await {

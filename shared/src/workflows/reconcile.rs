@@ -632,8 +632,53 @@ async fn work<R: Rack, C: Cluster>(
             .get(state::keys::K3S_CA_HASH)
             .map(String::as_str),
     );
+    ensure_member_rules(rack, ran.spec, &observed, &plan).await;
     let results = apply::apply(rack, cluster, &factory, &plan, apply_opts).await;
     Ok((plan, results, autoscaled))
+}
+
+/// The cluster's member rules (its internal ports from its members only) name the members
+/// there are and the ones this run creates, before they are created: a new member's join
+/// must not meet a rule that does not know it yet. Writes nothing when the names are the
+/// same. A failure is logged and the run goes on: the members already named keep working,
+/// and the next run writes the rules again.
+async fn ensure_member_rules<R: Rack>(
+    rack: &R,
+    spec: &ClusterSpec,
+    observed: &Observed,
+    plan: &Plan,
+) {
+    let mut members: Vec<String> = observed
+        .instances
+        .iter()
+        .filter(|i| {
+            names::InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == spec.cluster)
+        })
+        .map(|i| i.name.clone())
+        .collect();
+    members.extend(plan.actions.iter().filter_map(|a| match a {
+        plan::Action::CreateMember { name, .. } => Some(name.clone()),
+        _ => None,
+    }));
+    let Some(rules) = crate::domain::firewall::member_rules(&spec.cluster, &members) else {
+        if members.len() > crate::domain::firewall::MAX_RULE_PARTS {
+            warn!(
+                members = members.len(),
+                "more members than a VPC firewall rule can name; the member rules are left as they are"
+            );
+        }
+        return;
+    };
+    match rack.ensure_firewall_rules(&rules).await {
+        Ok(change) => info!(
+            ?change,
+            members = members.len(),
+            "VPC firewall member rules ensured"
+        ),
+        Err(e) => {
+            warn!(error = %e, "could not write the VPC firewall member rules; the next run tries again")
+        }
+    }
 }
 
 /// What a run read and when it began, for [`work`] and [`wrap_up`].

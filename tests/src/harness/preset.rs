@@ -227,9 +227,9 @@ pub async fn build(
         oxide_controller::domain::firewall::DEFAULT_API_ALLOW,
     )
     .map_err(PresetError::Spec)?;
-    rack.ensure_firewall_rule(&oxide_controller::domain::firewall::api_rule(
+    rack.ensure_firewall_rules(&[oxide_controller::domain::firewall::api_rule(
         CLUSTER, anywhere,
-    ))
+    )])
     .await
     .map_err(rack_err("opening the Kubernetes API in the VPC firewall"))?;
     let fip_name = names::api_floating_ip_name(CLUSTER);

@@ -56,6 +56,13 @@ impl Source {
     }
 }
 
+/// The transport protocol of a connection or datagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    Tcp,
+    Udp,
+}
+
 /// The instance a connection is for, as the rules name it.
 #[derive(Clone, Copy, Debug)]
 pub struct Target<'a> {
@@ -204,6 +211,11 @@ type Resolve<'a> = &'a dyn Fn(&str) -> Option<Ipv4Addr>;
 
 fn targets_match(rule: &types::VpcFirewallRule, t: Target<'_>) -> bool {
     let ip = IpAddr::V4(t.private_ip);
+    // A rule without targets applies to every NIC (omicron
+    // `illumos-utils/src/opte/firewall_rules.rs` `opte_firewall_rules`).
+    if rule.targets.is_empty() {
+        return true;
+    }
     rule.targets.iter().any(|target| match target {
         types::VpcFirewallRuleTarget::Vpc(n) | types::VpcFirewallRuleTarget::Subnet(n) => {
             n.as_str() == DEFAULT_VPC
@@ -236,6 +248,7 @@ fn host_matches(h: &types::VpcFirewallRuleHostFilter, src: Source, resolve: Reso
 fn filters_match(
     f: &types::VpcFirewallRuleFilter,
     src: Source,
+    proto: Proto,
     port: u16,
     resolve: Resolve<'_>,
 ) -> bool {
@@ -249,8 +262,11 @@ fn filters_match(
         .as_ref()
         .filter(|p| !p.is_empty())
         .is_none_or(|p| {
-            p.iter()
-                .any(|p| matches!(p, types::VpcFirewallRuleProtocol::Tcp))
+            p.iter().any(|p| match p {
+                types::VpcFirewallRuleProtocol::Tcp => proto == Proto::Tcp,
+                types::VpcFirewallRuleProtocol::Udp => proto == Proto::Udp,
+                _ => false,
+            })
         });
     let ports = f.ports.as_ref().filter(|p| !p.is_empty()).is_none_or(|p| {
         p.iter()
@@ -260,13 +276,17 @@ fn filters_match(
     hosts && protocols && ports
 }
 
-/// Whether an inbound TCP connection from `src` to `port` of `target` gets through `rules`:
+/// Whether inbound `proto` traffic from `src` to `port` of `target` gets through `rules`:
 /// the enabled inbound rule with the lowest priority number that targets the instance and
 /// whose filters all match decides (deny first at equal priority); no match means deny.
-pub fn allows_tcp(
+/// A rule naming several protocols or hosts matches when any of them does: sled-agent
+/// unrolls it into one opte rule per protocol and host at the same priority and action
+/// (omicron `illumos-utils/src/opte/firewall_rules.rs` `opte_firewall_rules`).
+pub fn allows(
     rules: &[types::VpcFirewallRule],
     target: Target<'_>,
     src: Source,
+    proto: Proto,
     port: u16,
     resolve: Resolve<'_>,
 ) -> bool {
@@ -276,7 +296,7 @@ pub fn allows_tcp(
             r.status == types::VpcFirewallRuleStatus::Enabled
                 && r.direction == types::VpcFirewallRuleDirection::Inbound
                 && targets_match(r, target)
-                && filters_match(&r.filters, src, port, resolve)
+                && filters_match(&r.filters, src, proto, port, resolve)
         })
         .collect();
     matching.sort_by_key(|r| (r.priority, r.action != types::VpcFirewallRuleAction::Deny));
@@ -402,9 +422,9 @@ mod tests {
         let rules = with(Vec::new());
         let ext = Source::External("203.0.113.9".parse().unwrap());
         let vpc = Source::Vpc("127.30.0.6".parse().unwrap());
-        assert!(allows_tcp(&rules, target(), ext, 22, &none));
-        assert!(!allows_tcp(&rules, target(), ext, 6443, &none));
-        assert!(allows_tcp(&rules, target(), vpc, 6443, &none));
+        assert!(allows(&rules, target(), ext, Proto::Tcp, 22, &none));
+        assert!(!allows(&rules, target(), ext, Proto::Tcp, 6443, &none));
+        assert!(allows(&rules, target(), vpc, Proto::Tcp, 6443, &none));
     }
 
     #[test]
@@ -412,7 +432,7 @@ mod tests {
         // Same machine, but via NAT: the VPC host filter does not match it.
         let rules = with(Vec::new());
         let hairpin = Source::External("127.100.0.7".parse().unwrap());
-        assert!(!allows_tcp(&rules, target(), hairpin, 6443, &none));
+        assert!(!allows(&rules, target(), hairpin, Proto::Tcp, 6443, &none));
     }
 
     #[test]
@@ -420,14 +440,14 @@ mod tests {
         let rules = with(vec![allow_6443_from("203.0.113.0/24", 100, "allow")]);
         let inside = Source::External("203.0.113.200".parse().unwrap());
         let outside = Source::External("198.51.100.1".parse().unwrap());
-        assert!(allows_tcp(&rules, target(), inside, 6443, &none));
-        assert!(!allows_tcp(&rules, target(), outside, 6443, &none));
+        assert!(allows(&rules, target(), inside, Proto::Tcp, 6443, &none));
+        assert!(!allows(&rules, target(), outside, Proto::Tcp, 6443, &none));
         let rules = with(vec![
             allow_6443_from("0.0.0.0/0", 100, "allow"),
             allow_6443_from("203.0.113.0/24", 100, "deny"),
         ]);
-        assert!(!allows_tcp(&rules, target(), inside, 6443, &none));
-        assert!(allows_tcp(&rules, target(), outside, 6443, &none));
+        assert!(!allows(&rules, target(), inside, Proto::Tcp, 6443, &none));
+        assert!(allows(&rules, target(), outside, Proto::Tcp, 6443, &none));
     }
 
     #[test]
@@ -445,5 +465,98 @@ mod tests {
         let mut bad = allow_6443_from("0.0.0.0/0", 1, "allow");
         bad.filters.ports = Some(vec![types::L4PortRange::try_from("90-80").unwrap()]);
         assert!(check_update(&types::VpcFirewallRuleUpdateParams { rules: vec![bad] }).is_err());
+    }
+
+    fn rule(json: serde_json::Value) -> types::VpcFirewallRuleUpdate {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// Two clusters' member rules as the product writes them (allow from members at 65000,
+    /// deny from the VPC at 65001, tcp and udp on the same ports).
+    fn member_rules(cluster: &str, members: &[&str]) -> Vec<types::VpcFirewallRuleUpdate> {
+        let instances = |kind: &str| -> Vec<serde_json::Value> {
+            members
+                .iter()
+                .map(|m| serde_json::json!({"type": kind, "value": m}))
+                .collect()
+        };
+        let ports = ["2379-2380", "6443", "8472", "10250"];
+        let protocols = serde_json::json!([{"type": "tcp"}, {"type": "udp"}]);
+        vec![
+            rule(serde_json::json!({
+                "name": format!("{cluster}-members"), "description": "", "action": "allow",
+                "direction": "inbound", "status": "enabled", "priority": 65000,
+                "targets": instances("instance"),
+                "filters": {"hosts": instances("instance"), "protocols": protocols, "ports": ports}
+            })),
+            rule(serde_json::json!({
+                "name": format!("{cluster}-isolate"), "description": "", "action": "deny",
+                "direction": "inbound", "status": "enabled", "priority": 65001,
+                "targets": instances("instance"),
+                "filters": {"hosts": [{"type": "vpc", "value": "default"}],
+                            "protocols": protocols, "ports": ports}
+            })),
+        ]
+    }
+
+    #[test]
+    fn member_rules_keep_two_clusters_of_one_vpc_apart_on_tcp_and_udp() {
+        let mut extra = member_rules("a", &["a-cp", "a-w"]);
+        extra.extend(member_rules("b", &["b-cp", "b-w"]));
+        let rules = with(extra);
+        let addr = |n: &str| -> Option<Ipv4Addr> {
+            Some(match n {
+                "a-cp" => Ipv4Addr::new(172, 30, 0, 5),
+                "a-w" => Ipv4Addr::new(172, 30, 0, 6),
+                "b-cp" => Ipv4Addr::new(172, 30, 0, 7),
+                "b-w" => Ipv4Addr::new(172, 30, 0, 8),
+                _ => return None,
+            })
+        };
+        let at = |n: &'static str| Target {
+            name: n,
+            private_ip: addr(n).unwrap(),
+        };
+        let from = |n: &str| Source::Vpc(IpAddr::V4(addr(n).unwrap()));
+        for (proto, port) in [(Proto::Tcp, 10250), (Proto::Udp, 8472), (Proto::Tcp, 2379)] {
+            assert!(allows(&rules, at("b-w"), from("b-cp"), proto, port, &addr));
+            assert!(allows(&rules, at("a-cp"), from("a-w"), proto, port, &addr));
+            assert!(
+                !allows(&rules, at("b-w"), from("a-w"), proto, port, &addr),
+                "{proto:?}/{port}"
+            );
+            assert!(
+                !allows(&rules, at("a-cp"), from("b-cp"), proto, port, &addr),
+                "{proto:?}/{port}"
+            );
+        }
+        // Ports the member rules do not name keep what `allow-internal-inbound` admits.
+        assert!(allows(
+            &rules,
+            at("b-w"),
+            from("a-w"),
+            Proto::Tcp,
+            30080,
+            &addr
+        ));
+        // A UDP rule does not admit TCP, nor a TCP rule UDP.
+        let rules = with(vec![allow_6443_from("0.0.0.0/0", 100, "allow")]);
+        let ext = Source::External("203.0.113.9".parse().unwrap());
+        assert!(allows(&rules, target(), ext, Proto::Tcp, 6443, &none));
+        assert!(!allows(&rules, target(), ext, Proto::Udp, 6443, &none));
+    }
+
+    #[test]
+    fn a_rule_without_targets_applies_to_every_instance() {
+        let rules = materialize(
+            Uuid::new_v4(),
+            vec![rule(serde_json::json!({
+                "name": "everything", "description": "", "action": "allow",
+                "direction": "inbound", "status": "enabled", "priority": 1,
+                "targets": [], "filters": {}
+            }))],
+        );
+        let ext = Source::External("203.0.113.9".parse().unwrap());
+        assert!(allows(&rules, target(), ext, Proto::Udp, 8472, &none));
     }
 }

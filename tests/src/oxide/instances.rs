@@ -824,8 +824,10 @@ pub fn external_ips(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let pool = cx.store.ip_pool_id;
     let mut items = Vec::new();
     // SNAT first: a client taking `items[0]` as "the" external IP gets an address nothing
-    // listens on, as it would on a rack where ordering is not guaranteed.
-    if let Some(snat) = cx.store.snat_ip {
+    // listens on, as it would on a rack where ordering is not guaranteed. nexus allocates
+    // one for every instance whose primary NIC has an IPv4 stack, with or without other
+    // external IPs (omicron `nexus/src/app/sagas/instance_create.rs` `create_snat_ipv4`).
+    if let (Some(snat), Some(_)) = (cx.store.snat_ip, inst.private_ip()) {
         items.push(types::ExternalIp::Snat {
             first_port: inst.snat_first_port,
             ip: IpAddr::V4(snat),

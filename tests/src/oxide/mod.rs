@@ -41,6 +41,7 @@ use uuid::Uuid;
 pub use addresses::AddressPool;
 pub use error::ApiError;
 pub use faults::{AfterFault, FaultSpec, Faults, RouteFault};
+pub use firewall::Proto;
 pub use store::BulkWriteStats;
 
 pub use routes::{ROUTES, RouteSpec};
@@ -462,13 +463,19 @@ impl OxideSim {
         }
     }
 
-    /// Whether the VPC firewall lets a TCP connection from `from` reach `to`: `None` when
-    /// `to` is no address of an instance of this rack (the firewall has no say), `Some(false)`
-    /// when the connection is dropped. An instance connecting to an external (ephemeral or
-    /// floating) address leaves through NAT and arrives as external traffic from its own
-    /// external address; to a private address it arrives over the VPC, and only inside the
-    /// same project's VPC.
+    /// Whether the VPC firewall lets a TCP connection from `from` reach `to` (see
+    /// [`Self::admitted`]).
     pub fn tcp_admitted(&self, from: Peer, to: SocketAddr) -> Option<bool> {
+        self.admitted(firewall::Proto::Tcp, from, to)
+    }
+
+    /// Whether the VPC firewall lets `proto` traffic from `from` reach `to`: `None` when
+    /// `to` is no address of an instance of this rack (the firewall has no say), `Some(false)`
+    /// when it is dropped. An instance sending to an external (ephemeral or floating) address
+    /// leaves through NAT and arrives as external traffic from its own external address; to
+    /// a private address it arrives over the VPC, and only inside the same project's VPC.
+    /// The simulator has no UDP path between VMs: VXLAN (udp/8472) is judged here only.
+    pub fn admitted(&self, proto: firewall::Proto, from: Peer, to: SocketAddr) -> Option<bool> {
         let store = self.store();
         let dest = to.ip();
         let (target, via_vpc) = store.instances.values().find_map(|i| {
@@ -480,11 +487,18 @@ impl OxideSim {
                 None
             }
         })?;
+        let project = store.projects.get(&target.project_id)?;
+        // A NIC without IPv4 matches no address target.
+        let target_addr = target
+            .private_ip()
+            .and_then(|ip| project.subnet.rack_addr(ip))
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED);
         let source = match (from, via_vpc) {
             // On a rack nothing outside the VPC reaches a private address. The simulator's
-            // in-cluster Jobs run on the host and reach the API there as pods would (over the
-            // VPC), so a host connection to a private address is judged as VPC traffic.
-            (Peer::Host(ip), true) => Source::Vpc(ip),
+            // in-cluster Jobs run on the host and reach a member there as pods would: from
+            // a node of the cluster, over the VPC. Which node is not known here, so the
+            // connection is judged as coming from the target itself (a pod on that node).
+            (Peer::Host(_), true) => Source::Vpc(IpAddr::V4(target_addr)),
             (Peer::Host(ip), false) => Source::External(ip),
             (Peer::Instance(id), via_vpc) => {
                 let src = store.instances.get(&id)?;
@@ -494,7 +508,6 @@ impl OxideSim {
                     }
                     // Inside the VPC the source is the NIC's rack address (172.30.x), which
                     // is what `ip`/`ip_net` filters name.
-                    let project = store.projects.get(&src.project_id)?;
                     Source::Vpc(IpAddr::V4(project.subnet.rack_addr(src.private_ip()?)?))
                 } else {
                     // Outbound NAT: its first external address, else the shared SNAT address.
@@ -507,7 +520,6 @@ impl OxideSim {
                 }
             }
         };
-        let project = store.projects.get(&target.project_id)?;
         let resolve = |name: &str| {
             store
                 .instances
@@ -516,17 +528,14 @@ impl OxideSim {
                 .and_then(|i| i.private_ip())
                 .and_then(|ip| project.subnet.rack_addr(ip))
         };
-        Some(firewall::allows_tcp(
+        Some(firewall::allows(
             &project.firewall_rules,
             firewall::Target {
                 name: target.name.as_str(),
-                // A NIC without IPv4 matches no address target.
-                private_ip: target
-                    .private_ip()
-                    .and_then(|ip| project.subnet.rack_addr(ip))
-                    .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+                private_ip: target_addr,
             },
             source,
+            proto,
             to.port(),
             &resolve,
         ))

@@ -102,6 +102,14 @@ pub trait Connect: Send + Sync {
     /// `validate`, streamed in `image`.
     fn image_sources(&self) -> Result<reqwest::Client, ConnectError>;
 
+    /// The address this machine sends from toward the rack's API at `host` (a URL): the
+    /// operating system's route choice, found without sending anything. The default of
+    /// `--ssh-allow`; behind NAT the rack sees another address (the README says so).
+    fn source_address(
+        &self,
+        host: &str,
+    ) -> impl Future<Output = Result<std::net::IpAddr, String>> + Send;
+
     /// One probe of `url` (the certificate is not checked: only whether the API serves is
     /// used). `Err` when the probe itself cannot be made.
     fn probe_api(&self, url: &str) -> impl Future<Output = Result<ApiAnswer, String>> + Send;

@@ -32,7 +32,9 @@ pub(super) struct Validated {
     /// `--controller-image dev:…`: the workspace to build (checked), else None.
     pub dev_image: Option<crate::adapters::dev_image::DevImage>,
     /// The VPC firewall rule that opens the Kubernetes API to `--api-allow`.
-    pub api_rule: crate::domain::firewall::TcpAllowRule,
+    pub api_rule: crate::domain::firewall::OwnedRule,
+    /// The VPC firewall rules that admit SSH from `--ssh-allow` only.
+    pub ssh_rules: [crate::domain::firewall::OwnedRule; 2],
 }
 
 /// The flag a spec field comes from, for messages.
@@ -284,6 +286,7 @@ pub(super) async fn validate<C: super::Connect>(
     let api_sources = crate::domain::firewall::parse_sources(&input.api_allow)
         .map_err(|e| BootstrapError::input("--api-allow", message(e)))?;
     let api_rule = crate::domain::firewall::api_rule(&spec.cluster, api_sources);
+    let ssh_rules = validate_ssh_allow(input, &spec, &credentials, connect).await?;
     let resume_path = validate_state_dir(input, &spec)?;
     let manifests = render_manifests(input, &spec, ccm_image)?;
 
@@ -310,7 +313,41 @@ pub(super) async fn validate<C: super::Connect>(
         tailscale,
         dev_image,
         api_rule,
+        ssh_rules,
     })
+}
+
+/// `--ssh-allow`, or else the address this machine sends from toward the rack's API: the
+/// SSH rules of the cluster.
+async fn validate_ssh_allow<C: super::Connect>(
+    input: &BootstrapInput,
+    spec: &ClusterSpec,
+    credentials: &credentials::OxideCredentials,
+    connect: &C,
+) -> Result<[crate::domain::firewall::OwnedRule; 2], BootstrapError> {
+    let sources = match &input.ssh_allow {
+        Some(given) => crate::domain::firewall::parse_sources(given)
+            .map_err(|e| BootstrapError::input("--ssh-allow", message(e)))?,
+        None => {
+            let ip = connect
+                .source_address(&credentials.host)
+                .await
+                .map_err(|e| {
+                    BootstrapError::input(
+                        "--ssh-allow",
+                        message(format!(
+                            "not given, and this machine's address toward {} is unknown ({e}); give the addresses SSH may come from",
+                            credentials.host
+                        )),
+                    )
+                })?;
+            vec![crate::domain::firewall::Cidr {
+                addr: ip,
+                prefix: if ip.is_ipv4() { 32 } else { 128 },
+            }]
+        }
+    };
+    Ok(crate::domain::firewall::ssh_rules(&spec.cluster, sources))
 }
 
 /// The cluster spec the flags describe, checked.

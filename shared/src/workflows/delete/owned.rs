@@ -491,16 +491,25 @@ fn take_anti_affinity_groups(
     }
 }
 
-/// Bootstrap's API rule, by its exact name.
+/// The firewall rules bootstrap and reconcile make for the cluster, by their exact names:
+/// the API rule, the SSH rules and the member rules. nexus's defaults were never changed
+/// (ours narrow them from ahead), so removing ours restores what they admit.
 fn take_api_firewall_rule(cluster: &str, obs: &ObservedProject, inv: &mut Inventory) {
-    let rule = crate::domain::firewall::api_rule_name(cluster);
-    if obs.firewall_rules.iter().flatten().any(|r| *r == rule) {
-        inv.items.push(Item {
-            kind: Kind::FirewallRule,
-            name: rule,
-            reason: "bootstrap's Kubernetes API rule for this cluster".into(),
-            instance: None,
-        });
+    let api = crate::domain::firewall::api_rule_name(cluster);
+    for rule in crate::domain::firewall::owned_rule_names(cluster) {
+        if obs.firewall_rules.iter().flatten().any(|r| *r == rule) {
+            let reason = if rule == api {
+                "bootstrap's Kubernetes API rule for this cluster"
+            } else {
+                "bootstrap's SSH or member rule for this cluster"
+            };
+            inv.items.push(Item {
+                kind: Kind::FirewallRule,
+                name: rule,
+                reason: reason.into(),
+                instance: None,
+            });
+        }
     }
 }
 
