@@ -28,7 +28,7 @@ const PLAIN_FILES: [&str; 5] = [
     "webhook.yaml",
 ];
 /// Every object the in-cluster pieces consist of, as [`object_key`] spells them.
-const EXPECTED_OBJECTS: [&str; 16] = [
+const EXPECTED_OBJECTS: [&str; 17] = [
     "ClusterRole oxide-controller-reconcile",
     "ClusterRole oxide-controller-webhook",
     "ClusterRoleBinding oxide-controller-reconcile",
@@ -36,6 +36,7 @@ const EXPECTED_OBJECTS: [&str; 16] = [
     "CronJob oxide-controller-jobs/oxide-controller",
     "Deployment kube-system/oxide-controller-webhook",
     "Namespace oxide-controller-jobs",
+    "NetworkPolicy kube-system/oxide-controller-webhook",
     "Role kube-system/oxide-controller-reconcile",
     "Role kube-system/oxide-controller-webhook",
     "Role oxide-controller-jobs/oxide-controller-webhook",
@@ -1021,6 +1022,29 @@ fn a_reconcile_run_ends_before_its_job_deadline_and_the_job_before_the_next_tick
             env.iter()
                 .any(|e| e["name"] == "OXIDE_CONTROLLER_LOG_FORMAT" && e["value"] == "json"),
             "{side}"
+        );
+    }
+}
+
+#[test]
+fn only_labelled_namespaces_reach_the_webhook() {
+    for (side, objects) in both_sides() {
+        let deployment = &objects["Deployment kube-system/oxide-controller-webhook"]["spec"];
+        let policy = &objects["NetworkPolicy kube-system/oxide-controller-webhook"]["spec"];
+        assert_eq!(
+            policy["podSelector"]["matchLabels"], deployment["template"]["metadata"]["labels"],
+            "{side}: the policy selects the webhook's pods"
+        );
+        assert_eq!(policy["policyTypes"], json!(["Ingress"]), "{side}");
+        assert_eq!(
+            policy["ingress"],
+            json!([{"from": [{"namespaceSelector": {"matchLabels": {"oxide-controller/webhook-client": "true"}}}],
+                "ports": [{"protocol": "TCP", "port": "https"}]}]),
+            "{side}: one rule, from labelled namespaces only, to the https port"
+        );
+        assert_eq!(
+            deployment["template"]["spec"]["containers"][0]["ports"][0]["name"], "https",
+            "{side}: the port the policy names"
         );
     }
 }

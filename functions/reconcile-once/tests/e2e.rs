@@ -2557,7 +2557,9 @@ async fn the_reconcile_jobs_own_pod_on_the_victim_is_not_evicted_by_it() {
     let status = env.status().await.unwrap_or_else(|| panic!("status"));
     let plan = serde_json::to_string(&status.last_plan).unwrap_or_default();
     assert!(
-        plan.contains(&format!("this run's own pod oxide-controller-jobs/{own_name}")),
+        plan.contains(&format!(
+            "this run's own pod oxide-controller-jobs/{own_name}"
+        )),
         "{plan}"
     );
     assert!(

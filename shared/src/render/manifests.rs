@@ -138,6 +138,7 @@ fn resource(api_version: &str, kind: &str) -> Option<(Resource, bool)> {
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => ("clusterroles", false),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => ("clusterrolebindings", false),
         ("policy/v1", "PodDisruptionBudget") => ("poddisruptionbudgets", true),
+        ("networking.k8s.io/v1", "NetworkPolicy") => ("networkpolicies", true),
         _ => return None,
     };
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
@@ -499,6 +500,7 @@ mod tests {
                 "CronJob oxide-controller-jobs/oxide-controller",
                 "Deployment kube-system/oxide-controller-webhook",
                 "Namespace oxide-controller-jobs",
+                "NetworkPolicy kube-system/oxide-controller-webhook",
                 "Role kube-system/oxide-controller-reconcile",
                 "Role kube-system/oxide-controller-webhook",
                 "Role oxide-controller-jobs/oxide-controller-webhook",
