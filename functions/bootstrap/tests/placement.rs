@@ -13,7 +13,10 @@ use serde_json::{Value, json};
 
 const SERVERS: &str = "demo-control-plane-";
 const WORKERS: &str = "demo-workers-";
+/// The webhook's namespace.
 const NS: &str = "kube-system";
+/// The reconcile CronJob's and its Jobs' namespace.
+const JOBS: &str = "oxide-controller-jobs";
 
 /// Many copies of our pods, more than there are servers, so a placement that ignored the
 /// servers-only rule would spread some onto workers: the webhook Deployment at `replicas` and
@@ -30,12 +33,12 @@ async fn start_many_of_ours(env: &Env, replicas: u32, jobs: u32) {
     .await
     .unwrap();
     let cron = kube
-        .get("batch/v1", "CronJob", Some(NS), "oxide-controller")
+        .get("batch/v1", "CronJob", Some(JOBS), "oxide-controller")
         .await
         .expect("the CronJob");
     for i in 0..jobs {
         kube.apply(json!({"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": format!("placed-{i}"), "namespace": NS},
+            "metadata": {"name": format!("placed-{i}"), "namespace": JOBS},
             "spec": cron["spec"]["jobTemplate"]["spec"].clone()}))
             .await
             .unwrap();
@@ -55,12 +58,20 @@ async fn start_tenant(env: &Env, replicas: u32) {
         .unwrap();
 }
 
-/// The node each pod matching `select` was bound to, once `want` of them are bound (two
-/// minutes at most).
-async fn bound(env: &Env, ns: &str, want: usize, select: impl Fn(&Value) -> bool) -> Vec<String> {
+/// The node each pod of `namespaces` matching `select` was bound to, once `want` of them are
+/// bound (two minutes at most).
+async fn bound(
+    env: &Env,
+    namespaces: &[&str],
+    want: usize,
+    select: impl Fn(&Value) -> bool,
+) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let pods = env.sim.kube().list("v1", "Pod", Some(ns)).await;
+        let mut pods = Vec::new();
+        for ns in namespaces {
+            pods.extend(env.sim.kube().list("v1", "Pod", Some(ns)).await);
+        }
         let nodes: Vec<String> = pods
             .iter()
             .filter(|p| select(p))
@@ -89,14 +100,14 @@ async fn our_pods_are_bound_only_to_servers_though_workers_have_room() {
     env.run_ok(&["--control-planes", "1", "--workers", "2"])
         .await;
     start_many_of_ours(&env, 4, 3).await;
-    let nodes = bound(&env, NS, 7, ours).await;
+    let nodes = bound(&env, &[NS, JOBS], 7, ours).await;
     assert!(
         nodes.iter().all(|n| n.starts_with(SERVERS)),
         "our pods went to {nodes:?}"
     );
     // Tenant pods still use the servers too: nothing taints them by default.
     start_tenant(&env, 6).await;
-    let tenant = bound(&env, "default", 6, |p| {
+    let tenant = bound(&env, &["default"], 6, |p| {
         p["metadata"]["labels"]["app"] == "tenant"
     })
     .await;
@@ -132,7 +143,7 @@ async fn dedicated_servers_keep_tenant_pods_off_them_and_ours_on_them() {
         "the server registered with k3s's dedicated-server taint"
     );
     start_tenant(&env, 6).await;
-    let tenant = bound(&env, "default", 6, |p| {
+    let tenant = bound(&env, &["default"], 6, |p| {
         p["metadata"]["labels"]["app"] == "tenant"
     })
     .await;
@@ -141,7 +152,7 @@ async fn dedicated_servers_keep_tenant_pods_off_them_and_ours_on_them() {
         "tenant pods went to {tenant:?}"
     );
     start_many_of_ours(&env, 2, 2).await;
-    let nodes = bound(&env, NS, 4, ours).await;
+    let nodes = bound(&env, &[NS, JOBS], 4, ours).await;
     assert!(
         nodes.iter().all(|n| n.starts_with(SERVERS)),
         "our pods went to {nodes:?}"

@@ -129,7 +129,7 @@ async fn demo() -> Result<()> {
     say("nodes after bootstrap");
     show_nodes(&client).await?;
 
-    say("the scale webhook, running as the oxide-controller ServiceAccount");
+    say("the scale webhook, running as its ServiceAccount oxide-controller-webhook");
     let sa_kubeconfig = dir.join("webhook.kubeconfig");
     let cluster = sim
         .control_planes()
@@ -142,12 +142,38 @@ async fn demo() -> Result<()> {
         &sa_kubeconfig,
         cluster
             .control_plane
-            .service_account_kubeconfig(&server, "kube-system", "oxide-controller")
+            .service_account_kubeconfig(&server, "kube-system", "oxide-controller-webhook")
             .await?,
     )?;
+    // The token, as an operator reads it: kubectl -n kube-system get secret oxide-controller ...
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), "kube-system");
+    let secret = secrets.get("oxide-controller").await?;
+    let key = |k: &str| {
+        secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    let token = key("webhook-token").context("the Secret has no webhook-token")?;
+    // The webhook's account may not read the Secret: its pod mounts the token keys (written
+    // here as the kubelet writes a Secret volume).
+    let mounted = dir.join("webhook-secrets");
+    std::fs::create_dir_all(&mounted)?;
+    std::fs::write(mounted.join("webhook-token"), &token)?;
+    if let Some(read) = key("webhook-read-token") {
+        std::fs::write(mounted.join("webhook-read-token"), read)?;
+    }
     let port = free_port()?;
     let mut webhook = tokio::process::Command::new(bin_dir.join("scale"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--secrets-dir",
+        ])
+        .arg(&mounted)
         .env("KUBECONFIG", &sa_kubeconfig)
         .env("OXIDE_CONTROLLER_LOG_FORMAT", "text")
         .stdout(Stdio::null())
@@ -172,17 +198,6 @@ async fn demo() -> Result<()> {
     .await
     .context("the webhook did not become ready")?;
     println!("webhook listening on {base}");
-
-    // The token, as an operator reads it: kubectl -n kube-system get secret oxide-controller ...
-    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
-        kube::Api::namespaced(client.clone(), "kube-system");
-    let secret = secrets.get("oxide-controller").await?;
-    let token = secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get("webhook-token"))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .context("the Secret has no webhook-token")?;
 
     say("PUT /nodes/workers {\"count\":4}   (curl -H \"Authorization: Bearer $TOKEN\" ...)");
     let resp = http
