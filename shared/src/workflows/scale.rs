@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use crate::base::retry::Backoff;
 use crate::domain::spec::{ClusterSpec, CountError, PoolSpec, Role, SpecLoadError};
-use crate::ports::cluster::{Cluster, JobTrigger, NAMESPACE, ON_DEMAND_JOB};
+use crate::ports::cluster::{Cluster, JOBS_NAMESPACE, JobTrigger, ON_DEMAND_JOB};
 use crate::ports::state::{ConfigSnapshot, StateError, StateStore, keys};
 use crate::workflows::error::{Kind, chain};
 
@@ -84,13 +84,13 @@ impl ReconcileOutcome {
     pub fn public_message(&self) -> String {
         match self {
             ReconcileOutcome::Triggered => {
-                format!("reconcile triggered (Job {NAMESPACE}/{ON_DEMAND_JOB})")
+                format!("reconcile triggered (Job {JOBS_NAMESPACE}/{ON_DEMAND_JOB})")
             }
             ReconcileOutcome::Pending => {
-                format!("reconcile pending (Job {NAMESPACE}/{ON_DEMAND_JOB} already exists and will pick the change up)")
+                format!("reconcile pending (Job {JOBS_NAMESPACE}/{ON_DEMAND_JOB} already exists and will pick the change up)")
             }
             ReconcileOutcome::NoCronJob => format!(
-                "the change is saved, but no reconcile was triggered: CronJob {NAMESPACE}/oxide-controller does not exist; run reconcile-once to apply it"
+                "the change is saved, but no reconcile was triggered: CronJob {JOBS_NAMESPACE}/oxide-controller does not exist; run reconcile-once to apply it"
             ),
             ReconcileOutcome::NotNeeded => "no change, so no reconcile was triggered".to_owned(),
             ReconcileOutcome::Failed { .. } => {
