@@ -144,18 +144,7 @@ impl Env {
     }
 
     async fn ready_workers(&self) -> Vec<String> {
-        self.nodes()
-            .await
-            .into_iter()
-            .filter(|n| {
-                n["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
-            })
-            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
-            .filter(|n| n.starts_with(WK))
-            .collect()
+        self.sim.kube().ready_nodes(WK).await.into_iter().collect()
     }
 
     async fn nodes(&self) -> Vec<Value> {

@@ -132,14 +132,7 @@ impl Env {
     }
 
     async fn ready_nodes(&self, prefix: &str) -> Vec<String> {
-        let mut out = Vec::new();
-        for n in self.kube().list("v1", "Node", None).await {
-            let name = n["metadata"]["name"].as_str().unwrap_or_default();
-            if name.starts_with(prefix) && readiness(&n).as_deref() == Some("True") {
-                out.push(name.to_string());
-            }
-        }
-        out
+        self.kube().ready_nodes(prefix).await.into_iter().collect()
     }
 
     fn instances(&self, prefix: &str) -> Vec<Value> {
