@@ -1848,6 +1848,25 @@ mod tests {
         assert_eq!(setup_failure(own).unwrap().reason, "no NVMe disk");
     }
 
+    /// A worker of the first pool, joining through 172.30.0.10.
+    fn worker_input<'a>(
+        spec: &'a crate::domain::spec::ClusterSpec,
+        secrets: &'a crate::base::secrets::ClusterSecrets,
+    ) -> MemberInput<'a> {
+        MemberInput {
+            spec,
+            secrets,
+            role: Role::Worker,
+            pool: &spec.worker_pools[0],
+            name: "demo-workers-abcde",
+            image_id: uuid::Uuid::nil(),
+            api_address: "172.30.0.10".parse().unwrap(),
+            join_address: "172.30.0.10".parse().unwrap(),
+            cluster_init: false,
+            ca_hash: None,
+        }
+    }
+
     #[test]
     fn members_join_the_tailnet_only_when_the_spec_and_the_secret_both_say_so() {
         let mut spec = crate::domain::spec::ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
@@ -1859,19 +1878,7 @@ mod tests {
         };
         let joins = |spec: &crate::domain::spec::ClusterSpec,
                      secrets: &crate::base::secrets::ClusterSecrets| {
-            let input = MemberInput {
-                spec,
-                secrets,
-                role: Role::Worker,
-                pool: &spec.worker_pools[0],
-                name: "demo-workers-abcde",
-                image_id: uuid::Uuid::nil(),
-                api_address: "172.30.0.10".parse().unwrap(),
-                join_address: "172.30.0.10".parse().unwrap(),
-                cluster_init: false,
-                ca_hash: None,
-            };
-            NodeUserData::for_member(&input).tailscale
+            NodeUserData::for_member(&worker_input(spec, secrets)).tailscale
         };
         assert_eq!(joins(&spec, &secrets), None);
         secrets.tailscale_auth_key = Some(TAILSCALE_KEY.into());
@@ -1902,19 +1909,7 @@ mod tests {
             ..Default::default()
         };
         let script = |spec: &crate::domain::spec::ClusterSpec| {
-            let input = MemberInput {
-                spec,
-                secrets: &secrets,
-                role: Role::Worker,
-                pool: &spec.worker_pools[0],
-                name: "demo-workers-abcde",
-                image_id: uuid::Uuid::nil(),
-                api_address: "172.30.0.10".parse().unwrap(),
-                join_address: "172.30.0.10".parse().unwrap(),
-                cluster_init: false,
-                ca_hash: None,
-            };
-            node_setup_script(&NodeUserData::for_member(&input))
+            node_setup_script(&NodeUserData::for_member(&worker_input(spec, &secrets)))
         };
         let default = script(&spec);
         assert!(
