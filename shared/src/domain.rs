@@ -3,6 +3,7 @@
 //! building. No I/O, no SDK types; imports only [`crate::base`].
 
 pub mod autoscale;
+pub mod backup;
 pub mod digests;
 pub mod firewall;
 pub mod model;

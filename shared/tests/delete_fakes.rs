@@ -315,6 +315,7 @@ fn params(dry_run: bool) -> Params<'static> {
         dry_run,
         confirm: Confirm::Yes,
         delete_images: true,
+        delete_backups: false,
         delete_project: false,
         holder: "delete@test",
         tty: false,
@@ -598,6 +599,108 @@ async fn images_stay_without_the_flag_and_the_project_stays_while_it_holds_anyth
         project.why
     );
     assert!(!project.why.contains("prod-k8s-api"), "{}", project.why);
+}
+
+/// Backups (issue 36 §4): a cluster's backups stay unless `--delete-backups` is given, listed
+/// with how to restore them; another cluster's (`prod-2`) never go, nor a snapshot whose
+/// description only looks alike.
+#[tokio::test]
+async fn backups_stay_without_the_flag_and_only_the_clusters_own_go_with_it() {
+    use chrono::TimeZone as _;
+    use oxide_controller::domain::backup::{BackupTag, token_fingerprint};
+    let w = world().await;
+    let tag = |cluster: &str, hour: u32| {
+        BackupTag {
+            cluster: cluster.into(),
+            k3s_version: "v1.34.1+k3s1".into(),
+            time: chrono::Utc
+                .with_ymd_and_hms(2026, 11, 27, hour, 0, 0)
+                .unwrap(),
+            sha256: "0".repeat(64),
+            token: token_fingerprint("t"),
+            bytes: 1,
+        }
+        .description()
+    };
+    w.with(|s| {
+        for (name, description) in [
+            ("prod-etcd-20261127-010000", tag("prod", 1)),
+            ("prod-etcd-20261127-020000", tag("prod", 2)),
+            ("prod-2-etcd-20261127-010000", tag("prod-2", 1)),
+            (
+                "prod-lookalike",
+                "oxide-controller backup of prod, by hand".to_owned(),
+            ),
+        ] {
+            s.snapshots.insert(
+                name.to_owned(),
+                Snapshot {
+                    id: Uuid::new_v4(),
+                    name: name.to_owned(),
+                    description,
+                    disk_id: Uuid::new_v4(),
+                },
+            );
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let rack = w.rack();
+    let clock = clock(&w);
+    let s = run(&w, None, false, &dir).await.unwrap();
+    let kept: Vec<&str> = s
+        .inventory
+        .kept
+        .iter()
+        .filter(|k| k.kind == Kind::Snapshot)
+        .map(|k| k.name.as_str())
+        .collect();
+    assert_eq!(
+        kept,
+        ["prod-etcd-20261127-020000", "prod-etcd-20261127-010000"]
+    );
+    assert!(s.render().contains("--delete-backups"), "{}", s.render());
+    let left = snapshot_of(&w);
+    for name in [
+        "prod-etcd-20261127-010000",
+        "prod-etcd-20261127-020000",
+        "prod-2-etcd-20261127-010000",
+        "prod-lookalike",
+    ] {
+        assert!(
+            left.contains(&format!("snapshot {name}")),
+            "{name} went: {left:?}"
+        );
+    }
+
+    let mut p = params(false);
+    p.delete_backups = true;
+    let s = delete::run_with::<_, FakeApi>(&rack, None, Some(spec()), &p, &opts(), &local(&dir))
+        .await
+        .unwrap();
+    let gone: BTreeSet<String> = s
+        .inventory
+        .of_kind(Kind::Snapshot)
+        .map(|i| i.name.clone())
+        .collect();
+    assert!(
+        gone.contains("prod-etcd-20261127-010000") && gone.contains("prod-etcd-20261127-020000"),
+        "{gone:?}"
+    );
+    let left = snapshot_of(&w);
+    assert!(
+        !left.contains("snapshot prod-etcd-20261127-010000"),
+        "{left:?}"
+    );
+    assert!(
+        !left.contains("snapshot prod-etcd-20261127-020000"),
+        "{left:?}"
+    );
+    assert!(
+        left.contains("snapshot prod-2-etcd-20261127-010000"),
+        "{left:?}"
+    );
+    assert!(left.contains("snapshot prod-lookalike"), "{left:?}");
+    clock.abort();
 }
 
 /// Audit oxide-api-2 F5: another cluster in the project that named the same image found it
@@ -931,6 +1034,7 @@ fn delete_input(dir: &tempfile::TempDir, host: &str) -> delete::DeleteInput {
         dry_run: false,
         confirm: Confirm::Yes,
         delete_images: true,
+        delete_backups: false,
         delete_project: false,
         concurrency: 4,
         timeout: Duration::from_secs(10),

@@ -123,6 +123,7 @@ async fn run(concurrency: usize) {
         dry_run: false,
         confirm: Confirm::Yes,
         delete_images: false,
+        delete_backups: false,
         delete_project: false,
         holder: "bench",
         tty: false,

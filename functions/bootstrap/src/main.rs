@@ -24,6 +24,7 @@ use oxide_controller::base::size::ByteSize;
 use oxide_controller::base::telemetry::{self, LogFormat};
 use oxide_controller::domain::spec::{ExternalIpMode, K3sInstall};
 use oxide_controller::render::manifests::DEFAULT_CONTROLLER_IMAGE;
+use oxide_controller::workflows::bootstrap::backup::{self, BackupInput};
 use oxide_controller::workflows::bootstrap::recover::{self, RecoverInput};
 use oxide_controller::workflows::bootstrap::{self, BootstrapInput, PoolInput, TailscaleFlags};
 use oxide_controller::workflows::delete::{self, Confirm, DeleteInput};
@@ -103,6 +104,16 @@ enum Command {
     /// automated yet: exit 2); 3, no server left: restore from a backup (exit 2).
     #[command(args_override_self = true)]
     Recover(RecoverArgs),
+    /// Take a backup of the cluster's datastore now and keep it on the rack.
+    ///
+    /// Runs k3s's on-demand etcd snapshot on the server holding the API address (over SSH,
+    /// with the resume file's key and pinned host keys), reads it back, and stores it with a
+    /// manifest as an Oxide snapshot named <cluster>-etcd-<time>; then deletes the backups the
+    /// spec's `backup` retention does not keep (default: the newest 24, and one a day for 7
+    /// days). `bootstrap recover --backup` restores one; `bootstrap delete` keeps them unless
+    /// given --delete-backups.
+    #[command(args_override_self = true)]
+    Backup(BackupArgs),
 }
 
 /// The flags of `bootstrap` without a subcommand: create a cluster.
@@ -348,6 +359,10 @@ struct DeleteArgs {
     /// Also delete the images bootstrap uploaded for this cluster.
     #[arg(long)]
     delete_images: bool,
+    /// Also delete the cluster's backups (`bootstrap backup`); without it they stay on the
+    /// rack, listed, so `bootstrap recover --backup` can bring the cluster back.
+    #[arg(long)]
+    delete_backups: bool,
     /// Also delete the project, when nothing else is left in it.
     #[arg(long)]
     delete_project: bool,
@@ -382,6 +397,21 @@ struct RecoverArgs {
     /// Seconds the reconcile passes afterwards may take in all.
     #[arg(long, default_value_t = 600, value_name = "SECONDS")]
     wait: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+/// The flags of `bootstrap backup`.
+#[derive(Debug, clap::Args)]
+struct BackupArgs {
+    #[command(flatten)]
+    oxide: OxideArgs,
+    #[command(flatten)]
+    local: ClusterFiles,
+    /// Seconds the whole backup may take.
+    #[arg(long, default_value_t = 900, value_name = "SECONDS")]
+    timeout: u64,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
     log_format: LogFormat,
@@ -429,6 +459,7 @@ fn main() -> ExitCode {
     match (cli.command, cli.create) {
         (Some(Command::Delete(a)), _) => run_delete(a),
         (Some(Command::Recover(a)), _) => run_recover(a),
+        (Some(Command::Backup(a)), _) => run_backup(a),
         (None, Some(a)) => run_create(a, cli.oxide),
         // clap requires --cluster and --image without a subcommand; not reached.
         (None, None) => ExitCode::from(2),
@@ -576,6 +607,7 @@ fn run_delete(a: DeleteArgs) -> ExitCode {
         dry_run: a.dry_run,
         confirm: if a.yes { Confirm::Yes } else { Confirm::Ask },
         delete_images: a.delete_images,
+        delete_backups: a.delete_backups,
         delete_project: a.delete_project,
         concurrency: a.concurrency,
         timeout: Duration::from_secs(a.timeout),
@@ -621,6 +653,29 @@ fn run_recover(a: RecoverArgs) -> ExitCode {
                 Some(signal) => stopped(signal, json_logs),
                 None => report(&e, json_logs),
             },
+        }
+    })
+}
+
+fn run_backup(a: BackupArgs) -> ExitCode {
+    telemetry::init(a.log_format);
+    let json_logs = json_logs(a.log_format);
+    let input = BackupInput {
+        credential_sources: a.oxide.sources(),
+        cluster: a.local.cluster,
+        project: a.local.project,
+        kubeconfig: a.local.kubeconfig,
+        state_dir: a.local.state_dir,
+        home: std::env::home_dir(),
+        timeout: Duration::from_secs(a.timeout),
+    };
+    oxide_controller::base::telemetry::block_on(async move {
+        match backup::run(input, &LiveConnect::new()).await {
+            Ok(summary) => {
+                print!("{}", summary.render());
+                ExitCode::SUCCESS
+            }
+            Err(e) => report(&e, json_logs),
         }
     })
 }

@@ -222,6 +222,15 @@ pub trait ImageStore: Send + Sync {
         disk: &str,
         snapshot: Option<&str>,
     ) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// Takes snapshot `name` with `description` of the detached disk `disk` (`POST
+    /// /v1/snapshots`; nexus reads a detached disk through the pantry). A snapshot finalize
+    /// makes cannot carry a description; a backup's must ([`crate::domain::backup`]).
+    fn create_snapshot(
+        &self,
+        name: &str,
+        description: &str,
+        disk: &str,
+    ) -> impl Future<Output = Result<(), RackError>> + Send;
     /// A snapshot by name, `None` when it does not exist.
     fn snapshot(
         &self,
@@ -1184,6 +1193,8 @@ pub mod fake {
         pub images: Vec<Image>,
         pub disks: BTreeMap<String, FakeDisk>,
         pub snapshots: BTreeMap<String, (Snapshot, BTreeMap<u64, Bytes>)>,
+        /// Descriptions of the snapshots `create_snapshot` took.
+        pub descriptions: BTreeMap<String, String>,
         /// Every call, e.g. `"write 0+524288"`, `"create-disk oxide-controller-import-…"`.
         pub calls: Vec<String>,
         /// The n-th bulk write (0-based) fails with a non-retryable error.
@@ -1422,6 +1433,38 @@ pub mod fake {
                 };
                 s.snapshots.insert(name.to_owned(), (snap, writes));
             }
+            Ok(())
+        }
+
+        async fn create_snapshot(
+            &self,
+            name: &str,
+            description: &str,
+            disk: &str,
+        ) -> Result<(), RackError> {
+            let mut s = self.lock();
+            s.calls.push(format!("create-snapshot {name} of {disk}"));
+            let d = s
+                .disks
+                .get(disk)
+                .ok_or_else(|| RackError::NotFound { what: disk.into() })?;
+            if d.state != Some(ImportDiskState::Detached) {
+                return Err(invalid(disk, "not detached"));
+            }
+            if s.snapshots.contains_key(name) {
+                return Err(RackError::AlreadyExists {
+                    what: format!("snapshot {name}"),
+                });
+            }
+            let snap = Snapshot {
+                id: Uuid::new_v4(),
+                name: name.to_owned(),
+                size: d.size,
+            };
+            let writes = d.writes.clone();
+            s.snapshots.insert(name.to_owned(), (snap, writes));
+            s.descriptions
+                .insert(name.to_owned(), description.to_owned());
             Ok(())
         }
 

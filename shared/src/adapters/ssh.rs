@@ -401,6 +401,16 @@ pub trait RemoteShell: Send + Sync {
     fn exec<'a>(&'a self, cmd: &'a str) -> BoxFuture<'a, Result<CommandOutput, SshError>>;
     /// Read a file as root (`sudo -n cat PATH`). A non-zero exit is [`SshError::ReadFile`].
     fn read_file<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<u8>, SshError>>;
+    /// [`Self::read_file`] of a file that may pass the shell's output limit (a backup's etcd
+    /// snapshot): up to `max` bytes, with as long as `timeout` to read it.
+    fn read_large_file<'a>(
+        &'a self,
+        path: &'a str,
+        _max: usize,
+        _timeout: Duration,
+    ) -> BoxFuture<'a, Result<Vec<u8>, SshError>> {
+        self.read_file(path)
+    }
     /// Write a file as root with the given mode (e.g. `0o600`), replacing it.
     fn upload<'a>(
         &'a self,
@@ -575,6 +585,19 @@ impl RemoteShell for SshTarget {
     }
     fn read_file<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<u8>, SshError>> {
         Box::pin(SshTarget::read_file(self, path))
+    }
+    fn read_large_file<'a>(
+        &'a self,
+        path: &'a str,
+        max: usize,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Vec<u8>, SshError>> {
+        let wider = SshTarget {
+            max_output: max,
+            command_timeout: timeout,
+            ..self.clone()
+        };
+        Box::pin(async move { wider.read_file(path).await })
     }
     fn upload<'a>(
         &'a self,

@@ -64,6 +64,13 @@ pub struct ClusterSpec {
     /// defaults, and specs written before it existed read the same.
     #[serde(default, skip_serializing_if = "upgrade::UpgradeSpec::is_default")]
     pub upgrade: upgrade::UpgradeSpec,
+    /// How many backups of the datastore stay on the rack (see [`crate::domain::backup`]).
+    /// Absent: 24 and one a day for 7 days, and specs written before it existed read the same.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::domain::backup::Retention::is_default"
+    )]
+    pub backup: crate::domain::backup::Retention,
 }
 
 /// The administrator's limits on the scale webhook (see [`ClusterSpec::webhook`]).
@@ -587,6 +594,7 @@ impl ClusterSpec {
             tailscale: None,
             webhook: None,
             upgrade: upgrade::UpgradeSpec::default(),
+            backup: Default::default(),
         }
     }
 

@@ -362,6 +362,32 @@ impl ImageStore for FakeRack {
         self.images().finalize_import(disk, snapshot).await
     }
 
+    async fn create_snapshot(
+        &self,
+        name: &str,
+        description: &str,
+        disk: &str,
+    ) -> Result<(), RackError> {
+        self.0
+            .with(|s| s.create_calls.push(format!("create-snapshot {name}")));
+        self.images()
+            .create_snapshot(name, description, disk)
+            .await?;
+        // The project's snapshot list (the `Rack` side) shows it too.
+        self.0.with(|s| {
+            s.snapshots.insert(
+                name.to_owned(),
+                crate::domain::model::Snapshot {
+                    id: uuid::Uuid::new_v4(),
+                    name: name.to_owned(),
+                    description: description.to_owned(),
+                    disk_id: uuid::Uuid::nil(),
+                },
+            )
+        });
+        Ok(())
+    }
+
     async fn snapshot(&self, name: &str) -> Result<Option<Snapshot>, RackError> {
         self.images().snapshot(name).await
     }

@@ -27,6 +27,7 @@
 //! The flow builds no adapter: every port comes from the [`Connect`] the binary hands in
 //! ([`crate::workflows::live::LiveConnect`]).
 
+pub mod backup;
 mod connect;
 mod dev;
 mod progress;

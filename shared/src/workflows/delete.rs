@@ -76,6 +76,8 @@ pub struct DeleteInput {
     pub dry_run: bool,
     pub confirm: Confirm,
     pub delete_images: bool,
+    /// Also delete the cluster's backups (kept by default).
+    pub delete_backups: bool,
     pub delete_project: bool,
     pub concurrency: usize,
     /// How long to wait for instances to stop and disks to detach (per run).
@@ -347,6 +349,7 @@ pub async fn run<C: Connect>(
         dry_run: input.dry_run,
         confirm: input.confirm,
         delete_images: input.delete_images,
+        delete_backups: input.delete_backups,
         delete_project: input.delete_project,
         holder: &input.holder,
         tty: !input.json_logs && std::io::stderr().is_terminal(),
@@ -371,6 +374,7 @@ pub struct Params<'a> {
     pub dry_run: bool,
     pub confirm: Confirm,
     pub delete_images: bool,
+    pub delete_backups: bool,
     pub delete_project: bool,
     pub holder: &'a str,
     /// Draw progress in place on stderr (else log lines).
@@ -411,6 +415,7 @@ pub async fn observe<R: Rack, K: InCluster>(
         spec_groups,
         ccm_floating_ips: ccm,
         delete_images: p.delete_images,
+        delete_backups: p.delete_backups,
         delete_project: p.delete_project,
     };
     let obs = observe_project(rack, &scope).await?;

@@ -160,6 +160,30 @@ impl ImageStore for OxideRack {
             .map_err(|e| self.err(&what, e))
     }
 
+    async fn create_snapshot(
+        &self,
+        name: &str,
+        description: &str,
+        disk: &str,
+    ) -> Result<(), RackError> {
+        let what = format!("snapshot {name} of disk {disk}");
+        let body = types::SnapshotCreate {
+            description: description.to_owned(),
+            disk: types::NameOrId::Name(
+                types::Name::try_from(disk).map_err(|e| invalid(&what, e))?,
+            ),
+            name: types::Name::try_from(name).map_err(|e| invalid(&what, e))?,
+        };
+        self.client()
+            .snapshot_create()
+            .project(self.project())
+            .body(body)
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| self.err(&what, e))
+    }
+
     async fn snapshot(&self, name: &str) -> Result<Option<Snapshot>, RackError> {
         let what = format!("snapshot {name}");
         match self

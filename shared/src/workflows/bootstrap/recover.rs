@@ -230,42 +230,67 @@ fn list(names: &[String]) -> String {
     }
 }
 
-struct Validated {
-    project: String,
-    host: String,
-    token: String,
-    kubeconfig: PathBuf,
-    expected: usize,
-    pool: String,
-    resume: ResumeState,
-    resume_path: PathBuf,
-    ssh_user: String,
-    ssh_port: u16,
+pub(super) struct Validated {
+    pub project: String,
+    pub host: String,
+    pub token: String,
+    pub kubeconfig: PathBuf,
+    pub expected: usize,
+    pub pool: String,
+    /// The spec bootstrap started with (from the resume file), when it has one.
+    pub spec: Option<ClusterSpec>,
+    pub resume: ResumeState,
+    pub resume_path: PathBuf,
+    pub ssh_user: String,
+    pub ssh_port: u16,
 }
 
 fn validate(input: &RecoverInput) -> Result<Validated, BootstrapError> {
-    names::validate_name("cluster name", &input.cluster)
+    validate_local(&Local {
+        credential_sources: &input.credential_sources,
+        cluster: &input.cluster,
+        project: input.project.as_deref(),
+        kubeconfig: input.kubeconfig.as_deref(),
+        state_dir: input.state_dir.as_deref(),
+        home: input.home.as_deref(),
+    })
+}
+
+/// What a laptop command about an existing cluster is told (`recover`, `backup`), unchecked.
+pub(super) struct Local<'a> {
+    pub credential_sources: &'a CredentialSources,
+    pub cluster: &'a str,
+    pub project: Option<&'a str>,
+    pub kubeconfig: Option<&'a std::path::Path>,
+    pub state_dir: Option<&'a std::path::Path>,
+    pub home: Option<&'a std::path::Path>,
+}
+
+/// Checks the cluster name, loads the resume file bootstrap wrote (with its spec) and
+/// resolves the credentials.
+pub(super) fn validate_local(input: &Local<'_>) -> Result<Validated, BootstrapError> {
+    names::validate_name("cluster name", input.cluster)
         .map_err(|e| BootstrapError::input("--cluster", e))?;
     let paths = crate::workflows::local::local_paths(
-        &input.cluster,
-        input.state_dir.as_deref(),
-        input.kubeconfig.as_deref(),
-        input.home.as_deref(),
+        input.cluster,
+        input.state_dir,
+        input.kubeconfig,
+        input.home,
     )?;
     let resume_path = paths.resume;
-    let resume = resume::load_for_cluster(&resume_path, &input.cluster)
+    let resume = resume::load_for_cluster(&resume_path, input.cluster)
         .map_err(BootstrapError::inputs)?
         .ok_or_else(|| {
             BootstrapError::input(
                 "--state-dir",
                 message(format!(
-                    "no resume file for cluster {} at {}: recover needs the one bootstrap wrote (pass --state-dir where it is)",
+                    "no resume file for cluster {} at {}: this command needs the one bootstrap wrote (pass --state-dir where it is)",
                     input.cluster,
                     resume_path.display()
                 )),
             )
         })?;
-    if let Some(p) = input.project.as_ref().filter(|p| **p != resume.project) {
+    if let Some(p) = input.project.filter(|p| *p != resume.project) {
         return Err(BootstrapError::input(
             "--project",
             message(format!(
@@ -280,7 +305,7 @@ fn validate(input: &RecoverInput) -> Result<Validated, BootstrapError> {
         .spec
         .as_deref()
         .and_then(|t| ClusterSpec::from_yaml(t).ok());
-    let creds = credentials::resolve(&input.credential_sources).map_err(BootstrapError::inputs)?;
+    let creds = credentials::resolve(input.credential_sources).map_err(BootstrapError::inputs)?;
     Ok(Validated {
         project: resume.project.clone(),
         host: creds.host.clone(),
@@ -299,17 +324,22 @@ fn validate(input: &RecoverInput) -> Result<Validated, BootstrapError> {
         ssh_port: spec
             .as_ref()
             .map_or(NodeAccess::default().ssh_port, |s| s.nodes.ssh_port),
+        spec,
         resume,
         resume_path,
     })
 }
 
-fn rack_failed(step: &'static str, e: RackError) -> BootstrapError {
+pub(super) fn rack_failed(step: &'static str, e: RackError) -> BootstrapError {
     BootstrapError::step(step, error::context("the Oxide API", e))
 }
 
 /// The cluster's servers on the rack.
-async fn servers<R: Rack>(rack: &R, cluster: &str, pool: &str) -> Result<Vec<Server>, RackError> {
+pub(super) async fn servers<R: Rack>(
+    rack: &R,
+    cluster: &str,
+    pool: &str,
+) -> Result<Vec<Server>, RackError> {
     let listed = match rack.list_instances(&names::cluster_prefix(cluster)).await {
         Ok(l) => l,
         Err(RackError::NotFound { .. }) => Vec::new(),
@@ -327,6 +357,39 @@ async fn servers<R: Rack>(rack: &R, cluster: &str, pool: &str) -> Result<Vec<Ser
             state: i.state,
         })
         .collect())
+}
+
+/// A shell on server `server` at `ip` with its pinned host keys (pinned from its serial
+/// console first when the resume file has none for it), logging in with the resume file's key.
+pub(super) async fn server_shell<C: Connect>(
+    connect: &C,
+    rack: &C::Rack,
+    v: &mut Validated,
+    server: &str,
+    ip: std::net::IpAddr,
+    deadline: Instant,
+    step: &'static str,
+) -> Result<C::Shell, BootstrapError> {
+    let (pins, _) = crate::workflows::bootstrap::host_key_pins(
+        rack,
+        &v.resume_path,
+        &mut v.resume,
+        server,
+        deadline,
+        false,
+    )
+    .await?;
+    let key = v
+        .resume
+        .key_pair()
+        .map_err(|e| BootstrapError::needs_person(step, error::context("the resume file", e)))?;
+    let addr = std::net::SocketAddr::new(ip, v.ssh_port);
+    Ok(connect.shell(
+        addr,
+        &v.ssh_user,
+        key,
+        crate::adapters::ssh::HostKeyPins::clone(&pins),
+    ))
 }
 
 /// Runs the whole flow on the ports `connect` opens. See the module docs.

@@ -19,6 +19,8 @@
 //!   cluster's VMs still use is kept);
 //! - temporary image-import disks marked with the cluster, and snapshots taken of them;
 //! - with `--delete-images`, project images marked as uploaded for the cluster;
+//! - with `--delete-backups`, the cluster's backups (snapshots whose description tags them
+//!   for it, [`crate::domain::backup::BackupTag`]); without it they stay, each with a note;
 //! - with `--delete-project`, the project, only when nothing else is left in it.
 //!
 //! Everything of the cluster's name that is *not* taken gets a note saying why it stays.
@@ -125,6 +127,8 @@ pub struct Scope {
     /// Exact CCM floating-IP names from the cluster's LoadBalancer Services (API answered).
     pub ccm_floating_ips: BTreeSet<String>,
     pub delete_images: bool,
+    /// Also the cluster's backups (snapshots tagged `oxide-controller backup cluster=<c>`).
+    pub delete_backups: bool,
     pub delete_project: bool,
 }
 
@@ -200,6 +204,7 @@ pub fn inventory(scope: &Scope, obs: &ObservedProject) -> Inventory {
     let our_names: BTreeSet<&str> = ours.values().map(|i| i.name.as_str()).collect();
     let import_disks = take_disks(cluster, &prefix, obs, &ours, &our_names, &mut inv);
     take_import_snapshots(cluster, obs, &import_disks, &mut inv);
+    take_backups(scope, obs, &mut inv);
     take_floating_ips(scope, &prefix, obs, &ours, &mut inv);
     take_anti_affinity_groups(scope, obs, &our_names, &mut inv);
     take_api_firewall_rule(cluster, obs, &mut inv);
@@ -347,6 +352,42 @@ fn take_import_snapshots(
                 reason: format!("taken of this cluster's import disk (cluster={cluster})"),
                 instance: None,
             });
+        }
+    }
+}
+
+/// The cluster's backups (their description's tag names it): taken with `--delete-backups`,
+/// else kept with a note. A backup is what brings the cluster back after this very delete.
+fn take_backups(scope: &Scope, obs: &ObservedProject, inv: &mut Inventory) {
+    let backups = crate::domain::backup::of_cluster(
+        &scope.cluster,
+        obs.snapshots
+            .iter()
+            .map(|s| (s.name.as_str(), s.description.as_str())),
+    );
+    for b in backups {
+        if scope.delete_backups {
+            inv.items.push(Item {
+                kind: Kind::Snapshot,
+                name: b.name,
+                reason: format!(
+                    "a backup of cluster {} taken {}",
+                    scope.cluster,
+                    b.tag
+                        .time
+                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+                instance: None,
+            });
+        } else {
+            inv.keep(
+                Kind::Snapshot,
+                &b.name,
+                format!(
+                    "a backup of this cluster taken {} (bootstrap recover --backup restores it); pass --delete-backups to remove it",
+                    b.tag.time.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+            );
         }
     }
 }

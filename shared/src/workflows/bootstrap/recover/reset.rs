@@ -22,19 +22,19 @@
 //! The caller then runs the reconcile, which deletes the Nodes of the deleted servers and
 //! grows the servers back one at a time.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::info;
 
 use super::{RecoverInput, Validated, rack_failed};
-use crate::adapters::ssh::{HostKeyPins, RemoteShell, SshError};
+use crate::adapters::ssh::{RemoteShell, SshError};
 use crate::base::names;
 use crate::domain::model::InstanceState;
 use crate::ports::rack::{Rack, RackError};
 use crate::workflows::bootstrap::{BootstrapError, Connect};
-use crate::workflows::error::{self, message};
+use crate::workflows::error::message;
 
 /// `systemctl stop k3s`, as k3s's cluster-reset procedure runs it.
 pub const STOP_K3S: &str = "sudo -n systemctl stop k3s";
@@ -61,7 +61,8 @@ pub(super) async fn run<C: Connect>(
     fence(rack, others, deadline).await?;
     ensure_running(rack, survivor, deadline).await?;
     let ip = attach_api_address(rack, &input.cluster, survivor).await?;
-    let shell = survivor_shell(connect, rack, v, survivor, ip, deadline).await?;
+    let shell =
+        super::server_shell(connect, rack, v, survivor, ip, deadline, "cluster-reset").await?;
     reset(&shell, survivor, deadline).await?;
     delete(rack, others).await?;
     info!(step = "start", instance = %survivor, "starting k3s without --cluster-reset");
@@ -197,32 +198,6 @@ async fn attach_api_address<R: Rack>(
     .await
     .map_err(|e| rack_failed(step, e))?;
     Ok(fip.ip)
-}
-
-/// A shell on the survivor at `ip` with its pinned host keys (pinned from its serial console
-/// first when the resume file has none for it).
-async fn survivor_shell<C: Connect>(
-    connect: &C,
-    rack: &C::Rack,
-    v: &mut Validated,
-    survivor: &str,
-    ip: IpAddr,
-    deadline: Instant,
-) -> Result<C::Shell, BootstrapError> {
-    let (pins, _) = crate::workflows::bootstrap::host_key_pins(
-        rack,
-        &v.resume_path,
-        &mut v.resume,
-        survivor,
-        deadline,
-        false,
-    )
-    .await?;
-    let key = v.resume.key_pair().map_err(|e| {
-        BootstrapError::needs_person("cluster-reset", error::context("the resume file", e))
-    })?;
-    let addr = SocketAddr::new(ip, v.ssh_port);
-    Ok(connect.shell(addr, &v.ssh_user, key, HostKeyPins::clone(&pins)))
 }
 
 /// Step 4: k3s stopped, then reset (or found reset by an earlier run).

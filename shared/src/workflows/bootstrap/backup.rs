@@ -1,0 +1,463 @@
+//! `bootstrap backup`: one backup of the cluster's datastore, taken from the laptop and kept on
+//! the rack as an Oxide snapshot ([`crate::domain::backup`] says what one holds), then the
+//! spec's retention applied.
+//!
+//! 1. `validate` — the resume file (project, SSH key, server token, spec), the credentials;
+//! 2. `server` — the server holding the API floating IP (the laptop reaches SSH through it, as
+//!    bootstrap does), host keys pinned as for recover;
+//! 3. `etcd-snapshot` — `k3s etcd-snapshot save` on it (k3s's own consistent on-demand
+//!    snapshot), then the file read back over SSH;
+//! 4. `upload` — the archive (manifest, snapshot, digest) bulk-imported into a temporary disk,
+//!    the disk finalized, `POST /v1/snapshots` of it with the backup's description, the disk
+//!    deleted. A failure removes the temporary disk;
+//! 5. `retention` — the cluster's backups beyond the spec's `backup` counts are deleted.
+//!
+//! Nothing here needs the cluster's API beyond reading the live spec (the resume file's spec
+//! stands in when the API does not answer).
+
+use std::time::Duration;
+
+use chrono::Utc;
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::recover::{self, Local, Validated, rack_failed};
+use super::{BootstrapError, Connect};
+use crate::adapters::credentials::CredentialSources;
+use crate::adapters::image::{self, ImageStore, SourceReader, UploadOptions};
+use crate::adapters::ssh::RemoteShell;
+use crate::base::names;
+use crate::domain::backup::{self, Backup, Manifest, ManifestServer};
+use crate::domain::spec::ClusterSpec;
+use crate::ports::rack::{Rack, RackError};
+use crate::ports::state::StateStore;
+use crate::workflows::error::message;
+
+/// `k3s etcd-snapshot save`: k3s's on-demand snapshot, written under
+/// [`K3S_SNAPSHOT_DIR`] on the server.
+pub const SNAPSHOT_SAVE: &str = "sudo -n k3s etcd-snapshot save";
+/// Where k3s writes snapshots with its default data dir (`${data-dir}/server/db/snapshots`).
+pub const K3S_SNAPSHOT_DIR: &str = "/var/lib/rancher/k3s/server/db/snapshots";
+/// Largest etcd snapshot read back (etcd's own quota tops out at 8 GiB; k3s's default is 2).
+pub const MAX_SNAPSHOT_BYTES: usize = 2 * 1024 * 1024 * 1024;
+
+/// Everything `bootstrap backup` is told, unchecked.
+#[derive(Debug, Clone)]
+pub struct BackupInput {
+    pub credential_sources: CredentialSources,
+    pub cluster: String,
+    pub project: Option<String>,
+    pub kubeconfig: Option<std::path::PathBuf>,
+    pub state_dir: Option<std::path::PathBuf>,
+    pub home: Option<std::path::PathBuf>,
+    /// How long the whole backup may take.
+    pub timeout: Duration,
+}
+
+/// What a backup run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct BackupSummary {
+    pub cluster: String,
+    pub project: String,
+    /// The Oxide snapshot holding the backup.
+    pub name: String,
+    pub taken_on: String,
+    /// The file k3s wrote on the server.
+    pub k3s_snapshot: String,
+    /// Size of the etcd snapshot.
+    pub bytes: u64,
+    pub sha256: String,
+    /// Size of the archive written (the disk is rounded up to whole GiB).
+    pub archive_bytes: u64,
+    pub disk_bytes: u64,
+    /// Bulk writes made, and the bytes they carried (zero runs are not sent).
+    pub writes: u64,
+    pub written_bytes: u64,
+    /// Seconds from the snapshot command to the backup listed.
+    pub seconds: f64,
+    /// Backups retention deleted.
+    pub pruned: Vec<String>,
+    /// The cluster's backups now, newest first.
+    pub backups: Vec<String>,
+}
+
+impl BackupSummary {
+    /// What the person reads on stdout.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "Backup {} of cluster {} (project {}): etcd snapshot {} from {}, {} bytes, sha256 {}.\n",
+            self.name,
+            self.cluster,
+            self.project,
+            self.k3s_snapshot,
+            self.taken_on,
+            self.bytes,
+            self.sha256
+        );
+        s.push_str(&format!(
+            "Written: {} bytes in {} bulk writes into a {} GiB disk, {:.1}s in all.\n",
+            self.written_bytes,
+            self.writes,
+            self.disk_bytes / crate::base::size::GIB,
+            self.seconds
+        ));
+        if !self.pruned.is_empty() {
+            s.push_str(&format!("Retention deleted: {}.\n", self.pruned.join(", ")));
+        }
+        s.push_str(&format!(
+            "Backups of {} on the rack ({}): {}.\n",
+            self.cluster,
+            self.backups.len(),
+            self.backups.join(", ")
+        ));
+        s
+    }
+}
+
+/// Runs the whole flow (see the module docs).
+pub async fn run<C: Connect>(
+    input: BackupInput,
+    connect: &C,
+) -> Result<BackupSummary, BootstrapError> {
+    let deadline = Instant::now() + input.timeout;
+    let mut v = recover::validate_local(&Local {
+        credential_sources: &input.credential_sources,
+        cluster: &input.cluster,
+        project: input.project.as_deref(),
+        kubeconfig: input.kubeconfig.as_deref(),
+        state_dir: input.state_dir.as_deref(),
+        home: input.home.as_deref(),
+    })?;
+    let rack = connect
+        .rack(&v.host, &v.token, &v.project)
+        .map_err(BootstrapError::inputs)?;
+    let (server, ip) = api_server(&rack, &input.cluster).await?;
+    info!(step = "server", %server, "taking the backup on the server holding the API address");
+    let shell =
+        recover::server_shell(connect, &rack, &mut v, &server, ip, deadline, "server").await?;
+    let started = Instant::now();
+    let (k3s_snapshot, data) = take_snapshot(&shell, &server, deadline).await?;
+    let spec_text = live_spec(connect, &v, &input.cluster).await;
+    let spec = ClusterSpec::from_yaml(&spec_text).ok().or(v.spec.clone());
+    let manifest = Manifest {
+        format: backup::FORMAT,
+        cluster: input.cluster.clone(),
+        k3s_version: spec
+            .as_ref()
+            .map_or_else(|| "unknown".to_owned(), |s| s.k3s.version.clone()),
+        time: Utc::now(),
+        k3s_snapshot: k3s_snapshot.clone(),
+        taken_on: server.clone(),
+        sha256: backup::hex(&Sha256::digest(&data)),
+        bytes: data.len() as u64,
+        token: backup::token_fingerprint(&v.resume.k3s_token),
+        spec: spec_text,
+        servers: server_addresses(&rack, &input.cluster, &v.pool).await?,
+    };
+    let name = backup::backup_name(&input.cluster, manifest.time);
+    let archive = backup::archive(&manifest, &data);
+    drop(data);
+    let stats = store(&rack, &name, &manifest, archive).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    info!(step = "upload", backup = %name, seconds, "the backup is on the rack");
+    let retention = spec.map(|s| s.backup).unwrap_or_default();
+    let (pruned, backups) = prune(&rack, &input.cluster, retention).await?;
+    Ok(BackupSummary {
+        cluster: input.cluster,
+        project: v.project,
+        name,
+        taken_on: server,
+        k3s_snapshot,
+        bytes: manifest.bytes,
+        sha256: manifest.sha256,
+        archive_bytes: stats.source_bytes,
+        disk_bytes: image::import_sizes(stats.source_bytes, image::DEFAULT_BLOCK_SIZE).disk_size,
+        writes: stats.writes,
+        written_bytes: stats.written_bytes,
+        seconds,
+        pruned,
+        backups,
+    })
+}
+
+/// The server the API floating IP is attached to, and the address.
+async fn api_server<R: Rack>(
+    rack: &R,
+    cluster: &str,
+) -> Result<(String, std::net::IpAddr), BootstrapError> {
+    let step = "server";
+    let fip_name = names::api_floating_ip_name(cluster);
+    let fip = rack
+        .get_floating_ip(&fip_name)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+        .ok_or_else(|| {
+            BootstrapError::needs_person(
+                step,
+                message(format!(
+                    "the API floating IP {fip_name} does not exist: is cluster {cluster} in this project? (bootstrap recover brings a lost cluster back)"
+                )),
+            )
+        })?;
+    let holder = fip.instance_id;
+    let instances = rack
+        .list_instances(&names::cluster_prefix(cluster))
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+    instances
+        .into_iter()
+        .find(|i| Some(i.id) == holder)
+        .map(|i| (i.name, fip.ip))
+        .ok_or_else(|| {
+            BootstrapError::needs_person(
+                step,
+                message(format!(
+                    "the API floating IP {fip_name} is attached to no server of cluster {cluster}: run bootstrap recover --cluster {cluster} first"
+                )),
+            )
+        })
+}
+
+/// `k3s etcd-snapshot save` on the server, then the file it wrote. Retried while the server's
+/// sshd does not answer yet.
+async fn take_snapshot<S: RemoteShell>(
+    shell: &S,
+    server: &str,
+    deadline: Instant,
+) -> Result<(String, Vec<u8>), BootstrapError> {
+    let step = "etcd-snapshot";
+    info!(step, %server, "running k3s etcd-snapshot save");
+    let out = shell
+        .exec(SNAPSHOT_SAVE)
+        .await
+        .map_err(|e| BootstrapError::step(step, e))?;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let name = saved_name(&said);
+    let name = match (out.success(), name) {
+        (true, Some(name)) => name,
+        (true, None) => {
+            return Err(BootstrapError::step(
+                step,
+                message(format!(
+                    "k3s etcd-snapshot save on {server} exited 0 but saved no snapshot (k3s takes none on an etcd learner; is {server} still joining?)"
+                )),
+            ));
+        }
+        (false, _) => {
+            let tail: String = said.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+            return Err(BootstrapError::step(
+                step,
+                message(format!(
+                    "`{SNAPSHOT_SAVE}` on {server} exited {}: {tail}",
+                    out.exit_status
+                )),
+            ));
+        }
+    };
+    let path = format!("{K3S_SNAPSHOT_DIR}/{name}");
+    let left = deadline.saturating_duration_since(Instant::now());
+    let data = shell
+        .read_large_file(&path, MAX_SNAPSHOT_BYTES, left.max(Duration::from_secs(60)))
+        .await
+        .map_err(|e| BootstrapError::step(step, e))?;
+    if data.is_empty() {
+        return Err(BootstrapError::step(
+            step,
+            message(format!("{path} on {server} is empty")),
+        ));
+    }
+    info!(step, %server, snapshot = %name, bytes = data.len(), "read the snapshot");
+    Ok((name, data))
+}
+
+/// The name in k3s's `Snapshot NAME saved.` line (`pkg/cli/etcdsnapshot`).
+fn saved_name(output: &str) -> Option<String> {
+    output
+        .lines()
+        .find_map(|l| {
+            let at = l.find("Snapshot ")?;
+            let rest = &l[at + "Snapshot ".len()..];
+            let name = rest.split_whitespace().next()?;
+            rest.contains("saved.").then(|| {
+                name.trim_matches(|c: char| c == '"' || c == '\\')
+                    .to_owned()
+            })
+        })
+        .filter(|n| !n.is_empty() && !n.contains('/'))
+}
+
+/// The cluster's `spec.yaml` as the ConfigMap has it, else the resume file's.
+async fn live_spec<C: Connect>(connect: &C, v: &Validated, cluster: &str) -> String {
+    let fallback = v.resume.spec.clone().unwrap_or_default();
+    let ports = match connect
+        .in_cluster(&v.kubeconfig, cluster, "bootstrap-backup")
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => {
+            warn!(error = %e, "the cluster's API is not reachable; the manifest gets the resume file's spec");
+            return fallback;
+        }
+    };
+    let read = tokio::time::timeout(Duration::from_secs(20), ports.store.read_config()).await;
+    match read {
+        Ok(Ok(c)) => c.spec_yaml().map_or(fallback, str::to_owned),
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot read the ConfigMap; the manifest gets the resume file's spec");
+            fallback
+        }
+        Err(_) => fallback,
+    }
+}
+
+/// The servers and their private addresses.
+async fn server_addresses<R: Rack>(
+    rack: &R,
+    cluster: &str,
+    pool: &str,
+) -> Result<Vec<ManifestServer>, BootstrapError> {
+    let mut out = Vec::new();
+    for s in recover::servers(rack, cluster, pool)
+        .await
+        .map_err(|e| rack_failed("server", e))?
+    {
+        let ip = rack
+            .instance_private_ip(&s.name)
+            .await
+            .map_err(|e| rack_failed("server", e))?;
+        out.push(ManifestServer {
+            name: s.name,
+            private_ip: ip.map(|i| i.to_string()),
+        });
+    }
+    Ok(out)
+}
+
+/// Step 4: the archive into a temporary disk, the disk into the backup snapshot, the disk
+/// removed. On failure the temporary disk is removed too.
+async fn store<R: ImageStore>(
+    rack: &R,
+    name: &str,
+    manifest: &Manifest,
+    archive: Vec<u8>,
+) -> Result<image::UploadStats, BootstrapError> {
+    let step = "upload";
+    let disk = backup::import_disk_name(name);
+    let opts = UploadOptions::default().normalized();
+    let size = archive.len() as u64;
+    let sizes = image::import_sizes(size, opts.block_size);
+    let description = image::import_disk_description(name, Some(&manifest.cluster));
+    let tag = manifest.tag().description();
+    let result = async {
+        rack.create_import_disk(&disk, &description, sizes.disk_size, opts.block_size)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+        rack.bulk_write_start(&disk)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+        let mut reader = SourceReader::Memory {
+            data: bytes::Bytes::from(archive),
+            pos: 0,
+        };
+        let stats = image::upload(
+            rack,
+            &disk,
+            &mut reader,
+            size,
+            &format!("backup {name}"),
+            &opts,
+            &image::NoProgress,
+        )
+        .await
+        .map_err(|e| BootstrapError::step(step, e))?;
+        rack.bulk_write_stop(&disk)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+        rack.finalize_import(&disk, None)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+        crate::base::retry::retry(opts.retry, RackError::is_retryable, || {
+            rack.create_snapshot(name, &tag, &disk)
+        })
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+        Ok::<_, BootstrapError>(stats)
+    }
+    .await;
+    // The snapshot outlives its disk; the disk goes either way.
+    let released = image::release_import_disk(rack, &disk, opts.retry).await;
+    match (result, released) {
+        (Ok(stats), Ok(())) => Ok(stats),
+        (Ok(stats), Err(e)) => {
+            warn!(error = %e, %disk, "the backup is made, but its temporary disk was not removed; bootstrap delete removes it");
+            Ok(stats)
+        }
+        (Err(e), _) => Err(e),
+    }
+}
+
+/// The cluster's backups on the rack, newest first.
+pub(super) async fn list<R: Rack>(rack: &R, cluster: &str) -> Result<Vec<Backup>, RackError> {
+    let snapshots = rack.list_snapshots().await?;
+    Ok(backup::of_cluster(
+        cluster,
+        snapshots
+            .iter()
+            .map(|s| (s.name.as_str(), s.description.as_str())),
+    ))
+}
+
+/// Step 5: deletes what retention does not keep; returns the deleted and the kept names.
+async fn prune<R: Rack>(
+    rack: &R,
+    cluster: &str,
+    retention: backup::Retention,
+) -> Result<(Vec<String>, Vec<String>), BootstrapError> {
+    let step = "retention";
+    let all = list(rack, cluster)
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+    let gone = backup::prune(&all, retention, Utc::now());
+    for name in &gone {
+        info!(step, backup = %name, "deleting a backup retention does not keep");
+        match rack.delete_snapshot(name).await {
+            Ok(()) | Err(RackError::NotFound { .. }) => {}
+            Err(e) => return Err(rack_failed(step, e)),
+        }
+    }
+    let kept = all
+        .into_iter()
+        .map(|b| b.name)
+        .filter(|n| !gone.contains(n))
+        .collect();
+    Ok((gone, kept))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_saved_name_is_read_from_k3s_line() {
+        let line = "time=\"2026-11-27T11:00:00Z\" level=info msg=\"Snapshot on-demand-c1-cp-abcde-1795000000 saved.\"\n";
+        assert_eq!(
+            saved_name(line).as_deref(),
+            Some("on-demand-c1-cp-abcde-1795000000")
+        );
+        assert_eq!(
+            saved_name("INFO[0000] Snapshot on-demand-x-1 saved.\n").as_deref(),
+            Some("on-demand-x-1")
+        );
+        assert_eq!(
+            saved_name("level=warning msg=\"Unable to take snapshot\""),
+            None
+        );
+        assert_eq!(saved_name("Snapshot ../../etc/shadow saved."), None);
+    }
+}
