@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{SubsecRound as _, Utc};
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 use tokio::time::Instant;
@@ -147,7 +147,8 @@ pub async fn run<C: Connect>(
         k3s_version: spec
             .as_ref()
             .map_or_else(|| "unknown".to_owned(), |s| s.k3s.version.clone()),
-        time: Utc::now(),
+        // Whole seconds: the description carries no more, and the two must agree.
+        time: Utc::now().trunc_subsecs(0),
         k3s_snapshot: k3s_snapshot.clone(),
         taken_on: server.clone(),
         sha256: backup::hex(&Sha256::digest(&data)),

@@ -1,0 +1,238 @@
+//! `bootstrap backup` end to end: the real binary against `oxide-sim`, after a real `bootstrap`
+//! of cluster `demo` (3 servers, 1 worker), whose servers run real etcd members.
+//!
+//! Checked: a backup is an Oxide snapshot of the cluster tagged as its backup, whose bytes (read
+//! back through a disk made from it, as a guest would) are the archive: a manifest naming the
+//! cluster, the server it was taken on, the servers' private addresses and the live spec, and a
+//! real etcd snapshot whose sha256 is the tag's and holds the ConfigMap written before; the
+//! token fingerprint is the resume file's token's. No Secret of the cluster holds an SSH
+//! private key. `bootstrap delete` keeps the backups, listed; `--delete-backups` removes them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::Output;
+use std::time::Duration;
+
+use common::{Env, env};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, PostParams};
+use oxide::prelude::*;
+use oxide_controller::adapters::resume;
+use oxide_controller::domain::backup::{self, BackupTag, Manifest};
+use oxide_controller::ports::rack::Rack as _;
+use sha2::{Digest as _, Sha256};
+
+async fn backup_cmd(env: &Env) -> Output {
+    let token = format!("file:{}", env.dir.path().join("token").display());
+    let args: Vec<String> = [
+        "backup",
+        "--oxide-host",
+        &env.sim.oxide_host,
+        "--oxide-token",
+        &token,
+        "--cluster",
+        "demo",
+        "--state-dir",
+        &env.state_dir().display().to_string(),
+        "--kubeconfig",
+        &env.kubeconfig().display().to_string(),
+        "--log-format",
+        "json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    tokio::time::timeout(Duration::from_secs(300), env.command(&args).output())
+        .await
+        .expect("backup finished within 300 s")
+        .unwrap()
+}
+
+/// The project's backups of `demo`, newest first.
+async fn backups(env: &Env) -> Vec<backup::Backup> {
+    let snaps = env.rack("demo").list_snapshots().await.unwrap();
+    backup::of_cluster(
+        "demo",
+        snaps
+            .iter()
+            .map(|s| (s.name.as_str(), s.description.as_str())),
+    )
+}
+
+/// The files of a ustar archive (name → bytes), read as tar does.
+fn untar(a: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 512 <= a.len() && a[at] != 0 {
+        let h = &a[at..at + 512];
+        let name = String::from_utf8_lossy(&h[..100])
+            .trim_end_matches('\0')
+            .to_owned();
+        let size = usize::from_str_radix(
+            std::str::from_utf8(&h[124..135])
+                .unwrap()
+                .trim_matches('\0'),
+            8,
+        )
+        .unwrap();
+        out.push((name, a[at + 512..at + 512 + size].to_vec()));
+        at += 512 + size.div_ceil(512) * 512;
+    }
+    out
+}
+
+/// The bytes of snapshot `name`, read the only way the rack allows: a disk made from it.
+async fn snapshot_bytes(env: &Env, name: &str, len: usize) -> Vec<u8> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {}", env.sim.oxide_token).parse().unwrap(),
+    );
+    let http = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap();
+    let client = oxide::Client::new_with_client(&env.sim.oxide_host, http);
+    let snap = client
+        .snapshot_view()
+        .project("demo")
+        .snapshot(name)
+        .send()
+        .await
+        .unwrap()
+        .into_inner();
+    let disk = client
+        .disk_create()
+        .project("demo")
+        .body(oxide::types::DiskCreate {
+            description: "read back".into(),
+            disk_backend: oxide::types::DiskBackend::Distributed(
+                oxide::types::DiskSource::Snapshot {
+                    read_only: false,
+                    snapshot_id: snap.id,
+                },
+            ),
+            name: "readback".parse().unwrap(),
+            size: snap.size,
+        })
+        .send()
+        .await
+        .unwrap()
+        .into_inner();
+    let bytes = env.sim.oxide().read_disk(disk.id, 0, len).unwrap();
+    client
+        .disk_delete()
+        .project("demo")
+        .disk("readback")
+        .send()
+        .await
+        .unwrap();
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keeps_it() {
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("written-before-the-backup".into());
+    cm.data = Some([("k".to_owned(), "in the backup".to_owned())].into());
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+
+    let out = backup_cmd(&env).await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Backup demo-etcd-"), "{stdout}");
+
+    let listed = backups(&env).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let b = &listed[0];
+    let saved = resume::load_for_cluster(&env.state_dir().join("demo.json"), "demo")
+        .unwrap()
+        .unwrap();
+    let tag: &BackupTag = &b.tag;
+    assert_eq!(tag.token, backup::token_fingerprint(&saved.k3s_token));
+    assert!(tag.bytes > 0);
+
+    // The bytes, as a guest reads them off a disk made from the backup.
+    let len = (tag.bytes as usize + 64 * 1024).div_ceil(512) * 512;
+    let files = untar(&snapshot_bytes(&env, &b.name, len).await);
+    let names: Vec<&str> = files.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            backup::ARCHIVE_MANIFEST,
+            backup::ARCHIVE_SNAPSHOT,
+            backup::ARCHIVE_SHA256
+        ]
+    );
+    let manifest: Manifest = serde_json::from_slice(&files[0].1).unwrap();
+    let snapshot = &files[1].1;
+    assert_eq!(snapshot.len() as u64, tag.bytes);
+    let digest = backup::hex(&Sha256::digest(snapshot));
+    assert_eq!(digest, tag.sha256);
+    assert_eq!(
+        String::from_utf8_lossy(&files[2].1),
+        format!("{digest}  etcd-snapshot\n")
+    );
+    assert_eq!(manifest.tag(), *tag);
+    assert_eq!(manifest.servers.len(), 3, "{:?}", manifest.servers);
+    assert!(manifest.servers.iter().all(|s| s.private_ip.is_some()));
+    assert!(manifest.servers.iter().any(|s| s.name == manifest.taken_on));
+    assert!(manifest.spec.contains("cluster: demo"), "{}", manifest.spec);
+    // A real etcd snapshot (bbolt file) holding the ConfigMap written before.
+    let needle = b"written-before-the-backup";
+    assert!(
+        snapshot.windows(needle.len()).any(|w| w == needle),
+        "the etcd snapshot lacks the ConfigMap"
+    );
+
+    // The laptop's key stays on the laptop.
+    let secrets: Api<Secret> = Api::all(client);
+    for s in secrets.list(&Default::default()).await.unwrap() {
+        for key in s.data.unwrap_or_default().keys() {
+            assert!(
+                !(key.contains("ssh") && key.contains("private")),
+                "Secret {:?} holds {key}",
+                s.metadata.name
+            );
+        }
+    }
+
+    // A second backup; both listed, newest first.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let out = backup_cmd(&env).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = backups(&env).await;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed[0].tag.time >= listed[1].tag.time);
+
+    // Delete keeps them, and says so; --delete-backups removes them.
+    let out = env.delete("demo", &["--yes"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("--delete-backups"), "{stdout}");
+    assert_eq!(backups(&env).await.len(), 2);
+    let out = env.delete("demo", &["--yes", "--delete-backups"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(backups(&env).await.len(), 0);
+}
