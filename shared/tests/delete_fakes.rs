@@ -49,6 +49,7 @@ async fn vm(world: &FakeWorld, name: &str, description: &str, data: bool, group:
             size: ByteSize::gib(10),
             image: None,
         }),
+        restore_disk: None,
         user_data: Vec::new(),
         ephemeral_ip: true,
         ip_pool: None,

@@ -838,6 +838,7 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
             image: Some(img),
         },
         data_disk: None,
+        restore_disk: None,
         user_data: Vec::new(),
         ephemeral_ip: true,
         ip_pool: None,

@@ -96,6 +96,7 @@ async fn listing(rows: &mut Vec<(String, String)>) {
             image: Some(image),
         },
         data_disk: None,
+        restore_disk: None,
         user_data: b"#cloud-config\n{}\n".to_vec(),
         ephemeral_ip: false,
         ip_pool: None,

@@ -79,6 +79,7 @@ fn new_instance(name: &str, image: Uuid) -> NewInstance {
             image: Some(image),
         },
         data_disk: None,
+        restore_disk: None,
         user_data: b"#cloud-config\n{}\n".to_vec(),
         ephemeral_ip: false,
         ip_pool: None,

@@ -37,6 +37,7 @@ fn joiner(name: &str, role: K3sRole) -> String {
         ],
         data_disk: None,
         tailscale: None,
+        restore_serial: None,
     })
     .unwrap()
 }

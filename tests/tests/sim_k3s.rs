@@ -91,6 +91,7 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
             authorized_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x".into()],
             data_disk: None,
             tailscale: None,
+            restore_serial: None,
         })
         .unwrap();
     create_instance(&c, "c1-cp-ccccc", &product).await;

@@ -58,6 +58,7 @@ fn agent_input(name: &str, server_url: &str, install: K3sInstall, version: &str)
         ],
         data_disk: Some(DataDisk::for_disk_name(&format!("data-{name}"))),
         tailscale: None,
+        restore_serial: None,
     }
 }
 
@@ -435,6 +436,7 @@ async fn a_default_member_whose_installer_download_is_changed_never_runs_it() {
             join_address: join,
             cluster_init: false,
             ca_hash: None,
+            restore: None,
         }))
         .unwrap()
     };

@@ -38,6 +38,7 @@ fn server(key_line: &str) -> NodeUserData {
         authorized_keys: vec![key_line.to_string()],
         data_disk: None,
         tailscale: None,
+        restore_serial: None,
     }
 }
 

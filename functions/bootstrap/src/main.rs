@@ -100,8 +100,8 @@ enum Command {
     /// Needs only the rack, the resume file and the kubeconfig bootstrap wrote. Takes the first
     /// rung that applies: 0, the API is ready (nothing to do); 1, a majority of the servers
     /// exist: start the stopped or failed ones and wait for /readyz (no data lost), then
-    /// reconcile; 2, fewer than a majority: k3s's cluster reset on a survivor (named, not
-    /// automated yet: exit 2); 3, no server left: restore from a backup (exit 2).
+    /// reconcile; 2, fewer than a majority: k3s's cluster reset on a survivor (with --yes);
+    /// 3, no server left: restore from a backup (with --backup latest|NAME --yes).
     #[command(args_override_self = true)]
     Recover(RecoverArgs),
     /// Take a backup of the cluster's datastore now and keep it on the rack.
@@ -388,9 +388,18 @@ struct RecoverArgs {
     #[arg(long)]
     dry_run: bool,
     /// Take rung 2 (fewer than a majority of the servers left): k3s's cluster reset on the
-    /// survivor, which deletes the other servers with their disks. Without it, rung 2 exits 2.
+    /// survivor, which deletes the other servers with their disks; or, with --backup, the
+    /// restore. Without it, both exit 2 saying what they would do.
     #[arg(long)]
     yes: bool,
+    /// Rung 3, no server left: restore the cluster from a backup (`latest`, or a backup's name
+    /// as `bootstrap backup` and `bootstrap delete` list them). Checks first, changing nothing,
+    /// that the backup was taken with the resume file's server token (exit 2 if not) and that
+    /// no server of the cluster is left; then a new first server restores the datastore from
+    /// it, the API address moves to it, and reconcile brings the other servers and the workers
+    /// back. Whatever was written after the backup is lost.
+    #[arg(long, value_name = "latest|NAME")]
+    backup: Option<String>,
     /// Seconds the started servers get to make the API ready.
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     api_timeout: u64,
@@ -639,6 +648,7 @@ fn run_recover(a: RecoverArgs) -> ExitCode {
             home: std::env::home_dir(),
             dry_run: a.dry_run,
             yes: a.yes,
+            backup: a.backup,
             api_timeout: Duration::from_secs(a.api_timeout),
             wait: Duration::from_secs(a.wait),
             holder: holder("bootstrap-recover"),

@@ -24,6 +24,53 @@ use oxide_controller::domain::backup::{self, BackupTag, Manifest};
 use oxide_controller::ports::rack::Rack as _;
 use sha2::{Digest as _, Sha256};
 
+/// `bootstrap recover --cluster demo` with `extra`.
+async fn recover_cmd(env: &Env, extra: &[&str]) -> Output {
+    let token = format!("file:{}", env.dir.path().join("token").display());
+    let mut args: Vec<String> = [
+        "recover",
+        "--oxide-host",
+        &env.sim.oxide_host,
+        "--oxide-token",
+        &token,
+        "--cluster",
+        "demo",
+        "--state-dir",
+        &env.state_dir().display().to_string(),
+        "--kubeconfig",
+        &env.kubeconfig().display().to_string(),
+        "--log-format",
+        "json",
+        "--api-timeout",
+        "180",
+        "--wait",
+        "300",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    tokio::time::timeout(Duration::from_secs(600), env.command(&args).output())
+        .await
+        .expect("recover finished within 600 s")
+        .unwrap()
+}
+
+/// Mutating Oxide requests made while `f` ran.
+async fn mutating_during<F: std::future::Future<Output = Output>>(
+    env: &Env,
+    f: F,
+) -> (Output, Vec<(String, u64)>) {
+    let before = env.mutating_calls();
+    let out = f.await;
+    let after = env.mutating_calls();
+    let made = after
+        .into_iter()
+        .filter(|(k, n)| before.iter().find(|(b, _)| b == k).map_or(0, |(_, m)| *m) < *n)
+        .collect();
+    (out, made)
+}
+
 async fn backup_cmd(env: &Env) -> Output {
     let token = format!("file:{}", env.dir.path().join("token").display());
     let args: Vec<String> = [
@@ -235,4 +282,52 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(backups(&env).await.len(), 0);
+}
+
+/// Issue 36 §2: the checks a restore makes before it changes anything, each refusing with exit 2
+/// and no mutating request: a cluster that still has servers, a backup that does not exist, and
+/// a backup taken with another server token than the resume file's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_refuses_with_servers_left_an_unknown_backup_or_another_token_touching_nothing() {
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let out = backup_cmd(&env).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let refused = |out: &Output, words: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains(words), "{words:?} not in: {stderr}");
+    };
+    let (out, made) =
+        mutating_during(&env, recover_cmd(&env, &["--backup", "latest", "--yes"])).await;
+    refused(&out, "still has servers");
+    assert_eq!(made, vec![], "a refused restore changed the rack");
+
+    let (out, made) = mutating_during(
+        &env,
+        recover_cmd(&env, &["--backup", "demo-etcd-19990101-000000", "--yes"]),
+    )
+    .await;
+    refused(&out, "no backup");
+    assert_eq!(made, vec![]);
+
+    // The resume file of another cluster's token (the backup is this cluster's).
+    let path = env.state_dir().join("demo.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    doc["k3s-token"] = serde_json::Value::String("another-clusters-server-token".into());
+    std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
+    let (out, made) =
+        mutating_during(&env, recover_cmd(&env, &["--backup", "latest", "--yes"])).await;
+    refused(&out, "another server token");
+    assert_eq!(
+        made,
+        vec![],
+        "a restore with the wrong token changed the rack"
+    );
 }

@@ -85,6 +85,7 @@ async fn prod_with_decoys(prod2: Option<&std::path::Path>) -> Env {
                 image: Some(image.id),
             },
             data_disk: None,
+            restore_disk: None,
             user_data: b"#cloud-config\n".to_vec(),
             ephemeral_ip: false,
             ip_pool: None,

@@ -37,6 +37,7 @@ async fn member(rack: &OxideRack, name: &str, pool: &str, image: uuid::Uuid) {
             image: Some(image),
         },
         data_disk: None,
+        restore_disk: None,
         user_data: b"#cloud-config\n".to_vec(),
         ephemeral_ip: false,
         ip_pool: None,

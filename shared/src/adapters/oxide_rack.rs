@@ -560,10 +560,21 @@ pub(crate) fn instance_create_body(new: &NewInstance) -> Result<types::InstanceC
         Some(g) => vec![types::NameOrId::Name(name(what, "anti-affinity group", g)?)],
         None => Vec::new(),
     };
-    let disks = match &new.data_disk {
+    let mut disks = match &new.data_disk {
         Some(d) => vec![disk_attachment(what, d, &new.description)?],
         None => Vec::new(),
     };
+    if let Some(r) = &new.restore_disk {
+        disks.push(types::InstanceDiskAttachment::Create {
+            description: new.description.clone(),
+            disk_backend: types::DiskBackend::Distributed(types::DiskSource::Snapshot {
+                read_only: false,
+                snapshot_id: r.snapshot,
+            }),
+            name: name(what, "disk name", &r.name)?,
+            size: types::ByteCount(r.size.bytes()),
+        });
+    }
     Ok(types::InstanceCreate {
         anti_affinity_groups,
         // Servers: `best_effort`, so a sled fault that fails them (even two at once, when no
@@ -1892,6 +1903,7 @@ mod tests {
                 size: ByteSize::gib(100),
                 image: None,
             }),
+            restore_disk: None,
             user_data: b"#cloud-config\n".to_vec(),
             ephemeral_ip: true,
             ip_pool: Some("public".into()),

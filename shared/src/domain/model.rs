@@ -165,6 +165,16 @@ pub struct NewDisk {
     pub image: Option<Uuid>,
 }
 
+/// A disk made from a snapshot with a new instance: the backup a restoring server reads its
+/// datastore from (`bootstrap recover --backup`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SnapshotDisk {
+    pub name: String,
+    pub snapshot: Uuid,
+    /// The snapshot's size (a disk from a snapshot is at least that large).
+    pub size: ByteSize,
+}
+
 /// Everything needed to create one VM. Built by the planner's caller from the spec; the
 /// adapter only translates it.
 #[derive(Clone, PartialEq, Serialize)]
@@ -176,6 +186,9 @@ pub struct NewInstance {
     pub memory: ByteSize,
     pub boot_disk: NewDisk,
     pub data_disk: Option<NewDisk>,
+    /// A disk made from a snapshot, attached after the data disk (restores only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restore_disk: Option<SnapshotDisk>,
     /// Rendered `#cloud-config`; holds join tokens, so it is skipped by Debug and Serialize.
     #[serde(skip)]
     pub user_data: Vec<u8>,

@@ -82,6 +82,9 @@ pub struct NodeUserData {
     pub data_disk: Option<DataDisk>,
     /// Join a tailnet before k3s starts (and, on servers, add the tailnet IP to the SANs).
     pub tailscale: Option<TailscaleJoin>,
+    /// Restore k3s's datastore from the backup disk with this NVMe serial after k3s is
+    /// installed and before it first starts (a cluster-init server of `recover --backup`).
+    pub restore_serial: Option<String>,
 }
 
 /// How a node joins the tailnet. `Debug` leaves the auth key out.
@@ -327,6 +330,35 @@ pub const SETUP_FAILED_MARKER: &str = "oxide-controller: node-setup failed: ";
 /// files with retries, and the data-disk step. The node-specific steps follow it, each
 /// introduced by a `step NAME` line (what the simulator reads, and what the stub-execution
 /// test checks against the real `sh`).
+/// Where a restoring server unpacks its backup (k3s's `server/db`, on the server's disk).
+pub const RESTORE_DIR: &str = "/var/lib/rancher/k3s/server/db/restore";
+
+/// The shell function of a restoring server's `etcd-restore` step, appended to
+/// [`SETUP_SCRIPT_HEAD`] only then. The backup disk holds a tar archive (manifest, etcd
+/// snapshot, its `sha256sum` line; [`crate::domain::backup`]) from its first byte: unpacked,
+/// checked, then restored by k3s's cluster reset with a restore path (k3s docs, "Restoring a
+/// snapshot to new nodes": the token in config.yaml must be the old cluster's, which decrypts the
+/// certificates the datastore keeps). k3s is installed but not started yet; `start_k3s` follows.
+const RESTORE_ETCD_FN: &str = r#"# restore_etcd SERIAL DIR: unpack the backup on the NVMe disk with SERIAL into DIR, check the
+# etcd snapshot against its sha256, and restore k3s's datastore from it.
+restore_etcd() {
+  serial="$1"
+  dir="$2"
+  dev=""
+  for d in /sys/block/nvme*n*; do
+    [ -r "$d/device/serial" ] || continue
+    if [ "$(tr -d ' ' < "$d/device/serial")" = "$serial" ]; then
+      dev="/dev/$(basename "$d")"
+    fi
+  done
+  [ -n "$dev" ] || fail "no NVMe disk with serial $serial (the backup disk)"
+  mkdir -p "$dir"
+  tar -xf "$dev" -C "$dir" || fail "cannot unpack the backup from $dev"
+  (cd "$dir" && sha256sum -c etcd-snapshot.sha256) || fail "the backup's etcd snapshot does not match its sha256"
+  k3s server --cluster-reset --cluster-reset-restore-path="$dir/etcd-snapshot" || fail "k3s could not restore the etcd snapshot (is the server token the backup's?)"
+}
+"#;
+
 const SETUP_SCRIPT_HEAD: &str = r#"#!/bin/sh
 # Written by oxide-controller: the node setup, run once by cloud-init's runcmd. Every step
 # must succeed before k3s starts; a failure prints one line on the serial console:
@@ -561,6 +593,9 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
         K3sRole::Agent { .. } => ("agent", "k3s-agent"),
     };
     let mut s = String::from(SETUP_SCRIPT_HEAD);
+    if input.restore_serial.is_some() {
+        s.push_str(RESTORE_ETCD_FN);
+    }
     let mut step = |name: &str, body: &str| {
         s.push_str(&format!("step {name}\n{body}"));
     };
@@ -644,6 +679,12 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
             );
         }
     }
+    if let Some(serial) = &input.restore_serial {
+        step(
+            SetupStep::EtcdRestore.name(),
+            &format!("restore_etcd '{serial}' '{RESTORE_DIR}'\n"),
+        );
+    }
     step(
         SetupStep::K3sStart.name(),
         &format!("start_k3s '{unit}' {}\n", input.k3s_start_seconds),
@@ -687,11 +728,13 @@ pub enum SetupStep {
     K3sVersion,
     /// Enable and start the k3s unit, and wait until it is active.
     K3sStart,
+    /// Restore the datastore from a backup disk (a restoring cluster-init server only).
+    EtcdRestore,
 }
 
 impl SetupStep {
     /// Every step.
-    pub const ALL: [SetupStep; 8] = [
+    pub const ALL: [SetupStep; 9] = [
         SetupStep::DataDisk,
         SetupStep::ProviderId,
         SetupStep::TailscaleInstall,
@@ -700,6 +743,7 @@ impl SetupStep {
         SetupStep::K3sInstall,
         SetupStep::K3sVersion,
         SetupStep::K3sStart,
+        SetupStep::EtcdRestore,
     ];
 
     /// The name the script uses.
@@ -711,6 +755,7 @@ impl SetupStep {
             SetupStep::TailscaleUp => "tailscale-up",
             SetupStep::TailscaleSan => "tailscale-san",
             SetupStep::K3sInstall => "k3s-install",
+            SetupStep::EtcdRestore => "etcd-restore",
             SetupStep::K3sVersion => "k3s-version",
             SetupStep::K3sStart => "k3s-start",
         }
@@ -1079,6 +1124,9 @@ pub struct MemberInput<'a> {
     /// sha256 of the cluster CA, once known: joiners then get the full `K10<hash>::` token
     /// form and refuse a server whose CA does not match (the first server has none yet).
     pub ca_hash: Option<&'a str>,
+    /// A cluster-init server that restores the datastore from this backup disk before k3s
+    /// first starts (`bootstrap recover --backup`).
+    pub restore: Option<&'a crate::domain::model::SnapshotDisk>,
 }
 
 impl NodeUserData {
@@ -1158,6 +1206,10 @@ impl NodeUserData {
                     installer_sha256: t.installer_sha256.clone(),
                     up_timeout_seconds: t.up_timeout_seconds,
                 }),
+            restore_serial: m
+                .restore
+                .filter(|_| m.cluster_init && m.role == Role::ControlPlane)
+                .map(|d| DataDisk::for_disk_name(&d.name).nvme_serial),
         }
     }
 }
@@ -1215,6 +1267,7 @@ mod tests {
             authorized_keys: vec![CONTROLLER_KEY.into(), USER_KEY.into()],
             data_disk: None,
             tailscale: None,
+            restore_serial: None,
         }
     }
 
@@ -1864,7 +1917,55 @@ mod tests {
             join_address: "172.30.0.10".parse().unwrap(),
             cluster_init: false,
             ca_hash: None,
+            restore: None,
         }
+    }
+
+    #[test]
+    fn a_restoring_first_server_restores_the_backup_between_install_and_start() {
+        let spec = crate::domain::spec::ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        let secrets = crate::base::secrets::ClusterSecrets {
+            k3s_token: "k3s-token-example".into(),
+            k3s_agent_token: "agent-token-example".into(),
+            ssh_public_key: CONTROLLER_KEY.into(),
+            ..Default::default()
+        };
+        let disk = crate::domain::model::SnapshotDisk {
+            name: "restore-demo-control-plane-abcde".into(),
+            snapshot: uuid::Uuid::nil(),
+            size: crate::base::size::ByteSize::gib(1),
+        };
+        let mut m = worker_input(&spec, &secrets);
+        m.role = Role::ControlPlane;
+        m.pool = &spec.control_plane;
+        m.cluster_init = true;
+        m.restore = Some(&disk);
+        let input = NodeUserData::for_member(&m);
+        assert_eq!(
+            input.restore_serial.as_deref(),
+            Some("restore-demo-control")
+        );
+        let script = node_setup_script(&input);
+        let steps: Vec<&str> = script
+            .lines()
+            .filter_map(|l| l.strip_prefix("step "))
+            .collect();
+        assert_eq!(
+            steps,
+            ["provider-id", "k3s-install", "etcd-restore", "k3s-start"]
+        );
+        assert!(script.contains(
+            "step etcd-restore\nrestore_etcd 'restore-demo-control' '/var/lib/rancher/k3s/server/db/restore'\n"
+        ));
+        assert!(script.contains("restore_etcd() {"));
+        assert!(script.contains("--cluster-reset-restore-path=\"$dir/etcd-snapshot\""));
+        // Only a cluster-init server restores; a joining one (or a worker) never does.
+        m.cluster_init = false;
+        assert_eq!(NodeUserData::for_member(&m).restore_serial, None);
+        m.restore = None;
+        m.cluster_init = true;
+        let plain = node_setup_script(&NodeUserData::for_member(&m));
+        assert!(!plain.contains("restore_etcd"), "{plain}");
     }
 
     #[test]
@@ -1959,6 +2060,7 @@ mod tests {
                 join_address: "172.30.0.10".parse().unwrap(),
                 cluster_init,
                 ca_hash,
+                restore: None,
             };
             k3s_config(&NodeUserData::for_member(&input))
         };

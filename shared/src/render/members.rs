@@ -69,6 +69,7 @@ pub fn new_instance(m: &MemberInput) -> Result<NewInstance, String> {
             size,
             image: None,
         }),
+        restore_disk: m.restore.cloned(),
         user_data,
         ephemeral_ip: spec.nodes.external_ip.ephemeral_for(m.role),
         ip_pool: spec.nodes.ip_pool.clone(),
@@ -138,6 +139,7 @@ impl MemberFactory for SpecMembers<'_> {
             name,
             image_id: image.id,
             ca_hash: self.ca_hash,
+            restore: None,
             api_address: fip.ip,
             join_address,
             cluster_init: false,
@@ -182,6 +184,7 @@ mod tests {
                 join_address: "172.30.0.10".parse().unwrap(),
                 cluster_init: false,
                 ca_hash: None,
+                restore: None,
             })
             .unwrap()
         };
@@ -239,6 +242,7 @@ mod tests {
             join_address: "172.30.0.10".parse().unwrap(),
             cluster_init: false,
             ca_hash: None,
+            restore: None,
         };
         let e = new_instance(&input(&without)).expect_err("no key");
         assert!(e.contains("tailscale-auth-key"), "{e}");

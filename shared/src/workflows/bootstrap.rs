@@ -1056,6 +1056,7 @@ async fn ensure_first_server<R: Rack>(
         join_address: api_address,
         cluster_init: true,
         ca_hash: None,
+        restore: None,
     })
     .map_err(|m| failed(step, message(m)))?;
     // The servers' anti-affinity group (a default one unless the spec names another) must

@@ -280,6 +280,7 @@ pub async fn build(
                 join_address: fip.ip,
                 cluster_init,
                 ca_hash: None,
+                restore: None,
             })
             .map_err(|message| PresetError::Member {
                 name: name.clone(),

@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 mod reset;
+mod restore;
 
 use super::{BootstrapError, Connect};
 use crate::adapters::credentials::{self, CredentialSources};
@@ -59,8 +60,11 @@ pub struct RecoverInput {
     pub state_dir: Option<PathBuf>,
     pub home: Option<PathBuf>,
     pub dry_run: bool,
-    /// Take rung 2 (the cluster reset, which deletes servers); without it rung 2 exits 2.
+    /// Take rung 2 (the cluster reset, which deletes servers) or a restore; without it they
+    /// exit 2.
     pub yes: bool,
+    /// Rung 3: restore from this backup (`latest` or a backup's name) when no server is left.
+    pub backup: Option<String>,
     /// How long the started servers get to make the API ready.
     pub api_timeout: Duration,
     /// How long the reconcile passes afterwards may take in all.
@@ -94,6 +98,8 @@ pub enum Rung {
     },
     /// 3: no server exists.
     NothingLeft,
+    /// 3 with `--backup`: a new first server restores the datastore from `backup`.
+    Restore { backup: String },
 }
 
 impl Rung {
@@ -103,7 +109,7 @@ impl Rung {
             Rung::Healthy => 0,
             Rung::StartServers { .. } => 1,
             Rung::ResetOnSurvivor { .. } => 2,
-            Rung::NothingLeft => 3,
+            Rung::NothingLeft | Rung::Restore { .. } => 3,
         }
     }
 }
@@ -195,6 +201,12 @@ impl RecoverSummary {
                 );
             }
             Rung::NothingLeft => {}
+            Rung::Restore { backup } => {
+                let _ = writeln!(
+                    s,
+                    "No server is left: a new first server restores the datastore from backup {backup}; the API address moves to it; reconcile brings the servers and workers back."
+                );
+            }
         }
         let verb = if self.dry_run { "would make" } else { "made" };
         if !self.calls.is_empty() {
@@ -402,6 +414,9 @@ pub async fn run<C: Connect>(
     let rack = connect
         .rack(&v.host, &v.token, &v.project)
         .map_err(BootstrapError::inputs)?;
+    if let Some(which) = input.backup.clone() {
+        return run_restore(input, connect, v, rack, &which).await;
+    }
     info!(step = "observe", project = %v.project, "reading the cluster's servers and /readyz");
     let servers = servers(&rack, &input.cluster, &v.pool)
         .await
@@ -430,7 +445,7 @@ pub async fn run<C: Connect>(
     let started = Instant::now();
     match &rung {
         Rung::Healthy => return Ok(summary),
-        Rung::NothingLeft => return Err(nothing_left(&input, &v.project)),
+        Rung::NothingLeft | Rung::Restore { .. } => return Err(nothing_left(&input, &v.project)),
         _ if input.dry_run => return Ok(summary),
         Rung::ResetOnSurvivor { survivor, .. } if !input.yes => {
             return Err(reset_needs_yes(
@@ -457,10 +472,56 @@ pub async fn run<C: Connect>(
     Ok(summary)
 }
 
+/// Rung 3 with `--backup` (see [`restore`]).
+async fn run_restore<C: Connect>(
+    input: RecoverInput,
+    connect: &C,
+    v: Validated,
+    rack: C::Rack,
+    which: &str,
+) -> Result<RecoverSummary, BootstrapError> {
+    info!(step = "backup", project = %v.project, backup = %which, "choosing the backup");
+    let chosen = restore::choose(&rack, &v, &input, which).await?;
+    let calls = restore::calls(&v.project, &input.cluster, &v.pool, &chosen);
+    let mut summary = RecoverSummary {
+        cluster: input.cluster.clone(),
+        project: v.project.clone(),
+        rung: Rung::Restore {
+            backup: chosen.name.clone(),
+        },
+        calls,
+        dry_run: input.dry_run,
+        api_ready_after: None,
+        converged: false,
+    };
+    if input.dry_run {
+        return Ok(summary);
+    }
+    if !input.yes {
+        return Err(restore::needs_yes(
+            &input.cluster,
+            &v.project,
+            &summary.calls,
+        ));
+    }
+    let started = Instant::now();
+    restore::run::<C>(&rack, &v, &input, &chosen).await?;
+    wait_ready(connect, &v, &input, started).await?;
+    summary.api_ready_after = Some(started.elapsed());
+    let ports = connect
+        .in_cluster(&v.kubeconfig, &input.cluster, &input.holder)
+        .await
+        .map_err(|e| BootstrapError::step("reconcile", e))?;
+    let (_, converged) =
+        super::reconcile_loop(connect, &ports, &input.holder, input.wait, &input.shutdown).await?;
+    summary.converged = converged;
+    Ok(summary)
+}
+
 /// The calls a rung makes, in order, as the person would read them.
 fn calls(rung: &Rung, project: &str, cluster: &str) -> Vec<String> {
     match rung {
-        Rung::Healthy | Rung::NothingLeft => Vec::new(),
+        Rung::Healthy | Rung::NothingLeft | Rung::Restore { .. } => Vec::new(),
         Rung::StartServers { start, .. } => start
             .iter()
             .map(|n| format!("POST /v1/instances/{n}/start?project={project}"))
@@ -521,7 +582,7 @@ fn nothing_left(input: &RecoverInput, project: &str) -> BootstrapError {
     BootstrapError::needs_person(
         "rung",
         message(format!(
-            "cluster {c}: no server is left in project {project}, so its datastore is gone (rung 3). Nothing was changed. Restore it from a backup (bootstrap recover --backup, from the backups issue; not available yet); bootstrap would make a new, empty cluster instead"
+            "cluster {c}: no server is left in project {project}, so its datastore is gone (rung 3). Nothing was changed. Restore it from a backup with bootstrap recover --cluster {c} --backup latest --yes (or --backup NAME; bootstrap backup takes them); bootstrap would make a new, empty cluster instead"
         )),
     )
 }

@@ -127,7 +127,7 @@ async fn ensure_running<R: Rack>(
 }
 
 /// Polls `name`'s state until `done` says so, or fails at `deadline`.
-async fn wait_state<R: Rack>(
+pub(super) async fn wait_state<R: Rack>(
     rack: &R,
     name: &str,
     step: &'static str,
@@ -156,7 +156,7 @@ async fn wait_state<R: Rack>(
 }
 
 /// Step 3: the API floating IP on the survivor. Returns its address.
-async fn attach_api_address<R: Rack>(
+pub(super) async fn attach_api_address<R: Rack>(
     rack: &R,
     cluster: &str,
     survivor: &str,
