@@ -242,7 +242,7 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
     );
 
     // The laptop's key stays on the laptop.
-    let secrets: Api<Secret> = Api::all(client);
+    let secrets: Api<Secret> = Api::all(client.clone());
     for s in secrets.list(&Default::default()).await.unwrap() {
         for key in s.data.unwrap_or_default().keys() {
             assert!(
@@ -253,17 +253,33 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
         }
     }
 
-    // A second backup; both listed, newest first.
+    // The spec's retention (in the live ConfigMap): the newest one only. A second backup
+    // deletes the first.
+    let state: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let mut live = state.get("oxide-controller").await.unwrap();
+    let data = live.data.as_mut().unwrap();
+    let spec = data.get_mut("spec.yaml").unwrap();
+    spec.push_str("backup:\n  keep: 1\n  keep_daily: 0\n");
+    state
+        .replace("oxide-controller", &PostParams::default(), &live)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let first = listed[0].name.clone();
     let out = backup_cmd(&env).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(
+        stdout.contains(&format!("Retention deleted: {first}")),
+        "{stdout}"
+    );
     let listed = backups(&env).await;
-    assert_eq!(listed.len(), 2, "{listed:?}");
-    assert!(listed[0].tag.time >= listed[1].tag.time);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_ne!(listed[0].name, first);
 
     // Delete keeps them, and says so; --delete-backups removes them.
     let out = env.delete("demo", &["--yes"]).await;
@@ -274,7 +290,7 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("--delete-backups"), "{stdout}");
-    assert_eq!(backups(&env).await.len(), 2);
+    assert_eq!(backups(&env).await.len(), 1);
     let out = env.delete("demo", &["--yes", "--delete-backups"]).await;
     assert!(
         out.status.success(),
