@@ -2,6 +2,7 @@
 //! registry, and per-process scratch directories.
 
 pub mod net;
+pub mod ustar;
 pub mod scratch;
 
 /// Writes `dir/<context>.yaml`: a kubeconfig whose one context, `context`, names a cluster
