@@ -20,6 +20,8 @@
 //! - [`k3s`]: its config, tokens, the create/join decision and the cluster state;
 //! - [`k3s_service`]: `systemctl stop|start k3s` and `k3s server --cluster-reset` run over
 //!   SSH (k3s's documented cluster reset);
+//! - [`etcd_restore`]: the setup's restore from a backup disk (tar, sha256sum, k3s's
+//!   `--cluster-reset-restore-path`) and k3s's bootstrap data in the datastore;
 //! - [`kubelet`]: node labels and taints, Node registration;
 //! - [`listeners`] and [`ssh`]: what the VM serves (Kubernetes API, sshd and its files);
 //! - [`lifecycle`]: the rack's events and the boot sequence gluing the rest together.
@@ -28,6 +30,7 @@ mod cloud_init;
 pub mod cluster_api;
 mod console;
 mod etcd_member;
+mod etcd_restore;
 mod k3s;
 mod k3s_config;
 mod k3s_service;
@@ -176,6 +179,9 @@ struct Vm {
     uploads: BTreeMap<String, std::path::PathBuf>,
     /// NVMe serials of the disks attached at this boot.
     disk_serials: Vec<String>,
+    /// What `k3s server --cluster-reset --cluster-reset-restore-path` left on the disk for
+    /// the next start of k3s (see [`etcd_restore`]).
+    restored: Option<etcd_restore::Restored>,
 }
 
 struct Cluster {
