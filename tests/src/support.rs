@@ -2,8 +2,8 @@
 //! registry, and per-process scratch directories.
 
 pub mod net;
-pub mod ustar;
 pub mod scratch;
+pub mod ustar;
 
 /// Writes `dir/<context>.yaml`: a kubeconfig whose one context, `context`, names a cluster
 /// whose API does not answer (nothing listens on loopback port 9, the discard port), as a

@@ -246,7 +246,8 @@ impl Etcd {
     ) -> Result<Etcd, String> {
         if let Some(seed) = seed {
             let to = dir.join(format!("etcd-{name}"));
-            copy_dir(seed, &to).map_err(|e| format!("{} → {}: {e}", seed.display(), to.display()))?;
+            copy_dir(seed, &to)
+                .map_err(|e| format!("{} → {}: {e}", seed.display(), to.display()))?;
         }
         let listener = TcpListener::bind((forward_ip, CLIENT_PORT))
             .await

@@ -228,9 +228,8 @@ impl ControlPlane {
         };
         let files = Files::write(dir.path(), ip, &pki, opts)?;
         let mut cp_components = Vec::new();
-        let etcd =
-            etcd::Etcd::start_from(kcp, dir.path(), ip, member, member_ip, seed.as_deref())
-                .await
+        let etcd = etcd::Etcd::start_from(kcp, dir.path(), ip, member, member_ip, seed.as_deref())
+            .await
             .map_err(|why| ControlPlaneError::Component {
                 component: "etcd",
                 log: String::new(),

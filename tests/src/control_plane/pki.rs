@@ -145,7 +145,9 @@ impl Pki {
                 source: rcgen::Error::CouldNotParseCertificate,
             }
         };
-        let ca_der = pem_der(&ca_pem).ok_or(()).map_err(bad("the CA certificate"))?;
+        let ca_der = pem_der(&ca_pem)
+            .ok_or(())
+            .map_err(bad("the CA certificate"))?;
         let fp_der = pem_der(&fp_pem)
             .ok_or(())
             .map_err(bad("the front-proxy CA certificate"))?;
@@ -457,7 +459,9 @@ mod tests {
         // Another PKI's files give another CA.
         let other = Pki::new().unwrap();
         assert_ne!(
-            Pki::from_bootstrap(&other.bootstrap_files()).unwrap().ca_pem(),
+            Pki::from_bootstrap(&other.bootstrap_files())
+                .unwrap()
+                .ca_pem(),
             old.ca_pem()
         );
     }

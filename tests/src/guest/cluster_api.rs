@@ -48,8 +48,7 @@ impl RealCluster {
         member_ip: Option<std::net::Ipv4Addr>,
         restored: Option<(Arc<crate::control_plane::pki::Pki>, std::path::PathBuf)>,
     ) -> Result<RealCluster, ControlPlaneError> {
-        let control_plane =
-            ControlPlane::start_restored(opts, member, member_ip, restored).await?;
+        let control_plane = ControlPlane::start_restored(opts, member, member_ip, restored).await?;
         let proxy = FrontProxy::new(&control_plane, faults)?;
         let ip = control_plane.ip();
         let listener = tokio::net::TcpListener::bind((ip, 6444))

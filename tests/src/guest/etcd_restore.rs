@@ -107,7 +107,9 @@ impl Inner {
             self.faults.clone(),
             &member,
             member_ip,
-            restored.as_ref().map(|r| (Arc::clone(&r.pki), r.data.clone())),
+            restored
+                .as_ref()
+                .map(|r| (Arc::clone(&r.pki), r.data.clone())),
         )
         .await
         .map_err(|err| format!("starting the control plane: {err}"))?;
@@ -187,15 +189,14 @@ impl Inner {
             return Err(format!("no NVMe disk with serial {serial}"));
         }
         // tar -xf "$dev" -C "$DIR"
-        let files = match ustar::read_files(|off, len| {
-            oxide.read_attached_disk(id, serial, off, len)
-        }) {
-            Ok(files) => files,
-            Err(tar) => {
-                self.console(id, &tar);
-                return Err("exit status 2".into());
-            }
-        };
+        let files =
+            match ustar::read_files(|off, len| oxide.read_attached_disk(id, serial, off, len)) {
+                Ok(files) => files,
+                Err(tar) => {
+                    self.console(id, &tar);
+                    return Err("exit status 2".into());
+                }
+            };
         for (name, data) in &files {
             self.put_vm_file(id, &format!("{dir}/{name}"), data, Some(0o600))
                 .map_err(|e| format!("tar: {name}: {e}"))?;
@@ -340,15 +341,17 @@ fn restored_pki(
 fn sha256sum_check(files: &[(String, Vec<u8>)], list: &str) -> (bool, String) {
     let get = |name: &str| files.iter().find(|(n, _)| n == name).map(|(_, d)| d);
     let Some(text) = get(list) else {
-        return (false, format!("sha256sum: {list}: No such file or directory\n"));
+        return (
+            false,
+            format!("sha256sum: {list}: No such file or directory\n"),
+        );
     };
     let text = String::from_utf8_lossy(text);
     let lines: Vec<(&str, &str)> = text
         .lines()
         .filter_map(|l| {
             let (hex, name) = l.split_once("  ").or_else(|| l.split_once(" *"))?;
-            (hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit()))
-                .then_some((hex, name))
+            (hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit())).then_some((hex, name))
         })
         .collect();
     if lines.is_empty() {
@@ -405,7 +408,10 @@ mod tests {
     fn the_bootstrap_key_is_the_token_passwords_sha256_prefix() {
         // sha256("abc") = ba7816bf8f01…
         assert_eq!(bootstrap_key("abc"), "/bootstrap/ba7816bf8f01");
-        assert_eq!(bootstrap_key("K10aaaa::server:abc"), "/bootstrap/ba7816bf8f01");
+        assert_eq!(
+            bootstrap_key("K10aaaa::server:abc"),
+            "/bootstrap/ba7816bf8f01"
+        );
     }
 
     #[test]

@@ -416,7 +416,10 @@ mod tests {
         // A restore between the install and the start; a restore step without its line (or
         // with a relative directory) is a step the model does not know.
         let restore = "#!/bin/sh\nstep k3s-install\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_EXEC='server' sh /run/k.sh\nstep etcd-restore\nrestore_etcd 'backup-1' '/var/lib/rancher/k3s/server/db/restore'\nstep k3s-start\nstart_k3s 'k3s' 600\nstep etcd-restore\necho restore\nstep etcd-restore\nrestore_etcd 'backup-1' 'restore'\n";
-        let steps = parse_setup(&["/usr/local/sbin/oxide-node-setup".into()], &files(restore));
+        let steps = parse_setup(
+            &["/usr/local/sbin/oxide-node-setup".into()],
+            &files(restore),
+        );
         assert_eq!(
             steps[1].0,
             SetupStep::EtcdRestore {

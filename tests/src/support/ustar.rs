@@ -75,7 +75,13 @@ fn checksum_ok(h: &[u8]) -> bool {
     let sum: u64 = h
         .iter()
         .enumerate()
-        .map(|(i, b)| if (148..156).contains(&i) { 32 } else { u64::from(*b) })
+        .map(|(i, b)| {
+            if (148..156).contains(&i) {
+                32
+            } else {
+                u64::from(*b)
+            }
+        })
         .sum();
     sum == want
 }
