@@ -227,6 +227,14 @@ async fn lost_cluster() -> (SimHandle, Vec<u8>, IpAddr, ssh::SshKeyPair, [String
     let path = format!("/var/lib/rancher/k3s/server/db/snapshots/{name}");
     let (status, snapshot, err) = run(&target, &format!("sudo -n cat {path}")).await;
     assert_eq!(status, 0, "{err}");
+    // The snapshot holds k3s's bootstrap data under the token's key, sealed with the token:
+    // no private key in the clear.
+    let has = |needle: &[u8]| snapshot.windows(needle.len()).any(|w| w == needle);
+    assert!(has(oxide_sim::guest::bootstrap_key(TOKEN).as_bytes()));
+    assert!(
+        !has(b"PRIVATE KEY"),
+        "a private key in the clear in the snapshot"
+    );
     drop(real);
 
     // Every server gone with its disks: the datastore and the API with them.

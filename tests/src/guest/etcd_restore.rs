@@ -130,7 +130,10 @@ impl Inner {
             }
             None => {
                 let agent = filled.agent_token.clone().unwrap_or_else(|| token.clone());
-                let data = bootstrap_data(cp.control_plane.pki(), &token, &agent);
+                let data = encrypt(
+                    token_secret(&token),
+                    &bootstrap_data(cp.control_plane.pki(), &token, &agent),
+                );
                 cp.control_plane
                     .etcd()
                     .put(&bootstrap_key(&token), &data)
@@ -140,6 +143,53 @@ impl Inner {
         }
         Ok((Arc::new(cp), filled))
     }
+}
+
+/// k3s's `encrypt`: a PBKDF2-HMAC-SHA1 key (4096 rounds, 32 bytes) of `passphrase` (the
+/// token's password) with a salt of 8 random bytes in hex, AES-256-GCM with a random 12-byte
+/// nonce prepended to the sealed text, written as `salt:base64(nonce ‖ sealed)`.
+pub fn encrypt(passphrase: &str, plaintext: &[u8]) -> Vec<u8> {
+    use aes_gcm::aead::{Aead, KeyInit};
+    use base64::Engine as _;
+    use rand::RngExt as _;
+    let mut rng = rand::rng();
+    let salt: String = (0..8)
+        .map(|_| format!("{:02x}", rng.random::<u8>()))
+        .collect();
+    let mut key = [0u8; 32];
+    pbkdf2::pbkdf2_hmac::<sha1::Sha1>(passphrase.as_bytes(), salt.as_bytes(), 4096, &mut key);
+    let nonce_bytes: [u8; 12] = rng.random();
+    let (Ok(cipher), Ok(nonce)) = (
+        aes_gcm::Aes256Gcm::new_from_slice(&key),
+        aes_gcm::aead::Nonce::<aes_gcm::Aes256Gcm>::try_from(&nonce_bytes[..]),
+    ) else {
+        return Vec::new();
+    };
+    let sealed = cipher.encrypt(&nonce, plaintext).unwrap_or_default();
+    let mut out = nonce_bytes.to_vec();
+    out.extend_from_slice(&sealed);
+    format!(
+        "{salt}:{}",
+        base64::engine::general_purpose::STANDARD.encode(out)
+    )
+    .into_bytes()
+}
+
+/// k3s's `decrypt` of [`encrypt`]'s output; `None` when it is not `salt:base64` or the
+/// passphrase does not open it (k3s: "cipher: message authentication failed").
+pub fn decrypt(passphrase: &str, data: &[u8]) -> Option<Vec<u8>> {
+    use aes_gcm::aead::{Aead, KeyInit};
+    use base64::Engine as _;
+    let text = std::str::from_utf8(data).ok()?;
+    let (salt, sealed) = text.split_once(':')?;
+    let sealed = base64::engine::general_purpose::STANDARD
+        .decode(sealed)
+        .ok()?;
+    let mut key = [0u8; 32];
+    pbkdf2::pbkdf2_hmac::<sha1::Sha1>(passphrase.as_bytes(), salt.as_bytes(), 4096, &mut key);
+    let cipher = aes_gcm::Aes256Gcm::new_from_slice(&key).ok()?;
+    let nonce = aes_gcm::aead::Nonce::<aes_gcm::Aes256Gcm>::try_from(sealed.get(..12)?).ok()?;
+    cipher.decrypt(&nonce, &sealed[12..]).ok()
 }
 
 /// The files of bootstrap data (name → content); `None` if it is not k3s's JSON.
@@ -323,7 +373,9 @@ fn restored_pki(
     let Some((_, data)) = keys.iter().find(|(k, _)| Some(k) == want.as_ref()) else {
         return Err(DIFFERENT_TOKEN.to_owned());
     };
-    let files = bootstrap_files(data).ok_or("failed to decode bootstrap data")?;
+    let token = k3s.token.as_deref().map(token_secret).unwrap_or_default();
+    let plain = decrypt(token, data).ok_or("cipher: message authentication failed")?;
+    let files = bootstrap_files(&plain).ok_or("failed to decode bootstrap data")?;
     let pki = Pki::from_bootstrap(&files).map_err(|e| e.to_string())?;
     let agent = files.get("PasswdFile").and_then(|p| {
         p.lines().find_map(|l| {
@@ -415,6 +467,17 @@ mod tests {
     }
 
     #[test]
+    fn bootstrap_data_is_sealed_with_the_token_and_opens_only_with_it() {
+        let sealed = encrypt("tok", b"{\"ServerCA\":{}}");
+        let text = String::from_utf8(sealed.clone()).unwrap();
+        let (salt, _) = text.split_once(':').unwrap();
+        assert_eq!(salt.len(), 16, "8 random bytes in hex");
+        assert!(!text.contains("ServerCA"));
+        assert_eq!(decrypt("tok", &sealed).unwrap(), b"{\"ServerCA\":{}}");
+        assert!(decrypt("other", &sealed).is_none());
+    }
+
+    #[test]
     fn sha256sum_says_ok_or_failed_in_its_words() {
         let data = b"snapshot".to_vec();
         let sum: String = Sha256::digest(&data)
@@ -448,7 +511,7 @@ mod tests {
         let pki = Pki::new().unwrap();
         let keys = vec![(
             bootstrap_key("tok"),
-            bootstrap_data(&pki, "tok", "agent-tok"),
+            encrypt("tok", &bootstrap_data(&pki, "tok", "agent-tok")),
         )];
         let k3s = |t: &str| K3sConfig {
             token: Some(t.into()),

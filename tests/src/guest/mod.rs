@@ -55,6 +55,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 pub use cloud_init::{AuthorizedKey, MAX_USER_DATA, UserData, parse_public_key, parse_user_data};
+pub use etcd_restore::{DIFFERENT_TOKEN, ETCD_DATA_DIR, bootstrap_key};
 pub use k3s::ca_hash;
 pub use k3s_config::{
     K3S_CONFIG_DROPIN_DIR, K3S_CONFIG_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3sConfig,
