@@ -801,6 +801,13 @@ where
                 let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
             }
             let tail = super::log_tail(log);
+            if tail.contains("flag provided but not defined: -restore-snapshot") {
+                break Err(format!(
+                    "{} predates `kcp etcd --restore-snapshot`: rebuild it with tests/kube/build.sh (or unset {})",
+                    kcp.display(),
+                    super::KCP_ENV
+                ));
+            }
             let why = tail
                 .lines()
                 .rev()
