@@ -4,7 +4,9 @@ go 1.24.0
 
 require (
 	github.com/spf13/pflag v1.0.6
+	go.etcd.io/etcd/etcdutl/v3 v3.5.21
 	go.etcd.io/etcd/server/v3 v3.5.21
+	go.uber.org/zap v1.27.0
 	k8s.io/component-base v0.33.4
 	k8s.io/kubernetes v1.33.4
 	sigs.k8s.io/kwok v0.7.0
@@ -144,7 +146,6 @@ require (
 	go.opentelemetry.io/otel/trace v1.35.0 // indirect
 	go.opentelemetry.io/proto/otlp v1.4.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
-	go.uber.org/zap v1.27.0 // indirect
 	golang.org/x/crypto v0.36.0 // indirect
 	golang.org/x/exp v0.0.0-20240719175910-8a7402abbf56 // indirect
 	golang.org/x/net v0.38.0 // indirect

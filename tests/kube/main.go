@@ -6,7 +6,7 @@
 //	kcp etcd --name NAME --data-dir DIR --listen-client-url URL --listen-peer-url URL
 //	         [--advertise-client-url URL] [--advertise-peer-url URL]
 //	         [--initial-cluster NAME=URL,...] [--initial-cluster-state new|existing]
-//	         [--force-new-cluster]
+//	         [--force-new-cluster] [--restore-snapshot FILE]
 //	kcp kube-apiserver|kube-controller-manager|kube-scheduler [upstream flags]
 //	kcp kwok [upstream flags]
 //
@@ -20,13 +20,16 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 	_ "time/tzdata" // CronJob time zones, as the upstream mains import it
 
 	"github.com/spf13/pflag"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/wal"
+	"go.uber.org/zap"
 	"k8s.io/component-base/cli"
 	_ "k8s.io/component-base/logs/json/register"
 	_ "k8s.io/component-base/metrics/prometheus/clientgo"
@@ -91,6 +94,12 @@ func exitWithParent() {
 // or --force-new-cluster, which k3s's --cluster-reset uses to make a member that kept its data
 // the only one. Without fsync: test data need not survive a power cut. Membership is etcd's
 // own (its Raft); nothing here decides who is a member.
+//
+// --restore-snapshot FILE first restores the snapshot file into --data-dir, as k3s's
+// `--cluster-reset-restore-path` does (k3s-io/k3s pkg/etcd `Restore`: etcdutl's
+// `snapshot.NewV3(...).Restore` with this member's name and peer URL as the whole initial
+// cluster, the snapshot's appended sha256 checked), then starts the member from it, which is
+// then the only member of a new cluster holding the snapshot's keys.
 func runEtcd() int {
 	fs := flag.NewFlagSet("etcd", flag.ContinueOnError)
 	name := fs.String("name", "default", "member name")
@@ -102,6 +111,7 @@ func runEtcd() int {
 	initial := fs.String("initial-cluster", "", "name=peerURL,... (default: this member alone)")
 	state := fs.String("initial-cluster-state", "new", "new (a new cluster) or existing (join one this member was added to)")
 	forceNew := fs.Bool("force-new-cluster", false, "drop every other member, keeping the data (k3s --cluster-reset)")
+	restore := fs.String("restore-snapshot", "", "restore this etcd snapshot file into --data-dir (which must not hold data) before starting")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -148,6 +158,13 @@ func runEtcd() int {
 	cfg.ClusterState = *state
 	cfg.ForceNewCluster = *forceNew
 	cfg.LogLevel = "warn"
+	if *restore != "" {
+		if err := restoreSnapshot(*restore, cfg); err != nil {
+			fmt.Fprintf(os.Stderr, "etcd: restoring %s: %v\n", *restore, err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "etcd: restored %s into %s\n", *restore, cfg.Dir)
+	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "etcd: %v\n", err)
@@ -180,6 +197,29 @@ func runEtcd() int {
 		fmt.Fprintln(os.Stderr, "etcd: server stopped (removed from the cluster?)")
 		return 1
 	}
+}
+
+// restoreSnapshot is `etcdutl snapshot restore FILE --name NAME --data-dir DIR
+// --initial-advertise-peer-urls URL --initial-cluster NAME=URL` (etcd-io/etcd
+// etcdutl/snapshot/v3_snapshot.go `Restore`): it refuses a data dir that holds anything and a
+// snapshot whose appended sha256 does not match, and writes a data dir whose membership is this
+// member alone.
+func restoreSnapshot(file string, cfg *embed.Config) error {
+	peer := cfg.AdvertisePeerUrls[0].String()
+	lg, err := zap.NewProduction()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = lg.Sync() }()
+	return snapshot.NewV3(lg.WithOptions(zap.IncreaseLevel(zap.WarnLevel))).Restore(snapshot.RestoreConfig{
+		SnapshotPath:        file,
+		Name:                cfg.Name,
+		OutputDataDir:       cfg.Dir,
+		OutputWALDir:        filepath.Join(cfg.Dir, "member", "wal"),
+		PeerURLs:            []string{peer},
+		InitialCluster:      cfg.Name + "=" + peer,
+		InitialClusterToken: cfg.InitialClusterToken,
+	})
 }
 
 // runKwok is kwok's own main (sigs.k8s.io/kwok cmd/kwok/main.go).

@@ -3,6 +3,7 @@
 
 pub mod net;
 pub mod scratch;
+pub mod ustar;
 
 /// Writes `dir/<context>.yaml`: a kubeconfig whose one context, `context`, names a cluster
 /// whose API does not answer (nothing listens on loopback port 9, the discard port), as a

@@ -229,6 +229,26 @@ impl Etcd {
         name: &str,
         ip: Ipv4Addr,
     ) -> Result<Etcd, String> {
+        Self::start_from(kcp, dir, forward_ip, name, ip, None).await
+    }
+
+    /// [`Etcd::start`] with the member's data directory copied from `seed` first (a data
+    /// directory a restore wrote on the server's disk, see [`restore_member`]): etcd starts
+    /// from it (its WAL names the member and its one-member cluster; the initial-cluster flags
+    /// are ignored once data exists).
+    pub async fn start_from(
+        kcp: &Path,
+        dir: &Path,
+        forward_ip: Ipv4Addr,
+        name: &str,
+        ip: Ipv4Addr,
+        seed: Option<&Path>,
+    ) -> Result<Etcd, String> {
+        if let Some(seed) = seed {
+            let to = dir.join(format!("etcd-{name}"));
+            copy_dir(seed, &to)
+                .map_err(|e| format!("{} → {}: {e}", seed.display(), to.display()))?;
+        }
         let listener = TcpListener::bind((forward_ip, CLIENT_PORT))
             .await
             .map_err(|e| format!("{forward_ip}:{CLIENT_PORT}: {e}"))?;
@@ -294,6 +314,21 @@ impl Etcd {
     pub async fn members(&self) -> Result<Vec<EtcdMember>, String> {
         let v = self.shared.call("list", json!({})).await?;
         Ok(parse_members(&v))
+    }
+
+    /// etcd's `Put` of `key` = `value` through a running member (gateway `POST /v3/kv/put`).
+    pub async fn put(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        let urls = self.shared.running_urls();
+        let url = urls.first().ok_or("no etcd member is running")?;
+        kv_put(&self.shared.http, url, key, value).await
+    }
+
+    /// etcd's `Range` of every key under `prefix` through a running member (gateway
+    /// `POST /v3/kv/range` with `range_end` the prefix's end): (key, value) pairs.
+    pub async fn get_prefix(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, String> {
+        let urls = self.shared.running_urls();
+        let url = urls.first().ok_or("no etcd member is running")?;
+        kv_prefix(&self.shared.http, url, prefix).await
     }
 
     /// k3s's join (`pkg/etcd` `join`): adds `name` at `ip` as a learner
@@ -625,6 +660,181 @@ impl MemberLister {
             .collect();
         Ok(json!({ "members": members }))
     }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+async fn kv_put(http: &reqwest::Client, url: &str, key: &str, value: &[u8]) -> Result<(), String> {
+    let v: Value = http
+        .post(format!("{url}/v3/kv/put"))
+        .json(&json!({"key": b64(key.as_bytes()), "value": b64(value)}))
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?
+        .json()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    match v["error"].as_str().or(v["message"].as_str()) {
+        Some(msg) => Err(msg.to_owned()),
+        None => Ok(()),
+    }
+}
+
+/// The end of the range of keys starting with `prefix` (etcd's `GetPrefixRangeEnd`).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+async fn kv_prefix(
+    http: &reqwest::Client,
+    url: &str,
+    prefix: &str,
+) -> Result<Vec<(String, Vec<u8>)>, String> {
+    use base64::Engine as _;
+    let v: Value = http
+        .post(format!("{url}/v3/kv/range"))
+        .json(&json!({"key": b64(prefix.as_bytes()),
+            "range_end": b64(&prefix_end(prefix.as_bytes()))}))
+        .send()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?
+        .json()
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    if let Some(msg) = v["error"].as_str().or(v["message"].as_str()) {
+        return Err(msg.to_owned());
+    }
+    let dec = |s: &Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(s.as_str().unwrap_or_default())
+            .map_err(|e| format!("{url}: {e}"))
+    };
+    let mut out = Vec::new();
+    for kv in v["kvs"].as_array().into_iter().flatten() {
+        let key = String::from_utf8_lossy(&dec(&kv["key"])?).into_owned();
+        out.push((key, dec(&kv["value"])?));
+    }
+    Ok(out)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// k3s's restore from a snapshot (`k3s server --cluster-reset
+/// --cluster-reset-restore-path=FILE`, `pkg/etcd` `Reset` → `Restore`): etcd member `name` on
+/// `ip` is restored from `snapshot` into `data` (which must not hold data; etcdutl's
+/// `snapshot restore`, which checks the snapshot's appended sha256) and started as the only
+/// member of a new cluster, logging to `log`; `read` runs against its client URL once it
+/// answers; then the member stops, its data kept. Err is what etcd or `read` said.
+pub async fn restore_member<T, F, Fut>(
+    kcp: &Path,
+    (snapshot, data, log): (&Path, &Path, &Path),
+    name: &str,
+    ip: Ipv4Addr,
+    read: F,
+) -> Result<T, String>
+where
+    F: FnOnce(reqwest::Client, String) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let shared = Shared {
+        kcp: kcp.to_path_buf(),
+        dir: data.parent().unwrap_or(data).to_path_buf(),
+        members: Mutex::new(BTreeMap::new()),
+        http: http.clone(),
+    };
+    let mut m = Local {
+        ip,
+        data: data.to_path_buf(),
+        log: log.to_path_buf(),
+        child: None,
+        voter: true,
+    };
+    shared.spawn(
+        name,
+        &mut m,
+        &[format!("--restore-snapshot={}", snapshot.display())],
+    )?;
+    let url = client_url(ip);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let answered = loop {
+        let listed = http
+            .post(format!("{url}/v3/cluster/member/list"))
+            .json(&json!({}))
+            .send()
+            .await;
+        if let Ok(resp) = listed
+            && let Ok(v) = resp.json::<Value>().await
+            && parse_members(&v).len() == 1
+        {
+            break Ok(());
+        }
+        if !m.running() || Instant::now() >= deadline {
+            // The process ends with etcd's error (a bad snapshot, a data dir in use).
+            if let Some(c) = &mut m.child {
+                let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
+            }
+            let tail = super::log_tail(log);
+            if tail.contains("flag provided but not defined: -restore-snapshot") {
+                break Err(format!(
+                    "{} predates `kcp etcd --restore-snapshot`: rebuild it with tests/kube/build.sh (or unset {})",
+                    kcp.display(),
+                    super::KCP_ENV
+                ));
+            }
+            let why = tail
+                .lines()
+                .rev()
+                .find(|l| l.starts_with("etcd: "))
+                .map_or_else(|| tail.clone(), |l| l["etcd: ".len()..].to_owned());
+            break Err(why);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let result = match answered {
+        Ok(()) => read(http, url).await,
+        Err(e) => Err(e),
+    };
+    if let Some(c) = &mut m.child {
+        let _ = c.start_kill();
+        let _ = c.wait().await;
+    }
+    result
+}
+
+/// [`kv_prefix`] for a [`restore_member`] reader.
+pub async fn read_prefix(
+    http: reqwest::Client,
+    url: String,
+    prefix: &str,
+) -> Result<Vec<(String, Vec<u8>)>, String> {
+    kv_prefix(&http, &url, prefix).await
 }
 
 /// Hands each connection to a running voting member (or closes it when none runs, as a

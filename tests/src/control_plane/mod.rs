@@ -174,6 +174,19 @@ impl ControlPlane {
         member: &str,
         member_ip: Option<Ipv4Addr>,
     ) -> Result<ControlPlane, ControlPlaneError> {
+        Self::start_restored(opts, member, member_ip, None).await
+    }
+
+    /// [`ControlPlane::start_with_member`] for a restored server when `restored` is given:
+    /// the control plane uses that PKI (the bootstrap data the restore wrote back) and the
+    /// first member starts from that etcd data directory (see [`etcd::restore_member`]), so
+    /// it serves the snapshot's objects to certificates and tokens issued before.
+    pub async fn start_restored(
+        opts: ControlPlaneOptions,
+        member: &str,
+        member_ip: Option<Ipv4Addr>,
+        restored: Option<(Arc<pki::Pki>, PathBuf)>,
+    ) -> Result<ControlPlane, ControlPlaneError> {
         let kcp = tokio::task::spawn_blocking(binary::kcp)
             .await
             .map_err(|e| ControlPlaneError::Binary(e.to_string()))??;
@@ -182,7 +195,7 @@ impl ControlPlane {
         // same one (1 in ~25,000), so a clash at bind time picks another.
         for _ in 0..3 {
             let first = (member, member_ip.unwrap_or_else(random_ip));
-            match Self::start_at(&kcp, random_ip(), first, &opts).await {
+            match Self::start_at(&kcp, random_ip(), first, &opts, restored.clone()).await {
                 Ok(cp) => return Ok(cp),
                 Err(e @ ControlPlaneError::Component { .. })
                     if e.to_string()
@@ -202,16 +215,20 @@ impl ControlPlane {
         ip: Ipv4Addr,
         (member, member_ip): (&str, Ipv4Addr),
         opts: &ControlPlaneOptions,
+        restored: Option<(Arc<pki::Pki>, PathBuf)>,
     ) -> Result<ControlPlane, ControlPlaneError> {
         let dir =
             crate::support::scratch::tempdir("kcp-").map_err(|source| ControlPlaneError::Io {
                 path: std::env::temp_dir(),
                 source,
             })?;
-        let pki = Arc::new(pki::Pki::new()?);
+        let (pki, seed) = match restored {
+            Some((pki, data)) => (pki, Some(data)),
+            None => (Arc::new(pki::Pki::new()?), None),
+        };
         let files = Files::write(dir.path(), ip, &pki, opts)?;
         let mut cp_components = Vec::new();
-        let etcd = etcd::Etcd::start(kcp, dir.path(), ip, member, member_ip)
+        let etcd = etcd::Etcd::start_from(kcp, dir.path(), ip, member, member_ip, seed.as_deref())
             .await
             .map_err(|why| ControlPlaneError::Component {
                 component: "etcd",

@@ -2,7 +2,8 @@
 //! the apiserver's serving certificate and every client certificate (CN = user, O = groups,
 //! which the apiserver's x509 authenticator reads), and an ECDSA key that signs
 //! ServiceAccount tokens. Everything is generated per control plane, so clusters side by
-//! side do not trust each other.
+//! side do not trust each other. A restored control plane takes them from the datastore
+//! instead ([`Pki::bootstrap_files`], [`Pki::from_bootstrap`]), as k3s's bootstrap data does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,8 @@ pub type Identity = (String, Vec<String>);
 pub struct Pki {
     issuer: Issuer<'static, KeyPair>,
     ca_pem: String,
+    ca_key_pem: String,
+    front_proxy_ca_key_pem: String,
     ca_der: CertificateDer<'static>,
     /// Every client certificate issued (DER → identity), so the front proxy can name the
     /// caller of a verified TLS peer without parsing X.509.
@@ -69,56 +72,154 @@ fn validity(params: &mut CertificateParams) {
     params.not_after = rcgen::date_time_ymd(2099, 1, 1);
 }
 
+/// The CA's parameters: its common name, and the usages every CA here has.
+fn ca_params(cn: &str, front_proxy: bool) -> Result<CertificateParams, ControlPlaneError> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(err("CA"))?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = if front_proxy {
+        vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::DigitalSignature,
+        ]
+    } else {
+        vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ]
+    };
+    validity(&mut params);
+    Ok(params)
+}
+
+/// The names k3s gives the files of its bootstrap data that the simulator's control plane
+/// has (k3s `pkg/daemons/config` `ControlRuntimeBootstrap`): one CA serves as k3s's server and
+/// client CAs here, so both pairs name it.
+pub const BOOTSTRAP_FILES: [&str; 7] = [
+    "ServerCA",
+    "ServerCAKey",
+    "ClientCA",
+    "ClientCAKey",
+    "ServiceKey",
+    "RequestHeaderCA",
+    "RequestHeaderCAKey",
+];
+
 impl Pki {
     /// A fresh CA (ECDSA P-256, as k3s's) and ServiceAccount key.
     pub fn new() -> Result<Self, ControlPlaneError> {
         let key = KeyPair::generate().map_err(err("generating the CA key"))?;
-        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(err("CA"))?;
-        let mut dn = DistinguishedName::new();
-        dn.push(
-            DnType::CommonName,
-            format!("k3s-server-ca@{}", chrono::Utc::now().timestamp()),
-        );
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        validity(&mut params);
+        let params = ca_params(
+            &format!("k3s-server-ca@{}", chrono::Utc::now().timestamp()),
+            false,
+        )?;
         let cert = params
             .self_signed(&key)
             .map_err(err("self-signing the CA"))?;
         let sa = KeyPair::generate().map_err(err("generating the ServiceAccount key"))?;
-
         let fp_key = KeyPair::generate().map_err(err("generating the front-proxy CA key"))?;
-        let mut fp = CertificateParams::new(Vec::<String>::new()).map_err(err("front-proxy CA"))?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, "k3s-request-header-ca");
-        fp.distinguished_name = dn;
-        fp.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        fp.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        validity(&mut fp);
+        let fp = ca_params("k3s-request-header-ca", true)?;
         let fp_cert = fp
             .self_signed(&fp_key)
             .map_err(err("self-signing the front-proxy CA"))?;
-        let fp_issuer = Issuer::new(fp, fp_key);
-        let front_proxy_client = client_cert(&fp_issuer, "system:auth-proxy", &[])?;
+        Self::assemble(
+            (cert.pem(), key),
+            (fp_cert.pem(), fp_key),
+            sa.serialize_pem(),
+        )
+    }
 
+    /// The PKI of CA `ca` (certificate PEM and key), front-proxy CA `fp` and ServiceAccount
+    /// key `sa_key_pem`; the front proxy's client certificate is issued anew.
+    fn assemble(
+        (ca_pem, key): (String, KeyPair),
+        (fp_pem, fp_key): (String, KeyPair),
+        sa_key_pem: String,
+    ) -> Result<Self, ControlPlaneError> {
+        let bad = |what: &'static str| {
+            move |_| ControlPlaneError::Pki {
+                what,
+                source: rcgen::Error::CouldNotParseCertificate,
+            }
+        };
+        let ca_der = pem_der(&ca_pem)
+            .ok_or(())
+            .map_err(bad("the CA certificate"))?;
+        let fp_der = pem_der(&fp_pem)
+            .ok_or(())
+            .map_err(bad("the front-proxy CA certificate"))?;
+        let cn_of = |der: &[u8]| {
+            subject(der)
+                .and_then(|attrs| attrs.into_iter().find(|(oid, _)| *oid == OID_CN))
+                .map(|(_, v)| v)
+        };
+        let ca_cn = cn_of(&ca_der).ok_or(()).map_err(bad("the CA's subject"))?;
+        let fp_cn = cn_of(&fp_der)
+            .ok_or(())
+            .map_err(bad("the front-proxy CA's subject"))?;
+        let sa = KeyPair::from_pem(&sa_key_pem).map_err(err("the ServiceAccount key"))?;
+        let ca_key_pem = key.serialize_pem();
+        let front_proxy_ca_key_pem = fp_key.serialize_pem();
+        // An issuer is the CA's subject and key: certificates issued now chain to the
+        // certificate that was made with them.
+        let fp_issuer = Issuer::new(ca_params(&fp_cn, true)?, fp_key);
+        let front_proxy_client = client_cert(&fp_issuer, "system:auth-proxy", &[])?;
         Ok(Self {
-            ca_pem: cert.pem(),
-            ca_der: cert.der().clone(),
+            ca_pem,
+            ca_key_pem,
+            front_proxy_ca_key_pem,
+            ca_der: CertificateDer::from(ca_der),
             clients: Mutex::new(HashMap::new()),
-            front_proxy_ca_pem: fp_cert.pem(),
+            front_proxy_ca_pem: fp_pem,
             front_proxy_client,
-            issuer: Issuer::new(params, key),
-            service_account_key_pem: sa.serialize_pem(),
+            issuer: Issuer::new(ca_params(&ca_cn, false)?, key),
             service_account_pub_pem: sa.public_key_pem(),
+            service_account_key_pem: sa_key_pem,
         })
+    }
+
+    /// What k3s keeps of this PKI in its bootstrap data (file name → PEM), which the
+    /// simulator writes to the datastore when a cluster is created.
+    pub fn bootstrap_files(&self) -> std::collections::BTreeMap<String, String> {
+        let pems = [
+            &self.ca_pem,
+            &self.ca_key_pem,
+            &self.ca_pem,
+            &self.ca_key_pem,
+            &self.service_account_key_pem,
+            &self.front_proxy_ca_pem,
+            &self.front_proxy_ca_key_pem,
+        ];
+        BOOTSTRAP_FILES
+            .iter()
+            .zip(pems)
+            .map(|(name, pem)| ((*name).to_owned(), pem.clone()))
+            .collect()
+    }
+
+    /// The PKI a restored server writes back to disk from the bootstrap data (k3s
+    /// `ReconcileBootstrapData`): the same CA, ServiceAccount key and request-header CA, so
+    /// certificates and ServiceAccount tokens issued before stay valid.
+    pub fn from_bootstrap(
+        files: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Self, ControlPlaneError> {
+        let get = |name: &'static str| {
+            files.get(name).cloned().ok_or(ControlPlaneError::Pki {
+                what: name,
+                source: rcgen::Error::CouldNotParseCertificate,
+            })
+        };
+        let key = KeyPair::from_pem(&get("ServerCAKey")?).map_err(err("ServerCAKey"))?;
+        let fp_key =
+            KeyPair::from_pem(&get("RequestHeaderCAKey")?).map_err(err("RequestHeaderCAKey"))?;
+        Self::assemble(
+            (get("ServerCA")?, key),
+            (get("RequestHeaderCA")?, fp_key),
+            get("ServiceKey")?,
+        )
     }
 
     /// The CA certificate, PEM.
@@ -166,13 +267,27 @@ impl Pki {
         Ok(cert)
     }
 
-    /// The identity of a client certificate this CA issued.
+    /// The identity of a client certificate this CA issued: known by its bytes when this
+    /// PKI issued it, else read from its subject (CN user, O groups), as the apiserver's
+    /// x509 authenticator does for a certificate issued before a restore. The caller has
+    /// verified that it chains to this CA.
     pub fn identify(&self, der: &[u8]) -> Option<Identity> {
-        self.clients
+        let known = self
+            .clients
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(der)
-            .cloned()
+            .cloned();
+        known.or_else(|| {
+            let attrs = subject(der)?;
+            let user = attrs.iter().find(|(oid, _)| *oid == OID_CN)?.1.clone();
+            let groups = attrs
+                .into_iter()
+                .filter(|(oid, _)| *oid == OID_O)
+                .map(|(_, v)| v)
+                .collect();
+            Some((user, groups))
+        })
     }
 
     /// A rustls config serving a fresh certificate for `sans`, asking for (not requiring)
@@ -213,6 +328,73 @@ impl Pki {
     }
 }
 
+/// The DER contents of the first PEM block of `pem`.
+fn pem_der(pem: &str) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    let body: String = pem
+        .lines()
+        .skip_while(|l| !l.starts_with("-----BEGIN "))
+        .skip(1)
+        .take_while(|l| !l.starts_with("-----END "))
+        .collect();
+    base64::engine::general_purpose::STANDARD.decode(body).ok()
+}
+
+/// The commonName and organizationName attribute types (2.5.4.3, 2.5.4.10), DER-encoded.
+const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
+const OID_O: &[u8] = &[0x55, 0x04, 0x0a];
+
+/// One DER element at the start of `der`: (tag, contents, rest).
+fn der_element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = der.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+/// The subject's attributes (type OID bytes, string value) of an X.509 certificate:
+/// `Certificate → tbsCertificate → [version] serial signature issuer validity subject`.
+fn subject(der: &[u8]) -> Option<Vec<(&'static [u8], String)>> {
+    let (_, cert, _) = der_element(der)?;
+    let (_, tbs, _) = der_element(cert)?;
+    let mut fields = tbs;
+    let (tag, _, rest) = der_element(fields)?;
+    if tag == 0xa0 {
+        fields = rest;
+    }
+    // serial, signature algorithm, issuer, validity
+    for _ in 0..4 {
+        fields = der_element(fields)?.2;
+    }
+    let (_, mut rdns, _) = der_element(fields)?;
+    let mut out = Vec::new();
+    while !rdns.is_empty() {
+        let (_, set, rest) = der_element(rdns)?;
+        rdns = rest;
+        let (_, attr, _) = der_element(set)?;
+        let (_, oid, value) = der_element(attr)?;
+        let (_, text, _) = der_element(value)?;
+        let kind: &'static [u8] = match oid {
+            o if o == OID_CN => OID_CN,
+            o if o == OID_O => OID_O,
+            _ => continue,
+        };
+        out.push((kind, String::from_utf8_lossy(text).into_owned()));
+    }
+    Some(out)
+}
+
 fn client_cert(
     issuer: &Issuer<'static, KeyPair>,
     user: &str,
@@ -241,4 +423,46 @@ fn client_cert(
         der: cert.der().to_vec(),
         key_der: key.serialize_der(),
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pki_from_its_bootstrap_files_names_and_signs_as_the_old_one() {
+        let old = Pki::new().unwrap();
+        let admin = old.client("system:admin", &["system:masters"]).unwrap();
+        let restored = Pki::from_bootstrap(&old.bootstrap_files()).unwrap();
+        assert_eq!(restored.ca_pem(), old.ca_pem());
+        assert_eq!(
+            restored.service_account_pub_pem,
+            old.service_account_pub_pem
+        );
+        // A certificate the old PKI issued is named from its subject.
+        assert_eq!(
+            restored.identify(&admin.der),
+            Some(("system:admin".to_owned(), vec!["system:masters".to_owned()]))
+        );
+        // New certificates chain to the same CA: the issuer field is the CA's subject.
+        let fresh = restored.client("u", &[]).unwrap();
+        let issuer_of = |der: &[u8]| {
+            let (_, cert, _) = der_element(der).unwrap();
+            let (_, tbs, _) = der_element(cert).unwrap();
+            let (_, _, rest) = der_element(tbs).unwrap(); // version
+            let rest = der_element(rest).unwrap().2; // serial
+            let rest = der_element(rest).unwrap().2; // signature
+            der_element(rest).unwrap().1.to_vec()
+        };
+        assert_eq!(issuer_of(&fresh.der), issuer_of(&admin.der));
+        // Another PKI's files give another CA.
+        let other = Pki::new().unwrap();
+        assert_ne!(
+            Pki::from_bootstrap(&other.bootstrap_files())
+                .unwrap()
+                .ca_pem(),
+            old.ca_pem()
+        );
+    }
 }

@@ -38,14 +38,17 @@ impl Drop for RealCluster {
 
 impl RealCluster {
     /// Starts a control plane for a new cluster whose first etcd member is `member` on
-    /// `member_ip` (the cluster-init server's own address).
+    /// `member_ip` (the cluster-init server's own address); for a server restored from a
+    /// snapshot, with the PKI and etcd data the restore left on its disk
+    /// ([`ControlPlane::start_restored`]).
     pub async fn start(
         opts: ControlPlaneOptions,
         faults: Faults,
         member: &str,
         member_ip: Option<std::net::Ipv4Addr>,
+        restored: Option<(Arc<crate::control_plane::pki::Pki>, std::path::PathBuf)>,
     ) -> Result<RealCluster, ControlPlaneError> {
-        let control_plane = ControlPlane::start_with_member(opts, member, member_ip).await?;
+        let control_plane = ControlPlane::start_restored(opts, member, member_ip, restored).await?;
         let proxy = FrontProxy::new(&control_plane, faults)?;
         let ip = control_plane.ip();
         let listener = tokio::net::TcpListener::bind((ip, 6444))

@@ -318,6 +318,8 @@ impl Inner {
             };
             vm.k3s = K3sState::Joined;
             vm.member = true;
+            // What a restore left on the disk is the member's data now.
+            vm.restored = None;
             vm.cluster = Some(cluster);
             let name = k3s
                 .node_name
@@ -380,7 +382,7 @@ fn critical_mismatch(k3s: &K3sConfig, cluster: &super::Cluster) -> bool {
             .any(|(key, value)| k3s.critical_value(key) != *value)
 }
 
-fn random_token() -> String {
+pub(super) fn random_token() -> String {
     use rand::RngExt as _;
     let mut rng = rand::rng();
     (0..32)

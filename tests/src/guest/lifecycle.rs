@@ -9,7 +9,6 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::cloud_init::{UserData, parse_user_data};
-use super::cluster_api::RealCluster;
 use super::k3s::Decision;
 use super::k3s_config::{K3S_CONFIG_PATH, K3sConfig, Role};
 use super::setup_script::{SetupStep, UpEnd};
@@ -596,23 +595,19 @@ impl Inner {
                 Decision::Fatal(msg) => return Some(msg),
                 decision @ (Decision::Create | Decision::Join(_)) => {
                     // cluster-init on a real control plane: it starts while k3s does.
+                    let mut kept = None;
                     let prepared = match &decision {
                         Decision::Create => {
-                            let (member, member_ip) = self.new_etcd_member(id);
                             let (cp, ()) = tokio::join!(
-                                RealCluster::start(
-                                    self.cfg.kubernetes.clone(),
-                                    self.faults.clone(),
-                                    &member,
-                                    member_ip,
-                                ),
+                                self.start_cluster(id, k3s),
                                 tokio::time::sleep(self.cfg.k3s_join)
                             );
                             match cp {
-                                Ok(cp) => Some(Arc::new(cp)),
-                                Err(err) => {
-                                    return Some(format!("starting the control plane: {err}"));
+                                Ok((cp, filled)) => {
+                                    kept = Some(filled);
+                                    Some(cp)
                                 }
+                                Err(err) => return Some(err),
                             }
                         }
                         Decision::Join(cluster) => {
@@ -635,7 +630,7 @@ impl Inner {
                         id,
                         generation,
                         role,
-                        k3s,
+                        kept.as_ref().unwrap_or(k3s),
                         version,
                         match decision {
                             Decision::Join(cluster) => Some(cluster),
@@ -703,6 +698,11 @@ impl Inner {
                     }
                 }
                 SetupStep::ProviderId { .. } | SetupStep::K3sStart { .. } => {}
+                SetupStep::EtcdRestore { serial, dir } => {
+                    self.etcd_restore_step(id, ud, (serial, dir), started)
+                        .await
+                        .map_err(|reason| SetupEnd::Failed(step.name(), reason))?;
+                }
                 SetupStep::TailscaleInstall { url, sha256 } => download(url, sha256)?,
                 SetupStep::TailscaleUp => {
                     match self
@@ -845,6 +845,7 @@ impl RackEvents for Boot {
                 memory: inst.memory,
                 uploads: BTreeMap::new(),
                 disk_serials: Vec::new(),
+                restored: None,
             });
             if wrong_key && vm.decoy_host.is_none() {
                 vm.decoy_host = Some(Arc::new(SshHost::generate()));

@@ -20,6 +20,8 @@
 //! - [`k3s`]: its config, tokens, the create/join decision and the cluster state;
 //! - [`k3s_service`]: `systemctl stop|start k3s` and `k3s server --cluster-reset` run over
 //!   SSH (k3s's documented cluster reset);
+//! - [`etcd_restore`]: the setup's restore from a backup disk (tar, sha256sum, k3s's
+//!   `--cluster-reset-restore-path`) and k3s's bootstrap data in the datastore;
 //! - [`kubelet`]: node labels and taints, Node registration;
 //! - [`listeners`] and [`ssh`]: what the VM serves (Kubernetes API, sshd and its files);
 //! - [`lifecycle`]: the rack's events and the boot sequence gluing the rest together.
@@ -28,6 +30,7 @@ mod cloud_init;
 pub mod cluster_api;
 mod console;
 mod etcd_member;
+mod etcd_restore;
 mod k3s;
 mod k3s_config;
 mod k3s_service;
@@ -52,6 +55,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 pub use cloud_init::{AuthorizedKey, MAX_USER_DATA, UserData, parse_public_key, parse_user_data};
+pub use etcd_restore::{DIFFERENT_TOKEN, ETCD_DATA_DIR, bootstrap_key};
 pub use k3s::ca_hash;
 pub use k3s_config::{
     K3S_CONFIG_DROPIN_DIR, K3S_CONFIG_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3sConfig,
@@ -176,6 +180,9 @@ struct Vm {
     uploads: BTreeMap<String, std::path::PathBuf>,
     /// NVMe serials of the disks attached at this boot.
     disk_serials: Vec<String>,
+    /// What `k3s server --cluster-reset --cluster-reset-restore-path` left on the disk for
+    /// the next start of k3s (see [`etcd_restore`]).
+    restored: Option<etcd_restore::Restored>,
 }
 
 struct Cluster {

@@ -48,6 +48,10 @@ pub enum SetupStep {
         version: Option<String>,
         starts: bool,
     },
+    /// `restore_etcd 'SERIAL' 'DIR'`: the product's restore from a backup disk: `tar -xf` of
+    /// the NVMe disk with that serial into `dir`, `sha256sum -c etcd-snapshot.sha256` there,
+    /// then `k3s server --cluster-reset --cluster-reset-restore-path=DIR/etcd-snapshot`.
+    EtcdRestore { serial: String, dir: String },
     /// Pre-installed: the image's `k3s --version` must be `expected`.
     K3sVersion { expected: String },
     /// Starts the unit: `systemctl enable --now k3s|k3s-agent` (waits on the start job), or
@@ -72,6 +76,7 @@ impl SetupStep {
             SetupStep::TailscaleUp => "tailscale-up",
             SetupStep::TailscaleSan => "tailscale-san",
             SetupStep::K3sInstall { .. } => "k3s-install",
+            SetupStep::EtcdRestore { .. } => "etcd-restore",
             SetupStep::K3sVersion { .. } => "k3s-version",
             SetupStep::K3sStart { .. } => "k3s-start",
             SetupStep::Unknown => "unknown",
@@ -135,6 +140,15 @@ fn read_step(name: &str, body: &[String]) -> SetupStep {
             Some(args) if !args.is_empty() => SetupStep::DataDisk {
                 serial: args[0].to_owned(),
             },
+            _ => SetupStep::Unknown,
+        },
+        "etcd-restore" => match find(&|l| l.starts_with("restore_etcd ")).map(quoted_args) {
+            Some(args) if args.len() == 2 && !args[0].is_empty() && args[1].starts_with('/') => {
+                SetupStep::EtcdRestore {
+                    serial: args[0].to_owned(),
+                    dir: args[1].trim_end_matches('/').to_owned(),
+                }
+            }
             _ => SetupStep::Unknown,
         },
         "provider-id" => find(&|l| l.contains("product_uuid")).map_or(SetupStep::Unknown, |_| {
@@ -399,6 +413,23 @@ mod tests {
                 wait: None
             }
         );
+        // A restore between the install and the start; a restore step without its line (or
+        // with a relative directory) is a step the model does not know.
+        let restore = "#!/bin/sh\nstep k3s-install\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_EXEC='server' sh /run/k.sh\nstep etcd-restore\nrestore_etcd 'backup-1' '/var/lib/rancher/k3s/server/db/restore'\nstep k3s-start\nstart_k3s 'k3s' 600\nstep etcd-restore\necho restore\nstep etcd-restore\nrestore_etcd 'backup-1' 'restore'\n";
+        let steps = parse_setup(
+            &["/usr/local/sbin/oxide-node-setup".into()],
+            &files(restore),
+        );
+        assert_eq!(
+            steps[1].0,
+            SetupStep::EtcdRestore {
+                serial: "backup-1".into(),
+                dir: "/var/lib/rancher/k3s/server/db/restore".into()
+            }
+        );
+        assert_eq!(steps[1].0.name(), "etcd-restore");
+        assert_eq!(steps[3].0, SetupStep::Unknown);
+        assert_eq!(steps[4].0, SetupStep::Unknown);
         // The product's: install without starting, then start and poll.
         let polled = "#!/bin/sh\nstep k3s-install\ndownload /run/k.sh 'https://get.k3s.io'\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='agent' sh /run/k.sh\nstep k3s-start\nstart_k3s 'k3s-agent' 30\n";
         let steps = parse_setup(&["/usr/local/sbin/oxide-node-setup".into()], &files(polled));
