@@ -347,3 +347,143 @@ async fn a_restore_refuses_with_servers_left_an_unknown_backup_or_another_token_
         "a restore with the wrong token changed the rack"
     );
 }
+
+/// Nodes through the kubeconfig bootstrap wrote: (name, Ready).
+async fn nodes(env: &Env) -> Vec<(String, bool)> {
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+    match tokio::time::timeout(Duration::from_secs(10), api.list(&Default::default())).await {
+        Ok(Ok(list)) => list
+            .into_iter()
+            .map(|n| {
+                let ready = n
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                (n.metadata.name.unwrap_or_default(), ready)
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Issue 36's acceptance: every server lost with its disks; `recover --backup latest --yes`
+/// brings back what the backup held (not what was written after it) with the old kubeconfig,
+/// three Ready servers and a Ready worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_server_lost_is_restored_from_the_latest_backup_with_the_old_kubeconfig() {
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("in-the-backup".into());
+    cm.data = Some([("k".to_owned(), "v".to_owned())].into());
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    let out = backup_cmd(&env).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    cm.metadata.name = Some("after-the-backup".into());
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+
+    let old_workers: Vec<String> = nodes(&env)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with("demo-workers-"))
+        .collect();
+    assert_eq!(old_workers.len(), 1);
+    // Every server and its disks gone.
+    let rack = env.rack("demo");
+    let servers: Vec<String> = nodes(&env)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| n.starts_with("demo-control-plane-"))
+        .collect();
+    assert_eq!(servers.len(), 3, "{servers:?}");
+    for n in &servers {
+        rack.stop_instance(n).await.unwrap();
+    }
+    for n in &servers {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let i = rack.get_instance(n).await.unwrap().unwrap();
+            if i.state == oxide_controller::domain::model::InstanceState::Stopped {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{n} never stopped");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        rack.delete_instance(n).await.unwrap();
+    }
+    for d in rack.list_disks().await.unwrap() {
+        if servers.iter().any(|s| d.name.ends_with(s.as_str())) {
+            rack.delete_disk(&d.name).await.unwrap();
+        }
+    }
+    assert!(nodes(&env).await.is_empty(), "the API still answers");
+
+    let (out, made) = mutating_during(
+        &env,
+        recover_cmd(&env, &["--backup", "latest", "--dry-run"]),
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("rung 3") && stdout.contains("demo-etcd-"),
+        "{stdout}"
+    );
+    assert_eq!(made, vec![], "--dry-run changed the rack");
+
+    let started = std::time::Instant::now();
+    let out = recover_cmd(&env, &["--backup", "latest", "--yes"]).await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    eprintln!(
+        "restore took {:.1}s: {stdout}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(stdout.contains("Reconcile: converged"), "{stdout}");
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    assert_eq!(
+        cms.get("in-the-backup").await.unwrap().data.unwrap()["k"],
+        "v"
+    );
+    assert!(cms.get_opt("after-the-backup").await.unwrap().is_none());
+    // Past the node lifecycle controller's grace (20 s here): a Ready Node heartbeats, it is
+    // not the snapshot's stale status.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let now = nodes(&env).await;
+    let ready_servers = now
+        .iter()
+        .filter(|(n, r)| *r && n.starts_with("demo-control-plane-"))
+        .count();
+    let ready_workers = now
+        .iter()
+        .filter(|(n, r)| *r && n.starts_with("demo-workers-"))
+        .count();
+    assert_eq!((ready_servers, ready_workers), (3, 1), "{now:?}");
+    // None of the lost servers' Nodes is left; the worker whose servers were all gone was
+    // replaced (its agent could reach none of the new ones).
+    assert!(
+        now.iter()
+            .all(|(n, _)| !servers.contains(n) && !old_workers.contains(n)),
+        "{now:?}"
+    );
+    assert!(rack.get_instance(&old_workers[0]).await.unwrap().is_none());
+}

@@ -123,6 +123,11 @@ impl Inner {
                 if filled.agent_token.is_none() {
                     filled.agent_token.clone_from(&r.agent_token);
                 }
+                // The Nodes come back as the snapshot had them, Ready included, but no kubelet
+                // has reached this control plane: none heartbeats until its node's k3s joins
+                // it (then it registers again), so the node lifecycle controller marks the
+                // others NotReady after its grace, as for kubelets that stopped reporting.
+                silence_restored_nodes(&cp).await;
                 // Started without `--cluster-reset`: k3s removes the reset-flag.
                 if let Some(vm) = self.state().vms.get_mut(&id) {
                     vm.reset_flag = false;
@@ -142,6 +147,24 @@ impl Inner {
             }
         }
         Ok((Arc::new(cp), filled))
+    }
+}
+
+/// Every Node of a restored cluster loses its stand-in kubelet (KWOK lets go of it).
+async fn silence_restored_nodes(cp: &RealCluster) {
+    let nodes = match cp.control_plane.list("v1", "Node", None).await {
+        Ok(n) => n,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot list the restored Nodes");
+            return;
+        }
+    };
+    for node in nodes {
+        if let Some(name) = node["metadata"]["name"].as_str()
+            && let Err(err) = super::cluster_api::silence_real_node(&cp.control_plane, name).await
+        {
+            tracing::warn!(%name, error = %err, "cannot stop a restored Node's heartbeats");
+        }
     }
 }
 

@@ -204,7 +204,7 @@ impl RecoverSummary {
             Rung::Restore { backup } => {
                 let _ = writeln!(
                     s,
-                    "No server is left: a new first server restores the datastore from backup {backup}; the API address moves to it; reconcile brings the servers and workers back."
+                    "No server is left: a new first server restores the datastore from backup {backup}; the API address moves to it; the workers left are replaced (their agents' servers are gone); reconcile brings the servers and workers back."
                 );
             }
         }
@@ -508,6 +508,8 @@ async fn run_restore<C: Connect>(
     restore::run::<C>(&rack, &v, &input, &chosen).await?;
     wait_ready(connect, &v, &input, started).await?;
     summary.api_ready_after = Some(started.elapsed());
+    let deadline = Instant::now() + input.api_timeout;
+    restore::retire_workers(&rack, &input.cluster, &v.pool, deadline).await?;
     let ports = connect
         .in_cluster(&v.kubeconfig, &input.cluster, &input.holder)
         .await

@@ -77,7 +77,7 @@ pub(super) async fn run<C: Connect>(
 }
 
 /// Step 1: stops every server in `others` and waits until none runs.
-async fn fence<R: Rack>(
+pub(super) async fn fence<R: Rack>(
     rack: &R,
     others: &[String],
     deadline: Instant,
@@ -242,7 +242,7 @@ async fn reset<S: RemoteShell>(
 }
 
 /// Step 5: the other servers and their disks.
-async fn delete<R: Rack>(rack: &R, others: &[String]) -> Result<(), BootstrapError> {
+pub(super) async fn delete<R: Rack>(rack: &R, others: &[String]) -> Result<(), BootstrapError> {
     for name in others {
         info!(step = "delete", instance = %name, "deleting the server and its disks");
         match rack.delete_instance(name).await {

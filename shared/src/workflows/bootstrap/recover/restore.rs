@@ -13,9 +13,14 @@
 //!    backup; its setup unpacks the archive, checks the snapshot's sha256, restores k3s's
 //!    datastore from it and starts k3s (`restore_etcd` in [`crate::render::cloud_init`]);
 //! 4. `attach-floating-ip` — the API address moves to it;
-//! 5. `/readyz` through the old kubeconfig (same CA, restored), then the caller's reconcile:
-//!    the Nodes of the lost servers go, servers grow back to the spec's count, workers whose
-//!    server is gone are replaced.
+//! 5. `/readyz` through the old kubeconfig (same CA, restored);
+//! 6. `workers` — the workers still on the rack are stopped and deleted with their disks: their
+//!    k3s agents joined through servers' private addresses that are all gone (the agent's load
+//!    balancer knows only those), so none can reach the restored server; their Nodes came back
+//!    Ready from the snapshot and would look alive until the node lifecycle controller's grace,
+//!    then wait out the NotReady grace before reconcile replaced them;
+//! 7. the caller's reconcile: the Nodes without instances go, the servers grow back to the
+//!    spec's count, new workers join the restored servers.
 
 use std::fmt::Write as _;
 
@@ -108,8 +113,44 @@ pub(super) fn calls(project: &str, cluster: &str, pool: &str, chosen: &Backup) -
             names::api_floating_ip_name(cluster)
         ),
         format!("GET /readyz through context {cluster} until ready"),
+        format!(
+            "POST /v1/instances/{{worker}}/stop, DELETE /v1/instances/{{worker}} and its disks?project={project}, for every worker of {cluster} left (their agents' servers are gone)"
+        ),
         "reconcile passes until the pools are back and Ready".to_owned(),
     ]
+}
+
+/// Step 6: every worker of the cluster on the rack, stopped and deleted with its disks.
+/// Returns their names.
+pub(super) async fn retire_workers<R: Rack>(
+    rack: &R,
+    cluster: &str,
+    control_plane_pool: &str,
+    deadline: Instant,
+) -> Result<Vec<String>, BootstrapError> {
+    let workers: Vec<String> = rack
+        .list_instances(&names::cluster_prefix(cluster))
+        .await
+        .map_err(|e| rack_failed("workers", e))?
+        .into_iter()
+        .filter(|i| {
+            InstanceTag::parse(&i.description)
+                .is_some_and(|t| t.cluster == cluster && t.pool != control_plane_pool)
+        })
+        .filter(|i| i.state != InstanceState::Destroyed)
+        .map(|i| i.name)
+        .collect();
+    if workers.is_empty() {
+        return Ok(workers);
+    }
+    info!(
+        step = "workers",
+        count = workers.len(),
+        "replacing the workers: their servers are gone"
+    );
+    super::reset::fence(rack, &workers, deadline).await?;
+    super::reset::delete(rack, &workers).await?;
+    Ok(workers)
 }
 
 /// The refusal without `--yes`: what a restore would do.
