@@ -620,6 +620,7 @@ async fn backups_stay_without_the_flag_and_only_the_clusters_own_go_with_it() {
             sha256: "0".repeat(64),
             token: token_fingerprint("t"),
             bytes: 1,
+            objects: None,
         }
         .description()
     };

@@ -52,6 +52,7 @@ fn agent_with_disk() -> NodeUserData {
         data_disk: Some(DataDisk::for_disk_name("data-demo-workers-abcde")),
         tailscale: None,
         restore_serial: None,
+        disable_agent: false,
     }
 }
 

@@ -38,6 +38,7 @@ fn joiner(name: &str, role: K3sRole) -> String {
         data_disk: None,
         tailscale: None,
         restore_serial: None,
+        disable_agent: false,
     })
     .unwrap()
 }

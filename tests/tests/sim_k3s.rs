@@ -92,6 +92,7 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
             data_disk: None,
             tailscale: None,
             restore_serial: None,
+            disable_agent: false,
         })
         .unwrap();
     create_instance(&c, "c1-cp-ccccc", &product).await;

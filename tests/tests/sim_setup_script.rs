@@ -59,6 +59,7 @@ fn agent_input(name: &str, server_url: &str, install: K3sInstall, version: &str)
         data_disk: Some(DataDisk::for_disk_name(&format!("data-{name}"))),
         tailscale: None,
         restore_serial: None,
+        disable_agent: false,
     }
 }
 
@@ -437,6 +438,7 @@ async fn a_default_member_whose_installer_download_is_changed_never_runs_it() {
             cluster_init: false,
             ca_hash: None,
             restore: None,
+            drill: false,
         }))
         .unwrap()
     };

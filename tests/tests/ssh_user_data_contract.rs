@@ -39,6 +39,7 @@ fn server(key_line: &str) -> NodeUserData {
         data_disk: None,
         tailscale: None,
         restore_serial: None,
+        disable_agent: false,
     }
 }
 

@@ -400,6 +400,13 @@ struct RecoverArgs {
     /// back. Whatever was written after the backup is lost.
     #[arg(long, value_name = "latest|NAME")]
     backup: Option<String>,
+    /// A restore drill, touching nothing of the cluster: restore the newest backup (or the
+    /// --backup given) into a throw-away server with no agent, under a temporary name and
+    /// address, wait for its /readyz, compare its object count with the backup's, print how
+    /// long the restore took, and delete everything it made. Exit 1 when the backup does not
+    /// restore.
+    #[arg(long)]
+    verify: bool,
     /// Seconds the started servers get to make the API ready.
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     api_timeout: u64,
@@ -649,6 +656,7 @@ fn run_recover(a: RecoverArgs) -> ExitCode {
             dry_run: a.dry_run,
             yes: a.yes,
             backup: a.backup,
+            verify: a.verify,
             api_timeout: Duration::from_secs(a.api_timeout),
             wait: Duration::from_secs(a.wait),
             holder: holder("bootstrap-recover"),

@@ -487,3 +487,109 @@ async fn every_server_lost_is_restored_from_the_latest_backup_with_the_old_kubec
     );
     assert!(rack.get_instance(&old_workers[0]).await.unwrap().is_none());
 }
+
+/// Issue 36 §3: `recover --verify` restores the newest backup into a throw-away server while the
+/// cluster runs, finds its API ready with the objects the backup counted, and leaves no
+/// instance, disk or address behind; the cluster's own servers and API are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_drill_proves_the_backup_and_leaves_nothing_behind() {
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let out = backup_cmd(&env).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tag = backups(&env).await[0].tag.clone();
+    assert!(tag.objects.is_some_and(|n| n > 10), "{tag:?}");
+
+    let rack = env.rack("demo");
+    let names = |v: Vec<String>| {
+        let mut v = v;
+        v.sort();
+        v
+    };
+    let instances = names(
+        rack.list_instances("")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect(),
+    );
+    let disks = names(
+        rack.list_disks()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.name)
+            .collect(),
+    );
+    let fips = names(
+        rack.list_floating_ips()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|f| f.name)
+            .collect(),
+    );
+
+    let out = recover_cmd(&env, &["--verify"]).await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    eprintln!("{stdout}");
+    let n = tag.objects.unwrap();
+    assert!(
+        stdout.contains(&format!("objects: {n} restored, {n} in the backup")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Everything the drill made is deleted"),
+        "{stdout}"
+    );
+    // Nothing left behind; the cluster's own objects as they were.
+    assert_eq!(
+        names(
+            rack.list_instances("")
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|i| i.name)
+                .collect()
+        ),
+        instances
+    );
+    assert_eq!(
+        names(
+            rack.list_disks()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|d| d.name)
+                .collect()
+        ),
+        disks
+    );
+    assert_eq!(
+        names(
+            rack.list_floating_ips()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|f| f.name)
+                .collect()
+        ),
+        fips
+    );
+    // The drill server ran no kubelet: no Node of it ever joined the live cluster either.
+    assert!(nodes(&env).await.iter().all(|(n, _)| !n.contains("drill")));
+    assert_eq!(
+        nodes(&env).await.iter().filter(|(_, r)| *r).count(),
+        4,
+        "the cluster's three servers and its worker are Ready"
+    );
+}

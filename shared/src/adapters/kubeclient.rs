@@ -167,6 +167,44 @@ pub async fn readyz(kubeconfig: &Path, context: &str) -> Result<(), String> {
     }
 }
 
+/// The kinds [`object_count`] counts: what a restore must bring back and what no controller
+/// makes on its own in a settled cluster.
+pub const COUNTED_KINDS: [&str; 5] = [
+    "namespaces",
+    "configmaps",
+    "secrets",
+    "services",
+    "serviceaccounts",
+];
+
+/// How many objects of [`COUNTED_KINDS`] the cluster holds, all namespaces, as its
+/// administrator through context `context` of `kubeconfig` (a backup's manifest records it; a
+/// restore drill compares).
+pub async fn object_count(kubeconfig: &Path, context: &str) -> Result<u64, String> {
+    let client = client(Some(kubeconfig), Some(context))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut total = 0u64;
+    for kind in COUNTED_KINDS {
+        // Names only: a list of metadata, not of Secrets' data.
+        let req = http::Request::get(format!("/api/v1/{kind}?limit=0"))
+            .header(
+                "Accept",
+                "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+            )
+            .body(Vec::new())
+            .map_err(|e| e.to_string())?;
+        let list: serde_json::Value =
+            match tokio::time::timeout(CONNECT_TIMEOUT * 4, client.request(req)).await {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) => return Err(format!("listing {kind}: {e}")),
+                Err(_) => return Err(format!("listing {kind}: no answer in time")),
+            };
+        total += list["items"].as_array().map_or(0, |i| i.len() as u64);
+    }
+    Ok(total)
+}
+
 /// The line a run from a laptop (`kubeconfig` given) ends with when the cluster's API is not
 /// ready: it names `bootstrap recover`, whose context is the cluster's name in the kubeconfig
 /// bootstrap writes. `None` without a kubeconfig (a pod) or when the API is ready.

@@ -116,6 +116,42 @@ pub fn rewrite_k3s(k3s_yaml: &str, cluster: &str, server: &str) -> Result<String
     render(&doc).map_err(KubeconfigError::Malformed)
 }
 
+/// A copy of the kubeconfig at `src` whose context `context` points at `server` instead (its
+/// credentials unchanged), written to `dest` with mode 0600: how a restore drill reaches its
+/// throw-away server as the cluster's administrator.
+pub fn copy_with_server(
+    src: &Path,
+    context: &str,
+    server: &str,
+    dest: &Path,
+) -> Result<(), KubeconfigError> {
+    let text = std::fs::read_to_string(src)
+        .map_err(|e| KubeconfigError::Malformed(format!("reading {}: {e}", src.display())))?;
+    let mut doc = parse(&text).map_err(KubeconfigError::Malformed)?;
+    let cluster = doc["contexts"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == context))
+        .and_then(|c| c["context"]["cluster"].as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| KubeconfigError::Malformed(format!("no context {context}")))?;
+    let entry = doc["clusters"]
+        .as_array_mut()
+        .and_then(|cs| cs.iter_mut().find(|c| c["name"] == cluster.as_str()))
+        .ok_or_else(|| KubeconfigError::Malformed(format!("no cluster {cluster}")))?;
+    entry["cluster"]["server"] = Value::from(server);
+    doc["current-context"] = Value::from(context);
+    let out = render(&doc).map_err(KubeconfigError::Malformed)?;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts
+        .open(dest)
+        .map_err(|e| KubeconfigError::Malformed(format!("writing {}: {e}", dest.display())))?;
+    std::io::Write::write_all(&mut f, out.as_bytes())
+        .map_err(|e| KubeconfigError::Malformed(format!("writing {}: {e}", dest.display())))
+}
+
 /// `sha256` (lower-case hex) of the k3s server CA as `certificate-authority-data` carries it,
 /// i.e. of the PEM bundle the servers serve at `/cacerts`: the `<hash>` of k3s's full token
 /// form `K10<hash>::<user>:<password>`, with which a joining node checks the CA it is shown.

@@ -51,12 +51,16 @@ pub struct BackupTag {
     pub token: String,
     /// Size of the etcd snapshot in bytes.
     pub bytes: u64,
+    /// How many objects of the counted kinds the cluster held right after the snapshot
+    /// (`crate::adapters::kubeclient::COUNTED_KINDS`), for a restore drill to compare; `None`
+    /// when the API could not be counted.
+    pub objects: Option<u64>,
 }
 
 impl BackupTag {
-    /// `oxide-controller backup cluster=C k3s=V time=T sha256=H token=F bytes=N`.
+    /// `oxide-controller backup cluster=C k3s=V time=T sha256=H token=F bytes=N [objects=M]`.
     pub fn description(&self) -> String {
-        format!(
+        let mut d = format!(
             "{DESCRIPTION_PREFIX}cluster={} k3s={} time={} sha256={} token={} bytes={}",
             self.cluster,
             self.k3s_version,
@@ -64,7 +68,11 @@ impl BackupTag {
             self.sha256,
             self.token,
             self.bytes
-        )
+        );
+        if let Some(n) = self.objects {
+            let _ = write!(d, " objects={n}");
+        }
+        d
     }
 
     /// The tag of a description [`Self::description`] wrote; `None` for anything else.
@@ -83,6 +91,7 @@ impl BackupTag {
             sha256: field("sha256")?.to_owned(),
             token: field("token")?.to_owned(),
             bytes: field("bytes")?.parse().ok()?,
+            objects: field("objects").and_then(|n| n.parse().ok()),
         })
     }
 }
@@ -176,6 +185,9 @@ pub struct Manifest {
     pub sha256: String,
     pub bytes: u64,
     pub token: String,
+    /// See [`BackupTag::objects`].
+    #[serde(default)]
+    pub objects: Option<u64>,
     /// The live `spec.yaml` (bootstrap's spec when the cluster's was unreadable).
     pub spec: String,
     pub servers: Vec<ManifestServer>,
@@ -191,6 +203,7 @@ impl Manifest {
             sha256: self.sha256.clone(),
             token: self.token.clone(),
             bytes: self.bytes,
+            objects: self.objects,
         }
     }
 }
@@ -339,6 +352,7 @@ mod tests {
             sha256: "ab".repeat(32),
             token: token_fingerprint("t"),
             bytes: 12345,
+            objects: Some(42),
         }
     }
 
@@ -428,6 +442,7 @@ mod tests {
             sha256: hex(&Sha256::digest(&snapshot)),
             bytes: snapshot.len() as u64,
             token: token_fingerprint("t"),
+            objects: None,
             spec: "cluster: c\n".into(),
             servers: vec![],
         };

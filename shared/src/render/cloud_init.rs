@@ -85,6 +85,8 @@ pub struct NodeUserData {
     /// Restore k3s's datastore from the backup disk with this NVMe serial after k3s is
     /// installed and before it first starts (a cluster-init server of `recover --backup`).
     pub restore_serial: Option<String>,
+    /// A server without a local agent (`recover --verify`'s throw-away server).
+    pub disable_agent: bool,
 }
 
 /// How a node joins the tailnet. `Debug` leaves the auth key out.
@@ -263,6 +265,10 @@ pub struct K3sConfigFile {
     /// `cluster-init`
     #[serde(default, skip_serializing_if = "is_false")]
     pub cluster_init: bool,
+    /// `disable-agent`: a server with no kubelet of its own (a restore drill's: nothing of the
+    /// restored cluster may run on it).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub disable_agent: bool,
     /// `tls-san`
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tls_san: Vec<String>,
@@ -843,6 +849,7 @@ pub fn k3s_config(input: &NodeUserData) -> K3sConfigFile {
             tls_san,
         } => {
             cfg.cluster_init = *cluster_init;
+            cfg.disable_agent = input.disable_agent;
             cfg.server = server_url.clone();
             cfg.token = Some(token.clone());
             cfg.agent_token = Some(agent_token.clone());
@@ -1127,6 +1134,9 @@ pub struct MemberInput<'a> {
     /// A cluster-init server that restores the datastore from this backup disk before k3s
     /// first starts (`bootstrap recover --backup`).
     pub restore: Option<&'a crate::domain::model::SnapshotDisk>,
+    /// A restore drill's server (`bootstrap recover --verify`): no local agent, so no kubelet
+    /// runs anything of the restored cluster (its CronJob would reconcile the live cluster).
+    pub drill: bool,
 }
 
 impl NodeUserData {
@@ -1210,6 +1220,7 @@ impl NodeUserData {
                 .restore
                 .filter(|_| m.cluster_init && m.role == Role::ControlPlane)
                 .map(|d| DataDisk::for_disk_name(&d.name).nvme_serial),
+            disable_agent: m.drill && m.role == Role::ControlPlane,
         }
     }
 }
@@ -1268,6 +1279,7 @@ mod tests {
             data_disk: None,
             tailscale: None,
             restore_serial: None,
+            disable_agent: false,
         }
     }
 
@@ -1433,6 +1445,7 @@ mod tests {
                 token: Some("K10-server-token-example".into()),
                 agent_token: Some("agent-token-example".into()),
                 cluster_init: true,
+                disable_agent: false,
                 tls_san: vec!["172.30.0.10".into(), "k8s.demo.example".into()],
                 node_name: Some("demo-cp-a1b2c".into()),
                 node_label: vec!["oxide-controller/pool=cp".into()],
@@ -1918,6 +1931,7 @@ mod tests {
             cluster_init: false,
             ca_hash: None,
             restore: None,
+            drill: false,
         }
     }
 
@@ -2061,6 +2075,7 @@ mod tests {
                 cluster_init,
                 ca_hash,
                 restore: None,
+                drill: false,
             };
             k3s_config(&NodeUserData::for_member(&input))
         };

@@ -140,6 +140,7 @@ impl MemberFactory for SpecMembers<'_> {
             image_id: image.id,
             ca_hash: self.ca_hash,
             restore: None,
+            drill: false,
             api_address: fip.ip,
             join_address,
             cluster_init: false,
@@ -185,6 +186,7 @@ mod tests {
                 cluster_init: false,
                 ca_hash: None,
                 restore: None,
+                drill: false,
             })
             .unwrap()
         };
@@ -243,6 +245,7 @@ mod tests {
             cluster_init: false,
             ca_hash: None,
             restore: None,
+            drill: false,
         };
         let e = new_instance(&input(&without)).expect_err("no key");
         assert!(e.contains("tailscale-auth-key"), "{e}");

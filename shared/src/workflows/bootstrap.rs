@@ -1057,6 +1057,7 @@ async fn ensure_first_server<R: Rack>(
         cluster_init: true,
         ca_hash: None,
         restore: None,
+        drill: false,
     })
     .map_err(|m| failed(step, message(m)))?;
     // The servers' anti-affinity group (a default one unless the spec names another) must

@@ -113,6 +113,10 @@ impl bootstrap::Connect for LiveConnect {
         crate::adapters::kubeclient::readyz(kubeconfig, context).await
     }
 
+    async fn object_count(&self, kubeconfig: &Path, context: &str) -> Result<u64, String> {
+        crate::adapters::kubeclient::object_count(kubeconfig, context).await
+    }
+
     fn shell(&self, addr: SocketAddr, user: &str, key: SshKeyPair, pins: HostKeyPins) -> SshTarget {
         SshTarget::new(addr, user.to_owned(), key, pins)
     }

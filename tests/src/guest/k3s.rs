@@ -343,7 +343,11 @@ impl Inner {
             }
             node
         };
-        self.register_node(node, id, generation);
+        // `--disable-agent`: the server runs no kubelet, so nothing registers its Node and no
+        // pod can run on it.
+        if !(role == Role::Server && k3s.disable_agent) {
+            self.register_node(node, id, generation);
+        }
         if role == Role::Server {
             self.sync_listeners(id);
             if create {

@@ -45,6 +45,8 @@ pub struct K3sConfig {
     pub agent_token: Option<String>,
     /// `cluster-init`: start a new embedded-etcd cluster.
     pub cluster_init: bool,
+    /// `disable-agent` (servers): no local agent, so no kubelet and no Node of its own.
+    pub disable_agent: bool,
     /// `tls-san`: extra names/IPs in the API serving certificate.
     pub tls_san: Vec<String>,
     /// `node-name`.
@@ -260,6 +262,7 @@ pub(super) fn merge_k3s_config(cfg: &mut K3sConfig, content: &[u8]) -> Result<()
             "agent-token" => cfg.agent_token = Some(scalar_string(key, v)?),
             "node-name" => cfg.node_name = Some(scalar_string(key, v)?),
             "cluster-init" => cfg.cluster_init = scalar_bool(key, v)?,
+            "disable-agent" => cfg.disable_agent = scalar_bool(key, v)?,
             "disable-cloud-controller" => cfg.disable_cloud_controller = scalar_bool(key, v)?,
             "tls-san" => list(&mut cfg.tls_san)?,
             "node-label" => list(&mut cfg.node_label)?,

@@ -281,6 +281,7 @@ pub async fn build(
                 cluster_init,
                 ca_hash: None,
                 restore: None,
+                drill: false,
             })
             .map_err(|message| PresetError::Member {
                 name: name.clone(),

@@ -139,6 +139,14 @@ pub async fn run<C: Connect>(
         recover::server_shell(connect, &rack, &mut v, &server, ip, deadline, "server").await?;
     let started = Instant::now();
     let (k3s_snapshot, data) = take_snapshot(&shell, &server, deadline).await?;
+    // Counted right after the snapshot, so the two agree but for what changed in between.
+    let objects = match connect.object_count(&v.kubeconfig, &input.cluster).await {
+        Ok(n) => Some(n),
+        Err(e) => {
+            warn!(error = %e, "cannot count the cluster's objects; a restore drill will not compare them");
+            None
+        }
+    };
     let spec_text = live_spec(connect, &v, &input.cluster).await;
     let spec = ClusterSpec::from_yaml(&spec_text).ok().or(v.spec.clone());
     let manifest = Manifest {
@@ -154,6 +162,7 @@ pub async fn run<C: Connect>(
         sha256: backup::hex(&Sha256::digest(&data)),
         bytes: data.len() as u64,
         token: backup::token_fingerprint(&v.resume.k3s_token),
+        objects,
         spec: spec_text,
         servers: server_addresses(&rack, &input.cluster, &v.pool).await?,
     };

@@ -123,6 +123,17 @@ pub trait Connect: Send + Sync {
         context: &str,
     ) -> impl Future<Output = Result<(), String>> + Send;
 
+    /// How many objects the cluster holds of the kinds a backup counts
+    /// ([`crate::adapters::kubeclient::COUNTED_KINDS`]), asked as its administrator through
+    /// context `context` of `kubeconfig`. The default cannot count.
+    fn object_count(
+        &self,
+        _kubeconfig: &Path,
+        _context: &str,
+    ) -> impl Future<Output = Result<u64, String>> + Send {
+        std::future::ready(Err("this connection cannot count objects".to_owned()))
+    }
+
     /// A shell on the VM at `addr`, logging in as `user` with `key`, refusing any host key
     /// outside `pins` (no I/O until used).
     fn shell(

@@ -65,6 +65,9 @@ pub struct RecoverInput {
     pub yes: bool,
     /// Rung 3: restore from this backup (`latest` or a backup's name) when no server is left.
     pub backup: Option<String>,
+    /// The restore drill instead: `backup` (default the newest) restored into a throw-away
+    /// server, checked, and deleted; the cluster itself untouched.
+    pub verify: bool,
     /// How long the started servers get to make the API ready.
     pub api_timeout: Duration,
     /// How long the reconcile passes afterwards may take in all.
@@ -100,6 +103,8 @@ pub enum Rung {
     NothingLeft,
     /// 3 with `--backup`: a new first server restores the datastore from `backup`.
     Restore { backup: String },
+    /// `--verify`: `backup` restored into a throw-away server and checked.
+    Drill { backup: String },
 }
 
 impl Rung {
@@ -110,6 +115,8 @@ impl Rung {
             Rung::StartServers { .. } => 1,
             Rung::ResetOnSurvivor { .. } => 2,
             Rung::NothingLeft | Rung::Restore { .. } => 3,
+            // Not a rung: the cluster is not touched.
+            Rung::Drill { .. } => 0,
         }
     }
 }
@@ -165,11 +172,17 @@ pub struct RecoverSummary {
     /// From the first start to a ready API.
     pub api_ready_after: Option<Duration>,
     pub converged: bool,
+    /// `--verify`: what the drill found.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drill: Option<restore::DrillReport>,
 }
 
 impl RecoverSummary {
     /// What the person reads on stdout.
     pub fn render(&self) -> String {
+        if let Rung::Drill { backup } = &self.rung {
+            return self.render_drill(backup);
+        }
         let mut s = String::new();
         let c = &self.cluster;
         let _ = writeln!(
@@ -200,7 +213,7 @@ impl RecoverSummary {
                     list(others)
                 );
             }
-            Rung::NothingLeft => {}
+            Rung::NothingLeft | Rung::Drill { .. } => {}
             Rung::Restore { backup } => {
                 let _ = writeln!(
                     s,
@@ -231,6 +244,25 @@ impl RecoverSummary {
             let _ = writeln!(s, "Reconcile: {state}.");
         }
         s
+    }
+}
+
+impl RecoverSummary {
+    fn render_drill(&self, backup: &str) -> String {
+        let c = &self.cluster;
+        let Some(d) = &self.drill else {
+            return format!(
+                "Cluster {c} (project {}): a restore drill of backup {backup} would restore it into a throw-away server, wait for /readyz, count its objects and delete everything it made. Nothing was changed.\n",
+                self.project
+            );
+        };
+        let expected = d
+            .expected_objects
+            .map_or_else(|| "not counted at backup".to_owned(), |n| n.to_string());
+        format!(
+            "Restore drill of cluster {c}: backup {backup} restored into {} and ready in {:.1}s; objects: {} restored, {expected} in the backup. Everything the drill made is deleted; the cluster was not touched.\n",
+            d.server, d.restore_seconds, d.restored_objects
+        )
     }
 }
 
@@ -414,6 +446,9 @@ pub async fn run<C: Connect>(
     let rack = connect
         .rack(&v.host, &v.token, &v.project)
         .map_err(BootstrapError::inputs)?;
+    if input.verify {
+        return run_verify(input, connect, v, rack).await;
+    }
     if let Some(which) = input.backup.clone() {
         return run_restore(input, connect, v, rack, &which).await;
     }
@@ -441,11 +476,14 @@ pub async fn run<C: Connect>(
         dry_run: input.dry_run,
         api_ready_after: None,
         converged: false,
+        drill: None,
     };
     let started = Instant::now();
     match &rung {
         Rung::Healthy => return Ok(summary),
-        Rung::NothingLeft | Rung::Restore { .. } => return Err(nothing_left(&input, &v.project)),
+        Rung::NothingLeft | Rung::Restore { .. } | Rung::Drill { .. } => {
+            return Err(nothing_left(&input, &v.project));
+        }
         _ if input.dry_run => return Ok(summary),
         Rung::ResetOnSurvivor { survivor, .. } if !input.yes => {
             return Err(reset_needs_yes(
@@ -472,6 +510,53 @@ pub async fn run<C: Connect>(
     Ok(summary)
 }
 
+/// `--verify` (see [`restore::drill`]): fails (exit 1) when the backup does not restore to a
+/// ready API holding the objects its manifest counted.
+async fn run_verify<C: Connect>(
+    input: RecoverInput,
+    connect: &C,
+    v: Validated,
+    rack: C::Rack,
+) -> Result<RecoverSummary, BootstrapError> {
+    let which = input.backup.clone().unwrap_or_else(|| "latest".to_owned());
+    info!(step = "backup", project = %v.project, backup = %which, "choosing the backup to drill");
+    let chosen = restore::choose_any(&rack, &v, &input, &which).await?;
+    let mut summary = RecoverSummary {
+        cluster: input.cluster.clone(),
+        project: v.project.clone(),
+        rung: Rung::Drill {
+            backup: chosen.name.clone(),
+        },
+        calls: Vec::new(),
+        dry_run: input.dry_run,
+        api_ready_after: None,
+        converged: false,
+        drill: None,
+    };
+    if input.dry_run {
+        return Ok(summary);
+    }
+    let report = restore::drill(connect, &rack, &v, &input, &chosen).await?;
+    summary.api_ready_after = Some(Duration::from_secs_f64(report.restore_seconds));
+    let matches = report
+        .expected_objects
+        .is_none_or(|n| n == report.restored_objects);
+    summary.drill = Some(report.clone());
+    if !matches {
+        return Err(BootstrapError::step(
+            "drill",
+            message(format!(
+                "backup {} restored to a ready API in {:.1}s, but it holds {} objects where the backup counted {}; everything the drill made is deleted",
+                report.backup,
+                report.restore_seconds,
+                report.restored_objects,
+                report.expected_objects.unwrap_or_default()
+            )),
+        ));
+    }
+    Ok(summary)
+}
+
 /// Rung 3 with `--backup` (see [`restore`]).
 async fn run_restore<C: Connect>(
     input: RecoverInput,
@@ -493,6 +578,7 @@ async fn run_restore<C: Connect>(
         dry_run: input.dry_run,
         api_ready_after: None,
         converged: false,
+        drill: None,
     };
     if input.dry_run {
         return Ok(summary);
@@ -523,7 +609,7 @@ async fn run_restore<C: Connect>(
 /// The calls a rung makes, in order, as the person would read them.
 fn calls(rung: &Rung, project: &str, cluster: &str) -> Vec<String> {
     match rung {
-        Rung::Healthy | Rung::NothingLeft | Rung::Restore { .. } => Vec::new(),
+        Rung::Healthy | Rung::NothingLeft | Rung::Restore { .. } | Rung::Drill { .. } => Vec::new(),
         Rung::StartServers { start, .. } => start
             .iter()
             .map(|n| format!("POST /v1/instances/{n}/start?project={project}"))

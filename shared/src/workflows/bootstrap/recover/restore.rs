@@ -38,8 +38,45 @@ use crate::render::members;
 use crate::workflows::bootstrap::{BootstrapError, Connect};
 use crate::workflows::error::message;
 
+/// The backup a drill takes: as [`choose`], but the cluster's servers may run (a drill does
+/// not touch them).
+pub(super) async fn choose_any<R: Rack>(
+    rack: &R,
+    v: &Validated,
+    input: &RecoverInput,
+    which: &str,
+) -> Result<Backup, BootstrapError> {
+    pick(rack, v, input, which).await
+}
+
 /// The backup a restore takes, after every check that needs no change to the rack.
 pub(super) async fn choose<R: Rack>(
+    rack: &R,
+    v: &Validated,
+    input: &RecoverInput,
+    which: &str,
+) -> Result<Backup, BootstrapError> {
+    let chosen = pick(rack, v, input, which).await?;
+    let step = "backup";
+    let c = &input.cluster;
+    let servers = super::servers(rack, c, &v.pool)
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+    if !servers.is_empty() {
+        let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
+        return Err(BootstrapError::needs_person(
+            step,
+            message(format!(
+                "cluster {c} still has servers on the rack ({}): a restore would start a second datastore beside theirs. Run bootstrap recover without --backup (it starts them, or resets etcd on a survivor), or delete them first; bootstrap recover --verify drills a backup without touching them. Nothing was changed",
+                names.join(", ")
+            )),
+        ));
+    }
+    Ok(chosen)
+}
+
+/// The named (or newest) backup of the cluster, refused when another server token made it.
+async fn pick<R: Rack>(
     rack: &R,
     v: &Validated,
     input: &RecoverInput,
@@ -76,19 +113,6 @@ pub(super) async fn choose<R: Rack>(
                 chosen.name,
                 chosen.tag.token,
                 v.resume_path.display()
-            )),
-        ));
-    }
-    let servers = super::servers(rack, c, &v.pool)
-        .await
-        .map_err(|e| rack_failed(step, e))?;
-    if !servers.is_empty() {
-        let names: Vec<&str> = servers.iter().map(|s| s.name.as_str()).collect();
-        return Err(BootstrapError::needs_person(
-            step,
-            message(format!(
-                "cluster {c} still has servers on the rack ({}): a restore would start a second datastore beside theirs. Run bootstrap recover without --backup (it starts them, or resets etcd on a survivor), or delete them first. Nothing was changed",
-                names.join(", ")
             )),
         ));
     }
@@ -238,6 +262,7 @@ pub(super) async fn run<C: Connect>(
         cluster_init: true,
         ca_hash: None,
         restore: Some(&disk),
+        drill: false,
     })
     .map_err(|m| BootstrapError::step(step, message(m)))?;
     if let Some(group) = &new.anti_affinity_group {
@@ -301,4 +326,238 @@ async fn ensure_member_rule<R: Rack>(
         .await
         .map(drop)
         .map_err(|e| rack_failed(step, e))
+}
+
+/// What a restore drill found (`bootstrap recover --verify`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DrillReport {
+    pub backup: String,
+    /// The throw-away server.
+    pub server: String,
+    /// From the server's create to a ready `/readyz`.
+    pub restore_seconds: f64,
+    /// Objects of the counted kinds: the backup's manifest, and the restored API.
+    pub expected_objects: Option<u64>,
+    pub restored_objects: u64,
+    /// Everything the drill made is gone again.
+    pub cleaned_up: bool,
+}
+
+/// Names of what a drill of `cluster` makes: its throw-away cluster name and API address.
+fn drill_names(cluster: &str) -> (String, String) {
+    let tmp = format!("{cluster}-drill");
+    let fip = names::api_floating_ip_name(&tmp);
+    (tmp, fip)
+}
+
+/// The restore drill: the backup restored into a throw-away single server (no local agent,
+/// so nothing of the restored cluster runs; its API address a temporary floating IP), its
+/// `/readyz` awaited through a copy of the kubeconfig pointed at it, its objects counted
+/// against the manifest, then everything it made deleted whatever happened.
+pub(super) async fn drill<C: Connect>(
+    connect: &C,
+    rack: &C::Rack,
+    v: &Validated,
+    input: &RecoverInput,
+    chosen: &Backup,
+) -> Result<DrillReport, BootstrapError> {
+    let step = "drill";
+    let c = &input.cluster;
+    let (tmp, fip_name) = drill_names(c);
+    let spec = v.spec.as_ref().ok_or_else(|| {
+        BootstrapError::needs_person(
+            step,
+            message(format!(
+                "the resume file {} has no spec: the drill server's size and image are unknown",
+                v.resume_path.display()
+            )),
+        )
+    })?;
+    let mut spec = spec.clone();
+    spec.cluster.clone_from(&tmp);
+    let name = names::instance_name(
+        &tmp,
+        &spec.control_plane.name,
+        &names::random_suffix(&mut rand::rng()),
+    );
+    names::validate_name_max("drill server name", &name, names::MAX_INSTANCE_NAME_LEN)
+        .map_err(|e| BootstrapError::input("--cluster", e))?;
+    let dir = std::env::temp_dir().join(format!("oxide-controller-drill-{}", std::process::id()));
+    let made = drill_server(
+        connect, rack, v, input, chosen, &spec, &name, &fip_name, &dir,
+    )
+    .await;
+    let cleaned = clean_drill(rack, &name, &fip_name, input).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let (restore_seconds, restored_objects) = made?;
+    cleaned?;
+    Ok(DrillReport {
+        backup: chosen.name.clone(),
+        server: name,
+        restore_seconds,
+        expected_objects: chosen.tag.objects,
+        restored_objects,
+        cleaned_up: true,
+    })
+}
+
+/// The drill's server, up to a counted ready API: (seconds to `/readyz`, objects).
+#[allow(clippy::too_many_arguments)]
+async fn drill_server<C: Connect>(
+    connect: &C,
+    rack: &C::Rack,
+    v: &Validated,
+    input: &RecoverInput,
+    chosen: &Backup,
+    spec: &crate::domain::spec::ClusterSpec,
+    name: &str,
+    fip_name: &str,
+    dir: &std::path::Path,
+) -> Result<(f64, u64), BootstrapError> {
+    let step = "drill";
+    let pool = &spec.control_plane;
+    let image = Rack::find_image(rack, &pool.image)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+        .ok_or_else(|| {
+            BootstrapError::needs_person(step, message(format!("image {} not found", pool.image)))
+        })?;
+    let fip = match rack
+        .get_floating_ip(fip_name)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+    {
+        Some(f) => f,
+        None => rack
+            .create_floating_ip(
+                fip_name,
+                &format!(
+                    "oxide-controller: restore drill of cluster {}",
+                    input.cluster
+                ),
+                spec.nodes.ip_pool.as_deref(),
+            )
+            .await
+            .map_err(|e| rack_failed(step, e))?,
+    };
+    let snapshot = crate::adapters::image::ImageStore::snapshot(rack, &chosen.name)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+        .ok_or_else(|| {
+            BootstrapError::step(step, message(format!("backup {} vanished", chosen.name)))
+        })?;
+    let disk = SnapshotDisk {
+        name: restore_disk_name(name),
+        snapshot: snapshot.id,
+        size: crate::base::size::ByteSize(snapshot.size),
+    };
+    let secrets = v.resume.secrets(&v.host, &v.token, None);
+    let mut new = members::new_instance(&MemberInput {
+        spec,
+        secrets: &secrets,
+        role: Role::ControlPlane,
+        pool,
+        name,
+        image_id: image.id,
+        api_address: fip.ip,
+        join_address: fip.ip,
+        cluster_init: true,
+        ca_hash: None,
+        restore: Some(&disk),
+        drill: true,
+    })
+    .map_err(|m| BootstrapError::step(step, message(m)))?;
+    // Alone, reached through its own address: no group, no ephemeral address.
+    new.anti_affinity_group = None;
+    new.ephemeral_ip = false;
+    let started = Instant::now();
+    info!(step, instance = %name, backup = %chosen.name, "creating the drill's server");
+    rack.create_instance(&new)
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+    let deadline = started + input.api_timeout;
+    super::reset::wait_state(rack, name, step, deadline, |s| {
+        s == Some(InstanceState::Running)
+    })
+    .await?;
+    crate::base::retry::retry(
+        crate::base::retry::Backoff::default(),
+        crate::ports::rack::RackError::is_retryable,
+        || rack.attach_floating_ip(fip_name, name),
+    )
+    .await
+    .map_err(|e| rack_failed(step, e))?;
+    std::fs::create_dir_all(dir).map_err(|e| BootstrapError::step(step, e))?;
+    let kubeconfig = dir.join("kubeconfig");
+    crate::adapters::kubeconfig::copy_with_server(
+        &v.kubeconfig,
+        &input.cluster,
+        &crate::domain::spec::server_url(fip.ip),
+        &kubeconfig,
+    )
+    .map_err(|e| BootstrapError::step(step, e))?;
+    loop {
+        match connect.api_ready(&kubeconfig, &input.cluster).await {
+            Ok(()) => break,
+            Err(why) if Instant::now() >= deadline => {
+                return Err(BootstrapError::step(
+                    step,
+                    message(format!(
+                        "the restored API was not ready within {}s (last: {why}): the backup {} does not restore",
+                        input.api_timeout.as_secs(),
+                        chosen.name
+                    )),
+                ));
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(500)).await,
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let objects = connect
+        .object_count(&kubeconfig, &input.cluster)
+        .await
+        .map_err(|e| BootstrapError::step(step, message(e)))?;
+    Ok((seconds, objects))
+}
+
+/// Deletes what a drill made (the server with its disks, its address); each gone already is
+/// fine, so a drill cut short is cleaned by the next.
+async fn clean_drill<R: Rack>(
+    rack: &R,
+    name: &str,
+    fip_name: &str,
+    input: &RecoverInput,
+) -> Result<(), BootstrapError> {
+    let step = "drill-cleanup";
+    let deadline = Instant::now() + input.api_timeout;
+    let others = [name.to_owned()];
+    let attached = rack
+        .get_floating_ip(fip_name)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+        .is_some_and(|f| f.instance_id.is_some());
+    if attached {
+        rack.detach_floating_ip(fip_name)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+    }
+    super::reset::fence(rack, &others, deadline).await?;
+    super::reset::delete(rack, &others).await?;
+    let restore = restore_disk_name(name);
+    let deleted = crate::base::retry::retry(
+        crate::base::retry::Backoff::default(),
+        |e: &crate::ports::rack::RackError| {
+            e.is_retryable() || matches!(e, crate::ports::rack::RackError::Conflict { .. })
+        },
+        || rack.delete_disk(&restore),
+    )
+    .await;
+    match deleted {
+        Ok(()) | Err(crate::ports::rack::RackError::NotFound { .. }) => {}
+        Err(e) => return Err(rack_failed(step, e)),
+    }
+    match rack.delete_floating_ip(fip_name).await {
+        Ok(()) | Err(crate::ports::rack::RackError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(rack_failed(step, e)),
+    }
 }
