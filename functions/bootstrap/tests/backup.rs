@@ -264,6 +264,21 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
         .replace("oxide-controller", &PostParams::default(), &live)
         .await
         .unwrap();
+    // A backup cut short left its temporary disk mid-import: the next one removes it.
+    let leftover = backup::import_disk_name("demo-etcd-20261127-000000");
+    let rack = env.rack("demo");
+    {
+        use oxide_controller::adapters::image::{self, ImageStore as _};
+        rack.create_import_disk(
+            &leftover,
+            &image::import_disk_description("demo-etcd-20261127-000000", Some("demo")),
+            1 << 30,
+            512,
+        )
+        .await
+        .unwrap();
+        rack.bulk_write_start(&leftover).await.unwrap();
+    }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let first = listed[0].name.clone();
     let out = backup_cmd(&env).await;
@@ -280,6 +295,15 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
     let listed = backups(&env).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_ne!(listed[0].name, first);
+    let disks: Vec<String> = rack
+        .list_disks()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+    assert!(!disks.contains(&leftover), "{disks:?}");
+    assert!(!disks.iter().any(|d| d.starts_with("import-")), "{disks:?}");
 
     // Delete keeps them, and says so; --delete-backups removes them.
     let out = env.delete("demo", &["--yes"]).await;

@@ -166,6 +166,7 @@ pub async fn run<C: Connect>(
         spec: spec_text,
         servers: server_addresses(&rack, &input.cluster, &v.pool).await?,
     };
+    remove_leftover_imports(&rack, &input.cluster).await;
     let name = backup::backup_name(&input.cluster, manifest.time);
     let archive = backup::archive(&manifest, &data);
     drop(data);
@@ -409,6 +410,31 @@ async fn store<R: ImageStore>(
             Ok(stats)
         }
         (Err(e), _) => Err(e),
+    }
+}
+
+/// Removes the temporary disks of this cluster's earlier backups that were cut short (a
+/// killed run leaves one in whatever import state it reached). Best effort: a failure only
+/// leaves them for the next run or `bootstrap delete`.
+async fn remove_leftover_imports<R: Rack + ImageStore>(rack: &R, cluster: &str) {
+    let disks = match rack.list_disks().await {
+        Ok(d) => d,
+        Err(e) => {
+            warn!(error = %e, "cannot list disks to remove leftovers of earlier backups");
+            return;
+        }
+    };
+    let prefix = backup::import_disk_name(&format!("{cluster}-etcd-"));
+    for d in disks.iter().filter(|d| {
+        d.name.starts_with(prefix.trim_end_matches('-'))
+            && image::import_disk_cluster(&d.description) == Some(cluster)
+    }) {
+        info!(disk = %d.name, "removing the temporary disk of an earlier backup cut short");
+        if let Err(e) =
+            image::release_import_disk(rack, &d.name, crate::base::retry::Backoff::default()).await
+        {
+            warn!(disk = %d.name, error = %e, "cannot remove a leftover backup import disk");
+        }
     }
 }
 
