@@ -834,8 +834,13 @@ async fn bulk_writes_over_the_pantry_chunk_of_512_kib_are_refused_and_counted() 
     );
     let stats = api.sim.bulk_write_stats();
     assert_eq!(
-        (stats.writes, stats.max_decoded_bytes, stats.over_limit),
-        (2, 512 * 1024 + 1, 1)
+        (
+            stats.writes,
+            stats.max_decoded_bytes,
+            stats.over_limit,
+            stats.bytes
+        ),
+        (2, 512 * 1024 + 1, 1, 2 * 512 * 1024 + 1)
     );
     api.sim.reset_counters();
     assert_eq!(api.sim.bulk_write_stats().writes, 0);

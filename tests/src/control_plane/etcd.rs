@@ -37,6 +37,11 @@ pub const PEER_PORT: u16 = 2380;
 const PROMOTE_EVERY: Duration = Duration::from_millis(300);
 /// How long a learner may take to be promoted before the join gives up.
 const PROMOTE_PATIENCE: Duration = Duration::from_secs(120);
+/// How long a `Maintenance.Snapshot` stream may take. k3s's save sets no deadline of its own
+/// (the CLI's signal context down to `snapshotv3.Save`); this is only a harness guard, far above
+/// the 5 s the other gateway calls get, which a 100 MB database streamed as base64 JSON by a
+/// debug build on a busy machine can exceed.
+const SNAPSHOT_PATIENCE: Duration = Duration::from_secs(600);
 
 /// The address a server's member listens on: the VM's own (private) address, or a random
 /// loopback address for a VM without one.
@@ -421,6 +426,7 @@ impl Etcd {
             .shared
             .http
             .post(&url)
+            .timeout(SNAPSHOT_PATIENCE)
             .json(&json!({}))
             .send()
             .await

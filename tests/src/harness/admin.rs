@@ -4,7 +4,7 @@
 //!
 //! Routes:
 //! - `GET /counters` → `{"oxide": {route: n}, "kube": {route: n}, "tailscale": {route: n},
-//!   "bulk_write": {"writes", "max_decoded_bytes", "over_limit"}}`
+//!   "bulk_write": {"writes", "max_decoded_bytes", "over_limit", "bytes"}}`
 //! - `POST /counters/reset` → 204
 //! - `GET /state` → `{"oxide": <OxideSim::dump>, "kube": {"nodes": [...], "pods": [...]}, "cluster": <Boot::cluster_info>,
 //!   "tailscale": <Tailnet::dump>}`

@@ -468,6 +468,8 @@ pub struct BulkWriteStats {
     pub max_decoded_bytes: u64,
     /// Writes refused for carrying more than the limit.
     pub over_limit: u64,
+    /// Decoded bytes of all those writes, summed (what a benchmark reports as written).
+    pub bytes: u64,
 }
 
 impl BulkWriteStats {
@@ -475,6 +477,7 @@ impl BulkWriteStats {
     pub fn record(&mut self, len: usize, limit: usize) {
         let len64 = u64::try_from(len).unwrap_or(u64::MAX);
         self.writes += 1;
+        self.bytes = self.bytes.saturating_add(len64);
         self.max_decoded_bytes = self.max_decoded_bytes.max(len64);
         if len > limit {
             self.over_limit += 1;
