@@ -372,6 +372,23 @@ async fn a_restore_refuses_with_servers_left_an_unknown_backup_or_another_token_
     );
 }
 
+/// The names of the project's instances, disks and floating IPs, each sorted.
+async fn project_objects(env: &Env) -> [Vec<String>; 3] {
+    let rack = env.rack("demo");
+    let sorted = |mut v: Vec<String>| {
+        v.sort();
+        v
+    };
+    let instances = rack.list_instances("").await.unwrap();
+    let disks = rack.list_disks().await.unwrap();
+    let fips = rack.list_floating_ips().await.unwrap();
+    [
+        sorted(instances.into_iter().map(|i| i.name).collect()),
+        sorted(disks.into_iter().map(|d| d.name).collect()),
+        sorted(fips.into_iter().map(|f| f.name).collect()),
+    ]
+}
+
 /// Nodes through the kubeconfig bootstrap wrote: (name, Ready).
 async fn nodes(env: &Env) -> Vec<(String, bool)> {
     let client = common::kube_client(&env.kubeconfig(), "demo").await;
@@ -528,36 +545,7 @@ async fn a_restore_drill_proves_the_backup_and_leaves_nothing_behind() {
     let tag = backups(&env).await[0].tag.clone();
     assert!(tag.objects.is_some_and(|n| n > 10), "{tag:?}");
 
-    let rack = env.rack("demo");
-    let names = |v: Vec<String>| {
-        let mut v = v;
-        v.sort();
-        v
-    };
-    let instances = names(
-        rack.list_instances("")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|i| i.name)
-            .collect(),
-    );
-    let disks = names(
-        rack.list_disks()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|d| d.name)
-            .collect(),
-    );
-    let fips = names(
-        rack.list_floating_ips()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|f| f.name)
-            .collect(),
-    );
+    let before = project_objects(&env).await;
 
     let out = recover_cmd(&env, &["--verify"]).await;
     let (stdout, stderr) = (
@@ -576,39 +564,7 @@ async fn a_restore_drill_proves_the_backup_and_leaves_nothing_behind() {
         "{stdout}"
     );
     // Nothing left behind; the cluster's own objects as they were.
-    assert_eq!(
-        names(
-            rack.list_instances("")
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|i| i.name)
-                .collect()
-        ),
-        instances
-    );
-    assert_eq!(
-        names(
-            rack.list_disks()
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|d| d.name)
-                .collect()
-        ),
-        disks
-    );
-    assert_eq!(
-        names(
-            rack.list_floating_ips()
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|f| f.name)
-                .collect()
-        ),
-        fips
-    );
+    assert_eq!(project_objects(&env).await, before);
     // The drill server ran no kubelet: no Node of it ever joined the live cluster either.
     assert!(nodes(&env).await.iter().all(|(n, _)| !n.contains("drill")));
     assert_eq!(

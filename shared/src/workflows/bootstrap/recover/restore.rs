@@ -207,18 +207,6 @@ pub(super) async fn run<C: Connect>(
         )
     })?;
     let pool = &spec.control_plane;
-    let image = Rack::find_image(rack, &pool.image)
-        .await
-        .map_err(|e| rack_failed(step, e))?
-        .ok_or_else(|| {
-            BootstrapError::needs_person(
-                step,
-                message(format!(
-                    "image {} of the control-plane pool is neither in the project nor in the silo",
-                    pool.image
-                )),
-            )
-        })?;
     let fip_name = names::api_floating_ip_name(c);
     let fip = rack
         .get_floating_ip(&fip_name)
@@ -234,37 +222,7 @@ pub(super) async fn run<C: Connect>(
         })?;
     let name = names::instance_name(c, &pool.name, &names::random_suffix(&mut rand::rng()));
     ensure_member_rule(rack, c, &name).await?;
-    let snapshot = crate::adapters::image::ImageStore::snapshot(rack, &chosen.name)
-        .await
-        .map_err(|e| rack_failed(step, e))?
-        .ok_or_else(|| {
-            BootstrapError::step(
-                step,
-                message(format!("backup {} vanished meanwhile", chosen.name)),
-            )
-        })?;
-    // A disk made from a snapshot is at least the snapshot's size.
-    let disk = SnapshotDisk {
-        name: restore_disk_name(&name),
-        snapshot: snapshot.id,
-        size: crate::base::size::ByteSize(snapshot.size),
-    };
-    let secrets = v.resume.secrets(&v.host, &v.token, None);
-    let new = members::new_instance(&MemberInput {
-        spec,
-        secrets: &secrets,
-        role: Role::ControlPlane,
-        pool,
-        name: &name,
-        image_id: image.id,
-        api_address: fip.ip,
-        join_address: fip.ip,
-        cluster_init: true,
-        ca_hash: None,
-        restore: Some(&disk),
-        drill: false,
-    })
-    .map_err(|m| BootstrapError::step(step, message(m)))?;
+    let new = restoring_server(rack, v, spec, chosen, &name, fip.ip, false, step).await?;
     if let Some(group) = &new.anti_affinity_group {
         rack.ensure_anti_affinity_group(group)
             .await
@@ -286,6 +244,66 @@ pub(super) async fn run<C: Connect>(
     .await?;
     super::reset::attach_api_address(rack, c, &name).await?;
     Ok(name)
+}
+
+/// The cluster-init server that restores `chosen`: `name`, with the resume file's tokens,
+/// `api_address` among its TLS names, the control-plane pool's size and image, and a disk made
+/// from the backup; a `drill`'s without a local agent.
+#[allow(clippy::too_many_arguments)]
+async fn restoring_server<R: Rack + crate::adapters::image::ImageStore>(
+    rack: &R,
+    v: &Validated,
+    spec: &crate::domain::spec::ClusterSpec,
+    chosen: &Backup,
+    name: &str,
+    api_address: std::net::IpAddr,
+    drill: bool,
+    step: &'static str,
+) -> Result<crate::domain::model::NewInstance, BootstrapError> {
+    let pool = &spec.control_plane;
+    let image = Rack::find_image(rack, &pool.image)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+        .ok_or_else(|| {
+            BootstrapError::needs_person(
+                step,
+                message(format!(
+                    "image {} of the control-plane pool is neither in the project nor in the silo",
+                    pool.image
+                )),
+            )
+        })?;
+    let snapshot = crate::adapters::image::ImageStore::snapshot(rack, &chosen.name)
+        .await
+        .map_err(|e| rack_failed(step, e))?
+        .ok_or_else(|| {
+            BootstrapError::step(
+                step,
+                message(format!("backup {} vanished meanwhile", chosen.name)),
+            )
+        })?;
+    // A disk made from a snapshot is at least the snapshot's size.
+    let disk = SnapshotDisk {
+        name: restore_disk_name(name),
+        snapshot: snapshot.id,
+        size: crate::base::size::ByteSize(snapshot.size),
+    };
+    let secrets = v.resume.secrets(&v.host, &v.token, None);
+    members::new_instance(&MemberInput {
+        spec,
+        secrets: &secrets,
+        role: Role::ControlPlane,
+        pool,
+        name,
+        image_id: image.id,
+        api_address,
+        join_address: api_address,
+        cluster_init: true,
+        ca_hash: None,
+        restore: Some(&disk),
+        drill,
+    })
+    .map_err(|m| BootstrapError::step(step, message(m)))
 }
 
 /// `restore-<server>`, cut to 63 characters: its NVMe serial (the first 20 bytes) is not a
@@ -415,13 +433,6 @@ async fn drill_server<C: Connect>(
     dir: &std::path::Path,
 ) -> Result<(f64, u64), BootstrapError> {
     let step = "drill";
-    let pool = &spec.control_plane;
-    let image = Rack::find_image(rack, &pool.image)
-        .await
-        .map_err(|e| rack_failed(step, e))?
-        .ok_or_else(|| {
-            BootstrapError::needs_person(step, message(format!("image {} not found", pool.image)))
-        })?;
     let fip = match rack
         .get_floating_ip(fip_name)
         .await
@@ -440,33 +451,7 @@ async fn drill_server<C: Connect>(
             .await
             .map_err(|e| rack_failed(step, e))?,
     };
-    let snapshot = crate::adapters::image::ImageStore::snapshot(rack, &chosen.name)
-        .await
-        .map_err(|e| rack_failed(step, e))?
-        .ok_or_else(|| {
-            BootstrapError::step(step, message(format!("backup {} vanished", chosen.name)))
-        })?;
-    let disk = SnapshotDisk {
-        name: restore_disk_name(name),
-        snapshot: snapshot.id,
-        size: crate::base::size::ByteSize(snapshot.size),
-    };
-    let secrets = v.resume.secrets(&v.host, &v.token, None);
-    let mut new = members::new_instance(&MemberInput {
-        spec,
-        secrets: &secrets,
-        role: Role::ControlPlane,
-        pool,
-        name,
-        image_id: image.id,
-        api_address: fip.ip,
-        join_address: fip.ip,
-        cluster_init: true,
-        ca_hash: None,
-        restore: Some(&disk),
-        drill: true,
-    })
-    .map_err(|m| BootstrapError::step(step, message(m)))?;
+    let mut new = restoring_server(rack, v, spec, chosen, name, fip.ip, true, step).await?;
     // Alone, reached through its own address: no group, no ephemeral address.
     new.anti_affinity_group = None;
     new.ephemeral_ip = false;
