@@ -662,29 +662,8 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
             );
         }
     }
-    match input.install {
-        // The installer reads /etc/rancher/k3s/config.yaml itself; nothing secret here.
-        K3sInstall::Script => step(
-            SetupStep::K3sInstall.name(),
-            &format!(
-                "download {K3S_INSTALLER_FILE} '{url}'\n{check}retry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='{version}' INSTALL_K3S_EXEC='{exec}' sh {K3S_INSTALLER_FILE}\n",
-                url = input.k3s_installer_url,
-                check = digest_check(K3S_INSTALLER_FILE, input.k3s_installer_sha256.as_deref()),
-                version = input.k3s_version,
-            ),
-        ),
-        K3sInstall::Preinstalled => {
-            // `k3s --version` prints `k3s version v1.33.4+k3s1 (<commit>)` first.
-            step(
-                SetupStep::K3sVersion.name(),
-                &format!(
-                    "have=\"$(k3s --version 2>/dev/null | sed -n '1s/^k3s version \\([^ ]*\\).*/\\1/p')\" || have=\"\"\n\
-                     [ \"$have\" = '{version}' ] || fail \"the image has k3s ${{have:-none}}, the spec wants {version}\"\n",
-                    version = input.k3s_version,
-                ),
-            );
-        }
-    }
+    let (name, body) = k3s_install_step(input, exec);
+    step(name, &body);
     if let Some(serial) = &input.restore_serial {
         step(
             SetupStep::EtcdRestore.name(),
@@ -699,6 +678,32 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
         "echo 'done' > {NODE_SETUP_STATE_PATH}\necho \"oxide-controller: node-setup finished\"\n"
     ));
     s
+}
+
+/// The step that installs k3s: download and run the installer (checked by digest when the
+/// spec has one), or, preinstalled, compare the image's `k3s --version` with the spec.
+fn k3s_install_step(input: &NodeUserData, exec: &str) -> (&'static str, String) {
+    match input.install {
+        // The installer reads /etc/rancher/k3s/config.yaml itself; nothing secret here.
+        K3sInstall::Script => (
+            SetupStep::K3sInstall.name(),
+            format!(
+                "download {K3S_INSTALLER_FILE} '{url}'\n{check}retry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='{version}' INSTALL_K3S_EXEC='{exec}' sh {K3S_INSTALLER_FILE}\n",
+                url = input.k3s_installer_url,
+                check = digest_check(K3S_INSTALLER_FILE, input.k3s_installer_sha256.as_deref()),
+                version = input.k3s_version,
+            ),
+        ),
+        // `k3s --version` prints `k3s version v1.33.4+k3s1 (<commit>)` first.
+        K3sInstall::Preinstalled => (
+            SetupStep::K3sVersion.name(),
+            format!(
+                "have=\"$(k3s --version 2>/dev/null | sed -n '1s/^k3s version \\([^ ]*\\).*/\\1/p')\" || have=\"\"\n\
+                 [ \"$have\" = '{version}' ] || fail \"the image has k3s ${{have:-none}}, the spec wants {version}\"\n",
+                version = input.k3s_version,
+            ),
+        ),
+    }
 }
 
 /// The line that checks a downloaded installer against its digest, if it has one.

@@ -29,7 +29,7 @@ use crate::adapters::credentials::CredentialSources;
 use crate::adapters::image::{self, ImageStore, SourceReader, UploadOptions};
 use crate::adapters::ssh::RemoteShell;
 use crate::base::names;
-use crate::domain::backup::{self, Backup, Manifest, ManifestServer};
+use crate::domain::backup::{self, Manifest, ManifestServer};
 use crate::domain::spec::ClusterSpec;
 use crate::ports::rack::{Rack, RackError};
 use crate::ports::state::StateStore;
@@ -438,17 +438,6 @@ async fn remove_leftover_imports<R: Rack + ImageStore>(rack: &R, cluster: &str) 
     }
 }
 
-/// The cluster's backups on the rack, newest first.
-pub(super) async fn list<R: Rack>(rack: &R, cluster: &str) -> Result<Vec<Backup>, RackError> {
-    let snapshots = rack.list_snapshots().await?;
-    Ok(backup::of_cluster(
-        cluster,
-        snapshots
-            .iter()
-            .map(|s| (s.name.as_str(), s.description.as_str())),
-    ))
-}
-
 /// Step 5: deletes what retention does not keep; returns the deleted and the kept names.
 async fn prune<R: Rack>(
     rack: &R,
@@ -456,7 +445,7 @@ async fn prune<R: Rack>(
     retention: backup::Retention,
 ) -> Result<(Vec<String>, Vec<String>), BootstrapError> {
     let step = "retention";
-    let all = list(rack, cluster)
+    let all = recover::list_backups(rack, cluster)
         .await
         .map_err(|e| rack_failed(step, e))?;
     let gone = backup::prune(&all, retention, Utc::now());

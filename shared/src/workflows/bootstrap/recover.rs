@@ -436,6 +436,20 @@ pub(super) async fn server_shell<C: Connect>(
     ))
 }
 
+/// The cluster's backups on the rack, newest first.
+pub(super) async fn list_backups<R: Rack>(
+    rack: &R,
+    cluster: &str,
+) -> Result<Vec<crate::domain::backup::Backup>, RackError> {
+    let snapshots = rack.list_snapshots().await?;
+    Ok(crate::domain::backup::of_cluster(
+        cluster,
+        snapshots
+            .iter()
+            .map(|s| (s.name.as_str(), s.description.as_str())),
+    ))
+}
+
 /// Runs the whole flow on the ports `connect` opens. See the module docs.
 pub async fn run<C: Connect>(
     input: RecoverInput,

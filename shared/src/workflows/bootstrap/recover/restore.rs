@@ -84,7 +84,7 @@ async fn pick<R: Rack>(
 ) -> Result<Backup, BootstrapError> {
     let step = "backup";
     let c = &input.cluster;
-    let all = crate::workflows::bootstrap::backup::list(rack, c)
+    let all = super::list_backups(rack, c)
         .await
         .map_err(|e| rack_failed(step, e))?;
     let Some(chosen) = Choice::parse(which).pick(&all).cloned() else {
