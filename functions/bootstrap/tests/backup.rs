@@ -56,21 +56,6 @@ async fn recover_cmd(env: &Env, extra: &[&str]) -> Output {
         .unwrap()
 }
 
-/// Mutating Oxide requests made while `f` ran.
-async fn mutating_during<F: std::future::Future<Output = Output>>(
-    env: &Env,
-    f: F,
-) -> (Output, Vec<(String, u64)>) {
-    let before = env.mutating_calls();
-    let out = f.await;
-    let after = env.mutating_calls();
-    let made = after
-        .into_iter()
-        .filter(|(k, n)| before.iter().find(|(b, _)| b == k).map_or(0, |(_, m)| *m) < *n)
-        .collect();
-    (out, made)
-}
-
 async fn backup_cmd(env: &Env) -> Output {
     let token = format!("file:{}", env.dir.path().join("token").display());
     let args: Vec<String> = [
@@ -343,16 +328,18 @@ async fn a_restore_refuses_with_servers_left_an_unknown_backup_or_another_token_
         assert_eq!(out.status.code(), Some(2), "{stderr}");
         assert!(stderr.contains(words), "{words:?} not in: {stderr}");
     };
-    let (out, made) =
-        mutating_during(&env, recover_cmd(&env, &["--backup", "latest", "--yes"])).await;
+    let (out, made) = env
+        .mutating_during(recover_cmd(&env, &["--backup", "latest", "--yes"]))
+        .await;
     refused(&out, "still has servers");
     assert_eq!(made, vec![], "a refused restore changed the rack");
 
-    let (out, made) = mutating_during(
-        &env,
-        recover_cmd(&env, &["--backup", "demo-etcd-19990101-000000", "--yes"]),
-    )
-    .await;
+    let (out, made) = env
+        .mutating_during(recover_cmd(
+            &env,
+            &["--backup", "demo-etcd-19990101-000000", "--yes"],
+        ))
+        .await;
     refused(&out, "no backup");
     assert_eq!(made, vec![]);
 
@@ -362,8 +349,9 @@ async fn a_restore_refuses_with_servers_left_an_unknown_backup_or_another_token_
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     doc["k3s-token"] = serde_json::Value::String("another-clusters-server-token".into());
     std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap()).unwrap();
-    let (out, made) =
-        mutating_during(&env, recover_cmd(&env, &["--backup", "latest", "--yes"])).await;
+    let (out, made) = env
+        .mutating_during(recover_cmd(&env, &["--backup", "latest", "--yes"]))
+        .await;
     refused(&out, "another server token");
     assert_eq!(
         made,
@@ -470,11 +458,9 @@ async fn every_server_lost_is_restored_from_the_latest_backup_with_the_old_kubec
     }
     assert!(nodes(&env).await.is_empty(), "the API still answers");
 
-    let (out, made) = mutating_during(
-        &env,
-        recover_cmd(&env, &["--backup", "latest", "--dry-run"]),
-    )
-    .await;
+    let (out, made) = env
+        .mutating_during(recover_cmd(&env, &["--backup", "latest", "--dry-run"]))
+        .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),

@@ -97,21 +97,6 @@ async fn wait_states(env: &Env, want: InstanceState) {
     }
 }
 
-/// Mutating Oxide requests made while `f` ran.
-async fn mutating_during<F: std::future::Future<Output = Output>>(
-    env: &Env,
-    f: F,
-) -> (Output, Vec<(String, u64)>) {
-    let before = env.mutating_calls();
-    let out = f.await;
-    let after = env.mutating_calls();
-    let made = after
-        .into_iter()
-        .filter(|(k, n)| before.iter().find(|(b, _)| b == k).map_or(0, |(_, m)| *m) < *n)
-        .collect();
-    (out, made)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_server_stopped_is_recovered_by_starting_them_and_nothing_is_lost() {
     let env = env().await;
@@ -124,7 +109,7 @@ async fn every_server_stopped_is_recovered_by_starting_them_and_nothing_is_lost(
     cms.create(&PostParams::default(), &cm).await.unwrap();
 
     // Rung 0: healthy, nothing touched.
-    let (out, made) = mutating_during(&env, recover(&env, &[])).await;
+    let (out, made) = env.mutating_during(recover(&env, &[])).await;
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
@@ -142,7 +127,7 @@ async fn every_server_stopped_is_recovered_by_starting_them_and_nothing_is_lost(
     }
     wait_states(&env, InstanceState::Stopped).await;
 
-    let (out, made) = mutating_during(&env, recover(&env, &["--dry-run"])).await;
+    let (out, made) = env.mutating_during(recover(&env, &["--dry-run"])).await;
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("rung 1"), "{stdout}");
@@ -182,7 +167,7 @@ async fn every_server_stopped_is_recovered_by_starting_them_and_nothing_is_lost(
     assert_eq!(now, was);
 
     // And again: nothing to do, nothing touched.
-    let (out, made) = mutating_during(&env, recover(&env, &[])).await;
+    let (out, made) = env.mutating_during(recover(&env, &[])).await;
     let (stdout, _) = text(&out);
     assert!(
         out.status.success() && stdout.contains("nothing to recover"),
@@ -206,7 +191,7 @@ async fn no_server_left_exits_2_naming_the_restore_and_touches_nothing() {
     }
     for dry in [true, false] {
         let extra: &[&str] = if dry { &["--dry-run"] } else { &[] };
-        let (out, made) = mutating_during(&env, recover(&env, extra)).await;
+        let (out, made) = env.mutating_during(recover(&env, extra)).await;
         let (stdout, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
         assert!(
@@ -291,7 +276,7 @@ async fn assert_recovered(env: &Env, cms: &Api<ConfigMap>) {
         (3, 0),
         "3 voting members, no learner"
     );
-    let (out, made) = mutating_during(env, recover(env, &[])).await;
+    let (out, made) = env.mutating_during(recover(env, &[])).await;
     let (stdout, stderr) = text(&out);
     assert!(
         out.status.success() && stdout.contains("nothing to recover"),
@@ -337,7 +322,7 @@ async fn two_of_three_servers_stopped_lose_quorum_and_recover_starts_them() {
         stopped.elapsed().as_secs_f64()
     );
 
-    let (out, made) = mutating_during(&env, recover(&env, &["--dry-run"])).await;
+    let (out, made) = env.mutating_during(recover(&env, &["--dry-run"])).await;
     let (stdout, stderr) = text(&out);
     assert!(
         out.status.success() && stdout.contains("rung 1"),
@@ -389,7 +374,7 @@ async fn one_server_left_is_recovered_by_a_cluster_reset_on_it_and_nothing_is_lo
     );
 
     // --dry-run: rung 2, every call named, none made.
-    let (out, made) = mutating_during(&env, recover(&env, &["--dry-run"])).await;
+    let (out, made) = env.mutating_during(recover(&env, &["--dry-run"])).await;
     let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
@@ -405,7 +390,7 @@ async fn one_server_left_is_recovered_by_a_cluster_reset_on_it_and_nothing_is_lo
     assert_eq!(made, vec![], "--dry-run changed the rack");
 
     // Without --yes: exit 2, saying what it would do and naming --yes; nothing touched.
-    let (out, made) = mutating_during(&env, recover(&env, &[])).await;
+    let (out, made) = env.mutating_during(recover(&env, &[])).await;
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
     assert!(

@@ -315,6 +315,22 @@ impl Env {
             .filter(|(k, n)| *n > 0 && !k.starts_with("GET "))
             .collect()
     }
+
+    /// The mutating Oxide requests made while `f` ran: what `f` returned, and each request
+    /// whose counter grew.
+    pub async fn mutating_during<T, F: std::future::Future<Output = T>>(
+        &self,
+        f: F,
+    ) -> (T, Vec<(String, u64)>) {
+        let before = self.mutating_calls();
+        let out = f.await;
+        let made = self
+            .mutating_calls()
+            .into_iter()
+            .filter(|(k, n)| before.iter().find(|(b, _)| b == k).map_or(0, |(_, m)| *m) < *n)
+            .collect();
+        (out, made)
+    }
 }
 
 /// `POST` to a collection (`/v1/instances`, `/v1/disks`, ...) creates; `POST …/attach`,
