@@ -855,3 +855,81 @@ fn a_downloaded_installer_that_does_not_match_its_digest_never_runs() {
         }
     }
 }
+
+/// A restoring first server's `restore_etcd` under the real `sh`, `tar` and `sha256sum`: the
+/// backup disk (a device file holding the archive `bootstrap backup` writes) is unpacked, the
+/// snapshot checked, and k3s's restore run with the unpacked file before k3s starts; a snapshot
+/// whose bytes changed stops the step before k3s restores anything.
+#[test]
+fn a_restoring_server_unpacks_checks_and_restores_the_backup_with_the_real_tools() {
+    use oxide_controller::domain::backup::{self, Manifest};
+    use oxide_controller::render::cloud_init::RESTORE_DIR;
+    use sha2::{Digest as _, Sha256};
+    for tool in ["/bin/sh", "/usr/bin/tar", "/usr/bin/sha256sum"] {
+        if !Path::new(tool).exists() && !Path::new(&tool.replace("/usr", "")).exists() {
+            eprintln!("skipped: {tool} is missing");
+            return;
+        }
+    }
+    let snapshot: Vec<u8> = (0..70_000u32).flat_map(|i| i.to_le_bytes()).collect();
+    let manifest = Manifest {
+        format: backup::FORMAT,
+        cluster: "demo".into(),
+        k3s_version: VERSION.into(),
+        time: chrono::Utc::now(),
+        k3s_snapshot: "on-demand-demo-cp-aaaaa-1".into(),
+        taken_on: "demo-cp-aaaaa".into(),
+        sha256: backup::hex(&Sha256::digest(&snapshot)),
+        bytes: snapshot.len() as u64,
+        token: backup::token_fingerprint("server-token-example"),
+        objects: None,
+        spec: String::new(),
+        servers: vec![],
+    };
+    let input = NodeUserData {
+        restore_serial: Some("restore-demo-cp-abcd".into()),
+        ..server(true)
+    };
+    let script = written(&input, NODE_SETUP_SCRIPT_PATH);
+    for corrupt in [false, true] {
+        let s = Sandbox::new();
+        stubs(&s, Fault::None);
+        let mut disk = backup::archive(&manifest, &snapshot);
+        if corrupt {
+            // A byte of the snapshot (past the manifest's header and data).
+            let at = disk.len() / 2;
+            disk[at] ^= 0xff;
+        }
+        disk.resize(disk.len() + 64 * 1024, 0);
+        s.nvme("nvme1n1", "restore-demo-cp-abcd");
+        std::fs::write(s.root().join("dev/nvme1n1"), &disk).unwrap();
+        let dir = s.root().join("restore");
+        let out = s.run(&script.replace(RESTORE_DIR, &path_of(dir.clone())), &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let calls = s.read("calls");
+        let restore_call = format!(
+            "k3s server --cluster-reset --cluster-reset-restore-path={}/etcd-snapshot",
+            dir.display()
+        );
+        if corrupt {
+            assert!(!out.status.success(), "{stderr}");
+            assert!(
+                markers(&stderr).iter().any(|m| m.contains(
+                    "etcd-restore: the backup's etcd snapshot does not match its sha256"
+                )),
+                "{stderr}"
+            );
+            assert!(!calls.contains("--cluster-reset"), "{calls}");
+            assert!(!calls.contains("systemctl start"), "{calls}");
+        } else {
+            assert!(out.status.success(), "{stderr}\n{calls}");
+            assert_eq!(std::fs::read(dir.join("etcd-snapshot")).unwrap(), snapshot);
+            let restored_at = calls
+                .find(&restore_call)
+                .unwrap_or_else(|| panic!("{calls}"));
+            // Restored before k3s first starts.
+            let started_at = calls.find("systemctl start").expect("k3s started");
+            assert!(restored_at < started_at, "{calls}");
+        }
+    }
+}
