@@ -86,26 +86,7 @@ fn object(i: usize) -> ConfigMap {
 
 /// `bootstrap <sub> --cluster demo` with this user's files, plus `extra`, within 900 s.
 async fn sub(env: &Env, sub: &str, extra: &[&str]) -> Output {
-    let token = format!("file:{}", env.dir.path().join("token").display());
-    let mut args: Vec<String> = [
-        sub,
-        "--oxide-host",
-        &env.sim.oxide_host,
-        "--oxide-token",
-        &token,
-        "--cluster",
-        "demo",
-        "--state-dir",
-        &env.state_dir().display().to_string(),
-        "--kubeconfig",
-        &env.kubeconfig().display().to_string(),
-        "--log-format",
-        "json",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
+    let args = env.sub_args(sub, "demo", extra);
     let out = tokio::time::timeout(Duration::from_secs(900), env.command(&args).output())
         .await
         .unwrap_or_else(|_| panic!("bootstrap {sub} ran for 900 s"))

@@ -26,30 +26,9 @@ use sha2::{Digest as _, Sha256};
 
 /// `bootstrap recover --cluster demo` with `extra`.
 async fn recover_cmd(env: &Env, extra: &[&str]) -> Output {
-    let token = format!("file:{}", env.dir.path().join("token").display());
-    let mut args: Vec<String> = [
-        "recover",
-        "--oxide-host",
-        &env.sim.oxide_host,
-        "--oxide-token",
-        &token,
-        "--cluster",
-        "demo",
-        "--state-dir",
-        &env.state_dir().display().to_string(),
-        "--kubeconfig",
-        &env.kubeconfig().display().to_string(),
-        "--log-format",
-        "json",
-        "--api-timeout",
-        "180",
-        "--wait",
-        "300",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut with = vec!["--api-timeout", "180", "--wait", "300"];
+    with.extend_from_slice(extra);
+    let args = env.sub_args("recover", "demo", &with);
     tokio::time::timeout(Duration::from_secs(600), env.command(&args).output())
         .await
         .expect("recover finished within 600 s")
@@ -57,25 +36,7 @@ async fn recover_cmd(env: &Env, extra: &[&str]) -> Output {
 }
 
 async fn backup_cmd(env: &Env) -> Output {
-    let token = format!("file:{}", env.dir.path().join("token").display());
-    let args: Vec<String> = [
-        "backup",
-        "--oxide-host",
-        &env.sim.oxide_host,
-        "--oxide-token",
-        &token,
-        "--cluster",
-        "demo",
-        "--state-dir",
-        &env.state_dir().display().to_string(),
-        "--kubeconfig",
-        &env.kubeconfig().display().to_string(),
-        "--log-format",
-        "json",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = env.sub_args("backup", "demo", &[]);
     tokio::time::timeout(Duration::from_secs(300), env.command(&args).output())
         .await
         .expect("backup finished within 300 s")

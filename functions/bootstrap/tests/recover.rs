@@ -30,32 +30,9 @@ use oxide_controller::domain::model::InstanceState;
 use oxide_controller::ports::rack::Rack as _;
 
 async fn recover(env: &Env, extra: &[&str]) -> Output {
-    let token = format!("file:{}", env.dir.path().join("token").display());
-    let state_dir = env.state_dir().display().to_string();
-    let kubeconfig = env.kubeconfig().display().to_string();
-    let mut args: Vec<String> = [
-        "recover",
-        "--oxide-host",
-        &env.sim.oxide_host,
-        "--oxide-token",
-        &token,
-        "--cluster",
-        "demo",
-        "--state-dir",
-        &state_dir,
-        "--kubeconfig",
-        &kubeconfig,
-        "--log-format",
-        "json",
-        "--api-timeout",
-        "120",
-        "--wait",
-        "240",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
+    let mut with = vec!["--api-timeout", "120", "--wait", "240"];
+    with.extend_from_slice(extra);
+    let args = env.sub_args("recover", "demo", &with);
     tokio::time::timeout(Duration::from_secs(420), env.command(&args).output())
         .await
         .expect("recover finished within 420 s")

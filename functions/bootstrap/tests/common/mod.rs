@@ -124,12 +124,13 @@ impl Env {
         a
     }
 
-    /// The command line of `bootstrap delete` for `cluster` (its project has the same name by
-    /// default), with this user's state dir and kubeconfig, plus `extra`.
-    pub fn delete_args(&self, cluster: &str, extra: &[&str]) -> Vec<String> {
+    /// The command line of `bootstrap SUB` (`delete`, `recover`, `backup`) for `cluster` (its
+    /// project has the same name by default), with this user's token, state dir and
+    /// kubeconfig and JSON logs, plus `extra`.
+    pub fn sub_args(&self, sub: &str, cluster: &str, extra: &[&str]) -> Vec<String> {
         let token = format!("file:{}", self.dir.path().join("token").display());
         let mut a: Vec<String> = [
-            "delete",
+            sub,
             "--oxide-host",
             &self.sim.oxide_host,
             "--oxide-token",
@@ -142,14 +143,19 @@ impl Env {
             &self.kubeconfig().display().to_string(),
             "--log-format",
             "json",
-            "--timeout",
-            "120",
         ]
         .iter()
         .map(|s| s.to_string())
         .collect();
         a.extend(extra.iter().map(|s| s.to_string()));
         a
+    }
+
+    /// The command line of `bootstrap delete` for `cluster`, plus `extra`.
+    pub fn delete_args(&self, cluster: &str, extra: &[&str]) -> Vec<String> {
+        let mut with_timeout = vec!["--timeout", "120"];
+        with_timeout.extend_from_slice(extra);
+        self.sub_args("delete", cluster, &with_timeout)
     }
 
     /// Runs `bootstrap delete` for `cluster` with `extra` (within 300 s).
