@@ -27,6 +27,9 @@ use sha2::{Digest as _, Sha256};
 
 use crate::base::names::MAX_NAME_LEN;
 
+pub mod report;
+pub use report::{BackupReport, BackupStatus, LastBackup};
+
 /// First words of every backup snapshot's description.
 pub const DESCRIPTION_PREFIX: &str = "oxide-controller backup ";
 /// The manifest's file name in the archive.
@@ -251,10 +254,16 @@ fn ustar_header(name: &str, size: u64, mtime: u64) -> [u8; 512] {
     h
 }
 
-/// How many backups stay (the spec's `backup` block).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The spec's `backup` block: when the cluster backs itself up, and how many backups stay.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Retention {
+pub struct BackupSpec {
+    /// When the in-cluster backup runs (CronJob cron dialect, UTC): k3s's
+    /// `etcd-snapshot-schedule-cron` on every server and the backup CronJob's schedule. `null`
+    /// turns the in-cluster backup off (the CronJob is suspended; `bootstrap backup` still
+    /// works). Default: hourly, on the hour.
+    #[serde(default = "default_schedule")]
+    pub schedule: Option<String>,
     /// The newest this many stay, whatever their age.
     #[serde(default = "default_keep")]
     pub keep: u32,
@@ -263,6 +272,16 @@ pub struct Retention {
     pub keep_daily: u32,
 }
 
+/// How many backups stay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub keep: u32,
+    pub keep_daily: u32,
+}
+
+fn default_schedule() -> Option<String> {
+    Some(DEFAULT_SCHEDULE.to_owned())
+}
 fn default_keep() -> u32 {
     24
 }
@@ -270,18 +289,35 @@ fn default_keep_daily() -> u32 {
     7
 }
 
-impl Default for Retention {
+/// Hourly, on the hour (the default; k3s's own default is every 12 hours).
+pub const DEFAULT_SCHEDULE: &str = "0 * * * *";
+
+impl Default for BackupSpec {
     fn default() -> Self {
-        Retention {
+        BackupSpec {
+            schedule: default_schedule(),
             keep: default_keep(),
             keep_daily: default_keep_daily(),
         }
     }
 }
 
-impl Retention {
+impl Default for Retention {
+    fn default() -> Self {
+        BackupSpec::default().retention()
+    }
+}
+
+impl BackupSpec {
     pub fn is_default(&self) -> bool {
-        *self == Retention::default()
+        *self == BackupSpec::default()
+    }
+
+    pub fn retention(&self) -> Retention {
+        Retention {
+            keep: self.keep,
+            keep_daily: self.keep_daily,
+        }
     }
 }
 

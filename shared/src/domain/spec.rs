@@ -64,13 +64,14 @@ pub struct ClusterSpec {
     /// defaults, and specs written before it existed read the same.
     #[serde(default, skip_serializing_if = "upgrade::UpgradeSpec::is_default")]
     pub upgrade: upgrade::UpgradeSpec,
-    /// How many backups of the datastore stay on the rack (see [`crate::domain::backup`]).
-    /// Absent: 24 and one a day for 7 days, and specs written before it existed read the same.
+    /// When the cluster backs its datastore up and how many backups stay on the rack (see
+    /// [`crate::domain::backup`]). Absent: hourly, 24 and one a day for 7 days, and specs
+    /// written before it existed read the same.
     #[serde(
         default,
-        skip_serializing_if = "crate::domain::backup::Retention::is_default"
+        skip_serializing_if = "crate::domain::backup::BackupSpec::is_default"
     )]
-    pub backup: crate::domain::backup::Retention,
+    pub backup: crate::domain::backup::BackupSpec,
 }
 
 /// The administrator's limits on the scale webhook (see [`ClusterSpec::webhook`]).
@@ -984,6 +985,15 @@ impl ClusterSpec {
         check_k3s_version(&mut err, "k3s.version".into(), &self.k3s.version);
         if let Err(e) = parse_schedule(&self.schedule) {
             err("schedule".into(), e);
+        }
+        if let Some(Err(e)) = self.backup.schedule.as_deref().map(parse_schedule) {
+            err("backup.schedule".into(), e);
+        }
+        if self.backup.keep == 0 {
+            err(
+                "backup.keep".into(),
+                "must be at least 1: the newest backup always stays".into(),
+            );
         }
         self.validate_nodes(&mut err);
         self.validate_tailscale(&mut err);

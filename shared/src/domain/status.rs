@@ -75,6 +75,10 @@ pub struct Status {
     /// Per pool: its target version, what this run rolled it to, each Node's kubelet version.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub versions: Vec<crate::domain::upgrade::PoolVersions>,
+    /// The last backup, the last attempt's error, and whether the newest is stale (then the
+    /// cluster is Degraded). Set by the run from the ConfigMap's `backup.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<crate::domain::backup::BackupStatus>,
 }
 
 impl Status {
@@ -234,6 +238,7 @@ pub fn build(r: &RunReport) -> Status {
             Some(u) => u.pools.clone(),
             None => r.previous.map(|p| p.versions.clone()).unwrap_or_default(),
         },
+        backup: r.previous.and_then(|p| p.backup.clone()),
     }
 }
 

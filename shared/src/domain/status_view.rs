@@ -38,6 +38,9 @@ pub struct View {
     /// The Kubernetes upgrade the last run saw under way.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<crate::domain::upgrade::UpgradeStatus>,
+    /// The last backup and the last attempt's error, as the last run saw them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backup: Option<crate::domain::backup::BackupStatus>,
     /// What could not be read, and what access it needs (the view is shown without it).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
@@ -212,6 +215,7 @@ pub fn build(
         events,
         other_nodes,
         upgrade: status.and_then(|s| s.upgrade.clone()),
+        backup: status.and_then(|s| s.backup.clone()),
         unreadable: Vec::new(),
     }
 }
@@ -257,6 +261,9 @@ pub fn render_table(v: &View, now: DateTime<Utc>) -> String {
     }
     render_conditions(&mut out, v, now);
     render_last_run(&mut out, v, now);
+    if let Some(b) = &v.backup {
+        render_backup(&mut out, b, now);
+    }
     if let Some(a) = &v.autoscale {
         render_autoscaler(&mut out, a);
     }
@@ -422,6 +429,34 @@ fn render_last_run(out: &mut String, v: &View, now: DateTime<Utc>) {
     }
     for f in &v.findings {
         let _ = writeln!(out, "  finding: {f}");
+    }
+}
+
+/// `backups (schedule S): last NAME 12m ago[, STALE]` and the last attempt's error.
+fn render_backup(out: &mut String, b: &crate::domain::backup::BackupStatus, now: DateTime<Utc>) {
+    let schedule = b.schedule.as_deref().map_or_else(
+        || "in-cluster schedule off".to_owned(),
+        |s| format!("schedule {s}"),
+    );
+    let last = b.last_success.as_ref().map_or_else(
+        || "none yet".to_owned(),
+        |l| format!("last {} {} ago (by {})", l.name, age(l.time, now), l.by),
+    );
+    let stale = if b.stale {
+        ", STALE: older than two schedule periods"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "
+backups ({schedule}): {last}{stale}"
+    );
+    if let Some(e) = &b.last_error {
+        let at = b
+            .last_attempt_at
+            .map_or_else(String::new, |t| format!(" {} ago", age(t, now)));
+        let _ = writeln!(out, "  last attempt failed{at}: {e}");
     }
 }
 

@@ -14,6 +14,10 @@ use crate::base::secrets::ClusterSecrets;
 pub mod keys {
     pub const SPEC: &str = "spec.yaml";
     pub const STATUS: &str = "status.json";
+    /// The last backup made and the last attempt's error (JSON
+    /// [`crate::domain::backup::BackupReport`]), written by the in-cluster backup Job and by
+    /// `bootstrap backup`; reconcile copies it into `status.json`.
+    pub const BACKUP: &str = "backup.json";
     pub const SCHEMA_VERSION: &str = "schema-version";
     /// sha256 of the cluster CA (not secret): joiners get `K10<hash>::` tokens with it.
     pub const K3S_CA_HASH: &str = "k3s-ca-hash";

@@ -618,6 +618,13 @@ async fn work<R: Rack, C: Cluster>(
             )
         })
         .await?;
+    let mut plan = plan;
+    if let Some(message) = backup_status(ran, (opts.now)()).finding() {
+        plan.findings.push(plan::Finding {
+            degraded: true,
+            message,
+        });
+    }
     if let Some(prefix) = observed.subnet_prefix {
         let _ = ran.subnet_prefix.set(prefix);
     }
@@ -717,6 +724,7 @@ async fn wrap_up<C: Cluster, S: StateStore>(
     if let Some(prefix) = ran.subnet_prefix.get() {
         status.subnet_prefix = Some(*prefix);
     }
+    status.backup = Some(backup_status(ran, finished_at));
     if outcome.is_ok() {
         record_backoff_events(cluster, ran.previous, &status).await;
     }
@@ -820,6 +828,22 @@ fn apply_options(opts: &ReconcileOptions, spec: &ClusterSpec, deadline: Instant)
     apply_opts.own_pod = opts.own_pod.clone();
     apply_opts.shutdown = opts.shutdown.clone();
     apply_opts
+}
+
+/// The backups as the writers last reported them (`backup.json`), judged at `now` against the
+/// spec's schedule; watched since the first run that looked (kept in `status.json`).
+fn backup_status(ran: &Ran<'_>, now: DateTime<Utc>) -> crate::domain::backup::BackupStatus {
+    let report = ran
+        .snapshot
+        .data
+        .get(state::keys::BACKUP)
+        .and_then(|j| crate::domain::backup::BackupReport::from_json(j))
+        .unwrap_or_default();
+    let since = ran
+        .previous
+        .and_then(|p| p.backup.as_ref())
+        .map_or(ran.started_at, |b| b.watching_since);
+    crate::domain::backup::report::status(ran.spec.backup.schedule.as_deref(), &report, since, now)
 }
 
 /// The status.json this run leaves, from its outcome (a failed run keeps what it can of the
