@@ -1,5 +1,6 @@
 //! The functions' workflows: observe → plan → apply → save. Each binary calls one of these.
 
+pub mod backup;
 pub mod bootstrap;
 pub mod delete;
 pub mod error;

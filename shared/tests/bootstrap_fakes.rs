@@ -159,6 +159,7 @@ impl Laptop {
             kubeconfig_overwrite: false,
             kubeconfig_merge: false,
             schedule: "*/5 * * * *".into(),
+            backup_schedule: Some("0 * * * *".into()),
             controller_image: "registry.example/oxide-controller:test".into(),
             dev_build_profile: None,
             oxide_ccm: false,

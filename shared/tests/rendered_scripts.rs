@@ -53,6 +53,7 @@ fn agent_with_disk() -> NodeUserData {
         tailscale: None,
         restore_serial: None,
         disable_agent: false,
+        etcd_snapshot_schedule: None,
     }
 }
 

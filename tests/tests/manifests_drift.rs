@@ -20,31 +20,37 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 /// The files of `k8s-cronjobs/`, which `bootstrap` embeds by name.
-const PLAIN_FILES: [&str; 5] = [
+const PLAIN_FILES: [&str; 6] = [
     "00-namespace.yaml",
     "serviceaccount.yaml",
     "rbac.yaml",
     "cronjob.yaml",
     "webhook.yaml",
+    "backup.yaml",
 ];
 /// Every object the in-cluster pieces consist of, as [`object_key`] spells them.
-const EXPECTED_OBJECTS: [&str; 17] = [
+const EXPECTED_OBJECTS: [&str; 22] = [
     "ClusterRole oxide-controller-reconcile",
     "ClusterRole oxide-controller-webhook",
     "ClusterRoleBinding oxide-controller-reconcile",
     "ClusterRoleBinding oxide-controller-webhook",
+    "CronJob oxide-controller-backup/oxide-controller-backup",
     "CronJob oxide-controller-jobs/oxide-controller",
     "Deployment kube-system/oxide-controller-webhook",
+    "Namespace oxide-controller-backup",
     "Namespace oxide-controller-jobs",
     "NetworkPolicy kube-system/oxide-controller-webhook",
+    "Role kube-system/oxide-controller-backup",
     "Role kube-system/oxide-controller-reconcile",
     "Role kube-system/oxide-controller-webhook",
     "Role oxide-controller-jobs/oxide-controller-webhook",
+    "RoleBinding kube-system/oxide-controller-backup",
     "RoleBinding kube-system/oxide-controller-reconcile",
     "RoleBinding kube-system/oxide-controller-webhook",
     "RoleBinding oxide-controller-jobs/oxide-controller-webhook",
     "Service kube-system/oxide-controller-webhook",
     "ServiceAccount kube-system/oxide-controller-webhook",
+    "ServiceAccount oxide-controller-backup/oxide-controller-backup",
     "ServiceAccount oxide-controller-jobs/oxide-controller-reconcile",
 ];
 const BINARIES: [&str; 3] = ["bootstrap", "reconcile-once", "scale"];
@@ -684,10 +690,14 @@ fn every_pod_runs_as_non_root_read_only_without_privileges() {
         }
         assert_eq!(
             specs.len(),
-            2,
-            "{side}: the CronJob's and the webhook's pods"
+            3,
+            "{side}: the two CronJobs' and the webhook's pods"
         );
         for (at, spec) in specs {
+            if spec["serviceAccountName"] == "oxide-controller-backup" {
+                backup_pod_reads_only_k3s_snapshots(&format!("{side} {at}"), spec);
+                continue;
+            }
             assert!(
                 spec["serviceAccountName"]
                     .as_str()
@@ -742,6 +752,55 @@ fn every_pod_runs_as_non_root_read_only_without_privileges() {
             }
         }
     }
+}
+
+/// The backup pod is the one exception to non-root (it reads k3s's snapshots, which etcd
+/// writes 0600 as root): root without any capability, a read-only root filesystem, and one
+/// host path, k3s's snapshot directory, mounted read-only; no host network or PID namespace.
+fn backup_pod_reads_only_k3s_snapshots(at: &str, spec: &Value) {
+    const SNAPSHOTS: &str = "/var/lib/rancher/k3s/server/db/snapshots";
+    assert_eq!(spec["automountServiceAccountToken"], true, "{at}");
+    assert_eq!(spec["hostNetwork"], Value::Null, "{at}");
+    assert_eq!(spec["hostPID"], Value::Null, "{at}");
+    assert_eq!(spec["hostIPC"], Value::Null, "{at}");
+    assert_eq!(
+        spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+        "{at}"
+    );
+    assert_eq!(
+        spec["nodeSelector"]["node-role.kubernetes.io/control-plane"], "true",
+        "{at}: servers only"
+    );
+    let volumes = spec["volumes"].as_array().unwrap();
+    assert_eq!(volumes.len(), 1, "{at}: one volume");
+    assert_eq!(volumes[0]["hostPath"]["path"], SNAPSHOTS, "{at}");
+    let containers = spec["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1, "{at}");
+    assert_eq!(spec["initContainers"], Value::Null, "{at}");
+    let c = &containers[0];
+    assert_eq!(
+        c["volumeMounts"],
+        json!([{"name": volumes[0]["name"], "mountPath": SNAPSHOTS, "readOnly": true}]),
+        "{at}"
+    );
+    assert_eq!(
+        c["args"],
+        json!(["backup", "--snapshot-dir", SNAPSHOTS]),
+        "{at}"
+    );
+    assert_eq!(
+        c["command"],
+        json!(["/usr/local/bin/reconcile-once"]),
+        "{at}"
+    );
+    let sc = &c["securityContext"];
+    assert_eq!(sc["readOnlyRootFilesystem"], true, "{at}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false, "{at}");
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{at}");
+    assert_eq!(sc["capabilities"]["add"], Value::Null, "{at}");
+    assert_ne!(sc["privileged"], true, "{at}");
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{at}");
+    assert!(c["resources"]["limits"]["memory"].is_string(), "{at}");
 }
 
 /// One RBAC rule as the test states it: (apiGroup, resource, resourceNames, verbs).
@@ -870,8 +929,21 @@ fn each_account_may_make_exactly_the_calls_its_function_makes() {
         ]
         .as_slice(),
     );
+    let backup = (
+        "oxide-controller-backup",
+        "oxide-controller-backup",
+        [Grant {
+            role: "Role kube-system/oxide-controller-backup",
+            binding: "RoleBinding kube-system/oxide-controller-backup",
+            rules: &[
+                ("", "secrets", &["oxide-controller"], &["get"]), // the rack and server tokens
+                ("", "configmaps", &["oxide-controller"], &["get", "update"]), // backup.json
+            ],
+        }]
+        .as_slice(),
+    );
     for (side, objects) in both_sides() {
-        for (account_ns, account, grants) in [reconcile, webhook] {
+        for (account_ns, account, grants) in [reconcile, webhook, backup] {
             for g in grants {
                 let role = &objects[g.role];
                 assert_eq!(rules_of(role), expected_rules(g.rules), "{side} {}", g.role);
@@ -912,14 +984,17 @@ fn each_account_may_make_exactly_the_calls_its_function_makes() {
                 );
             }
         }
-        // No account may read a Secret but the reconcile one, and none may delete a pod.
+        // No account may read a Secret but the reconcile and backup ones, and none may
+        // delete a pod.
         for (key, object) in &objects {
             if !matches!(object["kind"].as_str(), Some("Role" | "ClusterRole")) {
                 continue;
             }
             for (_, resource, _, verbs) in rules_of(object) {
                 assert!(
-                    resource != "secrets" || key == "Role kube-system/oxide-controller-reconcile",
+                    resource != "secrets"
+                        || key == "Role kube-system/oxide-controller-reconcile"
+                        || key == "Role kube-system/oxide-controller-backup",
                     "{side}: {key} may read Secrets"
                 );
                 assert!(
@@ -1165,7 +1240,7 @@ fn the_image_holds_every_binary_the_manifests_run() {
 }
 
 #[test]
-fn every_plain_manifest_is_one_object_per_document_in_our_two_namespaces() {
+fn every_plain_manifest_is_one_object_per_document_in_our_namespaces() {
     let names: Vec<String> = fs::read_dir(plain_dir())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -1194,7 +1269,7 @@ fn every_plain_manifest_is_one_object_per_document_in_our_two_namespaces() {
             assert!(
                 matches!(
                     doc["metadata"]["namespace"].as_str(),
-                    Some("kube-system" | "oxide-controller-jobs")
+                    Some("kube-system" | "oxide-controller-jobs" | "oxide-controller-backup")
                 ),
                 "{key}"
             );

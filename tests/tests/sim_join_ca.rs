@@ -39,6 +39,7 @@ fn joiner(name: &str, role: K3sRole) -> String {
         tailscale: None,
         restore_serial: None,
         disable_agent: false,
+        etcd_snapshot_schedule: None,
     })
     .unwrap()
 }

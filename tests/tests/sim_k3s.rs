@@ -93,6 +93,7 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
             tailscale: None,
             restore_serial: None,
             disable_agent: false,
+            etcd_snapshot_schedule: None,
         })
         .unwrap();
     create_instance(&c, "c1-cp-ccccc", &product).await;

@@ -40,6 +40,7 @@ fn server(key_line: &str) -> NodeUserData {
         tailscale: None,
         restore_serial: None,
         disable_agent: false,
+        etcd_snapshot_schedule: None,
     }
 }
 

@@ -238,6 +238,11 @@ struct Args {
     /// Reconcile CronJob schedule (five-field cron).
     #[arg(long, default_value = "*/5 * * * *")]
     schedule: String,
+    /// When the cluster backs its datastore up onto the rack from inside (the spec's
+    /// backup.schedule: k3s's snapshot schedule on the servers and the backup CronJob's),
+    /// five-field cron; `off` for none (`bootstrap backup` still works).
+    #[arg(long, default_value = oxide_controller::domain::backup::DEFAULT_SCHEDULE)]
+    backup_schedule: String,
     /// Image of the in-cluster CronJob and webhook, or dev:PATH[:linux/amd64] to build the
     /// binaries from the cargo workspace at PATH, copy them to the control-plane VMs over SSH
     /// and run them from there (hostPath) instead of pulling an image.
@@ -581,6 +586,7 @@ fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
         kubeconfig_overwrite: a.kubeconfig_overwrite,
         kubeconfig_merge: a.kubeconfig_merge,
         schedule: a.schedule,
+        backup_schedule: Some(a.backup_schedule).filter(|s| s.trim() != "off"),
         controller_image: a.controller_image,
         dev_build_profile: a.dev_build_profile,
         oxide_ccm: a.oxide_ccm,

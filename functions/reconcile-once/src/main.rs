@@ -1,6 +1,12 @@
 //! `reconcile-once`: one reconcile run, then exit. Run by a CronJob in the cluster, or from a
 //! laptop with `--kubeconfig` when the CronJob cannot run.
 //!
+//! `reconcile-once backup` is the in-cluster backup instead (the CronJob
+//! `oxide-controller-backup/oxide-controller-backup`): it uploads the etcd snapshot k3s took at
+//! this tick of `backup.schedule` on the server it runs on, read from a read-only hostPath of
+//! k3s's snapshot directory, to the rack as a backup, applies the retention and records the
+//! outcome in the ConfigMap's `backup.json` (exit 0 done or off, 1 failed, 2 configuration).
+//!
 //! Exit codes: 0 converged or progressing (or another run holds the Lease), 1 retryable
 //! failure, 2 configuration error, 143 (SIGTERM) or 130 (SIGINT) stopped early on request.
 //!
@@ -18,7 +24,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Parser, Subcommand, ValueEnum};
 use oxide_controller::adapters::kube_cluster::KubeCluster;
 use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
@@ -62,6 +68,24 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Auto, env = "OXIDE_CONTROLLER_LOG_FORMAT")]
     log_format: LogFormat,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The in-cluster backup: upload k3s's scheduled etcd snapshot of this tick to the rack.
+    Backup {
+        /// k3s's snapshot directory as this pod sees it (a read-only hostPath).
+        #[arg(long, default_value = oxide_controller::workflows::backup::K3S_SNAPSHOT_DIR)]
+        snapshot_dir: PathBuf,
+        /// How long to wait for k3s's snapshot of this tick.
+        #[arg(long, default_value_t = 300)]
+        wait_seconds: u64,
+        /// The Node this pod runs on (the downward API's spec.nodeName), for the manifest.
+        #[arg(long, env = "NODE_NAME")]
+        node: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -93,6 +117,18 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(Command::Backup {
+        snapshot_dir,
+        wait_seconds,
+        node,
+    }) = &args.command
+    {
+        let mut opts =
+            oxide_controller::workflows::backup::ScheduledOptions::new(snapshot_dir.clone());
+        opts.wait = Duration::from_secs(*wait_seconds);
+        opts.node = node.clone().filter(|n| !n.is_empty());
+        return backup(KubeStateStore::new(client, &args.namespace), &opts).await;
+    }
     let holder = args.holder.clone().unwrap_or_else(default_holder);
     // k3s's supervisor (the etcd member list) and, for the upgrade pre-flight, each server's
     // own /metrics: both with this configuration's address, CA and credentials.
@@ -161,6 +197,33 @@ async fn run(args: Args) -> ExitCode {
             if let Some(line) = hint.await {
                 tracing::error!("{line}");
             }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// `reconcile-once backup`.
+async fn backup(
+    state: KubeStateStore,
+    opts: &oxide_controller::workflows::backup::ScheduledOptions,
+) -> ExitCode {
+    use oxide_controller::workflows::backup::{ScheduledOutcome, run_scheduled};
+    let make_rack = |secrets: &oxide_controller::base::secrets::ClusterSecrets| {
+        OxideRack::connect(
+            &secrets.oxide_host,
+            &secrets.oxide_token,
+            &secrets.oxide_project,
+            RackOptions::default(),
+        )
+    };
+    match run_scheduled(&state, make_rack, opts).await {
+        Ok(ScheduledOutcome::Off) => ExitCode::SUCCESS,
+        Ok(ScheduledOutcome::Done { name, .. }) => {
+            tracing::info!(backup = %name, "backup done");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!("{}", chain(&e));
             ExitCode::from(e.exit_code())
         }
     }

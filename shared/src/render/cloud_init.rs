@@ -87,6 +87,10 @@ pub struct NodeUserData {
     pub restore_serial: Option<String>,
     /// A server without a local agent (`recover --verify`'s throw-away server).
     pub disable_agent: bool,
+    /// A server's k3s `etcd-snapshot-schedule-cron`: when k3s takes its scheduled etcd
+    /// snapshots, which the in-cluster backup uploads (the spec's `backup.schedule`; None
+    /// leaves k3s's default, every 12 hours).
+    pub etcd_snapshot_schedule: Option<String>,
 }
 
 /// How a node joins the tailnet. `Debug` leaves the auth key out.
@@ -269,6 +273,9 @@ pub struct K3sConfigFile {
     /// restored cluster may run on it).
     #[serde(default, skip_serializing_if = "is_false")]
     pub disable_agent: bool,
+    /// `etcd-snapshot-schedule-cron`: when k3s takes its scheduled etcd snapshots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_snapshot_schedule_cron: Option<String>,
     /// `tls-san`
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tls_san: Vec<String>,
@@ -855,6 +862,7 @@ pub fn k3s_config(input: &NodeUserData) -> K3sConfigFile {
         } => {
             cfg.cluster_init = *cluster_init;
             cfg.disable_agent = input.disable_agent;
+            cfg.etcd_snapshot_schedule_cron = input.etcd_snapshot_schedule.clone();
             cfg.server = server_url.clone();
             cfg.token = Some(token.clone());
             cfg.agent_token = Some(agent_token.clone());
@@ -1226,6 +1234,12 @@ impl NodeUserData {
                 .filter(|_| m.cluster_init && m.role == Role::ControlPlane)
                 .map(|d| DataDisk::for_disk_name(&d.name).nvme_serial),
             disable_agent: m.drill && m.role == Role::ControlPlane,
+            // The drill's server takes no backups of its own.
+            etcd_snapshot_schedule: spec
+                .backup
+                .schedule
+                .clone()
+                .filter(|_| m.role == Role::ControlPlane && !m.drill),
         }
     }
 }
@@ -1285,6 +1299,7 @@ mod tests {
             tailscale: None,
             restore_serial: None,
             disable_agent: false,
+            etcd_snapshot_schedule: None,
         }
     }
 
@@ -1451,6 +1466,7 @@ mod tests {
                 agent_token: Some("agent-token-example".into()),
                 cluster_init: true,
                 disable_agent: false,
+                etcd_snapshot_schedule_cron: None,
                 tls_san: vec!["172.30.0.10".into(), "k8s.demo.example".into()],
                 node_name: Some("demo-cp-a1b2c".into()),
                 node_label: vec!["oxide-controller/pool=cp".into()],
@@ -1985,6 +2001,38 @@ mod tests {
         m.cluster_init = true;
         let plain = node_setup_script(&NodeUserData::for_member(&m));
         assert!(!plain.contains("restore_etcd"), "{plain}");
+    }
+
+    #[test]
+    fn servers_take_k3s_scheduled_snapshots_on_the_backup_schedule() {
+        let mut spec = crate::domain::spec::ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        spec.backup.schedule = Some("*/30 * * * *".into());
+        let secrets = crate::base::secrets::ClusterSecrets {
+            k3s_token: "k3s-token-example".into(),
+            k3s_agent_token: "agent-token-example".into(),
+            ssh_public_key: CONTROLLER_KEY.into(),
+            ..Default::default()
+        };
+        let mut m = worker_input(&spec, &secrets);
+        let cron =
+            |m: &MemberInput| k3s_config(&NodeUserData::for_member(m)).etcd_snapshot_schedule_cron;
+        assert_eq!(cron(&m), None, "a worker has no etcd");
+        m.role = Role::ControlPlane;
+        m.pool = &spec.control_plane;
+        assert_eq!(cron(&m).as_deref(), Some("*/30 * * * *"));
+        let text = render(&NodeUserData::for_member(&m)).unwrap();
+        assert!(
+            text.contains("etcd-snapshot-schedule-cron: '*/30 * * * *'")
+                || text.contains("etcd-snapshot-schedule-cron: \"*/30 * * * *\""),
+            "{text}"
+        );
+        m.drill = true;
+        assert_eq!(cron(&m), None, "a drill's server backs nothing up");
+        m.drill = false;
+        let mut off = spec.clone();
+        off.backup.schedule = None;
+        m.spec = &off;
+        assert_eq!(cron(&m), None, "schedule null: k3s's default");
     }
 
     #[test]

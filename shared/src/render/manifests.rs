@@ -17,7 +17,7 @@ use serde_json::Value;
 
 /// The embedded files, in apply order (the Jobs' namespace, then identity and permissions
 /// before their users).
-pub const FILES: [(&str, &str); 5] = [
+pub const FILES: [(&str, &str); 6] = [
     (
         "00-namespace.yaml",
         include_str!("../../../k8s-cronjobs/00-namespace.yaml"),
@@ -35,7 +35,14 @@ pub const FILES: [(&str, &str); 5] = [
         "webhook.yaml",
         include_str!("../../../k8s-cronjobs/webhook.yaml"),
     ),
+    (
+        "backup.yaml",
+        include_str!("../../../k8s-cronjobs/backup.yaml"),
+    ),
 ];
+
+/// The in-cluster backup's CronJob (`backup.yaml`), in its own namespace.
+pub const BACKUP_CRONJOB: &str = "oxide-controller-backup";
 
 /// Repository of the controller image.
 pub const IMAGE_REPOSITORY: &str = "ghcr.io/aifoundry-org/oxide-controller";
@@ -86,6 +93,9 @@ pub struct Settings {
     pub controller_image: String,
     /// The CronJob's schedule (five-field cron, already validated).
     pub schedule: String,
+    /// The backup CronJob's schedule (the spec's `backup.schedule`, already validated); None
+    /// suspends it.
+    pub backup_schedule: Option<String>,
 }
 
 /// The API resource of a kind: where its objects live in the API (what kube-rs calls an
@@ -175,6 +185,16 @@ pub fn render(settings: &Settings) -> Result<Vec<Manifest>, ManifestError> {
                 &mut object["spec"]["template"]["spec"],
                 &settings.controller_image,
             ),
+            "CronJob" if object["metadata"]["name"] == BACKUP_CRONJOB => {
+                match &settings.backup_schedule {
+                    Some(s) => object["spec"]["schedule"] = Value::from(s.as_str()),
+                    None => object["spec"]["suspend"] = Value::from(true),
+                }
+                set_images(
+                    &mut object["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+                    &settings.controller_image,
+                );
+            }
             "CronJob" => {
                 object["spec"]["schedule"] = Value::from(settings.schedule.as_str());
                 set_images(
@@ -482,6 +502,7 @@ mod tests {
         Settings {
             controller_image: "registry.example/oxide-controller:dev".into(),
             schedule: "*/2 * * * *".into(),
+            backup_schedule: Some("@every 30s".into()),
         }
     }
 
@@ -497,18 +518,23 @@ mod tests {
                 "ClusterRole oxide-controller-webhook",
                 "ClusterRoleBinding oxide-controller-reconcile",
                 "ClusterRoleBinding oxide-controller-webhook",
+                "CronJob oxide-controller-backup/oxide-controller-backup",
                 "CronJob oxide-controller-jobs/oxide-controller",
                 "Deployment kube-system/oxide-controller-webhook",
+                "Namespace oxide-controller-backup",
                 "Namespace oxide-controller-jobs",
                 "NetworkPolicy kube-system/oxide-controller-webhook",
+                "Role kube-system/oxide-controller-backup",
                 "Role kube-system/oxide-controller-reconcile",
                 "Role kube-system/oxide-controller-webhook",
                 "Role oxide-controller-jobs/oxide-controller-webhook",
+                "RoleBinding kube-system/oxide-controller-backup",
                 "RoleBinding kube-system/oxide-controller-reconcile",
                 "RoleBinding kube-system/oxide-controller-webhook",
                 "RoleBinding oxide-controller-jobs/oxide-controller-webhook",
                 "Service kube-system/oxide-controller-webhook",
                 "ServiceAccount kube-system/oxide-controller-webhook",
+                "ServiceAccount oxide-controller-backup/oxide-controller-backup",
                 "ServiceAccount oxide-controller-jobs/oxide-controller-reconcile",
             ]
         );
@@ -530,6 +556,29 @@ mod tests {
         let all = render(&settings()).unwrap();
         let cron = all.iter().find(|m| m.resource.kind == "CronJob").unwrap();
         assert_eq!(cron.object["spec"]["schedule"], "*/2 * * * *");
+        let backup = all
+            .iter()
+            .find(|m| m.resource.kind == "CronJob" && m.name == BACKUP_CRONJOB)
+            .unwrap();
+        assert_eq!(backup.object["spec"]["schedule"], "@every 30s");
+        assert_eq!(backup.object["spec"]["suspend"], false);
+        assert_eq!(
+            backup.object["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["image"],
+            "registry.example/oxide-controller:dev"
+        );
+        let off = render(&Settings {
+            backup_schedule: None,
+            ..settings()
+        })
+        .unwrap();
+        let off = off
+            .iter()
+            .find(|m| m.resource.kind == "CronJob" && m.name == BACKUP_CRONJOB)
+            .unwrap();
+        assert_eq!(
+            off.object["spec"]["suspend"], true,
+            "schedule null: suspended"
+        );
         let c = &cron.object["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["image"], "registry.example/oxide-controller:dev");
         assert_eq!(c["command"][0], "/usr/local/bin/reconcile-once");
@@ -545,6 +594,7 @@ mod tests {
         let default = render(&Settings {
             controller_image: DEFAULT_CONTROLLER_IMAGE.into(),
             schedule: "*/5 * * * *".into(),
+            backup_schedule: Some(crate::domain::backup::DEFAULT_SCHEDULE.into()),
         })
         .unwrap();
         for (file, text) in FILES {
@@ -688,9 +738,15 @@ mod tests {
                 "Namespace" => {
                     let labels = &m.object["metadata"]["labels"];
                     assert_eq!(labels["pod-security.kubernetes.io/enforce"], "privileged");
+                    // The backup's namespace admits its hostPath already.
+                    let was = if m.name == BACKUP_CRONJOB {
+                        "privileged"
+                    } else {
+                        "restricted"
+                    };
                     assert_eq!(
                         before.object["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
-                        "restricted"
+                        was
                     );
                     continue;
                 }

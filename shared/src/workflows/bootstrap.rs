@@ -136,6 +136,8 @@ pub struct BootstrapInput {
     pub kubeconfig_overwrite: bool,
     pub kubeconfig_merge: bool,
     pub schedule: String,
+    /// The spec's `backup.schedule` (None: the in-cluster backup is off).
+    pub backup_schedule: Option<String>,
     /// An image reference, or `dev:<path>[:<os>/<arch>]` ([`crate::adapters::dev_image`]).
     pub controller_image: String,
     /// Cargo profile of a `dev:` build (only with one); default

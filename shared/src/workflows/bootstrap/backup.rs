@@ -26,22 +26,20 @@ use tracing::{info, warn};
 use super::recover::{self, Local, Validated, rack_failed};
 use super::{BootstrapError, Connect};
 use crate::adapters::credentials::CredentialSources;
-use crate::adapters::image::{self, ImageStore, SourceReader, UploadOptions};
+use crate::adapters::image;
 use crate::adapters::ssh::RemoteShell;
 use crate::base::names;
-use crate::domain::backup::{self, Manifest, ManifestServer};
+use crate::domain::backup::{self, Manifest};
 use crate::domain::spec::ClusterSpec;
-use crate::ports::rack::{Rack, RackError};
+use crate::ports::rack::Rack;
 use crate::ports::state::StateStore;
+use crate::workflows::backup as shared;
 use crate::workflows::error::message;
 
 /// `k3s etcd-snapshot save`: k3s's on-demand snapshot, written under
 /// [`K3S_SNAPSHOT_DIR`] on the server.
 pub const SNAPSHOT_SAVE: &str = "sudo -n k3s etcd-snapshot save";
-/// Where k3s writes snapshots with its default data dir (`${data-dir}/server/db/snapshots`).
-pub const K3S_SNAPSHOT_DIR: &str = "/var/lib/rancher/k3s/server/db/snapshots";
-/// Largest etcd snapshot read back (etcd's own quota tops out at 8 GiB; k3s's default is 2).
-pub const MAX_SNAPSHOT_BYTES: usize = 2 * 1024 * 1024 * 1024;
+pub use crate::workflows::backup::{K3S_SNAPSHOT_DIR, MAX_SNAPSHOT_BYTES};
 
 /// Everything `bootstrap backup` is told, unchecked.
 #[derive(Debug, Clone)]
@@ -164,17 +162,21 @@ pub async fn run<C: Connect>(
         token: backup::token_fingerprint(&v.resume.k3s_token),
         objects,
         spec: spec_text,
-        servers: server_addresses(&rack, &input.cluster, &v.pool).await?,
+        servers: shared::server_addresses(&rack, &input.cluster, &v.pool).await?,
     };
-    remove_leftover_imports(&rack, &input.cluster).await;
-    let name = backup::backup_name(&input.cluster, manifest.time);
-    let archive = backup::archive(&manifest, &data);
-    drop(data);
-    let stats = store(&rack, &name, &manifest, archive).await?;
+    let retention = spec.map(|s| s.backup.retention()).unwrap_or_default();
+    let up = shared::upload(&rack, &manifest, data, retention).await?;
+    let (name, stats, pruned, backups) = (up.name, up.stats, up.pruned, up.backups);
     let seconds = started.elapsed().as_secs_f64();
     info!(step = "upload", backup = %name, seconds, "the backup is on the rack");
-    let retention = spec.map(|s| s.backup).unwrap_or_default();
-    let (pruned, backups) = prune(&rack, &input.cluster, retention).await?;
+    let made = backup::LastBackup {
+        name: name.clone(),
+        time: manifest.time,
+        k3s_snapshot: k3s_snapshot.clone(),
+        bytes: manifest.bytes,
+        by: "bootstrap backup".to_owned(),
+    };
+    record_in_cluster(connect, &v, &input.cluster, made).await;
     Ok(BackupSummary {
         cluster: input.cluster,
         project: v.project,
@@ -303,6 +305,35 @@ fn saved_name(output: &str) -> Option<String> {
         .filter(|n| !n.is_empty() && !n.contains('/'))
 }
 
+/// Leaves the backup in the ConfigMap's `backup.json` (status.json shows it after the next
+/// reconcile). Best effort: the backup is on the rack either way.
+async fn record_in_cluster<C: Connect>(
+    connect: &C,
+    v: &Validated,
+    cluster: &str,
+    made: backup::LastBackup,
+) {
+    let recorded = match connect
+        .in_cluster(&v.kubeconfig, cluster, "bootstrap-backup")
+        .await
+    {
+        Ok(ports) => {
+            let at = made.time.max(Utc::now());
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                crate::workflows::backup::record(&ports.store, at, Ok(made)),
+            )
+            .await
+            .map_err(|_| "timed out".to_owned())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = recorded {
+        warn!(error = %e, "cannot record the backup in the ConfigMap; status.json will not show it");
+    }
+}
+
 /// The cluster's `spec.yaml` as the ConfigMap has it, else the resume file's.
 async fn live_spec<C: Connect>(connect: &C, v: &Validated, cluster: &str) -> String {
     let fallback = v.resume.spec.clone().unwrap_or_default();
@@ -325,143 +356,6 @@ async fn live_spec<C: Connect>(connect: &C, v: &Validated, cluster: &str) -> Str
         }
         Err(_) => fallback,
     }
-}
-
-/// The servers and their private addresses.
-async fn server_addresses<R: Rack>(
-    rack: &R,
-    cluster: &str,
-    pool: &str,
-) -> Result<Vec<ManifestServer>, BootstrapError> {
-    let mut out = Vec::new();
-    for s in recover::servers(rack, cluster, pool)
-        .await
-        .map_err(|e| rack_failed("server", e))?
-    {
-        let ip = rack
-            .instance_private_ip(&s.name)
-            .await
-            .map_err(|e| rack_failed("server", e))?;
-        out.push(ManifestServer {
-            name: s.name,
-            private_ip: ip.map(|i| i.to_string()),
-        });
-    }
-    Ok(out)
-}
-
-/// Step 4: the archive into a temporary disk, the disk into the backup snapshot, the disk
-/// removed. On failure the temporary disk is removed too.
-async fn store<R: ImageStore>(
-    rack: &R,
-    name: &str,
-    manifest: &Manifest,
-    archive: Vec<u8>,
-) -> Result<image::UploadStats, BootstrapError> {
-    let step = "upload";
-    let disk = backup::import_disk_name(name);
-    let opts = UploadOptions::default().normalized();
-    let size = archive.len() as u64;
-    let sizes = image::import_sizes(size, opts.block_size);
-    let description = image::import_disk_description(name, Some(&manifest.cluster));
-    let tag = manifest.tag().description();
-    let result = async {
-        rack.create_import_disk(&disk, &description, sizes.disk_size, opts.block_size)
-            .await
-            .map_err(|e| rack_failed(step, e))?;
-        rack.bulk_write_start(&disk)
-            .await
-            .map_err(|e| rack_failed(step, e))?;
-        let mut reader = SourceReader::Memory {
-            data: bytes::Bytes::from(archive),
-            pos: 0,
-        };
-        let stats = image::upload(
-            rack,
-            &disk,
-            &mut reader,
-            size,
-            &format!("backup {name}"),
-            &opts,
-            &image::NoProgress,
-        )
-        .await
-        .map_err(|e| BootstrapError::step(step, e))?;
-        rack.bulk_write_stop(&disk)
-            .await
-            .map_err(|e| rack_failed(step, e))?;
-        rack.finalize_import(&disk, None)
-            .await
-            .map_err(|e| rack_failed(step, e))?;
-        crate::base::retry::retry(opts.retry, RackError::is_retryable, || {
-            rack.create_snapshot(name, &tag, &disk)
-        })
-        .await
-        .map_err(|e| rack_failed(step, e))?;
-        Ok::<_, BootstrapError>(stats)
-    }
-    .await;
-    // The snapshot outlives its disk; the disk goes either way.
-    let released = image::release_import_disk(rack, &disk, opts.retry).await;
-    match (result, released) {
-        (Ok(stats), Ok(())) => Ok(stats),
-        (Ok(stats), Err(e)) => {
-            warn!(error = %e, %disk, "the backup is made, but its temporary disk was not removed; bootstrap delete removes it");
-            Ok(stats)
-        }
-        (Err(e), _) => Err(e),
-    }
-}
-
-/// Removes the temporary disks of this cluster's earlier backups that were cut short (a
-/// killed run leaves one in whatever import state it reached). Best effort: a failure only
-/// leaves them for the next run or `bootstrap delete`.
-async fn remove_leftover_imports<R: Rack + ImageStore>(rack: &R, cluster: &str) {
-    let disks = match rack.list_disks().await {
-        Ok(d) => d,
-        Err(e) => {
-            warn!(error = %e, "cannot list disks to remove leftovers of earlier backups");
-            return;
-        }
-    };
-    let prefix = backup::import_disk_name(&format!("{cluster}-etcd-"));
-    for d in disks.iter().filter(|d| {
-        d.name.starts_with(prefix.trim_end_matches('-'))
-            && image::import_disk_cluster(&d.description) == Some(cluster)
-    }) {
-        info!(disk = %d.name, "removing the temporary disk of an earlier backup cut short");
-        if let Err(e) =
-            image::release_import_disk(rack, &d.name, crate::base::retry::Backoff::default()).await
-        {
-            warn!(disk = %d.name, error = %e, "cannot remove a leftover backup import disk");
-        }
-    }
-}
-
-/// Step 5: deletes what retention does not keep; returns the deleted and the kept names.
-async fn prune<R: Rack>(
-    rack: &R,
-    cluster: &str,
-    retention: backup::Retention,
-) -> Result<(Vec<String>, Vec<String>), BootstrapError> {
-    let step = "retention";
-    let all = recover::list_backups(rack, cluster)
-        .await
-        .map_err(|e| rack_failed(step, e))?;
-    let gone = backup::prune(&all, retention, Utc::now());
-    for name in &gone {
-        info!(step, backup = %name, "deleting a backup retention does not keep");
-        match rack.delete_snapshot(name).await {
-            Ok(()) | Err(RackError::NotFound { .. }) => {}
-            Err(e) => return Err(rack_failed(step, e)),
-        }
-    }
-    let kept = all
-        .into_iter()
-        .map(|b| b.name)
-        .filter(|n| !gone.contains(n))
-        .collect();
-    Ok((gone, kept))
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ mod restore;
 use super::{BootstrapError, Connect};
 use crate::adapters::credentials::{self, CredentialSources};
 use crate::adapters::resume::{self, ResumeState};
-use crate::base::names::{self, InstanceTag};
+use crate::base::names;
 use crate::domain::model::InstanceState;
 use crate::domain::spec::{ClusterSpec, DEFAULT_CONTROL_PLANE_POOL, NodeAccess};
 use crate::ports::rack::{Rack, RackError};
@@ -76,12 +76,7 @@ pub struct RecoverInput {
     pub shutdown: crate::base::shutdown::Shutdown,
 }
 
-/// One server of the cluster as the rack shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Server {
-    pub name: String,
-    pub state: InstanceState,
-}
+pub use crate::workflows::backup::Server;
 
 /// What recover does, the first rung that applies.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -378,30 +373,7 @@ pub(super) fn rack_failed(step: &'static str, e: RackError) -> BootstrapError {
     BootstrapError::step(step, error::context("the Oxide API", e))
 }
 
-/// The cluster's servers on the rack.
-pub(super) async fn servers<R: Rack>(
-    rack: &R,
-    cluster: &str,
-    pool: &str,
-) -> Result<Vec<Server>, RackError> {
-    let listed = match rack.list_instances(&names::cluster_prefix(cluster)).await {
-        Ok(l) => l,
-        Err(RackError::NotFound { .. }) => Vec::new(),
-        Err(e) => return Err(e),
-    };
-    Ok(listed
-        .into_iter()
-        .filter(|i| {
-            InstanceTag::parse(&i.description)
-                .is_some_and(|t| t.cluster == cluster && t.pool == pool)
-        })
-        .filter(|i| i.state != InstanceState::Destroyed)
-        .map(|i| Server {
-            name: i.name,
-            state: i.state,
-        })
-        .collect())
-}
+pub(super) use crate::workflows::backup::servers;
 
 /// A shell on server `server` at `ip` with its pinned host keys (pinned from its serial
 /// console first when the resume file has none for it), logging in with the resume file's key.
@@ -436,19 +408,7 @@ pub(super) async fn server_shell<C: Connect>(
     ))
 }
 
-/// The cluster's backups on the rack, newest first.
-pub(super) async fn list_backups<R: Rack>(
-    rack: &R,
-    cluster: &str,
-) -> Result<Vec<crate::domain::backup::Backup>, RackError> {
-    let snapshots = rack.list_snapshots().await?;
-    Ok(crate::domain::backup::of_cluster(
-        cluster,
-        snapshots
-            .iter()
-            .map(|s| (s.name.as_str(), s.description.as_str())),
-    ))
-}
+pub(super) use crate::workflows::backup::list_backups;
 
 /// Runs the whole flow on the ports `connect` opens. See the module docs.
 pub async fn run<C: Connect>(

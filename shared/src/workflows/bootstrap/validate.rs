@@ -50,6 +50,7 @@ fn flag_for(field: &str) -> String {
         ("", "cluster") => "--cluster".to_owned(),
         ("", "project") => "--project".to_owned(),
         ("", "schedule") => "--schedule".to_owned(),
+        ("", "backup.schedule") => "--backup-schedule".to_owned(),
         ("", "k3s.version") => "--k3s-version".to_owned(),
         ("", "k3s.installer_url") => "--k3s-installer-url".to_owned(),
         ("", "k3s.installer_sha256") => "--k3s-installer-sha256".to_owned(),
@@ -126,6 +127,10 @@ fn build_spec(input: &BootstrapInput) -> ClusterSpec {
     spec.nodes.ip_pool = input.ip_pool.clone();
     spec.tailscale = super::tailnet::spec_for(&input.tailscale);
     spec.schedule = input.schedule.trim().to_owned();
+    spec.backup.schedule = input
+        .backup_schedule
+        .as_deref()
+        .map(|s| s.trim().to_owned());
     spec
 }
 
@@ -540,6 +545,7 @@ fn render_manifests(
     let mut manifests = manifests::render(&Settings {
         controller_image: input.controller_image.clone(),
         schedule: spec.schedule.clone(),
+        backup_schedule: spec.backup.schedule.clone(),
     })
     .map_err(BootstrapError::inputs)?;
     if input.oxide_ccm {

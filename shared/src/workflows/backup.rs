@@ -1,0 +1,575 @@
+//! Backups onto the rack, shared by their two writers, and the in-cluster one itself.
+//!
+//! - `bootstrap backup` ([`crate::workflows::bootstrap::backup`]) takes an on-demand snapshot
+//!   over SSH from a laptop;
+//! - the in-cluster backup ([`run_scheduled`], `reconcile-once backup`, run by the CronJob
+//!   `oxide-controller-backup`) uploads the snapshot k3s's own `etcd-snapshot-schedule-cron`
+//!   took on the server its pod runs on, read from a read-only hostPath of k3s's snapshot
+//!   directory. It needs no SSH key: the rack token and server token come from the Secret,
+//!   the file from the host (docs/DESIGN-NOTES.md "Backups on the rack").
+//!
+//! Both then [`upload`]: the archive bulk-imported into a temporary disk, the disk finalized,
+//! `POST /v1/snapshots` of it with the backup's description, the disk deleted, retention
+//! applied; and both leave a [`BackupReport`] in the ConfigMap ([`record`]) that reconcile
+//! copies into `status.json`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use chrono::{DateTime, SubsecRound as _, Utc};
+use serde::Serialize;
+use sha2::{Digest as _, Sha256};
+use tracing::{info, warn};
+
+use crate::adapters::image::{self, ImageStore, SourceReader, UploadOptions};
+use crate::base::names::{self, InstanceTag};
+use crate::base::secrets::ClusterSecrets;
+use crate::domain::backup::{self, BackupReport, LastBackup, Manifest, ManifestServer};
+use crate::domain::model::InstanceState;
+use crate::domain::spec::{ClusterSpec, DEFAULT_CONTROL_PLANE_POOL};
+use crate::ports::rack::{Rack, RackError};
+use crate::ports::state::{self, StateError, StateStore};
+use crate::workflows::error::{self, WorkflowError, message};
+
+/// Largest etcd snapshot taken (etcd's own quota tops out at 8 GiB; k3s's default is 2).
+pub const MAX_SNAPSHOT_BYTES: usize = 2 * 1024 * 1024 * 1024;
+/// Where k3s writes snapshots with its default data dir (`${data-dir}/server/db/snapshots`).
+pub const K3S_SNAPSHOT_DIR: &str = "/var/lib/rancher/k3s/server/db/snapshots";
+
+fn rack_failed(step: &'static str, e: RackError) -> WorkflowError {
+    match e {
+        RackError::Unauthorized { .. } => {
+            WorkflowError::needs_person(step, error::context("the Oxide API", e))
+        }
+        _ => WorkflowError::step(step, error::context("the Oxide API", e)),
+    }
+}
+
+/// One server of the cluster as the rack shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Server {
+    pub name: String,
+    pub state: InstanceState,
+}
+
+/// The cluster's servers (instances of its pool `pool`) on the rack.
+pub async fn servers<R: Rack>(
+    rack: &R,
+    cluster: &str,
+    pool: &str,
+) -> Result<Vec<Server>, RackError> {
+    let listed = match rack.list_instances(&names::cluster_prefix(cluster)).await {
+        Ok(l) => l,
+        Err(RackError::NotFound { .. }) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    Ok(listed
+        .into_iter()
+        .filter(|i| {
+            InstanceTag::parse(&i.description)
+                .is_some_and(|t| t.cluster == cluster && t.pool == pool)
+        })
+        .filter(|i| i.state != InstanceState::Destroyed)
+        .map(|i| Server {
+            name: i.name,
+            state: i.state,
+        })
+        .collect())
+}
+
+/// The cluster's backups on the rack, newest first.
+pub async fn list_backups<R: Rack>(
+    rack: &R,
+    cluster: &str,
+) -> Result<Vec<backup::Backup>, RackError> {
+    let snapshots = rack.list_snapshots().await?;
+    Ok(backup::of_cluster(
+        cluster,
+        snapshots
+            .iter()
+            .map(|s| (s.name.as_str(), s.description.as_str())),
+    ))
+}
+
+/// The servers and their private addresses, for the manifest.
+pub async fn server_addresses<R: Rack>(
+    rack: &R,
+    cluster: &str,
+    pool: &str,
+) -> Result<Vec<ManifestServer>, WorkflowError> {
+    let mut out = Vec::new();
+    for s in servers(rack, cluster, pool)
+        .await
+        .map_err(|e| rack_failed("server", e))?
+    {
+        let ip = rack
+            .instance_private_ip(&s.name)
+            .await
+            .map_err(|e| rack_failed("server", e))?;
+        out.push(ManifestServer {
+            name: s.name,
+            private_ip: ip.map(|i| i.to_string()),
+        });
+    }
+    Ok(out)
+}
+
+/// What [`upload`] made.
+#[derive(Debug, Clone)]
+pub struct Uploaded {
+    /// The Oxide snapshot holding the backup.
+    pub name: String,
+    pub stats: image::UploadStats,
+    /// Backups retention deleted.
+    pub pruned: Vec<String>,
+    /// The cluster's backups now, newest first.
+    pub backups: Vec<String>,
+}
+
+/// The backup of `data` described by `manifest` onto the rack, then `retention` applied:
+/// the leftovers of earlier backups cut short removed, the archive into a temporary disk,
+/// the disk into the backup snapshot, the disk removed (on failure too).
+pub async fn upload<R: Rack + ImageStore>(
+    rack: &R,
+    manifest: &Manifest,
+    data: Vec<u8>,
+    retention: backup::Retention,
+) -> Result<Uploaded, WorkflowError> {
+    remove_leftover_imports(rack, &manifest.cluster).await;
+    let name = backup::backup_name(&manifest.cluster, manifest.time);
+    let archive = backup::archive(manifest, &data);
+    drop(data);
+    let stats = store(rack, &name, manifest, archive).await?;
+    let (pruned, backups) = prune(rack, &manifest.cluster, retention).await?;
+    Ok(Uploaded {
+        name,
+        stats,
+        pruned,
+        backups,
+    })
+}
+
+/// The archive into a temporary disk, the disk into the backup snapshot, the disk removed.
+/// On failure the temporary disk is removed too.
+async fn store<R: ImageStore>(
+    rack: &R,
+    name: &str,
+    manifest: &Manifest,
+    archive: Vec<u8>,
+) -> Result<image::UploadStats, WorkflowError> {
+    let step = "upload";
+    let disk = backup::import_disk_name(name);
+    let opts = UploadOptions::default().normalized();
+    let size = archive.len() as u64;
+    let sizes = image::import_sizes(size, opts.block_size);
+    let description = image::import_disk_description(name, Some(&manifest.cluster));
+    let tag = manifest.tag().description();
+    let result = async {
+        rack.create_import_disk(&disk, &description, sizes.disk_size, opts.block_size)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+        rack.bulk_write_start(&disk)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+        let mut reader = SourceReader::Memory {
+            data: bytes::Bytes::from(archive),
+            pos: 0,
+        };
+        let stats = image::upload(
+            rack,
+            &disk,
+            &mut reader,
+            size,
+            &format!("backup {name}"),
+            &opts,
+            &image::NoProgress,
+        )
+        .await
+        .map_err(|e| WorkflowError::step(step, e))?;
+        rack.bulk_write_stop(&disk)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+        rack.finalize_import(&disk, None)
+            .await
+            .map_err(|e| rack_failed(step, e))?;
+        crate::base::retry::retry(opts.retry, RackError::is_retryable, || {
+            rack.create_snapshot(name, &tag, &disk)
+        })
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+        Ok::<_, WorkflowError>(stats)
+    }
+    .await;
+    // The snapshot outlives its disk; the disk goes either way.
+    let released = image::release_import_disk(rack, &disk, opts.retry).await;
+    match (result, released) {
+        (Ok(stats), Ok(())) => Ok(stats),
+        (Ok(stats), Err(e)) => {
+            warn!(error = %e, %disk, "the backup is made, but its temporary disk was not removed; the next backup or bootstrap delete removes it");
+            Ok(stats)
+        }
+        (Err(e), _) => Err(e),
+    }
+}
+
+/// Removes the temporary disks of this cluster's earlier backups that were cut short (a
+/// killed run leaves one in whatever import state it reached). Best effort: a failure only
+/// leaves them for the next run or `bootstrap delete`.
+async fn remove_leftover_imports<R: Rack + ImageStore>(rack: &R, cluster: &str) {
+    let disks = match rack.list_disks().await {
+        Ok(d) => d,
+        Err(e) => {
+            warn!(error = %e, "cannot list disks to remove leftovers of earlier backups");
+            return;
+        }
+    };
+    let prefix = backup::import_disk_name(&format!("{cluster}-etcd-"));
+    for d in disks.iter().filter(|d| {
+        d.name.starts_with(prefix.trim_end_matches('-'))
+            && image::import_disk_cluster(&d.description) == Some(cluster)
+    }) {
+        info!(disk = %d.name, "removing the temporary disk of an earlier backup cut short");
+        if let Err(e) =
+            image::release_import_disk(rack, &d.name, crate::base::retry::Backoff::default()).await
+        {
+            warn!(disk = %d.name, error = %e, "cannot remove a leftover backup import disk");
+        }
+    }
+}
+
+/// Deletes what retention does not keep; returns the deleted and the kept names.
+async fn prune<R: Rack>(
+    rack: &R,
+    cluster: &str,
+    retention: backup::Retention,
+) -> Result<(Vec<String>, Vec<String>), WorkflowError> {
+    let step = "retention";
+    let all = list_backups(rack, cluster)
+        .await
+        .map_err(|e| rack_failed(step, e))?;
+    let gone = backup::prune(&all, retention, Utc::now());
+    for name in &gone {
+        info!(step, backup = %name, "deleting a backup retention does not keep");
+        match rack.delete_snapshot(name).await {
+            Ok(()) | Err(RackError::NotFound { .. }) => {}
+            Err(e) => return Err(rack_failed(step, e)),
+        }
+    }
+    let kept = all
+        .into_iter()
+        .map(|b| b.name)
+        .filter(|n| !gone.contains(n))
+        .collect();
+    Ok((gone, kept))
+}
+
+/// Leaves the outcome of a backup attempt at `at` in the ConfigMap's
+/// [`state::keys::BACKUP`] (re-read and written again on a conflict; nothing else changes).
+pub async fn record<S: StateStore>(
+    state: &S,
+    at: DateTime<Utc>,
+    outcome: Result<LastBackup, String>,
+) -> Result<(), StateError> {
+    let mut last = None;
+    for _ in 0..5 {
+        let snap = state.read_config().await?;
+        let report = snap
+            .data
+            .get(state::keys::BACKUP)
+            .and_then(|j| BackupReport::from_json(j))
+            .unwrap_or_default()
+            .after(at, outcome.clone());
+        let mut data = snap.data.clone();
+        data.insert(state::keys::BACKUP.to_owned(), report.to_json());
+        match state.replace_config(&snap.resource_version, data).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_conflict() => last = Some(e),
+            Err(e @ StateError::Api { .. }) => {
+                last = Some(e);
+                tokio::time::sleep(crate::ports::cluster::KUBE_BACKOFF.first).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or(StateError::Conflict {
+        what: "ConfigMap".into(),
+    }))
+}
+
+// ---- the in-cluster backup ----------------------------------------------------------------
+
+/// How the in-cluster backup runs.
+#[derive(Debug, Clone)]
+pub struct ScheduledOptions {
+    /// k3s's snapshot directory as the pod sees it (a read-only hostPath).
+    pub snapshot_dir: PathBuf,
+    /// How long to wait for the snapshot of this tick (k3s takes it at the same cron tick
+    /// the CronJob starts the pod on).
+    pub wait: Duration,
+    /// Pause between looks at the directory.
+    pub poll: Duration,
+    /// The Node the pod runs on (the downward API's `spec.nodeName`), for the manifest.
+    pub node: Option<String>,
+}
+
+impl ScheduledOptions {
+    pub fn new(snapshot_dir: PathBuf) -> Self {
+        ScheduledOptions {
+            snapshot_dir,
+            wait: Duration::from_secs(300),
+            poll: Duration::from_secs(2),
+            node: None,
+        }
+    }
+}
+
+/// What the in-cluster backup did.
+#[derive(Debug, Clone)]
+pub enum ScheduledOutcome {
+    /// The spec's `backup.schedule` is null: nothing to do.
+    Off,
+    /// The backup `name` of k3s snapshot `k3s_snapshot` is on the rack.
+    Done {
+        name: String,
+        k3s_snapshot: String,
+        bytes: u64,
+        seconds: f64,
+        pruned: Vec<String>,
+    },
+}
+
+/// One in-cluster backup: reads the state, waits for k3s's snapshot of this tick, uploads it
+/// and applies retention, then records the outcome in the ConfigMap (a failure too).
+pub async fn run_scheduled<S, R, M>(
+    state: &S,
+    make_rack: M,
+    opts: &ScheduledOptions,
+) -> Result<ScheduledOutcome, WorkflowError>
+where
+    S: StateStore,
+    R: Rack + ImageStore,
+    M: FnOnce(&ClusterSecrets) -> Result<R, RackError>,
+{
+    let step = "state";
+    let started_at = Utc::now();
+    let secrets = state
+        .read_secrets()
+        .await
+        .map_err(|e| WorkflowError::step(step, e))?;
+    let config = state
+        .read_config()
+        .await
+        .map_err(|e| WorkflowError::step(step, e))?;
+    let spec_text = config
+        .spec_yaml()
+        .ok_or_else(|| {
+            WorkflowError::needs_person(step, message("the ConfigMap has no spec.yaml"))
+        })?
+        .to_owned();
+    let spec =
+        ClusterSpec::from_yaml(&spec_text).map_err(|e| WorkflowError::needs_person(step, e))?;
+    if spec.backup.schedule.is_none() {
+        info!("backup.schedule is null: the in-cluster backup is off");
+        return Ok(ScheduledOutcome::Off);
+    }
+    let report = config
+        .data
+        .get(state::keys::BACKUP)
+        .and_then(|j| BackupReport::from_json(j))
+        .unwrap_or_default();
+    let after = report.last_success.as_ref().map(|b| b.time);
+    let attempt = async {
+        let (file, time) = wait_for_snapshot(opts, started_at, after).await?;
+        let rack = make_rack(&secrets).map_err(|e| WorkflowError::step("upload", e))?;
+        let data = read_snapshot(&opts.snapshot_dir.join(&file)).await?;
+        let manifest = Manifest {
+            format: backup::FORMAT,
+            cluster: spec.cluster.clone(),
+            k3s_version: spec.k3s.version.clone(),
+            time,
+            k3s_snapshot: file.clone(),
+            taken_on: opts.node.clone().unwrap_or_else(|| node_of(&file)),
+            sha256: backup::hex(&Sha256::digest(&data)),
+            bytes: data.len() as u64,
+            token: backup::token_fingerprint(&secrets.k3s_token),
+            objects: None,
+            spec: spec_text.clone(),
+            servers: server_addresses(&rack, &spec.cluster, DEFAULT_CONTROL_PLANE_POOL).await?,
+        };
+        let uploading = tokio::time::Instant::now();
+        let up = upload(&rack, &manifest, data, spec.backup.retention()).await?;
+        Ok::<_, WorkflowError>((manifest, up, uploading.elapsed().as_secs_f64()))
+    }
+    .await;
+    let recorded = match &attempt {
+        Ok((m, up, _)) => Ok(LastBackup {
+            name: up.name.clone(),
+            time: m.time,
+            k3s_snapshot: m.k3s_snapshot.clone(),
+            bytes: m.bytes,
+            by: "schedule".to_owned(),
+        }),
+        Err(e) => Err(error::chain(e)),
+    };
+    if let Err(e) = record(state, Utc::now(), recorded).await {
+        warn!(error = %e, "cannot record the backup's outcome in the ConfigMap; status.json will not show it");
+    }
+    let (manifest, up, seconds) = attempt?;
+    info!(backup = %up.name, k3s_snapshot = %manifest.k3s_snapshot, bytes = manifest.bytes, seconds, pruned = ?up.pruned, "the backup is on the rack");
+    Ok(ScheduledOutcome::Done {
+        name: up.name,
+        k3s_snapshot: manifest.k3s_snapshot,
+        bytes: manifest.bytes,
+        seconds,
+        pruned: up.pruned,
+    })
+}
+
+/// How far before the Job's start a snapshot still counts as this tick's (the pod may start
+/// after k3s wrote it).
+const TICK_SLACK: Duration = Duration::from_secs(120);
+
+/// The scheduled snapshot to upload: the newest one of this tick (taken no earlier than
+/// [`TICK_SLACK`] before `started_at`) newer than the last backup (`after`), waited for up
+/// to `opts.wait`; after that, the newest one newer than the last backup, whatever its age.
+async fn wait_for_snapshot(
+    opts: &ScheduledOptions,
+    started_at: DateTime<Utc>,
+    after: Option<DateTime<Utc>>,
+) -> Result<(String, DateTime<Utc>), WorkflowError> {
+    let step = "snapshot";
+    let tick = started_at - chrono::Duration::from_std(TICK_SLACK).unwrap_or_default();
+    let until = tokio::time::Instant::now() + opts.wait;
+    loop {
+        let newest = newest_scheduled(&opts.snapshot_dir)
+            .map_err(|e| {
+                WorkflowError::step(
+                    step,
+                    error::context(format!("reading {}", opts.snapshot_dir.display()), e),
+                )
+            })?
+            .filter(|(_, t)| after.is_none_or(|a| *t > a));
+        match newest {
+            Some((file, time)) if time >= tick => return Ok((file, time)),
+            Some((file, time)) if tokio::time::Instant::now() >= until => {
+                warn!(%file, %time, "k3s took no snapshot at this tick; uploading the newest one not backed up yet");
+                return Ok((file, time));
+            }
+            None if tokio::time::Instant::now() >= until => {
+                return Err(WorkflowError::step(
+                    step,
+                    message(format!(
+                        "k3s took no scheduled etcd snapshot in {} newer than {} within {} s: each server's etcd-snapshot-schedule-cron follows backup.schedule only from when it was created (older servers keep k3s's default, 0 */12 * * *, until they are replaced)",
+                        opts.snapshot_dir.display(),
+                        after.map_or_else(|| "the start".to_owned(), |a| a.to_rfc3339()),
+                        opts.wait.as_secs()
+                    )),
+                ));
+            }
+            _ => tokio::time::sleep(opts.poll).await,
+        }
+    }
+}
+
+/// The newest scheduled snapshot file in `dir` (by the time in its name) and that time.
+fn newest_scheduled(dir: &Path) -> std::io::Result<Option<(String, DateTime<Utc>)>> {
+    let mut newest: Option<(String, DateTime<Utc>)> = None;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        let Some(time) = backup::report::scheduled_snapshot_time(&name) else {
+            continue;
+        };
+        if newest.as_ref().is_none_or(|(n, t)| (time, &name) > (*t, n)) {
+            newest = Some((name, time));
+        }
+    }
+    Ok(newest.map(|(n, t)| (n, t.trunc_subsecs(0))))
+}
+
+/// The node part of `etcd-snapshot-<node>-<unix seconds>`.
+fn node_of(file: &str) -> String {
+    file.strip_prefix(backup::report::SCHEDULED_PREFIX)
+        .and_then(|r| r.rsplit_once('-'))
+        .map_or_else(|| "unknown".to_owned(), |(n, _)| n.to_owned())
+}
+
+/// The snapshot's bytes (bounded by [`MAX_SNAPSHOT_BYTES`]).
+async fn read_snapshot(path: &Path) -> Result<Vec<u8>, WorkflowError> {
+    let step = "snapshot";
+    let len = tokio::fs::metadata(path)
+        .await
+        .map_err(|e| WorkflowError::step(step, error::context(path.display().to_string(), e)))?
+        .len();
+    if len == 0 || len > MAX_SNAPSHOT_BYTES as u64 {
+        return Err(WorkflowError::step(
+            step,
+            message(format!(
+                "{} is {len} bytes: not an etcd snapshot this backup takes (1 byte to 2 GiB)",
+                path.display()
+            )),
+        ));
+    }
+    tokio::fs::read(path)
+        .await
+        .map_err(|e| WorkflowError::step(step, error::context(path.display().to_string(), e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_scheduled_file_is_chosen_and_others_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in [
+            "etcd-snapshot-c1-cp-a-1795000000",
+            "etcd-snapshot-c1-cp-a-1795003600",
+            "etcd-snapshot-c1-cp-a-1795007200.part",
+            "on-demand-c1-cp-a-1795009000",
+        ] {
+            std::fs::write(dir.path().join(f), b"x").unwrap();
+        }
+        let (name, time) = newest_scheduled(dir.path()).unwrap().unwrap();
+        assert_eq!(name, "etcd-snapshot-c1-cp-a-1795003600");
+        assert_eq!(time.timestamp(), 1_795_003_600);
+        assert_eq!(node_of(&name), "c1-cp-a");
+    }
+
+    #[tokio::test]
+    async fn the_wait_takes_this_ticks_snapshot_else_the_newest_not_backed_up_else_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = ScheduledOptions::new(dir.path().to_path_buf());
+        opts.wait = Duration::from_millis(300);
+        opts.poll = Duration::from_millis(50);
+        let now = Utc::now();
+        let old = now.timestamp() - 3600;
+        std::fs::write(dir.path().join(format!("etcd-snapshot-n-{old}")), b"x").unwrap();
+        // Nothing of this tick: after the wait, the newest not backed up yet.
+        let (f, _) = wait_for_snapshot(&opts, now, None).await.unwrap();
+        assert_eq!(f, format!("etcd-snapshot-n-{old}"));
+        // Already backed up: nothing to take, a clear error.
+        let after = DateTime::from_timestamp(old, 0);
+        let e = wait_for_snapshot(&opts, now, after).await.unwrap_err();
+        assert!(
+            error::chain(&e).contains("etcd-snapshot-schedule-cron"),
+            "{}",
+            error::chain(&e)
+        );
+        // One written while waiting is taken at once.
+        opts.wait = Duration::from_secs(10);
+        let fresh = now.timestamp() + 1;
+        let d = dir.path().to_path_buf();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            std::fs::write(d.join(format!("etcd-snapshot-n-{fresh}")), b"x").unwrap();
+        });
+        let (f, t) = wait_for_snapshot(&opts, now, after).await.unwrap();
+        assert_eq!(
+            (f, t.timestamp()),
+            (format!("etcd-snapshot-n-{fresh}"), fresh)
+        );
+    }
+}
