@@ -125,6 +125,27 @@ async fn snapshot_bytes(env: &Env, name: &str, len: usize) -> Vec<u8> {
     bytes
 }
 
+/// The laptop's key stays on the laptop: no key of any Secret in the cluster is named like an
+/// SSH private key.
+async fn no_ssh_private_key_in_any_secret(client: &kube::Client) {
+    let secrets: Api<Secret> = Api::all(client.clone());
+    for s in secrets.list(&Default::default()).await.unwrap() {
+        for key in s.data.unwrap_or_default().keys() {
+            let k = key.to_ascii_lowercase();
+            assert!(
+                !((k.contains("ssh") && k.contains("priv"))
+                    || k.starts_with("id_rsa")
+                    || k.starts_with("id_ed25519")
+                    || k.starts_with("id_ecdsa")
+                    || k.ends_with(".pem") && k.contains("ssh")),
+                "Secret {:?}/{:?} holds {key}",
+                s.metadata.namespace,
+                s.metadata.name
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keeps_it() {
     let env = env().await;
@@ -187,17 +208,7 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
         "the etcd snapshot lacks the ConfigMap"
     );
 
-    // The laptop's key stays on the laptop.
-    let secrets: Api<Secret> = Api::all(client.clone());
-    for s in secrets.list(&Default::default()).await.unwrap() {
-        for key in s.data.unwrap_or_default().keys() {
-            assert!(
-                !(key.contains("ssh") && key.contains("private")),
-                "Secret {:?} holds {key}",
-                s.metadata.name
-            );
-        }
-    }
+    no_ssh_private_key_in_any_secret(&client).await;
 
     // The spec's retention (in the live ConfigMap): the newest one only. A second backup
     // deletes the first.
@@ -363,15 +374,38 @@ async fn nodes(env: &Env) -> Vec<(String, bool)> {
 /// brings back what the backup held (not what was written after it) with the old kubeconfig,
 /// three Ready servers and a Ready worker.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_server_lost_is_restored_from_the_latest_backup_with_the_old_kubeconfig() {
-    let env = env().await;
-    env.run_ok(&["--workers", "1"]).await;
+async fn every_server_lost_is_restored_from_the_in_cluster_schedules_backup_with_the_old_kubeconfig()
+ {
+    // The simulator's kubelet runs the cluster's Job pods from the workspace's binaries: the
+    // backup CronJob's too, on a server, reading k3s's snapshot directory through its hostPath.
+    let env = common::env_with(oxide_sim::SimOptions {
+        job_binaries: Some(common::workspace_binaries()),
+        ..Default::default()
+    })
+    .await;
+    env.run_ok(&["--workers", "1", "--backup-schedule", "@every 15s"])
+        .await;
     let client = common::kube_client(&env.kubeconfig(), "demo").await;
-    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let mut cm = ConfigMap::default();
     cm.metadata.name = Some("in-the-backup".into());
     cm.data = Some([("k".to_owned(), "v".to_owned())].into());
     cms.create(&PostParams::default(), &cm).await.unwrap();
+    let written = chrono::Utc::now();
+
+    // k3s's scheduled snapshot after the write, uploaded by the in-cluster backup (no SSH).
+    let scheduled = scheduled_backup_after(&env, &client, written).await;
+    eprintln!("scheduled backup: {scheduled:?}");
+    no_ssh_private_key_in_any_secret(&client).await;
+    // status.json shows it after a reconcile.
+    let status = reconcile_status(&env).await;
+    assert_eq!(
+        status["backup"]["lastSuccess"]["name"], scheduled.name,
+        "{status}"
+    );
+    assert_eq!(status["backup"]["stale"], false, "{status}");
+    assert_eq!(status["backup"]["schedule"], "@every 15s", "{status}");
+    // And `bootstrap backup` from the laptop works beside it.
     let out = backup_cmd(&env).await;
     assert!(
         out.status.success(),
@@ -380,6 +414,9 @@ async fn every_server_lost_is_restored_from_the_latest_backup_with_the_old_kubec
     );
     cm.metadata.name = Some("after-the-backup".into());
     cms.create(&PostParams::default(), &cm).await.unwrap();
+    // From here on the scheduled backups hold `after-the-backup` too: the restore names the
+    // one taken before it.
+    let chosen = scheduled.name.clone();
 
     let old_workers: Vec<String> = nodes(&env)
         .await
@@ -420,7 +457,7 @@ async fn every_server_lost_is_restored_from_the_latest_backup_with_the_old_kubec
     assert!(nodes(&env).await.is_empty(), "the API still answers");
 
     let (out, made) = env
-        .mutating_during(recover_cmd(&env, &["--backup", "latest", "--dry-run"]))
+        .mutating_during(recover_cmd(&env, &["--backup", &chosen, "--dry-run"]))
         .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -435,7 +472,7 @@ async fn every_server_lost_is_restored_from_the_latest_backup_with_the_old_kubec
     assert_eq!(made, vec![], "--dry-run changed the rack");
 
     let started = std::time::Instant::now();
-    let out = recover_cmd(&env, &["--backup", "latest", "--yes"]).await;
+    let out = recover_cmd(&env, &["--backup", &chosen, "--yes"]).await;
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -474,6 +511,74 @@ async fn every_server_lost_is_restored_from_the_latest_backup_with_the_old_kubec
         "{now:?}"
     );
     assert!(rack.get_instance(&old_workers[0]).await.unwrap().is_none());
+}
+
+/// The first backup of `demo` taken by the in-cluster schedule with a snapshot time after
+/// `after`, once `backup.json` in the ConfigMap names it (waited for up to 180 s).
+async fn scheduled_backup_after(
+    env: &Env,
+    client: &kube::Client,
+    after: chrono::DateTime<chrono::Utc>,
+) -> backup::Backup {
+    let state: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        let report = state
+            .get("oxide-controller")
+            .await
+            .unwrap()
+            .data
+            .unwrap_or_default()
+            .get("backup.json")
+            .and_then(|j| backup::BackupReport::from_json(j));
+        if let Some(last) = report.as_ref().and_then(|r| r.last_success.clone())
+            && last.by == "schedule"
+            && last.time > after
+        {
+            let listed = backups(env).await;
+            let b = listed
+                .into_iter()
+                .find(|b| b.name == last.name)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "backup.json names {} but the rack has no such backup",
+                        last.name
+                    )
+                });
+            assert!(
+                last.k3s_snapshot
+                    .starts_with("etcd-snapshot-demo-control-plane-"),
+                "{last:?}"
+            );
+            assert_eq!(b.tag.time, last.time);
+            return b;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no scheduled backup after {after} within 180 s; backup.json: {report:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// One `reconcile-once` run from the laptop's kubeconfig; the status.json it wrote.
+async fn reconcile_status(env: &Env) -> serde_json::Value {
+    let bin = common::workspace_binaries().join("reconcile-once");
+    let out = tokio::process::Command::new(bin)
+        .args(["--kubeconfig", &env.kubeconfig().display().to_string()])
+        .args(["--context", "demo", "--log-format", "json"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let state: Api<ConfigMap> = Api::namespaced(client, "kube-system");
+    let data = state.get("oxide-controller").await.unwrap().data.unwrap();
+    serde_json::from_str(&data["status.json"]).unwrap()
 }
 
 /// Issue 36 §3: `recover --verify` restores the newest backup into a throw-away server while the

@@ -26,6 +26,17 @@ const JOBS_NS: &str = "oxide-controller-jobs";
 mod support;
 use support::{RECONCILE, base64_decode, manifests, scale_bin};
 
+/// The in-cluster backup's objects (k8s-cronjobs/backup.yaml).
+fn backup_manifests() -> Vec<Value> {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../k8s-cronjobs/backup.yaml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.split("\n---")
+        .filter_map(|doc| serde_saphyr::from_str::<Value>(doc).ok())
+        .filter(Value::is_object)
+        .collect()
+}
+
 /// Every (object index, rule index, verb) of the Role and ClusterRole.
 fn verbs(objs: &[Value]) -> Vec<(usize, usize, String)> {
     let mut out = Vec::new();
@@ -518,7 +529,7 @@ async fn neither_account_may_do_what_it_does_not_need_and_the_jobs_namespace_is_
     .await
     .unwrap_or_else(|e| panic!("sim: {e:#}"));
     let kube = sim.kube();
-    for o in manifests() {
+    for o in manifests().into_iter().chain(backup_manifests()) {
         kube.apply(o).await.unwrap_or_else(|e| panic!("{e}"));
     }
     let client = oxide_controller::adapters::kubeclient::client(sim.kubeconfig.as_deref(), None)
@@ -580,6 +591,44 @@ async fn neither_account_may_do_what_it_does_not_need_and_the_jobs_namespace_is_
         assert!(
             !can_i(&client, reconcile, verb, what, ns, None).await,
             "the reconcile account may {verb} {what:?} in {ns:?}"
+        );
+    }
+    // The backup account (issue 36): the Secret and the ConfigMap by name, nothing else; its
+    // namespace admits host paths, so no account of ours may put a pod or Job there.
+    let backup = "system:serviceaccount:oxide-controller-backup:oxide-controller-backup";
+    let backup_ns = Some("oxide-controller-backup");
+    for (verb, what, ns, name) in [
+        ("get", (core, "secrets"), ks, Some("oxide-controller")),
+        ("get", (core, "configmaps"), ks, Some("oxide-controller")),
+        ("update", (core, "configmaps"), ks, Some("oxide-controller")),
+    ] {
+        assert!(
+            can_i(&client, backup, verb, what, ns, name).await,
+            "{verb} {what:?}"
+        );
+    }
+    for (user, verb, what, ns, name) in [
+        (backup, "list", (core, "secrets"), ks, None),
+        (backup, "get", (core, "secrets"), ks, Some("k3s-serving")),
+        (
+            backup,
+            "update",
+            (core, "secrets"),
+            ks,
+            Some("oxide-controller"),
+        ),
+        (backup, "create", (core, "pods"), backup_ns, None),
+        (backup, "create", (batch, "jobs"), backup_ns, None),
+        (backup, "create", (core, "pods"), ks, None),
+        (backup, "list", (core, "nodes"), None, None),
+        (webhook, "create", (core, "pods"), backup_ns, None),
+        (webhook, "create", (batch, "jobs"), backup_ns, None),
+        (reconcile, "create", (core, "pods"), backup_ns, None),
+        (reconcile, "create", (batch, "jobs"), backup_ns, None),
+    ] {
+        assert!(
+            !can_i(&client, user, verb, what, ns, name).await,
+            "{user} may {verb} {what:?} {name:?} in {ns:?}"
         );
     }
     // Nothing of the single account of earlier releases is left to bind to.
