@@ -209,8 +209,7 @@ impl Inner {
             );
             return (0, String::new(), String::new());
         }
-        let now = chrono::Utc::now().timestamp();
-        let name = format!("on-demand-{node}-{now}");
+        let name = super::etcd_schedule::snapshot_name("on-demand", &node, chrono::Utc::now());
         let path = format!("{SNAPSHOT_DIR}/{name}");
         self.k3s_log(
             id,
@@ -226,7 +225,7 @@ impl Inner {
                 ));
             }
         };
-        if let Err(err) = self.put_vm_file(id, &path, &data, Some(0o600)) {
+        if let Err(err) = self.save_snapshot_file(id, &name, &data) {
             return fatal(format!("see server log for details: {path}: {err}"));
         }
         (
