@@ -29,7 +29,7 @@ use oxide_controller::base::kcron::Schedule;
 use uuid::Uuid;
 
 use super::k3s_config::K3sConfig;
-use super::k3s_service::SNAPSHOT_DIR;
+use super::paths::SNAPSHOT_DIR;
 use super::{Inner, K3sState};
 
 /// k3s's `etcd-snapshot-schedule-cron` default.

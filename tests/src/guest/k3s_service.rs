@@ -23,8 +23,7 @@ pub const RESET_FLAG_PATH: &str = "/var/lib/rancher/k3s/server/db/reset-flag";
 /// k3s's server data dir (`${datadir}/server` with the default data dir).
 pub const SERVER_DATA_DIR: &str = "/var/lib/rancher/k3s/server";
 
-/// Where `k3s etcd-snapshot save` writes by default (`${datadir}/server/db/snapshots`).
-pub const SNAPSHOT_DIR: &str = "/var/lib/rancher/k3s/server/db/snapshots";
+pub use super::paths::SNAPSHOT_DIR;
 
 /// k3s's line once the reset member runs alone (`pkg/etcd` `Reset`).
 pub const RESET_DONE: &str = "Etcd is running, restart without --cluster-reset flag now. Backup and delete ${datadir}/server/db on each peer etcd server and rejoin the nodes";
