@@ -105,7 +105,7 @@ async fn etcd_snapshot_save_writes_a_real_etcd_snapshot_at_k3s_default_path() {
         .flatten()
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
-    assert_eq!(files, [name.clone()]);
+    assert_eq!(files, std::slice::from_ref(&name));
 
     // Without k3s running there is no etcd to snapshot, and nothing is written.
     assert_eq!(run(&target, "sudo -n systemctl stop k3s").await.0, 0);
