@@ -56,13 +56,14 @@ async fn a_scheduled_server_keeps_its_newest_real_snapshots_and_a_disabled_one_t
         first_server_config("server-secret-sched-1", "agent-secret-1", &[])
     );
     let id = create_instance(&c, SCHEDULED, &user_data("server", &scheduled, &[])).await;
+    // Its cluster first: `sim.kube()` is the first cluster created.
+    wait_node_status(&sim, SCHEDULED, "True").await;
     // A cluster of its own: the schedule would fire every second, but snapshots are off.
     let disabled = format!(
         "{}etcd-snapshot-schedule-cron: \"@every 1s\"\netcd-disable-snapshots: true\n",
         first_server_config("server-secret-sched-2", "agent-secret-2", &[])
     );
     let off = create_instance(&c, DISABLED, &user_data("server", &disabled, &[])).await;
-    wait_node_status(&sim, SCHEDULED, "True").await;
     sim.kube()
         .apply(json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "written-before-the-schedule", "namespace": "default"}}))
