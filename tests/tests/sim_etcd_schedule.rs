@@ -2,17 +2,19 @@
 //! `etcd-snapshot-schedule-cron` takes real etcd snapshots of its member on that schedule into
 //! `${datadir}/server/db/snapshots/etcd-snapshot-<node>-<unix seconds>` (mode 0600, written
 //! as `.part` and renamed), `etcd-snapshot-retention` keeps the newest of them, and the
-//! schedule dies with the VM; `etcd-disable-snapshots` takes none.
+//! schedule ends with k3s (`systemctl stop k3s`); `etcd-disable-snapshots` takes none.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod sim_support;
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::time::Duration;
 
+use oxide_controller::adapters::ssh::{self, HostKeyPins, SshTarget};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use sim_support::*;
@@ -55,9 +57,18 @@ async fn a_scheduled_server_keeps_its_newest_real_snapshots_and_a_disabled_one_t
         "{}etcd-snapshot-schedule-cron: \"@every 1s\"\netcd-snapshot-retention: 2\n",
         first_server_config("server-secret-sched-1", "agent-secret-1", &[])
     );
-    let id = create_instance(&c, SCHEDULED, &user_data("server", &scheduled, &[])).await;
+    let key = ssh::generate_ed25519();
+    let public = key.authorized_key_line("test").unwrap();
+    let fip = create_floating_ip(&c, "c1-apiserver").await;
+    let id = create_instance(
+        &c,
+        SCHEDULED,
+        &user_data("server", &scheduled, std::slice::from_ref(&public)),
+    )
+    .await;
     // Its cluster first: `sim.kube()` is the first cluster created.
     wait_node_status(&sim, SCHEDULED, "True").await;
+    attach_floating_ip(&c, "c1-apiserver", SCHEDULED).await;
     // A cluster of its own: the schedule would fire every second, but snapshots are off.
     let disabled = format!(
         "{}etcd-snapshot-schedule-cron: \"@every 1s\"\netcd-disable-snapshots: true\n",
@@ -142,15 +153,21 @@ async fn a_scheduled_server_keeps_its_newest_real_snapshots_and_a_disabled_one_t
     let off_dir = sim.boot().node_dir(DISABLED, SNAPSHOT_DIR).unwrap();
     assert_eq!(names(&off_dir), BTreeSet::new());
 
-    // The schedule lives in k3s: once the VM stopped, nothing more is written.
-    stop_instance(&c, SCHEDULED).await;
-    wait_for("the server's VM to stop", || async {
-        (sim.boot().node_vm_running(SCHEDULED) == Some(false)).then_some(())
-    })
-    .await;
+    // The schedule lives in the k3s process: once `systemctl stop k3s` returned, it neither
+    // writes nor tries again (a schedule left running would log a failed snapshot).
+    let pins = HostKeyPins::from_console(&console(&c, SCHEDULED).await).unwrap();
+    let target = SshTarget::new(SocketAddr::new(fip, SSH_PORT), "ubuntu", key, pins);
+    let stopped = target.exec("sudo -n systemctl stop k3s").await.unwrap();
+    assert_eq!(stopped.exit_status, 0);
+    let tries = |log: &str| {
+        log.matches("Saving etcd snapshot to").count()
+            + log.matches("Failed to take scheduled snapshot").count()
+    };
+    let before = tries(&console(&c, SCHEDULED).await);
     let at_stop = names(&dir);
     // Longer than a period plus k3s's largest jitter (5 s).
     tokio::time::sleep(Duration::from_secs(7)).await;
     assert_eq!(names(&dir), at_stop);
+    assert_eq!(tries(&console(&c, SCHEDULED).await), before);
     assert_eq!(names(&off_dir), BTreeSet::new());
 }

@@ -166,6 +166,11 @@ impl Inner {
                 .find(|m| m.name == member)
                 .map(|m| m.is_learner)
         });
+        // k3s stopped meanwhile: its process logs and writes nothing more.
+        let up = || self.unit_current(id, generation, run);
+        if !up() {
+            return;
+        }
         if learner == Some(true) {
             self.k3s_log(
                 id,
@@ -183,12 +188,11 @@ impl Inner {
             "info",
             &format!("Saving etcd snapshot to {path}"),
         );
-        let saved = match etcd.snapshot(&member).await {
-            // k3s stopped meanwhile: the process that would write the file is gone.
-            Ok(_) if !self.unit_current(id, generation, run) => return,
-            Ok(data) => self.save_snapshot_file(id, &name, &data),
-            Err(err) => Err(err),
-        };
+        let taken = etcd.snapshot(&member).await;
+        if !up() {
+            return;
+        }
+        let saved = taken.and_then(|data| self.save_snapshot_file(id, &name, &data));
         if let Err(err) = saved {
             self.k3s_log(
                 id,
