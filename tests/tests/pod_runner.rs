@@ -1,6 +1,7 @@
 //! The pod runner plays the kubelet for the product's Job pods (`oxide_sim::pods::runner`):
 //! a deleted pod gets SIGTERM, its grace period, then SIGKILL, and only then leaves the API;
-//! a pod bound to a Node whose VM is down is neither started nor confirmed deleted.
+//! a pod bound to a Node whose VM is down is neither started nor confirmed deleted; a
+//! `hostPath` volume is the Node VM's directory, live, set up as its `type` says.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -25,6 +26,11 @@ fn write_programs(dir: &Path) {
         (
             "term-ignore",
             "#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 0.1; done\n",
+        ),
+        // Waits for `$1/marker` (a directory it is given), copies it to $MARK and exits 0.
+        (
+            "wait-marker",
+            "#!/bin/sh\nwhile [ ! -f \"$1/marker\" ]; do sleep 0.1; done\ncp \"$1/marker\" \"$MARK\"\n",
         ),
     ];
     for (name, text) in programs {
@@ -234,5 +240,103 @@ async fn a_pod_on_a_halted_vms_node_is_neither_started_nor_confirmed_deleted() {
         now.as_ref()
             .is_some_and(|p| p["metadata"]["deletionTimestamp"].is_string()),
         "a pod on a dead VM's Node was confirmed deleted: {now:?}"
+    );
+}
+
+/// A Job of ours pinned to `node` running `program DIR` with `DIR` a hostPath volume of
+/// `host_dir` (`kind`) mounted read-only at the same path.
+fn host_path_job(name: &str, node: &str, host_dir: &str, kind: &str, mark: &Path) -> Value {
+    let mut job = job(
+        name,
+        "wait-marker",
+        1,
+        &[("MARK", mark.display().to_string())],
+        Some(node),
+    );
+    let spec = &mut job["spec"]["template"]["spec"];
+    spec["volumes"] = json!([{"name": "snapshots", "hostPath": {"path": host_dir, "type": kind}}]);
+    spec["containers"][0]["args"] = json!([host_dir]);
+    spec["containers"][0]["volumeMounts"] =
+        json!([{"name": "snapshots", "mountPath": host_dir, "readOnly": true}]);
+    job
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostpath_volume_is_the_nodes_directory_live_and_a_missing_directory_fails_the_pod() {
+    const SNAPSHOTS: &str = "/var/lib/rancher/k3s/server/db/snapshots";
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    write_programs(dir.path());
+    let mark = dir.path().join("copied");
+    let sim = sim(dir.path()).await;
+    let kube = sim.kube();
+    let node = kube
+        .list("v1", "Node", None)
+        .await
+        .into_iter()
+        .find(|n| n["metadata"]["labels"]["node-role.kubernetes.io/control-plane"] == "true")
+        .and_then(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no control-plane Node"));
+
+    // `type: Directory` of a directory the Node does not have: the kubelet's SetUp fails.
+    kube.apply(host_path_job(
+        "missing",
+        &node,
+        "/var/lib/nothing-here",
+        "Directory",
+        &mark,
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut failed = Value::Null;
+    wait_for(
+        "the pod to fail",
+        Duration::from_secs(90),
+        async || match job_pod(&sim, "missing").await {
+            Some(p) if p["status"]["phase"] == "Failed" => {
+                failed = p;
+                true
+            }
+            _ => false,
+        },
+    )
+    .await;
+    assert_eq!(
+        failed["status"]["message"],
+        "MountVolume.SetUp failed for volume \"snapshots\" : hostPath /var/lib/nothing-here doesn't exist",
+        "{failed}"
+    );
+
+    // `DirectoryOrCreate`: made empty on the Node; the program, given the mount's path,
+    // sees a file written into the Node's directory after it started.
+    kube.apply(host_path_job(
+        "live",
+        &node,
+        SNAPSHOTS,
+        "DirectoryOrCreate",
+        &mark,
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    running_pod(&sim, "live").await;
+    let on_node = sim
+        .boot()
+        .node_dir(&node, SNAPSHOTS)
+        .unwrap_or_else(|| panic!("the Node's VM runs"));
+    assert!(
+        on_node.is_dir(),
+        "DirectoryOrCreate made {}",
+        on_node.display()
+    );
+    std::fs::write(on_node.join("marker"), "written by k3s later\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for("the pod to succeed", Duration::from_secs(30), async || {
+        job_pod(&sim, "live")
+            .await
+            .is_some_and(|p| p["status"]["phase"] == "Succeeded")
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&mark).ok().as_deref(),
+        Some("written by k3s later\n")
     );
 }

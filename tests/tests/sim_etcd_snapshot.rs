@@ -94,6 +94,19 @@ async fn etcd_snapshot_save_writes_a_real_etcd_snapshot_at_k3s_default_path() {
         "the ConfigMap's key is in the snapshot"
     );
 
+    // No schedule in its config: k3s's default (`0 */12 * * *`) took no snapshot meanwhile, and
+    // etcd's `.part` file was renamed away.
+    let dir = sim
+        .boot()
+        .node_dir(SERVER, "/var/lib/rancher/k3s/server/db/snapshots")
+        .unwrap();
+    let files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    assert_eq!(files, std::slice::from_ref(&name));
+
     // Without k3s running there is no etcd to snapshot, and nothing is written.
     assert_eq!(run(&target, "sudo -n systemctl stop k3s").await.0, 0);
     let (status, _, log) = run(&target, "sudo -n k3s etcd-snapshot save").await;

@@ -59,6 +59,14 @@ pub struct K3sConfig {
     pub kubelet_arg: Vec<String>,
     /// `disable-cloud-controller`.
     pub disable_cloud_controller: bool,
+    /// `etcd-disable-snapshots`: no scheduled etcd snapshots.
+    pub etcd_disable_snapshots: bool,
+    /// `etcd-snapshot-schedule-cron` (k3s's default `0 */12 * * *` when None).
+    pub etcd_snapshot_cron: Option<String>,
+    /// `etcd-snapshot-retention` (k3s's default 5 when None; below 1 keeps every snapshot).
+    pub etcd_snapshot_retention: Option<i64>,
+    /// `etcd-snapshot-name` (k3s's default `etcd-snapshot` when None).
+    pub etcd_snapshot_name: Option<String>,
     /// Every key of the config files with its values as k3s splices them into its command
     /// line (see [`K3sConfig::node_args`]); in key order within a file, where k3s keeps the
     /// file's order (the simulator's YAML reader sorts keys).
@@ -121,6 +129,10 @@ impl std::fmt::Debug for K3sConfig {
             .field("node_taint", &self.node_taint)
             .field("kubelet_arg", &self.kubelet_arg)
             .field("disable_cloud_controller", &self.disable_cloud_controller)
+            .field("etcd_disable_snapshots", &self.etcd_disable_snapshots)
+            .field("etcd_snapshot_cron", &self.etcd_snapshot_cron)
+            .field("etcd_snapshot_retention", &self.etcd_snapshot_retention)
+            .field("etcd_snapshot_name", &self.etcd_snapshot_name)
             .field(
                 "critical",
                 &self
@@ -264,6 +276,19 @@ pub(super) fn merge_k3s_config(cfg: &mut K3sConfig, content: &[u8]) -> Result<()
             "cluster-init" => cfg.cluster_init = scalar_bool(key, v)?,
             "disable-agent" => cfg.disable_agent = scalar_bool(key, v)?,
             "disable-cloud-controller" => cfg.disable_cloud_controller = scalar_bool(key, v)?,
+            "etcd-disable-snapshots" => cfg.etcd_disable_snapshots = scalar_bool(key, v)?,
+            "etcd-snapshot-schedule-cron" => {
+                cfg.etcd_snapshot_cron = Some(scalar_string(key, v)?);
+            }
+            "etcd-snapshot-name" => cfg.etcd_snapshot_name = Some(scalar_string(key, v)?),
+            // An int flag (urfave/cli `IntFlag`): a value that is no integer stops k3s.
+            "etcd-snapshot-retention" => {
+                let text = scalar_string(key, v)?;
+                cfg.etcd_snapshot_retention =
+                    Some(text.parse().map_err(|_| UserDataError::K3sConfig {
+                        reason: format!("{key}: invalid value \"{text}\": not an integer"),
+                    })?);
+            }
             "tls-san" => list(&mut cfg.tls_san)?,
             "node-label" => list(&mut cfg.node_label)?,
             "node-taint" => list(&mut cfg.node_taint)?,

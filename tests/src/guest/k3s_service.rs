@@ -23,8 +23,7 @@ pub const RESET_FLAG_PATH: &str = "/var/lib/rancher/k3s/server/db/reset-flag";
 /// k3s's server data dir (`${datadir}/server` with the default data dir).
 pub const SERVER_DATA_DIR: &str = "/var/lib/rancher/k3s/server";
 
-/// Where `k3s etcd-snapshot save` writes by default (`${datadir}/server/db/snapshots`).
-pub const SNAPSHOT_DIR: &str = "/var/lib/rancher/k3s/server/db/snapshots";
+pub use super::paths::SNAPSHOT_DIR;
 
 /// k3s's line once the reset member runs alone (`pkg/etcd` `Reset`).
 pub const RESET_DONE: &str = "Etcd is running, restart without --cluster-reset flag now. Backup and delete ${datadir}/server/db on each peer etcd server and rejoin the nodes";
@@ -209,8 +208,7 @@ impl Inner {
             );
             return (0, String::new(), String::new());
         }
-        let now = chrono::Utc::now().timestamp();
-        let name = format!("on-demand-{node}-{now}");
+        let name = super::etcd_schedule::snapshot_name("on-demand", &node, chrono::Utc::now());
         let path = format!("{SNAPSHOT_DIR}/{name}");
         self.k3s_log(
             id,
@@ -226,7 +224,7 @@ impl Inner {
                 ));
             }
         };
-        if let Err(err) = self.put_vm_file(id, &path, &data, Some(0o600)) {
+        if let Err(err) = self.save_snapshot_file(id, &name, &data) {
             return fatal(format!("see server log for details: {path}: {err}"));
         }
         (

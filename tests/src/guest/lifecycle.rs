@@ -626,11 +626,12 @@ impl Inner {
                     if !self.unit_current(id, generation, run) {
                         return None;
                     }
+                    let config = kept.as_ref().unwrap_or(k3s);
                     self.finish_join(
                         id,
                         generation,
                         role,
-                        kept.as_ref().unwrap_or(k3s),
+                        config,
                         version,
                         match decision {
                             Decision::Join(cluster) => Some(cluster),
@@ -639,6 +640,10 @@ impl Inner {
                         started,
                         prepared,
                     );
+                    // k3s's etcd `Start` starts the snapshot cron (servers only).
+                    if role == Role::Server {
+                        self.start_snapshot_schedule(id, generation, run, config, started);
+                    }
                     return None;
                 }
             }

@@ -20,6 +20,8 @@
 //! - [`k3s`]: its config, tokens, the create/join decision and the cluster state;
 //! - [`k3s_service`]: `systemctl stop|start k3s` and `k3s server --cluster-reset` run over
 //!   SSH (k3s's documented cluster reset);
+//! - [`etcd_schedule`]: k3s's scheduled etcd snapshots (`etcd-snapshot-schedule-cron`) and
+//!   their retention;
 //! - [`etcd_restore`]: the setup's restore from a backup disk (tar, sha256sum, k3s's
 //!   `--cluster-reset-restore-path`) and k3s's bootstrap data in the datastore;
 //! - [`kubelet`]: node labels and taints, Node registration;
@@ -31,6 +33,7 @@ pub mod cluster_api;
 mod console;
 mod etcd_member;
 mod etcd_restore;
+mod etcd_schedule;
 mod k3s;
 mod k3s_config;
 mod k3s_service;
@@ -406,6 +409,20 @@ impl Boot {
             .values()
             .find(|v| v.running && v.node_name.as_deref() == Some(node))?;
         vm.uploads.get(path).cloned()
+    }
+
+    /// The host directory holding guest directory `path` (absolute, no `..`) of the running
+    /// VM whose Node is `node`: what a `hostPath` volume of that directory on that Node sees,
+    /// live (files k3s writes there later appear in it). It need not exist yet.
+    pub fn node_dir(&self, node: &str, path: &str) -> Option<std::path::PathBuf> {
+        let id = {
+            let st = self.inner.state();
+            st.vms
+                .iter()
+                .find(|(_, v)| v.running && v.node_name.as_deref() == Some(node))
+                .map(|(id, _)| *id)?
+        };
+        self.inner.guest_dir(id, path)
     }
 
     /// Whether the VM behind Node `node` runs: `Some(true)` when a running VM registered

@@ -10,3 +10,6 @@ pub const K3S_TOKEN_PATH: &str = "/var/lib/rancher/k3s/server/token";
 pub const K3S_AGENT_TOKEN_PATH: &str = "/var/lib/rancher/k3s/server/agent-token";
 /// Directory of k3s config drop-ins, read after `config.yaml` in lexical order.
 pub const K3S_CONFIG_DROPIN_DIR: &str = "/etc/rancher/k3s/config.yaml.d/";
+/// Where k3s saves etcd snapshots, on demand and scheduled, with the default
+/// `etcd-snapshot-dir` (`${datadir}/server/db/snapshots`).
+pub const SNAPSHOT_DIR: &str = "/var/lib/rancher/k3s/server/db/snapshots";

@@ -31,14 +31,15 @@ pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceacc
 /// module documentation). `rootfs` is the template's root filesystem (absolute), `sa_dir` the
 /// host directory holding `token`, `ca.crt` and `namespace`, `env` the variables the kubelet
 /// adds (`POD_NAME`, `KUBERNETES_SERVICE_*`), which win over the container's and the image's,
-/// and `volumes` the host directories of the pod's Secret volumes with where they are mounted.
+/// and `volumes` the host directories of the pod's Secret and `hostPath` volumes with where
+/// they are mounted and whether read-only (bind mounts; Secret volumes always are).
 pub fn container_config(
     template: &Value,
     pod: &Value,
     rootfs: &Path,
     sa_dir: &Path,
     env: &[(&str, String)],
-    volumes: &[(std::path::PathBuf, String)],
+    volumes: &[(std::path::PathBuf, String, bool)],
 ) -> Result<Value, String> {
     let container = &pod["spec"]["containers"][0];
     let mut config = template.clone();
@@ -151,12 +152,12 @@ pub fn container_config(
         Some(mounts) => mounts.push(mount),
         None => config["mounts"] = json!([mount]),
     }
-    for (source, destination) in volumes {
+    for (source, destination, read_only) in volumes {
         let mount = json!({
             "destination": destination,
             "type": "bind",
             "source": source,
-            "options": ["rbind", "ro"],
+            "options": ["rbind", if *read_only { "ro" } else { "rw" }],
         });
         if let Some(mounts) = config["mounts"].as_array_mut() {
             mounts.push(mount);
@@ -353,6 +354,38 @@ mod tests {
         assert_eq!(c["process"]["user"], json!({"uid": 1000, "gid": 1000}));
         assert_eq!(c["root"]["readonly"], false);
         assert!(config(json!({"args": ["serve"]})).is_err());
+    }
+
+    #[test]
+    fn volumes_are_bind_mounts_read_only_only_when_asked() {
+        let c = container_config(
+            &template(),
+            &pod(json!({"command": ["/usr/local/bin/reconcile-once"]})),
+            Path::new("/b/rootfs"),
+            Path::new("/w/sa"),
+            &[],
+            &[
+                ("/w/secret".into(), "/etc/creds".into(), true),
+                ("/sim/vm/snapshots".into(), "/var/snapshots".into(), true),
+                ("/sim/vm/scratch".into(), "/scratch".into(), false),
+            ],
+        )
+        .unwrap();
+        let mounts = c["mounts"].as_array().unwrap();
+        let find = |at: &str| {
+            mounts
+                .iter()
+                .find(|m| m["destination"] == at)
+                .cloned()
+                .unwrap_or_else(|| panic!("no mount at {at}: {mounts:?}"))
+        };
+        assert_eq!(
+            find("/var/snapshots"),
+            json!({"destination": "/var/snapshots", "type": "bind",
+                "source": "/sim/vm/snapshots", "options": ["rbind", "ro"]})
+        );
+        assert_eq!(find("/scratch")["options"], json!(["rbind", "rw"]));
+        assert_eq!(find("/etc/creds")["options"], json!(["rbind", "ro"]));
     }
 
     #[test]

@@ -5,6 +5,20 @@
 //! its container names (`/usr/local/bin/reconcile-once` → `<bin_dir>/reconcile-once`; a
 //! command inside a `hostPath` mount runs the file uploaded to that path on the pod's Node).
 //!
+//! What it does of a kubelet for these pods:
+//! - the ServiceAccount token, `POD_NAME`, literal and downward-API `env` (below);
+//! - `secret` volumes, written as the kubelet writes them (in a bundle);
+//! - `hostPath` volumes ([`crate::pods::host_path`]): the directory of the pod's Node is the
+//!   host directory mirroring its VM's disk, live (files k3s writes there later are seen),
+//!   set up as the kubelet's `type` says (`DirectoryOrCreate` makes it, `Directory` fails
+//!   the pod when it is missing); a local process sees it through its arguments (each one
+//!   naming a path at or inside the `mountPath` is rewritten to the Node's directory), a
+//!   bundle through a bind mount at `mountPath` (read-only with `readOnly: true`). A mount
+//!   that cannot be set up fails the pod (`ContainerCannotRun`, the kubelet's
+//!   "MountVolume.SetUp failed" text), where a kubelet would keep it `ContainerCreating` and
+//!   retry;
+//! - status, deletion and grace periods as below.
+//!
 //! With a runtime bundle of the product's image ([`PodRunner::with_bundle`], `oxide-sim
 //! --run-jobs-in-bundle`), the pod's container runs inside the image instead, under `runc`,
 //! with the ServiceAccount mounted where a kubelet mounts it (see [`crate::pods::oci_bundle`]).
@@ -46,6 +60,7 @@ use tokio::task::JoinHandle;
 
 use crate::guest::Boot;
 use crate::guest::cluster_api::RealCluster;
+use crate::pods::host_path::{self, HostPathMount};
 
 /// The label of the product's pods (reconcile Jobs, the webhook).
 const OURS: &str = "app.kubernetes.io/name=oxide-controller";
@@ -421,6 +436,12 @@ impl PodRunner {
         pod: &Value,
     ) -> Result<(tokio::process::Command, Scratch, String), String> {
         let (program, args) = self.program(pod)?;
+        // No mount namespace: the container sees its hostPath mounts through its arguments.
+        let mounts = self.host_path_volumes(pod)?;
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| host_path::map_arg(a, &mounts))
+            .collect();
         let (ns, name) = (meta(pod, "namespace"), meta(pod, "name"));
         let sa = pod["spec"]["serviceAccountName"]
             .as_str()
@@ -491,7 +512,17 @@ impl PodRunner {
             .and_then(|()| std::fs::write(sa_dir.join("ca.crt"), cp.ca_pem()))
             .and_then(|()| std::fs::write(sa_dir.join("namespace"), &ns))
             .map_err(|e| format!("cannot mount the ServiceAccount token: {e}"))?;
-        let volumes = self.secret_volumes(cluster, pod, &dir).await?;
+        let mut volumes: Vec<(PathBuf, String, bool)> = self
+            .secret_volumes(cluster, pod, &dir)
+            .await?
+            .into_iter()
+            .map(|(host, at)| (host, at, true))
+            .collect();
+        volumes.extend(
+            self.host_path_volumes(pod)?
+                .into_iter()
+                .map(|(host, m)| (host, m.mount_path, m.read_only)),
+        );
         let config = crate::pods::oci_bundle::container_config(
             &template,
             pod,
@@ -527,6 +558,27 @@ impl PodRunner {
         let what = format!("{RUNC} run {id} ({})", argv.join(" "));
         scratch.container = Some((root, id));
         Ok((cmd, scratch, what))
+    }
+
+    /// The container's `hostPath` volume mounts, set up on the pod's Node as the kubelet sets
+    /// them up: `(the Node's directory on this machine, the mount)`.
+    fn host_path_volumes(&self, pod: &Value) -> Result<Vec<(PathBuf, HostPathMount)>, String> {
+        let spec = &pod["spec"];
+        let node = spec["nodeName"].as_str().unwrap_or_default();
+        host_path::host_path_mounts(spec, &spec["containers"][0])
+            .into_iter()
+            .map(|m| {
+                let setup_failed = |e: String| {
+                    format!("MountVolume.SetUp failed for volume \"{}\" : {e}", m.volume)
+                };
+                let host = self
+                    .boot
+                    .node_dir(node, &m.path)
+                    .ok_or_else(|| setup_failed(format!("Node {node} has no running VM")))?;
+                host_path::set_up(&m, &host).map_err(setup_failed)?;
+                Ok((host, m))
+            })
+            .collect()
     }
 
     /// The container's `secret` volume mounts, written under `dir` as a kubelet writes them
