@@ -216,7 +216,10 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
     let mut live = state.get("oxide-controller").await.unwrap();
     let data = live.data.as_mut().unwrap();
     let spec = data.get_mut("spec.yaml").unwrap();
-    spec.push_str("backup:\n  keep: 1\n  keep_daily: 0\n");
+    let mut parsed = oxide_controller::domain::spec::ClusterSpec::from_yaml(spec).unwrap();
+    parsed.backup.keep = 1;
+    parsed.backup.keep_daily = 0;
+    *spec = parsed.to_yaml();
     state
         .replace("oxide-controller", &PostParams::default(), &live)
         .await

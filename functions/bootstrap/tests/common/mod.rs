@@ -116,6 +116,11 @@ impl Env {
             "120",
             "--api-timeout",
             "60",
+            // No in-cluster backups unless a test asks for them: the default hourly schedule
+            // would make every test that runs across the hour back itself up (k3s on each
+            // server, and the backup Job where the simulator runs Jobs).
+            "--backup-schedule",
+            "off",
         ]
         .iter()
         .map(|s| s.to_string())
