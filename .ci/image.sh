@@ -211,6 +211,8 @@ k apply -f k8s-cronjobs/
 # No scheduled run may overlap the ones started below; a suspended CronJob still serves as
 # the template the webhook and `kubectl create job --from` copy.
 k patch cronjob oxide-controller -n oxide-controller-jobs --type=merge -p '{"spec":{"suspend":true}}'
+# Nor may the hourly backup run in the middle of what this step checks.
+k patch cronjob oxide-controller-backup -n oxide-controller-backup --type=merge -p '{"spec":{"suspend":true}}'
 
 step "the webhook in the image (webhook.yaml's scale serve): 200 with the token, 401 without"
 k rollout status deployment/oxide-controller-webhook -n kube-system --timeout=60s

@@ -70,8 +70,8 @@ grep -q ' Ready .*control-plane.* v1\.33\.' "$work/nodes" || fail "no Ready cont
 [ "$(grep -c ' Ready ' "$work/nodes")" = 3 ] || fail "not every node is Ready"
 
 step "server-side dry run of every manifest; strict validation refuses an unknown field"
-# The Jobs' namespace for real first: a dry run creates nothing, and the CronJob and the
-# webhook's Role live in it.
+# The namespaces for real first (the Jobs' and the backup's): a dry run creates nothing, and
+# the CronJobs and the webhook's Role live in them.
 k apply -f k8s-cronjobs/00-namespace.yaml
 k apply --dry-run=server -f k8s-cronjobs/
 if k apply --validate=strict -f - 2>"$work/strict.err" <<'EOF'

@@ -239,5 +239,5 @@ fn every_program_the_manifests_run_is_in_the_image() {
             commands += 1;
         }
     }
-    assert_eq!(commands, 2, "the CronJob's and the webhook's");
+    assert_eq!(commands, 3, "the two CronJobs' and the webhook's");
 }

@@ -117,17 +117,8 @@ async fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(Command::Backup {
-        snapshot_dir,
-        wait_seconds,
-        node,
-    }) = &args.command
-    {
-        let mut opts =
-            oxide_controller::workflows::backup::ScheduledOptions::new(snapshot_dir.clone());
-        opts.wait = Duration::from_secs(*wait_seconds);
-        opts.node = node.clone().filter(|n| !n.is_empty());
-        return backup(KubeStateStore::new(client, &args.namespace), &opts).await;
+    if let Some(command) = &args.command {
+        return backup(command, KubeStateStore::new(client, &args.namespace)).await;
     }
     let holder = args.holder.clone().unwrap_or_else(default_holder);
     // k3s's supervisor (the etcd member list) and, for the upgrade pre-flight, each server's
@@ -203,11 +194,17 @@ async fn run(args: Args) -> ExitCode {
 }
 
 /// `reconcile-once backup`.
-async fn backup(
-    state: KubeStateStore,
-    opts: &oxide_controller::workflows::backup::ScheduledOptions,
-) -> ExitCode {
-    use oxide_controller::workflows::backup::{ScheduledOutcome, run_scheduled};
+async fn backup(command: &Command, state: KubeStateStore) -> ExitCode {
+    use oxide_controller::workflows::backup::{ScheduledOptions, ScheduledOutcome, run_scheduled};
+    let Command::Backup {
+        snapshot_dir,
+        wait_seconds,
+        node,
+    } = command;
+    let mut opts = ScheduledOptions::new(snapshot_dir.clone());
+    opts.wait = Duration::from_secs(*wait_seconds);
+    opts.node = node.clone().filter(|n| !n.is_empty());
+    let opts = &opts;
     let make_rack = |secrets: &oxide_controller::base::secrets::ClusterSecrets| {
         OxideRack::connect(
             &secrets.oxide_host,

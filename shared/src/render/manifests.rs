@@ -538,8 +538,9 @@ mod tests {
                 "ServiceAccount oxide-controller-jobs/oxide-controller-reconcile",
             ]
         );
-        assert_eq!(all[0].resource.kind, "Namespace", "the namespace first");
-        assert_eq!(all[1].resource.kind, "ServiceAccount", "then identity");
+        assert_eq!(all[0].resource.kind, "Namespace", "the namespaces first");
+        assert_eq!(all[1].resource.kind, "Namespace", "the namespaces first");
+        assert_eq!(all[2].resource.kind, "ServiceAccount", "then identity");
         // What an earlier release installed is never among what this one applies.
         for r in retired() {
             assert!(!keys.contains(&r.describe()), "{}", r.describe());
