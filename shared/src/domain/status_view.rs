@@ -438,7 +438,7 @@ fn render_backup(out: &mut String, b: &crate::domain::backup::BackupStatus, now:
         || "in-cluster schedule off".to_owned(),
         |s| format!("schedule {s}"),
     );
-    let last = b.last_success.as_ref().map_or_else(
+    let last = b.report.last_success.as_ref().map_or_else(
         || "none yet".to_owned(),
         |l| format!("last {} {} ago (by {})", l.name, age(l.time, now), l.by),
     );
@@ -452,8 +452,9 @@ fn render_backup(out: &mut String, b: &crate::domain::backup::BackupStatus, now:
         "
 backups ({schedule}): {last}{stale}"
     );
-    if let Some(e) = &b.last_error {
+    if let Some(e) = &b.report.last_error {
         let at = b
+            .report
             .last_attempt_at
             .map_or_else(String::new, |t| format!(" {} ago", age(t, now)));
         let _ = writeln!(out, "  last attempt failed{at}: {e}");

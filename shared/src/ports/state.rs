@@ -103,3 +103,37 @@ pub trait StateStore: Send + Sync {
         pins: &BTreeMap<String, Vec<String>>,
     ) -> impl Future<Output = Result<BTreeMap<String, Vec<String>>, StateError>> + Send;
 }
+
+/// Changes the ConfigMap's data with `edit` and writes it back against the version read: the
+/// first time against `read` when given (usually still current: one request), then re-read. A
+/// 409 (someone wrote meanwhile: the webhook's spec, a backup's report) re-reads and edits
+/// again; a 5xx or timeout too, after a pause (the write may or may not have landed). Five
+/// tries. Never a blind write: each edit sees what it replaces.
+pub async fn edit_config<S: StateStore + ?Sized>(
+    state: &S,
+    read: Option<&ConfigSnapshot>,
+    mut edit: impl FnMut(&mut BTreeMap<String, String>) + Send,
+) -> Result<(), StateError> {
+    let mut last = None;
+    let mut known = read.cloned();
+    for _ in 0..5 {
+        let snap = match known.take() {
+            Some(s) => s,
+            None => state.read_config().await?,
+        };
+        let mut data = snap.data;
+        edit(&mut data);
+        match state.replace_config(&snap.resource_version, data).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_conflict() => last = Some(e),
+            Err(e @ StateError::Api { .. }) => {
+                last = Some(e);
+                tokio::time::sleep(crate::ports::cluster::KUBE_BACKOFF.first).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or(StateError::Conflict {
+        what: "ConfigMap".into(),
+    }))
+}

@@ -270,30 +270,15 @@ pub async fn record<S: StateStore>(
     at: DateTime<Utc>,
     outcome: Result<LastBackup, String>,
 ) -> Result<(), StateError> {
-    let mut last = None;
-    for _ in 0..5 {
-        let snap = state.read_config().await?;
-        let report = snap
-            .data
+    state::edit_config(state, None, |data| {
+        let report = data
             .get(state::keys::BACKUP)
             .and_then(|j| BackupReport::from_json(j))
             .unwrap_or_default()
             .after(at, outcome.clone());
-        let mut data = snap.data.clone();
         data.insert(state::keys::BACKUP.to_owned(), report.to_json());
-        match state.replace_config(&snap.resource_version, data).await {
-            Ok(_) => return Ok(()),
-            Err(e) if e.is_conflict() => last = Some(e),
-            Err(e @ StateError::Api { .. }) => {
-                last = Some(e);
-                tokio::time::sleep(crate::ports::cluster::KUBE_BACKOFF.first).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or(StateError::Conflict {
-        what: "ConfigMap".into(),
-    }))
+    })
+    .await
 }
 
 // ---- the in-cluster backup ----------------------------------------------------------------
@@ -520,6 +505,81 @@ async fn read_snapshot(path: &Path) -> Result<Vec<u8>, WorkflowError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A FakeState whose ConfigMap changes under the first write (the webhook writing the spec):
+    /// the record re-reads, keeps that change, and adds its report.
+    #[derive(Clone)]
+    struct Racing(
+        crate::fake::FakeState,
+        std::sync::Arc<std::sync::atomic::AtomicBool>,
+    );
+
+    impl StateStore for Racing {
+        async fn read_config(&self) -> Result<state::ConfigSnapshot, StateError> {
+            self.0.read_config().await
+        }
+        async fn replace_config(
+            &self,
+            rv: &str,
+            data: std::collections::BTreeMap<String, String>,
+        ) -> Result<String, StateError> {
+            if !self.1.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                let now = self.0.read_config().await?;
+                let mut other = now.data.clone();
+                other.insert(state::keys::SPEC.into(), "changed meanwhile".into());
+                self.0.replace_config(&now.resource_version, other).await?;
+            }
+            self.0.replace_config(rv, data).await
+        }
+        async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
+            self.0.read_secrets().await
+        }
+        async fn ensure_state(
+            &self,
+            s: &ClusterSecrets,
+            c: std::collections::BTreeMap<String, String>,
+        ) -> Result<(), StateError> {
+            self.0.ensure_state(s, c).await
+        }
+        async fn merge_host_key_pins(
+            &self,
+            p: &std::collections::BTreeMap<String, Vec<String>>,
+        ) -> Result<std::collections::BTreeMap<String, Vec<String>>, StateError> {
+            self.0.merge_host_key_pins(p).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_record_survives_a_concurrent_write_and_keeps_the_last_success() {
+        let world = crate::fake::FakeWorld::new(Utc::now());
+        let fake = world.state();
+        fake.ensure_state(
+            &ClusterSecrets::default(),
+            [(state::keys::SPEC.to_owned(), "spec".to_owned())].into(),
+        )
+        .await
+        .unwrap();
+        let racing = Racing(fake.clone(), std::sync::Arc::default());
+        let at = Utc::now().trunc_subsecs(0);
+        let made = LastBackup {
+            name: "demo-etcd-x".into(),
+            time: at,
+            k3s_snapshot: "etcd-snapshot-demo-cp-a-1".into(),
+            bytes: 7,
+            by: "schedule".into(),
+        };
+        record(&racing, at, Ok(made.clone())).await.unwrap();
+        record(&racing, at, Err("quota".into())).await.unwrap();
+        let data = fake.read_config().await.unwrap().data;
+        assert_eq!(
+            data[state::keys::SPEC],
+            "changed meanwhile",
+            "the other write is kept"
+        );
+        let report = BackupReport::from_json(&data[state::keys::BACKUP]).unwrap();
+        assert_eq!(report.last_success, Some(made));
+        assert_eq!(report.last_error.as_deref(), Some("quota"));
+    }
 
     #[test]
     fn the_newest_scheduled_file_is_chosen_and_others_ignored() {

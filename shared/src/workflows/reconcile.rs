@@ -989,35 +989,15 @@ pub async fn write_status<S: StateStore>(
     status: &Status,
     server_settings: Option<&BTreeMap<String, String>>,
 ) -> Result<(), StateError> {
-    let mut last = None;
-    // First against what the run read at its start (usually still current: one request).
-    let mut known = read.cloned();
-    for _ in 0..5 {
-        let snap = match known.take() {
-            Some(s) => s,
-            None => state.read_config().await?,
-        };
-        let mut data = snap.data.clone();
+    state::edit_config(state, read, |data| {
         data.insert(state::keys::STATUS.to_owned(), status.to_json());
         // Recorded once (bootstrap, or the first run of an older cluster); never replaced.
         if let Some(settings) = server_settings {
             data.entry(state::keys::K3S_SERVER_SETTINGS.to_owned())
                 .or_insert_with(|| serde_json::to_string(settings).unwrap_or_default());
         }
-        match state.replace_config(&snap.resource_version, data).await {
-            Ok(_) => return Ok(()),
-            Err(e) if e.is_conflict() => last = Some(e),
-            // A 5xx or timeout: the write may or may not have landed; re-read and decide.
-            Err(e @ StateError::Api { .. }) => {
-                last = Some(e);
-                tokio::time::sleep(crate::ports::cluster::KUBE_BACKOFF.first).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or(StateError::Conflict {
-        what: "ConfigMap".into(),
-    }))
+    })
+    .await
 }
 
 /// One Event per pool when the rack starts refusing its creates (or refuses them for another

@@ -87,12 +87,10 @@ pub struct BackupStatus {
     /// The spec's schedule (absent: the in-cluster backup is off).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_success: Option<LastBackup>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_attempt_at: Option<DateTime<Utc>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
+    /// What the writers reported (its keys inline: `lastSuccess`, `lastAttemptAt`,
+    /// `lastError`).
+    #[serde(flatten)]
+    pub report: BackupReport,
     /// Since when a run has watched for backups (the age rule's start when none was ever
     /// made).
     pub watching_since: DateTime<Utc>,
@@ -132,9 +130,7 @@ pub fn status(
         });
     BackupStatus {
         schedule: schedule.map(str::to_owned),
-        last_success: report.last_success.clone(),
-        last_attempt_at: report.last_attempt_at,
-        last_error: report.last_error.clone(),
+        report: report.clone(),
         watching_since,
         stale,
     }
@@ -146,7 +142,7 @@ impl BackupStatus {
         if !self.stale {
             return None;
         }
-        let newest = self.last_success.as_ref().map_or_else(
+        let newest = self.report.last_success.as_ref().map_or_else(
             || format!("no backup since {}", self.watching_since.to_rfc3339()),
             |b| {
                 format!(
@@ -157,6 +153,7 @@ impl BackupStatus {
             },
         );
         let why = self
+            .report
             .last_error
             .as_deref()
             .map_or_else(String::new, |e| format!("; the last attempt failed: {e}"));

@@ -136,15 +136,17 @@ fn status(degraded: bool) -> Status {
         }],
         backup: Some(crate::domain::backup::BackupStatus {
             schedule: Some("0 * * * *".into()),
-            last_success: Some(crate::domain::backup::LastBackup {
-                name: "demo-etcd-20261127t090000z".into(),
-                time: t(9, 0, 0),
-                k3s_snapshot: "etcd-snapshot-demo-control-plane-aaaaa-1795770000".into(),
-                bytes: 4_096_000,
-                by: "schedule".into(),
-            }),
-            last_attempt_at: Some(t(9, 58, 0)),
-            last_error: degraded.then(|| "the Oxide API: quota exceeded".to_owned()),
+            report: crate::domain::backup::BackupReport {
+                last_success: Some(crate::domain::backup::LastBackup {
+                    name: "demo-etcd-20261127t090000z".into(),
+                    time: t(9, 0, 0),
+                    k3s_snapshot: "etcd-snapshot-demo-control-plane-aaaaa-1795770000".into(),
+                    bytes: 4_096_000,
+                    by: "schedule".into(),
+                }),
+                last_attempt_at: Some(t(9, 58, 0)),
+                last_error: degraded.then(|| "the Oxide API: quota exceeded".to_owned()),
+            },
             watching_since: t(8, 0, 0),
             stale: degraded,
         }),
