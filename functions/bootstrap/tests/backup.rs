@@ -388,6 +388,13 @@ async fn every_server_lost_is_restored_from_the_in_cluster_schedules_backup_with
     .await;
     env.run_ok(&["--workers", "1", "--backup-schedule", "@every 15s"])
         .await;
+    // `bootstrap backup` from the laptop works beside the schedule (taken before the write).
+    let out = backup_cmd(&env).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let client = common::kube_client(&env.kubeconfig(), "demo").await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let mut cm = ConfigMap::default();
@@ -402,24 +409,36 @@ async fn every_server_lost_is_restored_from_the_in_cluster_schedules_backup_with
     no_ssh_private_key_in_any_secret(&client).await;
     // status.json shows it after a reconcile.
     let status = reconcile_status(&env).await;
-    assert_eq!(
-        status["backup"]["lastSuccess"]["name"], scheduled.name,
+    assert!(
+        status["backup"]["lastSuccess"]["by"] == "schedule"
+            && status["backup"]["lastSuccess"]["time"].as_str()
+                >= Some(
+                    &*scheduled
+                        .tag
+                        .time
+                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
         "{status}"
     );
     assert_eq!(status["backup"]["stale"], false, "{status}");
     assert_eq!(status["backup"]["schedule"], "@every 15s", "{status}");
-    // And `bootstrap backup` from the laptop works beside it.
-    let out = backup_cmd(&env).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    // The schedule stopped (a backup Job under way finishes first): the newest backup on the
+    // rack, what `latest` takes, is the schedule's, taken after the write and before the next.
+    suspend_backups(&client).await;
+    let newest = backups(&env).await.remove(0);
+    let report = backup_report(&client).await;
+    assert_eq!(
+        report
+            .last_success
+            .as_ref()
+            .map(|l| (&l.name, l.by.as_str())),
+        Some((&newest.name, "schedule")),
+        "{report:?}"
     );
+    assert!(newest.tag.time >= scheduled.tag.time);
     cm.metadata.name = Some("after-the-backup".into());
     cms.create(&PostParams::default(), &cm).await.unwrap();
-    // From here on the scheduled backups hold `after-the-backup` too: the restore names the
-    // one taken before it.
-    let chosen = scheduled.name.clone();
+    let chosen = "latest";
 
     let old_workers: Vec<String> = nodes(&env)
         .await
@@ -460,7 +479,7 @@ async fn every_server_lost_is_restored_from_the_in_cluster_schedules_backup_with
     assert!(nodes(&env).await.is_empty(), "the API still answers");
 
     let (out, made) = env
-        .mutating_during(recover_cmd(&env, &["--backup", &chosen, "--dry-run"]))
+        .mutating_during(recover_cmd(&env, &["--backup", chosen, "--dry-run"]))
         .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -475,7 +494,7 @@ async fn every_server_lost_is_restored_from_the_in_cluster_schedules_backup_with
     assert_eq!(made, vec![], "--dry-run changed the rack");
 
     let started = std::time::Instant::now();
-    let out = recover_cmd(&env, &["--backup", &chosen, "--yes"]).await;
+    let out = recover_cmd(&env, &["--backup", chosen, "--yes"]).await;
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
@@ -561,6 +580,65 @@ async fn scheduled_backup_after(
             "no scheduled backup after {after} within 180 s; backup.json: {report:?}"
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// `backup.json` in the cluster's ConfigMap.
+async fn backup_report(client: &kube::Client) -> backup::BackupReport {
+    let state: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    state
+        .get("oxide-controller")
+        .await
+        .unwrap()
+        .data
+        .unwrap_or_default()
+        .get("backup.json")
+        .and_then(|j| backup::BackupReport::from_json(j))
+        .unwrap_or_default()
+}
+
+/// Suspends the backup CronJob and waits until every Job it started has finished.
+async fn suspend_backups(client: &kube::Client) {
+    use k8s_openapi::api::batch::v1::{CronJob, Job};
+    let ns = "oxide-controller-backup";
+    let cronjobs: Api<CronJob> = Api::namespaced(client.clone(), ns);
+    cronjobs
+        .patch(
+            "oxide-controller-backup",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"suspend": true}})),
+        )
+        .await
+        .unwrap();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), ns);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        // A Job the controller made just before the suspension shows up here too.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let running: Vec<String> = jobs
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|j| {
+                !j.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| {
+                        cs.iter().any(|c| {
+                            (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True"
+                        })
+                    })
+            })
+            .filter_map(|j| j.metadata.name)
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "backup Jobs still running after 120 s: {running:?}"
+        );
     }
 }
 
