@@ -542,18 +542,10 @@ async fn scheduled_backup_after(
     client: &kube::Client,
     after: chrono::DateTime<chrono::Utc>,
 ) -> backup::Backup {
-    let state: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
     loop {
-        let report = state
-            .get("oxide-controller")
-            .await
-            .unwrap()
-            .data
-            .unwrap_or_default()
-            .get("backup.json")
-            .and_then(|j| backup::BackupReport::from_json(j));
-        if let Some(last) = report.as_ref().and_then(|r| r.last_success.clone())
+        let report = backup_report(client).await;
+        if let Some(last) = report.last_success.clone()
             && last.by == "schedule"
             && last.time > after
         {
