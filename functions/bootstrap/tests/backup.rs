@@ -168,6 +168,16 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
     let listed = backups(&env).await;
     assert_eq!(listed.len(), 1, "{listed:?}");
     let b = &listed[0];
+    // Recorded for status.json.
+    let report = backup_report(&client).await;
+    assert_eq!(
+        report
+            .last_success
+            .as_ref()
+            .map(|l| (&l.name, l.by.as_str())),
+        Some((&b.name, "bootstrap backup")),
+        "{report:?}"
+    );
     let saved = resume::load_for_cluster(&env.state_dir().join("demo.json"), "demo")
         .unwrap()
         .unwrap();

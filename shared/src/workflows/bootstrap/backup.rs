@@ -145,7 +145,13 @@ pub async fn run<C: Connect>(
             None
         }
     };
-    let spec_text = live_spec(connect, &v, &input.cluster).await;
+    // The cluster's state objects, opened once: the live spec now, the report at the end.
+    let store = connect
+        .in_cluster(&v.kubeconfig, &input.cluster, "bootstrap-backup")
+        .await
+        .map(|p| p.store)
+        .map_err(|e| e.to_string());
+    let spec_text = live_spec(store.as_ref(), &v).await;
     let spec = ClusterSpec::from_yaml(&spec_text).ok().or(v.spec.clone());
     let manifest = Manifest {
         format: backup::FORMAT,
@@ -176,7 +182,7 @@ pub async fn run<C: Connect>(
         bytes: manifest.bytes,
         by: "bootstrap backup".to_owned(),
     };
-    record_in_cluster(connect, &v, &input.cluster, made).await;
+    record_in_cluster(store.as_ref(), made).await;
     Ok(BackupSummary {
         cluster: input.cluster,
         project: v.project,
@@ -307,27 +313,19 @@ fn saved_name(output: &str) -> Option<String> {
 
 /// Leaves the backup in the ConfigMap's `backup.json` (status.json shows it after the next
 /// reconcile). Best effort: the backup is on the rack either way.
-async fn record_in_cluster<C: Connect>(
-    connect: &C,
-    v: &Validated,
-    cluster: &str,
-    made: backup::LastBackup,
-) {
-    let recorded = match connect
-        .in_cluster(&v.kubeconfig, cluster, "bootstrap-backup")
-        .await
-    {
-        Ok(ports) => {
+async fn record_in_cluster<S: StateStore>(store: Result<&S, &String>, made: backup::LastBackup) {
+    let recorded = match store {
+        Ok(store) => {
             let at = made.time.max(Utc::now());
             tokio::time::timeout(
                 Duration::from_secs(20),
-                crate::workflows::backup::record(&ports.store, at, Ok(made)),
+                crate::workflows::backup::record(store, at, Ok(made)),
             )
             .await
             .map_err(|_| "timed out".to_owned())
             .and_then(|r| r.map_err(|e| e.to_string()))
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.clone()),
     };
     if let Err(e) = recorded {
         warn!(error = %e, "cannot record the backup in the ConfigMap; status.json will not show it");
@@ -335,19 +333,16 @@ async fn record_in_cluster<C: Connect>(
 }
 
 /// The cluster's `spec.yaml` as the ConfigMap has it, else the resume file's.
-async fn live_spec<C: Connect>(connect: &C, v: &Validated, cluster: &str) -> String {
+async fn live_spec<S: StateStore>(store: Result<&S, &String>, v: &Validated) -> String {
     let fallback = v.resume.spec.clone().unwrap_or_default();
-    let ports = match connect
-        .in_cluster(&v.kubeconfig, cluster, "bootstrap-backup")
-        .await
-    {
-        Ok(p) => p,
+    let store = match store {
+        Ok(s) => s,
         Err(e) => {
             warn!(error = %e, "the cluster's API is not reachable; the manifest gets the resume file's spec");
             return fallback;
         }
     };
-    let read = tokio::time::timeout(Duration::from_secs(20), ports.store.read_config()).await;
+    let read = tokio::time::timeout(Duration::from_secs(20), store.read_config()).await;
     match read {
         Ok(Ok(c)) => c.spec_yaml().map_or(fallback, str::to_owned),
         Ok(Err(e)) => {
