@@ -1677,6 +1677,71 @@ async fn firewall_ports_and_icmp_codes_are_checked_as_nexus_checks_them() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 }
 
+/// A rule naming another VPC is refused before anything is written (omicron
+/// `nexus/src/app/vpc.rs` `vpc_update_firewall_rules` → `ensure_no_cross_vpc_references`;
+/// nexus's `test_firewall_rules_cross_vpc_rejected_before_write`): only `vpc` targets and
+/// `vpc` host filters are checked, targets first, rule by rule.
+#[tokio::test]
+async fn firewall_rules_naming_another_vpc_are_refused_before_the_write() {
+    let api = Api::new();
+    api.project("p").await;
+    let url = "/v1/vpc-firewall-rules?project=p&vpc=default";
+    let before = api.get(url).await;
+    assert_eq!(before.status, StatusCode::OK, "{}", before.body);
+    let rule = |name: &str, target: Value, hosts: Value| {
+        json!({
+            "name": name, "description": "", "status": "enabled", "direction": "inbound",
+            "action": "allow", "priority": 100, "targets": [target],
+            "filters": {"hosts": hosts},
+        })
+    };
+    let vpc = |name: &str| json!({"type": "vpc", "value": name});
+    let put = |rules: Vec<Value>| api.call(Method::PUT, url, Some(json!({ "rules": rules })));
+
+    let r = put(vec![rule(
+        "cross-vpc",
+        vpc("default"),
+        json!([vpc("some-other-vpc")]),
+    )])
+    .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(r.message(), "cross-VPC firewall host filter unsupported");
+    // Targets are looked at before host filters, rule by rule.
+    let r = put(vec![
+        rule("ok", vpc("default"), json!([vpc("default")])),
+        rule("both", vpc("other"), json!([vpc("other")])),
+    ])
+    .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(r.message(), "cross-VPC firewall target unsupported");
+    let r = put(vec![
+        rule("host", vpc("default"), json!([vpc("other")])),
+        rule("target", vpc("other"), Value::Null),
+    ])
+    .await;
+    assert_eq!(r.message(), "cross-VPC firewall host filter unsupported");
+    // The rule checks of `vec_from_params` come first.
+    let r = put(vec![
+        rule("same", vpc("other"), Value::Null),
+        rule("same", vpc("default"), Value::Null),
+    ])
+    .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidValue"));
+    // Nothing was written.
+    assert_eq!(api.get(url).await.body, before.body);
+
+    // Subnet and instance names are not checked: they are looked up in this VPC.
+    let subnet = json!({"type": "subnet", "value": "not-here"});
+    let instance = json!({"type": "instance", "value": "nobody"});
+    let r = put(vec![rule(
+        "inside",
+        subnet.clone(),
+        json!([subnet, instance]),
+    )])
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
 /// Local disks as nexus takes them (omicron `nexus/src/app/disk.rs`
 /// `validate_disk_create_params`, `disk_manual_import_start`): 4096-byte blocks, up to 10 PiB,
 /// no bulk import; a read-only disk from an image or snapshot is exactly its size.
