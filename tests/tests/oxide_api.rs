@@ -1742,6 +1742,54 @@ async fn firewall_rules_naming_another_vpc_are_refused_before_the_write() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
 }
 
+/// `filters` is nexus's `VpcFirewallRuleFilter`, a serde struct without defaults whose fields
+/// are hosts, protocols, ports (omicron `common/src/api/external/mod.rs`): as a JSON array it
+/// needs all three, in that order. The SDK's type has defaults and another order.
+#[tokio::test]
+async fn firewall_filters_as_an_array_are_read_as_nexus_reads_them() {
+    let api = Api::new();
+    api.project("p").await;
+    let put = |filters: &str| {
+        let body = format!(
+            r#"{{"rules":[{{"name":"r","description":"","status":"enabled","direction":"inbound","targets":[],"filters":{filters},"action":"allow","priority":1}}]}}"#
+        );
+        let req = Request::builder()
+            .method(Method::PUT)
+            .uri("/v1/vpc-firewall-rules?project=p&vpc=default")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(Bytes::from(body.clone()))
+            .unwrap();
+        // serde_json reports the column of the array's closing bracket.
+        let column = body.find(filters).unwrap() + filters.len();
+        (api.raw(req), column)
+    };
+    let (r, column) = put("[null,null]");
+    let r = r.await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert_eq!(
+        r.message(),
+        format!(
+            "unable to parse JSON body: rules[0].filters: invalid length 2, expected struct \
+             VpcFirewallRuleFilter with 3 elements at line 1 column {column}"
+        )
+    );
+    let (r, _) = put("[]");
+    assert!(
+        r.await
+            .message()
+            .contains("invalid length 0, expected struct VpcFirewallRuleFilter with 3 elements"),
+    );
+    // Three elements are hosts, protocols, ports.
+    let (r, _) = put(r#"[null,[{"type":"tcp"}],["6443"]]"#);
+    let r = r.await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(
+        r.body["rules"][0]["filters"],
+        json!({"protocols": [{"type": "tcp"}], "ports": ["6443"]})
+    );
+}
+
 /// Local disks as nexus takes them (omicron `nexus/src/app/disk.rs`
 /// `validate_disk_create_params`, `disk_manual_import_start`): 4096-byte blocks, up to 10 PiB,
 /// no bulk import; a read-only disk from an image or snapshot is exactly its size.

@@ -37,7 +37,7 @@ use super::store::{Project, Store, query_ref};
 /// Nexus's caps (`MAX_FW_RULES_PER_VPC`, `MAX_FW_RULE_PARTS`).
 const MAX_RULES: usize = 1024;
 const MAX_PARTS: usize = 256;
-use super::firewall_rules::{DEFAULT_VPC, materialize};
+use super::firewall_rules::{self, DEFAULT_VPC, materialize};
 
 /// Where a connection comes from, as the target's firewall sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -390,7 +390,9 @@ pub fn view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 /// `PUT /v1/vpc-firewall-rules`: replaces the whole list.
 pub fn update(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let pid = select_vpc(cx.store, cx)?;
-    let params: types::VpcFirewallRuleUpdateParams = cx.body()?;
+    let params: types::VpcFirewallRuleUpdateParams = cx
+        .body::<firewall_rules::VpcFirewallRuleUpdateParams>()?
+        .into();
     check_update(&params)?;
     check_same_vpc(&params.rules, DEFAULT_VPC)?;
     let vpc_id = project(cx.store, &pid)?.vpc_id;

@@ -70,9 +70,14 @@ impl Ctx<'_> {
             .ok_or_else(|| ApiError::bad_query("missing field `project`"))
     }
 
-    /// The JSON body as `T`.
+    /// The JSON body as `T`. A failure reads as dropshot's: the path of the field that failed
+    /// (`rules[0].filters: `), then serde's message with its position.
     pub fn body<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
-        serde_json::from_slice(self.body).map_err(ApiError::bad_body)
+        let mut de = serde_json::Deserializer::from_slice(self.body);
+        let value = serde_path_to_error::deserialize(&mut de).map_err(ApiError::bad_body)?;
+        // Stricter than dropshot, which never calls `end`: trailing bytes are refused.
+        de.end().map_err(ApiError::bad_body)?;
+        Ok(value)
     }
 }
 
