@@ -76,6 +76,39 @@ async fn unknown_paths_404_and_wrong_methods_405() {
     assert_eq!(allow, ["GET", "POST"]);
 }
 
+/// dropshot's `Allow` headers name every method of the path's router node: the methods nexus
+/// registers for the path (the API document's), also those the simulator does not serve.
+#[tokio::test]
+async fn a_405_allows_every_method_nexus_registers_for_the_path() {
+    let api = Api::new();
+    api.project("p").await;
+    for (method, uri, nexus) in [
+        (
+            Method::PATCH,
+            "/v1/vpcs/default?project=p",
+            &["DELETE", "GET", "PUT"][..],
+        ),
+        (Method::POST, "/v1/projects/p", &["DELETE", "GET", "PUT"]),
+        (Method::DELETE, "/v1/network-interfaces", &["GET", "POST"]),
+        (Method::POST, "/v1/vpc-firewall-rules", &["GET", "PUT"]),
+        (
+            Method::PUT,
+            "/v1/anti-affinity-groups/g/members/instance/i",
+            &["DELETE", "GET", "POST"],
+        ),
+    ] {
+        let r = api.call(method.clone(), uri, None).await;
+        assert_error(&r, StatusCode::METHOD_NOT_ALLOWED, None);
+        let allow: Vec<&str> = r
+            .headers
+            .get_all(http::header::ALLOW)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(allow, nexus, "{method} {uri}");
+    }
+}
+
 #[tokio::test]
 async fn api_version_newer_than_the_rack_is_refused() {
     let api = Api::new();

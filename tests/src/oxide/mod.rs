@@ -44,7 +44,7 @@ pub use faults::{AfterFault, FaultSpec, Faults, RouteFault};
 pub use firewall::Proto;
 pub use store::BulkWriteStats;
 
-pub use routes::{ROUTES, RouteSpec};
+pub use routes::{NEXUS_METHODS, ROUTES, RouteSpec};
 
 use error::json_response;
 use firewall::Source;

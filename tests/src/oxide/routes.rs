@@ -529,13 +529,69 @@ pub const ROUTES: &[RouteSpec] = &[
     ),
 ];
 
+/// Every method nexus registers for each path the simulator serves, as the API document lists
+/// them (`oxide_conformance` checks the table against the document). A 405 names these in its
+/// `Allow` headers, not only the methods served here: dropshot lists every method of the
+/// path's router node.
+pub const NEXUS_METHODS: &[(&str, &[&str])] = &[
+    ("/v1/affinity-groups", &["GET", "POST"]),
+    (
+        "/v1/affinity-groups/{affinity_group}",
+        &["DELETE", "GET", "PUT"],
+    ),
+    ("/v1/anti-affinity-groups", &["GET", "POST"]),
+    (
+        "/v1/anti-affinity-groups/{anti_affinity_group}",
+        &["DELETE", "GET", "PUT"],
+    ),
+    (
+        "/v1/anti-affinity-groups/{anti_affinity_group}/members",
+        &["GET"],
+    ),
+    (
+        "/v1/anti-affinity-groups/{anti_affinity_group}/members/instance/{instance}",
+        &["DELETE", "GET", "POST"],
+    ),
+    ("/v1/disks", &["GET", "POST"]),
+    ("/v1/disks/{disk}", &["DELETE", "GET"]),
+    ("/v1/disks/{disk}/bulk-write", &["POST"]),
+    ("/v1/disks/{disk}/bulk-write-start", &["POST"]),
+    ("/v1/disks/{disk}/bulk-write-stop", &["POST"]),
+    ("/v1/disks/{disk}/finalize", &["POST"]),
+    ("/v1/floating-ips", &["GET", "POST"]),
+    ("/v1/floating-ips/{floating_ip}", &["DELETE", "GET", "PUT"]),
+    ("/v1/floating-ips/{floating_ip}/attach", &["POST"]),
+    ("/v1/floating-ips/{floating_ip}/detach", &["POST"]),
+    ("/v1/images", &["GET", "POST"]),
+    ("/v1/images/{image}", &["DELETE", "GET"]),
+    ("/v1/instances", &["GET", "POST"]),
+    ("/v1/instances/{instance}", &["DELETE", "GET", "PUT"]),
+    ("/v1/instances/{instance}/disks", &["GET"]),
+    ("/v1/instances/{instance}/external-ips", &["GET"]),
+    ("/v1/instances/{instance}/reboot", &["POST"]),
+    ("/v1/instances/{instance}/serial-console", &["GET"]),
+    ("/v1/instances/{instance}/start", &["POST"]),
+    ("/v1/instances/{instance}/stop", &["POST"]),
+    ("/v1/network-interfaces", &["GET", "POST"]),
+    ("/v1/projects", &["GET", "POST"]),
+    ("/v1/projects/{project}", &["DELETE", "GET", "PUT"]),
+    ("/v1/snapshots", &["GET", "POST"]),
+    ("/v1/snapshots/{snapshot}", &["DELETE", "GET"]),
+    ("/v1/vpc-firewall-rules", &["GET", "PUT"]),
+    ("/v1/vpc-subnets", &["GET", "POST"]),
+    ("/v1/vpc-subnets/{subnet}", &["DELETE", "GET", "PUT"]),
+    ("/v1/vpcs", &["GET", "POST"]),
+    ("/v1/vpcs/{vpc}", &["DELETE", "GET", "PUT"]),
+];
+
 /// Finds the route for `method` + `path`; returns it with the decoded path parameters.
 pub fn match_route(
     method: &Method,
     path: &str,
 ) -> Result<(&'static RouteSpec, Vec<String>), ApiError> {
     let segments: Vec<&str> = path.split('/').collect();
-    let mut allow = Vec::new();
+    let mut served = Vec::new();
+    let mut template = None;
     for spec in ROUTES {
         let Some(params) = match_template(spec.template, &segments) else {
             continue;
@@ -543,13 +599,17 @@ pub fn match_route(
         if spec.method == method.as_str() {
             return Ok((spec, params?));
         }
-        allow.push(spec.method);
+        served.push(spec.method);
+        template = Some(spec.template);
     }
-    Err(if !allow.is_empty() {
-        ApiError::method_not_allowed(allow)
-    } else {
-        ApiError::route_not_found()
-    })
+    let Some(template) = template else {
+        return Err(ApiError::route_not_found());
+    };
+    let allow = NEXUS_METHODS
+        .iter()
+        .find(|(path, _)| *path == template)
+        .map_or(served, |(_, methods)| methods.to_vec());
+    Err(ApiError::method_not_allowed(allow))
 }
 
 /// `Some(Ok(params))` when `segments` fit `template`; `Some(Err)` when they fit but a
@@ -822,6 +882,23 @@ mod tests {
                 .status,
             StatusCode::NOT_FOUND
         );
+    }
+
+    #[test]
+    fn every_served_route_has_its_nexus_methods() {
+        for spec in ROUTES {
+            let methods = NEXUS_METHODS
+                .iter()
+                .find(|(path, _)| *path == spec.template)
+                .map(|(_, m)| *m)
+                .unwrap_or_else(|| panic!("{} has no NEXUS_METHODS entry", spec.template));
+            assert!(methods.contains(&spec.method), "{}", spec.key());
+            assert!(
+                methods.is_sorted(),
+                "{}: in method-name order",
+                spec.template
+            );
+        }
     }
 
     #[test]
