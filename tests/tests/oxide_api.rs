@@ -151,6 +151,100 @@ async fn uppercase_and_malformed_names_are_parse_errors_without_code() {
     assert_error(&r, StatusCode::BAD_REQUEST, None);
 }
 
+/// Nexus's `Name` is parsed with the body (`#[serde(try_from = "String")]`): a bad name is
+/// dropshot's 400 without code with nexus's own words, checked in nexus's order (length, first
+/// character, each character, last character, not a UUID). A rule's name or target carries
+/// the field's path and the string's position; a create body's name is in the flattened
+/// identity, which serde reads at the end of the object: no path, the closing brace's position.
+#[tokio::test]
+async fn names_are_refused_in_nexus_words_at_their_place_in_the_body() {
+    let api = Api::new();
+    let send = |method: Method, uri: &str, body: String| {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(Bytes::from(body))
+            .unwrap();
+        api.raw(req)
+    };
+    let invalid = "name contains invalid character: \"{c}\" (allowed characters are lowercase \
+                   ASCII, digits, and \"-\")";
+    let long = "W".repeat(64);
+    for (bad, words) in [
+        (
+            "Web",
+            "name must begin with an ASCII lowercase character".to_owned(),
+        ),
+        ("web-", "name cannot end with \"-\"".to_owned()),
+        (
+            "Web-",
+            "name must begin with an ASCII lowercase character".to_owned(),
+        ),
+        ("web_1-", invalid.replace("{c}", "_")),
+        // Passes the SDK's pattern, not nexus's rules.
+        ("wEb", invalid.replace("{c}", "E")),
+        (
+            long.as_str(),
+            "name may contain at most 63 characters".to_owned(),
+        ),
+        ("", "name requires at least one character".to_owned()),
+    ] {
+        let body = format!(r#"{{"name":"{bad}","description":""}}"#);
+        let column = body.len();
+        let r = send(Method::POST, "/v1/projects", body).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, None);
+        assert_eq!(
+            r.message(),
+            format!("unable to parse JSON body: {words} at line 1 column {column}"),
+            "{bad:?}"
+        );
+    }
+    let r = send(
+        Method::POST,
+        "/v1/projects",
+        "{\"name\": \"p-\",\n \"description\": \"\"\n}\n".to_owned(),
+    )
+    .await;
+    assert_eq!(
+        r.message(),
+        "unable to parse JSON body: name cannot end with \"-\" at line 3 column 1"
+    );
+
+    // In a rule, the path and the string's closing quote.
+    api.project("p").await;
+    let rules = |name: &str, target: &str| {
+        format!(
+            r#"{{"rules":[{{"name":"{name}","description":"","status":"enabled","direction":"inbound","targets":[{{"type":"instance","value":"{target}"}}],"filters":{{}},"action":"allow","priority":1}}]}}"#
+        )
+    };
+    let url = "/v1/vpc-firewall-rules?project=p&vpc=default";
+    let body = rules("Allow-web", "web");
+    let column = body.find("Allow-web").unwrap() + "Allow-web".len() + 1;
+    let r = send(Method::PUT, url, body).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert_eq!(
+        r.message(),
+        format!(
+            "unable to parse JSON body: rules[0].name: name must begin with an ASCII lowercase \
+             character at line 1 column {column}"
+        )
+    );
+    let body = rules("allow-web", "web-");
+    // An adjacently tagged value's error is at the end of its object (the same serde derive
+    // for nexus's `VpcFirewallRuleTarget`).
+    let column = body.find("web-\"}").unwrap() + "web-\"}".len();
+    let r = send(Method::PUT, url, body).await;
+    assert_eq!(
+        r.message(),
+        format!(
+            "unable to parse JSON body: rules[0].targets[0].value: name cannot end with \"-\" \
+             at line 1 column {column}"
+        )
+    );
+}
+
 #[tokio::test]
 async fn malformed_json_and_wrong_content_type_are_400() {
     let api = Api::new();

@@ -10,6 +10,7 @@
 //! Kubernetes control plane (`control_plane`). Those learn about lifecycle edges through [`RackEvents`].
 
 pub mod addresses;
+mod body;
 mod console;
 mod error;
 pub mod faults;

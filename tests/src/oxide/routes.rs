@@ -823,7 +823,7 @@ fn project_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 }
 
 fn project_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
-    let body: types::ProjectCreate = cx.body()?;
+    let body: types::ProjectCreate = cx.create_body()?;
     body_name(&body.name)?;
     if cx.store.projects.values().any(|p| p.name == body.name) {
         return Err(ApiError::already_exists("project", body.name.as_str()));
