@@ -109,6 +109,43 @@ async fn a_405_allows_every_method_nexus_registers_for_the_path() {
     }
 }
 
+/// dropshot deserialises the query string's pairs into nexus's query type: a plain struct
+/// ignores keys it does not have, repeated or not, and refuses a repeated field of its own;
+/// `PaginationParams` reads every key but `limit` into a map, where the last value wins.
+#[tokio::test]
+async fn repeated_query_parameters_are_taken_as_nexus_takes_them() {
+    let api = Api::new();
+    api.project("p").await;
+    let rules = "/v1/vpc-firewall-rules?project=p&vpc=default";
+    let r = api.get(&format!("{rules}&extra=1&extra=2")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let r = api.get(&format!("{rules}&vpc=default")).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert_eq!(
+        r.message(),
+        "unable to parse query string: duplicate field `vpc`"
+    );
+    let r = api.get("/v1/projects/p?extra&extra").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+
+    // Paginated: the last `project` is the one listed.
+    assert_eq!(
+        api.instance("p", "web", json!({})).await.status,
+        StatusCode::CREATED
+    );
+    let r = api
+        .get("/v1/instances?project=nowhere&extra=1&project=p&extra=2")
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["items"][0]["name"], "web");
+    let r = api.get("/v1/instances?project=p&limit=1&limit=2").await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert_eq!(
+        r.message(),
+        "unable to parse query string: duplicate field `limit`"
+    );
+}
+
 #[tokio::test]
 async fn api_version_newer_than_the_rack_is_refused() {
     let api = Api::new();
