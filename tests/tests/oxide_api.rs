@@ -76,6 +76,76 @@ async fn unknown_paths_404_and_wrong_methods_405() {
     assert_eq!(allow, ["GET", "POST"]);
 }
 
+/// dropshot's `Allow` headers name every method of the path's router node: the methods nexus
+/// registers for the path (the API document's), also those the simulator does not serve.
+#[tokio::test]
+async fn a_405_allows_every_method_nexus_registers_for_the_path() {
+    let api = Api::new();
+    api.project("p").await;
+    for (method, uri, nexus) in [
+        (
+            Method::PATCH,
+            "/v1/vpcs/default?project=p",
+            &["DELETE", "GET", "PUT"][..],
+        ),
+        (Method::POST, "/v1/projects/p", &["DELETE", "GET", "PUT"]),
+        (Method::DELETE, "/v1/network-interfaces", &["GET", "POST"]),
+        (Method::POST, "/v1/vpc-firewall-rules", &["GET", "PUT"]),
+        (
+            Method::PUT,
+            "/v1/anti-affinity-groups/g/members/instance/i",
+            &["DELETE", "GET", "POST"],
+        ),
+    ] {
+        let r = api.call(method.clone(), uri, None).await;
+        assert_error(&r, StatusCode::METHOD_NOT_ALLOWED, None);
+        let allow: Vec<&str> = r
+            .headers
+            .get_all(http::header::ALLOW)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(allow, nexus, "{method} {uri}");
+    }
+}
+
+/// dropshot deserialises the query string's pairs into nexus's query type: a plain struct
+/// ignores keys it does not have, repeated or not, and refuses a repeated field of its own;
+/// `PaginationParams` reads every key but `limit` into a map, where the last value wins.
+#[tokio::test]
+async fn repeated_query_parameters_are_taken_as_nexus_takes_them() {
+    let api = Api::new();
+    api.project("p").await;
+    let rules = "/v1/vpc-firewall-rules?project=p&vpc=default";
+    let r = api.get(&format!("{rules}&extra=1&extra=2")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    let r = api.get(&format!("{rules}&vpc=default")).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert_eq!(
+        r.message(),
+        "unable to parse query string: duplicate field `vpc`"
+    );
+    let r = api.get("/v1/projects/p?extra&extra").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+
+    // Paginated: the last `project` is the one listed.
+    assert_eq!(
+        api.instance("p", "web", json!({})).await.status,
+        StatusCode::CREATED
+    );
+    let r = api
+        .get("/v1/instances?project=nowhere&extra=1&project=p&extra=2")
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["items"][0]["name"], "web");
+    let r = api.get("/v1/instances?project=p&limit=1&limit=2").await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert_eq!(
+        r.message(),
+        "unable to parse query string: duplicate field `limit`"
+    );
+}
+
 #[tokio::test]
 async fn api_version_newer_than_the_rack_is_refused() {
     let api = Api::new();
@@ -116,6 +186,100 @@ async fn uppercase_and_malformed_names_are_parse_errors_without_code() {
         )
         .await;
     assert_error(&r, StatusCode::BAD_REQUEST, None);
+}
+
+/// Nexus's `Name` is parsed with the body (`#[serde(try_from = "String")]`): a bad name is
+/// dropshot's 400 without code with nexus's own words, checked in nexus's order (length, first
+/// character, each character, last character, not a UUID). A rule's name or target carries
+/// the field's path and the string's position; a create body's name is in the flattened
+/// identity, which serde reads at the end of the object: no path, the closing brace's position.
+#[tokio::test]
+async fn names_are_refused_in_nexus_words_at_their_place_in_the_body() {
+    let api = Api::new();
+    let send = |method: Method, uri: &str, body: String| {
+        let req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(Bytes::from(body))
+            .unwrap();
+        api.raw(req)
+    };
+    let invalid = "name contains invalid character: \"{c}\" (allowed characters are lowercase \
+                   ASCII, digits, and \"-\")";
+    let long = "W".repeat(64);
+    for (bad, words) in [
+        (
+            "Web",
+            "name must begin with an ASCII lowercase character".to_owned(),
+        ),
+        ("web-", "name cannot end with \"-\"".to_owned()),
+        (
+            "Web-",
+            "name must begin with an ASCII lowercase character".to_owned(),
+        ),
+        ("web_1-", invalid.replace("{c}", "_")),
+        // Passes the SDK's pattern, not nexus's rules.
+        ("wEb", invalid.replace("{c}", "E")),
+        (
+            long.as_str(),
+            "name may contain at most 63 characters".to_owned(),
+        ),
+        ("", "name requires at least one character".to_owned()),
+    ] {
+        let body = format!(r#"{{"name":"{bad}","description":""}}"#);
+        let column = body.len();
+        let r = send(Method::POST, "/v1/projects", body).await;
+        assert_error(&r, StatusCode::BAD_REQUEST, None);
+        assert_eq!(
+            r.message(),
+            format!("unable to parse JSON body: {words} at line 1 column {column}"),
+            "{bad:?}"
+        );
+    }
+    let r = send(
+        Method::POST,
+        "/v1/projects",
+        "{\"name\": \"p-\",\n \"description\": \"\"\n}\n".to_owned(),
+    )
+    .await;
+    assert_eq!(
+        r.message(),
+        "unable to parse JSON body: name cannot end with \"-\" at line 3 column 1"
+    );
+
+    // In a rule, the path and the string's closing quote.
+    api.project("p").await;
+    let rules = |name: &str, target: &str| {
+        format!(
+            r#"{{"rules":[{{"name":"{name}","description":"","status":"enabled","direction":"inbound","targets":[{{"type":"instance","value":"{target}"}}],"filters":{{}},"action":"allow","priority":1}}]}}"#
+        )
+    };
+    let url = "/v1/vpc-firewall-rules?project=p&vpc=default";
+    let body = rules("Allow-web", "web");
+    let column = body.find("Allow-web").unwrap() + "Allow-web".len() + 1;
+    let r = send(Method::PUT, url, body).await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert_eq!(
+        r.message(),
+        format!(
+            "unable to parse JSON body: rules[0].name: name must begin with an ASCII lowercase \
+             character at line 1 column {column}"
+        )
+    );
+    let body = rules("allow-web", "web-");
+    // An adjacently tagged value's error is at the end of its object (the same serde derive
+    // for nexus's `VpcFirewallRuleTarget`).
+    let column = body.find("web-\"}").unwrap() + "web-\"}".len();
+    let r = send(Method::PUT, url, body).await;
+    assert_eq!(
+        r.message(),
+        format!(
+            "unable to parse JSON body: rules[0].targets[0].value: name cannot end with \"-\" \
+             at line 1 column {column}"
+        )
+    );
 }
 
 #[tokio::test]
@@ -1675,6 +1839,119 @@ async fn firewall_ports_and_icmp_codes_are_checked_as_nexus_checks_them() {
     let r = put(json!({"ports": ["1-65535"], "protocols": [{"type": "icmp", "value": {"icmp_type": 3, "code": "5-10"}}]}))
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+/// A rule naming another VPC is refused before anything is written (omicron
+/// `nexus/src/app/vpc.rs` `vpc_update_firewall_rules` → `ensure_no_cross_vpc_references`;
+/// nexus's `test_firewall_rules_cross_vpc_rejected_before_write`): only `vpc` targets and
+/// `vpc` host filters are checked, targets first, rule by rule.
+#[tokio::test]
+async fn firewall_rules_naming_another_vpc_are_refused_before_the_write() {
+    let api = Api::new();
+    api.project("p").await;
+    let url = "/v1/vpc-firewall-rules?project=p&vpc=default";
+    let before = api.get(url).await;
+    assert_eq!(before.status, StatusCode::OK, "{}", before.body);
+    let rule = |name: &str, target: Value, hosts: Value| {
+        json!({
+            "name": name, "description": "", "status": "enabled", "direction": "inbound",
+            "action": "allow", "priority": 100, "targets": [target],
+            "filters": {"hosts": hosts},
+        })
+    };
+    let vpc = |name: &str| json!({"type": "vpc", "value": name});
+    let put = |rules: Vec<Value>| api.call(Method::PUT, url, Some(json!({ "rules": rules })));
+
+    let r = put(vec![rule(
+        "cross-vpc",
+        vpc("default"),
+        json!([vpc("some-other-vpc")]),
+    )])
+    .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(r.message(), "cross-VPC firewall host filter unsupported");
+    // Targets are looked at before host filters, rule by rule.
+    let r = put(vec![
+        rule("ok", vpc("default"), json!([vpc("default")])),
+        rule("both", vpc("other"), json!([vpc("other")])),
+    ])
+    .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidRequest"));
+    assert_eq!(r.message(), "cross-VPC firewall target unsupported");
+    let r = put(vec![
+        rule("host", vpc("default"), json!([vpc("other")])),
+        rule("target", vpc("other"), Value::Null),
+    ])
+    .await;
+    assert_eq!(r.message(), "cross-VPC firewall host filter unsupported");
+    // The rule checks of `vec_from_params` come first.
+    let r = put(vec![
+        rule("same", vpc("other"), Value::Null),
+        rule("same", vpc("default"), Value::Null),
+    ])
+    .await;
+    assert_error(&r, StatusCode::BAD_REQUEST, Some("InvalidValue"));
+    // Nothing was written.
+    assert_eq!(api.get(url).await.body, before.body);
+
+    // Subnet and instance names are not checked: they are looked up in this VPC.
+    let subnet = json!({"type": "subnet", "value": "not-here"});
+    let instance = json!({"type": "instance", "value": "nobody"});
+    let r = put(vec![rule(
+        "inside",
+        subnet.clone(),
+        json!([subnet, instance]),
+    )])
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+}
+
+/// `filters` is nexus's `VpcFirewallRuleFilter`, a serde struct without defaults whose fields
+/// are hosts, protocols, ports (omicron `common/src/api/external/mod.rs`): as a JSON array it
+/// needs all three, in that order. The SDK's type has defaults and another order.
+#[tokio::test]
+async fn firewall_filters_as_an_array_are_read_as_nexus_reads_them() {
+    let api = Api::new();
+    api.project("p").await;
+    let put = |filters: &str| {
+        let body = format!(
+            r#"{{"rules":[{{"name":"r","description":"","status":"enabled","direction":"inbound","targets":[],"filters":{filters},"action":"allow","priority":1}}]}}"#
+        );
+        let req = Request::builder()
+            .method(Method::PUT)
+            .uri("/v1/vpc-firewall-rules?project=p&vpc=default")
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(Bytes::from(body.clone()))
+            .unwrap();
+        // serde_json reports the column of the array's closing bracket.
+        let column = body.find(filters).unwrap() + filters.len();
+        (api.raw(req), column)
+    };
+    let (r, column) = put("[null,null]");
+    let r = r.await;
+    assert_error(&r, StatusCode::BAD_REQUEST, None);
+    assert_eq!(
+        r.message(),
+        format!(
+            "unable to parse JSON body: rules[0].filters: invalid length 2, expected struct \
+             VpcFirewallRuleFilter with 3 elements at line 1 column {column}"
+        )
+    );
+    let (r, _) = put("[]");
+    assert!(
+        r.await
+            .message()
+            .contains("invalid length 0, expected struct VpcFirewallRuleFilter with 3 elements"),
+    );
+    // Three elements are hosts, protocols, ports.
+    let (r, _) = put(r#"[null,[{"type":"tcp"}],["6443"]]"#);
+    let r = r.await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(
+        r.body["rules"][0]["filters"],
+        json!({"protocols": [{"type": "tcp"}], "ports": ["6443"]})
+    );
 }
 
 /// Local disks as nexus takes them (omicron `nexus/src/app/disk.rs`

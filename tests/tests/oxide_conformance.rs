@@ -18,8 +18,8 @@ use bytes::Bytes;
 use http::{Method, Request};
 use oxide::types;
 use oxide_common::{Api, TOKEN};
-use oxide_sim::oxide::ROUTES;
 use oxide_sim::oxide::schema_check::OpenApiDoc;
+use oxide_sim::oxide::{NEXUS_METHODS, QueryShape, ROUTES};
 use serde_json::{Value, json};
 
 const GIB: u64 = 1 << 30;
@@ -94,6 +94,44 @@ fn every_served_route_exists_in_the_document_with_its_status() {
         }
     }
     assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// The methods behind a 405's `Allow` headers are the document's, path by path.
+#[test]
+fn the_allow_table_lists_every_method_the_document_has_for_a_served_path() {
+    let Some(doc) = load_doc() else { return };
+    let served: BTreeSet<&str> = ROUTES.iter().map(|r| r.template).collect();
+    let table: BTreeSet<&str> = NEXUS_METHODS.iter().map(|(path, _)| *path).collect();
+    assert_eq!(table, served, "one entry per served path");
+    for (path, methods) in NEXUS_METHODS {
+        assert_eq!(doc.methods(path), *methods, "{path}");
+    }
+}
+
+/// How a route takes repeated query parameters follows from the document: paginated
+/// operations (`x-dropshot-pagination`) or the struct's fields, the query parameters.
+#[test]
+fn every_route_takes_the_query_parameters_the_document_lists() {
+    let Some(doc) = load_doc() else { return };
+    for r in ROUTES {
+        let paginated = doc
+            .operation(r.method, r.template)
+            .is_some_and(|op| op.get("x-dropshot-pagination").is_some());
+        let mut params: Vec<String> = doc
+            .parameters(r.method, r.template)
+            .into_iter()
+            .filter(|p| p.location == "query")
+            .map(|p| p.name)
+            .collect();
+        params.sort();
+        match r.query {
+            QueryShape::Paginated => assert!(paginated, "{} is not paginated", r.key()),
+            QueryShape::Fields(fields) => {
+                assert!(!paginated, "{} is paginated", r.key());
+                assert_eq!(params, fields, "{}", r.key());
+            }
+        }
+    }
 }
 
 /// Sends requests, checking each against the document.

@@ -17,6 +17,8 @@ async fn binary_prints_one_ready_line_serves_the_api_and_exits_on_sigterm() {
             "2222",
             "--latency-ms",
             "GET /v1/projects=1",
+            "--k3s-version",
+            "v1.33.4+k3s1",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -47,7 +49,9 @@ async fn binary_prints_one_ready_line_serves_the_api_and_exits_on_sigterm() {
             "kubeconfig",
             "oxide_host",
             "oxide_token",
-            "project"
+            "project",
+            "release_url",
+            "tailscale_api_url"
         ]
     );
     assert!(
@@ -57,7 +61,11 @@ async fn binary_prints_one_ready_line_serves_the_api_and_exits_on_sigterm() {
     let host = ready["oxide_host"].as_str().unwrap();
     let token = ready["oxide_token"].as_str().unwrap();
     let admin = ready["admin_url"].as_str().unwrap();
+    let releases = ready["release_url"].as_str().unwrap();
+    let tailscale = ready["tailscale_api_url"].as_str().unwrap();
     assert!(host.starts_with("http://127.0.0.1:"));
+    assert!(releases.starts_with("http://127.0.0.1:"), "{releases}");
+    assert!(tailscale.starts_with("http://127.0.0.1:"), "{tailscale}");
 
     let http = reqwest::Client::new();
     let unauthenticated = http
@@ -74,6 +82,23 @@ async fn binary_prints_one_ready_line_serves_the_api_and_exits_on_sigterm() {
         .await
         .unwrap();
     assert_eq!(projects.status(), 200);
+
+    // The release mirror serves the hash file of the release it installs, as GitHub does;
+    // the Tailscale API wants its key.
+    let hashes = http
+        .get(format!(
+            "{releases}/download/v1.33.4+k3s1/sha256sum-amd64.txt"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hashes.status(), 200);
+    let devices = http
+        .get(format!("{tailscale}/api/v2/tailnet/-/devices"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(devices.status(), 401);
 
     let counters: serde_json::Value = http
         .get(format!("{admin}/counters"))

@@ -1,8 +1,9 @@
 //! `oxide-sim`: runs the rack + cluster simulator until SIGTERM/SIGINT.
 //!
 //! Prints exactly one JSON line on stdout once ready —
-//! `{"oxide_host":…,"oxide_token":…,"admin_url":…,"project":…,"kubeconfig":…}` — and nothing
-//! else on stdout; logs go to stderr (`RUST_LOG`, default `info`).
+//! `{"oxide_host":…,"oxide_token":…,"admin_url":…,"project":…,"kubeconfig":…,"release_url":…,
+//! "tailscale_api_url":…}`, plus `tailscale_api_key` and `tailscale_tailnet` once an auth key
+//! is given — and nothing else on stdout; logs go to stderr (`RUST_LOG`, default `info`).
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -116,7 +117,7 @@ struct Args {
     #[arg(long, value_name = "PREFIX")]
     quota_exceeded: Vec<String>,
     /// An auth key VMs may join the simulated tailnet with (repeatable). The fake Tailscale
-    /// API's URL, key and tailnet are printed in the ready line once one is given.
+    /// API's key and tailnet are printed in the ready line once one is given (its URL always).
     #[arg(
         long,
         value_name = "KEY",

@@ -98,9 +98,8 @@ impl SimHandle {
             admin_url: &self.admin_url,
             project: self.project.as_deref(),
             kubeconfig: self.kubeconfig.as_ref().map(|p| p.display().to_string()),
-            tailscale_api_url: self
-                .tailscale_configured
-                .then_some(self.tailscale_api_url.as_str()),
+            release_url: &self.release_url,
+            tailscale_api_url: &self.tailscale_api_url,
             tailscale_api_key: self.tailscale_configured.then_some(self.tailnet.api_key()),
             tailscale_tailnet: self.tailscale_configured.then_some(self.tailnet.name()),
         };
@@ -139,9 +138,11 @@ struct ReadyLine<'a> {
     admin_url: &'a str,
     project: Option<&'a str>,
     kubeconfig: Option<String>,
+    /// Base URL of the k3s release mirror (a spec's `k3s.release_url`).
+    release_url: &'a str,
+    /// Base URL of the Tailscale API (`--tailscale-api-url`).
+    tailscale_api_url: &'a str,
     /// Present when auth keys were configured (a tailnet VMs can join).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tailscale_api_url: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tailscale_api_key: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -6,8 +6,9 @@
 //! Sources (tests/FIDELITY.md, "Firewall and instance lifecycle"):
 //! - defaults: omicron `nexus/defaults/src/lib.rs` (`DEFAULT_FIREWALL_RULES`);
 //! - checks on `PUT`: omicron `nexus/db-model/src/vpc_firewall_rule.rs` (unique names, at most
-//!   1024 rules and 256 targets / filters of each kind, non-empty port ranges); every `PUT`
-//!   gives every rule a new id (`vec_from_params`);
+//!   1024 rules and 256 targets / filters of each kind, non-empty port ranges), then
+//!   `nexus/networking/src/firewall_rules.rs` (no `vpc` target or host filter naming another
+//!   VPC); every `PUT` gives every rule a new id (`vec_from_params`);
 //! - targets and host filters: omicron `nexus/networking/src/firewall_rules.rs` (targets are
 //!   the instances' NICs; `instance`/`subnet`/`ip`/`ip_net` host filters become private
 //!   addresses, a `vpc` host filter becomes the VPC's VNI);
@@ -36,7 +37,7 @@ use super::store::{Project, Store, query_ref};
 /// Nexus's caps (`MAX_FW_RULES_PER_VPC`, `MAX_FW_RULE_PARTS`).
 const MAX_RULES: usize = 1024;
 const MAX_PARTS: usize = 256;
-use super::firewall_rules::{DEFAULT_VPC, materialize};
+use super::firewall_rules::{self, DEFAULT_VPC, materialize};
 
 /// Where a connection comes from, as the target's firewall sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +152,34 @@ pub fn check_update(params: &types::VpcFirewallRuleUpdateParams) -> Result<(), A
             {
                 body_name(n)?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// Nexus refuses a list that names another VPC before it writes anything
+/// (`ensure_no_cross_vpc_references`): rule by rule, a `vpc` target, then a `vpc` host
+/// filter, whose name is not the VPC's own. Subnet and instance names are not checked here:
+/// they name things inside the VPC and are only looked up when the rules are pushed.
+fn check_same_vpc(rules: &[types::VpcFirewallRuleUpdate], vpc: &str) -> Result<(), ApiError> {
+    for r in rules {
+        let other_target = r
+            .targets
+            .iter()
+            .any(|t| matches!(t, types::VpcFirewallRuleTarget::Vpc(n) if n.as_str() != vpc));
+        if other_target {
+            return Err(ApiError::invalid_request(
+                "cross-VPC firewall target unsupported",
+            ));
+        }
+        let other_host =
+            r.filters.hosts.iter().flatten().any(
+                |h| matches!(h, types::VpcFirewallRuleHostFilter::Vpc(n) if n.as_str() != vpc),
+            );
+        if other_host {
+            return Err(ApiError::invalid_request(
+                "cross-VPC firewall host filter unsupported",
+            ));
         }
     }
     Ok(())
@@ -361,8 +390,11 @@ pub fn view(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 /// `PUT /v1/vpc-firewall-rules`: replaces the whole list.
 pub fn update(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let pid = select_vpc(cx.store, cx)?;
-    let params: types::VpcFirewallRuleUpdateParams = cx.body()?;
+    let params: types::VpcFirewallRuleUpdateParams = cx
+        .body::<firewall_rules::VpcFirewallRuleUpdateParams>()?
+        .into();
     check_update(&params)?;
+    check_same_vpc(&params.rules, DEFAULT_VPC)?;
     let vpc_id = project(cx.store, &pid)?.vpc_id;
     let rules = materialize(vpc_id, params.rules);
     let p = cx

@@ -1,12 +1,15 @@
-//! The rule data of a VPC firewall: the three rules nexus writes into every new VPC, and the
-//! stored form of a rule list (each rule with a new id, as every `PUT` gives it). Pure data,
-//! shared by the store (a new project's VPC) and the firewall routes.
+//! The rule data of a VPC firewall: the three rules nexus writes into every new VPC, the body
+//! of a `PUT` as nexus parses it, and the stored form of a rule list (each rule with a new id,
+//! as every `PUT` gives it). Pure data, shared by the store (a new project's VPC) and the
+//! firewall routes.
 //!
 //! Sources: omicron `nexus/defaults/src/lib.rs` (`DEFAULT_FIREWALL_RULES`),
+//! `common/src/api/external/mod.rs` (the update types),
 //! `nexus/db-model/src/vpc_firewall_rule.rs` (`vec_from_params`); tests/FIDELITY.md.
 
 use chrono::Utc;
 use oxide::types;
+use serde::Deserialize;
 use uuid::Uuid;
 
 /// Priority nexus gives the default rules.
@@ -68,6 +71,61 @@ pub fn default_rules() -> Vec<types::VpcFirewallRuleUpdate> {
             },
         ),
     ]
+}
+
+/// The body of `PUT /v1/vpc-firewall-rules` as nexus's own types take it, which the SDK's
+/// differ from: their fields have serde defaults (nexus's filter fields have none, so a
+/// `filters` array shorter than three is refused) and are in another order (a struct given as
+/// an array is read by position). The type names are nexus's: serde's messages quote them.
+#[derive(Debug, Deserialize)]
+pub struct VpcFirewallRuleUpdateParams {
+    #[serde(default)]
+    rules: Vec<VpcFirewallRuleUpdate>,
+}
+
+/// One rule of [`VpcFirewallRuleUpdateParams`], fields in nexus's order.
+#[derive(Debug, Deserialize)]
+struct VpcFirewallRuleUpdate {
+    name: types::Name,
+    description: String,
+    status: types::VpcFirewallRuleStatus,
+    direction: types::VpcFirewallRuleDirection,
+    targets: Vec<types::VpcFirewallRuleTarget>,
+    filters: VpcFirewallRuleFilter,
+    action: types::VpcFirewallRuleAction,
+    priority: u16,
+}
+
+/// The filters of a [`VpcFirewallRuleUpdate`], fields in nexus's order, without defaults.
+#[derive(Debug, Deserialize)]
+struct VpcFirewallRuleFilter {
+    hosts: Option<Vec<types::VpcFirewallRuleHostFilter>>,
+    protocols: Option<Vec<types::VpcFirewallRuleProtocol>>,
+    ports: Option<Vec<types::L4PortRange>>,
+}
+
+impl From<VpcFirewallRuleUpdateParams> for types::VpcFirewallRuleUpdateParams {
+    fn from(params: VpcFirewallRuleUpdateParams) -> Self {
+        let rules = params
+            .rules
+            .into_iter()
+            .map(|r| types::VpcFirewallRuleUpdate {
+                action: r.action,
+                description: r.description,
+                direction: r.direction,
+                filters: types::VpcFirewallRuleFilter {
+                    hosts: r.filters.hosts,
+                    ports: r.filters.ports,
+                    protocols: r.filters.protocols,
+                },
+                name: r.name,
+                priority: r.priority,
+                status: r.status,
+                targets: r.targets,
+            })
+            .collect();
+        Self { rules }
+    }
 }
 
 /// The stored form of a replacement list: each rule gets a new id, as in nexus.

@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::AddressPool;
+use super::body;
 use super::error::ApiError;
 use super::lifecycle::{Effects, Env};
 use super::names;
@@ -70,9 +71,15 @@ impl Ctx<'_> {
             .ok_or_else(|| ApiError::bad_query("missing field `project`"))
     }
 
-    /// The JSON body as `T`.
+    /// The JSON body as `T`, failing with dropshot's 400 (`body::parse`).
     pub fn body<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
-        serde_json::from_slice(self.body).map_err(ApiError::bad_body)
+        body::parse(self.body)
+    }
+
+    /// The JSON body of a create route as `T`: nexus's type flattens the identity (`name`,
+    /// `description`), which shows in its parse errors (`body::parse_create`).
+    pub fn create_body<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        body::parse_create(self.body)
     }
 }
 

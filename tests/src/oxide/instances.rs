@@ -147,7 +147,7 @@ enum IpPlan {
 
 pub fn create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let project_raw = cx.required_project()?.to_owned();
-    let body: types::InstanceCreate = cx.body()?;
+    let body: types::InstanceCreate = cx.create_body()?;
     let user_data = check_create_body(&body)?;
     let store = &*cx.store;
     let pid = store.project_param(&project_raw)?;

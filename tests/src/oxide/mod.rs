@@ -10,6 +10,7 @@
 //! Kubernetes control plane (`control_plane`). Those learn about lifecycle edges through [`RackEvents`].
 
 pub mod addresses;
+mod body;
 mod console;
 mod error;
 pub mod faults;
@@ -44,7 +45,7 @@ pub use faults::{AfterFault, FaultSpec, Faults, RouteFault};
 pub use firewall::Proto;
 pub use store::BulkWriteStats;
 
-pub use routes::{ROUTES, RouteSpec};
+pub use routes::{NEXUS_METHODS, QueryShape, ROUTES, RouteSpec};
 
 use error::json_response;
 use firewall::Source;
@@ -378,7 +379,7 @@ impl OxideSim {
         if spec.has_body {
             routes::check_content_type(&parts.headers)?;
         }
-        routes::parse_query(parts.uri.query())
+        routes::parse_query(parts.uri.query(), spec.query)
     }
 
     /// Delivers events and arms timers recorded while the lock was held.

@@ -53,7 +53,7 @@ pub fn fip_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub fn fip_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let project = cx.required_project()?.to_owned();
-    let body: types::FloatingIpCreate = cx.body()?;
+    let body: types::FloatingIpCreate = cx.create_body()?;
     body_name(&body.name)?;
     let pid = cx.store.project_param(&project)?;
     if store::find_by_name(&cx.store.floating_ips, Some(pid), body.name.as_str()).is_some() {
@@ -276,7 +276,7 @@ pub fn group_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub fn group_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let project = cx.required_project()?.to_owned();
-    let body: types::AntiAffinityGroupCreate = cx.body()?;
+    let body: types::AntiAffinityGroupCreate = cx.create_body()?;
     let pid = new_group_project(
         cx,
         &project,
@@ -403,7 +403,7 @@ pub fn affinity_group_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 /// POST /v1/affinity-groups?project=.
 pub fn affinity_group_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let project = cx.required_project()?.to_owned();
-    let body: types::AffinityGroupCreate = cx.body()?;
+    let body: types::AffinityGroupCreate = cx.create_body()?;
     let pid = new_group_project(
         cx,
         &project,

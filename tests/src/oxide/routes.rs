@@ -87,7 +87,26 @@ pub struct RouteSpec {
     /// Whether the route takes a JSON request body.
     pub has_body: bool,
     op: Op,
+    /// How nexus's query type takes the query string.
+    pub query: QueryShape,
 }
+
+/// How nexus's query type for a route takes a query string (dropshot's `Query` extractor
+/// deserialises serde_urlencoded's pairs into it): a plain struct refuses a repeated field it
+/// has ("duplicate field `project`") and ignores any other key, repeated or not; dropshot's
+/// `PaginationParams` has only `limit` as a field and reads every other key into a map, where
+/// the last value wins.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueryShape {
+    /// A plain struct with these fields (the API document's query parameters).
+    Fields(&'static [&'static str]),
+    /// `PaginationParams` (the document's `x-dropshot-pagination`).
+    Paginated,
+}
+
+const NO_QUERY: QueryShape = QueryShape::Fields(&[]);
+const PROJECT: QueryShape = QueryShape::Fields(&["project"]);
+const PAGINATED: QueryShape = QueryShape::Paginated;
 
 impl RouteSpec {
     /// Counter / fault key: `"METHOD /v1/template"`.
@@ -103,6 +122,7 @@ const fn r(
     operation_id: &'static str,
     has_body: bool,
     op: Op,
+    query: QueryShape,
 ) -> RouteSpec {
     RouteSpec {
         method,
@@ -111,6 +131,7 @@ const fn r(
         operation_id,
         has_body,
         op,
+        query,
     }
 }
 
@@ -123,8 +144,17 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_network_interface_list",
         false,
         Op::NetworkInterfaceList,
+        PAGINATED,
     ),
-    r("GET", "/v1/vpcs", 200, "vpc_list", false, Op::VpcList),
+    r(
+        "GET",
+        "/v1/vpcs",
+        200,
+        "vpc_list",
+        false,
+        Op::VpcList,
+        PAGINATED,
+    ),
     r(
         "DELETE",
         "/v1/vpcs/{vpc}",
@@ -132,6 +162,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "vpc_delete",
         false,
         Op::VpcDelete,
+        PROJECT,
     ),
     r(
         "GET",
@@ -140,6 +171,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "vpc_subnet_list",
         false,
         Op::VpcSubnetList,
+        PAGINATED,
     ),
     r(
         "POST",
@@ -148,6 +180,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "vpc_subnet_create",
         true,
         Op::VpcSubnetCreate,
+        QueryShape::Fields(&["project", "vpc"]),
     ),
     r(
         "DELETE",
@@ -156,6 +189,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "vpc_subnet_delete",
         false,
         Op::VpcSubnetDelete,
+        QueryShape::Fields(&["project", "vpc"]),
     ),
     r(
         "DELETE",
@@ -164,6 +198,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "project_delete",
         false,
         Op::ProjectDelete,
+        NO_QUERY,
     ),
     r(
         "GET",
@@ -172,6 +207,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "affinity_group_list",
         false,
         Op::AffinityGroupList,
+        PAGINATED,
     ),
     r(
         "POST",
@@ -180,6 +216,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "affinity_group_create",
         true,
         Op::AffinityGroupCreate,
+        PROJECT,
     ),
     r(
         "DELETE",
@@ -188,6 +225,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "affinity_group_delete",
         false,
         Op::AffinityGroupDelete,
+        PROJECT,
     ),
     r(
         "GET",
@@ -196,6 +234,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "vpc_subnet_view",
         false,
         Op::VpcSubnetView,
+        QueryShape::Fields(&["project", "vpc"]),
     ),
     r(
         "GET",
@@ -204,6 +243,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "vpc_firewall_rules_view",
         false,
         Op::FirewallRulesView,
+        QueryShape::Fields(&["project", "vpc"]),
     ),
     r(
         "PUT",
@@ -212,6 +252,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "vpc_firewall_rules_update",
         true,
         Op::FirewallRulesUpdate,
+        QueryShape::Fields(&["project", "vpc"]),
     ),
     r(
         "GET",
@@ -220,6 +261,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "project_list",
         false,
         Op::ProjectList,
+        PAGINATED,
     ),
     r(
         "POST",
@@ -228,6 +270,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "project_create",
         true,
         Op::ProjectCreate,
+        NO_QUERY,
     ),
     r(
         "GET",
@@ -236,8 +279,17 @@ pub const ROUTES: &[RouteSpec] = &[
         "project_view",
         false,
         Op::ProjectView,
+        NO_QUERY,
     ),
-    r("GET", "/v1/images", 200, "image_list", false, Op::ImageList),
+    r(
+        "GET",
+        "/v1/images",
+        200,
+        "image_list",
+        false,
+        Op::ImageList,
+        PAGINATED,
+    ),
     r(
         "POST",
         "/v1/images",
@@ -245,6 +297,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "image_create",
         true,
         Op::ImageCreate,
+        PROJECT,
     ),
     r(
         "GET",
@@ -253,6 +306,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "image_view",
         false,
         Op::ImageView,
+        PROJECT,
     ),
     r(
         "DELETE",
@@ -261,8 +315,17 @@ pub const ROUTES: &[RouteSpec] = &[
         "image_delete",
         false,
         Op::ImageDelete,
+        PROJECT,
     ),
-    r("GET", "/v1/disks", 200, "disk_list", false, Op::DiskList),
+    r(
+        "GET",
+        "/v1/disks",
+        200,
+        "disk_list",
+        false,
+        Op::DiskList,
+        PAGINATED,
+    ),
     r(
         "POST",
         "/v1/disks",
@@ -270,6 +333,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "disk_create",
         true,
         Op::DiskCreate,
+        PROJECT,
     ),
     r(
         "GET",
@@ -278,6 +342,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "disk_view",
         false,
         Op::DiskView,
+        PROJECT,
     ),
     r(
         "DELETE",
@@ -286,6 +351,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "disk_delete",
         false,
         Op::DiskDelete,
+        PROJECT,
     ),
     r(
         "POST",
@@ -294,6 +360,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "disk_bulk_write_import",
         true,
         Op::DiskBulkWrite,
+        PROJECT,
     ),
     r(
         "POST",
@@ -302,6 +369,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "disk_bulk_write_import_start",
         false,
         Op::DiskBulkWriteStart,
+        PROJECT,
     ),
     r(
         "POST",
@@ -310,6 +378,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "disk_bulk_write_import_stop",
         false,
         Op::DiskBulkWriteStop,
+        PROJECT,
     ),
     r(
         "POST",
@@ -318,6 +387,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "disk_finalize_import",
         true,
         Op::DiskFinalize,
+        PROJECT,
     ),
     r(
         "GET",
@@ -326,6 +396,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "snapshot_list",
         false,
         Op::SnapshotList,
+        PAGINATED,
     ),
     r(
         "POST",
@@ -334,6 +405,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "snapshot_create",
         true,
         Op::SnapshotCreate,
+        PROJECT,
     ),
     r(
         "GET",
@@ -342,6 +414,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "snapshot_view",
         false,
         Op::SnapshotView,
+        PROJECT,
     ),
     r(
         "DELETE",
@@ -350,6 +423,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "snapshot_delete",
         false,
         Op::SnapshotDelete,
+        PROJECT,
     ),
     r(
         "GET",
@@ -358,6 +432,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "floating_ip_list",
         false,
         Op::FloatingIpList,
+        PAGINATED,
     ),
     r(
         "POST",
@@ -366,6 +441,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "floating_ip_create",
         true,
         Op::FloatingIpCreate,
+        PROJECT,
     ),
     r(
         "GET",
@@ -374,6 +450,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "floating_ip_view",
         false,
         Op::FloatingIpView,
+        PROJECT,
     ),
     r(
         "DELETE",
@@ -382,6 +459,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "floating_ip_delete",
         false,
         Op::FloatingIpDelete,
+        PROJECT,
     ),
     r(
         "POST",
@@ -390,6 +468,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "floating_ip_attach",
         true,
         Op::FloatingIpAttach,
+        PROJECT,
     ),
     r(
         "POST",
@@ -398,6 +477,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "floating_ip_detach",
         false,
         Op::FloatingIpDetach,
+        PROJECT,
     ),
     r(
         "GET",
@@ -406,6 +486,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_list",
         false,
         Op::InstanceList,
+        PAGINATED,
     ),
     r(
         "POST",
@@ -414,6 +495,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_create",
         true,
         Op::InstanceCreate,
+        PROJECT,
     ),
     r(
         "GET",
@@ -422,6 +504,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_view",
         false,
         Op::InstanceView,
+        PROJECT,
     ),
     r(
         "DELETE",
@@ -430,6 +513,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_delete",
         false,
         Op::InstanceDelete,
+        PROJECT,
     ),
     r(
         "POST",
@@ -438,6 +522,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_start",
         false,
         Op::InstanceStart,
+        PROJECT,
     ),
     r(
         "POST",
@@ -446,6 +531,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_stop",
         false,
         Op::InstanceStop,
+        PROJECT,
     ),
     r(
         "POST",
@@ -454,6 +540,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_reboot",
         false,
         Op::InstanceReboot,
+        PROJECT,
     ),
     r(
         "GET",
@@ -462,6 +549,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_external_ip_list",
         false,
         Op::InstanceExternalIps,
+        PROJECT,
     ),
     r(
         "GET",
@@ -470,6 +558,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_disk_list",
         false,
         Op::InstanceDisks,
+        PAGINATED,
     ),
     r(
         "GET",
@@ -478,6 +567,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "instance_serial_console",
         false,
         Op::InstanceSerialConsole,
+        QueryShape::Fields(&["from_start", "max_bytes", "most_recent", "project"]),
     ),
     r(
         "GET",
@@ -486,6 +576,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "anti_affinity_group_list",
         false,
         Op::GroupList,
+        PAGINATED,
     ),
     r(
         "POST",
@@ -494,6 +585,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "anti_affinity_group_create",
         true,
         Op::GroupCreate,
+        PROJECT,
     ),
     r(
         "GET",
@@ -502,6 +594,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "anti_affinity_group_view",
         false,
         Op::GroupView,
+        PROJECT,
     ),
     r(
         "DELETE",
@@ -510,6 +603,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "anti_affinity_group_delete",
         false,
         Op::GroupDelete,
+        PROJECT,
     ),
     r(
         "GET",
@@ -518,6 +612,7 @@ pub const ROUTES: &[RouteSpec] = &[
         "anti_affinity_group_member_list",
         false,
         Op::GroupMemberList,
+        PAGINATED,
     ),
     r(
         "POST",
@@ -526,7 +621,63 @@ pub const ROUTES: &[RouteSpec] = &[
         "anti_affinity_group_member_instance_add",
         false,
         Op::GroupMemberAdd,
+        PROJECT,
     ),
+];
+
+/// Every method nexus registers for each path the simulator serves, as the API document lists
+/// them (`oxide_conformance` checks the table against the document). A 405 names these in its
+/// `Allow` headers, not only the methods served here: dropshot lists every method of the
+/// path's router node.
+pub const NEXUS_METHODS: &[(&str, &[&str])] = &[
+    ("/v1/affinity-groups", &["GET", "POST"]),
+    (
+        "/v1/affinity-groups/{affinity_group}",
+        &["DELETE", "GET", "PUT"],
+    ),
+    ("/v1/anti-affinity-groups", &["GET", "POST"]),
+    (
+        "/v1/anti-affinity-groups/{anti_affinity_group}",
+        &["DELETE", "GET", "PUT"],
+    ),
+    (
+        "/v1/anti-affinity-groups/{anti_affinity_group}/members",
+        &["GET"],
+    ),
+    (
+        "/v1/anti-affinity-groups/{anti_affinity_group}/members/instance/{instance}",
+        &["DELETE", "GET", "POST"],
+    ),
+    ("/v1/disks", &["GET", "POST"]),
+    ("/v1/disks/{disk}", &["DELETE", "GET"]),
+    ("/v1/disks/{disk}/bulk-write", &["POST"]),
+    ("/v1/disks/{disk}/bulk-write-start", &["POST"]),
+    ("/v1/disks/{disk}/bulk-write-stop", &["POST"]),
+    ("/v1/disks/{disk}/finalize", &["POST"]),
+    ("/v1/floating-ips", &["GET", "POST"]),
+    ("/v1/floating-ips/{floating_ip}", &["DELETE", "GET", "PUT"]),
+    ("/v1/floating-ips/{floating_ip}/attach", &["POST"]),
+    ("/v1/floating-ips/{floating_ip}/detach", &["POST"]),
+    ("/v1/images", &["GET", "POST"]),
+    ("/v1/images/{image}", &["DELETE", "GET"]),
+    ("/v1/instances", &["GET", "POST"]),
+    ("/v1/instances/{instance}", &["DELETE", "GET", "PUT"]),
+    ("/v1/instances/{instance}/disks", &["GET"]),
+    ("/v1/instances/{instance}/external-ips", &["GET"]),
+    ("/v1/instances/{instance}/reboot", &["POST"]),
+    ("/v1/instances/{instance}/serial-console", &["GET"]),
+    ("/v1/instances/{instance}/start", &["POST"]),
+    ("/v1/instances/{instance}/stop", &["POST"]),
+    ("/v1/network-interfaces", &["GET", "POST"]),
+    ("/v1/projects", &["GET", "POST"]),
+    ("/v1/projects/{project}", &["DELETE", "GET", "PUT"]),
+    ("/v1/snapshots", &["GET", "POST"]),
+    ("/v1/snapshots/{snapshot}", &["DELETE", "GET"]),
+    ("/v1/vpc-firewall-rules", &["GET", "PUT"]),
+    ("/v1/vpc-subnets", &["GET", "POST"]),
+    ("/v1/vpc-subnets/{subnet}", &["DELETE", "GET", "PUT"]),
+    ("/v1/vpcs", &["GET", "POST"]),
+    ("/v1/vpcs/{vpc}", &["DELETE", "GET", "PUT"]),
 ];
 
 /// Finds the route for `method` + `path`; returns it with the decoded path parameters.
@@ -535,7 +686,8 @@ pub fn match_route(
     path: &str,
 ) -> Result<(&'static RouteSpec, Vec<String>), ApiError> {
     let segments: Vec<&str> = path.split('/').collect();
-    let mut allow = Vec::new();
+    let mut served = Vec::new();
+    let mut template = None;
     for spec in ROUTES {
         let Some(params) = match_template(spec.template, &segments) else {
             continue;
@@ -543,13 +695,17 @@ pub fn match_route(
         if spec.method == method.as_str() {
             return Ok((spec, params?));
         }
-        allow.push(spec.method);
+        served.push(spec.method);
+        template = Some(spec.template);
     }
-    Err(if !allow.is_empty() {
-        ApiError::method_not_allowed(allow)
-    } else {
-        ApiError::route_not_found()
-    })
+    let Some(template) = template else {
+        return Err(ApiError::route_not_found());
+    };
+    let allow = NEXUS_METHODS
+        .iter()
+        .find(|(path, _)| *path == template)
+        .map_or(served, |(_, methods)| methods.to_vec());
+    Err(ApiError::method_not_allowed(allow))
 }
 
 /// `Some(Ok(params))` when `segments` fit `template`; `Some(Err)` when they fit but a
@@ -608,8 +764,11 @@ fn percent_decode(s: &str, plus_is_space: bool) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Parses the query string; repeated keys are refused like serde_urlencoded does.
-pub fn parse_query(raw: Option<&str>) -> Result<Query, ApiError> {
+/// Parses the query string as nexus's query type of `shape` takes it: a repeated field of a
+/// plain struct, or a repeated `limit`, is refused; another repeated key of a paginated route
+/// keeps its last value; a key the struct does not have is ignored (the simulator keeps its
+/// first value, which no handler reads).
+pub fn parse_query(raw: Option<&str>, shape: QueryShape) -> Result<Query, ApiError> {
     let mut q = Query::new();
     let Some(raw) = raw else {
         return Ok(q);
@@ -620,8 +779,19 @@ pub fn parse_query(raw: Option<&str>) -> Result<Query, ApiError> {
             .ok_or_else(|| ApiError::bad_query("invalid percent-encoding"))?;
         let v = percent_decode(v, true)
             .ok_or_else(|| ApiError::bad_query("invalid percent-encoding"))?;
-        if q.insert(k.clone(), v).is_some() {
-            return Err(ApiError::bad_query(format!("duplicate field `{k}`")));
+        let field = match shape {
+            QueryShape::Fields(fields) => fields.contains(&k.as_str()),
+            QueryShape::Paginated => k == "limit",
+        };
+        if field {
+            if q.contains_key(&k) {
+                return Err(ApiError::bad_query(format!("duplicate field `{k}`")));
+            }
+            q.insert(k, v);
+        } else if shape == QueryShape::Paginated {
+            q.insert(k, v);
+        } else {
+            q.entry(k).or_insert(v);
         }
     }
     Ok(q)
@@ -763,7 +933,7 @@ fn project_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 }
 
 fn project_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
-    let body: types::ProjectCreate = cx.body()?;
+    let body: types::ProjectCreate = cx.create_body()?;
     body_name(&body.name)?;
     if cx.store.projects.values().any(|p| p.name == body.name) {
         return Err(ApiError::already_exists("project", body.name.as_str()));
@@ -825,14 +995,36 @@ mod tests {
     }
 
     #[test]
-    fn query_strings_decode_and_refuse_duplicates() {
-        let q = parse_query(Some("project=my%2Dproj&limit=5&x")).unwrap();
+    fn every_served_route_has_its_nexus_methods() {
+        for spec in ROUTES {
+            let methods = NEXUS_METHODS
+                .iter()
+                .find(|(path, _)| *path == spec.template)
+                .map(|(_, m)| *m)
+                .unwrap_or_else(|| panic!("{} has no NEXUS_METHODS entry", spec.template));
+            assert!(methods.contains(&spec.method), "{}", spec.key());
+            assert!(
+                methods.is_sorted(),
+                "{}: in method-name order",
+                spec.template
+            );
+        }
+    }
+
+    #[test]
+    fn query_strings_decode_and_take_repeats_as_nexus_takes_them() {
+        let q = parse_query(Some("project=my%2Dproj&limit=5&x"), PAGINATED).unwrap();
         assert_eq!(q["project"], "my-proj");
         assert_eq!(q["x"], "");
-        assert!(parse_query(Some("a=1&a=2")).is_err());
-        assert!(parse_query(Some("a=%zz")).is_err());
-        assert!(parse_query(Some("a=%ff")).is_err());
-        assert!(parse_query(Some("a=%")).is_err());
+        assert!(parse_query(Some("project=a&project=b"), PROJECT).is_err());
+        assert!(parse_query(Some("limit=1&limit=2"), PAGINATED).is_err());
+        let q = parse_query(Some("project=a&x=1&project=b&x=2"), PAGINATED).unwrap();
+        assert_eq!((q["project"].as_str(), q["x"].as_str()), ("b", "2"));
+        let q = parse_query(Some("project=a&x=1&x=2"), PROJECT).unwrap();
+        assert_eq!(q["project"], "a");
+        for bad in ["a=%zz", "a=%ff", "a=%"] {
+            assert!(parse_query(Some(bad), NO_QUERY).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -59,6 +59,21 @@ impl OpenApiDoc {
             .get(method.to_ascii_lowercase())
     }
 
+    /// The methods the document has for `template`, upper case, sorted.
+    pub fn methods(&self, template: &str) -> Vec<String> {
+        const METHODS: &[&str] = &[
+            "delete", "get", "head", "options", "patch", "post", "put", "trace",
+        ];
+        let Some(item) = self.root.get("paths").and_then(|p| p.get(template)) else {
+            return Vec::new();
+        };
+        METHODS
+            .iter()
+            .filter(|m| item.get(**m).is_some())
+            .map(|m| m.to_ascii_uppercase())
+            .collect()
+    }
+
     /// The operation's single 2xx status.
     pub fn success_status(&self, method: &str, template: &str) -> Option<u16> {
         let responses = self

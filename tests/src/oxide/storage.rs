@@ -250,7 +250,7 @@ pub fn disk_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub fn disk_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let project = cx.required_project()?.to_owned();
-    let body: types::DiskCreate = cx.body()?;
+    let body: types::DiskCreate = cx.create_body()?;
     body_name(&body.name)?;
     let pid = cx.store.project_param(&project)?;
     let plan = plan_disk(
@@ -468,7 +468,7 @@ pub fn check_storage_quota(cx: &Ctx<'_>, add: u64) -> Result<(), ApiError> {
 /// the snapshot is already `ready`. The snapshot's contents are the disk's at this moment.
 pub fn snapshot_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let project = cx.required_project()?.to_owned();
-    let body: types::SnapshotCreate = cx.body()?;
+    let body: types::SnapshotCreate = cx.create_body()?;
     body_name(&body.name)?;
     let pid = cx.store.project_param(&project)?;
     let disk_id = match super::names::body_ref(&body.disk).map_err(ApiError::bad_body)? {
@@ -607,7 +607,7 @@ pub fn image_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
 
 pub fn image_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let scope = cx.project().map(str::to_owned);
-    let body: types::ImageCreate = cx.body()?;
+    let body: types::ImageCreate = cx.create_body()?;
     body_name(&body.name)?;
     let pid = scope
         .as_deref()

@@ -220,7 +220,7 @@ fn overlap(a: u128, al: u8, b: u128, bl: u8, width: u8) -> bool {
 /// POST /v1/vpc-subnets?project=&vpc=.
 pub fn subnet_create(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     let pid = firewall::select_vpc(cx.store, cx)?;
-    let body: types::VpcSubnetCreate = cx.body()?;
+    let body: types::VpcSubnetCreate = cx.create_body()?;
     body_name(&body.name)?;
     if let Some(router) = &body.custom_router {
         custom_router(cx.store, pid, router)?;
