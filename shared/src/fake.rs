@@ -121,6 +121,9 @@ pub struct WorldState {
     pub etcd_members: Option<Result<Vec<crate::domain::model::EtcdMember>, String>>,
     /// The server token `etcd_members` was last asked with.
     pub etcd_token_seen: Option<String>,
+    /// How often each read that the reconcile makes once per run was asked for
+    /// ("list-nodes", "default-subnet-prefix"): a run that asks twice is caught here.
+    pub reads: BTreeMap<&'static str, usize>,
     next_ip: u8,
     rv: u64,
 }
@@ -488,7 +491,10 @@ impl Rack for FakeRack {
     }
 
     async fn default_subnet_prefix(&self) -> Result<Option<u8>, RackError> {
-        Ok(self.0.with(|s| s.subnet_prefix))
+        Ok(self.0.with(|s| {
+            *s.reads.entry("default-subnet-prefix").or_default() += 1;
+            s.subnet_prefix
+        }))
     }
 
     async fn get_floating_ip(&self, name: &str) -> Result<Option<FloatingIp>, RackError> {
@@ -832,7 +838,10 @@ impl FakeCluster {
 
 impl Cluster for FakeCluster {
     async fn list_nodes(&self) -> Result<Vec<Node>, ClusterError> {
-        Ok(self.0.with(|s| s.nodes.values().cloned().collect()))
+        Ok(self.0.with(|s| {
+            *s.reads.entry("list-nodes").or_default() += 1;
+            s.nodes.values().cloned().collect()
+        }))
     }
 
     async fn cordon(&self, node: &str) -> Result<(), ClusterError> {

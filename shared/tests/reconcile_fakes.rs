@@ -215,6 +215,57 @@ fn empty_project_converges_to_the_spec_and_then_plans_nothing() {
     });
 }
 
+/// Issue 43: a run lists the Nodes once (the version gate's list serves the observation),
+/// and reads the default subnet's prefix only until a run has recorded it (its IPv4 block
+/// cannot change); a dry run likewise.
+#[test]
+fn a_converged_run_lists_the_nodes_once_and_reads_a_recorded_subnet_prefix_no_more() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 2);
+        small_timeouts(&mut spec);
+        let w = world(&spec, false).await;
+        w.with(|s| s.subnet_prefix = Some(20));
+        converge(&w, 12).await;
+        let reads = |w: &FakeWorld| w.with(|s| std::mem::take(&mut s.reads));
+        reads(&w);
+        assert!(matches!(
+            run_once(&w).await,
+            Ok(RunOutcome::Converged { .. })
+        ));
+        assert_eq!(
+            reads(&w),
+            BTreeMap::from([("list-nodes", 1)]),
+            "what a converged run read more than once, or read again"
+        );
+        assert_eq!(status(&w).await.subnet_prefix, Some(20));
+        let mut o = opts(&w);
+        o.dry_run = true;
+        reconcile::run(&w.cluster(), &w.state(), |_, _| Ok(w.rack()), &o)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(reads(&w), BTreeMap::from([("list-nodes", 1)]));
+        // Without a recorded prefix the run reads it (once).
+        let mut status = status(&w).await;
+        status.subnet_prefix = None;
+        let snap = w
+            .state()
+            .read_config()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut data = snap.data.clone();
+        data.insert(state::keys::STATUS.to_owned(), status.to_json());
+        w.state()
+            .replace_config(&snap.resource_version, data)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            reads(&w),
+            BTreeMap::from([("default-subnet-prefix", 1), ("list-nodes", 1)])
+        );
+    });
+}
+
 /// Issue 34 item 8: the member rules name every member, and each new member is named before
 /// the create that makes it (nexus resolves names only when it pushes the rules); a
 /// converged run rewrites nothing.

@@ -166,6 +166,16 @@ fn main() {
             sim.oxide().counters().values().sum::<u64>(),
         ));
     }
+    // What the last sample asked, route by route: where a new request comes from.
+    for (route, n) in sim
+        .oxide()
+        .counters()
+        .into_iter()
+        .chain(sim.kube().counters())
+        .filter(|(_, n)| *n > 0)
+    {
+        eprintln!("  no-op run: {n} × {route}");
+    }
     samples.sort_by_key(|s| s.1);
     let (req, took, peak, oxide_req) = samples[samples.len() / 2];
     rows.push((

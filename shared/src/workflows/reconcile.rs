@@ -20,6 +20,7 @@ use crate::apply::{self, ApplyOptions};
 use crate::base::names;
 use crate::base::secrets::ClusterSecrets;
 use crate::base::shutdown::{Shutdown, Signal};
+use crate::domain::model::Node;
 use crate::domain::plan::{self, Observed, Plan};
 use crate::domain::plan::{ActionResult, Outcome};
 use crate::domain::spec::ClusterSpec;
@@ -177,60 +178,66 @@ fn recorded_server_settings(
 
 /// What a run starts from: [`load`] (retried while transient), and the server settings to
 /// record ([`settings_to_record`]).
+/// What a run reads before it takes the Lease: the spec, secrets and ConfigMap, the version
+/// gate passed on the Nodes (returned, so that observing need not list them again), and the
+/// server settings to record.
+struct Loaded {
+    spec: ClusterSpec,
+    secrets: ClusterSecrets,
+    snapshot: state::ConfigSnapshot,
+    nodes: Vec<Node>,
+    server_settings: Option<BTreeMap<String, String>>,
+}
+
 async fn load_for_run<S: StateStore, C: Cluster>(
     state: &S,
     cluster: &C,
-) -> Result<
-    (
-        ClusterSpec,
-        ClusterSecrets,
-        state::ConfigSnapshot,
-        Option<BTreeMap<String, String>>,
-    ),
-    ReconcileError,
-> {
+) -> Result<Loaded, ReconcileError> {
     let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
     let (spec, secrets, snapshot) =
         crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
             load(state)
         })
         .await?;
-    crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
+    let nodes = crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
         check_versions(cluster, &spec)
     })
     .await?;
-    let settings = settings_to_record(cluster, &spec, &snapshot).await?;
-    Ok((spec, secrets, snapshot, settings))
+    let server_settings = settings_to_record(&spec, &snapshot, &nodes)?;
+    Ok(Loaded {
+        spec,
+        secrets,
+        snapshot,
+        nodes,
+        server_settings,
+    })
 }
 
 /// The version gate ([`crate::domain::upgrade::gate`]) against what the Nodes run, before
-/// the run takes its Lease: a refused spec exits 2 with nothing changed.
+/// the run takes its Lease: a refused spec exits 2 with nothing changed. Returns the Nodes.
 pub async fn check_versions<C: Cluster>(
     cluster: &C,
     spec: &ClusterSpec,
-) -> Result<(), ReconcileError> {
+) -> Result<Vec<Node>, ReconcileError> {
     let nodes = cluster.list_nodes().await.map_err(|e: ClusterError| {
         ReconcileError::Retryable(context("observing the cluster", e))
     })?;
     crate::domain::upgrade::gate(spec, &nodes)
-        .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))
+        .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
+    Ok(nodes)
 }
 
 /// The server settings to record: the ConfigMap's (checked against the spec by [`load`]), else
 /// what the servers run ([`running_server_settings`]).
-async fn settings_to_record<C: Cluster>(
-    cluster: &C,
+fn settings_to_record(
     spec: &ClusterSpec,
     snapshot: &state::ConfigSnapshot,
+    nodes: &[Node],
 ) -> Result<Option<BTreeMap<String, String>>, ReconcileError> {
     if let Some(recorded) = recorded_server_settings(snapshot)? {
         return Ok(Some(recorded));
     }
-    let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
-    crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
-        running_server_settings(cluster, spec)
-    })
-    .await
+    running_server_settings(spec, nodes)
 }
 
 /// For a cluster with no recorded server settings (bootstrapped before the record existed):
@@ -238,13 +245,10 @@ async fn settings_to_record<C: Cluster>(
 /// ([`crate::domain::spec::NODE_ARGS_ANNOTATION`]), never from the spec, which may have been
 /// edited since. A spec that differs is refused as [`load`] refuses one that differs from the
 /// record. `None` (nothing to record yet) when no Ready server Node carries the annotation.
-async fn running_server_settings<C: Cluster>(
-    cluster: &C,
+fn running_server_settings(
     spec: &ClusterSpec,
+    nodes: &[Node],
 ) -> Result<Option<BTreeMap<String, String>>, ReconcileError> {
-    let nodes = cluster.list_nodes().await.map_err(|e: ClusterError| {
-        ReconcileError::Retryable(context("observing the cluster", e))
-    })?;
     let mut servers: Vec<_> = nodes
         .iter()
         .filter(|n| n.is_ready() && n.labels.contains_key(plan::CONTROL_PLANE_LABEL))
@@ -271,6 +275,21 @@ fn state_err(e: StateError) -> ReconcileError {
     }
 }
 
+/// What a run already knows when it observes, so that observing does not ask again.
+#[derive(Debug, Default)]
+pub struct Known {
+    /// The Nodes the version gate listed a moment before, just before the run took its
+    /// Lease. Observing takes them instead of listing again (once: a retried observation
+    /// lists afresh). Between that list and the Lease, a run that held the Lease can only
+    /// have been writing its status and giving the Lease back: its Node changes are made
+    /// while it applies, before it wraps up.
+    pub nodes: Option<Vec<Node>>,
+    /// The default VPC subnet's prefix length as the previous run recorded it. A subnet's
+    /// IPv4 block cannot change (nexus's `VpcSubnetUpdate` has only `name`, `description`
+    /// and `custom_router`), so it is read from the rack only while no run has recorded it.
+    pub subnet_prefix: Option<u8>,
+}
+
 /// Observes the rack and the cluster for `spec`; `server_token` (the Secret's k3s token) is
 /// what k3s's supervisor asks for its etcd member list ([`etcd_membership`]).
 pub async fn observe<R: Rack, C: Cluster>(
@@ -278,15 +297,28 @@ pub async fn observe<R: Rack, C: Cluster>(
     cluster: &C,
     spec: &ClusterSpec,
     server_token: &str,
+    known: Known,
 ) -> Result<Observed, ReconcileError> {
     let prefix = names::cluster_prefix(&spec.cluster);
     let fip_name = names::api_floating_ip_name(&spec.cluster);
+    let nodes = async {
+        match known.nodes {
+            Some(nodes) => Ok(nodes),
+            None => cluster.list_nodes().await,
+        }
+    };
+    let subnet = async {
+        match known.subnet_prefix {
+            Some(prefix) => Ok(Some(prefix)),
+            None => rack.default_subnet_prefix().await,
+        }
+    };
     let (instances, nodes, disks, fip, subnet, etcd) = tokio::join!(
         rack.list_instances(&prefix),
-        cluster.list_nodes(),
+        nodes,
         rack.list_disks(),
         rack.get_floating_ip(&fip_name),
-        rack.default_subnet_prefix(),
+        subnet,
         etcd_membership(cluster, server_token),
     );
     // Before anything else: a spec whose pools cannot all have an address is a config error.
@@ -415,8 +447,13 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     now: DateTime<Utc>,
     previous: Option<&Status>,
     server_token: &str,
+    nodes: Option<Vec<Node>>,
 ) -> Result<(Observed, Plan, Option<crate::domain::autoscale::Outcome>), ReconcileError> {
-    let mut observed = observe(rack, cluster, spec, server_token).await?;
+    let known = Known {
+        nodes,
+        subnet_prefix: previous.and_then(|p| p.subnet_prefix),
+    };
+    let mut observed = observe(rack, cluster, spec, server_token, known).await?;
     if let Some(p) = previous {
         observed.create_backoff = p.create_backoff.clone();
     }
@@ -521,7 +558,13 @@ where
     let started = Instant::now();
     let started_at = (opts.now)();
     let run_id = new_run_id(started_at);
-    let (spec, secrets, snapshot, server_settings) = load_for_run(state, cluster).await?;
+    let Loaded {
+        spec,
+        secrets,
+        snapshot,
+        nodes,
+        server_settings,
+    } = load_for_run(state, cluster).await?;
     let deadline_len = opts
         .deadline
         .unwrap_or(Duration::from_secs(spec.timeouts.run_deadline_seconds));
@@ -538,6 +581,7 @@ where
             (opts.now)(),
             previous.as_ref(),
             &secrets.k3s_token,
+            Some(nodes),
         )
         .await?;
         return Ok(RunOutcome::DryRun { plan });
@@ -574,7 +618,7 @@ where
         subnet_prefix: std::sync::OnceLock::new(),
     };
     let outcome = tokio::select! {
-        r = work(&rack, cluster, &secrets, &ran, opts, &apply_opts) => r,
+        r = work(&rack, cluster, &secrets, &ran, nodes, opts, &apply_opts) => r,
         () = renew => unreachable!("renew never completes"),
         signal = abandoned(&apply_opts) => Err(ReconcileError::Retryable(message(format!(
             "abandoned under way: the run was asked to stop ({signal})"
@@ -602,10 +646,13 @@ async fn work<R: Rack, C: Cluster>(
     cluster: &C,
     secrets: &ClusterSecrets,
     ran: &Ran<'_>,
+    gate_nodes: Vec<Node>,
     opts: &ReconcileOptions,
     apply_opts: &ApplyOptions,
 ) -> Result<Applied, ReconcileError> {
     let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
+    // The version gate's Nodes serve the first attempt; a retry lists them again.
+    let mut gate_nodes = Some(gate_nodes);
     let (observed, plan, autoscaled) =
         crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
             observe_and_plan(
@@ -615,6 +662,7 @@ async fn work<R: Rack, C: Cluster>(
                 (opts.now)(),
                 ran.previous,
                 &secrets.k3s_token,
+                gate_nodes.take(),
             )
         })
         .await?;

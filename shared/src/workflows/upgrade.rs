@@ -150,9 +150,11 @@ where
         .map_err(|e| UpgradeError::Observe(Box::new(e)))?;
     let rack = make_rack(&secrets).map_err(|e| UpgradeError::Observe(Box::new(e)))?;
     let rack = &rack;
-    let observed = crate::workflows::reconcile::observe(rack, cluster, spec, &secrets.k3s_token)
-        .await
-        .map_err(|e| UpgradeError::Observe(Box::new(e)))?;
+    let known = crate::workflows::reconcile::Known::default();
+    let observed =
+        crate::workflows::reconcile::observe(rack, cluster, spec, &secrets.k3s_token, known)
+            .await
+            .map_err(|e| UpgradeError::Observe(Box::new(e)))?;
     let blockers =
         crate::workflows::reconcile::preflight::run(rack, cluster, spec, &observed, now).await;
     if blockers.is_empty() {
