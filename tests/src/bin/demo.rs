@@ -241,15 +241,23 @@ async fn demo() -> Result<()> {
         .send()
         .await?;
     println!("POST /reconcile: {} {}", r.status(), r.text().await?);
+    // That POST answers "pending" while the previous Job still exists, whose run may have
+    // observed the cluster before the new workers were Ready; then the next scheduled run
+    // would record them a minute later. Ask again until a run has.
     wait_for(Duration::from_secs(60), || {
         let http = http.clone();
         let (url, token) = (format!("{base}/status"), token.clone());
+        let reconcile_url = format!("{base}/reconcile");
         async move {
             let status = get_status(&http, &url, &token).await;
-            is_ready(&status)
+            let done = is_ready(&status)
                 && status["pools"]
                     .as_array()
-                    .is_some_and(|p| p.iter().any(|p| p["pool"] == "workers" && p["ready"] == 4))
+                    .is_some_and(|p| p.iter().any(|p| p["pool"] == "workers" && p["ready"] == 4));
+            if !done {
+                let _ = http.post(reconcile_url).bearer_auth(token).send().await;
+            }
+            done
         }
     })
     .await
