@@ -1,8 +1,11 @@
 //! The whole story on the embedded simulator, in one command (`scripts/demo`):
-//! start `oxide-sim`, `bootstrap` a 3 control-plane + 2 worker cluster, show the Ready nodes,
-//! scale to 4 workers through the webhook with its token, let the reconcile Job run (the
-//! simulator runs Jobs as local processes of our binaries, under the ServiceAccount's RBAC),
-//! show the nodes and the status, tear down. Needs no root; talks only to loopback.
+//! start `oxide-sim`, `bootstrap` a 3 control-plane + 2 worker cluster at k3s
+//! [`FROM`], show the Ready nodes, scale to 4 workers through the webhook with its token, let
+//! the reconcile Job run (the simulator runs Jobs as local processes of our binaries, under the
+//! ServiceAccount's RBAC), show the nodes and the status, upgrade to the patch release [`TO`]
+//! with `scale upgrade` (the simulator's release mirror serves both) and let the reconcile
+//! Jobs roll it, show the nodes and the upgrade's phases, tear down. Needs no root; talks only
+//! to loopback.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,6 +18,11 @@ use oxide_sim::{Sim, SimOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 const CLUSTER: &str = "demo";
+/// The k3s release bootstrap installs, and the newer patch release of the same minor the demo
+/// upgrades to (the product's default); the simulator's release mirror serves both
+/// (`oxide_sim::guest::K3S_RELEASES`).
+const FROM: &str = "v1.33.1+k3s1";
+const TO: &str = "v1.33.4+k3s1";
 
 fn main() -> ExitCode {
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -88,7 +96,9 @@ async fn demo() -> Result<()> {
     let image = dir.join("ubuntu-demo.raw");
     write_image(&image)?;
 
-    say("bootstrap: 3 control-plane + 2 worker VMs");
+    say(&format!(
+        "bootstrap: 3 control-plane + 2 worker VMs at k3s {FROM}"
+    ));
     let kubeconfig = dir.join("demo.kubeconfig");
     run(
         &bin_dir.join("bootstrap"),
@@ -101,6 +111,8 @@ async fn demo() -> Result<()> {
             "3",
             "--workers",
             "2",
+            "--k3s-version",
+            FROM,
             "--image",
             "ubuntu-demo",
             "--image-source",
@@ -229,26 +241,23 @@ async fn demo() -> Result<()> {
         .send()
         .await?;
     println!("POST /reconcile: {} {}", r.status(), r.text().await?);
+    // That POST answers "pending" while the previous Job still exists, whose run may have
+    // observed the cluster before the new workers were Ready; then the next scheduled run
+    // would record them a minute later. Ask again until a run has.
     wait_for(Duration::from_secs(60), || {
         let http = http.clone();
         let (url, token) = (format!("{base}/status"), token.clone());
+        let reconcile_url = format!("{base}/reconcile");
         async move {
-            let Ok(r) = http.get(url).bearer_auth(token).send().await else {
-                return false;
-            };
-            let v: serde_json::Value =
-                serde_json::from_slice(&r.bytes().await.unwrap_or_default()).unwrap_or_default();
-            let status = if v["conditions"].is_array() {
-                v
-            } else {
-                v["status"].clone()
-            };
-            status["conditions"].as_array().is_some_and(|c| {
-                c.iter()
-                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
-            }) && status["pools"]
-                .as_array()
-                .is_some_and(|p| p.iter().any(|p| p["pool"] == "workers" && p["ready"] == 4))
+            let status = get_status(&http, &url, &token).await;
+            let done = is_ready(&status)
+                && status["pools"]
+                    .as_array()
+                    .is_some_and(|p| p.iter().any(|p| p["pool"] == "workers" && p["ready"] == 4));
+            if !done {
+                let _ = http.post(reconcile_url).bearer_auth(token).send().await;
+            }
+            done
         }
     })
     .await
@@ -266,6 +275,110 @@ async fn demo() -> Result<()> {
         .text()
         .await?;
     println!("{status}");
+
+    say(&format!(
+        "scale upgrade --to {TO}   (a newer k3s patch release; servers first, then the workers)"
+    ));
+    // Where the upgrade pre-flight finds the release: the simulator's stand-in for GitHub's
+    // k3s releases, set in the spec as an operator would (kubectl -n kube-system edit configmap
+    // oxide-controller). Only the pre-flight reads it; no member changes.
+    set_release_url(&client, &sim.release_url).await?;
+    println!(
+        "k3s.release_url: {} (the simulator's release mirror)",
+        sim.release_url
+    );
+    run(
+        &bin_dir.join("scale"),
+        &[
+            "upgrade",
+            "--to",
+            TO,
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+        ],
+        &[("OXIDE_CONTROLLER_LOG_FORMAT", "text")],
+        "scale upgrade",
+        Duration::from_secs(60),
+    )
+    .await?;
+
+    say("the reconcile Jobs roll every member to the new release (POST /reconcile after each run)");
+    // The CronJob runs every minute; a run started through the webhook as soon as the last
+    // one ends rolls the next step at once. Each phase status.json reports is printed once.
+    let phase = std::sync::Mutex::new(String::new());
+    let status_url = format!("{base}/status");
+    wait_for(Duration::from_secs(240), || {
+        let (http, client, token) = (http.clone(), client.clone(), token.clone());
+        let (status_url, reconcile_url, phase) =
+            (status_url.clone(), format!("{base}/reconcile"), &phase);
+        async move {
+            let status = get_status(&http, &status_url, &token).await;
+            let upgrade = &status["upgrade"];
+            if let Some(p) = upgrade["phase"].as_str() {
+                let mut last = phase.lock().unwrap_or_else(|e| e.into_inner());
+                if *last != p {
+                    println!(
+                        "status.json upgrade: phase {p} ({} → {}, started {})",
+                        upgrade["from"].as_str().unwrap_or("?"),
+                        upgrade["to"].as_str().unwrap_or("?"),
+                        upgrade["startedAt"].as_str().unwrap_or("?"),
+                    );
+                    p.clone_into(&mut last);
+                }
+            }
+            // Done: every Node at the new release (3 + 4 of them), and a run recorded it
+            // with no upgrade under way and the cluster Ready.
+            let nodes = node_versions(&client).await.unwrap_or_default();
+            let done = nodes.len() == 7
+                && nodes.iter().all(|v| v == TO)
+                && upgrade.is_null()
+                && is_ready(&status)
+                && status["versions"].as_array().is_some_and(|pools| {
+                    pools.iter().all(|p| {
+                        p["nodes"]
+                            .as_object()
+                            .is_some_and(|n| n.values().all(|v| v == TO))
+                    })
+                });
+            if !done {
+                // "pending" while a run is under way; a new run once it has ended.
+                let _ = http.post(reconcile_url).bearer_auth(token).send().await;
+            }
+            done
+        }
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "the upgrade to {TO} did not finish (last status.json upgrade phase: {:?})",
+            phase.lock().map(|p| p.clone()).unwrap_or_default()
+        )
+    })?;
+    let status = get_status(&http, &status_url, &token).await;
+    let ready = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == "Ready");
+    println!(
+        "status.json: no upgrade under way (no `upgrade` entry); Ready {} ({}: {})",
+        ready.map_or("?", |c| c["status"].as_str().unwrap_or("?")),
+        ready.map_or("?", |c| c["reason"].as_str().unwrap_or("?")),
+        ready.map_or("?", |c| c["message"].as_str().unwrap_or("?")),
+    );
+    for pool in status["versions"].as_array().into_iter().flatten() {
+        println!(
+            "status.json versions: pool {} target {}, {} Nodes at it",
+            pool["pool"].as_str().unwrap_or("?"),
+            pool["target"].as_str().unwrap_or("?"),
+            pool["nodes"]
+                .as_object()
+                .map_or(0, |n| n.values().filter(|v| **v == pool["target"]).count()),
+        );
+    }
+
+    say(&format!("nodes after the upgrade to {TO}"));
+    show_nodes(&client).await?;
 
     say("tearing down");
     let _ = webhook.kill().await;
@@ -378,6 +491,77 @@ async fn show_nodes(client: &kube::Client) -> Result<()> {
         println!("{}", line(r));
     }
     Ok(())
+}
+
+/// status.json as the webhook's `GET /status` serves it (the object itself, or under `status`).
+async fn get_status(http: &reqwest::Client, url: &str, token: &str) -> serde_json::Value {
+    let Ok(r) = http.get(url).bearer_auth(token).send().await else {
+        return serde_json::Value::Null;
+    };
+    let v: serde_json::Value =
+        serde_json::from_slice(&r.bytes().await.unwrap_or_default()).unwrap_or_default();
+    if v["conditions"].is_array() {
+        v
+    } else {
+        v["status"].clone()
+    }
+}
+
+/// Whether status.json's `Ready` condition is `True`.
+fn is_ready(status: &serde_json::Value) -> bool {
+    status["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// The k3s release each Node runs (`status.nodeInfo.kubeletVersion`), as `kubectl get nodes`
+/// shows it in VERSION.
+async fn node_versions(client: &kube::Client) -> Result<Vec<String>> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    Ok(nodes
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|n| {
+            n.status
+                .and_then(|s| s.node_info)
+                .map(|i| i.kubelet_version)
+                .unwrap_or_default()
+        })
+        .collect())
+}
+
+/// Sets the spec's `k3s.release_url` in ConfigMap `kube-system/oxide-controller`, as
+/// `kubectl edit` would: read, change, write back under the read's resourceVersion (again
+/// on a conflict, e.g. with a run writing status.json).
+async fn set_release_url(client: &kube::Client, url: &str) -> Result<()> {
+    use oxide_controller::domain::spec::ClusterSpec;
+    let maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client.clone(), "kube-system");
+    for _ in 0..5 {
+        let mut cm = maps.get("oxide-controller").await?;
+        let data = cm.data.get_or_insert_default();
+        let text = data
+            .get(oxide_controller::ports::state::keys::SPEC)
+            .context("ConfigMap oxide-controller has no spec.yaml")?;
+        let mut spec = ClusterSpec::from_yaml(text)?;
+        url.clone_into(&mut spec.k3s.release_url);
+        data.insert(
+            oxide_controller::ports::state::keys::SPEC.to_owned(),
+            spec.to_yaml(),
+        );
+        match maps
+            .replace("oxide-controller", &Default::default(), &cm)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    bail!("ConfigMap oxide-controller kept changing; k3s.release_url not set")
 }
 
 async fn ready_workers(client: &kube::Client) -> Result<usize> {
