@@ -92,13 +92,18 @@ async fn run_once(w: &FakeWorld) -> Result<RunOutcome, ReconcileError> {
 }
 
 async fn set_spec(w: &FakeWorld, spec: &ClusterSpec) {
+    put_config(w, state::keys::SPEC, spec.to_yaml()).await;
+}
+
+/// Writes one key of the ConfigMap, as an admin's edit would.
+async fn put_config(w: &FakeWorld, key: &str, value: String) {
     let snap = w
         .state()
         .read_config()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let mut data = snap.data.clone();
-    data.insert(state::keys::SPEC.to_owned(), spec.to_yaml());
+    data.insert(key.to_owned(), value);
     w.state()
         .replace_config(&snap.resource_version, data)
         .await
@@ -247,17 +252,7 @@ fn a_converged_run_lists_the_nodes_once_and_reads_a_recorded_subnet_prefix_no_mo
         // Without a recorded prefix the run reads it (once).
         let mut status = status(&w).await;
         status.subnet_prefix = None;
-        let snap = w
-            .state()
-            .read_config()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut data = snap.data.clone();
-        data.insert(state::keys::STATUS.to_owned(), status.to_json());
-        w.state()
-            .replace_config(&snap.resource_version, data)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        put_config(&w, state::keys::STATUS, status.to_json()).await;
         run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             reads(&w),
