@@ -189,6 +189,7 @@ impl FakeWorld {
                     taints: Vec::new(),
                     allocatable: Default::default(),
                     kubelet_version: None,
+                    deleting_since: None,
                 });
                 node.readiness = NodeReadiness::Ready;
             }

@@ -908,6 +908,7 @@ async fn plant(w: &FakeWorld, spec: &ClusterSpec, role: Role, suffix: &str, s: &
                     taints: Vec::new(),
                     allocatable: Default::default(),
                     kubelet_version: None,
+                    deleting_since: None,
                 },
             );
         };
@@ -988,7 +989,7 @@ proptest! {
                 if orphan_node {
                     st.nodes.insert("demo-workers-zz9zz".into(), oxide_controller::domain::model::Node {
                         name: "demo-workers-zz9zz".into(), provider_id: None, labels: BTreeMap::new(),
-                        annotations: BTreeMap::new(), readiness: NodeReadiness::Ready, unschedulable: false, created: st.now, taints: Vec::new(), allocatable: Default::default(), kubelet_version: None,
+                        annotations: BTreeMap::new(), readiness: NodeReadiness::Ready, unschedulable: false, created: st.now, taints: Vec::new(), allocatable: Default::default(), kubelet_version: None, deleting_since: None,
                     });
                 }
                 if orphan_disk {

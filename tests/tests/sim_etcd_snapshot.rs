@@ -8,10 +8,12 @@
 mod sim_support;
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use oxide_controller::adapters::ssh::{self, CommandOutput, HostKeyPins, SshTarget};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+
 use sim_support::*;
 
 const TOKEN: &str = "server-secret-snapshot-01";
@@ -106,6 +108,27 @@ async fn etcd_snapshot_save_writes_a_real_etcd_snapshot_at_k3s_default_path() {
         .filter_map(|e| e.file_name().into_string().ok())
         .collect();
     assert_eq!(files, std::slice::from_ref(&name));
+
+    // One snapshot at a time (audit day2-fidelity-4 M6): while a slow save holds k3s's
+    // snapshot lock, a second one fails as k3s's `Snapshot` refuses it, and the first ends well.
+    sim.faults().update(|f| {
+        f.slow_snapshots.insert(SERVER.into(), 2000);
+    });
+    let first = {
+        let target = target.clone();
+        tokio::spawn(async move { run(&target, "sudo -n k3s etcd-snapshot save").await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, _, log) = run(&target, "sudo -n k3s etcd-snapshot save").await;
+    assert_eq!(status, 1, "{log}");
+    assert!(
+        log.contains("level=fatal") && log.contains("snapshot save already in progress"),
+        "{log}"
+    );
+    let (status, _, log) = first.await.unwrap();
+    assert_eq!(status, 0, "{log}");
+    assert!(log.contains(" saved."), "{log}");
+    sim.faults().update(|f| f.slow_snapshots.clear());
 
     // Without k3s running there is no etcd to snapshot, and nothing is written.
     assert_eq!(run(&target, "sudo -n systemctl stop k3s").await.0, 0);

@@ -343,6 +343,26 @@ fn instances(sim: &SimHandle, prefix: &str) -> Vec<Value> {
         .collect()
 }
 
+/// Reboots `instance` through the Oxide API, as the console's reboot does.
+async fn reboot(env: &Env, instance: &str) {
+    let sim = &env.sim;
+    let project = sim
+        .project
+        .clone()
+        .unwrap_or_else(|| panic!("preset project"));
+    let url = format!(
+        "{}/v1/instances/{instance}/reboot?project={project}",
+        sim.oxide_host
+    );
+    let r = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth(&sim.oxide_token)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    assert!(r.status().is_success(), "POST {url}: {}", r.status());
+}
+
 async fn ready_nodes(sim: &SimHandle, prefix: &str) -> Vec<String> {
     sim.kube().ready_nodes(prefix).await.into_iter().collect()
 }
@@ -1174,7 +1194,12 @@ async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after
     })
     .await;
     env.converge(20).await;
-    env.edit(|s| s.k3s.version = TO.into()).await;
+    env.edit(|s| {
+        s.k3s.version = TO.into();
+        // Minutes-old apiservers: the history window is another test's subject.
+        s.upgrade.api_history_seconds = 0;
+    })
+    .await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let samples: Arc<Mutex<Vec<NodeSample>>> = Arc::default();
@@ -1314,7 +1339,12 @@ async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgr
         );
         assert_eq!(env.spec().await.k3s.version, "v1.33.4+k3s1");
     }
-    env.edit(|s| s.k3s.version = TO.into()).await;
+    env.edit(|s| {
+        s.k3s.version = TO.into();
+        // Minutes-old apiservers: the history window is another test's subject.
+        s.upgrade.api_history_seconds = 0;
+    })
+    .await;
     env.sim.oxide().reset_counters();
     for run in 1..=2 {
         let out = env.reconcile(&[]).await;
@@ -1364,10 +1394,52 @@ async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgr
         );
     }
 
+    // Audit day2-fidelity-4 P6/M3: the gauge lives in the apiserver process. Reboot the
+    // victim: its new k3s has served nothing deprecated yet, so without a history window the
+    // pre-flight is blind to the client and passes; with the default window it names the
+    // restarted server instead.
+    env.edit(|s| s.k3s.version = "v1.33.4+k3s1".into()).await;
+    reboot(&env, &victim).await;
+    // Blocked while the old process answers (its sample) or none does (unreadable), then
+    // passed once the new process serves /metrics.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (code, out, err) = scale(&env, &["upgrade", "--to", TO, "--dry-run"]).await;
+        if code == Some(0) {
+            assert!(out.contains("pre-flight: passed"), "{out}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pre-flight still fails two minutes after the reboot: {out}{err}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    env.edit(|s| s.upgrade.api_history_seconds = 24 * 60 * 60)
+        .await;
+    let (code, out, err) = scale(&env, &["upgrade", "--to", TO, "--dry-run"]).await;
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        err.contains(&format!("server {victim}'s apiserver started "))
+            && err.contains(
+                "less than upgrade.api_history_seconds (24h0m): a client that calls an API v1.34 removes less often than that would not show yet"
+            ),
+        "{err}"
+    );
+    // The client calls again: the new process's gauge has it.
+    let sample = env.sim.faults().get().deprecated_apis[&victim].clone();
+    env.sim.faults().update(|f| {
+        f.deprecated_apis.remove(&victim);
+    });
+    env.sim.faults().update(|f| {
+        f.deprecated_apis.insert(victim.clone(), sample);
+    });
+
     // With the override, `scale upgrade --dry-run` prints the phases and the passed pre-flight.
     env.edit(|s| {
         s.k3s.version = "v1.33.4+k3s1".into();
         s.upgrade.allow_removed_apis = vec!["apps/v1beta1/deployments".into()];
+        s.upgrade.api_history_seconds = 0;
     })
     .await;
     let (code, out, err) = scale(&env, &["upgrade", "--to", TO, "--dry-run"]).await;
@@ -1505,7 +1577,12 @@ async fn a_version_that_does_not_install_blocks_the_roll_after_one_failed_member
     env.sim
         .faults()
         .update(|f| f.download_fails = vec![CP.to_owned()]);
-    env.edit(|s| s.k3s.version = TO.into()).await;
+    env.edit(|s| {
+        s.k3s.version = TO.into();
+        // Minutes-old apiservers: the history window is another test's subject.
+        s.upgrade.api_history_seconds = 0;
+    })
+    .await;
     // The first run creates the surge server; wait until its console shows the failure.
     let out = env.reconcile(&[]).await;
     assert!(

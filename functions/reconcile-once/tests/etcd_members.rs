@@ -391,7 +391,8 @@ async fn a_roll_and_a_replacement_keep_etcd_quorum_and_one_learner_at_most() {
 
 /// Deletes a server by hand (stop, delete the instance, delete its Node) after taking k3s's
 /// etcd annotations off its Node, as on a server whose metadata controller never wrote them:
-/// k3s's member controller then skips the Node, and its member stays. Returns the member.
+/// k3s's member controller then cannot remove the member and keeps the Node Terminating
+/// (audit day2-fidelity-4 F3). Returns the member.
 async fn leave_a_stale_member(env: &Env) -> String {
     let holder = env.fip_holder().unwrap_or_default();
     let victim = env
@@ -453,14 +454,31 @@ async fn leave_a_stale_member(env: &Env) -> String {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(kube.delete("v1", "Node", None, &victim).await);
+    // k3s's member controller errs on a labelled Node without the annotations ("node name
+    // annotation for node N not found") and keeps its finalizer: the Node stays Terminating.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while kube.get("v1", "Node", None, &victim).await.is_some() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{victim}'s Node stays"
-        );
+    loop {
+        let node = kube
+            .get("v1", "Node", None, &victim)
+            .await
+            .unwrap_or_else(|| panic!("{victim}'s Node went although its member was not removed"));
+        if !node["metadata"]["deletionTimestamp"].is_null() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{victim}: {node}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let node = kube
+        .get("v1", "Node", None, &victim)
+        .await
+        .unwrap_or_else(|| panic!("{victim}'s Node went although its member was not removed"));
+    assert!(
+        node["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| !f.is_empty()),
+        "the member controller's finalizer stays: {node}"
+    );
     let listed = env
         .supervisor()
         .await
@@ -476,7 +494,7 @@ async fn leave_a_stale_member(env: &Env) -> String {
 }
 
 /// A server deleted by hand whose Node lacked k3s's etcd annotations (so k3s's member
-/// controller had nothing to remove) leaves its member in the list. Every control-plane
+/// controller could not remove it, and the Node stays Terminating) leaves its member in the list. Every control-plane
 /// change is then held, with a finding naming that member, while a worker scale goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_left_after_its_server_is_gone_holds_control_plane_changes() {

@@ -404,7 +404,9 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
         return Err(format!("D: {} workers left, want 0", ready_workers(&sim)));
     }
     // G: the upgrade pre-flight reads the server's own /metrics (a non-resource URL), as
-    // `scale upgrade --dry-run` runs it: it passes (no deprecated API in use).
+    // `scale upgrade --dry-run` runs it: it passes (no deprecated API in use; the cluster is
+    // minutes old, so the apiserver-history window is turned off, as an admin may).
+    edit_spec(&sim, |s| s.upgrade.api_history_seconds = 0).await?;
     let out = tokio::process::Command::new(scale_bin())
         .args(["upgrade", "--to", "v1.34.1+k3s1", "--dry-run"])
         .env("KUBECONFIG", &sa)
@@ -426,6 +428,22 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
 
 /// Turns autoscaling of the workers on (min 0, max 2, no delay) or off, as an admin would.
 async fn set_autoscale(sim: &SimHandle, on: bool) -> Result<(), String> {
+    edit_spec(sim, |spec| {
+        let w = &mut spec.worker_pools[0];
+        w.min = 0;
+        w.autoscale = on.then(|| oxide_controller::domain::autoscale::AutoscaleSpec {
+            scale_down_unneeded_seconds: 0,
+            ..Default::default()
+        });
+    })
+    .await
+}
+
+/// Edits spec.yaml in the ConfigMap, as an admin would.
+async fn edit_spec(
+    sim: &SimHandle,
+    f: impl FnOnce(&mut oxide_controller::domain::spec::ClusterSpec),
+) -> Result<(), String> {
     let kube = sim.kube();
     let cm = kube
         .get("v1", "ConfigMap", Some("kube-system"), "oxide-controller")
@@ -434,12 +452,7 @@ async fn set_autoscale(sim: &SimHandle, on: bool) -> Result<(), String> {
     let yaml = cm["data"]["spec.yaml"].as_str().ok_or("no spec.yaml")?;
     let mut spec =
         oxide_controller::domain::spec::ClusterSpec::from_yaml(yaml).map_err(|e| e.to_string())?;
-    let w = &mut spec.worker_pools[0];
-    w.min = 0;
-    w.autoscale = on.then(|| oxide_controller::domain::autoscale::AutoscaleSpec {
-        scale_down_unneeded_seconds: 0,
-        ..Default::default()
-    });
+    f(&mut spec);
     kube.merge_patch(
         "v1",
         "ConfigMap",

@@ -377,6 +377,7 @@ pub fn node_from_kube(node: &KubeNode) -> Node {
             .and_then(|s| s.node_info.as_ref())
             .map(|i| i.kubelet_version.clone())
             .filter(|v| !v.is_empty()),
+        deleting_since: meta.deletion_timestamp.as_ref().map(from_time),
     }
 }
 

@@ -247,6 +247,10 @@ pub struct Node {
     /// upgrade order trusts, as k3s-upgrade's agent `prepare` step does.
     #[serde(default)]
     pub kubelet_version: Option<String>,
+    /// `metadata.deletionTimestamp`: the Node is being deleted and waits on a finalizer (k3s's
+    /// etcd member controller keeps one on a server's Node until its member is removed).
+    #[serde(default)]
+    pub deleting_since: Option<DateTime<Utc>>,
 }
 
 /// A Node's `status.allocatable`, the part the autoscaler uses.

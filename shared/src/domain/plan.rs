@@ -1388,28 +1388,44 @@ fn check_etcd(spec: &ClusterSpec, observed: &Observed, members: &[Member]) -> Re
         .iter()
         .filter(|m| m.pool == spec.control_plane.name)
         .collect();
-    let known: BTreeSet<&str> = cp
+    let server_nodes = || {
+        observed
+            .nodes
+            .iter()
+            .filter(|n| n.labels.contains_key(CONTROL_PLANE_LABEL))
+    };
+    let instances: BTreeSet<&str> = cp.iter().map(|m| m.name()).collect();
+    // A server Node being deleted whose instance is gone is not a server any more: k3s's
+    // member controller holds its finalizer until it removed the member, so a member still
+    // listed beside such a Node is one k3s could not remove (its etcd annotations are
+    // missing, or etcd refused). While the instance exists, the removal is under way.
+    let deleting: BTreeMap<&str, DateTime<Utc>> = server_nodes()
+        .filter(|n| !instances.contains(n.name.as_str()))
+        .filter_map(|n| Some((n.name.as_str(), n.deleting_since?)))
+        .collect();
+    let known: BTreeSet<&str> = instances
         .iter()
-        .map(|m| m.name())
-        .chain(
-            observed
-                .nodes
-                .iter()
-                .filter(|n| n.labels.contains_key(CONTROL_PLANE_LABEL))
-                .map(|n| n.name.as_str()),
-        )
+        .copied()
+        .chain(server_nodes().map(|n| n.name.as_str()))
+        .filter(|n| !deleting.contains_key(n))
         .collect();
     let listed: BTreeSet<&str> = list.iter().filter_map(EtcdMember::node_name).collect();
     let mut wrong: Vec<String> = list
         .iter()
         .filter(|m| !(m.is_learner && m.name.is_empty()))
         .filter(|m| m.node_name().is_none_or(|n| !known.contains(n)))
-        .map(|m| {
-            format!(
+        .map(|m| match m.node_name().and_then(|n| Some((n, deleting.get(n)?))) {
+            Some((node, since)) => format!(
+                "etcd member {} outlives its server: Node {node} has been deleting since {} and k3s has not removed the member (remove it on a server: etcdctl member remove {:x}; the Node then goes)",
+                m.describe(),
+                since.format("%Y-%m-%d %H:%M:%S UTC"),
+                m.id
+            ),
+            None => format!(
                 "etcd member {} matches no server Node or instance (remove it on a server: etcdctl member remove {:x})",
                 m.describe(),
                 m.id
-            )
+            ),
         })
         .collect();
     wrong.extend(

@@ -384,6 +384,9 @@ pub struct ServerFacts {
     pub instance: String,
     /// The k3s release it installed (`v1.34.1+k3s1`).
     pub version: String,
+    /// When its k3s process (which runs the apiserver in-process) started: its
+    /// `process_start_time_seconds`, and the start of its deprecated-API gauge.
+    pub started: std::time::SystemTime,
 }
 
 /// The metric family one apiserver process keeps of the deprecated APIs it served
@@ -412,13 +415,8 @@ impl FrontProxy {
         } else {
             let samples = self
                 .faults
-                .get()
-                .deprecated_apis
-                .iter()
-                .filter(|(prefix, _)| server.instance.starts_with(prefix.as_str()))
-                .flat_map(|(_, s)| s.clone())
-                .collect::<Vec<_>>();
-            own_metrics(&String::from_utf8_lossy(&body), &samples).into_bytes()
+                .deprecated_apis_of(&server.instance, server.started);
+            own_metrics(&String::from_utf8_lossy(&body), &samples, server.started).into_bytes()
         };
         http::Response::builder()
             .status(200)
@@ -459,20 +457,39 @@ fn own_version(real: &[u8], version: &str) -> Vec<u8> {
     serde_json::to_vec_pretty(&v).unwrap_or_else(|_| real.to_vec())
 }
 
+/// The process collector's start-time gauge (client_golang `process_collector.go`, registered
+/// by `k8s.io/component-base@v0.33.4` `metrics/legacyregistry/registry.go:54`).
+pub const PROCESS_START_METRIC: &str = "process_start_time_seconds";
+
 /// The Prometheus text `real` with the family [`DEPRECATED_APIS_METRIC`] replaced by
-/// `samples` (labels in the order client_golang writes them: sorted by name).
-fn own_metrics(real: &str, samples: &[crate::oxide::faults::DeprecatedApi]) -> String {
-    let ours = |l: &str| {
+/// `samples` (labels in the order client_golang writes them: sorted by name), and
+/// [`PROCESS_START_METRIC`] by the server's own process start.
+fn own_metrics(
+    real: &str,
+    samples: &[crate::oxide::faults::DeprecatedApi],
+    started: std::time::SystemTime,
+) -> String {
+    let of = |l: &str, family: &str| {
         l.strip_prefix("# HELP ")
             .or_else(|| l.strip_prefix("# TYPE "))
             .unwrap_or(l)
-            .strip_prefix(DEPRECATED_APIS_METRIC)
+            .strip_prefix(family)
             .is_some_and(|rest| rest.starts_with([' ', '{']))
     };
+    let start = started
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default();
     let mut out: String = real
         .lines()
-        .filter(|l| !ours(l))
-        .map(|l| format!("{l}\n"))
+        .filter(|l| !of(l, DEPRECATED_APIS_METRIC))
+        .map(|l| {
+            if l.starts_with(PROCESS_START_METRIC) && of(l, PROCESS_START_METRIC) {
+                format!("{PROCESS_START_METRIC} {start:e}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
         .collect();
     if !samples.is_empty() {
         out.push_str(&format!(
@@ -762,7 +779,18 @@ mod tests {
         assert_eq!(v["platform"], "linux/amd64");
 
         let shared = "# HELP apiserver_request_total x\n# TYPE apiserver_request_total counter\napiserver_request_total{code=\"200\"} 3\n# HELP apiserver_requested_deprecated_apis [STABLE] x\n# TYPE apiserver_requested_deprecated_apis gauge\napiserver_requested_deprecated_apis{group=\"\",removed_release=\"\",resource=\"componentstatuses\",subresource=\"\",version=\"v1\"} 1\n";
-        let none = own_metrics(shared, &[]);
+        let started = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let shared = format!(
+            "{shared}# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.76e+09\n"
+        );
+        let shared = shared.as_str();
+        let none = own_metrics(shared, &[], started);
+        assert!(
+            none.contains(
+                "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7e9\n"
+            ),
+            "{none}"
+        );
         assert!(
             none.contains("apiserver_request_total{code=\"200\"} 3"),
             "{none}"
@@ -777,6 +805,7 @@ mod tests {
                 subresource: String::new(),
                 removed_release: "1.34".into(),
             }],
+            started,
         );
         assert!(
             one.ends_with("# TYPE apiserver_requested_deprecated_apis gauge\napiserver_requested_deprecated_apis{group=\"apps\",removed_release=\"1.34\",resource=\"deployments\",subresource=\"\",version=\"v1beta1\"} 1\n"),

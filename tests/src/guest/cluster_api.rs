@@ -206,20 +206,42 @@ pub async fn finish_node_removals(cp: &ControlPlane) -> Result<(), ControlPlaneE
     Ok(())
 }
 
-/// k3s's member controller `onRemove`: a Node without the etcd role label or without the
-/// address annotation is done; otherwise the member of that name and address is removed.
-/// False while etcd refuses (no quorum), so the finalizer stays.
+/// Set on a Node whose member k3s removed on request (`sync`); `onRemove` then skips it.
+const REMOVED_NODE_NAME_ANNOTATION: &str = "etcd.k3s.cattle.io/removed-node-name";
+
+/// k3s's member controller `onRemove`: a Node without the etcd role label, or one already
+/// marked removed (`etcd.k3s.cattle.io/removed-node-name`), is done; a labelled Node without
+/// the member's name or address annotation is an error ("node name annotation for node N not
+/// found"), so wrangler keeps the finalizer and the Node stays Terminating; otherwise the
+/// member of that name and address is removed. False while it errs or etcd refuses (no
+/// quorum), so the finalizer stays.
 async fn remove_etcd_member(cp: &ControlPlane, node: &Value) -> bool {
     use super::etcd_member::{NODE_ADDRESS_ANNOTATION, NODE_NAME_ANNOTATION};
     if node["metadata"]["labels"]["node-role.kubernetes.io/etcd"].is_null() {
         return true;
     }
     let annotations = &node["metadata"]["annotations"];
+    if annotations[REMOVED_NODE_NAME_ANNOTATION]
+        .as_str()
+        .is_some_and(|n| !n.is_empty())
+    {
+        return true;
+    }
+    let key = node["metadata"]["name"].as_str().unwrap_or_default();
     let (Some(name), Some(address)) = (
         annotations[NODE_NAME_ANNOTATION].as_str(),
         annotations[NODE_ADDRESS_ANNOTATION].as_str(),
     ) else {
-        return true;
+        let which = if annotations[NODE_NAME_ANNOTATION].is_null() {
+            "name"
+        } else {
+            "address"
+        };
+        tracing::debug!(
+            node = key,
+            "node {which} annotation for node {key} not found"
+        );
+        return false;
     };
     match cp.etcd().remove(name, address).await {
         Ok(removed) => {

@@ -43,7 +43,53 @@ const SNAPSHOT_JITTER_MAX: Duration = Duration::from_secs(5);
 /// How often a waiting schedule looks whether its k3s still runs (so it ends promptly).
 const STOP_CHECK: Duration = Duration::from_millis(250);
 
+/// What k3s answers a snapshot asked for while another one on the same server is being saved.
+pub(super) const SNAPSHOT_BUSY: &str = "snapshot save already in progress";
+
+/// Held while one snapshot of a server's member is saved (k3s `Snapshot`:
+/// `if !e.snapshotMu.TryLock() { return nil, errors.New("snapshot save already in progress") }`,
+/// k3s index 2990796848 `pkg/etcd/snapshot.go`); released when dropped.
+pub(super) struct SnapshotLock {
+    inner: Arc<Inner>,
+    id: Uuid,
+}
+
+impl Drop for SnapshotLock {
+    fn drop(&mut self) {
+        if let Some(vm) = self.inner.state().vms.get_mut(&self.id) {
+            vm.snapshot_busy = false;
+        }
+    }
+}
+
 impl Inner {
+    /// The server's snapshot lock, or None while another snapshot holds it; then as long as
+    /// the `slow_snapshots` fault adds to the save.
+    pub(super) async fn try_snapshot_lock(self: &Arc<Self>, id: Uuid) -> Option<SnapshotLock> {
+        let stall = {
+            let mut st = self.state();
+            let vm = st.vms.get_mut(&id)?;
+            if vm.snapshot_busy {
+                return None;
+            }
+            vm.snapshot_busy = true;
+            self.faults
+                .get()
+                .slow_snapshots
+                .iter()
+                .find(|(prefix, _)| vm.name.starts_with(prefix.as_str()))
+                .map(|(_, ms)| Duration::from_millis(*ms))
+        };
+        let lock = SnapshotLock {
+            inner: Arc::clone(self),
+            id,
+        };
+        if let Some(stall) = stall {
+            tokio::time::sleep(stall).await;
+        }
+        Some(lock)
+    }
+
     /// k3s came up on server `id` (boot `generation`, unit run `run`): its snapshot cron
     /// starts, unless disabled or its spec does not parse.
     pub(super) fn start_snapshot_schedule(
@@ -134,7 +180,7 @@ impl Inner {
 
     /// One scheduled snapshot (k3s `Snapshot` from the cron job), then retention.
     async fn scheduled_snapshot(
-        &self,
+        self: &Arc<Self>,
         id: Uuid,
         (generation, run): (u64, u64),
         prefix: &str,
@@ -180,6 +226,15 @@ impl Inner {
             );
             return;
         }
+        let Some(_lock) = self.try_snapshot_lock(id).await else {
+            self.k3s_log(
+                id,
+                started,
+                "error",
+                &format!("Failed to take scheduled snapshot: {SNAPSHOT_BUSY}"),
+            );
+            return;
+        };
         let name = snapshot_name(prefix, &node, Utc::now());
         let path = format!("{SNAPSHOT_DIR}/{name}");
         self.k3s_log(

@@ -317,6 +317,8 @@ impl Inner {
                 return;
             };
             vm.k3s = K3sState::Joined;
+            // The process came up moments before it joined; the start is what its metrics say.
+            vm.k3s_started = std::time::SystemTime::now();
             vm.member = true;
             // What a restore left on the disk is the member's data now.
             vm.restored = None;

@@ -208,6 +208,12 @@ impl Inner {
             );
             return (0, String::new(), String::new());
         }
+        let Some(_lock) = self.try_snapshot_lock(id).await else {
+            return fatal(format!(
+                "see server log for details: {}",
+                super::etcd_schedule::SNAPSHOT_BUSY
+            ));
+        };
         let name = super::etcd_schedule::snapshot_name("on-demand", &node, chrono::Utc::now());
         let path = format!("{SNAPSHOT_DIR}/{name}");
         self.k3s_log(

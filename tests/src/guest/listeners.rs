@@ -136,6 +136,7 @@ impl Inner {
         Some(Arc::new(crate::control_plane::proxy::ServerFacts {
             instance: vm.name.clone(),
             version,
+            started: vm.k3s_started,
         }))
     }
 

@@ -149,6 +149,8 @@ struct Vm {
     user_data: Option<Arc<UserData>>,
     sshd_up: bool,
     k3s: K3sState,
+    /// When the running k3s process came up (its apiserver's `process_start_time_seconds`).
+    k3s_started: std::time::SystemTime,
     /// Has been a member of its cluster (its datastore/agent state survives reboots).
     member: bool,
     /// The cluster it joined or created (key of [`State::clusters`]).
@@ -175,6 +177,8 @@ struct Vm {
     k3s_unit: u64,
     /// k3s's `server/db/reset-flag` on the VM's disk (see [`k3s_service`]).
     reset_flag: bool,
+    /// k3s's `snapshotMu` is held: a snapshot of this server's member is being saved.
+    snapshot_busy: bool,
     /// vCPUs and memory (bytes) of the instance: the Node's capacity.
     ncpus: u16,
     memory: u64,

@@ -8,12 +8,18 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-/// Shared handle to the current [`FaultSpec`]; clones see the same specification.
+/// Shared handle to the current [`FaultSpec`]; clones see the same specification. It also
+/// keeps when each [`FaultSpec::deprecated_apis`] entry was last set: that is when its clients
+/// made their requests, so only an apiserver process running then has them in its gauge.
 #[derive(Clone, Debug, Default)]
-pub struct Faults(Arc<RwLock<FaultSpec>>);
+pub struct Faults(
+    Arc<RwLock<FaultSpec>>,
+    Arc<RwLock<BTreeMap<String, SystemTime>>>,
+);
 
 /// What to break, and how.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -74,6 +80,10 @@ pub struct FaultSpec {
     /// since it started, as its `/metrics` gauge `apiserver_requested_deprecated_apis` reports
     /// them (one sample each, value 1; see `control_plane::proxy::ServerFacts`).
     pub deprecated_apis: BTreeMap<String, Vec<DeprecatedApi>>,
+    /// Instance-name prefixes whose etcd snapshots take this many more milliseconds to save,
+    /// as a large datastore's do on a real disk (integrator; the snapshot lock is held
+    /// meanwhile).
+    pub slow_snapshots: BTreeMap<String, u64>,
 }
 
 /// One sample of `apiserver_requested_deprecated_apis`: its labels (`k8s.io/apiserver`
@@ -134,7 +144,9 @@ impl Default for RouteFault {
 impl Faults {
     /// A handle holding `spec`.
     pub fn new(spec: FaultSpec) -> Self {
-        Self(Arc::new(RwLock::new(spec)))
+        let this = Self::default();
+        this.set(spec);
+        this
     }
 
     /// A copy of the current specification.
@@ -144,12 +156,40 @@ impl Faults {
 
     /// Replaces the specification.
     pub fn set(&self, spec: FaultSpec) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = spec;
+        self.update(|s| *s = spec);
     }
 
     /// Edits the specification in place.
     pub fn update(&self, f: impl FnOnce(&mut FaultSpec)) {
-        f(&mut self.0.write().unwrap_or_else(|e| e.into_inner()));
+        let mut spec = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let before = spec.deprecated_apis.clone();
+        f(&mut spec);
+        let mut at = self.1.write().unwrap_or_else(|e| e.into_inner());
+        at.retain(|prefix, _| spec.deprecated_apis.contains_key(prefix));
+        for (prefix, samples) in &spec.deprecated_apis {
+            if before.get(prefix) != Some(samples) {
+                at.insert(prefix.clone(), SystemTime::now());
+            }
+        }
+    }
+
+    /// The deprecated APIs `instance`'s apiserver process, started at `process_start`, has
+    /// served: the [`FaultSpec::deprecated_apis`] entries naming it that were set while it ran.
+    /// The gauge lives in the process (`k8s.io/apiserver@v0.33.4`
+    /// `pkg/endpoints/metrics/metrics.go:66-73,590-593`), so a k3s restart empties it.
+    pub fn deprecated_apis_of(
+        &self,
+        instance: &str,
+        process_start: SystemTime,
+    ) -> Vec<DeprecatedApi> {
+        let spec = self.0.read().unwrap_or_else(|e| e.into_inner());
+        let at = self.1.read().unwrap_or_else(|e| e.into_inner());
+        spec.deprecated_apis
+            .iter()
+            .filter(|(prefix, _)| instance.starts_with(prefix.as_str()))
+            .filter(|(prefix, _)| at.get(*prefix).is_some_and(|t| *t >= process_start))
+            .flat_map(|(_, samples)| samples.iter().cloned())
+            .collect()
     }
 
     /// The fault for route `key` (exact key first, then `"*"`).

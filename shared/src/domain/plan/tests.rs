@@ -112,6 +112,7 @@ impl World {
             taints: Vec::new(),
             allocatable: Default::default(),
             kubelet_version: None,
+            deleting_since: None,
         });
         self.obs.nodes.last_mut().unwrap_or_else(|| unreachable!())
     }
@@ -1116,6 +1117,54 @@ fn a_stale_member_holds_every_control_plane_change_and_is_named() {
         // Workers carry on.
         assert_eq!(creates(&p, "workers"), 1, "{what}: {p:?}");
     }
+}
+
+/// Audit day2-fidelity-4 P7: on a real k3s a server deleted by hand whose Node lacked the
+/// etcd annotations keeps its Node Terminating (the member controller errs and keeps its
+/// finalizer) and its member listed. The Terminating Node is no server: the member is named.
+#[test]
+fn a_member_beside_a_server_node_stuck_deleting_without_its_instance_is_named() {
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.control_plane.cpus = 8;
+    w.etcd_agrees(vec![]);
+    w.obs
+        .instances
+        .retain(|i| i.name != "demo-control-plane-cp002");
+    let since = now() - Duration::minutes(30);
+    if let Some(n) = w
+        .obs
+        .nodes
+        .iter_mut()
+        .find(|n| n.name == "demo-control-plane-cp002")
+    {
+        n.deleting_since = Some(since);
+    }
+    let p = w.plan();
+    assert!(control_plane_untouched(&p), "{p:?}");
+    let f = etcd_finding(&p).unwrap_or_else(|| panic!("no finding: {p:?}"));
+    assert!(f.degraded);
+    assert!(
+        f.message.contains("demo-control-plane-cp002-0a1b2c03")
+            && f.message.contains(&format!(
+                "outlives its server: Node demo-control-plane-cp002 has been deleting since {}",
+                since.format("%Y-%m-%d %H:%M:%S UTC")
+            ))
+            && f.message.contains("etcdctl member remove 3"),
+        "{}",
+        f.message
+    );
+    // While its instance exists the removal is under way: no finding.
+    let mut w = World::healthy(3, 2, 2);
+    w.etcd_agrees(vec![]);
+    if let Some(n) = w
+        .obs
+        .nodes
+        .iter_mut()
+        .find(|n| n.name == "demo-control-plane-cp002")
+    {
+        n.deleting_since = Some(since);
+    }
+    assert!(etcd_finding(&w.plan()).is_none());
 }
 
 #[test]

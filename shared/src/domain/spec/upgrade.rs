@@ -21,10 +21,27 @@ pub struct UpgradeSpec {
     /// override of [`crate::domain::upgrade::preflight`]'s deprecated-API check.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow_removed_apis: Vec<String>,
+    /// How long every server's apiserver must have run before a roll to a newer minor, in
+    /// seconds (default a day): the deprecated-API gauge the pre-flight reads is kept per
+    /// apiserver process and starts empty when k3s restarts, so a client that calls a removed
+    /// API once a day is seen only by a process that has run a day. `0` turns the check off.
+    #[serde(default = "one_day", skip_serializing_if = "is_one_day")]
+    pub api_history_seconds: u64,
 }
 
 fn one() -> u32 {
     1
+}
+
+/// [`UpgradeSpec::api_history_seconds`]'s default: a daily CronJob's period.
+pub const DEFAULT_API_HISTORY_SECONDS: u64 = 24 * 60 * 60;
+
+fn one_day() -> u64 {
+    DEFAULT_API_HISTORY_SECONDS
+}
+
+fn is_one_day(v: &u64) -> bool {
+    *v == DEFAULT_API_HISTORY_SECONDS
 }
 
 impl Default for UpgradeSpec {
@@ -33,6 +50,7 @@ impl Default for UpgradeSpec {
             path: Vec::new(),
             worker_pool_concurrency: 1,
             allow_removed_apis: Vec::new(),
+            api_history_seconds: DEFAULT_API_HISTORY_SECONDS,
         }
     }
 }

@@ -35,6 +35,7 @@ fn node(name: &str, pool: Option<&str>, ready: bool, created: DateTime<Utc>) -> 
         } else {
             "v1.33.4+k3s1".into()
         }),
+        deleting_since: None,
     }
 }
 

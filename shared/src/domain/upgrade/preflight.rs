@@ -12,7 +12,13 @@
 //!   target's minor blocks unless `upgrade.allow_removed_apis` lists it; a server whose
 //!   metrics cannot be read blocks too (nothing is known of its clients);
 //! - each release the roll installs is where the nodes' installer fetches it (the hash file
-//!   install.sh downloads first), unless k3s is pre-installed in the image.
+//!   install.sh downloads first), unless k3s is pre-installed in the image;
+//! - before a roll to a newer minor, every server's apiserver has run at least
+//!   `upgrade.api_history_seconds` (its `process_start_time_seconds`, from the same
+//!   `/metrics`): the deprecated-API gauge lives in the process and starts empty with it
+//!   (`k8s.io/apiserver` `metrics.go` registers it in memory only), so a server restarted an
+//!   hour ago says nothing of a client that calls once a day. "No samples" is "clean" only
+//!   after that long.
 //!
 //! Not here yet: the etcd member list equal to the servers (a planner check, another change),
 //! a backup newer than the edit (backups do not exist yet).
@@ -23,6 +29,11 @@ use crate::domain::spec::upgrade::K3sVersion;
 /// The metric family: one sample per deprecated API the apiserver process served since it
 /// started (`k8s.io/apiserver` `pkg/endpoints/metrics/metrics.go` `deprecatedRequestGauge`).
 pub const DEPRECATED_APIS_METRIC: &str = "apiserver_requested_deprecated_apis";
+
+/// When the process serving `/metrics` started, in Unix seconds: client_golang's process
+/// collector, which `k8s.io/component-base` `metrics/legacyregistry` registers in every
+/// Kubernetes component (k3s runs the apiserver in its own process, so it is k3s's start).
+pub const PROCESS_START_METRIC: &str = "process_start_time_seconds";
 
 /// The condition reason of a failed pre-flight: the issue's `UpgradeBlocked`, the same reason
 /// as a version that does not install (the message says which: it starts `pre-flight:`).
@@ -128,6 +139,19 @@ pub struct Readings {
     /// Why etcd's member list and the servers disagree (the planner's own check,
     /// [`crate::domain::plan::etcd_members_match`]), if they do.
     pub etcd_mismatch: Option<String>,
+    /// The oldest `MAJOR.MINOR` the servers' Nodes run, when known: the history check applies
+    /// only to a target of a newer minor (a patch release removes no API).
+    pub servers_minor: Option<(u64, u64)>,
+    /// When the readings were taken, in Unix seconds.
+    pub now_unix: i64,
+}
+
+/// The value of the unlabelled gauge `family` in a Prometheus text exposition.
+pub fn gauge(metrics: &str, family: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix(family)?.strip_prefix(' ')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
 }
 
 /// The blockers of the pre-flight for `spec`'s `k3s.version` (empty: it passed). Each names
@@ -139,8 +163,58 @@ pub fn evaluate(spec: &ClusterSpec, r: &Readings) -> Vec<String> {
         out.push(format!("etcd's members and the servers disagree: {why}"));
     }
     removed_apis(spec, r, &mut out);
+    api_history(spec, r, &mut out);
     releases(r, &mut out);
     out
+}
+
+/// Before a roll to a newer minor, every server's apiserver has run long enough for its
+/// deprecated-API gauge to have seen the clients that call rarely.
+fn api_history(spec: &ClusterSpec, r: &Readings, out: &mut Vec<String>) {
+    let window = spec.upgrade.api_history_seconds;
+    let Some(target) = K3sVersion::parse(&spec.k3s.version) else {
+        return;
+    };
+    let newer_minor = r
+        .servers_minor
+        .is_none_or(|running| (target.major, target.minor) > running);
+    if window == 0 || !newer_minor {
+        return;
+    }
+    for (server, metrics) in &r.metrics {
+        // An unreadable /metrics is already a blocker of its own (removed_apis).
+        let Ok(text) = metrics else { continue };
+        let Some(started) = gauge(text, PROCESS_START_METRIC) else {
+            out.push(format!(
+                "server {server}'s /metrics has no {PROCESS_START_METRIC}: how long its apiserver has seen its clients is unknown; set upgrade.api_history_seconds to 0 to roll without knowing"
+            ));
+            continue;
+        };
+        let started = started as i64;
+        let ran = r.now_unix.saturating_sub(started).max(0) as u64;
+        if ran < window {
+            let ready = chrono::DateTime::from_timestamp(started.saturating_add(window as i64), 0)
+                .map(|t| t.format("%Y-%m-%d %H:%M UTC").to_string())
+                .unwrap_or_default();
+            out.push(format!(
+                "server {server}'s apiserver started {} ago, less than upgrade.api_history_seconds ({}): a client that calls an API v{}.{} removes less often than that would not show yet; the check passes at {ready}, or lower upgrade.api_history_seconds (0 turns it off)",
+                human(ran),
+                human(window),
+                target.major,
+                target.minor
+            ));
+        }
+    }
+}
+
+/// `90s`, `14m`, `5h12m`, `3d4h`.
+fn human(secs: u64) -> String {
+    match secs {
+        0..120 => format!("{secs}s"),
+        120..7200 => format!("{}m", secs / 60),
+        7200..172_800 => format!("{}h{}m", secs / 3600, secs % 3600 / 60),
+        _ => format!("{}d{}h", secs / 86_400, secs % 86_400 / 3600),
+    }
 }
 
 /// Every release the roll installs is where the nodes fetch it.
@@ -217,7 +291,13 @@ fn api_group_version(api: &DeprecatedApi) -> String {
 mod tests {
     use super::*;
 
-    const METRICS: &str = "# HELP apiserver_request_total x\n# TYPE apiserver_request_total counter\napiserver_request_total{code=\"200\"} 5\n# HELP apiserver_requested_deprecated_apis [STABLE] Gauge of deprecated APIs that have been requested, broken out by API group, version, resource, subresource, and removed_release.\n# TYPE apiserver_requested_deprecated_apis gauge\napiserver_requested_deprecated_apis{group=\"apps\",removed_release=\"1.34\",resource=\"deployments\",subresource=\"\",version=\"v1beta1\"} 1\napiserver_requested_deprecated_apis{group=\"flowcontrol.apiserver.k8s.io\",removed_release=\"1.35\",resource=\"flowschemas\",subresource=\"status\",version=\"v1beta3\"} 1\napiserver_requested_deprecated_apis{group=\"\",removed_release=\"\",resource=\"componentstatuses\",subresource=\"\",version=\"v1\"} 1\n";
+    const METRICS: &str = "# HELP apiserver_request_total x\n# TYPE apiserver_request_total counter\napiserver_request_total{code=\"200\"} 5\n# HELP apiserver_requested_deprecated_apis [STABLE] Gauge of deprecated APIs that have been requested, broken out by API group, version, resource, subresource, and removed_release.\n# TYPE apiserver_requested_deprecated_apis gauge\napiserver_requested_deprecated_apis{group=\"apps\",removed_release=\"1.34\",resource=\"deployments\",subresource=\"\",version=\"v1beta1\"} 1\napiserver_requested_deprecated_apis{group=\"flowcontrol.apiserver.k8s.io\",removed_release=\"1.35\",resource=\"flowschemas\",subresource=\"status\",version=\"v1beta3\"} 1\napiserver_requested_deprecated_apis{group=\"\",removed_release=\"\",resource=\"componentstatuses\",subresource=\"\",version=\"v1\"} 1\n# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.70000000012e+09\n";
+
+    /// [`METRICS`]'s process start, and the same line alone (a process that served nothing
+    /// deprecated).
+    const STARTED: i64 = 1_700_000_000;
+    const QUIET: &str = "process_start_time_seconds 1.7e+09\n";
+    const DAY: i64 = 86_400;
 
     fn spec(version: &str) -> ClusterSpec {
         let mut s = ClusterSpec::new("demo", "demo", "ubuntu", 3, 1);
@@ -252,11 +332,13 @@ mod tests {
     fn an_api_the_target_removes_blocks_unless_allowed_and_unreadable_metrics_block() {
         let r = Readings {
             metrics: vec![
-                ("demo-cp-a".into(), Ok(String::new())),
+                ("demo-cp-a".into(), Ok(QUIET.into())),
                 ("demo-cp-b".into(), Ok(METRICS.into())),
             ],
             servers_ready: 3,
             servers_desired: 3,
+            servers_minor: Some((1, 33)),
+            now_unix: STARTED + 2 * DAY,
             ..Readings::default()
         };
         // v1.33: nothing removed yet.
@@ -282,6 +364,60 @@ mod tests {
         let b = evaluate(&spec("v1.34.1+k3s1"), &unreadable);
         assert!(
             b[0].contains("demo-cp-c") && b[0].contains("HTTP 403"),
+            "{b:?}"
+        );
+    }
+
+    /// Audit day2-fidelity-4 P6: the gauge starts empty with the apiserver process, so a
+    /// server that restarted recently says nothing yet of its rare clients.
+    #[test]
+    fn a_recently_restarted_apiserver_is_not_taken_for_one_without_deprecated_clients() {
+        let r = |now: i64| Readings {
+            metrics: vec![
+                ("demo-cp-a".into(), Ok(QUIET.into())),
+                ("demo-cp-b".into(), Ok(QUIET.into())),
+            ],
+            servers_ready: 3,
+            servers_desired: 3,
+            servers_minor: Some((1, 33)),
+            now_unix: now,
+            ..Readings::default()
+        };
+        let target = spec("v1.34.1+k3s1");
+        // 90 minutes after the start: both servers block, each named, with when it passes.
+        let b = evaluate(&target, &r(STARTED + 5400));
+        assert_eq!(
+            b,
+            [
+                "server demo-cp-a's apiserver started 90m ago, less than upgrade.api_history_seconds (24h0m): a client that calls an API v1.34 removes less often than that would not show yet; the check passes at 2023-11-15 22:13 UTC, or lower upgrade.api_history_seconds (0 turns it off)",
+                "server demo-cp-b's apiserver started 90m ago, less than upgrade.api_history_seconds (24h0m): a client that calls an API v1.34 removes less often than that would not show yet; the check passes at 2023-11-15 22:13 UTC, or lower upgrade.api_history_seconds (0 turns it off)",
+            ]
+        );
+        // A day on: clean.
+        assert!(evaluate(&target, &r(STARTED + DAY)).is_empty());
+        // A patch release removes nothing: no history needed.
+        assert!(evaluate(&spec("v1.33.9+k3s1"), &r(STARTED + 60)).is_empty());
+        // The operator's shorter window, or 0.
+        let mut short = target.clone();
+        short.upgrade.api_history_seconds = 3600;
+        assert!(evaluate(&short, &r(STARTED + 5400)).is_empty());
+        short.upgrade.api_history_seconds = 0;
+        assert!(evaluate(&short, &r(STARTED)).is_empty());
+        // Unknown Node versions: the check applies.
+        let unknown = Readings {
+            servers_minor: None,
+            ..r(STARTED + 60)
+        };
+        assert_eq!(evaluate(&spec("v1.33.9+k3s1"), &unknown).len(), 2);
+        // No process start in /metrics: nothing is known of how long it has watched.
+        let silent = Readings {
+            metrics: vec![("demo-cp-c".into(), Ok(String::new()))],
+            ..r(STARTED + DAY)
+        };
+        let b = evaluate(&target, &silent);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert!(
+            b[0].starts_with("server demo-cp-c's /metrics has no process_start_time_seconds"),
             "{b:?}"
         );
     }

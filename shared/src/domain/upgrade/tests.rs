@@ -41,6 +41,7 @@ fn node(name: &str, pool: &str, version: &str, ready: bool) -> Node {
         taints: Vec::new(),
         allocatable: Default::default(),
         kubelet_version: Some(version.into()),
+        deleting_since: None,
     }
 }
 

@@ -14,6 +14,7 @@ use chrono::{DateTime, Utc};
 use crate::adapters::releases;
 use crate::domain::plan::{self, Health, Observed};
 use crate::domain::spec::ClusterSpec;
+use crate::domain::spec::upgrade::K3sVersion;
 use crate::domain::upgrade::preflight::{self, Readings};
 use crate::ports::cluster::Cluster;
 use crate::ports::rack::{self, Rack};
@@ -37,6 +38,13 @@ pub async fn run<R: Rack, C: Cluster>(
         etcd_mismatch: plan::etcd_members_match(spec, observed, now)
             .err()
             .map(|f| f.message),
+        servers_minor: servers
+            .iter()
+            .filter_map(|m| m.node.as_ref()?.kubelet_version.as_deref())
+            .filter_map(K3sVersion::parse)
+            .map(|v| (v.major, v.minor))
+            .min(),
+        now_unix: now.timestamp(),
         ..Readings::default()
     };
     readings.servers_not_ready = servers
