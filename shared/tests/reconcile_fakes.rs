@@ -34,6 +34,7 @@ fn secrets() -> ClusterSecrets {
         oxide_host: "http://127.0.0.1:1".into(),
         oxide_token: "t".into(),
         oxide_project: "demo".into(),
+        oxide_cluster: "demo".into(),
         k3s_token: "server-token".into(),
         k3s_agent_token: "agent-token".into(),
         ssh_public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIController".into(),

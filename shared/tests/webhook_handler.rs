@@ -31,6 +31,7 @@ fn secrets(token: &str) -> ClusterSecrets {
         oxide_host: "https://rack.example".into(),
         oxide_token: "oxide-token".into(),
         oxide_project: "demo".into(),
+        oxide_cluster: "demo".into(),
         k3s_token: "k3s".into(),
         k3s_agent_token: "agent".into(),
         ssh_public_key: "ssh-ed25519 AAAA".into(),

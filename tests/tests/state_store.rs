@@ -67,6 +67,7 @@ fn secrets() -> ClusterSecrets {
         oxide_host: "https://rack.example".into(),
         oxide_token: "oxide-token-1".into(),
         oxide_project: "proj".into(),
+        oxide_cluster: "demo".into(),
         k3s_token: "k3s-token-1".into(),
         k3s_agent_token: "agent-token-1".into(),
         ssh_public_key: "ssh-ed25519 AAAA1".into(),

@@ -2071,6 +2071,30 @@ async fn a_spec_naming_another_project_exits_2_naming_both_and_changes_nothing()
     env.converge(2).await;
 }
 
+/// Audit security-2 N4: the cluster's name is pinned too (the Secret's `oxide-cluster`). A
+/// ConfigMap edit naming another cluster of the same project exits 2 naming both, with zero
+/// mutating requests: without the pin the run would make that cluster's members.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spec_naming_another_cluster_exits_2_naming_both_and_changes_nothing() {
+    let env = env(1, 1).await;
+    env.converge(5).await;
+    let pinned = env.spec().await.cluster;
+    env.edit(|s| s.cluster = "prod-2".into()).await;
+    env.sim.oxide().reset_counters();
+    let before = env.mutations();
+    let out = env.reconcile(&[]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("names cluster \\\"prod-2\\\"")
+            && stderr.contains(&format!("pinned to \\\"{pinned}\\\"")),
+        "names both clusters: {stderr}"
+    );
+    assert_eq!(env.mutations(), before, "no Oxide call changed anything");
+    env.edit(|s| s.cluster = pinned.clone()).await;
+    env.converge(2).await;
+}
+
 /// Issue 34 §4, README "Security": rotating the Oxide token is replacing `oxide-token` in the
 /// Secret; the next run presents the new one. The rack issues a new token (the old one is
 /// 401 from then on): a run with the old one in the Secret fails and changes nothing, and

@@ -61,6 +61,7 @@ async fn env_with(faults: Faults) -> Env {
         webhook_token: TOKEN.into(),
         webhook_read_token: None,
         oxide_project: "demo".into(),
+        oxide_cluster: "demo".into(),
         ..ClusterSecrets::default()
     };
     KubeStateStore::new(client, NAMESPACE)

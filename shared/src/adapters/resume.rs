@@ -195,6 +195,7 @@ impl ResumeState {
             oxide_host: oxide_host.to_owned(),
             oxide_token: oxide_token.to_owned(),
             oxide_project: self.project.clone(),
+            oxide_cluster: self.cluster.clone(),
             k3s_token: self.k3s_token.clone(),
             k3s_agent_token: self.k3s_agent_token.clone(),
             ssh_public_key: self.ssh_public_key.clone(),

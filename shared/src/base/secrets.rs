@@ -10,6 +10,8 @@ pub mod keys {
     pub const OXIDE_HOST: &str = "oxide-host";
     pub const OXIDE_TOKEN: &str = "oxide-token";
     pub const OXIDE_PROJECT: &str = "oxide-project";
+    /// The cluster's name, pinned like the project: the ConfigMap's `cluster` must equal it.
+    pub const OXIDE_CLUSTER: &str = "oxide-cluster";
     pub const K3S_TOKEN: &str = "k3s-token";
     pub const K3S_AGENT_TOKEN: &str = "k3s-agent-token";
     /// Held the controller's SSH private key until it left the cluster (issue 34): root on
@@ -36,6 +38,8 @@ pub struct ClusterSecrets {
     pub oxide_host: String,
     pub oxide_token: String,
     pub oxide_project: String,
+    /// Empty in Secrets written before the cluster was pinned (bootstrap fills it in).
+    pub oxide_cluster: String,
     pub k3s_token: String,
     pub k3s_agent_token: String,
     pub ssh_public_key: String,
@@ -55,6 +59,7 @@ impl std::fmt::Debug for ClusterSecrets {
         f.debug_struct("ClusterSecrets")
             .field("oxide_host", &self.oxide_host)
             .field("oxide_project", &self.oxide_project)
+            .field("oxide_cluster", &self.oxide_cluster)
             .finish_non_exhaustive()
     }
 }
@@ -85,6 +90,7 @@ impl ClusterSecrets {
             oxide_host: get(keys::OXIDE_HOST)?,
             oxide_token: get(keys::OXIDE_TOKEN)?,
             oxide_project: get(keys::OXIDE_PROJECT)?,
+            oxide_cluster: opt(keys::OXIDE_CLUSTER).unwrap_or_default(),
             k3s_token: get(keys::K3S_TOKEN)?,
             k3s_agent_token: get(keys::K3S_AGENT_TOKEN)?,
             ssh_public_key: get(keys::SSH_PUBLIC_KEY)?,
@@ -106,6 +112,9 @@ impl ClusterSecrets {
         put(keys::OXIDE_HOST, &self.oxide_host);
         put(keys::OXIDE_TOKEN, &self.oxide_token);
         put(keys::OXIDE_PROJECT, &self.oxide_project);
+        if !self.oxide_cluster.is_empty() {
+            put(keys::OXIDE_CLUSTER, &self.oxide_cluster);
+        }
         put(keys::K3S_TOKEN, &self.k3s_token);
         put(keys::K3S_AGENT_TOKEN, &self.k3s_agent_token);
         put(keys::SSH_PUBLIC_KEY, &self.ssh_public_key);
@@ -146,6 +155,7 @@ mod tests {
             oxide_host: "https://rack".into(),
             oxide_token: "oxide-token-value".into(),
             oxide_project: "p".into(),
+            oxide_cluster: "demo".into(),
             k3s_token: "k3s-token-value".into(),
             k3s_agent_token: "agent-token-value".into(),
             ssh_public_key: "ssh-ed25519 AAAA".into(),

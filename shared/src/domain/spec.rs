@@ -167,18 +167,25 @@ pub const TAILSCALE_INSTALL_URL: &str = "https://tailscale.com/install.sh";
 pub const K3S_INSTALL_URL: &str = "https://get.k3s.io";
 
 /// An installer's digest, if any, is 64 hex digits; an `http://` installer needs one (anyone
-/// on the path could otherwise hand every new VM a script it runs as root). `Err` is the
-/// message for the digest's field.
+/// on the path could otherwise hand every new VM a script it runs as root), and so does any
+/// installer other than the default (`unpinned_ok`): the URL is in the ConfigMap, which
+/// more accounts may write than the Secret, and a URL alone would let such a writer point
+/// every new VM at any script (audit security-2 N4). `Err` is the message for the digest's
+/// field.
 pub fn check_installer_digest(
     url: &str,
     sha256: Option<&str>,
     url_field: &str,
+    unpinned_ok: bool,
 ) -> Result<(), String> {
     match sha256 {
         Some(d) if d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(()),
         Some(_) => Err("must be a sha256 digest: 64 hex digits".into()),
         None if url.starts_with("http://") => Err(format!(
             "{url_field} is http:// ({url:?}), so its download can be changed on the way; give the file's sha256 here, or use https://"
+        )),
+        None if !unpinned_ok => Err(format!(
+            "{url_field} {url:?} is not the default installer, so nodes would run whatever it serves as root; give the file's sha256 here"
         )),
         None => Ok(()),
     }
@@ -809,6 +816,42 @@ impl ClusterSpec {
         })
     }
 
+    /// Refuses a spec whose `cluster` is not the name the cluster is pinned to (the Secret's
+    /// `oxide-cluster`, written by bootstrap): instances, firewall rules and backups are found
+    /// by that name, so a ConfigMap writer who renamed it would aim this cluster's reconcile
+    /// and backup Job at another cluster of the same project (audit security-2 N4).
+    pub fn check_cluster(&self, pinned: &str) -> Result<(), SpecError> {
+        if pinned.is_empty() {
+            return Err(SpecError {
+                field: "cluster".into(),
+                message: "Secret kube-system/oxide-controller has no oxide-cluster, so the \
+                          cluster name this controller may act on is unknown; re-run bootstrap \
+                          (it pins the name), or set it with kubectl patch secret (README \
+                          \"Security\")"
+                    .into(),
+            });
+        }
+        if self.cluster == pinned {
+            return Ok(());
+        }
+        Err(SpecError {
+            field: "cluster".into(),
+            message: format!(
+                "spec.yaml names cluster {:?}, but this cluster is pinned to {pinned:?} (Secret \
+                 kube-system/oxide-controller, key oxide-cluster); the controller acts only on \
+                 {pinned:?}'s instances and backups: set cluster: {pinned} again (a cluster \
+                 is not renamed)",
+                self.cluster
+            ),
+        })
+    }
+
+    /// [`Self::check_project`] and [`Self::check_cluster`]: what the Secret pins.
+    pub fn check_pinned(&self, project: &str, cluster: &str) -> Result<(), SpecError> {
+        self.check_project(project)?;
+        self.check_cluster(cluster)
+    }
+
     /// The k3s server settings this spec renders that every server of a cluster must share,
     /// by k3s flag. k3s lists them as "Critical Configuration Values" (docs.k3s.io/cli/server):
     /// a joining server whose value differs from the cluster's is refused ("critical
@@ -902,7 +945,7 @@ impl ClusterSpec {
     /// before it runs (issue 34 §7): `k3s.installer_url` if set; else, with
     /// `k3s.installer_sha256`, install.sh at the tag of [`Self::newest_k3s_version`]; else the
     /// installer the controller knows for that version. `sha256` is None only where
-    /// [`Self::validate`] refuses the spec, or for an `https://` mirror given without one.
+    /// [`Self::validate`] refuses the spec.
     pub fn k3s_installer(&self) -> Installer {
         let version = self.newest_k3s_version();
         let sha256 = self.k3s.installer_sha256.clone();
@@ -962,9 +1005,6 @@ impl ClusterSpec {
         };
         if let Err(e) = check_installer_url(url) {
             err("k3s.installer_url".into(), e);
-        }
-        if let Err(e) = check_installer_digest(url, sha256, "k3s.installer_url") {
-            err("k3s.installer_sha256".into(), e);
         } else if sha256.is_none() && url.trim_end_matches('/') == K3S_INSTALL_URL {
             err(
                 "k3s.installer_sha256".into(),
@@ -973,6 +1013,8 @@ impl ClusterSpec {
                      remove k3s.installer_url to use the installer this controller knows by digest, or give its sha256 here"
                 ),
             );
+        } else if let Err(e) = check_installer_digest(url, sha256, "k3s.installer_url", false) {
+            err("k3s.installer_sha256".into(), e);
         }
     }
 
@@ -1165,11 +1207,11 @@ impl ClusterSpec {
         }
         if let Err(e) = check_installer_url(&ts.installer_url) {
             err("tailscale.installer_url".into(), e);
-        }
-        if let Err(e) = check_installer_digest(
+        } else if let Err(e) = check_installer_digest(
             &ts.installer_url,
             ts.installer_sha256.as_deref(),
             "tailscale.installer_url",
+            is_default_tailscale_installer_url(&ts.installer_url),
         ) {
             err("tailscale.installer_sha256".into(), e);
         }
@@ -1632,6 +1674,17 @@ mod tests {
             fields(&bad),
             ["tailscale.installer_url", "k3s.installer_url"]
         );
+        // Audit security-2 N4: a mirror other than Tailscale's own installer needs its digest.
+        let mut mirror = spec();
+        mirror.tailscale = Some(TailscaleSpec {
+            installer_url: "https://mirror.example/tailscale/install.sh".into(),
+            ..TailscaleSpec::default()
+        });
+        assert_eq!(fields(&mirror), ["tailscale.installer_sha256"]);
+        if let Some(ts) = mirror.tailscale.as_mut() {
+            ts.installer_sha256 = Some("cd".repeat(32));
+        }
+        assert!(mirror.validate().is_ok());
         // Issue 34 §7: an http:// installer needs a digest, named in the error.
         let mut good = spec();
         good.k3s.installer_url = Some("http://10.0.0.5/k3s/install.sh".into());
@@ -1777,12 +1830,25 @@ mod tests {
                 true,
                 Ok(("http://10.0.0.5/k3s/install.sh".into(), Some(mine.clone()))),
             ),
-            // An https:// mirror the administrator chose: its TLS host is trusted as given.
+            // An https:// mirror too (audit security-2 N4): the URL is in the ConfigMap, so a
+            // writer of it must not be able to hand every new VM any script.
             (
                 "v1.33.4+k3s1",
                 Some("https://mirror.example/k3s/install.sh"),
                 false,
-                Ok(("https://mirror.example/k3s/install.sh".into(), None)),
+                Err((
+                    "k3s.installer_sha256",
+                    "k3s.installer_url \"https://mirror.example/k3s/install.sh\" is not the default installer, so nodes would run whatever it serves as root; give the file's sha256 here",
+                )),
+            ),
+            (
+                "v1.33.4+k3s1",
+                Some("https://mirror.example/k3s/install.sh"),
+                true,
+                Ok((
+                    "https://mirror.example/k3s/install.sh".into(),
+                    Some(mine.clone()),
+                )),
             ),
         ];
         for (version, url, digest, want) in cases {

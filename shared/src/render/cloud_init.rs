@@ -903,6 +903,9 @@ fn validate(input: &NodeUserData) -> Result<(), CloudInitError> {
         &input.k3s_installer_url,
         input.k3s_installer_sha256.as_deref(),
         "k3s_installer_url",
+        // Which installers a cluster may use is the spec's rule (`ClusterSpec::validate`);
+        // the renderer keeps only the transport rule.
+        true,
     )
     .map_err(|m| invalid("k3s_installer_sha256", m))?;
     if let Some(disk) = &input.data_disk {
@@ -1085,6 +1088,7 @@ fn validate_tailscale(ts: &TailscaleJoin) -> Result<(), CloudInitError> {
         &ts.installer_url,
         ts.installer_sha256.as_deref(),
         "tailscale.installer_url",
+        true,
     )
     .map_err(|m| invalid("tailscale.installer_sha256", m))?;
     if ts.up_timeout_seconds == 0 {

@@ -149,7 +149,7 @@ pub async fn load<S: StateStore>(
             .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
     }
     let secrets = state.read_secrets().await.map_err(state_err)?;
-    spec.check_project(&secrets.oxide_project)
+    spec.check_pinned(&secrets.oxide_project, &secrets.oxide_cluster)
         .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
     Ok((spec, secrets, snapshot))
 }

@@ -191,8 +191,8 @@ pub enum ScaleError {
     /// Nothing was written.
     #[error("{field}: {message}")]
     SubnetTooSmall { field: String, message: String },
-    /// The spec names another project than the one the cluster is pinned to (the Secret's
-    /// `oxide-project`). Nothing was written.
+    /// The spec names another project or cluster than the one the cluster is pinned to (the
+    /// Secret's `oxide-project`, `oxide-cluster`). Nothing was written.
     #[error("invalid cluster spec")]
     Project(#[source] crate::domain::spec::SpecError),
     /// The stored spec's versions fail the version gate against what the Nodes run
@@ -896,18 +896,19 @@ pub async fn trigger_reconcile<C: Cluster>(cluster: &C) -> ReconcileOutcome {
     }
 }
 
-/// Refuses to act on a spec whose `project` is not the one the cluster is pinned to (the
-/// Secret's `oxide-project`): a reconcile started for it would refuse it anyway, and the
-/// change would be written for a cluster the spec no longer describes.
-async fn check_pinned_project<S: StateStore>(state: &S) -> Result<(), ScaleError> {
+/// Refuses to act on a spec whose `project` or `cluster` is not the one the cluster is pinned
+/// to (the Secret's `oxide-project` and `oxide-cluster`): a reconcile started for it would
+/// refuse it anyway, and the change would be written for a cluster the spec no longer
+/// describes.
+pub(crate) async fn check_pinned<S: StateStore>(state: &S) -> Result<(), ScaleError> {
     let snapshot = state.read_config().await.map_err(ScaleError::State)?;
     let spec = SpecCache::default().parse(&snapshot)?;
     let secrets = state.read_secrets().await.map_err(ScaleError::State)?;
-    spec.check_project(&secrets.oxide_project)
+    spec.check_pinned(&secrets.oxide_project, &secrets.oxide_cluster)
         .map_err(ScaleError::Project)
 }
 
-/// The whole workflow for the CLI: check the project ([`check_pinned_project`]), apply the
+/// The whole workflow for the CLI: check the project ([`check_pinned`]), apply the
 /// change, then (if something was written) start a reconcile Job.
 pub async fn run<S: StateStore, C: Cluster>(
     state: &S,
@@ -916,7 +917,7 @@ pub async fn run<S: StateStore, C: Cluster>(
     change: CountChange,
     opts: &ScaleOptions,
 ) -> Result<ScaleOutcome, ScaleError> {
-    check_pinned_project(state).await?;
+    check_pinned(state).await?;
     let cache = SpecCache::default();
     check_versions(state, cluster, &cache).await?;
     let change = apply_change(state, pool, change, opts, &cache).await?;
@@ -940,7 +941,7 @@ pub async fn run_autoscale<S: StateStore, C: Cluster>(
     change: AutoscaleChange,
     opts: &ScaleOptions,
 ) -> Result<(AutoscaleOutcome, ReconcileOutcome), ScaleError> {
-    check_pinned_project(state).await?;
+    check_pinned(state).await?;
     let cache = SpecCache::default();
     check_versions(state, cluster, &cache).await?;
     let out = apply_autoscale(state, pool, change, opts, &cache).await?;
@@ -972,6 +973,7 @@ mod tests {
             };
             s.secrets = Some(crate::base::secrets::ClusterSecrets {
                 oxide_project: "demo".into(),
+                oxide_cluster: "demo".into(),
                 ..Default::default()
             });
         });
@@ -1013,6 +1015,40 @@ mod tests {
         );
         assert_eq!(count.exit_code(), 2);
         assert_eq!(bounds.exit_code(), 2, "{bounds:?}");
+    }
+
+    /// Audit security-2 N4: nor for a spec naming another cluster than the Secret's
+    /// `oxide-cluster` (a ConfigMap writer aiming this cluster's controller at a neighbour
+    /// in the same project), nor while the Secret pins no cluster at all.
+    #[tokio::test]
+    async fn a_spec_naming_another_cluster_than_the_secrets_is_refused_and_nothing_written() {
+        let mut spec = ClusterSpec::new("prod-2", "demo", "ubuntu-2404", 3, 2);
+        spec.worker_pools[0].max = 10;
+        let (count, bounds) = refused_both_ways(&spec).await;
+        let text = chain(&count);
+        assert!(
+            text.contains("names cluster \"prod-2\"") && text.contains("pinned to \"demo\""),
+            "{text}"
+        );
+        assert_eq!((count.exit_code(), bounds.exit_code()), (2, 2));
+
+        let w = world(2, 10);
+        w.with(|s| {
+            if let Some(secrets) = s.secrets.as_mut() {
+                secrets.oxide_cluster.clear();
+            }
+        });
+        let err = run(
+            &w.state(),
+            &w.cluster(),
+            None,
+            CountChange::Add(1),
+            &ScaleOptions::default(),
+        )
+        .await
+        .unwrap_err();
+        assert!(chain(&err).contains("has no oxide-cluster"), "{err:?}");
+        assert_eq!(w.with(|s| s.config.resource_version.clone()), "1");
     }
 
     /// Issue 33 item 1: the CLI writes no count or bounds into a spec the version gate

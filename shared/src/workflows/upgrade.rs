@@ -78,6 +78,7 @@ pub async fn run<S: StateStore, C: Cluster, R: Rack, M>(
 where
     M: FnOnce(&crate::base::secrets::ClusterSecrets) -> Result<R, crate::ports::rack::RackError>,
 {
+    scale::check_pinned(state).await?;
     let nodes = cluster.list_nodes().await.map_err(UpgradeError::Nodes)?;
     let cache = SpecCache::default();
     let set = |spec: &mut ClusterSpec| -> Result<bool, SpecErrors> {

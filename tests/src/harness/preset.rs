@@ -164,6 +164,7 @@ fn generate_secrets(sim: &SimHandle) -> ClusterSecrets {
         oxide_host: sim.oxide_host.clone(),
         oxide_token: sim.oxide_token.clone(),
         oxide_project: PROJECT.to_string(),
+        oxide_cluster: CLUSTER.to_string(),
         k3s_token: random_token(&mut rng, 32),
         k3s_agent_token: random_token(&mut rng, 32),
         ssh_public_key: public,
