@@ -138,7 +138,7 @@ impl Laptop {
             cluster: CLUSTER.into(),
             project: None,
             control_planes: 1,
-            dedicated_servers: false,
+            dedicated_servers: Some(false),
             workers: 2,
             control_plane: pool,
             worker: pool,

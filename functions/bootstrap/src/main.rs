@@ -146,9 +146,14 @@ struct Args {
     control_plane_data_disk: Option<ByteSize>,
     /// Keep tenant pods off the servers: they register tainted CriticalAddonsOnly=true:NoExecute
     /// (k3s's documented dedicated control plane). k3s's packaged add-ons and our own pods
-    /// tolerate it; a cluster then needs workers for everything else.
-    #[arg(long)]
+    /// tolerate it; a cluster then needs workers for everything else. The default whenever
+    /// --workers is above 0.
+    #[arg(long, conflicts_with = "shared_servers")]
     dedicated_servers: bool,
+    /// Let tenant pods run on the servers too, beside the controller's pods and k3s's files
+    /// (the default only without workers): for small labs.
+    #[arg(long)]
+    shared_servers: bool,
     /// vCPUs of each worker VM.
     #[arg(long, default_value_t = 2)]
     worker_cpus: u16,
@@ -549,7 +554,11 @@ fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
         project: a.project,
         control_planes: a.control_planes,
         workers: a.workers,
-        dedicated_servers: a.dedicated_servers,
+        dedicated_servers: match (a.dedicated_servers, a.shared_servers) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        },
         control_plane: PoolInput {
             cpus: a.control_plane_cpus,
             memory: a.control_plane_memory,

@@ -219,7 +219,8 @@ async fn a_tailscale_only_control_plane_is_bootstrapped_and_reached_through_its_
         );
     }
 
-    // Every member joined the tailnet with the tag, reconcile's members too.
+    // Every server joined the tailnet with the tag, reconcile's servers too; no worker did,
+    // and no worker's user-data holds the auth key (audit security-2 N3).
     let devices = state["tailscale"]["devices"].as_array().unwrap();
     let mut hosts: Vec<&str> = devices
         .iter()
@@ -228,7 +229,26 @@ async fn a_tailscale_only_control_plane_is_bootstrapped_and_reached_through_its_
     hosts.sort_unstable();
     let mut names = env.names("instances");
     names.sort();
-    assert_eq!(hosts, strs(&names));
+    let (servers, workers): (Vec<String>, Vec<String>) = names
+        .into_iter()
+        .partition(|n| n.starts_with("demo-control-plane-"));
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    assert_eq!(hosts, strs(&servers));
+    let dump = env.sim.oxide().dump();
+    for i in dump["instances"].as_array().unwrap() {
+        let name = i["name"].as_str().unwrap();
+        let running = env
+            .sim
+            .oxide()
+            .running_instance(i["id"].as_str().unwrap().parse().unwrap())
+            .unwrap();
+        let text = String::from_utf8_lossy(&running.user_data);
+        assert_eq!(
+            text.contains(AUTH_KEY),
+            servers.iter().any(|s| s == name),
+            "{name}: the auth key in its user-data"
+        );
+    }
     for d in devices {
         assert_eq!(d["tags"], serde_json::json!(["tag:k8s"]), "{d}");
     }

@@ -739,7 +739,12 @@ impl ClusterSpec {
             oxide_ccm: self.k3s.oxide_ccm,
             labels: &pool.labels,
             taints: &pool.taints,
-            tailscale_tag: self.tailscale.as_ref().map(|t| t.tag.as_str()),
+            // Only servers join the tailnet (`render::cloud_init::NodeUserData::for_member`).
+            tailscale_tag: self
+                .tailscale
+                .as_ref()
+                .filter(|_| role == Role::ControlPlane)
+                .map(|t| t.tag.as_str()),
         };
         let bytes = serde_json::to_vec(&h).unwrap_or_default();
         let digest = Sha256::digest(&bytes);
@@ -1651,9 +1656,15 @@ mod tests {
             with.tailscale.as_ref().map(|t| t.tag.as_str()),
             Some(tailscale::DEFAULT_TAG)
         );
-        // Without Tailscale the hash is what it always was; with it, a new VM is needed.
-        let p = &plain.worker_pools[0];
+        // Without Tailscale the hash is what it always was; with it, a new server is needed.
+        // Workers never join the tailnet, so theirs does not move.
+        let cp = &plain.control_plane;
         assert_ne!(
+            with.pool_hash(Role::ControlPlane, cp),
+            plain.pool_hash(Role::ControlPlane, cp)
+        );
+        let p = &plain.worker_pools[0];
+        assert_eq!(
             with.pool_hash(Role::Worker, p),
             plain.pool_hash(Role::Worker, p)
         );

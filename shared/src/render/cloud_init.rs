@@ -1222,9 +1222,14 @@ impl NodeUserData {
                 .pool
                 .data_disk
                 .map(|_| DataDisk::for_disk_name(&crate::base::names::data_disk_name(m.name))),
+            // Servers only (audit security-2 N3): the auth key is reusable, and cloud-init keeps
+            // root-readable copies of the user-data, so on a worker it would be one container
+            // escape from a tenant pod. Workers reach the servers over the VPC; the tailnet is
+            // how an operator reaches the API.
             tailscale: spec
                 .tailscale
                 .as_ref()
+                .filter(|_| m.role == Role::ControlPlane)
                 .zip(secrets.tailscale_auth_key.as_ref())
                 .map(|(t, key)| TailscaleJoin {
                     auth_key: key.clone(),
@@ -2039,8 +2044,10 @@ mod tests {
         assert_eq!(cron(&m), None, "schedule null: k3s's default");
     }
 
+    /// Servers join the tailnet when the spec and the Secret both say so; workers never do
+    /// (audit security-2 N3: the reusable key stays off the nodes tenant pods run on).
     #[test]
-    fn members_join_the_tailnet_only_when_the_spec_and_the_secret_both_say_so() {
+    fn servers_join_the_tailnet_only_when_the_spec_and_the_secret_both_say_so() {
         let mut spec = crate::domain::spec::ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
         let mut secrets = crate::base::secrets::ClusterSecrets {
             k3s_token: "k3s-token-example".into(),
@@ -2048,9 +2055,19 @@ mod tests {
             ssh_public_key: CONTROLLER_KEY.into(),
             ..Default::default()
         };
+        let worker = |spec: &crate::domain::spec::ClusterSpec,
+                      secrets: &crate::base::secrets::ClusterSecrets| {
+            NodeUserData::for_member(&worker_input(spec, secrets)).tailscale
+        };
         let joins = |spec: &crate::domain::spec::ClusterSpec,
                      secrets: &crate::base::secrets::ClusterSecrets| {
-            NodeUserData::for_member(&worker_input(spec, secrets)).tailscale
+            NodeUserData::for_member(&MemberInput {
+                role: Role::ControlPlane,
+                pool: &spec.control_plane,
+                name: "demo-control-plane-abcde",
+                ..worker_input(spec, secrets)
+            })
+            .tailscale
         };
         assert_eq!(joins(&spec, &secrets), None);
         secrets.tailscale_auth_key = Some(TAILSCALE_KEY.into());
@@ -2066,6 +2083,10 @@ mod tests {
                 up_timeout_seconds: crate::domain::spec::DEFAULT_TAILSCALE_UP_TIMEOUT,
             })
         );
+        assert_eq!(worker(&spec, &secrets), None, "never a worker");
+        let user_data =
+            String::from_utf8(render_member(&worker_input(&spec, &secrets)).unwrap()).unwrap();
+        assert!(!user_data.contains(TAILSCALE_KEY), "{user_data}");
     }
 
     /// Issue 34 §7: a member of the default spec downloads install.sh by commit and checks it

@@ -236,9 +236,9 @@ mod tests {
         let input = |secrets| MemberInput {
             spec: &spec,
             secrets,
-            role: Role::Worker,
-            pool: &spec.worker_pools[0],
-            name: "demo-workers-abcde",
+            role: Role::ControlPlane,
+            pool: &spec.control_plane,
+            name: "demo-control-plane-abcde",
             image_id: uuid::Uuid::nil(),
             api_address: "172.30.0.10".parse().unwrap(),
             join_address: "172.30.0.10".parse().unwrap(),

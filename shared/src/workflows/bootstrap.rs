@@ -110,8 +110,9 @@ pub struct BootstrapInput {
     pub control_planes: u32,
     pub workers: u32,
     /// Servers tainted [`crate::domain::spec::Taint::dedicated_server`], so tenant pods stay
-    /// off them.
-    pub dedicated_servers: bool,
+    /// off them: `Some` as the operator chose (`--dedicated-servers`, `--shared-servers`),
+    /// `None` for the default, [`dedicated_by_default`].
+    pub dedicated_servers: Option<bool>,
     pub control_plane: PoolInput,
     pub worker: PoolInput,
     pub image: String,
@@ -176,6 +177,16 @@ pub struct BootstrapInput {
     /// `--tailscale-*`: nodes join a tailnet; without external IPs bootstrap reaches the
     /// first control plane over it.
     pub tailscale: TailscaleFlags,
+}
+
+/// Whether servers keep tenant pods off by default (audit security-2 N3): yes as soon as the
+/// cluster has workers to run them. The servers hold what every credential reaches (the
+/// reconcile Job, the webhook, the backup Job, k3s's own files and etcd snapshots), so a
+/// tenant pod next to them is a container escape away from all of it; kubeadm and Cluster API
+/// taint control planes by default for the same reason. A cluster without workers keeps its
+/// servers schedulable, or nothing but system pods could run.
+pub fn dedicated_by_default(workers: u32) -> bool {
+    workers > 0
 }
 
 /// `step` failed because of `e`; a re-run continues (exit 1).

@@ -99,7 +99,10 @@ fn build_spec(input: &BootstrapInput) -> ClusterSpec {
     cp.boot_disk = input.control_plane.boot_disk;
     cp.data_disk = input.control_plane.data_disk;
     cp.max = cp.max.max(input.control_planes);
-    if input.dedicated_servers {
+    if input
+        .dedicated_servers
+        .unwrap_or_else(|| super::dedicated_by_default(input.workers))
+    {
         cp.taints
             .push(crate::domain::spec::Taint::dedicated_server());
     }
