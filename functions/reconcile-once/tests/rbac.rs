@@ -406,7 +406,7 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
     // G: the upgrade pre-flight reads the server's own /metrics (a non-resource URL), as
     // `scale upgrade --dry-run` runs it: it passes (no deprecated API in use).
     let out = tokio::process::Command::new(scale_bin())
-        .args(["upgrade", "--to", "v1.34.1+k3s1", "--dry-run"])
+        .args(["upgrade", "--to", "v1.33.7+k3s3", "--dry-run"])
         .env("KUBECONFIG", &sa)
         .kill_on_drop(true)
         .output()

@@ -75,7 +75,7 @@ fn zombie_member_refusal(release: &str, listed: &[(String, String)]) -> Result<(
     });
     match old {
         Some((name, r, (a, b, c))) => Err(format!(
-            "etcd {}.{}.{} of {release} sees an unhealthy cluster: member {name} runs k3s {r} with etcd v{a}.{b}.{c}, older than v3.5.26, and the v3 store lists members the cluster removed (zombie members, https://etcd.io/blog/2025/zombie_members_upgrade/)",
+            "etcdserver: unhealthy cluster (model: etcd v{}.{}.{} of k3s {release} joining; member {name} runs k3s {r} with etcd v{a}.{b}.{c}, older than v3.5.26, whose v3 store lists members the cluster removed: zombie members, https://etcd.io/blog/2025/zombie_members_upgrade/)",
             joiner.0, joiner.1, joiner.2
         )),
         None => Ok(()),
@@ -228,7 +228,7 @@ mod zombie_tests {
             err.contains("member m1 runs k3s v1.33.4+k3s1 with etcd v3.5.21, older than v3.5.26"),
             "{err}"
         );
-        assert!(err.contains("unhealthy cluster"), "{err}");
+        assert!(err.starts_with("etcdserver: unhealthy cluster"), "{err}");
         // From v3.5.26 on, and for 3.5 joiners, the join goes to etcd.
         assert_eq!(
             zombie_member_refusal("v1.34.1+k3s1", &listed(&["v1.33.7+k3s3", "v1.34.1+k3s1"])),

@@ -181,4 +181,3 @@ func restoreSnapshot(file string, cfg *embed.Config) error {
 		InitialClusterToken: cfg.InitialClusterToken,
 	})
 }
-
