@@ -1178,13 +1178,18 @@ impl RollOrder {
 }
 
 /// Issue 33 (U1, U7): `k3s.version` v1.33.4+k3s1 → v1.34.1+k3s1 with two worker pools,
-/// Nodes sampled every 0.5 s. The servers roll first, one at a time; no worker Node is ever
+/// Nodes sampled every 0.5 s. v1.34 bundles etcd 3.6 and v1.33.4 etcd 3.5.21 (audit
+/// day2-fidelity-4 finding 2): the direct roll is refused (exit 2 naming v1.33.7+k3s3, the first
+/// v1.33 with etcd v3.5.26, and `upgrade.path`), with no mutating call; through
+/// `upgrade.path: [v1.33.7+k3s3]` the servers roll first, one at a time; no worker Node is ever
 /// newer than any Ready server; no old worker is removed (annotated or gone) while a Ready
 /// server still runs the old version; the pools roll one after the other, in spec order; the
-/// cluster converges with every Node at the target, and status.json records the phases.
+/// cluster converges with every Node at the target, every etcd member answers `/version` with
+/// etcd 3.6, and status.json records the phases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after_the_other() {
     const FROM: &str = "v1.33.4+k3s1";
+    const SAFE: &str = "v1.33.7+k3s3";
     const TO: &str = "v1.34.1+k3s1";
     let env = env(3, 1).await;
     env.edit(|s| {
@@ -1194,8 +1199,42 @@ async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after
     })
     .await;
     env.converge(20).await;
+    let etcd_versions = || {
+        let clusters = env.sim.boot().real_clusters();
+        let cluster = clusters.last().cloned();
+        async move {
+            match cluster {
+                Some(c) => c.control_plane.etcd().server_versions().await,
+                None => Vec::new(),
+            }
+        }
+    };
+    let before = etcd_versions().await;
+    assert_eq!(before.len(), 3, "{before:?}");
+    for (member, release, etcd) in &before {
+        assert_eq!(
+            (release.as_str(), etcd.as_str()),
+            (FROM, "3.5.21"),
+            "{member}"
+        );
+    }
+    // Straight to v1.34: refused before anything is written, naming the step and the field.
+    env.edit(|s| s.k3s.version = TO.into()).await;
+    env.sim.oxide().reset_counters();
+    let out = env.reconcile(&[]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for words in [
+        "k3s.version",
+        "which bundles etcd v3.5.21",
+        "Roll the servers to v1.33.7+k3s3 (etcd v3.5.26) or a later v1.33 release first",
+        "upgrade.path",
+    ] {
+        assert!(stderr.contains(words), "{words:?} in {stderr}");
+    }
+    assert_eq!(env.mutations(), 0, "no Oxide call changed anything");
     env.edit(|s| {
-        s.k3s.version = TO.into();
+        s.upgrade.path = vec![SAFE.into()];
         // Minutes-old apiservers: the history window is another test's subject.
         s.upgrade.api_history_seconds = 0;
     })
@@ -1288,6 +1327,12 @@ async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after
         ["control-plane", "workers"],
         "status.json upgrade.phase over the runs"
     );
+    // Every member is a new server's, on the etcd its k3s bundles (etcd's own /version).
+    let after = etcd_versions().await;
+    assert_eq!(after.len(), 3, "{after:?}");
+    for (member, release, etcd) in &after {
+        assert_eq!((release.as_str(), etcd.as_str()), (TO, "3.6.5"), "{member}");
+    }
     env.assert_no_leaks();
 }
 
@@ -1300,8 +1345,12 @@ async fn a_minor_upgrade_rolls_the_servers_first_then_the_worker_pools_one_after
 async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgrade_until_allowed()
 {
     const TO: &str = "v1.34.1+k3s1";
+    // v1.33.4 (etcd 3.5.21) takes etcd 3.6 only through the first v1.33 with etcd v3.5.26
+    // (the version gate, audit day2-fidelity-4 finding 2): the roll goes through it.
+    const SAFE: &str = "v1.33.7+k3s3";
     let env = env(3, 1).await;
     env.converge(20).await;
+    env.edit(|s| s.upgrade.path = vec![SAFE.into()]).await;
     let mut servers: Vec<String> = instances(&env.sim, CP)
         .iter()
         .filter_map(|i| i["name"].as_str().map(str::to_owned))
@@ -1466,14 +1515,17 @@ async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgr
         .get("POST /v1/instances")
         .copied()
         .unwrap_or(0);
-    assert_eq!(created, 1, "the first v1.34 server once the API is allowed");
+    assert_eq!(
+        created, 1,
+        "the first new server (of upgrade.path's {SAFE}) once the API is allowed"
+    );
     let status = env.status().await.unwrap_or_else(|| panic!("no status"));
     assert_eq!(
         status.upgrade.map(|u| u.phase.to_string()).as_deref(),
         Some("control-plane")
     );
     // Each server's own apiserver answers /version with the k3s it installed: the new one
-    // v1.34, the old ones v1.33.
+    // the path's v1.33.7, the old ones v1.33.4.
     let new = instances(&env.sim, CP)
         .iter()
         .filter_map(|i| i["name"].as_str().map(str::to_owned))
@@ -1482,7 +1534,7 @@ async fn an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgr
     wait_until("the new server's own /version", async || {
         server_get(&env, &new, "/version")
             .await
-            .is_ok_and(|v| v.contains(&format!("\"gitVersion\": \"{TO}\"")))
+            .is_ok_and(|v| v.contains(&format!("\"gitVersion\": \"{SAFE}\"")))
     })
     .await;
     let old = server_get(&env, &servers[0], "/version")
@@ -1533,7 +1585,9 @@ async fn server_get(env: &Env, name: &str, path: &str) -> Result<String, String>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_that_does_not_install_blocks_the_roll_after_one_failed_member_without_a_loop() {
     const MISSING: &str = "v1.33.99+k3s1";
-    const TO: &str = "v1.34.1+k3s1";
+    // A release the simulator's GitHub has; a patch, so the etcd 3.6 step of the version gate
+    // (audit day2-fidelity-4 finding 2) does not apply.
+    const TO: &str = "v1.33.7+k3s3";
     let env = env(3, 1).await;
     env.converge(20).await;
     let old: Vec<String> = instances(&env.sim, CP)

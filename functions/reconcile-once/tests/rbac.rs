@@ -408,7 +408,7 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
     // minutes old, so the apiserver-history window is turned off, as an admin may).
     edit_spec(&sim, |s| s.upgrade.api_history_seconds = 0).await?;
     let out = tokio::process::Command::new(scale_bin())
-        .args(["upgrade", "--to", "v1.34.1+k3s1", "--dry-run"])
+        .args(["upgrade", "--to", "v1.33.7+k3s3", "--dry-run"])
         .env("KUBECONFIG", &sa)
         .kill_on_drop(true)
         .output()

@@ -586,6 +586,11 @@ async fn upgrade_checks_the_version_and_writes_nothing_without_its_pre_flight() 
             "restore the etcd snapshot taken before the upgrade",
         ),
         ("v1.33.4+k3s0", "does not support downgrading"),
+        // etcd 3.6 over etcd 3.5.21 (audit day2-fidelity-4 finding 2).
+        (
+            "v1.34.1+k3s1",
+            "Roll the servers to v1.33.7+k3s3 (etcd v3.5.26) or a later v1.33 release first",
+        ),
     ] {
         let before = mutating();
         let (code, out, err) = env.scale(&["upgrade", "--to", to]).await;
@@ -603,8 +608,8 @@ async fn upgrade_checks_the_version_and_writes_nothing_without_its_pre_flight() 
     // not (the pre-flight against a simulated rack: reconcile-once `e2e.rs`
     // `an_api_the_target_removes_still_requested_on_one_server_blocks_the_upgrade_until_allowed`).
     for args in [
-        &["upgrade", "--to", "v1.34.1+k3s1", "--dry-run"][..],
-        &["upgrade", "--to", "v1.34.1+k3s1"][..],
+        &["upgrade", "--to", "v1.33.7+k3s3", "--dry-run"][..],
+        &["upgrade", "--to", "v1.33.7+k3s3"][..],
     ] {
         let before = mutating();
         let (code, out, err) = env.scale(args).await;

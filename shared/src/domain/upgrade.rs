@@ -140,6 +140,7 @@ pub fn gate(spec: &ClusterSpec, nodes: &[Node]) -> Result<(), SpecErrors> {
         Some(target) => {
             gate_servers(spec, &target, nodes, &mut err);
             gate_path(spec, &target, nodes, &mut err);
+            gate_etcd(spec, &target, nodes, &mut err);
             for pool in &spec.worker_pools {
                 gate_worker_pool(spec, pool, &target, nodes, &mut err);
             }
@@ -254,6 +255,65 @@ fn gate_path(
             );
         }
         previous = Some(v);
+    }
+}
+
+/// etcd 3.5 → 3.6 only from etcd v3.5.26 ([`etcd`]): the servers walk `upgrade.path`, then
+/// `k3s.version`; the first step whose release bundles etcd 3.6 must come after releases whose
+/// etcd is v3.5.26 or newer (the servers' own releases for the first step, else the path
+/// entry before it). Only that first 3.6 step is checked: after it every member is 3.6.
+fn gate_etcd(
+    spec: &ClusterSpec,
+    target: &K3sVersion,
+    nodes: &[Node],
+    err: &mut impl FnMut(String, String),
+) {
+    let servers = pool_nodes(nodes, &spec.control_plane.name);
+    let Some(((_, oldest), _)) = span(&servers) else {
+        return;
+    };
+    let oldest = oldest.clone();
+    let mut steps: Vec<(String, K3sVersion)> = spec
+        .upgrade
+        .path
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| K3sVersion::parse(p).map(|v| (format!("upgrade.path[{i}]"), v)))
+        .filter(|(_, v)| *v > oldest && v < target)
+        .collect();
+    steps.push(("k3s.version".into(), target.clone()));
+    // Who runs what before the step: the servers, then the path entry the servers reached.
+    let mut before: Vec<(String, K3sVersion)> = servers
+        .iter()
+        .filter_map(|(n, v)| {
+            v.clone()
+                .map(|v| (format!("server {} runs {v}", n.name), v))
+        })
+        .collect();
+    before.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+    for (field, step) in steps {
+        let bundled = etcd::bundled_etcd(&step);
+        if !bundled.is_36() {
+            before = vec![(
+                format!("the servers come to it from upgrade.path's {step}"),
+                step,
+            )];
+            continue;
+        }
+        if let Some((who, v)) = before
+            .iter()
+            .find(|(_, v)| *v < step && !etcd::bundled_etcd(v).may_take_36())
+        {
+            err(
+                field,
+                format!(
+                    "{step} bundles {bundled}, and {who}, which bundles {}: a new etcd 3.6 member joins only a cluster on etcd v3.5.26 or newer (etcd's zombie-member fix, etcd-io/etcd#20995; k3s-io/k3s#13271: the new server sees an unhealthy cluster and fails to join). Roll the servers to {} first: set k3s.version to it, or list it in upgrade.path before {step} (README \"Upgrading Kubernetes\")",
+                    etcd::bundled_etcd(v),
+                    etcd::safe_step_hint(v),
+                ),
+            );
+        }
+        return;
     }
 }
 
@@ -572,6 +632,7 @@ pub fn hold_for_preflight(
     }
 }
 
+pub mod etcd;
 pub mod preflight;
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! A cluster's datastore: real etcd members (`kcp etcd`, etcd's own server), one per k3s
+//! A cluster's datastore: real etcd members (etcd's own server, each run by the binary of the
+//! etcd its server's k3s release bundles, `tests/kube/etcd`), one per k3s
 //! server, each on its server's own loopback address (`http://IP:2379` client, `:2380` peer),
 //! with etcd's own membership: the first server starts a new cluster, a joining server is
 //! added as a learner through the member API and promoted once etcd says it caught up, a
@@ -66,6 +67,10 @@ pub struct EtcdMember {
 /// One member this simulator started (a server VM's etcd).
 struct Local {
     ip: Ipv4Addr,
+    /// The etcd binary of the member's k3s release ([`super::binary::etcd_binary`]).
+    bin: PathBuf,
+    /// The k3s release the member's server installed.
+    release: String,
     data: PathBuf,
     log: PathBuf,
     /// The etcd process while the member's VM runs.
@@ -84,7 +89,6 @@ impl Local {
 }
 
 struct Shared {
-    kcp: PathBuf,
     dir: PathBuf,
     members: Mutex<BTreeMap<String, Local>>,
     http: reqwest::Client,
@@ -117,6 +121,14 @@ impl Drop for Etcd {
     }
 }
 
+/// [`super::binary::etcd_binary`] off the async runtime.
+async fn binary_for(release: &str) -> Result<PathBuf, String> {
+    let release = release.to_string();
+    tokio::task::spawn_blocking(move || super::binary::etcd_binary(&release))
+        .await
+        .map_err(|e| e.to_string())?
+}
+
 fn client_url(ip: Ipv4Addr) -> String {
     format!("http://{ip}:{CLIENT_PORT}")
 }
@@ -140,8 +152,7 @@ impl Shared {
             .open(&m.log)
             .map_err(|e| format!("{}: {e}", m.log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(&self.kcp)
-            .arg("etcd")
+        let child = Command::new(&m.bin)
             .arg(format!("--name={name}"))
             .arg(format!("--data-dir={}", m.data.display()))
             .arg(format!("--listen-client-url={}", client_url(m.ip)))
@@ -153,7 +164,7 @@ impl Shared {
             .stderr(err)
             .kill_on_drop(true)
             .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", self.kcp.display()))?;
+            .map_err(|e| format!("cannot run {}: {e}", m.bin.display()))?;
         m.child = Some(child);
         Ok(())
     }
@@ -228,13 +239,13 @@ impl Etcd {
     /// new`, as k3s's cluster-init server does) and the forwarder on `forward_ip:2379`; waits
     /// until the member answers.
     pub async fn start(
-        kcp: &Path,
+        release: &str,
         dir: &Path,
         forward_ip: Ipv4Addr,
         name: &str,
         ip: Ipv4Addr,
     ) -> Result<Etcd, String> {
-        Self::start_from(kcp, dir, forward_ip, name, ip, None).await
+        Self::start_from(release, dir, forward_ip, name, ip, None).await
     }
 
     /// [`Etcd::start`] with the member's data directory copied from `seed` first (a data
@@ -242,7 +253,7 @@ impl Etcd {
     /// from it (its WAL names the member and its one-member cluster; the initial-cluster flags
     /// are ignored once data exists).
     pub async fn start_from(
-        kcp: &Path,
+        release: &str,
         dir: &Path,
         forward_ip: Ipv4Addr,
         name: &str,
@@ -263,7 +274,6 @@ impl Etcd {
             .build()
             .map_err(|e| e.to_string())?;
         let shared = Arc::new(Shared {
-            kcp: kcp.to_path_buf(),
             dir: dir.to_path_buf(),
             members: Mutex::new(BTreeMap::new()),
             http,
@@ -274,7 +284,13 @@ impl Etcd {
             client_addr: SocketAddr::new(forward_ip.into(), CLIENT_PORT),
             forwarder,
         };
-        etcd.add_local(name, ip, true, &["--initial-cluster-state=new".into()])?;
+        etcd.add_local(
+            (name, release),
+            ip,
+            true,
+            &["--initial-cluster-state=new".into()],
+        )
+        .await?;
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             if etcd.members().await.is_ok() {
@@ -290,15 +306,18 @@ impl Etcd {
         }
     }
 
-    fn add_local(
+    async fn add_local(
         &self,
-        name: &str,
+        (name, release): (&str, &str),
         ip: Ipv4Addr,
         voter: bool,
         args: &[String],
     ) -> Result<(), String> {
+        let bin = binary_for(release).await?;
         let mut m = Local {
             ip,
+            bin,
+            release: release.to_string(),
             data: self.shared.dir.join(format!("etcd-{name}")),
             log: self.shared.dir.join(format!("etcd-{name}.log")),
             child: None,
@@ -342,7 +361,7 @@ impl Etcd {
     /// [`PROMOTE_EVERY`] until etcd accepts it (it refuses a learner not yet in sync with the
     /// leader). Fails with etcd's error when the add is refused (e.g. a learner exists
     /// already, or the cluster has no quorum) or the learner is never promoted.
-    pub async fn join(&self, name: &str, ip: Ipv4Addr) -> Result<(), String> {
+    pub async fn join(&self, name: &str, release: &str, ip: Ipv4Addr) -> Result<(), String> {
         let peer = peer_url(ip);
         // A join that failed after its add (k3s exits and systemd starts it again) finds
         // itself in the list and is not added twice (k3s `join`: "If we're already in the
@@ -376,14 +395,15 @@ impl Etcd {
         let running = self.shared.lock().get_mut(name).is_some_and(Local::running);
         if !running {
             self.add_local(
-                name,
+                (name, release),
                 ip,
                 false,
                 &[
                     format!("--initial-cluster={}", cluster.join(",")),
                     "--initial-cluster-state=existing".into(),
                 ],
-            )?;
+            )
+            .await?;
         }
         let deadline = Instant::now() + PROMOTE_PATIENCE;
         let mut last = String::new();
@@ -596,6 +616,49 @@ impl Etcd {
         None
     }
 
+    /// The k3s release of each member this simulator started that etcd still lists (by peer
+    /// URL): `(member name, release)`, running or stopped.
+    pub async fn listed_releases(&self) -> Result<Vec<(String, String)>, String> {
+        let listed = self.members().await?;
+        let members = self.shared.lock();
+        Ok(members
+            .iter()
+            .filter(|(_, m)| listed.iter().any(|l| l.peer_url == peer_url(m.ip)))
+            .map(|(n, m)| (n.clone(), m.release.clone()))
+            .collect())
+    }
+
+    /// What each running member answers on its client URL's `GET /version` (etcd's
+    /// `etcdserver` field): `(member name, k3s release, etcd version)`.
+    pub async fn server_versions(&self) -> Vec<(String, String, String)> {
+        let running: Vec<(String, String, Ipv4Addr)> = {
+            let mut members = self.shared.lock();
+            members
+                .iter_mut()
+                .filter_map(|(n, m)| m.running().then(|| (n.clone(), m.release.clone(), m.ip)))
+                .collect()
+        };
+        let mut out = Vec::new();
+        for (name, release, ip) in running {
+            let version = match self
+                .shared
+                .http
+                .get(format!("{}/version", client_url(ip)))
+                .send()
+                .await
+            {
+                Ok(resp) => resp
+                    .json::<Value>()
+                    .await
+                    .ok()
+                    .and_then(|v| v["etcdserver"].as_str().map(str::to_owned)),
+                Err(_) => None,
+            };
+            out.push((name, release, version.unwrap_or_else(|| "?".into())));
+        }
+        out
+    }
+
     /// Whether member `name`'s data directory exists (its VM's disk holds it).
     pub fn has_data(&self, name: &str) -> bool {
         self.shared.dir.join(format!("etcd-{name}")).exists()
@@ -754,7 +817,7 @@ fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
 /// member of a new cluster, logging to `log`; `read` runs against its client URL once it
 /// answers; then the member stops, its data kept. Err is what etcd or `read` said.
 pub async fn restore_member<T, F, Fut>(
-    kcp: &Path,
+    release: &str,
     (snapshot, data, log): (&Path, &Path, &Path),
     name: &str,
     ip: Ipv4Addr,
@@ -769,14 +832,16 @@ where
         .timeout(Duration::from_secs(5))
         .build()
         .map_err(|e| e.to_string())?;
+    let bin = binary_for(release).await?;
     let shared = Shared {
-        kcp: kcp.to_path_buf(),
         dir: data.parent().unwrap_or(data).to_path_buf(),
         members: Mutex::new(BTreeMap::new()),
         http: http.clone(),
     };
     let mut m = Local {
         ip,
+        bin,
+        release: release.to_string(),
         data: data.to_path_buf(),
         log: log.to_path_buf(),
         child: None,
@@ -807,13 +872,6 @@ where
                 let _ = tokio::time::timeout(Duration::from_secs(5), c.wait()).await;
             }
             let tail = super::log_tail(log);
-            if tail.contains("flag provided but not defined: -restore-snapshot") {
-                break Err(format!(
-                    "{} predates `kcp etcd --restore-snapshot`: rebuild it with tests/kube/build.sh (or unset {})",
-                    kcp.display(),
-                    super::KCP_ENV
-                ));
-            }
             let why = tail
                 .lines()
                 .rev()

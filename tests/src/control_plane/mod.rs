@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use rand::RngExt as _;
 use tokio::process::{Child, Command};
 
-pub use binary::{KCP_ENV, kcp};
+pub use binary::{KCP_ENV, RELEASE_ETCD, etcd_binary, etcd_version_for, kcp};
 pub use objects::ObjectError;
 
 /// KWOK's pod stages (see the file's header).
@@ -104,6 +104,9 @@ pub struct ControlPlaneOptions {
     pub scheduler: bool,
     /// Run KWOK for Nodes labelled [`KWOK_LABEL`].
     pub kwok: bool,
+    /// The k3s release of the server whose etcd member starts the cluster: its member runs
+    /// that release's etcd ([`binary::etcd_binary`]).
+    pub etcd_release: String,
 }
 
 impl Default for ControlPlaneOptions {
@@ -113,6 +116,7 @@ impl Default for ControlPlaneOptions {
             controller_manager: true,
             scheduler: true,
             kwok: true,
+            etcd_release: KUBERNETES_VERSION.to_owned(),
         }
     }
 }
@@ -228,13 +232,20 @@ impl ControlPlane {
         };
         let files = Files::write(dir.path(), ip, &pki, opts)?;
         let mut cp_components = Vec::new();
-        let etcd = etcd::Etcd::start_from(kcp, dir.path(), ip, member, member_ip, seed.as_deref())
-            .await
-            .map_err(|why| ControlPlaneError::Component {
-                component: "etcd",
-                log: String::new(),
-                why,
-            })?;
+        let etcd = etcd::Etcd::start_from(
+            &opts.etcd_release,
+            dir.path(),
+            ip,
+            member,
+            member_ip,
+            seed.as_deref(),
+        )
+        .await
+        .map_err(|why| ControlPlaneError::Component {
+            component: "etcd",
+            log: String::new(),
+            why,
+        })?;
 
         let apiserver = spawn(kcp, dir.path(), "kube-apiserver", &files.apiserver_args(ip))?;
         cp_components.push(apiserver);

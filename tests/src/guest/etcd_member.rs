@@ -35,6 +35,61 @@ fn server_node_name(vm: &super::Vm) -> String {
         .unwrap_or_else(|| vm.hostname.to_lowercase())
 }
 
+/// The first etcd 3.5 a 3.6 member may join (etcd-io/etcd#20995, v3.5.26).
+const ETCD_SAFE_3_5: (u64, u64, u64) = (3, 5, 26);
+
+/// `v3.5.21` → (3, 5, 21).
+fn etcd_triple(v: &str) -> Option<(u64, u64, u64)> {
+    let mut p = v.strip_prefix('v')?.split('.').map(|x| x.parse().ok());
+    Some((p.next()??, p.next()??, p.next()??))
+}
+
+/// The etcd `release` bundles (the product's table and tests/FIDELITY.md "etcd versions"),
+/// not the patch the simulator may run in its place.
+fn bundled_etcd(release: &str) -> Option<(u64, u64, u64)> {
+    crate::control_plane::RELEASE_ETCD
+        .iter()
+        .find(|(r, _, _)| *r == release)
+        .map_or_else(
+            || etcd_triple(crate::control_plane::etcd_version_for(release)),
+            |(_, bundled, _)| etcd_triple(bundled),
+        )
+}
+
+/// **Model** (tests/FIDELITY.md "etcd 3.5 → 3.6 join"): a server whose k3s bundles etcd 3.6
+/// joining a cluster that lists a member on etcd older than v3.5.26 fails as
+/// k3s-io/k3s#13271 and #13485 report it ("the new node will see an unhealthy cluster": etcd
+/// 3.6 takes membership from the v3 store, which in clusters that replaced members lists
+/// removed "zombie" members; etcd-io/etcd#20995 repairs it in v3.5.26). The simulator's
+/// members are new and their stores agree, so real etcd would let the join through; the
+/// simulator assumes the history every product roll creates (each roll replaces members).
+/// Err is what the joiner's k3s exits with.
+fn zombie_member_refusal(release: &str, listed: &[(String, String)]) -> Result<(), String> {
+    let Some(joiner) = bundled_etcd(release).filter(|v| *v >= (3, 6, 0)) else {
+        return Ok(());
+    };
+    let old = listed.iter().find_map(|(name, r)| {
+        bundled_etcd(r)
+            .filter(|v| *v < ETCD_SAFE_3_5)
+            .map(|v| (name, r, v))
+    });
+    match old {
+        Some((name, r, (a, b, c))) => Err(format!(
+            "etcdserver: unhealthy cluster (model: etcd v{}.{}.{} of k3s {release} joining; member {name} runs k3s {r} with etcd v{a}.{b}.{c}, older than v3.5.26, whose v3 store lists members the cluster removed: zombie members, https://etcd.io/blog/2025/zombie_members_upgrade/)",
+            joiner.0, joiner.1, joiner.2
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The k3s release a VM installed (install.sh's `INSTALL_K3S_VERSION`, else the image's).
+pub(super) fn installed_release(vm: &super::Vm, image: &str) -> String {
+    vm.user_data
+        .as_ref()
+        .and_then(|u| u.install_version.clone())
+        .unwrap_or_else(|| image.to_owned())
+}
+
 impl Inner {
     /// The member a cluster-init server starts its cluster with (name and address), recorded
     /// on the VM.
@@ -88,7 +143,7 @@ impl Inner {
         if role != Role::Server {
             return Ok(());
         }
-        let (api, existing, node_name, private) = {
+        let (api, existing, node_name, private, release) = {
             let st = self.state();
             let (Some(c), Some(vm)) = (st.clusters.get(&cluster), st.vms.get(&id)) else {
                 return Err("instance vanished".into());
@@ -98,6 +153,7 @@ impl Inner {
                 vm.etcd_member.clone().filter(|_| vm.member),
                 server_node_name(vm),
                 vm.private_loopback,
+                installed_release(vm, &self.cfg.k3s_version),
             )
         };
         let etcd = api.control_plane.etcd();
@@ -114,6 +170,7 @@ impl Inner {
             }
             return Ok(());
         }
+        zombie_member_refusal(&release, &etcd.listed_releases().await?)?;
         let (name, ip) = match existing {
             Some(member) => member,
             None => {
@@ -127,7 +184,7 @@ impl Inner {
                 member
             }
         };
-        etcd.join(&name, ip).await
+        etcd.join(&name, &release, ip).await
     }
 
     /// The VM stopped: its member's process stops, its data stays.
@@ -148,5 +205,38 @@ impl Inner {
         ) {
             api.control_plane.etcd().forget(name);
         }
+    }
+}
+
+#[cfg(test)]
+mod zombie_tests {
+    use super::zombie_member_refusal;
+
+    fn listed(releases: &[&str]) -> Vec<(String, String)> {
+        releases
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (format!("m{i}"), (*r).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn an_etcd_36_server_is_refused_by_a_cluster_listing_a_member_before_3_5_26() {
+        let err = zombie_member_refusal("v1.34.1+k3s1", &listed(&["v1.33.7+k3s3", "v1.33.4+k3s1"]))
+            .unwrap_err();
+        assert!(
+            err.contains("member m1 runs k3s v1.33.4+k3s1 with etcd v3.5.21, older than v3.5.26"),
+            "{err}"
+        );
+        assert!(err.starts_with("etcdserver: unhealthy cluster"), "{err}");
+        // From v3.5.26 on, and for 3.5 joiners, the join goes to etcd.
+        assert_eq!(
+            zombie_member_refusal("v1.34.1+k3s1", &listed(&["v1.33.7+k3s3", "v1.34.1+k3s1"])),
+            Ok(())
+        );
+        assert_eq!(
+            zombie_member_refusal("v1.33.7+k3s3", &listed(&["v1.33.4+k3s1"])),
+            Ok(())
+        );
     }
 }

@@ -102,8 +102,12 @@ impl Inner {
             (Some(_), Some((name, ip))) => (name, Some(ip)),
             _ => self.new_etcd_member(id),
         };
+        let mut opts = self.cfg.kubernetes.clone();
+        if let Some(vm) = self.state().vms.get(&id) {
+            opts.etcd_release = super::etcd_member::installed_release(vm, &self.cfg.k3s_version);
+        }
         let cp = RealCluster::start(
-            self.cfg.kubernetes.clone(),
+            opts,
             self.faults.clone(),
             &member,
             member_ip,
@@ -345,12 +349,14 @@ impl Inner {
         let log = host_dir.with_file_name(format!("{id}-etcd-restore.log"));
         let name = super::etcd_member::member_name(&node);
         let ip = etcd::member_ip(private);
-        let kcp = match tokio::task::spawn_blocking(crate::control_plane::kcp).await {
-            Ok(Ok(kcp)) => kcp,
-            Ok(Err(e)) => return fatal(format!("{START_DB}: {e}")),
-            Err(e) => return fatal(format!("{START_DB}: {e}")),
+        let release = {
+            let st = self.state();
+            st.vms.get(&id).map_or_else(
+                || self.cfg.k3s_version.clone(),
+                |vm| super::etcd_member::installed_release(vm, &self.cfg.k3s_version),
+            )
         };
-        let read = etcd::restore_member(&kcp, (&snapshot, &data, &log), &name, ip, |h, u| {
+        let read = etcd::restore_member(&release, (&snapshot, &data, &log), &name, ip, |h, u| {
             etcd::read_prefix(h, u, "/bootstrap")
         })
         .await;

@@ -333,11 +333,14 @@ pub(super) fn per_boot_setup_check(
 
 /// The k3s releases the simulator's GitHub has: the product's default, the ones the tests
 /// install, and the simulator's configured version (see [`k3s_release_exists`]). Any other
-/// `INSTALL_K3S_VERSION` is a release that does not exist.
-pub const K3S_RELEASES: [&str; 4] = [
+/// `INSTALL_K3S_VERSION` is a release that does not exist. v1.33.7+k3s3 is the first v1.33
+/// release with etcd v3.5.26, the step before etcd 3.6 (k3s-io/k3s#13493; tests/FIDELITY.md
+/// "etcd versions").
+pub const K3S_RELEASES: [&str; 5] = [
     "v1.33.4+k3s1",
     "v1.33.1+k3s1",
     "v1.30.0+k3s1",
+    "v1.33.7+k3s3",
     "v1.34.1+k3s1",
 ];
 

@@ -62,6 +62,8 @@ fn cluster(cp: &[&str], w: &str) -> Vec<Node> {
 
 const V33: &str = "v1.33.4+k3s1";
 const V34: &str = "v1.34.1+k3s1";
+/// The first v1.33 release with etcd v3.5.26 ([`etcd::FIRST_SAFE_RELEASE`]).
+const SAFE33: &str = "v1.33.7+k3s3";
 
 fn fields(r: Result<(), SpecErrors>) -> Vec<(String, String)> {
     r.err()
@@ -118,7 +120,13 @@ fn server_cases() -> Vec<Case> {
             Box::new(|_| {}),
             None,
         ),
-        ("one minor", &[V33, V33, V33], V34, Box::new(|_| {}), None),
+        (
+            "one minor",
+            &[SAFE33, SAFE33, SAFE33],
+            V34,
+            Box::new(|_| {}),
+            None,
+        ),
         (
             "same version",
             &[V33, V33, V33],
@@ -128,7 +136,7 @@ fn server_cases() -> Vec<Case> {
         ),
         (
             "mid-roll, same target",
-            &[V33, V34, V34],
+            &[SAFE33, V34, V34],
             V34,
             Box::new(|_| {}),
             None,
@@ -144,7 +152,7 @@ fn server_cases() -> Vec<Case> {
             "skipped minor listed in upgrade.path",
             &["v1.32.3+k3s1"; 3],
             V34,
-            Box::new(path(&["v1.33.4+k3s1"])),
+            Box::new(path(&[SAFE33])),
             None,
         ),
         (
@@ -252,9 +260,91 @@ fn pool_cases() -> Vec<Case> {
     ]
 }
 
+/// etcd 3.5 → 3.6 only from v3.5.26 (audit day2-fidelity-4 finding 2; etcd-io/etcd#20995,
+/// k3s-io/k3s#13271, #13493).
+fn etcd_cases() -> Vec<Case> {
+    vec![
+        (
+            "v1.33.4 (etcd 3.5.21) straight to v1.34 (etcd 3.6)",
+            &[V33; 3],
+            V34,
+            Box::new(|_| {}),
+            Some((
+                "k3s.version",
+                "server cp0 runs v1.33.4+k3s1, which bundles etcd v3.5.21: a new etcd 3.6 member joins only a cluster on etcd v3.5.26 or newer",
+            )),
+        ),
+        (
+            "the fix is named: the first safe v1.33 release, through upgrade.path",
+            &[V33; 3],
+            V34,
+            Box::new(|_| {}),
+            Some((
+                "k3s.version",
+                "Roll the servers to v1.33.7+k3s3 (etcd v3.5.26) or a later v1.33 release first: set k3s.version to it, or list it in upgrade.path",
+            )),
+        ),
+        (
+            "one old server left is enough to refuse",
+            &[SAFE33, SAFE33, "v1.33.1+k3s1"],
+            V34,
+            Box::new(|_| {}),
+            Some(("k3s.version", "server cp2 runs v1.33.1+k3s1")),
+        ),
+        (
+            "through the safe patch in upgrade.path",
+            &[V33; 3],
+            V34,
+            Box::new(path(&[SAFE33])),
+            None,
+        ),
+        (
+            "mid-way through the safe patch",
+            &[V33, SAFE33, SAFE33],
+            V34,
+            Box::new(path(&[SAFE33])),
+            None,
+        ),
+        (
+            "a patch roll to the safe release",
+            &[V33; 3],
+            SAFE33,
+            Box::new(|_| {}),
+            None,
+        ),
+        (
+            "a later v1.33 release not in the table is after the fix",
+            &["v1.33.9+k3s1"; 3],
+            "v1.34.6+k3s1",
+            Box::new(|_| {}),
+            None,
+        ),
+        (
+            "an earlier build of the same patch is before it",
+            &["v1.33.7+k3s1"; 3],
+            V34,
+            Box::new(|_| {}),
+            Some(("k3s.version", "which bundles an etcd older than v3.5.26")),
+        ),
+        (
+            "a path whose v1.33 entry predates the fix",
+            &["v1.32.3+k3s1"; 3],
+            V34,
+            Box::new(path(&[V33])),
+            Some((
+                "k3s.version",
+                "the servers come to it from upgrade.path's v1.33.4+k3s1, which bundles etcd v3.5.21",
+            )),
+        ),
+    ]
+}
+
 #[test]
 fn the_gate_refuses_skips_downgrades_and_skewed_pools_naming_the_field() {
-    let cases = server_cases().into_iter().chain(pool_cases());
+    let cases = server_cases()
+        .into_iter()
+        .chain(pool_cases())
+        .chain(etcd_cases());
     for (what, servers, to, edit, want) in cases {
         let mut s = spec(to);
         edit(&mut s);
@@ -431,4 +521,18 @@ fn a_new_pool_with_no_nodes_gets_what_the_servers_run_while_they_roll() {
         .collect();
     let p = progress(&s, &nodes, now(), None);
     assert_eq!(rolling_to(&p, "gpu"), V33);
+}
+
+#[test]
+fn the_etcd_table_knows_each_simulated_release_and_infers_the_rest_safely() {
+    use etcd::{BundledEtcd, bundled_etcd};
+    let v = |s: &str| bundled_etcd(&K3sVersion::parse(s).unwrap());
+    assert_eq!(v(V33), BundledEtcd::Exact((3, 5, 21)));
+    assert_eq!(v(SAFE33), BundledEtcd::Exact((3, 5, 26)));
+    assert_eq!(v(V34), BundledEtcd::Exact((3, 6, 5)));
+    assert_eq!(v("v1.35.0+k3s1"), BundledEtcd::AtLeast36);
+    assert_eq!(v("v1.33.8+k3s1"), BundledEtcd::Safe35);
+    assert_eq!(v("v1.33.6+k3s1"), BundledEtcd::Before3526);
+    assert_eq!(v("v1.32.9+k3s1"), BundledEtcd::Before3526);
+    assert!(!v(V33).may_take_36() && v(SAFE33).may_take_36() && v(V34).is_36());
 }
