@@ -116,14 +116,50 @@ impl Rung {
     }
 }
 
+/// How many voting members etcd has, and where that number came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub enum Voters {
+    /// etcd's member list (`/db/info` from the server behind the API address): its voters.
+    Etcd { voters: usize },
+    /// The member list did not answer (`why`; k3s serves it only while etcd has quorum): the
+    /// larger of the spec's control-plane count (`spec`, from the resume file) and the
+    /// servers on the rack (`servers`).
+    Guessed {
+        spec: usize,
+        servers: usize,
+        why: String,
+    },
+}
+
+impl Voters {
+    /// The count a majority is taken of.
+    pub fn count(&self) -> usize {
+        match self {
+            Voters::Etcd { voters } => *voters,
+            Voters::Guessed { spec, servers, .. } => (*spec).max(*servers),
+        }
+    }
+
+    /// Where the count came from, as the person reads it.
+    pub fn describe(&self) -> String {
+        match self {
+            Voters::Etcd { voters } => format!("{voters}, from etcd's member list"),
+            Voters::Guessed { spec, servers, why } => format!(
+                "{}, the larger of the spec's {spec} and the {servers} servers on the rack (etcd's member list did not answer: {why})",
+                self.count()
+            ),
+        }
+    }
+}
+
 /// The rung for an API that is (or is not) `ready` with `servers` on the rack, of a cluster
-/// that had `expected` servers (the spec's count; more when more exist). etcd needs a majority
-/// of its voting members; each server is one.
-pub fn choose(ready: bool, servers: &[Server], expected: usize) -> Rung {
+/// whose etcd has `voters` voting members. etcd needs a majority of them; each server is one.
+pub fn choose(ready: bool, servers: &[Server], voters: &Voters) -> Rung {
     if ready {
         return Rung::Healthy;
     }
-    let members = expected.max(servers.len());
+    let members = voters.count().max(1);
     let quorum = members / 2 + 1;
     let mut names: Vec<&Server> = servers.iter().collect();
     names.sort_by(|a, b| a.name.cmp(&b.name));
@@ -161,6 +197,9 @@ pub struct RecoverSummary {
     pub cluster: String,
     pub project: String,
     pub rung: Rung,
+    /// etcd's voting members the rung was chosen with (none for a restore or drill).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub voters: Option<Voters>,
     pub dry_run: bool,
     /// The calls the rung makes (all of them under `--dry-run`, which makes none).
     pub calls: Vec<String>,
@@ -186,6 +225,9 @@ impl RecoverSummary {
             self.project,
             self.rung.number()
         );
+        if let Some(voters) = self.voters.as_ref().filter(|_| self.rung != Rung::Healthy) {
+            let _ = writeln!(s, "etcd's voting members: {}.", voters.describe());
+        }
         match &self.rung {
             Rung::Healthy => {
                 let _ = writeln!(
@@ -434,12 +476,18 @@ pub async fn run<C: Connect>(
     if let Err(why) = &ready {
         info!(step = "observe", %why, "the API is not ready");
     }
-    let rung = choose(ready.is_ok(), &servers, v.expected);
+    let voters = match &ready {
+        Ok(()) => Voters::Etcd {
+            voters: servers.len(),
+        },
+        Err(_) => count_voters(connect, &v, &input.cluster, servers.len()).await,
+    };
+    let rung = choose(ready.is_ok(), &servers, &voters);
     info!(
         step = "rung",
         rung = rung.number(),
         servers = servers.len(),
-        expected = v.expected,
+        voters = %voters.describe(),
         "chosen"
     );
     let mut summary = RecoverSummary {
@@ -447,6 +495,7 @@ pub async fn run<C: Connect>(
         project: v.project.clone(),
         calls: calls(&rung, &v.project, &input.cluster),
         rung: rung.clone(),
+        voters: Some(voters.clone()),
         dry_run: input.dry_run,
         api_ready_after: None,
         converged: false,
@@ -470,7 +519,9 @@ pub async fn run<C: Connect>(
         Rung::ResetOnSurvivor { survivor, others } => {
             reset::run(connect, &rack, &mut v, &input, survivor, others).await?;
         }
-        Rung::StartServers { start, .. } => start_servers(&rack, start).await?,
+        Rung::StartServers { start, .. } => {
+            start_servers(&rack, start, started + input.api_timeout).await?;
+        }
     }
     wait_ready(connect, &v, &input, started).await?;
     summary.api_ready_after = Some(started.elapsed());
@@ -482,6 +533,42 @@ pub async fn run<C: Connect>(
         super::reconcile_loop(connect, &ports, &input.holder, input.wait, &input.shutdown).await?;
     summary.converged = converged;
     Ok(summary)
+}
+
+/// etcd's voting members, from the member list k3s's supervisor serves on `/db/info` (the
+/// server behind the API address, asked with the server token); when it does not answer
+/// (without quorum k3s cannot list the members), the larger of the spec's count and
+/// `servers`.
+async fn count_voters<C: Connect>(
+    connect: &C,
+    v: &Validated,
+    cluster: &str,
+    servers: usize,
+) -> Voters {
+    let read = match connect
+        .in_cluster(&v.kubeconfig, cluster, "bootstrap-recover")
+        .await
+    {
+        Ok(ports) => {
+            use crate::ports::cluster::Cluster as _;
+            ports
+                .cluster
+                .etcd_members(&v.resume.k3s_token)
+                .await
+                .map_err(|e| error::chain(&e))
+        }
+        Err(e) => Err(error::chain(e.as_ref())),
+    };
+    match read {
+        Ok(members) => Voters::Etcd {
+            voters: members.iter().filter(|m| !m.is_learner).count(),
+        },
+        Err(why) => Voters::Guessed {
+            spec: v.expected,
+            servers,
+            why,
+        },
+    }
 }
 
 /// `--verify` (see [`restore::drill`]): fails (exit 1) when the backup does not restore to a
@@ -501,6 +588,7 @@ async fn run_verify<C: Connect>(
         rung: Rung::Drill {
             backup: chosen.name.clone(),
         },
+        voters: None,
         calls: Vec::new(),
         dry_run: input.dry_run,
         api_ready_after: None,
@@ -548,6 +636,7 @@ async fn run_restore<C: Connect>(
         rung: Rung::Restore {
             backup: chosen.name.clone(),
         },
+        voters: None,
         calls,
         dry_run: input.dry_run,
         api_ready_after: None,
@@ -605,6 +694,7 @@ fn calls(rung: &Rung, project: &str, cluster: &str) -> Vec<String> {
                     "POST /v1/floating-ips/{fip}/attach?project={project} to {survivor} (unless there)"
                 ),
                 ssh(reset::STOP_K3S),
+                ssh(reset::DROP_SERVER_URL),
                 ssh(reset::CLUSTER_RESET),
             ]);
             for n in others {
@@ -649,17 +739,36 @@ fn nothing_left(input: &RecoverInput, project: &str) -> BootstrapError {
     )
 }
 
-/// Starts every server in `names` (one already starting or running is fine).
-async fn start_servers<R: Rack>(rack: &R, names: &[String]) -> Result<(), BootstrapError> {
+/// Starts every server in `names`. Nexus answers a start of one already starting or
+/// running with success (idempotent), and refuses one still `stopping` with a conflict
+/// ("instance must finish stopping before it can be started"): that one is waited for until
+/// it has stopped, then started. Any other refusal is the step's error.
+async fn start_servers<R: Rack>(
+    rack: &R,
+    names: &[String],
+    deadline: Instant,
+) -> Result<(), BootstrapError> {
     for name in names {
         info!(step = "start", instance = %name, "starting the server");
-        match rack.start_instance(name).await {
-            Ok(()) => {}
-            // Started meanwhile (the rack's own restart, another recover): what we wanted.
-            Err(RackError::Conflict { .. }) => {
-                info!(step = "start", instance = %name, "already starting")
+        loop {
+            let refused = match rack.start_instance(name).await {
+                Ok(()) => break,
+                Err(e @ RackError::Conflict { .. }) => e,
+                Err(e) => return Err(rack_failed("start", e)),
+            };
+            let state = rack
+                .get_instance(name)
+                .await
+                .map_err(|e| rack_failed("start", e))?
+                .map(|i| i.state);
+            if state != Some(InstanceState::Stopping) {
+                return Err(rack_failed("start", refused));
             }
-            Err(e) => return Err(rack_failed("start", e)),
+            info!(step = "start", instance = %name, "still stopping; waiting until it has stopped");
+            reset::wait_state(rack, name, "start", deadline, |s| {
+                s != Some(InstanceState::Stopping)
+            })
+            .await?;
         }
     }
     Ok(())
@@ -708,6 +817,61 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn a_server_caught_stopping_is_started_once_it_has_stopped() {
+        use crate::fake::FakeWorld;
+        let world = FakeWorld::new(chrono::Utc::now());
+        let now = world.lock().now;
+        for (name, state) in [
+            ("c-cp-a", InstanceState::Stopping),
+            ("c-cp-b", InstanceState::Running),
+        ] {
+            world.with(|w| {
+                w.instances.insert(
+                    name.to_owned(),
+                    crate::domain::model::Instance {
+                        id: uuid::Uuid::new_v4(),
+                        name: name.to_owned(),
+                        description: String::new(),
+                        hostname: name.to_owned(),
+                        state,
+                        ncpus: 2,
+                        memory: crate::base::size::ByteSize::gib(4),
+                        time_created: now,
+                        time_state_updated: now,
+                    },
+                )
+            });
+        }
+        // The stop finishes a second later.
+        let later = world.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            later.tick(1);
+        });
+        let names = ["c-cp-a".to_owned(), "c-cp-b".to_owned()];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        start_servers(&world.rack(), &names, deadline)
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let state = world.with(|w| w.instances["c-cp-a"].state.clone());
+        assert_eq!(
+            state,
+            InstanceState::Starting,
+            "the stopped server was not started"
+        );
+        let log = world.with(|w| w.log.clone());
+        assert!(log.contains(&"start c-cp-a".to_owned()), "{log:?}");
+    }
+
+    fn guessed(spec: usize, servers: usize) -> Voters {
+        Voters::Guessed {
+            spec,
+            servers,
+            why: "HTTP 500".into(),
+        }
+    }
+
     #[test]
     fn the_first_rung_that_applies_is_taken() {
         use InstanceState::{Failed, Running, Stopped};
@@ -716,41 +880,87 @@ mod tests {
             s("c-cp-b", Stopped),
             s("c-cp-c", Failed),
         ];
-        assert_eq!(choose(true, &three, 3), Rung::Healthy);
+        assert_eq!(choose(true, &three, &guessed(3, 3)), Rung::Healthy);
         assert_eq!(
-            choose(false, &three, 3),
+            choose(false, &three, &guessed(3, 3)),
             Rung::StartServers {
                 start: vec!["c-cp-b".into(), "c-cp-c".into()],
                 running: vec!["c-cp-a".into()],
             }
         );
         // Two of three is a majority: start them.
-        assert_eq!(choose(false, &three[1..], 3).number(), 1);
+        assert_eq!(choose(false, &three[1..], &guessed(3, 2)).number(), 1);
         // One of three is not: reset on the running one, else the first by name.
         assert_eq!(
-            choose(false, &[s("c-cp-b", Stopped), s("c-cp-z", Running)][..1], 3),
+            choose(
+                false,
+                &[s("c-cp-b", Stopped), s("c-cp-z", Running)][..1],
+                &guessed(3, 1)
+            ),
             Rung::ResetOnSurvivor {
                 survivor: "c-cp-b".into(),
                 others: vec![],
             }
         );
         assert_eq!(
-            choose(false, &[s("c-cp-b", Stopped), s("c-cp-z", Running)], 5),
+            choose(
+                false,
+                &[s("c-cp-b", Stopped), s("c-cp-z", Running)],
+                &guessed(5, 2)
+            ),
             Rung::ResetOnSurvivor {
                 survivor: "c-cp-z".into(),
                 others: vec!["c-cp-b".into()],
             }
         );
-        assert_eq!(choose(false, &[], 3), Rung::NothingLeft);
+        assert_eq!(choose(false, &[], &guessed(3, 0)), Rung::NothingLeft);
         // More servers than the spec says (a surge member): they count as members.
-        assert_eq!(choose(false, &three, 1).number(), 1);
+        assert_eq!(choose(false, &three, &guessed(1, 3)).number(), 1);
         // All running and still not ready: start nothing, wait.
         assert_eq!(
-            choose(false, &[s("a", Running)], 1),
+            choose(false, &[s("a", Running)], &guessed(1, 1)),
             Rung::StartServers {
                 start: vec![],
                 running: vec!["a".into()],
             }
+        );
+    }
+
+    #[test]
+    fn the_rung_follows_etcds_voters_not_the_count_bootstrap_started_with() {
+        use InstanceState::{Running, Stopped};
+        let two = [s("c-cp-a", Running), s("c-cp-b", Stopped)];
+        // Bootstrapped with 5, scaled to 3, one server deleted: starting the stopped one
+        // gives 2 of 3, a majority. The bootstrap-time count would have reset instead.
+        assert_eq!(choose(false, &two, &guessed(5, 2)).number(), 2);
+        assert_eq!(
+            choose(false, &two, &Voters::Etcd { voters: 3 }),
+            Rung::StartServers {
+                start: vec!["c-cp-b".into()],
+                running: vec!["c-cp-a".into()],
+            }
+        );
+        // Bootstrapped with 3, scaled to 5, three deleted: 2 of 5 is no majority, so
+        // starting servers never brings /readyz; the reset is the way back.
+        assert_eq!(choose(false, &two, &guessed(3, 2)).number(), 1);
+        assert_eq!(
+            choose(false, &two, &Voters::Etcd { voters: 5 }),
+            Rung::ResetOnSurvivor {
+                survivor: "c-cp-a".into(),
+                others: vec!["c-cp-b".into()],
+            }
+        );
+        assert!(
+            guessed(5, 2)
+                .describe()
+                .contains("did not answer: HTTP 500"),
+            "{}",
+            guessed(5, 2).describe()
+        );
+        assert!(
+            Voters::Etcd { voters: 3 }
+                .describe()
+                .contains("from etcd's member list")
         );
     }
 }
