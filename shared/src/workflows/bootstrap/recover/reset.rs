@@ -214,7 +214,7 @@ pub(super) async fn attach_api_address<R: Rack>(
     Ok(fip.ip)
 }
 
-/// Step 4: k3s stopped, then reset (or found reset by an earlier run).
+/// Step 4: k3s stopped, `server:` out of its config, then reset; only an exit 0 counts.
 async fn reset<S: RemoteShell>(
     shell: &S,
     survivor: &str,
