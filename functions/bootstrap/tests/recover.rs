@@ -600,3 +600,53 @@ async fn a_rung_2_whose_reset_failed_after_writing_its_flag_deletes_nothing_and_
         "the API answers after a failed reset"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rung_is_chosen_from_etcds_voters_not_from_the_count_bootstrap_started_with() {
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    // The resume file says 5 servers (bootstrapped with 5, scaled to 3 since): etcd has 3.
+    let state = env.state_dir().join("demo.json");
+    let mut saved = resume::load_for_cluster(&state, "demo").unwrap().unwrap();
+    let mut spec =
+        oxide_controller::domain::spec::ClusterSpec::from_yaml(saved.spec.as_deref().unwrap())
+            .unwrap();
+    spec.control_plane.count = 5;
+    saved.spec = Some(spec.to_yaml());
+    resume::save(&state, &saved).unwrap();
+
+    // One server lost with its disks, one stopped, the API address's holder running: 2 of
+    // etcd's 3 voters exist, a majority once the stopped one starts.
+    let first = saved.first_control_plane.clone();
+    let others: Vec<String> = servers(&env)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| *n != first)
+        .collect();
+    stop_all(&env, &others).await;
+    env.rack("demo").delete_instance(&others[0]).await.unwrap();
+    wait_for_api_down(&env).await;
+
+    let (out, made) = env.mutating_during(recover(&env, &["--dry-run"])).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("rung 1")
+            && stdout.contains(&format!(
+                "etcd's voting members: 3, from etcd's member list ({first}'s local etcd member over SSH)"
+            ))
+            && stdout.contains(&format!("start {}", others[1])),
+        "{stdout}"
+    );
+    assert_eq!(made, vec![], "--dry-run changed the rack");
+}
+
+/// Waits until the API stops answering (etcd without quorum).
+async fn wait_for_api_down(env: &Env) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while list_namespaces(env).await.is_ok() {
+        assert!(Instant::now() < deadline, "the API still answers");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

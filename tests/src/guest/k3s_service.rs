@@ -274,6 +274,38 @@ impl Inner {
         }
     }
 
+    /// `curl` of the local etcd member's own member list (etcd's gateway on k3s's
+    /// client-HTTP port 2382, serializable): the member's answer, or curl's connection
+    /// refusal (exit 7) when k3s's etcd does not run here.
+    pub(super) async fn etcd_local_member_list(self: &Arc<Self>, id: Uuid, generation: u64) -> Ran {
+        let (api, member) = {
+            let st = self.state();
+            let Some(vm) = st
+                .vms
+                .get(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
+                return (1, String::new(), "Connection closed\n".into());
+            };
+            (
+                self.api_of(&st, id),
+                vm.etcd_member.clone().filter(|_| vm.member),
+            )
+        };
+        let refused = (
+            7,
+            String::new(),
+            "curl: (7) Failed to connect to 127.0.0.1 port 2382 after 0 ms: Couldn't connect to server\n".to_owned(),
+        );
+        let (Some(api), Some((member, _))) = (api, member) else {
+            return refused;
+        };
+        match api.control_plane.etcd().local_member_list(&member).await {
+            Ok(body) => (0, body, String::new()),
+            Err(_) => refused,
+        }
+    }
+
     /// `rm -f` of the reset-flag: gone (or never there), exit 0.
     pub(super) fn k3s_remove_reset_flag(&self, id: Uuid, generation: u64) -> Ran {
         let mut st = self.state();

@@ -156,6 +156,9 @@ impl SshBackend for VmBackend {
                 K3sCommand::RemoveResetFlag => {
                     inner.k3s_remove_reset_flag(self.id, self.generation)
                 }
+                K3sCommand::EtcdMemberList => {
+                    inner.etcd_local_member_list(self.id, self.generation).await
+                }
             }
         })
     }

@@ -13,7 +13,7 @@
 //! | `sudo -n tee PATH [> /dev/null]`, `cat > PATH` | stdin until EOF → [`SshBackend::write_file`] |
 //! | `sudo -n install -m MODE /dev/null PATH && sudo -n tee PATH > /dev/null` | the same upload, with MODE → [`SshBackend::write_file_mode`] |
 //! | `mkdir -p PATH`, `sudo -n mkdir -p PATH` | [`SshBackend::make_dir`]: exit 0, or "Permission denied" + exit 1 |
-//! | `sudo -n systemctl stop k3s`, `sudo -n systemctl start k3s`, `sudo -n k3s server --cluster-reset`, `sudo -n k3s etcd-snapshot save`, `sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml`, `sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag` | [`SshBackend::k3s`] (exactly these words; the default: not found) |
+//! | `sudo -n systemctl stop k3s`, `sudo -n systemctl start k3s`, `sudo -n k3s server --cluster-reset`, `sudo -n k3s etcd-snapshot save`, `sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml`, `sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag`, the local etcd member list ([`K3sCommand::EtcdMemberList`]) | [`SshBackend::k3s`] (exactly these words; the default: not found) |
 //!
 //! Anything else gets stderr "command not found" and exit 127. What the files contain (the
 //! kubeconfig, the node token) is the backend's business, not this module's.
@@ -62,6 +62,7 @@ pub trait SshBackend: Send + Sync + 'static {
             K3sCommand::Stop | K3sCommand::Start => "systemctl",
             K3sCommand::DropServerUrl => "sed",
             K3sCommand::RemoveResetFlag => "rm",
+            K3sCommand::EtcdMemberList => "curl",
         };
         Box::pin(std::future::ready((
             127,
@@ -91,6 +92,9 @@ pub enum K3sCommand {
     DropServerUrl,
     /// `sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag`: k3s's reset-flag deleted.
     RemoveResetFlag,
+    /// `sudo -n curl … https://127.0.0.1:2382/v3/cluster/member/list` with k3s's etcd client
+    /// certificate and `{"linearizable":false}`: the local member's own member list.
+    EtcdMemberList,
 }
 
 impl K3sCommand {
@@ -107,17 +111,21 @@ impl K3sCommand {
             K3sCommand::RemoveResetFlag => {
                 "sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag"
             }
+            K3sCommand::EtcdMemberList => {
+                "sudo -n curl -sS --max-time 10 --cacert /var/lib/rancher/k3s/server/tls/etcd/server-ca.crt --cert /var/lib/rancher/k3s/server/tls/etcd/client.crt --key /var/lib/rancher/k3s/server/tls/etcd/client.key -X POST -d '{\"linearizable\":false}' https://127.0.0.1:2382/v3/cluster/member/list"
+            }
         }
     }
 
     /// Every command.
-    pub const ALL: [K3sCommand; 6] = [
+    pub const ALL: [K3sCommand; 7] = [
         K3sCommand::Stop,
         K3sCommand::Start,
         K3sCommand::ClusterReset,
         K3sCommand::EtcdSnapshotSave,
         K3sCommand::DropServerUrl,
         K3sCommand::RemoveResetFlag,
+        K3sCommand::EtcdMemberList,
     ];
 }
 
@@ -674,6 +682,10 @@ mod tests {
         assert_eq!(
             parse_command("sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag"),
             Command::K3s(K3sCommand::RemoveResetFlag)
+        );
+        assert_eq!(
+            parse_command(K3sCommand::EtcdMemberList.line()),
+            Command::K3s(K3sCommand::EtcdMemberList)
         );
         for line in ["mkdir -p /opt/a/b", "sudo -n mkdir -p /opt/a/b"] {
             assert_eq!(

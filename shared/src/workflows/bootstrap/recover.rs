@@ -120,8 +120,9 @@ impl Rung {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "from", rename_all = "snake_case")]
 pub enum Voters {
-    /// etcd's member list (`/db/info` from the server behind the API address): its voters.
-    Etcd { voters: usize },
+    /// etcd's member list (`via`: `/db/info` from the server behind the API address, or a
+    /// server's local member over SSH): its voters.
+    Etcd { voters: usize, via: String },
     /// The member list did not answer (`why`; k3s serves it only while etcd has quorum): the
     /// larger of the spec's control-plane count (`spec`, from the resume file) and the
     /// servers on the rack (`servers`).
@@ -136,7 +137,7 @@ impl Voters {
     /// The count a majority is taken of.
     pub fn count(&self) -> usize {
         match self {
-            Voters::Etcd { voters } => *voters,
+            Voters::Etcd { voters, .. } => *voters,
             Voters::Guessed { spec, servers, .. } => (*spec).max(*servers),
         }
     }
@@ -144,7 +145,7 @@ impl Voters {
     /// Where the count came from, as the person reads it.
     pub fn describe(&self) -> String {
         match self {
-            Voters::Etcd { voters } => format!("{voters}, from etcd's member list"),
+            Voters::Etcd { voters, via } => format!("{voters}, from etcd's member list ({via})"),
             Voters::Guessed { spec, servers, why } => format!(
                 "{}, the larger of the spec's {spec} and the {servers} servers on the rack (etcd's member list did not answer: {why})",
                 self.count()
@@ -479,8 +480,9 @@ pub async fn run<C: Connect>(
     let voters = match &ready {
         Ok(()) => Voters::Etcd {
             voters: servers.len(),
+            via: "not asked: the API is ready".to_owned(),
         },
-        Err(_) => count_voters(connect, &v, &input.cluster, servers.len()).await,
+        Err(_) => count_voters(connect, &rack, &mut v, &input.cluster, &servers).await,
     };
     let rung = choose(ready.is_ok(), &servers, &voters);
     info!(
@@ -535,15 +537,23 @@ pub async fn run<C: Connect>(
     Ok(summary)
 }
 
-/// etcd's voting members, from the member list k3s's supervisor serves on `/db/info` (the
-/// server behind the API address, asked with the server token); when it does not answer
-/// (without quorum k3s cannot list the members), the larger of the spec's count and
-/// `servers`.
+/// The local etcd member's own member list, asked over SSH on a server: etcd's gateway on
+/// k3s's client-HTTP port (k3s puts HTTP clients on 2382, gRPC alone on 2379), with k3s's
+/// etcd client certificate, serializable (`linearizable: false`: the member answers from its
+/// own view, which it has without quorum too).
+pub const ETCD_MEMBER_LIST: &str = "sudo -n curl -sS --max-time 10 --cacert /var/lib/rancher/k3s/server/tls/etcd/server-ca.crt --cert /var/lib/rancher/k3s/server/tls/etcd/client.crt --key /var/lib/rancher/k3s/server/tls/etcd/client.key -X POST -d '{\"linearizable\":false}' https://127.0.0.1:2382/v3/cluster/member/list";
+
+/// etcd's voting members: from the member list k3s's supervisor serves on `/db/info` (the
+/// server behind the API address, asked with the server token); k3s asks etcd for it
+/// linearizably, so without quorum it fails, and then from the local member's own list over
+/// SSH on the server holding the API address, if that one runs. When neither answers, the
+/// larger of the spec's count and the servers on the rack.
 async fn count_voters<C: Connect>(
     connect: &C,
-    v: &Validated,
+    rack: &C::Rack,
+    v: &mut Validated,
     cluster: &str,
-    servers: usize,
+    servers: &[Server],
 ) -> Voters {
     let read = match connect
         .in_cluster(&v.kubeconfig, cluster, "bootstrap-recover")
@@ -559,16 +569,89 @@ async fn count_voters<C: Connect>(
         }
         Err(e) => Err(error::chain(e.as_ref())),
     };
-    match read {
-        Ok(members) => Voters::Etcd {
-            voters: members.iter().filter(|m| !m.is_learner).count(),
+    let db_info = match read {
+        Ok(members) => {
+            return Voters::Etcd {
+                voters: members.iter().filter(|m| !m.is_learner).count(),
+                via: "/db/info".to_owned(),
+            };
+        }
+        Err(why) => why,
+    };
+    match local_voters(connect, rack, v, cluster, servers).await {
+        Ok((voters, server)) => Voters::Etcd {
+            voters,
+            via: format!("{server}'s local etcd member over SSH"),
         },
         Err(why) => Voters::Guessed {
             spec: v.expected,
-            servers,
-            why,
+            servers: servers.len(),
+            why: format!("/db/info: {db_info}; over SSH: {why}"),
         },
     }
+}
+
+/// The voters in the local member list of the running server holding the API address.
+async fn local_voters<C: Connect>(
+    connect: &C,
+    rack: &C::Rack,
+    v: &mut Validated,
+    cluster: &str,
+    servers: &[Server],
+) -> Result<(usize, String), String> {
+    use crate::adapters::ssh::RemoteShell as _;
+    let fip = rack
+        .get_floating_ip(&names::api_floating_ip_name(cluster))
+        .await
+        .map_err(|e| error::chain(&e))?
+        .ok_or("the API floating IP is gone")?;
+    let holder = fip
+        .instance_id
+        .ok_or("the API floating IP is attached to no server")?;
+    let mut server = None;
+    for s in servers.iter().filter(|s| s.state == InstanceState::Running) {
+        let id = rack
+            .get_instance(&s.name)
+            .await
+            .map_err(|e| error::chain(&e))?
+            .map(|i| i.id);
+        if id == Some(holder) {
+            server = Some(s.name.clone());
+        }
+    }
+    let server = server.ok_or("the API floating IP is on no running server")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let shell = server_shell(connect, rack, v, &server, fip.ip, deadline, "observe")
+        .await
+        .map_err(|e| error::chain(&e))?;
+    let out = shell
+        .exec(ETCD_MEMBER_LIST)
+        .await
+        .map_err(|e| error::chain(&e))?;
+    if !out.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "{server}: exit {}: {}",
+            out.exit_status,
+            stderr.trim()
+        ));
+    }
+    let voters = local_member_voters(&out.stdout)
+        .map_err(|e| format!("{server}: etcd's member list: {e}"))?;
+    Ok((voters, server))
+}
+
+/// The voting members in etcd's gateway answer to `MemberList` (`{"members": [...]}`,
+/// `isLearner` left out when false).
+fn local_member_voters(body: &[u8]) -> Result<usize, String> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let members = v["members"]
+        .as_array()
+        .ok_or_else(|| format!("no members in {}", String::from_utf8_lossy(body)))?;
+    Ok(members
+        .iter()
+        .filter(|m| m["isLearner"].as_bool() != Some(true))
+        .count())
 }
 
 /// `--verify` (see [`restore::drill`]): fails (exit 1) when the backup does not restore to a
@@ -864,6 +947,13 @@ mod tests {
         assert!(log.contains(&"start c-cp-a".to_owned()), "{log:?}");
     }
 
+    fn etcd(voters: usize) -> Voters {
+        Voters::Etcd {
+            voters,
+            via: "test".into(),
+        }
+    }
+
     fn guessed(spec: usize, servers: usize) -> Voters {
         Voters::Guessed {
             spec,
@@ -934,7 +1024,7 @@ mod tests {
         // gives 2 of 3, a majority. The bootstrap-time count would have reset instead.
         assert_eq!(choose(false, &two, &guessed(5, 2)).number(), 2);
         assert_eq!(
-            choose(false, &two, &Voters::Etcd { voters: 3 }),
+            choose(false, &two, &etcd(3)),
             Rung::StartServers {
                 start: vec!["c-cp-b".into()],
                 running: vec!["c-cp-a".into()],
@@ -944,7 +1034,7 @@ mod tests {
         // starting servers never brings /readyz; the reset is the way back.
         assert_eq!(choose(false, &two, &guessed(3, 2)).number(), 1);
         assert_eq!(
-            choose(false, &two, &Voters::Etcd { voters: 5 }),
+            choose(false, &two, &etcd(5)),
             Rung::ResetOnSurvivor {
                 survivor: "c-cp-a".into(),
                 others: vec!["c-cp-b".into()],
@@ -957,10 +1047,10 @@ mod tests {
             "{}",
             guessed(5, 2).describe()
         );
-        assert!(
-            Voters::Etcd { voters: 3 }
-                .describe()
-                .contains("from etcd's member list")
-        );
+        assert!(etcd(3).describe().contains("from etcd's member list"));
+        // etcd's gateway answer: IDs as strings, isLearner only when true.
+        let body = br#"{"header":{"cluster_id":"1"},"members":[{"ID":"1","name":"a","peerURLs":["http://a:2380"]},{"ID":"2","name":"b"},{"ID":"3","isLearner":true}]}"#;
+        assert_eq!(local_member_voters(body), Ok(2));
+        assert!(local_member_voters(b"{}").is_err());
     }
 }
