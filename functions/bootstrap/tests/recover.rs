@@ -576,7 +576,9 @@ async fn a_rung_2_whose_reset_failed_after_writing_its_flag_deletes_nothing_and_
     let (stdout, stderr) = text(&out);
     assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
     assert!(
-        stderr.contains("did not finish, so nothing was deleted")
+        stderr.contains("`sudo -n k3s server --cluster-reset` exited 1: ")
+            && stderr.contains("etcd cluster reset failed")
+            && stderr.contains("did not finish, so nothing was deleted")
             && stderr.contains("/var/lib/rancher/k3s/server/db/reset-flag")
             && stderr.contains("sudo rm"),
         "{stderr}"

@@ -259,11 +259,11 @@ async fn reset<S: RemoteShell>(
         info!(step, instance = %survivor, "etcd is a single member with all its data");
         return Ok(());
     }
-    let failed = remote_failed(step, CLUSTER_RESET, &out);
+    let failed = failure_text(CLUSTER_RESET, &out);
     Err(BootstrapError::needs_person(
         step,
         message(format!(
-            "{failed}. The cluster reset on {survivor} did not finish, so nothing was deleted (the other servers stay stopped with their disks). k3s wrote its reset-flag {RESET_FLAG} before it started etcd and leaves it behind: fix what the error says, then remove the flag (ssh to {survivor}: sudo rm {RESET_FLAG}; a re-run of bootstrap recover --yes also removes it) and run bootstrap recover --yes again"
+            "{failed}. The cluster reset on {survivor} did not finish, so nothing was deleted (the other servers stay stopped with their disks). k3s writes its reset-flag {RESET_FLAG} before it starts etcd, so a reset that failed there leaves it behind: fix what the error says, then remove the flag (ssh to {survivor}: sudo rm {RESET_FLAG}; a re-run of bootstrap recover --yes also removes it) and run bootstrap recover --yes again"
         )),
     ))
 }
@@ -325,15 +325,17 @@ fn remote_failed(
     command: &str,
     out: &crate::adapters::ssh::CommandOutput,
 ) -> BootstrapError {
+    BootstrapError::step(step, message(failure_text(command, out)))
+}
+
+/// "`command` exited N: " and the last three lines of its stderr.
+fn failure_text(command: &str, out: &crate::adapters::ssh::CommandOutput) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
     let tail: Vec<&str> = tail.into_iter().rev().collect();
-    BootstrapError::step(
-        step,
-        message(format!(
-            "`{command}` exited {}: {}",
-            out.exit_status,
-            tail.join(" / ")
-        )),
+    format!(
+        "`{command}` exited {}: {}",
+        out.exit_status,
+        tail.join(" / ")
     )
 }
