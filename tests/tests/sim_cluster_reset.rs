@@ -4,6 +4,8 @@
 //! reset-flag (a second reset is refused while it is there), `systemctl start k3s` serves the
 //! API again with the survivor as the only voter and removes the flag. A former peer started
 //! again with its old `server/db` is refused by the reset cluster and never rejoins.
+//! k3s refuses the reset on a server whose config still names a server to join; a reset whose
+//! forced etcd start fails leaves the reset-flag it wrote first.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -120,7 +122,7 @@ async fn a_cluster_reset_over_ssh_keeps_the_data_in_one_member_and_a_stale_peer_
     let (status, err) = run(&target, "sudo -n k3s server --cluster-reset").await;
     assert_eq!(status, 0, "{err}");
     assert!(
-        err.contains("level=info msg=\"Etcd is running, restart without --cluster-reset flag now. Backup and delete ${datadir}/server/db on each peer etcd server and rejoin the nodes\""),
+        err.contains("level=info msg=\"Managed etcd cluster membership has been reset, restart without --cluster-reset flag now. Backup and delete ${datadir}/server/db on each peer etcd server and rejoin the nodes\""),
         "{err}"
     );
     let flag = "sudo -n cat /var/lib/rancher/k3s/server/db/reset-flag";
@@ -178,4 +180,133 @@ async fn a_cluster_reset_over_ssh_keeps_the_data_in_one_member_and_a_stale_peer_
     let members = etcd.members().await.unwrap();
     assert_eq!(members.len(), 1, "the stale peer is back: {members:?}");
     assert!(api_answers(&real, fip).await);
+}
+
+/// Lost quorum, as k3s refuses and fails a reset on a server that joined: k3s's CLI refuses
+/// `--cluster-reset` while the config has `server` (exit 1, no reset-flag); with the line
+/// deleted it resets, unless etcd's forced start fails, which leaves the flag k3s wrote
+/// before it; `rm -f` of the flag lets the next reset run.
+#[tokio::test]
+async fn a_reset_is_refused_while_the_config_names_a_server_and_a_failed_one_leaves_its_flag() {
+    let sim = start().await;
+    let c = client(&sim);
+    let key = ssh::generate_ed25519();
+    let public = key.authorized_key_line("test").unwrap();
+    let fip = create_floating_ip(&c, "c1-apiserver").await;
+    let first = user_data(
+        "server",
+        &first_server_config(TOKEN, "agent-secret-1", &[fip]),
+        std::slice::from_ref(&public),
+    );
+    create_instance(&c, SERVERS[0], &first).await;
+    wait_node_status(&sim, SERVERS[0], "True").await;
+    attach_floating_ip(&c, "c1-apiserver", SERVERS[0]).await;
+    let join = format!("server: https://{fip}:6443\ntoken: {TOKEN}\n");
+    for name in &SERVERS[1..] {
+        let ud = user_data("server", &join, std::slice::from_ref(&public));
+        create_instance(&c, name, &ud).await;
+        wait_node_status(&sim, name, "True").await;
+    }
+    let real = sim.boot().real_clusters()[0].clone();
+    let etcd = real.control_plane.etcd();
+    wait_for("3 voting members", || async {
+        let m = etcd.members().await.ok()?;
+        (m.len() == 3 && m.iter().all(|m| !m.is_learner)).then_some(())
+    })
+    .await;
+
+    // Quorum lost; the survivor is a server that joined (its config has `server:`).
+    let survivor = SERVERS[1];
+    for name in [SERVERS[0], SERVERS[2]] {
+        stop_instance(&c, name).await;
+    }
+    for name in [SERVERS[0], SERVERS[2]] {
+        wait_for(&format!("{name} stopped"), || async {
+            let i = c
+                .instance_view()
+                .project(PROJECT)
+                .instance(name)
+                .send()
+                .await
+                .ok()?;
+            (i.run_state == types::InstanceState::Stopped).then_some(())
+        })
+        .await;
+    }
+    c.floating_ip_detach()
+        .project(PROJECT)
+        .floating_ip("c1-apiserver")
+        .send()
+        .await
+        .unwrap();
+    attach_floating_ip(&c, "c1-apiserver", survivor).await;
+    let pins = HostKeyPins::from_console(&console(&c, survivor).await).unwrap();
+    let target = SshTarget::new(SocketAddr::new(fip, SSH_PORT), "ubuntu", key, pins);
+    assert_eq!(run(&target, "sudo -n systemctl stop k3s").await.0, 0);
+
+    let reset = "sudo -n k3s server --cluster-reset";
+    let flag = "sudo -n cat /var/lib/rancher/k3s/server/db/reset-flag";
+    let (status, err) = run(&target, reset).await;
+    assert_eq!(status, 1, "{err}");
+    assert!(
+        err.contains("level=fatal msg=\"cannot perform cluster-reset while server URL is set - remove server from configuration before resetting\""),
+        "{err}"
+    );
+    assert_eq!(
+        run(&target, flag).await.0,
+        1,
+        "a refused reset writes no flag"
+    );
+
+    // The join URL out of the config, in place; the token stays. Twice is the same.
+    let sed = "sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml";
+    for _ in 0..2 {
+        assert_eq!(run(&target, sed).await.0, 0);
+        let config = target
+            .exec("sudo -n cat /etc/rancher/k3s/config.yaml")
+            .await
+            .unwrap();
+        let config = String::from_utf8_lossy(&config.stdout).into_owned();
+        assert!(
+            !config.contains("server:") && config.contains(&format!("token: {TOKEN}")),
+            "{config}"
+        );
+    }
+
+    // etcd's forced start fails: k3s wrote the flag before it, and it stays.
+    sim.faults()
+        .update(|f| f.cluster_reset_fails = vec![survivor.to_owned()]);
+    let (status, err) = run(&target, reset).await;
+    assert_eq!(status, 1, "{err}");
+    assert_eq!(
+        run(&target, flag).await.0,
+        0,
+        "the flag stays after a failed reset"
+    );
+    let (status, err) = run(&target, reset).await;
+    assert_eq!(status, 1, "{err}");
+    assert!(err.contains("was previously reset"), "{err}");
+
+    // The flag deleted by hand, the cause gone: the reset runs.
+    sim.faults().update(|f| f.cluster_reset_fails.clear());
+    assert_eq!(
+        run(
+            &target,
+            "sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag"
+        )
+        .await
+        .0,
+        0
+    );
+    assert_eq!(run(&target, flag).await.0, 1, "rm -f deletes the flag");
+    let (status, err) = run(&target, reset).await;
+    assert_eq!(status, 0, "{err}");
+    assert_eq!(run(&target, "sudo -n systemctl start k3s").await.0, 0);
+    wait_for("the API back", || async {
+        api_answers(&real, fip).await.then_some(())
+    })
+    .await;
+    let members = etcd.members().await.unwrap();
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert!(members[0].name.starts_with(survivor), "{members:?}");
 }

@@ -360,6 +360,9 @@ async fn one_server_left_is_recovered_by_a_cluster_reset_on_it_and_nothing_is_lo
                 "ssh {survivor} (pinned host keys): sudo -n k3s server --cluster-reset"
             ))
             && stdout.contains(&format!(
+                "ssh {survivor} (pinned host keys): sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml"
+            ))
+            && stdout.contains(&format!(
                 "/v1/floating-ips/demo-apiserver/attach?project=demo to {survivor}"
             )),
         "{stdout}"
@@ -411,6 +414,34 @@ async fn one_server_left_is_recovered_by_a_cluster_reset_on_it_and_nothing_is_lo
         assert!(!nodes.contains(n), "Node {n} is still there: {nodes:?}");
     }
     assert!(servers(&env).await.iter().any(|(n, _)| *n == survivor));
+    // The survivor, a server that joined, keeps its token and no longer names a server.
+    let saved = resume::load_for_cluster(&state, "demo").unwrap().unwrap();
+    let fip = rack
+        .get_floating_ip("demo-apiserver")
+        .await
+        .unwrap()
+        .unwrap()
+        .ip;
+    let ssh = oxide_controller::adapters::ssh::SshTarget::new(
+        std::net::SocketAddr::new(fip, common::SSH_PORT),
+        "ubuntu",
+        saved.key_pair().unwrap(),
+        oxide_controller::adapters::ssh::HostKeyPins::new(&saved.host_key_pins[&survivor]).unwrap(),
+    );
+    let config = ssh
+        .exec("sudo -n cat /etc/rancher/k3s/config.yaml")
+        .await
+        .unwrap();
+    let config = String::from_utf8_lossy(&config.stdout).into_owned();
+    let keys: Vec<&str> = config
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(k, _)| k))
+        .filter(|k| !k.starts_with(' ') && !k.starts_with('-'))
+        .collect();
+    assert!(
+        !keys.contains(&"server") && keys.contains(&"token"),
+        "{keys:?}"
+    );
     assert_recovered(&env, &cms).await;
 }
 
@@ -469,11 +500,155 @@ async fn a_rung_2_cut_short_after_the_reset_is_picked_up_by_the_next_run() {
         stdout.contains("rung 2") && stdout.contains("Reconcile: converged"),
         "{stdout}"
     );
+    // The flag proves nothing: it is deleted and the reset runs again, and only its exit 0
+    // counts.
     let logs = common::log_lines(&out.stderr);
+    let at = |m: &str| logs.iter().position(|l| l["message"] == m);
+    let again = at(
+        "the reset-flag of an earlier reset is there, which proves nothing; deleting it and resetting again",
+    );
+    let done = at("etcd is a single member with all its data");
+    assert!(again.is_some() && done > again, "{stderr}");
+    assert_recovered(&env, &cms).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rung_2_whose_reset_failed_after_writing_its_flag_deletes_nothing_and_names_the_flag() {
+    use oxide_controller::adapters::ssh::{HostKeyPins, SshTarget};
+
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let state = env.state_dir().join("demo.json");
+    let saved = resume::load_for_cluster(&state, "demo").unwrap().unwrap();
+    let survivor = saved.first_control_plane.clone();
+    let lost: Vec<String> = servers(&env)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| *n != survivor)
+        .collect();
+    stop_all(&env, &lost).await;
+    let rack = env.rack("demo");
+    for n in &lost {
+        rack.delete_instance(n).await.unwrap();
+    }
+
+    // What a reset that failed once etcd was starting leaves (etcd refusing its data, k3s
+    // killed): k3s stopped, the reset-flag written, the member still one of three.
+    env.sim
+        .faults()
+        .update(|f| f.cluster_reset_fails = vec![survivor.clone()]);
+    let fip = rack
+        .get_floating_ip("demo-apiserver")
+        .await
+        .unwrap()
+        .unwrap()
+        .ip;
+    let pins = HostKeyPins::new(&saved.host_key_pins[&survivor]).unwrap();
+    let ssh = SshTarget::new(
+        std::net::SocketAddr::new(fip, common::SSH_PORT),
+        "ubuntu",
+        saved.key_pair().unwrap(),
+        pins,
+    );
     assert!(
-        logs.iter()
-            .any(|l| l["message"] == "reset by an earlier run; going on"),
+        ssh.exec("sudo -n systemctl stop k3s")
+            .await
+            .unwrap()
+            .success()
+    );
+    let out = ssh
+        .exec("sudo -n k3s server --cluster-reset")
+        .await
+        .unwrap();
+    assert_eq!(
+        out.exit_status,
+        1,
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let flag = "sudo -n cat /var/lib/rancher/k3s/server/db/reset-flag";
+    assert!(ssh.exec(flag).await.unwrap().success(), "no reset-flag");
+
+    // The next run does not take the flag for a finished reset: it tries again, k3s fails
+    // again, and the run stops before anything is deleted or k3s started, naming the flag.
+    let (out, made) = env.mutating_during(recover(&env, &["--yes"])).await;
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("`sudo -n k3s server --cluster-reset` exited 1: ")
+            && stderr.contains("etcd cluster reset failed")
+            && stderr.contains("did not finish, so nothing was deleted")
+            && stderr.contains("/var/lib/rancher/k3s/server/db/reset-flag")
+            && stderr.contains("sudo rm"),
         "{stderr}"
     );
-    assert_recovered(&env, &cms).await;
+    assert!(
+        !made.iter().any(|(k, _)| k.starts_with("DELETE ")),
+        "the run deleted something: {made:?}"
+    );
+    let logs = common::log_lines(&out.stderr);
+    assert!(
+        !logs.iter().any(
+            |l| l["message"] == "etcd is a single member with all its data"
+                || l["message"] == "starting k3s without --cluster-reset"
+        ),
+        "{stderr}"
+    );
+    assert!(ssh.exec(flag).await.unwrap().success(), "the flag is gone");
+    assert!(servers(&env).await.iter().any(|(n, _)| *n == survivor));
+    assert!(
+        list_namespaces(&env).await.is_err(),
+        "the API answers after a failed reset"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rung_is_chosen_from_etcds_voters_not_from_the_count_bootstrap_started_with() {
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    // The resume file says 5 servers (bootstrapped with 5, scaled to 3 since): etcd has 3.
+    let state = env.state_dir().join("demo.json");
+    let mut saved = resume::load_for_cluster(&state, "demo").unwrap().unwrap();
+    let mut spec =
+        oxide_controller::domain::spec::ClusterSpec::from_yaml(saved.spec.as_deref().unwrap())
+            .unwrap();
+    spec.control_plane.count = 5;
+    saved.spec = Some(spec.to_yaml());
+    resume::save(&state, &saved).unwrap();
+
+    // One server lost with its disks, one stopped, the API address's holder running: 2 of
+    // etcd's 3 voters exist, a majority once the stopped one starts.
+    let first = saved.first_control_plane.clone();
+    let others: Vec<String> = servers(&env)
+        .await
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| *n != first)
+        .collect();
+    stop_all(&env, &others).await;
+    env.rack("demo").delete_instance(&others[0]).await.unwrap();
+    wait_for_api_down(&env).await;
+
+    let (out, made) = env.mutating_during(recover(&env, &["--dry-run"])).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("rung 1")
+            && stdout.contains(&format!(
+                "etcd's voting members: 3, from etcd's member list ({first}'s local etcd member over SSH)"
+            ))
+            && stdout.contains(&format!("start {}", others[1])),
+        "{stdout}"
+    );
+    assert_eq!(made, vec![], "--dry-run changed the rack");
+}
+
+/// Waits until the API stops answering (etcd without quorum).
+async fn wait_for_api_down(env: &Env) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while list_namespaces(env).await.is_ok() {
+        assert!(Instant::now() < deadline, "the API still answers");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

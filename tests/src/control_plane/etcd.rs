@@ -340,6 +340,33 @@ impl Etcd {
         Ok(parse_members(&v))
     }
 
+    /// etcd's `MemberList` asked of member `name` alone, serializable (`linearizable: false`:
+    /// the member answers from its own view, with or without quorum), as etcd's gateway
+    /// answers it (`POST /v3/cluster/member/list`; `ID`s as strings). Err when the member
+    /// does not run.
+    pub async fn local_member_list(&self, name: &str) -> Result<String, String> {
+        let ip = {
+            let mut members = self.shared.lock();
+            let m = members
+                .get_mut(name)
+                .ok_or_else(|| format!("no etcd member {name} here"))?;
+            if !m.running() {
+                return Err(format!("etcd member {name} is not running"));
+            }
+            m.ip
+        };
+        self.shared
+            .http
+            .post(format!("{}/v3/cluster/member/list", client_url(ip)))
+            .json(&json!({"linearizable": false}))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .text()
+            .await
+            .map_err(|e| e.to_string())
+    }
+
     /// etcd's `Put` of `key` = `value` through a running member (gateway `POST /v3/kv/put`).
     pub async fn put(&self, key: &str, value: &[u8]) -> Result<(), String> {
         let urls = self.shared.running_urls();

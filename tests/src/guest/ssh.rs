@@ -152,6 +152,13 @@ impl SshBackend for VmBackend {
                 K3sCommand::EtcdSnapshotSave => {
                     inner.k3s_etcd_snapshot_save(self.id, self.generation).await
                 }
+                K3sCommand::DropServerUrl => inner.k3s_config_drop_server(self.id, self.generation),
+                K3sCommand::RemoveResetFlag => {
+                    inner.k3s_remove_reset_flag(self.id, self.generation)
+                }
+                K3sCommand::EtcdMemberList => {
+                    inner.etcd_local_member_list(self.id, self.generation).await
+                }
             }
         })
     }

@@ -13,7 +13,7 @@
 //! | `sudo -n tee PATH [> /dev/null]`, `cat > PATH` | stdin until EOF → [`SshBackend::write_file`] |
 //! | `sudo -n install -m MODE /dev/null PATH && sudo -n tee PATH > /dev/null` | the same upload, with MODE → [`SshBackend::write_file_mode`] |
 //! | `mkdir -p PATH`, `sudo -n mkdir -p PATH` | [`SshBackend::make_dir`]: exit 0, or "Permission denied" + exit 1 |
-//! | `sudo -n systemctl stop k3s`, `sudo -n systemctl start k3s`, `sudo -n k3s server --cluster-reset`, `sudo -n k3s etcd-snapshot save` | [`SshBackend::k3s`] (exactly these words; the default: not found) |
+//! | `sudo -n systemctl stop k3s`, `sudo -n systemctl start k3s`, `sudo -n k3s server --cluster-reset`, `sudo -n k3s etcd-snapshot save`, `sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml`, `sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag`, the local etcd member list ([`K3sCommand::EtcdMemberList`]) | [`SshBackend::k3s`] (exactly these words; the default: not found) |
 //!
 //! Anything else gets stderr "command not found" and exit 127. What the files contain (the
 //! kubeconfig, the node token) is the backend's business, not this module's.
@@ -60,6 +60,9 @@ pub trait SshBackend: Send + Sync + 'static {
         let program = match command {
             K3sCommand::ClusterReset | K3sCommand::EtcdSnapshotSave => "k3s",
             K3sCommand::Stop | K3sCommand::Start => "systemctl",
+            K3sCommand::DropServerUrl => "sed",
+            K3sCommand::RemoveResetFlag => "rm",
+            K3sCommand::EtcdMemberList => "curl",
         };
         Box::pin(std::future::ready((
             127,
@@ -84,6 +87,14 @@ pub enum K3sCommand {
     ClusterReset,
     /// `sudo -n k3s etcd-snapshot save`: an on-demand etcd snapshot on the server's disk.
     EtcdSnapshotSave,
+    /// `sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml`: the join URL out of the
+    /// k3s config, which a cluster reset needs.
+    DropServerUrl,
+    /// `sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag`: k3s's reset-flag deleted.
+    RemoveResetFlag,
+    /// `sudo -n curl … https://127.0.0.1:2382/v3/cluster/member/list` with k3s's etcd client
+    /// certificate and `{"linearizable":false}`: the local member's own member list.
+    EtcdMemberList,
 }
 
 impl K3sCommand {
@@ -94,8 +105,28 @@ impl K3sCommand {
             K3sCommand::Start => "sudo -n systemctl start k3s",
             K3sCommand::ClusterReset => "sudo -n k3s server --cluster-reset",
             K3sCommand::EtcdSnapshotSave => "sudo -n k3s etcd-snapshot save",
+            K3sCommand::DropServerUrl => {
+                "sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml"
+            }
+            K3sCommand::RemoveResetFlag => {
+                "sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag"
+            }
+            K3sCommand::EtcdMemberList => {
+                "sudo -n curl -sS --max-time 10 --cacert /var/lib/rancher/k3s/server/tls/etcd/server-ca.crt --cert /var/lib/rancher/k3s/server/tls/etcd/client.crt --key /var/lib/rancher/k3s/server/tls/etcd/client.key -X POST -d '{\"linearizable\":false}' https://127.0.0.1:2382/v3/cluster/member/list"
+            }
         }
     }
+
+    /// Every command.
+    pub const ALL: [K3sCommand; 7] = [
+        K3sCommand::Stop,
+        K3sCommand::Start,
+        K3sCommand::ClusterReset,
+        K3sCommand::EtcdSnapshotSave,
+        K3sCommand::DropServerUrl,
+        K3sCommand::RemoveResetFlag,
+        K3sCommand::EtcdMemberList,
+    ];
 }
 
 /// One VM's SSH identity (its host key) and server.
@@ -509,18 +540,9 @@ fn parse_command(line: &str) -> Command {
     let Some(tokens) = tokenize(line) else {
         return not_found();
     };
-    for command in [
-        K3sCommand::Stop,
-        K3sCommand::Start,
-        K3sCommand::ClusterReset,
-        K3sCommand::EtcdSnapshotSave,
-    ] {
-        let words: Vec<Token> = command
-            .line()
-            .split(' ')
-            .map(|w| Token::Word(w.to_owned()))
-            .collect();
-        if tokens == words {
+    for command in K3sCommand::ALL {
+        // As a shell reads the line: quoting does not matter, the words do.
+        if tokenize(command.line()).is_some_and(|words| tokens == words) {
             return Command::K3s(command);
         }
     }
@@ -647,6 +669,24 @@ mod tests {
             parse_command("sudo -n k3s etcd-snapshot save"),
             Command::K3s(K3sCommand::EtcdSnapshotSave)
         );
+        for line in [
+            "sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml",
+            "sudo -n sed -i /^server:/d /etc/rancher/k3s/config.yaml",
+        ] {
+            assert_eq!(
+                parse_command(line),
+                Command::K3s(K3sCommand::DropServerUrl),
+                "{line}"
+            );
+        }
+        assert_eq!(
+            parse_command("sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag"),
+            Command::K3s(K3sCommand::RemoveResetFlag)
+        );
+        assert_eq!(
+            parse_command(K3sCommand::EtcdMemberList.line()),
+            Command::K3s(K3sCommand::EtcdMemberList)
+        );
         for line in ["mkdir -p /opt/a/b", "sudo -n mkdir -p /opt/a/b"] {
             assert_eq!(
                 parse_command(line),
@@ -674,6 +714,11 @@ mod tests {
             "sudo -n k3s server --cluster-reset; reboot",
             "sudo -n k3s etcd-snapshot save --s3",
             "sudo -n k3s etcd-snapshot",
+            "sudo -n sed -i '/^token:/d' /etc/rancher/k3s/config.yaml",
+            "sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml.d/x.yaml",
+            "sudo -n sed '/^server:/d' /etc/rancher/k3s/config.yaml",
+            "sudo -n rm -f /etc/rancher/k3s/config.yaml",
+            "sudo -n rm -rf /var/lib/rancher/k3s/server/db",
         ] {
             assert!(
                 matches!(parse_command(line), Command::NotFound(_)),

@@ -2,7 +2,7 @@
 //!
 //! The Oxide API side reads the per-route faults (latency, error rate), `fail_at_boot`,
 //! `hang_stopping`, `crash_after_requests` and the start refusals `no_capacity` /
-//! `quota_exceeded`; the integrator reads `never_join` and
+//! `quota_exceeded`; the integrator reads `never_join`, `cluster_reset_fails` and
 //! `wrong_console_host_key`. This module only holds the specification; acting on it is the
 //! job of the code that owns the behaviour.
 
@@ -49,6 +49,11 @@ pub struct FaultSpec {
     pub download_tampered: Vec<String>,
     /// Instance-name prefixes whose console prints a different host key (integrator).
     pub wrong_console_host_key: Vec<String>,
+    /// Instance-name prefixes on which `k3s server --cluster-reset` fails once etcd starts
+    /// with `ForceNewCluster` (integrator): k3s has written its reset-flag by then, so the
+    /// flag stays behind (e.g. etcd's initial corruption check refusing the data, a full
+    /// disk, or k3s killed before etcd rewrote its WAL).
+    pub cluster_reset_fails: Vec<String>,
     /// Instance-name prefixes no sled has room for: a create with `start` answers 201 with a
     /// `stopped` instance and a start answers 507 (a full rack; omicron's start saga fails at
     /// `ALLOC_SERVER` and the create ignores the failed auto-start). `""` matches every name.

@@ -116,14 +116,51 @@ impl Rung {
     }
 }
 
+/// How many voting members etcd has, and where that number came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub enum Voters {
+    /// etcd's member list (`via`: `/db/info` from the server behind the API address, or a
+    /// server's local member over SSH): its voters.
+    Etcd { voters: usize, via: String },
+    /// The member list did not answer (`why`; k3s serves it only while etcd has quorum): the
+    /// larger of the spec's control-plane count (`spec`, from the resume file) and the
+    /// servers on the rack (`servers`).
+    Guessed {
+        spec: usize,
+        servers: usize,
+        why: String,
+    },
+}
+
+impl Voters {
+    /// The count a majority is taken of.
+    pub fn count(&self) -> usize {
+        match self {
+            Voters::Etcd { voters, .. } => *voters,
+            Voters::Guessed { spec, servers, .. } => (*spec).max(*servers),
+        }
+    }
+
+    /// Where the count came from, as the person reads it.
+    pub fn describe(&self) -> String {
+        match self {
+            Voters::Etcd { voters, via } => format!("{voters}, from etcd's member list ({via})"),
+            Voters::Guessed { spec, servers, why } => format!(
+                "{}, the larger of the spec's {spec} and the {servers} servers on the rack (etcd's member list did not answer: {why})",
+                self.count()
+            ),
+        }
+    }
+}
+
 /// The rung for an API that is (or is not) `ready` with `servers` on the rack, of a cluster
-/// that had `expected` servers (the spec's count; more when more exist). etcd needs a majority
-/// of its voting members; each server is one.
-pub fn choose(ready: bool, servers: &[Server], expected: usize) -> Rung {
+/// whose etcd has `voters` voting members. etcd needs a majority of them; each server is one.
+pub fn choose(ready: bool, servers: &[Server], voters: &Voters) -> Rung {
     if ready {
         return Rung::Healthy;
     }
-    let members = expected.max(servers.len());
+    let members = voters.count().max(1);
     let quorum = members / 2 + 1;
     let mut names: Vec<&Server> = servers.iter().collect();
     names.sort_by(|a, b| a.name.cmp(&b.name));
@@ -161,6 +198,9 @@ pub struct RecoverSummary {
     pub cluster: String,
     pub project: String,
     pub rung: Rung,
+    /// etcd's voting members the rung was chosen with (none for a restore or drill).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub voters: Option<Voters>,
     pub dry_run: bool,
     /// The calls the rung makes (all of them under `--dry-run`, which makes none).
     pub calls: Vec<String>,
@@ -186,6 +226,9 @@ impl RecoverSummary {
             self.project,
             self.rung.number()
         );
+        if let Some(voters) = self.voters.as_ref().filter(|_| self.rung != Rung::Healthy) {
+            let _ = writeln!(s, "etcd's voting members: {}.", voters.describe());
+        }
         match &self.rung {
             Rung::Healthy => {
                 let _ = writeln!(
@@ -434,12 +477,19 @@ pub async fn run<C: Connect>(
     if let Err(why) = &ready {
         info!(step = "observe", %why, "the API is not ready");
     }
-    let rung = choose(ready.is_ok(), &servers, v.expected);
+    let voters = match &ready {
+        Ok(()) => Voters::Etcd {
+            voters: servers.len(),
+            via: "not asked: the API is ready".to_owned(),
+        },
+        Err(_) => count_voters(connect, &rack, &mut v, &input.cluster, &servers).await,
+    };
+    let rung = choose(ready.is_ok(), &servers, &voters);
     info!(
         step = "rung",
         rung = rung.number(),
         servers = servers.len(),
-        expected = v.expected,
+        voters = %voters.describe(),
         "chosen"
     );
     let mut summary = RecoverSummary {
@@ -447,6 +497,7 @@ pub async fn run<C: Connect>(
         project: v.project.clone(),
         calls: calls(&rung, &v.project, &input.cluster),
         rung: rung.clone(),
+        voters: Some(voters.clone()),
         dry_run: input.dry_run,
         api_ready_after: None,
         converged: false,
@@ -470,7 +521,9 @@ pub async fn run<C: Connect>(
         Rung::ResetOnSurvivor { survivor, others } => {
             reset::run(connect, &rack, &mut v, &input, survivor, others).await?;
         }
-        Rung::StartServers { start, .. } => start_servers(&rack, start).await?,
+        Rung::StartServers { start, .. } => {
+            start_servers(&rack, start, started + input.api_timeout).await?;
+        }
     }
     wait_ready(connect, &v, &input, started).await?;
     summary.api_ready_after = Some(started.elapsed());
@@ -482,6 +535,123 @@ pub async fn run<C: Connect>(
         super::reconcile_loop(connect, &ports, &input.holder, input.wait, &input.shutdown).await?;
     summary.converged = converged;
     Ok(summary)
+}
+
+/// The local etcd member's own member list, asked over SSH on a server: etcd's gateway on
+/// k3s's client-HTTP port (k3s puts HTTP clients on 2382, gRPC alone on 2379), with k3s's
+/// etcd client certificate, serializable (`linearizable: false`: the member answers from its
+/// own view, which it has without quorum too).
+pub const ETCD_MEMBER_LIST: &str = "sudo -n curl -sS --max-time 10 --cacert /var/lib/rancher/k3s/server/tls/etcd/server-ca.crt --cert /var/lib/rancher/k3s/server/tls/etcd/client.crt --key /var/lib/rancher/k3s/server/tls/etcd/client.key -X POST -d '{\"linearizable\":false}' https://127.0.0.1:2382/v3/cluster/member/list";
+
+/// etcd's voting members: from the member list k3s's supervisor serves on `/db/info` (the
+/// server behind the API address, asked with the server token); k3s asks etcd for it
+/// linearizably, so without quorum it fails, and then from the local member's own list over
+/// SSH on the server holding the API address, if that one runs. When neither answers, the
+/// larger of the spec's count and the servers on the rack.
+async fn count_voters<C: Connect>(
+    connect: &C,
+    rack: &C::Rack,
+    v: &mut Validated,
+    cluster: &str,
+    servers: &[Server],
+) -> Voters {
+    let read = match connect
+        .in_cluster(&v.kubeconfig, cluster, "bootstrap-recover")
+        .await
+    {
+        Ok(ports) => {
+            use crate::ports::cluster::Cluster as _;
+            ports
+                .cluster
+                .etcd_members(&v.resume.k3s_token)
+                .await
+                .map_err(|e| error::chain(&e))
+        }
+        Err(e) => Err(error::chain(e.as_ref())),
+    };
+    let db_info = match read {
+        Ok(members) => {
+            return Voters::Etcd {
+                voters: members.iter().filter(|m| !m.is_learner).count(),
+                via: "/db/info".to_owned(),
+            };
+        }
+        Err(why) => why,
+    };
+    match local_voters(connect, rack, v, cluster, servers).await {
+        Ok((voters, server)) => Voters::Etcd {
+            voters,
+            via: format!("{server}'s local etcd member over SSH"),
+        },
+        Err(why) => Voters::Guessed {
+            spec: v.expected,
+            servers: servers.len(),
+            why: format!("/db/info: {db_info}; over SSH: {why}"),
+        },
+    }
+}
+
+/// The voters in the local member list of the running server holding the API address.
+async fn local_voters<C: Connect>(
+    connect: &C,
+    rack: &C::Rack,
+    v: &mut Validated,
+    cluster: &str,
+    servers: &[Server],
+) -> Result<(usize, String), String> {
+    use crate::adapters::ssh::RemoteShell as _;
+    let fip = rack
+        .get_floating_ip(&names::api_floating_ip_name(cluster))
+        .await
+        .map_err(|e| error::chain(&e))?
+        .ok_or("the API floating IP is gone")?;
+    let holder = fip
+        .instance_id
+        .ok_or("the API floating IP is attached to no server")?;
+    let mut server = None;
+    for s in servers.iter().filter(|s| s.state == InstanceState::Running) {
+        let id = rack
+            .get_instance(&s.name)
+            .await
+            .map_err(|e| error::chain(&e))?
+            .map(|i| i.id);
+        if id == Some(holder) {
+            server = Some(s.name.clone());
+        }
+    }
+    let server = server.ok_or("the API floating IP is on no running server")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let shell = server_shell(connect, rack, v, &server, fip.ip, deadline, "observe")
+        .await
+        .map_err(|e| error::chain(&e))?;
+    let out = shell
+        .exec(ETCD_MEMBER_LIST)
+        .await
+        .map_err(|e| error::chain(&e))?;
+    if !out.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "{server}: exit {}: {}",
+            out.exit_status,
+            stderr.trim()
+        ));
+    }
+    let voters = local_member_voters(&out.stdout)
+        .map_err(|e| format!("{server}: etcd's member list: {e}"))?;
+    Ok((voters, server))
+}
+
+/// The voting members in etcd's gateway answer to `MemberList` (`{"members": [...]}`,
+/// `isLearner` left out when false).
+fn local_member_voters(body: &[u8]) -> Result<usize, String> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    let members = v["members"]
+        .as_array()
+        .ok_or_else(|| format!("no members in {}", String::from_utf8_lossy(body)))?;
+    Ok(members
+        .iter()
+        .filter(|m| m["isLearner"].as_bool() != Some(true))
+        .count())
 }
 
 /// `--verify` (see [`restore::drill`]): fails (exit 1) when the backup does not restore to a
@@ -501,6 +671,7 @@ async fn run_verify<C: Connect>(
         rung: Rung::Drill {
             backup: chosen.name.clone(),
         },
+        voters: None,
         calls: Vec::new(),
         dry_run: input.dry_run,
         api_ready_after: None,
@@ -548,6 +719,7 @@ async fn run_restore<C: Connect>(
         rung: Rung::Restore {
             backup: chosen.name.clone(),
         },
+        voters: None,
         calls,
         dry_run: input.dry_run,
         api_ready_after: None,
@@ -605,6 +777,7 @@ fn calls(rung: &Rung, project: &str, cluster: &str) -> Vec<String> {
                     "POST /v1/floating-ips/{fip}/attach?project={project} to {survivor} (unless there)"
                 ),
                 ssh(reset::STOP_K3S),
+                ssh(reset::DROP_SERVER_URL),
                 ssh(reset::CLUSTER_RESET),
             ]);
             for n in others {
@@ -649,17 +822,36 @@ fn nothing_left(input: &RecoverInput, project: &str) -> BootstrapError {
     )
 }
 
-/// Starts every server in `names` (one already starting or running is fine).
-async fn start_servers<R: Rack>(rack: &R, names: &[String]) -> Result<(), BootstrapError> {
+/// Starts every server in `names`. Nexus answers a start of one already starting or
+/// running with success (idempotent), and refuses one still `stopping` with a conflict
+/// ("instance must finish stopping before it can be started"): that one is waited for until
+/// it has stopped, then started. Any other refusal is the step's error.
+async fn start_servers<R: Rack>(
+    rack: &R,
+    names: &[String],
+    deadline: Instant,
+) -> Result<(), BootstrapError> {
     for name in names {
         info!(step = "start", instance = %name, "starting the server");
-        match rack.start_instance(name).await {
-            Ok(()) => {}
-            // Started meanwhile (the rack's own restart, another recover): what we wanted.
-            Err(RackError::Conflict { .. }) => {
-                info!(step = "start", instance = %name, "already starting")
+        loop {
+            let refused = match rack.start_instance(name).await {
+                Ok(()) => break,
+                Err(e @ RackError::Conflict { .. }) => e,
+                Err(e) => return Err(rack_failed("start", e)),
+            };
+            let state = rack
+                .get_instance(name)
+                .await
+                .map_err(|e| rack_failed("start", e))?
+                .map(|i| i.state);
+            if state != Some(InstanceState::Stopping) {
+                return Err(rack_failed("start", refused));
             }
-            Err(e) => return Err(rack_failed("start", e)),
+            info!(step = "start", instance = %name, "still stopping; waiting until it has stopped");
+            reset::wait_state(rack, name, "start", deadline, |s| {
+                s != Some(InstanceState::Stopping)
+            })
+            .await?;
         }
     }
     Ok(())
@@ -708,6 +900,68 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn a_server_caught_stopping_is_started_once_it_has_stopped() {
+        use crate::fake::FakeWorld;
+        let world = FakeWorld::new(chrono::Utc::now());
+        let now = world.lock().now;
+        for (name, state) in [
+            ("c-cp-a", InstanceState::Stopping),
+            ("c-cp-b", InstanceState::Running),
+        ] {
+            world.with(|w| {
+                w.instances.insert(
+                    name.to_owned(),
+                    crate::domain::model::Instance {
+                        id: uuid::Uuid::new_v4(),
+                        name: name.to_owned(),
+                        description: String::new(),
+                        hostname: name.to_owned(),
+                        state,
+                        ncpus: 2,
+                        memory: crate::base::size::ByteSize::gib(4),
+                        time_created: now,
+                        time_state_updated: now,
+                    },
+                )
+            });
+        }
+        // The stop finishes a second later.
+        let later = world.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            later.tick(1);
+        });
+        let names = ["c-cp-a".to_owned(), "c-cp-b".to_owned()];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        start_servers(&world.rack(), &names, deadline)
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let state = world.with(|w| w.instances["c-cp-a"].state.clone());
+        assert_eq!(
+            state,
+            InstanceState::Starting,
+            "the stopped server was not started"
+        );
+        let log = world.with(|w| w.log.clone());
+        assert!(log.contains(&"start c-cp-a".to_owned()), "{log:?}");
+    }
+
+    fn etcd(voters: usize) -> Voters {
+        Voters::Etcd {
+            voters,
+            via: "test".into(),
+        }
+    }
+
+    fn guessed(spec: usize, servers: usize) -> Voters {
+        Voters::Guessed {
+            spec,
+            servers,
+            why: "HTTP 500".into(),
+        }
+    }
+
     #[test]
     fn the_first_rung_that_applies_is_taken() {
         use InstanceState::{Failed, Running, Stopped};
@@ -716,41 +970,87 @@ mod tests {
             s("c-cp-b", Stopped),
             s("c-cp-c", Failed),
         ];
-        assert_eq!(choose(true, &three, 3), Rung::Healthy);
+        assert_eq!(choose(true, &three, &guessed(3, 3)), Rung::Healthy);
         assert_eq!(
-            choose(false, &three, 3),
+            choose(false, &three, &guessed(3, 3)),
             Rung::StartServers {
                 start: vec!["c-cp-b".into(), "c-cp-c".into()],
                 running: vec!["c-cp-a".into()],
             }
         );
         // Two of three is a majority: start them.
-        assert_eq!(choose(false, &three[1..], 3).number(), 1);
+        assert_eq!(choose(false, &three[1..], &guessed(3, 2)).number(), 1);
         // One of three is not: reset on the running one, else the first by name.
         assert_eq!(
-            choose(false, &[s("c-cp-b", Stopped), s("c-cp-z", Running)][..1], 3),
+            choose(
+                false,
+                &[s("c-cp-b", Stopped), s("c-cp-z", Running)][..1],
+                &guessed(3, 1)
+            ),
             Rung::ResetOnSurvivor {
                 survivor: "c-cp-b".into(),
                 others: vec![],
             }
         );
         assert_eq!(
-            choose(false, &[s("c-cp-b", Stopped), s("c-cp-z", Running)], 5),
+            choose(
+                false,
+                &[s("c-cp-b", Stopped), s("c-cp-z", Running)],
+                &guessed(5, 2)
+            ),
             Rung::ResetOnSurvivor {
                 survivor: "c-cp-z".into(),
                 others: vec!["c-cp-b".into()],
             }
         );
-        assert_eq!(choose(false, &[], 3), Rung::NothingLeft);
+        assert_eq!(choose(false, &[], &guessed(3, 0)), Rung::NothingLeft);
         // More servers than the spec says (a surge member): they count as members.
-        assert_eq!(choose(false, &three, 1).number(), 1);
+        assert_eq!(choose(false, &three, &guessed(1, 3)).number(), 1);
         // All running and still not ready: start nothing, wait.
         assert_eq!(
-            choose(false, &[s("a", Running)], 1),
+            choose(false, &[s("a", Running)], &guessed(1, 1)),
             Rung::StartServers {
                 start: vec![],
                 running: vec!["a".into()],
             }
         );
+    }
+
+    #[test]
+    fn the_rung_follows_etcds_voters_not_the_count_bootstrap_started_with() {
+        use InstanceState::{Running, Stopped};
+        let two = [s("c-cp-a", Running), s("c-cp-b", Stopped)];
+        // Bootstrapped with 5, scaled to 3, one server deleted: starting the stopped one
+        // gives 2 of 3, a majority. The bootstrap-time count would have reset instead.
+        assert_eq!(choose(false, &two, &guessed(5, 2)).number(), 2);
+        assert_eq!(
+            choose(false, &two, &etcd(3)),
+            Rung::StartServers {
+                start: vec!["c-cp-b".into()],
+                running: vec!["c-cp-a".into()],
+            }
+        );
+        // Bootstrapped with 3, scaled to 5, three deleted: 2 of 5 is no majority, so
+        // starting servers never brings /readyz; the reset is the way back.
+        assert_eq!(choose(false, &two, &guessed(3, 2)).number(), 1);
+        assert_eq!(
+            choose(false, &two, &etcd(5)),
+            Rung::ResetOnSurvivor {
+                survivor: "c-cp-a".into(),
+                others: vec!["c-cp-b".into()],
+            }
+        );
+        assert!(
+            guessed(5, 2)
+                .describe()
+                .contains("did not answer: HTTP 500"),
+            "{}",
+            guessed(5, 2).describe()
+        );
+        assert!(etcd(3).describe().contains("from etcd's member list"));
+        // etcd's gateway answer: IDs as strings, isLearner only when true.
+        let body = br#"{"header":{"cluster_id":"1"},"members":[{"ID":"1","name":"a","peerURLs":["http://a:2380"]},{"ID":"2","name":"b"},{"ID":"3","isLearner":true}]}"#;
+        assert_eq!(local_member_voters(body), Ok(2));
+        assert!(local_member_voters(b"{}").is_err());
     }
 }

@@ -9,10 +9,16 @@
 //! 3. `attach-floating-ip` — the API address moves to the survivor (the laptop reaches a
 //!    server's SSH and API through it, as bootstrap does);
 //! 4. `cluster-reset` — over SSH with the host keys pinned in the resume file (read from the
-//!    serial console and pinned there first if it has none for the survivor): k3s stopped,
-//!    then `k3s server --cluster-reset` (etcd's force-new-cluster: one member, all the data).
-//!    k3s refuses a second reset while its reset-flag is there ("previously reset"): that
-//!    means an earlier run got this far, and the run goes on;
+//!    serial console and pinned there first if it has none for the survivor): k3s stopped;
+//!    the `server:` line deleted from its `config.yaml` (k3s refuses a reset while the config
+//!    names a server to join, which every server but the first has; a one-member cluster has
+//!    nothing to join, so the line stays deleted); then `k3s server --cluster-reset` (etcd's
+//!    force-new-cluster: one member, all the data). Only its exit 0 counts as done: k3s exits
+//!    0 once etcd runs as this one member, and nowhere else. k3s refuses a second reset while
+//!    its reset-flag is there ("previously reset"), but it writes that flag *before* it starts
+//!    etcd, so the flag proves nothing: the run deletes it and resets again (harmless on a
+//!    member already reset: it stays the one member with its data). A reset that fails stops
+//!    the run before anything is deleted;
 //! 5. `delete` — the other servers with their disks, before k3s serves again: their
 //!    `server/db` still names the old members, so they must never start again ("Backup and
 //!    delete ${datadir}/server/db on each peer"), and a re-run that finds the API ready has
@@ -38,8 +44,16 @@ use crate::workflows::error::message;
 
 /// `systemctl stop k3s`, as k3s's cluster-reset procedure runs it.
 pub const STOP_K3S: &str = "sudo -n systemctl stop k3s";
+/// The join URL out of the k3s config (the product writes it as one top-level
+/// `server: https://…` line; k3s refuses a reset while it is set). GNU sed's in-place edit
+/// writes a new file and renames it over the old one, keeping its mode.
+pub const DROP_SERVER_URL: &str = "sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml";
 /// The reset itself (no snapshot: the member keeps its own data).
 pub const CLUSTER_RESET: &str = "sudo -n k3s server --cluster-reset";
+/// k3s's reset-flag (`${datadir}/server/db/reset-flag`, default data dir).
+pub const RESET_FLAG: &str = "/var/lib/rancher/k3s/server/db/reset-flag";
+/// Deletes [`RESET_FLAG`], as k3s's refusal asks before another reset.
+pub const REMOVE_RESET_FLAG: &str = "sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag";
 /// `systemctl start k3s`.
 pub const START_K3S: &str = "sudo -n systemctl start k3s";
 /// What k3s says when its reset-flag is there (`pkg/cluster/managed.go` `start`).
@@ -200,7 +214,7 @@ pub(super) async fn attach_api_address<R: Rack>(
     Ok(fip.ip)
 }
 
-/// Step 4: k3s stopped, then reset (or found reset by an earlier run).
+/// Step 4: k3s stopped, `server:` out of its config, then reset; only an exit 0 counts.
 async fn reset<S: RemoteShell>(
     shell: &S,
     survivor: &str,
@@ -226,19 +240,58 @@ async fn reset<S: RemoteShell>(
         Ok(out) => return Err(remote_failed(step, STOP_K3S, &out)),
         Err(e) => return Err(BootstrapError::step(step, e)),
     }
+    info!(step, instance = %survivor, "deleting server: from the k3s config");
+    run_ok(shell, step, DROP_SERVER_URL).await?;
     info!(step, instance = %survivor, "running k3s server --cluster-reset");
-    let out = shell
-        .exec(CLUSTER_RESET)
-        .await
-        .map_err(|e| BootstrapError::step(step, e))?;
+    let mut out = remote(shell, step, CLUSTER_RESET).await?;
+    if !out.success() && String::from_utf8_lossy(&out.stderr).contains(PREVIOUSLY_RESET) {
+        // k3s writes its flag before etcd starts as a new cluster: a reset that failed there
+        // leaves it too. Only a reset that exits 0 says the member is alone.
+        info!(
+            step,
+            instance = %survivor,
+            "the reset-flag of an earlier reset is there, which proves nothing; deleting it and resetting again"
+        );
+        run_ok(shell, step, REMOVE_RESET_FLAG).await?;
+        out = remote(shell, step, CLUSTER_RESET).await?;
+    }
     if out.success() {
         info!(step, instance = %survivor, "etcd is a single member with all its data");
-    } else if String::from_utf8_lossy(&out.stderr).contains(PREVIOUSLY_RESET) {
-        info!(step, instance = %survivor, "reset by an earlier run; going on");
-    } else {
-        return Err(remote_failed(step, CLUSTER_RESET, &out));
+        return Ok(());
     }
-    Ok(())
+    let failed = failure_text(CLUSTER_RESET, &out);
+    Err(BootstrapError::needs_person(
+        step,
+        message(format!(
+            "{failed}. The cluster reset on {survivor} did not finish, so nothing was deleted (the other servers stay stopped with their disks). k3s writes its reset-flag {RESET_FLAG} before it starts etcd, so a reset that failed there leaves it behind: fix what the error says, then remove the flag (ssh to {survivor}: sudo rm {RESET_FLAG}; a re-run of bootstrap recover --yes also removes it) and run bootstrap recover --yes again"
+        )),
+    ))
+}
+
+/// Runs `command` on the survivor; an SSH failure is the step's error.
+async fn remote<S: RemoteShell>(
+    shell: &S,
+    step: &'static str,
+    command: &str,
+) -> Result<crate::adapters::ssh::CommandOutput, BootstrapError> {
+    shell
+        .exec(command)
+        .await
+        .map_err(|e| BootstrapError::step(step, e))
+}
+
+/// Runs `command` on the survivor; a non-zero exit is the step's error.
+async fn run_ok<S: RemoteShell>(
+    shell: &S,
+    step: &'static str,
+    command: &str,
+) -> Result<(), BootstrapError> {
+    let out = remote(shell, step, command).await?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(remote_failed(step, command, &out))
+    }
 }
 
 /// Step 5: the other servers and their disks.
@@ -272,15 +325,17 @@ fn remote_failed(
     command: &str,
     out: &crate::adapters::ssh::CommandOutput,
 ) -> BootstrapError {
+    BootstrapError::step(step, message(failure_text(command, out)))
+}
+
+/// "`command` exited N: " and the last three lines of its stderr.
+fn failure_text(command: &str, out: &crate::adapters::ssh::CommandOutput) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
     let tail: Vec<&str> = tail.into_iter().rev().collect();
-    BootstrapError::step(
-        step,
-        message(format!(
-            "`{command}` exited {}: {}",
-            out.exit_status,
-            tail.join(" / ")
-        )),
+    format!(
+        "`{command}` exited {}: {}",
+        out.exit_status,
+        tail.join(" / ")
     )
 }
