@@ -20,16 +20,17 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 /// The files of `k8s-cronjobs/`, which `bootstrap` embeds by name.
-const PLAIN_FILES: [&str; 6] = [
+const PLAIN_FILES: [&str; 7] = [
     "00-namespace.yaml",
     "serviceaccount.yaml",
     "rbac.yaml",
     "cronjob.yaml",
+    "admission.yaml",
     "webhook.yaml",
     "backup.yaml",
 ];
 /// Every object the in-cluster pieces consist of, as [`object_key`] spells them.
-const EXPECTED_OBJECTS: [&str; 22] = [
+const EXPECTED_OBJECTS: [&str; 24] = [
     "ClusterRole oxide-controller-reconcile",
     "ClusterRole oxide-controller-webhook",
     "ClusterRoleBinding oxide-controller-reconcile",
@@ -52,6 +53,8 @@ const EXPECTED_OBJECTS: [&str; 22] = [
     "ServiceAccount kube-system/oxide-controller-webhook",
     "ServiceAccount oxide-controller-backup/oxide-controller-backup",
     "ServiceAccount oxide-controller-jobs/oxide-controller-reconcile",
+    "ValidatingAdmissionPolicy oxide-controller-webhook-jobs",
+    "ValidatingAdmissionPolicyBinding oxide-controller-webhook-jobs",
 ];
 const BINARIES: [&str; 3] = ["bootstrap", "reconcile-once", "scale"];
 const IMAGE_REPOSITORY: &str = "ghcr.io/aifoundry-org/oxide-controller";
@@ -1263,7 +1266,13 @@ fn every_plain_manifest_is_one_object_per_document_in_our_namespaces() {
         );
         let cluster_scoped = matches!(
             doc["kind"].as_str(),
-            Some("ClusterRole" | "ClusterRoleBinding" | "Namespace")
+            Some(
+                "ClusterRole"
+                    | "ClusterRoleBinding"
+                    | "Namespace"
+                    | "ValidatingAdmissionPolicy"
+                    | "ValidatingAdmissionPolicyBinding"
+            )
         );
         if !cluster_scoped {
             assert!(
