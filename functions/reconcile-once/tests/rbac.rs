@@ -1001,3 +1001,71 @@ async fn the_webhooks_account_may_create_only_the_job_the_cronjob_makes() {
         "without the CronJob: {err}"
     );
 }
+
+/// Audit security-2 N9, on the real API server's server-side apply: bootstrap's NetworkPolicy
+/// has no `spec.ingress`, so a re-run drops the label rule an earlier release applied (its
+/// field manager owned it) and keeps the rule an administrator wrote naming namespaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_drops_the_label_rule_and_keeps_the_namespaces_an_administrator_names() {
+    use oxide_controller::render::manifests::{self, Settings};
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane: 1,
+            workers: 0,
+        }),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("sim: {e:#}"));
+    let kube = sim.kube();
+    let admin = oxide_controller::adapters::kubeclient::client(sim.kubeconfig.as_deref(), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut policy = manifests::render(&Settings {
+        controller_image: manifests::DEFAULT_CONTROLLER_IMAGE.into(),
+        schedule: "*/5 * * * *".into(),
+        backup_schedule: None,
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
+    .into_iter()
+    .find(|m| m.resource.kind == "NetworkPolicy")
+    .unwrap_or_else(|| panic!("no NetworkPolicy"));
+    let apply = async |m: &manifests::Manifest| {
+        oxide_controller::adapters::kube_manifests::apply_one(&admin, m)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        kube.get(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            Some("kube-system"),
+            "oxide-controller-webhook",
+        )
+        .await
+        .unwrap_or_else(|| panic!("no NetworkPolicy"))["spec"]["ingress"]
+            .clone()
+    };
+    // An earlier release's object, applied by bootstrap's field manager.
+    let new = policy.clone();
+    policy.object["spec"]["ingress"] = json!([{
+        "from": [{"namespaceSelector": {"matchLabels": {"oxide-controller/webhook-client": "true"}}}],
+        "ports": [{"protocol": "TCP", "port": "https"}]}]);
+    assert!(apply(&policy).await.is_array());
+    // This release's: no namespace admitted.
+    assert!(apply(&new).await.is_null(), "the label rule is dropped");
+    // The administrator names `ci` (webhook.yaml's `kubectl patch`).
+    let rule = json!([{
+        "from": [{"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ci"]}]}}],
+        "ports": [{"protocol": "TCP", "port": "https"}]}]);
+    kube.merge_patch(
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        Some("kube-system"),
+        "oxide-controller-webhook",
+        &json!({"spec": {"ingress": rule}}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(apply(&new).await, rule, "a bootstrap re-run keeps it");
+}
