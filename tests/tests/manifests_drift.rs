@@ -20,16 +20,17 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 /// The files of `k8s-cronjobs/`, which `bootstrap` embeds by name.
-const PLAIN_FILES: [&str; 6] = [
+const PLAIN_FILES: [&str; 7] = [
     "00-namespace.yaml",
     "serviceaccount.yaml",
     "rbac.yaml",
     "cronjob.yaml",
+    "admission.yaml",
     "webhook.yaml",
     "backup.yaml",
 ];
 /// Every object the in-cluster pieces consist of, as [`object_key`] spells them.
-const EXPECTED_OBJECTS: [&str; 22] = [
+const EXPECTED_OBJECTS: [&str; 24] = [
     "ClusterRole oxide-controller-reconcile",
     "ClusterRole oxide-controller-webhook",
     "ClusterRoleBinding oxide-controller-reconcile",
@@ -52,6 +53,8 @@ const EXPECTED_OBJECTS: [&str; 22] = [
     "ServiceAccount kube-system/oxide-controller-webhook",
     "ServiceAccount oxide-controller-backup/oxide-controller-backup",
     "ServiceAccount oxide-controller-jobs/oxide-controller-reconcile",
+    "ValidatingAdmissionPolicy oxide-controller-webhook-jobs",
+    "ValidatingAdmissionPolicyBinding oxide-controller-webhook-jobs",
 ];
 const BINARIES: [&str; 3] = ["bootstrap", "reconcile-once", "scale"];
 const IMAGE_REPOSITORY: &str = "ghcr.io/aifoundry-org/oxide-controller";
@@ -219,15 +222,162 @@ fn eval(action: &str, scope: &Scope<'_>) -> Result<String, String> {
     Ok(out)
 }
 
+/// A word, a string literal or a parenthesis of a condition.
+#[derive(Debug, Clone, PartialEq)]
+enum Token {
+    Open,
+    Close,
+    Str(String),
+    Word(String),
+}
+
+fn tokens(src: &str) -> Result<Vec<Token>, String> {
+    let mut out = Vec::new();
+    let mut chars = src.chars().peekable();
+    while let Some(&c) = chars.peek() {
+        match c {
+            c if c.is_whitespace() => {
+                chars.next();
+            }
+            '(' | ')' => {
+                chars.next();
+                out.push(if c == '(' { Token::Open } else { Token::Close });
+            }
+            '"' => {
+                chars.next();
+                let mut s = String::new();
+                loop {
+                    match chars.next() {
+                        Some('"') => break,
+                        Some('\\') => return Err(format!("escapes are not supported in {src:?}")),
+                        Some(c) => s.push(c),
+                        None => return Err(format!("unclosed string in {src:?}")),
+                    }
+                }
+                out.push(Token::Str(s));
+            }
+            _ => {
+                let mut w = String::new();
+                while let Some(&c) = chars.peek() {
+                    if c.is_whitespace() || c == '(' || c == ')' || c == '"' {
+                        break;
+                    }
+                    w.push(c);
+                    chars.next();
+                }
+                out.push(Token::Word(w));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Go's template truth: false, 0, nil and empty strings, lists and maps are false.
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(m) => !m.is_empty(),
+    }
+}
+
+/// A condition: an operand, or `and`, `or`, `not`, `eq`, `ne` applied to operands (a value
+/// reference, a string literal, `true`/`false`, a parenthesised condition).
+fn condition(tokens: &[Token], at: &mut usize, scope: &Scope<'_>) -> Result<Value, String> {
+    let function = match tokens.get(*at) {
+        Some(Token::Word(w)) if matches!(w.as_str(), "and" | "or" | "not" | "eq" | "ne") => {
+            *at += 1;
+            w.clone()
+        }
+        _ => return operand(tokens, at, scope),
+    };
+    let mut args = Vec::new();
+    while *at < tokens.len() && tokens[*at] != Token::Close {
+        args.push(operand(tokens, at, scope)?);
+    }
+    match (function.as_str(), args.as_slice()) {
+        ("not", [a]) => Ok(Value::Bool(!truthy(a))),
+        ("eq", [a, b]) => Ok(Value::Bool(a == b)),
+        ("ne", [a, b]) => Ok(Value::Bool(a != b)),
+        ("and", [_, _, ..]) => Ok(Value::Bool(args.iter().all(truthy))),
+        ("or", [_, _, ..]) => Ok(Value::Bool(args.iter().any(truthy))),
+        _ => Err(format!(
+            "{function} with {} arguments is not supported",
+            args.len()
+        )),
+    }
+}
+
+fn operand(tokens: &[Token], at: &mut usize, scope: &Scope<'_>) -> Result<Value, String> {
+    let token = tokens.get(*at).ok_or("a condition ends too early")?.clone();
+    *at += 1;
+    match token {
+        Token::Open => {
+            let v = condition(tokens, at, scope)?;
+            if tokens.get(*at) != Some(&Token::Close) {
+                return Err("unbalanced parentheses".into());
+            }
+            *at += 1;
+            Ok(v)
+        }
+        Token::Str(s) => Ok(Value::String(s)),
+        Token::Word(w) if w == "true" || w == "false" => Ok(Value::Bool(w == "true")),
+        Token::Word(w) if w.starts_with('.') => scope.lookup(&w).cloned(),
+        other => Err(format!("unsupported operand {other:?}")),
+    }
+}
+
+fn eval_condition(src: &str, scope: &Scope<'_>) -> Result<bool, String> {
+    let tokens = tokens(src)?;
+    let mut at = 0;
+    let v = condition(&tokens, &mut at, scope)?;
+    if at != tokens.len() {
+        return Err(format!("unsupported condition {src:?}"));
+    }
+    Ok(truthy(&v))
+}
+
 /// Renders one template with the subset; anything outside it is an error naming the action.
+/// Beyond value output: `if COND` / `else` / `end`, and `fail "message"` (Helm's, which stops
+/// the rendering with that message).
 fn render_template(src: &str, values: &Value, chart: &Value) -> Result<String, String> {
     let scope = Scope { values, chart };
     let mut out = String::with_capacity(src.len());
+    // Per open `if`: whether its enclosing branch is rendered, whether this branch is.
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    let live = |stack: &[(bool, bool)]| stack.last().is_none_or(|&(outer, this)| outer && this);
     for piece in lex(src)? {
         match piece {
-            Piece::Text(text) => out.push_str(text),
-            Piece::Action(action) => out.push_str(&eval(action, &scope)?),
+            Piece::Text(text) if live(&stack) => out.push_str(text),
+            Piece::Text(_) => {}
+            Piece::Action(action) => {
+                if let Some(cond) = action.strip_prefix("if ") {
+                    let outer = live(&stack);
+                    let this = outer && eval_condition(cond, &scope)?;
+                    stack.push((outer, this));
+                } else if action == "else" {
+                    let (outer, this) = stack.pop().ok_or("else without if")?;
+                    stack.push((outer, !this));
+                } else if action == "end" {
+                    stack.pop().ok_or("end without if")?;
+                } else if !live(&stack) {
+                } else if let Some(message) = action.strip_prefix("fail ") {
+                    let message = match tokens(message)?.as_slice() {
+                        [Token::Str(s)] => s.clone(),
+                        _ => return Err(format!("fail wants one string, got {message:?}")),
+                    };
+                    return Err(format!("execution error: {message}"));
+                } else {
+                    out.push_str(&eval(action, &scope)?);
+                }
+            }
         }
+    }
+    if !stack.is_empty() {
+        return Err("if without end".into());
     }
     Ok(out)
 }
@@ -246,8 +396,20 @@ fn parse_documents(text: &str, origin: &str) -> Result<Vec<Value>, String> {
 
 /// `helm template` of the chart in `dir` at its default values, as parsed documents.
 fn render_chart(dir: &Path) -> Result<Vec<Value>, String> {
+    render_chart_with(dir, &[])
+}
+
+/// `helm template --set PATH=VALUE ...` of the chart in `dir` (PATH dotted, as `--set` takes it).
+fn render_chart_with(dir: &Path, set: &[(&str, Value)]) -> Result<Vec<Value>, String> {
     let chart = parse_yaml(&read(&dir.join("Chart.yaml")), "Chart.yaml")?;
-    let values = parse_yaml(&read(&dir.join("values.yaml")), "values.yaml")?;
+    let mut values = parse_yaml(&read(&dir.join("values.yaml")), "values.yaml")?;
+    for (path, value) in set {
+        let mut at = &mut values;
+        for part in path.split('.') {
+            at = &mut at[part];
+        }
+        *at = value.clone();
+    }
     let mut templates: Vec<PathBuf> = fs::read_dir(dir.join("templates"))
         .map_err(|e| format!("templates/: {e}"))?
         .map(|entry| entry.map(|e| e.path()).map_err(|e| e.to_string()))
@@ -619,14 +781,68 @@ fn the_renderer_implements_the_subset_as_helm_does() {
 }
 
 #[test]
+fn the_renderer_implements_conditions_and_fail_as_helm_does() {
+    let values = json!({"s": "ClusterIP", "t": true, "f": false, "e": [], "l": ["a"], "z": 0});
+    let chart = json!({"appVersion": "1"});
+    let cases: &[(&str, &str)] = &[
+        ("{{ if .Values.t }}y{{ end }}", "y"),
+        ("{{ if .Values.f }}y{{ else }}n{{ end }}", "n"),
+        // Go's truth: empty lists and zero are false, a non-empty list true.
+        ("{{ if .Values.e }}y{{ else }}n{{ end }}", "n"),
+        ("{{ if .Values.z }}y{{ else }}n{{ end }}", "n"),
+        ("{{ if .Values.l }}y{{ end }}", "y"),
+        ("{{ if eq .Values.s \"ClusterIP\" }}y{{ end }}", "y"),
+        (
+            "{{ if ne .Values.s \"ClusterIP\" }}y{{ else }}n{{ end }}",
+            "n",
+        ),
+        (
+            "{{ if not (or (eq .Values.s \"NodePort\") .Values.f) }}y{{ end }}",
+            "y",
+        ),
+        ("{{ if and .Values.t .Values.l }}y{{ end }}", "y"),
+        ("{{ if and .Values.t .Values.e }}y{{ else }}n{{ end }}", "n"),
+        // Nested, and a branch not taken is not evaluated (its fail does not fire).
+        (
+            "{{ if .Values.t }}a{{ if .Values.f }}b{{ else }}c{{ end }}d{{ end }}",
+            "acd",
+        ),
+        ("{{ if .Values.f }}{{ fail \"no\" }}{{ end }}ok", "ok"),
+        ("a\n  {{- if .Values.t }}\n  b\n  {{- end }}\n", "a\n  b\n"),
+    ];
+    for (src, want) in cases {
+        assert_eq!(
+            &render_template(src, &values, &chart).unwrap(),
+            want,
+            "{src:?}"
+        );
+    }
+    let err = render_template(
+        "x{{ if .Values.t }}{{ fail \"the reason\" }}{{ end }}",
+        &values,
+        &chart,
+    )
+    .unwrap_err();
+    assert!(err.contains("the reason"), "{err}");
+}
+
+#[test]
 fn the_renderer_refuses_what_it_does_not_implement() {
     let values = json!({"a": {"b": "text"}, "m": {"k": "v"}, "f": 1.5});
     let chart = json!({"appVersion": "1"});
     let cases: &[(&str, &str)] = &[
         (
-            "{{ if .Values.a }}x{{ end }}",
+            "{{ range .Values.a }}x{{ end }}",
             "unsupported template action",
         ),
+        ("{{ if .Values.a }}x", "if without end"),
+        ("x{{ end }}", "end without if"),
+        (
+            "{{ if default .Values.a }}x{{ end }}",
+            "unsupported operand",
+        ),
+        ("{{ if eq .Values.a.b }}x{{ end }}", "eq with 1 arguments"),
+        ("{{ fail .Values.a.b }}", "fail wants one string"),
         ("{{ .Values.a.b | quote }}", "unsupported pipeline stage"),
         ("{{ include \"x\" . }}", "unsupported template action"),
         ("{{ .Release.Namespace }}", "unsupported reference"),
@@ -1101,8 +1317,11 @@ fn a_reconcile_run_ends_before_its_job_deadline_and_the_job_before_the_next_tick
     }
 }
 
+/// Audit security-2 N9: no namespace reaches the webhook by default; the ones an
+/// administrator names are selected by `kubernetes.io/metadata.name` (the API server sets it
+/// to the name; nobody can change it), never by a label a namespace's creator chooses.
 #[test]
-fn only_labelled_namespaces_reach_the_webhook() {
+fn only_namespaces_named_by_an_administrator_reach_the_webhook() {
     for (side, objects) in both_sides() {
         let deployment = &objects["Deployment kube-system/oxide-controller-webhook"]["spec"];
         let policy = &objects["NetworkPolicy kube-system/oxide-controller-webhook"]["spec"];
@@ -1111,15 +1330,77 @@ fn only_labelled_namespaces_reach_the_webhook() {
             "{side}: the policy selects the webhook's pods"
         );
         assert_eq!(policy["policyTypes"], json!(["Ingress"]), "{side}");
-        assert_eq!(
-            policy["ingress"],
-            json!([{"from": [{"namespaceSelector": {"matchLabels": {"oxide-controller/webhook-client": "true"}}}],
-                "ports": [{"protocol": "TCP", "port": "https"}]}]),
-            "{side}: one rule, from labelled namespaces only, to the https port"
+        // Normalized: an absent or empty `ingress` with policyType Ingress admits nothing.
+        assert!(
+            policy.get("ingress").is_none(),
+            "{side}: no rule unless an administrator adds one: {}",
+            policy["ingress"]
         );
         assert_eq!(
             deployment["template"]["spec"]["containers"][0]["ports"][0]["name"], "https",
-            "{side}: the port the policy names"
+            "{side}: the port a rule names"
+        );
+    }
+    let named = by_key(
+        &render_chart_with(
+            &chart_dir(),
+            &[("webhook.clientNamespaces", json!(["ci", "tools"]))],
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        named["NetworkPolicy kube-system/oxide-controller-webhook"]["spec"]["ingress"],
+        json!([{"from": [{"namespaceSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ci", "tools"]}]}}],
+            "ports": [{"protocol": "TCP", "port": "https"}]}]),
+        "the chart: one rule, from the named namespaces only, to the https port"
+    );
+    // The plain manifest's comment gives the same rule for `kubectl patch`.
+    let text = read(&plain_dir().join("webhook.yaml"));
+    let patch: String = text
+        .lines()
+        .skip_while(|l| !l.contains("kubectl -n kube-system patch networkpolicy"))
+        .skip(1)
+        .take_while(|l| l.starts_with("#     "))
+        .map(|l| l.trim_start_matches('#').trim())
+        .collect::<Vec<_>>()
+        .concat();
+    let patch: Value = serde_json::from_str(patch.trim_matches('\'')).unwrap();
+    assert_eq!(
+        patch["spec"]["ingress"],
+        named["NetworkPolicy kube-system/oxide-controller-webhook"]["spec"]["ingress"],
+        "webhook.yaml's kubectl patch is the chart's rule"
+    );
+}
+
+/// Audit security-2 N9: the chart renders the webhook's Service only as ClusterIP, unless the
+/// operator says `webhook.allowExternal: true`.
+#[test]
+fn the_chart_refuses_an_external_webhook_service_unless_allowed() {
+    for kind in ["LoadBalancer", "NodePort"] {
+        let err =
+            render_chart_with(&chart_dir(), &[("webhook.service.type", json!(kind))]).unwrap_err();
+        assert!(
+            err.contains("templates/webhook.yaml")
+                && err.contains("webhook.service.type is not ClusterIP")
+                && err.contains("webhook.allowExternal=true"),
+            "{kind}: {err}"
+        );
+        let allowed = by_key(
+            &render_chart_with(
+                &chart_dir(),
+                &[
+                    ("webhook.service.type", json!(kind)),
+                    ("webhook.allowExternal", json!(true)),
+                ],
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            allowed["Service kube-system/oxide-controller-webhook"]["spec"]["type"],
+            kind
         );
     }
 }
@@ -1263,7 +1544,13 @@ fn every_plain_manifest_is_one_object_per_document_in_our_namespaces() {
         );
         let cluster_scoped = matches!(
             doc["kind"].as_str(),
-            Some("ClusterRole" | "ClusterRoleBinding" | "Namespace")
+            Some(
+                "ClusterRole"
+                    | "ClusterRoleBinding"
+                    | "Namespace"
+                    | "ValidatingAdmissionPolicy"
+                    | "ValidatingAdmissionPolicyBinding"
+            )
         );
         if !cluster_scoped {
             assert!(

@@ -132,6 +132,19 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
         ("batch/v1", "CronJob", JOBS, "oxide-controller"),
         ("apps/v1", "Deployment", SYSTEM, "oxide-controller-webhook"),
         ("v1", "Service", SYSTEM, "oxide-controller-webhook"),
+        // What the webhook's account may create (audit security-2 N2).
+        (
+            "admissionregistration.k8s.io/v1",
+            "ValidatingAdmissionPolicy",
+            None,
+            "oxide-controller-webhook-jobs",
+        ),
+        (
+            "admissionregistration.k8s.io/v1",
+            "ValidatingAdmissionPolicyBinding",
+            None,
+            "oxide-controller-webhook-jobs",
+        ),
     ] {
         assert!(
             kube.get(api, kind, ns, name).await.is_some(),

@@ -685,3 +685,387 @@ async fn neither_account_may_do_what_it_does_not_need_and_the_jobs_namespace_is_
         "{refused}"
     );
 }
+
+/// The Job `kube_cluster.rs`'s `job_from_cronjob` makes from `cron` (name, template labels,
+/// `instantiate: manual`, a trigger id, the controller reference), with `spec` as its spec.
+fn on_demand_job(cron: &Value, spec: &Value) -> Value {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {
+            "name": "oxide-controller-now",
+            "namespace": JOBS_NS,
+            "labels": cron["spec"]["jobTemplate"]["metadata"]["labels"],
+            "annotations": {
+                "cronjob.kubernetes.io/instantiate": "manual",
+                "oxide-controller/trigger-id": "0123456789abcdef",
+            },
+            "ownerReferences": [{
+                "apiVersion": "batch/v1", "kind": "CronJob",
+                "name": cron["metadata"]["name"], "uid": cron["metadata"]["uid"],
+                "controller": true,
+            }],
+        },
+        "spec": spec,
+    })
+}
+
+/// Creates `job` through `client` (a dry run when `dry_run`: admission runs all the same).
+async fn create_job(client: &kube::Client, job: &Value, dry_run: bool) -> Result<(), kube::Error> {
+    use k8s_openapi::api::batch::v1::Job;
+    let job: Job = serde_json::from_value(job.clone()).unwrap_or_else(|e| panic!("{e}"));
+    let ns = job.metadata.namespace.clone().unwrap_or_default();
+    let api: kube::Api<Job> = kube::Api::namespaced(client.clone(), &ns);
+    let params = kube::api::PostParams {
+        dry_run,
+        ..kube::api::PostParams::default()
+    };
+    api.create(&params, &job).await.map(drop)
+}
+
+/// Audit security-2 N2: the webhook's account may create only the on-demand Job made from the
+/// reconcile CronJob's template (k8s-cronjobs/admission.yaml), decided by the real API
+/// server's ValidatingAdmissionPolicy plugin. As that account (its token from the TokenRequest
+/// API, as its pod's): the Job the webhook makes is admitted, through `scale serve`'s
+/// POST /reconcile too, and so is one built from the manifest's undefaulted template (the
+/// API server defaults the Job before the policy compares it with the stored CronJob); the same
+/// Job with another image, account, command, volume, placement, name, pod label, parallelism or
+/// owner is refused with the policy's message and nothing is created. An administrator is not
+/// bound by the policy; without the CronJob the webhook's creates are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhooks_account_may_create_only_the_job_the_cronjob_makes() {
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane: 1,
+            workers: 1,
+        }),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("sim: {e:#}"));
+    let kube = sim.kube();
+    let raw_cron = manifests()
+        .into_iter()
+        .find(|o| o["kind"] == "CronJob")
+        .unwrap_or_else(|| panic!("no CronJob in the manifests"));
+    for mut o in manifests() {
+        if o["kind"] == "CronJob" {
+            // Only the webhook starts Jobs here.
+            o["spec"]["suspend"] = json!(true);
+        }
+        kube.apply(o).await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    let admin = oxide_controller::adapters::kubeclient::client(sim.kubeconfig.as_deref(), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let kc_text = std::fs::read_to_string(sim.kubeconfig.as_ref().unwrap_or_else(|| panic!("kc")))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let server = kc_text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .unwrap_or_else(|| panic!("no server"))
+        .to_owned();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let real = sim
+        .control_planes()
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no control plane"));
+    let webhook_kc = dir.path().join("webhook.kubeconfig");
+    std::fs::write(
+        &webhook_kc,
+        real.control_plane
+            .service_account_kubeconfig(&server, "kube-system", "oxide-controller-webhook")
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let webhook = oxide_controller::adapters::kubeclient::client(Some(&webhook_kc), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The binding's parameter, as the API server stores it (defaulted).
+    let cron = kube
+        .get("batch/v1", "CronJob", Some(JOBS_NS), "oxide-controller")
+        .await
+        .unwrap_or_else(|| panic!("CronJob"));
+    let spec = cron["spec"]["jobTemplate"]["spec"].clone();
+    let ours = on_demand_job(&cron, &spec);
+    // The crux: the Job built from the manifest's own template, never defaulted by anyone but
+    // the API server on this create, equals the stored CronJob's defaulted template.
+    let raw = on_demand_job(&cron, &raw_cron["spec"]["jobTemplate"]["spec"]);
+    assert_ne!(
+        raw["spec"]["template"]["spec"], spec["template"]["spec"],
+        "the stored CronJob is defaulted, the manifest is not"
+    );
+
+    let pod = |f: &dyn Fn(&mut Value)| {
+        let mut job = ours.clone();
+        f(&mut job["spec"]["template"]["spec"]);
+        job
+    };
+    let whole = |f: &dyn Fn(&mut Value)| {
+        let mut job = ours.clone();
+        f(&mut job);
+        job
+    };
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "another image",
+            pod(&|p| p["containers"][0]["image"] = json!("registry.example/anything:1")),
+            "pod spec is not the reconcile CronJob's",
+        ),
+        (
+            "another account",
+            pod(&|p| p["serviceAccountName"] = json!("default")),
+            "pod spec is not the reconcile CronJob's",
+        ),
+        (
+            "another command",
+            pod(&|p| p["containers"][0]["command"] = json!(["/bin/sh", "-c", "id"])),
+            "pod spec is not the reconcile CronJob's",
+        ),
+        (
+            "an extra volume",
+            pod(&|p| p["volumes"] = json!([{"name": "scratch", "emptyDir": {}}])),
+            "pod spec is not the reconcile CronJob's",
+        ),
+        (
+            "another node",
+            pod(&|p| p["nodeName"] = json!("sim-workers-0")),
+            "pod spec is not the reconcile CronJob's",
+        ),
+        (
+            "another name",
+            whole(&|j| j["metadata"]["name"] = json!("oxide-controller-other")),
+            "may only create the on-demand Job oxide-controller-now",
+        ),
+        (
+            "another pod label",
+            whole(&|j| j["spec"]["template"]["metadata"]["labels"]["extra"] = json!("x")),
+            "pod labels or annotations are not the reconcile CronJob's",
+        ),
+        (
+            "ten pods at once",
+            whole(&|j| j["spec"]["parallelism"] = json!(10)),
+            "parallelism or selector are not the reconcile CronJob's",
+        ),
+        (
+            "no owner",
+            whole(&|j| j["metadata"]["ownerReferences"] = json!([])),
+            "not owned by the reconcile CronJob",
+        ),
+    ];
+    // The API server loads policies, bindings and parameters from informers: wait until it
+    // enforces this one.
+    if let Err(e) = wait_until("the policy to refuse another image", async || {
+        create_job(&webhook, &cases[0].1, true).await.is_err()
+    })
+    .await
+    {
+        panic!("{e}");
+    }
+    // Every expression type-checks against the Job and CronJob schemas (the API server's
+    // type checker reports in the policy's status).
+    let policy = async || {
+        kube.get(
+            "admissionregistration.k8s.io/v1",
+            "ValidatingAdmissionPolicy",
+            None,
+            "oxide-controller-webhook-jobs",
+        )
+        .await
+        .unwrap_or_else(|| panic!("no policy"))
+    };
+    if let Err(e) = wait_until("the policy to be type-checked", async || {
+        let p = policy().await;
+        p["status"]["observedGeneration"].is_number()
+            && p["status"]["observedGeneration"] == p["metadata"]["generation"]
+    })
+    .await
+    {
+        panic!("{e}: {}", policy().await);
+    }
+    let policy = policy().await;
+    assert!(
+        policy["status"]["typeChecking"]["expressionWarnings"].is_null(),
+        "{}",
+        policy["status"]
+    );
+    create_job(&webhook, &ours, true)
+        .await
+        .unwrap_or_else(|e| panic!("the webhook's Job is refused: {e}"));
+    create_job(&webhook, &raw, true)
+        .await
+        .unwrap_or_else(|e| panic!("the undefaulted template is refused: {e}"));
+    for (what, job, message) in &cases {
+        for dry_run in [true, false] {
+            let err = create_job(&webhook, job, dry_run)
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{what}: admitted"));
+            let kube::Error::Api(status) = &err else {
+                panic!("{what}: {err}");
+            };
+            assert_eq!(status.code, 403, "{what}: {status:?}");
+            assert!(
+                status.message.contains(
+                    "ValidatingAdmissionPolicy 'oxide-controller-webhook-jobs' with binding 'oxide-controller-webhook-jobs' denied request"
+                ) && status.message.contains(message),
+                "{what}: {}",
+                status.message
+            );
+        }
+    }
+    assert!(
+        kube.list("batch/v1", "Job", Some(JOBS_NS)).await.is_empty(),
+        "nothing refused was created"
+    );
+    // The policy binds the webhook's account only: an administrator's Job of any image is
+    // admitted (a dry run).
+    create_job(&admin, &cases[0].1, true)
+        .await
+        .unwrap_or_else(|e| panic!("the administrator is refused: {e}"));
+
+    // The product path: `scale serve` as the webhook's account, its keys mounted as the
+    // kubelet writes them, starts the run on POST /reconcile.
+    let secret = kube
+        .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+        .await
+        .unwrap_or_else(|| panic!("no Secret"));
+    let mounted = dir.path().join("webhook-secrets");
+    std::fs::create_dir_all(&mounted).unwrap_or_else(|e| panic!("{e}"));
+    let token = secret["data"]["webhook-token"]
+        .as_str()
+        .and_then(base64_decode)
+        .unwrap_or_else(|| panic!("no webhook token"));
+    std::fs::write(mounted.join("webhook-token"), &token).unwrap_or_else(|e| panic!("{e}"));
+    let mut serve = tokio::process::Command::new(scale_bin())
+        .args(["serve", "--listen", "127.0.0.1:0", "--secrets-dir"])
+        .arg(&mounted)
+        .env("KUBECONFIG", &webhook_kc)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut line = String::new();
+    let stdout = serve.stdout.take().unwrap_or_else(|| panic!("stdout"));
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::BufReader::new(stdout).read_line(&mut line),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("webhook did not start"))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let listen: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+    let r = reqwest::Client::new()
+        .post(format!(
+            "http://{}/reconcile",
+            listen["listen"].as_str().unwrap_or_default()
+        ))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap_or_default();
+    assert_eq!(
+        (status, &body["reconcile"]),
+        (202, &json!("triggered")),
+        "{body}"
+    );
+    let _ = serve.kill().await;
+    let jobs = kube.list("batch/v1", "Job", Some(JOBS_NS)).await;
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(
+        jobs[0]["spec"]["template"]["spec"], spec["template"]["spec"],
+        "the run is the CronJob's"
+    );
+
+    // Without its parameter the policy refuses every create of the webhook's account.
+    assert!(
+        kube.delete("batch/v1", "CronJob", Some(JOBS_NS), "oxide-controller")
+            .await
+    );
+    wait_until("the policy to miss its CronJob", async || {
+        create_job(&webhook, &ours, true).await.is_err()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let err = create_job(&webhook, &ours, true)
+        .await
+        .err()
+        .unwrap_or_else(|| unreachable!());
+    assert!(
+        err.to_string().contains("no params found"),
+        "without the CronJob: {err}"
+    );
+}
+
+/// Audit security-2 N9, on the real API server's server-side apply: bootstrap's NetworkPolicy
+/// has no `spec.ingress`, so a re-run drops the label rule an earlier release applied (its
+/// field manager owned it) and keeps the rule an administrator wrote naming namespaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_drops_the_label_rule_and_keeps_the_namespaces_an_administrator_names() {
+    use oxide_controller::render::manifests::{self, Settings};
+    let sim = Sim::start(SimOptions {
+        ssh_port: 2222,
+        preset: Some(Preset::Cluster {
+            control_plane: 1,
+            workers: 0,
+        }),
+        ..SimOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("sim: {e:#}"));
+    let kube = sim.kube();
+    let admin = oxide_controller::adapters::kubeclient::client(sim.kubeconfig.as_deref(), None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut policy = manifests::render(&Settings {
+        controller_image: manifests::DEFAULT_CONTROLLER_IMAGE.into(),
+        schedule: "*/5 * * * *".into(),
+        backup_schedule: None,
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
+    .into_iter()
+    .find(|m| m.resource.kind == "NetworkPolicy")
+    .unwrap_or_else(|| panic!("no NetworkPolicy"));
+    let apply = async |m: &manifests::Manifest| {
+        oxide_controller::adapters::kube_manifests::apply_one(&admin, m)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        kube.get(
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            Some("kube-system"),
+            "oxide-controller-webhook",
+        )
+        .await
+        .unwrap_or_else(|| panic!("no NetworkPolicy"))["spec"]["ingress"]
+            .clone()
+    };
+    // An earlier release's object, applied by bootstrap's field manager.
+    let new = policy.clone();
+    policy.object["spec"]["ingress"] = json!([{
+        "from": [{"namespaceSelector": {"matchLabels": {"oxide-controller/webhook-client": "true"}}}],
+        "ports": [{"protocol": "TCP", "port": "https"}]}]);
+    assert!(apply(&policy).await.is_array());
+    // This release's: no namespace admitted.
+    assert!(apply(&new).await.is_null(), "the label rule is dropped");
+    // The administrator names `ci` (webhook.yaml's `kubectl patch`).
+    let rule = json!([{
+        "from": [{"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ci"]}]}}],
+        "ports": [{"protocol": "TCP", "port": "https"}]}]);
+    kube.merge_patch(
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        Some("kube-system"),
+        "oxide-controller-webhook",
+        &json!({"spec": {"ingress": rule}}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(apply(&new).await, rule, "a bootstrap re-run keeps it");
+}

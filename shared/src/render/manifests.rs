@@ -16,8 +16,9 @@
 use serde_json::Value;
 
 /// The embedded files, in apply order (the Jobs' namespace, then identity and permissions
-/// before their users).
-pub const FILES: [(&str, &str); 6] = [
+/// before their users; the admission policy after the CronJob it reads and before the webhook
+/// whose creates it checks).
+pub const FILES: [(&str, &str); 7] = [
     (
         "00-namespace.yaml",
         include_str!("../../../k8s-cronjobs/00-namespace.yaml"),
@@ -30,6 +31,10 @@ pub const FILES: [(&str, &str); 6] = [
     (
         "cronjob.yaml",
         include_str!("../../../k8s-cronjobs/cronjob.yaml"),
+    ),
+    (
+        "admission.yaml",
+        include_str!("../../../k8s-cronjobs/admission.yaml"),
     ),
     (
         "webhook.yaml",
@@ -149,6 +154,12 @@ fn resource(api_version: &str, kind: &str) -> Option<(Resource, bool)> {
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => ("clusterrolebindings", false),
         ("policy/v1", "PodDisruptionBudget") => ("poddisruptionbudgets", true),
         ("networking.k8s.io/v1", "NetworkPolicy") => ("networkpolicies", true),
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+            ("validatingadmissionpolicies", false)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+            ("validatingadmissionpolicybindings", false)
+        }
         _ => return None,
     };
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
@@ -536,9 +547,17 @@ mod tests {
                 "ServiceAccount kube-system/oxide-controller-webhook",
                 "ServiceAccount oxide-controller-backup/oxide-controller-backup",
                 "ServiceAccount oxide-controller-jobs/oxide-controller-reconcile",
+                "ValidatingAdmissionPolicy oxide-controller-webhook-jobs",
+                "ValidatingAdmissionPolicyBinding oxide-controller-webhook-jobs",
             ]
         );
         assert_eq!(all[0].resource.kind, "Namespace", "the namespaces first");
+        let position = |kind: &str| all.iter().position(|m| m.resource.kind == kind).unwrap();
+        assert!(
+            position("CronJob") < position("ValidatingAdmissionPolicyBinding")
+                && position("ValidatingAdmissionPolicyBinding") < position("Deployment"),
+            "the policy after the CronJob it reads, before the webhook whose creates it checks"
+        );
         assert_eq!(all[1].resource.kind, "Namespace", "the namespaces first");
         assert_eq!(all[2].resource.kind, "ServiceAccount", "then identity");
         // What an earlier release installed is never among what this one applies.

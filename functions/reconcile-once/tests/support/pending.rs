@@ -37,6 +37,7 @@ pub fn manifests() -> Vec<Value> {
         "serviceaccount.yaml",
         "rbac.yaml",
         "cronjob.yaml",
+        "admission.yaml",
     ] {
         let text = std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         for doc in text.split("\n---") {
