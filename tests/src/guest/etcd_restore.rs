@@ -102,8 +102,14 @@ impl Inner {
             (Some(_), Some((name, ip))) => (name, Some(ip)),
             _ => self.new_etcd_member(id),
         };
+        // k3s `secrets-encryption`: the apiserver encrypts Secrets with the bootstrap data's
+        // key (a restored server's, decrypted with its token), or a new one.
+        let opts = crate::control_plane::ControlPlaneOptions {
+            secrets_encryption: k3s.secrets_encryption,
+            ..self.cfg.kubernetes.clone()
+        };
         let cp = RealCluster::start(
-            self.cfg.kubernetes.clone(),
+            opts,
             self.faults.clone(),
             &member,
             member_ip,
