@@ -427,7 +427,10 @@ async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is
                 )
                 .await
                 .expect("the backup CronJob");
-            assert_eq!(backup["spec"]["suspend"], true, "the backup CronJob runs on");
+            assert_eq!(
+                backup["spec"]["suspend"], true,
+                "the backup CronJob runs on"
+            );
             let lease = kube
                 .get(
                     "coordination.k8s.io/v1",

@@ -932,7 +932,10 @@ impl ClusterSpec {
             _ => "k3s",
         };
         for (flag, want) in self.server_settings() {
-            match recorded.get(&flag) {
+            // A record written before a flag was rendered lacks it: those servers run k3s's
+            // default, false (every flag here is a boolean the product did not render then).
+            let default = (!recorded.is_empty()).then(|| "false".to_owned());
+            match recorded.get(&flag).or(default.as_ref()) {
                 Some(have) if *have != want => {
                     let field = field_of(&flag);
                     let back = if field != "k3s" {
@@ -2002,8 +2005,15 @@ mod tests {
                 && e.message.contains("set k3s.oxide_ccm: false again"),
             "{e}"
         );
-        // Secrets encryption is a critical value too (audit security-2 N1).
+        // A record from before secrets-encryption was rendered: its servers run without it.
+        let before = BTreeMap::from([("disable-cloud-controller".into(), "false".into())]);
         spec.k3s.oxide_ccm = false;
+        let e = spec.check_server_settings(&before).unwrap_err();
+        assert_eq!(e.field, "k3s.secrets_encryption");
+        spec.k3s.secrets_encryption = false;
+        assert_eq!(spec.check_server_settings(&before), Ok(()));
+        spec.k3s.secrets_encryption = true;
+        // Secrets encryption is a critical value too (audit security-2 N1).
         spec.k3s.secrets_encryption = false;
         let e = spec.check_server_settings(&recorded).unwrap_err();
         assert_eq!(e.field, "k3s.secrets_encryption");
