@@ -551,6 +551,54 @@ async fn read_snapshot(path: &Path) -> Result<Vec<u8>, WorkflowError> {
 mod tests {
     use super::*;
 
+    /// The backup's own Secret holds the four rack keys and nothing else: no server or agent
+    /// token, no webhook or Tailscale credential (audit security-2 N1, N8).
+    #[test]
+    fn the_backups_rack_secret_holds_the_rack_credentials_only() {
+        use base64::Engine as _;
+        let secrets = ClusterSecrets {
+            oxide_host: "https://rack.example".into(),
+            oxide_token: "oxide-token-value".into(),
+            oxide_project: "prod".into(),
+            oxide_cluster: "prod".into(),
+            k3s_token: "k3s-token-value".into(),
+            k3s_agent_token: "agent-token-value".into(),
+            webhook_token: "webhook-token-value".into(),
+            tailscale_auth_key: Some("tskey-value".into()),
+            ..ClusterSecrets::default()
+        };
+        let m = crate::render::manifests::backup_rack_secret(&secrets);
+        assert_eq!(
+            m.describe(),
+            "Secret oxide-controller-backup/oxide-controller-rack"
+        );
+        let data = m.object["data"].as_object().unwrap();
+        let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "oxide-cluster",
+                "oxide-host",
+                "oxide-project",
+                "oxide-token"
+            ]
+        );
+        let token = base64::engine::general_purpose::STANDARD
+            .decode(data["oxide-token"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(token, b"oxide-token-value");
+        let text = m.object.to_string();
+        for absent in [
+            "k3s-token-value",
+            "agent-token-value",
+            "webhook-token-value",
+            "tskey-value",
+        ] {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(absent);
+            assert!(!text.contains(absent) && !text.contains(&b64), "{absent}");
+        }
+    }
+
     /// The pod's rack credentials are the four files of its mounted Secret; a missing one is
     /// named (with what to do), its neighbours' values never.
     #[test]
