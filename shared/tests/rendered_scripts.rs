@@ -54,6 +54,7 @@ fn agent_with_disk() -> NodeUserData {
         restore_serial: None,
         disable_agent: false,
         etcd_snapshot_schedule: None,
+        secrets_encryption: false,
     }
 }
 

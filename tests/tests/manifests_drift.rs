@@ -973,8 +973,10 @@ fn every_pod_runs_as_non_root_read_only_without_privileges() {
 /// The backup pod is the one exception to non-root (it reads k3s's snapshots, which etcd
 /// writes 0600 as root): root without any capability, a read-only root filesystem, and one
 /// host path, k3s's snapshot directory, mounted read-only; no host network or PID namespace.
+/// Its one other volume is its rack credentials' Secret, read-only, root-only files.
 fn backup_pod_reads_only_k3s_snapshots(at: &str, spec: &Value) {
     const SNAPSHOTS: &str = "/var/lib/rancher/k3s/server/db/snapshots";
+    const RACK: &str = "/var/run/secrets/oxide-controller-rack";
     assert_eq!(spec["automountServiceAccountToken"], true, "{at}");
     assert_eq!(spec["hostNetwork"], Value::Null, "{at}");
     assert_eq!(spec["hostPID"], Value::Null, "{at}");
@@ -988,20 +990,26 @@ fn backup_pod_reads_only_k3s_snapshots(at: &str, spec: &Value) {
         "{at}: servers only"
     );
     let volumes = spec["volumes"].as_array().unwrap();
-    assert_eq!(volumes.len(), 1, "{at}: one volume");
+    assert_eq!(volumes.len(), 2, "{at}: two volumes");
     assert_eq!(volumes[0]["hostPath"]["path"], SNAPSHOTS, "{at}");
+    assert_eq!(
+        volumes[1]["secret"],
+        json!({"secretName": "oxide-controller-rack", "defaultMode": 0o400}),
+        "{at}"
+    );
     let containers = spec["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 1, "{at}");
     assert_eq!(spec["initContainers"], Value::Null, "{at}");
     let c = &containers[0];
     assert_eq!(
         c["volumeMounts"],
-        json!([{"name": volumes[0]["name"], "mountPath": SNAPSHOTS, "readOnly": true}]),
+        json!([{"name": volumes[0]["name"], "mountPath": SNAPSHOTS, "readOnly": true},
+            {"name": volumes[1]["name"], "mountPath": RACK, "readOnly": true}]),
         "{at}"
     );
     assert_eq!(
         c["args"],
-        json!(["backup", "--snapshot-dir", SNAPSHOTS]),
+        json!(["backup", "--snapshot-dir", SNAPSHOTS, "--rack-dir", RACK]),
         "{at}"
     );
     assert_eq!(
@@ -1152,8 +1160,8 @@ fn each_account_may_make_exactly_the_calls_its_function_makes() {
             role: "Role kube-system/oxide-controller-backup",
             binding: "RoleBinding kube-system/oxide-controller-backup",
             rules: &[
-                ("", "secrets", &["oxide-controller"], &["get"]), // the rack and server tokens
-                ("", "configmaps", &["oxide-controller"], &["get", "update"]), // backup.json
+                // spec, token fingerprint, backup.json; no Secret (audit security-2 N1, N8)
+                ("", "configmaps", &["oxide-controller"], &["get", "update"]),
             ],
         }]
         .as_slice(),

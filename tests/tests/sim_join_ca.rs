@@ -40,6 +40,7 @@ fn joiner(name: &str, role: K3sRole) -> String {
         restore_serial: None,
         disable_agent: false,
         etcd_snapshot_schedule: None,
+        secrets_encryption: false,
     })
     .unwrap()
 }

@@ -94,6 +94,7 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
             restore_serial: None,
             disable_agent: false,
             etcd_snapshot_schedule: None,
+            secrets_encryption: false,
         })
         .unwrap();
     create_instance(&c, "c1-cp-ccccc", &product).await;

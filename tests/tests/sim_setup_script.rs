@@ -61,6 +61,7 @@ fn agent_input(name: &str, server_url: &str, install: K3sInstall, version: &str)
         restore_serial: None,
         disable_agent: false,
         etcd_snapshot_schedule: None,
+        secrets_encryption: false,
     }
 }
 

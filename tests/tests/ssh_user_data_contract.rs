@@ -41,6 +41,7 @@ fn server(key_line: &str) -> NodeUserData {
         restore_serial: None,
         disable_agent: false,
         etcd_snapshot_schedule: None,
+        secrets_encryption: false,
     }
 }
 

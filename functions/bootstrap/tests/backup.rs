@@ -294,6 +294,76 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
     assert_eq!(backups(&env).await.len(), 0);
 }
 
+/// Issue 45 (audit security-2 N1): a backup opened without the resume file. New clusters run
+/// k3s `secrets-encryption`, so the archive a project collaborator can read off the rack holds
+/// every Secret only as aescbc ciphertext (the key is in k3s's bootstrap data, sealed with the
+/// server token, which is in the resume file and, encrypted, in the Secret): none of the
+/// controller Secret's credentials and no tenant Secret value is in it, while the API serves
+/// them all. (A restore with the resume file's token: the restore tests below, whose clusters
+/// now encrypt, e.g. `every_server_lost_is_restored_from_the_in_cluster_schedules_backup_with_the_old_kubeconfig`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_read_off_the_rack_without_the_resume_file_holds_no_secret_value() {
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let tenant: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let mut s = Secret::default();
+    s.metadata.name = Some("tenant-db".into());
+    s.string_data = Some([("password".to_owned(), "tenant-db-pass-5f0c9e".to_owned())].into());
+    tenant.create(&PostParams::default(), &s).await.unwrap();
+
+    let out = backup_cmd(&env).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = backups(&env).await;
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    let len = (listed[0].tag.bytes as usize + 64 * 1024).div_ceil(512) * 512;
+    let archive = snapshot_bytes(&env, &listed[0].name, len).await;
+    let has = |needle: &[u8]| archive.windows(needle.len()).any(|w| w == needle);
+    assert!(
+        has(b"k8s:enc:aescbc:v1:aescbckey:"),
+        "the backup holds no encrypted Secret"
+    );
+
+    // Every credential the API serves (so the same cluster reads them), absent from the bytes.
+    let system: Api<Secret> = Api::namespaced(client.clone(), "kube-system");
+    let controller = system.get("oxide-controller").await.unwrap();
+    let data = controller.data.unwrap_or_default();
+    let credentials = [
+        "oxide-token",
+        "k3s-token",
+        "k3s-agent-token",
+        "webhook-token",
+        "webhook-read-token",
+        "webhook-tls.key",
+        "tailscale-auth-key",
+    ];
+    let mut checked = Vec::new();
+    for key in credentials {
+        let Some(value) = data.get(key) else { continue };
+        assert!(value.0.len() >= 8, "{key} is too short to search for");
+        assert!(!has(&value.0), "{key} is in the backup in the clear");
+        checked.push(key);
+    }
+    assert!(
+        checked.contains(&"oxide-token") && checked.contains(&"k3s-token"),
+        "{checked:?}"
+    );
+    let tenant_value = tenant.get("tenant-db").await.unwrap().data.unwrap()["password"]
+        .0
+        .clone();
+    assert_eq!(tenant_value, b"tenant-db-pass-5f0c9e");
+    assert!(
+        !has(&tenant_value),
+        "a tenant Secret is in the backup in the clear"
+    );
+    // What is not secret stays readable: the Secret's name, a ConfigMap's content.
+    assert!(has(b"oxide-controller"));
+}
+
 /// Issue 36 §2: the checks a restore makes before it changes anything, each refusing with exit 2
 /// and no mutating request: a cluster that still has servers, a backup that does not exist, and
 /// a backup taken with another server token than the resume file's.

@@ -383,6 +383,18 @@ async fn delete_removes_the_cluster_and_nothing_else() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is_the_same() {
     let env = prod_with_decoys(None).await;
+    // The tests' clusters take no scheduled backups (`--backup-schedule off`, a suspended
+    // CronJob); this one's CronJob runs, as a default cluster's does.
+    env.sim
+        .kube()
+        .apply(
+            serde_json::json!({"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": "oxide-controller-backup",
+                "namespace": "oxide-controller-backup"},
+            "spec": {"suspend": false}}),
+        )
+        .await
+        .unwrap();
     // One instance at a time, so every kill point below is reached by a run of its own.
     let args = env.delete_args("prod", &["--yes", "--concurrency", "1"]);
     // Each run is SIGKILLed right after its first mutating request reached the simulator,
@@ -404,6 +416,21 @@ async fn killed_ten_times_during_deletion_each_rerun_gets_further_and_the_end_is
                 .await
                 .expect("CronJob");
             assert_eq!(cj["spec"]["suspend"], true);
+            // The in-cluster backup too (audit security-2 N1): none is made after the backups
+            // were listed, to outlive --delete-backups.
+            let backup = kube
+                .get(
+                    "batch/v1",
+                    "CronJob",
+                    Some("oxide-controller-backup"),
+                    "oxide-controller-backup",
+                )
+                .await
+                .expect("the backup CronJob");
+            assert_eq!(
+                backup["spec"]["suspend"], true,
+                "the backup CronJob runs on"
+            );
             let lease = kube
                 .get(
                     "coordination.k8s.io/v1",

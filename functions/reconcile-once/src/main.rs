@@ -85,6 +85,10 @@ enum Command {
         /// The Node this pod runs on (the downward API's spec.nodeName), for the manifest.
         #[arg(long, env = "NODE_NAME")]
         node: Option<String>,
+        /// Where the pod mounts its rack credentials (Secret
+        /// oxide-controller-backup/oxide-controller-rack); its account reads no Secret.
+        #[arg(long, default_value = oxide_controller::render::manifests::BACKUP_RACK_SECRET_DIR)]
+        rack_dir: PathBuf,
     },
 }
 
@@ -200,12 +204,20 @@ async fn backup(command: &Command, state: KubeStateStore) -> ExitCode {
         snapshot_dir,
         wait_seconds,
         node,
+        rack_dir,
     } = command;
     let mut opts = ScheduledOptions::new(snapshot_dir.clone());
     opts.wait = Duration::from_secs(*wait_seconds);
     opts.node = node.clone().filter(|n| !n.is_empty());
     let opts = &opts;
-    let make_rack = |secrets: &oxide_controller::base::secrets::ClusterSecrets| {
+    let secrets = match oxide_controller::workflows::backup::read_rack_credentials(rack_dir) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("{}", chain(&e));
+            return ExitCode::from(e.exit_code());
+        }
+    };
+    let make_rack = || {
         OxideRack::connect(
             &secrets.oxide_host,
             &secrets.oxide_token,

@@ -2246,9 +2246,12 @@ async fn an_unrecorded_cluster_records_what_its_servers_run_not_the_edited_spec(
     // Set back, the run records what the servers run.
     env.edit(|s| s.k3s.oxide_ccm = was).await;
     env.converge(2).await;
+    let encrypts = env.spec().await.k3s.secrets_encryption;
     assert_eq!(
         record().await,
-        Some(format!(r#"{{"disable-cloud-controller":"{was}"}}"#))
+        Some(format!(
+            r#"{{"disable-cloud-controller":"{was}","secrets-encryption":"{encrypts}"}}"#
+        ))
     );
 }
 

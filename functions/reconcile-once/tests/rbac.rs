@@ -606,12 +606,13 @@ async fn neither_account_may_do_what_it_does_not_need_and_the_jobs_namespace_is_
             "the reconcile account may {verb} {what:?} in {ns:?}"
         );
     }
-    // The backup account (issue 36): the Secret and the ConfigMap by name, nothing else; its
+    // The backup account (issue 36): the ConfigMap by name, nothing else; no Secret at all (audit
+    // security-2 N1, N8: the server token that decrypts a snapshot's Secrets stays out of the
+    // pod; its rack credentials are a Secret of its namespace the kubelet mounts). Its
     // namespace admits host paths, so no account of ours may put a pod or Job there.
     let backup = "system:serviceaccount:oxide-controller-backup:oxide-controller-backup";
     let backup_ns = Some("oxide-controller-backup");
     for (verb, what, ns, name) in [
-        ("get", (core, "secrets"), ks, Some("oxide-controller")),
         ("get", (core, "configmaps"), ks, Some("oxide-controller")),
         ("update", (core, "configmaps"), ks, Some("oxide-controller")),
     ] {
@@ -621,6 +622,20 @@ async fn neither_account_may_do_what_it_does_not_need_and_the_jobs_namespace_is_
         );
     }
     for (user, verb, what, ns, name) in [
+        (
+            backup,
+            "get",
+            (core, "secrets"),
+            ks,
+            Some("oxide-controller"),
+        ),
+        (
+            backup,
+            "get",
+            (core, "secrets"),
+            backup_ns,
+            Some("oxide-controller-rack"),
+        ),
         (backup, "list", (core, "secrets"), ks, None),
         (backup, "get", (core, "secrets"), ks, Some("k3s-serving")),
         (

@@ -346,6 +346,14 @@ pub struct K3sSpec {
     /// Run with `--disable-cloud-controller` and leave cloud-provider duties to the Oxide CCM.
     #[serde(default)]
     pub oxide_ccm: bool,
+    /// Servers run with k3s `secrets-encryption: true`: Secrets are stored in etcd encrypted
+    /// with an AES-CBC key that travels only inside k3s's bootstrap data, itself encrypted with
+    /// the server token, so an etcd snapshot (a backup) is ciphertext without the resume file
+    /// (audit security-2 N1). Bootstrap sets it; absent (a cluster made before it existed) it
+    /// is false, which is what those servers run. A critical k3s setting: it cannot change by
+    /// editing the spec ([`ClusterSpec::check_server_settings`]).
+    #[serde(default)]
+    pub secrets_encryption: bool,
     /// Extra TLS SANs for the API server certificate (the floating IP is always added).
     #[serde(default)]
     pub tls_san: Vec<String>,
@@ -360,6 +368,7 @@ impl Default for K3sSpec {
             installer_sha256: None,
             release_url: default_k3s_release_url(),
             oxide_ccm: false,
+            secrets_encryption: false,
             tls_san: Vec::new(),
         }
     }
@@ -595,7 +604,11 @@ impl ClusterSpec {
                 anti_affinity_group: None,
                 autoscale: None,
             }],
-            k3s: K3sSpec::default(),
+            // A new cluster encrypts its Secrets (audit security-2 N1).
+            k3s: K3sSpec {
+                secrets_encryption: true,
+                ..K3sSpec::default()
+            },
             nodes: NodeAccess::default(),
             schedule: default_schedule(),
             timeouts: Timeouts::default(),
@@ -861,12 +874,19 @@ impl ClusterSpec {
     /// by k3s flag. k3s lists them as "Critical Configuration Values" (docs.k3s.io/cli/server):
     /// a joining server whose value differs from the cluster's is refused ("critical
     /// configuration value mismatch") and exits. Of those, the product renders only
-    /// `disable-cloud-controller` (from `k3s.oxide_ccm`); the agent token never changes.
+    /// `disable-cloud-controller` (from `k3s.oxide_ccm`) and `secrets-encryption` (from
+    /// `k3s.secrets_encryption`); the agent token never changes.
     pub fn server_settings(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([(
-            "disable-cloud-controller".to_owned(),
-            self.k3s.oxide_ccm.to_string(),
-        )])
+        BTreeMap::from([
+            (
+                "disable-cloud-controller".to_owned(),
+                self.k3s.oxide_ccm.to_string(),
+            ),
+            (
+                "secrets-encryption".to_owned(),
+                self.k3s.secrets_encryption.to_string(),
+            ),
+        ])
     }
 
     /// The [`Self::server_settings`] a k3s server runs with, read from the arguments it
@@ -887,10 +907,16 @@ impl ClusterSpec {
                 _ => "false".to_owned(),
             }
         };
-        Some(BTreeMap::from([(
-            "disable-cloud-controller".to_owned(),
-            value_of("disable-cloud-controller"),
-        )]))
+        Some(BTreeMap::from([
+            (
+                "disable-cloud-controller".to_owned(),
+                value_of("disable-cloud-controller"),
+            ),
+            (
+                "secrets-encryption".to_owned(),
+                value_of("secrets-encryption"),
+            ),
+        ]))
     }
 
     /// Refuses a spec whose server settings differ from those the cluster's servers run
@@ -902,13 +928,17 @@ impl ClusterSpec {
     ) -> Result<(), SpecError> {
         let field_of = |flag: &str| match flag {
             "disable-cloud-controller" => "k3s.oxide_ccm",
+            "secrets-encryption" => "k3s.secrets_encryption",
             _ => "k3s",
         };
         for (flag, want) in self.server_settings() {
-            match recorded.get(&flag) {
+            // A record written before a flag was rendered lacks it: those servers run k3s's
+            // default, false (every flag here is a boolean the product did not render then).
+            let default = (!recorded.is_empty()).then(|| "false".to_owned());
+            match recorded.get(&flag).or(default.as_ref()) {
                 Some(have) if *have != want => {
                     let field = field_of(&flag);
-                    let back = if flag == "disable-cloud-controller" {
+                    let back = if field != "k3s" {
                         format!("{field}: {have}")
                     } else {
                         format!("{flag}: {have}")
@@ -1963,6 +1993,7 @@ mod tests {
         let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
         let recorded = spec.server_settings();
         assert_eq!(recorded["disable-cloud-controller"], "false");
+        assert_eq!(recorded["secrets-encryption"], "true");
         assert_eq!(spec.check_server_settings(&recorded), Ok(()));
         // A cluster recorded before a setting existed accepts whatever the spec says.
         assert_eq!(spec.check_server_settings(&BTreeMap::new()), Ok(()));
@@ -1972,6 +2003,23 @@ mod tests {
         assert!(
             e.message.contains("disable-cloud-controller=false")
                 && e.message.contains("set k3s.oxide_ccm: false again"),
+            "{e}"
+        );
+        // A record from before secrets-encryption was rendered: its servers run without it.
+        let before = BTreeMap::from([("disable-cloud-controller".into(), "false".into())]);
+        spec.k3s.oxide_ccm = false;
+        let e = spec.check_server_settings(&before).unwrap_err();
+        assert_eq!(e.field, "k3s.secrets_encryption");
+        spec.k3s.secrets_encryption = false;
+        assert_eq!(spec.check_server_settings(&before), Ok(()));
+        spec.k3s.secrets_encryption = true;
+        // Secrets encryption is a critical value too (audit security-2 N1).
+        spec.k3s.secrets_encryption = false;
+        let e = spec.check_server_settings(&recorded).unwrap_err();
+        assert_eq!(e.field, "k3s.secrets_encryption");
+        assert!(
+            e.message.contains("secrets-encryption=true")
+                && e.message.contains("set k3s.secrets_encryption: true again"),
             "{e}"
         );
     }
@@ -2011,5 +2059,14 @@ mod tests {
         );
         assert_eq!(read("not json"), None);
         assert_eq!(read(r#"{"server": true}"#), None);
+        let encryption = |args: &str| {
+            ClusterSpec::server_settings_from_node_args(args)
+                .map(|s| s["secrets-encryption"].clone())
+        };
+        assert_eq!(
+            encryption(r#"["server","--secrets-encryption","true"]"#),
+            Some("true".into())
+        );
+        assert_eq!(encryption(r#"["server"]"#), Some("false".into()));
     }
 }

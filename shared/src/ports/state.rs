@@ -31,6 +31,10 @@ pub mod keys {
     /// cluster bootstrapped before this key; a spec that differs is refused
     /// ([`crate::domain::spec::ClusterSpec::check_server_settings`]).
     pub const K3S_SERVER_SETTINGS: &str = "k3s-server-settings";
+    /// [`crate::domain::backup::token_fingerprint`] of the server token (not secret: it is in
+    /// every backup's description), written by bootstrap: the in-cluster backup tags its
+    /// backups with it without reading the token (audit security-2 N1).
+    pub const K3S_TOKEN_FINGERPRINT: &str = "k3s-token-fingerprint";
 }
 
 /// Label on both objects.

@@ -91,6 +91,9 @@ pub struct NodeUserData {
     /// snapshots, which the in-cluster backup uploads (the spec's `backup.schedule`; None
     /// leaves k3s's default, every 12 hours).
     pub etcd_snapshot_schedule: Option<String>,
+    /// A server's k3s `secrets-encryption`: Secrets encrypted at rest in etcd (the spec's
+    /// `k3s.secrets_encryption`; ignored on agents).
+    pub secrets_encryption: bool,
 }
 
 /// How a node joins the tailnet. `Debug` leaves the auth key out.
@@ -294,6 +297,10 @@ pub struct K3sConfigFile {
     /// `disable-cloud-controller`
     #[serde(default, skip_serializing_if = "is_false")]
     pub disable_cloud_controller: bool,
+    /// `secrets-encryption`: k3s encrypts Secrets in etcd with a key kept in its bootstrap
+    /// data (encrypted with the server token).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub secrets_encryption: bool,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -868,6 +875,7 @@ pub fn k3s_config(input: &NodeUserData) -> K3sConfigFile {
             cfg.agent_token = Some(agent_token.clone());
             cfg.tls_san = tls_san.clone();
             cfg.disable_cloud_controller = input.external_cloud_provider;
+            cfg.secrets_encryption = input.secrets_encryption;
         }
         K3sRole::Agent {
             server_url,
@@ -1249,6 +1257,7 @@ impl NodeUserData {
                 .schedule
                 .clone()
                 .filter(|_| m.role == Role::ControlPlane && !m.drill),
+            secrets_encryption: spec.k3s.secrets_encryption && m.role == Role::ControlPlane,
         }
     }
 }
@@ -1309,6 +1318,7 @@ mod tests {
             restore_serial: None,
             disable_agent: false,
             etcd_snapshot_schedule: None,
+            secrets_encryption: true,
         }
     }
 
@@ -1482,6 +1492,7 @@ mod tests {
                 node_taint: vec![],
                 kubelet_arg: vec![],
                 disable_cloud_controller: false,
+                secrets_encryption: true,
             }
         );
         let user = &doc["users"][0];
@@ -2042,6 +2053,42 @@ mod tests {
         off.backup.schedule = None;
         m.spec = &off;
         assert_eq!(cron(&m), None, "schedule null: k3s's default");
+    }
+
+    /// A new cluster's servers run k3s `secrets-encryption: true` (audit security-2 N1); a
+    /// spec from before the field (absent: false) keeps rendering what its servers run.
+    #[test]
+    fn new_clusters_servers_encrypt_secrets_and_old_specs_keep_theirs() {
+        let spec = crate::domain::spec::ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        let secrets = crate::base::secrets::ClusterSecrets {
+            k3s_token: "k3s-token-example".into(),
+            k3s_agent_token: "agent-token-example".into(),
+            ssh_public_key: CONTROLLER_KEY.into(),
+            ..Default::default()
+        };
+        let mut m = worker_input(&spec, &secrets);
+        let encrypts =
+            |m: &MemberInput| k3s_config(&NodeUserData::for_member(m)).secrets_encryption;
+        assert!(!encrypts(&m), "an agent has no such flag");
+        m.role = Role::ControlPlane;
+        m.pool = &spec.control_plane;
+        assert!(encrypts(&m));
+        let text = render(&NodeUserData::for_member(&m)).unwrap();
+        assert!(text.contains("secrets-encryption: true"), "{text}");
+        // The spec written for an older cluster has no such key.
+        let yaml: String = serde_saphyr::to_string(&spec)
+            .unwrap()
+            .lines()
+            .filter(|l| l.trim() != "secrets_encryption: true")
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(!yaml.contains("secrets_encryption"), "{yaml}");
+        let old = crate::domain::spec::ClusterSpec::from_yaml(&yaml).unwrap();
+        m.spec = &old;
+        m.pool = &old.control_plane;
+        assert!(!encrypts(&m));
+        let text = render(&NodeUserData::for_member(&m)).unwrap();
+        assert!(!text.contains("secrets-encryption"), "{text}");
     }
 
     /// Servers join the tailnet when the spec and the Secret both say so; workers never do

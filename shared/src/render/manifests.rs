@@ -504,6 +504,52 @@ fn node_binaries_pod(pod: &mut Value, binaries: &NodeBinaries) {
     }
 }
 
+/// The backup's own Secret (namespace `oxide-controller-backup`): the rack credentials the
+/// in-cluster backup needs, copied from the state Secret by bootstrap and mounted into the
+/// backup pod, so that its account reads no Secret and never holds the server token (audit
+/// security-2 N1, N8). Rendered from `secrets` at apply time; never logged (its `Debug` is
+/// the [`Manifest`]'s, so callers keep it out of logs).
+pub const BACKUP_RACK_SECRET: &str = "oxide-controller-rack";
+/// Where the backup pod mounts [`BACKUP_RACK_SECRET`].
+pub const BACKUP_RACK_SECRET_DIR: &str = "/var/run/secrets/oxide-controller-rack";
+
+/// [`BACKUP_RACK_SECRET`] holding `secrets`' `oxide-host`, `oxide-token`, `oxide-project` and
+/// `oxide-cluster`, and nothing else.
+pub fn backup_rack_secret(secrets: &crate::base::secrets::ClusterSecrets) -> Manifest {
+    use crate::base::secrets::keys;
+    use base64::Engine as _;
+    let b64 = |v: &str| Value::from(base64::engine::general_purpose::STANDARD.encode(v));
+    Manifest {
+        file: "backup.yaml",
+        resource: Resource {
+            group: String::new(),
+            version: "v1".into(),
+            api_version: "v1".into(),
+            kind: "Secret".into(),
+            plural: "secrets".into(),
+        },
+        namespaced: true,
+        namespace: Some(BACKUP_CRONJOB.to_owned()),
+        name: BACKUP_RACK_SECRET.to_owned(),
+        object: serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": BACKUP_RACK_SECRET,
+                "namespace": BACKUP_CRONJOB,
+                "labels": {"app.kubernetes.io/name": "oxide-controller"},
+            },
+            "type": "Opaque",
+            "data": {
+                (keys::OXIDE_HOST): b64(&secrets.oxide_host),
+                (keys::OXIDE_TOKEN): b64(&secrets.oxide_token),
+                (keys::OXIDE_PROJECT): b64(&secrets.oxide_project),
+                (keys::OXIDE_CLUSTER): b64(&secrets.oxide_cluster),
+            },
+        }),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {

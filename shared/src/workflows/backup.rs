@@ -323,8 +323,44 @@ pub enum ScheduledOutcome {
     },
 }
 
-/// One in-cluster backup: reads the state, waits for k3s's snapshot of this tick, uploads it
-/// and applies retention, then records the outcome in the ConfigMap (a failure too).
+/// The rack credentials the backup pod is given: the files `oxide-host`, `oxide-token`,
+/// `oxide-project` and `oxide-cluster` in `dir`, where it mounts Secret
+/// `oxide-controller-backup/oxide-controller-rack` (bootstrap writes it from the state Secret).
+/// The other fields are empty: the backup needs no other credential. Errors name the file,
+/// never a value.
+pub fn read_rack_credentials(dir: &Path) -> Result<ClusterSecrets, WorkflowError> {
+    use crate::base::secrets::keys;
+    let read = |key: &str| {
+        let path = dir.join(key);
+        std::fs::read_to_string(&path)
+            .map(|v| v.trim().to_owned())
+            .map_err(|e| {
+                WorkflowError::needs_person(
+                    "state",
+                    message(format!(
+                        "cannot read {}: {e}; the backup pod mounts Secret {}/{} there, which bootstrap writes: re-run bootstrap",
+                        path.display(),
+                        crate::render::manifests::BACKUP_CRONJOB,
+                        crate::render::manifests::BACKUP_RACK_SECRET
+                    )),
+                )
+            })
+    };
+    Ok(ClusterSecrets {
+        oxide_host: read(keys::OXIDE_HOST)?,
+        oxide_token: read(keys::OXIDE_TOKEN)?,
+        oxide_project: read(keys::OXIDE_PROJECT)?,
+        oxide_cluster: read(keys::OXIDE_CLUSTER)?,
+        ..ClusterSecrets::default()
+    })
+}
+
+/// One in-cluster backup: reads the ConfigMap, waits for k3s's snapshot of this tick, uploads
+/// it and applies retention, then records the outcome in the ConfigMap (a failure too).
+/// `make_rack` connects with the rack credentials the pod was given (its own Secret, mounted:
+/// the backup account reads no Secret, so it never holds the server token that decrypts the
+/// Secrets in the snapshot, audit security-2 N1/N8); the token fingerprint the backup is tagged
+/// with is the ConfigMap's ([`state::keys::K3S_TOKEN_FINGERPRINT`], written by bootstrap).
 pub async fn run_scheduled<S, R, M>(
     state: &S,
     make_rack: M,
@@ -333,14 +369,10 @@ pub async fn run_scheduled<S, R, M>(
 where
     S: StateStore,
     R: Rack + ImageStore,
-    M: FnOnce(&ClusterSecrets) -> Result<R, RackError>,
+    M: FnOnce() -> Result<R, RackError>,
 {
     let step = "state";
     let started_at = Utc::now();
-    let secrets = state
-        .read_secrets()
-        .await
-        .map_err(|e| WorkflowError::step(step, e))?;
     let config = state
         .read_config()
         .await
@@ -363,9 +395,22 @@ where
         .and_then(|j| BackupReport::from_json(j))
         .unwrap_or_default();
     let after = report.last_success.as_ref().map(|b| b.time);
+    let token = config
+        .data
+        .get(state::keys::K3S_TOKEN_FINGERPRINT)
+        .cloned()
+        .ok_or_else(|| {
+            WorkflowError::needs_person(
+                step,
+                message(format!(
+                    "the ConfigMap has no {:?} (the server token's fingerprint, written by bootstrap): re-run bootstrap",
+                    state::keys::K3S_TOKEN_FINGERPRINT
+                )),
+            )
+        })?;
     let attempt = async {
         let (file, time) = wait_for_snapshot(opts, started_at, after).await?;
-        let rack = make_rack(&secrets).map_err(|e| WorkflowError::step("upload", e))?;
+        let rack = make_rack().map_err(|e| WorkflowError::step("upload", e))?;
         let data = read_snapshot(&opts.snapshot_dir.join(&file)).await?;
         let manifest = Manifest {
             format: backup::FORMAT,
@@ -376,7 +421,7 @@ where
             taken_on: opts.node.clone().unwrap_or_else(|| node_of(&file)),
             sha256: backup::hex(&Sha256::digest(&data)),
             bytes: data.len() as u64,
-            token: backup::token_fingerprint(&secrets.k3s_token),
+            token: token.clone(),
             objects: None,
             spec: spec_text.clone(),
             servers: server_addresses(&rack, &spec.cluster, DEFAULT_CONTROL_PLANE_POOL).await?,
@@ -505,6 +550,84 @@ async fn read_snapshot(path: &Path) -> Result<Vec<u8>, WorkflowError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The backup's own Secret holds the four rack keys and nothing else: no server or agent
+    /// token, no webhook or Tailscale credential (audit security-2 N1, N8).
+    #[test]
+    fn the_backups_rack_secret_holds_the_rack_credentials_only() {
+        use base64::Engine as _;
+        let secrets = ClusterSecrets {
+            oxide_host: "https://rack.example".into(),
+            oxide_token: "oxide-token-value".into(),
+            oxide_project: "prod".into(),
+            oxide_cluster: "prod".into(),
+            k3s_token: "k3s-token-value".into(),
+            k3s_agent_token: "agent-token-value".into(),
+            webhook_token: "webhook-token-value".into(),
+            tailscale_auth_key: Some("tskey-value".into()),
+            ..ClusterSecrets::default()
+        };
+        let m = crate::render::manifests::backup_rack_secret(&secrets);
+        assert_eq!(
+            m.describe(),
+            "Secret oxide-controller-backup/oxide-controller-rack"
+        );
+        let data = m.object["data"].as_object().unwrap();
+        let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "oxide-cluster",
+                "oxide-host",
+                "oxide-project",
+                "oxide-token"
+            ]
+        );
+        let token = base64::engine::general_purpose::STANDARD
+            .decode(data["oxide-token"].as_str().unwrap())
+            .unwrap();
+        assert_eq!(token, b"oxide-token-value");
+        let text = m.object.to_string();
+        for absent in [
+            "k3s-token-value",
+            "agent-token-value",
+            "webhook-token-value",
+            "tskey-value",
+        ] {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(absent);
+            assert!(!text.contains(absent) && !text.contains(&b64), "{absent}");
+        }
+    }
+
+    /// The pod's rack credentials are the four files of its mounted Secret; a missing one is
+    /// named (with what to do), its neighbours' values never.
+    #[test]
+    fn rack_credentials_are_read_from_the_mounted_secret_and_errors_name_no_value() {
+        let dir = tempfile::tempdir().unwrap();
+        for (k, v) in [
+            ("oxide-host", "https://rack.example\n"),
+            ("oxide-token", "oxide-token-value-9a1c"),
+            ("oxide-project", "prod"),
+        ] {
+            std::fs::write(dir.path().join(k), v).unwrap();
+        }
+        let e = read_rack_credentials(dir.path()).unwrap_err();
+        let text = crate::workflows::error::chain(&e);
+        assert!(
+            text.contains("oxide-cluster") && text.contains("re-run bootstrap"),
+            "{text}"
+        );
+        assert!(!text.contains("oxide-token-value-9a1c"), "{text}");
+        std::fs::write(dir.path().join("oxide-cluster"), "prod").unwrap();
+        let s = read_rack_credentials(dir.path()).unwrap();
+        assert_eq!(s.oxide_host, "https://rack.example");
+        assert_eq!(s.oxide_token, "oxide-token-value-9a1c");
+        assert_eq!(
+            (s.oxide_project.as_str(), s.oxide_cluster.as_str()),
+            ("prod", "prod")
+        );
+        assert!(s.k3s_token.is_empty(), "no server token");
+    }
 
     /// A FakeState whose ConfigMap changes under the first write (the webhook writing the spec):
     /// the record re-reads, keeps that change, and adds its report.

@@ -341,8 +341,17 @@ pub async fn run<C: Connect>(
     let (first, k3s_yaml) =
         step_fetch_kubeconfig(connect, &v, access_ip, key, pins, pinned_before, &api, tty).await?;
     let outcome = step_write_kubeconfig(&v, &k3s_yaml, &server)?;
-    let ports = step_state(connect, &v, &secrets, &mut resume, &k3s_yaml, &input.holder).await?;
-    step_manifests(&v, dev_build.as_ref(), &first, &api.name, &ports.manifests).await?;
+    let (ports, rack_secret) =
+        step_state(connect, &v, &secrets, &mut resume, &k3s_yaml, &input.holder).await?;
+    step_manifests(
+        &v,
+        dev_build.as_ref(),
+        &first,
+        &api.name,
+        &ports.manifests,
+        rack_secret,
+    )
+    .await?;
     let (plan, converged) = step_reconcile(connect, &input, &ports).await?;
     if let Some(built) = &dev_build {
         let key = resume
@@ -711,7 +720,8 @@ fn step_write_kubeconfig(
 }
 
 /// Step `state`: the Secret and ConfigMap, and the host-key pins both ways. Returns the
-/// in-cluster ports the later steps use.
+/// in-cluster ports the later steps use, and the backup's rack Secret
+/// ([`manifests::backup_rack_secret`]) made from the state Secret's values in force.
 async fn step_state<C: Connect>(
     connect: &C,
     v: &validate::Validated,
@@ -719,7 +729,7 @@ async fn step_state<C: Connect>(
     resume: &mut ResumeState,
     k3s_yaml: &str,
     holder: &str,
-) -> Result<Ports<C>, BootstrapError> {
+) -> Result<(Ports<C>, manifests::Manifest), BootstrapError> {
     let spec = &v.spec;
     info!(
         step = "state",
@@ -747,6 +757,11 @@ async fn step_state<C: Connect>(
         state::keys::K3S_SERVER_SETTINGS.to_owned(),
         serde_json::to_string(&spec.server_settings()).map_err(|e| failed("state", e))?,
     );
+    // The in-cluster backup tags its backups with it and reads no Secret (audit security-2 N1).
+    config.insert(
+        state::keys::K3S_TOKEN_FINGERPRINT.to_owned(),
+        crate::domain::backup::token_fingerprint(&secrets.k3s_token),
+    );
     crate::base::retry::retry(
         Backoff::default(),
         |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
@@ -754,9 +769,10 @@ async fn step_state<C: Connect>(
     )
     .await
     .map_err(|e| failed("state", e))?;
-    check_stored_tokens(store, secrets).await;
+    let stored = check_stored_tokens(store, secrets).await;
     merge_host_key_pins(v, store, resume).await?;
-    Ok(ports)
+    let rack_secret = manifests::backup_rack_secret(stored.as_ref().unwrap_or(secrets));
+    Ok((ports, rack_secret))
 }
 
 /// Part of the state step: the pins go into the Secret too (never replacing stored ones),
@@ -790,6 +806,7 @@ async fn step_manifests<S: RemoteShell, M: ApplyManifests>(
     first: &Reached<S>,
     api_member: &str,
     applier: &M,
+    rack_secret: manifests::Manifest,
 ) -> Result<(), BootstrapError> {
     info!(
         step = "manifests",
@@ -797,6 +814,8 @@ async fn step_manifests<S: RemoteShell, M: ApplyManifests>(
         "applying the in-cluster pieces"
     );
     let mut to_apply = v.manifests.clone();
+    // After its namespace (the embedded files come first); the backup pod mounts it.
+    to_apply.push(rack_secret);
     if let Some(built) = dev_build {
         // The binaries are on a labelled Node before anything is told to run them.
         dev::install_on(
@@ -1422,23 +1441,26 @@ async fn fetch_kubeconfig<S: RemoteShell>(
 }
 
 /// The Secret keeps the values it had (ensure_state never overwrites); warn when they are
-/// not the resume file's, which means the resume file is from another incarnation.
+/// not the resume file's, which means the resume file is from another incarnation. Returns
+/// the Secret's values (those in force), when it could be read.
 async fn check_stored_tokens<S: StateStore>(
     store: &S,
     ours: &crate::base::secrets::ClusterSecrets,
-) {
+) -> Option<crate::base::secrets::ClusterSecrets> {
     match store.read_secrets().await {
-        Ok(stored)
-            if stored.k3s_token != ours.k3s_token
-                || stored.ssh_public_key != ours.ssh_public_key =>
-        {
-            warn!(
-                step = "state",
-                "the Secret holds other tokens or keys than the resume file; the Secret's are in force"
-            );
+        Ok(stored) => {
+            if stored.k3s_token != ours.k3s_token || stored.ssh_public_key != ours.ssh_public_key {
+                warn!(
+                    step = "state",
+                    "the Secret holds other tokens or keys than the resume file; the Secret's are in force"
+                );
+            }
+            Some(stored)
         }
-        Ok(_) => {}
-        Err(e) => warn!(step = "state", error = %e, "cannot read the Secret back"),
+        Err(e) => {
+            warn!(step = "state", error = %e, "cannot read the Secret back");
+            None
+        }
     }
 }
 

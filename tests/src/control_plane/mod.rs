@@ -107,6 +107,10 @@ pub struct ControlPlaneOptions {
     /// The k3s release of the server whose etcd member starts the cluster: its member runs
     /// that release's etcd ([`binary::etcd_binary`]).
     pub etcd_release: String,
+    /// k3s `secrets-encryption` (`cfg.EncryptSecrets`): kube-apiserver runs with
+    /// `--encryption-provider-config` naming the PKI's EncryptionConfiguration (one is
+    /// generated, as k3s's `genEncryptionConfigAndState` does, when the PKI has none).
+    pub secrets_encryption: bool,
 }
 
 impl Default for ControlPlaneOptions {
@@ -117,6 +121,7 @@ impl Default for ControlPlaneOptions {
             scheduler: true,
             kwok: true,
             etcd_release: KUBERNETES_VERSION.to_owned(),
+            secrets_encryption: false,
         }
     }
 }
@@ -229,6 +234,14 @@ impl ControlPlane {
         let (pki, seed) = match restored {
             Some((pki, data)) => (pki, Some(data)),
             None => (Arc::new(pki::Pki::new()?), None),
+        };
+        // k3s `genEncryptionConfigAndState`: with secrets encryption, an existing
+        // EncryptionConfig (the bootstrap data's, for a restored or joined server) is kept;
+        // none is made with a new key.
+        let pki = if opts.secrets_encryption && pki.encryption_config.is_none() {
+            Arc::new(pki.with_new_encryption_key()?)
+        } else {
+            pki
         };
         let files = Files::write(dir.path(), ip, &pki, opts)?;
         let mut cp_components = Vec::new();
@@ -579,6 +592,8 @@ fn kubeconfig(server: &str, ca_pem: &str, user: &str, cert: &pki::KeyedCert) -> 
 struct Files {
     dir: PathBuf,
     admin_kubeconfig: String,
+    /// The apiserver encrypts Secrets with `encryption-config.json`.
+    secrets_encryption: bool,
 }
 
 impl Files {
@@ -610,6 +625,13 @@ impl Files {
         put("sa.key", &pki.service_account_key_pem)?;
         put("sa.pub", &pki.service_account_pub_pem)?;
         put("front-proxy-ca.crt", &pki.front_proxy_ca_pem)?;
+        if let Some(config) = pki
+            .encryption_config
+            .as_deref()
+            .filter(|_| opts.secrets_encryption)
+        {
+            put("encryption-config.json", config)?;
+        }
         // KWOK_STAGES's jitter is an upper bound of the delay (kwok's `Delay` type).
         let grace_ms = opts.node_monitor_grace_period.as_millis().max(1000);
         put(
@@ -648,6 +670,7 @@ impl Files {
         Ok(Files {
             dir: dir.to_path_buf(),
             admin_kubeconfig: admin,
+            secrets_encryption: opts.secrets_encryption,
         })
     }
 
@@ -659,7 +682,7 @@ impl Files {
     /// minus what needs a kubelet or a network (konnectivity, the kubelet client).
     fn apiserver_args(&self, ip: Ipv4Addr) -> Vec<String> {
         let issuer = "https://kubernetes.default.svc.cluster.local";
-        vec![
+        let mut args = vec![
             format!("--etcd-servers=http://{ip}:2379"),
             format!("--bind-address={ip}"),
             format!("--advertise-address={ip}"),
@@ -690,7 +713,16 @@ impl Files {
             "--requestheader-username-headers=X-Remote-User".into(),
             "--requestheader-group-headers=X-Remote-Group".into(),
             "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
-        ]
+        ];
+        // k3s `apiServer`: `if cfg.EncryptSecrets` (see tests/FIDELITY.md).
+        if self.secrets_encryption {
+            args.push(format!(
+                "--encryption-provider-config={}",
+                self.file("encryption-config.json")
+            ));
+            args.push("--encryption-provider-config-automatic-reload=true".into());
+        }
+        args
     }
 
     /// kube-controller-manager as k3s runs it (`controllerManager` in the same file): every

@@ -55,6 +55,10 @@ pub struct Pki {
     pub service_account_key_pem: String,
     /// Its public half (what `--service-account-key-file` verifies with).
     pub service_account_pub_pem: String,
+    /// k3s's `encryption-config.json` when the cluster encrypts Secrets: an
+    /// EncryptionConfiguration for `secrets` with one aescbc key named `aescbckey` and the
+    /// identity fallback ([`encryption_config`]). Kept in the bootstrap data as k3s keeps it.
+    pub encryption_config: Option<String>,
 }
 
 impl std::fmt::Debug for Pki {
@@ -97,7 +101,8 @@ fn ca_params(cn: &str, front_proxy: bool) -> Result<CertificateParams, ControlPl
 
 /// The names k3s gives the files of its bootstrap data that the simulator's control plane
 /// has (k3s `pkg/daemons/config` `ControlRuntimeBootstrap`): one CA serves as k3s's server and
-/// client CAs here, so both pairs name it.
+/// client CAs here, so both pairs name it. `EncryptionConfig` and `EncryptionHash` are added
+/// when the cluster encrypts Secrets ([`Pki::encryption_config`]).
 pub const BOOTSTRAP_FILES: [&str; 7] = [
     "ServerCA",
     "ServerCAKey",
@@ -107,6 +112,38 @@ pub const BOOTSTRAP_FILES: [&str; 7] = [
     "RequestHeaderCA",
     "RequestHeaderCAKey",
 ];
+
+/// k3s's `encryption-config.json` for a new aescbc `key` (`genEncryptionConfigAndState`):
+/// `secrets` through aescbc with the key `aescbckey` (base64), then identity, so Secrets
+/// written before encryption was on stay readable; JSON as Go's `json.Marshal` writes the
+/// `apiserverconfigv1.EncryptionConfiguration`.
+pub fn encryption_config(key: &[u8; 32]) -> String {
+    use base64::Engine as _;
+    serde_json::json!({
+        "kind": "EncryptionConfiguration",
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "resources": [{
+            "resources": ["secrets"],
+            "providers": [
+                {"aescbc": {"keys": [{
+                    "name": "aescbckey",
+                    "secret": base64::engine::general_purpose::STANDARD.encode(key),
+                }]}},
+                {"identity": {}},
+            ],
+        }],
+    })
+    .to_string()
+}
+
+/// k3s's `encryption-state.json` for a config it has just written: `start-` and the sha256
+/// of the config in hex.
+fn encryption_hash(config: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(config.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("start-{hex}")
+}
 
 impl Pki {
     /// A fresh CA (ECDSA P-256, as k3s's) and ServiceAccount key.
@@ -178,6 +215,7 @@ impl Pki {
             issuer: Issuer::new(ca_params(&ca_cn, false)?, key),
             service_account_pub_pem: sa.public_key_pem(),
             service_account_key_pem: sa_key_pem,
+            encryption_config: None,
         })
     }
 
@@ -193,11 +231,27 @@ impl Pki {
             &self.front_proxy_ca_pem,
             &self.front_proxy_ca_key_pem,
         ];
-        BOOTSTRAP_FILES
+        let mut files: std::collections::BTreeMap<String, String> = BOOTSTRAP_FILES
             .iter()
             .zip(pems)
             .map(|(name, pem)| ((*name).to_owned(), pem.clone()))
-            .collect()
+            .collect();
+        if let Some(config) = &self.encryption_config {
+            files.insert("EncryptionConfig".into(), config.clone());
+            files.insert("EncryptionHash".into(), encryption_hash(config));
+        }
+        files
+    }
+
+    /// This PKI with a new EncryptionConfiguration (a random 32-byte aescbc key), as k3s's
+    /// `genEncryptionConfigAndState` makes one for a server with `secrets-encryption` and no
+    /// `encryption-config.json` yet.
+    pub fn with_new_encryption_key(&self) -> Result<Self, ControlPlaneError> {
+        use rand::RngExt as _;
+        let key: [u8; 32] = rand::rng().random();
+        let mut files = self.bootstrap_files();
+        files.insert("EncryptionConfig".into(), encryption_config(&key));
+        Self::from_bootstrap(&files)
     }
 
     /// The PKI a restored server writes back to disk from the bootstrap data (k3s
@@ -215,11 +269,13 @@ impl Pki {
         let key = KeyPair::from_pem(&get("ServerCAKey")?).map_err(err("ServerCAKey"))?;
         let fp_key =
             KeyPair::from_pem(&get("RequestHeaderCAKey")?).map_err(err("RequestHeaderCAKey"))?;
-        Self::assemble(
+        let mut pki = Self::assemble(
             (get("ServerCA")?, key),
             (get("RequestHeaderCA")?, fp_key),
             get("ServiceKey")?,
-        )
+        )?;
+        pki.encryption_config = files.get("EncryptionConfig").cloned();
+        Ok(pki)
     }
 
     /// The CA certificate, PEM.
@@ -464,5 +520,22 @@ mod tests {
                 .ca_pem(),
             old.ca_pem()
         );
+    }
+
+    #[test]
+    fn the_encryption_config_travels_in_the_bootstrap_files() {
+        let plain = Pki::new().unwrap();
+        assert!(!plain.bootstrap_files().contains_key("EncryptionConfig"));
+        let encrypting = plain.with_new_encryption_key().unwrap();
+        let config = encrypting.encryption_config.clone().unwrap();
+        let files = encrypting.bootstrap_files();
+        assert_eq!(files["EncryptionConfig"], config);
+        assert!(files["EncryptionHash"].starts_with("start-"));
+        let restored = Pki::from_bootstrap(&files).unwrap();
+        assert_eq!(restored.encryption_config.as_deref(), Some(config.as_str()));
+        assert_eq!(restored.ca_pem(), plain.ca_pem());
+        // Each key is new.
+        let other = plain.with_new_encryption_key().unwrap();
+        assert_ne!(other.encryption_config, encrypting.encryption_config);
     }
 }

@@ -102,7 +102,12 @@ impl Inner {
             (Some(_), Some((name, ip))) => (name, Some(ip)),
             _ => self.new_etcd_member(id),
         };
-        let mut opts = self.cfg.kubernetes.clone();
+        // k3s `secrets-encryption`: the apiserver encrypts Secrets with the bootstrap data's
+        // key (a restored server's, decrypted with its token), or a new one.
+        let mut opts = crate::control_plane::ControlPlaneOptions {
+            secrets_encryption: k3s.secrets_encryption,
+            ..self.cfg.kubernetes.clone()
+        };
         if let Some(vm) = self.state().vms.get(&id) {
             opts.etcd_release = super::etcd_member::installed_release(vm, &self.cfg.k3s_version);
         }

@@ -59,6 +59,9 @@ pub struct K3sConfig {
     pub kubelet_arg: Vec<String>,
     /// `disable-cloud-controller`.
     pub disable_cloud_controller: bool,
+    /// `secrets-encryption` (servers): Secrets encrypted in etcd with the key of k3s's
+    /// EncryptionConfig (see `control_plane::pki::encryption_config`).
+    pub secrets_encryption: bool,
     /// `etcd-disable-snapshots`: no scheduled etcd snapshots.
     pub etcd_disable_snapshots: bool,
     /// `etcd-snapshot-schedule-cron` (k3s's default `0 */12 * * *` when None).
@@ -129,6 +132,7 @@ impl std::fmt::Debug for K3sConfig {
             .field("node_taint", &self.node_taint)
             .field("kubelet_arg", &self.kubelet_arg)
             .field("disable_cloud_controller", &self.disable_cloud_controller)
+            .field("secrets_encryption", &self.secrets_encryption)
             .field("etcd_disable_snapshots", &self.etcd_disable_snapshots)
             .field("etcd_snapshot_cron", &self.etcd_snapshot_cron)
             .field("etcd_snapshot_retention", &self.etcd_snapshot_retention)
@@ -276,6 +280,7 @@ pub(super) fn merge_k3s_config(cfg: &mut K3sConfig, content: &[u8]) -> Result<()
             "cluster-init" => cfg.cluster_init = scalar_bool(key, v)?,
             "disable-agent" => cfg.disable_agent = scalar_bool(key, v)?,
             "disable-cloud-controller" => cfg.disable_cloud_controller = scalar_bool(key, v)?,
+            "secrets-encryption" => cfg.secrets_encryption = scalar_bool(key, v)?,
             "etcd-disable-snapshots" => cfg.etcd_disable_snapshots = scalar_bool(key, v)?,
             "etcd-snapshot-schedule-cron" => {
                 cfg.etcd_snapshot_cron = Some(scalar_string(key, v)?);

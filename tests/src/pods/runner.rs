@@ -7,7 +7,8 @@
 //!
 //! What it does of a kubelet for these pods:
 //! - the ServiceAccount token, `POD_NAME`, literal and downward-API `env` (below);
-//! - `secret` volumes, written as the kubelet writes them (in a bundle);
+//! - `secret` volumes, written as the kubelet writes them (in a bundle bind-mounted; for a
+//!   local process in a directory its arguments naming the `mountPath` are rewritten to);
 //! - `hostPath` volumes ([`crate::pods::host_path`]): the directory of the pod's Node is the
 //!   host directory mirroring its VM's disk, live (files k3s writes there later are seen),
 //!   set up as the kubelet's `type` says (`DirectoryOrCreate` makes it, `Directory` fails
@@ -436,13 +437,27 @@ impl PodRunner {
         pod: &Value,
     ) -> Result<(tokio::process::Command, Scratch, String), String> {
         let (program, args) = self.program(pod)?;
-        // No mount namespace: the container sees its hostPath mounts through its arguments.
-        let mounts = self.host_path_volumes(pod)?;
+        let (ns, name) = (meta(pod, "namespace"), meta(pod, "name"));
+        // No mount namespace: the container sees its hostPath and secret volumes through its
+        // arguments (a secret volume's files written as the kubelet writes them).
+        let mut mounts = self.host_path_volumes(pod)?;
+        let volumes_dir = self.work_dir.join(format!("pod-{ns}-{name}-volumes"));
+        for (host, mount_path) in self.secret_volumes(cluster, pod, &volumes_dir).await? {
+            mounts.push((
+                host,
+                HostPathMount {
+                    volume: String::new(),
+                    path: String::new(),
+                    kind: String::new(),
+                    mount_path,
+                    read_only: true,
+                },
+            ));
+        }
         let args: Vec<String> = args
             .iter()
             .map(|a| host_path::map_arg(a, &mounts))
             .collect();
-        let (ns, name) = (meta(pod, "namespace"), meta(pod, "name"));
         let sa = pod["spec"]["serviceAccountName"]
             .as_str()
             .unwrap_or("default");

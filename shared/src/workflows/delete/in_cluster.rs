@@ -129,6 +129,25 @@ impl InCluster for KubeInCluster {
                 done.push(format!("suspended CronJob {ns}/{OBJECT_NAME}"));
             }
         }
+        // The in-cluster backup too (audit security-2 N1): one started during the delete
+        // could upload a backup after the backups were listed, and outlive --delete-backups.
+        let backup_ns = crate::render::manifests::BACKUP_CRONJOB;
+        let cronjobs: Api<CronJob> = Api::namespaced(self.client.clone(), backup_ns);
+        if gone_ok(
+            cronjobs
+                .patch(
+                    crate::render::manifests::BACKUP_CRONJOB,
+                    &pp,
+                    &Patch::Merge(&suspend),
+                )
+                .await,
+            "suspending the backup CronJob",
+        )? {
+            done.push(format!(
+                "suspended CronJob {backup_ns}/{}",
+                crate::render::manifests::BACKUP_CRONJOB
+            ));
+        }
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), NAMESPACE);
         let zero = serde_json::json!({"spec": {"replicas": 0}});
         if gone_ok(
