@@ -370,7 +370,9 @@ where
         let manifest = Manifest {
             format: backup::FORMAT,
             cluster: spec.cluster.clone(),
-            k3s_version: spec.k3s.version.clone(),
+            // The control plane's release and image: what a restore of this backup installs.
+            k3s_version: spec.k3s_version(&spec.control_plane).to_owned(),
+            image: Some(spec.control_plane.image.clone()),
             time,
             k3s_snapshot: file.clone(),
             taken_on: opts.node.clone().unwrap_or_else(|| node_of(&file)),

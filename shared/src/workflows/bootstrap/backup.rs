@@ -156,9 +156,12 @@ pub async fn run<C: Connect>(
     let manifest = Manifest {
         format: backup::FORMAT,
         cluster: input.cluster.clone(),
-        k3s_version: spec
-            .as_ref()
-            .map_or_else(|| "unknown".to_owned(), |s| s.k3s.version.clone()),
+        // The control plane's release and image: what a restore of this backup installs.
+        k3s_version: spec.as_ref().map_or_else(
+            || "unknown".to_owned(),
+            |s| s.k3s_version(&s.control_plane).to_owned(),
+        ),
+        image: spec.as_ref().map(|s| s.control_plane.image.clone()),
         // Whole seconds: the description carries no more, and the two must agree.
         time: Utc::now().trunc_subsecs(0),
         k3s_snapshot: k3s_snapshot.clone(),

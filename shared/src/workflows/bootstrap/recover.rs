@@ -541,7 +541,13 @@ async fn run_restore<C: Connect>(
 ) -> Result<RecoverSummary, BootstrapError> {
     info!(step = "backup", project = %v.project, backup = %which, "choosing the backup");
     let chosen = restore::choose(&rack, &v, &input, which).await?;
-    let calls = restore::calls(&v.project, &input.cluster, &v.pool, &chosen);
+    let calls = restore::calls(
+        &v.project,
+        &input.cluster,
+        &v.pool,
+        v.spec.as_ref(),
+        &chosen,
+    );
     let mut summary = RecoverSummary {
         cluster: input.cluster.clone(),
         project: v.project.clone(),
