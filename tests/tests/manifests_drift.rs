@@ -29,9 +29,11 @@ const PLAIN_FILES: [&str; 6] = [
     "backup.yaml",
 ];
 /// Every object the in-cluster pieces consist of, as [`object_key`] spells them.
-const EXPECTED_OBJECTS: [&str; 22] = [
+const EXPECTED_OBJECTS: [&str; 24] = [
+    "ClusterRole oxide-controller-backup-count",
     "ClusterRole oxide-controller-reconcile",
     "ClusterRole oxide-controller-webhook",
+    "ClusterRoleBinding oxide-controller-backup-count",
     "ClusterRoleBinding oxide-controller-reconcile",
     "ClusterRoleBinding oxide-controller-webhook",
     "CronJob oxide-controller-backup/oxide-controller-backup",

@@ -118,7 +118,12 @@ async fn run(args: Args) -> ExitCode {
         }
     };
     if let Some(command) = &args.command {
-        return backup(command, KubeStateStore::new(client, &args.namespace)).await;
+        return backup(
+            command,
+            client.clone(),
+            KubeStateStore::new(client, &args.namespace),
+        )
+        .await;
     }
     let holder = args.holder.clone().unwrap_or_else(default_holder);
     // k3s's supervisor (the etcd member list) and, for the upgrade pre-flight, each server's
@@ -194,7 +199,7 @@ async fn run(args: Args) -> ExitCode {
 }
 
 /// `reconcile-once backup`.
-async fn backup(command: &Command, state: KubeStateStore) -> ExitCode {
+async fn backup(command: &Command, client: kube::Client, state: KubeStateStore) -> ExitCode {
     use oxide_controller::workflows::backup::{ScheduledOptions, ScheduledOutcome, run_scheduled};
     let Command::Backup {
         snapshot_dir,
@@ -213,7 +218,9 @@ async fn backup(command: &Command, state: KubeStateStore) -> ExitCode {
             RackOptions::default(),
         )
     };
-    match run_scheduled(&state, make_rack, opts).await {
+    let count =
+        || async move { oxide_controller::adapters::kubeclient::count_objects(&client).await };
+    match run_scheduled(&state, make_rack, count, opts).await {
         Ok(ScheduledOutcome::Off) => ExitCode::SUCCESS,
         Ok(ScheduledOutcome::Done { name, .. }) => {
             tracing::info!(backup = %name, "backup done");

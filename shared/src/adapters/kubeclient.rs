@@ -184,6 +184,12 @@ pub async fn object_count(kubeconfig: &Path, context: &str) -> Result<u64, Strin
     let client = client(Some(kubeconfig), Some(context))
         .await
         .map_err(|e| e.to_string())?;
+    count_objects(&client).await
+}
+
+/// [`object_count`] through `client` (the in-cluster backup's own: its ServiceAccount may list
+/// the [`COUNTED_KINDS`], `k8s-cronjobs/backup.yaml`).
+pub async fn count_objects(client: &kube::Client) -> Result<u64, String> {
     let mut total = 0u64;
     for kind in COUNTED_KINDS {
         // Names only: a list of metadata, not of Secrets' data.

@@ -271,22 +271,39 @@ pub fn restore_pool(
 /// The archive of a backup: [`ARCHIVE_MANIFEST`], [`ARCHIVE_SNAPSHOT`], [`ARCHIVE_SHA256`], in
 /// that order, then the two zero blocks that end a tar archive.
 pub fn archive(manifest: &Manifest, snapshot: &[u8]) -> Vec<u8> {
+    let (head, tail) = archive_parts(manifest);
+    let mut out = Vec::with_capacity(head.len() + snapshot.len() + tail.len());
+    out.extend_from_slice(&head);
+    out.extend_from_slice(snapshot);
+    out.extend_from_slice(&tail);
+    out
+}
+
+/// [`archive`] without the snapshot's bytes: what goes before them (the manifest's header and
+/// data, the snapshot's header) and after them (its padding, the digest file, the end), for
+/// `manifest.bytes` of snapshot. The in-cluster backup streams the file between the two, so
+/// its memory does not grow with the snapshot.
+pub fn archive_parts(manifest: &Manifest) -> (Vec<u8>, Vec<u8>) {
     let mut json = serde_json::to_vec_pretty(manifest).unwrap_or_default();
     json.push(b'\n');
     let sums = format!("{}  {ARCHIVE_SNAPSHOT}\n", manifest.sha256);
-    let mut out = Vec::with_capacity(snapshot.len() + json.len() + 8 * 512);
     let mtime = u64::try_from(manifest.time.timestamp()).unwrap_or(0);
-    for (name, data) in [
-        (ARCHIVE_MANIFEST, json.as_slice()),
-        (ARCHIVE_SNAPSHOT, snapshot),
-        (ARCHIVE_SHA256, sums.as_bytes()),
-    ] {
-        out.extend_from_slice(&ustar_header(name, data.len() as u64, mtime));
-        out.extend_from_slice(data);
-        out.resize(out.len().div_ceil(512) * 512, 0);
-    }
-    out.resize(out.len() + 1024, 0);
-    out
+    let pad = |v: &mut Vec<u8>, len: u64| {
+        let rest = (512 - len % 512) % 512;
+        v.resize(v.len() + rest as usize, 0);
+    };
+    let mut head = Vec::with_capacity(json.len() + 3 * 512);
+    head.extend_from_slice(&ustar_header(ARCHIVE_MANIFEST, json.len() as u64, mtime));
+    head.extend_from_slice(&json);
+    pad(&mut head, json.len() as u64);
+    head.extend_from_slice(&ustar_header(ARCHIVE_SNAPSHOT, manifest.bytes, mtime));
+    let mut tail = Vec::with_capacity(5 * 512);
+    pad(&mut tail, manifest.bytes);
+    tail.extend_from_slice(&ustar_header(ARCHIVE_SHA256, sums.len() as u64, mtime));
+    tail.extend_from_slice(sums.as_bytes());
+    pad(&mut tail, sums.len() as u64);
+    tail.resize(tail.len() + 1024, 0);
+    (head, tail)
 }
 
 /// A ustar header for a regular file `name` (under 100 bytes) of `size` bytes, mode 0600,

@@ -174,7 +174,11 @@ pub async fn run<C: Connect>(
         servers: shared::server_addresses(&rack, &input.cluster, &v.pool).await?,
     };
     let retention = spec.map(|s| s.backup.retention()).unwrap_or_default();
-    let up = shared::upload(&rack, &manifest, data, retention).await?;
+    let snapshot = image::SourceReader::Memory {
+        data: bytes::Bytes::from(data),
+        pos: 0,
+    };
+    let up = shared::upload(&rack, &manifest, snapshot, retention).await?;
     let (name, stats, pruned, backups) = (up.name, up.stats, up.pruned, up.backups);
     let seconds = started.elapsed().as_secs_f64();
     info!(step = "upload", backup = %name, seconds, "the backup is on the rack");
