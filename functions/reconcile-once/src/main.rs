@@ -118,12 +118,11 @@ async fn run(args: Args) -> ExitCode {
         }
     };
     if let Some(command) = &args.command {
-        return backup(
-            command,
-            client.clone(),
-            KubeStateStore::new(client, &args.namespace),
-        )
-        .await;
+        let counter = client.clone();
+        let count = move || async move {
+            oxide_controller::adapters::kubeclient::count_objects(&counter).await
+        };
+        return backup(command, count, KubeStateStore::new(client, &args.namespace)).await;
     }
     let holder = args.holder.clone().unwrap_or_else(default_holder);
     // k3s's supervisor (the etcd member list) and, for the upgrade pre-flight, each server's
@@ -199,7 +198,11 @@ async fn run(args: Args) -> ExitCode {
 }
 
 /// `reconcile-once backup`.
-async fn backup(command: &Command, client: kube::Client, state: KubeStateStore) -> ExitCode {
+async fn backup<C, F>(command: &Command, count: C, state: KubeStateStore) -> ExitCode
+where
+    C: FnOnce() -> F,
+    F: std::future::Future<Output = Result<u64, String>>,
+{
     use oxide_controller::workflows::backup::{ScheduledOptions, ScheduledOutcome, run_scheduled};
     let Command::Backup {
         snapshot_dir,
@@ -218,8 +221,6 @@ async fn backup(command: &Command, client: kube::Client, state: KubeStateStore) 
             RackOptions::default(),
         )
     };
-    let count =
-        || async move { oxide_controller::adapters::kubeclient::count_objects(&client).await };
     match run_scheduled(&state, make_rack, count, opts).await {
         Ok(ScheduledOutcome::Off) => ExitCode::SUCCESS,
         Ok(ScheduledOutcome::Done { name, .. }) => {
