@@ -2,10 +2,11 @@
 //! The Job (`reconcile-once backup`) hashes k3s's snapshot file in 1 MiB reads, then streams
 //! the archive (head, the file, tail) into the bulk writes; nothing holds the whole snapshot.
 //! Here: `open_snapshot` + `upload` of snapshot files of growing size into the in-memory rack,
-//! the process's peak resident memory (`VmHWM` of /proc/self/status) printed after each. The
-//! files are sparse with 16 MiB of random data (the fake rack keeps what is written and skips
-//! zeros, so what it stores stays the same while the file grows). Last, for contrast, the
-//! smallest file read whole and archived as the Job did before (two copies at once).
+//! each in a process of its own (this binary again, `--one MIB`), whose peak resident memory
+//! (`VmHWM` of /proc/self/status) it prints. The files are sparse with 16 MiB of random data
+//! (the fake rack keeps what is written and skips zeros, so what it stores stays the same while
+//! the file grows). Last, for contrast, the smallest file read whole and archived as the Job did
+//! before (two copies at once), also in a process of its own.
 //!
 //! Run: `cargo bench -p oxide-controller --bench backup_memory`; `OXIDE_BENCH_SHORT=1` (CI)
 //! shrinks the files 8x.
@@ -69,56 +70,77 @@ fn manifest(bytes: u64, sha256: String, i: u32) -> Manifest {
     }
 }
 
+/// One backup of a `mib` MiB snapshot in this process; prints its figures.
+fn one(mib: u64, old_path: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("etcd-snapshot-{mib}"));
+    snapshot_file(&path, mib * MIB);
+    let before = peak_mib();
+    if old_path {
+        // The Job before: the file read whole, then archived (a second copy).
+        let data = std::fs::read(&path).unwrap();
+        let m = manifest(data.len() as u64, String::new(), 0);
+        let archive = backup::archive(&m, &data);
+        println!(
+            "backup_memory: old path (read whole, then archived), {mib} MiB snapshot: peak RSS {:.0} MiB (was {before:.0} MiB before; {} + {} bytes held at once)",
+            peak_mib(),
+            data.len(),
+            archive.len()
+        );
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let world = oxide_controller::fake::FakeWorld::new(Utc::now());
+    let rack = world.rack();
+    let started = Instant::now();
+    let stats = rt.block_on(async {
+        let (reader, bytes, sha256) = open_snapshot(&path).await.unwrap();
+        let m = manifest(bytes, sha256, 0);
+        upload(&rack, &m, reader, Retention::default())
+            .await
+            .unwrap()
+            .stats
+    });
+    println!(
+        "backup_memory: streamed, {mib} MiB snapshot ({} archive bytes, {:.2} s): peak RSS {:.0} MiB (was {before:.0} MiB before)",
+        stats.source_bytes,
+        started.elapsed().as_secs_f64(),
+        peak_mib()
+    );
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--one") {
+        let mib: u64 = args[at + 1].parse().unwrap();
+        one(mib, args.iter().any(|a| a == "--old"));
+        return;
+    }
     let short = std::env::var_os("OXIDE_BENCH_SHORT").is_some();
     let sizes_mib: Vec<u64> = if short {
         vec![32, 128, 256]
     } else {
         vec![256, 1024, 2048]
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let world = oxide_controller::fake::FakeWorld::new(Utc::now());
-    let rack = world.rack();
-    println!(
-        "backup_memory: peak RSS before any backup: {:.0} MiB",
-        peak_mib()
-    );
-    for (i, mib) in sizes_mib.iter().enumerate() {
-        let path = dir.path().join(format!("etcd-snapshot-{mib}"));
-        snapshot_file(&path, mib * MIB);
-        let started = Instant::now();
-        let stats = rt.block_on(async {
-            let (reader, bytes, sha256) = open_snapshot(&path).await.unwrap();
-            let m = manifest(bytes, sha256, i as u32);
-            upload(&rack, &m, reader, Retention::default())
-                .await
-                .unwrap()
-                .stats
-        });
-        println!(
-            "backup_memory: streamed a {mib} MiB snapshot ({} archive bytes) in {:.2} s; peak RSS so far {:.0} MiB",
-            stats.source_bytes,
-            started.elapsed().as_secs_f64(),
-            peak_mib()
+    let me = std::env::current_exe().unwrap();
+    let run = |extra: &[&str]| {
+        let out = std::process::Command::new(&me)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
         );
-        std::fs::remove_file(&path).unwrap();
+        print!("{}", String::from_utf8_lossy(&out.stdout));
+    };
+    for mib in &sizes_mib {
+        run(&["--one", &mib.to_string()]);
     }
-    // The old path, for contrast: the file read whole, then archived (a second copy).
-    let mib = sizes_mib[0];
-    let path = dir.path().join("etcd-snapshot-old");
-    snapshot_file(&path, mib * MIB);
-    let data = std::fs::read(&path).unwrap();
-    let m = manifest(data.len() as u64, String::new(), 99);
-    let archive = backup::archive(&m, &data);
-    println!(
-        "backup_memory: the old path (read whole, then archived) of the {mib} MiB snapshot: peak RSS {:.0} MiB ({} + {} bytes held at once)",
-        peak_mib(),
-        data.len(),
-        archive.len()
-    );
+    run(&["--one", &sizes_mib[0].to_string(), "--old"]);
 }
