@@ -621,6 +621,7 @@ async fn backups_stay_without_the_flag_and_only_the_clusters_own_go_with_it() {
             token: token_fingerprint("t"),
             bytes: 1,
             objects: None,
+            image: None,
         }
         .description()
     };

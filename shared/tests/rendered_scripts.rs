@@ -885,6 +885,7 @@ fn a_restoring_server_unpacks_checks_and_restores_the_backup_with_the_real_tools
         bytes: snapshot.len() as u64,
         token: backup::token_fingerprint("server-token-example"),
         objects: None,
+        image: None,
         spec: String::new(),
         servers: vec![],
     };

@@ -31,8 +31,10 @@ const PLAIN_FILES: [&str; 7] = [
 ];
 /// Every object the in-cluster pieces consist of, as [`object_key`] spells them.
 const EXPECTED_OBJECTS: [&str; 24] = [
+    "ClusterRole oxide-controller-backup-count",
     "ClusterRole oxide-controller-reconcile",
     "ClusterRole oxide-controller-webhook",
+    "ClusterRoleBinding oxide-controller-backup-count",
     "ClusterRoleBinding oxide-controller-reconcile",
     "ClusterRoleBinding oxide-controller-webhook",
     "CronJob oxide-controller-backup/oxide-controller-backup",

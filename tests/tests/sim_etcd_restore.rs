@@ -124,6 +124,17 @@ fn backup_archive(snapshot: &[u8], sha_of: &[u8]) -> Vec<u8> {
 /// `tls-san` (as the first server's), and the product's setup: the installer without start,
 /// the restore from the disk with serial `serial`, then `start_k3s`.
 fn restore_user_data(token: &str, serial: &str, fip: IpAddr, ssh_keys: &[String]) -> String {
+    restore_user_data_at("v1.33.4+k3s1", token, serial, fip, ssh_keys)
+}
+
+/// [`restore_user_data`] installing k3s `release`.
+fn restore_user_data_at(
+    release: &str,
+    token: &str,
+    serial: &str,
+    fip: IpAddr,
+    ssh_keys: &[String],
+) -> String {
     let config = format!(
         "cluster-init: true\ntoken: {token}\ntls-san: [\"{fip}\"]\nnode-label:\n  - oxide-controller/pool=control-plane\n"
     );
@@ -136,7 +147,7 @@ fn restore_user_data(token: &str, serial: &str, fip: IpAddr, ssh_keys: &[String]
     }
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let script = format!(
-        "#!/bin/sh\nset -eu\nstep k3s-install\ndownload /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\nstep etcd-restore\nrestore_etcd '{serial}' '/var/lib/rancher/k3s/server/db/restore'\nstep k3s-start\nstart_k3s 'k3s' 120\n"
+        "#!/bin/sh\nset -eu\nstep k3s-install\ndownload /run/oxide-controller/k3s-install.sh 'https://get.k3s.io'\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='{release}' INSTALL_K3S_EXEC='server' sh /run/oxide-controller/k3s-install.sh\nstep etcd-restore\nrestore_etcd '{serial}' '/var/lib/rancher/k3s/server/db/restore'\nstep k3s-start\nstart_k3s 'k3s' 120\n"
     );
     out.push_str(&format!(
         "write_files:\n  - path: /etc/rancher/k3s/config.yaml\n    permissions: '0600'\n    encoding: b64\n    content: {}\n  - path: /usr/local/sbin/oxide-node-setup\n    permissions: '0755'\n    encoding: b64\n    content: {}\nruncmd:\n  - [/usr/local/sbin/oxide-node-setup]\n",
@@ -400,6 +411,50 @@ async fn a_restore_with_another_token_fails_the_step_and_no_api_answers() {
         "no API answers"
     );
     assert!(!console(&c, restore).await.contains("k3s is up and running"));
+}
+
+/// Audit 4 finding 3 (M1): a release of an older minor than the servers that wrote the
+/// datastore (here v1.30 under the lost v1.33 server's data) does not restore it: k3s rolls
+/// back only with a snapshot of the minor it rolls back to. The step fails, no API answers.
+#[tokio::test]
+async fn a_restore_by_an_older_minor_than_the_datastores_servers_fails_the_step() {
+    let (sim, snapshot, fip, _key, [old_admin, _]) = lost_cluster().await;
+    let c = client(&sim);
+    let snap_id = store_backup(&sim, "c1-backup-1", &backup_archive(&snapshot, &snapshot)).await;
+    let restore = "c1-cp-rrrrr";
+    let disk = "c1-cp-rrrrr-backup";
+    create_with_backup(
+        &sim,
+        restore,
+        disk,
+        &snap_id,
+        &restore_user_data_at("v1.30.0+k3s1", TOKEN, disk, fip, &[]),
+    )
+    .await;
+    let text = wait_console(
+        &c,
+        restore,
+        "node-setup failed: etcd-restore: exit status 1",
+    )
+    .await;
+    assert!(text.contains("etcd-snapshot: OK"), "{text}");
+    assert!(
+        text.contains("invalid downgrade; server version is lower than determined cluster version: the datastore was written by k3s v1.33.4+k3s1, this is k3s v1.30.0+k3s1"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("restart without --cluster-reset flag now"),
+        "{text}"
+    );
+    attach_floating_ip(&c, "c1-apiserver", restore).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(sim.boot().real_clusters().is_empty());
+    assert!(
+        get_json(&kube_client(&old_admin).await, "/readyz")
+            .await
+            .is_none(),
+        "no API answers"
+    );
 }
 
 #[tokio::test]

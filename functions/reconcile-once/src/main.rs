@@ -122,7 +122,11 @@ async fn run(args: Args) -> ExitCode {
         }
     };
     if let Some(command) = &args.command {
-        return backup(command, KubeStateStore::new(client, &args.namespace)).await;
+        let counter = client.clone();
+        let count = move || async move {
+            oxide_controller::adapters::kubeclient::count_objects(&counter).await
+        };
+        return backup(command, count, KubeStateStore::new(client, &args.namespace)).await;
     }
     let holder = args.holder.clone().unwrap_or_else(default_holder);
     // k3s's supervisor (the etcd member list) and, for the upgrade pre-flight, each server's
@@ -198,7 +202,11 @@ async fn run(args: Args) -> ExitCode {
 }
 
 /// `reconcile-once backup`.
-async fn backup(command: &Command, state: KubeStateStore) -> ExitCode {
+async fn backup<C, F>(command: &Command, count: C, state: KubeStateStore) -> ExitCode
+where
+    C: FnOnce() -> F,
+    F: std::future::Future<Output = Result<u64, String>>,
+{
     use oxide_controller::workflows::backup::{ScheduledOptions, ScheduledOutcome, run_scheduled};
     let Command::Backup {
         snapshot_dir,
@@ -225,7 +233,7 @@ async fn backup(command: &Command, state: KubeStateStore) -> ExitCode {
             RackOptions::default(),
         )
     };
-    match run_scheduled(&state, make_rack, opts).await {
+    match run_scheduled(&state, make_rack, count, opts).await {
         Ok(ScheduledOutcome::Off) => ExitCode::SUCCESS,
         Ok(ScheduledOutcome::Done { name, .. }) => {
             tracing::info!(backup = %name, "backup done");

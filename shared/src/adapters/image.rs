@@ -462,6 +462,9 @@ pub enum SourceReader {
     },
     /// In-memory bytes (tests and benchmarks).
     Memory { data: Bytes, pos: usize },
+    /// Sources read one after the other as one (a backup's archive: its head in memory, the
+    /// snapshot file, its tail), each until it ends.
+    Chain(std::collections::VecDeque<SourceReader>),
 }
 
 impl std::fmt::Debug for SourceReader {
@@ -471,6 +474,9 @@ impl std::fmt::Debug for SourceReader {
             SourceReader::Http { url, .. } => write!(f, "SourceReader::Http({url})"),
             SourceReader::Memory { data, .. } => {
                 write!(f, "SourceReader::Memory({} bytes)", data.len())
+            }
+            SourceReader::Chain(parts) => {
+                f.debug_tuple("SourceReader::Chain").field(parts).finish()
             }
         }
     }
@@ -528,6 +534,32 @@ impl SourceReader {
                 let out = data.slice(*pos..*pos + take);
                 *pos += take;
                 Ok(out)
+            }
+            SourceReader::Chain(parts) => {
+                // A whole chunk of one part goes out as it came (no copy); a chunk across two
+                // parts is joined.
+                let mut joined: Option<Vec<u8>> = None;
+                let mut got = 0;
+                while got < want {
+                    let Some(part) = parts.front_mut() else {
+                        break;
+                    };
+                    let asked = want - got;
+                    let chunk = Box::pin(part.read_chunk(asked)).await?;
+                    if chunk.len() < asked {
+                        parts.pop_front();
+                    }
+                    if chunk.is_empty() {
+                        continue;
+                    }
+                    got += chunk.len();
+                    match &mut joined {
+                        None if got == want => return Ok(chunk),
+                        None => joined = Some(chunk.to_vec()),
+                        Some(buf) => buf.extend_from_slice(&chunk),
+                    }
+                }
+                Ok(joined.map(Bytes::from).unwrap_or_default())
             }
         }
     }

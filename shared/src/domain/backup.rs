@@ -58,10 +58,20 @@ pub struct BackupTag {
     /// (`crate::adapters::kubeclient::COUNTED_KINDS`), for a restore drill to compare; `None`
     /// when the API could not be counted.
     pub objects: Option<u64>,
+    /// The control-plane pool's image when the backup was taken (the image that goes with
+    /// `k3s_version`); `None` in backups taken before it was recorded.
+    pub image: Option<String>,
 }
 
+/// How a description marks a count of today's kinds (`crate::adapters::kubeclient::COUNTED_KINDS`,
+/// four, no Secrets). A count without it is from before, when Secrets were counted too: it is
+/// read as no count, so a drill does not compare it with a count of other kinds.
+pub const COUNTED_KINDS_MARK: &str = "kinds=4";
+
 impl BackupTag {
-    /// `oxide-controller backup cluster=C k3s=V time=T sha256=H token=F bytes=N [objects=M]`.
+    /// `oxide-controller backup cluster=C k3s=V time=T sha256=H token=F bytes=N [objects=M kinds=4]
+    /// [image=I]`. Every value is a single word (names, versions, digits), so the longest
+    /// (63-character cluster and image names) stays near 330 of the 512 characters Oxide allows.
     pub fn description(&self) -> String {
         let mut d = format!(
             "{DESCRIPTION_PREFIX}cluster={} k3s={} time={} sha256={} token={} bytes={}",
@@ -73,7 +83,10 @@ impl BackupTag {
             self.bytes
         );
         if let Some(n) = self.objects {
-            let _ = write!(d, " objects={n}");
+            let _ = write!(d, " objects={n} {COUNTED_KINDS_MARK}");
+        }
+        if let Some(i) = &self.image {
+            let _ = write!(d, " image={i}");
         }
         d
     }
@@ -94,7 +107,10 @@ impl BackupTag {
             sha256: field("sha256")?.to_owned(),
             token: field("token")?.to_owned(),
             bytes: field("bytes")?.parse().ok()?,
-            objects: field("objects").and_then(|n| n.parse().ok()),
+            objects: field("objects")
+                .filter(|_| rest.split_whitespace().any(|w| w == COUNTED_KINDS_MARK))
+                .and_then(|n| n.parse().ok()),
+            image: field("image").map(str::to_owned),
         })
     }
 }
@@ -191,6 +207,9 @@ pub struct Manifest {
     /// See [`BackupTag::objects`].
     #[serde(default)]
     pub objects: Option<u64>,
+    /// See [`BackupTag::image`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// The live `spec.yaml` (bootstrap's spec when the cluster's was unreadable).
     pub spec: String,
     pub servers: Vec<ManifestServer>,
@@ -207,29 +226,91 @@ impl Manifest {
             token: self.token.clone(),
             bytes: self.bytes,
             objects: self.objects,
+            image: self.image.clone(),
         }
     }
+}
+
+/// The control-plane pool a restore (or a drill) of `tag` creates its server with, and a
+/// note for the person when the backup records no image.
+///
+/// The release is the backup's, not the resume file's: the resume file keeps the spec
+/// bootstrap started with, and after an upgrade that is older than the datastore. k3s rolls
+/// back only by restoring "a datastore snapshot taken on the Kubernetes minor version you wish
+/// to roll back to" (<https://docs.k3s.io/upgrades/roll-back>), and no Kubernetes control
+/// plane runs older than the data its newer self wrote. Installing the backup's own release is
+/// always that pairing; the restored spec then rolls the servers forward through the usual
+/// upgrade, however old the backup is. The image is the one recorded with the release (the
+/// resume file's may be deleted since, or carry another preinstalled k3s); a backup taken
+/// before images were recorded keeps the pool's, said in the note.
+pub fn restore_pool(
+    backup: &str,
+    tag: &BackupTag,
+    pool: &crate::domain::spec::PoolSpec,
+) -> Result<(crate::domain::spec::PoolSpec, Option<String>), String> {
+    let v = &tag.k3s_version;
+    let release = v.strip_prefix('v').is_some_and(|rest| {
+        !rest.is_empty()
+            && rest
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'))
+    });
+    if !release {
+        return Err(format!(
+            "backup {backup} does not say which k3s release wrote it (k3s={v} in its description): a restore must install that release, never an older one. Restore another backup of the cluster. Nothing was changed"
+        ));
+    }
+    let mut out = pool.clone();
+    out.k3s_version = Some(v.clone());
+    let note = match &tag.image {
+        Some(image) => {
+            out.image.clone_from(image);
+            None
+        }
+        None => Some(format!(
+            "backup {backup} records no control-plane image (taken before backups recorded it): the restoring server runs k3s {v} on image {}, the resume file's; if that image has gone or preinstalls another k3s, restore a newer backup",
+            pool.image
+        )),
+    };
+    Ok((out, note))
 }
 
 /// The archive of a backup: [`ARCHIVE_MANIFEST`], [`ARCHIVE_SNAPSHOT`], [`ARCHIVE_SHA256`], in
 /// that order, then the two zero blocks that end a tar archive.
 pub fn archive(manifest: &Manifest, snapshot: &[u8]) -> Vec<u8> {
+    let (head, tail) = archive_parts(manifest);
+    let mut out = Vec::with_capacity(head.len() + snapshot.len() + tail.len());
+    out.extend_from_slice(&head);
+    out.extend_from_slice(snapshot);
+    out.extend_from_slice(&tail);
+    out
+}
+
+/// [`archive`] without the snapshot's bytes: what goes before them (the manifest's header and
+/// data, the snapshot's header) and after them (its padding, the digest file, the end), for
+/// `manifest.bytes` of snapshot. The in-cluster backup streams the file between the two, so
+/// its memory does not grow with the snapshot.
+pub fn archive_parts(manifest: &Manifest) -> (Vec<u8>, Vec<u8>) {
     let mut json = serde_json::to_vec_pretty(manifest).unwrap_or_default();
     json.push(b'\n');
     let sums = format!("{}  {ARCHIVE_SNAPSHOT}\n", manifest.sha256);
-    let mut out = Vec::with_capacity(snapshot.len() + json.len() + 8 * 512);
     let mtime = u64::try_from(manifest.time.timestamp()).unwrap_or(0);
-    for (name, data) in [
-        (ARCHIVE_MANIFEST, json.as_slice()),
-        (ARCHIVE_SNAPSHOT, snapshot),
-        (ARCHIVE_SHA256, sums.as_bytes()),
-    ] {
-        out.extend_from_slice(&ustar_header(name, data.len() as u64, mtime));
-        out.extend_from_slice(data);
-        out.resize(out.len().div_ceil(512) * 512, 0);
-    }
-    out.resize(out.len() + 1024, 0);
-    out
+    let pad = |v: &mut Vec<u8>, len: u64| {
+        let rest = (512 - len % 512) % 512;
+        v.resize(v.len() + rest as usize, 0);
+    };
+    let mut head = Vec::with_capacity(json.len() + 3 * 512);
+    head.extend_from_slice(&ustar_header(ARCHIVE_MANIFEST, json.len() as u64, mtime));
+    head.extend_from_slice(&json);
+    pad(&mut head, json.len() as u64);
+    head.extend_from_slice(&ustar_header(ARCHIVE_SNAPSHOT, manifest.bytes, mtime));
+    let mut tail = Vec::with_capacity(5 * 512);
+    pad(&mut tail, manifest.bytes);
+    tail.extend_from_slice(&ustar_header(ARCHIVE_SHA256, sums.len() as u64, mtime));
+    tail.extend_from_slice(sums.as_bytes());
+    pad(&mut tail, sums.len() as u64);
+    tail.resize(tail.len() + 1024, 0);
+    (head, tail)
 }
 
 /// A ustar header for a regular file `name` (under 100 bytes) of `size` bytes, mode 0600,
@@ -389,6 +470,7 @@ mod tests {
             token: token_fingerprint("t"),
             bytes: 12345,
             objects: Some(42),
+            image: Some("ubuntu-2404-k3s".into()),
         }
     }
 
@@ -409,6 +491,58 @@ mod tests {
         );
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].name, "a");
+    }
+
+    #[test]
+    fn the_longest_description_fits_oxides_512_and_old_ones_still_parse() {
+        let mut t = tag(&"c".repeat(MAX_NAME_LEN), at(5));
+        t.image = Some("i".repeat(MAX_NAME_LEN));
+        t.k3s_version = "v1.134.10+k3s10".into();
+        t.bytes = u64::MAX;
+        t.objects = Some(u64::MAX);
+        let d = t.description();
+        assert!(d.len() <= 400, "{} characters: {d}", d.len());
+        assert_eq!(BackupTag::parse(&d), Some(t));
+        // A backup from before `image=` (and `objects=`): both absent, the rest as written.
+        let old = "oxide-controller backup cluster=c k3s=v1.33.4+k3s1 time=2026-11-27T05:00:00Z sha256=ab token=cd bytes=7";
+        let parsed = BackupTag::parse(old).unwrap();
+        assert_eq!((parsed.image, parsed.objects), (None, None));
+        assert_eq!(parsed.k3s_version, "v1.33.4+k3s1");
+    }
+
+    #[test]
+    fn a_restore_installs_the_backups_release_and_image_not_the_pools() {
+        let pool = crate::domain::spec::ClusterSpec::new("c", "p", "old-image", 3, 2).control_plane;
+        let mut t = tag("c", at(1));
+        t.k3s_version = "v1.34.1+k3s1".into();
+        let (p, note) = restore_pool("b", &t, &pool).unwrap();
+        assert_eq!(p.k3s_version.as_deref(), Some("v1.34.1+k3s1"));
+        assert_eq!(p.image, "ubuntu-2404-k3s");
+        assert_eq!(
+            (p.count, p.cpus, &p.name),
+            (pool.count, pool.cpus, &pool.name)
+        );
+        assert_eq!(note, None);
+        // An older backup: its own older release (the restored spec upgrades afterwards).
+        t.k3s_version = "v1.30.0+k3s1".into();
+        t.image = None;
+        let (p, note) = restore_pool("b", &t, &pool).unwrap();
+        assert_eq!(p.k3s_version.as_deref(), Some("v1.30.0+k3s1"));
+        assert_eq!(p.image, pool.image);
+        let note = note.unwrap();
+        assert!(
+            note.contains("records no control-plane image") && note.contains(&pool.image),
+            "{note}"
+        );
+        // No release recorded (bootstrap backup without a readable spec): refused.
+        t.k3s_version = "unknown".into();
+        let e = restore_pool("b", &t, &pool).unwrap_err();
+        assert!(
+            e.contains("Restore another backup") && e.contains("Nothing was changed"),
+            "{e}"
+        );
+        t.k3s_version = "v1.33.4';reboot".into();
+        assert!(restore_pool("b", &t, &pool).is_err());
     }
 
     #[test]
@@ -479,6 +613,7 @@ mod tests {
             bytes: snapshot.len() as u64,
             token: token_fingerprint("t"),
             objects: None,
+            image: Some("ubuntu-2404".into()),
             spec: "cluster: c\n".into(),
             servers: vec![],
         };

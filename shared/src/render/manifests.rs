@@ -571,8 +571,10 @@ mod tests {
         assert_eq!(
             keys,
             [
+                "ClusterRole oxide-controller-backup-count",
                 "ClusterRole oxide-controller-reconcile",
                 "ClusterRole oxide-controller-webhook",
+                "ClusterRoleBinding oxide-controller-backup-count",
                 "ClusterRoleBinding oxide-controller-reconcile",
                 "ClusterRoleBinding oxide-controller-webhook",
                 "CronJob oxide-controller-backup/oxide-controller-backup",

@@ -126,20 +126,26 @@ pub struct Uploaded {
     pub backups: Vec<String>,
 }
 
-/// The backup of `data` described by `manifest` onto the rack, then `retention` applied:
-/// the leftovers of earlier backups cut short removed, the archive into a temporary disk,
-/// the disk into the backup snapshot, the disk removed (on failure too).
+/// The backup of `snapshot` (`manifest.bytes` of it) described by `manifest` onto the rack,
+/// then `retention` applied: the leftovers of earlier backups cut short removed, the archive
+/// streamed into a temporary disk (the snapshot between the archive's head and tail, never
+/// copied whole), the disk into the backup snapshot, the disk removed (on failure too).
 pub async fn upload<R: Rack + ImageStore>(
     rack: &R,
     manifest: &Manifest,
-    data: Vec<u8>,
+    snapshot: SourceReader,
     retention: backup::Retention,
 ) -> Result<Uploaded, WorkflowError> {
     remove_leftover_imports(rack, &manifest.cluster).await;
     let name = backup::backup_name(&manifest.cluster, manifest.time);
-    let archive = backup::archive(manifest, &data);
-    drop(data);
-    let stats = store(rack, &name, manifest, archive).await?;
+    let (head, tail) = backup::archive_parts(manifest);
+    let size = head.len() as u64 + manifest.bytes + tail.len() as u64;
+    let memory = |v: Vec<u8>| SourceReader::Memory {
+        data: bytes::Bytes::from(v),
+        pos: 0,
+    };
+    let archive = SourceReader::Chain([memory(head), snapshot, memory(tail)].into());
+    let stats = store(rack, &name, manifest, archive, size).await?;
     let (pruned, backups) = prune(rack, &manifest.cluster, retention).await?;
     Ok(Uploaded {
         name,
@@ -155,12 +161,12 @@ async fn store<R: ImageStore>(
     rack: &R,
     name: &str,
     manifest: &Manifest,
-    archive: Vec<u8>,
+    mut reader: SourceReader,
+    size: u64,
 ) -> Result<image::UploadStats, WorkflowError> {
     let step = "upload";
     let disk = backup::import_disk_name(name);
     let opts = UploadOptions::default().normalized();
-    let size = archive.len() as u64;
     let sizes = image::import_sizes(size, opts.block_size);
     let description = image::import_disk_description(name, Some(&manifest.cluster));
     let tag = manifest.tag().description();
@@ -171,10 +177,6 @@ async fn store<R: ImageStore>(
         rack.bulk_write_start(&disk)
             .await
             .map_err(|e| rack_failed(step, e))?;
-        let mut reader = SourceReader::Memory {
-            data: bytes::Bytes::from(archive),
-            pos: 0,
-        };
         let stats = image::upload(
             rack,
             &disk,
@@ -355,21 +357,26 @@ pub fn read_rack_credentials(dir: &Path) -> Result<ClusterSecrets, WorkflowError
     })
 }
 
-/// One in-cluster backup: reads the ConfigMap, waits for k3s's snapshot of this tick, uploads
-/// it and applies retention, then records the outcome in the ConfigMap (a failure too).
+/// One in-cluster backup: reads the ConfigMap, waits for k3s's snapshot of this tick, counts
+/// the cluster's objects as `bootstrap backup` does (`count`: the kinds of
+/// `crate::adapters::kubeclient::COUNTED_KINDS`, for a restore drill to compare), uploads it
+/// and applies retention, then records the outcome in the ConfigMap (a failure too).
 /// `make_rack` connects with the rack credentials the pod was given (its own Secret, mounted:
 /// the backup account reads no Secret, so it never holds the server token that decrypts the
 /// Secrets in the snapshot, audit security-2 N1/N8); the token fingerprint the backup is tagged
 /// with is the ConfigMap's ([`state::keys::K3S_TOKEN_FINGERPRINT`], written by bootstrap).
-pub async fn run_scheduled<S, R, M>(
+pub async fn run_scheduled<S, R, M, C, F>(
     state: &S,
     make_rack: M,
+    count: C,
     opts: &ScheduledOptions,
 ) -> Result<ScheduledOutcome, WorkflowError>
 where
     S: StateStore,
     R: Rack + ImageStore,
     M: FnOnce() -> Result<R, RackError>,
+    C: FnOnce() -> F,
+    F: std::future::Future<Output = Result<u64, String>>,
 {
     let step = "state";
     let started_at = Utc::now();
@@ -410,24 +417,35 @@ where
         })?;
     let attempt = async {
         let (file, time) = wait_for_snapshot(opts, started_at, after).await?;
+        // Counted as soon as the snapshot is there: k3s took it at this tick, so the two agree
+        // but for what changed in between (as `bootstrap backup`'s count).
+        let objects = match count().await {
+            Ok(n) => Some(n),
+            Err(e) => {
+                warn!(error = %e, "cannot count the cluster's objects; a restore drill of this backup will not compare them");
+                None
+            }
+        };
         let rack = make_rack().map_err(|e| WorkflowError::step("upload", e))?;
-        let data = read_snapshot(&opts.snapshot_dir.join(&file)).await?;
+        let (snapshot, bytes, sha256) = open_snapshot(&opts.snapshot_dir.join(&file)).await?;
         let manifest = Manifest {
             format: backup::FORMAT,
             cluster: spec.cluster.clone(),
-            k3s_version: spec.k3s.version.clone(),
+            // The control plane's release and image: what a restore of this backup installs.
+            k3s_version: spec.k3s_version(&spec.control_plane).to_owned(),
+            image: Some(spec.control_plane.image.clone()),
             time,
             k3s_snapshot: file.clone(),
             taken_on: opts.node.clone().unwrap_or_else(|| node_of(&file)),
-            sha256: backup::hex(&Sha256::digest(&data)),
-            bytes: data.len() as u64,
+            sha256,
+            bytes,
             token: token.clone(),
-            objects: None,
+            objects,
             spec: spec_text.clone(),
             servers: server_addresses(&rack, &spec.cluster, DEFAULT_CONTROL_PLANE_POOL).await?,
         };
         let uploading = tokio::time::Instant::now();
-        let up = upload(&rack, &manifest, data, spec.backup.retention()).await?;
+        let up = upload(&rack, &manifest, snapshot, spec.backup.retention()).await?;
         Ok::<_, WorkflowError>((manifest, up, uploading.elapsed().as_secs_f64()))
     }
     .await;
@@ -526,13 +544,21 @@ fn node_of(file: &str) -> String {
         .map_or_else(|| "unknown".to_owned(), |(n, _)| n.to_owned())
 }
 
-/// The snapshot's bytes (bounded by [`MAX_SNAPSHOT_BYTES`]).
-async fn read_snapshot(path: &Path) -> Result<Vec<u8>, WorkflowError> {
+/// How much of the snapshot one read takes while it is hashed.
+const HASH_CHUNK: usize = 1 << 20;
+
+/// The snapshot file (bounded by [`MAX_SNAPSHOT_BYTES`]) opened for the upload, its size and
+/// its sha256 (hex), read once in [`HASH_CHUNK`]s: memory stays bounded whatever the
+/// snapshot's size (the Job's limit, `k8s-cronjobs/backup.yaml`). The upload reads the same
+/// open file again from the start: k3s writes snapshots whole and renames them into place, and
+/// its retention may unlink this one meanwhile, which an open file outlives.
+pub async fn open_snapshot(path: &Path) -> Result<(SourceReader, u64, String), WorkflowError> {
     let step = "snapshot";
-    let len = tokio::fs::metadata(path)
-        .await
-        .map_err(|e| WorkflowError::step(step, error::context(path.display().to_string(), e)))?
-        .len();
+    let failed = |e: std::io::Error| {
+        WorkflowError::step(step, error::context(path.display().to_string(), e))
+    };
+    let file = std::fs::File::open(path).map_err(failed)?;
+    let len = file.metadata().map_err(failed)?.len();
     if len == 0 || len > MAX_SNAPSHOT_BYTES as u64 {
         return Err(WorkflowError::step(
             step,
@@ -542,9 +568,39 @@ async fn read_snapshot(path: &Path) -> Result<Vec<u8>, WorkflowError> {
             )),
         ));
     }
-    tokio::fs::read(path)
-        .await
-        .map_err(|e| WorkflowError::step(step, error::context(path.display().to_string(), e)))
+    let (file, hashed) = tokio::task::spawn_blocking(move || {
+        use std::io::{Read as _, Seek as _};
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; HASH_CHUNK];
+        let mut read = 0u64;
+        let hashed = (|| {
+            let mut f = &file;
+            loop {
+                let n = f.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                read += n as u64;
+            }
+            f.rewind()?;
+            Ok::<_, std::io::Error>((read, backup::hex(&hasher.finalize())))
+        })();
+        (file, hashed)
+    })
+    .await
+    .map_err(|e| WorkflowError::step(step, message(format!("the hashing thread failed: {e}"))))?;
+    let (read, sha256) = hashed.map_err(failed)?;
+    if read != len {
+        return Err(WorkflowError::step(
+            step,
+            message(format!(
+                "{} changed while it was read ({len} bytes, then {read}); the next run takes the next snapshot",
+                path.display()
+            )),
+        ));
+    }
+    Ok((SourceReader::File(Some(file)), len, sha256))
 }
 
 #[cfg(test)]

@@ -361,14 +361,29 @@ impl Inner {
                 |vm| super::etcd_member::installed_release(vm, &self.cfg.k3s_version),
             )
         };
-        let read = etcd::restore_member(&release, (&snapshot, &data, &log), &name, ip, |h, u| {
-            etcd::read_prefix(h, u, "/bootstrap")
-        })
+        let read = etcd::restore_member(
+            &release,
+            (&snapshot, &data, &log),
+            &name,
+            ip,
+            |h, u| async move {
+                let keys = etcd::read_prefix(h.clone(), u.clone(), "/bootstrap").await?;
+                let nodes = etcd::read_prefix(h, u, NODES_PREFIX).await?;
+                Ok((keys, nodes))
+            },
+        )
         .await;
-        let keys = match read {
-            Ok(keys) => keys,
+        let (keys, nodes) = match read {
+            Ok(read) => read,
             Err(e) => return fatal(format!("{START_DB}: {e}")),
         };
+        let installing = ud
+            .install_version
+            .clone()
+            .unwrap_or_else(|| self.cfg.k3s_version.clone());
+        if let Some(refused) = downgrade_refusal(&installing, &nodes) {
+            return fatal(format!("{START_DB}: {refused}"));
+        }
         let restored = match restored_pki(&keys, &k3s) {
             Ok(r) => r,
             Err(msg) => return fatal(msg),
@@ -389,6 +404,69 @@ impl Inner {
         self.k3s_log(id, started, "info", super::k3s_service::RESET_DONE);
         Ok(())
     }
+}
+
+/// Where kube-apiserver keeps Nodes in etcd (`/registry/minions/<name>`: the `minions` prefix in
+/// `pkg/kubeapiserver/default_storage_factory_builder.go` `SpecialDefaultResourcePrefixes`).
+const NODES_PREFIX: &str = "/registry/minions/";
+
+/// A k3s release (`vMAJOR.MINOR.PATCH+k3sN`) read from `text` at its start: ((major, minor),
+/// its length).
+fn k3s_release(text: &[u8]) -> Option<((u32, u32), usize)> {
+    let digits = |s: &[u8]| -> Option<(u32, usize)> {
+        let n = s.iter().take_while(|c| c.is_ascii_digit()).count();
+        (n > 0)
+            .then(|| std::str::from_utf8(&s[..n]).ok()?.parse().ok())
+            .flatten()
+            .map(|v| (v, n))
+    };
+    let rest = text.strip_prefix(b"v")?;
+    let (major, a) = digits(rest)?;
+    let rest = rest[a..].strip_prefix(b".")?;
+    let (minor, b) = digits(rest)?;
+    let rest = rest[b..].strip_prefix(b".")?;
+    let (_, c) = digits(rest)?;
+    let (_, d) = digits(rest[c..].strip_prefix(b"+k3s")?)?;
+    Some(((major, minor), 1 + a + 1 + b + 1 + c + 4 + d))
+}
+
+/// The (major, minor) of k3s release `text`.
+fn k3s_minor(text: &[u8]) -> Option<(u32, u32)> {
+    k3s_release(text).map(|(m, _)| m)
+}
+
+/// The newest k3s minor among the restored datastore's control-plane Nodes (a k3s server is
+/// one binary: its kubelet's `status.nodeInfo.kubeletVersion` is its apiserver's release).
+/// The values are what kube-apiserver stored (protobuf here, JSON elsewhere): both keep the
+/// label key and the version as plain bytes, which is all this reads.
+fn newest_server_minor(nodes: &[(String, Vec<u8>)]) -> Option<((u32, u32), String)> {
+    let role = b"node-role.kubernetes.io/control-plane";
+    nodes
+        .iter()
+        .filter(|(_, v)| v.windows(role.len()).any(|w| w == role))
+        .flat_map(|(_, v)| {
+            (0..v.len()).filter_map(|i| {
+                let (m, len) = k3s_release(&v[i..])?;
+                Some((m, String::from_utf8_lossy(&v[i..i + len]).into_owned()))
+            })
+        })
+        .max_by(|a, b| a.0.cmp(&b.0))
+}
+
+/// The refusal of a restore by `installing` of a datastore its servers wrote at a newer k3s
+/// minor (tests/FIDELITY.md, "k3s restore from a snapshot"): k3s rolls back only with "a
+/// datastore snapshot taken on the Kubernetes minor version you wish to roll back to"
+/// (docs.k3s.io/upgrades/roll-back); the words are etcd's own refusal of a member older than
+/// the cluster's version (etcd 3.5.21 `membership/downgrade.go` `mustDetectDowngrade`).
+/// Patch releases of one minor restore each other's data.
+fn downgrade_refusal(installing: &str, nodes: &[(String, Vec<u8>)]) -> Option<String> {
+    let mine = k3s_minor(installing.as_bytes())?;
+    let (theirs, written_by) = newest_server_minor(nodes)?;
+    (theirs > mine).then(|| {
+        format!(
+            "invalid downgrade; server version is lower than determined cluster version: the datastore was written by k3s {written_by}, this is k3s {installing}"
+        )
+    })
 }
 
 /// k3s's `storageBootstrap` on the restored datastore: no bootstrap key at all keeps fresh
@@ -489,6 +567,38 @@ fn sha256sum_check(files: &[(String, Vec<u8>)], list: &str) -> (bool, String) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_datastore_a_newer_minor_wrote_is_refused_and_a_patch_or_newer_release_is_not() {
+        let node = |role: bool, version: &str| {
+            let mut v = b"k8s\0\n\x0b\n\x02v1\x12\x04Node".to_vec();
+            if role {
+                v.extend_from_slice(b"\n%node-role.kubernetes.io/control-plane\x12\x04true");
+            }
+            v.extend_from_slice(b"\x3a\x0c");
+            v.extend_from_slice(version.as_bytes());
+            v.extend_from_slice(b"J\x00");
+            ("/registry/minions/n".to_owned(), v)
+        };
+        let nodes = [node(true, "v1.34.1+k3s1"), node(true, "v1.33.4+k3s1")];
+        let refused = downgrade_refusal("v1.33.4+k3s1", &nodes).unwrap();
+        assert!(
+            refused.contains("lower than determined cluster version")
+                && refused.contains("v1.34.1+k3s1"),
+            "{refused}"
+        );
+        assert_eq!(downgrade_refusal("v1.34.1+k3s1", &nodes), None);
+        assert_eq!(downgrade_refusal("v1.34.0+k3s1", &nodes), None, "a patch");
+        // Newer than the data: an upgrade, as the restored spec's roll would do anyway.
+        assert_eq!(downgrade_refusal("v1.35.0+k3s1", &nodes), None);
+        // Only servers count: an agent's version says nothing of the apiserver.
+        let agents = [node(false, "v1.34.1+k3s1"), node(true, "v1.33.1+k3s1")];
+        assert_eq!(downgrade_refusal("v1.33.4+k3s1", &agents), None);
+        assert_eq!(downgrade_refusal("v1.33.4+k3s1", &[]), None);
+        assert_eq!(k3s_minor(b"v1.30.0+k3s1"), Some((1, 30)));
+        assert_eq!(k3s_minor(b"v1.30+k3s1"), None);
+        assert_eq!(k3s_release(b"v1.33.4+k3s1J\x00"), Some(((1, 33), 12)));
+    }
 
     #[test]
     fn the_bootstrap_key_is_the_token_passwords_sha256_prefix() {

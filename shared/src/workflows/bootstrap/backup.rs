@@ -157,9 +157,12 @@ pub async fn run<C: Connect>(
     let manifest = Manifest {
         format: backup::FORMAT,
         cluster: input.cluster.clone(),
-        k3s_version: spec
-            .as_ref()
-            .map_or_else(|| "unknown".to_owned(), |s| s.k3s.version.clone()),
+        // The control plane's release and image: what a restore of this backup installs.
+        k3s_version: spec.as_ref().map_or_else(
+            || "unknown".to_owned(),
+            |s| s.k3s_version(&s.control_plane).to_owned(),
+        ),
+        image: spec.as_ref().map(|s| s.control_plane.image.clone()),
         // Whole seconds: the description carries no more, and the two must agree.
         time: Utc::now().trunc_subsecs(0),
         k3s_snapshot: k3s_snapshot.clone(),
@@ -172,7 +175,11 @@ pub async fn run<C: Connect>(
         servers: shared::server_addresses(&rack, &input.cluster, &v.pool).await?,
     };
     let retention = spec.map(|s| s.backup.retention()).unwrap_or_default();
-    let up = shared::upload(&rack, &manifest, data, retention).await?;
+    let snapshot = image::SourceReader::Memory {
+        data: bytes::Bytes::from(data),
+        pos: 0,
+    };
+    let up = shared::upload(&rack, &manifest, snapshot, retention).await?;
     let (name, stats, pruned, backups) = (up.name, up.stats, up.pruned, up.backups);
     let seconds = started.elapsed().as_secs_f64();
     info!(step = "upload", backup = %name, seconds, "the backup is on the rack");

@@ -25,13 +25,13 @@
 use std::fmt::Write as _;
 
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{RecoverInput, Validated, rack_failed};
 use crate::base::names::{self, InstanceTag};
 use crate::domain::backup::{self, Backup, Choice};
 use crate::domain::model::{InstanceState, SnapshotDisk};
-use crate::domain::spec::Role;
+use crate::domain::spec::{ClusterSpec, Role};
 use crate::ports::rack::Rack;
 use crate::render::cloud_init::MemberInput;
 use crate::render::members;
@@ -119,13 +119,29 @@ async fn pick<R: Rack>(
     Ok(chosen)
 }
 
-/// The calls [`run`] makes, as the person reads them.
-pub(super) fn calls(project: &str, cluster: &str, pool: &str, chosen: &Backup) -> Vec<String> {
+/// The calls [`run`] makes, as the person reads them (`spec`: the resume file's).
+pub(super) fn calls(
+    project: &str,
+    cluster: &str,
+    pool: &str,
+    spec: Option<&ClusterSpec>,
+    chosen: &Backup,
+) -> Vec<String> {
     let server = format!("{}<new>", names::instance_prefix(cluster, pool));
+    let image = chosen.tag.image.as_deref().map_or_else(
+        || {
+            spec.map_or_else(
+                || "the resume file's image".to_owned(),
+                |s| format!("image {} (the resume file's)", s.control_plane.image),
+            )
+        },
+        |i| format!("image {i}"),
+    );
     vec![
         format!("PUT /v1/vpc-firewall-rules?project={project} (the members rule names {server})"),
         format!(
-            "POST /v1/instances?project={project}: {server}, cluster-init with the resume file's tokens, with disk restore-{server} from snapshot {} (taken {})",
+            "POST /v1/instances?project={project}: {server}, cluster-init with the resume file's tokens, k3s {} (the backup's release) on {image}, with disk restore-{server} from snapshot {} (taken {})",
+            chosen.tag.k3s_version,
             chosen.name,
             chosen
                 .tag
@@ -247,8 +263,9 @@ pub(super) async fn run<C: Connect>(
 }
 
 /// The cluster-init server that restores `chosen`: `name`, with the resume file's tokens,
-/// `api_address` among its TLS names, the control-plane pool's size and image, and a disk made
-/// from the backup; a `drill`'s without a local agent.
+/// `api_address` among its TLS names, the control-plane pool's size, the backup's k3s release
+/// and image ([`backup::restore_pool`]), and a disk made from the backup; a `drill`'s without
+/// a local agent.
 #[allow(clippy::too_many_arguments)]
 async fn restoring_server<R: Rack + crate::adapters::image::ImageStore>(
     rack: &R,
@@ -260,6 +277,23 @@ async fn restoring_server<R: Rack + crate::adapters::image::ImageStore>(
     drill: bool,
     step: &'static str,
 ) -> Result<crate::domain::model::NewInstance, BootstrapError> {
+    let (pool, note) = backup::restore_pool(&chosen.name, &chosen.tag, &spec.control_plane)
+        .map_err(|m| BootstrapError::needs_person(step, message(m)))?;
+    if let Some(note) = note {
+        warn!(step, backup = %chosen.name, "{note}");
+    }
+    let mut spec = spec.clone();
+    spec.control_plane = pool;
+    spec.validate().map_err(|e| {
+        BootstrapError::needs_person(
+            step,
+            message(format!(
+                "the server restoring backup {} runs k3s {} (the backup's release) on image {}, which the resume file's spec does not allow: {e}. Nothing was changed",
+                chosen.name, chosen.tag.k3s_version, spec.control_plane.image
+            )),
+        )
+    })?;
+    let spec = &spec;
     let pool = &spec.control_plane;
     let image = Rack::find_image(rack, &pool.image)
         .await
@@ -268,8 +302,8 @@ async fn restoring_server<R: Rack + crate::adapters::image::ImageStore>(
             BootstrapError::needs_person(
                 step,
                 message(format!(
-                    "image {} of the control-plane pool is neither in the project nor in the silo",
-                    pool.image
+                    "image {} (the control-plane image for backup {}) is neither in the project nor in the silo; import it again, or restore another backup. Nothing was changed",
+                    pool.image, chosen.name
                 )),
             )
         })?;
