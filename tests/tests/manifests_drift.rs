@@ -30,7 +30,7 @@ const PLAIN_FILES: [&str; 7] = [
     "backup.yaml",
 ];
 /// Every object the in-cluster pieces consist of, as [`object_key`] spells them.
-const EXPECTED_OBJECTS: [&str; 24] = [
+const EXPECTED_OBJECTS: [&str; 26] = [
     "ClusterRole oxide-controller-backup-count",
     "ClusterRole oxide-controller-reconcile",
     "ClusterRole oxide-controller-webhook",
