@@ -141,8 +141,10 @@ pub fn copy_with_server(
     entry["cluster"]["server"] = Value::from(server);
     doc["current-context"] = Value::from(context);
     let out = render(&doc).map_err(KubeconfigError::Malformed)?;
+    // A new file only (O_EXCL, which also refuses a symlink in its place): the mode applies
+    // only to a file this call creates.
     let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
+    opts.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
     let mut f = opts

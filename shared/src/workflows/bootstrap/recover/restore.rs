@@ -434,7 +434,10 @@ pub(super) async fn drill<C: Connect>(
     );
     names::validate_name_max("drill server name", &name, names::MAX_INSTANCE_NAME_LEN)
         .map_err(|e| BootstrapError::input("--cluster", e))?;
-    let dir = std::env::temp_dir().join(format!("oxide-controller-drill-{}", std::process::id()));
+    // Where the copy of the admin kubeconfig goes: a directory of a random name made by
+    // this process alone, 0700 (audit security-2 N5: a predictable path under a shared /tmp
+    // let another local user pre-create it and read the credential).
+    let dir = drill_dir(&std::env::temp_dir()).map_err(|e| BootstrapError::step("drill", e))?;
     let made = drill_server(
         connect, rack, v, input, chosen, &spec, &name, &fip_name, &dir,
     )
@@ -451,6 +454,27 @@ pub(super) async fn drill<C: Connect>(
         restored_objects,
         cleaned_up: true,
     })
+}
+
+/// A new directory for the drill's kubeconfig under `parent`: a random name, created by
+/// `mkdir` (which fails on anything already there, a symlink included) with mode 0700.
+fn drill_dir(parent: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+    let mut last = None;
+    for _ in 0..8 {
+        let dir = parent.join(format!(
+            "oxide-controller-drill-{}",
+            names::random_suffix(&mut rand::rng())
+        ));
+        let mut b = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        match b.create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free name")))
 }
 
 /// The drill's server, up to a counted ready API: (seconds to `/readyz`, objects).
@@ -506,7 +530,6 @@ async fn drill_server<C: Connect>(
     )
     .await
     .map_err(|e| rack_failed(step, e))?;
-    std::fs::create_dir_all(dir).map_err(|e| BootstrapError::step(step, e))?;
     let kubeconfig = dir.join("kubeconfig");
     crate::adapters::kubeconfig::copy_with_server(
         &v.kubeconfig,
@@ -578,5 +601,57 @@ async fn clean_drill<R: Rack>(
     match rack.delete_floating_ip(fip_name).await {
         Ok(()) | Err(crate::ports::rack::RackError::NotFound { .. }) => Ok(()),
         Err(e) => Err(rack_failed(step, e)),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Audit security-2 N5: the drill's kubeconfig goes into a directory nobody else can have
+    /// made or can read: a new random name each time, mode 0700, and a name already taken (a
+    /// pre-created directory or a symlink) is never reused.
+    #[test]
+    fn the_drill_directory_is_new_private_and_unpredictable() {
+        let parent = std::env::temp_dir().join(format!("drill-dir-test-{}", std::process::id()));
+        std::fs::create_dir_all(&parent).unwrap();
+        let a = drill_dir(&parent).unwrap();
+        let b = drill_dir(&parent).unwrap();
+        assert_ne!(a, b);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = std::fs::metadata(&a).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700);
+        }
+        // The kubeconfig is written only as a new file: one planted in its place is refused.
+        let planted = a.join("kubeconfig");
+        std::fs::write(&planted, "someone else's").unwrap();
+        let src = parent.join("admin.yaml");
+        std::fs::write(
+            &src,
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://10.0.0.1:6443\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    token: t\ncurrent-context: c\n",
+        )
+        .unwrap();
+        assert!(
+            crate::adapters::kubeconfig::copy_with_server(
+                &src,
+                "c",
+                "https://10.0.0.2:6443",
+                &planted
+            )
+            .is_err()
+        );
+        assert_eq!(std::fs::read_to_string(&planted).unwrap(), "someone else's");
+        let fresh = b.join("kubeconfig");
+        crate::adapters::kubeconfig::copy_with_server(&src, "c", "https://10.0.0.2:6443", &fresh)
+            .unwrap();
+        assert!(
+            std::fs::read_to_string(&fresh)
+                .unwrap()
+                .contains("10.0.0.2")
+        );
+        std::fs::remove_dir_all(&parent).unwrap();
     }
 }
