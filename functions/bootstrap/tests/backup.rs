@@ -838,8 +838,8 @@ async fn lose_every_server(env: &Env) -> Vec<String> {
 /// upgrade` to v1.34, a backup, every server lost: the restore installs the backup's v1.34 (its
 /// description records the control plane's release and image), not the resume file's v1.33,
 /// which the simulator refuses as k3s's roll-back rules do (a v1.33 server under a datastore
-/// v1.34 servers wrote). The cluster comes back converged at v1.34. One server, bootstrapped at
-/// the first v1.33 whose etcd may take a 3.6 member (finding 2's gate), so one roll suffices.
+/// v1.34 servers wrote). The cluster comes back converged at v1.34. Three servers, bootstrapped
+/// at the first v1.33 whose etcd may take a 3.6 member (finding 2's gate), so one roll suffices.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_after_an_upgrade_installs_the_backups_release() {
     const FROM: &str = "v1.33.7+k3s3";
@@ -847,7 +847,7 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
     let env = env().await;
     env.run_ok(&[
         "--control-planes",
-        "1",
+        "3",
         "--workers",
         "0",
         "--k3s-version",
@@ -883,7 +883,7 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    // reconcile-once runs from the laptop until the server is replaced by one at TO.
+    // reconcile-once runs from the laptop until the three servers are replaced by ones at TO.
     let bin = common::workspace_binaries().join("reconcile-once");
     let deadline = std::time::Instant::now() + Duration::from_secs(600);
     loop {
@@ -900,7 +900,7 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
         );
         let servers = server_versions(&env).await;
         if out.status.code() == Some(0)
-            && servers.len() == 1
+            && servers.len() == 3
             && servers.iter().all(|(_, r, v)| *r && v == TO)
         {
             break;
@@ -954,7 +954,7 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
     assert!(stdout.contains("Reconcile: converged"), "{stdout}");
     let servers = server_versions(&env).await;
     assert!(
-        servers.len() == 1 && servers.iter().all(|(_, r, v)| *r && v == TO),
+        servers.len() == 3 && servers.iter().all(|(_, r, v)| *r && v == TO),
         "{servers:?}"
     );
 }

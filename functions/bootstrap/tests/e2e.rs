@@ -74,6 +74,8 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
             "host-key-pins",
             "k3s-agent-token",
             "k3s-token",
+            // Issue 45 (audit security-2 N4): the cluster's name, pinned like the project.
+            "oxide-cluster",
             "oxide-host",
             "oxide-project",
             "oxide-token",

@@ -311,6 +311,20 @@ async fn a_stopped_worker_goes_unknown_through_the_node_lifecycle_controller_and
         "Unknown after {:?}, before the grace period",
         started.elapsed()
     );
+    // The controller sets the condition, then taints in its own pass (NoExecute tainting runs
+    // after the status update): wait for the taint as well.
+    let node = env
+        .wait_for(
+            "the node lifecycle controller to taint it unreachable",
+            || async {
+                let n = env.kube().get("v1", "Node", None, &victim).await?;
+                n["spec"]["taints"]
+                    .to_string()
+                    .contains("node.kubernetes.io/unreachable")
+                    .then_some(n)
+            },
+        )
+        .await;
     let taints = node["spec"]["taints"].to_string();
     assert!(
         taints.contains("node.kubernetes.io/unreachable"),

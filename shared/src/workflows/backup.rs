@@ -402,30 +402,12 @@ where
         .and_then(|j| BackupReport::from_json(j))
         .unwrap_or_default();
     let after = report.last_success.as_ref().map(|b| b.time);
-    let token = config
-        .data
-        .get(state::keys::K3S_TOKEN_FINGERPRINT)
-        .cloned()
-        .ok_or_else(|| {
-            WorkflowError::needs_person(
-                step,
-                message(format!(
-                    "the ConfigMap has no {:?} (the server token's fingerprint, written by bootstrap): re-run bootstrap",
-                    state::keys::K3S_TOKEN_FINGERPRINT
-                )),
-            )
-        })?;
+    let token = recorded_token_fingerprint(&config)?;
     let attempt = async {
         let (file, time) = wait_for_snapshot(opts, started_at, after).await?;
         // Counted as soon as the snapshot is there: k3s took it at this tick, so the two agree
         // but for what changed in between (as `bootstrap backup`'s count).
-        let objects = match count().await {
-            Ok(n) => Some(n),
-            Err(e) => {
-                warn!(error = %e, "cannot count the cluster's objects; a restore drill of this backup will not compare them");
-                None
-            }
-        };
+        let objects = count_or_warn(count).await;
         let rack = make_rack().map_err(|e| WorkflowError::step("upload", e))?;
         let (snapshot, bytes, sha256) = open_snapshot(&opts.snapshot_dir.join(&file)).await?;
         let manifest = Manifest {
@@ -471,6 +453,40 @@ where
         seconds,
         pruned: up.pruned,
     })
+}
+
+/// The server token's fingerprint bootstrap wrote into the ConfigMap
+/// ([`state::keys::K3S_TOKEN_FINGERPRINT`]): what the backup is tagged with.
+fn recorded_token_fingerprint(config: &state::ConfigSnapshot) -> Result<String, WorkflowError> {
+    config
+        .data
+        .get(state::keys::K3S_TOKEN_FINGERPRINT)
+        .cloned()
+        .ok_or_else(|| {
+            WorkflowError::needs_person(
+                "state",
+                message(format!(
+                    "the ConfigMap has no {:?} (the server token's fingerprint, written by bootstrap): re-run bootstrap",
+                    state::keys::K3S_TOKEN_FINGERPRINT
+                )),
+            )
+        })
+}
+
+/// The object count for the backup's manifest, or none (with a warning) when the API could
+/// not be counted: the backup itself goes on.
+async fn count_or_warn<C, F>(count: C) -> Option<u64>
+where
+    C: FnOnce() -> F,
+    F: std::future::Future<Output = Result<u64, String>>,
+{
+    match count().await {
+        Ok(n) => Some(n),
+        Err(e) => {
+            warn!(error = %e, "cannot count the cluster's objects; a restore drill of this backup will not compare them");
+            None
+        }
+    }
 }
 
 /// How far before the Job's start a snapshot still counts as this tick's (the pod may start
