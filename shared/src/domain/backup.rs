@@ -231,50 +231,6 @@ impl Manifest {
     }
 }
 
-/// The control-plane pool a restore (or a drill) of `tag` creates its server with, and a
-/// note for the person when the backup records no image.
-///
-/// The release is the backup's, not the resume file's: the resume file keeps the spec
-/// bootstrap started with, and after an upgrade that is older than the datastore. k3s rolls
-/// back only by restoring "a datastore snapshot taken on the Kubernetes minor version you wish
-/// to roll back to" (<https://docs.k3s.io/upgrades/roll-back>), and no Kubernetes control
-/// plane runs older than the data its newer self wrote. Installing the backup's own release is
-/// always that pairing; the restored spec then rolls the servers forward through the usual
-/// upgrade, however old the backup is. The image is the one recorded with the release (the
-/// resume file's may be deleted since, or carry another preinstalled k3s); a backup taken
-/// before images were recorded keeps the pool's, said in the note.
-pub fn restore_pool(
-    backup: &str,
-    tag: &BackupTag,
-    pool: &crate::domain::spec::PoolSpec,
-) -> Result<(crate::domain::spec::PoolSpec, Option<String>), String> {
-    let v = &tag.k3s_version;
-    let release = v.strip_prefix('v').is_some_and(|rest| {
-        !rest.is_empty()
-            && rest
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-'))
-    });
-    if !release {
-        return Err(format!(
-            "backup {backup} does not say which k3s release wrote it (k3s={v} in its description): a restore must install that release, never an older one. Restore another backup of the cluster. Nothing was changed"
-        ));
-    }
-    let mut out = pool.clone();
-    out.k3s_version = Some(v.clone());
-    let note = match &tag.image {
-        Some(image) => {
-            out.image.clone_from(image);
-            None
-        }
-        None => Some(format!(
-            "backup {backup} records no control-plane image (taken before backups recorded it): the restoring server runs k3s {v} on image {}, the resume file's; if that image has gone or preinstalls another k3s, restore a newer backup",
-            pool.image
-        )),
-    };
-    Ok((out, note))
-}
-
 /// The archive of a backup: [`ARCHIVE_MANIFEST`], [`ARCHIVE_SNAPSHOT`], [`ARCHIVE_SHA256`], in
 /// that order, then the two zero blocks that end a tar archive.
 pub fn archive(manifest: &Manifest, snapshot: &[u8]) -> Vec<u8> {
@@ -508,41 +464,6 @@ mod tests {
         let parsed = BackupTag::parse(old).unwrap();
         assert_eq!((parsed.image, parsed.objects), (None, None));
         assert_eq!(parsed.k3s_version, "v1.33.4+k3s1");
-    }
-
-    #[test]
-    fn a_restore_installs_the_backups_release_and_image_not_the_pools() {
-        let pool = crate::domain::spec::ClusterSpec::new("c", "p", "old-image", 3, 2).control_plane;
-        let mut t = tag("c", at(1));
-        t.k3s_version = "v1.34.1+k3s1".into();
-        let (p, note) = restore_pool("b", &t, &pool).unwrap();
-        assert_eq!(p.k3s_version.as_deref(), Some("v1.34.1+k3s1"));
-        assert_eq!(p.image, "ubuntu-2404-k3s");
-        assert_eq!(
-            (p.count, p.cpus, &p.name),
-            (pool.count, pool.cpus, &pool.name)
-        );
-        assert_eq!(note, None);
-        // An older backup: its own older release (the restored spec upgrades afterwards).
-        t.k3s_version = "v1.30.0+k3s1".into();
-        t.image = None;
-        let (p, note) = restore_pool("b", &t, &pool).unwrap();
-        assert_eq!(p.k3s_version.as_deref(), Some("v1.30.0+k3s1"));
-        assert_eq!(p.image, pool.image);
-        let note = note.unwrap();
-        assert!(
-            note.contains("records no control-plane image") && note.contains(&pool.image),
-            "{note}"
-        );
-        // No release recorded (bootstrap backup without a readable spec): refused.
-        t.k3s_version = "unknown".into();
-        let e = restore_pool("b", &t, &pool).unwrap_err();
-        assert!(
-            e.contains("Restore another backup") && e.contains("Nothing was changed"),
-            "{e}"
-        );
-        t.k3s_version = "v1.33.4';reboot".into();
-        assert!(restore_pool("b", &t, &pool).is_err());
     }
 
     #[test]

@@ -264,7 +264,7 @@ pub(super) async fn run<C: Connect>(
 
 /// The cluster-init server that restores `chosen`: `name`, with the resume file's tokens,
 /// `api_address` among its TLS names, the control-plane pool's size, the backup's k3s release
-/// and image ([`backup::restore_pool`]), and a disk made from the backup; a `drill`'s without
+/// and image ([`crate::domain::spec::restore_pool`]), and a disk made from the backup; a `drill`'s without
 /// a local agent.
 #[allow(clippy::too_many_arguments)]
 async fn restoring_server<R: Rack + crate::adapters::image::ImageStore>(
@@ -277,8 +277,9 @@ async fn restoring_server<R: Rack + crate::adapters::image::ImageStore>(
     drill: bool,
     step: &'static str,
 ) -> Result<crate::domain::model::NewInstance, BootstrapError> {
-    let (pool, note) = backup::restore_pool(&chosen.name, &chosen.tag, &spec.control_plane)
-        .map_err(|m| BootstrapError::needs_person(step, message(m)))?;
+    let (pool, note) =
+        crate::domain::spec::restore_pool(&chosen.name, &chosen.tag, &spec.control_plane)
+            .map_err(|m| BootstrapError::needs_person(step, message(m)))?;
     if let Some(note) = note {
         warn!(step, backup = %chosen.name, "{note}");
     }
