@@ -297,15 +297,14 @@ async fn a_stopped_worker_goes_unknown_through_the_node_lifecycle_controller_and
     // Nothing marks the Node at once: its heartbeats stop, and after the grace period the
     // real node lifecycle controller sets Ready=Unknown and taints it unreachable.
     let started = Instant::now();
-    let node = env
-        .wait_for(
-            "the node lifecycle controller to mark the Node Unknown",
-            || async {
-                let n = env.kube().get("v1", "Node", None, &victim).await?;
-                (readiness(&n).as_deref() == Some("Unknown")).then_some(n)
-            },
-        )
-        .await;
+    env.wait_for(
+        "the node lifecycle controller to mark the Node Unknown",
+        || async {
+            let n = env.kube().get("v1", "Node", None, &victim).await?;
+            (readiness(&n).as_deref() == Some("Unknown")).then_some(n)
+        },
+    )
+    .await;
     assert!(
         started.elapsed() >= GRACE / 2,
         "Unknown after {:?}, before the grace period",
