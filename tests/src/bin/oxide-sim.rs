@@ -67,6 +67,10 @@ struct Args {
     /// Instance rebooting → running (ms).
     #[arg(long)]
     rebooting_ms: Option<u64>,
+    /// How long k3s's leaf certificates are valid, in seconds (365 days when absent): a
+    /// shorter lifetime scales k3s's renewal window and certificate monitor with it.
+    #[arg(long)]
+    cert_lifetime_secs: Option<u64>,
     /// Running → k3s starting (ms).
     #[arg(long)]
     k3s_boot_ms: Option<u64>,
@@ -254,6 +258,9 @@ fn options(args: &Args) -> anyhow::Result<SimOptions> {
     }
     if let Some(v) = args.join_retry_ms {
         opts.join_retry = ms(v);
+    }
+    if let Some(v) = args.cert_lifetime_secs {
+        opts.cert_lifetime = std::time::Duration::from_secs(v);
     }
     if let Some(v) = &args.k3s_version {
         opts.k3s_version = v.clone();

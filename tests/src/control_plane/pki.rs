@@ -285,6 +285,16 @@ impl Pki {
 
     /// A serving certificate for `sans` (DNS names or IP addresses).
     pub fn serving(&self, sans: &[String]) -> Result<KeyedCert, ControlPlaneError> {
+        self.serving_until(sans, None)
+    }
+
+    /// [`Self::serving`] valid until `end` (from an hour before now, as k3s backdates), or
+    /// for ever when None.
+    pub fn serving_until(
+        &self,
+        sans: &[String],
+        end: Option<std::time::SystemTime>,
+    ) -> Result<KeyedCert, ControlPlaneError> {
         let key = KeyPair::generate().map_err(err("generating a serving key"))?;
         let mut params = CertificateParams::new(sans.to_vec()).map_err(err("serving SANs"))?;
         let mut dn = DistinguishedName::new();
@@ -296,6 +306,11 @@ impl Pki {
         ];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         validity(&mut params);
+        if let Some(end) = end {
+            let end = time::OffsetDateTime::from(end);
+            params.not_before = end.min(time::OffsetDateTime::now_utc()) - time::Duration::hours(1);
+            params.not_after = end;
+        }
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(err("signing a serving certificate"))?;
@@ -351,8 +366,9 @@ impl Pki {
     pub fn server_config(
         &self,
         sans: &[String],
+        end: Option<std::time::SystemTime>,
     ) -> Result<Arc<rustls::ServerConfig>, ControlPlaneError> {
-        let serving = self.serving(sans)?;
+        let serving = self.serving_until(sans, end)?;
         let tls = |what: &'static str| {
             move |e: rustls::Error| ControlPlaneError::Tls(format!("{what}: {e}"))
         };

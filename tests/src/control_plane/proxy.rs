@@ -173,7 +173,17 @@ impl FrontProxy {
         &self,
         sans: &[String],
     ) -> Result<Arc<rustls::ServerConfig>, ControlPlaneError> {
-        self.pki.server_config(sans)
+        self.pki.server_config(sans, None)
+    }
+
+    /// [`Self::tls_config`] with a certificate valid until `end` (a k3s node's leaf
+    /// certificates, see `crate::guest::certs`); None: valid for ever, as a fixture's.
+    pub fn tls_config_until(
+        &self,
+        sans: &[String],
+        end: Option<std::time::SystemTime>,
+    ) -> Result<Arc<rustls::ServerConfig>, ControlPlaneError> {
+        self.pki.server_config(sans, end)
     }
 
     /// Accept loop: TLS + HTTP/1.1 until the task is aborted (which closes every connection).

@@ -271,6 +271,7 @@ impl Inner {
         prepared: Option<Arc<super::cluster_api::RealCluster>>,
     ) {
         let create = join.is_none();
+        let renew_listeners;
         let node = {
             let mut st = self.state();
             let cluster = match join {
@@ -319,6 +320,12 @@ impl Inner {
             vm.k3s = K3sState::Joined;
             // The process came up moments before it joined; the start is what its metrics say.
             vm.k3s_started = std::time::SystemTime::now();
+            // k3s renews the node's leaf certificates on start when they are inside the
+            // renewal window (see [`super::certs`]).
+            let (end, renewed) =
+                super::certs::on_start(vm.certs_end, vm.k3s_started, self.cfg.cert_lifetime);
+            vm.certs_end = Some(end);
+            renew_listeners = renewed;
             vm.member = true;
             // What a restore left on the disk is the member's data now.
             vm.restored = None;
@@ -351,6 +358,10 @@ impl Inner {
             self.register_node(node, id, generation);
         }
         if role == Role::Server {
+            // Renewed certificates: the listeners serve the new ones from now on.
+            if renew_listeners {
+                self.close_api_listeners(id);
+            }
             self.sync_listeners(id);
             if create {
                 self.k3s_log(

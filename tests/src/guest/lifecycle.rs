@@ -640,6 +640,10 @@ impl Inner {
                         started,
                         prepared,
                     );
+                    // The agent starts the certificate monitor (k3s `certmonitor.Setup`).
+                    if !(role == Role::Server && config.disable_agent) {
+                        self.start_cert_monitor(id, generation, run);
+                    }
                     // k3s's etcd `Start` starts the snapshot cron (servers only).
                     if role == Role::Server {
                         self.start_snapshot_schedule(id, generation, run, config, started);
@@ -835,6 +839,7 @@ impl RackEvents for Boot {
                 sshd_up: false,
                 k3s: K3sState::Off,
                 k3s_started: std::time::UNIX_EPOCH,
+                certs_end: None,
                 member: false,
                 cluster: None,
                 keys_printed: false,

@@ -36,6 +36,18 @@ impl Inner {
         }
     }
 
+    /// Closes `id`'s Kubernetes API listeners (k3s restarted with renewed certificates: the
+    /// next [`Self::sync_listeners`] opens them with the new ones).
+    pub(super) fn close_api_listeners(self: &Arc<Self>, id: Uuid) {
+        let _rt = self.runtime.enter();
+        let mut guard = self.listeners.lock();
+        for (addr, kind) in guard.owned_by(id) {
+            if kind == ListenerKind::KubeApi {
+                guard.close(addr);
+            }
+        }
+    }
+
     /// What `id` should listen on, and the API its listeners serve (its cluster's).
     fn desired_listeners(&self, id: Uuid) -> (Vec<Desired>, Option<Arc<RealCluster>>) {
         let st = self.state();
@@ -154,7 +166,8 @@ impl Inner {
                 let Some(real) = api else {
                     return;
                 };
-                match real.proxy.tls_config(&sans) {
+                let end = self.state().vms.get(&id).and_then(|v| v.certs_end);
+                match real.proxy.tls_config_until(&sans, end) {
                     Ok(tls) => {
                         let proxy = Arc::clone(&real.proxy);
                         let server = self.server_facts(id);

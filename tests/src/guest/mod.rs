@@ -28,6 +28,7 @@
 //! - [`listeners`] and [`ssh`]: what the VM serves (Kubernetes API, sshd and its files);
 //! - [`lifecycle`]: the rack's events and the boot sequence gluing the rest together.
 
+pub mod certs;
 mod cloud_init;
 pub mod cluster_api;
 mod console;
@@ -89,6 +90,9 @@ pub struct BootConfig {
     pub k3s_version: String,
     /// Which Kubernetes a new cluster runs.
     pub kubernetes: crate::control_plane::ControlPlaneOptions,
+    /// How long k3s's leaf certificates are valid (365 days on a real node; shorter scales
+    /// k3s's renewal window and certificate monitor with it, see [`certs`]).
+    pub cert_lifetime: Duration,
 }
 
 impl Default for BootConfig {
@@ -100,6 +104,7 @@ impl Default for BootConfig {
             join_retry: Duration::from_millis(200),
             k3s_version: "v1.33.4+k3s1".to_string(),
             kubernetes: crate::control_plane::ControlPlaneOptions::default(),
+            cert_lifetime: certs::REAL_LIFETIME,
         }
     }
 }
@@ -151,6 +156,9 @@ struct Vm {
     k3s: K3sState,
     /// When the running k3s process came up (its apiserver's `process_start_time_seconds`).
     k3s_started: std::time::SystemTime,
+    /// When the node's leaf certificates end (None: k3s never started here); on its disk,
+    /// so kept across restarts (see [`certs`]).
+    certs_end: Option<std::time::SystemTime>,
     /// Has been a member of its cluster (its datastore/agent state survives reboots).
     member: bool,
     /// The cluster it joined or created (key of [`State::clusters`]).

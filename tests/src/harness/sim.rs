@@ -59,6 +59,8 @@ pub struct SimOptions {
     /// How each cluster's real control plane runs ([`crate::control_plane`]): timings such as
     /// the node lifecycle controller's grace period.
     pub kubernetes: crate::control_plane::ControlPlaneOptions,
+    /// How long k3s's leaf certificates are valid (365 days; shorter scales a year down).
+    pub cert_lifetime: Duration,
 }
 
 impl std::fmt::Debug for SimOptions {
@@ -79,6 +81,7 @@ impl std::fmt::Debug for SimOptions {
             .field("job_bundle", &self.job_bundle)
             .field("tailscale", &self.tailscale)
             .field("kubernetes", &self.kubernetes)
+            .field("cert_lifetime", &self.cert_lifetime)
             .finish()
     }
 }
@@ -103,6 +106,7 @@ impl Default for SimOptions {
             tailscale: TailscaleOptions::default(),
             api_version: crate::oxide::SERVER_API_VERSION.to_owned(),
             kubernetes: Default::default(),
+            cert_lifetime: boot.cert_lifetime,
         }
     }
 }
@@ -163,6 +167,7 @@ impl Sim {
                 join_retry: opts.join_retry,
                 k3s_version: opts.k3s_version.clone(),
                 kubernetes: opts.kubernetes.clone(),
+                cert_lifetime: opts.cert_lifetime,
             },
             faults.clone(),
             listeners,
