@@ -101,7 +101,9 @@ pub async fn apply<R: Rack, C: Cluster, F: MemberFactory>(
             Action::CreateMember { pool, .. } if first_creates.insert(pool.as_str()) => 1,
             Action::CreateMember { .. }
             | Action::StartMember { .. }
-            | Action::CancelRemoval { .. } => 2,
+            | Action::CancelRemoval { .. }
+            | Action::RestartForCertificates { .. }
+            | Action::FinishCertificateRestart { .. } => 2,
             Action::RemoveMember { .. } => 3,
             Action::DeleteNode { .. } | Action::DeleteDisk { .. } => 4,
         })
@@ -307,6 +309,38 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                     Err(e) => Outcome::Failed(format!("{e:#}")),
                 }
             }
+            Action::RestartForCertificates {
+                name,
+                node,
+                drain,
+                since,
+                ..
+            } => match self
+                .restart_for_certificates(name, node, *drain, *since)
+                .await
+            {
+                Ok(o) => o,
+                Err(e) => Outcome::Failed(e),
+            },
+            Action::FinishCertificateRestart {
+                node,
+                uncordon,
+                since,
+                ..
+            } => {
+                let value = crate::domain::certificates::Restart::Done(*since).value();
+                let unschedulable = uncordon.then_some(false);
+                match self
+                    .retry_kube(|| {
+                        self.cluster
+                            .mark_certificate_restart(node, &value, unschedulable)
+                    })
+                    .await
+                {
+                    Ok(()) | Err(ClusterError::NotFound { .. }) => Outcome::Done,
+                    Err(e) => Outcome::Failed(format!("{e:#}")),
+                }
+            }
             Action::DeleteNode { node, .. } => {
                 match self.retry_kube(|| self.cluster.delete_node(node)).await {
                     Ok(()) => Outcome::Done,
@@ -400,6 +434,47 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 });
                 failed(e)
             }
+        }
+    }
+
+    /// A restart for certificates: the Node's mark first (so a later run knows it was asked
+    /// for, and keeps its time), cordon and drain with `drain`, then the reboot.
+    async fn restart_for_certificates(
+        &self,
+        name: &str,
+        node: &str,
+        drain: bool,
+        since: chrono::DateTime<Utc>,
+    ) -> Result<Outcome, String> {
+        let value = crate::domain::certificates::Restart::Restarting(since).value();
+        let cordon = drain.then_some(true);
+        self.retry_kube(|| self.cluster.mark_certificate_restart(node, &value, cordon))
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        if drain {
+            let timeout = self.opts.drain_timeout.as_secs();
+            match self.drain(node).await.map_err(|e| format!("{e:#}"))? {
+                Drained::Done => {}
+                Drained::Waiting(why) => {
+                    return Ok(Outcome::InProgress(format!(
+                        "drain of {node} before its restart not finished after {timeout}s ({why}); the next run carries on"
+                    )));
+                }
+                Drained::Stuck(why) => {
+                    return Ok(Outcome::Failed(format!(
+                        "drain of {node} before its restart: {why}; the Node stays cordoned until that is resolved"
+                    )));
+                }
+                Drained::OwnPod(pod) => {
+                    return Ok(Outcome::InProgress(format!(
+                        "{node} is drained but for this run's own pod {pod}; a later run, placed on another node, restarts it"
+                    )));
+                }
+            }
+        }
+        match self.retry(|| self.rack.reboot_instance(name)).await {
+            Ok(()) => Ok(Outcome::Done),
+            Err(e) => Ok(failed(e)),
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod autoscale;
 pub mod backup;
+pub mod certificates;
 pub mod digests;
 pub mod firewall;
 pub mod model;

@@ -72,6 +72,8 @@ pub struct WorldState {
     /// The next this many Lease releases fail as if the API were unavailable.
     pub release_failures: u32,
     pub events: Vec<(EventType, String, String)>,
+    /// k3s's certificate monitor Events a test put there.
+    pub certificate_events: Vec<crate::domain::certificates::MonitorEvent>,
     pub jobs: BTreeSet<String>,
     pub cronjob: bool,
     pub config: ConfigSnapshot,
@@ -382,6 +384,25 @@ impl Rack for FakeRack {
                 _ => {}
             }
             s.log.push(format!("start {name}"));
+            Ok(())
+        })
+    }
+
+    async fn reboot_instance(&self, name: &str) -> Result<(), RackError> {
+        self.0.with(|s| {
+            let i = s
+                .instances
+                .get_mut(name)
+                .ok_or_else(|| not_found(format!("instance {name}")))?;
+            if i.state != InstanceState::Running {
+                // nexus: only a running VMM reboots.
+                return Err(RackError::Conflict {
+                    what: format!("instance {name}"),
+                    message: format!("cannot reboot an instance in state {:?}", i.state),
+                });
+            }
+            i.state = InstanceState::Rebooting;
+            s.log.push(format!("reboot {name}"));
             Ok(())
         })
     }
@@ -869,6 +890,32 @@ impl Cluster for FakeCluster {
                 crate::domain::model::RESTARTED_ANNOTATION.to_owned(),
                 at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
             );
+        })
+    }
+
+    async fn certificate_events(
+        &self,
+    ) -> Result<Vec<crate::domain::certificates::MonitorEvent>, ClusterError> {
+        Ok(self.0.with(|s| {
+            *s.reads.entry("list-certificate-events").or_default() += 1;
+            s.certificate_events.clone()
+        }))
+    }
+
+    async fn mark_certificate_restart(
+        &self,
+        node: &str,
+        value: &str,
+        unschedulable: Option<bool>,
+    ) -> Result<(), ClusterError> {
+        self.edit_node(node, "mark-certificate-restart", |n| {
+            n.annotations.insert(
+                crate::domain::certificates::RESTART_ANNOTATION.to_owned(),
+                value.to_owned(),
+            );
+            if let Some(u) = unschedulable {
+                n.unschedulable = u;
+            }
         })
     }
 

@@ -1702,6 +1702,21 @@ impl Cluster for BrokenJobs {
     ) -> Result<(), ClusterError> {
         self.0.mark_restarted(node, at).await
     }
+    async fn certificate_events(
+        &self,
+    ) -> Result<Vec<oxide_controller::domain::certificates::MonitorEvent>, ClusterError> {
+        self.0.certificate_events().await
+    }
+    async fn mark_certificate_restart(
+        &self,
+        node: &str,
+        value: &str,
+        unschedulable: Option<bool>,
+    ) -> Result<(), ClusterError> {
+        self.0
+            .mark_certificate_restart(node, value, unschedulable)
+            .await
+    }
     async fn delete_node(&self, node: &str) -> Result<(), ClusterError> {
         self.0.delete_node(node).await
     }

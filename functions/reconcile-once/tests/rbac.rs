@@ -285,6 +285,18 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
     {
         return Err("B: no Events recorded".into());
     }
+    // The run read k3s's certificate monitor Events (in `default`): the status has a
+    // certificates section per pool.
+    let status = kube
+        .get("v1", "ConfigMap", Some("kube-system"), "oxide-controller")
+        .await
+        .and_then(|cm| cm["data"]["status.json"].as_str().map(str::to_owned))
+        .ok_or("B: no status.json")?;
+    if !status.contains("\"certificates\"") {
+        return Err(format!(
+            "B: the status has no certificates (the monitor's Events were not read): {status}"
+        ));
+    }
     // E: the autoscaler would remove the idle worker but for a kube-system pod: it lists
     // the PodDisruptionBudgets (and all pods, as it does on every run while a pool
     // autoscales, and the PersistentVolumes, as some pod mounts a claim). Autoscaling goes off again before the webhook changes the count.

@@ -543,6 +543,57 @@ impl Cluster for KubeCluster {
         Ok(())
     }
 
+    async fn certificate_events(
+        &self,
+    ) -> Result<Vec<crate::domain::certificates::MonitorEvent>, ClusterError> {
+        use crate::domain::certificates::{MONITOR_NAMESPACE, MONITOR_SOURCE, MonitorEvent};
+        let api: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(self.client.clone(), MONITOR_NAMESPACE);
+        // `source` is one of core/v1 Event's selectable fields (it matches
+        // `source.component`).
+        let lp = ListParams::default().fields(&format!("source={MONITOR_SOURCE}"));
+        let events = list_all(&api, lp, "list k3s certificate monitor events").await?;
+        Ok(events
+            .into_iter()
+            .filter_map(|e| {
+                let last_seen = e
+                    .last_timestamp
+                    .map(|t| from_jiff(&t.0))
+                    .or(e.event_time.map(|t| from_jiff(&t.0)))
+                    .or(e.metadata.creation_timestamp.map(|t| from_jiff(&t.0)))?;
+                Some(MonitorEvent {
+                    node: e.involved_object.name?,
+                    reason: e.reason?,
+                    message: e.message.unwrap_or_default(),
+                    last_seen,
+                })
+            })
+            .collect())
+    }
+
+    async fn mark_certificate_restart(
+        &self,
+        node: &str,
+        value: &str,
+        unschedulable: Option<bool>,
+    ) -> Result<(), ClusterError> {
+        let api: Api<KubeNode> = Api::all(self.client.clone());
+        let mut patch = serde_json::json!({
+            "metadata": { "annotations": {
+                crate::domain::certificates::RESTART_ANNOTATION: value,
+            } },
+        });
+        match unschedulable {
+            Some(true) => patch["spec"] = serde_json::json!({ "unschedulable": true }),
+            Some(false) => patch["spec"] = serde_json::json!({ "unschedulable": null }),
+            None => {}
+        }
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| cluster_error(format!("node {node}"), e))?;
+        Ok(())
+    }
+
     async fn cancel_removal(&self, node: &str) -> Result<(), ClusterError> {
         let api: Api<KubeNode> = Api::all(self.client.clone());
         let patch = serde_json::json!({

@@ -1011,6 +1011,20 @@ impl Rack for OxideRack {
         .map(drop)
     }
 
+    async fn reboot_instance(&self, name: &str) -> Result<(), RackError> {
+        let what = format!("instance {name}");
+        self.mutate(
+            &what,
+            self.client
+                .instance_reboot()
+                .project(self.project.as_str())
+                .instance(name)
+                .send(),
+        )
+        .await
+        .map(drop)
+    }
+
     async fn stop_instance(&self, name: &str) -> Result<(), RackError> {
         let what = format!("instance {name}");
         self.mutate(

@@ -35,6 +35,7 @@ use crate::domain::model::{
 use crate::domain::spec::{ClusterSpec, PoolSpec, Role};
 
 pub mod backoff;
+mod certs;
 
 pub use crate::domain::model::{REMOVING_ANNOTATION, RESTARTED_ANNOTATION};
 
@@ -106,6 +107,10 @@ pub struct Observed {
     /// and the servers disagree, has a learner, or cannot be read, no control-plane change
     /// is made (see [`etcd_members_match`]).
     pub etcd: EtcdMembership,
+    /// What each node's k3s certificate monitor last reported, by Node name. None: not
+    /// asked (planner tests that are not about certificates; a run always asks); an error:
+    /// its Events could not be read, and no restart for certificates is planned.
+    pub certificates: Option<Result<BTreeMap<String, crate::domain::certificates::Report>, String>>,
 }
 
 /// How a member is doing.
@@ -241,6 +246,27 @@ pub enum Action {
         mark_node: Option<String>,
         reason: String,
     },
+    /// Restart a member so k3s renews its certificates (see
+    /// [`crate::domain::certificates`]): annotate its Node `restarting <since>` (and cordon
+    /// it, with `drain`), drain it, reboot the instance.
+    RestartForCertificates {
+        pool: String,
+        name: String,
+        node: String,
+        drain: bool,
+        since: DateTime<Utc>,
+        reason: String,
+    },
+    /// A restart for certificates is over: annotate the Node `done <since>` (and uncordon
+    /// it, with `uncordon`).
+    FinishCertificateRestart {
+        pool: String,
+        name: String,
+        node: String,
+        uncordon: bool,
+        since: DateTime<Utc>,
+        reason: String,
+    },
     /// Delete a Node whose instance is gone.
     DeleteNode { node: String, reason: String },
     /// Delete a detached disk whose instance is gone.
@@ -272,6 +298,8 @@ impl Action {
             | Action::RemoveMember { reason, .. }
             | Action::CancelRemoval { reason, .. }
             | Action::StartMember { reason, .. }
+            | Action::RestartForCertificates { reason, .. }
+            | Action::FinishCertificateRestart { reason, .. }
             | Action::DeleteNode { reason, .. }
             | Action::DeleteDisk { reason, .. }
             | Action::CreateApiFloatingIp { reason, .. }
@@ -286,6 +314,8 @@ impl Action {
             Action::RemoveMember { .. } => "remove",
             Action::CancelRemoval { .. } => "keep",
             Action::StartMember { .. } => "start",
+            Action::RestartForCertificates { .. } => "restart",
+            Action::FinishCertificateRestart { .. } => "restarted",
             Action::DeleteNode { .. } => "delete-node",
             Action::DeleteDisk { .. } => "delete-disk",
             Action::CreateApiFloatingIp { .. } => "create-fip",
@@ -299,7 +329,9 @@ impl Action {
             Action::CreateMember { name, .. }
             | Action::RemoveMember { name, .. }
             | Action::CancelRemoval { name, .. }
-            | Action::StartMember { name, .. } => name,
+            | Action::StartMember { name, .. }
+            | Action::RestartForCertificates { name, .. }
+            | Action::FinishCertificateRestart { name, .. } => name,
             Action::DeleteNode { node, .. } => node,
             Action::DeleteDisk { disk, .. } => disk,
             Action::CreateApiFloatingIp { name, .. } => name,
@@ -346,6 +378,10 @@ pub struct Plan {
     /// workflow, which plans the effective spec: see [`crate::domain::upgrade`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<crate::domain::upgrade::Progress>,
+    /// The certificates the nodes' monitors report, per pool (see
+    /// [`crate::domain::certificates`]).
+    #[serde(skip)]
+    pub certificates: crate::domain::certificates::Outcome,
 }
 
 impl Plan {
@@ -664,6 +700,7 @@ pub fn plan(
     }
 
     plan_orphans(spec, observed, &mut p);
+    certs::plan(spec, observed, &members, etcd_hold.is_some(), now, &mut p);
     p
 }
 

@@ -72,6 +72,14 @@ pub struct ClusterSpec {
         skip_serializing_if = "crate::domain::backup::BackupSpec::is_default"
     )]
     pub backup: crate::domain::backup::BackupSpec,
+    /// When a node is restarted so that k3s renews its certificates, and when their coming
+    /// end makes the cluster Degraded (see [`crate::domain::certificates`]). Absent: 60 and
+    /// 30 days, and specs written before it existed read the same.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::domain::certificates::CertificateSpec::is_default"
+    )]
+    pub certificates: crate::domain::certificates::CertificateSpec,
 }
 
 /// The administrator's limits on the scale webhook (see [`ClusterSpec::webhook`]).
@@ -616,6 +624,7 @@ impl ClusterSpec {
             webhook: None,
             upgrade: upgrade::UpgradeSpec::default(),
             backup: Default::default(),
+            certificates: Default::default(),
         }
     }
 
@@ -1065,6 +1074,9 @@ impl ClusterSpec {
         }
         if let Some(Err(e)) = self.backup.schedule.as_deref().map(parse_schedule) {
             err("backup.schedule".into(), e);
+        }
+        for (field, e) in self.certificates.validate() {
+            err(field, e);
         }
         if self.backup.keep == 0 {
             err(

@@ -79,6 +79,10 @@ pub struct Status {
     /// cluster is Degraded). Set by the run from the ConfigMap's `backup.json`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<crate::domain::backup::BackupStatus>,
+    /// Per pool, the earliest end k3s's certificate monitors report and the node being
+    /// restarted for its certificates (see [`crate::domain::certificates`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certificates: Vec<crate::domain::certificates::PoolCertificates>,
 }
 
 impl Status {
@@ -239,6 +243,13 @@ pub fn build(r: &RunReport) -> Status {
             None => r.previous.map(|p| p.versions.clone()).unwrap_or_default(),
         },
         backup: r.previous.and_then(|p| p.backup.clone()),
+        certificates: match r.plan {
+            Some(p) => p.certificates.pools.clone(),
+            None => r
+                .previous
+                .map(|p| p.certificates.clone())
+                .unwrap_or_default(),
+        },
     }
 }
 
@@ -276,6 +287,11 @@ fn degraded_reason(r: &RunReport, failures: usize, create_backoff: &Backoffs) ->
                 first.0.action.target(),
                 first.1
             ),
+        )
+    } else if let Some(m) = r.plan.and_then(|p| p.certificates.degraded.as_ref()) {
+        (
+            crate::domain::certificates::DEGRADED_REASON.to_owned(),
+            m.clone(),
         )
     } else if let Some(f) = r.plan.and_then(|p| p.findings.iter().find(|f| f.degraded)) {
         ("Problem".to_owned(), f.message.clone())

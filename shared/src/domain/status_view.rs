@@ -41,6 +41,9 @@ pub struct View {
     /// The last backup and the last attempt's error, as the last run saw them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backup: Option<crate::domain::backup::BackupStatus>,
+    /// Per pool, the earliest certificate end k3s's monitors report, as the last run saw.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub certificates: Vec<crate::domain::certificates::PoolCertificates>,
     /// What could not be read, and what access it needs (the view is shown without it).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
@@ -216,6 +219,7 @@ pub fn build(
         other_nodes,
         upgrade: status.and_then(|s| s.upgrade.clone()),
         backup: status.and_then(|s| s.backup.clone()),
+        certificates: status.map(|s| s.certificates.clone()).unwrap_or_default(),
         unreadable: Vec::new(),
     }
 }
@@ -263,6 +267,9 @@ pub fn render_table(v: &View, now: DateTime<Utc>) -> String {
     render_last_run(&mut out, v, now);
     if let Some(b) = &v.backup {
         render_backup(&mut out, b, now);
+    }
+    if !v.certificates.is_empty() {
+        render_certificates(&mut out, &v.certificates, now);
     }
     if let Some(a) = &v.autoscale {
         render_autoscaler(&mut out, a);
@@ -458,6 +465,35 @@ backups ({schedule}): {last}{stale}"
             .last_attempt_at
             .map_or_else(String::new, |t| format!(" {} ago", age(t, now)));
         let _ = writeln!(out, "  last attempt failed{at}: {e}");
+    }
+}
+
+/// `certificates: POOL earliest end ... (NODE)` per pool, from k3s's certificate monitors.
+fn render_certificates(
+    out: &mut String,
+    pools: &[crate::domain::certificates::PoolCertificates],
+    now: DateTime<Utc>,
+) {
+    let _ = writeln!(
+        out,
+        "\ncertificates (k3s's monitors, which report 90 days ahead):"
+    );
+    for c in pools {
+        let end = match (c.earliest_end, &c.node) {
+            (Some(end), Some(node)) if end > now => {
+                format!("earliest end in {} ({end}, {node})", age(now, end))
+            }
+            (Some(end), Some(node)) => format!("ENDED {} ago ({end}, {node})", age(end, now)),
+            _ => "nothing ends within 90 days".to_owned(),
+        };
+        let _ = write!(out, "  {}: {end}", c.pool);
+        if let Some(r) = &c.restarting {
+            let _ = write!(out, "; restarting {r} to renew them");
+        }
+        if !c.unreported.is_empty() {
+            let _ = write!(out, "; not reported yet: {}", c.unreported.join(", "));
+        }
+        let _ = writeln!(out);
     }
 }
 

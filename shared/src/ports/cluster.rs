@@ -118,6 +118,20 @@ pub trait Cluster: Send + Sync {
         node: &str,
         at: chrono::DateTime<chrono::Utc>,
     ) -> impl Future<Output = Result<(), ClusterError>> + Send;
+    /// The Events of k3s's certificate monitors (namespace `default`, source
+    /// `k3s-cert-monitor`; see [`crate::domain::certificates`]).
+    fn certificate_events(
+        &self,
+    ) -> impl Future<Output = Result<Vec<crate::domain::certificates::MonitorEvent>, ClusterError>> + Send;
+    /// Sets the Node's [`crate::domain::certificates::RESTART_ANNOTATION`] to `value` and, with
+    /// `unschedulable`, cordons (`Some(true)`) or uncordons (`Some(false)`) it in the same
+    /// patch (idempotent).
+    fn mark_certificate_restart(
+        &self,
+        node: &str,
+        value: &str,
+        unschedulable: Option<bool>,
+    ) -> impl Future<Output = Result<(), ClusterError>> + Send;
     /// Uncordons the Node and drops `oxide-controller/removing`: a removal called off.
     fn cancel_removal(&self, node: &str) -> impl Future<Output = Result<(), ClusterError>> + Send;
     /// Deletes a Node object; missing is fine.

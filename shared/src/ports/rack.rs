@@ -81,6 +81,8 @@ pub trait Rack: Send + Sync {
     ) -> impl Future<Output = Result<Instance, RackError>> + Send;
     fn start_instance(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
     fn stop_instance(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
+    /// Reboots a running instance (nexus `instance_reboot`: a running VMM only).
+    fn reboot_instance(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
     /// Deletes a stopped or failed instance (its disks stay, detached).
     fn delete_instance(&self, name: &str) -> impl Future<Output = Result<(), RackError>> + Send;
     fn instance_external_ips(

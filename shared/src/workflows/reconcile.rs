@@ -313,13 +313,14 @@ pub async fn observe<R: Rack, C: Cluster>(
             None => rack.default_subnet_prefix().await,
         }
     };
-    let (instances, nodes, disks, fip, subnet, etcd) = tokio::join!(
+    let (instances, nodes, disks, fip, subnet, etcd, certificates) = tokio::join!(
         rack.list_instances(&prefix),
         nodes,
         rack.list_disks(),
         rack.get_floating_ip(&fip_name),
         subnet,
         etcd_membership(cluster, server_token),
+        certificate_reports(cluster),
     );
     // Before anything else: a spec whose pools cannot all have an address is a config error.
     let subnet_prefix = subnet.map_err(rack_err)?;
@@ -342,6 +343,7 @@ pub async fn observe<R: Rack, C: Cluster>(
         create_backoff: plan::backoff::Backoffs::new(),
         subnet_prefix,
         etcd,
+        certificates,
     };
     observed.setup_failures = setup_failures(rack, &observed).await;
     Ok(observed)
@@ -366,6 +368,27 @@ async fn etcd_membership<C: Cluster>(
         Err(e) => {
             warn!(error = %error::chain(&e), "cannot read the etcd member list");
             EtcdMembership::Unreadable(error::chain(&e))
+        }
+    }
+}
+
+/// What each node's k3s certificate monitor last reported (see
+/// [`crate::domain::certificates`]). Events that cannot be read are no error of the run: no
+/// restart for certificates is planned while they cannot.
+async fn certificate_reports<C: Cluster>(
+    cluster: &C,
+) -> Option<Result<BTreeMap<String, crate::domain::certificates::Report>, String>> {
+    let read = crate::base::retry::retry(
+        crate::ports::cluster::KUBE_BACKOFF,
+        ClusterError::is_retryable,
+        || cluster.certificate_events(),
+    )
+    .await;
+    match read {
+        Ok(events) => Some(Ok(crate::domain::certificates::latest(&events))),
+        Err(e) => {
+            warn!(error = %error::chain(&e), "cannot read k3s's certificate monitor events");
+            Some(Err(error::chain(&e)))
         }
     }
 }

@@ -1380,3 +1380,216 @@ fn a_new_member_that_fails_its_setup_blocks_the_roll_and_backs_off() {
     let p = again.plan();
     assert_eq!(p.create_backoff["control-plane"].failures, 2);
 }
+
+// ---- restarts for certificates (crate::domain::certificates) ----
+
+fn report(w: &mut World, node: &str, at: DateTime<Utc>, ends: Option<DateTime<Utc>>) {
+    w.obs
+        .certificates
+        .get_or_insert_with(|| Ok(BTreeMap::new()))
+        .as_mut()
+        .unwrap()
+        .insert(
+            node.to_owned(),
+            crate::domain::certificates::Report { at, ends },
+        );
+}
+
+fn restarts(p: &Plan) -> Vec<(String, bool, DateTime<Utc>)> {
+    p.actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::RestartForCertificates {
+                name, drain, since, ..
+            } => Some((name.clone(), *drain, *since)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn certificates_inside_the_renewal_lead_restart_one_node_the_earliest_first() {
+    let mut w = World::healthy(3, 2, 2);
+    let (cp0, wk0, wk1) = (
+        "demo-control-plane-cp000",
+        "demo-workers-wk000",
+        "demo-workers-wk001",
+    );
+    // All reported; two inside the 60 days, one outside.
+    report(&mut w, cp0, now(), Some(now() + Duration::days(50)));
+    report(&mut w, wk0, now(), Some(now() + Duration::days(40)));
+    report(&mut w, wk1, now(), Some(now() + Duration::days(80)));
+    let p = w.plan();
+    assert_eq!(restarts(&p), vec![(wk0.to_owned(), true, now())], "{p:?}");
+    // The status names the earliest per pool, and nothing is Degraded yet (40 > 30 days).
+    let workers = p
+        .certificates
+        .pools
+        .iter()
+        .find(|c| c.pool == "workers")
+        .unwrap();
+    assert_eq!(workers.node.as_deref(), Some(wk0));
+    assert!(!p.is_degraded(), "{:?}", p.findings);
+    assert!(p.certificates.degraded.is_none());
+}
+
+#[test]
+fn the_api_address_leaves_a_server_before_its_restart_for_certificates() {
+    let mut w = World::healthy(3, 1, 1);
+    report(
+        &mut w,
+        "demo-control-plane-cp000",
+        now(),
+        Some(now() + Duration::days(50)),
+    );
+    // cp000 holds the address: it moves to the oldest other Ready server first.
+    let p = w.plan();
+    assert!(restarts(&p).is_empty(), "{:?}", p.actions);
+    assert!(
+        matches!(
+            p.actions.as_slice(),
+            [Action::AttachApiFloatingIp { to, from: Some(f), .. }]
+                if to == "demo-control-plane-cp001" && f == "demo-control-plane-cp000"
+        ),
+        "{:?}",
+        p.actions
+    );
+    // Once it has moved, the restart.
+    let cp1 = w.obs.instances[1].id;
+    w.fip_on(Some(cp1));
+    assert_eq!(
+        restarts(&w.plan()),
+        vec![("demo-control-plane-cp000".to_owned(), false, now())]
+    );
+}
+
+#[test]
+fn a_server_is_restarted_without_a_drain_and_only_when_every_member_is_ready() {
+    let mut w = World::healthy(3, 2, 2);
+    report(
+        &mut w,
+        "demo-control-plane-cp001",
+        now(),
+        Some(now() + Duration::days(10)),
+    );
+    let p = w.plan();
+    assert_eq!(
+        restarts(&p),
+        vec![("demo-control-plane-cp001".to_owned(), false, now())]
+    );
+    // Within 30 days: Degraded, reason CertificatesExpiring (the condition's reason).
+    assert!(p.certificates.degraded.is_some(), "{p:?}");
+    assert!(p.is_degraded());
+
+    // A worker not Ready: nothing restarts (its replacement goes first).
+    w.obs.nodes[3].readiness = NodeReadiness::NotReady {
+        since: now() - Duration::seconds(10),
+    };
+    assert!(restarts(&w.plan()).is_empty());
+}
+
+#[test]
+fn a_restart_under_way_is_finished_once_the_monitor_reports_after_it_and_none_starts_meanwhile() {
+    let mut w = World::healthy(3, 2, 2);
+    let since = now() - Duration::minutes(5);
+    let wk0 = "demo-workers-wk000";
+    let node = w.obs.nodes.iter_mut().find(|n| n.name == wk0).unwrap();
+    node.unschedulable = true;
+    node.annotations.insert(
+        crate::domain::certificates::RESTART_ANNOTATION.to_owned(),
+        crate::domain::certificates::Restart::Restarting(since).value(),
+    );
+    // Rebooted after the ask; its monitor has not spoken since: wait, and start no other.
+    w.obs
+        .instances
+        .iter_mut()
+        .find(|i| i.name == wk0)
+        .unwrap()
+        .time_state_updated = since + Duration::minutes(1);
+    report(
+        &mut w,
+        wk0,
+        since - Duration::minutes(1),
+        Some(now() + Duration::days(50)),
+    );
+    report(
+        &mut w,
+        "demo-workers-wk001",
+        now(),
+        Some(now() + Duration::days(45)),
+    );
+    let p = w.plan();
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
+    // It spoke after the restart: finished (uncordoned), still no second restart this run.
+    report(&mut w, wk0, now() - Duration::seconds(30), None);
+    let p = w.plan();
+    assert!(
+        matches!(
+            p.actions.as_slice(),
+            [Action::FinishCertificateRestart { uncordon: true, since: s, .. }] if *s == since
+        ),
+        "{:?}",
+        p.actions
+    );
+}
+
+#[test]
+fn an_unfinished_drain_is_carried_on_with_the_first_asks_time() {
+    let mut w = World::healthy(3, 2, 2);
+    let since = now() - Duration::minutes(5);
+    let wk0 = "demo-workers-wk000";
+    let node = w.obs.nodes.iter_mut().find(|n| n.name == wk0).unwrap();
+    node.unschedulable = true;
+    node.annotations.insert(
+        crate::domain::certificates::RESTART_ANNOTATION.to_owned(),
+        crate::domain::certificates::Restart::Restarting(since).value(),
+    );
+    report(
+        &mut w,
+        wk0,
+        since - Duration::minutes(1),
+        Some(now() + Duration::days(50)),
+    );
+    // The instance was not rebooted since (its state is older than the ask).
+    assert_eq!(restarts(&w.plan()), vec![(wk0.to_owned(), true, since)]);
+}
+
+#[test]
+fn no_restart_without_the_monitors_events_and_none_repeated_right_after_one_that_renewed_nothing() {
+    let mut w = World::healthy(1, 1, 1);
+    w.obs.certificates = Some(Err("forbidden".into()));
+    let p = w.plan();
+    assert!(p.actions.is_empty());
+    assert!(
+        p.findings
+            .iter()
+            .any(|f| f.degraded && f.message.contains("list on events"))
+    );
+    w.obs.certificates = None;
+    let wk0 = "demo-workers-wk000";
+    report(&mut w, wk0, now(), Some(now() + Duration::days(50)));
+    let node = w.obs.nodes.iter_mut().find(|n| n.name == wk0).unwrap();
+    node.annotations.insert(
+        crate::domain::certificates::RESTART_ANNOTATION.to_owned(),
+        crate::domain::certificates::Restart::Done(now() - Duration::days(1)).value(),
+    );
+    assert!(restarts(&w.plan()).is_empty());
+    // Half the lead later, it is tried again, drained: the server takes pods.
+    node_annotation_done(&mut w, wk0, now() - Duration::days(31));
+    assert_eq!(restarts(&w.plan()), vec![(wk0.to_owned(), true, now())]);
+    // A server dedicated by its taint cannot: the lone worker is restarted undrained.
+    w.obs.nodes[0].taints.push(crate::domain::spec::Taint {
+        key: "node-role.kubernetes.io/control-plane".into(),
+        value: "true".into(),
+        effect: crate::domain::spec::TaintEffect::NoSchedule,
+    });
+    assert_eq!(restarts(&w.plan()), vec![(wk0.to_owned(), false, now())]);
+}
+
+fn node_annotation_done(w: &mut World, node: &str, at: DateTime<Utc>) {
+    let n = w.obs.nodes.iter_mut().find(|n| n.name == node).unwrap();
+    n.annotations.insert(
+        crate::domain::certificates::RESTART_ANNOTATION.to_owned(),
+        crate::domain::certificates::Restart::Done(at).value(),
+    );
+}

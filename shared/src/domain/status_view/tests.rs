@@ -151,6 +151,22 @@ fn status(degraded: bool) -> Status {
             watching_since: t(8, 0, 0),
             stale: degraded,
         }),
+        certificates: vec![
+            crate::domain::certificates::PoolCertificates {
+                pool: "control-plane".into(),
+                earliest_end: None,
+                node: None,
+                unreported: Vec::new(),
+                restarting: None,
+            },
+            crate::domain::certificates::PoolCertificates {
+                pool: "workers".into(),
+                earliest_end: Some(t(9, 0, 0) + chrono::Duration::days(55)),
+                node: Some("demo-workers-aaaaa".into()),
+                unreported: vec!["demo-workers-ccccc".into()],
+                restarting: Some("demo-workers-aaaaa".into()),
+            },
+        ],
     }
 }
 

@@ -1,0 +1,248 @@
+//! The planner's part of certificate renewal (see [`crate::domain::certificates`]): which
+//! node to restart, when a restart is over, what the status says.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+
+use super::{Action, Finding, Health, Member, Observed, Plan};
+use crate::domain::certificates::{Outcome, PoolCertificates, RESTART_ANNOTATION, Report, Restart};
+use crate::domain::spec::{ClusterSpec, Role, TaintEffect};
+
+fn restart_of(m: &Member) -> Option<Restart> {
+    m.node
+        .and_then(|n| n.annotations.get(RESTART_ANNOTATION))
+        .and_then(|v| Restart::parse(v))
+}
+
+/// Restarts for certificates: finishes those whose node reported after them, starts one
+/// when the cluster has nothing else to do, and fills `p.certificates`.
+pub(super) fn plan(
+    spec: &ClusterSpec,
+    observed: &Observed,
+    members: &[Member],
+    etcd_held: bool,
+    now: DateTime<Utc>,
+    p: &mut Plan,
+) {
+    let reports = match &observed.certificates {
+        None => return,
+        Some(Ok(reports)) => reports,
+        Some(Err(why)) => {
+            // Without them nothing renews, and the cluster stops in a year.
+            p.findings.push(Finding {
+                degraded: true,
+                message: format!(
+                    "cannot read k3s's certificate monitor Events in namespace default ({why}); no node is restarted to renew its certificates until they can be read (the reconcile account needs list on events there)"
+                ),
+            });
+            return;
+        }
+    };
+    let renew_before = spec.certificates.renew_before();
+    let degraded_before = spec.certificates.degraded_before();
+    let report =
+        |m: &Member| -> Option<Report> { m.node.and_then(|n| reports.get(&n.name)).copied() };
+
+    // Restarts under way: over once the node is Ready and its monitor spoke after it.
+    let mut under_way = None;
+    for m in members {
+        let (Some(Restart::Restarting(at)), Some(node)) = (restart_of(m), m.node) else {
+            continue;
+        };
+        let reported = report(m).is_some_and(|r| r.at > at);
+        if m.health == Health::Ready && reported {
+            let still = report(m)
+                .and_then(|r| r.ends)
+                .filter(|e| *e - now <= renew_before);
+            p.actions.push(Action::FinishCertificateRestart {
+                pool: m.pool.clone(),
+                name: m.instance.name.clone(),
+                node: node.name.clone(),
+                uncordon: node.unschedulable,
+                since: at,
+                reason: match still {
+                    None => "k3s's certificate monitor reports after the restart: its certificates were renewed".to_owned(),
+                    Some(end) => format!(
+                        "k3s's certificate monitor reports after the restart, and a certificate still ends at {end}: k3s did not renew it (see the node's k3s log)"
+                    ),
+                },
+            });
+        } else if m.instance.time_state_updated <= at && m.health == Health::Ready {
+            // Asked for, not done yet (a drain that had not finished): carry it on.
+            p.actions.push(restart_action(
+                spec,
+                m,
+                node.name.as_str(),
+                at,
+                members,
+                "carrying on the restart for certificates",
+            ));
+        }
+        under_way = Some(m.instance.name.clone());
+    }
+
+    // The status: per pool, the earliest end reported.
+    let mut pools: BTreeMap<&str, PoolCertificates> = BTreeMap::new();
+    for m in members {
+        let e = pools
+            .entry(m.pool.as_str())
+            .or_insert_with(|| PoolCertificates {
+                pool: m.pool.clone(),
+                earliest_end: None,
+                node: None,
+                unreported: Vec::new(),
+                restarting: None,
+            });
+        let Some(node) = m.node else { continue };
+        if matches!(restart_of(m), Some(Restart::Restarting(_))) {
+            e.restarting = Some(node.name.clone());
+        }
+        match report(m) {
+            None => e.unreported.push(node.name.clone()),
+            Some(Report {
+                ends: Some(end), ..
+            }) if e.earliest_end.is_none_or(|x| end < x) => {
+                e.earliest_end = Some(end);
+                e.node = Some(node.name.clone());
+            }
+            Some(_) => {}
+        }
+    }
+    let mut outcome = Outcome {
+        pools: pools.into_values().collect(),
+        degraded: None,
+    };
+    if let Some(worst) = outcome
+        .pools
+        .iter()
+        .filter_map(|c| Some((c.earliest_end?, c.node.clone()?)))
+        .min()
+        .filter(|(end, _)| *end - now <= degraded_before)
+    {
+        let msg = format!(
+            "the certificates of {} end at {} (within certificates.degraded_before_days = {}): {}",
+            worst.1,
+            worst.0,
+            spec.certificates.degraded_before_days,
+            if worst.0 <= now {
+                "they have ended; k3s renews them on its next start (reboot the node)"
+            } else {
+                "their renewal did not happen; see the last plan and the node's k3s log"
+            }
+        );
+        p.findings.push(Finding {
+            degraded: true,
+            message: msg.clone(),
+        });
+        outcome.degraded = Some(msg);
+    }
+    p.certificates = outcome;
+
+    // A new restart: one node at a time, when nothing else is planned or under way, every
+    // member Ready and etcd's members as expected (a server's restart then keeps quorum).
+    if under_way.is_some() || !p.actions.is_empty() || etcd_held {
+        return;
+    }
+    if members.iter().any(|m| m.health != Health::Ready) {
+        return;
+    }
+    let due = members
+        .iter()
+        .filter_map(|m| {
+            let end = report(m)?.ends?;
+            (end - now <= renew_before).then_some((end, m))
+        })
+        .filter(|(_, m)| {
+            // A restart the monitor reported after and that renewed nothing is not repeated
+            // for half the renewal lead (the finding of its finish says why).
+            !matches!(restart_of(m), Some(Restart::Done(at)) if now - at < renew_before / 2)
+        })
+        .min_by_key(|(end, m)| (*end, m.instance.name.clone()));
+    if let Some((_, m)) = due
+        && let Some(action) = move_api_address_first(spec, observed, members, m)
+    {
+        // The API floating IP leaves a server before its restart, so the API stays
+        // reachable at its address; the restart follows in a later run.
+        p.actions.push(action);
+        return;
+    }
+    if let Some((end, m)) = due
+        && let Some(node) = m.node
+    {
+        let why = format!(
+            "its certificates end at {end}, within certificates.renew_before_days = {}: k3s renews them on a start",
+            spec.certificates.renew_before_days
+        );
+        p.actions
+            .push(restart_action(spec, m, &node.name, now, members, &why));
+    }
+}
+
+/// When `m` holds the API floating IP and another server is Ready: move the address there.
+fn move_api_address_first(
+    spec: &ClusterSpec,
+    observed: &Observed,
+    members: &[Member],
+    m: &Member,
+) -> Option<Action> {
+    let fip = observed.api_floating_ip.as_ref()?;
+    if fip.instance_id != Some(m.instance.id) {
+        return None;
+    }
+    let to = members
+        .iter()
+        .filter(|o| {
+            o.pool == spec.control_plane.name
+                && o.instance.id != m.instance.id
+                && o.health == Health::Ready
+        })
+        .min_by_key(|o| (o.instance.time_created, o.instance.name.clone()))?;
+    Some(Action::AttachApiFloatingIp {
+        fip: fip.name.clone(),
+        to: to.instance.name.clone(),
+        from: Some(m.instance.name.clone()),
+        stop_from: false,
+        reason: format!(
+            "the API floating IP moves off {} before its restart for certificates",
+            m.instance.name
+        ),
+    })
+}
+
+/// Restart `m` (asked for at `since`): drain a worker first when another node can take its
+/// pods; never a server (its restart is short, and a drained single server could leave the
+/// next run's Job nowhere to go).
+fn restart_action(
+    spec: &ClusterSpec,
+    m: &Member,
+    node: &str,
+    since: DateTime<Utc>,
+    members: &[Member],
+    why: &str,
+) -> Action {
+    let is_server = spec
+        .pool(&m.pool)
+        .is_some_and(|(role, _)| role == Role::ControlPlane);
+    // Another Ready node that takes pods (not cordoned, not tainted NoSchedule/NoExecute as
+    // dedicated servers are): else a drain would only leave the pods, and the next run's Job,
+    // Pending.
+    let others_schedulable = members.iter().any(|o| {
+        o.instance.name != m.instance.name
+            && o.health == Health::Ready
+            && o.node.is_some_and(|n| {
+                !n.unschedulable
+                    && !n.taints.iter().any(|t| {
+                        matches!(t.effect, TaintEffect::NoSchedule | TaintEffect::NoExecute)
+                    })
+            })
+    });
+    Action::RestartForCertificates {
+        pool: m.pool.clone(),
+        name: m.instance.name.clone(),
+        node: node.to_owned(),
+        drain: !is_server && others_schedulable,
+        since,
+        reason: why.to_owned(),
+    }
+}
