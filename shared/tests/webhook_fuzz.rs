@@ -4,8 +4,8 @@
 //! handler must never panic, and it must keep its promises on every input:
 //!
 //! - the status is one the API documents;
-//! - without the right token nothing but `/healthz` and `/readyz` succeeds, and nothing is
-//!   written (the ConfigMap's resourceVersion does not move);
+//! - without the right token nothing but `/healthz`, `/readyz` and `/metrics` succeeds, and
+//!   nothing is written (the ConfigMap's resourceVersion does not move);
 //! - 401s carry `WWW-Authenticate`, 405s carry `Allow`;
 //! - no response contains the token;
 //! - the stored count never leaves its pool's bounds.
@@ -294,6 +294,7 @@ async fn fuzz(seed: u64, cases: u64) -> u64 {
                 },
                 ..ScaleOptions::default()
             },
+            status_ttl: Duration::from_secs(3600),
         },
     );
     let mut rng = StdRng::seed_from_u64(seed);
@@ -308,7 +309,7 @@ async fn fuzz(seed: u64, cases: u64) -> u64 {
         };
         sent += 1;
         let what = format!("seed {seed} case {sent}: {} {}", req.method(), req.uri());
-        let public = matches!(req.uri().path(), "/healthz" | "/readyz");
+        let public = matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics");
         let rv_before = w.with(|s| s.config.resource_version.clone());
         let r = webhook::handle(&d, req).await;
         let status = r.status().as_u16();

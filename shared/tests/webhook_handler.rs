@@ -88,6 +88,8 @@ fn config() -> WebhookConfig {
             },
             ..ScaleOptions::default()
         },
+        // Read the ConfigMap on every scrape, so tests see each status written.
+        status_ttl: Duration::ZERO,
     }
 }
 
@@ -896,7 +898,8 @@ async fn an_unusable_stored_spec_is_500_without_details_and_a_missing_configmap_
 
 // ---------------------------------------------------------------- authentication
 
-/// Every protected request that would change something.
+/// Every protected request: those that would change something, and the reads that want a
+/// token (`/metrics` does not: `metrics_need_no_token_and_carry_the_cluster_status_but_no_secret`).
 fn writes(auth: Option<&str>, query: &str) -> Vec<Request<Bytes>> {
     let build = |m: Method, path: &str, ct: &str, body: &'static str| {
         let mut b = Request::builder()
@@ -938,7 +941,6 @@ fn writes(auth: Option<&str>, query: &str) -> Vec<Request<Bytes>> {
         build(Method::POST, "/reconcile", "text/plain", ""),
         build(Method::GET, "/nodes/workers", "text/plain", ""),
         build(Method::GET, "/status", "text/plain", ""),
-        build(Method::GET, "/metrics", "text/plain", ""),
     ]
 }
 
@@ -1161,7 +1163,8 @@ fn as_reader(mut req: Request<Bytes>, token: &str) -> Request<Bytes> {
 }
 
 /// Audit M1: a Prometheus scraper held a write token. The Secret's `webhook-read-token` reads
-/// (GETs, `/metrics`) and is 403 on every write; the write token still does both.
+/// (GETs) and is 403 on every write; the write token still does both. (`/metrics` needs no
+/// token at all now: `metrics_need_no_token_and_carry_the_cluster_status_but_no_secret`.)
 #[tokio::test]
 async fn the_read_only_token_reads_and_gets_403_on_writes() {
     let w = world().await;
@@ -1202,7 +1205,7 @@ async fn the_read_only_token_reads_and_gets_403_on_writes() {
     )
     .await;
     assert_eq!(r.status(), StatusCode::OK, "the write token writes");
-    let r = send(&d, as_reader(empty(Method::GET, "/metrics"), "guess")).await;
+    let r = send(&d, as_reader(empty(Method::GET, "/status"), "guess")).await;
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
 }
 
@@ -1774,4 +1777,201 @@ impl Cluster for BrokenJobs {
     ) -> Result<Vec<oxide_controller::domain::model::EtcdMember>, ClusterError> {
         self.0.etcd_members(server_token).await
     }
+}
+
+/// A `status.json` as a reconcile run writes it: Degraded for a stale backup, an upgrade in
+/// its control-plane phase, and messages that must not reach `/metrics`.
+fn degraded_status() -> String {
+    serde_json::json!({
+        "runId": "run-7",
+        "startedAt": "2027-01-15T08:00:00Z",
+        "finishedAt": "2027-01-15T08:00:42Z",
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Converged", "message": "workers 2/2 ready", "lastTransitionTime": "2027-01-15T07:00:00Z"},
+            {"type": "Degraded", "status": "True", "reason": "BackupStale", "message": "the newest backup (snap-secretive-name) is 3h old", "lastTransitionTime": "2027-01-15T07:30:00Z"}
+        ],
+        "pools": [{"pool": "workers", "desired": 2, "ready": 2, "joining": 0, "notReady": 0, "broken": 0, "removing": 0, "drifted": 0}],
+        "lastPlan": [],
+        "lastConvergedAt": "2027-01-15T08:00:42Z",
+        "upgrade": {"from": "v1.33.4+k3s1", "to": "v1.34.1+k3s1", "phase": "control-plane", "startedAt": "2027-01-15T06:00:00Z"},
+        "backup": {"schedule": "0 * * * *", "lastSuccess": {"name": "snap-secretive-name", "time": "2027-01-15T05:00:00Z", "k3sSnapshot": "etcd-snapshot-demo-cp-a-1800000000", "bytes": 1048576, "by": "schedule"}, "watchingSince": "2027-01-01T00:00:00Z", "stale": true}
+    })
+    .to_string()
+}
+
+/// Issue 46 item 5: `/metrics` answers a scraper without a token (as `/healthz` does), with
+/// the cluster's status from `status.json` under its `cluster` label, and nothing of the
+/// Secret, of a condition's message or of a backup's name. Anything but GET is 405.
+#[tokio::test]
+async fn metrics_need_no_token_and_carry_the_cluster_status_but_no_secret() {
+    let w = world().await;
+    w.with(|s| s.secrets = Some(with_read_token(TOKEN, READ_TOKEN)));
+    w.with(|s| {
+        s.config
+            .data
+            .insert(keys::STATUS.to_owned(), degraded_status())
+    });
+    let d = deps(&w);
+    let r = send(&d, Request::get("/metrics").body(Bytes::new()).unwrap()).await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", body(&r));
+    assert!(header_of(&r, header::CONTENT_TYPE).starts_with("text/plain; version=0.0.4"));
+    let text = body(&r);
+    for line in [
+        r#"oxide_controller_status_up{cluster="demo"} 1"#,
+        r#"oxide_controller_reconcile_interval_seconds{cluster="demo"} 300"#,
+        r#"oxide_controller_reconcile_last_finished_timestamp_seconds{cluster="demo"} 1800000042"#,
+        r#"oxide_controller_condition{cluster="demo",condition="Ready",reason="Converged"} 1"#,
+        r#"oxide_controller_condition{cluster="demo",condition="Degraded",reason="BackupStale"} 1"#,
+        r#"oxide_controller_pool_members{cluster="demo",pool="workers",state="ready"} 2"#,
+        r#"oxide_controller_backup_stale{cluster="demo"} 1"#,
+        r#"oxide_controller_backup_last_success_timestamp_seconds{cluster="demo"} 1799989200"#,
+        r#"oxide_controller_upgrade_phase{cluster="demo",phase="control-plane"} 1"#,
+        // The webhook's own counters are still there (this request is counted after it).
+        "# TYPE oxide_controller_webhook_requests_total counter",
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+    // (The fixture's k3s tokens, "k3s" and "agent", are words a version or a help text holds.)
+    let secrets = secrets(TOKEN);
+    for secret in [
+        TOKEN,
+        READ_TOKEN,
+        &secrets.oxide_token,
+        &secrets.ssh_public_key,
+        "snap-secretive-name",
+        "3h old",
+    ] {
+        assert!(!text.contains(secret), "{secret:?} in /metrics:\n{text}");
+    }
+    // A wrong token does not turn the public route into a 401, and no write method exists.
+    let r = send(&d, as_reader(empty(Method::GET, "/metrics"), "guess")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    for m in [Method::POST, Method::PUT, Method::DELETE, Method::HEAD] {
+        let r = send(
+            &d,
+            Request::builder()
+                .method(m.clone())
+                .uri("/metrics")
+                .body(Bytes::new())
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(
+            (r.status(), header_of(&r, header::ALLOW)),
+            (StatusCode::METHOD_NOT_ALLOWED, "GET"),
+            "{m}"
+        );
+    }
+    // Everything else still wants the token.
+    let r = send(&d, Request::get("/status").body(Bytes::new()).unwrap()).await;
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+}
+
+/// The state store with reads that count and, when asked, fail.
+struct CountingState {
+    inner: FakeState,
+    reads: AtomicU32,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl StateStore for CountingState {
+    async fn read_config(&self) -> Result<ConfigSnapshot, StateError> {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        // Long enough for concurrent scrapes to arrive while one read is under way.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if self.failing.load(Ordering::SeqCst) {
+            return Err(StateError::Forbidden {
+                what: "get configmaps".into(),
+                message: "denied".into(),
+            });
+        }
+        self.inner.read_config().await
+    }
+    async fn replace_config(
+        &self,
+        rv: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
+        self.inner.replace_config(rv, data).await
+    }
+    async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
+        self.inner.read_secrets().await
+    }
+    async fn ensure_state(
+        &self,
+        s: &ClusterSecrets,
+        c: BTreeMap<String, String>,
+    ) -> Result<(), StateError> {
+        self.inner.ensure_state(s, c).await
+    }
+    async fn merge_host_key_pins(
+        &self,
+        pins: &BTreeMap<String, Vec<String>>,
+    ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
+        self.inner.merge_host_key_pins(pins).await
+    }
+}
+
+/// Issue 46 item 5: a scrape storm does not become apiserver reads. 50 concurrent scrapes
+/// and 50 more within the cache's life cost one ConfigMap read; after the cache expires the
+/// next scrape reads again. A ConfigMap that cannot be read is `status_up 0` under the
+/// cluster name last seen, cached the same way.
+#[tokio::test]
+async fn a_scrape_storm_reads_the_configmap_once_per_cache_period() {
+    let w = world().await;
+    w.with(|s| {
+        s.config
+            .data
+            .insert(keys::STATUS.to_owned(), degraded_status())
+    });
+    let state = CountingState {
+        inner: w.state(),
+        reads: AtomicU32::new(0),
+        failing: false.into(),
+    };
+    let d = Arc::new(Deps::new(
+        state,
+        w.cluster(),
+        WebhookConfig {
+            status_ttl: Duration::from_millis(500),
+            ..config()
+        },
+    ));
+    let scrape = |d: Arc<Deps<CountingState, FakeCluster>>| async move {
+        let r = send(&d, Request::get("/metrics").body(Bytes::new()).unwrap()).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        body(&r)
+    };
+    let storm: Vec<_> = (0..50).map(|_| tokio::spawn(scrape(d.clone()))).collect();
+    for s in storm {
+        assert!(
+            s.await
+                .unwrap()
+                .contains(r#"oxide_controller_status_up{cluster="demo"} 1"#)
+        );
+    }
+    for _ in 0..50 {
+        scrape(d.clone()).await;
+    }
+    assert_eq!(
+        d.state.reads.load(Ordering::SeqCst),
+        1,
+        "one read for 100 scrapes"
+    );
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    d.state.failing.store(true, Ordering::SeqCst);
+    let text = scrape(d.clone()).await;
+    assert_eq!(
+        d.state.reads.load(Ordering::SeqCst),
+        2,
+        "read again after the cache"
+    );
+    assert!(
+        text.contains(r#"oxide_controller_status_up{cluster="demo"} 0"#)
+            && !text.contains("oxide_controller_condition{"),
+        "{text}"
+    );
+    scrape(d.clone()).await;
+    assert_eq!(d.cluster_metrics.reads(), 2, "the failure is cached too");
 }

@@ -3,7 +3,12 @@
 //! tests hold the two together and hold both to the security and scheduling rules of the
 //! design, with nothing but cargo: Helm is not needed, because the chart's templates keep to a
 //! small Go-template subset that [`render_chart`] implements (value and Chart field
-//! references, `toYaml … | nindent N`, comments) and reject everything else.
+//! references, `toYaml … | nindent N`, `.Files.Get`, `.Capabilities.APIVersions.Has` with the
+//! versions `--api-versions` would give, comments) and reject everything else.
+//!
+//! The monitoring objects (ServiceMonitor, PrometheusRule, the Grafana dashboard) render only
+//! where the cluster serves `monitoring.coreos.com/v1`, so not at the defaults the drift check
+//! compares; their own tests render them with that API declared.
 //!
 //! The drift check renders the chart at its default values, parses both sides, normalizes
 //! them (nulls, empty maps and empty lists are dropped: Helm renders an empty `nodeSelector`
@@ -135,10 +140,15 @@ fn truncate(s: &str) -> &str {
     &s[..end]
 }
 
-/// What an action may see: `.Values` and `.Chart`.
+/// What an action may see: `.Values`, `.Chart`, the chart's files and the API versions the
+/// cluster serves (`.Capabilities.APIVersions`: only those given, as `helm template
+/// --api-versions` lists them; Helm's built-in Kubernetes versions are not modelled).
 struct Scope<'a> {
     values: &'a Value,
     chart: &'a Value,
+    api_versions: &'a [&'a str],
+    /// The chart's directory, for `.Files.Get`; None: no files.
+    files: Option<&'a Path>,
 }
 
 impl Scope<'_> {
@@ -201,6 +211,14 @@ fn eval(action: &str, scope: &Scope<'_>) -> Result<String, String> {
         .split_whitespace()
         .collect();
     let mut out = match head.as_slice() {
+        [".Files.Get", path] => {
+            let path = path
+                .strip_prefix('"')
+                .and_then(|p| p.strip_suffix('"'))
+                .ok_or_else(|| format!(".Files.Get wants a string, got {path:?}"))?;
+            let dir = scope.files.ok_or(".Files.Get without a chart")?;
+            fs::read_to_string(dir.join(path)).map_err(|e| format!(".Files.Get {path:?}: {e}"))?
+        }
         [reference] if reference.starts_with('.') => scalar(reference, scope.lookup(reference)?)?,
         ["toYaml", reference] => to_yaml(scope.lookup(reference)?)?,
         _ => return Err(format!("unsupported template action {{{{ {action} }}}}")),
@@ -289,6 +307,15 @@ fn truthy(v: &Value) -> bool {
 /// A condition: an operand, or `and`, `or`, `not`, `eq`, `ne` applied to operands (a value
 /// reference, a string literal, `true`/`false`, a parenthesised condition).
 fn condition(tokens: &[Token], at: &mut usize, scope: &Scope<'_>) -> Result<Value, String> {
+    if tokens.get(*at) == Some(&Token::Word(".Capabilities.APIVersions.Has".into())) {
+        return match tokens.get(*at + 1) {
+            Some(Token::Str(v)) => {
+                *at += 2;
+                Ok(Value::Bool(scope.api_versions.contains(&v.as_str())))
+            }
+            _ => Err(".Capabilities.APIVersions.Has wants one string".into()),
+        };
+    }
     let function = match tokens.get(*at) {
         Some(Token::Word(w)) if matches!(w.as_str(), "and" | "or" | "not" | "eq" | "ne") => {
             *at += 1;
@@ -346,7 +373,19 @@ fn eval_condition(src: &str, scope: &Scope<'_>) -> Result<bool, String> {
 /// Beyond value output: `if COND` / `else` / `end`, and `fail "message"` (Helm's, which stops
 /// the rendering with that message).
 fn render_template(src: &str, values: &Value, chart: &Value) -> Result<String, String> {
-    let scope = Scope { values, chart };
+    render_template_in(
+        src,
+        &Scope {
+            values,
+            chart,
+            api_versions: &[],
+            files: None,
+        },
+    )
+}
+
+/// [`render_template`] with files and API versions.
+fn render_template_in(src: &str, scope: &Scope<'_>) -> Result<String, String> {
     let mut out = String::with_capacity(src.len());
     // Per open `if`: whether its enclosing branch is rendered, whether this branch is.
     let mut stack: Vec<(bool, bool)> = Vec::new();
@@ -358,7 +397,7 @@ fn render_template(src: &str, values: &Value, chart: &Value) -> Result<String, S
             Piece::Action(action) => {
                 if let Some(cond) = action.strip_prefix("if ") {
                     let outer = live(&stack);
-                    let this = outer && eval_condition(cond, &scope)?;
+                    let this = outer && eval_condition(cond, scope)?;
                     stack.push((outer, this));
                 } else if action == "else" {
                     let (outer, this) = stack.pop().ok_or("else without if")?;
@@ -373,7 +412,7 @@ fn render_template(src: &str, values: &Value, chart: &Value) -> Result<String, S
                     };
                     return Err(format!("execution error: {message}"));
                 } else {
-                    out.push_str(&eval(action, &scope)?);
+                    out.push_str(&eval(action, scope)?);
                 }
             }
         }
@@ -403,6 +442,15 @@ fn render_chart(dir: &Path) -> Result<Vec<Value>, String> {
 
 /// `helm template --set PATH=VALUE ...` of the chart in `dir` (PATH dotted, as `--set` takes it).
 fn render_chart_with(dir: &Path, set: &[(&str, Value)]) -> Result<Vec<Value>, String> {
+    render_chart_for(dir, set, &[])
+}
+
+/// [`render_chart_with`] for a cluster that serves `api_versions` (`--api-versions`).
+fn render_chart_for(
+    dir: &Path,
+    set: &[(&str, Value)],
+    api_versions: &[&str],
+) -> Result<Vec<Value>, String> {
     let chart = parse_yaml(&read(&dir.join("Chart.yaml")), "Chart.yaml")?;
     let mut values = parse_yaml(&read(&dir.join("values.yaml")), "values.yaml")?;
     for (path, value) in set {
@@ -431,7 +479,13 @@ fn render_chart_with(dir: &Path, set: &[(&str, Value)]) -> Result<Vec<Value>, St
                 "templates/{name}: only plain .yaml templates are supported"
             ));
         }
-        let rendered = render_template(&read(&path), &values, &chart)
+        let scope = Scope {
+            values: &values,
+            chart: &chart,
+            api_versions,
+            files: Some(dir),
+        };
+        let rendered = render_template_in(&read(&path), &scope)
             .map_err(|e| format!("templates/{name}: {e}"))?;
         docs.extend(parse_documents(
             &rendered,
@@ -1572,4 +1626,360 @@ fn every_plain_manifest_is_one_object_per_document_in_our_namespaces() {
             );
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the operator is told (issue 46 item 5): the monitoring objects.
+
+/// What a cluster with the Prometheus Operator serves (`--api-versions`).
+const MONITORING_APIS: [&str; 3] = [
+    "monitoring.coreos.com/v1",
+    "monitoring.coreos.com/v1/PrometheusRule",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+];
+const MONITORING_OBJECTS: [&str; 3] = [
+    "ConfigMap kube-system/oxide-controller-dashboard",
+    "PrometheusRule kube-system/oxide-controller",
+    "ServiceMonitor kube-system/oxide-controller-webhook",
+];
+
+fn chart_objects(set: &[(&str, Value)], apis: &[&str]) -> BTreeMap<String, Value> {
+    by_key(&render_chart_for(&chart_dir(), set, apis).unwrap()).unwrap()
+}
+
+/// The objects beyond [`EXPECTED_OBJECTS`].
+fn monitoring_objects(set: &[(&str, Value)], apis: &[&str]) -> BTreeMap<String, Value> {
+    chart_objects(set, apis)
+        .into_iter()
+        .filter(|(k, _)| !EXPECTED_OBJECTS.contains(&k.as_str()))
+        .collect()
+}
+
+fn chart_file(name: &str) -> String {
+    read(&chart_dir().join("files").join(name))
+}
+
+#[test]
+fn the_monitoring_objects_render_where_the_prometheus_operator_is_and_not_otherwise() {
+    assert!(
+        monitoring_objects(&[], &[]).is_empty(),
+        "no CRDs, no objects"
+    );
+    let all = monitoring_objects(&[], &MONITORING_APIS);
+    assert_eq!(all.keys().collect::<Vec<_>>(), MONITORING_OBJECTS);
+    // The rest of the chart does not change with them.
+    let base = chart_objects(&[], &[]);
+    let with = chart_objects(&[], &MONITORING_APIS);
+    for key in EXPECTED_OBJECTS {
+        assert_eq!(base[key], with[key], "{key}");
+    }
+    // Each has its switch.
+    for (value, object) in [
+        ("monitoring.grafanaDashboard.enabled", MONITORING_OBJECTS[0]),
+        ("monitoring.prometheusRule.enabled", MONITORING_OBJECTS[1]),
+        ("monitoring.serviceMonitor.enabled", MONITORING_OBJECTS[2]),
+    ] {
+        let left = monitoring_objects(&[(value, json!(false))], &MONITORING_APIS);
+        assert_eq!(left.len(), 2, "{value}");
+        assert!(
+            !left.contains_key(object),
+            "{value} false still renders {object}"
+        );
+    }
+    // A kind's CRD alone: only that kind (the dashboard goes with the group).
+    let rule_only = monitoring_objects(&[], &["monitoring.coreos.com/v1/PrometheusRule"]);
+    assert_eq!(
+        rule_only.keys().collect::<Vec<_>>(),
+        [MONITORING_OBJECTS[1]]
+    );
+}
+
+#[test]
+fn the_prometheus_rule_is_the_rules_file_promtool_checks() {
+    let objects = monitoring_objects(
+        &[(
+            "monitoring.prometheusRule.labels",
+            json!({"release": "kps"}),
+        )],
+        &MONITORING_APIS,
+    );
+    let rule = &objects["PrometheusRule kube-system/oxide-controller"];
+    let file = normalize(&parse_yaml(&chart_file("rules.yaml"), "rules.yaml").unwrap());
+    assert_eq!(Some(rule["spec"].clone()), file);
+    assert_eq!(
+        rule["metadata"]["labels"],
+        json!({"app.kubernetes.io/name": "oxide-controller", "release": "kps"})
+    );
+}
+
+#[test]
+fn the_service_monitor_scrapes_the_webhook_service_from_namespaces_the_policy_admits() {
+    let objects = chart_objects(
+        &[("monitoring.scrapeNamespaces", json!(["monitoring"]))],
+        &MONITORING_APIS,
+    );
+    let monitor = &objects["ServiceMonitor kube-system/oxide-controller-webhook"]["spec"];
+    let service = &objects["Service kube-system/oxide-controller-webhook"];
+    for (k, v) in monitor["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            &service["metadata"]["labels"][k], v,
+            "selects the Service by {k}"
+        );
+    }
+    assert_eq!(
+        monitor["namespaceSelector"],
+        json!({"matchNames": ["kube-system"]})
+    );
+    let endpoint = &monitor["endpoints"][0];
+    assert_eq!(endpoint["port"], service["spec"]["ports"][0]["name"]);
+    assert_eq!(
+        (&endpoint["scheme"], &endpoint["path"]),
+        (&json!("https"), &json!("/metrics"))
+    );
+    assert!(
+        endpoint.get("bearerTokenSecret").is_none() && endpoint.get("authorization").is_none(),
+        "/metrics wants no token, so the scraper reads no key of the state Secret"
+    );
+    let policy = &objects["NetworkPolicy kube-system/oxide-controller-webhook"]["spec"];
+    assert_eq!(
+        policy["ingress"],
+        json!([{"from": [{"namespaceSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]}}],
+            "ports": [{"protocol": "TCP", "port": "https"}]}]),
+        "the scraping namespace reaches the https port, and nothing else is admitted"
+    );
+    // Both lists: two rules.
+    let both = chart_objects(
+        &[
+            ("monitoring.scrapeNamespaces", json!(["monitoring"])),
+            ("webhook.clientNamespaces", json!(["ci"])),
+        ],
+        &[],
+    );
+    assert_eq!(
+        both["NetworkPolicy kube-system/oxide-controller-webhook"]["spec"]["ingress"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+}
+
+#[test]
+fn the_dashboard_is_grafana_json_for_the_sidecar() {
+    let objects = monitoring_objects(&[], &MONITORING_APIS);
+    let map = &objects["ConfigMap kube-system/oxide-controller-dashboard"];
+    assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+    let text = map["data"]["oxide-controller.json"].as_str().unwrap();
+    let dashboard: Value = serde_json::from_str(text).unwrap();
+    assert_eq!(
+        dashboard,
+        serde_json::from_str::<Value>(&chart_file("dashboard.json")).unwrap()
+    );
+    assert_eq!(dashboard["uid"], "oxide-controller");
+    let panels = dashboard["panels"].as_array().unwrap();
+    let queries: Vec<&str> = panels
+        .iter()
+        .filter_map(|p| p["targets"].as_array())
+        .flatten()
+        .map(|t| t["expr"].as_str().unwrap())
+        .collect();
+    assert!(queries.len() > 10, "{queries:?}");
+    // Every query about the cluster keeps to the cluster chosen on the dashboard.
+    for q in queries
+        .iter()
+        .filter(|q| !q.contains("oxide_controller_webhook_") && !q.contains("triggers_total"))
+    {
+        assert!(q.contains(r#"cluster="$cluster""#), "{q}");
+    }
+}
+
+/// Names of `oxide_controller_*` metrics in `text`.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    text.match_indices("oxide_controller_")
+        .map(|(i, _)| {
+            text[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect()
+        })
+        .collect()
+}
+
+/// Every name the webhook serves: its own metrics and the cluster's, with every optional part
+/// present (histograms with their `_bucket`, `_sum` and `_count` series).
+fn served_metric_names() -> std::collections::BTreeSet<String> {
+    use chrono::{DateTime, Duration, Utc};
+    use oxide_controller::domain::plan::PoolCounts;
+    use oxide_controller::domain::upgrade::Phase;
+    use oxide_controller::webhook::metrics::cluster::{
+        self, BackupInput, CertificateExpiry, ConditionInput, DrillInput, Input, MaintenanceInput,
+        UpgradeInput,
+    };
+    let t = DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap();
+    let input = Input {
+        cluster: "demo".into(),
+        status_up: true,
+        reconcile_interval: Some(Duration::minutes(5)),
+        last_run_started: Some(t),
+        last_run_finished: Some(t),
+        last_converged: Some(t),
+        conditions: vec![ConditionInput {
+            type_: "Ready".into(),
+            status: true,
+            reason: "Converged".into(),
+            last_transition: t,
+        }],
+        pools: vec![PoolCounts {
+            pool: "workers".into(),
+            ..PoolCounts::default()
+        }],
+        findings: 0,
+        backup: Some(BackupInput {
+            scheduled: true,
+            last_success: Some(t),
+            last_success_bytes: Some(1),
+            last_attempt: Some(t),
+            last_attempt_failed: false,
+            stale: false,
+        }),
+        upgrade: Some(UpgradeInput {
+            from: "a".into(),
+            to: "b".into(),
+            phase: Phase::Workers,
+            started: t,
+            blockers: 0,
+        }),
+        certificates: Some(vec![CertificateExpiry {
+            pool: "workers".into(),
+            not_after: t,
+        }]),
+        drill: Some(DrillInput {
+            last: Some(t),
+            last_success: Some(true),
+            overdue: false,
+        }),
+        maintenance: Some(MaintenanceInput {
+            next_window: Some(t),
+            waiting_release: Some("v".into()),
+        }),
+    };
+    let webhook = oxide_controller::webhook::metrics::Metrics::default();
+    webhook.observe(0, "GET", 200, std::time::Duration::from_millis(1));
+    let text = webhook.render() + &cluster::render(&input);
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            names.insert(name.to_owned());
+            if kind == "histogram" {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    names.insert(format!("{name}{suffix}"));
+                }
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn the_alerts_and_the_dashboard_use_only_metrics_the_webhook_serves() {
+    let served = served_metric_names();
+    assert!(served.contains("oxide_controller_condition"), "{served:?}");
+    for file in ["rules.yaml", "dashboard.json"] {
+        let used = metric_names(&chart_file(file));
+        assert!(!used.is_empty(), "{file}");
+        let unknown: Vec<_> = used.difference(&served).collect();
+        assert!(
+            unknown.is_empty(),
+            "{file} uses metrics the webhook does not serve: {unknown:?}"
+        );
+    }
+}
+
+#[test]
+fn every_alert_has_a_promtool_test_where_it_fires_and_one_where_it_does_not() {
+    let rules = parse_yaml(&chart_file("rules.yaml"), "rules.yaml").unwrap();
+    let alerts: Vec<&str> = rules["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .filter_map(|r| r["alert"].as_str())
+        .collect();
+    assert!(alerts.len() >= 10, "{alerts:?}");
+    let path = repo_root().join("tests/monitoring/rules_test.yaml");
+    let tests = parse_yaml(&read(&path), "rules_test.yaml").unwrap();
+    assert_eq!(
+        tests["rule_files"],
+        json!(["../../charts/oxide-controller/files/rules.yaml"])
+    );
+    let cases: Vec<(&str, bool)> = tests["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().unwrap())
+        .map(|c| {
+            let fires = c["exp_alerts"].as_array().is_some_and(|a| !a.is_empty());
+            (c["alertname"].as_str().unwrap(), fires)
+        })
+        .collect();
+    for alert in alerts {
+        for fires in [true, false] {
+            assert!(
+                cases.contains(&(alert, fires)),
+                "{alert} has no case where it {}",
+                if fires { "fires" } else { "stays quiet" }
+            );
+        }
+    }
+}
+
+#[test]
+fn the_renderer_reads_files_and_capabilities_as_helm_does() {
+    let values = json!({"on": true});
+    let chart = json!({"appVersion": "1"});
+    let dir = chart_dir();
+    let scope = Scope {
+        values: &values,
+        chart: &chart,
+        api_versions: &["monitoring.coreos.com/v1"],
+        files: Some(&dir),
+    };
+    let cases: &[(&str, &str)] = &[
+        (
+            "{{ if .Capabilities.APIVersions.Has \"monitoring.coreos.com/v1\" }}y{{ else }}n{{ end }}",
+            "y",
+        ),
+        (
+            "{{ if .Capabilities.APIVersions.Has \"monitoring.coreos.com/v1/ServiceMonitor\" }}y{{ else }}n{{ end }}",
+            "n",
+        ),
+        (
+            "{{ if and .Values.on (.Capabilities.APIVersions.Has \"monitoring.coreos.com/v1\") }}y{{ end }}",
+            "y",
+        ),
+        ("x:\n  {{- .Files.Get \"Chart.yaml\" | nindent 2 }}", ""),
+    ];
+    for (src, want) in cases {
+        let got = render_template_in(src, &scope).unwrap();
+        if src.contains("Files.Get") {
+            let parsed: Value = serde_saphyr::from_str(&got).unwrap();
+            assert_eq!(parsed["x"]["name"], "oxide-controller", "{got}");
+        } else {
+            assert_eq!(&got, want, "{src:?}");
+        }
+    }
+    for (src, want) in [
+        ("{{ .Files.Get \"no-such-file\" }}", "no-such-file"),
+        ("{{ .Files.Get files }}", "wants a string"),
+        (
+            "{{ if .Capabilities.APIVersions.Has }}x{{ end }}",
+            "wants one string",
+        ),
+    ] {
+        let err = render_template_in(src, &scope).unwrap_err();
+        assert!(err.contains(want), "{src:?}: {err}");
+    }
+    let err = render_template("{{ .Files.Get \"Chart.yaml\" }}", &values, &chart).unwrap_err();
+    assert!(err.contains("without a chart"), "{err}");
 }

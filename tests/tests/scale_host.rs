@@ -265,3 +265,33 @@ fn unusable_tls_material_is_named_in_the_error() {
         "{e}"
     );
 }
+
+/// Issue 46 item 5: the host serves `/metrics` to a scraper without a token: the webhook's
+/// own counters and the cluster's status (before any run: `status_up 0` under the spec's
+/// cluster name, and the schedule's interval).
+#[tokio::test]
+async fn metrics_are_served_without_a_token() {
+    let run = start(Duration::ZERO, HostOptions::default()).await;
+    let r = reqwest::Client::new()
+        .get(format!("http://{}/metrics", run.addr))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
+    let text = r.text().await.unwrap();
+    for line in [
+        r#"oxide_controller_status_up{cluster="demo"} 0"#,
+        r#"oxide_controller_reconcile_interval_seconds{cluster="demo"} 300"#,
+        "# TYPE oxide_controller_webhook_requests_total counter",
+    ] {
+        assert!(text.contains(line), "{line} missing from:\n{text}");
+    }
+    assert!(!text.contains(TOKEN));
+    assert_eq!(run.deps.cluster_metrics.reads(), 1);
+}

@@ -211,6 +211,11 @@ struct ServeArgs {
     #[arg(long, env = "OXIDE_CONTROLLER_TOKEN_CACHE_SECONDS", default_value_t = 5,
           value_parser = clap::value_parser!(u64).range(0..=300))]
     token_cache_seconds: u64,
+    /// How long one read of the ConfigMap serves `/metrics` scrapes, in seconds (0: read on
+    /// every scrape).
+    #[arg(long, env = "OXIDE_CONTROLLER_STATUS_CACHE_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(0..=300))]
+    status_cache_seconds: u64,
     /// On shutdown, how long in-flight requests get to finish, in seconds.
     #[arg(long, default_value_t = 15)]
     shutdown_grace_seconds: u64,
@@ -535,6 +540,7 @@ async fn serve_webhook(
                 .clone()
                 .map_or(TokenSource::Secret, TokenSource::Files),
             scale: ScaleOptions::default(),
+            status_ttl: Duration::from_secs(args.status_cache_seconds),
         },
     ));
     let opts = HostOptions {

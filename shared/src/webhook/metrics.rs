@@ -1,17 +1,24 @@
 //! The webhook's Prometheus metrics: requests by route, method and status, a request latency
-//! histogram per route, reconcile triggers by result, and ConfigMap write conflicts. Rendered
-//! in the Prometheus text exposition format (version 0.0.4) at `/metrics`.
+//! histogram per route, reconcile triggers by result, and ConfigMap write conflicts; and the
+//! cluster's own ([`cluster`]: what the last reconcile wrote to `status.json`). Rendered in
+//! the Prometheus text exposition format (version 0.0.4) at `/metrics`.
 //!
-//! These counters are the only state the webhook keeps between requests. Label values come
-//! from fixed sets (route templates, known methods), never from request input, so a caller
-//! cannot blow up the series count.
+//! These counters and the cluster metrics' cache ([`ClusterCache`]) are the only state the
+//! webhook keeps between requests. Label values come from fixed sets (route templates, known
+//! methods) or from the spec and status the reconcile wrote, never from request input, so a
+//! caller cannot blow up the series count.
 
 use super::pending::TriggerReason;
+use crate::ports::state::StateStore;
+use crate::workflows::error::chain;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+pub mod cluster;
+pub use cluster::Input;
 
 /// Route templates, in the order their histograms are kept.
 pub const ROUTES: [&str; 11] = [
@@ -310,6 +317,50 @@ impl Metrics {
                 "oxide_controller_webhook_request_duration_seconds_count{{route=\"{route}\"}} {count}"
             );
         }
+    }
+}
+
+/// The cluster metrics' input, read from the ConfigMap at most once per TTL however often
+/// `/metrics` is scraped: Prometheus scrapes every 15 to 60 seconds, more replicas of it or a
+/// curl loop more often, and none of them should turn into apiserver reads.
+#[derive(Debug, Default)]
+pub struct ClusterCache {
+    /// When it was read, and what. An async lock held across the read: scrapes that arrive
+    /// while it is under way wait for it instead of reading too.
+    slot: tokio::sync::Mutex<Option<(Instant, Input)>>,
+    reads: AtomicU64,
+}
+
+impl ClusterCache {
+    /// The input as read within the last `ttl`, or read now. A ConfigMap that cannot be read
+    /// gives `status_up 0` under the cluster name last known (and is cached the same: an
+    /// apiserver in trouble is not asked more often).
+    pub async fn input<S: StateStore>(&self, state: &S, ttl: Duration) -> Input {
+        let mut slot = self.slot.lock().await;
+        if let Some((at, input)) = slot.as_ref()
+            && at.elapsed() < ttl
+        {
+            return input.clone();
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let input = match state.read_config().await {
+            Ok(snapshot) => Input::from_snapshot(&snapshot, chrono::Utc::now()),
+            Err(e) => {
+                tracing::warn!(error = %chain(&e), "cluster metrics: cannot read the ConfigMap");
+                Input::unreadable(
+                    slot.as_ref()
+                        .map(|(_, i)| i.cluster.clone())
+                        .unwrap_or_default(),
+                )
+            }
+        };
+        *slot = Some((Instant::now(), input.clone()));
+        input
+    }
+
+    /// ConfigMap reads made for the cluster metrics so far.
+    pub fn reads(&self) -> u64 {
+        self.reads.load(Ordering::Relaxed)
     }
 }
 
