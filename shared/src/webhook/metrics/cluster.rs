@@ -194,8 +194,21 @@ impl Input {
                 started: u.started_at,
                 blockers: u.blocked.len(),
             }),
-            // Not in status.json yet (issue 46 items 1, 3, 4 add them).
-            certificates: None,
+            // k3s's monitors name an end only within 90 days of it: a pool without one has
+            // no series (nothing of it ends soon).
+            certificates: (!status.certificates.is_empty()).then(|| {
+                status
+                    .certificates
+                    .iter()
+                    .filter_map(|c| {
+                        Some(CertificateExpiry {
+                            pool: c.pool.clone(),
+                            not_after: c.earliest_end?,
+                        })
+                    })
+                    .collect()
+            }),
+            // Not in status.json yet (issue 46 items 3, 4 add them).
             drill: None,
             maintenance: None,
             ..Input::default()
@@ -754,7 +767,11 @@ oxide_controller_upgrade_in_progress{cluster=\"demo\"} 0
             "lastPlan": [],
             "findings": ["node demo-workers-b is NotReady"],
             "upgrade": {"from": "v1.33.4+k3s1", "to": "v1.34.1+k3s1", "phase": "workers", "startedAt": "2027-01-15T06:00:00Z", "blocked": ["x", "y"]},
-            "backup": {"schedule": "0 * * * *", "lastAttemptAt": "2027-01-15T07:59:00Z", "lastError": "upload failed", "watchingSince": "2027-01-01T00:00:00Z", "stale": true}
+            "backup": {"schedule": "0 * * * *", "lastAttemptAt": "2027-01-15T07:59:00Z", "lastError": "upload failed", "watchingSince": "2027-01-01T00:00:00Z", "stale": true},
+            "certificates": [
+                {"pool": "control-plane"},
+                {"pool": "workers", "earliestEnd": "2027-03-01T00:00:00Z", "node": "demo-workers-b"}
+            ]
         })
         .to_string();
         let input = Input::from_snapshot(&snapshot(Some(&spec), Some(&status)), at(0));
@@ -788,10 +805,15 @@ oxide_controller_upgrade_in_progress{cluster=\"demo\"} 0
                 stale: true,
             })
         );
+        // Only a pool whose monitors name an end has a series.
         assert_eq!(
-            (&input.certificates, &input.drill, &input.maintenance),
-            (&None, &None, &None)
+            input.certificates,
+            Some(vec![CertificateExpiry {
+                pool: "workers".into(),
+                not_after: "2027-03-01T00:00:00Z".parse().unwrap_or_default(),
+            }])
         );
+        assert_eq!((&input.drill, &input.maintenance), (&None, &None));
         // The messages never become labels.
         assert!(!render(&input).contains("upload failed"));
         assert!(!render(&input).contains("3h old"));
