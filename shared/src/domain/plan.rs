@@ -106,6 +106,11 @@ pub struct Observed {
     /// and the servers disagree, has a learner, or cannot be read, no control-plane change
     /// is made (see [`etcd_members_match`]).
     pub etcd: EtcdMembership,
+    /// Why a roll of the control plane must not take its next step yet: no backup was taken
+    /// after it was decided ([`crate::domain::backup::before_roll`]). The workflow decides;
+    /// the planner holds the roll's surge create (a dead server's replacement is no roll and
+    /// does not wait).
+    pub roll_hold: Option<Finding>,
 }
 
 /// How a member is doing.
@@ -346,6 +351,10 @@ pub struct Plan {
     /// workflow, which plans the effective spec: see [`crate::domain::upgrade`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<crate::domain::upgrade::Progress>,
+    /// The roll of the control plane under way and when it was decided (set by the
+    /// workflow: see [`crate::domain::backup::roll`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roll: Option<crate::domain::backup::RollDecision>,
 }
 
 impl Plan {
@@ -937,11 +946,7 @@ fn plan_pool(
     );
 
     if is_cp {
-        let etcd_voters = match &observed.etcd {
-            EtcdMembership::Read(list) => list.iter().filter(|m| !m.is_learner).count(),
-            _ => 0,
-        };
-        plan_control_plane(pool, members, t, etcd_voters, fip_holder, p, &mut create);
+        plan_control_plane(pool, members, t, observed, fip_holder, p, &mut create);
     } else {
         plan_workers(spec, pool, members, t, fip_holder, p, &mut create);
     }
@@ -1178,11 +1183,15 @@ fn plan_control_plane(
     pool: &PoolSpec,
     members: &[&Member],
     t: Tally,
-    etcd_voters: usize,
+    observed: &Observed,
     fip_holder: Option<uuid::Uuid>,
     p: &mut Plan,
     create: &mut impl FnMut(&mut Plan, String),
 ) {
+    let etcd_voters = match &observed.etcd {
+        EtcdMembership::Read(list) => list.iter().filter(|m| !m.is_learner).count(),
+        _ => 0,
+    };
     let Tally {
         desired,
         ready,
@@ -1260,6 +1269,11 @@ fn plan_control_plane(
         return;
     }
     if members.iter().any(|m| m.drifted && m.health.counts()) && all_ready {
+        // A backup taken after the roll was decided comes first (issue 46 item 4).
+        if let Some(hold) = &observed.roll_hold {
+            p.findings.push(hold.clone());
+            return;
+        }
         create(
             p,
             format!(
@@ -1268,6 +1282,20 @@ fn plan_control_plane(
             ),
         );
     }
+}
+
+/// The control-plane pool's spec hash when any of its members is drifted from it (the servers
+/// are to be rolled to it), for the roll's decision ([`crate::domain::backup::roll::decide`]).
+pub fn control_plane_rolling_to(
+    spec: &ClusterSpec,
+    observed: &Observed,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    let cp = &spec.control_plane;
+    classify(spec, observed, now)
+        .iter()
+        .any(|m| m.pool == cp.name && m.drifted && m.health.counts())
+        .then(|| spec.pool_hash(Role::ControlPlane, cp))
 }
 
 /// A control plane above its size, every member Ready: one member goes, when etcd keeps its

@@ -150,7 +150,9 @@ fn status(degraded: bool) -> Status {
             },
             watching_since: t(8, 0, 0),
             stale: degraded,
+            drill: None,
         }),
+        control_plane_roll: None,
     }
 }
 
