@@ -1269,19 +1269,29 @@ fn plan_control_plane(
         return;
     }
     if members.iter().any(|m| m.drifted && m.health.counts()) && all_ready {
-        // A backup taken after the roll was decided comes first (issue 46 item 4).
-        if let Some(hold) = &observed.roll_hold {
-            p.findings.push(hold.clone());
-            return;
-        }
-        create(
-            p,
-            format!(
-                "rolling pool {:?}: its spec changed; surge member first",
-                pool.name
-            ),
-        );
+        roll_control_plane(pool, observed, p, create);
     }
+}
+
+/// The next step of a roll of the control plane, every member Ready: a surge server, once a
+/// backup taken after the roll was decided exists (issue 46 item 4; else the hold's finding).
+fn roll_control_plane(
+    pool: &PoolSpec,
+    observed: &Observed,
+    p: &mut Plan,
+    create: &mut impl FnMut(&mut Plan, String),
+) {
+    if let Some(hold) = &observed.roll_hold {
+        p.findings.push(hold.clone());
+        return;
+    }
+    create(
+        p,
+        format!(
+            "rolling pool {:?}: its spec changed; surge member first",
+            pool.name
+        ),
+    );
 }
 
 /// The control-plane pool's spec hash when any of its members is drifted from it (the servers

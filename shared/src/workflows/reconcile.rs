@@ -621,10 +621,9 @@ where
 
     let previous = snapshot.status_json().and_then(Status::from_json);
     if opts.dry_run {
-        let backups = backup_report(&snapshot);
         let memory = Memory {
             previous: previous.as_ref(),
-            backups: Some(&backups),
+            backups: Some(&backup_report(&snapshot)),
         };
         let (_, plan, _) = observe_and_plan(
             &rack,
