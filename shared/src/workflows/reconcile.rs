@@ -498,7 +498,7 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     }
     let effective = crate::domain::upgrade::effective_spec(spec, &versions);
     let spec = &effective;
-    let roll = roll_gate(spec, &mut observed, now, memory);
+    let (roll, roll_note) = roll_gate(spec, &mut observed, now, memory);
     let suffixes = fresh_suffixes(spec);
     let mut plan = plan::plan(spec, &observed, now, &suffixes);
     if plan
@@ -526,6 +526,10 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     );
     plan.upgrade = Some(versions);
     plan.roll = roll;
+    plan.findings.extend(roll_note.map(|message| plan::Finding {
+        degraded: false,
+        message,
+    }));
     let outcome = decided.map(|d| {
         plan.findings.extend(autoscale::findings(&d.outcome));
         d.outcome
@@ -536,17 +540,20 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
 /// The roll of the control plane this run is in (see [`crate::domain::backup::roll`]): kept
 /// from the last run while it rolls to the same spec, and its next step held
 /// (`observed.roll_hold`) until a backup taken after its decision exists. `spec` is the
-/// effective spec (an upgrade step is a roll to that step's release).
+/// effective spec (an upgrade step is a roll to that step's release). Returns the roll and
+/// the note of one that goes on without a backup (in-cluster backups off).
 fn roll_gate(
     spec: &ClusterSpec,
     observed: &mut Observed,
     now: DateTime<Utc>,
     memory: Memory<'_>,
-) -> Option<crate::domain::backup::RollDecision> {
+) -> (Option<crate::domain::backup::RollDecision>, Option<String>) {
     use crate::domain::backup::{self, BeforeRoll};
     let rolling_to = plan::control_plane_rolling_to(spec, observed, now);
     let previous = memory.previous.and_then(|p| p.control_plane_roll.as_ref());
-    let mut roll = backup::roll::decide(previous, rolling_to.as_deref(), now)?;
+    let Some(mut roll) = backup::roll::decide(previous, rolling_to.as_deref(), now) else {
+        return (None, None);
+    };
     let report = memory.backups.cloned().unwrap_or_default();
     match backup::before_roll(
         roll.decided_at,
@@ -554,8 +561,7 @@ fn roll_gate(
         spec.backup.schedule.as_deref(),
         &spec.cluster,
     ) {
-        BeforeRoll::Proceed { note: None } => {}
-        BeforeRoll::Proceed { note: Some(note) } => warn!("{note}"),
+        BeforeRoll::Proceed { note } => (Some(roll), note),
         BeforeRoll::Wait { message, failed } => {
             info!(decided_at = %roll.decided_at, "{message}");
             roll.waiting_for_backup = Some(message.clone());
@@ -563,9 +569,9 @@ fn roll_gate(
                 degraded: failed,
                 message,
             });
+            (Some(roll), None)
         }
     }
-    Some(roll)
 }
 
 /// Looks up the private address of the server new members join through.

@@ -148,7 +148,7 @@ impl DrillStatus {
                 ))
             }
             MISSING => Some(format!(
-                "{MISSING}: no restore drill passed since {}, more than two periods of backup.drill_schedule {:?} (see the CronJob oxide-controller-jobs/oxide-controller-drill; bootstrap recover --verify drills from a laptop)",
+                "{MISSING}: no restore drill passed since {}, more than two periods of backup.drill_schedule {:?}: drill the newest backup with bootstrap recover --verify (or set backup.drill_schedule to null to stop expecting drills)",
                 time(self.report.last_success_at.unwrap_or(watching_since)),
                 self.schedule.as_deref().unwrap_or_default()
             )),
