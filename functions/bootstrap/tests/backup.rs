@@ -848,7 +848,15 @@ async fn a_restore_drill_proves_the_backup_and_leaves_nothing_behind() {
         "{status:#}"
     );
     assert_eq!(project_objects(&env).await, before, "no surge server yet");
-    // A backup taken after the decision: the roll goes on with its surge server.
+    // A backup taken after the decision: the roll goes on with its surge server. Backup times
+    // are whole seconds (k3s's snapshot names), so one taken in the decision's own second
+    // does not count: the backup starts once the clock has passed that second (< 1 s).
+    let decided_at = chrono::DateTime::parse_from_rfc3339(&decided).unwrap();
+    let next_second_ms = (decided_at.timestamp() + 1) * 1000;
+    let left = next_second_ms - chrono::Utc::now().timestamp_millis();
+    if let Ok(left) = u64::try_from(left) {
+        tokio::time::sleep(Duration::from_millis(left)).await;
+    }
     let out = backup_cmd(&env).await;
     assert!(
         out.status.success(),
@@ -857,7 +865,6 @@ async fn a_restore_drill_proves_the_backup_and_leaves_nothing_behind() {
     );
     let client = common::kube_client(&env.kubeconfig(), "demo").await;
     let taken = backup_report(&client).await.last_success.unwrap().time;
-    let decided_at = chrono::DateTime::parse_from_rfc3339(&decided).unwrap();
     assert!(
         taken > decided_at,
         "the backup {taken} is after the decision {decided}"

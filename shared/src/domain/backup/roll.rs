@@ -69,7 +69,9 @@ pub enum BeforeRoll {
 /// Whether a roll of the control plane decided at `decided_at` may take its next step: only
 /// once the newest backup (`report`, what the backup writers left in `backup.json`) was taken
 /// after the decision. Taken "after" by the etcd snapshot's own time, not the upload's: the
-/// backup must hold the datastore as it was once the roll was decided.
+/// backup must hold the datastore as it was once the roll was decided. Backup times are whole
+/// seconds (k3s names its snapshots by unix second), so one from the decision's own second
+/// may have been taken before it and does not count.
 ///
 /// With `schedule` None (the spec's `backup.schedule: null`, in-cluster backups off) the roll
 /// proceeds with a note: the operator chose to take backups elsewhere, and nothing in the
@@ -207,6 +209,16 @@ mod tests {
                 "{old}"
             );
         }
+        // Decided within a second, a backup stamped with that second may be from before it.
+        let mid_second = decided + chrono::Duration::milliseconds(300);
+        let r = BackupReport {
+            last_success: Some(backup_at("2026-11-27T10:20:00Z")),
+            ..BackupReport::default()
+        };
+        assert!(matches!(
+            before_roll(mid_second, &r, hourly, "prod"),
+            BeforeRoll::Wait { .. }
+        ));
         // One taken after: go.
         let r = BackupReport {
             last_success: Some(backup_at("2026-11-27T11:00:00Z")),
