@@ -313,10 +313,11 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 name,
                 node,
                 drain,
+                after_run,
                 since,
                 ..
             } => match self
-                .restart_for_certificates(name, node, *drain, *since)
+                .restart_for_certificates(name, node, *drain, *after_run, *since)
                 .await
             {
                 Ok(o) => o,
@@ -444,6 +445,7 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         name: &str,
         node: &str,
         drain: bool,
+        after_run: bool,
         since: chrono::DateTime<Utc>,
     ) -> Result<Outcome, String> {
         let value = crate::domain::certificates::Restart::Restarting(since).value();
@@ -471,6 +473,11 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                     )));
                 }
             }
+        }
+        if after_run {
+            return Ok(Outcome::InProgress(format!(
+                "{name} is rebooted once this run has written its status and given back its Lease (the API goes down with its only server)"
+            )));
         }
         match self.retry(|| self.rack.reboot_instance(name)).await {
             Ok(()) => Ok(Outcome::Done),

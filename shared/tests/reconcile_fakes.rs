@@ -47,7 +47,10 @@ fn secrets() -> ClusterSecrets {
     }
 }
 
+/// Short timeouts, and no in-cluster backups: the fake world runs no backup Job, so a roll of
+/// its servers must not wait for one (`domain::backup::roll`; its own tests hold rolls).
 fn small_timeouts(spec: &mut ClusterSpec) {
+    spec.backup.schedule = None;
     spec.timeouts.join_seconds = 120;
     spec.timeouts.not_ready_grace_seconds = 60;
     spec.timeouts.drain_seconds = 1;

@@ -728,10 +728,20 @@ async fn reconcile_status(env: &Env) -> serde_json::Value {
 /// Issue 36 §3: `recover --verify` restores the newest backup into a throw-away server while the
 /// cluster runs, finds its API ready with the objects the backup counted, and leaves no
 /// instance, disk or address behind; the cluster's own servers and API are untouched.
+///
+/// Issue 46 item 4, on the same cluster: the drill's result reaches `status.json` (a pass is
+/// shown and is not Degraded); a drill of a corrupt backup (bits flipped in the rack's stored
+/// snapshot) fails at once with the drill server's reason, leaves nothing behind, and the next
+/// run makes the cluster Degraded with reason `DrillFailed`. Then a roll of the control plane
+/// (a spec drift of the servers) waits for a backup taken after it was decided, and says so;
+/// once `bootstrap backup` takes one, the roll makes its surge server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_drill_proves_the_backup_and_leaves_nothing_behind() {
     let env = env().await;
-    env.run_ok(&["--workers", "1"]).await;
+    // In-cluster backups on, on a schedule that never fires during the test: a roll waits for
+    // a backup only when the cluster takes backups.
+    env.run_ok(&["--workers", "1", "--backup-schedule", "0 0 1 1 *"])
+        .await;
     let out = backup_cmd(&env).await;
     assert!(
         out.status.success(),
@@ -768,6 +778,170 @@ async fn a_restore_drill_proves_the_backup_and_leaves_nothing_behind() {
         4,
         "the cluster's three servers and its worker are Ready"
     );
+    // The pass is in status.json, and the cluster is not Degraded for it.
+    let status = reconcile_status(&env).await;
+    let drill = &status["backup"]["drill"];
+    assert_eq!(drill["last"]["ok"], true, "{drill:#}");
+    assert_eq!(drill["last"]["restoredObjects"], n, "{drill:#}");
+    assert!(drill["lastSuccessAt"].is_string(), "{drill:#}");
+    assert!(drill["problem"].is_null(), "{drill:#}");
+    assert_eq!(
+        degraded(&status),
+        ("False".to_owned(), "AsExpected".to_owned())
+    );
+
+    // Bit rot in the backup's etcd snapshot, as the rack stores it.
+    let newest = backups(&env).await[0].clone();
+    corrupt_etcd_snapshot(&env, &newest).await;
+    let out = recover_cmd(&env, &["--verify"]).await;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("etcd-restore"), "{stderr}");
+    assert_eq!(
+        project_objects(&env).await,
+        before,
+        "a failed drill leaves nothing behind"
+    );
+    let status = reconcile_status(&env).await;
+    let drill = &status["backup"]["drill"];
+    assert_eq!(drill["problem"], "DrillFailed", "{drill:#}");
+    assert_eq!(drill["last"]["ok"], false, "{drill:#}");
+    assert_eq!(drill["last"]["backup"], newest.name.as_str(), "{drill:#}");
+    assert_eq!(drill["last"]["cleanedUp"], true, "{drill:#}");
+    let (on, reason) = degraded(&status);
+    assert_eq!((on.as_str(), reason.as_str()), ("True", "DrillFailed"));
+    let message = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains(&newest.name) && message.contains("etcd-restore"),
+        "{message}"
+    );
+
+    // A roll of the control plane: the servers' spec drifts. The newest backup is from before
+    // the roll was decided, so the roll waits and says why; no server is made.
+    edit_spec(&env, |s| s.control_plane.cpus += 1).await;
+    let status = reconcile_status(&env).await;
+    let roll = &status["controlPlaneRoll"];
+    let decided = roll["decidedAt"].as_str().unwrap().to_owned();
+    let waiting = roll["waitingForBackup"].as_str().unwrap_or_default();
+    assert!(waiting.starts_with("RollWaitsForBackup: "), "{roll:#}");
+    assert!(
+        waiting.contains("bootstrap backup --cluster demo"),
+        "{waiting}"
+    );
+    assert!(
+        status["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str() == Some(waiting)),
+        "{status:#}"
+    );
+    assert_eq!(project_objects(&env).await, before, "no surge server yet");
+    // A backup taken after the decision: the roll goes on with its surge server. Backup times
+    // are whole seconds (k3s's snapshot names), so one taken in the decision's own second
+    // does not count: the backup starts once the clock has passed that second (< 1 s).
+    let decided_at = chrono::DateTime::parse_from_rfc3339(&decided).unwrap();
+    let next_second_ms = (decided_at.timestamp() + 1) * 1000;
+    let left = next_second_ms - chrono::Utc::now().timestamp_millis();
+    if let Ok(left) = u64::try_from(left) {
+        tokio::time::sleep(Duration::from_millis(left)).await;
+    }
+    let out = backup_cmd(&env).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let taken = backup_report(&client).await.last_success.unwrap().time;
+    assert!(
+        taken > decided_at,
+        "the backup {taken} is after the decision {decided}"
+    );
+    let status = reconcile_status(&env).await;
+    let roll = &status["controlPlaneRoll"];
+    assert_eq!(roll["decidedAt"], decided.as_str(), "{roll:#}");
+    assert!(roll["waitingForBackup"].is_null(), "{roll:#}");
+    let servers = |objects: &[Vec<String>; 3]| {
+        objects[0]
+            .iter()
+            .filter(|n| n.starts_with("demo-control-plane-"))
+            .count()
+    };
+    assert_eq!(
+        servers(&project_objects(&env).await),
+        servers(&before) + 1,
+        "the surge server of the roll"
+    );
+}
+
+/// Edits the live `spec.yaml` as a person would.
+async fn edit_spec(env: &Env, f: impl Fn(&mut oxide_controller::domain::spec::ClusterSpec)) {
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let state: Api<ConfigMap> = Api::namespaced(client, "kube-system");
+    let mut cm = state.get("oxide-controller").await.unwrap();
+    let data = cm.data.as_mut().unwrap();
+    let mut spec =
+        oxide_controller::domain::spec::ClusterSpec::from_yaml(&data["spec.yaml"]).unwrap();
+    f(&mut spec);
+    data.insert("spec.yaml".into(), spec.to_yaml());
+    state
+        .replace("oxide-controller", &PostParams::default(), &cm)
+        .await
+        .unwrap();
+}
+
+/// The Degraded condition's status and reason.
+fn degraded(status: &serde_json::Value) -> (String, String) {
+    let c = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .unwrap();
+    (
+        c["status"].as_str().unwrap().to_owned(),
+        c["reason"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Flips bytes in the middle of the etcd snapshot inside backup `b`'s archive, in the rack's
+/// stored snapshot (the description, digest included, stays as it was).
+async fn corrupt_etcd_snapshot(env: &Env, b: &backup::Backup) {
+    let len = usize::try_from(b.tag.bytes).unwrap() + 64 * 1024;
+    let archive = snapshot_bytes(env, &b.name, len).await;
+    let mut at = 0;
+    while archive[at] != 0 {
+        let h = &archive[at..at + 512];
+        let name = String::from_utf8_lossy(&h[..100])
+            .trim_end_matches('\0')
+            .to_owned();
+        let size = usize::from_str_radix(
+            std::str::from_utf8(&h[124..135])
+                .unwrap()
+                .trim_matches('\0'),
+            8,
+        )
+        .unwrap();
+        if name == backup::ARCHIVE_SNAPSHOT {
+            let middle = (at + 512 + size / 2) as u64;
+            assert!(env.sim.oxide().corrupt_snapshot(&b.name, middle, 64));
+            return;
+        }
+        at += 512 + size.div_ceil(512) * 512;
+    }
+    panic!("no {} in backup {}", backup::ARCHIVE_SNAPSHOT, b.name);
 }
 
 /// Server Nodes through the kubeconfig bootstrap wrote: (name, Ready, kubelet version).

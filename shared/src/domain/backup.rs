@@ -27,8 +27,11 @@ use sha2::{Digest as _, Sha256};
 
 use crate::base::names::MAX_NAME_LEN;
 
+pub mod drill;
 pub mod report;
+pub mod roll;
 pub use report::{BackupReport, BackupStatus, LastBackup};
+pub use roll::{BeforeRoll, RollDecision, before_roll};
 
 /// First words of every backup snapshot's description.
 pub const DESCRIPTION_PREFIX: &str = "oxide-controller backup ";
@@ -307,6 +310,12 @@ pub struct BackupSpec {
     /// Beyond those, the newest of each of the last this many UTC days (counting today).
     #[serde(default = "default_keep_daily")]
     pub keep_daily: u32,
+    /// When the in-cluster restore drill runs (CronJob cron dialect, UTC): the newest backup
+    /// restored into a throw-away server, checked and deleted ([`drill`]). `null` turns the
+    /// scheduled drill off (a failed drill still makes the cluster Degraded). Default: weekly,
+    /// Sundays 03:30.
+    #[serde(default = "default_drill_schedule")]
+    pub drill_schedule: Option<String>,
 }
 
 /// How many backups stay.
@@ -319,6 +328,9 @@ pub struct Retention {
 fn default_schedule() -> Option<String> {
     Some(DEFAULT_SCHEDULE.to_owned())
 }
+fn default_drill_schedule() -> Option<String> {
+    Some(DEFAULT_DRILL_SCHEDULE.to_owned())
+}
 fn default_keep() -> u32 {
     24
 }
@@ -328,6 +340,8 @@ fn default_keep_daily() -> u32 {
 
 /// Hourly, on the hour (the default; k3s's own default is every 12 hours).
 pub const DEFAULT_SCHEDULE: &str = "0 * * * *";
+/// Weekly, Sundays at 03:30 (off the hourly backup's minute).
+pub const DEFAULT_DRILL_SCHEDULE: &str = "30 3 * * 0";
 
 impl Default for BackupSpec {
     fn default() -> Self {
@@ -335,6 +349,7 @@ impl Default for BackupSpec {
             schedule: default_schedule(),
             keep: default_keep(),
             keep_daily: default_keep_daily(),
+            drill_schedule: default_drill_schedule(),
         }
     }
 }

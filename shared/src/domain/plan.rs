@@ -111,6 +111,11 @@ pub struct Observed {
     /// asked (planner tests that are not about certificates; a run always asks); an error:
     /// its Events could not be read, and no restart for certificates is planned.
     pub certificates: Option<Result<BTreeMap<String, crate::domain::certificates::Report>, String>>,
+    /// Why a roll of the control plane must not take its next step yet: no backup was taken
+    /// after it was decided ([`crate::domain::backup::before_roll`]). The workflow decides;
+    /// the planner holds the roll's surge create (a dead server's replacement is no roll and
+    /// does not wait).
+    pub roll_hold: Option<Finding>,
 }
 
 /// How a member is doing.
@@ -254,6 +259,10 @@ pub enum Action {
         name: String,
         node: String,
         drain: bool,
+        /// The only Ready server: the run's own API goes down with it, so it is rebooted
+        /// once the run has written its status and given back its Lease.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        after_run: bool,
         since: DateTime<Utc>,
         reason: String,
     },
@@ -382,6 +391,10 @@ pub struct Plan {
     /// [`crate::domain::certificates`]).
     #[serde(skip)]
     pub certificates: crate::domain::certificates::Outcome,
+    /// The roll of the control plane under way and when it was decided (set by the
+    /// workflow: see [`crate::domain::backup::roll`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roll: Option<crate::domain::backup::RollDecision>,
 }
 
 impl Plan {
@@ -974,11 +987,7 @@ fn plan_pool(
     );
 
     if is_cp {
-        let etcd_voters = match &observed.etcd {
-            EtcdMembership::Read(list) => list.iter().filter(|m| !m.is_learner).count(),
-            _ => 0,
-        };
-        plan_control_plane(pool, members, t, etcd_voters, fip_holder, p, &mut create);
+        plan_control_plane(pool, members, t, observed, fip_holder, p, &mut create);
     } else {
         plan_workers(spec, pool, members, t, fip_holder, p, &mut create);
     }
@@ -1215,11 +1224,15 @@ fn plan_control_plane(
     pool: &PoolSpec,
     members: &[&Member],
     t: Tally,
-    etcd_voters: usize,
+    observed: &Observed,
     fip_holder: Option<uuid::Uuid>,
     p: &mut Plan,
     create: &mut impl FnMut(&mut Plan, String),
 ) {
+    let etcd_voters = match &observed.etcd {
+        EtcdMembership::Read(list) => list.iter().filter(|m| !m.is_learner).count(),
+        _ => 0,
+    };
     let Tally {
         desired,
         ready,
@@ -1297,14 +1310,43 @@ fn plan_control_plane(
         return;
     }
     if members.iter().any(|m| m.drifted && m.health.counts()) && all_ready {
-        create(
-            p,
-            format!(
-                "rolling pool {:?}: its spec changed; surge member first",
-                pool.name
-            ),
-        );
+        roll_control_plane(pool, observed, p, create);
     }
+}
+
+/// The next step of a roll of the control plane, every member Ready: a surge server, once a
+/// backup taken after the roll was decided exists (issue 46 item 4; else the hold's finding).
+fn roll_control_plane(
+    pool: &PoolSpec,
+    observed: &Observed,
+    p: &mut Plan,
+    create: &mut impl FnMut(&mut Plan, String),
+) {
+    if let Some(hold) = &observed.roll_hold {
+        p.findings.push(hold.clone());
+        return;
+    }
+    create(
+        p,
+        format!(
+            "rolling pool {:?}: its spec changed; surge member first",
+            pool.name
+        ),
+    );
+}
+
+/// The control-plane pool's spec hash when any of its members is drifted from it (the servers
+/// are to be rolled to it), for the roll's decision ([`crate::domain::backup::roll::decide`]).
+pub fn control_plane_rolling_to(
+    spec: &ClusterSpec,
+    observed: &Observed,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    let cp = &spec.control_plane;
+    classify(spec, observed, now)
+        .iter()
+        .any(|m| m.pool == cp.name && m.drifted && m.health.counts())
+        .then(|| spec.pool_hash(Role::ControlPlane, cp))
 }
 
 /// A control plane above its size, every member Ready: one member goes, when etcd keeps its

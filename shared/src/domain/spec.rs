@@ -1078,6 +1078,9 @@ impl ClusterSpec {
         for (field, e) in self.certificates.validate() {
             err(field, e);
         }
+        if let Some(Err(e)) = self.backup.drill_schedule.as_deref().map(parse_schedule) {
+            err("backup.drill_schedule".into(), e);
+        }
         if self.backup.keep == 0 {
             err(
                 "backup.keep".into(),
@@ -1689,6 +1692,22 @@ mod tests {
         let mut s = spec();
         s.schedule = "every five minutes".into();
         assert_eq!(fields(&s), ["schedule"]);
+        // The restore drill's schedule: the same dialect, weekly by default, null for off.
+        let mut s = spec();
+        assert_eq!(
+            s.backup.drill_schedule.as_deref(),
+            Some(crate::domain::backup::DEFAULT_DRILL_SCHEDULE)
+        );
+        s.backup.drill_schedule = Some("weekly-ish".into());
+        assert_eq!(fields(&s), ["backup.drill_schedule"]);
+        s.backup.drill_schedule = None;
+        assert!(fields(&s).is_empty());
+        let yaml = s.to_yaml();
+        assert!(yaml.contains("drill_schedule: null"), "{yaml}");
+        assert_eq!(
+            ClusterSpec::from_yaml(&yaml).unwrap().backup.drill_schedule,
+            None
+        );
     }
 
     #[test]

@@ -83,6 +83,10 @@ pub struct Status {
     /// restarted for its certificates (see [`crate::domain::certificates`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub certificates: Vec<crate::domain::certificates::PoolCertificates>,
+    /// The roll of the control plane under way: what it rolls to, when it was decided, and
+    /// why its next step waits for a backup, while it does (absent when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_roll: Option<crate::domain::backup::RollDecision>,
 }
 
 impl Status {
@@ -250,6 +254,10 @@ pub fn build(r: &RunReport) -> Status {
                 .map(|p| p.certificates.clone())
                 .unwrap_or_default(),
         },
+        control_plane_roll: match r.plan {
+            Some(p) => p.roll.clone(),
+            None => r.previous.and_then(|p| p.control_plane_roll.clone()),
+        },
     }
 }
 
@@ -294,10 +302,30 @@ fn degraded_reason(r: &RunReport, failures: usize, create_backoff: &Backoffs) ->
             m.clone(),
         )
     } else if let Some(f) = r.plan.and_then(|p| p.findings.iter().find(|f| f.degraded)) {
-        ("Problem".to_owned(), f.message.clone())
+        (finding_reason(&f.message).to_owned(), f.message.clone())
     } else {
         ("AsExpected".to_owned(), "no problems".to_owned())
     }
+}
+
+/// Degraded findings whose first word is their reason (`DrillFailed: the restore drill ...`).
+const FINDING_REASONS: [&str; 3] = [
+    crate::domain::backup::drill::FAILED,
+    crate::domain::backup::drill::MISSING,
+    crate::domain::backup::roll::WAIT_REASON,
+];
+
+/// The Degraded reason of a finding: its first word when that is one of [`FINDING_REASONS`],
+/// else `Problem`.
+fn finding_reason(message: &str) -> &'static str {
+    FINDING_REASONS
+        .into_iter()
+        .find(|r| {
+            message
+                .strip_prefix(r)
+                .is_some_and(|rest| rest.starts_with(": "))
+        })
+        .unwrap_or("Problem")
 }
 
 /// `<pool> <ready>/<desired> ready, ...`, or "not observed" without a plan.
@@ -420,9 +448,24 @@ mod tests {
             .cloned()
             .unwrap_or_else(|| unreachable!());
         assert_eq!(
-            (d.status.as_str(), d.message.as_str()),
-            ("True", "etcd quorum lost")
+            (d.status.as_str(), d.reason.as_str(), d.message.as_str()),
+            ("True", "Problem", "etcd quorum lost")
         );
+        // A finding that names its reason first gives the condition that reason.
+        let mut drill = converged_plan();
+        drill.findings.push(Finding {
+            degraded: true,
+            message: "DrillFailed: the restore drill of backup b failed: sha256".into(),
+        });
+        let d = build(&RunReport {
+            plan: Some(&drill),
+            ..r
+        })
+        .condition("Degraded")
+        .cloned()
+        .unwrap_or_else(|| unreachable!());
+        assert_eq!(d.reason, "DrillFailed");
+        assert_eq!(finding_reason("DrillFailedX: y"), "Problem");
         let r = RunReport {
             plan: None,
             error: Some("rack unreachable".into()),

@@ -466,6 +466,36 @@ backups ({schedule}): {last}{stale}"
             .map_or_else(String::new, |t| format!(" {} ago", age(t, now)));
         let _ = writeln!(out, "  last attempt failed{at}: {e}");
     }
+    if let Some(d) = &b.drill {
+        let last = d.report.last.as_ref().map_or_else(
+            || "none yet".to_owned(),
+            |l| {
+                let outcome = if l.ok {
+                    "passed".to_owned()
+                } else {
+                    format!(
+                        "FAILED: {}",
+                        l.reason.as_deref().unwrap_or("no reason given")
+                    )
+                };
+                format!(
+                    "last {} ago of {} (by {}): {outcome}",
+                    age(l.at, now),
+                    l.backup.as_deref().unwrap_or("no backup"),
+                    l.by
+                )
+            },
+        );
+        let schedule = d
+            .schedule
+            .as_deref()
+            .map_or_else(|| "schedule off".to_owned(), |s| format!("schedule {s}"));
+        let problem = d
+            .problem
+            .as_deref()
+            .map_or_else(String::new, |p| format!(" [{p}]"));
+        let _ = writeln!(out, "  restore drills ({schedule}): {last}{problem}");
+    }
 }
 
 /// `certificates: POOL earliest end ... (NODE)` per pool, from k3s's certificate monitors.

@@ -18,6 +18,9 @@ pub mod keys {
     /// [`crate::domain::backup::BackupReport`]), written by the in-cluster backup Job and by
     /// `bootstrap backup`; reconcile copies it into `status.json`.
     pub const BACKUP: &str = "backup.json";
+    /// What the last restore drill found ([`crate::domain::backup::drill::DrillReport`]), left by
+    /// the drill's runner (the in-cluster drill, `bootstrap recover --verify`).
+    pub const DRILL: &str = "drill.json";
     pub const SCHEMA_VERSION: &str = "schema-version";
     /// sha256 of the cluster CA (not secret): joiners get `K10<hash>::` tokens with it.
     pub const K3S_CA_HASH: &str = "k3s-ca-hash";

@@ -283,6 +283,23 @@ pub async fn record<S: StateStore>(
     .await
 }
 
+/// Leaves a restore drill's result in the ConfigMap's [`state::keys::DRILL`] (re-read and
+/// written again on a conflict; nothing else changes); the next reconcile judges it.
+pub async fn record_drill<S: StateStore>(
+    state: &S,
+    result: backup::drill::DrillResult,
+) -> Result<(), StateError> {
+    state::edit_config(state, None, |data| {
+        let report = data
+            .get(state::keys::DRILL)
+            .and_then(|j| backup::drill::DrillReport::from_json(j))
+            .unwrap_or_default()
+            .after(result.clone());
+        data.insert(state::keys::DRILL.to_owned(), report.to_json());
+    })
+    .await
+}
+
 // ---- the in-cluster backup ----------------------------------------------------------------
 
 /// How the in-cluster backup runs.

@@ -344,6 +344,7 @@ pub async fn observe<R: Rack, C: Cluster>(
         subnet_prefix,
         etcd,
         certificates,
+        roll_hold: None,
     };
     observed.setup_failures = setup_failures(rack, &observed).await;
     Ok(observed)
@@ -458,20 +459,29 @@ pub async fn resolve_images<R: Rack>(
     Ok(())
 }
 
+/// What a run knows from before it observes: the last run's status (the autoscaler's
+/// unneeded-since times, the pools whose creates the rack refused, the upgrade and the roll
+/// under way) and what the backup writers reported (`backup.json`), which a roll of the
+/// control plane waits on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Memory<'a> {
+    pub previous: Option<&'a Status>,
+    pub backups: Option<&'a crate::domain::backup::BackupReport>,
+}
+
 /// Observes and plans. Images are resolved (and the plan redone) only when it creates members,
-/// so a run with nothing to create makes no image lookups. `previous` is the last run's
-/// status: the autoscaler's unneeded-since times and the pools whose creates the rack refused.
-/// When a pool autoscales, the autoscaler decides its count first; its outcome comes back for
-/// status and Events.
+/// so a run with nothing to create makes no image lookups. When a pool autoscales, the
+/// autoscaler decides its count first; its outcome comes back for status and Events.
 pub async fn observe_and_plan<R: Rack, C: Cluster>(
     rack: &R,
     cluster: &C,
     spec: &ClusterSpec,
     now: DateTime<Utc>,
-    previous: Option<&Status>,
+    memory: Memory<'_>,
     server_token: &str,
     nodes: Option<Vec<Node>>,
 ) -> Result<(Observed, Plan, Option<crate::domain::autoscale::Outcome>), ReconcileError> {
+    let previous = memory.previous;
     let known = Known {
         nodes,
         subnet_prefix: previous.and_then(|p| p.subnet_prefix),
@@ -511,6 +521,7 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     }
     let effective = crate::domain::upgrade::effective_spec(spec, &versions);
     let spec = &effective;
+    let (roll, roll_note) = roll_gate(spec, &mut observed, now, memory);
     let suffixes = fresh_suffixes(spec);
     let mut plan = plan::plan(spec, &observed, now, &suffixes);
     if plan
@@ -537,11 +548,53 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
         }),
     );
     plan.upgrade = Some(versions);
+    plan.roll = roll;
+    plan.findings.extend(roll_note.map(|message| plan::Finding {
+        degraded: false,
+        message,
+    }));
     let outcome = decided.map(|d| {
         plan.findings.extend(autoscale::findings(&d.outcome));
         d.outcome
     });
     Ok((observed, plan, outcome))
+}
+
+/// The roll of the control plane this run is in (see [`crate::domain::backup::roll`]): kept
+/// from the last run while it rolls to the same spec, and its next step held
+/// (`observed.roll_hold`) until a backup taken after its decision exists. `spec` is the
+/// effective spec (an upgrade step is a roll to that step's release). Returns the roll and
+/// the note of one that goes on without a backup (in-cluster backups off).
+fn roll_gate(
+    spec: &ClusterSpec,
+    observed: &mut Observed,
+    now: DateTime<Utc>,
+    memory: Memory<'_>,
+) -> (Option<crate::domain::backup::RollDecision>, Option<String>) {
+    use crate::domain::backup::{self, BeforeRoll};
+    let rolling_to = plan::control_plane_rolling_to(spec, observed, now);
+    let previous = memory.previous.and_then(|p| p.control_plane_roll.as_ref());
+    let Some(mut roll) = backup::roll::decide(previous, rolling_to.as_deref(), now) else {
+        return (None, None);
+    };
+    let report = memory.backups.cloned().unwrap_or_default();
+    match backup::before_roll(
+        roll.decided_at,
+        &report,
+        spec.backup.schedule.as_deref(),
+        &spec.cluster,
+    ) {
+        BeforeRoll::Proceed { note } => (Some(roll), note),
+        BeforeRoll::Wait { message, failed } => {
+            info!(decided_at = %roll.decided_at, "{message}");
+            roll.waiting_for_backup = Some(message.clone());
+            observed.roll_hold = Some(plan::Finding {
+                degraded: failed,
+                message,
+            });
+            (Some(roll), None)
+        }
+    }
 }
 
 /// Looks up the private address of the server new members join through.
@@ -597,12 +650,16 @@ where
 
     let previous = snapshot.status_json().and_then(Status::from_json);
     if opts.dry_run {
+        let memory = Memory {
+            previous: previous.as_ref(),
+            backups: Some(&backup_report(&snapshot)),
+        };
         let (_, plan, _) = observe_and_plan(
             &rack,
             cluster,
             &spec,
             (opts.now)(),
-            previous.as_ref(),
+            memory,
             &secrets.k3s_token,
             Some(nodes),
         )
@@ -649,6 +706,9 @@ where
     };
     let stopped = opts.shutdown.signal();
     let status = wrap_up(cluster, state, opts, &ran, &outcome).await;
+    if stopped.is_none() {
+        reboot_after_run(&rack, &apply_opts, &outcome).await;
+    }
     if let Some(signal) = stopped {
         return Ok(stopped_early(
             &run_id,
@@ -676,6 +736,11 @@ async fn work<R: Rack, C: Cluster>(
     let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
     // The version gate's Nodes serve the first attempt; a retry lists them again.
     let mut gate_nodes = Some(gate_nodes);
+    let backups = backup_report(ran.snapshot);
+    let memory = Memory {
+        previous: ran.previous,
+        backups: Some(&backups),
+    };
     let (observed, plan, autoscaled) =
         crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
             observe_and_plan(
@@ -683,19 +748,14 @@ async fn work<R: Rack, C: Cluster>(
                 cluster,
                 ran.spec,
                 (opts.now)(),
-                ran.previous,
+                memory,
                 &secrets.k3s_token,
                 gate_nodes.take(),
             )
         })
         .await?;
     let mut plan = plan;
-    if let Some(message) = backup_status(ran, (opts.now)()).finding() {
-        plan.findings.push(plan::Finding {
-            degraded: true,
-            message,
-        });
-    }
+    plan.findings.extend(backup_findings(ran, (opts.now)()));
     if let Some(prefix) = observed.subnet_prefix {
         let _ = ran.subnet_prefix.set(prefix);
     }
@@ -806,6 +866,42 @@ async fn wrap_up<C: Cluster, S: StateStore>(
     status
 }
 
+/// The restart for certificates of a cluster's only server, asked for by this run: made now
+/// that its status is written and its Lease given back, as the API goes down with the server
+/// (see [`crate::domain::certificates`]).
+async fn reboot_after_run<R: Rack>(
+    rack: &R,
+    apply_opts: &ApplyOptions,
+    outcome: &Result<Applied, ReconcileError>,
+) {
+    let Ok((_, results, _)) = outcome else {
+        return;
+    };
+    for r in results {
+        let (
+            plan::Action::RestartForCertificates {
+                name,
+                after_run: true,
+                ..
+            },
+            Outcome::InProgress(_),
+        ) = (&r.action, &r.outcome)
+        else {
+            continue;
+        };
+        let reboot = crate::base::retry::retry(apply_opts.backoff, RackError::is_retryable, || {
+            rack.reboot_instance(name)
+        })
+        .await;
+        match reboot {
+            Ok(()) => info!(instance = %name, "rebooted for its certificates after the run"),
+            Err(e) => {
+                warn!(instance = %name, error = %e, "could not reboot for its certificates; the next run asks again")
+            }
+        }
+    }
+}
+
 /// Completes a little after apply gives up on the action under way once the run is asked to
 /// stop (see [`ApplyOptions::abandon_after`]): the bound on the rest (an observe still
 /// retrying). Returns the signal.
@@ -901,20 +997,61 @@ fn apply_options(opts: &ReconcileOptions, spec: &ClusterSpec, deadline: Instant)
     apply_opts
 }
 
-/// The backups as the writers last reported them (`backup.json`), judged at `now` against the
-/// spec's schedule; watched since the first run that looked (kept in `status.json`).
-fn backup_status(ran: &Ran<'_>, now: DateTime<Utc>) -> crate::domain::backup::BackupStatus {
-    let report = ran
-        .snapshot
+/// What the backup writers last reported (`backup.json`).
+fn backup_report(snapshot: &state::ConfigSnapshot) -> crate::domain::backup::BackupReport {
+    snapshot
         .data
         .get(state::keys::BACKUP)
         .and_then(|j| crate::domain::backup::BackupReport::from_json(j))
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// The backups as the writers last reported them (`backup.json`) and the restore drills as
+/// their runners did (`drill.json`), judged at `now` against the spec's schedules; watched
+/// since the first run that looked (kept in `status.json`).
+fn backup_status(ran: &Ran<'_>, now: DateTime<Utc>) -> crate::domain::backup::BackupStatus {
+    use crate::domain::backup::drill;
     let since = ran
         .previous
         .and_then(|p| p.backup.as_ref())
         .map_or(ran.started_at, |b| b.watching_since);
-    crate::domain::backup::report::status(ran.spec.backup.schedule.as_deref(), &report, since, now)
+    let mut status = crate::domain::backup::report::status(
+        ran.spec.backup.schedule.as_deref(),
+        &backup_report(ran.snapshot),
+        since,
+        now,
+    );
+    let drills = ran
+        .snapshot
+        .data
+        .get(state::keys::DRILL)
+        .and_then(|j| drill::DrillReport::from_json(j))
+        .unwrap_or_default();
+    status.drill = Some(drill::status(
+        ran.spec.backup.drill_schedule.as_deref(),
+        &drills,
+        since,
+        now,
+    ));
+    status
+}
+
+/// The Degraded findings of the backups and drills: a stale backup, a failed or missing drill.
+fn backup_findings(ran: &Ran<'_>, now: DateTime<Utc>) -> Vec<plan::Finding> {
+    let status = backup_status(ran, now);
+    let drill = status
+        .drill
+        .as_ref()
+        .and_then(|d| d.finding(status.watching_since));
+    status
+        .finding()
+        .into_iter()
+        .chain(drill)
+        .map(|message| plan::Finding {
+            degraded: true,
+            message,
+        })
+        .collect()
 }
 
 /// The status.json this run leaves, from its outcome (a failed run keeps what it can of the

@@ -194,6 +194,10 @@ pub async fn build(
     let mut spec = ClusterSpec::new(CLUSTER, PROJECT, IMAGE, control_plane, workers);
     // Where the upgrade pre-flight looks for a release: the simulator's stand-in for GitHub.
     spec.k3s.release_url.clone_from(&sim.release_url);
+    // The preset installs no backup CronJob (bootstrap does): its spec takes no in-cluster
+    // backups either, as `bootstrap --backup-schedule off` writes it. A roll of its servers
+    // then goes on without waiting for a backup (`domain::backup::roll`).
+    spec.backup.schedule = None;
     spec.validate()
         .map_err(|e| PresetError::Spec(e.to_string()))?;
     let mut secrets = generate_secrets(sim);

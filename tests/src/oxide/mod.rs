@@ -549,6 +549,32 @@ impl OxideSim {
         }
     }
 
+    /// Flips every bit of `len` bytes of snapshot `name`'s contents from `offset` (storage
+    /// fault injection: bit rot in the stored object, which nexus never reads back, so nothing
+    /// on the API changes). Returns whether such a snapshot exists and the range is in it.
+    pub fn corrupt_snapshot(&self, name: &str, offset: u64, len: usize) -> bool {
+        let mut store = self.store();
+        let Some(s) = store
+            .snapshots
+            .values_mut()
+            .find(|s| s.name.as_str() == name)
+        else {
+            return false;
+        };
+        let Some(end) = u64::try_from(len).ok().and_then(|l| offset.checked_add(l)) else {
+            return false;
+        };
+        if end > s.size {
+            return false;
+        }
+        let flipped: Vec<u8> = storage::read(&s.data, offset, len)
+            .into_iter()
+            .map(|b| !b)
+            .collect();
+        storage::write_at(Arc::make_mut(&mut s.data), offset, &flipped);
+        true
+    }
+
     /// Bytes of virtual storage the silo has provisioned (every disk and snapshot at its full
     /// size), what `silo_storage_quota` is checked against.
     pub fn storage_provisioned(&self) -> u64 {

@@ -374,6 +374,11 @@ pub fn read(data: &Blocks, offset: u64, len: usize) -> Vec<u8> {
     store::read_blocks(data, PAGE, offset, len)
 }
 
+/// Writes `data` at `offset` into `pages` (a disk's, snapshot's or image's contents).
+pub fn write_at(pages: &mut BTreeMap<u64, Vec<u8>>, offset: u64, data: &[u8]) {
+    write_sparse(pages, offset, data);
+}
+
 /// Writes `data` at `offset` into 64 KiB pages, dropping pages that end up all zero.
 fn write_sparse(pages: &mut BTreeMap<u64, Vec<u8>>, offset: u64, data: &[u8]) {
     let mut pos = 0usize;

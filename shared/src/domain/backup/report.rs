@@ -96,6 +96,10 @@ pub struct BackupStatus {
     pub watching_since: DateTime<Utc>,
     /// The newest backup is older than two schedule periods (the cluster is Degraded).
     pub stale: bool,
+    /// The restore drills: the newest, the newest that passed, and what is wrong with them
+    /// (set by the run from `drill.json`; see [`super::drill`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drill: Option<super::drill::DrillStatus>,
 }
 
 /// How long after a tick the backup it makes may take before it counts as missed: the Job
@@ -133,6 +137,7 @@ pub fn status(
         report: report.clone(),
         watching_since,
         stale,
+        drill: None,
     }
 }
 

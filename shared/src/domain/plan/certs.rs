@@ -237,11 +237,17 @@ fn restart_action(
                     })
             })
     });
+    let other_server_ready = members.iter().any(|o| {
+        o.instance.name != m.instance.name
+            && o.pool == spec.control_plane.name
+            && o.health == Health::Ready
+    });
     Action::RestartForCertificates {
         pool: m.pool.clone(),
         name: m.instance.name.clone(),
         node: node.to_owned(),
         drain: !is_server && others_schedulable,
+        after_run: is_server && !other_server_ready,
         since,
         reason: why.to_owned(),
     }

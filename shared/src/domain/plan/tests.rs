@@ -1593,3 +1593,86 @@ fn node_annotation_done(w: &mut World, node: &str, at: DateTime<Utc>) {
         crate::domain::certificates::Restart::Done(at).value(),
     );
 }
+
+/// Issue 46 item 4: a roll of the control plane held for a backup makes no surge server and
+/// says why; the same roll with no hold makes it; a dead server's replacement, a missing
+/// server and a worker roll do not wait; the roll is what `control_plane_rolling_to` reports.
+#[test]
+fn a_roll_held_for_a_backup_makes_no_surge_server_and_says_why() {
+    let hold = Finding {
+        degraded: false,
+        message: "RollWaitsForBackup: waits for a backup".into(),
+    };
+    let mut roll = World::healthy(3, 2, 2);
+    roll.spec.control_plane.cpus = 8;
+    roll.etcd_agrees(vec![]);
+    assert_eq!(
+        control_plane_rolling_to(&roll.spec, &roll.obs, now()),
+        Some(
+            roll.spec
+                .pool_hash(Role::ControlPlane, &roll.spec.control_plane)
+        )
+    );
+    assert_eq!(creates(&roll.plan(), "control-plane"), 1);
+    roll.obs.roll_hold = Some(hold.clone());
+    let p = roll.plan();
+    assert_eq!(creates(&p, "control-plane"), 0, "{p:?}");
+    assert!(p.findings.contains(&hold), "{p:?}");
+    // Not a roll: nothing to decide, nothing held.
+    let w = World::healthy(3, 2, 2);
+    assert_eq!(control_plane_rolling_to(&w.spec, &w.obs, now()), None);
+    for (what, mut w) in changes_due() {
+        if what.contains("roll") {
+            continue;
+        }
+        w.etcd_agrees(vec![]);
+        w.obs.roll_hold = Some(hold.clone());
+        let p = w.plan();
+        assert!(!control_plane_untouched(&p), "{what}: {p:?}");
+    }
+    let mut workers = World::healthy(3, 2, 2);
+    workers.spec.worker_pools[0].cpus = 4;
+    workers.obs.roll_hold = Some(hold);
+    assert_eq!(creates(&workers.plan(), "workers"), 1);
+}
+
+#[test]
+fn the_only_server_is_restarted_after_the_run_its_api_goes_down_with() {
+    let mut w = World::healthy(1, 1, 1);
+    report(
+        &mut w,
+        "demo-control-plane-cp000",
+        now(),
+        Some(now() + Duration::days(50)),
+    );
+    let p = w.plan();
+    assert!(
+        matches!(
+            p.actions.as_slice(),
+            [Action::RestartForCertificates {
+                after_run: true,
+                drain: false,
+                ..
+            }]
+        ),
+        "{:?}",
+        p.actions
+    );
+    // With another Ready server, the restart is the run's own (the address moved first).
+    let mut w = World::healthy(3, 1, 1);
+    let cp1 = w.obs.instances[1].id;
+    w.fip_on(Some(cp1));
+    report(
+        &mut w,
+        "demo-control-plane-cp000",
+        now(),
+        Some(now() + Duration::days(50)),
+    );
+    assert!(matches!(
+        w.plan().actions.as_slice(),
+        [Action::RestartForCertificates {
+            after_run: false,
+            ..
+        }]
+    ));
+}

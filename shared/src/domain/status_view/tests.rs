@@ -150,6 +150,7 @@ fn status(degraded: bool) -> Status {
             },
             watching_since: t(8, 0, 0),
             stale: degraded,
+            drill: None,
         }),
         certificates: vec![
             crate::domain::certificates::PoolCertificates {
@@ -167,6 +168,7 @@ fn status(degraded: bool) -> Status {
                 restarting: Some("demo-workers-aaaaa".into()),
             },
         ],
+        control_plane_roll: None,
     }
 }
 

@@ -688,7 +688,9 @@ async fn run_verify<C: Connect>(
     if input.dry_run {
         return Ok(summary);
     }
-    let report = restore::drill(connect, &rack, &v, &input, &chosen).await?;
+    let drilled = restore::drill(connect, &rack, &v, &input, &chosen).await;
+    record_drill(connect, &v, &input, &chosen, &drilled).await;
+    let report = drilled?;
     summary.api_ready_after = Some(Duration::from_secs_f64(report.restore_seconds));
     if report.expected_objects.is_none() {
         warn!(step = "drill", backup = %report.backup, "the backup recorded no object count: the drill compared nothing but a ready API");
@@ -710,6 +712,35 @@ async fn run_verify<C: Connect>(
         ));
     }
     Ok(summary)
+}
+
+/// Leaves the drill's result in the cluster's ConfigMap (`drill.json`), passed or failed, for
+/// the next reconcile to judge (a failed drill makes the cluster Degraded). Best effort: the
+/// drill's own exit code and output say the same.
+async fn record_drill<C: Connect>(
+    connect: &C,
+    v: &Validated,
+    input: &RecoverInput,
+    chosen: &crate::domain::backup::Backup,
+    drilled: &Result<restore::DrillReport, BootstrapError>,
+) {
+    let result = restore::drill_result(chosen, drilled, "bootstrap recover --verify");
+    let recorded = match connect
+        .in_cluster(&v.kubeconfig, &input.cluster, "bootstrap-drill")
+        .await
+    {
+        Ok(p) => tokio::time::timeout(
+            Duration::from_secs(20),
+            crate::workflows::backup::record_drill(&p.store, result),
+        )
+        .await
+        .map_err(|_| "timed out".to_owned())
+        .and_then(|r| r.map_err(|e| e.to_string())),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = recorded {
+        warn!(step = "drill", error = %e, "cannot record the drill's result in the ConfigMap; status.json will not show it");
+    }
 }
 
 /// Rung 3 with `--backup` (see [`restore`]).

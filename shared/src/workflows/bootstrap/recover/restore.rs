@@ -396,6 +396,53 @@ pub struct DrillReport {
     pub cleaned_up: bool,
 }
 
+/// What `drill.json` records of a drill of `chosen` that ended in `drilled`: a ready API
+/// holding the objects the backup counted (or no count to compare) passes; anything else
+/// fails with its reason.
+pub fn drill_result(
+    chosen: &Backup,
+    drilled: &Result<DrillReport, BootstrapError>,
+    by: &str,
+) -> backup::drill::DrillResult {
+    let mut r = backup::drill::DrillResult {
+        at: chrono::Utc::now(),
+        backup: Some(chosen.name.clone()),
+        backup_time: Some(chosen.tag.time),
+        ok: false,
+        reason: None,
+        expected_objects: chosen.tag.objects,
+        restored_objects: None,
+        restore_seconds: None,
+        cleaned_up: false,
+        by: by.to_owned(),
+    };
+    match drilled {
+        Ok(d) => {
+            r.restored_objects = Some(d.restored_objects);
+            r.restore_seconds = Some(d.restore_seconds);
+            r.cleaned_up = d.cleaned_up;
+            match d.expected_objects {
+                Some(n) if n != d.restored_objects => {
+                    r.reason = Some(format!(
+                        "the restored API holds {} objects where the backup counted {n}",
+                        d.restored_objects
+                    ));
+                }
+                _ => r.ok = true,
+            }
+        }
+        Err(e) => {
+            r.reason = Some(crate::workflows::error::chain(e));
+            // A drill whose cleanup failed says so in its error (step drill-cleanup).
+            r.cleaned_up = !r
+                .reason
+                .as_deref()
+                .is_some_and(|m| m.starts_with("drill-cleanup"));
+        }
+    }
+    r
+}
+
 /// Names of what a drill of `cluster` makes: its throw-away cluster name and API address.
 fn drill_names(cluster: &str) -> (String, String) {
     let tmp = format!("{cluster}-drill");
@@ -540,6 +587,20 @@ async fn drill_server<C: Connect>(
     )
     .map_err(|e| BootstrapError::step(step, e))?;
     loop {
+        // A setup that failed (a backup whose digest does not match, say) never serves an
+        // API: its console's failure marker says so at once, with the step's reason.
+        if let Ok(console) = rack.serial_console(name).await
+            && let Some(f) =
+                crate::render::cloud_init::setup_failure(&String::from_utf8_lossy(&console))
+        {
+            return Err(BootstrapError::step(
+                step,
+                message(format!(
+                    "the drill server's setup failed at step {}: {}: the backup {} does not restore",
+                    f.step, f.reason, chosen.name
+                )),
+            ));
+        }
         match connect.api_ready(&kubeconfig, &input.cluster).await {
             Ok(()) => break,
             Err(why) if Instant::now() >= deadline => {
