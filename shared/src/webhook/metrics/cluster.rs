@@ -208,8 +208,16 @@ impl Input {
                     })
                     .collect()
             }),
-            // Not in status.json yet (issue 46 items 3, 4 add them).
-            drill: None,
+            drill: status
+                .backup
+                .as_ref()
+                .and_then(|b| b.drill.as_ref())
+                .map(|d| DrillInput {
+                    last: d.report.last.as_ref().map(|l| l.at),
+                    last_success: d.report.last.as_ref().map(|l| l.ok),
+                    overdue: d.problem.as_deref() == Some(crate::domain::backup::drill::MISSING),
+                }),
+            // Not in status.json yet (issue 46 item 3 adds it).
             maintenance: None,
             ..Input::default()
         }
@@ -767,7 +775,8 @@ oxide_controller_upgrade_in_progress{cluster=\"demo\"} 0
             "lastPlan": [],
             "findings": ["node demo-workers-b is NotReady"],
             "upgrade": {"from": "v1.33.4+k3s1", "to": "v1.34.1+k3s1", "phase": "workers", "startedAt": "2027-01-15T06:00:00Z", "blocked": ["x", "y"]},
-            "backup": {"schedule": "0 * * * *", "lastAttemptAt": "2027-01-15T07:59:00Z", "lastError": "upload failed", "watchingSince": "2027-01-01T00:00:00Z", "stale": true},
+            "backup": {"schedule": "0 * * * *", "lastAttemptAt": "2027-01-15T07:59:00Z", "lastError": "upload failed", "watchingSince": "2027-01-01T00:00:00Z", "stale": true,
+                "drill": {"schedule": "30 3 * * 0", "last": {"at": "2027-01-14T03:40:00Z", "ok": false, "reason": "the restored API holds 12 objects, the backup 60", "cleanedUp": true, "by": "schedule"}, "problem": "DrillFailed"}},
             "certificates": [
                 {"pool": "control-plane"},
                 {"pool": "workers", "earliestEnd": "2027-03-01T00:00:00Z", "node": "demo-workers-b"}
@@ -813,7 +822,17 @@ oxide_controller_upgrade_in_progress{cluster=\"demo\"} 0
                 not_after: "2027-03-01T00:00:00Z".parse().unwrap_or_default(),
             }])
         );
-        assert_eq!((&input.drill, &input.maintenance), (&None, &None));
+        // The newest drill: when, whether it passed; failed is not overdue.
+        assert_eq!(
+            input.drill,
+            Some(DrillInput {
+                last: "2027-01-14T03:40:00Z".parse().ok(),
+                last_success: Some(false),
+                overdue: false,
+            })
+        );
+        assert!(!render(&input).contains("12 objects"));
+        assert_eq!(input.maintenance, None);
         // The messages never become labels.
         assert!(!render(&input).contains("upload failed"));
         assert!(!render(&input).contains("3h old"));
