@@ -6,6 +6,7 @@ pub mod autoscale;
 pub mod backup;
 pub mod digests;
 pub mod firewall;
+pub mod maintenance;
 pub mod model;
 pub mod plan;
 pub mod spec;
