@@ -79,6 +79,10 @@ pub struct Status {
     /// cluster is Degraded). Set by the run from the ConfigMap's `backup.json`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<crate::domain::backup::BackupStatus>,
+    /// The k3s release channel as the run found it (`upgrade.channel`): the release it names,
+    /// whether it was adopted or waits, and for which window. Absent without a channel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<crate::domain::upgrade::channel::ChannelStatus>,
 }
 
 impl Status {
@@ -239,6 +243,8 @@ pub fn build(r: &RunReport) -> Status {
             None => r.previous.map(|p| p.versions.clone()).unwrap_or_default(),
         },
         backup: r.previous.and_then(|p| p.backup.clone()),
+        // Set by the run (it asks the channel before it plans); the last one holds till then.
+        channel: r.previous.and_then(|p| p.channel.clone()),
     }
 }
 

@@ -151,6 +151,7 @@ fn status(degraded: bool) -> Status {
             watching_since: t(8, 0, 0),
             stale: degraded,
         }),
+        channel: None,
     }
 }
 
