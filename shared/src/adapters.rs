@@ -1,10 +1,11 @@
 //! Adapters: the ports implemented against the real systems (the Oxide SDK, kube-rs, SSH,
-//! the Tailscale API), plus what does I/O for the workflows: credentials, image upload,
+//! the Tailscale API, k3s's channel server), plus what does I/O for the workflows: credentials, image upload,
 //! resume and kubeconfig files, manifests applied to the cluster (`kube_manifests`), dev builds.
 
 pub mod credentials;
 pub mod dev_image;
 pub mod image;
+pub mod k3s_channel;
 pub mod kube_cluster;
 pub mod kube_manifests;
 pub mod kube_store;

@@ -7,6 +7,7 @@ pub mod backup;
 pub mod certificates;
 pub mod digests;
 pub mod firewall;
+pub mod maintenance;
 pub mod model;
 pub mod plan;
 pub mod spec;

@@ -1243,3 +1243,108 @@ async fn a_stale_etcd_member_holds_the_control_plane_but_not_the_workers() {
         3
     );
 }
+
+/// A channel server that names one release (or fails), counting the questions.
+#[derive(Debug, Default)]
+struct OneRelease {
+    answer: std::sync::Mutex<Option<String>>,
+    asked: std::sync::atomic::AtomicU32,
+}
+
+impl oxide_controller::ports::channel::ReleaseChannels for OneRelease {
+    fn latest<'a>(
+        &'a self,
+        base: &'a str,
+        channel: &'a str,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<String, oxide_controller::ports::channel::ChannelError>,
+    > {
+        self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let answer = self
+            .answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        Box::pin(async move {
+            answer.ok_or(oxide_controller::ports::channel::ChannelError::Status {
+                url: format!("{base}/{channel}"),
+                status: 503,
+            })
+        })
+    }
+}
+
+/// Issue 46 item 3: the channel's patch is written into k3s.version only inside a window
+/// (the run's clock places it), one question a run; an unanswered channel fails no run.
+#[test]
+fn a_channels_patch_becomes_k3s_version_only_inside_a_window_and_a_silent_server_fails_no_run() {
+    use oxide_controller::domain::upgrade::channel::ChannelState;
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        spec.upgrade.channel = Some("v1.33".into());
+        // t0 is 12:00 UTC: the window opens at 13:00.
+        spec.maintenance.windows = vec![oxide_controller::domain::maintenance::MaintenanceWindow {
+            cron: "0 13 * * *".into(),
+            duration: "1h".into(),
+            time_zone: "UTC".into(),
+        }];
+        let w = world(&spec, true).await;
+        let channel = Arc::new(OneRelease::default());
+        let run = |w: &FakeWorld| {
+            let mut o = opts(w);
+            o.channels = channel.clone();
+            let (rack, cluster, state) = (w.rack(), w.cluster(), w.state());
+            async move { reconcile::run(&cluster, &state, move |_, _| Ok(rack), &o).await }
+        };
+        let version = |w: &FakeWorld| {
+            let w = w.clone();
+            async move {
+                let snap = w
+                    .state()
+                    .read_config()
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                ClusterSpec::from_yaml(snap.spec_yaml().unwrap_or_default())
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .k3s
+                    .version
+            }
+        };
+
+        // No answer: a finding, and the run does its work.
+        run(&w).await.unwrap_or_else(|e| panic!("{e:?}"));
+        let c = status(&w)
+            .await
+            .channel
+            .unwrap_or_else(|| panic!("channel"));
+        assert_eq!(c.state, ChannelState::Unresolved, "{c:?}");
+        assert!(status(&w).await.findings.contains(&c.message));
+
+        *channel.answer.lock().unwrap_or_else(|p| p.into_inner()) = Some("v1.33.7+k3s3".into());
+        w.tick(60);
+        run(&w).await.unwrap_or_else(|e| panic!("{e:?}"));
+        let c = status(&w)
+            .await
+            .channel
+            .unwrap_or_else(|| panic!("channel"));
+        assert_eq!(c.state, ChannelState::Waiting, "{c:?}");
+        assert_eq!(
+            c.next_window,
+            Some(Utc.with_ymd_and_hms(2026, 11, 21, 13, 0, 0).unwrap())
+        );
+        assert_eq!(version(&w).await, "v1.33.4+k3s1");
+        assert_eq!(channel.asked.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+        w.with(|s| s.now = Utc.with_ymd_and_hms(2026, 11, 21, 13, 0, 30).unwrap());
+        run(&w).await.unwrap_or_else(|e| panic!("{e:?}"));
+        let c = status(&w)
+            .await
+            .channel
+            .unwrap_or_else(|| panic!("channel"));
+        assert_eq!(c.state, ChannelState::Adopted, "{c:?}");
+        assert_eq!(version(&w).await, "v1.33.7+k3s3");
+        assert_eq!(channel.asked.load(std::sync::atomic::Ordering::SeqCst), 3);
+    });
+}

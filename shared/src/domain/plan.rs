@@ -17,7 +17,8 @@
 //! - scale up creates the shortfall, never letting a pool exceed desired+1 instances;
 //! - scale down picks victims: `delete-me` > never joined > NotReady > drifted > newest;
 //! - drift rolls one member at a time per pool: a surge member first, then, once it is Ready,
-//!   one drifted member goes; scale-downs wait while a surge member is joining;
+//!   one drifted member goes; scale-downs wait while a surge member is joining; with
+//!   `maintenance.windows`, a surge member is created only while a window is open;
 //! - the control plane changes one member at a time and never below etcd quorum;
 //! - the API floating IP sits on a Ready control-plane member;
 //! - Nodes without an instance and disks without an instance are deleted.
@@ -28,6 +29,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use crate::base::names::{self, InstanceTag};
+use crate::domain::maintenance::{Gate, Windows};
 use crate::domain::model::{
     Disk, DiskState, EtcdMember, EtcdMembership, FloatingIp, Image, Instance, InstanceState,
     NewInstance, Node, NodeReadiness,
@@ -940,6 +942,7 @@ fn plan_pool(
         ready: count(&|m| m.health == Health::Ready),
         joining: count(&|m| m.health == Health::Joining),
         capacity: count(&|m| m.health.counts()),
+        rolls: Windows::new(&spec.maintenance).allows(now),
     };
     p.pools.push(pool_counts(pool, members));
     let is_cp = role == Role::ControlPlane;
@@ -1001,6 +1004,27 @@ struct Tally {
     joining: usize,
     /// Members that count towards the pool's size.
     capacity: usize,
+    /// Whether a roll of drifted members may start a new replacement now (the maintenance
+    /// windows: [`crate::domain::maintenance`]).
+    rolls: Gate,
+}
+
+/// A pool whose members drifted and whose roll waits for a maintenance window: a finding
+/// instead of the surge member. A replacement already under way is not held (its old member
+/// goes once the new one is Ready); broken members are replaced whatever the windows say.
+fn roll_waits(pool: &PoolSpec, t: Tally, p: &mut Plan) -> bool {
+    if t.rolls.is_allowed() {
+        return false;
+    }
+    p.findings.push(Finding {
+        degraded: false,
+        message: format!(
+            "pool {:?}: its spec changed; the roll waits for {}",
+            pool.name,
+            t.rolls.describe_wait()
+        ),
+    });
+    true
 }
 
 /// The pool's line in the plan's counts.
@@ -1176,6 +1200,7 @@ fn plan_workers(
         && ready == desired
         && budget > 0
         && members.iter().all(|m| m.health == Health::Ready)
+        && !roll_waits(pool, t, p)
     {
         create(
             p,
@@ -1238,6 +1263,7 @@ fn plan_control_plane(
         ready,
         joining,
         capacity,
+        ..
     } = t;
     // Voting etcd members: servers that joined and are not yet removed, or the voters etcd
     // lists when it lists more (a member whose removal is under way still votes).
@@ -1309,7 +1335,10 @@ fn plan_control_plane(
         }
         return;
     }
-    if members.iter().any(|m| m.drifted && m.health.counts()) && all_ready {
+    if members.iter().any(|m| m.drifted && m.health.counts())
+        && all_ready
+        && !roll_waits(pool, t, p)
+    {
         roll_control_plane(pool, observed, p, create);
     }
 }

@@ -13,6 +13,7 @@ use crate::base::names::{self, MAX_INSTANCE_NAME_LEN, SUFFIX_LEN};
 use crate::domain::digests;
 
 pub mod autoscale;
+pub mod maintenance;
 pub mod tailscale;
 pub mod upgrade;
 use crate::base::size::ByteSize;
@@ -80,6 +81,13 @@ pub struct ClusterSpec {
         skip_serializing_if = "crate::domain::certificates::CertificateSpec::is_default"
     )]
     pub certificates: crate::domain::certificates::CertificateSpec,
+    /// When roll-outs that are not urgent may start (see [`crate::domain::maintenance`]).
+    /// Absent: at any time, and specs written before it existed read the same.
+    #[serde(
+        default,
+        skip_serializing_if = "maintenance::MaintenanceSpec::is_default"
+    )]
+    pub maintenance: maintenance::MaintenanceSpec,
 }
 
 /// The administrator's limits on the scale webhook (see [`ClusterSpec::webhook`]).
@@ -625,6 +633,7 @@ impl ClusterSpec {
             upgrade: upgrade::UpgradeSpec::default(),
             backup: Default::default(),
             certificates: Default::default(),
+            maintenance: Default::default(),
         }
     }
 
@@ -1095,6 +1104,7 @@ impl ClusterSpec {
         }
         self.validate_timeouts(&mut err);
         self.upgrade.validate(&mut err);
+        self.maintenance.validate(&mut err);
         if errs.is_empty() {
             Ok(())
         } else {

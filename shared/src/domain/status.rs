@@ -87,6 +87,10 @@ pub struct Status {
     /// why its next step waits for a backup, while it does (absent when none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_roll: Option<crate::domain::backup::RollDecision>,
+    /// The k3s release channel as the run found it (`upgrade.channel`): the release it names,
+    /// whether it was adopted or waits, and for which window. Absent without a channel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<crate::domain::upgrade::channel::ChannelStatus>,
 }
 
 impl Status {
@@ -258,6 +262,8 @@ pub fn build(r: &RunReport) -> Status {
             Some(p) => p.roll.clone(),
             None => r.previous.and_then(|p| p.control_plane_roll.clone()),
         },
+        // Set by the run (it asks the channel before it plans); the last one holds till then.
+        channel: r.previous.and_then(|p| p.channel.clone()),
     }
 }
 

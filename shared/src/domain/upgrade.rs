@@ -632,6 +632,7 @@ pub fn hold_for_preflight(
     }
 }
 
+pub mod channel;
 pub mod etcd;
 pub mod preflight;
 

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 mod autoscale;
+pub mod channel;
 pub mod preflight;
 pub use autoscale::{Decided, active as autoscale_active, views as autoscale_views};
 
@@ -97,8 +98,10 @@ pub struct ReconcileOptions {
     pub stop_wait: Duration,
     /// Backoff for retryable Oxide errors.
     pub backoff: crate::base::retry::Backoff,
-    /// The clock (tests pass a fake one).
+    /// The clock (tests pass a fake one). The maintenance windows read it too.
     pub now: Arc<dyn Fn() -> DateTime<Utc> + Send + Sync>,
+    /// k3s's release channels (`upgrade.channel`), asked at most once a run.
+    pub channels: Arc<dyn crate::ports::channel::ReleaseChannels>,
     /// Triggered when the process is asked to stop (see [`RunOutcome::Stopped`]).
     pub shutdown: Shutdown,
 }
@@ -127,6 +130,7 @@ impl ReconcileOptions {
             stop_wait: Duration::from_secs(60),
             backoff: crate::base::retry::Backoff::default(),
             now: Arc::new(Utc::now),
+            channels: Arc::new(crate::adapters::k3s_channel::HttpChannels),
             shutdown: Shutdown::new(),
         }
     }
@@ -678,6 +682,8 @@ where
     if let LeaseOutcome::HeldBy { holder, .. } = taken {
         return Ok(RunOutcome::LeaseHeld { holder });
     }
+    // Under the Lease, before planning: the channel's patch may become k3s.version.
+    let (spec, channel) = channel::follow(state, cluster, opts, spec, &nodes).await;
     let apply_opts = apply_options(opts, &spec, deadline);
 
     // Keep the Lease while we work. A failed renew is retried while the Lease we hold is
@@ -696,6 +702,7 @@ where
         started_at,
         server_settings: server_settings.as_ref(),
         subnet_prefix: std::sync::OnceLock::new(),
+        channel,
     };
     let outcome = tokio::select! {
         r = work(&rack, cluster, &secrets, &ran, nodes, opts, &apply_opts) => r,
@@ -756,6 +763,12 @@ async fn work<R: Rack, C: Cluster>(
         .await?;
     let mut plan = plan;
     plan.findings.extend(backup_findings(ran, (opts.now)()));
+    if let Some(message) = ran.channel.as_ref().and_then(|c| c.finding()) {
+        plan.findings.push(plan::Finding {
+            degraded: false,
+            message,
+        });
+    }
     if let Some(prefix) = observed.subnet_prefix {
         let _ = ran.subnet_prefix.set(prefix);
     }
@@ -832,6 +845,8 @@ struct Ran<'a> {
     /// The project's subnet prefix as this run observed it, for the status (the webhook's
     /// subnet check reads it there).
     subnet_prefix: std::sync::OnceLock<u8>,
+    /// The release channel as this run found it (None without `upgrade.channel`).
+    channel: Option<crate::domain::upgrade::channel::ChannelStatus>,
 }
 
 /// After the work, whatever its outcome: the status it leaves (written, with the backoff
@@ -856,6 +871,7 @@ async fn wrap_up<C: Cluster, S: StateStore>(
         status.subnet_prefix = Some(*prefix);
     }
     status.backup = Some(backup_status(ran, finished_at));
+    status.channel = ran.channel.clone();
     if outcome.is_ok() {
         record_backoff_events(cluster, ran.previous, &status).await;
     }

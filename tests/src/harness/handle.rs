@@ -31,6 +31,11 @@ pub struct SimHandle {
     /// see [`crate::harness::releases`]. The preset cluster's spec names it in
     /// `k3s.release_url`.
     pub release_url: String,
+    /// Base URL of the simulated k3s channel server (`https://update.k3s.io/v1-release/
+    /// channels`), `http://127.0.0.1:PORT/v1-release/channels` (a spec's
+    /// `upgrade.channel_url`): see [`crate::harness::channels`].
+    pub channel_url: String,
+    pub(crate) channels: crate::harness::channels::Channels,
     pub(crate) oxide: OxideSim,
     pub(crate) tailnet: Tailnet,
     pub(crate) tailscale_configured: bool,
@@ -78,6 +83,11 @@ impl SimHandle {
     /// The runtime-mutable faults.
     pub fn faults(&self) -> &Faults {
         &self.faults
+    }
+
+    /// The simulated k3s channel server's channels (a test moves one with `set`).
+    pub fn channels(&self) -> &crate::harness::channels::Channels {
+        &self.channels
     }
 
     /// The simulated tailnet (devices, their addresses, the API key).

@@ -243,9 +243,22 @@ impl Sim {
 
         let mut tasks = Vec::new();
         let configured = opts.k3s_version.clone();
+        let channels = crate::harness::channels::Channels::new();
+        let release_url = format!("http://{releases_addr}{}", crate::harness::releases::PREFIX);
+        let (served, base) = (channels.clone(), release_url.clone());
         tasks.push(spawn_http(releases_listener, move |req| {
-            let configured = configured.clone();
-            async move { crate::harness::releases::handle(&req, &configured) }
+            let (configured, channels, base) = (configured.clone(), served.clone(), base.clone());
+            async move {
+                if req
+                    .uri()
+                    .path()
+                    .starts_with(crate::harness::channels::PREFIX)
+                {
+                    channels.handle(&req, &base)
+                } else {
+                    crate::harness::releases::handle(&req, &configured)
+                }
+            }
         }));
         let api_tailnet = tailnet.clone();
         tasks.push(spawn_http(tailscale_listener, move |req| {
@@ -276,7 +289,9 @@ impl Sim {
             project: None,
             kubeconfig: None,
             tailscale_api_url: format!("http://{tailscale_addr}"),
-            release_url: format!("http://{releases_addr}{}", crate::harness::releases::PREFIX),
+            release_url,
+            channel_url: format!("http://{releases_addr}{}", crate::harness::channels::PREFIX),
+            channels,
             oxide,
             tailnet,
             tailscale_configured: !opts.tailscale.auth_keys.is_empty(),

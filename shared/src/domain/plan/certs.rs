@@ -159,6 +159,23 @@ pub(super) fn plan(
             !matches!(restart_of(m), Some(Restart::Done(at)) if now - at < renew_before / 2)
         })
         .min_by_key(|(end, m)| (*end, m.instance.name.clone()));
+    // Outside the maintenance windows only an urgent restart starts: one whose certificates
+    // end within `degraded_before_days` (waiting longer risks the end itself).
+    if let Some((end, m)) = due
+        && end - now > degraded_before
+        && let gate = crate::domain::maintenance::Windows::new(&spec.maintenance).allows(now)
+        && !gate.is_allowed()
+    {
+        p.findings.push(Finding {
+            degraded: false,
+            message: format!(
+                "{}'s certificates end at {end}: its restart to renew them waits for {}",
+                m.instance.name,
+                gate.describe_wait()
+            ),
+        });
+        return;
+    }
     if let Some((_, m)) = due
         && let Some(action) = move_api_address_first(spec, observed, members, m)
     {

@@ -1676,3 +1676,119 @@ fn the_only_server_is_restarted_after_the_run_its_api_goes_down_with() {
         }]
     ));
 }
+
+/// `now()` is Saturday 2026-11-21 12:00 UTC: a Sunday-night window is closed, a daily
+/// 11:00 one is open.
+fn window(w: &mut World, cron: &str, duration: &str) {
+    w.spec.maintenance.windows = vec![crate::domain::maintenance::MaintenanceWindow {
+        cron: cron.into(),
+        duration: duration.into(),
+        time_zone: "UTC".into(),
+    }];
+}
+
+#[test]
+fn a_drift_roll_starts_only_inside_a_maintenance_window() {
+    for pool in ["control-plane", "workers"] {
+        let mut w = World::healthy(3, 2, 2);
+        match pool {
+            "control-plane" => w.spec.control_plane.cpus = 8,
+            _ => w.spec.worker_pools[0].cpus = 4,
+        }
+        window(&mut w, "0 2 * * sun", "4h");
+        let p = w.plan();
+        assert_eq!(p.actions, vec![], "{pool}: {p:?}");
+        assert_eq!(
+            p.findings,
+            [Finding {
+                degraded: false,
+                message: format!(
+                    "pool {pool:?}: its spec changed; the roll waits for the maintenance window opening at 2026-11-22T02:00:00Z"
+                ),
+            }],
+            "{pool}"
+        );
+        assert!(!p.is_converged() && !p.is_degraded());
+        window(&mut w, "0 11 * * *", "2h");
+        let p = w.plan();
+        assert_eq!(creates(&p, pool), 1, "{pool}: {p:?}");
+        assert!(p.actions[0].reason().contains("rolling"), "{p:?}");
+    }
+}
+
+#[test]
+fn a_replacement_begun_inside_a_window_finishes_after_it_closes() {
+    // The surge worker made inside the window is Ready: its drifted member goes.
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.worker_pools[0].cpus = 4;
+    w.ready("workers", "srg01", 20);
+    window(&mut w, "0 2 * * sun", "4h");
+    let p = w.plan();
+    assert_eq!(removed(&p).len(), 1, "{p:?}");
+    assert_eq!(creates(&p, "workers"), 0);
+    // The same for a server.
+    let mut w = World::healthy(3, 2, 2);
+    w.spec.control_plane.cpus = 8;
+    w.ready("control-plane", "srg01", 20);
+    window(&mut w, "0 2 * * sun", "4h");
+    let p = w.plan();
+    assert_eq!(removed(&p).len(), 1, "{p:?}");
+    assert!(removed(&p)[0].contains("cp00"), "{p:?}");
+}
+
+#[test]
+fn broken_members_are_replaced_whatever_the_windows_say() {
+    let mut w = World::healthy(3, 2, 2);
+    w.set_state_since("demo-workers-wk001", InstanceState::Failed, 10);
+    window(&mut w, "0 2 * * sun", "4h");
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-wk001"], "{p:?}");
+    assert_eq!(creates(&p, "workers"), 1, "{p:?}");
+    // A worker that never joined, in a pool whose roll waits.
+    let mut w = World::healthy(3, 2, 1);
+    w.spec.worker_pools[0].cpus = 4;
+    w.inst("workers", "late1", InstanceState::Running, 3000);
+    window(&mut w, "0 2 * * sun", "4h");
+    let p = w.plan();
+    assert_eq!(removed(&p), ["demo-workers-late1"], "{p:?}");
+    assert_eq!(creates(&p, "workers"), 1, "{p:?}");
+}
+
+#[test]
+fn a_restart_for_certificates_waits_for_a_maintenance_window_unless_urgent() {
+    let mut w = World::healthy(3, 2, 2);
+    // A Sunday-night window: closed at now() (a Saturday noon).
+    window(&mut w, "0 22 * * 0", "4h");
+    report(
+        &mut w,
+        "demo-workers-wk000",
+        now(),
+        Some(now() + Duration::days(50)),
+    );
+    let p = w.plan();
+    assert!(restarts(&p).is_empty(), "{:?}", p.actions);
+    assert!(
+        p.findings
+            .iter()
+            .any(|f| !f.degraded && f.message.contains("waits for")),
+        "{:?}",
+        p.findings
+    );
+    // Within degraded_before_days it is urgent: it goes now.
+    report(
+        &mut w,
+        "demo-workers-wk000",
+        now(),
+        Some(now() + Duration::days(20)),
+    );
+    assert_eq!(restarts(&w.plan()).len(), 1);
+    // Inside a window (daily at 11:00 for 2 h): it goes.
+    window(&mut w, "0 11 * * *", "2h");
+    report(
+        &mut w,
+        "demo-workers-wk000",
+        now(),
+        Some(now() + Duration::days(50)),
+    );
+    assert_eq!(restarts(&w.plan()).len(), 1);
+}

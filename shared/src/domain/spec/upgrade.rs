@@ -27,6 +27,30 @@ pub struct UpgradeSpec {
     /// API once a day is seen only by a process that has run a day. `0` turns the check off.
     #[serde(default = "one_day", skip_serializing_if = "is_one_day")]
     pub api_history_seconds: u64,
+    /// The k3s release channel the cluster follows: `stable`, `latest` or a minor such as
+    /// `v1.33` (k3s's channels). A newer patch of the minor the cluster runs becomes
+    /// `k3s.version` inside a maintenance window; a newer minor is only reported (see
+    /// [`crate::domain::upgrade::channel`]). Absent: no channel is asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<String>,
+    /// The channel server (`<channel_url>/<channel>` answers a redirect to the release), for
+    /// mirrors and sites without internet access. Default k3s's own.
+    #[serde(
+        default = "default_channel_url",
+        skip_serializing_if = "is_default_channel_url"
+    )]
+    pub channel_url: String,
+}
+
+/// k3s's channel server (install.sh's `INSTALL_K3S_CHANNEL_URL` default).
+pub const K3S_CHANNEL_URL: &str = "https://update.k3s.io/v1-release/channels";
+
+fn default_channel_url() -> String {
+    K3S_CHANNEL_URL.to_owned()
+}
+
+fn is_default_channel_url(url: &str) -> bool {
+    url == K3S_CHANNEL_URL
 }
 
 fn one() -> u32 {
@@ -51,6 +75,8 @@ impl Default for UpgradeSpec {
             worker_pool_concurrency: 1,
             allow_removed_apis: Vec::new(),
             api_history_seconds: DEFAULT_API_HISTORY_SECONDS,
+            channel: None,
+            channel_url: default_channel_url(),
         }
     }
 }
@@ -80,6 +106,25 @@ impl UpgradeSpec {
                 );
             }
         }
+        if let Some(c) = &self.channel
+            && !is_channel_name(c)
+        {
+            err(
+                "upgrade.channel".into(),
+                format!(
+                    "{c:?} is not a k3s release channel this controller follows: stable, latest, or a minor like v1.33"
+                ),
+            );
+        }
+        if crate::domain::spec::check_installer_url(&self.channel_url).is_err() {
+            err(
+                "upgrade.channel_url".into(),
+                format!(
+                    "{:?} must be an http(s):// URL without quotes, spaces or $, like {K3S_CHANNEL_URL}",
+                    self.channel_url
+                ),
+            );
+        }
         for (i, v) in self.path.iter().enumerate() {
             if K3sVersion::parse(v).is_none() {
                 err(
@@ -89,6 +134,18 @@ impl UpgradeSpec {
             }
         }
     }
+}
+
+/// `stable`, `latest`, or `vMAJOR.MINOR` (k3s's channels without the `testing` ones, which
+/// name release candidates: k3s-io/k3s `channel.yaml`).
+fn is_channel_name(c: &str) -> bool {
+    if matches!(c, "stable" | "latest") {
+        return true;
+    }
+    let digits = |p: &str| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit());
+    c.strip_prefix('v')
+        .and_then(|r| r.split_once('.'))
+        .is_some_and(|(major, minor)| digits(major) && digits(minor))
 }
 
 /// A k3s release version, `vMAJOR.MINOR.PATCH[-PRE][+k3sN]`, ordered as k3s-upgrade orders
@@ -184,5 +241,96 @@ impl std::fmt::Display for K3sVersion {
             write!(f, "+k3s{}", self.build)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use crate::domain::spec::{ClusterSpec, SpecLoadError};
+
+    fn with(extra: &str) -> Result<ClusterSpec, SpecLoadError> {
+        let mut yaml = ClusterSpec::new("demo", "demo", "ubuntu", 3, 2).to_yaml();
+        yaml.push_str(extra);
+        ClusterSpec::from_yaml(&yaml)
+    }
+
+    fn fields(e: SpecLoadError) -> Vec<(String, String)> {
+        match e {
+            SpecLoadError::Invalid(errs) => {
+                errs.0.into_iter().map(|e| (e.field, e.message)).collect()
+            }
+            other => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn a_channel_and_windows_parse_round_trip_and_stay_out_of_the_yaml_when_absent() {
+        let plain = ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        let yaml = plain.to_yaml();
+        assert!(
+            !yaml.contains("channel") && !yaml.contains("maintenance"),
+            "{yaml}"
+        );
+        assert_eq!(plain.upgrade.channel, None);
+        let spec = with(
+            "upgrade:\n  channel: v1.33\n  channel_url: http://mirror.example/v1-release/channels\nmaintenance:\n  windows:\n  - cron: '0 2 * * sat'\n    duration: 4h\n    time_zone: Europe/Berlin\n",
+        )
+        .unwrap();
+        assert_eq!(spec.upgrade.channel.as_deref(), Some("v1.33"));
+        assert_eq!(spec.maintenance.windows.len(), 1);
+        let again = ClusterSpec::from_yaml(&spec.to_yaml()).unwrap();
+        assert_eq!(again, spec);
+        let stable = with("upgrade:\n  channel: stable\n").unwrap();
+        assert_eq!(stable.upgrade.channel_url, super::K3S_CHANNEL_URL);
+        assert!(!stable.to_yaml().contains("channel_url"));
+        assert!(with("upgrade:\n  channel: latest\n").is_ok());
+    }
+
+    #[test]
+    fn a_channel_this_controller_does_not_follow_is_refused_naming_the_field() {
+        for bad in [
+            "testing",
+            "v1.33-testing",
+            "v1.33.4+k3s1",
+            "1.33",
+            "v1",
+            "Stable",
+            "",
+        ] {
+            let errs = fields(with(&format!("upgrade:\n  channel: '{bad}'\n")).unwrap_err());
+            assert_eq!(errs.len(), 1, "{bad}: {errs:?}");
+            assert_eq!(errs[0].0, "upgrade.channel");
+            assert!(
+                errs[0].1.contains("stable, latest, or a minor like v1.33"),
+                "{errs:?}"
+            );
+        }
+        let errs =
+            fields(with("upgrade:\n  channel: stable\n  channel_url: ftp://x\n").unwrap_err());
+        assert_eq!(errs[0].0, "upgrade.channel_url");
+        assert!(
+            errs[0]
+                .1
+                .contains("like https://update.k3s.io/v1-release/channels")
+        );
+    }
+
+    #[test]
+    fn bad_windows_are_refused_naming_each_field() {
+        let errs = fields(
+            with("maintenance:\n  windows:\n  - cron: '0 2 * *'\n    duration: 4\n    time_zone: Nowhere/Land\n")
+                .unwrap_err(),
+        );
+        let names: Vec<&str> = errs.iter().map(|(f, _)| f.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "maintenance.windows[0].cron",
+                "maintenance.windows[0].time_zone",
+                "maintenance.windows[0].duration"
+            ],
+            "{errs:?}"
+        );
     }
 }

@@ -169,6 +169,7 @@ fn status(degraded: bool) -> Status {
             },
         ],
         control_plane_roll: None,
+        channel: None,
     }
 }
 
