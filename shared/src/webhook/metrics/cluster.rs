@@ -217,8 +217,15 @@ impl Input {
                     last_success: d.report.last.as_ref().map(|l| l.ok),
                     overdue: d.problem.as_deref() == Some(crate::domain::backup::drill::MISSING),
                 }),
-            // Not in status.json yet (issue 46 item 3 adds it).
-            maintenance: None,
+            // A release the channel offers that waits for a window, and when that opens.
+            maintenance: status
+                .channel
+                .as_ref()
+                .filter(|c| c.state == crate::domain::upgrade::channel::ChannelState::Waiting)
+                .map(|c| MaintenanceInput {
+                    next_window: c.next_window,
+                    waiting_release: c.latest.clone(),
+                }),
             ..Input::default()
         }
     }
@@ -832,7 +839,22 @@ oxide_controller_upgrade_in_progress{cluster=\"demo\"} 0
             })
         );
         assert!(!render(&input).contains("12 objects"));
-        assert_eq!(input.maintenance, None);
+        assert_eq!(input.maintenance, None, "no channel");
+        // A channel's patch waiting for a window: the release and when the window opens.
+        let mut waiting: serde_json::Value = serde_json::from_str(&status).unwrap();
+        waiting["channel"] = serde_json::json!({
+            "channel": "stable", "latest": "v1.33.9+k3s1", "state": "waiting",
+            "message": "v1.33.9+k3s1 waits for the window", "nextWindow": "2027-01-17T22:00:00Z",
+            "checkedAt": "2027-01-15T08:00:00Z"
+        });
+        let with = Input::from_snapshot(&snapshot(Some(&spec), Some(&waiting.to_string())), at(0));
+        assert_eq!(
+            with.maintenance,
+            Some(MaintenanceInput {
+                next_window: "2027-01-17T22:00:00Z".parse().ok(),
+                waiting_release: Some("v1.33.9+k3s1".into()),
+            })
+        );
         // The messages never become labels.
         assert!(!render(&input).contains("upload failed"));
         assert!(!render(&input).contains("3h old"));
