@@ -255,26 +255,7 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 from,
                 stop_from,
                 ..
-            } => {
-                // A failed holder refuses the detach until it is stopped (omicron
-                // `nexus/db-queries/src/db/datastore/external_ip.rs`); a stop of a failed
-                // instance only ends its VMM, so this is quick.
-                if let (Some(holder), true) = (from, *stop_from) {
-                    match self.retry(|| self.rack.stop_instance(holder)).await {
-                        Ok(()) | Err(RackError::NotFound { .. }) => {}
-                        Err(e) => return failed(e),
-                    }
-                }
-                if from.is_some()
-                    && let Err(e) = self.retry(|| self.rack.detach_floating_ip(fip)).await
-                {
-                    return failed(e);
-                }
-                match self.retry(|| self.rack.attach_floating_ip(fip, to)).await {
-                    Ok(()) => Outcome::Done,
-                    Err(e) => failed(e),
-                }
-            }
+            } => self.attach_fip(fip, to, from.as_deref(), *stop_from).await,
             Action::CreateMember { pool, name, .. } => self.create(pool, name, blocked).await,
             Action::StartMember {
                 name, mark_node, ..
@@ -329,18 +310,8 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 since,
                 ..
             } => {
-                let value = crate::domain::certificates::Restart::Done(*since).value();
-                let unschedulable = uncordon.then_some(false);
-                match self
-                    .retry_kube(|| {
-                        self.cluster
-                            .mark_certificate_restart(node, &value, unschedulable)
-                    })
+                self.finish_certificate_restart(node, *uncordon, *since)
                     .await
-                {
-                    Ok(()) | Err(ClusterError::NotFound { .. }) => Outcome::Done,
-                    Err(e) => Outcome::Failed(format!("{e:#}")),
-                }
             }
             Action::DeleteNode { node, .. } => {
                 match self.retry_kube(|| self.cluster.delete_node(node)).await {
@@ -435,6 +406,55 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
                 });
                 failed(e)
             }
+        }
+    }
+
+    /// Moves (or attaches) the API floating IP to `to`.
+    async fn attach_fip(
+        &self,
+        fip: &str,
+        to: &str,
+        from: Option<&str>,
+        stop_from: bool,
+    ) -> Outcome {
+        // A failed holder refuses the detach until it is stopped (omicron
+        // `nexus/db-queries/src/db/datastore/external_ip.rs`); a stop of a failed
+        // instance only ends its VMM, so this is quick.
+        if let (Some(holder), true) = (from, stop_from) {
+            match self.retry(|| self.rack.stop_instance(holder)).await {
+                Ok(()) | Err(RackError::NotFound { .. }) => {}
+                Err(e) => return failed(e),
+            }
+        }
+        if from.is_some()
+            && let Err(e) = self.retry(|| self.rack.detach_floating_ip(fip)).await
+        {
+            return failed(e);
+        }
+        match self.retry(|| self.rack.attach_floating_ip(fip, to)).await {
+            Ok(()) => Outcome::Done,
+            Err(e) => failed(e),
+        }
+    }
+
+    /// A restart for certificates is over: the Node marked `done` (and uncordoned).
+    async fn finish_certificate_restart(
+        &self,
+        node: &str,
+        uncordon: bool,
+        since: chrono::DateTime<Utc>,
+    ) -> Outcome {
+        let value = crate::domain::certificates::Restart::Done(since).value();
+        let unschedulable = uncordon.then_some(false);
+        match self
+            .retry_kube(|| {
+                self.cluster
+                    .mark_certificate_restart(node, &value, unschedulable)
+            })
+            .await
+        {
+            Ok(()) | Err(ClusterError::NotFound { .. }) => Outcome::Done,
+            Err(e) => Outcome::Failed(format!("{e:#}")),
         }
     }
 

@@ -114,6 +114,16 @@ enum Command {
     /// given --delete-backups.
     #[command(args_override_self = true)]
     Backup(BackupArgs),
+    /// Renew this cluster's entry in your kubeconfig: a new client certificate.
+    ///
+    /// Reads the current k3s.yaml on the server holding the API address (over SSH, with the
+    /// resume file's key and pinned host keys: it works whether or not the old certificate
+    /// still does) and replaces this cluster's context, cluster and user in the kubeconfig,
+    /// keeping the rest. k3s renews k3s.yaml's certificate when it starts within 90 days of
+    /// its end, and the reconcile restarts servers for that; every laptop command warns 30
+    /// days before the kubeconfig's certificate ends.
+    #[command(args_override_self = true)]
+    Kubeconfig(BackupArgs),
 }
 
 /// The flags of `bootstrap` without a subcommand: create a cluster.
@@ -486,6 +496,7 @@ fn main() -> ExitCode {
         (Some(Command::Delete(a)), _) => run_delete(a),
         (Some(Command::Recover(a)), _) => run_recover(a),
         (Some(Command::Backup(a)), _) => run_backup(a),
+        (Some(Command::Kubeconfig(a)), _) => run_kubeconfig(a),
         (None, Some(a)) => run_create(a, cli.oxide),
         // clap requires --cluster and --image without a subcommand; not reached.
         (None, None) => ExitCode::from(2),
@@ -704,6 +715,30 @@ fn run_backup(a: BackupArgs) -> ExitCode {
     };
     oxide_controller::base::telemetry::block_on(async move {
         match backup::run(input, &LiveConnect::new()).await {
+            Ok(summary) => {
+                print!("{}", summary.render());
+                ExitCode::SUCCESS
+            }
+            Err(e) => report(&e, json_logs),
+        }
+    })
+}
+
+fn run_kubeconfig(a: BackupArgs) -> ExitCode {
+    use oxide_controller::workflows::bootstrap::renew_kubeconfig::{self, KubeconfigInput};
+    telemetry::init(a.log_format);
+    let json_logs = json_logs(a.log_format);
+    let input = KubeconfigInput {
+        credential_sources: a.oxide.sources(),
+        cluster: a.local.cluster,
+        project: a.local.project,
+        kubeconfig: a.local.kubeconfig,
+        state_dir: a.local.state_dir,
+        home: std::env::home_dir(),
+        timeout: Duration::from_secs(a.timeout),
+    };
+    oxide_controller::base::telemetry::block_on(async move {
+        match renew_kubeconfig::run(input, &LiveConnect::new()).await {
             Ok(summary) => {
                 print!("{}", summary.render());
                 ExitCode::SUCCESS

@@ -68,6 +68,35 @@ pub async fn client(
     client_from_config(config(kubeconfig, context).await?)
 }
 
+/// A client certificate this close to its end is warned about (issue 46 item 2).
+pub const CERTIFICATE_WARNING: chrono::Duration = chrono::Duration::days(30);
+
+/// Warns when the client certificate of `context` (or the current one) in the kubeconfig at
+/// `path` ends within [`CERTIFICATE_WARNING`], naming the command that renews it.
+fn warn_if_ending(path: &Path, context: Option<&str>) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let Some((name, end)) = crate::adapters::kubeconfig::context_certificate_end(&text, context)
+    else {
+        return;
+    };
+    let left = end - chrono::Utc::now();
+    if left <= CERTIFICATE_WARNING {
+        let when = if left <= chrono::Duration::zero() {
+            "has ended".to_owned()
+        } else {
+            format!("ends in {} days", left.num_days())
+        };
+        tracing::warn!(
+            kubeconfig = %path.display(),
+            context = %name,
+            ends = %end,
+            "the kubeconfig's client certificate {when}: renew it with `bootstrap kubeconfig --cluster {name}`"
+        );
+    }
+}
+
 /// The configuration [`client`] builds its client from (for clients of one server's
 /// apiserver with the same credentials: [`crate::adapters::kube_cluster::KubeCluster::with_server_config`]).
 pub async fn config(
@@ -86,6 +115,7 @@ pub async fn config(
                     path: path.to_owned(),
                     source,
                 })?;
+            warn_if_ending(path, context);
             kube::Config::from_custom_kubeconfig(file, &options)
                 .await
                 .map_err(|source| KubeClientError::LoadKubeconfig {
@@ -107,7 +137,24 @@ pub async fn config(
             .await
             .map_err(|source| KubeClientError::Infer { source })?,
     };
+    // A kubeconfig found the default way ($KUBECONFIG's first file, else ~/.kube/config);
+    // in a pod (a ServiceAccount token) there is none.
+    if kubeconfig.is_none()
+        && let Some(path) = default_kubeconfig()
+    {
+        warn_if_ending(&path, context);
+    }
     Ok(config)
+}
+
+/// Where kubectl looks without `--kubeconfig`: the first file of `$KUBECONFIG`, else
+/// `~/.kube/config`; None when that file does not exist.
+fn default_kubeconfig() -> Option<std::path::PathBuf> {
+    let path = match std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+        Some(list) => std::env::split_paths(&list).next()?,
+        None => std::env::home_dir()?.join(".kube").join("config"),
+    };
+    path.is_file().then_some(path)
 }
 
 /// A client from a ready [`kube::Config`], with this module's timeouts and without kube's

@@ -409,11 +409,144 @@ pub fn remove_context(
     Ok(outcome)
 }
 
+/// The end (NotAfter) of the first certificate in `pem`, read from its DER:
+/// `Certificate → tbsCertificate → [0] version, serial, signature, issuer, validity`.
+pub fn certificate_end(pem: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    use base64::Engine as _;
+    let body: String = pem
+        .lines()
+        .skip_while(|l| !l.starts_with("-----BEGIN CERTIFICATE"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("-----END "))
+        .collect();
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .ok()?;
+    let (_, cert, _) = der_element(&der)?;
+    let (_, tbs, _) = der_element(cert)?;
+    let mut rest = tbs;
+    if rest.first() == Some(&0xa0) {
+        rest = der_element(rest)?.2;
+    }
+    // serial, signature algorithm, issuer
+    for _ in 0..3 {
+        rest = der_element(rest)?.2;
+    }
+    let (_, validity, _) = der_element(rest)?;
+    let (_, _, after) = der_element(validity)?;
+    let (tag, end, _) = der_element(after)?;
+    let text = std::str::from_utf8(end).ok()?;
+    let full = match tag {
+        // UTCTime: YYMMDDHHMMSSZ, years 50-99 in the 1900s (RFC 5280 4.1.2.5.1).
+        0x17 => {
+            let yy: u32 = text.get(..2)?.parse().ok()?;
+            format!("{}{text}", if yy >= 50 { "19" } else { "20" })
+        }
+        // GeneralizedTime: YYYYMMDDHHMMSSZ.
+        0x18 => text.to_owned(),
+        _ => return None,
+    };
+    chrono::NaiveDateTime::parse_from_str(full.trim_end_matches('Z'), "%Y%m%d%H%M%S")
+        .ok()
+        .map(|t| t.and_utc())
+}
+
+/// One DER element at the start of `der`: (tag, contents, rest).
+fn der_element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = der.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+/// The context `context` (else the current one) of a kubeconfig, and the end of its user's
+/// client certificate (`client-certificate-data`), when it has one.
+pub fn context_certificate_end(
+    kubeconfig: &str,
+    context: Option<&str>,
+) -> Option<(String, chrono::DateTime<chrono::Utc>)> {
+    use base64::Engine as _;
+    let doc = parse(kubeconfig).ok()?;
+    let name = context
+        .map(str::to_owned)
+        .or_else(|| doc["current-context"].as_str().map(str::to_owned))?;
+    let user = doc["contexts"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"].as_str() == Some(name.as_str()))?["context"]["user"]
+        .as_str()?
+        .to_owned();
+    let data = doc["users"]
+        .as_array()?
+        .iter()
+        .find(|u| u["name"].as_str() == Some(user.as_str()))?["user"]["client-certificate-data"]
+        .as_str()?;
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .ok()?;
+    Some((name, certificate_end(std::str::from_utf8(&pem).ok()?)?))
+}
+
+/// The end of the client certificate `ours` (a kubeconfig [`rewrite_k3s`] wrote) carries.
+pub fn client_certificate_end(kubeconfig: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    use base64::Engine as _;
+    let doc = parse(kubeconfig).ok()?;
+    let data = doc["users"]
+        .as_array()?
+        .iter()
+        .find_map(|u| u["user"]["client-certificate-data"].as_str())?;
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .ok()?;
+    certificate_end(std::str::from_utf8(&pem).ok()?)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt as _;
+
+    fn cert_ending(y: i32, m: u8, d: u8) -> String {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.not_after = rcgen::date_time_ymd(y, m, d);
+        params.self_signed(&key).unwrap().pem()
+    }
+
+    #[test]
+    fn a_certificates_end_is_read_in_both_time_encodings() {
+        // UTCTime before 2050, GeneralizedTime from 2050 (RFC 5280 4.1.2.5).
+        assert_eq!(
+            certificate_end(&cert_ending(2031, 5, 6)).map(|t| t.to_rfc3339()),
+            Some("2031-05-06T00:00:00+00:00".to_owned())
+        );
+        assert_eq!(
+            certificate_end(&cert_ending(2051, 1, 2)).map(|t| t.to_rfc3339()),
+            Some("2051-01-02T00:00:00+00:00".to_owned())
+        );
+        assert_eq!(certificate_end("not a certificate"), None);
+        use base64::Engine as _;
+        let kc = K3S.replace(
+            "Q0VSVA==",
+            &base64::engine::general_purpose::STANDARD.encode(cert_ending(2031, 5, 6)),
+        );
+        assert_eq!(
+            client_certificate_end(&kc).map(|t| t.to_rfc3339()),
+            Some("2031-05-06T00:00:00+00:00".to_owned())
+        );
+    }
 
     const K3S: &str = "apiVersion: v1\nclusters:\n- cluster:\n    certificate-authority-data: Q0E=\n    server: https://127.0.0.1:6443\n  name: default\ncontexts:\n- context:\n    cluster: default\n    user: default\n  name: default\ncurrent-context: default\nkind: Config\npreferences: {}\nusers:\n- name: default\n  user:\n    client-certificate-data: Q0VSVA==\n    client-key-data: S0VZ\n";
     const SERVER: &str = "https://172.30.0.10:6443";

@@ -224,11 +224,7 @@ pub fn build(r: &RunReport) -> Status {
             .plan
             .map(|p| p.findings.iter().map(|f| f.message.clone()).collect())
             .unwrap_or_default(),
-        last_error: r.error.clone().or_else(|| {
-            r.previous
-                .and_then(|p| p.last_error.clone())
-                .filter(|_| !converged)
-        }),
+        last_error: last_error(r, converged),
         last_converged_at: if converged {
             Some(r.finished_at)
         } else {
@@ -251,19 +247,33 @@ pub fn build(r: &RunReport) -> Status {
             None => r.previous.map(|p| p.versions.clone()).unwrap_or_default(),
         },
         backup: r.previous.and_then(|p| p.backup.clone()),
-        certificates: match r.plan {
-            Some(p) => p.certificates.pools.clone(),
-            None => r
-                .previous
-                .map(|p| p.certificates.clone())
-                .unwrap_or_default(),
-        },
+        certificates: certificates(r),
         control_plane_roll: match r.plan {
             Some(p) => p.roll.clone(),
             None => r.previous.and_then(|p| p.control_plane_roll.clone()),
         },
         // Set by the run (it asks the channel before it plans); the last one holds till then.
         channel: r.previous.and_then(|p| p.channel.clone()),
+    }
+}
+
+/// This run's error, else the last one while the cluster has not converged since.
+fn last_error(r: &RunReport, converged: bool) -> Option<String> {
+    r.error.clone().or_else(|| {
+        r.previous
+            .and_then(|p| p.last_error.clone())
+            .filter(|_| !converged)
+    })
+}
+
+/// Per pool, the certificates this run's plan reports; the last run's without a plan.
+fn certificates(r: &RunReport) -> Vec<crate::domain::certificates::PoolCertificates> {
+    match r.plan {
+        Some(p) => p.certificates.pools.clone(),
+        None => r
+            .previous
+            .map(|p| p.certificates.clone())
+            .unwrap_or_default(),
     }
 }
 

@@ -32,6 +32,7 @@ mod connect;
 mod dev;
 mod progress;
 pub mod recover;
+pub mod renew_kubeconfig;
 mod tailnet;
 mod validate;
 
@@ -190,7 +191,7 @@ pub fn dedicated_by_default(workers: u32) -> bool {
 }
 
 /// `step` failed because of `e`; a re-run continues (exit 1).
-fn failed(step: &'static str, e: impl Into<error::BoxError>) -> BootstrapError {
+pub(super) fn failed(step: &'static str, e: impl Into<error::BoxError>) -> BootstrapError {
     BootstrapError::step(step, e)
 }
 

@@ -654,21 +654,12 @@ where
 
     let previous = snapshot.status_json().and_then(Status::from_json);
     if opts.dry_run {
+        let backups = backup_report(&snapshot);
         let memory = Memory {
             previous: previous.as_ref(),
-            backups: Some(&backup_report(&snapshot)),
+            backups: Some(&backups),
         };
-        let (_, plan, _) = observe_and_plan(
-            &rack,
-            cluster,
-            &spec,
-            (opts.now)(),
-            memory,
-            &secrets.k3s_token,
-            Some(nodes),
-        )
-        .await?;
-        return Ok(RunOutcome::DryRun { plan });
+        return dry_run(&rack, cluster, &spec, memory, &secrets, nodes, opts).await;
     }
 
     // Asked to stop before holding anything: nothing to give back.
@@ -713,9 +704,6 @@ where
     };
     let stopped = opts.shutdown.signal();
     let status = wrap_up(cluster, state, opts, &ran, &outcome).await;
-    if stopped.is_none() {
-        reboot_after_run(&rack, &apply_opts, &outcome).await;
-    }
     if let Some(signal) = stopped {
         return Ok(stopped_early(
             &run_id,
@@ -725,9 +713,33 @@ where
             started.elapsed(),
         ));
     }
+    reboot_after_run(&rack, &apply_opts, &outcome).await;
     let (plan, results, autoscaled) = outcome?;
     let took = started.elapsed();
     finish(&run_id, plan, results, autoscaled, &status, took)
+}
+
+/// A dry run: observe and plan, nothing applied, nothing written.
+async fn dry_run<R: Rack, C: Cluster>(
+    rack: &R,
+    cluster: &C,
+    spec: &ClusterSpec,
+    memory: Memory<'_>,
+    secrets: &ClusterSecrets,
+    nodes: Vec<Node>,
+    opts: &ReconcileOptions,
+) -> Result<RunOutcome, ReconcileError> {
+    let (_, plan, _) = observe_and_plan(
+        rack,
+        cluster,
+        spec,
+        (opts.now)(),
+        memory,
+        &secrets.k3s_token,
+        Some(nodes),
+    )
+    .await?;
+    Ok(RunOutcome::DryRun { plan })
 }
 
 /// The run's work under the Lease: observe and plan (retried), the autoscaler's Events, apply.

@@ -327,7 +327,18 @@ impl ControlPlane {
         user: &str,
         groups: &[&str],
     ) -> Result<String, ControlPlaneError> {
-        let cert = self.pki.client(user, groups)?;
+        self.user_kubeconfig_until(server, user, groups, None)
+    }
+
+    /// [`Self::user_kubeconfig`] with a client certificate valid until `end` (None: for ever).
+    pub fn user_kubeconfig_until(
+        &self,
+        server: &str,
+        user: &str,
+        groups: &[&str],
+        end: Option<std::time::SystemTime>,
+    ) -> Result<String, ControlPlaneError> {
+        let cert = self.pki.client_until(user, groups, end)?;
         Ok(kubeconfig(server, self.ca_pem(), user, &cert))
     }
 

@@ -76,6 +76,15 @@ fn validity(params: &mut CertificateParams) {
     params.not_after = rcgen::date_time_ymd(2099, 1, 1);
 }
 
+/// Valid until `end` (from an hour before now, as k3s backdates), when given.
+fn until(params: &mut CertificateParams, end: Option<std::time::SystemTime>) {
+    if let Some(end) = end {
+        let end = time::OffsetDateTime::from(end);
+        params.not_before = end.min(time::OffsetDateTime::now_utc()) - time::Duration::hours(1);
+        params.not_after = end;
+    }
+}
+
 /// The CA's parameters: its common name, and the usages every CA here has.
 fn ca_params(cn: &str, front_proxy: bool) -> Result<CertificateParams, ControlPlaneError> {
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(err("CA"))?;
@@ -203,7 +212,7 @@ impl Pki {
         // An issuer is the CA's subject and key: certificates issued now chain to the
         // certificate that was made with them.
         let fp_issuer = Issuer::new(ca_params(&fp_cn, true)?, fp_key);
-        let front_proxy_client = client_cert(&fp_issuer, "system:auth-proxy", &[])?;
+        let front_proxy_client = client_cert(&fp_issuer, "system:auth-proxy", &[], None)?;
         Ok(Self {
             ca_pem,
             ca_key_pem,
@@ -306,11 +315,7 @@ impl Pki {
         ];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         validity(&mut params);
-        if let Some(end) = end {
-            let end = time::OffsetDateTime::from(end);
-            params.not_before = end.min(time::OffsetDateTime::now_utc()) - time::Duration::hours(1);
-            params.not_after = end;
-        }
+        until(&mut params, end);
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(err("signing a serving certificate"))?;
@@ -324,7 +329,18 @@ impl Pki {
 
     /// A client certificate for `user` in `groups` (CN and O, as the apiserver reads them).
     pub fn client(&self, user: &str, groups: &[&str]) -> Result<KeyedCert, ControlPlaneError> {
-        let cert = client_cert(&self.issuer, user, groups)?;
+        self.client_until(user, groups, None)
+    }
+
+    /// [`Self::client`] valid until `end` (a k3s node's leaf certificates, see
+    /// `crate::guest::certs`), or for ever when None.
+    pub fn client_until(
+        &self,
+        user: &str,
+        groups: &[&str],
+        end: Option<std::time::SystemTime>,
+    ) -> Result<KeyedCert, ControlPlaneError> {
+        let cert = client_cert(&self.issuer, user, groups, end)?;
         self.clients
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -471,6 +487,7 @@ fn client_cert(
     issuer: &Issuer<'static, KeyPair>,
     user: &str,
     groups: &[&str],
+    end: Option<std::time::SystemTime>,
 ) -> Result<KeyedCert, ControlPlaneError> {
     let key = KeyPair::generate().map_err(err("generating a client key"))?;
     let mut params = CertificateParams::new(Vec::<String>::new()).map_err(err("client"))?;
@@ -486,6 +503,7 @@ fn client_cert(
     ];
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     validity(&mut params);
+    until(&mut params, end);
     let cert = params
         .signed_by(&key, issuer)
         .map_err(err("signing a client certificate"))?;

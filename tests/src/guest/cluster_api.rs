@@ -83,8 +83,18 @@ impl RealCluster {
 
     /// `/etc/rancher/k3s/k3s.yaml`: `system:admin` (group `system:masters`) at `server`.
     pub fn admin_kubeconfig(&self, server: &str) -> String {
+        self.admin_kubeconfig_until(server, None)
+    }
+
+    /// [`Self::admin_kubeconfig`] whose client certificate is one of the node's leaf
+    /// certificates, valid until `end` (see [`crate::guest::certs`]; None: for ever).
+    pub fn admin_kubeconfig_until(
+        &self,
+        server: &str,
+        end: Option<std::time::SystemTime>,
+    ) -> String {
         self.control_plane
-            .user_kubeconfig(server, "system:admin", &["system:masters"])
+            .user_kubeconfig_until(server, "system:admin", &["system:masters"], end)
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "cannot issue the admin certificate");
                 String::new()

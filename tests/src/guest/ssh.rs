@@ -205,7 +205,7 @@ impl SshBackend for VmBackend {
             K3S_KUBECONFIG_PATH | K3S_NODE_TOKEN_PATH | K3S_TOKEN_PATH | K3S_AGENT_TOKEN_PATH
         ) {
             let inner = self.boot.upgrade()?;
-            let (token, agent_token, api, ca_hash) = {
+            let (token, agent_token, api, ca_hash, certs_end) = {
                 let st = inner.state();
                 let vm = st.vms.get(&self.id)?;
                 // k3s writes these once the server has started.
@@ -218,10 +218,13 @@ impl SshBackend for VmBackend {
                     cluster.agent_token.clone(),
                     cluster.api.clone(),
                     cluster.ca_hash.clone(),
+                    vm.certs_end,
                 )
             };
             return Some(match path {
-                K3S_KUBECONFIG_PATH => api.admin_kubeconfig("https://127.0.0.1:6443").into_bytes(),
+                K3S_KUBECONFIG_PATH => api
+                    .admin_kubeconfig_until("https://127.0.0.1:6443", certs_end)
+                    .into_bytes(),
                 K3S_AGENT_TOKEN_PATH => format!("K10{ca_hash}::node:{agent_token}\n").into_bytes(),
                 _ => format!("K10{ca_hash}::server:{token}\n").into_bytes(),
             });

@@ -15,6 +15,21 @@ fn restart_of(m: &Member) -> Option<Restart> {
         .and_then(|v| Restart::parse(v))
 }
 
+/// What the steps below share.
+struct Ctx<'a> {
+    spec: &'a ClusterSpec,
+    observed: &'a Observed,
+    members: &'a [Member<'a>],
+    reports: &'a BTreeMap<String, Report>,
+    now: DateTime<Utc>,
+}
+
+impl Ctx<'_> {
+    fn report(&self, m: &Member) -> Option<Report> {
+        m.node.and_then(|n| self.reports.get(&n.name)).copied()
+    }
+}
+
 /// Restarts for certificates: finishes those whose node reported after them, starts one
 /// when the cluster has nothing else to do, and fills `p.certificates`.
 pub(super) fn plan(
@@ -39,22 +54,42 @@ pub(super) fn plan(
             return;
         }
     };
-    let renew_before = spec.certificates.renew_before();
-    let degraded_before = spec.certificates.degraded_before();
-    let report =
-        |m: &Member| -> Option<Report> { m.node.and_then(|n| reports.get(&n.name)).copied() };
+    let cx = Ctx {
+        spec,
+        observed,
+        members,
+        reports,
+        now,
+    };
+    let under_way = restarts_under_way(&cx, p);
+    p.certificates = outcome(&cx, p);
+    // A new restart: one node at a time, when nothing else is planned or under way, every
+    // member Ready and etcd's members as expected (a server's restart then keeps quorum).
+    if under_way || !p.actions.is_empty() || etcd_held {
+        return;
+    }
+    if members.iter().any(|m| m.health != Health::Ready) {
+        return;
+    }
+    start_one(&cx, p);
+}
 
-    // Restarts under way: over once the node is Ready and its monitor spoke after it.
-    let mut under_way = None;
-    for m in members {
+/// Restarts under way: over once the node is Ready and its monitor spoke after it; carried
+/// on while asked for and not made (a drain that had not finished). Whether one is.
+fn restarts_under_way(cx: &Ctx, p: &mut Plan) -> bool {
+    let renew_before = cx.spec.certificates.renew_before();
+    let mut under_way = false;
+    for m in cx.members {
         let (Some(Restart::Restarting(at)), Some(node)) = (restart_of(m), m.node) else {
             continue;
         };
-        let reported = report(m).is_some_and(|r| r.at > at);
+        under_way = true;
+        let reported = cx.report(m).is_some_and(|r| r.at > at);
         if m.health == Health::Ready && reported {
-            let still = report(m)
+            let still = cx
+                .report(m)
                 .and_then(|r| r.ends)
-                .filter(|e| *e - now <= renew_before);
+                .filter(|e| *e - cx.now <= renew_before);
             p.actions.push(Action::FinishCertificateRestart {
                 pool: m.pool.clone(),
                 name: m.instance.name.clone(),
@@ -69,22 +104,23 @@ pub(super) fn plan(
                 },
             });
         } else if m.instance.time_state_updated <= at && m.health == Health::Ready {
-            // Asked for, not done yet (a drain that had not finished): carry it on.
             p.actions.push(restart_action(
-                spec,
+                cx.spec,
                 m,
                 node.name.as_str(),
                 at,
-                members,
+                cx.members,
                 "carrying on the restart for certificates",
             ));
         }
-        under_way = Some(m.instance.name.clone());
     }
+    under_way
+}
 
-    // The status: per pool, the earliest end reported.
+/// The status: per pool, the earliest end reported; Degraded within `degraded_before_days`.
+fn outcome(cx: &Ctx, p: &mut Plan) -> Outcome {
     let mut pools: BTreeMap<&str, PoolCertificates> = BTreeMap::new();
-    for m in members {
+    for m in cx.members {
         let e = pools
             .entry(m.pool.as_str())
             .or_insert_with(|| PoolCertificates {
@@ -98,7 +134,7 @@ pub(super) fn plan(
         if matches!(restart_of(m), Some(Restart::Restarting(_))) {
             e.restarting = Some(node.name.clone());
         }
-        match report(m) {
+        match cx.report(m) {
             None => e.unreported.push(node.name.clone()),
             Some(Report {
                 ends: Some(end), ..
@@ -118,14 +154,14 @@ pub(super) fn plan(
         .iter()
         .filter_map(|c| Some((c.earliest_end?, c.node.clone()?)))
         .min()
-        .filter(|(end, _)| *end - now <= degraded_before)
+        .filter(|(end, _)| *end - cx.now <= cx.spec.certificates.degraded_before())
     {
         let msg = format!(
             "the certificates of {} end at {} (within certificates.degraded_before_days = {}): {}",
             worst.1,
             worst.0,
-            spec.certificates.degraded_before_days,
-            if worst.0 <= now {
+            cx.spec.certificates.degraded_before_days,
+            if worst.0 <= cx.now {
                 "they have ended; k3s renews them on its next start (reboot the node)"
             } else {
                 "their renewal did not happen; see the last plan and the node's k3s log"
@@ -137,20 +173,19 @@ pub(super) fn plan(
         });
         outcome.degraded = Some(msg);
     }
-    p.certificates = outcome;
+    outcome
+}
 
-    // A new restart: one node at a time, when nothing else is planned or under way, every
-    // member Ready and etcd's members as expected (a server's restart then keeps quorum).
-    if under_way.is_some() || !p.actions.is_empty() || etcd_held {
-        return;
-    }
-    if members.iter().any(|m| m.health != Health::Ready) {
-        return;
-    }
-    let due = members
+/// The node whose certificates end first within the lead, restarted (or the API address
+/// moved off it first), when a window allows or it is urgent.
+fn start_one(cx: &Ctx, p: &mut Plan) {
+    let renew_before = cx.spec.certificates.renew_before();
+    let now = cx.now;
+    let due = cx
+        .members
         .iter()
         .filter_map(|m| {
-            let end = report(m)?.ends?;
+            let end = cx.report(m)?.ends?;
             (end - now <= renew_before).then_some((end, m))
         })
         .filter(|(_, m)| {
@@ -159,13 +194,13 @@ pub(super) fn plan(
             !matches!(restart_of(m), Some(Restart::Done(at)) if now - at < renew_before / 2)
         })
         .min_by_key(|(end, m)| (*end, m.instance.name.clone()));
+    let Some((end, m)) = due else {
+        return;
+    };
     // Outside the maintenance windows only an urgent restart starts: one whose certificates
     // end within `degraded_before_days` (waiting longer risks the end itself).
-    if let Some((end, m)) = due
-        && end - now > degraded_before
-        && let gate = crate::domain::maintenance::Windows::new(&spec.maintenance).allows(now)
-        && !gate.is_allowed()
-    {
+    let gate = crate::domain::maintenance::Windows::new(&cx.spec.maintenance).allows(now);
+    if end - now > cx.spec.certificates.degraded_before() && !gate.is_allowed() {
         p.findings.push(Finding {
             degraded: false,
             message: format!(
@@ -176,23 +211,20 @@ pub(super) fn plan(
         });
         return;
     }
-    if let Some((_, m)) = due
-        && let Some(action) = move_api_address_first(spec, observed, members, m)
-    {
+    if let Some(action) = move_api_address_first(cx.spec, cx.observed, cx.members, m) {
         // The API floating IP leaves a server before its restart, so the API stays
         // reachable at its address; the restart follows in a later run.
         p.actions.push(action);
         return;
     }
-    if let Some((end, m)) = due
-        && let Some(node) = m.node
-    {
+    if let Some(node) = m.node {
         let why = format!(
             "its certificates end at {end}, within certificates.renew_before_days = {}: k3s renews them on a start",
-            spec.certificates.renew_before_days
+            cx.spec.certificates.renew_before_days
         );
-        p.actions
-            .push(restart_action(spec, m, &node.name, now, members, &why));
+        p.actions.push(restart_action(
+            cx.spec, m, &node.name, now, cx.members, &why,
+        ));
     }
 }
 

@@ -152,22 +152,7 @@ fn status(degraded: bool) -> Status {
             stale: degraded,
             drill: None,
         }),
-        certificates: vec![
-            crate::domain::certificates::PoolCertificates {
-                pool: "control-plane".into(),
-                earliest_end: None,
-                node: None,
-                unreported: Vec::new(),
-                restarting: None,
-            },
-            crate::domain::certificates::PoolCertificates {
-                pool: "workers".into(),
-                earliest_end: Some(t(9, 0, 0) + chrono::Duration::days(55)),
-                node: Some("demo-workers-aaaaa".into()),
-                unreported: vec!["demo-workers-ccccc".into()],
-                restarting: Some("demo-workers-aaaaa".into()),
-            },
-        ],
+        certificates: certificates(),
         control_plane_roll: None,
         channel: None,
     }
@@ -311,4 +296,23 @@ fn ages_read_like_kubectls() {
         "4d4h"
     );
     assert_eq!(age(t(10, 0, 5), now), "0s", "clock skew is not negative");
+}
+
+fn certificates() -> Vec<crate::domain::certificates::PoolCertificates> {
+    vec![
+        crate::domain::certificates::PoolCertificates {
+            pool: "control-plane".into(),
+            earliest_end: None,
+            node: None,
+            unreported: Vec::new(),
+            restarting: None,
+        },
+        crate::domain::certificates::PoolCertificates {
+            pool: "workers".into(),
+            earliest_end: Some(t(9, 0, 0) + chrono::Duration::days(55)),
+            node: Some("demo-workers-aaaaa".into()),
+            unreported: vec!["demo-workers-ccccc".into()],
+            restarting: Some("demo-workers-aaaaa".into()),
+        },
+    ]
 }

@@ -210,7 +210,7 @@ pub async fn run<C: Connect>(
 }
 
 /// The server the API floating IP is attached to, and the address.
-async fn api_server<R: Rack>(
+pub(super) async fn api_server<R: Rack>(
     rack: &R,
     cluster: &str,
 ) -> Result<(String, std::net::IpAddr), BootstrapError> {
