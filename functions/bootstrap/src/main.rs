@@ -702,6 +702,31 @@ fn run_recover(a: RecoverArgs) -> ExitCode {
 }
 
 fn run_backup(a: BackupArgs) -> ExitCode {
+    laptop(a, |input| async move {
+        backup::run(input, &LiveConnect::new())
+            .await
+            .map(|s| s.render())
+    })
+}
+
+fn run_kubeconfig(a: BackupArgs) -> ExitCode {
+    use oxide_controller::workflows::bootstrap::renew_kubeconfig;
+    laptop(a, |input| async move {
+        renew_kubeconfig::run(input, &LiveConnect::new())
+            .await
+            .map(|s| s.render())
+    })
+}
+
+/// A laptop command on one cluster's local files (`backup`, `kubeconfig`): its summary on
+/// stdout, or the error reported.
+fn laptop<F, Fut>(a: BackupArgs, run: F) -> ExitCode
+where
+    F: FnOnce(BackupInput) -> Fut,
+    Fut: std::future::Future<
+            Output = Result<String, oxide_controller::workflows::bootstrap::BootstrapError>,
+        >,
+{
     telemetry::init(a.log_format);
     let json_logs = json_logs(a.log_format);
     let input = BackupInput {
@@ -714,33 +739,9 @@ fn run_backup(a: BackupArgs) -> ExitCode {
         timeout: Duration::from_secs(a.timeout),
     };
     oxide_controller::base::telemetry::block_on(async move {
-        match backup::run(input, &LiveConnect::new()).await {
+        match run(input).await {
             Ok(summary) => {
-                print!("{}", summary.render());
-                ExitCode::SUCCESS
-            }
-            Err(e) => report(&e, json_logs),
-        }
-    })
-}
-
-fn run_kubeconfig(a: BackupArgs) -> ExitCode {
-    use oxide_controller::workflows::bootstrap::renew_kubeconfig::{self, KubeconfigInput};
-    telemetry::init(a.log_format);
-    let json_logs = json_logs(a.log_format);
-    let input = KubeconfigInput {
-        credential_sources: a.oxide.sources(),
-        cluster: a.local.cluster,
-        project: a.local.project,
-        kubeconfig: a.local.kubeconfig,
-        state_dir: a.local.state_dir,
-        home: std::env::home_dir(),
-        timeout: Duration::from_secs(a.timeout),
-    };
-    oxide_controller::base::telemetry::block_on(async move {
-        match renew_kubeconfig::run(input, &LiveConnect::new()).await {
-            Ok(summary) => {
-                print!("{}", summary.render());
+                print!("{summary}");
                 ExitCode::SUCCESS
             }
             Err(e) => report(&e, json_logs),

@@ -10,8 +10,6 @@
 //! 3. `fetch-kubeconfig` — `k3s.yaml` over SSH;
 //! 4. `write-kubeconfig` — this cluster's context, cluster and user replaced, the rest kept.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio::time::Instant;
@@ -19,23 +17,13 @@ use tracing::info;
 
 use super::recover::{self, Local};
 use super::{BootstrapError, Connect, K3S_KUBECONFIG_PATH, failed};
-use crate::adapters::credentials::CredentialSources;
 use crate::adapters::kubeconfig::{self, Existing, WriteMode, WriteOutcome};
 use crate::adapters::ssh::RemoteShell;
 use crate::workflows::error;
 
-/// Everything `bootstrap kubeconfig` is told, unchecked.
-#[derive(Debug, Clone)]
-pub struct KubeconfigInput {
-    pub credential_sources: CredentialSources,
-    pub cluster: String,
-    pub project: Option<String>,
-    pub kubeconfig: Option<std::path::PathBuf>,
-    pub state_dir: Option<std::path::PathBuf>,
-    pub home: Option<std::path::PathBuf>,
-    /// How long the whole command may take.
-    pub timeout: Duration,
-}
+/// Everything `bootstrap kubeconfig` is told, unchecked: what `bootstrap backup` is (the
+/// cluster's local files and the rack's credentials).
+pub type KubeconfigInput = super::backup::BackupInput;
 
 /// What it did.
 #[derive(Debug, Clone, Serialize)]
