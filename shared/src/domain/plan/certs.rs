@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound as _, Utc};
 
 use super::{Action, Finding, Health, Member, Observed, Plan};
 use crate::domain::certificates::{Outcome, PoolCertificates, RESTART_ANNOTATION, Report, Restart};
@@ -84,7 +84,16 @@ fn restarts_under_way(cx: &Ctx, p: &mut Plan) -> bool {
             continue;
         };
         under_way = true;
-        let reported = cx.report(m).is_some_and(|r| r.at > at);
+        // The monitor of the k3s that was restarted: the instance changed state after the ask
+        // (the reboot), and the report came after that. The old k3s may still report between
+        // the ask and the VM's halt. Event times have whole seconds: a report in the second
+        // the instance came back counts only as the fresh start's all-clear (k3s records
+        // `CertificateExpirationOK` only on its first check after a start).
+        let back = m.instance.time_state_updated;
+        let reported = back > at
+            && cx.report(m).is_some_and(|r| {
+                r.at > back || (r.ends.is_none() && r.at >= back.trunc_subsecs(0))
+            });
         if m.health == Health::Ready && reported {
             let still = cx
                 .report(m)

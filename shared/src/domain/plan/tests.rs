@@ -1520,6 +1520,15 @@ fn a_restart_under_way_is_finished_once_the_monitor_reports_after_it_and_none_st
     );
     let p = w.plan();
     assert!(p.actions.is_empty(), "{:?}", p.actions);
+    // The old k3s spoke after the ask but before the reboot: not the restarted one's word.
+    report(
+        &mut w,
+        wk0,
+        since + Duration::seconds(30),
+        Some(now() + Duration::days(50)),
+    );
+    let p = w.plan();
+    assert!(p.actions.is_empty(), "{:?}", p.actions);
     // It spoke after the restart: finished (uncordoned), still no second restart this run.
     report(&mut w, wk0, now() - Duration::seconds(30), None);
     let p = w.plan();
@@ -1791,4 +1800,34 @@ fn a_restart_for_certificates_waits_for_a_maintenance_window_unless_urgent() {
         Some(now() + Duration::days(50)),
     );
     assert_eq!(restarts(&w.plan()).len(), 1);
+}
+
+#[test]
+fn only_the_restarted_k3s_all_clear_counts_in_the_second_the_instance_came_back() {
+    let mut w = World::healthy(3, 2, 2);
+    let since = now() - Duration::minutes(5);
+    let back = since + Duration::milliseconds(60_400);
+    let wk0 = "demo-workers-wk000";
+    let node = w.obs.nodes.iter_mut().find(|n| n.name == wk0).unwrap();
+    node.unschedulable = true;
+    node.annotations.insert(
+        crate::domain::certificates::RESTART_ANNOTATION.to_owned(),
+        crate::domain::certificates::Restart::Restarting(since).value(),
+    );
+    w.obs
+        .instances
+        .iter_mut()
+        .find(|i| i.name == wk0)
+        .unwrap()
+        .time_state_updated = back;
+    let second = since + Duration::seconds(60);
+    // A warning stamped in that second may be the old k3s's last: wait.
+    report(&mut w, wk0, second, Some(now() + Duration::days(50)));
+    assert!(w.plan().actions.is_empty());
+    // The all-clear in that second is the new k3s's first check: finished.
+    report(&mut w, wk0, second, None);
+    assert!(matches!(
+        w.plan().actions.as_slice(),
+        [Action::FinishCertificateRestart { .. }]
+    ));
 }
