@@ -125,6 +125,11 @@ async fn demo() -> Result<()> {
             &dir.join("state").display().to_string(),
             "--schedule",
             "* * * * *",
+            // No in-cluster backups: a roll of the servers waits for a backup taken after it
+            // was decided (issue 46), which the hourly schedule would make the demo's upgrade
+            // wait for; without a schedule the roll goes on and the findings say so.
+            "--backup-schedule",
+            "off",
             "--log-format",
             "text",
         ],
