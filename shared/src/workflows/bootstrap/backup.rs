@@ -114,12 +114,24 @@ impl BackupSummary {
     }
 }
 
-/// Runs the whole flow (see the module docs).
-pub async fn run<C: Connect>(
-    input: BackupInput,
+/// What a laptop command on the server holding the API address has in hand (`backup`,
+/// `kubeconfig`): the validated local files, the rack, that server, its address, a shell on it.
+pub(super) struct OnApiServer<C: Connect> {
+    pub v: Validated,
+    pub rack: C::Rack,
+    pub server: String,
+    pub ip: std::net::IpAddr,
+    pub shell: C::Shell,
+}
+
+/// Steps `validate` and `server` of a laptop command: the resume file and credentials
+/// checked, the server holding the API floating IP found, a shell on it with pinned host keys.
+pub(super) async fn on_api_server<C: Connect>(
+    input: &BackupInput,
     connect: &C,
-) -> Result<BackupSummary, BootstrapError> {
-    let deadline = Instant::now() + input.timeout;
+    deadline: Instant,
+    what: &str,
+) -> Result<OnApiServer<C>, BootstrapError> {
     let mut v = recover::validate_local(&Local {
         credential_sources: &input.credential_sources,
         cluster: &input.cluster,
@@ -132,9 +144,31 @@ pub async fn run<C: Connect>(
         .rack(&v.host, &v.token, &v.project)
         .map_err(BootstrapError::inputs)?;
     let (server, ip) = api_server(&rack, &input.cluster).await?;
-    info!(step = "server", %server, "taking the backup on the server holding the API address");
+    info!(step = "server", %server, "{what} on the server holding the API address");
     let shell =
         recover::server_shell(connect, &rack, &mut v, &server, ip, deadline, "server").await?;
+    Ok(OnApiServer {
+        v,
+        rack,
+        server,
+        ip,
+        shell,
+    })
+}
+
+/// Runs the whole flow (see the module docs).
+pub async fn run<C: Connect>(
+    input: BackupInput,
+    connect: &C,
+) -> Result<BackupSummary, BootstrapError> {
+    let deadline = Instant::now() + input.timeout;
+    let OnApiServer {
+        v,
+        rack,
+        server,
+        shell,
+        ..
+    } = on_api_server(&input, connect, deadline, "taking the backup").await?;
     let started = Instant::now();
     let (k3s_snapshot, data) =
         take_snapshot(&shell, &server, (deadline, SNAPSHOT_BUSY_RETRY)).await?;

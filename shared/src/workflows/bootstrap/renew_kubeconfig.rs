@@ -15,7 +15,6 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::recover::{self, Local};
 use super::{BootstrapError, Connect, K3S_KUBECONFIG_PATH, failed};
 use crate::adapters::kubeconfig::{self, Existing, WriteMode, WriteOutcome};
 use crate::adapters::ssh::RemoteShell;
@@ -65,21 +64,13 @@ pub async fn run<C: Connect>(
     connect: &C,
 ) -> Result<KubeconfigSummary, BootstrapError> {
     let deadline = Instant::now() + input.timeout;
-    let mut v = recover::validate_local(&Local {
-        credential_sources: &input.credential_sources,
-        cluster: &input.cluster,
-        project: input.project.as_deref(),
-        kubeconfig: input.kubeconfig.as_deref(),
-        state_dir: input.state_dir.as_deref(),
-        home: input.home.as_deref(),
-    })?;
-    let rack = connect
-        .rack(&v.host, &v.token, &v.project)
-        .map_err(BootstrapError::inputs)?;
-    let (server, ip) = super::backup::api_server(&rack, &input.cluster).await?;
-    info!(step = "server", %server, "reading k3s.yaml on the server holding the API address");
-    let shell =
-        recover::server_shell(connect, &rack, &mut v, &server, ip, deadline, "server").await?;
+    let super::backup::OnApiServer {
+        v,
+        server,
+        ip,
+        shell,
+        ..
+    } = super::backup::on_api_server(&input, connect, deadline, "reading k3s.yaml").await?;
     let step = "fetch-kubeconfig";
     let bytes = tokio::time::timeout_at(deadline, shell.read_file(K3S_KUBECONFIG_PATH))
         .await
