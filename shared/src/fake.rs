@@ -78,6 +78,10 @@ pub struct WorldState {
     pub cronjob: bool,
     pub config: ConfigSnapshot,
     pub secrets: Option<ClusterSecrets>,
+    /// Secret `oxide-controller-webhook-tls` (resourceVersion, pair) and
+    /// `oxide-controller-webhook-ca`.
+    pub webhook_tls: Option<(u64, crate::base::secrets::webhook::WebhookTls)>,
+    pub webhook_ca: Option<crate::base::secrets::webhook::WebhookCa>,
     /// Calls that change something, in order, e.g. "create demo-workers-abcde".
     pub log: Vec<String>,
     /// The most instances each pool-prefix ever had at once (for surge checks).
@@ -1235,6 +1239,60 @@ impl StateStore for FakeState {
                     .or_insert_with(|| fps.clone());
             }
             Ok(s.host_key_pins.clone())
+        })
+    }
+
+    async fn read_webhook_tls(
+        &self,
+    ) -> Result<Option<(String, crate::base::secrets::webhook::WebhookTls)>, StateError> {
+        self.0.with(|s| {
+            *s.reads.entry("get-webhook-tls").or_default() += 1;
+            Ok(s.webhook_tls.clone().map(|(rv, t)| (rv.to_string(), t)))
+        })
+    }
+
+    async fn read_webhook_ca(
+        &self,
+    ) -> Result<Option<crate::base::secrets::webhook::WebhookCa>, StateError> {
+        self.0.with(|s| {
+            *s.reads.entry("get-webhook-ca").or_default() += 1;
+            Ok(s.webhook_ca.clone())
+        })
+    }
+
+    async fn replace_webhook_tls(
+        &self,
+        resource_version: &str,
+        tls: &crate::base::secrets::webhook::WebhookTls,
+    ) -> Result<(), StateError> {
+        self.0.with(|s| match &s.webhook_tls {
+            Some((rv, _)) if rv.to_string() == resource_version => {
+                s.rv += 1;
+                s.webhook_tls = Some((s.rv, tls.clone()));
+                s.log.push("replace-webhook-tls".to_owned());
+                Ok(())
+            }
+            Some(_) => Err(StateError::Conflict {
+                what: "Secret kube-system/oxide-controller-webhook-tls".into(),
+            }),
+            None => Err(StateError::NotFound {
+                what: "Secret kube-system/oxide-controller-webhook-tls".into(),
+            }),
+        })
+    }
+
+    async fn ensure_webhook_tls(
+        &self,
+        tls: &crate::base::secrets::webhook::WebhookTls,
+        ca: &crate::base::secrets::webhook::WebhookCa,
+    ) -> Result<(), StateError> {
+        self.0.with(|s| {
+            if s.webhook_tls.is_none() {
+                s.rv += 1;
+                s.webhook_tls = Some((s.rv, tls.clone()));
+            }
+            s.webhook_ca.get_or_insert_with(|| ca.clone());
+            Ok(())
         })
     }
 }

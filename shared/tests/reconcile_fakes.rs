@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
+use oxide_controller::adapters::webhook_tls;
 use oxide_controller::base::names::{self, InstanceTag};
 use oxide_controller::base::retry::Backoff;
 use oxide_controller::base::secrets::ClusterSecrets;
@@ -42,8 +43,6 @@ fn secrets() -> ClusterSecrets {
         webhook_token: "w".into(),
         webhook_read_token: None,
         tailscale_auth_key: None,
-        webhook_tls_cert: None,
-        webhook_tls_key: None,
     }
 }
 
@@ -72,6 +71,13 @@ async fn world(spec: &ClusterSpec, with_fip: bool) -> FakeWorld {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
     }
+    // As bootstrap leaves it: the webhook's serving pair and its CA in their Secrets.
+    let (tls, ca) =
+        webhook_tls::generate(&spec.cluster, "kube-system").unwrap_or_else(|e| panic!("{e}"));
+    w.state()
+        .ensure_webhook_tls(&tls, &ca)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     w.with(|s| s.log.clear());
     w
 }
@@ -1354,5 +1360,123 @@ fn a_channels_patch_becomes_k3s_version_only_inside_a_window_and_a_silent_server
         assert_eq!(c.state, ChannelState::Adopted, "{c:?}");
         assert_eq!(version(&w).await, "v1.33.7+k3s3");
         assert_eq!(channel.asked.load(std::sync::atomic::Ordering::SeqCst), 3);
+    });
+}
+
+/// Issue 46 item 1 (audit security-2 N10): the webhook's serving certificate is re-issued by
+/// the run inside `certificates.renew_before_days` of its end, signed by the kept CA (so
+/// clients need nothing new), written against the read resourceVersion; a no-op run reads
+/// neither Secret; without the CA's key the run says why and the cluster goes Degraded
+/// (`CertificatesExpiring`) within `degraded_before_days`.
+#[test]
+fn the_webhooks_certificate_is_reissued_before_its_end_and_a_noop_run_reads_nothing_for_it() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        let w = world(&spec, false).await;
+        converge(&w, 12).await;
+        let now = w.with(|s| s.now);
+        let first = status(&w)
+            .await
+            .webhook_certificate
+            .unwrap_or_else(|| panic!("recorded"));
+        // Within 60 days of its end: 25 days left.
+        let ca = w
+            .with(|s| s.webhook_ca.clone())
+            .unwrap_or_else(|| panic!("a CA"));
+        let old = webhook_tls::reissue(
+            &ca,
+            "demo",
+            "kube-system",
+            now - chrono::Duration::days(340),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        w.with(|s| {
+            let rv = s.webhook_tls.as_ref().map_or(1, |(rv, _)| *rv);
+            s.webhook_tls = Some((rv, old.clone()));
+        });
+        // The record is a day old: the next run reads the pair again (a hand-made change).
+        w.with(|s| s.now += chrono::Duration::hours(25));
+        let reads = |w: &FakeWorld| w.with(|s| std::mem::take(&mut s.reads));
+        reads(&w);
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        let now = w.with(|s| s.now);
+        let kept = status(&w)
+            .await
+            .webhook_certificate
+            .unwrap_or_else(|| panic!("recorded"));
+        assert_eq!(kept.renewed_at, Some(now), "{kept:?}");
+        assert_eq!(kept.error, None);
+        assert!(
+            kept.not_after > now + chrono::Duration::days(360),
+            "{kept:?} vs {first:?}"
+        );
+        let (_, served) = w
+            .with(|s| s.webhook_tls.clone())
+            .unwrap_or_else(|| panic!("a pair"));
+        assert_ne!(served.key_pem, old.key_pem, "a new key");
+        assert_eq!(
+            served.ca_pem, ca.ca_pem,
+            "the same CA: clients need nothing new"
+        );
+        webhook_tls::verify(&served, "kube-system", now).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(webhook_tls::end(&served.cert_pem), Some(kept.not_after));
+        let r = reads(&w);
+        assert_eq!(
+            (r.get("get-webhook-tls"), r.get("get-webhook-ca")),
+            (Some(&1), Some(&1))
+        );
+        // The next run trusts its record: no request for the webhook's Secrets.
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        let r = reads(&w);
+        assert_eq!(
+            (r.get("get-webhook-tls"), r.get("get-webhook-ca")),
+            (None, None),
+            "{r:?}"
+        );
+
+        // No CA key (a Secret deleted by hand): not re-issued, said why, Degraded near the end.
+        let ending = webhook_tls::reissue(
+            &ca,
+            "demo",
+            "kube-system",
+            now - chrono::Duration::days(355),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        w.with(|s| {
+            s.webhook_ca = None;
+            let rv = s.webhook_tls.as_ref().map_or(1, |(rv, _)| *rv);
+            s.webhook_tls = Some((rv, ending.clone()));
+            s.now += chrono::Duration::hours(25);
+        });
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        let st = status(&w).await;
+        let kept = st
+            .webhook_certificate
+            .clone()
+            .unwrap_or_else(|| panic!("recorded"));
+        assert_eq!(
+            kept.not_after,
+            webhook_tls::end(&ending.cert_pem).unwrap_or_default()
+        );
+        assert!(
+            kept.error.as_deref().is_some_and(
+                |e| e.contains("oxide-controller-webhook-ca") && e.contains("re-run bootstrap")
+            ),
+            "{kept:?}"
+        );
+        let degraded = st
+            .condition("Degraded")
+            .unwrap_or_else(|| panic!("a condition"));
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "CertificatesExpiring"),
+            "{degraded:?}"
+        );
+        assert!(degraded.message.contains("webhook"), "{}", degraded.message);
+        assert!(
+            !format!("{st:?}").contains("PRIVATE"),
+            "no key in the status"
+        );
     });
 }

@@ -37,8 +37,6 @@ fn secrets() -> ClusterSecrets {
         webhook_token: TOKEN.into(),
         webhook_read_token: None,
         tailscale_auth_key: None,
-        webhook_tls_cert: None,
-        webhook_tls_key: None,
     }
 }
 

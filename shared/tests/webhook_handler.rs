@@ -39,8 +39,6 @@ fn secrets(token: &str) -> ClusterSecrets {
         webhook_token: token.into(),
         webhook_read_token: None,
         tailscale_auth_key: None,
-        webhook_tls_cert: None,
-        webhook_tls_key: None,
     }
 }
 

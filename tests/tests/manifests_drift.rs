@@ -667,9 +667,9 @@ fn a_change_made_on_one_side_only_is_reported_as_drift() {
         (
             Side::Chart,
             "templates/rbac.yaml",
-            r#"resources: ["secrets"]"#,
-            r#"resources: ["secrets", "configmaps"]"#,
-            "Role kube-system/oxide-controller-reconcile: .rules[0].resources[1]",
+            r#"resourceNames: ["oxide-controller-webhook-ca"]"#,
+            r#"resourceNames: ["oxide-controller-webhook-ca", "oxide-controller"]"#,
+            "Role kube-system/oxide-controller-reconcile: .rules[2].resourceNames[1]",
         ),
         (
             Side::Chart,
@@ -1155,6 +1155,14 @@ fn each_account_may_make_exactly_the_calls_its_function_makes() {
                 binding: "RoleBinding kube-system/oxide-controller-reconcile",
                 rules: &[
                     ("", "secrets", &["oxide-controller"], &["get"]),
+                    // The webhook's serving pair, re-issued; its CA's key (issue 46).
+                    (
+                        "",
+                        "secrets",
+                        &["oxide-controller-webhook-tls"],
+                        &["get", "update"],
+                    ),
+                    ("", "secrets", &["oxide-controller-webhook-ca"], &["get"]),
                     ("", "configmaps", &["oxide-controller"], &["get", "update"]),
                     (
                         "coordination.k8s.io",
@@ -1493,9 +1501,9 @@ fn the_webhook_serves_its_probes_and_the_service_reaches_it() {
                 "--secrets-dir",
                 "/var/run/secrets/oxide-controller",
                 "--tls-cert",
-                "/var/run/secrets/oxide-controller/webhook-tls.crt",
+                "/var/run/secrets/oxide-controller-tls/tls.crt",
                 "--tls-key",
-                "/var/run/secrets/oxide-controller/webhook-tls.key"
+                "/var/run/secrets/oxide-controller-tls/tls.key"
             ]),
             "{side}"
         );

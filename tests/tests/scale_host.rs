@@ -207,7 +207,7 @@ async fn https_from_pem_files_serves_the_webhook_and_plain_http_is_refused() {
     let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     std::fs::write(&cert_path, key.cert.pem()).unwrap();
     std::fs::write(&key_path, key.signing_key.serialize_pem()).unwrap();
-    let tls = host::tls_from_files(&cert_path, &key_path).unwrap();
+    let tls = host::tls_from_files(&cert_path, &key_path, host::RELOAD_EVERY).unwrap();
     let run = start(
         Duration::ZERO,
         HostOptions {
@@ -241,13 +241,96 @@ async fn https_from_pem_files_serves_the_webhook_and_plain_http_is_refused() {
     assert!(plain.is_err() || !plain.unwrap().status().is_success());
 }
 
+/// The end entity certificate `addr` serves to a client trusting only `ca`, through a fresh
+/// connection (DER).
+async fn served_certificate(addr: SocketAddr, ca: &str) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_slice(ca.as_bytes()).unwrap())
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("oxide-controller-webhook.kube-system.svc")
+        .unwrap();
+    let tls = connector.connect(name, tcp).await.unwrap();
+    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+/// Issue 46 item 1: the reconcile re-issues the webhook's pair into its Secret and the
+/// kubelet rewrites the mounted files; the running host serves the new certificate from the
+/// next connection on, without a restart, and keeps the old one while the files are half
+/// written.
+#[tokio::test]
+async fn a_renewed_pair_in_the_files_is_served_without_a_restart() {
+    use oxide_controller::adapters::webhook_tls;
+    let (first, ca) = webhook_tls::generate("demo", "kube-system").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert_path, &first.cert_pem).unwrap();
+    std::fs::write(&key_path, &first.key_pem).unwrap();
+    let every = Duration::from_millis(50);
+    let tls = host::tls_from_files(&cert_path, &key_path, every).unwrap();
+    let run = start(
+        Duration::ZERO,
+        HostOptions {
+            tls: Some(tls),
+            ..HostOptions::default()
+        },
+    )
+    .await;
+    let der = |pem: &str| {
+        use rustls::pki_types::pem::PemObject as _;
+        rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+            .unwrap()
+            .to_vec()
+    };
+    assert_eq!(
+        served_certificate(run.addr, &ca.ca_pem).await,
+        der(&first.cert_pem)
+    );
+
+    let renewed = webhook_tls::reissue(
+        &ca,
+        "demo",
+        "kube-system",
+        chrono::Utc::now() + chrono::Duration::seconds(5),
+    )
+    .unwrap();
+    // Half written: the new certificate beside the old key does not load; the old pair stays.
+    std::fs::write(&cert_path, &renewed.cert_pem).unwrap();
+    tokio::time::sleep(every * 4).await;
+    assert_eq!(
+        served_certificate(run.addr, &ca.ca_pem).await,
+        der(&first.cert_pem)
+    );
+    std::fs::write(&key_path, &renewed.key_pem).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if served_certificate(run.addr, &ca.ca_pem).await == der(&renewed.cert_pem) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the renewed pair was never served"
+        );
+        tokio::time::sleep(every).await;
+    }
+}
+
 #[test]
 fn unusable_tls_material_is_named_in_the_error() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
     std::fs::write(&cert, "not a certificate").unwrap();
     std::fs::write(&key, "not a key").unwrap();
-    let e = host::tls_from_files(&cert, &key).unwrap_err();
+    let e = host::tls_from_files(&cert, &key, host::RELOAD_EVERY).unwrap_err();
     assert!(
         matches!(
             e,
@@ -259,7 +342,8 @@ fn unusable_tls_material_is_named_in_the_error() {
         "{e:?}"
     );
     assert!(e.to_string().contains("c.pem"), "{e}");
-    let e = host::tls_from_files(&dir.path().join("missing.pem"), &key).unwrap_err();
+    let e = host::tls_from_files(&dir.path().join("missing.pem"), &key, host::RELOAD_EVERY)
+        .unwrap_err();
     assert!(
         matches!(e, HostError::ReadTls { .. }) && e.to_string().contains("missing.pem"),
         "{e}"

@@ -75,8 +75,6 @@ fn secrets() -> ClusterSecrets {
         webhook_token: "hook-1".into(),
         webhook_read_token: None,
         tailscale_auth_key: None,
-        webhook_tls_cert: None,
-        webhook_tls_key: None,
     }
 }
 

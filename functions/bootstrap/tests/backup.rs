@@ -338,7 +338,6 @@ async fn a_backup_read_off_the_rack_without_the_resume_file_holds_no_secret_valu
         "k3s-agent-token",
         "webhook-token",
         "webhook-read-token",
-        "webhook-tls.key",
         "tailscale-auth-key",
     ];
     let mut checked = Vec::new();
@@ -352,6 +351,19 @@ async fn a_backup_read_off_the_rack_without_the_resume_file_holds_no_secret_valu
         checked.contains(&"oxide-token") && checked.contains(&"k3s-token"),
         "{checked:?}"
     );
+    // The webhook's serving key and its CA's key (issue 46), in their own Secrets.
+    for (secret, key) in [
+        ("oxide-controller-webhook-tls", "tls.key"),
+        ("oxide-controller-webhook-ca", "ca.key"),
+    ] {
+        let data = system.get(secret).await.unwrap().data.unwrap_or_default();
+        let value = &data[key].0;
+        assert!(
+            value.len() >= 8,
+            "{secret} {key} is too short to search for"
+        );
+        assert!(!has(value), "{secret} {key} is in the backup in the clear");
+    }
     let tenant_value = tenant.get("tenant-db").await.unwrap().data.unwrap()["password"]
         .0
         .clone();

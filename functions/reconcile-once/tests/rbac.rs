@@ -272,6 +272,41 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
 
     // A: change the count, start a Job.
     patch(-1).await?;
+    // The webhook's serving pair 20 days from its end: the first run re-issues it (reads both
+    // webhook Secrets, replaces the pair's).
+    let secret = |name: &'static str| {
+        let kube = kube.clone();
+        async move {
+            kube.get("v1", "Secret", Some("kube-system"), name)
+                .await
+                .ok_or(format!("no Secret {name}"))
+        }
+    };
+    let field = |s: &Value, k: &str| {
+        s["data"][k]
+            .as_str()
+            .and_then(base64_decode)
+            .unwrap_or_default()
+    };
+    let ca_secret = secret("oxide-controller-webhook-ca").await?;
+    let ca = oxide_controller::adapters::webhook_tls::WebhookCa {
+        ca_pem: field(&ca_secret, "ca.crt"),
+        ca_key_pem: field(&ca_secret, "ca.key"),
+    };
+    let due = oxide_controller::adapters::webhook_tls::reissue(
+        &ca,
+        "sim",
+        "kube-system",
+        chrono::Utc::now() - chrono::Duration::days(345),
+    )
+    .map_err(|e| e.to_string())?;
+    kube.apply(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "oxide-controller-webhook-tls", "namespace": "kube-system"},
+        "stringData": {"tls.crt": due.cert_pem, "tls.key": due.key_pem},
+    }))
+    .await
+    .map_err(|e| format!("making the webhook's pair due: {e}"))?;
     // B: scale down with eviction; the first run creates the Lease.
     reconcile(&[]).await?;
     if ready_workers(&sim) != 1 {
@@ -296,6 +331,17 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
         return Err(format!(
             "B: the status has no certificates (the monitor's Events were not read): {status}"
         ));
+    }
+    // The webhook's pair was re-issued by the run (issue 46 item 1).
+    let parsed: Value = serde_json::from_str(&status).map_err(|e| e.to_string())?;
+    let kept = &parsed["webhookCertificate"];
+    if !kept["renewedAt"].is_string() || !kept["error"].is_null() {
+        return Err(format!(
+            "B: the webhook's certificate was not re-issued: {kept}"
+        ));
+    }
+    if field(&secret("oxide-controller-webhook-tls").await?, "tls.crt") == due.cert_pem {
+        return Err("B: the webhook's Secret still holds the old pair".into());
     }
     // E: the autoscaler would remove the idle worker but for a kube-system pod: it lists
     // the PodDisruptionBudgets (and all pods, as it does on every run while a pool

@@ -182,7 +182,8 @@ struct ServeArgs {
     /// Serve plain HTTP on a non-loopback address (behind a TLS-terminating proxy, say).
     #[arg(long, env = "OXIDE_CONTROLLER_INSECURE_PLAIN_HTTP")]
     insecure_plain_http: bool,
-    /// PEM certificate chain for HTTPS (with --tls-key).
+    /// PEM certificate chain for HTTPS (with --tls-key); re-read every 10 s, so a renewed
+    /// pair (a mounted Secret the kubelet updates) is served without a restart.
     #[arg(
         long,
         env = "OXIDE_CONTROLLER_TLS_CERT",
@@ -193,7 +194,7 @@ struct ServeArgs {
     /// PEM private key for HTTPS (with --tls-cert).
     #[arg(long, env = "OXIDE_CONTROLLER_TLS_KEY", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// Serve HTTPS with the Secret's webhook-tls.crt and webhook-tls.key, read through the API
+    /// Serve HTTPS with Secret oxide-controller-webhook-tls's pair, read once through the API
     /// (needs `get` on the Secret: for a person's kubeconfig, not the webhook's account).
     #[arg(long, env = "OXIDE_CONTROLLER_TLS_FROM_SECRET")]
     tls_from_secret: bool,
@@ -511,7 +512,7 @@ async fn serve_webhook(
 ) -> ExitCode {
     let ns = &kube.namespace;
     let tls = match (&args.tls_cert, &args.tls_key, args.tls_from_secret) {
-        (Some(cert), Some(key), _) => host::tls_from_files(cert, key).map(Some),
+        (Some(cert), Some(key), _) => host::tls_from_files(cert, key, host::RELOAD_EVERY).map(Some),
         (_, _, true) => host::tls_from_secret(client.clone(), ns).await.map(Some),
         _ => Ok(None),
     };

@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
 use crate::adapters::kubeclient::{api_message, api_status};
+use crate::base::secrets::webhook::{self, WebhookCa, WebhookTls};
 use crate::base::secrets::{ClusterSecrets, keys as secret_keys};
 use crate::ports::cluster::OBJECT_NAME;
 use crate::ports::state::{ConfigSnapshot, NAME_LABEL, StateError, StateStore};
@@ -394,5 +395,138 @@ impl StateStore for KubeStateStore {
         pins: &BTreeMap<String, Vec<String>>,
     ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
         KubeStateStore::merge_host_key_pins(self, pins).await
+    }
+
+    async fn read_webhook_tls(&self) -> Result<Option<(String, WebhookTls)>, StateError> {
+        let Some((rv, data)) = self.read_named(webhook::TLS_SECRET).await? else {
+            return Ok(None);
+        };
+        let what = self.named_what(webhook::TLS_SECRET);
+        Ok(Some((
+            rv,
+            WebhookTls {
+                ca_pem: text(&data, webhook::keys::CA_CERT, &what)?,
+                cert_pem: text(&data, webhook::keys::CERT, &what)?,
+                key_pem: text(&data, webhook::keys::KEY, &what)?,
+            },
+        )))
+    }
+
+    async fn read_webhook_ca(&self) -> Result<Option<WebhookCa>, StateError> {
+        let Some((_, data)) = self.read_named(webhook::CA_SECRET).await? else {
+            return Ok(None);
+        };
+        let what = self.named_what(webhook::CA_SECRET);
+        Ok(Some(WebhookCa {
+            ca_pem: text(&data, webhook::keys::CA_CERT, &what)?,
+            ca_key_pem: text(&data, webhook::keys::CA_KEY, &what)?,
+        }))
+    }
+
+    async fn replace_webhook_tls(
+        &self,
+        resource_version: &str,
+        tls: &WebhookTls,
+    ) -> Result<(), StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let mut secret = webhook_tls_secret(&self.namespace, tls);
+        secret.metadata.resource_version = Some(resource_version.to_owned());
+        api.replace(webhook::TLS_SECRET, &PostParams::default(), &secret)
+            .await
+            .map(drop)
+            .map_err(|e| state_error(self.named_what(webhook::TLS_SECRET), e))
+    }
+
+    async fn ensure_webhook_tls(&self, tls: &WebhookTls, ca: &WebhookCa) -> Result<(), StateError> {
+        let ca_secret = Secret {
+            metadata: named_meta(webhook::CA_SECRET, &self.namespace),
+            type_: Some("Opaque".to_owned()),
+            data: Some(bytes(&[
+                (webhook::keys::CA_CERT, &ca.ca_pem),
+                (webhook::keys::CA_KEY, &ca.ca_key_pem),
+            ])),
+            ..Secret::default()
+        };
+        for secret in [webhook_tls_secret(&self.namespace, tls), ca_secret] {
+            self.create_if_missing(secret).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Secret [`webhook::TLS_SECRET`] holding `tls` (type `kubernetes.io/tls`).
+fn webhook_tls_secret(namespace: &str, tls: &WebhookTls) -> Secret {
+    Secret {
+        metadata: named_meta(webhook::TLS_SECRET, namespace),
+        type_: Some("kubernetes.io/tls".to_owned()),
+        data: Some(bytes(&[
+            (webhook::keys::CERT, &tls.cert_pem),
+            (webhook::keys::KEY, &tls.key_pem),
+            (webhook::keys::CA_CERT, &tls.ca_pem),
+        ])),
+        ..Secret::default()
+    }
+}
+
+fn named_meta(name: &str, namespace: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        labels: Some(name_labels()),
+        ..ObjectMeta::default()
+    }
+}
+
+fn bytes(pairs: &[(&str, &String)]) -> BTreeMap<String, ByteString> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+        .collect()
+}
+
+/// Key `key` of a Secret's data as UTF-8 text, or a Malformed error naming the key.
+fn text(data: &BTreeMap<String, ByteString>, key: &str, what: &str) -> Result<String, StateError> {
+    data.get(key)
+        .and_then(|v| String::from_utf8(v.0.clone()).ok())
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| StateError::Malformed {
+            what: what.to_owned(),
+            message: format!("key {key:?} is missing or not UTF-8; re-run bootstrap to repair it"),
+        })
+}
+
+impl KubeStateStore {
+    fn named_what(&self, name: &str) -> String {
+        format!("Secret {}/{name}", self.namespace)
+    }
+
+    /// Secret `name`'s resourceVersion and data, `None` when it does not exist.
+    async fn read_named(
+        &self,
+        name: &str,
+    ) -> Result<Option<(String, BTreeMap<String, ByteString>)>, StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let Some(secret) = api
+            .get_opt(name)
+            .await
+            .map_err(|e| state_error(self.named_what(name), e))?
+        else {
+            return Ok(None);
+        };
+        Ok(Some((
+            secret.metadata.resource_version.unwrap_or_default(),
+            secret.data.unwrap_or_default(),
+        )))
+    }
+
+    /// Creates `secret` unless one of its name exists (whatever it holds: never replaced).
+    async fn create_if_missing(&self, secret: Secret) -> Result<(), StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        match api.create(&PostParams::default(), &secret).await {
+            Ok(_) => Ok(()),
+            Err(e) if api_status(&e) == Some(409) => Ok(()),
+            Err(e) => Err(state_error(self.named_what(&name), e)),
+        }
     }
 }

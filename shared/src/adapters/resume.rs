@@ -62,10 +62,14 @@ pub struct ResumeState {
     /// VM's first boot only, and a changed key is refused, never trusted anew.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub host_key_pins: BTreeMap<String, Vec<String>>,
-    /// The webhook's CA and serving pair ([`webhook_tls`]). Absent in older files: bootstrap
-    /// adds them ([`ResumeState::ensure_webhook_tls`]).
+    /// The webhook's CA (certificate and key) and the serving pair it first signed
+    /// ([`webhook_tls`]). Absent in older files, and the CA's key in files from before the
+    /// reconcile re-issued the pair: bootstrap then makes a new CA
+    /// ([`ResumeState::ensure_webhook_tls`]). The cluster's copy of the pair may be newer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_tls_ca: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_tls_ca_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_tls_cert: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -152,26 +156,42 @@ impl ResumeState {
             spec: None,
             host_key_pins: BTreeMap::new(),
             webhook_tls_ca: None,
+            webhook_tls_ca_key: None,
             webhook_tls_cert: None,
             webhook_tls_key: None,
         }
         .with_webhook_tls()
     }
 
-    /// Generates the webhook's CA and serving pair unless the file has them; true when it did
-    /// (the caller saves the file).
+    /// Generates the webhook's CA and serving pair unless the file has them all (a file
+    /// whose CA's key was discarded gets a new CA: without it nothing can be re-issued); true
+    /// when it did (the caller saves the file).
     pub fn ensure_webhook_tls(&mut self) -> Result<bool, ResumeError> {
-        if self.webhook_tls_ca.is_some()
-            && self.webhook_tls_cert.is_some()
-            && self.webhook_tls_key.is_some()
-        {
+        if self.webhook_tls().is_some() {
             return Ok(false);
         }
-        let tls = webhook_tls::generate(&self.cluster, crate::base::names::NAMESPACE)?;
-        self.webhook_tls_ca = Some(tls.ca_pem);
+        let (tls, ca) = webhook_tls::generate(&self.cluster, crate::base::names::NAMESPACE)?;
+        self.webhook_tls_ca = Some(ca.ca_pem);
+        self.webhook_tls_ca_key = Some(ca.ca_key_pem);
         self.webhook_tls_cert = Some(tls.cert_pem);
         self.webhook_tls_key = Some(tls.key_pem);
         Ok(true)
+    }
+
+    /// The webhook's serving pair and CA, when the file has all four.
+    pub fn webhook_tls(&self) -> Option<(webhook_tls::WebhookTls, webhook_tls::WebhookCa)> {
+        let ca_pem = self.webhook_tls_ca.clone()?;
+        Some((
+            webhook_tls::WebhookTls {
+                ca_pem: ca_pem.clone(),
+                cert_pem: self.webhook_tls_cert.clone()?,
+                key_pem: self.webhook_tls_key.clone()?,
+            },
+            webhook_tls::WebhookCa {
+                ca_pem,
+                ca_key_pem: self.webhook_tls_ca_key.clone()?,
+            },
+        ))
     }
 
     fn with_webhook_tls(mut self) -> Result<ResumeState, ResumeError> {
@@ -203,8 +223,6 @@ impl ResumeState {
             webhook_token: self.webhook_token.clone(),
             webhook_read_token: self.webhook_read_token.clone(),
             tailscale_auth_key: None,
-            webhook_tls_cert: self.webhook_tls_cert.clone(),
-            webhook_tls_key: self.webhook_tls_key.clone(),
         }
     }
 

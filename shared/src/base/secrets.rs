@@ -19,17 +19,22 @@ pub mod keys {
     pub const RETIRED_SSH_PRIVATE_KEY: &str = "ssh-private-key";
     /// Keys an older controller wrote that no version may keep: removed when bootstrap next
     /// ensures the Secret (the way a controller is updated).
-    pub const RETIRED: &[&str] = &[RETIRED_SSH_PRIVATE_KEY];
+    pub const RETIRED: &[&str] = &[
+        RETIRED_SSH_PRIVATE_KEY,
+        RETIRED_WEBHOOK_TLS_CERT,
+        RETIRED_WEBHOOK_TLS_KEY,
+    ];
     pub const SSH_PUBLIC_KEY: &str = "ssh-public-key";
     pub const USER_SSH_PUBLIC_KEY: &str = "user-ssh-public-key";
     pub const WEBHOOK_TOKEN: &str = "webhook-token";
     /// The webhook's read-only token: GETs and `/metrics`, never a change.
     pub const WEBHOOK_READ_TOKEN: &str = "webhook-read-token";
     pub const TAILSCALE_AUTH_KEY: &str = "tailscale-auth-key";
-    /// The webhook's PEM serving certificate (bootstrap makes one; optional in older clusters).
-    pub const WEBHOOK_TLS_CERT: &str = "webhook-tls.crt";
-    /// Its PEM private key.
-    pub const WEBHOOK_TLS_KEY: &str = "webhook-tls.key";
+    /// Held the webhook's serving certificate until it moved to a Secret of its own
+    /// ([`super::webhook::TLS_SECRET`], which the reconcile may rewrite; issue 46).
+    pub const RETIRED_WEBHOOK_TLS_CERT: &str = "webhook-tls.crt";
+    /// Held its key.
+    pub const RETIRED_WEBHOOK_TLS_KEY: &str = "webhook-tls.key";
 }
 
 /// Values of the Secret.
@@ -48,10 +53,6 @@ pub struct ClusterSecrets {
     /// Absent in clusters bootstrapped before it existed: then only the write token works.
     pub webhook_read_token: Option<String>,
     pub tailscale_auth_key: Option<String>,
-    /// The webhook's serving certificate and key (PEM); absent in clusters made before
-    /// bootstrap generated them (bootstrap fills them in when it next runs).
-    pub webhook_tls_cert: Option<String>,
-    pub webhook_tls_key: Option<String>,
 }
 
 impl std::fmt::Debug for ClusterSecrets {
@@ -98,8 +99,6 @@ impl ClusterSecrets {
             webhook_token: get(keys::WEBHOOK_TOKEN)?,
             webhook_read_token: opt(keys::WEBHOOK_READ_TOKEN),
             tailscale_auth_key: opt(keys::TAILSCALE_AUTH_KEY),
-            webhook_tls_cert: opt(keys::WEBHOOK_TLS_CERT),
-            webhook_tls_key: opt(keys::WEBHOOK_TLS_KEY),
         })
     }
 
@@ -128,12 +127,50 @@ impl ClusterSecrets {
         if let Some(k) = &self.webhook_read_token {
             put(keys::WEBHOOK_READ_TOKEN, k);
         }
-        // Both or neither: a certificate without its key serves nothing.
-        if let (Some(cert), Some(key)) = (&self.webhook_tls_cert, &self.webhook_tls_key) {
-            put(keys::WEBHOOK_TLS_CERT, cert);
-            put(keys::WEBHOOK_TLS_KEY, key);
-        }
         m
+    }
+}
+
+/// The webhook's TLS material (see [`crate::adapters::webhook_tls`], which makes it): two
+/// Secrets of their own, so the reconcile may re-issue the serving pair without writing the
+/// cluster's Secret, and the CA's key is mounted by no pod.
+pub mod webhook {
+    /// The Secret holding the serving pair and the CA's certificate (the webhook pod mounts it).
+    pub const TLS_SECRET: &str = "oxide-controller-webhook-tls";
+    /// The Secret holding the CA's certificate and key (no pod mounts it).
+    pub const CA_SECRET: &str = "oxide-controller-webhook-ca";
+    /// Keys of [`TLS_SECRET`] (a `kubernetes.io/tls` Secret) and [`CA_SECRET`].
+    pub mod keys {
+        pub const CERT: &str = "tls.crt";
+        pub const KEY: &str = "tls.key";
+        pub const CA_CERT: &str = "ca.crt";
+        pub const CA_KEY: &str = "ca.key";
+    }
+    /// A serving pair and the CA that signed it, PEM. `Debug` hides the key.
+    #[derive(Clone, PartialEq, Eq)]
+    pub struct WebhookTls {
+        pub ca_pem: String,
+        pub cert_pem: String,
+        pub key_pem: String,
+    }
+
+    impl std::fmt::Debug for WebhookTls {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("WebhookTls").finish_non_exhaustive()
+        }
+    }
+
+    /// The CA's certificate and key, PEM. `Debug` hides the key.
+    #[derive(Clone, PartialEq, Eq)]
+    pub struct WebhookCa {
+        pub ca_pem: String,
+        pub ca_key_pem: String,
+    }
+
+    impl std::fmt::Debug for WebhookCa {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("WebhookCa").finish_non_exhaustive()
+        }
     }
 }
 
@@ -163,8 +200,6 @@ mod tests {
             webhook_token: "hook-token-value".into(),
             webhook_read_token: Some("read-token-value".into()),
             tailscale_auth_key: None,
-            webhook_tls_cert: None,
-            webhook_tls_key: None,
         };
         assert_eq!(ClusterSecrets::from_map(&s.to_map()), Ok(s.clone()));
         let dbg = format!("{s:?}");

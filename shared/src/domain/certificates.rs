@@ -235,6 +235,71 @@ pub struct Outcome {
     pub degraded: Option<String>,
 }
 
+/// The webhook's serving certificate as the reconcile keeps it (`status.json`'s
+/// `webhookCertificate`): its end, when the run last read it, when it was last re-issued, and
+/// why it could not be, if it could not.
+///
+/// The pair lives in Secret `oxide-controller-webhook-tls`, signed by the cluster's webhook CA
+/// whose key is in `oxide-controller-webhook-ca` (see
+/// [`crate::adapters::webhook_tls`]). A run reads the pair only when this record says it
+/// must ([`webhook_needs_read`]): a no-op run costs no request for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WebhookCertificate {
+    pub not_after: DateTime<Utc>,
+    pub checked_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewed_at: Option<DateTime<Utc>>,
+    /// Why a due re-issue did not happen (no CA key, a refused write); cleared by one that did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How long a recorded end is trusted before the Secret is read again (someone may have
+/// replaced the pair by hand).
+pub const WEBHOOK_RECHECK: Duration = Duration::hours(24);
+
+/// Whether this run reads the webhook's pair: nothing recorded, a record older than
+/// [`WEBHOOK_RECHECK`], or an end within `renew_before` (then it is re-issued).
+pub fn webhook_needs_read(
+    recorded: Option<&WebhookCertificate>,
+    spec: &CertificateSpec,
+    now: DateTime<Utc>,
+) -> bool {
+    recorded.is_none_or(|r| {
+        now - r.checked_at >= WEBHOOK_RECHECK || webhook_due(r.not_after, spec, now)
+    })
+}
+
+/// Whether a serving certificate ending at `end` is re-issued now.
+pub fn webhook_due(end: DateTime<Utc>, spec: &CertificateSpec, now: DateTime<Utc>) -> bool {
+    now >= end - spec.renew_before()
+}
+
+/// The Degraded finding for the webhook's certificate: within `degraded_before` of its end
+/// (it was not re-issued at `renew_before`), with the reason it could not be.
+pub fn webhook_finding(
+    recorded: &WebhookCertificate,
+    spec: &CertificateSpec,
+    now: DateTime<Utc>,
+) -> Option<String> {
+    if now < recorded.not_after - spec.degraded_before() {
+        return None;
+    }
+    let verb = if now >= recorded.not_after {
+        "ended"
+    } else {
+        "ends"
+    };
+    Some(format!(
+        "{DEGRADED_REASON}: the webhook's TLS certificate (Secret kube-system/oxide-controller-webhook-tls) {verb} at {} and was not re-issued: {}",
+        recorded
+            .not_after
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        recorded.error.as_deref().unwrap_or("no run has tried yet")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,5 +376,46 @@ mod tests {
         let d = Restart::Done(t("2026-12-01T00:00:00Z"));
         assert_eq!(d.value(), "done 2026-12-01T00:00:00Z");
         assert_eq!(Restart::parse("soon"), None);
+    }
+
+    #[test]
+    fn the_webhook_pair_is_read_only_when_unknown_stale_or_due() {
+        let spec = CertificateSpec::default();
+        let now = t("2027-01-01T00:00:00Z");
+        assert!(webhook_needs_read(None, &spec, now));
+        let r = WebhookCertificate {
+            not_after: now + Duration::days(200),
+            checked_at: now - Duration::hours(1),
+            renewed_at: None,
+            error: None,
+        };
+        assert!(
+            !webhook_needs_read(Some(&r), &spec, now),
+            "a no-op run reads nothing"
+        );
+        let stale = WebhookCertificate {
+            checked_at: now - Duration::hours(25),
+            ..r.clone()
+        };
+        assert!(webhook_needs_read(Some(&stale), &spec, now));
+        let due = WebhookCertificate {
+            not_after: now + Duration::days(59),
+            ..r.clone()
+        };
+        assert!(webhook_needs_read(Some(&due), &spec, now));
+        assert!(webhook_due(due.not_after, &spec, now));
+        assert!(!webhook_due(r.not_after, &spec, now));
+        assert_eq!(webhook_finding(&due, &spec, now), None, "not yet Degraded");
+        let late = WebhookCertificate {
+            not_after: now + Duration::days(10),
+            error: Some("no CA key".into()),
+            ..r
+        };
+        let m = webhook_finding(&late, &spec, now).unwrap();
+        assert!(m.starts_with("CertificatesExpiring: "), "{m}");
+        assert!(
+            m.contains("no CA key") && m.contains("2027-01-11T00:00:00Z"),
+            "{m}"
+        );
     }
 }

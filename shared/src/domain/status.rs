@@ -91,6 +91,10 @@ pub struct Status {
     /// whether it was adopted or waits, and for which window. Absent without a channel.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channel: Option<crate::domain::upgrade::channel::ChannelStatus>,
+    /// The webhook's serving certificate: its end, when it was last read and re-issued
+    /// ([`crate::domain::certificates::WebhookCertificate`]). Absent in clusters without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_certificate: Option<crate::domain::certificates::WebhookCertificate>,
 }
 
 impl Status {
@@ -254,6 +258,7 @@ pub fn build(r: &RunReport) -> Status {
         },
         // Set by the run (it asks the channel before it plans); the last one holds till then.
         channel: r.previous.and_then(|p| p.channel.clone()),
+        webhook_certificate: r.previous.and_then(|p| p.webhook_certificate.clone()),
     }
 }
 
@@ -325,7 +330,8 @@ fn degraded_reason(r: &RunReport, failures: usize, create_backoff: &Backoffs) ->
 }
 
 /// Degraded findings whose first word is their reason (`DrillFailed: the restore drill ...`).
-const FINDING_REASONS: [&str; 3] = [
+const FINDING_REASONS: [&str; 4] = [
+    crate::domain::certificates::DEGRADED_REASON,
     crate::domain::backup::drill::FAILED,
     crate::domain::backup::drill::MISSING,
     crate::domain::backup::roll::WAIT_REASON,

@@ -44,6 +44,9 @@ pub struct View {
     /// Per pool, the earliest certificate end k3s's monitors report, as the last run saw.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub certificates: Vec<crate::domain::certificates::PoolCertificates>,
+    /// The webhook's serving certificate, as the last run kept it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub webhook_certificate: Option<crate::domain::certificates::WebhookCertificate>,
     /// What could not be read, and what access it needs (the view is shown without it).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
@@ -220,6 +223,7 @@ pub fn build(
         upgrade: status.and_then(|s| s.upgrade.clone()),
         backup: status.and_then(|s| s.backup.clone()),
         certificates: status.map(|s| s.certificates.clone()).unwrap_or_default(),
+        webhook_certificate: status.and_then(|s| s.webhook_certificate.clone()),
         unreadable: Vec::new(),
     }
 }
@@ -268,8 +272,11 @@ pub fn render_table(v: &View, now: DateTime<Utc>) -> String {
     if let Some(b) = &v.backup {
         render_backup(&mut out, b, now);
     }
-    if !v.certificates.is_empty() {
+    if !v.certificates.is_empty() || v.webhook_certificate.is_some() {
         render_certificates(&mut out, &v.certificates, now);
+    }
+    if let Some(w) = &v.webhook_certificate {
+        render_webhook_certificate(&mut out, w, now);
     }
     if let Some(a) = &v.autoscale {
         render_autoscaler(&mut out, a);
@@ -525,6 +532,27 @@ fn render_certificates(
         }
         let _ = writeln!(out);
     }
+}
+
+/// `  webhook: ends in ... (re-issued ... ago)[; NOT RE-ISSUED: why]`, under `certificates`.
+fn render_webhook_certificate(
+    out: &mut String,
+    w: &crate::domain::certificates::WebhookCertificate,
+    now: DateTime<Utc>,
+) {
+    let end = if w.not_after > now {
+        format!("ends in {} ({})", age(now, w.not_after), w.not_after)
+    } else {
+        format!("ENDED {} ago ({})", age(w.not_after, now), w.not_after)
+    };
+    let renewed = w
+        .renewed_at
+        .map_or_else(String::new, |r| format!(", re-issued {} ago", age(r, now)));
+    let problem = w
+        .error
+        .as_deref()
+        .map_or_else(String::new, |e| format!("; NOT RE-ISSUED: {e}"));
+    let _ = writeln!(out, "  webhook: {end}{renewed}{problem}");
 }
 
 fn render_autoscaler(out: &mut String, a: &AutoscaleView) {

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use crate::base::secrets::ClusterSecrets;
+use crate::base::secrets::webhook::{self as webhook_tls, WebhookCa, WebhookTls};
 
 /// ConfigMap keys.
 pub mod keys {
@@ -109,6 +110,45 @@ pub trait StateStore: Send + Sync {
         &self,
         pins: &BTreeMap<String, Vec<String>>,
     ) -> impl Future<Output = Result<BTreeMap<String, Vec<String>>, StateError>> + Send;
+
+    /// The webhook's serving pair (Secret [`webhook_tls::TLS_SECRET`]) with its
+    /// resourceVersion; `None` when there is no such Secret (a cluster bootstrapped before it,
+    /// or a store that keeps none: the default, for test doubles of the other methods).
+    fn read_webhook_tls(
+        &self,
+    ) -> impl Future<Output = Result<Option<(String, WebhookTls)>, StateError>> + Send {
+        std::future::ready(Ok(None))
+    }
+    /// The webhook CA's certificate and key (Secret [`webhook_tls::CA_SECRET`]); `None` when
+    /// there is none.
+    fn read_webhook_ca(
+        &self,
+    ) -> impl Future<Output = Result<Option<WebhookCa>, StateError>> + Send {
+        std::future::ready(Ok(None))
+    }
+    /// Replaces the serving pair if the Secret is still at `resource_version` (409 →
+    /// [`StateError::Conflict`]).
+    fn replace_webhook_tls(
+        &self,
+        resource_version: &str,
+        tls: &WebhookTls,
+    ) -> impl Future<Output = Result<(), StateError>> + Send {
+        let _ = (resource_version, tls);
+        std::future::ready(Err(StateError::Malformed {
+            what: format!("Secret {}", webhook_tls::TLS_SECRET),
+            message: "this store keeps no webhook certificate".to_owned(),
+        }))
+    }
+    /// Bootstrap only: creates either webhook Secret that is missing (never replaces one: a
+    /// pair the reconcile re-issued stays).
+    fn ensure_webhook_tls(
+        &self,
+        tls: &WebhookTls,
+        ca: &WebhookCa,
+    ) -> impl Future<Output = Result<(), StateError>> + Send {
+        let _ = (tls, ca);
+        std::future::ready(Ok(()))
+    }
 }
 
 /// Changes the ConfigMap's data with `edit` and writes it back against the version read: the

@@ -3,8 +3,8 @@
 //! and graceful shutdown that stops accepting and lets in-flight requests finish.
 //!
 //! Owns sockets and nothing else: every request goes to [`super::handle`] as an
-//! `http::Request<Bytes>`. TLS material comes from PEM files or from the Secret's optional
-//! `webhook-tls.crt` / `webhook-tls.key` keys.
+//! `http::Request<Bytes>`. TLS material comes from PEM files (re-read, so a renewed pair is
+//! served without a restart) or from Secret `oxide-controller-webhook-tls`.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,13 +21,11 @@ use tokio::net::TcpListener;
 
 use super::error::WebhookError;
 use super::{Deps, MAX_BODY, handle, host_error_response};
-use crate::ports::cluster::{Cluster, OBJECT_NAME};
+use crate::ports::cluster::Cluster;
 use crate::ports::state::StateStore;
 
-/// Secret key holding the webhook's PEM certificate chain (bootstrap writes it).
-pub const TLS_CERT_KEY: &str = crate::base::secrets::keys::WEBHOOK_TLS_CERT;
-/// Secret key holding the webhook's PEM private key.
-pub const TLS_KEY_KEY: &str = crate::base::secrets::keys::WEBHOOK_TLS_KEY;
+/// The Secret holding the webhook's serving pair (bootstrap makes it, the reconcile renews it).
+pub const TLS_SECRET: &str = crate::base::secrets::webhook::TLS_SECRET;
 
 /// Host settings.
 #[derive(Clone)]
@@ -87,14 +85,14 @@ pub enum HostError {
     #[error("the TLS certificate and key do not form a usable server configuration")]
     Tls(#[source] rustls::Error),
     #[error(
-        "the Secret {namespace}/{OBJECT_NAME} has no {TLS_CERT_KEY} and {TLS_KEY_KEY}; add them or use --tls-cert/--tls-key"
+        "there is no Secret {namespace}/{TLS_SECRET}; re-run bootstrap (it makes the webhook's certificate) or use --tls-cert/--tls-key"
     )]
     NoTlsInSecret { namespace: String },
-    #[error("cannot read the Secret {namespace}/{OBJECT_NAME} for its TLS keys")]
+    #[error("cannot read the Secret {namespace}/{TLS_SECRET} for its TLS keys")]
     SecretUnreadable {
         namespace: String,
         #[source]
-        source: kube::Error,
+        source: crate::ports::state::StateError,
     },
 }
 
@@ -105,13 +103,13 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HostError> {
         .map_err(|source| HostError::Bind { addr, source })
 }
 
-/// A rustls server configuration (aws-lc-rs, TLS 1.2/1.3, ALPN http/1.1) from PEM text.
-/// `source_name` names where the PEM came from, for errors.
-pub fn tls_config(
+/// The serving certificate and key (PEM) as rustls signs with them; checked to belong
+/// together. `source_name` names where the PEM came from, for errors.
+fn certified_key(
     cert_pem: &[u8],
     key_pem: &[u8],
     source_name: &str,
-) -> Result<Arc<rustls::ServerConfig>, HostError> {
+) -> Result<Arc<rustls::sign::CertifiedKey>, HostError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
@@ -130,55 +128,147 @@ pub fn tls_config(
         what: "private key",
         source_name: source_name.to_owned(),
     })?;
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    rustls::sign::CertifiedKey::from_der(certs, key, &provider())
+        .map(Arc::new)
+        .map_err(HostError::Tls)
+}
+
+fn provider() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::aws_lc_rs::default_provider()
+}
+
+/// The certificate the host serves: one slot, read by every handshake, that a
+/// [`ReloadingCert`] task may fill anew.
+#[derive(Debug)]
+struct CertSlot(std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>);
+
+impl rustls::server::ResolvesServerCert for CertSlot {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.read().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+}
+
+impl CertSlot {
+    fn set(&self, key: Arc<rustls::sign::CertifiedKey>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = key;
+    }
+}
+
+fn server_config(slot: Arc<CertSlot>) -> Result<Arc<rustls::ServerConfig>, HostError> {
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(provider()))
         .with_safe_default_protocol_versions()
         .map_err(HostError::Tls)?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(HostError::Tls)?;
+        .with_cert_resolver(slot);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
-/// TLS from PEM files.
-pub fn tls_from_files(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, HostError> {
-    let read = |p: &Path| {
-        std::fs::read(p).map_err(|source| HostError::ReadTls {
-            path: p.to_owned(),
-            source,
-        })
-    };
-    tls_config(
-        &read(cert)?,
-        &read(key)?,
-        &format!("{} and {}", cert.display(), key.display()),
-    )
+/// A rustls server configuration (aws-lc-rs, TLS 1.2/1.3, ALPN http/1.1) from PEM text.
+/// `source_name` names where the PEM came from, for errors.
+pub fn tls_config(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    source_name: &str,
+) -> Result<Arc<rustls::ServerConfig>, HostError> {
+    let key = certified_key(cert_pem, key_pem, source_name)?;
+    server_config(Arc::new(CertSlot(std::sync::RwLock::new(key))))
 }
 
-/// TLS from the Secret's `webhook-tls.crt` / `webhook-tls.key`.
+/// How often [`tls_from_files`] looks at its files again.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(10);
+
+/// TLS from PEM files, re-read every `every`: a pair that changed (the kubelet updates a
+/// mounted Secret within a minute or so of the reconcile re-issuing it) is served from the
+/// next handshake on, without a restart. A pair that does not load (half written, key and
+/// certificate not matching) is logged and the one before kept. The re-reading task ends
+/// with the returned configuration. Needs a Tokio runtime.
+pub fn tls_from_files(
+    cert: &Path,
+    key: &Path,
+    every: Duration,
+) -> Result<Arc<rustls::ServerConfig>, HostError> {
+    let files = ReloadingCert {
+        cert: cert.to_owned(),
+        key: key.to_owned(),
+    };
+    let (pem, current) = files.load()?;
+    let slot = Arc::new(CertSlot(std::sync::RwLock::new(current)));
+    let config = server_config(slot.clone())?;
+    let weak = Arc::downgrade(&slot);
+    drop(slot);
+    tokio::spawn(files.watch(weak, pem, every));
+    Ok(config)
+}
+
+/// The files a [`tls_from_files`] configuration re-reads.
+#[derive(Debug, Clone)]
+pub struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl ReloadingCert {
+    /// Both files' bytes and the pair they make.
+    fn load(&self) -> Result<(Vec<u8>, Arc<rustls::sign::CertifiedKey>), HostError> {
+        let read = |p: &Path| {
+            std::fs::read(p).map_err(|source| HostError::ReadTls {
+                path: p.to_owned(),
+                source,
+            })
+        };
+        let (cert, key) = (read(&self.cert)?, read(&self.key)?);
+        let name = format!("{} and {}", self.cert.display(), self.key.display());
+        let loaded = certified_key(&cert, &key, &name)?;
+        Ok(([cert, key].concat(), loaded))
+    }
+
+    async fn watch(self, slot: std::sync::Weak<CertSlot>, mut seen: Vec<u8>, every: Duration) {
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(slot) = slot.upgrade() else { return };
+            let files = self.clone();
+            let loaded = tokio::task::spawn_blocking(move || files.load()).await;
+            match loaded {
+                Ok(Ok((pem, key))) if pem != seen => {
+                    slot.set(key);
+                    seen = pem;
+                    tracing::info!(cert = %self.cert.display(), "serving the renewed TLS certificate");
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "the TLS files do not load; serving the certificate before them");
+                }
+                Err(e) => tracing::warn!(error = %e, "reading the TLS files failed"),
+            }
+        }
+    }
+}
+
+/// TLS from Secret `oxide-controller-webhook-tls`'s `tls.crt` / `tls.key`, read once (the
+/// in-cluster Deployment mounts the Secret and uses [`tls_from_files`], which follows
+/// re-issues).
 pub async fn tls_from_secret(
     client: kube::Client,
     namespace: &str,
 ) -> Result<Arc<rustls::ServerConfig>, HostError> {
-    use k8s_openapi::api::core::v1::Secret;
-    let api: kube::Api<Secret> = kube::Api::namespaced(client, namespace);
-    let secret = api
-        .get(OBJECT_NAME)
-        .await
-        .map_err(|source| HostError::SecretUnreadable {
+    use crate::ports::state::StateStore as _;
+    let store = crate::adapters::kube_store::KubeStateStore::new(client, namespace);
+    match store.read_webhook_tls().await {
+        Ok(Some((_, tls))) => tls_config(
+            tls.cert_pem.as_bytes(),
+            tls.key_pem.as_bytes(),
+            &format!("Secret {namespace}/{TLS_SECRET} keys tls.crt/tls.key"),
+        ),
+        Ok(None) => Err(HostError::NoTlsInSecret {
+            namespace: namespace.to_owned(),
+        }),
+        Err(source) => Err(HostError::SecretUnreadable {
             namespace: namespace.to_owned(),
             source,
-        })?;
-    let data = secret.data.unwrap_or_default();
-    match (data.get(TLS_CERT_KEY), data.get(TLS_KEY_KEY)) {
-        (Some(cert), Some(key)) => tls_config(
-            &cert.0,
-            &key.0,
-            &format!("Secret {namespace}/{OBJECT_NAME} keys {TLS_CERT_KEY}/{TLS_KEY_KEY}"),
-        ),
-        _ => Err(HostError::NoTlsInSecret {
-            namespace: namespace.to_owned(),
         }),
     }
 }

@@ -771,9 +771,29 @@ async fn step_state<C: Connect>(
     .await
     .map_err(|e| failed("state", e))?;
     let stored = check_stored_tokens(store, secrets).await;
+    ensure_webhook_tls(store, resume).await?;
     merge_host_key_pins(v, store, resume).await?;
     let rack_secret = manifests::backup_rack_secret(stored.as_ref().unwrap_or(secrets));
     Ok((ports, rack_secret))
+}
+
+/// Part of the state step: the webhook's Secrets (its serving pair, and its CA with the key
+/// the reconcile re-issues the pair with), made when missing; never replaced, so a pair the
+/// reconcile renewed stays.
+async fn ensure_webhook_tls<S: StateStore>(
+    store: &S,
+    resume: &ResumeState,
+) -> Result<(), BootstrapError> {
+    let Some((tls, ca)) = resume.webhook_tls() else {
+        return Ok(());
+    };
+    crate::base::retry::retry(
+        Backoff::default(),
+        |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
+        || store.ensure_webhook_tls(&tls, &ca),
+    )
+    .await
+    .map_err(|e| failed("state", e))
 }
 
 /// Part of the state step: the pins go into the Secret too (never replacing stored ones),

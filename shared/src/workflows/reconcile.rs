@@ -15,6 +15,7 @@ use tracing::{info, warn};
 mod autoscale;
 pub mod channel;
 pub mod preflight;
+pub mod webhook_cert;
 pub use autoscale::{Decided, active as autoscale_active, views as autoscale_views};
 
 use crate::apply::{self, ApplyOptions};
@@ -675,6 +676,15 @@ where
     }
     // Under the Lease, before planning: the channel's patch may become k3s.version.
     let (spec, channel) = channel::follow(state, cluster, opts, spec, &nodes).await;
+    let webhook_certificate = webhook_cert::keep(
+        state,
+        &spec,
+        previous
+            .as_ref()
+            .and_then(|p| p.webhook_certificate.as_ref()),
+        started_at,
+    )
+    .await;
     let apply_opts = apply_options(opts, &spec, deadline);
 
     // Keep the Lease while we work. A failed renew is retried while the Lease we hold is
@@ -694,6 +704,7 @@ where
         server_settings: server_settings.as_ref(),
         subnet_prefix: std::sync::OnceLock::new(),
         channel,
+        webhook_certificate,
     };
     let outcome = tokio::select! {
         r = work(&rack, cluster, &secrets, &ran, nodes, opts, &apply_opts) => r,
@@ -775,6 +786,14 @@ async fn work<R: Rack, C: Cluster>(
         .await?;
     let mut plan = plan;
     plan.findings.extend(backup_findings(ran, (opts.now)()));
+    if let Some(message) = ran.webhook_certificate.as_ref().and_then(|w| {
+        crate::domain::certificates::webhook_finding(w, &ran.spec.certificates, (opts.now)())
+    }) {
+        plan.findings.push(plan::Finding {
+            degraded: true,
+            message,
+        });
+    }
     if let Some(message) = ran.channel.as_ref().and_then(|c| c.finding()) {
         plan.findings.push(plan::Finding {
             degraded: false,
@@ -859,6 +878,8 @@ struct Ran<'a> {
     subnet_prefix: std::sync::OnceLock<u8>,
     /// The release channel as this run found it (None without `upgrade.channel`).
     channel: Option<crate::domain::upgrade::channel::ChannelStatus>,
+    /// The webhook's serving certificate as this run kept it ([`webhook_cert::keep`]).
+    webhook_certificate: Option<crate::domain::certificates::WebhookCertificate>,
 }
 
 /// After the work, whatever its outcome: the status it leaves (written, with the backoff
@@ -884,6 +905,7 @@ async fn wrap_up<C: Cluster, S: StateStore>(
     }
     status.backup = Some(backup_status(ran, finished_at));
     status.channel = ran.channel.clone();
+    status.webhook_certificate = ran.webhook_certificate.clone();
     if outcome.is_ok() {
         record_backoff_events(cluster, ran.previous, &status).await;
     }

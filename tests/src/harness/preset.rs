@@ -172,8 +172,6 @@ fn generate_secrets(sim: &SimHandle) -> ClusterSecrets {
         webhook_token: random_token(&mut rng, 32),
         webhook_read_token: Some(random_token(&mut rng, 32)),
         tailscale_auth_key: None,
-        webhook_tls_cert: None,
-        webhook_tls_key: None,
     }
 }
 
@@ -200,15 +198,13 @@ pub async fn build(
     spec.backup.schedule = None;
     spec.validate()
         .map_err(|e| PresetError::Spec(e.to_string()))?;
-    let mut secrets = generate_secrets(sim);
+    let secrets = generate_secrets(sim);
     // The webhook's serving pair, as bootstrap makes it; its CA beside the kubeconfig.
-    let tls = oxide_controller::adapters::webhook_tls::generate(
+    let (tls, ca) = oxide_controller::adapters::webhook_tls::generate(
         CLUSTER,
         oxide_controller::ports::cluster::NAMESPACE,
     )
     .map_err(|e| PresetError::Spec(format!("webhook TLS: {e}")))?;
-    secrets.webhook_tls_cert = Some(tls.cert_pem);
-    secrets.webhook_tls_key = Some(tls.key_pem);
     write_private(&dir.join(WEBHOOK_CA_FILE), &tls.ca_pem)?;
 
     sim.oxide().seed_project(PROJECT);
@@ -358,6 +354,10 @@ pub async fn build(
     }
     store
         .ensure_state(&secrets, config)
+        .await
+        .map_err(PresetError::State)?;
+    store
+        .ensure_webhook_tls(&tls, &ca)
         .await
         .map_err(PresetError::State)?;
 

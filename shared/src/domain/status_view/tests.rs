@@ -155,6 +155,7 @@ fn status(degraded: bool) -> Status {
         certificates: certificates(),
         control_plane_roll: None,
         channel: None,
+        webhook_certificate: None,
     }
 }
 

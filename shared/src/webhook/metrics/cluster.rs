@@ -196,18 +196,27 @@ impl Input {
             }),
             // k3s's monitors name an end only within 90 days of it: a pool without one has
             // no series (nothing of it ends soon).
-            certificates: (!status.certificates.is_empty()).then(|| {
-                status
-                    .certificates
-                    .iter()
-                    .filter_map(|c| {
-                        Some(CertificateExpiry {
-                            pool: c.pool.clone(),
-                            not_after: c.earliest_end?,
+            certificates: (!status.certificates.is_empty() || status.webhook_certificate.is_some())
+                .then(|| {
+                    let webhook = status
+                        .webhook_certificate
+                        .as_ref()
+                        .map(|w| CertificateExpiry {
+                            pool: "webhook".to_owned(),
+                            not_after: w.not_after,
+                        });
+                    status
+                        .certificates
+                        .iter()
+                        .filter_map(|c| {
+                            Some(CertificateExpiry {
+                                pool: c.pool.clone(),
+                                not_after: c.earliest_end?,
+                            })
                         })
-                    })
-                    .collect()
-            }),
+                        .chain(webhook)
+                        .collect()
+                }),
             drill: status
                 .backup
                 .as_ref()
@@ -787,7 +796,8 @@ oxide_controller_upgrade_in_progress{cluster=\"demo\"} 0
             "certificates": [
                 {"pool": "control-plane"},
                 {"pool": "workers", "earliestEnd": "2027-03-01T00:00:00Z", "node": "demo-workers-b"}
-            ]
+            ],
+            "webhookCertificate": {"notAfter": "2028-01-10T00:00:00Z", "checkedAt": "2027-01-15T08:00:00Z"}
         })
         .to_string();
         let input = Input::from_snapshot(&snapshot(Some(&spec), Some(&status)), at(0));
@@ -821,13 +831,19 @@ oxide_controller_upgrade_in_progress{cluster=\"demo\"} 0
                 stale: true,
             })
         );
-        // Only a pool whose monitors name an end has a series.
+        // Only a pool whose monitors name an end has a series; the webhook's own always.
         assert_eq!(
             input.certificates,
-            Some(vec![CertificateExpiry {
-                pool: "workers".into(),
-                not_after: "2027-03-01T00:00:00Z".parse().unwrap_or_default(),
-            }])
+            Some(vec![
+                CertificateExpiry {
+                    pool: "workers".into(),
+                    not_after: "2027-03-01T00:00:00Z".parse().unwrap_or_default(),
+                },
+                CertificateExpiry {
+                    pool: "webhook".into(),
+                    not_after: "2028-01-10T00:00:00Z".parse().unwrap_or_default(),
+                }
+            ])
         );
         // The newest drill: when, whether it passed; failed is not overdue.
         assert_eq!(
