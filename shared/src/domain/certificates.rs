@@ -233,6 +233,41 @@ pub struct Outcome {
     pub pools: Vec<PoolCertificates>,
     /// Set when one ends within `degraded_before_days`: the condition's message.
     pub degraded: Option<String>,
+    /// When this run read the monitors' Events (None: it did not, see [`monitor_read_due`];
+    /// the last run's `pools` stand).
+    pub read_at: Option<DateTime<Utc>>,
+}
+
+/// The longest a run goes without listing the monitors' Events while nothing is near its
+/// end: k3s's monitor itself checks every 30 minutes (`pkg/certmonitor`), so a fresher look
+/// tells nothing new, and a list a run is one more request on every no-op run.
+pub const MONITOR_READ_MAX_EVERY: Duration = Duration::minutes(10);
+
+/// How often a run lists the monitors' Events while nothing is near: [`MONITOR_READ_MAX_EVERY`],
+/// or a sixteenth of the time between `renew_before` and `degraded_before` when that is
+/// shorter (scaled-down settings in tests), so a renewal missed is seen long before Degraded.
+pub fn monitor_read_every(spec: &CertificateSpec) -> Duration {
+    ((spec.renew_before() - spec.degraded_before()) / 16)
+        .clamp(Duration::zero(), MONITOR_READ_MAX_EVERY)
+}
+
+/// Whether this run lists the monitors' Events: never read (or the last read failed), read
+/// [`monitor_read_every`] ago, a restart for certificates under way (its end is the monitor's
+/// report after it), or an end within `renew_before` (a restart may start: every run looks).
+/// `pools` and `read_at` are the last run's.
+pub fn monitor_read_due(
+    pools: &[PoolCertificates],
+    read_at: Option<DateTime<Utc>>,
+    spec: &CertificateSpec,
+    now: DateTime<Utc>,
+) -> bool {
+    let Some(at) = read_at else { return true };
+    now - at >= monitor_read_every(spec)
+        || pools.iter().any(|p| {
+            p.restarting.is_some()
+                || p.earliest_end
+                    .is_some_and(|end| end - now <= spec.renew_before())
+        })
 }
 
 /// The webhook's serving certificate as the reconcile keeps it (`status.json`'s
@@ -417,5 +452,61 @@ mod tests {
             m.contains("no CA key") && m.contains("2027-01-11T00:00:00Z"),
             "{m}"
         );
+    }
+
+    #[test]
+    fn the_monitors_events_are_listed_when_due_not_on_every_run() {
+        let spec = CertificateSpec::default();
+        let now = t("2027-01-01T00:00:00Z");
+        assert_eq!(monitor_read_every(&spec), MONITOR_READ_MAX_EVERY);
+        let quiet = PoolCertificates {
+            pool: "workers".into(),
+            earliest_end: None,
+            node: None,
+            unreported: vec!["w9".into()],
+            restarting: None,
+        };
+        let pools = vec![quiet.clone()];
+        assert!(monitor_read_due(&pools, None, &spec, now), "never read");
+        let just = Some(now - Duration::minutes(1));
+        assert!(
+            !monitor_read_due(&pools, just, &spec, now),
+            "a no-op run lists nothing"
+        );
+        assert!(monitor_read_due(
+            &pools,
+            Some(now - Duration::minutes(10)),
+            &spec,
+            now
+        ));
+        let near = vec![PoolCertificates {
+            earliest_end: Some(now + Duration::days(59)),
+            node: Some("w1".into()),
+            ..quiet.clone()
+        }];
+        assert!(
+            monitor_read_due(&near, just, &spec, now),
+            "within renew_before"
+        );
+        let far = vec![PoolCertificates {
+            earliest_end: Some(now + Duration::days(80)),
+            node: Some("w1".into()),
+            ..quiet.clone()
+        }];
+        assert!(!monitor_read_due(&far, just, &spec, now));
+        let restarting = vec![PoolCertificates {
+            restarting: Some("w1".into()),
+            ..quiet
+        }];
+        assert!(
+            monitor_read_due(&restarting, just, &spec, now),
+            "a restart under way"
+        );
+        // Scaled settings (tests): a sixteenth of the renew-to-degraded span.
+        let scaled = CertificateSpec {
+            renew_before_days: 0.001,
+            degraded_before_days: 0.0002,
+        };
+        assert_eq!(monitor_read_every(&scaled), Duration::milliseconds(4320));
     }
 }

@@ -83,6 +83,10 @@ pub struct Status {
     /// restarted for its certificates (see [`crate::domain::certificates`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub certificates: Vec<crate::domain::certificates::PoolCertificates>,
+    /// When a run last listed the monitors' Events (`certificates` is what it found); runs
+    /// in between list them only when due ([`crate::domain::certificates::monitor_read_due`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates_read_at: Option<DateTime<Utc>>,
     /// The roll of the control plane under way: what it rolls to, when it was decided, and
     /// why its next step waits for a backup, while it does (absent when none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,6 +256,10 @@ pub fn build(r: &RunReport) -> Status {
         },
         backup: r.previous.and_then(|p| p.backup.clone()),
         certificates: certificates(r),
+        certificates_read_at: r
+            .plan
+            .and_then(|p| p.certificates.read_at)
+            .or_else(|| r.previous.and_then(|p| p.certificates_read_at)),
         control_plane_roll: match r.plan {
             Some(p) => p.roll.clone(),
             None => r.previous.and_then(|p| p.control_plane_roll.clone()),
@@ -274,8 +282,8 @@ fn last_error(r: &RunReport, converged: bool) -> Option<String> {
 /// Per pool, the certificates this run's plan reports; the last run's without a plan.
 fn certificates(r: &RunReport) -> Vec<crate::domain::certificates::PoolCertificates> {
     match r.plan {
-        Some(p) => p.certificates.pools.clone(),
-        None => r
+        Some(p) if p.certificates.read_at.is_some() => p.certificates.pools.clone(),
+        _ => r
             .previous
             .map(|p| p.certificates.clone())
             .unwrap_or_default(),

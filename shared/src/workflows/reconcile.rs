@@ -293,6 +293,10 @@ pub struct Known {
     /// IPv4 block cannot change (nexus's `VpcSubnetUpdate` has only `name`, `description`
     /// and `custom_router`), so it is read from the rack only while no run has recorded it.
     pub subnet_prefix: Option<u8>,
+    /// Whether to list k3s's certificate monitor Events this run
+    /// ([`crate::domain::certificates::monitor_read_due`]); when not, the last run's view
+    /// stands and no restart for certificates starts.
+    pub certificate_events: bool,
 }
 
 /// Observes the rack and the cluster for `spec`; `server_token` (the Secret's k3s token) is
@@ -325,7 +329,13 @@ pub async fn observe<R: Rack, C: Cluster>(
         rack.get_floating_ip(&fip_name),
         subnet,
         etcd_membership(cluster, server_token),
-        certificate_reports(cluster),
+        async {
+            if known.certificate_events {
+                certificate_reports(cluster).await
+            } else {
+                None
+            }
+        },
     );
     // Before anything else: a spec whose pools cannot all have an address is a config error.
     let subnet_prefix = subnet.map_err(rack_err)?;
@@ -490,6 +500,12 @@ pub async fn observe_and_plan<R: Rack, C: Cluster>(
     let known = Known {
         nodes,
         subnet_prefix: previous.and_then(|p| p.subnet_prefix),
+        certificate_events: crate::domain::certificates::monitor_read_due(
+            previous.map_or(&[][..], |p| p.certificates.as_slice()),
+            previous.and_then(|p| p.certificates_read_at),
+            &spec.certificates,
+            now,
+        ),
     };
     let mut observed = observe(rack, cluster, spec, server_token, known).await?;
     if let Some(p) = previous {

@@ -157,6 +157,7 @@ fn outcome(cx: &Ctx, p: &mut Plan) -> Outcome {
     let mut outcome = Outcome {
         pools: pools.into_values().collect(),
         degraded: None,
+        read_at: Some(cx.now),
     };
     if let Some(worst) = outcome
         .pools

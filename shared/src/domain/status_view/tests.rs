@@ -153,6 +153,7 @@ fn status(degraded: bool) -> Status {
             drill: None,
         }),
         certificates: certificates(),
+        certificates_read_at: None,
         control_plane_roll: None,
         channel: None,
         webhook_certificate: None,
