@@ -2,6 +2,7 @@
 //! the Tailscale API, k3s's channel server), plus what does I/O for the workflows: credentials, image upload,
 //! resume and kubeconfig files, manifests applied to the cluster (`kube_manifests`), dev builds.
 
+pub mod client_csr;
 pub mod credentials;
 pub mod dev_image;
 pub mod image;

@@ -9,6 +9,7 @@ pub mod digests;
 pub mod firewall;
 pub mod maintenance;
 pub mod model;
+pub mod operator_credential;
 pub mod plan;
 pub mod spec;
 pub mod status;

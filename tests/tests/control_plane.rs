@@ -203,6 +203,91 @@ async fn the_front_proxy_names_certificate_callers_passes_tokens_and_injects_fau
     task.abort();
 }
 
+/// Issue 46 item 2, as k3s runs it: kube-controller-manager signs `kube-apiserver-client`
+/// requests with the client CA (k3s `controllerManager`'s `cluster-signing-*` flags), for the
+/// year it signs by default; the apiserver's default `CertificateSubjectRestriction` refuses
+/// such a request naming `system:masters` (k3s.yaml's group); the signed certificate is
+/// accepted, as the user it names, through a server's front proxy.
+#[tokio::test]
+async fn the_controller_manager_signs_api_client_requests_but_never_for_system_masters() {
+    use oxide_controller::adapters::client_csr::{self, ClientCsrError};
+    use oxide_controller::domain::operator_credential as op;
+    use oxide_sim::control_plane::proxy::FrontProxy;
+    use oxide_sim::oxide::faults::Faults;
+
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        kwok: false,
+        scheduler: false,
+        ..ControlPlaneOptions::default()
+    })
+    .await
+    .unwrap();
+    let proxy = FrontProxy::new(&cp, Faults::default()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let tls = proxy.tls_config(&["127.0.0.1".into()]).unwrap();
+    let task = tokio::spawn(std::sync::Arc::clone(&proxy).serve(listener, tls));
+    let k3s_yaml = cp
+        .user_kubeconfig(&url, "system:admin", &["system:masters"])
+        .unwrap();
+    let admin = client_for(&k3s_yaml).await;
+    let wait = Duration::from_secs(30);
+
+    // k3s.yaml's own subject: refused at admission, nothing created.
+    let masters = client_csr::new_request("system:admin", Some("system:masters")).unwrap();
+    let err = client_csr::sign(&admin, "masters", &masters, wait)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientCsrError::Api { code: Some(403), message, .. }
+            if message.contains("use of kubernetes.io/kube-apiserver-client signer with system:masters group is not allowed")),
+        "{err}"
+    );
+
+    // The operator's: signed for 365 days, the request deleted afterwards.
+    let user = op::operator_user("demo");
+    client_csr::ensure_operator_binding(&admin, &user)
+        .await
+        .unwrap();
+    let req = client_csr::new_request(&user, None).unwrap();
+    let started = chrono::Utc::now();
+    let cert = client_csr::sign(&admin, "operator", &req, wait)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", cp.log_tail("kube-controller-manager")));
+    let end = oxide_controller::adapters::kubeconfig::certificate_end(&cert).unwrap();
+    // NotAfter = NotBefore + TTL, NotBefore backdated 5 minutes (`signer.sign`'s `Backdate`).
+    let year = chrono::Duration::seconds(i64::from(op::EXPIRATION_SECONDS));
+    assert!(
+        end >= started + year - chrono::Duration::minutes(6) && end <= chrono::Utc::now() + year,
+        "NotAfter {end}"
+    );
+    let csrs: kube::Api<k8s_openapi::api::certificates::v1::CertificateSigningRequest> =
+        kube::Api::all(admin.clone());
+    assert!(csrs.get_opt("operator").await.unwrap().is_none());
+
+    // The new certificate and key work, as that user, with cluster-admin's rights.
+    let renewed = oxide_controller::adapters::kubeconfig::with_client_credential(
+        &k3s_yaml,
+        "default",
+        &cert,
+        &req.key_pem,
+    )
+    .unwrap();
+    let operator = client_for(&renewed).await;
+    let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+    let post = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&review).unwrap())
+        .unwrap();
+    let me: Value = operator.request(post).await.unwrap();
+    assert_eq!(me["status"]["userInfo"]["username"], user.as_str());
+    kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(operator, "kube-system")
+        .list(&Default::default())
+        .await
+        .unwrap();
+    task.abort();
+}
+
 /// A Node KWOK plays.
 fn kwok_node(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",

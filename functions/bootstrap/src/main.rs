@@ -116,14 +116,16 @@ enum Command {
     Backup(BackupArgs),
     /// Renew this cluster's entry in your kubeconfig: a new client certificate.
     ///
-    /// Reads the current k3s.yaml on the server holding the API address (over SSH, with the
-    /// resume file's key and pinned host keys: it works whether or not the old certificate
-    /// still does) and replaces this cluster's context, cluster and user in the kubeconfig,
-    /// keeping the rest. k3s renews k3s.yaml's certificate when it starts within 90 days of
-    /// its end, and the reconcile restarts servers for that; every laptop command warns 30
-    /// days before the kubeconfig's certificate ends.
+    /// While the kubeconfig's certificate is valid: a new key and a CertificateSigningRequest
+    /// (signer kubernetes.io/kube-apiserver-client) approved with that certificate, for the
+    /// user oxide-controller:operator:<cluster>, bound to cluster-admin (the API refuses such
+    /// requests for k3s's system:masters). Once it has ended (or when that fails): the current
+    /// k3s.yaml read on the server holding the API address over SSH, with the resume file's
+    /// key and pinned host keys. Either way this cluster's context, cluster and user in the
+    /// kubeconfig are replaced and the rest kept. Every laptop command warns 30 days before
+    /// the kubeconfig's certificate ends.
     #[command(args_override_self = true)]
-    Kubeconfig(BackupArgs),
+    Kubeconfig(KubeconfigArgs),
 }
 
 /// The flags of `bootstrap` without a subcommand: create a cluster.
@@ -453,6 +455,35 @@ struct BackupArgs {
     log_format: LogFormat,
 }
 
+/// The flags of `bootstrap kubeconfig`.
+#[derive(Debug, clap::Args)]
+struct KubeconfigArgs {
+    #[command(flatten)]
+    common: BackupArgs,
+    /// How to renew: `csr` through the API with the current certificate (it must still be
+    /// valid), `ssh` from k3s.yaml over SSH (needs the rack and the resume file), `auto` the
+    /// first while the certificate is valid and the second otherwise or when it fails.
+    #[arg(long, value_enum, default_value_t = ViaArg::Auto)]
+    via: ViaArg,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum ViaArg {
+    Auto,
+    Csr,
+    Ssh,
+}
+
+impl From<ViaArg> for oxide_controller::domain::operator_credential::Via {
+    fn from(v: ViaArg) -> Self {
+        match v {
+            ViaArg::Auto => Self::Auto,
+            ViaArg::Csr => Self::Csr,
+            ViaArg::Ssh => Self::Ssh,
+        }
+    }
+}
+
 /// `Ok(args)`, or the exit code for help/version (0) and bad arguments (2, one line).
 fn parse(argv: Vec<std::ffi::OsString>) -> Result<Cli, ExitCode> {
     match Cli::try_parse_from(argv) {
@@ -709,10 +740,11 @@ fn run_backup(a: BackupArgs) -> ExitCode {
     })
 }
 
-fn run_kubeconfig(a: BackupArgs) -> ExitCode {
-    use oxide_controller::workflows::bootstrap::renew_kubeconfig;
-    laptop(a, |input| async move {
-        renew_kubeconfig::run(input, &LiveConnect::new())
+fn run_kubeconfig(a: KubeconfigArgs) -> ExitCode {
+    use oxide_controller::workflows::bootstrap::renew_kubeconfig::{self, KubeconfigInput};
+    let via = a.via.into();
+    laptop(a.common, |files| async move {
+        renew_kubeconfig::run(KubeconfigInput { files, via }, &LiveConnect::new())
             .await
             .map(|s| s.render())
     })
@@ -797,6 +829,31 @@ mod tests {
         // Without a subcommand the create flags are required.
         let e = parsed(&[]).err().unwrap();
         assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+    }
+
+    #[test]
+    fn kubeconfig_takes_via_auto_by_default_and_csr_or_ssh_when_asked() {
+        use oxide_controller::domain::operator_credential::Via;
+        let via = |args: &[&str]| match parsed(args).map(|c| c.command) {
+            Ok(Some(Command::Kubeconfig(k))) => Ok(Via::from(k.via)),
+            Ok(other) => panic!("not the kubeconfig subcommand: {other:?}"),
+            Err(e) => Err(e.kind()),
+        };
+        assert_eq!(via(&["kubeconfig", "--cluster", "demo"]), Ok(Via::Auto));
+        assert_eq!(
+            via(&["kubeconfig", "--cluster", "demo", "--via", "csr"]),
+            Ok(Via::Csr)
+        );
+        assert_eq!(
+            via(&["kubeconfig", "--cluster", "demo", "--via", "ssh"]),
+            Ok(Via::Ssh)
+        );
+        assert_eq!(
+            via(&["kubeconfig", "--cluster", "demo", "--via", "scp"]),
+            Err(clap::error::ErrorKind::InvalidValue)
+        );
+        // Only `kubeconfig` has it.
+        assert!(parsed(&["backup", "--cluster", "demo", "--via", "csr"]).is_err());
     }
 
     #[test]

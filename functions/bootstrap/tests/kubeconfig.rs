@@ -3,9 +3,12 @@
 //! client certificate among them, last [`LIFETIME`]). The real `reconcile-once` runs every few
 //! seconds as the reconcile's ServiceAccount (as its CronJob would), restarting nodes for their
 //! certificates; `bootstrap kubeconfig` renews the laptop's kubeconfig now and then. Checked:
-//! the kubeconfig bootstrap wrote ends with its certificate (the API refuses it), the renewed
-//! one works throughout, and a laptop command warns about a certificate that ends soon,
-//! naming `bootstrap kubeconfig`.
+//! while the kubeconfig's certificate is valid it is renewed through the CSR API (no rack, no
+//! SSH: a new key, a year's certificate for the operator user with cluster-admin's rights, no
+//! CertificateSigningRequest left behind); the kubeconfig bootstrap wrote ends with its
+//! certificate (the API refuses it), the renewed one works throughout, a laptop command warns
+//! about a certificate that ends soon, naming `bootstrap kubeconfig`, and an ended one is
+//! renewed over SSH.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -34,6 +37,139 @@ async fn probe(kubeconfig: &std::path::Path) -> Result<(), String> {
         .await
         .map(drop)
         .map_err(|e| format!("{e:?}"))
+}
+
+/// The `client-key-data` of context `demo`'s user, as kube reads it.
+fn client_key(kubeconfig: &std::path::Path) -> String {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let doc = serde_json::to_value(&kc).unwrap();
+    doc["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "demo")
+        .unwrap()["user"]["client-key-data"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Creates `obj` (a review: the answer is its status) as the kubeconfig's user.
+async fn review<K>(kubeconfig: &std::path::Path, obj: K) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + k8s_openapi::serde::de::DeserializeOwned
+        + k8s_openapi::serde::Serialize
+        + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let client = oxide_controller::adapters::kubeclient::client(Some(kubeconfig), Some("demo"))
+        .await
+        .unwrap();
+    kube::Api::<K>::all(client)
+        .create(&Default::default(), &obj)
+        .await
+        .unwrap()
+}
+
+/// With a still-valid kubeconfig, `bootstrap kubeconfig --via csr` renews it without the rack
+/// (an address nothing listens on: the SSH path could not even find the server).
+async fn renewal_through_the_csr_api(env: &common::Env, bins: &std::path::Path) {
+    let path = env.kubeconfig();
+    let before_key = client_key(&path);
+    let before_end = oxide_controller::adapters::kubeconfig::client_certificate_end(
+        &std::fs::read_to_string(&path).unwrap(),
+    )
+    .unwrap();
+    let out = env
+        .command(&env.sub_args(
+            "kubeconfig",
+            "demo",
+            &["--via", "csr", "--oxide-host", "http://127.0.0.1:9"],
+        ))
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(
+            "through the CertificateSigningRequest API as oxide-controller:operator:demo"
+        ),
+        "{stdout}"
+    );
+    // A new key, and the signer's year (less its 5-minute backdate), not the scaled one.
+    assert_ne!(client_key(&path), before_key);
+    let end = oxide_controller::adapters::kubeconfig::client_certificate_end(
+        &std::fs::read_to_string(&path).unwrap(),
+    )
+    .unwrap();
+    eprintln!("renewed through the CSR API: NotAfter {end} (before: {before_end})");
+    assert!(
+        end > chrono::Utc::now() + chrono::Duration::days(364),
+        "{end} vs {before_end}"
+    );
+    // Accepted, as the operator user, with cluster-admin's rights.
+    use k8s_openapi::api::{authentication::v1 as authn, authorization::v1 as authz};
+    let me = review(&path, authn::SelfSubjectReview::default()).await;
+    assert_eq!(
+        me.status
+            .and_then(|s| s.user_info)
+            .and_then(|u| u.username)
+            .as_deref(),
+        Some("oxide-controller:operator:demo")
+    );
+    let access = review(
+        &path,
+        authz::SelfSubjectAccessReview {
+            spec: authz::SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(authz::ResourceAttributes {
+                    verb: Some("*".into()),
+                    group: Some("*".into()),
+                    resource: Some("*".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .await;
+    assert!(
+        access.status.is_some_and(|s| s.allowed),
+        "not cluster-admin"
+    );
+    let status = tokio::process::Command::new(bins.join("scale"))
+        .args(["status", "--kubeconfig"])
+        .arg(&path)
+        .args(["--context", "demo"])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "scale status with the renewed kubeconfig: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    // No request left behind.
+    let csrs = env
+        .sim
+        .kube()
+        .try_list("certificates.k8s.io/v1", "CertificateSigningRequest", None)
+        .await
+        .unwrap();
+    assert!(
+        !csrs.iter().any(|c| c["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("oxide-controller-operator"))),
+        "{csrs:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,6 +233,8 @@ async fn a_kubeconfig_renewed_by_bootstrap_kubeconfig_works_after_the_first_one_
         .await
         .unwrap();
 
+    renewal_through_the_csr_api(&env, &bins).await;
+
     let started = Instant::now();
     let mut renewed = 0u32;
     let mut last_renew = Instant::now() - Duration::from_secs(60);
@@ -149,11 +287,12 @@ async fn a_kubeconfig_renewed_by_bootstrap_kubeconfig_works_after_the_first_one_
             first_refused = true;
             log.push(format!("first kubeconfig: {e}"));
         }
-        // A laptop command with a kubeconfig whose certificate ends within 30 days warns.
+        // A laptop command with a kubeconfig whose certificate ends within 30 days warns
+        // (bootstrap's: the renewed one lasts a year).
         if !warned {
             let status = tokio::process::Command::new(bins.join("scale"))
                 .args(["status", "--kubeconfig"])
-                .arg(env.kubeconfig())
+                .arg(&first)
                 .args(["--context", "demo"])
                 .env("RUST_LOG", "warn")
                 .kill_on_drop(true)
@@ -190,4 +329,21 @@ async fn a_kubeconfig_renewed_by_bootstrap_kubeconfig_works_after_the_first_one_
     probe(&env.kubeconfig())
         .await
         .unwrap_or_else(|e| panic!("{e}\n{log}"));
+
+    // An ended certificate: renewed over SSH, from k3s.yaml.
+    std::fs::copy(&first, env.kubeconfig()).unwrap();
+    let out = env
+        .command(&env.sub_args("kubeconfig", "demo", &[]))
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && stdout.contains("k3s.yaml over SSH"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    probe(&env.kubeconfig())
+        .await
+        .unwrap_or_else(|e| panic!("after the SSH renewal: {e}\n{log}"));
 }

@@ -116,6 +116,58 @@ pub fn rewrite_k3s(k3s_yaml: &str, cluster: &str, server: &str) -> Result<String
     render(&doc).map_err(KubeconfigError::Malformed)
 }
 
+/// This cluster's entries of `kubeconfig` (context `cluster`, its cluster and user) as a
+/// one-cluster kubeconfig in [`rewrite_k3s`]'s form, its user's client certificate and key
+/// replaced by `cert_pem` and `key_pem`: what [`write`] merges in after a renewal through the
+/// CSR API, as it merges k3s.yaml after one over SSH.
+pub fn with_client_credential(
+    kubeconfig: &str,
+    cluster: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> Result<String, KubeconfigError> {
+    use base64::Engine as _;
+    let bad = |what: String| KubeconfigError::Malformed(format!("the current kubeconfig: {what}"));
+    let doc = parse(kubeconfig).map_err(bad)?;
+    let find = |list: &str, name: &str| {
+        doc[list]
+            .as_array()
+            .and_then(|items| items.iter().find(|i| i["name"] == name))
+            .cloned()
+            .ok_or_else(|| bad(format!("no {list} entry {name}")))
+    };
+    let mut context = find("contexts", cluster)?;
+    let cluster_name = context["context"]["cluster"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let user_name = context["context"]["user"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let mut entry = find("clusters", &cluster_name)?;
+    let mut user = find("users", &user_name)?;
+    for item in [&mut context, &mut entry, &mut user] {
+        item["name"] = Value::from(cluster);
+    }
+    context["context"]["cluster"] = Value::from(cluster);
+    context["context"]["user"] = Value::from(cluster);
+    let b64 = |pem: &str| Value::from(base64::engine::general_purpose::STANDARD.encode(pem));
+    user["user"] = serde_json::json!({
+        "client-certificate-data": b64(cert_pem),
+        "client-key-data": b64(key_pem),
+    });
+    let out = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [entry],
+        "users": [user],
+        "contexts": [context],
+        "current-context": cluster,
+    });
+    render(&out).map_err(KubeconfigError::Malformed)
+}
+
 /// A copy of the kubeconfig at `src` whose context `context` points at `server` instead (its
 /// credentials unchanged), written to `dest` with mode 0600: how a restore drill reaches its
 /// throw-away server as the cluster's administrator.
@@ -452,7 +504,7 @@ pub fn certificate_end(pem: &str) -> Option<chrono::DateTime<chrono::Utc>> {
 }
 
 /// One DER element at the start of `der`: (tag, contents, rest).
-fn der_element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+pub(crate) fn der_element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let (&tag, rest) = der.split_first()?;
     let (&first, rest) = rest.split_first()?;
     let (len, rest) = if first < 0x80 {
@@ -575,6 +627,59 @@ mod tests {
         let kc = kube::config::Kubeconfig::from_yaml(&rewrite_k3s(K3S, "demo", SERVER).unwrap())
             .unwrap();
         assert_eq!(kc.current_context.as_deref(), Some("demo"));
+    }
+
+    #[test]
+    fn a_csr_renewal_replaces_only_this_clusters_key_and_certificate_through_the_same_merge() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        // Another cluster's entries first, then ours as bootstrap wrote it.
+        let other = rewrite_k3s(K3S, "other", "https://10.0.0.1:6443").unwrap();
+        write(
+            &path,
+            &other,
+            "other",
+            "https://10.0.0.1:6443",
+            WriteMode::Create,
+        )
+        .unwrap();
+        let ours = rewrite_k3s(K3S, "demo", SERVER).unwrap();
+        write(&path, &ours, "demo", SERVER, WriteMode::Merge).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+
+        let renewed = with_client_credential(&text, "demo", "NEWCERT", "NEWKEY").unwrap();
+        assert_eq!(
+            write(&path, &renewed, "demo", SERVER, WriteMode::Merge).unwrap(),
+            WriteOutcome::Merged
+        );
+        let after = doc(&std::fs::read_to_string(&path).unwrap());
+        let user = |name: &str| {
+            after["users"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|u| u["name"] == name)
+                .unwrap()["user"]
+                .clone()
+        };
+        assert_eq!(user("demo")["client-certificate-data"], "TkVXQ0VSVA==");
+        assert_eq!(user("demo")["client-key-data"], "TkVXS0VZ");
+        // The other cluster, this cluster's server and CA: untouched.
+        assert_eq!(user("other")["client-key-data"], "S0VZ");
+        assert_eq!(
+            inspect(&path, "demo").unwrap(),
+            Existing::Ours {
+                server: Some(SERVER.to_owned())
+            }
+        );
+        let clusters = after["clusters"].as_array().unwrap();
+        assert!(
+            clusters
+                .iter()
+                .all(|c| c["cluster"]["certificate-authority-data"] == "Q0E=")
+        );
+        assert_eq!(after["current-context"], "other");
+        assert!(with_client_credential(&text, "absent", "C", "K").is_err());
     }
 
     #[test]

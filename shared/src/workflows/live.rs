@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use crate::adapters::client_csr::{ClientCsrError, ClientRequest};
 use crate::adapters::dev_image::{Built, DevImage, DevImageError};
 use crate::adapters::kube_cluster::KubeCluster;
 use crate::adapters::kube_manifests::KubeManifests;
@@ -115,6 +116,18 @@ impl bootstrap::Connect for LiveConnect {
 
     async fn object_count(&self, kubeconfig: &Path, context: &str) -> Result<u64, String> {
         crate::adapters::kubeclient::object_count(kubeconfig, context).await
+    }
+
+    async fn client_certificate(
+        &self,
+        kubeconfig: &Path,
+        context: &str,
+        user: &str,
+        name: &str,
+        request: &ClientRequest,
+        wait: Duration,
+    ) -> Result<String, ClientCsrError> {
+        crate::adapters::client_csr::renew(kubeconfig, context, user, name, request, wait).await
     }
 
     fn shell(&self, addr: SocketAddr, user: &str, key: SshKeyPair, pins: HostKeyPins) -> SshTarget {

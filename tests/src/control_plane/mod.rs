@@ -631,6 +631,7 @@ impl Files {
         .into();
         let serving = pki.serving(&sans)?;
         put("ca.crt", pki.ca_pem())?;
+        put("ca.key", pki.ca_key_pem())?;
         put("apiserver.crt", &serving.cert_pem)?;
         put("apiserver.key", &serving.key_pem)?;
         put("sa.key", &pki.service_account_key_pem)?;
@@ -737,10 +738,14 @@ impl Files {
     }
 
     /// kube-controller-manager as k3s runs it (`controllerManager` in the same file): every
-    /// controller but the cloud ones, which need a cloud provider.
+    /// controller but the cloud ones, which need a cloud provider; the CSR signers with
+    /// k3s's CAs (client CA for the two client signers, server CA for kubelet serving and
+    /// legacy-unknown — one CA here, see [`pki`]), and no `--cluster-signing-duration` (the
+    /// default, a year), as k3s passes them.
     fn controller_manager_args(&self, opts: &ControlPlaneOptions) -> Vec<String> {
         let kc = self.file("controller-manager.kubeconfig");
-        vec![
+        let (ca, key) = (self.file("ca.crt"), self.file("ca.key"));
+        let mut args = vec![
             format!("--kubeconfig={kc}"),
             format!("--authentication-kubeconfig={kc}"),
             format!("--authorization-kubeconfig={kc}"),
@@ -754,7 +759,17 @@ impl Files {
                 opts.node_monitor_grace_period.as_secs().max(1)
             ),
             "--secure-port=0".into(),
-        ]
+        ];
+        for signer in [
+            "kube-apiserver-client",
+            "kubelet-client",
+            "kubelet-serving",
+            "legacy-unknown",
+        ] {
+            args.push(format!("--cluster-signing-{signer}-cert-file={ca}"));
+            args.push(format!("--cluster-signing-{signer}-key-file={key}"));
+        }
+        args
     }
 
     fn scheduler_args(&self) -> Vec<String> {

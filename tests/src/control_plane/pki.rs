@@ -292,6 +292,12 @@ impl Pki {
         &self.ca_pem
     }
 
+    /// The CA's key, PEM: what kube-controller-manager signs CertificateSigningRequests with
+    /// (k3s's `ClientCAKey` and `ServerCAKey`, one key here).
+    pub fn ca_key_pem(&self) -> &str {
+        &self.ca_key_pem
+    }
+
     /// A serving certificate for `sans` (DNS names or IP addresses).
     pub fn serving(&self, sans: &[String]) -> Result<KeyedCert, ControlPlaneError> {
         self.serving_until(sans, None)

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
+use crate::adapters::client_csr::{ClientCsrError, ClientRequest};
 use crate::adapters::dev_image::{Built, DevImage, DevImageError};
 use crate::adapters::image::ImageStore;
 use crate::adapters::ssh::{HostKeyPins, RemoteShell, SshKeyPair};
@@ -132,6 +133,27 @@ pub trait Connect: Send + Sync {
         _context: &str,
     ) -> impl Future<Output = Result<u64, String>> + Send {
         std::future::ready(Err("this connection cannot count objects".to_owned()))
+    }
+
+    /// A client certificate for `user` from the cluster's own signer, asked for through
+    /// context `context` of `kubeconfig` with the credential it holds: the ClusterRoleBinding
+    /// for `user` ensured, CertificateSigningRequest `name` for `request` created, approved,
+    /// waited for up to `wait`, deleted ([`crate::adapters::client_csr`]). The certificate,
+    /// PEM. The default cannot.
+    fn client_certificate(
+        &self,
+        _kubeconfig: &Path,
+        _context: &str,
+        _user: &str,
+        _name: &str,
+        _request: &ClientRequest,
+        _wait: std::time::Duration,
+    ) -> impl Future<Output = Result<String, ClientCsrError>> + Send {
+        std::future::ready(Err(ClientCsrError::Api {
+            step: "connect",
+            code: None,
+            message: "this connection cannot ask for certificates".to_owned(),
+        }))
     }
 
     /// A shell on the VM at `addr`, logging in as `user` with `key`, refusing any host key
