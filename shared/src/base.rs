@@ -1,6 +1,7 @@
 //! Base layer: vocabulary with no knowledge of clusters or racks (names, sizes, cron
 //! schedules, retry, secret material, logging, the shutdown token). Imports nothing else from the crate.
 
+pub mod der;
 pub mod kcron;
 pub mod names;
 pub mod retry;

@@ -269,7 +269,7 @@ mod tests {
             .decode(body)
             .unwrap();
         fn el(d: &[u8]) -> (u8, &[u8], &[u8]) {
-            crate::adapters::kubeconfig::der_element(d).unwrap()
+            crate::base::der::der_element(d).unwrap()
         }
         // CertificationRequest → CertificationRequestInfo → version, subject
         let (_, req, _) = el(&der);

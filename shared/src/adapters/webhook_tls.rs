@@ -192,7 +192,7 @@ pub fn verify(
 
 /// The end (NotAfter) of the serving certificate in `cert_pem`.
 pub fn end(cert_pem: &str) -> Option<chrono::DateTime<chrono::Utc>> {
-    crate::adapters::kubeconfig::certificate_end(cert_pem)
+    crate::base::der::certificate_end(cert_pem)
 }
 
 #[cfg(test)]

@@ -256,10 +256,7 @@ pub fn build(r: &RunReport) -> Status {
         },
         backup: r.previous.and_then(|p| p.backup.clone()),
         certificates: certificates(r),
-        certificates_read_at: r
-            .plan
-            .and_then(|p| p.certificates.read_at)
-            .or_else(|| r.previous.and_then(|p| p.certificates_read_at)),
+        certificates_read_at: certificates_read_at(r),
         control_plane_roll: match r.plan {
             Some(p) => p.roll.clone(),
             None => r.previous.and_then(|p| p.control_plane_roll.clone()),
@@ -288,6 +285,13 @@ fn certificates(r: &RunReport) -> Vec<crate::domain::certificates::PoolCertifica
             .map(|p| p.certificates.clone())
             .unwrap_or_default(),
     }
+}
+
+/// When the monitors' Events were last listed: this run, else as the last run recorded.
+fn certificates_read_at(r: &RunReport) -> Option<DateTime<Utc>> {
+    r.plan
+        .and_then(|p| p.certificates.read_at)
+        .or_else(|| r.previous.and_then(|p| p.certificates_read_at))
 }
 
 /// The Degraded condition's reason and message: the run's error, else the first pool whose

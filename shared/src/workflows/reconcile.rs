@@ -692,15 +692,7 @@ where
     }
     // Under the Lease, before planning: the channel's patch may become k3s.version.
     let (spec, channel) = channel::follow(state, cluster, opts, spec, &nodes).await;
-    let webhook_certificate = webhook_cert::keep(
-        state,
-        &spec,
-        previous
-            .as_ref()
-            .and_then(|p| p.webhook_certificate.as_ref()),
-        started_at,
-    )
-    .await;
+    let webhook_certificate = webhook_cert::keep(state, &spec, previous.as_ref(), started_at).await;
     let apply_opts = apply_options(opts, &spec, deadline);
 
     // Keep the Lease while we work. A failed renew is retried while the Lease we hold is

@@ -16,19 +16,21 @@ use tracing::{info, warn};
 use crate::adapters::webhook_tls;
 use crate::domain::certificates::{self, WebhookCertificate};
 use crate::domain::spec::ClusterSpec;
+use crate::domain::status::Status;
 use crate::ports::cluster::NAMESPACE;
 use crate::ports::state::StateStore;
 use crate::workflows::error;
 
-/// The record the run leaves: `recorded` (the last run's) as it is when nothing needs
+/// The record the run leaves: the last run's (in `previous`) as it is when nothing needs
 /// reading, else what the Secret holds now, re-issued first when due. None for a cluster
 /// without the Secret.
 pub async fn keep<S: StateStore>(
     state: &S,
     spec: &ClusterSpec,
-    recorded: Option<&WebhookCertificate>,
+    previous: Option<&Status>,
     now: DateTime<Utc>,
 ) -> Option<WebhookCertificate> {
+    let recorded = previous.and_then(|p| p.webhook_certificate.as_ref());
     if !certificates::webhook_needs_read(recorded, &spec.certificates, now) {
         return recorded.cloned();
     }
