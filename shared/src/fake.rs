@@ -801,12 +801,21 @@ impl Rack for FakeRack {
         Ok(self.0.with(|s| {
             let mut change = None;
             for rule in rules {
+                let kept = rule.hosts == crate::domain::firewall::RuleHosts::Kept;
                 match s.firewall_rules.iter_mut().find(|r| r.name == rule.name) {
-                    Some(r) if r == rule => continue,
                     Some(r) => {
-                        *r = rule.clone();
+                        let mut rule = rule.clone();
+                        if kept {
+                            rule.hosts = r.hosts.clone();
+                        }
+                        if *r == rule {
+                            continue;
+                        }
+                        *r = rule;
                         change.get_or_insert(RuleChange::Updated);
                     }
+                    // Only retargeted: never made without its sources.
+                    None if kept => continue,
                     None => {
                         s.firewall_rules.push(rule.clone());
                         change = Some(RuleChange::Created);

@@ -255,6 +255,7 @@ async fn world() -> FakeWorld {
             s.firewall_rules.push(firewall::api_rule(
                 cluster,
                 firewall::parse_sources("0.0.0.0/0").unwrap(),
+                &[format!("{cluster}-cp-a")],
             ));
             s.firewall_rules.extend(firewall::ssh_rules(
                 cluster,
@@ -266,7 +267,7 @@ async fn world() -> FakeWorld {
             );
         }
         let mut office =
-            firewall::api_rule("x", firewall::parse_sources("203.0.113.0/24").unwrap());
+            firewall::api_rule("x", firewall::parse_sources("203.0.113.0/24").unwrap(), &[]);
         office.name = "allow-office".into();
         office.description = "the user's rule".into();
         office.ports = vec![(443, 443)];

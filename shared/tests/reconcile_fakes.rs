@@ -290,6 +290,18 @@ fn the_member_rules_name_each_member_before_it_is_created() {
         let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
         small_timeouts(&mut spec);
         let w = world(&spec, false).await;
+        // Bootstrap's API rule: its sources, and the first server only (audit security-2
+        // N11: the rule names the cluster's servers, not the VPC).
+        let sources = oxide_controller::domain::firewall::parse_sources("198.51.100.0/24")
+            .unwrap_or_else(|e| panic!("{e}"));
+        w.with(|s| {
+            s.firewall_rules
+                .push(oxide_controller::domain::firewall::api_rule(
+                    "demo",
+                    sources.clone(),
+                    &["demo-control-plane-first".to_owned()],
+                ));
+        });
         converge(&w, 12).await;
         let log = w.lock().log.clone();
         let created: Vec<usize> = log
@@ -321,8 +333,29 @@ fn the_member_rules_name_each_member_before_it_is_created() {
         let deny = rules.iter().find(|r| r.name == "demo-isolate").unwrap();
         assert_eq!(allow.targets, RuleTargets::Instances(members.clone()));
         assert_eq!(allow.hosts, RuleHosts::Instances(members.clone()));
-        assert_eq!(deny.targets, RuleTargets::Instances(members));
+        assert_eq!(deny.targets, RuleTargets::Instances(members.clone()));
         assert_eq!(deny.hosts, RuleHosts::Vpc);
+        // The API rule names the servers there are (not the workers, not the VPC), its
+        // sources as bootstrap wrote them; each server was named before its create.
+        let api = rules.iter().find(|r| r.name == "demo-k8s-api").unwrap();
+        let servers: Vec<String> = members
+            .iter()
+            .filter(|m| m.starts_with("demo-control-plane-"))
+            .cloned()
+            .collect();
+        assert_eq!(servers.len(), 3, "{members:?}");
+        assert_eq!(api.targets, RuleTargets::Instances(servers.clone()));
+        assert_eq!(api.hosts, RuleHosts::Cidrs(sources));
+        for server in &servers {
+            let at = log
+                .iter()
+                .position(|l| l.starts_with(&format!("create {server}")))
+                .unwrap_or_else(|| panic!("{server} created: {log:#?}"));
+            assert!(
+                log[..at].iter().any(|l| l == "firewall-rule demo-k8s-api"),
+                "{server} created before the API rule named it: {log:#?}"
+            );
+        }
         // Converged: the same names, nothing written.
         let before = w.lock().log.len();
         run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));

@@ -496,7 +496,11 @@ async fn the_token_never_shows_in_debug_or_errors() {
 async fn a_firewall_write_undone_by_another_writer_is_made_again() {
     use oxide_controller::domain::firewall::{RuleChange, api_rule, parse_sources};
     let (sim, rack, _) = setup(Timings::default(), 100).await;
-    let rule = api_rule("demo", parse_sources("0.0.0.0/0").unwrap());
+    let rule = api_rule(
+        "demo",
+        parse_sources("0.0.0.0/0").unwrap(),
+        &["demo-servers-1".to_owned()],
+    );
     let puts = || {
         sim.oxide()
             .counters()
@@ -530,4 +534,109 @@ async fn a_firewall_write_undone_by_another_writer_is_made_again() {
     assert!(matches!(err, RackError::Conflict { .. }), "{err:?}");
     assert!(err.to_string().contains("another writer"), "{err}");
     assert_eq!(puts(), 7, "three attempts");
+}
+
+/// Audit security-2 N11: two clusters in one project. Each cluster's API rule names its own
+/// servers, so cluster `a`'s `--api-allow` (anywhere) does not open tcp/6443 on cluster `b`'s
+/// server, whose own rule admits only its network; the rule the reconcile ensures
+/// ([`api_rule_servers`]) moves the targets to the servers there are and keeps the sources
+/// bootstrap wrote, and never makes a rule that is missing.
+#[tokio::test]
+async fn one_clusters_api_allow_does_not_open_another_clusters_servers() {
+    use oxide_controller::domain::firewall::{
+        RuleChange, RuleHosts, api_rule, api_rule_servers, parse_sources,
+    };
+    use oxide_sim::oxide::Peer;
+    let (sim, rack, image) = setup(Timings::default(), 100).await;
+    let mut ips = std::collections::BTreeMap::new();
+    for name in ["a-servers-one01", "a-servers-two02", "b-servers-one01"] {
+        let mut new = new_instance(name, image);
+        new.ephemeral_ip = true;
+        new.ip_pool = Some("default".to_owned());
+        rack.create_instance(&new).await.unwrap();
+        let external = rack.instance_external_ips(name).await.unwrap();
+        ips.insert(
+            name,
+            reachable_address(&external).expect("an ephemeral address"),
+        );
+    }
+    let anywhere = parse_sources("0.0.0.0/0").unwrap();
+    let narrow = parse_sources("203.0.113.0/24").unwrap();
+    rack.ensure_firewall_rules(&[
+        api_rule("a", anywhere, &["a-servers-one01".to_owned()]),
+        api_rule("b", narrow.clone(), &["b-servers-one01".to_owned()]),
+    ])
+    .await
+    .unwrap();
+    let laptop = Peer::Host("198.51.100.9".parse().unwrap());
+    let api = |name: &str| std::net::SocketAddr::new(ips[name], 6443);
+    let oxide = sim.oxide();
+    assert_eq!(
+        oxide.tcp_admitted(laptop, api("a-servers-one01")),
+        Some(true)
+    );
+    assert_eq!(
+        oxide.tcp_admitted(laptop, api("b-servers-one01")),
+        Some(false),
+        "cluster a's rule opened cluster b's server"
+    );
+    assert_eq!(
+        oxide.tcp_admitted(laptop, api("a-servers-two02")),
+        Some(false),
+        "not yet named"
+    );
+
+    // The reconcile's rule: a's second server named, a's sources kept.
+    let servers = ["a-servers-one01".to_owned(), "a-servers-two02".to_owned()];
+    let retargeted = api_rule_servers("a", &servers).unwrap();
+    assert_eq!(retargeted.hosts, RuleHosts::Kept);
+    assert_eq!(
+        rack.ensure_firewall_rules(std::slice::from_ref(&retargeted))
+            .await
+            .unwrap(),
+        RuleChange::Updated
+    );
+    assert_eq!(
+        oxide.tcp_admitted(laptop, api("a-servers-two02")),
+        Some(true)
+    );
+    assert_eq!(
+        oxide.tcp_admitted(laptop, api("b-servers-one01")),
+        Some(false)
+    );
+    assert_eq!(
+        rack.ensure_firewall_rules(&[retargeted]).await.unwrap(),
+        RuleChange::Unchanged,
+        "the same servers: nothing written"
+    );
+    // b's sources survive a retarget too: 203.0.113.0/24 gets in, the laptop does not.
+    rack.ensure_firewall_rules(&[api_rule_servers("b", &["b-servers-one01".to_owned()]).unwrap()])
+        .await
+        .unwrap();
+    let inside = Peer::Host("203.0.113.7".parse().unwrap());
+    assert_eq!(
+        oxide.tcp_admitted(inside, api("b-servers-one01")),
+        Some(true)
+    );
+    assert_eq!(
+        oxide.tcp_admitted(laptop, api("b-servers-one01")),
+        Some(false)
+    );
+    // A cluster whose rule is missing gets none from a retarget (it has no sources to keep).
+    let before = rack.list_firewall_rules().await.unwrap();
+    assert_eq!(
+        rack.ensure_firewall_rules(&[
+            api_rule_servers("c", &["c-servers-one01".to_owned()]).unwrap()
+        ])
+        .await
+        .unwrap(),
+        RuleChange::Unchanged
+    );
+    assert_eq!(rack.list_firewall_rules().await.unwrap(), before);
+    // A rule naming no instance would apply to every one: refused before anything is sent.
+    let err = rack
+        .ensure_firewall_rules(&[api_rule("d", parse_sources("0.0.0.0/0").unwrap(), &[])])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("every instance"), "{err}");
 }

@@ -777,7 +777,8 @@ fn user_rule(
     sources: &str,
 ) -> oxide_controller::domain::firewall::OwnedRule {
     use oxide_controller::domain::firewall::{api_rule, parse_sources};
-    let mut r = api_rule("user", parse_sources(sources).unwrap());
+    let mut r = api_rule("user", parse_sources(sources).unwrap(), &[]);
+    r.targets = oxide_controller::domain::firewall::RuleTargets::Vpc;
     r.name = name.into();
     r.description = description.into();
     r.ports = vec![(port, port)];

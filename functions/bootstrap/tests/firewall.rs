@@ -41,7 +41,8 @@ async fn the_api_answers_once_the_rule_admits_us_and_a_rerun_changes_no_rule() {
     env.sim.oxide().seed_project("demo");
     let rack = env.rack("demo");
     // The user's own rule, made before bootstrap.
-    let mut user_rule = api_rule("user", parse_sources("10.0.0.0/8").unwrap());
+    let mut user_rule = api_rule("user", parse_sources("10.0.0.0/8").unwrap(), &[]);
+    user_rule.targets = oxide_controller::domain::firewall::RuleTargets::Vpc;
     user_rule.name = "user-web".into();
     user_rule.description = "the user's web service".into();
     user_rule.ports = vec![(8080, 8080)];

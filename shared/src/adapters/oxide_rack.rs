@@ -675,6 +675,8 @@ fn firewall_rule_update(rule: &OwnedRule) -> Result<types::VpcFirewallRuleUpdate
                 .map(|n| instance(n).map(types::VpcFirewallRuleHostFilter::Instance))
                 .collect::<Result<Vec<_>, _>>()?,
         ),
+        // Taken from the rule at the rack by `ensure_firewall_rules`.
+        fw::RuleHosts::Kept => None,
     };
     let targets = match &rule.targets {
         fw::RuleTargets::Vpc => vec![types::VpcFirewallRuleTarget::Vpc(name(
@@ -682,6 +684,15 @@ fn firewall_rule_update(rule: &OwnedRule) -> Result<types::VpcFirewallRuleUpdate
             "vpc",
             DEFAULT_VPC,
         )?)],
+        // A rule with no target applies to every NIC of the VPC (omicron
+        // `nexus/networking/src/firewall_rules.rs`): never what naming instances means.
+        fw::RuleTargets::Instances(names) if names.is_empty() => {
+            return Err(invalid(
+                &what,
+                "targets",
+                "no instance named (the rule would apply to every instance)",
+            ));
+        }
         fw::RuleTargets::Instances(names) => names
             .iter()
             .map(|n| instance(n).map(types::VpcFirewallRuleTarget::Instance))
@@ -1653,8 +1664,17 @@ impl Rack for OxideRack {
         );
         let wanted = rules
             .iter()
-            .map(firewall_rule_update)
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|r| Ok((firewall_rule_update(r)?, r.hosts == fw::RuleHosts::Kept)))
+            .collect::<Result<Vec<_>, RackError>>()?;
+        // A rule whose hosts are kept takes them from the rule at the rack.
+        let as_wanted =
+            |w: &types::VpcFirewallRuleUpdate, kept: bool, r: &types::VpcFirewallRuleUpdate| {
+                let mut w = w.clone();
+                if kept {
+                    w.filters.hosts.clone_from(&r.filters.hosts);
+                }
+                w
+            };
         let change = self
             .edit_firewall_rules(
                 &what,
@@ -1664,13 +1684,17 @@ impl Rack for OxideRack {
                     let mut rules: Vec<types::VpcFirewallRuleUpdate> =
                         current.into_iter().map(rule_update_from).collect();
                     let mut change = None;
-                    for w in &wanted {
+                    for (w, kept) in &wanted {
                         match rules.iter_mut().find(|r| r.name == w.name) {
-                            Some(r) if same_rule(r, w) => {}
                             Some(r) => {
-                                *r = w.clone();
-                                change.get_or_insert(RuleChange::Updated);
+                                let w = as_wanted(w, *kept, r);
+                                if !same_rule(r, &w) {
+                                    *r = w;
+                                    change.get_or_insert(RuleChange::Updated);
+                                }
                             }
+                            // Only retargeted: never made without its sources.
+                            None if *kept => {}
                             None => {
                                 rules.push(w.clone());
                                 change = Some(RuleChange::Created);
@@ -1680,10 +1704,15 @@ impl Rack for OxideRack {
                     change.map(|c| (rules, c))
                 },
                 |after| {
-                    wanted.iter().all(|w| {
-                        after
+                    wanted.iter().all(|(w, kept)| {
+                        let found = after
                             .iter()
-                            .any(|r| r.name == w.name && same_rule(&rule_update_from(r.clone()), w))
+                            .map(|r| rule_update_from(r.clone()))
+                            .find(|r| r.name == w.name);
+                        match found {
+                            Some(r) => same_rule(&r, &as_wanted(w, *kept, &r)),
+                            None => *kept,
+                        }
                     })
                 },
             )

@@ -1,5 +1,5 @@
 //! The VPC firewall rules oxide-controller owns, each named after its cluster: the
-//! Kubernetes API (tcp/6443) from `--api-allow`; SSH (tcp/22) from `--ssh-allow` only; and
+//! Kubernetes API (tcp/6443 of its servers) from `--api-allow`; SSH (tcp/22) from `--ssh-allow` only; and
 //! the cluster's internal ports (etcd, supervisor, kubelet, VXLAN) from its own members only.
 //! Pure: the rules' shapes and the parsing of their sources.
 //!
@@ -127,6 +127,10 @@ pub enum RuleHosts {
     Cidrs(Vec<Cidr>),
     /// The private addresses of the named instances.
     Instances(Vec<String>),
+    /// Whatever the rule of this name has at the rack: a rule only retargeted (the reconcile
+    /// keeps the API rule on the cluster's servers without knowing `--api-allow`). A rule of
+    /// this name that does not exist is not created.
+    Kept,
 }
 
 /// A firewall rule oxide-controller owns in the project's `default` VPC (inbound, enabled).
@@ -185,8 +189,16 @@ pub fn api_rule_name(cluster: &str) -> String {
     format!("{cluster}-k8s-api")
 }
 
-/// The API rule of `cluster`: tcp/6443 of every VPC instance from `sources`.
-pub fn api_rule(cluster: &str, sources: Vec<Cidr>) -> OwnedRule {
+/// The API rule of `cluster`: tcp/6443 of its `servers` (by name) from `sources`. Named
+/// servers, not the VPC: a project holding two clusters must not have one cluster's
+/// `--api-allow` open the other's servers (audit security-2 N11). The rack resolves the names
+/// each time it sends the rules, so the rule names every server the API floating IP may be
+/// attached to: bootstrap writes it with the servers there are and the first one, the
+/// reconcile keeps it so ([`api_rule_servers`]) before it creates a server.
+pub fn api_rule(cluster: &str, sources: Vec<Cidr>, servers: &[String]) -> OwnedRule {
+    let mut servers = servers.to_vec();
+    servers.sort();
+    servers.dedup();
     OwnedRule {
         name: api_rule_name(cluster),
         description: format!(
@@ -194,11 +206,23 @@ pub fn api_rule(cluster: &str, sources: Vec<Cidr>) -> OwnedRule {
         ),
         action: Action::Allow,
         priority: DEFAULT_PRIORITY,
-        targets: RuleTargets::Vpc,
+        targets: RuleTargets::Instances(servers),
         hosts: RuleHosts::Cidrs(sources),
         protocols: vec![Protocol::Tcp],
         ports: vec![(API_PORT, API_PORT)],
     }
+}
+
+/// The API rule of `cluster` aimed at `servers`, its sources as the rack has them
+/// ([`RuleHosts::Kept`]): what a reconcile run ensures. `None` with no server, or more than a
+/// rule can name.
+pub fn api_rule_servers(cluster: &str, servers: &[String]) -> Option<OwnedRule> {
+    if servers.is_empty() || servers.len() > MAX_RULE_PARTS {
+        return None;
+    }
+    let mut rule = api_rule(cluster, Vec::new(), servers);
+    rule.hosts = RuleHosts::Kept;
+    Some(rule)
 }
 
 /// Names of the SSH rules of `cluster`: the allow, then the deny.
@@ -331,9 +355,18 @@ mod tests {
     }
 
     #[test]
-    fn the_api_rule_is_named_for_the_cluster() {
-        let r = api_rule("demo", parse_sources("0.0.0.0/0").unwrap());
+    fn the_api_rule_is_named_for_the_cluster_and_aims_at_its_servers_only() {
+        let servers = ["demo-cp-b".to_owned(), "demo-cp-a".to_owned()];
+        let r = api_rule("demo", parse_sources("0.0.0.0/0").unwrap(), &servers);
         assert_eq!(r.name, "demo-k8s-api");
         assert_eq!(r.ports, [(6443, 6443)]);
+        // Not the VPC: another cluster's servers in the project are not opened (N11).
+        assert_eq!(
+            r.targets,
+            RuleTargets::Instances(vec!["demo-cp-a".into(), "demo-cp-b".into()])
+        );
+        let kept = api_rule_servers("demo", &servers).unwrap();
+        assert_eq!((kept.hosts, kept.targets), (RuleHosts::Kept, r.targets));
+        assert_eq!(api_rule_servers("demo", &[]), None);
     }
 }

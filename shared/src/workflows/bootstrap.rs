@@ -490,18 +490,32 @@ async fn step_project<R: Rack>(
     rack.ensure_project()
         .await
         .map_err(|e| rack_failed("project", e))?;
-    // Part of the project step: the VPC drops the API port until this rule admits it.
-    let mut rules = vec![v.api_rule.clone()];
-    rules.extend(v.ssh_rules.iter().cloned());
-    let mut members: Vec<String> = rack
+    let tagged: Vec<(String, InstanceTag)> = rack
         .list_instances(&names::cluster_prefix(&v.spec.cluster))
         .await
         .map_err(|e| rack_failed("project", e))?
         .into_iter()
-        .filter(|i| InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == v.spec.cluster))
-        .map(|i| i.name)
+        .filter_map(|i| {
+            InstanceTag::parse(&i.description)
+                .filter(|t| t.cluster == v.spec.cluster)
+                .map(|t| (i.name, t))
+        })
         .collect();
+    let mut members: Vec<String> = tagged.iter().map(|(n, _)| n.clone()).collect();
     members.push(first_server.to_owned());
+    // Part of the project step: the VPC drops the API port until this rule admits it, on the
+    // cluster's servers (those there are, and the first one about to be made) only.
+    let mut servers: Vec<String> = tagged
+        .iter()
+        .filter(|(_, t)| t.pool == v.spec.control_plane.name)
+        .map(|(n, _)| n.clone())
+        .collect();
+    servers.push(first_server.to_owned());
+    let mut api_rule = v.api_rule.clone();
+    api_rule.targets =
+        crate::domain::firewall::api_rule(&v.spec.cluster, Vec::new(), &servers).targets;
+    let mut rules = vec![api_rule];
+    rules.extend(v.ssh_rules.iter().cloned());
     rules.extend(
         crate::domain::firewall::member_rules(&v.spec.cluster, &members)
             .into_iter()

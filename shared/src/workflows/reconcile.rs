@@ -829,36 +829,53 @@ async fn work<R: Rack, C: Cluster>(
 
 /// The cluster's member rules (its internal ports from its members only) name the members
 /// there are and the ones this run creates, before they are created: a new member's join
-/// must not meet a rule that does not know it yet. Writes nothing when the names are the
-/// same. A failure is logged and the run goes on: the members already named keep working,
-/// and the next run writes the rules again.
+/// must not meet a rule that does not know it yet. The API rule likewise names its servers
+/// (the API floating IP may move to any of them; audit security-2 N11), its sources left as
+/// bootstrap wrote them. Writes nothing when the names are the same. A failure is logged and
+/// the run goes on: the members already named keep working, and the next run writes the
+/// rules again.
 async fn ensure_member_rules<R: Rack>(
     rack: &R,
     spec: &ClusterSpec,
     observed: &Observed,
     plan: &Plan,
 ) {
-    let mut members: Vec<String> = observed
+    let mut members: Vec<(String, String)> = observed
         .instances
         .iter()
-        .filter(|i| {
-            names::InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == spec.cluster)
+        .filter_map(|i| {
+            names::InstanceTag::parse(&i.description)
+                .filter(|t| t.cluster == spec.cluster)
+                .map(|t| (i.name.clone(), t.pool))
         })
-        .map(|i| i.name.clone())
         .collect();
     members.extend(plan.actions.iter().filter_map(|a| match a {
-        plan::Action::CreateMember { name, .. } => Some(name.clone()),
+        plan::Action::CreateMember { name, pool, .. } => Some((name.clone(), pool.clone())),
         _ => None,
     }));
-    let Some(rules) = crate::domain::firewall::member_rules(&spec.cluster, &members) else {
-        if members.len() > crate::domain::firewall::MAX_RULE_PARTS {
-            warn!(
-                members = members.len(),
-                "more members than a VPC firewall rule can name; the member rules are left as they are"
-            );
-        }
+    let servers: Vec<String> = members
+        .iter()
+        .filter(|(_, pool)| *pool == spec.control_plane.name)
+        .map(|(n, _)| n.clone())
+        .collect();
+    let members: Vec<String> = members.into_iter().map(|(n, _)| n).collect();
+    if members.len() > crate::domain::firewall::MAX_RULE_PARTS {
+        warn!(
+            members = members.len(),
+            "more members than a VPC firewall rule can name; the member rules are left as they are"
+        );
+    }
+    let rules: Vec<_> = crate::domain::firewall::member_rules(&spec.cluster, &members)
+        .into_iter()
+        .flatten()
+        .chain(crate::domain::firewall::api_rule_servers(
+            &spec.cluster,
+            &servers,
+        ))
+        .collect();
+    if rules.is_empty() {
         return;
-    };
+    }
     match rack.ensure_firewall_rules(&rules).await {
         Ok(change) => info!(
             ?change,

@@ -228,11 +228,6 @@ pub async fn build(
         oxide_controller::domain::firewall::DEFAULT_API_ALLOW,
     )
     .map_err(PresetError::Spec)?;
-    rack.ensure_firewall_rules(&[oxide_controller::domain::firewall::api_rule(
-        CLUSTER, anywhere,
-    )])
-    .await
-    .map_err(rack_err("opening the Kubernetes API in the VPC firewall"))?;
     let fip_name = names::api_floating_ip_name(CLUSTER);
     let fip = rack
         .create_floating_ip(
@@ -258,6 +253,16 @@ pub async fn build(
             .collect()
     };
     members.sort_by_key(|(role, _)| *role != Role::ControlPlane);
+    let servers: Vec<String> = members
+        .iter()
+        .filter(|(role, _)| *role == Role::ControlPlane)
+        .map(|(_, n)| n.clone())
+        .collect();
+    rack.ensure_firewall_rules(&[oxide_controller::domain::firewall::api_rule(
+        CLUSTER, anywhere, &servers,
+    )])
+    .await
+    .map_err(rack_err("opening the Kubernetes API in the VPC firewall"))?;
 
     let create = |role: Role, name: String, cluster_init: bool| {
         let spec = &spec;

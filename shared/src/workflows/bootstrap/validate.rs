@@ -293,7 +293,8 @@ pub(super) async fn validate<C: super::Connect>(
     let (kubeconfig_path, mode) = validate_kubeconfig(input, &spec)?;
     let api_sources = crate::domain::firewall::parse_sources(&input.api_allow)
         .map_err(|e| BootstrapError::input("--api-allow", message(e)))?;
-    let api_rule = crate::domain::firewall::api_rule(&spec.cluster, api_sources);
+    // Aimed at the cluster's servers in the project step, once they are known.
+    let api_rule = crate::domain::firewall::api_rule(&spec.cluster, api_sources, &[]);
     let ssh_rules = validate_ssh_allow(input, &spec, &credentials, connect).await?;
     let resume_path = validate_state_dir(input, &spec)?;
     let manifests = render_manifests(input, &spec, ccm_image)?;
