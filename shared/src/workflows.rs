@@ -3,6 +3,7 @@
 pub mod backup;
 pub mod bootstrap;
 pub mod delete;
+pub mod drill;
 pub mod error;
 pub mod live;
 pub mod local;

@@ -2,6 +2,11 @@
 //! ConfigMap (`drill.json`), and how a run judges it: the cluster is Degraded when the newest
 //! drill failed (`DrillFailed`) or when no drill succeeded within two periods of
 //! `backup.drill_schedule` (`DrillMissing`). Pure: the clock is passed in.
+//!
+//! The reconcile runs the scheduled drill itself ([`next`], [`judge`]): a run that finds one due
+//! (a tick of the schedule since the last drill began), a backup to drill and nothing else to
+//! do starts it and records it running ([`DrillRunning`]); later runs read the drill server's
+//! verdict off its serial console ([`Console`]) and record it, then delete what the drill made.
 
 use chrono::{DateTime, Duration, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
@@ -34,6 +39,9 @@ pub struct DrillResult {
     pub cleaned_up: bool,
     /// Who ran it: `schedule` (the in-cluster drill) or `bootstrap recover --verify`.
     pub by: String,
+    /// When it began (the scheduled drill's; a drill from a laptop records only its end).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<DateTime<Utc>>,
 }
 
 // f64 has no Eq; `restore_seconds` is never NaN (an elapsed time).
@@ -47,6 +55,22 @@ pub struct DrillReport {
     pub last: Option<DrillResult>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_success_at: Option<DateTime<Utc>>,
+    /// The scheduled drill under way, as the run that started it recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running: Option<DrillRunning>,
+}
+
+/// A scheduled drill under way: its throw-away server restores `backup`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrillRunning {
+    pub server: String,
+    pub backup: String,
+    pub backup_time: DateTime<Utc>,
+    /// What the backup counted ([`crate::domain::backup::BackupTag::objects`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_objects: Option<u64>,
+    pub started: DateTime<Utc>,
 }
 
 impl DrillReport {
@@ -67,6 +91,165 @@ impl DrillReport {
         self.last = Some(drill);
         self
     }
+
+    /// This report after the scheduled drill under way ended in `drill`.
+    #[must_use]
+    pub fn finished(mut self, drill: DrillResult) -> Self {
+        self.running = None;
+        self.after(drill)
+    }
+}
+
+/// Who runs the scheduled drill ([`DrillResult::by`]).
+pub const BY_SCHEDULE: &str = "schedule";
+/// How long a scheduled drill may take from its server's create to its verdict on the console
+/// (an image boot, k3s's install, a restore and k3s's start take minutes on a rack; k3s's own
+/// start is given 300 s by the setup script): later it is failed and cleaned up.
+pub const DRILL_TIMEOUT: Duration = Duration::minutes(30);
+
+/// The line the drill server's setup prints on its serial console once its restored API
+/// answers: `oxide-controller: drill: restored objects=N` (N: objects of
+/// [`crate::domain::backup::COUNTED_KINDS`] it holds, counted with k3s's own kubectl).
+pub const RESTORED_MARKER: &str = "oxide-controller: drill: restored objects=";
+
+/// The restored object count on a drill server's console, if it printed one (the last wins).
+pub fn restored_objects(console: &str) -> Option<u64> {
+    console.lines().rev().find_map(|l| {
+        let rest = &l[l.find(RESTORED_MARKER)? + RESTORED_MARKER.len()..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    })
+}
+
+/// Why a drill that restored `restored` objects fails, when the backup counted otherwise.
+pub fn count_mismatch(expected: Option<u64>, restored: u64) -> Option<String> {
+    match expected {
+        Some(n) if n != restored => Some(format!(
+            "the restored API holds {restored} objects where the backup counted {n}"
+        )),
+        _ => None,
+    }
+}
+
+/// What the scheduled drill's run does, decided from what it already read (the ConfigMap, the
+/// instance list, the plan): nothing when no drill is due, running or left behind, so such a
+/// run makes no request for drills.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DrillPlan {
+    /// Start a drill of the newest backup.
+    pub start: bool,
+    /// Read the console of the drill under way and judge it ([`judge`]).
+    pub watch: Option<DrillRunning>,
+    /// The running drill's server is not on the rack: its start was cut short before the
+    /// create (the run records the drill first). Forget it (no result: the drill is due
+    /// again) and delete what it may have made.
+    pub vanished: Option<DrillRunning>,
+    /// Drill servers on the rack of no drill under way: delete them (with their disks, and the
+    /// drill's address unless a drill is under way).
+    pub clean: Vec<String>,
+}
+
+/// The scheduled drill's next step. `drill_servers`: the instances of the drill's throw-away
+/// cluster on the rack; `quiet`: the run plans nothing else and finds nothing Degraded;
+/// `has_backup`: a backup writer reported one (`backup.json`).
+pub fn next(
+    schedule: Option<&str>,
+    report: &DrillReport,
+    drill_servers: &[String],
+    quiet: bool,
+    has_backup: bool,
+    watching_since: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> DrillPlan {
+    let mut plan = DrillPlan::default();
+    let running = report.running.as_ref();
+    plan.clean = drill_servers
+        .iter()
+        .filter(|s| running.is_none_or(|r| r.server != **s))
+        .cloned()
+        .collect();
+    if let Some(r) = running {
+        if drill_servers.contains(&r.server) {
+            plan.watch = Some(r.clone());
+        } else {
+            plan.vanished = Some(r.clone());
+        }
+        return plan;
+    }
+    plan.start =
+        quiet && has_backup && plan.clean.is_empty() && due(schedule, report, watching_since, now);
+    plan
+}
+
+/// A tick of `schedule` came after the last drill began (or, with none, after the runs began
+/// watching): a drill is due.
+pub fn due(
+    schedule: Option<&str>,
+    report: &DrillReport,
+    watching_since: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> bool {
+    let Some(s) = schedule.and_then(|s| crate::base::kcron::Schedule::parse(s).ok()) else {
+        return false;
+    };
+    let from = report.last.as_ref().map_or(watching_since, |d| {
+        d.started.unwrap_or(d.at).max(watching_since)
+    });
+    s.next_after(from).is_some_and(|tick| tick <= now)
+}
+
+/// What the drill server's console says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Console {
+    /// Its restored API answered holding this many objects of the counted kinds.
+    Restored(u64),
+    /// A setup step failed (the node-setup failure marker): `step: reason`.
+    Failed(String),
+    /// Nothing yet (or the console could not be read).
+    Nothing,
+}
+
+/// The verdict on the drill under way at `now`: its result, or `None` while it may still
+/// report. `cleaned_up` is false: the caller sets it once the drill's things are deleted.
+pub fn judge(running: &DrillRunning, console: &Console, now: DateTime<Utc>) -> Option<DrillResult> {
+    let mut r = DrillResult {
+        at: now,
+        backup: Some(running.backup.clone()),
+        backup_time: Some(running.backup_time),
+        ok: false,
+        reason: None,
+        expected_objects: running.expected_objects,
+        restored_objects: None,
+        restore_seconds: None,
+        cleaned_up: false,
+        by: BY_SCHEDULE.to_owned(),
+        started: Some(running.started),
+    };
+    match console {
+        Console::Restored(n) => {
+            r.restored_objects = Some(*n);
+            // Seen by a run, not timed by the server: an upper bound (one run period at most).
+            r.restore_seconds = Some((now - running.started).as_seconds_f64());
+            r.reason = count_mismatch(running.expected_objects, *n);
+            r.ok = r.reason.is_none();
+        }
+        Console::Failed(why) => {
+            r.reason = Some(format!(
+                "the drill server's setup failed at step {why}: the backup {} does not restore",
+                running.backup
+            ));
+        }
+        Console::Nothing if now - running.started > DRILL_TIMEOUT => {
+            r.reason = Some(format!(
+                "the drill server {} printed no result within {} minutes of its create: the backup {} may not restore (see the server's serial console before the next drill deletes it)",
+                running.server,
+                DRILL_TIMEOUT.num_minutes(),
+                running.backup
+            ));
+        }
+        Console::Nothing => return None,
+    }
+    Some(r)
 }
 
 /// The `drill` part of `status.json`'s `backup` section.
@@ -177,6 +360,7 @@ mod tests {
             restore_seconds: Some(4.5),
             cleaned_up: true,
             by: "schedule".into(),
+            started: None,
         }
     }
 

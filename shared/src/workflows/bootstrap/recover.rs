@@ -35,7 +35,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-mod reset;
+pub(crate) mod reset;
 mod restore;
 
 use super::{BootstrapError, Connect};

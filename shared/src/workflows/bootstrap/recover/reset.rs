@@ -91,7 +91,7 @@ pub(super) async fn run<C: Connect>(
 }
 
 /// Step 1: stops every server in `others` and waits until none runs.
-pub(super) async fn fence<R: Rack>(
+pub(crate) async fn fence<R: Rack>(
     rack: &R,
     others: &[String],
     deadline: Instant,
@@ -295,7 +295,7 @@ async fn run_ok<S: RemoteShell>(
 }
 
 /// Step 5: the other servers and their disks.
-pub(super) async fn delete<R: Rack>(rack: &R, others: &[String]) -> Result<(), BootstrapError> {
+pub(crate) async fn delete<R: Rack>(rack: &R, others: &[String]) -> Result<(), BootstrapError> {
     for name in others {
         info!(step = "delete", instance = %name, "deleting the server and its disks");
         match rack.delete_instance(name).await {
