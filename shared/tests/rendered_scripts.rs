@@ -384,6 +384,7 @@ fn expected_calls(input: &NodeUserData, steps: &[SetupStep]) -> Vec<String> {
             SetupStep::K3sStart => &start,
             // The restoring server's step is not among the variants (bootstrap never renders it).
             SetupStep::EtcdRestore => panic!("no variant restores a backup"),
+            SetupStep::DrillReport => panic!("no variant is a drill's server"),
         };
         out.extend(calls.iter().map(|c| c.to_string()));
         if *step == SetupStep::K3sInstall {
