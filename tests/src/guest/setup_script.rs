@@ -457,6 +457,20 @@ mod tests {
         assert_eq!(steps[1].0.name(), "etcd-restore");
         assert_eq!(steps[3].0, SetupStep::Unknown);
         assert_eq!(steps[4].0, SetupStep::Unknown);
+        // A restore drill's server reports after k3s started; a report without its kinds (or
+        // its wait) is a step the model does not know.
+        let drill = "#!/bin/sh\nstep k3s-start\nstart_k3s 'k3s' 300\nstep drill-report\ndrill_report 300 namespaces configmaps\nstep drill-report\ndrill_report 300\nstep drill-report\ndrill_report soon namespaces\n";
+        let steps = parse_setup(&["/usr/local/sbin/oxide-node-setup".into()], &files(drill));
+        assert_eq!(
+            steps[1].0,
+            SetupStep::DrillReport {
+                wait: std::time::Duration::from_secs(300),
+                kinds: vec!["namespaces".into(), "configmaps".into()],
+            }
+        );
+        assert_eq!(steps[1].0.name(), "drill-report");
+        assert_eq!(steps[2].0, SetupStep::Unknown);
+        assert_eq!(steps[3].0, SetupStep::Unknown);
         // The product's: install without starting, then start and poll.
         let polled = "#!/bin/sh\nstep k3s-install\ndownload /run/k.sh 'https://get.k3s.io'\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='agent' sh /run/k.sh\nstep k3s-start\nstart_k3s 'k3s-agent' 30\n";
         let steps = parse_setup(&["/usr/local/sbin/oxide-node-setup".into()], &files(polled));

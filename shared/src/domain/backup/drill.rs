@@ -429,4 +429,169 @@ mod tests {
             passed.last_success_at
         );
     }
+
+    fn running(server: &str, started: &str) -> DrillRunning {
+        DrillRunning {
+            server: server.into(),
+            backup: "c-etcd-20261127-100000".into(),
+            backup_time: at("2026-11-27T10:00:00Z"),
+            expected_objects: Some(60),
+            started: at(started),
+        }
+    }
+
+    /// Sundays 03:30 (the default); 2026-11-29 is a Sunday.
+    const WEEKLY: Option<&str> = Some("30 3 * * 0");
+
+    #[test]
+    fn a_drill_is_due_once_a_tick_passed_since_the_last_one_began() {
+        let since = at("2026-11-01T00:00:00Z");
+        let last = DrillReport::default().after(DrillResult {
+            started: Some(at("2026-11-22T03:31:00Z")),
+            ..drill("2026-11-22T03:40:00Z", true)
+        });
+        // Before this Sunday's tick: not due; after it: due; never without a schedule.
+        assert!(!due(WEEKLY, &last, since, at("2026-11-29T03:29:00Z")));
+        assert!(due(WEEKLY, &last, since, at("2026-11-29T03:31:00Z")));
+        assert!(!due(None, &last, since, at("2027-01-01T00:00:00Z")));
+        // A drill that began after the tick covers it.
+        let after = last.clone().after(DrillResult {
+            started: Some(at("2026-11-29T03:32:00Z")),
+            ..drill("2026-11-29T03:40:00Z", false)
+        });
+        assert!(!due(WEEKLY, &after, since, at("2026-12-05T00:00:00Z")));
+        // None ever: counted from when the runs began watching, so a new cluster drills at
+        // the first tick after it exists, not at once.
+        let none = DrillReport::default();
+        let watching = at("2026-11-29T04:00:00Z");
+        assert!(!due(WEEKLY, &none, watching, at("2026-12-06T03:29:00Z")));
+        assert!(due(WEEKLY, &none, watching, at("2026-12-06T03:31:00Z")));
+    }
+
+    #[test]
+    fn a_due_drill_starts_only_with_a_backup_and_nothing_else_planned() {
+        let since = at("2026-11-01T00:00:00Z");
+        let now = at("2026-11-29T03:31:00Z");
+        let none = DrillReport::default();
+        let start = |quiet, backup| next(WEEKLY, &none, &[], quiet, backup, since, now).start;
+        assert!(start(true, true));
+        assert!(!start(false, true), "something else planned or Degraded");
+        assert!(!start(true, false), "no backup to drill");
+        // Not due: nothing at all (no request for drills).
+        assert_eq!(
+            next(
+                WEEKLY,
+                &none,
+                &[],
+                true,
+                true,
+                since,
+                at("2026-11-01T01:00:00Z")
+            ),
+            DrillPlan::default()
+        );
+    }
+
+    #[test]
+    fn one_drill_at_a_time_and_its_server_is_never_taken_for_a_leftover() {
+        let since = at("2026-11-01T00:00:00Z");
+        let now = at("2026-11-29T03:40:00Z");
+        let under_way = DrillReport {
+            running: Some(running("c-drill-cp-aaaaa", "2026-11-29T03:31:00Z")),
+            ..DrillReport::default()
+        };
+        let servers = ["c-drill-cp-aaaaa".to_owned(), "c-drill-cp-bbbbb".to_owned()];
+        let p = next(WEEKLY, &under_way, &servers, true, true, since, now);
+        assert!(!p.start, "a drill is under way");
+        assert_eq!(
+            p.watch.as_ref().map(|r| r.server.as_str()),
+            Some("c-drill-cp-aaaaa")
+        );
+        assert_eq!(p.clean, ["c-drill-cp-bbbbb"], "only the one of no drill");
+        assert_eq!(p.vanished, None);
+        // A server left behind (no drill under way): deleted, and no new drill until it is gone.
+        let p = next(
+            WEEKLY,
+            &DrillReport::default(),
+            &servers[1..],
+            true,
+            true,
+            since,
+            now,
+        );
+        assert_eq!(p.clean, ["c-drill-cp-bbbbb"]);
+        assert!(!p.start);
+        // The drill under way has no server (its start was cut short): forgotten, cleaned.
+        let p = next(WEEKLY, &under_way, &[], true, true, since, now);
+        assert_eq!(
+            p.vanished.as_ref().map(|r| r.server.as_str()),
+            Some("c-drill-cp-aaaaa")
+        );
+        assert_eq!(p.watch, None);
+        assert!(!p.start);
+    }
+
+    #[test]
+    fn the_drill_servers_console_decides_and_silence_times_out() {
+        let r = running("c-drill-cp-aaaaa", "2026-11-29T03:31:00Z");
+        let soon = at("2026-11-29T03:40:00Z");
+        assert_eq!(judge(&r, &Console::Nothing, soon), None, "still under way");
+        let passed = judge(&r, &Console::Restored(60), soon).unwrap();
+        assert!(passed.ok && passed.reason.is_none(), "{passed:?}");
+        assert_eq!(passed.restored_objects, Some(60));
+        assert_eq!(passed.started, Some(r.started));
+        assert_eq!(passed.by, BY_SCHEDULE);
+        assert!(!passed.cleaned_up, "the caller cleans up, then says so");
+        let short = judge(&r, &Console::Restored(41), soon).unwrap();
+        assert!(!short.ok);
+        assert_eq!(
+            short.reason.as_deref(),
+            Some("the restored API holds 41 objects where the backup counted 60")
+        );
+        let broken = judge(
+            &r,
+            &Console::Failed(
+                "etcd-restore: the backup's etcd snapshot does not match its sha256".into(),
+            ),
+            soon,
+        )
+        .unwrap();
+        assert!(!broken.ok);
+        assert!(
+            broken
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("step etcd-restore"),
+            "{broken:?}"
+        );
+        let late = r.started + DRILL_TIMEOUT + Duration::seconds(1);
+        let silent = judge(&r, &Console::Nothing, late).unwrap();
+        assert!(!silent.ok);
+        assert!(
+            silent
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("no result within 30 minutes")
+        );
+        // The result ends the drill under way in drill.json.
+        let report = DrillReport {
+            running: Some(r),
+            ..DrillReport::default()
+        }
+        .finished(passed);
+        assert_eq!(report.running, None);
+        assert_eq!(report.last_success_at, Some(soon));
+    }
+
+    #[test]
+    fn the_restored_count_is_read_off_the_console() {
+        let console = "[ 12.000000] cloud-init[901]: x\noxide-controller: node-setup: drill-report\n[ 40.1] oxide-controller: drill: restored objects=57\r\n";
+        assert_eq!(restored_objects(console), Some(57));
+        assert_eq!(
+            restored_objects("oxide-controller: node-setup: k3s-start\n"),
+            None
+        );
+    }
 }
