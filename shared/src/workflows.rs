@@ -8,6 +8,7 @@ pub mod error;
 pub mod live;
 pub mod local;
 pub mod reconcile;
+pub mod retire;
 pub mod scale;
 pub mod status;
 pub mod upgrade;

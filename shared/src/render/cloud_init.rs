@@ -644,9 +644,8 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
     if input.restore_serial.is_some() {
         s.push_str(RESTORE_ETCD_FN);
     }
-    // A restore drill's server: it restores a backup and runs no agent of its own.
-    let drill = input.restore_serial.is_some() && input.disable_agent;
-    if drill {
+    let drill = drill_report_step(input);
+    if drill.is_some() {
         s.push_str(DRILL_REPORT_FN);
     }
     let mut step = |name: &str, body: &str| {
@@ -721,20 +720,25 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
         SetupStep::K3sStart.name(),
         &format!("start_k3s '{unit}' {}\n", input.k3s_start_seconds),
     );
-    if drill {
-        step(
-            SetupStep::DrillReport.name(),
-            &format!(
-                "drill_report {} {}\n",
-                input.k3s_start_seconds,
-                crate::domain::backup::COUNTED_KINDS.join(" ")
-            ),
-        );
+    if let Some(body) = &drill {
+        step(SetupStep::DrillReport.name(), body);
     }
     s.push_str(&format!(
         "echo 'done' > {NODE_SETUP_STATE_PATH}\necho \"oxide-controller: node-setup finished\"\n"
     ));
     s
+}
+
+/// A restore drill's server (it restores a backup and runs no agent of its own): the body of
+/// its `drill-report` step, which waits for the API as long as k3s's start may take.
+fn drill_report_step(input: &NodeUserData) -> Option<String> {
+    (input.restore_serial.is_some() && input.disable_agent).then(|| {
+        format!(
+            "drill_report {} {}\n",
+            input.k3s_start_seconds,
+            crate::domain::backup::COUNTED_KINDS.join(" ")
+        )
+    })
 }
 
 /// The step that installs k3s: download and run the installer (checked by digest when the

@@ -198,8 +198,8 @@ pub async fn clean_drill<R: Rack>(
                 .map_err(|e| rack_failed(step, e))?;
         }
     }
-    crate::workflows::bootstrap::recover::reset::fence(rack, &others, deadline).await?;
-    crate::workflows::bootstrap::recover::reset::delete(rack, &others).await?;
+    crate::workflows::retire::fence(rack, &others, deadline).await?;
+    crate::workflows::retire::delete(rack, &others).await?;
     let restore = restore_disk_name(name);
     let deleted = crate::base::retry::retry(
         crate::base::retry::Backoff::default(),

@@ -35,7 +35,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-pub(crate) mod reset;
+mod reset;
 mod restore;
 
 use super::{BootstrapError, Connect};
