@@ -1358,8 +1358,9 @@ fn a_channels_patch_becomes_k3s_version_only_inside_a_window_and_a_silent_server
 }
 
 /// Issue 46 item 4: the reconcile's scheduled drill never deletes the server of the drill under
-/// way (`drill.json` `running`) and deletes a drill server of no drill under way (a run cut
-/// short); a drill whose server says nothing for 30 minutes fails, and its server goes too.
+/// way (`drill.json` `running`) nor a young one of no scheduled drill (a laptop's `--verify`
+/// under way), and deletes one left behind (older than the drill timeout); a drill whose
+/// server says nothing for 30 minutes fails, and its server goes too.
 #[test]
 fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_ends() {
     use oxide_controller::domain::backup::drill::{DRILL_TIMEOUT, DrillReport, DrillRunning};
@@ -1368,7 +1369,7 @@ fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_end
         small_timeouts(&mut spec);
         let w = world(&spec, false).await;
         converge(&w, 12).await;
-        let drill_server = |name: &str| oxide_controller::domain::model::Instance {
+        let drill_server = |name: &str, made| oxide_controller::domain::model::Instance {
             id: uuid::Uuid::new_v4(),
             name: name.into(),
             description: InstanceTag {
@@ -1381,16 +1382,22 @@ fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_end
             state: InstanceState::Running,
             ncpus: 2,
             memory: oxide_controller::base::size::ByteSize(4 << 30),
-            time_created: t0(),
-            time_state_updated: t0(),
+            time_created: made,
+            time_state_updated: made,
         };
-        let (running, left) = (
+        let (running, left, laptop) = (
             "demo-drill-control-plane-aaaaa",
             "demo-drill-control-plane-bbbbb",
+            "demo-drill-control-plane-ccccc",
         );
         let now = w.with(|s| {
-            for name in [running, left] {
-                s.instances.insert(name.into(), drill_server(name));
+            let made = [
+                (running, s.now),
+                (left, s.now - DRILL_TIMEOUT - chrono::Duration::minutes(1)),
+                (laptop, s.now),
+            ];
+            for (name, made) in made {
+                s.instances.insert(name.into(), drill_server(name, made));
                 // A drill server runs no kubelet: no Node of it joins.
                 s.never_join.insert(name.into());
             }
@@ -1431,6 +1438,7 @@ fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_end
             "the left-behind drill server is deleted"
         );
         assert!(on_rack(&w, running), "the running drill's server stays");
+        assert!(on_rack(&w, laptop), "a laptop's drill under way stays");
         assert_eq!(
             w.with(|s| s.instances[running].state.clone()),
             InstanceState::Running
@@ -1446,6 +1454,10 @@ fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_end
         assert!(
             !on_rack(&w, running),
             "the timed-out drill's server is deleted"
+        );
+        assert!(
+            !on_rack(&w, laptop),
+            "and the laptop's, left behind as long"
         );
         assert_eq!(after.running, None);
         let last = after.last.unwrap_or_else(|| panic!("no result"));

@@ -144,18 +144,20 @@ pub struct DrillPlan {
     /// create (the run records the drill first). Forget it (no result: the drill is due
     /// again) and delete what it may have made.
     pub vanished: Option<DrillRunning>,
-    /// Drill servers on the rack of no drill under way: delete them (with their disks, and the
-    /// drill's address unless a drill is under way).
+    /// Drill servers on the rack of no drill under way, made more than [`DRILL_TIMEOUT`] ago:
+    /// delete them (with their disks, and the drill's address unless a drill is under way).
+    /// A younger one is a drill from a laptop (`bootstrap recover --verify`) under way: it is
+    /// left alone, and no scheduled drill starts beside it.
     pub clean: Vec<String>,
 }
 
 /// The scheduled drill's next step. `drill_servers`: the instances of the drill's throw-away
-/// cluster on the rack; `quiet`: the run plans nothing else and finds nothing Degraded;
-/// `has_backup`: a backup writer reported one (`backup.json`).
+/// cluster on the rack, with when each was made; `quiet`: the run plans nothing else and finds
+/// nothing Degraded; `has_backup`: a backup writer reported one (`backup.json`).
 pub fn next(
     schedule: Option<&str>,
     report: &DrillReport,
-    drill_servers: &[String],
+    drill_servers: &[(String, DateTime<Utc>)],
     quiet: bool,
     has_backup: bool,
     watching_since: DateTime<Utc>,
@@ -163,13 +165,17 @@ pub fn next(
 ) -> DrillPlan {
     let mut plan = DrillPlan::default();
     let running = report.running.as_ref();
-    plan.clean = drill_servers
+    let others: Vec<&(String, DateTime<Utc>)> = drill_servers
         .iter()
-        .filter(|s| running.is_none_or(|r| r.server != **s))
-        .cloned()
+        .filter(|(s, _)| running.is_none_or(|r| r.server != *s))
+        .collect();
+    plan.clean = others
+        .iter()
+        .filter(|(_, made)| now - *made > DRILL_TIMEOUT)
+        .map(|(s, _)| s.clone())
         .collect();
     if let Some(r) = running {
-        if drill_servers.contains(&r.server) {
+        if drill_servers.iter().any(|(s, _)| *s == r.server) {
             plan.watch = Some(r.clone());
         } else {
             plan.vanished = Some(r.clone());
@@ -177,7 +183,7 @@ pub fn next(
         return plan;
     }
     plan.start =
-        quiet && has_backup && plan.clean.is_empty() && due(schedule, report, watching_since, now);
+        quiet && has_backup && others.is_empty() && due(schedule, report, watching_since, now);
     plan
 }
 
@@ -500,7 +506,10 @@ mod tests {
             running: Some(running("c-drill-cp-aaaaa", "2026-11-29T03:31:00Z")),
             ..DrillReport::default()
         };
-        let servers = ["c-drill-cp-aaaaa".to_owned(), "c-drill-cp-bbbbb".to_owned()];
+        let servers = [
+            ("c-drill-cp-aaaaa".to_owned(), at("2026-11-29T03:31:30Z")),
+            ("c-drill-cp-bbbbb".to_owned(), at("2026-11-28T00:00:00Z")),
+        ];
         let p = next(WEEKLY, &under_way, &servers, true, true, since, now);
         assert!(!p.start, "a drill is under way");
         assert_eq!(
@@ -520,6 +529,20 @@ mod tests {
             now,
         );
         assert_eq!(p.clean, ["c-drill-cp-bbbbb"]);
+        assert!(!p.start);
+        // A young one of no scheduled drill is a laptop's drill under way: kept, and no
+        // scheduled drill starts beside it.
+        let laptop = [("c-drill-cp-ccccc".to_owned(), at("2026-11-29T03:35:00Z"))];
+        let p = next(
+            WEEKLY,
+            &DrillReport::default(),
+            &laptop,
+            true,
+            true,
+            since,
+            now,
+        );
+        assert!(p.clean.is_empty(), "{p:?}");
         assert!(!p.start);
         // The drill under way has no server (its start was cut short): forgotten, cleaned.
         let p = next(WEEKLY, &under_way, &[], true, true, since, now);

@@ -11,7 +11,8 @@
 //!   object count, or the node-setup failure marker) and, on a verdict or after
 //!   [`crate::domain::backup::drill::DRILL_TIMEOUT`], records the result as the laptop's drill
 //!   does and deletes what the drill made;
-//! - clean: drill servers of no drill under way (a run cut short) are deleted.
+//! - clean: drill servers of no drill under way made more than the timeout ago (a run or a
+//!   laptop's drill cut short) are deleted; a younger one is a laptop's drill under way.
 //!
 //! A run with no drill due, under way or left behind makes no request for drills. Failures
 //! are logged and left to the next run: a drill never fails the reconcile.
@@ -54,15 +55,16 @@ pub(super) fn quiet(plan: &Plan) -> bool {
     plan.actions.is_empty() && plan.roll.is_none() && !plan.findings.iter().any(|f| f.degraded)
 }
 
-/// The drill servers on the rack: instances tagged for the drill's throw-away cluster.
-fn drill_servers(spec: &ClusterSpec, observed: &Observed) -> Vec<String> {
+/// The drill servers on the rack (instances tagged for the drill's throw-away cluster) and
+/// when each was made.
+fn drill_servers(spec: &ClusterSpec, observed: &Observed) -> Vec<(String, DateTime<Utc>)> {
     let (tmp, _) = drill_names(&spec.cluster);
     observed
         .instances
         .iter()
         .filter(|i| i.state != InstanceState::Destroyed)
         .filter(|i| InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == tmp))
-        .map(|i| i.name.clone())
+        .map(|i| (i.name.clone(), i.time_created))
         .collect()
 }
 
