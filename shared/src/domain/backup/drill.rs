@@ -327,7 +327,7 @@ impl DrillStatus {
                 let left = if d.cleaned_up {
                     ""
                 } else {
-                    "; NOT everything it made was deleted: the next drill removes it, or bootstrap delete does"
+                    "; NOT everything it made was deleted (the run log says what): the runs delete a drill server left behind once it is 30 minutes old, and the next drill its address"
                 };
                 Some(format!(
                     "{FAILED}: the restore drill of backup {backup} at {} ({}) failed: {}{left}. The backups may not restore: drill again with bootstrap recover --verify, and take a new backup",
