@@ -1372,12 +1372,10 @@ fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_end
         let drill_server = |name: &str, made| oxide_controller::domain::model::Instance {
             id: uuid::Uuid::new_v4(),
             name: name.into(),
-            description: InstanceTag {
-                cluster: "demo-drill".into(),
-                pool: "control-plane".into(),
-                spec_hash: "0".into(),
-            }
-            .to_string(),
+            description: oxide_controller::domain::backup::drill::server_description(
+                "demo",
+                "demo-etcd-20261121t110000z",
+            ),
             hostname: name.into(),
             state: InstanceState::Running,
             ncpus: 2,

@@ -4,8 +4,9 @@
 //! drill, reads the server's verdict off its serial console in later runs and cleans up,
 //! [`crate::workflows::reconcile`]). What a drill makes: a floating IP
 //! `<cluster>-drill-apiserver` and a throw-away server `<cluster>-drill-<pool>-<suffix>`
-//! (description tag `cluster=<cluster>-drill`, so no run takes it for a member) with its boot
-//! and data disks and the disk made from the backup ([`restore_disk_name`]).
+//! (described [`crate::domain::backup::drill::server_description`], no member tag, so no run
+//! takes it for a member) with its boot and data disks and the disk made from the backup
+//! ([`restore_disk_name`]).
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -167,6 +168,7 @@ pub async fn create_drill_server<R: Rack + crate::adapters::image::ImageStore>(
     let mut new = restoring_server(rack, secrets, spec, chosen, name, fip.ip, true, step).await?;
     new.anti_affinity_group = None;
     new.ephemeral_ip = false;
+    new.description = crate::domain::backup::drill::server_description(cluster, &chosen.name);
     info!(step, instance = %name, backup = %chosen.name, "creating the drill's server");
     rack.create_instance(&new)
         .await

@@ -100,6 +100,24 @@ impl DrillReport {
     }
 }
 
+/// First words of a drill server's description (and its disks'): not a member's
+/// [`crate::base::names::InstanceTag`], so no run takes it for a member of any cluster, and
+/// nothing but a drill has it (a real cluster named `<cluster>-drill` has member tags).
+pub const SERVER_DESCRIPTION_PREFIX: &str = "oxide-controller restore-drill ";
+
+/// A drill server's description: `oxide-controller restore-drill cluster=C backup=B`.
+pub fn server_description(cluster: &str, backup: &str) -> String {
+    format!("{SERVER_DESCRIPTION_PREFIX}cluster={cluster} backup={backup}")
+}
+
+/// The cluster whose drill server a description names ([`server_description`]).
+pub fn server_of(description: &str) -> Option<&str> {
+    description
+        .strip_prefix(SERVER_DESCRIPTION_PREFIX)?
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("cluster="))
+}
+
 /// Who runs the scheduled drill ([`DrillResult::by`]).
 pub const BY_SCHEDULE: &str = "schedule";
 /// How long a scheduled drill may take from its server's create to its verdict on the console
@@ -606,6 +624,24 @@ mod tests {
         .finished(passed);
         assert_eq!(report.running, None);
         assert_eq!(report.last_success_at, Some(soon));
+    }
+
+    #[test]
+    fn a_drill_servers_description_names_its_cluster_and_no_member_tag_does() {
+        let d = server_description("demo", "demo-etcd-20261127t090000z");
+        assert_eq!(server_of(&d), Some("demo"));
+        assert!(crate::base::names::InstanceTag::parse(&d).is_none());
+        let member = crate::base::names::InstanceTag {
+            cluster: "demo-drill".into(),
+            pool: "control-plane".into(),
+            spec_hash: "0".into(),
+        }
+        .to_string();
+        assert_eq!(
+            server_of(&member),
+            None,
+            "a cluster named demo-drill is no drill"
+        );
     }
 
     #[test]

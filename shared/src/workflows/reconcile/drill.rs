@@ -22,7 +22,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tracing::{info, warn};
 
-use crate::base::names::InstanceTag;
 use crate::base::secrets::ClusterSecrets;
 use crate::domain::backup::drill::{self, Console, DrillReport, DrillRunning};
 use crate::domain::backup::{self, BackupReport};
@@ -55,15 +54,14 @@ pub(super) fn quiet(plan: &Plan) -> bool {
     plan.actions.is_empty() && plan.roll.is_none() && !plan.findings.iter().any(|f| f.degraded)
 }
 
-/// The drill servers on the rack (instances tagged for the drill's throw-away cluster) and
-/// when each was made.
+/// The cluster's drill servers on the rack (described as its drill's,
+/// [`drill::server_description`]) and when each was made.
 fn drill_servers(spec: &ClusterSpec, observed: &Observed) -> Vec<(String, DateTime<Utc>)> {
-    let (tmp, _) = drill_names(&spec.cluster);
     observed
         .instances
         .iter()
         .filter(|i| i.state != InstanceState::Destroyed)
-        .filter(|i| InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == tmp))
+        .filter(|i| drill::server_of(&i.description) == Some(spec.cluster.as_str()))
         .map(|i| (i.name.clone(), i.time_created))
         .collect()
 }
