@@ -159,7 +159,7 @@ pub async fn create_drill_server<R: Rack + crate::adapters::image::ImageStore>(
         None => rack
             .create_floating_ip(
                 &fip_name,
-                &format!("oxide-controller: restore drill of cluster {cluster}"),
+                &crate::domain::backup::drill::address_description(cluster),
                 spec.nodes.ip_pool.as_deref(),
             )
             .await

@@ -118,6 +118,11 @@ pub fn server_of(description: &str) -> Option<&str> {
         .find_map(|w| w.strip_prefix("cluster="))
 }
 
+/// The description of a drill's floating IP (`<cluster>-drill-apiserver`).
+pub fn address_description(cluster: &str) -> String {
+    format!("oxide-controller: restore drill of cluster {cluster}")
+}
+
 /// Who runs the scheduled drill ([`DrillResult::by`]).
 pub const BY_SCHEDULE: &str = "schedule";
 /// How long a scheduled drill may take from its server's create to its verdict on the console
