@@ -360,7 +360,7 @@ impl DrillStatus {
                 ))
             }
             MISSING => Some(format!(
-                "{MISSING}: no restore drill passed since {}, more than two periods of backup.drill_schedule {:?}: drill the newest backup with bootstrap recover --verify (or set backup.drill_schedule to null to stop expecting drills)",
+                "{MISSING}: no restore drill passed since {}, more than two periods of backup.drill_schedule {:?}: the runs start a drill at a tick only with a backup to drill and nothing else under way (see backup.drill in status.json and the run log); drill by hand with bootstrap recover --verify, or set backup.drill_schedule to null to stop expecting drills",
                 time(self.report.last_success_at.unwrap_or(watching_since)),
                 self.schedule.as_deref().unwrap_or_default()
             )),
