@@ -1426,6 +1426,13 @@ fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_end
             })
         };
         let on_rack = |w: &FakeWorld, name: &str| w.with(|s| s.instances.contains_key(name));
+        // The drills' one address (every drill of the cluster has the same).
+        w.rack()
+            .create_floating_ip("demo-drill-apiserver", "", None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let address =
+            |w: &FakeWorld| w.with(|s| s.floating_ips.contains_key("demo-drill-apiserver"));
         // The left-behind server is stopped, then deleted; the running drill's is untouched.
         for _ in 0..3 {
             let _ = run_once(&w).await;
@@ -1437,6 +1444,7 @@ fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_end
         );
         assert!(on_rack(&w, running), "the running drill's server stays");
         assert!(on_rack(&w, laptop), "a laptop's drill under way stays");
+        assert!(address(&w), "and the address the drills under way use");
         assert_eq!(
             w.with(|s| s.instances[running].state.clone()),
             InstanceState::Running
@@ -1457,6 +1465,30 @@ fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_end
             !on_rack(&w, laptop),
             "and the laptop's, left behind as long"
         );
+        assert!(!address(&w), "the address goes with the last drill server");
+        // No scheduled drill: a left-behind server goes, but the address stays while a
+        // laptop's drill under way uses it.
+        w.with(|s| {
+            let now = s.now;
+            let made = [
+                (left, now - DRILL_TIMEOUT - chrono::Duration::minutes(1)),
+                (laptop, now),
+            ];
+            for (name, made) in made {
+                s.instances.insert(name.into(), drill_server(name, made));
+            }
+        });
+        w.rack()
+            .create_floating_ip("demo-drill-apiserver", "", None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for _ in 0..3 {
+            let _ = run_once(&w).await;
+            w.tick(1);
+        }
+        assert!(!on_rack(&w, left));
+        assert!(on_rack(&w, laptop));
+        assert!(address(&w), "the laptop's drill keeps its address");
         assert_eq!(after.running, None);
         let last = after.last.unwrap_or_else(|| panic!("no result"));
         assert!(!last.ok);

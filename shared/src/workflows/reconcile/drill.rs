@@ -88,10 +88,16 @@ where
         input.now,
     );
     let (_, fip_name) = drill_names(&input.spec.cluster);
-    let under_way = input.report.running.is_some();
+    // Every drill of the cluster has the same address: while another drill's server stays (a
+    // laptop's drill under way, or the scheduled one), it stays too.
+    let running = input.report.running.as_ref().map(|r| r.server.as_str());
+    let others_stay = servers
+        .iter()
+        .any(|(s, _)| Some(s.as_str()) != running && !next.clean.contains(s));
+    let address = (!others_stay).then_some(fip_name.as_str());
     for server in &next.clean {
-        info!(instance = %server, "deleting a restore drill's server that no drill is under way on");
-        let fip = (!under_way).then_some(fip_name.as_str());
+        info!(instance = %server, "deleting a restore drill's server left behind (no drill under way on it)");
+        let fip = address.filter(|_| running.is_none());
         if let Err(e) = clean_drill(rack, server, fip, input.stop_wait).await {
             warn!(instance = %server, error = %error::chain(&e), "could not delete the drill's server; the next run tries again");
         }
@@ -99,7 +105,7 @@ where
     let mut changed = None;
     if let Some(r) = &next.vanished {
         warn!(instance = %r.server, backup = %r.backup, "the drill under way has no server on the rack (its start was cut short): forgetting it, the drill is due again");
-        if clean_drill(rack, &r.server, Some(&fip_name), input.stop_wait)
+        if clean_drill(rack, &r.server, address, input.stop_wait)
             .await
             .is_ok()
         {
@@ -107,7 +113,7 @@ where
         }
     }
     if let Some(r) = &next.watch {
-        changed = watch(rack, state, &input, r, &fip_name).await.or(changed);
+        changed = watch(rack, state, &input, r, address).await.or(changed);
     }
     if next.start {
         changed = start(rack, state, &input).await.or(changed);
@@ -122,7 +128,7 @@ async fn watch<R: Rack, S: StateStore>(
     state: &S,
     input: &DrillInput<'_>,
     running: &DrillRunning,
-    fip_name: &str,
+    address: Option<&str>,
 ) -> Option<DrillReport> {
     let console = match rack.serial_console(&running.server).await {
         Ok(bytes) => {
@@ -145,7 +151,7 @@ async fn watch<R: Rack, S: StateStore>(
         info!(instance = %running.server, backup = %running.backup, "restore drill under way");
         return None;
     };
-    match clean_drill(rack, &running.server, Some(fip_name), input.stop_wait).await {
+    match clean_drill(rack, &running.server, address, input.stop_wait).await {
         Ok(()) => result.cleaned_up = true,
         Err(e) => {
             warn!(instance = %running.server, error = %error::chain(&e), "could not delete everything the drill made; the next run tries again");
