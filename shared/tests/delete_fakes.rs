@@ -167,6 +167,25 @@ async fn world() -> FakeWorld {
     )
     .await;
     vm(&w, "prod-db", "my database", true, None).await;
+    // A restore drill of prod under way (its own description, no member tag), and one of
+    // prod-2's, which stays.
+    let drill = oxide_controller::domain::backup::drill::server_description;
+    vm(
+        &w,
+        "prod-drill-control-plane-ddddd",
+        &drill("prod", "prod-etcd-20261127t090000z"),
+        true,
+        None,
+    )
+    .await;
+    vm(
+        &w,
+        "prod-2-drill-control-plane-eeeee",
+        &drill("prod-2", "prod-2-etcd-20261127t090000z"),
+        false,
+        None,
+    )
+    .await;
     // A shared group name that prod-2's VM still sits in.
     vm(
         &w,
@@ -196,6 +215,19 @@ async fn world() -> FakeWorld {
         "prod-2-apiserver",
         "oxide-controller cluster=prod-2 Kubernetes API",
         Some("prod-2-control-plane-xxxxx"),
+    );
+    let drill_address = oxide_controller::domain::backup::drill::address_description;
+    fip(
+        &w,
+        "prod-drill-apiserver",
+        &drill_address("prod"),
+        Some("prod-drill-control-plane-ddddd"),
+    );
+    fip(
+        &w,
+        "prod-2-drill-apiserver",
+        &drill_address("prod-2"),
+        Some("prod-2-drill-control-plane-eeeee"),
     );
     fip(&w, "prod-web", "the user's own address", None);
     fip(&w, "prod-default-web", CCM, Some("prod-workers-bbbbb"));
@@ -381,6 +413,9 @@ fn decoys() -> BTreeSet<String> {
         "instance prod-2-control-plane-xxxxx",
         "instance prod-2-workers-yyyyy",
         "instance prod-db",
+        "instance prod-2-drill-control-plane-eeeee",
+        "disk boot-prod-2-drill-control-plane-eeeee",
+        "fip prod-2-drill-apiserver",
         "disk boot-prod-2-workers-xxxxx",
         "disk boot-prod-2-control-plane-xxxxx",
         "disk boot-prod-2-workers-yyyyy",

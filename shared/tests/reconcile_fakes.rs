@@ -1514,3 +1514,158 @@ fn the_webhooks_certificate_is_reissued_before_its_end_and_a_noop_run_reads_noth
         );
     });
 }
+
+/// Issue 46 item 4: the reconcile's scheduled drill never deletes the server of the drill under
+/// way (`drill.json` `running`) nor a young one of no scheduled drill (a laptop's `--verify`
+/// under way), and deletes one left behind (older than the drill timeout); a drill whose
+/// server says nothing for 30 minutes fails, and its server goes too.
+#[test]
+fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_ends() {
+    use oxide_controller::domain::backup::drill::{DRILL_TIMEOUT, DrillReport, DrillRunning};
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        let w = world(&spec, false).await;
+        converge(&w, 12).await;
+        let drill_server = |name: &str, made| oxide_controller::domain::model::Instance {
+            id: uuid::Uuid::new_v4(),
+            name: name.into(),
+            description: oxide_controller::domain::backup::drill::server_description(
+                "demo",
+                "demo-etcd-20261121t110000z",
+            ),
+            hostname: name.into(),
+            state: InstanceState::Running,
+            ncpus: 2,
+            memory: oxide_controller::base::size::ByteSize(4 << 30),
+            time_created: made,
+            time_state_updated: made,
+        };
+        let (running, left, laptop) = (
+            "demo-drill-control-plane-aaaaa",
+            "demo-drill-control-plane-bbbbb",
+            "demo-drill-control-plane-ccccc",
+        );
+        let now = w.with(|s| {
+            let made = [
+                (running, s.now),
+                (left, s.now - DRILL_TIMEOUT - chrono::Duration::minutes(1)),
+                (laptop, s.now),
+            ];
+            for (name, made) in made {
+                s.instances.insert(name.into(), drill_server(name, made));
+                // A drill server runs no kubelet: no Node of it joins.
+                s.never_join.insert(name.into());
+            }
+            s.now
+        });
+        let report = DrillReport {
+            running: Some(DrillRunning {
+                server: running.into(),
+                backup: "demo-etcd-20261121t110000z".into(),
+                backup_time: t0(),
+                expected_objects: Some(40),
+                started: now,
+            }),
+            ..DrillReport::default()
+        };
+        w.with(|s| {
+            s.config
+                .data
+                .insert(state::keys::DRILL.into(), report.to_json());
+        });
+        let drill_json = |w: &FakeWorld| {
+            w.with(|s| {
+                s.config
+                    .data
+                    .get(state::keys::DRILL)
+                    .and_then(|j| DrillReport::from_json(j))
+                    .unwrap_or_default()
+            })
+        };
+        let on_rack = |w: &FakeWorld, name: &str| w.with(|s| s.instances.contains_key(name));
+        // The drills' one address (every drill of the cluster has the same).
+        w.rack()
+            .create_floating_ip("demo-drill-apiserver", "", None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let address =
+            |w: &FakeWorld| w.with(|s| s.floating_ips.contains_key("demo-drill-apiserver"));
+        // The left-behind server is stopped, then deleted; the running drill's is untouched.
+        for _ in 0..3 {
+            let _ = run_once(&w).await;
+            w.tick(1);
+        }
+        assert!(
+            !on_rack(&w, left),
+            "the left-behind drill server is deleted"
+        );
+        assert!(on_rack(&w, running), "the running drill's server stays");
+        assert!(on_rack(&w, laptop), "a laptop's drill under way stays");
+        assert!(address(&w), "and the address the drills under way use");
+        assert_eq!(
+            w.with(|s| s.instances[running].state.clone()),
+            InstanceState::Running
+        );
+        assert_eq!(drill_json(&w).running, report.running, "still under way");
+        // No verdict on its console for longer than the timeout: failed, and deleted.
+        w.tick(DRILL_TIMEOUT.num_seconds());
+        for _ in 0..3 {
+            let _ = run_once(&w).await;
+            w.tick(1);
+        }
+        let after = drill_json(&w);
+        assert!(
+            !on_rack(&w, running),
+            "the timed-out drill's server is deleted"
+        );
+        assert!(
+            !on_rack(&w, laptop),
+            "and the laptop's, left behind as long"
+        );
+        assert!(!address(&w), "the address goes with the last drill server");
+        // No scheduled drill: a left-behind server goes, but the address stays while a
+        // laptop's drill under way uses it.
+        w.with(|s| {
+            let now = s.now;
+            let made = [
+                (left, now - DRILL_TIMEOUT - chrono::Duration::minutes(1)),
+                (laptop, now),
+            ];
+            for (name, made) in made {
+                s.instances.insert(name.into(), drill_server(name, made));
+            }
+        });
+        w.rack()
+            .create_floating_ip("demo-drill-apiserver", "", None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for _ in 0..3 {
+            let _ = run_once(&w).await;
+            w.tick(1);
+        }
+        assert!(!on_rack(&w, left));
+        assert!(on_rack(&w, laptop));
+        assert!(address(&w), "the laptop's drill keeps its address");
+        assert_eq!(after.running, None);
+        let last = after.last.unwrap_or_else(|| panic!("no result"));
+        assert!(!last.ok);
+        assert!(
+            last.reason
+                .as_deref()
+                .is_some_and(|r| r.contains("printed no result within 30 minutes")),
+            "{last:?}"
+        );
+        let status = w
+            .state()
+            .read_config()
+            .await
+            .ok()
+            .and_then(|s| s.status_json().and_then(Status::from_json))
+            .unwrap_or_else(|| panic!("status.json missing"));
+        assert_eq!(
+            status.condition("Degraded").map(|c| c.reason.as_str()),
+            Some("DrillFailed")
+        );
+    });
+}

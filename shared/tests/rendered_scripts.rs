@@ -384,6 +384,7 @@ fn expected_calls(input: &NodeUserData, steps: &[SetupStep]) -> Vec<String> {
             SetupStep::K3sStart => &start,
             // The restoring server's step is not among the variants (bootstrap never renders it).
             SetupStep::EtcdRestore => panic!("no variant restores a backup"),
+            SetupStep::DrillReport => panic!("no variant is a drill's server"),
         };
         out.extend(calls.iter().map(|c| c.to_string()));
         if *step == SetupStep::K3sInstall {
@@ -935,4 +936,83 @@ fn a_restoring_server_unpacks_checks_and_restores_the_backup_with_the_real_tools
             assert!(restored_at < started_at, "{calls}");
         }
     }
+}
+
+/// Issue 46 item 4: a restore drill's server (restoring, no agent of its own) ends its setup
+/// with `drill-report`, after k3s started: k3s's kubectl polls `/readyz` until it answers, then
+/// the objects of the counted kinds are added up (a kind with none counts 0) and printed on
+/// the console as the line the reconcile reads; an API that never answers, or a list that
+/// fails, fails the step with one marker.
+#[test]
+fn a_drill_servers_setup_reports_the_restored_object_count_after_k3s_started() {
+    use oxide_controller::domain::backup::drill::restored_objects;
+    use oxide_controller::render::cloud_init::RESTORE_DIR;
+    let input = NodeUserData {
+        restore_serial: Some("restore-demo-cp-abcd".into()),
+        disable_agent: true,
+        ..server(true)
+    };
+    let script = written(&input, NODE_SETUP_SCRIPT_PATH);
+    assert_eq!(
+        setup_steps(&script).last(),
+        Some(&SetupStep::DrillReport),
+        "{script}"
+    );
+    // `readyz`: what `k3s kubectl get --raw=/readyz` does (answers from the third try, never,
+    // or always); `fails`: the kind whose list fails.
+    let run = |readyz: &str, fails: &str| {
+        let s = Sandbox::new();
+        stubs(&s, Fault::None);
+        s.nvme("nvme1n1", "restore-demo-cp-abcd");
+        // The restore itself (tar, sha256sum) is another test's; here they succeed.
+        s.stub("tar", "exit 0");
+        s.stub("sha256sum", "exit 0");
+        let tries = path_of(s.root().join("readyz-tries"));
+        s.stub(
+            "k3s",
+            &format!(
+                "case \"$*\" in\n  'kubectl get --raw=/readyz') echo x >> '{tries}'; {readyz};;\n  'kubectl get {fails} '*) echo 'error: the server is currently unable to handle the request' >&2; exit 1;;\n  'kubectl get namespaces --all-namespaces -o name') printf 'namespace/default\\nnamespace/kube-system\\nnamespace/kube-public\\n';;\n  'kubectl get configmaps --all-namespaces -o name') printf 'configmap/a\\nconfigmap/b\\nconfigmap/c\\nconfigmap/d\\nconfigmap/e\\n';;\n  'kubectl get services --all-namespaces -o name') ;;\n  'kubectl get serviceaccounts --all-namespaces -o name') printf 'serviceaccount/a\\nserviceaccount/b\\nserviceaccount/c\\nserviceaccount/d\\n';;\n  kubectl*) exit 1;;\nesac\nexit 0"
+            ),
+        );
+        let dir = s.root().join("restore");
+        let out = s.run(&script.replace(RESTORE_DIR, &path_of(dir)), &[]);
+        (out, s.read("calls"))
+    };
+    // Answers from the third try (the stub counts its tries in `readyz-tries`).
+    let third = "[ \"$(grep -c x \"$(dirname \"$0\")/../readyz-tries\")\" -ge 3 ] || exit 1";
+    let (out, calls) = run(third, "none");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}\n{calls}");
+    assert!(markers(&stderr).is_empty(), "{stderr}");
+    assert_eq!(restored_objects(&stderr), Some(12), "{stderr}");
+    let started = calls.find("systemctl start").expect("k3s started");
+    let counted = calls.find("k3s kubectl get namespaces").expect("counted");
+    assert!(started < counted, "reported after k3s started: {calls}");
+    assert_eq!(
+        calls.matches("k3s kubectl get --raw=/readyz").count(),
+        3,
+        "{calls}"
+    );
+
+    let (out, _) = run("exit 1", "none");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(
+        markers(&stderr),
+        [
+            "oxide-controller: node-setup failed: drill-report: the restored API did not answer /readyz within 300 s"
+        ],
+        "{stderr}"
+    );
+    assert_eq!(restored_objects(&stderr), None);
+
+    let (out, _) = run("exit 0", "services");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(
+        markers(&stderr),
+        ["oxide-controller: node-setup failed: drill-report: k3s kubectl get services failed"],
+        "{stderr}"
+    );
+    assert_eq!(restored_objects(&stderr), None);
 }

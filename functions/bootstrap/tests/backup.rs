@@ -1144,3 +1144,129 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
         "{servers:?}"
     );
 }
+
+/// Moves `status.json`'s `backup.watchingSince` an hour back: the state of a cluster whose runs
+/// have watched its backups for an hour (no drill schedule's tick is an hour away).
+async fn watched_for_an_hour(env: &Env) {
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let state: Api<ConfigMap> = Api::namespaced(client, "kube-system");
+    let mut cm = state.get("oxide-controller").await.unwrap();
+    let data = cm.data.as_mut().unwrap();
+    let mut status: serde_json::Value = serde_json::from_str(&data["status.json"]).unwrap();
+    let since = chrono::Utc::now() - chrono::Duration::hours(1);
+    status["backup"]["watchingSince"] = serde_json::json!(since.to_rfc3339());
+    data.insert("status.json".into(), status.to_string());
+    state
+        .replace("oxide-controller", &PostParams::default(), &cm)
+        .await
+        .unwrap();
+}
+
+/// `reconcile-once` runs, one after the other, until `done` holds for the drill part of the
+/// status one wrote (or `limit` passes). Returns that status and whether a run showed a drill
+/// under way (`status.backup.drill.running`) before.
+async fn reconcile_until(
+    env: &Env,
+    limit: Duration,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> (serde_json::Value, Option<serde_json::Value>) {
+    let deadline = std::time::Instant::now() + limit;
+    let mut running = None;
+    loop {
+        let status = reconcile_status(env).await;
+        let drill = &status["backup"]["drill"];
+        if !drill["running"].is_null() {
+            running = Some(drill["running"].clone());
+        }
+        if done(drill) {
+            return (status, running);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no drill result within {limit:?}: {drill:#}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Issue 46 item 4: the scheduled drill with nobody at the keyboard. A one-server cluster with
+/// a backup (`bootstrap backup`) and a drill schedule that is due, left to `reconcile-once`
+/// runs: one run starts the drill (recorded running: server, backup, start) and returns; later
+/// runs read the drill server's verdict off its serial console, record it passed with the
+/// object count the backup recorded, and delete the server, its disks and its address. Then the
+/// backup's stored snapshot rots: the drill at the schedule's next tick fails at the drill
+/// server's `etcd-restore` step, the cluster is Degraded `DrillFailed` with that reason, and the
+/// drill's things are gone again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconcile_drills_the_newest_backup_on_schedule_and_leaves_nothing_behind() {
+    let env = env().await;
+    env.run_ok(&["--control-planes", "1", "--workers", "0"])
+        .await;
+    let out = backup_cmd(&env).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let newest = backups(&env).await[0].clone();
+    let n = newest.tag.objects.expect("the backup counted objects");
+    let before = project_objects(&env).await;
+    // Every minute; the runs have watched for an hour, so a tick came since: a drill is due.
+    edit_spec(&env, |s| s.backup.drill_schedule = Some("* * * * *".into())).await;
+    watched_for_an_hour(&env).await;
+
+    let (status, running) =
+        reconcile_until(&env, Duration::from_secs(120), |d| !d["last"].is_null()).await;
+    let drill = &status["backup"]["drill"];
+    let running = running.expect("a run showed the drill under way");
+    let server = running["server"].as_str().unwrap();
+    assert!(server.starts_with("demo-drill-"), "{running:#}");
+    assert_eq!(running["backup"], newest.name.as_str(), "{running:#}");
+    assert_eq!(drill["last"]["ok"], true, "{drill:#}");
+    assert_eq!(drill["last"]["by"], "schedule", "{drill:#}");
+    assert_eq!(drill["last"]["restoredObjects"], n, "{drill:#}");
+    assert_eq!(drill["last"]["expectedObjects"], n, "{drill:#}");
+    assert_eq!(drill["last"]["cleanedUp"], true, "{drill:#}");
+    assert!(drill["running"].is_null(), "{drill:#}");
+    assert!(drill["problem"].is_null(), "{drill:#}");
+    assert_eq!(
+        project_objects(&env).await,
+        before,
+        "nothing of the drill is left"
+    );
+    let first_started = drill["last"]["started"].as_str().unwrap().to_owned();
+
+    // Bit rot in the backup; the next tick's drill restores it and fails.
+    corrupt_etcd_snapshot(&env, &newest).await;
+    let (status, _) = reconcile_until(&env, Duration::from_secs(120), |d| {
+        d["last"]["started"].as_str() != Some(first_started.as_str())
+    })
+    .await;
+    let drill = &status["backup"]["drill"];
+    assert_eq!(drill["last"]["ok"], false, "{drill:#}");
+    assert_eq!(drill["last"]["backup"], newest.name.as_str(), "{drill:#}");
+    let reason = drill["last"]["reason"].as_str().unwrap();
+    assert!(reason.contains("etcd-restore"), "{reason}");
+    assert_eq!(drill["last"]["cleanedUp"], true, "{drill:#}");
+    assert_eq!(drill["problem"], "DrillFailed", "{drill:#}");
+    let (on, why) = degraded(&status);
+    assert_eq!((on.as_str(), why.as_str()), ("True", "DrillFailed"));
+    let message = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains(&newest.name) && message.contains("etcd-restore"),
+        "{message}"
+    );
+    assert_eq!(
+        project_objects(&env).await,
+        before,
+        "nothing of the drill is left"
+    );
+}

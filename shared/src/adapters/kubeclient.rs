@@ -214,12 +214,8 @@ pub async fn readyz(kubeconfig: &Path, context: &str) -> Result<(), String> {
     }
 }
 
-/// The kinds [`object_count`] counts: what a restore must bring back and what no controller
-/// makes on its own in a settled cluster. Not Secrets: the in-cluster backup counts these with
-/// its own account, and `list secrets` would hand that account every Secret's data (audit
-/// security-2 N1/N8). Backups say how many kinds they counted
-/// ([`crate::domain::backup::COUNTED_KINDS_MARK`]).
-pub const COUNTED_KINDS: [&str; 4] = ["namespaces", "configmaps", "services", "serviceaccounts"];
+/// The kinds [`object_count`] counts (see the domain's definition).
+pub use crate::domain::backup::COUNTED_KINDS;
 
 /// How many objects of [`COUNTED_KINDS`] the cluster holds, all namespaces, as its
 /// administrator through context `context` of `kubeconfig` (a backup's manifest records it; a

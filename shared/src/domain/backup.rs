@@ -66,6 +66,13 @@ pub struct BackupTag {
     pub image: Option<String>,
 }
 
+/// The kinds a backup counts and a restore drill compares: what a restore must bring back and
+/// what no controller makes on its own in a settled cluster. Not Secrets: the in-cluster backup
+/// counts these with its own account, and `list secrets` would hand that account every Secret's
+/// data (audit security-2 N1/N8). Backups say how many kinds they counted
+/// ([`COUNTED_KINDS_MARK`]); a drill server counts them with k3s's kubectl (its setup script).
+pub const COUNTED_KINDS: [&str; 4] = ["namespaces", "configmaps", "services", "serviceaccounts"];
+
 /// How a description marks a count of today's kinds (`crate::adapters::kubeclient::COUNTED_KINDS`,
 /// four, no Secrets). A count without it is from before, when Secrets were counted too: it is
 /// read as no count, so a drill does not compare it with a count of other kinds.

@@ -502,6 +502,15 @@ backups ({schedule}): {last}{stale}"
             .as_deref()
             .map_or_else(String::new, |p| format!(" [{p}]"));
         let _ = writeln!(out, "  restore drills ({schedule}): {last}{problem}");
+        if let Some(r) = &d.report.running {
+            let _ = writeln!(
+                out,
+                "  restore drill under way for {}: server {} restoring {}",
+                age(r.started, now),
+                r.server,
+                r.backup
+            );
+        }
     }
 }
 

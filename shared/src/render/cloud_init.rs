@@ -379,6 +379,34 @@ restore_etcd() {
 }
 "#;
 
+/// The shell function of a restore drill's `drill-report` step, appended to
+/// [`SETUP_SCRIPT_HEAD`] only then: the reconcile that started the drill has neither SSH nor a
+/// kubeconfig of the restored cluster, so the server says on its serial console what its
+/// restored API holds ([`crate::domain::backup::drill::RESTORED_MARKER`]). k3s's `kubectl`
+/// reads `/etc/rancher/k3s/k3s.yaml` (the admin's) when `KUBECONFIG` is unset (k3s
+/// `pkg/kubectl/main.go` `Main`, tests/FIDELITY.md); it waits for `/readyz` first, as the laptop's
+/// drill does, then counts the kinds a backup counts ([`crate::domain::backup::COUNTED_KINDS`]).
+const DRILL_REPORT_FN: &str = r#"# drill_report SECONDS KIND...: once the restored API answers /readyz (at most SECONDS), print
+# how many objects of the KINDs it holds, all namespaces.
+drill_report() {
+  wait="$1"
+  shift
+  i=0
+  until k3s kubectl get --raw=/readyz >/dev/null 2>&1; do
+    i=$((i + 1))
+    [ "$i" -lt "$wait" ] || fail "the restored API did not answer /readyz within $wait s"
+    sleep 1
+  done
+  n=0
+  for kind in "$@"; do
+    out="$(k3s kubectl get "$kind" --all-namespaces -o name)" || fail "k3s kubectl get $kind failed"
+    c="$(printf '%s' "$out" | grep -c . || true)"
+    n=$((n + c))
+  done
+  echo "oxide-controller: drill: restored objects=$n" >&2
+}
+"#;
+
 const SETUP_SCRIPT_HEAD: &str = r#"#!/bin/sh
 # Written by oxide-controller: the node setup, run once by cloud-init's runcmd. Every step
 # must succeed before k3s starts; a failure prints one line on the serial console:
@@ -616,6 +644,10 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
     if input.restore_serial.is_some() {
         s.push_str(RESTORE_ETCD_FN);
     }
+    let drill = drill_report_step(input);
+    if drill.is_some() {
+        s.push_str(DRILL_REPORT_FN);
+    }
     let mut step = |name: &str, body: &str| {
         s.push_str(&format!("step {name}\n{body}"));
     };
@@ -688,10 +720,25 @@ pub fn node_setup_script(input: &NodeUserData) -> String {
         SetupStep::K3sStart.name(),
         &format!("start_k3s '{unit}' {}\n", input.k3s_start_seconds),
     );
+    if let Some(body) = &drill {
+        step(SetupStep::DrillReport.name(), body);
+    }
     s.push_str(&format!(
         "echo 'done' > {NODE_SETUP_STATE_PATH}\necho \"oxide-controller: node-setup finished\"\n"
     ));
     s
+}
+
+/// A restore drill's server (it restores a backup and runs no agent of its own): the body of
+/// its `drill-report` step, which waits for the API as long as k3s's start may take.
+fn drill_report_step(input: &NodeUserData) -> Option<String> {
+    (input.restore_serial.is_some() && input.disable_agent).then(|| {
+        format!(
+            "drill_report {} {}\n",
+            input.k3s_start_seconds,
+            crate::domain::backup::COUNTED_KINDS.join(" ")
+        )
+    })
 }
 
 /// The step that installs k3s: download and run the installer (checked by digest when the
@@ -755,11 +802,13 @@ pub enum SetupStep {
     K3sStart,
     /// Restore the datastore from a backup disk (a restoring cluster-init server only).
     EtcdRestore,
+    /// A restore drill's server: print what the restored API holds, once it answers.
+    DrillReport,
 }
 
 impl SetupStep {
     /// Every step.
-    pub const ALL: [SetupStep; 9] = [
+    pub const ALL: [SetupStep; 10] = [
         SetupStep::DataDisk,
         SetupStep::ProviderId,
         SetupStep::TailscaleInstall,
@@ -769,6 +818,7 @@ impl SetupStep {
         SetupStep::K3sVersion,
         SetupStep::K3sStart,
         SetupStep::EtcdRestore,
+        SetupStep::DrillReport,
     ];
 
     /// The name the script uses.
@@ -783,6 +833,7 @@ impl SetupStep {
             SetupStep::EtcdRestore => "etcd-restore",
             SetupStep::K3sVersion => "k3s-version",
             SetupStep::K3sStart => "k3s-start",
+            SetupStep::DrillReport => "drill-report",
         }
     }
 }
@@ -2021,6 +2072,34 @@ mod tests {
         m.cluster_init = true;
         let plain = node_setup_script(&NodeUserData::for_member(&m));
         assert!(!plain.contains("restore_etcd"), "{plain}");
+        assert!(!plain.contains("drill_report"), "{plain}");
+        // A restore drill's server says what its restored API holds once k3s is up; a restore
+        // that brings the cluster back does not.
+        m.restore = Some(&disk);
+        m.drill = true;
+        let drill = node_setup_script(&NodeUserData::for_member(&m));
+        let steps: Vec<&str> = drill
+            .lines()
+            .filter_map(|l| l.strip_prefix("step "))
+            .collect();
+        assert_eq!(
+            steps,
+            [
+                "provider-id",
+                "k3s-install",
+                "etcd-restore",
+                "k3s-start",
+                "drill-report"
+            ]
+        );
+        assert!(drill.contains(
+            "step drill-report\ndrill_report 300 namespaces configmaps services serviceaccounts\n"
+        ));
+        assert!(drill.contains("echo \"oxide-controller: drill: restored objects=$n\" >&2"));
+        assert!(
+            crate::domain::backup::drill::RESTORED_MARKER.starts_with("oxide-controller: drill: ")
+        );
+        assert!(!script.contains("drill_report"), "{script}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 mod autoscale;
 pub mod channel;
+mod drill;
 pub mod preflight;
 pub mod webhook_cert;
 pub use autoscale::{Decided, active as autoscale_active, views as autoscale_views};
@@ -647,7 +648,7 @@ pub async fn run<R, C, S, M>(
     opts: &ReconcileOptions,
 ) -> Result<RunOutcome, ReconcileError>
 where
-    R: Rack,
+    R: Rack + crate::adapters::image::ImageStore,
     C: Cluster,
     S: StateStore,
     M: FnOnce(&ClusterSecrets, &ClusterSpec) -> Result<R, RackError>,
@@ -713,9 +714,10 @@ where
         subnet_prefix: std::sync::OnceLock::new(),
         channel,
         webhook_certificate,
+        drill: std::sync::OnceLock::new(),
     };
     let outcome = tokio::select! {
-        r = work(&rack, cluster, &secrets, &ran, nodes, opts, &apply_opts) => r,
+        r = work(&rack, cluster, state, &secrets, &ran, nodes, opts, &apply_opts) => r,
         () = renew => unreachable!("renew never completes"),
         signal = abandoned(&apply_opts) => Err(ReconcileError::Retryable(message(format!(
             "abandoned under way: the run was asked to stop ({signal})"
@@ -761,10 +763,13 @@ async fn dry_run<R: Rack, C: Cluster>(
     Ok(RunOutcome::DryRun { plan })
 }
 
-/// The run's work under the Lease: observe and plan (retried), the autoscaler's Events, apply.
-async fn work<R: Rack, C: Cluster>(
+/// The run's work under the Lease: observe and plan (retried), the autoscaler's Events, apply,
+/// the scheduled restore drill's step.
+#[allow(clippy::too_many_arguments)]
+async fn work<R: Rack + crate::adapters::image::ImageStore, C: Cluster, S: StateStore>(
     rack: &R,
     cluster: &C,
+    state: &S,
     secrets: &ClusterSecrets,
     ran: &Ran<'_>,
     gate_nodes: Vec<Node>,
@@ -793,7 +798,9 @@ async fn work<R: Rack, C: Cluster>(
         })
         .await?;
     let mut plan = plan;
-    plan.findings.extend(backup_findings(ran, (opts.now)()));
+    // Before the backups' own findings: a failed or missing drill does not keep the next
+    // drill from starting (nor does the webhook's certificate).
+    let quiet = drill::quiet(&plan);
     if let Some(message) = ran.webhook_certificate.as_ref().and_then(|w| {
         crate::domain::certificates::webhook_finding(w, &ran.spec.certificates, (opts.now)())
     }) {
@@ -824,6 +831,22 @@ async fn work<R: Rack, C: Cluster>(
     );
     ensure_member_rules(rack, ran.spec, &observed, &plan).await;
     let results = apply::apply(rack, cluster, &factory, &plan, apply_opts).await;
+    if opts.shutdown.signal().is_none() {
+        let input = drill::DrillInput {
+            spec: ran.spec,
+            secrets,
+            observed: &observed,
+            report: drill_report(ran.snapshot),
+            backups: &backups,
+            watching_since: watching_since(ran),
+            now: (opts.now)(),
+            stop_wait: opts.stop_wait,
+        };
+        if let Some(report) = drill::step(rack, state, input, quiet).await {
+            let _ = ran.drill.set(report);
+        }
+    }
+    plan.findings.extend(backup_findings(ran, (opts.now)()));
     Ok((plan, results, autoscaled))
 }
 
@@ -905,6 +928,8 @@ struct Ran<'a> {
     channel: Option<crate::domain::upgrade::channel::ChannelStatus>,
     /// The webhook's serving certificate as this run kept it ([`webhook_cert::keep`]).
     webhook_certificate: Option<crate::domain::certificates::WebhookCertificate>,
+    /// `drill.json` as this run's drill step left it, when it changed it.
+    drill: std::sync::OnceLock<crate::domain::backup::drill::DrillReport>,
 }
 
 /// After the work, whatever its outcome: the status it leaves (written, with the backoff
@@ -1086,10 +1111,7 @@ fn backup_report(snapshot: &state::ConfigSnapshot) -> crate::domain::backup::Bac
 /// since the first run that looked (kept in `status.json`).
 fn backup_status(ran: &Ran<'_>, now: DateTime<Utc>) -> crate::domain::backup::BackupStatus {
     use crate::domain::backup::drill;
-    let since = ran
-        .previous
-        .and_then(|p| p.backup.as_ref())
-        .map_or(ran.started_at, |b| b.watching_since);
+    let since = watching_since(ran);
     let mut status = crate::domain::backup::report::status(
         ran.spec.backup.schedule.as_deref(),
         &backup_report(ran.snapshot),
@@ -1097,11 +1119,10 @@ fn backup_status(ran: &Ran<'_>, now: DateTime<Utc>) -> crate::domain::backup::Ba
         now,
     );
     let drills = ran
-        .snapshot
-        .data
-        .get(state::keys::DRILL)
-        .and_then(|j| drill::DrillReport::from_json(j))
-        .unwrap_or_default();
+        .drill
+        .get()
+        .cloned()
+        .unwrap_or_else(|| drill_report(ran.snapshot));
     status.drill = Some(drill::status(
         ran.spec.backup.drill_schedule.as_deref(),
         &drills,
@@ -1109,6 +1130,23 @@ fn backup_status(ran: &Ran<'_>, now: DateTime<Utc>) -> crate::domain::backup::Ba
         now,
     ));
     status
+}
+
+/// Since when the runs watch the backups and drills (the first run that looked, kept in
+/// `status.json`; this run's start for the first).
+fn watching_since(ran: &Ran<'_>) -> DateTime<Utc> {
+    ran.previous
+        .and_then(|p| p.backup.as_ref())
+        .map_or(ran.started_at, |b| b.watching_since)
+}
+
+/// The restore drills as their runners left them (`drill.json`).
+fn drill_report(snapshot: &state::ConfigSnapshot) -> crate::domain::backup::drill::DrillReport {
+    snapshot
+        .data
+        .get(state::keys::DRILL)
+        .and_then(|j| crate::domain::backup::drill::DrillReport::from_json(j))
+        .unwrap_or_default()
 }
 
 /// The Degraded findings of the backups and drills: a stale backup, a failed or missing drill.

@@ -304,6 +304,26 @@ impl Inner {
             .await
         {
             K3sEnd::Up => {
+                for (step, _) in &ud.setup {
+                    let SetupStep::DrillReport { wait, kinds } = step else {
+                        continue;
+                    };
+                    self.record_setup_state(id, &ud, step.name());
+                    self.console(
+                        id,
+                        &format!("oxide-controller: node-setup: {}\n", step.name()),
+                    );
+                    match self.drill_report(id, *wait, kinds).await {
+                        Ok(n) => self.console(
+                            id,
+                            &format!("oxide-controller: drill: restored objects={n}\n"),
+                        ),
+                        Err(reason) => {
+                            self.console(id, &setup_script::failure_marker(step.name(), &reason));
+                            return Runcmd::Finished;
+                        }
+                    }
+                }
                 // The script's last line records the setup done.
                 self.record_setup_state(id, &ud, "done");
                 Runcmd::Finished
@@ -671,6 +691,10 @@ impl Inner {
         let tampered = Self::name_matches(&faults.download_tampered, name);
         let mut joined = false;
         for (step, _) in &ud.setup {
+            // After k3s: run by `run_runcmd` once k3s is up.
+            if matches!(step, SetupStep::DrillReport { .. }) {
+                continue;
+            }
             self.record_setup_state(id, ud, step.name());
             self.console(
                 id,
@@ -706,7 +730,9 @@ impl Inner {
                         ));
                     }
                 }
-                SetupStep::ProviderId { .. } | SetupStep::K3sStart { .. } => {}
+                SetupStep::ProviderId { .. }
+                | SetupStep::K3sStart { .. }
+                | SetupStep::DrillReport { .. } => {}
                 SetupStep::EtcdRestore { serial, dir } => {
                     self.etcd_restore_step(id, ud, (serial, dir), started)
                         .await
@@ -764,6 +790,60 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// A restore drill's `drill_report`: k3s's kubectl (the admin kubeconfig k3s wrote) polls
+    /// `/readyz` of the server's own API once a second for at most `wait`, then lists each of
+    /// `kinds` in all namespaces (`-o name`, one line per object); the script adds them up. A
+    /// kind the API does not serve fails the step as kubectl's non-zero exit does.
+    async fn drill_report(
+        self: &Arc<Self>,
+        id: Uuid,
+        wait: std::time::Duration,
+        kinds: &[String],
+    ) -> Result<u64, String> {
+        let deadline = Instant::now() + wait;
+        let api = loop {
+            let api = {
+                let st = self.state();
+                self.api_of(&st, id)
+            };
+            if let Some(api) = api
+                && api
+                    .control_plane
+                    .list("v1", "Namespace", None)
+                    .await
+                    .is_ok()
+            {
+                break api;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the restored API did not answer /readyz within {} s",
+                    wait.as_secs()
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        };
+        let mut n = 0u64;
+        for kind in kinds {
+            let listed = match kind.as_str() {
+                "namespaces" => Some("Namespace"),
+                "configmaps" => Some("ConfigMap"),
+                "services" => Some("Service"),
+                "serviceaccounts" => Some("ServiceAccount"),
+                _ => None,
+            };
+            let Some(k) = listed else {
+                // kubectl: `error: the server doesn't have a resource type "KIND"`, exit 1.
+                return Err(format!("k3s kubectl get {kind} failed"));
+            };
+            match api.control_plane.list("v1", k, None).await {
+                Ok(items) => n += items.len() as u64,
+                Err(_) => return Err(format!("k3s kubectl get {kind} failed")),
+            }
+        }
+        Ok(n)
     }
 
     /// The setup script's `step` (and its last line) write the state file, when it has one.

@@ -61,6 +61,14 @@ pub enum SetupStep {
         role: Option<Role>,
         wait: Option<std::time::Duration>,
     },
+    /// `drill_report SECONDS KIND...` (a restore drill's server, after k3s started): k3s's
+    /// own `kubectl` (the admin's `/etc/rancher/k3s/k3s.yaml`) polls `/readyz` for at most
+    /// `wait`, then lists each kind in all namespaces and the script prints
+    /// `oxide-controller: drill: restored objects=N` to stderr (the serial console).
+    DrillReport {
+        wait: std::time::Duration,
+        kinds: Vec<String>,
+    },
     /// A step this model does not know: the guest fails it (the real one would do something
     /// the simulator cannot vouch for).
     Unknown,
@@ -79,6 +87,7 @@ impl SetupStep {
             SetupStep::EtcdRestore { .. } => "etcd-restore",
             SetupStep::K3sVersion { .. } => "k3s-version",
             SetupStep::K3sStart { .. } => "k3s-start",
+            SetupStep::DrillReport { .. } => "drill-report",
             SetupStep::Unknown => "unknown",
         }
     }
@@ -151,6 +160,21 @@ fn read_step(name: &str, body: &[String]) -> SetupStep {
             }
             _ => SetupStep::Unknown,
         },
+        "drill-report" => {
+            let words: Vec<&str> = find(&|l| l.starts_with("drill_report "))
+                .map(|l| l.split_whitespace().skip(1).collect())
+                .unwrap_or_default();
+            match words.split_first() {
+                Some((secs, kinds)) if !kinds.is_empty() => match secs.parse::<u64>() {
+                    Ok(secs) => SetupStep::DrillReport {
+                        wait: std::time::Duration::from_secs(secs),
+                        kinds: kinds.iter().map(|k| (*k).to_owned()).collect(),
+                    },
+                    Err(_) => SetupStep::Unknown,
+                },
+                _ => SetupStep::Unknown,
+            }
+        }
         "provider-id" => find(&|l| l.contains("product_uuid")).map_or(SetupStep::Unknown, |_| {
             let prefix = body.iter().find_map(|l| {
                 let rest = &l[l.find("provider-id=")? + "provider-id=".len()..];
@@ -433,6 +457,20 @@ mod tests {
         assert_eq!(steps[1].0.name(), "etcd-restore");
         assert_eq!(steps[3].0, SetupStep::Unknown);
         assert_eq!(steps[4].0, SetupStep::Unknown);
+        // A restore drill's server reports after k3s started; a report without its kinds (or
+        // its wait) is a step the model does not know.
+        let drill = "#!/bin/sh\nstep k3s-start\nstart_k3s 'k3s' 300\nstep drill-report\ndrill_report 300 namespaces configmaps\nstep drill-report\ndrill_report 300\nstep drill-report\ndrill_report soon namespaces\n";
+        let steps = parse_setup(&["/usr/local/sbin/oxide-node-setup".into()], &files(drill));
+        assert_eq!(
+            steps[1].0,
+            SetupStep::DrillReport {
+                wait: std::time::Duration::from_secs(300),
+                kinds: vec!["namespaces".into(), "configmaps".into()],
+            }
+        );
+        assert_eq!(steps[1].0.name(), "drill-report");
+        assert_eq!(steps[2].0, SetupStep::Unknown);
+        assert_eq!(steps[3].0, SetupStep::Unknown);
         // The product's: install without starting, then start and poll.
         let polled = "#!/bin/sh\nstep k3s-install\ndownload /run/k.sh 'https://get.k3s.io'\nINSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='agent' sh /run/k.sh\nstep k3s-start\nstart_k3s 'k3s-agent' 30\n";
         let steps = parse_setup(&["/usr/local/sbin/oxide-node-setup".into()], &files(polled));

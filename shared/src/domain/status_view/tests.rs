@@ -150,13 +150,32 @@ fn status(degraded: bool) -> Status {
             },
             watching_since: t(8, 0, 0),
             stale: degraded,
-            drill: None,
+            drill: Some(drill_under_way()),
         }),
         certificates: certificates(),
         certificates_read_at: None,
         control_plane_roll: None,
         channel: None,
         webhook_certificate: None,
+    }
+}
+
+/// A scheduled restore drill under way.
+fn drill_under_way() -> crate::domain::backup::drill::DrillStatus {
+    crate::domain::backup::drill::DrillStatus {
+        schedule: Some("30 3 * * 0".into()),
+        report: crate::domain::backup::drill::DrillReport {
+            last: None,
+            last_success_at: None,
+            running: Some(crate::domain::backup::drill::DrillRunning {
+                server: "demo-drill-control-plane-ddddd".into(),
+                backup: "demo-etcd-20261127t090000z".into(),
+                backup_time: t(9, 0, 0),
+                expected_objects: Some(60),
+                started: t(9, 55, 0),
+            }),
+        },
+        problem: None,
     }
 }
 

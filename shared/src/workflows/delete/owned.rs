@@ -3,13 +3,14 @@
 //! Ownership is exact, never a name prefix alone: cluster `prod` must not touch cluster
 //! `prod-2`'s `prod-2-workers-x`. The rules, each object with the reason it counts as owned:
 //!
-//! - instances whose description tag ([`InstanceTag`]) names the cluster;
+//! - instances whose description tag ([`InstanceTag`]) names the cluster, and its restore
+//!   drills' servers ([`drill::server_description`]: a drill under way or left behind);
 //! - disks attached to such an instance, named `boot-`/`data-` for one, or (orphans) carrying
 //!   the cluster's tag in their own description (member disks are created with the
-//!   instance's description);
+//!   instance's description, the drills' servers' theirs);
 //! - the floating IP `<cluster>-apiserver` when its description is ours for this cluster
 //!   (bootstrap and reconcile's repair write the same one; the text an older reconcile wrote is
-//!   recognised too);
+//!   recognised too), and `<cluster>-drill-apiserver` with its drill's description;
 //! - the Oxide CCM's floating IPs (description "Managed by oxide-cloud-controller-manager.",
 //!   named `<cluster>-<namespace>-<service>`): the exact names computed from the cluster's
 //!   LoadBalancer Services when its API answers, else by name prefix claimed by the longest
@@ -32,6 +33,7 @@ use uuid::Uuid;
 
 use crate::adapters::image::import_disk_cluster;
 use crate::base::names::{self, InstanceTag};
+use crate::domain::backup::drill;
 use crate::domain::model::{
     AntiAffinityGroup, Disk, DiskState, FloatingIp, Image, Instance, InstanceState, Snapshot,
 };
@@ -248,6 +250,16 @@ fn take_instances<'o>(
                     instance: None,
                 });
             }
+            None if drill::server_of(&i.description) == Some(cluster) => {
+                ours.insert(i.id, i);
+                inv.instance_states.insert(i.name.clone(), i.state.clone());
+                inv.items.push(Item {
+                    kind: Kind::Instance,
+                    name: i.name.clone(),
+                    reason: format!("a restore drill's server of cluster {cluster}"),
+                    instance: None,
+                });
+            }
             Some(t) if i.name.starts_with(prefix) => inv.keep(
                 Kind::Instance,
                 &i.name,
@@ -316,6 +328,13 @@ fn take_disks(
                     "orphaned member disk tagged cluster={cluster} pool={}",
                     t.pool
                 ),
+                instance: None,
+            });
+        } else if drill::server_of(&d.description) == Some(cluster) {
+            inv.items.push(Item {
+                kind: Kind::Disk,
+                name: d.name.clone(),
+                reason: format!("orphaned disk of a restore drill's server of cluster {cluster}"),
                 instance: None,
             });
         } else if import_disk_cluster(&d.description) == Some(cluster) {
@@ -403,9 +422,19 @@ fn take_floating_ips(
     let cluster = scope.cluster.as_str();
     let api = names::api_floating_ip_name(cluster);
     let clusters = known_clusters(obs);
+    let drill_api = names::api_floating_ip_name(&format!("{cluster}-drill"));
     for f in &obs.floating_ips {
         if f.name == api {
             take_api_floating_ip(cluster, f, inv);
+            continue;
+        }
+        if f.name == drill_api && f.description == drill::address_description(cluster) {
+            inv.items.push(Item {
+                kind: Kind::FloatingIp,
+                name: f.name.clone(),
+                reason: "the address of the cluster's restore drill".into(),
+                instance: None,
+            });
             continue;
         }
         if f.description != CCM_FLOATING_IP_DESCRIPTION || !f.name.starts_with(prefix) {

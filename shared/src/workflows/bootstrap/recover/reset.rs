@@ -29,7 +29,6 @@
 //! grows the servers back one at a time.
 
 use std::net::IpAddr;
-use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::info;
@@ -59,8 +58,7 @@ pub const START_K3S: &str = "sudo -n systemctl start k3s";
 /// What k3s says when its reset-flag is there (`pkg/cluster/managed.go` `start`).
 const PREVIOUSLY_RESET: &str = "was previously reset";
 
-/// How often instance states are read while waiting.
-const POLL: Duration = Duration::from_millis(500);
+pub(crate) use crate::workflows::retire::{POLL, delete, fence, wait_state};
 
 /// Steps 1-6 (see the module docs). `started` is when the first of them began.
 pub(super) async fn run<C: Connect>(
@@ -90,32 +88,6 @@ pub(super) async fn run<C: Connect>(
     Ok(())
 }
 
-/// Step 1: stops every server in `others` and waits until none runs.
-pub(super) async fn fence<R: Rack>(
-    rack: &R,
-    others: &[String],
-    deadline: Instant,
-) -> Result<(), BootstrapError> {
-    for name in others {
-        info!(step = "fence", instance = %name, "stopping the server");
-        match rack.stop_instance(name).await {
-            // Already stopping or stopped, or gone meanwhile: what we wanted.
-            Ok(()) | Err(RackError::Conflict { .. } | RackError::NotFound { .. }) => {}
-            Err(e) => return Err(rack_failed("fence", e)),
-        }
-    }
-    for name in others {
-        wait_state(rack, name, "fence", deadline, |s| {
-            matches!(
-                s,
-                None | Some(InstanceState::Stopped | InstanceState::Failed)
-            )
-        })
-        .await?;
-    }
-    Ok(())
-}
-
 /// Step 2: the survivor runs.
 async fn ensure_running<R: Rack>(
     rack: &R,
@@ -138,35 +110,6 @@ async fn ensure_running<R: Rack>(
         s == Some(InstanceState::Running)
     })
     .await
-}
-
-/// Polls `name`'s state until `done` says so, or fails at `deadline`.
-pub(super) async fn wait_state<R: Rack>(
-    rack: &R,
-    name: &str,
-    step: &'static str,
-    deadline: Instant,
-    done: impl Fn(Option<InstanceState>) -> bool,
-) -> Result<(), BootstrapError> {
-    loop {
-        let state = rack
-            .get_instance(name)
-            .await
-            .map_err(|e| rack_failed(step, e))?
-            .map(|i| i.state);
-        if done(state.clone()) {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(BootstrapError::step(
-                step,
-                message(format!(
-                    "{name} is still {state:?}; re-run bootstrap recover to keep waiting"
-                )),
-            ));
-        }
-        tokio::time::sleep(POLL).await;
-    }
 }
 
 /// Step 3: the API floating IP on the survivor. Returns its address.
@@ -292,31 +235,6 @@ async fn run_ok<S: RemoteShell>(
     } else {
         Err(remote_failed(step, command, &out))
     }
-}
-
-/// Step 5: the other servers and their disks.
-pub(super) async fn delete<R: Rack>(rack: &R, others: &[String]) -> Result<(), BootstrapError> {
-    for name in others {
-        info!(step = "delete", instance = %name, "deleting the server and its disks");
-        match rack.delete_instance(name).await {
-            Ok(()) | Err(RackError::NotFound { .. }) => {}
-            Err(e) => return Err(rack_failed("delete", e)),
-        }
-        for disk in [names::boot_disk_name(name), names::data_disk_name(name)] {
-            // A disk detaches from its deleted instance a moment later.
-            let deleted = crate::base::retry::retry(
-                crate::base::retry::Backoff::default(),
-                |e: &RackError| e.is_retryable() || matches!(e, RackError::Conflict { .. }),
-                || rack.delete_disk(&disk),
-            )
-            .await;
-            match deleted {
-                Ok(()) | Err(RackError::NotFound { .. }) => {}
-                Err(e) => return Err(rack_failed("delete", e)),
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A remote command that exited non-zero, with its exit status and the end of its stderr.

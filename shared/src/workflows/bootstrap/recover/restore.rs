@@ -25,16 +25,14 @@
 use std::fmt::Write as _;
 
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::{RecoverInput, Validated, rack_failed};
 use crate::base::names::{self, InstanceTag};
 use crate::domain::backup::{self, Backup, Choice};
-use crate::domain::model::{InstanceState, SnapshotDisk};
-use crate::domain::spec::{ClusterSpec, Role};
+use crate::domain::model::InstanceState;
+use crate::domain::spec::ClusterSpec;
 use crate::ports::rack::Rack;
-use crate::render::cloud_init::MemberInput;
-use crate::render::members;
 use crate::workflows::bootstrap::{BootstrapError, Connect};
 use crate::workflows::error::message;
 
@@ -238,7 +236,8 @@ pub(super) async fn run<C: Connect>(
         })?;
     let name = names::instance_name(c, &pool.name, &names::random_suffix(&mut rand::rng()));
     ensure_member_rule(rack, c, &name).await?;
-    let new = restoring_server(rack, v, spec, chosen, &name, fip.ip, false, step).await?;
+    let secrets = v.resume.secrets(&v.host, &v.token, None);
+    let new = restoring_server(rack, &secrets, spec, chosen, &name, fip.ip, false, step).await?;
     if let Some(group) = &new.anti_affinity_group {
         rack.ensure_anti_affinity_group(group)
             .await
@@ -262,92 +261,7 @@ pub(super) async fn run<C: Connect>(
     Ok(name)
 }
 
-/// The cluster-init server that restores `chosen`: `name`, with the resume file's tokens,
-/// `api_address` among its TLS names, the control-plane pool's size, the backup's k3s release
-/// and image ([`crate::domain::spec::restore_pool`]), and a disk made from the backup; a `drill`'s without
-/// a local agent.
-#[allow(clippy::too_many_arguments)]
-async fn restoring_server<R: Rack + crate::adapters::image::ImageStore>(
-    rack: &R,
-    v: &Validated,
-    spec: &crate::domain::spec::ClusterSpec,
-    chosen: &Backup,
-    name: &str,
-    api_address: std::net::IpAddr,
-    drill: bool,
-    step: &'static str,
-) -> Result<crate::domain::model::NewInstance, BootstrapError> {
-    let (pool, note) =
-        crate::domain::spec::restore_pool(&chosen.name, &chosen.tag, &spec.control_plane)
-            .map_err(|m| BootstrapError::needs_person(step, message(m)))?;
-    if let Some(note) = note {
-        warn!(step, backup = %chosen.name, "{note}");
-    }
-    let mut spec = spec.clone();
-    spec.control_plane = pool;
-    spec.validate().map_err(|e| {
-        BootstrapError::needs_person(
-            step,
-            message(format!(
-                "the server restoring backup {} runs k3s {} (the backup's release) on image {}, which the resume file's spec does not allow: {e}. Nothing was changed",
-                chosen.name, chosen.tag.k3s_version, spec.control_plane.image
-            )),
-        )
-    })?;
-    let spec = &spec;
-    let pool = &spec.control_plane;
-    let image = Rack::find_image(rack, &pool.image)
-        .await
-        .map_err(|e| rack_failed(step, e))?
-        .ok_or_else(|| {
-            BootstrapError::needs_person(
-                step,
-                message(format!(
-                    "image {} (the control-plane image for backup {}) is neither in the project nor in the silo; import it again, or restore another backup. Nothing was changed",
-                    pool.image, chosen.name
-                )),
-            )
-        })?;
-    let snapshot = crate::adapters::image::ImageStore::snapshot(rack, &chosen.name)
-        .await
-        .map_err(|e| rack_failed(step, e))?
-        .ok_or_else(|| {
-            BootstrapError::step(
-                step,
-                message(format!("backup {} vanished meanwhile", chosen.name)),
-            )
-        })?;
-    // A disk made from a snapshot is at least the snapshot's size.
-    let disk = SnapshotDisk {
-        name: restore_disk_name(name),
-        snapshot: snapshot.id,
-        size: crate::base::size::ByteSize(snapshot.size),
-    };
-    let secrets = v.resume.secrets(&v.host, &v.token, None);
-    members::new_instance(&MemberInput {
-        spec,
-        secrets: &secrets,
-        role: Role::ControlPlane,
-        pool,
-        name,
-        image_id: image.id,
-        api_address,
-        join_address: api_address,
-        cluster_init: true,
-        ca_hash: None,
-        restore: Some(&disk),
-        drill,
-    })
-    .map_err(|m| BootstrapError::step(step, message(m)))
-}
-
-/// `restore-<server>`, cut to 63 characters: its NVMe serial (the first 20 bytes) is not a
-/// boot or data disk's.
-pub fn restore_disk_name(server: &str) -> String {
-    let mut n = format!("restore-{server}");
-    n.truncate(names::MAX_NAME_LEN);
-    n.trim_end_matches('-').to_owned()
-}
+use crate::workflows::drill::{clean_drill, drill_names, restoring_server};
 
 /// The members rule names the cluster's instances and `new` (before it exists, as reconcile
 /// does before each create).
@@ -415,21 +329,15 @@ pub fn drill_result(
         restore_seconds: None,
         cleaned_up: false,
         by: by.to_owned(),
+        started: None,
     };
     match drilled {
         Ok(d) => {
             r.restored_objects = Some(d.restored_objects);
             r.restore_seconds = Some(d.restore_seconds);
             r.cleaned_up = d.cleaned_up;
-            match d.expected_objects {
-                Some(n) if n != d.restored_objects => {
-                    r.reason = Some(format!(
-                        "the restored API holds {} objects where the backup counted {n}",
-                        d.restored_objects
-                    ));
-                }
-                _ => r.ok = true,
-            }
+            r.reason = backup::drill::count_mismatch(d.expected_objects, d.restored_objects);
+            r.ok = r.reason.is_none();
         }
         Err(e) => {
             r.reason = Some(crate::workflows::error::chain(e));
@@ -441,13 +349,6 @@ pub fn drill_result(
         }
     }
     r
-}
-
-/// Names of what a drill of `cluster` makes: its throw-away cluster name and API address.
-fn drill_names(cluster: &str) -> (String, String) {
-    let tmp = format!("{cluster}-drill");
-    let fip = names::api_floating_ip_name(&tmp);
-    (tmp, fip)
 }
 
 /// The restore drill: the backup restored into a throw-away single server (no local agent,
@@ -463,7 +364,7 @@ pub(super) async fn drill<C: Connect>(
 ) -> Result<DrillReport, BootstrapError> {
     let step = "drill";
     let c = &input.cluster;
-    let (tmp, fip_name) = drill_names(c);
+    let (_, fip_name) = drill_names(c);
     let spec = v.spec.as_ref().ok_or_else(|| {
         BootstrapError::needs_person(
             step,
@@ -473,15 +374,7 @@ pub(super) async fn drill<C: Connect>(
             )),
         )
     })?;
-    let mut spec = spec.clone();
-    spec.cluster.clone_from(&tmp);
-    let name = names::instance_name(
-        &tmp,
-        &spec.control_plane.name,
-        &names::random_suffix(&mut rand::rng()),
-    );
-    names::validate_name_max("drill server name", &name, names::MAX_INSTANCE_NAME_LEN)
-        .map_err(|e| BootstrapError::input("--cluster", e))?;
+    let (spec, name) = crate::workflows::drill::drill_spec_and_server(spec)?;
     // Where the copy of the admin kubeconfig goes: a directory of a random name made by
     // this process alone, 0700 (audit security-2 N5: a predictable path under a shared /tmp
     // let another local user pre-create it and read the credential).
@@ -490,7 +383,7 @@ pub(super) async fn drill<C: Connect>(
         connect, rack, v, input, chosen, &spec, &name, &fip_name, &dir,
     )
     .await;
-    let cleaned = clean_drill(rack, &name, &fip_name, input).await;
+    let cleaned = clean_drill(rack, &name, Some(&fip_name), input.api_timeout).await;
     let _ = std::fs::remove_dir_all(&dir);
     let (restore_seconds, restored_objects) = made?;
     cleaned?;
@@ -539,33 +432,18 @@ async fn drill_server<C: Connect>(
     dir: &std::path::Path,
 ) -> Result<(f64, u64), BootstrapError> {
     let step = "drill";
-    let fip = match rack
-        .get_floating_ip(fip_name)
-        .await
-        .map_err(|e| rack_failed(step, e))?
-    {
-        Some(f) => f,
-        None => rack
-            .create_floating_ip(
-                fip_name,
-                &format!(
-                    "oxide-controller: restore drill of cluster {}",
-                    input.cluster
-                ),
-                spec.nodes.ip_pool.as_deref(),
-            )
-            .await
-            .map_err(|e| rack_failed(step, e))?,
-    };
-    let mut new = restoring_server(rack, v, spec, chosen, name, fip.ip, true, step).await?;
-    // Alone, reached through its own address: no group, no ephemeral address.
-    new.anti_affinity_group = None;
-    new.ephemeral_ip = false;
     let started = Instant::now();
-    info!(step, instance = %name, backup = %chosen.name, "creating the drill's server");
-    rack.create_instance(&new)
-        .await
-        .map_err(|e| rack_failed(step, e))?;
+    let secrets = v.resume.secrets(&v.host, &v.token, None);
+    let ip = crate::workflows::drill::create_drill_server(
+        rack,
+        &secrets,
+        spec,
+        chosen,
+        &input.cluster,
+        name,
+        step,
+    )
+    .await?;
     let deadline = started + input.api_timeout;
     super::reset::wait_state(rack, name, step, deadline, |s| {
         s == Some(InstanceState::Running)
@@ -582,7 +460,7 @@ async fn drill_server<C: Connect>(
     crate::adapters::kubeconfig::copy_with_server(
         &v.kubeconfig,
         &input.cluster,
-        &crate::domain::spec::server_url(fip.ip),
+        &crate::domain::spec::server_url(ip),
         &kubeconfig,
     )
     .map_err(|e| BootstrapError::step(step, e))?;
@@ -622,48 +500,6 @@ async fn drill_server<C: Connect>(
         .await
         .map_err(|e| BootstrapError::step(step, message(e)))?;
     Ok((seconds, objects))
-}
-
-/// Deletes what a drill made (the server with its disks, its address); each gone already is
-/// fine, so a drill cut short is cleaned by the next.
-async fn clean_drill<R: Rack>(
-    rack: &R,
-    name: &str,
-    fip_name: &str,
-    input: &RecoverInput,
-) -> Result<(), BootstrapError> {
-    let step = "drill-cleanup";
-    let deadline = Instant::now() + input.api_timeout;
-    let others = [name.to_owned()];
-    let attached = rack
-        .get_floating_ip(fip_name)
-        .await
-        .map_err(|e| rack_failed(step, e))?
-        .is_some_and(|f| f.instance_id.is_some());
-    if attached {
-        rack.detach_floating_ip(fip_name)
-            .await
-            .map_err(|e| rack_failed(step, e))?;
-    }
-    super::reset::fence(rack, &others, deadline).await?;
-    super::reset::delete(rack, &others).await?;
-    let restore = restore_disk_name(name);
-    let deleted = crate::base::retry::retry(
-        crate::base::retry::Backoff::default(),
-        |e: &crate::ports::rack::RackError| {
-            e.is_retryable() || matches!(e, crate::ports::rack::RackError::Conflict { .. })
-        },
-        || rack.delete_disk(&restore),
-    )
-    .await;
-    match deleted {
-        Ok(()) | Err(crate::ports::rack::RackError::NotFound { .. }) => {}
-        Err(e) => return Err(rack_failed(step, e)),
-    }
-    match rack.delete_floating_ip(fip_name).await {
-        Ok(()) | Err(crate::ports::rack::RackError::NotFound { .. }) => Ok(()),
-        Err(e) => Err(rack_failed(step, e)),
-    }
 }
 
 #[cfg(test)]
