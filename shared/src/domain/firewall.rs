@@ -213,6 +213,25 @@ pub fn api_rule(cluster: &str, sources: Vec<Cidr>, servers: &[String]) -> OwnedR
     }
 }
 
+/// The instances the API rule of `cluster` names, from the project's `(name, description)`:
+/// its servers (members of pool `control_plane_pool`) and its restore-drill servers, which a
+/// laptop's drill reaches through their own address (`bootstrap recover --verify`).
+pub fn api_servers<'a>(
+    cluster: &str,
+    control_plane_pool: &str,
+    instances: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> Vec<String> {
+    instances
+        .into_iter()
+        .filter(|(_, description)| {
+            crate::base::names::InstanceTag::parse(description)
+                .is_some_and(|t| t.cluster == cluster && t.pool == control_plane_pool)
+                || crate::domain::backup::drill::server_of(description) == Some(cluster)
+        })
+        .map(|(name, _)| name.to_owned())
+        .collect()
+}
+
 /// The API rule of `cluster` aimed at `servers`, its sources as the rack has them
 /// ([`RuleHosts::Kept`]): what a reconcile run ensures. `None` with no server, or more than a
 /// rule can name.
@@ -364,6 +383,28 @@ mod tests {
         assert_eq!(
             r.targets,
             RuleTargets::Instances(vec!["demo-cp-a".into(), "demo-cp-b".into()])
+        );
+        let tag = |pool: &str| {
+            crate::base::names::InstanceTag {
+                cluster: "demo".into(),
+                pool: pool.into(),
+                spec_hash: "h".into(),
+            }
+            .to_string()
+        };
+        let drill = crate::domain::backup::drill::server_description("demo", "b1");
+        let other = crate::domain::backup::drill::server_description("demo-2", "b1");
+        let (cp, workers) = (tag("control-plane"), tag("workers"));
+        let listed = [
+            ("demo-control-plane-a", cp.as_str()),
+            ("demo-workers-b", workers.as_str()),
+            ("demo-drill-control-plane-c", drill.as_str()),
+            ("demo-2-drill-control-plane-d", other.as_str()),
+            ("hand-made", "a VM someone made"),
+        ];
+        assert_eq!(
+            api_servers("demo", "control-plane", listed),
+            ["demo-control-plane-a", "demo-drill-control-plane-c"]
         );
         let kept = api_rule_servers("demo", &servers).unwrap();
         assert_eq!((kept.hosts, kept.targets), (RuleHosts::Kept, r.targets));

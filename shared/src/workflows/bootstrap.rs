@@ -490,26 +490,25 @@ async fn step_project<R: Rack>(
     rack.ensure_project()
         .await
         .map_err(|e| rack_failed("project", e))?;
-    let tagged: Vec<(String, InstanceTag)> = rack
+    let listed = rack
         .list_instances(&names::cluster_prefix(&v.spec.cluster))
         .await
-        .map_err(|e| rack_failed("project", e))?
-        .into_iter()
-        .filter_map(|i| {
-            InstanceTag::parse(&i.description)
-                .filter(|t| t.cluster == v.spec.cluster)
-                .map(|t| (i.name, t))
-        })
+        .map_err(|e| rack_failed("project", e))?;
+    let mut members: Vec<String> = listed
+        .iter()
+        .filter(|i| InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == v.spec.cluster))
+        .map(|i| i.name.clone())
         .collect();
-    let mut members: Vec<String> = tagged.iter().map(|(n, _)| n.clone()).collect();
     members.push(first_server.to_owned());
     // Part of the project step: the VPC drops the API port until this rule admits it, on the
     // cluster's servers (those there are, and the first one about to be made) only.
-    let mut servers: Vec<String> = tagged
-        .iter()
-        .filter(|(_, t)| t.pool == v.spec.control_plane.name)
-        .map(|(n, _)| n.clone())
-        .collect();
+    let mut servers = crate::domain::firewall::api_servers(
+        &v.spec.cluster,
+        &v.spec.control_plane.name,
+        listed
+            .iter()
+            .map(|i| (i.name.as_str(), i.description.as_str())),
+    );
     servers.push(first_server.to_owned());
     let mut api_rule = v.api_rule.clone();
     api_rule.targets =

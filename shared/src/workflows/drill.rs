@@ -169,6 +169,11 @@ pub async fn create_drill_server<R: Rack + crate::adapters::image::ImageStore>(
     new.anti_affinity_group = None;
     new.ephemeral_ip = false;
     new.description = crate::domain::backup::drill::server_description(cluster, &chosen.name);
+    // The cluster's API rule names servers, not the VPC (audit security-2 N11): it names the
+    // drill's server before it exists, so a laptop's drill reaches its API on the address.
+    retarget_api_rule(rack, cluster, &spec.control_plane.name, name)
+        .await
+        .map_err(|e| rack_failed(step, e))?;
     info!(step, instance = %name, backup = %chosen.name, "creating the drill's server");
     rack.create_instance(&new)
         .await
@@ -178,6 +183,30 @@ pub async fn create_drill_server<R: Rack + crate::adapters::image::ImageStore>(
 
 /// Deletes what a drill made: the server `name` with its disks, and, with `fip_name`, the
 /// drill's address. Each gone already is fine, so a drill cut short is cleaned by the next; a
+/// Names `new` in `cluster`'s API rule, beside its servers and drill servers as the rack lists
+/// them ([`crate::domain::firewall::api_servers`]), before `new` exists; the rule's sources
+/// stay as bootstrap wrote them, and a cluster without the rule gets none.
+pub async fn retarget_api_rule<R: Rack>(
+    rack: &R,
+    cluster: &str,
+    control_plane_pool: &str,
+    new: &str,
+) -> Result<(), RackError> {
+    let listed = rack.list_instances(&names::cluster_prefix(cluster)).await?;
+    let mut servers = crate::domain::firewall::api_servers(
+        cluster,
+        control_plane_pool,
+        listed
+            .iter()
+            .map(|i| (i.name.as_str(), i.description.as_str())),
+    );
+    servers.push(new.to_owned());
+    if let Some(rule) = crate::domain::firewall::api_rule_servers(cluster, &servers) {
+        rack.ensure_firewall_rules(&[rule]).await?;
+    }
+    Ok(())
+}
+
 /// stop still under way at `timeout` fails (the next try goes on).
 pub async fn clean_drill<R: Rack>(
     rack: &R,

@@ -876,11 +876,22 @@ async fn ensure_member_rules<R: Rack>(
         plan::Action::CreateMember { name, pool, .. } => Some((name.clone(), pool.clone())),
         _ => None,
     }));
-    let servers: Vec<String> = members
-        .iter()
-        .filter(|(_, pool)| *pool == spec.control_plane.name)
-        .map(|(n, _)| n.clone())
-        .collect();
+    // The servers, the ones this run creates and the drill servers (a laptop's drill reaches
+    // its server through its own address).
+    let mut servers = crate::domain::firewall::api_servers(
+        &spec.cluster,
+        &spec.control_plane.name,
+        observed
+            .instances
+            .iter()
+            .map(|i| (i.name.as_str(), i.description.as_str())),
+    );
+    servers.extend(plan.actions.iter().filter_map(|a| match a {
+        plan::Action::CreateMember { name, pool, .. } if *pool == spec.control_plane.name => {
+            Some(name.clone())
+        }
+        _ => None,
+    }));
     let members: Vec<String> = members.into_iter().map(|(n, _)| n).collect();
     if members.len() > crate::domain::firewall::MAX_RULE_PARTS {
         warn!(

@@ -236,6 +236,11 @@ pub(super) async fn run<C: Connect>(
         })?;
     let name = names::instance_name(c, &pool.name, &names::random_suffix(&mut rand::rng()));
     ensure_member_rule(rack, c, &name).await?;
+    // The API rule names the restoring server too (it names servers, not the VPC): the old
+    // kubeconfig reaches it on the API address.
+    retarget_api_rule(rack, c, &pool.name, &name)
+        .await
+        .map_err(|e| rack_failed("firewall", e))?;
     let secrets = v.resume.secrets(&v.host, &v.token, None);
     let new = restoring_server(rack, &secrets, spec, chosen, &name, fip.ip, false, step).await?;
     if let Some(group) = &new.anti_affinity_group {
@@ -261,7 +266,7 @@ pub(super) async fn run<C: Connect>(
     Ok(name)
 }
 
-use crate::workflows::drill::{clean_drill, drill_names, restoring_server};
+use crate::workflows::drill::{clean_drill, drill_names, restoring_server, retarget_api_rule};
 
 /// The members rule names the cluster's instances and `new` (before it exists, as reconcile
 /// does before each create).
