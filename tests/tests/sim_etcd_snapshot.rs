@@ -1,7 +1,8 @@
 //! k3s's on-demand etcd snapshot in the simulator: `k3s etcd-snapshot save` over SSH on a
 //! server writes a real etcd snapshot of the cluster's etcd (etcd's own snapshot stream: the
 //! member's bbolt database followed by its sha256) to k3s's default path on the VM's disk,
-//! where `cat` reads it back. With k3s stopped there is no etcd to snapshot.
+//! where `cat` reads it back; `k3s etcd-snapshot delete NAME` removes it. With k3s stopped
+//! there is no etcd to snapshot and no server to delete one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -130,10 +131,35 @@ async fn etcd_snapshot_save_writes_a_real_etcd_snapshot_at_k3s_default_path() {
     assert!(log.contains(" saved."), "{log}");
     sim.faults().update(|f| f.slow_snapshots.clear());
 
+    // `k3s etcd-snapshot delete NAME` (audit security-2 N1 fix 5): the server removes the file
+    // and logs it; the CLI says "Snapshot NAME deleted.". A name with no file: exit 0 all the
+    // same, with k3s's warning "Snapshot NAME not found.".
+    let delete = format!("sudo -n k3s etcd-snapshot delete {name}");
+    let (status, _, log) = run(&target, &delete).await;
+    assert_eq!(status, 0, "{log}");
+    assert!(
+        log.contains(&format!("level=info msg=\"Snapshot {name} deleted.\"")),
+        "{log}"
+    );
+    assert!(!dir.join(&name).exists(), "{name} is still on the disk");
+    let (status, _, err) = run(&target, &format!("sudo -n cat {path}")).await;
+    assert_eq!(status, 1, "{err}");
+    wait_console(&c, SERVER, &format!("Snapshot {name} deleted locally")).await;
+    let (status, _, log) = run(&target, &delete).await;
+    assert_eq!(status, 0, "{log}");
+    assert!(
+        log.contains(&format!("level=warning msg=\"Snapshot {name} not found.\"")),
+        "{log}"
+    );
+    wait_console(&c, SERVER, &format!("Snapshot {name} not found locally")).await;
+
     // Without k3s running there is no etcd to snapshot, and nothing is written.
     assert_eq!(run(&target, "sudo -n systemctl stop k3s").await.0, 0);
     let (status, _, log) = run(&target, "sudo -n k3s etcd-snapshot save").await;
     assert_eq!(status, 1, "{log}");
     assert!(log.contains("level=fatal"), "{log}");
     assert!(!log.contains(" saved."), "{log}");
+    let (status, _, log) = run(&target, &delete).await;
+    assert_eq!(status, 1, "{log}");
+    assert!(log.contains("level=fatal"), "{log}");
 }

@@ -220,6 +220,31 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
 
     no_ssh_private_key_in_any_secret(&client).await;
 
+    // Audit security-2 N1 (fix 5): k3s keeps on-demand snapshots until someone deletes them,
+    // and each is a plaintext copy of the datastore: the one read for the backup is deleted
+    // from the server's snapshot directory (k3s's scheduled ones, if any, are k3s's).
+    assert!(!stdout.contains("Left on"), "{stdout}");
+    let dir = env
+        .sim
+        .boot()
+        .node_dir(
+            &manifest.taken_on,
+            oxide_controller::workflows::backup::K3S_SNAPSHOT_DIR,
+        )
+        .unwrap();
+    let on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    assert!(
+        manifest.k3s_snapshot.starts_with("on-demand-")
+            && !on_disk.iter().any(|f| f.starts_with("on-demand-")),
+        "{} on {}: {on_disk:?}",
+        manifest.k3s_snapshot,
+        manifest.taken_on
+    );
+
     // The spec's retention (in the live ConfigMap): the newest one only. A second backup
     // deletes the first.
     let state: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");

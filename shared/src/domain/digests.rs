@@ -15,6 +15,11 @@
 //! release up to the newest minor it was shipped with: the one `get.k3s.io` serves is used
 //! for old releases the same way.
 //!
+//! Tailscale's installer (`tailscale.installer_url`, run as root on every server of a
+//! Tailscale cluster in `k3s.install: script` mode) is pinned the same way
+//! ([`TAILSCALE_INSTALLER`], audit security-2 N12): the file at a tailscale/tailscale commit
+//! and its sha256, instead of whatever `https://tailscale.com/install.sh` serves today.
+//!
 //! Pure: no I/O.
 
 /// One `install.sh` the controller knows by digest.
@@ -51,6 +56,37 @@ pub const K3S_INSTALLERS: &[KnownInstaller] = &[KnownInstaller {
              install.sh of the v1.34.8+k3s1, v1.34.9+k3s1 and v1.34.11+k3s1 tags by independent projects \
              (docs/DESIGN-NOTES.md, \"Pinned node software\")",
 }];
+
+/// Tailscale's installer the controller knows by digest: `scripts/installer.sh` of
+/// tailscale/tailscale (what `https://tailscale.com/install.sh` serves), at a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownTailscaleInstaller {
+    /// The tailscale/tailscale commit the file is taken at.
+    pub commit: &'static str,
+    /// sha256 of the file (lower-case hex).
+    pub sha256: &'static str,
+    /// How the digest was obtained.
+    pub source: &'static str,
+}
+
+impl KnownTailscaleInstaller {
+    /// Where nodes download it: the file at its commit.
+    pub fn url(&self) -> String {
+        format!(
+            "https://raw.githubusercontent.com/tailscale/tailscale/{}/scripts/installer.sh",
+            self.commit
+        )
+    }
+}
+
+/// The Tailscale installer nodes run unless the spec names one with its digest.
+pub const TAILSCALE_INSTALLER: KnownTailscaleInstaller = KnownTailscaleInstaller {
+    commit: "de9ec7ee25627e0e518f53c710a3fc3d947c86c1",
+    sha256: "805e85ed6f6f81a7ea2e70d52d47e7d5290863299e5c922b2787d71aa312f22e",
+    source: "sha256 of tailscale/tailscale@de9ec7ee25627e0e518f53c710a3fc3d947c86c1:scripts/installer.sh \
+             (20,301 bytes; last changed by 11a6255b22a3071bb63992ee8f7fbedd6d50f4d1, whose copy has the \
+             same digest), computed from the repository snapshot the fetch tool brought here",
+};
 
 /// The installer the controller knows for k3s `version`: the oldest entry whose newest minor
 /// is not older than the version's. None for a version newer than every entry, or one that
@@ -95,6 +131,28 @@ pub fn k3s_tag_installer_url(version: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tailscale_installer_is_a_commit_and_a_sha256_with_a_source() {
+        let t = TAILSCALE_INSTALLER;
+        assert_eq!(t.commit.len(), 40, "{t:?}");
+        assert!(t.commit.bytes().all(|b| b.is_ascii_hexdigit()), "{t:?}");
+        assert_eq!(t.sha256.len(), 64, "{t:?}");
+        assert!(
+            t.sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+            "{t:?}"
+        );
+        assert!(t.source.contains(t.commit), "{t:?}");
+        assert_eq!(
+            t.url(),
+            format!(
+                "https://raw.githubusercontent.com/tailscale/tailscale/{}/scripts/installer.sh",
+                t.commit
+            )
+        );
+    }
 
     #[test]
     fn each_known_installer_is_a_commit_and_a_sha256_with_a_source() {

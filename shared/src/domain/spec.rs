@@ -112,7 +112,9 @@ pub struct TailscaleSpec {
     #[serde(default = "default_tailscale_tag")]
     pub tag: String,
     /// Where nodes download the Tailscale installer (a mirror for racks without internet
-    /// access). Unused with `k3s.install: preinstalled`.
+    /// access). Unused with `k3s.install: preinstalled`. The default is Tailscale's
+    /// `scripts/installer.sh` at a commit, checked against the digest the controller knows
+    /// ([`digests::TAILSCALE_INSTALLER`]); any other URL needs `installer_sha256`.
     #[serde(
         default = "default_tailscale_installer_url",
         skip_serializing_if = "is_default_tailscale_installer_url"
@@ -128,9 +130,26 @@ pub struct TailscaleSpec {
     )]
     pub up_timeout_seconds: u32,
     /// The installer's sha256 (hex): nodes refuse to run a download that does not match.
-    /// Required for an `http://` `installer_url`.
+    /// Required for any `installer_url` but the default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub installer_sha256: Option<String>,
+}
+
+impl TailscaleSpec {
+    /// The Tailscale installer nodes download, and the sha256 they check it against before
+    /// running it: `installer_sha256` if set, else the known digest when `installer_url` is
+    /// the default. `sha256` is None only where [`ClusterSpec::validate`] refuses the spec.
+    pub fn installer(&self) -> Installer {
+        let known = digests::TAILSCALE_INSTALLER;
+        let sha256 = self
+            .installer_sha256
+            .clone()
+            .or_else(|| (self.installer_url == known.url()).then(|| known.sha256.to_owned()));
+        Installer {
+            url: self.installer_url.clone(),
+            sha256,
+        }
+    }
 }
 
 impl Default for TailscaleSpec {
@@ -175,7 +194,9 @@ pub fn node_labels(pool: &PoolSpec) -> std::collections::BTreeMap<String, String
 }
 
 /// Tailscale's documented installer (adds the package repository, installs, enables
-/// `tailscaled`); the default of `tailscale.installer_url`.
+/// `tailscaled`). It serves whatever installer is current, so no digest matches it for long:
+/// the spec takes it only with `tailscale.installer_sha256`, and the default of
+/// `tailscale.installer_url` is a copy named by its commit ([`digests::TAILSCALE_INSTALLER`]).
 pub const TAILSCALE_INSTALL_URL: &str = "https://tailscale.com/install.sh";
 /// k3s's documented installer. It serves whatever install.sh is current, so no digest
 /// matches it for long: the spec takes it only with `k3s.installer_sha256`, and the default
@@ -242,11 +263,11 @@ fn is_default_k3s_release_url(url: &str) -> bool {
 }
 
 fn default_tailscale_installer_url() -> String {
-    TAILSCALE_INSTALL_URL.to_owned()
+    digests::TAILSCALE_INSTALLER.url()
 }
 
 fn is_default_tailscale_installer_url(url: &str) -> bool {
-    url == TAILSCALE_INSTALL_URL
+    url == digests::TAILSCALE_INSTALLER.url()
 }
 
 fn default_tailscale_tag() -> String {
@@ -1265,13 +1286,25 @@ impl ClusterSpec {
         if let Err(e) = tailscale::check_tag(&ts.tag) {
             err("tailscale.tag".into(), e);
         }
+        let sha256 = ts.installer().sha256;
         if let Err(e) = check_installer_url(&ts.installer_url) {
             err("tailscale.installer_url".into(), e);
+        } else if sha256.is_none()
+            && ts.installer_url.trim_end_matches('/') == TAILSCALE_INSTALL_URL
+        {
+            err(
+                "tailscale.installer_sha256".into(),
+                format!(
+                    "tailscale.installer_url {TAILSCALE_INSTALL_URL} serves whatever installer is current, so nodes could not check it; \
+                     remove tailscale.installer_url to use the installer this controller knows by digest ({}), or give its sha256 here",
+                    digests::TAILSCALE_INSTALLER.url()
+                ),
+            );
         } else if let Err(e) = check_installer_digest(
             &ts.installer_url,
-            ts.installer_sha256.as_deref(),
+            sha256.as_deref(),
             "tailscale.installer_url",
-            is_default_tailscale_installer_url(&ts.installer_url),
+            false,
         ) {
             err("tailscale.installer_sha256".into(), e);
         }
@@ -1811,6 +1844,55 @@ mod tests {
             ts.installer_sha256 = Some("cd".repeat(32));
         }
         assert!(mirror.validate().is_ok());
+        // Audit security-2 N12: the default installer is Tailscale's file at a commit, with the
+        // digest the controller knows; Tailscale's own URL serves whatever is current, so it
+        // is refused without a digest, naming the field to set.
+        let known = digests::TAILSCALE_INSTALLER;
+        let default = TailscaleSpec::default();
+        assert_eq!(
+            default.installer(),
+            Installer {
+                url: format!(
+                    "https://raw.githubusercontent.com/tailscale/tailscale/{}/scripts/installer.sh",
+                    known.commit
+                ),
+                sha256: Some(known.sha256.to_owned()),
+            }
+        );
+        let mut current = spec();
+        current.tailscale = Some(TailscaleSpec {
+            installer_url: TAILSCALE_INSTALL_URL.into(),
+            ..TailscaleSpec::default()
+        });
+        let errs = current.validate().unwrap_err();
+        assert_eq!(
+            errs.0.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
+            ["tailscale.installer_sha256"]
+        );
+        assert!(
+            errs.0[0].message.contains("remove tailscale.installer_url")
+                && errs.0[0].message.contains(&known.url()),
+            "{errs}"
+        );
+        if let Some(ts) = current.tailscale.as_mut() {
+            ts.installer_sha256 = Some("ef".repeat(32));
+        }
+        assert!(current.validate().is_ok());
+        assert_eq!(
+            current.tailscale.as_ref().map(|t| t.installer().sha256),
+            Some(Some("ef".repeat(32)))
+        );
+        // The pinned URL with the spec's own digest: the spec's digest is checked.
+        let mut own = spec();
+        own.tailscale = Some(TailscaleSpec {
+            installer_sha256: Some("01".repeat(32)),
+            ..TailscaleSpec::default()
+        });
+        assert!(own.validate().is_ok());
+        assert_eq!(
+            own.tailscale.as_ref().and_then(|t| t.installer().sha256),
+            Some("01".repeat(32))
+        );
         // Issue 34 §7: an http:// installer needs a digest, named in the error.
         let mut good = spec();
         good.k3s.installer_url = Some("http://10.0.0.5/k3s/install.sh".into());

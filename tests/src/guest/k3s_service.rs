@@ -404,6 +404,75 @@ impl Inner {
         )
     }
 
+    /// `k3s etcd-snapshot delete NAME`: the CLI asks the running server (`POST /db/snapshot`,
+    /// operation `delete`), which removes `NAME` from its snapshot directory, logging
+    /// "Snapshot NAME deleted locally", or "Snapshot NAME not found locally" when there is no
+    /// such file, or "Failed to delete local snapshot NAME: ERR". The CLI exits 0 in every
+    /// case: it prints "Snapshot NAME deleted." for a removed file and warns "Snapshot NAME
+    /// not found." for any other. Without a running k3s it fails as `save` does.
+    pub(super) fn k3s_etcd_snapshot_delete(&self, id: Uuid, generation: u64, name: &str) -> Ran {
+        let (state, started) = {
+            let st = self.state();
+            let Some(vm) = st
+                .vms
+                .get(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
+                return (1, String::new(), "Connection closed\n".into());
+            };
+            (vm.k3s, vm.boot_started)
+        };
+        if state != K3sState::Joined {
+            return (
+                1,
+                String::new(),
+                log_line(
+                    "fatal",
+                    "Get \"https://127.0.0.1:6443/cacerts\": dial tcp 127.0.0.1:6443: connect: connection refused",
+                ),
+            );
+        }
+        let path = format!("{SNAPSHOT_DIR}/{name}");
+        let removed = match self.guest_dir(id, SNAPSHOT_DIR) {
+            Some(dir) => std::fs::remove_file(dir.join(name)),
+            None => Err(std::io::ErrorKind::NotFound.into()),
+        };
+        match removed {
+            Ok(()) => {
+                if let Some(vm) = self.state().vms.get_mut(&id) {
+                    vm.uploads.remove(&path);
+                }
+                self.k3s_log(
+                    id,
+                    started,
+                    "info",
+                    &format!("Snapshot {name} deleted locally"),
+                );
+                (
+                    0,
+                    String::new(),
+                    log_line("info", &format!("Snapshot {name} deleted.")),
+                )
+            }
+            Err(err) => {
+                let said = if err.kind() == std::io::ErrorKind::NotFound {
+                    ("info", format!("Snapshot {name} not found locally"))
+                } else {
+                    (
+                        "error",
+                        format!("Failed to delete local snapshot {name}: remove {path}: {err}"),
+                    )
+                };
+                self.k3s_log(id, started, said.0, &said.1);
+                (
+                    0,
+                    String::new(),
+                    log_line("warning", &format!("Snapshot {name} not found.")),
+                )
+            }
+        }
+    }
+
     /// Whether the reset-flag is on the VM's disk (what `cat` of [`RESET_FLAG_PATH`] sees).
     pub(super) fn has_reset_flag(&self, id: Uuid) -> bool {
         self.state().vms.get(&id).is_some_and(|v| v.reset_flag)

@@ -163,6 +163,14 @@ impl SshBackend for VmBackend {
         })
     }
 
+    fn k3s_etcd_snapshot_delete(&self, name: String) -> BoxedRun<'_> {
+        let ran = match self.boot.upgrade() {
+            Some(inner) => inner.k3s_etcd_snapshot_delete(self.id, self.generation, &name),
+            None => (1, String::new(), "Connection closed\n".to_owned()),
+        };
+        Box::pin(std::future::ready(ran))
+    }
+
     fn write_file(&self, path: &str, data: &[u8]) -> bool {
         self.write_file_mode(path, data, None)
     }

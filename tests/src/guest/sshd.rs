@@ -14,6 +14,7 @@
 //! | `sudo -n install -m MODE /dev/null PATH && sudo -n tee PATH > /dev/null` | the same upload, with MODE → [`SshBackend::write_file_mode`] |
 //! | `mkdir -p PATH`, `sudo -n mkdir -p PATH` | [`SshBackend::make_dir`]: exit 0, or "Permission denied" + exit 1 |
 //! | `sudo -n systemctl stop k3s`, `sudo -n systemctl start k3s`, `sudo -n k3s server --cluster-reset`, `sudo -n k3s etcd-snapshot save`, `sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml`, `sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag`, the local etcd member list ([`K3sCommand::EtcdMemberList`]) | [`SshBackend::k3s`] (exactly these words; the default: not found) |
+//! | `sudo -n k3s etcd-snapshot delete NAME` (one NAME, a plain file name) | [`SshBackend::k3s_etcd_snapshot_delete`] (the default: not found) |
 //!
 //! Anything else gets stderr "command not found" and exit 127. What the files contain (the
 //! kubeconfig, the node token) is the backend's business, not this module's.
@@ -68,6 +69,16 @@ pub trait SshBackend: Send + Sync + 'static {
             127,
             String::new(),
             format!("sh: 1: {program}: command not found\n"),
+        )))
+    }
+
+    /// `sudo -n k3s etcd-snapshot delete NAME`: exit status, stdout, stderr. The default: k3s is
+    /// not there (exit 127).
+    fn k3s_etcd_snapshot_delete(&self, _name: String) -> BoxedRun<'_> {
+        Box::pin(std::future::ready((
+            127,
+            String::new(),
+            "sh: 1: k3s: command not found\n".to_owned(),
         )))
     }
 }
@@ -240,6 +251,21 @@ impl Connection {
         session.eof(channel)?;
         session.close(channel)
     }
+
+    /// A command's stdout, stderr and exit status sent back on `channel`.
+    fn reply(
+        session: &mut Session,
+        channel: ChannelId,
+        (status, out, err): (u32, String, String),
+    ) -> Result<(), russh::Error> {
+        if !out.is_empty() {
+            session.data(channel, out.into_bytes())?;
+        }
+        if !err.is_empty() {
+            session.extended_data(channel, 1, err.into_bytes())?;
+        }
+        Self::finish(session, channel, status)
+    }
 }
 
 impl server::Handler for Connection {
@@ -355,14 +381,12 @@ impl server::Handler for Connection {
                 Ok(())
             }
             Command::K3s(command) => {
-                let (status, out, err) = self.backend.k3s(command).await;
-                if !out.is_empty() {
-                    session.data(channel, out.into_bytes())?;
-                }
-                if !err.is_empty() {
-                    session.extended_data(channel, 1, err.into_bytes())?;
-                }
-                Self::finish(session, channel, status)
+                let ran = self.backend.k3s(command).await;
+                Self::reply(session, channel, ran)
+            }
+            Command::K3sSnapshotDelete(name) => {
+                let ran = self.backend.k3s_etcd_snapshot_delete(name).await;
+                Self::reply(session, channel, ran)
             }
             Command::NotFound(program) => {
                 session.extended_data(
@@ -445,6 +469,8 @@ enum Command {
     Upload(String, Option<u32>),
     /// One of k3s's cluster-reset commands.
     K3s(K3sCommand),
+    /// `sudo -n k3s etcd-snapshot delete NAME`.
+    K3sSnapshotDelete(String),
     /// Unsupported; carries the program name for the error message.
     NotFound(String),
 }
@@ -546,6 +572,9 @@ fn parse_command(line: &str) -> Command {
             return Command::K3s(command);
         }
     }
+    if let Some(name) = snapshot_delete_name(&tokens) {
+        return Command::K3sSnapshotDelete(name);
+    }
     let mut parts = tokens.split(|t| *t == Token::Op("&&".into()));
     let (Some(first), second, None) = (parts.next(), parts.next(), parts.next()) else {
         return not_found();
@@ -583,6 +612,24 @@ fn parse_command(line: &str) -> Command {
             _ => not_found(),
         },
     }
+}
+
+/// The NAME of `sudo -n k3s etcd-snapshot delete NAME`: one name, a plain file name (k3s's
+/// own check, `validSnapshotName`: not empty, `.` or `..`, no directory part) that is no
+/// flag. Several names, flags and paths are not modelled.
+fn snapshot_delete_name(tokens: &[Token]) -> Option<String> {
+    let words = ["sudo", "-n", "k3s", "etcd-snapshot", "delete"];
+    let (head, [Token::Word(name)]) = tokens.split_at_checked(words.len())? else {
+        return None;
+    };
+    let plain =
+        !matches!(name.as_str(), "" | "." | "..") && !name.contains('/') && !name.starts_with('-');
+    (plain
+        && head
+            .iter()
+            .zip(words)
+            .all(|(t, w)| *t == Token::Word(w.into())))
+    .then(|| name.clone())
 }
 
 /// The path of `tee PATH [> /dev/null]` or `cat > PATH`.
@@ -687,6 +734,16 @@ mod tests {
             parse_command(K3sCommand::EtcdMemberList.line()),
             Command::K3s(K3sCommand::EtcdMemberList)
         );
+        for line in [
+            "sudo -n k3s etcd-snapshot delete on-demand-c1-cp-abcde-1795000000",
+            "sudo -n k3s etcd-snapshot delete 'on-demand-c1-cp-abcde-1795000000'",
+        ] {
+            assert_eq!(
+                parse_command(line),
+                Command::K3sSnapshotDelete("on-demand-c1-cp-abcde-1795000000".into()),
+                "{line}"
+            );
+        }
         for line in ["mkdir -p /opt/a/b", "sudo -n mkdir -p /opt/a/b"] {
             assert_eq!(
                 parse_command(line),
@@ -714,6 +771,14 @@ mod tests {
             "sudo -n k3s server --cluster-reset; reboot",
             "sudo -n k3s etcd-snapshot save --s3",
             "sudo -n k3s etcd-snapshot",
+            "sudo -n k3s etcd-snapshot delete",
+            "sudo -n k3s etcd-snapshot delete a b",
+            "sudo -n k3s etcd-snapshot delete ../../etc/shadow",
+            "sudo -n k3s etcd-snapshot delete /var/lib/rancher/k3s/server/db/snapshots/a",
+            "sudo -n k3s etcd-snapshot delete ..",
+            "sudo -n k3s etcd-snapshot delete --s3",
+            "sudo -n k3s etcd-snapshot delete a; reboot",
+            "k3s etcd-snapshot delete a",
             "sudo -n sed -i '/^token:/d' /etc/rancher/k3s/config.yaml",
             "sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml.d/x.yaml",
             "sudo -n sed '/^server:/d' /etc/rancher/k3s/config.yaml",

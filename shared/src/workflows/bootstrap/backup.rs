@@ -6,7 +6,9 @@
 //! 2. `server` — the server holding the API floating IP (the laptop reaches SSH through it, as
 //!    bootstrap does), host keys pinned as for recover;
 //! 3. `etcd-snapshot` — `k3s etcd-snapshot save` on it (k3s's own consistent on-demand
-//!    snapshot), then the file read back over SSH;
+//!    snapshot), the file read back over SSH, then `k3s etcd-snapshot delete` of it: k3s
+//!    applies no retention to on-demand snapshots, and each is a plaintext copy of the
+//!    datastore. A delete that fails leaves the backup going and is named in the summary;
 //! 4. `upload` — the archive (manifest, snapshot, digest) bulk-imported into a temporary disk,
 //!    the disk finalized, `POST /v1/snapshots` of it with the backup's description, the disk
 //!    deleted. A failure removes the temporary disk;
@@ -39,6 +41,9 @@ use crate::workflows::error::message;
 /// `k3s etcd-snapshot save`: k3s's on-demand snapshot, written under
 /// [`K3S_SNAPSHOT_DIR`] on the server.
 pub const SNAPSHOT_SAVE: &str = "sudo -n k3s etcd-snapshot save";
+/// `k3s etcd-snapshot delete NAME` (the name follows): removes the on-demand snapshot the
+/// backup read, as k3s itself does (`POST /db/snapshot` with operation `delete`).
+pub const SNAPSHOT_DELETE: &str = "sudo -n k3s etcd-snapshot delete";
 pub use crate::workflows::backup::{K3S_SNAPSHOT_DIR, MAX_SNAPSHOT_BYTES};
 
 /// Everything `bootstrap backup` is told, unchecked.
@@ -64,6 +69,9 @@ pub struct BackupSummary {
     pub taken_on: String,
     /// The file k3s wrote on the server.
     pub k3s_snapshot: String,
+    /// Why the file k3s wrote is still on the server, when `k3s etcd-snapshot delete` did not
+    /// remove it (it is a plaintext copy of the datastore: delete it by hand).
+    pub left_on_server: Option<String>,
     /// Size of the etcd snapshot.
     pub bytes: u64,
     pub sha256: String,
@@ -101,6 +109,12 @@ impl BackupSummary {
             self.disk_bytes / crate::base::size::GIB,
             self.seconds
         ));
+        if let Some(why) = &self.left_on_server {
+            s.push_str(&format!(
+                "Left on {}: {K3S_SNAPSHOT_DIR}/{} ({why}); it is a plaintext copy of the datastore, delete it: ssh to {} and run `{SNAPSHOT_DELETE} {}`.\n",
+                self.taken_on, self.k3s_snapshot, self.taken_on, self.k3s_snapshot
+            ));
+        }
         if !self.pruned.is_empty() {
             s.push_str(&format!("Retention deleted: {}.\n", self.pruned.join(", ")));
         }
@@ -170,8 +184,11 @@ pub async fn run<C: Connect>(
         ..
     } = on_api_server(&input, connect, deadline, "taking the backup").await?;
     let started = Instant::now();
-    let (k3s_snapshot, data) =
-        take_snapshot(&shell, &server, (deadline, SNAPSHOT_BUSY_RETRY)).await?;
+    let Taken {
+        name: k3s_snapshot,
+        data,
+        left_on_server,
+    } = take_snapshot(&shell, &server, (deadline, SNAPSHOT_BUSY_RETRY)).await?;
     // Counted right after the snapshot, so the two agree but for what changed in between.
     let objects = match connect.object_count(&v.kubeconfig, &input.cluster).await {
         Ok(n) => Some(n),
@@ -231,6 +248,7 @@ pub async fn run<C: Connect>(
         name,
         taken_on: server,
         k3s_snapshot,
+        left_on_server,
         bytes: manifest.bytes,
         sha256: manifest.sha256,
         archive_bytes: stats.source_bytes,
@@ -288,60 +306,38 @@ const SNAPSHOT_BUSY: &str = "snapshot save already in progress";
 /// How long to wait before asking again while k3s is saving another snapshot.
 const SNAPSHOT_BUSY_RETRY: Duration = Duration::from_secs(5);
 
-/// `k3s etcd-snapshot save` on the server, then the file it wrote. Asked again every `retry`
-/// while k3s is saving another snapshot (its schedule fires at the top of the hour), until
-/// `deadline`.
+/// How long `k3s etcd-snapshot delete` may take (k3s's CLI gives the server 2 minutes:
+/// `pkg/cli/etcdsnapshot/etcd_snapshot.go` `timeout`; removing one file takes far less).
+const DELETE_PATIENCE: Duration = Duration::from_secs(60);
+
+/// What [`take_snapshot`] brings back.
+struct Taken {
+    /// The file k3s wrote, in [`K3S_SNAPSHOT_DIR`].
+    name: String,
+    data: Vec<u8>,
+    /// Why that file is still on the server (`None`: deleted).
+    left_on_server: Option<String>,
+}
+
+/// `k3s etcd-snapshot save` on the server, the file it wrote read back, then the file deleted
+/// with `k3s etcd-snapshot delete` whether the read worked or not: it is a plaintext copy of
+/// the datastore, and k3s keeps on-demand snapshots until someone deletes them. A delete that
+/// fails is a warning and [`Taken::left_on_server`], not an error.
 async fn take_snapshot<S: RemoteShell>(
     shell: &S,
     server: &str,
     (deadline, retry): (Instant, Duration),
-) -> Result<(String, Vec<u8>), BootstrapError> {
+) -> Result<Taken, BootstrapError> {
     let step = "etcd-snapshot";
-    let (out, said) = loop {
-        info!(step, %server, "running k3s etcd-snapshot save");
-        let out = shell
-            .exec(SNAPSHOT_SAVE)
-            .await
-            .map_err(|e| BootstrapError::step(step, e))?;
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if out.success() || !said.contains(SNAPSHOT_BUSY) || Instant::now() + retry >= deadline {
-            break (out, said);
-        }
-        info!(step, %server, ?retry, "k3s is saving another snapshot; asking again");
-        tokio::time::sleep(retry).await;
-    };
-    let name = saved_name(&said);
-    let name = match (out.success(), name) {
-        (true, Some(name)) => name,
-        (true, None) => {
-            return Err(BootstrapError::step(
-                step,
-                message(format!(
-                    "k3s etcd-snapshot save on {server} exited 0 but saved no snapshot (k3s takes none on an etcd learner; is {server} still joining?)"
-                )),
-            ));
-        }
-        (false, _) => {
-            let tail: String = said.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
-            return Err(BootstrapError::step(
-                step,
-                message(format!(
-                    "`{SNAPSHOT_SAVE}` on {server} exited {}: {tail}",
-                    out.exit_status
-                )),
-            ));
-        }
-    };
+    let name = save_snapshot(shell, server, (deadline, retry)).await?;
     let path = format!("{K3S_SNAPSHOT_DIR}/{name}");
     let left = deadline.saturating_duration_since(Instant::now());
-    let data = shell
+    let read = shell
         .read_large_file(&path, MAX_SNAPSHOT_BYTES, left.max(Duration::from_secs(60)))
         .await
-        .map_err(|e| BootstrapError::step(step, e))?;
+        .map_err(|e| BootstrapError::step(step, e));
+    let left_on_server = delete_snapshot(shell, server, &name).await.err();
+    let data = read?;
     if data.is_empty() {
         return Err(BootstrapError::step(
             step,
@@ -349,7 +345,108 @@ async fn take_snapshot<S: RemoteShell>(
         ));
     }
     info!(step, %server, snapshot = %name, bytes = data.len(), "read the snapshot");
-    Ok((name, data))
+    Ok(Taken {
+        name,
+        data,
+        left_on_server,
+    })
+}
+
+/// `k3s etcd-snapshot save` on the server: the name of the file it wrote. Asked again every
+/// `retry` while k3s is saving another snapshot (its schedule fires at the top of the hour),
+/// until `deadline`.
+async fn save_snapshot<S: RemoteShell>(
+    shell: &S,
+    server: &str,
+    (deadline, retry): (Instant, Duration),
+) -> Result<String, BootstrapError> {
+    let step = "etcd-snapshot";
+    let (out, said) = loop {
+        info!(step, %server, "running k3s etcd-snapshot save");
+        let out = shell
+            .exec(SNAPSHOT_SAVE)
+            .await
+            .map_err(|e| BootstrapError::step(step, e))?;
+        let said = output_text(&out);
+        if out.success() || !said.contains(SNAPSHOT_BUSY) || Instant::now() + retry >= deadline {
+            break (out, said);
+        }
+        info!(step, %server, ?retry, "k3s is saving another snapshot; asking again");
+        tokio::time::sleep(retry).await;
+    };
+    match (out.success(), saved_name(&said)) {
+        (true, Some(name)) => Ok(name),
+        (true, None) => Err(BootstrapError::step(
+            step,
+            message(format!(
+                "k3s etcd-snapshot save on {server} exited 0 but saved no snapshot (k3s takes none on an etcd learner; is {server} still joining?)"
+            )),
+        )),
+        (false, _) => Err(BootstrapError::step(
+            step,
+            message(format!(
+                "`{SNAPSHOT_SAVE}` on {server} exited {}: {}",
+                out.exit_status,
+                last_lines(&said)
+            )),
+        )),
+    }
+}
+
+/// `k3s etcd-snapshot delete NAME` on the server; `Err` says why the file is still there.
+/// k3s's CLI exits 0 whether or not the server removed anything: it logs "Snapshot NAME
+/// deleted." for each file removed and warns "Snapshot NAME not found." for each other name,
+/// one the server failed to remove included (`pkg/cli/etcdsnapshot/etcd_snapshot.go`
+/// `delete`; `pkg/etcd/snapshot.go` `DeleteSnapshots`). So only that first line is a delete.
+async fn delete_snapshot<S: RemoteShell>(
+    shell: &S,
+    server: &str,
+    name: &str,
+) -> Result<(), String> {
+    let step = "etcd-snapshot";
+    let cmd = format!(
+        "{SNAPSHOT_DELETE} {}",
+        crate::adapters::ssh::shell_quote(name)
+    );
+    let why = match tokio::time::timeout(DELETE_PATIENCE, shell.exec(&cmd)).await {
+        Err(_) => format!("`{cmd}` did not answer within {DELETE_PATIENCE:?}"),
+        Ok(Err(e)) => format!("`{cmd}` failed: {}", crate::workflows::error::chain(&e)),
+        Ok(Ok(out)) => {
+            let said = output_text(&out);
+            if out.success() && deleted(&said, name) {
+                info!(step, %server, snapshot = %name, "deleted the on-demand snapshot from the server");
+                return Ok(());
+            }
+            format!("`{cmd}` exited {}: {}", out.exit_status, last_lines(&said))
+        }
+    };
+    warn!(step, %server, snapshot = %name, reason = %why, "the on-demand snapshot, a plaintext copy of the datastore, is still on the server: delete it by hand");
+    Err(why)
+}
+
+/// Whether k3s's CLI said it deleted snapshot `name` (its `Snapshot NAME deleted.` line).
+fn deleted(output: &str, name: &str) -> bool {
+    let said = format!("Snapshot {name} deleted.");
+    output.lines().any(|l| l.contains(&said))
+}
+
+/// A command's stdout then stderr, as text.
+fn output_text(out: &crate::adapters::ssh::CommandOutput) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The last three lines of a command's output, newest first, on one line.
+fn last_lines(said: &str) -> String {
+    let tail: Vec<&str> = said.lines().rev().take(3).collect();
+    if tail.is_empty() {
+        "no output".to_owned()
+    } else {
+        tail.join(" | ")
+    }
 }
 
 /// The name in k3s's `Snapshot NAME saved.` line (`pkg/cli/etcdsnapshot`).
@@ -417,22 +514,64 @@ mod tests {
     use futures::future::BoxFuture;
     use std::sync::Mutex;
 
-    /// A server whose `k3s etcd-snapshot save` answers from a script, one answer per call.
+    /// A server whose `k3s etcd-snapshot save` and `delete` answer from scripts, one answer
+    /// per call (a delete with no answer left fails the SSH exec), and whose snapshot reads
+    /// as "etcd" unless `read_fails`.
     struct Scripted {
         answers: Mutex<Vec<(u32, &'static str)>>,
         calls: Mutex<u32>,
+        deletes: Mutex<Vec<(u32, &'static str)>>,
+        deleted: Mutex<Vec<String>>,
+        read_fails: bool,
+    }
+
+    const ADDR: std::net::SocketAddr =
+        std::net::SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 22);
+
+    impl Scripted {
+        fn new(save: Vec<(u32, &'static str)>, delete: Vec<(u32, &'static str)>) -> Self {
+            Scripted {
+                answers: Mutex::new(save),
+                calls: Mutex::new(0),
+                deletes: Mutex::new(delete),
+                deleted: Mutex::new(Vec::new()),
+                read_fails: false,
+            }
+        }
+
+        fn delete_commands(&self) -> Vec<String> {
+            self.deleted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        }
     }
 
     impl RemoteShell for Scripted {
         fn exec<'a>(&'a self, cmd: &'a str) -> BoxFuture<'a, Result<CommandOutput, SshError>> {
             Box::pin(async move {
-                assert_eq!(cmd, SNAPSHOT_SAVE);
-                *self.calls.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-                let (exit_status, stderr) = self
-                    .answers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(0);
+                let answer = if cmd.starts_with(SNAPSHOT_DELETE) {
+                    self.deleted
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(cmd.to_owned());
+                    let mut left = self.deletes.lock().unwrap_or_else(|e| e.into_inner());
+                    if left.is_empty() {
+                        return Err(SshError::CommandTimeout {
+                            addr: ADDR,
+                            timeout: Duration::from_secs(30),
+                        });
+                    }
+                    left.remove(0)
+                } else {
+                    assert_eq!(cmd, SNAPSHOT_SAVE);
+                    *self.calls.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                    self.answers
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(0)
+                };
+                let (exit_status, stderr) = answer;
                 Ok(CommandOutput {
                     exit_status,
                     stdout: Vec::new(),
@@ -441,8 +580,18 @@ mod tests {
             })
         }
 
-        fn read_file<'a>(&'a self, _path: &'a str) -> BoxFuture<'a, Result<Vec<u8>, SshError>> {
-            Box::pin(async move { Ok(b"etcd".to_vec()) })
+        fn read_file<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<u8>, SshError>> {
+            Box::pin(async move {
+                if self.read_fails {
+                    return Err(SshError::ReadFile {
+                        addr: ADDR,
+                        path: path.to_owned(),
+                        exit_status: 1,
+                        stderr: "cat: cannot read".into(),
+                    });
+                }
+                Ok(b"etcd".to_vec())
+            })
         }
 
         fn upload<'a>(
@@ -458,27 +607,30 @@ mod tests {
     const BUSY: &str = "time=\"2026-11-29T10:00:01Z\" level=fatal msg=\"see server log for details: snapshot save already in progress\"\n";
     const SAVED: &str = "time=\"2026-11-29T10:00:06Z\" level=info msg=\"Snapshot on-demand-c1-cp-abcde-1795000000 saved.\"\n";
 
+    const DELETED: &str = "time=\"2026-11-29T10:00:07Z\" level=info msg=\"Snapshot on-demand-c1-cp-abcde-1795000000 deleted.\"\n";
+    const NOT_FOUND: &str = "time=\"2026-11-29T10:00:07Z\" level=warning msg=\"Snapshot on-demand-c1-cp-abcde-1795000000 not found.\"\n";
+    const DELETE_LINE: &str = "sudo -n k3s etcd-snapshot delete on-demand-c1-cp-abcde-1795000000";
+
+    fn far() -> (Instant, Duration) {
+        (
+            Instant::now() + Duration::from_secs(300),
+            Duration::from_millis(1),
+        )
+    }
+
     /// Audit day2-fidelity-4 M6: k3s refuses a second snapshot while its scheduled one is
     /// being saved; `bootstrap backup` asks again rather than failing the backup.
     #[tokio::test]
     async fn a_snapshot_refused_as_already_in_progress_is_asked_for_again() {
-        let shell = Scripted {
-            answers: Mutex::new(vec![(1, BUSY), (1, BUSY), (0, SAVED)]),
-            calls: Mutex::new(0),
-        };
-        let deadline = Instant::now() + Duration::from_secs(300);
-        let retry = Duration::from_millis(1);
-        let (name, data) = take_snapshot(&shell, "c1-cp-abcde", (deadline, retry))
+        let shell = Scripted::new(vec![(1, BUSY), (1, BUSY), (0, SAVED)], vec![(0, DELETED)]);
+        let taken = take_snapshot(&shell, "c1-cp-abcde", far())
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(name, "on-demand-c1-cp-abcde-1795000000");
-        assert_eq!(data, b"etcd");
+        assert_eq!(taken.name, "on-demand-c1-cp-abcde-1795000000");
+        assert_eq!(taken.data, b"etcd");
         assert_eq!(*shell.calls.lock().unwrap_or_else(|e| e.into_inner()), 3);
         // Any other failure, or the deadline, ends it at once with k3s's words.
-        let shell = Scripted {
-            answers: Mutex::new(vec![(1, BUSY)]),
-            calls: Mutex::new(0),
-        };
+        let shell = Scripted::new(vec![(1, BUSY)], Vec::new());
         let soon = Instant::now() + Duration::from_secs(1);
         let err = take_snapshot(&shell, "c1-cp-abcde", (soon, SNAPSHOT_BUSY_RETRY))
             .await
@@ -487,6 +639,109 @@ mod tests {
             .unwrap_or_default();
         assert!(err.contains("snapshot save already in progress"), "{err}");
         assert_eq!(*shell.calls.lock().unwrap_or_else(|e| e.into_inner()), 1);
+        // Nothing was saved, so nothing is deleted.
+        assert!(shell.delete_commands().is_empty());
+    }
+
+    /// Audit security-2 N1 (fix 5): the on-demand snapshot, a plaintext copy of the datastore
+    /// that k3s never prunes, is deleted with k3s's own command once it has been read.
+    #[tokio::test]
+    async fn the_on_demand_snapshot_is_deleted_once_read() {
+        let shell = Scripted::new(vec![(0, SAVED)], vec![(0, DELETED)]);
+        let taken = take_snapshot(&shell, "c1-cp-abcde", far())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(taken.data, b"etcd");
+        assert_eq!(taken.left_on_server, None);
+        assert_eq!(shell.delete_commands(), [DELETE_LINE]);
+    }
+
+    /// Audit security-2 N1 (fix 5): a delete that does not happen does not fail the backup; it
+    /// is reported, and the summary names the file left behind and how to delete it. k3s's
+    /// CLI exits 0 for a name it did not delete ("not found", also when the server failed to
+    /// remove the file), so only its "deleted." line counts.
+    #[tokio::test]
+    async fn a_delete_that_fails_keeps_the_backup_and_names_the_file_left_behind() {
+        let fatal = "time=\"2026-11-29T10:00:07Z\" level=fatal msg=\"see server log for details: context deadline exceeded\"\n";
+        for (answers, expect) in [
+            (vec![(0, NOT_FOUND)], "not found."),
+            (vec![(1, fatal)], "exited 1"),
+            (vec![(0, "")], "no output"),
+            (Vec::new(), "did not finish within"),
+        ] {
+            let shell = Scripted::new(vec![(0, SAVED)], answers);
+            let taken = take_snapshot(&shell, "c1-cp-abcde", far())
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(taken.data, b"etcd", "{expect}");
+            let why = taken.left_on_server.unwrap_or_default();
+            assert!(why.contains(expect), "{why}");
+            assert_eq!(shell.delete_commands(), [DELETE_LINE]);
+            let summary = BackupSummary {
+                cluster: "c1".into(),
+                project: "p".into(),
+                name: "c1-etcd-20261129-100007".into(),
+                taken_on: "c1-cp-abcde".into(),
+                k3s_snapshot: taken.name,
+                left_on_server: Some(why),
+                bytes: 4,
+                sha256: "00".into(),
+                archive_bytes: 4,
+                disk_bytes: crate::base::size::GIB,
+                writes: 1,
+                written_bytes: 4,
+                seconds: 1.0,
+                pruned: Vec::new(),
+                backups: vec!["c1-etcd-20261129-100007".into()],
+            };
+            let text = summary.render();
+            assert!(
+                text.contains(&format!(
+                    "Left on c1-cp-abcde: {K3S_SNAPSHOT_DIR}/on-demand-c1-cp-abcde-1795000000 ("
+                )) && text.contains(DELETE_LINE),
+                "{text}"
+            );
+        }
+    }
+
+    /// A snapshot saved but not read back is deleted all the same; the read's error is the
+    /// run's.
+    #[tokio::test]
+    async fn a_snapshot_that_cannot_be_read_back_is_deleted_too() {
+        let shell = Scripted {
+            read_fails: true,
+            ..Scripted::new(vec![(0, SAVED)], vec![(0, DELETED)])
+        };
+        let err = take_snapshot(&shell, "c1-cp-abcde", far())
+            .await
+            .err()
+            .map(|e| crate::workflows::error::chain(&e))
+            .unwrap_or_default();
+        assert!(err.contains("cat: cannot read"), "{err}");
+        assert_eq!(shell.delete_commands(), [DELETE_LINE]);
+    }
+
+    #[test]
+    fn a_delete_is_read_from_k3s_deleted_line_only() {
+        let name = "on-demand-c1-cp-abcde-1795000000";
+        assert!(deleted(DELETED, name));
+        assert!(deleted(
+            "INFO[0000] Snapshot on-demand-c1-cp-abcde-1795000000 deleted.\n",
+            name
+        ));
+        assert!(!deleted(NOT_FOUND, name));
+        assert!(!deleted("", name));
+        // Another snapshot's line, and the server's own log line, are not this delete.
+        assert!(!deleted(
+            "level=info msg=\"Snapshot on-demand-c1-cp-abcde-17950000001 deleted.\"",
+            name
+        ));
+        assert!(!deleted(
+            "level=info msg=\"Snapshot on-demand-c1-cp-abcde-1795000000 deleted locally\"",
+            name
+        ));
+        assert_eq!(last_lines(""), "no output");
+        assert_eq!(last_lines("a\nb\nc\nd\n"), "d | c | b");
     }
 
     #[test]
