@@ -143,7 +143,7 @@ impl SshBackend for VmBackend {
     fn k3s(&self, command: K3sCommand) -> BoxedRun<'_> {
         Box::pin(async move {
             let Some(inner) = self.boot.upgrade() else {
-                return (1, String::new(), "Connection closed\n".to_owned());
+                return super::k3s_service::connection_closed();
             };
             match command {
                 K3sCommand::Stop => inner.k3s_service_stop(self.id, self.generation),
@@ -166,7 +166,7 @@ impl SshBackend for VmBackend {
     fn k3s_etcd_snapshot_delete(&self, name: String) -> BoxedRun<'_> {
         let ran = match self.boot.upgrade() {
             Some(inner) => inner.k3s_etcd_snapshot_delete(self.id, self.generation, &name),
-            None => (1, String::new(), "Connection closed\n".to_owned()),
+            None => super::k3s_service::connection_closed(),
         };
         Box::pin(std::future::ready(ran))
     }
