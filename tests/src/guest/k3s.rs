@@ -310,7 +310,11 @@ impl Inner {
                     id
                 }
             };
-            let Some(vm) = st.live_vm_mut(id, generation) else {
+            let Some(vm) = st
+                .vms
+                .get_mut(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
                 return;
             };
             vm.k3s = K3sState::Joined;

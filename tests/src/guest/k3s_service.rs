@@ -42,11 +42,6 @@ pub const RESET_WITH_SERVER_URL: &str = "cannot perform cluster-reset while serv
 /// What a command run over SSH ended with: exit status, stdout, stderr.
 pub type Ran = (u32, String, String);
 
-/// What an SSH command gets when its VM stopped or rebooted under it.
-pub(super) fn connection_closed() -> Ran {
-    (1, String::new(), "Connection closed\n".into())
-}
-
 impl Inner {
     /// The run number a k3s unit task started now carries.
     pub(super) fn k3s_unit_run(&self, id: Uuid) -> u64 {
@@ -63,8 +58,12 @@ impl Inner {
         let (node, kube) = {
             let mut st = self.state();
             let kube = self.api_of(&st, id);
-            let Some(vm) = st.live_vm_mut(id, generation) else {
-                return connection_closed();
+            let Some(vm) = st
+                .vms
+                .get_mut(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
+                return (1, String::new(), "Connection closed\n".into());
             };
             if !vm.k3s_enabled {
                 return (5, String::new(), UNIT_NOT_LOADED.into());
@@ -93,8 +92,12 @@ impl Inner {
     pub(super) async fn k3s_service_start(self: &Arc<Self>, id: Uuid, generation: u64) -> Ran {
         let (ud, name, started) = {
             let mut st = self.state();
-            let Some(vm) = st.live_vm_mut(id, generation) else {
-                return connection_closed();
+            let Some(vm) = st
+                .vms
+                .get_mut(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
+                return (1, String::new(), "Connection closed\n".into());
             };
             let Some(ud) = vm.user_data.clone().filter(|_| vm.k3s_enabled) else {
                 return (5, String::new(), UNIT_NOT_FOUND.into());
@@ -123,8 +126,12 @@ impl Inner {
     pub(super) async fn k3s_cluster_reset(self: &Arc<Self>, id: Uuid, generation: u64) -> Ran {
         let (api, member, state, flag, now, name) = {
             let st = self.state();
-            let Some(vm) = st.live_vm(id, generation) else {
-                return connection_closed();
+            let Some(vm) = st
+                .vms
+                .get(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
+                return (1, String::new(), "Connection closed\n".into());
             };
             (
                 self.api_of(&st, id),
@@ -228,7 +235,7 @@ impl Inner {
     /// deleted in place (mode kept). Exit 2 with sed's text when the file is not there.
     pub(super) fn k3s_config_drop_server(&self, id: Uuid, generation: u64) -> Ran {
         if !self.current(id, generation) {
-            return connection_closed();
+            return (1, String::new(), "Connection closed\n".into());
         }
         let Some((_, content)) = self
             .k3s_config_files(id)
@@ -273,8 +280,12 @@ impl Inner {
     pub(super) async fn etcd_local_member_list(self: &Arc<Self>, id: Uuid, generation: u64) -> Ran {
         let (api, member) = {
             let st = self.state();
-            let Some(vm) = st.live_vm(id, generation) else {
-                return connection_closed();
+            let Some(vm) = st
+                .vms
+                .get(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
+                return (1, String::new(), "Connection closed\n".into());
             };
             (
                 self.api_of(&st, id),
@@ -298,8 +309,12 @@ impl Inner {
     /// `rm -f` of the reset-flag: gone (or never there), exit 0.
     pub(super) fn k3s_remove_reset_flag(&self, id: Uuid, generation: u64) -> Ran {
         let mut st = self.state();
-        let Some(vm) = st.live_vm_mut(id, generation) else {
-            return connection_closed();
+        let Some(vm) = st
+            .vms
+            .get_mut(&id)
+            .filter(|v| v.generation == generation && v.running)
+        else {
+            return (1, String::new(), "Connection closed\n".into());
         };
         vm.reset_flag = false;
         (0, String::new(), String::new())
@@ -314,8 +329,12 @@ impl Inner {
     pub(super) async fn k3s_etcd_snapshot_save(self: &Arc<Self>, id: Uuid, generation: u64) -> Ran {
         let (api, member, state, node, started) = {
             let st = self.state();
-            let Some(vm) = st.live_vm(id, generation) else {
-                return connection_closed();
+            let Some(vm) = st
+                .vms
+                .get(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
+                return (1, String::new(), "Connection closed\n".into());
             };
             (
                 self.api_of(&st, id),
@@ -394,8 +413,12 @@ impl Inner {
     pub(super) fn k3s_etcd_snapshot_delete(&self, id: Uuid, generation: u64, name: &str) -> Ran {
         let (state, started) = {
             let st = self.state();
-            let Some(vm) = st.live_vm(id, generation) else {
-                return connection_closed();
+            let Some(vm) = st
+                .vms
+                .get(&id)
+                .filter(|v| v.generation == generation && v.running)
+            else {
+                return (1, String::new(), "Connection closed\n".into());
             };
             (vm.k3s, vm.boot_started)
         };

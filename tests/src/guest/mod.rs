@@ -228,21 +228,6 @@ struct State {
 }
 
 impl State {
-    /// VM `id` while it is still running the boot `generation` a session or task began on;
-    /// None once it stopped or booted again (an SSH session's connection is then closed).
-    fn live_vm(&self, id: Uuid, generation: u64) -> Option<&Vm> {
-        self.vms
-            .get(&id)
-            .filter(|v| v.generation == generation && v.running)
-    }
-
-    /// [`Self::live_vm`], to change it.
-    fn live_vm_mut(&mut self, id: Uuid, generation: u64) -> Option<&mut Vm> {
-        self.vms
-            .get_mut(&id)
-            .filter(|v| v.generation == generation && v.running)
-    }
-
     /// The cluster `id` belongs to.
     fn cluster_of(&self, id: Uuid) -> Option<&Cluster> {
         self.vms

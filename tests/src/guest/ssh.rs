@@ -143,7 +143,7 @@ impl SshBackend for VmBackend {
     fn k3s(&self, command: K3sCommand) -> BoxedRun<'_> {
         Box::pin(async move {
             let Some(inner) = self.boot.upgrade() else {
-                return super::k3s_service::connection_closed();
+                return (1, String::new(), "Connection closed\n".to_owned());
             };
             match command {
                 K3sCommand::Stop => inner.k3s_service_stop(self.id, self.generation),
@@ -166,7 +166,7 @@ impl SshBackend for VmBackend {
     fn k3s_etcd_snapshot_delete(&self, name: String) -> BoxedRun<'_> {
         let ran = match self.boot.upgrade() {
             Some(inner) => inner.k3s_etcd_snapshot_delete(self.id, self.generation, &name),
-            None => super::k3s_service::connection_closed(),
+            None => (1, String::new(), "Connection closed\n".to_owned()),
         };
         Box::pin(std::future::ready(ran))
     }
