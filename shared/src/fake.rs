@@ -479,7 +479,6 @@ impl Rack for FakeRack {
     /// [`host_fingerprint`] of the instance.
     async fn serial_console(&self, name: &str) -> Result<Vec<u8>, RackError> {
         self.0.with(|s| {
-            *s.reads.entry("serial-console").or_default() += 1;
             s.instances
                 .get(name)
                 .map(|i| match i.state {

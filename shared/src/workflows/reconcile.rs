@@ -362,7 +362,7 @@ pub async fn observe<R: Rack, C: Cluster>(
         certificates,
         roll_hold: None,
     };
-    observed.setup_failures = setup_failures(rack, &spec.cluster, &observed).await;
+    observed.setup_failures = setup_failures(rack, &observed).await;
     Ok(observed)
 }
 
@@ -416,20 +416,16 @@ async fn certificate_reports<C: Cluster>(
 /// cannot be read is skipped (the join deadline still applies to that member).
 async fn setup_failures<R: Rack>(
     rack: &R,
-    cluster: &str,
     observed: &Observed,
 ) -> BTreeMap<String, crate::domain::model::SetupFailure> {
     let nodes: std::collections::BTreeSet<&str> =
         observed.nodes.iter().map(|n| n.name.as_str()).collect();
-    // Members only: a restore drill's server never has a Node here (the drill step reads its
-    // console), nor does anything else that merely shares the cluster's name prefix.
     let waiting: Vec<&str> = observed
         .instances
         .iter()
         .filter(|i| {
             i.state == crate::domain::model::InstanceState::Running
                 && !nodes.contains(i.name.as_str())
-                && names::InstanceTag::parse(&i.description).is_some_and(|t| t.cluster == cluster)
         })
         .map(|i| i.name.as_str())
         .collect();
