@@ -77,6 +77,8 @@ pub struct WorldState {
     pub jobs: BTreeSet<String>,
     pub cronjob: bool,
     pub config: ConfigSnapshot,
+    /// ConfigMap `oxide-controller-scale` (the webhook's counts); `None`: it does not exist.
+    pub scale: Option<ConfigSnapshot>,
     pub secrets: Option<ClusterSecrets>,
     /// Secret `oxide-controller-webhook-tls` (resourceVersion, pair) and
     /// `oxide-controller-webhook-ca`.
@@ -1130,6 +1132,17 @@ impl Cluster for FakeCluster {
     }
 }
 
+/// An empty `oxide-controller-scale` at resourceVersion `rv`, as bootstrap creates it.
+pub fn empty_scale(rv: u64) -> ConfigSnapshot {
+    ConfigSnapshot {
+        resource_version: rv.to_string(),
+        data: BTreeMap::from([(
+            crate::domain::spec::scale::KEY.to_owned(),
+            crate::domain::spec::scale::ScaleOverrides::default().to_json(),
+        )]),
+    }
+}
+
 /// k3s's own member list over the fake world: one voting member `<node>-<8 hex>` per server
 /// Node (a Node labelled control-plane, or whose instance is tagged for the spec's
 /// control-plane pool).
@@ -1228,7 +1241,42 @@ impl StateStore for FakeState {
                     s.config.data.entry(k).or_insert(v);
                 }
             }
+            if s.scale.is_none() {
+                s.create_calls.push("create-scale-configmap".to_owned());
+                s.rv += 1;
+                s.scale = Some(empty_scale(s.rv));
+            }
             Ok(())
+        })
+    }
+
+    async fn read_scale(&self) -> Result<Option<ConfigSnapshot>, StateError> {
+        self.0.with(|s| {
+            *s.reads.entry("get-scale").or_default() += 1;
+            Ok(s.scale.clone())
+        })
+    }
+
+    async fn replace_scale(
+        &self,
+        rv: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
+        self.0.with(|s| {
+            let what = "ConfigMap kube-system/oxide-controller-scale";
+            match &s.scale {
+                None => return Err(StateError::NotFound { what: what.into() }),
+                Some(now) if now.resource_version != rv => {
+                    return Err(StateError::Conflict { what: what.into() });
+                }
+                Some(_) => {}
+            }
+            s.rv += 1;
+            s.scale = Some(ConfigSnapshot {
+                resource_version: s.rv.to_string(),
+                data,
+            });
+            Ok(s.rv.to_string())
         })
     }
 

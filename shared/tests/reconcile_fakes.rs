@@ -250,8 +250,9 @@ fn a_converged_run_lists_the_nodes_once_and_reads_a_recorded_subnet_prefix_no_mo
         assert_eq!(
             reads(&w),
             // k3s's certificate monitor Events (issue 46 item 1): not on every run, only
-            // every `monitor_read_every` (10 minutes) while nothing is near its end.
-            BTreeMap::from([("list-nodes", 1)]),
+            // every `monitor_read_every` (10 minutes) while nothing is near its end. The
+            // webhook's counts (audit security-2 N4) are one read of their own object.
+            BTreeMap::from([("get-scale", 1), ("list-nodes", 1)]),
             "what a converged run read more than once, or read again"
         );
         assert_eq!(status(&w).await.subnet_prefix, Some(20));
@@ -260,13 +261,20 @@ fn a_converged_run_lists_the_nodes_once_and_reads_a_recorded_subnet_prefix_no_mo
         reconcile::run(&w.cluster(), &w.state(), |_, _| Ok(w.rack()), &o)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(reads(&w), BTreeMap::from([("list-nodes", 1)]));
+        assert_eq!(
+            reads(&w),
+            BTreeMap::from([("get-scale", 1), ("list-nodes", 1)])
+        );
         // Ten minutes on, the monitors' Events are listed again.
         w.with(|s| s.now += chrono::Duration::minutes(10));
         run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             reads(&w),
-            BTreeMap::from([("list-certificate-events", 1), ("list-nodes", 1)])
+            BTreeMap::from([
+                ("get-scale", 1),
+                ("list-certificate-events", 1),
+                ("list-nodes", 1)
+            ])
         );
         // Without a recorded prefix the run reads it (once).
         let mut status = status(&w).await;
@@ -275,7 +283,11 @@ fn a_converged_run_lists_the_nodes_once_and_reads_a_recorded_subnet_prefix_no_mo
         run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             reads(&w),
-            BTreeMap::from([("default-subnet-prefix", 1), ("list-nodes", 1)])
+            BTreeMap::from([
+                ("default-subnet-prefix", 1),
+                ("get-scale", 1),
+                ("list-nodes", 1)
+            ])
         );
     });
 }
@@ -1667,5 +1679,86 @@ fn a_left_behind_drill_server_is_deleted_and_the_running_drills_only_when_it_end
             status.condition("Degraded").map(|c| c.reason.as_str()),
             Some("DrillFailed")
         );
+    });
+}
+
+/// Audit security-2 N4: the webhook's counts live in ConfigMap `oxide-controller-scale`, the
+/// only object its account may update. A run applies them within the webhook's own limits;
+/// written there directly beyond them (as whoever holds the account could), they are ignored
+/// with nothing created or removed (the pool keeps the count the last run planned), and the
+/// status says why. An administrator's later edit of
+/// `spec.yaml` wins over an older override.
+#[test]
+fn the_webhooks_counts_apply_within_its_limits_and_a_direct_write_beyond_them_creates_nothing() {
+    use oxide_controller::domain::spec::scale::{PoolOverride, PoolScale, ScaleOverrides};
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        spec.webhook = Some(oxide_controller::domain::spec::WebhookSpec { ceiling: 3 });
+        let w = world(&spec, false).await;
+        converge(&w, 12).await;
+        let pool = spec.worker_pools[0].name.clone();
+        let over = PoolScale::of(&spec.worker_pools[0]);
+        let put_scale = |count: u32, max: u32| {
+            let o = ScaleOverrides {
+                pools: BTreeMap::from([(
+                    pool.clone(),
+                    PoolOverride {
+                        set: PoolScale { count, max, ..over },
+                        over,
+                    },
+                )]),
+            };
+            let st = w.state();
+            async move {
+                let now = st.read_scale().await.unwrap_or_else(|e| panic!("{e}"));
+                let now = now.unwrap_or_else(|| panic!("bootstrap made no scale object"));
+                let data = BTreeMap::from([(
+                    oxide_controller::domain::spec::scale::KEY.to_owned(),
+                    o.to_json(),
+                )]);
+                st.replace_scale(&now.resource_version, data)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+        };
+        let workers = |w: &FakeWorld| {
+            w.with(|s| {
+                s.instances
+                    .keys()
+                    .filter(|n| n.starts_with(&format!("demo-{pool}-")))
+                    .count()
+            })
+        };
+        // Within the ceiling: two workers.
+        put_scale(2, over.max).await;
+        converge(&w, 12).await;
+        assert_eq!(workers(&w), 2);
+        // Beyond it (the webhook would answer 422; the account can still write the object).
+        put_scale(50, over.max).await;
+        w.with(|s| s.log.clear());
+        let out = run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(out, RunOutcome::Converged { .. }), "{out:?}");
+        assert!(w.lock().log.is_empty(), "{:?}", w.lock().log);
+        assert_eq!(
+            workers(&w),
+            2,
+            "the count the last run planned stands: {:?}",
+            w.lock().log
+        );
+        let findings = status(&w).await.findings.join("\n");
+        assert!(
+            findings.contains("oxide-controller-scale") && findings.contains("ceiling"),
+            "{findings}"
+        );
+        // Back within the limits, then an administrator edits spec.yaml: theirs wins.
+        put_scale(2, over.max).await;
+        converge(&w, 12).await;
+        assert_eq!(workers(&w), 2);
+        let mut admin = spec.clone();
+        admin.worker_pools[0].count = 3;
+        set_spec(&w, &admin).await;
+        converge(&w, 12).await;
+        assert_eq!(workers(&w), 3);
     });
 }

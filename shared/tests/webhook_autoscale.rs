@@ -108,12 +108,20 @@ fn body_json(r: &Response<Bytes>) -> Value {
     })
 }
 
+/// The spec a run acts on: `spec.yaml` with the webhook's counts (ConfigMap
+/// `oxide-controller-scale`, the only object the webhook writes).
 fn stored(w: &FakeWorld) -> ClusterSpec {
-    ClusterSpec::from_yaml(&w.with(|s| s.config.data[keys::SPEC].clone())).unwrap()
+    let (config, scale) = w.with(|s| (s.config.clone(), s.scale.clone()));
+    let base = ClusterSpec::from_yaml(config.spec_yaml().unwrap()).unwrap();
+    oxide_controller::workflows::scale::effective(base, scale.as_ref(), &config).spec
 }
 
+/// The versions of both objects the webhook reads: unchanged means nothing was written.
 fn rv(w: &FakeWorld) -> String {
-    w.with(|s| s.config.resource_version.clone())
+    w.with(|s| {
+        let scale = s.scale.as_ref().map(|c| c.resource_version.clone());
+        format!("{}/{scale:?}", s.config.resource_version)
+    })
 }
 
 fn jobs(w: &FakeWorld) -> usize {
@@ -345,6 +353,18 @@ impl StateStore for Slow {
         data: BTreeMap<String, String>,
     ) -> Result<String, StateError> {
         self.0.replace_config(rv, data).await
+    }
+    async fn read_scale(&self) -> Result<Option<ConfigSnapshot>, StateError> {
+        let r = self.0.read_scale().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        r
+    }
+    async fn replace_scale(
+        &self,
+        rv: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
+        self.0.replace_scale(rv, data).await
     }
     async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
         self.0.read_secrets().await

@@ -135,18 +135,31 @@ fn header_of(r: &Response<Bytes>, name: impl header::AsHeaderName) -> &str {
         .unwrap_or("")
 }
 
+/// The count a run acts on: `spec.yaml` with the webhook's counts (ConfigMap
+/// `oxide-controller-scale`, the only object the webhook writes: audit security-2 N4).
 fn stored_count(w: &FakeWorld, pool: &str) -> u32 {
-    let yaml = w.with(|s| s.config.data[keys::SPEC].clone());
-    ClusterSpec::from_yaml(&yaml)
-        .unwrap()
+    let (config, scale) = w.with(|s| (s.config.clone(), s.scale.clone()));
+    let base = ClusterSpec::from_yaml(config.spec_yaml().unwrap()).unwrap();
+    oxide_controller::workflows::scale::effective(base, scale.as_ref(), &config)
+        .spec
         .pool(pool)
         .unwrap()
         .1
         .count
 }
 
+/// "1" while neither object the webhook reads was written since bootstrap made them (the
+/// ConfigMap at resourceVersion 1, the scale object at 2); something else after a write.
 fn rv(w: &FakeWorld) -> String {
-    w.with(|s| s.config.resource_version.clone())
+    w.with(|s| {
+        let config: u64 = s.config.resource_version.parse().unwrap();
+        let scale: u64 = s
+            .scale
+            .as_ref()
+            .map_or(Ok(2), |c| c.resource_version.parse())
+            .unwrap();
+        (config + scale - 2).to_string()
+    })
 }
 
 fn jobs(w: &FakeWorld) -> usize {
@@ -276,6 +289,49 @@ async fn put_sets_the_count_saves_it_and_triggers_a_reconcile() {
     assert_eq!(stored_count(&w, "workers"), 5);
     assert_ne!(rv(&w), "1");
     assert!(w.with(|s| s.jobs.contains(ON_DEMAND_JOB)));
+}
+
+/// Audit security-2 N4: the webhook writes its counts into ConfigMap
+/// `oxide-controller-scale` only, never `spec.yaml` (its account may not update the
+/// ConfigMap); without that object (a cluster bootstrapped before it) a change is 503 saying
+/// to re-run bootstrap, and nothing is written.
+#[tokio::test]
+async fn the_webhook_writes_only_the_scale_object_and_without_one_changes_nothing() {
+    let w = world().await;
+    let spec_before = w.with(|s| s.config.clone());
+    let r = send(
+        &deps(&w),
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta": 2}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::OK, "{}", body(&r));
+    assert_eq!(
+        w.with(|s| s.config.clone()),
+        spec_before,
+        "spec.yaml untouched"
+    );
+    assert_eq!(stored_count(&w, "workers"), 4);
+    let scale = w.with(|s| s.scale.clone()).unwrap();
+    let o = oxide_controller::domain::spec::scale::ScaleOverrides::from_json(
+        &scale.data[oxide_controller::domain::spec::scale::KEY],
+    )
+    .unwrap();
+    assert_eq!(o.pools["workers"].set.count, 4);
+    assert_eq!(o.pools["workers"].over.count, 2);
+
+    w.with(|s| s.scale = None);
+    let before = rv(&w);
+    let r = send(
+        &deps(&w),
+        json_request(Method::PATCH, "/nodes/workers", r#"{"delta": 1}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "{}", body(&r));
+    assert!(body(&r).contains("re-runs bootstrap"), "{}", body(&r));
+    assert_eq!(
+        (rv(&w), w.with(|s| s.config.clone())),
+        (before, spec_before)
+    );
 }
 
 #[tokio::test]
@@ -1640,27 +1696,49 @@ impl StateStore for Racing {
         rv: &str,
         data: BTreeMap<String, String>,
     ) -> Result<String, StateError> {
+        self.inner.replace_config(rv, data).await
+    }
+
+    async fn read_scale(&self) -> Result<Option<ConfigSnapshot>, StateError> {
+        tokio::task::yield_now().await;
+        self.inner.read_scale().await
+    }
+
+    /// The webhook's write: first, while races are left, another webhook process writes the
+    /// scale object (adding one worker when `adds`), so this write meets a 409.
+    async fn replace_scale(
+        &self,
+        rv: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
         let race = self
             .races
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok();
         if race {
-            let now = self.inner.read_config().await?;
-            let mut spec = ClusterSpec::from_yaml(now.spec_yaml().unwrap()).unwrap();
+            let config = self.inner.read_config().await?;
+            let scale = self.inner.read_scale().await?.unwrap();
+            let base = ClusterSpec::from_yaml(config.spec_yaml().unwrap()).unwrap();
+            let mut spec =
+                oxide_controller::workflows::scale::effective(base.clone(), Some(&scale), &config)
+                    .spec;
             if self.adds {
                 spec.worker_pools[0].count += 1;
             }
-            let mut theirs = now.data.clone();
-            theirs.insert(keys::SPEC.to_owned(), spec.to_yaml());
+            let o = oxide_controller::domain::spec::scale::ScaleOverrides::between(&base, &spec);
+            let theirs = BTreeMap::from([(
+                oxide_controller::domain::spec::scale::KEY.to_owned(),
+                o.to_json(),
+            )]);
             self.world
                 .state()
-                .replace_config(&now.resource_version, theirs)
+                .replace_scale(&scale.resource_version, theirs)
                 .await?;
         }
         self.writes.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.delay).await;
         tokio::task::yield_now().await;
-        self.inner.replace_config(rv, data).await
+        self.inner.replace_scale(rv, data).await
     }
 
     async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
@@ -1891,6 +1969,16 @@ impl StateStore for CountingState {
         data: BTreeMap<String, String>,
     ) -> Result<String, StateError> {
         self.inner.replace_config(rv, data).await
+    }
+    async fn read_scale(&self) -> Result<Option<ConfigSnapshot>, StateError> {
+        self.inner.read_scale().await
+    }
+    async fn replace_scale(
+        &self,
+        rv: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
+        self.inner.replace_scale(rv, data).await
     }
     async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
         self.inner.read_secrets().await

@@ -1164,6 +1164,8 @@ fn each_account_may_make_exactly_the_calls_its_function_makes() {
                     ),
                     ("", "secrets", &["oxide-controller-webhook-ca"], &["get"]),
                     ("", "configmaps", &["oxide-controller"], &["get", "update"]),
+                    // The webhook's counts, applied within its limits (audit security-2 N4).
+                    ("", "configmaps", &["oxide-controller-scale"], &["get"]),
                     (
                         "coordination.k8s.io",
                         "leases",
@@ -1193,7 +1195,14 @@ fn each_account_may_make_exactly_the_calls_its_function_makes() {
                 role: "Role kube-system/oxide-controller-webhook",
                 binding: "RoleBinding kube-system/oxide-controller-webhook",
                 rules: &[
-                    ("", "configmaps", &["oxide-controller"], &["get", "update"]),
+                    // Reads the spec; writes only its counts (audit security-2 N4).
+                    ("", "configmaps", &["oxide-controller"], &["get"]),
+                    (
+                        "",
+                        "configmaps",
+                        &["oxide-controller-scale"],
+                        &["get", "update"],
+                    ),
                     (
                         "coordination.k8s.io",
                         "leases",

@@ -37,6 +37,16 @@ impl StateStore for Slow {
     ) -> Result<String, StateError> {
         self.inner.replace_config(rv, data).await
     }
+    async fn read_scale(&self) -> Result<Option<ConfigSnapshot>, StateError> {
+        self.inner.read_scale().await
+    }
+    async fn replace_scale(
+        &self,
+        rv: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
+        self.inner.replace_scale(rv, data).await
+    }
     async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
         self.inner.read_secrets().await
     }

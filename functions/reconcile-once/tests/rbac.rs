@@ -634,8 +634,23 @@ async fn neither_account_may_do_what_it_does_not_need_and_the_jobs_namespace_is_
         .await
     );
     // The acceptance: the webhook cannot get the rack or join Secret, and creates pods
-    // or Jobs nowhere but the Jobs' namespace (and there only Jobs).
+    // or Jobs nowhere but the Jobs' namespace (and there only Jobs). It writes its counts in
+    // their own ConfigMap, never the spec (audit security-2 N4).
+    assert!(
+        can_i(
+            &client,
+            webhook,
+            "update",
+            (core, "configmaps"),
+            ks,
+            Some("oxide-controller-scale")
+        )
+        .await
+    );
     for (verb, what, ns, name) in [
+        ("update", (core, "configmaps"), ks, Some("oxide-controller")),
+        ("patch", (core, "configmaps"), ks, Some("oxide-controller")),
+        ("create", (core, "configmaps"), ks, None),
         ("get", (core, "secrets"), ks, Some("oxide-controller")),
         ("list", (core, "secrets"), ks, None),
         ("create", (core, "pods"), ks, None),

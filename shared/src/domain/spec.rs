@@ -14,6 +14,7 @@ use crate::domain::digests;
 
 pub mod autoscale;
 pub mod maintenance;
+pub mod scale;
 pub mod tailscale;
 pub mod upgrade;
 use crate::base::size::ByteSize;

@@ -41,6 +41,10 @@ pub mod keys {
     pub const K3S_TOKEN_FINGERPRINT: &str = "k3s-token-fingerprint";
 }
 
+/// ConfigMap holding the webhook's counts and bounds ([`crate::domain::spec::scale`]): the
+/// only object the webhook's account may update (audit security-2 N4).
+pub const SCALE_OBJECT: &str = "oxide-controller-scale";
+
 /// Label on both objects.
 pub const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "oxide-controller");
 
@@ -97,7 +101,8 @@ pub trait StateStore: Send + Sync {
     ) -> impl Future<Output = Result<String, StateError>> + Send;
     fn read_secrets(&self) -> impl Future<Output = Result<ClusterSecrets, StateError>> + Send;
     /// Bootstrap only: creates both objects if missing; fills in missing Secret keys and
-    /// missing ConfigMap keys of existing objects (never overwrites a present value).
+    /// missing ConfigMap keys of existing objects (never overwrites a present value); creates
+    /// an empty [`SCALE_OBJECT`] if it is missing.
     fn ensure_state(
         &self,
         secrets: &ClusterSecrets,
@@ -110,6 +115,27 @@ pub trait StateStore: Send + Sync {
         &self,
         pins: &BTreeMap<String, Vec<String>>,
     ) -> impl Future<Output = Result<BTreeMap<String, Vec<String>>, StateError>> + Send;
+
+    /// ConfigMap [`SCALE_OBJECT`] with its resourceVersion; `None` when it does not exist (a
+    /// cluster bootstrapped before it, or a store that keeps none: the default, for test
+    /// doubles of the other methods). Then `spec.yaml` alone is the spec.
+    fn read_scale(
+        &self,
+    ) -> impl Future<Output = Result<Option<ConfigSnapshot>, StateError>> + Send {
+        std::future::ready(Ok(None))
+    }
+    /// Replaces [`SCALE_OBJECT`]'s data if its resourceVersion is still `resource_version`
+    /// (409 → [`StateError::Conflict`]); returns the new resourceVersion.
+    fn replace_scale(
+        &self,
+        resource_version: &str,
+        data: BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<String, StateError>> + Send {
+        let _ = (resource_version, data);
+        std::future::ready(Err(StateError::NotFound {
+            what: format!("ConfigMap {SCALE_OBJECT}"),
+        }))
+    }
 
     /// The webhook's serving pair (Secret [`webhook_tls::TLS_SECRET`]) with its
     /// resourceVersion; `None` when there is no such Secret (a cluster bootstrapped before it,

@@ -273,11 +273,9 @@ fn scale_public(e: &ScaleError) -> PublicError {
             "the cluster state kept changing while writing; try again",
         )
         .retry_after(1),
-        ScaleError::State(StateError::NotFound { .. }) => PublicError::new(
-            503,
-            "state_missing",
-            "the cluster state does not exist yet (bootstrap not run?)",
-        ),
+        ScaleError::State(StateError::NotFound { .. }) | ScaleError::NoScaleObject => {
+            missing_public(e)
+        }
         ScaleError::State(_) => PublicError::new(
             503,
             "state_unavailable",
@@ -309,6 +307,17 @@ fn scale_public(e: &ScaleError) -> PublicError {
         )
         .retry_after(5),
     }
+}
+
+/// What a change tells the caller when the state it needs is not there.
+fn missing_public(e: &ScaleError) -> PublicError {
+    let message = match e {
+        ScaleError::NoScaleObject => {
+            "this cluster has no place for the webhook's counts yet; an administrator re-runs bootstrap to create it"
+        }
+        _ => "the cluster state does not exist yet (bootstrap not run?)",
+    };
+    PublicError::new(503, "state_missing", message)
 }
 
 /// What a change beyond the webhook's limits tells the caller (see

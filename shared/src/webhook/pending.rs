@@ -212,11 +212,12 @@ const PAUSE: Duration = Duration::from_secs(2);
 impl<S: StateStore, C: Cluster> Watcher<S, C> {
     async fn forever(&mut self) {
         loop {
-            let active = match self.deps.state.read_config().await {
-                Ok(snap) => snap
+            let active = match crate::workflows::scale::read_both(&self.deps.state).await {
+                Ok((snap, scale)) => snap
                     .spec_yaml()
                     .and_then(|y| ClusterSpec::from_yaml(y).ok())
-                    .is_some_and(|s| autoscaling(&s)),
+                    .map(|base| crate::workflows::scale::effective(base, scale.as_ref(), &snap))
+                    .is_some_and(|e| autoscaling(&e.spec)),
                 Err(e) => {
                     tracing::warn!(error = %e, "pending-pod trigger: cannot read the spec");
                     self.watching

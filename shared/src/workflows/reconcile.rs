@@ -138,10 +138,17 @@ impl ReconcileOptions {
     }
 }
 
+/// What [`load`] read: the spec to act on (`spec.yaml` with the webhook's counts), the
+/// secrets, the ConfigMap, and why the webhook's counts were left out, when they were.
+pub type LoadedSpec = (
+    ClusterSpec,
+    ClusterSecrets,
+    state::ConfigSnapshot,
+    Option<String>,
+);
+
 /// Reads and validates the spec and secrets. Config errors exit 2 and change nothing.
-pub async fn load<S: StateStore>(
-    state: &S,
-) -> Result<(ClusterSpec, ClusterSecrets, state::ConfigSnapshot), ReconcileError> {
+pub async fn load<S: StateStore>(state: &S) -> Result<LoadedSpec, ReconcileError> {
     let snapshot = state.read_config().await.map_err(state_err)?;
     let yaml = snapshot.spec_yaml().ok_or_else(|| {
         ReconcileError::Config(message(format!(
@@ -149,15 +156,20 @@ pub async fn load<S: StateStore>(
             state::keys::SPEC
         )))
     })?;
-    let spec = ClusterSpec::from_yaml(yaml).map_err(|e| ReconcileError::Config(e.into()))?;
+    let base = ClusterSpec::from_yaml(yaml).map_err(|e| ReconcileError::Config(e.into()))?;
     if let Some(recorded) = recorded_server_settings(&snapshot)? {
-        spec.check_server_settings(&recorded)
+        base.check_server_settings(&recorded)
             .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
     }
-    let secrets = state.read_secrets().await.map_err(state_err)?;
-    spec.check_pinned(&secrets.oxide_project, &secrets.oxide_cluster)
+    let (secrets, scale) = tokio::join!(state.read_secrets(), state.read_scale());
+    let (secrets, scale) = (secrets.map_err(state_err)?, scale.map_err(state_err)?);
+    base.check_pinned(&secrets.oxide_project, &secrets.oxide_cluster)
         .map_err(|e| ReconcileError::Config(context("invalid cluster spec", e)))?;
-    Ok((spec, secrets, snapshot))
+    let effective = crate::workflows::scale::effective(base, scale.as_ref(), &snapshot);
+    if let Some(why) = &effective.ignored {
+        tracing::warn!(reason = %why, "the webhook's counts are not used");
+    }
+    Ok((effective.spec, secrets, snapshot, effective.ignored))
 }
 
 /// The k3s server settings the cluster's servers run, as recorded in the ConfigMap (absent in
@@ -193,6 +205,8 @@ struct Loaded {
     snapshot: state::ConfigSnapshot,
     nodes: Vec<Node>,
     server_settings: Option<BTreeMap<String, String>>,
+    /// Why the webhook's counts were left out ([`crate::workflows::scale::Effective`]).
+    scale_note: Option<String>,
 }
 
 async fn load_for_run<S: StateStore, C: Cluster>(
@@ -200,7 +214,7 @@ async fn load_for_run<S: StateStore, C: Cluster>(
     cluster: &C,
 ) -> Result<Loaded, ReconcileError> {
     let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
-    let (spec, secrets, snapshot) =
+    let (spec, secrets, snapshot, scale_note) =
         crate::base::retry::retry(crate::ports::cluster::KUBE_BACKOFF, transient, || {
             load(state)
         })
@@ -216,6 +230,7 @@ async fn load_for_run<S: StateStore, C: Cluster>(
         snapshot,
         nodes,
         server_settings,
+        scale_note,
     })
 }
 
@@ -662,6 +677,7 @@ where
         snapshot,
         nodes,
         server_settings,
+        scale_note,
     } = load_for_run(state, cluster).await?;
     let deadline_len = opts
         .deadline
@@ -715,6 +731,7 @@ where
         channel,
         webhook_certificate,
         drill: std::sync::OnceLock::new(),
+        scale_note: scale_note.as_deref(),
     };
     let outcome = tokio::select! {
         r = work(&rack, cluster, state, &secrets, &ran, nodes, opts, &apply_opts) => r,
@@ -847,6 +864,11 @@ async fn work<R: Rack + crate::adapters::image::ImageStore, C: Cluster, S: State
         }
     }
     plan.findings.extend(backup_findings(ran, (opts.now)()));
+    plan.findings
+        .extend(ran.scale_note.map(|why| plan::Finding {
+            degraded: false,
+            message: why.to_owned(),
+        }));
     Ok((plan, results, autoscaled))
 }
 
@@ -941,6 +963,8 @@ struct Ran<'a> {
     webhook_certificate: Option<crate::domain::certificates::WebhookCertificate>,
     /// `drill.json` as this run's drill step left it, when it changed it.
     drill: std::sync::OnceLock<crate::domain::backup::drill::DrillReport>,
+    /// Why the webhook's counts were left out, when they were.
+    scale_note: Option<&'a str>,
 }
 
 /// After the work, whatever its outcome: the status it leaves (written, with the backoff

@@ -14,9 +14,10 @@
 use std::time::Duration;
 
 use crate::base::retry::Backoff;
+use crate::domain::spec::scale::{self as scale_overrides, ScaleOverrides};
 use crate::domain::spec::{ClusterSpec, CountError, PoolSpec, Role, SpecLoadError};
 use crate::ports::cluster::{Cluster, JOBS_NAMESPACE, JobTrigger, ON_DEMAND_JOB};
-use crate::ports::state::{ConfigSnapshot, StateError, StateStore, keys};
+use crate::ports::state::{self as state, ConfigSnapshot, StateError, StateStore, keys};
 use crate::workflows::error::{Kind, chain};
 
 /// The change asked for.
@@ -149,6 +150,13 @@ pub enum ScaleError {
     State(#[source] StateError),
     #[error("the ConfigMap has no {key}; run bootstrap first", key = keys::SPEC)]
     NoSpec,
+    /// The webhook writes counts only into ConfigMap [`state::SCALE_OBJECT`], which bootstrap
+    /// creates; a cluster bootstrapped before it has none until bootstrap runs again.
+    #[error(
+        "ConfigMap kube-system/{name} does not exist, and the webhook may write counts nowhere else; re-run bootstrap to create it (or change counts with the scale CLI)",
+        name = state::SCALE_OBJECT
+    )]
+    NoScaleObject,
     #[error("the ConfigMap's spec.yaml is unusable; fix it with kubectl edit or re-run bootstrap")]
     Spec(#[source] SpecLoadError),
     #[error("spec.yaml has no worker pool; name one with --pool or /pools/{{pool}}")]
@@ -213,7 +221,9 @@ impl ScaleError {
                 Kind::NeedsPerson
             }
             ScaleError::State(_) | ScaleError::Busy { .. } => Kind::Retry,
-            ScaleError::NoSpec | ScaleError::Spec(_) => Kind::NeedsPerson,
+            ScaleError::NoSpec | ScaleError::NoScaleObject | ScaleError::Spec(_) => {
+                Kind::NeedsPerson
+            }
             ScaleError::NoWorkerPool
             | ScaleError::Count(_)
             | ScaleError::Autoscaling { .. }
@@ -256,33 +266,144 @@ fn resolve_pool<'a>(
     }
 }
 
-/// Memo of the last `spec.yaml` parsed, keyed by its exact text. Parsing and validating the
-/// spec is most of what a GET costs, and the text rarely changes between requests; a hit is
-/// indistinguishable from parsing again, so the memo never serves anything stale. The
-/// webhook keeps one per process; the CLI uses a fresh one.
+/// The spec a reader acts on: `spec.yaml` with the webhook's overrides from ConfigMap
+/// [`state::SCALE_OBJECT`] that still hold ([`ScaleOverrides::apply`]) and that the webhook
+/// may make ([`webhook_may`]: whoever holds the webhook's account can write the object
+/// directly, so the limits are checked where it is read, not only where the webhook writes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Effective {
+    /// `spec.yaml` as stored.
+    pub base: ClusterSpec,
+    /// What to act on.
+    pub spec: ClusterSpec,
+    /// Why the overrides were left out, when they were (for the run's findings).
+    pub ignored: Option<String>,
+}
+
+/// [`Effective`] from `spec.yaml` (`base`), the scale object as read (`None`: there is none)
+/// and the ConfigMap (for the subnet prefix the last run recorded).
+pub fn effective(
+    base: ClusterSpec,
+    scale: Option<&ConfigSnapshot>,
+    snapshot: &ConfigSnapshot,
+) -> Effective {
+    let text = scale.and_then(|s| s.data.get(scale_overrides::KEY));
+    let overrides = match text.map(|t| ScaleOverrides::from_json(t)) {
+        None => return Effective::of(base),
+        Some(Ok(o)) => o,
+        Some(Err(e)) => {
+            let pools: Vec<String> = base.worker_pools.iter().map(|p| p.name.clone()).collect();
+            return Effective::ignoring(base, &pools, e.to_string(), snapshot);
+        }
+    };
+    let mut spec = base.clone();
+    let applied = overrides.apply(&mut spec);
+    if applied.is_empty() {
+        return Effective::of(base);
+    }
+    let refused = match spec.validate() {
+        Err(e) => Some(format!("the counts it sets make an invalid spec: {e}")),
+        Ok(()) => webhook_may(&base, &spec, snapshot).err().map(|e| chain(&e)),
+    };
+    match refused {
+        Some(why) => Effective::ignoring(
+            base,
+            &applied,
+            format!("ConfigMap {}: {why}", state::SCALE_OBJECT),
+            snapshot,
+        ),
+        None => Effective {
+            base,
+            spec,
+            ignored: None,
+        },
+    }
+}
+
+impl Effective {
+    fn of(base: ClusterSpec) -> Effective {
+        Effective {
+            spec: base.clone(),
+            base,
+            ignored: None,
+        }
+    }
+
+    /// The overrides left out: each pool they would have changed keeps the count the last
+    /// run planned for it (within `spec.yaml`'s bounds), so a refused write moves nothing
+    /// (falling back to `spec.yaml`'s count could shrink a pool the webhook had grown).
+    fn ignoring(
+        base: ClusterSpec,
+        pools: &[String],
+        why: String,
+        snapshot: &ConfigSnapshot,
+    ) -> Effective {
+        let last = crate::domain::status::Status::from_json(snapshot.status_json().unwrap_or(""));
+        let mut spec = base.clone();
+        for p in spec
+            .worker_pools
+            .iter_mut()
+            .filter(|p| pools.contains(&p.name))
+        {
+            let planned = last
+                .as_ref()
+                .and_then(|s| s.pools.iter().find(|c| c.pool == p.name))
+                .map(|c| c.desired);
+            if let Some(n) = planned {
+                p.count = n.clamp(p.min, p.max);
+            }
+        }
+        Effective {
+            base,
+            spec,
+            ignored: Some(format!(
+                "{why}; its counts are ignored: the pools keep the counts the last run planned"
+            )),
+        }
+    }
+}
+
+/// Reads the ConfigMap and the scale object together.
+pub async fn read_both<S: StateStore + ?Sized>(
+    state: &S,
+) -> Result<(ConfigSnapshot, Option<ConfigSnapshot>), StateError> {
+    let (config, scale) = tokio::join!(state.read_config(), state.read_scale());
+    Ok((config?, scale?))
+}
+
+/// Memo of the last [`Effective`] spec, keyed by the exact text of `spec.yaml` and of the
+/// scale object. Parsing and validating the spec is most of what a GET costs, and the texts
+/// rarely change between requests; a hit is indistinguishable from parsing again, so the
+/// memo never serves anything stale. The webhook keeps one per process; the CLI uses a
+/// fresh one.
 #[derive(Debug, Default)]
-pub struct SpecCache(std::sync::Mutex<Option<(String, ClusterSpec)>>);
+pub struct SpecCache(std::sync::Mutex<Option<(String, Option<String>, Effective)>>);
 
 impl SpecCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(String, ClusterSpec)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(String, Option<String>, Effective)>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The spec in `snapshot`, parsed and validated.
-    fn parse(&self, snapshot: &ConfigSnapshot) -> Result<ClusterSpec, ScaleError> {
+    /// The spec in `snapshot` with the overrides in `scale`, parsed and validated.
+    fn parse(
+        &self,
+        snapshot: &ConfigSnapshot,
+        scale: Option<&ConfigSnapshot>,
+    ) -> Result<Effective, ScaleError> {
         let yaml = snapshot.spec_yaml().ok_or(ScaleError::NoSpec)?;
-        if let Some((text, spec)) = self.lock().as_ref()
+        let scale_text = scale
+            .and_then(|s| s.data.get(scale_overrides::KEY))
+            .cloned();
+        if let Some((text, st, e)) = self.lock().as_ref()
             && text == yaml
+            && *st == scale_text
         {
-            return Ok(spec.clone());
+            return Ok(e.clone());
         }
-        let spec = ClusterSpec::from_yaml(yaml).map_err(ScaleError::Spec)?;
-        self.remember(yaml.to_owned(), spec.clone());
-        Ok(spec)
-    }
-
-    fn remember(&self, yaml: String, spec: ClusterSpec) {
-        *self.lock() = Some((yaml, spec));
+        let base = ClusterSpec::from_yaml(yaml).map_err(ScaleError::Spec)?;
+        let e = effective(base, scale, snapshot);
+        *self.lock() = Some((yaml.to_owned(), scale_text, e.clone()));
+        Ok(e)
     }
 }
 
@@ -300,8 +421,8 @@ pub(crate) async fn read_spec<S: StateStore>(
     state: &S,
     cache: &SpecCache,
 ) -> Result<ClusterSpec, ScaleError> {
-    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-    cache.parse(&snapshot)
+    let (snapshot, scale) = read_both(state).await.map_err(ScaleError::State)?;
+    Ok(cache.parse(&snapshot, scale.as_ref())?.spec)
 }
 
 /// The stored count of `pool` (default: the first worker pool). Read-only.
@@ -310,8 +431,7 @@ pub async fn observe_count<S: StateStore>(
     pool: Option<&str>,
     cache: &SpecCache,
 ) -> Result<PoolCount, ScaleError> {
-    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-    let spec = cache.parse(&snapshot)?;
+    let spec = read_spec(state, cache).await?;
     let (_, p) = resolve_pool(&spec, pool)?;
     Ok(pool_count(p))
 }
@@ -616,11 +736,14 @@ pub async fn apply_batch<S: StateStore>(
     })
 }
 
-/// The write protocol both changes use: read the ConfigMap, `edit` the spec (which says
-/// whether it changed anything), replace with the resourceVersion read, and on a 409 re-read
-/// and edit again, up to `opts.backoff.attempts` times. Nothing changed: nothing written.
-/// Returns `edit`'s value from the attempt that counted, whether it was written, and the
-/// conflicts met.
+/// The write protocol both changes use: read the ConfigMap and the scale object, `edit` the
+/// effective spec (which says whether it changed anything), write it back with the
+/// resourceVersion read, and on a 409 re-read and edit again, up to `opts.backoff.attempts`
+/// times. Nothing changed: nothing written. The webhook writes only the scale object (the
+/// overrides that turn `spec.yaml` into the edited spec); an administrator writes
+/// `spec.yaml` itself, which leaves any older override behind (it no longer holds). Returns
+/// `edit`'s value from the attempt that counted, whether it was written, and the conflicts
+/// met.
 pub(crate) async fn edit_spec<S: StateStore, T>(
     state: &S,
     opts: &ScaleOptions,
@@ -633,29 +756,58 @@ pub(crate) async fn edit_spec<S: StateStore, T>(
         if attempt > 1 {
             tokio::time::sleep(opts.backoff.delay(attempt)).await;
         }
-        let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-        let mut spec = cache.parse(&snapshot)?;
+        let (snapshot, scale) = read_both(state).await.map_err(ScaleError::State)?;
+        let effective = cache.parse(&snapshot, scale.as_ref())?;
+        let mut spec = effective.spec.clone();
         let (value, changed) = edit(&mut spec, &snapshot)?;
         if !changed {
             return Ok((value, false, conflicts));
         }
-        let yaml = spec.to_yaml();
-        let mut data = snapshot.data.clone();
-        data.insert(keys::SPEC.to_owned(), yaml.clone());
-        match state.replace_config(&snapshot.resource_version, data).await {
-            Ok(_) => {
-                // The next read most likely sees exactly what we wrote.
-                cache.remember(yaml, spec);
-                return Ok((value, true, conflicts));
+        let written = match opts.caller {
+            Caller::Administrator => {
+                let mut data = snapshot.data.clone();
+                data.insert(keys::SPEC.to_owned(), spec.to_yaml());
+                let written = state.replace_config(&snapshot.resource_version, data).await;
+                if written.is_ok() {
+                    clear_overrides(state, scale.as_ref()).await;
+                }
+                written
             }
+            Caller::Webhook => {
+                let scale = scale.ok_or(ScaleError::NoScaleObject)?;
+                let overrides = ScaleOverrides::between(&effective.base, &spec);
+                let mut data = scale.data.clone();
+                data.insert(scale_overrides::KEY.to_owned(), overrides.to_json());
+                state.replace_scale(&scale.resource_version, data).await
+            }
+        };
+        match written {
+            Ok(_) => return Ok((value, true, conflicts)),
             Err(e) if e.is_conflict() => {
                 conflicts += 1;
-                tracing::debug!(attempt, "ConfigMap changed since it was read; re-reading");
+                tracing::debug!(attempt, "the spec changed since it was read; re-reading");
             }
             Err(e) => return Err(ScaleError::State(e)),
         }
     }
     Err(ScaleError::Busy { attempts })
+}
+
+/// After an administrator wrote `spec.yaml` (which now holds what the webhook's overrides
+/// made): empties the scale object, so that an override can never come back when a later
+/// edit puts a field back to the value it was set over. Best effort: a failure leaves
+/// overrides that no longer hold but for that case, and is logged.
+async fn clear_overrides<S: StateStore>(state: &S, scale: Option<&ConfigSnapshot>) {
+    let Some(scale) = scale else { return };
+    let empty = ScaleOverrides::default().to_json();
+    if scale.data.get(scale_overrides::KEY).is_none_or(|t| *t == empty) {
+        return;
+    }
+    let mut data = scale.data.clone();
+    data.insert(scale_overrides::KEY.to_owned(), empty);
+    if let Err(e) = state.replace_scale(&scale.resource_version, data).await {
+        tracing::warn!(error = %chain(&e), "spec.yaml is written, but the webhook's older counts could not be cleared");
+    }
 }
 
 /// The version gate (issue 33 item 1) for a scale change: the stored spec's versions against
@@ -667,8 +819,7 @@ pub async fn check_versions<S: StateStore, C: Cluster>(
     cluster: &C,
     cache: &SpecCache,
 ) -> Result<(), ScaleError> {
-    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-    let spec = cache.parse(&snapshot)?;
+    let spec = read_spec(state, cache).await?;
     let nodes = cluster
         .list_nodes()
         .await
@@ -768,8 +919,8 @@ pub async fn observe_autoscale<S: StateStore>(
     pool: Option<&str>,
     cache: &SpecCache,
 ) -> Result<AutoscaleBounds, ScaleError> {
-    let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-    let spec = cache.parse(&snapshot)?;
+    let (snapshot, scale) = read_both(state).await.map_err(ScaleError::State)?;
+    let spec = cache.parse(&snapshot, scale.as_ref())?.spec;
     let p = resolve_worker(&spec, pool)?;
     Ok(autoscale_bounds(p, planned_count(&snapshot, &p.name)))
 }
@@ -902,7 +1053,7 @@ pub async fn trigger_reconcile<C: Cluster>(cluster: &C) -> ReconcileOutcome {
 /// describes.
 pub(crate) async fn check_pinned<S: StateStore>(state: &S) -> Result<(), ScaleError> {
     let snapshot = state.read_config().await.map_err(ScaleError::State)?;
-    let spec = SpecCache::default().parse(&snapshot)?;
+    let spec = SpecCache::default().parse(&snapshot, None)?.base;
     let secrets = state.read_secrets().await.map_err(ScaleError::State)?;
     spec.check_pinned(&secrets.oxide_project, &secrets.oxide_cluster)
         .map_err(ScaleError::Project)
@@ -978,6 +1129,43 @@ mod tests {
             });
         });
         w
+    }
+
+    /// Audit security-2 N4: the webhook's change lands in the scale object; an
+    /// administrator's later `scale set` writes `spec.yaml` and empties the scale object, so
+    /// setting the count back to exactly what the webhook changed it from is not undone by
+    /// the webhook's older value.
+    #[tokio::test]
+    async fn an_administrators_change_after_the_webhooks_clears_its_overrides() {
+        let w = world(2, 10);
+        w.with(|s| s.scale = Some(crate::fake::empty_scale(2)));
+        let webhook = ScaleOptions {
+            caller: Caller::Webhook,
+            ..ScaleOptions::default()
+        };
+        let cache = SpecCache::default();
+        apply_change(&w.state(), None, CountChange::Set(5), &webhook, &cache)
+            .await
+            .unwrap();
+        let spec_yaml = || w.with(|s| s.config.data[keys::SPEC].clone());
+        assert!(spec_yaml().contains("count: 2"), "{}", spec_yaml());
+        let count = || async {
+            observe_count(&w.state(), None, &SpecCache::default())
+                .await
+                .unwrap()
+                .count
+        };
+        assert_eq!(count().await, 5);
+        let admin = ScaleOptions::default();
+        apply_change(&w.state(), None, CountChange::Set(2), &admin, &cache)
+            .await
+            .unwrap();
+        assert_eq!(count().await, 2, "the administrator's count, not the webhook's");
+        let scale = w.with(|s| s.scale.clone()).unwrap();
+        assert_eq!(
+            ScaleOverrides::from_json(&scale.data[scale_overrides::KEY]).unwrap(),
+            ScaleOverrides::default()
+        );
     }
 
     /// Stores `spec` and asks for a count and a bounds change as the CLI does: both must be

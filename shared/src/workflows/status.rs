@@ -47,12 +47,12 @@ pub async fn observe(
     cluster: &KubeCluster,
     namespace: &str,
 ) -> Result<View, StatusError> {
-    let (snapshot, nodes, events) = tokio::join!(
-        state.read_config(),
+    let (both, nodes, events) = tokio::join!(
+        crate::workflows::scale::read_both(state),
         cluster.list_nodes(),
         cluster.recent_events(status_view::MAX_EVENTS),
     );
-    let snapshot = snapshot?;
+    let (snapshot, scale) = both?;
     let nodes = nodes?;
     let (events, unreadable) = match events {
         Ok(events) => (events, None),
@@ -60,7 +60,7 @@ pub async fn observe(
         Err(e) => return Err(e.into()),
     };
     let spec = match snapshot.spec_yaml().map(ClusterSpec::from_yaml) {
-        Some(Ok(spec)) => spec,
+        Some(Ok(base)) => crate::workflows::scale::effective(base, scale.as_ref(), &snapshot).spec,
         Some(Err(e)) => return Err(StatusError::Spec(e)),
         None => {
             return Err(StatusError::NoSpec {
