@@ -79,6 +79,8 @@ pub struct WorldState {
     pub config: ConfigSnapshot,
     /// ConfigMap `oxide-controller-scale` (the webhook's counts); `None`: it does not exist.
     pub scale: Option<ConfigSnapshot>,
+    /// ConfigMap `oxide-controller-backup` (`backup.json`); `None`: it does not exist.
+    pub backups: Option<ConfigSnapshot>,
     pub secrets: Option<ClusterSecrets>,
     /// Secret `oxide-controller-webhook-tls` (resourceVersion, pair) and
     /// `oxide-controller-webhook-ca`.
@@ -1246,7 +1248,45 @@ impl StateStore for FakeState {
                 s.rv += 1;
                 s.scale = Some(empty_scale(s.rv));
             }
+            if s.backups.is_none() {
+                s.create_calls.push("create-backup-configmap".to_owned());
+                s.rv += 1;
+                s.backups = Some(ConfigSnapshot {
+                    resource_version: s.rv.to_string(),
+                    data: BTreeMap::new(),
+                });
+            }
             Ok(())
+        })
+    }
+
+    async fn read_backups(&self) -> Result<Option<ConfigSnapshot>, StateError> {
+        self.0.with(|s| {
+            *s.reads.entry("get-backups").or_default() += 1;
+            Ok(s.backups.clone())
+        })
+    }
+
+    async fn replace_backups(
+        &self,
+        rv: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
+        self.0.with(|s| {
+            let what = "ConfigMap kube-system/oxide-controller-backup";
+            match &s.backups {
+                None => return Err(StateError::NotFound { what: what.into() }),
+                Some(now) if now.resource_version != rv => {
+                    return Err(StateError::Conflict { what: what.into() });
+                }
+                Some(_) => {}
+            }
+            s.rv += 1;
+            s.backups = Some(ConfigSnapshot {
+                resource_version: s.rv.to_string(),
+                data,
+            });
+            Ok(s.rv.to_string())
         })
     }
 

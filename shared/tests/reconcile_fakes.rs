@@ -271,6 +271,9 @@ fn a_converged_run_lists_the_nodes_once_and_reads_a_recorded_subnet_prefix_no_mo
         assert_eq!(
             reads(&w),
             BTreeMap::from([
+                // backup.json, in the backup writers' own object (audit security-2 N4):
+                // every `report::READ_EVERY` (10 minutes) too.
+                ("get-backups", 1),
                 ("get-scale", 1),
                 ("list-certificate-events", 1),
                 ("list-nodes", 1)

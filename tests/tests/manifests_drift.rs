@@ -1164,8 +1164,14 @@ fn each_account_may_make_exactly_the_calls_its_function_makes() {
                     ),
                     ("", "secrets", &["oxide-controller-webhook-ca"], &["get"]),
                     ("", "configmaps", &["oxide-controller"], &["get", "update"]),
-                    // The webhook's counts, applied within its limits (audit security-2 N4).
-                    ("", "configmaps", &["oxide-controller-scale"], &["get"]),
+                    // The webhook's counts, applied within its limits, and backup.json
+                    // (audit security-2 N4).
+                    (
+                        "",
+                        "configmaps",
+                        &["oxide-controller-scale", "oxide-controller-backup"],
+                        &["get"],
+                    ),
                     (
                         "coordination.k8s.io",
                         "leases",
@@ -1235,8 +1241,15 @@ fn each_account_may_make_exactly_the_calls_its_function_makes() {
             role: "Role kube-system/oxide-controller-backup",
             binding: "RoleBinding kube-system/oxide-controller-backup",
             rules: &[
-                // spec, token fingerprint, backup.json; no Secret (audit security-2 N1, N8)
-                ("", "configmaps", &["oxide-controller"], &["get", "update"]),
+                // spec, token fingerprint; no Secret (audit security-2 N1, N8)
+                ("", "configmaps", &["oxide-controller"], &["get"]),
+                // backup.json, the only object it writes (audit security-2 N4)
+                (
+                    "",
+                    "configmaps",
+                    &["oxide-controller-backup"],
+                    &["get", "update"],
+                ),
             ],
         }]
         .as_slice(),

@@ -17,7 +17,7 @@ use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::base::secrets::ClusterSecrets;
 use oxide_controller::domain::spec::ClusterSpec;
 use oxide_controller::ports::cluster::{JOBS_NAMESPACE, NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
-use oxide_controller::ports::state::{StateStore, keys};
+use oxide_controller::ports::state::{ConfigSnapshot, SCALE_OBJECT, StateStore, keys};
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::{Deps, WebhookConfig};
 use oxide_sim::control_plane::proxy::LocalApi;
@@ -190,15 +190,34 @@ impl Cluster {
             .unwrap()
     }
 
-    fn resource_version(&self) -> String {
-        self.configmap()["metadata"]["resourceVersion"]
-            .as_str()
+    /// ConfigMap `oxide-controller-scale`, where the webhook writes (audit security-2 N4).
+    fn scale_object(&self) -> Value {
+        self.kube
+            .get("v1", "ConfigMap", Some(NAMESPACE), SCALE_OBJECT)
             .unwrap()
-            .to_owned()
     }
 
+    /// The versions of both objects the webhook reads: unchanged means nothing was written.
+    fn resource_version(&self) -> String {
+        let rv = |o: Value| {
+            o["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        format!("{}/{}", rv(self.configmap()), rv(self.scale_object()))
+    }
+
+    /// The spec in effect: `spec.yaml` with the webhook's counts.
     fn spec(&self) -> ClusterSpec {
-        ClusterSpec::from_yaml(self.configmap()["data"][keys::SPEC].as_str().unwrap()).unwrap()
+        let snapshot = |cm: Value| ConfigSnapshot {
+            resource_version: String::new(),
+            data: serde_json::from_value(cm["data"].clone()).unwrap_or_default(),
+        };
+        let config = snapshot(self.configmap());
+        let scale = snapshot(self.scale_object());
+        let base = ClusterSpec::from_yaml(config.spec_yaml().unwrap()).unwrap();
+        oxide_controller::workflows::scale::effective(base, Some(&scale), &config).spec
     }
 
     fn workers(&self) -> u32 {

@@ -683,15 +683,20 @@ async fn scheduled_backup_after(
     }
 }
 
-/// `backup.json` in the cluster's ConfigMap.
+/// `backup.json`, in ConfigMap `oxide-controller-backup` (the one object the backup account
+/// writes: audit security-2 N4); the cluster's ConfigMap holds none.
 async fn backup_report(client: &kube::Client) -> backup::BackupReport {
     let state: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
-    state
-        .get("oxide-controller")
+    let data = |name: &'static str| {
+        let state = state.clone();
+        async move { state.get(name).await.unwrap().data.unwrap_or_default() }
+    };
+    assert!(
+        !data("oxide-controller").await.contains_key("backup.json"),
+        "backup.json written into the cluster's ConfigMap"
+    );
+    data("oxide-controller-backup")
         .await
-        .unwrap()
-        .data
-        .unwrap_or_default()
         .get("backup.json")
         .and_then(|j| backup::BackupReport::from_json(j))
         .unwrap_or_default()

@@ -687,11 +687,34 @@ async fn neither_account_may_do_what_it_does_not_need_and_the_jobs_namespace_is_
     let backup_ns = Some("oxide-controller-backup");
     for (verb, what, ns, name) in [
         ("get", (core, "configmaps"), ks, Some("oxide-controller")),
-        ("update", (core, "configmaps"), ks, Some("oxide-controller")),
+        (
+            "get",
+            (core, "configmaps"),
+            ks,
+            Some("oxide-controller-backup"),
+        ),
+        (
+            "update",
+            (core, "configmaps"),
+            ks,
+            Some("oxide-controller-backup"),
+        ),
     ] {
         assert!(
             can_i(&client, backup, verb, what, ns, name).await,
             "{verb} {what:?}"
+        );
+    }
+    // backup.json is the only object it writes: not the spec, not the webhook's counts
+    // (audit security-2 N4).
+    for (verb, name) in [
+        ("update", "oxide-controller"),
+        ("patch", "oxide-controller"),
+        ("update", "oxide-controller-scale"),
+    ] {
+        assert!(
+            !can_i(&client, backup, verb, (core, "configmaps"), ks, Some(name)).await,
+            "the backup account may {verb} ConfigMap {name}"
         );
     }
     for (user, verb, what, ns, name) in [

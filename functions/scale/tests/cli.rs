@@ -107,13 +107,25 @@ impl Env {
         )
     }
 
+    /// The count in effect: `spec.yaml` with the webhook's counts from ConfigMap
+    /// `oxide-controller-scale` (audit security-2 N4).
     fn stored_count(&self) -> u32 {
-        let cm = self
-            .kube
-            .get("v1", "ConfigMap", Some(NAMESPACE), OBJECT_NAME)
-            .unwrap();
-        let spec = ClusterSpec::from_yaml(cm["data"][keys::SPEC].as_str().unwrap()).unwrap();
-        spec.worker_pools[0].count
+        let get = |name: &str| {
+            self.kube
+                .get("v1", "ConfigMap", Some(NAMESPACE), name)
+                .unwrap()
+        };
+        let snapshot = |cm: &serde_json::Value| oxide_controller::ports::state::ConfigSnapshot {
+            resource_version: String::new(),
+            data: serde_json::from_value(cm["data"].clone()).unwrap_or_default(),
+        };
+        let config = snapshot(&get(OBJECT_NAME));
+        let scale = snapshot(&get(oxide_controller::ports::state::SCALE_OBJECT));
+        let base = ClusterSpec::from_yaml(config.spec_yaml().unwrap()).unwrap();
+        oxide_controller::workflows::scale::effective(base, Some(&scale), &config)
+            .spec
+            .worker_pools[0]
+            .count
     }
 }
 

@@ -19,7 +19,9 @@ use crate::adapters::kubeclient::{api_message, api_status};
 use crate::base::secrets::webhook::{self, WebhookCa, WebhookTls};
 use crate::base::secrets::{ClusterSecrets, keys as secret_keys};
 use crate::ports::cluster::OBJECT_NAME;
-use crate::ports::state::{ConfigSnapshot, NAME_LABEL, SCALE_OBJECT, StateError, StateStore};
+use crate::ports::state::{
+    BACKUP_OBJECT, ConfigSnapshot, NAME_LABEL, SCALE_OBJECT, StateError, StateStore,
+};
 
 /// Read-fill-write rounds `ensure_state` makes per object before giving up with `Conflict`.
 const ENSURE_ATTEMPTS: usize = 5;
@@ -245,13 +247,17 @@ impl KubeStateStore {
         Err(StateError::Conflict { what })
     }
 
-    /// Creates an empty [`SCALE_OBJECT`] unless it exists (its data is the webhook's: never
+    /// Creates ConfigMap `name` with `data` unless it exists (its data is its writer's: never
     /// replaced here).
-    async fn ensure_scale(&self) -> Result<(), StateError> {
+    async fn ensure_object(
+        &self,
+        name: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<(), StateError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        let what = format!("ConfigMap {}/{SCALE_OBJECT}", self.namespace);
+        let what = format!("ConfigMap {}/{name}", self.namespace);
         if api
-            .get_opt(SCALE_OBJECT)
+            .get_opt(name)
             .await
             .map_err(|e| state_error(&what, e))?
             .is_some()
@@ -259,13 +265,10 @@ impl KubeStateStore {
             return Ok(());
         }
         let mut metadata = self.fresh_meta();
-        metadata.name = Some(SCALE_OBJECT.to_owned());
+        metadata.name = Some(name.to_owned());
         let config = ConfigMap {
             metadata,
-            data: Some(BTreeMap::from([(
-                crate::domain::spec::scale::KEY.to_owned(),
-                crate::domain::spec::scale::ScaleOverrides::default().to_json(),
-            )])),
+            data: Some(data),
             ..ConfigMap::default()
         };
         match api.create(&PostParams::default(), &config).await {
@@ -273,6 +276,71 @@ impl KubeStateStore {
             Err(e) if api_status(&e) == Some(409) => Ok(()),
             Err(e) => Err(state_error(&what, e)),
         }
+    }
+
+    /// ConfigMap `name` with its resourceVersion, `None` when it does not exist.
+    async fn read_object(&self, name: &str) -> Result<Option<ConfigSnapshot>, StateError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = format!("ConfigMap {}/{name}", self.namespace);
+        let Some(config) = api.get_opt(name).await.map_err(|e| state_error(&what, e))? else {
+            return Ok(None);
+        };
+        let resource_version =
+            config
+                .metadata
+                .resource_version
+                .ok_or_else(|| StateError::Malformed {
+                    what,
+                    message: "the API returned it without a resourceVersion".to_owned(),
+                })?;
+        Ok(Some(ConfigSnapshot {
+            resource_version,
+            data: config.data.unwrap_or_default(),
+        }))
+    }
+
+    /// Replaces ConfigMap `name`'s data against `resource_version`.
+    async fn replace_object(
+        &self,
+        name: &str,
+        resource_version: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
+        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = format!("ConfigMap {}/{name}", self.namespace);
+        let mut metadata = self.fresh_meta();
+        metadata.name = Some(name.to_owned());
+        metadata.resource_version = Some(resource_version.to_owned());
+        let config = ConfigMap {
+            metadata,
+            data: Some(data),
+            ..ConfigMap::default()
+        };
+        let written = match api.replace(name, &PostParams::default(), &config).await {
+            Ok(w) => w,
+            // As for the ConfigMap (`replace_config`): an answer lost after the write landed
+            // must not make the caller apply a relative change twice.
+            Err(e) if crate::adapters::kubeclient::outcome_unknown(&e) => {
+                match api.get_opt(name).await {
+                    Ok(Some(now))
+                        if now.data == config.data
+                            && now.metadata.resource_version.as_deref()
+                                != Some(resource_version) =>
+                    {
+                        now
+                    }
+                    _ => return Err(state_error(&what, e)),
+                }
+            }
+            Err(e) => return Err(state_error(&what, e)),
+        };
+        written
+            .metadata
+            .resource_version
+            .ok_or_else(|| StateError::Malformed {
+                what,
+                message: "the API answered the replace without a resourceVersion".to_owned(),
+            })
     }
 
     async fn ensure_config(&self, wanted: BTreeMap<String, String>) -> Result<(), StateError> {
@@ -418,31 +486,16 @@ impl StateStore for KubeStateStore {
     ) -> Result<(), StateError> {
         self.ensure_secret(secrets.to_map()).await?;
         self.ensure_config(config).await?;
-        self.ensure_scale().await
+        let scale = BTreeMap::from([(
+            crate::domain::spec::scale::KEY.to_owned(),
+            crate::domain::spec::scale::ScaleOverrides::default().to_json(),
+        )]);
+        self.ensure_object(SCALE_OBJECT, scale).await?;
+        self.ensure_object(BACKUP_OBJECT, BTreeMap::new()).await
     }
 
     async fn read_scale(&self) -> Result<Option<ConfigSnapshot>, StateError> {
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        let what = format!("ConfigMap {}/{SCALE_OBJECT}", self.namespace);
-        let Some(config) = api
-            .get_opt(SCALE_OBJECT)
-            .await
-            .map_err(|e| state_error(&what, e))?
-        else {
-            return Ok(None);
-        };
-        let resource_version =
-            config
-                .metadata
-                .resource_version
-                .ok_or_else(|| StateError::Malformed {
-                    what,
-                    message: "the API returned it without a resourceVersion".to_owned(),
-                })?;
-        Ok(Some(ConfigSnapshot {
-            resource_version,
-            data: config.data.unwrap_or_default(),
-        }))
+        self.read_object(SCALE_OBJECT).await
     }
 
     async fn replace_scale(
@@ -450,44 +503,21 @@ impl StateStore for KubeStateStore {
         resource_version: &str,
         data: BTreeMap<String, String>,
     ) -> Result<String, StateError> {
-        let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
-        let what = format!("ConfigMap {}/{SCALE_OBJECT}", self.namespace);
-        let mut metadata = self.fresh_meta();
-        metadata.name = Some(SCALE_OBJECT.to_owned());
-        metadata.resource_version = Some(resource_version.to_owned());
-        let config = ConfigMap {
-            metadata,
-            data: Some(data),
-            ..ConfigMap::default()
-        };
-        let written = match api
-            .replace(SCALE_OBJECT, &PostParams::default(), &config)
+        self.replace_object(SCALE_OBJECT, resource_version, data)
             .await
-        {
-            Ok(w) => w,
-            // As for the ConfigMap (`replace_config`): an answer lost after the write landed
-            // must not make the caller apply a relative change twice.
-            Err(e) if crate::adapters::kubeclient::outcome_unknown(&e) => {
-                match api.get_opt(SCALE_OBJECT).await {
-                    Ok(Some(now))
-                        if now.data == config.data
-                            && now.metadata.resource_version.as_deref()
-                                != Some(resource_version) =>
-                    {
-                        now
-                    }
-                    _ => return Err(state_error(&what, e)),
-                }
-            }
-            Err(e) => return Err(state_error(&what, e)),
-        };
-        written
-            .metadata
-            .resource_version
-            .ok_or_else(|| StateError::Malformed {
-                what,
-                message: "the API answered the replace without a resourceVersion".to_owned(),
-            })
+    }
+
+    async fn read_backups(&self) -> Result<Option<ConfigSnapshot>, StateError> {
+        self.read_object(BACKUP_OBJECT).await
+    }
+
+    async fn replace_backups(
+        &self,
+        resource_version: &str,
+        data: BTreeMap<String, String>,
+    ) -> Result<String, StateError> {
+        self.replace_object(BACKUP_OBJECT, resource_version, data)
+            .await
     }
 
     async fn merge_host_key_pins(

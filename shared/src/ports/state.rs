@@ -45,6 +45,11 @@ pub mod keys {
 /// only object the webhook's account may update (audit security-2 N4).
 pub const SCALE_OBJECT: &str = "oxide-controller-scale";
 
+/// ConfigMap holding `backup.json` ([`keys::BACKUP`]): the only object the backup account may
+/// update (audit security-2 N4). Clusters bootstrapped before it keep `backup.json` in the
+/// ConfigMap, which is still read when this object has none.
+pub const BACKUP_OBJECT: &str = "oxide-controller-backup";
+
 /// Label on both objects.
 pub const NAME_LABEL: (&str, &str) = ("app.kubernetes.io/name", "oxide-controller");
 
@@ -102,7 +107,7 @@ pub trait StateStore: Send + Sync {
     fn read_secrets(&self) -> impl Future<Output = Result<ClusterSecrets, StateError>> + Send;
     /// Bootstrap only: creates both objects if missing; fills in missing Secret keys and
     /// missing ConfigMap keys of existing objects (never overwrites a present value); creates
-    /// an empty [`SCALE_OBJECT`] if it is missing.
+    /// an empty [`SCALE_OBJECT`] and [`BACKUP_OBJECT`] if missing.
     fn ensure_state(
         &self,
         secrets: &ClusterSecrets,
@@ -134,6 +139,25 @@ pub trait StateStore: Send + Sync {
         let _ = (resource_version, data);
         std::future::ready(Err(StateError::NotFound {
             what: format!("ConfigMap {SCALE_OBJECT}"),
+        }))
+    }
+
+    /// ConfigMap [`BACKUP_OBJECT`] with its resourceVersion; `None` when it does not exist
+    /// (as [`StateStore::read_scale`]).
+    fn read_backups(
+        &self,
+    ) -> impl Future<Output = Result<Option<ConfigSnapshot>, StateError>> + Send {
+        std::future::ready(Ok(None))
+    }
+    /// Replaces [`BACKUP_OBJECT`]'s data if its resourceVersion is still `resource_version`.
+    fn replace_backups(
+        &self,
+        resource_version: &str,
+        data: BTreeMap<String, String>,
+    ) -> impl Future<Output = Result<String, StateError>> + Send {
+        let _ = (resource_version, data);
+        std::future::ready(Err(StateError::NotFound {
+            what: format!("ConfigMap {BACKUP_OBJECT}"),
         }))
     }
 
@@ -175,6 +199,52 @@ pub trait StateStore: Send + Sync {
         let _ = (tls, ca);
         std::future::ready(Ok(()))
     }
+}
+
+/// Changes `backup.json` with `edit`: in [`BACKUP_OBJECT`] (re-read and edited again on a
+/// 409, five tries), or, in a cluster bootstrapped before that object, in the ConfigMap
+/// ([`edit_config`]). `edit` gets the report's text as last written (from the ConfigMap
+/// when the object has none yet) and returns the new text.
+pub async fn edit_backups<S: StateStore + ?Sized>(
+    state: &S,
+    mut edit: impl FnMut(Option<&str>) -> String + Send,
+) -> Result<(), StateError> {
+    for _ in 0..5 {
+        let Some(object) = state.read_backups().await? else {
+            return edit_config(state, None, |data| {
+                let text = edit(data.get(keys::BACKUP).map(String::as_str));
+                data.insert(keys::BACKUP.to_owned(), text);
+            })
+            .await;
+        };
+        let legacy = match object.data.get(keys::BACKUP) {
+            Some(_) => None,
+            None => state.read_config().await?.data.remove(keys::BACKUP),
+        };
+        let was = object.data.get(keys::BACKUP).or(legacy.as_ref());
+        let mut data = object.data.clone();
+        data.insert(keys::BACKUP.to_owned(), edit(was.map(String::as_str)));
+        match state.replace_backups(&object.resource_version, data).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StateError::Conflict {
+        what: format!("ConfigMap {BACKUP_OBJECT}"),
+    })
+}
+
+/// `backup.json` as last written: [`BACKUP_OBJECT`]'s, else (a cluster bootstrapped before it,
+/// or no backup since) the ConfigMap's `snapshot`.
+pub async fn read_backup_report<S: StateStore + ?Sized>(
+    state: &S,
+    snapshot: &ConfigSnapshot,
+) -> Result<Option<String>, StateError> {
+    let object = state.read_backups().await?;
+    Ok(object
+        .and_then(|o| o.data.get(keys::BACKUP).cloned())
+        .or_else(|| snapshot.data.get(keys::BACKUP).cloned()))
 }
 
 /// Changes the ConfigMap's data with `edit` and writes it back against the version read: the

@@ -265,20 +265,20 @@ async fn prune<R: Rack>(
     Ok((gone, kept))
 }
 
-/// Leaves the outcome of a backup attempt at `at` in the ConfigMap's
-/// [`state::keys::BACKUP`] (re-read and written again on a conflict; nothing else changes).
+/// Leaves the outcome of a backup attempt at `at` in [`state::keys::BACKUP`] of ConfigMap
+/// [`state::BACKUP_OBJECT`], the one object the backup account may update (audit security-2
+/// N4); in a cluster bootstrapped before it, in the ConfigMap. Re-read and written again on
+/// a conflict; nothing else changes.
 pub async fn record<S: StateStore>(
     state: &S,
     at: DateTime<Utc>,
     outcome: Result<LastBackup, String>,
 ) -> Result<(), StateError> {
-    state::edit_config(state, None, |data| {
-        let report = data
-            .get(state::keys::BACKUP)
-            .and_then(|j| BackupReport::from_json(j))
+    state::edit_backups(state, |was| {
+        was.and_then(BackupReport::from_json)
             .unwrap_or_default()
-            .after(at, outcome.clone());
-        data.insert(state::keys::BACKUP.to_owned(), report.to_json());
+            .after(at, outcome.clone())
+            .to_json()
     })
     .await
 }
@@ -413,10 +413,10 @@ where
         info!("backup.schedule is null: the in-cluster backup is off");
         return Ok(ScheduledOutcome::Off);
     }
-    let report = config
-        .data
-        .get(state::keys::BACKUP)
-        .and_then(|j| BackupReport::from_json(j))
+    let report = state::read_backup_report(state, &config)
+        .await
+        .map_err(|e| WorkflowError::step(step, e))?
+        .and_then(|j| BackupReport::from_json(&j))
         .unwrap_or_default();
     let after = report.last_success.as_ref().map(|b| b.time);
     let token = recorded_token_fingerprint(&config)?;
@@ -718,8 +718,9 @@ mod tests {
         assert!(s.k3s_token.is_empty(), "no server token");
     }
 
-    /// A FakeState whose ConfigMap changes under the first write (the webhook writing the spec):
-    /// the record re-reads, keeps that change, and adds its report.
+    /// A FakeState whose ConfigMap changes under the first write (the webhook writing the spec),
+    /// and which has no backup object (a cluster bootstrapped before it): the record re-reads,
+    /// keeps that change, and adds its report to the ConfigMap.
     #[derive(Clone)]
     struct Racing(
         crate::fake::FakeState,
@@ -791,6 +792,48 @@ mod tests {
         let report = BackupReport::from_json(&data[state::keys::BACKUP]).unwrap();
         assert_eq!(report.last_success, Some(made));
         assert_eq!(report.last_error.as_deref(), Some("quota"));
+    }
+
+    /// Audit security-2 N4: the report goes to ConfigMap `oxide-controller-backup`, the one
+    /// object the backup account may update; the ConfigMap is not written. The first record
+    /// after an upgrade starts from the report the ConfigMap still holds, and a reader then
+    /// finds the new one.
+    #[tokio::test]
+    async fn a_record_goes_to_the_backup_object_and_starts_from_the_legacy_report() {
+        let world = crate::fake::FakeWorld::new(Utc::now());
+        let fake = world.state();
+        let at = Utc::now().trunc_subsecs(0);
+        let made = LastBackup {
+            name: "demo-etcd-x".into(),
+            time: at,
+            k3s_snapshot: "etcd-snapshot-demo-cp-a-1".into(),
+            bytes: 7,
+            by: "schedule".into(),
+        };
+        let legacy = BackupReport::default().after(at, Ok(made.clone()));
+        fake.ensure_state(
+            &ClusterSecrets::default(),
+            [
+                (state::keys::SPEC.to_owned(), "spec".to_owned()),
+                (state::keys::BACKUP.to_owned(), legacy.to_json()),
+            ]
+            .into(),
+        )
+        .await
+        .unwrap();
+        let config = fake.read_config().await.unwrap();
+        record(&fake, at, Err("quota".into())).await.unwrap();
+        assert_eq!(
+            fake.read_config().await.unwrap(),
+            config,
+            "ConfigMap untouched"
+        );
+        let object = fake.read_backups().await.unwrap().unwrap();
+        let report = BackupReport::from_json(&object.data[state::keys::BACKUP]).unwrap();
+        assert_eq!(report.last_success, Some(made), "carried over");
+        assert_eq!(report.last_error.as_deref(), Some("quota"));
+        let read = state::read_backup_report(&fake, &config).await.unwrap();
+        assert_eq!(read.as_deref(), Some(report.to_json().as_str()));
     }
 
     #[test]

@@ -687,12 +687,10 @@ where
         .map_err(|e| ReconcileError::Config(context("building the Oxide client", e)))?;
 
     let previous = snapshot.status_json().and_then(Status::from_json);
+    let (backups, backup_read_at) =
+        backups_for_run(state, &snapshot, previous.as_ref(), started_at).await;
     if opts.dry_run {
-        let backups = backup_report(&snapshot);
-        let memory = Memory {
-            previous: previous.as_ref(),
-            backups: Some(&backups),
-        };
+        let memory = (previous.as_ref(), &backups);
         return dry_run(&rack, cluster, &spec, memory, &secrets, nodes, opts).await;
     }
 
@@ -732,6 +730,8 @@ where
         webhook_certificate,
         drill: std::sync::OnceLock::new(),
         scale_note: scale_note.as_deref(),
+        backups,
+        backup_read_at,
     };
     let outcome = tokio::select! {
         r = work(&rack, cluster, state, &secrets, &ran, nodes, opts, &apply_opts) => r,
@@ -762,11 +762,15 @@ async fn dry_run<R: Rack, C: Cluster>(
     rack: &R,
     cluster: &C,
     spec: &ClusterSpec,
-    memory: Memory<'_>,
+    (previous, backups): (Option<&Status>, &crate::domain::backup::BackupReport),
     secrets: &ClusterSecrets,
     nodes: Vec<Node>,
     opts: &ReconcileOptions,
 ) -> Result<RunOutcome, ReconcileError> {
+    let memory = Memory {
+        previous,
+        backups: Some(backups),
+    };
     let (_, plan, _) = observe_and_plan(
         rack,
         cluster,
@@ -796,7 +800,7 @@ async fn work<R: Rack + crate::adapters::image::ImageStore, C: Cluster, S: State
     let transient = |e: &ReconcileError| matches!(e, ReconcileError::Retryable(_));
     // The version gate's Nodes serve the first attempt; a retry lists them again.
     let mut gate_nodes = Some(gate_nodes);
-    let backups = backup_report(ran.snapshot);
+    let backups = ran.backups.clone();
     let memory = Memory {
         previous: ran.previous,
         backups: Some(&backups),
@@ -965,6 +969,9 @@ struct Ran<'a> {
     drill: std::sync::OnceLock<crate::domain::backup::drill::DrillReport>,
     /// Why the webhook's counts were left out, when they were.
     scale_note: Option<&'a str>,
+    /// `backup.json` as this run knows it ([`backups_for_run`]) and when it was read.
+    backups: crate::domain::backup::BackupReport,
+    backup_read_at: Option<DateTime<Utc>>,
 }
 
 /// After the work, whatever its outcome: the status it leaves (written, with the backoff
@@ -988,7 +995,10 @@ async fn wrap_up<C: Cluster, S: StateStore>(
     if let Some(prefix) = ran.subnet_prefix.get() {
         status.subnet_prefix = Some(*prefix);
     }
-    status.backup = Some(backup_status(ran, finished_at));
+    status.backup = Some(crate::domain::backup::BackupStatus {
+        read_at: ran.backup_read_at,
+        ..backup_status(ran, finished_at)
+    });
     status.channel = ran.channel.clone();
     status.webhook_certificate = ran.webhook_certificate.clone();
     if outcome.is_ok() {
@@ -1132,13 +1142,39 @@ fn apply_options(opts: &ReconcileOptions, spec: &ClusterSpec, deadline: Instant)
     apply_opts
 }
 
-/// What the backup writers last reported (`backup.json`).
-fn backup_report(snapshot: &state::ConfigSnapshot) -> crate::domain::backup::BackupReport {
-    snapshot
-        .data
-        .get(state::keys::BACKUP)
-        .and_then(|j| crate::domain::backup::BackupReport::from_json(j))
-        .unwrap_or_default()
+/// What the backup writers last reported (`backup.json`) as this run knows it, and when it
+/// was read: read now when [`crate::domain::backup::report::read_due`], else the last run's
+/// view. A read that fails keeps the last view (the run goes on; the status is not the
+/// run's business to fail on).
+async fn backups_for_run<S: StateStore>(
+    state: &S,
+    snapshot: &state::ConfigSnapshot,
+    previous: Option<&Status>,
+    now: DateTime<Utc>,
+) -> (crate::domain::backup::BackupReport, Option<DateTime<Utc>>) {
+    use crate::domain::backup::{BackupReport, report};
+    let last = previous.and_then(|p| p.backup.as_ref());
+    let kept = || {
+        (
+            last.map(|b| b.report.clone()).unwrap_or_default(),
+            last.and_then(|b| b.read_at),
+        )
+    };
+    let roll_waiting = previous.is_some_and(|p| p.control_plane_roll.is_some());
+    if !report::read_due(last, roll_waiting, now) {
+        return kept();
+    }
+    match state::read_backup_report(state, snapshot).await {
+        Ok(text) => (
+            text.and_then(|t| BackupReport::from_json(&t))
+                .unwrap_or_default(),
+            Some(now),
+        ),
+        Err(e) => {
+            warn!(error = %crate::workflows::error::chain(&e), "cannot read backup.json; the last run's view stands");
+            kept()
+        }
+    }
 }
 
 /// The backups as the writers last reported them (`backup.json`) and the restore drills as
@@ -1149,7 +1185,7 @@ fn backup_status(ran: &Ran<'_>, now: DateTime<Utc>) -> crate::domain::backup::Ba
     let since = watching_since(ran);
     let mut status = crate::domain::backup::report::status(
         ran.spec.backup.schedule.as_deref(),
-        &backup_report(ran.snapshot),
+        &ran.backups,
         since,
         now,
     );

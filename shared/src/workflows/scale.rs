@@ -800,7 +800,11 @@ pub(crate) async fn edit_spec<S: StateStore, T>(
 async fn clear_overrides<S: StateStore>(state: &S, scale: Option<&ConfigSnapshot>) {
     let Some(scale) = scale else { return };
     let empty = ScaleOverrides::default().to_json();
-    if scale.data.get(scale_overrides::KEY).is_none_or(|t| *t == empty) {
+    if scale
+        .data
+        .get(scale_overrides::KEY)
+        .is_none_or(|t| *t == empty)
+    {
         return;
     }
     let mut data = scale.data.clone();
@@ -1160,7 +1164,11 @@ mod tests {
         apply_change(&w.state(), None, CountChange::Set(2), &admin, &cache)
             .await
             .unwrap();
-        assert_eq!(count().await, 2, "the administrator's count, not the webhook's");
+        assert_eq!(
+            count().await,
+            2,
+            "the administrator's count, not the webhook's"
+        );
         let scale = w.with(|s| s.scale.clone()).unwrap();
         assert_eq!(
             ScaleOverrides::from_json(&scale.data[scale_overrides::KEY]).unwrap(),

@@ -100,6 +100,22 @@ pub struct BackupStatus {
     /// (set by the run from `drill.json`; see [`super::drill`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drill: Option<super::drill::DrillStatus>,
+    /// When a run last read `backup.json` ([`read_due`]); absent in runs before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_at: Option<DateTime<Utc>>,
+}
+
+/// How often a run reads `backup.json` while nothing asks for it sooner: the writers (the
+/// backup Job, `bootstrap backup`) keep it in an object of their own, one more request a run
+/// otherwise; between reads the last run's view (this status) stands.
+pub const READ_EVERY: Duration = Duration::minutes(10);
+
+/// Whether a run reads `backup.json` now: never read, read [`READ_EVERY`] ago, the last view
+/// stale (re-read before saying so again), or a control-plane roll waiting for a backup
+/// (`roll_waiting`: it must see the new one as soon as it is there).
+pub fn read_due(last: Option<&BackupStatus>, roll_waiting: bool, now: DateTime<Utc>) -> bool {
+    let Some(last) = last else { return true };
+    roll_waiting || last.stale || last.read_at.is_none_or(|at| now - at >= READ_EVERY)
 }
 
 /// How long after a tick the backup it makes may take before it counts as missed: the Job
@@ -138,6 +154,7 @@ pub fn status(
         watching_since,
         stale,
         drill: None,
+        read_at: None,
     }
 }
 
@@ -172,6 +189,20 @@ impl BackupStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backup_json_is_read_every_ten_minutes_or_when_a_roll_or_a_stale_view_asks() {
+        let t0: DateTime<Utc> = "2026-11-29T10:00:00Z".parse().unwrap_or_default();
+        let mut last = status(Some("0 * * * *"), &BackupReport::default(), t0, t0);
+        assert!(read_due(None, false, t0));
+        assert!(read_due(Some(&last), false, t0), "never read");
+        last.read_at = Some(t0);
+        assert!(!read_due(Some(&last), false, t0 + Duration::minutes(9)));
+        assert!(read_due(Some(&last), false, t0 + READ_EVERY));
+        assert!(read_due(Some(&last), true, t0 + Duration::minutes(1)));
+        last.stale = true;
+        assert!(read_due(Some(&last), false, t0 + Duration::minutes(1)));
+    }
 
     fn at(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)

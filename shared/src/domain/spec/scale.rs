@@ -174,7 +174,10 @@ mod tests {
         let mut effective = admin.clone();
         o.apply(&mut effective);
         assert_eq!(
-            (effective.worker_pools[0].count, effective.worker_pools[0].max),
+            (
+                effective.worker_pools[0].count,
+                effective.worker_pools[0].max
+            ),
             (5, 40)
         );
         // A change elsewhere in the spec (an image) keeps the override.

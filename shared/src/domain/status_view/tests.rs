@@ -150,6 +150,7 @@ fn status(degraded: bool) -> Status {
             },
             watching_since: t(8, 0, 0),
             stale: degraded,
+            read_at: None,
             drill: Some(drill_under_way()),
         }),
         certificates: certificates(),
