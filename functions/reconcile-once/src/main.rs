@@ -217,6 +217,13 @@ where
     let mut opts = ScheduledOptions::new(snapshot_dir.clone());
     opts.wait = Duration::from_secs(*wait_seconds);
     opts.node = node.clone().filter(|n| !n.is_empty());
+    match oxide_controller::workflows::backup::read_retention_floor(rack_dir) {
+        Ok(floor) => opts.retention_floor = floor,
+        Err(e) => {
+            tracing::error!("{}", chain(&e));
+            return ExitCode::from(e.exit_code());
+        }
+    }
     let opts = &opts;
     let secrets = match oxide_controller::workflows::backup::read_rack_credentials(rack_dir) {
         Ok(s) => s,

@@ -326,10 +326,27 @@ pub struct BackupSpec {
 }
 
 /// How many backups stay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Retention {
     pub keep: u32,
     pub keep_daily: u32,
+}
+
+impl Retention {
+    /// Each count at least `floor`'s (audit security-2 N4: the floor bootstrap records where
+    /// no in-cluster account can write it, so an edited `spec.yaml` cannot erase the backup
+    /// history). Returns what to apply and whether the floor raised anything.
+    pub fn at_least(self, floor: Option<Retention>) -> (Retention, bool) {
+        let Some(f) = floor else {
+            return (self, false);
+        };
+        let r = Retention {
+            keep: self.keep.max(f.keep),
+            keep_daily: self.keep_daily.max(f.keep_daily),
+        };
+        (r, r != self)
+    }
 }
 
 fn default_schedule() -> Option<String> {

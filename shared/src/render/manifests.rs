@@ -513,9 +513,18 @@ pub const BACKUP_RACK_SECRET: &str = "oxide-controller-rack";
 /// Where the backup pod mounts [`BACKUP_RACK_SECRET`].
 pub const BACKUP_RACK_SECRET_DIR: &str = "/var/run/secrets/oxide-controller-rack";
 
+/// Key of [`BACKUP_RACK_SECRET`] holding the retention floor (JSON
+/// [`crate::domain::backup::Retention`]): the spec's retention when bootstrap last ran. Not a
+/// secret; kept there because no in-cluster account may write that Secret (audit security-2
+/// N4).
+pub const BACKUP_RETENTION_FLOOR: &str = "backup-retention-floor";
+
 /// [`BACKUP_RACK_SECRET`] holding `secrets`' `oxide-host`, `oxide-token`, `oxide-project` and
-/// `oxide-cluster`, and nothing else.
-pub fn backup_rack_secret(secrets: &crate::base::secrets::ClusterSecrets) -> Manifest {
+/// `oxide-cluster`, and the retention `floor` ([`BACKUP_RETENTION_FLOOR`]); nothing else.
+pub fn backup_rack_secret(
+    secrets: &crate::base::secrets::ClusterSecrets,
+    floor: crate::domain::backup::Retention,
+) -> Manifest {
     use crate::base::secrets::keys;
     use base64::Engine as _;
     let b64 = |v: &str| Value::from(base64::engine::general_purpose::STANDARD.encode(v));
@@ -545,6 +554,7 @@ pub fn backup_rack_secret(secrets: &crate::base::secrets::ClusterSecrets) -> Man
                 (keys::OXIDE_TOKEN): b64(&secrets.oxide_token),
                 (keys::OXIDE_PROJECT): b64(&secrets.oxide_project),
                 (keys::OXIDE_CLUSTER): b64(&secrets.oxide_cluster),
+                (BACKUP_RETENTION_FLOOR): b64(&serde_json::to_string(&floor).unwrap_or_default()),
             },
         }),
     }

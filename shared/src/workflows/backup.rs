@@ -314,6 +314,8 @@ pub struct ScheduledOptions {
     pub poll: Duration,
     /// The Node the pod runs on (the downward API's `spec.nodeName`), for the manifest.
     pub node: Option<String>,
+    /// The retention no edit of `spec.yaml` goes below ([`read_retention_floor`]).
+    pub retention_floor: Option<backup::Retention>,
 }
 
 impl ScheduledOptions {
@@ -323,6 +325,7 @@ impl ScheduledOptions {
             wait: Duration::from_secs(300),
             poll: Duration::from_secs(2),
             node: None,
+            retention_floor: None,
         }
     }
 }
@@ -371,6 +374,31 @@ pub fn read_rack_credentials(dir: &Path) -> Result<ClusterSecrets, WorkflowError
         oxide_project: read(keys::OXIDE_PROJECT)?,
         oxide_cluster: read(keys::OXIDE_CLUSTER)?,
         ..ClusterSecrets::default()
+    })
+}
+
+/// The retention floor in `dir` (file [`crate::render::manifests::BACKUP_RETENTION_FLOOR`] of
+/// the backup's own Secret, written by bootstrap); `None` when bootstrap wrote none yet.
+pub fn read_retention_floor(dir: &Path) -> Result<Option<backup::Retention>, WorkflowError> {
+    let path = dir.join(crate::render::manifests::BACKUP_RETENTION_FLOOR);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(WorkflowError::step(
+                "state",
+                error::context(path.display().to_string(), e),
+            ));
+        }
+    };
+    serde_json::from_str(text.trim()).map(Some).map_err(|e| {
+        WorkflowError::needs_person(
+            "state",
+            message(format!(
+                "{} is not a retention ({e}); re-run bootstrap to write it again",
+                path.display()
+            )),
+        )
     })
 }
 
@@ -444,7 +472,11 @@ where
             servers: server_addresses(&rack, &spec.cluster, DEFAULT_CONTROL_PLANE_POOL).await?,
         };
         let uploading = tokio::time::Instant::now();
-        let up = upload(&rack, &manifest, snapshot, spec.backup.retention()).await?;
+        let (retention, raised) = spec.backup.retention().at_least(opts.retention_floor);
+        if raised {
+            warn!(spec = ?spec.backup.retention(), applied = ?retention, "spec.yaml keeps fewer backups than the floor bootstrap recorded; the floor applies (re-run bootstrap with the lower retention to lower it)");
+        }
+        let up = upload(&rack, &manifest, snapshot, retention).await?;
         Ok::<_, WorkflowError>((manifest, up, uploading.elapsed().as_secs_f64()))
     }
     .await;
@@ -640,8 +672,9 @@ pub async fn open_snapshot(path: &Path) -> Result<(SourceReader, u64, String), W
 mod tests {
     use super::*;
 
-    /// The backup's own Secret holds the four rack keys and nothing else: no server or agent
-    /// token, no webhook or Tailscale credential (audit security-2 N1, N8).
+    /// The backup's own Secret holds the four rack keys (and the retention floor, not a
+    /// secret) and nothing else: no server or agent token, no webhook or Tailscale credential
+    /// (audit security-2 N1, N8).
     #[test]
     fn the_backups_rack_secret_holds_the_rack_credentials_only() {
         use base64::Engine as _;
@@ -656,7 +689,7 @@ mod tests {
             tailscale_auth_key: Some("tskey-value".into()),
             ..ClusterSecrets::default()
         };
-        let m = crate::render::manifests::backup_rack_secret(&secrets);
+        let m = crate::render::manifests::backup_rack_secret(&secrets, Default::default());
         assert_eq!(
             m.describe(),
             "Secret oxide-controller-backup/oxide-controller-rack"
@@ -666,6 +699,7 @@ mod tests {
         assert_eq!(
             keys,
             [
+                "backup-retention-floor",
                 "oxide-cluster",
                 "oxide-host",
                 "oxide-project",
@@ -834,6 +868,59 @@ mod tests {
         assert_eq!(report.last_error.as_deref(), Some("quota"));
         let read = state::read_backup_report(&fake, &config).await.unwrap();
         assert_eq!(read.as_deref(), Some(report.to_json().as_str()));
+    }
+
+    /// Audit security-2 N4: a `spec.yaml` edited down to `keep: 1, keep_daily: 0` (by whoever
+    /// may write it) does not make the in-cluster backup delete the history: the floor
+    /// bootstrap recorded in the backup's own Secret applies. Without a floor the edit would.
+    #[tokio::test]
+    async fn the_retention_floor_keeps_what_an_edited_spec_would_prune() {
+        let dir = tempfile::tempdir().unwrap();
+        let floor = backup::Retention {
+            keep: 24,
+            keep_daily: 7,
+        };
+        std::fs::write(
+            dir.path().join(crate::render::manifests::BACKUP_RETENTION_FLOOR),
+            serde_json::to_string(&floor).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(read_retention_floor(dir.path()).unwrap(), Some(floor));
+        for (floor, left) in [(None, 1), (Some(floor), 2)] {
+            let world = crate::fake::FakeWorld::new(Utc::now());
+            let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 1, 1);
+            (spec.backup.keep, spec.backup.keep_daily) = (1, 0);
+            world
+                .state()
+                .ensure_state(
+                    &ClusterSecrets::default(),
+                    [
+                        (state::keys::SPEC.to_owned(), spec.to_yaml()),
+                        (
+                            state::keys::K3S_TOKEN_FINGERPRINT.to_owned(),
+                            backup::token_fingerprint("t"),
+                        ),
+                    ]
+                    .into(),
+                )
+                .await
+                .unwrap();
+            let snaps = tempfile::tempdir().unwrap();
+            let mut opts = ScheduledOptions::new(snaps.path().to_path_buf());
+            (opts.wait, opts.poll, opts.retention_floor) =
+                (Duration::ZERO, Duration::from_millis(1), floor);
+            let now = Utc::now().timestamp();
+            for age in [7200, 3600] {
+                let file = format!("etcd-snapshot-demo-control-plane-a-{}", now - age);
+                std::fs::write(snaps.path().join(file), b"etcd").unwrap();
+                let rack = world.rack();
+                run_scheduled(&world.state(), || Ok(rack), || async { Ok(1) }, &opts)
+                    .await
+                    .unwrap();
+            }
+            let backups = world.with(|s| s.snapshots.len());
+            assert_eq!(backups, left, "floor {floor:?}");
+        }
     }
 
     #[test]

@@ -786,7 +786,8 @@ async fn step_state<C: Connect>(
     let stored = check_stored_tokens(store, secrets).await;
     ensure_webhook_tls(store, resume).await?;
     merge_host_key_pins(v, store, resume).await?;
-    let rack_secret = manifests::backup_rack_secret(stored.as_ref().unwrap_or(secrets));
+    let rack_secret =
+        manifests::backup_rack_secret(stored.as_ref().unwrap_or(secrets), spec.backup.retention());
     Ok((ports, rack_secret))
 }
 
