@@ -18,8 +18,9 @@ use kube::api::{Api, PostParams};
 use crate::adapters::kubeclient::{api_message, api_status};
 use crate::base::secrets::webhook::{self, WebhookCa, WebhookTls};
 use crate::base::secrets::{ClusterSecrets, keys as secret_keys};
+use crate::domain::backup::retired;
 use crate::ports::cluster::OBJECT_NAME;
-use crate::ports::state::{ConfigSnapshot, NAME_LABEL, StateError, StateStore};
+use crate::ports::state::{ConfigSnapshot, NAME_LABEL, StateError, StateStore, keys as state_keys};
 
 /// Read-fill-write rounds `ensure_state` makes per object before giving up with `Conflict`.
 const ENSURE_ATTEMPTS: usize = 5;
@@ -289,6 +290,43 @@ impl KubeStateStore {
     }
 }
 
+impl KubeStateStore {
+    /// Whether the Secret holds a key of [`secret_keys::RETIRED`] (false when there is none).
+    async fn secret_holds_retired(&self) -> Result<bool, StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let secret = api
+            .get_opt(OBJECT_NAME)
+            .await
+            .map_err(|e| state_error(self.secret_what(), e))?;
+        Ok(secret
+            .and_then(|s| s.data)
+            .is_some_and(|d| secret_keys::RETIRED.iter().any(|k| d.contains_key(*k))))
+    }
+
+    /// The Secret holds no retired key now: a record that does not say when (`removing`, left
+    /// by this run or one cut short, or unreadable) becomes the time.
+    async fn finish_retired_removal(&self) -> Result<(), StateError> {
+        let key = state_keys::RETIRED_KEYS_REMOVED_AT;
+        let read = self.read_config().await?;
+        let unfinished = read.data.get(key).is_some_and(|v| {
+            !matches!(
+                retired::RetiredKeys::parse(v),
+                Some(retired::RetiredKeys::RemovedAt(_))
+            )
+        });
+        if !unfinished {
+            return Ok(());
+        }
+        let now = chrono::Utc::now();
+        crate::ports::state::edit_config(self, Some(&read), |data| {
+            if let Some(v) = retired::finished(data.get(key).map(String::as_str), now) {
+                data.insert(key.to_owned(), v);
+            }
+        })
+        .await
+    }
+}
+
 impl StateStore for KubeStateStore {
     async fn read_config(&self) -> Result<ConfigSnapshot, StateError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
@@ -386,8 +424,22 @@ impl StateStore for KubeStateStore {
         secrets: &ClusterSecrets,
         config: BTreeMap<String, String>,
     ) -> Result<(), StateError> {
+        // Audit security-2 N1: a removal of retired keys is recorded for the backups, first as
+        // `removing`, then as its time ([`crate::domain::backup::retired`]).
+        let retiring = self.secret_holds_retired().await?;
+        if retiring {
+            self.ensure_config(config.clone()).await?;
+            crate::ports::state::edit_config(self, None, |data| {
+                data.insert(
+                    state_keys::RETIRED_KEYS_REMOVED_AT.to_owned(),
+                    retired::REMOVING.to_owned(),
+                );
+            })
+            .await?;
+        }
         self.ensure_secret(secrets.to_map()).await?;
-        self.ensure_config(config).await
+        self.ensure_config(config).await?;
+        self.finish_retired_removal().await
     }
 
     async fn merge_host_key_pins(

@@ -39,6 +39,10 @@ pub mod keys {
     /// every backup's description), written by bootstrap: the in-cluster backup tags its
     /// backups with it without reading the token (audit security-2 N1).
     pub const K3S_TOKEN_FINGERPRINT: &str = "k3s-token-fingerprint";
+    /// When bootstrap removed the retired keys (the SSH private key an older controller kept)
+    /// from the Secret, RFC 3339, or `removing` while it does: no backup uploads an etcd
+    /// snapshot taken before ([`crate::domain::backup::retired`], audit security-2 N1).
+    pub const RETIRED_KEYS_REMOVED_AT: &str = crate::domain::backup::retired::CONFIG_KEY;
 }
 
 /// Label on both objects.
