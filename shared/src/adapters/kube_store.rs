@@ -449,6 +449,33 @@ impl StateStore for KubeStateStore {
         KubeStateStore::merge_host_key_pins(self, pins).await
     }
 
+    async fn set_ssh_public_key(&self, line: &str) -> Result<(), StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = self.secret_what();
+        for _ in 0..ENSURE_ATTEMPTS {
+            let mut secret = api
+                .get_opt(OBJECT_NAME)
+                .await
+                .map_err(|e| state_error(&what, e))?
+                .ok_or_else(|| StateError::NotFound { what: what.clone() })?;
+            let data = secret.data.get_or_insert_with(BTreeMap::new);
+            let value = ByteString(line.as_bytes().to_vec());
+            if data.get(secret_keys::SSH_PUBLIC_KEY) == Some(&value) {
+                return Ok(());
+            }
+            data.insert(secret_keys::SSH_PUBLIC_KEY.to_owned(), value);
+            match api
+                .replace(OBJECT_NAME, &PostParams::default(), &secret)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if api_status(&e) == Some(409) => continue,
+                Err(e) => return Err(state_error(&what, e)),
+            }
+        }
+        Err(StateError::Conflict { what })
+    }
+
     async fn read_webhook_tls(&self) -> Result<Option<(String, WebhookTls)>, StateError> {
         let Some((rv, data)) = self.read_named(webhook::TLS_SECRET).await? else {
             return Ok(None);

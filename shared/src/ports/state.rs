@@ -115,6 +115,20 @@ pub trait StateStore: Send + Sync {
         pins: &BTreeMap<String, Vec<String>>,
     ) -> impl Future<Output = Result<BTreeMap<String, Vec<String>>, StateError>> + Send;
 
+    /// `bootstrap rotate-ssh-key` only: sets the Secret's `ssh-public-key` (what new VMs'
+    /// user-data authorizes) to `line`, read and written back against the version read (a
+    /// 409 re-reads); nothing else changes.
+    fn set_ssh_public_key(
+        &self,
+        line: &str,
+    ) -> impl Future<Output = Result<(), StateError>> + Send {
+        let _ = line;
+        std::future::ready(Err(StateError::Malformed {
+            what: "Secret kube-system/oxide-controller".to_owned(),
+            message: "this store cannot set the SSH public key".to_owned(),
+        }))
+    }
+
     /// The webhook's serving pair (Secret [`webhook_tls::TLS_SECRET`]) with its
     /// resourceVersion; `None` when there is no such Secret (a cluster bootstrapped before it,
     /// or a store that keeps none: the default, for test doubles of the other methods).
