@@ -70,7 +70,7 @@ impl RotateSummary {
         ));
         for (node, why) in &self.not_reached {
             s.push_str(&format!(
-                "Not reached: {node} ({why}); it still accepts the old key: replace it (delete the instance; the reconcile creates a replacement with the new key), or make it reachable and run `bootstrap rotate-ssh-key` again before this one finishes elsewhere.\n"
+                "Not reached: {node} ({why}); it still accepts the old key (which this machine no longer holds): replace it (delete the instance; the reconcile creates a replacement that authorizes the new key).\n"
             ));
         }
         s
