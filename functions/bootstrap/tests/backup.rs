@@ -239,6 +239,27 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
     // Audit security-2 N1: the controller's key rotated first; the backup below reaches the
     // server with the new one.
     rotate_ssh_key(&env, &client).await;
+    // A bootstrap cut short while it removed the retired keys (the record says `removing`):
+    // the Secret may still hold them, so `bootstrap backup` uploads nothing and says why.
+    let state: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let mark = |v: serde_json::Value| {
+        let state = state.clone();
+        async move {
+            let patch = serde_json::json!({"data": {"retired-keys-removed-at": v}});
+            let pp = kube::api::PatchParams::default();
+            state
+                .patch("oxide-controller", &pp, &kube::api::Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    mark("removing".into()).await;
+    let out = backup_cmd(&env).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("retired-keys-removed-at"), "{stderr}");
+    assert!(backups(&env).await.is_empty());
+    mark(serde_json::Value::Null).await;
 
     let out = backup_cmd(&env).await;
     let (stdout, stderr) = (

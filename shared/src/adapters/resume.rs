@@ -435,6 +435,35 @@ mod tests {
         );
     }
 
+    /// A rotation's pair is saved beside the old one (which stays the controller's), read back
+    /// by the next run unchanged, hidden from `Debug`, and becomes the controller's only at
+    /// the finish.
+    #[test]
+    fn a_rotations_pair_waits_beside_the_old_one_until_the_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = resume_path(dir.path(), "demo");
+        let mut state = ResumeState::generate("demo", "proj", "https://rack", "cp").unwrap();
+        let old = state.ssh_public_key.clone();
+        assert!(!state.finish_ssh_key_rotation(), "nothing under way");
+        let (key, made) = state.begin_ssh_key_rotation().unwrap();
+        assert!(made);
+        save(&path, &state).unwrap();
+        let mut again = load(&path, "demo", "proj").unwrap().unwrap();
+        assert_eq!(
+            again.ssh_public_key, old,
+            "the old key stays the controller's"
+        );
+        let (same, made) = again.begin_ssh_key_rotation().unwrap();
+        assert!(!made);
+        assert_eq!(same.fingerprint(), key.fingerprint());
+        let next = again.ssh_next_private_key.clone().unwrap();
+        assert!(!format!("{again:?}").contains(&next));
+        assert!(again.finish_ssh_key_rotation());
+        assert_eq!(again.key_pair().unwrap().fingerprint(), key.fingerprint());
+        assert_ne!(again.ssh_public_key, old);
+        assert!(again.ssh_next_private_key.is_none() && again.ssh_next_public_key.is_none());
+    }
+
     #[test]
     fn a_missing_file_is_none_and_a_foreign_one_is_refused() {
         let dir = tempfile::tempdir().unwrap();

@@ -75,7 +75,7 @@ pub fn check_snapshot(
     time: DateTime<Utc>,
 ) -> Result<(), String> {
     let key = CONFIG_KEY;
-    let why = "an older controller kept the controller's SSH private key there";
+    let why = "an older controller kept its SSH private key (and the webhook's TLS key) there";
     match recorded.map(|v| (v, RetiredKeys::parse(v))) {
         None => Ok(()),
         Some((_, Some(RetiredKeys::RemovedAt(at)))) if time > at => Ok(()),
@@ -99,6 +99,16 @@ pub fn check_snapshot(
              is {v:?}, neither {REMOVING:?} nor an RFC 3339 time, so whether the snapshot holds \
              the retired keys ({why}) is unknown; re-run bootstrap, which records the time again"
         )),
+    }
+}
+
+/// Whether a snapshot taken just now (`bootstrap backup`'s own) may go to the rack: it
+/// postdates any removal that finished, so only a record that does not say when (a bootstrap
+/// cut short while it removed the keys: the Secret may still hold them) refuses it.
+pub fn check_new_snapshot(recorded: Option<&str>, file: &str) -> Result<(), String> {
+    match recorded.map(RetiredKeys::parse) {
+        None | Some(Some(RetiredKeys::RemovedAt(_))) => Ok(()),
+        Some(_) => check_snapshot(recorded, file, DateTime::<Utc>::MAX_UTC),
     }
 }
 
@@ -138,7 +148,18 @@ mod tests {
         for v in [REMOVING, "yesterday"] {
             let e = check_snapshot(Some(v), "f", late).unwrap_err();
             assert!(e.contains("re-run bootstrap"), "{e}");
+            let e = check_new_snapshot(Some(v), "on-demand-x").unwrap_err();
+            assert!(
+                e.contains("on-demand-x") && e.contains("re-run bootstrap"),
+                "{e}"
+            );
         }
+        // A snapshot taken now postdates a finished removal, whatever the clocks say.
+        assert_eq!(
+            check_new_snapshot(Some("2030-01-01T00:00:00Z"), "f"),
+            Ok(())
+        );
+        assert_eq!(check_new_snapshot(None, "f"), Ok(()));
     }
 
     #[test]
