@@ -2,6 +2,7 @@
 //! observed model, the planner and the autoscaler, the firewall rule's shape, status
 //! building. No I/O, no SDK types; imports only [`crate::base`].
 
+pub mod authorized_keys;
 pub mod autoscale;
 pub mod backup;
 pub mod certificates;

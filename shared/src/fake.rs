@@ -1320,6 +1320,18 @@ impl StateStore for FakeState {
         })
     }
 
+    async fn set_ssh_public_key(&self, line: &str) -> Result<(), StateError> {
+        self.0.with(|s| match s.secrets.as_mut() {
+            Some(secrets) => {
+                secrets.ssh_public_key = line.to_owned();
+                Ok(())
+            }
+            None => Err(StateError::NotFound {
+                what: "Secret kube-system/oxide-controller".into(),
+            }),
+        })
+    }
+
     async fn merge_host_key_pins(
         &self,
         pins: &BTreeMap<String, Vec<String>>,

@@ -86,6 +86,73 @@ async fn ssh_run(
     Ok((status.ok_or("no exit status")?, out))
 }
 
+/// sshd reads the login user's `authorized_keys` at each authentication, as the user: the
+/// product's key rotation (`bootstrap rotate-ssh-key`: the new key added by the user, the old
+/// one removed, each a temporary file moved into place) counts from the next login; a file
+/// root owns that the user cannot read authorizes nothing
+/// (openssh-portable@0ef0f5a8 `auth2-pubkey.c:625-647`, `misc.c:2319-2344`).
+async fn authorized_keys_are_read_at_each_login(ip: IpAddr, fingerprint: &str, key: &PrivateKey) {
+    use oxide_controller::adapters::ssh::{
+        HostKeyPins, RemoteShell as _, SshError, SshKeyPair, SshTarget,
+    };
+    use oxide_controller::domain::authorized_keys::{self, path, with_key, without_key};
+    let pins = HostKeyPins::new([fingerprint]).unwrap();
+    let login = |k: &PrivateKey| {
+        SshTarget::new(
+            (ip, SSH_PORT).into(),
+            "ubuntu",
+            SshKeyPair::new(k.clone()),
+            pins.clone(),
+        )
+    };
+    let refused = |r: Result<_, SshError>| matches!(r, Err(SshError::AuthRejected { .. }));
+    let file = path("ubuntu");
+    let old_line = key.public_key().to_openssh().unwrap();
+    let next = PrivateKey::random(&mut rand::rng(), Algorithm::Ed25519).unwrap();
+    let next_line = next.public_key().to_openssh().unwrap();
+    // cloud-init's file holds the user-data's key.
+    let read = |k: &PrivateKey| {
+        let t = login(k);
+        let file = file.clone();
+        async move {
+            let out = t.exec(&format!("cat {file}")).await.unwrap();
+            assert!(out.success(), "{out:?}");
+            String::from_utf8(out.stdout).unwrap()
+        }
+    };
+    let text = read(key).await;
+    assert!(authorized_keys::holds(&text, &old_line), "{text}");
+    assert!(refused(login(&next).exec("true").await));
+    login(key)
+        .replace_own_file(&file, with_key(&text, &next_line).as_bytes(), 0o600)
+        .await
+        .unwrap();
+    assert!(login(&next).exec("true").await.unwrap().success());
+    let text = read(&next).await;
+    login(&next)
+        .replace_own_file(&file, without_key(&text, &old_line).as_bytes(), 0o600)
+        .await
+        .unwrap();
+    assert!(
+        refused(login(key).exec("true").await),
+        "the old key is refused at once"
+    );
+    assert!(login(&next).exec("true").await.unwrap().success());
+    let only_next = read(&next).await;
+    // Written through sudo, the file is root's: world-readable, sshd reads it; 0600, the
+    // user sshd opens it as cannot, and no key logs in (the last step: it locks the user out).
+    login(&next)
+        .upload(&file, only_next.as_bytes(), 0o644)
+        .await
+        .unwrap();
+    assert!(login(&next).exec("true").await.unwrap().success());
+    login(&next)
+        .upload(&file, only_next.as_bytes(), 0o600)
+        .await
+        .unwrap();
+    assert!(refused(login(&next).exec("true").await));
+}
+
 #[tokio::test]
 async fn ssh_to_a_server_reads_a_kubeconfig_that_works_through_the_floating_ip() {
     let sim = start().await;
@@ -166,6 +233,8 @@ async fn ssh_to_a_server_reads_a_kubeconfig_that_works_through_the_floating_ip()
         .filter_map(|n| n.metadata.name.clone())
         .collect();
     assert_eq!(names, ["c1-cp-aaaaa"]);
+
+    authorized_keys_are_read_at_each_login(ip, &fingerprint, &key).await;
 }
 
 #[tokio::test]

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+use chrono::SubsecRound as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use oxide_controller::adapters::kube_store::KubeStateStore;
@@ -245,6 +247,7 @@ async fn ensure_state_creates_both_objects_then_fills_missing_keys_without_overw
         .unwrap();
 
     // A second bootstrap with different values only fills the holes.
+    let before = chrono::Utc::now();
     let second = ClusterSecrets {
         oxide_token: "oxide-token-2".into(),
         k3s_token: "k3s-token-2".into(),
@@ -280,6 +283,19 @@ async fn ensure_state_creates_both_objects_then_fills_missing_keys_without_overw
         "the SSH private key an older version wrote is removed: {data}"
     );
     let cfg = store.read_config().await.unwrap();
+    // Audit security-2 N1: when, for the backups (none of an etcd snapshot older than that).
+    let removed_at = |cfg: &oxide_controller::ports::state::ConfigSnapshot| {
+        let v = &cfg.data[keys::RETIRED_KEYS_REMOVED_AT];
+        chrono::DateTime::parse_from_rfc3339(v)
+            .unwrap_or_else(|e| panic!("{v:?}: {e}"))
+            .with_timezone(&chrono::Utc)
+    };
+    let at = removed_at(&cfg);
+    let after = chrono::Utc::now();
+    assert!(
+        at >= after.trunc_subsecs(0) && at >= before && at <= after + chrono::Duration::seconds(1),
+        "{before} <= {at} ~ {after}"
+    );
     assert_eq!(cfg.spec_yaml(), Some("pools: {}\n"));
     assert_eq!(cfg.status_json(), Some("{\"ok\":true}"));
     assert_eq!(
@@ -302,6 +318,19 @@ async fn ensure_state_creates_both_objects_then_fills_missing_keys_without_overw
         .map(|(_, n)| n)
         .sum();
     assert_eq!(writes, 0, "{:?}", env.api.proxy.counters());
+    assert_eq!(removed_at(&store.read_config().await.unwrap()), at);
+
+    // A run cut short after it began the removal (the record says `removing`): the next one,
+    // finding no retired key left, records the time then.
+    let cfg = store.read_config().await.unwrap();
+    let mut data = cfg.data.clone();
+    data.insert(keys::RETIRED_KEYS_REMOVED_AT.into(), "removing".into());
+    store
+        .replace_config(&cfg.resource_version, data)
+        .await
+        .unwrap();
+    store.ensure_state(&second, config(&[])).await.unwrap();
+    assert!(removed_at(&store.read_config().await.unwrap()) >= at);
 }
 
 #[tokio::test]

@@ -126,6 +126,18 @@ enum Command {
     /// the kubeconfig's certificate ends.
     #[command(args_override_self = true)]
     Kubeconfig(KubeconfigArgs),
+    /// Replace the controller's SSH key on the cluster's nodes with a new one.
+    ///
+    /// An older controller kept the private key in the cluster's Secret, so it is in etcd
+    /// snapshots and may be in backups: rotate it once after upgrading. Saves a new key pair in
+    /// the resume file beside the old one, sets the Secret's ssh-public-key (new VMs authorize
+    /// the new key), then on every running node this machine reaches (host keys pinned): adds
+    /// the new key to the login user's authorized_keys, proves a login with it, removes the old
+    /// key and proves it refused. Then the resume file keeps the new key only. Nodes it cannot
+    /// reach are listed: they still accept the old key (replace them). A run cut short is
+    /// finished by running it again.
+    #[command(args_override_self = true)]
+    RotateSshKey(BackupArgs),
 }
 
 /// The flags of `bootstrap` without a subcommand: create a cluster.
@@ -447,7 +459,7 @@ struct BackupArgs {
     oxide: OxideArgs,
     #[command(flatten)]
     local: ClusterFiles,
-    /// Seconds the whole backup may take.
+    /// Seconds the whole command may take.
     #[arg(long, default_value_t = 900, value_name = "SECONDS")]
     timeout: u64,
     /// Log format.
@@ -528,6 +540,7 @@ fn main() -> ExitCode {
         (Some(Command::Recover(a)), _) => run_recover(a),
         (Some(Command::Backup(a)), _) => run_backup(a),
         (Some(Command::Kubeconfig(a)), _) => run_kubeconfig(a),
+        (Some(Command::RotateSshKey(a)), _) => run_rotate_ssh_key(a),
         (None, Some(a)) => run_create(a, cli.oxide),
         // clap requires --cluster and --image without a subcommand; not reached.
         (None, None) => ExitCode::from(2),
@@ -750,7 +763,16 @@ fn run_kubeconfig(a: KubeconfigArgs) -> ExitCode {
     })
 }
 
-/// A laptop command on one cluster's local files (`backup`, `kubeconfig`): its summary on
+fn run_rotate_ssh_key(a: BackupArgs) -> ExitCode {
+    use oxide_controller::workflows::bootstrap::rotate_ssh_key;
+    laptop(a, |input| async move {
+        rotate_ssh_key::run(input, &LiveConnect::new())
+            .await
+            .map(|s| s.render())
+    })
+}
+
+/// A laptop command on one cluster's local files (`backup`, `kubeconfig`, `rotate-ssh-key`): its summary on
 /// stdout, or the error reported.
 fn laptop<F, Fut>(a: BackupArgs, run: F) -> ExitCode
 where

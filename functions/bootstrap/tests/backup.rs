@@ -146,6 +146,86 @@ async fn no_ssh_private_key_in_any_secret(client: &kube::Client) {
     }
 }
 
+/// `bootstrap rotate-ssh-key` after a run cut short (its new pair saved in the resume file
+/// beside the old one, the first server already moved to it): the next run takes the same
+/// pair and finishes. The three servers (each has an address this machine reaches) then
+/// trust the new key only, proven by logging in with each key; the worker (no external
+/// address) is named as not reached; the resume file holds the new pair only and the Secret's
+/// `ssh-public-key` is the new key, for the VMs made from now on.
+async fn rotate_ssh_key(env: &Env, client: &kube::Client) {
+    use oxide_controller::adapters::ssh::{
+        HostKeyPins, RemoteShell as _, SshError, SshKeyPair, SshTarget,
+    };
+    use oxide_controller::domain::authorized_keys;
+    let path = env.state_dir().join("demo.json");
+    let before = resume::load_for_cluster(&path, "demo").unwrap().unwrap();
+    let rack = env.rack("demo");
+    let login = async |server: &str, pins: &[String], key: SshKeyPair| {
+        let ips = rack.instance_external_ips(server).await.unwrap();
+        let ip = oxide_controller::ports::rack::reachable_address(&ips).unwrap();
+        SshTarget::new(
+            (ip, 2222).into(),
+            "ubuntu",
+            key,
+            HostKeyPins::new(pins).unwrap(),
+        )
+    };
+    let mut cut = before.clone();
+    cut.begin_ssh_key_rotation().unwrap();
+    resume::save(&path, &cut).unwrap();
+    let pending = cut.ssh_next_public_key.clone().unwrap();
+    let (first, pins) = before.host_key_pins.iter().next().unwrap();
+    let old = login(first, pins, before.key_pair().unwrap()).await;
+    let file = authorized_keys::path("ubuntu");
+    let text = old.exec(&format!("cat {file}")).await.unwrap().stdout;
+    let moved = authorized_keys::without_key(
+        &authorized_keys::with_key(&String::from_utf8(text).unwrap(), &pending),
+        &before.ssh_public_key,
+    );
+    old.replace_own_file(&file, moved.as_bytes(), 0o600)
+        .await
+        .unwrap();
+
+    let args = env.sub_args("rotate-ssh-key", "demo", &[]);
+    let out = tokio::time::timeout(Duration::from_secs(300), env.command(&args).output())
+        .await
+        .expect("rotate-ssh-key finished within 300 s")
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("Rotated (3): demo-control-plane-")
+            && stdout.contains("Not reached: demo-workers-"),
+        "{stdout}"
+    );
+    let after = resume::load_for_cluster(&path, "demo").unwrap().unwrap();
+    assert_eq!(after.ssh_public_key, pending, "the cut-short run's pair");
+    assert!(after.ssh_next_private_key.is_none() && after.ssh_next_public_key.is_none());
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "kube-system");
+    let data = secrets.get("oxide-controller").await.unwrap().data.unwrap();
+    assert_eq!(data["ssh-public-key"].0, after.ssh_public_key.as_bytes());
+    let servers: Vec<&String> = after
+        .host_key_pins
+        .keys()
+        .filter(|n| n.starts_with("demo-control-plane-"))
+        .collect();
+    assert_eq!(servers.len(), 3, "{servers:?}");
+    for server in servers {
+        let pins = &after.host_key_pins[server];
+        let new = login(server, pins, after.key_pair().unwrap()).await;
+        let new = new.exec("true").await.unwrap();
+        assert!(new.success(), "{server}: {new:?}");
+        let old = login(server, pins, before.key_pair().unwrap()).await;
+        match old.exec("true").await {
+            Err(SshError::AuthRejected { .. }) => {}
+            other => panic!("{server}: the old key: {other:?}"),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keeps_it() {
     let env = env().await;
@@ -156,6 +236,30 @@ async fn a_backup_is_a_tagged_snapshot_holding_the_etcd_snapshot_and_delete_keep
     cm.metadata.name = Some("written-before-the-backup".into());
     cm.data = Some([("k".to_owned(), "in the backup".to_owned())].into());
     cms.create(&PostParams::default(), &cm).await.unwrap();
+    // Audit security-2 N1: the controller's key rotated first; the backup below reaches the
+    // server with the new one.
+    rotate_ssh_key(&env, &client).await;
+    // A bootstrap cut short while it removed the retired keys (the record says `removing`):
+    // the Secret may still hold them, so `bootstrap backup` uploads nothing and says why.
+    let state: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let mark = |v: serde_json::Value| {
+        let state = state.clone();
+        async move {
+            let patch = serde_json::json!({"data": {"retired-keys-removed-at": v}});
+            let pp = kube::api::PatchParams::default();
+            state
+                .patch("oxide-controller", &pp, &kube::api::Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    mark("removing".into()).await;
+    let out = backup_cmd(&env).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("retired-keys-removed-at"), "{stderr}");
+    assert!(backups(&env).await.is_empty());
+    mark(serde_json::Value::Null).await;
 
     let out = backup_cmd(&env).await;
     let (stdout, stderr) = (

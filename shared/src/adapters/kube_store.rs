@@ -18,9 +18,11 @@ use kube::api::{Api, PostParams};
 use crate::adapters::kubeclient::{api_message, api_status};
 use crate::base::secrets::webhook::{self, WebhookCa, WebhookTls};
 use crate::base::secrets::{ClusterSecrets, keys as secret_keys};
+use crate::domain::backup::retired;
 use crate::ports::cluster::OBJECT_NAME;
 use crate::ports::state::{
     BACKUP_OBJECT, ConfigSnapshot, NAME_LABEL, SCALE_OBJECT, StateError, StateStore,
+    keys as state_keys,
 };
 
 /// Read-fill-write rounds `ensure_state` makes per object before giving up with `Conflict`.
@@ -387,6 +389,43 @@ impl KubeStateStore {
     }
 }
 
+impl KubeStateStore {
+    /// Whether the Secret holds a key of [`secret_keys::RETIRED`] (false when there is none).
+    async fn secret_holds_retired(&self) -> Result<bool, StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let secret = api
+            .get_opt(OBJECT_NAME)
+            .await
+            .map_err(|e| state_error(self.secret_what(), e))?;
+        Ok(secret
+            .and_then(|s| s.data)
+            .is_some_and(|d| secret_keys::RETIRED.iter().any(|k| d.contains_key(*k))))
+    }
+
+    /// The Secret holds no retired key now: a record that does not say when (`removing`, left
+    /// by this run or one cut short, or unreadable) becomes the time.
+    async fn finish_retired_removal(&self) -> Result<(), StateError> {
+        let key = state_keys::RETIRED_KEYS_REMOVED_AT;
+        let read = self.read_config().await?;
+        let unfinished = read.data.get(key).is_some_and(|v| {
+            !matches!(
+                retired::RetiredKeys::parse(v),
+                Some(retired::RetiredKeys::RemovedAt(_))
+            )
+        });
+        if !unfinished {
+            return Ok(());
+        }
+        let now = chrono::Utc::now();
+        crate::ports::state::edit_config(self, Some(&read), |data| {
+            if let Some(v) = retired::finished(data.get(key).map(String::as_str), now) {
+                data.insert(key.to_owned(), v);
+            }
+        })
+        .await
+    }
+}
+
 impl StateStore for KubeStateStore {
     async fn read_config(&self) -> Result<ConfigSnapshot, StateError> {
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), &self.namespace);
@@ -484,8 +523,22 @@ impl StateStore for KubeStateStore {
         secrets: &ClusterSecrets,
         config: BTreeMap<String, String>,
     ) -> Result<(), StateError> {
+        // Audit security-2 N1: a removal of retired keys is recorded for the backups, first as
+        // `removing`, then as its time ([`crate::domain::backup::retired`]).
+        let retiring = self.secret_holds_retired().await?;
+        if retiring {
+            self.ensure_config(config.clone()).await?;
+            crate::ports::state::edit_config(self, None, |data| {
+                data.insert(
+                    state_keys::RETIRED_KEYS_REMOVED_AT.to_owned(),
+                    retired::REMOVING.to_owned(),
+                );
+            })
+            .await?;
+        }
         self.ensure_secret(secrets.to_map()).await?;
         self.ensure_config(config).await?;
+        self.finish_retired_removal().await?;
         let scale = BTreeMap::from([(
             crate::domain::spec::scale::KEY.to_owned(),
             crate::domain::spec::scale::ScaleOverrides::default().to_json(),
@@ -525,6 +578,33 @@ impl StateStore for KubeStateStore {
         pins: &BTreeMap<String, Vec<String>>,
     ) -> Result<BTreeMap<String, Vec<String>>, StateError> {
         KubeStateStore::merge_host_key_pins(self, pins).await
+    }
+
+    async fn set_ssh_public_key(&self, line: &str) -> Result<(), StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = self.secret_what();
+        for _ in 0..ENSURE_ATTEMPTS {
+            let mut secret = api
+                .get_opt(OBJECT_NAME)
+                .await
+                .map_err(|e| state_error(&what, e))?
+                .ok_or_else(|| StateError::NotFound { what: what.clone() })?;
+            let data = secret.data.get_or_insert_with(BTreeMap::new);
+            let value = ByteString(line.as_bytes().to_vec());
+            if data.get(secret_keys::SSH_PUBLIC_KEY) == Some(&value) {
+                return Ok(());
+            }
+            data.insert(secret_keys::SSH_PUBLIC_KEY.to_owned(), value);
+            match api
+                .replace(OBJECT_NAME, &PostParams::default(), &secret)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if api_status(&e) == Some(409) => continue,
+                Err(e) => return Err(state_error(&what, e)),
+            }
+        }
+        Err(StateError::Conflict { what })
     }
 
     async fn read_webhook_tls(&self) -> Result<Option<(String, WebhookTls)>, StateError> {

@@ -74,6 +74,14 @@ pub struct ResumeState {
     pub webhook_tls_cert: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_tls_key: Option<String>,
+    /// The key pair `bootstrap rotate-ssh-key` is moving the nodes to, kept here (beside the
+    /// old one, still [`Self::ssh_private_key`]) from before the first node sees it until the
+    /// rotation finishes ([`Self::finish_ssh_key_rotation`]): a run cut short leaves both, and
+    /// the next run goes on. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_next_private_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_next_public_key: Option<String>,
 }
 
 impl std::fmt::Debug for ResumeState {
@@ -159,6 +167,8 @@ impl ResumeState {
             webhook_tls_ca_key: None,
             webhook_tls_cert: None,
             webhook_tls_key: None,
+            ssh_next_private_key: None,
+            ssh_next_public_key: None,
         }
         .with_webhook_tls()
     }
@@ -202,6 +212,42 @@ impl ResumeState {
     /// The controller's key pair.
     pub fn key_pair(&self) -> Result<SshKeyPair, ResumeError> {
         SshKeyPair::from_openssh(&self.ssh_private_key).map_err(|e| ResumeError::Key(e.to_string()))
+    }
+
+    /// The key pair a rotation moves to: the one a run cut short left, else a new one (true:
+    /// new, the caller saves the file before any node sees it).
+    pub fn begin_ssh_key_rotation(&mut self) -> Result<(SshKeyPair, bool), ResumeError> {
+        if let Some(private) = &self.ssh_next_private_key {
+            let key =
+                SshKeyPair::from_openssh(private).map_err(|e| ResumeError::Key(e.to_string()))?;
+            return Ok((key, false));
+        }
+        let key = ssh::generate_ed25519();
+        let private = key
+            .to_openssh()
+            .map_err(|e| ResumeError::Key(e.to_string()))?;
+        self.ssh_next_public_key = Some(
+            key.authorized_key_line(CONTROLLER_KEY_COMMENT)
+                .map_err(|e| ResumeError::Key(e.to_string()))?,
+        );
+        self.ssh_next_private_key = Some(private.expose().to_owned());
+        Ok((key, true))
+    }
+
+    /// The rotation's key becomes the controller's; the old one is dropped. False when no
+    /// rotation was under way.
+    pub fn finish_ssh_key_rotation(&mut self) -> bool {
+        match (
+            self.ssh_next_private_key.take(),
+            self.ssh_next_public_key.take(),
+        ) {
+            (Some(private), Some(public)) => {
+                self.ssh_private_key = private;
+                self.ssh_public_key = public;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The Secret's values: these keys and tokens plus the Oxide credentials.
@@ -387,6 +433,35 @@ mod tests {
             key.authorized_key_line(CONTROLLER_KEY_COMMENT).unwrap(),
             state.ssh_public_key
         );
+    }
+
+    /// A rotation's pair is saved beside the old one (which stays the controller's), read back
+    /// by the next run unchanged, hidden from `Debug`, and becomes the controller's only at
+    /// the finish.
+    #[test]
+    fn a_rotations_pair_waits_beside_the_old_one_until_the_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = resume_path(dir.path(), "demo");
+        let mut state = ResumeState::generate("demo", "proj", "https://rack", "cp").unwrap();
+        let old = state.ssh_public_key.clone();
+        assert!(!state.finish_ssh_key_rotation(), "nothing under way");
+        let (key, made) = state.begin_ssh_key_rotation().unwrap();
+        assert!(made);
+        save(&path, &state).unwrap();
+        let mut again = load(&path, "demo", "proj").unwrap().unwrap();
+        assert_eq!(
+            again.ssh_public_key, old,
+            "the old key stays the controller's"
+        );
+        let (same, made) = again.begin_ssh_key_rotation().unwrap();
+        assert!(!made);
+        assert_eq!(same.fingerprint(), key.fingerprint());
+        let next = again.ssh_next_private_key.clone().unwrap();
+        assert!(!format!("{again:?}").contains(&next));
+        assert!(again.finish_ssh_key_rotation());
+        assert_eq!(again.key_pair().unwrap().fingerprint(), key.fingerprint());
+        assert_ne!(again.ssh_public_key, old);
+        assert!(again.ssh_next_private_key.is_none() && again.ssh_next_public_key.is_none());
     }
 
     #[test]

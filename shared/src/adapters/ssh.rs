@@ -418,6 +418,34 @@ pub trait RemoteShell: Send + Sync {
         bytes: &'a [u8],
         mode: u32,
     ) -> BoxFuture<'a, Result<(), SshError>>;
+    /// Replace `path` as the login user, no `sudo` (the file stays the user's, which sshd
+    /// wants of `authorized_keys`): `bytes` into [`own_file_temp`]`(path)` created with `mode`,
+    /// then moved over `path` in one rename, so no reader ever sees it half-written. The
+    /// default is [`Self::upload`] (test doubles without owners).
+    fn replace_own_file<'a>(
+        &'a self,
+        path: &'a str,
+        bytes: &'a [u8],
+        mode: u32,
+    ) -> BoxFuture<'a, Result<(), SshError>> {
+        self.upload(path, bytes, mode)
+    }
+}
+
+/// Where [`RemoteShell::replace_own_file`] writes before the rename (same directory: one file
+/// system, so the rename is atomic).
+pub fn own_file_temp(path: &str) -> String {
+    format!("{path}.oxide-controller-new")
+}
+
+/// The commands [`RemoteShell::replace_own_file`] runs: the upload as the login user (content
+/// on stdin), then the rename.
+pub fn replace_own_file_commands(path: &str, mode: u32) -> (String, String) {
+    let temp = shell_quote(&own_file_temp(path));
+    (
+        format!("install -m {mode:04o} /dev/null {temp} && tee {temp} > /dev/null"),
+        format!("mv -f {temp} {}", shell_quote(path)),
+    )
 }
 
 /// One VM to talk to: address, login, identity and the pins its host key must match.
@@ -606,6 +634,34 @@ impl RemoteShell for SshTarget {
         mode: u32,
     ) -> BoxFuture<'a, Result<(), SshError>> {
         Box::pin(SshTarget::upload(self, path, bytes, mode))
+    }
+    fn replace_own_file<'a>(
+        &'a self,
+        path: &'a str,
+        bytes: &'a [u8],
+        mode: u32,
+    ) -> BoxFuture<'a, Result<(), SshError>> {
+        Box::pin(async move {
+            let (write, rename) = replace_own_file_commands(path, mode);
+            let session = self.connect().await?;
+            let wrote = session.exec_with_stdin(&write, bytes).await;
+            let result = match wrote {
+                Ok(out) if out.success() => session.exec(&rename).await,
+                other => other,
+            };
+            session.close().await;
+            let out = result?;
+            if out.success() {
+                Ok(())
+            } else {
+                Err(SshError::Upload {
+                    addr: self.addr,
+                    path: path.to_string(),
+                    exit_status: out.exit_status,
+                    stderr: stderr_excerpt(&out.stderr),
+                })
+            }
+        })
     }
 }
 

@@ -29,6 +29,7 @@ use crate::base::names::MAX_NAME_LEN;
 
 pub mod drill;
 pub mod report;
+pub mod retired;
 pub mod roll;
 pub use report::{BackupReport, BackupStatus, LastBackup};
 pub use roll::{BeforeRoll, RollDecision, before_roll};

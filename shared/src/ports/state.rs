@@ -39,6 +39,10 @@ pub mod keys {
     /// every backup's description), written by bootstrap: the in-cluster backup tags its
     /// backups with it without reading the token (audit security-2 N1).
     pub const K3S_TOKEN_FINGERPRINT: &str = "k3s-token-fingerprint";
+    /// When bootstrap removed the retired keys (the SSH private key an older controller kept)
+    /// from the Secret, RFC 3339, or `removing` while it does: no backup uploads an etcd
+    /// snapshot taken before ([`crate::domain::backup::retired`], audit security-2 N1).
+    pub const RETIRED_KEYS_REMOVED_AT: &str = crate::domain::backup::retired::CONFIG_KEY;
 }
 
 /// ConfigMap holding the webhook's counts and bounds ([`crate::domain::spec::scale`]): the
@@ -158,6 +162,20 @@ pub trait StateStore: Send + Sync {
         let _ = (resource_version, data);
         std::future::ready(Err(StateError::NotFound {
             what: format!("ConfigMap {BACKUP_OBJECT}"),
+        }))
+    }
+
+    /// `bootstrap rotate-ssh-key` only: sets the Secret's `ssh-public-key` (what new VMs'
+    /// user-data authorizes) to `line`, read and written back against the version read (a
+    /// 409 re-reads); nothing else changes.
+    fn set_ssh_public_key(
+        &self,
+        line: &str,
+    ) -> impl Future<Output = Result<(), StateError>> + Send {
+        let _ = line;
+        std::future::ready(Err(StateError::Malformed {
+            what: "Secret kube-system/oxide-controller".to_owned(),
+            message: "this store cannot set the SSH public key".to_owned(),
         }))
     }
 

@@ -450,6 +450,7 @@ where
     let token = recorded_token_fingerprint(&config)?;
     let attempt = async {
         let (file, time) = wait_for_snapshot(opts, started_at, after).await?;
+        refuse_retired_keys(state, &file, time).await?;
         // Counted as soon as the snapshot is there: k3s took it at this tick, so the two agree
         // but for what changed in between (as `bootstrap backup`'s count).
         let objects = count_or_warn(count).await;
@@ -501,6 +502,30 @@ where
         bytes: manifest.bytes,
         seconds,
         pruned: up.pruned,
+    })
+}
+
+/// Refuses the snapshot `file` taken at `time` if it predates bootstrap's removal of the
+/// retired keys from the Secret ([`backup::retired::check_snapshot`], audit security-2 N1): it
+/// would carry the old controller's SSH private key to the rack. The ConfigMap is read again
+/// here, after the wait, so a bootstrap that ran meanwhile counts.
+async fn refuse_retired_keys<S: StateStore>(
+    state: &S,
+    file: &str,
+    time: DateTime<Utc>,
+) -> Result<(), WorkflowError> {
+    let step = "snapshot";
+    let config = state
+        .read_config()
+        .await
+        .map_err(|e| WorkflowError::step(step, e))?;
+    let recorded = config
+        .data
+        .get(state::keys::RETIRED_KEYS_REMOVED_AT)
+        .map(String::as_str);
+    backup::retired::check_snapshot(recorded, file, time).map_err(|why| {
+        warn!(%file, %time, "{why}");
+        WorkflowError::step(step, message(why))
     })
 }
 
@@ -881,7 +906,8 @@ mod tests {
             keep_daily: 7,
         };
         std::fs::write(
-            dir.path().join(crate::render::manifests::BACKUP_RETENTION_FLOOR),
+            dir.path()
+                .join(crate::render::manifests::BACKUP_RETENTION_FLOOR),
             serde_json::to_string(&floor).unwrap(),
         )
         .unwrap();
@@ -921,6 +947,73 @@ mod tests {
             let backups = world.with(|s| s.snapshots.len());
             assert_eq!(backups, left, "floor {floor:?}");
         }
+    }
+
+    /// Audit security-2 N1 fix 4: an upgraded cluster's scheduled backup that finds only a
+    /// snapshot older than bootstrap's removal of the retired keys (the old SSH private key)
+    /// refuses it, says why in the log, the error and `backup.json`, and uploads nothing; a
+    /// snapshot taken after the removal goes up as usual.
+    #[tokio::test]
+    async fn a_snapshot_older_than_the_retired_keys_removal_is_refused_and_a_newer_one_goes_up() {
+        let world = crate::fake::FakeWorld::new(Utc::now());
+        let fake = world.state();
+        let now = Utc::now().trunc_subsecs(0);
+        let removed = now - chrono::Duration::minutes(10);
+        let spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 0).to_yaml();
+        fake.ensure_state(
+            &ClusterSecrets::default(),
+            [
+                (state::keys::SPEC.to_owned(), spec),
+                (
+                    state::keys::K3S_TOKEN_FINGERPRINT.to_owned(),
+                    backup::token_fingerprint("t"),
+                ),
+                (
+                    state::keys::RETIRED_KEYS_REMOVED_AT.to_owned(),
+                    removed.to_rfc3339(),
+                ),
+            ]
+            .into(),
+        )
+        .await
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = ScheduledOptions::new(dir.path().to_path_buf());
+        opts.wait = Duration::from_millis(100);
+        opts.poll = Duration::from_millis(20);
+        // The 12-hour schedule's last snapshot, taken before bootstrap removed the key.
+        let old = format!(
+            "etcd-snapshot-demo-control-plane-a-{}",
+            (removed - chrono::Duration::hours(1)).timestamp()
+        );
+        std::fs::write(dir.path().join(&old), b"old etcd bytes").unwrap();
+        let rack = world.rack();
+        let run = || run_scheduled(&fake, || Ok(rack.clone()), || async { Ok(1) }, &opts);
+        let e = run().await.unwrap_err();
+        let text = error::chain(&e);
+        assert!(
+            text.contains(&old) && text.contains("retired-keys-removed-at"),
+            "{text}"
+        );
+        assert!(list_backups(&rack, "demo").await.unwrap().is_empty());
+        let data = fake.read_backups().await.unwrap().unwrap().data;
+        let report = BackupReport::from_json(&data[state::keys::BACKUP]).unwrap();
+        assert!(report.last_success.is_none(), "{report:?}");
+        assert!(
+            report
+                .last_error
+                .as_deref()
+                .is_some_and(|e| e.contains(&old) && e.contains("predates")),
+            "{report:?}"
+        );
+        // k3s's next snapshot, after the removal: uploaded.
+        let new = format!("etcd-snapshot-demo-control-plane-a-{}", now.timestamp());
+        std::fs::write(dir.path().join(&new), b"new etcd bytes").unwrap();
+        match run().await.unwrap() {
+            ScheduledOutcome::Done { k3s_snapshot, .. } => assert_eq!(k3s_snapshot, new),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(list_backups(&rack, "demo").await.unwrap().len(), 1);
     }
 
     #[test]

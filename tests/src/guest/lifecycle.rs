@@ -936,6 +936,7 @@ impl RackEvents for Boot {
                 ncpus: inst.ncpus,
                 memory: inst.memory,
                 uploads: BTreeMap::new(),
+                root_owned: Default::default(),
                 disk_serials: Vec::new(),
                 restored: None,
             });

@@ -193,6 +193,9 @@ struct Vm {
     /// Files uploaded over SSH: guest path → the host file holding them (they live on the
     /// VM's disk, so they survive reboots and go with the instance).
     uploads: BTreeMap<String, std::path::PathBuf>,
+    /// Those of [`Vm::uploads`] written as root (through `sudo`); the others belong to the
+    /// login user. sshd opens `authorized_keys` as the user ([`ssh`]).
+    root_owned: std::collections::BTreeSet<String>,
     /// NVMe serials of the disks attached at this boot.
     disk_serials: Vec<String>,
     /// What `k3s server --cluster-reset --cluster-reset-restore-path` left on the disk for

@@ -118,12 +118,76 @@ struct VmBackend {
     files: BTreeMap<String, Vec<u8>>,
 }
 
+/// `/home/<user>/.ssh/authorized_keys`: sshd's default `AuthorizedKeysFile`
+/// (`.ssh/authorized_keys` under the user's home: openssh-portable@0ef0f5a8 `servconf.c:383-392`,
+/// `pathnames.h:112`) for a user cloud-init made (home `/home/<name>`), the file cloud-init wrote
+/// the user's keys into (`cloudinit/ssh_util.py` `setup_user_keys`, code index id 1310031476).
+pub fn authorized_keys_path(user: &str) -> String {
+    format!("/home/{user}/.ssh/authorized_keys")
+}
+
+/// The user of an [`authorized_keys_path`].
+fn authorized_keys_user(path: &str) -> Option<&str> {
+    path.strip_prefix("/home/")?
+        .strip_suffix("/.ssh/authorized_keys")
+        .filter(|u| !u.is_empty() && !u.contains('/'))
+}
+
+impl VmBackend {
+    /// The keys cloud-init installed for `user`.
+    fn cloud_init_keys<'a>(&'a self, user: &'a str) -> impl Iterator<Item = &'a AuthorizedKey> {
+        self.keys
+            .iter()
+            .filter(move |k| k.user.as_deref().map_or(user != "root", |u| u == user))
+    }
+
+    /// `user`'s `authorized_keys` as rewritten over SSH, read now: sshd reads the file at each
+    /// authentication (`user_key_allowed` → `user_key_allowed2` → `auth_openkeyfile`,
+    /// openssh-portable@0ef0f5a8 `auth2-pubkey.c:790-850`, `625-647`). `None` when nothing was
+    /// written there (cloud-init's file stands); `Some(None)` when sshd would not use it: it
+    /// opens the file as the user (`temporarily_use_uid`, `auth2-pubkey.c:636-639`), so a
+    /// root-owned file others cannot read is unreadable, and StrictModes refuses a group- or
+    /// world-writable one (`safe_path`, `misc.c:2319-2344`, through `auth_openfile`,
+    /// `auth2-pubkeyfile.c:455-499`).
+    fn written_authorized_keys(&self, user: &str) -> Option<Option<String>> {
+        use std::os::unix::fs::PermissionsExt as _;
+        if user == "root" {
+            return None;
+        }
+        let inner = self.boot.upgrade()?;
+        let path = authorized_keys_path(user);
+        let (host, root) = {
+            let st = inner.state();
+            let vm = st.vms.get(&self.id)?;
+            (
+                vm.uploads.get(&path).cloned()?,
+                vm.root_owned.contains(&path),
+            )
+        };
+        let usable = std::fs::metadata(&host).ok().is_some_and(|m| {
+            let mode = m.permissions().mode();
+            mode & 0o022 == 0 && (!root || mode & 0o004 != 0)
+        });
+        Some(
+            usable
+                .then(|| std::fs::read_to_string(&host).ok())
+                .flatten(),
+        )
+    }
+}
+
 impl SshBackend for VmBackend {
     fn authorized(&self, user: &str, key: &russh::keys::PublicKey) -> bool {
-        let ok = self.keys.iter().any(|k| {
-            k.user.as_deref().map_or(user != "root", |u| u == user)
-                && k.key.key_data() == key.key_data()
-        });
+        let ok = match self.written_authorized_keys(user) {
+            Some(text) => text.is_some_and(|t| {
+                t.lines()
+                    .filter_map(parse_public_key)
+                    .any(|k| k.key_data() == key.key_data())
+            }),
+            None => self
+                .cloud_init_keys(user)
+                .any(|k| k.key.key_data() == key.key_data()),
+        };
         if ok && let Some(inner) = self.boot.upgrade() {
             let mut st = inner.state();
             if let Some(vm) = st.vms.get_mut(&self.id) {
@@ -175,6 +239,46 @@ impl SshBackend for VmBackend {
         self.write_file_mode(path, data, None)
     }
 
+    fn write_file_as(&self, path: &str, data: &[u8], mode: Option<u32>, root: bool) -> bool {
+        if !self.write_file_mode(path, data, mode) {
+            return false;
+        }
+        let Some(inner) = self.boot.upgrade() else {
+            return false;
+        };
+        let mut st = inner.state();
+        let Some(vm) = st.vms.get_mut(&self.id) else {
+            return false;
+        };
+        if root {
+            vm.root_owned.insert(path.to_owned());
+        } else {
+            vm.root_owned.remove(path);
+        }
+        true
+    }
+
+    /// The file keeps its owner and mode (a rename within one file system).
+    fn rename(&self, from: &str, to: &str, _root: bool) -> bool {
+        let Some(inner) = self.boot.upgrade() else {
+            return false;
+        };
+        let mut st = inner.state();
+        let Some(vm) = st.vms.get_mut(&self.id) else {
+            return false;
+        };
+        let Some(host) = vm.uploads.remove(from) else {
+            return false;
+        };
+        vm.uploads.insert(to.to_owned(), host);
+        if vm.root_owned.remove(from) {
+            vm.root_owned.insert(to.to_owned());
+        } else {
+            vm.root_owned.remove(to);
+        }
+        true
+    }
+
     /// Stores the file on the host under the simulator's upload directory, with the mode the
     /// upload asked for (0644 otherwise), so a hostPath volume can run it.
     fn write_file_mode(&self, path: &str, data: &[u8], mode: Option<u32>) -> bool {
@@ -200,6 +304,14 @@ impl SshBackend for VmBackend {
             if let Some(host) = host {
                 return std::fs::read(host).ok();
             }
+        }
+        if let Some(user) = authorized_keys_user(path) {
+            let lines: String = self
+                .cloud_init_keys(user)
+                .filter_map(|k| k.key.to_openssh().ok())
+                .map(|l| format!("{l}\n"))
+                .collect();
+            return (!lines.is_empty()).then(|| lines.into_bytes());
         }
         if path == RESET_FLAG_PATH {
             let inner = self.boot.upgrade()?;

@@ -13,8 +13,12 @@
 //! | `sudo -n tee PATH [> /dev/null]`, `cat > PATH` | stdin until EOF → [`SshBackend::write_file`] |
 //! | `sudo -n install -m MODE /dev/null PATH && sudo -n tee PATH > /dev/null` | the same upload, with MODE → [`SshBackend::write_file_mode`] |
 //! | `mkdir -p PATH`, `sudo -n mkdir -p PATH` | [`SshBackend::make_dir`]: exit 0, or "Permission denied" + exit 1 |
+//! | `mv -f FROM TO`, `sudo -n mv -f FROM TO` | [`SshBackend::rename`] (an upload moved into place in one step): exit 0, or "Permission denied" + exit 1 |
 //! | `sudo -n systemctl stop k3s`, `sudo -n systemctl start k3s`, `sudo -n k3s server --cluster-reset`, `sudo -n k3s etcd-snapshot save`, `sudo -n sed -i '/^server:/d' /etc/rancher/k3s/config.yaml`, `sudo -n rm -f /var/lib/rancher/k3s/server/db/reset-flag`, the local etcd member list ([`K3sCommand::EtcdMemberList`]) | [`SshBackend::k3s`] (exactly these words; the default: not found) |
 //! | `sudo -n k3s etcd-snapshot delete NAME` (one NAME, a plain file name) | [`SshBackend::k3s_etcd_snapshot_delete`] (the default: not found) |
+//!
+//! Uploads and moves say whether they ran through `sudo` (root) or as the login user: who owns
+//! the file, which sshd checks when it reads `authorized_keys`.
 //!
 //! Anything else gets stderr "command not found" and exit 127. What the files contain (the
 //! kubeconfig, the node token) is the backend's business, not this module's.
@@ -46,6 +50,14 @@ pub trait SshBackend: Send + Sync + 'static {
     /// An upload that says its file mode (`install -m MODE …`); the default ignores the mode.
     fn write_file_mode(&self, path: &str, data: &[u8], _mode: Option<u32>) -> bool {
         self.write_file(path, data)
+    }
+    /// An upload as root (`sudo`) or as the login user; the default ignores the owner.
+    fn write_file_as(&self, path: &str, data: &[u8], mode: Option<u32>, _root: bool) -> bool {
+        self.write_file_mode(path, data, mode)
+    }
+    /// `mv -f FROM TO` as root or as the login user; the default refuses it.
+    fn rename(&self, _from: &str, _to: &str, _root: bool) -> bool {
+        false
     }
     /// `mkdir -p PATH`; the default accepts it (files need no directories here).
     fn make_dir(&self, _path: &str) -> bool {
@@ -241,6 +253,7 @@ struct Connection {
 struct Upload {
     path: String,
     mode: Option<u32>,
+    root: bool,
     data: Vec<u8>,
     overflowed: bool,
 }
@@ -368,12 +381,26 @@ impl server::Handler for Connection {
                     Self::finish(session, channel, 1)
                 }
             }
-            Command::Upload(path, mode) => {
+            Command::Move { from, to, root } => {
+                if self.backend.rename(&from, &to, root) {
+                    Self::finish(session, channel, 0)
+                } else {
+                    session.extended_data(
+                        channel,
+                        1,
+                        format!("mv: cannot move '{from}' to '{to}': Permission denied\n")
+                            .into_bytes(),
+                    )?;
+                    Self::finish(session, channel, 1)
+                }
+            }
+            Command::Upload(path, mode, root) => {
                 self.uploads.insert(
                     channel,
                     Upload {
                         path,
                         mode,
+                        root,
                         data: Vec::new(),
                         overflowed: false,
                     },
@@ -434,7 +461,7 @@ impl server::Handler for Connection {
         }
         if self
             .backend
-            .write_file_mode(&upload.path, &upload.data, upload.mode)
+            .write_file_as(&upload.path, &upload.data, upload.mode, upload.root)
         {
             Self::finish(session, channel, 0)
         } else {
@@ -465,8 +492,15 @@ enum Command {
     Cat(String),
     /// `mkdir -p PATH`.
     MkdirP(String),
-    /// Path, and the mode of an `install -m MODE /dev/null PATH && tee PATH` upload.
-    Upload(String, Option<u32>),
+    /// Path, the mode of an `install -m MODE /dev/null PATH && tee PATH` upload, and whether
+    /// it ran through `sudo`.
+    Upload(String, Option<u32>, bool),
+    /// `mv -f FROM TO`, through `sudo` or not.
+    Move {
+        from: String,
+        to: String,
+        root: bool,
+    },
     /// One of k3s's cluster-reset commands.
     K3s(K3sCommand),
     /// `sudo -n k3s etcd-snapshot delete NAME`.
@@ -579,9 +613,20 @@ fn parse_command(line: &str) -> Command {
     let (Some(first), second, None) = (parts.next(), parts.next(), parts.next()) else {
         return not_found();
     };
+    let root = first.first() == Some(&Token::Word("sudo".into()));
     let first = strip_sudo(first);
     match second {
         None => match first {
+            [
+                Token::Word(mv),
+                Token::Word(f),
+                Token::Word(from),
+                Token::Word(to),
+            ] if mv == "mv" && f == "-f" => Command::Move {
+                from: from.clone(),
+                to: to.clone(),
+                root,
+            },
             [Token::Word(w)] if w == "true" => Command::True,
             [Token::Word(w)] if w == "hostname" => Command::Hostname,
             [Token::Word(cat), Token::Word(path)] if cat == "cat" => Command::Cat(path.clone()),
@@ -591,7 +636,7 @@ fn parse_command(line: &str) -> Command {
                 Command::MkdirP(path.clone())
             }
             _ => upload_target(first)
-                .map(|path| Command::Upload(path, None))
+                .map(|path| Command::Upload(path, None, root))
                 .unwrap_or_else(not_found),
         },
         // `install -m MODE /dev/null PATH && tee PATH > /dev/null`: create with the mode,
@@ -607,7 +652,7 @@ fn parse_command(line: &str) -> Command {
                 ],
                 Some(target),
             ) if install == "install" && m == "-m" && null == "/dev/null" && *path == target => {
-                Command::Upload(target, u32::from_str_radix(mode, 8).ok())
+                Command::Upload(target, u32::from_str_radix(mode, 8).ok(), root)
             }
             _ => not_found(),
         },
@@ -683,14 +728,14 @@ mod tests {
             parse_command("sudo -n cat '/a b/it'\\''s'"),
             Command::Cat("/a b/it's".into())
         );
-        for line in [
-            "sudo -n tee /opt/x",
-            "sudo -n tee /opt/x > /dev/null",
-            "cat > /opt/x",
+        for (line, root) in [
+            ("sudo -n tee /opt/x", true),
+            ("sudo -n tee /opt/x > /dev/null", true),
+            ("cat > /opt/x", false),
         ] {
             assert_eq!(
                 parse_command(line),
-                Command::Upload("/opt/x".into(), None),
+                Command::Upload("/opt/x".into(), None, root),
                 "{line}"
             );
         }
@@ -698,7 +743,19 @@ mod tests {
             parse_command(
                 "sudo -n install -m 0755 /dev/null /opt/x && sudo -n tee /opt/x > /dev/null"
             ),
-            Command::Upload("/opt/x".into(), Some(0o755))
+            Command::Upload("/opt/x".into(), Some(0o755), true)
+        );
+        assert_eq!(
+            parse_command("install -m 0600 /dev/null /opt/x && tee /opt/x > /dev/null"),
+            Command::Upload("/opt/x".into(), Some(0o600), false)
+        );
+        assert_eq!(
+            parse_command("mv -f /h/.ssh/k.new /h/.ssh/k"),
+            Command::Move {
+                from: "/h/.ssh/k.new".into(),
+                to: "/h/.ssh/k".into(),
+                root: false
+            }
         );
         assert_eq!(
             parse_command("sudo -n systemctl stop k3s"),

@@ -203,7 +203,10 @@ pub async fn run<C: Connect>(
         .await
         .map(|p| p.store)
         .map_err(|e| e.to_string());
-    let spec_text = live_spec(store.as_ref(), &v).await;
+    let (spec_text, retired) = live_spec(store.as_ref(), &v).await;
+    // Audit security-2 N1: a bootstrap cut short while it removed the retired keys.
+    backup::retired::check_new_snapshot(retired.as_deref(), &k3s_snapshot)
+        .map_err(|why| BootstrapError::needs_person("etcd-snapshot", message(why)))?;
     let spec = ClusterSpec::from_yaml(&spec_text).ok().or(v.spec.clone());
     let manifest = Manifest {
         format: backup::FORMAT,
@@ -486,24 +489,33 @@ async fn record_in_cluster<S: StateStore>(store: Result<&S, &String>, made: back
     }
 }
 
-/// The cluster's `spec.yaml` as the ConfigMap has it, else the resume file's.
-async fn live_spec<S: StateStore>(store: Result<&S, &String>, v: &Validated) -> String {
+/// The cluster's `spec.yaml` as the ConfigMap has it, else the resume file's; and the
+/// ConfigMap's `retired-keys-removed-at`, when read.
+async fn live_spec<S: StateStore>(
+    store: Result<&S, &String>,
+    v: &Validated,
+) -> (String, Option<String>) {
     let fallback = v.resume.spec.clone().unwrap_or_default();
     let store = match store {
         Ok(s) => s,
         Err(e) => {
             warn!(error = %e, "the cluster's API is not reachable; the manifest gets the resume file's spec");
-            return fallback;
+            return (fallback, None);
         }
     };
     let read = tokio::time::timeout(Duration::from_secs(20), store.read_config()).await;
     match read {
-        Ok(Ok(c)) => c.spec_yaml().map_or(fallback, str::to_owned),
+        Ok(Ok(c)) => (
+            c.spec_yaml().map_or(fallback, str::to_owned),
+            c.data
+                .get(crate::ports::state::keys::RETIRED_KEYS_REMOVED_AT)
+                .cloned(),
+        ),
         Ok(Err(e)) => {
             warn!(error = %e, "cannot read the ConfigMap; the manifest gets the resume file's spec");
-            fallback
+            (fallback, None)
         }
-        Err(_) => fallback,
+        Err(_) => (fallback, None),
     }
 }
 
