@@ -37,6 +37,7 @@ use tracing::{info, warn};
 
 mod reset;
 mod restore;
+mod rotations;
 
 use super::{BootstrapError, Connect};
 use crate::adapters::credentials::{self, CredentialSources};
@@ -210,6 +211,10 @@ pub struct RecoverSummary {
     /// `--verify`: what the drill found.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drill: Option<restore::DrillReport>,
+    /// A restore: the rotations the backup predated and what was done about each (audit
+    /// security-2 N6; never a value).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rotations: Vec<String>,
 }
 
 impl RecoverSummary {
@@ -272,6 +277,15 @@ impl RecoverSummary {
                 "The API was ready {:.1}s after the first call.",
                 t.as_secs_f64()
             );
+        }
+        if !self.rotations.is_empty() {
+            let _ = writeln!(
+                s,
+                "What the backup predates (the laptop's values written back):"
+            );
+            for line in &self.rotations {
+                let _ = writeln!(s, "  - {line}");
+            }
         }
         if !self.dry_run && self.rung != Rung::Healthy {
             let state = if self.converged {
@@ -509,6 +523,7 @@ pub async fn run<C: Connect>(
         api_ready_after: None,
         converged: false,
         drill: None,
+        rotations: Vec::new(),
     };
     let started = Instant::now();
     match &rung {
@@ -684,6 +699,7 @@ async fn run_verify<C: Connect>(
         api_ready_after: None,
         converged: false,
         drill: None,
+        rotations: Vec::new(),
     };
     if input.dry_run {
         return Ok(summary);
@@ -747,7 +763,7 @@ async fn record_drill<C: Connect>(
 async fn run_restore<C: Connect>(
     input: RecoverInput,
     connect: &C,
-    v: Validated,
+    mut v: Validated,
     rack: C::Rack,
     which: &str,
 ) -> Result<RecoverSummary, BootstrapError> {
@@ -772,6 +788,7 @@ async fn run_restore<C: Connect>(
         api_ready_after: None,
         converged: false,
         drill: None,
+        rotations: Vec::new(),
     };
     if input.dry_run {
         return Ok(summary);
@@ -787,12 +804,25 @@ async fn run_restore<C: Connect>(
     restore::run::<C>(&rack, &v, &input, &chosen).await?;
     wait_ready(connect, &v, &input, started).await?;
     summary.api_ready_after = Some(started.elapsed());
-    let deadline = Instant::now() + input.api_timeout;
-    restore::retire_workers(&rack, &input.cluster, &v.pool, deadline).await?;
     let ports = connect
         .in_cluster(&v.kubeconfig, &input.cluster, &input.holder)
         .await
-        .map_err(|e| BootstrapError::step("reconcile", e))?;
+        .map_err(|e| BootstrapError::step("rotations", e))?;
+    // Before anything reads the restored Secret (the reconcile's rack is made from it).
+    let taken = chosen
+        .tag
+        .time
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    summary.rotations = rotations::reassert(
+        &ports.store,
+        &ports.manifests,
+        &mut v,
+        &input.cluster,
+        &taken,
+    )
+    .await?;
+    let deadline = Instant::now() + input.api_timeout;
+    restore::retire_workers(&rack, &input.cluster, &v.pool, deadline).await?;
     let (_, converged) =
         super::reconcile_loop(connect, &ports, &input.holder, input.wait, &input.shutdown).await?;
     summary.converged = converged;
