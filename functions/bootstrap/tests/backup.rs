@@ -1261,6 +1261,11 @@ async fn rotations_survive_the_restore(
     let resume: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(env.state_dir().join("demo.json")).unwrap())
             .unwrap();
+    assert!(
+        resume.get("restore-pending").is_none(),
+        "the restore is still marked pending: {:?}",
+        resume.get("restore-pending")
+    );
     for key in ["webhook-token", "webhook-read-token"] {
         let new = &now[key];
         assert!(

@@ -74,6 +74,12 @@ pub struct ResumeState {
     pub webhook_tls_cert: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_tls_key: Option<String>,
+    /// The backup `bootstrap recover --backup` restored and whose Secret it has not yet
+    /// rewritten with what the laptop knows better (audit security-2 N6): written before the
+    /// restore starts, removed once the Secret is rewritten; a later `recover` that finds the
+    /// API ready finishes it. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_pending: Option<String>,
 }
 
 impl std::fmt::Debug for ResumeState {
@@ -159,6 +165,7 @@ impl ResumeState {
             webhook_tls_ca_key: None,
             webhook_tls_cert: None,
             webhook_tls_key: None,
+            restore_pending: None,
         }
         .with_webhook_tls()
     }

@@ -235,10 +235,16 @@ impl RecoverSummary {
             let _ = writeln!(s, "etcd's voting members: {}.", voters.describe());
         }
         match &self.rung {
-            Rung::Healthy => {
+            Rung::Healthy if self.rotations.is_empty() => {
                 let _ = writeln!(
                     s,
                     "The API is ready: nothing to recover. Nothing was changed."
+                );
+            }
+            Rung::Healthy => {
+                let _ = writeln!(
+                    s,
+                    "The API is ready; an earlier restore had not rewritten the Secret it brought back: done now (below)."
                 );
             }
             Rung::StartServers { start, running } => {
@@ -527,7 +533,11 @@ pub async fn run<C: Connect>(
     };
     let started = Instant::now();
     match &rung {
-        Rung::Healthy => return Ok(summary),
+        Rung::Healthy if input.dry_run => return Ok(summary),
+        Rung::Healthy => {
+            summary.rotations = finish_restore(connect, &mut v, &input).await?;
+            return Ok(summary);
+        }
         Rung::NothingLeft | Rung::Restore { .. } | Rung::Drill { .. } => {
             return Err(nothing_left(&input, &v.project));
         }
@@ -549,6 +559,7 @@ pub async fn run<C: Connect>(
     }
     wait_ready(connect, &v, &input, started).await?;
     summary.api_ready_after = Some(started.elapsed());
+    summary.rotations = finish_restore(connect, &mut v, &input).await?;
     let ports = connect
         .in_cluster(&v.kubeconfig, &input.cluster, &input.holder)
         .await
@@ -557,6 +568,25 @@ pub async fn run<C: Connect>(
         super::reconcile_loop(connect, &ports, &input.holder, input.wait, &input.shutdown).await?;
     summary.converged = converged;
     Ok(summary)
+}
+
+/// With the API ready: a restore an earlier run began and did not finish (the resume file's
+/// `restore_pending`) gets its Secret rewritten now ([`rotations::reassert`]); its report's
+/// lines, none when nothing was pending.
+async fn finish_restore<C: Connect>(
+    connect: &C,
+    v: &mut Validated,
+    input: &RecoverInput,
+) -> Result<Vec<String>, BootstrapError> {
+    let Some(backup) = v.resume.restore_pending.clone() else {
+        return Ok(Vec::new());
+    };
+    info!(step = "rotations", %backup, "an earlier restore did not rewrite the Secret; doing it now");
+    let ports = connect
+        .in_cluster(&v.kubeconfig, &input.cluster, &input.holder)
+        .await
+        .map_err(|e| BootstrapError::step("rotations", e))?;
+    rotations::reassert(&ports.store, &ports.manifests, v, &input.cluster, &backup).await
 }
 
 /// The local etcd member's own member list, asked over SSH on a server: etcd's gateway on
@@ -800,6 +830,7 @@ async fn run_restore<C: Connect>(
             &summary.calls,
         ));
     }
+    rotations::mark_pending(&mut v, &chosen.name)?;
     let started = Instant::now();
     restore::run::<C>(&rack, &v, &input, &chosen).await?;
     wait_ready(connect, &v, &input, started).await?;
@@ -809,16 +840,12 @@ async fn run_restore<C: Connect>(
         .await
         .map_err(|e| BootstrapError::step("rotations", e))?;
     // Before anything reads the restored Secret (the reconcile's rack is made from it).
-    let taken = chosen
-        .tag
-        .time
-        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     summary.rotations = rotations::reassert(
         &ports.store,
         &ports.manifests,
         &mut v,
         &input.cluster,
-        &taken,
+        &chosen.name,
     )
     .await?;
     let deadline = Instant::now() + input.api_timeout;

@@ -48,9 +48,9 @@ pub(super) struct Rolled {
     pub webhook_ca: bool,
 }
 
-/// The lines stdout shows after a restore: which rotations the backup predated and what was
-/// done about each. `kubeconfig` and `cluster` make the command that reads the new token.
-pub(super) fn report(r: &Rolled, kubeconfig: &Path, cluster: &str, taken: &str) -> Vec<String> {
+/// The lines stdout shows after a restore of `backup`: which rotations it predated and what
+/// was done about each. `kubeconfig` and `cluster` make the command that reads the new token.
+pub(super) fn report(r: &Rolled, kubeconfig: &Path, cluster: &str, backup: &str) -> Vec<String> {
     let mut lines = Vec::new();
     if let Some(host) = &r.oxide_host {
         lines.push(format!(
@@ -73,7 +73,7 @@ pub(super) fn report(r: &Rolled, kubeconfig: &Path, cluster: &str, taken: &str) 
     }
     if r.tailscale_key {
         lines.push(format!(
-            "the Tailscale key (tailscale-auth-key) is the backup's (the laptop keeps none): if it was replaced after {taken}, set it in the Secret again"
+            "the Tailscale key (tailscale-auth-key) is the backup's (the laptop keeps none): if it was replaced after backup {backup} was taken, set it in the Secret again"
         ));
     }
     if r.webhook_ca {
@@ -84,13 +84,22 @@ pub(super) fn report(r: &Rolled, kubeconfig: &Path, cluster: &str, taken: &str) 
     lines
 }
 
-/// Writes back what the laptop knows better (see the module docs); returns the report's lines.
+/// Marks the restore of `backup` as not re-asserted yet in the resume file, before anything
+/// changes: a run that dies between the restore and [`reassert`] leaves the mark, and the next
+/// `recover` that finds the API ready finishes it ([`super::run`]).
+pub(super) fn mark_pending(v: &mut Validated, backup: &str) -> Result<(), BootstrapError> {
+    v.resume.restore_pending = Some(backup.to_owned());
+    resume::save(&v.resume_path, &v.resume).map_err(|e| BootstrapError::step("rotations", e))
+}
+
+/// Writes back what the laptop knows better after the restore of `backup` (see the module
+/// docs), then clears the resume file's mark; returns the report's lines.
 pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
     store: &S,
     applier: &M,
     v: &mut Validated,
     cluster: &str,
-    taken: &str,
+    backup: &str,
 ) -> Result<Vec<String>, BootstrapError> {
     let step = "rotations";
     let failed =
@@ -139,6 +148,7 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
         .map_err(|e| error::chain(&e));
     v.resume.webhook_token = std::mem::take(&mut now.webhook_token);
     v.resume.webhook_read_token = now.webhook_read_token.take();
+    v.resume.restore_pending = None;
     if let Err(e) = resume::save(&v.resume_path, &v.resume) {
         warn!(step, error = %e, "cannot write the new webhook tokens to the resume file; the Secret has them");
     }
@@ -153,7 +163,7 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
         tailscale_key: restored.tailscale_auth_key.is_some(),
         webhook_ca,
     };
-    let mut lines = report(&rolled, &v.kubeconfig, cluster, taken);
+    let mut lines = report(&rolled, &v.kubeconfig, cluster, backup);
     if let Err(why) = rack_written {
         warn!(step, error = %why, "cannot write the backup's rack Secret");
         lines.push(format!(
@@ -188,7 +198,7 @@ mod tests {
             "webhook tokens replaced",
             "--kubeconfig /k.yaml --context demo",
             "retired key ssh-private-key removed",
-            "replaced after 2026-01-01T00:00:00Z",
+            "replaced after backup demo-etcd-20260101-000000 was taken",
         ] {
             assert!(text.contains(needle), "{needle:?}: {text}");
         }
