@@ -190,7 +190,7 @@ mod tests {
             &rolled,
             Path::new("/k.yaml"),
             "demo",
-            "2026-01-01T00:00:00Z",
+            "demo-etcd-20260101-000000",
         );
         let text = lines.join("\n");
         for needle in [
