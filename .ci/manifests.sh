@@ -83,6 +83,23 @@ step "helm template $CHART (default values)"
 "$helm" template oxide-controller "$CHART" --namespace kube-system >"$work/chart.yaml"
 grep -c '^kind:' "$work/chart.yaml" | xargs printf '%s objects rendered\n'
 
+step "helm template $CHART: image by digest (values.schema.json)"
+# A digest of the one valid form runs every container as repository@digest; any other form is
+# refused by helm itself before anything renders (audit security-2 N12).
+digest=sha256:$(printf '%064d' 0 | tr 0 a)
+"$helm" template oxide-controller "$CHART" --namespace kube-system --set "image.digest=$digest" >"$work/digest.yaml"
+if grep -E '^ +image: ' "$work/digest.yaml" | grep -vq "oxide-controller@$digest\"$"; then
+  echo "with image.digest set, a container still runs by tag:" >&2
+  grep -E '^ +image: ' "$work/digest.yaml" >&2
+  exit 1
+fi
+if "$helm" template oxide-controller "$CHART" --namespace kube-system --set image.digest=sha256:0123 >/dev/null 2>"$work/digest.err"; then
+  echo "helm rendered image.digest=sha256:0123: values.schema.json should refuse it" >&2
+  exit 1
+fi
+grep -q "image/digest" "$work/digest.err" || { cat "$work/digest.err" >&2; exit 1; }
+echo "by digest: $(grep -cE '^ +image: ' "$work/digest.yaml") containers; a malformed digest refused"
+
 step "kubernetes-validate --strict (Kubernetes $KUBE_VERSION)"
 kubernetes-validate --strict --quiet --kubernetes-version "$KUBE_VERSION" k8s-cronjobs/*.yaml
 kubernetes-validate --strict --quiet --kubernetes-version "$KUBE_VERSION" "$work/chart.yaml"

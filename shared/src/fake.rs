@@ -1332,6 +1332,36 @@ impl StateStore for FakeState {
         })
     }
 
+    async fn rewrite_secret_keys(
+        &self,
+        set: &BTreeMap<String, Vec<u8>>,
+    ) -> Result<crate::ports::state::SecretRewrite, StateError> {
+        self.0.with(|s| {
+            let what = || "Secret kube-system/oxide-controller".to_owned();
+            let mut map = s
+                .secrets
+                .as_ref()
+                .ok_or(StateError::NotFound { what: what() })?
+                .to_map();
+            let mut done = crate::ports::state::SecretRewrite::default();
+            for (k, v) in set {
+                if map.get(k) != Some(v) {
+                    map.insert(k.clone(), v.clone());
+                    done.changed.push(k.clone());
+                }
+            }
+            // The fake keeps typed values only: it never holds a retired key.
+            s.secrets =
+                Some(
+                    ClusterSecrets::from_map(&map).map_err(|e| StateError::Malformed {
+                        what: what(),
+                        message: e.to_string(),
+                    })?,
+                );
+            Ok(done)
+        })
+    }
+
     async fn merge_host_key_pins(
         &self,
         pins: &BTreeMap<String, Vec<String>>,

@@ -391,3 +391,70 @@ async fn a_run_killed_after_any_step_is_finished_by_a_rerun_that_adopts_what_exi
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// Audit security-2 N6: a `recover --backup` that died after the restore and before it
+/// rewrote the restored Secret leaves `restore_pending` in the resume file; the next `recover`
+/// finds the API ready (rung 0) and finishes it: the laptop's Oxide token back in the Secret,
+/// new webhook tokens (in the resume file too), the mark gone, and stdout saying so.
+#[tokio::test]
+async fn a_restore_that_died_before_rewriting_the_secret_is_finished_by_the_next_recover() {
+    use oxide_controller::workflows::bootstrap::recover::{self, RecoverInput, Rung};
+    let world = world();
+    let laptop = Laptop::new();
+    match run(&world, &laptop, None).await {
+        Some(Ok(_)) => {}
+        other => panic!("a clean run on the fakes failed: {other:?}"),
+    }
+    // What the restore brought back: the backup's values, and the mark it left.
+    world.with(|s| {
+        let secrets = s.secrets.as_mut().unwrap_or_else(|| panic!("no Secret"));
+        secrets.oxide_token = "the-backups-oxide-token".into();
+        secrets.webhook_token = "the-backups-webhook-token".into();
+    });
+    let mut r = laptop.resume().unwrap_or_else(|| panic!("no resume file"));
+    r.restore_pending = Some("demo-etcd-20260101-000000".into());
+    resume::save(&laptop.resume_path(), &r).unwrap_or_else(|e| panic!("{e}"));
+
+    let b = laptop.input();
+    let input = RecoverInput {
+        credential_sources: b.credential_sources,
+        cluster: CLUSTER.into(),
+        project: None,
+        kubeconfig: b.kubeconfig,
+        state_dir: b.state_dir,
+        home: b.home,
+        dry_run: false,
+        yes: false,
+        backup: None,
+        verify: false,
+        api_timeout: Duration::from_secs(30),
+        wait: Duration::ZERO,
+        holder: "recover-test".into(),
+        shutdown: oxide_controller::base::shutdown::Shutdown::new(),
+    };
+    let summary = recover::run(input, &FakeConnect::new(world.clone()))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(summary.rung, Rung::Healthy);
+    let out = summary.render();
+    for needle in [
+        "an earlier restore had not rewritten the Secret",
+        "the backup's Oxide token differed from the one this run used: replaced",
+        "webhook tokens replaced",
+    ] {
+        assert!(out.contains(needle), "{needle:?}: {out}");
+    }
+    let secrets = world
+        .with(|s| s.secrets.clone())
+        .unwrap_or_else(|| panic!("no Secret"));
+    assert_eq!(secrets.oxide_token, "oxide-token-for-the-fakes");
+    assert_ne!(secrets.webhook_token, "the-backups-webhook-token");
+    assert_ne!(secrets.webhook_token, r.webhook_token);
+    let after = laptop.resume().unwrap_or_else(|| panic!("no resume file"));
+    assert_eq!(after.restore_pending, None);
+    assert_eq!(after.webhook_token, secrets.webhook_token);
+    assert_eq!(after.webhook_read_token, secrets.webhook_read_token);
+    for value in [&secrets.webhook_token, &secrets.oxide_token] {
+        assert!(!out.contains(value.as_str()), "a value on stdout: {out}");
+    }
+}

@@ -1470,6 +1470,59 @@ fn only_namespaces_named_by_an_administrator_reach_the_webhook() {
     );
 }
 
+/// Every `image` a rendering names, anywhere in its objects.
+fn images(docs: &[Value]) -> Vec<String> {
+    fn walk(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    match (k.as_str(), x) {
+                        ("image", Value::String(s)) => out.push(s.clone()),
+                        _ => walk(x, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|x| walk(x, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    docs.iter().for_each(|d| walk(d, &mut out));
+    out
+}
+
+/// Audit security-2 N12: with `image.digest` set, every container the chart renders runs
+/// `repository@digest` (the tag unused); without it, by tag as the plain manifests do. The
+/// digest's form is checked by helm against values.schema.json (`.ci/manifests.sh`).
+#[test]
+fn the_chart_runs_every_container_by_digest_when_given_one() {
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let by_tag = images(&render_chart(&chart_dir()).unwrap());
+    assert_eq!(by_tag.len(), 3, "{by_tag:?}");
+    assert!(
+        by_tag
+            .iter()
+            .all(|i| i == "ghcr.io/aifoundry-org/oxide-controller:0.1.0"),
+        "{by_tag:?}"
+    );
+    let pinned =
+        images(&render_chart_with(&chart_dir(), &[("image.digest", json!(digest))]).unwrap());
+    assert_eq!(pinned.len(), 3, "{pinned:?}");
+    assert!(
+        pinned
+            .iter()
+            .all(|i| *i == format!("ghcr.io/aifoundry-org/oxide-controller@{digest}")),
+        "{pinned:?}"
+    );
+    let schema: Value =
+        serde_json::from_str(&read(&chart_dir().join("values.schema.json"))).unwrap();
+    assert_eq!(
+        schema["properties"]["image"]["properties"]["digest"]["pattern"],
+        "^(sha256:[0-9a-f]{64})?$",
+        "the chart takes the digest form bootstrap takes (domain::digests::check_image_reference)"
+    );
+}
+
 /// Audit security-2 N9: the chart renders the webhook's Service only as ClusterIP, unless the
 /// operator says `webhook.allowExternal: true`.
 #[test]

@@ -272,9 +272,10 @@ struct Args {
     /// five-field cron; `off` for none (`bootstrap backup` still works).
     #[arg(long, default_value = oxide_controller::domain::backup::DEFAULT_SCHEDULE)]
     backup_schedule: String,
-    /// Image of the in-cluster CronJob and webhook, or dev:PATH[:linux/amd64] to build the
-    /// binaries from the cargo workspace at PATH, copy them to the control-plane VMs over SSH
-    /// and run them from there (hostPath) instead of pulling an image.
+    /// Image of the in-cluster CronJob and webhook (NAME:TAG, or NAME@sha256:<64 hex> to pin
+    /// it by digest), or dev:PATH[:linux/amd64] to build the binaries from the cargo workspace
+    /// at PATH, copy them to the control-plane VMs over SSH and run them from there (hostPath)
+    /// instead of pulling an image.
     #[arg(long, env = "OXIDE_CONTROLLER_CONTROLLER_IMAGE", default_value = DEFAULT_CONTROLLER_IMAGE)]
     controller_image: String,
     /// Cargo profile of a --controller-image dev:PATH build (`dev` builds much faster).
@@ -286,8 +287,8 @@ struct Args {
     /// CCM from its published manifest (it reads the oxide-host/-token/-project Secret keys).
     #[arg(long)]
     oxide_ccm: bool,
-    /// Image of the Oxide cloud controller manager (with --oxide-ccm). Default: the release the
-    /// embedded manifest names.
+    /// Image of the Oxide cloud controller manager (with --oxide-ccm; NAME@sha256:<64 hex> pins
+    /// it by digest). Default: the release the embedded manifest names, by tag.
     #[arg(long, value_name = "IMAGE")]
     oxide_ccm_image: Option<String>,
 

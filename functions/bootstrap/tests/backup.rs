@@ -1160,6 +1160,14 @@ async fn lose_every_server(env: &Env) -> Vec<String> {
 /// which the simulator refuses as k3s's roll-back rules do (a v1.33 server under a datastore
 /// v1.34 servers wrote). The cluster comes back converged at v1.34. Three servers, bootstrapped
 /// at the first v1.33 whose etcd may take a 3.6 member (finding 2's gate), so one roll suffices.
+///
+/// Audit security-2 N6, on the same restore: the backup holds a retired key (an older
+/// controller's `ssh-private-key`); after it was taken the Oxide token is rotated at the rack
+/// and on the laptop and the webhook token in the Secret, as the README's rotation says. The
+/// restore brings the backup's Secret back; recover writes the laptop's Oxide token into it and
+/// the backup's rack Secret, replaces both webhook tokens (neither the backup's nor the rotated
+/// one is left; the resume file has the new ones), removes the retired key, and says so on
+/// stdout without printing any of those values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_after_an_upgrade_installs_the_backups_release() {
     const FROM: &str = "v1.33.7+k3s3";
@@ -1241,6 +1249,8 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
         "{resume}"
     );
 
+    // What a controller before issue 34 left in the Secret, and so in its backups.
+    set_secret_keys(&client, &[("ssh-private-key", "an older controller's key")]).await;
     let out = backup_cmd(&env).await;
     assert!(
         out.status.success(),
@@ -1253,6 +1263,19 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
         (TO, Some(common::IMAGE)),
         "{tag:?}"
     );
+    // Rotations after the backup, as the README does them.
+    let backed_up = secret_data(&client, "kube-system", "oxide-controller").await;
+    const OXIDE_TOKEN: &str = "oxide-token-rotated-after-the-backup";
+    const WEBHOOK_TOKEN: &str = "webhook-token-rotated-after-the-backup";
+    env.rotate_oxide_token(OXIDE_TOKEN);
+    set_secret_keys(
+        &client,
+        &[
+            ("oxide-token", OXIDE_TOKEN),
+            ("webhook-token", WEBHOOK_TOKEN),
+        ],
+    )
+    .await;
     lose_every_server(&env).await;
 
     let out = recover_cmd(&env, &["--backup", "latest", "--dry-run"]).await;
@@ -1270,6 +1293,8 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),
     );
+    eprintln!("recover: {stdout}");
+    rotations_survive_the_restore(&env, &backed_up, WEBHOOK_TOKEN, &stdout, &stderr).await;
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("Reconcile: converged"), "{stdout}");
     let servers = server_versions(&env).await;
@@ -1277,6 +1302,116 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
         servers.len() == 3 && servers.iter().all(|(_, r, v)| *r && v == TO),
         "{servers:?}"
     );
+}
+
+/// Sets `pairs` in Secret `kube-system/oxide-controller` (a merge patch, as `kubectl patch`).
+async fn set_secret_keys(client: &kube::Client, pairs: &[(&str, &str)]) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "kube-system");
+    let data: serde_json::Map<String, serde_json::Value> = pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), serde_json::json!(v)))
+        .collect();
+    secrets
+        .patch(
+            "oxide-controller",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({ "stringData": data })),
+        )
+        .await
+        .unwrap();
+}
+
+/// Secret `namespace/name`'s data as text.
+async fn secret_data(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    secrets
+        .get(name)
+        .await
+        .unwrap()
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8(v.0).unwrap()))
+        .collect()
+}
+
+/// Audit security-2 N6: after `recover --backup` (whose output is `stdout`, `stderr`), the
+/// restored Secret holds the laptop's Oxide token (the backup's rack Secret too), webhook
+/// tokens that are neither the backup's (`backed_up`) nor `rotated`, and no retired key; the
+/// resume file has the new tokens; stdout names each rotation; no value is printed.
+async fn rotations_survive_the_restore(
+    env: &Env,
+    backed_up: &std::collections::BTreeMap<String, String>,
+    rotated: &str,
+    stdout: &str,
+    stderr: &str,
+) {
+    let client = common::kube_client(&env.kubeconfig(), "demo").await;
+    let now = secret_data(&client, "kube-system", "oxide-controller").await;
+    let token = env.oxide_token().trim().to_owned();
+    assert_ne!(backed_up["oxide-token"], token);
+    assert_eq!(
+        now["oxide-token"], token,
+        "the backup's Oxide token is back\n{stdout}"
+    );
+    let rack = secret_data(&client, "oxide-controller-backup", "oxide-controller-rack").await;
+    assert_eq!(
+        rack["oxide-token"], token,
+        "the backup pod's copy is the backup's"
+    );
+    assert!(
+        !now.contains_key("ssh-private-key"),
+        "the backup's retired key is back"
+    );
+    let resume: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(env.state_dir().join("demo.json")).unwrap())
+            .unwrap();
+    assert!(
+        resume.get("restore-pending").is_none(),
+        "the restore is still marked pending: {:?}",
+        resume.get("restore-pending")
+    );
+    for key in ["webhook-token", "webhook-read-token"] {
+        let new = &now[key];
+        assert!(
+            new != &backed_up[key] && new != rotated,
+            "{key} is an old one"
+        );
+        assert!(
+            new.len() == 64 && new.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{key} is not a fresh token"
+        );
+        assert_eq!(
+            resume[key].as_str(),
+            Some(new.as_str()),
+            "the resume file's {key}"
+        );
+    }
+    for needle in [
+        "the backup's Oxide token differed from the one this run used: replaced",
+        "webhook tokens replaced",
+        "retired key ssh-private-key removed",
+    ] {
+        assert!(stdout.contains(needle), "{needle:?}: {stdout}");
+    }
+    let values = [
+        &token,
+        &backed_up["oxide-token"],
+        &backed_up["webhook-token"],
+        &backed_up["webhook-read-token"],
+        &now["webhook-token"],
+        &now["webhook-read-token"],
+    ];
+    for v in values {
+        assert!(
+            !stdout.contains(v.as_str()) && !stderr.contains(v.as_str()),
+            "a secret value was printed"
+        );
+    }
 }
 
 /// Moves `status.json`'s `backup.watchingSince` an hour back: the state of a cluster whose runs

@@ -430,8 +430,11 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
     assert!(names.contains(&"demo-apiserver".to_owned()));
 }
 
+/// `--oxide-ccm-image` without `--oxide-ccm`, or not an image; and (audit security-2 N12) an
+/// image by digest whose digest is not `sha256:` and 64 hex digits, for the CCM's and the
+/// controller's image alike: exit 2 naming the flag and the form, before any call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oxide_ccm_image_without_oxide_ccm_is_refused_naming_the_flag() {
+async fn a_bad_ccm_or_controller_image_is_refused_naming_the_flag() {
     let env = env().await;
     refused(
         &env,
@@ -443,6 +446,29 @@ async fn oxide_ccm_image_without_oxide_ccm_is_refused_naming_the_flag() {
         &env,
         env.args(&["--oxide-ccm", "--oxide-ccm-image", "bad image"]),
         &["--oxide-ccm-image", "bad image"],
+    )
+    .await;
+    let short = "ghcr.io/oxidecomputer/oxide-cloud-controller-manager@sha256:0123abcd";
+    refused(
+        &env,
+        env.args(&["--oxide-ccm", "--oxide-ccm-image", short]),
+        &[
+            "--oxide-ccm-image",
+            "NAME@sha256:<64 lower-case hex digits>",
+        ],
+    )
+    .await;
+    let unknown = format!(
+        "ghcr.io/aifoundry-org/oxide-controller@md5:{}",
+        "0".repeat(32)
+    );
+    refused(
+        &env,
+        env.args(&["--controller-image", &unknown]),
+        &[
+            "--controller-image",
+            "NAME@sha256:<64 lower-case hex digits>",
+        ],
     )
     .await;
 }

@@ -21,7 +21,7 @@ use crate::base::secrets::{ClusterSecrets, keys as secret_keys};
 use crate::domain::backup::retired;
 use crate::ports::cluster::OBJECT_NAME;
 use crate::ports::state::{
-    BACKUP_OBJECT, ConfigSnapshot, NAME_LABEL, SCALE_OBJECT, StateError, StateStore,
+    BACKUP_OBJECT, ConfigSnapshot, NAME_LABEL, SCALE_OBJECT, SecretRewrite, StateError, StateStore,
     keys as state_keys,
 };
 
@@ -196,7 +196,13 @@ impl KubeStateStore {
         meta
     }
 
-    async fn ensure_secret(&self, wanted: BTreeMap<String, Vec<u8>>) -> Result<(), StateError> {
+    /// Creates the Secret with `wanted`, or fills in the keys it lacks (with `overwrite`, sets
+    /// those whose value differs too), and removes the retired keys. Returns what it changed.
+    async fn ensure_secret(
+        &self,
+        wanted: BTreeMap<String, Vec<u8>>,
+        overwrite: bool,
+    ) -> Result<SecretRewrite, StateError> {
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
         let what = self.secret_what();
         for _ in 0..ENSURE_ATTEMPTS {
@@ -217,31 +223,44 @@ impl KubeStateStore {
                     ..Secret::default()
                 };
                 match api.create(&PostParams::default(), &secret).await {
-                    Ok(_) => return Ok(()),
+                    Ok(_) => {
+                        return Ok(SecretRewrite {
+                            changed: wanted.into_keys().collect(),
+                            removed: Vec::new(),
+                        });
+                    }
                     // Someone else created it first: fill in what theirs lacks.
                     Err(e) if api_status(&e) == Some(409) => continue,
                     Err(e) => return Err(state_error(&what, e)),
                 }
             };
             let mut changed = ensure_label(&mut secret.metadata);
+            let mut done = SecretRewrite::default();
             let data = secret.data.get_or_insert_with(BTreeMap::new);
             for (key, value) in &wanted {
-                if !data.contains_key(key) {
+                let set = match data.get(key) {
+                    None => true,
+                    Some(had) => overwrite && had.0 != *value,
+                };
+                if set {
                     data.insert(key.clone(), ByteString(value.clone()));
-                    changed = true;
+                    done.changed.push(key.clone());
                 }
             }
             for key in secret_keys::RETIRED {
-                changed |= data.remove(*key).is_some();
+                if data.remove(*key).is_some() {
+                    done.removed.push((*key).to_owned());
+                }
             }
+            changed |= !done.changed.is_empty() || !done.removed.is_empty();
             if !changed {
-                return Ok(());
+                return Ok(done);
             }
             match api
                 .replace(OBJECT_NAME, &PostParams::default(), &secret)
                 .await
             {
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(done),
                 Err(e) if api_status(&e) == Some(409) => continue,
                 Err(e) => return Err(state_error(&what, e)),
             }
@@ -536,7 +555,7 @@ impl StateStore for KubeStateStore {
             })
             .await?;
         }
-        self.ensure_secret(secrets.to_map()).await?;
+        self.ensure_secret(secrets.to_map(), false).await?;
         self.ensure_config(config).await?;
         self.finish_retired_removal().await?;
         let scale = BTreeMap::from([(
@@ -571,6 +590,13 @@ impl StateStore for KubeStateStore {
     ) -> Result<String, StateError> {
         self.replace_object(BACKUP_OBJECT, resource_version, data)
             .await
+    }
+
+    async fn rewrite_secret_keys(
+        &self,
+        set: &BTreeMap<String, Vec<u8>>,
+    ) -> Result<SecretRewrite, StateError> {
+        self.ensure_secret(set.clone(), true).await
     }
 
     async fn merge_host_key_pins(

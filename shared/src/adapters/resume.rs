@@ -82,6 +82,12 @@ pub struct ResumeState {
     pub ssh_next_private_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_next_public_key: Option<String>,
+    /// The backup `bootstrap recover --backup` restored and whose Secret it has not yet
+    /// rewritten with what the laptop knows better (audit security-2 N6): written before the
+    /// restore starts, removed once the Secret is rewritten; a later `recover` that finds the
+    /// API ready finishes it. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_pending: Option<String>,
 }
 
 impl std::fmt::Debug for ResumeState {
@@ -169,6 +175,7 @@ impl ResumeState {
             webhook_tls_key: None,
             ssh_next_private_key: None,
             ssh_next_public_key: None,
+            restore_pending: None,
         }
         .with_webhook_tls()
     }

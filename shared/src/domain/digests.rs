@@ -128,6 +128,34 @@ pub fn k3s_tag_installer_url(version: &str) -> String {
     )
 }
 
+/// A container image reference the manifests may name (`--controller-image`,
+/// `--oxide-ccm-image`): not empty, no white space or control characters, and, when it names a
+/// digest (`name@digest`, the way to pin an image so a re-pushed tag cannot change what runs,
+/// audit security-2 N12), that digest is `sha256:` and 64 lower-case hex digits after a
+/// non-empty name. `Err` says what to give.
+pub fn check_image_reference(image: &str) -> Result<(), String> {
+    if image.is_empty() || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!("{image:?} is not an image reference"));
+    }
+    let Some((name, digest)) = image.rsplit_once('@') else {
+        return Ok(());
+    };
+    let hex = digest.strip_prefix("sha256:").unwrap_or_default();
+    let ok = !name.is_empty()
+        && !name.contains('@')
+        && hex.len() == 64
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{image:?}: an image by digest is NAME@sha256:<64 lower-case hex digits> (the digest `crane digest` or `docker buildx imagetools inspect` prints for the image)"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,6 +180,34 @@ mod tests {
                 t.commit
             )
         );
+    }
+
+    /// Audit security-2 N12: an image by digest is taken in its one valid form, and a
+    /// malformed digest is refused saying what to give.
+    #[test]
+    fn an_image_by_digest_needs_a_whole_sha256() {
+        let d = "0123456789abcdef".repeat(4);
+        for ok in [
+            "ghcr.io/aifoundry-org/oxide-controller:0.1.0".to_owned(),
+            format!("ghcr.io/aifoundry-org/oxide-controller@sha256:{d}"),
+            format!("registry.example:5000/ccm:0.8.0@sha256:{d}"),
+        ] {
+            assert_eq!(check_image_reference(&ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            format!("ghcr.io/x/y@sha256:{}", &d[..63]),
+            format!("ghcr.io/x/y@sha256:{}", d.to_uppercase()),
+            format!("ghcr.io/x/y@sha512:{d}"),
+            format!("ghcr.io/x/y@{d}"),
+            format!("@sha256:{d}"),
+            format!("a@b@sha256:{d}"),
+        ] {
+            let e = check_image_reference(&bad).expect_err(&bad);
+            assert!(e.contains("NAME@sha256:<64 lower-case hex digits>"), "{e}");
+        }
+        for bad in ["", "a b", "a\tb"] {
+            assert!(check_image_reference(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -98,6 +98,15 @@ impl ConfigSnapshot {
     }
 }
 
+/// What [`StateStore::rewrite_secret_keys`] did to the Secret, by key name (never a value): the
+/// keys it set to another value than they held (or added), and the retired keys
+/// ([`crate::base::secrets::keys::RETIRED`]) it removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SecretRewrite {
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
+}
+
 /// Reads and writes the two state objects.
 pub trait StateStore: Send + Sync {
     fn read_config(&self) -> impl Future<Output = Result<ConfigSnapshot, StateError>> + Send;
@@ -176,6 +185,20 @@ pub trait StateStore: Send + Sync {
         std::future::ready(Err(StateError::Malformed {
             what: "Secret kube-system/oxide-controller".to_owned(),
             message: "this store cannot set the SSH public key".to_owned(),
+        }))
+    }
+
+    /// After a restore only (`bootstrap recover --backup`, audit security-2 N6): sets each key
+    /// of `set` in the Secret, overwriting what the backup brought back, and removes the
+    /// retired keys as [`Self::ensure_state`] does; one replace against the version read.
+    fn rewrite_secret_keys(
+        &self,
+        set: &BTreeMap<String, Vec<u8>>,
+    ) -> impl Future<Output = Result<SecretRewrite, StateError>> + Send {
+        let _ = set;
+        std::future::ready(Err(StateError::Malformed {
+            what: "Secret kube-system/oxide-controller".to_owned(),
+            message: "this store cannot rewrite the Secret".to_owned(),
         }))
     }
 

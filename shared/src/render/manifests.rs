@@ -324,7 +324,10 @@ pub const OXIDE_CCM_FILE: (&str, &str) = (
     "oxide-cloud-controller-manager.yaml",
     include_str!("../../manifests/oxide-cloud-controller-manager.yaml"),
 );
-/// The CCM image the embedded manifest names (release 0.8.0).
+/// The CCM image the embedded manifest names (release 0.8.0). By tag: no public source gives
+/// its digest (the upstream release workflow, oxidecomputer/oxide-cloud-controller-manager
+/// `.github/workflows/release.yaml`, pushes by tag and records none), and a digest is never
+/// made up here; `--oxide-ccm-image NAME@sha256:…` pins it (audit security-2 N12).
 pub const DEFAULT_OXIDE_CCM_IMAGE: &str =
     "ghcr.io/oxidecomputer/oxide-cloud-controller-manager:0.8.0";
 /// The node label k3s gives every server (and only servers): our pods select it.

@@ -67,15 +67,27 @@ pub async fn env_with(opts: SimOptions) -> Env {
 }
 
 impl Env {
-    /// The product's Oxide adapter for `project` on this simulator.
+    /// The product's Oxide adapter for `project` on this simulator, with the token the
+    /// laptop's commands use (the token file: a test may rotate it).
     pub fn rack(&self, project: &str) -> oxide_controller::adapters::oxide_rack::OxideRack {
         oxide_controller::adapters::oxide_rack::OxideRack::connect(
             &self.sim.oxide_host,
-            &self.sim.oxide_token,
+            self.oxide_token().trim(),
             project,
             oxide_controller::adapters::oxide_rack::RackOptions::default(),
         )
         .unwrap()
+    }
+
+    /// The token in the file the laptop's commands read (`--oxide-token file:`).
+    pub fn oxide_token(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("token")).unwrap()
+    }
+
+    /// Rotates the rack's token (the old one is refused from now on) and the laptop's file.
+    pub fn rotate_oxide_token(&self, token: &str) {
+        self.sim.oxide().rotate_token(token);
+        std::fs::write(self.dir.path().join("token"), format!("{token}\n")).unwrap();
     }
 
     pub fn home(&self) -> PathBuf {

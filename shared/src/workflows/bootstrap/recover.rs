@@ -37,6 +37,7 @@ use tracing::{info, warn};
 
 mod reset;
 mod restore;
+mod rotations;
 
 use super::{BootstrapError, Connect};
 use crate::adapters::credentials::{self, CredentialSources};
@@ -210,6 +211,10 @@ pub struct RecoverSummary {
     /// `--verify`: what the drill found.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drill: Option<restore::DrillReport>,
+    /// A restore: the rotations the backup predated and what was done about each (audit
+    /// security-2 N6; never a value).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rotations: Vec<String>,
 }
 
 impl RecoverSummary {
@@ -230,10 +235,16 @@ impl RecoverSummary {
             let _ = writeln!(s, "etcd's voting members: {}.", voters.describe());
         }
         match &self.rung {
-            Rung::Healthy => {
+            Rung::Healthy if self.rotations.is_empty() => {
                 let _ = writeln!(
                     s,
                     "The API is ready: nothing to recover. Nothing was changed."
+                );
+            }
+            Rung::Healthy => {
+                let _ = writeln!(
+                    s,
+                    "The API is ready; an earlier restore had not rewritten the Secret it brought back: done now (below)."
                 );
             }
             Rung::StartServers { start, running } => {
@@ -272,6 +283,15 @@ impl RecoverSummary {
                 "The API was ready {:.1}s after the first call.",
                 t.as_secs_f64()
             );
+        }
+        if !self.rotations.is_empty() {
+            let _ = writeln!(
+                s,
+                "What the backup predates (the laptop's values written back):"
+            );
+            for line in &self.rotations {
+                let _ = writeln!(s, "  - {line}");
+            }
         }
         if !self.dry_run && self.rung != Rung::Healthy {
             let state = if self.converged {
@@ -509,10 +529,15 @@ pub async fn run<C: Connect>(
         api_ready_after: None,
         converged: false,
         drill: None,
+        rotations: Vec::new(),
     };
     let started = Instant::now();
     match &rung {
-        Rung::Healthy => return Ok(summary),
+        Rung::Healthy if input.dry_run => return Ok(summary),
+        Rung::Healthy => {
+            summary.rotations = finish_restore(connect, &mut v, &input).await?;
+            return Ok(summary);
+        }
         Rung::NothingLeft | Rung::Restore { .. } | Rung::Drill { .. } => {
             return Err(nothing_left(&input, &v.project));
         }
@@ -534,6 +559,7 @@ pub async fn run<C: Connect>(
     }
     wait_ready(connect, &v, &input, started).await?;
     summary.api_ready_after = Some(started.elapsed());
+    summary.rotations = finish_restore(connect, &mut v, &input).await?;
     let ports = connect
         .in_cluster(&v.kubeconfig, &input.cluster, &input.holder)
         .await
@@ -542,6 +568,25 @@ pub async fn run<C: Connect>(
         super::reconcile_loop(connect, &ports, &input.holder, input.wait, &input.shutdown).await?;
     summary.converged = converged;
     Ok(summary)
+}
+
+/// With the API ready: a restore an earlier run began and did not finish (the resume file's
+/// `restore_pending`) gets its Secret rewritten now ([`rotations::reassert`]); its report's
+/// lines, none when nothing was pending.
+async fn finish_restore<C: Connect>(
+    connect: &C,
+    v: &mut Validated,
+    input: &RecoverInput,
+) -> Result<Vec<String>, BootstrapError> {
+    let Some(backup) = v.resume.restore_pending.clone() else {
+        return Ok(Vec::new());
+    };
+    info!(step = "rotations", %backup, "an earlier restore did not rewrite the Secret; doing it now");
+    let ports = connect
+        .in_cluster(&v.kubeconfig, &input.cluster, &input.holder)
+        .await
+        .map_err(|e| BootstrapError::step("rotations", e))?;
+    rotations::reassert(&ports.store, &ports.manifests, v, &input.cluster, &backup).await
 }
 
 /// The local etcd member's own member list, asked over SSH on a server: etcd's gateway on
@@ -684,6 +729,7 @@ async fn run_verify<C: Connect>(
         api_ready_after: None,
         converged: false,
         drill: None,
+        rotations: Vec::new(),
     };
     if input.dry_run {
         return Ok(summary);
@@ -747,7 +793,7 @@ async fn record_drill<C: Connect>(
 async fn run_restore<C: Connect>(
     input: RecoverInput,
     connect: &C,
-    v: Validated,
+    mut v: Validated,
     rack: C::Rack,
     which: &str,
 ) -> Result<RecoverSummary, BootstrapError> {
@@ -772,6 +818,7 @@ async fn run_restore<C: Connect>(
         api_ready_after: None,
         converged: false,
         drill: None,
+        rotations: Vec::new(),
     };
     if input.dry_run {
         return Ok(summary);
@@ -783,16 +830,26 @@ async fn run_restore<C: Connect>(
             &summary.calls,
         ));
     }
+    rotations::mark_pending(&mut v, &chosen.name)?;
     let started = Instant::now();
     restore::run::<C>(&rack, &v, &input, &chosen).await?;
     wait_ready(connect, &v, &input, started).await?;
     summary.api_ready_after = Some(started.elapsed());
-    let deadline = Instant::now() + input.api_timeout;
-    restore::retire_workers(&rack, &input.cluster, &v.pool, deadline).await?;
     let ports = connect
         .in_cluster(&v.kubeconfig, &input.cluster, &input.holder)
         .await
-        .map_err(|e| BootstrapError::step("reconcile", e))?;
+        .map_err(|e| BootstrapError::step("rotations", e))?;
+    // Before anything reads the restored Secret (the reconcile's rack is made from it).
+    summary.rotations = rotations::reassert(
+        &ports.store,
+        &ports.manifests,
+        &mut v,
+        &input.cluster,
+        &chosen.name,
+    )
+    .await?;
+    let deadline = Instant::now() + input.api_timeout;
+    restore::retire_workers(&rack, &input.cluster, &v.pool, deadline).await?;
     let (_, converged) =
         super::reconcile_loop(connect, &ports, &input.holder, input.wait, &input.shutdown).await?;
     summary.converged = converged;

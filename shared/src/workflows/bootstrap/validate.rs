@@ -379,14 +379,10 @@ async fn validate_controller_image(
 ) -> Result<Option<crate::adapters::dev_image::DevImage>, BootstrapError> {
     let dev_image = crate::adapters::dev_image::DevImage::parse(&input.controller_image)
         .map_err(BootstrapError::inputs)?;
-    let c = &input.controller_image;
     if dev_image.is_none()
-        && (c.is_empty() || c.chars().any(|ch| ch.is_whitespace() || ch.is_control()))
+        && let Err(e) = crate::domain::digests::check_image_reference(&input.controller_image)
     {
-        return Err(BootstrapError::input(
-            "--controller-image",
-            message(format!("{c:?} is not an image reference")),
-        ));
+        return Err(BootstrapError::input("--controller-image", message(e)));
     }
     match (&dev_image, &input.dev_build_profile) {
         (None, Some(_)) => {
@@ -415,15 +411,9 @@ fn validate_ccm_image(input: &BootstrapInput) -> Result<String, BootstrapError> 
             "--oxide-ccm-image",
             message("the CCM is only installed with --oxide-ccm; add it or drop --oxide-ccm-image"),
         )),
-        (Some(i), true)
-            if i.is_empty() || i.chars().any(|ch| ch.is_whitespace() || ch.is_control()) =>
-        {
-            Err(BootstrapError::input(
-                "--oxide-ccm-image",
-                message(format!("{i:?} is not an image reference")),
-            ))
-        }
-        (Some(i), true) => Ok(i.clone()),
+        (Some(i), true) => crate::domain::digests::check_image_reference(i)
+            .map(|()| i.clone())
+            .map_err(|e| BootstrapError::input("--oxide-ccm-image", message(e))),
         (None, _) => Ok(manifests::DEFAULT_OXIDE_CCM_IMAGE.to_owned()),
     }
 }

@@ -13,7 +13,9 @@
 //!    backup; its setup unpacks the archive, checks the snapshot's sha256, restores k3s's
 //!    datastore from it and starts k3s (`restore_etcd` in [`crate::render::cloud_init`]);
 //! 4. `attach-floating-ip` — the API address moves to it;
-//! 5. `/readyz` through the old kubeconfig (same CA, restored);
+//! 5. `/readyz` through the old kubeconfig (same CA, restored); then `rotations`, before
+//!    anything reads the restored Secret: what the laptop knows better written back into it
+//!    ([`super::rotations`]);
 //! 6. `workers` — the workers still on the rack are stopped and deleted with their disks: their
 //!    k3s agents joined through servers' private addresses that are all gone (the agent's load
 //!    balancer knows only those), so none can reach the restored server; their Nodes came back
@@ -151,6 +153,9 @@ pub(super) fn calls(
             names::api_floating_ip_name(cluster)
         ),
         format!("GET /readyz through context {cluster} until ready"),
+        format!(
+            "PUT Secret kube-system/oxide-controller (the Oxide host, token and project this run uses, new webhook tokens, no retired key) and apply Secret oxide-controller-backup/oxide-controller-rack, through context {cluster}: the backup's are what they were when it was taken"
+        ),
         format!(
             "POST /v1/instances/{{worker}}/stop, DELETE /v1/instances/{{worker}} and its disks?project={project}, for every worker of {cluster} left (their agents' servers are gone)"
         ),
