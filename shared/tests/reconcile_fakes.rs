@@ -238,7 +238,10 @@ fn a_converged_run_lists_the_nodes_once_and_reads_a_recorded_subnet_prefix_no_mo
     rt().block_on(async {
         let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 2);
         small_timeouts(&mut spec);
+        spec.backup.schedule = Some("0 * * * *".into());
         let w = world(&spec, false).await;
+        // Twenty minutes past the hourly backup's tick: backup.json is read after a tick.
+        w.with(|s| s.now += chrono::Duration::minutes(20));
         w.with(|s| s.subnet_prefix = Some(20));
         converge(&w, 12).await;
         let reads = |w: &FakeWorld| w.with(|s| std::mem::take(&mut s.reads));
@@ -271,9 +274,6 @@ fn a_converged_run_lists_the_nodes_once_and_reads_a_recorded_subnet_prefix_no_mo
         assert_eq!(
             reads(&w),
             BTreeMap::from([
-                // backup.json, in the backup writers' own object (audit security-2 N4):
-                // every `report::READ_EVERY` (10 minutes) too.
-                ("get-backups", 1),
                 ("get-scale", 1),
                 ("list-certificate-events", 1),
                 ("list-nodes", 1)
@@ -291,6 +291,22 @@ fn a_converged_run_lists_the_nodes_once_and_reads_a_recorded_subnet_prefix_no_mo
                 ("get-scale", 1),
                 ("list-nodes", 1)
             ])
+        );
+        // backup.json, in the backup writers' own object (audit security-2 N4), is read
+        // after the hourly schedule's next tick (`report::read_due`), not on every run.
+        w.with(|s| s.now = t0() + chrono::Duration::minutes(75));
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            reads(&w).get("get-backups"),
+            Some(&1),
+            "after the 13:00 tick"
+        );
+        w.with(|s| s.now = t0() + chrono::Duration::minutes(90));
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            reads(&w).get("get-backups"),
+            None,
+            "read after that tick already"
         );
     });
 }

@@ -688,7 +688,7 @@ where
 
     let previous = snapshot.status_json().and_then(Status::from_json);
     let (backups, backup_read_at) =
-        backups_for_run(state, &snapshot, previous.as_ref(), started_at).await;
+        backups_for_run(state, &spec, &snapshot, previous.as_ref(), started_at).await;
     if opts.dry_run {
         let memory = (previous.as_ref(), &backups);
         return dry_run(&rack, cluster, &spec, memory, &secrets, nodes, opts).await;
@@ -1148,6 +1148,7 @@ fn apply_options(opts: &ReconcileOptions, spec: &ClusterSpec, deadline: Instant)
 /// run's business to fail on).
 async fn backups_for_run<S: StateStore>(
     state: &S,
+    spec: &ClusterSpec,
     snapshot: &state::ConfigSnapshot,
     previous: Option<&Status>,
     now: DateTime<Utc>,
@@ -1161,7 +1162,11 @@ async fn backups_for_run<S: StateStore>(
         )
     };
     let roll_waiting = previous.is_some_and(|p| p.control_plane_roll.is_some());
-    if !report::read_due(last, roll_waiting, now) {
+    let schedules = [
+        spec.backup.schedule.as_deref(),
+        spec.backup.drill_schedule.as_deref(),
+    ];
+    if !report::read_due(last, &schedules, roll_waiting, now) {
         return kept();
     }
     match state::read_backup_report(state, snapshot).await {

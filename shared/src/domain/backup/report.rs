@@ -105,17 +105,44 @@ pub struct BackupStatus {
     pub read_at: Option<DateTime<Utc>>,
 }
 
-/// How often a run reads `backup.json` while nothing asks for it sooner: the writers (the
-/// backup Job, `bootstrap backup`) keep it in an object of their own, one more request a run
-/// otherwise; between reads the last run's view (this status) stands.
-pub const READ_EVERY: Duration = Duration::minutes(10);
+/// The longest a run goes without reading `backup.json` ([`read_due`]): it lives in the
+/// backup writers' own object, one more request a run otherwise; between reads the last run's
+/// view (this status) stands.
+pub const READ_EVERY: Duration = Duration::hours(1);
 
-/// Whether a run reads `backup.json` now: never read, read [`READ_EVERY`] ago, the last view
-/// stale (re-read before saying so again), or a control-plane roll waiting for a backup
-/// (`roll_waiting`: it must see the new one as soon as it is there).
-pub fn read_due(last: Option<&BackupStatus>, roll_waiting: bool, now: DateTime<Utc>) -> bool {
-    let Some(last) = last else { return true };
-    roll_waiting || last.stale || last.read_at.is_none_or(|at| now - at >= READ_EVERY)
+/// Whether a run reads `backup.json` now: never read; read [`READ_EVERY`] ago; the last view
+/// stale (re-read before saying so again); a control-plane roll waiting for a backup
+/// (`roll_waiting`: it must see the new one as soon as it is there); or a tick of one of
+/// `schedules` (the backup's, the drill's) came since the last read, up to the upload grace
+/// after it (the new backup, or the one a drill due now restores, shows as soon as it is
+/// made). With an hourly schedule and a run every 5 minutes that is two or three reads an
+/// hour instead of twelve.
+pub fn read_due(
+    last: Option<&BackupStatus>,
+    schedules: &[Option<&str>],
+    roll_waiting: bool,
+    now: DateTime<Utc>,
+) -> bool {
+    let Some(at) = last.and_then(|l| l.read_at) else {
+        return true;
+    };
+    if roll_waiting || last.is_some_and(|l| l.stale) || now - at >= READ_EVERY {
+        return true;
+    }
+    schedules
+        .iter()
+        .flatten()
+        .filter_map(|s| crate::base::kcron::Schedule::parse(s).ok())
+        .any(|s| {
+            // A tick in (at - grace, now]: its backup may have come after the last read. The
+            // grace is at most one period, so a short schedule is judged on its own scale.
+            let period = s
+                .next_after(at)
+                .and_then(|t| Some(s.next_after(t)? - t))
+                .unwrap_or(UPLOAD_GRACE);
+            s.next_after(at - UPLOAD_GRACE.min(period))
+                .is_some_and(|tick| tick <= now)
+        })
 }
 
 /// How long after a tick the backup it makes may take before it counts as missed: the Job
@@ -191,17 +218,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backup_json_is_read_every_ten_minutes_or_when_a_roll_or_a_stale_view_asks() {
-        let t0: DateTime<Utc> = "2026-11-29T10:00:00Z".parse().unwrap_or_default();
-        let mut last = status(Some("0 * * * *"), &BackupReport::default(), t0, t0);
-        assert!(read_due(None, false, t0));
-        assert!(read_due(Some(&last), false, t0), "never read");
+    fn backup_json_is_read_after_a_tick_or_when_a_roll_or_a_stale_view_asks() {
+        let t0: DateTime<Utc> = "2026-11-29T10:02:00Z".parse().unwrap_or_default();
+        let hourly = [Some("0 * * * *"), Some("30 3 * * 0")];
+        let mut last = status(hourly[0], &BackupReport::default(), t0, t0);
+        let due = |last: &BackupStatus, roll: bool, at: Duration| {
+            read_due(Some(last), &hourly, roll, t0 + at)
+        };
+        assert!(read_due(None, &hourly, false, t0));
+        assert!(due(&last, false, Duration::zero()), "never read");
+        // Read at 10:02, two minutes after the 10:00 tick: its upload may still come.
         last.read_at = Some(t0);
-        assert!(!read_due(Some(&last), false, t0 + Duration::minutes(9)));
-        assert!(read_due(Some(&last), false, t0 + READ_EVERY));
-        assert!(read_due(Some(&last), true, t0 + Duration::minutes(1)));
+        assert!(due(&last, false, Duration::minutes(3)));
+        // Read at 10:12, past the tick's grace: nothing new until the 11:00 tick.
+        last.read_at = Some(t0 + Duration::minutes(10));
+        assert!(!due(&last, false, Duration::minutes(15)));
+        assert!(!due(&last, false, Duration::minutes(57)));
+        assert!(due(&last, false, Duration::minutes(58)), "the 11:00 tick");
+        assert!(due(&last, true, Duration::minutes(15)), "a roll waits");
         last.stale = true;
-        assert!(read_due(Some(&last), false, t0 + Duration::minutes(1)));
+        assert!(due(&last, false, Duration::minutes(15)), "stale");
+        // Without a schedule, every READ_EVERY; a schedule every minute, every run.
+        last.stale = false;
+        assert!(!read_due(
+            Some(&last),
+            &[None],
+            false,
+            t0 + Duration::minutes(40)
+        ));
+        assert!(read_due(
+            Some(&last),
+            &[None],
+            false,
+            t0 + Duration::minutes(70)
+        ));
+        let often = [Some("* * * * *")];
+        assert!(read_due(
+            Some(&last),
+            &often,
+            false,
+            t0 + Duration::minutes(11)
+        ));
     }
 
     fn at(s: &str) -> DateTime<Utc> {
