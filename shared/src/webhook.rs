@@ -30,8 +30,8 @@
 //! | `/metrics` | GET | Prometheus text: the webhook's requests and the cluster's status ([`metrics::cluster`]); no token |
 //! | `/healthz`, `/readyz` | GET, HEAD | liveness (always 200); readiness (Secret and ConfigMap readable) |
 //!
-//! Between requests only the metrics, a few seconds' cache of the token digest and of the
-//! cluster metrics' ConfigMap read, and a memo of the last parsed `spec.yaml` (keyed by its
+//! Between requests only the metrics, a few seconds' cache of the token digest, of the
+//! cluster metrics' ConfigMap read and of the readiness check, and a memo of the last parsed `spec.yaml` (keyed by its
 //! exact text, so never stale) survive.
 
 use std::time::{Duration, Instant};
@@ -70,6 +70,10 @@ pub const LEGACY_SUCCESS: StatusCode = StatusCode::CREATED;
 /// (`triggered`, `pending`, `not-triggered`, `not-needed`, `failed`).
 pub const RECONCILE_HEADER: &str = "x-oxide-controller-reconcile";
 
+/// Default of [`WebhookConfig::ready_ttl`]: well under the kubelet's default probe period
+/// (10 s), so a pod's readiness is at most one probe late.
+pub const READY_TTL: Duration = Duration::from_secs(5);
+
 /// Settings of the webhook function.
 #[derive(Debug, Clone)]
 pub struct WebhookConfig {
@@ -82,6 +86,10 @@ pub struct WebhookConfig {
     /// How long the ConfigMap read for the cluster metrics serves `/metrics` scrapes; zero
     /// reads it on every scrape.
     pub status_ttl: Duration,
+    /// How long one readiness check (token and ConfigMap reads) answers `/readyz`; zero
+    /// checks on every probe. `/readyz` is unauthenticated: without this a probe flood is
+    /// apiserver load charged to the webhook's ServiceAccount.
+    pub ready_ttl: Duration,
 }
 
 impl Default for WebhookConfig {
@@ -91,6 +99,7 @@ impl Default for WebhookConfig {
             tokens: auth::TokenSource::Secret,
             scale: ScaleOptions::default(),
             status_ttl: Duration::from_secs(10),
+            ready_ttl: READY_TTL,
         }
     }
 }
@@ -102,6 +111,8 @@ pub struct Deps<S, C> {
     pub metrics: Metrics,
     /// The cluster metrics' input between scrapes.
     pub cluster_metrics: ClusterCache,
+    /// The last readiness check, between `/readyz` probes.
+    ready: ReadyCache,
     config: WebhookConfig,
     tokens: auth::TokenCache,
     specs: scale::SpecCache,
@@ -132,6 +143,7 @@ impl<S: StateStore, C: Cluster> Deps<S, C> {
             cluster,
             metrics: Metrics::default(),
             cluster_metrics: ClusterCache::default(),
+            ready: ReadyCache::default(),
             tokens: auth::TokenCache::new(config.token_ttl, config.tokens.clone()),
             specs: scale::SpecCache::default(),
             config,
@@ -833,20 +845,65 @@ async fn metrics_response<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Respo
     respond(200, "text/plain; version=0.0.4; charset=utf-8", body)
 }
 
-/// Ready when the tokens (the mounted keys, or the Secret) and the ConfigMap can be read.
+/// What a readiness check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Readiness {
+    Ready,
+    NoToken,
+    NoConfigMap,
+}
+
+/// The last readiness check and when it was made. An async lock held across the check:
+/// probes that arrive while one is under way wait for it instead of reading too (the
+/// pattern of [`ClusterCache::input`]).
+#[derive(Debug, Default)]
+struct ReadyCache {
+    slot: tokio::sync::Mutex<Option<(Instant, Readiness)>>,
+}
+
+impl ReadyCache {
+    /// The check made within the last `ttl`, or made now; a failed check is cached too (an
+    /// apiserver in trouble is not asked more often).
+    async fn check<S: StateStore>(
+        &self,
+        tokens: &auth::TokenCache,
+        state: &S,
+        ttl: Duration,
+    ) -> Readiness {
+        let mut slot = self.slot.lock().await;
+        if let Some((at, r)) = *slot
+            && at.elapsed() < ttl
+        {
+            return r;
+        }
+        let (token, config) = tokio::join!(tokens.expected(state), state.read_config());
+        let r = match (token, config) {
+            (Err(e), _) => {
+                tracing::warn!(error = %chain(&e), "not ready: no webhook token");
+                Readiness::NoToken
+            }
+            (_, Err(e)) => {
+                tracing::warn!(error = %chain(&e), "not ready: cannot read the ConfigMap");
+                Readiness::NoConfigMap
+            }
+            (Ok(_), Ok(_)) => Readiness::Ready,
+        };
+        *slot = Some((Instant::now(), r));
+        r
+    }
+}
+
+/// Ready when the tokens (the mounted keys, or the Secret) and the ConfigMap can be read;
+/// checked at most once per [`WebhookConfig::ready_ttl`].
 async fn readyz<S: StateStore, C: Cluster>(deps: &Deps<S, C>) -> Response<Bytes> {
-    let (tokens, config) =
-        tokio::join!(deps.tokens.expected(&deps.state), deps.state.read_config());
-    match (tokens, config) {
-        (Err(e), _) => {
-            tracing::warn!(error = %chain(&e), "not ready: no webhook token");
-            text(503, "not ready: cannot read the webhook token\n".to_owned())
-        }
-        (_, Err(e)) => {
-            tracing::warn!(error = %chain(&e), "not ready: cannot read the ConfigMap");
-            text(503, "not ready: cannot read the ConfigMap\n".to_owned())
-        }
-        (Ok(_), Ok(_)) => text(200, "ready\n".to_owned()),
+    match deps
+        .ready
+        .check(&deps.tokens, &deps.state, deps.config.ready_ttl)
+        .await
+    {
+        Readiness::NoToken => text(503, "not ready: cannot read the webhook token\n".to_owned()),
+        Readiness::NoConfigMap => text(503, "not ready: cannot read the ConfigMap\n".to_owned()),
+        Readiness::Ready => text(200, "ready\n".to_owned()),
     }
 }
 

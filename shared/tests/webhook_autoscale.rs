@@ -82,6 +82,7 @@ fn config() -> WebhookConfig {
             ..ScaleOptions::default()
         },
         status_ttl: Duration::ZERO,
+        ready_ttl: Duration::ZERO,
     }
 }
 

@@ -295,6 +295,7 @@ async fn fuzz(seed: u64, cases: u64) -> u64 {
                 ..ScaleOptions::default()
             },
             status_ttl: Duration::from_secs(3600),
+            ready_ttl: Duration::from_secs(3600),
         },
     );
     let mut rng = StdRng::seed_from_u64(seed);

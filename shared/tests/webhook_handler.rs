@@ -88,6 +88,8 @@ fn config() -> WebhookConfig {
         },
         // Read the ConfigMap on every scrape, so tests see each status written.
         status_ttl: Duration::ZERO,
+        // Check readiness on every probe, so tests see each change.
+        ready_ttl: Duration::ZERO,
     }
 }
 
@@ -2060,4 +2062,53 @@ async fn a_scrape_storm_reads_the_configmap_once_per_cache_period() {
     );
     scrape(d.clone()).await;
     assert_eq!(d.cluster_metrics.reads(), 2, "the failure is cached too");
+}
+
+/// Audit L2: a `/readyz` storm does not become apiserver reads. `/readyz` is
+/// unauthenticated; 50 concurrent probes and 50 more within the cache's life cost one
+/// ConfigMap read; after it expires the next probe checks again, and a failed check (503)
+/// is cached the same way.
+#[tokio::test]
+async fn a_readyz_storm_reads_the_configmap_once_per_cache_period() {
+    let w = world().await;
+    let state = CountingState {
+        inner: w.state(),
+        reads: AtomicU32::new(0),
+        failing: false.into(),
+    };
+    let d = Arc::new(Deps::new(
+        state,
+        w.cluster(),
+        WebhookConfig {
+            ready_ttl: Duration::from_millis(500),
+            ..config()
+        },
+    ));
+    let probe = |d: Arc<Deps<CountingState, FakeCluster>>| async move {
+        send(&d, Request::get("/readyz").body(Bytes::new()).unwrap())
+            .await
+            .status()
+    };
+    let storm: Vec<_> = (0..50).map(|_| tokio::spawn(probe(d.clone()))).collect();
+    for p in storm {
+        assert_eq!(p.await.unwrap(), StatusCode::OK);
+    }
+    for _ in 0..50 {
+        assert_eq!(probe(d.clone()).await, StatusCode::OK);
+    }
+    assert_eq!(
+        d.state.reads.load(Ordering::SeqCst),
+        1,
+        "one read for 100 probes"
+    );
+
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    d.state.failing.store(true, Ordering::SeqCst);
+    assert_eq!(probe(d.clone()).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(probe(d.clone()).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        d.state.reads.load(Ordering::SeqCst),
+        2,
+        "read again after the cache, and the failure is cached too"
+    );
 }

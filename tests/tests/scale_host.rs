@@ -1,6 +1,7 @@
 //! The webhook's hyper host over loopback, with the in-memory fakes behind it: graceful
 //! shutdown lets in-flight requests finish, the per-request deadline answers 503, bodies over
-//! 1 KiB are refused without being buffered, and HTTPS works from PEM files.
+//! 1 KiB are refused without being buffered, HTTPS works from PEM files, and connections
+//! beyond the cap wait.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -388,4 +389,46 @@ async fn metrics_are_served_without_a_token() {
     }
     assert!(!text.contains(TOKEN));
     assert_eq!(run.deps.cluster_metrics.reads(), 1);
+}
+
+/// Audit L2: connections beyond `max_connections` are not served until one ends. With a cap
+/// of 2, two idle connections hold both slots; a third one's request gets no answer (it
+/// waits in the listen backlog, not accepted) until one of the two closes, then it is served.
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_until_one_ends() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let opts = HostOptions {
+        max_connections: 2,
+        ..HostOptions::default()
+    };
+    let run = start(Duration::ZERO, opts).await;
+    let started = Instant::now();
+    let first = tokio::net::TcpStream::connect(run.addr).await.unwrap();
+    let mut second = tokio::net::TcpStream::connect(run.addr).await.unwrap();
+    let mut third = tokio::net::TcpStream::connect(run.addr).await.unwrap();
+    let request = b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n";
+    third.write_all(request).await.unwrap();
+    let mut buf = [0u8; 256];
+    assert!(
+        tokio::time::timeout(Duration::from_millis(400), third.read(&mut buf))
+            .await
+            .is_err(),
+        "the third connection is not served while two are open"
+    );
+    // The two held slots serve requests.
+    second.write_all(request).await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(1), second.read(&mut buf))
+        .await
+        .expect("a connection within the cap is served")
+        .unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+
+    drop(first);
+    let n = tokio::time::timeout(Duration::from_secs(1), third.read(&mut buf))
+        .await
+        .expect("served once a slot is free")
+        .unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(run.deps.metrics.requests("/healthz", 200), 2);
 }

@@ -30,7 +30,7 @@ use oxide_controller::ports::cluster::{JOBS_NAMESPACE, NAMESPACE};
 use oxide_controller::webhook::TokenSource;
 use oxide_controller::webhook::host::{self, HostOptions};
 use oxide_controller::webhook::pending::{self, PendingOptions};
-use oxide_controller::webhook::{Deps, WebhookConfig};
+use oxide_controller::webhook::{Deps, READY_TTL, WebhookConfig};
 use oxide_controller::workflows::error::chain;
 use oxide_controller::workflows::scale::{self, CountChange, ReconcileOutcome, ScaleOptions};
 
@@ -542,6 +542,7 @@ async fn serve_webhook(
                 .map_or(TokenSource::Secret, TokenSource::Files),
             scale: ScaleOptions::default(),
             status_ttl: Duration::from_secs(args.status_cache_seconds),
+            ready_ttl: READY_TTL,
         },
     ));
     let opts = HostOptions {

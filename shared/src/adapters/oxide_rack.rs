@@ -111,6 +111,18 @@ impl Default for RackOptions {
     }
 }
 
+/// Whether `url`'s host is a loopback address (127.0.0.0/8, `[::1]`) or `localhost`: the only
+/// hosts the token may be sent to over plain http://.
+fn is_loopback(url: &reqwest::Url) -> bool {
+    // The URL parser has already normalised IP literals (`[::1]`, `2130706433`).
+    let host = url.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The Oxide API of one project on one rack.
 pub struct OxideRack {
     client: oxide::Client,
@@ -132,7 +144,8 @@ impl std::fmt::Debug for OxideRack {
 }
 
 impl OxideRack {
-    /// Builds a client for `host` (`https://...`, or `http://` for a simulator) that sends
+    /// Builds a client for `host` (`https://...`, or `http://` on a loopback address only: a
+    /// simulator, or a local TLS-terminating proxy) that sends
     /// `Authorization: Bearer <token>` on every request and works in `project`. Does no I/O;
     /// bad credentials surface on the first call as [`RackError::Unauthorized`].
     ///
@@ -152,6 +165,15 @@ impl OxideRack {
             return Err(RackError::Invalid {
                 what: format!("Oxide host {host:?}"),
                 message: "must be an http:// or https:// URL with a host".to_owned(),
+            });
+        }
+        if url.scheme() == "http" && !is_loopback(&url) {
+            return Err(RackError::Invalid {
+                what: format!("Oxide host {host:?}"),
+                message: format!(
+                    "is plain http:// and not loopback: the API token would cross the network in clear; use https://{}",
+                    host.split_once("://").map_or(host, |(_, rest)| rest)
+                ),
             });
         }
         names::validate_name("project name", project).map_err(|e| RackError::Invalid {
@@ -1912,6 +1934,41 @@ mod tests {
         let err = OxideRack::connect("https://rack.example", "tok\nen-SECRET", "demo", ok)
             .expect_err("newline in token");
         assert!(!format!("{err} {err:?}").contains("SECRET"));
+    }
+
+    /// Audit L5: the token never goes over plain http:// to a host that is not loopback; the
+    /// simulator's and the tests' loopback http:// hosts still connect.
+    #[test]
+    fn plain_http_is_refused_unless_the_host_is_loopback() {
+        let ok = RackOptions::default();
+        for host in [
+            "http://rack.example",
+            "http://rack.example:8080/",
+            "http://10.0.0.5",
+            "http://[fd00::1]:12220",
+            "http://localhost.rack.example",
+            "http://128.0.0.1",
+        ] {
+            let err = OxideRack::connect(host, "oxide-token-SECRET", "demo", ok).expect_err(host);
+            let text = err.to_string();
+            let bare = host.trim_end_matches('/');
+            assert!(
+                text.contains(bare) && text.contains("https://") && text.contains("in clear"),
+                "{text}"
+            );
+            assert!(!format!("{err} {err:?}").contains("SECRET"));
+        }
+        for host in [
+            "http://127.0.0.1:12220",
+            "http://127.8.9.10",
+            "http://[::1]:8080",
+            "http://localhost:3000",
+            "http://LOCALHOST",
+            "https://rack.example",
+            "https://10.0.0.5",
+        ] {
+            OxideRack::connect(host, "t", "demo", ok).expect(host);
+        }
     }
 
     #[test]

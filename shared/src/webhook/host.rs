@@ -27,6 +27,12 @@ use crate::ports::state::StateStore;
 /// The Secret holding the webhook's serving pair (bootstrap makes it, the reconcile renews it).
 pub const TLS_SECRET: &str = crate::base::secrets::webhook::TLS_SECRET;
 
+/// Default of [`HostOptions::max_connections`]. Each connection costs a task and hyper's
+/// buffers (at most 16 KiB read buffer, see `max_buf_size` below, plus TLS state): 256 of
+/// them stay a few MiB, well inside the Deployment's 128 Mi, and far above what the
+/// webhook's callers (the kubelet's probes, Prometheus, an autoscaler, an operator) open.
+pub const MAX_CONNECTIONS: usize = 256;
+
 /// Host settings.
 #[derive(Clone)]
 pub struct HostOptions {
@@ -38,6 +44,10 @@ pub struct HostOptions {
     pub shutdown_grace: Duration,
     /// Serve HTTPS with this configuration; plain HTTP when `None`.
     pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// Connections served at once (at least 1). When all are taken the host stops
+    /// accepting: new connections wait in the kernel's listen backlog until one ends (an idle
+    /// one ends after `header_timeout`), and are not refused.
+    pub max_connections: usize,
 }
 
 impl std::fmt::Debug for HostOptions {
@@ -47,6 +57,7 @@ impl std::fmt::Debug for HostOptions {
             .field("header_timeout", &self.header_timeout)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("tls", &self.tls.is_some())
+            .field("max_connections", &self.max_connections)
             .finish()
     }
 }
@@ -58,6 +69,7 @@ impl Default for HostOptions {
             header_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(15),
             tls: None,
+            max_connections: MAX_CONNECTIONS,
         }
     }
 }
@@ -355,8 +367,21 @@ pub async fn serve<S, C, F>(
         .max_buf_size(16 * 1024)
         .keep_alive(true);
     let builder = Arc::new(builder);
+    // A permit per connection, taken *before* accepting: when all are out the host does not
+    // accept, and new connections wait in the listen backlog (as tokio's mini-redis server
+    // does), instead of being accepted and closed (which a kubelet probe would count as a
+    // failure).
+    let slots = Arc::new(tokio::sync::Semaphore::new(opts.max_connections.max(1)));
     tokio::pin!(shutdown);
     loop {
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                // Never closed.
+                Err(_) => break,
+            },
+        };
         let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
@@ -376,6 +401,8 @@ pub async fn serve<S, C, F>(
         let tls = tls.clone();
         let (request_timeout, header_timeout) = (opts.request_timeout, opts.header_timeout);
         tokio::spawn(async move {
+            // Held until the connection ends.
+            let _permit = permit;
             let service = hyper::service::service_fn(move |req| {
                 let deps = deps.clone();
                 async move { Ok::<_, Infallible>(serve_request(deps, request_timeout, req).await) }
