@@ -191,12 +191,10 @@ impl SshHost {
             .to_string()
     }
 
-    /// The block cloud-init writes to the serial console, byte for byte.
+    /// The block cloud-init writes to the serial console (its `write-ssh-key-fingerprints`
+    /// through `logger -s -t cloud-init`), as the simulated guest prints it.
     pub fn console_fingerprints(&self, hostname: &str) -> String {
-        format!(
-            "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n256 {} root@{hostname} (ED25519)\n-----END SSH HOST KEY FINGERPRINTS-----\n",
-            self.fingerprint()
-        )
+        super::console::fingerprint_block(self, hostname, "cloud-init")
     }
 
     /// Serve SSH on `listener` until the task is aborted.
@@ -854,12 +852,25 @@ mod tests {
         let host = SshHost::generate();
         let block = host.console_fingerprints("demo-cp-abcde");
         let fp = host.fingerprint();
+        let logged: Vec<&str> = block
+            .lines()
+            .filter_map(|l| l.split_once(" cloud-init: ").map(|(_, m)| m))
+            .collect();
         assert_eq!(
-            block,
-            format!(
-                "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n256 {fp} root@demo-cp-abcde (ED25519)\n-----END SSH HOST KEY FINGERPRINTS-----\n"
-            )
+            logged[1..4],
+            [
+                "-----BEGIN SSH HOST KEY FINGERPRINTS-----",
+                &format!("256 {fp} root@demo-cp-abcde (ED25519)"),
+                "-----END SSH HOST KEY FINGERPRINTS-----",
+            ]
         );
+        assert!(
+            block
+                .lines()
+                .all(|l| !l.contains(" cloud-init: ") || l.starts_with("<14>"))
+        );
+        let pins = oxide_controller::adapters::ssh::HostKeyPins::from_console(&block).unwrap();
+        assert_eq!(pins.fingerprints().collect::<Vec<_>>(), [fp.as_str()]);
         assert!(fp.starts_with("SHA256:") && fp.len() == 7 + 43, "{fp}");
     }
 }
