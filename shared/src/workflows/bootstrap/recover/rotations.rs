@@ -146,7 +146,10 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
         .read_config()
         .await
         .ok()
-        .and_then(|c| c.spec_yaml().map(crate::domain::spec::ClusterSpec::from_yaml))
+        .and_then(|c| {
+            c.spec_yaml()
+                .map(crate::domain::spec::ClusterSpec::from_yaml)
+        })
         .and_then(Result::ok)
         .map(|s| s.backup.retention())
         .unwrap_or_default();
