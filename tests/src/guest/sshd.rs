@@ -191,12 +191,6 @@ impl SshHost {
             .to_string()
     }
 
-    /// The block cloud-init writes to the serial console (its `write-ssh-key-fingerprints`
-    /// through `logger -s -t cloud-init`), as the simulated guest prints it.
-    pub fn console_fingerprints(&self, hostname: &str) -> String {
-        super::console::fingerprint_block(self, hostname, "cloud-init")
-    }
-
     /// Serve SSH on `listener` until the task is aborted.
     pub async fn serve(&self, listener: tokio::net::TcpListener, backend: Arc<dyn SshBackend>) {
         let config = Arc::new(server::Config {
@@ -845,32 +839,5 @@ mod tests {
                 "{line}"
             );
         }
-    }
-
-    #[test]
-    fn console_block_is_what_cloud_init_prints() {
-        let host = SshHost::generate();
-        let block = host.console_fingerprints("demo-cp-abcde");
-        let fp = host.fingerprint();
-        let logged: Vec<&str> = block
-            .lines()
-            .filter_map(|l| l.split_once(" cloud-init: ").map(|(_, m)| m))
-            .collect();
-        assert_eq!(
-            logged[1..4],
-            [
-                "-----BEGIN SSH HOST KEY FINGERPRINTS-----",
-                &format!("256 {fp} root@demo-cp-abcde (ED25519)"),
-                "-----END SSH HOST KEY FINGERPRINTS-----",
-            ]
-        );
-        assert!(
-            block
-                .lines()
-                .all(|l| !l.contains(" cloud-init: ") || l.starts_with("<14>"))
-        );
-        let pins = oxide_controller::adapters::ssh::HostKeyPins::from_console(&block).unwrap();
-        assert_eq!(pins.fingerprints().collect::<Vec<_>>(), [fp.as_str()]);
-        assert!(fp.starts_with("SHA256:") && fp.len() == 7 + 43, "{fp}");
     }
 }
