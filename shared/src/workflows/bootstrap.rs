@@ -1394,11 +1394,10 @@ async fn read_pins<R: Rack>(
             .await
             .map_err(|e| rack_failed(step, e))?;
         let mut parsed = HostKeyPins::from_console(&String::from_utf8_lossy(&console));
-        if matches!(parsed, Err(KeyError::NoFingerprintBlock))
-            && console.len() as u64 >= crate::adapters::oxide_rack::SERIAL_CONSOLE_BYTES
-        {
-            // More printed since the block than the tail holds: the start of the history,
-            // which propolis keeps, still has it.
+        if console.len() as u64 >= crate::adapters::oxide_rack::SERIAL_CONSOLE_BYTES {
+            // The tail does not reach back to the first boot: the start of the history,
+            // which propolis keeps, has the first block, and the first block wins over any
+            // printed later (audit L3: a block in the tail may be a pod's).
             let head = rack
                 .serial_console_head(instance)
                 .await
