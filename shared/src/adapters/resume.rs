@@ -355,25 +355,33 @@ pub fn save(path: &Path, state: &ResumeState) -> Result<(), ResumeError> {
         path: path.to_owned(),
         message: e.to_string(),
     })?;
-    write_private_atomic(path, text.as_bytes()).map_err(err)
+    write_state_file(path, text.as_bytes(), 0o600).map_err(err)
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory (mode 0600,
-/// fsynced, renamed over the target), creating missing directories with mode 0700. See
-/// [`write_atomic`].
+/// fsynced, renamed over the target), creating missing directories with mode 0700. For
+/// files outside the state directory (kubeconfigs): an existing directory's mode is left to
+/// the user (`~/.kube` is often 0775 under a per-user group). See [`write_state_file`].
 pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write_atomic(path, bytes, 0o600)
+    write_atomic(path, bytes, 0o600, false)
+}
+
+/// Writes a file of the state directory (the resume file, the webhook CA) with `mode`, as
+/// [`write_private_atomic`] does, after refusing a directory writable by group or others:
+/// another local user could plant or swap files beside the keys.
+pub fn write_state_file(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write_atomic(path, bytes, mode, true)
 }
 
 /// Writes `bytes` to `path` with `mode` through a temporary file in the same directory,
-/// fsynced and renamed over the target; missing directories are created with mode 0700.
+/// fsynced and renamed over the target; missing directories are created with mode 0700,
+/// and with `private_dir` an existing one writable by group or others is refused.
 ///
-/// An existing directory writable by group or others is refused: another local user could
-/// plant or swap files in it. The temporary file has an unpredictable name and is opened
-/// with `O_CREAT|O_EXCL` (`create_new`), so nothing already at that name, a symlink
-/// included, is followed or reused (POSIX open(2): with `O_CREAT` and `O_EXCL` set, a
-/// symbolic link at the path fails with `EEXIST`); it is removed if anything fails.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+/// The temporary file has an unpredictable name and is opened with `O_CREAT|O_EXCL`
+/// (`create_new`), so nothing already at that name, a symlink included, is followed or
+/// reused (POSIX open(2): with `O_CREAT` and `O_EXCL` set, a symbolic link at the path
+/// fails with `EEXIST`); it is removed if anything fails.
+fn write_atomic(path: &Path, bytes: &[u8], mode: u32, private_dir: bool) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -384,7 +392,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()>
             .mode(0o700)
             .create(dir)?;
     }
-    check_private_dir(dir)?;
+    if private_dir {
+        check_private_dir(dir)?;
+    }
     let file_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -618,10 +628,14 @@ mod tests {
             .to_string();
             assert!(e.contains(&format!("chmod 700 {}", state.display())), "{e}");
             assert_eq!(std::fs::read_dir(&state).unwrap().count(), 0, "{mode:o}");
+            // A kubeconfig's directory is the user's to choose (see write_private_atomic).
+            if mode == 0o775 {
+                write_private_atomic(&state.join("demo.yaml"), b"kubeconfig").unwrap();
+            }
         }
         // A private one is fine, as is a created one (0700).
         let dir = tempfile::tempdir().unwrap();
-        write_atomic(&dir.path().join("new").join("ca.pem"), b"cert", 0o644).unwrap();
+        write_state_file(&dir.path().join("new").join("ca.pem"), b"cert", 0o644).unwrap();
         assert_eq!(
             std::fs::metadata(dir.path().join("new"))
                 .unwrap()

@@ -965,7 +965,7 @@ fn write_webhook_ca(resume_path: &Path, r: &ResumeState) -> Result<(), Bootstrap
         return Ok(());
     };
     let path = resume::webhook_ca_path(resume_path, &r.cluster);
-    resume::write_atomic(&path, ca.as_bytes(), 0o644).map_err(|e| {
+    resume::write_state_file(&path, ca.as_bytes(), 0o644).map_err(|e| {
         BootstrapError::needs_person(
             "resume",
             message(format!(
