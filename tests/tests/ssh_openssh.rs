@@ -58,7 +58,9 @@ impl Sshd {
 
     fn console_pins(&self) -> HostKeyPins {
         let console = format!(
-            "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n{}\n-----END SSH HOST KEY FINGERPRINTS-----\n",
+            "<14>Nov  2 20:13:34 cloud-init: -----BEGIN SSH HOST KEY FINGERPRINTS-----\n\
+             <14>Nov  2 20:13:34 cloud-init: {}\n\
+             <14>Nov  2 20:13:34 cloud-init: -----END SSH HOST KEY FINGERPRINTS-----\n",
             self.host_fingerprint_line.trim()
         );
         HostKeyPins::from_console(&console).unwrap()

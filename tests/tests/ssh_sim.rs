@@ -170,9 +170,16 @@ async fn unauthorized_client_key_is_rejected() {
 async fn pins_parsed_from_the_console_block_work() {
     let key = generate_ed25519();
     let vm = start_vm(&key).await;
+    // cloud-init's `write-ssh-key-fingerprints` lines, through `logger -s -t cloud-init`.
+    let logged = |m: &str| format!("<14>Nov  2 20:13:34 cloud-init: {m}\n");
     let console = format!(
-        "[    2.000000] systemd[1]: Starting cloud-init...\n{}Cloud-init v. 24.1 finished\n",
-        vm.host.console_fingerprints("demo-cp-abcde")
+        "[    2.000000] systemd[1]: Starting cloud-init...\n{}{}{}Cloud-init v. 24.1 finished\n",
+        logged("-----BEGIN SSH HOST KEY FINGERPRINTS-----"),
+        logged(&format!(
+            "256 {} root@demo-cp-abcde (ED25519)",
+            vm.host.fingerprint()
+        )),
+        logged("-----END SSH HOST KEY FINGERPRINTS-----"),
     );
     let pins = HostKeyPins::from_console(&console).unwrap();
     let out = target(&vm, &key, pins).exec("hostname").await.unwrap();

@@ -19,6 +19,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueEnum};
 use oxide_controller::adapters::credentials::{CredentialFlags, CredentialSources};
 use oxide_controller::adapters::tailscale::SecretString;
+use oxide_controller::base::secrets::{SecretFlag, literal_secret_warnings};
 use oxide_controller::base::shutdown::{Shutdown, Signal};
 use oxide_controller::base::size::ByteSize;
 use oxide_controller::base::telemetry::{self, LogFormat};
@@ -31,6 +32,39 @@ use oxide_controller::workflows::delete::{self, Confirm, DeleteInput};
 use oxide_controller::workflows::error::{WorkflowError, chain};
 use oxide_controller::workflows::live::LiveConnect;
 
+/// A secret given as a flag (the value or `file:PATH`): `Debug` never shows it.
+#[derive(Clone)]
+struct SecretArg(String);
+
+impl std::str::FromStr for SecretArg {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(SecretArg(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for SecretArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The flags that take a secret, and the environment variable that is the safer form.
+const SECRET_FLAGS: [SecretFlag; 3] = [
+    SecretFlag {
+        flag: "--oxide-token",
+        env: "OXIDE_TOKEN",
+    },
+    SecretFlag {
+        flag: "--tailscale-auth-key",
+        env: "OXIDE_CONTROLLER_TAILSCALE_AUTH_KEY",
+    },
+    SecretFlag {
+        flag: "--tailscale-api-key",
+        env: "TAILSCALE_API_KEY",
+    },
+];
+
 /// Oxide credentials, the same for creating and deleting.
 #[derive(Debug, clap::Args)]
 struct OxideArgs {
@@ -39,7 +73,7 @@ struct OxideArgs {
     oxide_host: Option<String>,
     /// Oxide API token, or file:PATH to read it from a file (env OXIDE_TOKEN is read as the oxide CLI does).
     #[arg(long, value_name = "TOKEN|file:PATH")]
-    oxide_token: Option<String>,
+    oxide_token: Option<SecretArg>,
     /// Profile from ~/.config/oxide/credentials.toml (env OXIDE_PROFILE is read as the oxide CLI does).
     #[arg(long, value_name = "NAME", conflicts_with = "oxide_host")]
     oxide_profile: Option<String>,
@@ -49,7 +83,7 @@ impl OxideArgs {
     fn sources(self) -> CredentialSources {
         CredentialSources::from_process_env(CredentialFlags {
             host: self.oxide_host,
-            token: self.oxide_token,
+            token: self.oxide_token.map(|t| t.0),
             profile: self.oxide_profile,
         })
     }
@@ -327,11 +361,11 @@ struct Args {
         env = "OXIDE_CONTROLLER_TAILSCALE_AUTH_KEY",
         hide_env_values = true
     )]
-    tailscale_auth_key: Option<String>,
+    tailscale_auth_key: Option<SecretArg>,
     /// Tailscale API access token (allowed to list devices), or file:PATH; bootstrap finds the
     /// first control plane's tailnet address with it. Never stored. Default: $TAILSCALE_API_KEY.
     #[arg(long, value_name = "KEY|file:PATH")]
-    tailscale_api_key: Option<String>,
+    tailscale_api_key: Option<SecretArg>,
     /// Tailnet to look the VMs up in (e.g. example.com, or - for the API key's own).
     /// Default: $TAILSCALE_TAILNET.
     #[arg(long, value_name = "TAILNET")]
@@ -532,7 +566,11 @@ fn json_logs(format: LogFormat) -> bool {
 }
 
 fn main() -> ExitCode {
-    let cli = match parse(std::env::args_os().collect()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    for warning in literal_secret_warnings(&argv, &SECRET_FLAGS) {
+        eprintln!("{warning}");
+    }
+    let cli = match parse(argv) {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -669,8 +707,8 @@ fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
         home: std::env::home_dir(),
         json_logs,
         tailscale: TailscaleFlags {
-            auth_key: a.tailscale_auth_key.map(SecretString::new),
-            api_key: a.tailscale_api_key.map(SecretString::new),
+            auth_key: a.tailscale_auth_key.map(|k| SecretString::new(k.0)),
+            api_key: a.tailscale_api_key.map(|k| SecretString::new(k.0)),
             tailnet: a.tailscale_tailnet,
             tag: a.tailscale_tag,
             api_url: a.tailscale_api_url,
@@ -827,6 +865,27 @@ mod tests {
 
     fn parsed(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("bootstrap").chain(args.iter().copied()))
+    }
+
+    /// Audit L4: the parsed arguments' `Debug` never shows a secret flag's value.
+    #[test]
+    fn debug_of_the_parsed_flags_hides_the_secrets() {
+        let c = parsed(&[
+            "--cluster",
+            "demo",
+            "--image",
+            "noble",
+            "--oxide-token",
+            "oxide-token-s3cr3t",
+            "--tailscale-auth-key",
+            "tskey-auth-s3cr3t",
+            "--tailscale-api-key",
+            "tskey-api-s3cr3t",
+        ])
+        .unwrap();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cr3t"), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
     }
 
     #[test]

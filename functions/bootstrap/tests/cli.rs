@@ -82,3 +82,25 @@ fn bad_arguments_exit_2_with_one_line_under_delete_as_without_it() {
     );
     refused(&["--cluster", "demo", "--bogus"], "--bogus");
 }
+
+/// Audit L4: a secret given literally on the command line is warned about, naming the flag
+/// and the safer forms, before anything else runs; its value is never echoed.
+#[test]
+fn a_literal_secret_flag_is_warned_about_without_its_value() {
+    let out = run(&["delete", "--oxide-token", "oxide-token-s3cr3t", "--bogus"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("warning: --oxide-token")
+            && stderr.contains("--oxide-token file:PATH")
+            && stderr.contains("OXIDE_TOKEN"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cr3t"), "{stderr}");
+    let out = run(&["delete", "--oxide-token", "file:/dev/null", "--bogus"]);
+    assert!(
+        !text(&out.stderr).contains("warning"),
+        "{}",
+        text(&out.stderr)
+    );
+}

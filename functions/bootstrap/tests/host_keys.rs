@@ -222,6 +222,64 @@ async fn pins_are_read_from_the_start_of_a_long_console_history() {
     assert_eq!(resume["host-key-pins"][&first], pinned);
 }
 
+/// Audit L3: when the tail holds a block printed long after the first boot, the first
+/// boot's block in the start of the history still wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_block_printed_later_in_the_tail_does_not_beat_the_first_boots_in_the_head() {
+    let env = common::env().await;
+    let out = env.run(&["--workers", "0"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let first = first_server(&env);
+    let mut resume: Value =
+        serde_json::from_str(&std::fs::read_to_string(resume_file(&env)).unwrap()).unwrap();
+    let pinned = resume["host-key-pins"][&first].clone();
+    resume.as_object_mut().unwrap().remove("host-key-pins");
+    std::fs::write(resume_file(&env), resume.to_string()).unwrap();
+    // 400 KiB of kernel chatter after the block.
+    let dump = env.dump();
+    let id: uuid::Uuid = dump["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == first.as_str())
+        .and_then(|i| i["id"].as_str())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let line =
+        "[  812.000000] audit: type=1400 apparmor=\"DENIED\" operation=\"open\" profile=\"snap\"\n";
+    let noise = line.repeat(400 * 1024 / line.len() + 1);
+    env.sim.oxide().append_console(id, noise.as_bytes());
+    // Then a block in the trusted format with another key, as a privileged pod could write
+    // it to /dev/console.
+    let forged = "<14>Nov  2 21:00:00 oxide-controller: -----BEGIN SSH HOST KEY FINGERPRINTS-----\n\
+         <14>Nov  2 21:00:00 oxide-controller: 256 SHA256:PiPoFgA5WUoziU9lZOGxNIu9egCI1CxKy3PurtWcAJ0 root@x (ED25519)\n\
+         <14>Nov  2 21:00:00 oxide-controller: -----END SSH HOST KEY FINGERPRINTS-----\n";
+    env.sim.oxide().append_console(id, forged.as_bytes());
+    let rack = env.rack("demo");
+    let tail = String::from_utf8_lossy(&rack.serial_console(&first).await.unwrap()).into_owned();
+    assert_eq!(
+        tail.matches("BEGIN SSH HOST KEY FINGERPRINTS").count(),
+        1,
+        "only the forged block"
+    );
+
+    let out = env.run(&["--workers", "0"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(pinned_before(&out.stderr), Some(false));
+    let resume: Value =
+        serde_json::from_str(&std::fs::read_to_string(resume_file(&env)).unwrap()).unwrap();
+    assert_eq!(resume["host-key-pins"][&first], pinned);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_key_that_changed_since_it_was_pinned_is_refused_with_what_to_check() {
     let env = common::env().await;

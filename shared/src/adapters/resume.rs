@@ -318,12 +318,7 @@ pub fn load(path: &Path, cluster: &str, project: &str) -> Result<Option<ResumeSt
         message: e.to_string(),
     })?;
     state.check(path, cluster, project)?;
-    if let Ok(meta) = std::fs::metadata(path)
-        && meta.permissions().mode() & 0o077 != 0
-    {
-        tracing::warn!(path = %path.display(), "the resume file is readable by others; tightening it to 0600");
-        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-    }
+    tighten(path);
     Ok(Some(state))
 }
 
@@ -346,6 +341,7 @@ pub fn load_for_cluster(path: &Path, cluster: &str) -> Result<Option<ResumeState
     })?;
     let project = state.project.clone();
     state.check(path, cluster, &project)?;
+    tighten(path);
     Ok(Some(state))
 }
 
@@ -359,12 +355,33 @@ pub fn save(path: &Path, state: &ResumeState) -> Result<(), ResumeError> {
         path: path.to_owned(),
         message: e.to_string(),
     })?;
-    write_private_atomic(path, text.as_bytes()).map_err(err)
+    write_state_file(path, text.as_bytes(), 0o600).map_err(err)
 }
 
 /// Writes `bytes` to `path` through a temporary file in the same directory (mode 0600,
-/// fsynced, renamed over the target), creating missing directories with mode 0700.
+/// fsynced, renamed over the target), creating missing directories with mode 0700. For
+/// files outside the state directory (kubeconfigs): an existing directory's mode is left to
+/// the user (`~/.kube` is often 0775 under a per-user group). See [`write_state_file`].
 pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic(path, bytes, 0o600, false)
+}
+
+/// Writes a file of the state directory (the resume file, the webhook CA) with `mode`, as
+/// [`write_private_atomic`] does, after refusing a directory writable by group or others:
+/// another local user could plant or swap files beside the keys.
+pub fn write_state_file(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    write_atomic(path, bytes, mode, true)
+}
+
+/// Writes `bytes` to `path` with `mode` through a temporary file in the same directory,
+/// fsynced and renamed over the target; missing directories are created with mode 0700,
+/// and with `private_dir` an existing one writable by group or others is refused.
+///
+/// The temporary file has an unpredictable name and is opened with `O_CREAT|O_EXCL`
+/// (`create_new`), so nothing already at that name, a symlink included, is followed or
+/// reused (POSIX open(2): with `O_CREAT` and `O_EXCL` set, a symbolic link at the path
+/// fails with `EEXIST`); it is removed if anything fails.
+fn write_atomic(path: &Path, bytes: &[u8], mode: u32, private_dir: bool) -> std::io::Result<()> {
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -375,18 +392,26 @@ pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
             .mode(0o700)
             .create(dir)?;
     }
+    if private_dir {
+        check_private_dir(dir)?;
+    }
     let file_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{file_name}.tmp-{}", std::process::id()));
+    let tmp = dir.join(format!(
+        ".{file_name}.tmp-{}-{}",
+        std::process::id(),
+        random_token(&mut rand::rng(), 8)
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)?;
     let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        // The mode given to open(2) is masked by the umask; set it exactly.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;
@@ -400,6 +425,39 @@ pub fn write_private_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Refuses a directory that group or others may write to (what to do: `chmod 700`).
+fn check_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mode = std::fs::metadata(dir)?.permissions().mode();
+    if mode & 0o022 != 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "the directory {} is writable by {} (mode {:o}): another local user could \
+                 replace the keys kept there; run `chmod 700 {}` or choose another --state-dir",
+                dir.display(),
+                if mode & 0o002 != 0 {
+                    "everyone"
+                } else {
+                    "its group"
+                },
+                mode & 0o7777,
+                dir.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Tightens a resume file others may read to 0600, saying so.
+fn tighten(path: &Path) {
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(path = %path.display(), "the resume file is readable by others; tightening it to 0600");
+        let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    }
 }
 
 #[cfg(test)]
@@ -501,6 +559,98 @@ mod tests {
         assert_eq!(
             std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
+        );
+    }
+
+    /// Audit L4: `bootstrap delete` and the other commands that read the file for any
+    /// project tighten it too.
+    #[test]
+    fn load_for_cluster_tightens_loose_permissions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = resume_path(dir.path(), "demo");
+        save(
+            &path,
+            &ResumeState::generate("demo", "p", "h", "cp").unwrap(),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        load_for_cluster(&path, "demo").unwrap().unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    /// Audit L4: a symlink planted at any name the temporary file could take is not
+    /// followed: its target is untouched, and no temporary file is left behind.
+    #[test]
+    fn a_symlink_planted_at_the_temp_name_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("demo.json");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        // The name the old code used, and the pid prefix of the new one.
+        let planted = dir
+            .path()
+            .join(format!(".demo.json.tmp-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        write_private_atomic(&path, b"secret").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "secret");
+        assert!(
+            std::fs::symlink_metadata(&planted)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+    }
+
+    /// Audit L4: an existing state directory others may write to is refused, with what to
+    /// do; nothing is written into it.
+    #[test]
+    fn a_group_or_world_writable_state_dir_is_refused() {
+        for mode in [0o777, 0o775, 0o1777] {
+            let dir = tempfile::tempdir().unwrap();
+            let state = dir.path().join("state");
+            std::fs::create_dir(&state).unwrap();
+            std::fs::set_permissions(&state, std::fs::Permissions::from_mode(mode)).unwrap();
+            let path = resume_path(&state, "demo");
+            let e = save(
+                &path,
+                &ResumeState::generate("demo", "p", "h", "cp").unwrap(),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(e.contains(&format!("chmod 700 {}", state.display())), "{e}");
+            assert_eq!(std::fs::read_dir(&state).unwrap().count(), 0, "{mode:o}");
+            // A kubeconfig's directory is the user's to choose (see write_private_atomic).
+            if mode == 0o775 {
+                write_private_atomic(&state.join("demo.yaml"), b"kubeconfig").unwrap();
+            }
+        }
+        // A private one is fine, as is a created one (0700).
+        let dir = tempfile::tempdir().unwrap();
+        write_state_file(&dir.path().join("new").join("ca.pem"), b"cert", 0o644).unwrap();
+        assert_eq!(
+            std::fs::metadata(dir.path().join("new"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
+        assert_eq!(
+            std::fs::metadata(dir.path().join("new").join("ca.pem"))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o644
         );
     }
 }

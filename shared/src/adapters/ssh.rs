@@ -36,6 +36,10 @@ const STDERR_EXCERPT: usize = 512;
 
 const BEGIN_FINGERPRINTS: &str = "-----BEGIN SSH HOST KEY FINGERPRINTS-----";
 const END_FINGERPRINTS: &str = "-----END SSH HOST KEY FINGERPRINTS-----";
+/// The `logger` tags whose host key blocks on the serial console are trusted: cloud-init's
+/// `write-ssh-key-fingerprints` (`-t cloud-init` since cloud-init 21.2) and the per-boot
+/// script of the product's user-data (`-t oxide-controller`).
+pub const TRUSTED_CONSOLE_TAGS: [&str; 2] = ["cloud-init", "oxide-controller"];
 
 /// Everything that can go wrong talking SSH to a VM. Each variant names the address.
 #[derive(Debug, thiserror::Error)]
@@ -167,9 +171,9 @@ pub enum KeyError {
          (cloud-init prints it late in the first boot); wait and read it again"
     )]
     NoFingerprintBlock,
-    /// The newest fingerprint block lists no SHA256 fingerprints.
+    /// The first fingerprint block lists no SHA256 fingerprints.
     #[error(
-        "the newest SSH host key fingerprint block on the serial console lists no SHA256 fingerprints"
+        "the first SSH host key fingerprint block on the serial console lists no SHA256 fingerprints"
     )]
     EmptyFingerprintBlock,
     /// A fingerprint string is not `SHA256:<43 base64 characters>`.
@@ -219,35 +223,50 @@ impl HostKeyPins {
     ///
     /// cloud-init prints the host keys between `-----BEGIN SSH HOST KEY FINGERPRINTS-----` and
     /// `-----END SSH HOST KEY FINGERPRINTS-----`, one `<bits> SHA256:<b64> <comment> (<TYPE>)`
-    /// per line, behind a prefix: cloud-init's `write-ssh-key-fingerprints` prints through
-    /// `logger -s`, so a real line reads `<14>Nov 22 20:13:34 cloud-init: 256 SHA256:… (ED25519)`.
-    /// cloud-init prints its block once per instance; the per-boot script the user-data installs
-    /// prints one on every boot. The LAST complete block wins; an unterminated block (boot
-    /// still running) is ignored, as are lines in the block without a SHA256 fingerprint.
+    /// per line, each through util-linux `logger -s -t cloud-init`, so a real line reads
+    /// `<14>Nov 22 20:13:34 cloud-init: 256 SHA256:… (ED25519)`; the per-boot script the
+    /// user-data installs prints the same block with the tag `oxide-controller`.
+    ///
+    /// Only logger lines tagged by one of these writers ([`TRUSTED_CONSOLE_TAGS`]) count, and
+    /// a block is read from its own writer's lines only: plain text and other tags are
+    /// ignored. The FIRST complete block wins: both writers print before k3s starts, so the
+    /// first block of a console history was written before any workload ran on the VM, and
+    /// the keys do not change on later boots (cloud-init makes them once per instance). A
+    /// block printed later (a privileged pod can write to `/dev/console`) never replaces it.
+    /// An unterminated block (boot still running) is ignored, as are lines in the block
+    /// without a SHA256 fingerprint.
     pub fn from_console(console: &str) -> Result<HostKeyPins, KeyError> {
-        let mut current: Option<BTreeSet<String>> = None;
-        let mut last_complete: Option<BTreeSet<String>> = None;
+        // One open block per writer, so two writers' interleaved lines do not mix.
+        let mut open: Vec<(&str, BTreeSet<String>)> = Vec::new();
         for line in console.lines() {
-            if line.contains(BEGIN_FINGERPRINTS) {
+            let Some((tag, message)) = logger_line(line) else {
+                continue;
+            };
+            if !TRUSTED_CONSOLE_TAGS.contains(&tag) {
+                continue;
+            }
+            let block = open.iter().position(|(t, _)| *t == tag);
+            if message == BEGIN_FINGERPRINTS {
                 // A new BEGIN discards an unterminated earlier block (that boot was cut short).
-                current = Some(BTreeSet::new());
-            } else if line.contains(END_FINGERPRINTS) {
-                if let Some(block) = current.take() {
-                    last_complete = Some(block);
+                match block {
+                    Some(i) => open[i].1.clear(),
+                    None => open.push((tag, BTreeSet::new())),
                 }
-            } else if let Some(block) = current.as_mut()
-                && let Some(fp) = fingerprint_in_line(line)
+            } else if message == END_FINGERPRINTS {
+                if let Some(i) = block {
+                    let (_, fingerprints) = open.swap_remove(i);
+                    if fingerprints.is_empty() {
+                        return Err(KeyError::EmptyFingerprintBlock);
+                    }
+                    return Ok(HostKeyPins { fingerprints });
+                }
+            } else if let Some(i) = block
+                && let Some(fp) = fingerprint_in_line(message)
             {
-                block.insert(fp);
+                open[i].1.insert(fp);
             }
         }
-        let block = last_complete.ok_or(KeyError::NoFingerprintBlock)?;
-        if block.is_empty() {
-            return Err(KeyError::EmptyFingerprintBlock);
-        }
-        Ok(HostKeyPins {
-            fingerprints: block,
-        })
+        Err(KeyError::NoFingerprintBlock)
     }
 
     /// Whether `key`'s SHA256 fingerprint is pinned.
@@ -264,6 +283,37 @@ impl HostKeyPins {
     pub fn is_empty(&self) -> bool {
         self.fingerprints.is_empty()
     }
+}
+
+/// The tag and message of a line util-linux `logger -s -t TAG` wrote to stderr:
+/// `<PRI>Mmm dd hh:mm:ss TAG: message` (`syslog_local_header`: `"<%d>%s %s%s: "` with the
+/// RFC 3164 time and no `[pid]` without `--id`). Anything else (plain text, a line with
+/// something before the header) is `None`.
+fn logger_line(line: &str) -> Option<(&str, &str)> {
+    let line = line.trim_end_matches(['\r', ' ']);
+    let rest = line.strip_prefix('<')?;
+    let (pri, rest) = rest.split_once('>')?;
+    if pri.is_empty() || pri.len() > 3 || !pri.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // `%b %e %H:%M:%S`: "Nov  2 20:13:34" (15 bytes), then a space.
+    let (time, rest) = (rest.get(..15)?, rest.get(15..)?);
+    let t = time.as_bytes();
+    let shape = t[..3].iter().all(u8::is_ascii_alphabetic)
+        && t[3] == b' '
+        && (t[4] == b' ' || t[4].is_ascii_digit())
+        && t[5].is_ascii_digit()
+        && t[6] == b' '
+        && [7, 8, 10, 11, 13, 14]
+            .iter()
+            .all(|&i| t[i].is_ascii_digit())
+        && t[9] == b':'
+        && t[12] == b':';
+    if !shape {
+        return None;
+    }
+    let (tag, message) = rest.strip_prefix(' ')?.split_once(": ")?;
+    (!tag.is_empty() && !tag.contains(char::is_whitespace)).then_some((tag, message))
 }
 
 /// The SHA256 fingerprint on one console line, if it carries one.
@@ -933,20 +983,91 @@ mod tests {
     const FP_A: &str = "SHA256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU";
     const FP_B: &str = "SHA256:PiPoFgA5WUoziU9lZOGxNIu9egCI1CxKy3PurtWcAJ0";
 
+    /// One line as util-linux `logger -s -p user.info -t TAG` writes it.
+    fn logged(tag: &str, message: &str) -> String {
+        format!("<14>Nov  2 20:13:34 {tag}: {message}\r\n")
+    }
+
+    fn block(tag: &str, lines: &[String]) -> String {
+        let mut out = logged(tag, BEGIN_FINGERPRINTS);
+        for line in lines {
+            out.push_str(&logged(tag, line));
+        }
+        out.push_str(&logged(tag, END_FINGERPRINTS));
+        out
+    }
+
+    /// Audit L3: a block printed after the first boot's (a privileged pod writing to
+    /// `/dev/console`, even with a trusted tag) does not replace the first boot's pins.
     #[test]
-    fn pins_come_from_the_last_complete_block_with_prefixes() {
+    fn a_block_printed_after_the_first_boots_does_not_win() {
         let console = format!(
-            "[   10.1] cloud-init[512]: -----BEGIN SSH HOST KEY FINGERPRINTS-----\n\
-             ec2: 256 {FP_B} root@old (ED25519)\n\
-             -----END SSH HOST KEY FINGERPRINTS-----\n\
-             rebooting\n\
-             ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----\r\n\
-             ec2: 256 {FP_A} root@new (ED25519)\r\n\
-             ec2: 256 MD5:aa:bb:cc root@new (ED25519)\r\n\
-             ec2: some noise SHA256:notafingerprint\r\n\
-             ec2: -----END SSH HOST KEY FINGERPRINTS-----\r\n\
-             -----BEGIN SSH HOST KEY FINGERPRINTS-----\n\
-             256 {FP_B} root@half (ED25519)\n"
+            "[    1.0] Linux version 6.8.0\n{}{}Cloud-init v. 24.4.1 finished\n\
+             [ 3600.2] tenant pod says hello\n{}",
+            block("cloud-init", &[format!("256 {FP_A} root@cp (ED25519)")]),
+            block(
+                "oxide-controller",
+                &[format!("256 {FP_A} root@cp (ED25519)")]
+            ),
+            block(
+                "oxide-controller",
+                &[format!("256 {FP_B} root@forged (ED25519)")]
+            ),
+        );
+        let pins = HostKeyPins::from_console(&console).unwrap();
+        assert_eq!(pins.fingerprints().collect::<Vec<_>>(), vec![FP_A]);
+    }
+
+    /// Audit L3: lines without a trusted writer's logger tag are no pins: not inside the
+    /// genuine block, not as a block of their own, and another writer's BEGIN inside the
+    /// genuine block does not restart it.
+    #[test]
+    fn only_lines_tagged_by_a_trusted_writer_are_pins() {
+        let console = format!(
+            "{}{}\
+             256 {FP_B} root@plain (ED25519)\n\
+             ec2: 256 {FP_B} root@ec2 (ED25519)\n\
+             [   10.1] cloud-init[512]: 256 {FP_B} root@prefixed (ED25519)\n\
+             {}{}{}{}\
+             {BEGIN_FINGERPRINTS}\n256 {FP_B} root@plain (ED25519)\n{END_FINGERPRINTS}\n",
+            logged("cloud-init", BEGIN_FINGERPRINTS),
+            logged("cloud-init", &format!("256 {FP_A} root@cp (ED25519)")),
+            logged("pod", BEGIN_FINGERPRINTS),
+            logged("pod", &format!("256 {FP_B} root@pod (ED25519)")),
+            logged("pod", END_FINGERPRINTS),
+            logged("cloud-init", END_FINGERPRINTS),
+        );
+        let pins = HostKeyPins::from_console(&console).unwrap();
+        assert_eq!(pins.fingerprints().collect::<Vec<_>>(), vec![FP_A]);
+        // Untagged blocks alone pin nothing.
+        let plain =
+            format!("{BEGIN_FINGERPRINTS}\n256 {FP_B} root@plain (ED25519)\n{END_FINGERPRINTS}\n");
+        assert!(matches!(
+            HostKeyPins::from_console(&plain),
+            Err(KeyError::NoFingerprintBlock)
+        ));
+    }
+
+    /// A boot cut short inside its block: the next BEGIN of that writer starts over, and
+    /// only fingerprint lines count.
+    #[test]
+    fn an_unterminated_block_is_dropped_and_noise_in_a_block_ignored() {
+        let console = format!(
+            "{}{}rebooting\n{}{}",
+            logged("oxide-controller", BEGIN_FINGERPRINTS),
+            logged(
+                "oxide-controller",
+                &format!("256 {FP_B} root@half (ED25519)")
+            ),
+            block(
+                "oxide-controller",
+                &[
+                    format!("256 {FP_A} root@new (ED25519)"),
+                    "256 MD5:aa:bb:cc root@new (ED25519)".to_owned(),
+                    "some noise SHA256:notafingerprint".to_owned(),
+                ]
+            ),
+            logged("oxide-controller", BEGIN_FINGERPRINTS),
         );
         let pins = HostKeyPins::from_console(&console).unwrap();
         assert_eq!(pins.fingerprints().collect::<Vec<_>>(), vec![FP_A]);
@@ -973,13 +1094,13 @@ mod tests {
 
     #[test]
     fn console_without_a_complete_block_is_an_error() {
-        let err = HostKeyPins::from_console("booting\n-----BEGIN SSH HOST KEY FINGERPRINTS-----\n")
-            .unwrap_err();
-        assert!(matches!(err, KeyError::NoFingerprintBlock), "{err}");
-        let err = HostKeyPins::from_console(
-            "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n-----END SSH HOST KEY FINGERPRINTS-----\n",
-        )
+        let err = HostKeyPins::from_console(&format!(
+            "booting\n{}",
+            logged("cloud-init", BEGIN_FINGERPRINTS)
+        ))
         .unwrap_err();
+        assert!(matches!(err, KeyError::NoFingerprintBlock), "{err}");
+        let err = HostKeyPins::from_console(&block("cloud-init", &[])).unwrap_err();
         assert!(matches!(err, KeyError::EmptyFingerprintBlock), "{err}");
     }
 

@@ -182,9 +182,110 @@ pub fn random_token(rng: &mut impl rand::Rng, bytes: usize) -> String {
         .collect()
 }
 
+/// A secret flag given its value literally on the command line, where other local users can
+/// read it (`/proc/PID/cmdline`, `ps`) and the shell history keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SecretFlag {
+    /// The flag, e.g. `--oxide-token`.
+    pub flag: &'static str,
+    /// The environment variable read instead when the flag is absent.
+    pub env: &'static str,
+}
+
+/// One warning per flag of `flags` that `argv` gives a literal value (not `file:PATH`), naming
+/// the flag and the safer forms. The value itself is never part of a warning.
+pub fn literal_secret_warnings(argv: &[std::ffi::OsString], flags: &[SecretFlag]) -> Vec<String> {
+    let mut found: Vec<&SecretFlag> = Vec::new();
+    let mut args = argv.iter().skip(1).map(|a| a.to_string_lossy());
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            break;
+        }
+        for f in flags {
+            let value = if arg == f.flag {
+                args.next().map(|v| v.into_owned())
+            } else {
+                arg.strip_prefix(f.flag)
+                    .and_then(|rest| rest.strip_prefix('='))
+                    .map(str::to_owned)
+            };
+            if let Some(v) = value
+                && !v.is_empty()
+                && !v.starts_with("file:")
+                && !found.contains(&f)
+            {
+                found.push(f);
+            }
+        }
+    }
+    found
+        .into_iter()
+        .map(|f| {
+            format!(
+                "warning: {flag} was given its secret on the command line, where other local \
+                 users can read it (ps, /proc/PID/cmdline) and your shell history keeps it; \
+                 pass {flag} file:PATH (a file only you can read) or set {env} instead",
+                flag = f.flag,
+                env = f.env
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Audit L4: a literal secret in argv is named with the safer forms, never quoted;
+    /// `file:PATH` and absent flags are quiet.
+    #[test]
+    fn literal_secrets_in_argv_are_warned_about_without_their_value() {
+        let flags = [
+            SecretFlag {
+                flag: "--oxide-token",
+                env: "OXIDE_TOKEN",
+            },
+            SecretFlag {
+                flag: "--tailscale-auth-key",
+                env: "OXIDE_CONTROLLER_TAILSCALE_AUTH_KEY",
+            },
+            SecretFlag {
+                flag: "--tailscale-api-key",
+                env: "TAILSCALE_API_KEY",
+            },
+        ];
+        let argv = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        let w = literal_secret_warnings(
+            &argv(&[
+                "bootstrap",
+                "--oxide-token",
+                "oxide-token-s3cr3t",
+                "--tailscale-auth-key=tskey-auth-s3cr3t",
+                "--tailscale-api-key",
+                "file:/home/me/ts-api",
+                "--cluster",
+                "demo",
+            ]),
+            &flags,
+        );
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("--oxide-token file:PATH") && w[0].contains("OXIDE_TOKEN"));
+        assert!(w[1].contains("--tailscale-auth-key file:PATH"));
+        assert!(w.iter().all(|w| !w.contains("s3cr3t")), "{w:?}");
+        assert!(
+            literal_secret_warnings(
+                &argv(&[
+                    "bootstrap",
+                    "--oxide-token=file:t",
+                    "--",
+                    "--oxide-token",
+                    "x"
+                ]),
+                &flags
+            )
+            .is_empty()
+        );
+    }
 
     #[test]
     fn round_trips_and_debug_hides_values() {

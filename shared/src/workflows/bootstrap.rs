@@ -957,13 +957,15 @@ async fn ensure_resume<R: Rack>(
     Ok(r)
 }
 
-/// Writes the webhook's CA (public) beside the resume file, for `curl --cacert` and the like.
+/// Writes the webhook's CA beside the resume file, for `curl --cacert` and the like: mode
+/// 0644, as it is a public certificate (no key), through the same atomic writer as the
+/// resume file, so a swapped file or a symlink in the state directory is not followed.
 fn write_webhook_ca(resume_path: &Path, r: &ResumeState) -> Result<(), BootstrapError> {
     let Some(ca) = &r.webhook_tls_ca else {
         return Ok(());
     };
     let path = resume::webhook_ca_path(resume_path, &r.cluster);
-    std::fs::write(&path, ca).map_err(|e| {
+    resume::write_state_file(&path, ca.as_bytes(), 0o644).map_err(|e| {
         BootstrapError::needs_person(
             "resume",
             message(format!(
@@ -1392,11 +1394,10 @@ async fn read_pins<R: Rack>(
             .await
             .map_err(|e| rack_failed(step, e))?;
         let mut parsed = HostKeyPins::from_console(&String::from_utf8_lossy(&console));
-        if matches!(parsed, Err(KeyError::NoFingerprintBlock))
-            && console.len() as u64 >= crate::adapters::oxide_rack::SERIAL_CONSOLE_BYTES
-        {
-            // More printed since the block than the tail holds: the start of the history,
-            // which propolis keeps, still has it.
+        if console.len() as u64 >= crate::adapters::oxide_rack::SERIAL_CONSOLE_BYTES {
+            // The tail does not reach back to the first boot: the start of the history,
+            // which propolis keeps, has the first block, and the first block wins over any
+            // printed later (audit L3: a block in the tail may be a pod's).
             let head = rack
                 .serial_console_head(instance)
                 .await
@@ -1695,6 +1696,29 @@ mod tests {
         assert_eq!(
             cause::<std::io::Error>(&e).map(std::io::Error::kind),
             Some(std::io::ErrorKind::NotFound)
+        );
+    }
+
+    /// Audit L4: the webhook CA goes through the atomic writer: a symlink planted at its
+    /// path is replaced, not followed, and the file is a public 0644 certificate.
+    #[test]
+    fn the_webhook_ca_file_does_not_follow_a_planted_symlink() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let resume_path = resume::resume_path(dir.path(), "demo");
+        let r = ResumeState::generate("demo", "p", "h", "cp").unwrap();
+        let ca_path = resume::webhook_ca_path(&resume_path, "demo");
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        std::os::unix::fs::symlink(&victim, &ca_path).unwrap();
+        write_webhook_ca(&resume_path, &r).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        let meta = std::fs::symlink_metadata(&ca_path).unwrap();
+        assert!(meta.file_type().is_file());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o644);
+        assert_eq!(
+            std::fs::read_to_string(&ca_path).unwrap(),
+            r.webhook_tls_ca.clone().unwrap()
         );
     }
 }

@@ -120,3 +120,39 @@ pub(super) fn fingerprint_block(host: &SshHost, hostname: &str, tag: &str) -> St
     ));
     out
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// The block the simulated guest prints is cloud-init's: every fingerprint line through
+    /// `logger -s -t cloud-init` (`<14>Mmm dd hh:mm:ss cloud-init: …`), and the product's
+    /// parser reads exactly the host's key from it.
+    #[test]
+    fn the_console_block_is_what_cloud_init_prints() {
+        let host = SshHost::generate();
+        let block = fingerprint_block(&host, "demo-cp-abcde", "cloud-init");
+        let fp = host.fingerprint();
+        let logged: Vec<&str> = block
+            .lines()
+            .filter_map(|l| l.split_once(" cloud-init: ").map(|(_, m)| m))
+            .collect();
+        assert_eq!(
+            logged[1..4],
+            [
+                "-----BEGIN SSH HOST KEY FINGERPRINTS-----",
+                &format!("256 {fp} root@demo-cp-abcde (ED25519)"),
+                "-----END SSH HOST KEY FINGERPRINTS-----",
+            ]
+        );
+        assert!(
+            block
+                .lines()
+                .all(|l| !l.contains(" cloud-init: ") || l.starts_with("<14>"))
+        );
+        let pins = oxide_controller::adapters::ssh::HostKeyPins::from_console(&block).unwrap();
+        assert_eq!(pins.fingerprints().collect::<Vec<_>>(), [fp.as_str()]);
+        assert!(fp.starts_with("SHA256:") && fp.len() == 7 + 43, "{fp}");
+    }
+}

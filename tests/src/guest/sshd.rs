@@ -191,14 +191,6 @@ impl SshHost {
             .to_string()
     }
 
-    /// The block cloud-init writes to the serial console, byte for byte.
-    pub fn console_fingerprints(&self, hostname: &str) -> String {
-        format!(
-            "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n256 {} root@{hostname} (ED25519)\n-----END SSH HOST KEY FINGERPRINTS-----\n",
-            self.fingerprint()
-        )
-    }
-
     /// Serve SSH on `listener` until the task is aborted.
     pub async fn serve(&self, listener: tokio::net::TcpListener, backend: Arc<dyn SshBackend>) {
         let config = Arc::new(server::Config {
@@ -847,19 +839,5 @@ mod tests {
                 "{line}"
             );
         }
-    }
-
-    #[test]
-    fn console_block_is_what_cloud_init_prints() {
-        let host = SshHost::generate();
-        let block = host.console_fingerprints("demo-cp-abcde");
-        let fp = host.fingerprint();
-        assert_eq!(
-            block,
-            format!(
-                "-----BEGIN SSH HOST KEY FINGERPRINTS-----\n256 {fp} root@demo-cp-abcde (ED25519)\n-----END SSH HOST KEY FINGERPRINTS-----\n"
-            )
-        );
-        assert!(fp.starts_with("SHA256:") && fp.len() == 7 + 43, "{fp}");
     }
 }
