@@ -236,6 +236,19 @@ struct Burst {
     after: u32,
 }
 
+/// The first worker pool's count in effect: `spec.yaml` with the webhook's counts, which it
+/// writes into ConfigMap `oxide-controller-scale` (audit security-2 N4).
+async fn stored_count(store: &KubeStateStore) -> u32 {
+    let (config, scale) = oxide_controller::workflows::scale::read_both(store)
+        .await
+        .unwrap();
+    let base = ClusterSpec::from_yaml(config.spec_yaml().unwrap()).unwrap();
+    oxide_controller::workflows::scale::effective(base, scale.as_ref(), &config)
+        .spec
+        .worker_pools[0]
+        .count
+}
+
 /// `n` PATCHes `{"delta":1}` sent at once over two webhook hosts on one ConfigMap (as two
 /// replicas would be), in this process so their metrics can be read.
 async fn burst(kubeconfig: &std::path::Path, n: usize) -> Burst {
@@ -243,13 +256,7 @@ async fn burst(kubeconfig: &std::path::Path, n: usize) -> Burst {
         .await
         .unwrap();
     let store = || KubeStateStore::new(client.clone(), NAMESPACE);
-    let read_count = || async {
-        let stored = store().read_config().await.unwrap();
-        ClusterSpec::from_yaml(stored.spec_yaml().unwrap())
-            .unwrap()
-            .worker_pools[0]
-            .count
-    };
+    let read_count = || async { stored_count(&store()).await };
     let before = read_count().await;
     let mut hosts = Vec::new();
     for _ in 0..2 {
@@ -411,19 +418,13 @@ async fn bench() {
     )
     .await;
 
-    let stored = KubeStateStore::new(
+    let count = stored_count(&KubeStateStore::new(
         oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
             .await
             .unwrap(),
         NAMESPACE,
-    )
-    .read_config()
-    .await
-    .unwrap();
-    let count = ClusterSpec::from_yaml(stored.spec_yaml().unwrap())
-        .unwrap()
-        .worker_pools[0]
-        .count;
+    ))
+    .await;
     let burst_size: usize = std::env::var("BENCH_BURST")
         .ok()
         .and_then(|v| v.parse().ok())
