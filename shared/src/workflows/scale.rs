@@ -371,16 +371,17 @@ pub async fn read_both<S: StateStore + ?Sized>(
     Ok((config?, scale?))
 }
 
-/// Memo of the last [`Effective`] spec, keyed by the exact text of `spec.yaml` and of the
-/// scale object. Parsing and validating the spec is most of what a GET costs, and the texts
-/// rarely change between requests; a hit is indistinguishable from parsing again, so the
-/// memo never serves anything stale. The webhook keeps one per process; the CLI uses a
-/// fresh one.
+/// Memo of the last `spec.yaml` parsed, keyed by its exact text. Parsing and validating the
+/// spec is most of what a GET costs, and the text rarely changes between requests; a hit is
+/// indistinguishable from parsing again, so the memo never serves anything stale. The
+/// webhook's counts are applied to it on every call ([`effective`]: they depend on the scale
+/// object and on the last run's status too). The webhook keeps one per process; the CLI uses
+/// a fresh one.
 #[derive(Debug, Default)]
-pub struct SpecCache(std::sync::Mutex<Option<(String, Option<String>, Effective)>>);
+pub struct SpecCache(std::sync::Mutex<Option<(String, ClusterSpec)>>);
 
 impl SpecCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(String, Option<String>, Effective)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(String, ClusterSpec)>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -391,19 +392,20 @@ impl SpecCache {
         scale: Option<&ConfigSnapshot>,
     ) -> Result<Effective, ScaleError> {
         let yaml = snapshot.spec_yaml().ok_or(ScaleError::NoSpec)?;
-        let scale_text = scale
-            .and_then(|s| s.data.get(scale_overrides::KEY))
-            .cloned();
-        if let Some((text, st, e)) = self.lock().as_ref()
-            && text == yaml
-            && *st == scale_text
-        {
-            return Ok(e.clone());
-        }
-        let base = ClusterSpec::from_yaml(yaml).map_err(ScaleError::Spec)?;
-        let e = effective(base, scale, snapshot);
-        *self.lock() = Some((yaml.to_owned(), scale_text, e.clone()));
-        Ok(e)
+        let cached = self
+            .lock()
+            .as_ref()
+            .filter(|(text, _)| text == yaml)
+            .map(|(_, spec)| spec.clone());
+        let base = match cached {
+            Some(spec) => spec,
+            None => {
+                let spec = ClusterSpec::from_yaml(yaml).map_err(ScaleError::Spec)?;
+                *self.lock() = Some((yaml.to_owned(), spec.clone()));
+                spec
+            }
+        };
+        Ok(effective(base, scale, snapshot))
     }
 }
 
@@ -1173,6 +1175,61 @@ mod tests {
         assert_eq!(
             ScaleOverrides::from_json(&scale.data[scale_overrides::KEY]).unwrap(),
             ScaleOverrides::default()
+        );
+    }
+
+    /// The memo keeps the parsed `spec.yaml` only: what the webhook's counts make of it is
+    /// worked out on every call, as it depends on the last run's status too (ignored counts
+    /// keep the count the last run planned).
+    #[test]
+    fn the_memo_never_serves_counts_from_an_older_status() {
+        let spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 3, 2);
+        let pool = spec.worker_pools[0].clone();
+        let over = scale_overrides::PoolScale::of(&pool);
+        let bad = ScaleOverrides {
+            pools: std::collections::BTreeMap::from([(
+                pool.name.clone(),
+                scale_overrides::PoolOverride {
+                    set: scale_overrides::PoolScale {
+                        count: pool.max + 1,
+                        ..over
+                    },
+                    over,
+                },
+            )]),
+        };
+        let scale = ConfigSnapshot {
+            resource_version: "2".into(),
+            data: BTreeMap::from([(scale_overrides::KEY.to_owned(), bad.to_json())]),
+        };
+        let with_status = |desired: u32| {
+            let status = serde_json::json!({
+                "runId": "r", "startedAt": "2026-11-29T10:00:00Z",
+                "finishedAt": "2026-11-29T10:00:01Z", "conditions": [], "lastPlan": [],
+                "pools": [{"pool": pool.name, "desired": desired, "ready": desired,
+                    "joining": 0, "notReady": 0, "broken": 0, "removing": 0, "drifted": 0}],
+            })
+            .to_string();
+            assert!(crate::domain::status::Status::from_json(&status).is_some());
+            ConfigSnapshot {
+                resource_version: "1".into(),
+                data: BTreeMap::from([
+                    (keys::SPEC.to_owned(), spec.to_yaml()),
+                    (keys::STATUS.to_owned(), status),
+                ]),
+            }
+        };
+        let cache = SpecCache::default();
+        let counts = |snapshot: &ConfigSnapshot| {
+            let e = cache.parse(snapshot, Some(&scale)).unwrap();
+            assert!(e.ignored.is_some(), "{e:?}");
+            e.spec.worker_pools[0].count
+        };
+        assert_eq!(counts(&with_status(3)), 3);
+        assert_eq!(
+            counts(&with_status(4)),
+            4,
+            "the status changed, the texts did not"
         );
     }
 
