@@ -644,16 +644,22 @@ impl SshTarget {
         let out = self
             .exec_with_stdin(&upload_command(path, mode), bytes)
             .await?;
-        if out.success() {
-            Ok(())
-        } else {
-            Err(SshError::Upload {
-                addr: self.addr,
-                path: path.to_string(),
-                exit_status: out.exit_status,
-                stderr: stderr_excerpt(&out.stderr),
-            })
-        }
+        upload_outcome(self.addr, path, out)
+    }
+}
+
+/// A write of `path` on `addr` as its command ended: done, or [`SshError::Upload`] with the
+/// exit status and the start of stderr.
+fn upload_outcome(addr: SocketAddr, path: &str, out: CommandOutput) -> Result<(), SshError> {
+    if out.success() {
+        Ok(())
+    } else {
+        Err(SshError::Upload {
+            addr,
+            path: path.to_string(),
+            exit_status: out.exit_status,
+            stderr: stderr_excerpt(&out.stderr),
+        })
     }
 }
 
@@ -700,17 +706,7 @@ impl RemoteShell for SshTarget {
                 other => other,
             };
             session.close().await;
-            let out = result?;
-            if out.success() {
-                Ok(())
-            } else {
-                Err(SshError::Upload {
-                    addr: self.addr,
-                    path: path.to_string(),
-                    exit_status: out.exit_status,
-                    stderr: stderr_excerpt(&out.stderr),
-                })
-            }
+            upload_outcome(self.addr, path, result?)
         })
     }
 }
