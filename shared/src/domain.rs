@@ -11,6 +11,7 @@ pub mod firewall;
 pub mod maintenance;
 pub mod model;
 pub mod operator_credential;
+pub mod oxide_token;
 pub mod plan;
 pub mod spec;
 pub mod status;

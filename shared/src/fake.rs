@@ -109,6 +109,8 @@ pub struct WorldState {
     pub firewall_rules: Vec<OwnedRule>,
     /// Prefix length of the project's default subnet (`None`: not modelled, no check).
     pub subnet_prefix: Option<u8>,
+    /// What `GET /v1/me/access-tokens` lists (counted in `reads` as `access-tokens`).
+    pub access_tokens: Vec<crate::domain::oxide_token::AccessToken>,
     /// While set, every instance create is refused with a 400 carrying this message (e.g.
     /// nexus's for a full subnet), and counted in `refused_creates`.
     pub refuse_creates: Option<String>,
@@ -150,6 +152,11 @@ impl FakeWorld {
             s.cronjob = true;
             s.vpcs = vec!["default".to_owned()];
             s.subnets = vec!["default".to_owned()];
+            // A user with one token that never expires, as after `oxide auth login`.
+            s.access_tokens = vec![crate::domain::oxide_token::AccessToken {
+                id: "5a1e0000-0000-4000-8000-000000000001".to_owned(),
+                expires_at: None,
+            }];
         });
         w
     }
@@ -518,6 +525,15 @@ impl Rack for FakeRack {
 
     async fn list_floating_ips(&self) -> Result<Vec<FloatingIp>, RackError> {
         Ok(self.0.with(|s| s.floating_ips.values().cloned().collect()))
+    }
+
+    async fn my_access_tokens(
+        &self,
+    ) -> Result<Vec<crate::domain::oxide_token::AccessToken>, RackError> {
+        Ok(self.0.with(|s| {
+            *s.reads.entry("access-tokens").or_default() += 1;
+            s.access_tokens.clone()
+        }))
     }
 
     async fn default_subnet_prefix(&self) -> Result<Option<u8>, RackError> {

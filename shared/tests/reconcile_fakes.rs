@@ -43,6 +43,7 @@ fn secrets() -> ClusterSecrets {
         webhook_token: "w".into(),
         webhook_read_token: None,
         tailscale_auth_key: None,
+        oxide_token_id: None,
     }
 }
 
@@ -1779,5 +1780,147 @@ fn the_webhooks_counts_apply_within_its_limits_and_a_direct_write_beyond_them_cr
         set_spec(&w, &admin).await;
         converge(&w, 12).await;
         assert_eq!(workers(&w), 3);
+    });
+}
+
+/// Audit security-2, the rest of H2: the end of the cluster's Oxide token is watched. Listed
+/// once a day (a no-op run in between asks nothing), a finding within 60 days of its end,
+/// Degraded (reason `OxideTokenExpiring`) within 30; a rotation whose new id is in the Secret
+/// is listed at once and clears it; two tokens and no id: said, not guessed.
+#[test]
+fn the_oxide_tokens_end_is_watched_daily_and_degrades_the_cluster_before_it_comes() {
+    use oxide_controller::domain::oxide_token::AccessToken;
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        let w = world(&spec, false).await;
+        converge(&w, 12).await;
+        let first = status(&w).await;
+        let record = first
+            .oxide_token
+            .clone()
+            .unwrap_or_else(|| panic!("recorded"));
+        let old_id = w.with(|s| s.access_tokens[0].id.clone());
+        // The user's only token, which never expires: known without an id in the Secret.
+        assert_eq!(
+            (
+                record.id.as_deref(),
+                record.expires_at,
+                record.error.as_deref()
+            ),
+            (Some(old_id.as_str()), None, None)
+        );
+        assert!(
+            !first.findings.iter().any(|f| f.contains("OxideToken")),
+            "{:?}",
+            first.findings
+        );
+
+        // The silo gave it an end, 45 days away; within a day nobody asks again.
+        let end = w.with(|s| s.now) + chrono::Duration::days(45);
+        w.with(|s| s.access_tokens[0].expires_at = Some(end));
+        let reads = |w: &FakeWorld| w.with(|s| std::mem::take(&mut s.reads));
+        reads(&w);
+        w.with(|s| s.now += chrono::Duration::hours(23));
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(reads(&w).get("access-tokens"), None, "listed once a day");
+        assert_eq!(
+            status(&w).await.oxide_token.and_then(|t| t.expires_at),
+            None
+        );
+        w.with(|s| s.now += chrono::Duration::hours(2));
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(reads(&w).get("access-tokens"), Some(&1));
+        let st = status(&w).await;
+        assert_eq!(
+            st.oxide_token.as_ref().and_then(|t| t.expires_at),
+            Some(end)
+        );
+        let finding = st
+            .findings
+            .iter()
+            .find(|f| f.starts_with("OxideTokenExpiring: "))
+            .unwrap_or_else(|| panic!("a finding within 60 days: {:?}", st.findings));
+        assert!(
+            finding.contains(&old_id) && finding.contains("oxide-token-id"),
+            "{finding}"
+        );
+        assert_ne!(
+            st.condition("Degraded")
+                .map(|c| c.reason.clone())
+                .as_deref(),
+            Some("OxideTokenExpiring"),
+            "45 days left is a finding, not Degraded"
+        );
+
+        // 25 days left: Degraded, with the token's reason.
+        w.with(|s| s.now = end - chrono::Duration::days(25));
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        let st = status(&w).await;
+        let degraded = st
+            .condition("Degraded")
+            .unwrap_or_else(|| panic!("a condition"));
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", "OxideTokenExpiring"),
+            "{degraded:?}"
+        );
+
+        // A person logs in again and writes the new token's id: the next run, minutes later,
+        // lists at once, and the cluster is no longer Degraded for it.
+        let new_id = "5a1e0000-0000-4000-8000-0000000000b2".to_owned();
+        w.with(|s| {
+            s.access_tokens.push(AccessToken {
+                id: new_id.clone(),
+                expires_at: Some(s.now + chrono::Duration::days(365)),
+            });
+            if let Some(sec) = s.secrets.as_mut() {
+                sec.oxide_token_id = Some(new_id.clone());
+            }
+            s.now += chrono::Duration::minutes(5);
+        });
+        reads(&w);
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            reads(&w).get("access-tokens"),
+            Some(&1),
+            "a rotation is listed at once"
+        );
+        let st = status(&w).await;
+        assert_eq!(
+            st.oxide_token.as_ref().and_then(|t| t.id.clone()),
+            Some(new_id)
+        );
+        assert!(
+            !st.findings.iter().any(|f| f.contains("OxideToken")),
+            "{:?}",
+            st.findings
+        );
+        assert_ne!(
+            st.condition("Degraded")
+                .map(|c| c.reason.clone())
+                .as_deref(),
+            Some("OxideTokenExpiring"),
+            "{:?}",
+            st.condition("Degraded")
+        );
+
+        // Two tokens and no id in the Secret: which one is not guessed.
+        w.with(|s| {
+            if let Some(sec) = s.secrets.as_mut() {
+                sec.oxide_token_id = None;
+            }
+            s.now += chrono::Duration::hours(25);
+        });
+        run_once(&w).await.unwrap_or_else(|e| panic!("{e}"));
+        let st = status(&w).await;
+        assert!(
+            st.findings
+                .iter()
+                .any(|f| f
+                    .starts_with("OxideTokenUnknown: cannot tell which of this user's 2 tokens")),
+            "{:?}",
+            st.findings
+        );
     });
 }

@@ -37,6 +37,7 @@ fn secrets() -> ClusterSecrets {
         webhook_token: TOKEN.into(),
         webhook_read_token: None,
         tailscale_auth_key: None,
+        oxide_token_id: None,
     }
 }
 

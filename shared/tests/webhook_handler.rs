@@ -39,6 +39,7 @@ fn secrets(token: &str) -> ClusterSecrets {
         webhook_token: token.into(),
         webhook_read_token: None,
         tailscale_auth_key: None,
+        oxide_token_id: None,
     }
 }
 

@@ -1948,6 +1948,7 @@ fn served_metric_names() -> std::collections::BTreeSet<String> {
             next_window: Some(t),
             waiting_release: Some("v".into()),
         }),
+        oxide_token_expiry: Some(t),
     };
     let webhook = oxide_controller::webhook::metrics::Metrics::default();
     webhook.observe(0, "GET", 200, std::time::Duration::from_millis(1));

@@ -779,6 +779,7 @@ async fn every_route_answers_with_document_shaped_bodies() {
         .await;
     c.err("POST", "/v1/vpc-subnets", &[], fw, Some(lab)).await;
     c.ok("GET", "/v1/vpc-subnets", &[], fw, None).await;
+    c.ok("GET", "/v1/me/access-tokens", &[], &[], None).await;
     c.err("DELETE", "/v1/vpcs/{vpc}", &["default"], p, None)
         .await;
     c.ok("DELETE", "/v1/vpc-subnets/{subnet}", &["lab"], fw, None)

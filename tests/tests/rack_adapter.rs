@@ -488,6 +488,42 @@ async fn the_token_never_shows_in_debug_or_errors() {
     assert!(!text.contains(wrong), "{text}");
 }
 
+/// Audit security-2 H2's rest: the user's tokens as the reconcile watches them. Nexus lists
+/// the caller's unexpired tokens (id and end, never the bearer value) and answers 401 to an
+/// expired one, which the list then leaves out (omicron@14861487
+/// `nexus/tests/integration_tests/device_auth.rs`, `test_device_token_expiration`).
+#[tokio::test]
+async fn the_users_tokens_are_listed_with_their_ends_and_an_expired_one_is_refused() {
+    let sim = start_sim(Timings::default()).await;
+    let rack = rack(&sim, 1);
+    let listed = rack.my_access_tokens().await.unwrap();
+    let id = sim.oxide().token_id().to_string();
+    assert_eq!(
+        listed,
+        vec![oxide_controller::domain::oxide_token::AccessToken {
+            id: id.clone(),
+            expires_at: None
+        }]
+    );
+    let end = chrono::Utc::now() + chrono::Duration::days(20);
+    sim.oxide().set_token_expiry(Some(end));
+    let listed = rack.my_access_tokens().await.unwrap();
+    assert_eq!(
+        listed[0].expires_at.map(|e| e.timestamp()),
+        Some(end.timestamp())
+    );
+    assert!(!format!("{listed:?}").contains(&sim.oxide_token));
+    sim.oxide()
+        .set_token_expiry(Some(chrono::Utc::now() - chrono::Duration::seconds(1)));
+    let err = rack.my_access_tokens().await.expect_err("expired");
+    assert!(
+        matches!(err, RackError::Unauthorized { status: 401, .. }),
+        "{err:?}"
+    );
+    let err = rack.list_instances("").await.expect_err("expired");
+    assert!(matches!(err, RackError::Unauthorized { .. }), "{err:?}");
+}
+
 /// Audit oxide-api-2 F7: the rule list is replaced whole with no precondition, so a second
 /// writer that read before our write and wrote after it undoes ours. The adapter reads the
 /// list again after each write and writes again; it gives up, saying why, only when every

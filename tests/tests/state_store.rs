@@ -77,6 +77,7 @@ fn secrets() -> ClusterSecrets {
         webhook_token: "hook-1".into(),
         webhook_read_token: None,
         tailscale_auth_key: None,
+        oxide_token_id: Some("5a1e0000-0000-4000-8000-0000000000a1".into()),
     }
 }
 

@@ -68,6 +68,9 @@ pub struct OxideCredentials {
     pub token: OxideToken,
     /// Where they came from.
     pub origin: CredentialOrigin,
+    /// The token's id (not the token), when a profile records it (`token_id`, which `oxide
+    /// auth login` writes): which of the user's tokens it is ([`crate::domain::oxide_token`]).
+    pub token_id: Option<String>,
 }
 
 /// The command-line flags.
@@ -274,8 +277,11 @@ fn list(names: &[String]) -> String {
 struct ProfileCredentials {
     token: String,
     host: String,
-    // `user`, `token_id` and `time_expires` are in the file too; authentication needs only
-    // host and token (unknown keys are ignored, as in the SDK).
+    /// Which of the user's tokens `token` is (the reconcile watches its end).
+    #[serde(default)]
+    token_id: Option<String>,
+    // `user` and `time_expires` are in the file too; authentication needs only host and
+    // token (unknown keys are ignored, as in the SDK).
 }
 
 #[derive(Deserialize, Default)]
@@ -318,6 +324,7 @@ pub fn resolve(sources: &CredentialSources) -> Result<OxideCredentials, Credenti
                     host,
                     token,
                     origin: CredentialOrigin::Flags,
+                    token_id: None,
                 }),
                 None => from_profile_for_host(sources, &host, "--oxide-host"),
             };
@@ -333,6 +340,7 @@ pub fn resolve(sources: &CredentialSources) -> Result<OxideCredentials, Credenti
                     host: normalize_host(host, "OXIDE_HOST")?,
                     token: read_token(token, "--oxide-token")?,
                     origin: CredentialOrigin::Flags,
+                    token_id: None,
                 });
             }
         }
@@ -354,6 +362,7 @@ pub fn resolve(sources: &CredentialSources) -> Result<OxideCredentials, Credenti
                 host: normalize_host(host, "OXIDE_HOST")?,
                 token: read_token(token, "OXIDE_TOKEN")?,
                 origin: CredentialOrigin::Environment,
+                token_id: None,
             });
         }
         (None, Some(_)) => {
@@ -460,6 +469,7 @@ fn pick_profile(
             name: name.to_string(),
             selected_by,
         },
+        token_id: profile.token_id.filter(|id| !id.trim().is_empty()),
     })
 }
 
@@ -638,6 +648,18 @@ user = "8f6c1b8e-7d3e-4a4e-9d0e-5e5f1b2c3d4e"
                 profile("prod", "--oxide-profile")
             )
         );
+        // The profile's token_id (which `oxide auth login` writes) comes along: the cluster
+        // watches that token's end. Flags and the environment carry none.
+        assert_eq!(
+            resolve(&s).ok().and_then(|c| c.token_id).as_deref(),
+            Some("1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f")
+        );
+        let env = CredentialSources {
+            flags: flags(None, None, None),
+            env_profile: None,
+            ..s
+        };
+        assert_eq!(resolve(&env).ok().map(|c| c.token_id), Some(None));
     }
 
     #[test]

@@ -1196,6 +1196,34 @@ impl Rack for OxideRack {
         Ok(all.into_iter().map(floating_ip_from).collect())
     }
 
+    async fn my_access_tokens(
+        &self,
+    ) -> Result<Vec<crate::domain::oxide_token::AccessToken>, RackError> {
+        let all = self
+            .all_pages("the user's access tokens", |token| {
+                let b = self
+                    .client
+                    .current_user_access_token_list()
+                    .limit(self.page_size());
+                let b = match token {
+                    Some(t) => b.page_token(t),
+                    None => b.sort_by(types::IdSortMode::IdAscending),
+                };
+                async move {
+                    let page = b.send().await?.into_inner();
+                    Ok((page.items, page.next_page))
+                }
+            })
+            .await?;
+        Ok(all
+            .into_iter()
+            .map(|t| crate::domain::oxide_token::AccessToken {
+                id: t.id.to_string(),
+                expires_at: t.time_expires,
+            })
+            .collect())
+    }
+
     /// Stop, finalize, delete: the walk [`crate::adapters::image::release_import_disk`] does through
     /// this rack's [`crate::adapters::image::ImageStore`] side.
     async fn delete_import_disk(&self, name: &str) -> Result<(), RackError> {

@@ -276,6 +276,7 @@ impl ResumeState {
             webhook_token: self.webhook_token.clone(),
             webhook_read_token: self.webhook_read_token.clone(),
             tailscale_auth_key: None,
+            oxide_token_id: None,
         }
     }
 

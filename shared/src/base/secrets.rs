@@ -10,6 +10,9 @@ pub mod keys {
     pub const OXIDE_HOST: &str = "oxide-host";
     pub const OXIDE_TOKEN: &str = "oxide-token";
     pub const OXIDE_PROJECT: &str = "oxide-project";
+    /// The id of the Oxide token (not a secret): which of the user's tokens the reconcile
+    /// watches the end of ([`crate::domain::oxide_token`]).
+    pub const OXIDE_TOKEN_ID: &str = "oxide-token-id";
     /// The cluster's name, pinned like the project: the ConfigMap's `cluster` must equal it.
     pub const OXIDE_CLUSTER: &str = "oxide-cluster";
     pub const K3S_TOKEN: &str = "k3s-token";
@@ -53,6 +56,8 @@ pub struct ClusterSecrets {
     /// Absent in clusters bootstrapped before it existed: then only the write token works.
     pub webhook_read_token: Option<String>,
     pub tailscale_auth_key: Option<String>,
+    /// The Oxide token's id, when bootstrap could tell it (absent in older Secrets).
+    pub oxide_token_id: Option<String>,
 }
 
 impl std::fmt::Debug for ClusterSecrets {
@@ -99,6 +104,7 @@ impl ClusterSecrets {
             webhook_token: get(keys::WEBHOOK_TOKEN)?,
             webhook_read_token: opt(keys::WEBHOOK_READ_TOKEN),
             tailscale_auth_key: opt(keys::TAILSCALE_AUTH_KEY),
+            oxide_token_id: opt(keys::OXIDE_TOKEN_ID),
         })
     }
 
@@ -126,6 +132,9 @@ impl ClusterSecrets {
         }
         if let Some(k) = &self.webhook_read_token {
             put(keys::WEBHOOK_READ_TOKEN, k);
+        }
+        if let Some(k) = &self.oxide_token_id {
+            put(keys::OXIDE_TOKEN_ID, k);
         }
         m
     }
@@ -301,6 +310,7 @@ mod tests {
             webhook_token: "hook-token-value".into(),
             webhook_read_token: Some("read-token-value".into()),
             tailscale_auth_key: None,
+            oxide_token_id: Some("5a1e0000-0000-4000-8000-000000000001".into()),
         };
         assert_eq!(ClusterSecrets::from_map(&s.to_map()), Ok(s.clone()));
         let dbg = format!("{s:?}");

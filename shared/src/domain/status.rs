@@ -99,6 +99,10 @@ pub struct Status {
     /// ([`crate::domain::certificates::WebhookCertificate`]). Absent in clusters without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_certificate: Option<crate::domain::certificates::WebhookCertificate>,
+    /// The cluster's Oxide token: its id, its end, when the run last listed the user's tokens
+    /// ([`crate::domain::oxide_token::OxideTokenRecord`]). Absent until a run has listed them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oxide_token: Option<crate::domain::oxide_token::OxideTokenRecord>,
 }
 
 impl Status {
@@ -264,6 +268,7 @@ pub fn build(r: &RunReport) -> Status {
         // Set by the run (it asks the channel before it plans); the last one holds till then.
         channel: r.previous.and_then(|p| p.channel.clone()),
         webhook_certificate: r.previous.and_then(|p| p.webhook_certificate.clone()),
+        oxide_token: r.previous.and_then(|p| p.oxide_token.clone()),
     }
 }
 
@@ -342,8 +347,9 @@ fn degraded_reason(r: &RunReport, failures: usize, create_backoff: &Backoffs) ->
 }
 
 /// Degraded findings whose first word is their reason (`DrillFailed: the restore drill ...`).
-const FINDING_REASONS: [&str; 4] = [
+const FINDING_REASONS: [&str; 5] = [
     crate::domain::certificates::DEGRADED_REASON,
+    crate::domain::oxide_token::REASON,
     crate::domain::backup::drill::FAILED,
     crate::domain::backup::drill::MISSING,
     crate::domain::backup::roll::WAIT_REASON,

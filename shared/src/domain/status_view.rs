@@ -47,6 +47,9 @@ pub struct View {
     /// The webhook's serving certificate, as the last run kept it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub webhook_certificate: Option<crate::domain::certificates::WebhookCertificate>,
+    /// The cluster's Oxide token, as the last run found it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oxide_token: Option<crate::domain::oxide_token::OxideTokenRecord>,
     /// What could not be read, and what access it needs (the view is shown without it).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unreadable: Vec<String>,
@@ -224,6 +227,7 @@ pub fn build(
         backup: status.and_then(|s| s.backup.clone()),
         certificates: status.map(|s| s.certificates.clone()).unwrap_or_default(),
         webhook_certificate: status.and_then(|s| s.webhook_certificate.clone()),
+        oxide_token: status.and_then(|s| s.oxide_token.clone()),
         unreadable: Vec::new(),
     }
 }
@@ -277,6 +281,9 @@ pub fn render_table(v: &View, now: DateTime<Utc>) -> String {
     }
     if let Some(w) = &v.webhook_certificate {
         render_webhook_certificate(&mut out, w, now);
+    }
+    if let Some(t) = &v.oxide_token {
+        render_oxide_token(&mut out, t, now);
     }
     if let Some(a) = &v.autoscale {
         render_autoscaler(&mut out, a);
@@ -562,6 +569,25 @@ fn render_webhook_certificate(
         .as_deref()
         .map_or_else(String::new, |e| format!("; NOT RE-ISSUED: {e}"));
     let _ = writeln!(out, "  webhook: {end}{renewed}{problem}");
+}
+
+/// `oxide token: ends in ... (...)`, `never expires`, or why it cannot be told.
+fn render_oxide_token(
+    out: &mut String,
+    t: &crate::domain::oxide_token::OxideTokenRecord,
+    now: DateTime<Utc>,
+) {
+    let what = match (&t.error, t.expires_at) {
+        (Some(e), _) => format!("UNKNOWN: {e}"),
+        (None, None) => "never expires".to_owned(),
+        (None, Some(end)) if end > now => format!("ends in {} ({end})", age(now, end)),
+        (None, Some(end)) => format!("ENDED {} ago ({end})", age(end, now)),
+    };
+    let _ = writeln!(
+        out,
+        "\noxide token: {what} (checked {} ago)",
+        age(t.checked_at, now)
+    );
 }
 
 fn render_autoscaler(out: &mut String, a: &AutoscaleView) {

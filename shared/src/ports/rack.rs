@@ -119,6 +119,12 @@ pub trait Rack: Send + Sync {
 
     fn list_floating_ips(&self) -> impl Future<Output = Result<Vec<FloatingIp>, RackError>> + Send;
 
+    /// The calling user's own unexpired device tokens (`GET /v1/me/access-tokens`, all
+    /// pages): ids and ends, never the bearer values. Not scoped to the project.
+    fn my_access_tokens(
+        &self,
+    ) -> impl Future<Output = Result<Vec<crate::domain::oxide_token::AccessToken>, RackError>> + Send;
+
     /// The prefix length of subnet `default` of the project's VPC `default`, where members'
     /// NICs get their addresses; `None` when the project or that subnet does not exist.
     fn default_subnet_prefix(&self) -> impl Future<Output = Result<Option<u8>, RackError>> + Send;

@@ -472,10 +472,33 @@ async fn step_resume<R: Rack>(
     let mut secrets = resume.secrets(&v.credentials.host, token, v.user_ssh_public_key.as_deref());
     // The auth key goes to the Secret (reconcile's new members join with it); the API key never.
     secrets.tailscale_auth_key = v.tailscale.as_ref().map(|t| t.auth_key.expose().to_owned());
+    secrets.oxide_token_id = oxide_token_id(rack, v).await;
     let key = resume
         .key_pair()
         .map_err(|e| BootstrapError::needs_person("resume", e))?;
     Ok((resume, secrets, key))
+}
+
+/// Part of the resume step: which of the Oxide user's tokens the cluster is given (the
+/// profile's `token_id`, else the user's only token), so its runs can watch its end; and a
+/// warning for a token that never expires or ends within `certificates.renew_before_days`.
+async fn oxide_token_id<R: Rack>(rack: &R, v: &validate::Validated) -> Option<String> {
+    use crate::domain::oxide_token;
+    let now = chrono::Utc::now();
+    let configured = v.credentials.token_id.as_deref();
+    match rack.my_access_tokens().await {
+        Ok(listed) => {
+            let record = oxide_token::identify(&listed, configured, now);
+            if let Some(w) = oxide_token::bootstrap_warning(&record, &v.spec.certificates, now) {
+                warn!(step = "resume", "{w}");
+            }
+            record.id.filter(|_| record.error.is_none())
+        }
+        Err(e) => {
+            warn!(step = "resume", error = %e, "cannot list the Oxide user's tokens: the cluster cannot tell when its token ends");
+            configured.map(str::to_owned)
+        }
+    }
 }
 
 /// Step `project`: the project, and the VPC firewall rules: the Kubernetes API from
@@ -777,6 +800,16 @@ async fn step_state<C: Connect>(
         state::keys::K3S_TOKEN_FINGERPRINT.to_owned(),
         crate::domain::backup::token_fingerprint(&secrets.k3s_token),
     );
+    // The Secret keeps its token (ensure_state fills in missing keys only): the laptop's
+    // token's id is its id only when the two tokens are the same.
+    let mut secrets = secrets.clone();
+    if secrets.oxide_token_id.is_some()
+        && let Ok(stored) = store.read_secrets().await
+        && stored.oxide_token != secrets.oxide_token
+    {
+        secrets.oxide_token_id = None;
+    }
+    let secrets = &secrets;
     crate::base::retry::retry(
         Backoff::default(),
         |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),

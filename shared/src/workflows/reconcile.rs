@@ -15,6 +15,7 @@ use tracing::{info, warn};
 mod autoscale;
 pub mod channel;
 mod drill;
+mod oxide_token;
 pub mod preflight;
 pub mod webhook_cert;
 pub use autoscale::{Decided, active as autoscale_active, views as autoscale_views};
@@ -707,7 +708,6 @@ where
     }
     // Under the Lease, before planning: the channel's patch may become k3s.version.
     let (spec, channel) = channel::follow(state, cluster, opts, spec, &nodes).await;
-    let webhook_certificate = webhook_cert::keep(state, &spec, previous.as_ref(), started_at).await;
     let apply_opts = apply_options(opts, &spec, deadline);
 
     // Keep the Lease while we work. A failed renew is retried while the Lease we hold is
@@ -727,7 +727,8 @@ where
         server_settings: server_settings.as_ref(),
         subnet_prefix: std::sync::OnceLock::new(),
         channel,
-        webhook_certificate,
+        webhook_certificate: webhook_cert::keep(state, &spec, previous.as_ref(), started_at).await,
+        oxide_token: oxide_token::keep(&rack, &secrets, previous.as_ref(), started_at).await,
         drill: std::sync::OnceLock::new(),
         scale_note: scale_note.as_deref(),
         backups,
@@ -829,6 +830,13 @@ async fn work<R: Rack + crate::adapters::image::ImageStore, C: Cluster, S: State
             degraded: true,
             message,
         });
+    }
+    if let Some((degraded, message)) = ran
+        .oxide_token
+        .as_ref()
+        .and_then(|t| crate::domain::oxide_token::finding(t, &ran.spec.certificates, (opts.now)()))
+    {
+        plan.findings.push(plan::Finding { degraded, message });
     }
     if let Some(message) = ran.channel.as_ref().and_then(|c| c.finding()) {
         plan.findings.push(plan::Finding {
@@ -965,6 +973,8 @@ struct Ran<'a> {
     channel: Option<crate::domain::upgrade::channel::ChannelStatus>,
     /// The webhook's serving certificate as this run kept it ([`webhook_cert::keep`]).
     webhook_certificate: Option<crate::domain::certificates::WebhookCertificate>,
+    /// The Oxide token's end as this run knows it ([`oxide_token::keep`]).
+    oxide_token: Option<crate::domain::oxide_token::OxideTokenRecord>,
     /// `drill.json` as this run's drill step left it, when it changed it.
     drill: std::sync::OnceLock<crate::domain::backup::drill::DrillReport>,
     /// Why the webhook's counts were left out, when they were.
@@ -1001,6 +1011,7 @@ async fn wrap_up<C: Cluster, S: StateStore>(
     });
     status.channel = ran.channel.clone();
     status.webhook_certificate = ran.webhook_certificate.clone();
+    status.oxide_token = ran.oxide_token.clone();
     if outcome.is_ok() {
         record_backoff_events(cluster, ran.previous, &status).await;
     }

@@ -172,6 +172,8 @@ fn generate_secrets(sim: &SimHandle) -> ClusterSecrets {
         webhook_token: random_token(&mut rng, 32),
         webhook_read_token: Some(random_token(&mut rng, 32)),
         tailscale_auth_key: None,
+        // As bootstrap leaves it when the user has one token: the run infers it.
+        oxide_token_id: None,
     }
 }
 

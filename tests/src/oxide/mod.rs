@@ -373,7 +373,9 @@ impl OxideSim {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        if !routes::authorized(&parts.headers, &token) {
+        if !routes::authorized(&parts.headers, &token)
+            || self.store().device_token.expired(chrono::Utc::now())
+        {
             return Err(ApiError::unauthorized());
         }
         if spec.has_body {
@@ -642,6 +644,19 @@ impl OxideSim {
     /// from now on the old token is 401 and only `token` works.
     pub fn rotate_token(&self, token: &str) {
         *self.inner.token.lock().unwrap_or_else(|e| e.into_inner()) = token.to_owned();
+        self.store().device_token = store::DeviceToken::fresh();
+    }
+
+    /// The id of the accepted token, as `GET /v1/me/access-tokens` lists it.
+    pub fn token_id(&self) -> Uuid {
+        self.store().device_token.id
+    }
+
+    /// Gives the accepted token an end, as a login with `ttl_seconds` (or a silo's
+    /// `device_token_max_ttl_seconds`) does; from then on it is refused (401) and no longer
+    /// listed.
+    pub fn set_token_expiry(&self, end: Option<chrono::DateTime<chrono::Utc>>) {
+        self.store().device_token.time_expires = end;
     }
 
     pub fn reset_counters(&self) {

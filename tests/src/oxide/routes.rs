@@ -17,6 +17,7 @@ use super::{SERVER_API_VERSION, firewall, instances, network, storage, vpcs};
 /// Operation behind a route.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
+    AccessTokenList,
     ProjectList,
     ProjectCreate,
     ProjectView,
@@ -253,6 +254,15 @@ pub const ROUTES: &[RouteSpec] = &[
         true,
         Op::FirewallRulesUpdate,
         QueryShape::Fields(&["project", "vpc"]),
+    ),
+    r(
+        "GET",
+        "/v1/me/access-tokens",
+        200,
+        "current_user_access_token_list",
+        false,
+        Op::AccessTokenList,
+        PAGINATED,
     ),
     r(
         "GET",
@@ -669,6 +679,7 @@ pub const NEXUS_METHODS: &[(&str, &[&str])] = &[
     ("/v1/instances/{instance}/start", &["POST"]),
     ("/v1/instances/{instance}/stop", &["POST"]),
     ("/v1/network-interfaces", &["GET", "POST"]),
+    ("/v1/me/access-tokens", &["GET"]),
     ("/v1/projects", &["GET", "POST"]),
     ("/v1/projects/{project}", &["DELETE", "GET", "PUT"]),
     ("/v1/snapshots", &["GET", "POST"]),
@@ -864,6 +875,7 @@ pub fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 /// Runs the handler of `spec`.
 pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
     match spec.op {
+        Op::AccessTokenList => access_token_list(cx),
         Op::ProjectList => project_list(cx),
         Op::ProjectCreate => project_create(cx),
         Op::ProjectView => project_view(cx),
@@ -919,6 +931,23 @@ pub fn dispatch(spec: &RouteSpec, cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
         Op::NetworkInterfaceList => instances::network_interfaces(cx),
         Op::FirewallRulesUpdate => firewall::update(cx),
     }
+}
+
+/// The caller's unexpired device tokens (the simulator has one user with one token).
+fn access_token_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {
+    let lp = ListParams::parse("access-tokens", cx.query)?;
+    let t = &cx.store.device_token;
+    let items = if t.expired(chrono::Utc::now()) {
+        Vec::new()
+    } else {
+        let view = serde_json::json!({
+            "id": t.id,
+            "time_created": t.time_created,
+            "time_expires": t.time_expires,
+        });
+        vec![(t.id.to_string(), t.id, view)]
+    };
+    Reply::json(StatusCode::OK, &lp.page(items))
 }
 
 fn project_list(cx: &mut Ctx<'_>) -> Result<Reply, ApiError> {

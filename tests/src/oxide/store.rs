@@ -456,6 +456,37 @@ pub struct Store {
     pub next_subnet: u32,
     /// Sizes of the bulk writes received (admin counters; not rack state).
     pub bulk_writes: BulkWriteStats,
+    /// The device token the API accepts, as `GET /v1/me/access-tokens` shows it (the one
+    /// user's only token; the bearer value lives beside the store).
+    pub device_token: DeviceToken,
+}
+
+/// A device access token's view: id, creation, end (None: it never expires). Nexus lists a
+/// user's tokens without the expired ones and refuses an expired one with 401
+/// (omicron@065b4d7b `nexus/db-queries/src/db/datastore/device_auth.rs`,
+/// `current_user_token_list`; omicron@14861487 `nexus/tests/integration_tests/device_auth.rs`,
+/// `test_device_token_expiration`).
+#[derive(Debug, Clone)]
+pub struct DeviceToken {
+    pub id: Uuid,
+    pub time_created: DateTime<Utc>,
+    pub time_expires: Option<DateTime<Utc>>,
+}
+
+impl DeviceToken {
+    /// A new token that never expires (a silo without `device_token_max_ttl_seconds`).
+    pub fn fresh() -> DeviceToken {
+        DeviceToken {
+            id: Uuid::new_v4(),
+            time_created: Utc::now(),
+            time_expires: None,
+        }
+    }
+
+    /// Whether it has expired at `now` (it is then refused, and no longer listed).
+    pub fn expired(&self, now: DateTime<Utc>) -> bool {
+        self.time_expires.is_some_and(|end| end <= now)
+    }
 }
 
 /// What the bulk writes since start (or the last counter reset) carried, so tests can show
@@ -512,6 +543,7 @@ impl Store {
             snat_next: 0,
             next_subnet: rand::random_range(0..super::subnet::VpcSubnet::slots()),
             bulk_writes: BulkWriteStats::default(),
+            device_token: DeviceToken::fresh(),
         }
     }
 

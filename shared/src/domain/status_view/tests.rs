@@ -158,6 +158,7 @@ fn status(degraded: bool) -> Status {
         control_plane_roll: None,
         channel: None,
         webhook_certificate: None,
+        oxide_token: None,
     }
 }
 

@@ -54,6 +54,8 @@ pub struct Input {
     /// The maintenance windows and the release waiting for one. None until status.json
     /// carries them.
     pub maintenance: Option<MaintenanceInput>,
+    /// When the cluster's Oxide token stops working. None when it never does or is not known.
+    pub oxide_token_expiry: Option<DateTime<Utc>>,
 }
 
 /// One condition of `status.json`.
@@ -235,6 +237,11 @@ impl Input {
                     next_window: c.next_window,
                     waiting_release: c.latest.clone(),
                 }),
+            oxide_token_expiry: status
+                .oxide_token
+                .as_ref()
+                .filter(|t| t.error.is_none())
+                .and_then(|t| t.expires_at),
             ..Input::default()
         }
     }
@@ -289,6 +296,7 @@ pub fn render(input: &Input) -> String {
     }
     render_upgrade(&mut out, input);
     render_later(&mut out, input);
+    render_oxide_token(&mut out, input);
     out.text
 }
 
@@ -502,6 +510,16 @@ fn render_later(out: &mut Out, input: &Input) {
     }
 }
 
+/// The Oxide token's end (only for a token that has one).
+fn render_oxide_token(out: &mut Out, input: &Input) {
+    out.one(
+        "oxide_controller_oxide_token_expiry_timestamp_seconds",
+        "When the cluster's Oxide token expires (no series: it never does, or is not known).",
+        &[],
+        input.oxide_token_expiry.map(seconds),
+    );
+}
+
 /// Seconds since the epoch, to the millisecond.
 fn seconds(t: DateTime<Utc>) -> f64 {
     t.timestamp_millis() as f64 / 1000.0
@@ -624,6 +642,7 @@ mod tests {
                 next_window: Some(at(3600)),
                 waiting_release: Some("v1.34.2+k3s1".into()),
             }),
+            oxide_token_expiry: Some(at(86_400 * 40)),
         }
     }
 
@@ -677,6 +696,7 @@ mod tests {
                 r#"oxide_controller_drill_overdue{cluster="demo"} 0"#,
                 r#"oxide_controller_maintenance_next_window_timestamp_seconds{cluster="demo"} 1800003600"#,
                 r#"oxide_controller_release_waiting_info{cluster="demo",version="v1.34.2+k3s1"} 1"#,
+                r#"oxide_controller_oxide_token_expiry_timestamp_seconds{cluster="demo"} 1803456000"#,
             ]
         );
         // Each metric once, with its HELP and TYPE right before its first sample.
@@ -711,6 +731,7 @@ mod tests {
         input.certificates = None;
         input.drill = None;
         input.maintenance = None;
+        input.oxide_token_expiry = None;
         input.upgrade = None;
         input.backup = None;
         input.pools.clear();
