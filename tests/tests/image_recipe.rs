@@ -241,3 +241,34 @@ fn every_program_the_manifests_run_is_in_the_image() {
     }
     assert_eq!(commands, 3, "the two CronJobs' and the webhook's");
 }
+
+/// Audit security-2 N12: every base the Dockerfile builds from is named by digest (a tag may be
+/// moved to other bytes; `NAME:TAG@sha256:<64 hex>` pulls the digest's).
+#[test]
+fn every_base_is_pinned_by_digest() {
+    fn unpinned(dockerfile: &str) -> Vec<String> {
+        dockerfile
+            .lines()
+            .filter_map(|l| l.strip_prefix("FROM "))
+            .filter_map(|rest| rest.split_whitespace().next())
+            .filter(|image| {
+                !image.split_once("@sha256:").is_some_and(|(_, d)| {
+                    d.len() == 64
+                        && d.bytes()
+                            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+                })
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+    let dockerfile = read("Dockerfile");
+    assert_eq!(dockerfile.matches("\nFROM ").count(), 2, "two stages");
+    assert_eq!(unpinned(&dockerfile), Vec::<String>::new());
+    // The check sees a base by tag alone.
+    let by_tag = dockerfile.replacen(
+        "FROM gcr.io/distroless/cc-debian12:nonroot@sha256:",
+        "FROM gcr.io/distroless/cc-debian12:nonroot #",
+        1,
+    );
+    assert_eq!(unpinned(&by_tag), ["gcr.io/distroless/cc-debian12:nonroot"]);
+}
