@@ -1214,7 +1214,10 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
     // reconcile-once runs from the laptop until the three servers are replaced by ones at TO.
     let bin = common::workspace_binaries().join("reconcile-once");
     let deadline = std::time::Instant::now() + Duration::from_secs(600);
-    loop {
+    // What the runs did, for the message of a roll that never ends (the last run's stderr
+    // alone says only that the API is gone, not how it went).
+    let mut history = std::collections::VecDeque::new();
+    for run in 1.. {
         let out = tokio::process::Command::new(&bin)
             .args(["--kubeconfig", &env.kubeconfig().display().to_string()])
             .args(["--context", "demo", "--log-format", "json"])
@@ -1226,6 +1229,12 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
+        for line in common::notable_lines(&out.stderr) {
+            history.push_back(format!("run {run}: {line}"));
+            if history.len() > 80 {
+                history.pop_front();
+            }
+        }
         let servers = server_versions(&env).await;
         if out.status.code() == Some(0)
             && servers.len() == 3
@@ -1235,8 +1244,9 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "not upgraded to {TO} in 600 s: {servers:?}\n{}",
-            String::from_utf8_lossy(&out.stderr)
+            "not upgraded to {TO} in 600 s: {servers:?}\n{}\nthe runs' warnings, errors and actions, newest last:\n{}",
+            common::rack_summary(&env),
+            history.iter().cloned().collect::<Vec<_>>().join("\n")
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
     }

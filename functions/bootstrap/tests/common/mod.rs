@@ -458,3 +458,35 @@ pub fn sample_image(len: usize) -> Vec<u8> {
     fill(&mut bytes[len - 100..], 11);
     bytes
 }
+
+/// What a test that gives up on a cluster prints: each instance (name, state, id) and where
+/// each floating IP is attached, from the simulated rack (no HTTP: a test that cannot reach
+/// the cluster's API can still see why).
+pub fn rack_summary(env: &Env) -> String {
+    let dump = env.sim.oxide().dump();
+    let mut out = String::from("instances:");
+    for i in dump["instances"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "\n  {} {} {}",
+            i["name"].as_str().unwrap_or("?"),
+            i["state"].as_str().unwrap_or("?"),
+            i["id"].as_str().unwrap_or("?")
+        ));
+    }
+    out.push_str("\nfloating IPs:");
+    for f in dump["floating_ips"].as_array().into_iter().flatten() {
+        out.push_str(&format!("\n  {f}"));
+    }
+    out
+}
+
+/// The lines of a `--log-format json` run worth keeping for a post-mortem: warnings, errors
+/// and the actions it applied.
+pub fn notable_lines(stderr: &[u8]) -> impl Iterator<Item = String> + '_ {
+    String::from_utf8_lossy(stderr)
+        .lines()
+        .filter(|l| l.contains("\"WARN\"") || l.contains("\"ERROR\"") || l.contains("\"action\""))
+        .map(str::to_owned)
+        .collect::<Vec<_>>()
+        .into_iter()
+}
