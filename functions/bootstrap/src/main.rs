@@ -172,6 +172,15 @@ enum Command {
     /// finished by running it again.
     #[command(args_override_self = true)]
     RotateSshKey(BackupArgs),
+    /// Replace the cluster's Oxide token with the one given now (a new login's profile, or
+    /// --oxide-token file:PATH).
+    ///
+    /// Proves the new token first (it must reach the cluster's project; nothing changes
+    /// otherwise), then writes it and its id into Secret kube-system/oxide-controller
+    /// (oxide-token, oxide-token-id) and into the backup pod's copy. The next reconcile run
+    /// uses it; the Oxide CCM needs a restart. Prints the old token's id to delete afterwards.
+    #[command(args_override_self = true)]
+    RotateOxideToken(BackupArgs),
 }
 
 /// The flags of `bootstrap` without a subcommand: create a cluster.
@@ -580,6 +589,7 @@ fn main() -> ExitCode {
         (Some(Command::Backup(a)), _) => run_backup(a),
         (Some(Command::Kubeconfig(a)), _) => run_kubeconfig(a),
         (Some(Command::RotateSshKey(a)), _) => run_rotate_ssh_key(a),
+        (Some(Command::RotateOxideToken(a)), _) => run_rotate_oxide_token(a),
         (None, Some(a)) => run_create(a, cli.oxide),
         // clap requires --cluster and --image without a subcommand; not reached.
         (None, None) => ExitCode::from(2),
@@ -811,7 +821,17 @@ fn run_rotate_ssh_key(a: BackupArgs) -> ExitCode {
     })
 }
 
-/// A laptop command on one cluster's local files (`backup`, `kubeconfig`, `rotate-ssh-key`): its summary on
+fn run_rotate_oxide_token(a: BackupArgs) -> ExitCode {
+    use oxide_controller::workflows::bootstrap::rotate_oxide_token;
+    laptop(a, |input| async move {
+        rotate_oxide_token::run(input, &LiveConnect::new())
+            .await
+            .map(|s| s.render())
+    })
+}
+
+/// A laptop command on one cluster's local files (`backup`, `kubeconfig`, `rotate-ssh-key`,
+/// `rotate-oxide-token`): its summary on
 /// stdout, or the error reported.
 fn laptop<F, Fut>(a: BackupArgs, run: F) -> ExitCode
 where

@@ -428,6 +428,91 @@ async fn ccm_mode_gives_provider_ids_and_the_ccm_and_reconcile_leaves_its_floati
     let names: Vec<String> = floating_ips(&env).into_keys().collect();
     assert_eq!(names.len(), 5, "{names:?}");
     assert!(names.contains(&"demo-apiserver".to_owned()));
+
+    // 4. The Oxide token every run and the CCM read is rotated (audit security-2 H2's rest).
+    oxide_token_rotation(&env, &via, &reconcile_once).await;
+}
+
+/// The token's id was recorded by bootstrap; a token that does not work changes nothing;
+/// after the rack's token is rotated, runs fail until `bootstrap rotate-oxide-token` writes
+/// the new one (and its id) into the Secret and the backup pod's copy; then they converge.
+async fn oxide_token_rotation(env: &Env, kubeconfig: &Path, reconcile_once: &Path) {
+    let old_id = env.sim.oxide().token_id().to_string();
+    assert_eq!(
+        secret_data(env).await.get("oxide-token-id"),
+        Some(&old_id),
+        "bootstrap records the only token's id"
+    );
+    let bad = env.dir.path().join("bad-token");
+    std::fs::write(&bad, "oxide-token-not-one-the-rack-knows\n").unwrap();
+    let bad_flag = format!("file:{}", bad.display());
+    let out = env
+        .command(&env.sub_args("rotate-oxide-token", "demo", &["--oxide-token", &bad_flag]))
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success(), "a refused token is not written");
+    assert_eq!(
+        secret_data(env)
+            .await
+            .get("oxide-token")
+            .map(String::as_str),
+        Some(env.oxide_token().trim()),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    env.rotate_oxide_token("oxide-token-rotated-by-the-silo-admin-0123456789");
+    let refused = reconcile(kubeconfig, reconcile_once).await;
+    assert!(!refused.status.success(), "the old token is refused");
+    let out = env
+        .command(&env.sub_args("rotate-oxide-token", "demo", &[]))
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let new_id = env.sim.oxide().token_id().to_string();
+    assert_ne!(new_id, old_id);
+    assert!(stdout.contains(&format!("Its id is {new_id}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("DELETE /v1/me/access-tokens/{old_id}")),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains(env.oxide_token().trim()),
+        "no token on stdout"
+    );
+    let data = secret_data(env).await;
+    assert_eq!(data["oxide-token"], env.oxide_token().trim());
+    assert_eq!(data["oxide-token-id"], new_id);
+    let client = kube_client(&env.kubeconfig(), "demo").await;
+    let copy = Api::<Secret>::namespaced(client, "oxide-controller-backup")
+        .get("oxide-controller-rack")
+        .await
+        .unwrap();
+    assert_eq!(
+        copy.data.unwrap()["oxide-token"].0,
+        env.oxide_token().trim().as_bytes(),
+        "the backup pod's copy"
+    );
+    converge(kubeconfig, reconcile_once, 10).await;
+    let status = store(kubeconfig)
+        .await
+        .read_config()
+        .await
+        .ok()
+        .and_then(|s| s.status_json().and_then(Status::from_json))
+        .unwrap();
+    assert_eq!(
+        status.oxide_token.and_then(|t| t.id),
+        Some(new_id),
+        "the run listed the tokens at once (the id changed)"
+    );
 }
 
 /// `--oxide-ccm-image` without `--oxide-ccm`, or not an image; and (audit security-2 N12) an

@@ -188,9 +188,10 @@ pub trait StateStore: Send + Sync {
         }))
     }
 
-    /// After a restore only (`bootstrap recover --backup`, audit security-2 N6): sets each key
-    /// of `set` in the Secret, overwriting what the backup brought back, and removes the
-    /// retired keys as [`Self::ensure_state`] does; one replace against the version read.
+    /// After a restore (`bootstrap recover --backup`, audit security-2 N6) and for `bootstrap
+    /// rotate-oxide-token`: sets each key of `set` in the Secret, overwriting what it held, and
+    /// removes the retired keys as [`Self::ensure_state`] does; one replace against the
+    /// version read.
     fn rewrite_secret_keys(
         &self,
         set: &BTreeMap<String, Vec<u8>>,

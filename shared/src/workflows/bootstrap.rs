@@ -33,6 +33,7 @@ mod dev;
 mod progress;
 pub mod recover;
 pub mod renew_kubeconfig;
+pub mod rotate_oxide_token;
 pub mod rotate_ssh_key;
 mod tailnet;
 mod validate;

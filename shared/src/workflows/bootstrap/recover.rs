@@ -343,6 +343,8 @@ pub(super) struct Validated {
     pub project: String,
     pub host: String,
     pub token: String,
+    /// The token's id when the profile records it (`token_id`).
+    pub token_id: Option<String>,
     pub kubeconfig: PathBuf,
     pub expected: usize,
     pub pool: String,
@@ -419,6 +421,7 @@ pub(super) fn validate_local(input: &Local<'_>) -> Result<Validated, BootstrapEr
         project: resume.project.clone(),
         host: creds.host.clone(),
         token: creds.token.expose().to_owned(),
+        token_id: creds.token_id.clone(),
         kubeconfig: paths.kubeconfig,
         expected: spec.as_ref().map_or(0, |s| s.control_plane.count as usize),
         pool: spec.as_ref().map_or_else(
