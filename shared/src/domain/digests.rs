@@ -130,7 +130,7 @@ pub fn k3s_tag_installer_url(version: &str) -> String {
 
 /// Where a node downloads the amd64 k3s binary of `version` from `release_url` (install.sh's
 /// `GITHUB_URL`): install.sh's own `BIN_URL=${GITHUB_URL}/download/${VERSION_K3S}/k3s${SUFFIX}`
-/// (`SUFFIX` is empty on amd64), the version as it is (`+` is a literal in a URL path, and it is
+/// (k3s-io/k3s@0136cf25:`install.sh:535`; `SUFFIX` is empty on amd64, `:306-309`), the version as it is (`+` is a literal in a URL path, and it is
 /// the path the upgrade pre-flight asks for the release's hash file).
 pub fn k3s_binary_url(release_url: &str, version: &str) -> String {
     format!(
