@@ -387,7 +387,8 @@ pub struct K3sSpec {
     /// Where the installer downloads k3s releases (install.sh's `GITHUB_URL`): GitHub, unless
     /// `installer_url` is a mirror whose install.sh points elsewhere. The upgrade pre-flight
     /// checks that `<release_url>/download/<k3s.version>/sha256sum-amd64.txt` is there before
-    /// the first member of a new version tries to install it.
+    /// the first member of a new version tries to install it; with `binary_sha256`, nodes
+    /// download `<release_url>/download/<release>/k3s` from it themselves.
     #[serde(
         default = "default_k3s_release_url",
         skip_serializing_if = "is_default_k3s_release_url"
@@ -1078,7 +1079,7 @@ impl ClusterSpec {
     /// What to add for a release `k3s.binary_sha256` lacks.
     fn missing_binary_digest(&self, version: &str) -> String {
         format!(
-            "k3s.binary_sha256 pins the k3s binary of other releases but not of {version}, so its nodes would run a binary nothing here checks; \
+            "has digests for other releases but not for {version}, so its nodes would run a binary nothing here checks; \
              add `{version}: <sha256>`: the `k3s` line of {}/download/{version}/sha256sum-amd64.txt, compared with a second source \
              (README \"Node software\"), or remove k3s.binary_sha256",
             self.k3s.release_url.trim_end_matches('/')
@@ -2046,7 +2047,7 @@ mod tests {
         let mut upgraded = pinned.clone();
         upgraded.k3s.version = V337.into();
         let want = format!(
-            "k3s.binary_sha256 pins the k3s binary of other releases but not of {V337}, so its nodes would run a binary nothing here checks; \
+            "has digests for other releases but not for {V337}, so its nodes would run a binary nothing here checks; \
              add `{V337}: <sha256>`: the `k3s` line of https://github.com/k3s-io/k3s/releases/download/{V337}/sha256sum-amd64.txt, \
              compared with a second source (README \"Node software\"), or remove k3s.binary_sha256"
         );
@@ -2084,9 +2085,9 @@ mod tests {
         assert_eq!(
             missing,
             [
-                "k3s.binary_sha256 pins the k3s binary of other releases but not of v1.35.0+k3s1,",
-                "k3s.binary_sha256 pins the k3s binary of other releases but not of v1.33.1+k3s1,",
-                "k3s.binary_sha256 pins the k3s binary of other releases but not of v1.34.1+k3s1,",
+                "has digests for other releases but not for v1.35.0+k3s1,",
+                "has digests for other releases but not for v1.33.1+k3s1,",
+                "has digests for other releases but not for v1.34.1+k3s1,",
             ]
         );
 

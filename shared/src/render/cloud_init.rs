@@ -1390,7 +1390,7 @@ pub fn render_member(m: &MemberInput) -> Result<Vec<u8>, CloudInitError> {
         invalid(
             "k3s.binary_sha256",
             format!(
-                "{} runs k3s {version} (its pool's release this run): {e}",
+                "{} runs k3s {version} (its pool's release this run), and k3s.binary_sha256 {e}",
                 m.name
             ),
         )
@@ -2221,7 +2221,7 @@ mod tests {
             Err(CloudInitError::Invalid { field, message }) => {
                 assert_eq!(field, "k3s.binary_sha256");
                 assert!(
-                    message.starts_with("demo-workers-abcde runs k3s v1.33.1+k3s1 (its pool's release this run): k3s.binary_sha256 pins the k3s binary of other releases but not of v1.33.1+k3s1"),
+                    message.starts_with("demo-workers-abcde runs k3s v1.33.1+k3s1 (its pool's release this run), and k3s.binary_sha256 has digests for other releases but not for v1.33.1+k3s1"),
                     "{message}"
                 );
                 assert!(
