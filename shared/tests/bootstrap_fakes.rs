@@ -150,6 +150,7 @@ impl Laptop {
             image_source_sha256: None,
             k3s_installer_url: None,
             k3s_installer_sha256: None,
+            k3s_binary_sha256: None,
             external_ip: ExternalIpMode::Ephemeral,
             ip_pool: None,
             user_ssh_public_key: None,

@@ -1429,6 +1429,71 @@ fn a_channels_patch_becomes_k3s_version_only_inside_a_window_and_a_silent_server
     });
 }
 
+/// Audit security-2 N12: with pinned k3s binaries (`k3s.binary_sha256`), a channel's new patch
+/// has no digest yet, so it is held (k3s.version stays; the status says which line to add)
+/// rather than written into a spec whose new members would download an unpinned binary or
+/// be checked against another release's digest; once the digest is in the spec it is adopted.
+#[test]
+fn a_channels_patch_waits_for_its_binary_digest_when_binaries_are_pinned() {
+    use oxide_controller::domain::upgrade::channel::ChannelState;
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 1);
+        small_timeouts(&mut spec);
+        spec.upgrade.channel = Some("v1.33".into());
+        spec.k3s
+            .binary_sha256
+            .insert("v1.33.4+k3s1".into(), "ab".repeat(32));
+        let w = world(&spec, true).await;
+        let channel = Arc::new(OneRelease::default());
+        *channel.answer.lock().unwrap_or_else(|p| p.into_inner()) = Some("v1.33.7+k3s3".into());
+        let run = |w: &FakeWorld| {
+            let mut o = opts(w);
+            o.channels = channel.clone();
+            let (rack, cluster, state) = (w.rack(), w.cluster(), w.state());
+            async move { reconcile::run(&cluster, &state, move |_, _| Ok(rack), &o).await }
+        };
+        let stored = |w: &FakeWorld| {
+            let w = w.clone();
+            async move {
+                let snap = w
+                    .state()
+                    .read_config()
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                ClusterSpec::from_yaml(snap.spec_yaml().unwrap_or_default())
+                    .unwrap_or_else(|e| panic!("{e}"))
+            }
+        };
+        run(&w).await.unwrap_or_else(|e| panic!("{e:?}"));
+        let c = status(&w)
+            .await
+            .channel
+            .unwrap_or_else(|| panic!("channel"));
+        assert_eq!(c.state, ChannelState::Held, "{c:?}");
+        assert!(
+            c.message.contains("is refused: k3s.binary_sha256: has digests for other releases but not for v1.33.7+k3s3")
+                && c.message.contains("add `v1.33.7+k3s3: <sha256>`"),
+            "{c:?}"
+        );
+        assert_eq!(stored(&w).await.k3s.version, "v1.33.4+k3s1");
+
+        let mut with_digest = stored(&w).await;
+        with_digest
+            .k3s
+            .binary_sha256
+            .insert("v1.33.7+k3s3".into(), "cd".repeat(32));
+        set_spec(&w, &with_digest).await;
+        w.tick(60);
+        run(&w).await.unwrap_or_else(|e| panic!("{e:?}"));
+        let c = status(&w)
+            .await
+            .channel
+            .unwrap_or_else(|| panic!("channel"));
+        assert_eq!(c.state, ChannelState::Adopted, "{c:?}");
+        assert_eq!(stored(&w).await.k3s.version, "v1.33.7+k3s3");
+    });
+}
+
 /// Issue 46 item 1 (audit security-2 N10): the webhook's serving certificate is re-issued by
 /// the run inside `certificates.renew_before_days` of its end, signed by the kept CA (so
 /// clients need nothing new), written against the read resourceVersion; a no-op run reads

@@ -19,9 +19,9 @@ use std::process::{Command, Output};
 use oxide_controller::adapters::ssh::HostKeyPins;
 use oxide_controller::domain::spec::{K3S_INSTALL_URL, K3sInstall, TAILSCALE_INSTALL_URL};
 use oxide_controller::render::cloud_init::{
-    DataDisk, HOST_KEYS_SCRIPT_PATH, K3sRole, NODE_SETUP_SCRIPT_PATH, NodeUserData, ProviderId,
-    SETUP_FAILED_MARKER, SETUP_NEVER_FINISHED, SetupStep, TailscaleJoin, render, setup_failure,
-    setup_steps,
+    DataDisk, HOST_KEYS_SCRIPT_PATH, K3sBinary, K3sRole, NODE_SETUP_SCRIPT_PATH, NodeUserData,
+    ProviderId, SETUP_FAILED_MARKER, SETUP_NEVER_FINISHED, SetupStep, TailscaleJoin, render,
+    setup_failure, setup_steps,
 };
 
 const VERSION: &str = "v1.33.4+k3s1";
@@ -43,6 +43,7 @@ fn agent_with_disk() -> NodeUserData {
         install: K3sInstall::Script,
         k3s_installer_url: K3S_INSTALL_URL.into(),
         k3s_installer_sha256: None,
+        k3s_binary: None,
         k3s_start_seconds: 300,
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![
@@ -853,6 +854,101 @@ fn a_downloaded_installer_that_does_not_match_its_digest_never_runs() {
                 failure
                     .reason
                     .contains(&format!("is not the expected {want}")),
+                "{stderr}"
+            );
+        }
+    }
+}
+
+/// Audit security-2 N12: a pinned k3s binary (`k3s.binary_sha256`) under the real `sh` and
+/// `sha256sum`: the setup downloads the release's binary itself, checks it, installs it as
+/// `/usr/local/bin/k3s` (0755, root) and runs install.sh with `INSTALL_K3S_SKIP_DOWNLOAD=true`
+/// (and no version: install.sh then reads none); a binary whose sha256 differs is never
+/// installed, install.sh never runs, k3s never starts, and the marker names the digest.
+#[test]
+fn a_k3s_binary_that_does_not_match_its_digest_is_never_installed() {
+    use sha2::Digest as _;
+    if !Path::new("/bin/sh").exists()
+        || Command::new("sha256sum").arg("--version").output().is_err()
+    {
+        eprintln!("skipped: /bin/sh or sha256sum is missing");
+        return;
+    }
+    let release = "the k3s binary of v1.33.4+k3s1\n";
+    let digest: String = sha2::Sha256::digest(release.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let url = "https://github.com/k3s-io/k3s/releases/download/v1.33.4+k3s1/k3s";
+    let input = NodeUserData {
+        k3s_binary: Some(K3sBinary {
+            url: url.into(),
+            sha256: digest.clone(),
+        }),
+        ..server(false)
+    };
+    let script = written(&input, NODE_SETUP_SCRIPT_PATH);
+    for (served, ok) in [(release, true), ("another binary\n", false)] {
+        let s = Sandbox::new();
+        stubs(&s, Fault::None);
+        std::fs::write(s.root().join("binary"), served).unwrap();
+        let installer = path_of(s.root().join("installer"));
+        let calls = path_of(s.root().join("calls"));
+        std::fs::write(
+            &installer,
+            format!(
+                "echo \"k3s-installer $INSTALL_K3S_EXEC skip-download=$INSTALL_K3S_SKIP_DOWNLOAD version=$INSTALL_K3S_VERSION\" >> '{calls}'\n"
+            ),
+        )
+        .unwrap();
+        s.stub(
+            "curl",
+            &format!(
+                "out=''\nwhile [ $# -gt 1 ]; do [ \"$1\" = -o ] && out=\"$2\"; shift; done\ncase \"$1\" in\n  '{url}') cp '{}' \"$out\";;\n  *) cp '{installer}' \"$out\";;\nesac",
+                path_of(s.root().join("binary"))
+            ),
+        );
+        // `install` puts the checked file where install.sh looks for it (moved under the root).
+        let bin = path_of(s.root().join("usr-local-bin-k3s"));
+        s.stub(
+            "install",
+            &format!("for a; do last=\"$a\"; done\n[ \"$last\" = /usr/local/bin/k3s ] || exit 64\neval \"src=\\${{$(($#-1))}}\"\ncp \"$src\" '{bin}'"),
+        );
+        let out = s.run(&script, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let all = std::fs::read_to_string(&calls).unwrap_or_default();
+        let installed = all.lines().any(|l| {
+            l == format!(
+                "install -m 0755 -o root -g root {}/run/k3s /usr/local/bin/k3s",
+                path_of(s.root().to_path_buf())
+            )
+        });
+        let ran: Vec<&str> = all
+            .lines()
+            .filter(|l| l.starts_with("k3s-installer"))
+            .collect();
+        if ok {
+            assert!(out.status.success(), "{stderr}");
+            assert!(installed, "{all}");
+            assert_eq!(s.read("usr-local-bin-k3s"), release);
+            assert_eq!(
+                ran,
+                ["k3s-installer server skip-download=true version="],
+                "{all}"
+            );
+            assert!(s.calls().iter().any(|c| starts_k3s(c)), "{all}");
+        } else {
+            assert!(!out.status.success(), "{stderr}");
+            assert!(!installed, "the changed binary was never installed: {all}");
+            assert!(ran.is_empty(), "install.sh never ran: {all}");
+            assert!(!s.calls().iter().any(|c| starts_k3s(c)), "{all}");
+            assert_eq!(markers(&stderr).len(), 1, "{stderr}");
+            let failure = setup_failure(&stderr).expect("a marker");
+            assert_eq!(failure.step, "k3s-install", "{stderr}");
+            assert!(
+                failure
+                    .reason
+                    .ends_with(&format!("/run/k3s is not the expected {digest}")),
                 "{stderr}"
             );
         }

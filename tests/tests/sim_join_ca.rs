@@ -29,6 +29,7 @@ fn joiner(name: &str, role: K3sRole) -> String {
         install: K3sInstall::Script,
         k3s_installer_url: oxide_controller::domain::spec::K3S_INSTALL_URL.into(),
         k3s_installer_sha256: None,
+        k3s_binary: None,
         k3s_start_seconds: 3,
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![

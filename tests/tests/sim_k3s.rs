@@ -86,6 +86,7 @@ async fn a_server_joins_through_the_floating_ip_once_it_is_attached() {
             install: oxide_controller::domain::spec::K3sInstall::Script,
             k3s_installer_url: oxide_controller::domain::spec::K3S_INSTALL_URL.into(),
             k3s_installer_sha256: None,
+            k3s_binary: None,
             k3s_start_seconds: 120,
             ssh_user: "ubuntu".into(),
             authorized_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x".into()],

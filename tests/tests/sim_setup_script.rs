@@ -50,6 +50,7 @@ fn agent_input(name: &str, server_url: &str, install: K3sInstall, version: &str)
         install,
         k3s_installer_url: K3S_INSTALL_URL.into(),
         k3s_installer_sha256: None,
+        k3s_binary: None,
         k3s_start_seconds: 300,
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![
@@ -537,4 +538,110 @@ async fn a_tailscale_server_whose_installer_download_is_changed_never_runs_it() 
         )
     );
     assert!(!text.contains("Starting k3s"), "{text}");
+}
+
+/// Audit security-2 N12: a member whose spec pins its release's binary (`k3s.binary_sha256`,
+/// rendered by the product) downloads it, checks it, installs it as `/usr/local/bin/k3s` and
+/// runs install.sh with `INSTALL_K3S_SKIP_DOWNLOAD=true`: with the release's digest it joins
+/// running that release; with another release's digest `sha256sum -c` stops the setup at
+/// `k3s-install` before anything is installed; and install.sh told to skip the download with
+/// no binary in place exits as its `verify_k3s_is_executable` does.
+#[tokio::test]
+async fn a_pinned_k3s_binary_is_checked_before_install_sh_uses_it() {
+    use oxide_controller::render::cloud_init::MemberInput;
+    const V: &str = "v1.33.4+k3s1";
+    let sim = start_with(|_| {}).await;
+    let c = client(&sim);
+    first_server(&sim, &c, "c5-cp-aaaaa", TOKEN, &[]).await;
+    let join = ephemeral_ip(&c, "c5-cp-aaaaa").await;
+    let secrets = oxide_controller::base::secrets::ClusterSecrets {
+        k3s_token: TOKEN.into(),
+        k3s_agent_token: "agent-secret-1".into(),
+        ssh_public_key:
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb1M0Y4hl6YqVnZ8vQm7oFzX3xK1p4tq9w2nqkqzJ0A x"
+                .into(),
+        ..Default::default()
+    };
+    let user_data = |name: &str, digest: String| {
+        let mut spec =
+            oxide_controller::domain::spec::ClusterSpec::new("c5", "demo", "ubuntu", 1, 2);
+        spec.k3s.version = V.into();
+        spec.worker_pools[0].data_disk = None;
+        spec.k3s.binary_sha256 = BTreeMap::from([(V.to_owned(), digest)]);
+        spec.validate().unwrap();
+        render(&NodeUserData::for_member(&MemberInput {
+            spec: &spec,
+            secrets: &secrets,
+            role: oxide_controller::domain::spec::Role::Worker,
+            pool: &spec.worker_pools[0],
+            name,
+            image_id: uuid::Uuid::nil(),
+            api_address: join,
+            join_address: join,
+            cluster_init: false,
+            ca_hash: None,
+            restore: None,
+            drill: false,
+        }))
+        .unwrap()
+    };
+    let right = oxide_sim::guest::k3s_binary_sha256(V);
+    let wrong = oxide_sim::guest::k3s_binary_sha256("v1.33.1+k3s1");
+    let pinned = user_data("c5-workers-pinned", right.clone());
+    let install_line =
+        "install -m 0755 -o root -g root /run/oxide-controller/k3s /usr/local/bin/k3s\n";
+    assert!(pinned.contains(install_line), "{pinned}");
+    assert!(
+        pinned.contains("INSTALL_K3S_SKIP_DOWNLOAD=true"),
+        "{pinned}"
+    );
+    create_instance(&c, "c5-workers-pinned", &pinned).await;
+    create_instance(
+        &c,
+        "c5-workers-wrong",
+        &user_data("c5-workers-wrong", wrong.clone()),
+    )
+    .await;
+    let no_binary = user_data("c5-workers-nobin", right).replace(install_line, "");
+    create_instance(&c, "c5-workers-nobin", &no_binary).await;
+
+    wait_node_status(&sim, "c5-workers-pinned", "True").await;
+    let ok = console(&c, "c5-workers-pinned").await;
+    assert!(setup_failure(&ok).is_none(), "{ok}");
+    assert!(ok.contains("Skipping k3s download and verify"), "{ok}");
+
+    let text = wait_console(
+        &c,
+        "c5-workers-wrong",
+        "-----END SSH HOST KEY FINGERPRINTS-----",
+    )
+    .await;
+    let failure = setup_failure(&text).unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(failure.step, "k3s-install", "{text}");
+    assert_eq!(
+        failure.reason,
+        format!("sha256 of /run/oxide-controller/k3s is not the expected {wrong}")
+    );
+    assert!(
+        !text.contains("Skipping k3s download"),
+        "install.sh never ran: {text}"
+    );
+    assert!(!text.contains("Starting k3s"), "{text}");
+
+    let text = wait_console(
+        &c,
+        "c5-workers-nobin",
+        "-----END SSH HOST KEY FINGERPRINTS-----",
+    )
+    .await;
+    let failure = setup_failure(&text).unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(failure.step, "k3s-install", "{text}");
+    assert_eq!(
+        failure.reason,
+        "exit status 1 ([ERROR]  Executable k3s binary not found at /usr/local/bin/k3s)"
+    );
+    assert!(!text.contains("Starting k3s"), "{text}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(node_ready(&sim, "c5-workers-wrong").await, None);
+    assert_eq!(node_ready(&sim, "c5-workers-nobin").await, None);
 }

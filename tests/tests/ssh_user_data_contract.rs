@@ -33,6 +33,7 @@ fn server(key_line: &str) -> NodeUserData {
         install: K3sInstall::Script,
         k3s_installer_url: oxide_controller::domain::spec::K3S_INSTALL_URL.into(),
         k3s_installer_sha256: None,
+        k3s_binary: None,
         k3s_start_seconds: 300,
         ssh_user: "ubuntu".into(),
         authorized_keys: vec![key_line.to_string()],

@@ -296,6 +296,11 @@ struct Args {
     /// every installer this controller knows.
     #[arg(long, value_name = "HEX", requires = "k3s_installer_url")]
     k3s_installer_sha256: Option<String>,
+    /// sha256 (hex) of --k3s-version's amd64 k3s binary (k3s.binary_sha256): nodes download
+    /// the binary themselves, check it and run install.sh with INSTALL_K3S_SKIP_DOWNLOAD=true.
+    /// The `k3s` line of the release's sha256sum-amd64.txt, compared with a second source.
+    #[arg(long, value_name = "HEX")]
+    k3s_binary_sha256: Option<String>,
 
     /// Where to write the kubeconfig. Default: ~/.kube/<cluster>.yaml.
     #[arg(long, env = "OXIDE_CONTROLLER_KUBECONFIG", value_name = "PATH")]
@@ -691,6 +696,7 @@ fn input(a: Args, oxide: OxideArgs, json_logs: bool) -> BootstrapInput {
         k3s_version: a.k3s_version,
         k3s_installer_url: a.k3s_installer_url,
         k3s_installer_sha256: a.k3s_installer_sha256,
+        k3s_binary_sha256: a.k3s_binary_sha256,
         k3s_install: match a.k3s_install {
             Install::Script => K3sInstall::Script,
             Install::Preinstalled => K3sInstall::Preinstalled,

@@ -161,6 +161,16 @@ async fn http_installers_and_images_without_a_digest_and_unknown_installers_are_
         &["--k3s-installer-sha256", "64 hex digits"],
     )
     .await;
+    // Audit security-2 N12: a pinned k3s binary's digest is 64 hex digits.
+    refused(
+        &env,
+        env.args(&["--k3s-binary-sha256", "not-a-digest"]),
+        &[
+            "--k3s-binary-sha256",
+            "v1.33.4+k3s1: must be a sha256 digest",
+        ],
+    )
+    .await;
     let base = serve_files(vec![("/images/custom.raw", vec![1u8; 4096])]).await;
     let url = format!("{base}/images/custom.raw");
     refused(

@@ -792,6 +792,85 @@ async fn a_member_whose_installer_does_not_match_its_digest_fails_its_setup_and_
         .await;
 }
 
+/// Audit security-2 N12: `k3s.binary_sha256` pins the k3s binary of the spec's release. With
+/// the digest the release's `sha256sum-amd64.txt` lists for `k3s` (what the README has an
+/// operator compare with a second source), a new worker downloads the binary itself, checks
+/// it, installs it and joins. With another release's digest given for it, the next new worker
+/// stops at `k3s-install` before installing anything (install.sh never runs, k3s never starts),
+/// never joins, and the run's Event names the binary and the digest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_k3s_binary_joins_and_a_digest_of_another_release_never_installs_it() {
+    let env = env(1, 1).await;
+    env.converge(5).await;
+    let version = env.spec().await.k3s.version;
+    let listed = reqwest::get(format!(
+        "{}/download/{version}/sha256sum-amd64.txt",
+        env.sim.release_url
+    ))
+    .await
+    .and_then(reqwest::Response::error_for_status)
+    .unwrap_or_else(|e| panic!("{e}"))
+    .text()
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let digest = listed
+        .lines()
+        .find_map(|l| l.strip_suffix("  k3s"))
+        .unwrap_or_else(|| panic!("no k3s line: {listed}"))
+        .to_owned();
+    env.edit(|s| {
+        s.k3s.binary_sha256 = BTreeMap::from([(version.clone(), digest.clone())]);
+        s.worker_pools[0].count = 2;
+    })
+    .await;
+    env.converge(20).await;
+    assert_eq!(env.ready_nodes(WK).await.len(), 2);
+
+    // Another release's binary digest given for this release.
+    let wrong = oxide_sim::guest::k3s_binary_sha256("v1.30.0+k3s1");
+    assert_ne!(wrong, digest);
+    env.edit(|s| {
+        s.k3s.binary_sha256 = BTreeMap::from([(version.clone(), wrong.clone())]);
+        s.worker_pools[0].count = 3;
+    })
+    .await;
+    let broken = env.add_broken_worker(|_| {}).await;
+    let rack = oxide_controller::adapters::oxide_rack::OxideRack::connect(
+        &env.sim.oxide_host,
+        &env.sim.oxide_token,
+        "sim",
+        oxide_controller::adapters::oxide_rack::RackOptions::default(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_until("the new worker's setup to fail", async || {
+        console_of(&rack, &broken)
+            .await
+            .contains("node-setup failed: k3s-install")
+    })
+    .await;
+    let console = console_of(&rack, &broken).await;
+    assert!(!console.contains("Starting k3s"), "{console}");
+    assert!(
+        !console.contains("Skipping k3s download"),
+        "install.sh never ran: {console}"
+    );
+    let out = env.reconcile(&[]).await;
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!env.ready_nodes(WK).await.contains(&broken));
+    env.assert_event_note(
+        &broken,
+        &format!(
+            "node setup failed at k3s-install: sha256 of /run/oxide-controller/k3s is not the expected {wrong}"
+        ),
+        "an Event names the member, the binary and the digest",
+    )
+    .await;
+}
+
 /// Guest audit 2, G2: joins that k3s refuses behave as k3s's role does — a joining server
 /// exits and systemd starts it again, an agent logs the error and retries — and the product's
 /// `start_k3s` waits half the join deadline for the unit before it fails with k3s's own last

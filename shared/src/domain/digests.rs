@@ -128,6 +128,17 @@ pub fn k3s_tag_installer_url(version: &str) -> String {
     )
 }
 
+/// Where a node downloads the amd64 k3s binary of `version` from `release_url` (install.sh's
+/// `GITHUB_URL`): install.sh's own `BIN_URL=${GITHUB_URL}/download/${VERSION_K3S}/k3s${SUFFIX}`
+/// (k3s-io/k3s@0136cf25:`install.sh:535`; `SUFFIX` is empty on amd64, `:306-309`), the version as it is (`+` is a literal in a URL path, and it is
+/// the path the upgrade pre-flight asks for the release's hash file).
+pub fn k3s_binary_url(release_url: &str, version: &str) -> String {
+    format!(
+        "{}/download/{version}/k3s",
+        release_url.trim_end_matches('/')
+    )
+}
+
 /// A container image reference the manifests may name (`--controller-image`,
 /// `--oxide-ccm-image`): not empty, no white space or control characters, and, when it names a
 /// digest (`name@digest`, the way to pin an image so a re-pushed tag cannot change what runs,

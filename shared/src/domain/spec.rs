@@ -372,10 +372,23 @@ pub struct K3sSpec {
     /// `k3s.version` newer than every installer the controller knows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub installer_sha256: Option<String>,
+    /// The sha256 (hex) of each k3s release's amd64 binary (Oxide VMs are x86_64), by release:
+    /// `v1.34.1+k3s1: <64 hex>`. Set, a node downloads the binary of its release itself
+    /// (`<release_url>/download/<release>/k3s`), checks it with `sha256sum -c` and runs
+    /// install.sh with `INSTALL_K3S_SKIP_DOWNLOAD=true`, so the binary is checked against a
+    /// digest that does not come from the release it is downloaded from (audit security-2 N12).
+    /// Keyed by release, never one value: a member is checked only against its own release's
+    /// digest, whatever version a roll gives it; once one is set, every release the spec asks
+    /// for needs one ([`ClusterSpec::k3s_binary_sha256`]). Empty: install.sh downloads the
+    /// binary and checks it against the release's `sha256sum-amd64.txt`. Unused with
+    /// `install: preinstalled` (the binary is the image's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub binary_sha256: BTreeMap<String, String>,
     /// Where the installer downloads k3s releases (install.sh's `GITHUB_URL`): GitHub, unless
     /// `installer_url` is a mirror whose install.sh points elsewhere. The upgrade pre-flight
     /// checks that `<release_url>/download/<k3s.version>/sha256sum-amd64.txt` is there before
-    /// the first member of a new version tries to install it.
+    /// the first member of a new version tries to install it; with `binary_sha256`, nodes
+    /// download `<release_url>/download/<release>/k3s` from it themselves.
     #[serde(
         default = "default_k3s_release_url",
         skip_serializing_if = "is_default_k3s_release_url"
@@ -404,6 +417,7 @@ impl Default for K3sSpec {
             install: K3sInstall::default(),
             installer_url: None,
             installer_sha256: None,
+            binary_sha256: BTreeMap::new(),
             release_url: default_k3s_release_url(),
             oxide_ccm: false,
             secrets_encryption: false,
@@ -1046,6 +1060,64 @@ impl ClusterSpec {
         }
     }
 
+    /// The sha256 a member of k3s `version` checks the binary it downloads against
+    /// (`k3s.binary_sha256`): None when the spec pins no binary (install.sh then checks it
+    /// against the release's own hash file) or k3s is preinstalled. `Err` (what to add) when
+    /// the spec pins binaries but not this release's: a release an upgrade roll keeps a pool at
+    /// that the spec no longer names. Such a member is not created; a binary is never checked
+    /// against another release's digest, nor left unchecked because one is missing.
+    pub fn k3s_binary_sha256(&self, version: &str) -> Result<Option<&str>, String> {
+        if self.k3s.install == K3sInstall::Preinstalled || self.k3s.binary_sha256.is_empty() {
+            return Ok(None);
+        }
+        match self.k3s.binary_sha256.get(version) {
+            Some(d) => Ok(Some(d.as_str())),
+            None => Err(self.missing_binary_digest(version)),
+        }
+    }
+
+    /// What to add for a release `k3s.binary_sha256` lacks.
+    fn missing_binary_digest(&self, version: &str) -> String {
+        format!(
+            "has digests for other releases but not for {version}, so its nodes would run a binary nothing here checks; \
+             add `{version}: <sha256>`: the `k3s` line of {}/download/{version}/sha256sum-amd64.txt, compared with a second source \
+             (README \"Node software\"), or remove k3s.binary_sha256",
+            self.k3s.release_url.trim_end_matches('/')
+        )
+    }
+
+    /// `k3s.binary_sha256`: release names and 64-hex digests, and one for every release the
+    /// spec asks for (`k3s.version`, each pool's `k3s_version`, each `upgrade.path` step) once
+    /// any is set.
+    fn validate_k3s_binary(&self, err: &mut impl FnMut(String, String)) {
+        if self.k3s.install == K3sInstall::Preinstalled || self.k3s.binary_sha256.is_empty() {
+            return;
+        }
+        for (version, digest) in &self.k3s.binary_sha256 {
+            check_k3s_version(err, "k3s.binary_sha256".into(), version);
+            if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+                err(
+                    "k3s.binary_sha256".into(),
+                    format!(
+                        "{version}: must be a sha256 digest, 64 hex digits (the `k3s` line of the release's sha256sum-amd64.txt)"
+                    ),
+                );
+            }
+        }
+        let asked = std::iter::once(self.k3s.version.as_str())
+            .chain(self.pools().filter_map(|(_, p)| p.k3s_version.as_deref()))
+            .chain(self.upgrade.path.iter().map(String::as_str));
+        let mut seen = std::collections::BTreeSet::new();
+        for version in asked {
+            if seen.insert(version) && !self.k3s.binary_sha256.contains_key(version) {
+                err(
+                    "k3s.binary_sha256".into(),
+                    self.missing_binary_digest(version),
+                );
+            }
+        }
+    }
+
     /// `k3s.installer_url` / `k3s.installer_sha256`: a URL the script can quote, a digest
     /// of 64 hex digits, and a digest wherever the download is not otherwise pinned.
     fn validate_k3s_installer(&self, err: &mut impl FnMut(String, String)) {
@@ -1121,6 +1193,7 @@ impl ClusterSpec {
         self.validate_nodes(&mut err);
         self.validate_tailscale(&mut err);
         self.validate_k3s_installer(&mut err);
+        self.validate_k3s_binary(&mut err);
         if let Err(e) = check_installer_url(&self.k3s.release_url) {
             err("k3s.release_url".into(), e);
         }
@@ -1942,6 +2015,118 @@ mod tests {
             }
             assert_eq!(fields(&bad), ["tailscale.up_timeout_seconds"]);
         }
+    }
+
+    /// Audit security-2 N12: `k3s.binary_sha256` pins each release's binary by its own digest.
+    /// Once one is set, a spec asking for a release without one (a new `k3s.version`, a pool's
+    /// `k3s_version`, an `upgrade.path` step) is refused naming the field and saying what to
+    /// add, and a member is never checked against another release's digest.
+    #[test]
+    fn a_pinned_k3s_binary_needs_a_digest_for_every_release_the_spec_asks_for() {
+        const V33: &str = "v1.33.4+k3s1";
+        const V337: &str = "v1.33.7+k3s3";
+        let d33 = "ab".repeat(32);
+        let d337 = "cd".repeat(32);
+        let errors = |s: &ClusterSpec| -> Vec<(String, String)> {
+            s.validate()
+                .err()
+                .map(|e| e.0.into_iter().map(|e| (e.field, e.message)).collect())
+                .unwrap_or_default()
+        };
+        // None set: install.sh checks the binary against the release's hash file, as before.
+        let plain = spec();
+        assert_eq!(errors(&plain), []);
+        assert_eq!(plain.k3s_binary_sha256(V33), Ok(None));
+
+        let mut pinned = spec();
+        pinned.k3s.binary_sha256.insert(V33.into(), d33.clone());
+        assert_eq!(errors(&pinned), []);
+        assert_eq!(pinned.k3s_binary_sha256(V33), Ok(Some(d33.as_str())));
+
+        // An upgrade: the new release without its digest is refused, saying what to add...
+        let mut upgraded = pinned.clone();
+        upgraded.k3s.version = V337.into();
+        let want = format!(
+            "has digests for other releases but not for {V337}, so its nodes would run a binary nothing here checks; \
+             add `{V337}: <sha256>`: the `k3s` line of https://github.com/k3s-io/k3s/releases/download/{V337}/sha256sum-amd64.txt, \
+             compared with a second source (README \"Node software\"), or remove k3s.binary_sha256"
+        );
+        assert_eq!(errors(&upgraded), [("k3s.binary_sha256".to_owned(), want)]);
+        // ...and a member of it is never checked against the old release's digest.
+        assert!(upgraded.k3s_binary_sha256(V337).is_err());
+        upgraded.k3s.binary_sha256.insert(V337.into(), d337.clone());
+        assert_eq!(errors(&upgraded), []);
+        assert_eq!(upgraded.k3s_binary_sha256(V337), Ok(Some(d337.as_str())));
+        assert_eq!(upgraded.k3s_binary_sha256(V33), Ok(Some(d33.as_str())));
+        // A release a roll keeps a pool at, once its digest is gone: no member of it.
+        let mut dropped = upgraded.clone();
+        dropped.k3s.binary_sha256.remove(V33);
+        assert_eq!(errors(&dropped), []);
+        let e = dropped.k3s_binary_sha256(V33).unwrap_err();
+        assert!(e.contains(&format!("add `{V33}: <sha256>`")), "{e}");
+
+        // A pool's own release and an upgrade.path step need theirs too.
+        let mut pools = pinned.clone();
+        pools.worker_pools[0].k3s_version = Some("v1.33.1+k3s1".into());
+        pools.k3s.version = "v1.35.0+k3s1".into();
+        pools.k3s.installer_url = Some("https://mirror.example/install.sh".into());
+        pools.k3s.installer_sha256 = Some("ef".repeat(32));
+        pools.upgrade.path = vec!["v1.34.1+k3s1".into()];
+        let missing: Vec<String> = errors(&pools)
+            .into_iter()
+            .map(|(f, m)| {
+                assert_eq!(f, "k3s.binary_sha256");
+                m.split(" so its nodes")
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(
+            missing,
+            [
+                "has digests for other releases but not for v1.35.0+k3s1,",
+                "has digests for other releases but not for v1.33.1+k3s1,",
+                "has digests for other releases but not for v1.34.1+k3s1,",
+            ]
+        );
+
+        // Malformed entries, each named.
+        let mut bad = pinned.clone();
+        bad.k3s.binary_sha256.insert("latest".into(), d33.clone());
+        bad.k3s.binary_sha256.insert(V33.into(), "ab".repeat(31));
+        let errs = errors(&bad);
+        assert_eq!(errs.len(), 2, "{errs:?}");
+        assert!(
+            errs.iter().all(|(f, _)| f == "k3s.binary_sha256"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[0].1.contains("\"latest\" is not a k3s version"),
+            "{errs:?}"
+        );
+        assert!(
+            errs[1]
+                .1
+                .starts_with("v1.33.4+k3s1: must be a sha256 digest"),
+            "{errs:?}"
+        );
+
+        // Pre-installed: the image's binary runs, nothing is downloaded.
+        let mut pre = dropped.clone();
+        pre.k3s.install = K3sInstall::Preinstalled;
+        assert_eq!(pre.k3s_binary_sha256(V33), Ok(None));
+
+        // The spec's YAML form round-trips, and an empty table is left out.
+        let yaml = serde_saphyr::to_string(&upgraded).unwrap();
+        assert!(yaml.contains("binary_sha256:"), "{yaml}");
+        let back: ClusterSpec = serde_saphyr::from_str(&yaml).unwrap();
+        assert_eq!(back, upgraded);
+        assert!(
+            !serde_saphyr::to_string(&plain)
+                .unwrap()
+                .contains("binary_sha256")
+        );
     }
 
     /// Issue 34 §7: which installer a spec's nodes run, with which digest, and which specs are

@@ -70,6 +70,10 @@ pub struct NodeUserData {
     /// The installer's sha256: checked with `sha256sum -c` before it runs (a mismatch fails
     /// the step, nothing of it runs). `k3s.installer_sha256` of the spec.
     pub k3s_installer_sha256: Option<String>,
+    /// The k3s binary the setup downloads and checks itself before install.sh runs with
+    /// `INSTALL_K3S_SKIP_DOWNLOAD=true` (`k3s.binary_sha256`). None: install.sh downloads the
+    /// binary and checks it against the release's own `sha256sum-amd64.txt`.
+    pub k3s_binary: Option<K3sBinary>,
     /// How long the setup waits for the k3s unit to be active before it fails with k3s's
     /// own last error. Meanwhile systemd restarts a k3s that exits and an agent retries, so
     /// a server that is briefly unreachable is waited out.
@@ -94,6 +98,16 @@ pub struct NodeUserData {
     /// A server's k3s `secrets-encryption`: Secrets encrypted at rest in etcd (the spec's
     /// `k3s.secrets_encryption`; ignored on agents).
     pub secrets_encryption: bool,
+}
+
+/// A k3s binary pinned by digest: where the node downloads it, and the sha256 it must have
+/// before it is installed as `/usr/local/bin/k3s`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct K3sBinary {
+    /// `<release_url>/download/<release>/k3s` ([`crate::domain::digests::k3s_binary_url`]).
+    pub url: String,
+    /// The spec's `k3s.binary_sha256` for the release.
+    pub sha256: String,
 }
 
 /// How a node joins the tailnet. `Debug` leaves the auth key out.
@@ -746,15 +760,33 @@ fn drill_report_step(input: &NodeUserData) -> Option<String> {
 fn k3s_install_step(input: &NodeUserData, exec: &str) -> (&'static str, String) {
     match input.install {
         // The installer reads /etc/rancher/k3s/config.yaml itself; nothing secret here.
-        K3sInstall::Script => (
-            SetupStep::K3sInstall.name(),
-            format!(
-                "download {K3S_INSTALLER_FILE} '{url}'\n{check}retry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_VERSION='{version}' INSTALL_K3S_EXEC='{exec}' sh {K3S_INSTALLER_FILE}\n",
-                url = input.k3s_installer_url,
-                check = digest_check(K3S_INSTALLER_FILE, input.k3s_installer_sha256.as_deref()),
-                version = input.k3s_version,
-            ),
-        ),
+        K3sInstall::Script => {
+            // A pinned binary: fetched and checked here, installed where install.sh looks for
+            // it; `INSTALL_K3S_SKIP_DOWNLOAD=true` makes install.sh use it as it is (it then
+            // neither downloads a binary nor reads the release's hash file, nor the version).
+            let (binary, release) = match &input.k3s_binary {
+                Some(b) => (
+                    format!(
+                        "download {K3S_BINARY_FILE} '{url}'\n{check}install -m 0755 -o root -g root {K3S_BINARY_FILE} {K3S_BIN_PATH}\n",
+                        url = b.url,
+                        check = digest_check(K3S_BINARY_FILE, Some(&b.sha256)),
+                    ),
+                    "INSTALL_K3S_SKIP_DOWNLOAD=true".to_owned(),
+                ),
+                None => (
+                    String::new(),
+                    format!("INSTALL_K3S_VERSION='{}'", input.k3s_version),
+                ),
+            };
+            (
+                SetupStep::K3sInstall.name(),
+                format!(
+                    "{binary}download {K3S_INSTALLER_FILE} '{url}'\n{check}retry 3 env INSTALL_K3S_SKIP_START=true {release} INSTALL_K3S_EXEC='{exec}' sh {K3S_INSTALLER_FILE}\n",
+                    url = input.k3s_installer_url,
+                    check = digest_check(K3S_INSTALLER_FILE, input.k3s_installer_sha256.as_deref()),
+                ),
+            )
+        }
         // `k3s --version` prints `k3s version v1.33.4+k3s1 (<commit>)` first.
         K3sInstall::Preinstalled => (
             SetupStep::K3sVersion.name(),
@@ -776,6 +808,11 @@ fn digest_check(file: &str, sha256: Option<&str>) -> String {
 
 /// Where the setup script keeps the installers it downloads.
 const K3S_INSTALLER_FILE: &str = "/run/oxide-controller/k3s-install.sh";
+/// Where it keeps a pinned k3s binary until it is checked, and where it installs it: install.sh's
+/// `BIN_DIR` (`/usr/local/bin`, where root can write), whose `k3s` it uses with
+/// `INSTALL_K3S_SKIP_DOWNLOAD`.
+const K3S_BINARY_FILE: &str = "/run/oxide-controller/k3s";
+const K3S_BIN_PATH: &str = "/usr/local/bin/k3s";
 const TAILSCALE_INSTALLER_FILE: &str = "/run/oxide-controller/tailscale-install.sh";
 /// k3s reads every `*.yaml` here after config.yaml, `key+:` appending to lists.
 const DROP_IN_DIR: &str = "/etc/rancher/k3s/config.yaml.d";
@@ -967,6 +1004,15 @@ fn validate(input: &NodeUserData) -> Result<(), CloudInitError> {
         true,
     )
     .map_err(|m| invalid("k3s_installer_sha256", m))?;
+    if let Some(b) = &input.k3s_binary {
+        check_installer_url(&b.url).map_err(|m| invalid("k3s_binary.url", m))?;
+        if b.sha256.len() != 64 || !b.sha256.bytes().all(|c| c.is_ascii_hexdigit()) {
+            return Err(invalid(
+                "k3s_binary.sha256",
+                "must be a sha256 digest: 64 hex digits",
+            ));
+        }
+    }
     if let Some(disk) = &input.data_disk {
         validate_data_disk(disk)?;
     }
@@ -1258,6 +1304,17 @@ impl NodeUserData {
             authorized_keys.push(user_key.trim().to_string());
         }
         let installer = spec.k3s_installer();
+        let k3s_version = spec.k3s_version(m.pool);
+        // A release whose digest the spec lacks gets none here; `render_member` refuses it
+        // first, so no member of it is made with install.sh's own check instead.
+        let k3s_binary = spec
+            .k3s_binary_sha256(k3s_version)
+            .ok()
+            .flatten()
+            .map(|sha256| K3sBinary {
+                url: crate::domain::digests::k3s_binary_url(&spec.k3s.release_url, k3s_version),
+                sha256: sha256.to_owned(),
+            });
         NodeUserData {
             hostname: m.name.to_string(),
             role,
@@ -1266,14 +1323,11 @@ impl NodeUserData {
             provider_id: ProviderId::FromSmbiosUuid,
             external_cloud_provider: spec.k3s.oxide_ccm,
             kubelet_args: Vec::new(),
-            k3s_version: m
-                .pool
-                .k3s_version
-                .clone()
-                .unwrap_or_else(|| spec.k3s.version.clone()),
+            k3s_version: k3s_version.to_owned(),
             install: spec.k3s.install,
             k3s_installer_url: installer.url,
             k3s_installer_sha256: installer.sha256,
+            k3s_binary,
             k3s_start_seconds: k3s_start_seconds(spec.timeouts.join_seconds),
             ssh_user: spec.nodes.ssh_user.clone(),
             authorized_keys,
@@ -1328,7 +1382,19 @@ pub fn full_token(ca_hash: &str, user: &str, password: &str) -> String {
 }
 
 /// Render the user-data of a pool member (see [`NodeUserData::for_member`]).
+/// A member of a release the spec pins no binary for while it pins others (a release an
+/// upgrade roll keeps the pool at) is refused, saying what to add.
 pub fn render_member(m: &MemberInput) -> Result<Vec<u8>, CloudInitError> {
+    let version = m.spec.k3s_version(m.pool);
+    m.spec.k3s_binary_sha256(version).map_err(|e| {
+        invalid(
+            "k3s.binary_sha256",
+            format!(
+                "{} runs k3s {version} (its pool's release this run), and k3s.binary_sha256 {e}",
+                m.name
+            ),
+        )
+    })?;
     render(&NodeUserData::for_member(m)).map(String::into_bytes)
 }
 
@@ -1361,6 +1427,7 @@ mod tests {
             install: K3sInstall::Script,
             k3s_installer_url: crate::domain::digests::K3S_INSTALLERS[0].url(),
             k3s_installer_sha256: Some(crate::domain::digests::K3S_INSTALLERS[0].sha256.into()),
+            k3s_binary: None,
             k3s_start_seconds: 300,
             ssh_user: "ubuntu".into(),
             authorized_keys: vec![CONTROLLER_KEY.into(), USER_KEY.into()],
@@ -1424,6 +1491,85 @@ mod tests {
         };
         let e = render(&unpinned).unwrap_err();
         assert!(e.to_string().contains("k3s_installer_sha256"), "{e}");
+    }
+
+    const BINARY_SHA256: &str = "9f3c1e9b2a7d4c6e5f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f61";
+
+    /// An agent whose k3s binary the spec pins (`k3s.binary_sha256`).
+    fn pinned_binary_agent() -> NodeUserData {
+        NodeUserData {
+            k3s_binary: Some(K3sBinary {
+                url: crate::domain::digests::k3s_binary_url(
+                    crate::domain::spec::K3S_RELEASE_URL,
+                    "v1.33.4+k3s1",
+                ),
+                sha256: BINARY_SHA256.into(),
+            }),
+            ..agent()
+        }
+    }
+
+    /// Audit security-2 N12: a pinned binary is downloaded from the release, checked with
+    /// `sha256sum -c` and installed as `/usr/local/bin/k3s` before install.sh runs, and
+    /// install.sh runs with `INSTALL_K3S_SKIP_DOWNLOAD=true` (it uses that binary and neither
+    /// downloads another nor reads a version); unpinned, install.sh downloads it as before.
+    #[test]
+    fn a_pinned_k3s_binary_is_checked_and_installed_before_install_sh_skips_its_download() {
+        let (doc, _) = parse_back(&rendered(&pinned_binary_agent()));
+        let script = setup_script(&doc);
+        let want = format!(
+            "step k3s-install\n\
+             download /run/oxide-controller/k3s 'https://github.com/k3s-io/k3s/releases/download/v1.33.4+k3s1/k3s'\n\
+             check_sha256 /run/oxide-controller/k3s '{BINARY_SHA256}'\n\
+             install -m 0755 -o root -g root /run/oxide-controller/k3s /usr/local/bin/k3s\n\
+             download /run/oxide-controller/k3s-install.sh '{url}'\n\
+             check_sha256 /run/oxide-controller/k3s-install.sh '{sha}'\n\
+             retry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_SKIP_DOWNLOAD=true INSTALL_K3S_EXEC='agent' sh /run/oxide-controller/k3s-install.sh\n\
+             step k3s-start\n",
+            url = crate::domain::digests::K3S_INSTALLERS[0].url(),
+            sha = crate::domain::digests::K3S_INSTALLERS[0].sha256,
+        );
+        assert!(script.contains(&want), "{script}");
+        let plain = setup_script(&parse_back(&rendered(&agent())).0);
+        assert!(!plain.contains("INSTALL_K3S_SKIP_DOWNLOAD"), "{plain}");
+        assert!(
+            plain.contains("INSTALL_K3S_VERSION='v1.33.4+k3s1'"),
+            "{plain}"
+        );
+        // A digest is 64 hex digits; the URL one the script can quote.
+        for (field, binary) in [
+            (
+                "k3s_binary.sha256",
+                K3sBinary {
+                    url: "https://r/k3s".into(),
+                    sha256: "xyz".into(),
+                },
+            ),
+            (
+                "k3s_binary.url",
+                K3sBinary {
+                    url: "https://r/k3s'; reboot; '".into(),
+                    sha256: BINARY_SHA256.into(),
+                },
+            ),
+        ] {
+            let input = NodeUserData {
+                k3s_binary: Some(binary),
+                ..agent()
+            };
+            match render(&input) {
+                Err(CloudInitError::Invalid { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn snapshot_agent_with_a_pinned_k3s_binary() {
+        expectorate::assert_contents(
+            "tests/snapshots/cloud_init_pinned_binary_agent.yaml",
+            &rendered(&pinned_binary_agent()),
+        );
     }
 
     fn agent() -> NodeUserData {
@@ -2030,6 +2176,68 @@ mod tests {
             restore: None,
             drill: false,
         }
+    }
+
+    /// Audit security-2 N12: a member gets its own release's binary digest, and the binary
+    /// URL under `k3s.release_url`; a member of a release the spec pins no binary for while it
+    /// pins others (a release an upgrade roll keeps its pool at) is not rendered at all, saying
+    /// what to add; preinstalled members download nothing.
+    #[test]
+    fn a_member_checks_its_own_releases_binary_digest_or_is_not_made() {
+        let mut spec = crate::domain::spec::ClusterSpec::new("demo", "demo", "ubuntu", 3, 2);
+        let secrets = crate::base::secrets::ClusterSecrets {
+            k3s_token: "k3s-token-example".into(),
+            k3s_agent_token: "agent-token-example".into(),
+            ssh_public_key: CONTROLLER_KEY.into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            NodeUserData::for_member(&worker_input(&spec, &secrets)).k3s_binary,
+            None
+        );
+        spec.k3s.release_url = "http://10.0.0.5/k3s/releases/".into();
+        spec.k3s
+            .binary_sha256
+            .insert("v1.33.4+k3s1".into(), BINARY_SHA256.into());
+        spec.k3s
+            .binary_sha256
+            .insert("v1.33.7+k3s3".into(), "ab".repeat(32));
+        assert_eq!(
+            NodeUserData::for_member(&worker_input(&spec, &secrets)).k3s_binary,
+            Some(K3sBinary {
+                url: "http://10.0.0.5/k3s/releases/download/v1.33.4+k3s1/k3s".into(),
+                sha256: BINARY_SHA256.into(),
+            })
+        );
+        // The pool rolled to the other release: that release's digest.
+        let mut rolled = spec.clone();
+        rolled.worker_pools[0].k3s_version = Some("v1.33.7+k3s3".into());
+        let ud = NodeUserData::for_member(&worker_input(&rolled, &secrets));
+        assert_eq!(ud.k3s_binary.map(|b| b.sha256), Some("ab".repeat(32)));
+        // Kept at a release whose digest is gone: no user-data, the reason says what to add.
+        let mut kept = spec.clone();
+        kept.worker_pools[0].k3s_version = Some("v1.33.1+k3s1".into());
+        match render_member(&worker_input(&kept, &secrets)) {
+            Err(CloudInitError::Invalid { field, message }) => {
+                assert_eq!(field, "k3s.binary_sha256");
+                assert!(
+                    message.starts_with("demo-workers-abcde runs k3s v1.33.1+k3s1 (its pool's release this run), and k3s.binary_sha256 has digests for other releases but not for v1.33.1+k3s1"),
+                    "{message}"
+                );
+                assert!(
+                    message.contains("add `v1.33.1+k3s1: <sha256>`: the `k3s` line of http://10.0.0.5/k3s/releases/download/v1.33.1+k3s1/sha256sum-amd64.txt"),
+                    "{message}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(render_member(&worker_input(&spec, &secrets)).is_ok());
+        kept.k3s.install = K3sInstall::Preinstalled;
+        assert_eq!(
+            NodeUserData::for_member(&worker_input(&kept, &secrets)).k3s_binary,
+            None
+        );
+        assert!(render_member(&worker_input(&kept, &secrets)).is_ok());
     }
 
     #[test]

@@ -135,6 +135,8 @@ pub struct BootstrapInput {
     pub k3s_installer_url: Option<String>,
     /// `k3s.installer_sha256`.
     pub k3s_installer_sha256: Option<String>,
+    /// `k3s.binary_sha256` of `k3s_version`: nodes download the k3s binary and check it.
+    pub k3s_binary_sha256: Option<String>,
     /// Default `~/.kube/<cluster>.yaml`.
     pub kubeconfig: Option<PathBuf>,
     pub kubeconfig_overwrite: bool,

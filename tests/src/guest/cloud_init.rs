@@ -163,7 +163,20 @@ pub fn parse_user_data(bytes: &[u8]) -> Result<UserData, UserDataError> {
         out.role = setup_role(&out.setup);
         for (step, lines) in &out.setup {
             match step {
-                SetupStep::K3sInstall { version, .. } => out.install_version = version.clone(),
+                // With INSTALL_K3S_SKIP_DOWNLOAD install.sh reads no version: k3s is the
+                // binary the step installed.
+                SetupStep::K3sInstall {
+                    version,
+                    binary,
+                    skip_download,
+                    ..
+                } => {
+                    out.install_version = if *skip_download {
+                        binary.as_ref().and_then(|b| b.release.clone())
+                    } else {
+                        version.clone()
+                    };
+                }
                 SetupStep::ProviderId { prefix } => {
                     out.smbios_provider_id_prefix = Some(prefix.clone());
                 }

@@ -763,11 +763,53 @@ impl Inner {
                     url,
                     sha256,
                     version,
+                    binary,
+                    skip_download,
                     ..
                 } => {
+                    if let Some(bin) = binary {
+                        // The step's own download of a release's binary: curl -f fails on the
+                        // 404 of a release GitHub does not have; `sha256sum -c` then compares
+                        // the file with the digest, and `install` runs only after it passed.
+                        let exists = bin.release.as_deref().is_some_and(|r| {
+                            setup_script::k3s_release_exists(r, &self.cfg.k3s_version)
+                        });
+                        if download_fails || !exists {
+                            return Err(SetupEnd::Failed(
+                                step.name(),
+                                format!("download of {} failed", bin.url),
+                            ));
+                        }
+                        let got = bin
+                            .release
+                            .as_deref()
+                            .map(setup_script::k3s_binary_sha256)
+                            .filter(|_| !tampered);
+                        if let Some((file, want)) = &bin.sha256
+                            && got.as_deref() != Some(want.to_ascii_lowercase().as_str())
+                        {
+                            return Err(SetupEnd::Failed(
+                                step.name(),
+                                format!("sha256 of {file} is not the expected {want}"),
+                            ));
+                        }
+                    }
                     download(url, sha256)?;
-                    // install.sh (`set -e`) exits 1 when the release's hash file 404s.
-                    if let Some(version) = version
+                    if *skip_download {
+                        // install.sh's `download_and_verify`: no download, no hash file, no
+                        // version; `verify_k3s_is_executable` wants the binary in BIN_DIR.
+                        self.console(id, "[INFO]  Skipping k3s download and verify\n");
+                        if binary.is_none() {
+                            self.console(
+                                id,
+                                &format!(
+                                    "[ERROR]  Executable k3s binary not found at {}\n",
+                                    setup_script::K3S_BIN_PATH
+                                ),
+                            );
+                            return Err(SetupEnd::Failed(step.name(), "exit status 1".into()));
+                        }
+                    } else if let Some(version) = version
                         && !setup_script::k3s_release_exists(version, &self.cfg.k3s_version)
                     {
                         self.console(id, &setup_script::missing_release_lines(version));

@@ -65,7 +65,7 @@ pub use k3s_config::{
     K3S_CONFIG_DROPIN_DIR, K3S_CONFIG_PATH, K3S_KUBECONFIG_PATH, K3S_NODE_TOKEN_PATH, K3sConfig,
     Role, parse_k3s_config,
 };
-pub use setup_script::{K3S_RELEASES, k3s_release_exists};
+pub use setup_script::{K3S_RELEASES, k3s_binary_sha256, k3s_release_exists};
 pub use yaml::UserDataError;
 
 use crate::guest::sshd::SshHost;

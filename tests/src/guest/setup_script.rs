@@ -41,9 +41,15 @@ pub enum SetupStep {
     /// Downloads k3s's installer from `url` and runs it with `INSTALL_K3S_EXEC`/`_VERSION`;
     /// it starts k3s and waits on the start job unless `INSTALL_K3S_SKIP_START=true`.
     K3sInstall {
+        /// The download of the file the step runs with `sh`.
         url: Option<String>,
-        /// As for [`SetupStep::TailscaleInstall`].
+        /// As for [`SetupStep::TailscaleInstall`], of that file.
         sha256: Option<(String, String)>,
+        /// A k3s binary the step downloads and installs as `/usr/local/bin/k3s` itself.
+        binary: Option<K3sBinaryInstall>,
+        /// `INSTALL_K3S_SKIP_DOWNLOAD=true` (or `binary`): install.sh downloads no binary and
+        /// uses the one at `/usr/local/bin/k3s`, which must be there and executable.
+        skip_download: bool,
         role: Option<Role>,
         version: Option<String>,
         starts: bool,
@@ -91,6 +97,41 @@ impl SetupStep {
             SetupStep::Unknown => "unknown",
         }
     }
+}
+
+/// A k3s binary a `k3s-install` step installs itself: `download FILE 'URL'`, then (or not)
+/// `check_sha256 FILE 'HEX'`, then `install … FILE /usr/local/bin/k3s`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct K3sBinaryInstall {
+    pub url: String,
+    /// The release the URL names (`…/download/<release>/k3s`, `%2B` read as `+`), if any.
+    pub release: Option<String>,
+    /// The check of FILE before the `install` line: (file, digest).
+    pub sha256: Option<(String, String)>,
+}
+
+/// Where install.sh looks for the binary it uses with `INSTALL_K3S_SKIP_DOWNLOAD` (its
+/// `BIN_DIR` default, `/usr/local/bin`).
+pub const K3S_BIN_PATH: &str = "/usr/local/bin/k3s";
+
+/// The sha256 of release `version`'s amd64 k3s binary in the simulator: a **stand-in**, the
+/// sha256 of the text `k3s <version>`. The simulator holds no binaries, and no digest of a
+/// real release's binary can be cited offline (tests/FIDELITY.md "k3s binary digests"). The
+/// simulated GitHub's `sha256sum-amd64.txt` lists it for `k3s` (`harness::releases`).
+pub fn k3s_binary_sha256(version: &str) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(format!("k3s {version}").as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The release a binary URL names: `<base>/download/<release>/k3s`.
+fn release_of_binary_url(url: &str) -> Option<String> {
+    let rest = url.strip_suffix("/k3s")?;
+    let (_, release) = rest.rsplit_once("/download/")?;
+    let release = release.replace("%2B", "+").replace("%2b", "+");
+    (!release.is_empty() && !release.contains('/')).then_some(release)
 }
 
 /// The setup script `runcmd` runs: a written file (`write_files`, `#!/bin/sh`) named as the
@@ -203,9 +244,65 @@ fn read_step(name: &str, body: &[String]) -> SetupStep {
         "tailscale-san" => SetupStep::TailscaleSan,
         "k3s-install" => {
             let run = find(&|l| l.contains("INSTALL_K3S_"));
+            // Each `download FILE 'URL'` and `check_sha256 FILE 'HEX'`, by line.
+            let downloads: Vec<(usize, &str, String)> = body
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| {
+                    let file = l.strip_prefix("download ")?.split_whitespace().next()?;
+                    Some((i, file, quoted_args(l).first()?.to_string()))
+                })
+                .collect();
+            let checks: Vec<(usize, &str, String)> = body
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| {
+                    let file = l.strip_prefix("check_sha256 ")?.split_whitespace().next()?;
+                    Some((i, file, quoted_args(l).first()?.to_string()))
+                })
+                .collect();
+            // What `file` was downloaded from and checked against before line `at`.
+            let fetched = |file: &str, at: usize| {
+                let url = downloads
+                    .iter()
+                    .rfind(|(i, f, _)| *i < at && *f == file)
+                    .map(|(_, _, u)| u.clone());
+                let sha256 = checks
+                    .iter()
+                    .rfind(|(i, f, _)| *i < at && *f == file)
+                    .map(|(_, f, d)| ((*f).to_owned(), d.clone()));
+                (url, sha256)
+            };
+            let run_at = body
+                .iter()
+                .position(|l| l.contains("INSTALL_K3S_"))
+                .unwrap_or(body.len());
+            let (url, sha256) = run
+                .and_then(|l| l.split_whitespace().last())
+                .map_or((None, None), |file| fetched(file, run_at));
+            // `install [-m MODE -o USER -g GROUP] FILE /usr/local/bin/k3s` before install.sh.
+            let binary = body[..run_at].iter().enumerate().find_map(|(i, l)| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                if words.first() != Some(&"install") || words.last() != Some(&K3S_BIN_PATH) {
+                    return None;
+                }
+                let file = words.get(words.len().checked_sub(2)?)?;
+                let (url, sha256) = fetched(file, i);
+                let url = url?;
+                Some(K3sBinaryInstall {
+                    release: release_of_binary_url(&url),
+                    url,
+                    sha256,
+                })
+            });
             SetupStep::K3sInstall {
-                url: download,
+                url,
                 sha256,
+                binary,
+                skip_download: matches!(
+                    run.and_then(|l| env_value(l, "INSTALL_K3S_SKIP_DOWNLOAD")),
+                    Some("true" | "binary")
+                ),
                 role: run
                     .and_then(|l| env_value(l, "INSTALL_K3S_EXEC"))
                     .and_then(|w| match w {
@@ -394,6 +491,53 @@ mod tests {
         )])
     }
 
+    /// A pinned binary: the step's own download, check and `install` to /usr/local/bin/k3s,
+    /// then install.sh with `INSTALL_K3S_SKIP_DOWNLOAD`; the installer is the file `sh` runs.
+    #[test]
+    fn a_k3s_install_step_reads_the_binary_it_installs_and_the_installer_it_runs() {
+        let script = "#!/bin/sh\nstep k3s-install\ndownload /run/k 'https://r/k3s-io/k3s/releases/download/v1.33.4%2Bk3s1/k3s'\ncheck_sha256 /run/k 'ab'\ninstall -m 0755 -o root -g root /run/k /usr/local/bin/k3s\ndownload /run/i.sh 'https://mirror/install.sh'\ncheck_sha256 /run/i.sh 'cd'\nretry 3 env INSTALL_K3S_SKIP_START=true INSTALL_K3S_SKIP_DOWNLOAD=true INSTALL_K3S_EXEC='agent' sh /run/i.sh\n";
+        let steps = parse_setup(
+            &["/usr/local/sbin/oxide-node-setup".to_owned()],
+            &files(script),
+        );
+        assert_eq!(
+            steps[0].0,
+            SetupStep::K3sInstall {
+                url: Some("https://mirror/install.sh".into()),
+                sha256: Some(("/run/i.sh".into(), "cd".into())),
+                binary: Some(K3sBinaryInstall {
+                    url: "https://r/k3s-io/k3s/releases/download/v1.33.4%2Bk3s1/k3s".into(),
+                    release: Some("v1.33.4+k3s1".into()),
+                    sha256: Some(("/run/k".into(), "ab".into())),
+                }),
+                skip_download: true,
+                role: Some(Role::Agent),
+                version: None,
+                starts: false,
+            }
+        );
+        // A check after the `install` line checks nothing that was installed.
+        let late = script.replace(
+            "check_sha256 /run/k 'ab'\ninstall -m 0755 -o root -g root /run/k /usr/local/bin/k3s\n",
+            "install -m 0755 -o root -g root /run/k /usr/local/bin/k3s\ncheck_sha256 /run/k 'ab'\n",
+        );
+        match &parse_setup(
+            &["/usr/local/sbin/oxide-node-setup".to_owned()],
+            &files(&late),
+        )[0]
+        .0
+        {
+            SetupStep::K3sInstall { binary, .. } => {
+                assert_eq!(binary.as_ref().and_then(|b| b.sha256.clone()), None);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            k3s_binary_sha256("v1.33.4+k3s1"),
+            "bc06053404894ff2daa1e3868cf51c8510000ffdd586cc596fade52d1d0f5d18"
+        );
+    }
+
     #[test]
     fn steps_come_from_the_script_runcmd_runs_and_nothing_else() {
         let script = "#!/bin/sh\nset -eu\nstep data-disk\ndata_disk 'data-x' '/var/lib/rancher' 'k3s-agent.service'\nstep provider-id\nuuid=\"$(tr '[:upper:]' '[:lower:]' < /sys/class/dmi/id/product_uuid)\"\nprintf 'kubelet-arg+:\\n  - provider-id=oxide://%s\\n' \"$uuid\" > /x\nstep k3s-install\ndownload /run/k.sh 'https://mirror.example/k3s'\nINSTALL_K3S_VERSION='v1.33.4+k3s1' INSTALL_K3S_EXEC='agent' sh /run/k.sh\n";
@@ -411,6 +555,8 @@ mod tests {
                 SetupStep::K3sInstall {
                     url: Some("https://mirror.example/k3s".into()),
                     sha256: None,
+                    binary: None,
+                    skip_download: false,
                     role: Some(Role::Agent),
                     version: Some("v1.33.4+k3s1".into()),
                     starts: true,

@@ -7,7 +7,6 @@
 //! [`crate::harness::handle::SimHandle::release_url`].
 
 use bytes::Bytes;
-use sha2::Digest as _;
 
 /// The path prefix of the base URL (GitHub's `/<owner>/<repo>/releases`).
 pub const PREFIX: &str = "/k3s-io/k3s/releases";
@@ -27,16 +26,11 @@ pub fn handle(req: &http::Request<Bytes>, configured: &str) -> http::Response<By
         .filter(|_| matches!(*req.method(), http::Method::GET | http::Method::HEAD));
     let (status, body) = match found {
         // One line per asset, `<sha256>  <file>`; the simulator holds no binaries, so the
-        // digest is of the release's name (nothing checks it against bytes).
+        // digest is its stand-in for the release's binary, the one a guest's download of it
+        // has ([`crate::guest::k3s_binary_sha256`]).
         Some((version, _)) => (
             200,
-            format!(
-                "{}  k3s\n",
-                sha2::Sha256::digest(format!("k3s {version}").as_bytes())
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
-            ),
+            format!("{}  k3s\n", crate::guest::k3s_binary_sha256(version)),
         ),
         None => (404, "Not Found".to_owned()),
     };

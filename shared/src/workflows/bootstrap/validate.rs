@@ -54,6 +54,7 @@ fn flag_for(field: &str) -> String {
         ("", "k3s.version") => "--k3s-version".to_owned(),
         ("", "k3s.installer_url") => "--k3s-installer-url".to_owned(),
         ("", "k3s.installer_sha256") => "--k3s-installer-sha256".to_owned(),
+        ("", "k3s.binary_sha256") => "--k3s-binary-sha256".to_owned(),
         ("", "nodes.ssh_user") => "--ssh-user".to_owned(),
         ("", "nodes.ssh_port") => "--ssh-port".to_owned(),
         ("", "nodes.ip_pool") => "--ip-pool".to_owned(),
@@ -123,6 +124,11 @@ fn build_spec(input: &BootstrapInput) -> ClusterSpec {
     spec.k3s
         .installer_sha256
         .clone_from(&input.k3s_installer_sha256);
+    if let Some(d) = &input.k3s_binary_sha256 {
+        spec.k3s
+            .binary_sha256
+            .insert(input.k3s_version.clone(), d.clone());
+    }
     spec.k3s.oxide_ccm = input.oxide_ccm;
     spec.nodes.ssh_user = input.ssh_user.clone();
     spec.nodes.ssh_port = input.ssh_port;
@@ -569,6 +575,7 @@ mod tests {
         assert_eq!(flag_for("worker_pools.workers.image"), "--worker-image");
         assert_eq!(flag_for("cluster"), "--cluster");
         assert_eq!(flag_for("k3s.version"), "--k3s-version");
+        assert_eq!(flag_for("k3s.binary_sha256"), "--k3s-binary-sha256");
         assert_eq!(flag_for("timeouts.join_seconds"), "timeouts.join_seconds");
     }
 }
