@@ -391,6 +391,38 @@ async fn a_run_killed_after_any_step_is_finished_by_a_rerun_that_adopts_what_exi
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Audit security-2 H2's rest, in this test because bootstrap's log callsites must not be
+    // first hit by another test's thread (tracing caches their interest without this test's
+    // thread-local subscriber, and the kills above would never see their step begin).
+    oxide_token_id_recorded_only_when_known(&clean_world).await;
+}
+
+/// Bootstrap records which of the user's tokens the cluster holds (Secret key
+/// `oxide-token-id`), so every run can watch its end; with two tokens and no profile to say
+/// which, it records none rather than a guess (the run then says so).
+async fn oxide_token_id_recorded_only_when_known(clean_world: &FakeWorld) {
+    use oxide_controller::domain::oxide_token::AccessToken;
+    let only = clean_world.with(|s| s.access_tokens[0].id.clone());
+    assert_eq!(
+        clean_world.with(|s| s.secrets.as_ref().and_then(|x| x.oxide_token_id.clone())),
+        Some(only),
+        "the user's only token"
+    );
+    let w = world();
+    let laptop = Laptop::new();
+    w.with(|s| {
+        s.access_tokens.push(AccessToken {
+            id: "5a1e0000-0000-4000-8000-0000000000c3".into(),
+            expires_at: Some(chrono::Utc::now() + chrono::Duration::days(10)),
+        });
+    });
+    match run(&w, &laptop, None).await {
+        Some(Ok(_)) => {}
+        other => panic!("bootstrap on the fakes failed: {other:?}"),
+    }
+    let recorded = w.with(|s| s.secrets.as_ref().map(|x| x.oxide_token_id.clone()));
+    assert_eq!(recorded, Some(None), "two tokens, no profile: no guess");
 }
 
 /// Audit security-2 N6: a `recover --backup` that died after the restore and before it
@@ -458,39 +490,4 @@ async fn a_restore_that_died_before_rewriting_the_secret_is_finished_by_the_next
     for value in [&secrets.webhook_token, &secrets.oxide_token] {
         assert!(!out.contains(value.as_str()), "a value on stdout: {out}");
     }
-}
-
-/// Audit security-2 H2's rest: bootstrap records which of the user's tokens the cluster holds
-/// (Secret key `oxide-token-id`), so every run can watch its end; with two tokens and no
-/// profile to say which, it records none rather than a guess (the run then says so).
-#[tokio::test]
-async fn bootstrap_records_the_oxide_tokens_id_only_when_it_can_tell_which_it_is() {
-    use oxide_controller::domain::oxide_token::AccessToken;
-    let w = world();
-    let laptop = Laptop::new();
-    let id = w.with(|s| {
-        s.access_tokens[0].expires_at = Some(chrono::Utc::now() + chrono::Duration::days(10));
-        s.access_tokens[0].id.clone()
-    });
-    match run(&w, &laptop, None).await {
-        Some(Ok(_)) => {}
-        other => panic!("bootstrap on the fakes failed: {other:?}"),
-    }
-    let recorded = w.with(|s| s.secrets.as_ref().and_then(|x| x.oxide_token_id.clone()));
-    assert_eq!(recorded, Some(id));
-
-    let w = world();
-    let laptop = Laptop::new();
-    w.with(|s| {
-        s.access_tokens.push(AccessToken {
-            id: "5a1e0000-0000-4000-8000-0000000000c3".into(),
-            expires_at: None,
-        });
-    });
-    match run(&w, &laptop, None).await {
-        Some(Ok(_)) => {}
-        other => panic!("bootstrap on the fakes failed: {other:?}"),
-    }
-    let recorded = w.with(|s| s.secrets.as_ref().map(|x| x.oxide_token_id.clone()));
-    assert_eq!(recorded, Some(None), "two tokens, no profile: no guess");
 }
