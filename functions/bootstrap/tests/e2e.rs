@@ -81,13 +81,31 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
             "oxide-token",
             // Issue 34 §1: no SSH private key; only the public half.
             "ssh-public-key",
-            // Issue 34 §5: the read-only token for GETs and /metrics.
-            "webhook-read-token",
             // Issue 34 §6's serving pair moved to Secret oxide-controller-webhook-tls
-            // (issue 46: the reconcile re-issues it without writing this Secret).
-            "webhook-token"
+            // (issue 46: the reconcile re-issues it without writing this Secret); the
+            // webhook's tokens to Secret oxide-controller-webhook-auth (audit H1: the
+            // reconcile account reads this one whole).
         ]
     );
+    let auth = env
+        .sim
+        .kube()
+        .get(
+            "v1",
+            "Secret",
+            Some("kube-system"),
+            "oxide-controller-webhook-auth",
+        )
+        .await
+        .expect("Secret oxide-controller-webhook-auth");
+    let auth_keys: Vec<&str> = auth["data"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    // Issue 34 §5: the read-only token for GETs and /metrics.
+    assert_eq!(auth_keys, ["webhook-read-token", "webhook-token"]);
     let cm = env
         .sim
         .kube()
