@@ -86,6 +86,10 @@ pub struct WorldState {
     /// `oxide-controller-webhook-ca`.
     pub webhook_tls: Option<(u64, crate::base::secrets::webhook::WebhookTls)>,
     pub webhook_ca: Option<crate::base::secrets::webhook::WebhookCa>,
+    /// Secret `oxide-controller-webhook-auth` (the webhook's tokens).
+    pub webhook_tokens: Option<crate::base::secrets::webhook::WebhookTokens>,
+    /// Reading that Secret is refused (403), as for an account without `get` on it.
+    pub webhook_tokens_forbidden: bool,
     /// Calls that change something, in order, e.g. "create demo-workers-abcde".
     pub log: Vec<String>,
     /// The most instances each pool-prefix ever had at once (for surge checks).
@@ -1448,6 +1452,48 @@ impl StateStore for FakeState {
             }
             s.webhook_ca.get_or_insert_with(|| ca.clone());
             Ok(())
+        })
+    }
+
+    async fn read_webhook_tokens(
+        &self,
+    ) -> Result<Option<crate::base::secrets::webhook::WebhookTokens>, StateError> {
+        self.0.with(|s| {
+            *s.reads.entry("get-webhook-auth").or_default() += 1;
+            if s.webhook_tokens_forbidden {
+                return Err(StateError::Forbidden {
+                    what: "Secret kube-system/oxide-controller-webhook-auth".into(),
+                    message: "injected".into(),
+                });
+            }
+            Ok(s.webhook_tokens.clone())
+        })
+    }
+
+    /// The fake keeps typed values only: its cluster Secret never holds a moved key, so there
+    /// is nothing to migrate here (the real store's migration: `tests/tests/state_store.rs`).
+    async fn ensure_webhook_tokens(
+        &self,
+        tokens: &crate::base::secrets::webhook::WebhookTokens,
+    ) -> Result<crate::base::secrets::webhook::WebhookTokens, StateError> {
+        self.0.with(|s| {
+            if s.webhook_tokens.is_none() {
+                s.create_calls.push("create-webhook-auth".to_owned());
+            }
+            Ok(s.webhook_tokens
+                .get_or_insert_with(|| tokens.clone())
+                .clone())
+        })
+    }
+
+    async fn replace_webhook_tokens(
+        &self,
+        tokens: &crate::base::secrets::webhook::WebhookTokens,
+    ) -> Result<bool, StateError> {
+        self.0.with(|s| {
+            s.webhook_tokens = Some(tokens.clone());
+            s.log.push("replace-webhook-auth".to_owned());
+            Ok(false)
         })
     }
 }

@@ -8,7 +8,7 @@
 //! which the `scale` CLI uses too.
 //!
 //! Endpoints (everything but `/healthz`, `/readyz` and `/metrics` needs
-//! `Authorization: Bearer <token>`, the Secret's `webhook-token`; its `webhook-read-token`,
+//! `Authorization: Bearer <token>`, Secret `oxide-controller-webhook-auth`'s `webhook-token`; its `webhook-read-token`,
 //! where set, does for GETs and is 403 on anything else). `/metrics` is open as peers' are
 //! (cert-manager, Flux, Karpenter, kube-state-metrics serve theirs without credentials, the
 //! NetworkPolicy deciding who reaches the port): it carries counts, timestamps and the reasons

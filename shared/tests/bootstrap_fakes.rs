@@ -360,6 +360,7 @@ async fn a_run_killed_after_any_step_is_finished_by_a_rerun_that_adopts_what_exi
         "create-image ubuntu-2404",
         "create-secret",
         "create-configmap",
+        "create-webhook-auth",
     ] {
         assert_eq!(
             clean.create_requests.get(kind),
@@ -442,7 +443,11 @@ async fn a_restore_that_died_before_rewriting_the_secret_is_finished_by_the_next
     world.with(|s| {
         let secrets = s.secrets.as_mut().unwrap_or_else(|| panic!("no Secret"));
         secrets.oxide_token = "the-backups-oxide-token".into();
-        secrets.webhook_token = "the-backups-webhook-token".into();
+        let tokens = s
+            .webhook_tokens
+            .as_mut()
+            .unwrap_or_else(|| panic!("no tokens"));
+        tokens.token = "the-backups-webhook-token".into();
     });
     let mut r = laptop.resume().unwrap_or_else(|| panic!("no resume file"));
     r.restore_pending = Some("demo-etcd-20260101-000000".into());
@@ -480,14 +485,17 @@ async fn a_restore_that_died_before_rewriting_the_secret_is_finished_by_the_next
     let secrets = world
         .with(|s| s.secrets.clone())
         .unwrap_or_else(|| panic!("no Secret"));
+    let tokens = world
+        .with(|s| s.webhook_tokens.clone())
+        .unwrap_or_else(|| panic!("no webhook tokens"));
     assert_eq!(secrets.oxide_token, "oxide-token-for-the-fakes");
-    assert_ne!(secrets.webhook_token, "the-backups-webhook-token");
-    assert_ne!(secrets.webhook_token, r.webhook_token);
+    assert_ne!(tokens.token, "the-backups-webhook-token");
+    assert_ne!(tokens.token, r.webhook_token);
     let after = laptop.resume().unwrap_or_else(|| panic!("no resume file"));
     assert_eq!(after.restore_pending, None);
-    assert_eq!(after.webhook_token, secrets.webhook_token);
-    assert_eq!(after.webhook_read_token, secrets.webhook_read_token);
-    for value in [&secrets.webhook_token, &secrets.oxide_token] {
+    assert_eq!(after.webhook_token, tokens.token);
+    assert_eq!(after.webhook_read_token, tokens.read_token);
+    for value in [&tokens.token, &secrets.oxide_token] {
         assert!(!out.contains(value.as_str()), "a value on stdout: {out}");
     }
 }

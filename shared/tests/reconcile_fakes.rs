@@ -40,8 +40,6 @@ fn secrets() -> ClusterSecrets {
         k3s_agent_token: "agent-token".into(),
         ssh_public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIController".into(),
         user_ssh_public_key: None,
-        webhook_token: "w".into(),
-        webhook_read_token: None,
         tailscale_auth_key: None,
         oxide_token_id: None,
     }

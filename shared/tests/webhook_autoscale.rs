@@ -14,6 +14,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use oxide_controller::base::retry::Backoff;
 use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::base::secrets::webhook::WebhookTokens;
 use oxide_controller::domain::autoscale::AutoscaleSpec;
 use oxide_controller::domain::spec::{ClusterSpec, PoolSpec};
 use oxide_controller::fake::{FakeCluster, FakeState, FakeWorld};
@@ -34,8 +35,6 @@ fn secrets() -> ClusterSecrets {
         k3s_agent_token: "agent".into(),
         ssh_public_key: "ssh-ed25519 AAAA".into(),
         user_ssh_public_key: None,
-        webhook_token: TOKEN.into(),
-        webhook_read_token: None,
         tailscale_auth_key: None,
         oxide_token_id: None,
     }
@@ -67,6 +66,13 @@ async fn world() -> FakeWorld {
     let w = FakeWorld::new(chrono::Utc::now());
     let config = BTreeMap::from([(keys::SPEC.to_owned(), spec().to_yaml())]);
     w.state().ensure_state(&secrets(), config).await.unwrap();
+    w.state()
+        .ensure_webhook_tokens(&WebhookTokens {
+            token: TOKEN.into(),
+            read_token: None,
+        })
+        .await
+        .unwrap();
     w
 }
 
@@ -370,6 +376,9 @@ impl StateStore for Slow {
     }
     async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
         self.0.read_secrets().await
+    }
+    async fn read_webhook_tokens(&self) -> Result<Option<WebhookTokens>, StateError> {
+        self.0.read_webhook_tokens().await
     }
     async fn ensure_state(
         &self,

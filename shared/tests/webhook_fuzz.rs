@@ -25,6 +25,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, StatusCode, header};
 use oxide_controller::base::retry::Backoff;
 use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::base::secrets::webhook::WebhookTokens;
 use oxide_controller::domain::spec::{ClusterSpec, PoolSpec};
 use oxide_controller::fake::FakeWorld;
 use oxide_controller::ports::state::{StateStore, keys};
@@ -88,13 +89,18 @@ fn spec() -> ClusterSpec {
 
 async fn world() -> FakeWorld {
     let w = FakeWorld::new(chrono::Utc::now());
-    let secrets = ClusterSecrets {
-        webhook_token: TOKEN.into(),
-        webhook_read_token: None,
-        ..ClusterSecrets::default()
-    };
     let config = BTreeMap::from([(keys::SPEC.to_owned(), spec().to_yaml())]);
-    w.state().ensure_state(&secrets, config).await.unwrap();
+    w.state()
+        .ensure_state(&ClusterSecrets::default(), config)
+        .await
+        .unwrap();
+    w.state()
+        .ensure_webhook_tokens(&WebhookTokens {
+            token: TOKEN.into(),
+            read_token: None,
+        })
+        .await
+        .unwrap();
     w
 }
 

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use oxide_controller::base::retry::Backoff;
 use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::base::secrets::webhook::WebhookTokens;
 use oxide_controller::domain::model::{Node, PodRef};
 use oxide_controller::domain::spec::{ClusterSpec, PoolSpec};
 use oxide_controller::fake::{FakeCluster, FakeState, FakeWorld};
@@ -26,7 +27,7 @@ use serde_json::Value;
 
 const TOKEN: &str = "hook-token-5f3a9c1e7b";
 
-fn secrets(token: &str) -> ClusterSecrets {
+fn secrets() -> ClusterSecrets {
     ClusterSecrets {
         oxide_host: "https://rack.example".into(),
         oxide_token: "oxide-token".into(),
@@ -36,10 +37,16 @@ fn secrets(token: &str) -> ClusterSecrets {
         k3s_agent_token: "agent".into(),
         ssh_public_key: "ssh-ed25519 AAAA".into(),
         user_ssh_public_key: None,
-        webhook_token: token.into(),
-        webhook_read_token: None,
         tailscale_auth_key: None,
         oxide_token_id: None,
+    }
+}
+
+/// Secret `oxide-controller-webhook-auth` with write token `token` and no read-only one.
+fn tokens(token: &str) -> WebhookTokens {
+    WebhookTokens {
+        token: token.into(),
+        read_token: None,
     }
 }
 
@@ -66,8 +73,9 @@ async fn world() -> FakeWorld {
         (keys::SPEC.to_owned(), spec().to_yaml()),
         (keys::SCHEMA_VERSION.to_owned(), "1".to_owned()),
     ]);
+    w.state().ensure_state(&secrets(), config).await.unwrap();
     w.state()
-        .ensure_state(&secrets(TOKEN), config)
+        .ensure_webhook_tokens(&tokens(TOKEN))
         .await
         .unwrap();
     assert_eq!(rv(&w), "1");
@@ -188,13 +196,13 @@ async fn readyz_is_200_only_when_the_token_and_the_configmap_can_be_read() {
     let ready = || Request::get("/readyz").body(Bytes::new()).unwrap();
     assert_eq!(send(&d, ready()).await.status(), StatusCode::OK);
 
-    w.with(|s| s.secrets = None);
+    w.with(|s| s.webhook_tokens = None);
     let r = send(&d, ready()).await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(body(&r).contains("webhook token"), "{}", body(&r));
 
     w.with(|s| {
-        s.secrets = Some(secrets(TOKEN));
+        s.webhook_tokens = Some(tokens(TOKEN));
         s.config = ConfigSnapshot::default();
     });
     let r = send(&d, ready()).await;
@@ -1058,7 +1066,7 @@ async fn a_token_in_the_query_string_is_401_even_with_a_valid_header() {
 #[tokio::test]
 async fn an_unreadable_secret_fails_closed_with_503() {
     let w = world().await;
-    w.with(|s| s.secrets = None);
+    w.with(|s| s.webhook_tokens_forbidden = true);
     let d = deps(&w);
     for req in writes(Some(&format!("Bearer {TOKEN}")), "") {
         let r = send(&d, req).await;
@@ -1076,7 +1084,7 @@ async fn an_unreadable_secret_fails_closed_with_503() {
 #[tokio::test]
 async fn an_empty_webhook_token_in_the_secret_accepts_nobody() {
     let w = world().await;
-    w.with(|s| s.secrets = Some(secrets("")));
+    w.with(|s| s.webhook_tokens = Some(tokens("")));
     let d = deps(&w);
     let req = Request::put("/nodes/workers")
         .header(header::AUTHORIZATION, "Bearer ")
@@ -1090,6 +1098,16 @@ async fn an_empty_webhook_token_in_the_secret_accepts_nobody() {
     )
     .await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // No Secret oxide-controller-webhook-auth at all (a cluster not bootstrapped by this
+    // release): the same.
+    w.with(|s| s.webhook_tokens = None);
+    let r = send(
+        &d,
+        json_request(Method::PUT, "/nodes/workers", r#"{"count":5}"#),
+    )
+    .await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body(&r).contains("not configured"), "{}", body(&r));
     assert_eq!(rv(&w), "1");
 }
 
@@ -1112,7 +1130,7 @@ async fn the_token_is_cached_for_its_ttl_and_rotation_applies_after_it() {
             .status(),
         StatusCode::OK
     );
-    w.with(|s| s.secrets = Some(secrets("rotated-token")));
+    w.with(|s| s.webhook_tokens = Some(tokens("rotated-token")));
     assert_eq!(
         send(&cached, empty(Method::GET, "/nodes/workers"))
             .await
@@ -1204,10 +1222,10 @@ async fn tokens_from_mounted_keys_need_no_secret_read_and_a_rotation_applies_wit
 
 const READ_TOKEN: &str = "read-token-0c1d2e3f";
 
-fn with_read_token(write: &str, read: &str) -> ClusterSecrets {
-    ClusterSecrets {
-        webhook_read_token: Some(read.into()),
-        ..secrets(write)
+fn with_read_token(write: &str, read: &str) -> WebhookTokens {
+    WebhookTokens {
+        read_token: Some(read.into()),
+        ..tokens(write)
     }
 }
 
@@ -1225,7 +1243,7 @@ fn as_reader(mut req: Request<Bytes>, token: &str) -> Request<Bytes> {
 #[tokio::test]
 async fn the_read_only_token_reads_and_gets_403_on_writes() {
     let w = world().await;
-    w.with(|s| s.secrets = Some(with_read_token(TOKEN, READ_TOKEN)));
+    w.with(|s| s.webhook_tokens = Some(with_read_token(TOKEN, READ_TOKEN)));
     let d = deps(&w);
     for path in [
         "/nodes/workers",
@@ -1271,11 +1289,11 @@ async fn the_read_only_token_reads_and_gets_403_on_writes() {
 #[tokio::test]
 async fn a_rotated_read_token_replaces_the_old_one_after_the_cache() {
     let w = world().await;
-    w.with(|s| s.secrets = Some(with_read_token(TOKEN, READ_TOKEN)));
+    w.with(|s| s.webhook_tokens = Some(with_read_token(TOKEN, READ_TOKEN)));
     let d = deps(&w);
     let get = |t: &str| as_reader(empty(Method::GET, "/nodes/workers"), t);
     assert_eq!(send(&d, get(READ_TOKEN)).await.status(), StatusCode::OK);
-    w.with(|s| s.secrets = Some(with_read_token(TOKEN, "read-token-rotated")));
+    w.with(|s| s.webhook_tokens = Some(with_read_token(TOKEN, "read-token-rotated")));
     assert_eq!(
         send(&d, get(READ_TOKEN)).await.status(),
         StatusCode::UNAUTHORIZED
@@ -1285,7 +1303,7 @@ async fn a_rotated_read_token_replaces_the_old_one_after_the_cache() {
         StatusCode::OK
     );
     // Without the key, only the write token is accepted (clusters bootstrapped before it).
-    w.with(|s| s.secrets = Some(secrets(TOKEN)));
+    w.with(|s| s.webhook_tokens = Some(tokens(TOKEN)));
     assert_eq!(
         send(&d, get("read-token-rotated")).await.status(),
         StatusCode::UNAUTHORIZED
@@ -1747,6 +1765,9 @@ impl StateStore for Racing {
     async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
         self.inner.read_secrets().await
     }
+    async fn read_webhook_tokens(&self) -> Result<Option<WebhookTokens>, StateError> {
+        self.inner.read_webhook_tokens().await
+    }
 
     async fn ensure_state(
         &self,
@@ -1884,7 +1905,7 @@ fn degraded_status() -> String {
 #[tokio::test]
 async fn metrics_need_no_token_and_carry_the_cluster_status_but_no_secret() {
     let w = world().await;
-    w.with(|s| s.secrets = Some(with_read_token(TOKEN, READ_TOKEN)));
+    w.with(|s| s.webhook_tokens = Some(with_read_token(TOKEN, READ_TOKEN)));
     w.with(|s| {
         s.config
             .data
@@ -1911,7 +1932,7 @@ async fn metrics_need_no_token_and_carry_the_cluster_status_but_no_secret() {
         assert!(text.contains(line), "{line} missing from:\n{text}");
     }
     // (The fixture's k3s tokens, "k3s" and "agent", are words a version or a help text holds.)
-    let secrets = secrets(TOKEN);
+    let secrets = secrets();
     for secret in [
         TOKEN,
         READ_TOKEN,
@@ -1985,6 +2006,9 @@ impl StateStore for CountingState {
     }
     async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
         self.inner.read_secrets().await
+    }
+    async fn read_webhook_tokens(&self) -> Result<Option<WebhookTokens>, StateError> {
+        self.inner.read_webhook_tokens().await
     }
     async fn ensure_state(
         &self,

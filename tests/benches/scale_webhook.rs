@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use oxide_controller::adapters::kube_cluster::KubeCluster;
 use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::base::secrets::webhook::WebhookTokens;
 use oxide_controller::domain::spec::ClusterSpec;
 use oxide_controller::fake::FakeWorld;
 use oxide_controller::ports::cluster::{Cluster, JOBS_NAMESPACE, NAMESPACE, OBJECT_NAME};
@@ -51,14 +52,14 @@ fn status_of(pid: &str, field: &str) -> String {
         .unwrap_or_else(|| "n/a".to_owned())
 }
 
-fn state_data(max: u32) -> (ClusterSecrets, BTreeMap<String, String>) {
+fn state_data(max: u32) -> (ClusterSecrets, WebhookTokens, BTreeMap<String, String>) {
     let mut spec = ClusterSpec::new("bench", "bench", "ubuntu-2404", 1, INITIAL);
     spec.worker_pools[0].max = max;
     (
-        ClusterSecrets {
-            webhook_token: TOKEN.into(),
-            webhook_read_token: None,
-            ..ClusterSecrets::default()
+        ClusterSecrets::default(),
+        WebhookTokens {
+            token: TOKEN.into(),
+            read_token: None,
         },
         BTreeMap::from([(keys::SPEC.to_owned(), spec.to_yaml())]),
     )
@@ -337,11 +338,10 @@ async fn bench() {
     let client = oxide_controller::adapters::kubeclient::client(Some(&kubeconfig), None)
         .await
         .unwrap();
-    let (secrets, config) = state_data(1_000_000);
-    KubeStateStore::new(client.clone(), NAMESPACE)
-        .ensure_state(&secrets, config)
-        .await
-        .unwrap();
+    let (secrets, tokens, config) = state_data(1_000_000);
+    let store = KubeStateStore::new(client.clone(), NAMESPACE);
+    store.ensure_state(&secrets, config).await.unwrap();
+    store.ensure_webhook_tokens(&tokens).await.unwrap();
     local
         .control_plane
         .apply(
@@ -383,8 +383,9 @@ async fn bench() {
 
     // The same host over the in-memory fakes: what the host and handler cost by themselves.
     let world = FakeWorld::new(chrono::Utc::now());
-    let (secrets, config) = state_data(1_000_000);
+    let (secrets, tokens, config) = state_data(1_000_000);
     world.state().ensure_state(&secrets, config).await.unwrap();
+    world.state().ensure_webhook_tokens(&tokens).await.unwrap();
     let (fake_base, _stop_fake) = serve(Arc::new(Deps::new(
         world.state(),
         world.cluster(),

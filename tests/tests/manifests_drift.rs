@@ -18,7 +18,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -1331,6 +1331,70 @@ fn each_account_may_make_exactly_the_calls_its_function_makes() {
             objects["Deployment kube-system/oxide-controller-webhook"]["spec"]["template"]["spec"]
                 ["serviceAccountName"],
             "oxide-controller-webhook",
+            "{side}"
+        );
+    }
+}
+
+/// Every Secret a pod spec in `spec` refers to: volumes (and projected sources), `env` and
+/// `envFrom` of every container.
+fn secrets_referenced(spec: &Value) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut add = |v: &Value| {
+        if let Some(n) = v.as_str() {
+            names.insert(n.to_owned());
+        }
+    };
+    for volume in spec["volumes"].as_array().into_iter().flatten() {
+        add(&volume["secret"]["secretName"]);
+        for source in volume["projected"]["sources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            add(&source["secret"]["name"]);
+        }
+    }
+    let containers = spec["containers"].as_array().into_iter().flatten();
+    for c in containers.chain(spec["initContainers"].as_array().into_iter().flatten()) {
+        for env in c["env"].as_array().into_iter().flatten() {
+            add(&env["valueFrom"]["secretKeyRef"]["name"]);
+        }
+        for from in c["envFrom"].as_array().into_iter().flatten() {
+            add(&from["secretRef"]["name"]);
+        }
+    }
+    names
+}
+
+/// Audit H1: the Node authorizer lets a node's kubelet read, whole, every Secret a pod on it
+/// refers to (https://kubernetes.io/docs/reference/access-authn-authz/node/), not only the
+/// keys it mounts. So no pod of ours refers to the state Secret `oxide-controller` (rack,
+/// join and Tailscale credentials): the webhook's pod mounts its tokens' Secret and its
+/// serving pair's, nothing else; the reconcile reads the state Secret through the API.
+#[test]
+fn no_pod_refers_to_the_state_secret_and_the_webhook_mounts_only_its_own() {
+    for (side, objects) in both_sides() {
+        let mut specs = Vec::new();
+        for (key, object) in &objects {
+            pod_specs(key.clone(), object, &mut specs);
+        }
+        assert_eq!(specs.len(), 3, "{side}");
+        for (at, spec) in &specs {
+            let names = secrets_referenced(spec);
+            assert!(
+                !names.contains("oxide-controller"),
+                "{side} {at} refers to Secret oxide-controller: {names:?}"
+            );
+        }
+        let webhook =
+            &objects["Deployment kube-system/oxide-controller-webhook"]["spec"]["template"]["spec"];
+        assert_eq!(
+            secrets_referenced(webhook),
+            BTreeSet::from([
+                "oxide-controller-webhook-auth".to_owned(),
+                "oxide-controller-webhook-tls".to_owned(),
+            ]),
             "{side}"
         );
     }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use oxide_controller::adapters::kube_cluster::KubeCluster;
 use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::base::secrets::webhook::WebhookTokens;
 use oxide_controller::domain::spec::ClusterSpec;
 use oxide_controller::ports::cluster::{JOBS_NAMESPACE, NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
 use oxide_controller::ports::state::{ConfigSnapshot, SCALE_OBJECT, StateStore, keys};
@@ -121,10 +122,11 @@ impl Cluster {
             .await
             .unwrap();
         let token = KubeStateStore::new(client, NAMESPACE)
-            .read_secrets()
+            .read_webhook_tokens()
             .await
             .unwrap()
-            .webhook_token;
+            .expect("the preset made Secret oxide-controller-webhook-auth")
+            .token;
         let c = Cluster {
             kube,
             kubeconfig,
@@ -149,16 +151,19 @@ impl Cluster {
         // The administrator lets the webhook raise bounds up to the pool's first max.
         spec.webhook = Some(oxide_controller::domain::spec::WebhookSpec { ceiling: max });
         let token = "e2e-webhook-token-7c41".to_owned();
-        let secrets = ClusterSecrets {
-            webhook_token: token.clone(),
-            webhook_read_token: None,
-            ..ClusterSecrets::default()
-        };
-        KubeStateStore::new(client, NAMESPACE)
+        let store = KubeStateStore::new(client, NAMESPACE);
+        store
             .ensure_state(
-                &secrets,
+                &ClusterSecrets::default(),
                 BTreeMap::from([(keys::SPEC.to_owned(), spec.to_yaml())]),
             )
+            .await
+            .unwrap();
+        store
+            .ensure_webhook_tokens(&WebhookTokens {
+                token: token.clone(),
+                read_token: None,
+            })
             .await
             .unwrap();
         let c = Cluster {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::base::secrets::webhook::WebhookTokens;
 use oxide_controller::domain::spec::ClusterSpec;
 use oxide_controller::fake::{FakeCluster, FakeState, FakeWorld};
 use oxide_controller::ports::state::{ConfigSnapshot, StateError, StateStore, keys};
@@ -51,6 +52,9 @@ impl StateStore for Slow {
     async fn read_secrets(&self) -> Result<ClusterSecrets, StateError> {
         self.inner.read_secrets().await
     }
+    async fn read_webhook_tokens(&self) -> Result<Option<WebhookTokens>, StateError> {
+        self.inner.read_webhook_tokens().await
+    }
     async fn ensure_state(
         &self,
         s: &ClusterSecrets,
@@ -75,17 +79,19 @@ struct Running {
 
 async fn start(delay: Duration, opts: HostOptions) -> Running {
     let w = FakeWorld::new(chrono::Utc::now());
-    let secrets = ClusterSecrets {
-        webhook_token: TOKEN.into(),
-        webhook_read_token: None,
-        ..ClusterSecrets::default()
-    };
     let spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 1, 2);
     w.state()
         .ensure_state(
-            &secrets,
+            &ClusterSecrets::default(),
             BTreeMap::from([(keys::SPEC.to_owned(), spec.to_yaml())]),
         )
+        .await
+        .unwrap();
+    w.state()
+        .ensure_webhook_tokens(&WebhookTokens {
+            token: TOKEN.into(),
+            read_token: None,
+        })
         .await
         .unwrap();
     let deps = Arc::new(Deps::new(

@@ -97,10 +97,13 @@ async fn preset_cluster_is_joined_and_carries_the_products_state() {
         "k3s-token",
         "k3s-agent-token",
         "ssh-public-key",
-        "webhook-token",
     ] {
         assert!(data.contains_key(key), "Secret lacks {key}");
     }
+    // Audit H1: the webhook's tokens have a Secret of their own.
+    assert!(!data.contains_key("webhook-token"), "{:?}", data.keys());
+    let auth = secrets.get("oxide-controller-webhook-auth").await.unwrap();
+    assert!(auth.data.unwrap().contains_key("webhook-token"));
     assert!(
         !data.contains_key("ssh-private-key"),
         "the SSH private key stays on the laptop"

@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::adapters::kubeclient;
+use oxide_controller::base::secrets::webhook::{AUTH_SECRET, WebhookTokens};
 use oxide_controller::base::secrets::{ClusterSecrets, keys as secret_keys};
 use oxide_controller::ports::cluster::{NAMESPACE, OBJECT_NAME};
 use oxide_controller::ports::state::{StateError, StateStore, keys};
@@ -74,8 +75,6 @@ fn secrets() -> ClusterSecrets {
         k3s_agent_token: "agent-token-1".into(),
         ssh_public_key: "ssh-ed25519 AAAA1".into(),
         user_ssh_public_key: Some("ssh-ed25519 USER1".into()),
-        webhook_token: "hook-1".into(),
-        webhook_read_token: None,
         tailscale_auth_key: None,
         oxide_token_id: Some("5a1e0000-0000-4000-8000-0000000000a1".into()),
     }
@@ -332,6 +331,122 @@ async fn ensure_state_creates_both_objects_then_fills_missing_keys_without_overw
         .unwrap();
     store.ensure_state(&second, config(&[])).await.unwrap();
     assert!(removed_at(&store.read_config().await.unwrap()) >= at);
+}
+
+/// Audit H1: the webhook's tokens live in Secret `oxide-controller-webhook-auth`, never in the
+/// state Secret (which the reconcile account reads whole). An older cluster's tokens, kept in
+/// the state Secret and perhaps rotated by hand, are the ones in force: bootstrap moves them
+/// (never the resume file's over them) and removes them from the state Secret; a later run
+/// writes nothing; a restore's rewrite replaces them and removes a backup's moved keys too.
+#[tokio::test]
+async fn the_webhooks_tokens_move_out_of_the_state_secret_keeping_those_in_force() {
+    let env = Env::start().await;
+    let store = env.store().await;
+    store
+        .ensure_state(&secrets(), config(&[(keys::SCHEMA_VERSION, "1")]))
+        .await
+        .unwrap();
+    assert_eq!(store.read_webhook_tokens().await.unwrap(), None);
+    // What an older controller left, its write token rotated by hand since.
+    let moved = |token: &str, read: &str| {
+        json!({"data": {
+            secret_keys::WEBHOOK_TOKEN: b64(token),
+            secret_keys::WEBHOOK_READ_TOKEN: b64(read),
+        }})
+    };
+    env.patch("Secret", moved("hook-rotated-by-hand", "read-1"))
+        .await;
+    let resume_file = WebhookTokens {
+        token: "hook-from-the-resume-file".into(),
+        read_token: Some("read-from-the-resume-file".into()),
+    };
+    let in_force = WebhookTokens {
+        token: "hook-rotated-by-hand".into(),
+        read_token: Some("read-1".into()),
+    };
+    assert_eq!(
+        store.ensure_webhook_tokens(&resume_file).await.unwrap(),
+        in_force
+    );
+    assert_eq!(
+        store.read_webhook_tokens().await.unwrap(),
+        Some(in_force.clone())
+    );
+    let state = &env.get("Secret").await["data"];
+    for key in secret_keys::MOVED_TO_WEBHOOK_AUTH {
+        assert!(state.get(*key).is_none(), "{key} is still in {state}");
+    }
+    assert_eq!(
+        store.read_secrets().await.unwrap(),
+        secrets(),
+        "nothing else changed"
+    );
+    let auth = env
+        .api
+        .control_plane
+        .get("v1", "Secret", Some(NAMESPACE), AUTH_SECRET)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        auth["metadata"]["labels"]["app.kubernetes.io/name"], "oxide-controller",
+        "{auth}"
+    );
+
+    // A later run (another resume file's tokens): nothing written, the tokens stay.
+    env.api.proxy.reset_counters();
+    store
+        .ensure_state(&secrets(), config(&[(keys::SCHEMA_VERSION, "1")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.ensure_webhook_tokens(&resume_file).await.unwrap(),
+        in_force
+    );
+    let writes: Vec<_> = env
+        .api
+        .proxy
+        .counters()
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("GET "))
+        .collect();
+    assert!(writes.is_empty(), "{writes:?}");
+
+    // A restore of a backup from before the move: both keys back in the state Secret. The
+    // rewrite sets new tokens and removes them, and says they were there.
+    env.patch("Secret", moved("hook-of-the-backup", "read-of-the-backup"))
+        .await;
+    let new = WebhookTokens {
+        token: "hook-new".into(),
+        read_token: Some("read-new".into()),
+    };
+    assert!(store.replace_webhook_tokens(&new).await.unwrap());
+    assert_eq!(
+        store.read_webhook_tokens().await.unwrap(),
+        Some(new.clone())
+    );
+    let state = &env.get("Secret").await["data"];
+    for key in secret_keys::MOVED_TO_WEBHOOK_AUTH {
+        assert!(state.get(*key).is_none(), "{key} is still in {state}");
+    }
+    assert!(!store.replace_webhook_tokens(&new).await.unwrap());
+
+    // A new cluster: the resume file's tokens.
+    let fresh = Env::start().await;
+    let store = fresh.store().await;
+    store
+        .ensure_state(&secrets(), config(&[(keys::SCHEMA_VERSION, "1")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.ensure_webhook_tokens(&resume_file).await.unwrap(),
+        resume_file
+    );
+    assert!(
+        fresh.get("Secret").await["data"]
+            .get(secret_keys::WEBHOOK_TOKEN)
+            .is_none()
+    );
 }
 
 #[tokio::test]

@@ -465,8 +465,6 @@ async fn a_backup_read_off_the_rack_without_the_resume_file_holds_no_secret_valu
         "oxide-token",
         "k3s-token",
         "k3s-agent-token",
-        "webhook-token",
-        "webhook-read-token",
         "tailscale-auth-key",
     ];
     let mut checked = Vec::new();
@@ -480,10 +478,13 @@ async fn a_backup_read_off_the_rack_without_the_resume_file_holds_no_secret_valu
         checked.contains(&"oxide-token") && checked.contains(&"k3s-token"),
         "{checked:?}"
     );
-    // The webhook's serving key and its CA's key (issue 46), in their own Secrets.
+    // The webhook's serving key and its CA's key (issue 46), and its tokens (audit H1), in
+    // their own Secrets.
     for (secret, key) in [
         ("oxide-controller-webhook-tls", "tls.key"),
         ("oxide-controller-webhook-ca", "ca.key"),
+        ("oxide-controller-webhook-auth", "webhook-token"),
+        ("oxide-controller-webhook-auth", "webhook-read-token"),
     ] {
         let data = system.get(secret).await.unwrap().data.unwrap_or_default();
         let value = &data[key].0;
@@ -1259,8 +1260,17 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
         "{resume}"
     );
 
-    // What a controller before issue 34 left in the Secret, and so in its backups.
-    set_secret_keys(&client, &[("ssh-private-key", "an older controller's key")]).await;
+    // What a controller before issue 34 left in the Secret, and so in its backups; and one
+    // before audit H1's fix, its webhook token.
+    set_secret_keys(
+        &client,
+        "oxide-controller",
+        &[
+            ("ssh-private-key", "an older controller's key"),
+            ("webhook-token", "an older controller's webhook token"),
+        ],
+    )
+    .await;
     let out = backup_cmd(&env).await;
     assert!(
         out.status.success(),
@@ -1274,16 +1284,16 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
         "{tag:?}"
     );
     // Rotations after the backup, as the README does them.
-    let backed_up = secret_data(&client, "kube-system", "oxide-controller").await;
+    let mut backed_up = secret_data(&client, "kube-system", "oxide-controller").await;
+    backed_up.extend(secret_data(&client, "kube-system", "oxide-controller-webhook-auth").await);
     const OXIDE_TOKEN: &str = "oxide-token-rotated-after-the-backup";
     const WEBHOOK_TOKEN: &str = "webhook-token-rotated-after-the-backup";
     env.rotate_oxide_token(OXIDE_TOKEN);
+    set_secret_keys(&client, "oxide-controller", &[("oxide-token", OXIDE_TOKEN)]).await;
     set_secret_keys(
         &client,
-        &[
-            ("oxide-token", OXIDE_TOKEN),
-            ("webhook-token", WEBHOOK_TOKEN),
-        ],
+        "oxide-controller-webhook-auth",
+        &[("webhook-token", WEBHOOK_TOKEN)],
     )
     .await;
     lose_every_server(&env).await;
@@ -1314,8 +1324,8 @@ async fn a_restore_after_an_upgrade_installs_the_backups_release() {
     );
 }
 
-/// Sets `pairs` in Secret `kube-system/oxide-controller` (a merge patch, as `kubectl patch`).
-async fn set_secret_keys(client: &kube::Client, pairs: &[(&str, &str)]) {
+/// Sets `pairs` in Secret `kube-system/<name>` (a merge patch, as `kubectl patch`).
+async fn set_secret_keys(client: &kube::Client, name: &str, pairs: &[(&str, &str)]) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "kube-system");
     let data: serde_json::Map<String, serde_json::Value> = pairs
         .iter()
@@ -1323,7 +1333,7 @@ async fn set_secret_keys(client: &kube::Client, pairs: &[(&str, &str)]) {
         .collect();
     secrets
         .patch(
-            "oxide-controller",
+            name,
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(serde_json::json!({ "stringData": data })),
         )
@@ -1350,9 +1360,11 @@ async fn secret_data(
 }
 
 /// Audit security-2 N6: after `recover --backup` (whose output is `stdout`, `stderr`), the
-/// restored Secret holds the laptop's Oxide token (the backup's rack Secret too), webhook
-/// tokens that are neither the backup's (`backed_up`) nor `rotated`, and no retired key; the
-/// resume file has the new tokens; stdout names each rotation; no value is printed.
+/// restored Secret holds the laptop's Oxide token (the backup's rack Secret too), no retired
+/// key and no webhook token (audit H1: the backup's, from an older controller, removed); Secret
+/// `oxide-controller-webhook-auth` holds tokens that are neither the backup's (`backed_up`)
+/// nor `rotated`; the resume file has the new tokens; stdout names each rotation; no value is
+/// printed.
 async fn rotations_survive_the_restore(
     env: &Env,
     backed_up: &std::collections::BTreeMap<String, String>,
@@ -1362,6 +1374,11 @@ async fn rotations_survive_the_restore(
 ) {
     let client = common::kube_client(&env.kubeconfig(), "demo").await;
     let now = secret_data(&client, "kube-system", "oxide-controller").await;
+    assert!(
+        !now.contains_key("webhook-token") && !now.contains_key("webhook-read-token"),
+        "the backup's webhook token is back in the state Secret"
+    );
+    let now_auth = secret_data(&client, "kube-system", "oxide-controller-webhook-auth").await;
     let token = env.oxide_token().trim().to_owned();
     assert_ne!(backed_up["oxide-token"], token);
     assert_eq!(
@@ -1386,7 +1403,7 @@ async fn rotations_survive_the_restore(
         resume.get("restore-pending")
     );
     for key in ["webhook-token", "webhook-read-token"] {
-        let new = &now[key];
+        let new = &now_auth[key];
         assert!(
             new != &backed_up[key] && new != rotated,
             "{key} is an old one"
@@ -1405,6 +1422,7 @@ async fn rotations_survive_the_restore(
         "the backup's Oxide token differed from the one this run used: replaced",
         "webhook tokens replaced",
         "retired key ssh-private-key removed",
+        "the backup's state Secret held the webhook's tokens",
     ] {
         assert!(stdout.contains(needle), "{needle:?}: {stdout}");
     }
@@ -1413,8 +1431,8 @@ async fn rotations_survive_the_restore(
         &backed_up["oxide-token"],
         &backed_up["webhook-token"],
         &backed_up["webhook-read-token"],
-        &now["webhook-token"],
-        &now["webhook-read-token"],
+        &now_auth["webhook-token"],
+        &now_auth["webhook-read-token"],
     ];
     for v in values {
         assert!(

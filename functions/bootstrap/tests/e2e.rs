@@ -81,13 +81,31 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
             "oxide-token",
             // Issue 34 §1: no SSH private key; only the public half.
             "ssh-public-key",
-            // Issue 34 §5: the read-only token for GETs and /metrics.
-            "webhook-read-token",
             // Issue 34 §6's serving pair moved to Secret oxide-controller-webhook-tls
-            // (issue 46: the reconcile re-issues it without writing this Secret).
-            "webhook-token"
+            // (issue 46: the reconcile re-issues it without writing this Secret); the
+            // webhook's tokens to Secret oxide-controller-webhook-auth (audit H1: the
+            // reconcile account reads this one whole).
         ]
     );
+    let auth = env
+        .sim
+        .kube()
+        .get(
+            "v1",
+            "Secret",
+            Some("kube-system"),
+            "oxide-controller-webhook-auth",
+        )
+        .await
+        .expect("Secret oxide-controller-webhook-auth");
+    let auth_keys: Vec<&str> = auth["data"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    // Issue 34 §5: the read-only token for GETs and /metrics.
+    assert_eq!(auth_keys, ["webhook-read-token", "webhook-token"]);
     let cm = env
         .sim
         .kube()
@@ -265,6 +283,92 @@ async fn a_second_run_adopts_everything_and_creates_nothing() {
         lines.iter().any(|l| l["step"] == "first-control-plane"
             && l["message"].as_str().unwrap_or("").contains("adopting")),
         "{lines:?}"
+    );
+}
+
+/// Audit H1: a cluster made by a release that kept the webhook's tokens in the state Secret
+/// (and mounted them from there) gets Secret `oxide-controller-webhook-auth` at its next
+/// `bootstrap`, holding the values in force (one rotated by hand), not the resume file's; the
+/// state Secret loses both keys and the webhook's pod mounts the new Secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_older_clusters_webhook_tokens_move_to_their_own_secret_at_the_next_run() {
+    use base64::Engine as _;
+    let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
+    let env = env().await;
+    env.run_ok(&["--workers", "1"]).await;
+    let kube = env.sim.kube();
+    let ks = Some("kube-system");
+    // What the older release left.
+    assert!(
+        kube.delete("v1", "Secret", ks, "oxide-controller-webhook-auth")
+            .await
+    );
+    kube.merge_patch(
+        "v1",
+        "Secret",
+        ks,
+        "oxide-controller",
+        &serde_json::json!({"data": {
+            "webhook-token": b64("webhook-token-rotated-by-hand"),
+            "webhook-read-token": b64("webhook-read-token-of-old"),
+        }}),
+    )
+    .await
+    .unwrap();
+    kube.merge_patch(
+        "apps/v1",
+        "Deployment",
+        ks,
+        "oxide-controller-webhook",
+        &serde_json::json!({"spec": {"template": {"spec": {"volumes": [
+            {"name": "webhook-secrets", "secret": {"secretName": "oxide-controller",
+                "optional": true, "defaultMode": 288, "items": [
+                    {"key": "webhook-token", "path": "webhook-token"},
+                    {"key": "webhook-read-token", "path": "webhook-read-token"}]}},
+            {"name": "webhook-tls", "secret": {"secretName": "oxide-controller-webhook-tls",
+                "defaultMode": 288, "items": [
+                    {"key": "tls.crt", "path": "tls.crt"},
+                    {"key": "tls.key", "path": "tls.key"}]}}
+        ]}}}}),
+    )
+    .await
+    .unwrap();
+
+    env.run_ok(&["--workers", "1"]).await;
+    let state = kube
+        .get("v1", "Secret", ks, "oxide-controller")
+        .await
+        .unwrap();
+    for key in ["webhook-token", "webhook-read-token"] {
+        assert!(state["data"].get(key).is_none(), "{key} is still there");
+    }
+    let auth = kube
+        .get("v1", "Secret", ks, "oxide-controller-webhook-auth")
+        .await
+        .expect("the next run made Secret oxide-controller-webhook-auth");
+    assert_eq!(
+        auth["data"],
+        serde_json::json!({
+            "webhook-token": b64("webhook-token-rotated-by-hand"),
+            "webhook-read-token": b64("webhook-read-token-of-old"),
+        })
+    );
+    let deployment = kube
+        .get("apps/v1", "Deployment", ks, "oxide-controller-webhook")
+        .await
+        .unwrap();
+    let names: Vec<&str> = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["secret"]["secretName"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "oxide-controller-webhook-auth",
+            "oxide-controller-webhook-tls"
+        ]
     );
 }
 

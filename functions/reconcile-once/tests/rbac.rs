@@ -171,12 +171,17 @@ async fn scenario(objs: &[Value]) -> Result<(), String> {
     // reconcile-once's account (the Jobs'); the webhook's.
     let sa = account_kubeconfig(JOBS_NS, "oxide-controller-reconcile").await?;
     let webhook_sa = account_kubeconfig("kube-system", "oxide-controller-webhook").await?;
-    // The webhook's keys of the Secret, written as the kubelet writes its pod's Secret volume
-    // (the account itself may not read the Secret).
+    // The webhook's Secret, written as the kubelet writes its pod's Secret volume (the account
+    // itself may not read it).
     let secret = kube
-        .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+        .get(
+            "v1",
+            "Secret",
+            Some("kube-system"),
+            "oxide-controller-webhook-auth",
+        )
         .await
-        .ok_or("no Secret")?;
+        .ok_or("no Secret oxide-controller-webhook-auth")?;
     let mounted = dir.path().join("webhook-secrets");
     std::fs::create_dir_all(&mounted).map_err(|e| e.to_string())?;
     for key in ["webhook-token", "webhook-read-token"] {
@@ -755,6 +760,37 @@ async fn neither_account_may_do_what_it_does_not_need_and_the_jobs_namespace_is_
             "{user} may {verb} {what:?} {name:?} in {ns:?}"
         );
     }
+    // Audit H1: the webhook's tokens are in no Secret that any of our accounts may read: the
+    // reconcile account reads the state Secret whole, so they are not in it, and their own
+    // Secret is the webhook pod's volume only (the webhook reads files, never the API). Every
+    // Secret of kube-system holding a token, asked of the real authorizer.
+    let holding: Vec<String> = kube
+        .list("v1", "Secret", ks)
+        .await
+        .iter()
+        .filter(|s| {
+            ["webhook-token", "webhook-read-token"]
+                .iter()
+                .any(|k| s["data"].get(k).is_some())
+        })
+        .filter_map(|s| s["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(holding, ["oxide-controller-webhook-auth"]);
+    for name in holding
+        .iter()
+        .map(String::as_str)
+        .chain(["oxide-controller-webhook-auth"])
+    {
+        for user in [reconcile, webhook, backup] {
+            for verb in ["get", "list", "watch"] {
+                assert!(
+                    !can_i(&client, user, verb, (core, "secrets"), ks, Some(name)).await,
+                    "{user} may {verb} Secret {name}, which holds the webhook's tokens"
+                );
+            }
+        }
+    }
+
     // Nothing of the single account of earlier releases is left to bind to.
     assert!(
         !can_i(
@@ -1037,12 +1073,17 @@ async fn the_webhooks_account_may_create_only_the_job_the_cronjob_makes() {
         .await
         .unwrap_or_else(|e| panic!("the administrator is refused: {e}"));
 
-    // The product path: `scale serve` as the webhook's account, its keys mounted as the
-    // kubelet writes them, starts the run on POST /reconcile.
+    // The product path: `scale serve` as the webhook's account, its Secret mounted as the
+    // kubelet writes it, starts the run on POST /reconcile.
     let secret = kube
-        .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+        .get(
+            "v1",
+            "Secret",
+            Some("kube-system"),
+            "oxide-controller-webhook-auth",
+        )
         .await
-        .unwrap_or_else(|| panic!("no Secret"));
+        .unwrap_or_else(|| panic!("no Secret oxide-controller-webhook-auth"));
     let mounted = dir.path().join("webhook-secrets");
     std::fs::create_dir_all(&mounted).unwrap_or_else(|e| panic!("{e}"));
     let token = secret["data"]["webhook-token"]

@@ -198,9 +198,9 @@ struct ServeArgs {
     /// (needs `get` on the Secret: for a person's kubeconfig, not the webhook's account).
     #[arg(long, env = "OXIDE_CONTROLLER_TLS_FROM_SECRET")]
     tls_from_secret: bool,
-    /// Read the tokens from this directory of the Secret's keys (`webhook-token`,
-    /// `webhook-read-token`), as the pod mounts them, instead of through the API: the
-    /// webhook's account may not read the Secret. Re-read after --token-cache-seconds, so a
+    /// Read the tokens from this directory of Secret oxide-controller-webhook-auth's keys
+    /// (`webhook-token`, `webhook-read-token`), as the pod mounts them, instead of through the
+    /// API: the webhook's account may not read the Secret. Re-read after --token-cache-seconds, so a
     /// rotated token needs no restart.
     #[arg(long, env = "OXIDE_CONTROLLER_SECRETS_DIR")]
     secrets_dir: Option<PathBuf>,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use oxide_controller::adapters::kube_store::KubeStateStore;
 use oxide_controller::base::secrets::ClusterSecrets;
+use oxide_controller::base::secrets::webhook::WebhookTokens;
 use oxide_controller::domain::spec::ClusterSpec;
 use oxide_controller::ports::cluster::{JOBS_NAMESPACE, NAMESPACE, OBJECT_NAME, ON_DEMAND_JOB};
 use oxide_controller::ports::state::{StateStore, keys};
@@ -58,17 +59,23 @@ async fn env_with(faults: Faults) -> Env {
     let mut spec = ClusterSpec::new("demo", "demo", "ubuntu-2404", 1, 2);
     spec.worker_pools[0].max = 10;
     let secrets = ClusterSecrets {
-        webhook_token: TOKEN.into(),
-        webhook_read_token: None,
         oxide_project: "demo".into(),
         oxide_cluster: "demo".into(),
         ..ClusterSecrets::default()
     };
-    KubeStateStore::new(client, NAMESPACE)
+    let store = KubeStateStore::new(client, NAMESPACE);
+    store
         .ensure_state(
             &secrets,
             BTreeMap::from([(keys::SPEC.to_owned(), spec.to_yaml())]),
         )
+        .await
+        .unwrap();
+    store
+        .ensure_webhook_tokens(&WebhookTokens {
+            token: TOKEN.into(),
+            read_token: None,
+        })
         .await
         .unwrap();
     let kube = BlockingKube(KubeView::Local(local));

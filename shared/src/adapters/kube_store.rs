@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
 use crate::adapters::kubeclient::{api_message, api_status};
-use crate::base::secrets::webhook::{self, WebhookCa, WebhookTls};
+use crate::base::secrets::webhook::{self, WebhookCa, WebhookTls, WebhookTokens};
 use crate::base::secrets::{ClusterSecrets, keys as secret_keys};
 use crate::domain::backup::retired;
 use crate::ports::cluster::OBJECT_NAME;
@@ -522,12 +522,7 @@ impl StateStore for KubeStateStore {
             .get(OBJECT_NAME)
             .await
             .map_err(|e| state_error(self.secret_what(), e))?;
-        let map: BTreeMap<String, Vec<u8>> = secret
-            .data
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| (k, v.0))
-            .collect();
+        let map = plain(secret.data.unwrap_or_default());
         ClusterSecrets::from_map(&map).map_err(|e| StateError::Malformed {
             what: self.secret_what(),
             message: format!(
@@ -688,6 +683,92 @@ impl StateStore for KubeStateStore {
         }
         Ok(())
     }
+
+    async fn read_webhook_tokens(&self) -> Result<Option<WebhookTokens>, StateError> {
+        Ok(self
+            .read_named(webhook::AUTH_SECRET)
+            .await?
+            .and_then(|(_, data)| WebhookTokens::from_map(&plain(data))))
+    }
+
+    async fn ensure_webhook_tokens(
+        &self,
+        tokens: &WebhookTokens,
+    ) -> Result<WebhookTokens, StateError> {
+        if self.read_named(webhook::AUTH_SECRET).await?.is_none() {
+            // Audit H1's migration: an older controller kept the tokens in the cluster's
+            // Secret; those are the ones clients hold (perhaps rotated by hand since).
+            let moved = self
+                .read_named(OBJECT_NAME)
+                .await?
+                .and_then(|(_, data)| WebhookTokens::from_map(&plain(data)));
+            let wanted = moved.as_ref().unwrap_or(tokens);
+            self.create_if_missing(webhook_auth_secret(&self.namespace, wanted))
+                .await?;
+        }
+        // Created here or before (or by a run racing this one): what it holds is in force.
+        let in_force = self
+            .read_named(webhook::AUTH_SECRET)
+            .await?
+            .and_then(|(_, data)| WebhookTokens::from_map(&plain(data)))
+            .unwrap_or_default();
+        self.remove_moved_keys().await?;
+        Ok(in_force)
+    }
+
+    async fn replace_webhook_tokens(&self, tokens: &WebhookTokens) -> Result<bool, StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = self.named_what(webhook::AUTH_SECRET);
+        let mut written = false;
+        for _ in 0..ENSURE_ATTEMPTS {
+            let mut secret = webhook_auth_secret(&self.namespace, tokens);
+            let result = match api
+                .get_opt(webhook::AUTH_SECRET)
+                .await
+                .map_err(|e| state_error(&what, e))?
+            {
+                None => api.create(&PostParams::default(), &secret).await,
+                Some(now) => {
+                    secret.metadata.resource_version = now.metadata.resource_version;
+                    api.replace(webhook::AUTH_SECRET, &PostParams::default(), &secret)
+                        .await
+                }
+            };
+            match result {
+                Ok(_) => {
+                    written = true;
+                    break;
+                }
+                Err(e) if api_status(&e) == Some(409) => continue,
+                Err(e) => return Err(state_error(&what, e)),
+            }
+        }
+        if !written {
+            return Err(StateError::Conflict { what });
+        }
+        self.remove_moved_keys().await
+    }
+}
+
+/// Secret [`webhook::AUTH_SECRET`] holding `tokens`.
+fn webhook_auth_secret(namespace: &str, tokens: &WebhookTokens) -> Secret {
+    Secret {
+        metadata: named_meta(webhook::AUTH_SECRET, namespace),
+        type_: Some("Opaque".to_owned()),
+        data: Some(
+            tokens
+                .to_map()
+                .into_iter()
+                .map(|(k, v)| (k, ByteString(v)))
+                .collect(),
+        ),
+        ..Secret::default()
+    }
+}
+
+/// A Secret's data as plain bytes.
+fn plain(data: BTreeMap<String, ByteString>) -> BTreeMap<String, Vec<u8>> {
+    data.into_iter().map(|(k, v)| (k, v.0)).collect()
 }
 
 /// Secret [`webhook::TLS_SECRET`] holding `tls` (type `kubernetes.io/tls`).
@@ -753,6 +834,40 @@ impl KubeStateStore {
             secret.metadata.resource_version.unwrap_or_default(),
             secret.data.unwrap_or_default(),
         )))
+    }
+
+    /// Removes [`secret_keys::MOVED_TO_WEBHOOK_AUTH`] from the cluster's Secret (once
+    /// [`webhook::AUTH_SECRET`] holds the tokens), against the version read; a 409 re-reads.
+    /// True if it held any.
+    async fn remove_moved_keys(&self) -> Result<bool, StateError> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &self.namespace);
+        let what = self.secret_what();
+        for _ in 0..ENSURE_ATTEMPTS {
+            let Some(mut secret) = api
+                .get_opt(OBJECT_NAME)
+                .await
+                .map_err(|e| state_error(&what, e))?
+            else {
+                return Ok(false);
+            };
+            let data = secret.data.get_or_insert_with(BTreeMap::new);
+            let mut removed = false;
+            for key in secret_keys::MOVED_TO_WEBHOOK_AUTH {
+                removed |= data.remove(*key).is_some();
+            }
+            if !removed {
+                return Ok(false);
+            }
+            match api
+                .replace(OBJECT_NAME, &PostParams::default(), &secret)
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(e) if api_status(&e) == Some(409) => continue,
+                Err(e) => return Err(state_error(&what, e)),
+            }
+        }
+        Err(StateError::Conflict { what })
     }
 
     /// Creates `secret` unless one of its name exists (whatever it holds: never replaced).

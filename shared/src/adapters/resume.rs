@@ -257,7 +257,8 @@ impl ResumeState {
         }
     }
 
-    /// The Secret's values: these keys and tokens plus the Oxide credentials.
+    /// The cluster Secret's values: these keys and tokens plus the Oxide credentials (the
+    /// webhook's tokens are [`Self::webhook_tokens`], a Secret of their own).
     pub fn secrets(
         &self,
         oxide_host: &str,
@@ -273,10 +274,17 @@ impl ResumeState {
             k3s_agent_token: self.k3s_agent_token.clone(),
             ssh_public_key: self.ssh_public_key.clone(),
             user_ssh_public_key: user_ssh_public_key.map(str::to_owned),
-            webhook_token: self.webhook_token.clone(),
-            webhook_read_token: self.webhook_read_token.clone(),
             tailscale_auth_key: None,
             oxide_token_id: None,
+        }
+    }
+
+    /// The webhook's tokens (Secret `oxide-controller-webhook-auth`'s values when bootstrap
+    /// creates it).
+    pub fn webhook_tokens(&self) -> crate::base::secrets::webhook::WebhookTokens {
+        crate::base::secrets::webhook::WebhookTokens {
+            token: self.webhook_token.clone(),
+            read_token: self.webhook_read_token.clone(),
         }
     }
 

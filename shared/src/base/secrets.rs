@@ -2,6 +2,9 @@
 //! (never one JSON blob) so RBAC and rotation stay simple. `Debug` never shows a value. No SSH
 //! private key: the controller's lives only in the laptop's resume file, so no account that
 //! reads this Secret (and no root on a node whose kubelet mounts it) gets root on every node.
+//! No webhook token either: those are in a Secret of their own ([`webhook::AUTH_SECRET`]), the
+//! only one besides the serving pair's that the webhook's pod mounts, so neither the reconcile
+//! account nor the kubelet of the webhook's node reads a token it does not use (audit H1).
 
 use std::collections::BTreeMap;
 
@@ -29,9 +32,16 @@ pub mod keys {
     ];
     pub const SSH_PUBLIC_KEY: &str = "ssh-public-key";
     pub const USER_SSH_PUBLIC_KEY: &str = "user-ssh-public-key";
+    /// The webhook's token (reads and writes); a key of [`super::webhook::AUTH_SECRET`] (of this
+    /// Secret too, before audit H1's fix: [`MOVED_TO_WEBHOOK_AUTH`]).
     pub const WEBHOOK_TOKEN: &str = "webhook-token";
-    /// The webhook's read-only token: GETs and `/metrics`, never a change.
+    /// The webhook's read-only token: GETs and `/metrics`, never a change. As [`WEBHOOK_TOKEN`].
     pub const WEBHOOK_READ_TOKEN: &str = "webhook-read-token";
+    /// Keys an older controller kept here that now live in [`super::webhook::AUTH_SECRET`]:
+    /// bootstrap copies them there when that Secret does not exist yet (their values are the
+    /// ones in force, perhaps rotated by hand), then removes them from this Secret. Not
+    /// [`RETIRED`]: the tokens stay valid, and every snapshot holds them anyway.
+    pub const MOVED_TO_WEBHOOK_AUTH: &[&str] = &[WEBHOOK_TOKEN, WEBHOOK_READ_TOKEN];
     pub const TAILSCALE_AUTH_KEY: &str = "tailscale-auth-key";
     /// Held the webhook's serving certificate until it moved to a Secret of its own
     /// ([`super::webhook::TLS_SECRET`], which the reconcile may rewrite; issue 46).
@@ -52,9 +62,6 @@ pub struct ClusterSecrets {
     pub k3s_agent_token: String,
     pub ssh_public_key: String,
     pub user_ssh_public_key: Option<String>,
-    pub webhook_token: String,
-    /// Absent in clusters bootstrapped before it existed: then only the write token works.
-    pub webhook_read_token: Option<String>,
     pub tailscale_auth_key: Option<String>,
     /// The Oxide token's id, when bootstrap could tell it (absent in older Secrets).
     pub oxide_token_id: Option<String>,
@@ -101,8 +108,6 @@ impl ClusterSecrets {
             k3s_agent_token: get(keys::K3S_AGENT_TOKEN)?,
             ssh_public_key: get(keys::SSH_PUBLIC_KEY)?,
             user_ssh_public_key: opt(keys::USER_SSH_PUBLIC_KEY),
-            webhook_token: get(keys::WEBHOOK_TOKEN)?,
-            webhook_read_token: opt(keys::WEBHOOK_READ_TOKEN),
             tailscale_auth_key: opt(keys::TAILSCALE_AUTH_KEY),
             oxide_token_id: opt(keys::OXIDE_TOKEN_ID),
         })
@@ -123,15 +128,11 @@ impl ClusterSecrets {
         put(keys::K3S_TOKEN, &self.k3s_token);
         put(keys::K3S_AGENT_TOKEN, &self.k3s_agent_token);
         put(keys::SSH_PUBLIC_KEY, &self.ssh_public_key);
-        put(keys::WEBHOOK_TOKEN, &self.webhook_token);
         if let Some(k) = &self.user_ssh_public_key {
             put(keys::USER_SSH_PUBLIC_KEY, k);
         }
         if let Some(k) = &self.tailscale_auth_key {
             put(keys::TAILSCALE_AUTH_KEY, k);
-        }
-        if let Some(k) = &self.webhook_read_token {
-            put(keys::WEBHOOK_READ_TOKEN, k);
         }
         if let Some(k) = &self.oxide_token_id {
             put(keys::OXIDE_TOKEN_ID, k);
@@ -142,8 +143,14 @@ impl ClusterSecrets {
 
 /// The webhook's TLS material (see [`crate::adapters::webhook_tls`], which makes it): two
 /// Secrets of their own, so the reconcile may re-issue the serving pair without writing the
-/// cluster's Secret, and the CA's key is mounted by no pod.
+/// cluster's Secret, and the CA's key is mounted by no pod. And its bearer tokens, in a third
+/// ([`AUTH_SECRET`]) that only the webhook's pod mounts and no account of ours may read.
 pub mod webhook {
+    use std::collections::BTreeMap;
+
+    /// The Secret holding the webhook's bearer tokens ([`super::keys::WEBHOOK_TOKEN`],
+    /// [`super::keys::WEBHOOK_READ_TOKEN`]); the webhook's pod mounts it, no account reads it.
+    pub const AUTH_SECRET: &str = "oxide-controller-webhook-auth";
     /// The Secret holding the serving pair and the CA's certificate (the webhook pod mounts it).
     pub const TLS_SECRET: &str = "oxide-controller-webhook-tls";
     /// The Secret holding the CA's certificate and key (no pod mounts it).
@@ -179,6 +186,52 @@ pub mod webhook {
     impl std::fmt::Debug for WebhookCa {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.debug_struct("WebhookCa").finish_non_exhaustive()
+        }
+    }
+
+    /// The webhook's bearer tokens, the data of [`AUTH_SECRET`]. `Debug` hides both.
+    #[derive(Clone, PartialEq, Eq, Default)]
+    pub struct WebhookTokens {
+        /// Reads and writes; empty: the webhook accepts nobody.
+        pub token: String,
+        /// Reads only. Absent in clusters bootstrapped before it existed.
+        pub read_token: Option<String>,
+    }
+
+    impl std::fmt::Debug for WebhookTokens {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("WebhookTokens").finish_non_exhaustive()
+        }
+    }
+
+    impl WebhookTokens {
+        /// From a Secret's decoded data (this one's, or the cluster Secret's keys of an older
+        /// controller); `None` when it holds no write token (missing, empty or not UTF-8).
+        pub fn from_map(map: &BTreeMap<String, Vec<u8>>) -> Option<Self> {
+            let text = |key: &str| {
+                map.get(key)
+                    .and_then(|v| String::from_utf8(v.clone()).ok())
+                    .filter(|s| !s.is_empty())
+            };
+            Some(WebhookTokens {
+                token: text(super::keys::WEBHOOK_TOKEN)?,
+                read_token: text(super::keys::WEBHOOK_READ_TOKEN),
+            })
+        }
+
+        /// The Secret's data.
+        pub fn to_map(&self) -> BTreeMap<String, Vec<u8>> {
+            let mut m = BTreeMap::from([(
+                super::keys::WEBHOOK_TOKEN.to_owned(),
+                self.token.as_bytes().to_vec(),
+            )]);
+            if let Some(r) = &self.read_token {
+                m.insert(
+                    super::keys::WEBHOOK_READ_TOKEN.to_owned(),
+                    r.as_bytes().to_vec(),
+                );
+            }
+            m
         }
     }
 }
@@ -307,13 +360,19 @@ mod tests {
             k3s_agent_token: "agent-token-value".into(),
             ssh_public_key: "ssh-ed25519 AAAA".into(),
             user_ssh_public_key: None,
-            webhook_token: "hook-token-value".into(),
-            webhook_read_token: Some("read-token-value".into()),
             tailscale_auth_key: None,
             oxide_token_id: Some("5a1e0000-0000-4000-8000-000000000001".into()),
         };
         assert_eq!(ClusterSecrets::from_map(&s.to_map()), Ok(s.clone()));
-        let dbg = format!("{s:?}");
+        let tokens = webhook::WebhookTokens {
+            token: "hook-token-value".into(),
+            read_token: Some("read-token-value".into()),
+        };
+        assert_eq!(
+            webhook::WebhookTokens::from_map(&tokens.to_map()),
+            Some(tokens.clone())
+        );
+        let dbg = format!("{s:?} {tokens:?}");
         for secret in [
             "oxide-token-value",
             "k3s-token-value",

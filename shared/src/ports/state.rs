@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use crate::base::secrets::ClusterSecrets;
-use crate::base::secrets::webhook::{self as webhook_tls, WebhookCa, WebhookTls};
+use crate::base::secrets::webhook::{self as webhook_tls, WebhookCa, WebhookTls, WebhookTokens};
 
 /// ConfigMap keys.
 pub mod keys {
@@ -240,6 +240,39 @@ pub trait StateStore: Send + Sync {
     ) -> impl Future<Output = Result<(), StateError>> + Send {
         let _ = (tls, ca);
         std::future::ready(Ok(()))
+    }
+
+    /// The webhook's bearer tokens (Secret [`webhook_tls::AUTH_SECRET`]); `None` when there is
+    /// no such Secret or it holds no write token (a store that keeps none: the default).
+    fn read_webhook_tokens(
+        &self,
+    ) -> impl Future<Output = Result<Option<WebhookTokens>, StateError>> + Send {
+        std::future::ready(Ok(None))
+    }
+    /// Bootstrap only: creates Secret [`webhook_tls::AUTH_SECRET`] when it is missing (never
+    /// replaces one: a token rotated by hand stays), with the cluster Secret's
+    /// [`crate::base::secrets::keys::MOVED_TO_WEBHOOK_AUTH`] when an older controller left
+    /// them there (the values in force) or else `tokens`; then removes those keys from the
+    /// cluster Secret. Returns the tokens in force.
+    fn ensure_webhook_tokens(
+        &self,
+        tokens: &WebhookTokens,
+    ) -> impl Future<Output = Result<WebhookTokens, StateError>> + Send {
+        std::future::ready(Ok(tokens.clone()))
+    }
+    /// After a restore only (`bootstrap recover --backup`, audit security-2 N6): sets
+    /// [`webhook_tls::AUTH_SECRET`] to `tokens` (created if the backup predates it) and
+    /// removes the moved keys from the cluster Secret, as [`Self::ensure_webhook_tokens`] does.
+    /// True if the cluster Secret held them (a backup from before the move).
+    fn replace_webhook_tokens(
+        &self,
+        tokens: &WebhookTokens,
+    ) -> impl Future<Output = Result<bool, StateError>> + Send {
+        let _ = tokens;
+        std::future::ready(Err(StateError::Malformed {
+            what: format!("Secret {}", webhook_tls::AUTH_SECRET),
+            message: "this store keeps no webhook tokens".to_owned(),
+        }))
     }
 }
 

@@ -1,8 +1,9 @@
-//! Bearer-token authentication of webhook requests against the Secret's `webhook-token`
-//! (reads and writes) and its optional `webhook-read-token` (reads only: [`Access`]), read
-//! from the Secret's keys as the pod mounts them ([`TokenSource::Files`], in the cluster: the
-//! webhook's account may not read the Secret) or through the API ([`TokenSource::Secret`], a
-//! `scale serve` run with a person's kubeconfig).
+//! Bearer-token authentication of webhook requests against Secret
+//! `oxide-controller-webhook-auth`'s `webhook-token` (reads and writes) and its optional
+//! `webhook-read-token` (reads only: [`Access`]), read from the Secret's keys as the pod mounts
+//! them ([`TokenSource::Files`], in the cluster: the webhook's account may not read the Secret)
+//! or through the API ([`TokenSource::Secret`], a `scale serve` run with a person's
+//! kubeconfig).
 //!
 //! Owns: parsing `Authorization`, refusing credentials in the query string, the constant-time
 //! comparison and the short-lived cache of the expected token. Fails closed: if the tokens
@@ -22,7 +23,7 @@ use crate::ports::state::{StateError, StateStore};
 /// Where the expected tokens come from.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum TokenSource {
-    /// The Secret, read through the API (needs `get` on it).
+    /// Secret `oxide-controller-webhook-auth`, read through the API (needs `get` on it).
     #[default]
     Secret,
     /// Files named as the Secret's keys (`webhook-token`, `webhook-read-token`) in this
@@ -39,11 +40,12 @@ impl TokenSource {
     ) -> Result<(String, Option<String>), WebhookError> {
         match self {
             TokenSource::Secret => {
-                let s = state
-                    .read_secrets()
+                let t = state
+                    .read_webhook_tokens()
                     .await
-                    .map_err(WebhookError::AuthUnavailable)?;
-                Ok((s.webhook_token, s.webhook_read_token))
+                    .map_err(WebhookError::AuthUnavailable)?
+                    .unwrap_or_default();
+                Ok((t.token, t.read_token))
             }
             TokenSource::Files(dir) => {
                 let read = |key: &str| {

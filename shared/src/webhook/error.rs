@@ -31,10 +31,10 @@ pub enum WebhookError {
     /// The read-only token on a request that writes.
     #[error("the read-only token cannot change anything")]
     ReadOnlyToken,
-    #[error("cannot read the webhook token from the Secret")]
+    #[error("cannot read the webhook token from Secret kube-system/oxide-controller-webhook-auth")]
     AuthUnavailable(#[source] StateError),
     #[error(
-        "the Secret's webhook-token is empty or not mounted; refusing every request until it is set"
+        "Secret kube-system/oxide-controller-webhook-auth's webhook-token is empty, missing or not mounted; refusing every request until it is set (bootstrap creates it)"
     )]
     AuthNotConfigured,
     #[error("request body of {size} bytes is over the {limit}-byte limit")]

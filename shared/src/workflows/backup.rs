@@ -698,7 +698,8 @@ mod tests {
     use super::*;
 
     /// The backup's own Secret holds the four rack keys (and the retention floor, not a
-    /// secret) and nothing else: no server or agent token, no webhook or Tailscale credential
+    /// secret) and nothing else: no server or agent token, no SSH or Tailscale key (the webhook's
+    /// tokens are not in the state Secret at all)
     /// (audit security-2 N1, N8).
     #[test]
     fn the_backups_rack_secret_holds_the_rack_credentials_only() {
@@ -710,7 +711,7 @@ mod tests {
             oxide_cluster: "prod".into(),
             k3s_token: "k3s-token-value".into(),
             k3s_agent_token: "agent-token-value".into(),
-            webhook_token: "webhook-token-value".into(),
+            ssh_public_key: "ssh-ed25519 AAAA-public-value".into(),
             tailscale_auth_key: Some("tskey-value".into()),
             ..ClusterSecrets::default()
         };
@@ -739,7 +740,7 @@ mod tests {
         for absent in [
             "k3s-token-value",
             "agent-token-value",
-            "webhook-token-value",
+            "AAAA-public-value",
             "tskey-value",
         ] {
             let b64 = base64::engine::general_purpose::STANDARD.encode(absent);

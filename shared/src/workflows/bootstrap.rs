@@ -301,7 +301,7 @@ impl Summary {
         );
         let _ = writeln!(
             s,
-            "  TOKEN=$(kubectl --kubeconfig {k} --context {c} -n kube-system get secret oxide-controller -o jsonpath='{{.data.webhook-token}}' | base64 -d)"
+            "  TOKEN=$(kubectl --kubeconfig {k} --context {c} -n kube-system get secret oxide-controller-webhook-auth -o jsonpath='{{.data.webhook-token}}' | base64 -d)"
         );
         let _ = writeln!(
             s,
@@ -821,11 +821,38 @@ async fn step_state<C: Connect>(
     .await
     .map_err(|e| failed("state", e))?;
     let stored = check_stored_tokens(store, secrets).await;
+    ensure_webhook_tokens(store, resume).await?;
     ensure_webhook_tls(store, resume).await?;
     merge_host_key_pins(v, store, resume).await?;
     let rack_secret =
         manifests::backup_rack_secret(stored.as_ref().unwrap_or(secrets), spec.backup.retention());
     Ok((ports, rack_secret))
+}
+
+/// Part of the state step: the webhook's tokens, in Secret `oxide-controller-webhook-auth`
+/// (audit H1: no account reads them and the webhook's pod mounts no other credential). Made
+/// when missing, from the state Secret's keys where an older controller kept them (the values
+/// clients hold) or else the resume file's, and those keys removed; never replaced, so a token
+/// rotated by hand stays.
+async fn ensure_webhook_tokens<S: StateStore>(
+    store: &S,
+    resume: &ResumeState,
+) -> Result<(), BootstrapError> {
+    let ours = resume.webhook_tokens();
+    let in_force = crate::base::retry::retry(
+        Backoff::default(),
+        |e: &StateError| matches!(e, StateError::Api { .. } | StateError::Conflict { .. }),
+        || store.ensure_webhook_tokens(&ours),
+    )
+    .await
+    .map_err(|e| failed("state", e))?;
+    if in_force.token != ours.token {
+        info!(
+            step = "state",
+            "Secret oxide-controller-webhook-auth holds another webhook token than the resume file (rotated, or moved from Secret oxide-controller); it is the one in force"
+        );
+    }
+    Ok(())
 }
 
 /// Part of the state step: the webhook's Secrets (its serving pair, and its CA with the key

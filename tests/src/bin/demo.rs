@@ -162,10 +162,11 @@ async fn demo() -> Result<()> {
             .service_account_kubeconfig(&server, "kube-system", "oxide-controller-webhook")
             .await?,
     )?;
-    // The token, as an operator reads it: kubectl -n kube-system get secret oxide-controller ...
+    // The token, as an operator reads it: kubectl -n kube-system get secret
+    // oxide-controller-webhook-auth ...
     let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
         kube::Api::namespaced(client.clone(), "kube-system");
-    let secret = secrets.get("oxide-controller").await?;
+    let secret = secrets.get("oxide-controller-webhook-auth").await?;
     let key = |k: &str| {
         secret
             .data
@@ -173,7 +174,8 @@ async fn demo() -> Result<()> {
             .and_then(|d| d.get(k))
             .map(|b| String::from_utf8_lossy(&b.0).into_owned())
     };
-    let token = key("webhook-token").context("the Secret has no webhook-token")?;
+    let token = key("webhook-token")
+        .context("Secret oxide-controller-webhook-auth has no webhook-token")?;
     // The webhook's account may not read the Secret: its pod mounts the token keys (written
     // here as the kubelet writes a Secret volume).
     let mounted = dir.join("webhook-secrets");

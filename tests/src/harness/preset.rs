@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use oxide_controller::adapters::oxide_rack::{OxideRack, RackOptions};
 use oxide_controller::base::retry::Backoff;
+use oxide_controller::base::secrets::webhook::WebhookTokens;
 use oxide_controller::base::secrets::{ClusterSecrets, random_token};
 use oxide_controller::domain::spec::{ClusterSpec, Role, SCHEMA_VERSION};
 use oxide_controller::ports::rack::Rack as _;
@@ -169,11 +170,18 @@ fn generate_secrets(sim: &SimHandle) -> ClusterSecrets {
         k3s_agent_token: random_token(&mut rng, 32),
         ssh_public_key: public,
         user_ssh_public_key: None,
-        webhook_token: random_token(&mut rng, 32),
-        webhook_read_token: Some(random_token(&mut rng, 32)),
         tailscale_auth_key: None,
         // As bootstrap leaves it when the user has one token: the run infers it.
         oxide_token_id: None,
+    }
+}
+
+/// The webhook's tokens, as bootstrap generates them.
+fn generate_webhook_tokens() -> WebhookTokens {
+    let mut rng = rand::rng();
+    WebhookTokens {
+        token: random_token(&mut rng, 32),
+        read_token: Some(random_token(&mut rng, 32)),
     }
 }
 
@@ -361,6 +369,10 @@ pub async fn build(
     }
     store
         .ensure_state(&secrets, config)
+        .await
+        .map_err(PresetError::State)?;
+    store
+        .ensure_webhook_tokens(&generate_webhook_tokens())
         .await
         .map_err(PresetError::State)?;
     store

@@ -108,7 +108,12 @@ pub async fn cluster(autoscale: bool, max: u32) -> (SimHandle, String) {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     let token = kube
-        .get("v1", "Secret", Some("kube-system"), "oxide-controller")
+        .get(
+            "v1",
+            "Secret",
+            Some("kube-system"),
+            "oxide-controller-webhook-auth",
+        )
         .await
         .and_then(|s| s["data"]["webhook-token"].as_str().map(str::to_owned))
         .and_then(|b| base64_decode(&b))

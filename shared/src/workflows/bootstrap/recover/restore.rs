@@ -154,7 +154,7 @@ pub(super) fn calls(
         ),
         format!("GET /readyz through context {cluster} until ready"),
         format!(
-            "PUT Secret kube-system/oxide-controller (the Oxide host, token and project this run uses, new webhook tokens, no retired key) and apply Secret oxide-controller-backup/oxide-controller-rack, through context {cluster}: the backup's are what they were when it was taken"
+            "PUT Secret kube-system/oxide-controller (the Oxide host, token and project this run uses, no retired key, no webhook token), PUT Secret kube-system/oxide-controller-webhook-auth (new webhook tokens) and apply Secret oxide-controller-backup/oxide-controller-rack, through context {cluster}: the backup's are what they were when it was taken"
         ),
         format!(
             "POST /v1/instances/{{worker}}/stop, DELETE /v1/instances/{{worker}} and its disks?project={project}, for every worker of {cluster} left (their agents' servers are gone)"

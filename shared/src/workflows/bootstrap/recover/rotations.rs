@@ -5,7 +5,9 @@
 //!
 //! - the Oxide host, token, project and cluster: those this run reached the rack with, into the
 //!   state Secret and the backup's Secret `oxide-controller-backup/oxide-controller-rack`;
-//! - new webhook tokens (`webhook-token`, `webhook-read-token`): whether the backup's were rotated
+//! - new webhook tokens (`webhook-token`, `webhook-read-token`, in Secret
+//!   `oxide-controller-webhook-auth`, created if the backup predates it, and removed from the
+//!   state Secret where an older controller kept them): whether the backup's were rotated
 //!   since (or leaked: they sit in every backup) nobody but the person knows, so both are
 //!   replaced, and the resume file gets the new ones. stdout says how to read the new write
 //!   token, as bootstrap's does; no value is printed or logged;
@@ -23,6 +25,7 @@ use tracing::{info, warn};
 use super::Validated;
 use crate::adapters::resume;
 use crate::base::retry::{Backoff, retry};
+use crate::base::secrets::webhook::{AUTH_SECRET, WebhookTokens};
 use crate::base::secrets::{ClusterSecrets, keys, random_token};
 use crate::ports::manifests::ApplyManifests;
 use crate::ports::state::{SecretRewrite, StateError, StateStore};
@@ -46,6 +49,9 @@ pub(super) struct Rolled {
     pub tailscale_key: bool,
     /// The restored webhook CA is not the resume file's.
     pub webhook_ca: bool,
+    /// The restored state Secret held the webhook's tokens (a controller from before Secret
+    /// `oxide-controller-webhook-auth`), now removed.
+    pub tokens_moved: bool,
 }
 
 /// The lines stdout shows after a restore of `backup`: which rotations it predated and what
@@ -63,7 +69,7 @@ pub(super) fn report(r: &Rolled, kubeconfig: &Path, cluster: &str, backup: &str)
         "the backup's Oxide token is the one this run used: kept".to_owned()
     });
     lines.push(format!(
-        "webhook tokens replaced (webhook-token, webhook-read-token; the backup's are refused once the webhook re-reads its files, about a minute); the resume file has the new ones; read the write token with: TOKEN=$(kubectl --kubeconfig {} --context {cluster} -n kube-system get secret oxide-controller -o jsonpath='{{.data.webhook-token}}' | base64 -d)",
+        "webhook tokens replaced (webhook-token, webhook-read-token in Secret {AUTH_SECRET}; the backup's are refused once the webhook re-reads its files, about a minute); the resume file has the new ones; read the write token with: TOKEN=$(kubectl --kubeconfig {} --context {cluster} -n kube-system get secret {AUTH_SECRET} -o jsonpath='{{.data.webhook-token}}' | base64 -d)",
         kubeconfig.display()
     ));
     for key in &r.removed {
@@ -74,6 +80,11 @@ pub(super) fn report(r: &Rolled, kubeconfig: &Path, cluster: &str, backup: &str)
     if r.tailscale_key {
         lines.push(format!(
             "the Tailscale key (tailscale-auth-key) is the backup's (the laptop keeps none): if it was replaced after backup {backup} was taken, set it in the Secret again"
+        ));
+    }
+    if r.tokens_moved {
+        lines.push(format!(
+            "the backup's state Secret held the webhook's tokens (a controller from before Secret {AUTH_SECRET}): removed; if the restored webhook Deployment mounts them from Secret oxide-controller, it refuses every request until bootstrap applies this release's manifests (run it next)"
         ));
     }
     if r.webhook_ca {
@@ -109,14 +120,11 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
     let restored = retry(Backoff::default(), transient, || store.read_secrets())
         .await
         .map_err(failed)?;
-    let mut rng = rand::rng();
-    let mut now = ClusterSecrets {
+    let now = ClusterSecrets {
         oxide_host: v.host.clone(),
         oxide_token: v.token.clone(),
         oxide_project: v.project.clone(),
         oxide_cluster: cluster.to_owned(),
-        webhook_token: random_token(&mut rng, TOKEN_BYTES),
-        webhook_read_token: Some(random_token(&mut rng, TOKEN_BYTES)),
         ..restored.clone()
     };
     let set: BTreeMap<String, Vec<u8>> = now
@@ -128,8 +136,6 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
                 keys::OXIDE_TOKEN,
                 keys::OXIDE_PROJECT,
                 keys::OXIDE_CLUSTER,
-                keys::WEBHOOK_TOKEN,
-                keys::WEBHOOK_READ_TOKEN,
             ]
             .contains(&k.as_str())
         })
@@ -140,6 +146,16 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
     .await
     .map_err(failed)?;
     info!(step, changed = %changed.join(","), removed = %removed.join(","), "the restored Secret rewritten");
+    let mut rng = rand::rng();
+    let mut tokens = WebhookTokens {
+        token: random_token(&mut rng, TOKEN_BYTES),
+        read_token: Some(random_token(&mut rng, TOKEN_BYTES)),
+    };
+    let tokens_moved = retry(Backoff::default(), transient, || {
+        store.replace_webhook_tokens(&tokens)
+    })
+    .await
+    .map_err(|e| BootstrapError::step(step, error::context("the webhook's tokens", e)))?;
     // The backup pod's own copy of the rack credentials came back from the backup too.
     // With the restored spec's retention as the floor, as bootstrap writes it.
     let floor = store
@@ -158,11 +174,11 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
         .apply_all(std::slice::from_ref(&rack), Backoff::default())
         .await
         .map_err(|e| error::chain(&e));
-    v.resume.webhook_token = std::mem::take(&mut now.webhook_token);
-    v.resume.webhook_read_token = now.webhook_read_token.take();
+    v.resume.webhook_token = std::mem::take(&mut tokens.token);
+    v.resume.webhook_read_token = tokens.read_token.take();
     v.resume.restore_pending = None;
     if let Err(e) = resume::save(&v.resume_path, &v.resume) {
-        warn!(step, error = %e, "cannot write the new webhook tokens to the resume file; the Secret has them");
+        warn!(step, error = %e, "cannot write the new webhook tokens to the resume file; Secret oxide-controller-webhook-auth has them");
     }
     let webhook_ca = match (&v.resume.webhook_tls_ca, store.read_webhook_ca().await) {
         (Some(ours), Ok(Some(ca))) => ca.ca_pem.trim() != ours.trim(),
@@ -174,6 +190,7 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
         removed,
         tailscale_key: restored.tailscale_auth_key.is_some(),
         webhook_ca,
+        tokens_moved,
     };
     let mut lines = report(&rolled, &v.kubeconfig, cluster, backup);
     if let Err(why) = rack_written {
@@ -197,6 +214,7 @@ mod tests {
             removed: vec![keys::RETIRED_SSH_PRIVATE_KEY.to_owned()],
             tailscale_key: true,
             webhook_ca: false,
+            tokens_moved: true,
         };
         let lines = report(
             &rolled,
@@ -209,8 +227,10 @@ mod tests {
             "the backup's Oxide token differed from the one this run used: replaced",
             "webhook tokens replaced",
             "--kubeconfig /k.yaml --context demo",
+            "get secret oxide-controller-webhook-auth -o jsonpath='{.data.webhook-token}'",
             "retired key ssh-private-key removed",
             "replaced after backup demo-etcd-20260101-000000 was taken",
+            "the backup's state Secret held the webhook's tokens",
         ] {
             assert!(text.contains(needle), "{needle:?}: {text}");
         }
@@ -222,6 +242,7 @@ mod tests {
                 removed: vec![],
                 tailscale_key: false,
                 webhook_ca: true,
+                tokens_moved: false,
             },
             Path::new("/k.yaml"),
             "demo",
@@ -235,7 +256,9 @@ mod tests {
         assert!(kept.contains("Oxide host (https://old.example)"), "{kept}");
         assert!(kept.contains("webhook CA is the backup's"), "{kept}");
         assert!(
-            !kept.contains("retired key") && !kept.contains("Tailscale"),
+            !kept.contains("retired key")
+                && !kept.contains("Tailscale")
+                && !kept.contains("held the webhook's tokens"),
             "{kept}"
         );
     }
