@@ -443,6 +443,7 @@ async fn a_restore_that_died_before_rewriting_the_secret_is_finished_by_the_next
     world.with(|s| {
         let secrets = s.secrets.as_mut().unwrap_or_else(|| panic!("no Secret"));
         secrets.oxide_token = "the-backups-oxide-token".into();
+        secrets.oxide_token_id = Some("the-backups-token-id".into());
         let tokens = s
             .webhook_tokens
             .as_mut()
@@ -489,6 +490,9 @@ async fn a_restore_that_died_before_rewriting_the_secret_is_finished_by_the_next
         .with(|s| s.webhook_tokens.clone())
         .unwrap_or_else(|| panic!("no webhook tokens"));
     assert_eq!(secrets.oxide_token, "oxide-token-for-the-fakes");
+    // The backup's token id does not stay beside the laptop's token (whose id the flags do
+    // not say: none, and the reconcile tells the user's only token).
+    assert_eq!(secrets.oxide_token_id, None);
     assert_ne!(tokens.token, "the-backups-webhook-token");
     assert_ne!(tokens.token, r.webhook_token);
     let after = laptop.resume().unwrap_or_else(|| panic!("no resume file"));

@@ -127,7 +127,7 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
         oxide_cluster: cluster.to_owned(),
         ..restored.clone()
     };
-    let set: BTreeMap<String, Vec<u8>> = now
+    let mut set: BTreeMap<String, Vec<u8>> = now
         .to_map()
         .into_iter()
         .filter(|(k, _)| {
@@ -140,6 +140,18 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
             .contains(&k.as_str())
         })
         .collect();
+    // The restored id names the backup's token: kept only when that is still the token in
+    // force, else the profile's id, else none (the reconcile then tells the user's only token,
+    // or says it cannot): never an id beside another token.
+    let token_id = if restored.oxide_token == v.token {
+        restored.oxide_token_id.clone()
+    } else {
+        v.token_id.clone()
+    };
+    set.insert(
+        keys::OXIDE_TOKEN_ID.to_owned(),
+        token_id.unwrap_or_default().into_bytes(),
+    );
     let SecretRewrite { changed, removed } = retry(Backoff::default(), transient, || {
         store.rewrite_secret_keys(&set)
     })
