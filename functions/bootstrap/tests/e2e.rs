@@ -79,6 +79,9 @@ async fn fresh_rack_to_ready_cluster_with_state_and_in_cluster_pieces() {
             "oxide-host",
             "oxide-project",
             "oxide-token",
+            // Audit security-2 H2's rest: which of the user's tokens it is (the simulator's
+            // user has one), so every run can watch its end.
+            "oxide-token-id",
             // Issue 34 §1: no SSH private key; only the public half.
             "ssh-public-key",
             // Issue 34 §6's serving pair moved to Secret oxide-controller-webhook-tls

@@ -140,17 +140,9 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
             .contains(&k.as_str())
         })
         .collect();
-    // The restored id names the backup's token: kept only when that is still the token in
-    // force, else the profile's id, else none (the reconcile then tells the user's only token,
-    // or says it cannot): never an id beside another token.
-    let token_id = if restored.oxide_token == v.token {
-        restored.oxide_token_id.clone()
-    } else {
-        v.token_id.clone()
-    };
     set.insert(
         keys::OXIDE_TOKEN_ID.to_owned(),
-        token_id.unwrap_or_default().into_bytes(),
+        token_id(&restored, v).unwrap_or_default().into_bytes(),
     );
     let SecretRewrite { changed, removed } = retry(Backoff::default(), transient, || {
         store.rewrite_secret_keys(&set)
@@ -212,6 +204,18 @@ pub(super) async fn reassert<S: StateStore, M: ApplyManifests>(
         ));
     }
     Ok(lines)
+}
+
+/// The id to write beside the laptop's token after a restore: the restored one names the
+/// backup's token, so it is kept only when that is still the token in force; else the
+/// profile's id; else none (the reconcile then tells the user's only token, or says it
+/// cannot). Never an id beside another token.
+fn token_id(restored: &ClusterSecrets, v: &Validated) -> Option<String> {
+    if restored.oxide_token == v.token {
+        restored.oxide_token_id.clone()
+    } else {
+        v.token_id.clone()
+    }
 }
 
 #[cfg(test)]
