@@ -110,15 +110,6 @@ pub async fn apply<R: Rack, C: Cluster, F: MemberFactory>(
         .collect();
     let mut results: Vec<(usize, ActionResult)> = Vec::with_capacity(plan.actions.len());
     for p in 0..=4 {
-        let blocked_pools: std::collections::BTreeMap<String, String> = results
-            .iter()
-            .filter_map(|(_, r)| match (&r.action, &r.blocked) {
-                (Action::CreateMember { pool, .. }, Some(b)) => {
-                    Some((pool.clone(), b.message.clone()))
-                }
-                _ => None,
-            })
-            .collect();
         let mut batch = Vec::new();
         for (i, a) in plan
             .actions
@@ -126,21 +117,16 @@ pub async fn apply<R: Rack, C: Cluster, F: MemberFactory>(
             .enumerate()
             .filter(|(i, _)| phases[*i] == p)
         {
-            match a {
-                Action::CreateMember { pool, .. } if blocked_pools.contains_key(pool) => {
-                    results.push((
-                        i,
-                        ActionResult {
-                            action: a.clone(),
-                            outcome: Outcome::Skipped(format!(
-                                "not tried: the rack refused this pool's first create ({})",
-                                blocked_pools[pool]
-                            )),
-                            blocked: None,
-                        },
-                    ));
-                }
-                _ => batch.push((i, a)),
+            match not_to_try(a, &results) {
+                Some(why) => results.push((
+                    i,
+                    ActionResult {
+                        action: a.clone(),
+                        outcome: Outcome::Skipped(why),
+                        blocked: None,
+                    },
+                )),
+                None => batch.push((i, a)),
             }
         }
         if batch.is_empty() {
@@ -161,6 +147,32 @@ pub async fn apply<R: Rack, C: Cluster, F: MemberFactory>(
     // In the order they ran: by phase, then as planned.
     results.sort_by_key(|(i, _)| (phases[*i], *i));
     results.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Why `a` is not tried after what ran before it in this run: a create of a pool whose first
+/// create the rack refused for a reason that refuses them all; the removal of a server the API
+/// floating IP could not leave (its move failed and the address went back to it: removing it
+/// would leave the API without its address until a later run).
+fn not_to_try(a: &Action, earlier: &[(usize, ActionResult)]) -> Option<String> {
+    earlier.iter().find_map(|(_, r)| match (a, &r.action, &r.outcome, &r.blocked) {
+        (Action::CreateMember { pool, .. }, Action::CreateMember { pool: refused, .. }, _, Some(b))
+            if pool == refused =>
+        {
+            Some(format!(
+                "not tried: the rack refused this pool's first create ({})",
+                b.message
+            ))
+        }
+        (
+            Action::RemoveMember { name, .. },
+            Action::AttachApiFloatingIp { from: Some(holder), .. },
+            Outcome::Failed(why),
+            _,
+        ) if name == holder => Some(format!(
+            "not tried: the API floating IP could not leave it ({why}); a later run moves the address first"
+        )),
+        _ => None,
+    })
 }
 
 struct Ctx<'a, R, C, F> {
@@ -431,10 +443,23 @@ impl<R: Rack, C: Cluster, F: MemberFactory> Ctx<'_, R, C, F> {
         {
             return failed(e);
         }
-        match self.retry(|| self.rack.attach_floating_ip(fip, to)).await {
-            Ok(()) => Outcome::Done,
-            Err(e) => failed(e),
-        }
+        let Err(e) = self.retry(|| self.rack.attach_floating_ip(fip, to)).await else {
+            return Outcome::Done;
+        };
+        // Detached and not attached: the API has no address. Back to the member it left,
+        // unless that one was failed and stopped above (or is not a member: an id).
+        let Some(holder) = from.filter(|h| !stop_from && h.parse::<uuid::Uuid>().is_err()) else {
+            return failed(e);
+        };
+        let back = match self
+            .retry(|| self.rack.attach_floating_ip(fip, holder))
+            .await
+        {
+            Ok(()) => format!("the address is back on {holder}"),
+            Err(again) => format!("putting it back on {holder} failed too: {again}"),
+        };
+        warn!(%fip, %to, %holder, error = %e, "{back}");
+        Outcome::Failed(format!("{e:#}; {back}"))
     }
 
     /// A restart for certificates is over: the Node marked `done` (and uncordoned).

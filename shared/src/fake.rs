@@ -119,6 +119,9 @@ pub struct WorldState {
     /// nexus's for a full subnet), and counted in `refused_creates`.
     pub refuse_creates: Option<String>,
     pub refused_creates: usize,
+    /// While set, attaching a floating IP to any instance but this one is refused with a 400
+    /// (the rack's answer to a move it will not make).
+    pub attach_only_to: Option<String>,
     /// The Secret's host key pins (instance → fingerprints).
     pub host_key_pins: BTreeMap<String, Vec<String>>,
     /// Every request to create something, made or refused, in order ("create-instance
@@ -580,6 +583,15 @@ impl Rack for FakeRack {
 
     async fn attach_floating_ip(&self, fip: &str, instance: &str) -> Result<(), RackError> {
         self.0.with(|s| {
+            if s.attach_only_to
+                .as_deref()
+                .is_some_and(|only| only != instance)
+            {
+                return Err(RackError::Invalid {
+                    what: format!("floating IP {fip}"),
+                    message: format!("refused: not {instance}"),
+                });
+            }
             let i = s
                 .instances
                 .get(instance)

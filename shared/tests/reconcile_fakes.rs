@@ -1987,3 +1987,61 @@ fn the_oxide_tokens_end_is_watched_daily_and_degrades_the_cluster_before_it_come
         );
     });
 }
+
+/// The API floating IP leaves a drifted server for a new Ready one by a detach and an attach.
+/// When the attach is refused, the address goes back to the server it left (clients keep
+/// reaching the API) and that server is not removed in the same run; once the rack takes the
+/// attach, the move and the roll complete.
+#[test]
+fn a_refused_move_of_the_api_address_puts_it_back_and_keeps_its_holder() {
+    rt().block_on(async {
+        let mut spec = ClusterSpec::new("demo", "demo", "ubuntu", 1, 0);
+        small_timeouts(&mut spec);
+        let w = world(&spec, true).await;
+        converge(&w, 12).await;
+        let fip = names::api_floating_ip_name("demo");
+        let holder_of = |w: &FakeWorld| {
+            w.with(|s| {
+                let id = s.floating_ips.get(&fip).and_then(|f| f.instance_id);
+                s.instances
+                    .values()
+                    .find(|i| Some(i.id) == id)
+                    .map(|i| i.name.clone())
+            })
+        };
+        let old = holder_of(&w).unwrap_or_else(|| panic!("the address is attached"));
+        w.with(|s| s.attach_only_to = Some(old.clone()));
+        spec.control_plane.cpus += 2;
+        set_spec(&w, &spec).await;
+        // A detach, the refused attach (not logged), and the attach back to the holder.
+        let put_back = format!("detach-fip {fip}\nattach-fip {fip} {old}");
+        let mut refused = false;
+        for _ in 0..12 {
+            let _ = run_once(&w).await;
+            w.tick(30);
+            if w.with(|s| s.log.join("\n")).contains(&put_back) {
+                refused = true;
+                break;
+            }
+        }
+        assert!(
+            refused,
+            "the move was tried and put back: {}",
+            w.with(|s| s.log.join("\n"))
+        );
+        assert_eq!(
+            holder_of(&w),
+            Some(old.clone()),
+            "the address is back on its holder"
+        );
+        assert!(
+            w.with(|s| s.instances.contains_key(&old)),
+            "the holder was not removed while it holds the address"
+        );
+        w.with(|s| s.attach_only_to = None);
+        converge(&w, 20).await;
+        let now = holder_of(&w).unwrap_or_else(|| panic!("attached"));
+        assert_ne!(now, old, "moved once the rack took the attach");
+        assert!(!w.with(|s| s.instances.contains_key(&old)), "rolled");
+    });
+}
