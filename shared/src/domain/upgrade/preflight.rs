@@ -489,9 +489,8 @@ mod tests {
     /// 's|dist/artifacts/||'`).
     fn listing(k3s: &str) -> String {
         format!(
-            "{a}  k3s-airgap-images-amd64.tar.gz\n{a}  k3s-airgap-images-amd64.tar\n{b}  dist/artifacts/k3s\n{k3s}  k3s\n{a}  k3s-airgap-images-amd64.tar.zst\n",
+            "{a}  k3s-airgap-images-amd64.tar.gz\n{a}  k3s-airgap-images-amd64.tar\n{a}  k3s-airgap-images-amd64.tar.zst\n{k3s}  k3s\n",
             a = "1".repeat(64),
-            b = "2".repeat(64)
         )
     }
 
@@ -505,6 +504,11 @@ mod tests {
             Some("1".repeat(64).as_str())
         );
         assert_eq!(listed_sha256("", "k3s"), None);
+        // Another file whose name ends in `k3s` is not it (install.sh's `grep " k3s$"`).
+        assert_eq!(
+            listed_sha256(&format!("{k3s}  dist/artifacts/k3s\n"), "k3s"),
+            None
+        );
         assert_eq!(listed_sha256(&format!("{k3s}  k3s-arm64\n"), "k3s"), None);
         assert_eq!(
             listed_sha256(&format!("{k3s}  k3s\r\n"), "k3s"),
