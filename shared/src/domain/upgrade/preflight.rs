@@ -12,7 +12,10 @@
 //!   target's minor blocks unless `upgrade.allow_removed_apis` lists it; a server whose
 //!   metrics cannot be read blocks too (nothing is known of its clients);
 //! - each release the roll installs is where the nodes' installer fetches it (the hash file
-//!   install.sh downloads first), unless k3s is pre-installed in the image;
+//!   install.sh downloads first), unless k3s is pre-installed in the image; and, for a release
+//!   whose binary the spec pins (`k3s.binary_sha256`), the digest that hash file lists for
+//!   `k3s` is the pinned one: otherwise every new node of that release would fail its setup at
+//!   `k3s-install`, and the roll would create doomed VMs until its back-off stops it;
 //! - before a roll to a newer minor, every server's apiserver has run at least
 //!   `upgrade.api_history_seconds` (its `process_start_time_seconds`, from the same
 //!   `/metrics`): the deprecated-API gauge lives in the process and starts empty with it
@@ -134,8 +137,9 @@ pub struct Readings {
     pub servers_ready: usize,
     pub servers_desired: usize,
     /// Each release the nodes will install (`k3s.version`, the `upgrade.path` steps) with
-    /// its hash file's URL and whether it answered (none with `install: preinstalled`).
-    pub releases: Vec<(String, String, Result<(), String>)>,
+    /// its hash file's URL and the file's text, or why it could not be read (none with
+    /// `install: preinstalled`).
+    pub releases: Vec<(String, String, Result<String, String>)>,
     /// Why etcd's member list and the servers disagree (the planner's own check,
     /// [`crate::domain::plan::etcd_members_match`]), if they do.
     pub etcd_mismatch: Option<String>,
@@ -164,7 +168,7 @@ pub fn evaluate(spec: &ClusterSpec, r: &Readings) -> Vec<String> {
     }
     removed_apis(spec, r, &mut out);
     api_history(spec, r, &mut out);
-    releases(r, &mut out);
+    releases(spec, r, &mut out);
     out
 }
 
@@ -217,15 +221,53 @@ fn human(secs: u64) -> String {
     }
 }
 
-/// Every release the roll installs is where the nodes fetch it.
-fn releases(r: &Readings, out: &mut Vec<String>) {
+/// Every release the roll installs is where the nodes fetch it, and a binary the spec pins
+/// is the one that release lists.
+fn releases(spec: &ClusterSpec, r: &Readings, out: &mut Vec<String>) {
     for (version, url, found) in &r.releases {
-        if let Err(why) = found {
+        let text = match found {
+            Ok(text) => text,
+            Err(why) => {
+                out.push(format!(
+                    "release {version} is not at {url} ({why}), where the nodes' installer fetches it; set a k3s release that exists"
+                ));
+                continue;
+            }
+        };
+        // Unpinned (or pinned for other releases only, which validation and the member's
+        // rendering refuse on their own): install.sh checks the binary against this file.
+        let Ok(Some(pinned)) = spec.k3s_binary_sha256(version) else {
+            continue;
+        };
+        // A file that lists no `k3s` says nothing against the pin (install.sh, which would
+        // need the line, does not run its download with a pin).
+        let Some(listed) = listed_sha256(text, K3S_BINARY_FILE) else {
+            continue;
+        };
+        if !listed.eq_ignore_ascii_case(pinned) {
             out.push(format!(
-                "release {version} is not at {url} ({why}), where the nodes' installer fetches it; set a k3s release that exists"
+                "k3s.binary_sha256[{version}] is {pinned} but the release's sha256sum-amd64.txt ({url}) lists {listed} for {K3S_BINARY_FILE}: every new node of {version} would fail its setup at k3s-install; correct the spec (compare with a second source) or the mirror (k3s.release_url)"
             ));
         }
     }
+}
+
+/// The amd64 binary's name in a release's hash file (install.sh's `k3s${SUFFIX}`, `SUFFIX`
+/// empty on amd64).
+pub const K3S_BINARY_FILE: &str = "k3s";
+
+/// The digest a `sha256sum` listing (`<hex>  <file>` lines, as k3s's release workflow writes
+/// `sha256sum-<arch>.txt`) gives for `file`: the first line whose name is `file` after one
+/// blank, the digest up to the first blank, as install.sh's `download_hash` reads it
+/// (`grep " k3s${SUFFIX}$"`, then `${HASH_EXPECTED%%[[:blank:]]*}`). A name with a directory
+/// (`dist/artifacts/k3s`) is another file, as for that `grep`.
+pub fn listed_sha256<'a>(listing: &'a str, file: &str) -> Option<&'a str> {
+    listing.lines().find_map(|line| {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        let head = line.strip_suffix(file)?.strip_suffix(' ')?;
+        let digest = head.split([' ', '\t']).next()?;
+        (!digest.is_empty()).then_some(digest)
+    })
 }
 
 /// Every server a Ready Node, as many as the spec asks.
@@ -439,6 +481,102 @@ mod tests {
             [
                 "release v1.34.99+k3s1 is not at http://r/download/v1.34.99+k3s1/sha256sum-amd64.txt (HTTP 404), where the nodes' installer fetches it; set a k3s release that exists"
             ]
+        );
+    }
+
+    /// A release's hash file as k3s's release workflow assembles it: the air-gap image
+    /// tarballs' lines, then the binary's (`sha256sum dist/artifacts/k3s | sed
+    /// 's|dist/artifacts/||'`).
+    fn listing(k3s: &str) -> String {
+        format!(
+            "{a}  k3s-airgap-images-amd64.tar.gz\n{a}  k3s-airgap-images-amd64.tar\n{a}  k3s-airgap-images-amd64.tar.zst\n{k3s}  k3s\n",
+            a = "1".repeat(64),
+        )
+    }
+
+    #[test]
+    fn the_digest_listed_for_a_file_is_read_as_install_sh_reads_it() {
+        let k3s = "ab".repeat(32);
+        let text = listing(&k3s);
+        assert_eq!(listed_sha256(&text, "k3s"), Some(k3s.as_str()));
+        assert_eq!(
+            listed_sha256(&text, "k3s-airgap-images-amd64.tar"),
+            Some("1".repeat(64).as_str())
+        );
+        assert_eq!(listed_sha256("", "k3s"), None);
+        // Another file whose name ends in `k3s` is not it (install.sh's `grep " k3s$"`).
+        assert_eq!(
+            listed_sha256(&format!("{k3s}  dist/artifacts/k3s\n"), "k3s"),
+            None
+        );
+        assert_eq!(listed_sha256(&format!("{k3s}  k3s-arm64\n"), "k3s"), None);
+        assert_eq!(
+            listed_sha256(&format!("{k3s}  k3s\r\n"), "k3s"),
+            Some(k3s.as_str())
+        );
+    }
+
+    /// The spec pins the target's binary by a digest the release's hash file does not list
+    /// for `k3s`: every new node would fail at `k3s-install`, so the roll does not start.
+    /// The same digest (in either case) passes; so does an unpinned spec, a release whose hash
+    /// file lists no `k3s`, and one that cannot be read keeps its own blocker only.
+    #[test]
+    fn a_pinned_binary_digest_the_release_does_not_list_blocks() {
+        const TO: &str = "v1.34.1+k3s1";
+        const URL: &str = "http://r/download/v1.34.1+k3s1/sha256sum-amd64.txt";
+        let released = "ab".repeat(32);
+        let wrong = "cd".repeat(32);
+        let r = |found: Result<String, String>| Readings {
+            servers_ready: 3,
+            servers_desired: 3,
+            releases: vec![(TO.into(), URL.into(), found)],
+            ..Readings::default()
+        };
+        let pinned = |digest: &str| {
+            let mut s = spec(TO);
+            s.k3s.binary_sha256.insert(TO.into(), digest.into());
+            s
+        };
+        assert_eq!(
+            evaluate(&pinned(&wrong), &r(Ok(listing(&released)))),
+            [format!(
+                "k3s.binary_sha256[{TO}] is {wrong} but the release's sha256sum-amd64.txt ({URL}) lists {released} for k3s: every new node of {TO} would fail its setup at k3s-install; correct the spec (compare with a second source) or the mirror (k3s.release_url)"
+            )]
+        );
+        assert!(evaluate(&pinned(&released), &r(Ok(listing(&released)))).is_empty());
+        assert!(
+            evaluate(
+                &pinned(&released.to_ascii_uppercase()),
+                &r(Ok(listing(&released)))
+            )
+            .is_empty()
+        );
+        assert!(evaluate(&spec(TO), &r(Ok(listing(&released)))).is_empty());
+        assert!(evaluate(&pinned(&wrong), &r(Ok(String::new()))).is_empty());
+        assert_eq!(
+            evaluate(&pinned(&wrong), &r(Err("HTTP 404".into()))),
+            [format!(
+                "release {TO} is not at {URL} (HTTP 404), where the nodes' installer fetches it; set a k3s release that exists"
+            )]
+        );
+        // Each release the roll installs is checked against its own digest: an upgrade.path
+        // step's too.
+        const STEP: &str = "v1.33.7+k3s3";
+        let mut walk = pinned(&released);
+        walk.upgrade.path = vec![STEP.into()];
+        walk.k3s.binary_sha256.insert(STEP.into(), wrong.clone());
+        let both = Readings {
+            releases: vec![
+                (STEP.into(), "http://r/step".into(), Ok(listing(&released))),
+                (TO.into(), URL.into(), Ok(listing(&released))),
+            ],
+            ..r(Ok(String::new()))
+        };
+        let b = evaluate(&walk, &both);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert!(
+            b[0].starts_with(&format!("k3s.binary_sha256[{STEP}] is {wrong}")),
+            "{b:?}"
         );
     }
 

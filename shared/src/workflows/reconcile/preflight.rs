@@ -7,7 +7,8 @@
 //! laptop runs `scale upgrade`, and from the rack), else its private VPC address (reachable
 //! from the cluster's pods, where the reconcile CronJob runs). Requests: one external-IP and
 //! one private-IP lookup per server, one `GET /metrics` per server, and one `GET` of each
-//! release's hash file at `k3s.release_url`.
+//! release's hash file at `k3s.release_url` (its text: the digest it lists for `k3s` is
+//! compared with a pinned `k3s.binary_sha256`).
 
 use chrono::{DateTime, Utc};
 
@@ -78,9 +79,10 @@ pub async fn run<R: Rack, C: Cluster>(
     preflight::evaluate(spec, &readings)
 }
 
-/// Each release the roll installs (`upgrade.path`, then `k3s.version`) and whether its hash
-/// file is at `k3s.release_url`; none when k3s is pre-installed in the image.
-async fn releases(spec: &ClusterSpec) -> Vec<(String, String, Result<(), String>)> {
+/// Each release the roll installs (`upgrade.path`, then `k3s.version`) and its hash file at
+/// `k3s.release_url` (its text, or why it could not be read); none when k3s is pre-installed
+/// in the image.
+async fn releases(spec: &ClusterSpec) -> Vec<(String, String, Result<String, String>)> {
     if spec.k3s.install == crate::domain::spec::K3sInstall::Preinstalled {
         return Vec::new();
     }
@@ -92,7 +94,7 @@ async fn releases(spec: &ClusterSpec) -> Vec<(String, String, Result<(), String>
         .collect();
     let checks = versions.into_iter().map(|v| async move {
         let url = releases::hash_url(&spec.k3s.release_url, v);
-        let found = releases::reachable(&url).await;
+        let found = releases::hash_file(&url).await;
         (v.clone(), url, found)
     });
     futures::future::join_all(checks).await
