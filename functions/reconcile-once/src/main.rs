@@ -123,8 +123,8 @@ async fn run(args: Args) -> ExitCode {
     };
     if let Some(command) = &args.command {
         let counter = client.clone();
-        let count = move || async move {
-            oxide_controller::adapters::kubeclient::count_objects(&counter).await
+        let count = move |snapshot| async move {
+            oxide_controller::adapters::kubeclient::count_objects(&counter, Some(snapshot)).await
         };
         return backup(command, count, KubeStateStore::new(client, &args.namespace)).await;
     }
@@ -204,7 +204,7 @@ async fn run(args: Args) -> ExitCode {
 /// `reconcile-once backup`.
 async fn backup<C, F>(command: &Command, count: C, state: KubeStateStore) -> ExitCode
 where
-    C: FnOnce() -> F,
+    C: FnOnce(chrono::DateTime<chrono::Utc>) -> F,
     F: std::future::Future<Output = Result<u64, String>>,
 {
     use oxide_controller::workflows::backup::{ScheduledOptions, ScheduledOutcome, run_scheduled};

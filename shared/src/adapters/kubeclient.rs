@@ -219,17 +219,27 @@ pub use crate::domain::backup::COUNTED_KINDS;
 
 /// How many objects of [`COUNTED_KINDS`] the cluster holds, all namespaces, as its
 /// administrator through context `context` of `kubeconfig` (a backup's manifest records it; a
-/// restore drill compares).
-pub async fn object_count(kubeconfig: &Path, context: &str) -> Result<u64, String> {
+/// restore drill compares); with `before`, only those created before it (see
+/// [`count_objects`]).
+pub async fn object_count(
+    kubeconfig: &Path,
+    context: &str,
+    before: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<u64, String> {
     let client = client(Some(kubeconfig), Some(context))
         .await
         .map_err(|e| e.to_string())?;
-    count_objects(&client).await
+    count_objects(&client, before).await
 }
 
 /// [`object_count`] through `client` (the in-cluster backup's own: its ServiceAccount may list
-/// the [`COUNTED_KINDS`], `k8s-cronjobs/backup.yaml`).
-pub async fn count_objects(client: &kube::Client) -> Result<u64, String> {
+/// the [`COUNTED_KINDS`], `k8s-cronjobs/backup.yaml`). With `before` (the snapshot's time), an
+/// object created at or after it is not counted: the snapshot cannot hold it, so a restore
+/// cannot bring it back ([`crate::domain::backup::created_before`]).
+pub async fn count_objects(
+    client: &kube::Client,
+    before: Option<chrono::DateTime<chrono::Utc>>,
+) -> Result<u64, String> {
     let mut total = 0u64;
     for kind in COUNTED_KINDS {
         // Names only: a list of metadata, not of Secrets' data.
@@ -246,7 +256,17 @@ pub async fn count_objects(client: &kube::Client) -> Result<u64, String> {
                 Ok(Err(e)) => return Err(format!("listing {kind}: {e}")),
                 Err(_) => return Err(format!("listing {kind}: no answer in time")),
             };
-        total += list["items"].as_array().map_or(0, |i| i.len() as u64);
+        total += list["items"].as_array().map_or(0, |items| {
+            items
+                .iter()
+                .filter(|i| {
+                    crate::domain::backup::created_before(
+                        i["metadata"]["creationTimestamp"].as_str(),
+                        before,
+                    )
+                })
+                .count() as u64
+        });
     }
     Ok(total)
 }

@@ -74,6 +74,19 @@ pub struct BackupTag {
 /// ([`COUNTED_KINDS_MARK`]); a drill server counts them with k3s's kubectl (its setup script).
 pub const COUNTED_KINDS: [&str; 4] = ["namespaces", "configmaps", "services", "serviceaccounts"];
 
+/// Whether an object created at `created` (its `creationTimestamp`, RFC 3339 in whole
+/// seconds) counts for a snapshot taken at `snapshot`: only one created strictly before it. The
+/// count is taken after the snapshot (k3s takes scheduled ones itself), so an object made in
+/// between would be counted but cannot be restored, and a drill of a busy cluster would fail
+/// for nothing; one made in the snapshot's own second is left out too (it may be after it), so
+/// a correct restore holds at least the count. Without a time, or a timestamp to read, it counts.
+pub fn created_before(created: Option<&str>, snapshot: Option<DateTime<Utc>>) -> bool {
+    let (Some(created), Some(snapshot)) = (created, snapshot) else {
+        return true;
+    };
+    DateTime::parse_from_rfc3339(created).map_or(true, |c| c.to_utc() < snapshot)
+}
+
 /// How a description marks a count of today's kinds (`crate::adapters::kubeclient::COUNTED_KINDS`,
 /// four, no Secrets). A count without it is from before, when Secrets were counted too: it is
 /// read as no count, so a drill does not compare it with a count of other kinds.
@@ -451,6 +464,27 @@ impl Choice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_objects_made_before_the_snapshots_second_are_counted() {
+        let snapshot = DateTime::parse_from_rfc3339("2026-11-29T18:16:13Z")
+            .map(|t| t.to_utc())
+            .ok();
+        assert!(created_before(Some("2026-11-29T18:16:12Z"), snapshot));
+        assert!(
+            !created_before(Some("2026-11-29T18:16:13Z"), snapshot),
+            "the same second may be after it"
+        );
+        assert!(
+            !created_before(Some("2026-11-29T18:16:20Z"), snapshot),
+            "made between the snapshot and the count"
+        );
+        assert!(
+            created_before(Some("2026-11-29T18:16:20Z"), None),
+            "no snapshot time: everything"
+        );
+        assert!(created_before(None, snapshot), "no timestamp: counted");
+    }
     use chrono::TimeZone as _;
 
     fn at(h: i64) -> DateTime<Utc> {

@@ -420,7 +420,7 @@ where
     S: StateStore,
     R: Rack + ImageStore,
     M: FnOnce() -> Result<R, RackError>,
-    C: FnOnce() -> F,
+    C: FnOnce(DateTime<Utc>) -> F,
     F: std::future::Future<Output = Result<u64, String>>,
 {
     let step = "state";
@@ -451,9 +451,9 @@ where
     let attempt = async {
         let (file, time) = wait_for_snapshot(opts, started_at, after).await?;
         refuse_retired_keys(state, &file, time).await?;
-        // Counted as soon as the snapshot is there: k3s took it at this tick, so the two agree
-        // but for what changed in between (as `bootstrap backup`'s count).
-        let objects = count_or_warn(count).await;
+        // Counted as soon as the snapshot is there, of what was made before it (k3s took it at
+        // this tick; what was made since cannot be restored), as `bootstrap backup`'s count.
+        let objects = count_or_warn(|| count(time)).await;
         let rack = make_rack().map_err(|e| WorkflowError::step("upload", e))?;
         let (snapshot, bytes, sha256) = open_snapshot(&opts.snapshot_dir.join(&file)).await?;
         let manifest = Manifest {
@@ -941,7 +941,7 @@ mod tests {
                 let file = format!("etcd-snapshot-demo-control-plane-a-{}", now - age);
                 std::fs::write(snaps.path().join(file), b"etcd").unwrap();
                 let rack = world.rack();
-                run_scheduled(&world.state(), || Ok(rack), || async { Ok(1) }, &opts)
+                run_scheduled(&world.state(), || Ok(rack), |_| async { Ok(1) }, &opts)
                     .await
                     .unwrap();
             }
@@ -989,7 +989,7 @@ mod tests {
         );
         std::fs::write(dir.path().join(&old), b"old etcd bytes").unwrap();
         let rack = world.rack();
-        let run = || run_scheduled(&fake, || Ok(rack.clone()), || async { Ok(1) }, &opts);
+        let run = || run_scheduled(&fake, || Ok(rack.clone()), |_| async { Ok(1) }, &opts);
         let e = run().await.unwrap_err();
         let text = error::chain(&e);
         assert!(

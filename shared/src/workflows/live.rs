@@ -114,8 +114,13 @@ impl bootstrap::Connect for LiveConnect {
         crate::adapters::kubeclient::readyz(kubeconfig, context).await
     }
 
-    async fn object_count(&self, kubeconfig: &Path, context: &str) -> Result<u64, String> {
-        crate::adapters::kubeclient::object_count(kubeconfig, context).await
+    async fn object_count(
+        &self,
+        kubeconfig: &Path,
+        context: &str,
+        before: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<u64, String> {
+        crate::adapters::kubeclient::object_count(kubeconfig, context, before).await
     }
 
     async fn client_certificate(

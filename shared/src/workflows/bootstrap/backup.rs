@@ -184,13 +184,19 @@ pub async fn run<C: Connect>(
         ..
     } = on_api_server(&input, connect, deadline, "taking the backup").await?;
     let started = Instant::now();
+    // No later than the snapshot: what is made after this is not counted (see below).
+    let snapshot_at = Utc::now();
     let Taken {
         name: k3s_snapshot,
         data,
         left_on_server,
     } = take_snapshot(&shell, &server, (deadline, SNAPSHOT_BUSY_RETRY)).await?;
-    // Counted right after the snapshot, so the two agree but for what changed in between.
-    let objects = match connect.object_count(&v.kubeconfig, &input.cluster).await {
+    // Counted right after the snapshot, of what was made before it: a restore holds at least
+    // that many (more when something was deleted in between).
+    let objects = match connect
+        .object_count(&v.kubeconfig, &input.cluster, Some(snapshot_at))
+        .await
+    {
         Ok(n) => Some(n),
         Err(e) => {
             warn!(error = %e, "cannot count the cluster's objects; a restore drill will not compare them");

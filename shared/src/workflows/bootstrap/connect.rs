@@ -126,11 +126,13 @@ pub trait Connect: Send + Sync {
 
     /// How many objects the cluster holds of the kinds a backup counts
     /// ([`crate::adapters::kubeclient::COUNTED_KINDS`]), asked as its administrator through
-    /// context `context` of `kubeconfig`. The default cannot count.
+    /// context `context` of `kubeconfig`; with `before`, only those created before it (a
+    /// snapshot's time). The default cannot count.
     fn object_count(
         &self,
         _kubeconfig: &Path,
         _context: &str,
+        _before: Option<chrono::DateTime<chrono::Utc>>,
     ) -> impl Future<Output = Result<u64, String>> + Send {
         std::future::ready(Err("this connection cannot count objects".to_owned()))
     }

@@ -744,11 +744,12 @@ async fn run_verify<C: Connect>(
     if report.expected_objects.is_none() {
         warn!(step = "drill", backup = %report.backup, "the backup recorded no object count: the drill compared nothing but a ready API");
     }
-    let matches = report
-        .expected_objects
-        .is_none_or(|n| n == report.restored_objects);
+    let short = crate::domain::backup::drill::count_mismatch(
+        report.expected_objects,
+        report.restored_objects,
+    );
     summary.drill = Some(report.clone());
-    if !matches {
+    if short.is_some() {
         return Err(BootstrapError::step(
             "drill",
             message(format!(

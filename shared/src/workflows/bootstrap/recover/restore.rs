@@ -506,7 +506,7 @@ async fn drill_server<C: Connect>(
     }
     let seconds = started.elapsed().as_secs_f64();
     let objects = connect
-        .object_count(&kubeconfig, &input.cluster)
+        .object_count(&kubeconfig, &input.cluster, None)
         .await
         .map_err(|e| BootstrapError::step(step, message(e)))?;
     Ok((seconds, objects))
