@@ -136,9 +136,12 @@ pub async fn run<C: Connect>(
     .await
     .map_err(failed)?;
     info!(step = "secret", id = ?record.id, "the Secret holds the new Oxide token");
-    let after = retry(Backoff::default(), transient, || ports.store.read_secrets())
-        .await
-        .map_err(failed)?;
+    let after = crate::base::secrets::ClusterSecrets {
+        oxide_host: v.host.clone(),
+        oxide_token: v.token.clone(),
+        oxide_token_id: record.id.clone(),
+        ..before.clone()
+    };
     let floor = v
         .spec
         .as_ref()
