@@ -157,11 +157,23 @@ impl Env {
             .collect()
     }
 
-    /// Runs until a run exits 0 with the cluster Ready; returns the number of runs.
+    /// Runs until a run exits 0 with the cluster Ready; returns the number of runs. One that
+    /// never gets there says where the rack's instances and floating IPs are and what the
+    /// runs warned about and did (a run from here reaches the API only through its floating
+    /// IP: the last run's error alone says only that it is gone).
     async fn converge(&self, within: Duration) -> usize {
         let deadline = tokio::time::Instant::now() + within;
+        let mut history = std::collections::VecDeque::new();
         for i in 1.. {
             let out = self.run().await;
+            for line in String::from_utf8_lossy(&out.stderr).lines().filter(|l| {
+                l.contains("\"WARN\"") || l.contains("\"ERROR\"") || l.contains("\"action\"")
+            }) {
+                history.push_back(format!("run {i}: {line}"));
+                if history.len() > 80 {
+                    history.pop_front();
+                }
+            }
             let status = self.try_status().await;
             let ready = status
                 .as_ref()
@@ -169,11 +181,20 @@ impl Env {
             if out.status.code() == Some(0) && ready {
                 return i;
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "not converged after {i} runs: {}",
-                status.map_or_else(|e| e, |s| s.to_json())
-            );
+            if tokio::time::Instant::now() >= deadline {
+                let dump = self.sim.oxide().dump();
+                let rack: Vec<String> = ["instances", "floating_ips"]
+                    .iter()
+                    .flat_map(|k| dump[k].as_array().cloned().unwrap_or_default())
+                    .map(|v| format!("{} {} {} {}", v["name"], v["state"], v["id"], v["instance"]))
+                    .collect();
+                panic!(
+                    "not converged after {i} runs: {}\nrack:\n{}\nthe runs' warnings, errors and actions, newest last:\n{}",
+                    status.map_or_else(|e| e, |s| s.to_json()),
+                    rack.join("\n"),
+                    history.iter().cloned().collect::<Vec<_>>().join("\n")
+                );
+            }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         unreachable!()
