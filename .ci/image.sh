@@ -246,8 +246,8 @@ echo "GET /healthz: 200"
 # Nothing else on this machine serves it: the simulator started the webhook's pod in the image.
 grep -m 1 'runc run kube-system-oxide-controller-webhook-' "$work/sim.err" \
   || fail "the simulator's log shows no webhook pod run in the image"
-token=$(k get secret oxide-controller -n kube-system -o jsonpath='{.data.webhook-token}' | base64 -d)
-[ -n "$token" ] || fail "the Secret has no webhook-token"
+token=$(k get secret oxide-controller-webhook-auth -n kube-system -o jsonpath='{.data.webhook-token}' | base64 -d)
+[ -n "$token" ] || fail "Secret oxide-controller-webhook-auth has no webhook-token"
 [ "$(code -H "Authorization: Bearer $token" "$url/nodes/workers")" = 200 ] || { cat "$work/body" >&2; fail "GET /nodes/workers with the token: not 200"; }
 echo "GET /nodes/workers with the token: 200 $(cat "$work/body")"
 [ "$(code "$url/nodes/workers")" = 401 ] || { cat "$work/body" >&2; fail "GET /nodes/workers without a token: not 401"; }
